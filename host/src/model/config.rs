@@ -1,0 +1,143 @@
+//! One description of a target architecture, built from a Hugging Face `config.json` or from GGUF
+//! metadata, so the model code never looks at either format.
+
+use crate::backend::{Rope, RopeStyle};
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// LLaMA / SmolLM2: no biases, no q/k norm.
+    Llama,
+    /// Qwen2: biases on q/k/v projections.
+    Qwen2,
+    /// Qwen3: per-head RMSNorm on q and k before RoPE, explicit head_dim.
+    Qwen3,
+}
+
+impl Arch {
+    pub fn parse(name: &str) -> Option<Arch> {
+        match name {
+            "llama" => Some(Arch::Llama),
+            "qwen2" => Some(Arch::Qwen2),
+            "qwen3" => Some(Arch::Qwen3),
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// Shapes and constants of a decoder-only target model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_theta: f32,
+    pub rms_norm_eps: f32,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: usize,
+    /// q/k/v projections carry biases (Qwen2).
+    pub attention_bias: bool,
+    /// Per-head RMSNorm on q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelSpec {
+    pub fn rope(&self) -> Rope {
+        // GGUF llama weights are un-permuted at load, so every architecture uses rotate-half.
+        Rope { theta: self.rope_theta, head_dim: self.head_dim, rotary_dim: self.head_dim, style: RopeStyle::RotateHalf }
+    }
+
+    /// Checks that make later shape errors impossible; errors name `origin` (the file).
+    pub fn validate(&self, origin: &Path) -> Result<()> {
+        let o = origin.display();
+        if self.num_heads == 0 || self.num_kv_heads == 0 || self.head_dim == 0 || self.num_layers == 0 {
+            bail!("{o}: config has zero heads, head_dim or layers");
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            bail!("{o}: num_attention_heads {} is not a multiple of num_key_value_heads {}", self.num_heads, self.num_kv_heads);
+        }
+        if self.head_dim % 2 != 0 {
+            bail!("{o}: head_dim {} must be even for RoPE", self.head_dim);
+        }
+        if self.hidden_size == 0 || self.vocab_size == 0 || self.intermediate_size == 0 {
+            bail!("{o}: config has zero hidden_size, vocab_size or intermediate_size");
+        }
+        Ok(())
+    }
+
+    /// Parse a Hugging Face `config.json` (llama, qwen2, qwen3).
+    pub fn from_hf_config(path: &Path) -> Result<ModelSpec> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let c: HfConfig = serde_json::from_str(&text).with_context(|| format!("{}: not a valid config.json", path.display()))?;
+        let arch = Arch::parse(&c.model_type).with_context(|| {
+            format!("{}: unsupported architecture model_type {:?} (supported: llama, qwen2, qwen3)", path.display(), c.model_type)
+        })?;
+        let head_dim = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
+        let rope_theta = c
+            .rope_theta
+            .or_else(|| c.rope_parameters.as_ref().and_then(|r| r.get("rope_theta")).and_then(|v| v.as_f64()))
+            .unwrap_or(10000.0) as f32;
+        let eos_token_ids = match c.eos_token_id {
+            Some(serde_json::Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
+            Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect(),
+            _ => vec![],
+        };
+        let spec = ModelSpec {
+            arch,
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            intermediate_size: c.intermediate_size,
+            num_layers: c.num_hidden_layers,
+            num_heads: c.num_attention_heads,
+            num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
+            head_dim,
+            rope_theta,
+            rms_norm_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
+            tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
+            max_position_embeddings: c.max_position_embeddings.unwrap_or(4096),
+            attention_bias: c.attention_bias.unwrap_or(arch == Arch::Qwen2),
+            qk_norm: arch == Arch::Qwen3,
+            bos_token_id: c.bos_token_id,
+            eos_token_ids,
+        };
+        spec.validate(path)?;
+        Ok(spec)
+    }
+}
+
+#[derive(Deserialize)]
+struct HfConfig {
+    model_type: String,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rope_theta: Option<f64>,
+    rope_parameters: Option<serde_json::Map<String, serde_json::Value>>,
+    rms_norm_eps: Option<f64>,
+    tie_word_embeddings: Option<bool>,
+    max_position_embeddings: Option<usize>,
+    attention_bias: Option<bool>,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<serde_json::Value>,
+}
