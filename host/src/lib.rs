@@ -3,7 +3,18 @@
 //! are thin layers over this crate.
 
 pub mod backend;
+pub mod cache;
+pub mod chat;
+pub mod drafter;
 pub mod formats;
+pub mod generate;
 pub mod model;
+#[cfg(feature = "cuda")]
+pub mod parity;
 pub mod progress;
+pub mod prompts;
+pub mod records;
+pub mod session;
+pub mod store;
+pub mod tokenizer;
 pub mod util;

@@ -10,6 +10,8 @@
 //! projection is `y = x · Wᵀ`.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use anyhow::Result;
 
@@ -135,6 +137,25 @@ pub trait Backend: Send + Sync + 'static {
         shape: AttnShape,
         mask: &AttnMask,
     ) -> Result<Self::Tensor>;
+    /// Causal attention over several sequences packed into one tensor (varlen prefill): rows
+    /// `seq_starts[i]..seq_starts[i + 1]` form sequence i (`seq_starts` runs from 0 to the row
+    /// count); a query sees the keys of its own sequence at or before itself. q and k/v have the
+    /// same rows. The default runs [`Backend::attention`] once per sequence; the CUDA backend does
+    /// all sequences in one launch.
+    fn attention_varlen(&self, q: &Self::Tensor, k: &Self::Tensor, v: &Self::Tensor, shape: AttnShape, seq_starts: &[usize]) -> Result<Self::Tensor> {
+        let (rows, _) = self.dims(q);
+        anyhow::ensure!(
+            seq_starts.first() == Some(&0) && seq_starts.last() == Some(&rows) && seq_starts.windows(2).all(|w| w[0] <= w[1]),
+            "attention_varlen: sequence starts must increase from 0 to {rows}"
+        );
+        let mut parts = Vec::with_capacity(seq_starts.len());
+        for w in seq_starts.windows(2) {
+            let (qs, ks, vs) = (self.slice_rows(q, w[0], w[1])?, self.slice_rows(k, w[0], w[1])?, self.slice_rows(v, w[0], w[1])?);
+            parts.push(self.attention(&qs, &ks, &vs, shape, &AttnMask::Causal { q_start: 0 })?);
+        }
+        let refs: Vec<&Self::Tensor> = parts.iter().collect();
+        self.concat_rows(&refs)
+    }
     /// `silu(gate) ⊙ up`.
     fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
     /// Rows `ids` of an embedding table `[vocab, dim]` → `[ids.len(), dim]`.

@@ -1,4 +1,13 @@
 //! Target models: one generic pre-norm decoder covering LLaMA, Qwen2 and Qwen3, written over
 //! the [`crate::backend::Backend`] seam.
 
+pub mod capture;
 pub mod config;
+pub mod transformer;
+
+pub use capture::{Capture, Captured};
+pub use config::{Arch, ModelSpec};
+pub mod load;
+
+pub use load::{TargetFiles, TargetIdentity};
+pub use transformer::{KvCache, TargetModel};

@@ -1,0 +1,112 @@
+//! `bench`: CPU prefill throughput of the target next to this machine's own f32 GEMM rate,
+//! measured in the same run (a ratio against the physical floor, not an absolute number).
+
+use crate::common::Global;
+use anyhow::Result;
+use clap::Args;
+use draftlens::backend::cpu::CpuBackend;
+use draftlens::backend::Backend;
+use draftlens::model::{Capture, TargetFiles, TargetModel};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Target model.
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub target: PathBuf,
+    /// Prompt lengths to prefill.
+    #[arg(long, value_delimiter = ',', default_value = "128,512,2048")]
+    pub lengths: Vec<usize>,
+    /// Timed repetitions per length (the best is reported, after one warm-up).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+}
+
+#[derive(Serialize)]
+struct GemmRate {
+    shape: String,
+    gflops: f64,
+}
+
+#[derive(Serialize)]
+struct PrefillRow {
+    tokens: usize,
+    seconds: f64,
+    tokens_per_s: f64,
+    gflop_per_token: f64,
+    gflops: f64,
+    share_of_gemm_peak: f64,
+}
+
+#[derive(Serialize)]
+struct BenchOut {
+    threads: usize,
+    gemm: Vec<GemmRate>,
+    gemm_peak_gflops: f64,
+    prefill: Vec<PrefillRow>,
+}
+
+fn best_of<F: FnMut() -> Result<()>>(reps: usize, mut f: F) -> Result<f64> {
+    f()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        f()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+pub fn run(g: &Global, a: BenchArgs) -> Result<()> {
+    let be = CpuBackend::new();
+    // The machine's own GEMM rate, on the shapes the model runs and on a large square one.
+    let mut gemm = Vec::new();
+    for (m, n, k) in [(2048usize, 1536usize, 576usize), (2048, 576, 1536), (1024, 1024, 1024)] {
+        let x = be.from_host(&vec![0.5f32; m * k], m, k)?;
+        let w = be.matrix(&vec![0.25f32; n * k], n, k)?;
+        let s = best_of(a.reps, || be.matmul(&x, &w).map(|_| ()))?;
+        gemm.push(GemmRate { shape: format!("{m}x{k} · ({n}x{k})ᵀ"), gflops: 2.0 * (m * n * k) as f64 / s / 1e9 });
+    }
+    let peak = gemm.iter().map(|r| r.gflops).fold(0.0, f64::max);
+
+    let files = TargetFiles::open(&a.target)?;
+    let model = TargetModel::load(&be, &files.spec, files.weights.as_ref())?;
+    let spec = &files.spec;
+    // FLOPs per token (models.md §6.1): 2·N_lin + attention 4·H·hd·(S+1)/2 per layer; no LM head.
+    let n_lin = spec.num_layers
+        * (spec.hidden_size * spec.num_heads * spec.head_dim * 2
+            + spec.hidden_size * spec.num_kv_heads * spec.head_dim * 2
+            + 3 * spec.hidden_size * spec.intermediate_size);
+    let mut prefill = Vec::new();
+    for &t in &a.lengths {
+        let ids: Vec<u32> = (0..t).map(|i| ((i * 7919 + 13) % spec.vocab_size) as u32).collect();
+        let s = best_of(a.reps, || {
+            let mut cache = model.new_cache();
+            model.forward(&be, &ids, &mut cache, &Capture::none()).map(|_| ())
+        })?;
+        let gf_tok = (2.0 * n_lin as f64 + (spec.num_layers * 2 * spec.num_heads * spec.head_dim * (t + 1)) as f64) / 1e9;
+        let gflops = gf_tok * t as f64 / s;
+        prefill.push(PrefillRow { tokens: t, seconds: s, tokens_per_s: t as f64 / s, gflop_per_token: gf_tok, gflops, share_of_gemm_peak: gflops / peak });
+    }
+    let out = BenchOut { threads: rayon::current_num_threads(), gemm, gemm_peak_gflops: peak, prefill };
+    g.emit(&out, || {
+        let mut o = format!("CPU, {} threads\n", out.threads);
+        for r in &out.gemm {
+            o += &format!("  f32 GEMM {:<26} {:>7.1} GFLOP/s\n", r.shape, r.gflops);
+        }
+        o += &format!("  prefill of {} ({}):\n", a.target.display(), spec.arch.as_str());
+        for r in &out.prefill {
+            o += &format!(
+                "  {:>5} tokens  {:>8.3} s  {:>8.0} tok/s  {:>7.1} GFLOP/s  = {:>5.1}% of the GEMM peak\n",
+                r.tokens,
+                r.seconds,
+                r.tokens_per_s,
+                r.gflops,
+                100.0 * r.share_of_gemm_peak
+            );
+        }
+        o
+    })
+}

@@ -1,0 +1,291 @@
+//! `inspect`, `generate`, `extract`: the target model on its own.
+
+use crate::common::Global;
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use draftlens::backend::Backend;
+use draftlens::model::{Capture, TargetFiles};
+use draftlens::prompts::PromptSet;
+use draftlens::session::{dispatch, BackendJob, BackendKind, Session};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum BackendArg {
+    Cpu,
+    Cuda,
+}
+
+impl From<BackendArg> for BackendKind {
+    fn from(b: BackendArg) -> Self {
+        match b {
+            BackendArg::Cpu => BackendKind::Cpu,
+            BackendArg::Cuda => BackendKind::Cuda,
+        }
+    }
+}
+
+/// Options shared by every command that runs the target over a prompt set.
+#[derive(Args, Clone, Debug)]
+pub struct TargetArgs {
+    /// Target model: a .gguf file or a Hugging Face folder (config.json + safetensors).
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub target: PathBuf,
+    /// Prompt set: builtin:humaneval|mtbench|gsm8k or a JSONL file.
+    #[arg(long, default_value = "builtin:humaneval")]
+    pub prompts: String,
+    /// Use only the first N prompts.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Tokens the target generates per prompt (greedy).
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+    /// Numeric backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
+}
+
+impl TargetArgs {
+    pub fn prompt_set(&self, g: &Global) -> Result<PromptSet> {
+        let mut set = PromptSet::load(&self.prompts, &g.data_dir)?;
+        if let Some(n) = self.limit {
+            set.truncate(n);
+        }
+        if set.prompts.is_empty() {
+            bail!("{}: the prompt set is empty", set.source.display());
+        }
+        Ok(set)
+    }
+}
+
+#[derive(Args)]
+pub struct InspectArgs {
+    /// A .gguf file or a Hugging Face model folder.
+    pub model: PathBuf,
+    /// List every tensor.
+    #[arg(long)]
+    pub tensors: bool,
+}
+
+#[derive(Serialize)]
+struct InspectOut {
+    path: PathBuf,
+    format: &'static str,
+    weights_sha256: String,
+    spec: draftlens::model::ModelSpec,
+    parameters: u64,
+    dtypes: std::collections::BTreeMap<String, (usize, u64)>,
+    loaded_as: &'static str,
+    tokenizer: Option<TokInfo>,
+    tensors: Option<Vec<draftlens::formats::TensorInfo>>,
+}
+
+#[derive(Serialize)]
+struct TokInfo {
+    vocab: usize,
+    bos: Option<u32>,
+    eos: Vec<u32>,
+    chat_template_chars: Option<usize>,
+}
+
+pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
+    let f = TargetFiles::open(&a.model)?;
+    let infos = f.weights.tensors();
+    let mut dtypes = std::collections::BTreeMap::new();
+    let mut params = 0u64;
+    for t in &infos {
+        let n: u64 = t.shape.iter().map(|&d| d as u64).product();
+        params += n;
+        let e = dtypes.entry(t.dtype.clone()).or_insert((0usize, 0u64));
+        e.0 += 1;
+        e.1 += t.bytes;
+    }
+    let out = InspectOut {
+        path: a.model.clone(),
+        format: f.identity.format,
+        weights_sha256: f.identity.weights_sha256.clone(),
+        spec: f.spec.clone(),
+        parameters: params,
+        dtypes,
+        loaded_as: "f32 on cpu (dequantised at load); bf16 on cuda",
+        tokenizer: f.tokenizer.as_ref().map(|t| TokInfo {
+            vocab: t.vocab_size(),
+            bos: t.bos_id(),
+            eos: t.eos_ids(),
+            chat_template_chars: t.chat_template().map(|s| s.chars().count()),
+        }),
+        tensors: a.tensors.then(|| infos.clone()),
+    };
+    g.emit(&out, || {
+        let s = &out.spec;
+        let mut o = format!(
+            "{}\n  format        {} (sha256 {})\n  architecture  {}\n  layers        {}   hidden {}   ffn {}   heads {}/{} kv   head_dim {}\n  vocab         {}   rope θ {}   rms eps {}   context {}   tied embeddings {}\n  parameters    {}\n  stored dtypes ",
+            out.path.display(),
+            out.format,
+            &out.weights_sha256[..16],
+            s.arch.as_str(),
+            s.num_layers,
+            s.hidden_size,
+            s.intermediate_size,
+            s.num_heads,
+            s.num_kv_heads,
+            s.head_dim,
+            s.vocab_size,
+            s.rope_theta,
+            s.rms_norm_eps,
+            s.max_position_embeddings,
+            s.tie_word_embeddings,
+            out.parameters,
+        );
+        let parts: Vec<String> = out.dtypes.iter().map(|(k, (n, b))| format!("{k}: {n} tensors, {:.1} MiB", *b as f64 / 1048576.0)).collect();
+        o += &parts.join("; ");
+        o += &format!("\n  loaded as     {}\n", out.loaded_as);
+        if let Some(t) = &out.tokenizer {
+            o += &format!("  tokenizer     {} ids, bos {:?}, end-of-generation {:?}, chat template {}\n", t.vocab, t.bos, t.eos, t.chat_template_chars.map_or("none".to_string(), |c| format!("{c} chars")));
+        }
+        if let Some(ts) = &out.tensors {
+            for t in ts {
+                o += &format!("  {:<48} {:<6} {:?}\n", t.name, t.dtype, t.shape);
+            }
+        }
+        o
+    })
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+#[derive(Serialize)]
+pub struct GeneratedPrompt {
+    pub id: String,
+    pub prompt_tokens: usize,
+    pub new_tokens: usize,
+    pub stop: draftlens::generate::StopReason,
+    pub text: String,
+    pub seconds: f64,
+}
+
+struct GenerateJob<'a> {
+    g: &'a Global,
+    a: &'a TargetArgs,
+}
+
+impl BackendJob for GenerateJob<'_> {
+    type Output = Vec<GeneratedPrompt>;
+    fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
+        let set = self.a.prompt_set(self.g)?;
+        let s = Session::load(be, &self.a.target, self.g.cache()?)?;
+        let pb = draftlens::progress::bar(set.prompts.len() as u64, "generate");
+        let mut out = Vec::new();
+        for p in &set.prompts {
+            let t0 = Instant::now();
+            let ids = s.prompt_ids(p)?;
+            let c = s.continuation(&ids, self.a.max_new_tokens)?;
+            out.push(GeneratedPrompt {
+                id: p.id.clone(),
+                prompt_tokens: ids.len(),
+                new_tokens: c.ids.len(),
+                stop: c.stop,
+                text: s.files.tokenizer()?.decode(&c.ids)?,
+                seconds: t0.elapsed().as_secs_f64(),
+            });
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        Ok(out)
+    }
+}
+
+pub fn generate(g: &Global, a: GenerateArgs) -> Result<()> {
+    let out = dispatch(a.target.backend.into(), GenerateJob { g, a: &a.target })?;
+    g.emit(&out, || {
+        out.iter()
+            .map(|r| format!("=== {} ({} prompt tokens, {} new, stop: {:?}, {:.2}s)\n{}\n", r.id, r.prompt_tokens, r.new_tokens, r.stop, r.seconds, r.text))
+            .collect()
+    })
+}
+
+#[derive(Args)]
+pub struct ExtractArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Decoder-layer output ids to capture (0-based; id i = Hugging Face hidden_states[i+1],
+    /// the convention of DFlash target_layer_ids). See docs/hidden-states.md.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,15,22,27")]
+    pub layers: Vec<usize>,
+    /// Write the captured states of every prompt to this safetensors file as well.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+pub struct Extracted {
+    pub id: String,
+    pub tokens: usize,
+    pub cached: bool,
+    pub seconds: f64,
+}
+
+struct ExtractJob<'a> {
+    g: &'a Global,
+    a: &'a ExtractArgs,
+}
+
+impl BackendJob for ExtractJob<'_> {
+    type Output = Vec<Extracted>;
+    fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
+        let set = self.a.target.prompt_set(self.g)?;
+        let s = Session::load(be, &self.a.target.target, self.g.cache()?)?;
+        let capture = Capture::for_layer_ids(&self.a.layers, s.files.spec.num_layers)?;
+        let pb = draftlens::progress::bar(set.prompts.len() as u64, "extract");
+        let mut out = Vec::new();
+        let mut dump: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+        for p in &set.prompts {
+            let t0 = Instant::now();
+            let mut ids = s.prompt_ids(p)?;
+            let c = s.continuation(&ids, self.a.target.max_new_tokens)?;
+            ids.extend(&c.ids);
+            let pass = s.target_pass(&ids, &capture, 8)?;
+            if self.a.out.is_some() {
+                for (i, h) in &pass.hidden {
+                    dump.push((format!("{}.hs{}", p.id, i), vec![ids.len(), pass.hidden_size], h.clone()));
+                }
+            }
+            out.push(Extracted { id: p.id.clone(), tokens: ids.len(), cached: pass.cached, seconds: t0.elapsed().as_secs_f64() });
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        if let Some(path) = &self.a.out {
+            write_safetensors(path, &dump)?;
+        }
+        Ok(out)
+    }
+}
+
+/// Write f32 tensors to a safetensors file atomically (temp file + rename).
+fn write_safetensors(path: &std::path::Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
+    use anyhow::Context;
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, _, d)| d.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((n, shape, _), b)| Ok((n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)?)))
+        .collect::<Result<_>>()?;
+    let tmp = path.with_extension("safetensors.tmp");
+    safetensors::serialize_to_file(views, None, &tmp).with_context(|| format!("{}: cannot write", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot move into place", path.display()))?;
+    Ok(())
+}
+
+pub fn extract(g: &Global, a: ExtractArgs) -> Result<()> {
+    let out = dispatch(a.target.backend.into(), ExtractJob { g, a: &a })?;
+    g.emit(&out, || {
+        let cached = out.iter().filter(|e| e.cached).count();
+        let tokens: usize = out.iter().map(|e| e.tokens).sum();
+        format!("extracted {} prompts ({} tokens; {} from cache) at layers {:?}\n", out.len(), tokens, cached, a.layers)
+    })
+}

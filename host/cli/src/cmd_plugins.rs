@@ -1,0 +1,430 @@
+//! `draftlens plugins list | info | check | new`, and the `--plugin` options that `run` and
+//! `rescore` share ([`PluginArgs`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use draftlens_plugin_host::{
+    discover, scaffold, sdk, Grouping, Limits, LoadedPlugin, MetricResult, Param, PluginFailure, PluginOutcome,
+    PluginRequest, Runtime, RuntimeConfig,
+};
+use serde::Serialize;
+
+use crate::common::Global;
+
+#[derive(Subcommand, Debug)]
+pub enum PluginsCmd {
+    /// List the plugins in the plugin folders and what they measure.
+    List {
+        #[command(flatten)]
+        dirs: DirArgs,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Show one plugin: metrics, parameters, contract version, imports, sha256.
+    Info {
+        /// Plugin name (looked up in the plugin folders) or path to a .wasm file.
+        plugin: String,
+        #[command(flatten)]
+        dirs: DirArgs,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Load a .wasm under the strict sandbox and run it on synthetic records, one-shot and
+    /// streamed in chunks (the results must agree).
+    Check {
+        /// The plugin file.
+        file: PathBuf,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Scaffold a plugin crate (SDK, a working example metric and its test).
+    New {
+        /// Plugin name: lower-case letters, digits and '-' (e.g. my-metric).
+        name: String,
+        /// Folder to create the crate in.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Path to plugins/sdk [default: the SDK of the source tree draftlens was built from].
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+    },
+}
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct DirArgs {
+    /// Plugin folder (repeatable) [default: $DRAFTLENS_PLUGIN_PATH, else plugins/dist].
+    #[arg(long = "plugin-dir")]
+    pub plugin_dirs: Vec<PathBuf>,
+}
+
+impl DirArgs {
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        if self.plugin_dirs.is_empty() {
+            discover::default_plugin_dirs()
+        } else {
+            self.plugin_dirs.clone()
+        }
+    }
+}
+
+/// Sandbox limits for plugins.
+#[derive(Args, Clone, Debug)]
+pub struct SandboxArgs {
+    /// Wall-clock limit per plugin job, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub plugin_time_limit: f64,
+    /// Deterministic fuel budget per plugin job (wasmtime fuel units; none by default).
+    #[arg(long)]
+    pub plugin_fuel: Option<u64>,
+    /// Memory cap per plugin job (sum of its linear memories), MiB.
+    #[arg(long, default_value_t = 256)]
+    pub plugin_memory_mib: usize,
+    /// Precompiled-plugin cache folder [default: $DRAFTLENS_PLUGIN_CACHE or ~/.cache/draftlens/plugins].
+    #[arg(long)]
+    pub plugin_cache: Option<PathBuf>,
+    /// Compile plugins every time instead of using the precompiled cache.
+    #[arg(long)]
+    pub no_plugin_cache: bool,
+}
+
+impl Default for SandboxArgs {
+    fn default() -> Self {
+        SandboxArgs {
+            plugin_time_limit: 60.0,
+            plugin_fuel: None,
+            plugin_memory_mib: 256,
+            plugin_cache: None,
+            no_plugin_cache: false,
+        }
+    }
+}
+
+impl SandboxArgs {
+    pub fn runtime(&self) -> Result<Runtime> {
+        if !(self.plugin_time_limit > 0.0 && self.plugin_time_limit.is_finite()) {
+            bail!("--plugin-time-limit must be a positive number of seconds, got {}", self.plugin_time_limit);
+        }
+        if self.plugin_memory_mib == 0 {
+            bail!("--plugin-memory-mib must be at least 1");
+        }
+        let limits = Limits {
+            time_limit: Some(Duration::from_secs_f64(self.plugin_time_limit)),
+            fuel: self.plugin_fuel,
+            memory_bytes: self.plugin_memory_mib << 20,
+            ..Limits::default()
+        };
+        let cache_dir = if self.no_plugin_cache {
+            None
+        } else {
+            self.plugin_cache.clone().or_else(draftlens_plugin_host::default_cache_dir)
+        };
+        Runtime::new(RuntimeConfig { limits, cache_dir })
+    }
+}
+
+/// The `--plugin` options of `run` and `rescore`.
+#[derive(Args, Clone, Debug, Default)]
+pub struct PluginArgs {
+    /// Metric plugin: a name from the plugin folders or a .wasm path (repeatable).
+    #[arg(long = "plugin")]
+    pub plugins: Vec<String>,
+    /// Plugin parameter PLUGIN:NAME=VALUE, PLUGIN being the plugin's name or file stem
+    /// (repeatable), e.g. --plugin-param ddtree:budgets=4,8,16.
+    #[arg(long = "plugin-param")]
+    pub params: Vec<String>,
+    #[command(flatten)]
+    pub dirs: DirArgs,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+}
+
+impl PluginArgs {
+    /// Resolve plugin names to files and parse the parameters against each plugin's declared
+    /// parameter kinds. A plugin that cannot be loaded here is still returned (without
+    /// parameters): scoring reports its failure and goes on with the others.
+    pub fn requests(&self, runtime: &Runtime) -> Result<Vec<PluginRequest>> {
+        let dirs = self.dirs.dirs();
+        let mut out = Vec::new();
+        let mut loaded = Vec::new();
+        for name in &self.plugins {
+            let path = discover::resolve_plugin(name, &dirs)?;
+            loaded.push(runtime.load(&path).ok());
+            out.push(PluginRequest::new(path));
+        }
+        for spec in &self.params {
+            let (plugin, rest) = spec
+                .split_once(':')
+                .with_context(|| format!("--plugin-param {spec}: expected PLUGIN:NAME=VALUE"))?;
+            let (pname, value) =
+                rest.split_once('=').with_context(|| format!("--plugin-param {spec}: expected PLUGIN:NAME=VALUE"))?;
+            let idx = out
+                .iter()
+                .zip(&loaded)
+                .position(|(r, l)| {
+                    r.path.file_stem().is_some_and(|s| s.to_string_lossy().replace('_', "-") == plugin.replace('_', "-"))
+                        || l.as_ref().is_some_and(|l| l.metadata.name == plugin)
+                })
+                .with_context(|| format!("--plugin-param {spec}: no --plugin named {plugin}"))?;
+            let Some(p) = &loaded[idx] else { continue };
+            let ps = p.metadata.params.iter().find(|s| s.name == pname).with_context(|| {
+                let known: Vec<&str> = p.metadata.params.iter().map(|s| s.name.as_str()).collect();
+                format!(
+                    "--plugin-param {spec}: plugin {} has no parameter {pname} (it has: {})",
+                    p.metadata.name,
+                    if known.is_empty() { "none".into() } else { known.join(", ") }
+                )
+            })?;
+            let value = ps.default.parse_like(value).map_err(|e| anyhow::anyhow!("--plugin-param {spec}: {e}"))?;
+            out[idx].params.push(Param { name: pname.to_string(), value });
+        }
+        Ok(out)
+    }
+}
+
+pub fn run(g: &Global, cmd: PluginsCmd) -> Result<()> {
+    match cmd {
+        PluginsCmd::List { dirs, sandbox } => list(g, &dirs, &sandbox),
+        PluginsCmd::Info { plugin, dirs, sandbox } => info(g, &plugin, &dirs, &sandbox),
+        PluginsCmd::Check { file, sandbox } => check(g, &file, &sandbox),
+        PluginsCmd::New { name, dir, sdk } => new(g, &name, &dir, sdk),
+    }
+}
+
+#[derive(Serialize)]
+struct ListEntry {
+    path: PathBuf,
+    name: Option<String>,
+    version: Option<String>,
+    metrics: Vec<String>,
+    failure: Option<PluginFailure>,
+}
+
+fn list(g: &Global, dirs: &DirArgs, sandbox: &SandboxArgs) -> Result<()> {
+    let dirs = dirs.dirs();
+    let files = discover::list_plugin_files(&dirs)?;
+    let runtime = sandbox.runtime()?;
+    let entries: Vec<ListEntry> = files
+        .into_iter()
+        .map(|path| match runtime.load(&path) {
+            Ok(p) => ListEntry {
+                path,
+                name: Some(p.metadata.name.clone()),
+                version: Some(p.metadata.version.clone()),
+                metrics: p.metadata.metrics.iter().map(|m| m.name.clone()).collect(),
+                failure: None,
+            },
+            Err(f) => ListEntry { path, name: None, version: None, metrics: vec![], failure: Some(f) },
+        })
+        .collect();
+    g.emit(&entries, || {
+        let searched: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        if entries.is_empty() {
+            return format!(
+                "no plugins in {} (build the built-in ones with plugins/build.sh, or pass --plugin-dir)\n",
+                searched.join(", ")
+            );
+        }
+        let mut s = String::new();
+        for e in &entries {
+            match (&e.name, &e.failure) {
+                (Some(n), _) => s += &format!(
+                    "{:<18} {:<8} {}\n{:<27} {}\n",
+                    n,
+                    e.version.as_deref().unwrap_or(""),
+                    e.path.display(),
+                    "",
+                    e.metrics.join(", ")
+                ),
+                (None, Some(f)) => s += &format!("{:<18} {:<8} {}\n{:<27} {}\n", "(unusable)", "", e.path.display(), "", f.message),
+                _ => {}
+            }
+        }
+        s
+    })
+}
+
+#[derive(Serialize)]
+struct Info<'a> {
+    path: &'a std::path::Path,
+    sha256: &'a str,
+    size: u64,
+    contract: String,
+    imports: &'a [String],
+    exports: &'a [String],
+    from_cache: bool,
+    load_ms: f64,
+    metadata: &'a draftlens_plugin_host::Metadata,
+}
+
+fn info_of(p: &LoadedPlugin) -> Info<'_> {
+    Info {
+        path: &p.path,
+        sha256: &p.sha256,
+        size: p.size,
+        contract: format!("draftlens:metric@{}", p.contract),
+        imports: &p.imports,
+        exports: &p.exports,
+        from_cache: p.from_cache,
+        load_ms: p.load_time.as_secs_f64() * 1e3,
+        metadata: &p.metadata,
+    }
+}
+
+fn render_info(i: &Info<'_>) -> String {
+    let m = i.metadata;
+    let mut s = format!("{} {} — {}\n", m.name, m.version, m.description);
+    s += &format!("  file      {} ({} bytes, sha256 {})\n", i.path.display(), i.size, i.sha256);
+    s += &format!("  contract  {}\n", i.contract);
+    s += &format!("  imports   {}\n", if i.imports.is_empty() { "none".into() } else { i.imports.join(", ") });
+    s += &format!(
+        "  loaded    {:.1} ms ({})\n",
+        i.load_ms,
+        if i.from_cache { "precompiled cache" } else { "compiled" }
+    );
+    s += "  metrics\n";
+    for x in &m.metrics {
+        s += &format!(
+            "    {:<24} [{}] {} — {}\n",
+            x.name,
+            x.unit,
+            if x.higher_is_better { "↑" } else { "↓" },
+            x.description
+        );
+    }
+    if !m.params.is_empty() {
+        s += "  parameters\n";
+        for p in &m.params {
+            s += &format!("    {:<24} = {:<16} {}\n", p.name, p.default.to_string(), p.description);
+        }
+    }
+    s
+}
+
+fn info(g: &Global, plugin: &str, dirs: &DirArgs, sandbox: &SandboxArgs) -> Result<()> {
+    let path = discover::resolve_plugin(plugin, &dirs.dirs())?;
+    let runtime = sandbox.runtime()?;
+    let p = runtime.load(&path)?;
+    let i = info_of(&p);
+    g.emit(&i, || render_info(&i))
+}
+
+#[derive(Serialize)]
+struct CheckReport<'a> {
+    info: Info<'a>,
+    blocks: usize,
+    one_shot: Vec<MetricResult>,
+    streamed_chunks: usize,
+    outcome: PluginOutcome,
+}
+
+/// Relative agreement of two results (one-shot vs streamed).
+fn agree(a: &[MetricResult], b: &[MetricResult]) -> Result<(), String> {
+    if a.len() != b.len() {
+        return Err(format!("{} values one-shot but {} streamed", a.len(), b.len()));
+    }
+    let close = |x: Option<f64>, y: Option<f64>| match (x, y) {
+        (None, None) => true,
+        (Some(x), Some(y)) => (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0),
+        _ => false,
+    };
+    for (x, y) in a.iter().zip(b) {
+        if x.name != y.name || x.count != y.count || !close(x.value, y.value) {
+            return Err(format!(
+                "{}: one-shot {:?} (n={}) vs streamed {} {:?} (n={})",
+                x.name, x.value, x.count, y.name, y.value, y.count
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check(g: &Global, file: &std::path::Path, sandbox: &SandboxArgs) -> Result<()> {
+    let runtime = sandbox.runtime()?;
+    let p = runtime.load(file)?;
+    // Synthetic records: 8 prompts, prompt and completion anchors, target top-K stored.
+    let mut shape = sdk::testdata::Shape::new(16, 8, 8, 16, 200);
+    shape.prompt_anchors = true;
+    shape.target_topk = true;
+    let batch = draftlens_plugin_host::convert::record_batch(sdk::testdata::random(1, &shape, 0.7, 0.2));
+    let one_shot = runtime.evaluate(&p, &[], &batch)?;
+    let chunk = 250;
+    let groups = Grouping { per_prompt: true, categories: (0..8).map(|i| (i, format!("c{}", i % 2))).collect() };
+    let outcome = runtime.score_chunked(&p, &[], &batch, &groups, chunk);
+    if let Some(f) = &outcome.failure {
+        return Err(f.clone().into());
+    }
+    let streamed = &outcome.scores.as_ref().expect("scores when no failure").overall;
+    agree(&one_shot, streamed).map_err(|e| {
+        anyhow::anyhow!("{}: streaming disagrees with one-shot evaluation (the contract requires equal results): {e}", file.display())
+    })?;
+    let report = CheckReport {
+        info: info_of(&p),
+        blocks: batch.num_blocks(),
+        one_shot: one_shot.clone(),
+        streamed_chunks: batch.num_blocks().div_ceil(chunk),
+        outcome: outcome.clone(),
+    };
+    g.emit(&report, || {
+        let mut s = render_info(&report.info);
+        s += &format!(
+            "  check     ok: {} synthetic blocks one-shot, then streamed in {} chunks with per-prompt and \
+             per-category groups; results agree\n",
+            report.blocks, report.streamed_chunks
+        );
+        s += &render_values("  ", &report.one_shot);
+        for l in &outcome.logs {
+            s += &format!("  log {:?}: {}\n", l.level, l.message);
+        }
+        s
+    })
+}
+
+/// Text rendering of metric values ("name = value (n=count)").
+pub fn render_values(indent: &str, values: &[MetricResult]) -> String {
+    let mut s = String::new();
+    for v in values {
+        let value = v.value.map_or("undefined".to_string(), |x| format!("{x:.6}"));
+        s += &format!("{indent}{:<28} = {value} (n={})\n", v.name, v.count);
+    }
+    s
+}
+
+/// Text rendering of scoring outcomes for `run` / `rescore`: overall values per plugin, and
+/// each failure with its class.
+pub fn render_outcomes(outcomes: &[PluginOutcome]) -> String {
+    let mut s = String::new();
+    for o in outcomes {
+        let name = o.metadata.as_ref().map_or_else(|| o.path.display().to_string(), |m| format!("{} {}", m.name, m.version));
+        match (&o.scores, &o.failure) {
+            (Some(sc), _) => {
+                s += &format!("{name}\n");
+                s += &render_values("  ", &sc.overall);
+            }
+            (_, Some(f)) => s += &format!("{name}: FAILED [{}] {}\n", f.kind, f.message),
+            _ => {}
+        }
+        if o.logs_dropped > 0 {
+            s += &format!("  ({} log lines dropped)\n", o.logs_dropped);
+        }
+    }
+    s
+}
+
+fn new(g: &Global, name: &str, dir: &std::path::Path, sdk: Option<PathBuf>) -> Result<()> {
+    let sdk = sdk.unwrap_or_else(scaffold::default_sdk_path);
+    let created = scaffold::new_plugin(name, dir, &sdk)?;
+    #[derive(Serialize)]
+    struct Created {
+        path: PathBuf,
+    }
+    g.emit(&Created { path: created.clone() }, || {
+        format!(
+            "created {}\n  cd {} && cargo test && ./build.sh\n  draftlens plugins check <the .wasm build.sh prints>\n",
+            created.display(),
+            created.display()
+        )
+    })
+}

@@ -1,0 +1,37 @@
+//! draftlens metric-plugin runtime: sandboxed WebAssembly components (wasmtime, component model)
+//! that score stored records.
+//!
+//! * Contract: `draftlens:metric@0.1.0` (plugins/wit/metric.wit), guest SDK in plugins/sdk.
+//! * Sandbox: the only import a plugin gets is a bounded `log`; a component importing anything
+//!   else is refused at load. Every job runs in a fresh `Store` with a wall-clock limit (epoch
+//!   interruption), optional fuel, and a cap on the sum of its linear memories.
+//! * Failures are classified ([`FailureKind`]) and reported per plugin; the others go on.
+//! * Compiled code is cached as `.cwasm` keyed by sha256 of the `.wasm` and the engine's
+//!   compatibility hash.
+//! * Per-prompt and per-category values are computed by the host ([`Grouping`]).
+//!
+//! Entry point for the evaluation and `rescore`: [`score_batch`].
+
+pub mod convert;
+pub mod discover;
+mod failure;
+mod job;
+mod runtime;
+pub mod scaffold;
+mod score;
+mod types;
+mod validate;
+mod wit;
+
+pub use failure::{FailureKind, PluginFailure};
+pub use job::Job;
+pub use runtime::{default_cache_dir, Limits, LoadedPlugin, Runtime, RuntimeConfig};
+pub use score::{score_batch, score_batch_with, Grouping, PluginOutcome, PluginRequest, Scores, CHUNK_CANDIDATES};
+pub use types::{
+    ContractVersion, LogLevel, LogLine, Metadata, MetricResult, MetricSpec, Param, ParamSpec, ParamValue, SeriesKind,
+    SeriesResult,
+};
+pub use wit::BatchRef;
+
+/// The guest SDK, natively (synthetic test data, native reference runs).
+pub use draftlens_plugin_sdk as sdk;

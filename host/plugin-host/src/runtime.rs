@@ -1,0 +1,365 @@
+//! The sandbox: one wasmtime `Engine` per limit policy, a strict `Linker` (only the `log` import),
+//! an epoch ticker for wall-clock limits, a memory limiter that caps the sum of a job's linear
+//! memories, and a precompiled-artifact cache.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+use crate::failure::{FailureKind, PluginFailure};
+use crate::job::{HostState, Job};
+use crate::types::{ContractVersion, Metadata};
+use crate::wit;
+
+/// Limits applied to every job (one plugin over one batch, with its groups).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Limits {
+    /// Wall-clock limit of a job, enforced with epoch interruption; None compiles plugins
+    /// without the interruption checks (benchmarks; a runaway plugin then runs forever).
+    pub time_limit: Option<Duration>,
+    /// Optional deterministic budget (wasmtime fuel units, ≈ 10 G units/s on this class of
+    /// machine). Changes the compiled code, hence the engine and the cache key.
+    pub fuel: Option<u64>,
+    /// Cap on the sum of all linear memories of a job's instance, in bytes.
+    pub memory_bytes: usize,
+    /// Log lines kept per job; further lines are counted and dropped.
+    pub max_log_lines: usize,
+    /// Bytes kept per log line (longer lines are cut at a char boundary).
+    pub max_log_line_bytes: usize,
+    /// Metric values one call may return.
+    pub max_values: usize,
+    /// Entries in one series.
+    pub max_series_len: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            time_limit: Some(Duration::from_secs(60)),
+            fuel: None,
+            memory_bytes: 256 << 20,
+            max_log_lines: 1000,
+            max_log_line_bytes: 4096,
+            max_values: 4096,
+            max_series_len: 1 << 20,
+        }
+    }
+}
+
+/// Runtime settings.
+#[derive(Clone, Debug, Default)]
+pub struct RuntimeConfig {
+    pub limits: Limits,
+    /// Where precompiled artifacts (`.cwasm`) are kept; None = compile every time.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl RuntimeConfig {
+    /// Defaults with the cache in `$DRAFTLENS_PLUGIN_CACHE`, else `$XDG_CACHE_HOME/draftlens/plugins`,
+    /// else `$HOME/.cache/draftlens/plugins` (no cache when none of them is set).
+    pub fn with_default_cache() -> Self {
+        RuntimeConfig { limits: Limits::default(), cache_dir: default_cache_dir() }
+    }
+}
+
+/// The default cache folder (see [`RuntimeConfig::with_default_cache`]).
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("DRAFTLENS_PLUGIN_CACHE") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("draftlens").join("plugins"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("draftlens").join("plugins"))
+}
+
+/// Epoch tick: the granularity of wall-clock limits.
+pub(crate) const TICK: Duration = Duration::from_millis(5);
+
+/// Engine + strict linker + ticker. Cheap to share by reference; jobs create their own stores.
+pub struct Runtime {
+    pub(crate) engine: Engine,
+    pub(crate) linker: Linker<HostState>,
+    pub(crate) config: RuntimeConfig,
+    /// Hex digest of the engine's precompilation compatibility hash (part of the cache key).
+    compat: String,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Runtime {
+    pub fn new(config: RuntimeConfig) -> anyhow::Result<Runtime> {
+        let mut cfg = Config::new();
+        cfg.wasm_component_model(true);
+        cfg.epoch_interruption(config.limits.time_limit.is_some());
+        cfg.consume_fuel(config.limits.fuel.is_some());
+        // Native stack for wasm frames; Rust guests keep most of their stack in linear memory.
+        cfg.max_wasm_stack(512 << 10);
+        let engine = Engine::new(&cfg).map_err(|e| anyhow::anyhow!("creating the wasm engine: {e}"))?;
+
+        let mut linker = Linker::<HostState>::new(&engine);
+        // The only capability: draftlens:metric/host.log (plus the type-only `types` interface).
+        wit::MetricPlugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| anyhow::anyhow!("linking the plugin host interface: {e}"))?;
+
+        let mut h = DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut h);
+        let compat = format!("{:016x}", h.finish());
+
+        // Ticker: advances the epoch so that deadlines fire; exits with the runtime (weak handle).
+        let stop = Arc::new(AtomicBool::new(false));
+        let weak = engine.weak();
+        let stop2 = stop.clone();
+        std::thread::Builder::new()
+            .name("plugin-epoch".into())
+            .spawn(move || loop {
+                std::thread::sleep(TICK);
+                if stop2.load(Ordering::Relaxed) {
+                    break;
+                }
+                match weak.upgrade() {
+                    Some(e) => e.increment_epoch(),
+                    None => break,
+                }
+            })
+            .map_err(|e| anyhow::anyhow!("starting the epoch ticker thread: {e}"))?;
+
+        Ok(Runtime { engine, linker, config, compat, stop })
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.config.limits
+    }
+
+    /// Load a plugin file: read it, check it is a component, compile it (or load the precompiled
+    /// artifact), check the contract version and the imports, prepare instantiation and ask the
+    /// plugin to `describe` itself. Every problem is a classified [`PluginFailure`].
+    pub fn load(&self, path: &Path) -> Result<LoadedPlugin, PluginFailure> {
+        let started = Instant::now();
+        let fail = |kind, msg: String| PluginFailure::new(kind, path, msg);
+        let bytes = std::fs::read(path).map_err(|e| fail(FailureKind::Io, format!("cannot read the file: {e}")))?;
+        check_header(&bytes).map_err(|(kind, msg)| fail(kind, msg))?;
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+
+        let (component, from_cache) = self.compile(path, &bytes, &sha256)?;
+        let compile_time = started.elapsed();
+
+        let ty = component.component_type();
+        let imports: Vec<String> = ty.imports(&self.engine).map(|(n, _)| n.to_string()).collect();
+        let exports: Vec<String> = ty.exports(&self.engine).map(|(n, _)| n.to_string()).collect();
+        let contract = check_contract(&exports).map_err(|m| fail(FailureKind::IncompatibleContract, m))?;
+        check_imports(&imports).map_err(|m| fail(FailureKind::CapabilityDenied, m))?;
+
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            fail(FailureKind::IncompatibleContract, format!("does not match the draftlens:metric@0.1 contract: {e:#}"))
+        })?;
+        let pre = wit::MetricPluginPre::new(pre).map_err(|e| {
+            fail(FailureKind::IncompatibleContract, format!("does not match the draftlens:metric@0.1 contract: {e:#}"))
+        })?;
+
+        let mut plugin = LoadedPlugin {
+            path: path.to_path_buf(),
+            sha256,
+            size: bytes.len() as u64,
+            pre,
+            metadata: Metadata::default(),
+            contract,
+            imports,
+            exports,
+            from_cache,
+            compile_time,
+            load_time: Duration::ZERO,
+        };
+        let mut job = Job::new(self, &plugin)?;
+        let meta = job.describe()?;
+        crate::validate::metadata(&meta).map_err(|m| fail(FailureKind::BadOutput, format!("describe() {m}")))?;
+        plugin.metadata = meta;
+        plugin.load_time = started.elapsed();
+        Ok(plugin)
+    }
+
+    /// Compile `bytes`, going through the `.cwasm` cache when one is configured.
+    fn compile(&self, path: &Path, bytes: &[u8], sha256: &str) -> Result<(Component, bool), PluginFailure> {
+        let invalid = |e: wasmtime::Error| {
+            PluginFailure::new(FailureKind::NotComponent, path, format!("not a valid WebAssembly component: {e:#}"))
+        };
+        let Some(dir) = &self.config.cache_dir else {
+            return Ok((Component::new(&self.engine, bytes).map_err(invalid)?, false));
+        };
+        let cached = self.cache_path(dir, sha256);
+        if cached.exists() {
+            // SAFETY: the cache folder holds only artifacts this runtime wrote itself (named by the
+            // sha256 of their source and this engine's compatibility hash); wasmtime still checks
+            // the header and engine settings and refuses incompatible files.
+            match unsafe { Component::deserialize_file(&self.engine, &cached) } {
+                Ok(c) => return Ok((c, true)),
+                Err(e) => {
+                    // A stale or damaged artifact: recompile and overwrite it.
+                    tracing::warn!("{}: ignoring unusable precompiled plugin ({e}); recompiling", cached.display());
+                }
+            }
+        }
+        let serialized = self.engine.precompile_component(bytes).map_err(invalid)?;
+        // SAFETY: produced just above by this engine.
+        let component = unsafe { Component::deserialize(&self.engine, &serialized) }.map_err(invalid)?;
+        if let Err(e) = write_atomically(&cached, &serialized) {
+            // The cache is an optimisation: say so and go on.
+            tracing::warn!("{}: cannot write the precompiled plugin: {e}", cached.display());
+        }
+        Ok((component, false))
+    }
+
+    /// `<cache>/<sha256 of the .wasm>-<engine compatibility hash>.cwasm`.
+    pub fn cache_path(&self, dir: &Path, sha256: &str) -> PathBuf {
+        dir.join(format!("{sha256}-{}.cwasm", self.compat))
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// WebAssembly files start with `\0asm` and a 4-byte version/layer: 1 for core modules,
+/// 0x0001000d for components.
+fn check_header(bytes: &[u8]) -> Result<(), (FailureKind, String)> {
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        let head: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        return Err((
+            FailureKind::NotWasm,
+            format!("not a WebAssembly file (expected the magic bytes 00 61 73 6d, found {})", head.join(" ")),
+        ));
+    }
+    match &bytes[4..8] {
+        [0x0d, 0x00, 0x01, 0x00] => Ok(()),
+        [0x01, 0x00, 0x00, 0x00] => Err((
+            FailureKind::NotComponent,
+            "a core WebAssembly module, not a component: link the plugin with wasm-component-ld \
+             (see plugins/README.md)"
+                .into(),
+        )),
+        v => Err((FailureKind::NotComponent, format!("unknown WebAssembly version/layer bytes {v:02x?}"))),
+    }
+}
+
+/// Find the exported `draftlens:metric/evaluator@X.Y.Z` and check X.Y against the host's 0.1.
+fn check_contract(exports: &[String]) -> Result<ContractVersion, String> {
+    let prefix = "draftlens:metric/evaluator@";
+    let Some(name) = exports.iter().find(|e| e.starts_with(prefix)) else {
+        let others = if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") };
+        return Err(format!(
+            "exports no draftlens:metric/evaluator interface (it exports {others}); is this a draftlens metric plugin?"
+        ));
+    };
+    let v = ContractVersion::parse(&name[prefix.len()..])
+        .ok_or_else(|| format!("exports {name}, whose version is not major.minor.patch"))?;
+    if !v.compatible_with_host() {
+        return Err(format!(
+            "built against contract draftlens:metric@{v}, but this draftlens implements draftlens:metric@{}; \
+             rebuild the plugin with this version's SDK (plugins/sdk)",
+            ContractVersion::HOST
+        ));
+    }
+    Ok(v)
+}
+
+/// Strict capability policy: a plugin may import only the contract's own interfaces
+/// (`draftlens:metric/host` — the log — and the type-only `draftlens:metric/types`).
+fn check_imports(imports: &[String]) -> Result<(), String> {
+    let allowed = |name: &str| {
+        ["draftlens:metric/host@", "draftlens:metric/types@"].iter().any(|p| {
+            name.strip_prefix(p)
+                .and_then(ContractVersion::parse)
+                .is_some_and(|v| v.compatible_with_host())
+        })
+    };
+    let denied: Vec<&str> = imports.iter().map(String::as_str).filter(|n| !allowed(n)).collect();
+    if denied.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "imports {}; plugins run without any capability except draftlens:metric/host (a bounded log), \
+             so they may not import WASI or anything else (build for wasm32-unknown-unknown, see plugins/README.md)",
+            denied.join(", ")
+        ))
+    }
+}
+
+/// A compiled, checked plugin, ready for jobs.
+pub struct LoadedPlugin {
+    pub path: PathBuf,
+    /// sha256 of the `.wasm` file (hex).
+    pub sha256: String,
+    pub size: u64,
+    pub(crate) pre: wit::MetricPluginPre<HostState>,
+    pub metadata: Metadata,
+    pub contract: ContractVersion,
+    pub imports: Vec<String>,
+    pub exports: Vec<String>,
+    /// Whether the compiled code came from the precompiled cache.
+    pub from_cache: bool,
+    /// Time to read, compile or deserialize.
+    pub compile_time: Duration,
+    /// Total load time including `describe`.
+    pub load_time: Duration,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("path", &self.path)
+            .field("sha256", &self.sha256)
+            .field("metadata", &self.metadata)
+            .field("contract", &self.contract)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_classified() {
+        assert_eq!(check_header(b"\x7fELF\x02\x01\x01\x00rest").unwrap_err().0, FailureKind::NotWasm);
+        assert_eq!(check_header(b"\0as").unwrap_err().0, FailureKind::NotWasm);
+        assert_eq!(check_header(b"\0asm\x01\0\0\0").unwrap_err().0, FailureKind::NotComponent);
+        assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn contract_versions() {
+        let ok = |v: &str| check_contract(&[format!("draftlens:metric/evaluator@{v}")]);
+        assert!(ok("0.1.0").is_ok());
+        assert!(ok("0.1.7").is_ok(), "patch versions are compatible");
+        let e = ok("0.2.0").unwrap_err();
+        assert!(e.contains("built against contract draftlens:metric@0.2.0") && e.contains("@0.1.0"), "{e}");
+        assert!(ok("1.0.0").is_err());
+        let e = check_contract(&["wasi:http/handler@0.2.0".into()]).unwrap_err();
+        assert!(e.contains("exports no draftlens:metric/evaluator"), "{e}");
+    }
+
+    #[test]
+    fn only_the_contract_may_be_imported() {
+        assert!(check_imports(&["draftlens:metric/host@0.1.0".into(), "draftlens:metric/types@0.1.2".into()]).is_ok());
+        let e = check_imports(&["draftlens:metric/host@0.1.0".into(), "wasi:cli/environment@0.2.0".into()]).unwrap_err();
+        assert!(e.starts_with("imports wasi:cli/environment@0.2.0;"), "{e}");
+        assert!(check_imports(&["draftlens:metric/host@0.2.0".into()]).is_err());
+    }
+}

@@ -1,0 +1,236 @@
+//! Host-side values of the contract, serialisable for the run store and reports.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::wit;
+
+/// `major.minor.patch` of the contract a plugin was built against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ContractVersion {
+    pub major: u64,
+    pub minor: u64,
+    pub patch: u64,
+}
+
+impl ContractVersion {
+    /// The contract this host implements.
+    pub const HOST: ContractVersion =
+        ContractVersion { major: wit::VERSION.0, minor: wit::VERSION.1, patch: wit::VERSION.2 };
+
+    pub fn parse(s: &str) -> Option<ContractVersion> {
+        let mut it = s.split('.');
+        let v = ContractVersion {
+            major: it.next()?.parse().ok()?,
+            minor: it.next()?.parse().ok()?,
+            patch: it.next()?.parse().ok()?,
+        };
+        it.next().is_none().then_some(v)
+    }
+
+    /// Semver compatibility as wasmtime resolves component names: same major, and for 0.x the
+    /// same minor; the patch may differ both ways.
+    pub fn compatible_with_host(&self) -> bool {
+        let h = ContractVersion::HOST;
+        self.major == h.major && (h.major != 0 || self.minor == h.minor)
+    }
+}
+
+impl fmt::Display for ContractVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// A parameter value (also the parameter's kind).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ParamValue {
+    Int(i64),
+    Float(f64),
+    Flag(bool),
+    Text(String),
+}
+
+impl ParamValue {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ParamValue::Int(_) => "int",
+            ParamValue::Float(_) => "float",
+            ParamValue::Flag(_) => "flag",
+            ParamValue::Text(_) => "text",
+        }
+    }
+
+    /// Parse `text` as a value of the same kind as `self` (for `name=value` on the command line).
+    pub fn parse_like(&self, text: &str) -> Result<ParamValue, String> {
+        match self {
+            ParamValue::Int(_) => text.parse().map(ParamValue::Int).map_err(|_| format!("{text:?} is not an int")),
+            ParamValue::Float(_) => text.parse().map(ParamValue::Float).map_err(|_| format!("{text:?} is not a float")),
+            ParamValue::Flag(_) => match text {
+                "true" | "1" | "yes" => Ok(ParamValue::Flag(true)),
+                "false" | "0" | "no" => Ok(ParamValue::Flag(false)),
+                _ => Err(format!("{text:?} is not a flag (true/false)")),
+            },
+            ParamValue::Text(_) => Ok(ParamValue::Text(text.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for ParamValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParamValue::Int(v) => write!(f, "{v}"),
+            ParamValue::Float(v) => write!(f, "{v}"),
+            ParamValue::Flag(v) => write!(f, "{v}"),
+            ParamValue::Text(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
+impl From<&ParamValue> for wit::ParamValue {
+    fn from(v: &ParamValue) -> Self {
+        match v {
+            ParamValue::Int(x) => wit::ParamValue::Int(*x),
+            ParamValue::Float(x) => wit::ParamValue::Float(*x),
+            ParamValue::Flag(x) => wit::ParamValue::Flag(*x),
+            ParamValue::Text(x) => wit::ParamValue::Text(x.clone()),
+        }
+    }
+}
+
+impl From<wit::ParamValue> for ParamValue {
+    fn from(v: wit::ParamValue) -> Self {
+        match v {
+            wit::ParamValue::Int(x) => ParamValue::Int(x),
+            wit::ParamValue::Float(x) => ParamValue::Float(x),
+            wit::ParamValue::Flag(x) => ParamValue::Flag(x),
+            wit::ParamValue::Text(x) => ParamValue::Text(x),
+        }
+    }
+}
+
+/// A parameter given to a plugin.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Param {
+    pub name: String,
+    pub value: ParamValue,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ParamSpec {
+    pub name: String,
+    pub description: String,
+    pub default: ParamValue,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MetricSpec {
+    /// A name, or a family `prefix_*`.
+    pub name: String,
+    pub unit: String,
+    pub description: String,
+    pub higher_is_better: bool,
+}
+
+impl MetricSpec {
+    /// Whether `name` is this metric or a member of this family.
+    pub fn covers(&self, name: &str) -> bool {
+        match self.name.strip_suffix('*') {
+            Some(prefix) => name.strip_prefix(prefix).is_some_and(|rest| {
+                !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            }),
+            None => self.name == name,
+        }
+    }
+}
+
+/// What a plugin says about itself.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Metadata {
+    pub name: String,
+    pub version: String,
+    pub description: String,
+    pub metrics: Vec<MetricSpec>,
+    pub params: Vec<ParamSpec>,
+}
+
+impl Metadata {
+    /// The spec that declares `name` (exact name first, then families).
+    pub fn spec_for(&self, name: &str) -> Option<&MetricSpec> {
+        self.metrics
+            .iter()
+            .find(|s| s.name == name)
+            .or_else(|| self.metrics.iter().find(|s| s.covers(name)))
+    }
+}
+
+impl From<wit::Metadata> for Metadata {
+    fn from(m: wit::Metadata) -> Self {
+        Metadata {
+            name: m.name,
+            version: m.version,
+            description: m.description,
+            metrics: m
+                .metrics
+                .into_iter()
+                .map(|s| MetricSpec {
+                    name: s.name,
+                    unit: s.unit,
+                    description: s.description,
+                    higher_is_better: s.higher_is_better,
+                })
+                .collect(),
+            params: m
+                .params
+                .into_iter()
+                .map(|p| ParamSpec { name: p.name, description: p.description, default: p.default.into() })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SeriesKind {
+    /// values[i] belongs to draft position k = i + 1.
+    PerPosition,
+    /// values[i] belongs to the integer outcome i.
+    Histogram,
+}
+
+/// A checked series; undefined entries (NaN from the plugin) are `None`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeriesResult {
+    pub kind: SeriesKind,
+    pub values: Vec<Option<f64>>,
+    pub counts: Vec<u64>,
+}
+
+/// One checked metric value; `value` is None when the plugin reported it undefined (NaN), so it
+/// can be stored as SQL NULL.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MetricResult {
+    pub name: String,
+    pub value: Option<f64>,
+    pub count: u64,
+    pub series: Option<SeriesResult>,
+}
+
+/// Log severity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// One line a plugin logged.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogLine {
+    pub level: LogLevel,
+    pub message: String,
+}

@@ -1,0 +1,801 @@
+//! The CUDA backend: bf16 weights and activations, fp32 accumulation, fp32 norms and softmax.
+//!
+//! - Libraries are loaded at run time (cudarc `fallback-dynamic-loading`): a binary built on a
+//!   machine without CUDA starts anywhere, and [`CudaBackend::new`] returns
+//!   "CUDA unavailable: <reason>" when the driver, NVRTC or cuBLAS cannot be loaded or no device
+//!   exists. The libraries are probed with `dlopen` first because a missing library panics inside
+//!   cudarc; the context creation is additionally wrapped in `catch_unwind`.
+//! - GEMMs: cuBLAS `cublasGemmEx`, bf16 operands, `CUBLAS_COMPUTE_32F`, reduced-precision split-K
+//!   reductions disallowed.
+//! - Everything else: own kernels in `kernels/*.cu`, compiled by NVRTC at first use
+//!   ([`kernels::Kernels`]).
+//! - One stream; allocations are stream-ordered (`cuMemAllocAsync` from the device's pool, whose
+//!   release threshold is raised so freed blocks are reused instead of returned to the driver).
+//!
+//! The precision of every intermediate is documented in `docs/cuda.md`.
+
+pub mod bench;
+mod kernels;
+
+use super::{AttnMask, AttnShape, Backend, Rope, RopeStyle, TopK};
+use anyhow::{anyhow, bail, ensure, Result};
+use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use half::bf16;
+use kernels::Kernels;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A row-major `[rows, cols]` bf16 activation in device memory.
+pub struct CudaTensor {
+    buf: CudaSlice<bf16>,
+    rows: usize,
+    cols: usize,
+}
+
+/// A bf16 weight `[out, in]` in device memory.
+pub struct CudaMatrix {
+    buf: CudaSlice<bf16>,
+    out: usize,
+    inp: usize,
+}
+
+impl CudaTensor {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+/// Device facts shown in reports.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub multiprocessors: i32,
+    pub total_mem_bytes: usize,
+    pub driver_version: i32,
+}
+
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    kernels: Kernels,
+    info: DeviceInfo,
+    /// Last uploaded attention mask (as per-query key intervals): the model calls attention once
+    /// per layer with the same mask, so it is uploaded once per forward.
+    mask_cache: Mutex<Option<(MaskKey, CudaSlice<i32>)>>,
+    /// Last uploaded RoPE positions (q and k of every layer share them).
+    pos_cache: Mutex<Option<(Vec<u32>, CudaSlice<u32>)>>,
+    /// Inverse frequencies per (theta bits, rotary_dim).
+    freq_cache: Mutex<Vec<((u32, usize), CudaSlice<f32>)>>,
+}
+
+#[derive(Clone, PartialEq)]
+enum MaskKey {
+    Mask(AttnMask, usize, usize),
+    Varlen(Vec<usize>),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Probing: find the libraries before cudarc touches them.
+
+/// Directories tried when a library is not found by its plain name (LD_LIBRARY_PATH unset).
+fn library_dirs() -> Vec<String> {
+    let mut dirs = Vec::new();
+    for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
+        if let Ok(d) = std::env::var(var) {
+            dirs.push(format!("{d}/lib64"));
+            dirs.push(format!("{d}/lib"));
+        }
+    }
+    dirs.extend(
+        ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/wsl/lib"]
+            .map(String::from),
+    );
+    dirs
+}
+
+/// dlopen the first loadable of `names` (plain name, then each directory) and keep it loaded, so
+/// that cudarc's later dlopen by soname finds it. Returns the error text listing what was tried.
+fn preload(what: &str, names: &[&str]) -> std::result::Result<String, String> {
+    let mut tried = Vec::new();
+    let mut candidates: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    for d in library_dirs() {
+        candidates.extend(names.iter().map(|n| format!("{d}/{n}")));
+    }
+    for c in candidates {
+        // SAFETY: loading a shared library runs its initialisers; these are the vendor's CUDA
+        // libraries, which is exactly what the backend is about to use.
+        match unsafe { libloading::Library::new(&c) } {
+            Ok(lib) => {
+                std::mem::forget(lib); // stay loaded for the life of the process
+                return Ok(c);
+            }
+            Err(e) => tried.push(format!("{c} ({e})")),
+        }
+    }
+    let first = tried.first().cloned().unwrap_or_default();
+    Err(format!("{what} library not found (tried {} locations; first: {first}); set LD_LIBRARY_PATH to the directory holding {}", tried.len(), names[0]))
+}
+
+/// Loads the driver, NVRTC, cuBLASLt and cuBLAS libraries once per process; the error says which
+/// one is missing.
+fn probe_libraries() -> std::result::Result<(), String> {
+    static PROBE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            preload("CUDA driver", &["libcuda.so.1", "libcuda.so"])?;
+            preload("NVRTC", &["libnvrtc.so.13", "libnvrtc.so"])?;
+            preload("cuBLASLt", &["libcublasLt.so.13", "libcublasLt.so"])?;
+            preload("cuBLAS", &["libcublas.so.13", "libcublas.so"])?;
+            // cudarc's own check (the names it will dlopen) must now succeed too.
+            let ok = std::panic::catch_unwind(|| unsafe {
+                cudarc::driver::sys::is_culib_present()
+                    && cudarc::nvrtc::sys::is_culib_present()
+                    && cudarc::cublas::sys::is_culib_present()
+                    && cudarc::cublaslt::sys::is_culib_present()
+            });
+            match ok {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("the CUDA libraries load by path but not under the names cudarc looks for (libcuda.so.1, libnvrtc.so.13, libcublas.so.13)".into()),
+                Err(_) => Err("probing the CUDA libraries panicked".into()),
+            }
+        })
+        .clone()
+}
+
+/// Compiles every kernel module with NVRTC for `arch` (e.g. `compute_90`) without a driver or a
+/// device, returning (module, PTX bytes). Lets a machine with only the NVRTC library check that
+/// the kernels compile.
+pub fn compile_kernels_offline(arch: &str) -> Result<Vec<(String, usize)>> {
+    preload("NVRTC", &["libnvrtc.so.13", "libnvrtc.so"]).map_err(|e| anyhow!("CUDA unavailable: {e}"))?;
+    let mut out = Vec::new();
+    for name in kernels::module_names() {
+        let ptx = std::panic::catch_unwind(|| kernels::ptx_for(name, arch)).map_err(|p| anyhow!("NVRTC panicked: {}", panic_text(p)))??;
+        out.push((name.to_string(), ptx.len()));
+    }
+    Ok(out)
+}
+
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "unknown panic".into())
+}
+
+/// `Ok(())` when a CUDA device can be used, else the reason (without the "CUDA unavailable" prefix).
+pub fn availability(ordinal: usize) -> std::result::Result<(), String> {
+    probe_libraries()?;
+    let count = std::panic::catch_unwind(CudaContext::device_count).map_err(|p| format!("driver initialisation panicked: {}", panic_text(p)))?;
+    let count = count.map_err(|e| format!("driver initialisation failed: {e}"))?;
+    if count <= 0 {
+        return Err("the driver reports no CUDA device".into());
+    }
+    if ordinal >= count as usize {
+        return Err(format!("device {ordinal} requested but only {count} device(s) exist"));
+    }
+    Ok(())
+}
+
+fn derr<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> anyhow::Error + '_ {
+    move |e| anyhow!("cuda: {what}: {e}")
+}
+
+fn blas_err(what: &str) -> impl FnOnce(blas_result::CublasError) -> anyhow::Error + '_ {
+    move |e| anyhow!("cuBLAS: {what}: {:?}", e.0)
+}
+
+fn blocks(n: usize, per: usize) -> u32 {
+    n.div_ceil(per).max(1) as u32
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`. Errors start with "CUDA unavailable:" when the machine has no
+    /// usable CUDA (no driver, no NVRTC/cuBLAS, no device), so callers can print them as is.
+    pub fn new(ordinal: usize) -> Result<CudaBackend> {
+        availability(ordinal).map_err(|r| anyhow!("CUDA unavailable: {r}"))?;
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
+            .map_err(|p| anyhow!("CUDA unavailable: creating a context on device {ordinal} panicked: {}", panic_text(p)))?
+            .map_err(|e| anyhow!("CUDA unavailable: creating a context on device {ordinal}: {e}"))?;
+        // One stream only: cudarc's per-buffer events (for cross-stream ordering) are not needed.
+        // SAFETY: every buffer of this backend is allocated, used and freed on `stream`.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(derr("creating a stream"))?;
+        // Keep freed pool memory for reuse (the default threshold 0 returns it at every sync).
+        // SAFETY: plain driver calls on this context's device with valid out-pointers.
+        unsafe {
+            let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+            if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) == sys::CUresult::CUDA_SUCCESS {
+                let mut threshold: u64 = u64::MAX;
+                let _ = sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut threshold as *mut u64 as *mut c_void);
+            }
+        }
+        let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone()))
+            .map_err(|p| anyhow!("CUDA unavailable: cuBLAS initialisation panicked: {}", panic_text(p)))?
+            .map_err(|e| anyhow!("CUDA unavailable: cuBLAS initialisation failed: {:?}", e.0))?;
+        // SAFETY: valid handle; the mode only forbids reduced-precision split-K reductions.
+        unsafe { blas_sys::cublasSetMathMode(*blas.handle(), blas_sys::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) }
+            .result()
+            .map_err(blas_err("setting the math mode"))?;
+        let mut driver_version = 0i32;
+        // SAFETY: out-pointer to a local.
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) };
+        let info = DeviceInfo {
+            ordinal,
+            name: ctx.name().map_err(derr("device name"))?,
+            compute_capability: ctx.compute_capability().map_err(derr("compute capability"))?,
+            multiprocessors: ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(derr("SM count"))?,
+            total_mem_bytes: ctx.total_mem().map_err(derr("memory size"))?,
+            driver_version,
+        };
+        let kernels = Kernels::new(ctx.clone())?;
+        Ok(CudaBackend { ctx, stream, blas, kernels, info, mask_cache: Mutex::new(None), pos_cache: Mutex::new(None), freq_cache: Mutex::new(Vec::new()) })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// NVRTC target of the kernels (`compute_90` on an H100/H200).
+    pub fn arch(&self) -> &str {
+        self.kernels.arch()
+    }
+
+    /// Seconds spent compiling and loading kernels so far.
+    pub fn kernel_compile_secs(&self) -> f64 {
+        self.kernels.compile_secs()
+    }
+
+    /// Compiles every kernel module now and describes each kernel's registers and spills.
+    pub fn kernel_report(&self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for (m, f) in [
+            ("elementwise", "rms_norm_bf16"),
+            ("elementwise", "rope_bf16"),
+            ("elementwise", "swiglu_bf16"),
+            ("elementwise", "copy_rows_bf16"),
+            ("attention", "flash_attention_hd64"),
+            ("attention", "flash_attention_hd128"),
+            ("attention", "flash_attention_hd256"),
+            ("topk", "topk_logsoftmax_k8"),
+            ("topk", "topk_logsoftmax_k64"),
+        ] {
+            out.push(self.kernels.resources(m, f)?);
+        }
+        Ok(out)
+    }
+
+    /// Waits for all queued work (for timing).
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(derr("synchronize"))
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Device memory (free, total) in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().map_err(derr("memory info"))
+    }
+
+    fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: every caller writes all `n` elements before anything reads them. A zero-length
+        // request allocates one element so that every buffer has a valid device address.
+        unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| anyhow!("cuda: allocating {} bytes: {e}", n * std::mem::size_of::<T>()))
+    }
+
+    fn new_tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
+        Ok(CudaTensor { buf: self.alloc(rows * cols)?, rows, cols })
+    }
+
+    fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        s.device_ptr(&self.stream).0
+    }
+
+    fn upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        let mut buf = self.alloc::<T>(data.len())?;
+        if !data.is_empty() {
+            self.stream.memcpy_htod(data, &mut buf.slice_mut(0..data.len())).map_err(derr("host-to-device copy"))?;
+        }
+        Ok(buf)
+    }
+
+    /// A tensor of random bf16 values (uniform, the given mean and standard deviation), generated
+    /// on the device: benchmark weights and activations need no host memory or transfers.
+    pub fn random_tensor(&self, rows: usize, cols: usize, std_dev: f32, mean: f32, seed: u64) -> Result<CudaTensor> {
+        let mut t = self.new_tensor(rows, cols)?;
+        self.fill_random(&mut t.buf, rows * cols, std_dev, mean, seed)?;
+        Ok(t)
+    }
+
+    /// A random weight `[out, inp]` (uniform, zero mean, standard deviation `std_dev`).
+    pub fn random_matrix(&self, out: usize, inp: usize, std_dev: f32, seed: u64) -> Result<CudaMatrix> {
+        let mut buf = self.alloc(out * inp)?;
+        self.fill_random(&mut buf, out * inp, std_dev, 0.0, seed)?;
+        Ok(CudaMatrix { buf, out, inp })
+    }
+
+    fn fill_random(&self, buf: &mut CudaSlice<bf16>, n: usize, std_dev: f32, mean: f32, seed: u64) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.kernels.get("elementwise", "fill_random_bf16")?;
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(buf).arg(&n64).arg(&seed).arg(&std_dev).arg(&mean);
+        // SAFETY: kernel signature (bf16*, long long, u64, float, float); buf holds n elements.
+        unsafe { b.launch(LaunchConfig { grid_dim: (blocks(n, 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr("fill_random_bf16"))?;
+        Ok(())
+    }
+
+    /// The raw bf16 values of a tensor (half the bytes of [`Backend::to_host`]).
+    pub fn to_host_bf16(&self, t: &CudaTensor) -> Result<Vec<bf16>> {
+        let n = t.rows * t.cols;
+        let mut out = vec![bf16::ZERO; n];
+        if n > 0 {
+            self.stream.memcpy_dtoh(&t.buf.slice(0..n), &mut out).map_err(derr("device-to-host copy"))?;
+        }
+        self.synchronize()?;
+        Ok(out)
+    }
+
+    /// Page-locked host memory for `n` bf16 values (fast device-to-host copies of taps).
+    pub fn alloc_pinned_bf16(&self, n: usize) -> Result<cudarc::driver::PinnedHostSlice<bf16>> {
+        // SAFETY: the memory is only written by device copies before it is read.
+        unsafe { self.ctx.alloc_pinned::<bf16>(n.max(1)) }.map_err(derr("allocating pinned host memory"))
+    }
+
+    /// Queues a copy of `t` into `dst[offset..offset + rows·cols]` (page-locked, so the copy runs
+    /// at the host link's speed and is asynchronous: call [`CudaBackend::synchronize`] before reading).
+    pub fn copy_to_pinned(&self, t: &CudaTensor, dst: &mut cudarc::driver::PinnedHostSlice<bf16>, offset: usize) -> Result<()> {
+        let n = t.rows * t.cols;
+        ensure!(offset + n <= dst.len(), "pinned buffer of {} values is too small for {} at offset {offset}", dst.len(), n);
+        if n == 0 {
+            return Ok(());
+        }
+        let host = dst.as_mut_slice().map_err(derr("pinned buffer"))?;
+        self.stream.memcpy_dtoh(&t.buf.slice(0..n), &mut host[offset..offset + n]).map_err(derr("device-to-host copy"))
+    }
+
+    /// A weight from raw bf16 values (checkpoint tensors already in bf16 skip the f32 round trip).
+    pub fn matrix_bf16(&self, data: &[bf16], out: usize, inp: usize) -> Result<CudaMatrix> {
+        ensure!(data.len() == out * inp, "weight data has {} values, shape [{out}, {inp}] needs {}", data.len(), out * inp);
+        Ok(CudaMatrix { buf: self.upload(data)?, out, inp })
+    }
+
+    /// A copy of a tensor on the device (hidden-state taps: the residual stream is updated in place).
+    pub fn clone_tensor(&self, t: &CudaTensor) -> Result<CudaTensor> {
+        let mut o = self.new_tensor(t.rows, t.cols)?;
+        let n = t.rows * t.cols;
+        if n > 0 {
+            self.stream.memcpy_dtod(&t.buf.slice(0..n), &mut o.buf.slice_mut(0..n)).map_err(derr("device copy"))?;
+        }
+        Ok(o)
+    }
+
+    /// `y = x · Wᵀ (+ beta · y)` with bf16 operands and fp32 accumulation. Raw pointers so the
+    /// LM head can write fp32 logits for a slice of rows.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_raw(&self, x: u64, rows: usize, w: u64, out: usize, inp: usize, y: u64, y_type: blas_sys::cudaDataType, beta: f32) -> Result<()> {
+        if rows == 0 || out == 0 {
+            return Ok(());
+        }
+        ensure!(rows <= i32::MAX as usize && out <= i32::MAX as usize && inp <= i32::MAX as usize, "matmul too large for cuBLAS: [{rows}, {inp}] x [{out}, {inp}]");
+        let alpha = 1f32;
+        // Column-major view: yᵀ[out, rows] = W[out, inp] · xᵀ[inp, rows]; W row-major [out, inp]
+        // is column-major [inp, out] (lda = inp), hence op(A) = T.
+        // SAFETY: the pointers address buffers of at least rows*inp, out*inp and rows*out elements.
+        unsafe {
+            blas_result::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                out as i32,
+                rows as i32,
+                inp as i32,
+                &alpha as *const f32 as *const c_void,
+                w as *const c_void,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                inp as i32,
+                x as *const c_void,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                inp as i32,
+                &beta as *const f32 as *const c_void,
+                y as *mut c_void,
+                y_type,
+                out as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_err("cublasGemmEx"))
+    }
+
+    /// `acc += x · Wᵀ` in one cuBLAS call (beta = 1): the residual add fused into the GEMM
+    /// epilogue, one bf16 rounding of `acc + fp32 product` instead of HF's two.
+    pub fn matmul_acc(&self, x: &CudaTensor, w: &CudaMatrix, acc: &mut CudaTensor) -> Result<()> {
+        ensure!(x.cols == w.inp, "matmul: input has {} columns, weight expects {}", x.cols, w.inp);
+        ensure!((acc.rows, acc.cols) == (x.rows, w.out), "matmul_acc: accumulator is [{}, {}], product is [{}, {}]", acc.rows, acc.cols, x.rows, w.out);
+        self.gemm_raw(self.ptr(&x.buf), x.rows, self.ptr(&w.buf), w.out, w.inp, self.ptr(&acc.buf), blas_sys::cudaDataType::CUDA_R_16BF, 1.0)
+    }
+
+    /// Copies rows of `src` (all of them, or those listed in `idx`) into columns
+    /// `dst_col0..dst_col0 + src_cols` of `dst`.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_rows(&self, dst: &mut CudaSlice<bf16>, dst_ld: usize, dst_col0: usize, src: &CudaSlice<bf16>, src_ld: usize, idx: Option<&CudaSlice<u32>>, rows: usize, cols: usize) -> Result<()> {
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        ensure!(rows <= i32::MAX as usize, "copy of {rows} rows is too large for one launch");
+        let f = self.kernels.get("elementwise", "copy_rows_bf16")?;
+        let (dst_ld, dst_col0, src_ld, rows64, cols32) = (dst_ld as i64, dst_col0 as i64, src_ld as i64, rows as i64, cols as i32);
+        let idx_ptr: u64 = idx.map(|i| self.ptr(i)).unwrap_or(0);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(dst).arg(&dst_ld).arg(&dst_col0).arg(src).arg(&src_ld).arg(&idx_ptr).arg(&rows64).arg(&cols32);
+        // SAFETY: signature (bf16*, ll, ll, const bf16*, ll, const u32*, ll, int); shapes checked by callers.
+        unsafe { b.launch(LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr("copy_rows_bf16"))?;
+        Ok(())
+    }
+
+    /// Key intervals of each query row: `[lo1, hi1, lo2, hi2]` (the kernel's whole view of a mask).
+    fn mask_intervals(mask: &AttnMask, tq: usize, tk: usize) -> Result<Vec<i32>> {
+        let mut r = Vec::with_capacity(tq * 4);
+        match mask {
+            AttnMask::Causal { q_start } => {
+                ensure!(q_start + tq <= tk, "attention: causal queries end at {} but only {tk} keys exist", q_start + tq);
+                for i in 0..tq {
+                    r.extend_from_slice(&[0, (q_start + i + 1) as i32, 0, 0]);
+                }
+            }
+            AttnMask::Blocks { ctx_len, block, anchors, ctx_inclusive, causal_in_block, window } => {
+                let (ctx_len, block, n) = (*ctx_len, *block, anchors.len());
+                ensure!(block > 0, "attention: block size 0");
+                ensure!(tq == n * block, "attention: {tq} query rows for {n} blocks of {block}");
+                ensure!(tk == ctx_len + n * block, "attention: {tk} keys, expected {ctx_len} context + {} block rows", n * block);
+                for (b, &a) in anchors.iter().enumerate() {
+                    let ctx_hi = if *ctx_inclusive { (a + 1).min(ctx_len) } else { a.min(ctx_len) };
+                    for o in 0..block {
+                        let qpos = a + o;
+                        let (mut lo1, hi1) = (0usize, ctx_hi);
+                        let (mut olo, ohi) = (0usize, if *causal_in_block { o + 1 } else { block });
+                        if let Some(w) = window {
+                            // key position >= qpos - (w - 1)
+                            lo1 = lo1.max((qpos + 1).saturating_sub(*w));
+                            olo = olo.max((o + 1).saturating_sub(*w));
+                        }
+                        let (lo1, hi1) = if lo1 < hi1 { (lo1, hi1) } else { (0, 0) };
+                        let base = ctx_len + b * block;
+                        let (lo2, hi2) = if olo < ohi { (base + olo, base + ohi) } else { (0, 0) };
+                        r.extend_from_slice(&[lo1 as i32, hi1 as i32, lo2 as i32, hi2 as i32]);
+                    }
+                }
+            }
+        }
+        Ok(r)
+    }
+
+    fn varlen_intervals(seq_starts: &[usize], rows: usize) -> Result<Vec<i32>> {
+        ensure!(seq_starts.first() == Some(&0) && seq_starts.last() == Some(&rows), "attention_varlen: sequence starts must run from 0 to {rows}, got {:?}..{:?}", seq_starts.first(), seq_starts.last());
+        let mut r = Vec::with_capacity(rows * 4);
+        for w in seq_starts.windows(2) {
+            ensure!(w[0] <= w[1], "attention_varlen: sequence starts are not increasing");
+            for i in w[0]..w[1] {
+                r.extend_from_slice(&[w[0] as i32, (i + 1) as i32, 0, 0]);
+            }
+        }
+        Ok(r)
+    }
+
+    fn attention_with(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, shape: AttnShape, key: MaskKey, intervals: impl FnOnce() -> Result<Vec<i32>>, reverse: bool) -> Result<CudaTensor> {
+        let AttnShape { heads, kv_heads, head_dim: hd } = shape;
+        ensure!(kv_heads > 0 && heads % kv_heads == 0, "attention: {heads} heads not divisible by {kv_heads} KV heads");
+        ensure!(q.cols == heads * hd, "attention: q has {} columns, expected {}", q.cols, heads * hd);
+        ensure!(k.cols == kv_heads * hd && v.cols == kv_heads * hd, "attention: k/v have {}/{} columns, expected {}", k.cols, v.cols, kv_heads * hd);
+        ensure!(k.rows == v.rows, "attention: k has {} rows, v has {}", k.rows, v.rows);
+        let group = heads / kv_heads;
+        ensure!(group <= 64, "attention: {group} query heads per KV head (at most 64 supported)");
+        ensure!(k.rows < i32::MAX as usize && q.rows < i32::MAX as usize, "attention: too many rows");
+        let func = match hd {
+            64 => "flash_attention_hd64",
+            128 => "flash_attention_hd128",
+            256 => "flash_attention_hd256",
+            _ => bail!("attention: head_dim {hd} is not supported by the CUDA kernel (64, 128, 256)"),
+        };
+        let mut out = self.new_tensor(q.rows, q.cols)?;
+        if q.rows == 0 {
+            return Ok(out);
+        }
+        let mut cache = self.mask_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.as_ref().map(|(k, _)| k != &key).unwrap_or(true) {
+            let iv = intervals()?;
+            ensure!(iv.len() == q.rows * 4, "attention: mask covers {} rows, q has {}", iv.len() / 4, q.rows);
+            *cache = Some((key, self.upload(&iv)?));
+        }
+        let ranges = &cache.as_ref().expect("mask cache was just filled").1;
+        let smem = 3 * 64 * hd * 2;
+        let f = self.kernels.get_with_smem("attention", func, smem)?;
+        let ppb = 64 / group;
+        let grid_x = q.rows.div_ceil(ppb);
+        ensure!(grid_x < i32::MAX as usize && kv_heads < 65536, "attention: grid too large");
+        let (tq, tk, h, hkv) = (q.rows as i32, k.rows as i32, heads as i32, kv_heads as i32);
+        let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
+        let rev = reverse as i32;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&q.buf).arg(&k.buf).arg(&v.buf).arg(&mut out.buf).arg(ranges).arg(&tq).arg(&tk).arg(&h).arg(&hkv).arg(&scale_log2).arg(&rev);
+        // SAFETY: signature matches ATT_ENTRY in kernels/attention.cu; shapes checked above; the
+        // intervals are clipped to [0, tk].
+        unsafe { b.launch(LaunchConfig { grid_dim: (grid_x as u32, kv_heads as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 }) }.map_err(derr(func))?;
+        Ok(out)
+    }
+
+    fn unary_launch(&self, func: &'static str, n: usize, per_thread: usize) -> Result<(cudarc::driver::CudaFunction, LaunchConfig)> {
+        let f = self.kernels.get("elementwise", func)?;
+        Ok((f, LaunchConfig { grid_dim: (blocks(n.div_ceil(per_thread), 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }))
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Matrix = CudaMatrix;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+    fn dtype(&self) -> &'static str {
+        "bf16"
+    }
+
+    fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor> {
+        ensure!(data.len() == rows * cols, "tensor data has {} values, shape [{rows}, {cols}] needs {}", data.len(), rows * cols);
+        let h: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
+        Ok(CudaTensor { buf: self.upload(&h)?, rows, cols })
+    }
+    fn to_host(&self, t: &CudaTensor) -> Result<Vec<f32>> {
+        Ok(self.to_host_bf16(t)?.into_iter().map(f32::from).collect())
+    }
+    fn dims(&self, t: &CudaTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+    fn matrix(&self, data: &[f32], out: usize, inp: usize) -> Result<CudaMatrix> {
+        ensure!(data.len() == out * inp, "weight data has {} values, shape [{out}, {inp}] needs {}", data.len(), out * inp);
+        let h: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
+        Ok(CudaMatrix { buf: self.upload(&h)?, out, inp })
+    }
+    fn matrix_dims(&self, m: &CudaMatrix) -> (usize, usize) {
+        (m.out, m.inp)
+    }
+
+    fn matmul(&self, x: &CudaTensor, w: &CudaMatrix) -> Result<CudaTensor> {
+        ensure!(x.cols == w.inp, "matmul: input has {} columns, weight expects {}", x.cols, w.inp);
+        let y = self.new_tensor(x.rows, w.out)?;
+        self.gemm_raw(self.ptr(&x.buf), x.rows, self.ptr(&w.buf), w.out, w.inp, self.ptr(&y.buf), blas_sys::cudaDataType::CUDA_R_16BF, 0.0)?;
+        Ok(y)
+    }
+
+    fn add_row_bias(&self, x: &mut CudaTensor, bias: &CudaTensor) -> Result<()> {
+        ensure!(bias.rows * bias.cols == x.cols, "bias has {} values, rows have {}", bias.rows * bias.cols, x.cols);
+        let n = x.rows * x.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        let (f, cfg) = self.unary_launch("add_row_bias_bf16", n, 1)?;
+        let (rows, cols) = (x.rows as i64, x.cols as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&mut x.buf).arg(&bias.buf).arg(&rows).arg(&cols);
+        // SAFETY: (bf16*, const bf16*, ll, int), sizes checked.
+        unsafe { b.launch(cfg) }.map_err(derr("add_row_bias_bf16"))?;
+        Ok(())
+    }
+
+    fn add_inplace(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
+        ensure!((x.rows, x.cols) == (y.rows, y.cols), "add: shapes [{}, {}] and [{}, {}] differ", x.rows, x.cols, y.rows, y.cols);
+        let n = x.rows * x.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        let (f, cfg) = self.unary_launch("add_bf16", n, 8)?;
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&mut x.buf).arg(&y.buf).arg(&n64);
+        // SAFETY: (bf16*, const bf16*, ll), equal sizes.
+        unsafe { b.launch(cfg) }.map_err(derr("add_bf16"))?;
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &CudaTensor, weight: &CudaTensor, eps: f32, group: usize) -> Result<CudaTensor> {
+        ensure!(group > 0 && x.cols % group == 0, "rms_norm: {} columns are not a multiple of group {group}", x.cols);
+        ensure!(weight.rows * weight.cols == group, "rms_norm: weight has {} values, group is {group}", weight.rows * weight.cols);
+        ensure!(group < i32::MAX as usize, "rms_norm: group too large");
+        let mut y = self.new_tensor(x.rows, x.cols)?;
+        let n_groups = x.rows * (x.cols / group);
+        if n_groups == 0 {
+            return Ok(y);
+        }
+        let f = self.kernels.get("elementwise", "rms_norm_bf16")?;
+        let (ng, g) = (n_groups as i64, group as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.buf).arg(&weight.buf).arg(&mut y.buf).arg(&ng).arg(&g).arg(&eps);
+        // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float); one warp per group, 8 per block.
+        unsafe { b.launch(LaunchConfig { grid_dim: (blocks(n_groups, 8), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr("rms_norm_bf16"))?;
+        Ok(y)
+    }
+
+    fn rope_inplace(&self, x: &mut CudaTensor, positions: &[u32], rope: &Rope) -> Result<()> {
+        ensure!(positions.len() == x.rows, "rope: {} positions for {} rows", positions.len(), x.rows);
+        ensure!(rope.head_dim > 0 && x.cols % rope.head_dim == 0, "rope: {} columns are not whole heads of {}", x.cols, rope.head_dim);
+        ensure!(rope.rotary_dim <= rope.head_dim && rope.rotary_dim % 2 == 0, "rope: bad rotary_dim {}", rope.rotary_dim);
+        let half = rope.rotary_dim / 2;
+        let n_heads = x.cols / rope.head_dim;
+        let total = x.rows * n_heads * half;
+        if total == 0 {
+            return Ok(());
+        }
+        let mut fc = self.freq_cache.lock().unwrap_or_else(|e| e.into_inner());
+        let fkey = (rope.theta.to_bits(), rope.rotary_dim);
+        if !fc.iter().any(|(k, _)| *k == fkey) {
+            // HF: inv_freq = 1 / theta^(2i / rotary_dim), in f32.
+            let inv: Vec<f32> = (0..half).map(|i| 1.0 / rope.theta.powf((2 * i) as f32 / rope.rotary_dim as f32)).collect();
+            fc.push((fkey, self.upload(&inv)?));
+        }
+        let freqs = &fc.iter().find(|(k, _)| *k == fkey).expect("inserted above").1;
+        let mut pc = self.pos_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if pc.as_ref().map(|(p, _)| p.as_slice() != positions).unwrap_or(true) {
+            *pc = Some((positions.to_vec(), self.upload(positions)?));
+        }
+        let pos = &pc.as_ref().expect("filled above").1;
+        let f = self.kernels.get("elementwise", "rope_bf16")?;
+        let (rows, nh, hd, rd) = (x.rows as i32, n_heads as i32, rope.head_dim as i32, rope.rotary_dim as i32);
+        let inter = matches!(rope.style, RopeStyle::Interleaved) as i32;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&mut x.buf).arg(pos).arg(freqs).arg(&rows).arg(&nh).arg(&hd).arg(&rd).arg(&inter);
+        // SAFETY: (bf16*, const u32*, const float*, int x5); one thread per rotated pair.
+        unsafe { b.launch(LaunchConfig { grid_dim: (blocks(total, 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr("rope_bf16"))?;
+        Ok(())
+    }
+
+    fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, shape: AttnShape, mask: &AttnMask) -> Result<CudaTensor> {
+        let (tq, tk) = (q.rows, k.rows);
+        let reverse = matches!(mask, AttnMask::Causal { .. });
+        self.attention_with(q, k, v, shape, MaskKey::Mask(mask.clone(), tq, tk), || Self::mask_intervals(mask, tq, tk), reverse)
+    }
+
+    fn attention_varlen(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, shape: AttnShape, seq_starts: &[usize]) -> Result<CudaTensor> {
+        ensure!(q.rows == k.rows, "attention_varlen: q has {} rows, k/v {}", q.rows, k.rows);
+        let rows = q.rows;
+        self.attention_with(q, k, v, shape, MaskKey::Varlen(seq_starts.to_vec()), || Self::varlen_intervals(seq_starts, rows), true)
+    }
+
+    fn swiglu(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
+        ensure!((gate.rows, gate.cols) == (up.rows, up.cols), "swiglu: gate and up shapes differ");
+        let mut y = self.new_tensor(gate.rows, gate.cols)?;
+        let n = gate.rows * gate.cols;
+        if n == 0 {
+            return Ok(y);
+        }
+        let (f, cfg) = self.unary_launch("swiglu_bf16", n, 8)?;
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&gate.buf).arg(&up.buf).arg(&mut y.buf).arg(&n64);
+        // SAFETY: (const bf16*, const bf16*, bf16*, ll), equal sizes.
+        unsafe { b.launch(cfg) }.map_err(derr("swiglu_bf16"))?;
+        Ok(y)
+    }
+
+    fn embed(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= table.out) {
+            bail!("token id {bad} is outside the embedding table ({} rows)", table.out);
+        }
+        let mut y = self.new_tensor(ids.len(), table.inp)?;
+        if ids.is_empty() {
+            return Ok(y);
+        }
+        let idx = self.upload(ids)?;
+        self.copy_rows(&mut y.buf, table.inp, 0, &table.buf, table.inp, Some(&idx), ids.len(), table.inp)?;
+        Ok(y)
+    }
+
+    fn concat_rows(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
+        let cols = parts.first().map(|p| p.cols).unwrap_or(0);
+        ensure!(parts.iter().all(|p| p.cols == cols), "concat_rows: column counts differ");
+        let rows: usize = parts.iter().map(|p| p.rows).sum();
+        let mut y = self.new_tensor(rows, cols)?;
+        let mut off = 0;
+        for p in parts {
+            let n = p.rows * p.cols;
+            if n > 0 {
+                self.stream.memcpy_dtod(&p.buf.slice(0..n), &mut y.buf.slice_mut(off..off + n)).map_err(derr("device copy"))?;
+            }
+            off += n;
+        }
+        Ok(y)
+    }
+
+    fn concat_cols(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
+        let rows = parts.first().map(|p| p.rows).unwrap_or(0);
+        ensure!(parts.iter().all(|p| p.rows == rows), "concat_cols: row counts differ");
+        let cols: usize = parts.iter().map(|p| p.cols).sum();
+        let mut y = self.new_tensor(rows, cols)?;
+        let mut c0 = 0;
+        for p in parts {
+            self.copy_rows(&mut y.buf, cols, c0, &p.buf, p.cols, None, rows, p.cols)?;
+            c0 += p.cols;
+        }
+        Ok(y)
+    }
+
+    fn slice_rows(&self, x: &CudaTensor, start: usize, end: usize) -> Result<CudaTensor> {
+        ensure!(start <= end && end <= x.rows, "slice_rows {start}..{end} out of {} rows", x.rows);
+        let mut y = self.new_tensor(end - start, x.cols)?;
+        let n = (end - start) * x.cols;
+        if n > 0 {
+            self.stream.memcpy_dtod(&x.buf.slice(start * x.cols..end * x.cols), &mut y.buf.slice_mut(0..n)).map_err(derr("device copy"))?;
+        }
+        Ok(y)
+    }
+
+    fn gather_rows(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
+        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= x.rows) {
+            bail!("gather_rows: row {bad} out of {}", x.rows);
+        }
+        let mut y = self.new_tensor(rows.len(), x.cols)?;
+        if rows.is_empty() {
+            return Ok(y);
+        }
+        let idx = self.upload(rows)?;
+        self.copy_rows(&mut y.buf, x.cols, 0, &x.buf, x.cols, Some(&idx), rows.len(), x.cols)?;
+        Ok(y)
+    }
+
+    fn lm_head_topk(&self, x: &CudaTensor, head: &CudaMatrix, k: usize) -> Result<TopK> {
+        ensure!(x.cols == head.inp, "lm_head: hidden has {} columns, head expects {}", x.cols, head.inp);
+        let vocab = head.out;
+        ensure!(vocab > 0 && vocab < i32::MAX as usize, "lm_head: vocabulary of {vocab} rows");
+        let k = k.clamp(1, vocab);
+        let func = match k {
+            1..=8 => "topk_logsoftmax_k8",
+            9..=16 => "topk_logsoftmax_k16",
+            17..=32 => "topk_logsoftmax_k32",
+            33..=64 => "topk_logsoftmax_k64",
+            _ => bail!("lm_head_topk: k = {k} is above the CUDA kernel's limit of 64"),
+        };
+        let rows = x.rows;
+        if rows == 0 {
+            return Ok(TopK { rows: 0, k, ids: vec![], logprobs: vec![] });
+        }
+        // fp32 logits for at most `chunk` rows at a time (≤ 1 GiB of scratch).
+        let chunk = rows.min(((1usize << 30) / (vocab * 4)).max(1));
+        let scratch = self.alloc::<f32>(chunk * vocab)?;
+        let ids = self.alloc::<u32>(rows * k)?;
+        let lps = self.alloc::<f32>(rows * k)?;
+        let f = self.kernels.get("topk", func)?;
+        let (xp, wp, sp, ip, lp) = (self.ptr(&x.buf), self.ptr(&head.buf), self.ptr(&scratch), self.ptr(&ids), self.ptr(&lps));
+        let mut start = 0;
+        while start < rows {
+            let n = chunk.min(rows - start);
+            self.gemm_raw(xp + (start * x.cols * 2) as u64, n, wp, vocab, head.inp, sp, blas_sys::cudaDataType::CUDA_R_32F, 0.0)?;
+            let (ld, v32, k32) = (vocab as i64, vocab as i32, k as i32);
+            let (ipo, lpo) = (ip + (start * k * 4) as u64, lp + (start * k * 4) as u64);
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&sp).arg(&ld).arg(&v32).arg(&k32).arg(&ipo).arg(&lpo);
+            // SAFETY: (const float*, ll, int, int, u32*, float*); n rows of `vocab` logits in
+            // scratch, n*k outputs from offset start*k.
+            unsafe { b.launch(LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr(func))?;
+            start += n;
+        }
+        let mut out_ids = vec![0u32; rows * k];
+        let mut out_lp = vec![0f32; rows * k];
+        self.stream.memcpy_dtoh(&ids.slice(0..rows * k), &mut out_ids).map_err(derr("device-to-host copy"))?;
+        self.stream.memcpy_dtoh(&lps.slice(0..rows * k), &mut out_lp).map_err(derr("device-to-host copy"))?;
+        self.synchronize()?;
+        drop(scratch);
+        Ok(TopK { rows, k, ids: out_ids, logprobs: out_lp })
+    }
+}

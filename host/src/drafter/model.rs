@@ -1,0 +1,188 @@
+//! The DFlash drafter forward pass (dflash.md §1.1), over the backend seam.
+//!
+//! ```text
+//! taps [S, n·Dt] ─ fc ─ hidden_norm ─► C [S, D]           (context features, once per sequence)
+//! per layer: K_ctx = RoPE(k_norm(k_proj(C))), V_ctx = v_proj(C)   (cached, reused by every anchor)
+//! block [y_a, MASK×(B−1)] ─ target embedding ─► x
+//! per layer: h = input_layernorm(x); Q, K_blk, V_blk from h (q/k norm, RoPE at a..a+B−1)
+//!            attention over [K_ctx rows < a ; the block's own rows] ─ o_proj ─ residual ─ MLP ─ residual
+//! norm ─► target LM head ─► top-K for rows 1..B−1 (row k predicts the token at a+k)
+//! ```
+//! Context rows never pass through attention or MLPs; only each layer's k/v projections see them.
+
+use super::config::{DrafterConfig, LayerKind};
+use crate::backend::{AttnMask, AttnShape, Backend, TopK};
+use crate::formats::safetensors::SafetensorsWeights;
+use crate::formats::WeightSource;
+use crate::model::transformer::{load_matrix, Mlp, RmsNorm};
+use crate::model::TargetModel;
+use anyhow::{bail, Result};
+use std::path::Path;
+
+/// Attention projections of one drafter layer (Qwen3-style: per-head q/k norm, no biases).
+pub struct DraftAttention<B: Backend> {
+    pub q_proj: B::Matrix,
+    pub k_proj: B::Matrix,
+    pub v_proj: B::Matrix,
+    pub o_proj: B::Matrix,
+    pub q_norm: RmsNorm<B>,
+    pub k_norm: RmsNorm<B>,
+}
+
+pub struct DraftLayer<B: Backend> {
+    pub input_layernorm: RmsNorm<B>,
+    pub self_attn: DraftAttention<B>,
+    pub post_attention_layernorm: RmsNorm<B>,
+    pub mlp: Mlp<B>,
+    pub kind: LayerKind,
+}
+
+/// Context K/V of every drafter layer for positions `0..len` of one sequence.
+pub struct DraftContext<B: Backend> {
+    pub k: Vec<B::Tensor>,
+    pub v: Vec<B::Tensor>,
+    pub len: usize,
+}
+
+pub struct DFlashDrafter<B: Backend> {
+    pub cfg: DrafterConfig,
+    pub fc: B::Matrix,
+    pub hidden_norm: RmsNorm<B>,
+    pub layers: Vec<DraftLayer<B>>,
+    pub norm: RmsNorm<B>,
+    pub shape: AttnShape,
+}
+
+impl<B: Backend> DFlashDrafter<B> {
+    /// Load a checkpoint folder. `target_hidden` is the target's hidden size (taps width).
+    pub fn load(be: &B, dir: &Path, target_hidden: usize) -> Result<Self> {
+        let mut cfg = DrafterConfig::load(dir)?;
+        let src = SafetensorsWeights::open(dir)?;
+        let d = cfg.hidden_size;
+        let eps = cfg.rms_norm_eps;
+        let (hd, qd, kvd) = (cfg.head_dim, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
+        let dtypes: std::collections::BTreeSet<String> = src.tensors().into_iter().map(|t| t.dtype).collect();
+        cfg.weights_dtype = dtypes.into_iter().collect::<Vec<_>>().join("+");
+        let taps = cfg.target_layer_ids.len();
+        let fc = load_matrix(be, &src, "fc.weight", d, taps * target_hidden)?;
+        let mut layers = Vec::new();
+        for i in 0..cfg.num_layers {
+            let p = format!("layers.{i}");
+            layers.push(DraftLayer {
+                input_layernorm: RmsNorm::load(be, &src, &format!("{p}.input_layernorm.weight"), d, eps)?,
+                self_attn: DraftAttention {
+                    q_proj: load_matrix(be, &src, &format!("{p}.self_attn.q_proj.weight"), qd, d)?,
+                    k_proj: load_matrix(be, &src, &format!("{p}.self_attn.k_proj.weight"), kvd, d)?,
+                    v_proj: load_matrix(be, &src, &format!("{p}.self_attn.v_proj.weight"), kvd, d)?,
+                    o_proj: load_matrix(be, &src, &format!("{p}.self_attn.o_proj.weight"), d, qd)?,
+                    q_norm: RmsNorm::load(be, &src, &format!("{p}.self_attn.q_norm.weight"), hd, eps)?,
+                    k_norm: RmsNorm::load(be, &src, &format!("{p}.self_attn.k_norm.weight"), hd, eps)?,
+                },
+                post_attention_layernorm: RmsNorm::load(be, &src, &format!("{p}.post_attention_layernorm.weight"), d, eps)?,
+                mlp: Mlp::load(be, &src, &format!("{p}.mlp"), d, cfg.intermediate_size)?,
+                kind: cfg.layer_kinds[i],
+            });
+        }
+        let shape = AttnShape { heads: cfg.num_heads, kv_heads: cfg.num_kv_heads, head_dim: hd };
+        Ok(DFlashDrafter {
+            hidden_norm: RmsNorm::load(be, &src, "hidden_norm.weight", d, eps)?,
+            norm: RmsNorm::load(be, &src, "norm.weight", d, eps)?,
+            fc,
+            layers,
+            shape,
+            cfg,
+        })
+    }
+
+    /// Context K/V for positions `0..S` from the taps (`taps[j]` is `[S, Dt]` row-major, in
+    /// `target_layer_ids` order).
+    pub fn context(&self, be: &B, taps: &[&[f32]], target_hidden: usize) -> Result<DraftContext<B>> {
+        let mut ctx = DraftContext { k: Vec::new(), v: Vec::new(), len: 0 };
+        self.extend_context(be, &mut ctx, taps, target_hidden)?;
+        Ok(ctx)
+    }
+
+    /// Append context rows for positions `ctx.len..ctx.len+n` (live decoding adds the taps of
+    /// each verify pass's accepted tokens).
+    pub fn extend_context(&self, be: &B, ctx: &mut DraftContext<B>, taps: &[&[f32]], target_hidden: usize) -> Result<()> {
+        if taps.len() != self.cfg.target_layer_ids.len() {
+            bail!("drafter expects {} taps, got {}", self.cfg.target_layer_ids.len(), taps.len());
+        }
+        let n = taps[0].len() / target_hidden;
+        if n == 0 {
+            return Ok(());
+        }
+        let parts: Vec<B::Tensor> = taps.iter().map(|t| be.from_host(t, n, target_hidden)).collect::<Result<_>>()?;
+        let refs: Vec<&B::Tensor> = parts.iter().collect();
+        let fused = be.concat_cols(&refs)?;
+        let c = self.hidden_norm.forward(be, &be.matmul(&fused, &self.fc)?)?;
+        let positions: Vec<u32> = (ctx.len..ctx.len + n).map(|p| p as u32).collect();
+        let rope = self.cfg.rope();
+        for (i, l) in self.layers.iter().enumerate() {
+            let mut k = l.self_attn.k_norm.forward(be, &be.matmul(&c, &l.self_attn.k_proj)?)?;
+            be.rope_inplace(&mut k, &positions, &rope)?;
+            let v = be.matmul(&c, &l.self_attn.v_proj)?;
+            if i < ctx.k.len() {
+                ctx.k[i] = be.concat_rows(&[&ctx.k[i], &k])?;
+                ctx.v[i] = be.concat_rows(&[&ctx.v[i], &v])?;
+            } else {
+                ctx.k.push(k);
+                ctx.v.push(v);
+            }
+        }
+        ctx.len += n;
+        Ok(())
+    }
+
+    /// Draft one block per anchor: `anchors[n]` is the absolute position of the anchor token
+    /// `anchor_tokens[n]`; it sees context rows `< anchor` (`<= anchor` with `ctx_inclusive`, the
+    /// training leak). Returns the top-`k` for the B−1 drafted positions of every block, block
+    /// by block (`anchors.len() * (B−1)` rows).
+    #[allow(clippy::too_many_arguments)]
+    pub fn draft(&self, be: &B, target: &TargetModel<B>, ctx: &DraftContext<B>, anchors: &[usize], anchor_tokens: &[u32], ctx_inclusive: bool, k: usize) -> Result<TopK> {
+        let b = self.cfg.block_size;
+        let n = anchors.len();
+        if anchor_tokens.len() != n {
+            bail!("{} anchor tokens for {n} anchors", anchor_tokens.len());
+        }
+        let mut ids = Vec::with_capacity(n * b);
+        let mut positions = Vec::with_capacity(n * b);
+        for (&a, &t) in anchors.iter().zip(anchor_tokens) {
+            ids.push(t);
+            ids.extend(std::iter::repeat(self.cfg.mask_token_id).take(b - 1));
+            positions.extend((a..a + b).map(|p| p as u32));
+        }
+        let rope = self.cfg.rope();
+        let mut x = be.embed(&target.embed_tokens, &ids)?;
+        for (i, l) in self.layers.iter().enumerate() {
+            let h = l.input_layernorm.forward(be, &x)?;
+            let att = &l.self_attn;
+            let mut q = att.q_norm.forward(be, &be.matmul(&h, &att.q_proj)?)?;
+            let mut kb = att.k_norm.forward(be, &be.matmul(&h, &att.k_proj)?)?;
+            be.rope_inplace(&mut q, &positions, &rope)?;
+            be.rope_inplace(&mut kb, &positions, &rope)?;
+            let vb = be.matmul(&h, &att.v_proj)?;
+            let (k_all, v_all) = if ctx.len > 0 {
+                (be.concat_rows(&[&ctx.k[i], &kb])?, be.concat_rows(&[&ctx.v[i], &vb])?)
+            } else {
+                (kb, vb)
+            };
+            let sliding = l.kind == LayerKind::Sliding;
+            let mask = AttnMask::Blocks {
+                ctx_len: ctx.len,
+                block: b,
+                anchors: anchors.to_vec(),
+                ctx_inclusive,
+                causal_in_block: sliding,
+                window: if sliding { self.cfg.sliding_window } else { None },
+            };
+            let o = be.attention(&q, &k_all, &v_all, self.shape, &mask)?;
+            be.add_inplace(&mut x, &be.matmul(&o, &att.o_proj)?)?;
+            let h = l.post_attention_layernorm.forward(be, &x)?;
+            be.add_inplace(&mut x, &l.mlp.forward(be, &h)?)?;
+        }
+        let rows: Vec<u32> = (0..n).flat_map(|blk| (1..b).map(move |r| (blk * b + r) as u32)).collect();
+        let out = self.norm.forward(be, &be.gather_rows(&x, &rows)?)?;
+        target.logits_topk(be, &out, k)
+    }
+}

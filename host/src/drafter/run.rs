@@ -1,0 +1,202 @@
+//! One evaluation run end to end: check compatibility, create the run in the store, then per
+//! prompt: greedy continuation (cached) → target pass with taps (cached) → drafter over anchors →
+//! records stored in one transaction per prompt; finally the summary metrics. An interruption
+//! (error, Ctrl-C, SIGTERM) marks the run failed; caches stay valid so re-running resumes.
+
+use super::eval::{evaluate_sequence, Drafter, EvalOptions, Labels, Sequence};
+use super::lint::{lint, Severity};
+use super::metrics::{summarize, PromptInfo};
+use super::model::DFlashDrafter;
+use crate::backend::Backend;
+use crate::model::Capture;
+use crate::prompts::PromptSet;
+use crate::records::RecordBatch;
+use crate::session::Session;
+use crate::store::{NewRun, RunMode, RunPrompt, RunStatus, Store, TrainStyle};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// Set by the CLI's signal handler; checked between prompts.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// What to evaluate.
+#[derive(Clone, Debug)]
+pub enum DrafterSpec {
+    Checkpoint { dir: PathBuf, step: Option<u64>, series: String },
+    Oracle { block_size: usize },
+    AntiOracle { block_size: usize },
+}
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub name: Option<String>,
+    pub mode: RunMode,
+    pub eval: EvalOptions,
+    pub max_new_tokens: usize,
+    /// Stop after this many prompts (used by tests that interrupt a run part-way).
+    pub fail_after: Option<usize>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RunOutcome {
+    pub run_id: i64,
+    pub name: String,
+    pub prompts: usize,
+    pub blocks: usize,
+    pub metrics: Vec<(String, String, f64)>,
+    pub seconds: f64,
+    pub timings: serde_json::Value,
+}
+
+fn load_drafter<B: Backend>(s: &Session<B>, spec: &DrafterSpec) -> Result<Drafter<B>> {
+    Ok(match spec {
+        DrafterSpec::Checkpoint { dir, .. } => {
+            let findings = lint(&s.files, dir)?;
+            if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
+                bail!("{}: drafter is incompatible with the target {}: {}", dir.display(), s.files.identity.path.display(), f.message);
+            }
+            Drafter::DFlash(DFlashDrafter::load(&s.be, dir, s.files.spec.hidden_size)?)
+        }
+        DrafterSpec::Oracle { block_size } => Drafter::Oracle { block_size: *block_size },
+        DrafterSpec::AntiOracle { block_size } => Drafter::AntiOracle { block_size: *block_size },
+    })
+}
+
+fn drafter_identity(spec: &DrafterSpec) -> Result<(String, String, String, Option<i64>)> {
+    Ok(match spec {
+        DrafterSpec::Checkpoint { dir, step, series } => {
+            let w = dir.join("model.safetensors");
+            let sha = if w.exists() { crate::util::sha256_file(&w)? } else { String::new() };
+            (dir.display().to_string(), sha, series.clone(), step.map(|s| s as i64))
+        }
+        DrafterSpec::Oracle { .. } => ("builtin:oracle".into(), String::new(), "oracle".into(), None),
+        DrafterSpec::AntiOracle { .. } => ("builtin:anti-oracle".into(), String::new(), "anti-oracle".into(), None),
+    })
+}
+
+/// Evaluate `spec` on `set` and store everything in `store`.
+pub fn run_eval<B: Backend>(s: &Session<B>, spec: &DrafterSpec, set: &PromptSet, opts: &RunOptions, store: &Store) -> Result<RunOutcome> {
+    let t0 = Instant::now();
+    let drafter = load_drafter(s, spec)?;
+    let (dpath, dsha, series, step) = drafter_identity(spec)?;
+    let b = drafter.block_size();
+    let tok = s.files.tokenizer()?;
+    let name = opts.name.clone().unwrap_or_else(|| {
+        let d = Path::new(&dpath).file_name().map(|x| x.to_string_lossy().to_string()).unwrap_or(dpath.clone());
+        format!("{series}/{d} · {} · {}", set.name, opts.mode.as_str())
+    });
+    let train_style = (opts.mode == RunMode::TrainStyle).then(|| TrainStyle {
+        labels: match opts.eval.labels {
+            Labels::Target => "target".into(),
+            Labels::Data => "data".into(),
+        },
+        mask_rule: if opts.eval.ctx_inclusive { "inclusive".into() } else { "strict".into() },
+    });
+    let config = serde_json::json!({
+        "eval": opts.eval, "max_new_tokens": opts.max_new_tokens, "mode": opts.mode.as_str(),
+        "target": s.files.identity, "drafter": dpath, "prompts": set.source, "backend": s.be.name(),
+    });
+    let run_id = store.create_run(&NewRun {
+        name: name.clone(),
+        mode: opts.mode,
+        config,
+        target_path: s.files.identity.path.display().to_string(),
+        target_sha256: s.files.identity.weights_sha256.clone(),
+        target_arch: s.files.identity.arch.clone(),
+        drafter_path: dpath,
+        drafter_sha256: dsha,
+        drafter_series: series,
+        drafter_step: step,
+        prompt_set_name: set.name.clone(),
+        prompt_set_sha256: set.sha256.clone(),
+        backend: s.be.name().into(),
+        dtype: s.be.dtype().into(),
+        block_size: b as u32,
+        top_k: opts.eval.top_k as u32,
+        train_style,
+        tokenizer_sha256: Some(tok.fingerprint()),
+    })?;
+    let result = evaluate_prompts(s, &drafter, set, opts, store, run_id);
+    match result {
+        Ok((infos, all, timings)) => {
+            let metrics = summarize(&all, &infos);
+            store.add_metrics(run_id, &metrics)?;
+            let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": 0.0 });
+            store.finish_run(run_id, RunStatus::Complete, None, &timings)?;
+            let run_metrics = metrics.iter().filter(|m| m.scope == crate::store::MetricScope::Run).map(|m| (m.source.clone(), m.name.clone(), m.value)).collect();
+            Ok(RunOutcome { run_id, name, prompts: infos.len(), blocks: all.num_blocks(), metrics: run_metrics, seconds: t0.elapsed().as_secs_f64(), timings })
+        }
+        Err(e) => {
+            let msg = format!("{e:#}");
+            store.finish_run(run_id, RunStatus::Failed, Some(&msg), &serde_json::json!({ "total_s": t0.elapsed().as_secs_f64() }))?;
+            Err(e.context(format!("run {run_id} ({name}) failed and is marked failed in the store")))
+        }
+    }
+}
+
+type Evaluated = (Vec<PromptInfo>, RecordBatch, (f64, f64));
+
+fn evaluate_prompts<B: Backend>(s: &Session<B>, drafter: &Drafter<B>, set: &PromptSet, opts: &RunOptions, store: &Store, run_id: i64) -> Result<Evaluated> {
+    let tok = s.files.tokenizer()?;
+    let (layer_ids, tap_idx) = match drafter {
+        Drafter::DFlash(d) => (d.cfg.target_layer_ids.clone(), d.cfg.target_layer_ids.iter().map(|i| i + 1).collect::<Vec<_>>()),
+        _ => (vec![], vec![]),
+    };
+    let capture = Capture::for_layer_ids(&layer_ids, s.files.spec.num_layers)?;
+    let mut all = RecordBatch::new(drafter.block_size() as u32, opts.eval.top_k as u32);
+    all.target_ids = Some(Vec::new());
+    all.target_logprobs = Some(Vec::new());
+    let mut infos = Vec::new();
+    let (mut target_s, mut draft_s) = (0.0, 0.0);
+    let pb = crate::progress::bar(set.prompts.len() as u64, "evaluate");
+    for (i, p) in set.prompts.iter().enumerate() {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            bail!("interrupted after {i} of {} prompts", set.prompts.len());
+        }
+        if opts.fail_after == Some(i) {
+            bail!("stopped after {i} prompts (--fail-after)");
+        }
+        let t = Instant::now();
+        let mut ids = s.prompt_ids(p)?;
+        let prompt_len = ids.len();
+        match opts.eval.labels {
+            Labels::Target => ids.extend(s.continuation(&ids, opts.max_new_tokens)?.ids),
+            Labels::Data => {
+                let c = p.completion.as_deref().with_context(|| format!("{}: prompt {} has no reference `completion` (needed for --labels data)", set.source.display(), p.id))?;
+                let mut c_ids = tok.encode(c, false)?;
+                c_ids.truncate(opts.max_new_tokens);
+                ids.extend(c_ids);
+            }
+        }
+        let pass = s.target_pass(&ids, &capture, opts.eval.top_k)?;
+        target_s += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let mut seq = Sequence::new(i as u32, &ids, prompt_len, &pass.topk, opts.eval.labels);
+        if let Drafter::DFlash(d) = drafter {
+            let taps: Vec<&[f32]> = tap_idx.iter().map(|&x| pass.hidden(x).expect("captured")).collect();
+            seq.ctx = Some(d.context(&s.be, &taps, pass.hidden_size)?);
+        }
+        let rec = evaluate_sequence(&s.be, &s.model, drafter, &seq, &opts.eval)?;
+        draft_s += t.elapsed().as_secs_f64();
+        store.add_prompt(
+            run_id,
+            &RunPrompt {
+                index: i as u32,
+                id: p.id.clone(),
+                sha256: p.hash(),
+                category: p.category.clone(),
+                prompt_len: prompt_len as u32,
+                token_ids: ids.clone(),
+                text: tok.decode(&ids)?,
+            },
+        )?;
+        store.add_records(run_id, &rec)?;
+        all.extend(&rec);
+        infos.push(PromptInfo { index: i as u32, prompt_len, seq_len: ids.len(), category: p.category.clone() });
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok((infos, all, (target_s, draft_s)))
+}

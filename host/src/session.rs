@@ -1,0 +1,230 @@
+//! A loaded target on one backend, with the two cached steps every evaluation starts from:
+//! the target's greedy continuation of a prompt, and one teacher-forced target pass over
+//! prompt + continuation that yields the captured hidden states and the target's own top-K.
+
+use crate::backend::{Backend, TopK};
+use crate::cache::{CacheKey, CachedData, CachedTensor, HiddenCache, Lookup};
+use crate::chat::ChatMessage;
+use crate::generate::{greedy, Continuation, StopReason};
+use crate::model::{Capture, TargetFiles, TargetModel};
+use crate::prompts::Prompt;
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+
+/// Bumped whenever model code or kernels change numerics, so cached entries are recomputed.
+pub const MODEL_CODE_VERSION: &str = "1";
+
+/// Which backend to run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Cpu,
+    Cuda,
+}
+
+impl BackendKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// Work that runs on whichever backend the user picked (static dispatch, no trait objects).
+pub trait BackendJob {
+    type Output;
+    fn run<B: Backend>(self, be: B) -> Result<Self::Output>;
+}
+
+/// Run `job` on the backend `kind`, or explain why that backend is unavailable.
+pub fn dispatch<J: BackendJob>(kind: BackendKind, job: J) -> Result<J::Output> {
+    match kind {
+        BackendKind::Cpu => job.run(crate::backend::cpu::CpuBackend::new()),
+        BackendKind::Cuda => dispatch_cuda(job),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn dispatch_cuda<J: BackendJob>(job: J) -> Result<J::Output> {
+    job.run(crate::backend::cuda::CudaBackend::new(0)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn dispatch_cuda<J: BackendJob>(_job: J) -> Result<J::Output> {
+    bail!("CUDA unavailable: this draftlens binary was built without the `cuda` feature")
+}
+
+/// The teacher-forced target pass over one sequence.
+pub struct TargetPass {
+    /// The sequence (prompt + continuation).
+    pub ids: Vec<u32>,
+    /// Captured hidden states, `(HF index, [T × D] row-major)`, in the order asked for.
+    pub hidden: Vec<(usize, Vec<f32>)>,
+    pub hidden_size: usize,
+    /// The target's own top-K next-token prediction at every position (row t predicts t+1).
+    pub topk: TopK,
+    /// True when the pass came from the cache.
+    pub cached: bool,
+}
+
+impl TargetPass {
+    pub fn hidden(&self, index: usize) -> Option<&[f32]> {
+        self.hidden.iter().find(|(i, _)| *i == index).map(|(_, h)| h.as_slice())
+    }
+}
+
+/// A target loaded on a backend, with its tokenizer and the hidden-state cache.
+pub struct Session<B: Backend> {
+    pub be: B,
+    pub files: TargetFiles,
+    pub model: TargetModel<B>,
+    pub cache: HiddenCache,
+}
+
+impl<B: Backend> Session<B> {
+    pub fn load(be: B, target: &Path, cache: HiddenCache) -> Result<Self> {
+        let files = TargetFiles::open(target)?;
+        let model = TargetModel::load(&be, &files.spec, files.weights.as_ref())?;
+        Ok(Session { be, files, model, cache })
+    }
+
+    fn kernel_version(&self) -> String {
+        format!("{}-{}-v{MODEL_CODE_VERSION}", self.be.name(), self.be.dtype())
+    }
+
+    fn key(&self, kind: &str, token_ids: &[u32], layers: Vec<usize>, extra: String) -> Result<CacheKey> {
+        Ok(CacheKey {
+            kind: kind.into(),
+            weights: self.files.identity.weights_sha256.clone(),
+            tokenizer: self.files.tokenizer()?.fingerprint(),
+            token_ids: token_ids.to_vec(),
+            layers,
+            backend: self.be.name().into(),
+            dtype: self.be.dtype().into(),
+            kernel_version: self.kernel_version(),
+            extra,
+        })
+    }
+
+    /// Token ids of a prompt: chat prompts go through the model's own chat template with the
+    /// generation prompt; raw prompts are encoded as they are (BOS as the tokenizer says).
+    pub fn prompt_ids(&self, p: &Prompt) -> Result<Vec<u32>> {
+        let tok = self.files.tokenizer()?;
+        let ids = match (&p.messages, &p.text) {
+            (Some(ms), _) => {
+                let ms: Vec<ChatMessage> = ms.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
+                tok.encode_chat(&ms, true).with_context(|| format!("prompt {}", p.id))?
+            }
+            (None, Some(t)) => tok.encode(t, true)?,
+            (None, None) => bail!("prompt {} has neither text nor messages", p.id),
+        };
+        if ids.is_empty() {
+            bail!("prompt {} tokenizes to nothing", p.id);
+        }
+        Ok(ids)
+    }
+
+    /// Tokens that end generation.
+    pub fn eos_ids(&self) -> Vec<u32> {
+        let mut e = self.files.tokenizer.as_ref().map(|t| t.eos_ids()).unwrap_or_default();
+        e.extend(&self.files.spec.eos_token_ids);
+        e.sort_unstable();
+        e.dedup();
+        e
+    }
+
+    /// The target's greedy continuation of `prompt` (cached by prompt ids and `max_new`).
+    pub fn continuation(&self, prompt: &[u32], max_new: usize) -> Result<Continuation> {
+        let eos = self.eos_ids();
+        let key = self.key("greedy", prompt, vec![], format!("max_new={max_new};eos={eos:?}"))?;
+        if let Lookup::Hit(t) = self.cache.lookup(&key)? {
+            if let Some(c) = decode_continuation(&t) {
+                return Ok(c);
+            }
+        }
+        let c = greedy(&self.be, &self.model, prompt, max_new, &eos)?;
+        let stop = match c.stop {
+            StopReason::Eos => 0u32,
+            StopReason::Length => 1,
+            StopReason::Context => 2,
+        };
+        self.cache.put(
+            &key,
+            &[
+                CachedTensor { name: "ids".into(), shape: vec![c.ids.len()], data: CachedData::U32(c.ids.clone()) },
+                CachedTensor { name: "stop".into(), shape: vec![1], data: CachedData::U32(vec![stop]) },
+            ],
+        )?;
+        Ok(c)
+    }
+
+    /// One target pass over `ids` capturing `capture` and the target's top-`k` (cached).
+    pub fn target_pass(&self, ids: &[u32], capture: &Capture, k: usize) -> Result<TargetPass> {
+        let d = self.files.spec.hidden_size;
+        let key = self.key("taps", ids, capture.indices.clone(), format!("topk={k}"))?;
+        if let Lookup::Hit(t) = self.cache.lookup(&key)? {
+            if let Some(p) = decode_pass(&t, ids, capture, d, k) {
+                return Ok(p);
+            }
+        }
+        let mut kv = self.model.new_cache();
+        let out = self.model.forward(&self.be, ids, &mut kv, capture)?;
+        let topk = self.model.logits_topk(&self.be, &out.last_hidden, k)?;
+        let mut hidden = Vec::new();
+        for &i in &capture.indices {
+            let t = out.captured.get(i).context("captured state missing")?;
+            hidden.push((i, self.be.to_host(t)?));
+        }
+        let mut tensors: Vec<CachedTensor> = hidden
+            .iter()
+            .map(|(i, h)| CachedTensor { name: format!("hs.{i}"), shape: vec![ids.len(), d], data: CachedData::F32(h.clone()) })
+            .collect();
+        tensors.push(CachedTensor { name: "topk_ids".into(), shape: vec![ids.len(), topk.k], data: CachedData::U32(topk.ids.clone()) });
+        tensors.push(CachedTensor { name: "topk_logprobs".into(), shape: vec![ids.len(), topk.k], data: CachedData::F32(topk.logprobs.clone()) });
+        self.cache.put(&key, &tensors)?;
+        Ok(TargetPass { ids: ids.to_vec(), hidden, hidden_size: d, topk, cached: false })
+    }
+}
+
+fn find<'a>(t: &'a [CachedTensor], name: &str) -> Option<&'a CachedTensor> {
+    t.iter().find(|x| x.name == name)
+}
+
+fn decode_continuation(t: &[CachedTensor]) -> Option<Continuation> {
+    let ids = match &find(t, "ids")?.data {
+        CachedData::U32(v) => v.clone(),
+        _ => return None,
+    };
+    let stop = match &find(t, "stop")?.data {
+        CachedData::U32(v) => match v.first()? {
+            0 => StopReason::Eos,
+            1 => StopReason::Length,
+            _ => StopReason::Context,
+        },
+        _ => return None,
+    };
+    Some(Continuation { ids, stop })
+}
+
+fn decode_pass(t: &[CachedTensor], ids: &[u32], capture: &Capture, d: usize, k: usize) -> Option<TargetPass> {
+    let mut hidden = Vec::new();
+    for &i in &capture.indices {
+        match &find(t, &format!("hs.{i}"))?.data {
+            CachedData::F32(v) if v.len() == ids.len() * d => hidden.push((i, v.clone())),
+            _ => return None,
+        }
+    }
+    let tid = match &find(t, "topk_ids")?.data {
+        CachedData::U32(v) => v.clone(),
+        _ => return None,
+    };
+    let tlp = match &find(t, "topk_logprobs")?.data {
+        CachedData::F32(v) => v.clone(),
+        _ => return None,
+    };
+    if tid.len() != ids.len() * k || tlp.len() != tid.len() {
+        return None;
+    }
+    Some(TargetPass { ids: ids.to_vec(), hidden, hidden_size: d, topk: TopK { rows: ids.len(), k, ids: tid, logprobs: tlp }, cached: true })
+}

@@ -1,0 +1,186 @@
+//! Schema migrations, tracked in `PRAGMA user_version` (hand-rolled: rusqlite_migration pins an
+//! older rusqlite, see ui.md §5.3).
+//!
+//! Rules: a migration that has shipped is never edited; new schema goes in a new entry at the end.
+//! Each migration runs in one `BEGIN IMMEDIATE` transaction together with the `user_version`
+//! bump, so two processes opening a fresh file at once cannot both apply it.
+
+use anyhow::{bail, Context, Result};
+use rusqlite::{Connection, TransactionBehavior};
+
+/// Migration `i` (0-based) takes the schema from version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[
+    // ---- v1: runs, prompts, records, metrics, failures, vocab, derived caches, sharing, tokens
+    r#"
+CREATE TABLE run (
+  id INTEGER PRIMARY KEY,
+  uid TEXT NOT NULL UNIQUE,                 -- global id: URLs, bundles, idempotent import
+  name TEXT NOT NULL,
+  mode TEXT NOT NULL CHECK (mode IN ('deployment','train-style')),
+  status TEXT NOT NULL DEFAULT 'running' CHECK (status IN ('running','complete','failed')),
+  error TEXT,
+  created_at TEXT NOT NULL,
+  finished_at TEXT,
+  timings_json TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(timings_json)),
+  config_json TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(config_json)),
+  target_path TEXT NOT NULL DEFAULT '',
+  target_sha256 TEXT NOT NULL DEFAULT '',
+  target_arch TEXT NOT NULL DEFAULT '',
+  drafter_path TEXT NOT NULL DEFAULT '',
+  drafter_sha256 TEXT NOT NULL DEFAULT '',
+  drafter_series TEXT NOT NULL DEFAULT '',  -- checkpoint series: runs of one training run
+  drafter_step INTEGER,                     -- checkpoint step within the series
+  prompt_set_name TEXT NOT NULL DEFAULT '',
+  prompt_set_sha256 TEXT NOT NULL DEFAULT '',
+  backend TEXT NOT NULL DEFAULT '',
+  dtype TEXT NOT NULL DEFAULT '',
+  block_size INTEGER NOT NULL,
+  top_k INTEGER NOT NULL,
+  labels TEXT,                              -- train-style: 'target' | 'data'
+  mask_rule TEXT,                           -- train-style: 'strict' | 'inclusive'
+  tokenizer_sha256 TEXT,
+  origin TEXT NOT NULL DEFAULT 'local',     -- 'local' or 'import:<file name>'
+  num_prompts INTEGER NOT NULL DEFAULT 0,
+  num_blocks INTEGER NOT NULL DEFAULT 0
+) STRICT;
+CREATE INDEX run_by_created ON run(created_at);
+CREATE INDEX run_by_series ON run(drafter_series, drafter_step);
+CREATE INDEX run_by_scope ON run(target_sha256, prompt_set_sha256, backend);
+
+CREATE TABLE run_prompt (
+  run_id INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  idx INTEGER NOT NULL,
+  prompt_id TEXT NOT NULL,
+  sha256 TEXT NOT NULL,                     -- content hash: pairs prompts across runs and servers
+  category TEXT,
+  prompt_len INTEGER NOT NULL,              -- tokens of the prompt; the rest is the continuation
+  token_ids BLOB NOT NULL,                  -- u32 LE, prompt + continuation
+  text TEXT NOT NULL,                       -- decoded prompt + continuation
+  PRIMARY KEY (run_id, idx)
+) STRICT;
+CREATE INDEX run_prompt_by_sha ON run_prompt(sha256);
+
+-- One row per prompt per chunk of at most CHUNK_BLOCKS blocks; columns are the RecordBatch
+-- columns as little-endian BLOBs (u32, u8 or f32).
+CREATE TABLE record_chunk (
+  run_id INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  seq INTEGER NOT NULL,
+  prompt_index INTEGER NOT NULL,
+  n_blocks INTEGER NOT NULL,
+  anchor BLOB NOT NULL,
+  region BLOB NOT NULL,
+  target BLOB NOT NULL,
+  valid BLOB NOT NULL,
+  loss_mask BLOB NOT NULL,
+  draft_ids BLOB NOT NULL,
+  draft_logprobs BLOB NOT NULL,
+  target_ids BLOB,
+  target_logprobs BLOB,
+  PRIMARY KEY (run_id, seq)
+) STRICT;
+CREATE INDEX record_chunk_by_prompt ON record_chunk(run_id, prompt_index);
+
+-- value NULL = NaN / missing (SQLite turns NaN into NULL anyway).
+CREATE TABLE metric (
+  run_id INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  source TEXT NOT NULL,
+  name TEXT NOT NULL,
+  scope TEXT NOT NULL,                      -- 'run' | 'prompt:<index>' | 'category:<name>'
+  value REAL,
+  count INTEGER NOT NULL DEFAULT 0,         -- denominator the value was computed over
+  series_json TEXT CHECK (series_json IS NULL OR json_valid(series_json)),
+  unit TEXT NOT NULL DEFAULT '',
+  description TEXT NOT NULL DEFAULT '',
+  higher_is_better INTEGER NOT NULL DEFAULT 1 CHECK (higher_is_better IN (0,1)),
+  PRIMARY KEY (run_id, source, name, scope)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX metric_by_key ON metric(source, name, scope, run_id, value);
+
+CREATE TABLE plugin_failure (
+  id INTEGER PRIMARY KEY,
+  run_id INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  plugin TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  message TEXT NOT NULL,
+  created_at TEXT NOT NULL
+) STRICT;
+CREATE INDEX plugin_failure_by_run ON plugin_failure(run_id);
+
+-- Token id -> display text for one tokenizer (JSON array of strings), shared by runs.
+CREATE TABLE vocab (
+  tokenizer_sha256 TEXT PRIMARY KEY,
+  name TEXT NOT NULL,
+  size INTEGER NOT NULL,
+  pieces_json TEXT NOT NULL
+) STRICT;
+
+-- Values derived from a run's raw data (caches; safe to delete, recomputed from records).
+CREATE TABLE derived (
+  run_id INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  kind TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  data BLOB NOT NULL,
+  PRIMARY KEY (run_id, kind)
+) STRICT;
+
+CREATE TABLE baseline (
+  scope TEXT PRIMARY KEY,                   -- '*' or 'target=<sha>;prompts=<sha>'
+  run_id INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  pinned_at TEXT NOT NULL
+) STRICT;
+
+CREATE TABLE share (
+  id TEXT PRIMARY KEY,                      -- short base32 id
+  state TEXT NOT NULL,                      -- path + query of the shared view
+  created_at TEXT NOT NULL
+) STRICT;
+
+CREATE TABLE api_token (
+  id INTEGER PRIMARY KEY,
+  name TEXT NOT NULL,
+  token_sha256 TEXT NOT NULL UNIQUE,        -- only the hash is kept
+  scope TEXT NOT NULL CHECK (scope IN ('read','write')),
+  created_at TEXT NOT NULL,
+  revoked_at TEXT
+) STRICT;
+
+CREATE TABLE import_log (
+  bundle_sha256 TEXT PRIMARY KEY,
+  source TEXT NOT NULL,
+  imported_at TEXT NOT NULL,
+  runs_imported INTEGER NOT NULL,
+  runs_skipped INTEGER NOT NULL
+) STRICT;
+"#,
+];
+
+pub fn latest_version() -> i64 {
+    MIGRATIONS.len() as i64
+}
+
+/// Brings the schema of `conn` up to the latest version. `what` names the file for errors.
+pub fn migrate(conn: &mut Connection, what: &str) -> Result<()> {
+    let current: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .with_context(|| format!("{what}: cannot read schema version"))?;
+    if current > latest_version() {
+        bail!(
+            "{what}: schema version {current} is newer than this draftlens understands ({}); upgrade draftlens",
+            latest_version()
+        );
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .with_context(|| format!("{what}: cannot start migration to v{}", i + 1))?;
+        // Another process may have migrated between our read and our write lock.
+        let now: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if now > i as i64 {
+            continue;
+        }
+        tx.execute_batch(sql).with_context(|| format!("{what}: migration to schema v{} failed", i + 1))?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        tx.commit().with_context(|| format!("{what}: cannot commit migration to v{}", i + 1))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,1040 @@
+//! GGUF reader: synthetic files written by a small test-only writer (good files round-trip,
+//! bad files give one clear error naming the file), plus checks on the real default model when it
+//! is installed.
+
+use draftlens::formats::dequant::GgmlType;
+use draftlens::formats::gguf::{hf_name, GgufFile, GgufValue, GgufWeights};
+use draftlens::formats::WeightSource;
+use draftlens::model::config::Arch;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+// ------------------------------------------------------------------------------------------
+// Test-only GGUF writer
+
+#[derive(Clone)]
+struct Tensor {
+    name: String,
+    ne: Vec<u64>,
+    ty: u32,
+    data: Vec<u8>,
+    /// Overrides the computed data offset (to write corrupt files).
+    offset: Option<u64>,
+}
+
+#[derive(Clone)]
+struct Writer {
+    version: u32,
+    alignment: u64,
+    kv: Vec<(String, u32, Vec<u8>)>,
+    tensors: Vec<Tensor>,
+}
+
+fn gstr(s: &str) -> Vec<u8> {
+    let mut b = (s.len() as u64).to_le_bytes().to_vec();
+    b.extend(s.as_bytes());
+    b
+}
+
+impl Writer {
+    fn new() -> Writer {
+        Writer {
+            version: 3,
+            alignment: 32,
+            kv: vec![],
+            tensors: vec![],
+        }
+    }
+    fn raw(mut self, key: &str, ty: u32, value: Vec<u8>) -> Self {
+        self.kv.push((key.into(), ty, value));
+        self
+    }
+    fn str(self, key: &str, v: &str) -> Self {
+        self.raw(key, 8, gstr(v))
+    }
+    fn u32(self, key: &str, v: u32) -> Self {
+        self.raw(key, 4, v.to_le_bytes().to_vec())
+    }
+    fn u64(self, key: &str, v: u64) -> Self {
+        self.raw(key, 10, v.to_le_bytes().to_vec())
+    }
+    fn i32(self, key: &str, v: i32) -> Self {
+        self.raw(key, 5, v.to_le_bytes().to_vec())
+    }
+    fn f32(self, key: &str, v: f32) -> Self {
+        self.raw(key, 6, v.to_le_bytes().to_vec())
+    }
+    fn bool(self, key: &str, v: bool) -> Self {
+        self.raw(key, 7, vec![v as u8])
+    }
+    fn str_array(self, key: &str, v: &[&str]) -> Self {
+        let mut b = 8u32.to_le_bytes().to_vec();
+        b.extend((v.len() as u64).to_le_bytes());
+        for s in v {
+            b.extend(gstr(s));
+        }
+        self.raw(key, 9, b)
+    }
+    fn i32_array(self, key: &str, v: &[i32]) -> Self {
+        let mut b = 5u32.to_le_bytes().to_vec();
+        b.extend((v.len() as u64).to_le_bytes());
+        for x in v {
+            b.extend(x.to_le_bytes());
+        }
+        self.raw(key, 9, b)
+    }
+    fn tensor(mut self, name: &str, ne: &[u64], ty: GgmlType, data: Vec<u8>) -> Self {
+        self.tensors.push(Tensor {
+            name: name.into(),
+            ne: ne.to_vec(),
+            ty: ty.id(),
+            data,
+            offset: None,
+        });
+        self
+    }
+    /// An F32 tensor whose element k (row-major, PyTorch order) is `f(k)`.
+    fn f32_tensor(self, name: &str, ne: &[u64], f: impl Fn(usize) -> f32) -> Self {
+        let n: u64 = ne.iter().product();
+        let data = (0..n as usize).flat_map(|k| f(k).to_le_bytes()).collect();
+        self.tensor(name, ne, GgmlType::F32, data)
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(self.version.to_le_bytes());
+        b.extend((self.tensors.len() as u64).to_le_bytes());
+        b.extend((self.kv.len() as u64).to_le_bytes());
+        for (k, ty, v) in &self.kv {
+            b.extend(gstr(k));
+            b.extend(ty.to_le_bytes());
+            b.extend(v);
+        }
+        let align = |x: u64| x.div_ceil(self.alignment) * self.alignment;
+        let mut off = 0u64;
+        let mut offsets = vec![];
+        for t in &self.tensors {
+            b.extend(gstr(&t.name));
+            b.extend((t.ne.len() as u32).to_le_bytes());
+            for d in &t.ne {
+                b.extend(d.to_le_bytes());
+            }
+            b.extend(t.ty.to_le_bytes());
+            b.extend(t.offset.unwrap_or(off).to_le_bytes());
+            offsets.push(off);
+            off = align(off + t.data.len() as u64);
+        }
+        let data_start = align(b.len() as u64);
+        b.resize(data_start as usize, 0);
+        for (t, o) in self.tensors.iter().zip(offsets) {
+            b.resize((data_start + o) as usize, 0);
+            b.extend(&t.data);
+        }
+        b
+    }
+
+    fn write(&self, dir: &Path, name: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, self.bytes()).unwrap();
+        p
+    }
+}
+
+/// A tiny LLaMA-shaped model: D = 8, H = 2, Hkv = 1, hd = 4, I = 16, V = 10, one layer. Every
+/// F32 element encodes its own (row, column) as `row * 100 + col` so reordering is visible.
+fn tiny_llama() -> Writer {
+    let rc = |cols: usize| move |k: usize| ((k / cols) * 100 + k % cols) as f32;
+    let tokens: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    Writer::new()
+        .str("general.architecture", "llama")
+        .str("general.name", "tiny")
+        .u32("llama.block_count", 1)
+        .u64("llama.context_length", 256) // u64 on purpose: readers must accept either width
+        .u32("llama.embedding_length", 8)
+        .u32("llama.feed_forward_length", 16)
+        .u32("llama.attention.head_count", 2)
+        .u32("llama.attention.head_count_kv", 1)
+        .f32("llama.rope.freq_base", 100000.0)
+        .f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        .u32("llama.rope.dimension_count", 4)
+        .str("tokenizer.ggml.model", "gpt2")
+        .str_array("tokenizer.ggml.tokens", &tokens)
+        .i32_array("tokenizer.ggml.token_type", &[3, 1, 1, 1, 1, 1, 1, 1, 1, 1])
+        .u32("tokenizer.ggml.bos_token_id", 1)
+        .u32("tokenizer.ggml.eos_token_id", 2)
+        .bool("tokenizer.ggml.add_bos_token", false)
+        .f32_tensor("token_embd.weight", &[8, 10], rc(8))
+        .f32_tensor("output_norm.weight", &[8], |k| 1.0 + k as f32)
+        .f32_tensor("blk.0.attn_norm.weight", &[8], |k| k as f32)
+        .f32_tensor("blk.0.attn_q.weight", &[8, 8], rc(8))
+        .f32_tensor("blk.0.attn_k.weight", &[8, 4], rc(8))
+        .f32_tensor("blk.0.attn_v.weight", &[8, 4], rc(8))
+        .f32_tensor("blk.0.attn_output.weight", &[8, 8], rc(8))
+        .f32_tensor("blk.0.ffn_norm.weight", &[8], |k| k as f32)
+        .f32_tensor("blk.0.ffn_gate.weight", &[8, 16], rc(8))
+        .f32_tensor("blk.0.ffn_up.weight", &[8, 16], rc(8))
+        .tensor(
+            "blk.0.ffn_down.weight",
+            &[32, 8],
+            GgmlType::Q8_0,
+            q8_0_rows(8),
+        )
+}
+
+/// `rows` Q8_0 rows of 32 elements: row r has d = 0.5 and q[j] = j - 16 + r.
+fn q8_0_rows(rows: usize) -> Vec<u8> {
+    let mut b = vec![];
+    for r in 0..rows {
+        b.extend(half::f16::from_f32(0.5).to_le_bytes());
+        b.extend((0..32).map(|j| (j as i32 - 16 + r as i32) as i8 as u8));
+    }
+    b
+}
+
+fn err_of<T: std::fmt::Debug>(r: anyhow::Result<T>) -> String {
+    format!("{:#}", r.expect_err("expected an error"))
+}
+
+fn open_err(path: &Path) -> String {
+    let e = err_of(GgufFile::open(path));
+    assert!(
+        e.contains(&path.display().to_string()),
+        "error must name the file: {e}"
+    );
+    e
+}
+
+// ------------------------------------------------------------------------------------------
+// Good files
+
+#[test]
+fn tiny_llama_round_trips_metadata_and_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = tiny_llama().write(dir.path(), "tiny.gguf");
+    let f = GgufFile::open(&path).unwrap();
+    assert_eq!(f.version(), 3);
+    assert_eq!(f.metadata().len(), 17);
+    assert_eq!(f.architecture(), Some("llama"));
+    assert_eq!(f.get_str("general.name"), Some("tiny"));
+    assert_eq!(f.get_u64("llama.context_length"), Some(256));
+    assert_eq!(f.get_u64("llama.block_count"), Some(1));
+    assert_eq!(f.get_f32("llama.rope.freq_base"), Some(100000.0));
+    assert_eq!(f.get_bool("tokenizer.ggml.add_bos_token"), Some(false));
+    assert_eq!(f.get_str_array("tokenizer.ggml.tokens").unwrap()[9], "t9");
+    assert_eq!(
+        f.get_i64_array("tokenizer.ggml.token_type").unwrap()[..2],
+        [3, 1]
+    );
+    // Wrong-type lookups give None, not a panic or a coercion.
+    assert_eq!(f.get_str("llama.block_count"), None);
+    assert_eq!(f.get_u64("general.name"), None);
+    assert_eq!(f.get_f32("llama.block_count"), None);
+    assert_eq!(
+        f.metadata()["llama.attention.head_count"],
+        GgufValue::U32(2)
+    );
+
+    let s = f.model_spec().unwrap();
+    assert_eq!(s.arch, Arch::Llama);
+    assert_eq!(
+        (
+            s.vocab_size,
+            s.hidden_size,
+            s.intermediate_size,
+            s.num_layers,
+            s.num_heads,
+            s.num_kv_heads,
+            s.head_dim
+        ),
+        (10, 8, 16, 1, 2, 1, 4)
+    );
+    assert_eq!(
+        (s.rope_theta, s.rms_norm_eps, s.max_position_embeddings),
+        (100000.0, 1e-5, 256)
+    );
+    assert!(s.tie_word_embeddings, "no output.weight means tied");
+    assert!(!s.attention_bias && !s.qk_norm);
+    assert_eq!(
+        (s.bos_token_id, s.eos_token_ids.clone()),
+        (Some(1), vec![2])
+    );
+}
+
+#[test]
+fn weights_have_hf_names_pytorch_shapes_and_unpermuted_qk() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = tiny_llama().write(dir.path(), "tiny.gguf");
+    let w = GgufWeights::new(Arc::new(GgufFile::open(&path).unwrap())).unwrap();
+    assert_eq!(w.path(), path);
+    let infos = w.tensors();
+    assert_eq!(infos.len(), 11);
+    let q = infos
+        .iter()
+        .find(|t| t.name == "model.layers.0.self_attn.q_proj.weight")
+        .unwrap();
+    assert_eq!(
+        (
+            q.file_name.as_str(),
+            q.dtype.as_str(),
+            q.shape.clone(),
+            q.bytes
+        ),
+        ("blk.0.attn_q.weight", "F32", vec![8, 8], 256)
+    );
+    let k = infos
+        .iter()
+        .find(|t| t.name == "model.layers.0.self_attn.k_proj.weight")
+        .unwrap();
+    assert_eq!(k.shape, vec![4, 8], "ne [8, 4] is PyTorch [4, 8]");
+    assert!(w.contains("model.embed_tokens.weight") && w.contains("model.norm.weight"));
+    assert!(!w.contains("lm_head.weight") && !w.contains("token_embd.weight"));
+
+    let embd = w.tensor("model.embed_tokens.weight").unwrap();
+    assert_eq!(embd.shape, vec![10, 8]);
+    assert_eq!(embd.data[9 * 8 + 3], 903.0, "row 9, column 3");
+
+    // q: 2 heads of hd 4. HF row i of a head = GGUF row 2i, HF row i + 2 = GGUF row 2i + 1.
+    let row_ids = |t: &draftlens::formats::HostTensor| -> Vec<usize> {
+        t.data
+            .chunks(t.shape[1])
+            .map(|r| (r[0] / 100.0) as usize)
+            .collect()
+    };
+    let q = w.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
+    assert_eq!(q.shape, vec![8, 8]);
+    assert_eq!(row_ids(&q), [0, 2, 1, 3, 4, 6, 5, 7]);
+    // Each row keeps its columns (a pure row reorder).
+    assert_eq!(
+        q.data[8..16],
+        [200.0, 201.0, 202.0, 203.0, 204.0, 205.0, 206.0, 207.0]
+    );
+    // k uses Hkv = 1 head of 4 rows.
+    assert_eq!(
+        row_ids(&w.tensor("model.layers.0.self_attn.k_proj.weight").unwrap()),
+        [0, 2, 1, 3]
+    );
+    // v and o are never permuted.
+    assert_eq!(
+        row_ids(&w.tensor("model.layers.0.self_attn.v_proj.weight").unwrap()),
+        [0, 1, 2, 3]
+    );
+    // The raw file view keeps GGUF order.
+    assert_eq!(
+        row_ids(&w.file().dequantize("blk.0.attn_q.weight").unwrap()),
+        [0, 1, 2, 3, 4, 5, 6, 7]
+    );
+
+    // Quantised tensor through the same path: row r, element j = (j - 16 + r) * 0.5.
+    let down = w.tensor("model.layers.0.mlp.down_proj.weight").unwrap();
+    assert_eq!(down.shape, vec![8, 32]);
+    assert_eq!(down.data[0], -8.0);
+    assert_eq!(down.data[7 * 32 + 31], (31.0 - 16.0 + 7.0) * 0.5);
+
+    let e = err_of(w.tensor("model.layers.5.mlp.up_proj.weight"));
+    assert!(
+        e.contains("no tensor model.layers.5.mlp.up_proj.weight") && e.contains("tiny.gguf"),
+        "{e}"
+    );
+}
+
+#[test]
+fn qwen2_is_not_permuted_and_maps_biases() {
+    let dir = tempfile::tempdir().unwrap();
+    let rc = |k: usize| ((k / 8) * 100 + k % 8) as f32;
+    let path = Writer::new()
+        .str("general.architecture", "qwen2")
+        .u32("qwen2.block_count", 1)
+        .u32("qwen2.embedding_length", 8)
+        .u32("qwen2.feed_forward_length", 16)
+        .u32("qwen2.attention.head_count", 2)
+        .u32("qwen2.attention.head_count_kv", 2)
+        .f32("qwen2.attention.layer_norm_rms_epsilon", 1e-6)
+        .u32("qwen2.vocab_size", 10)
+        .u32("tokenizer.ggml.eos_token_id", 7)
+        .u32("tokenizer.ggml.eot_token_id", 8)
+        .f32_tensor("token_embd.weight", &[8, 10], rc)
+        .f32_tensor("output.weight", &[8, 10], rc)
+        .f32_tensor("blk.0.attn_q.weight", &[8, 8], rc)
+        .f32_tensor("blk.0.attn_q.bias", &[8], |k| k as f32)
+        .write(dir.path(), "q2.gguf");
+    let f = Arc::new(GgufFile::open(&path).unwrap());
+    let s = f.model_spec().unwrap();
+    assert_eq!(s.arch, Arch::Qwen2);
+    assert!(s.attention_bias && !s.tie_word_embeddings);
+    assert_eq!(
+        (s.vocab_size, s.head_dim, s.rope_theta, s.bos_token_id),
+        (10, 4, 10000.0, None)
+    );
+    assert_eq!(s.eos_token_ids, vec![7, 8]);
+    let w = GgufWeights::new(f).unwrap();
+    let q = w.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
+    let ids: Vec<f32> = q.data.chunks(8).map(|r| r[0]).collect();
+    assert_eq!(ids, [0.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0]);
+    let b = w.tensor("model.layers.0.self_attn.q_proj.bias").unwrap();
+    assert_eq!((b.shape.clone(), b.data[5]), (vec![8], 5.0));
+    assert!(w.contains("lm_head.weight"));
+}
+
+#[test]
+fn version_2_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = tiny_llama();
+    w.version = 2;
+    let f = GgufFile::open(&w.write(dir.path(), "v2.gguf")).unwrap();
+    assert_eq!((f.version(), f.tensors().len()), (2, 11));
+}
+
+#[test]
+fn custom_alignment_is_honoured() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = tiny_llama().u32("general.alignment", 64);
+    w.alignment = 64;
+    let f = GgufFile::open(&w.write(dir.path(), "a64.gguf")).unwrap();
+    assert_eq!((f.alignment(), f.data_offset() % 64), (64, 0));
+    let t = f.dequantize("token_embd.weight").unwrap();
+    assert_eq!(t.data[8 * 4 + 1], 401.0);
+}
+
+#[test]
+fn large_tensor_parallel_unpermute_matches_the_formula() {
+    // 512 x 512 F32 crosses the parallel threshold; 8 heads of hd 64.
+    let dir = tempfile::tempdir().unwrap();
+    let path = Writer::new()
+        .str("general.architecture", "llama")
+        .u32("llama.attention.head_count", 8)
+        .u32("llama.attention.head_count_kv", 8)
+        .f32_tensor("blk.0.attn_q.weight", &[512, 512], |k| {
+            ((k / 512) * 1000 + k % 512) as f32
+        })
+        .write(dir.path(), "big.gguf");
+    let w = GgufWeights::new(Arc::new(GgufFile::open(&path).unwrap())).unwrap();
+    let q = w.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
+    for (r, row) in q.data.chunks(512).enumerate() {
+        let (head, i) = (r / 64, r % 64);
+        let want = head * 64 + if i < 32 { 2 * i } else { 2 * (i - 32) + 1 };
+        assert_eq!(row[0], (want * 1000) as f32, "HF row {r}");
+        assert_eq!(row[511], (want * 1000 + 511) as f32, "HF row {r}");
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Bad files: one clear error naming the file, never a panic
+
+#[test]
+fn missing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open_err(&dir.path().join("nope.gguf"));
+    assert!(e.contains("cannot open"), "{e}");
+}
+
+#[test]
+fn empty_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("empty.gguf");
+    std::fs::write(&p, b"").unwrap();
+    assert!(open_err(&p).contains("empty file"));
+}
+
+#[test]
+fn bad_magic() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("magic.gguf");
+    let mut b = tiny_llama().bytes();
+    b[..4].copy_from_slice(b"GGML");
+    std::fs::write(&p, b).unwrap();
+    let e = open_err(&p);
+    assert!(e.contains("not a GGUF file"), "{e}");
+}
+
+#[test]
+fn unsupported_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    for (v, want) in [
+        (1u32, "GGUF version 1 is not supported"),
+        (4, "unsupported GGUF version 4"),
+        (3u32.swap_bytes(), "big-endian"),
+    ] {
+        let mut w = tiny_llama();
+        w.version = v;
+        let e = open_err(&w.write(dir.path(), "v.gguf"));
+        assert!(e.contains(want), "version {v}: {e}");
+    }
+}
+
+#[test]
+fn every_truncation_is_a_clear_error() {
+    // Cut a valid file at every length: the header, each metadata value, each tensor info and
+    // the data section must all be bounds-checked.
+    let dir = tempfile::tempdir().unwrap();
+    let full = tiny_llama().bytes();
+    let p = dir.path().join("cut.gguf");
+    for len in 1..full.len() {
+        // A fresh file each time: truncating and rewriting one file makes ext4 flush it to disk
+        // on close (auto_da_alloc), which turns this loop into thousands of synchronous writes.
+        let _ = std::fs::remove_file(&p);
+        std::fs::write(&p, &full[..len]).unwrap();
+        let e = open_err(&p);
+        assert!(
+            e.contains("truncated") || e.contains("past the end") || e.contains("remain"),
+            "cut at {len}: {e}"
+        );
+    }
+    std::fs::write(&p, &full).unwrap();
+    GgufFile::open(&p).unwrap();
+}
+
+/// Header with `n_tensors`, `n_kv`, followed by `rest`.
+fn header(n_tensors: u64, n_kv: u64, rest: &[u8]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(n_tensors.to_le_bytes());
+    b.extend(n_kv.to_le_bytes());
+    b.extend(rest);
+    b
+}
+
+#[test]
+fn counts_and_lengths_past_the_end_are_rejected_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("overrun.gguf");
+    let kv_with = |ty: u32, value: &[u8]| {
+        let mut b = gstr("k");
+        b.extend(ty.to_le_bytes());
+        b.extend(value);
+        b.extend([0u8; 64]); // some slack so the failure is the count, not the end of file
+        b
+    };
+    let huge_array = |elem: u32, n: u64| {
+        let mut v = elem.to_le_bytes().to_vec();
+        v.extend(n.to_le_bytes());
+        v
+    };
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (header(0, u64::MAX, &[0; 64]), "metadata key/value count"),
+        (header(1 << 40, 0, &[0; 64]), "tensor count"),
+        // Key length far past the end.
+        (
+            header(0, 1, &[&(1u64 << 50).to_le_bytes()[..], &[0; 64]].concat()),
+            "length of metadata key #0",
+        ),
+        // String value with a huge length.
+        (
+            header(0, 1, &kv_with(8, &(u64::MAX - 3).to_le_bytes())),
+            "value of metadata key \"k\"",
+        ),
+        // Array of u64 whose byte size overflows u64.
+        (
+            header(0, 1, &kv_with(9, &huge_array(10, u64::MAX / 2))),
+            "array length of metadata key \"k\"",
+        ),
+        // Array of strings: each needs at least 8 bytes.
+        (
+            header(0, 1, &kv_with(9, &huge_array(8, 1_000_000))),
+            "array length of metadata key \"k\"",
+        ),
+    ];
+    for (bytes, want) in cases {
+        std::fs::write(&p, &bytes).unwrap();
+        let e = open_err(&p);
+        assert!(e.contains(want), "want {want:?} in: {e}");
+    }
+    // Unknown value types are named too.
+    std::fs::write(&p, header(0, 1, &kv_with(13, &[]))).unwrap();
+    assert!(open_err(&p).contains("unknown value type 13"));
+    std::fs::write(&p, header(0, 1, &kv_with(9, &huge_array(77, 1)))).unwrap();
+    assert!(open_err(&p).contains("unknown array element type 77"));
+}
+
+#[test]
+fn duplicate_keys_and_bad_alignment() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open_err(
+        &tiny_llama()
+            .str("general.name", "again")
+            .write(dir.path(), "dup.gguf"),
+    );
+    assert!(e.contains("duplicate metadata key \"general.name\""), "{e}");
+    let e = open_err(
+        &tiny_llama()
+            .u32("general.alignment", 48)
+            .write(dir.path(), "align.gguf"),
+    );
+    assert!(
+        e.contains("general.alignment must be a power of two"),
+        "{e}"
+    );
+}
+
+#[test]
+fn tensor_data_past_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = tiny_llama();
+    w.tensors[3].offset = Some(1 << 20);
+    let e = open_err(&w.write(dir.path(), "off.gguf"));
+    assert!(
+        e.contains("tensor blk.0.attn_q.weight data") && e.contains("past the end"),
+        "{e}"
+    );
+    // An offset so large that offset + size overflows u64.
+    let mut w = tiny_llama();
+    w.tensors[0].offset = Some(u64::MAX - 4);
+    let e = open_err(&w.write(dir.path(), "off2.gguf"));
+    assert!(e.contains("tensor token_embd.weight data"), "{e}");
+}
+
+#[test]
+fn bad_tensor_infos() {
+    let dir = tempfile::tempdir().unwrap();
+    // Row length 48 is not a multiple of the Q8_0 block (32).
+    let w = tiny_llama().tensor(
+        "blk.0.bad.weight",
+        &[48, 2],
+        GgmlType::Q8_0,
+        vec![0; 3 * 34],
+    );
+    let e = open_err(&w.write(dir.path(), "rows.gguf"));
+    assert!(
+        e.contains(
+            "tensor blk.0.bad.weight: row length 48 is not a multiple of the Q8_0 block size 32"
+        ),
+        "{e}"
+    );
+    // Unknown ggml type id.
+    let mut w = tiny_llama();
+    w.tensors[1].ty = 99;
+    let e = open_err(&w.write(dir.path(), "type.gguf"));
+    assert!(
+        e.contains("tensor output_norm.weight has unknown ggml type id 99"),
+        "{e}"
+    );
+    // Too many dimensions.
+    let w = tiny_llama().f32_tensor("five.weight", &[1, 1, 1, 1, 2], |_| 0.0);
+    let e = open_err(&w.write(dir.path(), "dims.gguf"));
+    assert!(e.contains("tensor five.weight has 5 dimensions"), "{e}");
+    // Duplicate tensor names.
+    let w = tiny_llama().f32_tensor("output_norm.weight", &[8], |_| 0.0);
+    let e = open_err(&w.write(dir.path(), "dupt.gguf"));
+    assert!(
+        e.contains("duplicate tensor name output_norm.weight"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unsupported_tensor_type_errors_on_load_naming_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    // Q5_K: 256 elements per 176-byte block. The file opens (so `inspect` can list it) but the
+    // tensor cannot be dequantised.
+    let mut w = tiny_llama();
+    let down = w
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.0.ffn_down.weight")
+        .unwrap();
+    *down = Tensor {
+        name: down.name.clone(),
+        ne: vec![256, 8],
+        ty: GgmlType::Q5_K.id(),
+        data: vec![0; 8 * 176],
+        offset: None,
+    };
+    let path = w.write(dir.path(), "q5k.gguf");
+    let weights = GgufWeights::new(Arc::new(GgufFile::open(&path).unwrap())).unwrap();
+    let info = weights
+        .tensors()
+        .into_iter()
+        .find(|t| t.file_name == "blk.0.ffn_down.weight")
+        .unwrap();
+    assert_eq!(
+        (info.dtype.as_str(), info.shape.clone(), info.bytes),
+        ("Q5_K", vec![8, 256], 8 * 176)
+    );
+    let e = err_of(weights.tensor("model.layers.0.mlp.down_proj.weight"));
+    assert!(
+        e.contains("q5k.gguf")
+            && e.contains("unsupported tensor type Q5_K in tensor blk.0.ffn_down.weight"),
+        "{e}"
+    );
+    // Other tensors still load.
+    weights.tensor("model.layers.0.mlp.up_proj.weight").unwrap();
+}
+
+#[test]
+fn model_spec_errors_name_the_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = tiny_llama();
+    w.kv.retain(|(k, _, _)| k != "llama.embedding_length");
+    let p = w.write(dir.path(), "nokey.gguf");
+    let e = err_of(GgufFile::open(&p).unwrap().model_spec());
+    assert!(
+        e.contains("nokey.gguf") && e.contains("llama.embedding_length is missing"),
+        "{e}"
+    );
+
+    let mut w = tiny_llama();
+    w.kv[0] = ("general.architecture".into(), 8, gstr("gemma"));
+    let e = err_of(
+        GgufFile::open(&w.write(dir.path(), "gemma.gguf"))
+            .unwrap()
+            .model_spec(),
+    );
+    assert!(e.contains("unsupported architecture \"gemma\""), "{e}");
+
+    let w = tiny_llama().i32("llama.attention.head_count_kv_bad", -1);
+    let f = GgufFile::open(&w.write(dir.path(), "neg.gguf")).unwrap();
+    assert_eq!(
+        f.get_u64("llama.attention.head_count_kv_bad"),
+        None,
+        "negative is not a u64"
+    );
+
+    let mut w = tiny_llama();
+    w.kv.retain(|(k, _, _)| k != "llama.rope.dimension_count");
+    let w = w.u32("llama.rope.dimension_count", 2);
+    let e = err_of(
+        GgufFile::open(&w.write(dir.path(), "rope.gguf"))
+            .unwrap()
+            .model_spec(),
+    );
+    assert!(e.contains("partial rotary"), "{e}");
+}
+
+#[test]
+fn hf_name_mapping_covers_every_block_tensor() {
+    let pairs = [
+        (
+            "blk.7.attn_norm.weight",
+            "model.layers.7.input_layernorm.weight",
+        ),
+        (
+            "blk.7.attn_q.weight",
+            "model.layers.7.self_attn.q_proj.weight",
+        ),
+        (
+            "blk.7.attn_k.weight",
+            "model.layers.7.self_attn.k_proj.weight",
+        ),
+        ("blk.7.attn_v.bias", "model.layers.7.self_attn.v_proj.bias"),
+        (
+            "blk.7.attn_output.weight",
+            "model.layers.7.self_attn.o_proj.weight",
+        ),
+        (
+            "blk.7.attn_q_norm.weight",
+            "model.layers.7.self_attn.q_norm.weight",
+        ),
+        (
+            "blk.7.attn_k_norm.weight",
+            "model.layers.7.self_attn.k_norm.weight",
+        ),
+        (
+            "blk.7.ffn_norm.weight",
+            "model.layers.7.post_attention_layernorm.weight",
+        ),
+        (
+            "blk.7.ffn_gate.weight",
+            "model.layers.7.mlp.gate_proj.weight",
+        ),
+        ("blk.7.ffn_up.weight", "model.layers.7.mlp.up_proj.weight"),
+        (
+            "blk.7.ffn_down.weight",
+            "model.layers.7.mlp.down_proj.weight",
+        ),
+        ("output_norm.weight", "model.norm.weight"),
+    ];
+    for (g, h) in pairs {
+        assert_eq!(hf_name(g).as_deref(), Some(h), "{g}");
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// The real default model (fixtures.md), when installed
+
+const REAL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../models/SmolLM2-135M-Instruct.Q4_1.gguf"
+);
+
+fn real_model() -> Option<Arc<GgufFile>> {
+    let p = Path::new(REAL);
+    if !p.exists() {
+        eprintln!(
+            "SKIPPED: {} is not installed (the CI setup script installs it; see /work/shared/specs/fixtures.md)",
+            p.display()
+        );
+        return None;
+    }
+    Some(Arc::new(GgufFile::open(p).unwrap()))
+}
+
+fn close(a: f32, b: f64) -> bool {
+    (a as f64 - b).abs() <= 1e-7 * (1.0 + b.abs())
+}
+
+#[test]
+fn real_model_header_facts() {
+    let Some(f) = real_model() else { return };
+    assert_eq!(f.version(), 3);
+    assert_eq!(f.tensors().len(), 272);
+    assert_eq!(f.metadata().len(), 33);
+    assert_eq!(f.alignment(), 32);
+    assert_eq!(f.data_offset(), 1_785_664);
+    assert_eq!(f.architecture(), Some("llama"));
+    assert_eq!(f.get_str("tokenizer.ggml.pre"), Some("smollm"));
+    assert_eq!(
+        f.get_str_array("tokenizer.ggml.tokens").unwrap().len(),
+        49152
+    );
+    assert_eq!(
+        f.get_str_array("tokenizer.ggml.merges").unwrap().len(),
+        48900
+    );
+    assert_eq!(f.get_bool("tokenizer.ggml.add_bos_token"), Some(false));
+
+    let s = f.model_spec().unwrap();
+    assert_eq!(s.arch, Arch::Llama);
+    assert_eq!(
+        (
+            s.num_layers,
+            s.hidden_size,
+            s.intermediate_size,
+            s.num_heads,
+            s.num_kv_heads,
+            s.head_dim,
+            s.vocab_size
+        ),
+        (30, 576, 1536, 9, 3, 64, 49152)
+    );
+    assert_eq!(
+        (s.rope_theta, s.rms_norm_eps, s.max_position_embeddings),
+        (1e5, 1e-5, 8192)
+    );
+    assert!(s.tie_word_embeddings && !s.attention_bias && !s.qk_norm);
+    assert_eq!(
+        (s.bos_token_id, s.eos_token_ids.clone()),
+        (Some(1), vec![2])
+    );
+
+    let count = |ty: GgmlType| f.tensors().iter().filter(|t| t.ty == ty).count();
+    assert_eq!(
+        (
+            count(GgmlType::Q4_1),
+            count(GgmlType::Q8_0),
+            count(GgmlType::F32)
+        ),
+        (210, 1, 61)
+    );
+    assert_eq!(
+        f.tensor_info("token_embd.weight").unwrap().ty,
+        GgmlType::Q8_0
+    );
+    let params: u64 = f.tensors().iter().map(|t| t.n_elements()).sum();
+    assert_eq!(params, 134_515_008);
+}
+
+#[test]
+fn real_model_dequantises_like_gguf_py() {
+    // Reference values from gguf-py 0.19.0 (`gguf.quants.dequantize`, numpy), an independent
+    // implementation: first elements and f64 row sums of chosen rows.
+    let Some(f) = real_model() else { return };
+    let w = GgufWeights::new(f.clone()).unwrap();
+    let embd = w.tensor("model.embed_tokens.weight").unwrap();
+    assert_eq!(embd.shape, vec![49152, 576]);
+    let row = |t: &draftlens::formats::HostTensor, r: usize| {
+        t.data[r * t.shape[1]..(r + 1) * t.shape[1]].to_vec()
+    };
+    let check = |got: Vec<f32>, first: [f64; 4], sum: f64, what: &str| {
+        for (g, w) in got.iter().zip(first) {
+            assert!(close(*g, w), "{what}: {g} vs {w}");
+        }
+        let s: f64 = got.iter().map(|&v| v as f64).sum();
+        assert!(
+            (s - sum).abs() < 1e-9 * (1.0 + sum.abs()),
+            "{what}: sum {s} vs {sum}"
+        );
+    };
+    check(
+        row(&embd, 0),
+        [
+            -0.10654449462890625,
+            0.032978057861328125,
+            0.048198699951171875,
+            -0.022830963134765625,
+        ],
+        -2.2541093826293945,
+        "embd row 0",
+    );
+    check(
+        row(&embd, 1000),
+        [
+            -0.1119384765625,
+            -0.0739593505859375,
+            0.0379791259765625,
+            -0.0179901123046875,
+        ],
+        1.9784250259399414,
+        "embd row 1000",
+    );
+    check(
+        row(&embd, 49151),
+        [
+            0.011505126953125,
+            0.0057525634765625,
+            0.0977935791015625,
+            -0.0977935791015625,
+        ],
+        -0.4662208557128906,
+        "embd row 49151",
+    );
+    let total: f64 = embd.data.iter().map(|&v| v as f64).sum();
+    assert!(
+        (total - -15353.04449415207).abs() < 1e-6,
+        "embd sum {total}"
+    );
+    assert!(embd.data.iter().all(|v| v.is_finite()));
+    let r0 = row(&embd, 0);
+    let (mean, max) = (
+        r0.iter().sum::<f32>() / 576.0,
+        r0.iter().fold(0f32, |m, v| m.max(v.abs())),
+    );
+    assert!(
+        mean.abs() < 0.1 && max > 0.0 && max < 10.0,
+        "row 0 stats mean {mean} max|.| {max}"
+    );
+
+    // Q4_1, un-permuted: HF q row 1 = GGUF row 2, HF q row 32 = GGUF row 1 (hd = 64).
+    let q = w.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
+    assert_eq!(q.shape, vec![576, 576]);
+    check(
+        row(&q, 0),
+        [
+            -0.0963134765625,
+            0.1573486328125,
+            -0.0963134765625,
+            -0.73046875,
+        ],
+        1.00726318359375,
+        "q row 0",
+    );
+    check(
+        row(&q, 1),
+        [-0.1591796875, 0.39794921875, -0.0198974609375, -1.2734375],
+        4.22308349609375,
+        "q row 1",
+    );
+    check(
+        row(&q, 32),
+        [
+            -0.1173095703125,
+            -0.1173095703125,
+            -0.19281005859375,
+            0.26019287109375,
+        ],
+        -0.71209716796875,
+        "q row 32",
+    );
+    // k: 3 KV heads; HF k row 1 = GGUF row 2.
+    let k = w.tensor("model.layers.0.self_attn.k_proj.weight").unwrap();
+    assert_eq!(k.shape, vec![192, 576]);
+    check(
+        row(&k, 1),
+        [
+            0.203369140625,
+            0.09136962890625,
+            0.203369140625,
+            -0.13262939453125,
+        ],
+        -0.98358154296875,
+        "k row 1",
+    );
+    let down = w.tensor("model.layers.29.mlp.down_proj.weight").unwrap();
+    assert_eq!(down.shape, vec![576, 1536]);
+    check(
+        row(&down, 575),
+        [
+            -0.22918701171875,
+            -0.03912353515625,
+            -0.276702880859375,
+            0.2459716796875,
+        ],
+        -5.229949951171875,
+        "down row 575",
+    );
+    let norm = w.tensor("model.norm.weight").unwrap();
+    check(
+        norm.data.clone(),
+        [1.7578125, 1.8203125, 1.78125, 1.6015625],
+        1038.33203125,
+        "final norm",
+    );
+}
+
+#[test]
+fn real_model_unpermute_is_an_exact_row_permutation() {
+    let Some(f) = real_model() else { return };
+    let w = GgufWeights::new(f.clone()).unwrap();
+    for layer in [0, 17, 29] {
+        for (part, n_head) in [("q", 9usize), ("k", 3)] {
+            let hf = w
+                .tensor(&format!(
+                    "model.layers.{layer}.self_attn.{part}_proj.weight"
+                ))
+                .unwrap();
+            let raw = f
+                .dequantize(&format!("blk.{layer}.attn_{part}.weight"))
+                .unwrap();
+            assert_eq!(hf.shape, raw.shape);
+            let cols = hf.shape[1];
+            let rows = hf.shape[0];
+            let hd = rows / n_head;
+            // Re-apply llama.cpp's permute (convert_hf_to_gguf.py `LlamaModel.permute`:
+            // reshape(n_head, 2, hd/2, cols).swapaxes(1, 2)) to the HF rows: GGUF row
+            // head·hd + 2i + h holds HF row head·hd + h·hd/2 + i. Must give back the file exactly.
+            for head in 0..n_head {
+                for i in 0..hd / 2 {
+                    for h in 0..2 {
+                        let g = head * hd + 2 * i + h;
+                        let src = head * hd + h * hd / 2 + i;
+                        assert_eq!(
+                            raw.data[g * cols..(g + 1) * cols],
+                            hf.data[src * cols..(src + 1) * cols],
+                            "layer {layer} {part}: GGUF row {g} vs HF row {src}"
+                        );
+                    }
+                }
+            }
+            // Same multiset of values (nothing duplicated or lost).
+            let mut a: Vec<u32> = hf.data.iter().map(|v| v.to_bits()).collect();
+            let mut b: Vec<u32> = raw.data.iter().map(|v| v.to_bits()).collect();
+            a.sort_unstable();
+            b.sort_unstable();
+            assert!(a == b, "layer {layer} {part}: values differ as a multiset");
+        }
+    }
+}
+
+#[test]
+fn real_model_loads_every_tensor() {
+    let Some(f) = real_model() else { return };
+    let w = GgufWeights::new(f).unwrap();
+    let t0 = std::time::Instant::now();
+    let mut n = 0usize;
+    for info in w.tensors() {
+        let t = w.tensor(&info.name).unwrap();
+        assert_eq!(t.shape, info.shape, "{}", info.name);
+        assert!(
+            t.data.iter().all(|v| v.is_finite()),
+            "{} has non-finite values",
+            info.name
+        );
+        n += t.data.len();
+    }
+    assert_eq!(n, 134_515_008);
+    // Informational only (timing is measured, never asserted).
+    eprintln!(
+        "dequantised all {} tensors ({n} values) in {:.3} s",
+        w.tensors().len(),
+        t0.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,70 @@
+// Shared helpers for every draftlens kernel. The host prepends this file to each kernel source
+// before handing it to NVRTC, so the kernels need no CUDA headers at all (NVRTC on the device
+// would otherwise need --include-path to the toolkit for cuda_bf16.h).
+//
+// bf16 is carried as its raw 16-bit pattern (`bf16_t`). Conversions:
+//   bf16 -> f32: exact (shift into the high half of the f32 word);
+//   f32 -> bf16: round to nearest, ties to even (PTX cvt.rn.bf16.f32, sm_80+), NaN stays NaN —
+//   the same rounding PyTorch applies when it stores an fp32 intermediate into a bf16 tensor.
+
+typedef unsigned short bf16_t;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define DL_INF __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float bf2f(bf16_t v) { return __uint_as_float(((u32)v) << 16); }
+
+__device__ __forceinline__ bf16_t f2bf(float f) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+
+// Round an f32 to the nearest bf16 value and return it as f32 (one "bf16 op" of PyTorch).
+__device__ __forceinline__ float rb(float f) { return bf2f(f2bf(f)); }
+
+// Two f32 -> one 32-bit word of two bf16: `lo` in bits 0..15 (lower column), `hi` in 16..31.
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float lo_bf(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi_bf(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+// 8 bf16 (one 16-byte vector) <-> 8 f32.
+__device__ __forceinline__ void unpack8(uint4 v, float* f) {
+    f[0] = lo_bf(v.x); f[1] = hi_bf(v.x);
+    f[2] = lo_bf(v.y); f[3] = hi_bf(v.y);
+    f[4] = lo_bf(v.z); f[5] = hi_bf(v.z);
+    f[6] = lo_bf(v.w); f[7] = hi_bf(v.w);
+}
+__device__ __forceinline__ uint4 pack8(const float* f) {
+    uint4 v;
+    v.x = pack_bf16x2(f[0], f[1]);
+    v.y = pack_bf16x2(f[2], f[3]);
+    v.z = pack_bf16x2(f[4], f[5]);
+    v.w = pack_bf16x2(f[6], f[7]);
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// 64-bit mix (splitmix64 finaliser): counter-based random numbers for on-device random weights.
+__device__ __forceinline__ u64 mix64(u64 z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}

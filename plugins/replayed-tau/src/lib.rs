@@ -1,0 +1,241 @@
+//! Replayed τ: the chain of anchors a real greedy speculative decode visits, instead of every
+//! anchor uniformly. Per prompt: a₀ = its first completion anchor, a_{i+1} = a_i + A(a_i) + 1
+//! (the accepted drafts plus the bonus token), until the chain leaves the stored anchors.
+//! τ of the replay = tokens produced / verify rounds along that chain.
+//!
+//! The replay needs a block for every completion anchor it lands on. A prompt whose chain lands
+//! on a missing anchor inside its stored range (anchors were subsampled) cannot be replayed: it is
+//! left out, counted in `replayed_prompts_incomplete`, and logged.
+
+use std::collections::BTreeMap;
+
+use draftlens_plugin_sdk::{
+    export_metric, log, Accumulator, Batch, Level, Metadata, Metric, MetricSpec, MetricValue, Params, PluginError,
+    Region,
+};
+
+pub struct ReplayedTau;
+
+pub struct Acc {
+    /// Per prompt: completion anchor → accepted length A.
+    anchors: BTreeMap<u32, BTreeMap<u32, u32>>,
+}
+
+impl Metric for ReplayedTau {
+    type Acc = Acc;
+
+    fn describe() -> Metadata {
+        Metadata {
+            name: "replayed-tau".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            description: "tau along the anchors a greedy decode visits: a0 = first completion anchor, \
+                          a(i+1) = a(i) + A(a(i)) + 1"
+                .into(),
+            metrics: vec![
+                MetricSpec::new(
+                    "replayed_tau_pooled",
+                    "tokens",
+                    "Σ(A+1) / verify rounds over the replayed chains of all prompts (bonus included)",
+                    true,
+                ),
+                MetricSpec::new(
+                    "replayed_tau_macro",
+                    "tokens",
+                    "mean over prompts of each replayed chain's tokens / rounds (count = prompts)",
+                    true,
+                ),
+                MetricSpec::new(
+                    "replayed_rounds",
+                    "rounds",
+                    "verify rounds per prompt along the replayed chain, mean over prompts (count = prompts)",
+                    false,
+                ),
+                MetricSpec::new(
+                    "replayed_prompts_incomplete",
+                    "prompts",
+                    "prompts left out because their chain landed on an anchor without a stored block \
+                     (count = prompts with completion anchors)",
+                    false,
+                ),
+            ],
+            params: vec![],
+        }
+    }
+
+    fn begin(_params: &Params) -> Result<Acc, PluginError> {
+        Ok(Acc { anchors: BTreeMap::new() })
+    }
+}
+
+impl Accumulator for Acc {
+    fn accumulate(&mut self, batch: &Batch<'_>) -> Result<(), PluginError> {
+        for b in 0..batch.num_blocks() {
+            if batch.region_of(b) != Region::Completion {
+                continue;
+            }
+            let a = batch.accepted_len(b) as u32;
+            let prompt = batch.prompt_index[b];
+            let anchor = batch.anchor[b];
+            if self.anchors.entry(prompt).or_default().insert(anchor, a).is_some() {
+                return Err(PluginError::InvalidBatch(format!("prompt {prompt} has two blocks at anchor {anchor}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<Vec<MetricValue>, PluginError> {
+        let mut tokens = 0u64;
+        let mut rounds = 0u64;
+        let mut macro_sum = 0.0f64;
+        let mut rounds_sum = 0.0f64;
+        let mut complete = 0u64;
+        let mut incomplete = Vec::new();
+        for (&prompt, anchors) in &self.anchors {
+            match replay(anchors) {
+                Ok((t, r)) => {
+                    tokens += t;
+                    rounds += r;
+                    macro_sum += t as f64 / r as f64;
+                    rounds_sum += r as f64;
+                    complete += 1;
+                }
+                Err(missing) => incomplete.push((prompt, missing)),
+            }
+        }
+        if let Some(&(prompt, missing)) = incomplete.first() {
+            log(
+                Level::Warn,
+                &format!(
+                    "replayed tau: {} prompt(s) skipped because anchors are missing (e.g. prompt {prompt} has no \
+                     block at anchor {missing}); the replay needs a block for every completion anchor",
+                    incomplete.len()
+                ),
+            );
+        }
+        let seen = self.anchors.len() as u64;
+        Ok(vec![
+            MetricValue::ratio("replayed_tau_pooled", tokens as f64, rounds),
+            MetricValue::ratio("replayed_tau_macro", macro_sum, complete),
+            MetricValue::ratio("replayed_rounds", rounds_sum, complete),
+            MetricValue::new("replayed_prompts_incomplete", incomplete.len() as f64, seen),
+        ])
+    }
+}
+
+/// Replay one prompt's chain: (tokens, rounds), or the first anchor the chain needs but lacks.
+fn replay(anchors: &BTreeMap<u32, u32>) -> Result<(u64, u64), u32> {
+    let (&first, _) = anchors.first_key_value().expect("prompts enter the map with a block");
+    let (&last, _) = anchors.last_key_value().expect("non-empty");
+    let (mut tokens, mut rounds) = (0u64, 0u64);
+    let mut a = first;
+    loop {
+        let Some(&acc) = anchors.get(&a) else {
+            return Err(a);
+        };
+        tokens += acc as u64 + 1;
+        rounds += 1;
+        let next = a as u64 + acc as u64 + 1;
+        // Past the last stored anchor: the decode has reached the end of the continuation.
+        if next > last as u64 {
+            return Ok((tokens, rounds));
+        }
+        a = next as u32;
+    }
+}
+
+export_metric!(ReplayedTau);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use draftlens_plugin_sdk::testdata::{chunks, metric, oracle, random, Shape};
+    use draftlens_plugin_sdk::{evaluate, evaluate_chunks, take_native_logs, OwnedBatch, PositionSpec};
+
+    /// B = 4 (P = 3), K = 1, block at `anchor` with accepted length `a` (all positions valid).
+    fn push(b: &mut OwnedBatch, prompt: u32, anchor: u32, a: usize) {
+        let ps: Vec<PositionSpec> = (0..3)
+            .map(|i| PositionSpec {
+                target: Some(1),
+                loss_mask: true,
+                draft: vec![(if i < a { 1 } else { 2 }, -0.1)],
+                target_top: None,
+            })
+            .collect();
+        b.push_block(prompt, anchor, Region::Completion, &ps);
+    }
+
+    #[test]
+    fn hand_built_chain() {
+        // Prompt 0, anchors 10..=19 with A: 10→2, 13→0, 14→3, 18→1 (others 3, never visited).
+        // Chain: 10 (3 tok) → 13 (1) → 14 (4) → 18 (2) → 20 > 19: 10 tokens in 4 rounds.
+        let mut b = OwnedBatch::new(4, 1);
+        let a_of = |a: u32| match a {
+            10 => 2,
+            13 => 0,
+            14 => 3,
+            18 => 1,
+            _ => 3,
+        };
+        for a in 10..20 {
+            push(&mut b, 0, a, a_of(a));
+        }
+        // Prompt 1: anchors 5..=7 all A = 0: 3 rounds, 3 tokens.
+        for a in 5..8 {
+            push(&mut b, 1, a, 0);
+        }
+        let vs = evaluate::<ReplayedTau>(&[], &b.as_batch()).unwrap();
+        let pooled = metric(&vs, "replayed_tau_pooled");
+        assert_eq!((pooled.value, pooled.count), (13.0 / 7.0, 7));
+        let m = metric(&vs, "replayed_tau_macro");
+        assert_eq!((m.value, m.count), ((2.5 + 1.0) / 2.0, 2));
+        assert_eq!(metric(&vs, "replayed_rounds").value, 3.5);
+        assert_eq!(metric(&vs, "replayed_prompts_incomplete").value, 0.0);
+    }
+
+    #[test]
+    fn chunk_boundaries_inside_a_prompt_do_not_matter() {
+        let b = random(4, &Shape::new(6, 2, 5, 3, 60), 0.7, 0.1);
+        let one = evaluate::<ReplayedTau>(&[], &b.as_batch()).unwrap();
+        let parts = chunks(&b, 23);
+        assert_eq!(one, evaluate_chunks::<ReplayedTau>(&[], parts.iter().map(|c| c.as_batch())).unwrap());
+        // Replayed τ is computed from the same A values as the uniform τ, along a sub-chain.
+        assert!(metric(&one, "replayed_tau_pooled").value >= 1.0);
+    }
+
+    #[test]
+    fn oracle_replay_jumps_a_full_block() {
+        // 7 prompt tokens, 100 completion tokens (anchors 7..=106), B = 16: the chain visits
+        // 7, 23, 39, 55, 71, 87, 103 → 6 × 16 tokens + the last block at 103 (3 valid) → 4.
+        let o = oracle(&Shape::new(16, 3, 2, 7, 100));
+        let vs = evaluate::<ReplayedTau>(&[], &o.as_batch()).unwrap();
+        let pooled = metric(&vs, "replayed_tau_pooled");
+        assert_eq!(pooled.count, 14);
+        assert_eq!(pooled.value, 2.0 * (6.0 * 16.0 + 4.0) / 14.0);
+    }
+
+    #[test]
+    fn missing_anchors_are_reported() {
+        let mut b = OwnedBatch::new(4, 1);
+        // Chain 0 → 1 → (2 missing) although anchor 3 exists.
+        push(&mut b, 0, 0, 0);
+        push(&mut b, 0, 1, 0);
+        push(&mut b, 0, 3, 0);
+        push(&mut b, 1, 0, 3);
+        take_native_logs();
+        let vs = evaluate::<ReplayedTau>(&[], &b.as_batch()).unwrap();
+        let inc = metric(&vs, "replayed_prompts_incomplete");
+        assert_eq!((inc.value, inc.count), (1.0, 2));
+        assert_eq!(metric(&vs, "replayed_tau_pooled").value, 4.0);
+        let logs = take_native_logs();
+        assert!(logs.iter().any(|(l, m)| *l == Level::Warn && m.contains("prompt 0 has no block at anchor 2")), "{logs:?}");
+    }
+
+    #[test]
+    fn duplicate_anchor_is_an_error() {
+        let mut b = OwnedBatch::new(4, 1);
+        push(&mut b, 0, 0, 0);
+        push(&mut b, 0, 0, 1);
+        let e = evaluate::<ReplayedTau>(&[], &b.as_batch()).unwrap_err();
+        assert!(e.to_string().contains("prompt 0 has two blocks at anchor 0"), "{e}");
+    }
+}

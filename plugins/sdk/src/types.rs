@@ -1,0 +1,179 @@
+//! Plain Rust mirrors of the WIT types (plugins/wit/metric.wit). Plugins and native reference
+//! builds use these; on wasm32 the export glue converts them to and from the generated bindings.
+
+use std::fmt;
+
+/// A parameter value; the case is also the parameter's kind.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ParamValue {
+    Int(i64),
+    Float(f64),
+    Flag(bool),
+    Text(String),
+}
+
+impl ParamValue {
+    /// The kind's name as users see it in messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ParamValue::Int(_) => "int",
+            ParamValue::Float(_) => "float",
+            ParamValue::Flag(_) => "flag",
+            ParamValue::Text(_) => "text",
+        }
+    }
+}
+
+impl fmt::Display for ParamValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParamValue::Int(v) => write!(f, "{v}"),
+            ParamValue::Float(v) => write!(f, "{v}"),
+            ParamValue::Flag(v) => write!(f, "{v}"),
+            ParamValue::Text(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
+/// A parameter given to a plugin.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Param {
+    pub name: String,
+    pub value: ParamValue,
+}
+
+impl Param {
+    pub fn new(name: &str, value: ParamValue) -> Self {
+        Param { name: name.to_string(), value }
+    }
+}
+
+/// A parameter a plugin accepts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamSpec {
+    pub name: String,
+    pub description: String,
+    pub default: ParamValue,
+}
+
+impl ParamSpec {
+    pub fn new(name: &str, description: &str, default: ParamValue) -> Self {
+        ParamSpec { name: name.into(), description: description.into(), default }
+    }
+}
+
+/// A metric a plugin produces (a name ending in `_*` declares a family).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricSpec {
+    pub name: String,
+    pub unit: String,
+    pub description: String,
+    pub higher_is_better: bool,
+}
+
+impl MetricSpec {
+    pub fn new(name: &str, unit: &str, description: &str, higher_is_better: bool) -> Self {
+        MetricSpec { name: name.into(), unit: unit.into(), description: description.into(), higher_is_better }
+    }
+}
+
+/// What `describe` returns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Metadata {
+    pub name: String,
+    pub version: String,
+    pub description: String,
+    pub metrics: Vec<MetricSpec>,
+    pub params: Vec<ParamSpec>,
+}
+
+/// How to read a series.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeriesKind {
+    /// values[i] belongs to draft position k = i + 1.
+    PerPosition,
+    /// values[i] belongs to the integer outcome i.
+    Histogram,
+}
+
+/// Per-position values or a histogram, with the denominator (or raw count) of every entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub kind: SeriesKind,
+    pub values: Vec<f64>,
+    pub counts: Vec<u64>,
+}
+
+/// One result of a plugin.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricValue {
+    pub name: String,
+    /// NaN exactly when undefined (count = 0).
+    pub value: f64,
+    /// The denominator behind `value`.
+    pub count: u64,
+    pub series: Option<Series>,
+}
+
+impl MetricValue {
+    /// `num / den`, NaN when `den` is 0; `count` = `den`.
+    pub fn ratio(name: &str, num: f64, den: u64) -> Self {
+        MetricValue { name: name.into(), value: ratio(num, den), count: den, series: None }
+    }
+    /// A value with an explicit count.
+    pub fn new(name: &str, value: f64, count: u64) -> Self {
+        MetricValue { name: name.into(), value, count, series: None }
+    }
+    /// Attach per-position ratios `nums[i] / dens[i]`.
+    pub fn with_per_position(mut self, nums: &[f64], dens: &[u64]) -> Self {
+        self.series = Some(Series {
+            kind: SeriesKind::PerPosition,
+            values: nums.iter().zip(dens).map(|(&n, &d)| ratio(n, d)).collect(),
+            counts: dens.to_vec(),
+        });
+        self
+    }
+    /// Attach an explicit series.
+    pub fn with_series(mut self, series: Series) -> Self {
+        self.series = Some(series);
+        self
+    }
+}
+
+/// `num / den`, NaN when `den` is 0 (the contract's "undefined").
+pub fn ratio(num: f64, den: u64) -> f64 {
+    if den == 0 {
+        f64::NAN
+    } else {
+        num / den as f64
+    }
+}
+
+/// Errors a plugin reports on purpose.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PluginError {
+    InvalidParams(String),
+    InvalidBatch(String),
+    Internal(String),
+}
+
+impl fmt::Display for PluginError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PluginError::InvalidParams(m) => write!(f, "invalid parameters: {m}"),
+            PluginError::InvalidBatch(m) => write!(f, "invalid batch: {m}"),
+            PluginError::Internal(m) => write!(f, "internal error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for PluginError {}
+
+/// Log levels of the host's `log` import.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
