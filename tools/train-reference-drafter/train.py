@@ -495,7 +495,11 @@ def train_series(series, data, E, lm_head, args, device, out_dir, target_cfg):
     saved = []
     t_start = time.time()
     log(f"{series}: {nparams} params, taps {spec['target_layer_ids']} (hs {[data.hs_indices[s] for s in slots]}), inclusive={spec['inclusive']}, {steps} steps, saves at {save_at}")
+    t_warm = None
     for step in range(1, steps + 1):
+        if step == 11:  # steady-state timing starts after 10 warm-up steps (allocator, cuBLAS plans)
+            sync(device)
+            t_warm = time.time()
         if pp + bs > data.N:
             perm, pp = torch.randperm(data.N, generator=cpu_gen), 0
         idx_cpu = perm[pp : pp + bs]
@@ -564,7 +568,14 @@ def train_series(series, data, E, lm_head, args, device, out_dir, target_cfg):
             save_checkpoint(drafter, cfg, path, metrics)
             saved.append(path)
             log(f"saved {path}")
-    return saved, {"params": nparams, "train_seconds": round(time.time() - t_start, 1), "steps": steps}
+    sync(device)
+    steady = (time.time() - t_warm) / (steps - 10) if t_warm is not None and steps > 10 else None
+    return saved, {"params": nparams, "train_seconds": round(time.time() - t_start, 1), "steps": steps, "steady_step_s": steady}
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def recipe_dict(args, series):
@@ -734,7 +745,7 @@ def main():
     ap.add_argument("--warmup-ratio", type=float, default=0.04)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--steps", type=int, default=3000, help="training steps per series (upper bound when --time-budget is set)")
-    ap.add_argument("--time-budget", type=float, default=None, help="seconds per series: the step count is lowered to fit, from the timing of 20 probe steps")
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds per series: the step count is lowered to fit, from the steady-state timing of a 30-step probe")
     ap.add_argument("--save-fracs", default="0.1,0.35,1.0", help="checkpoints at these fractions of the steps")
     ap.add_argument("--metric-window", type=int, default=50)
     ap.add_argument("--eval-blocks", type=int, default=4096, help="blocks per evaluation forward")
@@ -787,12 +798,9 @@ def main():
     if args.time_budget:
         # Probe: time a few steps of the real loop, then fix the step count (recorded in results).
         probe = argparse.Namespace(**vars(args))
-        probe.steps, probe.save_fracs, probe.log_every = 20, [], 10**9
-        t = time.time()
-        train_series(series_list[0], train_data, E, lm_head, probe, device, os.path.join(args.out, "probe"), target.config)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        per_step = (time.time() - t) / 20
+        probe.steps, probe.save_fracs, probe.log_every = 30, [], 10**9
+        _, pinfo = train_series(series_list[0], train_data, E, lm_head, probe, device, os.path.join(args.out, "probe"), target.config)
+        per_step = pinfo["steady_step_s"]
         args.steps = max(50, min(args.steps, int(args.time_budget / per_step)))
         results["step_seconds_probe"] = per_step
         log(f"probe: {per_step * 1000:.1f} ms/step -> {args.steps} steps per series")

@@ -299,11 +299,11 @@ pub const DERIVED: &[DerivedMetric] = &[
     },
     DerivedMetric {
         name: "first_position_acceptance",
-        description: "P(A ≥ 1): the first drafted token is accepted; pooled over completion anchors",
+        description: "P(A ≥ 1): the first drafted token is accepted; pooled over completion anchors with a next token",
         unit: "fraction",
         higher_is_better: true,
         aggregation: Aggregation::Pooled,
-        per_prompt: |p| ratio(p.accepted.first().copied().unwrap_or(0) as u64, p.blocks as u64),
+        per_prompt: |p| ratio(p.accepted.first().copied().unwrap_or(0) as u64, p.reached.first().copied().unwrap_or(0) as u64),
     },
     DerivedMetric {
         name: "draft_nll",

@@ -2,6 +2,7 @@
 
 mod cmd_bench;
 mod cmd_cache;
+mod cmd_eval;
 mod cmd_model;
 mod common;
 
@@ -28,6 +29,15 @@ enum Cmd {
     /// List, verify or remove hidden-state cache entries.
     #[command(subcommand)]
     Cache(cmd_cache::CacheCmd),
+    /// Evaluate a drafter (or every checkpoint of a folder) and store the run.
+    Run(cmd_eval::RunArgs),
+    /// Real speculative decoding (draft → verify) with a drafter; checks it is lossless.
+    Live(cmd_eval::LiveArgs),
+    /// Compatibility and leakage-risk findings for a drafter against a target.
+    Lint(cmd_eval::LintArgs),
+    /// List stored runs or show one.
+    #[command(subcommand)]
+    Runs(cmd_eval::RunsCmd),
     /// Measure CPU prefill throughput against this machine's own f32 GEMM rate.
     Bench(cmd_bench::BenchArgs),
 }
@@ -35,6 +45,11 @@ enum Cmd {
 fn main() {
     let cli = Cli::parse();
     cli.global.init_logging();
+    // Ctrl-C / SIGTERM: finish the current prompt, mark the run failed, keep caches valid.
+    let _ = ctrlc::set_handler(|| {
+        draftlens::drafter::run::INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
+        eprintln!("interrupt: stopping after the current prompt (the run will be marked failed)");
+    });
     // A panic is a bug, but it must still end with one clear line and a non-zero exit code.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("error: internal error (a bug in draftlens, please report it): {info}");
@@ -44,6 +59,10 @@ fn main() {
         Cmd::Generate(a) => cmd_model::generate(&cli.global, a),
         Cmd::Extract(a) => cmd_model::extract(&cli.global, a),
         Cmd::Cache(c) => cmd_cache::run(&cli.global, c),
+        Cmd::Run(a) => cmd_eval::run(&cli.global, a),
+        Cmd::Live(a) => cmd_eval::live(&cli.global, a),
+        Cmd::Lint(a) => cmd_eval::lint_cmd(&cli.global, a),
+        Cmd::Runs(c) => cmd_eval::runs(&cli.global, c),
         Cmd::Bench(a) => cmd_bench::run(&cli.global, a),
     }));
     match result {

@@ -146,7 +146,7 @@ impl GgmlType {
     /// size overflows).
     pub fn bytes_for(self, n: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return None;
         }
         (n / bs).checked_mul(self.type_size() as u64)
@@ -169,7 +169,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         bail!("unsupported tensor type {ty} (supported: {SUPPORTED})");
     }
     let n = dst.len();
-    if n % ty.block_size() != 0 {
+    if !n.is_multiple_of(ty.block_size()) {
         bail!(
             "{n} elements is not a multiple of the {ty} block size {}",
             ty.block_size()
@@ -335,6 +335,7 @@ fn q6_k(b: &[u8], y: &mut [f32]) {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // element indices are the point of these tests
 mod tests {
     //! Known-answer tests: each block is built by hand from the format definition and the
     //! expected values are worked out independently of the kernels above (by element index,
@@ -368,11 +369,11 @@ mod tests {
         let vals = [1.5f32, -2.25, 0.0, 65504.0];
         let src: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(deq(GgmlType::F32, &src, 4), vals);
-        // f16 0x3C00 = 1.0, 0xC000 = -2.0, 0x3555 ≈ 0.333251953125, 0x7BFF = 65504.
+        // f16 0x3C00 = 1.0, 0xC000 = -2.0, 0x3555 = 2^-2 · (1 + 341/1024) = 1365/4096, 0x7BFF = 65504.
         let src = [0x00, 0x3C, 0x00, 0xC0, 0x55, 0x35, 0xFF, 0x7B];
         assert_eq!(
             deq(GgmlType::F16, &src, 4),
-            [1.0, -2.0, 0.333251953125, 65504.0]
+            [1.0, -2.0, 1365.0 / 4096.0, 65504.0]
         );
         // bf16 is the top half of an f32: 0x3FC0 = 1.5, 0xC120 = -10.0, 0x3E80 = 0.25.
         let src = [0xC0, 0x3F, 0x20, 0xC1, 0x80, 0x3E];

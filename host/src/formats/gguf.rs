@@ -545,7 +545,7 @@ impl GgufWeights {
                 } else {
                     t.ne.last().copied().unwrap_or(1)
                 } as usize;
-                if nh == 0 || rows % (2 * nh) != 0 {
+                if nh == 0 || !rows.is_multiple_of(2 * nh) {
                     bail!("{p}: tensor {} has {rows} rows, not a whole number of {nh} heads of even size; cannot undo the q/k permutation", t.name);
                 }
             }
@@ -748,8 +748,8 @@ fn min_value_size(ty: u32) -> Option<usize> {
     Some(match ty {
         0 | 1 | 7 => 1,
         2 | 3 => 2,
-        4 | 5 | 6 => 4,
-        10 | 11 | 12 => 8,
+        4..=6 => 4,
+        10..=12 => 8,
         8 => 8,  // u64 length
         9 => 12, // u32 element type + u64 count
         _ => return None,

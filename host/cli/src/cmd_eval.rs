@@ -1,0 +1,332 @@
+//! `run`, `live`, `lint`, `runs`: drafter evaluation.
+
+use crate::cmd_model::TargetArgs;
+use crate::common::Global;
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use draftlens::backend::Backend;
+use draftlens::drafter::eval::{AnchorPolicy, EvalOptions, Labels};
+use draftlens::drafter::lint::{lint, Severity};
+use draftlens::drafter::live::live_decode;
+use draftlens::drafter::run::{run_eval, DrafterSpec, RunOptions};
+use draftlens::drafter::{DFlashDrafter, DrafterCheckpoint};
+use draftlens::model::TargetFiles;
+use draftlens::session::{dispatch, BackendJob, Session};
+use draftlens::store::{RunFilter, RunMode, Store};
+use serde::Serialize;
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ModeArg {
+    /// Isolated per-anchor drafting: what deployment sees.
+    Deployment,
+    /// Reproduce training-time metrics: shared forward, training mask, optional data labels.
+    TrainStyle,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum MaskArg {
+    /// Context strictly before the anchor (correct).
+    Strict,
+    /// Context up to and including the anchor (the known training leak).
+    Inclusive,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LabelsArg {
+    Target,
+    Data,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Drafter checkpoint folder, a folder of checkpoints (every one is run, step from the
+    /// name), or builtin:oracle / builtin:anti-oracle (known-answer drafters).
+    #[arg(long)]
+    pub drafter: String,
+    /// Block size of the built-in drafters.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// SQLite database of runs.
+    #[arg(long, default_value = "runs.sqlite")]
+    pub db: PathBuf,
+    /// Run name (default: series/checkpoint · prompt set · mode).
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(long, value_enum, default_value_t = ModeArg::Deployment)]
+    pub mode: ModeArg,
+    /// Train-style mask rule.
+    #[arg(long, value_enum, default_value_t = MaskArg::Strict)]
+    pub mask: MaskArg,
+    /// Train-style labels: the target's greedy tokens or the prompt line's reference `completion`.
+    #[arg(long, value_enum, default_value_t = LabelsArg::Target)]
+    pub labels: LabelsArg,
+    /// Drafter candidates kept per position.
+    #[arg(long, default_value_t = 8)]
+    pub top_k: usize,
+    /// Evaluate every N-th completion anchor (default: every anchor).
+    #[arg(long, conflicts_with = "sample")]
+    pub stride: Option<usize>,
+    /// Evaluate N randomly sampled completion anchors per prompt (with --seed).
+    #[arg(long)]
+    pub sample: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Also evaluate anchors inside the prompt.
+    #[arg(long)]
+    pub prompt_anchors: bool,
+    /// Anchors per drafter forward.
+    #[arg(long, default_value_t = 32)]
+    pub anchor_batch: usize,
+    /// Stop with an error after N prompts (for testing interruption).
+    #[arg(long, hide = true)]
+    pub fail_after: Option<usize>,
+}
+
+struct RunJob<'a> {
+    g: &'a Global,
+    a: &'a RunArgs,
+}
+
+impl BackendJob for RunJob<'_> {
+    type Output = Vec<draftlens::drafter::run::RunOutcome>;
+    fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
+        let a = self.a;
+        let set = a.target.prompt_set(self.g)?;
+        let specs: Vec<DrafterSpec> = match a.drafter.as_str() {
+            "builtin:oracle" => vec![DrafterSpec::Oracle { block_size: a.block_size }],
+            "builtin:anti-oracle" => vec![DrafterSpec::AntiOracle { block_size: a.block_size }],
+            d => {
+                let path = PathBuf::from(d);
+                let series = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                let cks = DrafterCheckpoint::discover(&path)?;
+                let single = cks.len() == 1 && cks[0].dir == path;
+                cks.into_iter()
+                    .map(|c| {
+                        let series = if single { c.dir.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().to_string()).unwrap_or(series.clone()) } else { series.clone() };
+                        DrafterSpec::Checkpoint { dir: c.dir, step: c.step, series }
+                    })
+                    .collect()
+            }
+        };
+        let s = Session::load(be, &a.target.target, self.g.cache()?)?;
+        let store = Store::open(&a.db)?;
+        let mode = match a.mode {
+            ModeArg::Deployment => RunMode::Deployment,
+            ModeArg::TrainStyle => RunMode::TrainStyle,
+        };
+        if !matches!(mode, RunMode::TrainStyle) && (matches!(a.mask, MaskArg::Inclusive) || matches!(a.labels, LabelsArg::Data)) {
+            bail!("--mask inclusive and --labels data reproduce training bugs: use them with --mode train-style");
+        }
+        let eval = EvalOptions {
+            top_k: a.top_k,
+            anchors: match (a.stride, a.sample) {
+                (Some(n), _) => AnchorPolicy::Stride(n),
+                (_, Some(n)) => AnchorPolicy::Random { n, seed: a.seed },
+                _ => AnchorPolicy::Every,
+            },
+            prompt_anchors: a.prompt_anchors,
+            ctx_inclusive: matches!(a.mask, MaskArg::Inclusive),
+            labels: match a.labels {
+                LabelsArg::Target => Labels::Target,
+                LabelsArg::Data => Labels::Data,
+            },
+            anchor_batch: a.anchor_batch,
+        };
+        let mut outs = Vec::new();
+        for spec in &specs {
+            let opts = RunOptions { name: a.name.clone(), mode, eval: eval.clone(), max_new_tokens: a.target.max_new_tokens, fail_after: a.fail_after };
+            outs.push(run_eval(&s, spec, &set, &opts, &store)?);
+        }
+        Ok(outs)
+    }
+}
+
+pub fn run(g: &Global, a: RunArgs) -> Result<()> {
+    let outs = dispatch(a.target.backend.into(), RunJob { g, a: &a })?;
+    g.emit(&outs, || {
+        let mut o = String::new();
+        for r in &outs {
+            o += &format!("run {} · {} · {} prompts, {} blocks, {:.1}s\n", r.run_id, r.name, r.prompts, r.blocks, r.seconds);
+            for (_, name, v) in &r.metrics {
+                o += &format!("  {name:<22} {v:.4}\n");
+            }
+        }
+        o += &format!("stored in {} — browse with: draftlens serve --db {}\n", a.db.display(), a.db.display());
+        o
+    })
+}
+
+#[derive(Args)]
+pub struct LiveArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Drafter checkpoint folder.
+    #[arg(long)]
+    pub drafter: PathBuf,
+}
+
+#[derive(Serialize)]
+pub struct LiveRow {
+    pub id: String,
+    pub tau: f64,
+    pub rounds: usize,
+    pub new_tokens: usize,
+    /// Output equals plain greedy decoding token for token.
+    pub lossless: bool,
+    pub text: String,
+}
+
+struct LiveJob<'a> {
+    g: &'a Global,
+    a: &'a LiveArgs,
+}
+
+impl BackendJob for LiveJob<'_> {
+    type Output = Vec<LiveRow>;
+    fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
+        let a = self.a;
+        let set = a.target.prompt_set(self.g)?;
+        let s = Session::load(be, &a.target.target, self.g.cache()?)?;
+        let findings = lint(&s.files, &a.drafter)?;
+        if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
+            bail!("{}: drafter is incompatible with the target: {}", a.drafter.display(), f.message);
+        }
+        let d = DFlashDrafter::load(&s.be, &a.drafter, s.files.spec.hidden_size)?;
+        let eos = s.eos_ids();
+        let pb = draftlens::progress::bar(set.prompts.len() as u64, "live");
+        let mut rows = Vec::new();
+        for p in &set.prompts {
+            let ids = s.prompt_ids(p)?;
+            let live = live_decode(&s.be, &s.model, &d, &ids, a.target.max_new_tokens, &eos)?;
+            let greedy = s.continuation(&ids, a.target.max_new_tokens)?;
+            rows.push(LiveRow {
+                id: p.id.clone(),
+                tau: live.tau(),
+                rounds: live.round_tokens.len(),
+                new_tokens: live.ids.len(),
+                lossless: live.ids == greedy.ids,
+                text: s.files.tokenizer()?.decode(&live.ids)?,
+            });
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        Ok(rows)
+    }
+}
+
+pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
+    let rows = dispatch(a.target.backend.into(), LiveJob { g, a: &a })?;
+    let bad = rows.iter().filter(|r| !r.lossless).count();
+    g.emit(&rows, || {
+        let mut o: String = rows.iter().map(|r| format!("{:<24} τ {:.3}  {} rounds  {} tokens  {}\n", r.id, r.tau, r.rounds, r.new_tokens, if r.lossless { "lossless" } else { "DIFFERS FROM GREEDY" })).collect();
+        let macro_tau = rows.iter().map(|r| r.tau).sum::<f64>() / rows.len().max(1) as f64;
+        o += &format!("live τ (macro over {} prompts): {:.3}\n", rows.len(), macro_tau);
+        o
+    })?;
+    if bad > 0 {
+        bail!("{bad} prompts differ from plain greedy decoding: speculative decoding was not lossless");
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct LintArgs {
+    /// Target model (.gguf or Hugging Face folder).
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub target: PathBuf,
+    /// Drafter checkpoint folder.
+    #[arg(long)]
+    pub drafter: PathBuf,
+}
+
+pub fn lint_cmd(g: &Global, a: LintArgs) -> Result<()> {
+    let t = TargetFiles::open(&a.target)?;
+    let findings = lint(&t, &a.drafter)?;
+    let errors = findings.iter().filter(|f| f.severity == Severity::Error).count();
+    g.emit(&findings, || {
+        let mut o: String = findings.iter().map(|f| format!("{:<8} {:<18} {}\n", format!("{:?}", f.severity).to_lowercase(), f.code, f.message)).collect();
+        o += &format!("{} findings, {} errors\n", findings.len(), errors);
+        o
+    })?;
+    if errors > 0 {
+        bail!("{}: {errors} incompatibilities with {}", a.drafter.display(), a.target.display());
+    }
+    Ok(())
+}
+
+#[derive(Subcommand)]
+pub enum RunsCmd {
+    /// List runs (newest first).
+    Ls {
+        #[arg(long, default_value = "runs.sqlite")]
+        db: PathBuf,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Show one run: configuration, status and run-level metrics.
+    Show {
+        run: i64,
+        #[arg(long, default_value = "runs.sqlite")]
+        db: PathBuf,
+    },
+}
+
+pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
+    match c {
+        RunsCmd::Ls { db, limit } => {
+            let store = Store::open(&db)?;
+            let (rows, total) = store.runs(&RunFilter { limit, descending: true, ..Default::default() })?;
+            let infos: Vec<_> = rows.iter().map(|r| &r.run).collect();
+            g.emit(&infos, || {
+                let mut o: String = infos
+                    .iter()
+                    .map(|r| format!("{:>5}  {:<9} {:<12} {:<6} {}\n", r.id, r.status.as_str(), r.mode.as_str(), r.backend, r.name))
+                    .collect();
+                o += &format!("{} of {total} runs\n", infos.len());
+                o
+            })
+        }
+        RunsCmd::Show { run, db } => {
+            let store = Store::open(&db)?;
+            let Some(d) = store.run(run)? else { bail!("{}: no run {run}", db.display()) };
+            let metrics = store.metrics(run)?;
+            #[derive(Serialize)]
+            struct Show<'a> {
+                run: &'a draftlens::store::RunDetail,
+                metrics: &'a [draftlens::store::MetricRow],
+            }
+            g.emit(&Show { run: &d, metrics: &metrics }, || {
+                let r = &d.run;
+                let mut o = format!(
+                    "run {} · {}\n  status {}{}\n  mode {}  backend {} ({})  B {}  top-K {}\n  target {} ({})\n  drafter {} step {:?}\n  prompts {} ({} prompts, {} blocks)\n",
+                    r.id,
+                    r.name,
+                    r.status.as_str(),
+                    r.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default(),
+                    r.mode.as_str(),
+                    r.backend,
+                    r.dtype,
+                    r.block_size,
+                    r.top_k,
+                    r.target_path,
+                    r.target_arch,
+                    r.drafter_path,
+                    r.drafter_step,
+                    r.prompt_set_name,
+                    r.num_prompts,
+                    r.num_blocks
+                );
+                for m in metrics.iter().filter(|m| m.scope == draftlens::store::MetricScope::Run) {
+                    o += &format!("  {:<10} {:<22} {:>9.4}  (n={})  {}\n", m.source, m.name, m.value, m.count, m.description);
+                }
+                for f in &d.failures {
+                    o += &format!("  plugin {} failed ({}): {}\n", f.plugin, f.kind, f.message);
+                }
+                o
+            })
+        }
+    }
+}
