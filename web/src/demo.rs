@@ -357,9 +357,9 @@ struct Skill {
 
 fn ease(c: Class) -> f64 {
     match c {
-        Class::Easy => 0.97,
-        Class::Word => 0.80,
-        Class::Hard => 0.38,
+        Class::Easy => 0.985,
+        Class::Word => 0.88,
+        Class::Hard => 0.5,
     }
 }
 
@@ -405,9 +405,9 @@ fn gen_records(
             b.valid.push(valid as u8);
             b.loss_mask.push((pos >= p) as u8);
             let class = if valid { classes[pos as usize] } else { Class::Hard };
-            let mut pc = skill.base * ease(class) * cat * prompt_factor * 0.96f64.powi(k as i32 - 1);
+            let mut pc = skill.base * ease(class) * cat * prompt_factor * 0.97f64.powi(k as i32 - 1);
             if !prev_ok {
-                pc *= 0.72; // errors cluster: after a miss the next position is harder
+                pc *= 0.8; // errors cluster: after a miss the next position is harder
             }
             if k == 1 {
                 if let Some(l) = skill.leak_first {
@@ -429,14 +429,17 @@ fn gen_records(
             for j in 1..kk {
                 cands.push(if Some(j) == tslot { t } else { wrong(rng) });
             }
-            let conf = if ok { 0.55 + 0.44 * rng.f64() } else { 0.15 + 0.5 * rng.f64() };
+            // Probabilities, best first: the top-1 is the most likely candidate.
+            let conf = if ok { 0.55 + 0.44 * rng.f64() } else { 0.2 + 0.45 * rng.f64() };
             let mut rest = 1.0 - conf;
+            let mut prev = conf;
             b.draft_ids.extend(&cands);
             b.draft_logprobs.push(conf.ln() as f32);
             for _ in 1..kk {
-                let share = rest * (0.3 + 0.4 * rng.f64());
-                rest -= share;
-                b.draft_logprobs.push(share.max(1e-9).ln() as f32);
+                let p = (rest * (0.3 + 0.4 * rng.f64())).min(prev);
+                rest -= p;
+                prev = p;
+                b.draft_logprobs.push(p.max(1e-9).ln() as f32);
             }
         }
     }
@@ -524,7 +527,7 @@ pub fn fill_demo_db(store: &Store, spec: &DemoSpec) -> Result<DemoRuns> {
     let last_skill = skill_at(last_i);
     if spec.train_style {
         let variants = [
-            ("strict", "target", Skill { base: (last_skill * 1.07).min(0.99), leak_first: None, label_noise: 0.0 }),
+            ("strict", "target", Skill { base: (last_skill * 1.1).min(0.99), leak_first: None, label_noise: 0.0 }),
             ("inclusive", "target", Skill { base: (last_skill * 1.16).min(0.99), leak_first: Some(0.97), label_noise: 0.0 }),
             ("inclusive", "data", Skill { base: (last_skill * 1.16).min(0.99), leak_first: Some(0.97), label_noise: 0.09 }),
         ];

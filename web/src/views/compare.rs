@@ -72,21 +72,21 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
                 div class="runhead" style="margin-bottom:10px" {
                     @for &j in &others {
                         @let cv = &c.coverage[j];
-                        span class="chip" style=(format!("border-left:3px solid {}", color(j))) {
+                        span class="chip" {
+                            span class="dot" style=(format!("background:{}", color(j))) {}
                             "#" (c.runs[j].id) ": " (cv.shared) "/" (cv.prompts.max(cv.baseline_prompts)) " prompts shared"
                         }
                     }
                 }
             }
-            table {
+            div class="scroll" { table {
                 thead {
                     tr {
                         th { "Metric" }
                         th class="num" style=(format!("border-top:3px solid {}", color(b))) { "#" (c.runs[b].id) " (baseline)" }
                         @for &j in &others {
                             th class="num" style=(format!("border-top:3px solid {}", color(j))) { "#" (c.runs[j].id) }
-                            th class="num" { "Δ (95% CI)" }
-                            th class="num" { "Δ%" }
+                            th class="num" { "Δ · Δ% (95% CI)" }
                         }
                     }
                 }
@@ -104,6 +104,7 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
                                     Some(d) => {
                                         td class=(format!("num delta {}", verdict_class(d.verdict))) {
                                             (fmt_delta(d.delta))
+                                            " · " (d.delta_pct.map(|p| format!("{p:+.1}%")).unwrap_or("—".into()))
                                             @if let Some((lo, hi)) = d.ci { span class="ci" { "[" (fmt_delta(lo)) ", " (fmt_delta(hi)) "] n=" (d.n) } }
                                             @match d.verdict {
                                                 Verdict::NotSignificant => { span class="ns" { "not significant" } }
@@ -111,15 +112,14 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
                                                 _ => {}
                                             }
                                         }
-                                        td class=(format!("num delta {}", verdict_class(d.verdict))) { (d.delta_pct.map(|p| format!("{p:+.1}%")).unwrap_or("—".into())) }
                                     }
-                                    None => { td class="num sub" { "—" } td class="num sub" { "—" } }
+                                    None => { td class="num sub" { "—" } }
                                 }
                             }
                         }
                     }
                 }
-            }
+            } }
         }
         @if !with_curves.is_empty() {
             @let acc: Vec<(String, String, &crate::analysis::Curve)> = with_curves.iter().map(|&i| (label(i), color(i).to_string(), &c.curves[i].as_ref().unwrap().accuracy)).collect();
@@ -172,7 +172,7 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
                     @else { a class="toggle" href=(format!("/compare{}", base_q.with("config", Some("all")).to_string_with_qmark())) { "Show all keys" } }
                 }
             }
-            table {
+            div class="scroll" { table {
                 thead { tr { th { "Key" } @for (i, r) in c.runs.iter().enumerate() { th style=(format!("border-top:3px solid {}", color(i))) { "#" (r.id) span class="tiny" { (drafter_label(r)) } } } } }
                 tbody {
                     @for row in c.config.iter().filter(|r| r.differs || show_all) {
@@ -185,7 +185,7 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
                     }
                     @if c.config.iter().all(|r| !r.differs) && !show_all { tr { td colspan="99" class="sub" { "The runs have identical configurations." } } }
                 }
-            }
+            } }
         }
     };
     page(ctx, &format!("Compare {} runs", c.runs.len()), body)

@@ -112,7 +112,7 @@ pub fn render(ctx: &Ctx, v: &RunsView) -> Markup {
                 }
             } @else {
                 form method="get" action="/compare" id="sel" {
-                    table {
+                    div class="scroll" { table class="runs" {
                         thead { tr {
                             th style="width:28px" {}
                             th class="num" { a class=[(sort == "created").then_some("sorted")] href=(sort_link("created")) { "#" (arrow("created")) } }
@@ -121,7 +121,6 @@ pub fn render(ctx: &Ctx, v: &RunsView) -> Markup {
                             th { "Target" }
                             th { a class=[(sort == "step").then_some("sorted")] href=(sort_link("step")) { "Drafter @ step" (arrow("step")) } }
                             th { "Prompts" }
-                            th { "Backend" }
                             @for (i, (k, hib)) in v.columns.iter().enumerate() {
                                 @let key = format!("m{i}");
                                 th class="num" title=(format!("{k} · {}", if *hib { "higher is better" } else { "lower is better" })) {
@@ -145,16 +144,15 @@ pub fn render(ctx: &Ctx, v: &RunsView) -> Markup {
                                         span class="tiny mono" { (run.uid) }
                                     }
                                     td { (status_chip(run.status)) @if run.mode != draftlens::store::RunMode::Deployment { " " (mode_chip(run.mode)) } }
-                                    td { (run.target_arch) span class="tiny" { (run.target_path) } }
-                                    td { (drafter_label(run)) span class="tiny" { "B=" (run.block_size) " · K=" (run.top_k) } }
+                                    td class="nw" { (run.target_arch) span class="tiny" { (run.backend) " · " (run.dtype) } }
+                                    td class="nw" { (drafter_label(run)) span class="tiny" { "B=" (run.block_size) " · K=" (run.top_k) } }
                                     td { (run.prompt_set_name) span class="tiny" { (fmt_int(run.num_prompts)) " prompts · " (fmt_int(run.num_blocks)) " blocks" } }
-                                    td { (run.backend) span class="tiny" { (run.dtype) } }
                                     @for m in &r.metrics { td class="num" { (fmt(*m)) } }
-                                    td class="sub" style="white-space:nowrap" { (run.created_at.replace('T', " ").trim_end_matches('Z')) }
+                                    td class="sub nw" { (run.created_at.replace('T', " ").trim_end_matches('Z')) }
                                 }
                             }
                         }
-                    }
+                    } }
                     div class="selbar" {
                         button class="btn primary" type="submit" { "Compare selected" }
                         span class="hint" { "the first selected run is the baseline unless one is pinned; change it on the comparison page" }
