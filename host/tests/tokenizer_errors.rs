@@ -341,6 +341,25 @@ fn hf_folder_errors() {
         "{err}"
     );
 
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        r#"{"eos_token": "<|im_end|>"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("generation_config.json"),
+        r#"{"eos_token_id": [7, 151645]}"#,
+    )
+    .unwrap();
+    let err = TextTokenizer::from_hf_dir(dir.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("end-of-generation token id 151645 is outside the vocabulary (8 ids)"),
+        "{err}"
+    );
+    std::fs::remove_file(dir.path().join("generation_config.json")).unwrap();
+
     std::fs::write(dir.path().join("tokenizer_config.json"), "{not json").unwrap();
     let err = format!("{:#}", TextTokenizer::from_hf_dir(dir.path()).unwrap_err());
     assert!(

@@ -25,8 +25,11 @@ args = ap.parse_args()
 
 cfg = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=args.layers,
                   num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
-                  max_position_embeddings=40960, tie_word_embeddings=False)
-cfg._attn_implementation = "sdpa"
+                  max_position_embeddings=40960, tie_word_embeddings=False, attn_implementation="sdpa")
+try:
+    cfg._attn_implementation = "sdpa"
+except Exception:  # read-only in some transformers versions; the constructor argument already set it
+    pass
 torch.manual_seed(0)
 t0 = time.time()
 prev = torch.get_default_dtype()

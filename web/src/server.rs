@@ -156,7 +156,7 @@ pub fn app(store: Store, team: bool, max_upload: usize) -> Router {
         facets: Mutex::new(None),
         asset_version,
     });
-    Router::new()
+    let pages = Router::new()
         .route("/", get(runs_page))
         .route("/runs/{id}", get(run_page))
         .route("/runs/{id}/prompts/{idx}", get(prompt_page))
@@ -172,9 +172,11 @@ pub fn app(store: Store, team: bool, max_upload: usize) -> Router {
         .route("/assets/{file}", get(asset))
         .fallback(not_found_route)
         .layer(DefaultBodyLimit::max(max_upload.saturating_add(64 << 10)))
-        .layer(middleware::from_fn_with_state(state.clone(), access_layer))
-        .layer(middleware::from_fn(timing_layer))
-        .with_state(state)
+        .with_state(state.clone());
+    // Access control wraps the whole router (not each route) so that it can rewrite a share
+    // link's URI to the saved view before routing.
+    let guarded = tower_layer::Layer::layer(&middleware::from_fn_with_state(state, access_layer), pages);
+    Router::new().fallback_service(guarded).layer(middleware::from_fn(timing_layer))
 }
 
 // ---------------------------------------------------------------------------------------------

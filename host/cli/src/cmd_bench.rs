@@ -22,6 +22,22 @@ pub struct BenchArgs {
     /// Timed repetitions per length (the best is reported, after one warm-up).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Also measure drafter scoring: anchors/s with random-weight drafters of these depths (B=16, top-8).
+    #[arg(long, value_delimiter = ',')]
+    pub drafter_layers: Vec<usize>,
+    /// Prompts (HumanEval) for the drafter measurement.
+    #[arg(long, default_value_t = 4)]
+    pub drafter_prompts: usize,
+}
+
+#[derive(Serialize)]
+struct DrafterRow {
+    layers: usize,
+    anchors: usize,
+    anchors_per_s: f64,
+    target_s: f64,
+    draft_s: f64,
+    metrics_s: f64,
 }
 
 #[derive(Serialize)]
@@ -46,6 +62,7 @@ struct BenchOut {
     gemm: Vec<GemmRate>,
     gemm_peak_gflops: f64,
     prefill: Vec<PrefillRow>,
+    drafters: Vec<DrafterRow>,
 }
 
 fn best_of<F: FnMut() -> Result<()>>(reps: usize, mut f: F) -> Result<f64> {
@@ -90,7 +107,8 @@ pub fn run(g: &Global, a: BenchArgs) -> Result<()> {
         let gflops = gf_tok * t as f64 / s;
         prefill.push(PrefillRow { tokens: t, seconds: s, tokens_per_s: t as f64 / s, gflop_per_token: gf_tok, gflops, share_of_gemm_peak: gflops / peak });
     }
-    let out = BenchOut { threads: rayon::current_num_threads(), gemm, gemm_peak_gflops: peak, prefill };
+    let drafters = bench_drafters(g, &a)?;
+    let out = BenchOut { threads: rayon::current_num_threads(), gemm, gemm_peak_gflops: peak, prefill, drafters };
     g.emit(&out, || {
         let mut o = format!("CPU, {} threads\n", out.threads);
         for r in &out.gemm {
@@ -107,6 +125,42 @@ pub fn run(g: &Global, a: BenchArgs) -> Result<()> {
                 100.0 * r.share_of_gemm_peak
             );
         }
+        for r in &out.drafters {
+            let tot = r.target_s + r.draft_s + r.metrics_s;
+            o += &format!(
+                "  drafter {} layer(s), B=16: {} anchors, {:.1} anchors/s drafting; time shares: target {:.0}% (cached after the first run), drafting {:.0}%, metrics {:.1}%\n",
+                r.layers, r.anchors, r.anchors_per_s, 100.0 * r.target_s / tot, 100.0 * r.draft_s / tot, 100.0 * r.metrics_s / tot
+            );
+        }
         o
     })
+}
+
+/// Anchors/s of the exact per-anchor evaluation with random drafters of several depths.
+fn bench_drafters(g: &Global, a: &BenchArgs) -> Result<Vec<DrafterRow>> {
+    use draftlens::drafter::random::{write_random_checkpoint, RandomDrafter};
+    use draftlens::drafter::run::{run_eval, DrafterSpec, RunOptions};
+    if a.drafter_layers.is_empty() {
+        return Ok(vec![]);
+    }
+    let tmp = std::env::temp_dir().join(format!("draftlens-bench-{}", std::process::id()));
+    let cache = draftlens::cache::HiddenCache::open(&tmp.join("cache"))?;
+    let s = draftlens::session::Session::load(CpuBackend::new(), &a.target, cache)?;
+    let mut set = draftlens::prompts::PromptSet::load("builtin:humaneval", &g.data_dir)?;
+    set.truncate(a.drafter_prompts);
+    let store = draftlens::store::Store::open(&tmp.join("bench.sqlite"))?;
+    let l = s.files.spec.num_layers;
+    let mut rows = Vec::new();
+    for &layers in &a.drafter_layers {
+        let dir = tmp.join(format!("drafter-{layers}"));
+        let ids: Vec<usize> = (0..5).map(|i| 1 + i * (l - 4) / 4).collect();
+        write_random_checkpoint(&dir, &s.files.spec, &RandomDrafter { layers, block_size: 16, target_layer_ids: ids, intermediate_size: s.files.spec.intermediate_size, mask_token_id: 16, sliding_layers: 0, sliding_window: 0, seed: 1 })?;
+        let opts = RunOptions { name: None, mode: draftlens::store::RunMode::Deployment, eval: Default::default(), max_new_tokens: 128, fail_after: None };
+        let spec = DrafterSpec::Checkpoint { dir, step: None, series: "bench".into() };
+        let r = run_eval(&s, &spec, &set, &opts, &store)?;
+        let t = |k: &str| r.timings.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+        rows.push(DrafterRow { layers, anchors: r.blocks, anchors_per_s: r.blocks as f64 / t("draft_s"), target_s: t("target_s"), draft_s: t("draft_s"), metrics_s: t("metrics_s") });
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(rows)
 }

@@ -12,3 +12,4 @@ pub use model::DFlashDrafter;
 pub mod lint;
 pub mod live;
 pub mod run;
+pub mod random;

@@ -121,9 +121,11 @@ pub fn run_eval<B: Backend>(s: &Session<B>, spec: &DrafterSpec, set: &PromptSet,
     let result = evaluate_prompts(s, &drafter, set, opts, store, run_id);
     match result {
         Ok((infos, all, timings)) => {
+            let tm = Instant::now();
             let metrics = summarize(&all, &infos);
             store.add_metrics(run_id, &metrics)?;
-            let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": 0.0 });
+            let metrics_s = tm.elapsed().as_secs_f64();
+            let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": metrics_s });
             store.finish_run(run_id, RunStatus::Complete, None, &timings)?;
             let run_metrics = metrics.iter().filter(|m| m.scope == crate::store::MetricScope::Run).map(|m| (m.source.clone(), m.name.clone(), m.value)).collect();
             Ok(RunOutcome { run_id, name, prompts: infos.len(), blocks: all.num_blocks(), metrics: run_metrics, seconds: t0.elapsed().as_secs_f64(), timings })

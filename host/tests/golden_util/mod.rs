@@ -1,0 +1,102 @@
+//! Helpers shared by the golden tests (`golden_*.rs`, `drafter_*.rs`): paths of the committed
+//! fixtures, reading reference tensors out of a `golden.safetensors`, and the error statistics
+//! every comparison reports.
+//!
+//! Not every test file uses every helper.
+#![allow(dead_code)]
+
+use safetensors::{Dtype, SafeTensors};
+use std::path::{Path, PathBuf};
+
+/// The repository root (host/ is the engine crate's manifest folder).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The default target model. Tests fail (not skip) without it: a golden test that silently skips
+/// proves nothing, and `scripts/setup-fixtures.sh` installs it (the README's setup step).
+pub fn default_model() -> PathBuf {
+    let p = repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.is_file(), "{} is missing: run scripts/setup-fixtures.sh from the repository root first", p.display());
+    p
+}
+
+/// A committed `golden.safetensors`, read into memory once.
+pub struct Golden {
+    pub path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl Golden {
+    pub fn open(path: PathBuf) -> Golden {
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        Golden { path, bytes }
+    }
+
+    fn st(&self) -> SafeTensors<'_> {
+        SafeTensors::deserialize(&self.bytes).unwrap_or_else(|e| panic!("{}: {e}", self.path.display()))
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.st().names().iter().any(|n| n.as_str() == name)
+    }
+
+    /// Shape and f32 values of a F16 / F32 / BF16 tensor.
+    pub fn f32(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
+        let st = self.st();
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("{}: tensor {name}: {e}", self.path.display()));
+        let d = t.data();
+        let v: Vec<f32> = match t.dtype() {
+            Dtype::F32 => d.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+            Dtype::F16 => d.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Dtype::BF16 => d.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            other => panic!("{}: tensor {name} has dtype {other:?}, expected a float", self.path.display()),
+        };
+        (t.shape().to_vec(), v)
+    }
+
+    /// Values of an I64 tensor as token ids.
+    pub fn ids(&self, name: &str) -> Vec<u32> {
+        let st = self.st();
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("{}: tensor {name}: {e}", self.path.display()));
+        assert_eq!(t.dtype(), Dtype::I64, "{}: {name}", self.path.display());
+        t.data().chunks_exact(8).map(|c| u32::try_from(i64::from_le_bytes(c.try_into().unwrap())).unwrap()).collect()
+    }
+}
+
+/// Read and parse a JSON file.
+pub fn json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// How far `ours` is from the reference `want`.
+#[derive(Clone, Copy, Debug)]
+pub struct Diff {
+    /// ‖ours − ref‖ / ‖ref‖ (Frobenius).
+    pub rel: f64,
+    /// max |ours − ref|.
+    pub max_abs: f64,
+    /// cos(ours, ref) over the flattened tensors.
+    pub cosine: f64,
+}
+
+pub fn diff(ours: &[f32], want: &[f32]) -> Diff {
+    assert_eq!(ours.len(), want.len(), "length mismatch");
+    let (mut dd, mut rr, mut oo, mut or, mut mx) = (0f64, 0f64, 0f64, 0f64, 0f64);
+    for (&o, &r) in ours.iter().zip(want) {
+        let (o, r) = (o as f64, r as f64);
+        dd += (o - r) * (o - r);
+        rr += r * r;
+        oo += o * o;
+        or += o * r;
+        mx = mx.max((o - r).abs());
+    }
+    Diff { rel: (dd / rr).sqrt(), max_abs: mx, cosine: or / (oo.sqrt() * rr.sqrt()) }
+}
+
+/// `v` rounded to f16 and back: the reference hidden states are stored in f16, so rounding ours
+/// the same way before comparing cancels the storage error wherever both round to the same value.
+pub fn round_f16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+}
