@@ -93,6 +93,32 @@ extern "C" __global__ void swiglu_bf16(const bf16_t* __restrict__ gate, const bf
     }
 }
 
+// SwiGLU on a fused gate|up GEMM output gu [rows, 2·inter]: out[r, c] = bf16(bf16(silu(gu[r, c])) ·
+// gu[r, inter + c]), the same arithmetic as swiglu_bf16.
+extern "C" __global__ void swiglu_packed_bf16(const bf16_t* __restrict__ gu, bf16_t* __restrict__ out,
+                                              long long rows, int inter) {
+    long long i8 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (i8 >= rows * inter) return;
+    long long r = i8 / inter;
+    int c = (int)(i8 % inter);
+    const bf16_t* g = gu + r * 2 * inter + c;
+    if ((inter & 7) == 0) {
+        float gf[8], uf[8];
+        unpack8(*(const uint4*)g, gf);
+        unpack8(*(const uint4*)(g + inter), uf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) gf[j] = rb(gf[j] / (1.f + expf(-gf[j]))) * uf[j];
+        *(uint4*)(out + i8) = pack8(gf);
+    } else {
+        for (long long i = i8; i < i8 + 8 && i < rows * inter; ++i) {
+            long long rr = i / inter;
+            int cc = (int)(i % inter);
+            float gv = bf2f(gu[rr * 2 * inter + cc]);
+            out[i] = f2bf(rb(gv / (1.f + expf(-gv))) * bf2f(gu[rr * 2 * inter + inter + cc]));
+        }
+    }
+}
+
 // x += y, one bf16 rounding of the fp32 sum (a bf16 PyTorch add).
 extern "C" __global__ void add_bf16(bf16_t* __restrict__ x, const bf16_t* __restrict__ y, long long n) {
     long long i8 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
@@ -117,18 +143,19 @@ extern "C" __global__ void add_row_bias_bf16(bf16_t* __restrict__ x, const bf16_
 }
 
 // ---------------------------------------------------------------------------------------------
-// dst[r, dst_col0 + c] = src[idx[r], c] for c < cols (idx == null: identity). Covers embedding
-// gather, gather_rows and the pieces of concat_cols. One block row of threads per destination row.
-// 16-byte copies when every offset is a multiple of 8 elements, else 2-byte copies.
+// dst[r, dst_col0 + c] = src[idx[r], src_col0 + c] for c < cols (idx == null: identity). Covers
+// embedding gather, gather_rows, the pieces of concat_cols and column splits of fused GEMM outputs.
+// One block of threads per destination row. 16-byte copies when every offset is a multiple of 8
+// elements, else 2-byte copies.
 extern "C" __global__ void copy_rows_bf16(bf16_t* __restrict__ dst, long long dst_ld, long long dst_col0,
-                                          const bf16_t* __restrict__ src, long long src_ld,
+                                          const bf16_t* __restrict__ src, long long src_ld, long long src_col0,
                                           const u32* __restrict__ idx, long long rows, int cols) {
     long long r = blockIdx.x;
     if (r >= rows) return;
     long long sr = idx ? (long long)idx[r] : r;
-    const bf16_t* s = src + sr * src_ld;
+    const bf16_t* s = src + sr * src_ld + src_col0;
     bf16_t* d = dst + r * dst_ld + dst_col0;
-    bool vec = ((cols | src_ld | dst_ld | dst_col0) & 7) == 0;
+    bool vec = ((cols | src_ld | dst_ld | dst_col0 | src_col0) & 7) == 0;
     if (vec) {
         for (int c = threadIdx.x * 8; c < cols; c += blockDim.x * 8) *(uint4*)(d + c) = *(const uint4*)(s + c);
     } else {

@@ -43,22 +43,40 @@ impl View for &Raw {
 }
 
 fn bf16_raw(v: &[f32], shape: Vec<usize>) -> Raw {
-    Raw { dtype: Dtype::BF16, shape, data: v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect() }
+    Raw {
+        dtype: Dtype::BF16,
+        shape,
+        data: v
+            .iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect(),
+    }
 }
 fn f32_raw(v: &[f32], shape: Vec<usize>) -> Raw {
-    Raw { dtype: Dtype::F32, shape, data: v.iter().flat_map(|x| x.to_le_bytes()).collect() }
+    Raw {
+        dtype: Dtype::F32,
+        shape,
+        data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
 }
 fn i32_raw(v: &[u32], shape: Vec<usize>) -> Raw {
-    Raw { dtype: Dtype::I32, shape, data: v.iter().flat_map(|x| (*x as i32).to_le_bytes()).collect() }
+    Raw {
+        dtype: Dtype::I32,
+        shape,
+        data: v.iter().flat_map(|x| (*x as i32).to_le_bytes()).collect(),
+    }
 }
 
 fn write(path: &Path, tensors: Vec<(String, Raw)>) -> Result<()> {
     let refs: Vec<(String, &Raw)> = tensors.iter().map(|(n, r)| (n.clone(), r)).collect();
-    safetensors::serialize_to_file(refs, None, path).with_context(|| format!("{}: cannot write", path.display()))
+    safetensors::serialize_to_file(refs, None, path)
+        .with_context(|| format!("{}: cannot write", path.display()))
 }
 
 fn main() -> Result<()> {
-    let dir = std::env::args().nth(1).context("usage: cuda_hf_parity DIR")?;
+    let dir = std::env::args()
+        .nth(1)
+        .context("usage: cuda_hf_parity DIR")?;
     let dir = Path::new(&dir);
     std::fs::create_dir_all(dir)?;
     let cpu_check = std::env::args().any(|a| a == "--cpu-check");
@@ -74,15 +92,58 @@ fn main() -> Result<()> {
         }
     };
     // Qwen3-0.6B widths (head_dim 128, GQA 2:1) with 6 layers and a small vocabulary.
-    let s = DecoderShape { vocab: 8192, hidden: 1024, inter: 3072, layers: 6, heads: 16, kv_heads: 8, head_dim: 128, eps: 1e-6, theta: 1e6 };
+    let s = DecoderShape {
+        vocab: 8192,
+        hidden: 1024,
+        inter: 3072,
+        layers: 6,
+        heads: 16,
+        kv_heads: 8,
+        head_dim: 128,
+        eps: 1e-6,
+        theta: 1e6,
+    };
     let w = HostWeights::random(&s, 2024, 0.05);
-    let names = ["input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"];
+    let names = [
+        "input_layernorm",
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "self_attn.q_norm",
+        "self_attn.k_norm",
+        "post_attention_layernorm",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    ];
     let (d, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
-    let shapes = [vec![d], vec![q, d], vec![kv, d], vec![kv, d], vec![d, q], vec![s.head_dim], vec![s.head_dim], vec![d], vec![s.inter, d], vec![s.inter, d], vec![d, s.inter]];
-    let mut tensors = vec![("model.embed_tokens.weight".to_string(), bf16_raw(&w.embed, vec![s.vocab, d])), ("model.norm.weight".to_string(), bf16_raw(&w.norm, vec![d]))];
+    let shapes = [
+        vec![d],
+        vec![q, d],
+        vec![kv, d],
+        vec![kv, d],
+        vec![d, q],
+        vec![s.head_dim],
+        vec![s.head_dim],
+        vec![d],
+        vec![s.inter, d],
+        vec![s.inter, d],
+        vec![d, s.inter],
+    ];
+    let mut tensors = vec![
+        (
+            "model.embed_tokens.weight".to_string(),
+            bf16_raw(&w.embed, vec![s.vocab, d]),
+        ),
+        ("model.norm.weight".to_string(), bf16_raw(&w.norm, vec![d])),
+    ];
     for (l, lw) in w.layers.iter().enumerate() {
         for ((n, sh), v) in names.iter().zip(&shapes).zip(lw) {
-            tensors.push((format!("model.layers.{l}.{n}.weight"), bf16_raw(v, sh.clone())));
+            tensors.push((
+                format!("model.layers.{l}.{n}.weight"),
+                bf16_raw(v, sh.clone()),
+            ));
         }
     }
     write(&dir.join("model.safetensors"), tensors)?;
@@ -93,11 +154,19 @@ fn main() -> Result<()> {
         "rope_theta": s.theta, "max_position_embeddings": 4096, "tie_word_embeddings": true, "attention_bias": false,
         "use_sliding_window": false, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2
     });
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config)?)?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config)?,
+    )?;
 
     let prompts: Vec<Vec<u32>> = [(300usize, 1u64), (45, 2), (1000, 3)]
         .iter()
-        .map(|&(n, seed)| host_random(n, seed + 500).into_iter().map(|x| (((x + 1.0) * 0.5) * (s.vocab - 1) as f32) as u32).collect())
+        .map(|&(n, seed)| {
+            host_random(n, seed + 500)
+                .into_iter()
+                .map(|x| (((x + 1.0) * 0.5) * (s.vocab - 1) as f32) as u32)
+                .collect()
+        })
         .collect();
     let files = TargetFiles::open(dir)?;
     let cpu = CpuBackend::new();
@@ -105,22 +174,46 @@ fn main() -> Result<()> {
         Some(gpu) => target_parity(&cpu, gpu, &files.spec, files.weights.as_ref(), &prompts)?,
         None => target_parity(&cpu, &cpu, &files.spec, files.weights.as_ref(), &prompts)?,
     };
-    println!("{}", format_checks(&format!("draftlens TargetModel, CPU (reference) vs CUDA, {} prompts / {} tokens", rep.prompts, rep.tokens), &rep.layers));
-    println!("greedy agreement: {}/{} all positions, {}/{} decisive (margin > 0.1 nats)", rep.greedy_agree, rep.greedy_total, rep.greedy_agree_decisive, rep.greedy_decisive);
+    println!(
+        "{}",
+        format_checks(
+            &format!(
+                "draftlens TargetModel, CPU (reference) vs CUDA, {} prompts / {} tokens",
+                rep.prompts, rep.tokens
+            ),
+            &rep.layers
+        )
+    );
+    println!(
+        "greedy agreement: {}/{} all positions, {}/{} decisive (margin > 0.1 nats)",
+        rep.greedy_agree, rep.greedy_total, rep.greedy_agree_decisive, rep.greedy_decisive
+    );
 
     // Hidden states of both backends for the Python comparison.
     let capture = Capture::hf_indices((0..=s.layers).collect(), s.layers)?;
     let mut out = Vec::new();
-    fn dump<B: Backend>(be: &B, files: &TargetFiles, prompts: &[Vec<u32>], capture: &Capture, out: &mut Vec<(String, Raw)>) -> Result<()> {
+    fn dump<B: Backend>(
+        be: &B,
+        files: &TargetFiles,
+        prompts: &[Vec<u32>],
+        capture: &Capture,
+        out: &mut Vec<(String, Raw)>,
+    ) -> Result<()> {
         let m = TargetModel::load(be, &files.spec, files.weights.as_ref())?;
         for (j, ids) in prompts.iter().enumerate() {
             let o = m.forward(be, ids, &mut m.new_cache(), capture)?;
             for (i, t) in &o.captured.states {
                 let (r, c) = be.dims(t);
-                out.push((format!("{}.hs.{i}.p{j}", be.name()), f32_raw(&be.to_host(t)?, vec![r, c])));
+                out.push((
+                    format!("{}.hs.{i}.p{j}", be.name()),
+                    f32_raw(&be.to_host(t)?, vec![r, c]),
+                ));
             }
             let top = m.logits_topk(be, &o.last_hidden, 1)?;
-            out.push((format!("{}.greedy.p{j}", be.name()), i32_raw(&top.ids, vec![ids.len()])));
+            out.push((
+                format!("{}.greedy.p{j}", be.name()),
+                i32_raw(&top.ids, vec![ids.len()]),
+            ));
         }
         Ok(())
     }

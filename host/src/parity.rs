@@ -34,7 +34,11 @@ pub struct Diff {
 
 /// Compares two vectors of equal length (f64 accumulation).
 pub fn diff(reference: &[f32], other: &[f32]) -> Diff {
-    assert_eq!(reference.len(), other.len(), "diff of vectors of different lengths");
+    assert_eq!(
+        reference.len(),
+        other.len(),
+        "diff of vectors of different lengths"
+    );
     let (mut ee, mut rr, mut oo, mut ro, mut max_abs) = (0f64, 0f64, 0f64, 0f64, 0f64);
     let mut non_finite = 0;
     for (&r, &o) in reference.iter().zip(other) {
@@ -53,9 +57,21 @@ pub fn diff(reference: &[f32], other: &[f32]) -> Diff {
     let n = reference.len();
     Diff {
         n,
-        rel_l2: if rr > 0.0 { (ee / rr).sqrt() } else if ee > 0.0 { f64::INFINITY } else { 0.0 },
+        rel_l2: if rr > 0.0 {
+            (ee / rr).sqrt()
+        } else if ee > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        },
         max_abs,
-        cosine: if rr > 0.0 && oo > 0.0 { ro / (rr.sqrt() * oo.sqrt()) } else if rr == 0.0 && oo == 0.0 { 1.0 } else { 0.0 },
+        cosine: if rr > 0.0 && oo > 0.0 {
+            ro / (rr.sqrt() * oo.sqrt())
+        } else if rr == 0.0 && oo == 0.0 {
+            1.0
+        } else {
+            0.0
+        },
         ref_rms: if n > 0 { (rr / n as f64).sqrt() } else { 0.0 },
         non_finite,
     }
@@ -69,7 +85,10 @@ pub struct OpTolerance {
 }
 
 impl OpTolerance {
-    pub const EXACT: OpTolerance = OpTolerance { max_rel_l2: 0.0, min_cosine: 1.0 - 1e-12 };
+    pub const EXACT: OpTolerance = OpTolerance {
+        max_rel_l2: 0.0,
+        min_cosine: 1.0 - 1e-12,
+    };
     pub fn accepts(&self, d: &Diff) -> bool {
         d.non_finite == 0 && d.rel_l2 <= self.max_rel_l2 && d.cosine >= self.min_cosine
     }
@@ -87,13 +106,21 @@ pub struct Check {
 impl Check {
     fn new(name: impl Into<String>, diff: Diff, tol: OpTolerance) -> Check {
         let pass = tol.accepts(&diff);
-        Check { name: name.into(), diff, tol, pass }
+        Check {
+            name: name.into(),
+            diff,
+            tol,
+            pass,
+        }
     }
 }
 
 /// Random bf16-representable values of the given scale.
 fn rnd(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut v: Vec<f32> = crate::backend::cuda::bench::host_random(n, seed).into_iter().map(|x| x * scale).collect();
+    let mut v: Vec<f32> = crate::backend::cuda::bench::host_random(n, seed)
+        .into_iter()
+        .map(|x| x * scale)
+        .collect();
     round_bf16(&mut v);
     v
 }
@@ -107,14 +134,40 @@ fn upload<B: Backend>(be: &B, v: &[f32], rows: usize, cols: usize) -> Result<B::
 /// and 3:1) but small enough for a CPU reference.
 pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> Result<Vec<Check>> {
     // Tolerances (rel L2, min cosine); see docs/cuda.md for the derivation.
-    let one_rounding = OpTolerance { max_rel_l2: 4e-3, min_cosine: 0.99999 };
-    let two_roundings = OpTolerance { max_rel_l2: 6e-3, min_cosine: 0.99998 };
-    let rope_tol = OpTolerance { max_rel_l2: 8e-3, min_cosine: 0.99996 };
-    let attn_tol = OpTolerance { max_rel_l2: 1e-2, min_cosine: 0.99995 };
+    let one_rounding = OpTolerance {
+        max_rel_l2: 4e-3,
+        min_cosine: 0.99999,
+    };
+    let two_roundings = OpTolerance {
+        max_rel_l2: 6e-3,
+        min_cosine: 0.99998,
+    };
+    let rope_tol = OpTolerance {
+        max_rel_l2: 8e-3,
+        min_cosine: 0.99996,
+    };
+    let attn_tol = OpTolerance {
+        max_rel_l2: 1e-2,
+        min_cosine: 0.99995,
+    };
     let mut out = Vec::new();
-    let cmp = |name: &str, a: &A::Tensor, b: &B::Tensor, tol: OpTolerance, out: &mut Vec<Check>| -> Result<()> {
-        ensure!(reference.dims(a) == test.dims(b), "{name}: shapes differ: {:?} vs {:?}", reference.dims(a), test.dims(b));
-        out.push(Check::new(name, diff(&reference.to_host(a)?, &test.to_host(b)?), tol));
+    let cmp = |name: &str,
+               a: &A::Tensor,
+               b: &B::Tensor,
+               tol: OpTolerance,
+               out: &mut Vec<Check>|
+     -> Result<()> {
+        ensure!(
+            reference.dims(a) == test.dims(b),
+            "{name}: shapes differ: {:?} vs {:?}",
+            reference.dims(a),
+            test.dims(b)
+        );
+        out.push(Check::new(
+            name,
+            diff(&reference.to_host(a)?, &test.to_host(b)?),
+            tol,
+        ));
         Ok(())
     };
 
@@ -124,7 +177,13 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
     let w = rnd(o * d, seed + 1, 0.05);
     let (xa, xb) = (upload(reference, &x, t, d)?, upload(test, &x, t, d)?);
     let (wa, wb) = (reference.matrix(&w, o, d)?, test.matrix(&w, o, d)?);
-    cmp("matmul [300,512]x[384,512]^T", &reference.matmul(&xa, &wa)?, &test.matmul(&xb, &wb)?, one_rounding, &mut out)?;
+    cmp(
+        "matmul [300,512]x[384,512]^T",
+        &reference.matmul(&xa, &wa)?,
+        &test.matmul(&xb, &wb)?,
+        one_rounding,
+        &mut out,
+    )?;
 
     // add_row_bias, add_inplace.
     let bias = rnd(d, seed + 2, 1.0);
@@ -143,73 +202,222 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
     // not a multiple of 8 (scalar path).
     for (group, cols) in [(512usize, 512usize), (128, 512), (100, 300)] {
         let xs = rnd(t * cols, seed + 4 + group as u64, 2.0);
-        let wn = rnd(group, seed + 5, 1.0).into_iter().map(|v| half::bf16::from_f32(1.0 + 0.3 * v).to_f32()).collect::<Vec<_>>();
-        let (xa, xb) = (upload(reference, &xs, t, cols)?, upload(test, &xs, t, cols)?);
-        let (wa, wb) = (upload(reference, &wn, 1, group)?, upload(test, &wn, 1, group)?);
-        cmp(&format!("rms_norm group {group} of {cols}"), &reference.rms_norm(&xa, &wa, 1e-6, group)?, &test.rms_norm(&xb, &wb, 1e-6, group)?, two_roundings, &mut out)?;
+        let wn = rnd(group, seed + 5, 1.0)
+            .into_iter()
+            .map(|v| half::bf16::from_f32(1.0 + 0.3 * v).to_f32())
+            .collect::<Vec<_>>();
+        let (xa, xb) = (
+            upload(reference, &xs, t, cols)?,
+            upload(test, &xs, t, cols)?,
+        );
+        let (wa, wb) = (
+            upload(reference, &wn, 1, group)?,
+            upload(test, &wn, 1, group)?,
+        );
+        cmp(
+            &format!("rms_norm group {group} of {cols}"),
+            &reference.rms_norm(&xa, &wa, 1e-6, group)?,
+            &test.rms_norm(&xb, &wb, 1e-6, group)?,
+            two_roundings,
+            &mut out,
+        )?;
     }
 
     // RoPE, both styles, head_dim 128 and 64 (and a partial rotary dim), positions up to 40k.
-    let positions: Vec<u32> = (0..t as u32).map(|i| if i % 3 == 0 { i * 131 } else { i }).collect();
-    for (hd, rd, style, theta) in [(128usize, 128usize, RopeStyle::RotateHalf, 1e6f32), (64, 64, RopeStyle::Interleaved, 1e4), (128, 32, RopeStyle::RotateHalf, 1e7)] {
+    let positions: Vec<u32> = (0..t as u32)
+        .map(|i| if i % 3 == 0 { i * 131 } else { i })
+        .collect();
+    for (hd, rd, style, theta) in [
+        (128usize, 128usize, RopeStyle::RotateHalf, 1e6f32),
+        (64, 64, RopeStyle::Interleaved, 1e4),
+        (128, 32, RopeStyle::RotateHalf, 1e7),
+    ] {
         let cols = 4 * hd;
         let xs = rnd(t * cols, seed + 6 + hd as u64, 1.0);
-        let rope = Rope { theta, head_dim: hd, rotary_dim: rd, style };
-        let (mut xa, mut xb) = (upload(reference, &xs, t, cols)?, upload(test, &xs, t, cols)?);
+        let rope = Rope {
+            theta,
+            head_dim: hd,
+            rotary_dim: rd,
+            style,
+        };
+        let (mut xa, mut xb) = (
+            upload(reference, &xs, t, cols)?,
+            upload(test, &xs, t, cols)?,
+        );
         reference.rope_inplace(&mut xa, &positions, &rope)?;
         test.rope_inplace(&mut xb, &positions, &rope)?;
-        cmp(&format!("rope {style:?} hd {hd} rotary {rd} theta {theta}"), &xa, &xb, rope_tol, &mut out)?;
+        cmp(
+            &format!("rope {style:?} hd {hd} rotary {rd} theta {theta}"),
+            &xa,
+            &xb,
+            rope_tol,
+            &mut out,
+        )?;
     }
 
     // swiglu.
     let g = rnd(t * d, seed + 7, 4.0);
     let (ga, gb) = (upload(reference, &g, t, d)?, upload(test, &g, t, d)?);
-    cmp("swiglu", &reference.swiglu(&ga, &y2a)?, &test.swiglu(&gb, &y2b)?, two_roundings, &mut out)?;
+    cmp(
+        "swiglu",
+        &reference.swiglu(&ga, &y2a)?,
+        &test.swiglu(&gb, &y2b)?,
+        two_roundings,
+        &mut out,
+    )?;
 
     // Data movement: exact.
     let table = rnd(50 * 96, seed + 8, 1.0);
-    let (ta, tb) = (reference.matrix(&table, 50, 96)?, test.matrix(&table, 50, 96)?);
+    let (ta, tb) = (
+        reference.matrix(&table, 50, 96)?,
+        test.matrix(&table, 50, 96)?,
+    );
     let ids = [3u32, 0, 49, 7, 7, 12];
-    cmp("embed", &reference.embed(&ta, &ids)?, &test.embed(&tb, &ids)?, OpTolerance::EXACT, &mut out)?;
+    cmp(
+        "embed",
+        &reference.embed(&ta, &ids)?,
+        &test.embed(&tb, &ids)?,
+        OpTolerance::EXACT,
+        &mut out,
+    )?;
     let p1 = rnd(7 * 24, seed + 9, 1.0);
     let p2 = rnd(7 * 40, seed + 10, 1.0);
     let p3 = rnd(5 * 24, seed + 11, 1.0);
     let (p1a, p1b) = (upload(reference, &p1, 7, 24)?, upload(test, &p1, 7, 24)?);
     let (p2a, p2b) = (upload(reference, &p2, 7, 40)?, upload(test, &p2, 7, 40)?);
     let (p3a, p3b) = (upload(reference, &p3, 5, 24)?, upload(test, &p3, 5, 24)?);
-    cmp("concat_cols", &reference.concat_cols(&[&p1a, &p2a])?, &test.concat_cols(&[&p1b, &p2b])?, OpTolerance::EXACT, &mut out)?;
-    cmp("concat_rows", &reference.concat_rows(&[&p1a, &p3a])?, &test.concat_rows(&[&p1b, &p3b])?, OpTolerance::EXACT, &mut out)?;
-    cmp("slice_rows", &reference.slice_rows(&p2a, 2, 6)?, &test.slice_rows(&p2b, 2, 6)?, OpTolerance::EXACT, &mut out)?;
-    cmp("gather_rows", &reference.gather_rows(&p2a, &[6, 0, 3, 3])?, &test.gather_rows(&p2b, &[6, 0, 3, 3])?, OpTolerance::EXACT, &mut out)?;
+    cmp(
+        "concat_cols",
+        &reference.concat_cols(&[&p1a, &p2a])?,
+        &test.concat_cols(&[&p1b, &p2b])?,
+        OpTolerance::EXACT,
+        &mut out,
+    )?;
+    cmp(
+        "concat_rows",
+        &reference.concat_rows(&[&p1a, &p3a])?,
+        &test.concat_rows(&[&p1b, &p3b])?,
+        OpTolerance::EXACT,
+        &mut out,
+    )?;
+    cmp(
+        "slice_rows",
+        &reference.slice_rows(&p2a, 2, 6)?,
+        &test.slice_rows(&p2b, 2, 6)?,
+        OpTolerance::EXACT,
+        &mut out,
+    )?;
+    cmp(
+        "gather_rows",
+        &reference.gather_rows(&p2a, &[6, 0, 3, 3])?,
+        &test.gather_rows(&p2b, &[6, 0, 3, 3])?,
+        OpTolerance::EXACT,
+        &mut out,
+    )?;
 
     // Attention: causal prefill (with a KV-cache offset), decode (1 query), packed varlen, and
     // the drafter's block mask in every option, for head_dim 128 (GQA 4:1) and 64 (GQA 3:1).
     for (hd, heads, kvh) in [(128usize, 8usize, 2usize), (64, 9, 3)] {
-        let shape = AttnShape { heads, kv_heads: kvh, head_dim: hd };
-        let mut attn_case = |name: String, tq: usize, tk: usize, mask: Option<&AttnMask>, varlen: Option<&[usize]>, sd: u64| -> Result<()> {
+        let shape = AttnShape {
+            heads,
+            kv_heads: kvh,
+            head_dim: hd,
+        };
+        let mut attn_case = |name: String,
+                             tq: usize,
+                             tk: usize,
+                             mask: Option<&AttnMask>,
+                             varlen: Option<&[usize]>,
+                             sd: u64|
+         -> Result<()> {
             let q = rnd(tq * heads * hd, sd, 1.5);
             let k = rnd(tk * kvh * hd, sd + 1, 1.5);
             let v = rnd(tk * kvh * hd, sd + 2, 1.0);
-            let (qa, qb) = (upload(reference, &q, tq, heads * hd)?, upload(test, &q, tq, heads * hd)?);
-            let (ka, kb) = (upload(reference, &k, tk, kvh * hd)?, upload(test, &k, tk, kvh * hd)?);
-            let (va, vb) = (upload(reference, &v, tk, kvh * hd)?, upload(test, &v, tk, kvh * hd)?);
+            let (qa, qb) = (
+                upload(reference, &q, tq, heads * hd)?,
+                upload(test, &q, tq, heads * hd)?,
+            );
+            let (ka, kb) = (
+                upload(reference, &k, tk, kvh * hd)?,
+                upload(test, &k, tk, kvh * hd)?,
+            );
+            let (va, vb) = (
+                upload(reference, &v, tk, kvh * hd)?,
+                upload(test, &v, tk, kvh * hd)?,
+            );
             let (ra, rb) = match (mask, varlen) {
-                (Some(m), _) => (reference.attention(&qa, &ka, &va, shape, m)?, test.attention(&qb, &kb, &vb, shape, m)?),
-                (None, Some(starts)) => (reference.attention_varlen(&qa, &ka, &va, shape, starts)?, test.attention_varlen(&qb, &kb, &vb, shape, starts)?),
+                (Some(m), _) => (
+                    reference.attention(&qa, &ka, &va, shape, m)?,
+                    test.attention(&qb, &kb, &vb, shape, m)?,
+                ),
+                (None, Some(starts)) => (
+                    reference.attention_varlen(&qa, &ka, &va, shape, starts)?,
+                    test.attention_varlen(&qb, &kb, &vb, shape, starts)?,
+                ),
                 (None, None) => unreachable!("every case has a mask or sequence starts"),
             };
             cmp(&name, &ra, &rb, attn_tol, &mut out)
         };
-        attn_case(format!("attention causal prefill 333 rows hd {hd} {heads}/{kvh}"), 333, 333, Some(&AttnMask::Causal { q_start: 0 }), None, seed + 20)?;
-        attn_case(format!("attention causal with cache 70+90 hd {hd}"), 90, 160, Some(&AttnMask::Causal { q_start: 70 }), None, seed + 21)?;
-        attn_case(format!("attention decode 1 query over 517 keys hd {hd}"), 1, 517, Some(&AttnMask::Causal { q_start: 516 }), None, seed + 22)?;
-        attn_case(format!("attention varlen [0,100,101,250,400] hd {hd}"), 400, 400, None, Some(&[0, 100, 101, 250, 400]), seed + 23)?;
+        attn_case(
+            format!("attention causal prefill 333 rows hd {hd} {heads}/{kvh}"),
+            333,
+            333,
+            Some(&AttnMask::Causal { q_start: 0 }),
+            None,
+            seed + 20,
+        )?;
+        attn_case(
+            format!("attention causal with cache 70+90 hd {hd}"),
+            90,
+            160,
+            Some(&AttnMask::Causal { q_start: 70 }),
+            None,
+            seed + 21,
+        )?;
+        attn_case(
+            format!("attention decode 1 query over 517 keys hd {hd}"),
+            1,
+            517,
+            Some(&AttnMask::Causal { q_start: 516 }),
+            None,
+            seed + 22,
+        )?;
+        attn_case(
+            format!("attention varlen [0,100,101,250,400] hd {hd}"),
+            400,
+            400,
+            None,
+            Some(&[0, 100, 101, 250, 400]),
+            seed + 23,
+        )?;
         let anchors = vec![0usize, 5, 130, 199, 64, 77, 200];
         let (ctx_len, block) = (200usize, 16usize);
-        for (incl, causal, window) in [(false, false, None), (true, false, None), (false, true, None), (false, true, Some(40usize)), (true, false, Some(7))] {
-            let mask = AttnMask::Blocks { ctx_len, block, anchors: anchors.clone(), ctx_inclusive: incl, causal_in_block: causal, window };
+        for (incl, causal, window) in [
+            (false, false, None),
+            (true, false, None),
+            (false, true, None),
+            (false, true, Some(40usize)),
+            (true, false, Some(7)),
+        ] {
+            let mask = AttnMask::Blocks {
+                ctx_len,
+                block,
+                anchors: anchors.clone(),
+                ctx_inclusive: incl,
+                causal_in_block: causal,
+                window,
+            };
             let tq = anchors.len() * block;
-            attn_case(format!("attention blocks hd {hd} inclusive={incl} causal={causal} window={window:?}"), tq, ctx_len + tq, Some(&mask), None, seed + 24)?;
+            attn_case(
+                format!(
+                    "attention blocks hd {hd} inclusive={incl} causal={causal} window={window:?}"
+                ),
+                tq,
+                ctx_len + tq,
+                Some(&mask),
+                None,
+                seed + 24,
+            )?;
         }
     }
 
@@ -220,15 +428,30 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
         let (rows, vocab, dim) = (37usize, 3001usize, 256usize);
         let xs = rnd(rows * dim, seed + 30, 1.0);
         let hs = rnd(vocab * dim, seed + 31, 0.2);
-        let (xa, xb) = (upload(reference, &xs, rows, dim)?, upload(test, &xs, rows, dim)?);
-        let (ha, hb) = (reference.matrix(&hs, vocab, dim)?, test.matrix(&hs, vocab, dim)?);
-        let (ta, tb) = (reference.lm_head_topk(&xa, &ha, k)?, test.lm_head_topk(&xb, &hb, k)?);
-        ensure!(ta.ids.len() == tb.ids.len(), "lm_head_topk k={k}: {} vs {} outputs", ta.ids.len(), tb.ids.len());
+        let (xa, xb) = (
+            upload(reference, &xs, rows, dim)?,
+            upload(test, &xs, rows, dim)?,
+        );
+        let (ha, hb) = (
+            reference.matrix(&hs, vocab, dim)?,
+            test.matrix(&hs, vocab, dim)?,
+        );
+        let (ta, tb) = (
+            reference.lm_head_topk(&xa, &ha, k)?,
+            test.lm_head_topk(&xb, &hb, k)?,
+        );
+        ensure!(
+            ta.ids.len() == tb.ids.len(),
+            "lm_head_topk k={k}: {} vs {} outputs",
+            ta.ids.len(),
+            tb.ids.len()
+        );
         let mut mismatched = 0usize;
         for r in 0..rows {
             let (ia, ib, la) = (ta.row_ids(r), tb.row_ids(r), ta.row_logprobs(r));
             for j in 0..ta.k {
-                let separated = (j == 0 || la[j - 1] - la[j] > 1e-4) && (j + 1 == ta.k || la[j] - la[j + 1] > 1e-4);
+                let separated = (j == 0 || la[j - 1] - la[j] > 1e-4)
+                    && (j + 1 == ta.k || la[j] - la[j + 1] > 1e-4);
                 if separated && ia[j] != ib[j] {
                     mismatched += 1;
                 }
@@ -236,7 +459,15 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
         }
         let d = diff(&ta.logprobs, &tb.logprobs);
         let pass = mismatched == 0 && d.max_abs <= 1e-3 && d.non_finite == 0;
-        out.push(Check { name: format!("lm_head_topk k={k} ({mismatched} separated ids differ)"), diff: d, tol: OpTolerance { max_rel_l2: 1e-3, min_cosine: 0.99999 }, pass });
+        out.push(Check {
+            name: format!("lm_head_topk k={k} ({mismatched} separated ids differ)"),
+            diff: d,
+            tol: OpTolerance {
+                max_rel_l2: 1e-3,
+                min_cosine: 0.99999,
+            },
+            pass,
+        });
     }
     Ok(out)
 }
@@ -256,16 +487,28 @@ pub struct ForwardParity {
     pub greedy_agree_all: f64,
 }
 
-/// Tolerance for hidden state `index` of an `layers`-layer decoder: bf16 storage of the residual
-/// stream adds ~1e-3 relative error per layer, which attention softmax and SwiGLU amplify.
+/// Tolerance for hidden state `index` (HF convention) of a bf16 backend against an f32
+/// reference. Measured on the H200 (docs/cuda.md): Hugging Face's own bf16 forward differs from
+/// its fp32 forward by rel L2 8.2e-3 after layer 1 rising to 1.9e-2 after layer 6, and draftlens
+/// CUDA tracks that curve within 1%. The bound allows 1.5× HF's error growth: 1.2e-2 + 3e-3 per
+/// layer, capped at 8e-2 for deep models.
 pub fn layer_tolerance(index: usize) -> OpTolerance {
-    let rel = (4e-3 + 4e-3 * index as f64).min(5e-2);
-    OpTolerance { max_rel_l2: rel, min_cosine: 1.0 - rel * rel }
+    let rel = (1.2e-2 + 3e-3 * index as f64).min(8e-2);
+    OpTolerance {
+        max_rel_l2: rel,
+        min_cosine: 1.0 - rel * rel,
+    }
 }
 
 /// Runs the same Qwen3-shaped decoder (weights `HostWeights::random(shape, seed, 0.05)`) on both
 /// backends over packed sequences and compares every hidden-state index and the greedy tokens.
-pub fn forward_parity<A: Backend, B: Backend>(reference: &A, test: &B, shape: &DecoderShape, seed: u64, seq_lens: &[usize]) -> Result<ForwardParity> {
+pub fn forward_parity<A: Backend, B: Backend>(
+    reference: &A,
+    test: &B,
+    shape: &DecoderShape,
+    seed: u64,
+    seq_lens: &[usize],
+) -> Result<ForwardParity> {
     let w = HostWeights::random(shape, seed, 0.05);
     let da = Decoder::from_host(reference, shape, &w)?;
     let db = Decoder::from_host(test, shape, &w)?;
@@ -274,13 +517,20 @@ pub fn forward_parity<A: Backend, B: Backend>(reference: &A, test: &B, shape: &D
         starts.push(starts.last().copied().unwrap_or(0) + l);
     }
     let n = *starts.last().unwrap_or(&0);
-    let ids: Vec<u32> = crate::backend::cuda::bench::host_random(n, seed + 99).into_iter().map(|x| ((x + 1.0) * 0.5 * shape.vocab as f32) as u32 % shape.vocab as u32).collect();
+    let ids: Vec<u32> = crate::backend::cuda::bench::host_random(n, seed + 99)
+        .into_iter()
+        .map(|x| ((x + 1.0) * 0.5 * shape.vocab as f32) as u32 % shape.vocab as u32)
+        .collect();
     let taps: Vec<usize> = (0..=shape.layers).collect();
     let oa = da.forward(reference, &ids, &starts, &taps)?;
     let ob = db.forward(test, &ids, &starts, &taps)?;
     let mut layers = Vec::new();
     for (i, (ta, tb)) in oa.taps.iter().zip(&ob.taps).enumerate() {
-        layers.push(Check::new(format!("hidden_states[{i}]"), diff(&reference.to_host(ta)?, &test.to_host(tb)?), layer_tolerance(i)));
+        layers.push(Check::new(
+            format!("hidden_states[{i}]"),
+            diff(&reference.to_host(ta)?, &test.to_host(tb)?),
+            layer_tolerance(i),
+        ));
     }
     let ka = reference.lm_head_topk(&oa.last, &da.embed, 2)?;
     let kb = test.lm_head_topk(&ob.last, &db.embed, 1)?;
@@ -294,7 +544,15 @@ pub fn forward_parity<A: Backend, B: Backend>(reference: &A, test: &B, shape: &D
             agree += same as usize;
         }
     }
-    Ok(ForwardParity { shape: shape.clone(), tokens: n, layers, greedy_rows: rows, greedy_agree: agree, greedy_margin: margin, greedy_agree_all: agree_all as f64 / n.max(1) as f64 })
+    Ok(ForwardParity {
+        shape: shape.clone(),
+        tokens: n,
+        layers,
+        greedy_rows: rows,
+        greedy_agree: agree,
+        greedy_margin: margin,
+        greedy_agree_all: agree_all as f64 / n.max(1) as f64,
+    })
 }
 
 /// Parity of a real target checkpoint on two backends.
@@ -316,14 +574,21 @@ pub struct TargetParity {
 /// Loads the target from `src` on both backends, runs every prompt (one sequence each, full
 /// prefill) and compares every hidden-state index and the greedy next tokens. The reference is
 /// backend `a` (normally the CPU).
-pub fn target_parity<A: Backend, B: Backend>(a: &A, b: &B, spec: &crate::model::config::ModelSpec, src: &dyn crate::formats::WeightSource, prompts: &[Vec<u32>]) -> Result<TargetParity> {
+pub fn target_parity<A: Backend, B: Backend>(
+    a: &A,
+    b: &B,
+    spec: &crate::model::config::ModelSpec,
+    src: &dyn crate::formats::WeightSource,
+    prompts: &[Vec<u32>],
+) -> Result<TargetParity> {
     use crate::model::capture::Capture;
     use crate::model::transformer::TargetModel;
     let ma = TargetModel::load(a, spec, src)?;
     let mb = TargetModel::load(b, spec, src)?;
     let capture = Capture::hf_indices((0..=spec.num_layers).collect(), spec.num_layers)?;
     let n_idx = spec.num_layers + 1;
-    let (mut ha, mut hb): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (vec![Vec::new(); n_idx], vec![Vec::new(); n_idx]);
+    let (mut ha, mut hb): (Vec<Vec<f32>>, Vec<Vec<f32>>) =
+        (vec![Vec::new(); n_idx], vec![Vec::new(); n_idx]);
     let (mut agree, mut total, mut agree_dec, mut decisive, mut tokens) = (0, 0, 0, 0, 0);
     for ids in prompts {
         if ids.is_empty() {
@@ -334,7 +599,9 @@ pub fn target_parity<A: Backend, B: Backend>(a: &A, b: &B, spec: &crate::model::
         let ob = mb.forward(b, ids, &mut mb.new_cache(), &capture)?;
         for i in 0..n_idx {
             let (ta, tb) = (oa.captured.get(i), ob.captured.get(i));
-            let (Some(ta), Some(tb)) = (ta, tb) else { anyhow::bail!("hidden state {i} was not captured") };
+            let (Some(ta), Some(tb)) = (ta, tb) else {
+                anyhow::bail!("hidden state {i} was not captured")
+            };
             ha[i].extend(a.to_host(ta)?);
             hb[i].extend(b.to_host(tb)?);
         }
@@ -366,13 +633,24 @@ pub fn target_parity<A: Backend, B: Backend>(a: &A, b: &B, spec: &crate::model::
 /// Per-layer diffs of captured hidden states from two backends (`names[i]` labels layer i;
 /// `a[i]`, `b[i]` are the flattened states). For `draftlens parity` on real checkpoints.
 pub fn compare_layers(names: &[String], a: &[Vec<f32>], b: &[Vec<f32>]) -> Result<Vec<Check>> {
-    ensure!(names.len() == a.len() && a.len() == b.len(), "compare_layers: {} names, {} and {} layers", names.len(), a.len(), b.len());
+    ensure!(
+        names.len() == a.len() && a.len() == b.len(),
+        "compare_layers: {} names, {} and {} layers",
+        names.len(),
+        a.len(),
+        b.len()
+    );
     names
         .iter()
         .zip(a.iter().zip(b))
         .enumerate()
         .map(|(i, (name, (x, y)))| {
-            ensure!(x.len() == y.len(), "{name}: {} vs {} values", x.len(), y.len());
+            ensure!(
+                x.len() == y.len(),
+                "{name}: {} vs {} values",
+                x.len(),
+                y.len()
+            );
             Ok(Check::new(name.clone(), diff(x, y), layer_tolerance(i)))
         })
         .collect()
@@ -380,13 +658,21 @@ pub fn compare_layers(names: &[String], a: &[Vec<f32>], b: &[Vec<f32>]) -> Resul
 
 /// Change of every drafter metric when the drafter is fed backend B's hidden states instead of
 /// backend A's: (name, value with A, value with B, B − A).
-pub fn compare_metrics(a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>) -> Vec<(String, f64, f64, f64)> {
-    a.iter().filter_map(|(k, &va)| b.get(k).map(|&vb| (k.clone(), va, vb, vb - va))).collect()
+pub fn compare_metrics(
+    a: &BTreeMap<String, f64>,
+    b: &BTreeMap<String, f64>,
+) -> Vec<(String, f64, f64, f64)> {
+    a.iter()
+        .filter_map(|(k, &va)| b.get(k).map(|&vb| (k.clone(), va, vb, vb - va)))
+        .collect()
 }
 
 /// Plain-text table of checks.
 pub fn format_checks(title: &str, checks: &[Check]) -> String {
-    let mut s = format!("{title}\n{:<64} {:>10} {:>10} {:>10} {:>12} {:>10}  result\n", "check", "rel_l2", "max_abs", "ref_rms", "cosine", "tol_rel");
+    let mut s = format!(
+        "{title}\n{:<64} {:>10} {:>10} {:>10} {:>12} {:>10}  result\n",
+        "check", "rel_l2", "max_abs", "ref_rms", "cosine", "tol_rel"
+    );
     for c in checks {
         let _ = writeln!(
             s,

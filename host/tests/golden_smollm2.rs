@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 /// Tolerance on ‖ours − ref‖/‖ref‖ per captured layer, ours taken as computed (f32).
 ///
 /// Why 1e-3: the reference is stored in f16, whose rounding alone is ≤ 2⁻¹¹ ≈ 4.9e-4 relative
-/// per element and ≈ 3e-4 in the Frobenius norm (we measure 1.7e-4 – 2.9e-4 here: that term
+/// per element and ≈ 3e-4 in the Frobenius norm (we measure 1.1e-4 – 2.4e-4 here: that term
 /// dominates). An f32 implementation with another summation order adds 1e-6 – 1e-5 per layer
 /// (the README's CPU-vs-GPU torch cross-check: ≤ 3.4e-5 after f16 storage). 1e-3 is the storage
 /// bound with 2× headroom; a real bug (a wrong RoPE pairing, a missing norm weight, a dropped
@@ -33,21 +33,23 @@ const REL_TOL: f64 = 1e-3;
 
 /// Tolerance on the same error after rounding ours to f16 as the reference was. Where ours and
 /// the reference agree to ~1e-5 both round to the same f16 value almost everywhere, so the
-/// storage term cancels and what is left is the f32 reordering error (the README's torch
-/// CPU-vs-GPU figure is 3.4e-5 on this model). 1e-4 keeps ~3× headroom over that and is 3×
-/// tighter than the plain comparison: it catches systematic errors hidden under f16 rounding
-/// (e.g. RoPE angles computed in lower precision, an eps of 1e-6 vs 1e-5 in RMSNorm).
-const REL_TOL_F16: f64 = 1e-4;
+/// storage term cancels and what is left is the f32 reordering error (plus the odd one-ulp flip
+/// where the two straddle a rounding boundary). The README's torch CPU-vs-GPU figure on this
+/// model is 3.4e-5; we measure 0 (embeddings: identical dequantised rows) to 4.6e-5 (hs30).
+/// 1.5e-4 keeps ~3× headroom for another CPU's SIMD width and is 7× tighter than the plain
+/// comparison: it catches systematic errors hidden under f16 rounding (RoPE angles in lower
+/// precision, RMSNorm eps 1e-5 instead of 1e-6, a Q4_1 min term rounded differently).
+const REL_TOL_F16: f64 = 1.5e-4;
 
 /// Cosine similarity floor per layer (1 − cos ≈ rel²/2, so rel 1e-3 ⇒ 1 − cos ≈ 5e-7).
 const COS_MIN: f64 = 0.999_99;
 
-/// |Δ log-prob| of the last-position top-8. Log-probs are f32 in the golden (not f16): they
-/// depend on the final hidden state (rel ~1e-5) through a 576-wide dot product with an
-/// embedding of norm ~1, i.e. logit errors ~1e-4 at logits of size ~20; the README measured
-/// 4.1e-6 between torch on CPU and GPU. 2e-3 leaves room for our f32 reordering over 30 layers
-/// while still failing on any real error in the head or the log-softmax (which would be ≥ 1e-1).
-const LOGPROB_TOL: f32 = 2e-3;
+/// |Δ log-prob| of the last-position top-8. The golden log-probs are f32 (not f16): they follow
+/// from the final hidden state (rel ~1e-5 from ours) through 576-wide dot products with
+/// embedding rows of norm ~1, i.e. logit errors ~1e-4 on logits of size ~20. We measure 5.4e-5
+/// (the README's torch CPU-vs-GPU figure is 4.1e-6). 5e-4 leaves ~10× headroom and still fails
+/// on any real error in the head or the log-softmax, which would be ≥ 1e-2.
+const LOGPROB_TOL: f32 = 5e-4;
 
 struct Loaded {
     be: CpuBackend,

@@ -38,8 +38,8 @@ pub struct CompareArgs {
     /// Baseline run (one of RUNS).
     #[arg(long)]
     pub baseline: Option<String>,
-    /// Print JSON instead of a table.
-    #[arg(long)]
+    /// Print JSON instead of a table (set from the global `--json`).
+    #[arg(skip)]
     pub json: bool,
 }
 
@@ -61,7 +61,7 @@ pub struct ReportArgs {
     #[arg(long)]
     pub title: Option<String>,
     /// Write the JSON bundle instead of HTML.
-    #[arg(long)]
+    #[arg(long = "bundle")]
     pub json: bool,
 }
 

@@ -511,6 +511,9 @@ fn inflation_rows(runs: &[RunInfo], stats: &[Option<Arc<RunStats>>]) -> Vec<Infl
             None => "reference: what a real greedy decode sees".to_string(),
             Some(p) => {
                 let mut what = Vec::new();
+                if p.drafter_sha256 != r.drafter_sha256 {
+                    what.push("a different drafter checkpoint (not an evaluation mechanism)");
+                }
                 if p.mode != r.mode {
                     what.push("shared forward over all anchors with the training block mask, uniform anchors (mechanisms 2, 7)");
                 }

@@ -668,7 +668,8 @@ async fn compare_page(State(st): State<Arc<AppState>>, access: Option<axum::Exte
         let stats_of = |r: &RunInfo| s.stats_for(r);
         let c = compare::compare(&s.store, &ids, &opts, &stats_of)?;
         if q.get("format") == Some("json") {
-            return Ok(Out::Page(axum::Json(c).into_response()));
+            // \u-escaped '<' too: harmless for JSON readers, inert if anything sniffs it as HTML.
+            return Ok(Out::Page(([(header::CONTENT_TYPE, "application/json")], views::safe_json(&c)).into_response()));
         }
         Ok(Out::Page(html(views::compare::render(&ctx, &c, &q))))
     })
@@ -796,7 +797,7 @@ async fn bundle_download(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
         Ok(Out::Page(
             (
                 [(header::CONTENT_TYPE, "application/json"), (header::CONTENT_DISPOSITION, "attachment; filename=\"draftlens-bundle.json\"")],
-                serde_json::to_string(&b)?,
+                views::safe_json(&b),
             )
                 .into_response(),
         ))

@@ -38,11 +38,29 @@ enum Cmd {
     /// List stored runs or show one.
     #[command(subcommand)]
     Runs(cmd_eval::RunsCmd),
+    /// Browse and compare runs in the browser.
+    Serve(draftlens_web::cli::ServeArgs),
+    /// Compare runs against a baseline in the terminal (paired bootstrap CIs over shared prompts).
+    Compare(draftlens_web::cli::CompareArgs),
+    /// Write one self-contained HTML report (or with --bundle the JSON bundle).
+    Report(draftlens_web::cli::ReportArgs),
+    /// Import a report or bundle into a database (idempotent).
+    Import(draftlens_web::cli::ImportArgs),
+    /// Manage read/write tokens of a team server.
+    Tokens(draftlens_web::cli::TokensArgs),
+    /// Fill a database with synthetic runs to try the UI.
+    #[command(hide = true)]
+    Demo(draftlens_web::cli::DemoArgs),
     /// Measure CPU prefill throughput against this machine's own f32 GEMM rate.
     Bench(cmd_bench::BenchArgs),
 }
 
 fn main() {
+    // Like every Unix filter: a closed pipe (`draftlens runs ls | head`) ends the process quietly.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     cli.global.init_logging();
     // Ctrl-C / SIGTERM: finish the current prompt, mark the run failed, keep caches valid.
@@ -64,6 +82,15 @@ fn main() {
         Cmd::Lint(a) => cmd_eval::lint_cmd(&cli.global, a),
         Cmd::Runs(c) => cmd_eval::runs(&cli.global, c),
         Cmd::Bench(a) => cmd_bench::run(&cli.global, a),
+        Cmd::Serve(a) => draftlens_web::cli::run_serve(&a),
+        Cmd::Compare(mut a) => {
+            a.json |= cli.global.json;
+            draftlens_web::cli::run_compare(&a)
+        }
+        Cmd::Report(a) => draftlens_web::cli::run_report(&a),
+        Cmd::Import(a) => draftlens_web::cli::run_import(&a),
+        Cmd::Tokens(a) => draftlens_web::cli::run_tokens(&a),
+        Cmd::Demo(a) => draftlens_web::cli::run_demo(&a),
     }));
     match result {
         Ok(Ok(())) => {}

@@ -38,7 +38,7 @@ impl Golden {
     }
 
     pub fn has(&self, name: &str) -> bool {
-        self.st().names().iter().any(|n| n.as_str() == name)
+        self.st().names().iter().any(|n| *n == name)
     }
 
     /// Shape and f32 values of a F16 / F32 / BF16 tensor.

@@ -155,7 +155,7 @@ pub fn render(ctx: &Ctx, v: &RunsView) -> Markup {
                     } }
                     div class="selbar" {
                         button class="btn primary" type="submit" { "Compare selected" }
-                        span class="hint" { "the first selected run is the baseline unless one is pinned; change it on the comparison page" }
+                        span class="hint" { "the topmost selected run is the baseline unless one is pinned; change it on the comparison page" }
                     }
                 }
                 div class="pager" {

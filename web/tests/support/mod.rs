@@ -231,6 +231,9 @@ impl Browser {
 
     pub async fn click(&self, css: &str) -> Result<()> {
         let id = self.find(css).await?;
+        // Centre it first, as a person would scroll: sticky bars cover the edges.
+        self.cmd("POST", "/execute/sync", Some(serde_json::json!({"script": "document.querySelector(arguments[0]).scrollIntoView({block: 'center'})", "args": [css]})))
+            .await?;
         self.cmd("POST", &format!("/element/{id}/click"), Some(serde_json::json!({}))).await?;
         Ok(())
     }
@@ -263,10 +266,12 @@ impl Browser {
 
     /// Screenshot of the whole page (window grown to the document height, at most `max_h`).
     pub async fn full_screenshot(&self, width: u32, max_h: u32, to: &Path) -> Result<()> {
+        self.js("window.scrollTo(0, 0); return 0").await?;
         let h = self.js("return Math.ceil(document.documentElement.scrollHeight)").await?.as_u64().unwrap_or(1000) as u32;
         self.set_size(width, h.clamp(600, max_h) + 90).await?;
         // Let charts re-layout after the resize.
         tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        self.js("window.scrollTo(0, 0); return 0").await?;
         let png = self.screenshot().await?;
         if let Some(d) = to.parent() {
             std::fs::create_dir_all(d)?;

@@ -29,28 +29,55 @@ pub struct DecoderShape {
 impl DecoderShape {
     /// Qwen3-8B (models.md §1.1).
     pub fn qwen3_8b() -> Self {
-        DecoderShape { vocab: 151936, hidden: 4096, inter: 12288, layers: 36, heads: 32, kv_heads: 8, head_dim: 128, eps: 1e-6, theta: 1e6 }
+        DecoderShape {
+            vocab: 151936,
+            hidden: 4096,
+            inter: 12288,
+            layers: 36,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            eps: 1e-6,
+            theta: 1e6,
+        }
     }
     /// The Qwen3-8B DFlash drafter (dflash.md §1.3: 5 layers, target hidden size).
     pub fn qwen3_8b_drafter() -> Self {
-        DecoderShape { layers: 5, ..Self::qwen3_8b() }
+        DecoderShape {
+            layers: 5,
+            ..Self::qwen3_8b()
+        }
     }
     pub fn rope(&self) -> Rope {
-        Rope { theta: self.theta, head_dim: self.head_dim, rotary_dim: self.head_dim, style: RopeStyle::RotateHalf }
+        Rope {
+            theta: self.theta,
+            head_dim: self.head_dim,
+            rotary_dim: self.head_dim,
+            style: RopeStyle::RotateHalf,
+        }
     }
     pub fn attn(&self) -> AttnShape {
-        AttnShape { heads: self.heads, kv_heads: self.kv_heads, head_dim: self.head_dim }
+        AttnShape {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+        }
     }
     /// Parameters of one layer's linear projections.
     pub fn layer_linear_params(&self) -> usize {
-        let (d, q, kv) = (self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let (d, q, kv) = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+        );
         d * q + 2 * d * kv + q * d + 3 * d * self.inter
     }
     /// Prefill FLOPs per token of a causal sequence of `seq_len` tokens without the LM head
     /// (models.md §6.1): `2·N_lin + 4·H·hd·(S+1)/2` per layer.
     pub fn prefill_flops_per_token(&self, seq_len: usize) -> f64 {
         let lin = 2.0 * (self.layer_linear_params() * self.layers) as f64;
-        let attn = 4.0 * (self.heads * self.head_dim) as f64 * (seq_len as f64 + 1.0) / 2.0 * self.layers as f64;
+        let attn = 4.0 * (self.heads * self.head_dim) as f64 * (seq_len as f64 + 1.0) / 2.0
+            * self.layers as f64;
         lin + attn
     }
 }
@@ -100,13 +127,28 @@ pub fn round_bf16(v: &mut [f32]) {
 }
 
 fn scaled(n: usize, seed: u64, scale: f32, offset: f32) -> Vec<f32> {
-    let mut v: Vec<f32> = host_random(n, seed).into_iter().map(|x| offset + x * scale).collect();
+    let mut v: Vec<f32> = host_random(n, seed)
+        .into_iter()
+        .map(|x| offset + x * scale)
+        .collect();
     round_bf16(&mut v);
     v
 }
 
 /// Order of the per-layer tensors in [`HostWeights::layers`].
-const LAYER_TENSORS: [&str; 11] = ["in_norm", "q", "k", "v", "o", "q_norm", "k_norm", "post_norm", "gate", "up", "down"];
+const LAYER_TENSORS: [&str; 11] = [
+    "in_norm",
+    "q",
+    "k",
+    "v",
+    "o",
+    "q_norm",
+    "k_norm",
+    "post_norm",
+    "gate",
+    "up",
+    "down",
+];
 
 impl HostWeights {
     /// Random weights with uniform values of standard deviation ≈ `std_dev` (linears,
@@ -132,7 +174,11 @@ impl HostWeights {
                 ]
             })
             .collect();
-        HostWeights { embed: scaled(s.vocab * d, seed, 1.0, 0.0), layers, norm: scaled(d, seed + 7, 0.3, 1.0) }
+        HostWeights {
+            embed: scaled(s.vocab * d, seed, 1.0, 0.0),
+            layers,
+            norm: scaled(d, seed + 7, 0.3, 1.0),
+        }
     }
 }
 
@@ -161,7 +207,12 @@ pub fn positions_for(seq_starts: &[usize]) -> Vec<u32> {
 }
 
 fn load_layer<B: Backend>(be: &B, s: &DecoderShape, w: &[Vec<f32>]) -> Result<Layer<B>> {
-    ensure!(w.len() == LAYER_TENSORS.len(), "layer has {} tensors, expected {}", w.len(), LAYER_TENSORS.len());
+    ensure!(
+        w.len() == LAYER_TENSORS.len(),
+        "layer has {} tensors, expected {}",
+        w.len(),
+        LAYER_TENSORS.len()
+    );
     let (d, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
     Ok(Layer {
         in_norm: be.from_host(&w[0], 1, d)?,
@@ -180,7 +231,13 @@ fn load_layer<B: Backend>(be: &B, s: &DecoderShape, w: &[Vec<f32>]) -> Result<La
 
 impl<B: Backend> Layer<B> {
     /// Attention half of a layer: normed input → q (normed, roped), k (normed, roped), v.
-    fn qkv(&self, be: &B, s: &DecoderShape, x: &B::Tensor, positions: &[u32]) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
+    fn qkv(
+        &self,
+        be: &B,
+        s: &DecoderShape,
+        x: &B::Tensor,
+        positions: &[u32],
+    ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
         let mut q = be.rms_norm(&be.matmul(x, &self.q)?, &self.q_norm, s.eps, s.head_dim)?;
         let mut k = be.rms_norm(&be.matmul(x, &self.k)?, &self.k_norm, s.eps, s.head_dim)?;
         let v = be.matmul(x, &self.v)?;
@@ -201,11 +258,20 @@ impl<B: Backend> Layer<B> {
 impl<B: Backend> Decoder<B> {
     /// Uploads host weights (see [`HostWeights::random`]).
     pub fn from_host(be: &B, shape: &DecoderShape, w: &HostWeights) -> Result<Self> {
-        ensure!(w.layers.len() == shape.layers, "weights have {} layers, shape {}", w.layers.len(), shape.layers);
+        ensure!(
+            w.layers.len() == shape.layers,
+            "weights have {} layers, shape {}",
+            w.layers.len(),
+            shape.layers
+        );
         Ok(Decoder {
             shape: shape.clone(),
             embed: be.matrix(&w.embed, shape.vocab, shape.hidden)?,
-            layers: w.layers.iter().map(|l| load_layer(be, shape, l)).collect::<Result<_>>()?,
+            layers: w
+                .layers
+                .iter()
+                .map(|l| load_layer(be, shape, l))
+                .collect::<Result<_>>()?,
             norm: be.from_host(&w.norm, 1, shape.hidden)?,
         })
     }
@@ -213,11 +279,26 @@ impl<B: Backend> Decoder<B> {
     /// Prefill of packed sequences (`seq_starts` from 0 to `ids.len()`), returning hidden states
     /// `taps` in the HF convention (models.md §1.5: 0 = embeddings, i = output of layer i−1,
     /// L = final-normed output) and the final normed states.
-    pub fn forward(&self, be: &B, ids: &[u32], seq_starts: &[usize], taps: &[usize]) -> Result<ForwardOut<B>> {
+    pub fn forward(
+        &self,
+        be: &B,
+        ids: &[u32],
+        seq_starts: &[usize],
+        taps: &[usize],
+    ) -> Result<ForwardOut<B>> {
         let s = &self.shape;
-        ensure!(taps.iter().all(|&t| t <= s.layers), "tap index above {}", s.layers);
+        ensure!(
+            taps.iter().all(|&t| t <= s.layers),
+            "tap index above {}",
+            s.layers
+        );
         let positions = positions_for(seq_starts);
-        ensure!(positions.len() == ids.len(), "sequence starts cover {} rows, {} ids given", positions.len(), ids.len());
+        ensure!(
+            positions.len() == ids.len(),
+            "sequence starts cover {} rows, {} ids given",
+            positions.len(),
+            ids.len()
+        );
         let mut out: Vec<Option<B::Tensor>> = taps.iter().map(|_| None).collect();
         let mut h = be.embed(&self.embed, ids)?;
         let n = ids.len();
@@ -243,7 +324,13 @@ impl<B: Backend> Decoder<B> {
         }
         let last = be.rms_norm(&h, &self.norm, s.eps, s.hidden)?;
         take(s.layers, &last, &mut out)?;
-        Ok(ForwardOut { taps: out.into_iter().map(|t| t.expect("every tap index is <= layers")).collect(), last })
+        Ok(ForwardOut {
+            taps: out
+                .into_iter()
+                .map(|t| t.expect("every tap index is <= layers"))
+                .collect(),
+            last,
+        })
     }
 }
 
@@ -253,8 +340,18 @@ impl Decoder<CudaBackend> {
     pub fn random_on_device(be: &CudaBackend, shape: &DecoderShape, seed: u64) -> Result<Self> {
         let s = shape;
         let (d, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
-        let m = |o: usize, i: usize, k: u64| -> Result<CudaMatrix> { be.random_matrix(o, i, 0.02, seed.wrapping_mul(131).wrapping_add(k)) };
-        let nrm = |n: usize, k: u64| -> Result<CudaTensor> { be.random_tensor(1, n, 0.1 / 3f32.sqrt(), 1.0, seed.wrapping_mul(131).wrapping_add(k)) };
+        let m = |o: usize, i: usize, k: u64| -> Result<CudaMatrix> {
+            be.random_matrix(o, i, 0.02, seed.wrapping_mul(131).wrapping_add(k))
+        };
+        let nrm = |n: usize, k: u64| -> Result<CudaTensor> {
+            be.random_tensor(
+                1,
+                n,
+                0.1 / 3f32.sqrt(),
+                1.0,
+                seed.wrapping_mul(131).wrapping_add(k),
+            )
+        };
         let mut layers = Vec::with_capacity(s.layers);
         for l in 0..s.layers as u64 {
             let b = 100 * (l + 1);
@@ -272,7 +369,109 @@ impl Decoder<CudaBackend> {
                 down: m(d, s.inter, b + 10)?,
             });
         }
-        Ok(Decoder { shape: s.clone(), embed: be.random_matrix(s.vocab, d, 1.0, seed)?, layers, norm: nrm(d, 7)? })
+        Ok(Decoder {
+            shape: s.clone(),
+            embed: be.random_matrix(s.vocab, d, 1.0, seed)?,
+            layers,
+            norm: nrm(d, 7)?,
+        })
+    }
+}
+
+/// Fused projections of one layer for the CUDA fast path: `[q; k; v]` and `[gate; up]` stacked.
+pub struct FusedLayer {
+    pub qkv: CudaMatrix,
+    pub gate_up: CudaMatrix,
+}
+
+impl Decoder<CudaBackend> {
+    /// Stacks every layer's q/k/v and gate/up weights (one GEMM each instead of three and two).
+    pub fn fuse(&self, be: &CudaBackend) -> Result<Vec<FusedLayer>> {
+        self.layers
+            .iter()
+            .map(|l| {
+                Ok(FusedLayer {
+                    qkv: be.concat_matrices(&[&l.q, &l.k, &l.v])?,
+                    gate_up: be.concat_matrices(&[&l.gate, &l.up])?,
+                })
+            })
+            .collect()
+    }
+
+    /// [`Decoder::forward`] with fused QKV and gate|up GEMMs and both residual adds done by the
+    /// o_proj / down_proj GEMMs (beta = 1: `h + fp32 product` rounded once to bf16, where HF rounds
+    /// the product first and the sum again — within one bf16 ulp of the unfused path).
+    pub fn forward_fused(
+        &self,
+        be: &CudaBackend,
+        fused: &[FusedLayer],
+        ids: &[u32],
+        seq_starts: &[usize],
+        taps: &[usize],
+    ) -> Result<ForwardOut<CudaBackend>> {
+        let s = &self.shape;
+        ensure!(
+            fused.len() == self.layers.len(),
+            "{} fused layers for {} layers",
+            fused.len(),
+            self.layers.len()
+        );
+        ensure!(
+            taps.iter().all(|&t| t <= s.layers),
+            "tap index above {}",
+            s.layers
+        );
+        let positions = positions_for(seq_starts);
+        ensure!(
+            positions.len() == ids.len(),
+            "sequence starts cover {} rows, {} ids given",
+            positions.len(),
+            ids.len()
+        );
+        let (qw, kvw) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        let mut out: Vec<Option<CudaTensor>> = taps.iter().map(|_| None).collect();
+        let take = |idx: usize, h: &CudaTensor, out: &mut Vec<Option<CudaTensor>>| -> Result<()> {
+            for (slot, &t) in taps.iter().enumerate() {
+                if t == idx {
+                    out[slot] = Some(be.clone_tensor(h)?);
+                }
+            }
+            Ok(())
+        };
+        let mut h = be.embed(&self.embed, ids)?;
+        take(0, &h, &mut out)?;
+        for (l, (layer, f)) in self.layers.iter().zip(fused).enumerate() {
+            let x = be.rms_norm(&h, &layer.in_norm, s.eps, s.hidden)?;
+            let mut parts = be
+                .split_cols(&be.matmul(&x, &f.qkv)?, &[qw, kvw, kvw])?
+                .into_iter();
+            let (q, k, v) = (
+                parts.next().expect("3 parts"),
+                parts.next().expect("3 parts"),
+                parts.next().expect("3 parts"),
+            );
+            let mut q = be.rms_norm(&q, &layer.q_norm, s.eps, s.head_dim)?;
+            let mut k = be.rms_norm(&k, &layer.k_norm, s.eps, s.head_dim)?;
+            be.rope_inplace(&mut q, &positions, &s.rope())?;
+            be.rope_inplace(&mut k, &positions, &s.rope())?;
+            let a = be.attention_varlen(&q, &k, &v, s.attn(), seq_starts)?;
+            be.matmul_acc(&a, &layer.o, &mut h)?;
+            let x = be.rms_norm(&h, &layer.post_norm, s.eps, s.hidden)?;
+            let m = be.swiglu_packed(&be.matmul(&x, &f.gate_up)?)?;
+            be.matmul_acc(&m, &layer.down, &mut h)?;
+            if l + 1 < s.layers {
+                take(l + 1, &h, &mut out)?;
+            }
+        }
+        let last = be.rms_norm(&h, &self.norm, s.eps, s.hidden)?;
+        take(s.layers, &last, &mut out)?;
+        Ok(ForwardOut {
+            taps: out
+                .into_iter()
+                .map(|t| t.expect("every tap index is <= layers"))
+                .collect(),
+            last,
+        })
     }
 }
 
@@ -301,7 +500,12 @@ impl<B: Backend> Drafter<B> {
     pub fn context(&self, be: &B, taps: &B::Tensor) -> Result<ContextKv<B>> {
         let s = &self.shape;
         let (t, _) = be.dims(taps);
-        let c = be.rms_norm(&be.matmul(taps, &self.fc)?, &self.hidden_norm, s.eps, s.hidden)?;
+        let c = be.rms_norm(
+            &be.matmul(taps, &self.fc)?,
+            &self.hidden_norm,
+            s.eps,
+            s.hidden,
+        )?;
         let positions: Vec<u32> = (0..t as u32).collect();
         let mut kv = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
@@ -316,18 +520,40 @@ impl<B: Backend> Drafter<B> {
     /// exclusive context: exactly one-anchor-at-a-time semantics). Returns the top-`k` of rows
     /// 1..B−1 of every block (`anchors.len() · (B−1)` rows).
     #[allow(clippy::too_many_arguments)]
-    pub fn draft(&self, be: &B, ctx: &ContextKv<B>, embed: &B::Matrix, lm_head: &B::Matrix, anchors: &[usize], anchor_tokens: &[u32], mask_id: u32, k: usize) -> Result<TopK> {
+    pub fn draft(
+        &self,
+        be: &B,
+        ctx: &ContextKv<B>,
+        embed: &B::Matrix,
+        lm_head: &B::Matrix,
+        anchors: &[usize],
+        anchor_tokens: &[u32],
+        mask_id: u32,
+        k: usize,
+    ) -> Result<TopK> {
         let s = &self.shape;
         let bsz = self.block;
-        ensure!(anchors.len() == anchor_tokens.len(), "{} anchors, {} anchor tokens", anchors.len(), anchor_tokens.len());
+        ensure!(
+            anchors.len() == anchor_tokens.len(),
+            "{} anchors, {} anchor tokens",
+            anchors.len(),
+            anchor_tokens.len()
+        );
         let mut ids = Vec::with_capacity(anchors.len() * bsz);
         let mut positions = Vec::with_capacity(anchors.len() * bsz);
         for (&a, &tok) in anchors.iter().zip(anchor_tokens) {
             ids.push(tok);
-            ids.extend(std::iter::repeat(mask_id).take(bsz - 1));
+            ids.extend(std::iter::repeat_n(mask_id, bsz - 1));
             positions.extend((a..a + bsz).map(|p| p as u32));
         }
-        let mask = AttnMask::Blocks { ctx_len: ctx.len, block: bsz, anchors: anchors.to_vec(), ctx_inclusive: false, causal_in_block: false, window: None };
+        let mask = AttnMask::Blocks {
+            ctx_len: ctx.len,
+            block: bsz,
+            anchors: anchors.to_vec(),
+            ctx_inclusive: false,
+            causal_in_block: false,
+            window: None,
+        };
         let mut h = be.embed(embed, &ids)?;
         for (layer, (kc, vc)) in self.layers.iter().zip(&ctx.kv) {
             let x = be.rms_norm(&h, &layer.in_norm, s.eps, s.hidden)?;
@@ -339,7 +565,9 @@ impl<B: Backend> Drafter<B> {
             be.add_inplace(&mut h, &o)?;
             layer.mlp(be, s, &mut h)?;
         }
-        let rows: Vec<u32> = (0..anchors.len()).flat_map(|n| (1..bsz).map(move |j| (n * bsz + j) as u32)).collect();
+        let rows: Vec<u32> = (0..anchors.len())
+            .flat_map(|n| (1..bsz).map(move |j| (n * bsz + j) as u32))
+            .collect();
         let hb = be.gather_rows(&h, &rows)?;
         let hn = be.rms_norm(&hb, &self.norm, s.eps, s.hidden)?;
         be.lm_head_topk(&hn, lm_head, k)
@@ -359,13 +587,27 @@ impl<B: Backend> Drafter<B> {
     /// FLOPs per context token (fc over the taps, then every layer's k/v projections).
     pub fn flops_per_context_token(&self) -> f64 {
         let s = &self.shape;
-        2.0 * (self.n_taps * s.hidden * s.hidden) as f64 + 2.0 * (2 * s.hidden * s.kv_heads * s.head_dim * s.layers) as f64
+        2.0 * (self.n_taps * s.hidden * s.hidden) as f64
+            + 2.0 * (2 * s.hidden * s.kv_heads * s.head_dim * s.layers) as f64
     }
 }
 
 impl Drafter<CudaBackend> {
-    pub fn random_on_device(be: &CudaBackend, shape: &DecoderShape, block: usize, n_taps: usize, seed: u64) -> Result<Self> {
-        let d = Decoder::random_on_device(be, &DecoderShape { vocab: 1, ..shape.clone() }, seed)?;
+    pub fn random_on_device(
+        be: &CudaBackend,
+        shape: &DecoderShape,
+        block: usize,
+        n_taps: usize,
+        seed: u64,
+    ) -> Result<Self> {
+        let d = Decoder::random_on_device(
+            be,
+            &DecoderShape {
+                vocab: 1,
+                ..shape.clone()
+            },
+            seed,
+        )?;
         Ok(Drafter {
             shape: shape.clone(),
             block,
@@ -380,14 +622,26 @@ impl Drafter<CudaBackend> {
 
 impl<B: Backend> Drafter<B> {
     /// A drafter from host weights: `layers` as in [`HostWeights`], plus fc and the two norms.
-    pub fn from_host(be: &B, shape: &DecoderShape, block: usize, n_taps: usize, w: &HostWeights, fc: &[f32], hidden_norm: &[f32]) -> Result<Self> {
+    pub fn from_host(
+        be: &B,
+        shape: &DecoderShape,
+        block: usize,
+        n_taps: usize,
+        w: &HostWeights,
+        fc: &[f32],
+        hidden_norm: &[f32],
+    ) -> Result<Self> {
         Ok(Drafter {
             shape: shape.clone(),
             block,
             n_taps,
             fc: be.matrix(fc, shape.hidden, n_taps * shape.hidden)?,
             hidden_norm: be.from_host(hidden_norm, 1, shape.hidden)?,
-            layers: w.layers.iter().map(|l| load_layer(be, shape, l)).collect::<Result<_>>()?,
+            layers: w
+                .layers
+                .iter()
+                .map(|l| load_layer(be, shape, l))
+                .collect::<Result<_>>()?,
             norm: be.from_host(&w.norm, 1, shape.hidden)?,
         })
     }
@@ -398,7 +652,12 @@ impl<B: Backend> Drafter<B> {
 
 /// Median of `reps` timed runs of `f` (after `warmup` untimed runs), in seconds, with the device
 /// synchronised around every run.
-pub fn time_median(be: &CudaBackend, warmup: usize, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+pub fn time_median(
+    be: &CudaBackend,
+    warmup: usize,
+    reps: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
     for _ in 0..warmup {
         f()?;
     }

@@ -15,8 +15,14 @@ const COMMON: &str = include_str!("../../../../kernels/common.cuh");
 
 /// (module name, source) of every kernel file.
 const SOURCES: &[(&str, &str)] = &[
-    ("elementwise", include_str!("../../../../kernels/elementwise.cu")),
-    ("attention", include_str!("../../../../kernels/attention.cu")),
+    (
+        "elementwise",
+        include_str!("../../../../kernels/elementwise.cu"),
+    ),
+    (
+        "attention",
+        include_str!("../../../../kernels/attention.cu"),
+    ),
     ("topk", include_str!("../../../../kernels/topk.cu")),
 ];
 
@@ -33,19 +39,29 @@ pub(crate) struct Kernels {
 }
 
 fn options(arch: &str) -> Vec<String> {
-    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-lineinfo".into()]
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "-lineinfo".into(),
+    ]
 }
 
 fn disk_cache_dir() -> Option<PathBuf> {
     if let Ok(d) = std::env::var("DRAFTLENS_KERNEL_CACHE") {
-        return if d.is_empty() { None } else { Some(PathBuf::from(d)) };
+        return if d.is_empty() {
+            None
+        } else {
+            Some(PathBuf::from(d))
+        };
     }
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/draftlens/kernels"))
 }
 
 impl Kernels {
     pub(crate) fn new(ctx: Arc<CudaContext>) -> Result<Self> {
-        let (major, minor) = ctx.compute_capability().map_err(|e| anyhow!("reading the compute capability: {e}"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| anyhow!("reading the compute capability: {e}"))?;
         Ok(Kernels {
             ctx,
             arch: format!("compute_{major}{minor}"),
@@ -67,17 +83,24 @@ impl Kernels {
     fn compile(&self, name: &'static str) -> Result<Arc<CudaModule>> {
         let t0 = std::time::Instant::now();
         let ptx_text = ptx_for(name, &self.arch)?;
-        let module = self
-            .ctx
-            .load_module(Ptx::from_src(ptx_text))
-            .map_err(|e| anyhow!("kernels/{name}.cu: loading the PTX for {} failed: {e}", self.arch))?;
+        let module = self.ctx.load_module(Ptx::from_src(ptx_text)).map_err(|e| {
+            anyhow!(
+                "kernels/{name}.cu: loading the PTX for {} failed: {e}",
+                self.arch
+            )
+        })?;
         *self.compile_secs.lock().unwrap_or_else(|e| e.into_inner()) += t0.elapsed().as_secs_f64();
         Ok(module)
     }
 
     /// The kernel `func` of module `module`, compiling the module on first use.
     pub(crate) fn get(&self, module: &'static str, func: &'static str) -> Result<CudaFunction> {
-        if let Some(f) = self.funcs.lock().unwrap_or_else(|e| e.into_inner()).get(func) {
+        if let Some(f) = self
+            .funcs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(func)
+        {
             return Ok(f.clone());
         }
         let m = {
@@ -91,20 +114,35 @@ impl Kernels {
                 }
             }
         };
-        let f = m.load_function(func).map_err(|e| anyhow!("kernels/{module}.cu: no kernel {func}: {e}"))?;
-        self.funcs.lock().unwrap_or_else(|e| e.into_inner()).insert(func, f.clone());
+        let f = m
+            .load_function(func)
+            .map_err(|e| anyhow!("kernels/{module}.cu: no kernel {func}: {e}"))?;
+        self.funcs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(func, f.clone());
         Ok(f)
     }
 
     /// Like [`Kernels::get`], and allows `smem` bytes of dynamic shared memory: static plus
     /// dynamic shared memory above 48 KiB needs an explicit opt-in per function, which is made
     /// once per (function, size).
-    pub(crate) fn get_with_smem(&self, module: &'static str, func: &'static str, smem: usize) -> Result<CudaFunction> {
+    pub(crate) fn get_with_smem(
+        &self,
+        module: &'static str,
+        func: &'static str,
+        smem: usize,
+    ) -> Result<CudaFunction> {
         let f = self.get(module, func)?;
         let mut done = self.smem_set.lock().unwrap_or_else(|e| e.into_inner());
         if !done.contains(&(func, smem)) {
-            f.set_attribute(sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-                .map_err(|e| anyhow!("{func}: cannot allow {smem} bytes of dynamic shared memory: {e}"))?;
+            f.set_attribute(
+                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| {
+                anyhow!("{func}: cannot allow {smem} bytes of dynamic shared memory: {e}")
+            })?;
             done.push((func, smem));
         }
         Ok(f)
@@ -116,7 +154,9 @@ impl Kernels {
         let regs = f.num_regs().context("num_regs")?;
         let local = f.local_size_bytes().context("local_size_bytes")?;
         let shared = f.shared_size_bytes().context("shared_size_bytes")?;
-        Ok(format!("{func}: {regs} registers, {local} B local (spill) memory, {shared} B static shared"))
+        Ok(format!(
+            "{func}: {regs} registers, {local} B local (spill) memory, {shared} B static shared"
+        ))
     }
 }
 
@@ -128,7 +168,11 @@ pub(crate) fn module_names() -> impl Iterator<Item = &'static str> {
 /// PTX of module `name` for `arch` (`compute_90`, ...): from the disk cache, else from NVRTC.
 /// Needs only the NVRTC library, no driver or device.
 pub(crate) fn ptx_for(name: &str, arch: &str) -> Result<String> {
-    let src = SOURCES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s).ok_or_else(|| anyhow!("no kernel module named {name}"))?;
+    let src = SOURCES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, s)| *s)
+        .ok_or_else(|| anyhow!("no kernel module named {name}"))?;
     let full = format!("{COMMON}\n#line 1 \"kernels/{name}.cu\"\n{src}");
     let opts = options(arch);
     let key = {
@@ -139,12 +183,27 @@ pub(crate) fn ptx_for(name: &str, arch: &str) -> Result<String> {
         hex::encode(&h.finalize()[..16])
     };
     let cached = disk_cache_dir().map(|d| d.join(format!("{name}-{arch}-{key}.ptx")));
-    if let Some(text) = cached.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+    if let Some(text) = cached
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+    {
         return Ok(text);
     }
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&full, CompileOptions { options: opts.clone(), name: Some(format!("{name}.cu")), ..Default::default() }).map_err(|e| match e {
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(
+        &full,
+        CompileOptions {
+            options: opts.clone(),
+            name: Some(format!("{name}.cu")),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-            anyhow!("kernels/{name}.cu: NVRTC failed for {arch} ({}):\n{}", opts.join(" "), log.to_string_lossy())
+            anyhow!(
+                "kernels/{name}.cu: NVRTC failed for {arch} ({}):\n{}",
+                opts.join(" "),
+                log.to_string_lossy()
+            )
         }
         other => anyhow!("kernels/{name}.cu: NVRTC failed: {other:?}"),
     })?;

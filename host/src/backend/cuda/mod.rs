@@ -20,7 +20,9 @@ mod kernels;
 use super::{AttnMask, AttnShape, Backend, Rope, RopeStyle, TopK};
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
-use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys, CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use half::bf16;
 use kernels::Kernels;
 use std::ffi::c_void;
@@ -72,8 +74,11 @@ pub struct CudaBackend {
     /// Last uploaded RoPE positions (q and k of every layer share them).
     pos_cache: Mutex<Option<(Vec<u32>, CudaSlice<u32>)>>,
     /// Inverse frequencies per (theta bits, rotary_dim).
-    freq_cache: Mutex<Vec<((u32, usize), CudaSlice<f32>)>>,
+    freq_cache: Mutex<Vec<(FreqKey, CudaSlice<f32>)>>,
 }
+
+/// (theta bits, rotary_dim) of a cached inverse-frequency table.
+type FreqKey = (u32, usize);
 
 #[derive(Clone, PartialEq)]
 enum MaskKey {
@@ -94,8 +99,15 @@ fn library_dirs() -> Vec<String> {
         }
     }
     dirs.extend(
-        ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/wsl/lib"]
-            .map(String::from),
+        [
+            "/usr/local/cuda/lib64",
+            "/usr/local/cuda/targets/x86_64-linux/lib",
+            "/usr/local/nvidia/lib64",
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib64",
+            "/usr/lib/wsl/lib",
+        ]
+        .map(String::from),
     );
     dirs
 }
@@ -153,29 +165,37 @@ fn probe_libraries() -> std::result::Result<(), String> {
 /// device, returning (module, PTX bytes). Lets a machine with only the NVRTC library check that
 /// the kernels compile.
 pub fn compile_kernels_offline(arch: &str) -> Result<Vec<(String, usize)>> {
-    preload("NVRTC", &["libnvrtc.so.13", "libnvrtc.so"]).map_err(|e| anyhow!("CUDA unavailable: {e}"))?;
+    preload("NVRTC", &["libnvrtc.so.13", "libnvrtc.so"])
+        .map_err(|e| anyhow!("CUDA unavailable: {e}"))?;
     let mut out = Vec::new();
     for name in kernels::module_names() {
-        let ptx = std::panic::catch_unwind(|| kernels::ptx_for(name, arch)).map_err(|p| anyhow!("NVRTC panicked: {}", panic_text(p)))??;
+        let ptx = std::panic::catch_unwind(|| kernels::ptx_for(name, arch))
+            .map_err(|p| anyhow!("NVRTC panicked: {}", panic_text(p)))??;
         out.push((name.to_string(), ptx.len()));
     }
     Ok(out)
 }
 
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "unknown panic".into())
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// `Ok(())` when a CUDA device can be used, else the reason (without the "CUDA unavailable" prefix).
 pub fn availability(ordinal: usize) -> std::result::Result<(), String> {
     probe_libraries()?;
-    let count = std::panic::catch_unwind(CudaContext::device_count).map_err(|p| format!("driver initialisation panicked: {}", panic_text(p)))?;
+    let count = std::panic::catch_unwind(CudaContext::device_count)
+        .map_err(|p| format!("driver initialisation panicked: {}", panic_text(p)))?;
     let count = count.map_err(|e| format!("driver initialisation failed: {e}"))?;
     if count <= 0 {
         return Err("the driver reports no CUDA device".into());
     }
     if ordinal >= count as usize {
-        return Err(format!("device {ordinal} requested but only {count} device(s) exist"));
+        return Err(format!(
+            "device {ordinal} requested but only {count} device(s) exist"
+        ));
     }
     Ok(())
 }
@@ -198,8 +218,15 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         availability(ordinal).map_err(|r| anyhow!("CUDA unavailable: {r}"))?;
         let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
-            .map_err(|p| anyhow!("CUDA unavailable: creating a context on device {ordinal} panicked: {}", panic_text(p)))?
-            .map_err(|e| anyhow!("CUDA unavailable: creating a context on device {ordinal}: {e}"))?;
+            .map_err(|p| {
+                anyhow!(
+                    "CUDA unavailable: creating a context on device {ordinal} panicked: {}",
+                    panic_text(p)
+                )
+            })?
+            .map_err(|e| {
+                anyhow!("CUDA unavailable: creating a context on device {ordinal}: {e}")
+            })?;
         // One stream only: cudarc's per-buffer events (for cross-stream ordering) are not needed.
         // SAFETY: every buffer of this backend is allocated, used and freed on `stream`.
         unsafe { ctx.disable_event_tracking() };
@@ -208,31 +235,60 @@ impl CudaBackend {
         // SAFETY: plain driver calls on this context's device with valid out-pointers.
         unsafe {
             let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-            if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) == sys::CUresult::CUDA_SUCCESS {
+            if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+                == sys::CUresult::CUDA_SUCCESS
+            {
                 let mut threshold: u64 = u64::MAX;
-                let _ = sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut threshold as *mut u64 as *mut c_void);
+                let _ = sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    &mut threshold as *mut u64 as *mut c_void,
+                );
             }
         }
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone()))
-            .map_err(|p| anyhow!("CUDA unavailable: cuBLAS initialisation panicked: {}", panic_text(p)))?
+            .map_err(|p| {
+                anyhow!(
+                    "CUDA unavailable: cuBLAS initialisation panicked: {}",
+                    panic_text(p)
+                )
+            })?
             .map_err(|e| anyhow!("CUDA unavailable: cuBLAS initialisation failed: {:?}", e.0))?;
         // SAFETY: valid handle; the mode only forbids reduced-precision split-K reductions.
-        unsafe { blas_sys::cublasSetMathMode(*blas.handle(), blas_sys::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) }
-            .result()
-            .map_err(blas_err("setting the math mode"))?;
+        unsafe {
+            blas_sys::cublasSetMathMode(
+                *blas.handle(),
+                blas_sys::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION,
+            )
+        }
+        .result()
+        .map_err(blas_err("setting the math mode"))?;
         let mut driver_version = 0i32;
         // SAFETY: out-pointer to a local.
         unsafe { sys::cuDriverGetVersion(&mut driver_version) };
         let info = DeviceInfo {
             ordinal,
             name: ctx.name().map_err(derr("device name"))?,
-            compute_capability: ctx.compute_capability().map_err(derr("compute capability"))?,
-            multiprocessors: ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(derr("SM count"))?,
+            compute_capability: ctx
+                .compute_capability()
+                .map_err(derr("compute capability"))?,
+            multiprocessors: ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(derr("SM count"))?,
             total_mem_bytes: ctx.total_mem().map_err(derr("memory size"))?,
             driver_version,
         };
         let kernels = Kernels::new(ctx.clone())?;
-        Ok(CudaBackend { ctx, stream, blas, kernels, info, mask_cache: Mutex::new(None), pos_cache: Mutex::new(None), freq_cache: Mutex::new(Vec::new()) })
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            blas,
+            kernels,
+            info,
+            mask_cache: Mutex::new(None),
+            pos_cache: Mutex::new(None),
+            freq_cache: Mutex::new(Vec::new()),
+        })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -289,11 +345,20 @@ impl CudaBackend {
     fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
         // SAFETY: every caller writes all `n` elements before anything reads them. A zero-length
         // request allocates one element so that every buffer has a valid device address.
-        unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| anyhow!("cuda: allocating {} bytes: {e}", n * std::mem::size_of::<T>()))
+        unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| {
+            anyhow!(
+                "cuda: allocating {} bytes: {e}",
+                n * std::mem::size_of::<T>()
+            )
+        })
     }
 
     fn new_tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
-        Ok(CudaTensor { buf: self.alloc(rows * cols)?, rows, cols })
+        Ok(CudaTensor {
+            buf: self.alloc(rows * cols)?,
+            rows,
+            cols,
+        })
     }
 
     fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
@@ -303,27 +368,49 @@ impl CudaBackend {
     fn upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
         let mut buf = self.alloc::<T>(data.len())?;
         if !data.is_empty() {
-            self.stream.memcpy_htod(data, &mut buf.slice_mut(0..data.len())).map_err(derr("host-to-device copy"))?;
+            self.stream
+                .memcpy_htod(data, &mut buf.slice_mut(0..data.len()))
+                .map_err(derr("host-to-device copy"))?;
         }
         Ok(buf)
     }
 
     /// A tensor of random bf16 values (uniform, the given mean and standard deviation), generated
     /// on the device: benchmark weights and activations need no host memory or transfers.
-    pub fn random_tensor(&self, rows: usize, cols: usize, std_dev: f32, mean: f32, seed: u64) -> Result<CudaTensor> {
+    pub fn random_tensor(
+        &self,
+        rows: usize,
+        cols: usize,
+        std_dev: f32,
+        mean: f32,
+        seed: u64,
+    ) -> Result<CudaTensor> {
         let mut t = self.new_tensor(rows, cols)?;
         self.fill_random(&mut t.buf, rows * cols, std_dev, mean, seed)?;
         Ok(t)
     }
 
     /// A random weight `[out, inp]` (uniform, zero mean, standard deviation `std_dev`).
-    pub fn random_matrix(&self, out: usize, inp: usize, std_dev: f32, seed: u64) -> Result<CudaMatrix> {
+    pub fn random_matrix(
+        &self,
+        out: usize,
+        inp: usize,
+        std_dev: f32,
+        seed: u64,
+    ) -> Result<CudaMatrix> {
         let mut buf = self.alloc(out * inp)?;
         self.fill_random(&mut buf, out * inp, std_dev, 0.0, seed)?;
         Ok(CudaMatrix { buf, out, inp })
     }
 
-    fn fill_random(&self, buf: &mut CudaSlice<bf16>, n: usize, std_dev: f32, mean: f32, seed: u64) -> Result<()> {
+    fn fill_random(
+        &self,
+        buf: &mut CudaSlice<bf16>,
+        n: usize,
+        std_dev: f32,
+        mean: f32,
+        seed: u64,
+    ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
@@ -332,7 +419,14 @@ impl CudaBackend {
         let mut b = self.stream.launch_builder(&f);
         b.arg(buf).arg(&n64).arg(&seed).arg(&std_dev).arg(&mean);
         // SAFETY: kernel signature (bf16*, long long, u64, float, float); buf holds n elements.
-        unsafe { b.launch(LaunchConfig { grid_dim: (blocks(n, 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr("fill_random_bf16"))?;
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks(n, 256), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("fill_random_bf16"))?;
         Ok(())
     }
 
@@ -341,7 +435,9 @@ impl CudaBackend {
         let n = t.rows * t.cols;
         let mut out = vec![bf16::ZERO; n];
         if n > 0 {
-            self.stream.memcpy_dtoh(&t.buf.slice(0..n), &mut out).map_err(derr("device-to-host copy"))?;
+            self.stream
+                .memcpy_dtoh(&t.buf.slice(0..n), &mut out)
+                .map_err(derr("device-to-host copy"))?;
         }
         self.synchronize()?;
         Ok(out)
@@ -350,25 +446,47 @@ impl CudaBackend {
     /// Page-locked host memory for `n` bf16 values (fast device-to-host copies of taps).
     pub fn alloc_pinned_bf16(&self, n: usize) -> Result<cudarc::driver::PinnedHostSlice<bf16>> {
         // SAFETY: the memory is only written by device copies before it is read.
-        unsafe { self.ctx.alloc_pinned::<bf16>(n.max(1)) }.map_err(derr("allocating pinned host memory"))
+        unsafe { self.ctx.alloc_pinned::<bf16>(n.max(1)) }
+            .map_err(derr("allocating pinned host memory"))
     }
 
     /// Queues a copy of `t` into `dst[offset..offset + rows·cols]` (page-locked, so the copy runs
     /// at the host link's speed and is asynchronous: call [`CudaBackend::synchronize`] before reading).
-    pub fn copy_to_pinned(&self, t: &CudaTensor, dst: &mut cudarc::driver::PinnedHostSlice<bf16>, offset: usize) -> Result<()> {
+    pub fn copy_to_pinned(
+        &self,
+        t: &CudaTensor,
+        dst: &mut cudarc::driver::PinnedHostSlice<bf16>,
+        offset: usize,
+    ) -> Result<()> {
         let n = t.rows * t.cols;
-        ensure!(offset + n <= dst.len(), "pinned buffer of {} values is too small for {} at offset {offset}", dst.len(), n);
+        ensure!(
+            offset + n <= dst.len(),
+            "pinned buffer of {} values is too small for {} at offset {offset}",
+            dst.len(),
+            n
+        );
         if n == 0 {
             return Ok(());
         }
         let host = dst.as_mut_slice().map_err(derr("pinned buffer"))?;
-        self.stream.memcpy_dtoh(&t.buf.slice(0..n), &mut host[offset..offset + n]).map_err(derr("device-to-host copy"))
+        self.stream
+            .memcpy_dtoh(&t.buf.slice(0..n), &mut host[offset..offset + n])
+            .map_err(derr("device-to-host copy"))
     }
 
     /// A weight from raw bf16 values (checkpoint tensors already in bf16 skip the f32 round trip).
     pub fn matrix_bf16(&self, data: &[bf16], out: usize, inp: usize) -> Result<CudaMatrix> {
-        ensure!(data.len() == out * inp, "weight data has {} values, shape [{out}, {inp}] needs {}", data.len(), out * inp);
-        Ok(CudaMatrix { buf: self.upload(data)?, out, inp })
+        ensure!(
+            data.len() == out * inp,
+            "weight data has {} values, shape [{out}, {inp}] needs {}",
+            data.len(),
+            out * inp
+        );
+        Ok(CudaMatrix {
+            buf: self.upload(data)?,
+            out,
+            inp,
+        })
     }
 
     /// A copy of a tensor on the device (hidden-state taps: the residual stream is updated in place).
@@ -376,7 +494,9 @@ impl CudaBackend {
         let mut o = self.new_tensor(t.rows, t.cols)?;
         let n = t.rows * t.cols;
         if n > 0 {
-            self.stream.memcpy_dtod(&t.buf.slice(0..n), &mut o.buf.slice_mut(0..n)).map_err(derr("device copy"))?;
+            self.stream
+                .memcpy_dtod(&t.buf.slice(0..n), &mut o.buf.slice_mut(0..n))
+                .map_err(derr("device copy"))?;
         }
         Ok(o)
     }
@@ -384,11 +504,24 @@ impl CudaBackend {
     /// `y = x · Wᵀ (+ beta · y)` with bf16 operands and fp32 accumulation. Raw pointers so the
     /// LM head can write fp32 logits for a slice of rows.
     #[allow(clippy::too_many_arguments)]
-    fn gemm_raw(&self, x: u64, rows: usize, w: u64, out: usize, inp: usize, y: u64, y_type: blas_sys::cudaDataType, beta: f32) -> Result<()> {
+    fn gemm_raw(
+        &self,
+        x: u64,
+        rows: usize,
+        w: u64,
+        out: usize,
+        inp: usize,
+        y: u64,
+        y_type: blas_sys::cudaDataType,
+        beta: f32,
+    ) -> Result<()> {
         if rows == 0 || out == 0 {
             return Ok(());
         }
-        ensure!(rows <= i32::MAX as usize && out <= i32::MAX as usize && inp <= i32::MAX as usize, "matmul too large for cuBLAS: [{rows}, {inp}] x [{out}, {inp}]");
+        ensure!(
+            rows <= i32::MAX as usize && out <= i32::MAX as usize && inp <= i32::MAX as usize,
+            "matmul too large for cuBLAS: [{rows}, {inp}] x [{out}, {inp}]"
+        );
         let alpha = 1f32;
         // Column-major view: yᵀ[out, rows] = W[out, inp] · xᵀ[inp, rows]; W row-major [out, inp]
         // is column-major [inp, out] (lda = inp), hence op(A) = T.
@@ -422,26 +555,148 @@ impl CudaBackend {
     /// `acc += x · Wᵀ` in one cuBLAS call (beta = 1): the residual add fused into the GEMM
     /// epilogue, one bf16 rounding of `acc + fp32 product` instead of HF's two.
     pub fn matmul_acc(&self, x: &CudaTensor, w: &CudaMatrix, acc: &mut CudaTensor) -> Result<()> {
-        ensure!(x.cols == w.inp, "matmul: input has {} columns, weight expects {}", x.cols, w.inp);
-        ensure!((acc.rows, acc.cols) == (x.rows, w.out), "matmul_acc: accumulator is [{}, {}], product is [{}, {}]", acc.rows, acc.cols, x.rows, w.out);
-        self.gemm_raw(self.ptr(&x.buf), x.rows, self.ptr(&w.buf), w.out, w.inp, self.ptr(&acc.buf), blas_sys::cudaDataType::CUDA_R_16BF, 1.0)
+        ensure!(
+            x.cols == w.inp,
+            "matmul: input has {} columns, weight expects {}",
+            x.cols,
+            w.inp
+        );
+        ensure!(
+            (acc.rows, acc.cols) == (x.rows, w.out),
+            "matmul_acc: accumulator is [{}, {}], product is [{}, {}]",
+            acc.rows,
+            acc.cols,
+            x.rows,
+            w.out
+        );
+        self.gemm_raw(
+            self.ptr(&x.buf),
+            x.rows,
+            self.ptr(&w.buf),
+            w.out,
+            w.inp,
+            self.ptr(&acc.buf),
+            blas_sys::cudaDataType::CUDA_R_16BF,
+            1.0,
+        )
     }
 
-    /// Copies rows of `src` (all of them, or those listed in `idx`) into columns
-    /// `dst_col0..dst_col0 + src_cols` of `dst`.
+    /// Stacks weights `[out_i, in]` into one `[Σ out_i, in]` matrix (fused QKV or gate|up
+    /// projections: one large GEMM instead of several narrow ones).
+    pub fn concat_matrices(&self, parts: &[&CudaMatrix]) -> Result<CudaMatrix> {
+        let inp = parts.first().map(|p| p.inp).unwrap_or(0);
+        ensure!(
+            parts.iter().all(|p| p.inp == inp),
+            "concat_matrices: input widths differ"
+        );
+        let out: usize = parts.iter().map(|p| p.out).sum();
+        let mut buf = self.alloc::<bf16>(out * inp)?;
+        let mut off = 0;
+        for p in parts {
+            let n = p.out * p.inp;
+            if n > 0 {
+                self.stream
+                    .memcpy_dtod(&p.buf.slice(0..n), &mut buf.slice_mut(off..off + n))
+                    .map_err(derr("device copy"))?;
+            }
+            off += n;
+        }
+        Ok(CudaMatrix { buf, out, inp })
+    }
+
+    /// Splits the columns of `x` into consecutive tensors of the given widths (the outputs of a
+    /// fused projection).
+    pub fn split_cols(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
+        ensure!(
+            widths.iter().sum::<usize>() == x.cols,
+            "split_cols: widths {widths:?} do not add up to {} columns",
+            x.cols
+        );
+        let mut out = Vec::with_capacity(widths.len());
+        let mut c0 = 0;
+        for &w in widths {
+            let mut t = self.new_tensor(x.rows, w)?;
+            self.copy_rows(&mut t.buf, w, 0, &x.buf, x.cols, c0, None, x.rows, w)?;
+            out.push(t);
+            c0 += w;
+        }
+        Ok(out)
+    }
+
+    /// SwiGLU of a fused gate|up output `[T, 2·I]` → `[T, I]` (same arithmetic as
+    /// [`Backend::swiglu`] on the two halves).
+    pub fn swiglu_packed(&self, gu: &CudaTensor) -> Result<CudaTensor> {
+        ensure!(
+            gu.cols.is_multiple_of(2),
+            "swiglu_packed: {} columns is not gate|up",
+            gu.cols
+        );
+        let inter = gu.cols / 2;
+        let mut y = self.new_tensor(gu.rows, inter)?;
+        let n = gu.rows * inter;
+        if n == 0 {
+            return Ok(y);
+        }
+        let (f, cfg) = self.unary_launch("swiglu_packed_bf16", n, 8)?;
+        let (rows, i32c) = (gu.rows as i64, inter as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&gu.buf).arg(&mut y.buf).arg(&rows).arg(&i32c);
+        // SAFETY: (const bf16*, bf16*, ll, int); gu holds rows × 2·inter values.
+        unsafe { b.launch(cfg) }.map_err(derr("swiglu_packed_bf16"))?;
+        Ok(y)
+    }
+
+    /// Copies columns `src_col0..src_col0 + cols` of rows of `src` (all of them, or those listed in
+    /// `idx`) into columns `dst_col0..dst_col0 + cols` of `dst`.
     #[allow(clippy::too_many_arguments)]
-    fn copy_rows(&self, dst: &mut CudaSlice<bf16>, dst_ld: usize, dst_col0: usize, src: &CudaSlice<bf16>, src_ld: usize, idx: Option<&CudaSlice<u32>>, rows: usize, cols: usize) -> Result<()> {
+    fn copy_rows(
+        &self,
+        dst: &mut CudaSlice<bf16>,
+        dst_ld: usize,
+        dst_col0: usize,
+        src: &CudaSlice<bf16>,
+        src_ld: usize,
+        src_col0: usize,
+        idx: Option<&CudaSlice<u32>>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
         if rows == 0 || cols == 0 {
             return Ok(());
         }
-        ensure!(rows <= i32::MAX as usize, "copy of {rows} rows is too large for one launch");
+        ensure!(
+            rows <= i32::MAX as usize,
+            "copy of {rows} rows is too large for one launch"
+        );
         let f = self.kernels.get("elementwise", "copy_rows_bf16")?;
-        let (dst_ld, dst_col0, src_ld, rows64, cols32) = (dst_ld as i64, dst_col0 as i64, src_ld as i64, rows as i64, cols as i32);
+        let (dst_ld, dst_col0, src_ld, src_col0, rows64, cols32) = (
+            dst_ld as i64,
+            dst_col0 as i64,
+            src_ld as i64,
+            src_col0 as i64,
+            rows as i64,
+            cols as i32,
+        );
         let idx_ptr: u64 = idx.map(|i| self.ptr(i)).unwrap_or(0);
         let mut b = self.stream.launch_builder(&f);
-        b.arg(dst).arg(&dst_ld).arg(&dst_col0).arg(src).arg(&src_ld).arg(&idx_ptr).arg(&rows64).arg(&cols32);
-        // SAFETY: signature (bf16*, ll, ll, const bf16*, ll, const u32*, ll, int); shapes checked by callers.
-        unsafe { b.launch(LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr("copy_rows_bf16"))?;
+        b.arg(dst)
+            .arg(&dst_ld)
+            .arg(&dst_col0)
+            .arg(src)
+            .arg(&src_ld)
+            .arg(&src_col0)
+            .arg(&idx_ptr)
+            .arg(&rows64)
+            .arg(&cols32);
+        // SAFETY: signature (bf16*, ll, ll, const bf16*, ll, ll, const u32*, ll, int); shapes checked by callers.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("copy_rows_bf16"))?;
         Ok(())
     }
 
@@ -450,18 +705,40 @@ impl CudaBackend {
         let mut r = Vec::with_capacity(tq * 4);
         match mask {
             AttnMask::Causal { q_start } => {
-                ensure!(q_start + tq <= tk, "attention: causal queries end at {} but only {tk} keys exist", q_start + tq);
+                ensure!(
+                    q_start + tq <= tk,
+                    "attention: causal queries end at {} but only {tk} keys exist",
+                    q_start + tq
+                );
                 for i in 0..tq {
                     r.extend_from_slice(&[0, (q_start + i + 1) as i32, 0, 0]);
                 }
             }
-            AttnMask::Blocks { ctx_len, block, anchors, ctx_inclusive, causal_in_block, window } => {
+            AttnMask::Blocks {
+                ctx_len,
+                block,
+                anchors,
+                ctx_inclusive,
+                causal_in_block,
+                window,
+            } => {
                 let (ctx_len, block, n) = (*ctx_len, *block, anchors.len());
                 ensure!(block > 0, "attention: block size 0");
-                ensure!(tq == n * block, "attention: {tq} query rows for {n} blocks of {block}");
-                ensure!(tk == ctx_len + n * block, "attention: {tk} keys, expected {ctx_len} context + {} block rows", n * block);
+                ensure!(
+                    tq == n * block,
+                    "attention: {tq} query rows for {n} blocks of {block}"
+                );
+                ensure!(
+                    tk == ctx_len + n * block,
+                    "attention: {tk} keys, expected {ctx_len} context + {} block rows",
+                    n * block
+                );
                 for (b, &a) in anchors.iter().enumerate() {
-                    let ctx_hi = if *ctx_inclusive { (a + 1).min(ctx_len) } else { a.min(ctx_len) };
+                    let ctx_hi = if *ctx_inclusive {
+                        (a + 1).min(ctx_len)
+                    } else {
+                        a.min(ctx_len)
+                    };
                     for o in 0..block {
                         let qpos = a + o;
                         let (mut lo1, hi1) = (0usize, ctx_hi);
@@ -473,7 +750,11 @@ impl CudaBackend {
                         }
                         let (lo1, hi1) = if lo1 < hi1 { (lo1, hi1) } else { (0, 0) };
                         let base = ctx_len + b * block;
-                        let (lo2, hi2) = if olo < ohi { (base + olo, base + ohi) } else { (0, 0) };
+                        let (lo2, hi2) = if olo < ohi {
+                            (base + olo, base + ohi)
+                        } else {
+                            (0, 0)
+                        };
                         r.extend_from_slice(&[lo1 as i32, hi1 as i32, lo2 as i32, hi2 as i32]);
                     }
                 }
@@ -483,10 +764,18 @@ impl CudaBackend {
     }
 
     fn varlen_intervals(seq_starts: &[usize], rows: usize) -> Result<Vec<i32>> {
-        ensure!(seq_starts.first() == Some(&0) && seq_starts.last() == Some(&rows), "attention_varlen: sequence starts must run from 0 to {rows}, got {:?}..{:?}", seq_starts.first(), seq_starts.last());
+        ensure!(
+            seq_starts.first() == Some(&0) && seq_starts.last() == Some(&rows),
+            "attention_varlen: sequence starts must run from 0 to {rows}, got {:?}..{:?}",
+            seq_starts.first(),
+            seq_starts.last()
+        );
         let mut r = Vec::with_capacity(rows * 4);
         for w in seq_starts.windows(2) {
-            ensure!(w[0] <= w[1], "attention_varlen: sequence starts are not increasing");
+            ensure!(
+                w[0] <= w[1],
+                "attention_varlen: sequence starts are not increasing"
+            );
             for i in w[0]..w[1] {
                 r.extend_from_slice(&[w[0] as i32, (i + 1) as i32, 0, 0]);
             }
@@ -494,20 +783,61 @@ impl CudaBackend {
         Ok(r)
     }
 
-    fn attention_with(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, shape: AttnShape, key: MaskKey, intervals: impl FnOnce() -> Result<Vec<i32>>, reverse: bool) -> Result<CudaTensor> {
-        let AttnShape { heads, kv_heads, head_dim: hd } = shape;
-        ensure!(kv_heads > 0 && heads % kv_heads == 0, "attention: {heads} heads not divisible by {kv_heads} KV heads");
-        ensure!(q.cols == heads * hd, "attention: q has {} columns, expected {}", q.cols, heads * hd);
-        ensure!(k.cols == kv_heads * hd && v.cols == kv_heads * hd, "attention: k/v have {}/{} columns, expected {}", k.cols, v.cols, kv_heads * hd);
-        ensure!(k.rows == v.rows, "attention: k has {} rows, v has {}", k.rows, v.rows);
+    #[allow(clippy::too_many_arguments)]
+    fn attention_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        key: MaskKey,
+        intervals: impl FnOnce() -> Result<Vec<i32>>,
+        reverse: bool,
+    ) -> Result<CudaTensor> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        ensure!(
+            kv_heads > 0 && heads % kv_heads == 0,
+            "attention: {heads} heads not divisible by {kv_heads} KV heads"
+        );
+        ensure!(
+            q.cols == heads * hd,
+            "attention: q has {} columns, expected {}",
+            q.cols,
+            heads * hd
+        );
+        ensure!(
+            k.cols == kv_heads * hd && v.cols == kv_heads * hd,
+            "attention: k/v have {}/{} columns, expected {}",
+            k.cols,
+            v.cols,
+            kv_heads * hd
+        );
+        ensure!(
+            k.rows == v.rows,
+            "attention: k has {} rows, v has {}",
+            k.rows,
+            v.rows
+        );
         let group = heads / kv_heads;
-        ensure!(group <= 64, "attention: {group} query heads per KV head (at most 64 supported)");
-        ensure!(k.rows < i32::MAX as usize && q.rows < i32::MAX as usize, "attention: too many rows");
+        ensure!(
+            group <= 64,
+            "attention: {group} query heads per KV head (at most 64 supported)"
+        );
+        ensure!(
+            k.rows < i32::MAX as usize && q.rows < i32::MAX as usize,
+            "attention: too many rows"
+        );
         let func = match hd {
             64 => "flash_attention_hd64",
             128 => "flash_attention_hd128",
             256 => "flash_attention_hd256",
-            _ => bail!("attention: head_dim {hd} is not supported by the CUDA kernel (64, 128, 256)"),
+            _ => {
+                bail!("attention: head_dim {hd} is not supported by the CUDA kernel (64, 128, 256)")
+            }
         };
         let mut out = self.new_tensor(q.rows, q.cols)?;
         if q.rows == 0 {
@@ -516,7 +846,12 @@ impl CudaBackend {
         let mut cache = self.mask_cache.lock().unwrap_or_else(|e| e.into_inner());
         if cache.as_ref().map(|(k, _)| k != &key).unwrap_or(true) {
             let iv = intervals()?;
-            ensure!(iv.len() == q.rows * 4, "attention: mask covers {} rows, q has {}", iv.len() / 4, q.rows);
+            ensure!(
+                iv.len() == q.rows * 4,
+                "attention: mask covers {} rows, q has {}",
+                iv.len() / 4,
+                q.rows
+            );
             *cache = Some((key, self.upload(&iv)?));
         }
         let ranges = &cache.as_ref().expect("mask cache was just filled").1;
@@ -524,21 +859,53 @@ impl CudaBackend {
         let f = self.kernels.get_with_smem("attention", func, smem)?;
         let ppb = 64 / group;
         let grid_x = q.rows.div_ceil(ppb);
-        ensure!(grid_x < i32::MAX as usize && kv_heads < 65536, "attention: grid too large");
+        ensure!(
+            grid_x < i32::MAX as usize && kv_heads < 65536,
+            "attention: grid too large"
+        );
         let (tq, tk, h, hkv) = (q.rows as i32, k.rows as i32, heads as i32, kv_heads as i32);
         let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
         let rev = reverse as i32;
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&q.buf).arg(&k.buf).arg(&v.buf).arg(&mut out.buf).arg(ranges).arg(&tq).arg(&tk).arg(&h).arg(&hkv).arg(&scale_log2).arg(&rev);
+        b.arg(&q.buf)
+            .arg(&k.buf)
+            .arg(&v.buf)
+            .arg(&mut out.buf)
+            .arg(ranges)
+            .arg(&tq)
+            .arg(&tk)
+            .arg(&h)
+            .arg(&hkv)
+            .arg(&scale_log2)
+            .arg(&rev);
         // SAFETY: signature matches ATT_ENTRY in kernels/attention.cu; shapes checked above; the
         // intervals are clipped to [0, tk].
-        unsafe { b.launch(LaunchConfig { grid_dim: (grid_x as u32, kv_heads as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 }) }.map_err(derr(func))?;
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (grid_x as u32, kv_heads as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: smem as u32,
+            })
+        }
+        .map_err(derr(func))?;
         Ok(out)
     }
 
-    fn unary_launch(&self, func: &'static str, n: usize, per_thread: usize) -> Result<(cudarc::driver::CudaFunction, LaunchConfig)> {
+    fn unary_launch(
+        &self,
+        func: &'static str,
+        n: usize,
+        per_thread: usize,
+    ) -> Result<(cudarc::driver::CudaFunction, LaunchConfig)> {
         let f = self.kernels.get("elementwise", func)?;
-        Ok((f, LaunchConfig { grid_dim: (blocks(n.div_ceil(per_thread), 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }))
+        Ok((
+            f,
+            LaunchConfig {
+                grid_dim: (blocks(n.div_ceil(per_thread), 256), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            },
+        ))
     }
 }
 
@@ -554,9 +921,18 @@ impl Backend for CudaBackend {
     }
 
     fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor> {
-        ensure!(data.len() == rows * cols, "tensor data has {} values, shape [{rows}, {cols}] needs {}", data.len(), rows * cols);
+        ensure!(
+            data.len() == rows * cols,
+            "tensor data has {} values, shape [{rows}, {cols}] needs {}",
+            data.len(),
+            rows * cols
+        );
         let h: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
-        Ok(CudaTensor { buf: self.upload(&h)?, rows, cols })
+        Ok(CudaTensor {
+            buf: self.upload(&h)?,
+            rows,
+            cols,
+        })
     }
     fn to_host(&self, t: &CudaTensor) -> Result<Vec<f32>> {
         Ok(self.to_host_bf16(t)?.into_iter().map(f32::from).collect())
@@ -565,23 +941,51 @@ impl Backend for CudaBackend {
         (t.rows, t.cols)
     }
     fn matrix(&self, data: &[f32], out: usize, inp: usize) -> Result<CudaMatrix> {
-        ensure!(data.len() == out * inp, "weight data has {} values, shape [{out}, {inp}] needs {}", data.len(), out * inp);
+        ensure!(
+            data.len() == out * inp,
+            "weight data has {} values, shape [{out}, {inp}] needs {}",
+            data.len(),
+            out * inp
+        );
         let h: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
-        Ok(CudaMatrix { buf: self.upload(&h)?, out, inp })
+        Ok(CudaMatrix {
+            buf: self.upload(&h)?,
+            out,
+            inp,
+        })
     }
     fn matrix_dims(&self, m: &CudaMatrix) -> (usize, usize) {
         (m.out, m.inp)
     }
 
     fn matmul(&self, x: &CudaTensor, w: &CudaMatrix) -> Result<CudaTensor> {
-        ensure!(x.cols == w.inp, "matmul: input has {} columns, weight expects {}", x.cols, w.inp);
+        ensure!(
+            x.cols == w.inp,
+            "matmul: input has {} columns, weight expects {}",
+            x.cols,
+            w.inp
+        );
         let y = self.new_tensor(x.rows, w.out)?;
-        self.gemm_raw(self.ptr(&x.buf), x.rows, self.ptr(&w.buf), w.out, w.inp, self.ptr(&y.buf), blas_sys::cudaDataType::CUDA_R_16BF, 0.0)?;
+        self.gemm_raw(
+            self.ptr(&x.buf),
+            x.rows,
+            self.ptr(&w.buf),
+            w.out,
+            w.inp,
+            self.ptr(&y.buf),
+            blas_sys::cudaDataType::CUDA_R_16BF,
+            0.0,
+        )?;
         Ok(y)
     }
 
     fn add_row_bias(&self, x: &mut CudaTensor, bias: &CudaTensor) -> Result<()> {
-        ensure!(bias.rows * bias.cols == x.cols, "bias has {} values, rows have {}", bias.rows * bias.cols, x.cols);
+        ensure!(
+            bias.rows * bias.cols == x.cols,
+            "bias has {} values, rows have {}",
+            bias.rows * bias.cols,
+            x.cols
+        );
         let n = x.rows * x.cols;
         if n == 0 {
             return Ok(());
@@ -596,7 +1000,14 @@ impl Backend for CudaBackend {
     }
 
     fn add_inplace(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
-        ensure!((x.rows, x.cols) == (y.rows, y.cols), "add: shapes [{}, {}] and [{}, {}] differ", x.rows, x.cols, y.rows, y.cols);
+        ensure!(
+            (x.rows, x.cols) == (y.rows, y.cols),
+            "add: shapes [{}, {}] and [{}, {}] differ",
+            x.rows,
+            x.cols,
+            y.rows,
+            y.cols
+        );
         let n = x.rows * x.cols;
         if n == 0 {
             return Ok(());
@@ -610,9 +1021,23 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn rms_norm(&self, x: &CudaTensor, weight: &CudaTensor, eps: f32, group: usize) -> Result<CudaTensor> {
-        ensure!(group > 0 && x.cols % group == 0, "rms_norm: {} columns are not a multiple of group {group}", x.cols);
-        ensure!(weight.rows * weight.cols == group, "rms_norm: weight has {} values, group is {group}", weight.rows * weight.cols);
+    fn rms_norm(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<CudaTensor> {
+        ensure!(
+            group > 0 && x.cols.is_multiple_of(group),
+            "rms_norm: {} columns are not a multiple of group {group}",
+            x.cols
+        );
+        ensure!(
+            weight.rows * weight.cols == group,
+            "rms_norm: weight has {} values, group is {group}",
+            weight.rows * weight.cols
+        );
         ensure!(group < i32::MAX as usize, "rms_norm: group too large");
         let mut y = self.new_tensor(x.rows, x.cols)?;
         let n_groups = x.rows * (x.cols / group);
@@ -622,16 +1047,42 @@ impl Backend for CudaBackend {
         let f = self.kernels.get("elementwise", "rms_norm_bf16")?;
         let (ng, g) = (n_groups as i64, group as i32);
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&x.buf).arg(&weight.buf).arg(&mut y.buf).arg(&ng).arg(&g).arg(&eps);
+        b.arg(&x.buf)
+            .arg(&weight.buf)
+            .arg(&mut y.buf)
+            .arg(&ng)
+            .arg(&g)
+            .arg(&eps);
         // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float); one warp per group, 8 per block.
-        unsafe { b.launch(LaunchConfig { grid_dim: (blocks(n_groups, 8), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr("rms_norm_bf16"))?;
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks(n_groups, 8), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("rms_norm_bf16"))?;
         Ok(y)
     }
 
     fn rope_inplace(&self, x: &mut CudaTensor, positions: &[u32], rope: &Rope) -> Result<()> {
-        ensure!(positions.len() == x.rows, "rope: {} positions for {} rows", positions.len(), x.rows);
-        ensure!(rope.head_dim > 0 && x.cols % rope.head_dim == 0, "rope: {} columns are not whole heads of {}", x.cols, rope.head_dim);
-        ensure!(rope.rotary_dim <= rope.head_dim && rope.rotary_dim % 2 == 0, "rope: bad rotary_dim {}", rope.rotary_dim);
+        ensure!(
+            positions.len() == x.rows,
+            "rope: {} positions for {} rows",
+            positions.len(),
+            x.rows
+        );
+        ensure!(
+            rope.head_dim > 0 && x.cols.is_multiple_of(rope.head_dim),
+            "rope: {} columns are not whole heads of {}",
+            x.cols,
+            rope.head_dim
+        );
+        ensure!(
+            rope.rotary_dim <= rope.head_dim && rope.rotary_dim.is_multiple_of(2),
+            "rope: bad rotary_dim {}",
+            rope.rotary_dim
+        );
         let half = rope.rotary_dim / 2;
         let n_heads = x.cols / rope.head_dim;
         let total = x.rows * n_heads * half;
@@ -642,39 +1093,106 @@ impl Backend for CudaBackend {
         let fkey = (rope.theta.to_bits(), rope.rotary_dim);
         if !fc.iter().any(|(k, _)| *k == fkey) {
             // HF: inv_freq = 1 / theta^(2i / rotary_dim), in f32.
-            let inv: Vec<f32> = (0..half).map(|i| 1.0 / rope.theta.powf((2 * i) as f32 / rope.rotary_dim as f32)).collect();
+            let inv: Vec<f32> = (0..half)
+                .map(|i| 1.0 / rope.theta.powf((2 * i) as f32 / rope.rotary_dim as f32))
+                .collect();
             fc.push((fkey, self.upload(&inv)?));
         }
-        let freqs = &fc.iter().find(|(k, _)| *k == fkey).expect("inserted above").1;
+        let freqs = &fc
+            .iter()
+            .find(|(k, _)| *k == fkey)
+            .expect("inserted above")
+            .1;
         let mut pc = self.pos_cache.lock().unwrap_or_else(|e| e.into_inner());
-        if pc.as_ref().map(|(p, _)| p.as_slice() != positions).unwrap_or(true) {
+        if pc
+            .as_ref()
+            .map(|(p, _)| p.as_slice() != positions)
+            .unwrap_or(true)
+        {
             *pc = Some((positions.to_vec(), self.upload(positions)?));
         }
         let pos = &pc.as_ref().expect("filled above").1;
         let f = self.kernels.get("elementwise", "rope_bf16")?;
-        let (rows, nh, hd, rd) = (x.rows as i32, n_heads as i32, rope.head_dim as i32, rope.rotary_dim as i32);
+        let (rows, nh, hd, rd) = (
+            x.rows as i32,
+            n_heads as i32,
+            rope.head_dim as i32,
+            rope.rotary_dim as i32,
+        );
         let inter = matches!(rope.style, RopeStyle::Interleaved) as i32;
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&mut x.buf).arg(pos).arg(freqs).arg(&rows).arg(&nh).arg(&hd).arg(&rd).arg(&inter);
+        b.arg(&mut x.buf)
+            .arg(pos)
+            .arg(freqs)
+            .arg(&rows)
+            .arg(&nh)
+            .arg(&hd)
+            .arg(&rd)
+            .arg(&inter);
         // SAFETY: (bf16*, const u32*, const float*, int x5); one thread per rotated pair.
-        unsafe { b.launch(LaunchConfig { grid_dim: (blocks(total, 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr("rope_bf16"))?;
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks(total, 256), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("rope_bf16"))?;
         Ok(())
     }
 
-    fn attention(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, shape: AttnShape, mask: &AttnMask) -> Result<CudaTensor> {
+    fn attention(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        mask: &AttnMask,
+    ) -> Result<CudaTensor> {
         let (tq, tk) = (q.rows, k.rows);
         let reverse = matches!(mask, AttnMask::Causal { .. });
-        self.attention_with(q, k, v, shape, MaskKey::Mask(mask.clone(), tq, tk), || Self::mask_intervals(mask, tq, tk), reverse)
+        self.attention_with(
+            q,
+            k,
+            v,
+            shape,
+            MaskKey::Mask(mask.clone(), tq, tk),
+            || Self::mask_intervals(mask, tq, tk),
+            reverse,
+        )
     }
 
-    fn attention_varlen(&self, q: &CudaTensor, k: &CudaTensor, v: &CudaTensor, shape: AttnShape, seq_starts: &[usize]) -> Result<CudaTensor> {
-        ensure!(q.rows == k.rows, "attention_varlen: q has {} rows, k/v {}", q.rows, k.rows);
+    fn attention_varlen(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        seq_starts: &[usize],
+    ) -> Result<CudaTensor> {
+        ensure!(
+            q.rows == k.rows,
+            "attention_varlen: q has {} rows, k/v {}",
+            q.rows,
+            k.rows
+        );
         let rows = q.rows;
-        self.attention_with(q, k, v, shape, MaskKey::Varlen(seq_starts.to_vec()), || Self::varlen_intervals(seq_starts, rows), true)
+        self.attention_with(
+            q,
+            k,
+            v,
+            shape,
+            MaskKey::Varlen(seq_starts.to_vec()),
+            || Self::varlen_intervals(seq_starts, rows),
+            true,
+        )
     }
 
     fn swiglu(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
-        ensure!((gate.rows, gate.cols) == (up.rows, up.cols), "swiglu: gate and up shapes differ");
+        ensure!(
+            (gate.rows, gate.cols) == (up.rows, up.cols),
+            "swiglu: gate and up shapes differ"
+        );
         let mut y = self.new_tensor(gate.rows, gate.cols)?;
         let n = gate.rows * gate.cols;
         if n == 0 {
@@ -691,27 +1209,45 @@ impl Backend for CudaBackend {
 
     fn embed(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
         if let Some(&bad) = ids.iter().find(|&&i| i as usize >= table.out) {
-            bail!("token id {bad} is outside the embedding table ({} rows)", table.out);
+            bail!(
+                "token id {bad} is outside the embedding table ({} rows)",
+                table.out
+            );
         }
         let mut y = self.new_tensor(ids.len(), table.inp)?;
         if ids.is_empty() {
             return Ok(y);
         }
         let idx = self.upload(ids)?;
-        self.copy_rows(&mut y.buf, table.inp, 0, &table.buf, table.inp, Some(&idx), ids.len(), table.inp)?;
+        self.copy_rows(
+            &mut y.buf,
+            table.inp,
+            0,
+            &table.buf,
+            table.inp,
+            0,
+            Some(&idx),
+            ids.len(),
+            table.inp,
+        )?;
         Ok(y)
     }
 
     fn concat_rows(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
         let cols = parts.first().map(|p| p.cols).unwrap_or(0);
-        ensure!(parts.iter().all(|p| p.cols == cols), "concat_rows: column counts differ");
+        ensure!(
+            parts.iter().all(|p| p.cols == cols),
+            "concat_rows: column counts differ"
+        );
         let rows: usize = parts.iter().map(|p| p.rows).sum();
         let mut y = self.new_tensor(rows, cols)?;
         let mut off = 0;
         for p in parts {
             let n = p.rows * p.cols;
             if n > 0 {
-                self.stream.memcpy_dtod(&p.buf.slice(0..n), &mut y.buf.slice_mut(off..off + n)).map_err(derr("device copy"))?;
+                self.stream
+                    .memcpy_dtod(&p.buf.slice(0..n), &mut y.buf.slice_mut(off..off + n))
+                    .map_err(derr("device copy"))?;
             }
             off += n;
         }
@@ -720,23 +1256,35 @@ impl Backend for CudaBackend {
 
     fn concat_cols(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
         let rows = parts.first().map(|p| p.rows).unwrap_or(0);
-        ensure!(parts.iter().all(|p| p.rows == rows), "concat_cols: row counts differ");
+        ensure!(
+            parts.iter().all(|p| p.rows == rows),
+            "concat_cols: row counts differ"
+        );
         let cols: usize = parts.iter().map(|p| p.cols).sum();
         let mut y = self.new_tensor(rows, cols)?;
         let mut c0 = 0;
         for p in parts {
-            self.copy_rows(&mut y.buf, cols, c0, &p.buf, p.cols, None, rows, p.cols)?;
+            self.copy_rows(&mut y.buf, cols, c0, &p.buf, p.cols, 0, None, rows, p.cols)?;
             c0 += p.cols;
         }
         Ok(y)
     }
 
     fn slice_rows(&self, x: &CudaTensor, start: usize, end: usize) -> Result<CudaTensor> {
-        ensure!(start <= end && end <= x.rows, "slice_rows {start}..{end} out of {} rows", x.rows);
+        ensure!(
+            start <= end && end <= x.rows,
+            "slice_rows {start}..{end} out of {} rows",
+            x.rows
+        );
         let mut y = self.new_tensor(end - start, x.cols)?;
         let n = (end - start) * x.cols;
         if n > 0 {
-            self.stream.memcpy_dtod(&x.buf.slice(start * x.cols..end * x.cols), &mut y.buf.slice_mut(0..n)).map_err(derr("device copy"))?;
+            self.stream
+                .memcpy_dtod(
+                    &x.buf.slice(start * x.cols..end * x.cols),
+                    &mut y.buf.slice_mut(0..n),
+                )
+                .map_err(derr("device copy"))?;
         }
         Ok(y)
     }
@@ -750,14 +1298,32 @@ impl Backend for CudaBackend {
             return Ok(y);
         }
         let idx = self.upload(rows)?;
-        self.copy_rows(&mut y.buf, x.cols, 0, &x.buf, x.cols, Some(&idx), rows.len(), x.cols)?;
+        self.copy_rows(
+            &mut y.buf,
+            x.cols,
+            0,
+            &x.buf,
+            x.cols,
+            0,
+            Some(&idx),
+            rows.len(),
+            x.cols,
+        )?;
         Ok(y)
     }
 
     fn lm_head_topk(&self, x: &CudaTensor, head: &CudaMatrix, k: usize) -> Result<TopK> {
-        ensure!(x.cols == head.inp, "lm_head: hidden has {} columns, head expects {}", x.cols, head.inp);
+        ensure!(
+            x.cols == head.inp,
+            "lm_head: hidden has {} columns, head expects {}",
+            x.cols,
+            head.inp
+        );
         let vocab = head.out;
-        ensure!(vocab > 0 && vocab < i32::MAX as usize, "lm_head: vocabulary of {vocab} rows");
+        ensure!(
+            vocab > 0 && vocab < i32::MAX as usize,
+            "lm_head: vocabulary of {vocab} rows"
+        );
         let k = k.clamp(1, vocab);
         let func = match k {
             1..=8 => "topk_logsoftmax_k8",
@@ -768,7 +1334,12 @@ impl Backend for CudaBackend {
         };
         let rows = x.rows;
         if rows == 0 {
-            return Ok(TopK { rows: 0, k, ids: vec![], logprobs: vec![] });
+            return Ok(TopK {
+                rows: 0,
+                k,
+                ids: vec![],
+                logprobs: vec![],
+            });
         }
         // fp32 logits for at most `chunk` rows at a time (≤ 1 GiB of scratch).
         let chunk = rows.min(((1usize << 30) / (vocab * 4)).max(1));
@@ -776,26 +1347,57 @@ impl Backend for CudaBackend {
         let ids = self.alloc::<u32>(rows * k)?;
         let lps = self.alloc::<f32>(rows * k)?;
         let f = self.kernels.get("topk", func)?;
-        let (xp, wp, sp, ip, lp) = (self.ptr(&x.buf), self.ptr(&head.buf), self.ptr(&scratch), self.ptr(&ids), self.ptr(&lps));
+        let (xp, wp, sp, ip, lp) = (
+            self.ptr(&x.buf),
+            self.ptr(&head.buf),
+            self.ptr(&scratch),
+            self.ptr(&ids),
+            self.ptr(&lps),
+        );
         let mut start = 0;
         while start < rows {
             let n = chunk.min(rows - start);
-            self.gemm_raw(xp + (start * x.cols * 2) as u64, n, wp, vocab, head.inp, sp, blas_sys::cudaDataType::CUDA_R_32F, 0.0)?;
+            self.gemm_raw(
+                xp + (start * x.cols * 2) as u64,
+                n,
+                wp,
+                vocab,
+                head.inp,
+                sp,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                0.0,
+            )?;
             let (ld, v32, k32) = (vocab as i64, vocab as i32, k as i32);
             let (ipo, lpo) = (ip + (start * k * 4) as u64, lp + (start * k * 4) as u64);
             let mut b = self.stream.launch_builder(&f);
             b.arg(&sp).arg(&ld).arg(&v32).arg(&k32).arg(&ipo).arg(&lpo);
             // SAFETY: (const float*, ll, int, int, u32*, float*); n rows of `vocab` logits in
             // scratch, n*k outputs from offset start*k.
-            unsafe { b.launch(LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }.map_err(derr(func))?;
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (n as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr(func))?;
             start += n;
         }
         let mut out_ids = vec![0u32; rows * k];
         let mut out_lp = vec![0f32; rows * k];
-        self.stream.memcpy_dtoh(&ids.slice(0..rows * k), &mut out_ids).map_err(derr("device-to-host copy"))?;
-        self.stream.memcpy_dtoh(&lps.slice(0..rows * k), &mut out_lp).map_err(derr("device-to-host copy"))?;
+        self.stream
+            .memcpy_dtoh(&ids.slice(0..rows * k), &mut out_ids)
+            .map_err(derr("device-to-host copy"))?;
+        self.stream
+            .memcpy_dtoh(&lps.slice(0..rows * k), &mut out_lp)
+            .map_err(derr("device-to-host copy"))?;
         self.synchronize()?;
         drop(scratch);
-        Ok(TopK { rows, k, ids: out_ids, logprobs: out_lp })
+        Ok(TopK {
+            rows,
+            k,
+            ids: out_ids,
+            logprobs: out_lp,
+        })
     }
 }
