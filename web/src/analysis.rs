@@ -55,7 +55,12 @@ pub struct PromptStats {
 impl PromptStats {
     pub fn uniform_tau(&self) -> Option<f64> {
         (self.blocks > 0).then(|| {
-            let s: u64 = self.hist.iter().enumerate().map(|(n, c)| (n as u64 + 1) * *c as u64).sum();
+            let s: u64 = self
+                .hist
+                .iter()
+                .enumerate()
+                .map(|(n, c)| (n as u64 + 1) * *c as u64)
+                .sum();
             s as f64 / self.blocks as f64
         })
     }
@@ -155,12 +160,21 @@ pub fn compute_stats(batch: &RecordBatch, prompts: &[PromptMeta]) -> RunStats {
         let st = by_prompt.get_mut(pi).expect("prompt entry exists");
         st.rounds = replay(map, |b| batch.accepted_len(b));
     }
-    RunStats { positions: g, top_k: batch.top_k, prompts: by_prompt.into_values().collect() }
+    RunStats {
+        positions: g,
+        top_k: batch.top_k,
+        prompts: by_prompt.into_values().collect(),
+    }
 }
 
 /// The replayed rounds of one prompt: A of each anchor a greedy decode visits.
-pub fn replay(anchor_to_block: &HashMap<u32, usize>, accepted: impl Fn(usize) -> usize) -> Vec<u16> {
-    let Some(&a0) = anchor_to_block.keys().min() else { return Vec::new() };
+pub fn replay(
+    anchor_to_block: &HashMap<u32, usize>,
+    accepted: impl Fn(usize) -> usize,
+) -> Vec<u16> {
+    let Some(&a0) = anchor_to_block.keys().min() else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
     let mut a = a0;
     while let Some(&b) = anchor_to_block.get(&a) {
@@ -177,7 +191,9 @@ pub fn replay_chain(batch: &RecordBatch) -> Vec<(u32, usize, usize)> {
         .filter(|&b| batch.region[b] == Region::Completion as u8)
         .map(|b| (batch.anchor[b], b))
         .collect();
-    let Some(&a0) = map.keys().min() else { return Vec::new() };
+    let Some(&a0) = map.keys().min() else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
     let mut a = a0;
     while let Some(&b) = map.get(&a) {
@@ -194,21 +210,59 @@ pub fn load_stats(store: &Store, run: &RunInfo) -> Result<Option<RunStats>> {
     if let Some(d) = store.derived(run.id, STATS_KIND)? {
         // Imported runs may carry statistics without records: keep those whatever the version.
         if d.version == STATS_VERSION || run.num_blocks == 0 {
-            let s: RunStats = serde_json::from_slice(&d.data)
-                .with_context(|| format!("{}: run {}: cached statistics are corrupt", store.path().display(), run.id))?;
+            let s: RunStats = serde_json::from_slice(&d.data).with_context(|| {
+                format!(
+                    "{}: run {}: cached statistics are corrupt",
+                    store.path().display(),
+                    run.id
+                )
+            })?;
             return Ok(Some(s));
         }
     }
     if run.num_blocks == 0 {
         return Ok(None);
     }
-    let batch = store.records(run.id)?;
-    let stats = compute_stats(&batch, &store.prompt_metas(run.id)?);
+    // Prompt by prompt, so memory is bounded by the largest prompt, not the run (a run can
+    // hold a million blocks).
+    let metas = store.prompt_metas(run.id)?;
+    let mut stats = compute_stats(&RecordBatch::new(run.block_size, run.top_k), &metas);
+    let mut by_index: HashMap<u32, usize> = stats
+        .prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.index, i))
+        .collect();
+    let meta_of: HashMap<u32, &PromptMeta> = metas.iter().map(|m| (m.index, m)).collect();
+    for pi in store.record_prompts(run.id)? {
+        let meta: Vec<PromptMeta> = meta_of
+            .get(&pi)
+            .map(|m| vec![(*m).clone()])
+            .unwrap_or_default();
+        let one = compute_stats(&store.prompt_records(run.id, pi)?, &meta);
+        for p in one.prompts.into_iter().filter(|p| p.index == pi) {
+            match by_index.get(&pi) {
+                Some(&i) => stats.prompts[i] = p,
+                None => {
+                    by_index.insert(pi, stats.prompts.len());
+                    stats.prompts.push(p);
+                }
+            }
+        }
+    }
+    stats.prompts.sort_by_key(|p| p.index);
     // Only finished runs are cached: a running run's records still grow.
     if run.status != draftlens::store::RunStatus::Running {
         let data = serde_json::to_vec(&stats)?;
         // A read-only database (or a race with delete) is not an error for a cache.
-        let _ = store.put_derived(run.id, &Derived { kind: STATS_KIND.into(), version: STATS_VERSION, data });
+        let _ = store.put_derived(
+            run.id,
+            &Derived {
+                kind: STATS_KIND.into(),
+                version: STATS_VERSION,
+                data,
+            },
+        );
     }
     Ok(Some(stats))
 }
@@ -326,7 +380,9 @@ pub fn aggregate(m: &DerivedMetric, prompts: &[&PromptStats]) -> Option<f64> {
     }
     Some(match m.aggregation {
         Aggregation::Macro => mean(&pairs.iter().map(|(n, d)| n / d).collect::<Vec<_>>()),
-        Aggregation::Pooled => pairs.iter().map(|p| p.0).sum::<f64>() / pairs.iter().map(|p| p.1).sum::<f64>(),
+        Aggregation::Pooled => {
+            pairs.iter().map(|p| p.0).sum::<f64>() / pairs.iter().map(|p| p.1).sum::<f64>()
+        }
     })
 }
 
@@ -336,6 +392,8 @@ pub struct Curve {
     pub value: Vec<Option<f64>>,
     pub lo: Vec<Option<f64>>,
     pub hi: Vec<Option<f64>>,
+    /// Denominator per position (blocks counted), so sparse positions can be flagged.
+    pub den: Vec<f64>,
 }
 
 /// Per-position top-1 accuracy (`conditional` = false) or conditional acceptance (true).
@@ -343,16 +401,30 @@ pub fn position_curve(stats: &RunStats, conditional: bool, reps: usize, seed: &s
     let ps: Vec<&PromptStats> = stats.evaluated().collect();
     let mut rng = Rng::from_str_seed(seed);
     let rs = Resamples::new(ps.len(), reps, &mut rng);
-    let mut c = Curve { value: vec![], lo: vec![], hi: vec![] };
+    let mut c = Curve {
+        value: vec![],
+        lo: vec![],
+        hi: vec![],
+        den: vec![],
+    };
     for k in 0..stats.positions {
         let (num, den): (Vec<f64>, Vec<f64>) = if conditional {
-            ps.iter().map(|p| (p.accepted[k] as f64, p.reached[k] as f64)).unzip()
+            ps.iter()
+                .map(|p| (p.accepted[k] as f64, p.reached[k] as f64))
+                .unzip()
         } else {
-            ps.iter().map(|p| (p.correct[k] as f64, p.valid[k] as f64)).unzip()
+            ps.iter()
+                .map(|p| (p.correct[k] as f64, p.valid[k] as f64))
+                .unzip()
         };
         let d: f64 = den.iter().sum();
+        c.den.push(d);
         c.value.push((d > 0.0).then(|| num.iter().sum::<f64>() / d));
-        let ci = if d > 0.0 { rs.ratio_ci(&num, &den) } else { None };
+        let ci = if d > 0.0 {
+            rs.ratio_ci(&num, &den)
+        } else {
+            None
+        };
         c.lo.push(ci.map(|x| x.0));
         c.hi.push(ci.map(|x| x.1));
     }
@@ -377,7 +449,15 @@ pub fn accept_histogram(stats: &RunStats, replayed: bool) -> Vec<f64> {
         }
     }
     let total: u64 = h.iter().sum();
-    h.iter().map(|&c| if total > 0 { c as f64 / total as f64 } else { 0.0 }).collect()
+    h.iter()
+        .map(|&c| {
+            if total > 0 {
+                c as f64 / total as f64
+            } else {
+                0.0
+            }
+        })
+        .collect()
 }
 
 /// Metric rows (run, prompt and category scope) computed from records, source [`SOURCE`].
@@ -405,10 +485,17 @@ pub fn native_metrics(stats: &RunStats) -> Vec<MetricRow> {
         };
         out.push(row(MetricScope::Run, aggregate(m, &all), all.len() as u64));
         for (c, ps) in &cats {
-            out.push(row(MetricScope::Category(c.clone()), aggregate(m, ps), ps.len() as u64));
+            out.push(row(
+                MetricScope::Category(c.clone()),
+                aggregate(m, ps),
+                ps.len() as u64,
+            ));
         }
         // Per-prompt rows only for macro metrics' basis (pooled ones share the same ratio).
-        if m.aggregation == Aggregation::Macro || m.name == "flat_accuracy" || m.name == "mean_streak" {
+        if m.aggregation == Aggregation::Macro
+            || m.name == "flat_accuracy"
+            || m.name == "mean_streak"
+        {
             for p in &all {
                 if let Some((n, d)) = (m.per_prompt)(p) {
                     out.push(row(MetricScope::Prompt(p.index), Some(n / d), d as u64));
@@ -417,11 +504,23 @@ pub fn native_metrics(stats: &RunStats) -> Vec<MetricRow> {
         }
     }
     for (name, conditional, desc) in [
-        ("accuracy_by_position", false, "top-1 accuracy at each drafted position k = 1..γ (marginal); pooled"),
-        ("acceptance_by_position", true, "conditional acceptance P(accept k | accepted 1..k−1) per position; pooled"),
+        (
+            "accuracy_by_position",
+            false,
+            "top-1 accuracy at each drafted position k = 1..γ (marginal); pooled",
+        ),
+        (
+            "acceptance_by_position",
+            true,
+            "conditional acceptance P(accept k | accepted 1..k−1) per position; pooled",
+        ),
     ] {
         let c = position_curve(stats, conditional, 0, "");
-        let vals: Vec<serde_json::Value> = c.value.iter().map(|v| v.map(serde_json::Value::from).unwrap_or_default()).collect();
+        let vals: Vec<serde_json::Value> = c
+            .value
+            .iter()
+            .map(|v| v.map(serde_json::Value::from).unwrap_or_default())
+            .collect();
         let first = c.value.first().copied().flatten();
         out.push(MetricRow {
             source: SOURCE.into(),
@@ -466,7 +565,14 @@ mod tests {
     }
 
     fn meta() -> Vec<PromptMeta> {
-        vec![PromptMeta { index: 0, id: "p0".into(), sha256: "s0".into(), category: Some("code".into()), prompt_len: 2, num_tokens: 12 }]
+        vec![PromptMeta {
+            index: 0,
+            id: "p0".into(),
+            sha256: "s0".into(),
+            category: Some("code".into()),
+            prompt_len: 2,
+            num_tokens: 12,
+        }]
     }
 
     #[test]
@@ -481,7 +587,10 @@ mod tests {
         let b = scripted(12, &acc);
         // Chain: a0=2 (A=3) → 6 (A=0) → 7 (A=1) → 9: positions 10, 11 valid, 12 invalid → A=2 → 12: no block.
         let chain = replay_chain(&b);
-        assert_eq!(chain.iter().map(|c| (c.0, c.2)).collect::<Vec<_>>(), vec![(2, 3), (6, 0), (7, 1), (9, 2)]);
+        assert_eq!(
+            chain.iter().map(|c| (c.0, c.2)).collect::<Vec<_>>(),
+            vec![(2, 3), (6, 0), (7, 1), (9, 2)]
+        );
         let st = compute_stats(&b, &meta());
         let p = &st.prompts[0];
         assert_eq!(p.rounds, vec![3, 0, 1, 2]);
@@ -502,18 +611,31 @@ mod tests {
         // Replay: every round accepts 3 + bonus, except near the end.
         assert!(p.rounds[..p.rounds.len() - 1].iter().all(|&a| a == 3));
         let m = native_metrics(&oracle);
-        let get = |n: &str| m.iter().find(|r| r.name == n && r.scope == MetricScope::Run).unwrap().value;
+        let get = |n: &str| {
+            m.iter()
+                .find(|r| r.name == n && r.scope == MetricScope::Run)
+                .unwrap()
+                .value
+        };
         assert_eq!(get("flat_accuracy"), 1.0);
         assert_eq!(get("first_position_acceptance"), 1.0);
         assert!((get("draft_nll") - 0.5).abs() < 1e-12);
 
         let anti = compute_stats(&scripted(40, &|_| 0), &meta());
         let m = native_metrics(&anti);
-        let get = |n: &str| m.iter().find(|r| r.name == n && r.scope == MetricScope::Run).unwrap().value;
+        let get = |n: &str| {
+            m.iter()
+                .find(|r| r.name == n && r.scope == MetricScope::Run)
+                .unwrap()
+                .value
+        };
         assert_eq!(get("tau_replayed"), 1.0);
         assert_eq!(get("tau_uniform"), 1.0);
         assert_eq!(get("flat_accuracy"), 0.0);
-        let cond = m.iter().find(|r| r.name == "acceptance_by_position").unwrap();
+        let cond = m
+            .iter()
+            .find(|r| r.name == "acceptance_by_position")
+            .unwrap();
         assert_eq!(cond.series.as_ref().unwrap()[0], serde_json::json!(0.0));
         // Nothing reaches position 2, so its conditional acceptance is undefined (null).
         assert_eq!(cond.series.as_ref().unwrap()[1], serde_json::Value::Null);

@@ -15,8 +15,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use base64::Engine;
 use draftlens::records::RecordBatch;
 use draftlens::store::{
-    f32s_to_le, le_to_f32s, le_to_u32s, u32s_to_le, Derived, ImportOutcome, MetricRow, PluginFailure, RunExport, RunInfo, RunPrompt,
-    Store,
+    f32s_to_le, le_to_f32s, le_to_u32s, u32s_to_le, Derived, ImportOutcome, MetricRow,
+    PluginFailure, RunExport, RunInfo, RunPrompt, Store,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -98,7 +98,9 @@ fn b64(bytes: &[u8]) -> String {
 }
 
 fn unb64(s: &str, what: &str) -> Result<Vec<u8>> {
-    base64::engine::general_purpose::STANDARD.decode(s).map_err(|e| anyhow!("{what}: not valid base64 ({e})"))
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .map_err(|e| anyhow!("{what}: not valid base64 ({e})"))
 }
 
 impl BundleRecords {
@@ -138,8 +140,16 @@ impl BundleRecords {
             loss_mask: unb64(&self.loss_mask, &format!("{what}.records.loss_mask"))?,
             draft_ids: u(&self.draft_ids, "draft_ids")?,
             draft_logprobs: f(&self.draft_logprobs, "draft_logprobs")?,
-            target_ids: self.target_ids.as_deref().map(|s| u(s, "target_ids")).transpose()?,
-            target_logprobs: self.target_logprobs.as_deref().map(|s| f(s, "target_logprobs")).transpose()?,
+            target_ids: self
+                .target_ids
+                .as_deref()
+                .map(|s| u(s, "target_ids"))
+                .transpose()?,
+            target_logprobs: self
+                .target_logprobs
+                .as_deref()
+                .map(|s| f(s, "target_logprobs"))
+                .transpose()?,
         };
         b.check().map_err(|e| anyhow!("{what}.records: {e}"))?;
         Ok(b)
@@ -151,7 +161,9 @@ impl BundleRecords {
 pub fn export_bundle(store: &Store, ids: &[i64], with_records: bool) -> Result<Bundle> {
     let mut runs = Vec::new();
     for &id in ids {
-        let ex = store.export_run(id, with_records)?.with_context(|| format!("{}: run {id} does not exist", store.path().display()))?;
+        let ex = store
+            .export_run(id, with_records)?
+            .with_context(|| format!("{}: run {id} does not exist", store.path().display()))?;
         let stats = load_stats(store, &ex.run)?;
         runs.push(BundleRun {
             prompts: ex
@@ -211,27 +223,51 @@ pub fn import_file(store: &Store, path: &Path, max_bytes: usize) -> Result<Impor
     let what = path.display().to_string();
     let meta = std::fs::metadata(path).with_context(|| format!("{what}: cannot read"))?;
     if meta.len() as usize > max_bytes {
-        bail!("{what}: file is {} bytes, over the import limit of {} bytes", meta.len(), max_bytes);
+        bail!(
+            "{what}: file is {} bytes, over the import limit of {} bytes",
+            meta.len(),
+            max_bytes
+        );
     }
     let bytes = std::fs::read(path).with_context(|| format!("{what}: cannot read"))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or(what.clone());
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or(what.clone());
     import_bytes(store, &name, &what, &bytes, max_bytes)
 }
 
 /// Imports bytes of a report or bundle. `name` is recorded as the origin, `what` names the
 /// input in errors.
-pub fn import_bytes(store: &Store, name: &str, what: &str, bytes: &[u8], max_bytes: usize) -> Result<ImportSummary> {
+pub fn import_bytes(
+    store: &Store,
+    name: &str,
+    what: &str,
+    bytes: &[u8],
+    max_bytes: usize,
+) -> Result<ImportSummary> {
     if bytes.len() > max_bytes {
-        bail!("{what}: {} bytes, over the import limit of {} bytes", bytes.len(), max_bytes);
+        bail!(
+            "{what}: {} bytes, over the import limit of {} bytes",
+            bytes.len(),
+            max_bytes
+        );
     }
     let text = std::str::from_utf8(bytes).map_err(|e| anyhow!("{what}: not UTF-8 text ({e})"))?;
     let json = extract_json(text, what)?;
-    let bundle: Bundle = serde_json::from_str(json).map_err(|e| anyhow!("{what}: not a valid draftlens bundle: {e}"))?;
+    let bundle: Bundle = serde_json::from_str(json)
+        .map_err(|e| anyhow!("{what}: not a valid draftlens bundle: {e}"))?;
     let exports = validate(&bundle, what)?;
     let sha = hex::encode(Sha256::digest(bytes));
-    let ImportOutcome { imported, skipped } =
-        store.import_runs(name, &sha, &exports).with_context(|| format!("{what}: import failed, nothing was imported"))?;
-    Ok(ImportSummary { source: name.into(), bundle_sha256: sha, imported, skipped })
+    let ImportOutcome { imported, skipped } = store
+        .import_runs(name, &sha, &exports)
+        .with_context(|| format!("{what}: import failed, nothing was imported"))?;
+    Ok(ImportSummary {
+        source: name.into(),
+        bundle_sha256: sha,
+        imported,
+        skipped,
+    })
 }
 
 /// The bundle JSON: the whole text for .json, the embedded script element for a report.
@@ -245,8 +281,15 @@ fn extract_json<'a>(text: &'a str, what: &str) -> Result<&'a str> {
     }
     let marker = format!("id=\"{SCRIPT_ID}\"");
     let at = text.rfind(&marker).ok_or_else(|| anyhow!("{what}: an HTML file without an embedded draftlens bundle (no element id \"{SCRIPT_ID}\")"))?;
-    let open_end = text[at..].find('>').ok_or_else(|| anyhow!("{what}: truncated bundle element"))? + at + 1;
-    let close = text[open_end..].find("</script>").ok_or_else(|| anyhow!("{what}: bundle element is not closed"))? + open_end;
+    let open_end = text[at..]
+        .find('>')
+        .ok_or_else(|| anyhow!("{what}: truncated bundle element"))?
+        + at
+        + 1;
+    let close = text[open_end..]
+        .find("</script>")
+        .ok_or_else(|| anyhow!("{what}: bundle element is not closed"))?
+        + open_end;
     Ok(&text[open_end..close])
 }
 
@@ -269,15 +312,27 @@ pub fn validate(b: &Bundle, what: &str) -> Result<Vec<RunExport>> {
         bail!("{what}: the bundle contains no runs");
     }
     if b.runs.len() > MAX_RUNS {
-        bail!("{what}: {} runs, over the limit of {MAX_RUNS}", b.runs.len());
+        bail!(
+            "{what}: {} runs, over the limit of {MAX_RUNS}",
+            b.runs.len()
+        );
     }
     let mut uids = std::collections::HashSet::new();
     let mut out = Vec::new();
     for (i, br) in b.runs.iter().enumerate() {
         let r = &br.run;
         let w = format!("{what}: runs[{i}]");
-        if r.uid.is_empty() || r.uid.len() > 64 || !r.uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            bail!("{w}: uid {:?} must be 1-64 characters of [A-Za-z0-9_-]", r.uid.chars().take(80).collect::<String>());
+        if r.uid.is_empty()
+            || r.uid.len() > 64
+            || !r
+                .uid
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            bail!(
+                "{w}: uid {:?} must be 1-64 characters of [A-Za-z0-9_-]",
+                r.uid.chars().take(80).collect::<String>()
+            );
         }
         if !uids.insert(r.uid.clone()) {
             bail!("{w}: uid {} appears twice in the bundle", r.uid);
@@ -302,7 +357,10 @@ pub fn validate(b: &Bundle, what: &str) -> Result<Vec<RunExport>> {
         }
         check_len(&r.config.to_string(), MAX_TEXT, &format!("{w}: config"))?;
         if br.prompts.len() > MAX_PROMPTS {
-            bail!("{w}: {} prompts, over the limit of {MAX_PROMPTS}", br.prompts.len());
+            bail!(
+                "{w}: {} prompts, over the limit of {MAX_PROMPTS}",
+                br.prompts.len()
+            );
         }
         let mut prompts = Vec::with_capacity(br.prompts.len());
         let mut seen = std::collections::HashSet::new();
@@ -316,9 +374,16 @@ pub fn validate(b: &Bundle, what: &str) -> Result<Vec<RunExport>> {
             }
             check_len(&p.id, 4096, &format!("{pw}: id"))?;
             check_len(&p.text, 16 * MAX_TEXT, &format!("{pw}: text"))?;
-            let ids = le_to_u32s(&unb64(&p.token_ids, &format!("{pw}.token_ids"))?, &format!("{pw}.token_ids"))?;
+            let ids = le_to_u32s(
+                &unb64(&p.token_ids, &format!("{pw}.token_ids"))?,
+                &format!("{pw}.token_ids"),
+            )?;
             if p.prompt_len as usize > ids.len() {
-                bail!("{pw}: prompt_len {} exceeds its {} tokens", p.prompt_len, ids.len());
+                bail!(
+                    "{pw}: prompt_len {} exceeds its {} tokens",
+                    p.prompt_len,
+                    ids.len()
+                );
             }
             prompts.push(RunPrompt {
                 index: p.index,
@@ -331,10 +396,19 @@ pub fn validate(b: &Bundle, what: &str) -> Result<Vec<RunExport>> {
             });
         }
         for (j, m) in br.metrics.iter().enumerate() {
-            if m.source.is_empty() || m.name.is_empty() || m.source.contains('/') || m.source.len() > 200 || m.name.len() > 200 {
+            if m.source.is_empty()
+                || m.name.is_empty()
+                || m.source.contains('/')
+                || m.source.len() > 200
+                || m.name.len() > 200
+            {
                 bail!("{w}: metrics[{j}]: source and name must be 1-200 characters (no '/' in the source)");
             }
-            check_len(&m.description, 4096, &format!("{w}: metrics[{j}].description"))?;
+            check_len(
+                &m.description,
+                4096,
+                &format!("{w}: metrics[{j}].description"),
+            )?;
         }
         let g = r.block_size as usize - 1;
         let mut derived = Vec::new();
@@ -344,7 +418,13 @@ pub fn validate(b: &Bundle, what: &str) -> Result<Vec<RunExport>> {
             }
             for (j, p) in st.prompts.iter().enumerate() {
                 let sw = format!("{w}: stats.prompts[{j}]");
-                for (name, v) in [("valid", &p.valid), ("correct", &p.correct), ("topk_correct", &p.topk_correct), ("reached", &p.reached), ("accepted", &p.accepted)] {
+                for (name, v) in [
+                    ("valid", &p.valid),
+                    ("correct", &p.correct),
+                    ("topk_correct", &p.topk_correct),
+                    ("reached", &p.reached),
+                    ("accepted", &p.accepted),
+                ] {
                     if v.len() != g {
                         bail!("{sw}.{name}: {} entries, expected {g}", v.len());
                     }
@@ -359,12 +439,22 @@ pub fn validate(b: &Bundle, what: &str) -> Result<Vec<RunExport>> {
                     bail!("{sw}: histogram total differs from blocks");
                 }
             }
-            derived.push(Derived { kind: STATS_KIND.into(), version: STATS_VERSION, data: serde_json::to_vec(st)? });
+            derived.push(Derived {
+                kind: STATS_KIND.into(),
+                version: STATS_VERSION,
+                data: serde_json::to_vec(st)?,
+            });
         }
         let records = br.records.as_ref().map(|rec| {
             let batch = rec.to_batch(&w)?;
             if (batch.block_size, batch.top_k) != (r.block_size, r.top_k) {
-                bail!("{w}: records have block size {} and top-k {}, the run {} and {}", batch.block_size, batch.top_k, r.block_size, r.top_k);
+                bail!(
+                    "{w}: records have block size {} and top-k {}, the run {} and {}",
+                    batch.block_size,
+                    batch.top_k,
+                    r.block_size,
+                    r.top_k
+                );
             }
             if batch.region.iter().any(|&x| x > 1) {
                 bail!("{w}: records.region values must be 0 or 1");
@@ -373,11 +463,17 @@ pub fn validate(b: &Bundle, what: &str) -> Result<Vec<RunExport>> {
         });
         let records = records.transpose()?;
         if let (Some(v), None) = (&br.vocab, &r.tokenizer_sha256) {
-            bail!("{w}: a vocabulary ({}) without a tokenizer_sha256 on the run", v.name);
+            bail!(
+                "{w}: a vocabulary ({}) without a tokenizer_sha256 on the run",
+                v.name
+            );
         }
         if let Some(v) = &br.vocab {
             if v.pieces.len() > 4_000_000 {
-                bail!("{w}: vocabulary of {} pieces is over the limit", v.pieces.len());
+                bail!(
+                    "{w}: vocabulary of {} pieces is over the limit",
+                    v.pieces.len()
+                );
             }
         }
         out.push(RunExport {
@@ -387,7 +483,10 @@ pub fn validate(b: &Bundle, what: &str) -> Result<Vec<RunExport>> {
             failures: br.failures.clone(),
             records,
             derived,
-            vocab: br.vocab.as_ref().map(|v| (v.name.clone(), v.pieces.clone())),
+            vocab: br
+                .vocab
+                .as_ref()
+                .map(|v| (v.name.clone(), v.pieces.clone())),
         });
     }
     Ok(out)

@@ -111,32 +111,72 @@ pub struct DemoArgs {
 }
 
 pub fn run_serve(a: &ServeArgs) -> Result<()> {
-    let opts = ServeOptions { db: a.db.clone(), addr: a.addr, team: a.team, max_upload_bytes: a.max_upload_mb << 20 };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
+    let opts = ServeOptions {
+        db: a.db.clone(),
+        addr: a.addr,
+        team: a.team,
+        max_upload_bytes: a.max_upload_mb << 20,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
     rt.block_on(serve(opts))
 }
 
 pub fn run_compare(a: &CompareArgs) -> Result<()> {
     let store = Store::open(&a.db)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&crate::compare_json(&store, &a.runs, a.baseline.as_deref())?)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&crate::compare_json(
+                &store,
+                &a.runs,
+                a.baseline.as_deref()
+            )?)?
+        );
     } else {
-        print!("{}", crate::compare_text(&store, &a.runs, a.baseline.as_deref())?);
+        print!(
+            "{}",
+            crate::compare_text(&store, &a.runs, a.baseline.as_deref())?
+        );
     }
     Ok(())
 }
 
 pub fn run_report(a: &ReportArgs) -> Result<()> {
     let store = Store::open(&a.db)?;
-    let ids = a.runs.iter().map(|r| crate::compare::resolve_run(&store, r)).collect::<Result<Vec<_>>>()?;
+    let ids = a
+        .runs
+        .iter()
+        .map(|r| crate::compare::resolve_run(&store, r))
+        .collect::<Result<Vec<_>>>()?;
     let doc = if a.json {
         serde_json::to_string(&crate::bundle::export_bundle(&store, &ids, a.records)?)?
     } else {
-        let baseline = a.baseline.as_deref().map(|b| crate::compare::resolve_run(&store, b)).transpose()?;
-        crate::report::render_report(&store, &ids, &crate::report::ReportOptions { baseline, with_records: a.records, title: a.title.clone() })?
+        let baseline = a
+            .baseline
+            .as_deref()
+            .map(|b| crate::compare::resolve_run(&store, b))
+            .transpose()?;
+        crate::report::render_report(
+            &store,
+            &ids,
+            &crate::report::ReportOptions {
+                baseline,
+                with_records: a.records,
+                title: a.title.clone(),
+            },
+        )?
     };
-    std::fs::write(&a.output, doc.as_bytes()).with_context(|| format!("{}: cannot write", a.output.display()))?;
-    eprintln!("wrote {} ({} KiB, {} runs)", a.output.display(), doc.len() >> 10, ids.len());
+    std::fs::write(&a.output, doc.as_bytes())
+        .with_context(|| format!("{}: cannot write", a.output.display()))?;
+    eprintln!(
+        "wrote {} ({} KiB, {} runs)",
+        a.output.display(),
+        doc.len() >> 10,
+        ids.len()
+    );
     Ok(())
 }
 
@@ -178,7 +218,10 @@ pub fn tokens(store: &Store, cmd: &TokensCommand) -> Result<String> {
         TokensCommand::Create { name, scope } => {
             let scope: TokenScope = scope.parse()?;
             let secret = store.create_token(name, scope)?;
-            Ok(format!("{secret}\n(token {name:?}, scope {}; shown once, only its hash is stored)\n", scope.as_str()))
+            Ok(format!(
+                "{secret}\n(token {name:?}, scope {}; shown once, only its hash is stored)\n",
+                scope.as_str()
+            ))
         }
         TokensCommand::List => {
             let mut s = String::new();
@@ -189,7 +232,9 @@ pub fn tokens(store: &Store, cmd: &TokensCommand) -> Result<String> {
                     t.name,
                     t.scope.as_str(),
                     t.created_at,
-                    t.revoked_at.map(|r| format!(", revoked {r}")).unwrap_or_default()
+                    t.revoked_at
+                        .map(|r| format!(", revoked {r}"))
+                        .unwrap_or_default()
                 ));
             }
             if s.is_empty() {
@@ -200,9 +245,15 @@ pub fn tokens(store: &Store, cmd: &TokensCommand) -> Result<String> {
         TokensCommand::Revoke { name_or_id } => {
             let n = store.revoke_token(name_or_id)?;
             if n == 0 {
-                anyhow::bail!("{}: no active token named {name_or_id:?}", store.path().display());
+                anyhow::bail!(
+                    "{}: no active token named {name_or_id:?}",
+                    store.path().display()
+                );
             }
-            Ok(format!("revoked {n} token{}\n", if n == 1 { "" } else { "s" }))
+            Ok(format!(
+                "revoked {n} token{}\n",
+                if n == 1 { "" } else { "s" }
+            ))
         }
     }
 }

@@ -6,7 +6,9 @@
 //! routine serves both conventions: a macro metric is (value, 1) per prompt, a pooled one is
 //! (Σnum, Σden) per prompt, and the statistic on a resample is Σnum / Σden.
 
-use crate::analysis::{self, accept_histogram, position_curve, Aggregation, Curve, RunStats, DERIVED, SOURCE};
+use crate::analysis::{
+    self, accept_histogram, position_curve, Aggregation, Curve, RunStats, DERIVED, SOURCE,
+};
 use crate::stats::{Resamples, Rng};
 use anyhow::{bail, Context, Result};
 use draftlens::store::{MetricKey, MetricScope, RunInfo, RunMode, Store};
@@ -27,7 +29,11 @@ pub struct CompareOptions {
 }
 impl Default for CompareOptions {
     fn default() -> Self {
-        CompareOptions { baseline: None, reps: DEFAULT_REPS, charts: true }
+        CompareOptions {
+            baseline: None,
+            reps: DEFAULT_REPS,
+            charts: true,
+        }
     }
 }
 
@@ -138,32 +144,55 @@ pub fn resolve_run(store: &Store, s: &str) -> Result<i64> {
         return Ok(id);
     }
     if s.len() >= 6 && s.chars().all(|c| c.is_ascii_hexdigit()) {
-        let (hits, n) = store.runs(&draftlens::store::RunFilter { text: Some(s.into()), limit: 3, ..Default::default() })?;
-        let hits: Vec<_> = hits.into_iter().filter(|r| r.run.uid.starts_with(s)).collect();
+        let (hits, n) = store.runs(&draftlens::store::RunFilter {
+            text: Some(s.into()),
+            limit: 3,
+            ..Default::default()
+        })?;
+        let hits: Vec<_> = hits
+            .into_iter()
+            .filter(|r| r.run.uid.starts_with(s))
+            .collect();
         if hits.len() == 1 && n >= 1 {
             return Ok(hits[0].run.id);
         }
         if hits.len() > 1 {
-            bail!("{}: run {s:?} is ambiguous (matches several uids)", store.path().display());
+            bail!(
+                "{}: run {s:?} is ambiguous (matches several uids)",
+                store.path().display()
+            );
         }
     }
-    bail!("{}: no run {s:?} (give a run id, a uid or a uid prefix)", store.path().display())
+    bail!(
+        "{}: no run {s:?} (give a run id, a uid or a uid prefix)",
+        store.path().display()
+    )
 }
 
 /// Loads runs and their statistics (from an in-memory cache when given).
 pub type StatsCache<'a> = dyn Fn(&RunInfo) -> Result<Option<Arc<RunStats>>> + 'a;
 
-pub fn compare(store: &Store, ids: &[i64], opts: &CompareOptions, stats_of: &StatsCache<'_>) -> Result<Comparison> {
+pub fn compare(
+    store: &Store,
+    ids: &[i64],
+    opts: &CompareOptions,
+    stats_of: &StatsCache<'_>,
+) -> Result<Comparison> {
     if ids.is_empty() {
         bail!("nothing to compare: give at least one run");
     }
     let mut runs = Vec::new();
     for &id in ids {
-        let d = store.run(id)?.with_context(|| format!("{}: run {id} does not exist", store.path().display()))?;
+        let d = store
+            .run(id)?
+            .with_context(|| format!("{}: run {id} does not exist", store.path().display()))?;
         runs.push(d.run);
     }
     let baseline = match opts.baseline {
-        Some(b) => ids.iter().position(|&i| i == b).with_context(|| format!("baseline run {b} is not among the compared runs"))?,
+        Some(b) => ids
+            .iter()
+            .position(|&i| i == b)
+            .with_context(|| format!("baseline run {b} is not among the compared runs"))?,
         None => {
             let pinned: Vec<i64> = store.baselines()?.into_iter().map(|(_, r)| r).collect();
             ids.iter().position(|i| pinned.contains(i)).unwrap_or(0)
@@ -175,7 +204,11 @@ pub fn compare(store: &Store, ids: &[i64], opts: &CompareOptions, stats_of: &Sta
     // Prompt hashes of each run (from stored prompts, or from statistics of imported runs).
     let mut hashes: Vec<Vec<String>> = Vec::new();
     for (r, st) in runs.iter().zip(&stats) {
-        let mut h: Vec<String> = store.prompt_metas(r.id)?.into_iter().map(|p| p.sha256).collect();
+        let mut h: Vec<String> = store
+            .prompt_metas(r.id)?
+            .into_iter()
+            .map(|p| p.sha256)
+            .collect();
         if h.is_empty() {
             if let Some(st) = st {
                 h = st.prompts.iter().map(|p| p.sha256.clone()).collect();
@@ -188,8 +221,16 @@ pub fn compare(store: &Store, ids: &[i64], opts: &CompareOptions, stats_of: &Sta
         .iter()
         .map(|h| {
             let base: std::collections::HashSet<&String> = hashes[baseline].iter().collect();
-            let shared = h.iter().collect::<std::collections::HashSet<_>>().intersection(&base).count();
-            Coverage { shared, baseline_prompts: hashes[baseline].len(), prompts: h.len() }
+            let shared = h
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .intersection(&base)
+                .count();
+            Coverage {
+                shared,
+                baseline_prompts: hashes[baseline].len(),
+                prompts: h.len(),
+            }
         })
         .collect();
 
@@ -220,14 +261,21 @@ pub fn compare(store: &Store, ids: &[i64], opts: &CompareOptions, stats_of: &Sta
                     higher_is_better: m.higher_is_better,
                     aggregation: Some(m.aggregation),
                 };
-                data.entry(MetricKey::new(SOURCE, m.name)).or_insert_with(|| (0..runs.len()).map(|_| None).collect())[ri] =
-                    Some(md);
+                data.entry(MetricKey::new(SOURCE, m.name))
+                    .or_insert_with(|| (0..runs.len()).map(|_| None).collect())[ri] = Some(md);
             }
         }
         let rows = store.metrics(r.id)?;
         let metas = store.prompt_metas(r.id)?;
-        let sha_of: HashMap<u32, &str> = metas.iter().map(|p| (p.index, p.sha256.as_str())).collect();
-        let mut by_key: BTreeMap<MetricKey, (Option<&draftlens::store::MetricRow>, Vec<(String, f64, u64)>)> = BTreeMap::new();
+        let sha_of: HashMap<u32, &str> =
+            metas.iter().map(|p| (p.index, p.sha256.as_str())).collect();
+        let mut by_key: BTreeMap<
+            MetricKey,
+            (
+                Option<&draftlens::store::MetricRow>,
+                Vec<(String, f64, u64)>,
+            ),
+        > = BTreeMap::new();
         for m in &rows {
             let key = MetricKey::new(&m.source, &m.name);
             // Records-derived metrics are recomputed exactly from statistics when available.
@@ -262,7 +310,8 @@ pub fn compare(store: &Store, ids: &[i64], opts: &CompareOptions, stats_of: &Sta
                 higher_is_better: run_row.higher_is_better,
                 aggregation,
             };
-            data.entry(key).or_insert_with(|| (0..runs.len()).map(|_| None).collect())[ri] = Some(md);
+            data.entry(key)
+                .or_insert_with(|| (0..runs.len()).map(|_| None).collect())[ri] = Some(md);
         }
     }
 
@@ -274,7 +323,11 @@ pub fn compare(store: &Store, ids: &[i64], opts: &CompareOptions, stats_of: &Sta
             continue;
         }
         let base: std::collections::HashSet<&String> = hashes[baseline].iter().collect();
-        let mut shared: Vec<String> = hashes[j].iter().filter(|h| base.contains(h)).cloned().collect();
+        let mut shared: Vec<String> = hashes[j]
+            .iter()
+            .filter(|h| base.contains(h))
+            .cloned()
+            .collect();
         shared.sort();
         shared.dedup();
         let mut rng = Rng::from_str_seed(&format!("{}:{}", runs[baseline].uid, runs[j].uid));
@@ -282,15 +335,24 @@ pub fn compare(store: &Store, ids: &[i64], opts: &CompareOptions, stats_of: &Sta
         pair_resamples.insert(j, (shared, rs));
     }
     for (key, per_run) in data {
-        let Some(first) = per_run.iter().flatten().next() else { continue };
+        let Some(first) = per_run.iter().flatten().next() else {
+            continue;
+        };
         let convention = match first.aggregation {
             Some(Aggregation::Macro) => "macro over prompts",
             Some(Aggregation::Pooled) => "pooled over prompts",
             None => "run value only",
         }
         .to_string();
-        let (unit, description, hib) = (first.unit.clone(), first.description.clone(), first.higher_is_better);
-        let values: Vec<Option<f64>> = per_run.iter().map(|m| m.as_ref().and_then(|m| m.value)).collect();
+        let (unit, description, hib) = (
+            first.unit.clone(),
+            first.description.clone(),
+            first.higher_is_better,
+        );
+        let values: Vec<Option<f64>> = per_run
+            .iter()
+            .map(|m| m.as_ref().and_then(|m| m.value))
+            .collect();
         let mut deltas = Vec::new();
         for j in 0..runs.len() {
             if j == baseline {
@@ -303,11 +365,22 @@ pub fn compare(store: &Store, ids: &[i64], opts: &CompareOptions, stats_of: &Sta
             };
             deltas.push(delta(a, b, &pair_resamples[&j], hib));
         }
-        metrics.push(MetricCmp { key, unit, description, higher_is_better: hib, convention, values, deltas });
+        metrics.push(MetricCmp {
+            key,
+            unit,
+            description,
+            higher_is_better: hib,
+            convention,
+            values,
+            deltas,
+        });
     }
     // Records-derived first (the headline numbers), then plugin metrics alphabetically.
     metrics.sort_by_key(|m| {
-        let pos = DERIVED.iter().position(|d| m.key.source == SOURCE && d.name == m.key.name).unwrap_or(usize::MAX);
+        let pos = DERIVED
+            .iter()
+            .position(|d| m.key.source == SOURCE && d.name == m.key.name)
+            .unwrap_or(usize::MAX);
         (pos, m.key.clone())
     });
 
@@ -342,13 +415,28 @@ pub fn compare(store: &Store, ids: &[i64], opts: &CompareOptions, stats_of: &Sta
         runs.iter().map(|_| None).collect()
     };
     let inflation = inflation_rows(&runs, &stats);
-    Ok(Comparison { config: config_diff(&runs), runs, baseline, coverage, metrics, curves, inflation, reps: opts.reps, notes })
+    Ok(Comparison {
+        config: config_diff(&runs),
+        runs,
+        baseline,
+        coverage,
+        metrics,
+        curves,
+        inflation,
+        reps: opts.reps,
+        notes,
+    })
 }
 
 /// Which convention reproduces the run value from the per-prompt rows: macro (plain mean) or
 /// pooled (count-weighted). Neither → no paired CI (the per-prompt values are something else).
-fn infer_aggregation(value: Option<f64>, prompts: &[(String, f64, u64)]) -> (Option<Aggregation>, HashMap<String, (f64, f64)>) {
-    let Some(v) = value else { return (None, HashMap::new()) };
+fn infer_aggregation(
+    value: Option<f64>,
+    prompts: &[(String, f64, u64)],
+) -> (Option<Aggregation>, HashMap<String, (f64, f64)>) {
+    let Some(v) = value else {
+        return (None, HashMap::new());
+    };
     if prompts.is_empty() {
         return (None, HashMap::new());
     }
@@ -357,30 +445,58 @@ fn infer_aggregation(value: Option<f64>, prompts: &[(String, f64, u64)]) -> (Opt
     let wsum: f64 = prompts.iter().map(|p| p.2 as f64).sum();
     let pooled = prompts.iter().map(|p| p.1 * p.2 as f64).sum::<f64>() / wsum;
     if close(macro_mean) {
-        (Some(Aggregation::Macro), prompts.iter().map(|p| (p.0.clone(), (p.1, 1.0))).collect())
+        (
+            Some(Aggregation::Macro),
+            prompts.iter().map(|p| (p.0.clone(), (p.1, 1.0))).collect(),
+        )
     } else if wsum > 0.0 && close(pooled) {
-        (Some(Aggregation::Pooled), prompts.iter().map(|p| (p.0.clone(), (p.1 * p.2 as f64, p.2 as f64))).collect())
+        (
+            Some(Aggregation::Pooled),
+            prompts
+                .iter()
+                .map(|p| (p.0.clone(), (p.1 * p.2 as f64, p.2 as f64)))
+                .collect(),
+        )
     } else {
         (None, HashMap::new())
     }
 }
 
-fn delta(a: &MetricData, b: &MetricData, pair: &(Vec<String>, Resamples), higher_is_better: bool) -> Option<Delta> {
+fn delta(
+    a: &MetricData,
+    b: &MetricData,
+    pair: &(Vec<String>, Resamples),
+    higher_is_better: bool,
+) -> Option<Delta> {
     let (shared, rs) = pair;
-    let paired = a.aggregation.is_some() && b.aggregation.is_some() && a.aggregation == b.aggregation && !shared.is_empty();
+    let paired = a.aggregation.is_some()
+        && b.aggregation.is_some()
+        && a.aggregation == b.aggregation
+        && !shared.is_empty();
     if paired {
         let get = |m: &MetricData| -> (Vec<f64>, Vec<f64>) {
-            shared.iter().map(|h| m.per_prompt.get(h).copied().unwrap_or((0.0, 0.0))).unzip()
+            shared
+                .iter()
+                .map(|h| m.per_prompt.get(h).copied().unwrap_or((0.0, 0.0)))
+                .unzip()
         };
         let (na, da) = get(a);
         let (nb, db) = get(b);
-        let n = da.iter().zip(&db).filter(|(x, y)| **x > 0.0 && **y > 0.0).count();
+        let n = da
+            .iter()
+            .zip(&db)
+            .filter(|(x, y)| **x > 0.0 && **y > 0.0)
+            .count();
         let (sa, sb) = (da.iter().sum::<f64>(), db.iter().sum::<f64>());
         if sa > 0.0 && sb > 0.0 && n > 0 {
             let va = na.iter().sum::<f64>() / sa;
             let vb = nb.iter().sum::<f64>() / sb;
             let d = vb - va;
-            let ci = if n >= 2 { rs.paired_ratio_diff_ci(&na, &da, &nb, &db) } else { None };
+            let ci = if n >= 2 {
+                rs.paired_ratio_diff_ci(&na, &da, &nb, &db)
+            } else {
+                None
+            };
             return Some(Delta {
                 delta: d,
                 delta_pct: (va != 0.0).then(|| 100.0 * d / va.abs()),
@@ -434,7 +550,10 @@ pub fn config_diff(runs: &[RunInfo]) -> Vec<ConfigRow> {
             ("target.path".into(), r.target_path.clone()),
             ("target.sha256".into(), short(&r.target_sha256)),
             ("drafter.series".into(), r.drafter_series.clone()),
-            ("drafter.step".into(), r.drafter_step.map(|s| s.to_string()).unwrap_or_default()),
+            (
+                "drafter.step".into(),
+                r.drafter_step.map(|s| s.to_string()).unwrap_or_default(),
+            ),
             ("drafter.path".into(), r.drafter_path.clone()),
             ("drafter.sha256".into(), short(&r.drafter_sha256)),
             ("prompt_set.name".into(), r.prompt_set_name.clone()),
@@ -457,7 +576,11 @@ pub fn config_diff(runs: &[RunInfo]) -> Vec<ConfigRow> {
         .into_iter()
         .map(|(key, values)| {
             let differs = values.iter().any(|v| v != &values[0]);
-            ConfigRow { key, values, differs }
+            ConfigRow {
+                key,
+                values,
+                differs,
+            }
         })
         .collect();
     rows.sort_by_key(|r| !r.differs);
@@ -490,7 +613,11 @@ fn inflation_rows(runs: &[RunInfo], stats: &[Option<Arc<RunStats>>]) -> Vec<Infl
     }
     let rank = |r: &RunInfo| match &r.train_style {
         None => (0, 0, 0),
-        Some(t) => (1, (t.mask_rule == "inclusive") as u8, (t.labels == "data") as u8),
+        Some(t) => (
+            1,
+            (t.mask_rule == "inclusive") as u8,
+            (t.labels == "data") as u8,
+        ),
     };
     let mut order: Vec<usize> = (0..runs.len()).collect();
     order.sort_by_key(|&i| (rank(&runs[i]), i));
@@ -517,7 +644,11 @@ fn inflation_rows(runs: &[RunInfo], stats: &[Option<Arc<RunStats>>]) -> Vec<Infl
                 if p.mode != r.mode {
                     what.push("shared forward over all anchors with the training block mask, uniform anchors (mechanisms 2, 7)");
                 }
-                let (pm, pl) = p.train_style.as_ref().map(|t| (t.mask_rule.as_str(), t.labels.as_str())).unwrap_or(("strict", "target"));
+                let (pm, pl) = p
+                    .train_style
+                    .as_ref()
+                    .map(|t| (t.mask_rule.as_str(), t.labels.as_str()))
+                    .unwrap_or(("strict", "target"));
                 if let Some(t) = &r.train_style {
                     if t.mask_rule != pm && t.mask_rule == "inclusive" {
                         what.push("context ≤ anchor: the anchor's own tap leaks the next token (mechanism 1)");
@@ -575,10 +706,19 @@ pub struct History {
 
 /// One point per checkpoint run of a drafter series (same mode and prompt set), with bootstrap
 /// CIs over prompts of the macro τ.
-pub fn history(store: &Store, series: &str, mode: RunMode, prompt_set: Option<&str>, stats_of: &StatsCache<'_>) -> Result<History> {
+pub fn history(
+    store: &Store,
+    series: &str,
+    mode: RunMode,
+    prompt_set: Option<&str>,
+    stats_of: &StatsCache<'_>,
+) -> Result<History> {
     let runs = store.series_runs(series)?;
     if runs.is_empty() {
-        bail!("{}: no runs in drafter series {series:?}", store.path().display());
+        bail!(
+            "{}: no runs in drafter series {series:?}",
+            store.path().display()
+        );
     }
     // Default prompt set: the one most runs of this mode used.
     let ps = match prompt_set {
@@ -588,14 +728,27 @@ pub fn history(store: &Store, series: &str, mode: RunMode, prompt_set: Option<&s
             for r in runs.iter().filter(|r| r.mode == mode) {
                 *counts.entry(&r.prompt_set_sha256).or_default() += 1;
             }
-            counts.into_iter().max_by_key(|(_, c)| *c).map(|(p, _)| p.to_string()).unwrap_or_default()
+            counts
+                .into_iter()
+                .max_by_key(|(_, c)| *c)
+                .map(|(p, _)| p.to_string())
+                .unwrap_or_default()
         }
     };
     let mut points = Vec::new();
     let mut left_out = 0;
-    let tau_r = DERIVED.iter().find(|d| d.name == "tau_replayed").expect("defined");
-    let tau_u = DERIVED.iter().find(|d| d.name == "tau_uniform").expect("defined");
-    let flat = DERIVED.iter().find(|d| d.name == "flat_accuracy").expect("defined");
+    let tau_r = DERIVED
+        .iter()
+        .find(|d| d.name == "tau_replayed")
+        .expect("defined");
+    let tau_u = DERIVED
+        .iter()
+        .find(|d| d.name == "tau_uniform")
+        .expect("defined");
+    let flat = DERIVED
+        .iter()
+        .find(|d| d.name == "flat_accuracy")
+        .expect("defined");
     let mut ps_name = String::new();
     for r in &runs {
         let Some(step) = r.drafter_step else {
@@ -615,11 +768,20 @@ pub fn history(store: &Store, series: &str, mode: RunMode, prompt_set: Option<&s
         let mut rng = Rng::from_str_seed(&r.uid);
         let rs = Resamples::new(evaluated.len(), 500, &mut rng);
         let per = |m: &analysis::DerivedMetric| -> Vec<f64> {
-            evaluated.iter().map(|p| (m.per_prompt)(p).map(|(n, d)| n / d).unwrap_or(f64::NAN)).collect()
+            evaluated
+                .iter()
+                .map(|p| (m.per_prompt)(p).map(|(n, d)| n / d).unwrap_or(f64::NAN))
+                .collect()
         };
         let ci_of = |x: Vec<f64>| -> Option<(f64, f64)> {
-            let ok: Vec<f64> = x.iter().map(|v| if v.is_finite() { *v } else { 0.0 }).collect();
-            let w: Vec<f64> = x.iter().map(|v| if v.is_finite() { 1.0 } else { 0.0 }).collect();
+            let ok: Vec<f64> = x
+                .iter()
+                .map(|v| if v.is_finite() { *v } else { 0.0 })
+                .collect();
+            let w: Vec<f64> = x
+                .iter()
+                .map(|v| if v.is_finite() { 1.0 } else { 0.0 })
+                .collect();
             rs.ratio_ci(&ok, &w)
         };
         points.push(HistoryPoint {
@@ -634,7 +796,13 @@ pub fn history(store: &Store, series: &str, mode: RunMode, prompt_set: Option<&s
             flat_accuracy: analysis::aggregate(flat, &evaluated),
         });
     }
-    Ok(History { series: series.into(), mode, prompt_set: if ps_name.is_empty() { ps } else { ps_name }, points, left_out })
+    Ok(History {
+        series: series.into(),
+        mode,
+        prompt_set: if ps_name.is_empty() { ps } else { ps_name },
+        points,
+        left_out,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -682,7 +850,11 @@ pub fn comparison_text(c: &Comparison) -> String {
     let _ = writeln!(s);
     let mut header = vec!["metric".to_string()];
     for (j, r) in c.runs.iter().enumerate() {
-        header.push(if j == c.baseline { format!("#{} (base)", r.id) } else { format!("#{}", r.id) });
+        header.push(if j == c.baseline {
+            format!("#{} (base)", r.id)
+        } else {
+            format!("#{}", r.id)
+        });
         if j != c.baseline {
             header.push("Δ".into());
             header.push("Δ%".into());
@@ -693,7 +865,11 @@ pub fn comparison_text(c: &Comparison) -> String {
     }
     let mut rows = vec![header];
     for m in &c.metrics {
-        let mut row = vec![format!("{} {}", m.key, if m.higher_is_better { "↑" } else { "↓" })];
+        let mut row = vec![format!(
+            "{} {}",
+            m.key,
+            if m.higher_is_better { "↑" } else { "↓" }
+        )];
         for j in 0..c.runs.len() {
             row.push(fmt_value(m.values[j]));
             if j == c.baseline {
@@ -703,9 +879,20 @@ pub fn comparison_text(c: &Comparison) -> String {
                 None => row.extend(["—".into(), "—".into(), "—".into(), "—".into(), "—".into()]),
                 Some(d) => {
                     row.push(fmt_delta(d.delta));
-                    row.push(d.delta_pct.map(|p| format!("{p:+.1}%")).unwrap_or("—".into()));
-                    row.push(d.ci.map(|(lo, hi)| format!("[{}, {}]", fmt_delta(lo), fmt_delta(hi))).unwrap_or("—".into()));
-                    row.push(if d.paired { d.n.to_string() } else { "unpaired".into() });
+                    row.push(
+                        d.delta_pct
+                            .map(|p| format!("{p:+.1}%"))
+                            .unwrap_or("—".into()),
+                    );
+                    row.push(
+                        d.ci.map(|(lo, hi)| format!("[{}, {}]", fmt_delta(lo), fmt_delta(hi)))
+                            .unwrap_or("—".into()),
+                    );
+                    row.push(if d.paired {
+                        d.n.to_string()
+                    } else {
+                        "unpaired".into()
+                    });
                     row.push(
                         match d.verdict {
                             Verdict::Better => "better",
@@ -724,15 +911,28 @@ pub fn comparison_text(c: &Comparison) -> String {
     let diff: Vec<&ConfigRow> = c.config.iter().filter(|r| r.differs).collect();
     if !diff.is_empty() && c.runs.len() > 1 {
         let _ = writeln!(s, "\nconfig (differing keys only):");
-        let mut rows = vec![std::iter::once("key".to_string()).chain(c.runs.iter().map(|r| format!("#{}", r.id))).collect::<Vec<_>>()];
+        let mut rows = vec![std::iter::once("key".to_string())
+            .chain(c.runs.iter().map(|r| format!("#{}", r.id)))
+            .collect::<Vec<_>>()];
         for r in diff {
-            rows.push(std::iter::once(r.key.clone()).chain(r.values.iter().map(|v| v.clone().unwrap_or("—".into()))).collect());
+            rows.push(
+                std::iter::once(r.key.clone())
+                    .chain(r.values.iter().map(|v| v.clone().unwrap_or("—".into())))
+                    .collect(),
+            );
         }
         s.push_str(&table(&rows));
     }
     if !c.inflation.is_empty() {
         let _ = writeln!(s, "\ntraining-style vs deployment (by mechanism):");
-        let mut rows = vec![vec!["run".into(), "evaluation".into(), "flat acc".into(), "τ uniform".into(), "τ replayed".into(), "what changed".into()]];
+        let mut rows = vec![vec![
+            "run".into(),
+            "evaluation".into(),
+            "flat acc".into(),
+            "τ uniform".into(),
+            "τ replayed".into(),
+            "what changed".into(),
+        ]];
         for r in &c.inflation {
             rows.push(vec![
                 format!("#{}", c.runs[r.run].id),
@@ -766,7 +966,11 @@ fn table(rows: &[Vec<String>]) -> String {
     }
     let mut s = String::new();
     for r in rows {
-        let line: Vec<String> = r.iter().enumerate().map(|(i, c)| format!("{c}{}", " ".repeat(w[i] - c.chars().count()))).collect();
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c}{}", " ".repeat(w[i] - c.chars().count())))
+            .collect();
         s.push_str(line.join("  ").trim_end());
         s.push('\n');
     }
@@ -781,7 +985,10 @@ mod tests {
     fn aggregation_is_inferred_from_the_run_value() {
         let p = vec![("a".to_string(), 1.0, 1u64), ("b".to_string(), 3.0, 3u64)];
         assert_eq!(infer_aggregation(Some(2.0), &p).0, Some(Aggregation::Macro));
-        assert_eq!(infer_aggregation(Some(2.5), &p).0, Some(Aggregation::Pooled));
+        assert_eq!(
+            infer_aggregation(Some(2.5), &p).0,
+            Some(Aggregation::Pooled)
+        );
         assert_eq!(infer_aggregation(Some(9.0), &p).0, None);
         assert_eq!(infer_aggregation(None, &p).0, None);
     }
@@ -828,12 +1035,20 @@ mod tests {
             num_blocks: 0,
         };
         let mut b = a.clone();
-        b.config = serde_json::json!({"drafter": {"layers": 3, "k": [1, 2]}, "seed": 1, "extra": "x"});
+        b.config =
+            serde_json::json!({"drafter": {"layers": 3, "k": [1, 2]}, "seed": 1, "extra": "x"});
         b.drafter_step = Some(2);
         a.id = 1;
         let rows = config_diff(&[a, b]);
-        let differing: Vec<&str> = rows.iter().filter(|r| r.differs).map(|r| r.key.as_str()).collect();
-        assert_eq!(differing, ["config.drafter.layers", "config.extra", "drafter.step"]);
+        let differing: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.differs)
+            .map(|r| r.key.as_str())
+            .collect();
+        assert_eq!(
+            differing,
+            ["config.drafter.layers", "config.extra", "drafter.step"]
+        );
         assert!(rows.iter().take(3).all(|r| r.differs));
         let k = rows.iter().find(|r| r.key == "config.drafter.k").unwrap();
         assert_eq!(k.values[0].as_deref(), Some("[1,2]"));

@@ -11,7 +11,9 @@ use crate::analysis::{compute_stats, native_metrics};
 use crate::stats::Rng;
 use anyhow::Result;
 use draftlens::records::{RecordBatch, Region};
-use draftlens::store::{MetricRow, MetricScope, NewRun, PromptMeta, RunMode, RunPrompt, RunStatus, Store, TrainStyle};
+use draftlens::store::{
+    MetricRow, MetricScope, NewRun, PromptMeta, RunMode, RunPrompt, RunStatus, Store, TrainStyle,
+};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -124,7 +126,11 @@ struct Vocab {
 
 impl Vocab {
     fn new() -> Self {
-        let mut v = Vocab { pieces: vec![], class: vec![], index: HashMap::new() };
+        let mut v = Vocab {
+            pieces: vec![],
+            class: vec![],
+            index: HashMap::new(),
+        };
         for s in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
             v.intern(s, Class::Easy);
         }
@@ -143,23 +149,57 @@ impl Vocab {
 }
 
 const IDENTS: &[&str] = &[
-    "items", "result", "total", "count", "values", "index", "node", "left", "right", "buffer", "key", "acc", "matrix", "row",
-    "col", "prefix", "window", "seen", "queue", "stack", "graph", "dist", "memo", "score", "word", "chars", "pairs", "limit",
+    "items", "result", "total", "count", "values", "index", "node", "left", "right", "buffer",
+    "key", "acc", "matrix", "row", "col", "prefix", "window", "seen", "queue", "stack", "graph",
+    "dist", "memo", "score", "word", "chars", "pairs", "limit",
 ];
 const FUNCS: &[&str] = &[
-    "has_close_elements", "separate_paren_groups", "truncate_number", "below_zero", "mean_absolute_deviation", "intersperse",
-    "parse_nested_parens", "filter_by_substring", "sum_product", "rolling_max", "make_palindrome", "string_xor", "longest",
-    "greatest_common_divisor", "all_prefixes", "count_distinct_characters", "sort_numbers", "find_closest_elements",
+    "has_close_elements",
+    "separate_paren_groups",
+    "truncate_number",
+    "below_zero",
+    "mean_absolute_deviation",
+    "intersperse",
+    "parse_nested_parens",
+    "filter_by_substring",
+    "sum_product",
+    "rolling_max",
+    "make_palindrome",
+    "string_xor",
+    "longest",
+    "greatest_common_divisor",
+    "all_prefixes",
+    "count_distinct_characters",
+    "sort_numbers",
+    "find_closest_elements",
 ];
 const WORDS: &[&str] = &[
-    "the", "a", "of", "to", "and", "is", "in", "that", "it", "for", "we", "this", "can", "with", "as", "be", "on", "are",
-    "an", "by", "so", "if", "then", "each", "number", "list", "value", "first", "next", "step", "result", "answer", "all",
-    "which", "when", "there", "one", "two", "more", "than", "our", "use", "here", "how", "should", "would", "like", "time",
-    "good", "make", "sure", "also", "same", "way", "because", "only", "new", "some", "what", "do", "you", "your", "help",
+    "the", "a", "of", "to", "and", "is", "in", "that", "it", "for", "we", "this", "can", "with",
+    "as", "be", "on", "are", "an", "by", "so", "if", "then", "each", "number", "list", "value",
+    "first", "next", "step", "result", "answer", "all", "which", "when", "there", "one", "two",
+    "more", "than", "our", "use", "here", "how", "should", "would", "like", "time", "good", "make",
+    "sure", "also", "same", "way", "because", "only", "new", "some", "what", "do", "you", "your",
+    "help",
 ];
 const RARE: &[&str] = &[
-    "quarterly", "photosynthesis", "itinerary", "Lisbon", "sourdough", "mitochondria", "regression", "Kyoto", "watercolor",
-    "amortized", "Byzantine", "marathon", "espresso", "telescope", "harmonica", "glacier", "volcanic", "sonnet",
+    "quarterly",
+    "photosynthesis",
+    "itinerary",
+    "Lisbon",
+    "sourdough",
+    "mitochondria",
+    "regression",
+    "Kyoto",
+    "watercolor",
+    "amortized",
+    "Byzantine",
+    "marathon",
+    "espresso",
+    "telescope",
+    "harmonica",
+    "glacier",
+    "volcanic",
+    "sonnet",
 ];
 
 struct Sentence<'a> {
@@ -178,7 +218,13 @@ fn pick<'a>(rng: &mut Rng, xs: &[&'a str]) -> &'a str {
 }
 
 /// One synthetic prompt: (category, prompt ids, continuation ids).
-fn gen_prompt(v: &mut Vocab, rng: &mut Rng, i: usize, min_new: usize, max_new: usize) -> (String, Vec<u32>, Vec<u32>) {
+fn gen_prompt(
+    v: &mut Vocab,
+    rng: &mut Rng,
+    i: usize,
+    min_new: usize,
+    max_new: usize,
+) -> (String, Vec<u32>, Vec<u32>) {
     let cat = ["code", "math", "chat"][i % 3].to_string();
     let target_len = min_new + rng.below(max_new - min_new + 1);
     let mut s = Sentence { v, ids: vec![] };
@@ -192,7 +238,9 @@ fn gen_prompt(v: &mut Vocab, rng: &mut Rng, i: usize, min_new: usize, max_new: u
                 s.push(w, Class::Word);
             }
             s.push(func, Class::Hard);
-            for w in ["`", " that", " takes", " a", " list", " and", " returns", " the", " answer", "."] {
+            for w in [
+                "`", " that", " takes", " a", " list", " and", " returns", " the", " answer", ".",
+            ] {
                 s.push(w, Class::Word);
             }
         }
@@ -204,7 +252,10 @@ fn gen_prompt(v: &mut Vocab, rng: &mut Rng, i: usize, min_new: usize, max_new: u
             s.push(&format!(" {a}"), Class::Hard);
             s.push(" ×", Class::Easy);
             s.push(&format!(" {b}"), Class::Hard);
-            for w in [" plus", " the", " sum", " of", " its", " digits", "?", " Please", " reason", " step", " by", " step", "."] {
+            for w in [
+                " plus", " the", " sum", " of", " its", " digits", "?", " Please", " reason",
+                " step", " by", " step", ".",
+            ] {
                 s.push(w, Class::Word);
             }
         }
@@ -291,7 +342,11 @@ fn gen_prompt(v: &mut Vocab, rng: &mut Rng, i: usize, min_new: usize, max_new: u
                         s.push(&format!(" {}", pick(rng, RARE)), Class::Hard);
                     } else {
                         let w = pick(rng, WORDS);
-                        let w = if j == 0 { format!("{}{}", w[..1].to_uppercase(), &w[1..]) } else { format!(" {w}") };
+                        let w = if j == 0 {
+                            format!("{}{}", w[..1].to_uppercase(), &w[1..])
+                        } else {
+                            format!(" {w}")
+                        };
                         s.push(&w, Class::Word);
                     }
                 }
@@ -320,8 +375,12 @@ fn gen_prompt_set(v: &mut Vocab, spec: &DemoSpec) -> PromptSet {
     let mut out = Vec::new();
     let mut set_hash = Sha256::new();
     for i in 0..spec.prompts {
-        let (cat, prompt, cont) = gen_prompt(v, &mut rng, i, spec.min_new_tokens, spec.max_new_tokens);
-        let prompt_text: String = prompt.iter().map(|&t| v.pieces[t as usize].as_str()).collect();
+        let (cat, prompt, cont) =
+            gen_prompt(v, &mut rng, i, spec.min_new_tokens, spec.max_new_tokens);
+        let prompt_text: String = prompt
+            .iter()
+            .map(|&t| v.pieces[t as usize].as_str())
+            .collect();
         let sha = hex::encode(Sha256::digest(format!("{i}:{prompt_text}").as_bytes()));
         set_hash.update(sha.as_bytes());
         let mut ids = prompt.clone();
@@ -341,7 +400,10 @@ fn gen_prompt_set(v: &mut Vocab, spec: &DemoSpec) -> PromptSet {
             classes,
         ));
     }
-    PromptSet { prompts: out, sha256: hex::encode(set_hash.finalize()) }
+    PromptSet {
+        prompts: out,
+        sha256: hex::encode(set_hash.finalize()),
+    }
 }
 
 /// How good a drafter is, and how a train-style evaluation distorts it.
@@ -393,19 +455,32 @@ fn gen_records(
     for a in first..len {
         b.prompt_index.push(rp.index);
         b.anchor.push(a);
-        b.region.push(if a < p { Region::Prompt as u8 } else { Region::Completion as u8 });
+        b.region.push(if a < p {
+            Region::Prompt as u8
+        } else {
+            Region::Completion as u8
+        });
         let mut prev_ok = true;
         for k in 1..=g {
             let pos = a + k as u32;
             let valid = pos < len;
             let t = if valid { rp.token_ids[pos as usize] } else { 0 };
             // Data labels: some "targets" are the data's tokens, not the target's greedy ones.
-            let label = if valid && rng.f64() < skill.label_noise { 3 + rng.below(vocab_len as usize - 3) as u32 } else { t };
+            let label = if valid && rng.f64() < skill.label_noise {
+                3 + rng.below(vocab_len as usize - 3) as u32
+            } else {
+                t
+            };
             b.target.push(if valid { label } else { 0 });
             b.valid.push(valid as u8);
             b.loss_mask.push((pos >= p) as u8);
-            let class = if valid { classes[pos as usize] } else { Class::Hard };
-            let mut pc = skill.base * ease(class) * cat * prompt_factor * 0.97f64.powi(k as i32 - 1);
+            let class = if valid {
+                classes[pos as usize]
+            } else {
+                Class::Hard
+            };
+            let mut pc =
+                skill.base * ease(class) * cat * prompt_factor * 0.97f64.powi(k as i32 - 1);
             if !prev_ok {
                 pc *= 0.8; // errors cluster: after a miss the next position is harder
             }
@@ -425,12 +500,20 @@ fn gen_records(
             let top1 = if ok { t } else { wrong(rng) };
             let mut cands = vec![top1];
             // When wrong, the target is often still in the top-K (tree drafting potential).
-            let tslot = if !ok && valid && kk > 1 && rng.f64() < 0.55 { Some(1 + rng.below(kk - 1)) } else { None };
+            let tslot = if !ok && valid && kk > 1 && rng.f64() < 0.55 {
+                Some(1 + rng.below(kk - 1))
+            } else {
+                None
+            };
             for j in 1..kk {
                 cands.push(if Some(j) == tslot { t } else { wrong(rng) });
             }
             // Probabilities, best first: the top-1 is the most likely candidate.
-            let conf = if ok { 0.55 + 0.44 * rng.f64() } else { 0.2 + 0.45 * rng.f64() };
+            let conf = if ok {
+                0.55 + 0.44 * rng.f64()
+            } else {
+                0.2 + 0.45 * rng.f64()
+            };
             let mut rest = 1.0 - conf;
             let mut prev = conf;
             b.draft_ids.extend(&cands);
@@ -456,7 +539,10 @@ pub fn fill_demo_db(store: &Store, spec: &DemoSpec) -> Result<DemoRuns> {
     let set = gen_prompt_set(&mut vocab, spec);
     let tok_sha = sha_of(&format!("demo-tokenizer:{}", vocab.pieces.join("\u{1}")));
     store.put_vocab(&tok_sha, "demo-bpe", &vocab.pieces)?;
-    let mut out = DemoRuns { tokenizer_sha256: tok_sha.clone(), ..Default::default() };
+    let mut out = DemoRuns {
+        tokenizer_sha256: tok_sha.clone(),
+        ..Default::default()
+    };
     let vlen = vocab.pieces.len() as u32;
     let series = "dflash-qwen3-1.7b-b16";
     let prompt_set = "humaneval+gsm8k+mtbench (synthetic)";
@@ -519,78 +605,194 @@ pub fn fill_demo_db(store: &Store, spec: &DemoSpec) -> Result<DemoRuns> {
     let skill_at = |i: usize| 0.74 + 0.2 * (1.0 - (-(i as f64 + 1.0) * 2.2 / n).exp());
     for (i, &step) in spec.checkpoints.iter().enumerate() {
         let new = base_run(format!("{series} @ step {step}"), step, series);
-        let skill = Skill { base: skill_at(i), leak_first: None, label_noise: 0.0 };
-        out.checkpoints.push(record_run(&new, skill, spec.seed * 1000 + i as u64, false)?);
+        let skill = Skill {
+            base: skill_at(i),
+            leak_first: None,
+            label_noise: 0.0,
+        };
+        out.checkpoints
+            .push(record_run(&new, skill, spec.seed * 1000 + i as u64, false)?);
     }
     let last_i = spec.checkpoints.len().saturating_sub(1);
     let last_step = spec.checkpoints.last().copied().unwrap_or(0);
     let last_skill = skill_at(last_i);
     if spec.train_style {
         let variants = [
-            ("strict", "target", Skill { base: (last_skill * 1.1).min(0.99), leak_first: None, label_noise: 0.0 }),
-            ("inclusive", "target", Skill { base: (last_skill * 1.16).min(0.99), leak_first: Some(0.97), label_noise: 0.0 }),
-            ("inclusive", "data", Skill { base: (last_skill * 1.16).min(0.99), leak_first: Some(0.97), label_noise: 0.09 }),
+            (
+                "strict",
+                "target",
+                Skill {
+                    base: (last_skill * 1.1).min(0.99),
+                    leak_first: None,
+                    label_noise: 0.0,
+                },
+            ),
+            (
+                "inclusive",
+                "target",
+                Skill {
+                    base: (last_skill * 1.16).min(0.99),
+                    leak_first: Some(0.97),
+                    label_noise: 0.0,
+                },
+            ),
+            (
+                "inclusive",
+                "data",
+                Skill {
+                    base: (last_skill * 1.16).min(0.99),
+                    leak_first: Some(0.97),
+                    label_noise: 0.09,
+                },
+            ),
         ];
         for (j, (mask, labels, skill)) in variants.into_iter().enumerate() {
-            let mut new = base_run(format!("{series} @ step {last_step} · train-style {mask}/{labels}"), last_step, series);
+            let mut new = base_run(
+                format!("{series} @ step {last_step} · train-style {mask}/{labels}"),
+                last_step,
+                series,
+            );
             new.mode = RunMode::TrainStyle;
-            new.train_style = Some(TrainStyle { labels: labels.into(), mask_rule: mask.into() });
-            new.config["train_style"] = json!({"mask_rule": mask, "labels": labels, "shared_forward": true});
-            out.train_style.push(record_run(&new, skill, spec.seed * 2000 + j as u64, true)?);
+            new.train_style = Some(TrainStyle {
+                labels: labels.into(),
+                mask_rule: mask.into(),
+            });
+            new.config["train_style"] =
+                json!({"mask_rule": mask, "labels": labels, "shared_forward": true});
+            out.train_style
+                .push(record_run(&new, skill, spec.seed * 2000 + j as u64, true)?);
         }
     }
     if spec.alternative {
         let alt_series = "dflash-qwen3-1.7b-b16-3layer";
-        let mut new = base_run(format!("{alt_series} @ step {last_step}"), last_step, alt_series);
+        let mut new = base_run(
+            format!("{alt_series} @ step {last_step}"),
+            last_step,
+            alt_series,
+        );
         new.config["drafter"]["layers"] = json!(3);
         new.config["drafter"]["target_layer_ids"] = json!([2, 14, 26]);
-        let skill = Skill { base: last_skill * 0.95, leak_first: None, label_noise: 0.0 };
+        let skill = Skill {
+            base: last_skill * 0.95,
+            leak_first: None,
+            label_noise: 0.0,
+        };
         out.alternative = Some(record_run(&new, skill, spec.seed * 3000, false)?);
     }
 
     // Metric-only runs: other targets, backends, prompt sets, steps.
     let mut rng = Rng::new(spec.seed ^ 0xface);
-    let targets = [("qwen3", "/models/Qwen3-4B"), ("qwen3", "/models/Qwen3-8B"), ("llama", "/models/Llama-3.1-8B"), ("qwen2", "/models/Qwen2.5-7B")];
+    let targets = [
+        ("qwen3", "/models/Qwen3-4B"),
+        ("qwen3", "/models/Qwen3-8B"),
+        ("llama", "/models/Llama-3.1-8B"),
+        ("qwen2", "/models/Qwen2.5-7B"),
+    ];
     let sets = ["gsm8k", "humaneval", "mt-bench", "math500", "alpaca"];
     for i in 0..spec.extra_runs {
         let (arch, tpath) = targets[i % targets.len()];
         let set_name = sets[(i / 4) % sets.len()];
         let step = 1000 * (1 + (i as i64 * 7) % 40);
-        let drafter = format!("dflash-{}-b16", tpath.rsplit('/').next().unwrap_or("t").to_lowercase());
-        let mut new = base_run(format!("{drafter} @ step {step} · {set_name}"), step, &drafter);
+        let drafter = format!(
+            "dflash-{}-b16",
+            tpath.rsplit('/').next().unwrap_or("t").to_lowercase()
+        );
+        let mut new = base_run(
+            format!("{drafter} @ step {step} · {set_name}"),
+            step,
+            &drafter,
+        );
         new.target_arch = arch.into();
         new.target_path = tpath.into();
         new.target_sha256 = sha_of(tpath);
         new.prompt_set_name = set_name.into();
         new.prompt_set_sha256 = sha_of(set_name);
-        new.backend = if i % 3 == 0 { "cuda".into() } else { "cpu".into() };
+        new.backend = if i % 3 == 0 {
+            "cuda".into()
+        } else {
+            "cpu".into()
+        };
         new.tokenizer_sha256 = None;
         if i % 11 == 5 {
             new.mode = RunMode::TrainStyle;
-            new.train_style = Some(TrainStyle { labels: "target".into(), mask_rule: "strict".into() });
+            new.train_style = Some(TrainStyle {
+                labels: "target".into(),
+                mask_rule: "strict".into(),
+            });
         }
         let id = store.create_run(&new)?;
         let q = 0.55 + 0.4 * (step as f64 / 40_000.0) + 0.05 * rng.normal();
         let tau = 1.0 + q * 4.2;
         let rows = vec![
-            MetricRow::scalar(crate::analysis::SOURCE, "tau_replayed", MetricScope::Run, tau, 100, true),
-            MetricRow::scalar(crate::analysis::SOURCE, "tau_uniform", MetricScope::Run, tau * 1.08, 100, true),
-            MetricRow::scalar(crate::analysis::SOURCE, "flat_accuracy", MetricScope::Run, (0.35 + 0.45 * q).min(1.0), 100, true),
-            MetricRow::scalar(crate::analysis::SOURCE, "draft_nll", MetricScope::Run, 2.2 - 1.2 * q, 100, false),
+            MetricRow::scalar(
+                crate::analysis::SOURCE,
+                "tau_replayed",
+                MetricScope::Run,
+                tau,
+                100,
+                true,
+            ),
+            MetricRow::scalar(
+                crate::analysis::SOURCE,
+                "tau_uniform",
+                MetricScope::Run,
+                tau * 1.08,
+                100,
+                true,
+            ),
+            MetricRow::scalar(
+                crate::analysis::SOURCE,
+                "flat_accuracy",
+                MetricScope::Run,
+                (0.35 + 0.45 * q).min(1.0),
+                100,
+                true,
+            ),
+            MetricRow::scalar(
+                crate::analysis::SOURCE,
+                "draft_nll",
+                MetricScope::Run,
+                2.2 - 1.2 * q,
+                100,
+                false,
+            ),
         ];
         store.add_metrics(id, &rows)?;
-        store.finish_run(id, RunStatus::Complete, None, &json!({"total_s": 60.0 + 5.0 * i as f64}))?;
+        store.finish_run(
+            id,
+            RunStatus::Complete,
+            None,
+            &json!({"total_s": 60.0 + 5.0 * i as f64}),
+        )?;
         out.extra.push(id);
     }
 
     if spec.failed_and_running {
-        let mut new = base_run(format!("{series} @ step {last_step} · cuda"), last_step, series);
+        let mut new = base_run(
+            format!("{series} @ step {last_step} · cuda"),
+            last_step,
+            series,
+        );
         new.backend = "cuda".into();
         let id = store.create_run(&new)?;
-        store.add_plugin_failure(id, "ddtree-bound", "trap", "wasm trap: out of fuel after 10000000 instructions")?;
-        store.finish_run(id, RunStatus::Failed, Some("CUDA_ERROR_OUT_OF_MEMORY while extracting taps for prompt 17"), &json!({}))?;
+        store.add_plugin_failure(
+            id,
+            "ddtree-bound",
+            "trap",
+            "wasm trap: out of fuel after 10000000 instructions",
+        )?;
+        store.finish_run(
+            id,
+            RunStatus::Failed,
+            Some("CUDA_ERROR_OUT_OF_MEMORY while extracting taps for prompt 17"),
+            &json!({}),
+        )?;
         out.failed = Some(id);
-        let new = base_run(format!("{series} @ step {} (in progress)", last_step + 4000), last_step + 4000, series);
+        let new = base_run(
+            format!("{series} @ step {} (in progress)", last_step + 4000),
+            last_step + 4000,
+            series,
+        );
         out.running = Some(store.create_run(&new)?);
     }
     Ok(out)
@@ -611,7 +813,15 @@ mod tests {
         let (_, total) = store.runs(&RunFilter::default()).unwrap();
         assert_eq!(total, 3 + 3 + 1 + 6 + 2);
         let tau = |id: i64| {
-            store.metrics(id).unwrap().iter().find(|m| m.source == SOURCE && m.name == "tau_replayed" && m.scope == MetricScope::Run).unwrap().value
+            store
+                .metrics(id)
+                .unwrap()
+                .iter()
+                .find(|m| {
+                    m.source == SOURCE && m.name == "tau_replayed" && m.scope == MetricScope::Run
+                })
+                .unwrap()
+                .value
         };
         // Later checkpoints are better; τ is in a realistic range for B = 8.
         let t: Vec<f64> = runs.checkpoints.iter().map(|&i| tau(i)).collect();
@@ -619,7 +829,13 @@ mod tests {
         assert!(t.iter().all(|&x| (1.5..7.0).contains(&x)), "{t:?}");
         // Train-style with the inclusive leak looks better than deployment (the inflation).
         let flat = |id: i64| {
-            store.metrics(id).unwrap().iter().find(|m| m.name == "flat_accuracy" && m.scope == MetricScope::Run).unwrap().value
+            store
+                .metrics(id)
+                .unwrap()
+                .iter()
+                .find(|m| m.name == "flat_accuracy" && m.scope == MetricScope::Run)
+                .unwrap()
+                .value
         };
         assert!(flat(runs.train_style[1]) > flat(*runs.checkpoints.last().unwrap()) + 0.05);
         // Acceptance decays along positions.
@@ -628,6 +844,9 @@ mod tests {
         let c = crate::analysis::position_curve(&st, false, 0, "");
         assert!(c.value[0].unwrap() > c.value[6].unwrap());
         // Stats are cached after the first computation.
-        assert!(store.derived(run.id, crate::analysis::STATS_KIND).unwrap().is_some());
+        assert!(store
+            .derived(run.id, crate::analysis::STATS_KIND)
+            .unwrap()
+            .is_some());
     }
 }

@@ -27,27 +27,60 @@ use draftlens::store::{RunInfo, Store};
 use std::path::Path;
 use std::sync::Arc;
 
-fn resolve_all(store: &Store, runs: &[String], baseline: Option<&str>) -> Result<(Vec<i64>, Option<i64>)> {
-    let ids = runs.iter().map(|r| compare::resolve_run(store, r)).collect::<Result<Vec<_>>>()?;
-    let base = baseline.map(|b| compare::resolve_run(store, b)).transpose()?;
+fn resolve_all(
+    store: &Store,
+    runs: &[String],
+    baseline: Option<&str>,
+) -> Result<(Vec<i64>, Option<i64>)> {
+    let ids = runs
+        .iter()
+        .map(|r| compare::resolve_run(store, r))
+        .collect::<Result<Vec<_>>>()?;
+    let base = baseline
+        .map(|b| compare::resolve_run(store, b))
+        .transpose()?;
     Ok((ids, base))
 }
 
-fn comparison(store: &Store, runs: &[String], baseline: Option<&str>, charts: bool) -> Result<compare::Comparison> {
+fn comparison(
+    store: &Store,
+    runs: &[String],
+    baseline: Option<&str>,
+    charts: bool,
+) -> Result<compare::Comparison> {
     let (ids, baseline) = resolve_all(store, runs, baseline)?;
-    let stats_of = |r: &RunInfo| -> Result<Option<Arc<analysis::RunStats>>> { Ok(analysis::load_stats(store, r)?.map(Arc::new)) };
-    compare::compare(store, &ids, &compare::CompareOptions { baseline, charts, ..Default::default() }, &stats_of)
+    let stats_of = |r: &RunInfo| -> Result<Option<Arc<analysis::RunStats>>> {
+        Ok(analysis::load_stats(store, r)?.map(Arc::new))
+    };
+    compare::compare(
+        store,
+        &ids,
+        &compare::CompareOptions {
+            baseline,
+            charts,
+            ..Default::default()
+        },
+        &stats_of,
+    )
 }
 
 /// `draftlens compare` as text: runs are ids, uids or uid prefixes; the baseline defaults to
 /// the pinned one if it is among them, else the first.
 pub fn compare_text(store: &Store, runs: &[String], baseline: Option<&str>) -> Result<String> {
-    Ok(compare::comparison_text(&comparison(store, runs, baseline, false)?))
+    Ok(compare::comparison_text(&comparison(
+        store, runs, baseline, false,
+    )?))
 }
 
 /// `draftlens compare --json`.
-pub fn compare_json(store: &Store, runs: &[String], baseline: Option<&str>) -> Result<serde_json::Value> {
-    Ok(serde_json::to_value(comparison(store, runs, baseline, true)?)?)
+pub fn compare_json(
+    store: &Store,
+    runs: &[String],
+    baseline: Option<&str>,
+) -> Result<serde_json::Value> {
+    Ok(serde_json::to_value(comparison(
+        store, runs, baseline, true,
+    )?)?)
 }
 
 /// A self-contained HTML report of runs (ids, uids or uid prefixes).

@@ -19,10 +19,17 @@ impl Query {
     }
     /// First non-empty value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.iter().find(|(k, v)| k == key && !v.trim().is_empty()).map(|(_, v)| v.as_str())
+        self.0
+            .iter()
+            .find(|(k, v)| k == key && !v.trim().is_empty())
+            .map(|(_, v)| v.as_str())
     }
     pub fn all(&self, key: &str) -> Vec<&str> {
-        self.0.iter().filter(|(k, _)| k == key).map(|(_, v)| v.as_str()).collect()
+        self.0
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .collect()
     }
     pub fn get_usize(&self, key: &str) -> Option<usize> {
         self.get(key).and_then(|v| v.trim().parse().ok())
@@ -32,18 +39,30 @@ impl Query {
     }
     /// Values of `key` split on commas, plus repeated keys: `runs=1,2&runs=3` → [1, 2, 3].
     pub fn list(&self, key: &str) -> Vec<String> {
-        self.all(key).iter().flat_map(|v| v.split(',')).map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+        self.all(key)
+            .iter()
+            .flat_map(|v| v.split(','))
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
     }
     /// A copy with `key` set to `value` (removed when `None`), other keys kept in order.
     pub fn with(&self, key: &str, value: Option<&str>) -> Query {
-        let mut q: Vec<(String, String)> = self.0.iter().filter(|(k, _)| k != key).cloned().collect();
+        let mut q: Vec<(String, String)> =
+            self.0.iter().filter(|(k, _)| k != key).cloned().collect();
         if let Some(v) = value {
             q.push((key.into(), v.into()));
         }
         Query(q)
     }
     pub fn without(&self, keys: &[&str]) -> Query {
-        Query(self.0.iter().filter(|(k, _)| !keys.contains(&k.as_str())).cloned().collect())
+        Query(
+            self.0
+                .iter()
+                .filter(|(k, _)| !keys.contains(&k.as_str()))
+                .cloned()
+                .collect(),
+        )
     }
     /// "?a=1&b=2" (empty string when there are no pairs).
     pub fn to_string_with_qmark(&self) -> String {
@@ -55,7 +74,12 @@ impl Query {
         }
     }
     pub fn encode(&self) -> String {
-        self.0.iter().filter(|(_, v)| !v.is_empty()).map(|(k, v)| format!("{}={}", encode(k), encode(v))).collect::<Vec<_>>().join("&")
+        self.0
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+            .collect::<Vec<_>>()
+            .join("&")
     }
 }
 
@@ -67,15 +91,13 @@ pub fn decode(s: &str) -> String {
     while i < b.len() {
         match b[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                match (hex(b[i + 1]), hex(b[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push(h * 16 + l);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h * 16 + l);
+                    i += 2;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             c => out.push(c),
         }
         i += 1;
@@ -96,7 +118,8 @@ fn hex(c: u8) -> Option<u8> {
 pub fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for &c in s.as_bytes() {
-        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'~' | b',' | b'/' | b':') {
+        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'~' | b',' | b'/' | b':')
+        {
             out.push(c as char);
         } else {
             out.push_str(&format!("%{c:02X}"));

@@ -22,15 +22,24 @@ pub struct ReportOptions {
 
 /// Renders a report of `runs` (one run: the run page; several: the comparison).
 pub fn render_report(store: &Store, runs: &[i64], opts: &ReportOptions) -> Result<String> {
-    let stats_of = |r: &RunInfo| -> Result<Option<Arc<RunStats>>> { Ok(crate::analysis::load_stats(store, r)?.map(Arc::new)) };
+    let stats_of = |r: &RunInfo| -> Result<Option<Arc<RunStats>>> {
+        Ok(crate::analysis::load_stats(store, r)?.map(Arc::new))
+    };
     render_report_with(store, runs, opts, &stats_of)
 }
 
-pub fn render_report_with(store: &Store, runs: &[i64], opts: &ReportOptions, stats_of: &StatsCache<'_>) -> Result<String> {
+pub fn render_report_with(
+    store: &Store,
+    runs: &[i64],
+    opts: &ReportOptions,
+    stats_of: &StatsCache<'_>,
+) -> Result<String> {
     let bundle = export_bundle(store, runs, opts.with_records)?;
     let ctx = Ctx::report();
     let page = if runs.len() == 1 {
-        let detail = store.run(runs[0])?.with_context(|| format!("{}: run {} does not exist", store.path().display(), runs[0]))?;
+        let detail = store.run(runs[0])?.with_context(|| {
+            format!("{}: run {} does not exist", store.path().display(), runs[0])
+        })?;
         let stats = stats_of(&detail.run)?;
         let metrics = store.metrics_in_scope(detail.run.id, &MetricScope::Run)?;
         let metas = store.prompt_metas(detail.run.id)?;
@@ -58,12 +67,23 @@ pub fn render_report_with(store: &Store, runs: &[i64], opts: &ReportOptions, sta
         };
         views::run::render(&ctx, &v)
     } else {
-        let c = compare::compare(store, runs, &CompareOptions { baseline: opts.baseline, ..Default::default() }, stats_of)?;
+        let c = compare::compare(
+            store,
+            runs,
+            &CompareOptions {
+                baseline: opts.baseline,
+                ..Default::default()
+            },
+            stats_of,
+        )?;
         views::compare::render(&ctx, &c, &Query::default())
     };
     let mut html = page.into_string();
     // The bundle goes right before </body>; safe_json escapes every '<', so it cannot end early.
-    let script = format!("<script type=\"application/json\" id=\"{SCRIPT_ID}\">{}</script>", safe_json(&bundle));
+    let script = format!(
+        "<script type=\"application/json\" id=\"{SCRIPT_ID}\">{}</script>",
+        safe_json(&bundle)
+    );
     match html.rfind("</body>") {
         Some(at) => html.insert_str(at, &script),
         None => html.push_str(&script),

@@ -19,7 +19,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
-use draftlens::store::{MetricKey, MetricScope, RunFilter, RunInfo, RunMode, RunSort, Store, TokenScope};
+use draftlens::store::{
+    MetricKey, MetricScope, RunFilter, RunInfo, RunMode, RunSort, Store, TokenScope,
+};
 use maud::Markup;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -60,9 +62,19 @@ pub async fn serve(opts: ServeOptions) -> Result<()> {
     if opts.team && store.tokens()?.iter().all(|t| t.revoked_at.is_some()) {
         eprintln!("warning: team mode but no active tokens: create one with `draftlens tokens create NAME --scope write --db {}`", opts.db.display());
     }
-    let listener = tokio::net::TcpListener::bind(opts.addr).await.with_context(|| format!("cannot listen on {}", opts.addr))?;
+    let listener = tokio::net::TcpListener::bind(opts.addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", opts.addr))?;
     let addr = listener.local_addr()?;
-    eprintln!("draftlens: serving {} on http://{addr}/{}", opts.db.display(), if opts.team { " (team mode: tokens required)" } else { "" });
+    eprintln!(
+        "draftlens: serving {} on http://{addr}/{}",
+        opts.db.display(),
+        if opts.team {
+            " (team mode: tokens required)"
+        } else {
+            ""
+        }
+    );
     let app = app(store, opts.team, opts.max_upload_bytes);
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
@@ -82,9 +94,19 @@ pub struct AppState {
     vocab: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// (computed at, value) caches for the run list's menus; refreshed every few seconds so
     /// runs written by other processes show up.
-    facets: Mutex<Option<(Instant, Arc<draftlens::store::Facets>, Arc<Vec<(MetricKey, usize, bool)>>)>>,
+    facets: Mutex<
+        Option<(
+            Instant,
+            Arc<draftlens::store::Facets>,
+            Arc<Vec<(MetricKey, usize, bool)>>,
+        )>,
+    >,
     asset_version: String,
+    /// Finished comparisons keyed by their inputs' identity (see `compare_cached`).
+    comparisons: Mutex<Vec<(String, Arc<compare::Comparison>)>>,
 }
+
+const COMPARE_CACHE: usize = 32;
 
 const MENU_TTL: Duration = Duration::from_secs(5);
 const STATS_CACHE: usize = 256;
@@ -92,14 +114,24 @@ const STATS_CACHE: usize = 256;
 impl AppState {
     fn stats_for(&self, run: &RunInfo) -> Result<Option<Arc<RunStats>>> {
         let key = format!("{}:{}:{}", run.uid, run.num_blocks, run.status);
-        if let Some((k, s)) = self.stats.lock().map_err(|_| anyhow!("stats cache poisoned"))?.get(&run.id) {
+        if let Some((k, s)) = self
+            .stats
+            .lock()
+            .map_err(|_| anyhow!("stats cache poisoned"))?
+            .get(&run.id)
+        {
             if *k == key {
                 return Ok(Some(s.clone()));
             }
         }
-        let Some(s) = load_stats(&self.store, run)? else { return Ok(None) };
+        let Some(s) = load_stats(&self.store, run)? else {
+            return Ok(None);
+        };
         let s = Arc::new(s);
-        let mut cache = self.stats.lock().map_err(|_| anyhow!("stats cache poisoned"))?;
+        let mut cache = self
+            .stats
+            .lock()
+            .map_err(|_| anyhow!("stats cache poisoned"))?;
         if cache.len() >= STATS_CACHE {
             cache.clear();
         }
@@ -108,26 +140,75 @@ impl AppState {
     }
 
     fn vocab_for(&self, sha: &str) -> Result<Option<Arc<Vec<String>>>> {
-        if let Some(v) = self.vocab.lock().map_err(|_| anyhow!("vocab cache poisoned"))?.get(sha) {
+        if let Some(v) = self
+            .vocab
+            .lock()
+            .map_err(|_| anyhow!("vocab cache poisoned"))?
+            .get(sha)
+        {
             return Ok(Some(v.clone()));
         }
-        let Some((_, pieces)) = self.store.vocab(sha)? else { return Ok(None) };
+        let Some((_, pieces)) = self.store.vocab(sha)? else {
+            return Ok(None);
+        };
         let v = Arc::new(pieces);
-        self.vocab.lock().map_err(|_| anyhow!("vocab cache poisoned"))?.insert(sha.to_string(), v.clone());
+        self.vocab
+            .lock()
+            .map_err(|_| anyhow!("vocab cache poisoned"))?
+            .insert(sha.to_string(), v.clone());
         Ok(Some(v))
     }
 
     #[allow(clippy::type_complexity)]
-    fn menus(&self) -> Result<(Arc<draftlens::store::Facets>, Arc<Vec<(MetricKey, usize, bool)>>)> {
-        if let Some((t, f, k)) = self.facets.lock().map_err(|_| anyhow!("cache poisoned"))?.as_ref() {
+    fn menus(
+        &self,
+    ) -> Result<(
+        Arc<draftlens::store::Facets>,
+        Arc<Vec<(MetricKey, usize, bool)>>,
+    )> {
+        if let Some((t, f, k)) = self
+            .facets
+            .lock()
+            .map_err(|_| anyhow!("cache poisoned"))?
+            .as_ref()
+        {
             if t.elapsed() < MENU_TTL {
                 return Ok((f.clone(), k.clone()));
             }
         }
         let f = Arc::new(self.store.facets()?);
         let k = Arc::new(self.store.metric_keys()?);
-        *self.facets.lock().map_err(|_| anyhow!("cache poisoned"))? = Some((Instant::now(), f.clone(), k.clone()));
+        *self.facets.lock().map_err(|_| anyhow!("cache poisoned"))? =
+            Some((Instant::now(), f.clone(), k.clone()));
         Ok((f, k))
+    }
+
+    /// A comparison is a pure function of the runs' records, statistics and metric rows (the
+    /// bootstrap is seeded), so it is cached under a key that changes with any of them.
+    fn compare_cached(&self, ids: &[i64], opts: &CompareOptions) -> Result<Arc<compare::Comparison>> {
+        let mut key = format!("{:?}|{:?}|{}|", ids, opts.baseline, opts.reps);
+        for &id in ids {
+            let Some(d) = self.store.run(id)? else {
+                anyhow::bail!("{}: run {id} does not exist", self.store.path().display())
+            };
+            let fp = self.store.metrics_fingerprint(id)?;
+            key.push_str(&format!("{}:{}:{}:{fp};", d.run.uid, d.run.num_blocks, d.run.status));
+        }
+        // The default baseline depends on pins.
+        key.push_str(&format!("{:?}", self.store.baselines()?));
+        let cache = self.comparisons.lock().map_err(|_| anyhow!("cache poisoned"))?;
+        if let Some((_, c)) = cache.iter().find(|(k, _)| *k == key) {
+            return Ok(c.clone());
+        }
+        drop(cache);
+        let stats_of = |r: &RunInfo| self.stats_for(r);
+        let c = Arc::new(compare::compare(&self.store, ids, opts, &stats_of)?);
+        let mut cache = self.comparisons.lock().map_err(|_| anyhow!("cache poisoned"))?;
+        if cache.len() >= COMPARE_CACHE {
+            cache.remove(0);
+        }
+        cache.push((key, c.clone()));
+        Ok(c)
     }
 
     fn invalidate(&self) {
@@ -146,7 +227,11 @@ enum Access {
 
 /// The router (used by `serve`, tests and the benchmark).
 pub fn app(store: Store, team: bool, max_upload: usize) -> Router {
-    let asset_version = hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(format!("{}{}", views::APP_JS, views::APP_CSS).as_bytes())[..6]);
+    let asset_version = hex::encode(
+        &<sha2::Sha256 as sha2::Digest>::digest(
+            format!("{}{}", views::APP_JS, views::APP_CSS).as_bytes(),
+        )[..6],
+    );
     let state = Arc::new(AppState {
         store,
         team,
@@ -155,6 +240,7 @@ pub fn app(store: Store, team: bool, max_upload: usize) -> Router {
         vocab: Mutex::new(HashMap::new()),
         facets: Mutex::new(None),
         asset_version,
+        comparisons: Mutex::new(Vec::new()),
     });
     let pages = Router::new()
         .route("/", get(runs_page))
@@ -175,8 +261,11 @@ pub fn app(store: Store, team: bool, max_upload: usize) -> Router {
         .with_state(state.clone());
     // Access control wraps the whole router (not each route) so that it can rewrite a share
     // link's URI to the saved view before routing.
-    let guarded = tower_layer::Layer::layer(&middleware::from_fn_with_state(state, access_layer), pages);
-    Router::new().fallback_service(guarded).layer(middleware::from_fn(timing_layer))
+    let guarded =
+        tower_layer::Layer::layer(&middleware::from_fn_with_state(state, access_layer), pages);
+    Router::new()
+        .fallback_service(guarded)
+        .layer(middleware::from_fn(timing_layer))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -192,7 +281,10 @@ async fn timing_layer(req: Request, next: Next) -> Response {
     if let Ok(v) = HeaderValue::from_str(&format!("app;dur={ms:.3}")) {
         h.insert("server-timing", v);
     }
-    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
     if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
@@ -207,7 +299,10 @@ async fn timing_layer(req: Request, next: Next) -> Response {
 }
 
 fn token_from(headers: &HeaderMap, query: &Query) -> Option<String> {
-    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+    if let Some(v) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
         if let Some(t) = v.strip_prefix("Bearer ") {
             return Some(t.trim().to_string());
         }
@@ -229,14 +324,30 @@ async fn access_layer(State(st): State<Arc<AppState>>, mut req: Request, next: N
     let path = req.uri().path().to_string();
     // Cross-site POSTs are refused whatever the mode (no CSRF through a teammate's browser).
     if req.method() == Method::POST {
-        let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
-        if let Some(origin) = req.headers().get(header::ORIGIN).and_then(|h| h.to_str().ok()) {
-            let ok = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) == Some(host);
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        if let Some(origin) = req
+            .headers()
+            .get(header::ORIGIN)
+            .and_then(|h| h.to_str().ok())
+        {
+            let ok = origin
+                .strip_prefix("http://")
+                .or_else(|| origin.strip_prefix("https://"))
+                == Some(host);
             if !ok {
                 return (StatusCode::FORBIDDEN, "cross-origin request refused").into_response();
             }
         }
-        if req.headers().get("sec-fetch-site").and_then(|h| h.to_str().ok()) == Some("cross-site") {
+        if req
+            .headers()
+            .get("sec-fetch-site")
+            .and_then(|h| h.to_str().ok())
+            == Some("cross-site")
+        {
             return (StatusCode::FORBIDDEN, "cross-site request refused").into_response();
         }
     }
@@ -283,9 +394,15 @@ async fn access_layer(State(st): State<Arc<AppState>>, mut req: Request, next: N
         // A token in the URL: remember it in a cookie and drop it from the address bar (so it
         // is not shared or logged by accident).
         if query.get("token").is_some() && req.method() == Method::GET {
-            let clean = format!("{}{}", req.uri().path(), query.without(&["token"]).to_string_with_qmark());
+            let clean = format!(
+                "{}{}",
+                req.uri().path(),
+                query.without(&["token"]).to_string_with_qmark()
+            );
             let mut resp = Redirect::to(&clean).into_response();
-            if let Ok(v) = HeaderValue::from_str(&format!("draftlens_token={tok}; Path=/; HttpOnly; SameSite=Strict")) {
+            if let Ok(v) = HeaderValue::from_str(&format!(
+                "draftlens_token={tok}; Path=/; HttpOnly; SameSite=Strict"
+            )) {
                 resp.headers_mut().insert(header::SET_COOKIE, v);
             }
             return resp;
@@ -319,33 +436,66 @@ fn ctx_of(st: &AppState, req_access: Option<Access>, uri: &Uri, nav: Nav) -> Ctx
 }
 
 fn html(m: Markup) -> Response {
-    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], m.into_string()).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        m.into_string(),
+    )
+        .into_response()
 }
 
 fn plain_ctx(st: &AppState) -> Ctx {
-    Ctx { report: false, can_write: false, team: st.team, current: String::new(), nav: Nav::None, asset_version: st.asset_version.clone() }
+    Ctx {
+        report: false,
+        can_write: false,
+        team: st.team,
+        current: String::new(),
+        nav: Nav::None,
+        asset_version: st.asset_version.clone(),
+    }
 }
 
 fn not_found(st: &AppState, what: &str) -> Response {
-    (StatusCode::NOT_FOUND, html(misc::not_found(&plain_ctx(st), what))).into_response()
+    (
+        StatusCode::NOT_FOUND,
+        html(misc::not_found(&plain_ctx(st), what)),
+    )
+        .into_response()
 }
 
 fn unauthorized(st: &AppState, write: bool) -> Response {
-    let code = if write { StatusCode::FORBIDDEN } else { StatusCode::UNAUTHORIZED };
+    let code = if write {
+        StatusCode::FORBIDDEN
+    } else {
+        StatusCode::UNAUTHORIZED
+    };
     (code, html(misc::unauthorized(&plain_ctx(st), write))).into_response()
 }
 
 fn server_error(st: &AppState, e: &anyhow::Error) -> Response {
-    (StatusCode::INTERNAL_SERVER_ERROR, html(misc::error(&plain_ctx(st), "Something went wrong", &format!("{e:#}")))).into_response()
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        html(misc::error(
+            &plain_ctx(st),
+            "Something went wrong",
+            &format!("{e:#}"),
+        )),
+    )
+        .into_response()
 }
 
 fn bad_request(st: &AppState, e: &str) -> Response {
-    (StatusCode::BAD_REQUEST, html(misc::error(&plain_ctx(st), "Bad request", e))).into_response()
+    (
+        StatusCode::BAD_REQUEST,
+        html(misc::error(&plain_ctx(st), "Bad request", e)),
+    )
+        .into_response()
 }
 
 /// Runs blocking store work off the async runtime.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| anyhow!("worker failed: {e}"))?
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| anyhow!("worker failed: {e}"))?
 }
 
 /// A handler's outcome: a page, a 404, or an error.
@@ -370,19 +520,36 @@ async fn respond(st: &Arc<AppState>, r: Result<Out>) -> Response {
 
 const PER_PAGE: usize = 50;
 
-async fn runs_page(State(st): State<Arc<AppState>>, access: Option<axum::Extension<Access>>, uri: Uri, RawQuery(raw): RawQuery) -> Response {
+async fn runs_page(
+    State(st): State<Arc<AppState>>,
+    access: Option<axum::Extension<Access>>,
+    uri: Uri,
+    RawQuery(raw): RawQuery,
+) -> Response {
     let ctx = ctx_of(&st, access.map(|a| a.0), &uri, Nav::Runs);
     let s = st.clone();
     let r = blocking(move || {
         let q = Query::parse(raw.as_deref()).without(&["token"]);
         let (facets, keys) = s.menus()?;
         let columns: Vec<(MetricKey, bool)> = {
-            let asked: Vec<MetricKey> = q.all("cols").iter().flat_map(|v| v.split(',')).filter_map(|k| k.parse().ok()).collect();
-            let chosen = if asked.is_empty() { default_columns(&keys) } else { asked };
-            chosen.into_iter().map(|k| {
-                let hib = keys.iter().find(|x| x.0 == k).map(|x| x.2).unwrap_or(true);
-                (k, hib)
-            }).collect()
+            let asked: Vec<MetricKey> = q
+                .all("cols")
+                .iter()
+                .flat_map(|v| v.split(','))
+                .filter_map(|k| k.parse().ok())
+                .collect();
+            let chosen = if asked.is_empty() {
+                default_columns(&keys)
+            } else {
+                asked
+            };
+            chosen
+                .into_iter()
+                .map(|k| {
+                    let hib = keys.iter().find(|x| x.0 == k).map(|x| x.2).unwrap_or(true);
+                    (k, hib)
+                })
+                .collect()
         };
         let page = q.get_usize("page").unwrap_or(1).max(1);
         let sort_key = q.get("sort").unwrap_or("created");
@@ -438,7 +605,10 @@ async fn runs_page(State(st): State<Arc<AppState>>, access: Option<axum::Extensi
 fn default_columns(keys: &[(MetricKey, usize, bool)]) -> Vec<MetricKey> {
     let mut out: Vec<MetricKey> = Vec::new();
     for name in ["tau_replayed", "tau_uniform", "flat_accuracy", "draft_nll"] {
-        if let Some(k) = keys.iter().find(|k| k.0.source == analysis::SOURCE && k.0.name == name) {
+        if let Some(k) = keys
+            .iter()
+            .find(|k| k.0.source == analysis::SOURCE && k.0.name == name)
+        {
             out.push(k.0.clone());
         }
     }
@@ -473,15 +643,22 @@ async fn run_page(
     let ctx = ctx_of(&st, access.map(|a| a.0), &uri, Nav::Runs);
     let s = st.clone();
     let r = blocking(move || {
-        let Ok(id) = id.parse::<i64>() else { return Ok(Out::NotFound(format!("There is no run {id:?}."))) };
-        let Some(detail) = s.store.run(id)? else { return Ok(Out::NotFound(format!("There is no run {id}."))) };
+        let Ok(id) = id.parse::<i64>() else {
+            return Ok(Out::NotFound(format!("There is no run {id:?}.")));
+        };
+        let Some(detail) = s.store.run(id)? else {
+            return Ok(Out::NotFound(format!("There is no run {id}.")));
+        };
         let q = Query::parse(raw.as_deref());
         let stats = s.stats_for(&detail.run)?;
         let metrics = s.store.metrics_in_scope(id, &MetricScope::Run)?;
         let metas = s.store.prompt_metas(id)?;
         let headline = stats.as_ref().map(|st| headline_of(st));
         let curves = stats.as_ref().map(|st| curves_of(st, &detail.run.uid));
-        let categories = stats.as_ref().map(|st| categories_of(st)).unwrap_or_default();
+        let categories = stats
+            .as_ref()
+            .map(|st| categories_of(st))
+            .unwrap_or_default();
         let mut prompts = prompt_rows(&metas, stats.as_deref());
         match q.get("psort") {
             Some("tau") => prompts.sort_by(|a, b| cmp_opt(a.tau_replayed, b.tau_replayed)),
@@ -494,7 +671,11 @@ async fn run_page(
         let offset = ((page - 1) * PER_PAGE).min(total);
         let shown: Vec<_> = prompts.into_iter().skip(offset).take(PER_PAGE).collect();
         let is_baseline = s.store.baselines()?.iter().any(|b| b.1 == id);
-        let series_runs = if detail.run.drafter_series.is_empty() { 0 } else { s.store.series_runs(&detail.run.drafter_series)?.len() };
+        let series_runs = if detail.run.drafter_series.is_empty() {
+            0
+        } else {
+            s.store.series_runs(&detail.run.drafter_series)?.len()
+        };
         let v = views::run::RunView {
             detail: &detail,
             headline,
@@ -527,7 +708,12 @@ fn cmp_opt(a: Option<f64>, b: Option<f64>) -> std::cmp::Ordering {
 
 pub(crate) fn headline_of(st: &RunStats) -> views::run::Headline {
     let all: Vec<&analysis::PromptStats> = st.evaluated().collect();
-    let get = |name: &str| DERIVED.iter().find(|d| d.name == name).and_then(|m| analysis::aggregate(m, &all));
+    let get = |name: &str| {
+        DERIVED
+            .iter()
+            .find(|d| d.name == name)
+            .and_then(|m| analysis::aggregate(m, &all))
+    };
     views::run::Headline {
         tau_replayed: get("tau_replayed"),
         tau_replayed_pooled: get("tau_replayed_pooled"),
@@ -538,13 +724,19 @@ pub(crate) fn headline_of(st: &RunStats) -> views::run::Headline {
 }
 
 pub(crate) fn categories_of(st: &RunStats) -> Vec<views::run::CategoryRow> {
-    let mut by: std::collections::BTreeMap<String, Vec<&analysis::PromptStats>> = Default::default();
+    let mut by: std::collections::BTreeMap<String, Vec<&analysis::PromptStats>> =
+        Default::default();
     for p in st.evaluated() {
         if let Some(c) = &p.category {
             by.entry(c.clone()).or_default().push(p);
         }
     }
-    let get = |name: &str, ps: &[&analysis::PromptStats]| DERIVED.iter().find(|d| d.name == name).and_then(|m| analysis::aggregate(m, ps));
+    let get = |name: &str, ps: &[&analysis::PromptStats]| {
+        DERIVED
+            .iter()
+            .find(|d| d.name == name)
+            .and_then(|m| analysis::aggregate(m, ps))
+    };
     by.into_iter()
         .map(|(name, ps)| views::run::CategoryRow {
             prompts: ps.len(),
@@ -556,8 +748,13 @@ pub(crate) fn categories_of(st: &RunStats) -> Vec<views::run::CategoryRow> {
         .collect()
 }
 
-pub(crate) fn prompt_rows(metas: &[draftlens::store::PromptMeta], stats: Option<&RunStats>) -> Vec<views::run::PromptRow> {
-    let by: HashMap<u32, &analysis::PromptStats> = stats.map(|s| s.prompts.iter().map(|p| (p.index, p)).collect()).unwrap_or_default();
+pub(crate) fn prompt_rows(
+    metas: &[draftlens::store::PromptMeta],
+    stats: Option<&RunStats>,
+) -> Vec<views::run::PromptRow> {
+    let by: HashMap<u32, &analysis::PromptStats> = stats
+        .map(|s| s.prompts.iter().map(|p| (p.index, p)).collect())
+        .unwrap_or_default();
     metas
         .iter()
         .map(|m| {
@@ -571,7 +768,9 @@ pub(crate) fn prompt_rows(metas: &[draftlens::store::PromptMeta], stats: Option<
                 blocks: ps.map(|p| p.blocks).unwrap_or(0),
                 tau_replayed: ps.and_then(|p| p.replayed_tau()),
                 tau_uniform: ps.and_then(|p| p.uniform_tau()),
-                flat_accuracy: ps.and_then(|p| (p.valid_total() > 0).then(|| p.correct_total() as f64 / p.valid_total() as f64)),
+                flat_accuracy: ps.and_then(|p| {
+                    (p.valid_total() > 0).then(|| p.correct_total() as f64 / p.valid_total() as f64)
+                }),
             }
         })
         .collect()
@@ -590,8 +789,12 @@ async fn prompt_page(
         let (Ok(id), Ok(idx)) = (id.parse::<i64>(), idx.parse::<u32>()) else {
             return Ok(Out::NotFound("There is no such run or prompt.".into()));
         };
-        let Some(detail) = s.store.run(id)? else { return Ok(Out::NotFound(format!("There is no run {id}."))) };
-        let Some(prompt) = s.store.prompt(id, idx)? else { return Ok(Out::NotFound(format!("Run {id} has no prompt {idx}."))) };
+        let Some(detail) = s.store.run(id)? else {
+            return Ok(Out::NotFound(format!("There is no run {id}.")));
+        };
+        let Some(prompt) = s.store.prompt(id, idx)? else {
+            return Ok(Out::NotFound(format!("Run {id} has no prompt {idx}.")));
+        };
         let records = s.store.prompt_records(id, idx)?;
         let vocab = match &detail.run.tokenizer_sha256 {
             Some(sha) => s.vocab_for(sha)?,
@@ -638,7 +841,12 @@ fn compare_ids(store: &Store, q: &Query) -> Result<std::result::Result<Vec<i64>,
     Ok(Ok(ids))
 }
 
-async fn compare_page(State(st): State<Arc<AppState>>, access: Option<axum::Extension<Access>>, uri: Uri, RawQuery(raw): RawQuery) -> Response {
+async fn compare_page(
+    State(st): State<Arc<AppState>>,
+    access: Option<axum::Extension<Access>>,
+    uri: Uri,
+    RawQuery(raw): RawQuery,
+) -> Response {
     let q = Query::parse(raw.as_deref()).without(&["token"]);
     // Canonical URL: checkbox submissions become runs=1,2.
     if !q.all("run").is_empty() {
@@ -655,21 +863,35 @@ async fn compare_page(State(st): State<Arc<AppState>>, access: Option<axum::Exte
             Err(msg) => return Ok(Out::NotFound(msg)),
         };
         if ids.len() == 1 && q.get("format") != Some("json") {
-            return Ok(Out::Page(Redirect::to(&format!("/runs/{}", ids[0])).into_response()));
+            return Ok(Out::Page(
+                Redirect::to(&format!("/runs/{}", ids[0])).into_response(),
+            ));
         }
         let baseline = match q.get("baseline") {
             Some(b) => match compare::resolve_run(&s.store, b) {
                 Ok(id) if ids.contains(&id) => Some(id),
-                _ => return Ok(Out::Bad(format!("The baseline {b:?} is not one of the compared runs."))),
+                _ => {
+                    return Ok(Out::Bad(format!(
+                        "The baseline {b:?} is not one of the compared runs."
+                    )))
+                }
             },
             None => None,
         };
-        let opts = CompareOptions { baseline, ..Default::default() };
-        let stats_of = |r: &RunInfo| s.stats_for(r);
-        let c = compare::compare(&s.store, &ids, &opts, &stats_of)?;
+        let opts = CompareOptions {
+            baseline,
+            ..Default::default()
+        };
+        let c = s.compare_cached(&ids, &opts)?;
         if q.get("format") == Some("json") {
             // \u-escaped '<' too: harmless for JSON readers, inert if anything sniffs it as HTML.
-            return Ok(Out::Page(([(header::CONTENT_TYPE, "application/json")], views::safe_json(&c)).into_response()));
+            return Ok(Out::Page(
+                (
+                    [(header::CONTENT_TYPE, "application/json")],
+                    views::safe_json(&*c),
+                )
+                    .into_response(),
+            ));
         }
         Ok(Out::Page(html(views::compare::render(&ctx, &c, &q))))
     })
@@ -677,20 +899,35 @@ async fn compare_page(State(st): State<Arc<AppState>>, access: Option<axum::Exte
     respond(&st, r).await
 }
 
-async fn history_page(State(st): State<Arc<AppState>>, access: Option<axum::Extension<Access>>, uri: Uri, RawQuery(raw): RawQuery) -> Response {
+async fn history_page(
+    State(st): State<Arc<AppState>>,
+    access: Option<axum::Extension<Access>>,
+    uri: Uri,
+    RawQuery(raw): RawQuery,
+) -> Response {
     let ctx = ctx_of(&st, access.map(|a| a.0), &uri, Nav::History);
     let s = st.clone();
     let r = blocking(move || {
         let q = Query::parse(raw.as_deref());
         let (facets, _) = s.menus()?;
-        let mode: RunMode = q.get("mode").and_then(|m| m.parse().ok()).unwrap_or(RunMode::Deployment);
+        let mode: RunMode = q
+            .get("mode")
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(RunMode::Deployment);
         // Default series: the one with the most runs.
         let series = match q.get("series") {
             Some(x) => Some(x.to_string()),
             None => {
                 let mut best: Option<(usize, String)> = None;
                 for d in facets.drafters.iter() {
-                    let n = s.store.runs(&RunFilter { drafter: Some(d.clone()), limit: 1, ..Default::default() })?.1;
+                    let n = s
+                        .store
+                        .runs(&RunFilter {
+                            drafter: Some(d.clone()),
+                            limit: 1,
+                            ..Default::default()
+                        })?
+                        .1;
                     if best.as_ref().map(|b| n > b.0).unwrap_or(true) {
                         best = Some((n, d.clone()));
                     }
@@ -700,25 +937,44 @@ async fn history_page(State(st): State<Arc<AppState>>, access: Option<axum::Exte
         };
         let stats_of = |r: &RunInfo| s.stats_for(r);
         let (history, error) = match &series {
-            Some(name) => match compare::history(&s.store, name, mode, q.get("prompts"), &stats_of) {
+            Some(name) => match compare::history(&s.store, name, mode, q.get("prompts"), &stats_of)
+            {
                 Ok(h) => (Some(h), None),
                 Err(e) => (None, Some(format!("{e:#}"))),
             },
-            None => (None, Some("No drafter series yet: runs with a checkpoint step appear here.".into())),
+            None => (
+                None,
+                Some("No drafter series yet: runs with a checkpoint step appear here.".into()),
+            ),
         };
-        let v = views::history::HistoryView { history: history.as_ref(), series: &facets.drafters, selected: series.as_deref(), mode: mode.as_str(), error };
+        let v = views::history::HistoryView {
+            history: history.as_ref(),
+            series: &facets.drafters,
+            selected: series.as_deref(),
+            mode: mode.as_str(),
+            error,
+        };
         Ok(Out::Page(html(views::history::render(&ctx, &v))))
     })
     .await;
     respond(&st, r).await
 }
 
-async fn import_page(State(st): State<Arc<AppState>>, access: Option<axum::Extension<Access>>, uri: Uri) -> Response {
+async fn import_page(
+    State(st): State<Arc<AppState>>,
+    access: Option<axum::Extension<Access>>,
+    uri: Uri,
+) -> Response {
     let ctx = ctx_of(&st, access.map(|a| a.0), &uri, Nav::Import);
     html(misc::import_form(&ctx, st.max_upload >> 20, None))
 }
 
-async fn import_upload(State(st): State<Arc<AppState>>, access: Option<axum::Extension<Access>>, uri: Uri, mut mp: Multipart) -> Response {
+async fn import_upload(
+    State(st): State<Arc<AppState>>,
+    access: Option<axum::Extension<Access>>,
+    uri: Uri,
+    mut mp: Multipart,
+) -> Response {
     let ctx = ctx_of(&st, access.map(|a| a.0), &uri, Nav::Import);
     let mut file: Option<(String, Vec<u8>)> = None;
     loop {
@@ -729,31 +985,71 @@ async fn import_upload(State(st): State<Arc<AppState>>, access: Option<axum::Ext
                     match f.bytes().await {
                         Ok(b) => file = Some((name, b.to_vec())),
                         Err(e) => {
-                            let msg = format!("upload failed: {e} (the limit is {} MiB)", st.max_upload >> 20);
-                            return (StatusCode::PAYLOAD_TOO_LARGE, html(misc::import_form(&ctx, st.max_upload >> 20, Some(Err(msg))))).into_response();
+                            let msg = format!(
+                                "upload failed: {e} (the limit is {} MiB)",
+                                st.max_upload >> 20
+                            );
+                            return (
+                                StatusCode::PAYLOAD_TOO_LARGE,
+                                html(misc::import_form(&ctx, st.max_upload >> 20, Some(Err(msg)))),
+                            )
+                                .into_response();
                         }
                     }
                 }
             }
             Ok(None) => break,
             Err(e) => {
-                let msg = format!("upload failed: {e} (the limit is {} MiB)", st.max_upload >> 20);
-                return (StatusCode::BAD_REQUEST, html(misc::import_form(&ctx, st.max_upload >> 20, Some(Err(msg))))).into_response();
+                let msg = format!(
+                    "upload failed: {e} (the limit is {} MiB)",
+                    st.max_upload >> 20
+                );
+                return (
+                    StatusCode::BAD_REQUEST,
+                    html(misc::import_form(&ctx, st.max_upload >> 20, Some(Err(msg)))),
+                )
+                    .into_response();
             }
         }
     }
     let Some((name, bytes)) = file else {
-        return (StatusCode::BAD_REQUEST, html(misc::import_form(&ctx, st.max_upload >> 20, Some(Err("no file was uploaded".into()))))).into_response();
+        return (
+            StatusCode::BAD_REQUEST,
+            html(misc::import_form(
+                &ctx,
+                st.max_upload >> 20,
+                Some(Err("no file was uploaded".into())),
+            )),
+        )
+            .into_response();
     };
     // Only the base name is kept (it becomes the runs' origin).
-    let name: String = name.rsplit(['/', '\\']).next().unwrap_or("upload").chars().take(200).collect();
+    let name: String = name
+        .rsplit(['/', '\\'])
+        .next()
+        .unwrap_or("upload")
+        .chars()
+        .take(200)
+        .collect();
     let s = st.clone();
     let max = st.max_upload;
     let r = blocking(move || import_bytes(&s.store, &name, &name, &bytes, max)).await;
     st.invalidate();
     match r {
-        Ok(summary) => html(misc::import_form(&ctx, st.max_upload >> 20, Some(Ok(summary.to_string())))),
-        Err(e) => (StatusCode::UNPROCESSABLE_ENTITY, html(misc::import_form(&ctx, st.max_upload >> 20, Some(Err(format!("{e:#}")))))).into_response(),
+        Ok(summary) => html(misc::import_form(
+            &ctx,
+            st.max_upload >> 20,
+            Some(Ok(summary.to_string())),
+        )),
+        Err(e) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            html(misc::import_form(
+                &ctx,
+                st.max_upload >> 20,
+                Some(Err(format!("{e:#}"))),
+            )),
+        )
+            .into_response(),
     }
 }
 
@@ -765,16 +1061,32 @@ async fn report_download(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
             Ok(ids) => ids,
             Err(msg) => return Ok(Out::NotFound(msg)),
         };
-        let baseline = q.get("baseline").map(|b| compare::resolve_run(&s.store, b)).transpose()?;
-        let opts = crate::report::ReportOptions { baseline, with_records: q.get("records") == Some("1"), title: None };
+        let baseline = q
+            .get("baseline")
+            .map(|b| compare::resolve_run(&s.store, b))
+            .transpose()?;
+        let opts = crate::report::ReportOptions {
+            baseline,
+            with_records: q.get("records") == Some("1"),
+            title: None,
+        };
         let stats_of = |r: &RunInfo| s.stats_for(r);
         let doc = crate::report::render_report_with(&s.store, &ids, &opts, &stats_of)?;
-        let name = format!("draftlens-report-{}.html", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join("-"));
+        let name = format!(
+            "draftlens-report-{}.html",
+            ids.iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join("-")
+        );
         Ok(Out::Page(
             (
                 [
                     (header::CONTENT_TYPE, "text/html; charset=utf-8".to_string()),
-                    (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\"")),
+                    (
+                        header::CONTENT_DISPOSITION,
+                        format!("attachment; filename=\"{name}\""),
+                    ),
                 ],
                 doc,
             )
@@ -796,7 +1108,13 @@ async fn bundle_download(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
         let b = crate::bundle::export_bundle(&s.store, &ids, q.get("records") == Some("1"))?;
         Ok(Out::Page(
             (
-                [(header::CONTENT_TYPE, "application/json"), (header::CONTENT_DISPOSITION, "attachment; filename=\"draftlens-bundle.json\"")],
+                [
+                    (header::CONTENT_TYPE, "application/json"),
+                    (
+                        header::CONTENT_DISPOSITION,
+                        "attachment; filename=\"draftlens-bundle.json\"",
+                    ),
+                ],
                 views::safe_json(&b),
             )
                 .into_response(),
@@ -817,11 +1135,19 @@ fn valid_state(s: &str) -> bool {
         && s.starts_with('/')
         && !s.starts_with("//")
         && !s.contains('\\')
-        && ["/?", "/runs/", "/compare", "/history"].iter().any(|p| s == "/" || s.starts_with(p))
+        && ["/?", "/runs/", "/compare", "/history"]
+            .iter()
+            .any(|p| s == "/" || s.starts_with(p))
         && s.parse::<Uri>().is_ok()
 }
 
-async fn share_create(State(st): State<Arc<AppState>>, access: Option<axum::Extension<Access>>, uri: Uri, headers: HeaderMap, Form(f): Form<ShareForm>) -> Response {
+async fn share_create(
+    State(st): State<Arc<AppState>>,
+    access: Option<axum::Extension<Access>>,
+    uri: Uri,
+    headers: HeaderMap,
+    Form(f): Form<ShareForm>,
+) -> Response {
     if !valid_state(&f.state) {
         return bad_request(&st, "That view cannot be shared.");
     }
@@ -829,7 +1155,10 @@ async fn share_create(State(st): State<Arc<AppState>>, access: Option<axum::Exte
     let state = f.state.clone();
     match blocking(move || s.store.create_share(&state)).await {
         Ok(id) => {
-            let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");
+            let host = headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("localhost");
             let url = format!("http://{host}/s/{id}");
             let ctx = ctx_of(&st, access.map(|a| a.0), &uri, Nav::None);
             html(misc::shared(&ctx, &url, &f.state))
@@ -847,15 +1176,22 @@ struct BaselineForm {
 async fn baseline_pin(State(st): State<Arc<AppState>>, Form(f): Form<BaselineForm>) -> Response {
     let s = st.clone();
     let r = blocking(move || {
-        let Some(d) = s.store.run(f.run)? else { return Ok(Out::NotFound(format!("There is no run {}.", f.run))) };
+        let Some(d) = s.store.run(f.run)? else {
+            return Ok(Out::NotFound(format!("There is no run {}.", f.run)));
+        };
         // One pinned baseline per (target, prompt set): comparisons of those runs default to it.
-        let scope = format!("target={};prompts={}", d.run.target_sha256, d.run.prompt_set_sha256);
+        let scope = format!(
+            "target={};prompts={}",
+            d.run.target_sha256, d.run.prompt_set_sha256
+        );
         if f.unpin.is_some() {
             s.store.unpin_baseline(&scope)?;
         } else {
             s.store.pin_baseline(&scope, f.run)?;
         }
-        Ok(Out::Page(Redirect::to(&format!("/runs/{}", f.run)).into_response()))
+        Ok(Out::Page(
+            Redirect::to(&format!("/runs/{}", f.run)).into_response(),
+        ))
     })
     .await;
     respond(&st, r).await
@@ -864,12 +1200,16 @@ async fn baseline_pin(State(st): State<Arc<AppState>>, Form(f): Form<BaselineFor
 async fn delete_run(State(st): State<Arc<AppState>>, AxPath(id): AxPath<String>) -> Response {
     let s = st.clone();
     let r = blocking(move || {
-        let Ok(id) = id.parse::<i64>() else { return Ok(Out::NotFound("There is no such run.".into())) };
+        let Ok(id) = id.parse::<i64>() else {
+            return Ok(Out::NotFound("There is no such run.".into()));
+        };
         if s.store.run(id)?.is_none() {
             return Ok(Out::NotFound(format!("There is no run {id}.")));
         }
         s.store.delete_run(id)?;
-        Ok(Out::Page(Redirect::to(&format!("/?deleted={id}")).into_response()))
+        Ok(Out::Page(
+            Redirect::to(&format!("/?deleted={id}")).into_response(),
+        ))
     })
     .await;
     st.invalidate();
@@ -885,7 +1225,14 @@ async fn asset(AxPath(file): AxPath<String>) -> Response {
         _ => return (StatusCode::NOT_FOUND, "no such asset").into_response(),
     };
     // Versioned URLs (vendored version in the name, ?v=hash for ours): cache for a year.
-    ([(header::CONTENT_TYPE, ctype), (header::CACHE_CONTROL, "public, max-age=31536000, immutable")], body).into_response()
+    (
+        [
+            (header::CONTENT_TYPE, ctype),
+            (header::CACHE_CONTROL, "public, max-age=31536000, immutable"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 async fn not_found_route(State(st): State<Arc<AppState>>, uri: Uri) -> Response {
@@ -912,7 +1259,13 @@ mod tests {
     #[test]
     fn default_columns_prefer_headline_metrics() {
         let k = |s: &str, n: &str| (MetricKey::new(s, n), 1, true);
-        let keys = vec![k("plugin", "zzz"), k(analysis::SOURCE, "flat_accuracy"), k(analysis::SOURCE, "tau_replayed"), k("p", "a"), k("p", "b")];
+        let keys = vec![
+            k("plugin", "zzz"),
+            k(analysis::SOURCE, "flat_accuracy"),
+            k(analysis::SOURCE, "tau_replayed"),
+            k("p", "a"),
+            k("p", "b"),
+        ];
         let cols = default_columns(&keys);
         assert_eq!(cols[0].name, "tau_replayed");
         assert_eq!(cols[1].name, "flat_accuracy");

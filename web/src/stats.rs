@@ -98,7 +98,13 @@ impl Resamples {
 
     /// Paired 95% CI of Σnb/Σdb − Σna/Σda (ratio-of-sums statistic of B minus that of A, on the
     /// same resampled items).
-    pub fn paired_ratio_diff_ci(&self, na: &[f64], da: &[f64], nb: &[f64], db: &[f64]) -> Option<(f64, f64)> {
+    pub fn paired_ratio_diff_ci(
+        &self,
+        na: &[f64],
+        da: &[f64],
+        nb: &[f64],
+        db: &[f64],
+    ) -> Option<(f64, f64)> {
         if self.n < 2 {
             return None;
         }
@@ -170,7 +176,10 @@ mod tests {
         for _ in 0..100_000 {
             counts[a.below(10)] += 1;
         }
-        assert!(counts.iter().all(|&c| (9_500..10_500).contains(&c)), "{counts:?}");
+        assert!(
+            counts.iter().all(|&c| (9_500..10_500).contains(&c)),
+            "{counts:?}"
+        );
         let m: f64 = (0..100_000).map(|_| a.normal()).sum::<f64>() / 1e5;
         assert!(m.abs() < 0.02);
     }
@@ -184,7 +193,11 @@ mod tests {
         let rs = Resamples::new(x.len(), 2000, &mut rng);
         let (lo, hi) = rs.mean_ci(&x).unwrap();
         assert!(lo < m && m < hi);
-        assert!(((hi - lo) - 2.0 * 1.96 / 20.0).abs() < 0.03, "width {}", hi - lo);
+        assert!(
+            ((hi - lo) - 2.0 * 1.96 / 20.0).abs() < 0.03,
+            "width {}",
+            hi - lo
+        );
     }
 
     #[test]

@@ -41,11 +41,19 @@ async fn browser_end_to_end() {
 
     // 1. Run list.
     br.goto(&format!("{base}/")).await.unwrap();
-    br.wait_for("return document.querySelectorAll('table.runs tbody tr').length >= 20").await.unwrap();
+    br.wait_for("return document.querySelectorAll('table.runs tbody tr').length >= 20")
+        .await
+        .unwrap();
     let title = br.js("return document.title").await.unwrap();
     assert_eq!(title, "Runs · draftlens");
-    assert_eq!(br.js(PWNED).await.unwrap(), true, "hostile run name executed script in the run list");
-    br.full_screenshot(1400, 1300, &shots.join("runs.png")).await.unwrap();
+    assert_eq!(
+        br.js(PWNED).await.unwrap(),
+        true,
+        "hostile run name executed script in the run list"
+    );
+    br.full_screenshot(1400, 1300, &shots.join("runs.png"))
+        .await
+        .unwrap();
 
     // 2. Select the last deployment checkpoint, the alternative drafter and a train-style run,
     // then compare: the form submission lands on the canonical URL.
@@ -53,10 +61,14 @@ async fn browser_end_to_end() {
     let last = *runs.checkpoints.last().unwrap();
     let picks = [last, runs.alternative.unwrap(), runs.train_style[1]];
     for id in picks {
-        br.click(&format!("input[name=run][value='{id}']")).await.unwrap();
+        br.click(&format!("input[name=run][value='{id}']"))
+            .await
+            .unwrap();
     }
     br.click(".selbar button[type=submit]").await.unwrap();
-    br.wait_for("return location.pathname === '/compare'").await.unwrap();
+    br.wait_for("return location.pathname === '/compare'")
+        .await
+        .unwrap();
     let url = br.url().await.unwrap();
     let (_, ids) = url.split_once("/compare?runs=").unwrap_or_default();
     let mut got: Vec<i64> = ids.split(',').filter_map(|x| x.parse().ok()).collect();
@@ -64,65 +76,147 @@ async fn browser_end_to_end() {
     let mut want = picks.to_vec();
     want.sort();
     assert_eq!(got, want, "{url}");
-    br.wait_for("return document.querySelectorAll('.chart[data-drawn] canvas').length >= 3").await.unwrap();
+    br.wait_for("return document.querySelectorAll('.chart[data-drawn] canvas').length >= 3")
+        .await
+        .unwrap();
     let ink = br.js(CANVAS_INK).await.unwrap().as_u64().unwrap();
-    assert!(ink > 1000, "comparison chart canvas looks blank ({ink} inked pixels)");
-    let verdicts = br.js("return document.querySelectorAll('td.v-better, td.v-worse').length").await.unwrap().as_u64().unwrap();
+    assert!(
+        ink > 1000,
+        "comparison chart canvas looks blank ({ink} inked pixels)"
+    );
+    let verdicts = br
+        .js("return document.querySelectorAll('td.v-better, td.v-worse').length")
+        .await
+        .unwrap()
+        .as_u64()
+        .unwrap();
     assert!(verdicts > 0, "no significant difference is coloured");
-    assert!(br.js("return document.body.innerText.includes('Training-style vs deployment')").await.unwrap().as_bool().unwrap());
-    br.full_screenshot(1400, 3200, &shots.join("compare.png")).await.unwrap();
+    assert!(br
+        .js("return document.body.innerText.includes('Training-style vs deployment')")
+        .await
+        .unwrap()
+        .as_bool()
+        .unwrap());
+    br.full_screenshot(1400, 3200, &shots.join("compare.png"))
+        .await
+        .unwrap();
 
     // 3. Run page → first prompt → drill-down → click a bonus token to see its anchor's top-K.
     br.set_size(1400, 1000).await.unwrap();
     br.goto(&format!("{base}/runs/{last}")).await.unwrap();
-    br.wait_for("return document.querySelectorAll('.chart[data-drawn] canvas').length >= 3").await.unwrap();
-    br.full_screenshot(1400, 2400, &shots.join("run.png")).await.unwrap();
+    br.wait_for("return document.querySelectorAll('.chart[data-drawn] canvas').length >= 3")
+        .await
+        .unwrap();
+    br.full_screenshot(1400, 2400, &shots.join("run.png"))
+        .await
+        .unwrap();
     br.set_size(1400, 1000).await.unwrap();
     br.click("table a[href*='/prompts/']").await.unwrap();
-    br.wait_for("return document.querySelectorAll('.text .tok.acc').length > 5").await.unwrap();
+    br.wait_for("return document.querySelectorAll('.text .tok.acc').length > 5")
+        .await
+        .unwrap();
     let counts = br
         .js("return [document.querySelectorAll('.tok.acc').length, document.querySelectorAll('.tok.rej').length, document.querySelectorAll('.tok.bonus').length]")
         .await
         .unwrap();
-    assert!(counts[1].as_u64().unwrap() > 0 && counts[2].as_u64().unwrap() > 0, "no rejected or bonus tokens: {counts}");
+    assert!(
+        counts[1].as_u64().unwrap() > 0 && counts[2].as_u64().unwrap() > 0,
+        "no rejected or bonus tokens: {counts}"
+    );
     br.click(".text a.tok.bonus").await.unwrap();
-    br.wait_for("return location.search.includes('anchor=') && !!document.querySelector('#topk table')").await.unwrap();
-    let rows = br.js("return document.querySelectorAll('#topk tbody tr').length").await.unwrap();
-    assert_eq!(rows, 15, "top-K table should list the B−1 = 15 drafted positions");
-    br.full_screenshot(1400, 2200, &shots.join("drilldown.png")).await.unwrap();
+    br.wait_for(
+        "return location.search.includes('anchor=') && !!document.querySelector('#topk table')",
+    )
+    .await
+    .unwrap();
+    let rows = br
+        .js("return document.querySelectorAll('#topk tbody tr').length")
+        .await
+        .unwrap();
+    assert_eq!(
+        rows, 15,
+        "top-K table should list the B−1 = 15 drafted positions"
+    );
+    br.full_screenshot(1400, 2200, &shots.join("drilldown.png"))
+        .await
+        .unwrap();
 
     // 4. τ vs checkpoint step.
     br.set_size(1400, 1000).await.unwrap();
     br.goto(&format!("{base}/history")).await.unwrap();
-    br.wait_for("return !!document.querySelector('.chart[data-drawn] canvas')").await.unwrap();
-    let points = br.js("return document.querySelectorAll('table tbody tr').length").await.unwrap();
+    br.wait_for("return !!document.querySelector('.chart[data-drawn] canvas')")
+        .await
+        .unwrap();
+    let points = br
+        .js("return document.querySelectorAll('table tbody tr').length")
+        .await
+        .unwrap();
     assert_eq!(points, runs.checkpoints.len() as u64);
-    br.full_screenshot(1400, 1400, &shots.join("history.png")).await.unwrap();
+    br.full_screenshot(1400, 1400, &shots.join("history.png"))
+        .await
+        .unwrap();
 
     // 5. Hostile text: pages that show it run no script.
-    for path in [format!("/runs/{evil}"), format!("/runs/{evil}/prompts/0?anchor=12"), format!("/compare?runs={evil},{last}")] {
+    for path in [
+        format!("/runs/{evil}"),
+        format!("/runs/{evil}/prompts/0?anchor=12"),
+        format!("/compare?runs={evil},{last}"),
+    ] {
         br.goto(&format!("{base}{path}")).await.unwrap();
-        br.wait_for("return document.readyState === 'complete'").await.unwrap();
-        assert_eq!(br.js(PWNED).await.unwrap(), true, "{path}: hostile text executed script");
-        let shown = br.js("return document.body.innerText.includes('<script>window.__pwned=1</script>')").await.unwrap();
-        assert_eq!(shown, true, "{path}: the hostile text should be visible as text");
+        br.wait_for("return document.readyState === 'complete'")
+            .await
+            .unwrap();
+        assert_eq!(
+            br.js(PWNED).await.unwrap(),
+            true,
+            "{path}: hostile text executed script"
+        );
+        let shown = br
+            .js("return document.body.innerText.includes('<script>window.__pwned=1</script>')")
+            .await
+            .unwrap();
+        assert_eq!(
+            shown, true,
+            "{path}: the hostile text should be visible as text"
+        );
     }
 
     // 6. Export a report and open it from file://: charts drawn, nothing loaded from anywhere.
-    let report = get(addr, &format!("/report?runs={},{}", runs.checkpoints[0], last)).await.unwrap();
+    let report = get(
+        addr,
+        &format!("/report?runs={},{}", runs.checkpoints[0], last),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.status, 200);
     let file = dir.path().join("report.html");
     std::fs::write(&file, &report.body).unwrap();
     br.set_size(1400, 1000).await.unwrap();
-    br.goto(&format!("file://{}", file.display())).await.unwrap();
-    br.wait_for("return document.querySelectorAll('.chart[data-drawn] canvas').length >= 3").await.unwrap();
+    br.goto(&format!("file://{}", file.display()))
+        .await
+        .unwrap();
+    br.wait_for("return document.querySelectorAll('.chart[data-drawn] canvas').length >= 3")
+        .await
+        .unwrap();
     let ink = br.js(CANVAS_INK).await.unwrap().as_u64().unwrap();
-    assert!(ink > 1000, "report chart canvas looks blank ({ink} inked pixels)");
-    let resources = br.js("return performance.getEntriesByType('resource').map(e => e.name)").await.unwrap();
-    assert_eq!(resources, serde_json::json!([]), "the report loaded resources: {resources}");
+    assert!(
+        ink > 1000,
+        "report chart canvas looks blank ({ink} inked pixels)"
+    );
+    let resources = br
+        .js("return performance.getEntriesByType('resource').map(e => e.name)")
+        .await
+        .unwrap();
+    assert_eq!(
+        resources,
+        serde_json::json!([]),
+        "the report loaded resources: {resources}"
+    );
     let has_bundle = br.js("return JSON.parse(document.getElementById('draftlens-bundle').textContent).runs.length").await.unwrap();
     assert_eq!(has_bundle, 2);
-    br.full_screenshot(1400, 2600, &shots.join("report.png")).await.unwrap();
+    br.full_screenshot(1400, 2600, &shots.join("report.png"))
+        .await
+        .unwrap();
 
     br.quit().await.unwrap();
 }

@@ -4,6 +4,7 @@ mod cmd_bench;
 mod cmd_cache;
 mod cmd_eval;
 mod cmd_model;
+mod cmd_parity;
 mod common;
 
 use clap::{Parser, Subcommand};
@@ -38,6 +39,8 @@ enum Cmd {
     /// List stored runs or show one.
     #[command(subcommand)]
     Runs(cmd_eval::RunsCmd),
+    /// Compare two backends: hidden states per layer, greedy agreement, drafter metrics.
+    Parity(cmd_parity::ParityArgs),
     /// Browse and compare runs in the browser.
     Serve(draftlens_web::cli::ServeArgs),
     /// Compare runs against a baseline in the terminal (paired bootstrap CIs over shared prompts).
@@ -82,6 +85,7 @@ fn main() {
         Cmd::Lint(a) => cmd_eval::lint_cmd(&cli.global, a),
         Cmd::Runs(c) => cmd_eval::runs(&cli.global, c),
         Cmd::Bench(a) => cmd_bench::run(&cli.global, a),
+        Cmd::Parity(a) => cmd_parity::run(&cli.global, a),
         Cmd::Serve(a) => draftlens_web::cli::run_serve(&a),
         Cmd::Compare(mut a) => {
             a.json |= cli.global.json;

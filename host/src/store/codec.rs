@@ -22,16 +22,26 @@ pub fn f32s_to_le(v: &[f32]) -> Vec<u8> {
 /// Decodes a u32 LE blob; `what` names the column for the error.
 pub fn le_to_u32s(b: &[u8], what: &str) -> Result<Vec<u32>> {
     if b.len() % 4 != 0 {
-        bail!("{what}: blob of {} bytes is not a whole number of u32 values", b.len());
+        bail!(
+            "{what}: blob of {} bytes is not a whole number of u32 values",
+            b.len()
+        );
     }
-    Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    Ok(b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 pub fn le_to_f32s(b: &[u8], what: &str) -> Result<Vec<f32>> {
     if b.len() % 4 != 0 {
-        bail!("{what}: blob of {} bytes is not a whole number of f32 values", b.len());
+        bail!(
+            "{what}: blob of {} bytes is not a whole number of f32 values",
+            b.len()
+        );
     }
-    Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    Ok(b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 #[cfg(test)]
@@ -42,8 +52,17 @@ mod tests {
     fn byte_order_is_little_endian() {
         assert_eq!(u32s_to_le(&[0x0102_0304]), vec![4, 3, 2, 1]);
         assert_eq!(f32s_to_le(&[1.0]), vec![0, 0, 0x80, 0x3f]);
-        assert_eq!(le_to_u32s(&[4, 3, 2, 1, 1, 0, 0, 0], "t").unwrap(), vec![0x0102_0304, 1]);
-        assert!(le_to_u32s(&[1, 2, 3], "t").unwrap_err().to_string().contains("t: blob of 3 bytes"));
-        assert_eq!(le_to_f32s(&f32s_to_le(&[-2.5, f32::INFINITY]), "t").unwrap(), vec![-2.5, f32::INFINITY]);
+        assert_eq!(
+            le_to_u32s(&[4, 3, 2, 1, 1, 0, 0, 0], "t").unwrap(),
+            vec![0x0102_0304, 1]
+        );
+        assert!(le_to_u32s(&[1, 2, 3], "t")
+            .unwrap_err()
+            .to_string()
+            .contains("t: blob of 3 bytes"));
+        assert_eq!(
+            le_to_f32s(&f32s_to_le(&[-2.5, f32::INFINITY]), "t").unwrap(),
+            vec![-2.5, f32::INFINITY]
+        );
     }
 }

@@ -199,7 +199,9 @@ impl FromStr for MetricScope {
         if s == "run" {
             Ok(MetricScope::Run)
         } else if let Some(i) = s.strip_prefix("prompt:") {
-            Ok(MetricScope::Prompt(i.parse().map_err(|_| anyhow!("bad metric scope {s:?}: prompt index is not a number"))?))
+            Ok(MetricScope::Prompt(i.parse().map_err(|_| {
+                anyhow!("bad metric scope {s:?}: prompt index is not a number")
+            })?))
         } else if let Some(c) = s.strip_prefix("category:") {
             Ok(MetricScope::Category(c.to_string()))
         } else {
@@ -239,7 +241,14 @@ pub struct MetricRow {
 
 impl MetricRow {
     /// A run-scope scalar with no series, unit or description.
-    pub fn scalar(source: &str, name: &str, scope: MetricScope, value: f64, count: u64, higher_is_better: bool) -> Self {
+    pub fn scalar(
+        source: &str,
+        name: &str,
+        scope: MetricScope,
+        value: f64,
+        count: u64,
+        higher_is_better: bool,
+    ) -> Self {
         MetricRow {
             source: source.into(),
             name: name.into(),
@@ -318,7 +327,10 @@ pub struct MetricKey {
 }
 impl MetricKey {
     pub fn new(source: &str, name: &str) -> Self {
-        MetricKey { source: source.into(), name: name.into() }
+        MetricKey {
+            source: source.into(),
+            name: name.into(),
+        }
     }
 }
 impl fmt::Display for MetricKey {
@@ -329,7 +341,9 @@ impl fmt::Display for MetricKey {
 impl FromStr for MetricKey {
     type Err = anyhow::Error;
     fn from_str(s: &str) -> Result<Self> {
-        let (a, b) = s.split_once('/').ok_or_else(|| anyhow!("bad metric key {s:?} (expected source/name)"))?;
+        let (a, b) = s
+            .split_once('/')
+            .ok_or_else(|| anyhow!("bad metric key {s:?} (expected source/name)"))?;
         Ok(MetricKey::new(a, b))
     }
 }
@@ -454,7 +468,8 @@ pub struct Store {
 
 fn configure(conn: &Connection, what: &str) -> Result<()> {
     // journal_mode=WAL persists in the file; the others are per connection.
-    conn.busy_timeout(std::time::Duration::from_secs(10)).with_context(|| format!("{what}: cannot set busy timeout"))?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))
+        .with_context(|| format!("{what}: cannot set busy timeout"))?;
     conn.execute_batch(
         "PRAGMA foreign_keys=ON; PRAGMA synchronous=NORMAL; PRAGMA temp_store=MEMORY; PRAGMA cache_size=-65536;",
     )
@@ -468,10 +483,12 @@ impl Store {
         let what = path.display().to_string();
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() && !dir.exists() {
-                std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create directory", dir.display()))?;
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("{}: cannot create directory", dir.display()))?;
             }
         }
-        let mut conn = Connection::open(path).with_context(|| format!("{what}: cannot open database"))?;
+        let mut conn =
+            Connection::open(path).with_context(|| format!("{what}: cannot open database"))?;
         configure(&conn, &what)?;
         let mode: String = conn
             .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
@@ -480,7 +497,11 @@ impl Store {
             bail!("{what}: cannot switch to WAL mode (journal_mode is {mode}); is it on a network file system?");
         }
         schema::migrate(&mut conn, &what)?;
-        Ok(Store { path: path.to_path_buf(), writer: Mutex::new(conn), readers: Mutex::new(Vec::new()) })
+        Ok(Store {
+            path: path.to_path_buf(),
+            writer: Mutex::new(conn),
+            readers: Mutex::new(Vec::new()),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -497,13 +518,19 @@ impl Store {
     }
 
     fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let pooled = self.readers.lock().map_err(|_| anyhow!("{}: reader pool poisoned", self.what()))?.pop();
+        let pooled = self
+            .readers
+            .lock()
+            .map_err(|_| anyhow!("{}: reader pool poisoned", self.what()))?
+            .pop();
         let conn = match pooled {
             Some(c) => c,
             None => {
                 let c = Connection::open_with_flags(
                     &self.path,
-                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY
+                        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                        | OpenFlags::SQLITE_OPEN_URI,
                 )
                 .with_context(|| format!("{}: cannot open database for reading", self.what()))?;
                 configure(&c, &self.what())?;
@@ -520,7 +547,10 @@ impl Store {
     }
 
     fn write<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T>) -> Result<T> {
-        let mut conn = self.writer.lock().map_err(|_| anyhow!("{}: writer connection poisoned", self.what()))?;
+        let mut conn = self
+            .writer
+            .lock()
+            .map_err(|_| anyhow!("{}: writer connection poisoned", self.what()))?;
         f(&mut conn)
     }
 
@@ -584,7 +614,13 @@ impl Store {
         })
     }
 
-    pub fn add_plugin_failure(&self, run: i64, plugin: &str, kind: &str, message: &str) -> Result<()> {
+    pub fn add_plugin_failure(
+        &self,
+        run: i64,
+        plugin: &str,
+        kind: &str,
+        message: &str,
+    ) -> Result<()> {
         let what = self.what();
         self.write(|c| {
             require_exists(c, run, &what)?;
@@ -598,12 +634,24 @@ impl Store {
 
     /// Marks a running run complete or failed. Finishing twice is an error (a run's outcome is
     /// written once); `status` must not be `Running`.
-    pub fn finish_run(&self, run: i64, status: RunStatus, error: Option<&str>, timings: &serde_json::Value) -> Result<()> {
+    pub fn finish_run(
+        &self,
+        run: i64,
+        status: RunStatus,
+        error: Option<&str>,
+        timings: &serde_json::Value,
+    ) -> Result<()> {
         if status == RunStatus::Running {
-            bail!("{}: finish_run of run {run} with status running", self.what());
+            bail!(
+                "{}: finish_run of run {run} with status running",
+                self.what()
+            );
         }
         if status == RunStatus::Complete && error.is_some() {
-            bail!("{}: run {run} cannot be complete with an error", self.what());
+            bail!(
+                "{}: run {run} cannot be complete with an error",
+                self.what()
+            );
         }
         let what = self.what();
         self.write(|c| {
@@ -655,7 +703,9 @@ impl Store {
         }
         if let Some(t) = &filter.drafter {
             let p = arg(Value::Text(t.clone()), &mut args);
-            conds.push(format!("(run.drafter_series = {p} OR run.drafter_path = {p})"));
+            conds.push(format!(
+                "(run.drafter_series = {p} OR run.drafter_path = {p})"
+            ));
         }
         if let Some(s) = filter.step {
             let p = arg(Value::Integer(s), &mut args);
@@ -685,7 +735,11 @@ impl Store {
                 conds.push(format!("run.id IN ({})", list.join(",")));
             }
         }
-        let where_sql = if conds.is_empty() { String::new() } else { format!("WHERE {}", conds.join(" AND ")) };
+        let where_sql = if conds.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", conds.join(" AND "))
+        };
         let mut cols = String::new();
         for (i, k) in filter.metric_columns.iter().enumerate() {
             let ps = arg(Value::Text(k.source.clone()), &mut args);
@@ -698,12 +752,23 @@ impl Store {
         let order = match &filter.sort {
             RunSort::Created => format!("run.created_at {dir}, run.id {dir}"),
             RunSort::Name => format!("run.name COLLATE NOCASE {dir}, run.id {dir}"),
-            RunSort::Step => format!("(run.drafter_step IS NULL), run.drafter_step {dir}, run.id {dir}"),
+            RunSort::Step => {
+                format!("(run.drafter_step IS NULL), run.drafter_step {dir}, run.id {dir}")
+            }
             RunSort::Status => format!("run.status {dir}, run.id {dir}"),
-            RunSort::Metric(i) if *i < filter.metric_columns.len() => format!("(m{i} IS NULL), m{i} {dir}, run.id {dir}"),
-            RunSort::Metric(i) => bail!("sort by metric column {i}, but only {} metric columns were requested", filter.metric_columns.len()),
+            RunSort::Metric(i) if *i < filter.metric_columns.len() => {
+                format!("(m{i} IS NULL), m{i} {dir}, run.id {dir}")
+            }
+            RunSort::Metric(i) => bail!(
+                "sort by metric column {i}, but only {} metric columns were requested",
+                filter.metric_columns.len()
+            ),
         };
-        let limit = if filter.limit == 0 { -1 } else { filter.limit as i64 };
+        let limit = if filter.limit == 0 {
+            -1
+        } else {
+            filter.limit as i64
+        };
         let sql = format!(
             "SELECT {RUN_COLS}{cols} FROM run {where_sql} ORDER BY {order} LIMIT {limit} OFFSET {}",
             filter.offset
@@ -715,7 +780,9 @@ impl Store {
             // One read transaction so the page and the total agree.
             c.execute_batch("BEGIN")?;
             let res = (|| -> Result<(Vec<RunSummary>, usize)> {
-                let mut stmt = c.prepare_cached(&sql).with_context(|| format!("{what}: run list query"))?;
+                let mut stmt = c
+                    .prepare_cached(&sql)
+                    .with_context(|| format!("{what}: run list query"))?;
                 let mut rows = stmt.query(rusqlite::params_from_iter(args.iter()))?;
                 let mut out = Vec::new();
                 while let Some(r) = rows.next()? {
@@ -730,7 +797,9 @@ impl Store {
                 let nfilter = args.len() - 2 * ncols;
                 let total: i64 = c
                     .prepare_cached(&count_sql)?
-                    .query_row(rusqlite::params_from_iter(args[..nfilter].iter()), |r| r.get(0))?;
+                    .query_row(rusqlite::params_from_iter(args[..nfilter].iter()), |r| {
+                        r.get(0)
+                    })?;
                 Ok((out, total as usize))
             })();
             c.execute_batch("COMMIT")?;
@@ -754,7 +823,12 @@ impl Store {
 
     /// Id of the run with this uid.
     pub fn run_id_by_uid(&self, uid: &str) -> Result<Option<i64>> {
-        self.read(|c| Ok(c.query_row("SELECT id FROM run WHERE uid = ?1", [uid], |r| r.get(0)).optional()?))
+        self.read(|c| {
+            Ok(
+                c.query_row("SELECT id FROM run WHERE uid = ?1", [uid], |r| r.get(0))
+                    .optional()?,
+            )
+        })
     }
 
     /// Runs of one checkpoint series, ordered by step (runs without a step last).
@@ -815,6 +889,15 @@ impl Store {
     /// All records of a run, in insertion order.
     pub fn records(&self, run: i64) -> Result<RecordBatch> {
         self.read_records(run, None)
+    }
+
+    /// Prompt indices that have records, ascending (to process a large run prompt by prompt).
+    pub fn record_prompts(&self, run: i64) -> Result<Vec<u32>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached("SELECT DISTINCT prompt_index FROM record_chunk WHERE run_id = ?1 ORDER BY prompt_index")?;
+            let v = stmt.query_map([run], |r| r.get::<_, u32>(0))?.collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(v)
+        })
     }
 
     /// The records of one prompt of a run.
@@ -960,6 +1043,19 @@ impl Store {
         })
     }
 
+    /// Changes whenever a run's metric rows change (count and sums of values and counts): lets
+    /// callers cache what they derive from metrics.
+    pub fn metrics_fingerprint(&self, run: i64) -> Result<String> {
+        self.read(|c| {
+            let (n, v, k): (i64, f64, f64) = c.query_row(
+                "SELECT count(*), total(value), total(count) FROM metric WHERE run_id = ?1",
+                [run],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?;
+            Ok(format!("{n}:{v:e}:{k:e}"))
+        })
+    }
+
     pub fn plugin_failures(&self, run: i64) -> Result<Vec<PluginFailure>> {
         self.read(|c| failures_of(c, run))
     }
@@ -983,13 +1079,16 @@ impl Store {
         let what = self.what();
         self.read(|c| {
             let row: Option<(String, String)> = c
-                .query_row("SELECT name, pieces_json FROM vocab WHERE tokenizer_sha256 = ?1", [tokenizer_sha256], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })
+                .query_row(
+                    "SELECT name, pieces_json FROM vocab WHERE tokenizer_sha256 = ?1",
+                    [tokenizer_sha256],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
                 .optional()?;
             row.map(|(n, j)| {
-                let v: Vec<String> =
-                    serde_json::from_str(&j).with_context(|| format!("{what}: vocab {tokenizer_sha256} is not a JSON string array"))?;
+                let v: Vec<String> = serde_json::from_str(&j).with_context(|| {
+                    format!("{what}: vocab {tokenizer_sha256} is not a JSON string array")
+                })?;
                 Ok((n, v))
             })
             .transpose()
@@ -1000,9 +1099,17 @@ impl Store {
 
     pub fn derived(&self, run: i64, kind: &str) -> Result<Option<Derived>> {
         self.read(|c| {
-            Ok(c.query_row("SELECT kind, version, data FROM derived WHERE run_id = ?1 AND kind = ?2", params![run, kind], |r| {
-                Ok(Derived { kind: r.get(0)?, version: r.get(1)?, data: r.get(2)? })
-            })
+            Ok(c.query_row(
+                "SELECT kind, version, data FROM derived WHERE run_id = ?1 AND kind = ?2",
+                params![run, kind],
+                |r| {
+                    Ok(Derived {
+                        kind: r.get(0)?,
+                        version: r.get(1)?,
+                        data: r.get(2)?,
+                    })
+                },
+            )
             .optional()?)
         })
     }
@@ -1045,7 +1152,9 @@ impl Store {
     pub fn baselines(&self) -> Result<Vec<(String, i64)>> {
         self.read(|c| {
             let mut stmt = c.prepare_cached("SELECT scope, run_id FROM baseline ORDER BY scope")?;
-            let v = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<Vec<_>>>()?;
+            let v = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(v)
         })
     }
@@ -1072,7 +1181,12 @@ impl Store {
     }
 
     pub fn share(&self, id: &str) -> Result<Option<String>> {
-        self.read(|c| Ok(c.query_row("SELECT state FROM share WHERE id = ?1", [id], |r| r.get(0)).optional()?))
+        self.read(|c| {
+            Ok(
+                c.query_row("SELECT state FROM share WHERE id = ?1", [id], |r| r.get(0))
+                    .optional()?,
+            )
+        })
     }
 
     /// Creates an API token; returns the secret (shown once; only its sha256 is stored).
@@ -1104,7 +1218,9 @@ impl Store {
 
     pub fn tokens(&self) -> Result<Vec<TokenInfo>> {
         self.read(|c| {
-            let mut stmt = c.prepare_cached("SELECT id, name, scope, created_at, revoked_at FROM api_token ORDER BY id")?;
+            let mut stmt = c.prepare_cached(
+                "SELECT id, name, scope, created_at, revoked_at FROM api_token ORDER BY id",
+            )?;
             let mut rows = stmt.query([])?;
             let mut out = Vec::new();
             while let Some(r) = rows.next()? {
@@ -1136,12 +1252,26 @@ impl Store {
 
     /// Everything stored for a run; records only when `with_records`.
     pub fn export_run(&self, id: i64, with_records: bool) -> Result<Option<RunExport>> {
-        let Some(detail) = self.run(id)? else { return Ok(None) };
-        let records = if with_records && detail.run.num_blocks > 0 { Some(self.records(id)?) } else { None };
+        let Some(detail) = self.run(id)? else {
+            return Ok(None);
+        };
+        let records = if with_records && detail.run.num_blocks > 0 {
+            Some(self.records(id)?)
+        } else {
+            None
+        };
         let derived = self.read(|c| {
-            let mut stmt = c.prepare_cached("SELECT kind, version, data FROM derived WHERE run_id = ?1 ORDER BY kind")?;
+            let mut stmt = c.prepare_cached(
+                "SELECT kind, version, data FROM derived WHERE run_id = ?1 ORDER BY kind",
+            )?;
             let v = stmt
-                .query_map([id], |r| Ok(Derived { kind: r.get(0)?, version: r.get(1)?, data: r.get(2)? }))?
+                .query_map([id], |r| {
+                    Ok(Derived {
+                        kind: r.get(0)?,
+                        version: r.get(1)?,
+                        data: r.get(2)?,
+                    })
+                })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(v)
         })?;
@@ -1163,7 +1293,12 @@ impl Store {
     /// Imports runs in one transaction: a run whose uid is already present is skipped (so
     /// importing the same bundle twice changes nothing); any error rolls everything back.
     /// `source` names the bundle (recorded as the runs' origin); `bundle_sha256` is logged.
-    pub fn import_runs(&self, source: &str, bundle_sha256: &str, runs: &[RunExport]) -> Result<ImportOutcome> {
+    pub fn import_runs(
+        &self,
+        source: &str,
+        bundle_sha256: &str,
+        runs: &[RunExport],
+    ) -> Result<ImportOutcome> {
         let what = format!("{source}");
         self.write(|c| {
             let tx = c.transaction()?;
@@ -1189,9 +1324,12 @@ impl Store {
 
     /// Consistent copy of the database (safe while others write).
     pub fn snapshot(&self, to: &Path) -> Result<()> {
-        let dest = to.to_str().ok_or_else(|| anyhow!("{}: path is not UTF-8", to.display()))?;
+        let dest = to
+            .to_str()
+            .ok_or_else(|| anyhow!("{}: path is not UTF-8", to.display()))?;
         self.read(|c| {
-            c.execute("VACUUM INTO ?1", [dest]).with_context(|| format!("{}: snapshot failed", to.display()))?;
+            c.execute("VACUUM INTO ?1", [dest])
+                .with_context(|| format!("{}: snapshot failed", to.display()))?;
             Ok(())
         })
     }
@@ -1243,7 +1381,10 @@ fn run_from_row(r: &Row, what: &str) -> Result<RunInfo> {
         top_k: r.get(22)?,
         train_style: match (labels, mask_rule) {
             (None, None) => None,
-            (l, m) => Some(TrainStyle { labels: l.unwrap_or_default(), mask_rule: m.unwrap_or_default() }),
+            (l, m) => Some(TrainStyle {
+                labels: l.unwrap_or_default(),
+                mask_rule: m.unwrap_or_default(),
+            }),
         },
         tokenizer_sha256: r.get(25)?,
         origin: r.get(26)?,
@@ -1260,7 +1401,10 @@ fn prompt_from_row(r: &Row, what: &str) -> Result<RunPrompt> {
         sha256: r.get(2)?,
         category: r.get(3)?,
         prompt_len: r.get(4)?,
-        token_ids: le_to_u32s(r.get_ref(5)?.as_blob()?, &format!("{what}: prompt {index} token_ids"))?,
+        token_ids: le_to_u32s(
+            r.get_ref(5)?.as_blob()?,
+            &format!("{what}: prompt {index} token_ids"),
+        )?,
         text: r.get(6)?,
     })
 }
@@ -1269,13 +1413,22 @@ fn failures_of(c: &Connection, run: i64) -> Result<Vec<PluginFailure>> {
     let mut stmt =
         c.prepare_cached("SELECT plugin, kind, message, created_at FROM plugin_failure WHERE run_id = ?1 ORDER BY id")?;
     let v = stmt
-        .query_map([run], |r| Ok(PluginFailure { plugin: r.get(0)?, kind: r.get(1)?, message: r.get(2)?, created_at: r.get(3)? }))?
+        .query_map([run], |r| {
+            Ok(PluginFailure {
+                plugin: r.get(0)?,
+                kind: r.get(1)?,
+                message: r.get(2)?,
+                created_at: r.get(3)?,
+            })
+        })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(v)
 }
 
 fn require_exists(c: &Connection, run: i64, what: &str) -> Result<()> {
-    let n: i64 = c.query_row("SELECT count(*) FROM run WHERE id = ?1", [run], |r| r.get(0))?;
+    let n: i64 = c.query_row("SELECT count(*) FROM run WHERE id = ?1", [run], |r| {
+        r.get(0)
+    })?;
     if n == 0 {
         bail!("{what}: run {run} does not exist");
     }
@@ -1283,7 +1436,9 @@ fn require_exists(c: &Connection, run: i64, what: &str) -> Result<()> {
 }
 
 fn require_running(c: &Connection, run: i64, what: &str) -> Result<()> {
-    let status: Option<String> = c.query_row("SELECT status FROM run WHERE id = ?1", [run], |r| r.get(0)).optional()?;
+    let status: Option<String> = c
+        .query_row("SELECT status FROM run WHERE id = ?1", [run], |r| r.get(0))
+        .optional()?;
     match status.as_deref() {
         None => bail!("{what}: run {run} does not exist"),
         Some("running") => Ok(()),
@@ -1293,20 +1448,31 @@ fn require_running(c: &Connection, run: i64, what: &str) -> Result<()> {
 
 fn check_run_fields(run: &NewRun, what: &str) -> Result<()> {
     if run.block_size < 2 {
-        bail!("{what}: run {:?}: block size {} is below 2", run.name, run.block_size);
+        bail!(
+            "{what}: run {:?}: block size {} is below 2",
+            run.name,
+            run.block_size
+        );
     }
     if run.top_k < 1 {
         bail!("{what}: run {:?}: top_k must be at least 1", run.name);
     }
     match (run.mode, &run.train_style) {
-        (RunMode::Deployment, Some(_)) => bail!("{what}: run {:?}: train-style settings given for a deployment run", run.name),
+        (RunMode::Deployment, Some(_)) => bail!(
+            "{what}: run {:?}: train-style settings given for a deployment run",
+            run.name
+        ),
         _ => Ok(()),
     }
 }
 
 fn insert_run(tx: &Transaction, run: &NewRun, uid: &str, origin: &str, what: &str) -> Result<i64> {
     check_run_fields(run, what)?;
-    let config = if run.config.is_null() { "{}".to_string() } else { run.config.to_string() };
+    let config = if run.config.is_null() {
+        "{}".to_string()
+    } else {
+        run.config.to_string()
+    };
     tx.execute(
         "INSERT INTO run (uid, name, mode, status, created_at, config_json, target_path, target_sha256, target_arch, \
          drafter_path, drafter_sha256, drafter_series, drafter_step, prompt_set_name, prompt_set_sha256, backend, dtype, \
@@ -1343,7 +1509,12 @@ fn insert_run(tx: &Transaction, run: &NewRun, uid: &str, origin: &str, what: &st
 
 fn insert_prompt(tx: &Transaction, run: i64, p: &RunPrompt, what: &str) -> Result<()> {
     if p.prompt_len as usize > p.token_ids.len() {
-        bail!("{what}: run {run} prompt {}: prompt_len {} exceeds its {} tokens", p.index, p.prompt_len, p.token_ids.len());
+        bail!(
+            "{what}: run {run} prompt {}: prompt_len {} exceeds its {} tokens",
+            p.index,
+            p.prompt_len,
+            p.token_ids.len()
+        );
     }
     tx.prepare_cached(
         "INSERT INTO run_prompt (run_id, idx, prompt_id, sha256, category, prompt_len, token_ids, text) \
@@ -1355,8 +1526,14 @@ fn insert_prompt(tx: &Transaction, run: i64, p: &RunPrompt, what: &str) -> Resul
 }
 
 fn insert_records(tx: &Transaction, run: i64, batch: &RecordBatch, what: &str) -> Result<()> {
-    batch.check().map_err(|e| anyhow!("{what}: run {run}: {e}"))?;
-    let (b, k): (u32, u32) = tx.query_row("SELECT block_size, top_k FROM run WHERE id = ?1", [run], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    batch
+        .check()
+        .map_err(|e| anyhow!("{what}: run {run}: {e}"))?;
+    let (b, k): (u32, u32) = tx.query_row(
+        "SELECT block_size, top_k FROM run WHERE id = ?1",
+        [run],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
     if (batch.block_size, batch.top_k) != (b, k) {
         bail!(
             "{what}: run {run} has block size {b} and top-k {k}, but the records have {} and {}",
@@ -1373,7 +1550,11 @@ fn insert_records(tx: &Transaction, run: i64, batch: &RecordBatch, what: &str) -
     }
     let p = batch.positions_per_block();
     let kk = batch.top_k as usize;
-    let mut seq: i64 = tx.query_row("SELECT coalesce(max(seq), -1) + 1 FROM record_chunk WHERE run_id = ?1", [run], |r| r.get(0))?;
+    let mut seq: i64 = tx.query_row(
+        "SELECT coalesce(max(seq), -1) + 1 FROM record_chunk WHERE run_id = ?1",
+        [run],
+        |r| r.get(0),
+    )?;
     let mut stmt = tx.prepare_cached(
         "INSERT INTO record_chunk (run_id, seq, prompt_index, n_blocks, anchor, region, target, valid, loss_mask, \
          draft_ids, draft_logprobs, target_ids, target_logprobs) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
@@ -1401,12 +1582,18 @@ fn insert_records(tx: &Transaction, run: i64, batch: &RecordBatch, what: &str) -
             u32s_to_le(&batch.draft_ids[cs..ce]),
             f32s_to_le(&batch.draft_logprobs[cs..ce]),
             batch.target_ids.as_ref().map(|v| u32s_to_le(&v[cs..ce])),
-            batch.target_logprobs.as_ref().map(|v| f32s_to_le(&v[cs..ce])),
+            batch
+                .target_logprobs
+                .as_ref()
+                .map(|v| f32s_to_le(&v[cs..ce])),
         ])?;
         seq += 1;
         start = end;
     }
-    tx.execute("UPDATE run SET num_blocks = num_blocks + ?2 WHERE id = ?1", params![run, nb as i64])?;
+    tx.execute(
+        "UPDATE run SET num_blocks = num_blocks + ?2 WHERE id = ?1",
+        params![run, nb as i64],
+    )?;
     Ok(())
 }
 
@@ -1420,9 +1607,16 @@ fn insert_metrics(tx: &Transaction, run: i64, metrics: &[MetricRow], what: &str)
             bail!("{what}: run {run}: metric with an empty source or name");
         }
         if m.source.contains('/') {
-            bail!("{what}: run {run}: metric source {:?} must not contain '/'", m.source);
+            bail!(
+                "{what}: run {run}: metric source {:?} must not contain '/'",
+                m.source
+            );
         }
-        let value = if m.value.is_nan() { None } else { Some(m.value) };
+        let value = if m.value.is_nan() {
+            None
+        } else {
+            Some(m.value)
+        };
         stmt.execute(params![
             run,
             m.source,
@@ -1435,7 +1629,12 @@ fn insert_metrics(tx: &Transaction, run: i64, metrics: &[MetricRow], what: &str)
             m.description,
             m.higher_is_better as i64,
         ])
-        .with_context(|| format!("{what}: run {run}: cannot store metric {}/{}", m.source, m.name))?;
+        .with_context(|| {
+            format!(
+                "{what}: run {run}: cannot store metric {}/{}",
+                m.source, m.name
+            )
+        })?;
     }
     Ok(())
 }
@@ -1541,7 +1740,10 @@ pub fn random_hex(nbytes: usize) -> String {
         let mut sh = rs.build_hasher();
         sh.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
         h.update(sh.finish().to_le_bytes());
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
         h.update(nanos.to_le_bytes());
         h.update(std::process::id().to_le_bytes());
         h.update(COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
@@ -1553,7 +1755,10 @@ pub fn random_hex(nbytes: usize) -> String {
 
 /// Time-ordered unique id: 12 hex digits of milliseconds since the epoch + 20 random hex digits.
 pub fn new_uid() -> String {
-    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
     format!("{:012x}{}", ms as u64 & 0xffff_ffff_ffff, random_hex(10))
 }
 
@@ -1561,12 +1766,19 @@ pub fn new_uid() -> String {
 fn short_id(len: usize) -> String {
     const ALPHABET: &[u8] = b"0123456789abcdefghjkmnpqrstvwxyz";
     let bytes = hex::decode(random_hex(len)).unwrap_or_default();
-    bytes.iter().take(len).map(|b| ALPHABET[(*b & 31) as usize] as char).collect()
+    bytes
+        .iter()
+        .take(len)
+        .map(|b| ALPHABET[(*b & 31) as usize] as char)
+        .collect()
 }
 
 /// Current UTC time as RFC 3339 with seconds ("2026-11-29T10:11:12Z").
 pub fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
     rfc3339_from_unix(secs)
 }
 
@@ -1584,5 +1796,10 @@ pub fn rfc3339_from_unix(secs: i64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = if m <= 2 { y + 1 } else { y };
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }

@@ -178,9 +178,11 @@ pub fn migrate(conn: &mut Connection, what: &str) -> Result<()> {
         if now > i as i64 {
             continue;
         }
-        tx.execute_batch(sql).with_context(|| format!("{what}: migration to schema v{} failed", i + 1))?;
+        tx.execute_batch(sql)
+            .with_context(|| format!("{what}: migration to schema v{} failed", i + 1))?;
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
-        tx.commit().with_context(|| format!("{what}: cannot commit migration to v{}", i + 1))?;
+        tx.commit()
+            .with_context(|| format!("{what}: cannot commit migration to v{}", i + 1))?;
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 use super::*;
-use crate::records::{Region, RecordBatch};
+use crate::records::{RecordBatch, Region};
 use serde_json::json;
 
 fn new_run(name: &str) -> NewRun {
@@ -31,7 +31,11 @@ fn batch(p: u32, n: usize, with_target_topk: bool) -> RecordBatch {
     for i in 0..n {
         b.prompt_index.push(p);
         b.anchor.push(10 + i as u32);
-        b.region.push(if i % 5 == 0 { Region::Prompt as u8 } else { Region::Completion as u8 });
+        b.region.push(if i % 5 == 0 {
+            Region::Prompt as u8
+        } else {
+            Region::Completion as u8
+        });
         for k in 0..3 {
             let x = (p * 1000 + i as u32 * 10 + k) as u32;
             b.target.push(x);
@@ -101,7 +105,11 @@ fn second_open_keeps_data_and_refuses_newer_schema() {
 #[test]
 fn not_a_database_is_a_clear_error() {
     let (_d, path) = tmp();
-    std::fs::write(&path, b"this is not sqlite, just text that is long enough to have a header").unwrap();
+    std::fs::write(
+        &path,
+        b"this is not sqlite, just text that is long enough to have a header",
+    )
+    .unwrap();
     let err = format!("{:#}", Store::open(&path).err().unwrap());
     assert!(err.contains("runs.sqlite"), "{err}");
 }
@@ -122,8 +130,20 @@ fn record_batch_round_trip_across_chunks_and_prompts() {
     assert_eq!(p0.num_blocks(), 5);
     assert_eq!(p0.anchor, vec![10, 11, 12, 10, 11]);
     assert_eq!(p0.target_ids.as_ref().unwrap().len(), 5 * 3 * 2);
-    assert_eq!(s.run(id).unwrap().unwrap().run.num_blocks, (CHUNK_BLOCKS + 12) as u64);
-    let chunks: i64 = s.read(|c| Ok(c.query_row("SELECT count(*) FROM record_chunk WHERE run_id = ?1", [id], |r| r.get(0))?)).unwrap();
+    assert_eq!(
+        s.run(id).unwrap().unwrap().run.num_blocks,
+        (CHUNK_BLOCKS + 12) as u64
+    );
+    assert_eq!(s.record_prompts(id).unwrap(), vec![0, 1]);
+    let chunks: i64 = s
+        .read(|c| {
+            Ok(c.query_row(
+                "SELECT count(*) FROM record_chunk WHERE run_id = ?1",
+                [id],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap();
     assert_eq!(chunks, 4);
 }
 
@@ -137,7 +157,12 @@ fn optional_target_topk_is_none_when_any_chunk_lacks_it() {
     let back = s.records(id).unwrap();
     assert_eq!(back.target_ids, None);
     assert_eq!(back.num_blocks(), 4);
-    assert_eq!(s.records(s.create_run(&new_run("empty")).unwrap()).unwrap().num_blocks(), 0);
+    assert_eq!(
+        s.records(s.create_run(&new_run("empty")).unwrap())
+            .unwrap()
+            .num_blocks(),
+        0
+    );
 }
 
 #[test]
@@ -159,7 +184,11 @@ fn bad_batches_are_refused_whole() {
     let err = s.add_records(id, &wrong).unwrap_err().to_string();
     assert!(err.contains("block size 4"), "{err}");
     assert_eq!(s.records(id).unwrap().num_blocks(), 0);
-    assert!(s.add_records(9999, &batch(0, 1, false)).unwrap_err().to_string().contains("run 9999 does not exist"));
+    assert!(s
+        .add_records(9999, &batch(0, 1, false))
+        .unwrap_err()
+        .to_string()
+        .contains("run 9999 does not exist"));
 }
 
 #[test]
@@ -176,8 +205,15 @@ fn failed_run_stays_failed_and_interrupted_run_stays_running() {
     assert_eq!(r.finished_at, None);
 
     let b = s.create_run(&new_run("fails")).unwrap();
-    s.add_plugin_failure(b, "tau", "trap", "wasm trap: unreachable").unwrap();
-    s.finish_run(b, RunStatus::Failed, Some("target OOM at prompt 3"), &json!({"total_s": 1.5})).unwrap();
+    s.add_plugin_failure(b, "tau", "trap", "wasm trap: unreachable")
+        .unwrap();
+    s.finish_run(
+        b,
+        RunStatus::Failed,
+        Some("target OOM at prompt 3"),
+        &json!({"total_s": 1.5}),
+    )
+    .unwrap();
     let d = s.run(b).unwrap().unwrap();
     assert_eq!(d.run.status, RunStatus::Failed);
     assert_eq!(d.run.error.as_deref(), Some("target OOM at prompt 3"));
@@ -186,12 +222,28 @@ fn failed_run_stays_failed_and_interrupted_run_stays_running() {
     assert_eq!(d.failures.len(), 1);
     assert_eq!(d.failures[0].message, "wasm trap: unreachable");
     // Its outcome is final: it can't be completed later or get more records.
-    let err = s.finish_run(b, RunStatus::Complete, None, &json!({})).unwrap_err().to_string();
+    let err = s
+        .finish_run(b, RunStatus::Complete, None, &json!({}))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("is failed"), "{err}");
     assert!(s.add_records(b, &batch(0, 1, false)).is_err());
-    assert!(s.finish_run(a, RunStatus::Complete, Some("x"), &json!({})).is_err());
+    assert!(s
+        .finish_run(a, RunStatus::Complete, Some("x"), &json!({}))
+        .is_err());
     // Metrics can still be re-scored on finished runs.
-    s.add_metrics(b, &[MetricRow::scalar("native", "tau", MetricScope::Run, 2.0, 10, true)]).unwrap();
+    s.add_metrics(
+        b,
+        &[MetricRow::scalar(
+            "native",
+            "tau",
+            MetricScope::Run,
+            2.0,
+            10,
+            true,
+        )],
+    )
+    .unwrap();
 }
 
 #[test]
@@ -209,7 +261,10 @@ fn prompts_and_metrics_round_trip() {
         text: "def f(): <script>alert(1)</script>".into(),
     };
     s.add_prompt(id, &p).unwrap();
-    assert!(s.add_prompt(id, &p).is_err(), "duplicate index must be refused");
+    assert!(
+        s.add_prompt(id, &p).is_err(),
+        "duplicate index must be refused"
+    );
     assert_eq!(s.prompts(id).unwrap(), vec![p.clone()]);
     assert_eq!(s.prompt(id, 0).unwrap(), Some(p.clone()));
     assert_eq!(s.prompt_metas(id).unwrap()[0].num_tokens, 5);
@@ -220,27 +275,69 @@ fn prompts_and_metrics_round_trip() {
     let rows = vec![
         MetricRow::scalar("native", "tau", MetricScope::Run, 2.5, 12, true),
         MetricRow::scalar("native", "tau", MetricScope::Prompt(0), 2.25, 4, true),
-        MetricRow::scalar("native", "tau", MetricScope::Category("code".into()), f64::NAN, 0, true),
+        MetricRow::scalar(
+            "native",
+            "tau",
+            MetricScope::Category("code".into()),
+            f64::NAN,
+            0,
+            true,
+        ),
         series.clone(),
     ];
     s.add_metrics(id, &rows).unwrap();
     let back = s.metrics(id).unwrap();
     assert_eq!(back.len(), 4);
-    let nan = back.iter().find(|m| m.scope == MetricScope::Category("code".into())).unwrap();
+    let nan = back
+        .iter()
+        .find(|m| m.scope == MetricScope::Category("code".into()))
+        .unwrap();
     assert!(nan.value.is_nan());
     assert!(back.contains(&series));
     // Replacing a metric keeps one row.
-    s.add_metrics(id, &[MetricRow::scalar("native", "tau", MetricScope::Run, 2.75, 12, true)]).unwrap();
+    s.add_metrics(
+        id,
+        &[MetricRow::scalar(
+            "native",
+            "tau",
+            MetricScope::Run,
+            2.75,
+            12,
+            true,
+        )],
+    )
+    .unwrap();
     let run_scope = s.metrics_in_scope(id, &MetricScope::Run).unwrap();
     assert_eq!(run_scope.iter().filter(|m| m.name == "tau").count(), 1);
-    assert_eq!(run_scope.iter().find(|m| m.name == "tau").unwrap().value, 2.75);
-    assert!(s.add_metrics(id, &[MetricRow::scalar("a/b", "x", MetricScope::Run, 1.0, 1, true)]).is_err());
+    assert_eq!(
+        run_scope.iter().find(|m| m.name == "tau").unwrap().value,
+        2.75
+    );
+    assert!(s
+        .add_metrics(
+            id,
+            &[MetricRow::scalar(
+                "a/b",
+                "x",
+                MetricScope::Run,
+                1.0,
+                1,
+                true
+            )]
+        )
+        .is_err());
 }
 
 #[test]
 fn metric_scope_parses_and_rejects() {
-    assert_eq!("prompt:12".parse::<MetricScope>().unwrap(), MetricScope::Prompt(12));
-    assert_eq!("category:math/algebra".parse::<MetricScope>().unwrap(), MetricScope::Category("math/algebra".into()));
+    assert_eq!(
+        "prompt:12".parse::<MetricScope>().unwrap(),
+        MetricScope::Prompt(12)
+    );
+    assert_eq!(
+        "category:math/algebra".parse::<MetricScope>().unwrap(),
+        MetricScope::Category("math/algebra".into())
+    );
     assert!("prompt:x".parse::<MetricScope>().is_err());
     assert!("global".parse::<MetricScope>().is_err());
 }
@@ -253,34 +350,82 @@ fn run_list_filters_sorts_pages() {
     for i in 0..30 {
         let mut r = new_run(&format!("run-{i:02}"));
         r.drafter_step = Some(i * 100);
-        r.backend = if i % 3 == 0 { "cuda".into() } else { "cpu".into() };
+        r.backend = if i % 3 == 0 {
+            "cuda".into()
+        } else {
+            "cpu".into()
+        };
         if i % 10 == 9 {
             r.mode = RunMode::TrainStyle;
-            r.train_style = Some(TrainStyle { labels: "data".into(), mask_rule: "inclusive".into() });
+            r.train_style = Some(TrainStyle {
+                labels: "data".into(),
+                mask_rule: "inclusive".into(),
+            });
         }
         let id = s.create_run(&r).unwrap();
         if i % 2 == 0 {
-            s.add_metrics(id, &[MetricRow::scalar("native", "tau", MetricScope::Run, 1.0 + (i as f64 * 7.0) % 11.0, 1, true)]).unwrap();
+            s.add_metrics(
+                id,
+                &[MetricRow::scalar(
+                    "native",
+                    "tau",
+                    MetricScope::Run,
+                    1.0 + (i as f64 * 7.0) % 11.0,
+                    1,
+                    true,
+                )],
+            )
+            .unwrap();
         }
         ids.push(id);
     }
     let key = MetricKey::new("native", "tau");
-    let f = RunFilter { limit: 5, offset: 5, metric_columns: vec![key.clone()], ..Default::default() };
+    let f = RunFilter {
+        limit: 5,
+        offset: 5,
+        metric_columns: vec![key.clone()],
+        ..Default::default()
+    };
     let (page, total) = s.runs(&f).unwrap();
     assert_eq!(total, 30);
-    assert_eq!(page.iter().map(|r| r.run.name.as_str()).collect::<Vec<_>>(), ["run-05", "run-06", "run-07", "run-08", "run-09"]);
+    assert_eq!(
+        page.iter().map(|r| r.run.name.as_str()).collect::<Vec<_>>(),
+        ["run-05", "run-06", "run-07", "run-08", "run-09"]
+    );
     assert_eq!(page[0].metrics, vec![None]);
     assert_eq!(page[1].metrics, vec![Some(1.0 + 42.0 % 11.0)]);
 
-    let (cuda, total) = s.runs(&RunFilter { backend: Some("cuda".into()), ..Default::default() }).unwrap();
+    let (cuda, total) = s
+        .runs(&RunFilter {
+            backend: Some("cuda".into()),
+            ..Default::default()
+        })
+        .unwrap();
     assert_eq!((cuda.len(), total), (10, 10));
-    let (ts, _) = s.runs(&RunFilter { mode: Some(RunMode::TrainStyle), ..Default::default() }).unwrap();
-    assert_eq!(ts.iter().map(|r| r.run.name.clone()).collect::<Vec<_>>(), ["run-09", "run-19", "run-29"]);
-    assert_eq!(ts[0].run.train_style.as_ref().unwrap().mask_rule, "inclusive");
+    let (ts, _) = s
+        .runs(&RunFilter {
+            mode: Some(RunMode::TrainStyle),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(
+        ts.iter().map(|r| r.run.name.clone()).collect::<Vec<_>>(),
+        ["run-09", "run-19", "run-29"]
+    );
+    assert_eq!(
+        ts[0].run.train_style.as_ref().unwrap().mask_rule,
+        "inclusive"
+    );
 
     // Sort by metric, descending, runs without the metric last.
-    let (sorted, _) =
-        s.runs(&RunFilter { sort: RunSort::Metric(0), descending: true, metric_columns: vec![key], ..Default::default() }).unwrap();
+    let (sorted, _) = s
+        .runs(&RunFilter {
+            sort: RunSort::Metric(0),
+            descending: true,
+            metric_columns: vec![key],
+            ..Default::default()
+        })
+        .unwrap();
     let vals: Vec<Option<f64>> = sorted.iter().map(|r| r.metrics[0]).collect();
     let some: Vec<f64> = vals.iter().flatten().copied().collect();
     assert_eq!(some.len(), 15);
@@ -288,17 +433,37 @@ fn run_list_filters_sorts_pages() {
     assert!(vals[15..].iter().all(|v| v.is_none()));
 
     // Text filter treats LIKE wildcards literally.
-    let (hits, n) = s.runs(&RunFilter { text: Some("run-1".into()), ..Default::default() }).unwrap();
+    let (hits, n) = s
+        .runs(&RunFilter {
+            text: Some("run-1".into()),
+            ..Default::default()
+        })
+        .unwrap();
     assert_eq!((hits.len(), n), (10, 10));
-    let (none, n) = s.runs(&RunFilter { text: Some("run_%".into()), ..Default::default() }).unwrap();
+    let (none, n) = s
+        .runs(&RunFilter {
+            text: Some("run_%".into()),
+            ..Default::default()
+        })
+        .unwrap();
     assert_eq!((none.len(), n), (0, 0));
-    let (stepped, _) = s.runs(&RunFilter { step: Some(700), ..Default::default() }).unwrap();
+    let (stepped, _) = s
+        .runs(&RunFilter {
+            step: Some(700),
+            ..Default::default()
+        })
+        .unwrap();
     assert_eq!(stepped[0].run.name, "run-07");
     let facets = s.facets().unwrap();
     assert_eq!(facets.backends, ["cpu", "cuda"]);
     assert_eq!(facets.steps.len(), 30);
     assert_eq!(s.metric_keys().unwrap()[0].1, 15);
-    assert!(s.runs(&RunFilter { sort: RunSort::Metric(3), ..Default::default() }).is_err());
+    assert!(s
+        .runs(&RunFilter {
+            sort: RunSort::Metric(3),
+            ..Default::default()
+        })
+        .is_err());
 }
 
 #[test]
@@ -307,7 +472,18 @@ fn delete_cascades() {
     let s = Store::open(&path).unwrap();
     let id = s.create_run(&new_run("del")).unwrap();
     s.add_records(id, &batch(0, 3, false)).unwrap();
-    s.add_metrics(id, &[MetricRow::scalar("native", "tau", MetricScope::Run, 2.0, 1, true)]).unwrap();
+    s.add_metrics(
+        id,
+        &[MetricRow::scalar(
+            "native",
+            "tau",
+            MetricScope::Run,
+            2.0,
+            1,
+            true,
+        )],
+    )
+    .unwrap();
     s.pin_baseline("*", id).unwrap();
     s.delete_run(id).unwrap();
     assert!(s.run(id).unwrap().is_none());
@@ -321,7 +497,11 @@ fn delete_cascades() {
         })
         .unwrap();
     assert_eq!(left, 0);
-    assert!(s.delete_run(id).unwrap_err().to_string().contains("does not exist"));
+    assert!(s
+        .delete_run(id)
+        .unwrap_err()
+        .to_string()
+        .contains("does not exist"));
 }
 
 #[test]
@@ -356,7 +536,8 @@ fn reader_never_sees_half_a_batch_while_writer_writes() {
         b.extend(&batch(i + 200, 100, false));
         s.add_records(id, &b).unwrap();
     }
-    s.finish_run(id, RunStatus::Complete, None, &json!({})).unwrap();
+    s.finish_run(id, RunStatus::Complete, None, &json!({}))
+        .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(50));
     stop.store(true, Ordering::Relaxed);
     let seen = reader.join().unwrap();
@@ -375,7 +556,15 @@ fn tokens_shares_baselines_vocab_derived() {
     assert_eq!(s.check_token(&r).unwrap(), Some(TokenScope::Read));
     assert_eq!(s.check_token("dl_guess").unwrap(), None);
     // Only hashes are stored.
-    let stored: String = s.read(|c| Ok(c.query_row("SELECT group_concat(token_sha256) FROM api_token", [], |x| x.get(0))?)).unwrap();
+    let stored: String = s
+        .read(|c| {
+            Ok(c.query_row(
+                "SELECT group_concat(token_sha256) FROM api_token",
+                [],
+                |x| x.get(0),
+            )?)
+        })
+        .unwrap();
     assert!(!stored.contains(&w[3..]));
     assert_eq!(s.revoke_token("viewer").unwrap(), 1);
     assert_eq!(s.check_token(&r).unwrap(), None);
@@ -392,9 +581,21 @@ fn tokens_shares_baselines_vocab_derived() {
     assert_eq!(s.baselines().unwrap(), vec![("*".to_string(), id)]);
     assert!(s.pin_baseline("*", 999).is_err());
 
-    s.put_vocab("t1", "tok", &["a".into(), "<b>".into()]).unwrap();
-    assert_eq!(s.vocab("t1").unwrap().unwrap().1, vec!["a".to_string(), "<b>".to_string()]);
-    s.put_derived(id, &Derived { kind: "stats".into(), version: 3, data: vec![1, 2, 3] }).unwrap();
+    s.put_vocab("t1", "tok", &["a".into(), "<b>".into()])
+        .unwrap();
+    assert_eq!(
+        s.vocab("t1").unwrap().unwrap().1,
+        vec!["a".to_string(), "<b>".to_string()]
+    );
+    s.put_derived(
+        id,
+        &Derived {
+            kind: "stats".into(),
+            version: 3,
+            data: vec![1, 2, 3],
+        },
+    )
+    .unwrap();
     assert_eq!(s.derived(id, "stats").unwrap().unwrap().data, vec![1, 2, 3]);
 }
 
@@ -403,11 +604,33 @@ fn export_import_is_idempotent_and_atomic() {
     let (_d, path) = tmp();
     let s = Store::open(&path).unwrap();
     let id = s.create_run(&new_run("exp")).unwrap();
-    s.add_prompt(id, &RunPrompt { index: 0, id: "p".into(), sha256: "ee".repeat(32), prompt_len: 1, token_ids: vec![5, 6], ..Default::default() })
-        .unwrap();
+    s.add_prompt(
+        id,
+        &RunPrompt {
+            index: 0,
+            id: "p".into(),
+            sha256: "ee".repeat(32),
+            prompt_len: 1,
+            token_ids: vec![5, 6],
+            ..Default::default()
+        },
+    )
+    .unwrap();
     s.add_records(id, &batch(0, 3, false)).unwrap();
-    s.add_metrics(id, &[MetricRow::scalar("native", "tau", MetricScope::Run, 2.0, 3, true)]).unwrap();
-    s.finish_run(id, RunStatus::Complete, None, &json!({"s": 1})).unwrap();
+    s.add_metrics(
+        id,
+        &[MetricRow::scalar(
+            "native",
+            "tau",
+            MetricScope::Run,
+            2.0,
+            3,
+            true,
+        )],
+    )
+    .unwrap();
+    s.finish_run(id, RunStatus::Complete, None, &json!({"s": 1}))
+        .unwrap();
     let ex = s.export_run(id, true).unwrap().unwrap();
 
     let (_d2, path2) = tmp();
@@ -419,7 +642,10 @@ fn export_import_is_idempotent_and_atomic() {
     let (list, n) = t.runs(&RunFilter::default()).unwrap();
     assert_eq!(n, 1);
     let got = &list[0].run;
-    assert_eq!((got.uid.as_str(), got.status, got.origin.as_str()), (ex.run.uid.as_str(), RunStatus::Complete, "import:team.html"));
+    assert_eq!(
+        (got.uid.as_str(), got.status, got.origin.as_str()),
+        (ex.run.uid.as_str(), RunStatus::Complete, "import:team.html")
+    );
     assert_eq!(got.created_at, ex.run.created_at);
     assert_eq!(t.records(got.id).unwrap(), ex.records.clone().unwrap());
 

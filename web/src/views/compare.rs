@@ -1,7 +1,10 @@
 //! The comparison page: runs against a baseline with Δ, Δ%, paired CIs, charts, the
 //! training-style vs deployment breakdown and the config diff.
 
-use super::{chart, color, drafter_label, fmt, histogram_chart_data, link, mode_chip, page, position_chart_data, status_chip, Ctx};
+use super::{
+    chart, color, drafter_label, fmt, histogram_chart_data, link, mode_chip, page,
+    position_chart_data, status_chip, Ctx,
+};
 use crate::compare::{fmt_delta, Comparison, Verdict};
 use crate::qs::Query;
 use maud::{html, Markup};
@@ -29,9 +32,19 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
     let show_all = query.get("config") == Some("all");
     let b = c.baseline;
     let label = |i: usize| format!("#{} {}", c.runs[i].id, c.runs[i].name);
-    let positions = c.runs.iter().map(|r| r.block_size as usize - 1).max().unwrap_or(1);
-    let with_curves: Vec<usize> = (0..c.runs.len()).filter(|&i| c.curves[i].is_some()).collect();
-    let legend: Vec<(String, String)> = with_curves.iter().map(|&i| (label(i), color(i).to_string())).collect();
+    let positions = c
+        .runs
+        .iter()
+        .map(|r| r.block_size as usize - 1)
+        .max()
+        .unwrap_or(1);
+    let with_curves: Vec<usize> = (0..c.runs.len())
+        .filter(|&i| c.curves[i].is_some())
+        .collect();
+    let legend: Vec<(String, String)> = with_curves
+        .iter()
+        .map(|&i| (label(i), color(i).to_string()))
+        .collect();
     let others: Vec<usize> = (0..c.runs.len()).filter(|&i| i != b).collect();
     let body = html! {
         div class="head" {

@@ -19,7 +19,9 @@ pub const APP_CSS: &str = include_str!("../../assets/app.css");
 
 /// Colours of compared runs, in order (readable on white, distinct for the common colour-blind
 /// types for the first four).
-pub const PALETTE: &[&str] = &["#3454d1", "#e8590c", "#12a37f", "#c2255c", "#7048e8", "#f59f00", "#1098ad", "#5c940d"];
+pub const PALETTE: &[&str] = &[
+    "#3454d1", "#e8590c", "#12a37f", "#c2255c", "#7048e8", "#f59f00", "#1098ad", "#5c940d",
+];
 
 pub fn color(i: usize) -> &'static str {
     PALETTE[i % PALETTE.len()]
@@ -52,7 +54,14 @@ pub struct Ctx {
 
 impl Ctx {
     pub fn report() -> Ctx {
-        Ctx { report: true, can_write: false, team: false, current: String::new(), nav: Nav::None, asset_version: String::new() }
+        Ctx {
+            report: true,
+            can_write: false,
+            team: false,
+            current: String::new(),
+            nav: Nav::None,
+            asset_version: String::new(),
+        }
     }
 }
 
@@ -88,7 +97,13 @@ pub fn json_script<T: Serialize>(id: &str, v: &T) -> Markup {
 }
 
 /// A chart container plus its data; `legend` lists (label, colour).
-pub fn chart(id: &str, title: &str, subtitle: &str, data: &serde_json::Value, legend: &[(String, String)]) -> Markup {
+pub fn chart(
+    id: &str,
+    title: &str,
+    subtitle: &str,
+    data: &serde_json::Value,
+    legend: &[(String, String)],
+) -> Markup {
     html! {
         div class="chart-box" {
             h3 { (title) }
@@ -141,7 +156,11 @@ pub fn fmt_int(n: u64) -> String {
 
 /// "drafter @ step" for tables.
 pub fn drafter_label(r: &RunInfo) -> String {
-    let name = if r.drafter_series.is_empty() { r.drafter_path.rsplit('/').next().unwrap_or("").to_string() } else { r.drafter_series.clone() };
+    let name = if r.drafter_series.is_empty() {
+        r.drafter_path.rsplit('/').next().unwrap_or("").to_string()
+    } else {
+        r.drafter_series.clone()
+    };
     match r.drafter_step {
         Some(s) => format!("{name} @ {}", fmt_int(s.max(0) as u64)),
         None => name,
@@ -150,18 +169,32 @@ pub fn drafter_label(r: &RunInfo) -> String {
 
 /// A tiny inline SVG line for a metric series (values may be null).
 pub fn sparkline(values: &[Option<f64>]) -> Markup {
-    let pts: Vec<(usize, f64)> = values.iter().enumerate().filter_map(|(i, v)| v.filter(|x| x.is_finite()).map(|x| (i, x))).collect();
+    let pts: Vec<(usize, f64)> = values
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| v.filter(|x| x.is_finite()).map(|x| (i, x)))
+        .collect();
     if pts.len() < 2 {
         return html! {};
     }
     let (w, h) = (90.0, 22.0);
-    let lo = pts.iter().map(|p| p.1).fold(f64::INFINITY, f64::min).min(0.0);
+    let lo = pts
+        .iter()
+        .map(|p| p.1)
+        .fold(f64::INFINITY, f64::min)
+        .min(0.0);
     let hi = pts.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
     let span = if hi > lo { hi - lo } else { 1.0 };
     let n = values.len().max(2) - 1;
     let path: Vec<String> = pts
         .iter()
-        .map(|(i, v)| format!("{:.1},{:.1}", *i as f64 / n as f64 * w, h - 2.0 - (v - lo) / span * (h - 4.0)))
+        .map(|(i, v)| {
+            format!(
+                "{:.1},{:.1}",
+                *i as f64 / n as f64 * w,
+                h - 2.0 - (v - lo) / span * (h - 4.0)
+            )
+        })
         .collect();
     html! {
         svg class="spark" width="90" height="22" viewBox="0 0 90 22" {
@@ -235,23 +268,34 @@ pub fn page(ctx: &Ctx, title: &str, body: Markup) -> Markup {
 
 /// Script text safe inside an inline `<script>` element.
 fn inline_js(js: &str) -> String {
-    js.replace("</script", "<\\/script").replace("<!--", "<\\!--")
+    js.replace("</script", "<\\/script")
+        .replace("<!--", "<\\!--")
 }
 
+/// Fewest blocks a position needs to be drawn in a per-position chart.
+pub const MIN_DEN: f64 = 20.0;
+
 /// Builds the data of a per-position chart for several runs: (label, colour, curve).
-pub fn position_chart_data(title_y: &str, runs: &[(String, String, &crate::analysis::Curve)], positions: usize) -> serde_json::Value {
+pub fn position_chart_data(
+    title_y: &str,
+    runs: &[(String, String, &crate::analysis::Curve)],
+    positions: usize,
+) -> serde_json::Value {
     let x: Vec<usize> = (1..=positions).collect();
     let series: Vec<serde_json::Value> = runs
         .iter()
         .map(|(label, c, curve)| {
-            let pad = |v: &Vec<Option<f64>>| -> Vec<Option<f64>> { (0..positions).map(|i| v.get(i).copied().flatten()).collect() };
+            // Positions counted over fewer than MIN_DEN blocks are too noisy to draw.
+            let pad = |v: &Vec<Option<f64>>| -> Vec<Option<f64>> {
+                (0..positions).map(|i| v.get(i).copied().flatten().filter(|_| curve.den.get(i).copied().unwrap_or(0.0) >= MIN_DEN)).collect()
+            };
             serde_json::json!({"label": label, "color": c, "values": pad(&curve.value), "lo": pad(&curve.lo), "hi": pad(&curve.hi)})
         })
         .collect();
     serde_json::json!({
         "kind": "lines", "x": x, "xsplits": x, "xlabel": "draft position k", "xname": "position", "ylabel": title_y,
         "ymin": 0.0, "ymax": 1.0, "series": series, "height": 250,
-        "hint": "hover for values · bands are 95% bootstrap CIs over prompts"
+        "hint": format!("hover for values · bands are 95% bootstrap CIs over prompts · positions with < {MIN_DEN} blocks are not drawn")
     })
 }
 
@@ -267,14 +311,24 @@ pub fn histogram_chart_data(runs: &[(String, String, &[f64])]) -> serde_json::Va
         for s in 0..=r {
             x.push((b + 1) as f64 + (s as f64 - (r as f64 - 1.0) / 2.0) * slot);
             for (j, v) in vals.iter_mut().enumerate() {
-                v.push(if s == j { runs[j].2.get(b).copied() } else { None });
+                v.push(if s == j {
+                    runs[j].2.get(b).copied()
+                } else {
+                    None
+                });
             }
         }
     }
     let xsplits: Vec<usize> = (1..=buckets).collect();
-    let xlabels: serde_json::Map<String, serde_json::Value> = xsplits.iter().map(|i| (i.to_string(), serde_json::Value::from(i.to_string()))).collect();
-    let series: Vec<serde_json::Value> =
-        runs.iter().zip(vals).map(|((label, c, _), v)| serde_json::json!({"label": label, "color": c, "values": v})).collect();
+    let xlabels: serde_json::Map<String, serde_json::Value> = xsplits
+        .iter()
+        .map(|i| (i.to_string(), serde_json::Value::from(i.to_string())))
+        .collect();
+    let series: Vec<serde_json::Value> = runs
+        .iter()
+        .zip(vals)
+        .map(|((label, c, _), v)| serde_json::json!({"label": label, "color": c, "values": v}))
+        .collect();
     serde_json::json!({
         "kind": "bars", "x": x, "xsplits": xsplits, "xlabels": xlabels, "xlabel": "tokens per round (A+1, bonus included)",
         "xname": "A+1 =", "ylabel": "share of rounds", "ymin": 0.0, "series": series, "height": 250,

@@ -73,7 +73,9 @@ pub fn render(ctx: &Ctx, v: &PromptView) -> Markup {
     let g = v.records.positions_per_block();
     let kk = v.records.top_k as usize;
     let chain = replay_chain(v.records);
-    let by_anchor: HashMap<u32, usize> = (0..v.records.num_blocks()).map(|b| (v.records.anchor[b], b)).collect();
+    let by_anchor: HashMap<u32, usize> = (0..v.records.num_blocks())
+        .map(|b| (v.records.anchor[b], b))
+        .collect();
     let mut role = vec![Role::Unvisited; ids.len()];
     for r in role.iter_mut().take(plen.min(ids.len())) {
         *r = Role::Prompt;
@@ -110,7 +112,11 @@ pub fn render(ctx: &Ctx, v: &PromptView) -> Markup {
     let here = format!("/runs/{}/prompts/{}", r.id, p.index);
     let tok = |pos: usize, class: &str, text: &str, title: String| -> Markup {
         let sel = selected == Some(pos as u32);
-        let cls = if sel { format!("tok {class} sel") } else { format!("tok {class}") };
+        let cls = if sel {
+            format!("tok {class} sel")
+        } else {
+            format!("tok {class}")
+        };
         if by_anchor.contains_key(&(pos as u32)) && !ctx.report {
             html! { a class=(cls) href=(format!("{here}?anchor={pos}#topk")) title=(title) { (running(text)) } }
         } else {

@@ -1,6 +1,9 @@
 //! One run: identity, headline numbers, charts, all metrics, categories, prompts (paged), config.
 
-use super::{chart, color, drafter_label, fmt, fmt_int, histogram_chart_data, link, mode_chip, origin_chip, page, position_chart_data, sparkline, status_chip, Ctx};
+use super::{
+    chart, color, drafter_label, fmt, fmt_int, histogram_chart_data, link, mode_chip, origin_chip,
+    page, position_chart_data, sparkline, status_chip, Ctx,
+};
 use crate::compare::RunCurves;
 use crate::qs::Query;
 use draftlens::store::{MetricRow, RunDetail};
@@ -54,7 +57,14 @@ pub fn render(ctx: &Ctx, v: &RunView) -> Markup {
     let q = v.query;
     let base = format!("/runs/{}", r.id);
     let psort = q.get("psort").unwrap_or("index");
-    let plink = |key: &str| format!("{base}{}", q.with("psort", Some(key)).without(&["ppage"]).to_string_with_qmark());
+    let plink = |key: &str| {
+        format!(
+            "{base}{}",
+            q.with("psort", Some(key))
+                .without(&["ppage"])
+                .to_string_with_qmark()
+        )
+    };
     let body = html! {
         div class="head" {
             div class="grow" {

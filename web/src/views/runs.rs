@@ -45,7 +45,13 @@ pub fn render(ctx: &Ctx, v: &RunsView) -> Markup {
     let desc = q.get("dir").map(|d| d != "asc").unwrap_or(true);
     let sort_link = |key: &str| -> String {
         let dir = if sort == key && desc { "asc" } else { "desc" };
-        format!("/{}", q.with("sort", Some(key)).with("dir", Some(dir)).without(&["page"]).to_string_with_qmark())
+        format!(
+            "/{}",
+            q.with("sort", Some(key))
+                .with("dir", Some(dir))
+                .without(&["page"])
+                .to_string_with_qmark()
+        )
     };
     let arrow = |key: &str| -> &'static str {
         if sort == key {
@@ -59,7 +65,11 @@ pub fn render(ctx: &Ctx, v: &RunsView) -> Markup {
         }
     };
     let page_no = v.offset / v.per_page.max(1);
-    let last_page = if v.total == 0 { 0 } else { (v.total - 1) / v.per_page.max(1) };
+    let last_page = if v.total == 0 {
+        0
+    } else {
+        (v.total - 1) / v.per_page.max(1)
+    };
     let steps: Vec<String> = v.facets.steps.iter().map(|s| s.to_string()).collect();
     let body = html! {
         div class="head" {

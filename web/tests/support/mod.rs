@@ -21,7 +21,10 @@ impl Resp {
         String::from_utf8_lossy(&self.body).into_owned()
     }
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -33,13 +36,28 @@ pub struct Conn {
 
 impl Conn {
     pub async fn open(addr: SocketAddr) -> Result<Conn> {
-        let s = TcpStream::connect(addr).await.with_context(|| format!("connect {addr}"))?;
+        let s = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connect {addr}"))?;
         s.set_nodelay(true)?;
-        Ok(Conn { addr, io: BufReader::new(s) })
+        Ok(Conn {
+            addr,
+            io: BufReader::new(s),
+        })
     }
 
-    pub async fn send(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Result<Resp> {
-        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n", self.addr, body.len());
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Resp> {
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n",
+            self.addr,
+            body.len()
+        );
         for (k, v) in headers {
             req.push_str(&format!("{k}: {v}\r\n"));
         }
@@ -50,7 +68,11 @@ impl Conn {
         s.flush().await?;
         let mut line = String::new();
         self.io.read_line(&mut line).await?;
-        let status: u16 = line.split_whitespace().nth(1).ok_or_else(|| anyhow!("bad status line {line:?}"))?.parse()?;
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .ok_or_else(|| anyhow!("bad status line {line:?}"))?
+            .parse()?;
         let mut headers = Vec::new();
         loop {
             let mut h = String::new();
@@ -63,13 +85,21 @@ impl Conn {
                 headers.push((k.trim().to_string(), v.trim().to_string()));
             }
         }
-        let get = |n: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(n)).map(|(_, v)| v.clone());
+        let get = |n: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(n))
+                .map(|(_, v)| v.clone())
+        };
         let mut body = Vec::new();
         if let Some(len) = get("content-length") {
             let n: usize = len.parse()?;
             body.resize(n, 0);
             self.io.read_exact(&mut body).await?;
-        } else if get("transfer-encoding").map(|t| t.contains("chunked")).unwrap_or(false) {
+        } else if get("transfer-encoding")
+            .map(|t| t.contains("chunked"))
+            .unwrap_or(false)
+        {
             loop {
                 let mut l = String::new();
                 self.io.read_line(&mut l).await?;
@@ -84,7 +114,11 @@ impl Conn {
         } else if status != 204 && status != 304 {
             self.io.read_to_end(&mut body).await?;
         }
-        Ok(Resp { status, headers, body })
+        Ok(Resp {
+            status,
+            headers,
+            body,
+        })
     }
 }
 
@@ -93,17 +127,34 @@ pub async fn get(addr: SocketAddr, path: &str) -> Result<Resp> {
 }
 
 pub async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Result<Resp> {
-    Conn::open(addr).await?.send("GET", path, headers, &[]).await
+    Conn::open(addr)
+        .await?
+        .send("GET", path, headers, &[])
+        .await
 }
 
-pub async fn post_form(addr: SocketAddr, path: &str, headers: &[(&str, &str)], form: &str) -> Result<Resp> {
+pub async fn post_form(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    form: &str,
+) -> Result<Resp> {
     let mut h = vec![("Content-Type", "application/x-www-form-urlencoded")];
     h.extend_from_slice(headers);
-    Conn::open(addr).await?.send("POST", path, &h, form.as_bytes()).await
+    Conn::open(addr)
+        .await?
+        .send("POST", path, &h, form.as_bytes())
+        .await
 }
 
 /// multipart/form-data upload of one file field named "file".
-pub async fn post_file(addr: SocketAddr, path: &str, headers: &[(&str, &str)], filename: &str, content: &[u8]) -> Result<Resp> {
+pub async fn post_file(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    filename: &str,
+    content: &[u8],
+) -> Result<Resp> {
     let boundary = "----draftlensTestBoundary7MA4YWxkTrZu0gW";
     let mut body = Vec::new();
     body.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\nContent-Type: application/octet-stream\r\n\r\n").as_bytes());
@@ -138,7 +189,9 @@ pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 pub fn browser_missing() -> Option<String> {
     for p in [CHROMIUM, CHROMEDRIVER] {
         if !Path::new(p).exists() {
-            return Some(format!("{p} is not installed (apt-get install -y chromium chromium-driver)"));
+            return Some(format!(
+                "{p} is not installed (apt-get install -y chromium chromium-driver)"
+            ));
         }
     }
     None
@@ -183,45 +236,96 @@ impl Browser {
         let session = loop {
             match Conn::open(addr).await {
                 Ok(mut c) => {
-                    let r = c.send("POST", "/session", &[("Content-Type", "application/json")], caps.to_string().as_bytes()).await?;
+                    let r = c
+                        .send(
+                            "POST",
+                            "/session",
+                            &[("Content-Type", "application/json")],
+                            caps.to_string().as_bytes(),
+                        )
+                        .await?;
                     let v: serde_json::Value = serde_json::from_slice(&r.body)?;
-                    let id = v["value"]["sessionId"].as_str().ok_or_else(|| anyhow!("no WebDriver session: {}", r.text()))?;
+                    let id = v["value"]["sessionId"]
+                        .as_str()
+                        .ok_or_else(|| anyhow!("no WebDriver session: {}", r.text()))?;
                     break id.to_string();
                 }
-                Err(_) if std::time::Instant::now() < deadline => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await
+                }
                 Err(e) => return Err(e.context("chromedriver did not come up")),
             }
         };
-        Ok(Browser { driver, addr, session, _profile: profile })
+        Ok(Browser {
+            driver,
+            addr,
+            session,
+            _profile: profile,
+        })
     }
 
-    async fn cmd(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> Result<serde_json::Value> {
+    async fn cmd(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value> {
         let p = format!("/session/{}{}", self.session, path);
         let b = body.map(|b| b.to_string()).unwrap_or_default();
-        let r = Conn::open(self.addr).await?.send(method, &p, &[("Content-Type", "application/json")], b.as_bytes()).await?;
-        let v: serde_json::Value = serde_json::from_slice(&r.body).with_context(|| format!("WebDriver {path}: {}", r.text()))?;
+        let r = Conn::open(self.addr)
+            .await?
+            .send(
+                method,
+                &p,
+                &[("Content-Type", "application/json")],
+                b.as_bytes(),
+            )
+            .await?;
+        let v: serde_json::Value = serde_json::from_slice(&r.body)
+            .with_context(|| format!("WebDriver {path}: {}", r.text()))?;
         if r.status != 200 {
-            bail!("WebDriver {method} {path} failed ({}): {}", r.status, v["value"]["message"]);
+            bail!(
+                "WebDriver {method} {path} failed ({}): {}",
+                r.status,
+                v["value"]["message"]
+            );
         }
         Ok(v["value"].clone())
     }
 
     pub async fn goto(&self, url: &str) -> Result<()> {
-        self.cmd("POST", "/url", Some(serde_json::json!({"url": url}))).await?;
+        self.cmd("POST", "/url", Some(serde_json::json!({"url": url})))
+            .await?;
         Ok(())
     }
 
     pub async fn url(&self) -> Result<String> {
-        Ok(self.cmd("GET", "/url", None).await?.as_str().unwrap_or_default().to_string())
+        Ok(self
+            .cmd("GET", "/url", None)
+            .await?
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
     }
 
     /// Runs a script (the body of a function) and returns its value.
     pub async fn js(&self, script: &str) -> Result<serde_json::Value> {
-        self.cmd("POST", "/execute/sync", Some(serde_json::json!({"script": script, "args": []}))).await
+        self.cmd(
+            "POST",
+            "/execute/sync",
+            Some(serde_json::json!({"script": script, "args": []})),
+        )
+        .await
     }
 
     pub async fn find(&self, css: &str) -> Result<String> {
-        let v = self.cmd("POST", "/element", Some(serde_json::json!({"using": "css selector", "value": css}))).await?;
+        let v = self
+            .cmd(
+                "POST",
+                "/element",
+                Some(serde_json::json!({"using": "css selector", "value": css})),
+            )
+            .await?;
         v.as_object()
             .and_then(|o| o.values().next())
             .and_then(|x| x.as_str())
@@ -234,7 +338,12 @@ impl Browser {
         // Centre it first, as a person would scroll: sticky bars cover the edges.
         self.cmd("POST", "/execute/sync", Some(serde_json::json!({"script": "document.querySelector(arguments[0]).scrollIntoView({block: 'center'})", "args": [css]})))
             .await?;
-        self.cmd("POST", &format!("/element/{id}/click"), Some(serde_json::json!({}))).await?;
+        self.cmd(
+            "POST",
+            &format!("/element/{id}/click"),
+            Some(serde_json::json!({})),
+        )
+        .await?;
         Ok(())
     }
 
@@ -253,7 +362,12 @@ impl Browser {
     }
 
     pub async fn set_size(&self, width: u32, height: u32) -> Result<()> {
-        self.cmd("POST", "/window/rect", Some(serde_json::json!({"width": width, "height": height}))).await?;
+        self.cmd(
+            "POST",
+            "/window/rect",
+            Some(serde_json::json!({"width": width, "height": height})),
+        )
+        .await?;
         Ok(())
     }
 
@@ -267,7 +381,11 @@ impl Browser {
     /// Screenshot of the whole page (window grown to the document height, at most `max_h`).
     pub async fn full_screenshot(&self, width: u32, max_h: u32, to: &Path) -> Result<()> {
         self.js("window.scrollTo(0, 0); return 0").await?;
-        let h = self.js("return Math.ceil(document.documentElement.scrollHeight)").await?.as_u64().unwrap_or(1000) as u32;
+        let h = self
+            .js("return Math.ceil(document.documentElement.scrollHeight)")
+            .await?
+            .as_u64()
+            .unwrap_or(1000) as u32;
         self.set_size(width, h.clamp(600, max_h) + 90).await?;
         // Let charts re-layout after the resize.
         tokio::time::sleep(std::time::Duration::from_millis(400)).await;
@@ -288,7 +406,10 @@ impl Browser {
 }
 
 pub fn screenshots_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("docs").join("screenshots")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("docs")
+        .join("screenshots")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -304,7 +425,15 @@ pub fn hostile_run(store: &Store) -> Result<i64> {
     use draftlens::records::RecordBatch;
     use draftlens::store::{MetricRow, MetricScope, NewRun, RunPrompt, RunStatus};
     let tok = "evil-tokenizer";
-    let pieces: Vec<String> = (0..64).map(|i| if i % 7 == 0 { format!("{EVIL}{i}") } else { format!(" t{i}") }).collect();
+    let pieces: Vec<String> = (0..64)
+        .map(|i| {
+            if i % 7 == 0 {
+                format!("{EVIL}{i}")
+            } else {
+                format!(" t{i}")
+            }
+        })
+        .collect();
     store.put_vocab(tok, "evil", &pieces)?;
     let id = store.create_run(&NewRun {
         name: format!("evil run {EVIL}"),
@@ -321,15 +450,18 @@ pub fn hostile_run(store: &Store) -> Result<i64> {
         ..Default::default()
     })?;
     let ids: Vec<u32> = (0..30).map(|i| (i * 7) % 64).collect();
-    store.add_prompt(id, &RunPrompt {
-        index: 0,
-        id: format!("p{EVIL}"),
-        sha256: "evil-prompt-sha".into(),
-        category: Some(format!("cat{EVIL}")),
-        prompt_len: 10,
-        token_ids: ids.clone(),
-        text: format!("prompt text {EVIL}"),
-    })?;
+    store.add_prompt(
+        id,
+        &RunPrompt {
+            index: 0,
+            id: format!("p{EVIL}"),
+            sha256: "evil-prompt-sha".into(),
+            category: Some(format!("cat{EVIL}")),
+            prompt_len: 10,
+            token_ids: ids.clone(),
+            text: format!("prompt text {EVIL}"),
+        },
+    )?;
     let mut b = RecordBatch::new(4, 2);
     for a in 10..30u32 {
         b.prompt_index.push(0);
