@@ -17,7 +17,9 @@ mod golden_util;
 use draftlens::backend::cpu::CpuBackend;
 use draftlens::backend::{Backend, TopK};
 use draftlens::cache::HiddenCache;
-use draftlens::drafter::eval::{evaluate_sequence, AnchorPolicy, Drafter, EvalOptions, Labels, Sequence};
+use draftlens::drafter::eval::{
+    evaluate_sequence, AnchorPolicy, Drafter, EvalOptions, Labels, Sequence,
+};
 use draftlens::drafter::lint::{lint, Severity};
 use draftlens::drafter::live::live_decode;
 use draftlens::drafter::metrics::{replay, summarize, PromptInfo};
@@ -80,11 +82,19 @@ fn smol_golden_sequence(p: usize) -> (Vec<u32>, usize) {
 }
 
 /// One teacher-forced pass: the taps (in `layer_ids` order) and the target's top-8 per position.
-fn target_pass<B: Backend>(be: &B, model: &TargetModel<B>, ids: &[u32], layer_ids: &[usize]) -> (Vec<Vec<f32>>, TopK) {
+fn target_pass<B: Backend>(
+    be: &B,
+    model: &TargetModel<B>,
+    ids: &[u32],
+    layer_ids: &[usize],
+) -> (Vec<Vec<f32>>, TopK) {
     let capture = Capture::for_layer_ids(layer_ids, model.spec.num_layers).unwrap();
     let mut kv = model.new_cache();
     let out = model.forward(be, ids, &mut kv, &capture).unwrap();
-    let taps = layer_ids.iter().map(|i| be.to_host(out.captured.get(i + 1).unwrap()).unwrap()).collect();
+    let taps = layer_ids
+        .iter()
+        .map(|i| be.to_host(out.captured.get(i + 1).unwrap()).unwrap())
+        .collect();
     (taps, model.logits_topk(be, &out.last_hidden, 8).unwrap())
 }
 
@@ -100,33 +110,61 @@ fn taps_prefix(taps: &[Vec<f32>], rows: usize, d: usize) -> Vec<&[f32]> {
 /// Drafts `anchors` in one batched forward over the full context, then each anchor alone over a
 /// context built from only the taps it may see (< a, or ≤ a when `inclusive`); returns the
 /// largest |Δ log-prob| over rows whose ids agree and asserts ids agree outside near-ties.
-fn batched_vs_single(be: &CpuBackend, target: &TargetModel<CpuBackend>, d: &DFlashDrafter<CpuBackend>, ids: &[u32], taps: &[Vec<f32>], anchors: &[usize], inclusive: bool) -> f32 {
+fn batched_vs_single(
+    be: &CpuBackend,
+    target: &TargetModel<CpuBackend>,
+    d: &DFlashDrafter<CpuBackend>,
+    ids: &[u32],
+    taps: &[Vec<f32>],
+    anchors: &[usize],
+    inclusive: bool,
+) -> f32 {
     let dt = target.spec.hidden_size;
     let b = d.cfg.block_size;
-    let full = d.context(be, &taps_prefix(taps, ids.len(), dt), dt).unwrap();
+    let full = d
+        .context(be, &taps_prefix(taps, ids.len(), dt), dt)
+        .unwrap();
     let toks: Vec<u32> = anchors.iter().map(|&a| ids[a]).collect();
-    let batched = d.draft(be, target, &full, anchors, &toks, inclusive, 8).unwrap();
+    let batched = d
+        .draft(be, target, &full, anchors, &toks, inclusive, 8)
+        .unwrap();
     let mut worst = 0f32;
     for (n, &a) in anchors.iter().enumerate() {
         let visible = if inclusive { a + 1 } else { a };
         let ctx = d.context(be, &taps_prefix(taps, visible, dt), dt).unwrap();
         assert_eq!(ctx.len, visible);
         // With only the visible rows present, the mask's context rule has nothing to cut.
-        let single = d.draft(be, target, &ctx, &[a], &[ids[a]], inclusive, 8).unwrap();
+        let single = d
+            .draft(be, target, &ctx, &[a], &[ids[a]], inclusive, 8)
+            .unwrap();
         for r in 0..b - 1 {
-            let (bi, bl) = (batched.row_ids(n * (b - 1) + r), batched.row_logprobs(n * (b - 1) + r));
+            let (bi, bl) = (
+                batched.row_ids(n * (b - 1) + r),
+                batched.row_logprobs(n * (b - 1) + r),
+            );
             let (si, sl) = (single.row_ids(r), single.row_logprobs(r));
             for j in 0..8 {
                 if bi[j] == si[j] {
                     worst = worst.max((bl[j] - sl[j]).abs());
                 } else {
                     // Only a tie within float noise may reorder candidates.
-                    assert!((bl[j] - sl[j]).abs() < BATCH_TOL, "anchor {a} row {} rank {j}: ids {} vs {} with log-probs {} vs {}", r + 1, bi[j], si[j], bl[j], sl[j]);
+                    assert!(
+                        (bl[j] - sl[j]).abs() < BATCH_TOL,
+                        "anchor {a} row {} rank {j}: ids {} vs {} with log-probs {} vs {}",
+                        r + 1,
+                        bi[j],
+                        si[j],
+                        bl[j],
+                        sl[j]
+                    );
                 }
             }
         }
     }
-    assert!(worst <= BATCH_TOL, "batched vs one-at-a-time: max |Δ log-prob| {worst:e} > {BATCH_TOL:e}");
+    assert!(
+        worst <= BATCH_TOL,
+        "batched vs one-at-a-time: max |Δ log-prob| {worst:e} > {BATCH_TOL:e}"
+    );
     worst
 }
 
@@ -143,7 +181,10 @@ fn batched_equals_single_anchor_for_the_reference_drafter() {
     anchors.push(ids.len() - 2);
     let strict = batched_vs_single(&s.be, &s.model, &d, &ids, &taps, &anchors, false);
     let incl = batched_vs_single(&s.be, &s.model, &d, &ids, &taps, &anchors[..6], true);
-    eprintln!("reference drafter, {} anchors: max |Δ log-prob| strict {strict:e}, inclusive {incl:e}", anchors.len());
+    eprintln!(
+        "reference drafter, {} anchors: max |Δ log-prob| strict {strict:e}, inclusive {incl:e}",
+        anchors.len()
+    );
 }
 
 /// Writes a random-weight DFlash drafter checkpoint (z-lab layout, bf16 weights) for a target of
@@ -174,7 +215,11 @@ fn write_random_drafter(dir: &Path, dt: usize, vocab: usize, tap_ids: &[usize], 
         "torch_dtype": "bfloat16"
     });
     std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config).unwrap(),
+    )
+    .unwrap();
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -182,34 +227,110 @@ fn write_random_drafter(dir: &Path, dt: usize, vocab: usize, tap_ids: &[usize], 
         let n: usize = shape.iter().product();
         // Matrices: uniform with variance 1/fan_in (activations stay O(1) through the layers);
         // norm scales: U(0.5, 1.5) so that a skipped scale is visible.
-        let bound = if norm { 0.0 } else { (3.0 / shape[1] as f32).sqrt() };
+        let bound = if norm {
+            0.0
+        } else {
+            (3.0 / shape[1] as f32).sqrt()
+        };
         let bytes = (0..n)
             .flat_map(|_| {
-                let v: f32 = if norm { rng.random_range(0.5..1.5) } else { rng.random_range(-bound..bound) };
+                let v: f32 = if norm {
+                    rng.random_range(0.5..1.5)
+                } else {
+                    rng.random_range(-bound..bound)
+                };
                 half::bf16::from_f32(v).to_le_bytes()
             })
             .collect();
         tensors.push((name, shape, bytes));
     };
-    put("fc.weight".into(), vec![d, tap_ids.len() * dt], &mut rng, false);
+    put(
+        "fc.weight".into(),
+        vec![d, tap_ids.len() * dt],
+        &mut rng,
+        false,
+    );
     put("hidden_norm.weight".into(), vec![d], &mut rng, true);
     put("norm.weight".into(), vec![d], &mut rng, true);
     for l in 0..2 {
         let p = format!("layers.{l}");
-        put(format!("{p}.input_layernorm.weight"), vec![d], &mut rng, true);
-        put(format!("{p}.post_attention_layernorm.weight"), vec![d], &mut rng, true);
-        put(format!("{p}.self_attn.q_proj.weight"), vec![heads * hd, d], &mut rng, false);
-        put(format!("{p}.self_attn.k_proj.weight"), vec![kv_heads * hd, d], &mut rng, false);
-        put(format!("{p}.self_attn.v_proj.weight"), vec![kv_heads * hd, d], &mut rng, false);
-        put(format!("{p}.self_attn.o_proj.weight"), vec![d, heads * hd], &mut rng, false);
-        put(format!("{p}.self_attn.q_norm.weight"), vec![hd], &mut rng, true);
-        put(format!("{p}.self_attn.k_norm.weight"), vec![hd], &mut rng, true);
-        put(format!("{p}.mlp.gate_proj.weight"), vec![inter, d], &mut rng, false);
-        put(format!("{p}.mlp.up_proj.weight"), vec![inter, d], &mut rng, false);
-        put(format!("{p}.mlp.down_proj.weight"), vec![d, inter], &mut rng, false);
+        put(
+            format!("{p}.input_layernorm.weight"),
+            vec![d],
+            &mut rng,
+            true,
+        );
+        put(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![d],
+            &mut rng,
+            true,
+        );
+        put(
+            format!("{p}.self_attn.q_proj.weight"),
+            vec![heads * hd, d],
+            &mut rng,
+            false,
+        );
+        put(
+            format!("{p}.self_attn.k_proj.weight"),
+            vec![kv_heads * hd, d],
+            &mut rng,
+            false,
+        );
+        put(
+            format!("{p}.self_attn.v_proj.weight"),
+            vec![kv_heads * hd, d],
+            &mut rng,
+            false,
+        );
+        put(
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![d, heads * hd],
+            &mut rng,
+            false,
+        );
+        put(
+            format!("{p}.self_attn.q_norm.weight"),
+            vec![hd],
+            &mut rng,
+            true,
+        );
+        put(
+            format!("{p}.self_attn.k_norm.weight"),
+            vec![hd],
+            &mut rng,
+            true,
+        );
+        put(
+            format!("{p}.mlp.gate_proj.weight"),
+            vec![inter, d],
+            &mut rng,
+            false,
+        );
+        put(
+            format!("{p}.mlp.up_proj.weight"),
+            vec![inter, d],
+            &mut rng,
+            false,
+        );
+        put(
+            format!("{p}.mlp.down_proj.weight"),
+            vec![d, inter],
+            &mut rng,
+            false,
+        );
     }
-    let views: Vec<(String, safetensors::tensor::TensorView)> =
-        tensors.iter().map(|(n, s, b)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b).unwrap())).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b)
+                    .unwrap(),
+            )
+        })
+        .collect();
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
 }
 
@@ -221,12 +342,24 @@ fn batched_equals_single_anchor_for_a_random_sliding_window_drafter() {
     let target = TargetModel::load(&be, &files.spec, files.weights.as_ref()).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let ck = tmp.path().join("random-dflash/step-7");
-    write_random_drafter(&ck, files.spec.hidden_size, files.spec.vocab_size, &[0, 1, 2], 42);
+    write_random_drafter(
+        &ck,
+        files.spec.hidden_size,
+        files.spec.vocab_size,
+        &[0, 1, 2],
+        42,
+    );
 
     // The normal loading path: lint (what `run` refuses on) then the loader.
     let findings = lint(&files, &ck).unwrap();
-    assert!(findings.iter().all(|f| f.severity != Severity::Error), "{findings:?}");
-    assert!(findings.iter().any(|f| f.code == "sliding"), "the sliding layer is reported: {findings:?}");
+    assert!(
+        findings.iter().all(|f| f.severity != Severity::Error),
+        "{findings:?}"
+    );
+    assert!(
+        findings.iter().any(|f| f.code == "sliding"),
+        "the sliding layer is reported: {findings:?}"
+    );
     let d = DFlashDrafter::load(&be, &ck, files.spec.hidden_size).unwrap();
     assert_eq!(d.cfg.block_size, 8);
     assert_eq!(d.cfg.sliding_window, Some(4));
@@ -241,16 +374,40 @@ fn batched_equals_single_anchor_for_a_random_sliding_window_drafter() {
     anchors.extend(plen..ids.len() - 1);
     let strict = batched_vs_single(&be, &target, &d, &ids, &taps, &anchors, false);
     let incl = batched_vs_single(&be, &target, &d, &ids, &taps, &anchors, true);
-    eprintln!("random drafter, {} anchors: max |Δ log-prob| strict {strict:e}, inclusive {incl:e}", anchors.len());
+    eprintln!(
+        "random drafter, {} anchors: max |Δ log-prob| strict {strict:e}, inclusive {incl:e}",
+        anchors.len()
+    );
 
     // The drafts are not degenerate: the random drafter's top-1 varies across rows, and the
     // context matters (dropping it changes the result), so the equality above is not vacuous.
-    let full = d.context(&be, &taps_prefix(&taps, ids.len(), files.spec.hidden_size), files.spec.hidden_size).unwrap();
+    let full = d
+        .context(
+            &be,
+            &taps_prefix(&taps, ids.len(), files.spec.hidden_size),
+            files.spec.hidden_size,
+        )
+        .unwrap();
     let a = plen + 5;
-    let with_ctx = d.draft(&be, &target, &full, &[a], &[ids[a]], false, 8).unwrap();
-    let empty = d.context(&be, &taps_prefix(&taps, 0, files.spec.hidden_size), files.spec.hidden_size).unwrap();
-    let without = d.draft(&be, &target, &empty, &[a], &[ids[a]], false, 8).unwrap();
-    let dmax = with_ctx.logprobs.iter().zip(&without.logprobs).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    let with_ctx = d
+        .draft(&be, &target, &full, &[a], &[ids[a]], false, 8)
+        .unwrap();
+    let empty = d
+        .context(
+            &be,
+            &taps_prefix(&taps, 0, files.spec.hidden_size),
+            files.spec.hidden_size,
+        )
+        .unwrap();
+    let without = d
+        .draft(&be, &target, &empty, &[a], &[ids[a]], false, 8)
+        .unwrap();
+    let dmax = with_ctx
+        .logprobs
+        .iter()
+        .zip(&without.logprobs)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
     assert!(dmax > 1e-2, "context has no effect on the drafts ({dmax})");
     let distinct: std::collections::BTreeSet<u32> = with_ctx.argmax().into_iter().collect();
     assert!(distinct.len() > 1, "every row drafts the same token");
@@ -261,11 +418,16 @@ fn batched_equals_single_anchor_for_a_random_sliding_window_drafter() {
 // ---------------------------------------------------------------------------------------------
 
 fn blocks_by_anchor(batch: &RecordBatch, prompt: u32) -> HashMap<u32, usize> {
-    (0..batch.num_blocks()).filter(|&b| batch.prompt_index[b] == prompt).map(|b| (batch.anchor[b], b)).collect()
+    (0..batch.num_blocks())
+        .filter(|&b| batch.prompt_index[b] == prompt)
+        .map(|b| (batch.anchor[b], b))
+        .collect()
 }
 
 fn metric<'a>(rows: &'a [MetricRow], name: &str, scope: &MetricScope) -> &'a MetricRow {
-    rows.iter().find(|m| m.name == name && &m.scope == scope).unwrap_or_else(|| panic!("metric {name} ({scope}) missing"))
+    rows.iter()
+        .find(|m| m.name == name && &m.scope == scope)
+        .unwrap_or_else(|| panic!("metric {name} ({scope}) missing"))
 }
 
 #[test]
@@ -285,11 +447,22 @@ fn oracle_accepts_full_blocks_and_anti_oracle_gives_tau_one() {
             (ids, plen)
         })
         .collect();
-    let passes: Vec<TopK> = seqs.iter().map(|(ids, _)| target_pass(&be, &target, ids, &[]).1).collect();
+    let passes: Vec<TopK> = seqs
+        .iter()
+        .map(|(ids, _)| target_pass(&be, &target, ids, &[]).1)
+        .collect();
 
     for b in [8usize, 16] {
-        for (policy, name) in [(AnchorPolicy::Every, "every"), (AnchorPolicy::Stride(7), "stride 7"), (AnchorPolicy::Random { n: 3, seed: 9 }, "random 3")] {
-            let opts = EvalOptions { anchors: policy, anchor_batch: 5, ..EvalOptions::default() };
+        for (policy, name) in [
+            (AnchorPolicy::Every, "every"),
+            (AnchorPolicy::Stride(7), "stride 7"),
+            (AnchorPolicy::Random { n: 3, seed: 9 }, "random 3"),
+        ] {
+            let opts = EvalOptions {
+                anchors: policy,
+                anchor_batch: 5,
+                ..EvalOptions::default()
+            };
             let mut oracle_all = RecordBatch::new(b as u32, 8);
             let mut anti_all = RecordBatch::new(b as u32, 8);
             oracle_all.target_ids = Some(vec![]);
@@ -299,8 +472,22 @@ fn oracle_accepts_full_blocks_and_anti_oracle_gives_tau_one() {
             let mut infos = Vec::new();
             for (p, ((ids, plen), top)) in seqs.iter().zip(&passes).enumerate() {
                 let seq = Sequence::new(p as u32, ids, *plen, top, Labels::Target);
-                let oracle = evaluate_sequence(&be, &target, &Drafter::Oracle { block_size: b }, &seq, &opts).unwrap();
-                let anti = evaluate_sequence(&be, &target, &Drafter::AntiOracle { block_size: b }, &seq, &opts).unwrap();
+                let oracle = evaluate_sequence(
+                    &be,
+                    &target,
+                    &Drafter::Oracle { block_size: b },
+                    &seq,
+                    &opts,
+                )
+                .unwrap();
+                let anti = evaluate_sequence(
+                    &be,
+                    &target,
+                    &Drafter::AntiOracle { block_size: b },
+                    &seq,
+                    &opts,
+                )
+                .unwrap();
 
                 // Expected chain, from the continuation length alone: N new tokens, the first
                 // comes from the prefill, so N−1 are produced by verify rounds; each round but
@@ -308,8 +495,18 @@ fn oracle_accepts_full_blocks_and_anti_oracle_gives_tau_one() {
                 let n = ids.len() - plen;
                 let produced = (n - 1) as u64;
                 let want_rounds = produced.div_ceil(b as u64);
-                let (rounds, tokens) = replay(&oracle, &blocks_by_anchor(&oracle, p as u32), *plen, ids.len()).expect("chain anchors drafted");
-                assert_eq!((rounds, tokens), (want_rounds, produced), "oracle B={b} {name} prompt {p}");
+                let (rounds, tokens) = replay(
+                    &oracle,
+                    &blocks_by_anchor(&oracle, p as u32),
+                    *plen,
+                    ids.len(),
+                )
+                .expect("chain anchors drafted");
+                assert_eq!(
+                    (rounds, tokens),
+                    (want_rounds, produced),
+                    "oracle B={b} {name} prompt {p}"
+                );
                 let mut a = *plen;
                 let by = blocks_by_anchor(&oracle, p as u32);
                 for r in 0..rounds {
@@ -318,27 +515,53 @@ fn oracle_accepts_full_blocks_and_anti_oracle_gives_tau_one() {
                     assert_eq!(acc, (b - 1).min(left), "oracle round {r} at anchor {a}");
                     a += acc + 1;
                 }
-                let (r_anti, t_anti) = replay(&anti, &blocks_by_anchor(&anti, p as u32), *plen, ids.len()).unwrap();
-                assert_eq!((r_anti, t_anti), (produced, produced), "anti-oracle: one token per round");
+                let (r_anti, t_anti) =
+                    replay(&anti, &blocks_by_anchor(&anti, p as u32), *plen, ids.len()).unwrap();
+                assert_eq!(
+                    (r_anti, t_anti),
+                    (produced, produced),
+                    "anti-oracle: one token per round"
+                );
                 assert!((0..anti.num_blocks()).all(|blk| anti.accepted_len(blk) == 0));
                 oracle_all.extend(&oracle);
                 anti_all.extend(&anti);
-                infos.push(PromptInfo { index: p as u32, prompt_len: *plen, seq_len: ids.len(), category: None });
+                infos.push(PromptInfo {
+                    index: p as u32,
+                    prompt_len: *plen,
+                    seq_len: ids.len(),
+                    category: None,
+                });
             }
             // The stored summary metrics agree with the same expectations.
             let m = summarize(&oracle_all, &infos);
-            let per_prompt: Vec<f64> = seqs.iter().map(|(ids, plen)| {
-                let produced = (ids.len() - plen - 1) as f64;
-                produced / (produced / b as f64).ceil()
-            }).collect();
+            let per_prompt: Vec<f64> = seqs
+                .iter()
+                .map(|(ids, plen)| {
+                    let produced = (ids.len() - plen - 1) as f64;
+                    produced / (produced / b as f64).ceil()
+                })
+                .collect();
             for (p, want) in per_prompt.iter().enumerate() {
-                assert_eq!(metric(&m, "tau_replayed", &MetricScope::Prompt(p as u32)).value, *want, "B={b} {name}");
+                assert_eq!(
+                    metric(&m, "tau_replayed", &MetricScope::Prompt(p as u32)).value,
+                    *want,
+                    "B={b} {name}"
+                );
             }
             let macro_want = per_prompt.iter().sum::<f64>() / per_prompt.len() as f64;
-            assert!((metric(&m, "tau_replayed_macro", &MetricScope::Run).value - macro_want).abs() < 1e-12);
+            assert!(
+                (metric(&m, "tau_replayed_macro", &MetricScope::Run).value - macro_want).abs()
+                    < 1e-12
+            );
             let am = summarize(&anti_all, &infos);
-            assert_eq!(metric(&am, "tau_replayed_macro", &MetricScope::Run).value, 1.0);
-            assert_eq!(metric(&am, "tau_replayed_pooled", &MetricScope::Run).value, 1.0);
+            assert_eq!(
+                metric(&am, "tau_replayed_macro", &MetricScope::Run).value,
+                1.0
+            );
+            assert_eq!(
+                metric(&am, "tau_replayed_pooled", &MetricScope::Run).value,
+                1.0
+            );
             if matches!(opts.anchors, AnchorPolicy::Every) {
                 // Uniform τ over every completion anchor a ∈ [P, T−2]: A(a) = min(B−1, T−1−a).
                 let (mut sum, mut cnt) = (0usize, 0usize);
@@ -349,7 +572,10 @@ fn oracle_accepts_full_blocks_and_anti_oracle_gives_tau_one() {
                     }
                 }
                 let got = metric(&m, "tau_uniform", &MetricScope::Run).value;
-                assert!((got - sum as f64 / cnt as f64).abs() < 1e-12, "uniform τ {got}");
+                assert!(
+                    (got - sum as f64 / cnt as f64).abs() < 1e-12,
+                    "uniform τ {got}"
+                );
                 assert_eq!(metric(&m, "acc_top1", &MetricScope::Run).value, 1.0);
                 assert_eq!(metric(&am, "tau_uniform", &MetricScope::Run).value, 1.0);
                 assert_eq!(metric(&am, "acc_top1", &MetricScope::Run).value, 0.0);
@@ -367,10 +593,24 @@ fn live_decoding_is_lossless_and_its_tau_equals_the_replayed_tau() {
     let tmp = tempfile::tempdir().unwrap();
     // A session over its own temporary cache, so the target pass goes through the cached path
     // `run` uses, and the end-of-generation ids are the ones `run` and `live` use.
-    let session = Session::load(CpuBackend::new(), &default_model(), HiddenCache::open(tmp.path()).unwrap()).unwrap();
+    let session = Session::load(
+        CpuBackend::new(),
+        &default_model(),
+        HiddenCache::open(tmp.path()).unwrap(),
+    )
+    .unwrap();
     let eos = session.eos_ids();
-    let drafter = Drafter::DFlash(DFlashDrafter::load(&session.be, &reference_drafter(), session.files.spec.hidden_size).unwrap());
-    let Drafter::DFlash(d) = &drafter else { unreachable!() };
+    let drafter = Drafter::DFlash(
+        DFlashDrafter::load(
+            &session.be,
+            &reference_drafter(),
+            session.files.spec.hidden_size,
+        )
+        .unwrap(),
+    );
+    let Drafter::DFlash(d) = &drafter else {
+        unreachable!()
+    };
     // The three golden chat prompts: france ends at <|im_end|> after 8 tokens (the EOS path),
     // code and math run the full budget. "Plain greedy decoding" is the golden continuation:
     // transformers' greedy loop, which ours reproduces token for token (golden_smollm2.rs), so
@@ -387,14 +627,22 @@ fn live_decoding_is_lossless_and_its_tau_equals_the_replayed_tau() {
         // Per-anchor evaluation of the same sequence, then the replayed chain.
         let mut ids = prompt.clone();
         ids.extend(&plain);
-        let capture = Capture::for_layer_ids(&d.cfg.target_layer_ids, session.files.spec.num_layers).unwrap();
+        let capture =
+            Capture::for_layer_ids(&d.cfg.target_layer_ids, session.files.spec.num_layers).unwrap();
         let pass = session.target_pass(&ids, &capture, 8).unwrap();
         let mut seq = Sequence::new(i as u32, &ids, prompt.len(), &pass.topk, Labels::Target);
-        let taps: Vec<&[f32]> = capture.indices.iter().map(|&x| pass.hidden(x).unwrap()).collect();
+        let taps: Vec<&[f32]> = capture
+            .indices
+            .iter()
+            .map(|&x| pass.hidden(x).unwrap())
+            .collect();
         seq.ctx = Some(d.context(&session.be, &taps, pass.hidden_size).unwrap());
         // A stride policy: some chain anchors come out of batched forwards, the rest are drafted
         // one at a time by the chain walk — both must agree with the live loop.
-        let opts = EvalOptions { anchors: AnchorPolicy::Stride(4), ..EvalOptions::default() };
+        let opts = EvalOptions {
+            anchors: AnchorPolicy::Stride(4),
+            ..EvalOptions::default()
+        };
         let rec = evaluate_sequence(&session.be, &session.model, &drafter, &seq, &opts).unwrap();
         let by = blocks_by_anchor(&rec, i as u32);
         let (rounds, tokens) = replay(&rec, &by, prompt.len(), ids.len()).unwrap();
@@ -407,17 +655,36 @@ fn live_decoding_is_lossless_and_its_tau_equals_the_replayed_tau() {
             chain.push(acc as u32);
             a += acc + 1;
         }
-        assert_eq!(live.accepted, chain, "prompt {i}: accepted lengths per round (live vs replay)");
+        assert_eq!(
+            live.accepted, chain,
+            "prompt {i}: accepted lengths per round (live vs replay)"
+        );
         assert_eq!(live.round_tokens.len() as u64, rounds, "prompt {i}: rounds");
-        assert_eq!(live.round_tokens.iter().map(|&t| t as u64).sum::<u64>(), tokens, "prompt {i}: tokens");
-        assert_eq!(live.tau(), tokens as f64 / rounds as f64, "prompt {i}: live τ ≠ replayed τ");
-        eprintln!("prompt {i}: {} new tokens, {rounds} rounds, τ {:.4} (live = replay), accepted {:?}", plain.len(), live.tau(), live.accepted);
+        assert_eq!(
+            live.round_tokens.iter().map(|&t| t as u64).sum::<u64>(),
+            tokens,
+            "prompt {i}: tokens"
+        );
+        assert_eq!(
+            live.tau(),
+            tokens as f64 / rounds as f64,
+            "prompt {i}: live τ ≠ replayed τ"
+        );
+        eprintln!(
+            "prompt {i}: {} new tokens, {rounds} rounds, τ {:.4} (live = replay), accepted {:?}",
+            plain.len(),
+            live.tau(),
+            live.accepted
+        );
         total_rounds += live.accepted.len();
         total_accepted += live.accepted.iter().sum::<u32>();
     }
     // Not vacuous: the drafter gets drafts accepted (a broken drafter would accept nothing and
     // agree trivially).
-    assert!(total_accepted > 0 && total_rounds > 0, "the reference drafter never got a draft accepted");
+    assert!(
+        total_accepted > 0 && total_rounds > 0,
+        "the reference drafter never got a draft accepted"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -440,18 +707,38 @@ fn inclusive_mask_inflates_the_leaky_drafters_accuracy() {
     let mut infos = Vec::new();
     for p in [1usize, 2] {
         let (ids, plen) = smol_golden_sequence(p);
-        let Drafter::DFlash(d) = &drafter else { unreachable!() };
+        let Drafter::DFlash(d) = &drafter else {
+            unreachable!()
+        };
         let (taps, top) = target_pass(&s.be, &s.model, &ids, &d.cfg.target_layer_ids);
         let mut seq = Sequence::new(p as u32, &ids, plen, &top, Labels::Target);
-        seq.ctx = Some(d.context(&s.be, &taps_prefix(&taps, ids.len(), 576), 576).unwrap());
+        seq.ctx = Some(
+            d.context(&s.be, &taps_prefix(&taps, ids.len(), 576), 576)
+                .unwrap(),
+        );
         for (inclusive, out) in [(false, &mut strict_all), (true, &mut incl_all)] {
-            let opts = EvalOptions { ctx_inclusive: inclusive, ..EvalOptions::default() };
+            let opts = EvalOptions {
+                ctx_inclusive: inclusive,
+                ..EvalOptions::default()
+            };
             out.extend(&evaluate_sequence(&s.be, &s.model, &drafter, &seq, &opts).unwrap());
         }
-        infos.push(PromptInfo { index: p as u32, prompt_len: plen, seq_len: ids.len(), category: None });
+        infos.push(PromptInfo {
+            index: p as u32,
+            prompt_len: plen,
+            seq_len: ids.len(),
+            category: None,
+        });
     }
     let (ms, mi) = (summarize(&strict_all, &infos), summarize(&incl_all, &infos));
-    let acc1 = |m: &[MetricRow]| metric(m, "acc_top1", &MetricScope::Run).series.as_ref().unwrap()[0].as_f64().unwrap();
+    let acc1 = |m: &[MetricRow]| {
+        metric(m, "acc_top1", &MetricScope::Run)
+            .series
+            .as_ref()
+            .unwrap()[0]
+            .as_f64()
+            .unwrap()
+    };
     let flat = |m: &[MetricRow]| metric(m, "acc_flat_masked", &MetricScope::Run).value;
     let tau_u = |m: &[MetricRow]| metric(m, "tau_uniform", &MetricScope::Run).value;
     eprintln!(
@@ -461,7 +748,22 @@ fn inclusive_mask_inflates_the_leaky_drafters_accuracy() {
     // docs/reference-drafters.md measured row-1 accuracy 0.716 train-style vs 0.425 deployed on
     // all of HumanEval; on 126 anchors we require a clear part of that gap, far outside the
     // sampling noise of a difference of two accuracies over the same anchors (~0.05).
-    assert!(acc1(&mi) > acc1(&ms) + 0.15, "acc@1: inclusive {} vs strict {}", acc1(&mi), acc1(&ms));
-    assert!(flat(&mi) > flat(&ms), "flat accuracy: inclusive {} vs strict {}", flat(&mi), flat(&ms));
-    assert!(tau_u(&mi) > tau_u(&ms), "uniform τ: inclusive {} vs strict {}", tau_u(&mi), tau_u(&ms));
+    assert!(
+        acc1(&mi) > acc1(&ms) + 0.15,
+        "acc@1: inclusive {} vs strict {}",
+        acc1(&mi),
+        acc1(&ms)
+    );
+    assert!(
+        flat(&mi) > flat(&ms),
+        "flat accuracy: inclusive {} vs strict {}",
+        flat(&mi),
+        flat(&ms)
+    );
+    assert!(
+        tau_u(&mi) > tau_u(&ms),
+        "uniform τ: inclusive {} vs strict {}",
+        tau_u(&mi),
+        tau_u(&ms)
+    );
 }

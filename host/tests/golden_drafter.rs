@@ -44,7 +44,10 @@ fn drafter_forward_matches_the_reference_implementation() {
     let root = repo_root();
     let gdir = root.join("tests/fixtures/golden/drafter");
     let manifest = json(&gdir.join("manifest.json"));
-    assert_eq!(manifest["golden_safetensors_sha256"].as_str().unwrap(), draftlens::util::sha256_file(&gdir.join("golden.safetensors")).unwrap());
+    assert_eq!(
+        manifest["golden_safetensors_sha256"].as_str().unwrap(),
+        draftlens::util::sha256_file(&gdir.join("golden.safetensors")).unwrap()
+    );
     let golden = Golden::open(gdir.join("golden.safetensors"));
     let target_golden = Golden::open(root.join("tests/fixtures/golden/smollm2/golden.safetensors"));
 
@@ -56,29 +59,55 @@ fn drafter_forward_matches_the_reference_implementation() {
 
     let mut ids = target_golden.ids("p1.input_ids");
     ids.extend(target_golden.ids("p1.greedy_ids"));
-    let anchors: Vec<usize> = manifest["anchors"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let anchors: Vec<usize> = manifest["anchors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
     for &a in &anchors {
-        assert_eq!(manifest["anchor_tokens"][a.to_string()].as_u64().unwrap() as u32, ids[a], "anchor token at {a}");
+        assert_eq!(
+            manifest["anchor_tokens"][a.to_string()].as_u64().unwrap() as u32,
+            ids[a],
+            "anchor token at {a}"
+        );
     }
 
     let (mut worst_gap, mut worst_embed, mut rows_checked) = (0f32, 0f32, 0usize);
     for series in ["reference", "leaky"] {
         let ck = &manifest["checkpoints"][series];
         let dir = root.join(ck["checkpoint"].as_str().unwrap());
-        assert_eq!(ck["model_safetensors_sha256"].as_str().unwrap(), draftlens::util::sha256_file(&dir.join("model.safetensors")).unwrap(), "{series}: checkpoint changed since the golden was made");
+        assert_eq!(
+            ck["model_safetensors_sha256"].as_str().unwrap(),
+            draftlens::util::sha256_file(&dir.join("model.safetensors")).unwrap(),
+            "{series}: checkpoint changed since the golden was made"
+        );
         let findings = lint(&files, &dir).unwrap();
-        assert!(findings.iter().all(|f| f.severity != Severity::Error), "{series}: {findings:?}");
+        assert!(
+            findings.iter().all(|f| f.severity != Severity::Error),
+            "{series}: {findings:?}"
+        );
         let drafter = DFlashDrafter::load(&be, &dir, d_t).unwrap();
         let b = drafter.cfg.block_size;
         assert_eq!(b, 16);
-        let tap_ids: Vec<usize> = ck["target_layer_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        let tap_ids: Vec<usize> = ck["target_layer_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
         assert_eq!(drafter.cfg.target_layer_ids, tap_ids);
 
-        let taps: Vec<Vec<f32>> = tap_ids.iter().map(|t| target_golden.f32(&format!("p1.hs{}", t + 1)).1).collect();
+        let taps: Vec<Vec<f32>> = tap_ids
+            .iter()
+            .map(|t| target_golden.f32(&format!("p1.hs{}", t + 1)).1)
+            .collect();
         let refs: Vec<&[f32]> = taps.iter().map(|v| v.as_slice()).collect();
         let ctx = drafter.context(&be, &refs, d_t).unwrap();
         let toks: Vec<u32> = anchors.iter().map(|&a| ids[a]).collect();
-        let top = drafter.draft(&be, &target, &ctx, &anchors, &toks, false, 8).unwrap();
+        let top = drafter
+            .draft(&be, &target, &ctx, &anchors, &toks, false, 8)
+            .unwrap();
         assert_eq!(top.rows, anchors.len() * (b - 1));
 
         for (n, &a) in anchors.iter().enumerate() {
@@ -87,7 +116,10 @@ fn drafter_forward_matches_the_reference_implementation() {
             assert_eq!(gshape, [b - 1, 8]);
             let (_, ghid) = golden.f32(&format!("{series}.a{a}.hidden"));
             for r in 0..b - 1 {
-                let (ours_ids, ours_lp) = (top.row_ids(n * (b - 1) + r), top.row_logprobs(n * (b - 1) + r));
+                let (ours_ids, ours_lp) = (
+                    top.row_ids(n * (b - 1) + r),
+                    top.row_logprobs(n * (b - 1) + r),
+                );
                 let (g_ids, g_log) = (&gids[r * 8..r * 8 + 8], &glog[r * 8..r * 8 + 8]);
                 let what = format!("{series} anchor {a} row {}", r + 1);
                 // The golden's hidden row reproduces its logits with our embedding rows.
@@ -97,22 +129,35 @@ fn drafter_forward_matches_the_reference_implementation() {
                     let dot: f64 = h.iter().zip(e).map(|(&x, &y)| x as f64 * y as f64).sum();
                     let err = (dot as f32 - g_log[j]).abs();
                     worst_embed = worst_embed.max(err);
-                    assert!(err < EMBED_TOL, "{what}: golden hidden · our embedding row {} = {dot}, golden logit {}", g_ids[j], g_log[j]);
+                    assert!(
+                        err < EMBED_TOL,
+                        "{what}: golden hidden · our embedding row {} = {dot}, golden logit {}",
+                        g_ids[j],
+                        g_log[j]
+                    );
                 }
                 for j in 0..8 {
                     if ours_ids[j] != g_ids[j] {
                         // Allowed only inside a near-tie of the golden's own logits: two of its
                         // top-8 swapped, or (rank 8) our 8th is the golden's 9th, tied with its 8th.
                         let k = g_ids.iter().position(|&x| x == ours_ids[j]);
-                        let ok = k.is_some_and(|k| (g_log[k] - g_log[j]).abs() < TIE) || (j == 7 && (g_log[7] - ours_lp[7] + ours_lp[0] - g_log[0]).abs() < TIE);
+                        let ok = k.is_some_and(|k| (g_log[k] - g_log[j]).abs() < TIE)
+                            || (j == 7
+                                && (g_log[7] - ours_lp[7] + ours_lp[0] - g_log[0]).abs() < TIE);
                         assert!(ok, "{what}: rank {j} is id {} (ours) vs {} (golden), golden logits {g_log:?}", ours_ids[j], g_ids[j]);
                         continue;
                     }
                     let gap = (ours_lp[j] - ours_lp[0]) - (g_log[j] - g_log[0]);
                     worst_gap = worst_gap.max(gap.abs());
-                    assert!(gap.abs() < GAP_TOL, "{what} rank {j}: logit gap to top-1 differs by {gap:.3e}");
+                    assert!(
+                        gap.abs() < GAP_TOL,
+                        "{what} rank {j}: logit gap to top-1 differs by {gap:.3e}"
+                    );
                 }
-                assert!(ours_lp[0] <= 0.0 && ours_lp.windows(2).all(|w| w[0] >= w[1]), "{what}: log-probs {ours_lp:?}");
+                assert!(
+                    ours_lp[0] <= 0.0 && ours_lp.windows(2).all(|w| w[0] >= w[1]),
+                    "{what}: log-probs {ours_lp:?}"
+                );
                 rows_checked += 1;
             }
         }

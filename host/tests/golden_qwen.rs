@@ -36,16 +36,28 @@ fn check_model(name: &str) -> TargetFiles {
     let manifest = json(&dir.join("manifest.json"));
     // The committed weights are the ones the golden was computed from.
     let wsha = draftlens::util::sha256_file(&dir.join("model.safetensors")).unwrap();
-    assert_eq!(manifest["weights_sha256"].as_str().unwrap(), wsha, "{name}: model.safetensors is not the file the golden was made from");
+    assert_eq!(
+        manifest["weights_sha256"].as_str().unwrap(),
+        wsha,
+        "{name}: model.safetensors is not the file the golden was made from"
+    );
 
     let files = TargetFiles::open(&dir).unwrap_or_else(|e| panic!("{name}: {e:#}"));
     assert_eq!(files.identity.format, "safetensors");
     let be = CpuBackend::new();
     let model = TargetModel::load(&be, &files.spec, files.weights.as_ref()).unwrap();
     let nl = files.spec.num_layers;
-    let indices: Vec<usize> = manifest["hidden_state_indices"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let indices: Vec<usize> = manifest["hidden_state_indices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
     assert_eq!(indices, (0..=nl).collect::<Vec<_>>());
-    let capture = Capture { prenorm: true, ..Capture::hf_indices(indices.clone(), nl).unwrap() };
+    let capture = Capture {
+        prenorm: true,
+        ..Capture::hf_indices(indices.clone(), nl).unwrap()
+    };
     let g = Golden::open(dir.join("golden.safetensors"));
     let prompts = manifest["prompts"].as_array().unwrap();
     assert!(!prompts.is_empty());
@@ -63,39 +75,74 @@ fn check_model(name: &str) -> TargetFiles {
 
         let mut kv = model.new_cache();
         let out = model.forward(&be, &ids, &mut kv, &capture).unwrap();
-        let mut states: Vec<(String, Vec<f32>)> = indices.iter().map(|&k| (format!("p{p}.hs{k}"), be.to_host(out.captured.get(k).unwrap()).unwrap())).collect();
-        states.push((format!("p{p}.prenorm"), be.to_host(out.captured.prenorm.as_ref().unwrap()).unwrap()));
+        let mut states: Vec<(String, Vec<f32>)> = indices
+            .iter()
+            .map(|&k| {
+                (
+                    format!("p{p}.hs{k}"),
+                    be.to_host(out.captured.get(k).unwrap()).unwrap(),
+                )
+            })
+            .collect();
+        states.push((
+            format!("p{p}.prenorm"),
+            be.to_host(out.captured.prenorm.as_ref().unwrap()).unwrap(),
+        ));
         for (tname, ours) in &states {
             let (shape, want) = g.f32(tname);
             assert_eq!(shape, [ids.len(), files.spec.hidden_size], "{name} {tname}");
             let d = diff(ours, &want);
             let d16 = diff(&round_f16(ours), &want);
             eprintln!("{name} {tname:<11} rel {:.2e}  rel(f16-rounded) {:.2e}  max|Δ| {:.2e}  1−cos {:.1e}", d.rel, d16.rel, d.max_abs, 1.0 - d.cosine);
-            assert!(d.rel < REL_TOL, "{name} {tname}: relative error {:.3e}", d.rel);
-            assert!(d16.rel < REL_TOL_F16, "{name} {tname}: relative error after f16 rounding {:.3e}", d16.rel);
+            assert!(
+                d.rel < REL_TOL,
+                "{name} {tname}: relative error {:.3e}",
+                d.rel
+            );
+            assert!(
+                d16.rel < REL_TOL_F16,
+                "{name} {tname}: relative error after f16 rounding {:.3e}",
+                d16.rel
+            );
             assert!(d.cosine > 0.999_99, "{name} {tname}: cosine {}", d.cosine);
             worst = worst.max(d.rel);
             worst16 = worst16.max(d16.rel);
         }
 
         let t = ids.len();
-        let top = model.logits_topk(&be, &be.slice_rows(&out.last_hidden, t - 1, t).unwrap(), 8).unwrap();
+        let top = model
+            .logits_topk(&be, &be.slice_rows(&out.last_hidden, t - 1, t).unwrap(), 8)
+            .unwrap();
         let want_ids = g.ids(&format!("p{p}.logits_top8_ids"));
         let (_, want_lp) = g.f32(&format!("p{p}.logits_top8_logprobs"));
         for j in 0..8 {
             let d = (top.logprobs[j] - want_lp[j]).abs();
             worst_lp = worst_lp.max(d);
-            assert!(d < LOGPROB_TOL, "{name} prompt {p} rank {j}: {} vs {}", top.logprobs[j], want_lp[j]);
+            assert!(
+                d < LOGPROB_TOL,
+                "{name} prompt {p} rank {j}: {} vs {}",
+                top.logprobs[j],
+                want_lp[j]
+            );
             if top.ids[j] != want_ids[j] {
-                let k = want_ids.iter().position(|&x| x == top.ids[j]).expect("id outside the golden top-8");
-                assert!((want_lp[k] - want_lp[j]).abs() < LOGPROB_TOL, "{name} prompt {p}: ranks {j}/{k} swapped");
+                let k = want_ids
+                    .iter()
+                    .position(|&x| x == top.ids[j])
+                    .expect("id outside the golden top-8");
+                assert!(
+                    (want_lp[k] - want_lp[j]).abs() < LOGPROB_TOL,
+                    "{name} prompt {p}: ranks {j}/{k} swapped"
+                );
             }
         }
 
         // The golden prompts were redrawn until every greedy step had a top-1/top-2 gap ≥ 0.01,
         // so token-for-token identity is a fair requirement.
         let c = greedy(&be, &model, &prompt, 32, &eos).unwrap();
-        assert_eq!(c.ids, want_greedy, "{name} prompt {p}: greedy continuation differs");
+        assert_eq!(
+            c.ids, want_greedy,
+            "{name} prompt {p}: greedy continuation differs"
+        );
         assert_eq!(c.stop, StopReason::Length);
     }
     eprintln!("{name}: worst rel {worst:.2e} (f16-rounded {worst16:.2e}), top-8 log-prob max |Δ| {worst_lp:.2e}");
@@ -109,8 +156,15 @@ fn qwen3_random_model_matches_transformers() {
     let s = &f.spec;
     assert_eq!(s.arch, Arch::Qwen3);
     assert!(s.qk_norm);
-    assert_eq!((s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim), (128, 4, 2, 64), "explicit head_dim 64 ≠ 128/4");
-    assert!(!s.tie_word_embeddings && f.weights.contains("lm_head.weight"), "untied head");
+    assert_eq!(
+        (s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim),
+        (128, 4, 2, 64),
+        "explicit head_dim 64 ≠ 128/4"
+    );
+    assert!(
+        !s.tie_word_embeddings && f.weights.contains("lm_head.weight"),
+        "untied head"
+    );
     assert!(!s.attention_bias);
     assert_eq!(s.rope_theta, 1e6, "rope_parameters.rope_theta");
 }
@@ -122,7 +176,13 @@ fn qwen2_random_model_matches_transformers() {
     assert_eq!(s.arch, Arch::Qwen2);
     assert!(s.attention_bias && f.weights.contains("model.layers.0.self_attn.q_proj.bias"));
     assert!(!s.qk_norm);
-    assert_eq!((s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim), (128, 4, 2, 32));
-    assert!(s.tie_word_embeddings && !f.weights.contains("lm_head.weight"), "tied head");
+    assert_eq!(
+        (s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim),
+        (128, 4, 2, 32)
+    );
+    assert!(
+        s.tie_word_embeddings && !f.weights.contains("lm_head.weight"),
+        "tied head"
+    );
     assert_eq!(s.rope_theta, 1e6, "top-level rope_theta");
 }

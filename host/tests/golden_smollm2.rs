@@ -69,7 +69,8 @@ fn loaded() -> &'static Loaded {
         let path = default_model();
         let files = TargetFiles::open(&path).expect("open the default GGUF");
         let be = CpuBackend::new();
-        let model = TargetModel::load(&be, &files.spec, files.weights.as_ref()).expect("load on CPU");
+        let model =
+            TargetModel::load(&be, &files.spec, files.weights.as_ref()).expect("load on CPU");
         let tok = files.tokenizer().expect("GGUF tokenizer");
         let mut eos = tok.eos_ids();
         eos.extend(&files.spec.eos_token_ids);
@@ -83,12 +84,22 @@ fn loaded() -> &'static Loaded {
                     .as_array()
                     .unwrap()
                     .iter()
-                    .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                    .map(|m| {
+                        ChatMessage::new(
+                            m["role"].as_str().unwrap(),
+                            m["content"].as_str().unwrap(),
+                        )
+                    })
                     .collect();
                 tok.encode_chat(&msgs, true).unwrap()
             })
             .collect();
-        Loaded { be, model, eos, prompt_ids }
+        Loaded {
+            be,
+            model,
+            eos,
+            prompt_ids,
+        }
     })
 }
 
@@ -97,7 +108,10 @@ fn golden() -> Golden {
 }
 
 fn num_prompts() -> usize {
-    json(&golden_dir().join("manifest.json"))["prompts"].as_array().unwrap().len()
+    json(&golden_dir().join("manifest.json"))["prompts"]
+        .as_array()
+        .unwrap()
+        .len()
 }
 
 #[test]
@@ -108,7 +122,11 @@ fn manifest_matches_the_golden_file() {
     let sha = draftlens::util::sha256_file(&golden_dir().join("golden.safetensors")).unwrap();
     assert_eq!(m["golden_sha256"].as_str().unwrap(), sha);
     let gguf_sha = draftlens::util::sha256_file(&default_model()).unwrap();
-    assert_eq!(m["gguf_sha256"].as_str().unwrap(), gguf_sha, "the golden was made from another GGUF");
+    assert_eq!(
+        m["gguf_sha256"].as_str().unwrap(),
+        gguf_sha,
+        "the golden was made from another GGUF"
+    );
     assert_eq!(num_prompts(), 3);
 }
 
@@ -117,7 +135,11 @@ fn chat_prompts_tokenize_to_the_golden_input_ids() {
     let l = loaded();
     let g = golden();
     for (i, ours) in l.prompt_ids.iter().enumerate() {
-        assert_eq!(ours, &g.ids(&format!("p{i}.input_ids")), "prompt {i}: chat template + tokenizer differ from transformers");
+        assert_eq!(
+            ours,
+            &g.ids(&format!("p{i}.input_ids")),
+            "prompt {i}: chat template + tokenizer differ from transformers"
+        );
     }
 }
 
@@ -126,11 +148,19 @@ fn hidden_states_match_transformers_per_layer() {
     let l = loaded();
     let g = golden();
     let m = json(&golden_dir().join("manifest.json"));
-    let indices: Vec<usize> = m["hidden_state_indices"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let indices: Vec<usize> = m["hidden_state_indices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
     assert_eq!(indices, [0, 1, 2, 9, 16, 23, 28, 30]);
     let nl = l.model.spec.num_layers;
     assert_eq!(nl, m["num_layers"].as_u64().unwrap() as usize);
-    let capture = Capture { prenorm: true, ..Capture::hf_indices(indices.clone(), nl).unwrap() };
+    let capture = Capture {
+        prenorm: true,
+        ..Capture::hf_indices(indices.clone(), nl).unwrap()
+    };
     let mut worst = (0f64, 0f64);
     for p in 0..num_prompts() {
         let mut ids = g.ids(&format!("p{p}.input_ids"));
@@ -142,22 +172,46 @@ fn hidden_states_match_transformers_per_layer() {
             assert_eq!(shape, [ids.len(), l.model.spec.hidden_size], "{name}");
             let d = diff(&ours, &want);
             let d16 = diff(&round_f16(&ours), &want);
-            eprintln!("{name:<12} rel {:.2e}  rel(f16-rounded) {:.2e}  max|Δ| {:.3e}  1−cos {:.1e}", d.rel, d16.rel, d.max_abs, 1.0 - d.cosine);
-            assert!(d.rel < REL_TOL, "{name}: relative error {:.3e} ≥ {REL_TOL:e}", d.rel);
-            assert!(d16.rel < REL_TOL_F16, "{name}: relative error after f16 rounding {:.3e} ≥ {REL_TOL_F16:e}", d16.rel);
+            eprintln!(
+                "{name:<12} rel {:.2e}  rel(f16-rounded) {:.2e}  max|Δ| {:.3e}  1−cos {:.1e}",
+                d.rel,
+                d16.rel,
+                d.max_abs,
+                1.0 - d.cosine
+            );
+            assert!(
+                d.rel < REL_TOL,
+                "{name}: relative error {:.3e} ≥ {REL_TOL:e}",
+                d.rel
+            );
+            assert!(
+                d16.rel < REL_TOL_F16,
+                "{name}: relative error after f16 rounding {:.3e} ≥ {REL_TOL_F16:e}",
+                d16.rel
+            );
             assert!(d.cosine > COS_MIN, "{name}: cosine {}", d.cosine);
             worst = (worst.0.max(d.rel), worst.1.max(d16.rel));
         };
         for &k in &indices {
-            let t = out.captured.get(k).unwrap_or_else(|| panic!("index {k} not captured"));
+            let t = out
+                .captured
+                .get(k)
+                .unwrap_or_else(|| panic!("index {k} not captured"));
             check(format!("p{p}.hs{k}"), l.be.to_host(t).unwrap());
         }
-        check(format!("p{p}.prenorm"), l.be.to_host(out.captured.prenorm.as_ref().expect("prenorm")).unwrap());
+        check(
+            format!("p{p}.prenorm"),
+            l.be.to_host(out.captured.prenorm.as_ref().expect("prenorm"))
+                .unwrap(),
+        );
         // Index L is the final-norm output, which is also what forward returns as last_hidden.
         let last = l.be.to_host(&out.last_hidden).unwrap();
         assert_eq!(last, l.be.to_host(out.captured.get(nl).unwrap()).unwrap());
     }
-    eprintln!("worst relative error over all layers and prompts: {:.2e} (f32), {:.2e} (f16-rounded)", worst.0, worst.1);
+    eprintln!(
+        "worst relative error over all layers and prompts: {:.2e} (f32), {:.2e} (f16-rounded)",
+        worst.0, worst.1
+    );
 }
 
 #[test]
@@ -169,7 +223,10 @@ fn last_position_top8_logprobs_match() {
         let mut ids = g.ids(&format!("p{p}.input_ids"));
         ids.extend(g.ids(&format!("p{p}.greedy_ids")));
         let mut kv = l.model.new_cache();
-        let out = l.model.forward(&l.be, &ids, &mut kv, &Capture::none()).unwrap();
+        let out = l
+            .model
+            .forward(&l.be, &ids, &mut kv, &Capture::none())
+            .unwrap();
         let t = ids.len();
         let last = l.be.slice_rows(&out.last_hidden, t - 1, t).unwrap();
         let top = l.model.logits_topk(&l.be, &last, 8).unwrap();
@@ -178,11 +235,28 @@ fn last_position_top8_logprobs_match() {
         for j in 0..8 {
             let d = (top.logprobs[j] - want_lp[j]).abs();
             worst = worst.max(d);
-            assert!(d < LOGPROB_TOL, "prompt {p} rank {j}: log-prob {} vs {} (|Δ| {d:.2e})", top.logprobs[j], want_lp[j]);
+            assert!(
+                d < LOGPROB_TOL,
+                "prompt {p} rank {j}: log-prob {} vs {} (|Δ| {d:.2e})",
+                top.logprobs[j],
+                want_lp[j]
+            );
             // Ranks can only swap when two log-probs are closer than the tolerance.
             if top.ids[j] != want_ids[j] {
-                let k = want_ids.iter().position(|&x| x == top.ids[j]).unwrap_or_else(|| panic!("prompt {p}: our rank-{j} id {} is not in the golden top-8", top.ids[j]));
-                assert!((want_lp[k] - want_lp[j]).abs() < LOGPROB_TOL, "prompt {p}: ranks {j} and {k} swapped although their log-probs differ by {}", (want_lp[k] - want_lp[j]).abs());
+                let k = want_ids
+                    .iter()
+                    .position(|&x| x == top.ids[j])
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "prompt {p}: our rank-{j} id {} is not in the golden top-8",
+                            top.ids[j]
+                        )
+                    });
+                assert!(
+                    (want_lp[k] - want_lp[j]).abs() < LOGPROB_TOL,
+                    "prompt {p}: ranks {j} and {k} swapped although their log-probs differ by {}",
+                    (want_lp[k] - want_lp[j]).abs()
+                );
             }
         }
     }
@@ -199,8 +273,17 @@ fn greedy_continuation_is_identical_token_for_token() {
         let want = g.ids(&format!("p{p}.greedy_ids"));
         // The golden stops at <|im_end|> or after 64 new tokens.
         let c = greedy(&l.be, &l.model, &prompt, 64, &l.eos).unwrap();
-        assert_eq!(c.ids, want, "prompt {p}: greedy continuation differs (golden min margin {})", m["prompts"][p]["min_greedy_margin"]);
+        assert_eq!(
+            c.ids, want,
+            "prompt {p}: greedy continuation differs (golden min margin {})",
+            m["prompts"][p]["min_greedy_margin"]
+        );
         let eos_hit = m["prompts"][p]["eos_hit"].as_bool().unwrap();
-        assert_eq!(c.stop == draftlens::generate::StopReason::Eos, eos_hit, "prompt {p}: stop reason {:?}", c.stop);
+        assert_eq!(
+            c.stop == draftlens::generate::StopReason::Eos,
+            eos_hit,
+            "prompt {p}: stop reason {:?}",
+            c.stop
+        );
     }
 }

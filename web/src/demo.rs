@@ -596,7 +596,7 @@ pub fn fill_demo_db(store: &Store, spec: &DemoSpec) -> Result<DemoRuns> {
             id,
             RunStatus::Complete,
             None,
-            &json!({"target_extract_s": 0.004 * blocks, "drafting_s": 0.0021 * blocks, "metrics_s": 0.0002 * blocks}),
+            &json!({"target_extract_s": (4.0 * blocks).round() / 1e3, "drafting_s": (2.1 * blocks).round() / 1e3, "metrics_s": (0.2 * blocks).round() / 1e3}),
         )?;
         Ok(id)
     };

@@ -104,6 +104,8 @@ pub struct AppState {
     asset_version: String,
     /// Finished comparisons keyed by their inputs' identity (see `compare_cached`).
     comparisons: Mutex<Vec<(String, Arc<compare::Comparison>)>>,
+    /// Permits for blocking store work (about two per core).
+    work: tokio::sync::Semaphore,
 }
 
 const COMPARE_CACHE: usize = 32;
@@ -185,25 +187,38 @@ impl AppState {
 
     /// A comparison is a pure function of the runs' records, statistics and metric rows (the
     /// bootstrap is seeded), so it is cached under a key that changes with any of them.
-    fn compare_cached(&self, ids: &[i64], opts: &CompareOptions) -> Result<Arc<compare::Comparison>> {
+    fn compare_cached(
+        &self,
+        ids: &[i64],
+        opts: &CompareOptions,
+    ) -> Result<Arc<compare::Comparison>> {
         let mut key = format!("{:?}|{:?}|{}|", ids, opts.baseline, opts.reps);
         for &id in ids {
             let Some(d) = self.store.run(id)? else {
                 anyhow::bail!("{}: run {id} does not exist", self.store.path().display())
             };
             let fp = self.store.metrics_fingerprint(id)?;
-            key.push_str(&format!("{}:{}:{}:{fp};", d.run.uid, d.run.num_blocks, d.run.status));
+            key.push_str(&format!(
+                "{}:{}:{}:{fp};",
+                d.run.uid, d.run.num_blocks, d.run.status
+            ));
         }
         // The default baseline depends on pins.
         key.push_str(&format!("{:?}", self.store.baselines()?));
-        let cache = self.comparisons.lock().map_err(|_| anyhow!("cache poisoned"))?;
+        let cache = self
+            .comparisons
+            .lock()
+            .map_err(|_| anyhow!("cache poisoned"))?;
         if let Some((_, c)) = cache.iter().find(|(k, _)| *k == key) {
             return Ok(c.clone());
         }
         drop(cache);
         let stats_of = |r: &RunInfo| self.stats_for(r);
         let c = Arc::new(compare::compare(&self.store, ids, opts, &stats_of)?);
-        let mut cache = self.comparisons.lock().map_err(|_| anyhow!("cache poisoned"))?;
+        let mut cache = self
+            .comparisons
+            .lock()
+            .map_err(|_| anyhow!("cache poisoned"))?;
         if cache.len() >= COMPARE_CACHE {
             cache.remove(0);
         }
@@ -241,6 +256,12 @@ pub fn app(store: Store, team: bool, max_upload: usize) -> Router {
         facets: Mutex::new(None),
         asset_version,
         comparisons: Mutex::new(Vec::new()),
+        work: tokio::sync::Semaphore::new(
+            std::thread::available_parallelism()
+                .map(|n| n.get() * 2)
+                .unwrap_or(4)
+                .max(4),
+        ),
     });
     let pages = Router::new()
         .route("/", get(runs_page))
@@ -492,7 +513,17 @@ fn bad_request(st: &AppState, e: &str) -> Response {
 }
 
 /// Runs blocking store work off the async runtime.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+async fn blocking<T: Send + 'static>(
+    st: &AppState,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    // Bounded: a burst of requests queues here instead of oversubscribing the cores with
+    // threads and the database with fresh connections.
+    let _permit = st
+        .work
+        .acquire()
+        .await
+        .map_err(|e| anyhow!("server is shutting down: {e}"))?;
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| anyhow!("worker failed: {e}"))?
@@ -528,7 +559,7 @@ async fn runs_page(
 ) -> Response {
     let ctx = ctx_of(&st, access.map(|a| a.0), &uri, Nav::Runs);
     let s = st.clone();
-    let r = blocking(move || {
+    let r = blocking(&st, move || {
         let q = Query::parse(raw.as_deref()).without(&["token"]);
         let (facets, keys) = s.menus()?;
         let columns: Vec<(MetricKey, bool)> = {
@@ -642,7 +673,7 @@ async fn run_page(
 ) -> Response {
     let ctx = ctx_of(&st, access.map(|a| a.0), &uri, Nav::Runs);
     let s = st.clone();
-    let r = blocking(move || {
+    let r = blocking(&st, move || {
         let Ok(id) = id.parse::<i64>() else {
             return Ok(Out::NotFound(format!("There is no run {id:?}.")));
         };
@@ -785,7 +816,7 @@ async fn prompt_page(
 ) -> Response {
     let ctx = ctx_of(&st, access.map(|a| a.0), &uri, Nav::Runs);
     let s = st.clone();
-    let r = blocking(move || {
+    let r = blocking(&st, move || {
         let (Ok(id), Ok(idx)) = (id.parse::<i64>(), idx.parse::<u32>()) else {
             return Ok(Out::NotFound("There is no such run or prompt.".into()));
         };
@@ -857,7 +888,7 @@ async fn compare_page(
     }
     let ctx = ctx_of(&st, access.map(|a| a.0), &uri, Nav::Compare);
     let s = st.clone();
-    let r = blocking(move || {
+    let r = blocking(&st, move || {
         let ids = match compare_ids(&s.store, &q)? {
             Ok(ids) => ids,
             Err(msg) => return Ok(Out::NotFound(msg)),
@@ -907,7 +938,7 @@ async fn history_page(
 ) -> Response {
     let ctx = ctx_of(&st, access.map(|a| a.0), &uri, Nav::History);
     let s = st.clone();
-    let r = blocking(move || {
+    let r = blocking(&st, move || {
         let q = Query::parse(raw.as_deref());
         let (facets, _) = s.menus()?;
         let mode: RunMode = q
@@ -1033,7 +1064,10 @@ async fn import_upload(
         .collect();
     let s = st.clone();
     let max = st.max_upload;
-    let r = blocking(move || import_bytes(&s.store, &name, &name, &bytes, max)).await;
+    let r = blocking(&st, move || {
+        import_bytes(&s.store, &name, &name, &bytes, max)
+    })
+    .await;
     st.invalidate();
     match r {
         Ok(summary) => html(misc::import_form(
@@ -1055,7 +1089,7 @@ async fn import_upload(
 
 async fn report_download(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> Response {
     let s = st.clone();
-    let r = blocking(move || {
+    let r = blocking(&st, move || {
         let q = Query::parse(raw.as_deref());
         let ids = match compare_ids(&s.store, &q)? {
             Ok(ids) => ids,
@@ -1099,7 +1133,7 @@ async fn report_download(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
 
 async fn bundle_download(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> Response {
     let s = st.clone();
-    let r = blocking(move || {
+    let r = blocking(&st, move || {
         let q = Query::parse(raw.as_deref());
         let ids = match compare_ids(&s.store, &q)? {
             Ok(ids) => ids,
@@ -1153,7 +1187,7 @@ async fn share_create(
     }
     let s = st.clone();
     let state = f.state.clone();
-    match blocking(move || s.store.create_share(&state)).await {
+    match blocking(&st, move || s.store.create_share(&state)).await {
         Ok(id) => {
             let host = headers
                 .get(header::HOST)
@@ -1175,7 +1209,7 @@ struct BaselineForm {
 
 async fn baseline_pin(State(st): State<Arc<AppState>>, Form(f): Form<BaselineForm>) -> Response {
     let s = st.clone();
-    let r = blocking(move || {
+    let r = blocking(&st, move || {
         let Some(d) = s.store.run(f.run)? else {
             return Ok(Out::NotFound(format!("There is no run {}.", f.run)));
         };
@@ -1199,7 +1233,7 @@ async fn baseline_pin(State(st): State<Arc<AppState>>, Form(f): Form<BaselineFor
 
 async fn delete_run(State(st): State<Arc<AppState>>, AxPath(id): AxPath<String>) -> Response {
     let s = st.clone();
-    let r = blocking(move || {
+    let r = blocking(&st, move || {
         let Ok(id) = id.parse::<i64>() else {
             return Ok(Out::NotFound("There is no such run.".into()));
         };

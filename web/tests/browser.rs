@@ -32,8 +32,9 @@ async fn browser_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("runs.sqlite");
     let store = Store::open(&db).unwrap();
-    let runs = fill_demo_db(&store, &DemoSpec::showcase()).unwrap();
+    // The hostile run first, so the demo runs fill the first page of the list screenshot.
     let evil = hostile_run(&store).unwrap();
+    let runs = fill_demo_db(&store, &DemoSpec::showcase()).unwrap();
     let addr = serve(&db, false, 64 << 20).await.unwrap();
     let base = format!("http://{addr}");
     let shots = screenshots_dir();
@@ -158,6 +159,7 @@ async fn browser_end_to_end() {
 
     // 5. Hostile text: pages that show it run no script.
     for path in [
+        "/?q=evil".to_string(),
         format!("/runs/{evil}"),
         format!("/runs/{evil}/prompts/0?anchor=12"),
         format!("/compare?runs={evil},{last}"),

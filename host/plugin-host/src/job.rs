@@ -309,7 +309,8 @@ fn classify(store: &Store<HostState>, path: &Path, limits: &Limits, during: &str
         ),
         Some(Trap::UnreachableCodeReached) if st.log.panic.is_some() => {
             let m = st.log.panic.as_deref().unwrap_or_default();
-            (FailureKind::Panic, format!("panicked in {during}: {}", m.trim_start_matches("panic: ")))
+            // One line: Rust's panic message is "panicked at FILE:LINE:COL:\nMESSAGE".
+            (FailureKind::Panic, format!("panicked in {during}: {}", m.trim_start_matches("panic: ").replace('\n', " ")))
         }
         Some(Trap::MemoryOutOfBounds) => (
             FailureKind::Trap,

@@ -199,11 +199,13 @@ impl Runtime {
             return Ok((Component::new(&self.engine, bytes).map_err(invalid)?, false));
         };
         let cached = self.cache_path(dir, sha256);
-        if cached.exists() {
+        // Read into memory rather than `deserialize_file` (mmap): a cache file truncated or
+        // rewritten in place by another process must not pull code out from under us (SIGBUS).
+        if let Ok(artifact) = std::fs::read(&cached) {
             // SAFETY: the cache folder holds only artifacts this runtime wrote itself (named by the
             // sha256 of their source and this engine's compatibility hash); wasmtime still checks
             // the header and engine settings and refuses incompatible files.
-            match unsafe { Component::deserialize_file(&self.engine, &cached) } {
+            match unsafe { Component::deserialize(&self.engine, &artifact) } {
                 Ok(c) => return Ok((c, true)),
                 Err(e) => {
                     // A stale or damaged artifact: recompile and overwrite it.

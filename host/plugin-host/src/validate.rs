@@ -171,9 +171,9 @@ mod tests {
     fn series_are_bounded_and_consistent() {
         let l = Limits { max_series_len: 4, ..Limits::default() };
         let mut v = value("tau", 1.0);
-        v.series = Some(wit::Series { kind: wit::SeriesKind::Histogram, values: vec![0.0; 5], counts: vec![0; 5] });
+        v.series = Some(wit::draftlens::metric::types::Series { kind: wit::SeriesKind::Histogram, values: vec![0.0; 5], counts: vec![0; 5] });
         assert!(results(&meta(), vec![v.clone()], &l).unwrap_err().contains("series of 5 entries"));
-        v.series = Some(wit::Series { kind: wit::SeriesKind::Histogram, values: vec![0.0; 2], counts: vec![0; 3] });
+        v.series = Some(wit::draftlens::metric::types::Series { kind: wit::SeriesKind::Histogram, values: vec![0.0; 2], counts: vec![0; 3] });
         assert!(results(&meta(), vec![v], &l).unwrap_err().contains("2 values but 3 counts"));
     }
 

@@ -7,13 +7,10 @@ wasmtime::component::bindgen!({
     world: "metric-plugin",
 });
 
-pub use draftlens::metric::types::{
-    Metadata, MetricSpec, MetricValue, Param, ParamSpec, ParamValue, PluginError, Series, SeriesKind,
-};
-pub use draftlens::metric::host::Level;
+pub use self::draftlens::metric::types::{Metadata, MetricValue, Param, ParamValue, PluginError, SeriesKind};
+pub use self::draftlens::metric::host::Level;
 
-/// The contract package and the interface names the host links and looks up.
-pub const PACKAGE: &str = "draftlens:metric";
+/// The contract version this host implements and the interface it looks up.
 pub const VERSION: (u64, u64, u64) = (0, 1, 0);
 pub const EVALUATOR: &str = "draftlens:metric/evaluator@0.1.0";
 

@@ -98,6 +98,9 @@ pub fn run_eval<B: Backend>(s: &Session<B>, spec: &DrafterSpec, set: &PromptSet,
         "eval": opts.eval, "max_new_tokens": opts.max_new_tokens, "mode": opts.mode.as_str(),
         "target": s.files.identity, "drafter": dpath, "prompts": set.source, "backend": s.be.name(),
     });
+    // Token pieces as text, so the UI's drill-down shows words instead of ids.
+    let pieces: Vec<String> = (0..tok.vocab_size() as u32).map(|i| tok.decode(&[i]).unwrap_or_default()).collect();
+    store.put_vocab(&tok.fingerprint(), &s.files.identity.path.display().to_string(), &pieces)?;
     let run_id = store.create_run(&NewRun {
         name: name.clone(),
         mode: opts.mode,

@@ -37,7 +37,7 @@ use std::sync::Mutex;
 /// Most blocks stored in one `record_chunk` row (bounds BLOB sizes to a few MB).
 pub const CHUNK_BLOCKS: usize = 4096;
 /// Read-only connections kept open for reuse.
-const READER_POOL: usize = 8;
+const READER_POOL: usize = 16;
 
 // ---------------------------------------------------------------------------------------------
 // Types
@@ -1728,10 +1728,22 @@ pub fn hash_token(secret: &str) -> String {
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// Hex of hashed entropy from the OS-seeded std hasher, the clock, the pid and a counter. Not a
-/// CSPRNG by construction, but every input is unpredictable to a remote party and sha256 mixes
-/// them (RandomState draws its keys from the OS).
+/// Hex of `nbytes` random bytes from the OS (/dev/urandom: token secrets and share ids must not
+/// be guessable). Where that device is missing, falls back to sha256 of OS-seeded hasher keys,
+/// the clock, the pid and a counter.
 pub fn random_hex(nbytes: usize) -> String {
+    use std::io::Read;
+    let mut buf = vec![0u8; nbytes];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .is_ok()
+    {
+        return hex::encode(buf);
+    }
+    fallback_random_hex(nbytes)
+}
+
+fn fallback_random_hex(nbytes: usize) -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut out = String::new();
     while out.len() < nbytes * 2 {

@@ -666,6 +666,12 @@ fn time_format_known_answers() {
     assert_eq!(rfc3339_from_unix(0), "1970-01-01T00:00:00Z");
     assert_eq!(rfc3339_from_unix(951_782_400), "2000-02-29T00:00:00Z");
     assert_eq!(rfc3339_from_unix(1_798_761_599), "2026-12-31T23:59:59Z");
+    let (a, b) = (random_hex(16), random_hex(16));
+    assert!(a.len() == 32 && a != b);
+    let f = fallback_random_hex(20);
+    assert!(
+        f.len() == 40 && f.chars().all(|c| c.is_ascii_hexdigit()) && f != fallback_random_hex(20)
+    );
     let u = new_uid();
     assert_eq!(u.len(), 32);
     assert!(u.chars().all(|c| c.is_ascii_hexdigit()));

@@ -17,7 +17,11 @@ pub fn repo_root() -> PathBuf {
 /// proves nothing, and `scripts/setup-fixtures.sh` installs it (the README's setup step).
 pub fn default_model() -> PathBuf {
     let p = repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.is_file(), "{} is missing: run scripts/setup-fixtures.sh from the repository root first", p.display());
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/setup-fixtures.sh from the repository root first",
+        p.display()
+    );
     p
 }
 
@@ -34,23 +38,34 @@ impl Golden {
     }
 
     fn st(&self) -> SafeTensors<'_> {
-        SafeTensors::deserialize(&self.bytes).unwrap_or_else(|e| panic!("{}: {e}", self.path.display()))
-    }
-
-    pub fn has(&self, name: &str) -> bool {
-        self.st().names().iter().any(|n| *n == name)
+        SafeTensors::deserialize(&self.bytes)
+            .unwrap_or_else(|e| panic!("{}: {e}", self.path.display()))
     }
 
     /// Shape and f32 values of a F16 / F32 / BF16 tensor.
     pub fn f32(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
         let st = self.st();
-        let t = st.tensor(name).unwrap_or_else(|e| panic!("{}: tensor {name}: {e}", self.path.display()));
+        let t = st
+            .tensor(name)
+            .unwrap_or_else(|e| panic!("{}: tensor {name}: {e}", self.path.display()));
         let d = t.data();
         let v: Vec<f32> = match t.dtype() {
-            Dtype::F32 => d.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
-            Dtype::F16 => d.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            Dtype::BF16 => d.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            other => panic!("{}: tensor {name} has dtype {other:?}, expected a float", self.path.display()),
+            Dtype::F32 => d
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            Dtype::F16 => d
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => d
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => panic!(
+                "{}: tensor {name} has dtype {other:?}, expected a float",
+                self.path.display()
+            ),
         };
         (t.shape().to_vec(), v)
     }
@@ -58,9 +73,14 @@ impl Golden {
     /// Values of an I64 tensor as token ids.
     pub fn ids(&self, name: &str) -> Vec<u32> {
         let st = self.st();
-        let t = st.tensor(name).unwrap_or_else(|e| panic!("{}: tensor {name}: {e}", self.path.display()));
+        let t = st
+            .tensor(name)
+            .unwrap_or_else(|e| panic!("{}: tensor {name}: {e}", self.path.display()));
         assert_eq!(t.dtype(), Dtype::I64, "{}: {name}", self.path.display());
-        t.data().chunks_exact(8).map(|c| u32::try_from(i64::from_le_bytes(c.try_into().unwrap())).unwrap()).collect()
+        t.data()
+            .chunks_exact(8)
+            .map(|c| u32::try_from(i64::from_le_bytes(c.try_into().unwrap())).unwrap())
+            .collect()
     }
 }
 
@@ -92,7 +112,11 @@ pub fn diff(ours: &[f32], want: &[f32]) -> Diff {
         or += o * r;
         mx = mx.max((o - r).abs());
     }
-    Diff { rel: (dd / rr).sqrt(), max_abs: mx, cosine: or / (oo.sqrt() * rr.sqrt()) }
+    Diff {
+        rel: (dd / rr).sqrt(),
+        max_abs: mx,
+        cosine: or / (oo.sqrt() * rr.sqrt()),
+    }
 }
 
 /// `v` rounded to f16 and back: the reference hidden states are stored in f16, so rounding ours

@@ -26,6 +26,8 @@ fn built() -> &'static PathBuf {
     DIR.get_or_init(|| {
         // A target dir of its own: the outer `cargo test` holds the lock of the main one.
         let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("../wasm-guests");
+        std::fs::create_dir_all(&target).unwrap();
+        let target = target.canonicalize().unwrap();
         let sysroot = String::from_utf8(Command::new("rustc").args(["--print", "sysroot"]).output().unwrap().stdout).unwrap();
         let vv = String::from_utf8(Command::new("rustc").arg("-vV").output().unwrap().stdout).unwrap();
         let host = vv.lines().find_map(|l| l.strip_prefix("host: ")).unwrap().to_string();
