@@ -185,7 +185,7 @@ fn evaluate_prompts<B: Backend>(s: &Session<B>, drafter: &Drafter<B>, set: &Prom
         }
         let rec = evaluate_sequence(&s.be, &s.model, drafter, &seq, &opts.eval)?;
         draft_s += t.elapsed().as_secs_f64();
-        store.add_prompt(
+        store.add_prompt_records(
             run_id,
             &RunPrompt {
                 index: i as u32,
@@ -196,8 +196,8 @@ fn evaluate_prompts<B: Backend>(s: &Session<B>, drafter: &Drafter<B>, set: &Prom
                 token_ids: ids.clone(),
                 text: tok.decode(&ids)?,
             },
+            &rec,
         )?;
-        store.add_records(run_id, &rec)?;
         all.extend(&rec);
         infos.push(PromptInfo { index: i as u32, prompt_len, seq_len: ids.len(), category: p.category.clone() });
         pb.inc(1);

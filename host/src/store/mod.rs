@@ -589,6 +589,24 @@ impl Store {
         })
     }
 
+    /// Adds one prompt and its records in one transaction: a kill between the two can never leave
+    /// a prompt without its records.
+    pub fn add_prompt_records(&self, run: i64, p: &RunPrompt, batch: &RecordBatch) -> Result<()> {
+        let what = self.what();
+        self.write(|c| {
+            let tx = c.transaction()?;
+            require_running(&tx, run, &what)?;
+            insert_prompt(&tx, run, p, &what)?;
+            tx.execute(
+                "UPDATE run SET num_prompts = (SELECT count(*) FROM run_prompt WHERE run_id = ?1) WHERE id = ?1",
+                [run],
+            )?;
+            insert_records(&tx, run, batch, &what)?;
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
     /// Appends a batch of records in one transaction (all or nothing).
     pub fn add_records(&self, run: i64, batch: &RecordBatch) -> Result<()> {
         let what = self.what();
