@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use draftlens_plugin_host::{
-    discover, scaffold, sdk, Grouping, Limits, LoadedPlugin, MetricResult, Param, PluginFailure, PluginOutcome,
-    PluginRequest, Runtime, RuntimeConfig,
+    discover, scaffold, sdk, Grouping, Limits, LoadedPlugin, MetricResult, Param, PluginFailure,
+    PluginOutcome, PluginRequest, Runtime, RuntimeConfig,
 };
 use serde::Serialize;
 
@@ -105,7 +105,10 @@ impl Default for SandboxArgs {
 impl SandboxArgs {
     pub fn runtime(&self) -> Result<Runtime> {
         if !(self.plugin_time_limit > 0.0 && self.plugin_time_limit.is_finite()) {
-            bail!("--plugin-time-limit must be a positive number of seconds, got {}", self.plugin_time_limit);
+            bail!(
+                "--plugin-time-limit must be a positive number of seconds, got {}",
+                self.plugin_time_limit
+            );
         }
         if self.plugin_memory_mib == 0 {
             bail!("--plugin-memory-mib must be at least 1");
@@ -119,7 +122,9 @@ impl SandboxArgs {
         let cache_dir = if self.no_plugin_cache {
             None
         } else {
-            self.plugin_cache.clone().or_else(draftlens_plugin_host::default_cache_dir)
+            self.plugin_cache
+                .clone()
+                .or_else(draftlens_plugin_host::default_cache_dir)
         };
         Runtime::new(RuntimeConfig { limits, cache_dir })
     }
@@ -158,27 +163,41 @@ impl PluginArgs {
             let (plugin, rest) = spec
                 .split_once(':')
                 .with_context(|| format!("--plugin-param {spec}: expected PLUGIN:NAME=VALUE"))?;
-            let (pname, value) =
-                rest.split_once('=').with_context(|| format!("--plugin-param {spec}: expected PLUGIN:NAME=VALUE"))?;
+            let (pname, value) = rest
+                .split_once('=')
+                .with_context(|| format!("--plugin-param {spec}: expected PLUGIN:NAME=VALUE"))?;
             let idx = out
                 .iter()
                 .zip(&loaded)
                 .position(|(r, l)| {
-                    r.path.file_stem().is_some_and(|s| s.to_string_lossy().replace('_', "-") == plugin.replace('_', "-"))
-                        || l.as_ref().is_some_and(|l| l.metadata.name == plugin)
+                    r.path.file_stem().is_some_and(|s| {
+                        s.to_string_lossy().replace('_', "-") == plugin.replace('_', "-")
+                    }) || l.as_ref().is_some_and(|l| l.metadata.name == plugin)
                 })
                 .with_context(|| format!("--plugin-param {spec}: no --plugin named {plugin}"))?;
             let Some(p) = &loaded[idx] else { continue };
-            let ps = p.metadata.params.iter().find(|s| s.name == pname).with_context(|| {
-                let known: Vec<&str> = p.metadata.params.iter().map(|s| s.name.as_str()).collect();
-                format!(
+            let ps =
+                p.metadata
+                    .params
+                    .iter()
+                    .find(|s| s.name == pname)
+                    .with_context(|| {
+                        let known: Vec<&str> =
+                            p.metadata.params.iter().map(|s| s.name.as_str()).collect();
+                        format!(
                     "--plugin-param {spec}: plugin {} has no parameter {pname} (it has: {})",
                     p.metadata.name,
                     if known.is_empty() { "none".into() } else { known.join(", ") }
                 )
-            })?;
-            let value = ps.default.parse_like(value).map_err(|e| anyhow::anyhow!("--plugin-param {spec}: {e}"))?;
-            out[idx].params.push(Param { name: pname.to_string(), value });
+                    })?;
+            let value = ps
+                .default
+                .parse_like(value)
+                .map_err(|e| anyhow::anyhow!("--plugin-param {spec}: {e}"))?;
+            out[idx].params.push(Param {
+                name: pname.to_string(),
+                value,
+            });
         }
         Ok(out)
     }
@@ -187,7 +206,11 @@ impl PluginArgs {
 pub fn run(g: &Global, cmd: PluginsCmd) -> Result<()> {
     match cmd {
         PluginsCmd::List { dirs, sandbox } => list(g, &dirs, &sandbox),
-        PluginsCmd::Info { plugin, dirs, sandbox } => info(g, &plugin, &dirs, &sandbox),
+        PluginsCmd::Info {
+            plugin,
+            dirs,
+            sandbox,
+        } => info(g, &plugin, &dirs, &sandbox),
         PluginsCmd::Check { file, sandbox } => check(g, &file, &sandbox),
         PluginsCmd::New { name, dir, sdk } => new(g, &name, &dir, sdk),
     }
@@ -216,7 +239,13 @@ fn list(g: &Global, dirs: &DirArgs, sandbox: &SandboxArgs) -> Result<()> {
                 metrics: p.metadata.metrics.iter().map(|m| m.name.clone()).collect(),
                 failure: None,
             },
-            Err(f) => ListEntry { path, name: None, version: None, metrics: vec![], failure: Some(f) },
+            Err(f) => ListEntry {
+                path,
+                name: None,
+                version: None,
+                metrics: vec![],
+                failure: Some(f),
+            },
         })
         .collect();
     g.emit(&entries, || {
@@ -276,13 +305,29 @@ fn info_of(p: &LoadedPlugin) -> Info<'_> {
 fn render_info(i: &Info<'_>) -> String {
     let m = i.metadata;
     let mut s = format!("{} {} — {}\n", m.name, m.version, m.description);
-    s += &format!("  file      {} ({} bytes, sha256 {})\n", i.path.display(), i.size, i.sha256);
+    s += &format!(
+        "  file      {} ({} bytes, sha256 {})\n",
+        i.path.display(),
+        i.size,
+        i.sha256
+    );
     s += &format!("  contract  {}\n", i.contract);
-    s += &format!("  imports   {}\n", if i.imports.is_empty() { "none".into() } else { i.imports.join(", ") });
+    s += &format!(
+        "  imports   {}\n",
+        if i.imports.is_empty() {
+            "none".into()
+        } else {
+            i.imports.join(", ")
+        }
+    );
     s += &format!(
         "  loaded    {:.1} ms ({})\n",
         i.load_ms,
-        if i.from_cache { "precompiled cache" } else { "compiled" }
+        if i.from_cache {
+            "precompiled cache"
+        } else {
+            "compiled"
+        }
     );
     s += "  metrics\n";
     for x in &m.metrics {
@@ -297,7 +342,12 @@ fn render_info(i: &Info<'_>) -> String {
     if !m.params.is_empty() {
         s += "  parameters\n";
         for p in &m.params {
-            s += &format!("    {:<24} = {:<16} {}\n", p.name, p.default.to_string(), p.description);
+            s += &format!(
+                "    {:<24} = {:<16} {}\n",
+                p.name,
+                p.default.to_string(),
+                p.description
+            );
         }
     }
     s
@@ -323,7 +373,11 @@ struct CheckReport<'a> {
 /// Relative agreement of two results (one-shot vs streamed).
 fn agree(a: &[MetricResult], b: &[MetricResult]) -> Result<(), String> {
     if a.len() != b.len() {
-        return Err(format!("{} values one-shot but {} streamed", a.len(), b.len()));
+        return Err(format!(
+            "{} values one-shot but {} streamed",
+            a.len(),
+            b.len()
+        ));
     }
     let close = |x: Option<f64>, y: Option<f64>| match (x, y) {
         (None, None) => true,
@@ -348,15 +402,23 @@ fn check(g: &Global, file: &std::path::Path, sandbox: &SandboxArgs) -> Result<()
     let mut shape = sdk::testdata::Shape::new(16, 8, 8, 16, 200);
     shape.prompt_anchors = true;
     shape.target_topk = true;
-    let batch = draftlens_plugin_host::convert::record_batch(sdk::testdata::random(1, &shape, 0.7, 0.2));
+    let batch =
+        draftlens_plugin_host::convert::record_batch(sdk::testdata::random(1, &shape, 0.7, 0.2));
     let one_shot = runtime.evaluate(&p, &[], &batch)?;
     let chunk = 250;
-    let groups = Grouping { per_prompt: true, categories: (0..8).map(|i| (i, format!("c{}", i % 2))).collect() };
+    let groups = Grouping {
+        per_prompt: true,
+        categories: (0..8).map(|i| (i, format!("c{}", i % 2))).collect(),
+    };
     let outcome = runtime.score_chunked(&p, &[], &batch, &groups, chunk);
     if let Some(f) = &outcome.failure {
         return Err(f.clone().into());
     }
-    let streamed = &outcome.scores.as_ref().expect("scores when no failure").overall;
+    let streamed = &outcome
+        .scores
+        .as_ref()
+        .expect("scores when no failure")
+        .overall;
     agree(&one_shot, streamed).map_err(|e| {
         anyhow::anyhow!("{}: streaming disagrees with one-shot evaluation (the contract requires equal results): {e}", file.display())
     })?;
@@ -386,7 +448,9 @@ fn check(g: &Global, file: &std::path::Path, sandbox: &SandboxArgs) -> Result<()
 pub fn render_values(indent: &str, values: &[MetricResult]) -> String {
     let mut s = String::new();
     for v in values {
-        let value = v.value.map_or("undefined".to_string(), |x| format!("{x:.6}"));
+        let value = v
+            .value
+            .map_or("undefined".to_string(), |x| format!("{x:.6}"));
         s += &format!("{indent}{:<28} = {value} (n={})\n", v.name, v.count);
     }
     s
@@ -397,7 +461,10 @@ pub fn render_values(indent: &str, values: &[MetricResult]) -> String {
 pub fn render_outcomes(outcomes: &[PluginOutcome]) -> String {
     let mut s = String::new();
     for o in outcomes {
-        let name = o.metadata.as_ref().map_or_else(|| o.path.display().to_string(), |m| format!("{} {}", m.name, m.version));
+        let name = o.metadata.as_ref().map_or_else(
+            || o.path.display().to_string(),
+            |m| format!("{} {}", m.name, m.version),
+        );
         match (&o.scores, &o.failure) {
             (Some(sc), _) => {
                 s += &format!("{name}\n");

@@ -5,6 +5,7 @@ mod cmd_cache;
 mod cmd_eval;
 mod cmd_model;
 mod cmd_parity;
+mod cmd_plugins;
 mod common;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,9 @@ enum Cmd {
     /// List stored runs or show one.
     #[command(subcommand)]
     Runs(cmd_eval::RunsCmd),
+    /// Metric plugins (WebAssembly components): list, info, check, new.
+    #[command(subcommand)]
+    Plugins(cmd_plugins::PluginsCmd),
     /// Compare two backends: hidden states per layer, greedy agreement, drafter metrics.
     Parity(cmd_parity::ParityArgs),
     /// Browse and compare runs in the browser.
@@ -85,6 +89,7 @@ fn main() {
         Cmd::Lint(a) => cmd_eval::lint_cmd(&cli.global, a),
         Cmd::Runs(c) => cmd_eval::runs(&cli.global, c),
         Cmd::Bench(a) => cmd_bench::run(&cli.global, a),
+        Cmd::Plugins(c) => cmd_plugins::run(&cli.global, c),
         Cmd::Parity(a) => cmd_parity::run(&cli.global, a),
         Cmd::Serve(a) => draftlens_web::cli::run_serve(&a),
         Cmd::Compare(mut a) => {

@@ -57,11 +57,17 @@ fn median(mut v: Vec<Duration>) -> Duration {
 fn main() {
     let mut blocks = 1_000_000usize;
     let mut reps = 5usize;
-    let mut wasm = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../plugins/dist/accept-length.wasm");
+    let mut wasm =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../plugins/dist/accept-length.wasm");
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--blocks" => blocks = args.next().and_then(|v| v.parse().ok()).expect("--blocks N"),
+            "--blocks" => {
+                blocks = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--blocks N")
+            }
             "--reps" => reps = args.next().and_then(|v| v.parse().ok()).expect("--reps N"),
             "--wasm" => wasm = PathBuf::from(args.next().expect("--wasm PATH")),
             "--bench" => {}
@@ -69,13 +75,19 @@ fn main() {
         }
     }
     if !wasm.is_file() {
-        eprintln!("error: {}: missing; build the plugins with plugins/build.sh first", wasm.display());
+        eprintln!(
+            "error: {}: missing; build the plugins with plugins/build.sh first",
+            wasm.display()
+        );
         std::process::exit(1);
     }
     let t = Instant::now();
     let batch = synthetic(blocks);
     batch.check().unwrap();
-    eprintln!("generated {blocks} blocks (B=16, K=8) in {:.1?}", t.elapsed());
+    eprintln!(
+        "generated {blocks} blocks (B=16, K=8) in {:.1?}",
+        t.elapsed()
+    );
     let chunk = (CHUNK_CANDIDATES / (15 * 8)).max(1);
 
     // Native: the same plugin code on borrowed chunks of the same size (no copies at all).
@@ -101,20 +113,42 @@ fn main() {
     let reference = native_run();
 
     let cfg = |time_limit: Option<Duration>, fuel: Option<u64>| RuntimeConfig {
-        limits: Limits { time_limit, fuel, ..Limits::default() },
+        limits: Limits {
+            time_limit,
+            fuel,
+            ..Limits::default()
+        },
         cache_dir: None,
     };
     let variants: Vec<(&str, Runtime, Grouping)> = vec![
-        ("wasm, no time limit", Runtime::new(cfg(None, None)).unwrap(), Grouping::default()),
-        ("wasm + epoch time limit", Runtime::new(cfg(Some(Duration::from_secs(600)), None)).unwrap(), Grouping::default()),
-        ("wasm + fuel", Runtime::new(cfg(None, Some(u64::MAX / 2))).unwrap(), Grouping::default()),
+        (
+            "wasm, no time limit",
+            Runtime::new(cfg(None, None)).unwrap(),
+            Grouping::default(),
+        ),
+        (
+            "wasm + epoch time limit",
+            Runtime::new(cfg(Some(Duration::from_secs(600)), None)).unwrap(),
+            Grouping::default(),
+        ),
+        (
+            "wasm + fuel",
+            Runtime::new(cfg(None, Some(u64::MAX / 2))).unwrap(),
+            Grouping::default(),
+        ),
         (
             "wasm + epoch, per-prompt groups (1000 prompts)",
             Runtime::new(cfg(Some(Duration::from_secs(600)), None)).unwrap(),
-            Grouping { per_prompt: true, ..Default::default() },
+            Grouping {
+                per_prompt: true,
+                ..Default::default()
+            },
         ),
     ];
-    let loaded: Vec<_> = variants.iter().map(|(_, rt, _)| rt.load(&wasm).unwrap()).collect();
+    let loaded: Vec<_> = variants
+        .iter()
+        .map(|(_, rt, _)| rt.load(&wasm).unwrap())
+        .collect();
 
     // Interleaved repetitions: machine noise hits every variant alike.
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); variants.len() + 1];
@@ -129,7 +163,12 @@ fn main() {
             let scores = o.scores.unwrap_or_else(|| panic!("{:?}", o.failure));
             // Same values as native (same code, same order).
             for (w, n) in scores.overall.iter().zip(&reference) {
-                assert_eq!(w.value.map(f64::to_bits), Some(n.value.to_bits()), "{}", w.name);
+                assert_eq!(
+                    w.value.map(f64::to_bits),
+                    Some(n.value.to_bits()),
+                    "{}",
+                    w.name
+                );
             }
         }
     }
@@ -158,11 +197,19 @@ fn main() {
     let mut nocache = Vec::new();
     for _ in 0..reps {
         let _ = std::fs::remove_dir_all(&cache);
-        let rt = Runtime::new(RuntimeConfig { cache_dir: Some(cache.clone()), ..cfg(Some(Duration::from_secs(60)), None) }).unwrap();
+        let rt = Runtime::new(RuntimeConfig {
+            cache_dir: Some(cache.clone()),
+            ..cfg(Some(Duration::from_secs(60)), None)
+        })
+        .unwrap();
         let p = rt.load(&wasm).unwrap();
         assert!(!p.from_cache);
         cold.push(p.load_time);
-        let rt = Runtime::new(RuntimeConfig { cache_dir: Some(cache.clone()), ..cfg(Some(Duration::from_secs(60)), None) }).unwrap();
+        let rt = Runtime::new(RuntimeConfig {
+            cache_dir: Some(cache.clone()),
+            ..cfg(Some(Duration::from_secs(60)), None)
+        })
+        .unwrap();
         let p = rt.load(&wasm).unwrap();
         assert!(p.from_cache);
         warm.push(p.load_time);
@@ -172,11 +219,23 @@ fn main() {
     let _ = std::fs::remove_dir_all(&cache);
     let size = std::fs::metadata(&wasm).unwrap().len();
     println!();
-    println!("plugin load ({}, {size} bytes), including describe():", wasm.file_name().unwrap().to_string_lossy());
+    println!(
+        "plugin load ({}, {size} bytes), including describe():",
+        wasm.file_name().unwrap().to_string_lossy()
+    );
     println!();
     println!("| load | median |");
     println!("|---|---|");
-    println!("| cold: compile (Cranelift) + write .cwasm | {:.1} ms |", median(cold).as_secs_f64() * 1e3);
-    println!("| cold: compile, no cache | {:.1} ms |", median(nocache).as_secs_f64() * 1e3);
-    println!("| precompiled cache (.cwasm, mmap) | {:.2} ms |", median(warm).as_secs_f64() * 1e3);
+    println!(
+        "| cold: compile (Cranelift) + write .cwasm | {:.1} ms |",
+        median(cold).as_secs_f64() * 1e3
+    );
+    println!(
+        "| cold: compile, no cache | {:.1} ms |",
+        median(nocache).as_secs_f64() * 1e3
+    );
+    println!(
+        "| precompiled cache (.cwasm, mmap) | {:.2} ms |",
+        median(warm).as_secs_f64() * 1e3
+    );
 }

@@ -20,8 +20,12 @@ pub fn list_plugin_files(dirs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
         if !dir.is_dir() {
             continue;
         }
-        for entry in std::fs::read_dir(dir).with_context(|| format!("{}: cannot list the folder", dir.display()))? {
-            let path = entry.with_context(|| format!("{}: cannot list the folder", dir.display()))?.path();
+        for entry in std::fs::read_dir(dir)
+            .with_context(|| format!("{}: cannot list the folder", dir.display()))?
+        {
+            let path = entry
+                .with_context(|| format!("{}: cannot list the folder", dir.display()))?
+                .path();
             if path.extension().is_some_and(|e| e == "wasm") && path.is_file() {
                 out.push(path);
             }
@@ -41,7 +45,11 @@ pub fn resolve_plugin(name_or_path: &str, dirs: &[PathBuf]) -> anyhow::Result<Pa
     if name_or_path.ends_with(".wasm") || name_or_path.contains('/') {
         bail!("{name_or_path}: no such plugin file");
     }
-    let candidates = [name_or_path.to_string(), name_or_path.replace('-', "_"), name_or_path.replace('_', "-")];
+    let candidates = [
+        name_or_path.to_string(),
+        name_or_path.replace('-', "_"),
+        name_or_path.replace('_', "-"),
+    ];
     for dir in dirs {
         for c in &candidates {
             let f = dir.join(format!("{c}.wasm"));
@@ -71,11 +79,22 @@ mod tests {
         let dirs = vec![dir.path().to_path_buf(), dir.path().join("missing")];
         let files = list_plugin_files(&dirs).unwrap();
         assert_eq!(files.len(), 2);
-        assert_eq!(resolve_plugin("accept-length", &dirs).unwrap(), dir.path().join("accept-length.wasm"));
-        assert_eq!(resolve_plugin("topk-bound", &dirs).unwrap(), dir.path().join("topk_bound.wasm"));
+        assert_eq!(
+            resolve_plugin("accept-length", &dirs).unwrap(),
+            dir.path().join("accept-length.wasm")
+        );
+        assert_eq!(
+            resolve_plugin("topk-bound", &dirs).unwrap(),
+            dir.path().join("topk_bound.wasm")
+        );
         let e = resolve_plugin("nope", &dirs).unwrap_err().to_string();
-        assert!(e.contains("plugin nope not found") && e.contains(&dir.path().display().to_string()), "{e}");
-        let e = resolve_plugin("/no/such/file.wasm", &dirs).unwrap_err().to_string();
+        assert!(
+            e.contains("plugin nope not found") && e.contains(&dir.path().display().to_string()),
+            "{e}"
+        );
+        let e = resolve_plugin("/no/such/file.wasm", &dirs)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no such plugin file"), "{e}");
     }
 }

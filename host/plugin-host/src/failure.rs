@@ -80,13 +80,23 @@ pub struct PluginFailure {
 
 impl PluginFailure {
     pub fn new(kind: FailureKind, path: &Path, message: impl Into<String>) -> Self {
-        PluginFailure { kind, path: path.to_path_buf(), message: message.into() }
+        PluginFailure {
+            kind,
+            path: path.to_path_buf(),
+            message: message.into(),
+        }
     }
 }
 
 impl fmt::Display for PluginFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {} [{}]", self.path.display(), self.message, self.kind)
+        write!(
+            f,
+            "{}: {} [{}]",
+            self.path.display(),
+            self.message,
+            self.kind
+        )
     }
 }
 

@@ -23,7 +23,12 @@ pub(crate) struct MemoryLimiter {
 }
 
 impl ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         // Memories only grow, so the sum of deltas is the sum of sizes.
         let wanted = self.total + desired.saturating_sub(current);
         if wanted > self.max_total {
@@ -34,7 +39,12 @@ impl ResourceLimiter for MemoryLimiter {
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= 1 << 20)
     }
 
@@ -127,7 +137,11 @@ impl<'r> Job<'r> {
         let limits = runtime.limits();
         let path = plugin.path.as_path();
         let state = HostState {
-            limiter: MemoryLimiter { max_total: limits.memory_bytes, total: 0, denied: None },
+            limiter: MemoryLimiter {
+                max_total: limits.memory_bytes,
+                total: 0,
+                denied: None,
+            },
             log: LogSink {
                 max_lines: limits.max_log_lines,
                 max_line_bytes: limits.max_log_line_bytes,
@@ -137,9 +151,13 @@ impl<'r> Job<'r> {
         let mut store = Store::new(&runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
         if let Some(fuel) = limits.fuel {
-            store
-                .set_fuel(fuel)
-                .map_err(|e| PluginFailure::new(FailureKind::Trap, path, format!("cannot set the fuel budget: {e}")))?;
+            store.set_fuel(fuel).map_err(|e| {
+                PluginFailure::new(
+                    FailureKind::Trap,
+                    path,
+                    format!("cannot set the fuel budget: {e}"),
+                )
+            })?;
         }
         let deadline = limits.time_limit.map(|t| Instant::now() + t);
         if let Some(t) = limits.time_limit {
@@ -150,13 +168,16 @@ impl<'r> Job<'r> {
         let component = plugin.pre.instance_pre().component();
         let iface = component.get_export_index(None, wit::EVALUATOR);
         let lookup = |name: &str| -> Result<ComponentExportIndex, PluginFailure> {
-            iface.as_ref().and_then(|i| component.get_export_index(Some(i), name)).ok_or_else(|| {
-                PluginFailure::new(
-                    FailureKind::IncompatibleContract,
-                    path,
-                    format!("exports no function {name} in {}", wit::EVALUATOR),
-                )
-            })
+            iface
+                .as_ref()
+                .and_then(|i| component.get_export_index(Some(i), name))
+                .ok_or_else(|| {
+                    PluginFailure::new(
+                        FailureKind::IncompatibleContract,
+                        path,
+                        format!("exports no function {name} in {}", wit::EVALUATOR),
+                    )
+                })
         };
         let evaluate_idx = lookup("evaluate")?;
         let accumulate_idx = lookup("[method]accumulator.accumulate")?;
@@ -169,18 +190,32 @@ impl<'r> Job<'r> {
             Ok(b) => b,
             Err(e) => return Err(classify(&store, path, limits, "instantiation", e)),
         };
-        Ok(Job { path, limits, store, instance, bindings, evaluate_idx, accumulate_idx, deadline })
+        Ok(Job {
+            path,
+            limits,
+            store,
+            instance,
+            bindings,
+            evaluate_idx,
+            accumulate_idx,
+            deadline,
+        })
     }
 
     /// Re-arm the epoch deadline with the time the job has left.
     fn arm(&mut self, during: &str) -> Result<(), PluginFailure> {
-        let Some(deadline) = self.deadline else { return Ok(()) };
+        let Some(deadline) = self.deadline else {
+            return Ok(());
+        };
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(PluginFailure::new(
                 FailureKind::Timeout,
                 self.path,
-                format!("exceeded its time limit of {:?} before {during}", self.limits.time_limit.unwrap_or_default()),
+                format!(
+                    "exceeded its time limit of {:?} before {during}",
+                    self.limits.time_limit.unwrap_or_default()
+                ),
             ));
         }
         self.store.set_epoch_deadline(ticks(left));
@@ -193,9 +228,18 @@ impl<'r> Job<'r> {
 
     fn plugin_error(&self, during: &str, e: wit::PluginError) -> PluginFailure {
         let (kind, msg) = match e {
-            wit::PluginError::InvalidParams(m) => (FailureKind::InvalidParams, format!("rejected its parameters: {m}")),
-            wit::PluginError::InvalidBatch(m) => (FailureKind::PluginError, format!("rejected the batch in {during}: {m}")),
-            wit::PluginError::Internal(m) => (FailureKind::PluginError, format!("reported an internal error in {during}: {m}")),
+            wit::PluginError::InvalidParams(m) => (
+                FailureKind::InvalidParams,
+                format!("rejected its parameters: {m}"),
+            ),
+            wit::PluginError::InvalidBatch(m) => (
+                FailureKind::PluginError,
+                format!("rejected the batch in {during}: {m}"),
+            ),
+            wit::PluginError::Internal(m) => (
+                FailureKind::PluginError,
+                format!("reported an internal error in {during}: {m}"),
+            ),
         };
         PluginFailure::new(kind, self.path, msg)
     }
@@ -203,15 +247,25 @@ impl<'r> Job<'r> {
     /// `describe()`.
     pub fn describe(&mut self) -> Result<Metadata, PluginFailure> {
         self.arm("describe")?;
-        let r = self.bindings.draftlens_metric_evaluator().call_describe(&mut self.store);
+        let r = self
+            .bindings
+            .draftlens_metric_evaluator()
+            .call_describe(&mut self.store);
         r.map(Metadata::from).map_err(|e| self.fail("describe", e))
     }
 
     /// One-shot `evaluate(params, batch)`.
-    pub fn evaluate(&mut self, params: &[Param], batch: BatchRef<'_>) -> Result<Vec<wit::MetricValue>, PluginFailure> {
+    pub fn evaluate(
+        &mut self,
+        params: &[Param],
+        batch: BatchRef<'_>,
+    ) -> Result<Vec<wit::MetricValue>, PluginFailure> {
         self.arm("evaluate")?;
         let params = wit_params(params);
-        let f: EvaluateFn<'_> = match self.instance.get_typed_func(&mut self.store, self.evaluate_idx) {
+        let f: EvaluateFn<'_> = match self
+            .instance
+            .get_typed_func(&mut self.store, self.evaluate_idx)
+        {
             Ok(f) => f,
             Err(e) => return Err(self.fail("evaluate (type check)", e)),
         };
@@ -226,7 +280,10 @@ impl<'r> Job<'r> {
     pub fn begin(&mut self, params: &[Param]) -> Result<ResourceAny, PluginFailure> {
         self.arm("begin")?;
         let params = wit_params(params);
-        let r = self.bindings.draftlens_metric_evaluator().call_begin(&mut self.store, &params);
+        let r = self
+            .bindings
+            .draftlens_metric_evaluator()
+            .call_begin(&mut self.store, &params);
         match r {
             Ok(Ok(acc)) => Ok(acc),
             Ok(Err(e)) => Err(self.plugin_error("begin", e)),
@@ -235,9 +292,16 @@ impl<'r> Job<'r> {
     }
 
     /// `accumulator.accumulate(batch)`.
-    pub fn accumulate(&mut self, acc: ResourceAny, batch: BatchRef<'_>) -> Result<(), PluginFailure> {
+    pub fn accumulate(
+        &mut self,
+        acc: ResourceAny,
+        batch: BatchRef<'_>,
+    ) -> Result<(), PluginFailure> {
         self.arm("accumulate")?;
-        let f: AccumulateFn<'_> = match self.instance.get_typed_func(&mut self.store, self.accumulate_idx) {
+        let f: AccumulateFn<'_> = match self
+            .instance
+            .get_typed_func(&mut self.store, self.accumulate_idx)
+        {
             Ok(f) => f,
             Err(e) => return Err(self.fail("accumulate (type check)", e)),
         };
@@ -251,14 +315,19 @@ impl<'r> Job<'r> {
     /// `accumulator.finish()`, then drop the accumulator.
     pub fn finish(&mut self, acc: ResourceAny) -> Result<Vec<wit::MetricValue>, PluginFailure> {
         self.arm("finish")?;
-        let r = self.bindings.draftlens_metric_evaluator().accumulator().call_finish(&mut self.store, acc);
+        let r = self
+            .bindings
+            .draftlens_metric_evaluator()
+            .accumulator()
+            .call_finish(&mut self.store, acc);
         let out = match r {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => return Err(self.plugin_error("finish", e)),
             Err(e) => return Err(self.fail("finish", e)),
         };
         self.arm("dropping the accumulator")?;
-        acc.resource_drop(&mut self.store).map_err(|e| self.fail("dropping the accumulator", e))?;
+        acc.resource_drop(&mut self.store)
+            .map_err(|e| self.fail("dropping the accumulator", e))?;
         Ok(out)
     }
 
@@ -275,11 +344,23 @@ impl<'r> Job<'r> {
 }
 
 fn wit_params(params: &[Param]) -> Vec<wit::Param> {
-    params.iter().map(|p| wit::Param { name: p.name.clone(), value: (&p.value).into() }).collect()
+    params
+        .iter()
+        .map(|p| wit::Param {
+            name: p.name.clone(),
+            value: (&p.value).into(),
+        })
+        .collect()
 }
 
 /// Turn a wasmtime error from a call into a classified failure.
-fn classify(store: &Store<HostState>, path: &Path, limits: &Limits, during: &str, err: wasmtime::Error) -> PluginFailure {
+fn classify(
+    store: &Store<HostState>,
+    path: &Path,
+    limits: &Limits,
+    during: &str,
+    err: wasmtime::Error,
+) -> PluginFailure {
     let st = store.data();
     let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
     let trap = err.downcast_ref::<Trap>().copied();
@@ -295,10 +376,23 @@ fn classify(store: &Store<HostState>, path: &Path, limits: &Limits, during: &str
             FailureKind::FuelExhausted,
             format!("used up its fuel budget of {} units in {during}", limits.fuel.unwrap_or(0)),
         ),
+        // A panic (the SDK's hook logged it) — possibly provoked by a refused allocation.
+        Some(Trap::UnreachableCodeReached) if st.log.panic.is_some() => {
+            let m = st.log.panic.as_deref().unwrap_or_default();
+            // One line: Rust's panic message is "panicked at FILE:LINE:COL:\nMESSAGE".
+            let m = m.trim_start_matches("panic: ").replace('\n', " ");
+            let note = match st.limiter.denied {
+                Some(b) => format!(" (after the memory limit refused growth to {:.0} MiB)", mib(b)),
+                None => String::new(),
+            };
+            (FailureKind::Panic, format!("panicked in {during}: {m}{note}"))
+        }
+        // Rust aborts (`unreachable`) when an allocation fails; the limiter saw the refusal.
         _ if st.limiter.denied.is_some() => (
             FailureKind::MemoryLimit,
             format!(
-                "exceeded its memory limit in {during}: tried to grow its linear memory to {:.0} MiB, limit {:.0} MiB",
+                "exceeded its memory limit in {during}: tried to grow its linear memory to {:.0} MiB, \
+                 limit {:.0} MiB",
                 mib(st.limiter.denied.unwrap_or(0)),
                 mib(limits.memory_bytes)
             ),
@@ -307,11 +401,6 @@ fn classify(store: &Store<HostState>, path: &Path, limits: &Limits, during: &str
             FailureKind::StackOverflow,
             format!("exhausted the wasm call stack in {during} (runaway recursion?)"),
         ),
-        Some(Trap::UnreachableCodeReached) if st.log.panic.is_some() => {
-            let m = st.log.panic.as_deref().unwrap_or_default();
-            // One line: Rust's panic message is "panicked at FILE:LINE:COL:\nMESSAGE".
-            (FailureKind::Panic, format!("panicked in {during}: {}", m.trim_start_matches("panic: ").replace('\n', " ")))
-        }
         Some(Trap::MemoryOutOfBounds) => (
             FailureKind::Trap,
             format!(

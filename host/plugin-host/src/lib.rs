@@ -26,12 +26,14 @@ mod wit;
 pub use failure::{FailureKind, PluginFailure};
 pub use job::Job;
 pub use runtime::{default_cache_dir, Limits, LoadedPlugin, Runtime, RuntimeConfig};
-pub use score::{score_batch, score_batch_with, Grouping, PluginOutcome, PluginRequest, Scores, CHUNK_CANDIDATES};
-pub use types::{
-    ContractVersion, LogLevel, LogLine, Metadata, MetricResult, MetricSpec, Param, ParamSpec, ParamValue, SeriesKind,
-    SeriesResult,
+pub use score::{
+    score_batch, score_batch_with, Grouping, PluginOutcome, PluginRequest, Scores, CHUNK_CANDIDATES,
 };
-pub use wit::BatchRef;
+pub use types::{
+    ContractVersion, Inputs, LogLevel, LogLine, Metadata, MetricResult, MetricSpec, Param,
+    ParamSpec, ParamValue, SeriesKind, SeriesResult,
+};
+pub use wit::{BatchRef, ProjectionBuf};
 
 /// The guest SDK, natively (synthetic test data, native reference runs).
 pub use draftlens_plugin_sdk as sdk;

@@ -65,7 +65,10 @@ impl RuntimeConfig {
     /// Defaults with the cache in `$DRAFTLENS_PLUGIN_CACHE`, else `$XDG_CACHE_HOME/draftlens/plugins`,
     /// else `$HOME/.cache/draftlens/plugins` (no cache when none of them is set).
     pub fn with_default_cache() -> Self {
-        RuntimeConfig { limits: Limits::default(), cache_dir: default_cache_dir() }
+        RuntimeConfig {
+            limits: Limits::default(),
+            cache_dir: default_cache_dir(),
+        }
     }
 }
 
@@ -77,7 +80,12 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return Some(PathBuf::from(d).join("draftlens").join("plugins"));
     }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("draftlens").join("plugins"))
+    std::env::var_os("HOME").map(|h| {
+        PathBuf::from(h)
+            .join(".cache")
+            .join("draftlens")
+            .join("plugins")
+    })
 }
 
 /// Epoch tick: the granularity of wall-clock limits.
@@ -107,7 +115,8 @@ impl Runtime {
         cfg.consume_fuel(config.limits.fuel.is_some());
         // Native stack for wasm frames; Rust guests keep most of their stack in linear memory.
         cfg.max_wasm_stack(512 << 10);
-        let engine = Engine::new(&cfg).map_err(|e| anyhow::anyhow!("creating the wasm engine: {e}"))?;
+        let engine =
+            Engine::new(&cfg).map_err(|e| anyhow::anyhow!("creating the wasm engine: {e}"))?;
 
         let mut linker = Linker::<HostState>::new(&engine);
         // The only capability: draftlens:metric/host.log (plus the type-only `types` interface).
@@ -122,21 +131,29 @@ impl Runtime {
         let stop = Arc::new(AtomicBool::new(false));
         let weak = engine.weak();
         let stop2 = stop.clone();
-        std::thread::Builder::new()
-            .name("plugin-epoch".into())
-            .spawn(move || loop {
-                std::thread::sleep(TICK);
-                if stop2.load(Ordering::Relaxed) {
-                    break;
-                }
-                match weak.upgrade() {
-                    Some(e) => e.increment_epoch(),
-                    None => break,
-                }
-            })
-            .map_err(|e| anyhow::anyhow!("starting the epoch ticker thread: {e}"))?;
+        if config.limits.time_limit.is_some() {
+            std::thread::Builder::new()
+                .name("plugin-epoch".into())
+                .spawn(move || loop {
+                    std::thread::sleep(TICK);
+                    if stop2.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    match weak.upgrade() {
+                        Some(e) => e.increment_epoch(),
+                        None => break,
+                    }
+                })
+                .map_err(|e| anyhow::anyhow!("starting the epoch ticker thread: {e}"))?;
+        }
 
-        Ok(Runtime { engine, linker, config, compat, stop })
+        Ok(Runtime {
+            engine,
+            linker,
+            config,
+            compat,
+            stop,
+        })
     }
 
     pub fn limits(&self) -> &Limits {
@@ -149,7 +166,8 @@ impl Runtime {
     pub fn load(&self, path: &Path) -> Result<LoadedPlugin, PluginFailure> {
         let started = Instant::now();
         let fail = |kind, msg: String| PluginFailure::new(kind, path, msg);
-        let bytes = std::fs::read(path).map_err(|e| fail(FailureKind::Io, format!("cannot read the file: {e}")))?;
+        let bytes = std::fs::read(path)
+            .map_err(|e| fail(FailureKind::Io, format!("cannot read the file: {e}")))?;
         check_header(&bytes).map_err(|(kind, msg)| fail(kind, msg))?;
         let sha256 = hex::encode(Sha256::digest(&bytes));
 
@@ -157,16 +175,29 @@ impl Runtime {
         let compile_time = started.elapsed();
 
         let ty = component.component_type();
-        let imports: Vec<String> = ty.imports(&self.engine).map(|(n, _)| n.to_string()).collect();
-        let exports: Vec<String> = ty.exports(&self.engine).map(|(n, _)| n.to_string()).collect();
-        let contract = check_contract(&exports).map_err(|m| fail(FailureKind::IncompatibleContract, m))?;
+        let imports: Vec<String> = ty
+            .imports(&self.engine)
+            .map(|(n, _)| n.to_string())
+            .collect();
+        let exports: Vec<String> = ty
+            .exports(&self.engine)
+            .map(|(n, _)| n.to_string())
+            .collect();
+        let contract =
+            check_contract(&exports).map_err(|m| fail(FailureKind::IncompatibleContract, m))?;
         check_imports(&imports).map_err(|m| fail(FailureKind::CapabilityDenied, m))?;
 
         let pre = self.linker.instantiate_pre(&component).map_err(|e| {
-            fail(FailureKind::IncompatibleContract, format!("does not match the draftlens:metric@0.1 contract: {e:#}"))
+            fail(
+                FailureKind::IncompatibleContract,
+                format!("does not match the draftlens:metric@0.1 contract: {e:#}"),
+            )
         })?;
         let pre = wit::MetricPluginPre::new(pre).map_err(|e| {
-            fail(FailureKind::IncompatibleContract, format!("does not match the draftlens:metric@0.1 contract: {e:#}"))
+            fail(
+                FailureKind::IncompatibleContract,
+                format!("does not match the draftlens:metric@0.1 contract: {e:#}"),
+            )
         })?;
 
         let mut plugin = LoadedPlugin {
@@ -184,16 +215,26 @@ impl Runtime {
         };
         let mut job = Job::new(self, &plugin)?;
         let meta = job.describe()?;
-        crate::validate::metadata(&meta).map_err(|m| fail(FailureKind::BadOutput, format!("describe() {m}")))?;
+        crate::validate::metadata(&meta)
+            .map_err(|m| fail(FailureKind::BadOutput, format!("describe() {m}")))?;
         plugin.metadata = meta;
         plugin.load_time = started.elapsed();
         Ok(plugin)
     }
 
     /// Compile `bytes`, going through the `.cwasm` cache when one is configured.
-    fn compile(&self, path: &Path, bytes: &[u8], sha256: &str) -> Result<(Component, bool), PluginFailure> {
+    fn compile(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        sha256: &str,
+    ) -> Result<(Component, bool), PluginFailure> {
         let invalid = |e: wasmtime::Error| {
-            PluginFailure::new(FailureKind::NotComponent, path, format!("not a valid WebAssembly component: {e:#}"))
+            PluginFailure::new(
+                FailureKind::NotComponent,
+                path,
+                format!("not a valid WebAssembly component: {e:#}"),
+            )
         };
         let Some(dir) = &self.config.cache_dir else {
             return Ok((Component::new(&self.engine, bytes).map_err(invalid)?, false));
@@ -209,16 +250,23 @@ impl Runtime {
                 Ok(c) => return Ok((c, true)),
                 Err(e) => {
                     // A stale or damaged artifact: recompile and overwrite it.
-                    tracing::warn!("{}: ignoring unusable precompiled plugin ({e}); recompiling", cached.display());
+                    tracing::warn!(
+                        "{}: ignoring unusable precompiled plugin ({e}); recompiling",
+                        cached.display()
+                    );
                 }
             }
         }
         let serialized = self.engine.precompile_component(bytes).map_err(invalid)?;
         // SAFETY: produced just above by this engine.
-        let component = unsafe { Component::deserialize(&self.engine, &serialized) }.map_err(invalid)?;
+        let component =
+            unsafe { Component::deserialize(&self.engine, &serialized) }.map_err(invalid)?;
         if let Err(e) = write_atomically(&cached, &serialized) {
             // The cache is an optimisation: say so and go on.
-            tracing::warn!("{}: cannot write the precompiled plugin: {e}", cached.display());
+            tracing::warn!(
+                "{}: cannot write the precompiled plugin: {e}",
+                cached.display()
+            );
         }
         Ok((component, false))
     }
@@ -245,7 +293,10 @@ fn check_header(bytes: &[u8]) -> Result<(), (FailureKind, String)> {
         let head: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
         return Err((
             FailureKind::NotWasm,
-            format!("not a WebAssembly file (expected the magic bytes 00 61 73 6d, found {})", head.join(" ")),
+            format!(
+                "not a WebAssembly file (expected the magic bytes 00 61 73 6d, found {})",
+                head.join(" ")
+            ),
         ));
     }
     match &bytes[4..8] {
@@ -256,7 +307,10 @@ fn check_header(bytes: &[u8]) -> Result<(), (FailureKind, String)> {
              (see plugins/README.md)"
                 .into(),
         )),
-        v => Err((FailureKind::NotComponent, format!("unknown WebAssembly version/layer bytes {v:02x?}"))),
+        v => Err((
+            FailureKind::NotComponent,
+            format!("unknown WebAssembly version/layer bytes {v:02x?}"),
+        )),
     }
 }
 
@@ -264,7 +318,11 @@ fn check_header(bytes: &[u8]) -> Result<(), (FailureKind, String)> {
 fn check_contract(exports: &[String]) -> Result<ContractVersion, String> {
     let prefix = "draftlens:metric/evaluator@";
     let Some(name) = exports.iter().find(|e| e.starts_with(prefix)) else {
-        let others = if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") };
+        let others = if exports.is_empty() {
+            "nothing".to_string()
+        } else {
+            exports.join(", ")
+        };
         return Err(format!(
             "exports no draftlens:metric/evaluator interface (it exports {others}); is this a draftlens metric plugin?"
         ));
@@ -285,13 +343,19 @@ fn check_contract(exports: &[String]) -> Result<ContractVersion, String> {
 /// (`draftlens:metric/host` — the log — and the type-only `draftlens:metric/types`).
 fn check_imports(imports: &[String]) -> Result<(), String> {
     let allowed = |name: &str| {
-        ["draftlens:metric/host@", "draftlens:metric/types@"].iter().any(|p| {
-            name.strip_prefix(p)
-                .and_then(ContractVersion::parse)
-                .is_some_and(|v| v.compatible_with_host())
-        })
+        ["draftlens:metric/host@", "draftlens:metric/types@"]
+            .iter()
+            .any(|p| {
+                name.strip_prefix(p)
+                    .and_then(ContractVersion::parse)
+                    .is_some_and(|v| v.compatible_with_host())
+            })
     };
-    let denied: Vec<&str> = imports.iter().map(String::as_str).filter(|n| !allowed(n)).collect();
+    let denied: Vec<&str> = imports
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !allowed(n))
+        .collect();
     if denied.is_empty() {
         Ok(())
     } else {
@@ -339,9 +403,15 @@ mod tests {
 
     #[test]
     fn headers_are_classified() {
-        assert_eq!(check_header(b"\x7fELF\x02\x01\x01\x00rest").unwrap_err().0, FailureKind::NotWasm);
+        assert_eq!(
+            check_header(b"\x7fELF\x02\x01\x01\x00rest").unwrap_err().0,
+            FailureKind::NotWasm
+        );
         assert_eq!(check_header(b"\0as").unwrap_err().0, FailureKind::NotWasm);
-        assert_eq!(check_header(b"\0asm\x01\0\0\0").unwrap_err().0, FailureKind::NotComponent);
+        assert_eq!(
+            check_header(b"\0asm\x01\0\0\0").unwrap_err().0,
+            FailureKind::NotComponent
+        );
         assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok());
     }
 
@@ -351,7 +421,10 @@ mod tests {
         assert!(ok("0.1.0").is_ok());
         assert!(ok("0.1.7").is_ok(), "patch versions are compatible");
         let e = ok("0.2.0").unwrap_err();
-        assert!(e.contains("built against contract draftlens:metric@0.2.0") && e.contains("@0.1.0"), "{e}");
+        assert!(
+            e.contains("built against contract draftlens:metric@0.2.0") && e.contains("@0.1.0"),
+            "{e}"
+        );
         assert!(ok("1.0.0").is_err());
         let e = check_contract(&["wasi:http/handler@0.2.0".into()]).unwrap_err();
         assert!(e.contains("exports no draftlens:metric/evaluator"), "{e}");
@@ -359,8 +432,16 @@ mod tests {
 
     #[test]
     fn only_the_contract_may_be_imported() {
-        assert!(check_imports(&["draftlens:metric/host@0.1.0".into(), "draftlens:metric/types@0.1.2".into()]).is_ok());
-        let e = check_imports(&["draftlens:metric/host@0.1.0".into(), "wasi:cli/environment@0.2.0".into()]).unwrap_err();
+        assert!(check_imports(&[
+            "draftlens:metric/host@0.1.0".into(),
+            "draftlens:metric/types@0.1.2".into()
+        ])
+        .is_ok());
+        let e = check_imports(&[
+            "draftlens:metric/host@0.1.0".into(),
+            "wasi:cli/environment@0.2.0".into(),
+        ])
+        .unwrap_err();
         assert!(e.starts_with("imports wasi:cli/environment@0.2.0;"), "{e}");
         assert!(check_imports(&["draftlens:metric/host@0.2.0".into()]).is_err());
     }

@@ -20,27 +20,37 @@ pub fn default_sdk_path() -> PathBuf {
 pub fn new_plugin(name: &str, parent: &Path, sdk: &Path) -> anyhow::Result<PathBuf> {
     let valid = name.len() <= 64
         && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && !name.ends_with('-');
     if !valid {
         bail!("{name}: a plugin name is lower-case letters, digits and '-', starting with a letter (e.g. my-metric)");
     }
-    let sdk = sdk
-        .canonicalize()
-        .with_context(|| format!("{}: the plugin SDK folder is missing (pass --sdk PATH)", sdk.display()))?;
+    let sdk = sdk.canonicalize().with_context(|| {
+        format!(
+            "{}: the plugin SDK folder is missing (pass --sdk PATH)",
+            sdk.display()
+        )
+    })?;
     if !sdk.join("Cargo.toml").is_file() {
         bail!("{}: not the plugin SDK (no Cargo.toml)", sdk.display());
     }
     let dir = parent.join(name);
     if dir.exists() {
-        bail!("{}: already exists; choose another name or folder", dir.display());
+        bail!(
+            "{}: already exists; choose another name or folder",
+            dir.display()
+        );
     }
     let crate_name = name.replace('-', "_");
     let struct_name: String = name
         .split('-')
         .map(|w| {
             let mut c = w.chars();
-            c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
         })
         .collect();
     let fill = |t: &str| {
@@ -49,7 +59,8 @@ pub fn new_plugin(name: &str, parent: &Path, sdk: &Path) -> anyhow::Result<PathB
             .replace("{{struct_name}}", &struct_name)
             .replace("{{sdk_path}}", &sdk.display().to_string())
     };
-    std::fs::create_dir_all(dir.join("src")).with_context(|| format!("{}: cannot create the folder", dir.display()))?;
+    std::fs::create_dir_all(dir.join("src"))
+        .with_context(|| format!("{}: cannot create the folder", dir.display()))?;
     let files = [
         ("Cargo.toml", fill(CARGO_TOML)),
         ("src/lib.rs", fill(LIB_RS)),
@@ -79,15 +90,30 @@ mod tests {
     fn names_are_checked_and_placeholders_filled() {
         let dir = tempfile::tempdir().unwrap();
         for bad in ["", "My", "9x", "a_b", "a-", "a b"] {
-            assert!(new_plugin(bad, dir.path(), &default_sdk_path()).is_err(), "{bad:?}");
+            assert!(
+                new_plugin(bad, dir.path(), &default_sdk_path()).is_err(),
+                "{bad:?}"
+            );
         }
         let d = new_plugin("my-metric", dir.path(), &default_sdk_path()).unwrap();
         let lib = std::fs::read_to_string(d.join("src/lib.rs")).unwrap();
         assert!(lib.contains("pub struct MyMetric;") && lib.contains("name: \"my-metric\""));
-        assert!(!lib.contains("{{") && !std::fs::read_to_string(d.join("Cargo.toml")).unwrap().contains("{{"));
-        let e = new_plugin("my-metric", dir.path(), &default_sdk_path()).unwrap_err().to_string();
+        assert!(
+            !lib.contains("{{")
+                && !std::fs::read_to_string(d.join("Cargo.toml"))
+                    .unwrap()
+                    .contains("{{")
+        );
+        let e = new_plugin("my-metric", dir.path(), &default_sdk_path())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("already exists"), "{e}");
-        let e = new_plugin("other", dir.path(), Path::new("/no/sdk")).unwrap_err().to_string();
-        assert!(e.contains("/no/sdk: the plugin SDK folder is missing"), "{e}");
+        let e = new_plugin("other", dir.path(), Path::new("/no/sdk"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/no/sdk: the plugin SDK folder is missing"),
+            "{e}"
+        );
     }
 }

@@ -16,7 +16,7 @@ use crate::job::Job;
 use crate::runtime::{LoadedPlugin, Runtime, RuntimeConfig};
 use crate::types::{LogLine, Metadata, MetricResult, Param};
 use crate::validate;
-use crate::wit::BatchRef;
+use crate::wit::{BatchRef, ProjectionBuf};
 
 /// Which groups to score besides the whole batch.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -37,7 +37,10 @@ pub struct PluginRequest {
 
 impl PluginRequest {
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        PluginRequest { path: path.into(), params: Vec::new() }
+        PluginRequest {
+            path: path.into(),
+            params: Vec::new(),
+        }
     }
 }
 
@@ -99,7 +102,11 @@ pub const CHUNK_CANDIDATES: usize = 1 << 20;
 /// limits and the default precompiled cache. One outcome per plugin, in order; a failing plugin
 /// never stops the others. Errors only for problems of the host itself (an inconsistent batch,
 /// the engine cannot start).
-pub fn score_batch(plugins: &[PathBuf], batch: &RecordBatch, groups: &Grouping) -> anyhow::Result<Vec<PluginOutcome>> {
+pub fn score_batch(
+    plugins: &[PathBuf],
+    batch: &RecordBatch,
+    groups: &Grouping,
+) -> anyhow::Result<Vec<PluginOutcome>> {
     let runtime = Runtime::new(RuntimeConfig::with_default_cache())?;
     let requests: Vec<PluginRequest> = plugins.iter().map(PluginRequest::new).collect();
     score_batch_with(&runtime, &requests, batch, groups)
@@ -112,7 +119,9 @@ pub fn score_batch_with(
     batch: &RecordBatch,
     groups: &Grouping,
 ) -> anyhow::Result<Vec<PluginOutcome>> {
-    batch.check().map_err(|e| anyhow::anyhow!("records to score are inconsistent: {e}"))?;
+    batch
+        .check()
+        .map_err(|e| anyhow::anyhow!("records to score are inconsistent: {e}"))?;
     let mut out = Vec::with_capacity(plugins.len());
     for req in plugins {
         let plugin = match runtime.load(&req.path) {
@@ -145,9 +154,21 @@ fn prompt_runs(batch: &RecordBatch, range: Range<usize>) -> Vec<(u32, Range<usiz
 
 impl Runtime {
     /// Run one loaded plugin over `batch` (already checked) in a fresh job.
-    pub fn score(&self, plugin: &LoadedPlugin, params: &[Param], batch: &RecordBatch, groups: &Grouping) -> PluginOutcome {
+    pub fn score(
+        &self,
+        plugin: &LoadedPlugin,
+        params: &[Param],
+        batch: &RecordBatch,
+        groups: &Grouping,
+    ) -> PluginOutcome {
         let per_block = (batch.positions_per_block() * batch.top_k as usize).max(1);
-        self.score_chunked(plugin, params, batch, groups, (CHUNK_CANDIDATES / per_block).max(1))
+        self.score_chunked(
+            plugin,
+            params,
+            batch,
+            groups,
+            (CHUNK_CANDIDATES / per_block).max(1),
+        )
     }
 
     /// [`Runtime::score`] with an explicit chunk size in blocks.
@@ -200,6 +221,8 @@ impl Runtime {
     ) -> Result<Scores, PluginFailure> {
         let nb = batch.num_blocks();
 
+        let inputs = plugin.metadata.inputs;
+        let mut buf = ProjectionBuf::default();
         let overall = job.begin(params)?;
         let mut cat_acc: BTreeMap<&str, ResourceAny> = BTreeMap::new();
         let mut prompt_acc: BTreeMap<u32, ResourceAny> = BTreeMap::new();
@@ -208,7 +231,10 @@ impl Runtime {
         let mut start = 0;
         while start < nb {
             let end = (start + chunk).min(nb);
-            job.accumulate(overall, BatchRef::slice(batch, start..end))?;
+            job.accumulate(
+                overall,
+                BatchRef::project(batch, start..end, &inputs, &mut buf),
+            )?;
             if grouped {
                 for (prompt, run) in prompt_runs(batch, start..end) {
                     if groups.per_prompt {
@@ -220,7 +246,10 @@ impl Runtime {
                                 a
                             }
                         };
-                        job.accumulate(acc, BatchRef::slice(batch, run.clone()))?;
+                        job.accumulate(
+                            acc,
+                            BatchRef::project(batch, run.clone(), &inputs, &mut buf),
+                        )?;
                     }
                     if let Some(cat) = groups.categories.get(&prompt) {
                         let acc = match cat_acc.get(cat.as_str()) {
@@ -231,7 +260,7 @@ impl Runtime {
                                 a
                             }
                         };
-                        job.accumulate(acc, BatchRef::slice(batch, run))?;
+                        job.accumulate(acc, BatchRef::project(batch, run, &inputs, &mut buf))?;
                     }
                 }
             }
@@ -239,22 +268,31 @@ impl Runtime {
         }
         if nb == 0 {
             // An empty batch still gets one (empty) accumulate, so plugins see B and K.
-            job.accumulate(overall, BatchRef::slice(batch, 0..0))?;
+            job.accumulate(overall, BatchRef::project(batch, 0..0, &inputs, &mut buf))?;
         }
 
         let limits = self.limits();
-        let bad = |what: &str, m: String| PluginFailure::new(FailureKind::BadOutput, &plugin.path, format!("returned {m} ({what})"));
+        let bad = |what: &str, m: String| {
+            PluginFailure::new(
+                FailureKind::BadOutput,
+                &plugin.path,
+                format!("returned {m} ({what})"),
+            )
+        };
         let mut scores = Scores::default();
         let v = job.finish(overall)?;
-        scores.overall = validate::results(&plugin.metadata, v, limits).map_err(|m| bad("whole batch", m))?;
+        scores.overall =
+            validate::results(&plugin.metadata, v, limits).map_err(|m| bad("whole batch", m))?;
         for (cat, acc) in cat_acc {
             let v = job.finish(acc)?;
-            let r = validate::results(&plugin.metadata, v, limits).map_err(|m| bad(&format!("category {cat}"), m))?;
+            let r = validate::results(&plugin.metadata, v, limits)
+                .map_err(|m| bad(&format!("category {cat}"), m))?;
             scores.per_category.insert(cat.to_string(), r);
         }
         for (prompt, acc) in prompt_acc {
             let v = job.finish(acc)?;
-            let r = validate::results(&plugin.metadata, v, limits).map_err(|m| bad(&format!("prompt {prompt}"), m))?;
+            let r = validate::results(&plugin.metadata, v, limits)
+                .map_err(|m| bad(&format!("prompt {prompt}"), m))?;
             scores.per_prompt.insert(prompt, r);
         }
         Ok(scores)
@@ -267,13 +305,29 @@ impl Runtime {
         params: &[Param],
         batch: &RecordBatch,
     ) -> Result<Vec<MetricResult>, PluginFailure> {
-        batch
-            .check()
-            .map_err(|e| PluginFailure::new(FailureKind::Io, &plugin.path, format!("host batch is inconsistent: {e}")))?;
+        batch.check().map_err(|e| {
+            PluginFailure::new(
+                FailureKind::Io,
+                &plugin.path,
+                format!("host batch is inconsistent: {e}"),
+            )
+        })?;
         let mut job = Job::new(self, plugin)?;
-        let v = job.evaluate(params, BatchRef::slice(batch, 0..batch.num_blocks()))?;
-        validate::results(&plugin.metadata, v, self.limits())
-            .map_err(|m| PluginFailure::new(FailureKind::BadOutput, &plugin.path, format!("returned {m}")))
+        let mut buf = ProjectionBuf::default();
+        let all = BatchRef::project(
+            batch,
+            0..batch.num_blocks(),
+            &plugin.metadata.inputs,
+            &mut buf,
+        );
+        let v = job.evaluate(params, all)?;
+        validate::results(&plugin.metadata, v, self.limits()).map_err(|m| {
+            PluginFailure::new(
+                FailureKind::BadOutput,
+                &plugin.path,
+                format!("returned {m}"),
+            )
+        })
     }
 }
 
@@ -285,7 +339,10 @@ mod tests {
     fn runs_split_on_prompt_changes() {
         let mut b = RecordBatch::new(2, 1);
         b.prompt_index = vec![3, 3, 1, 1, 1, 3, 2];
-        assert_eq!(prompt_runs(&b, 0..7), vec![(3, 0..2), (1, 2..5), (3, 5..6), (2, 6..7)]);
+        assert_eq!(
+            prompt_runs(&b, 0..7),
+            vec![(3, 0..2), (1, 2..5), (3, 5..6), (2, 6..7)]
+        );
         assert_eq!(prompt_runs(&b, 1..4), vec![(3, 1..2), (1, 2..4)]);
         assert!(prompt_runs(&b, 4..4).is_empty());
     }

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use crate::wit;
 
 /// `major.minor.patch` of the contract a plugin was built against.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct ContractVersion {
     pub major: u64,
     pub minor: u64,
@@ -16,8 +18,11 @@ pub struct ContractVersion {
 
 impl ContractVersion {
     /// The contract this host implements.
-    pub const HOST: ContractVersion =
-        ContractVersion { major: wit::VERSION.0, minor: wit::VERSION.1, patch: wit::VERSION.2 };
+    pub const HOST: ContractVersion = ContractVersion {
+        major: wit::VERSION.0,
+        minor: wit::VERSION.1,
+        patch: wit::VERSION.2,
+    };
 
     pub fn parse(s: &str) -> Option<ContractVersion> {
         let mut it = s.split('.');
@@ -66,8 +71,14 @@ impl ParamValue {
     /// Parse `text` as a value of the same kind as `self` (for `name=value` on the command line).
     pub fn parse_like(&self, text: &str) -> Result<ParamValue, String> {
         match self {
-            ParamValue::Int(_) => text.parse().map(ParamValue::Int).map_err(|_| format!("{text:?} is not an int")),
-            ParamValue::Float(_) => text.parse().map(ParamValue::Float).map_err(|_| format!("{text:?} is not a float")),
+            ParamValue::Int(_) => text
+                .parse()
+                .map(ParamValue::Int)
+                .map_err(|_| format!("{text:?} is not an int")),
+            ParamValue::Float(_) => text
+                .parse()
+                .map(ParamValue::Float)
+                .map_err(|_| format!("{text:?} is not a float")),
             ParamValue::Flag(_) => match text {
                 "true" | "1" | "yes" => Ok(ParamValue::Flag(true)),
                 "false" | "0" | "no" => Ok(ParamValue::Flag(false)),
@@ -139,9 +150,31 @@ impl MetricSpec {
     pub fn covers(&self, name: &str) -> bool {
         match self.name.strip_suffix('*') {
             Some(prefix) => name.strip_prefix(prefix).is_some_and(|rest| {
-                !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                !rest.is_empty()
+                    && rest
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
             }),
             None => self.name == name,
+        }
+    }
+}
+
+/// Which parts of a batch a plugin reads; the host sends only those.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inputs {
+    /// Candidates per position, best first; 0 = all stored.
+    pub candidates: u32,
+    pub draft_logprobs: bool,
+    pub target_topk: bool,
+}
+
+impl Default for Inputs {
+    fn default() -> Self {
+        Inputs {
+            candidates: 0,
+            draft_logprobs: true,
+            target_topk: true,
         }
     }
 }
@@ -154,6 +187,7 @@ pub struct Metadata {
     pub description: String,
     pub metrics: Vec<MetricSpec>,
     pub params: Vec<ParamSpec>,
+    pub inputs: Inputs,
 }
 
 impl Metadata {
@@ -185,8 +219,17 @@ impl From<wit::Metadata> for Metadata {
             params: m
                 .params
                 .into_iter()
-                .map(|p| ParamSpec { name: p.name, description: p.description, default: p.default.into() })
+                .map(|p| ParamSpec {
+                    name: p.name,
+                    description: p.description,
+                    default: p.default.into(),
+                })
                 .collect(),
+            inputs: Inputs {
+                candidates: m.inputs.candidates,
+                draft_logprobs: m.inputs.draft_logprobs,
+                target_topk: m.inputs.target_topk,
+            },
         }
     }
 }

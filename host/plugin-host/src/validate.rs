@@ -15,7 +15,8 @@ fn identifier(s: &str) -> bool {
     !b.is_empty()
         && b.len() <= MAX_NAME
         && b[0].is_ascii_lowercase()
-        && b.iter().all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
+        && b.iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
 }
 
 fn plugin_name(s: &str) -> bool {
@@ -23,22 +24,40 @@ fn plugin_name(s: &str) -> bool {
     !b.is_empty()
         && b.len() <= MAX_NAME
         && b[0].is_ascii_lowercase()
-        && b.iter().all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-')
+        && b.iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-')
 }
 
 /// Check `describe()`'s answer. The message completes "describe() ...".
 pub(crate) fn metadata(m: &Metadata) -> Result<(), String> {
     if !plugin_name(&m.name) {
-        return Err(format!("returned the plugin name {:?}; expected [a-z][a-z0-9_-]*, at most {MAX_NAME} bytes", m.name));
+        return Err(format!(
+            "returned the plugin name {:?}; expected [a-z][a-z0-9_-]*, at most {MAX_NAME} bytes",
+            m.name
+        ));
     }
-    if m.version.is_empty() || m.version.len() > MAX_NAME || m.version.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!("returned the version {:?}; expected a short version string like 0.1.0", m.version));
+    if m.version.is_empty()
+        || m.version.len() > MAX_NAME
+        || m.version
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "returned the version {:?}; expected a short version string like 0.1.0",
+            m.version
+        ));
     }
     if m.description.len() > MAX_TEXT {
-        return Err(format!("returned a description of {} bytes (limit {MAX_TEXT})", m.description.len()));
+        return Err(format!(
+            "returned a description of {} bytes (limit {MAX_TEXT})",
+            m.description.len()
+        ));
     }
     if m.metrics.is_empty() || m.metrics.len() > 256 {
-        return Err(format!("declares {} metrics; expected 1 to 256", m.metrics.len()));
+        return Err(format!(
+            "declares {} metrics; expected 1 to 256",
+            m.metrics.len()
+        ));
     }
     let mut seen = HashSet::new();
     for s in &m.metrics {
@@ -53,19 +72,28 @@ pub(crate) fn metadata(m: &Metadata) -> Result<(), String> {
             return Err(format!("declares the metric {} twice", s.name));
         }
         if s.unit.len() > MAX_NAME || s.description.len() > MAX_TEXT {
-            return Err(format!("declares metric {} with an over-long unit or description", s.name));
+            return Err(format!(
+                "declares metric {} with an over-long unit or description",
+                s.name
+            ));
         }
     }
     let mut seen = HashSet::new();
     for p in &m.params {
         if !identifier(&p.name) {
-            return Err(format!("declares the parameter name {:?}; expected [a-z][a-z0-9_]*", p.name));
+            return Err(format!(
+                "declares the parameter name {:?}; expected [a-z][a-z0-9_]*",
+                p.name
+            ));
         }
         if !seen.insert(p.name.as_str()) {
             return Err(format!("declares the parameter {} twice", p.name));
         }
         if p.description.len() > MAX_TEXT {
-            return Err(format!("declares parameter {} with an over-long description", p.name));
+            return Err(format!(
+                "declares parameter {} with an over-long description",
+                p.name
+            ));
         }
     }
     if m.params.len() > 64 {
@@ -76,22 +104,35 @@ pub(crate) fn metadata(m: &Metadata) -> Result<(), String> {
 
 /// Check and convert the values of one `finish`/`evaluate`. The message completes
 /// "returned ...".
-pub(crate) fn results(meta: &Metadata, values: Vec<wit::MetricValue>, limits: &Limits) -> Result<Vec<MetricResult>, String> {
+pub(crate) fn results(
+    meta: &Metadata,
+    values: Vec<wit::MetricValue>,
+    limits: &Limits,
+) -> Result<Vec<MetricResult>, String> {
     if values.len() > limits.max_values {
-        return Err(format!("{} metric values (limit {})", values.len(), limits.max_values));
+        return Err(format!(
+            "{} metric values (limit {})",
+            values.len(),
+            limits.max_values
+        ));
     }
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(values.len());
     for v in values {
         if meta.spec_for(&v.name).is_none() {
             let short: String = v.name.chars().take(80).collect();
-            return Err(format!("the metric {short:?}, which describe() does not declare"));
+            return Err(format!(
+                "the metric {short:?}, which describe() does not declare"
+            ));
         }
         if !seen.insert(v.name.clone()) {
             return Err(format!("the metric {} twice", v.name));
         }
         if v.value.is_infinite() {
-            return Err(format!("an infinite value for {} (NaN means undefined; infinities are not allowed)", v.name));
+            return Err(format!(
+                "an infinite value for {} (NaN means undefined; infinities are not allowed)",
+                v.name
+            ));
         }
         let series = match v.series {
             None => None,
@@ -113,19 +154,31 @@ pub(crate) fn results(meta: &Metadata, values: Vec<wit::MetricValue>, limits: &L
                     ));
                 }
                 if let Some(i) = s.values.iter().position(|x| x.is_infinite()) {
-                    return Err(format!("an infinite series value for {} at index {i}", v.name));
+                    return Err(format!(
+                        "an infinite series value for {} at index {i}",
+                        v.name
+                    ));
                 }
                 Some(SeriesResult {
                     kind: match s.kind {
                         wit::SeriesKind::PerPosition => SeriesKind::PerPosition,
                         wit::SeriesKind::Histogram => SeriesKind::Histogram,
                     },
-                    values: s.values.into_iter().map(|x| (!x.is_nan()).then_some(x)).collect(),
+                    values: s
+                        .values
+                        .into_iter()
+                        .map(|x| (!x.is_nan()).then_some(x))
+                        .collect(),
                     counts: s.counts,
                 })
             }
         };
-        out.push(MetricResult { name: v.name, value: (!v.value.is_nan()).then_some(v.value), count: v.count, series });
+        out.push(MetricResult {
+            name: v.name,
+            value: (!v.value.is_nan()).then_some(v.value),
+            count: v.count,
+            series,
+        });
     }
     Ok(out)
 }
@@ -141,26 +194,53 @@ mod tests {
             version: "1.0.0".into(),
             description: String::new(),
             metrics: vec![
-                MetricSpec { name: "tau".into(), unit: "tokens".into(), description: String::new(), higher_is_better: true },
-                MetricSpec { name: "acc_*".into(), unit: "fraction".into(), description: String::new(), higher_is_better: true },
+                MetricSpec {
+                    name: "tau".into(),
+                    unit: "tokens".into(),
+                    description: String::new(),
+                    higher_is_better: true,
+                },
+                MetricSpec {
+                    name: "acc_*".into(),
+                    unit: "fraction".into(),
+                    description: String::new(),
+                    higher_is_better: true,
+                },
             ],
             params: vec![],
         }
     }
 
     fn value(name: &str, v: f64) -> wit::MetricValue {
-        wit::MetricValue { name: name.into(), value: v, count: 1, series: None }
+        wit::MetricValue {
+            name: name.into(),
+            value: v,
+            count: 1,
+            series: None,
+        }
     }
 
     #[test]
     fn names_must_be_declared_or_in_a_family() {
         let l = Limits::default();
-        let ok = results(&meta(), vec![value("tau", 2.0), value("acc_8", 0.5), value("acc_top_2", f64::NAN)], &l).unwrap();
+        let ok = results(
+            &meta(),
+            vec![
+                value("tau", 2.0),
+                value("acc_8", 0.5),
+                value("acc_top_2", f64::NAN),
+            ],
+            &l,
+        )
+        .unwrap();
         assert_eq!(ok[2].value, None, "NaN becomes undefined");
         let e = results(&meta(), vec![value("acc_", 0.5)], &l).unwrap_err();
         assert!(e.contains("does not declare"), "{e}");
         let e = results(&meta(), vec![value("surprise", 0.5)], &l).unwrap_err();
-        assert!(e.contains("\"surprise\", which describe() does not declare"), "{e}");
+        assert!(
+            e.contains("\"surprise\", which describe() does not declare"),
+            "{e}"
+        );
         let e = results(&meta(), vec![value("tau", 1.0), value("tau", 2.0)], &l).unwrap_err();
         assert!(e.contains("twice"), "{e}");
         let e = results(&meta(), vec![value("tau", f64::INFINITY)], &l).unwrap_err();
@@ -169,12 +249,27 @@ mod tests {
 
     #[test]
     fn series_are_bounded_and_consistent() {
-        let l = Limits { max_series_len: 4, ..Limits::default() };
+        let l = Limits {
+            max_series_len: 4,
+            ..Limits::default()
+        };
         let mut v = value("tau", 1.0);
-        v.series = Some(wit::draftlens::metric::types::Series { kind: wit::SeriesKind::Histogram, values: vec![0.0; 5], counts: vec![0; 5] });
-        assert!(results(&meta(), vec![v.clone()], &l).unwrap_err().contains("series of 5 entries"));
-        v.series = Some(wit::draftlens::metric::types::Series { kind: wit::SeriesKind::Histogram, values: vec![0.0; 2], counts: vec![0; 3] });
-        assert!(results(&meta(), vec![v], &l).unwrap_err().contains("2 values but 3 counts"));
+        v.series = Some(wit::draftlens::metric::types::Series {
+            kind: wit::SeriesKind::Histogram,
+            values: vec![0.0; 5],
+            counts: vec![0; 5],
+        });
+        assert!(results(&meta(), vec![v.clone()], &l)
+            .unwrap_err()
+            .contains("series of 5 entries"));
+        v.series = Some(wit::draftlens::metric::types::Series {
+            kind: wit::SeriesKind::Histogram,
+            values: vec![0.0; 2],
+            counts: vec![0; 3],
+        });
+        assert!(results(&meta(), vec![v], &l)
+            .unwrap_err()
+            .contains("2 values but 3 counts"));
     }
 
     #[test]

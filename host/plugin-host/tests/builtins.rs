@@ -74,7 +74,13 @@ fn assert_same(what: &str, wasm: &[MetricResult], native: &[sdk::MetricValue], e
     assert_eq!(names, want, "{what}: metric names");
     for (w, n) in wasm.iter().zip(native) {
         assert_eq!(w.count, n.count, "{what}: {} count", w.name);
-        assert!(same_number(w.value, n.value, exact), "{what}: {} wasm {:?} native {}", w.name, w.value, n.value);
+        assert!(
+            same_number(w.value, n.value, exact),
+            "{what}: {} wasm {:?} native {}",
+            w.name,
+            w.value,
+            n.value
+        );
         match (&w.series, &n.series) {
             (None, None) => {}
             (Some(ws), Some(ns)) => {
@@ -86,7 +92,11 @@ fn assert_same(what: &str, wasm: &[MetricResult], native: &[sdk::MetricValue], e
                 assert_eq!(ws.counts, ns.counts, "{what}: {} series counts", w.name);
                 assert_eq!(ws.values.len(), ns.values.len());
                 for (a, b) in ws.values.iter().zip(&ns.values) {
-                    assert!(same_number(*a, *b, exact), "{what}: {} series {a:?} vs {b}", w.name);
+                    assert!(
+                        same_number(*a, *b, exact),
+                        "{what}: {} series {a:?} vs {b}",
+                        w.name
+                    );
                 }
             }
             _ => panic!("{what}: {} series present on one side only", w.name),
@@ -109,8 +119,14 @@ fn filter(batch: &RecordBatch, keep: impl Fn(usize) -> bool) -> RecordBatch {
         r.loss_mask = batch.loss_mask[b * p..(b + 1) * p].to_vec();
         r.draft_ids = batch.draft_ids[b * p * k..(b + 1) * p * k].to_vec();
         r.draft_logprobs = batch.draft_logprobs[b * p * k..(b + 1) * p * k].to_vec();
-        r.target_ids = batch.target_ids.as_ref().map(|c| c[b * p * k..(b + 1) * p * k].to_vec());
-        r.target_logprobs = batch.target_logprobs.as_ref().map(|c| c[b * p * k..(b + 1) * p * k].to_vec());
+        r.target_ids = batch
+            .target_ids
+            .as_ref()
+            .map(|c| c[b * p * k..(b + 1) * p * k].to_vec());
+        r.target_logprobs = batch
+            .target_logprobs
+            .as_ref()
+            .map(|c| c[b * p * k..(b + 1) * p * k].to_vec());
         r
     };
     let mut first = true;
@@ -135,7 +151,10 @@ fn test_batch() -> RecordBatch {
 }
 
 fn params_for(name: &str) -> Vec<Param> {
-    let text = |n: &str, v: &str| Param { name: n.into(), value: ParamValue::Text(v.into()) };
+    let text = |n: &str, v: &str| Param {
+        name: n.into(),
+        value: ParamValue::Text(v.into()),
+    };
     match name {
         // 128 > K = 8: exercises the stored-K limit.
         "ddtree" => vec![text("budgets", "4,8,16,32,128")],
@@ -150,17 +169,27 @@ fn wasm_equals_native_for_every_builtin() {
     let rt = common::runtime(Duration::from_secs(120), 256);
     let batch = test_batch();
     batch.check().unwrap();
-    let categories: BTreeMap<u32, String> = (0..12).filter(|p| p % 4 != 3).map(|p| (p, format!("cat{}", p % 2))).collect();
-    let groups = Grouping { per_prompt: true, categories: categories.clone() };
+    let categories: BTreeMap<u32, String> = (0..12)
+        .filter(|p| p % 4 != 3)
+        .map(|p| (p, format!("cat{}", p % 2)))
+        .collect();
+    let groups = Grouping {
+        per_prompt: true,
+        categories: categories.clone(),
+    };
     for name in common::BUILTINS {
-        let plugin = rt.load(&common::builtin(name)).unwrap_or_else(|e| panic!("{e}"));
+        let plugin = rt
+            .load(&common::builtin(name))
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(plugin.metadata.name, *name);
         let params = params_for(name);
         let exact = exact(name);
         let want = native(name, &params, &batch);
         assert!(!want.is_empty(), "{name} produces values on the test batch");
 
-        let one_shot = rt.evaluate(&plugin, &params, &batch).unwrap_or_else(|e| panic!("{e}"));
+        let one_shot = rt
+            .evaluate(&plugin, &params, &batch)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_same(&format!("{name} one-shot"), &one_shot, &want, exact);
 
         let outcome = rt.score_chunked(&plugin, &params, &batch, &groups, 700);
@@ -171,12 +200,27 @@ fn wasm_equals_native_for_every_builtin() {
         assert_eq!(scores.per_prompt.len(), 12);
         for (prompt, values) in &scores.per_prompt {
             let sub = filter(&batch, |b| batch.prompt_index[b] == *prompt);
-            assert_same(&format!("{name} prompt {prompt}"), values, &native(name, &params, &sub), exact);
+            assert_same(
+                &format!("{name} prompt {prompt}"),
+                values,
+                &native(name, &params, &sub),
+                exact,
+            );
         }
-        assert_eq!(scores.per_category.keys().collect::<Vec<_>>(), ["cat0", "cat1"]);
+        assert_eq!(
+            scores.per_category.keys().collect::<Vec<_>>(),
+            ["cat0", "cat1"]
+        );
         for (cat, values) in &scores.per_category {
-            let sub = filter(&batch, |b| categories.get(&batch.prompt_index[b]) == Some(cat));
-            assert_same(&format!("{name} category {cat}"), values, &native(name, &params, &sub), exact);
+            let sub = filter(&batch, |b| {
+                categories.get(&batch.prompt_index[b]) == Some(cat)
+            });
+            assert_same(
+                &format!("{name} category {cat}"),
+                values,
+                &native(name, &params, &sub),
+                exact,
+            );
         }
     }
 }
@@ -195,7 +239,10 @@ fn oracle_through_the_sandbox() {
     assert_eq!(tau.value, Some((4 * per_prompt) as f64 / 800.0));
     let first = filter(&batch, |b| batch.anchor[b] + 15 <= 209);
     let v = rt.evaluate(&plugin, &[], &first).unwrap();
-    assert_eq!(v.iter().find(|v| v.name == "tau_pooled").unwrap().value, Some(16.0));
+    assert_eq!(
+        v.iter().find(|v| v.name == "tau_pooled").unwrap().value,
+        Some(16.0)
+    );
 }
 
 #[test]
@@ -207,6 +254,13 @@ fn empty_batch_gives_undefined_values_not_failures() {
         let o = rt.score(&plugin, &[], &empty, &Grouping::default());
         assert!(o.is_ok(), "{name}: {:?}", o.failure);
         let scores = o.scores.unwrap();
-        assert!(scores.overall.iter().all(|v| v.value.is_none() || v.count > 0), "{name}: {:?}", scores.overall);
+        assert!(
+            scores
+                .overall
+                .iter()
+                .all(|v| v.value.is_none() || v.count > 0),
+            "{name}: {:?}",
+            scores.overall
+        );
     }
 }

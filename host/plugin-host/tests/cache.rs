@@ -11,7 +11,11 @@ use draftlens_plugin_host::{Limits, Runtime, RuntimeConfig};
 
 fn runtime(cache: &std::path::Path, fuel: Option<u64>) -> Runtime {
     Runtime::new(RuntimeConfig {
-        limits: Limits { time_limit: Some(Duration::from_secs(30)), fuel, ..Limits::default() },
+        limits: Limits {
+            time_limit: Some(Duration::from_secs(30)),
+            fuel,
+            ..Limits::default()
+        },
         cache_dir: Some(cache.to_path_buf()),
     })
     .unwrap()
@@ -29,7 +33,10 @@ fn compiled_once_then_loaded_from_the_cache() {
     let artifact = rt.cache_path(cache.path(), &cold.sha256);
     assert!(artifact.is_file(), "{} written", artifact.display());
     let name = artifact.file_name().unwrap().to_string_lossy().to_string();
-    assert!(name.starts_with(&cold.sha256) && name.ends_with(".cwasm"), "{name}");
+    assert!(
+        name.starts_with(&cold.sha256) && name.ends_with(".cwasm"),
+        "{name}"
+    );
     let want = rt.evaluate(&cold, &[], &batch).unwrap();
 
     // A new runtime (a later draftlens process) finds it.
@@ -51,5 +58,8 @@ fn compiled_once_then_loaded_from_the_cache() {
     let again = rt4.load(&wasm).unwrap();
     assert!(!again.from_cache);
     assert_eq!(rt4.evaluate(&again, &[], &batch).unwrap(), want);
-    assert!(runtime(cache.path(), None).load(&wasm).unwrap().from_cache, "rewritten");
+    assert!(
+        runtime(cache.path(), None).load(&wasm).unwrap().from_cache,
+        "rewritten"
+    );
 }

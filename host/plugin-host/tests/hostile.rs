@@ -9,11 +9,15 @@ use draftlens::records::RecordBatch;
 use draftlens_plugin_host::convert::record_batch;
 use draftlens_plugin_host::sdk::testdata::{random, Shape};
 use draftlens_plugin_host::{
-    score_batch_with, FailureKind, Grouping, Limits, Param, ParamValue, PluginRequest, Runtime, RuntimeConfig,
+    score_batch_with, FailureKind, Grouping, Limits, Param, ParamValue, PluginRequest, Runtime,
+    RuntimeConfig,
 };
 
 fn mode(m: &str) -> Vec<Param> {
-    vec![Param { name: "mode".into(), value: ParamValue::Text(m.into()) }]
+    vec![Param {
+        name: "mode".into(),
+        value: ParamValue::Text(m.into()),
+    }]
 }
 
 fn small_batch() -> RecordBatch {
@@ -32,17 +36,51 @@ fn rss_mib() -> u64 {
 #[test]
 fn each_misbehaviour_has_its_own_error_and_the_host_recovers() {
     let rt = common::runtime(Duration::from_millis(800), 64);
-    let plugin = rt.load(&common::guest("hostile")).unwrap_or_else(|e| panic!("{e}"));
+    let plugin = rt
+        .load(&common::guest("hostile"))
+        .unwrap_or_else(|e| panic!("{e}"));
     let batch = small_batch();
     let cases: &[(&str, FailureKind, &str)] = &[
-        ("loop", FailureKind::Timeout, "exceeded its time limit of 800ms in accumulate and was interrupted"),
-        ("alloc", FailureKind::MemoryLimit, "exceeded its memory limit in accumulate: tried to grow its linear memory to"),
-        ("panic", FailureKind::Panic, "index out of bounds: the len is 3 but the index is 7"),
-        ("huge-result", FailureKind::BadOutput, "a series of 2097152 entries for blocks (limit 1048576)"),
-        ("undeclared-metric", FailureKind::BadOutput, "the metric \"surprise\", which describe() does not declare"),
-        ("infinite-value", FailureKind::BadOutput, "an infinite value for blocks"),
-        ("series-mismatch", FailureKind::BadOutput, "with 2 values but 1 counts"),
-        ("plugin-error", FailureKind::PluginError, "rejected the batch in accumulate: the hostile plugin rejects every batch"),
+        (
+            "loop",
+            FailureKind::Timeout,
+            "exceeded its time limit of 800ms in accumulate and was interrupted",
+        ),
+        (
+            "alloc",
+            FailureKind::MemoryLimit,
+            "exceeded its memory limit in accumulate: tried to grow its linear memory to",
+        ),
+        (
+            "panic",
+            FailureKind::Panic,
+            "index out of bounds: the len is 3 but the index is 7",
+        ),
+        (
+            "huge-result",
+            FailureKind::BadOutput,
+            "a series of 2097152 entries for blocks (limit 1048576)",
+        ),
+        (
+            "undeclared-metric",
+            FailureKind::BadOutput,
+            "the metric \"surprise\", which describe() does not declare",
+        ),
+        (
+            "infinite-value",
+            FailureKind::BadOutput,
+            "an infinite value for blocks",
+        ),
+        (
+            "series-mismatch",
+            FailureKind::BadOutput,
+            "with 2 values but 1 counts",
+        ),
+        (
+            "plugin-error",
+            FailureKind::PluginError,
+            "rejected the batch in accumulate: the hostile plugin rejects every batch",
+        ),
     ];
     for (m, kind, needle) in cases {
         let started = Instant::now();
@@ -51,19 +89,35 @@ fn each_misbehaviour_has_its_own_error_and_the_host_recovers() {
         eprintln!("{m:>18}: {f}  ({:.0?})", started.elapsed());
         assert_eq!(f.kind, *kind, "mode {m}: {f}");
         assert!(f.message.contains(needle), "mode {m}: {f}");
-        assert!(f.to_string().contains("guest_hostile.wasm"), "the message names the file: {f}");
-        assert!(started.elapsed() < Duration::from_secs(20), "mode {m} took {:?}", started.elapsed());
+        assert!(
+            f.to_string().contains("guest_hostile.wasm"),
+            "the message names the file: {f}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "mode {m} took {:?}",
+            started.elapsed()
+        );
         if *m == "alloc" {
             assert!(f.message.contains("limit 64 MiB"), "{f}");
         }
     }
+
+    // Parameters are checked by the SDK against describe(): an unknown one is refused.
+    let bad = vec![Param { name: "nope".into(), value: ParamValue::Int(1) }];
+    let f = rt.score(&plugin, &bad, &batch, &Grouping::default()).failure.expect("bad parameter");
+    assert_eq!(f.kind, FailureKind::InvalidParams, "{f}");
+    assert!(f.message.contains("unknown parameter nope (known: mode)"), "{f}");
 
     // Runaway recursion: Rust's stack lives in linear memory, so it ends as an out-of-bounds
     // access (or, for wasm-stack-heavy frames, as a stack overflow) — classified either way.
     let o = rt.score(&plugin, &mode("recurse"), &batch, &Grouping::default());
     let f = o.failure.expect("recursion fails");
     eprintln!("{:>18}: {f}", "recurse");
-    assert!(matches!(f.kind, FailureKind::Trap | FailureKind::StackOverflow), "{f}");
+    assert!(
+        matches!(f.kind, FailureKind::Trap | FailureKind::StackOverflow),
+        "{f}"
+    );
     assert!(f.message.contains("recursion"), "{f}");
 
     // A log flood is bounded: 1000 lines kept, cut to 4 KiB each, the rest counted.
@@ -74,7 +128,15 @@ fn each_misbehaviour_has_its_own_error_and_the_host_recovers() {
     assert!(o.logs.iter().all(|l| l.message.len() <= 4096 + 16));
 
     // The host is healthy: the same plugin, well-behaved, works in a fresh job.
-    let o = rt.score(&plugin, &mode("ok"), &batch, &Grouping { per_prompt: true, ..Default::default() });
+    let o = rt.score(
+        &plugin,
+        &mode("ok"),
+        &batch,
+        &Grouping {
+            per_prompt: true,
+            ..Default::default()
+        },
+    );
     assert!(o.is_ok(), "{:?}", o.failure);
     let scores = o.scores.unwrap();
     assert_eq!(scores.overall[0].value, Some(batch.num_blocks() as f64));
@@ -92,7 +154,11 @@ fn files_that_are_not_plugins_are_refused_at_load() {
     std::fs::write(&text, "this is not wasm\n").unwrap();
     let f = rt.load(&text).unwrap_err();
     assert_eq!(f.kind, FailureKind::NotWasm, "{f}");
-    assert!(f.to_string().starts_with(&format!("{}: not a WebAssembly file", text.display())), "{f}");
+    assert!(
+        f.to_string()
+            .starts_with(&format!("{}: not a WebAssembly file", text.display())),
+        "{f}"
+    );
 
     let core = dir.path().join("core.wasm");
     std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
@@ -104,20 +170,30 @@ fn files_that_are_not_plugins_are_refused_at_load() {
     std::fs::write(&broken, b"\0asm\x0d\0\x01\0\xff\xff\xff").unwrap();
     let f = rt.load(&broken).unwrap_err();
     assert_eq!(f.kind, FailureKind::NotComponent, "{f}");
-    assert!(f.message.contains("not a valid WebAssembly component"), "{f}");
+    assert!(
+        f.message.contains("not a valid WebAssembly component"),
+        "{f}"
+    );
 
     let f = rt.load(&dir.path().join("missing.wasm")).unwrap_err();
     assert_eq!(f.kind, FailureKind::Io, "{f}");
 
     let f = rt.load(&common::guest("contract-v020")).unwrap_err();
     assert_eq!(f.kind, FailureKind::IncompatibleContract, "{f}");
-    assert!(f.message.contains("built against contract draftlens:metric@0.2.0"), "{f}");
+    assert!(
+        f.message
+            .contains("built against contract draftlens:metric@0.2.0"),
+        "{f}"
+    );
     assert!(f.message.contains("draftlens:metric@0.1.0"), "{f}");
 
     let f = rt.load(&common::guest("imports-wasi")).unwrap_err();
     assert_eq!(f.kind, FailureKind::CapabilityDenied, "{f}");
     // (wasm-component-ld names the interface with the WASI version it ships, 0.2.x.)
-    assert!(f.message.starts_with("imports wasi:cli/environment@0.2."), "{f}");
+    assert!(
+        f.message.starts_with("imports wasi:cli/environment@0.2."),
+        "{f}"
+    );
     assert!(f.message.contains("may not import WASI"), "{f}");
 }
 
@@ -130,19 +206,34 @@ fn a_failing_plugin_does_not_stop_the_others() {
     let good = common::builtin("accept-length");
     let requests = vec![
         PluginRequest::new(&good),
-        PluginRequest { path: common::guest("hostile"), params: mode("loop") },
+        PluginRequest {
+            path: common::guest("hostile"),
+            params: mode("loop"),
+        },
         PluginRequest::new(&junk),
         PluginRequest::new(common::guest("imports-wasi")),
         PluginRequest::new(common::guest("contract-v020")),
-        PluginRequest { path: common::guest("hostile"), params: mode("alloc") },
-        PluginRequest { path: common::guest("hostile"), params: mode("panic") },
+        PluginRequest {
+            path: common::guest("hostile"),
+            params: mode("alloc"),
+        },
+        PluginRequest {
+            path: common::guest("hostile"),
+            params: mode("panic"),
+        },
         PluginRequest::new(common::builtin("top1-accuracy")),
         PluginRequest::new(&good),
     ];
     let batch = small_batch();
-    let groups = Grouping { per_prompt: true, categories: [(0, "a".to_string()), (2, "b".to_string())].into() };
+    let groups = Grouping {
+        per_prompt: true,
+        categories: [(0, "a".to_string()), (2, "b".to_string())].into(),
+    };
     let out = score_batch_with(&rt, &requests, &batch, &groups).unwrap();
-    let kinds: Vec<Option<FailureKind>> = out.iter().map(|o| o.failure.as_ref().map(|f| f.kind)).collect();
+    let kinds: Vec<Option<FailureKind>> = out
+        .iter()
+        .map(|o| o.failure.as_ref().map(|f| f.kind))
+        .collect();
     assert_eq!(
         kinds,
         vec![
@@ -164,13 +255,20 @@ fn a_failing_plugin_does_not_stop_the_others() {
     assert_eq!(s.per_category.keys().collect::<Vec<_>>(), ["a", "b"]);
     // Outcomes serialise for the run store (which plugins failed and why).
     let json = serde_json::to_string(&out).unwrap();
-    assert!(json.contains("\"kind\":\"timeout\"") && json.contains("\"kind\":\"capability-denied\""), "{json}");
+    assert!(
+        json.contains("\"kind\":\"timeout\"") && json.contains("\"kind\":\"capability-denied\""),
+        "{json}"
+    );
 }
 
 #[test]
 fn fuel_gives_a_deterministic_budget() {
     let rt = Runtime::new(RuntimeConfig {
-        limits: Limits { time_limit: Some(Duration::from_secs(30)), fuel: Some(20_000_000), ..Limits::default() },
+        limits: Limits {
+            time_limit: Some(Duration::from_secs(30)),
+            fuel: Some(20_000_000),
+            ..Limits::default()
+        },
         cache_dir: None,
     })
     .unwrap();

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use draftlens_plugin_sdk::{
-    export_metric, region_param, Accumulator, Batch, Metadata, Metric, MetricSpec, MetricValue, Params, PluginError,
-    RegionFilter, Series, SeriesKind,
+    export_metric, region_param, Accumulator, Batch, Inputs, Metadata, Metric, MetricSpec,
+    MetricValue, Params, PluginError, RegionFilter, Series, SeriesKind,
 };
 
 pub struct AcceptLength;
@@ -65,6 +65,8 @@ impl Metric for AcceptLength {
                 ),
             ],
             params: vec![region_param("completion")],
+            // Only the drafter's top-1 is read: the host sends 1 candidate id per position.
+            inputs: Inputs::TOP1,
         }
     }
 
@@ -125,23 +127,44 @@ impl Accumulator for Acc {
     }
 
     fn finish(self) -> Result<Vec<MetricValue>, PluginError> {
-        let (accepted, blocks) =
-            self.per_prompt.values().fold((0u64, 0u64), |(s, n), &(ps, pn)| (s + ps, n + pn));
+        let (accepted, blocks) = self
+            .per_prompt
+            .values()
+            .fold((0u64, 0u64), |(s, n), &(ps, pn)| (s + ps, n + pn));
         debug_assert_eq!(blocks, self.hist.iter().sum::<u64>());
         // Macro: mean over prompts (in prompt order, so the float sum is reproducible).
         let prompts = self.per_prompt.len() as u64;
-        let macro_a: f64 = self.per_prompt.values().map(|&(s, n)| s as f64 / n as f64).sum();
+        let macro_a: f64 = self
+            .per_prompt
+            .values()
+            .map(|&(s, n)| s as f64 / n as f64)
+            .sum();
         let accept_len_macro = MetricValue::ratio("accept_len_macro", macro_a, prompts);
         let tau_macro = MetricValue::new("tau_macro", accept_len_macro.value + 1.0, prompts);
         let tau_pooled = MetricValue::ratio("tau_pooled", (accepted + blocks) as f64, blocks);
         let hist_total: u64 = blocks;
-        let accept_len_pooled = MetricValue::ratio("accept_len_pooled", accepted as f64, blocks).with_series(Series {
-            kind: SeriesKind::Histogram,
-            values: self.hist.iter().map(|&c| draftlens_plugin_sdk::ratio(c as f64, hist_total)).collect(),
-            counts: self.hist.clone(),
-        });
-        let rate = MetricValue::ratio("draft_accept_rate", accepted as f64, blocks * self.positions as u64);
-        Ok(vec![tau_pooled, tau_macro, accept_len_pooled, accept_len_macro, rate])
+        let accept_len_pooled = MetricValue::ratio("accept_len_pooled", accepted as f64, blocks)
+            .with_series(Series {
+                kind: SeriesKind::Histogram,
+                values: self
+                    .hist
+                    .iter()
+                    .map(|&c| draftlens_plugin_sdk::ratio(c as f64, hist_total))
+                    .collect(),
+                counts: self.hist.clone(),
+            });
+        let rate = MetricValue::ratio(
+            "draft_accept_rate",
+            accepted as f64,
+            blocks * self.positions as u64,
+        );
+        Ok(vec![
+            tau_pooled,
+            tau_macro,
+            accept_len_pooled,
+            accept_len_macro,
+            rate,
+        ])
     }
 }
 
@@ -150,11 +173,15 @@ export_metric!(AcceptLength);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use draftlens_plugin_sdk::testdata::{chunks, oracle, random, Shape};
-    use draftlens_plugin_sdk::{evaluate, evaluate_chunks, OwnedBatch, Param, ParamValue, PositionSpec, Region};
+    use draftlens_plugin_sdk::testdata::{chunks, oracle, project, random, Shape};
+    use draftlens_plugin_sdk::{
+        evaluate, evaluate_chunks, OwnedBatch, Param, ParamValue, PositionSpec, Region,
+    };
 
     fn get<'a>(vs: &'a [MetricValue], name: &str) -> &'a MetricValue {
-        vs.iter().find(|v| v.name == name).unwrap_or_else(|| panic!("no metric {name}"))
+        vs.iter()
+            .find(|v| v.name == name)
+            .unwrap_or_else(|| panic!("no metric {name}"))
     }
 
     /// B = 4 (P = 3), K = 2; `hits` = how many leading positions match, then one miss.
@@ -163,7 +190,12 @@ mod tests {
             .map(|i| {
                 let t = 10 + i as u32;
                 let top1 = if i < hits { t } else { 99 };
-                PositionSpec { target: Some(t), loss_mask: true, draft: vec![(top1, -0.1), (t + 100, -2.0)], target_top: None }
+                PositionSpec {
+                    target: Some(t),
+                    loss_mask: true,
+                    draft: vec![(top1, -0.1), (t + 100, -2.0)],
+                    target_top: None,
+                }
             })
             .collect();
         b.push_block(prompt, anchor, region, &positions);
@@ -201,9 +233,19 @@ mod tests {
     #[test]
     fn invalid_position_stops_the_streak() {
         let mut b = OwnedBatch::new(4, 1);
-        let pos = |t: Option<u32>, d: u32| PositionSpec { target: t, loss_mask: true, draft: vec![(d, -0.1)], target_top: None };
+        let pos = |t: Option<u32>, d: u32| PositionSpec {
+            target: t,
+            loss_mask: true,
+            draft: vec![(d, -0.1)],
+            target_top: None,
+        };
         // Position 2 is past the sequence end: A = 1 although the draft "matches" token 0.
-        b.push_block(0, 9, Region::Completion, &[pos(Some(4), 4), pos(None, 0), pos(None, 0)]);
+        b.push_block(
+            0,
+            9,
+            Region::Completion,
+            &[pos(Some(4), 4), pos(None, 0), pos(None, 0)],
+        );
         let vs = evaluate::<AcceptLength>(&[], &b.as_batch()).unwrap();
         assert_eq!(get(&vs, "tau_pooled").value, 2.0);
     }
@@ -231,9 +273,14 @@ mod tests {
     fn streaming_equals_one_shot() {
         let b = random(11, &Shape::new(8, 3, 5, 4, 37), 0.7, 0.2);
         let one = evaluate::<AcceptLength>(&[], &b.as_batch()).unwrap();
+        // The declared inputs (top-1 only) are enough: the host's projection changes nothing.
+        let projected = project(&b, AcceptLength::describe().inputs);
+        assert_eq!(projected.top_k, 1);
+        assert_eq!(one, evaluate::<AcceptLength>(&[], &projected.as_batch()).unwrap());
         for n in [1, 7, 50] {
             let parts = chunks(&b, n);
-            let streamed = evaluate_chunks::<AcceptLength>(&[], parts.iter().map(|c| c.as_batch())).unwrap();
+            let streamed =
+                evaluate_chunks::<AcceptLength>(&[], parts.iter().map(|c| c.as_batch())).unwrap();
             assert_eq!(one, streamed, "chunks of {n}");
         }
     }

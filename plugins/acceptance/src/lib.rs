@@ -7,8 +7,8 @@
 //! #{A ≥ k} / blocks (vLLM's "per-position acceptance") and 1 + Σ S_k is the pooled τ.
 
 use draftlens_plugin_sdk::{
-    export_metric, region_param, Accumulator, Batch, Metadata, Metric, MetricSpec, MetricValue, Params, PluginError,
-    RegionFilter, Series, SeriesKind,
+    export_metric, region_param, Accumulator, Batch, Inputs, Metadata, Metric, MetricSpec,
+    MetricValue, Params, PluginError, RegionFilter, Series, SeriesKind,
 };
 
 pub struct Acceptance;
@@ -54,11 +54,18 @@ impl Metric for Acceptance {
                 ),
             ],
             params: vec![region_param("completion")],
+            // Only the drafter's top-1 is read: the host sends 1 candidate id per position.
+            inputs: Inputs::TOP1,
         }
     }
 
     fn begin(params: &Params) -> Result<Acc, PluginError> {
-        Ok(Acc { region: params.region_filter("region")?, reached: Vec::new(), at_risk: Vec::new(), blocks: 0 })
+        Ok(Acc {
+            region: params.region_filter("region")?,
+            reached: Vec::new(),
+            at_risk: Vec::new(),
+            blocks: 0,
+        })
     }
 }
 
@@ -87,14 +94,19 @@ impl Accumulator for Acc {
 
     fn finish(self) -> Result<Vec<MetricValue>, PluginError> {
         let p = self.reached.len();
-        let cond_values: Vec<f64> =
-            (0..p).map(|i| draftlens_plugin_sdk::ratio(self.reached[i] as f64, self.at_risk[i])).collect();
+        let cond_values: Vec<f64> = (0..p)
+            .map(|i| draftlens_plugin_sdk::ratio(self.reached[i] as f64, self.at_risk[i]))
+            .collect();
         let cond = MetricValue::ratio(
             "conditional_acceptance",
             self.reached.iter().sum::<u64>() as f64,
             self.at_risk.iter().sum(),
         )
-        .with_series(Series { kind: SeriesKind::PerPosition, values: cond_values.clone(), counts: self.at_risk.clone() });
+        .with_series(Series {
+            kind: SeriesKind::PerPosition,
+            values: cond_values.clone(),
+            counts: self.at_risk.clone(),
+        });
 
         // Product-limit curve. Once no block is at risk the curve is undefined from there on.
         let mut surv = Vec::with_capacity(p);
@@ -105,9 +117,25 @@ impl Accumulator for Acc {
         }
         let defined = self.blocks > 0 && surv.iter().all(|v| !v.is_nan());
         let sum: f64 = surv.iter().sum();
-        let survival = MetricValue::new("survival", if defined && p > 0 { sum / p as f64 } else { f64::NAN }, self.blocks)
-            .with_series(Series { kind: SeriesKind::PerPosition, values: surv, counts: self.at_risk.clone() });
-        let tau = MetricValue::new("tau_survival", if defined { 1.0 + sum } else { f64::NAN }, self.blocks);
+        let survival = MetricValue::new(
+            "survival",
+            if defined && p > 0 {
+                sum / p as f64
+            } else {
+                f64::NAN
+            },
+            self.blocks,
+        )
+        .with_series(Series {
+            kind: SeriesKind::PerPosition,
+            values: surv,
+            counts: self.at_risk.clone(),
+        });
+        let tau = MetricValue::new(
+            "tau_survival",
+            if defined { 1.0 + sum } else { f64::NAN },
+            self.blocks,
+        );
         Ok(vec![cond, survival, tau])
     }
 }
@@ -142,7 +170,10 @@ mod tests {
         }
         let vs = evaluate::<Acceptance>(&[], &b.as_batch()).unwrap();
         // reached = [4, 3, 2], at risk = [5, 4, 3]
-        assert_eq!(series(&vs, "conditional_acceptance"), &[0.8, 0.75, 2.0 / 3.0]);
+        assert_eq!(
+            series(&vs, "conditional_acceptance"),
+            &[0.8, 0.75, 2.0 / 3.0]
+        );
         let c = metric(&vs, "conditional_acceptance");
         assert_eq!((c.value, c.count), (9.0 / 12.0, 12));
         let s = series(&vs, "survival");
@@ -166,7 +197,14 @@ mod tests {
         push(&mut b, 2, 3, 1);
         let vs = evaluate::<Acceptance>(&[], &b.as_batch()).unwrap();
         assert_eq!(series(&vs, "conditional_acceptance"), &[1.0, 1.0, 1.0]);
-        assert_eq!(metric(&vs, "conditional_acceptance").series.as_ref().unwrap().counts, vec![3, 2, 2]);
+        assert_eq!(
+            metric(&vs, "conditional_acceptance")
+                .series
+                .as_ref()
+                .unwrap()
+                .counts,
+            vec![3, 2, 2]
+        );
         assert_eq!(metric(&vs, "tau_survival").value, 4.0);
     }
 
@@ -183,7 +221,10 @@ mod tests {
         let b = random(21, &Shape::new(10, 3, 4, 6, 40), 0.8, 0.1);
         let one = evaluate::<Acceptance>(&[], &b.as_batch()).unwrap();
         let parts = chunks(&b, 17);
-        assert_eq!(one, evaluate_chunks::<Acceptance>(&[], parts.iter().map(|c| c.as_batch())).unwrap());
+        assert_eq!(
+            one,
+            evaluate_chunks::<Acceptance>(&[], parts.iter().map(|c| c.as_batch())).unwrap()
+        );
         let s = series(&one, "survival");
         assert!(s.windows(2).all(|w| w[1] <= w[0]), "{s:?}");
     }

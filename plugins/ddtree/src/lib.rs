@@ -25,8 +25,8 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use draftlens_plugin_sdk::{
-    export_metric, log, region_param, Accumulator, Batch, Block, Level, Metadata, Metric, MetricSpec, MetricValue,
-    ParamSpec, ParamValue, Params, PluginError, RegionFilter,
+    export_metric, log, region_param, Accumulator, Batch, Block, Inputs, Level, Metadata, Metric,
+    MetricSpec, MetricValue, ParamSpec, ParamValue, Params, PluginError, RegionFilter,
 };
 
 pub struct DdTree;
@@ -93,7 +93,9 @@ impl Tree {
             return !self.limit_events.is_empty();
         }
         let last = self.scores[n - 1];
-        self.limit_events.iter().any(|&(j, bound)| j + 1 < n && bound >= last)
+        self.limit_events
+            .iter()
+            .any(|&(j, bound)| j + 1 < n && bound >= last)
     }
 }
 
@@ -122,18 +124,30 @@ impl Builder {
         for d in 1..=depth_max {
             let cands = &block.draft_ids[(d - 1) * k..d * k];
             let rank = if block.valid[d - 1] != 0 {
-                cands.iter().position(|&t| t == block.target[d - 1]).map(|r| r as u32)
+                cands
+                    .iter()
+                    .position(|&t| t == block.target[d - 1])
+                    .map(|r| r as u32)
             } else {
                 None
             };
             self.ranks.push(rank);
             let mass: f64 = (0..k).map(|r| lp(d, r).exp()).sum();
             let rest = 1.0 - mass;
-            self.ub.push(if rest > 0.0 { lp(d, k - 1).min(rest.ln()) } else { f64::NEG_INFINITY });
+            self.ub.push(if rest > 0.0 {
+                lp(d, k - 1).min(rest.ln())
+            } else {
+                f64::NEG_INFINITY
+            });
         }
         self.heap.clear();
         self.on_path.clear();
-        self.heap.push(Item { score: lp(1, 0), depth: 1, rank: 0, parent: ROOT });
+        self.heap.push(Item {
+            score: lp(1, 0),
+            depth: 1,
+            rank: 0,
+            parent: ROOT,
+        });
         while tree.scores.len() < n_max {
             let Some(it) = self.heap.pop() else { break };
             let idx = tree.scores.len();
@@ -148,13 +162,24 @@ impl Builder {
             }
             if r + 1 < k {
                 let score = it.score - lp(d, r) + lp(d, r + 1);
-                self.heap.push(Item { score, depth: it.depth, rank: it.rank + 1, parent: it.parent });
+                self.heap.push(Item {
+                    score,
+                    depth: it.depth,
+                    rank: it.rank + 1,
+                    parent: it.parent,
+                });
             } else if self.ub[d - 1] > f64::NEG_INFINITY {
-                tree.limit_events.push((idx, it.score - lp(d, r) + self.ub[d - 1]));
+                tree.limit_events
+                    .push((idx, it.score - lp(d, r) + self.ub[d - 1]));
             }
             if d < depth_max {
                 let score = it.score + lp(d + 1, 0);
-                self.heap.push(Item { score, depth: it.depth + 1, rank: 0, parent: idx as u32 });
+                self.heap.push(Item {
+                    score,
+                    depth: it.depth + 1,
+                    rank: 0,
+                    parent: idx as u32,
+                });
             }
         }
         tree
@@ -212,13 +237,17 @@ impl Metric for DdTree {
                 ),
                 region_param("completion"),
             ],
+            // Every candidate with its log-prob; not the target's top-K.
+            inputs: Inputs { candidates: 0, draft_logprobs: true, target_topk: false },
         }
     }
 
     fn begin(params: &Params) -> Result<Acc, PluginError> {
         let budgets = params.positive_int_list("budgets")?;
         if let Some(&b) = budgets.iter().find(|&&b| b > 1 << 16) {
-            return Err(PluginError::InvalidParams(format!("budget {b} is larger than 65536 nodes")));
+            return Err(PluginError::InvalidParams(format!(
+                "budget {b} is larger than 65536 nodes"
+            )));
         }
         let n = budgets.len();
         Ok(Acc {
@@ -263,13 +292,25 @@ impl Accumulator for Acc {
     fn finish(self) -> Result<Vec<MetricValue>, PluginError> {
         let mut out = Vec::new();
         for (j, &n) in self.budgets.iter().enumerate() {
-            let mut tau = MetricValue::ratio(&format!("ddtree_tau_{n}"), self.accepted[j] as f64, self.blocks);
+            let mut tau = MetricValue::ratio(
+                &format!("ddtree_tau_{n}"),
+                self.accepted[j] as f64,
+                self.blocks,
+            );
             tau.value += 1.0;
-            let mut sur = MetricValue::ratio(&format!("ddtree_surrogate_tau_{n}"), self.surrogate[j], self.blocks);
+            let mut sur = MetricValue::ratio(
+                &format!("ddtree_surrogate_tau_{n}"),
+                self.surrogate[j],
+                self.blocks,
+            );
             sur.value += 1.0;
             out.push(tau);
             out.push(sur);
-            out.push(MetricValue::ratio(&format!("ddtree_k_limited_{n}"), self.limited[j] as f64, self.blocks));
+            out.push(MetricValue::ratio(
+                &format!("ddtree_k_limited_{n}"),
+                self.limited[j] as f64,
+                self.blocks,
+            ));
         }
         Ok(out)
     }
@@ -281,7 +322,9 @@ export_metric!(DdTree);
 mod tests {
     use super::*;
     use draftlens_plugin_sdk::testdata::{chunks, metric, oracle, random, Rng, Shape};
-    use draftlens_plugin_sdk::{evaluate, evaluate_chunks, OwnedBatch, Param, PositionSpec, Region};
+    use draftlens_plugin_sdk::{
+        evaluate, evaluate_chunks, OwnedBatch, Param, PositionSpec, Region,
+    };
 
     fn budgets(s: &str) -> Vec<Param> {
         vec![Param::new("budgets", ParamValue::Text(s.into()))]
@@ -289,7 +332,12 @@ mod tests {
 
     /// A block with B−1 = `depth` positions, `k` candidates per depth with random distinct
     /// log-probs (ids 10r + d), target token at the given rank per depth (None = absent).
-    fn random_block(rng: &mut Rng, depth: usize, k: usize, target_rank: &[Option<usize>]) -> OwnedBatch {
+    fn random_block(
+        rng: &mut Rng,
+        depth: usize,
+        k: usize,
+        target_rank: &[Option<usize>],
+    ) -> OwnedBatch {
         let mut b = OwnedBatch::new(depth as u32 + 1, k as u32);
         let ps: Vec<PositionSpec> = (0..depth)
             .map(|d| {
@@ -297,13 +345,21 @@ mod tests {
                 w.sort_by(|a, b| b.partial_cmp(a).unwrap());
                 let keep = 0.6 + 0.3 * rng.f64();
                 let sum: f64 = w.iter().sum();
-                let draft: Vec<(u32, f32)> =
-                    w.iter().enumerate().map(|(r, x)| ((10 * r + d) as u32, (x / sum * keep).ln() as f32)).collect();
+                let draft: Vec<(u32, f32)> = w
+                    .iter()
+                    .enumerate()
+                    .map(|(r, x)| ((10 * r + d) as u32, (x / sum * keep).ln() as f32))
+                    .collect();
                 let target = match target_rank[d] {
                     Some(r) => (10 * r + d) as u32,
                     None => 999,
                 };
-                PositionSpec { target: Some(target), loss_mask: true, draft, target_top: None }
+                PositionSpec {
+                    target: Some(target),
+                    loss_mask: true,
+                    draft,
+                    target_top: None,
+                }
             })
             .collect();
         b.push_block(0, 0, Region::Completion, &ps);
@@ -336,15 +392,24 @@ mod tests {
         let k = view.top_k();
         let nodes = trie(k, block.len());
         let score = |ranks: &[usize]| -> f64 {
-            ranks.iter().enumerate().map(|(d, &r)| block.draft_logprobs[d * k + r] as f64).sum::<f64>()
+            ranks
+                .iter()
+                .enumerate()
+                .map(|(d, &r)| block.draft_logprobs[d * k + r] as f64)
+                .sum::<f64>()
         };
         let mut best = (f64::NEG_INFINITY, 0usize);
         for mask in 0u32..(1 << nodes.len()) {
             if mask.count_ones() as usize != n {
                 continue;
             }
-            let chosen: Vec<&Vec<usize>> = (0..nodes.len()).filter(|i| mask >> i & 1 == 1).map(|i| &nodes[i]).collect();
-            let closed = chosen.iter().all(|p| p.len() == 1 || chosen.iter().any(|q| q[..] == p[..p.len() - 1]));
+            let chosen: Vec<&Vec<usize>> = (0..nodes.len())
+                .filter(|i| mask >> i & 1 == 1)
+                .map(|i| &nodes[i])
+                .collect();
+            let closed = chosen
+                .iter()
+                .all(|p| p.len() == 1 || chosen.iter().any(|q| q[..] == p[..p.len() - 1]));
             if !closed {
                 continue;
             }
@@ -353,7 +418,10 @@ mod tests {
                 // Walk: follow the target's rank while the prefix is in the tree.
                 let mut path: Vec<usize> = Vec::new();
                 for d in 0..block.len() {
-                    let Some(r) = block.draft_ids[d * k..(d + 1) * k].iter().position(|&t| t == block.target[d]) else {
+                    let Some(r) = block.draft_ids[d * k..(d + 1) * k]
+                        .iter()
+                        .position(|&t| t == block.target[d])
+                    else {
                         break;
                     };
                     path.push(r);
@@ -373,15 +441,26 @@ mod tests {
         // K = 2, depth 3: 14 trie nodes, every budget 1..=14 enumerated exhaustively.
         let mut rng = Rng::new(42);
         for trial in 0..12 {
-            let ranks: Vec<Option<usize>> =
-                (0..3).map(|_| if rng.f64() < 0.85 { Some(rng.below(2) as usize) } else { None }).collect();
+            let ranks: Vec<Option<usize>> = (0..3)
+                .map(|_| {
+                    if rng.f64() < 0.85 {
+                        Some(rng.below(2) as usize)
+                    } else {
+                        None
+                    }
+                })
+                .collect();
             let b = random_block(&mut rng, 3, 2, &ranks);
             let view = b.as_batch();
             let tree = Builder::default().build(&view.block(0), 2, 14);
             assert_eq!(tree.scores.len(), 14, "the whole trie fits");
             for n in 1..=14 {
                 let (sur, acc) = brute_force(&b, n);
-                assert!((tree.surrogate(n) - sur).abs() < 1e-12, "trial {trial} n {n}: {} vs {sur}", tree.surrogate(n));
+                assert!(
+                    (tree.surrogate(n) - sur).abs() < 1e-12,
+                    "trial {trial} n {n}: {} vs {sur}",
+                    tree.surrogate(n)
+                );
                 assert_eq!(tree.accepted(n), acc, "trial {trial} n {n} ranks {ranks:?}");
             }
         }
@@ -399,8 +478,18 @@ mod tests {
             0,
             Region::Completion,
             &[
-                PositionSpec { target: Some(11), loss_mask: true, draft: vec![(10, ln(0.6)), (11, ln(0.3))], target_top: None },
-                PositionSpec { target: Some(20), loss_mask: true, draft: vec![(20, ln(0.55)), (21, ln(0.4))], target_top: None },
+                PositionSpec {
+                    target: Some(11),
+                    loss_mask: true,
+                    draft: vec![(10, ln(0.6)), (11, ln(0.3))],
+                    target_top: None,
+                },
+                PositionSpec {
+                    target: Some(20),
+                    loss_mask: true,
+                    draft: vec![(20, ln(0.55)), (21, ln(0.4))],
+                    target_top: None,
+                },
             ],
         );
         let tree = Builder::default().build(&b.as_batch().block(0), 2, 6);
@@ -409,7 +498,15 @@ mod tests {
             assert!((s.exp() - w).abs() < 1e-6, "{:?}", tree.scores);
         }
         assert_eq!(tree.path, vec![2, 4]);
-        assert_eq!((tree.accepted(2), tree.accepted(3), tree.accepted(4), tree.accepted(5)), (0, 1, 1, 2));
+        assert_eq!(
+            (
+                tree.accepted(2),
+                tree.accepted(3),
+                tree.accepted(4),
+                tree.accepted(5)
+            ),
+            (0, 1, 1, 2)
+        );
         let vs = evaluate::<DdTree>(&budgets("1,3,5,7"), &b.as_batch()).unwrap();
         assert_eq!(metric(&vs, "ddtree_tau_1").value, 1.0);
         assert_eq!(metric(&vs, "ddtree_tau_3").value, 2.0);
@@ -440,7 +537,9 @@ mod tests {
                 .map(|p| PositionSpec {
                     target: Some(p.target),
                     loss_mask: true,
-                    draft: (0..2).map(|r| (p.draft.ids[r], p.draft.logprobs[r])).collect(),
+                    draft: (0..2)
+                        .map(|r| (p.draft.ids[r], p.draft.logprobs[r]))
+                        .collect(),
                     target_top: None,
                 })
                 .collect();
@@ -450,7 +549,10 @@ mod tests {
             for n in [2, 4, 8, 12] {
                 let differs = (t_full.surrogate(n) - t_cut.surrogate(n)).abs() > 1e-12;
                 if differs {
-                    assert!(t_cut.k_limited(n), "tree differs at n = {n} but not flagged");
+                    assert!(
+                        t_cut.k_limited(n),
+                        "tree differs at n = {n} but not flagged"
+                    );
                 }
                 flagged += t_cut.k_limited(n) as u32;
             }
@@ -465,7 +567,11 @@ mod tests {
         let view = b.as_batch();
         let vs = evaluate::<DdTree>(&budgets("2,5,7"), &view).unwrap();
         for n in [2usize, 5, 7] {
-            let want = view.blocks().map(|bl| 1.0 + bl.accepted_len().min(n) as f64).sum::<f64>() / view.num_blocks() as f64;
+            let want = view
+                .blocks()
+                .map(|bl| 1.0 + bl.accepted_len().min(n) as f64)
+                .sum::<f64>()
+                / view.num_blocks() as f64;
             assert!((metric(&vs, &format!("ddtree_tau_{n}")).value - want).abs() < 1e-12);
         }
     }
@@ -477,15 +583,25 @@ mod tests {
         let o = oracle(&Shape::new(6, 2, 2, 3, 20));
         let vs = evaluate::<DdTree>(&budgets("62"), &o.as_batch()).unwrap();
         let view = o.as_batch();
-        let want = view.blocks().map(|b| 1.0 + b.valid_len() as f64).sum::<f64>() / view.num_blocks() as f64;
+        let want = view
+            .blocks()
+            .map(|b| 1.0 + b.valid_len() as f64)
+            .sum::<f64>()
+            / view.num_blocks() as f64;
         assert!((metric(&vs, "ddtree_tau_62").value - want).abs() < 1e-12);
         // Budget grows → τ never drops (trees are nested).
         let b = random(5, &Shape::new(8, 4, 3, 3, 30), 0.5, 0.4);
         let p = budgets("1,2,4,8,16,32");
         let one = evaluate::<DdTree>(&p, &b.as_batch()).unwrap();
-        let taus: Vec<f64> = [1, 2, 4, 8, 16, 32].iter().map(|n| metric(&one, &format!("ddtree_tau_{n}")).value).collect();
+        let taus: Vec<f64> = [1, 2, 4, 8, 16, 32]
+            .iter()
+            .map(|n| metric(&one, &format!("ddtree_tau_{n}")).value)
+            .collect();
         assert!(taus.windows(2).all(|w| w[0] <= w[1]), "{taus:?}");
         let parts = chunks(&b, 19);
-        assert_eq!(one, evaluate_chunks::<DdTree>(&p, parts.iter().map(|c| c.as_batch())).unwrap());
+        assert_eq!(
+            one,
+            evaluate_chunks::<DdTree>(&p, parts.iter().map(|c| c.as_batch())).unwrap()
+        );
     }
 }

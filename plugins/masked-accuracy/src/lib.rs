@@ -4,8 +4,8 @@
 //! deployment numbers. Counts every stored anchor by default (both regions), as training does.
 
 use draftlens_plugin_sdk::{
-    export_metric, region_param, Accumulator, Batch, Metadata, Metric, MetricSpec, MetricValue, Params, PerPosition,
-    PluginError, RegionFilter,
+    export_metric, region_param, Accumulator, Batch, Inputs, Metadata, Metric, MetricSpec,
+    MetricValue, Params, PerPosition, PluginError, RegionFilter,
 };
 
 pub struct MaskedAccuracy;
@@ -40,11 +40,17 @@ impl Metric for MaskedAccuracy {
                 ),
             ],
             params: vec![region_param("all")],
+            // Only the drafter's top-1 is read: the host sends 1 candidate id per position.
+            inputs: Inputs::TOP1,
         }
     }
 
     fn begin(params: &Params) -> Result<Acc, PluginError> {
-        Ok(Acc { region: params.region_filter("region")?, masked: PerPosition::default(), unmasked: PerPosition::default() })
+        Ok(Acc {
+            region: params.region_filter("region")?,
+            masked: PerPosition::default(),
+            unmasked: PerPosition::default(),
+        })
     }
 }
 
@@ -71,7 +77,10 @@ impl Accumulator for Acc {
     }
 
     fn finish(self) -> Result<Vec<MetricValue>, PluginError> {
-        Ok(vec![self.masked.pooled("acc_masked"), self.unmasked.pooled("acc_unmasked")])
+        Ok(vec![
+            self.masked.pooled("acc_masked"),
+            self.unmasked.pooled("acc_unmasked"),
+        ])
     }
 }
 
@@ -81,10 +90,17 @@ export_metric!(MaskedAccuracy);
 mod tests {
     use super::*;
     use draftlens_plugin_sdk::testdata::{chunks, metric, random, series, Shape};
-    use draftlens_plugin_sdk::{evaluate, evaluate_chunks, OwnedBatch, Param, ParamValue, PositionSpec, Region};
+    use draftlens_plugin_sdk::{
+        evaluate, evaluate_chunks, OwnedBatch, Param, ParamValue, PositionSpec, Region,
+    };
 
     fn pos(t: u32, top1: u32, mask: bool) -> PositionSpec {
-        PositionSpec { target: Some(t), loss_mask: mask, draft: vec![(top1, -0.5)], target_top: None }
+        PositionSpec {
+            target: Some(t),
+            loss_mask: mask,
+            draft: vec![(top1, -0.5)],
+            target_top: None,
+        }
     }
 
     #[test]
@@ -94,8 +110,18 @@ mod tests {
         let mut b = OwnedBatch::new(3, 1);
         b.push_block(0, 4, Region::Prompt, &[pos(1, 1, false), pos(2, 9, true)]);
         // Two completion anchors: hits [1,1] and [0,1], all masked.
-        b.push_block(0, 6, Region::Completion, &[pos(3, 3, true), pos(4, 4, true)]);
-        b.push_block(0, 7, Region::Completion, &[pos(4, 8, true), pos(5, 5, true)]);
+        b.push_block(
+            0,
+            6,
+            Region::Completion,
+            &[pos(3, 3, true), pos(4, 4, true)],
+        );
+        b.push_block(
+            0,
+            7,
+            Region::Completion,
+            &[pos(4, 8, true), pos(5, 5, true)],
+        );
         let vs = evaluate::<MaskedAccuracy>(&[], &b.as_batch()).unwrap();
         let m = metric(&vs, "acc_masked");
         assert_eq!((m.value, m.count), (3.0 / 5.0, 5));
@@ -125,6 +151,9 @@ mod tests {
         assert_eq!(m.count, masked);
         assert!(m.count < u.count);
         let parts = chunks(&b, 13);
-        assert_eq!(vs, evaluate_chunks::<MaskedAccuracy>(&[], parts.iter().map(|c| c.as_batch())).unwrap());
+        assert_eq!(
+            vs,
+            evaluate_chunks::<MaskedAccuracy>(&[], parts.iter().map(|c| c.as_batch())).unwrap()
+        );
     }
 }

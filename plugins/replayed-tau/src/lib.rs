@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 
 use draftlens_plugin_sdk::{
-    export_metric, log, Accumulator, Batch, Level, Metadata, Metric, MetricSpec, MetricValue, Params, PluginError,
-    Region,
+    export_metric, log, Accumulator, Batch, Inputs, Level, Metadata, Metric, MetricSpec,
+    MetricValue, Params, PluginError, Region,
 };
 
 pub struct ReplayedTau;
@@ -59,11 +59,15 @@ impl Metric for ReplayedTau {
                 ),
             ],
             params: vec![],
+            // Only the drafter's top-1 is read: the host sends 1 candidate id per position.
+            inputs: Inputs::TOP1,
         }
     }
 
     fn begin(_params: &Params) -> Result<Acc, PluginError> {
-        Ok(Acc { anchors: BTreeMap::new() })
+        Ok(Acc {
+            anchors: BTreeMap::new(),
+        })
     }
 }
 
@@ -76,8 +80,16 @@ impl Accumulator for Acc {
             let a = batch.accepted_len(b) as u32;
             let prompt = batch.prompt_index[b];
             let anchor = batch.anchor[b];
-            if self.anchors.entry(prompt).or_default().insert(anchor, a).is_some() {
-                return Err(PluginError::InvalidBatch(format!("prompt {prompt} has two blocks at anchor {anchor}")));
+            if self
+                .anchors
+                .entry(prompt)
+                .or_default()
+                .insert(anchor, a)
+                .is_some()
+            {
+                return Err(PluginError::InvalidBatch(format!(
+                    "prompt {prompt} has two blocks at anchor {anchor}"
+                )));
             }
         }
         Ok(())
@@ -124,7 +136,9 @@ impl Accumulator for Acc {
 
 /// Replay one prompt's chain: (tokens, rounds), or the first anchor the chain needs but lacks.
 fn replay(anchors: &BTreeMap<u32, u32>) -> Result<(u64, u64), u32> {
-    let (&first, _) = anchors.first_key_value().expect("prompts enter the map with a block");
+    let (&first, _) = anchors
+        .first_key_value()
+        .expect("prompts enter the map with a block");
     let (&last, _) = anchors.last_key_value().expect("non-empty");
     let (mut tokens, mut rounds) = (0u64, 0u64);
     let mut a = first;
@@ -149,7 +163,9 @@ export_metric!(ReplayedTau);
 mod tests {
     use super::*;
     use draftlens_plugin_sdk::testdata::{chunks, metric, oracle, random, Shape};
-    use draftlens_plugin_sdk::{evaluate, evaluate_chunks, take_native_logs, OwnedBatch, PositionSpec};
+    use draftlens_plugin_sdk::{
+        evaluate, evaluate_chunks, take_native_logs, OwnedBatch, PositionSpec,
+    };
 
     /// B = 4 (P = 3), K = 1, block at `anchor` with accepted length `a` (all positions valid).
     fn push(b: &mut OwnedBatch, prompt: u32, anchor: u32, a: usize) {
@@ -197,7 +213,10 @@ mod tests {
         let b = random(4, &Shape::new(6, 2, 5, 3, 60), 0.7, 0.1);
         let one = evaluate::<ReplayedTau>(&[], &b.as_batch()).unwrap();
         let parts = chunks(&b, 23);
-        assert_eq!(one, evaluate_chunks::<ReplayedTau>(&[], parts.iter().map(|c| c.as_batch())).unwrap());
+        assert_eq!(
+            one,
+            evaluate_chunks::<ReplayedTau>(&[], parts.iter().map(|c| c.as_batch())).unwrap()
+        );
         // Replayed τ is computed from the same A values as the uniform τ, along a sub-chain.
         assert!(metric(&one, "replayed_tau_pooled").value >= 1.0);
     }
@@ -227,7 +246,11 @@ mod tests {
         assert_eq!((inc.value, inc.count), (1.0, 2));
         assert_eq!(metric(&vs, "replayed_tau_pooled").value, 4.0);
         let logs = take_native_logs();
-        assert!(logs.iter().any(|(l, m)| *l == Level::Warn && m.contains("prompt 0 has no block at anchor 2")), "{logs:?}");
+        assert!(
+            logs.iter()
+                .any(|(l, m)| *l == Level::Warn && m.contains("prompt 0 has no block at anchor 2")),
+            "{logs:?}"
+        );
     }
 
     #[test]
@@ -236,6 +259,10 @@ mod tests {
         push(&mut b, 0, 0, 0);
         push(&mut b, 0, 0, 1);
         let e = evaluate::<ReplayedTau>(&[], &b.as_batch()).unwrap_err();
-        assert!(e.to_string().contains("prompt 0 has two blocks at anchor 0"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("prompt 0 has two blocks at anchor 0"),
+            "{e}"
+        );
     }
 }

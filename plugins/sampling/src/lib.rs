@@ -14,8 +14,8 @@
 //! Needs the target's top-K in the records; blocks without it are skipped (and logged).
 
 use draftlens_plugin_sdk::{
-    export_metric, log, region_param, Accumulator, Batch, Level, Metadata, Metric, MetricSpec, MetricValue, Params,
-    PerPosition, PluginError, RegionFilter,
+    export_metric, log, region_param, Accumulator, Batch, Inputs, Level, Metadata, Metric,
+    MetricSpec, MetricValue, Params, PerPosition, PluginError, RegionFilter,
 };
 
 pub struct Sampling;
@@ -50,7 +50,8 @@ impl Metric for Sampling {
                 MetricSpec::new(
                     "sampling_alpha_hi",
                     "fraction",
-                    "upper bound of α: α_lo + min(1 − P(both), 1 − Q(both)); pooled, series per position",
+                    "upper bound of α: α_lo + min(1 − P(both), 1 − Q(both), (1 − P(target top-K)) + (1 − Q(draft \
+                     top-K))); pooled, series per position",
                     true,
                 ),
                 MetricSpec::new(
@@ -74,6 +75,7 @@ impl Metric for Sampling {
                 ),
             ],
             params: vec![region_param("completion")],
+            inputs: Inputs::ALL,
         }
     }
 
@@ -92,7 +94,12 @@ impl Metric for Sampling {
 }
 
 /// (α_lo, α_hi, p(d₁) or 0) of one position.
-pub fn alpha(draft_ids: &[u32], draft_lp: &[f32], target_ids: &[u32], target_lp: &[f32]) -> (f64, f64, f64) {
+pub fn alpha(
+    draft_ids: &[u32],
+    draft_lp: &[f32],
+    target_ids: &[u32],
+    target_lp: &[f32],
+) -> (f64, f64, f64) {
     let (mut lo, mut p_both, mut q_both) = (0.0f64, 0.0f64, 0.0f64);
     let p_top: f64 = target_lp.iter().map(|&l| (l as f64).exp()).sum();
     let q_top: f64 = draft_lp.iter().map(|&l| (l as f64).exp()).sum();
@@ -105,9 +112,15 @@ pub fn alpha(draft_ids: &[u32], draft_lp: &[f32], target_ids: &[u32], target_lp:
             q_both += q;
         }
     }
-    let slack = (1.0 - p_both).min(1.0 - q_both).min((1.0 - p_top) + (1.0 - q_top)).max(0.0);
+    let slack = (1.0 - p_both)
+        .min(1.0 - q_both)
+        .min((1.0 - p_top) + (1.0 - q_top))
+        .max(0.0);
     let hi = (lo + slack).min(1.0);
-    let greedy = target_ids.iter().position(|&y| y == draft_ids[0]).map_or(0.0, |j| (target_lp[j] as f64).exp());
+    let greedy = target_ids
+        .iter()
+        .position(|&y| y == draft_ids[0])
+        .map_or(0.0, |j| (target_lp[j] as f64).exp());
     (lo, hi, greedy)
 }
 
@@ -119,7 +132,10 @@ impl Accumulator for Acc {
             pp.ensure(p);
         }
         let (Some(tids), Some(tlps)) = (batch.target_ids, batch.target_logprobs) else {
-            self.skipped += batch.blocks().filter(|b| self.region.accepts(b.region)).count() as u64;
+            self.skipped += batch
+                .blocks()
+                .filter(|b| self.region.accepts(b.region))
+                .count() as u64;
             return Ok(());
         };
         for block in batch.blocks().filter(|b| self.region.accepts(b.region)) {
@@ -135,8 +151,12 @@ impl Accumulator for Acc {
                 }
                 let c = i * kk..(i + 1) * kk;
                 let t = base + i * kk..base + (i + 1) * kk;
-                let (lo, hi, greedy) =
-                    alpha(&block.draft_ids[c.clone()], &block.draft_logprobs[c], &tids[t.clone()], &tlps[t]);
+                let (lo, hi, greedy) = alpha(
+                    &block.draft_ids[c.clone()],
+                    &block.draft_logprobs[c],
+                    &tids[t.clone()],
+                    &tlps[t],
+                );
                 self.alpha_lo.num[i] += lo;
                 self.alpha_lo.den[i] += 1;
                 self.alpha_hi.num[i] += hi;
@@ -187,7 +207,9 @@ export_metric!(Sampling);
 mod tests {
     use super::*;
     use draftlens_plugin_sdk::testdata::{chunks, metric, random, series, Shape};
-    use draftlens_plugin_sdk::{evaluate, evaluate_chunks, take_native_logs, OwnedBatch, PositionSpec, Region};
+    use draftlens_plugin_sdk::{
+        evaluate, evaluate_chunks, take_native_logs, OwnedBatch, PositionSpec, Region,
+    };
 
     fn ln(x: f64) -> f32 {
         x.ln() as f32
@@ -199,7 +221,10 @@ mod tests {
         // Draft top-2 = {1:.5, 2:.3}, target top-2 = {1:.4, 2:.4}: α_lo = .4 + .3 = .7,
         // P(both) = .8, Q(both) = .8 → α_hi = .7 + .2 = .9. True α = .4+.3+.1+0 = .8 ∈ [.7, .9].
         let (lo, hi, g) = alpha(&[1, 2], &[ln(0.5), ln(0.3)], &[1, 2], &[ln(0.4), ln(0.4)]);
-        assert!((lo - 0.7).abs() < 1e-6 && (hi - 0.9).abs() < 1e-6, "{lo} {hi}");
+        assert!(
+            (lo - 0.7).abs() < 1e-6 && (hi - 0.9).abs() < 1e-6,
+            "{lo} {hi}"
+        );
         assert!((g - 0.4).abs() < 1e-6);
         // Disjoint top-Ks: α_lo = 0 and the greedy draft's p is unknown (→ 0). Tokens 1, 2 have
         // p <= 1 − .9 together, tokens 3, 4 have q <= 1 − .8: α_hi = .1 + .2.
@@ -221,7 +246,10 @@ mod tests {
         b.push_block(0, 0, Region::Completion, &[pos(), pos(), pos()]);
         let vs = evaluate::<Sampling>(&[], &b.as_batch()).unwrap();
         for name in ["sampling_alpha_lo", "sampling_alpha_hi"] {
-            assert!(series(&vs, name).iter().all(|a| (a - 1.0).abs() < 1e-6), "{name}");
+            assert!(
+                series(&vs, name).iter().all(|a| (a - 1.0).abs() < 1e-6),
+                "{name}"
+            );
         }
         assert!((metric(&vs, "sampling_tau_lo").value - 4.0).abs() < 1e-5);
         assert!((metric(&vs, "greedy_draft_alpha_lo").value - 0.75).abs() < 1e-6);
@@ -252,7 +280,11 @@ mod tests {
         let vs = evaluate::<Sampling>(&[], &b.as_batch()).unwrap();
         assert!(vs.is_empty());
         let logs = take_native_logs();
-        assert!(logs.iter().any(|(_, m)| m.contains("no stored target top-K")), "{logs:?}");
+        assert!(
+            logs.iter()
+                .any(|(_, m)| m.contains("no stored target top-K")),
+            "{logs:?}"
+        );
     }
 
     #[test]
@@ -262,7 +294,10 @@ mod tests {
         let b = random(12, &shape, 0.6, 0.3);
         let one = evaluate::<Sampling>(&[], &b.as_batch()).unwrap();
         let parts = chunks(&b, 10);
-        assert_eq!(one, evaluate_chunks::<Sampling>(&[], parts.iter().map(|c| c.as_batch())).unwrap());
+        assert_eq!(
+            one,
+            evaluate_chunks::<Sampling>(&[], parts.iter().map(|c| c.as_batch())).unwrap()
+        );
         let lo = series(&one, "sampling_alpha_lo");
         let hi = series(&one, "sampling_alpha_hi");
         assert!(lo.iter().zip(hi).all(|(l, h)| l <= h && *h <= 1.0));

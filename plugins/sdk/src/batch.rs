@@ -36,6 +36,7 @@ pub struct Batch<'a> {
     pub valid: &'a [u8],
     pub loss_mask: &'a [u8],
     pub draft_ids: &'a [u32],
+    /// Empty when the plugin's `Inputs` do not read log-probs.
     pub draft_logprobs: &'a [f32],
     pub target_ids: Option<&'a [u32]>,
     pub target_logprobs: Option<&'a [f32]>,
@@ -52,6 +53,10 @@ impl<'a> Batch<'a> {
     pub fn top_k(&self) -> usize {
         self.top_k as usize
     }
+    /// Whether the drafter's log-probs came with the batch (see `Inputs::draft_logprobs`).
+    pub fn has_draft_logprobs(&self) -> bool {
+        !self.draft_logprobs.is_empty() || self.num_blocks() == 0
+    }
     /// Whether the target's own top-K (ids and log-probs) came with the batch.
     pub fn has_target_topk(&self) -> bool {
         self.target_ids.is_some() && self.target_logprobs.is_some()
@@ -61,7 +66,10 @@ impl<'a> Batch<'a> {
     /// never index out of range.
     pub fn check(&self) -> Result<(), PluginError> {
         if self.block_size < 2 {
-            return Err(PluginError::InvalidBatch(format!("block-size {} < 2", self.block_size)));
+            return Err(PluginError::InvalidBatch(format!(
+                "block-size {} < 2",
+                self.block_size
+            )));
         }
         if self.top_k == 0 {
             return Err(PluginError::InvalidBatch("top-k is 0".into()));
@@ -76,12 +84,20 @@ impl<'a> Batch<'a> {
             ("valid", self.valid.len(), np),
             ("loss-mask", self.loss_mask.len(), np),
             ("draft-ids", self.draft_ids.len(), nc),
-            ("draft-logprobs", self.draft_logprobs.len(), nc),
         ];
         for (name, got, want) in lens {
             if got != want {
-                return Err(PluginError::InvalidBatch(format!("column {name} has {got} entries, expected {want}")));
+                return Err(PluginError::InvalidBatch(format!(
+                    "column {name} has {got} entries, expected {want}"
+                )));
             }
+        }
+        // Log-probs may be left out (a plugin whose `inputs` do not read them).
+        if !self.draft_logprobs.is_empty() && self.draft_logprobs.len() != nc {
+            return Err(PluginError::InvalidBatch(format!(
+                "column draft-logprobs has {} entries, expected {nc} (or none)",
+                self.draft_logprobs.len()
+            )));
         }
         match (self.target_ids, self.target_logprobs) {
             (None, None) => {}
@@ -94,14 +110,24 @@ impl<'a> Batch<'a> {
                     )));
                 }
             }
-            _ => return Err(PluginError::InvalidBatch("target-ids and target-logprobs must come together".into())),
+            _ => {
+                return Err(PluginError::InvalidBatch(
+                    "target-ids and target-logprobs must come together".into(),
+                ))
+            }
         }
         if let Some(i) = self.region.iter().position(|&r| r > 1) {
-            return Err(PluginError::InvalidBatch(format!("region of block {i} is {}, expected 0 or 1", self.region[i])));
+            return Err(PluginError::InvalidBatch(format!(
+                "region of block {i} is {}, expected 0 or 1",
+                self.region[i]
+            )));
         }
         for (name, col) in [("valid", self.valid), ("loss-mask", self.loss_mask)] {
             if let Some(i) = col.iter().position(|&v| v > 1) {
-                return Err(PluginError::InvalidBatch(format!("{name}[{i}] is {}, expected 0 or 1", col[i])));
+                return Err(PluginError::InvalidBatch(format!(
+                    "{name}[{i}] is {}, expected 0 or 1",
+                    col[i]
+                )));
             }
         }
         Ok(())
@@ -143,13 +169,18 @@ impl<'a> Batch<'a> {
             index: b,
             prompt_index: self.prompt_index[b],
             anchor: self.anchor[b],
-            region: if self.region[b] == 0 { Region::Completion } else { Region::Prompt },
+            region: if self.region[b] == 0 {
+                Region::Completion
+            } else {
+                Region::Prompt
+            },
             top_k: k,
             target: &self.target[pos.clone()],
             valid: &self.valid[pos.clone()],
             loss_mask: &self.loss_mask[pos],
             draft_ids: &self.draft_ids[cand.clone()],
-            draft_logprobs: &self.draft_logprobs[cand.clone()],
+            // Empty when the log-probs were not sent.
+            draft_logprobs: self.draft_logprobs.get(cand.clone()).unwrap_or(&[]),
             target_ids: self.target_ids.map(|c| &c[cand.clone()]),
             target_logprobs: self.target_logprobs.map(|c| &c[cand.clone()]),
         }
@@ -176,6 +207,7 @@ pub struct Block<'a> {
     pub loss_mask: &'a [u8],
     /// Per candidate (P*K entries).
     pub draft_ids: &'a [u32],
+    /// Empty when the plugin's `Inputs` do not read log-probs.
     pub draft_logprobs: &'a [f32],
     pub target_ids: Option<&'a [u32]>,
     pub target_logprobs: Option<&'a [f32]>,
@@ -199,9 +231,16 @@ impl<'a> Block<'a> {
             target: self.target[i],
             valid: self.valid[i] != 0,
             loss_mask: self.loss_mask[i] != 0,
-            draft: Candidates { ids: &self.draft_ids[c.clone()], logprobs: &self.draft_logprobs[c.clone()] },
+            draft: Candidates {
+                ids: &self.draft_ids[c.clone()],
+                // Empty when the log-probs were not sent.
+                logprobs: self.draft_logprobs.get(c.clone()).unwrap_or(&[]),
+            },
             target_top: match (self.target_ids, self.target_logprobs) {
-                (Some(ids), Some(lps)) => Some(Candidates { ids: &ids[c.clone()], logprobs: &lps[c] }),
+                (Some(ids), Some(lps)) => Some(Candidates {
+                    ids: &ids[c.clone()],
+                    logprobs: &lps[c],
+                }),
                 _ => None,
             },
         }
@@ -303,7 +342,11 @@ pub struct OwnedBatch {
 
 impl OwnedBatch {
     pub fn new(block_size: u32, top_k: u32) -> Self {
-        OwnedBatch { block_size, top_k, ..Default::default() }
+        OwnedBatch {
+            block_size,
+            top_k,
+            ..Default::default()
+        }
     }
     pub fn as_batch(&self) -> Batch<'_> {
         Batch {
@@ -323,8 +366,18 @@ impl OwnedBatch {
     }
     /// Append one block. `positions` gives, per position k = 1..P, the target token (None =
     /// invalid), the loss-mask bit and the drafter's K candidates as (id, log-prob).
-    pub fn push_block(&mut self, prompt: u32, anchor: u32, region: Region, positions: &[PositionSpec]) {
-        assert_eq!(positions.len(), self.block_size as usize - 1, "one PositionSpec per drafted position");
+    pub fn push_block(
+        &mut self,
+        prompt: u32,
+        anchor: u32,
+        region: Region,
+        positions: &[PositionSpec],
+    ) {
+        assert_eq!(
+            positions.len(),
+            self.block_size as usize - 1,
+            "one PositionSpec per drafted position"
+        );
         self.prompt_index.push(prompt);
         self.anchor.push(anchor);
         self.region.push(match region {
@@ -332,7 +385,11 @@ impl OwnedBatch {
             Region::Prompt => 1,
         });
         for p in positions {
-            assert_eq!(p.draft.len(), self.top_k as usize, "K candidates per position");
+            assert_eq!(
+                p.draft.len(),
+                self.top_k as usize,
+                "K candidates per position"
+            );
             self.target.push(p.target.unwrap_or(0));
             self.valid.push(p.target.is_some() as u8);
             self.loss_mask.push(p.loss_mask as u8);
@@ -341,7 +398,11 @@ impl OwnedBatch {
                 self.draft_logprobs.push(lp);
             }
             if let Some(t) = &p.target_top {
-                assert_eq!(t.len(), self.top_k as usize, "K target candidates per position");
+                assert_eq!(
+                    t.len(),
+                    self.top_k as usize,
+                    "K target candidates per position"
+                );
                 let ids = self.target_ids.get_or_insert_with(Vec::new);
                 ids.extend(t.iter().map(|c| c.0));
                 let lps = self.target_logprobs.get_or_insert_with(Vec::new);

@@ -20,7 +20,9 @@ pub mod bindings {
 
 use bindings::draftlens::metric::host as wit_host;
 use bindings::draftlens::metric::types as wit;
-pub use bindings::exports::draftlens::metric::evaluator::{Accumulator as WitAccumulator, Guest, GuestAccumulator};
+pub use bindings::exports::draftlens::metric::evaluator::{
+    Accumulator as WitAccumulator, Guest, GuestAccumulator,
+};
 
 use crate::{
     Accumulator, Level, Metadata, Metric, MetricValue, Param, ParamValue, PluginError, SeriesKind,
@@ -55,7 +57,10 @@ fn param_from_wit(p: wit::Param) -> Param {
         wit::ParamValue::Flag(v) => ParamValue::Flag(v),
         wit::ParamValue::Text(v) => ParamValue::Text(v),
     };
-    Param { name: p.name, value }
+    Param {
+        name: p.name,
+        value,
+    }
 }
 
 fn param_value_to_wit(v: ParamValue) -> wit::ParamValue {
@@ -85,8 +90,17 @@ fn metadata_to_wit(m: Metadata) -> wit::Metadata {
         params: m
             .params
             .into_iter()
-            .map(|p| wit::ParamSpec { name: p.name, description: p.description, default: param_value_to_wit(p.default) })
+            .map(|p| wit::ParamSpec {
+                name: p.name,
+                description: p.description,
+                default: param_value_to_wit(p.default),
+            })
             .collect(),
+        inputs: wit::Inputs {
+            candidates: m.inputs.candidates,
+            draft_logprobs: m.inputs.draft_logprobs,
+            target_topk: m.inputs.target_topk,
+        },
     }
 }
 
@@ -138,7 +152,10 @@ pub fn describe<M: Metric>() -> wit::Metadata {
 }
 
 /// `evaluate` export.
-pub fn evaluate<M: Metric>(params: Vec<wit::Param>, batch: wit::Batch) -> Result<Vec<wit::MetricValue>, wit::PluginError> {
+pub fn evaluate<M: Metric>(
+    params: Vec<wit::Param>,
+    batch: wit::Batch,
+) -> Result<Vec<wit::MetricValue>, wit::PluginError> {
     install_panic_hook();
     let params: Vec<Param> = params.into_iter().map(param_from_wit).collect();
     crate::evaluate::<M>(&params, &view(&batch))
@@ -161,14 +178,22 @@ pub struct AccHandle<A>(RefCell<Option<A>>);
 impl<A: Accumulator + 'static> GuestAccumulator for AccHandle<A> {
     fn accumulate(&self, batch: wit::Batch) -> Result<(), wit::PluginError> {
         let mut slot = self.0.borrow_mut();
-        let acc = slot.as_mut().ok_or_else(|| wit::PluginError::Internal("accumulate after finish".into()))?;
+        let acc = slot
+            .as_mut()
+            .ok_or_else(|| wit::PluginError::Internal("accumulate after finish".into()))?;
         let view = view(&batch);
         view.check().map_err(error_to_wit)?;
         acc.accumulate(&view).map_err(error_to_wit)
     }
 
     fn finish(&self) -> Result<Vec<wit::MetricValue>, wit::PluginError> {
-        let acc = self.0.borrow_mut().take().ok_or_else(|| wit::PluginError::Internal("finish called twice".into()))?;
-        acc.finish().map(|vs| vs.into_iter().map(value_to_wit).collect()).map_err(error_to_wit)
+        let acc = self
+            .0
+            .borrow_mut()
+            .take()
+            .ok_or_else(|| wit::PluginError::Internal("finish called twice".into()))?;
+        acc.finish()
+            .map(|vs| vs.into_iter().map(value_to_wit).collect())
+            .map_err(error_to_wit)
     }
 }

@@ -21,6 +21,7 @@
 //!             description: "mean accepted length".into(),
 //!             metrics: vec![MetricSpec::new("mean_accepted", "tokens", "mean A over blocks", true)],
 //!             params: vec![],
+//!             inputs: Inputs::TOP1, // only the drafter's top-1 is read
 //!         }
 //!     }
 //!     fn begin(_params: &Params) -> Result<Acc, PluginError> { Ok(Acc { sum: 0, blocks: 0 }) }
@@ -58,7 +59,8 @@ mod types;
 pub use batch::{Batch, Block, Candidates, OwnedBatch, Position, PositionSpec, Region};
 pub use params::{region_param, Params, RegionFilter};
 pub use types::{
-    ratio, Level, Metadata, MetricSpec, MetricValue, Param, ParamSpec, ParamValue, PluginError, Series, SeriesKind,
+    ratio, Inputs, Level, Metadata, MetricSpec, MetricValue, Param, ParamSpec, ParamValue,
+    PluginError, Series, SeriesKind,
 };
 
 #[cfg(target_arch = "wasm32")]
@@ -90,7 +92,10 @@ pub fn begin<M: Metric>(params: &[Param]) -> Result<M::Acc, PluginError> {
 }
 
 /// One-shot evaluation: `begin`, one `accumulate`, `finish`.
-pub fn evaluate<M: Metric>(params: &[Param], batch: &Batch<'_>) -> Result<Vec<MetricValue>, PluginError> {
+pub fn evaluate<M: Metric>(
+    params: &[Param],
+    batch: &Batch<'_>,
+) -> Result<Vec<MetricValue>, PluginError> {
     batch.check()?;
     let mut acc = begin::<M>(params)?;
     acc.accumulate(batch)?;
@@ -170,7 +175,10 @@ pub struct PerPosition {
 
 impl PerPosition {
     pub fn new(positions: usize) -> Self {
-        PerPosition { num: vec![0.0; positions], den: vec![0; positions] }
+        PerPosition {
+            num: vec![0.0; positions],
+            den: vec![0; positions],
+        }
     }
     /// Grow to `positions` entries (batches of one run share B; this keeps the first batch's).
     pub fn ensure(&mut self, positions: usize) {

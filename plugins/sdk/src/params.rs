@@ -12,11 +12,17 @@ impl Params {
     /// Resolve `given` against `specs`: unknown names, duplicates and wrong kinds are
     /// `InvalidParams`; an int is accepted where a float is declared.
     pub fn resolve(specs: &[ParamSpec], given: &[Param]) -> Result<Params, PluginError> {
-        let mut values: Vec<(String, ParamValue)> = specs.iter().map(|s| (s.name.clone(), s.default.clone())).collect();
+        let mut values: Vec<(String, ParamValue)> = specs
+            .iter()
+            .map(|s| (s.name.clone(), s.default.clone()))
+            .collect();
         let mut seen: Vec<&str> = Vec::new();
         for p in given {
             if seen.contains(&p.name.as_str()) {
-                return Err(PluginError::InvalidParams(format!("parameter {} given twice", p.name)));
+                return Err(PluginError::InvalidParams(format!(
+                    "parameter {} given twice",
+                    p.name
+                )));
             }
             seen.push(&p.name);
             let Some(slot) = values.iter_mut().find(|(n, _)| *n == p.name) else {
@@ -24,7 +30,11 @@ impl Params {
                 return Err(PluginError::InvalidParams(format!(
                     "unknown parameter {} (known: {})",
                     p.name,
-                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
                 )));
             };
             slot.1 = match (&slot.1, &p.value) {
@@ -49,34 +59,48 @@ impl Params {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v)
-            .ok_or_else(|| PluginError::Internal(format!("plugin reads undeclared parameter {name}")))
+            .ok_or_else(|| {
+                PluginError::Internal(format!("plugin reads undeclared parameter {name}"))
+            })
     }
 
     pub fn int(&self, name: &str) -> Result<i64, PluginError> {
         match self.get(name)? {
             ParamValue::Int(v) => Ok(*v),
-            v => Err(PluginError::Internal(format!("parameter {name} is {}, not int", v.kind()))),
+            v => Err(PluginError::Internal(format!(
+                "parameter {name} is {}, not int",
+                v.kind()
+            ))),
         }
     }
 
     pub fn float(&self, name: &str) -> Result<f64, PluginError> {
         match self.get(name)? {
             ParamValue::Float(v) => Ok(*v),
-            v => Err(PluginError::Internal(format!("parameter {name} is {}, not float", v.kind()))),
+            v => Err(PluginError::Internal(format!(
+                "parameter {name} is {}, not float",
+                v.kind()
+            ))),
         }
     }
 
     pub fn flag(&self, name: &str) -> Result<bool, PluginError> {
         match self.get(name)? {
             ParamValue::Flag(v) => Ok(*v),
-            v => Err(PluginError::Internal(format!("parameter {name} is {}, not flag", v.kind()))),
+            v => Err(PluginError::Internal(format!(
+                "parameter {name} is {}, not flag",
+                v.kind()
+            ))),
         }
     }
 
     pub fn text(&self, name: &str) -> Result<&str, PluginError> {
         match self.get(name)? {
             ParamValue::Text(v) => Ok(v),
-            v => Err(PluginError::Internal(format!("parameter {name} is {}, not text", v.kind()))),
+            v => Err(PluginError::Internal(format!(
+                "parameter {name} is {}, not text",
+                v.kind()
+            ))),
         }
     }
 
@@ -96,7 +120,9 @@ impl Params {
             }
         }
         if out.is_empty() {
-            return Err(PluginError::InvalidParams(format!("parameter {name} is empty")));
+            return Err(PluginError::InvalidParams(format!(
+                "parameter {name} is empty"
+            )));
         }
         out.sort_unstable();
         out.dedup();
@@ -169,15 +195,32 @@ mod tests {
     #[test]
     fn bad_params_are_named() {
         let e = Params::resolve(&specs(), &[Param::new("nope", ParamValue::Int(1))]).unwrap_err();
-        assert!(e.to_string().contains("unknown parameter nope (known: budgets, scale, strict)"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("unknown parameter nope (known: budgets, scale, strict)"),
+            "{e}"
+        );
         let e = Params::resolve(&specs(), &[Param::new("strict", ParamValue::Int(1))]).unwrap_err();
-        assert!(e.to_string().contains("strict must be flag, got int 1"), "{e}");
-        let p = Params::resolve(&specs(), &[Param::new("budgets", ParamValue::Text("4,x".into()))]).unwrap();
+        assert!(
+            e.to_string().contains("strict must be flag, got int 1"),
+            "{e}"
+        );
+        let p = Params::resolve(
+            &specs(),
+            &[Param::new("budgets", ParamValue::Text("4,x".into()))],
+        )
+        .unwrap();
         let e = p.positive_int_list("budgets").unwrap_err();
-        assert!(e.to_string().contains("\"x\" is not a positive integer"), "{e}");
+        assert!(
+            e.to_string().contains("\"x\" is not a positive integer"),
+            "{e}"
+        );
         let e = Params::resolve(
             &specs(),
-            &[Param::new("scale", ParamValue::Int(1)), Param::new("scale", ParamValue::Int(2))],
+            &[
+                Param::new("scale", ParamValue::Int(1)),
+                Param::new("scale", ParamValue::Int(2)),
+            ],
         )
         .unwrap_err();
         assert!(e.to_string().contains("given twice"), "{e}");
@@ -185,7 +228,14 @@ mod tests {
 
     #[test]
     fn int_lists_are_sorted_and_deduplicated() {
-        let p = Params::resolve(&specs(), &[Param::new("budgets", ParamValue::Text(" 16, 4 ,4,8,".into()))]).unwrap();
+        let p = Params::resolve(
+            &specs(),
+            &[Param::new(
+                "budgets",
+                ParamValue::Text(" 16, 4 ,4,8,".into()),
+            )],
+        )
+        .unwrap();
         assert_eq!(p.positive_int_list("budgets").unwrap(), vec![4, 8, 16]);
     }
 }

@@ -5,7 +5,7 @@
 //! prompt_len + completion_len - 1, and position k of a block is valid when a + k is inside the
 //! sequence.
 
-use crate::{MetricValue, OwnedBatch, Region};
+use crate::{Inputs, MetricValue, OwnedBatch, Region};
 
 /// A small deterministic generator (xorshift64*), so tests need no RNG crate.
 #[derive(Clone, Debug)]
@@ -48,8 +48,22 @@ pub struct Shape {
 }
 
 impl Shape {
-    pub fn new(block_size: u32, top_k: u32, prompts: u32, prompt_len: u32, completion_len: u32) -> Self {
-        Shape { block_size, top_k, prompts, prompt_len, completion_len, prompt_anchors: false, target_topk: false }
+    pub fn new(
+        block_size: u32,
+        top_k: u32,
+        prompts: u32,
+        prompt_len: u32,
+        completion_len: u32,
+    ) -> Self {
+        Shape {
+            block_size,
+            top_k,
+            prompts,
+            prompt_len,
+            completion_len,
+            prompt_anchors: false,
+            target_topk: false,
+        }
     }
 }
 
@@ -65,7 +79,13 @@ fn logprobs(rng: &mut Rng, k: usize) -> Vec<f32> {
 
 /// `k` distinct candidate ids from a vocabulary of `vocab`, never `avoid`, with `must.0` placed at
 /// rank `must.1` when given.
-fn candidates(rng: &mut Rng, k: usize, vocab: u32, must: Option<(u32, usize)>, avoid: Option<u32>) -> Vec<u32> {
+fn candidates(
+    rng: &mut Rng,
+    k: usize,
+    vocab: u32,
+    must: Option<(u32, usize)>,
+    avoid: Option<u32>,
+) -> Vec<u32> {
     let mut ids: Vec<u32> = Vec::with_capacity(k);
     while ids.len() < k {
         let t = rng.below(vocab as u64) as u32;
@@ -92,9 +112,17 @@ pub fn random(seed: u64, shape: &Shape, p_top1: f64, p_topk: f64) -> OwnedBatch 
     for prompt in 0..shape.prompts {
         let len = shape.prompt_len + shape.completion_len;
         let tokens: Vec<u32> = (0..len).map(|_| rng.below(vocab as u64) as u32).collect();
-        let first = if shape.prompt_anchors { 0 } else { shape.prompt_len };
+        let first = if shape.prompt_anchors {
+            0
+        } else {
+            shape.prompt_len
+        };
         for a in first..len {
-            let region = if a < shape.prompt_len { Region::Prompt } else { Region::Completion };
+            let region = if a < shape.prompt_len {
+                Region::Prompt
+            } else {
+                Region::Completion
+            };
             out.prompt_index.push(prompt);
             out.anchor.push(a);
             out.region.push(region as u8);
@@ -121,8 +149,12 @@ pub fn random(seed: u64, shape: &Shape, p_top1: f64, p_topk: f64) -> OwnedBatch 
                 out.draft_logprobs.extend(logprobs(&mut rng, k));
                 if shape.target_topk {
                     let tids = candidates(&mut rng, k, vocab, valid.then_some((t, 0)), None);
-                    out.target_ids.get_or_insert_with(Vec::new).extend_from_slice(&tids);
-                    out.target_logprobs.get_or_insert_with(Vec::new).extend(logprobs(&mut rng, k));
+                    out.target_ids
+                        .get_or_insert_with(Vec::new)
+                        .extend_from_slice(&tids);
+                    out.target_logprobs
+                        .get_or_insert_with(Vec::new)
+                        .extend(logprobs(&mut rng, k));
                 }
             }
         }
@@ -166,6 +198,24 @@ pub fn chunks(b: &OwnedBatch, n: usize) -> Vec<OwnedBatch> {
     out
 }
 
+/// What the host sends a plugin that declared `inputs`: the first `inputs.candidates`
+/// candidates per position, log-probs and the target's top-K only when asked for. A plugin's
+/// tests can check that its declared inputs suffice: the results must not change.
+pub fn project(b: &OwnedBatch, inputs: Inputs) -> OwnedBatch {
+    let k = b.top_k as usize;
+    let keep = if inputs.candidates == 0 { k } else { (inputs.candidates as usize).min(k) };
+    let cut = |v: &[u32]| -> Vec<u32> { v.chunks(k).flat_map(|c| c[..keep].iter().copied()).collect() };
+    let cut_f = |v: &[f32]| -> Vec<f32> { v.chunks(k).flat_map(|c| c[..keep].iter().copied()).collect() };
+    OwnedBatch {
+        top_k: keep as u32,
+        draft_ids: cut(&b.draft_ids),
+        draft_logprobs: if inputs.draft_logprobs { cut_f(&b.draft_logprobs) } else { Vec::new() },
+        target_ids: b.target_ids.as_ref().filter(|_| inputs.target_topk).map(|v| cut(v)),
+        target_logprobs: b.target_logprobs.as_ref().filter(|_| inputs.target_topk).map(|v| cut_f(v)),
+        ..b.clone()
+    }
+}
+
 /// The value named `name` in a plugin's output (panics with the list of names when missing:
 /// for tests).
 pub fn metric<'a>(values: &'a [MetricValue], name: &str) -> &'a MetricValue {
@@ -177,7 +227,11 @@ pub fn metric<'a>(values: &'a [MetricValue], name: &str) -> &'a MetricValue {
 
 /// The per-position (or histogram) values of metric `name`.
 pub fn series<'a>(values: &'a [MetricValue], name: &str) -> &'a [f64] {
-    &metric(values, name).series.as_ref().unwrap_or_else(|| panic!("metric {name} has no series")).values
+    &metric(values, name)
+        .series
+        .as_ref()
+        .unwrap_or_else(|| panic!("metric {name} has no series"))
+        .values
 }
 
 #[cfg(test)]
@@ -218,6 +272,27 @@ mod tests {
             assert_eq!(block.accepted_len(), want);
             assert_eq!(v.accepted_len(block.index), want);
         }
+    }
+
+    #[test]
+    fn projection_keeps_what_was_asked_for() {
+        let mut shape = Shape::new(5, 4, 2, 3, 10);
+        shape.target_topk = true;
+        let b = random(4, &shape, 0.5, 0.3);
+        let p = project(&b, Inputs::TOP1);
+        let v = p.as_batch();
+        v.check().unwrap();
+        assert_eq!((v.top_k, v.draft_logprobs.len(), v.target_ids.is_none()), (1, 0, true));
+        assert!(!v.has_draft_logprobs());
+        let full = b.as_batch();
+        for (pb, fb) in v.blocks().zip(full.blocks()) {
+            assert_eq!(pb.accepted_len(), fb.accepted_len());
+            assert!(pb.position(1).draft.logprobs.is_empty());
+        }
+        let two = project(&b, Inputs { candidates: 2, draft_logprobs: true, target_topk: true });
+        assert_eq!(two.draft_ids.len(), b.draft_ids.len() / 2);
+        two.as_batch().check().unwrap();
+        assert_eq!(project(&b, Inputs::ALL), b);
     }
 
     #[test]

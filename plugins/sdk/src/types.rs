@@ -44,7 +44,10 @@ pub struct Param {
 
 impl Param {
     pub fn new(name: &str, value: ParamValue) -> Self {
-        Param { name: name.to_string(), value }
+        Param {
+            name: name.to_string(),
+            value,
+        }
     }
 }
 
@@ -58,7 +61,11 @@ pub struct ParamSpec {
 
 impl ParamSpec {
     pub fn new(name: &str, description: &str, default: ParamValue) -> Self {
-        ParamSpec { name: name.into(), description: description.into(), default }
+        ParamSpec {
+            name: name.into(),
+            description: description.into(),
+            default,
+        }
     }
 }
 
@@ -73,7 +80,44 @@ pub struct MetricSpec {
 
 impl MetricSpec {
     pub fn new(name: &str, unit: &str, description: &str, higher_is_better: bool) -> Self {
-        MetricSpec { name: name.into(), unit: unit.into(), description: description.into(), higher_is_better }
+        MetricSpec {
+            name: name.into(),
+            unit: unit.into(),
+            description: description.into(),
+            higher_is_better,
+        }
+    }
+}
+
+/// Which parts of a batch a plugin reads; the host sends only those.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inputs {
+    /// Candidates per position (best first); 0 = all stored.
+    pub candidates: u32,
+    /// Whether `draft_logprobs` are read (else sent empty).
+    pub draft_logprobs: bool,
+    /// Whether the target's top-K is read (else sent as None).
+    pub target_topk: bool,
+}
+
+impl Inputs {
+    /// Everything: all candidates with log-probs, and the target's top-K when stored.
+    pub const ALL: Inputs = Inputs {
+        candidates: 0,
+        draft_logprobs: true,
+        target_topk: true,
+    };
+    /// The drafter's top-1 id per position (plus the per-block and per-position columns).
+    pub const TOP1: Inputs = Inputs {
+        candidates: 1,
+        draft_logprobs: false,
+        target_topk: false,
+    };
+}
+
+impl Default for Inputs {
+    fn default() -> Self {
+        Inputs::ALL
     }
 }
 
@@ -85,6 +129,8 @@ pub struct Metadata {
     pub description: String,
     pub metrics: Vec<MetricSpec>,
     pub params: Vec<ParamSpec>,
+    /// What the plugin reads ([`Inputs::ALL`] is always safe; narrower is faster).
+    pub inputs: Inputs,
 }
 
 /// How to read a series.
@@ -118,11 +164,21 @@ pub struct MetricValue {
 impl MetricValue {
     /// `num / den`, NaN when `den` is 0; `count` = `den`.
     pub fn ratio(name: &str, num: f64, den: u64) -> Self {
-        MetricValue { name: name.into(), value: ratio(num, den), count: den, series: None }
+        MetricValue {
+            name: name.into(),
+            value: ratio(num, den),
+            count: den,
+            series: None,
+        }
     }
     /// A value with an explicit count.
     pub fn new(name: &str, value: f64, count: u64) -> Self {
-        MetricValue { name: name.into(), value, count, series: None }
+        MetricValue {
+            name: name.into(),
+            value,
+            count,
+            series: None,
+        }
     }
     /// Attach per-position ratios `nums[i] / dens[i]`.
     pub fn with_per_position(mut self, nums: &[f64], dens: &[u64]) -> Self {

@@ -3,8 +3,8 @@
 //! positions (the marginal, "position k acc" of training logs).
 
 use draftlens_plugin_sdk::{
-    export_metric, region_param, Accumulator, Batch, Metadata, Metric, MetricSpec, MetricValue, Params, PerPosition,
-    PluginError, RegionFilter,
+    export_metric, region_param, Accumulator, Batch, Inputs, Metadata, Metric, MetricSpec,
+    MetricValue, Params, PerPosition, PluginError, RegionFilter,
 };
 
 pub struct Top1Accuracy;
@@ -30,11 +30,16 @@ impl Metric for Top1Accuracy {
                 true,
             )],
             params: vec![region_param("completion")],
+            // Only the drafter's top-1 is read: the host sends 1 candidate id per position.
+            inputs: Inputs::TOP1,
         }
     }
 
     fn begin(params: &Params) -> Result<Acc, PluginError> {
-        Ok(Acc { region: params.region_filter("region")?, hits: PerPosition::default() })
+        Ok(Acc {
+            region: params.region_filter("region")?,
+            hits: PerPosition::default(),
+        })
     }
 }
 
@@ -78,10 +83,25 @@ mod tests {
             draft: vec![(top1, -0.2), (500, -1.9)],
             target_top: None,
         };
-        b.push_block(0, 3, Region::Completion, &[pos(Some(1), 1), pos(Some(2), 7), pos(Some(3), 3)]);
-        b.push_block(0, 4, Region::Completion, &[pos(Some(2), 8), pos(Some(3), 3), pos(None, 0)]);
+        b.push_block(
+            0,
+            3,
+            Region::Completion,
+            &[pos(Some(1), 1), pos(Some(2), 7), pos(Some(3), 3)],
+        );
+        b.push_block(
+            0,
+            4,
+            Region::Completion,
+            &[pos(Some(2), 8), pos(Some(3), 3), pos(None, 0)],
+        );
         // A prompt anchor that would change everything if it were counted.
-        b.push_block(0, 1, Region::Prompt, &[pos(Some(5), 5), pos(Some(5), 5), pos(Some(5), 5)]);
+        b.push_block(
+            0,
+            1,
+            Region::Prompt,
+            &[pos(Some(5), 5), pos(Some(5), 5), pos(Some(5), 5)],
+        );
         let vs = evaluate::<Top1Accuracy>(&[], &b.as_batch()).unwrap();
         let acc = metric(&vs, "top1_acc");
         assert_eq!((acc.value, acc.count), (3.0 / 5.0, 5));
@@ -95,8 +115,18 @@ mod tests {
         // Position 1 always misses, position 2 always hits: a_2 = 1 although A = 0 everywhere.
         let mut b = OwnedBatch::new(3, 1);
         for a in 0..4 {
-            let p1 = PositionSpec { target: Some(1), loss_mask: true, draft: vec![(2, -0.1)], target_top: None };
-            let p2 = PositionSpec { target: Some(3), loss_mask: true, draft: vec![(3, -0.1)], target_top: None };
+            let p1 = PositionSpec {
+                target: Some(1),
+                loss_mask: true,
+                draft: vec![(2, -0.1)],
+                target_top: None,
+            };
+            let p2 = PositionSpec {
+                target: Some(3),
+                loss_mask: true,
+                draft: vec![(3, -0.1)],
+                target_top: None,
+            };
             b.push_block(0, 10 + a, Region::Completion, &[p1, p2]);
         }
         let vs = evaluate::<Top1Accuracy>(&[], &b.as_batch()).unwrap();
@@ -111,7 +141,10 @@ mod tests {
         let b = random(5, &Shape::new(6, 2, 4, 3, 21), 0.4, 0.3);
         let one = evaluate::<Top1Accuracy>(&[], &b.as_batch()).unwrap();
         let parts = chunks(&b, 9);
-        assert_eq!(one, evaluate_chunks::<Top1Accuracy>(&[], parts.iter().map(|c| c.as_batch())).unwrap());
+        assert_eq!(
+            one,
+            evaluate_chunks::<Top1Accuracy>(&[], parts.iter().map(|c| c.as_batch())).unwrap()
+        );
         // Statistically near the generator's p_top1 (0.4) with ~400 positions.
         let v = metric(&one, "top1_acc").value;
         assert!((0.3..0.5).contains(&v), "{v}");

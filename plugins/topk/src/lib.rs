@@ -8,8 +8,8 @@
 //! warning.
 
 use draftlens_plugin_sdk::{
-    export_metric, log, region_param, Accumulator, Batch, Level, Metadata, Metric, MetricSpec, MetricValue, ParamSpec,
-    ParamValue, Params, PerPosition, PluginError, RegionFilter,
+    export_metric, log, region_param, Accumulator, Batch, Inputs, Level, Metadata, Metric,
+    MetricSpec, MetricValue, ParamSpec, ParamValue, Params, PerPosition, PluginError, RegionFilter,
 };
 
 pub struct TopK;
@@ -58,6 +58,8 @@ impl Metric for TopK {
                 ),
                 region_param("completion"),
             ],
+            // Every candidate's id, no log-probs.
+            inputs: Inputs { candidates: 0, draft_logprobs: false, target_topk: false },
         }
     }
 
@@ -79,11 +81,19 @@ impl Accumulator for Acc {
         let kk = batch.top_k();
         if !self.checked_k {
             self.checked_k = true;
-            let too_big: Vec<String> = self.ks.iter().filter(|&&k| k > kk).map(|k| k.to_string()).collect();
+            let too_big: Vec<String> = self
+                .ks
+                .iter()
+                .filter(|&&k| k > kk)
+                .map(|k| k.to_string())
+                .collect();
             if !too_big.is_empty() {
                 log(
                     Level::Warn,
-                    &format!("topk: k = {} exceed the stored top-K ({kk}); skipped", too_big.join(", ")),
+                    &format!(
+                        "topk: k = {} exceed the stored top-K ({kk}); skipped",
+                        too_big.join(", ")
+                    ),
                 );
                 let keep = self.ks.iter().take_while(|&&k| k <= kk).count();
                 self.ks.truncate(keep);
@@ -106,7 +116,10 @@ impl Accumulator for Acc {
                 }
                 let cands = &block.draft_ids[i * kk..(i + 1) * kk];
                 // Rank of the target among the candidates (K = absent).
-                let rank = cands.iter().position(|&t| t == block.target[i]).unwrap_or(kk);
+                let rank = cands
+                    .iter()
+                    .position(|&t| t == block.target[i])
+                    .unwrap_or(kk);
                 for (j, &k) in self.ks.iter().enumerate() {
                     let hit = rank < k;
                     self.acc[j].den[i] += 1;
@@ -128,7 +141,11 @@ impl Accumulator for Acc {
         let mut out = Vec::new();
         for (j, &k) in self.ks.iter().enumerate() {
             out.push(self.acc[j].pooled(&format!("topk_acc_{k}")));
-            let mut tau = MetricValue::ratio(&format!("topk_streak_tau_{k}"), self.streak[j] as f64, self.blocks);
+            let mut tau = MetricValue::ratio(
+                &format!("topk_streak_tau_{k}"),
+                self.streak[j] as f64,
+                self.blocks,
+            );
             tau.value += 1.0;
             out.push(tau);
         }
@@ -142,7 +159,9 @@ export_metric!(TopK);
 mod tests {
     use super::*;
     use draftlens_plugin_sdk::testdata::{chunks, metric, random, series, Shape};
-    use draftlens_plugin_sdk::{evaluate, evaluate_chunks, take_native_logs, OwnedBatch, Param, PositionSpec, Region};
+    use draftlens_plugin_sdk::{
+        evaluate, evaluate_chunks, take_native_logs, OwnedBatch, Param, PositionSpec, Region,
+    };
 
     /// B = 4 (P = 3), K = 3; `ranks[i]` = rank of the target at position i+1 (3 = absent).
     fn push(b: &mut OwnedBatch, ranks: [usize; 3]) {
@@ -153,7 +172,12 @@ mod tests {
                 if r < 3 {
                     draft[r].0 = 7;
                 }
-                PositionSpec { target: Some(7), loss_mask: true, draft, target_top: None }
+                PositionSpec {
+                    target: Some(7),
+                    loss_mask: true,
+                    draft,
+                    target_top: None,
+                }
             })
             .collect();
         b.push_block(0, b.anchor.len() as u32, Region::Completion, &ps);
@@ -184,9 +208,21 @@ mod tests {
         take_native_logs();
         let vs = evaluate::<TopK>(&ks("1,2,4,8"), &b.as_batch()).unwrap();
         let names: Vec<&str> = vs.iter().map(|v| v.name.as_str()).collect();
-        assert_eq!(names, ["topk_acc_1", "topk_streak_tau_1", "topk_acc_2", "topk_streak_tau_2"]);
+        assert_eq!(
+            names,
+            [
+                "topk_acc_1",
+                "topk_streak_tau_1",
+                "topk_acc_2",
+                "topk_streak_tau_2"
+            ]
+        );
         let logs = take_native_logs();
-        assert!(logs.iter().any(|(_, m)| m.contains("k = 4, 8 exceed the stored top-K (2)")), "{logs:?}");
+        assert!(
+            logs.iter()
+                .any(|(_, m)| m.contains("k = 4, 8 exceed the stored top-K (2)")),
+            "{logs:?}"
+        );
     }
 
     #[test]
@@ -195,14 +231,21 @@ mod tests {
         let p = ks("1,2,4");
         let one = evaluate::<TopK>(&p, &b.as_batch()).unwrap();
         let parts = chunks(&b, 11);
-        assert_eq!(one, evaluate_chunks::<TopK>(&p, parts.iter().map(|c| c.as_batch())).unwrap());
+        assert_eq!(
+            one,
+            evaluate_chunks::<TopK>(&p, parts.iter().map(|c| c.as_batch())).unwrap()
+        );
         let t1 = metric(&one, "topk_streak_tau_1").value;
         let t2 = metric(&one, "topk_streak_tau_2").value;
         let t4 = metric(&one, "topk_streak_tau_4").value;
         assert!(t1 <= t2 && t2 <= t4, "{t1} {t2} {t4}");
         // top-1 streak is the chain τ.
         let blocks = b.as_batch();
-        let tau: f64 = blocks.blocks().map(|bl| 1.0 + bl.accepted_len() as f64).sum::<f64>() / blocks.num_blocks() as f64;
+        let tau: f64 = blocks
+            .blocks()
+            .map(|bl| 1.0 + bl.accepted_len() as f64)
+            .sum::<f64>()
+            / blocks.num_blocks() as f64;
         assert!((t1 - tau).abs() < 1e-12);
     }
 }

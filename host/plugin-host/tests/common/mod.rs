@@ -12,12 +12,23 @@ use std::time::Duration;
 use draftlens_plugin_host::{Limits, Runtime, RuntimeConfig};
 
 /// Built-in plugins: (crate directory under plugins/, wasm file stem).
-pub const BUILTINS: &[&str] =
-    &["accept-length", "acceptance", "ddtree", "masked-accuracy", "replayed-tau", "sampling", "top1-accuracy", "topk"];
+pub const BUILTINS: &[&str] = &[
+    "accept-length",
+    "acceptance",
+    "ddtree",
+    "masked-accuracy",
+    "replayed-tau",
+    "sampling",
+    "top1-accuracy",
+    "topk",
+];
 pub const GUESTS: &[&str] = &["hostile", "contract-v020", "imports-wasi"];
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 /// Folder holding the built components.
@@ -28,11 +39,30 @@ fn built() -> &'static PathBuf {
         let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("../wasm-guests");
         std::fs::create_dir_all(&target).unwrap();
         let target = target.canonicalize().unwrap();
-        let sysroot = String::from_utf8(Command::new("rustc").args(["--print", "sysroot"]).output().unwrap().stdout).unwrap();
-        let vv = String::from_utf8(Command::new("rustc").arg("-vV").output().unwrap().stdout).unwrap();
-        let host = vv.lines().find_map(|l| l.strip_prefix("host: ")).unwrap().to_string();
-        let ld = Path::new(sysroot.trim()).join("lib/rustlib").join(&host).join("bin/wasm-component-ld");
-        assert!(ld.exists(), "{} is missing: the toolchain must ship wasm-component-ld", ld.display());
+        let sysroot = String::from_utf8(
+            Command::new("rustc")
+                .args(["--print", "sysroot"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        let vv =
+            String::from_utf8(Command::new("rustc").arg("-vV").output().unwrap().stdout).unwrap();
+        let host = vv
+            .lines()
+            .find_map(|l| l.strip_prefix("host: "))
+            .unwrap()
+            .to_string();
+        let ld = Path::new(sysroot.trim())
+            .join("lib/rustlib")
+            .join(&host)
+            .join("bin/wasm-component-ld");
+        assert!(
+            ld.exists(),
+            "{} is missing: the toolchain must ship wasm-component-ld",
+            ld.display()
+        );
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
         cmd.current_dir(workspace_root())
@@ -71,7 +101,11 @@ pub fn guest(name: &str) -> PathBuf {
 /// A runtime with test-friendly limits and no cache.
 pub fn runtime(time_limit: Duration, memory_mib: usize) -> Runtime {
     Runtime::new(RuntimeConfig {
-        limits: Limits { time_limit: Some(time_limit), memory_bytes: memory_mib << 20, ..Limits::default() },
+        limits: Limits {
+            time_limit: Some(time_limit),
+            memory_bytes: memory_mib << 20,
+            ..Limits::default()
+        },
         cache_dir: None,
     })
     .unwrap()

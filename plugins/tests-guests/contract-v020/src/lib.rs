@@ -3,7 +3,9 @@
 
 wit_bindgen::generate!({ path: "wit", world: "metric-plugin" });
 
-use exports::draftlens::metric::evaluator::{Accumulator, Batch, Guest, GuestAccumulator, Metadata, MetricValue, Param, PluginError};
+use exports::draftlens::metric::evaluator::{
+    Accumulator, Batch, Guest, GuestAccumulator, Metadata, MetricValue, Param, PluginError,
+};
 
 struct Plugin;
 struct Acc;
@@ -20,7 +22,13 @@ impl GuestAccumulator for Acc {
 impl Guest for Plugin {
     type Accumulator = Acc;
     fn describe(_locale: String) -> Metadata {
-        Metadata { name: "future".into(), version: "2.0.0".into(), description: String::new(), metrics: vec![], params: vec![] }
+        Metadata {
+            name: "future".into(),
+            version: "2.0.0".into(),
+            description: String::new(),
+            metrics: vec![],
+            params: vec![],
+        }
     }
     fn evaluate(_params: Vec<Param>, _batch: Batch) -> Result<Vec<MetricValue>, PluginError> {
         Ok(vec![])

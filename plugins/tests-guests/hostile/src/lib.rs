@@ -3,8 +3,8 @@
 //! work and the host's per-job isolation is what gets tested.
 
 use draftlens_plugin_sdk::{
-    export_metric, log, Accumulator, Batch, Level, Metadata, Metric, MetricSpec, MetricValue, ParamSpec, ParamValue,
-    Params, PluginError, Series, SeriesKind,
+    export_metric, log, Accumulator, Batch, Inputs, Level, Metadata, Metric, MetricSpec,
+    MetricValue, ParamSpec, ParamValue, Params, PluginError, Series, SeriesKind,
 };
 
 pub struct Hostile;
@@ -29,11 +29,15 @@ impl Metric for Hostile {
                  series-mismatch | log-flood | plugin-error",
                 ParamValue::Text("ok".into()),
             )],
+            inputs: Inputs::TOP1,
         }
     }
 
     fn begin(params: &Params) -> Result<Acc, PluginError> {
-        Ok(Acc { mode: params.text("mode")?.to_string(), blocks: 0 })
+        Ok(Acc {
+            mode: params.text("mode")?.to_string(),
+            blocks: 0,
+        })
     }
 }
 
@@ -83,7 +87,11 @@ impl Accumulator for Acc {
                     log(Level::Debug, &line);
                 }
             }
-            "plugin-error" => return Err(PluginError::InvalidBatch("the hostile plugin rejects every batch".into())),
+            "plugin-error" => {
+                return Err(PluginError::InvalidBatch(
+                    "the hostile plugin rejects every batch".into(),
+                ))
+            }
             _ => {}
         }
         Ok(())

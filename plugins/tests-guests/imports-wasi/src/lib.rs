@@ -4,7 +4,9 @@
 
 wit_bindgen::generate!({ path: "wit", world: "wasi-user", generate_all });
 
-use exports::draftlens::metric::evaluator::{Accumulator, Batch, Guest, GuestAccumulator, Metadata, MetricValue, Param, PluginError};
+use exports::draftlens::metric::evaluator::{
+    Accumulator, Batch, Guest, GuestAccumulator, Metadata, MetricValue, Param, PluginError,
+};
 
 struct Plugin;
 struct Acc;
@@ -21,12 +23,26 @@ impl GuestAccumulator for Acc {
 impl Guest for Plugin {
     type Accumulator = Acc;
     fn describe() -> Metadata {
-        Metadata { name: "wasi-user".into(), version: "0.0.1".into(), description: String::new(), metrics: vec![], params: vec![] }
+        Metadata {
+            name: "wasi-user".into(),
+            version: "0.0.1".into(),
+            description: String::new(),
+            metrics: vec![],
+            params: vec![],
+            inputs: draftlens::metric::types::Inputs {
+                candidates: 1,
+                draft_logprobs: false,
+                target_topk: false,
+            },
+        }
     }
     fn evaluate(_params: Vec<Param>, _batch: Batch) -> Result<Vec<MetricValue>, PluginError> {
         // Uses the import, so the toolchain cannot elide it.
         let env = wasi::cli::environment::get_environment();
-        Err(PluginError::Internal(format!("read {} environment variables", env.len())))
+        Err(PluginError::Internal(format!(
+            "read {} environment variables",
+            env.len()
+        )))
     }
     fn begin(_params: Vec<Param>) -> Result<Accumulator, PluginError> {
         Ok(Accumulator::new(Acc))
