@@ -320,6 +320,25 @@ fn render_info(i: &Info<'_>) -> String {
             i.imports.join(", ")
         }
     );
+    let inp = &m.inputs;
+    s += &format!(
+        "  reads     {}, {}, {}\n",
+        match inp.candidates {
+            0 => "all stored candidates".to_string(),
+            1 => "the top-1 candidate".to_string(),
+            n => format!("the top-{n} candidates"),
+        },
+        if inp.draft_logprobs {
+            "draft log-probs"
+        } else {
+            "no draft log-probs"
+        },
+        if inp.target_topk {
+            "the target's top-K"
+        } else {
+            "not the target's top-K"
+        }
+    );
     s += &format!(
         "  loaded    {:.1} ms ({})\n",
         i.load_ms,

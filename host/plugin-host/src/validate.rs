@@ -208,6 +208,7 @@ mod tests {
                 },
             ],
             params: vec![],
+            inputs: Default::default(),
         }
     }
 

@@ -104,10 +104,19 @@ fn each_misbehaviour_has_its_own_error_and_the_host_recovers() {
     }
 
     // Parameters are checked by the SDK against describe(): an unknown one is refused.
-    let bad = vec![Param { name: "nope".into(), value: ParamValue::Int(1) }];
-    let f = rt.score(&plugin, &bad, &batch, &Grouping::default()).failure.expect("bad parameter");
+    let bad = vec![Param {
+        name: "nope".into(),
+        value: ParamValue::Int(1),
+    }];
+    let f = rt
+        .score(&plugin, &bad, &batch, &Grouping::default())
+        .failure
+        .expect("bad parameter");
     assert_eq!(f.kind, FailureKind::InvalidParams, "{f}");
-    assert!(f.message.contains("unknown parameter nope (known: mode)"), "{f}");
+    assert!(
+        f.message.contains("unknown parameter nope (known: mode)"),
+        "{f}"
+    );
 
     // Runaway recursion: Rust's stack lives in linear memory, so it ends as an out-of-bounds
     // access (or, for wasm-stack-heavy frames, as a stack overflow) — classified either way.
@@ -282,4 +291,21 @@ fn fuel_gives_a_deterministic_budget() {
     let good = rt.load(&common::builtin("accept-length")).unwrap();
     let o = rt.score(&good, &[], &batch, &Grouping::default());
     assert!(o.is_ok(), "{:?}", o.failure);
+}
+
+#[test]
+fn a_patch_version_of_the_contract_loads() {
+    // Built against draftlens:metric@0.1.1 (one more function): semver-compatible with 0.1.0.
+    let rt = common::runtime(Duration::from_secs(10), 64);
+    let plugin = rt
+        .load(&common::guest("contract-v011"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.contract.to_string(), "0.1.1");
+    let batch = small_batch();
+    let o = rt.score(&plugin, &[], &batch, &Grouping::default());
+    assert!(o.is_ok(), "{:?}", o.failure);
+    assert_eq!(
+        o.scores.unwrap().overall[0].value,
+        Some(batch.num_blocks() as f64)
+    );
 }

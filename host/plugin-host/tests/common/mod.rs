@@ -22,7 +22,7 @@ pub const BUILTINS: &[&str] = &[
     "top1-accuracy",
     "topk",
 ];
-pub const GUESTS: &[&str] = &["hostile", "contract-v020", "imports-wasi"];
+pub const GUESTS: &[&str] = &["hostile", "contract-v020", "contract-v011", "imports-wasi"];
 
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
