@@ -37,6 +37,9 @@ pub enum PluginsCmd {
     Check {
         /// The plugin file.
         file: PathBuf,
+        /// Parameter NAME=VALUE (repeatable), typed by the plugin's declared parameters.
+        #[arg(long = "param")]
+        params: Vec<String>,
         #[command(flatten)]
         sandbox: SandboxArgs,
     },
@@ -211,7 +214,11 @@ pub fn run(g: &Global, cmd: PluginsCmd) -> Result<()> {
             dirs,
             sandbox,
         } => info(g, &plugin, &dirs, &sandbox),
-        PluginsCmd::Check { file, sandbox } => check(g, &file, &sandbox),
+        PluginsCmd::Check {
+            file,
+            params,
+            sandbox,
+        } => check(g, &file, &params, &sandbox),
         PluginsCmd::New { name, dir, sdk } => new(g, &name, &dir, sdk),
     }
 }
@@ -414,22 +421,48 @@ fn agree(a: &[MetricResult], b: &[MetricResult]) -> Result<(), String> {
     Ok(())
 }
 
-fn check(g: &Global, file: &std::path::Path, sandbox: &SandboxArgs) -> Result<()> {
+fn check(
+    g: &Global,
+    file: &std::path::Path,
+    params: &[String],
+    sandbox: &SandboxArgs,
+) -> Result<()> {
     let runtime = sandbox.runtime()?;
     let p = runtime.load(file)?;
+    // Same parsing as `--plugin-param` of run/rescore, with this file as the only plugin.
+    let stem = file
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let args = PluginArgs {
+        plugins: vec![file.display().to_string()],
+        params: params.iter().map(|p| format!("{stem}:{p}")).collect(),
+        ..PluginArgs::default()
+    };
+    let params = args
+        .requests(&runtime)
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{}",
+                e.to_string()
+                    .replace(&format!("--plugin-param {stem}:"), "--param ")
+            )
+        })?
+        .remove(0)
+        .params;
     // Synthetic records: 8 prompts, prompt and completion anchors, target top-K stored.
     let mut shape = sdk::testdata::Shape::new(16, 8, 8, 16, 200);
     shape.prompt_anchors = true;
     shape.target_topk = true;
     let batch =
         draftlens_plugin_host::convert::record_batch(sdk::testdata::random(1, &shape, 0.7, 0.2));
-    let one_shot = runtime.evaluate(&p, &[], &batch)?;
+    let one_shot = runtime.evaluate(&p, &params, &batch)?;
     let chunk = 250;
     let groups = Grouping {
         per_prompt: true,
         categories: (0..8).map(|i| (i, format!("c{}", i % 2))).collect(),
     };
-    let outcome = runtime.score_chunked(&p, &[], &batch, &groups, chunk);
+    let outcome = runtime.score_chunked(&p, &params, &batch, &groups, chunk);
     if let Some(f) = &outcome.failure {
         return Err(f.clone().into());
     }
@@ -455,9 +488,10 @@ fn check(g: &Global, file: &std::path::Path, sandbox: &SandboxArgs) -> Result<()
              per-category groups; results agree\n",
             report.blocks, report.streamed_chunks
         );
-        s += &render_values("  ", &report.one_shot);
+        s += &render_outcomes(std::slice::from_ref(&report.outcome));
         for l in &outcome.logs {
-            s += &format!("  log {:?}: {}\n", l.level, l.message);
+            let times = if l.repeats > 0 { format!(" (×{})", l.repeats + 1) } else { String::new() };
+            s += &format!("  log {:?}: {}{times}\n", l.level, l.message);
         }
         s
     })
@@ -513,4 +547,108 @@ fn new(g: &Global, name: &str, dir: &std::path::Path, sdk: Option<PathBuf>) -> R
             created.display()
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(name: &str, v: Option<f64>, n: u64) -> MetricResult {
+        MetricResult {
+            name: name.into(),
+            value: v,
+            count: n,
+            series: None,
+        }
+    }
+
+    #[test]
+    fn one_shot_and_streamed_must_agree() {
+        let a = vec![value("tau", Some(2.5), 10), value("acc", None, 0)];
+        assert!(agree(&a, &a).is_ok());
+        let close = vec![value("tau", Some(2.5 + 1e-13), 10), value("acc", None, 0)];
+        assert!(
+            agree(&a, &close).is_ok(),
+            "float summation order may differ in the last bits"
+        );
+        let far = vec![value("tau", Some(2.6), 10), value("acc", None, 0)];
+        assert!(agree(&a, &far)
+            .unwrap_err()
+            .contains("tau: one-shot Some(2.5)"));
+        let count = vec![value("tau", Some(2.5), 11), value("acc", None, 0)];
+        assert!(agree(&a, &count).is_err());
+        assert!(agree(&a, &a[..1])
+            .unwrap_err()
+            .contains("2 values one-shot but 1 streamed"));
+    }
+
+    #[test]
+    fn sandbox_options_are_checked() {
+        let bad = SandboxArgs {
+            plugin_time_limit: 0.0,
+            no_plugin_cache: true,
+            ..SandboxArgs::default()
+        };
+        assert!(bad
+            .runtime()
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("--plugin-time-limit"));
+        let bad = SandboxArgs {
+            plugin_memory_mib: 0,
+            no_plugin_cache: true,
+            ..SandboxArgs::default()
+        };
+        assert!(bad
+            .runtime()
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("--plugin-memory-mib"));
+        let ok = SandboxArgs {
+            no_plugin_cache: true,
+            ..SandboxArgs::default()
+        };
+        assert_eq!(ok.runtime().unwrap().limits().memory_bytes, 256 << 20);
+    }
+
+    #[test]
+    fn plugin_options_name_their_problem() {
+        let dir =
+            std::env::temp_dir().join(format!("draftlens-cmd-plugins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Not wasm: resolved by name, then refused at scoring time (not here), so a bad
+        // parameter for it is skipped while the others still get theirs.
+        std::fs::write(dir.join("junk.wasm"), b"not wasm").unwrap();
+        let sandbox = SandboxArgs {
+            no_plugin_cache: true,
+            ..SandboxArgs::default()
+        };
+        let rt = sandbox.runtime().unwrap();
+        let args = |plugins: &[&str], params: &[&str]| PluginArgs {
+            plugins: plugins.iter().map(|s| s.to_string()).collect(),
+            params: params.iter().map(|s| s.to_string()).collect(),
+            dirs: DirArgs {
+                plugin_dirs: vec![dir.clone()],
+            },
+            sandbox: sandbox.clone(),
+        };
+        let reqs = args(&["junk"], &["junk:x=1"]).requests(&rt).unwrap();
+        assert_eq!(reqs.len(), 1);
+        assert!(reqs[0].params.is_empty());
+        let e = args(&["nope"], &[]).requests(&rt).unwrap_err().to_string();
+        assert!(e.contains("plugin nope not found"), "{e}");
+        let e = args(&["junk"], &["junk-x=1"])
+            .requests(&rt)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected PLUGIN:NAME=VALUE"), "{e}");
+        let e = args(&["junk"], &["other:x=1"])
+            .requests(&rt)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no --plugin named other"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

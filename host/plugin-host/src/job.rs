@@ -83,8 +83,18 @@ impl LogSink {
         if level == LogLevel::Error && message.starts_with("panic: ") {
             self.panic = Some(message.clone());
         }
-        if self.lines.len() < self.max_lines {
-            self.lines.push(LogLine { level, message });
+        if let Some(last) = self
+            .lines
+            .last_mut()
+            .filter(|l| l.level == level && l.message == message)
+        {
+            last.repeats += 1;
+        } else if self.lines.len() < self.max_lines {
+            self.lines.push(LogLine {
+                level,
+                message,
+                repeats: 0,
+            });
         } else {
             self.dropped += 1;
         }
@@ -334,6 +344,13 @@ impl<'r> Job<'r> {
     /// What the plugin logged so far (bounded), and how many lines were dropped.
     pub fn logs(&self) -> (&[LogLine], u64) {
         (&self.store.data().log.lines, self.store.data().log.dropped)
+    }
+
+    /// Fuel consumed so far (None without a fuel budget). Deterministic for a given plugin,
+    /// parameters and records, which is what makes fuel budgets reproducible.
+    pub fn fuel_used(&self) -> Option<u64> {
+        let budget = self.limits.fuel?;
+        self.store.get_fuel().ok().map(|left| budget - left)
     }
 
     /// Take the log lines (for the outcome of the job).

@@ -68,6 +68,9 @@ pub struct PluginOutcome {
     pub logs: Vec<LogLine>,
     /// Log lines dropped past the per-job limit.
     pub logs_dropped: u64,
+    /// Fuel the job consumed, when the runtime has a fuel budget (deterministic: use it to
+    /// calibrate `--plugin-fuel`).
+    pub fuel_used: Option<u64>,
     /// Load (compile or cache) time, ms.
     pub load_ms: f64,
     /// Scoring time, ms.
@@ -88,6 +91,7 @@ impl PluginOutcome {
             failure: Some(f),
             logs: Vec::new(),
             logs_dropped: 0,
+            fuel_used: None,
             load_ms: 0.0,
             run_ms: 0.0,
         }
@@ -192,6 +196,7 @@ impl Runtime {
         };
         let result = self.run_groups(&mut job, plugin, params, batch, groups, chunk_blocks.max(1));
         let (logs, logs_dropped) = job.take_logs();
+        let fuel_used = job.fuel_used();
         let (scores, failure) = match result {
             Ok(s) => (Some(s), None),
             Err(f) => (None, Some(f)),
@@ -205,6 +210,7 @@ impl Runtime {
             failure,
             logs,
             logs_dropped,
+            fuel_used,
             load_ms: plugin.load_time.as_secs_f64() * 1e3,
             run_ms: started.elapsed().as_secs_f64() * 1e3,
         }

@@ -276,4 +276,8 @@ pub enum LogLevel {
 pub struct LogLine {
     pub level: LogLevel,
     pub message: String,
+    /// How many more times the same line came right after (each group's accumulator tends to
+    /// say the same thing).
+    #[serde(default)]
+    pub repeats: u64,
 }

@@ -272,25 +272,52 @@ fn a_failing_plugin_does_not_stop_the_others() {
 
 #[test]
 fn fuel_gives_a_deterministic_budget() {
-    let rt = Runtime::new(RuntimeConfig {
-        limits: Limits {
-            time_limit: Some(Duration::from_secs(30)),
-            fuel: Some(20_000_000),
-            ..Limits::default()
-        },
-        cache_dir: None,
-    })
-    .unwrap();
-    let plugin = rt.load(&common::guest("hostile")).unwrap();
+    let with_fuel = |fuel: u64| {
+        Runtime::new(RuntimeConfig {
+            limits: Limits {
+                time_limit: Some(Duration::from_secs(30)),
+                fuel: Some(fuel),
+                ..Limits::default()
+            },
+            cache_dir: None,
+        })
+        .unwrap()
+    };
     let batch = small_batch();
+    let rt = with_fuel(20_000_000);
+    let plugin = rt.load(&common::guest("hostile")).unwrap();
     let o = rt.score(&plugin, &mode("loop"), &batch, &Grouping::default());
     let f = o.failure.expect("the loop runs out of fuel");
     assert_eq!(f.kind, FailureKind::FuelExhausted, "{f}");
     assert!(f.message.contains("fuel budget of 20000000 units"), "{f}");
-    // Well-behaved plugins finish within the same budget.
+
+    // A well-behaved plugin uses exactly the same fuel on the same records every time, so a
+    // budget of exactly that passes (and half of it fails; wasmtime checks fuel at function
+    // entries and loop heads, so the last few units may go unchecked).
     let good = rt.load(&common::builtin("accept-length")).unwrap();
-    let o = rt.score(&good, &[], &batch, &Grouping::default());
-    assert!(o.is_ok(), "{:?}", o.failure);
+    let groups = Grouping {
+        per_prompt: true,
+        ..Default::default()
+    };
+    let used: Vec<u64> = (0..2)
+        .map(|_| {
+            let o = rt.score(&good, &[], &batch, &groups);
+            assert!(o.is_ok(), "{:?}", o.failure);
+            o.fuel_used.expect("fuel is metered")
+        })
+        .collect();
+    assert_eq!(used[0], used[1]);
+    assert!(used[0] > 0);
+    let exact = with_fuel(used[0]);
+    let p = exact.load(&common::builtin("accept-length")).unwrap();
+    assert!(exact.score(&p, &[], &batch, &groups).is_ok());
+    let short = with_fuel(used[0] / 2);
+    let p = short.load(&common::builtin("accept-length")).unwrap();
+    let f = short
+        .score(&p, &[], &batch, &groups)
+        .failure
+        .expect("one unit short");
+    assert_eq!(f.kind, FailureKind::FuelExhausted, "{f}");
 }
 
 #[test]

@@ -83,8 +83,8 @@ impl Accumulator for Acc {
             }
             "log-flood" => {
                 let line = "x".repeat(10_000);
-                for _ in 0..100_000 {
-                    log(Level::Debug, &line);
+                for i in 0..100_000 {
+                    log(Level::Debug, &format!("{i} {line}"));
                 }
             }
             "plugin-error" => {
