@@ -24,11 +24,20 @@ pub struct Continuation {
 }
 
 /// Greedy decode: one prefill over the prompt, then one token per step with the KV cache.
-pub fn greedy<B: Backend>(be: &B, model: &TargetModel<B>, prompt: &[u32], max_new: usize, eos: &[u32]) -> Result<Continuation> {
+pub fn greedy<B: Backend>(
+    be: &B,
+    model: &TargetModel<B>,
+    prompt: &[u32],
+    max_new: usize,
+    eos: &[u32],
+) -> Result<Continuation> {
     let mut cache = model.new_cache();
     let mut ids = Vec::with_capacity(max_new);
     if max_new == 0 || prompt.is_empty() {
-        return Ok(Continuation { ids, stop: StopReason::Length });
+        return Ok(Continuation {
+            ids,
+            stop: StopReason::Length,
+        });
     }
     let limit = model.spec.max_position_embeddings;
     let out = model.forward(be, prompt, &mut cache, &Capture::none())?;
@@ -38,13 +47,22 @@ pub fn greedy<B: Backend>(be: &B, model: &TargetModel<B>, prompt: &[u32], max_ne
     loop {
         ids.push(next);
         if eos.contains(&next) {
-            return Ok(Continuation { ids, stop: StopReason::Eos });
+            return Ok(Continuation {
+                ids,
+                stop: StopReason::Eos,
+            });
         }
         if ids.len() >= max_new {
-            return Ok(Continuation { ids, stop: StopReason::Length });
+            return Ok(Continuation {
+                ids,
+                stop: StopReason::Length,
+            });
         }
         if cache.len + 1 > limit {
-            return Ok(Continuation { ids, stop: StopReason::Context });
+            return Ok(Continuation {
+                ids,
+                stop: StopReason::Context,
+            });
         }
         let out = model.forward(be, &[next], &mut cache, &Capture::none())?;
         next = model.logits_topk(be, &out.last_hidden, 1)?.ids[0];

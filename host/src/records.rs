@@ -52,7 +52,11 @@ pub struct RecordBatch {
 
 impl RecordBatch {
     pub fn new(block_size: u32, top_k: u32) -> Self {
-        RecordBatch { block_size, top_k, ..Default::default() }
+        RecordBatch {
+            block_size,
+            top_k,
+            ..Default::default()
+        }
     }
     /// Positions per block (B−1).
     pub fn positions_per_block(&self) -> usize {
@@ -84,7 +88,10 @@ impl RecordBatch {
     }
     /// Append all blocks of `other` (same B and K).
     pub fn extend(&mut self, other: &RecordBatch) {
-        debug_assert_eq!((self.block_size, self.top_k), (other.block_size, other.top_k));
+        debug_assert_eq!(
+            (self.block_size, self.top_k),
+            (other.block_size, other.top_k)
+        );
         self.prompt_index.extend_from_slice(&other.prompt_index);
         self.anchor.extend_from_slice(&other.anchor);
         self.region.extend_from_slice(&other.region);
@@ -120,13 +127,23 @@ impl RecordBatch {
         ];
         for (name, got, want) in lens {
             if got != want {
-                return Err(format!("record column {name} has {got} entries, expected {want}"));
+                return Err(format!(
+                    "record column {name} has {got} entries, expected {want}"
+                ));
             }
         }
-        for (name, col) in [("target_ids", self.target_ids.as_ref().map(|v| v.len())), ("target_logprobs", self.target_logprobs.as_ref().map(|v| v.len()))] {
+        for (name, col) in [
+            ("target_ids", self.target_ids.as_ref().map(|v| v.len())),
+            (
+                "target_logprobs",
+                self.target_logprobs.as_ref().map(|v| v.len()),
+            ),
+        ] {
             if let Some(got) = col {
                 if got != nc {
-                    return Err(format!("record column {name} has {got} entries, expected {nc}"));
+                    return Err(format!(
+                        "record column {name} has {got} entries, expected {nc}"
+                    ));
                 }
             }
         }

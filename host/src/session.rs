@@ -70,7 +70,10 @@ pub struct TargetPass {
 
 impl TargetPass {
     pub fn hidden(&self, index: usize) -> Option<&[f32]> {
-        self.hidden.iter().find(|(i, _)| *i == index).map(|(_, h)| h.as_slice())
+        self.hidden
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, h)| h.as_slice())
     }
 }
 
@@ -86,14 +89,29 @@ impl<B: Backend> Session<B> {
     pub fn load(be: B, target: &Path, cache: HiddenCache) -> Result<Self> {
         let files = TargetFiles::open(target)?;
         let model = TargetModel::load(&be, &files.spec, files.weights.as_ref())?;
-        Ok(Session { be, files, model, cache })
+        Ok(Session {
+            be,
+            files,
+            model,
+            cache,
+        })
     }
 
     fn kernel_version(&self) -> String {
-        format!("{}-{}-v{MODEL_CODE_VERSION}", self.be.name(), self.be.dtype())
+        format!(
+            "{}-{}-v{MODEL_CODE_VERSION}",
+            self.be.name(),
+            self.be.dtype()
+        )
     }
 
-    fn key(&self, kind: &str, token_ids: &[u32], layers: Vec<usize>, extra: String) -> Result<CacheKey> {
+    fn key(
+        &self,
+        kind: &str,
+        token_ids: &[u32],
+        layers: Vec<usize>,
+        extra: String,
+    ) -> Result<CacheKey> {
         Ok(CacheKey {
             kind: kind.into(),
             weights: self.files.identity.weights_sha256.clone(),
@@ -113,8 +131,12 @@ impl<B: Backend> Session<B> {
         let tok = self.files.tokenizer()?;
         let ids = match (&p.messages, &p.text) {
             (Some(ms), _) => {
-                let ms: Vec<ChatMessage> = ms.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
-                tok.encode_chat(&ms, true).with_context(|| format!("prompt {}", p.id))?
+                let ms: Vec<ChatMessage> = ms
+                    .iter()
+                    .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
+                    .collect();
+                tok.encode_chat(&ms, true)
+                    .with_context(|| format!("prompt {}", p.id))?
             }
             (None, Some(t)) => tok.encode(t, true)?,
             (None, None) => bail!("prompt {} has neither text nor messages", p.id),
@@ -127,7 +149,12 @@ impl<B: Backend> Session<B> {
 
     /// Tokens that end generation.
     pub fn eos_ids(&self) -> Vec<u32> {
-        let mut e = self.files.tokenizer.as_ref().map(|t| t.eos_ids()).unwrap_or_default();
+        let mut e = self
+            .files
+            .tokenizer
+            .as_ref()
+            .map(|t| t.eos_ids())
+            .unwrap_or_default();
         e.extend(&self.files.spec.eos_token_ids);
         e.sort_unstable();
         e.dedup();
@@ -137,7 +164,12 @@ impl<B: Backend> Session<B> {
     /// The target's greedy continuation of `prompt` (cached by prompt ids and `max_new`).
     pub fn continuation(&self, prompt: &[u32], max_new: usize) -> Result<Continuation> {
         let eos = self.eos_ids();
-        let key = self.key("greedy", prompt, vec![], format!("max_new={max_new};eos={eos:?}"))?;
+        let key = self.key(
+            "greedy",
+            prompt,
+            vec![],
+            format!("max_new={max_new};eos={eos:?}"),
+        )?;
         if let Lookup::Hit(t) = self.cache.lookup(&key)? {
             if let Some(c) = decode_continuation(&t) {
                 return Ok(c);
@@ -152,8 +184,16 @@ impl<B: Backend> Session<B> {
         self.cache.put(
             &key,
             &[
-                CachedTensor { name: "ids".into(), shape: vec![c.ids.len()], data: CachedData::U32(c.ids.clone()) },
-                CachedTensor { name: "stop".into(), shape: vec![1], data: CachedData::U32(vec![stop]) },
+                CachedTensor {
+                    name: "ids".into(),
+                    shape: vec![c.ids.len()],
+                    data: CachedData::U32(c.ids.clone()),
+                },
+                CachedTensor {
+                    name: "stop".into(),
+                    shape: vec![1],
+                    data: CachedData::U32(vec![stop]),
+                },
             ],
         )?;
         Ok(c)
@@ -178,12 +218,30 @@ impl<B: Backend> Session<B> {
         }
         let mut tensors: Vec<CachedTensor> = hidden
             .iter()
-            .map(|(i, h)| CachedTensor { name: format!("hs.{i}"), shape: vec![ids.len(), d], data: CachedData::F32(h.clone()) })
+            .map(|(i, h)| CachedTensor {
+                name: format!("hs.{i}"),
+                shape: vec![ids.len(), d],
+                data: CachedData::F32(h.clone()),
+            })
             .collect();
-        tensors.push(CachedTensor { name: "topk_ids".into(), shape: vec![ids.len(), topk.k], data: CachedData::U32(topk.ids.clone()) });
-        tensors.push(CachedTensor { name: "topk_logprobs".into(), shape: vec![ids.len(), topk.k], data: CachedData::F32(topk.logprobs.clone()) });
+        tensors.push(CachedTensor {
+            name: "topk_ids".into(),
+            shape: vec![ids.len(), topk.k],
+            data: CachedData::U32(topk.ids.clone()),
+        });
+        tensors.push(CachedTensor {
+            name: "topk_logprobs".into(),
+            shape: vec![ids.len(), topk.k],
+            data: CachedData::F32(topk.logprobs.clone()),
+        });
         self.cache.put(&key, &tensors)?;
-        Ok(TargetPass { ids: ids.to_vec(), hidden, hidden_size: d, topk, cached: false })
+        Ok(TargetPass {
+            ids: ids.to_vec(),
+            hidden,
+            hidden_size: d,
+            topk,
+            cached: false,
+        })
     }
 }
 
@@ -207,7 +265,13 @@ fn decode_continuation(t: &[CachedTensor]) -> Option<Continuation> {
     Some(Continuation { ids, stop })
 }
 
-fn decode_pass(t: &[CachedTensor], ids: &[u32], capture: &Capture, d: usize, k: usize) -> Option<TargetPass> {
+fn decode_pass(
+    t: &[CachedTensor],
+    ids: &[u32],
+    capture: &Capture,
+    d: usize,
+    k: usize,
+) -> Option<TargetPass> {
     let mut hidden = Vec::new();
     for &i in &capture.indices {
         match &find(t, &format!("hs.{i}"))?.data {
@@ -226,5 +290,16 @@ fn decode_pass(t: &[CachedTensor], ids: &[u32], capture: &Capture, d: usize, k: 
     if tid.len() != ids.len() * k || tlp.len() != tid.len() {
         return None;
     }
-    Some(TargetPass { ids: ids.to_vec(), hidden, hidden_size: d, topk: TopK { rows: ids.len(), k, ids: tid, logprobs: tlp }, cached: true })
+    Some(TargetPass {
+        ids: ids.to_vec(),
+        hidden,
+        hidden_size: d,
+        topk: TopK {
+            rows: ids.len(),
+            k,
+            ids: tid,
+            logprobs: tlp,
+        },
+        cached: true,
+    })
 }

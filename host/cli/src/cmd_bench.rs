@@ -80,11 +80,18 @@ pub fn run(g: &Global, a: BenchArgs) -> Result<()> {
     let be = CpuBackend::new();
     // The machine's own GEMM rate, on the shapes the model runs and on a large square one.
     let mut gemm = Vec::new();
-    for (m, n, k) in [(2048usize, 1536usize, 576usize), (2048, 576, 1536), (1024, 1024, 1024)] {
+    for (m, n, k) in [
+        (2048usize, 1536usize, 576usize),
+        (2048, 576, 1536),
+        (1024, 1024, 1024),
+    ] {
         let x = be.from_host(&vec![0.5f32; m * k], m, k)?;
         let w = be.matrix(&vec![0.25f32; n * k], n, k)?;
         let s = best_of(a.reps, || be.matmul(&x, &w).map(|_| ()))?;
-        gemm.push(GemmRate { shape: format!("{m}x{k} · ({n}x{k})ᵀ"), gflops: 2.0 * (m * n * k) as f64 / s / 1e9 });
+        gemm.push(GemmRate {
+            shape: format!("{m}x{k} · ({n}x{k})ᵀ"),
+            gflops: 2.0 * (m * n * k) as f64 / s / 1e9,
+        });
     }
     let peak = gemm.iter().map(|r| r.gflops).fold(0.0, f64::max);
 
@@ -98,17 +105,36 @@ pub fn run(g: &Global, a: BenchArgs) -> Result<()> {
             + 3 * spec.hidden_size * spec.intermediate_size);
     let mut prefill = Vec::new();
     for &t in &a.lengths {
-        let ids: Vec<u32> = (0..t).map(|i| ((i * 7919 + 13) % spec.vocab_size) as u32).collect();
+        let ids: Vec<u32> = (0..t)
+            .map(|i| ((i * 7919 + 13) % spec.vocab_size) as u32)
+            .collect();
         let s = best_of(a.reps, || {
             let mut cache = model.new_cache();
-            model.forward(&be, &ids, &mut cache, &Capture::none()).map(|_| ())
+            model
+                .forward(&be, &ids, &mut cache, &Capture::none())
+                .map(|_| ())
         })?;
-        let gf_tok = (2.0 * n_lin as f64 + (spec.num_layers * 2 * spec.num_heads * spec.head_dim * (t + 1)) as f64) / 1e9;
+        let gf_tok = (2.0 * n_lin as f64
+            + (spec.num_layers * 2 * spec.num_heads * spec.head_dim * (t + 1)) as f64)
+            / 1e9;
         let gflops = gf_tok * t as f64 / s;
-        prefill.push(PrefillRow { tokens: t, seconds: s, tokens_per_s: t as f64 / s, gflop_per_token: gf_tok, gflops, share_of_gemm_peak: gflops / peak });
+        prefill.push(PrefillRow {
+            tokens: t,
+            seconds: s,
+            tokens_per_s: t as f64 / s,
+            gflop_per_token: gf_tok,
+            gflops,
+            share_of_gemm_peak: gflops / peak,
+        });
     }
     let drafters = bench_drafters(g, &a)?;
-    let out = BenchOut { threads: rayon::current_num_threads(), gemm, gemm_peak_gflops: peak, prefill, drafters };
+    let out = BenchOut {
+        threads: rayon::current_num_threads(),
+        gemm,
+        gemm_peak_gflops: peak,
+        prefill,
+        drafters,
+    };
     g.emit(&out, || {
         let mut o = format!("CPU, {} threads\n", out.threads);
         for r in &out.gemm {
@@ -154,12 +180,42 @@ fn bench_drafters(g: &Global, a: &BenchArgs) -> Result<Vec<DrafterRow>> {
     for &layers in &a.drafter_layers {
         let dir = tmp.join(format!("drafter-{layers}"));
         let ids: Vec<usize> = (0..5).map(|i| 1 + i * (l - 4) / 4).collect();
-        write_random_checkpoint(&dir, &s.files.spec, &RandomDrafter { layers, block_size: 16, target_layer_ids: ids, intermediate_size: s.files.spec.intermediate_size, mask_token_id: 16, sliding_layers: 0, sliding_window: 0, seed: 1 })?;
-        let opts = RunOptions { name: None, mode: draftlens::store::RunMode::Deployment, eval: Default::default(), max_new_tokens: 128, fail_after: None };
-        let spec = DrafterSpec::Checkpoint { dir, step: None, series: "bench".into() };
+        write_random_checkpoint(
+            &dir,
+            &s.files.spec,
+            &RandomDrafter {
+                layers,
+                block_size: 16,
+                target_layer_ids: ids,
+                intermediate_size: s.files.spec.intermediate_size,
+                mask_token_id: 16,
+                sliding_layers: 0,
+                sliding_window: 0,
+                seed: 1,
+            },
+        )?;
+        let opts = RunOptions {
+            name: None,
+            mode: draftlens::store::RunMode::Deployment,
+            eval: Default::default(),
+            max_new_tokens: 128,
+            fail_after: None,
+        };
+        let spec = DrafterSpec::Checkpoint {
+            dir,
+            step: None,
+            series: "bench".into(),
+        };
         let r = run_eval(&s, &spec, &set, &opts, &store)?;
         let t = |k: &str| r.timings.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
-        rows.push(DrafterRow { layers, anchors: r.blocks, anchors_per_s: r.blocks as f64 / t("draft_s"), target_s: t("target_s"), draft_s: t("draft_s"), metrics_s: t("metrics_s") });
+        rows.push(DrafterRow {
+            layers,
+            anchors: r.blocks,
+            anchors_per_s: r.blocks as f64 / t("draft_s"),
+            target_s: t("target_s"),
+            draft_s: t("draft_s"),
+            metrics_s: t("metrics_s"),
+        });
     }
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(rows)

@@ -44,25 +44,65 @@ pub fn run(g: &Global, c: CacheCmd) -> Result<()> {
             let rows = cache.list()?;
             g.emit(&rows, || {
                 let total: u64 = rows.iter().map(|r| r.size_bytes).sum();
-                let mut o: String = rows.iter().map(|r| format!("{}  {:>10}  {}\n", &r.digest[..16.min(r.digest.len())], r.size_bytes, r.summary())).collect();
-                o += &format!("{} entries, {:.1} MiB in {}\n", rows.len(), total as f64 / 1048576.0, cache.root().display());
+                let mut o: String = rows
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "{}  {:>10}  {}\n",
+                            &r.digest[..16.min(r.digest.len())],
+                            r.size_bytes,
+                            r.summary()
+                        )
+                    })
+                    .collect();
+                o += &format!(
+                    "{} entries, {:.1} MiB in {}\n",
+                    rows.len(),
+                    total as f64 / 1048576.0,
+                    cache.root().display()
+                );
                 o
             })
         }
         CacheCmd::Verify => {
-            let rows: Vec<VerifyRow> = cache.verify()?.into_iter().map(|(path, r)| VerifyRow { path, ok: r.is_ok(), problem: r.err() }).collect();
+            let rows: Vec<VerifyRow> = cache
+                .verify()?
+                .into_iter()
+                .map(|(path, r)| VerifyRow {
+                    path,
+                    ok: r.is_ok(),
+                    problem: r.err(),
+                })
+                .collect();
             let bad = rows.iter().filter(|r| !r.ok).count();
             g.emit(&rows, || {
-                let mut o: String = rows.iter().filter(|r| !r.ok).map(|r| format!("CORRUPT {}: {}\n", r.path.display(), r.problem.as_deref().unwrap_or(""))).collect();
+                let mut o: String = rows
+                    .iter()
+                    .filter(|r| !r.ok)
+                    .map(|r| {
+                        format!(
+                            "CORRUPT {}: {}\n",
+                            r.path.display(),
+                            r.problem.as_deref().unwrap_or("")
+                        )
+                    })
+                    .collect();
                 o += &format!("{} entries checked, {} corrupt\n", rows.len(), bad);
                 o
             })?;
             if bad > 0 {
-                bail!("{bad} corrupt cache entries (remove them with `draftlens cache rm --corrupt`)");
+                bail!(
+                    "{bad} corrupt cache entries (remove them with `draftlens cache rm --corrupt`)"
+                );
             }
             Ok(())
         }
-        CacheCmd::Rm { all, kind, key, corrupt } => {
+        CacheCmd::Rm {
+            all,
+            kind,
+            key,
+            corrupt,
+        } => {
             let filter = match (all, kind, key, corrupt) {
                 (true, ..) => RemoveFilter::All,
                 (_, Some(k), None, false) => RemoveFilter::Kind(k),
@@ -72,7 +112,14 @@ pub fn run(g: &Global, c: CacheCmd) -> Result<()> {
                 _ => bail!("give one of --all, --kind, --key, --corrupt"),
             };
             let r = cache.remove(filter)?;
-            g.emit(&r, || format!("removed {} entries ({:.1} MiB) and {} stale temp files\n", r.entries, r.bytes as f64 / 1048576.0, r.temp_files))
+            g.emit(&r, || {
+                format!(
+                    "removed {} entries ({:.1} MiB) and {} stale temp files\n",
+                    r.entries,
+                    r.bytes as f64 / 1048576.0,
+                    r.temp_files
+                )
+            })
         }
     }
 }

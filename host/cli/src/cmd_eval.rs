@@ -96,17 +96,36 @@ impl BackendJob for RunJob<'_> {
         let a = self.a;
         let set = a.target.prompt_set(self.g)?;
         let specs: Vec<DrafterSpec> = match a.drafter.as_str() {
-            "builtin:oracle" => vec![DrafterSpec::Oracle { block_size: a.block_size }],
-            "builtin:anti-oracle" => vec![DrafterSpec::AntiOracle { block_size: a.block_size }],
+            "builtin:oracle" => vec![DrafterSpec::Oracle {
+                block_size: a.block_size,
+            }],
+            "builtin:anti-oracle" => vec![DrafterSpec::AntiOracle {
+                block_size: a.block_size,
+            }],
             d => {
                 let path = PathBuf::from(d);
-                let series = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                let series = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().to_string())
+                    .unwrap_or_default();
                 let cks = DrafterCheckpoint::discover(&path)?;
                 let single = cks.len() == 1 && cks[0].dir == path;
                 cks.into_iter()
                     .map(|c| {
-                        let series = if single { c.dir.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().to_string()).unwrap_or(series.clone()) } else { series.clone() };
-                        DrafterSpec::Checkpoint { dir: c.dir, step: c.step, series }
+                        let series = if single {
+                            c.dir
+                                .parent()
+                                .and_then(|p| p.file_name())
+                                .map(|n| n.to_string_lossy().to_string())
+                                .unwrap_or(series.clone())
+                        } else {
+                            series.clone()
+                        };
+                        DrafterSpec::Checkpoint {
+                            dir: c.dir,
+                            step: c.step,
+                            series,
+                        }
                     })
                     .collect()
             }
@@ -117,7 +136,9 @@ impl BackendJob for RunJob<'_> {
             ModeArg::Deployment => RunMode::Deployment,
             ModeArg::TrainStyle => RunMode::TrainStyle,
         };
-        if !matches!(mode, RunMode::TrainStyle) && (matches!(a.mask, MaskArg::Inclusive) || matches!(a.labels, LabelsArg::Data)) {
+        if !matches!(mode, RunMode::TrainStyle)
+            && (matches!(a.mask, MaskArg::Inclusive) || matches!(a.labels, LabelsArg::Data))
+        {
             bail!("--mask inclusive and --labels data reproduce training bugs: use them with --mode train-style");
         }
         let eval = EvalOptions {
@@ -137,7 +158,13 @@ impl BackendJob for RunJob<'_> {
         };
         let mut outs = Vec::new();
         for spec in &specs {
-            let opts = RunOptions { name: a.name.clone(), mode, eval: eval.clone(), max_new_tokens: a.target.max_new_tokens, fail_after: a.fail_after };
+            let opts = RunOptions {
+                name: a.name.clone(),
+                mode,
+                eval: eval.clone(),
+                max_new_tokens: a.target.max_new_tokens,
+                fail_after: a.fail_after,
+            };
             outs.push(run_eval(&s, spec, &set, &opts, &store)?);
         }
         Ok(outs)
@@ -149,12 +176,19 @@ pub fn run(g: &Global, a: RunArgs) -> Result<()> {
     g.emit(&outs, || {
         let mut o = String::new();
         for r in &outs {
-            o += &format!("run {} · {} · {} prompts, {} blocks, {:.1}s\n", r.run_id, r.name, r.prompts, r.blocks, r.seconds);
+            o += &format!(
+                "run {} · {} · {} prompts, {} blocks, {:.1}s\n",
+                r.run_id, r.name, r.prompts, r.blocks, r.seconds
+            );
             for (_, name, v) in &r.metrics {
                 o += &format!("  {name:<22} {v:.4}\n");
             }
         }
-        o += &format!("stored in {} — browse with: draftlens serve --db {}\n", a.db.display(), a.db.display());
+        o += &format!(
+            "stored in {} — browse with: draftlens serve --db {}\n",
+            a.db.display(),
+            a.db.display()
+        );
         o
     })
 }
@@ -192,7 +226,11 @@ impl BackendJob for LiveJob<'_> {
         let s = Session::load(be, &a.target.target, self.g.cache()?)?;
         let findings = lint(&s.files, &a.drafter)?;
         if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
-            bail!("{}: drafter is incompatible with the target: {}", a.drafter.display(), f.message);
+            bail!(
+                "{}: drafter is incompatible with the target: {}",
+                a.drafter.display(),
+                f.message
+            );
         }
         let d = DFlashDrafter::load(&s.be, &a.drafter, s.files.spec.hidden_size)?;
         let eos = s.eos_ids();
@@ -221,9 +259,29 @@ pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
     let rows = dispatch(a.target.backend.into(), LiveJob { g, a: &a })?;
     let bad = rows.iter().filter(|r| !r.lossless).count();
     g.emit(&rows, || {
-        let mut o: String = rows.iter().map(|r| format!("{:<24} τ {:.3}  {} rounds  {} tokens  {}\n", r.id, r.tau, r.rounds, r.new_tokens, if r.lossless { "lossless" } else { "DIFFERS FROM GREEDY" })).collect();
+        let mut o: String = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{:<24} τ {:.3}  {} rounds  {} tokens  {}\n",
+                    r.id,
+                    r.tau,
+                    r.rounds,
+                    r.new_tokens,
+                    if r.lossless {
+                        "lossless"
+                    } else {
+                        "DIFFERS FROM GREEDY"
+                    }
+                )
+            })
+            .collect();
         let macro_tau = rows.iter().map(|r| r.tau).sum::<f64>() / rows.len().max(1) as f64;
-        o += &format!("live τ (macro over {} prompts): {:.3}\n", rows.len(), macro_tau);
+        o += &format!(
+            "live τ (macro over {} prompts): {:.3}\n",
+            rows.len(),
+            macro_tau
+        );
         o
     })?;
     if bad > 0 {
@@ -245,14 +303,31 @@ pub struct LintArgs {
 pub fn lint_cmd(g: &Global, a: LintArgs) -> Result<()> {
     let t = TargetFiles::open(&a.target)?;
     let findings = lint(&t, &a.drafter)?;
-    let errors = findings.iter().filter(|f| f.severity == Severity::Error).count();
+    let errors = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .count();
     g.emit(&findings, || {
-        let mut o: String = findings.iter().map(|f| format!("{:<8} {:<18} {}\n", format!("{:?}", f.severity).to_lowercase(), f.code, f.message)).collect();
+        let mut o: String = findings
+            .iter()
+            .map(|f| {
+                format!(
+                    "{:<8} {:<18} {}\n",
+                    format!("{:?}", f.severity).to_lowercase(),
+                    f.code,
+                    f.message
+                )
+            })
+            .collect();
         o += &format!("{} findings, {} errors\n", findings.len(), errors);
         o
     })?;
     if errors > 0 {
-        bail!("{}: {errors} incompatibilities with {}", a.drafter.display(), a.target.display());
+        bail!(
+            "{}: {errors} incompatibilities with {}",
+            a.drafter.display(),
+            a.target.display()
+        );
     }
     Ok(())
 }
@@ -278,12 +353,25 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
     match c {
         RunsCmd::Ls { db, limit } => {
             let store = Store::open(&db)?;
-            let (rows, total) = store.runs(&RunFilter { limit, descending: true, ..Default::default() })?;
+            let (rows, total) = store.runs(&RunFilter {
+                limit,
+                descending: true,
+                ..Default::default()
+            })?;
             let infos: Vec<_> = rows.iter().map(|r| &r.run).collect();
             g.emit(&infos, || {
                 let mut o: String = infos
                     .iter()
-                    .map(|r| format!("{:>5}  {:<9} {:<12} {:<6} {}\n", r.id, r.status.as_str(), r.mode.as_str(), r.backend, r.name))
+                    .map(|r| {
+                        format!(
+                            "{:>5}  {:<9} {:<12} {:<6} {}\n",
+                            r.id,
+                            r.status.as_str(),
+                            r.mode.as_str(),
+                            r.backend,
+                            r.name
+                        )
+                    })
                     .collect();
                 o += &format!("{} of {total} runs\n", infos.len());
                 o
@@ -291,7 +379,9 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
         }
         RunsCmd::Show { run, db } => {
             let store = Store::open(&db)?;
-            let Some(d) = store.run(run)? else { bail!("{}: no run {run}", db.display()) };
+            let Some(d) = store.run(run)? else {
+                bail!("{}: no run {run}", db.display())
+            };
             let metrics = store.metrics(run)?;
             #[derive(Serialize)]
             struct Show<'a> {

@@ -204,7 +204,12 @@ pub fn generate(g: &Global, a: GenerateArgs) -> Result<()> {
     let out = dispatch(a.target.backend.into(), GenerateJob { g, a: &a.target })?;
     g.emit(&out, || {
         out.iter()
-            .map(|r| format!("=== {} ({} prompt tokens, {} new, stop: {:?}, {:.2}s)\n{}\n", r.id, r.prompt_tokens, r.new_tokens, r.stop, r.seconds, r.text))
+            .map(|r| {
+                format!(
+                    "=== {} ({} prompt tokens, {} new, stop: {:?}, {:.2}s)\n{}\n",
+                    r.id, r.prompt_tokens, r.new_tokens, r.stop, r.seconds, r.text
+                )
+            })
             .collect()
     })
 }
@@ -252,10 +257,19 @@ impl BackendJob for ExtractJob<'_> {
             let pass = s.target_pass(&ids, &capture, 8)?;
             if self.a.out.is_some() {
                 for (i, h) in &pass.hidden {
-                    dump.push((format!("{}.hs{}", p.id, i), vec![ids.len(), pass.hidden_size], h.clone()));
+                    dump.push((
+                        format!("{}.hs{}", p.id, i),
+                        vec![ids.len(), pass.hidden_size],
+                        h.clone(),
+                    ));
                 }
             }
-            out.push(Extracted { id: p.id.clone(), tokens: ids.len(), cached: pass.cached, seconds: t0.elapsed().as_secs_f64() });
+            out.push(Extracted {
+                id: p.id.clone(),
+                tokens: ids.len(),
+                cached: pass.cached,
+                seconds: t0.elapsed().as_secs_f64(),
+            });
             pb.inc(1);
         }
         pb.finish_and_clear();
@@ -267,17 +281,30 @@ impl BackendJob for ExtractJob<'_> {
 }
 
 /// Write f32 tensors to a safetensors file atomically (temp file + rename).
-fn write_safetensors(path: &std::path::Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
+fn write_safetensors(
+    path: &std::path::Path,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+) -> Result<()> {
     use anyhow::Context;
-    let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, _, d)| d.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, _, d)| d.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
     let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
         .iter()
         .zip(&bytes)
-        .map(|((n, shape, _), b)| Ok((n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)?)))
+        .map(|((n, shape, _), b)| {
+            Ok((
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)?,
+            ))
+        })
         .collect::<Result<_>>()?;
     let tmp = path.with_extension("safetensors.tmp");
-    safetensors::serialize_to_file(views, None, &tmp).with_context(|| format!("{}: cannot write", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot move into place", path.display()))?;
+    safetensors::serialize_to_file(views, None, &tmp)
+        .with_context(|| format!("{}: cannot write", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("{}: cannot move into place", path.display()))?;
     Ok(())
 }
 
@@ -286,6 +313,12 @@ pub fn extract(g: &Global, a: ExtractArgs) -> Result<()> {
     g.emit(&out, || {
         let cached = out.iter().filter(|e| e.cached).count();
         let tokens: usize = out.iter().map(|e| e.tokens).sum();
-        format!("extracted {} prompts ({} tokens; {} from cache) at layers {:?}\n", out.len(), tokens, cached, a.layers)
+        format!(
+            "extracted {} prompts ({} tokens; {} from cache) at layers {:?}\n",
+            out.len(),
+            tokens,
+            cached,
+            a.layers
+        )
     })
 }

@@ -57,20 +57,50 @@ struct Inner<'a, A: Backend> {
 impl<'a> BackendJob for Outer<'a> {
     type Output = ParityOut;
     fn run<A: Backend>(self, first: A) -> Result<ParityOut> {
-        dispatch(self.a.backends[1].into(), Inner { g: self.g, a: self.a, first })
+        dispatch(
+            self.a.backends[1].into(),
+            Inner {
+                g: self.g,
+                a: self.a,
+                first,
+            },
+        )
     }
 }
 
-fn drafter_metrics<B: Backend>(g: &Global, a: &ParityArgs, be: B, set: &PromptSet, dir: &PathBuf) -> Result<BTreeMap<String, f64>> {
-    let tmp = std::env::temp_dir().join(format!("draftlens-parity-{}-{}", std::process::id(), be.name()));
+fn drafter_metrics<B: Backend>(
+    g: &Global,
+    a: &ParityArgs,
+    be: B,
+    set: &PromptSet,
+    dir: &PathBuf,
+) -> Result<BTreeMap<String, f64>> {
+    let tmp = std::env::temp_dir().join(format!(
+        "draftlens-parity-{}-{}",
+        std::process::id(),
+        be.name()
+    ));
     let s = Session::load(be, &a.target, g.cache()?)?;
     let store = Store::open(&tmp.with_extension("sqlite"))?;
-    let opts = RunOptions { name: None, mode: RunMode::Deployment, eval: Default::default(), max_new_tokens: a.max_new_tokens, fail_after: None };
-    let spec = DrafterSpec::Checkpoint { dir: dir.clone(), step: None, series: "parity".into() };
+    let opts = RunOptions {
+        name: None,
+        mode: RunMode::Deployment,
+        eval: Default::default(),
+        max_new_tokens: a.max_new_tokens,
+        fail_after: None,
+    };
+    let spec = DrafterSpec::Checkpoint {
+        dir: dir.clone(),
+        step: None,
+        series: "parity".into(),
+    };
     let out = run_eval(&s, &spec, set, &opts, &store)?;
     let m = store.metrics(out.run_id)?;
     let _ = std::fs::remove_file(tmp.with_extension("sqlite"));
-    Ok(m.into_iter().filter(|r| r.scope == MetricScope::Run).map(|r| (r.name, r.value)).collect())
+    Ok(m.into_iter()
+        .filter(|r| r.scope == MetricScope::Run)
+        .map(|r| (r.name, r.value))
+        .collect())
 }
 
 impl<'a, A: Backend> BackendJob for Inner<'a, A> {
@@ -90,7 +120,13 @@ impl<'a, A: Backend> BackendJob for Inner<'a, A> {
                 _ => bail!("prompt {} is empty", p.id),
             })
             .collect::<Result<_>>()?;
-        let target = target_parity(&self.first, &second, &files.spec, files.weights.as_ref(), &prompts)?;
+        let target = target_parity(
+            &self.first,
+            &second,
+            &files.spec,
+            files.weights.as_ref(),
+            &prompts,
+        )?;
         let drafter_metrics = match &a.drafter {
             Some(d) => {
                 let ma = drafter_metrics(g, a, self.first, &set, d)?;
@@ -100,7 +136,11 @@ impl<'a, A: Backend> BackendJob for Inner<'a, A> {
             None => vec![],
         };
         let pass = target.layers.iter().all(|c| c.pass);
-        Ok(ParityOut { target, drafter_metrics, pass })
+        Ok(ParityOut {
+            target,
+            drafter_metrics,
+            pass,
+        })
     }
 }
 

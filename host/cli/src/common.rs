@@ -28,8 +28,13 @@ impl Global {
             2 => "debug",
             _ => "trace",
         };
-        let filter = tracing_subscriber::EnvFilter::try_from_env("DRAFTLENS_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+        let filter = tracing_subscriber::EnvFilter::try_from_env("DRAFTLENS_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .init();
         draftlens::progress::set_quiet(self.json);
     }
 
@@ -42,7 +47,11 @@ impl Global {
     }
 
     /// Print `value` as JSON when `--json`, else the text `human` renders.
-    pub fn emit<T: serde::Serialize>(&self, value: &T, human: impl FnOnce() -> String) -> Result<()> {
+    pub fn emit<T: serde::Serialize>(
+        &self,
+        value: &T,
+        human: impl FnOnce() -> String,
+    ) -> Result<()> {
         if self.json {
             println!("{}", serde_json::to_string_pretty(value)?);
         } else {

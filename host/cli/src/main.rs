@@ -12,7 +12,12 @@ use clap::{Parser, Subcommand};
 use common::Global;
 
 #[derive(Parser)]
-#[command(name = "draftlens", version, about = "Honest evaluation of speculative-decoding drafters (DFlash)", propagate_version = true)]
+#[command(
+    name = "draftlens",
+    version,
+    about = "Honest evaluation of speculative-decoding drafters (DFlash)",
+    propagate_version = true
+)]
 struct Cli {
     #[command(flatten)]
     global: Global,

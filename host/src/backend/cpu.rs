@@ -41,7 +41,18 @@ fn threads() -> usize {
 /// `dst[m, n] = lhs[m, k] · rhs` where `rhs` element (kk, j) is at `rhs[kk * rhs_rs + j * rhs_cs]`.
 /// Single-threaded when `par` is false (callers that already run in parallel).
 #[allow(clippy::too_many_arguments)]
-fn gemm_f32(m: usize, n: usize, k: usize, dst: &mut [f32], lhs: &[f32], lhs_rs: usize, rhs: &[f32], rhs_rs: usize, rhs_cs: usize, par: bool) {
+fn gemm_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    lhs: &[f32],
+    lhs_rs: usize,
+    rhs: &[f32],
+    rhs_rs: usize,
+    rhs_cs: usize,
+    par: bool,
+) {
     debug_assert!(dst.len() >= m * n);
     if m == 0 || n == 0 {
         return;
@@ -50,7 +61,11 @@ fn gemm_f32(m: usize, n: usize, k: usize, dst: &mut [f32], lhs: &[f32], lhs_rs: 
         dst[..m * n].fill(0.0);
         return;
     }
-    let parallelism = if par && m * n * k >= 1 << 18 { Parallelism::Rayon(threads()) } else { Parallelism::None };
+    let parallelism = if par && m * n * k >= 1 << 18 {
+        Parallelism::Rayon(threads())
+    } else {
+        Parallelism::None
+    };
     // SAFETY: the slices cover every index the strides address: lhs is m×k with row stride
     // lhs_rs ≥ k, rhs is addressed at kk*rhs_rs + j*rhs_cs < rhs.len() (checked by callers'
     // shape checks), dst is m×n contiguous.
@@ -83,7 +98,9 @@ fn gemm_f32(m: usize, n: usize, k: usize, dst: &mut [f32], lhs: &[f32], lhs_rs: 
 /// Hugging Face does (f32 inverse frequencies, f32 angle, then cos/sin).
 fn rope_table(positions: &[u32], rope: &Rope) -> (Vec<f32>, Vec<f32>) {
     let half = rope.rotary_dim / 2;
-    let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / rope.theta.powf((2 * i) as f32 / rope.rotary_dim as f32)).collect();
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / rope.theta.powf((2 * i) as f32 / rope.rotary_dim as f32))
+        .collect();
     let mut cos = Vec::with_capacity(positions.len() * half);
     let mut sin = Vec::with_capacity(positions.len() * half);
     for &p in positions {
@@ -116,8 +133,17 @@ impl Backend for CpuBackend {
     }
 
     fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<CpuTensor> {
-        ensure!(data.len() == rows * cols, "tensor data has {} values, shape [{rows}, {cols}] needs {}", data.len(), rows * cols);
-        Ok(CpuTensor { rows, cols, data: data.to_vec() })
+        ensure!(
+            data.len() == rows * cols,
+            "tensor data has {} values, shape [{rows}, {cols}] needs {}",
+            data.len(),
+            rows * cols
+        );
+        Ok(CpuTensor {
+            rows,
+            cols,
+            data: data.to_vec(),
+        })
     }
     fn to_host(&self, t: &CpuTensor) -> Result<Vec<f32>> {
         Ok(t.data.clone())
@@ -126,23 +152,48 @@ impl Backend for CpuBackend {
         (t.rows, t.cols)
     }
     fn matrix(&self, data: &[f32], out: usize, inp: usize) -> Result<CpuMatrix> {
-        ensure!(data.len() == out * inp, "weight data has {} values, shape [{out}, {inp}] needs {}", data.len(), out * inp);
-        Ok(CpuMatrix { out, inp, data: data.to_vec() })
+        ensure!(
+            data.len() == out * inp,
+            "weight data has {} values, shape [{out}, {inp}] needs {}",
+            data.len(),
+            out * inp
+        );
+        Ok(CpuMatrix {
+            out,
+            inp,
+            data: data.to_vec(),
+        })
     }
     fn matrix_dims(&self, m: &CpuMatrix) -> (usize, usize) {
         (m.out, m.inp)
     }
 
     fn matmul(&self, x: &CpuTensor, w: &CpuMatrix) -> Result<CpuTensor> {
-        ensure!(x.cols == w.inp, "matmul: input has {} columns, weight expects {}", x.cols, w.inp);
+        ensure!(
+            x.cols == w.inp,
+            "matmul: input has {} columns, weight expects {}",
+            x.cols,
+            w.inp
+        );
         let mut out = vec![0f32; x.rows * w.out];
         // Wᵀ element (kk, j) = W[j, kk] = data[j * inp + kk]: row stride 1, column stride inp.
-        gemm_f32(x.rows, w.out, w.inp, &mut out, &x.data, x.cols, &w.data, 1, w.inp, true);
-        Ok(CpuTensor { rows: x.rows, cols: w.out, data: out })
+        gemm_f32(
+            x.rows, w.out, w.inp, &mut out, &x.data, x.cols, &w.data, 1, w.inp, true,
+        );
+        Ok(CpuTensor {
+            rows: x.rows,
+            cols: w.out,
+            data: out,
+        })
     }
 
     fn add_row_bias(&self, x: &mut CpuTensor, bias: &CpuTensor) -> Result<()> {
-        ensure!(bias.data.len() == x.cols, "bias has {} values, rows have {}", bias.data.len(), x.cols);
+        ensure!(
+            bias.data.len() == x.cols,
+            "bias has {} values, rows have {}",
+            bias.data.len(),
+            x.cols
+        );
         x.data.par_chunks_mut(x.cols).for_each(|row| {
             for (v, b) in row.iter_mut().zip(&bias.data) {
                 *v += b;
@@ -152,14 +203,38 @@ impl Backend for CpuBackend {
     }
 
     fn add_inplace(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<()> {
-        ensure!((x.rows, x.cols) == (y.rows, y.cols), "add: shapes [{}, {}] and [{}, {}] differ", x.rows, x.cols, y.rows, y.cols);
-        x.data.par_iter_mut().zip(&y.data).for_each(|(a, b)| *a += b);
+        ensure!(
+            (x.rows, x.cols) == (y.rows, y.cols),
+            "add: shapes [{}, {}] and [{}, {}] differ",
+            x.rows,
+            x.cols,
+            y.rows,
+            y.cols
+        );
+        x.data
+            .par_iter_mut()
+            .zip(&y.data)
+            .for_each(|(a, b)| *a += b);
         Ok(())
     }
 
-    fn rms_norm(&self, x: &CpuTensor, weight: &CpuTensor, eps: f32, group: usize) -> Result<CpuTensor> {
-        ensure!(group > 0 && x.cols % group == 0, "rms_norm: {} columns are not a multiple of group {group}", x.cols);
-        ensure!(weight.data.len() == group, "rms_norm: weight has {} values, group is {group}", weight.data.len());
+    fn rms_norm(
+        &self,
+        x: &CpuTensor,
+        weight: &CpuTensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<CpuTensor> {
+        ensure!(
+            group > 0 && x.cols % group == 0,
+            "rms_norm: {} columns are not a multiple of group {group}",
+            x.cols
+        );
+        ensure!(
+            weight.data.len() == group,
+            "rms_norm: weight has {} values, group is {group}",
+            weight.data.len()
+        );
         let mut out = x.data.clone();
         out.par_chunks_mut(group).for_each(|g| {
             let ms = g.iter().map(|v| v * v).sum::<f32>() / group as f32;
@@ -168,40 +243,91 @@ impl Backend for CpuBackend {
                 *v = *v * r * w;
             }
         });
-        Ok(CpuTensor { rows: x.rows, cols: x.cols, data: out })
+        Ok(CpuTensor {
+            rows: x.rows,
+            cols: x.cols,
+            data: out,
+        })
     }
 
     fn rope_inplace(&self, x: &mut CpuTensor, positions: &[u32], rope: &Rope) -> Result<()> {
-        ensure!(positions.len() == x.rows, "rope: {} positions for {} rows", positions.len(), x.rows);
-        ensure!(x.cols % rope.head_dim == 0, "rope: {} columns are not whole heads of {}", x.cols, rope.head_dim);
-        ensure!(rope.rotary_dim <= rope.head_dim && rope.rotary_dim % 2 == 0, "rope: bad rotary_dim {}", rope.rotary_dim);
+        ensure!(
+            positions.len() == x.rows,
+            "rope: {} positions for {} rows",
+            positions.len(),
+            x.rows
+        );
+        ensure!(
+            x.cols % rope.head_dim == 0,
+            "rope: {} columns are not whole heads of {}",
+            x.cols,
+            rope.head_dim
+        );
+        ensure!(
+            rope.rotary_dim <= rope.head_dim && rope.rotary_dim % 2 == 0,
+            "rope: bad rotary_dim {}",
+            rope.rotary_dim
+        );
         let half = rope.rotary_dim / 2;
         let (cos, sin) = rope_table(positions, rope);
         let cols = x.cols;
-        x.data.par_chunks_mut(cols).enumerate().for_each(|(r, row)| {
-            let c = &cos[r * half..(r + 1) * half];
-            let s = &sin[r * half..(r + 1) * half];
-            for head in row.chunks_mut(rope.head_dim) {
-                for i in 0..half {
-                    let (a, b) = match rope.style {
-                        RopeStyle::RotateHalf => (i, i + half),
-                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                    };
-                    let (x0, x1) = (head[a], head[b]);
-                    head[a] = x0 * c[i] - x1 * s[i];
-                    head[b] = x1 * c[i] + x0 * s[i];
+        x.data
+            .par_chunks_mut(cols)
+            .enumerate()
+            .for_each(|(r, row)| {
+                let c = &cos[r * half..(r + 1) * half];
+                let s = &sin[r * half..(r + 1) * half];
+                for head in row.chunks_mut(rope.head_dim) {
+                    for i in 0..half {
+                        let (a, b) = match rope.style {
+                            RopeStyle::RotateHalf => (i, i + half),
+                            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                        };
+                        let (x0, x1) = (head[a], head[b]);
+                        head[a] = x0 * c[i] - x1 * s[i];
+                        head[b] = x1 * c[i] + x0 * s[i];
+                    }
                 }
-            }
-        });
+            });
         Ok(())
     }
 
-    fn attention(&self, q: &CpuTensor, k: &CpuTensor, v: &CpuTensor, shape: AttnShape, mask: &AttnMask) -> Result<CpuTensor> {
-        let AttnShape { heads, kv_heads, head_dim: hd } = shape;
-        ensure!(kv_heads > 0 && heads % kv_heads == 0, "attention: {heads} heads not divisible by {kv_heads} KV heads");
-        ensure!(q.cols == heads * hd, "attention: q has {} columns, expected {}", q.cols, heads * hd);
-        ensure!(k.cols == kv_heads * hd && v.cols == kv_heads * hd, "attention: k/v have {}/{} columns, expected {}", k.cols, v.cols, kv_heads * hd);
-        ensure!(k.rows == v.rows, "attention: k has {} rows, v has {}", k.rows, v.rows);
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        shape: AttnShape,
+        mask: &AttnMask,
+    ) -> Result<CpuTensor> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        ensure!(
+            kv_heads > 0 && heads % kv_heads == 0,
+            "attention: {heads} heads not divisible by {kv_heads} KV heads"
+        );
+        ensure!(
+            q.cols == heads * hd,
+            "attention: q has {} columns, expected {}",
+            q.cols,
+            heads * hd
+        );
+        ensure!(
+            k.cols == kv_heads * hd && v.cols == kv_heads * hd,
+            "attention: k/v have {}/{} columns, expected {}",
+            k.cols,
+            v.cols,
+            kv_heads * hd
+        );
+        ensure!(
+            k.rows == v.rows,
+            "attention: k has {} rows, v has {}",
+            k.rows,
+            v.rows
+        );
         let tk = k.rows;
 
         // Split the query rows into independent jobs, each with the key spans it may read and the
@@ -215,27 +341,63 @@ impl Backend for CpuBackend {
         let visible: Box<dyn Fn(usize, usize) -> bool + Sync> = match mask {
             AttnMask::Causal { q_start } => {
                 let q_start = *q_start;
-                ensure!(q_start + q.rows <= tk, "attention: causal queries end at {} but only {tk} keys exist", q_start + q.rows);
+                ensure!(
+                    q_start + q.rows <= tk,
+                    "attention: causal queries end at {} but only {tk} keys exist",
+                    q_start + q.rows
+                );
                 const CHUNK: usize = 64;
                 let mut r = 0;
                 while r < q.rows {
                     let end = (r + CHUNK).min(q.rows);
-                    jobs.push(Job { q_rows: r..end, spans: vec![KeySpan { start: 0, end: q_start + end }] });
+                    jobs.push(Job {
+                        q_rows: r..end,
+                        spans: vec![KeySpan {
+                            start: 0,
+                            end: q_start + end,
+                        }],
+                    });
                     r = end;
                 }
                 Box::new(move |qr, kr| kr <= q_start + qr)
             }
-            AttnMask::Blocks { ctx_len, block, anchors, ctx_inclusive, causal_in_block, window } => {
-                let (ctx_len, block, inclusive, causal, window) = (*ctx_len, *block, *ctx_inclusive, *causal_in_block, *window);
+            AttnMask::Blocks {
+                ctx_len,
+                block,
+                anchors,
+                ctx_inclusive,
+                causal_in_block,
+                window,
+            } => {
+                let (ctx_len, block, inclusive, causal, window) =
+                    (*ctx_len, *block, *ctx_inclusive, *causal_in_block, *window);
                 let n = anchors.len();
                 ensure!(block > 0, "attention: block size 0");
-                ensure!(q.rows == n * block, "attention: {} query rows for {n} blocks of {block}", q.rows);
-                ensure!(tk == ctx_len + n * block, "attention: {tk} keys, expected {ctx_len} context + {} block rows", n * block);
+                ensure!(
+                    q.rows == n * block,
+                    "attention: {} query rows for {n} blocks of {block}",
+                    q.rows
+                );
+                ensure!(
+                    tk == ctx_len + n * block,
+                    "attention: {tk} keys, expected {ctx_len} context + {} block rows",
+                    n * block
+                );
                 for (b, &a) in anchors.iter().enumerate() {
-                    let lim = if inclusive { (a + 1).min(ctx_len) } else { a.min(ctx_len) };
+                    let lim = if inclusive {
+                        (a + 1).min(ctx_len)
+                    } else {
+                        a.min(ctx_len)
+                    };
                     jobs.push(Job {
                         q_rows: b * block..(b + 1) * block,
-                        spans: vec![KeySpan { start: 0, end: lim }, KeySpan { start: ctx_len + b * block, end: ctx_len + (b + 1) * block }],
+                        spans: vec![
+                            KeySpan { start: 0, end: lim },
+                            KeySpan {
+                                start: ctx_len + b * block,
+                                end: ctx_len + (b + 1) * block,
+                            },
+                        ],
                     });
                 }
                 let anchors = anchors.clone();
@@ -281,7 +443,8 @@ impl Backend for CpuBackend {
                 // Gather this head's query rows contiguously.
                 let mut qh = vec![0f32; nq * hd];
                 for (i, r) in job.q_rows.clone().enumerate() {
-                    qh[i * hd..(i + 1) * hd].copy_from_slice(&qd[r * q.cols + h * hd..r * q.cols + (h + 1) * hd]);
+                    qh[i * hd..(i + 1) * hd]
+                        .copy_from_slice(&qd[r * q.cols + h * hd..r * q.cols + (h + 1) * hd]);
                 }
                 // scores[i, j] = q_i · k_j over the spans (keys read in place with stride kcols).
                 let mut scores = vec![0f32; nq * nk.max(1)];
@@ -296,7 +459,8 @@ impl Backend for CpuBackend {
                     let kbase = &kd[s.start * kcols + kvh * hd..];
                     gemm_f32(nq, len, hd, &mut tmp, &qh, hd, kbase, 1, kcols, false);
                     for i in 0..nq {
-                        scores[i * nk + col..i * nk + col + len].copy_from_slice(&tmp[i * len..(i + 1) * len]);
+                        scores[i * nk + col..i * nk + col + len]
+                            .copy_from_slice(&tmp[i * len..(i + 1) * len]);
                     }
                     col += len;
                 }
@@ -341,7 +505,8 @@ impl Backend for CpuBackend {
                     }
                     pchunk.resize(nq * len, 0.0);
                     for i in 0..nq {
-                        pchunk[i * len..(i + 1) * len].copy_from_slice(&scores[i * nk + col..i * nk + col + len]);
+                        pchunk[i * len..(i + 1) * len]
+                            .copy_from_slice(&scores[i * nk + col..i * nk + col + len]);
                     }
                     let vbase = &vd[s.start * kcols + kvh * hd..];
                     gemm_f32(nq, hd, len, &mut part, &pchunk, len, vbase, kcols, 1, false);
@@ -354,16 +519,33 @@ impl Backend for CpuBackend {
         let mut out = vec![0f32; q.rows * q.cols];
         for (ji, h, patch) in patches {
             for (i, r) in jobs[ji].q_rows.clone().enumerate() {
-                out[r * q.cols + h * hd..r * q.cols + (h + 1) * hd].copy_from_slice(&patch[i * hd..(i + 1) * hd]);
+                out[r * q.cols + h * hd..r * q.cols + (h + 1) * hd]
+                    .copy_from_slice(&patch[i * hd..(i + 1) * hd]);
             }
         }
-        Ok(CpuTensor { rows: q.rows, cols: q.cols, data: out })
+        Ok(CpuTensor {
+            rows: q.rows,
+            cols: q.cols,
+            data: out,
+        })
     }
 
     fn swiglu(&self, gate: &CpuTensor, up: &CpuTensor) -> Result<CpuTensor> {
-        ensure!((gate.rows, gate.cols) == (up.rows, up.cols), "swiglu: gate and up shapes differ");
-        let data = gate.data.par_iter().zip(&up.data).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u).collect();
-        Ok(CpuTensor { rows: gate.rows, cols: gate.cols, data })
+        ensure!(
+            (gate.rows, gate.cols) == (up.rows, up.cols),
+            "swiglu: gate and up shapes differ"
+        );
+        let data = gate
+            .data
+            .par_iter()
+            .zip(&up.data)
+            .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+            .collect();
+        Ok(CpuTensor {
+            rows: gate.rows,
+            cols: gate.cols,
+            data,
+        })
     }
 
     fn embed(&self, table: &CpuMatrix, ids: &[u32]) -> Result<CpuTensor> {
@@ -371,26 +553,43 @@ impl Backend for CpuBackend {
         for &id in ids {
             let id = id as usize;
             if id >= table.out {
-                bail!("token id {id} is outside the embedding table ({} rows)", table.out);
+                bail!(
+                    "token id {id} is outside the embedding table ({} rows)",
+                    table.out
+                );
             }
             data.extend_from_slice(&table.data[id * table.inp..(id + 1) * table.inp]);
         }
-        Ok(CpuTensor { rows: ids.len(), cols: table.inp, data })
+        Ok(CpuTensor {
+            rows: ids.len(),
+            cols: table.inp,
+            data,
+        })
     }
 
     fn concat_rows(&self, parts: &[&CpuTensor]) -> Result<CpuTensor> {
         let cols = parts.first().map(|p| p.cols).unwrap_or(0);
-        ensure!(parts.iter().all(|p| p.cols == cols), "concat_rows: column counts differ");
+        ensure!(
+            parts.iter().all(|p| p.cols == cols),
+            "concat_rows: column counts differ"
+        );
         let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
         for p in parts {
             data.extend_from_slice(&p.data);
         }
-        Ok(CpuTensor { rows: parts.iter().map(|p| p.rows).sum(), cols, data })
+        Ok(CpuTensor {
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols,
+            data,
+        })
     }
 
     fn concat_cols(&self, parts: &[&CpuTensor]) -> Result<CpuTensor> {
         let rows = parts.first().map(|p| p.rows).unwrap_or(0);
-        ensure!(parts.iter().all(|p| p.rows == rows), "concat_cols: row counts differ");
+        ensure!(
+            parts.iter().all(|p| p.rows == rows),
+            "concat_cols: row counts differ"
+        );
         let cols: usize = parts.iter().map(|p| p.cols).sum();
         let mut data = Vec::with_capacity(rows * cols);
         for r in 0..rows {
@@ -402,8 +601,16 @@ impl Backend for CpuBackend {
     }
 
     fn slice_rows(&self, x: &CpuTensor, start: usize, end: usize) -> Result<CpuTensor> {
-        ensure!(start <= end && end <= x.rows, "slice_rows {start}..{end} out of {} rows", x.rows);
-        Ok(CpuTensor { rows: end - start, cols: x.cols, data: x.data[start * x.cols..end * x.cols].to_vec() })
+        ensure!(
+            start <= end && end <= x.rows,
+            "slice_rows {start}..{end} out of {} rows",
+            x.rows
+        );
+        Ok(CpuTensor {
+            rows: end - start,
+            cols: x.cols,
+            data: x.data[start * x.cols..end * x.cols].to_vec(),
+        })
     }
 
     fn gather_rows(&self, x: &CpuTensor, rows: &[u32]) -> Result<CpuTensor> {
@@ -413,11 +620,20 @@ impl Backend for CpuBackend {
             ensure!(r < x.rows, "gather_rows: row {r} out of {}", x.rows);
             data.extend_from_slice(&x.data[r * x.cols..(r + 1) * x.cols]);
         }
-        Ok(CpuTensor { rows: rows.len(), cols: x.cols, data })
+        Ok(CpuTensor {
+            rows: rows.len(),
+            cols: x.cols,
+            data,
+        })
     }
 
     fn lm_head_topk(&self, x: &CpuTensor, head: &CpuMatrix, k: usize) -> Result<TopK> {
-        ensure!(x.cols == head.inp, "lm_head: hidden has {} columns, head expects {}", x.cols, head.inp);
+        ensure!(
+            x.cols == head.inp,
+            "lm_head: hidden has {} columns, head expects {}",
+            x.cols,
+            head.inp
+        );
         let k = k.clamp(1, head.out);
         let vocab = head.out;
         // Rows in chunks so at most CHUNK × vocab logits exist at once.
@@ -427,7 +643,18 @@ impl Backend for CpuBackend {
         let mut logits = vec![0f32; CHUNK.min(x.rows.max(1)) * vocab];
         for start in (0..x.rows).step_by(CHUNK) {
             let n = CHUNK.min(x.rows - start);
-            gemm_f32(n, vocab, head.inp, &mut logits[..n * vocab], &x.data[start * x.cols..], x.cols, &head.data, 1, head.inp, true);
+            gemm_f32(
+                n,
+                vocab,
+                head.inp,
+                &mut logits[..n * vocab],
+                &x.data[start * x.cols..],
+                x.cols,
+                &head.data,
+                1,
+                head.inp,
+                true,
+            );
             let out_ids = &mut ids[start * k..(start + n) * k];
             let out_lp = &mut logprobs[start * k..(start + n) * k];
             logits[..n * vocab]
@@ -435,14 +662,24 @@ impl Backend for CpuBackend {
                 .zip(out_ids.par_chunks_mut(k).zip(out_lp.par_chunks_mut(k)))
                 .for_each(|(row, (ri, rl))| top_k_logsoftmax(row, k, ri, rl));
         }
-        Ok(TopK { rows: x.rows, k, ids, logprobs })
+        Ok(TopK {
+            rows: x.rows,
+            k,
+            ids,
+            logprobs,
+        })
     }
 }
 
 /// Top-k of log-softmax(row), best first, ties broken by the lower id.
 pub fn top_k_logsoftmax(row: &[f32], k: usize, ids: &mut [u32], lps: &mut [f32]) {
     let maxv = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = maxv + row.iter().map(|&v| ((v - maxv) as f64).exp()).sum::<f64>().ln() as f32;
+    let lse = maxv
+        + row
+            .iter()
+            .map(|&v| ((v - maxv) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
     // Keep a small sorted buffer: vocabularies are large and k is small.
     let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
     for (i, &v) in row.iter().enumerate() {
@@ -478,8 +715,18 @@ mod tests {
     }
 
     /// Naive attention straight from the definition, for one query row at a time.
-    fn naive_attention(q: &CpuTensor, k: &CpuTensor, v: &CpuTensor, shape: AttnShape, vis: impl Fn(usize, usize) -> bool) -> CpuTensor {
-        let AttnShape { heads, kv_heads, head_dim: hd } = shape;
+    fn naive_attention(
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        shape: AttnShape,
+        vis: impl Fn(usize, usize) -> bool,
+    ) -> CpuTensor {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
         let mut out = vec![0f32; q.rows * q.cols];
         for r in 0..q.rows {
             for h in 0..heads {
@@ -487,22 +734,40 @@ mod tests {
                 let mut s: Vec<(usize, f64)> = Vec::new();
                 for j in 0..k.rows {
                     if vis(r, j) {
-                        let dot: f64 = (0..hd).map(|d| q.data[r * q.cols + h * hd + d] as f64 * k.data[j * k.cols + kvh * hd + d] as f64).sum();
+                        let dot: f64 = (0..hd)
+                            .map(|d| {
+                                q.data[r * q.cols + h * hd + d] as f64
+                                    * k.data[j * k.cols + kvh * hd + d] as f64
+                            })
+                            .sum();
                         s.push((j, dot / (hd as f64).sqrt()));
                     }
                 }
                 let m = s.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = s.iter().map(|x| (x.1 - m).exp()).sum();
                 for d in 0..hd {
-                    out[r * q.cols + h * hd + d] = s.iter().map(|&(j, sc)| (sc - m).exp() / z * v.data[j * v.cols + kvh * hd + d] as f64).sum::<f64>() as f32;
+                    out[r * q.cols + h * hd + d] = s
+                        .iter()
+                        .map(|&(j, sc)| {
+                            (sc - m).exp() / z * v.data[j * v.cols + kvh * hd + d] as f64
+                        })
+                        .sum::<f64>() as f32;
                 }
             }
         }
-        CpuTensor { rows: q.rows, cols: q.cols, data: out }
+        CpuTensor {
+            rows: q.rows,
+            cols: q.cols,
+            data: out,
+        }
     }
 
     fn max_diff(a: &CpuTensor, b: &CpuTensor) -> f32 {
-        a.data.iter().zip(&b.data).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+        a.data
+            .iter()
+            .zip(&b.data)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
     }
 
     #[test]
@@ -523,21 +788,35 @@ mod tests {
     #[test]
     fn causal_attention_matches_naive_with_cache_offset() {
         let be = CpuBackend;
-        let shape = AttnShape { heads: 4, kv_heads: 2, head_dim: 8 };
+        let shape = AttnShape {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+        };
         // 70 cached keys + 90 new queries: exercises the 64-row chunking and the offset.
         let (q_start, nq) = (70, 90);
         let q = t(nq, 32, 3);
         let k = t(q_start + nq, 16, 4);
         let v = t(q_start + nq, 16, 5);
-        let got = be.attention(&q, &k, &v, shape, &AttnMask::Causal { q_start }).unwrap();
+        let got = be
+            .attention(&q, &k, &v, shape, &AttnMask::Causal { q_start })
+            .unwrap();
         let want = naive_attention(&q, &k, &v, shape, |r, j| j <= q_start + r);
-        assert!(max_diff(&got, &want) < 1e-5, "max diff {}", max_diff(&got, &want));
+        assert!(
+            max_diff(&got, &want) < 1e-5,
+            "max diff {}",
+            max_diff(&got, &want)
+        );
     }
 
     #[test]
     fn block_attention_matches_naive_for_every_mask_option() {
         let be = CpuBackend;
-        let shape = AttnShape { heads: 2, kv_heads: 1, head_dim: 4 };
+        let shape = AttnShape {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+        };
         let (ctx_len, block) = (20, 4);
         let anchors = vec![0usize, 5, 19, 12];
         let n = anchors.len();
@@ -547,13 +826,24 @@ mod tests {
         for inclusive in [false, true] {
             for causal in [false, true] {
                 for window in [None, Some(3)] {
-                    let mask = AttnMask::Blocks { ctx_len, block, anchors: anchors.clone(), ctx_inclusive: inclusive, causal_in_block: causal, window };
+                    let mask = AttnMask::Blocks {
+                        ctx_len,
+                        block,
+                        anchors: anchors.clone(),
+                        ctx_inclusive: inclusive,
+                        causal_in_block: causal,
+                        window,
+                    };
                     let got = be.attention(&q, &k, &v, shape, &mask).unwrap();
                     let want = naive_attention(&q, &k, &v, shape, |r, j| {
                         let (b, qo) = (r / block, r % block);
                         let qpos = anchors[b] + qo;
                         let kpos = if j < ctx_len {
-                            let ok = if inclusive { j <= anchors[b] } else { j < anchors[b] };
+                            let ok = if inclusive {
+                                j <= anchors[b]
+                            } else {
+                                j < anchors[b]
+                            };
                             if !ok {
                                 return false;
                             }
@@ -567,7 +857,11 @@ mod tests {
                         };
                         window.map_or(true, |w| kpos + w > qpos)
                     });
-                    assert!(max_diff(&got, &want) < 1e-5, "inclusive={inclusive} causal={causal} window={window:?}: {}", max_diff(&got, &want));
+                    assert!(
+                        max_diff(&got, &want) < 1e-5,
+                        "inclusive={inclusive} causal={causal} window={window:?}: {}",
+                        max_diff(&got, &want)
+                    );
                 }
             }
         }
@@ -579,11 +873,19 @@ mod tests {
         let hd = 8;
         let x = t(3, 2 * hd, 9);
         let pos = [0u32, 7, 1000];
-        let rope = Rope { theta: 10000.0, head_dim: hd, rotary_dim: hd, style: RopeStyle::RotateHalf };
+        let rope = Rope {
+            theta: 10000.0,
+            head_dim: hd,
+            rotary_dim: hd,
+            style: RopeStyle::RotateHalf,
+        };
         let mut a = x.clone();
         be.rope_inplace(&mut a, &pos, &rope).unwrap();
         // Position 0 is the identity.
-        assert!(a.data[..2 * hd].iter().zip(&x.data[..2 * hd]).all(|(p, q)| (p - q).abs() < 1e-7));
+        assert!(a.data[..2 * hd]
+            .iter()
+            .zip(&x.data[..2 * hd])
+            .all(|(p, q)| (p - q).abs() < 1e-7));
         // Rotations keep the norm of each pair.
         for r in 0..3 {
             let n0: f32 = x.data[r * 16..r * 16 + 16].iter().map(|v| v * v).sum();
@@ -598,7 +900,8 @@ mod tests {
                 for head in 0..2 {
                     for i in 0..hd / 2 {
                         for h in 0..2 {
-                            o.data[r * 16 + head * hd + 2 * i + h] = src.data[r * 16 + head * hd + h * hd / 2 + i];
+                            o.data[r * 16 + head * hd + 2 * i + h] =
+                                src.data[r * 16 + head * hd + h * hd / 2 + i];
                         }
                     }
                 }
@@ -606,7 +909,15 @@ mod tests {
             o
         };
         let mut b = perm(&x);
-        be.rope_inplace(&mut b, &pos, &Rope { style: RopeStyle::Interleaved, ..rope.clone() }).unwrap();
+        be.rope_inplace(
+            &mut b,
+            &pos,
+            &Rope {
+                style: RopeStyle::Interleaved,
+                ..rope.clone()
+            },
+        )
+        .unwrap();
         assert!(max_diff(&b, &perm(&a)) < 1e-6);
     }
 
@@ -618,7 +929,13 @@ mod tests {
         let head = be.matrix(&w.data, 50, 6).unwrap();
         let top = be.lm_head_topk(&x, &head, 5).unwrap();
         for r in 0..40 {
-            let logits: Vec<f64> = (0..50).map(|o| (0..6).map(|i| x.data[r * 6 + i] as f64 * w.data[o * 6 + i] as f64).sum()).collect();
+            let logits: Vec<f64> = (0..50)
+                .map(|o| {
+                    (0..6)
+                        .map(|i| x.data[r * 6 + i] as f64 * w.data[o * 6 + i] as f64)
+                        .sum()
+                })
+                .collect();
             let lse = logits.iter().map(|v| v.exp()).sum::<f64>().ln();
             let mut order: Vec<usize> = (0..50).collect();
             order.sort_by(|&a, &b| logits[b].partial_cmp(&logits[a]).unwrap());

@@ -123,7 +123,13 @@ pub trait Backend: Send + Sync + 'static {
     /// RMSNorm over consecutive groups of `group` columns (group = cols for a layer norm,
     /// = head_dim for per-head q/k norms), each group scaled by `weight[0, ..group]`. The
     /// statistic is computed in f32.
-    fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Tensor, eps: f32, group: usize) -> Result<Self::Tensor>;
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<Self::Tensor>;
     /// Rotary embedding in place on every head of `x` (`cols = n_heads * rope.head_dim`);
     /// row r is at absolute position `positions[r]`.
     fn rope_inplace(&self, x: &mut Self::Tensor, positions: &[u32], rope: &Rope) -> Result<()>;
@@ -142,15 +148,28 @@ pub trait Backend: Send + Sync + 'static {
     /// count); a query sees the keys of its own sequence at or before itself. q and k/v have the
     /// same rows. The default runs [`Backend::attention`] once per sequence; the CUDA backend does
     /// all sequences in one launch.
-    fn attention_varlen(&self, q: &Self::Tensor, k: &Self::Tensor, v: &Self::Tensor, shape: AttnShape, seq_starts: &[usize]) -> Result<Self::Tensor> {
+    fn attention_varlen(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        shape: AttnShape,
+        seq_starts: &[usize],
+    ) -> Result<Self::Tensor> {
         let (rows, _) = self.dims(q);
         anyhow::ensure!(
-            seq_starts.first() == Some(&0) && seq_starts.last() == Some(&rows) && seq_starts.windows(2).all(|w| w[0] <= w[1]),
+            seq_starts.first() == Some(&0)
+                && seq_starts.last() == Some(&rows)
+                && seq_starts.windows(2).all(|w| w[0] <= w[1]),
             "attention_varlen: sequence starts must increase from 0 to {rows}"
         );
         let mut parts = Vec::with_capacity(seq_starts.len());
         for w in seq_starts.windows(2) {
-            let (qs, ks, vs) = (self.slice_rows(q, w[0], w[1])?, self.slice_rows(k, w[0], w[1])?, self.slice_rows(v, w[0], w[1])?);
+            let (qs, ks, vs) = (
+                self.slice_rows(q, w[0], w[1])?,
+                self.slice_rows(k, w[0], w[1])?,
+                self.slice_rows(v, w[0], w[1])?,
+            );
             parts.push(self.attention(&qs, &ks, &vs, shape, &AttnMask::Causal { q_start: 0 })?);
         }
         let refs: Vec<&Self::Tensor> = parts.iter().collect();

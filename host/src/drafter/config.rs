@@ -43,7 +43,12 @@ pub struct DrafterConfig {
 
 impl DrafterConfig {
     pub fn rope(&self) -> Rope {
-        Rope { theta: self.rope_theta, head_dim: self.head_dim, rotary_dim: self.head_dim, style: RopeStyle::RotateHalf }
+        Rope {
+            theta: self.rope_theta,
+            head_dim: self.head_dim,
+            rotary_dim: self.head_dim,
+            style: RopeStyle::RotateHalf,
+        }
     }
 
     /// Parse `<dir>/config.json`. `dflash_config` keys win over top-level ones (older z-lab
@@ -51,18 +56,28 @@ impl DrafterConfig {
     /// guessed from a formula.
     pub fn load(dir: &Path) -> Result<DrafterConfig> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).with_context(|| format!("{}: cannot read the drafter config", path.display()))?;
-        let v: Value = serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("{}: cannot read the drafter config", path.display()))?;
+        let v: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not valid JSON", path.display()))?;
         let p = path.display();
         let dc = v.get("dflash_config");
-        let pick = |k: &str| dc.and_then(|d| d.get(k)).filter(|x| !x.is_null()).or_else(|| v.get(k).filter(|x| !x.is_null()));
+        let pick = |k: &str| {
+            dc.and_then(|d| d.get(k))
+                .filter(|x| !x.is_null())
+                .or_else(|| v.get(k).filter(|x| !x.is_null()))
+        };
         let uint = |k: &str| -> Result<Option<usize>> {
             match pick(k) {
                 None => Ok(None),
-                Some(x) => x.as_u64().map(|n| Some(n as usize)).with_context(|| format!("{p}: {k} must be a non-negative integer, found {x}")),
+                Some(x) => x
+                    .as_u64()
+                    .map(|n| Some(n as usize))
+                    .with_context(|| format!("{p}: {k} must be a non-negative integer, found {x}")),
             }
         };
-        let need = |k: &str| -> Result<usize> { uint(k)?.with_context(|| format!("{p}: missing {k}")) };
+        let need =
+            |k: &str| -> Result<usize> { uint(k)?.with_context(|| format!("{p}: missing {k}")) };
         let float = |k: &str| pick(k).and_then(|x| x.as_f64());
 
         let target_layer_ids: Vec<usize> = match pick("target_layer_ids") {
@@ -81,7 +96,11 @@ impl DrafterConfig {
         let num_layers = need("num_hidden_layers")?;
         let head_dim = uint("head_dim")?.unwrap_or(hidden_size / num_heads.max(1));
         let rope_theta = float("rope_theta")
-            .or_else(|| v.get("rope_parameters").and_then(|r| r.get("rope_theta")).and_then(|x| x.as_f64()))
+            .or_else(|| {
+                v.get("rope_parameters")
+                    .and_then(|r| r.get("rope_theta"))
+                    .and_then(|x| x.as_f64())
+            })
             .unwrap_or(1_000_000.0) as f32;
         let sliding_window = uint("sliding_window")?;
         // Per-layer kinds; `is_causal` / dflash_config.causal overrides every layer.
@@ -97,12 +116,30 @@ impl DrafterConfig {
             _ => vec![LayerKind::Full; num_layers],
         };
         if layer_kinds.len() != num_layers {
-            bail!("{p}: layer_types has {} entries for {num_layers} layers", layer_kinds.len());
+            bail!(
+                "{p}: layer_types has {} entries for {num_layers} layers",
+                layer_kinds.len()
+            );
         }
-        if let Some(c) = pick("causal").or_else(|| v.get("is_causal")).and_then(|x| x.as_bool()) {
-            layer_kinds = vec![if c { LayerKind::Sliding } else { LayerKind::Full }; num_layers];
+        if let Some(c) = pick("causal")
+            .or_else(|| v.get("is_causal"))
+            .and_then(|x| x.as_bool())
+        {
+            layer_kinds = vec![
+                if c {
+                    LayerKind::Sliding
+                } else {
+                    LayerKind::Full
+                };
+                num_layers
+            ];
         }
-        if layer_kinds.contains(&LayerKind::Sliding) && sliding_window.is_none() && !v.get("is_causal").is_some_and(|x| x.as_bool() == Some(true)) {
+        if layer_kinds.contains(&LayerKind::Sliding)
+            && sliding_window.is_none()
+            && !v
+                .get("is_causal")
+                .is_some_and(|x| x.as_bool() == Some(true))
+        {
             tracing::warn!("{p}: sliding layers without sliding_window: treated as causal in the block, no window");
         }
         let block_size = need("block_size")?;
@@ -129,7 +166,11 @@ impl DrafterConfig {
             weights_dtype: String::new(),
         };
         if cfg.num_kv_heads == 0 || cfg.num_heads % cfg.num_kv_heads != 0 {
-            bail!("{p}: num_attention_heads {} is not a multiple of num_key_value_heads {}", cfg.num_heads, cfg.num_kv_heads);
+            bail!(
+                "{p}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                cfg.num_heads,
+                cfg.num_kv_heads
+            );
         }
         Ok(cfg)
     }
@@ -146,26 +187,42 @@ pub struct DrafterCheckpoint {
 impl DrafterCheckpoint {
     pub fn step_from_name(dir: &Path) -> Option<u64> {
         let name = dir.file_name()?.to_string_lossy().to_string();
-        let digits: Vec<u64> = name.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).filter_map(|s| s.parse().ok()).collect();
+        let digits: Vec<u64> = name
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| s.parse().ok())
+            .collect();
         digits.last().copied()
     }
 
     /// `path` is a checkpoint (has config.json) or a folder of checkpoints, sorted by step.
     pub fn discover(path: &Path) -> Result<Vec<DrafterCheckpoint>> {
         if path.join("config.json").is_file() {
-            return Ok(vec![DrafterCheckpoint { dir: path.to_path_buf(), step: Self::step_from_name(path) }]);
+            return Ok(vec![DrafterCheckpoint {
+                dir: path.to_path_buf(),
+                step: Self::step_from_name(path),
+            }]);
         }
         if !path.is_dir() {
-            bail!("{}: not a drafter checkpoint (no config.json) and not a folder", path.display());
+            bail!(
+                "{}: not a drafter checkpoint (no config.json) and not a folder",
+                path.display()
+            );
         }
         let mut out: Vec<DrafterCheckpoint> = std::fs::read_dir(path)
             .with_context(|| format!("{}: cannot list", path.display()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.join("config.json").is_file())
-            .map(|dir| DrafterCheckpoint { step: Self::step_from_name(&dir), dir })
+            .map(|dir| DrafterCheckpoint {
+                step: Self::step_from_name(&dir),
+                dir,
+            })
             .collect();
         if out.is_empty() {
-            bail!("{}: no drafter checkpoints (folders with config.json) inside", path.display());
+            bail!(
+                "{}: no drafter checkpoints (folders with config.json) inside",
+                path.display()
+            );
         }
         out.sort_by(|a, b| a.step.cmp(&b.step).then(a.dir.cmp(&b.dir)));
         Ok(out)

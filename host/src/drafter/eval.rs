@@ -53,7 +53,14 @@ pub struct EvalOptions {
 
 impl Default for EvalOptions {
     fn default() -> Self {
-        EvalOptions { top_k: 8, anchors: AnchorPolicy::Every, prompt_anchors: false, ctx_inclusive: false, labels: Labels::Target, anchor_batch: 32 }
+        EvalOptions {
+            top_k: 8,
+            anchors: AnchorPolicy::Every,
+            prompt_anchors: false,
+            ctx_inclusive: false,
+            labels: Labels::Target,
+            anchor_batch: 32,
+        }
     }
 }
 
@@ -61,9 +68,13 @@ impl Default for EvalOptions {
 pub enum Drafter<B: Backend> {
     DFlash(DFlashDrafter<B>),
     /// Top-1 is always the target token: every round accepts B−1 plus the bonus.
-    Oracle { block_size: usize },
+    Oracle {
+        block_size: usize,
+    },
     /// Top-1 is never the target token: τ = 1.
-    AntiOracle { block_size: usize },
+    AntiOracle {
+        block_size: usize,
+    },
 }
 
 impl<B: Backend> Drafter<B> {
@@ -90,7 +101,13 @@ pub struct Sequence<'a, B: Backend> {
 
 impl<'a, B: Backend> Sequence<'a, B> {
     /// `labels` from the target's argmax (row t−1 predicts position t) or from the data tokens.
-    pub fn new(prompt_index: u32, ids: &'a [u32], prompt_len: usize, target_topk: &'a TopK, labels: Labels) -> Self {
+    pub fn new(
+        prompt_index: u32,
+        ids: &'a [u32],
+        prompt_len: usize,
+        target_topk: &'a TopK,
+        labels: Labels,
+    ) -> Self {
         let argmax = target_topk.argmax();
         let labels = (0..ids.len())
             .map(|t| match (labels, t) {
@@ -99,7 +116,14 @@ impl<'a, B: Backend> Sequence<'a, B> {
                 (Labels::Data, t) => ids[t],
             })
             .collect();
-        Sequence { prompt_index, ids, prompt_len, labels, target_topk, ctx: None }
+        Sequence {
+            prompt_index,
+            ids,
+            prompt_len,
+            labels,
+            target_topk,
+            ctx: None,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -117,13 +141,20 @@ impl<'a, B: Backend> Sequence<'a, B> {
 }
 
 /// Anchors chosen by the policy, sorted.
-pub fn select_anchors(seq_prompt_len: usize, seq_len: usize, policy: &AnchorPolicy, prompt_anchors: bool) -> Vec<usize> {
+pub fn select_anchors(
+    seq_prompt_len: usize,
+    seq_len: usize,
+    policy: &AnchorPolicy,
+    prompt_anchors: bool,
+) -> Vec<usize> {
     let comp: Vec<usize> = (seq_prompt_len..seq_len.saturating_sub(1)).collect();
     let mut out: Vec<usize> = match policy {
         AnchorPolicy::Every => comp,
         AnchorPolicy::Stride(n) => comp.into_iter().step_by((*n).max(1)).collect(),
         AnchorPolicy::Random { n, seed } => {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(*seed ^ (seq_prompt_len as u64) << 32 ^ seq_len as u64);
+            let mut rng = rand::rngs::StdRng::seed_from_u64(
+                *seed ^ (seq_prompt_len as u64) << 32 ^ seq_len as u64,
+            );
             let mut c = comp;
             c.shuffle(&mut rng);
             c.truncate(*n);
@@ -139,7 +170,15 @@ pub fn select_anchors(seq_prompt_len: usize, seq_len: usize, policy: &AnchorPoli
 }
 
 /// Draft the blocks at `anchors` and append their records to `out`.
-pub fn draft_into<B: Backend>(be: &B, target: &TargetModel<B>, drafter: &Drafter<B>, seq: &Sequence<B>, anchors: &[usize], opts: &EvalOptions, out: &mut RecordBatch) -> Result<()> {
+pub fn draft_into<B: Backend>(
+    be: &B,
+    target: &TargetModel<B>,
+    drafter: &Drafter<B>,
+    seq: &Sequence<B>,
+    anchors: &[usize],
+    opts: &EvalOptions,
+    out: &mut RecordBatch,
+) -> Result<()> {
     let b = drafter.block_size();
     let k = opts.top_k;
     let t_len = seq.len();
@@ -168,13 +207,22 @@ pub fn draft_into<B: Backend>(be: &B, target: &TargetModel<B>, drafter: &Drafter
                         }
                     }
                 }
-                TopK { rows: chunk.len() * (b - 1), k, ids, logprobs: lps }
+                TopK {
+                    rows: chunk.len() * (b - 1),
+                    k,
+                    ids,
+                    logprobs: lps,
+                }
             }
         };
         for (n, &a) in chunk.iter().enumerate() {
             out.prompt_index.push(seq.prompt_index);
             out.anchor.push(a as u32);
-            out.region.push(if a >= seq.prompt_len { Region::Completion as u8 } else { Region::Prompt as u8 });
+            out.region.push(if a >= seq.prompt_len {
+                Region::Completion as u8
+            } else {
+                Region::Prompt as u8
+            });
             for kk in 1..b {
                 let pos = a + kk;
                 let valid = pos < t_len;
@@ -185,7 +233,11 @@ pub fn draft_into<B: Backend>(be: &B, target: &TargetModel<B>, drafter: &Drafter
                 out.draft_ids.extend_from_slice(top.row_ids(row));
                 out.draft_logprobs.extend_from_slice(top.row_logprobs(row));
                 let tk = seq.target_topk.k.min(k);
-                let (tids, tlps) = out.target_ids.as_mut().zip(out.target_logprobs.as_mut()).expect("target columns");
+                let (tids, tlps) = out
+                    .target_ids
+                    .as_mut()
+                    .zip(out.target_logprobs.as_mut())
+                    .expect("target columns");
                 if valid {
                     tids.extend_from_slice(&seq.target_topk.row_ids(pos - 1)[..tk]);
                     tlps.extend_from_slice(&seq.target_topk.row_logprobs(pos - 1)[..tk]);
@@ -204,11 +256,22 @@ pub fn draft_into<B: Backend>(be: &B, target: &TargetModel<B>, drafter: &Drafter
 /// Evaluate one sequence: the policy's anchors, then the replay chain (anchors a real greedy
 /// decode visits), drafting missing chain anchors one round at a time. Returns the records of
 /// this sequence, sorted by anchor.
-pub fn evaluate_sequence<B: Backend>(be: &B, target: &TargetModel<B>, drafter: &Drafter<B>, seq: &Sequence<B>, opts: &EvalOptions) -> Result<RecordBatch> {
+pub fn evaluate_sequence<B: Backend>(
+    be: &B,
+    target: &TargetModel<B>,
+    drafter: &Drafter<B>,
+    seq: &Sequence<B>,
+    opts: &EvalOptions,
+) -> Result<RecordBatch> {
     let mut out = RecordBatch::new(drafter.block_size() as u32, opts.top_k as u32);
     out.target_ids = Some(Vec::new());
     out.target_logprobs = Some(Vec::new());
-    let anchors = select_anchors(seq.prompt_len, seq.len(), &opts.anchors, opts.prompt_anchors);
+    let anchors = select_anchors(
+        seq.prompt_len,
+        seq.len(),
+        &opts.anchors,
+        opts.prompt_anchors,
+    );
     draft_into(be, target, drafter, seq, &anchors, opts, &mut out)?;
     // Walk the replay chain; anchors the policy skipped are drafted now.
     let end = seq.len().saturating_sub(1);
@@ -242,11 +305,16 @@ fn sort_by_anchor(batch: RecordBatch) -> RecordBatch {
         out.prompt_index.push(batch.prompt_index[i]);
         out.anchor.push(batch.anchor[i]);
         out.region.push(batch.region[i]);
-        out.target.extend_from_slice(&batch.target[i * p..(i + 1) * p]);
-        out.valid.extend_from_slice(&batch.valid[i * p..(i + 1) * p]);
-        out.loss_mask.extend_from_slice(&batch.loss_mask[i * p..(i + 1) * p]);
-        out.draft_ids.extend_from_slice(&batch.draft_ids[i * p * k..(i + 1) * p * k]);
-        out.draft_logprobs.extend_from_slice(&batch.draft_logprobs[i * p * k..(i + 1) * p * k]);
+        out.target
+            .extend_from_slice(&batch.target[i * p..(i + 1) * p]);
+        out.valid
+            .extend_from_slice(&batch.valid[i * p..(i + 1) * p]);
+        out.loss_mask
+            .extend_from_slice(&batch.loss_mask[i * p..(i + 1) * p]);
+        out.draft_ids
+            .extend_from_slice(&batch.draft_ids[i * p * k..(i + 1) * p * k]);
+        out.draft_logprobs
+            .extend_from_slice(&batch.draft_logprobs[i * p * k..(i + 1) * p * k]);
         if let (Some(o), Some(s)) = (out.target_ids.as_mut(), batch.target_ids.as_ref()) {
             o.extend_from_slice(&s[i * p * k..(i + 1) * p * k]);
         }

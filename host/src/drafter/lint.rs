@@ -26,7 +26,11 @@ pub struct Finding {
 }
 
 fn f(severity: Severity, code: &'static str, message: String) -> Finding {
-    Finding { severity, code, message }
+    Finding {
+        severity,
+        code,
+        message,
+    }
 }
 
 /// Every finding for drafter `dir` against `target`, most severe first. Errors mean the pair
@@ -70,7 +74,14 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
         }
     }
     if cfg.block_size > 32 {
-        out.push(f(Info, "block-size", format!("block_size {} is unusually large (published drafters use 8–16)", cfg.block_size)));
+        out.push(f(
+            Info,
+            "block-size",
+            format!(
+                "block_size {} is unusually large (published drafters use 8–16)",
+                cfg.block_size
+            ),
+        ));
     }
     if cfg.layer_kinds.contains(&LayerKind::Sliding) {
         out.push(f(Info, "sliding", format!("sliding-window layers are evaluated causal inside the block with window {:?} (newer z-lab/vLLM semantics; older code treated them bidirectional)", cfg.sliding_window)));
@@ -94,7 +105,10 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
                 )),
                 _ => {}
             }
-            if infos.iter().any(|t| t.name.contains("embed_tokens") || t.name.contains("lm_head")) {
+            if infos
+                .iter()
+                .any(|t| t.name.contains("embed_tokens") || t.name.contains("lm_head"))
+            {
                 out.push(f(Info, "own-embedding", "the checkpoint carries its own embedding or LM head; DFlash uses the target's, so these are ignored".into()));
             }
         }
@@ -104,11 +118,23 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
             Ok(dt) => {
                 if let Some(tt) = &target.tokenizer {
                     if dt.vocab_size() != tt.vocab_size() {
-                        out.push(f(Error, "tokenizer", format!("drafter tokenizer has {} ids, the target's {}: they disagree", dt.vocab_size(), tt.vocab_size())));
+                        out.push(f(
+                            Error,
+                            "tokenizer",
+                            format!(
+                                "drafter tokenizer has {} ids, the target's {}: they disagree",
+                                dt.vocab_size(),
+                                tt.vocab_size()
+                            ),
+                        ));
                     }
                 }
             }
-            Err(e) => out.push(f(Warning, "tokenizer", format!("drafter tokenizer unreadable: {e:#}"))),
+            Err(e) => out.push(f(
+                Warning,
+                "tokenizer",
+                format!("drafter tokenizer unreadable: {e:#}"),
+            )),
         }
     }
     out.sort_by(|a, b| b.severity.cmp(&a.severity));

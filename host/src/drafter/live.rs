@@ -36,17 +36,31 @@ impl LiveResult {
 }
 
 /// Captured taps of `out` rows `0..n` as host vectors, in the drafter's tap order.
-fn taps_rows<B: Backend>(be: &B, cap: &crate::model::Captured<B>, indices: &[usize], n: usize) -> Result<Vec<Vec<f32>>> {
+fn taps_rows<B: Backend>(
+    be: &B,
+    cap: &crate::model::Captured<B>,
+    indices: &[usize],
+    n: usize,
+) -> Result<Vec<Vec<f32>>> {
     indices
         .iter()
         .map(|&i| {
-            let t = cap.get(i).ok_or_else(|| anyhow::anyhow!("tap hidden_states[{i}] was not captured"))?;
+            let t = cap
+                .get(i)
+                .ok_or_else(|| anyhow::anyhow!("tap hidden_states[{i}] was not captured"))?;
             be.to_host(&be.slice_rows(t, 0, n)?)
         })
         .collect()
 }
 
-pub fn live_decode<B: Backend>(be: &B, target: &TargetModel<B>, drafter: &DFlashDrafter<B>, prompt: &[u32], max_new: usize, eos: &[u32]) -> Result<LiveResult> {
+pub fn live_decode<B: Backend>(
+    be: &B,
+    target: &TargetModel<B>,
+    drafter: &DFlashDrafter<B>,
+    prompt: &[u32],
+    max_new: usize,
+    eos: &[u32],
+) -> Result<LiveResult> {
     if prompt.is_empty() {
         bail!("empty prompt");
     }
@@ -57,8 +71,14 @@ pub fn live_decode<B: Backend>(be: &B, target: &TargetModel<B>, drafter: &DFlash
     let mut cache = target.new_cache();
     let out = target.forward(be, prompt, &mut cache, &capture)?;
     let p = prompt.len();
-    let first = target.logits_topk(be, &be.slice_rows(&out.last_hidden, p - 1, p)?, 1)?.ids[0];
-    let mut res = LiveResult { ids: vec![first], round_tokens: vec![], accepted: vec![] };
+    let first = target
+        .logits_topk(be, &be.slice_rows(&out.last_hidden, p - 1, p)?, 1)?
+        .ids[0];
+    let mut res = LiveResult {
+        ids: vec![first],
+        round_tokens: vec![],
+        accepted: vec![],
+    };
     if max_new == 0 {
         res.ids.clear();
         return Ok(res);

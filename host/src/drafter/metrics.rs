@@ -24,7 +24,12 @@ pub struct PromptInfo {
 }
 
 /// The replayed chain of one prompt: (rounds, tokens), or None when a chain anchor has no block.
-pub fn replay(batch: &RecordBatch, blocks_by_anchor: &HashMap<u32, usize>, prompt_len: usize, seq_len: usize) -> Option<(u64, u64)> {
+pub fn replay(
+    batch: &RecordBatch,
+    blocks_by_anchor: &HashMap<u32, usize>,
+    prompt_len: usize,
+    seq_len: usize,
+) -> Option<(u64, u64)> {
     let end = seq_len.saturating_sub(1);
     let (mut a, mut rounds, mut tokens) = (prompt_len, 0u64, 0u64);
     while a < end {
@@ -39,7 +44,15 @@ pub fn replay(batch: &RecordBatch, blocks_by_anchor: &HashMap<u32, usize>, promp
 
 const SRC: &str = "native";
 
-fn row(name: &str, scope: MetricScope, value: f64, count: u64, unit: &str, desc: &str, series: Option<serde_json::Value>) -> MetricRow {
+fn row(
+    name: &str,
+    scope: MetricScope,
+    value: f64,
+    count: u64,
+    unit: &str,
+    desc: &str,
+    series: Option<serde_json::Value>,
+) -> MetricRow {
     let mut r = MetricRow::scalar(SRC, name, scope, value, count, true);
     r.unit = unit.into();
     r.description = desc.into();
@@ -53,7 +66,10 @@ pub fn summarize(batch: &RecordBatch, prompts: &[PromptInfo]) -> Vec<MetricRow> 
     let mut out = Vec::new();
     let mut per_prompt_blocks: BTreeMap<u32, HashMap<u32, usize>> = BTreeMap::new();
     for b in 0..batch.num_blocks() {
-        per_prompt_blocks.entry(batch.prompt_index[b]).or_default().insert(batch.anchor[b], b);
+        per_prompt_blocks
+            .entry(batch.prompt_index[b])
+            .or_default()
+            .insert(batch.anchor[b], b);
     }
 
     // Replayed τ per prompt, macro and pooled; per category macro.
@@ -67,7 +83,15 @@ pub fn summarize(batch: &RecordBatch, prompts: &[PromptInfo]) -> Vec<MetricRow> 
                 continue;
             }
             let tau = t as f64 / r as f64;
-            out.push(row("tau_replayed", MetricScope::Prompt(info.index), tau, r, "tokens/round", "replayed τ of this prompt (bonus included)", None));
+            out.push(row(
+                "tau_replayed",
+                MetricScope::Prompt(info.index),
+                tau,
+                r,
+                "tokens/round",
+                "replayed τ of this prompt (bonus included)",
+                None,
+            ));
             sum_tau += tau;
             n_tau += 1;
             rounds_all += r;
@@ -83,11 +107,35 @@ pub fn summarize(batch: &RecordBatch, prompts: &[PromptInfo]) -> Vec<MetricRow> 
     }
     if n_tau > 0 {
         out.push(row("tau_replayed_macro", MetricScope::Run, sum_tau / n_tau as f64, n_tau, "tokens/round", "replayed τ: mean over prompts of per-prompt mean tokens per verify round (bonus included)", None));
-        out.push(row("tau_replayed_pooled", MetricScope::Run, tokens_all as f64 / rounds_all as f64, rounds_all, "tokens/round", "replayed τ: Σ tokens / Σ verify rounds over all prompts (bonus included)", None));
+        out.push(row(
+            "tau_replayed_pooled",
+            MetricScope::Run,
+            tokens_all as f64 / rounds_all as f64,
+            rounds_all,
+            "tokens/round",
+            "replayed τ: Σ tokens / Σ verify rounds over all prompts (bonus included)",
+            None,
+        ));
     }
     for (c, (s, n, r, t)) in &cat {
-        out.push(row("tau_replayed_macro", MetricScope::Category(c.clone()), s / *n as f64, *n, "tokens/round", "replayed τ, macro over the category's prompts", None));
-        out.push(row("tau_replayed_pooled", MetricScope::Category(c.clone()), *t as f64 / *r as f64, *r, "tokens/round", "replayed τ, pooled over the category's prompts", None));
+        out.push(row(
+            "tau_replayed_macro",
+            MetricScope::Category(c.clone()),
+            s / *n as f64,
+            *n,
+            "tokens/round",
+            "replayed τ, macro over the category's prompts",
+            None,
+        ));
+        out.push(row(
+            "tau_replayed_pooled",
+            MetricScope::Category(c.clone()),
+            *t as f64 / *r as f64,
+            *r,
+            "tokens/round",
+            "replayed τ, pooled over the category's prompts",
+            None,
+        ));
     }
 
     // Uniform-anchor statistics over completion blocks.
@@ -123,27 +171,89 @@ pub fn summarize(batch: &RecordBatch, prompts: &[PromptInfo]) -> Vec<MetricRow> 
     let blocks: u64 = hist.iter().sum();
     if blocks > 0 {
         let sum_a: u64 = hist.iter().enumerate().map(|(a, n)| a as u64 * n).sum();
-        out.push(row("tau_uniform", MetricScope::Run, 1.0 + sum_a as f64 / blocks as f64, blocks, "tokens/round", "mean(A+1) over every completion anchor (uniform anchors, bonus included)", None));
-        out.push(row("mean_streak", MetricScope::Run, sum_a as f64 / blocks as f64, blocks, "tokens", "mean accepted length A over completion anchors (bonus excluded)", None));
+        out.push(row(
+            "tau_uniform",
+            MetricScope::Run,
+            1.0 + sum_a as f64 / blocks as f64,
+            blocks,
+            "tokens/round",
+            "mean(A+1) over every completion anchor (uniform anchors, bonus included)",
+            None,
+        ));
+        out.push(row(
+            "mean_streak",
+            MetricScope::Run,
+            sum_a as f64 / blocks as f64,
+            blocks,
+            "tokens",
+            "mean accepted length A over completion anchors (bonus excluded)",
+            None,
+        ));
         // Survival P(A ≥ k) and conditional acceptance c_k = P(A ≥ k) / P(A ≥ k−1).
         let mut at_least = vec![0u64; p + 1];
         for a in 0..=p {
             at_least[a] = hist[a..].iter().sum();
         }
-        let survival: Vec<f64> = (1..=p).map(|k| at_least[k] as f64 / blocks as f64).collect();
-        let cond: Vec<Option<f64>> = (1..=p).map(|k| (at_least[k - 1] > 0).then(|| at_least[k] as f64 / at_least[k - 1] as f64)).collect();
-        out.push(row("survival", MetricScope::Run, survival[0], blocks, "probability", "P(A ≥ k) per position k (value: k = 1)", Some(serde_json::json!(survival))));
-        out.push(row("cond_accept", MetricScope::Run, cond[0].unwrap_or(0.0), blocks, "probability", "P(d_k = t_k | all earlier accepted) per position k (value: k = 1)", Some(serde_json::json!(cond))));
-        out.push(row("accept_hist", MetricScope::Run, blocks as f64, blocks, "blocks", "histogram of accepted length A = 0..B−1 over completion anchors", Some(serde_json::json!(hist))));
-        let acc: Vec<Option<f64>> = (0..p).map(|k| (valid[k] > 0).then(|| correct[k] as f64 / valid[k] as f64)).collect();
+        let survival: Vec<f64> = (1..=p)
+            .map(|k| at_least[k] as f64 / blocks as f64)
+            .collect();
+        let cond: Vec<Option<f64>> = (1..=p)
+            .map(|k| (at_least[k - 1] > 0).then(|| at_least[k] as f64 / at_least[k - 1] as f64))
+            .collect();
+        out.push(row(
+            "survival",
+            MetricScope::Run,
+            survival[0],
+            blocks,
+            "probability",
+            "P(A ≥ k) per position k (value: k = 1)",
+            Some(serde_json::json!(survival)),
+        ));
+        out.push(row(
+            "cond_accept",
+            MetricScope::Run,
+            cond[0].unwrap_or(0.0),
+            blocks,
+            "probability",
+            "P(d_k = t_k | all earlier accepted) per position k (value: k = 1)",
+            Some(serde_json::json!(cond)),
+        ));
+        out.push(row(
+            "accept_hist",
+            MetricScope::Run,
+            blocks as f64,
+            blocks,
+            "blocks",
+            "histogram of accepted length A = 0..B−1 over completion anchors",
+            Some(serde_json::json!(hist)),
+        ));
+        let acc: Vec<Option<f64>> = (0..p)
+            .map(|k| (valid[k] > 0).then(|| correct[k] as f64 / valid[k] as f64))
+            .collect();
         let flat = correct.iter().sum::<u64>() as f64 / valid.iter().sum::<u64>().max(1) as f64;
         out.push(row("acc_top1", MetricScope::Run, flat, valid.iter().sum(), "fraction", "top-1 accuracy per position k over completion anchors (value: flat over all valid positions)", Some(serde_json::json!(acc))));
         for (pi, (t, n)) in per_prompt_uniform {
-            out.push(row("tau_uniform", MetricScope::Prompt(pi), t as f64 / n as f64, n, "tokens/round", "mean(A+1) over this prompt's completion anchors", None));
+            out.push(row(
+                "tau_uniform",
+                MetricScope::Prompt(pi),
+                t as f64 / n as f64,
+                n,
+                "tokens/round",
+                "mean(A+1) over this prompt's completion anchors",
+                None,
+            ));
         }
     }
     if masked_n > 0 {
-        out.push(row("acc_flat_masked", MetricScope::Run, masked_ok as f64 / masked_n as f64, masked_n, "fraction", "flat top-1 accuracy over loss-mask positions (what training logs as acc)", None));
+        out.push(row(
+            "acc_flat_masked",
+            MetricScope::Run,
+            masked_ok as f64 / masked_n as f64,
+            masked_n,
+            "fraction",
+            "flat top-1 accuracy over loss-mask positions (what training logs as acc)",
+            None,
+        ));
     }
     out
 }

@@ -11,5 +11,5 @@ pub use eval::{AnchorPolicy, Drafter, EvalOptions, Labels};
 pub use model::DFlashDrafter;
 pub mod lint;
 pub mod live;
-pub mod run;
 pub mod random;
+pub mod run;

@@ -60,8 +60,13 @@ impl<B: Backend> DFlashDrafter<B> {
         let src = SafetensorsWeights::open(dir)?;
         let d = cfg.hidden_size;
         let eps = cfg.rms_norm_eps;
-        let (hd, qd, kvd) = (cfg.head_dim, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
-        let dtypes: std::collections::BTreeSet<String> = src.tensors().into_iter().map(|t| t.dtype).collect();
+        let (hd, qd, kvd) = (
+            cfg.head_dim,
+            cfg.num_heads * cfg.head_dim,
+            cfg.num_kv_heads * cfg.head_dim,
+        );
+        let dtypes: std::collections::BTreeSet<String> =
+            src.tensors().into_iter().map(|t| t.dtype).collect();
         cfg.weights_dtype = dtypes.into_iter().collect::<Vec<_>>().join("+");
         let taps = cfg.target_layer_ids.len();
         let fc = load_matrix(be, &src, "fc.weight", d, taps * target_hidden)?;
@@ -69,21 +74,49 @@ impl<B: Backend> DFlashDrafter<B> {
         for i in 0..cfg.num_layers {
             let p = format!("layers.{i}");
             layers.push(DraftLayer {
-                input_layernorm: RmsNorm::load(be, &src, &format!("{p}.input_layernorm.weight"), d, eps)?,
+                input_layernorm: RmsNorm::load(
+                    be,
+                    &src,
+                    &format!("{p}.input_layernorm.weight"),
+                    d,
+                    eps,
+                )?,
                 self_attn: DraftAttention {
                     q_proj: load_matrix(be, &src, &format!("{p}.self_attn.q_proj.weight"), qd, d)?,
                     k_proj: load_matrix(be, &src, &format!("{p}.self_attn.k_proj.weight"), kvd, d)?,
                     v_proj: load_matrix(be, &src, &format!("{p}.self_attn.v_proj.weight"), kvd, d)?,
                     o_proj: load_matrix(be, &src, &format!("{p}.self_attn.o_proj.weight"), d, qd)?,
-                    q_norm: RmsNorm::load(be, &src, &format!("{p}.self_attn.q_norm.weight"), hd, eps)?,
-                    k_norm: RmsNorm::load(be, &src, &format!("{p}.self_attn.k_norm.weight"), hd, eps)?,
+                    q_norm: RmsNorm::load(
+                        be,
+                        &src,
+                        &format!("{p}.self_attn.q_norm.weight"),
+                        hd,
+                        eps,
+                    )?,
+                    k_norm: RmsNorm::load(
+                        be,
+                        &src,
+                        &format!("{p}.self_attn.k_norm.weight"),
+                        hd,
+                        eps,
+                    )?,
                 },
-                post_attention_layernorm: RmsNorm::load(be, &src, &format!("{p}.post_attention_layernorm.weight"), d, eps)?,
+                post_attention_layernorm: RmsNorm::load(
+                    be,
+                    &src,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    d,
+                    eps,
+                )?,
                 mlp: Mlp::load(be, &src, &format!("{p}.mlp"), d, cfg.intermediate_size)?,
                 kind: cfg.layer_kinds[i],
             });
         }
-        let shape = AttnShape { heads: cfg.num_heads, kv_heads: cfg.num_kv_heads, head_dim: hd };
+        let shape = AttnShape {
+            heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: hd,
+        };
         Ok(DFlashDrafter {
             hidden_norm: RmsNorm::load(be, &src, "hidden_norm.weight", d, eps)?,
             norm: RmsNorm::load(be, &src, "norm.weight", d, eps)?,
@@ -96,30 +129,57 @@ impl<B: Backend> DFlashDrafter<B> {
 
     /// Context K/V for positions `0..S` from the taps (`taps[j]` is `[S, Dt]` row-major, in
     /// `target_layer_ids` order).
-    pub fn context(&self, be: &B, taps: &[&[f32]], target_hidden: usize) -> Result<DraftContext<B>> {
-        let mut ctx = DraftContext { k: Vec::new(), v: Vec::new(), len: 0 };
+    pub fn context(
+        &self,
+        be: &B,
+        taps: &[&[f32]],
+        target_hidden: usize,
+    ) -> Result<DraftContext<B>> {
+        let mut ctx = DraftContext {
+            k: Vec::new(),
+            v: Vec::new(),
+            len: 0,
+        };
         self.extend_context(be, &mut ctx, taps, target_hidden)?;
         Ok(ctx)
     }
 
     /// Append context rows for positions `ctx.len..ctx.len+n` (live decoding adds the taps of
     /// each verify pass's accepted tokens).
-    pub fn extend_context(&self, be: &B, ctx: &mut DraftContext<B>, taps: &[&[f32]], target_hidden: usize) -> Result<()> {
+    pub fn extend_context(
+        &self,
+        be: &B,
+        ctx: &mut DraftContext<B>,
+        taps: &[&[f32]],
+        target_hidden: usize,
+    ) -> Result<()> {
         if taps.len() != self.cfg.target_layer_ids.len() {
-            bail!("drafter expects {} taps, got {}", self.cfg.target_layer_ids.len(), taps.len());
+            bail!(
+                "drafter expects {} taps, got {}",
+                self.cfg.target_layer_ids.len(),
+                taps.len()
+            );
         }
         let n = taps[0].len() / target_hidden;
         if n == 0 {
             return Ok(());
         }
-        let parts: Vec<B::Tensor> = taps.iter().map(|t| be.from_host(t, n, target_hidden)).collect::<Result<_>>()?;
+        let parts: Vec<B::Tensor> = taps
+            .iter()
+            .map(|t| be.from_host(t, n, target_hidden))
+            .collect::<Result<_>>()?;
         let refs: Vec<&B::Tensor> = parts.iter().collect();
         let fused = be.concat_cols(&refs)?;
-        let c = self.hidden_norm.forward(be, &be.matmul(&fused, &self.fc)?)?;
+        let c = self
+            .hidden_norm
+            .forward(be, &be.matmul(&fused, &self.fc)?)?;
         let positions: Vec<u32> = (ctx.len..ctx.len + n).map(|p| p as u32).collect();
         let rope = self.cfg.rope();
         for (i, l) in self.layers.iter().enumerate() {
-            let mut k = l.self_attn.k_norm.forward(be, &be.matmul(&c, &l.self_attn.k_proj)?)?;
+            let mut k = l
+                .self_attn
+                .k_norm
+                .forward(be, &be.matmul(&c, &l.self_attn.k_proj)?)?;
             be.rope_inplace(&mut k, &positions, &rope)?;
             let v = be.matmul(&c, &l.self_attn.v_proj)?;
             if i < ctx.k.len() {
@@ -139,7 +199,16 @@ impl<B: Backend> DFlashDrafter<B> {
     /// training leak). Returns the top-`k` for the B−1 drafted positions of every block, block
     /// by block (`anchors.len() * (B−1)` rows).
     #[allow(clippy::too_many_arguments)]
-    pub fn draft(&self, be: &B, target: &TargetModel<B>, ctx: &DraftContext<B>, anchors: &[usize], anchor_tokens: &[u32], ctx_inclusive: bool, k: usize) -> Result<TopK> {
+    pub fn draft(
+        &self,
+        be: &B,
+        target: &TargetModel<B>,
+        ctx: &DraftContext<B>,
+        anchors: &[usize],
+        anchor_tokens: &[u32],
+        ctx_inclusive: bool,
+        k: usize,
+    ) -> Result<TopK> {
         let b = self.cfg.block_size;
         let n = anchors.len();
         if anchor_tokens.len() != n {
@@ -163,7 +232,10 @@ impl<B: Backend> DFlashDrafter<B> {
             be.rope_inplace(&mut kb, &positions, &rope)?;
             let vb = be.matmul(&h, &att.v_proj)?;
             let (k_all, v_all) = if ctx.len > 0 {
-                (be.concat_rows(&[&ctx.k[i], &kb])?, be.concat_rows(&[&ctx.v[i], &vb])?)
+                (
+                    be.concat_rows(&[&ctx.k[i], &kb])?,
+                    be.concat_rows(&[&ctx.v[i], &vb])?,
+                )
             } else {
                 (kb, vb)
             };
@@ -174,14 +246,20 @@ impl<B: Backend> DFlashDrafter<B> {
                 anchors: anchors.to_vec(),
                 ctx_inclusive,
                 causal_in_block: sliding,
-                window: if sliding { self.cfg.sliding_window } else { None },
+                window: if sliding {
+                    self.cfg.sliding_window
+                } else {
+                    None
+                },
             };
             let o = be.attention(&q, &k_all, &v_all, self.shape, &mask)?;
             be.add_inplace(&mut x, &be.matmul(&o, &att.o_proj)?)?;
             let h = l.post_attention_layernorm.forward(be, &x)?;
             be.add_inplace(&mut x, &l.mlp.forward(be, &h)?)?;
         }
-        let rows: Vec<u32> = (0..n).flat_map(|blk| (1..b).map(move |r| (blk * b + r) as u32)).collect();
+        let rows: Vec<u32> = (0..n)
+            .flat_map(|blk| (1..b).map(move |r| (blk * b + r) as u32))
+            .collect();
         let out = self.norm.forward(be, &be.gather_rows(&x, &rows)?)?;
         target.logits_topk(be, &out, k)
     }

@@ -25,7 +25,15 @@ pub fn write_random_checkpoint(dir: &Path, target: &ModelSpec, r: &RandomDrafter
     std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
     let d = target.hidden_size;
     let (heads, kv, hd) = (target.num_heads, target.num_kv_heads, target.head_dim);
-    let layer_types: Vec<&str> = (0..r.layers).map(|i| if i < r.sliding_layers { "sliding_attention" } else { "full_attention" }).collect();
+    let layer_types: Vec<&str> = (0..r.layers)
+        .map(|i| {
+            if i < r.sliding_layers {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
     let config = serde_json::json!({
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
         "block_size": r.block_size,
@@ -37,7 +45,10 @@ pub fn write_random_checkpoint(dir: &Path, target: &ModelSpec, r: &RandomDrafter
         "layer_types": layer_types, "sliding_window": if r.sliding_layers > 0 { Some(r.sliding_window) } else { None },
         "max_position_embeddings": target.max_position_embeddings, "tie_word_embeddings": false,
     });
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config)?)?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config)?,
+    )?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(r.seed);
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     let mut mat = |name: String, shape: Vec<usize>, scale: f32, around_one: bool| {
@@ -52,29 +63,80 @@ pub fn write_random_checkpoint(dir: &Path, target: &ModelSpec, r: &RandomDrafter
         tensors.push((name, shape, bytes));
     };
     let taps = r.target_layer_ids.len();
-    mat("fc.weight".into(), vec![d, taps * d], (3.0 / (taps * d) as f32).sqrt(), false);
+    mat(
+        "fc.weight".into(),
+        vec![d, taps * d],
+        (3.0 / (taps * d) as f32).sqrt(),
+        false,
+    );
     mat("hidden_norm.weight".into(), vec![d], 0.0, true);
     mat("norm.weight".into(), vec![d], 0.0, true);
     for i in 0..r.layers {
         let p = format!("layers.{i}");
         let s = (3.0 / d as f32).sqrt();
         mat(format!("{p}.input_layernorm.weight"), vec![d], 0.0, true);
-        mat(format!("{p}.post_attention_layernorm.weight"), vec![d], 0.0, true);
-        mat(format!("{p}.self_attn.q_proj.weight"), vec![heads * hd, d], s, false);
-        mat(format!("{p}.self_attn.k_proj.weight"), vec![kv * hd, d], s, false);
-        mat(format!("{p}.self_attn.v_proj.weight"), vec![kv * hd, d], s, false);
-        mat(format!("{p}.self_attn.o_proj.weight"), vec![d, heads * hd], (3.0 / (heads * hd) as f32).sqrt(), false);
+        mat(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![d],
+            0.0,
+            true,
+        );
+        mat(
+            format!("{p}.self_attn.q_proj.weight"),
+            vec![heads * hd, d],
+            s,
+            false,
+        );
+        mat(
+            format!("{p}.self_attn.k_proj.weight"),
+            vec![kv * hd, d],
+            s,
+            false,
+        );
+        mat(
+            format!("{p}.self_attn.v_proj.weight"),
+            vec![kv * hd, d],
+            s,
+            false,
+        );
+        mat(
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![d, heads * hd],
+            (3.0 / (heads * hd) as f32).sqrt(),
+            false,
+        );
         mat(format!("{p}.self_attn.q_norm.weight"), vec![hd], 0.0, true);
         mat(format!("{p}.self_attn.k_norm.weight"), vec![hd], 0.0, true);
-        mat(format!("{p}.mlp.gate_proj.weight"), vec![r.intermediate_size, d], s, false);
-        mat(format!("{p}.mlp.up_proj.weight"), vec![r.intermediate_size, d], s, false);
-        mat(format!("{p}.mlp.down_proj.weight"), vec![d, r.intermediate_size], (3.0 / r.intermediate_size as f32).sqrt(), false);
+        mat(
+            format!("{p}.mlp.gate_proj.weight"),
+            vec![r.intermediate_size, d],
+            s,
+            false,
+        );
+        mat(
+            format!("{p}.mlp.up_proj.weight"),
+            vec![r.intermediate_size, d],
+            s,
+            false,
+        );
+        mat(
+            format!("{p}.mlp.down_proj.weight"),
+            vec![d, r.intermediate_size],
+            (3.0 / r.intermediate_size as f32).sqrt(),
+            false,
+        );
     }
     let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
         .iter()
-        .map(|(n, s, b)| Ok((n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b)?)))
+        .map(|(n, s, b)| {
+            Ok((
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b)?,
+            ))
+        })
         .collect::<Result<_>>()?;
     let path = dir.join("model.safetensors");
-    safetensors::serialize_to_file(views, None, &path).with_context(|| format!("{}: cannot write", path.display()))?;
+    safetensors::serialize_to_file(views, None, &path)
+        .with_context(|| format!("{}: cannot write", path.display()))?;
     Ok(())
 }

@@ -24,9 +24,17 @@ pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// What to evaluate.
 #[derive(Clone, Debug)]
 pub enum DrafterSpec {
-    Checkpoint { dir: PathBuf, step: Option<u64>, series: String },
-    Oracle { block_size: usize },
-    AntiOracle { block_size: usize },
+    Checkpoint {
+        dir: PathBuf,
+        step: Option<u64>,
+        series: String,
+    },
+    Oracle {
+        block_size: usize,
+    },
+    AntiOracle {
+        block_size: usize,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -55,12 +63,21 @@ fn load_drafter<B: Backend>(s: &Session<B>, spec: &DrafterSpec) -> Result<Drafte
         DrafterSpec::Checkpoint { dir, .. } => {
             let findings = lint(&s.files, dir)?;
             if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
-                bail!("{}: drafter is incompatible with the target {}: {}", dir.display(), s.files.identity.path.display(), f.message);
+                bail!(
+                    "{}: drafter is incompatible with the target {}: {}",
+                    dir.display(),
+                    s.files.identity.path.display(),
+                    f.message
+                );
             }
             Drafter::DFlash(DFlashDrafter::load(&s.be, dir, s.files.spec.hidden_size)?)
         }
-        DrafterSpec::Oracle { block_size } => Drafter::Oracle { block_size: *block_size },
-        DrafterSpec::AntiOracle { block_size } => Drafter::AntiOracle { block_size: *block_size },
+        DrafterSpec::Oracle { block_size } => Drafter::Oracle {
+            block_size: *block_size,
+        },
+        DrafterSpec::AntiOracle { block_size } => Drafter::AntiOracle {
+            block_size: *block_size,
+        },
     })
 }
 
@@ -68,23 +85,51 @@ fn drafter_identity(spec: &DrafterSpec) -> Result<(String, String, String, Optio
     Ok(match spec {
         DrafterSpec::Checkpoint { dir, step, series } => {
             let w = dir.join("model.safetensors");
-            let sha = if w.exists() { crate::util::sha256_file(&w)? } else { String::new() };
-            (dir.display().to_string(), sha, series.clone(), step.map(|s| s as i64))
+            let sha = if w.exists() {
+                crate::util::sha256_file(&w)?
+            } else {
+                String::new()
+            };
+            (
+                dir.display().to_string(),
+                sha,
+                series.clone(),
+                step.map(|s| s as i64),
+            )
         }
-        DrafterSpec::Oracle { .. } => ("builtin:oracle".into(), String::new(), "oracle".into(), None),
-        DrafterSpec::AntiOracle { .. } => ("builtin:anti-oracle".into(), String::new(), "anti-oracle".into(), None),
+        DrafterSpec::Oracle { .. } => (
+            "builtin:oracle".into(),
+            String::new(),
+            "oracle".into(),
+            None,
+        ),
+        DrafterSpec::AntiOracle { .. } => (
+            "builtin:anti-oracle".into(),
+            String::new(),
+            "anti-oracle".into(),
+            None,
+        ),
     })
 }
 
 /// Evaluate `spec` on `set` and store everything in `store`.
-pub fn run_eval<B: Backend>(s: &Session<B>, spec: &DrafterSpec, set: &PromptSet, opts: &RunOptions, store: &Store) -> Result<RunOutcome> {
+pub fn run_eval<B: Backend>(
+    s: &Session<B>,
+    spec: &DrafterSpec,
+    set: &PromptSet,
+    opts: &RunOptions,
+    store: &Store,
+) -> Result<RunOutcome> {
     let t0 = Instant::now();
     let drafter = load_drafter(s, spec)?;
     let (dpath, dsha, series, step) = drafter_identity(spec)?;
     let b = drafter.block_size();
     let tok = s.files.tokenizer()?;
     let name = opts.name.clone().unwrap_or_else(|| {
-        let d = Path::new(&dpath).file_name().map(|x| x.to_string_lossy().to_string()).unwrap_or(dpath.clone());
+        let d = Path::new(&dpath)
+            .file_name()
+            .map(|x| x.to_string_lossy().to_string())
+            .unwrap_or(dpath.clone());
         format!("{series}/{d} · {} · {}", set.name, opts.mode.as_str())
     });
     let train_style = (opts.mode == RunMode::TrainStyle).then(|| TrainStyle {
@@ -92,15 +137,25 @@ pub fn run_eval<B: Backend>(s: &Session<B>, spec: &DrafterSpec, set: &PromptSet,
             Labels::Target => "target".into(),
             Labels::Data => "data".into(),
         },
-        mask_rule: if opts.eval.ctx_inclusive { "inclusive".into() } else { "strict".into() },
+        mask_rule: if opts.eval.ctx_inclusive {
+            "inclusive".into()
+        } else {
+            "strict".into()
+        },
     });
     let config = serde_json::json!({
         "eval": opts.eval, "max_new_tokens": opts.max_new_tokens, "mode": opts.mode.as_str(),
         "target": s.files.identity, "drafter": dpath, "prompts": set.source, "backend": s.be.name(),
     });
     // Token pieces as text, so the UI's drill-down shows words instead of ids.
-    let pieces: Vec<String> = (0..tok.vocab_size() as u32).map(|i| tok.decode(&[i]).unwrap_or_default()).collect();
-    store.put_vocab(&tok.fingerprint(), &s.files.identity.path.display().to_string(), &pieces)?;
+    let pieces: Vec<String> = (0..tok.vocab_size() as u32)
+        .map(|i| tok.decode(&[i]).unwrap_or_default())
+        .collect();
+    store.put_vocab(
+        &tok.fingerprint(),
+        &s.files.identity.path.display().to_string(),
+        &pieces,
+    )?;
     let run_id = store.create_run(&NewRun {
         name: name.clone(),
         mode: opts.mode,
@@ -130,23 +185,56 @@ pub fn run_eval<B: Backend>(s: &Session<B>, spec: &DrafterSpec, set: &PromptSet,
             let metrics_s = tm.elapsed().as_secs_f64();
             let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": metrics_s });
             store.finish_run(run_id, RunStatus::Complete, None, &timings)?;
-            let run_metrics = metrics.iter().filter(|m| m.scope == crate::store::MetricScope::Run).map(|m| (m.source.clone(), m.name.clone(), m.value)).collect();
-            Ok(RunOutcome { run_id, name, prompts: infos.len(), blocks: all.num_blocks(), metrics: run_metrics, seconds: t0.elapsed().as_secs_f64(), timings })
+            let run_metrics = metrics
+                .iter()
+                .filter(|m| m.scope == crate::store::MetricScope::Run)
+                .map(|m| (m.source.clone(), m.name.clone(), m.value))
+                .collect();
+            Ok(RunOutcome {
+                run_id,
+                name,
+                prompts: infos.len(),
+                blocks: all.num_blocks(),
+                metrics: run_metrics,
+                seconds: t0.elapsed().as_secs_f64(),
+                timings,
+            })
         }
         Err(e) => {
             let msg = format!("{e:#}");
-            store.finish_run(run_id, RunStatus::Failed, Some(&msg), &serde_json::json!({ "total_s": t0.elapsed().as_secs_f64() }))?;
-            Err(e.context(format!("run {run_id} ({name}) failed and is marked failed in the store")))
+            store.finish_run(
+                run_id,
+                RunStatus::Failed,
+                Some(&msg),
+                &serde_json::json!({ "total_s": t0.elapsed().as_secs_f64() }),
+            )?;
+            Err(e.context(format!(
+                "run {run_id} ({name}) failed and is marked failed in the store"
+            )))
         }
     }
 }
 
 type Evaluated = (Vec<PromptInfo>, RecordBatch, (f64, f64));
 
-fn evaluate_prompts<B: Backend>(s: &Session<B>, drafter: &Drafter<B>, set: &PromptSet, opts: &RunOptions, store: &Store, run_id: i64) -> Result<Evaluated> {
+fn evaluate_prompts<B: Backend>(
+    s: &Session<B>,
+    drafter: &Drafter<B>,
+    set: &PromptSet,
+    opts: &RunOptions,
+    store: &Store,
+    run_id: i64,
+) -> Result<Evaluated> {
     let tok = s.files.tokenizer()?;
     let (layer_ids, tap_idx) = match drafter {
-        Drafter::DFlash(d) => (d.cfg.target_layer_ids.clone(), d.cfg.target_layer_ids.iter().map(|i| i + 1).collect::<Vec<_>>()),
+        Drafter::DFlash(d) => (
+            d.cfg.target_layer_ids.clone(),
+            d.cfg
+                .target_layer_ids
+                .iter()
+                .map(|i| i + 1)
+                .collect::<Vec<_>>(),
+        ),
         _ => (vec![], vec![]),
     };
     let capture = Capture::for_layer_ids(&layer_ids, s.files.spec.num_layers)?;
@@ -169,7 +257,13 @@ fn evaluate_prompts<B: Backend>(s: &Session<B>, drafter: &Drafter<B>, set: &Prom
         match opts.eval.labels {
             Labels::Target => ids.extend(s.continuation(&ids, opts.max_new_tokens)?.ids),
             Labels::Data => {
-                let c = p.completion.as_deref().with_context(|| format!("{}: prompt {} has no reference `completion` (needed for --labels data)", set.source.display(), p.id))?;
+                let c = p.completion.as_deref().with_context(|| {
+                    format!(
+                        "{}: prompt {} has no reference `completion` (needed for --labels data)",
+                        set.source.display(),
+                        p.id
+                    )
+                })?;
                 let mut c_ids = tok.encode(c, false)?;
                 c_ids.truncate(opts.max_new_tokens);
                 ids.extend(c_ids);
@@ -180,7 +274,10 @@ fn evaluate_prompts<B: Backend>(s: &Session<B>, drafter: &Drafter<B>, set: &Prom
         let t = Instant::now();
         let mut seq = Sequence::new(i as u32, &ids, prompt_len, &pass.topk, opts.eval.labels);
         if let Drafter::DFlash(d) = drafter {
-            let taps: Vec<&[f32]> = tap_idx.iter().map(|&x| pass.hidden(x).expect("captured")).collect();
+            let taps: Vec<&[f32]> = tap_idx
+                .iter()
+                .map(|&x| pass.hidden(x).expect("captured"))
+                .collect();
             seq.ctx = Some(d.context(&s.be, &taps, pass.hidden_size)?);
         }
         let rec = evaluate_sequence(&s.be, &s.model, drafter, &seq, &opts.eval)?;
@@ -199,7 +296,12 @@ fn evaluate_prompts<B: Backend>(s: &Session<B>, drafter: &Drafter<B>, set: &Prom
             &rec,
         )?;
         all.extend(&rec);
-        infos.push(PromptInfo { index: i as u32, prompt_len, seq_len: ids.len(), category: p.category.clone() });
+        infos.push(PromptInfo {
+            index: i as u32,
+            prompt_len,
+            seq_len: ids.len(),
+            category: p.category.clone(),
+        });
         pb.inc(1);
     }
     pb.finish_and_clear();

@@ -36,7 +36,10 @@ impl Capture {
         if let Some(&bad) = indices.iter().find(|&&i| i > num_layers) {
             bail!("hidden-state index {bad} is out of range: the model has {num_layers} layers, so indices are 0..={num_layers}");
         }
-        Ok(Capture { indices, prenorm: false })
+        Ok(Capture {
+            indices,
+            prenorm: false,
+        })
     }
     /// Decoder-layer output ids (DFlash `target_layer_ids`, `extract --layers`): id → index id+1.
     pub fn for_layer_ids(ids: &[usize], num_layers: usize) -> Result<Self> {
@@ -58,13 +61,22 @@ pub struct Captured<B: Backend> {
 
 impl<B: Backend> Default for Captured<B> {
     fn default() -> Self {
-        Captured { states: Vec::new(), prenorm: None }
+        Captured {
+            states: Vec::new(),
+            prenorm: None,
+        }
     }
 }
 
 impl<B: Backend> Captured<B> {
     /// Keep a copy of `h` if `capture` wants `index`.
-    pub(crate) fn offer(&mut self, be: &B, capture: &Capture, index: usize, h: &B::Tensor) -> Result<()> {
+    pub(crate) fn offer(
+        &mut self,
+        be: &B,
+        capture: &Capture,
+        index: usize,
+        h: &B::Tensor,
+    ) -> Result<()> {
         if capture.wants(index) {
             let rows = be.dims(h).0;
             self.states.push((index, be.slice_rows(h, 0, rows)?));
@@ -72,6 +84,9 @@ impl<B: Backend> Captured<B> {
         Ok(())
     }
     pub fn get(&self, index: usize) -> Option<&B::Tensor> {
-        self.states.iter().find(|(i, _)| *i == index).map(|(_, t)| t)
+        self.states
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, t)| t)
     }
 }

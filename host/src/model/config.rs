@@ -61,17 +61,30 @@ pub struct ModelSpec {
 impl ModelSpec {
     pub fn rope(&self) -> Rope {
         // GGUF llama weights are un-permuted at load, so every architecture uses rotate-half.
-        Rope { theta: self.rope_theta, head_dim: self.head_dim, rotary_dim: self.head_dim, style: RopeStyle::RotateHalf }
+        Rope {
+            theta: self.rope_theta,
+            head_dim: self.head_dim,
+            rotary_dim: self.head_dim,
+            style: RopeStyle::RotateHalf,
+        }
     }
 
     /// Checks that make later shape errors impossible; errors name `origin` (the file).
     pub fn validate(&self, origin: &Path) -> Result<()> {
         let o = origin.display();
-        if self.num_heads == 0 || self.num_kv_heads == 0 || self.head_dim == 0 || self.num_layers == 0 {
+        if self.num_heads == 0
+            || self.num_kv_heads == 0
+            || self.head_dim == 0
+            || self.num_layers == 0
+        {
             bail!("{o}: config has zero heads, head_dim or layers");
         }
         if self.num_heads % self.num_kv_heads != 0 {
-            bail!("{o}: num_attention_heads {} is not a multiple of num_key_value_heads {}", self.num_heads, self.num_kv_heads);
+            bail!(
+                "{o}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.num_heads,
+                self.num_kv_heads
+            );
         }
         if self.head_dim % 2 != 0 {
             bail!("{o}: head_dim {} must be even for RoPE", self.head_dim);
@@ -84,19 +97,38 @@ impl ModelSpec {
 
     /// Parse a Hugging Face `config.json` (llama, qwen2, qwen3).
     pub fn from_hf_config(path: &Path) -> Result<ModelSpec> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
-        let c: HfConfig = serde_json::from_str(&text).with_context(|| format!("{}: not a valid config.json", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read", path.display()))?;
+        let c: HfConfig = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a valid config.json", path.display()))?;
         let arch = Arch::parse(&c.model_type).with_context(|| {
-            format!("{}: unsupported architecture model_type {:?} (supported: llama, qwen2, qwen3)", path.display(), c.model_type)
+            format!(
+                "{}: unsupported architecture model_type {:?} (supported: llama, qwen2, qwen3)",
+                path.display(),
+                c.model_type
+            )
         })?;
-        let head_dim = c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
+        let head_dim = c
+            .head_dim
+            .unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
         let rope_theta = c
             .rope_theta
-            .or_else(|| c.rope_parameters.as_ref().and_then(|r| r.get("rope_theta")).and_then(|v| v.as_f64()))
+            .or_else(|| {
+                c.rope_parameters
+                    .as_ref()
+                    .and_then(|r| r.get("rope_theta"))
+                    .and_then(|v| v.as_f64())
+            })
             .unwrap_or(10000.0) as f32;
         let eos_token_ids = match c.eos_token_id {
-            Some(serde_json::Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
-            Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect(),
+            Some(serde_json::Value::Number(n)) => {
+                n.as_u64().map(|v| vec![v as u32]).unwrap_or_default()
+            }
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .filter_map(|v| v.as_u64())
+                .map(|v| v as u32)
+                .collect(),
             _ => vec![],
         };
         let spec = ModelSpec {

@@ -56,7 +56,12 @@ impl TargetFiles {
             weights_sha256: crate::util::sha256_file(path)?,
             arch: spec.arch.as_str().into(),
         };
-        Ok(TargetFiles { spec, weights: Box::new(weights), tokenizer: Some(tokenizer), identity })
+        Ok(TargetFiles {
+            spec,
+            weights: Box::new(weights),
+            tokenizer: Some(tokenizer),
+            identity,
+        })
     }
 
     fn open_hf_dir(dir: &Path) -> Result<TargetFiles> {
@@ -86,24 +91,49 @@ impl TargetFiles {
             weights_sha256: crate::util::sha256_bytes(joined.as_bytes()),
             arch: spec.arch.as_str().into(),
         };
-        Ok(TargetFiles { spec, weights: Box::new(weights), tokenizer, identity })
+        Ok(TargetFiles {
+            spec,
+            weights: Box::new(weights),
+            tokenizer,
+            identity,
+        })
     }
 
     pub fn tokenizer(&self) -> Result<&TextTokenizer> {
-        self.tokenizer.as_ref().with_context(|| format!("{}: no tokenizer.json next to the weights", self.identity.path.display()))
+        self.tokenizer.as_ref().with_context(|| {
+            format!(
+                "{}: no tokenizer.json next to the weights",
+                self.identity.path.display()
+            )
+        })
     }
 }
 
 /// Refuse a model whose stored shapes disagree with its config before uploading anything.
 fn check_shapes(spec: &ModelSpec, w: &dyn WeightSource) -> Result<()> {
     let (d, hd, i) = (spec.hidden_size, spec.head_dim, spec.intermediate_size);
-    let mut want: Vec<(String, Vec<usize>)> = vec![("model.embed_tokens.weight".into(), vec![spec.vocab_size, d]), ("model.norm.weight".into(), vec![d])];
+    let mut want: Vec<(String, Vec<usize>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![spec.vocab_size, d]),
+        ("model.norm.weight".into(), vec![d]),
+    ];
     for l in 0..spec.num_layers {
         let p = format!("model.layers.{l}");
-        want.push((format!("{p}.self_attn.q_proj.weight"), vec![spec.num_heads * hd, d]));
-        want.push((format!("{p}.self_attn.k_proj.weight"), vec![spec.num_kv_heads * hd, d]));
-        want.push((format!("{p}.self_attn.v_proj.weight"), vec![spec.num_kv_heads * hd, d]));
-        want.push((format!("{p}.self_attn.o_proj.weight"), vec![d, spec.num_heads * hd]));
+        want.push((
+            format!("{p}.self_attn.q_proj.weight"),
+            vec![spec.num_heads * hd, d],
+        ));
+        want.push((
+            format!("{p}.self_attn.k_proj.weight"),
+            vec![spec.num_kv_heads * hd, d],
+        ));
+        want.push((
+            format!("{p}.self_attn.v_proj.weight"),
+            vec![spec.num_kv_heads * hd, d],
+        ));
+        want.push((
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![d, spec.num_heads * hd],
+        ));
         want.push((format!("{p}.mlp.gate_proj.weight"), vec![i, d]));
         want.push((format!("{p}.mlp.up_proj.weight"), vec![i, d]));
         want.push((format!("{p}.mlp.down_proj.weight"), vec![d, i]));
@@ -113,7 +143,13 @@ fn check_shapes(spec: &ModelSpec, w: &dyn WeightSource) -> Result<()> {
         match infos.iter().find(|t| t.name == name) {
             None => bail!("{}: tensor {name} is missing", w.path().display()),
             Some(t) if t.shape != shape => {
-                bail!("{}: tensor {name} ({}) has shape {:?}, the config implies {:?}", w.path().display(), t.file_name, t.shape, shape)
+                bail!(
+                    "{}: tensor {name} ({}) has shape {:?}, the config implies {:?}",
+                    w.path().display(),
+                    t.file_name,
+                    t.shape,
+                    shape
+                )
             }
             _ => {}
         }

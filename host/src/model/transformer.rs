@@ -13,19 +13,39 @@ use crate::formats::WeightSource;
 use anyhow::{bail, Context, Result};
 
 /// Load a 2-D weight `[out, in]` by HF name, checking its shape against the config.
-pub(crate) fn load_matrix<B: Backend>(be: &B, src: &dyn WeightSource, name: &str, out: usize, inp: usize) -> Result<B::Matrix> {
+pub(crate) fn load_matrix<B: Backend>(
+    be: &B,
+    src: &dyn WeightSource,
+    name: &str,
+    out: usize,
+    inp: usize,
+) -> Result<B::Matrix> {
     let t = src.tensor(name)?;
     if t.shape != [out, inp] {
-        bail!("{}: tensor {name} has shape {:?}, the config implies [{out}, {inp}]", src.path().display(), t.shape);
+        bail!(
+            "{}: tensor {name} has shape {:?}, the config implies [{out}, {inp}]",
+            src.path().display(),
+            t.shape
+        );
     }
-    be.matrix(&t.data, out, inp).with_context(|| format!("{}: uploading {name}", src.path().display()))
+    be.matrix(&t.data, out, inp)
+        .with_context(|| format!("{}: uploading {name}", src.path().display()))
 }
 
 /// Load a 1-D weight (norm scale, bias) of length `n` as a `[1, n]` tensor.
-pub(crate) fn load_vector<B: Backend>(be: &B, src: &dyn WeightSource, name: &str, n: usize) -> Result<B::Tensor> {
+pub(crate) fn load_vector<B: Backend>(
+    be: &B,
+    src: &dyn WeightSource,
+    name: &str,
+    n: usize,
+) -> Result<B::Tensor> {
     let t = src.tensor(name)?;
     if t.shape != [n] {
-        bail!("{}: tensor {name} has shape {:?}, the config implies [{n}]", src.path().display(), t.shape);
+        bail!(
+            "{}: tensor {name} has shape {:?}, the config implies [{n}]",
+            src.path().display(),
+            t.shape
+        );
     }
     be.from_host(&t.data, 1, n)
 }
@@ -39,7 +59,11 @@ pub struct RmsNorm<B: Backend> {
 
 impl<B: Backend> RmsNorm<B> {
     pub fn load(be: &B, src: &dyn WeightSource, name: &str, n: usize, eps: f32) -> Result<Self> {
-        Ok(RmsNorm { weight: load_vector(be, src, name, n)?, eps, group: n })
+        Ok(RmsNorm {
+            weight: load_vector(be, src, name, n)?,
+            eps,
+            group: n,
+        })
     }
     pub fn forward(&self, be: &B, x: &B::Tensor) -> Result<B::Tensor> {
         be.rms_norm(x, &self.weight, self.eps, self.group)
@@ -54,11 +78,29 @@ pub struct Mlp<B: Backend> {
 }
 
 impl<B: Backend> Mlp<B> {
-    pub fn load(be: &B, src: &dyn WeightSource, prefix: &str, hidden: usize, inter: usize) -> Result<Self> {
+    pub fn load(
+        be: &B,
+        src: &dyn WeightSource,
+        prefix: &str,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Self> {
         Ok(Mlp {
-            gate_proj: load_matrix(be, src, &format!("{prefix}.gate_proj.weight"), inter, hidden)?,
+            gate_proj: load_matrix(
+                be,
+                src,
+                &format!("{prefix}.gate_proj.weight"),
+                inter,
+                hidden,
+            )?,
             up_proj: load_matrix(be, src, &format!("{prefix}.up_proj.weight"), inter, hidden)?,
-            down_proj: load_matrix(be, src, &format!("{prefix}.down_proj.weight"), hidden, inter)?,
+            down_proj: load_matrix(
+                be,
+                src,
+                &format!("{prefix}.down_proj.weight"),
+                hidden,
+                inter,
+            )?,
         })
     }
     pub fn forward(&self, be: &B, x: &B::Tensor) -> Result<B::Tensor> {
@@ -97,8 +139,20 @@ impl<B: Backend> Attention<B> {
         };
         let (q_norm, k_norm) = if spec.qk_norm {
             (
-                Some(RmsNorm::load(be, src, &format!("{prefix}.q_norm.weight"), hd, spec.rms_norm_eps)?),
-                Some(RmsNorm::load(be, src, &format!("{prefix}.k_norm.weight"), hd, spec.rms_norm_eps)?),
+                Some(RmsNorm::load(
+                    be,
+                    src,
+                    &format!("{prefix}.q_norm.weight"),
+                    hd,
+                    spec.rms_norm_eps,
+                )?),
+                Some(RmsNorm::load(
+                    be,
+                    src,
+                    &format!("{prefix}.k_norm.weight"),
+                    hd,
+                    spec.rms_norm_eps,
+                )?),
             )
         } else {
             (None, None)
@@ -111,13 +165,22 @@ impl<B: Backend> Attention<B> {
             biases,
             q_norm,
             k_norm,
-            shape: AttnShape { heads: spec.num_heads, kv_heads: spec.num_kv_heads, head_dim: hd },
+            shape: AttnShape {
+                heads: spec.num_heads,
+                kv_heads: spec.num_kv_heads,
+                head_dim: hd,
+            },
             rope: spec.rope(),
         })
     }
 
     /// Project `x` to rotated q, k and v for tokens at `positions`.
-    pub fn qkv(&self, be: &B, x: &B::Tensor, positions: &[u32]) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
+    pub fn qkv(
+        &self,
+        be: &B,
+        x: &B::Tensor,
+        positions: &[u32],
+    ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
         let mut q = be.matmul(x, &self.q_proj)?;
         let mut k = be.matmul(x, &self.k_proj)?;
         let mut v = be.matmul(x, &self.v_proj)?;
@@ -136,13 +199,28 @@ impl<B: Backend> Attention<B> {
     }
 
     /// Attend the new tokens (at positions `start..start+T`) over the cache, appending their K/V.
-    pub fn forward(&self, be: &B, x: &B::Tensor, start: usize, cache: &mut LayerCache<B>) -> Result<B::Tensor> {
+    pub fn forward(
+        &self,
+        be: &B,
+        x: &B::Tensor,
+        start: usize,
+        cache: &mut LayerCache<B>,
+    ) -> Result<B::Tensor> {
         let t = be.dims(x).0;
         let positions: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
         let (q, k, v) = self.qkv(be, x, &positions)?;
         cache.append(be, k, v)?;
-        let (k_all, v_all) = (cache.k.as_ref().expect("appended"), cache.v.as_ref().expect("appended"));
-        let o = be.attention(&q, k_all, v_all, self.shape, &AttnMask::Causal { q_start: start })?;
+        let (k_all, v_all) = (
+            cache.k.as_ref().expect("appended"),
+            cache.v.as_ref().expect("appended"),
+        );
+        let o = be.attention(
+            &q,
+            k_all,
+            v_all,
+            self.shape,
+            &AttnMask::Causal { q_start: start },
+        )?;
         be.matmul(&o, &self.o_proj)
     }
 }
@@ -175,7 +253,12 @@ pub struct KvCache<B: Backend> {
 
 impl<B: Backend> KvCache<B> {
     pub fn new(num_layers: usize) -> Self {
-        KvCache { layers: (0..num_layers).map(|_| LayerCache { k: None, v: None }).collect(), len: 0 }
+        KvCache {
+            layers: (0..num_layers)
+                .map(|_| LayerCache { k: None, v: None })
+                .collect(),
+            len: 0,
+        }
     }
     /// Drop every position `>= len` (speculative decoding rejects the unaccepted tail).
     pub fn crop(&mut self, be: &B, len: usize) -> Result<()> {
@@ -206,14 +289,32 @@ impl<B: Backend> DecoderLayer<B> {
         let p = format!("model.layers.{i}");
         let (d, eps) = (spec.hidden_size, spec.rms_norm_eps);
         Ok(DecoderLayer {
-            input_layernorm: RmsNorm::load(be, src, &format!("{p}.input_layernorm.weight"), d, eps)?,
+            input_layernorm: RmsNorm::load(
+                be,
+                src,
+                &format!("{p}.input_layernorm.weight"),
+                d,
+                eps,
+            )?,
             self_attn: Attention::load(be, src, &format!("{p}.self_attn"), spec)?,
-            post_attention_layernorm: RmsNorm::load(be, src, &format!("{p}.post_attention_layernorm.weight"), d, eps)?,
+            post_attention_layernorm: RmsNorm::load(
+                be,
+                src,
+                &format!("{p}.post_attention_layernorm.weight"),
+                d,
+                eps,
+            )?,
             mlp: Mlp::load(be, src, &format!("{p}.mlp"), d, spec.intermediate_size)?,
         })
     }
 
-    pub fn forward(&self, be: &B, h: &mut B::Tensor, start: usize, cache: &mut LayerCache<B>) -> Result<()> {
+    pub fn forward(
+        &self,
+        be: &B,
+        h: &mut B::Tensor,
+        start: usize,
+        cache: &mut LayerCache<B>,
+    ) -> Result<()> {
         let x = self.input_layernorm.forward(be, h)?;
         let a = self.self_attn.forward(be, &x, start, cache)?;
         be.add_inplace(h, &a)?;
@@ -245,13 +346,28 @@ impl<B: Backend> TargetModel<B> {
     pub fn load(be: &B, spec: &ModelSpec, src: &dyn WeightSource) -> Result<Self> {
         let (v, d) = (spec.vocab_size, spec.hidden_size);
         let embed_tokens = load_matrix(be, src, "model.embed_tokens.weight", v, d)?;
-        let layers = (0..spec.num_layers).map(|i| DecoderLayer::load(be, src, i, spec)).collect::<Result<Vec<_>>>()?;
+        let layers = (0..spec.num_layers)
+            .map(|i| DecoderLayer::load(be, src, i, spec))
+            .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(be, src, "model.norm.weight", d, spec.rms_norm_eps)?;
-        let lm_head = if src.contains("lm_head.weight") { Some(load_matrix(be, src, "lm_head.weight", v, d)?) } else { None };
+        let lm_head = if src.contains("lm_head.weight") {
+            Some(load_matrix(be, src, "lm_head.weight", v, d)?)
+        } else {
+            None
+        };
         if lm_head.is_none() && !spec.tie_word_embeddings {
-            tracing::warn!("{}: no lm_head.weight although tie_word_embeddings is false; using the embedding", src.path().display());
+            tracing::warn!(
+                "{}: no lm_head.weight although tie_word_embeddings is false; using the embedding",
+                src.path().display()
+            );
         }
-        Ok(TargetModel { spec: spec.clone(), embed_tokens, layers, norm, lm_head })
+        Ok(TargetModel {
+            spec: spec.clone(),
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+        })
     }
 
     pub fn new_cache(&self) -> KvCache<B> {
@@ -265,11 +381,20 @@ impl<B: Backend> TargetModel<B> {
 
     /// Run `ids` (positions `cache.len..`) through the model, appending to the cache and capturing
     /// the hidden states `capture` asks for.
-    pub fn forward(&self, be: &B, ids: &[u32], cache: &mut KvCache<B>, capture: &Capture) -> Result<ForwardOutput<B>> {
+    pub fn forward(
+        &self,
+        be: &B,
+        ids: &[u32],
+        cache: &mut KvCache<B>,
+        capture: &Capture,
+    ) -> Result<ForwardOutput<B>> {
         let start = cache.len;
         let limit = self.spec.max_position_embeddings;
         if start + ids.len() > limit {
-            bail!("sequence of {} tokens exceeds the model's max_position_embeddings {limit}", start + ids.len());
+            bail!(
+                "sequence of {} tokens exceeds the model's max_position_embeddings {limit}",
+                start + ids.len()
+            );
         }
         let mut captured = Captured::default();
         let mut h = be.embed(&self.embed_tokens, ids)?;
@@ -287,7 +412,10 @@ impl<B: Backend> TargetModel<B> {
         cache.len += ids.len();
         let last_hidden = self.norm.forward(be, &h)?;
         captured.offer(be, capture, self.layers.len(), &last_hidden)?;
-        Ok(ForwardOutput { last_hidden, captured })
+        Ok(ForwardOutput {
+            last_hidden,
+            captured,
+        })
     }
 
     /// Top-k next-token log-probabilities for every row of `hidden` (final-norm states).

@@ -276,7 +276,10 @@ mod tests {
         // The declared inputs (top-1 only) are enough: the host's projection changes nothing.
         let projected = project(&b, AcceptLength::describe().inputs);
         assert_eq!(projected.top_k, 1);
-        assert_eq!(one, evaluate::<AcceptLength>(&[], &projected.as_batch()).unwrap());
+        assert_eq!(
+            one,
+            evaluate::<AcceptLength>(&[], &projected.as_batch()).unwrap()
+        );
         for n in [1, 7, 50] {
             let parts = chunks(&b, n);
             let streamed =

@@ -203,15 +203,39 @@ pub fn chunks(b: &OwnedBatch, n: usize) -> Vec<OwnedBatch> {
 /// tests can check that its declared inputs suffice: the results must not change.
 pub fn project(b: &OwnedBatch, inputs: Inputs) -> OwnedBatch {
     let k = b.top_k as usize;
-    let keep = if inputs.candidates == 0 { k } else { (inputs.candidates as usize).min(k) };
-    let cut = |v: &[u32]| -> Vec<u32> { v.chunks(k).flat_map(|c| c[..keep].iter().copied()).collect() };
-    let cut_f = |v: &[f32]| -> Vec<f32> { v.chunks(k).flat_map(|c| c[..keep].iter().copied()).collect() };
+    let keep = if inputs.candidates == 0 {
+        k
+    } else {
+        (inputs.candidates as usize).min(k)
+    };
+    let cut = |v: &[u32]| -> Vec<u32> {
+        v.chunks(k)
+            .flat_map(|c| c[..keep].iter().copied())
+            .collect()
+    };
+    let cut_f = |v: &[f32]| -> Vec<f32> {
+        v.chunks(k)
+            .flat_map(|c| c[..keep].iter().copied())
+            .collect()
+    };
     OwnedBatch {
         top_k: keep as u32,
         draft_ids: cut(&b.draft_ids),
-        draft_logprobs: if inputs.draft_logprobs { cut_f(&b.draft_logprobs) } else { Vec::new() },
-        target_ids: b.target_ids.as_ref().filter(|_| inputs.target_topk).map(|v| cut(v)),
-        target_logprobs: b.target_logprobs.as_ref().filter(|_| inputs.target_topk).map(|v| cut_f(v)),
+        draft_logprobs: if inputs.draft_logprobs {
+            cut_f(&b.draft_logprobs)
+        } else {
+            Vec::new()
+        },
+        target_ids: b
+            .target_ids
+            .as_ref()
+            .filter(|_| inputs.target_topk)
+            .map(|v| cut(v)),
+        target_logprobs: b
+            .target_logprobs
+            .as_ref()
+            .filter(|_| inputs.target_topk)
+            .map(|v| cut_f(v)),
         ..b.clone()
     }
 }
@@ -282,14 +306,24 @@ mod tests {
         let p = project(&b, Inputs::TOP1);
         let v = p.as_batch();
         v.check().unwrap();
-        assert_eq!((v.top_k, v.draft_logprobs.len(), v.target_ids.is_none()), (1, 0, true));
+        assert_eq!(
+            (v.top_k, v.draft_logprobs.len(), v.target_ids.is_none()),
+            (1, 0, true)
+        );
         assert!(!v.has_draft_logprobs());
         let full = b.as_batch();
         for (pb, fb) in v.blocks().zip(full.blocks()) {
             assert_eq!(pb.accepted_len(), fb.accepted_len());
             assert!(pb.position(1).draft.logprobs.is_empty());
         }
-        let two = project(&b, Inputs { candidates: 2, draft_logprobs: true, target_topk: true });
+        let two = project(
+            &b,
+            Inputs {
+                candidates: 2,
+                draft_logprobs: true,
+                target_topk: true,
+            },
+        );
         assert_eq!(two.draft_ids.len(), b.draft_ids.len() / 2);
         two.as_batch().check().unwrap();
         assert_eq!(project(&b, Inputs::ALL), b);
