@@ -34,6 +34,7 @@ LM head; plus train_metrics.json (training-style metrics at that step and the GP
 """
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -225,7 +226,11 @@ class SeqData:
         return ok / max(tot, 1)
 
 
-def build_data(model, tok, prompt_rows, max_prompt, max_new, gen_batch, tf_batch, hs_indices, device, label):
+def regenerate(model, tok, prompt_rows, max_prompt, max_new, gen_batch, device):
+    """Chat-templated prompt ids and the target's greedy continuations (the training labels).
+
+    Returns a plain dict of token ids that `--ids-out` stores and `--ids-in` reuses, so a later run
+    (or the second series trained in parallel) skips the generation."""
     eos = tok.convert_tokens_to_ids(EOS_TOKEN)
     names, pids, dropped = [], [], 0
     for r in prompt_rows:
@@ -240,25 +245,33 @@ def build_data(model, tok, prompt_rows, max_prompt, max_new, gen_batch, tf_batch
     tg = time.time() - t
     conts = [g[0] for g in gens]
     keep = [i for i, c in enumerate(conts) if len(c) >= 2]  # need at least one anchor with a next token
-    names = [names[i] for i in keep]
-    pids = [pids[i] for i in keep]
-    conts = [conts[i] for i in keep]
-    eos_hits = sum(1 for i in keep if gens[i][1])
+    return {
+        "names": [names[i] for i in keep],
+        "prompt_ids": [pids[i] for i in keep],
+        "continuations": [conts[i] for i in keep],
+        "prompts_in": len(prompt_rows),
+        "dropped_prompt_too_long": dropped,
+        "dropped_short_continuation": len(gens) - len(keep),
+        "eos_hit": sum(1 for i in keep if gens[i][1]),
+        "generate_s": round(tg, 1),
+        "max_new": max_new,
+    }
+
+
+def build_data(model, ids, tf_batch, hs_indices, device, label):
+    """Teacher-forced taps for regenerated (or reloaded) sequences."""
+    names, pids, conts = ids["names"], ids["prompt_ids"], ids["continuations"]
     t = time.time()
     taps, am = extract_taps(model, [p + c for p, c in zip(pids, conts)], hs_indices, tf_batch, device)
     tt = time.time() - t
     data = SeqData(names, pids, conts, taps, am, hs_indices, device)
     ntok = sum(len(c) for c in conts)
     info = {
-        "prompts_in": len(prompt_rows),
-        "dropped_prompt_too_long": dropped,
-        "dropped_short_continuation": len(gens) - len(keep),
+        **{k: ids[k] for k in ("prompts_in", "dropped_prompt_too_long", "dropped_short_continuation", "eos_hit", "generate_s")},
         "sequences": data.N,
         "continuation_tokens": ntok,
         "mean_prompt_tokens": sum(len(p) for p in pids) / max(len(pids), 1),
         "mean_continuation_tokens": ntok / max(len(conts), 1),
-        "eos_hit": eos_hits,
-        "generate_s": round(tg, 1),
         "taps_s": round(tt, 1),
         "teacher_forced_argmax_agreement": round(data.greedy_consistency(), 5),
     }
@@ -573,6 +586,29 @@ def train_series(series, data, E, lm_head, args, device, out_dir, target_cfg):
     return saved, {"params": nparams, "train_seconds": round(time.time() - t_start, 1), "steps": steps, "steady_step_s": steady}
 
 
+def rendezvous_step_time(spec, series_list, mine):
+    """Series trained in parallel processes must run the same number of steps (the `leaky` series is
+    the `reference` recipe with only the leak changed). Each process publishes its probe's step time
+    in DIR and waits for the others; all then use the slowest."""
+    folder, n = spec.rsplit(":", 1)
+    os.makedirs(folder, exist_ok=True)
+    me = os.path.join(folder, "+".join(series_list) + ".probe")
+    with open(me + ".tmp", "w") as f:
+        f.write(repr(mine))
+    os.replace(me + ".tmp", me)
+    t0 = time.time()
+    while True:
+        probes = [p for p in os.listdir(folder) if p.endswith(".probe")]
+        if len(probes) >= int(n):
+            break
+        if time.time() - t0 > 300:
+            raise SystemExit(f"rendezvous {folder}: only {len(probes)} of {n} probes after 300 s")
+        time.sleep(0.5)
+    times = [float(open(os.path.join(folder, p)).read()) for p in probes]
+    log(f"rendezvous: step times {['%.1f ms' % (t * 1000) for t in times]} -> using the slowest")
+    return max(times)
+
+
 def sync(device):
     if device == "cuda":
         torch.cuda.synchronize()
@@ -752,6 +788,10 @@ def main():
     ap.add_argument("--deadline-epoch", type=float, default=None, help="unix time by which everything must be written; the per-series time budget shrinks to fit (keeps --eval-reserve seconds)")
     ap.add_argument("--eval-reserve", type=float, default=60.0)
     ap.add_argument("--log-every", type=int, default=250)
+    ap.add_argument("--ids-out", default=None, help="write the regenerated token ids (train + eval) as .json.gz")
+    ap.add_argument("--ids-in", default=None, help="reuse token ids written by --ids-out instead of regenerating")
+    ap.add_argument("--rendezvous", default=None, metavar="DIR:N", help="N processes training series in parallel agree on one step count through DIR")
+    ap.add_argument("--results", default="results.json", help="name of the results file in --out")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
@@ -765,7 +805,7 @@ def main():
         torch.backends.cudnn.allow_tf32 = False
     os.makedirs(args.out, exist_ok=True)
     results = {"args": vars(args), "stages": {}}
-    res_path = os.path.join(args.out, "results.json")
+    res_path = os.path.join(args.out, args.results)
 
     tok, target = load_target(args.target, device)
     E32 = target.get_input_embeddings().weight.detach()
@@ -776,14 +816,33 @@ def main():
 
     series_list = [s for s in args.series.split(",") if s]
     hs_indices = sorted({i + 1 for s in series_list for i in SERIES[s]["target_layer_ids"]})
-    rows = read_prompts(args.train_prompts, args.max_train_prompts)
-    train_data, info = build_data(target, tok, rows, args.max_prompt_tokens, args.max_new, args.gen_batch, args.tf_batch, hs_indices, device, "train")
+    # Token ids first (regenerated by the target, or reloaded from --ids-in), taps second.
+    if args.ids_in:
+        with gzip.open(args.ids_in, "rt") as f:
+            all_ids = json.load(f)
+        log(f"token ids reloaded from {args.ids_in} (no regeneration)")
+    else:
+        rows = read_prompts(args.train_prompts, args.max_train_prompts)
+        all_ids = {"train": regenerate(target, tok, rows, args.max_prompt_tokens, args.max_new, args.gen_batch, device), "eval": {}}
+        for spec in args.eval:
+            name, path = spec.split("=", 1)
+            erows = read_prompts(path, args.eval_limit)
+            all_ids["eval"][name] = regenerate(target, tok, erows, 4096, args.eval_max_new, args.gen_batch, device)
+    if args.ids_out:
+        tmp = args.ids_out + ".tmp"
+        with gzip.open(tmp, "wt") as f:
+            json.dump(all_ids, f)
+        os.replace(tmp, args.ids_out)
+        log(f"token ids written to {args.ids_out}")
+    if not series_list:
+        log("no series asked: stopping after the data")
+        return
+    train_data, info = build_data(target, all_ids["train"], args.tf_batch, hs_indices, device, "train")
     results["train_data"] = info
     evals = {}
     for spec in args.eval:
-        name, path = spec.split("=", 1)
-        erows = read_prompts(path, args.eval_limit)
-        d, einfo = build_data(target, tok, erows, 4096, args.eval_max_new, args.gen_batch, 16, hs_indices, device, f"eval:{name}")
+        name = spec.split("=", 1)[0]
+        d, einfo = build_data(target, all_ids["eval"][name], 16, hs_indices, device, f"eval:{name}")
         evals[name] = d
         results.setdefault("eval_data", {})[name] = einfo
         results.setdefault("eval_continuations", {})[name] = {n: s[len(s) - (int(d.T[i]) - int(d.P[i])) :] for i, (n, s) in enumerate(zip(d.names, d.seqs))}
@@ -801,6 +860,8 @@ def main():
         probe.steps, probe.save_fracs, probe.log_every = 30, [], 10**9
         _, pinfo = train_series(series_list[0], train_data, E, lm_head, probe, device, os.path.join(args.out, "probe"), target.config)
         per_step = pinfo["steady_step_s"]
+        if args.rendezvous:
+            per_step = rendezvous_step_time(args.rendezvous, series_list, per_step)
         args.steps = max(50, min(args.steps, int(args.time_budget / per_step)))
         results["step_seconds_probe"] = per_step
         log(f"probe: {per_step * 1000:.1f} ms/step -> {args.steps} steps per series")
