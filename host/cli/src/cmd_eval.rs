@@ -83,6 +83,9 @@ pub struct RunArgs {
     /// Stop with an error after N prompts (for testing interruption).
     #[arg(long, hide = true)]
     pub fail_after: Option<usize>,
+    /// Metric plugins scored over the stored records once the evaluation is done.
+    #[command(flatten)]
+    pub plugins: crate::cmd_plugins::PluginArgs,
 }
 
 struct RunJob<'a> {
@@ -172,8 +175,13 @@ impl BackendJob for RunJob<'_> {
 }
 
 pub fn run(g: &Global, a: RunArgs) -> Result<()> {
+    // Plugins are found and their parameters checked before any model runs.
+    let plugins = crate::cmd_rescore::Prepared::new(&a.plugins)?;
     let outs = dispatch(a.target.backend.into(), RunJob { g, a: &a })?;
-    g.emit(&outs, || {
+    // A failing plugin is a warning (recorded with the run), never a failed run.
+    let scored =
+        crate::cmd_rescore::score_runs(plugins.as_ref(), &a.db, outs.iter().map(|r| r.run_id))?;
+    g.emit(&crate::cmd_rescore::with_plugins(&outs, &scored), || {
         let mut o = String::new();
         for r in &outs {
             o += &format!(
@@ -182,6 +190,9 @@ pub fn run(g: &Global, a: RunArgs) -> Result<()> {
             );
             for (_, name, v) in &r.metrics {
                 o += &format!("  {name:<22} {v:.4}\n");
+            }
+            if let Some(s) = scored.iter().find(|s| s.run == r.run_id) {
+                o += &crate::cmd_plugins::render_stored(s);
             }
         }
         o += &format!(
@@ -410,7 +421,7 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                     r.num_blocks
                 );
                 for m in metrics.iter().filter(|m| m.scope == draftlens::store::MetricScope::Run) {
-                    o += &format!("  {:<10} {:<22} {:>9.4}  (n={})  {}\n", m.source, m.name, m.value, m.count, m.description);
+                    o += &format!("  {:<16} {:<26} {:>9.4}  (n={})  {}\n", m.source, m.name, m.value, m.count, m.description);
                 }
                 for f in &d.failures {
                     o += &format!("  plugin {} failed ({}): {}\n", f.plugin, f.kind, f.message);

@@ -7,8 +7,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use draftlens_plugin_host::{
-    discover, scaffold, sdk, Grouping, Limits, LoadedPlugin, MetricResult, Param, PluginFailure,
-    PluginOutcome, PluginRequest, Runtime, RuntimeConfig,
+    discover, scaffold, sdk, FailureKind, Grouping, Limits, LoadedPlugin, LogLevel, MetricResult,
+    Param, PluginFailure, PluginOutcome, PluginRequest, Runtime, RuntimeConfig, StoredOutcome,
+    StoredScoring,
 };
 use serde::Serialize;
 
@@ -139,9 +140,9 @@ pub struct PluginArgs {
     /// Metric plugin: a name from the plugin folders or a .wasm path (repeatable).
     #[arg(long = "plugin")]
     pub plugins: Vec<String>,
-    /// Plugin parameter PLUGIN:NAME=VALUE, PLUGIN being the plugin's name or file stem
-    /// (repeatable), e.g. --plugin-param ddtree:budgets=4,8,16.
-    #[arg(long = "plugin-param")]
+    /// Plugin parameter PLUGIN:NAME=VALUE, PLUGIN being the plugin's name or file stem, or
+    /// NAME=VALUE when one --plugin is given (repeatable), e.g. --param ddtree:budgets=4,8,16.
+    #[arg(long = "param", visible_alias = "plugin-param")]
     pub params: Vec<String>,
     #[command(flatten)]
     pub dirs: DirArgs,
@@ -152,51 +153,86 @@ pub struct PluginArgs {
 impl PluginArgs {
     /// Resolve plugin names to files and parse the parameters against each plugin's declared
     /// parameter kinds. A plugin that cannot be loaded here is still returned (without
-    /// parameters): scoring reports its failure and goes on with the others.
+    /// parameters): scoring reports its failure and goes on with the others. Two plugins with
+    /// the same name are refused (their metrics would overwrite each other).
     pub fn requests(&self, runtime: &Runtime) -> Result<Vec<PluginRequest>> {
         let dirs = self.dirs.dirs();
-        let mut out = Vec::new();
+        let mut out: Vec<PluginRequest> = Vec::new();
         let mut loaded = Vec::new();
         for name in &self.plugins {
             let path = discover::resolve_plugin(name, &dirs)?;
-            loaded.push(runtime.load(&path).ok());
+            let plugin = runtime.load(&path).ok();
+            if let Some(p) = &plugin {
+                if let Some(i) = loaded.iter().position(|l: &Option<LoadedPlugin>| {
+                    l.as_ref()
+                        .is_some_and(|l| l.metadata.name == p.metadata.name)
+                }) {
+                    bail!(
+                        "--plugin {} and --plugin {} are both the plugin {}: their metrics would overwrite each other",
+                        out[i].path.display(),
+                        path.display(),
+                        p.metadata.name
+                    );
+                }
+            }
+            loaded.push(plugin);
             out.push(PluginRequest::new(path));
         }
         for spec in &self.params {
-            let (plugin, rest) = spec
-                .split_once(':')
-                .with_context(|| format!("--plugin-param {spec}: expected PLUGIN:NAME=VALUE"))?;
-            let (pname, value) = rest
-                .split_once('=')
-                .with_context(|| format!("--plugin-param {spec}: expected PLUGIN:NAME=VALUE"))?;
-            let idx = out
-                .iter()
-                .zip(&loaded)
-                .position(|(r, l)| {
-                    r.path.file_stem().is_some_and(|s| {
-                        s.to_string_lossy().replace('_', "-") == plugin.replace('_', "-")
-                    }) || l.as_ref().is_some_and(|l| l.metadata.name == plugin)
-                })
-                .with_context(|| format!("--plugin-param {spec}: no --plugin named {plugin}"))?;
-            let Some(p) = &loaded[idx] else { continue };
-            let ps =
-                p.metadata
-                    .params
-                    .iter()
-                    .find(|s| s.name == pname)
-                    .with_context(|| {
-                        let known: Vec<&str> =
-                            p.metadata.params.iter().map(|s| s.name.as_str()).collect();
-                        format!(
-                    "--plugin-param {spec}: plugin {} has no parameter {pname} (it has: {})",
-                    p.metadata.name,
-                    if known.is_empty() { "none".into() } else { known.join(", ") }
+            let bad = || {
+                format!(
+                    "--param {spec}: expected PLUGIN:NAME=VALUE (or NAME=VALUE with one --plugin)"
                 )
-                    })?;
+            };
+            // Split at the first '=' so that a value may contain ':'.
+            let (key, value) = spec.split_once('=').with_context(bad)?;
+            let (plugin, pname) = match key.split_once(':') {
+                Some((plugin, pname)) => (Some(plugin), pname),
+                None if out.len() == 1 => (None, key),
+                None if out.is_empty() => bail!("--param {spec}: no --plugin is given"),
+                None => bail!(
+                    "--param {spec}: several --plugin are given, so name the plugin: PLUGIN:{key}={value}"
+                ),
+            };
+            if pname.is_empty() {
+                bail!("{}", bad());
+            }
+            let idx = match plugin {
+                None => 0,
+                Some(plugin) => out
+                    .iter()
+                    .zip(&loaded)
+                    .position(|(r, l)| {
+                        r.path.file_stem().is_some_and(|s| {
+                            s.to_string_lossy().replace('_', "-") == plugin.replace('_', "-")
+                        }) || l.as_ref().is_some_and(|l| l.metadata.name == plugin)
+                    })
+                    .with_context(|| format!("--param {spec}: no --plugin named {plugin}"))?,
+            };
+            let Some(p) = &loaded[idx] else { continue };
+            let ps = p
+                .metadata
+                .params
+                .iter()
+                .find(|s| s.name == pname)
+                .with_context(|| {
+                    let known: Vec<&str> =
+                        p.metadata.params.iter().map(|s| s.name.as_str()).collect();
+                    format!(
+                        "--param {spec}: plugin {} has no parameter {pname} (it has: {})",
+                        p.metadata.name,
+                        if known.is_empty() {
+                            "none".into()
+                        } else {
+                            known.join(", ")
+                        }
+                    )
+                })?;
             let value = ps
                 .default
                 .parse_like(value)
-                .map_err(|e| anyhow::anyhow!("--plugin-param {spec}: {e}"))?;
+                .map_err(|e| anyhow::anyhow!("--param {spec}: {e}"))?;
+            out[idx].params.retain(|q| q.name != pname);
             out[idx].params.push(Param {
                 name: pname.to_string(),
                 value,
@@ -429,27 +465,13 @@ fn check(
 ) -> Result<()> {
     let runtime = sandbox.runtime()?;
     let p = runtime.load(file)?;
-    // Same parsing as `--plugin-param` of run/rescore, with this file as the only plugin.
-    let stem = file
-        .file_stem()
-        .map(|s| s.to_string_lossy().to_string())
-        .unwrap_or_default();
+    // Same parsing as `--param` of run/rescore, with this file as the only plugin.
     let args = PluginArgs {
         plugins: vec![file.display().to_string()],
-        params: params.iter().map(|p| format!("{stem}:{p}")).collect(),
+        params: params.to_vec(),
         ..PluginArgs::default()
     };
-    let params = args
-        .requests(&runtime)
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "{}",
-                e.to_string()
-                    .replace(&format!("--plugin-param {stem}:"), "--param ")
-            )
-        })?
-        .remove(0)
-        .params;
+    let params = args.requests(&runtime)?.remove(0).params;
     // Synthetic records: 8 prompts, prompt and completion anchors, target top-K stored.
     let mut shape = sdk::testdata::Shape::new(16, 8, 8, 16, 200);
     shape.prompt_anchors = true;
@@ -531,6 +553,89 @@ pub fn render_outcomes(outcomes: &[PluginOutcome]) -> String {
         }
     }
     s
+}
+
+/// Text table of what scoring a stored run stored: the run-scope values of every plugin that
+/// worked, how many rows it stored (and replaced), and every failure with its class.
+pub fn render_stored(s: &StoredScoring) -> String {
+    let mut o = format!(
+        "plugins over run {}: {} blocks, {} prompts, {} categories\n",
+        s.run,
+        s.blocks,
+        s.prompts,
+        s.categories.len()
+    );
+    let ok: Vec<&StoredOutcome> = s.plugins.iter().filter(|p| p.is_ok()).collect();
+    if !ok.is_empty() {
+        o += &format!(
+            "  {:<18} {:<28} {:>12} {:>9}\n",
+            "plugin", "metric", "value", "n"
+        );
+        for p in &ok {
+            for m in &p.metrics {
+                let v = if m.value.is_nan() {
+                    "undefined".to_string()
+                } else {
+                    format!("{:.6}", m.value)
+                };
+                o += &format!("  {:<18} {:<28} {v:>12} {:>9}\n", p.plugin, m.name, m.count);
+            }
+        }
+    }
+    for p in &s.plugins {
+        match &p.failure {
+            None => {
+                o += &format!(
+                    "  {}: {} rows stored (run, per prompt, per category){}\n",
+                    p.plugin,
+                    p.rows,
+                    if p.replaced > 0 {
+                        format!(", replacing {} earlier rows", p.replaced)
+                    } else {
+                        String::new()
+                    }
+                )
+            }
+            Some(f) => o += &format!("  {}: FAILED [{}] {}\n", p.plugin, f.kind, f.message),
+        }
+    }
+    o
+}
+
+/// On stderr: one warning line per failed plugin (naming it and the failure class), and the
+/// warnings and errors the plugins logged themselves.
+pub fn warn_stored(s: &StoredScoring) {
+    for p in &s.plugins {
+        // A panic's message is logged by the SDK's panic hook and is also the failure message:
+        // say it once.
+        let panicked = p
+            .failure
+            .as_ref()
+            .is_some_and(|f| f.kind == FailureKind::Panic);
+        for l in &p.outcome.logs {
+            let level = match l.level {
+                LogLevel::Warn => "warn",
+                LogLevel::Error if !panicked => "error",
+                _ => continue,
+            };
+            let times = if l.repeats > 0 {
+                format!(" (×{})", l.repeats + 1)
+            } else {
+                String::new()
+            };
+            eprintln!("plugin {} [{level}]: {}{times}", p.plugin, l.message);
+        }
+        if let Some(f) = &p.failure {
+            eprintln!(
+                "warning: plugin {} failed [{}]: {} ({}); recorded with run {}, the other plugins' metrics are stored",
+                p.plugin,
+                f.kind,
+                f.message,
+                f.path.display(),
+                s.run
+            );
+        }
+    }
 }
 
 fn new(g: &Global, name: &str, dir: &std::path::Path, sdk: Option<PathBuf>) -> Result<()> {
@@ -637,13 +742,25 @@ mod tests {
         let reqs = args(&["junk"], &["junk:x=1"]).requests(&rt).unwrap();
         assert_eq!(reqs.len(), 1);
         assert!(reqs[0].params.is_empty());
+        // With one plugin the PLUGIN: prefix is optional, and a value may contain ':'.
+        let reqs = args(&["junk"], &["x=a:b"]).requests(&rt).unwrap();
+        assert_eq!(reqs.len(), 1);
         let e = args(&["nope"], &[]).requests(&rt).unwrap_err().to_string();
         assert!(e.contains("plugin nope not found"), "{e}");
-        let e = args(&["junk"], &["junk-x=1"])
+        for bad in ["junk-x", "junk:=1"] {
+            let e = args(&["junk"], &[bad])
+                .requests(&rt)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("expected PLUGIN:NAME=VALUE"), "{bad}: {e}");
+        }
+        let e = args(&["junk", "junk"], &["x=1"])
             .requests(&rt)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("expected PLUGIN:NAME=VALUE"), "{e}");
+        assert!(e.contains("several --plugin are given"), "{e}");
+        let e = args(&[], &["x=1"]).requests(&rt).unwrap_err().to_string();
+        assert!(e.contains("no --plugin is given"), "{e}");
         let e = args(&["junk"], &["other:x=1"])
             .requests(&rt)
             .unwrap_err()

@@ -6,6 +6,7 @@ mod cmd_eval;
 mod cmd_model;
 mod cmd_parity;
 mod cmd_plugins;
+mod cmd_rescore;
 mod common;
 
 use clap::{Parser, Subcommand};
@@ -48,6 +49,8 @@ enum Cmd {
     /// Metric plugins (WebAssembly components): list, info, check, new.
     #[command(subcommand)]
     Plugins(cmd_plugins::PluginsCmd),
+    /// Score a stored run with metric plugins and add their metrics to it (no model runs).
+    Rescore(cmd_rescore::RescoreArgs),
     /// Compare two backends: hidden states per layer, greedy agreement, drafter metrics.
     Parity(cmd_parity::ParityArgs),
     /// Browse and compare runs in the browser.
@@ -95,6 +98,7 @@ fn main() {
         Cmd::Runs(c) => cmd_eval::runs(&cli.global, c),
         Cmd::Bench(a) => cmd_bench::run(&cli.global, a),
         Cmd::Plugins(c) => cmd_plugins::run(&cli.global, c),
+        Cmd::Rescore(a) => cmd_rescore::run(&cli.global, a),
         Cmd::Parity(a) => cmd_parity::run(&cli.global, a),
         Cmd::Serve(a) => draftlens_web::cli::run_serve(&a),
         Cmd::Compare(mut a) => {

@@ -10,7 +10,8 @@
 //!   compatibility hash.
 //! * Per-prompt and per-category values are computed by the host ([`Grouping`]).
 //!
-//! Entry point for the evaluation and `rescore`: [`score_batch`].
+//! Entry points: [`score_batch`] over a batch; [`stored::score_stored_run`] over a stored run
+//! (what `run --plugin` and `rescore` use), which also stores the metrics and failures.
 
 pub mod convert;
 pub mod discover;
@@ -19,6 +20,7 @@ mod job;
 mod runtime;
 pub mod scaffold;
 mod score;
+pub mod stored;
 mod types;
 mod validate;
 mod wit;
@@ -29,6 +31,7 @@ pub use runtime::{default_cache_dir, Limits, LoadedPlugin, Runtime, RuntimeConfi
 pub use score::{
     score_batch, score_batch_with, Grouping, PluginOutcome, PluginRequest, Scores, CHUNK_CANDIDATES,
 };
+pub use stored::{score_stored_run, StoredOutcome, StoredScoring};
 pub use types::{
     ContractVersion, Inputs, LogLevel, LogLine, Metadata, MetricResult, MetricSpec, Param,
     ParamSpec, ParamValue, SeriesKind, SeriesResult,

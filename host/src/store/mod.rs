@@ -632,6 +632,37 @@ impl Store {
         })
     }
 
+    /// Replaces every metric row of `source` for `run` with `metrics` and clears the failures
+    /// recorded for a plugin of that name, in one transaction: re-scoring a run with a plugin
+    /// never duplicates rows nor leaves old and new values mixed (a changed parameter can change
+    /// which metric names a plugin produces), and a reader sees the old rows or the new ones.
+    /// Every row must have `source`. Returns how many old rows were replaced.
+    pub fn replace_metrics(&self, run: i64, source: &str, metrics: &[MetricRow]) -> Result<usize> {
+        let what = self.what();
+        if let Some(m) = metrics.iter().find(|m| m.source != source) {
+            bail!(
+                "{what}: run {run}: replacing the metrics of {source:?} with a row of source {:?} ({})",
+                m.source,
+                m.name
+            );
+        }
+        self.write(|c| {
+            let tx = c.transaction()?;
+            require_exists(&tx, run, &what)?;
+            let replaced = tx.execute(
+                "DELETE FROM metric WHERE run_id = ?1 AND source = ?2",
+                params![run, source],
+            )?;
+            tx.execute(
+                "DELETE FROM plugin_failure WHERE run_id = ?1 AND plugin = ?2",
+                params![run, source],
+            )?;
+            insert_metrics(&tx, run, metrics, &what)?;
+            tx.commit()?;
+            Ok(replaced)
+        })
+    }
+
     pub fn add_plugin_failure(
         &self,
         run: i64,

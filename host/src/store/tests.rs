@@ -329,6 +329,71 @@ fn prompts_and_metrics_round_trip() {
 }
 
 #[test]
+fn replace_metrics_swaps_one_source_atomically() {
+    let (_d, path) = tmp();
+    let s = Store::open(&path).unwrap();
+    let id = s.create_run(&new_run("rescored")).unwrap();
+    let other = s.create_run(&new_run("other")).unwrap();
+    let row = |src: &str, name: &str, scope: MetricScope, v: f64| {
+        MetricRow::scalar(src, name, scope, v, 3, true)
+    };
+    s.add_metrics(id, &[row("native", "tau", MetricScope::Run, 2.0)])
+        .unwrap();
+    s.add_metrics(other, &[row("plug", "old", MetricScope::Run, 9.0)])
+        .unwrap();
+    // First scoring: nothing to replace.
+    let first = [
+        row("plug", "old", MetricScope::Run, 1.0),
+        row("plug", "old", MetricScope::Prompt(0), 1.5),
+    ];
+    assert_eq!(s.replace_metrics(id, "plug", &first).unwrap(), 0);
+    s.add_plugin_failure(id, "plug", "timeout", "slow").unwrap();
+    s.add_plugin_failure(id, "else", "panic", "boom").unwrap();
+    // Second scoring produces another metric name: the old rows and the plugin's failure go,
+    // other sources, other plugins' failures and other runs stay.
+    let second = [row("plug", "new", MetricScope::Run, 4.0)];
+    assert_eq!(s.replace_metrics(id, "plug", &second).unwrap(), 2);
+    let names: Vec<(String, String)> = s
+        .metrics(id)
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.source, m.name))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("native".into(), "tau".into()),
+            ("plug".into(), "new".into())
+        ]
+    );
+    let failures = s.plugin_failures(id).unwrap();
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].plugin, "else");
+    assert_eq!(s.metrics(other).unwrap()[0].value, 9.0);
+    // Same rows again: same count, no duplicates.
+    assert_eq!(s.replace_metrics(id, "plug", &second).unwrap(), 1);
+    assert_eq!(s.metrics(id).unwrap().len(), 2);
+    // A row of another source, or a bad row, changes nothing (one transaction).
+    let e = s
+        .replace_metrics(id, "plug", &[row("native", "x", MetricScope::Run, 0.0)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("row of source \"native\""), "{e}");
+    let bad = [
+        row("plug", "fine", MetricScope::Run, 1.0),
+        row("plug", "", MetricScope::Run, 1.0),
+    ];
+    assert!(s.replace_metrics(id, "plug", &bad).is_err());
+    assert_eq!(s.metrics(id).unwrap().len(), 2);
+    assert_eq!(s.metrics(id).unwrap()[1].name, "new");
+    assert!(s
+        .replace_metrics(999, "plug", &second)
+        .unwrap_err()
+        .to_string()
+        .contains("run 999 does not exist"));
+}
+
+#[test]
 fn metric_scope_parses_and_rejects() {
     assert_eq!(
         "prompt:12".parse::<MetricScope>().unwrap(),

@@ -1,7 +1,11 @@
 //! Replayed τ: the chain of anchors a real greedy speculative decode visits, instead of every
 //! anchor uniformly. Per prompt: a₀ = its first completion anchor, a_{i+1} = a_i + A(a_i) + 1
 //! (the accepted drafts plus the bonus token), until the chain leaves the stored anchors.
-//! τ of the replay = tokens produced / verify rounds along that chain.
+//! τ of the replay = tokens produced / verify rounds along that chain. As in the native replay
+//! (host/src/drafter/metrics.rs), the last round of a sequence yields only the tokens left: its
+//! bonus token counts only when the sequence has a position for it. The sequence end is where
+//! the blocks cut by it stop being valid (a block with fewer valid positions than B−1); a prompt
+//! without such a block has no known end and every round counts A + 1.
 //!
 //! The replay needs a block for every completion anchor it lands on. A prompt whose chain lands
 //! on a missing anchor inside its stored range (anchors were subsampled) cannot be replayed: it is
@@ -19,6 +23,9 @@ pub struct ReplayedTau;
 pub struct Acc {
     /// Per prompt: completion anchor → accepted length A.
     anchors: BTreeMap<u32, BTreeMap<u32, u32>>,
+    /// Per prompt: the last position of the sequence, from the blocks the sequence end cuts
+    /// (anchor + valid positions).
+    ends: BTreeMap<u32, u32>,
 }
 
 impl Metric for ReplayedTau {
@@ -35,7 +42,7 @@ impl Metric for ReplayedTau {
                 MetricSpec::new(
                     "replayed_tau_pooled",
                     "tokens",
-                    "Σ(A+1) / verify rounds over the replayed chains of all prompts (bonus included)",
+                    "tokens / verify rounds over the replayed chains of all prompts (bonus included, none past the sequence end)",
                     true,
                 ),
                 MetricSpec::new(
@@ -67,6 +74,7 @@ impl Metric for ReplayedTau {
     fn begin(_params: &Params) -> Result<Acc, PluginError> {
         Ok(Acc {
             anchors: BTreeMap::new(),
+            ends: BTreeMap::new(),
         })
     }
 }
@@ -80,6 +88,11 @@ impl Accumulator for Acc {
             let a = batch.accepted_len(b) as u32;
             let prompt = batch.prompt_index[b];
             let anchor = batch.anchor[b];
+            let valid = batch.block(b).valid_len();
+            if valid < batch.positions_per_block() {
+                let end = self.ends.entry(prompt).or_insert(0);
+                *end = (*end).max(anchor + valid as u32);
+            }
             if self
                 .anchors
                 .entry(prompt)
@@ -103,7 +116,9 @@ impl Accumulator for Acc {
         let mut complete = 0u64;
         let mut incomplete = Vec::new();
         for (&prompt, anchors) in &self.anchors {
-            match replay(anchors) {
+            match replay(anchors, self.ends.get(&prompt).copied()) {
+                // Nothing left to produce after the first anchor: no round to count.
+                Ok((_, 0)) => {}
                 Ok((t, r)) => {
                     tokens += t;
                     rounds += r;
@@ -135,7 +150,8 @@ impl Accumulator for Acc {
 }
 
 /// Replay one prompt's chain: (tokens, rounds), or the first anchor the chain needs but lacks.
-fn replay(anchors: &BTreeMap<u32, u32>) -> Result<(u64, u64), u32> {
+/// `end` is the last position of the sequence when known.
+fn replay(anchors: &BTreeMap<u32, u32>, end: Option<u32>) -> Result<(u64, u64), u32> {
     let (&first, _) = anchors
         .first_key_value()
         .expect("prompts enter the map with a block");
@@ -143,10 +159,18 @@ fn replay(anchors: &BTreeMap<u32, u32>) -> Result<(u64, u64), u32> {
     let (mut tokens, mut rounds) = (0u64, 0u64);
     let mut a = first;
     loop {
+        // At the sequence end there is nothing left to verify.
+        if end.is_some_and(|e| a >= e) {
+            return Ok((tokens, rounds));
+        }
         let Some(&acc) = anchors.get(&a) else {
             return Err(a);
         };
-        tokens += acc as u64 + 1;
+        // The bonus token needs a position after the accepted drafts.
+        tokens += match end {
+            Some(e) => (acc as u64 + 1).min((e - a) as u64),
+            None => acc as u64 + 1,
+        };
         rounds += 1;
         let next = a as u64 + acc as u64 + 1;
         // Past the last stored anchor: the decode has reached the end of the continuation.
@@ -223,13 +247,69 @@ mod tests {
 
     #[test]
     fn oracle_replay_jumps_a_full_block() {
-        // 7 prompt tokens, 100 completion tokens (anchors 7..=106), B = 16: the chain visits
-        // 7, 23, 39, 55, 71, 87, 103 → 6 × 16 tokens + the last block at 103 (3 valid) → 4.
+        // 7 prompt tokens, 100 completion tokens (positions 7..=106, anchors 7..=106), B = 16:
+        // the chain visits 7, 23, 39, 55, 71, 87, 103 → 6 × 16 tokens + the last block at 103,
+        // whose 3 valid positions are the last 3 tokens: no bonus past the end → 3. The 99
+        // tokens after the first completion token in 7 rounds, as a greedy decode produces them.
         let o = oracle(&Shape::new(16, 3, 2, 7, 100));
         let vs = evaluate::<ReplayedTau>(&[], &o.as_batch()).unwrap();
         let pooled = metric(&vs, "replayed_tau_pooled");
         assert_eq!(pooled.count, 14);
-        assert_eq!(pooled.value, 2.0 * (6.0 * 16.0 + 4.0) / 14.0);
+        assert_eq!(pooled.value, 2.0 * 99.0 / 14.0);
+        // 97 completion tokens: 96 after the first = 6 full rounds of 16, τ = B exactly.
+        let o = oracle(&Shape::new(16, 3, 2, 7, 97));
+        let vs = evaluate::<ReplayedTau>(&[], &o.as_batch()).unwrap();
+        let pooled = metric(&vs, "replayed_tau_pooled");
+        assert_eq!((pooled.value, pooled.count), (16.0, 12));
+    }
+
+    /// B = 4 (P = 3), K = 1, block at `anchor` whose first `valid` positions are inside the
+    /// sequence, accepted length `a` ≤ `valid`.
+    fn push_cut(b: &mut OwnedBatch, prompt: u32, anchor: u32, valid: usize, a: usize) {
+        let ps: Vec<PositionSpec> = (0..3)
+            .map(|i| PositionSpec {
+                target: (i < valid).then_some(1),
+                loss_mask: i < valid,
+                draft: vec![(if i < a { 1 } else { 2 }, -0.1)],
+                target_top: None,
+            })
+            .collect();
+        b.push_block(prompt, anchor, Region::Completion, &ps);
+    }
+
+    #[test]
+    fn the_last_round_has_no_bonus_past_the_sequence_end() {
+        // Sequence positions ..=12 (end 12), anchors 5..=11 as draftlens stores them (the last
+        // anchor has one valid position). Chain: 5 (A = 3, 4 tokens) → 9 (A = 2: the drafts at
+        // 10, 11 accepted, the bonus is 12) → 12 = end. 7 tokens in 2 rounds.
+        let mut b = OwnedBatch::new(4, 1);
+        for a in 5..12u32 {
+            let valid = (12 - a).min(3) as usize;
+            let acc = match a {
+                5 => 3,
+                9 => 2,
+                _ => 0,
+            };
+            push_cut(&mut b, 0, a, valid, acc);
+        }
+        let vs = evaluate::<ReplayedTau>(&[], &b.as_batch()).unwrap();
+        let pooled = metric(&vs, "replayed_tau_pooled");
+        assert_eq!((pooled.value, pooled.count), (3.5, 2));
+        // Chain 5 (A = 3) → 9 (A = 3: 10, 11, 12 accepted, no position left for a bonus): 4 + 3.
+        let mut b = OwnedBatch::new(4, 1);
+        for a in 5..12u32 {
+            let valid = (12 - a).min(3) as usize;
+            let acc = if a == 5 || a == 9 { valid } else { 0 };
+            push_cut(&mut b, 0, a, valid, acc);
+        }
+        let vs = evaluate::<ReplayedTau>(&[], &b.as_batch()).unwrap();
+        let pooled = metric(&vs, "replayed_tau_pooled");
+        assert_eq!((pooled.value, pooled.count), (3.5, 2));
+        // Only the last anchor, at the end: nothing to produce, the prompt is not counted.
+        let mut b = OwnedBatch::new(4, 1);
+        push_cut(&mut b, 0, 12, 0, 0);
+        let vs = evaluate::<ReplayedTau>(&[], &b.as_batch()).unwrap();
+        assert_eq!(metric(&vs, "replayed_tau_macro").count, 0);
     }
 
     #[test]
