@@ -64,11 +64,11 @@ fn smol() -> &'static Smol {
 }
 
 fn reference_drafter() -> PathBuf {
-    repo_root().join("drafters/smollm2-reference/step-1433")
+    repo_root().join("drafters/smollm2-reference/step-2581")
 }
 
 fn leaky_drafter() -> PathBuf {
-    repo_root().join("drafters/smollm2-leaky/step-1433")
+    repo_root().join("drafters/smollm2-leaky/step-2581")
 }
 
 /// Prompt ++ golden greedy continuation of SmolLM2 golden prompt `p` (the continuation is the

@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "train-reference-drafter"))
 import train  # noqa: E402  (the drafter definition the checkpoints were trained with)
 
 ANCHORS = [51, 60, 80, 100]  # p1: prompt 51 tokens, continuation 64 -> positions 0..114
-CHECKPOINTS = {"reference": "drafters/smollm2-reference/step-1433", "leaky": "drafters/smollm2-leaky/step-1433"}
+CHECKPOINTS = {"reference": "drafters/smollm2-reference/step-2581", "leaky": "drafters/smollm2-leaky/step-2581"}
 
 
 def sha256(path):

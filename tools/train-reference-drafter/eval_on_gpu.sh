@@ -29,16 +29,16 @@ nproc >"$T"
 timed() {
     local label=$1
     shift
-    local t0 t1
-    t0=$(date +%s.%N)
+    local t0 ms
+    t0=$(date +%s%N)
     "$@" >>"$OUT/eval.log" 2>&1
     local rc=$?
-    t1=$(date +%s.%N)
-    echo "$label rc=$rc $(echo "$t1 - $t0" | bc) s" | tee -a "$T"
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    echo "$label rc=$rc $((ms / 1000)).$(printf %03d $((ms % 1000))) s" | tee -a "$T"
 }
 
 # 1. End to end on SmolLM2 (generate + extract + draft, cold caches): the GPU vs this machine's CPU.
-FINAL=$(ls -d "$CK"/smollm2-reference/step-* | sort -t- -k3 -n | tail -1)
+FINAL=$(ls -d "$CK"/smollm2-reference/step-* | sort -V | tail -1)
 for be in $(echo "$BE cpu" | tr ' ' '\n' | sort -u); do
     timed "e2e $be humaneval limit ${E2E_LIMIT:-16} max-new 128" timeout 200 "$BIN" --cache-dir /tmp/e2e-$be run \
         --backend $be --target "$GGUF" --drafter "$FINAL" --prompts builtin:humaneval --limit "${E2E_LIMIT:-16}" \

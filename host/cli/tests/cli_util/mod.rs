@@ -25,7 +25,7 @@ pub fn model() -> PathBuf {
 }
 
 pub fn reference_drafter() -> PathBuf {
-    root().join("drafters/smollm2-reference/step-1433")
+    root().join("drafters/smollm2-reference/step-2581")
 }
 
 /// A `draftlens` command run from the repository root with a private cache folder (never the
