@@ -659,12 +659,7 @@ mod tests {
     use super::*;
 
     fn value(name: &str, v: Option<f64>, n: u64) -> MetricResult {
-        MetricResult {
-            name: name.into(),
-            value: v,
-            count: n,
-            series: None,
-        }
+        MetricResult::scalar(name, v, n)
     }
 
     #[test]

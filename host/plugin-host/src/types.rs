@@ -261,6 +261,18 @@ pub struct MetricResult {
     pub series: Option<SeriesResult>,
 }
 
+impl MetricResult {
+    /// A value without a series (`None` = undefined, e.g. an empty denominator).
+    pub fn scalar(name: &str, value: Option<f64>, count: u64) -> MetricResult {
+        MetricResult {
+            name: name.into(),
+            value,
+            count,
+            series: None,
+        }
+    }
+}
+
 /// Log severity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
