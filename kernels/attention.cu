@@ -277,3 +277,503 @@ __device__ void flash_attention(const bf16_t* __restrict__ q, const bf16_t* __re
 ATT_ENTRY(64)
 ATT_ENTRY(128)
 ATT_ENTRY(256)
+
+// =============================================================================================
+// Flash attention, version 2 (head dims 64 and 128; every mask of those head dims uses it). Same
+// numerics, fragment layouts, swizzle and interval masks as `flash_attention` above; what changes
+// is the work per warp and the pipeline:
+//
+// - BM = 128 M rows per block, 4 warps × 32 rows: each warp runs two 16-row m-tiles against every
+//   K/V fragment it loads, so each K/V byte read from shared memory feeds twice the tensor-core
+//   work (≈ 40 KB of ldmatrix traffic per warp-MFLOP instead of ≈ 72 at 16 rows per warp).
+// - K and V double-buffered: tile t+1 is loaded (cp.async) while tile t is computed, one block
+//   barrier per tile.
+// - The online-softmax rescale of the O accumulators is skipped when no row max of the warp
+//   changed (exact: the factor would be exp2(0) = 1), the common case late in a long row.
+// - Heaviest blocks first: the host sorts the query blocks by the keys they visit (`order`), and
+//   the grid is 1-D with the KV heads innermost, so each wave holds blocks of similar cost and the
+//   longest ones do not trail at the end of the launch.
+// - Row strides are parameters, so q/k/v may be column slices of one fused QKV projection.
+//
+// Shared memory: Q 128×HD + 2 × (K, V) 64×HD bf16 = 96 KB at HD 128 (2 blocks per SM, which is
+// also the register limit), 48 KB at HD 64.
+#define FA2_BM 128
+#define FA2_BN 64
+#define FA2_THREADS 128
+
+__device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// 2^x on the special-function unit, denormal results flushed to zero: exp2f() is the same MUFU
+// instruction plus a range fix-up for results below 2^-126 (three more instructions per element),
+// and such probabilities are < 1e-38 of the row's largest, far below bf16 P's resolution.
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void cp_async16_s(u32 smem, const void* gmem, bool valid) {
+    int n = valid ? 16 : 0;  // 0 source bytes: the 16 destination bytes are zero-filled
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(n));
+}
+
+// Copy FA2_BN rows of one head (row stride `ld` elements, from row `row0`) into the swizzled
+// tile at shared address `tile`; rows at or past n_rows are zero-filled. Thread t copies chunk
+// t % CPR of rows t / CPR + i·RPP: every row it touches has the same row & 7 (RPP is a multiple
+// of 8), so its swizzled destination offset `soff` is fixed and the rows step by RPP·row bytes.
+// (Same destinations as swz(); written with one base pointer and offset so that the compiler
+// keeps few registers live across the main loop.)
+template <int HD>
+__device__ __forceinline__ void fa2_load_kv(u32 tile, const bf16_t* src, long long ld, int row0, int n_rows) {
+    constexpr int CPR = HD / 8;               // 16-byte chunks per row
+    constexpr int RPP = FA2_THREADS / CPR;    // rows per pass (8 at HD 128, 16 at HD 64)
+    const int r0 = threadIdx.x / CPR, ch = threadIdx.x % CPR;
+    const u32 soff = r0 * (HD * 2) + ((ch ^ (r0 & 7)) << 4);
+    const bf16_t* g = src + (long long)(row0 + r0) * ld + ch * 8;
+#pragma unroll
+    for (int i = 0; i < FA2_BN / RPP; ++i) {
+        const bool ok = row0 + r0 + i * RPP < n_rows;
+        cp_async16_s(tile + soff + i * RPP * (HD * 2), ok ? (const void*)(g + (long long)i * RPP * ld) : (const void*)src, ok);
+    }
+}
+
+template <int HD>
+__device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                 const bf16_t* __restrict__ v, bf16_t* __restrict__ o,
+                                 const int4* __restrict__ ranges, const int* __restrict__ order, int tq, int tk,
+                                 int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16_t* Qs = (bf16_t*)smem_raw;     // [FA2_BM][HD]
+    bf16_t* Ks = Qs + FA2_BM * HD;      // [2][FA2_BN][HD]
+    bf16_t* Vs = Ks + 2 * FA2_BN * HD;  // [2][FA2_BN][HD]
+    __shared__ int s_seg[8];
+
+    const int group = heads / kv_heads;
+    const int ppb = FA2_BM / group;  // query positions per block
+    const int kvh = blockIdx.x % kv_heads;
+    const int qb = order[blockIdx.x / kv_heads];
+    const int pos0 = qb * ppb;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const long long o_ld = (long long)heads * HD;
+
+    if (tid < 8) s_seg[tid] = (tid & 1) ? -0x7fffffff : 0x7fffffff;  // even slots take min, odd max
+    __syncthreads();
+
+    // Q tile: M row r -> (position pos0 + r / group, head kvh*group + r % group); padding rows zero.
+    {
+        constexpr int CPR = HD / 8;
+#pragma unroll 4
+        for (int i = 0; i < FA2_BM * CPR / FA2_THREADS; ++i) {
+            int c = tid + i * FA2_THREADS;
+            int r = c / CPR, ch = c % CPR;
+            int p = pos0 + r / group;
+            bool ok = r < ppb * group && p < tq;
+            const bf16_t* gq = q + (long long)(ok ? p : 0) * q_ld + (long long)(kvh * group + r % group) * HD + ch * 8;
+            cp_async16(swz<HD>(Qs, r, ch * 8), gq, ok);
+        }
+        cp_async_commit();
+    }
+    // Block-wide key segments: union of the rows' intervals (which tiles to visit) and their
+    // intersection (tiles inside it need no per-element mask), as in flash_attention above.
+    if (tid < ppb) {
+        int p = pos0 + tid;
+        if (p < tq) {
+            int4 rg = ranges[p];
+            if (rg.x < rg.y) { atomicMin(&s_seg[0], rg.x); atomicMax(&s_seg[1], rg.y); }
+            if (rg.z < rg.w) { atomicMin(&s_seg[2], rg.z); atomicMax(&s_seg[3], rg.w); }
+            atomicMax(&s_seg[5], rg.x); atomicMin(&s_seg[4], rg.y);
+            atomicMax(&s_seg[7], rg.z); atomicMin(&s_seg[6], rg.w);
+        }
+    }
+    __syncthreads();
+    int a_lo = s_seg[0], a_hi = s_seg[1], b_lo = s_seg[2], b_hi = s_seg[3];
+    const int fa_lo = s_seg[5], fa_hi = s_seg[4], fb_lo = s_seg[7], fb_hi = s_seg[6];
+    if (a_lo >= a_hi) { a_lo = b_lo; a_hi = b_hi; b_lo = b_hi = 0; }
+    else if (b_lo < b_hi && b_lo <= a_hi && a_lo <= b_hi) {
+        a_lo = min(a_lo, b_lo); a_hi = max(a_hi, b_hi); b_lo = b_hi = 0;
+    }
+    if (a_lo >= a_hi) { a_lo = a_hi = 0; }
+    if (b_lo >= b_hi) { b_lo = b_hi = 0; }
+    const int na = (a_hi - a_lo + FA2_BN - 1) / FA2_BN;
+    const int ntiles = na + (b_hi - b_lo + FA2_BN - 1) / FA2_BN;
+
+    const int g = lane >> 2, tig = lane & 3;
+    const int wrow = warp * 32;  // this warp's first M row; m-tile mt covers wrow + 16·mt + [0, 16)
+    // ldmatrix lane addresses (bytes, shared space). Every row a lane addresses has row & 7 ==
+    // lane & 7, and a 16-element column block kk covers chunks 2kk and 2kk + 1, so the swizzled
+    // chunk (2kk + c) ^ (row & 7) equals 2kk ^ (c ^ (lane & 7)): one lane constant y, XORed with
+    // kk·32 bytes per step (the same addresses as swz()).
+    constexpr int ROWB = HD * 2;  // bytes per tile row
+    const u32 yq = (u32)(((lane >> 4) ^ (lane & 7)) << 4);        // Q (A operand) and V (.trans)
+    const u32 yk = (u32)((((lane >> 3) & 1) ^ (lane & 7)) << 4);  // K (B operand)
+    const u32 q_lane = smem_u32(Qs) + (wrow + (lane & 15)) * ROWB;
+    const u32 k_lane0 = smem_u32(Ks) + ((lane & 7) + (lane >> 4) * 8) * ROWB;
+    const u32 v_lane0 = smem_u32(Vs) + ((lane & 7) + ((lane >> 3) & 1) * 8) * ROWB;
+
+    float acc[2][HD / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+    // Row state [mt][h] belongs to M row wrow + 16·mt + g + 8·h.
+    float m_run[2][2], l_run[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+        m_run[mt][0] = m_run[mt][1] = -DL_INF;
+        l_run[mt][0] = l_run[mt][1] = 0.f;
+    }
+
+    const bf16_t* kbase = k + (long long)kvh * HD;
+    const bf16_t* vbase = v + (long long)kvh * HD;
+    const u32 ks_s = smem_u32(Ks), vs_s = smem_u32(Vs);
+    if (ntiles > 0) {
+        fa2_load_kv<HD>(ks_s, kbase, kv_ld, a_lo, tk);
+        fa2_load_kv<HD>(vs_s, vbase, kv_ld, a_lo, tk);
+        cp_async_commit();
+    }
+    for (int t = 0; t < ntiles; ++t) {
+        const int kt0 = t < na ? a_lo + t * FA2_BN : b_lo + (t - na) * FA2_BN;
+        cp_async_wait_all();
+        // Tile t (and Q) visible to every thread; every warp finished tile t-1, so its buffer,
+        // (t+1)&1, is free for the prefetch of tile t+1.
+        __syncthreads();
+        if (t + 1 < ntiles) {
+            const int kn = (t + 1) < na ? a_lo + (t + 1) * FA2_BN : b_lo + (t + 1 - na) * FA2_BN;
+            fa2_load_kv<HD>(ks_s + ((t + 1) & 1) * FA2_BN * ROWB, kbase, kv_ld, kn, tk);
+            fa2_load_kv<HD>(vs_s + ((t + 1) & 1) * FA2_BN * ROWB, vbase, kv_ld, kn, tk);
+            cp_async_commit();
+        }
+        const u32 k_lane = k_lane0 + (t & 1) * FA2_BN * ROWB;
+        const u32 v_lane = v_lane0 + (t & 1) * FA2_BN * ROWB;
+
+        // S = Q · K(t)ᵀ: two m-tiles × 64 keys (8 n-tiles of 8 keys).
+        float s[2][8][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+            u32 a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+                ldsm_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3], q_lane + mt * 16 * ROWB + ((kk << 5) ^ yq));
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+                u32 b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3, k_lane + np * 16 * ROWB + ((kk << 5) ^ yk));
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    mma_bf16(s[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+                    mma_bf16(s[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+                }
+            }
+        }
+
+        // Per-element mask only on tiles not inside every row's visible range. The rows' intervals
+        // are read (cached) only here, rather than held in registers for the whole loop. A tile
+        // may run past its segment's end into the other segment: keys at or beyond seg_hi belong
+        // to the other segment's tiles and must not be counted twice.
+        const int seg_hi = t < na ? a_hi : b_hi;
+        const bool full = kt0 + FA2_BN <= seg_hi &&
+                          ((kt0 >= fa_lo && kt0 + FA2_BN <= fa_hi) || (kt0 >= fb_lo && kt0 + FA2_BN <= fb_hi));
+        if (!full) {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = wrow + mt * 16 + g + 8 * h;
+                    const int p = pos0 + r / group;
+                    const int4 rg = (r < ppb * group && p < tq) ? ranges[p] : make_int4(0, 0, 0, 0);
+#pragma unroll
+                    for (int nt = 0; nt < 8; ++nt) {
+                        const int j = kt0 + nt * 8 + tig * 2;
+                        if (j >= seg_hi || !in_ranges(j, rg)) s[mt][nt][2 * h] = -DL_INF;
+                        if (j + 1 >= seg_hi || !in_ranges(j + 1, rg)) s[mt][nt][2 * h + 1] = -DL_INF;
+                    }
+                }
+        }
+
+        // Online softmax in the log2 domain (the scale folded into the exponent's FMA).
+        float mu[2][2], al[2][2];
+        bool same = true;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = -DL_INF;
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mn = fmaxf(m_run[mt][h], mx * scale_log2);
+                // A row that has seen no visible key yet keeps max -inf; subtract 0 (all p are 0).
+                mu[mt][h] = mn == -DL_INF ? 0.f : mn;
+                al[mt][h] = ex2_ftz(m_run[mt][h] - mu[mt][h]);  // exactly 1 when the max is unchanged
+                same = same && (mn == m_run[mt][h]);
+                m_run[mt][h] = mn;
+                l_run[mt][h] *= al[mt][h];
+            }
+        if (!__all_sync(0xffffffffu, same)) {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int i = 0; i < HD / 8; ++i) {
+                    acc[mt][i][0] *= al[mt][0]; acc[mt][i][1] *= al[mt][0];
+                    acc[mt][i][2] *= al[mt][1]; acc[mt][i][3] *= al[mt][1];
+                }
+        }
+        u32 pa[2][4][4];  // P as bf16 A fragments: [m-tile][16-key slice][register]
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const float p0 = ex2_ftz(s[mt][nt][0] * scale_log2 - mu[mt][0]);
+                const float p1 = ex2_ftz(s[mt][nt][1] * scale_log2 - mu[mt][0]);
+                const float p2 = ex2_ftz(s[mt][nt][2] * scale_log2 - mu[mt][1]);
+                const float p3 = ex2_ftz(s[mt][nt][3] * scale_log2 - mu[mt][1]);
+                l_run[mt][0] += p0 + p1;
+                l_run[mt][1] += p2 + p3;
+                pa[mt][nt >> 1][(nt & 1) * 2 + 0] = pack_bf16x2(p0, p1);
+                pa[mt][nt >> 1][(nt & 1) * 2 + 1] = pack_bf16x2(p2, p3);
+            }
+
+        // O += P · V(t): per 16-key slice and 16 dims, one ldmatrix.trans feeds four mma.
+#pragma unroll
+        for (int sl = 0; sl < 4; ++sl) {
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; ++dp) {
+                u32 b0, b1, b2, b3;
+                ldsm_x4_trans(b0, b1, b2, b3, v_lane + sl * 16 * ROWB + ((dp << 5) ^ yq));
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    mma_bf16(acc[mt][2 * dp], pa[mt][sl][0], pa[mt][sl][1], pa[mt][sl][2], pa[mt][sl][3], b0, b1);
+                    mma_bf16(acc[mt][2 * dp + 1], pa[mt][sl][0], pa[mt][sl][1], pa[mt][sl][2], pa[mt][sl][3], b2, b3);
+                }
+            }
+        }
+    }
+    cp_async_wait_all();
+
+    // Row sums across the 4 threads that share a row, normalise, store bf16.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = l_run[mt][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const int r = wrow + mt * 16 + g + 8 * h;
+            const int p = pos0 + r / group;
+            if (r < ppb * group && p < tq) {
+                bf16_t* orow = o + (long long)p * o_ld + (long long)(kvh * group + r % group) * HD;
+#pragma unroll
+                for (int nt = 0; nt < HD / 8; ++nt)
+                    *(u32*)(orow + nt * 8 + tig * 2) = pack_bf16x2(acc[mt][nt][2 * h] * inv, acc[mt][nt][2 * h + 1] * inv);
+            }
+        }
+}
+
+#define ATT2_ENTRY(HD)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(FA2_THREADS, 2) flash_attention2_hd##HD(                     \
+        const bf16_t* q, const bf16_t* k, const bf16_t* v, bf16_t* o, const int4* ranges, const int* order,  \
+        int tq, int tk, int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2) {        \
+        flash_attention2<HD>(q, k, v, o, ranges, order, tq, tk, heads, kv_heads, q_ld, kv_ld, scale_log2);   \
+    }
+ATT2_ENTRY(64)
+ATT2_ENTRY(128)
+
+// =============================================================================================
+// Attention input preparation for a fused QKV projection output: per-head RMSNorm of the q and k
+// heads followed by RoPE, in place (v untouched), so that flash_attention2 can read q/k/v straight
+// from the fused buffer. The arithmetic is that of rms_norm_bf16 (group = head_dim) followed by
+// rope_bf16 in kernels/elementwise.cu, bit for bit (same fp32 summation order, same roundings):
+//   y = bf16(bf16(x · rsqrt(mean(x²) + eps)) · w);  a' = bf16(bf16(a·c) + bf16(−b·s)),
+//   b' = bf16(bf16(b·c) + bf16(a·s)) with c, s = bf16(cos), bf16(sin) of fp32 pos · inv_freq.
+// One block per row (grid-stride): the row's cos/sin table is computed once into shared memory
+// and shared by all its heads (rope_bf16 recomputes the full-range cosf/sinf for every head),
+// then each warp normalises and rotates heads warp, warp + 8, ...; heads [0, hq) are q heads
+// (weight wq), [hq, hq + hk) k heads (wk), at column head·head_dim of rows of `ld` elements.
+// head_dim ≤ 256.
+#define QKN_WARPS 8
+extern "C" __global__ void __launch_bounds__(QKN_WARPS * 32) qk_norm_rope_bf16(
+    bf16_t* __restrict__ x, long long ld, long long rows, int hq, int hk, int head_dim,
+    const bf16_t* __restrict__ wq, const bf16_t* __restrict__ wk, float eps, const u32* __restrict__ pos,
+    const float* __restrict__ inv_freq, int rotary_dim, int interleaved) {
+    __shared__ bf16_t sh[QKN_WARPS][256];  // the normalised head of each warp
+    __shared__ float s_cos[128], s_sin[128];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nh = hq + hk;
+    const int half = rotary_dim >> 1;
+    const bool chunked = (head_dim & 7) == 0;
+    const bool vec = chunked && (ld & 7) == 0;
+    bf16_t* hs = sh[warp];
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const float p = (float)pos[row];
+        for (int i = threadIdx.x; i < half; i += QKN_WARPS * 32) {
+            const float angle = p * inv_freq[i];
+            s_cos[i] = rb(cosf(angle));
+            s_sin[i] = rb(sinf(angle));
+        }
+        __syncthreads();
+        for (int head = warp; head < nh; head += QKN_WARPS) {
+            bf16_t* hx = x + row * ld + (long long)head * head_dim;
+            const bf16_t* w = head < hq ? wq : wk;
+            // RMSNorm (rms_norm_bf16's order: 8-element chunks per lane when head_dim % 8 == 0).
+            float ss = 0.f;
+            if (chunked) {
+                for (int i = lane * 8; i < head_dim; i += 256) {
+                    float f[8];
+                    if (vec) {
+                        unpack8(*(const uint4*)(hx + i), f);
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) f[j] = bf2f(hx[i + j]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+                }
+            } else {
+                for (int i = lane; i < head_dim; i += 32) {
+                    float f = bf2f(hx[i]);
+                    ss += f * f;
+                }
+            }
+            ss = warp_sum(ss);
+            const float r = rsqrtf(ss / (float)head_dim + eps);
+            if (chunked) {
+                for (int i = lane * 8; i < head_dim; i += 256) {
+                    float f[8], wf[8];
+                    if (vec) {
+                        unpack8(*(const uint4*)(hx + i), f);
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) f[j] = bf2f(hx[i + j]);
+                    }
+                    unpack8(*(const uint4*)(w + i), wf);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) hs[i + j] = f2bf(rb(f[j] * r) * wf[j]);
+                }
+            } else {
+                for (int i = lane; i < head_dim; i += 32) hs[i] = f2bf(rb(bf2f(hx[i]) * r) * bf2f(w[i]));
+            }
+            __syncwarp();
+            // RoPE (rope_bf16's arithmetic) on the normalised values; dimensions past rotary_dim
+            // keep their normalised values.
+            for (int i = lane; i < half; i += 32) {
+                const float c = s_cos[i], sn = s_sin[i];
+                const int ia = interleaved ? 2 * i : i;
+                const int ib = interleaved ? 2 * i + 1 : i + half;
+                const float a = bf2f(hs[ia]);
+                const float b = bf2f(hs[ib]);
+                hx[ia] = f2bf(rb(a * c) + rb(-b * sn));
+                hx[ib] = f2bf(rb(b * c) + rb(a * sn));
+            }
+            for (int i = rotary_dim + lane; i < head_dim; i += 32) hx[i] = hs[i];
+            __syncwarp();  // hs is rewritten by this warp's next head
+        }
+        __syncthreads();  // the table is rewritten for the next row
+    }
+}
+
+// The same computation as qk_norm_rope_bf16, vectorised, for head_dim % 8 == 0, head_dim ≤ 256,
+// row stride % 8 == 0 and a rotary part that whole 16-byte chunks cover: interleaved with
+// rotary_dim % 8 == 0, or rotate-half with rotary_dim / 16 = P a power of two (P ≤ 16).
+// A head is handled by G = next_pow2(head_dim / 8) threads, thread c owning the head's chunk c
+// (elements 8c … 8c + 7); a block of 256 threads covers 256 / G heads of one row at a time, so a
+// row's loads are all in flight together and every store is 16 bytes.
+//   Sum of squares: rms_norm_bf16 has lane c sum chunk c element by element, then butterflies over
+//   32 lanes of which lanes ≥ head_dim / 8 hold 0; the steps xor 16 … xor G add exact zeros to the
+//   lanes < G, so the butterfly xor G/2 … 1 within the G-thread group gives the same bits.
+//   RoPE: rotate-half pairs element i of chunk c with element i of chunk c ^ P (one shuffle of the
+//   normalised values); interleaved pairs are inside a chunk.
+extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_vec_bf16(
+    bf16_t* __restrict__ x, long long ld, long long rows, int hq, int hk, int head_dim,
+    const bf16_t* __restrict__ wq, const bf16_t* __restrict__ wk, float eps, const u32* __restrict__ pos,
+    const float* __restrict__ inv_freq, int rotary_dim, int interleaved) {
+    __shared__ float s_cos[128], s_sin[128];
+    const int tid = threadIdx.x;
+    const int nh = hq + hk;
+    const int half = rotary_dim >> 1;
+    const int cph = head_dim >> 3;  // chunks per head
+    int G = 1;
+    while (G < cph) G <<= 1;
+    const int hpi = 256 / G;         // heads per pass
+    const int c = tid & (G - 1);     // this thread's chunk in its head
+    const int P = rotary_dim >> 4;   // rotate-half: chunk distance of a pair
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const float p = (float)pos[row];
+        for (int i = tid; i < half; i += 256) {
+            const float angle = p * inv_freq[i];
+            s_cos[i] = rb(cosf(angle));
+            s_sin[i] = rb(sinf(angle));
+        }
+        __syncthreads();
+        for (int h0 = 0; h0 < nh; h0 += hpi) {
+            const int head = h0 + tid / G;
+            const bool active = head < nh && c < cph;
+            bf16_t* hx = x + row * ld + (long long)head * head_dim + c * 8;
+            float f[8];
+            if (active) {
+                unpack8(*(const uint4*)hx, f);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) f[j] = 0.f;
+            }
+            float ss = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+            for (int o = G >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            const float r = rsqrtf(ss / (float)head_dim + eps);
+            float y[8];
+            if (active) {
+                float wf[8];
+                unpack8(*(const uint4*)((head < hq ? wq : wk) + c * 8), wf);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) y[j] = rb(rb(f[j] * r) * wf[j]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) y[j] = 0.f;
+            }
+            // Rotate-half partner chunk's normalised values (every lane shuffles: P < G).
+            float q[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) q[j] = interleaved ? 0.f : __shfl_xor_sync(0xffffffffu, y[j], P > 0 ? P : 1);
+            float out[8];
+            if (c * 8 < rotary_dim) {
+                if (interleaved) {
+#pragma unroll
+                    for (int j = 0; j < 8; j += 2) {
+                        const int i = (c * 8 + j) >> 1;
+                        const float a = y[j], b = y[j + 1];
+                        out[j] = rb(a * s_cos[i]) + rb(-b * s_sin[i]);
+                        out[j + 1] = rb(b * s_cos[i]) + rb(a * s_sin[i]);
+                    }
+                } else {
+                    const bool first = (c & P) == 0;  // chunk holds the "a" halves of its pairs
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        const int i = (c & (P - 1)) * 8 + j;
+                        const float cs = s_cos[i], sn = s_sin[i];
+                        out[j] = first ? rb(y[j] * cs) + rb(-q[j] * sn) : rb(y[j] * cs) + rb(q[j] * sn);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) out[j] = y[j];
+            }
+            if (active) *(uint4*)hx = pack8(out);
+        }
+        __syncthreads();  // the table is rewritten for the next row
+    }
+}

@@ -1,24 +1,29 @@
-//! CUDA benchmarks of issue 6 (docs/benchmarks-cuda.md): measured ceilings, hidden-state
-//! extraction on Qwen3-8B shapes with random weights, a packed mix of prompt lengths, and DFlash
-//! drafter scoring. Prints a table and writes every figure as JSON.
+//! CUDA benchmarks of issue 6 (docs/benchmarks-cuda.md): measured ceilings, attention kernels
+//! A/B, GEMM paths per shape, hidden-state extraction on Qwen3-8B shapes with random weights (the
+//! previous configuration and the current one in the same call), a packed mix of prompt lengths,
+//! and DFlash drafter scoring. Prints a table and writes every figure as JSON.
 //!
 //! cargo build --release -p draftlens --example cuda_bench
 //! cuda_bench [--out results.json] [--mix lengths.txt] [--forwards N] [--quick]
+//!            [--only ceilings,attention,gemm,extract,mix,drafter]
 
 use anyhow::{bail, Context, Result};
 use draftlens::backend::cuda::bench::{
-    copy_bandwidth, gemm_tflops, positions_for, time_median, Decoder, DecoderShape, Drafter,
+    copy_bandwidth, gemm_tflops, time_median, Decoder, DecoderShape, Drafter, FusedLayer,
 };
-use draftlens::backend::cuda::CudaBackend;
+use draftlens::backend::cuda::{CudaBackend, GemmMode};
 use draftlens::backend::Backend;
 use serde_json::json;
 use std::time::Instant;
+
+const SECTIONS: [&str; 6] = ["ceilings", "attention", "gemm", "extract", "mix", "drafter"];
 
 struct Args {
     out: Option<String>,
     mix: Option<String>,
     reps: usize,
     quick: bool,
+    only: Vec<String>,
 }
 
 fn args() -> Result<Args> {
@@ -27,6 +32,7 @@ fn args() -> Result<Args> {
         mix: None,
         reps: 5,
         quick: false,
+        only: SECTIONS.iter().map(|s| s.to_string()).collect(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -35,6 +41,16 @@ fn args() -> Result<Args> {
             "--mix" => a.mix = Some(it.next().context("--mix needs a path")?),
             "--forwards" => a.reps = it.next().context("--forwards needs a number")?.parse()?,
             "--quick" => a.quick = true,
+            "--only" => {
+                let v = it.next().context("--only needs a comma-separated list")?;
+                a.only = v.split(',').map(|s| s.trim().to_string()).collect();
+                if let Some(bad) = a.only.iter().find(|s| !SECTIONS.contains(&s.as_str())) {
+                    bail!(
+                        "--only: unknown section {bad} (known: {})",
+                        SECTIONS.join(",")
+                    );
+                }
+            }
             other => bail!("unknown argument {other}"),
         }
     }
@@ -49,8 +65,22 @@ fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
+/// The configuration measured before this change (issue 6, first benchmarks): 64-row attention
+/// kernel, `cublasGemmEx`.
+fn old_config(be: &CudaBackend) -> Result<()> {
+    be.set_attention_v1(true);
+    be.set_gemm_mode(GemmMode::GemmEx)
+}
+
+/// The current default: flash_attention2, cuBLASLt with per-shape tuning.
+fn new_config(be: &CudaBackend) -> Result<()> {
+    be.set_attention_v1(false);
+    be.set_gemm_mode(GemmMode::LtTuned)
+}
+
 fn main() -> Result<()> {
     let a = args()?;
+    let has = |s: &str| a.only.iter().any(|x| x == s);
     let be = match CudaBackend::new(0) {
         Ok(b) => b,
         Err(e) => {
@@ -75,14 +105,23 @@ fn main() -> Result<()> {
     let mut results = serde_json::Map::new();
     results.insert("device".into(), json!(info));
 
-    // ---- ceilings
-    let peak = gemm_tflops(&be, 8192, 8192, 8192)?;
-    let peak_16k = gemm_tflops(&be, 16384, 4096, 4096)?;
-    let bw = copy_bandwidth(&be, 4 << 30)?;
-    println!("cuBLAS bf16 GEMM 8192^3: {peak:.0} TFLOP/s; [16384,4096]x[4096,4096]: {peak_16k:.0} TFLOP/s; D2D copy {:.2} TB/s", bw / 1e12);
-    results.insert("ceilings".into(), json!({"gemm_8192_tflops": peak, "gemm_16384x4096x4096_tflops": peak_16k, "copy_tb_s": bw / 1e12}));
+    // ---- ceilings: cuBLAS bf16 GEMM (both paths; the higher is the peak), copy bandwidth
+    let mut peak = 790.0;
+    if has("ceilings") {
+        be.set_gemm_mode(GemmMode::GemmEx)?;
+        let peak_ex = gemm_tflops(&be, 8192, 8192, 8192)?;
+        be.set_gemm_mode(GemmMode::LtTuned)?;
+        let peak_lt = gemm_tflops(&be, 8192, 8192, 8192)?;
+        peak = peak_ex.max(peak_lt);
+        let peak_16k = gemm_tflops(&be, 16384, 4096, 4096)?;
+        let bw = copy_bandwidth(&be, 4 << 30)?;
+        println!("cuBLAS bf16 GEMM 8192^3: GemmEx {peak_ex:.0}, cuBLASLt tuned {peak_lt:.0} TFLOP/s (peak {peak:.0}); [16384,4096]x[4096,4096] (Lt): {peak_16k:.0} TFLOP/s; D2D copy {:.2} TB/s", bw / 1e12);
+        results.insert("ceilings".into(), json!({"gemm_8192_tflops": peak, "gemm_8192_gemmex_tflops": peak_ex, "gemm_8192_lt_tuned_tflops": peak_lt,
+            "gemm_16384x4096x4096_tflops": peak_16k, "copy_tb_s": bw / 1e12}));
+    } else {
+        println!("(ceilings not measured: peak taken as {peak} TFLOP/s)");
+    }
 
-    // ---- extraction, Qwen3-8B, 4 × 4096 tokens per forward, 5 DFlash taps
     let shape = if a.quick {
         DecoderShape {
             layers: 4,
@@ -91,6 +130,87 @@ fn main() -> Result<()> {
     } else {
         DecoderShape::qwen3_8b()
     };
+    let (seq, nseq) = (4096usize, 4usize);
+    let starts: Vec<usize> = (0..=nseq).map(|i| i * seq).collect();
+    let n = seq * nseq;
+    let flops = shape.prefill_flops_per_token(seq) * n as f64;
+    let gemm_flops = 2.0 * (shape.layer_linear_params() * shape.layers * n) as f64;
+    let attn_flops = flops - gemm_flops;
+
+    // ---- attention kernels A/B at the extraction shape (36 launches = one forward's attention)
+    if has("attention") {
+        let q = be.random_tensor(n, shape.heads * shape.head_dim, 1.0, 0.0, 5)?;
+        let k = be.random_tensor(n, shape.kv_heads * shape.head_dim, 1.0, 0.0, 6)?;
+        let v = be.random_tensor(n, shape.kv_heads * shape.head_dim, 1.0, 0.0, 16)?;
+        let qkv = be.concat_cols(&[&q, &k, &v])?;
+        let time_attn = |v1: bool, packed: bool| -> Result<f64> {
+            be.set_attention_v1(v1);
+            time_median(&be, 1, 5, || {
+                for _ in 0..shape.layers {
+                    if packed {
+                        be.attention_varlen_packed(&qkv, shape.attn(), &starts)?;
+                    } else {
+                        be.attention_varlen(&q, &k, &v, shape.attn(), &starts)?;
+                    }
+                }
+                Ok(())
+            })
+        };
+        let t_v1 = time_attn(true, false)?;
+        let t_v2 = time_attn(false, false)?;
+        let t_pk = time_attn(false, true)?;
+        be.set_attention_v1(true);
+        let o1 = be.to_host(&be.attention_varlen(&q, &k, &v, shape.attn(), &starts)?)?;
+        be.set_attention_v1(false);
+        let o2 = be.to_host(&be.attention_varlen(&q, &k, &v, shape.attn(), &starts)?)?;
+        let op = be.to_host(&be.attention_varlen_packed(&qkv, shape.attn(), &starts)?)?;
+        let d12 = draftlens::parity::diff(&o1, &o2);
+        let d2p = draftlens::parity::diff(&o2, &op);
+        let per = attn_flops;
+        println!(
+            "attention ({} varlen causal launches, {nseq}x{seq}, hd {}, {}/{} heads): v1 {:.4} s ({:.0} TFLOP/s), v2 {:.4} s ({:.0}), v2 on packed qkv {:.4} s ({:.0}); v2 vs v1 rel {:.2e} max {:.2e}; packed vs v2 rel {:.2e}",
+            shape.layers, shape.head_dim, shape.heads, shape.kv_heads,
+            t_v1, per / t_v1 / 1e12, t_v2, per / t_v2 / 1e12, t_pk, per / t_pk / 1e12,
+            d12.rel_l2, d12.max_abs, d2p.rel_l2
+        );
+        results.insert("attention".into(), json!({"v1_s": t_v1, "v2_s": t_v2, "v2_packed_s": t_pk,
+            "v1_tflops": per / t_v1 / 1e12, "v2_tflops": per / t_v2 / 1e12, "v2_packed_tflops": per / t_pk / 1e12,
+            "v2_vs_v1": d12, "packed_vs_v2": d2p}));
+        drop((q, k, v, qkv));
+    }
+
+    // ---- GEMM rate per projection shape at 16 384 rows, each path
+    if has("gemm") {
+        let mut shapes = serde_json::Map::new();
+        for (name, nout, kin) in [
+            ("q/o", 4096, 4096),
+            ("k/v", 1024, 4096),
+            ("qkv fused", 6144, 4096),
+            ("gate/up", 12288, 4096),
+            ("gate|up fused", 24576, 4096),
+            ("down", 4096, 12288),
+        ] {
+            let mut row = serde_json::Map::new();
+            let mut line = format!("  GEMM [{n} x {kin}] x [{nout} x {kin}]^T ({name}):");
+            for mode in [GemmMode::GemmEx, GemmMode::LtHeuristic, GemmMode::LtTuned] {
+                be.set_gemm_mode(mode)?;
+                let r = gemm_tflops(&be, n, nout, kin)?;
+                line += &format!(" {mode:?} {r:.0}");
+                row.insert(format!("{mode:?}"), json!(r));
+            }
+            println!("{line} TFLOP/s");
+            shapes.insert(name.into(), serde_json::Value::Object(row));
+        }
+        results.insert(
+            "gemm_shapes_tflops".into(),
+            serde_json::Value::Object(shapes),
+        );
+    }
+
+    let need_model = has("extract") || has("mix") || has("drafter");
+    if !need_model {
+        return finish(&be, &a, results);
+    }
     let t0 = Instant::now();
     let model = Decoder::random_on_device(&be, &shape, 42)?;
     be.synchronize()?;
@@ -100,128 +220,308 @@ fn main() -> Result<()> {
         t0.elapsed().as_secs_f64()
     );
     let taps = [2usize, 10, 18, 26, 34].map(|t| t.min(shape.layers));
-    let (seq, nseq) = (4096usize, 4usize);
-    let starts: Vec<usize> = (0..=nseq).map(|i| i * seq).collect();
-    let toks = ids(seq * nseq, shape.vocab, 7);
-    let n = toks.len();
-    let t_fwd = time_median(&be, 1, a.reps, || {
-        model.forward(&be, &toks, &starts, &taps).map(|_| ())
-    })?;
-    let flops = shape.prefill_flops_per_token(seq) * n as f64;
-    let tps = n as f64 / t_fwd;
-    let floor_s_per_m = shape.prefill_flops_per_token(seq) * 1e6 / (peak * 1e12);
-    println!(
-        "extract: {n} tokens/forward ({nseq}x{seq}), {:.3} s/forward, {:.0} tok/s, {:.1} s per 1M tokens, {:.0} TFLOP/s = {:.1}% of measured cuBLAS peak (floor {:.1} s per 1M)",
-        t_fwd,
-        tps,
-        1e6 / tps,
-        flops / t_fwd / 1e12,
-        100.0 * flops / t_fwd / 1e12 / peak,
-        floor_s_per_m
-    );
-    // The same with the 5 taps copied to page-locked host memory after each forward (not overlapped).
-    let per_tap = n * shape.hidden;
-    let mut pinned = be.alloc_pinned_bf16(per_tap * taps.len())?;
-    let t_fwd_d2h = time_median(&be, 1, a.reps.min(3), || {
-        let out = model.forward(&be, &toks, &starts, &taps)?;
-        for (i, t) in out.taps.iter().enumerate() {
-            be.copy_to_pinned(t, &mut pinned, i * per_tap)?;
-        }
-        Ok(())
-    })?;
-    println!(
-        "extract incl. D2H of 5 taps ({:.2} GB) to pinned memory: {:.3} s/forward, {:.0} tok/s",
-        (per_tap * taps.len() * 2) as f64 / 1e9,
-        t_fwd_d2h,
-        n as f64 / t_fwd_d2h
-    );
+    let toks = ids(n, shape.vocab, 7);
+    let tok_s = |t: f64| n as f64 / t;
+    let rate = |t: f64| flops / t / 1e12;
+    let floor_s = flops / (peak * 1e12);
+    let mut best_fused_gate_up = false;
 
-    // Breakdown: the GEMMs alone and the attention alone at the same shapes.
-    let x = be.random_tensor(n, shape.hidden, 1.0, 0.0, 3)?;
-    let l0 = &model.layers[0];
-    let xi = be.random_tensor(n, shape.inter, 1.0, 0.0, 4)?;
-    let t_gemm = time_median(&be, 1, 3, || {
-        for _ in 0..shape.layers {
-            for w in [&l0.q, &l0.k, &l0.v, &l0.o, &l0.gate, &l0.up] {
-                be.matmul(&x, w)?;
-            }
-            be.matmul(&xi, &l0.down)?;
+    // ---- extraction, Qwen3-8B, 4 × 4096 tokens per forward, 5 DFlash taps
+    if has("extract") {
+        // Previous configuration, then the current one, same weights and tokens, same call.
+        old_config(&be)?;
+        let t_old = time_median(&be, 1, a.reps, || {
+            model.forward(&be, &toks, &starts, &taps).map(|_| ())
+        })?;
+        let ref_last = {
+            let o = model.forward(&be, &toks, &starts, &taps)?;
+            be.to_host(&o.taps[taps.len() - 1])?
+        };
+        new_config(&be)?;
+        let t_new = time_median(&be, 1, a.reps, || {
+            model.forward(&be, &toks, &starts, &taps).map(|_| ())
+        })?;
+        let new_last = {
+            let o = model.forward(&be, &toks, &starts, &taps)?;
+            be.to_host(&o.taps[taps.len() - 1])?
+        };
+        let d_new = draftlens::parity::diff(&ref_last, &new_last);
+        let mut fused_runs = vec![];
+        for gate_up in [false, true] {
+            let fused: Vec<FusedLayer> = model.fuse_with(&be, gate_up)?;
+            let t = time_median(&be, 1, a.reps, || {
+                model
+                    .forward_fused(&be, &fused, &toks, &starts, &taps)
+                    .map(|_| ())
+            })?;
+            let last = {
+                let o = model.forward_fused(&be, &fused, &toks, &starts, &taps)?;
+                be.to_host(&o.taps[taps.len() - 1])?
+            };
+            fused_runs.push((gate_up, t, draftlens::parity::diff(&new_last, &last)));
         }
-        Ok(())
-    })?;
-    let q = be.random_tensor(n, shape.heads * shape.head_dim, 1.0, 0.0, 5)?;
-    let kv = be.random_tensor(n, shape.kv_heads * shape.head_dim, 1.0, 0.0, 6)?;
-    let t_attn = time_median(&be, 1, 3, || {
-        for _ in 0..shape.layers {
-            be.attention_varlen(&q, &kv, &kv, shape.attn(), &starts)?;
+        best_fused_gate_up = fused_runs[1].1 < fused_runs[0].1;
+        let line = |name: &str, t: f64| {
+            println!(
+                "extract {name}: {t:.3} s/forward, {:.0} tok/s, {:.1} s per 1M tokens, {:.0} TFLOP/s = {:.1}% of the compute floor ({floor_s:.3} s at {peak:.0})",
+                tok_s(t),
+                1e6 * t / n as f64,
+                rate(t),
+                100.0 * floor_s / t
+            )
+        };
+        line("previous config (attention v1, cublasGemmEx)", t_old);
+        line("current (attention v2, cuBLASLt tuned)", t_new);
+        for (gu, t, d) in &fused_runs {
+            line(
+                &format!(
+                    "fused QKV{} + epilogue adds + packed q/k norm-RoPE",
+                    if *gu { " + gate|up" } else { "" }
+                ),
+                *t,
+            );
+            println!("  last tap vs unfused current: rel {:.2e}", d.rel_l2);
         }
-        Ok(())
-    })?;
-    let gemm_flops = 2.0 * (shape.layer_linear_params() * shape.layers * n) as f64;
-    let attn_flops = flops - gemm_flops;
-    println!(
-        "  breakdown per forward: GEMMs {:.3} s ({:.0} TFLOP/s), attention {:.3} s ({:.0} TFLOP/s causal-useful), rest {:.3} s",
-        t_gemm,
-        gemm_flops / t_gemm / 1e12,
-        t_attn,
-        attn_flops / t_attn / 1e12,
-        t_fwd - t_gemm - t_attn
-    );
-    // Fused QKV and gate|up GEMMs, residual adds in the GEMM epilogue (same weights).
-    let fused = model.fuse(&be)?;
-    let t_fused = time_median(&be, 1, a.reps, || {
-        model
-            .forward_fused(&be, &fused, &toks, &starts, &taps)
-            .map(|_| ())
-    })?;
-    let fused_diff = {
-        let (u, f) = (
-            model.forward(&be, &toks[..4096], &[0, 4096], &taps)?,
-            model.forward_fused(&be, &fused, &toks[..4096], &[0, 4096], &taps)?,
+        println!(
+            "  current vs previous config, last tap: rel {:.2e}, max {:.2e}; speed-up {:.3}x",
+            d_new.rel_l2,
+            d_new.max_abs,
+            t_old / t_new
         );
-        let last = taps.len() - 1;
-        draftlens::parity::diff(&be.to_host(&u.taps[last])?, &be.to_host(&f.taps[last])?)
-    };
-    println!(
-        "extract fused: {:.3} s/forward, {:.0} tok/s, {:.1} s per 1M tokens, {:.0} TFLOP/s = {:.1}% of peak; last tap vs unfused rel {:.2e}",
-        t_fused,
-        n as f64 / t_fused,
-        1e6 * t_fused / n as f64,
-        flops / t_fused / 1e12,
-        100.0 * flops / t_fused / 1e12 / peak,
-        fused_diff.rel_l2
-    );
-    // GEMM rate per projection shape at 16384 rows (separate vs fused).
-    let mut shapes = serde_json::Map::new();
-    for (name, nout, kin) in [
-        ("q/o", 4096, 4096),
-        ("k/v", 1024, 4096),
-        ("qkv fused", 6144, 4096),
-        ("gate/up", 12288, 4096),
-        ("gate|up fused", 24576, 4096),
-        ("down", 4096, 12288),
-    ] {
-        let r = gemm_tflops(&be, n, nout, kin)?;
-        println!("  GEMM [{n} x {kin}] x [{nout} x {kin}]^T ({name}): {r:.0} TFLOP/s");
-        shapes.insert(name.into(), json!(r));
+        // Where the fused forward's time goes: each part alone, 36 times (72 for the two norms),
+        // at the same shapes, every layer's own weights, gate|up fused.
+        let fused_breakdown = {
+            let fused = model.fuse_with(&be, true)?;
+            let (d, qkvw) = (
+                shape.hidden,
+                (shape.heads + 2 * shape.kv_heads) * shape.head_dim,
+            );
+            let x = be.random_tensor(n, d, 1.0, 0.0, 21)?;
+            let a_in = be.random_tensor(n, shape.heads * shape.head_dim, 1.0, 0.0, 22)?;
+            let m_in = be.random_tensor(n, shape.inter, 1.0, 0.0, 23)?;
+            let mut hacc = be.random_tensor(n, d, 1.0, 0.0, 24)?;
+            let mut qkv_t = be.random_tensor(n, qkvw, 1.0, 0.0, 25)?;
+            let gu_t = be.random_tensor(n, 2 * shape.inter, 1.0, 0.0, 26)?;
+            let positions = draftlens::backend::cuda::bench::positions_for(&starts);
+            let mut parts: Vec<(&str, f64, f64)> = vec![]; // (name, s, bytes or flops per forward)
+            let t = time_median(&be, 1, 3, || {
+                for f in &fused {
+                    be.matmul(&x, &f.qkv)?;
+                }
+                Ok(())
+            })?;
+            parts.push((
+                "GEMM qkv (fused)",
+                t,
+                2.0 * (n * qkvw * d * shape.layers) as f64,
+            ));
+            let t = time_median(&be, 1, 3, || {
+                for l in &model.layers {
+                    be.matmul_acc(&a_in, &l.o, &mut hacc)?;
+                }
+                Ok(())
+            })?;
+            parts.push((
+                "GEMM o (+= residual)",
+                t,
+                2.0 * (n * d * d * shape.layers) as f64,
+            ));
+            let t = time_median(&be, 1, 3, || {
+                for f in &fused {
+                    be.matmul(&x, f.gate_up.as_ref().expect("fused with gate|up"))?;
+                }
+                Ok(())
+            })?;
+            parts.push((
+                "GEMM gate|up (fused)",
+                t,
+                2.0 * (n * 2 * shape.inter * d * shape.layers) as f64,
+            ));
+            let t = time_median(&be, 1, 3, || {
+                for l in &model.layers {
+                    be.matmul_acc(&m_in, &l.down, &mut hacc)?;
+                }
+                Ok(())
+            })?;
+            parts.push((
+                "GEMM down (+= residual)",
+                t,
+                2.0 * (n * shape.inter * d * shape.layers) as f64,
+            ));
+            let l0 = &model.layers[0];
+            let t = time_median(&be, 1, 3, || {
+                for _ in 0..shape.layers {
+                    be.qk_norm_rope_packed(
+                        &mut qkv_t,
+                        shape.attn(),
+                        &l0.q_norm,
+                        &l0.k_norm,
+                        shape.eps,
+                        &positions,
+                        &shape.rope(),
+                    )?;
+                }
+                Ok(())
+            })?;
+            let qk_bytes = 2.0 * 2.0 * (n * (shape.heads + shape.kv_heads) * shape.head_dim) as f64;
+            parts.push((
+                "q/k norm + RoPE (packed)",
+                t,
+                qk_bytes * shape.layers as f64,
+            ));
+            let t = time_median(&be, 1, 3, || {
+                for _ in 0..shape.layers {
+                    be.attention_varlen_packed(&qkv_t, shape.attn(), &starts)?;
+                }
+                Ok(())
+            })?;
+            parts.push(("attention v2 (packed qkv)", t, attn_flops));
+            let t = time_median(&be, 1, 3, || {
+                for l in &model.layers {
+                    be.rms_norm_rows(&x, &l.in_norm, shape.eps)?;
+                    be.rms_norm_rows(&x, &l.post_norm, shape.eps)?;
+                }
+                Ok(())
+            })?;
+            parts.push((
+                "RMSNorm x2 (rows kernel)",
+                t,
+                2.0 * 2.0 * 2.0 * (n * d * shape.layers) as f64,
+            ));
+            let t_seam_norm = time_median(&be, 1, 3, || {
+                for l in &model.layers {
+                    be.rms_norm(&x, &l.in_norm, shape.eps, d)?;
+                    be.rms_norm(&x, &l.post_norm, shape.eps, d)?;
+                }
+                Ok(())
+            })?;
+            let t = time_median(&be, 1, 3, || {
+                for _ in 0..shape.layers {
+                    be.swiglu_packed(&gu_t)?;
+                }
+                Ok(())
+            })?;
+            parts.push((
+                "SwiGLU (packed)",
+                t,
+                2.0 * 3.0 * (n * shape.inter * shape.layers) as f64,
+            ));
+            let t = time_median(&be, 1, 3, || {
+                for _ in 0..taps.len() {
+                    be.clone_tensor(&x)?;
+                }
+                Ok(())
+            })?;
+            parts.push(("tap copies x5", t, 2.0 * 2.0 * (n * d * taps.len()) as f64));
+            let sum: f64 = parts.iter().map(|p| p.1).sum();
+            println!("  fused forward (gate|up fused) part by part, each alone:");
+            for (name, t, work) in &parts {
+                if name.starts_with("GEMM") || name.starts_with("attention") {
+                    println!("    {name:<28} {t:.4} s  {:.0} TFLOP/s", work / t / 1e12);
+                } else {
+                    println!("    {name:<28} {t:.4} s  {:.2} TB/s", work / t / 1e12);
+                }
+            }
+            println!(
+                "    sum {sum:.4} s vs the whole fused forward {:.4} s (difference: launch gaps, embedding, final norm, allocations)",
+                fused_runs[1].1
+            );
+            println!(
+                "    (for comparison: the seam's rms_norm kernel, same 72 norms: {t_seam_norm:.4} s)"
+            );
+            json!(parts
+                .iter()
+                .map(|(name, t, _)| json!({"part": name, "s": t}))
+                .collect::<Vec<_>>())
+        };
+        // Taps copied to page-locked host memory after each forward (not overlapped), current.
+        let per_tap = n * shape.hidden;
+        let mut pinned = be.alloc_pinned_bf16(per_tap * taps.len())?;
+        let t_d2h = time_median(&be, 1, a.reps.min(3), || {
+            let out = model.forward(&be, &toks, &starts, &taps)?;
+            for (i, t) in out.taps.iter().enumerate() {
+                be.copy_to_pinned(t, &mut pinned, i * per_tap)?;
+            }
+            Ok(())
+        })?;
+        println!(
+            "extract current incl. D2H of 5 taps ({:.2} GB) to pinned memory: {t_d2h:.3} s/forward, {:.0} tok/s",
+            (per_tap * taps.len() * 2) as f64 / 1e9,
+            tok_s(t_d2h)
+        );
+        drop(pinned);
+        // Breakdown: the GEMMs alone (each path) and the attention alone at the same shapes.
+        let x = be.random_tensor(n, shape.hidden, 1.0, 0.0, 3)?;
+        let xi = be.random_tensor(n, shape.inter, 1.0, 0.0, 4)?;
+        let mut t_gemm = serde_json::Map::new();
+        let mut gemm_line = String::from("  breakdown per forward: GEMMs");
+        for mode in [GemmMode::GemmEx, GemmMode::LtTuned] {
+            be.set_gemm_mode(mode)?;
+            // Every layer's own weights, as in the forward (no weight reuse through the L2).
+            let t = time_median(&be, 1, 3, || {
+                for l in &model.layers {
+                    for w in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up] {
+                        be.matmul(&x, w)?;
+                    }
+                    be.matmul(&xi, &l.down)?;
+                }
+                Ok(())
+            })?;
+            gemm_line += &format!(" {mode:?} {t:.3} s ({:.0} TFLOP/s)", gemm_flops / t / 1e12);
+            t_gemm.insert(format!("{mode:?}"), json!(t));
+        }
+        new_config(&be)?;
+        let q = be.random_tensor(n, shape.heads * shape.head_dim, 1.0, 0.0, 5)?;
+        let kv = be.random_tensor(n, shape.kv_heads * shape.head_dim, 1.0, 0.0, 6)?;
+        let t_attn = time_median(&be, 1, 3, || {
+            for _ in 0..shape.layers {
+                be.attention_varlen(&q, &kv, &kv, shape.attn(), &starts)?;
+            }
+            Ok(())
+        })?;
+        let t_gemm_lt = t_gemm["LtTuned"].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{gemm_line}; attention v2 {t_attn:.3} s ({:.0} TFLOP/s causal-useful); rest of the current unfused forward {:.3} s",
+            attn_flops / t_attn / 1e12,
+            t_new - t_gemm_lt - t_attn
+        );
+        drop((x, xi, q, kv));
+        let rec = |t: f64| json!({"s_per_forward": t, "tokens_per_s": tok_s(t), "s_per_1m_tokens": 1e6 * t / n as f64, "tflops": rate(t), "frac_of_floor": floor_s / t});
+        results.insert(
+            "extract_qwen3_8b".into(),
+            json!({"layers": shape.layers, "tokens_per_forward": n, "seq_len": seq, "taps_hf": taps, "floor_s": floor_s, "peak_tflops": peak,
+                   "previous_config": rec(t_old), "current": rec(t_new), "current_vs_previous_last_tap": d_new,
+                   "fused_qkv": rec(fused_runs[0].1), "fused_qkv_gate_up": rec(fused_runs[1].1),
+                   "fused_vs_current_last_tap": [fused_runs[0].2.clone(), fused_runs[1].2.clone()],
+                   "current_with_d2h_s": t_d2h, "gemm_s": t_gemm, "attn_v2_s": t_attn, "fused_breakdown": fused_breakdown}),
+        );
     }
-    results.insert(
-        "gemm_shapes_tflops".into(),
-        serde_json::Value::Object(shapes),
-    );
-    results.insert("extract_fused".into(), json!({"s_per_forward": t_fused, "tokens_per_s": n as f64 / t_fused, "s_per_1m_tokens": 1e6 * t_fused / n as f64, "tflops": flops / t_fused / 1e12, "frac_of_peak": flops / t_fused / 1e12 / peak, "last_tap_rel_diff_vs_unfused": fused_diff.rel_l2}));
-    drop(fused);
-    results.insert(
-        "extract_qwen3_8b".into(),
-        json!({"layers": shape.layers, "tokens_per_forward": n, "seq_len": seq, "taps_hf": taps, "s_per_forward": t_fwd, "tokens_per_s": tps,
-               "s_per_1m_tokens": 1e6 / tps, "tflops": flops / t_fwd / 1e12, "frac_of_peak": flops / t_fwd / 1e12 / peak,
-               "floor_s_per_1m_at_peak": floor_s_per_m, "s_per_forward_with_d2h": t_fwd_d2h, "tokens_per_s_with_d2h": n as f64 / t_fwd_d2h,
-               "gemm_s": t_gemm, "gemm_tflops": gemm_flops / t_gemm / 1e12, "attn_s": t_attn, "attn_tflops": attn_flops / t_attn / 1e12}),
-    );
-    drop((x, xi, q, kv, pinned));
+    let tuned = be.gemm_tune_records();
+    if !tuned.is_empty() {
+        println!("cuBLASLt tuning (first heuristic answer vs chosen, ms per GEMM):");
+        for r in &tuned {
+            println!(
+                "  [{} x {}] x [{} x {}]^T{}: {} candidates; cublasGemmEx {:.3}, first heuristic answer {:.3}, chosen {:.3} ({})",
+                r.rows,
+                r.inp,
+                r.out,
+                r.inp,
+                if r.accumulate { " (+=)" } else { "" },
+                r.candidates,
+                r.gemm_ex_ms,
+                r.first_ms,
+                r.best_ms,
+                r.best_index
+                    .map(|i| format!("answer #{i}"))
+                    .unwrap_or_else(|| "cublasGemmEx".into())
+            );
+        }
+        results.insert("gemm_tuning".into(), json!(tuned));
+    }
 
     // ---- packed mix of prompt lengths (one length per line in --mix)
-    if let Some(path) = &a.mix {
+    if let (true, Some(path)) = (has("mix"), &a.mix) {
+        new_config(&be)?;
         let text = std::fs::read_to_string(path).with_context(|| format!("{path}: cannot read"))?;
         let lens: Vec<usize> = text
             .lines()
@@ -261,15 +561,14 @@ fn main() -> Result<()> {
                 (ids(*st.last().unwrap(), shape.vocab, 100 + i as u64), st)
             })
             .collect();
-        let _ = positions_for(&prepared[0].1);
         let t_mix = time_median(&be, 1, 3, || {
             for (tk, st) in &prepared {
                 model.forward(&be, tk, st, &taps)?;
             }
             Ok(())
         })?;
-        println!("mix: {} sequences, {total} tokens in {} packed forwards: {:.3} s, {:.0} tok/s, {:.0} TFLOP/s", lens.len(), batches.len(), t_mix, total as f64 / t_mix, mix_flops / t_mix / 1e12);
-        let fused = model.fuse(&be)?;
+        println!("mix (current, unfused): {} sequences, {total} tokens in {} packed forwards: {:.3} s, {:.0} tok/s, {:.0} TFLOP/s", lens.len(), batches.len(), t_mix, total as f64 / t_mix, mix_flops / t_mix / 1e12);
+        let fused = model.fuse_with(&be, best_fused_gate_up)?;
         let t_mix_fused = time_median(&be, 1, 3, || {
             for (tk, st) in &prepared {
                 model.forward_fused(&be, &fused, tk, st, &taps)?;
@@ -277,7 +576,7 @@ fn main() -> Result<()> {
             Ok(())
         })?;
         println!(
-            "mix fused: {:.3} s, {:.0} tok/s, {:.0} TFLOP/s",
+            "mix fused (gate|up fused: {best_fused_gate_up}): {:.3} s, {:.0} tok/s, {:.0} TFLOP/s",
             t_mix_fused,
             total as f64 / t_mix_fused,
             mix_flops / t_mix_fused / 1e12
@@ -285,59 +584,72 @@ fn main() -> Result<()> {
         results.insert(
             "mix".into(),
             json!({"sequences": lens.len(), "tokens": total, "forwards": batches.len(), "s": t_mix, "tokens_per_s": total as f64 / t_mix, "tflops": mix_flops / t_mix / 1e12,
-                   "fused_s": t_mix_fused, "fused_tokens_per_s": total as f64 / t_mix_fused}),
+                   "fused_s": t_mix_fused, "fused_tokens_per_s": total as f64 / t_mix_fused, "fused_gate_up": best_fused_gate_up}),
         );
     }
 
     // ---- DFlash drafter scoring: 5 layers, B = 16, top-8, 4096 context positions, all anchors
-    let dshape = if a.quick {
-        DecoderShape {
-            layers: 2,
-            ..DecoderShape::qwen3_8b_drafter()
-        }
-    } else {
-        DecoderShape::qwen3_8b_drafter()
-    };
-    let drafter = Drafter::random_on_device(&be, &dshape, 16, 5, 77)?;
-    let ctx_len = 4096usize;
-    let taps_cat = be.random_tensor(ctx_len, 5 * dshape.hidden, 1.0, 0.0, 8)?;
-    let anchors_per_call = 512usize;
-    let all_anchors: Vec<usize> = (0..ctx_len).collect();
-    let anchor_tok = ids(ctx_len, dshape.vocab, 9);
-    let t_ctx = time_median(&be, 1, 3, || drafter.context(&be, &taps_cat).map(|_| ()))?;
-    let ctx = drafter.context(&be, &taps_cat)?;
-    let t_draft = time_median(&be, 1, 3, || {
-        for (ch, tk) in all_anchors
-            .chunks(anchors_per_call)
-            .zip(anchor_tok.chunks(anchors_per_call))
-        {
-            drafter.draft(&be, &ctx, &model.embed, &model.embed, ch, tk, 151669, 8)?;
-        }
-        Ok(())
-    })?;
-    let n_anchor = all_anchors.len();
-    let draft_flops: f64 = all_anchors
-        .iter()
-        .map(|&a| drafter.flops_per_anchor(a))
-        .sum::<f64>()
-        + drafter.flops_per_context_token() * ctx_len as f64;
-    let total_s = t_draft + t_ctx;
-    let floor = draft_flops / (peak * 1e12);
-    println!(
-        "drafter: {n_anchor} anchors ({anchors_per_call}/call, B=16, top-8, ctx {ctx_len}): context {:.3} s + drafting {:.3} s = {:.0} anchors/s; {:.0} TFLOP/s, {:.1}% of peak (floor {:.0} anchors/s)",
-        t_ctx,
-        t_draft,
-        n_anchor as f64 / total_s,
-        draft_flops / total_s / 1e12,
-        100.0 * floor / total_s,
-        n_anchor as f64 / floor
-    );
-    results.insert(
-        "drafter".into(),
-        json!({"layers": dshape.layers, "block": 16, "top_k": 8, "ctx_len": ctx_len, "anchors": n_anchor, "anchors_per_call": anchors_per_call,
-               "context_s": t_ctx, "draft_s": t_draft, "anchors_per_s": n_anchor as f64 / total_s, "tflops": draft_flops / total_s / 1e12,
-               "floor_anchors_per_s": n_anchor as f64 / floor, "frac_of_floor": floor / total_s}),
-    );
+    if has("drafter") {
+        new_config(&be)?;
+        let dshape = if a.quick {
+            DecoderShape {
+                layers: 2,
+                ..DecoderShape::qwen3_8b_drafter()
+            }
+        } else {
+            DecoderShape::qwen3_8b_drafter()
+        };
+        let drafter = Drafter::random_on_device(&be, &dshape, 16, 5, 77)?;
+        let ctx_len = 4096usize;
+        let taps_cat = be.random_tensor(ctx_len, 5 * dshape.hidden, 1.0, 0.0, 8)?;
+        let anchors_per_call = 512usize;
+        let all_anchors: Vec<usize> = (0..ctx_len).collect();
+        let anchor_tok = ids(ctx_len, dshape.vocab, 9);
+        let t_ctx = time_median(&be, 1, 3, || drafter.context(&be, &taps_cat).map(|_| ()))?;
+        let ctx = drafter.context(&be, &taps_cat)?;
+        let t_draft = time_median(&be, 1, 3, || {
+            for (ch, tk) in all_anchors
+                .chunks(anchors_per_call)
+                .zip(anchor_tok.chunks(anchors_per_call))
+            {
+                drafter.draft(&be, &ctx, &model.embed, &model.embed, ch, tk, 151669, 8)?;
+            }
+            Ok(())
+        })?;
+        let n_anchor = all_anchors.len();
+        let draft_flops: f64 = all_anchors
+            .iter()
+            .map(|&a| drafter.flops_per_anchor(a))
+            .sum::<f64>()
+            + drafter.flops_per_context_token() * ctx_len as f64;
+        let total_s = t_draft + t_ctx;
+        let floor = draft_flops / (peak * 1e12);
+        println!(
+            "drafter: {n_anchor} anchors ({anchors_per_call}/call, B=16, top-8, ctx {ctx_len}): context {:.3} s + drafting {:.3} s = {:.0} anchors/s; {:.0} TFLOP/s, {:.1}% of peak (floor {:.0} anchors/s)",
+            t_ctx,
+            t_draft,
+            n_anchor as f64 / total_s,
+            draft_flops / total_s / 1e12,
+            100.0 * floor / total_s,
+            n_anchor as f64 / floor
+        );
+        results.insert(
+            "drafter".into(),
+            json!({"layers": dshape.layers, "block": 16, "top_k": 8, "ctx_len": ctx_len, "anchors": n_anchor, "anchors_per_call": anchors_per_call,
+                   "context_s": t_ctx, "draft_s": t_draft, "anchors_per_s": n_anchor as f64 / total_s, "tflops": draft_flops / total_s / 1e12,
+                   "floor_anchors_per_s": n_anchor as f64 / floor, "frac_of_floor": floor / total_s}),
+        );
+    }
+    finish(&be, &a, results)
+}
+
+fn finish(
+    be: &CudaBackend,
+    a: &Args,
+    mut results: serde_json::Map<String, serde_json::Value>,
+) -> Result<()> {
+    println!("{}", be.gemm_status());
+    results.insert("gemm_status".into(), json!(be.gemm_status()));
     let (free, total) = be.mem_info()?;
     println!(
         "device memory: {:.1} GiB free of {:.1}",
@@ -346,8 +658,8 @@ fn main() -> Result<()> {
     );
     let js = serde_json::Value::Object(results);
     println!("JSON {}", js);
-    if let Some(p) = a.out {
-        std::fs::write(&p, serde_json::to_string_pretty(&js)?)
+    if let Some(p) = &a.out {
+        std::fs::write(p, serde_json::to_string_pretty(&js)?)
             .with_context(|| format!("{p}: cannot write"))?;
     }
     Ok(())

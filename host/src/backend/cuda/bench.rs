@@ -378,29 +378,44 @@ impl Decoder<CudaBackend> {
     }
 }
 
-/// Fused projections of one layer for the CUDA fast path: `[q; k; v]` and `[gate; up]` stacked.
+/// Fused projections of one layer for the CUDA fast path: `[q; k; v]` stacked, and `[gate; up]`
+/// stacked when that GEMM is fused too (else the layer's own gate and up weights are used).
 pub struct FusedLayer {
     pub qkv: CudaMatrix,
-    pub gate_up: CudaMatrix,
+    pub gate_up: Option<CudaMatrix>,
 }
 
 impl Decoder<CudaBackend> {
     /// Stacks every layer's q/k/v and gate/up weights (one GEMM each instead of three and two).
     pub fn fuse(&self, be: &CudaBackend) -> Result<Vec<FusedLayer>> {
+        self.fuse_with(be, true)
+    }
+
+    /// Stacks every layer's q/k/v weights, and gate/up too when `gate_up` (a fused gate|up GEMM is
+    /// not always faster than two: see docs/benchmarks-cuda.md).
+    pub fn fuse_with(&self, be: &CudaBackend, gate_up: bool) -> Result<Vec<FusedLayer>> {
         self.layers
             .iter()
             .map(|l| {
                 Ok(FusedLayer {
                     qkv: be.concat_matrices(&[&l.q, &l.k, &l.v])?,
-                    gate_up: be.concat_matrices(&[&l.gate, &l.up])?,
+                    gate_up: if gate_up {
+                        Some(be.concat_matrices(&[&l.gate, &l.up])?)
+                    } else {
+                        None
+                    },
                 })
             })
             .collect()
     }
 
-    /// [`Decoder::forward`] with fused QKV and gate|up GEMMs and both residual adds done by the
-    /// o_proj / down_proj GEMMs (beta = 1: `h + fp32 product` rounded once to bf16, where HF rounds
-    /// the product first and the sum again — within one bf16 ulp of the unfused path).
+    /// [`Decoder::forward`] with a fused QKV GEMM (and a fused gate|up GEMM when `fused` has it),
+    /// both residual adds done by the o_proj / down_proj GEMMs (beta = 1: `h + fp32 product`
+    /// rounded once to bf16, where HF rounds the product first and the sum again — within one bf16
+    /// ulp of the unfused path), and, for head dims 64/128, q/k norm + RoPE in one in-place pass
+    /// over the QKV output with attention reading q/k/v from it directly (bit-identical to the
+    /// split path). Row RMSNorms and SwiGLU use the `kernels/fused.cu` kernels (bit-identical to
+    /// the seam's).
     pub fn forward_fused(
         &self,
         be: &CudaBackend,
@@ -440,30 +455,47 @@ impl Decoder<CudaBackend> {
         };
         let mut h = be.embed(&self.embed, ids)?;
         take(0, &h, &mut out)?;
+        let packed = matches!(s.head_dim, 64 | 128);
         for (l, (layer, f)) in self.layers.iter().zip(fused).enumerate() {
-            let x = be.rms_norm(&h, &layer.in_norm, s.eps, s.hidden)?;
-            let mut parts = be
-                .split_cols(&be.matmul(&x, &f.qkv)?, &[qw, kvw, kvw])?
-                .into_iter();
-            let (q, k, v) = (
-                parts.next().expect("3 parts"),
-                parts.next().expect("3 parts"),
-                parts.next().expect("3 parts"),
-            );
-            let mut q = be.rms_norm(&q, &layer.q_norm, s.eps, s.head_dim)?;
-            let mut k = be.rms_norm(&k, &layer.k_norm, s.eps, s.head_dim)?;
-            be.rope_inplace(&mut q, &positions, &s.rope())?;
-            be.rope_inplace(&mut k, &positions, &s.rope())?;
-            let a = be.attention_varlen(&q, &k, &v, s.attn(), seq_starts)?;
+            let x = be.rms_norm_rows(&h, &layer.in_norm, s.eps)?;
+            let mut qkv = be.matmul(&x, &f.qkv)?;
+            let a = if packed {
+                be.qk_norm_rope_packed(
+                    &mut qkv,
+                    s.attn(),
+                    &layer.q_norm,
+                    &layer.k_norm,
+                    s.eps,
+                    &positions,
+                    &s.rope(),
+                )?;
+                be.attention_varlen_packed(&qkv, s.attn(), seq_starts)?
+            } else {
+                let mut parts = be.split_cols(&qkv, &[qw, kvw, kvw])?.into_iter();
+                let (q, k, v) = (
+                    parts.next().expect("3 parts"),
+                    parts.next().expect("3 parts"),
+                    parts.next().expect("3 parts"),
+                );
+                let mut q = be.rms_norm(&q, &layer.q_norm, s.eps, s.head_dim)?;
+                let mut k = be.rms_norm(&k, &layer.k_norm, s.eps, s.head_dim)?;
+                be.rope_inplace(&mut q, &positions, &s.rope())?;
+                be.rope_inplace(&mut k, &positions, &s.rope())?;
+                be.attention_varlen(&q, &k, &v, s.attn(), seq_starts)?
+            };
+            drop(qkv);
             be.matmul_acc(&a, &layer.o, &mut h)?;
-            let x = be.rms_norm(&h, &layer.post_norm, s.eps, s.hidden)?;
-            let m = be.swiglu_packed(&be.matmul(&x, &f.gate_up)?)?;
+            let x = be.rms_norm_rows(&h, &layer.post_norm, s.eps)?;
+            let m = match &f.gate_up {
+                Some(gu) => be.swiglu_packed(&be.matmul(&x, gu)?)?,
+                None => be.swiglu(&be.matmul(&x, &layer.gate)?, &be.matmul(&x, &layer.up)?)?,
+            };
             be.matmul_acc(&m, &layer.down, &mut h)?;
             if l + 1 < s.layers {
                 take(l + 1, &h, &mut out)?;
             }
         }
-        let last = be.rms_norm(&h, &self.norm, s.eps, s.hidden)?;
+        let last = be.rms_norm_rows(&h, &self.norm, s.eps)?;
         take(s.layers, &last, &mut out)?;
         Ok(ForwardOut {
             taps: out

@@ -13,11 +13,17 @@ use std::sync::{Arc, Mutex};
 
 const COMMON: &str = include_str!("../../../../kernels/common.cuh");
 
-/// (module name, source) of every kernel file.
+/// (module name, source) of every kernel module. `kernels/fused.cu` (the fused forward's SwiGLU) is
+/// compiled as part of the `elementwise` module; its `#line` directive keeps NVRTC's messages
+/// pointing at the right file.
 const SOURCES: &[(&str, &str)] = &[
     (
         "elementwise",
-        include_str!("../../../../kernels/elementwise.cu"),
+        concat!(
+            include_str!("../../../../kernels/elementwise.cu"),
+            "\n#line 1 \"kernels/fused.cu\"\n",
+            include_str!("../../../../kernels/fused.cu")
+        ),
     ),
     (
         "attention",

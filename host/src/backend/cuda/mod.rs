@@ -15,7 +15,10 @@
 //! The precision of every intermediate is documented in `docs/cuda.md`.
 
 pub mod bench;
+mod gemm;
 mod kernels;
+
+pub use gemm::{GemmMode, TuneRecord};
 
 use super::{AttnMask, AttnShape, Backend, Rope, RopeStyle, TopK};
 use anyhow::{anyhow, bail, ensure, Result};
@@ -68,9 +71,15 @@ pub struct CudaBackend {
     blas: CudaBlas,
     kernels: Kernels,
     info: DeviceInfo,
-    /// Last uploaded attention mask (as per-query key intervals): the model calls attention once
-    /// per layer with the same mask, so it is uploaded once per forward.
-    mask_cache: Mutex<Option<(MaskKey, CudaSlice<i32>)>>,
+    /// Last uploaded attention mask (as per-query key intervals, plus the heaviest-first order of
+    /// the query blocks per block height): the model calls attention once per layer with the same
+    /// mask, so it is uploaded once per forward.
+    mask_cache: Mutex<Option<MaskUpload>>,
+    /// Use the first attention kernel (`flash_attention_hd*`, 64-row blocks) for every head dim
+    /// instead of `flash_attention2_hd{64,128}`: for A/B benchmarks only.
+    attn_v1: std::sync::atomic::AtomicBool,
+    /// GEMM path and per-shape algorithm cache (`gemm.rs`).
+    gemm: gemm::Gemms,
     /// Last uploaded RoPE positions (q and k of every layer share them).
     pos_cache: Mutex<Option<(Vec<u32>, CudaSlice<u32>)>>,
     /// Inverse frequencies per (theta bits, rotary_dim).
@@ -84,6 +93,54 @@ type FreqKey = (u32, usize);
 enum MaskKey {
     Mask(AttnMask, usize, usize),
     Varlen(Vec<usize>),
+}
+
+/// Device pointers and row strides (elements) of an attention's q, k, v.
+struct AttnIo {
+    q: u64,
+    q_ld: usize,
+    k: u64,
+    v: u64,
+    kv_ld: usize,
+    tq: usize,
+    tk: usize,
+}
+
+/// An uploaded attention mask: per-query key intervals (host copy and device copy) and, per query
+/// block height (positions per block), the order in which the blocks are launched.
+struct MaskUpload {
+    key: MaskKey,
+    host: Vec<i32>,
+    ranges: CudaSlice<i32>,
+    orders: Vec<(usize, CudaSlice<i32>)>,
+}
+
+/// Query blocks of `ppb` positions sorted by the number of keys they visit, heaviest first (ties
+/// in position order): the launch order of `flash_attention2`, so that the longest blocks of a
+/// causal prefill start in the first wave instead of trailing at the end.
+fn heaviest_first(iv: &[i32], ppb: usize) -> Vec<i32> {
+    let rows = iv.len() / 4;
+    let nb = rows.div_ceil(ppb);
+    let mut work: Vec<(i64, usize)> = (0..nb)
+        .map(|b| {
+            let (mut lo1, mut hi1, mut lo2, mut hi2) = (i64::MAX, i64::MIN, i64::MAX, i64::MIN);
+            for r in b * ppb..((b + 1) * ppb).min(rows) {
+                let x = &iv[4 * r..4 * r + 4];
+                if x[0] < x[1] {
+                    lo1 = lo1.min(x[0] as i64);
+                    hi1 = hi1.max(x[1] as i64);
+                }
+                if x[2] < x[3] {
+                    lo2 = lo2.min(x[2] as i64);
+                    hi2 = hi2.max(x[3] as i64);
+                }
+            }
+            let span = |lo: i64, hi: i64| if hi > lo { hi - lo } else { 0 };
+            (-(span(lo1, hi1) + span(lo2, hi2)), b)
+        })
+        .collect();
+    work.sort_unstable();
+    work.into_iter().map(|(_, b)| b as i32).collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -279,6 +336,7 @@ impl CudaBackend {
             driver_version,
         };
         let kernels = Kernels::new(ctx.clone())?;
+        let gemm = gemm::Gemms::new(&stream);
         Ok(CudaBackend {
             ctx,
             stream,
@@ -286,6 +344,8 @@ impl CudaBackend {
             kernels,
             info,
             mask_cache: Mutex::new(None),
+            attn_v1: std::sync::atomic::AtomicBool::new(false),
+            gemm,
             pos_cache: Mutex::new(None),
             freq_cache: Mutex::new(Vec::new()),
         })
@@ -316,6 +376,12 @@ impl CudaBackend {
             ("attention", "flash_attention_hd64"),
             ("attention", "flash_attention_hd128"),
             ("attention", "flash_attention_hd256"),
+            ("attention", "flash_attention2_hd64"),
+            ("attention", "flash_attention2_hd128"),
+            ("attention", "qk_norm_rope_bf16"),
+            ("attention", "qk_norm_rope_vec_bf16"),
+            ("elementwise", "rms_norm_rows_bf16"),
+            ("elementwise", "swiglu_packed_rows_bf16"),
             ("topk", "topk_logsoftmax_k8"),
             ("topk", "topk_logsoftmax_k64"),
         ] {
@@ -501,6 +567,26 @@ impl CudaBackend {
         Ok(o)
     }
 
+    /// How GEMMs run from now on (see [`GemmMode`]; the default is [`GemmMode::LtTuned`] when
+    /// cuBLASLt loads, else [`GemmMode::GemmEx`]).
+    pub fn set_gemm_mode(&self, mode: GemmMode) -> Result<()> {
+        self.gemm.set_mode(mode)
+    }
+
+    pub fn gemm_mode(&self) -> GemmMode {
+        self.gemm.mode()
+    }
+
+    /// cuBLASLt availability, shapes planned and fallbacks to `cublasGemmEx` (diagnostics).
+    pub fn gemm_status(&self) -> String {
+        self.gemm.lt_status()
+    }
+
+    /// The shapes tuned so far in [`GemmMode::LtTuned`] (first heuristic answer vs the chosen one).
+    pub fn gemm_tune_records(&self) -> Vec<TuneRecord> {
+        self.gemm.tune_records()
+    }
+
     /// `y = x · Wᵀ (+ beta · y)` with bf16 operands and fp32 accumulation. Raw pointers so the
     /// LM head can write fp32 logits for a slice of rows.
     #[allow(clippy::too_many_arguments)]
@@ -522,6 +608,45 @@ impl CudaBackend {
             rows <= i32::MAX as usize && out <= i32::MAX as usize && inp <= i32::MAX as usize,
             "matmul too large for cuBLAS: [{rows}, {inp}] x [{out}, {inp}]"
         );
+        let out_type = if y_type == blas_sys::cudaDataType::CUDA_R_32F {
+            gemm::OutType::F32
+        } else {
+            gemm::OutType::Bf16
+        };
+        // cuBLASLt (the tuner also times cublasGemmEx on the shape, into its own scratch output).
+        let gemm_ex =
+            |y_scratch: u64, b: f32| self.gemm_ex_raw(x, rows, w, out, inp, y_scratch, y_type, b);
+        if self.gemm.run(
+            &self.ctx,
+            &self.stream,
+            x,
+            rows,
+            w,
+            out,
+            inp,
+            y,
+            out_type,
+            beta,
+            &gemm_ex,
+        )? {
+            return Ok(());
+        }
+        self.gemm_ex_raw(x, rows, w, out, inp, y, y_type, beta)
+    }
+
+    /// `cublasGemmEx` for [`CudaBackend::gemm_raw`] (shapes checked there).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_ex_raw(
+        &self,
+        x: u64,
+        rows: usize,
+        w: u64,
+        out: usize,
+        inp: usize,
+        y: u64,
+        y_type: blas_sys::cudaDataType,
+        beta: f32,
+    ) -> Result<()> {
         let alpha = 1f32;
         // Column-major view: yᵀ[out, rows] = W[out, inp] · xᵀ[inp, rows]; W row-major [out, inp]
         // is column-major [inp, out] (lda = inp), hence op(A) = T.
@@ -623,6 +748,233 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// Runs `f` with the device tables RoPE needs — positions (u32) and the inverse frequencies
+    /// of `rope` (f32, HF's `1 / θ^(2i / rotary_dim)`) — uploading each only when it changed
+    /// (every layer of a forward shares them). The caches stay locked while `f` queues its launch.
+    fn with_rope_tables<R>(
+        &self,
+        positions: &[u32],
+        rope: &Rope,
+        f: impl FnOnce(&CudaSlice<u32>, &CudaSlice<f32>) -> Result<R>,
+    ) -> Result<R> {
+        let half = rope.rotary_dim / 2;
+        let mut fc = self.freq_cache.lock().unwrap_or_else(|e| e.into_inner());
+        let fkey = (rope.theta.to_bits(), rope.rotary_dim);
+        if !fc.iter().any(|(k, _)| *k == fkey) {
+            // HF: inv_freq = 1 / theta^(2i / rotary_dim), in f32.
+            let inv: Vec<f32> = (0..half)
+                .map(|i| 1.0 / rope.theta.powf((2 * i) as f32 / rope.rotary_dim as f32))
+                .collect();
+            fc.push((fkey, self.upload(&inv)?));
+        }
+        let freqs = &fc
+            .iter()
+            .find(|(k, _)| *k == fkey)
+            .expect("inserted above")
+            .1;
+        let mut pc = self.pos_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if pc
+            .as_ref()
+            .map(|(p, _)| p.as_slice() != positions)
+            .unwrap_or(true)
+        {
+            *pc = Some((positions.to_vec(), self.upload(positions)?));
+        }
+        let pos = &pc.as_ref().expect("filled above").1;
+        f(pos, freqs)
+    }
+
+    /// Per-head RMSNorm (q heads with `q_norm`, k heads with `k_norm`) and RoPE of the q and k
+    /// columns of a fused QKV output `[T, (H + 2·Hkv)·hd]`, in place; the v columns are untouched.
+    /// Bit-identical to `rms_norm(·, group = hd)` followed by `rope_inplace` on the split q and k,
+    /// in one pass instead of four (plus the split copies).
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_norm_rope_packed(
+        &self,
+        qkv: &mut CudaTensor,
+        shape: AttnShape,
+        q_norm: &CudaTensor,
+        k_norm: &CudaTensor,
+        eps: f32,
+        positions: &[u32],
+        rope: &Rope,
+    ) -> Result<()> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        ensure!(
+            qkv.cols == (heads + 2 * kv_heads) * hd,
+            "qk_norm_rope_packed: {} columns, expected (heads {heads} + 2 × {kv_heads}) × {hd}",
+            qkv.cols
+        );
+        ensure!(
+            q_norm.rows * q_norm.cols == hd && k_norm.rows * k_norm.cols == hd,
+            "qk_norm_rope_packed: norm weights must have head_dim = {hd} values"
+        );
+        ensure!(
+            positions.len() == qkv.rows,
+            "qk_norm_rope_packed: {} positions for {} rows",
+            positions.len(),
+            qkv.rows
+        );
+        ensure!(
+            hd > 0 && hd <= 256 && rope.head_dim == hd,
+            "qk_norm_rope_packed: head_dim {hd} (rope's {}) must be 1..=256",
+            rope.head_dim
+        );
+        ensure!(
+            rope.rotary_dim <= hd && rope.rotary_dim.is_multiple_of(2),
+            "qk_norm_rope_packed: bad rotary_dim {}",
+            rope.rotary_dim
+        );
+        let warps = qkv.rows * (heads + kv_heads);
+        if warps == 0 {
+            return Ok(());
+        }
+        // The vectorised kernel covers head dims that are whole 16-byte chunks and rotary parts
+        // that whole chunks cover (rotate-half: pairs a power-of-two number of chunks apart).
+        let rd = rope.rotary_dim;
+        let vec_ok = hd.is_multiple_of(8)
+            && qkv.cols.is_multiple_of(8)
+            && match rope.style {
+                RopeStyle::Interleaved => rd.is_multiple_of(8),
+                RopeStyle::RotateHalf => {
+                    rd.is_multiple_of(16) && (rd == 0 || (rd / 16).is_power_of_two())
+                }
+            };
+        let func = if vec_ok {
+            "qk_norm_rope_vec_bf16"
+        } else {
+            "qk_norm_rope_bf16"
+        };
+        let f = self.kernels.get("attention", func)?;
+        let (ld, rows) = (qkv.cols as i64, qkv.rows as i64);
+        let (hq, hk, hd32, rd) = (
+            heads as i32,
+            kv_heads as i32,
+            hd as i32,
+            rope.rotary_dim as i32,
+        );
+        let inter = matches!(rope.style, RopeStyle::Interleaved) as i32;
+        self.with_rope_tables(positions, rope, |pos, freqs| {
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&mut qkv.buf)
+                .arg(&ld)
+                .arg(&rows)
+                .arg(&hq)
+                .arg(&hk)
+                .arg(&hd32)
+                .arg(&q_norm.buf)
+                .arg(&k_norm.buf)
+                .arg(&eps)
+                .arg(pos)
+                .arg(freqs)
+                .arg(&rd)
+                .arg(&inter);
+            // SAFETY: (bf16*, ll, ll, int, int, int, const bf16*, const bf16*, float, const u32*,
+            // const float*, int, int); shapes checked above.
+            // One block per row (grid-stride past 65 535 rows).
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (qkv.rows.min(65535) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr(func))?;
+            Ok(())
+        })
+    }
+
+    /// [`Backend::rms_norm`] over whole rows (group = cols), bit-identical, with every load of a
+    /// row in flight at once and one read of it (`kernels/fused.cu`); rows whose width is not a
+    /// multiple of 256 up to 4096 go to [`Backend::rms_norm`].
+    pub fn rms_norm_rows(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        let cols = x.cols;
+        if !(cols.is_multiple_of(256) && cols > 0 && cols <= 256 * 16) {
+            return self.rms_norm(x, weight, eps, cols);
+        }
+        ensure!(
+            weight.rows * weight.cols == cols,
+            "rms_norm_rows: weight has {} values, rows have {cols}",
+            weight.rows * weight.cols
+        );
+        let mut y = self.new_tensor(x.rows, cols)?;
+        if x.rows == 0 {
+            return Ok(y);
+        }
+        let f = self.kernels.get("elementwise", "rms_norm_rows_bf16")?;
+        let (rows, c32) = (x.rows as i64, cols as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.buf)
+            .arg(&weight.buf)
+            .arg(&mut y.buf)
+            .arg(&rows)
+            .arg(&c32)
+            .arg(&eps);
+        // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float); one warp per row, 8 per block;
+        // cols is a multiple of 256 up to 4096 (the kernel's RMS_MAX_CHUNKS = 16 chunks per lane).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks(x.rows, 8), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("rms_norm_rows_bf16"))?;
+        Ok(y)
+    }
+
+    /// Causal attention over packed sequences (as [`Backend::attention_varlen`]) reading q, k and
+    /// v straight from the columns of a fused QKV output `[T, (H + 2·Hkv)·hd]` (no split copies).
+    /// Head dims 64 and 128.
+    pub fn attention_varlen_packed(
+        &self,
+        qkv: &CudaTensor,
+        shape: AttnShape,
+        seq_starts: &[usize],
+    ) -> Result<CudaTensor> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        ensure!(
+            qkv.cols == (heads + 2 * kv_heads) * hd,
+            "attention_varlen_packed: {} columns, expected (heads {heads} + 2 × {kv_heads}) × {hd}",
+            qkv.cols
+        );
+        ensure!(
+            matches!(hd, 64 | 128) && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed),
+            "attention_varlen_packed: needs flash_attention2 (head_dim 64 or 128), got {hd}"
+        );
+        let base = self.ptr(&qkv.buf);
+        let rows = qkv.rows;
+        let io = AttnIo {
+            q: base,
+            q_ld: qkv.cols,
+            k: base + (heads * hd * 2) as u64,
+            v: base + ((heads + kv_heads) * hd * 2) as u64,
+            kv_ld: qkv.cols,
+            tq: rows,
+            tk: rows,
+        };
+        self.attention_raw(
+            io,
+            shape,
+            MaskKey::Varlen(seq_starts.to_vec()),
+            || Self::varlen_intervals(seq_starts, rows),
+            true,
+        )
+    }
+
     /// SwiGLU of a fused gate|up output `[T, 2·I]` → `[T, I]` (same arithmetic as
     /// [`Backend::swiglu`] on the two halves).
     pub fn swiglu_packed(&self, gu: &CudaTensor) -> Result<CudaTensor> {
@@ -637,12 +989,18 @@ impl CudaBackend {
         if n == 0 {
             return Ok(y);
         }
-        let (f, cfg) = self.unary_launch("swiglu_packed_bf16", n, 8)?;
+        // kernels/fused.cu: 2-D grid, rows on y (grid-stride past 65 535), 8 columns per thread.
+        let f = self.kernels.get("elementwise", "swiglu_packed_rows_bf16")?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks(inter.div_ceil(8), 256), gu.rows.min(65535) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let (rows, i32c) = (gu.rows as i64, inter as i32);
         let mut b = self.stream.launch_builder(&f);
         b.arg(&gu.buf).arg(&mut y.buf).arg(&rows).arg(&i32c);
         // SAFETY: (const bf16*, bf16*, ll, int); gu holds rows × 2·inter values.
-        unsafe { b.launch(cfg) }.map_err(derr("swiglu_packed_bf16"))?;
+        unsafe { b.launch(cfg) }.map_err(derr("swiglu_packed_rows_bf16"))?;
         Ok(y)
     }
 
@@ -783,6 +1141,12 @@ impl CudaBackend {
         Ok(r)
     }
 
+    /// Selects the attention kernel for head dims 64 and 128: `flash_attention2` (the default) or,
+    /// with `v1 = true`, the first kernel (64-row blocks, single-buffered) — for A/B benchmarks.
+    pub fn set_attention_v1(&self, v1: bool) {
+        self.attn_v1.store(v1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn attention_with(
         &self,
@@ -799,10 +1163,6 @@ impl CudaBackend {
             kv_heads,
             head_dim: hd,
         } = shape;
-        ensure!(
-            kv_heads > 0 && heads % kv_heads == 0,
-            "attention: {heads} heads not divisible by {kv_heads} KV heads"
-        );
         ensure!(
             q.cols == heads * hd,
             "attention: q has {} columns, expected {}",
@@ -822,64 +1182,153 @@ impl CudaBackend {
             k.rows,
             v.rows
         );
+        let io = AttnIo {
+            q: self.ptr(&q.buf),
+            q_ld: q.cols,
+            k: self.ptr(&k.buf),
+            v: self.ptr(&v.buf),
+            kv_ld: k.cols,
+            tq: q.rows,
+            tk: k.rows,
+        };
+        self.attention_raw(io, shape, key, intervals, reverse)
+    }
+
+    /// Attention over q/k/v given as device pointers with row strides (`q_ld`, `kv_ld` elements),
+    /// so that they may be column slices of one fused QKV output. Output `[tq, heads·hd]`.
+    fn attention_raw(
+        &self,
+        io: AttnIo,
+        shape: AttnShape,
+        key: MaskKey,
+        intervals: impl FnOnce() -> Result<Vec<i32>>,
+        reverse: bool,
+    ) -> Result<CudaTensor> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        ensure!(
+            kv_heads > 0 && heads % kv_heads == 0,
+            "attention: {heads} heads not divisible by {kv_heads} KV heads"
+        );
         let group = heads / kv_heads;
         ensure!(
             group <= 64,
             "attention: {group} query heads per KV head (at most 64 supported)"
         );
         ensure!(
-            k.rows < i32::MAX as usize && q.rows < i32::MAX as usize,
+            io.tk < i32::MAX as usize && io.tq < i32::MAX as usize,
             "attention: too many rows"
         );
-        let func = match hd {
-            64 => "flash_attention_hd64",
-            128 => "flash_attention_hd128",
-            256 => "flash_attention_hd256",
+        let v2 = matches!(hd, 64 | 128) && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed);
+        let func = match (hd, v2) {
+            (64, true) => "flash_attention2_hd64",
+            (128, true) => "flash_attention2_hd128",
+            (64, false) => "flash_attention_hd64",
+            (128, false) => "flash_attention_hd128",
+            (256, _) => "flash_attention_hd256",
             _ => {
                 bail!("attention: head_dim {hd} is not supported by the CUDA kernel (64, 128, 256)")
             }
         };
-        let mut out = self.new_tensor(q.rows, q.cols)?;
-        if q.rows == 0 {
+        ensure!(
+            v2 || (io.q_ld == heads * hd && io.kv_ld == kv_heads * hd),
+            "attention: strided q/k/v need head_dim 64 or 128"
+        );
+        let mut out = self.new_tensor(io.tq, heads * hd)?;
+        if io.tq == 0 {
             return Ok(out);
         }
         let mut cache = self.mask_cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.as_ref().map(|(k, _)| k != &key).unwrap_or(true) {
+        if cache.as_ref().map(|c| c.key != key).unwrap_or(true) {
             let iv = intervals()?;
             ensure!(
-                iv.len() == q.rows * 4,
+                iv.len() == io.tq * 4,
                 "attention: mask covers {} rows, q has {}",
                 iv.len() / 4,
-                q.rows
+                io.tq
             );
-            *cache = Some((key, self.upload(&iv)?));
+            let ranges = self.upload(&iv)?;
+            *cache = Some(MaskUpload {
+                key,
+                host: iv,
+                ranges,
+                orders: Vec::new(),
+            });
         }
-        let ranges = &cache.as_ref().expect("mask cache was just filled").1;
+        let up = cache.as_mut().expect("mask cache was just filled");
+        let (tq, tk, h, hkv) = (io.tq as i32, io.tk as i32, heads as i32, kv_heads as i32);
+        let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
+        if v2 {
+            let ppb = 128 / group;
+            if !up.orders.iter().any(|(p, _)| *p == ppb) {
+                let order = heaviest_first(&up.host, ppb);
+                let dev = self.upload(&order)?;
+                up.orders.push((ppb, dev));
+            }
+            let order = &up
+                .orders
+                .iter()
+                .find(|(p, _)| *p == ppb)
+                .expect("inserted above")
+                .1;
+            let smem = (128 + 4 * 64) * hd * 2;
+            let f = self.kernels.get_with_smem("attention", func, smem)?;
+            let grid = io.tq.div_ceil(ppb) * kv_heads;
+            ensure!(grid < i32::MAX as usize, "attention: grid too large");
+            let (q_ld, kv_ld) = (io.q_ld as i64, io.kv_ld as i64);
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&io.q)
+                .arg(&io.k)
+                .arg(&io.v)
+                .arg(&mut out.buf)
+                .arg(&up.ranges)
+                .arg(order)
+                .arg(&tq)
+                .arg(&tk)
+                .arg(&h)
+                .arg(&hkv)
+                .arg(&q_ld)
+                .arg(&kv_ld)
+                .arg(&scale_log2);
+            // SAFETY: signature matches ATT2_ENTRY in kernels/attention.cu; q/k/v address tq/tk
+            // rows of the given strides (checked by the callers); the intervals are clipped to
+            // [0, tk]; `order` is a permutation of the tq.div_ceil(ppb) query blocks.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (grid as u32, 1, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: smem as u32,
+                })
+            }
+            .map_err(derr(func))?;
+            return Ok(out);
+        }
         let smem = 3 * 64 * hd * 2;
         let f = self.kernels.get_with_smem("attention", func, smem)?;
         let ppb = 64 / group;
-        let grid_x = q.rows.div_ceil(ppb);
+        let grid_x = io.tq.div_ceil(ppb);
         ensure!(
             grid_x < i32::MAX as usize && kv_heads < 65536,
             "attention: grid too large"
         );
-        let (tq, tk, h, hkv) = (q.rows as i32, k.rows as i32, heads as i32, kv_heads as i32);
-        let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
         let rev = reverse as i32;
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&q.buf)
-            .arg(&k.buf)
-            .arg(&v.buf)
+        b.arg(&io.q)
+            .arg(&io.k)
+            .arg(&io.v)
             .arg(&mut out.buf)
-            .arg(ranges)
+            .arg(&up.ranges)
             .arg(&tq)
             .arg(&tk)
             .arg(&h)
             .arg(&hkv)
             .arg(&scale_log2)
             .arg(&rev);
-        // SAFETY: signature matches ATT_ENTRY in kernels/attention.cu; shapes checked above; the
-        // intervals are clipped to [0, tk].
+        // SAFETY: signature matches ATT_ENTRY in kernels/attention.cu; contiguous q/k/v of the
+        // shapes checked above; the intervals are clipped to [0, tk].
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (grid_x as u32, kv_heads as u32, 1),
@@ -1089,56 +1538,35 @@ impl Backend for CudaBackend {
         if total == 0 {
             return Ok(());
         }
-        let mut fc = self.freq_cache.lock().unwrap_or_else(|e| e.into_inner());
-        let fkey = (rope.theta.to_bits(), rope.rotary_dim);
-        if !fc.iter().any(|(k, _)| *k == fkey) {
-            // HF: inv_freq = 1 / theta^(2i / rotary_dim), in f32.
-            let inv: Vec<f32> = (0..half)
-                .map(|i| 1.0 / rope.theta.powf((2 * i) as f32 / rope.rotary_dim as f32))
-                .collect();
-            fc.push((fkey, self.upload(&inv)?));
-        }
-        let freqs = &fc
-            .iter()
-            .find(|(k, _)| *k == fkey)
-            .expect("inserted above")
-            .1;
-        let mut pc = self.pos_cache.lock().unwrap_or_else(|e| e.into_inner());
-        if pc
-            .as_ref()
-            .map(|(p, _)| p.as_slice() != positions)
-            .unwrap_or(true)
-        {
-            *pc = Some((positions.to_vec(), self.upload(positions)?));
-        }
-        let pos = &pc.as_ref().expect("filled above").1;
-        let f = self.kernels.get("elementwise", "rope_bf16")?;
-        let (rows, nh, hd, rd) = (
-            x.rows as i32,
-            n_heads as i32,
-            rope.head_dim as i32,
-            rope.rotary_dim as i32,
-        );
-        let inter = matches!(rope.style, RopeStyle::Interleaved) as i32;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&mut x.buf)
-            .arg(pos)
-            .arg(freqs)
-            .arg(&rows)
-            .arg(&nh)
-            .arg(&hd)
-            .arg(&rd)
-            .arg(&inter);
-        // SAFETY: (bf16*, const u32*, const float*, int x5); one thread per rotated pair.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (blocks(total, 256), 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(derr("rope_bf16"))?;
-        Ok(())
+        self.with_rope_tables(positions, rope, |pos, freqs| {
+            let f = self.kernels.get("elementwise", "rope_bf16")?;
+            let (rows, nh, hd, rd) = (
+                x.rows as i32,
+                n_heads as i32,
+                rope.head_dim as i32,
+                rope.rotary_dim as i32,
+            );
+            let inter = matches!(rope.style, RopeStyle::Interleaved) as i32;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&mut x.buf)
+                .arg(pos)
+                .arg(freqs)
+                .arg(&rows)
+                .arg(&nh)
+                .arg(&hd)
+                .arg(&rd)
+                .arg(&inter);
+            // SAFETY: (bf16*, const u32*, const float*, int x5); one thread per rotated pair.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (blocks(total, 256), 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr("rope_bf16"))?;
+            Ok(())
+        })
     }
 
     fn attention(

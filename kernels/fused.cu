@@ -1,0 +1,78 @@
+// Kernels of the fused CUDA forward (host/src/backend/cuda/bench.rs `Decoder::forward_fused`),
+// compiled as part of the `elementwise` module (host/src/backend/cuda/kernels.rs). Each computes
+// exactly what its counterpart in elementwise.cu computes, bit for bit, with fewer instructions or
+// more loads in flight.
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU on a fused gate|up GEMM output gu [rows, 2·inter]: out[r, c] = bf16(bf16(silu(gu[r, c])) ·
+// gu[r, inter + c]) with silu in fp32 as x / (1 + exp(-x)) — exactly swiglu_packed_bf16's (and
+// swiglu_bf16's) arithmetic. A 2-D grid (y = row, x = 8-column chunks) replaces that kernel's
+// 64-bit division per thread, which costs about as many instructions as the arithmetic itself on
+// this memory-bound pass (1.2 GB per Qwen3-8B layer at 16k tokens).
+extern "C" __global__ void swiglu_packed_rows_bf16(const bf16_t* __restrict__ gu, bf16_t* __restrict__ out,
+                                                   long long rows, int inter) {
+    const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (c >= inter) return;
+    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+        const bf16_t* g = gu + r * 2 * inter + c;
+        bf16_t* o = out + r * inter + c;
+        if ((inter & 7) == 0) {
+            float gf[8], uf[8];
+            unpack8(*(const uint4*)g, gf);
+            unpack8(*(const uint4*)(g + inter), uf);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) gf[j] = rb(gf[j] / (1.f + expf(-gf[j]))) * uf[j];
+            *(uint4*)o = pack8(gf);
+        } else {
+            for (int j = 0; j < 8 && c + j < inter; ++j) {
+                float gv = bf2f(g[j]);
+                o[j] = f2bf(rb(gv / (1.f + expf(-gv))) * bf2f(g[inter + j]));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row RMSNorm for rows of `cols` = 256·k elements, k ≤ RMS_MAX_CHUNKS: rms_norm_bf16's arithmetic
+// in rms_norm_bf16's order (lane l sums its 16-byte chunks l, l + 32, … in turn, then the warp
+// butterfly), but every chunk of the row is loaded before the first is summed, and the
+// normalisation reuses the loaded values instead of reading the row again: one pass over x with
+// all of a warp's loads in flight, where rms_norm_bf16's loop waits on one load at a time.
+#define RMS_MAX_CHUNKS 16
+extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
+                                              bf16_t* __restrict__ y, long long rows, int cols, float eps) {
+    const long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;  // warp-uniform
+    const int k = cols >> 8;  // chunks per lane
+    const bf16_t* xs = x + row * cols;
+    bf16_t* ys = y + row * cols;
+    uint4 v[RMS_MAX_CHUNKS];
+#pragma unroll
+    for (int c = 0; c < RMS_MAX_CHUNKS; ++c)
+        if (c < k) v[c] = *(const uint4*)(xs + lane * 8 + c * 256);
+    float ss = 0.f;
+#pragma unroll
+    for (int c = 0; c < RMS_MAX_CHUNKS; ++c) {
+        if (c < k) {
+            float f[8];
+            unpack8(v[c], f);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+        }
+    }
+    ss = warp_sum(ss);
+    const float r = rsqrtf(ss / (float)cols + eps);
+#pragma unroll
+    for (int c = 0; c < RMS_MAX_CHUNKS; ++c) {
+        if (c < k) {
+            const int i = lane * 8 + c * 256;
+            float f[8], wf[8];
+            unpack8(v[c], f);
+            unpack8(*(const uint4*)(w + i), wf);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) f[j] = rb(f[j] * r) * wf[j];
+            *(uint4*)(ys + i) = pack8(f);
+        }
+    }
+}
