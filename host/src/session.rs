@@ -14,6 +14,10 @@ use std::path::Path;
 /// Bumped whenever model code or kernels change numerics, so cached entries are recomputed.
 pub const MODEL_CODE_VERSION: &str = "1";
 
+/// Default token budget of one packed target forward ([`Session::pack_tokens`]): 16k rows fill
+/// an H200 (docs/cuda.md) and keep the CPU's activations small.
+pub const DEFAULT_PACK_TOKENS: usize = 16384;
+
 /// Which backend to run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -83,6 +87,9 @@ pub struct Session<B: Backend> {
     pub files: TargetFiles,
     pub model: TargetModel<B>,
     pub cache: HiddenCache,
+    /// Most tokens per packed target forward in [`Session::target_passes`] (a longer sequence
+    /// runs alone). Packing changes only f32 summation order, never the cache key.
+    pub pack_tokens: usize,
 }
 
 impl<B: Backend> Session<B> {
@@ -94,6 +101,7 @@ impl<B: Backend> Session<B> {
             files,
             model,
             cache,
+            pack_tokens: DEFAULT_PACK_TOKENS,
         })
     }
 
@@ -199,50 +207,155 @@ impl<B: Backend> Session<B> {
         Ok(c)
     }
 
+    fn pass_key(&self, ids: &[u32], capture: &Capture, k: usize) -> Result<CacheKey> {
+        self.key("taps", ids, capture.indices.clone(), format!("topk={k}"))
+    }
+
     /// One target pass over `ids` capturing `capture` and the target's top-`k` (cached).
     pub fn target_pass(&self, ids: &[u32], capture: &Capture, k: usize) -> Result<TargetPass> {
+        let mut passes = self.target_passes(&[ids], capture, k)?;
+        passes.pop().context("target pass missing")
+    }
+
+    /// Target passes over many sequences, in order. Each is looked up in the cache under the
+    /// same key as [`Session::target_pass`]; the misses run packed, at most
+    /// [`Session::pack_tokens`] tokens per [`TargetModel::forward_packed`], and are stored one
+    /// entry per sequence.
+    pub fn target_passes(
+        &self,
+        seqs: &[&[u32]],
+        capture: &Capture,
+        k: usize,
+    ) -> Result<Vec<TargetPass>> {
         let d = self.files.spec.hidden_size;
-        let key = self.key("taps", ids, capture.indices.clone(), format!("topk={k}"))?;
-        if let Lookup::Hit(t) = self.cache.lookup(&key)? {
-            if let Some(p) = decode_pass(&t, ids, capture, d, k) {
-                return Ok(p);
+        let mut passes: Vec<Option<TargetPass>> = Vec::with_capacity(seqs.len());
+        let mut packer = Packer::new(self.pack_tokens);
+        let mut packs = Vec::new();
+        for (n, ids) in seqs.iter().enumerate() {
+            if ids.is_empty() {
+                bail!("target pass: sequence {n} has no tokens");
+            }
+            let key = self.pass_key(ids, capture, k)?;
+            if let Lookup::Hit(t) = self.cache.lookup(&key)? {
+                if let Some(p) = decode_pass(&t, ids, capture, d, k) {
+                    passes.push(Some(p));
+                    continue;
+                }
+            }
+            passes.push(None);
+            packs.extend(packer.push((n, key), ids.len()));
+        }
+        packs.push(packer.finish());
+        for pack in packs.iter().filter(|p| !p.is_empty()) {
+            let seq_ids: Vec<&[u32]> = pack.iter().map(|(n, _)| seqs[*n]).collect();
+            let computed = self.packed_pass(&seq_ids, capture, k)?;
+            for ((n, key), pass) in pack.iter().zip(computed) {
+                self.cache.put(key, &pass_tensors(&pass))?;
+                passes[*n] = Some(pass);
             }
         }
-        let mut kv = self.model.new_cache();
-        let out = self.model.forward(&self.be, ids, &mut kv, capture)?;
-        let topk = self.model.logits_topk(&self.be, &out.last_hidden, k)?;
-        let mut hidden = Vec::new();
-        for &i in &capture.indices {
-            let t = out.captured.get(i).context("captured state missing")?;
-            hidden.push((i, self.be.to_host(t)?));
-        }
-        let mut tensors: Vec<CachedTensor> = hidden
-            .iter()
-            .map(|(i, h)| CachedTensor {
-                name: format!("hs.{i}"),
-                shape: vec![ids.len(), d],
-                data: CachedData::F32(h.clone()),
-            })
-            .collect();
-        tensors.push(CachedTensor {
-            name: "topk_ids".into(),
-            shape: vec![ids.len(), topk.k],
-            data: CachedData::U32(topk.ids.clone()),
-        });
-        tensors.push(CachedTensor {
-            name: "topk_logprobs".into(),
-            shape: vec![ids.len(), topk.k],
-            data: CachedData::F32(topk.logprobs.clone()),
-        });
-        self.cache.put(&key, &tensors)?;
-        Ok(TargetPass {
-            ids: ids.to_vec(),
-            hidden,
-            hidden_size: d,
-            topk,
-            cached: false,
-        })
+        passes
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .context("target pass missing")
     }
+
+    /// One packed forward over `seqs`, split back into one pass per sequence.
+    fn packed_pass(&self, seqs: &[&[u32]], capture: &Capture, k: usize) -> Result<Vec<TargetPass>> {
+        let d = self.files.spec.hidden_size;
+        let mut ids = Vec::new();
+        let mut starts = vec![0];
+        for s in seqs {
+            ids.extend_from_slice(s);
+            starts.push(ids.len());
+        }
+        let out = self
+            .model
+            .forward_packed(&self.be, &ids, &starts, capture)?;
+        let topk = self.model.logits_topk(&self.be, &out.last_hidden, k)?;
+        let kk = topk.k;
+        seqs.iter()
+            .zip(starts.windows(2))
+            .map(|(s, w)| {
+                let mut hidden = Vec::new();
+                for &i in &capture.indices {
+                    let t = out.captured.get(i).context("captured state missing")?;
+                    hidden.push((i, self.be.to_host(&self.be.slice_rows(t, w[0], w[1])?)?));
+                }
+                Ok(TargetPass {
+                    ids: s.to_vec(),
+                    hidden,
+                    hidden_size: d,
+                    topk: TopK {
+                        rows: s.len(),
+                        k: kk,
+                        ids: topk.ids[w[0] * kk..w[1] * kk].to_vec(),
+                        logprobs: topk.logprobs[w[0] * kk..w[1] * kk].to_vec(),
+                    },
+                    cached: false,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Groups consecutive items into packs of at most `budget` tokens; an item longer than the
+/// budget forms a pack of its own. Order is kept, so packs are deterministic.
+pub struct Packer<T> {
+    budget: usize,
+    tokens: usize,
+    items: Vec<T>,
+}
+
+impl<T> Packer<T> {
+    pub fn new(budget: usize) -> Self {
+        Packer {
+            budget,
+            tokens: 0,
+            items: Vec::new(),
+        }
+    }
+
+    /// Add an item of `len` tokens. Returns the pack so far when the item does not fit in it
+    /// (the item then starts the next pack).
+    pub fn push(&mut self, item: T, len: usize) -> Option<Vec<T>> {
+        let full =
+            (!self.items.is_empty() && self.tokens + len > self.budget).then(|| self.finish());
+        self.tokens += len;
+        self.items.push(item);
+        full
+    }
+
+    /// Take the pack being filled (possibly empty) and start a new one.
+    pub fn finish(&mut self) -> Vec<T> {
+        self.tokens = 0;
+        std::mem::take(&mut self.items)
+    }
+}
+
+/// The cache entry of one pass (the layout [`decode_pass`] reads).
+fn pass_tensors(p: &TargetPass) -> Vec<CachedTensor> {
+    let (t, d) = (p.ids.len(), p.hidden_size);
+    let mut tensors: Vec<CachedTensor> = p
+        .hidden
+        .iter()
+        .map(|(i, h)| CachedTensor {
+            name: format!("hs.{i}"),
+            shape: vec![t, d],
+            data: CachedData::F32(h.clone()),
+        })
+        .collect();
+    tensors.push(CachedTensor {
+        name: "topk_ids".into(),
+        shape: vec![t, p.topk.k],
+        data: CachedData::U32(p.topk.ids.clone()),
+    });
+    tensors.push(CachedTensor {
+        name: "topk_logprobs".into(),
+        shape: vec![t, p.topk.k],
+        data: CachedData::F32(p.topk.logprobs.clone()),
+    });
+    tensors
 }
 
 fn find<'a>(t: &'a [CachedTensor], name: &str) -> Option<&'a CachedTensor> {

@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use draftlens::backend::Backend;
 use draftlens::model::{Capture, TargetFiles};
 use draftlens::prompts::PromptSet;
-use draftlens::session::{dispatch, BackendJob, BackendKind, Session};
+use draftlens::session::{dispatch, BackendJob, BackendKind, Packer, Session};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -225,6 +225,13 @@ pub struct ExtractArgs {
     /// Write the captured states of every prompt to this safetensors file as well.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Most tokens (prompt + continuation, summed over prompts) per packed target forward: the
+    /// hidden states of consecutive prompts are computed in one forward of up to N tokens (a
+    /// longer sequence runs alone). Larger fills a GPU better and needs more memory; the
+    /// results and the cache entries do not depend on it beyond f32 summation order.
+    #[arg(long, value_name = "N", default_value_t = draftlens::session::DEFAULT_PACK_TOKENS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub pack_tokens: usize,
 }
 
 #[derive(Serialize)]
@@ -232,7 +239,15 @@ pub struct Extracted {
     pub id: String,
     pub tokens: usize,
     pub cached: bool,
+    /// The prompt's continuation plus its token share of its pack's target forward.
     pub seconds: f64,
+}
+
+/// A prompt whose sequence is known and whose target pass waits for its pack.
+struct PendingExtract {
+    id: String,
+    ids: Vec<u32>,
+    seconds: f64,
 }
 
 struct ExtractJob<'a> {
@@ -244,34 +259,59 @@ impl BackendJob for ExtractJob<'_> {
     type Output = Vec<Extracted>;
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
         let set = self.a.target.prompt_set(self.g)?;
-        let s = Session::load(be, &self.a.target.target, self.g.cache()?)?;
+        let mut s = Session::load(be, &self.a.target.target, self.g.cache()?)?;
+        s.pack_tokens = self.a.pack_tokens;
         let capture = Capture::for_layer_ids(&self.a.layers, s.files.spec.num_layers)?;
         let pb = draftlens::progress::bar(set.prompts.len() as u64, "extract");
         let mut out = Vec::new();
         let mut dump: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+        // Consecutive prompts' target passes run packed, one window of ≤ pack_tokens at a time.
+        let mut flush = |window: Vec<PendingExtract>| -> Result<()> {
+            if window.is_empty() {
+                return Ok(());
+            }
+            let t0 = Instant::now();
+            let seqs: Vec<&[u32]> = window.iter().map(|w| w.ids.as_slice()).collect();
+            let passes = s.target_passes(&seqs, &capture, 8)?;
+            let per_token =
+                t0.elapsed().as_secs_f64() / seqs.iter().map(|q| q.len()).sum::<usize>() as f64;
+            for (w, pass) in window.into_iter().zip(passes) {
+                if self.a.out.is_some() {
+                    for (i, h) in pass.hidden {
+                        dump.push((
+                            format!("{}.hs{}", w.id, i),
+                            vec![w.ids.len(), pass.hidden_size],
+                            h,
+                        ));
+                    }
+                }
+                out.push(Extracted {
+                    id: w.id,
+                    tokens: w.ids.len(),
+                    cached: pass.cached,
+                    seconds: w.seconds + per_token * w.ids.len() as f64,
+                });
+                pb.inc(1);
+            }
+            Ok(())
+        };
+        let mut window = Packer::new(self.a.pack_tokens);
         for p in &set.prompts {
             let t0 = Instant::now();
             let mut ids = s.prompt_ids(p)?;
             let c = s.continuation(&ids, self.a.target.max_new_tokens)?;
             ids.extend(&c.ids);
-            let pass = s.target_pass(&ids, &capture, 8)?;
-            if self.a.out.is_some() {
-                for (i, h) in &pass.hidden {
-                    dump.push((
-                        format!("{}.hs{}", p.id, i),
-                        vec![ids.len(), pass.hidden_size],
-                        h.clone(),
-                    ));
-                }
-            }
-            out.push(Extracted {
+            let len = ids.len();
+            let pending = PendingExtract {
                 id: p.id.clone(),
-                tokens: ids.len(),
-                cached: pass.cached,
+                ids,
                 seconds: t0.elapsed().as_secs_f64(),
-            });
-            pb.inc(1);
+            };
+            if let Some(full) = window.push(pending, len) {
+                flush(full)?;
+            }
         }
+        flush(window.finish())?;
         pb.finish_and_clear();
         if let Some(path) = &self.a.out {
             write_safetensors(path, &dump)?;

@@ -1,6 +1,7 @@
 //! One evaluation run end to end: check compatibility, create the run in the store, then per
-//! prompt: greedy continuation (cached) → target pass with taps (cached) → drafter over anchors →
-//! records stored in one transaction per prompt; finally the summary metrics. An interruption
+//! prompt: greedy continuation (cached) → target pass with taps (cached; consecutive prompts'
+//! passes run packed into one forward) → drafter over anchors → records stored in one
+//! transaction per prompt; finally the summary metrics. An interruption
 //! (error, Ctrl-C, SIGTERM) marks the run failed; caches stay valid so re-running resumes.
 
 use super::eval::{evaluate_sequence, Drafter, EvalOptions, Labels, Sequence};
@@ -11,7 +12,7 @@ use crate::backend::Backend;
 use crate::model::Capture;
 use crate::prompts::PromptSet;
 use crate::records::RecordBatch;
-use crate::session::Session;
+use crate::session::{Packer, Session};
 use crate::store::{NewRun, RunMode, RunPrompt, RunStatus, Store, TrainStyle};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -217,6 +218,16 @@ pub fn run_eval<B: Backend>(
 
 type Evaluated = (Vec<PromptInfo>, RecordBatch, (f64, f64));
 
+/// A prompt whose sequence is known and whose target pass waits for its pack.
+struct Pending {
+    index: usize,
+    ids: Vec<u32>,
+    prompt_len: usize,
+}
+
+/// Per prompt: sequence (prompt + labels) → target pass → drafter → records stored. The target
+/// passes of consecutive prompts run packed ([`Session::target_passes`], at most
+/// `s.pack_tokens` tokens per window), then each prompt is drafted and stored in order.
 fn evaluate_prompts<B: Backend>(
     s: &Session<B>,
     drafter: &Drafter<B>,
@@ -226,29 +237,33 @@ fn evaluate_prompts<B: Backend>(
     run_id: i64,
 ) -> Result<Evaluated> {
     let tok = s.files.tokenizer()?;
-    let (layer_ids, tap_idx) = match drafter {
-        Drafter::DFlash(d) => (
-            d.cfg.target_layer_ids.clone(),
-            d.cfg
-                .target_layer_ids
-                .iter()
-                .map(|i| i + 1)
-                .collect::<Vec<_>>(),
-        ),
-        _ => (vec![], vec![]),
+    let layer_ids = match drafter {
+        Drafter::DFlash(d) => d.cfg.target_layer_ids.clone(),
+        _ => vec![],
     };
-    let capture = Capture::for_layer_ids(&layer_ids, s.files.spec.num_layers)?;
-    let mut all = RecordBatch::new(drafter.block_size() as u32, opts.eval.top_k as u32);
-    all.target_ids = Some(Vec::new());
-    all.target_logprobs = Some(Vec::new());
-    let mut infos = Vec::new();
-    let (mut target_s, mut draft_s) = (0.0, 0.0);
-    let pb = crate::progress::bar(set.prompts.len() as u64, "evaluate");
+    let mut ev = Evaluation {
+        s,
+        drafter,
+        set,
+        opts,
+        store,
+        run_id,
+        capture: Capture::for_layer_ids(&layer_ids, s.files.spec.num_layers)?,
+        tap_idx: layer_ids.iter().map(|i| i + 1).collect(),
+        all: RecordBatch::new(drafter.block_size() as u32, opts.eval.top_k as u32),
+        infos: Vec::new(),
+        target_s: 0.0,
+        draft_s: 0.0,
+        pb: crate::progress::bar(set.prompts.len() as u64, "evaluate"),
+    };
+    ev.all.target_ids = Some(Vec::new());
+    ev.all.target_logprobs = Some(Vec::new());
+    let mut window = Packer::new(s.pack_tokens);
     for (i, p) in set.prompts.iter().enumerate() {
-        if INTERRUPTED.load(Ordering::Relaxed) {
-            bail!("interrupted after {i} of {} prompts", set.prompts.len());
-        }
+        ev.check_interrupted()?;
         if opts.fail_after == Some(i) {
+            // The prompts before i are stored, as the option promises.
+            ev.flush(window.finish())?;
             bail!("stopped after {i} prompts (--fail-after)");
         }
         let t = Instant::now();
@@ -269,41 +284,101 @@ fn evaluate_prompts<B: Backend>(
                 ids.extend(c_ids);
             }
         }
-        let pass = s.target_pass(&ids, &capture, opts.eval.top_k)?;
-        target_s += t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        let mut seq = Sequence::new(i as u32, &ids, prompt_len, &pass.topk, opts.eval.labels);
-        if let Drafter::DFlash(d) = drafter {
-            let taps: Vec<&[f32]> = tap_idx
-                .iter()
-                .map(|&x| pass.hidden(x).expect("captured"))
-                .collect();
-            seq.ctx = Some(d.context(&s.be, &taps, pass.hidden_size)?);
-        }
-        let rec = evaluate_sequence(&s.be, &s.model, drafter, &seq, &opts.eval)?;
-        draft_s += t.elapsed().as_secs_f64();
-        store.add_prompt_records(
-            run_id,
-            &RunPrompt {
-                index: i as u32,
-                id: p.id.clone(),
-                sha256: p.hash(),
-                category: p.category.clone(),
-                prompt_len: prompt_len as u32,
-                token_ids: ids.clone(),
-                text: tok.decode(&ids)?,
-            },
-            &rec,
-        )?;
-        all.extend(&rec);
-        infos.push(PromptInfo {
-            index: i as u32,
+        ev.target_s += t.elapsed().as_secs_f64();
+        let len = ids.len();
+        let pending = Pending {
+            index: i,
+            ids,
             prompt_len,
-            seq_len: ids.len(),
-            category: p.category.clone(),
-        });
-        pb.inc(1);
+        };
+        if let Some(full) = window.push(pending, len) {
+            ev.flush(full)?;
+        }
     }
-    pb.finish_and_clear();
-    Ok((infos, all, (target_s, draft_s)))
+    ev.flush(window.finish())?;
+    ev.pb.finish_and_clear();
+    Ok((ev.infos, ev.all, (ev.target_s, ev.draft_s)))
+}
+
+/// The state of [`evaluate_prompts`]: what every prompt needs and what the run accumulates.
+struct Evaluation<'a, B: Backend> {
+    s: &'a Session<B>,
+    drafter: &'a Drafter<B>,
+    set: &'a PromptSet,
+    opts: &'a RunOptions,
+    store: &'a Store,
+    run_id: i64,
+    capture: Capture,
+    /// HF hidden-state indices of the drafter's taps.
+    tap_idx: Vec<usize>,
+    all: RecordBatch,
+    infos: Vec<PromptInfo>,
+    target_s: f64,
+    draft_s: f64,
+    pb: indicatif::ProgressBar,
+}
+
+impl<B: Backend> Evaluation<'_, B> {
+    fn check_interrupted(&self) -> Result<()> {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            bail!(
+                "interrupted after {} of {} prompts",
+                self.infos.len(),
+                self.set.prompts.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// The target passes of `window` (packed), then each prompt drafted and stored in order.
+    fn flush(&mut self, window: Vec<Pending>) -> Result<()> {
+        if window.is_empty() {
+            return Ok(());
+        }
+        let (s, opts) = (self.s, self.opts);
+        let t = Instant::now();
+        let seqs: Vec<&[u32]> = window.iter().map(|w| w.ids.as_slice()).collect();
+        let passes = s.target_passes(&seqs, &self.capture, opts.eval.top_k)?;
+        self.target_s += t.elapsed().as_secs_f64();
+        let tok = s.files.tokenizer()?;
+        for (w, pass) in window.iter().zip(&passes) {
+            self.check_interrupted()?;
+            let t = Instant::now();
+            let (i, ids) = (w.index, &w.ids);
+            let p = &self.set.prompts[i];
+            let mut seq = Sequence::new(i as u32, ids, w.prompt_len, &pass.topk, opts.eval.labels);
+            if let Drafter::DFlash(d) = self.drafter {
+                let taps: Vec<&[f32]> = self
+                    .tap_idx
+                    .iter()
+                    .map(|&x| pass.hidden(x).expect("captured"))
+                    .collect();
+                seq.ctx = Some(d.context(&s.be, &taps, pass.hidden_size)?);
+            }
+            let rec = evaluate_sequence(&s.be, &s.model, self.drafter, &seq, &opts.eval)?;
+            self.draft_s += t.elapsed().as_secs_f64();
+            self.store.add_prompt_records(
+                self.run_id,
+                &RunPrompt {
+                    index: i as u32,
+                    id: p.id.clone(),
+                    sha256: p.hash(),
+                    category: p.category.clone(),
+                    prompt_len: w.prompt_len as u32,
+                    token_ids: ids.clone(),
+                    text: tok.decode(ids)?,
+                },
+                &rec,
+            )?;
+            self.all.extend(&rec);
+            self.infos.push(PromptInfo {
+                index: i as u32,
+                prompt_len: w.prompt_len,
+                seq_len: ids.len(),
+                category: p.category.clone(),
+            });
+            self.pb.inc(1);
+        }
+        Ok(())
+    }
 }

@@ -8,6 +8,7 @@ pub mod transformer;
 pub use capture::{Capture, Captured};
 pub use config::{Arch, ModelSpec};
 pub mod load;
+pub mod random;
 
 pub use load::{TargetFiles, TargetIdentity};
 pub use transformer::{KvCache, TargetModel};

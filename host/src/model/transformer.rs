@@ -223,6 +223,21 @@ impl<B: Backend> Attention<B> {
         )?;
         be.matmul(&o, &self.o_proj)
     }
+
+    /// Attend several whole sequences packed row-wise (`seq_starts`, see
+    /// [`Backend::attention_varlen`]), each causal over itself only; `positions` restart at 0 for
+    /// every sequence. No KV cache: this is prefill only.
+    pub fn forward_packed(
+        &self,
+        be: &B,
+        x: &B::Tensor,
+        positions: &[u32],
+        seq_starts: &[usize],
+    ) -> Result<B::Tensor> {
+        let (q, k, v) = self.qkv(be, x, positions)?;
+        let o = be.attention_varlen(&q, &k, &v, self.shape, seq_starts)?;
+        be.matmul(&o, &self.o_proj)
+    }
 }
 
 /// K and V of one layer for positions `0..len`.
@@ -315,8 +330,32 @@ impl<B: Backend> DecoderLayer<B> {
         start: usize,
         cache: &mut LayerCache<B>,
     ) -> Result<()> {
+        self.forward_with(be, h, |x| self.self_attn.forward(be, x, start, cache))
+    }
+
+    /// The layer over packed whole sequences (see [`Attention::forward_packed`]).
+    pub fn forward_packed(
+        &self,
+        be: &B,
+        h: &mut B::Tensor,
+        positions: &[u32],
+        seq_starts: &[usize],
+    ) -> Result<()> {
+        self.forward_with(be, h, |x| {
+            self.self_attn.forward_packed(be, x, positions, seq_starts)
+        })
+    }
+
+    /// Norm → `attend` → residual → norm → MLP → residual; only the attention differs between
+    /// the cached and the packed forward.
+    fn forward_with(
+        &self,
+        be: &B,
+        h: &mut B::Tensor,
+        attend: impl FnOnce(&B::Tensor) -> Result<B::Tensor>,
+    ) -> Result<()> {
         let x = self.input_layernorm.forward(be, h)?;
-        let a = self.self_attn.forward(be, &x, start, cache)?;
+        let a = attend(&x)?;
         be.add_inplace(h, &a)?;
         let x = self.post_attention_layernorm.forward(be, h)?;
         let m = self.mlp.forward(be, &x)?;
@@ -396,12 +435,57 @@ impl<B: Backend> TargetModel<B> {
                 start + ids.len()
             );
         }
+        let out = self.run_layers(be, ids, capture, |i, layer, h| {
+            layer.forward(be, h, start, &mut cache.layers[i])
+        })?;
+        cache.len += ids.len();
+        Ok(out)
+    }
+
+    /// Prefill several whole sequences at once: `ids` holds them concatenated, sequence i being
+    /// rows `seq_starts[i]..seq_starts[i + 1]` (`seq_starts` runs from 0 to `ids.len()`, every
+    /// sequence non-empty). Each sequence starts at position 0 and attends only to itself, so row
+    /// for row the result is what [`TargetModel::forward`] gives for that sequence alone with a
+    /// fresh cache; the captured states (same indices as `forward`) hold all rows in `ids` order.
+    ///
+    /// Why: one forward over many prompts fills the GPU (matmuls over thousands of rows), and
+    /// varlen attention never forms a T×T score matrix across sequences.
+    pub fn forward_packed(
+        &self,
+        be: &B,
+        ids: &[u32],
+        seq_starts: &[usize],
+        capture: &Capture,
+    ) -> Result<ForwardOutput<B>> {
+        check_seq_starts(seq_starts, ids.len())?;
+        let limit = self.spec.max_position_embeddings;
+        let mut positions = Vec::with_capacity(ids.len());
+        for (n, w) in seq_starts.windows(2).enumerate() {
+            let len = w[1] - w[0];
+            if len > limit {
+                bail!("packed sequence {n} of {len} tokens exceeds the model's max_position_embeddings {limit}");
+            }
+            positions.extend(0..len as u32);
+        }
+        self.run_layers(be, ids, capture, |_, layer, h| {
+            layer.forward_packed(be, h, &positions, seq_starts)
+        })
+    }
+
+    /// Embedding → every layer (through `layer_fn`) → final norm, offering each hidden state to
+    /// `capture` (HF index i+1 = output of layer i; index L is the *normed* output).
+    fn run_layers(
+        &self,
+        be: &B,
+        ids: &[u32],
+        capture: &Capture,
+        mut layer_fn: impl FnMut(usize, &DecoderLayer<B>, &mut B::Tensor) -> Result<()>,
+    ) -> Result<ForwardOutput<B>> {
         let mut captured = Captured::default();
         let mut h = be.embed(&self.embed_tokens, ids)?;
         captured.offer(be, capture, 0, &h)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            layer.forward(be, &mut h, start, &mut cache.layers[i])?;
-            // HF index i+1 = output of layer i; index L is the *normed* output (below).
+            layer_fn(i, layer, &mut h)?;
             if i + 1 < self.layers.len() {
                 captured.offer(be, capture, i + 1, &h)?;
             }
@@ -409,7 +493,6 @@ impl<B: Backend> TargetModel<B> {
         if capture.prenorm {
             captured.prenorm = Some(be.slice_rows(&h, 0, ids.len())?);
         }
-        cache.len += ids.len();
         let last_hidden = self.norm.forward(be, &h)?;
         captured.offer(be, capture, self.layers.len(), &last_hidden)?;
         Ok(ForwardOutput {
@@ -422,4 +505,25 @@ impl<B: Backend> TargetModel<B> {
     pub fn logits_topk(&self, be: &B, hidden: &B::Tensor, k: usize) -> Result<TopK> {
         be.lm_head_topk(hidden, self.head(), k)
     }
+}
+
+/// `seq_starts` must run from 0 to `rows` and strictly increase (every sequence non-empty).
+fn check_seq_starts(seq_starts: &[usize], rows: usize) -> Result<()> {
+    if seq_starts.len() < 2 {
+        bail!("packed forward: sequence starts {seq_starts:?} hold no sequence (need at least [0, len])");
+    }
+    if seq_starts.first() != Some(&0) {
+        bail!("packed forward: sequence starts {seq_starts:?} must begin at 0");
+    }
+    if seq_starts.last() != Some(&rows) {
+        bail!("packed forward: sequence starts {seq_starts:?} must end at the token count {rows}");
+    }
+    if let Some(w) = seq_starts.windows(2).find(|w| w[0] >= w[1]) {
+        bail!(
+            "packed forward: sequence starts {seq_starts:?} must strictly increase (found {} then {}; every sequence needs at least one token)",
+            w[0],
+            w[1]
+        );
+    }
+    Ok(())
 }

@@ -1,0 +1,204 @@
+//! Random target weights of any shape, served through [`WeightSource`] so that the real model code
+//! (`TargetModel::load` and its forward) can be benchmarked at shapes no checkpoint here has
+//! (e.g. Qwen3-8B). Speed does not depend on the values; they only have to be finite, non-zero and
+//! of a realistic scale so that norms and softmax see ordinary numbers.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use rayon::prelude::*;
+
+use super::{Arch, ModelSpec};
+use crate::formats::{HostTensor, TensorInfo, WeightSource};
+
+/// Qwen3-8B's shapes (36 layers, D 4096, 32/8 heads of 128, I 12 288, vocab 151 936).
+pub fn qwen3_8b_spec() -> ModelSpec {
+    ModelSpec {
+        arch: Arch::Qwen3,
+        vocab_size: 151_936,
+        hidden_size: 4096,
+        intermediate_size: 12_288,
+        num_layers: 36,
+        num_heads: 32,
+        num_kv_heads: 8,
+        head_dim: 128,
+        rope_theta: 1e6,
+        rms_norm_eps: 1e-6,
+        tie_word_embeddings: false,
+        max_position_embeddings: 40_960,
+        attention_bias: false,
+        qk_norm: true,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+    }
+}
+
+/// Every tensor a [`ModelSpec`] implies, generated on request from (seed, name).
+pub struct RandomWeights {
+    path: PathBuf,
+    shapes: HashMap<String, Vec<usize>>,
+    seed: u64,
+}
+
+impl RandomWeights {
+    pub fn new(spec: &ModelSpec, seed: u64) -> RandomWeights {
+        let (d, hd) = (spec.hidden_size, spec.head_dim);
+        let (qd, kvd, i) = (
+            spec.num_heads * hd,
+            spec.num_kv_heads * hd,
+            spec.intermediate_size,
+        );
+        let mut shapes = HashMap::new();
+        shapes.insert(
+            "model.embed_tokens.weight".to_string(),
+            vec![spec.vocab_size, d],
+        );
+        shapes.insert("model.norm.weight".to_string(), vec![d]);
+        if !spec.tie_word_embeddings {
+            shapes.insert("lm_head.weight".to_string(), vec![spec.vocab_size, d]);
+        }
+        for l in 0..spec.num_layers {
+            let p = format!("model.layers.{l}");
+            let mut put = |n: &str, s: Vec<usize>| shapes.insert(format!("{p}.{n}"), s);
+            put("input_layernorm.weight", vec![d]);
+            put("post_attention_layernorm.weight", vec![d]);
+            put("self_attn.q_proj.weight", vec![qd, d]);
+            put("self_attn.k_proj.weight", vec![kvd, d]);
+            put("self_attn.v_proj.weight", vec![kvd, d]);
+            put("self_attn.o_proj.weight", vec![d, qd]);
+            if spec.attention_bias {
+                put("self_attn.q_proj.bias", vec![qd]);
+                put("self_attn.k_proj.bias", vec![kvd]);
+                put("self_attn.v_proj.bias", vec![kvd]);
+            }
+            if spec.qk_norm {
+                put("self_attn.q_norm.weight", vec![hd]);
+                put("self_attn.k_norm.weight", vec![hd]);
+            }
+            put("mlp.gate_proj.weight", vec![i, d]);
+            put("mlp.up_proj.weight", vec![i, d]);
+            put("mlp.down_proj.weight", vec![d, i]);
+        }
+        RandomWeights {
+            path: PathBuf::from(format!("<random weights, seed {seed}>")),
+            shapes,
+            seed,
+        }
+    }
+}
+
+/// splitmix64: a tiny, well-mixed generator; one stream per 4096-value chunk so that generation
+/// runs in parallel and the values do not depend on the thread count.
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+impl WeightSource for RandomWeights {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.shapes.contains_key(name)
+    }
+    fn tensors(&self) -> Vec<TensorInfo> {
+        Vec::new()
+    }
+    fn tensor(&self, name: &str) -> Result<HostTensor> {
+        let Some(shape) = self.shapes.get(name) else {
+            bail!("{}: no tensor {name}", self.path.display());
+        };
+        let n: usize = shape.iter().product();
+        // Vectors are norm weights (≈ 1); matrices ≈ U(−0.035, 0.035), std 0.02 like an init.
+        let (center, half) = if shape.len() == 1 {
+            (1.0f32, 0.1f32)
+        } else {
+            (0.0, 0.0346)
+        };
+        let base = self.seed ^ name_hash(name);
+        let mut data = vec![0f32; n];
+        data.par_chunks_mut(4096)
+            .enumerate()
+            .for_each(|(c, chunk)| {
+                let mut s = splitmix(base ^ (c as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+                for v in chunk.iter_mut() {
+                    s = splitmix(s);
+                    let u = (s >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+                    *v = center + half * (2.0 * u - 1.0);
+                }
+            });
+        Ok(HostTensor {
+            shape: shape.clone(),
+            data,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{cpu::CpuBackend, Backend};
+    use crate::model::{Capture, TargetModel};
+
+    #[test]
+    fn a_small_random_model_loads_and_runs_through_the_real_model_code() {
+        let spec = ModelSpec {
+            vocab_size: 64,
+            hidden_size: 32,
+            intermediate_size: 48,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+            max_position_embeddings: 128,
+            ..qwen3_8b_spec()
+        };
+        let src = RandomWeights::new(&spec, 7);
+        let a = src.tensor("model.layers.1.mlp.up_proj.weight").unwrap();
+        assert_eq!(a.shape, vec![48, 32]);
+        assert!(a
+            .data
+            .iter()
+            .all(|v| v.is_finite() && *v != 0.0 && v.abs() < 0.035));
+        // Same (seed, name) gives the same values; another name gives others.
+        assert_eq!(
+            a.data,
+            src.tensor("model.layers.1.mlp.up_proj.weight")
+                .unwrap()
+                .data
+        );
+        assert_ne!(
+            a.data,
+            src.tensor("model.layers.0.mlp.up_proj.weight")
+                .unwrap()
+                .data
+        );
+        let err = src
+            .tensor("model.layers.9.mlp.up_proj.weight")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no tensor model.layers.9.mlp.up_proj.weight"),
+            "{err}"
+        );
+
+        let be = CpuBackend::new();
+        let model = TargetModel::load(&be, &spec, &src).unwrap();
+        let mut cache = model.new_cache();
+        let out = model
+            .forward(&be, &[1, 2, 3, 4, 5], &mut cache, &Capture::default())
+            .unwrap();
+        let h = be.to_host(&out.last_hidden).unwrap();
+        assert_eq!(h.len(), 5 * 32);
+        assert!(h.iter().all(|v| v.is_finite()));
+    }
+}
