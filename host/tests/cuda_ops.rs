@@ -321,3 +321,197 @@ fn cuda_fused_forward_matches_unfused() {
         );
     }
 }
+
+/// Inputs of the fused-op parity test: bf16-representable values, shared by both backends.
+struct FusedInputs {
+    x: Vec<f32>,
+    w: Vec<f32>,
+    acc: Vec<f32>,
+    gu: Vec<f32>,
+    hidden: Vec<f32>,
+    norm_w: Vec<f32>,
+    qkv: Vec<f32>,
+    qn: Vec<f32>,
+    kn: Vec<f32>,
+}
+
+const FUSED_T: usize = 230;
+const FUSED_STARTS: [usize; 4] = [0, 100, 101, 230];
+
+fn bf16_random(n: usize, seed: u64, scale: f32, offset: f32) -> Vec<f32> {
+    let mut v: Vec<f32> = host_random(n, seed)
+        .into_iter()
+        .map(|x| offset + x * scale)
+        .collect();
+    draftlens::backend::cuda::bench::round_bf16(&mut v);
+    v
+}
+
+/// The fused trait methods (`split_cols`, `matmul_acc`, `swiglu_packed`, row `rms_norm`,
+/// `attention_varlen_qkv` with and without q/k norms) on one backend, as host vectors.
+fn fused_trait_ops<B: Backend>(be: &B, i: &FusedInputs, shape: AttnShape) -> Vec<Vec<f32>> {
+    use draftlens::backend::{QkNorm, Rope, RopeStyle};
+    let t = FUSED_T;
+    let mut out = Vec::new();
+    let x = be.from_host(&i.x, t, 256).unwrap();
+    for p in be.split_cols(&x, &[64, 128, 64]).unwrap() {
+        out.push(be.to_host(&p).unwrap());
+    }
+    let w = be.matrix(&i.w, 96, 256).unwrap();
+    let mut acc = be.from_host(&i.acc, t, 96).unwrap();
+    be.matmul_acc(&x, &w, &mut acc).unwrap();
+    out.push(be.to_host(&acc).unwrap());
+    let gu = be.from_host(&i.gu, t, 2 * 320).unwrap();
+    out.push(be.to_host(&be.swiglu_packed(&gu).unwrap()).unwrap());
+    let h = be.from_host(&i.hidden, t, 512).unwrap();
+    let nw = be.from_host(&i.norm_w, 1, 512).unwrap();
+    out.push(
+        be.to_host(&be.rms_norm(&h, &nw, 1e-6, 512).unwrap())
+            .unwrap(),
+    );
+    let hd = shape.head_dim;
+    let cols = (shape.heads + 2 * shape.kv_heads) * hd;
+    let rope = Rope {
+        theta: 1e6,
+        head_dim: hd,
+        rotary_dim: hd,
+        style: RopeStyle::RotateHalf,
+    };
+    let positions = draftlens::backend::cuda::bench::positions_for(&FUSED_STARTS);
+    let (qn, kn) = (
+        be.from_host(&i.qn[..hd], 1, hd).unwrap(),
+        be.from_host(&i.kn[..hd], 1, hd).unwrap(),
+    );
+    for with_norm in [true, false] {
+        let qkv = be.from_host(&i.qkv[..t * cols], t, cols).unwrap();
+        let norm = with_norm.then_some(QkNorm {
+            q: &qn,
+            k: &kn,
+            eps: 1e-6,
+        });
+        let a = be
+            .attention_varlen_qkv(qkv, shape, norm, &positions, &rope, &FUSED_STARTS)
+            .unwrap();
+        out.push(be.to_host(&a).unwrap());
+    }
+    out
+}
+
+#[test]
+fn cuda_fused_trait_ops_match_cpu() {
+    use draftlens::backend::{attention_varlen_qkv_unfused, QkNorm, Rope, RopeStyle};
+    use draftlens::parity::{diff, Check, OpTolerance};
+    let Some(gpu) = gpu() else { return };
+    let cpu = CpuBackend::new();
+    let t = FUSED_T;
+    let inputs = FusedInputs {
+        x: bf16_random(t * 256, 41, 1.0, 0.0),
+        w: bf16_random(96 * 256, 42, 0.1, 0.0),
+        acc: bf16_random(t * 96, 43, 1.0, 0.0),
+        gu: bf16_random(t * 640, 44, 3.0, 0.0),
+        hidden: bf16_random(t * 512, 45, 2.0, 0.0),
+        norm_w: bf16_random(512, 46, 0.3, 1.0),
+        qkv: bf16_random(t * 12 * 128, 47, 2.0, 0.0),
+        qn: bf16_random(128, 48, 0.3, 1.0),
+        kn: bf16_random(128, 49, 0.3, 1.0),
+    };
+    let one_rounding = OpTolerance {
+        max_rel_l2: 4e-3,
+        min_cosine: 0.99999,
+    };
+    let attn = OpTolerance {
+        max_rel_l2: 1.2e-2,
+        min_cosine: 0.9999,
+    };
+    let names = [
+        ("split_cols [0]", OpTolerance::EXACT),
+        ("split_cols [1]", OpTolerance::EXACT),
+        ("split_cols [2]", OpTolerance::EXACT),
+        ("matmul_acc", one_rounding),
+        ("swiglu_packed", one_rounding),
+        ("rms_norm group = cols (rows kernel)", one_rounding),
+        ("attention_varlen_qkv q/k norm", attn),
+        ("attention_varlen_qkv no norm", attn),
+    ];
+    let mut checks = Vec::new();
+    // Head dim 128 (Qwen3, GQA 4:1) and 64 (GQA 3:1): the fused path with q/k norms, the unfused
+    // fallback without.
+    for shape in [
+        AttnShape {
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 128,
+        },
+        AttnShape {
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 64,
+        },
+    ] {
+        let a = fused_trait_ops(&cpu, &inputs, shape);
+        let b = fused_trait_ops(&gpu, &inputs, shape);
+        assert_eq!(a.len(), names.len());
+        for ((name, tol), (ra, rb)) in names.iter().zip(a.iter().zip(&b)) {
+            let d = diff(ra, rb);
+            checks.push(Check {
+                name: format!("{name}, head_dim {}", shape.head_dim),
+                diff: d,
+                tol: *tol,
+                pass: tol.accepts(&d),
+            });
+        }
+        // On the GPU the fused q/k norm + RoPE + packed attention equals the split path bit for
+        // bit (same kernels' arithmetic, only the strides differ).
+        let hd = shape.head_dim;
+        let cols = (shape.heads + 2 * shape.kv_heads) * hd;
+        let rope = Rope {
+            theta: 1e6,
+            head_dim: hd,
+            rotary_dim: hd,
+            style: RopeStyle::RotateHalf,
+        };
+        let positions = draftlens::backend::cuda::bench::positions_for(&FUSED_STARTS);
+        let (qn, kn) = (
+            gpu.from_host(&inputs.qn[..hd], 1, hd).unwrap(),
+            gpu.from_host(&inputs.kn[..hd], 1, hd).unwrap(),
+        );
+        let qkv = || gpu.from_host(&inputs.qkv[..t * cols], t, cols).unwrap();
+        let norm = || {
+            Some(QkNorm {
+                q: &qn,
+                k: &kn,
+                eps: 1e-6,
+            })
+        };
+        let unfused = attention_varlen_qkv_unfused(
+            &gpu,
+            qkv(),
+            shape,
+            norm(),
+            &positions,
+            &rope,
+            &FUSED_STARTS,
+        )
+        .unwrap();
+        let d = diff(&gpu.to_host(&unfused).unwrap(), &b[names.len() - 2]);
+        checks.push(Check {
+            name: format!("GPU fused vs split attention_varlen_qkv, head_dim {hd}"),
+            diff: d,
+            tol: OpTolerance::EXACT,
+            pass: OpTolerance::EXACT.accepts(&d),
+        });
+    }
+    println!(
+        "{}",
+        format_checks(
+            "fused trait ops, CUDA vs CPU (and GPU fused vs split)",
+            &checks
+        )
+    );
+    let failed: Vec<_> = checks
+        .iter()
+        .filter(|c| !c.pass)
+        .map(|c| c.name.clone())
+        .collect();
+    assert!(failed.is_empty(), "fused ops outside tolerance: {failed:?}");
+}

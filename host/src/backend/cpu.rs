@@ -600,6 +600,30 @@ impl Backend for CpuBackend {
         Ok(CpuTensor { rows, cols, data })
     }
 
+    fn split_cols(&self, x: &CpuTensor, widths: &[usize]) -> Result<Vec<CpuTensor>> {
+        ensure!(
+            widths.iter().sum::<usize>() == x.cols,
+            "split_cols: widths {widths:?} do not add up to {} columns",
+            x.cols
+        );
+        let mut c0 = 0;
+        Ok(widths
+            .iter()
+            .map(|&w| {
+                let mut data = Vec::with_capacity(x.rows * w);
+                for row in x.data.chunks_exact(x.cols.max(1)).take(x.rows) {
+                    data.extend_from_slice(&row[c0..c0 + w]);
+                }
+                c0 += w;
+                CpuTensor {
+                    rows: x.rows,
+                    cols: w,
+                    data,
+                }
+            })
+            .collect())
+    }
+
     fn slice_rows(&self, x: &CpuTensor, start: usize, end: usize) -> Result<CpuTensor> {
         ensure!(
             start <= end && end <= x.rows,
@@ -955,5 +979,99 @@ mod tests {
         assert!(be.embed(&m, &[4]).is_err());
         assert!(be.slice_rows(&x, 1, 3).is_err());
         assert!(be.rms_norm(&x, &t(1, 2, 3), 1e-5, 2).is_err());
+    }
+
+    #[test]
+    fn fused_trait_ops_equal_their_unfused_compositions() {
+        let be = CpuBackend;
+        // split_cols: exact column copies, inverse of concat_cols; widths must add up.
+        let x = t(7, 3 + 5 + 2, 20);
+        let parts = be.split_cols(&x, &[3, 5, 2]).unwrap();
+        assert_eq!(parts.iter().map(|p| p.cols).collect::<Vec<_>>(), [3, 5, 2]);
+        for r in 0..7 {
+            assert_eq!(
+                parts[1].data[r * 5..r * 5 + 5],
+                x.data[r * 10 + 3..r * 10 + 8]
+            );
+        }
+        let refs: Vec<&CpuTensor> = parts.iter().collect();
+        assert_eq!(be.concat_cols(&refs).unwrap(), x);
+        let err = be.split_cols(&x, &[3, 5]).unwrap_err().to_string();
+        assert!(err.contains("do not add up to 10 columns"), "{err}");
+
+        // matmul_acc: matmul then add_inplace, bit for bit.
+        let (a, w) = (t(9, 6, 21), be.matrix(&t(4, 6, 22).data, 4, 6).unwrap());
+        let h = t(9, 4, 23);
+        let mut want = h.clone();
+        be.add_inplace(&mut want, &be.matmul(&a, &w).unwrap())
+            .unwrap();
+        let mut got = h.clone();
+        be.matmul_acc(&a, &w, &mut got).unwrap();
+        assert_eq!(got, want);
+        assert!(be.matmul_acc(&a, &w, &mut t(8, 4, 1)).is_err());
+
+        // swiglu_packed on [gate | up] = swiglu(gate, up), bit for bit.
+        let (g, u) = (t(5, 12, 24), t(5, 12, 25));
+        let gu = be.concat_cols(&[&g, &u]).unwrap();
+        assert_eq!(be.swiglu_packed(&gu).unwrap(), be.swiglu(&g, &u).unwrap());
+        assert!(be.swiglu_packed(&t(2, 7, 1)).is_err());
+
+        // A stacked projection gives the separate projections' columns (q | k | v).
+        let xin = t(11, 16, 26);
+        let (wq, wk, wv) = (t(8, 16, 27), t(4, 16, 28), t(4, 16, 29));
+        let stacked: Vec<f32> = [&wq, &wk, &wv]
+            .iter()
+            .flat_map(|m| m.data.iter().copied())
+            .collect();
+        let qkv = be
+            .matmul(&xin, &be.matrix(&stacked, 16, 16).unwrap())
+            .unwrap();
+        let split = be.split_cols(&qkv, &[8, 4, 4]).unwrap();
+        for (part, wm) in split.iter().zip([&wq, &wk, &wv]) {
+            let sep = be
+                .matmul(&xin, &be.matrix(&wm.data, wm.rows, 16).unwrap())
+                .unwrap();
+            assert!(max_diff(part, &sep) < 1e-6);
+        }
+
+        // attention_varlen_qkv = split, per-head norms, RoPE, attention_varlen (bit for bit),
+        // with and without q/k norms.
+        let shape = AttnShape {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+        };
+        let starts = [0usize, 4, 11];
+        let pos: Vec<u32> = (0..4).chain(0..7).collect();
+        let rope = Rope {
+            theta: 10000.0,
+            head_dim: 4,
+            rotary_dim: 4,
+            style: RopeStyle::RotateHalf,
+        };
+        let (qn, kn) = (t(1, 4, 30), t(1, 4, 31));
+        for with_norm in [false, true] {
+            let [q, k, v] = [&split[0], &split[1], &split[2]].map(|p| p.clone());
+            let (mut q, mut k) = if with_norm {
+                (
+                    be.rms_norm(&q, &qn, 1e-6, 4).unwrap(),
+                    be.rms_norm(&k, &kn, 1e-6, 4).unwrap(),
+                )
+            } else {
+                (q, k)
+            };
+            be.rope_inplace(&mut q, &pos, &rope).unwrap();
+            be.rope_inplace(&mut k, &pos, &rope).unwrap();
+            let want = be.attention_varlen(&q, &k, &v, shape, &starts).unwrap();
+            let norm = with_norm.then_some(crate::backend::QkNorm {
+                q: &qn,
+                k: &kn,
+                eps: 1e-6,
+            });
+            let got = be
+                .attention_varlen_qkv(qkv.clone(), shape, norm, &pos, &rope, &starts)
+                .unwrap();
+            assert_eq!(got, want, "with_norm = {with_norm}");
+        }
     }
 }

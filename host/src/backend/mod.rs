@@ -95,6 +95,45 @@ impl TopK {
     }
 }
 
+/// Per-head q/k RMSNorm weights (`[1, head_dim]` each) of an attention (Qwen3), for
+/// [`Backend::attention_varlen_qkv`].
+pub struct QkNorm<'a, T> {
+    pub q: &'a T,
+    pub k: &'a T,
+    pub eps: f32,
+}
+
+/// [`Backend::attention_varlen_qkv`] as separate ops: split q | k | v, per-head norms
+/// (group = head_dim), RoPE of q and k, [`Backend::attention_varlen`]. The trait's default, and
+/// the fallback of backends whose fused path does not cover a shape.
+pub fn attention_varlen_qkv_unfused<B: Backend + ?Sized>(
+    be: &B,
+    qkv: B::Tensor,
+    shape: AttnShape,
+    qk_norm: Option<QkNorm<'_, B::Tensor>>,
+    positions: &[u32],
+    rope: &Rope,
+    seq_starts: &[usize],
+) -> Result<B::Tensor> {
+    let (qd, kvd) = (
+        shape.heads * shape.head_dim,
+        shape.kv_heads * shape.head_dim,
+    );
+    let mut parts = be.split_cols(&qkv, &[qd, kvd, kvd])?.into_iter();
+    drop(qkv);
+    let (mut q, mut k, v) = match (parts.next(), parts.next(), parts.next()) {
+        (Some(q), Some(k), Some(v)) => (q, k, v),
+        _ => anyhow::bail!("attention_varlen_qkv: split_cols did not return q, k and v"),
+    };
+    if let Some(n) = qk_norm {
+        q = be.rms_norm(&q, n.q, n.eps, shape.head_dim)?;
+        k = be.rms_norm(&k, n.k, n.eps, shape.head_dim)?;
+    }
+    be.rope_inplace(&mut q, positions, rope)?;
+    be.rope_inplace(&mut k, positions, rope)?;
+    be.attention_varlen(&q, &k, &v, shape, seq_starts)
+}
+
 /// Every operation the model code needs. All methods return errors instead of panicking
 /// (device failures, shape mismatches).
 pub trait Backend: Send + Sync + 'static {
@@ -175,14 +214,62 @@ pub trait Backend: Send + Sync + 'static {
         let refs: Vec<&Self::Tensor> = parts.iter().collect();
         self.concat_rows(&refs)
     }
+    /// Packed-prefill attention of a fused QKV projection output `[T, (H + 2·Hkv)·hd]` (q | k | v
+    /// columns, as [`Backend::split_cols`] would split them): optional per-head q/k RMSNorm, RoPE
+    /// of q and k at `positions`, then [`Backend::attention_varlen`] over `seq_starts`. Consumes
+    /// `qkv` because a backend may normalise and rotate it in place.
+    ///
+    /// Why: the CUDA backend does norm + RoPE in one in-place pass over the QKV output and lets
+    /// attention read q/k/v straight from it, saving the three split copies and four
+    /// norm/RoPE launches (each a read and write of q or k) per layer. The default is exactly the
+    /// unfused composition ([`attention_varlen_qkv_unfused`]).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_varlen_qkv(
+        &self,
+        qkv: Self::Tensor,
+        shape: AttnShape,
+        qk_norm: Option<QkNorm<'_, Self::Tensor>>,
+        positions: &[u32],
+        rope: &Rope,
+        seq_starts: &[usize],
+    ) -> Result<Self::Tensor> {
+        attention_varlen_qkv_unfused(self, qkv, shape, qk_norm, positions, rope, seq_starts)
+    }
     /// `silu(gate) ⊙ up`.
     fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
+    /// SwiGLU of a fused gate|up projection output `[T, 2·I]` (gate columns first) → `[T, I]`.
+    ///
+    /// Why: one `[2·I, D]` GEMM replaces the gate and up GEMMs, and a backend can read both
+    /// halves in place (CUDA) instead of copying them out. The default splits and calls
+    /// [`Backend::swiglu`] (same arithmetic).
+    fn swiglu_packed(&self, gu: &Self::Tensor) -> Result<Self::Tensor> {
+        let (_, cols) = self.dims(gu);
+        anyhow::ensure!(
+            cols.is_multiple_of(2),
+            "swiglu_packed: {cols} columns cannot be gate | up halves"
+        );
+        let parts = self.split_cols(gu, &[cols / 2, cols / 2])?;
+        self.swiglu(&parts[0], &parts[1])
+    }
+    /// `acc += x · Wᵀ` (a projection followed by the residual add).
+    ///
+    /// Why: the CUDA backend does the add in the GEMM epilogue (beta = 1), saving the product's
+    /// write and re-read and one launch; the sum is rounded to bf16 once instead of twice. The
+    /// default is [`Backend::matmul`] then [`Backend::add_inplace`] (the CPU's exact numerics).
+    fn matmul_acc(&self, x: &Self::Tensor, w: &Self::Matrix, acc: &mut Self::Tensor) -> Result<()> {
+        let y = self.matmul(x, w)?;
+        self.add_inplace(acc, &y)
+    }
     /// Rows `ids` of an embedding table `[vocab, dim]` → `[ids.len(), dim]`.
     fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor>;
     /// Stack tensors with equal column counts.
     fn concat_rows(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
     /// Put tensors with equal row counts side by side (DFlash tap fusion).
     fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+    /// Split the columns of `x` into consecutive tensors of the given widths (which must add up
+    /// to the column count): the outputs of a fused projection (q | k | v, gate | up). Exact
+    /// copies; the inverse of [`Backend::concat_cols`].
+    fn split_cols(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;
     /// Rows `start..end` (KV-cache cropping, last-token selection).
     fn slice_rows(&self, x: &Self::Tensor, start: usize, end: usize) -> Result<Self::Tensor>;
     /// Rows listed in `rows`, in that order.

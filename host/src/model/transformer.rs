@@ -8,7 +8,7 @@
 
 use super::capture::{Capture, Captured};
 use super::config::ModelSpec;
-use crate::backend::{AttnMask, AttnShape, Backend, Rope, TopK};
+use crate::backend::{AttnMask, AttnShape, Backend, QkNorm, Rope, TopK};
 use crate::formats::WeightSource;
 use anyhow::{bail, Context, Result};
 
@@ -30,6 +30,61 @@ pub(crate) fn load_matrix<B: Backend>(
     }
     be.matrix(&t.data, out, inp)
         .with_context(|| format!("{}: uploading {name}", src.path().display()))
+}
+
+/// Load 2-D weights `[out_i, inp]` (by HF name and expected row count) stacked by output rows
+/// into one `[Σ out_i, inp]` matrix: a fused projection (q | k | v, gate | up), one GEMM instead of
+/// several. The host data are stacked before uploading, so the device holds one copy.
+pub(crate) fn load_stacked_matrix<B: Backend>(
+    be: &B,
+    src: &dyn WeightSource,
+    parts: &[(String, usize)],
+    inp: usize,
+) -> Result<B::Matrix> {
+    let out: usize = parts.iter().map(|(_, o)| o).sum();
+    let mut data = Vec::with_capacity(out * inp);
+    for (name, o) in parts {
+        let t = src.tensor(name)?;
+        if t.shape != [*o, inp] {
+            bail!(
+                "{}: tensor {name} has shape {:?}, the config implies [{o}, {inp}]",
+                src.path().display(),
+                t.shape
+            );
+        }
+        data.extend_from_slice(&t.data);
+    }
+    be.matrix(&data, out, inp).with_context(|| {
+        let names: Vec<&str> = parts.iter().map(|(n, _)| n.as_str()).collect();
+        format!(
+            "{}: uploading {} (stacked)",
+            src.path().display(),
+            names.join(" + ")
+        )
+    })
+}
+
+/// Load 1-D weights (biases) of the given lengths, concatenated into one `[1, Σ n_i]` tensor
+/// (the bias of a fused projection, stacked like [`load_stacked_matrix`]).
+pub(crate) fn load_stacked_vector<B: Backend>(
+    be: &B,
+    src: &dyn WeightSource,
+    parts: &[(String, usize)],
+) -> Result<B::Tensor> {
+    let total: usize = parts.iter().map(|(_, n)| n).sum();
+    let mut data = Vec::with_capacity(total);
+    for (name, n) in parts {
+        let t = src.tensor(name)?;
+        if t.shape != [*n] {
+            bail!(
+                "{}: tensor {name} has shape {:?}, the config implies [{n}]",
+                src.path().display(),
+                t.shape
+            );
+        }
+        data.extend_from_slice(&t.data);
+    }
+    be.from_host(&data, 1, total)
 }
 
 /// Load a 1-D weight (norm scale, bias) of length `n` as a `[1, n]` tensor.
@@ -70,10 +125,12 @@ impl<B: Backend> RmsNorm<B> {
     }
 }
 
-/// SwiGLU feed-forward: `down(silu(gate(x)) ⊙ up(x))`.
+/// SwiGLU feed-forward: `down(silu(gate(x)) ⊙ up(x))`, with gate and up as one fused
+/// projection.
 pub struct Mlp<B: Backend> {
-    pub gate_proj: B::Matrix,
-    pub up_proj: B::Matrix,
+    /// `gate_proj` and `up_proj` stacked by output rows, `[2·I, D]` (gate rows first): one GEMM
+    /// whose output [`Backend::swiglu_packed`] consumes.
+    pub gate_up_proj: B::Matrix,
     pub down_proj: B::Matrix,
 }
 
@@ -86,14 +143,15 @@ impl<B: Backend> Mlp<B> {
         inter: usize,
     ) -> Result<Self> {
         Ok(Mlp {
-            gate_proj: load_matrix(
+            gate_up_proj: load_stacked_matrix(
                 be,
                 src,
-                &format!("{prefix}.gate_proj.weight"),
-                inter,
+                &[
+                    (format!("{prefix}.gate_proj.weight"), inter),
+                    (format!("{prefix}.up_proj.weight"), inter),
+                ],
                 hidden,
             )?,
-            up_proj: load_matrix(be, src, &format!("{prefix}.up_proj.weight"), inter, hidden)?,
             down_proj: load_matrix(
                 be,
                 src,
@@ -103,21 +161,32 @@ impl<B: Backend> Mlp<B> {
             )?,
         })
     }
+
+    /// `silu(gate(x)) ⊙ up(x)`, the input of `down_proj`.
+    fn act(&self, be: &B, x: &B::Tensor) -> Result<B::Tensor> {
+        be.swiglu_packed(&be.matmul(x, &self.gate_up_proj)?)
+    }
+
     pub fn forward(&self, be: &B, x: &B::Tensor) -> Result<B::Tensor> {
-        let g = be.matmul(x, &self.gate_proj)?;
-        let u = be.matmul(x, &self.up_proj)?;
-        be.matmul(&be.swiglu(&g, &u)?, &self.down_proj)
+        be.matmul(&self.act(be, x)?, &self.down_proj)
+    }
+
+    /// `h += forward(x)`, the residual add done by the down projection
+    /// ([`Backend::matmul_acc`]).
+    pub fn forward_acc(&self, be: &B, x: &B::Tensor, h: &mut B::Tensor) -> Result<()> {
+        be.matmul_acc(&self.act(be, x)?, &self.down_proj, h)
     }
 }
 
 /// Causal self-attention with grouped KV heads, optional q/k/v biases (Qwen2) and optional
 /// per-head q/k RMSNorm before RoPE (Qwen3).
 pub struct Attention<B: Backend> {
-    pub q_proj: B::Matrix,
-    pub k_proj: B::Matrix,
-    pub v_proj: B::Matrix,
+    /// `q_proj`, `k_proj` and `v_proj` stacked by output rows, `[qd + 2·kvd, D]`: one GEMM whose
+    /// output columns are q | k | v.
+    pub qkv_proj: B::Matrix,
     pub o_proj: B::Matrix,
-    pub biases: Option<[B::Tensor; 3]>,
+    /// The q, k and v biases stacked likewise, `[1, qd + 2·kvd]` (Qwen2).
+    pub qkv_bias: Option<B::Tensor>,
     pub q_norm: Option<RmsNorm<B>>,
     pub k_norm: Option<RmsNorm<B>>,
     pub shape: AttnShape,
@@ -128,12 +197,15 @@ impl<B: Backend> Attention<B> {
     pub fn load(be: &B, src: &dyn WeightSource, prefix: &str, spec: &ModelSpec) -> Result<Self> {
         let (d, hd) = (spec.hidden_size, spec.head_dim);
         let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
-        let biases = if spec.attention_bias {
-            Some([
-                load_vector(be, src, &format!("{prefix}.q_proj.bias"), qd)?,
-                load_vector(be, src, &format!("{prefix}.k_proj.bias"), kvd)?,
-                load_vector(be, src, &format!("{prefix}.v_proj.bias"), kvd)?,
-            ])
+        let stacked = |what: &str| {
+            [
+                (format!("{prefix}.q_proj.{what}"), qd),
+                (format!("{prefix}.k_proj.{what}"), kvd),
+                (format!("{prefix}.v_proj.{what}"), kvd),
+            ]
+        };
+        let qkv_bias = if spec.attention_bias {
+            Some(load_stacked_vector(be, src, &stacked("bias"))?)
         } else {
             None
         };
@@ -158,11 +230,9 @@ impl<B: Backend> Attention<B> {
             (None, None)
         };
         Ok(Attention {
-            q_proj: load_matrix(be, src, &format!("{prefix}.q_proj.weight"), qd, d)?,
-            k_proj: load_matrix(be, src, &format!("{prefix}.k_proj.weight"), kvd, d)?,
-            v_proj: load_matrix(be, src, &format!("{prefix}.v_proj.weight"), kvd, d)?,
+            qkv_proj: load_stacked_matrix(be, src, &stacked("weight"), d)?,
             o_proj: load_matrix(be, src, &format!("{prefix}.o_proj.weight"), d, qd)?,
-            biases,
+            qkv_bias,
             q_norm,
             k_norm,
             shape: AttnShape {
@@ -174,6 +244,15 @@ impl<B: Backend> Attention<B> {
         })
     }
 
+    /// The fused projection `[T, qd + 2·kvd]` of `x` (q | k | v columns, biases added).
+    fn project_qkv(&self, be: &B, x: &B::Tensor) -> Result<B::Tensor> {
+        let mut qkv = be.matmul(x, &self.qkv_proj)?;
+        if let Some(b) = &self.qkv_bias {
+            be.add_row_bias(&mut qkv, b)?;
+        }
+        Ok(qkv)
+    }
+
     /// Project `x` to rotated q, k and v for tokens at `positions`.
     pub fn qkv(
         &self,
@@ -181,14 +260,17 @@ impl<B: Backend> Attention<B> {
         x: &B::Tensor,
         positions: &[u32],
     ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
-        let mut q = be.matmul(x, &self.q_proj)?;
-        let mut k = be.matmul(x, &self.k_proj)?;
-        let mut v = be.matmul(x, &self.v_proj)?;
-        if let Some([bq, bk, bv]) = &self.biases {
-            be.add_row_bias(&mut q, bq)?;
-            be.add_row_bias(&mut k, bk)?;
-            be.add_row_bias(&mut v, bv)?;
-        }
+        let (qd, kvd) = (
+            self.shape.heads * self.shape.head_dim,
+            self.shape.kv_heads * self.shape.head_dim,
+        );
+        let mut parts = be
+            .split_cols(&self.project_qkv(be, x)?, &[qd, kvd, kvd])?
+            .into_iter();
+        let (mut q, mut k, v) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(q), Some(k), Some(v)) => (q, k, v),
+            _ => bail!("attention: split_cols did not return q, k and v"),
+        };
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             q = qn.forward(be, &q)?;
             k = kn.forward(be, &k)?;
@@ -198,14 +280,16 @@ impl<B: Backend> Attention<B> {
         Ok((q, k, v))
     }
 
-    /// Attend the new tokens (at positions `start..start+T`) over the cache, appending their K/V.
+    /// Attend the new tokens (at positions `start..start+T`) over the cache, appending their K/V,
+    /// and add the output projection to the residual stream `h`.
     pub fn forward(
         &self,
         be: &B,
         x: &B::Tensor,
         start: usize,
         cache: &mut LayerCache<B>,
-    ) -> Result<B::Tensor> {
+        h: &mut B::Tensor,
+    ) -> Result<()> {
         let t = be.dims(x).0;
         let positions: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
         let (q, k, v) = self.qkv(be, x, &positions)?;
@@ -221,22 +305,34 @@ impl<B: Backend> Attention<B> {
             self.shape,
             &AttnMask::Causal { q_start: start },
         )?;
-        be.matmul(&o, &self.o_proj)
+        be.matmul_acc(&o, &self.o_proj, h)
     }
 
     /// Attend several whole sequences packed row-wise (`seq_starts`, see
-    /// [`Backend::attention_varlen`]), each causal over itself only; `positions` restart at 0 for
-    /// every sequence. No KV cache: this is prefill only.
+    /// [`Backend::attention_varlen`]), each causal over itself only, and add the output
+    /// projection to `h`; `positions` restart at 0 for every sequence. No KV cache: this is
+    /// prefill only, so q/k/v never need to exist as separate tensors
+    /// ([`Backend::attention_varlen_qkv`] works on the fused projection).
     pub fn forward_packed(
         &self,
         be: &B,
         x: &B::Tensor,
         positions: &[u32],
         seq_starts: &[usize],
-    ) -> Result<B::Tensor> {
-        let (q, k, v) = self.qkv(be, x, positions)?;
-        let o = be.attention_varlen(&q, &k, &v, self.shape, seq_starts)?;
-        be.matmul(&o, &self.o_proj)
+        h: &mut B::Tensor,
+    ) -> Result<()> {
+        let qkv = self.project_qkv(be, x)?;
+        let qk_norm = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => Some(QkNorm {
+                q: &qn.weight,
+                k: &kn.weight,
+                eps: qn.eps,
+            }),
+            _ => None,
+        };
+        let o =
+            be.attention_varlen_qkv(qkv, self.shape, qk_norm, positions, &self.rope, seq_starts)?;
+        be.matmul_acc(&o, &self.o_proj, h)
     }
 }
 
@@ -330,7 +426,7 @@ impl<B: Backend> DecoderLayer<B> {
         start: usize,
         cache: &mut LayerCache<B>,
     ) -> Result<()> {
-        self.forward_with(be, h, |x| self.self_attn.forward(be, x, start, cache))
+        self.forward_with(be, h, |x, h| self.self_attn.forward(be, x, start, cache, h))
     }
 
     /// The layer over packed whole sequences (see [`Attention::forward_packed`]).
@@ -341,25 +437,25 @@ impl<B: Backend> DecoderLayer<B> {
         positions: &[u32],
         seq_starts: &[usize],
     ) -> Result<()> {
-        self.forward_with(be, h, |x| {
-            self.self_attn.forward_packed(be, x, positions, seq_starts)
+        self.forward_with(be, h, |x, h| {
+            self.self_attn
+                .forward_packed(be, x, positions, seq_starts, h)
         })
     }
 
-    /// Norm → `attend` → residual → norm → MLP → residual; only the attention differs between
-    /// the cached and the packed forward.
+    /// Norm → `attend` (which adds its output to `h`) → norm → MLP added to `h`; only the
+    /// attention differs between the cached and the packed forward. Both residual adds go
+    /// through [`Backend::matmul_acc`] of o_proj / down_proj.
     fn forward_with(
         &self,
         be: &B,
         h: &mut B::Tensor,
-        attend: impl FnOnce(&B::Tensor) -> Result<B::Tensor>,
+        attend: impl FnOnce(&B::Tensor, &mut B::Tensor) -> Result<()>,
     ) -> Result<()> {
         let x = self.input_layernorm.forward(be, h)?;
-        let a = attend(&x)?;
-        be.add_inplace(h, &a)?;
+        attend(&x, h)?;
         let x = self.post_attention_layernorm.forward(be, h)?;
-        let m = self.mlp.forward(be, &x)?;
-        be.add_inplace(h, &m)
+        self.mlp.forward_acc(be, &x, h)
     }
 }
 

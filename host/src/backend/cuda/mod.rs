@@ -20,7 +20,9 @@ mod kernels;
 
 pub use gemm::{GemmMode, TuneRecord};
 
-use super::{AttnMask, AttnShape, Backend, Rope, RopeStyle, TopK};
+use super::{
+    attention_varlen_qkv_unfused, AttnMask, AttnShape, Backend, QkNorm, Rope, RopeStyle, TopK,
+};
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
@@ -888,9 +890,15 @@ impl CudaBackend {
         })
     }
 
+    /// Whether `rms_norm_rows_bf16` covers rows of `cols` values: a multiple of 256 up to 4096
+    /// (the kernel's RMS_MAX_CHUNKS = 16 chunks of 8 values per lane of a warp).
+    fn rows_kernel_fits(cols: usize) -> bool {
+        cols.is_multiple_of(256) && cols > 0 && cols <= 256 * 16
+    }
+
     /// [`Backend::rms_norm`] over whole rows (group = cols), bit-identical, with every load of a
     /// row in flight at once and one read of it (`kernels/fused.cu`); rows whose width is not a
-    /// multiple of 256 up to 4096 go to [`Backend::rms_norm`].
+    /// multiple of 256 up to 4096 go to the grouped kernel (as [`Backend::rms_norm`] routes them).
     pub fn rms_norm_rows(
         &self,
         x: &CudaTensor,
@@ -898,8 +906,8 @@ impl CudaBackend {
         eps: f32,
     ) -> Result<CudaTensor> {
         let cols = x.cols;
-        if !(cols.is_multiple_of(256) && cols > 0 && cols <= 256 * 16) {
-            return self.rms_norm(x, weight, eps, cols);
+        if !Self::rows_kernel_fits(cols) {
+            return self.rms_norm_groups(x, weight, eps, cols);
         }
         ensure!(
             weight.rows * weight.cols == cols,
@@ -1340,6 +1348,51 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// [`Backend::rms_norm`] with the grouped kernel (one warp per group of any width).
+    fn rms_norm_groups(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<CudaTensor> {
+        ensure!(
+            group > 0 && x.cols.is_multiple_of(group),
+            "rms_norm: {} columns are not a multiple of group {group}",
+            x.cols
+        );
+        ensure!(
+            weight.rows * weight.cols == group,
+            "rms_norm: weight has {} values, group is {group}",
+            weight.rows * weight.cols
+        );
+        ensure!(group < i32::MAX as usize, "rms_norm: group too large");
+        let mut y = self.new_tensor(x.rows, x.cols)?;
+        let n_groups = x.rows * (x.cols / group);
+        if n_groups == 0 {
+            return Ok(y);
+        }
+        let f = self.kernels.get("elementwise", "rms_norm_bf16")?;
+        let (ng, g) = (n_groups as i64, group as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.buf)
+            .arg(&weight.buf)
+            .arg(&mut y.buf)
+            .arg(&ng)
+            .arg(&g)
+            .arg(&eps);
+        // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float); one warp per group, 8 per block.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks(n_groups, 8), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("rms_norm_bf16"))?;
+        Ok(y)
+    }
+
     fn unary_launch(
         &self,
         func: &'static str,
@@ -1470,6 +1523,9 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    /// Whole-row norms (group = cols) go to [`CudaBackend::rms_norm_rows`] when its
+    /// preconditions hold (bit-identical, one read of each row with every load in flight at once:
+    /// the layer norms of every forward); per-head norms to the grouped kernel.
     fn rms_norm(
         &self,
         x: &CudaTensor,
@@ -1477,41 +1533,11 @@ impl Backend for CudaBackend {
         eps: f32,
         group: usize,
     ) -> Result<CudaTensor> {
-        ensure!(
-            group > 0 && x.cols.is_multiple_of(group),
-            "rms_norm: {} columns are not a multiple of group {group}",
-            x.cols
-        );
-        ensure!(
-            weight.rows * weight.cols == group,
-            "rms_norm: weight has {} values, group is {group}",
-            weight.rows * weight.cols
-        );
-        ensure!(group < i32::MAX as usize, "rms_norm: group too large");
-        let mut y = self.new_tensor(x.rows, x.cols)?;
-        let n_groups = x.rows * (x.cols / group);
-        if n_groups == 0 {
-            return Ok(y);
+        if group == x.cols && Self::rows_kernel_fits(x.cols) {
+            self.rms_norm_rows(x, weight, eps)
+        } else {
+            self.rms_norm_groups(x, weight, eps, group)
         }
-        let f = self.kernels.get("elementwise", "rms_norm_bf16")?;
-        let (ng, g) = (n_groups as i64, group as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&x.buf)
-            .arg(&weight.buf)
-            .arg(&mut y.buf)
-            .arg(&ng)
-            .arg(&g)
-            .arg(&eps);
-        // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float); one warp per group, 8 per block.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (blocks(n_groups, 8), 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(derr("rms_norm_bf16"))?;
-        Ok(y)
     }
 
     fn rope_inplace(&self, x: &mut CudaTensor, positions: &[u32], rope: &Rope) -> Result<()> {
@@ -1616,6 +1642,32 @@ impl Backend for CudaBackend {
         )
     }
 
+    /// Fused path ([`CudaBackend::qk_norm_rope_packed`] in place, then
+    /// [`CudaBackend::attention_varlen_packed`] reading q/k/v from the QKV columns) when the
+    /// model has q/k norms and flash_attention2 covers the head dim (64, 128); else the unfused
+    /// composition.
+    fn attention_varlen_qkv(
+        &self,
+        mut qkv: CudaTensor,
+        shape: AttnShape,
+        qk_norm: Option<QkNorm<'_, CudaTensor>>,
+        positions: &[u32],
+        rope: &Rope,
+        seq_starts: &[usize],
+    ) -> Result<CudaTensor> {
+        let fused_attention = matches!(shape.head_dim, 64 | 128)
+            && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed);
+        match qk_norm {
+            Some(n) if fused_attention => {
+                self.qk_norm_rope_packed(&mut qkv, shape, n.q, n.k, n.eps, positions, rope)?;
+                self.attention_varlen_packed(&qkv, shape, seq_starts)
+            }
+            _ => {
+                attention_varlen_qkv_unfused(self, qkv, shape, qk_norm, positions, rope, seq_starts)
+            }
+        }
+    }
+
     fn swiglu(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
         ensure!(
             (gate.rows, gate.cols) == (up.rows, up.cols),
@@ -1633,6 +1685,16 @@ impl Backend for CudaBackend {
         // SAFETY: (const bf16*, const bf16*, bf16*, ll), equal sizes.
         unsafe { b.launch(cfg) }.map_err(derr("swiglu_bf16"))?;
         Ok(y)
+    }
+
+    /// [`CudaBackend::swiglu_packed`]: reads gate and up from the fused output in place.
+    fn swiglu_packed(&self, gu: &CudaTensor) -> Result<CudaTensor> {
+        CudaBackend::swiglu_packed(self, gu)
+    }
+
+    /// [`CudaBackend::matmul_acc`]: the residual add in the GEMM epilogue.
+    fn matmul_acc(&self, x: &CudaTensor, w: &CudaMatrix, acc: &mut CudaTensor) -> Result<()> {
+        CudaBackend::matmul_acc(self, x, w, acc)
     }
 
     fn embed(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
@@ -1696,6 +1758,10 @@ impl Backend for CudaBackend {
             c0 += p.cols;
         }
         Ok(y)
+    }
+
+    fn split_cols(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
+        CudaBackend::split_cols(self, x, widths)
     }
 
     fn slice_rows(&self, x: &CudaTensor, start: usize, end: usize) -> Result<CudaTensor> {
