@@ -188,7 +188,9 @@ pub fn run(g: &Global, a: RunArgs) -> Result<()> {
                 "run {} · {} · {} prompts, {} blocks, {:.1}s\n",
                 r.run_id, r.name, r.prompts, r.blocks, r.seconds
             );
-            for (_, name, v) in &r.metrics {
+            // A histogram's scalar is only its count (the blocks above): its bins are in
+            // `runs show --json` and the web UI.
+            for (_, name, v) in r.metrics.iter().filter(|m| m.1 != "accept_hist") {
                 o += &format!("  {name:<22} {v:.4}\n");
             }
             if let Some(s) = scored.iter().find(|s| s.run == r.run_id) {
@@ -354,7 +356,8 @@ pub enum RunsCmd {
     },
     /// Show one run: configuration, status and run-level metrics.
     Show {
-        run: i64,
+        /// Run id, uid or a unique uid prefix (≥ 6 hex characters).
+        run: String,
         #[arg(long, default_value = "runs.sqlite")]
         db: PathBuf,
     },
@@ -389,11 +392,16 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
             })
         }
         RunsCmd::Show { run, db } => {
+            // Store::open would create a missing database: say it is missing instead.
+            if !db.is_file() {
+                bail!("{}: no such run database", db.display());
+            }
             let store = Store::open(&db)?;
-            let Some(d) = store.run(run)? else {
+            let id = draftlens_web::compare::resolve_run(&store, &run)?;
+            let Some(d) = store.run(id)? else {
                 bail!("{}: no run {run}", db.display())
             };
-            let metrics = store.metrics(run)?;
+            let metrics = store.metrics(id)?;
             #[derive(Serialize)]
             struct Show<'a> {
                 run: &'a draftlens::store::RunDetail,

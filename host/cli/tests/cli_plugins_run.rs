@@ -304,6 +304,19 @@ fn run_plugins_equal_the_native_metrics_of_the_same_run() {
     ] {
         assert!(text.contains(want), "runs show lacks {want}:\n{text}");
     }
+    // ... and finds the run by a uid prefix as well as by id; an unknown run is one clean error.
+    let uid = Store::open(&db).unwrap().run(run).unwrap().unwrap().run.uid;
+    let o = dl_plugins(
+        tmp.path(),
+        &["--json", "runs", "show", &uid[..10], "--db", s(&db)],
+    );
+    ok(&o, "runs show UID-PREFIX");
+    assert_eq!(
+        json_out(&o, "runs show UID-PREFIX")["run"]["run"]["id"],
+        run
+    );
+    let o = dl_plugins(tmp.path(), &["runs", "show", "999", "--db", s(&db)]);
+    clean_error(&o, "runs show 999", &["no run \"999\"", s(&db)]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -300,34 +300,12 @@ impl Backend for CpuBackend {
         shape: AttnShape,
         mask: &AttnMask,
     ) -> Result<CpuTensor> {
+        shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
         let AttnShape {
             heads,
             kv_heads,
             head_dim: hd,
         } = shape;
-        ensure!(
-            kv_heads > 0 && heads % kv_heads == 0,
-            "attention: {heads} heads not divisible by {kv_heads} KV heads"
-        );
-        ensure!(
-            q.cols == heads * hd,
-            "attention: q has {} columns, expected {}",
-            q.cols,
-            heads * hd
-        );
-        ensure!(
-            k.cols == kv_heads * hd && v.cols == kv_heads * hd,
-            "attention: k/v have {}/{} columns, expected {}",
-            k.cols,
-            v.cols,
-            kv_heads * hd
-        );
-        ensure!(
-            k.rows == v.rows,
-            "attention: k has {} rows, v has {}",
-            k.rows,
-            v.rows
-        );
         let tk = k.rows;
 
         // Split the query rows into independent jobs, each with the key spans it may read and the

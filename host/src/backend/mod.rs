@@ -13,7 +13,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
-use anyhow::Result;
+use anyhow::{ensure, Result};
 
 /// How rotary embeddings pair the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -40,6 +40,38 @@ pub struct AttnShape {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+}
+
+impl AttnShape {
+    /// The checks every backend's attention makes before touching memory: whole KV groups, q as
+    /// `[T, heads·head_dim]`, k and v as `[S, kv_heads·head_dim]` with the same S.
+    /// Arguments are (rows, cols) of q, k and v.
+    pub fn check(&self, q: (usize, usize), k: (usize, usize), v: (usize, usize)) -> Result<()> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = *self;
+        ensure!(
+            kv_heads > 0 && heads % kv_heads == 0,
+            "attention: {heads} heads not divisible by {kv_heads} KV heads"
+        );
+        ensure!(
+            q.1 == heads * hd,
+            "attention: q has {} columns, expected {}",
+            q.1,
+            heads * hd
+        );
+        ensure!(
+            k.1 == kv_heads * hd && v.1 == kv_heads * hd,
+            "attention: k/v have {}/{} columns, expected {}",
+            k.1,
+            v.1,
+            kv_heads * hd
+        );
+        ensure!(k.0 == v.0, "attention: k has {} rows, v has {}", k.0, v.0);
+        Ok(())
+    }
 }
 
 /// Which key rows each query row may attend to.

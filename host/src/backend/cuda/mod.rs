@@ -1166,30 +1166,7 @@ impl CudaBackend {
         intervals: impl FnOnce() -> Result<Vec<i32>>,
         reverse: bool,
     ) -> Result<CudaTensor> {
-        let AttnShape {
-            heads,
-            kv_heads,
-            head_dim: hd,
-        } = shape;
-        ensure!(
-            q.cols == heads * hd,
-            "attention: q has {} columns, expected {}",
-            q.cols,
-            heads * hd
-        );
-        ensure!(
-            k.cols == kv_heads * hd && v.cols == kv_heads * hd,
-            "attention: k/v have {}/{} columns, expected {}",
-            k.cols,
-            v.cols,
-            kv_heads * hd
-        );
-        ensure!(
-            k.rows == v.rows,
-            "attention: k has {} rows, v has {}",
-            k.rows,
-            v.rows
-        );
+        shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
         let io = AttnIo {
             q: self.ptr(&q.buf),
             q_ld: q.cols,
