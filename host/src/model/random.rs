@@ -201,4 +201,60 @@ mod tests {
         assert_eq!(h.len(), 5 * 32);
         assert!(h.iter().all(|v| v.is_finite()));
     }
+
+    /// Serves `inner` but with one tensor of the wrong shape.
+    struct OneBadShape {
+        inner: RandomWeights,
+        bad: &'static str,
+    }
+    impl WeightSource for OneBadShape {
+        fn path(&self) -> &Path {
+            self.inner.path()
+        }
+        fn contains(&self, name: &str) -> bool {
+            self.inner.contains(name)
+        }
+        fn tensors(&self) -> Vec<TensorInfo> {
+            Vec::new()
+        }
+        fn tensor(&self, name: &str) -> Result<HostTensor> {
+            let mut t = self.inner.tensor(name)?;
+            if name == self.bad {
+                t.shape[0] -= 1;
+                t.data.truncate(t.shape.iter().product());
+            }
+            Ok(t)
+        }
+    }
+
+    #[test]
+    fn a_wrong_shape_inside_a_fused_projection_names_that_tensor() {
+        let spec = ModelSpec {
+            vocab_size: 64,
+            hidden_size: 32,
+            intermediate_size: 48,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+            max_position_embeddings: 128,
+            ..qwen3_8b_spec()
+        };
+        // q/k/v are stacked into one matrix and gate/up into another at load; the error must
+        // still name the HF tensor that is wrong, not the fused one.
+        for bad in [
+            "model.layers.1.self_attn.k_proj.weight",
+            "model.layers.0.mlp.up_proj.weight",
+        ] {
+            let src = OneBadShape {
+                inner: RandomWeights::new(&spec, 3),
+                bad,
+            };
+            let err = match TargetModel::load(&CpuBackend::new(), &spec, &src) {
+                Ok(_) => panic!("{bad}: a wrong shape was accepted"),
+                Err(e) => format!("{e:#}"),
+            };
+            assert!(err.contains(bad) && err.contains("shape"), "{bad}: {err}");
+        }
+    }
 }
