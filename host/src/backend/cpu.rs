@@ -401,6 +401,10 @@ impl Backend for CpuBackend {
             }
         };
 
+        let causal_start = match mask {
+            AttnMask::Causal { q_start } => Some(*q_start),
+            AttnMask::Blocks { .. } => None,
+        };
         let group = heads / kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
         let qd = &q.data;
@@ -428,7 +432,14 @@ impl Backend for CpuBackend {
                 let mut scores = vec![0f32; nq * nk.max(1)];
                 let mut col = 0;
                 let mut tmp = Vec::new();
-                for s in &job.spans {
+                let single = job.spans.len() == 1;
+                if single {
+                    // One span (causal): the GEMM writes the scores in place, no staging copy.
+                    let s = &job.spans[0];
+                    let kbase = &kd[s.start * kcols + kvh * hd..];
+                    gemm_f32(nq, nk, hd, &mut scores, &qh, hd, kbase, 1, kcols, false);
+                }
+                for s in job.spans.iter().filter(|_| !single) {
                     let len = s.end - s.start;
                     if len == 0 {
                         continue;
@@ -446,6 +457,27 @@ impl Backend for CpuBackend {
                 // valid masks: every query sees at least itself).
                 for (i, qr) in job.q_rows.clone().enumerate() {
                     let row = &mut scores[i * nk..(i + 1) * nk];
+                    if let Some(q_start) = causal_start {
+                        // Causal fast path (one span from key 0): the visible keys are a prefix,
+                        // so neither the per-key mask call nor exp() runs on the masked tail.
+                        // Same operations in the same order as the general path below, whose
+                        // masked entries contribute exact zeros: the result is bit-identical.
+                        let (live, dead) = row.split_at_mut((q_start + qr + 1).min(nk));
+                        dead.fill(0.0);
+                        let mut maxv = f32::NEG_INFINITY;
+                        for x in live.iter_mut() {
+                            *x *= scale;
+                            maxv = maxv.max(*x);
+                        }
+                        let mut sum = 0f32;
+                        for x in live.iter_mut() {
+                            *x = (*x - maxv).exp();
+                            sum += *x;
+                        }
+                        let inv = 1.0 / sum;
+                        live.iter_mut().for_each(|x| *x *= inv);
+                        continue;
+                    }
                     let mut j = 0;
                     let mut maxv = f32::NEG_INFINITY;
                     for s in &job.spans {
@@ -473,6 +505,12 @@ impl Backend for CpuBackend {
                 }
                 // out = P · V over the same spans.
                 let mut out = vec![0f32; nq * hd];
+                if single {
+                    let s = &job.spans[0];
+                    let vbase = &vd[s.start * kcols + kvh * hd..];
+                    gemm_f32(nq, hd, nk, &mut out, &scores, nk, vbase, kcols, 1, false);
+                    return (ji, h, out);
+                }
                 let mut col = 0;
                 let mut part = vec![0f32; nq * hd];
                 let mut pchunk = Vec::new();
