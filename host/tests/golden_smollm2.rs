@@ -232,33 +232,14 @@ fn last_position_top8_logprobs_match() {
         let top = l.model.logits_topk(&l.be, &last, 8).unwrap();
         let want_ids = g.ids(&format!("p{p}.logits_top8_ids"));
         let (_, want_lp) = g.f32(&format!("p{p}.logits_top8_logprobs"));
-        for j in 0..8 {
-            let d = (top.logprobs[j] - want_lp[j]).abs();
-            worst = worst.max(d);
-            assert!(
-                d < LOGPROB_TOL,
-                "prompt {p} rank {j}: log-prob {} vs {} (|Δ| {d:.2e})",
-                top.logprobs[j],
-                want_lp[j]
-            );
-            // Ranks can only swap when two log-probs are closer than the tolerance.
-            if top.ids[j] != want_ids[j] {
-                let k = want_ids
-                    .iter()
-                    .position(|&x| x == top.ids[j])
-                    .unwrap_or_else(|| {
-                        panic!(
-                            "prompt {p}: our rank-{j} id {} is not in the golden top-8",
-                            top.ids[j]
-                        )
-                    });
-                assert!(
-                    (want_lp[k] - want_lp[j]).abs() < LOGPROB_TOL,
-                    "prompt {p}: ranks {j} and {k} swapped although their log-probs differ by {}",
-                    (want_lp[k] - want_lp[j]).abs()
-                );
-            }
-        }
+        worst = worst.max(check_topk(
+            &format!("prompt {p}"),
+            &top.ids,
+            &top.logprobs,
+            &want_ids,
+            &want_lp,
+            LOGPROB_TOL,
+        ));
     }
     eprintln!("top-8 log-probs: max |Δ| {worst:.2e}");
 }

@@ -124,3 +124,44 @@ pub fn diff(ours: &[f32], want: &[f32]) -> Diff {
 pub fn round_f16(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
+
+/// Compares our top-k next-token log-probs (`got_ids`, `got_lp`, one row) with the golden's:
+/// every log-prob within `tol`, and an id may differ from the golden's at the same rank only when
+/// two golden log-probs are closer than `tol` (a legitimate rank swap). Returns the largest |Δ|.
+pub fn check_topk(
+    label: &str,
+    got_ids: &[u32],
+    got_lp: &[f32],
+    want_ids: &[u32],
+    want_lp: &[f32],
+    tol: f32,
+) -> f32 {
+    let mut worst = 0f32;
+    for j in 0..want_ids.len() {
+        let d = (got_lp[j] - want_lp[j]).abs();
+        worst = worst.max(d);
+        assert!(
+            d < tol,
+            "{label} rank {j}: log-prob {} vs {} (|Δ| {d:.2e})",
+            got_lp[j],
+            want_lp[j]
+        );
+        if got_ids[j] != want_ids[j] {
+            let k = want_ids
+                .iter()
+                .position(|&x| x == got_ids[j])
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{label}: our rank-{j} id {} is not in the golden top-k",
+                        got_ids[j]
+                    )
+                });
+            assert!(
+                (want_lp[k] - want_lp[j]).abs() < tol,
+                "{label}: ranks {j} and {k} swapped although their log-probs differ by {}",
+                (want_lp[k] - want_lp[j]).abs()
+            );
+        }
+    }
+    worst
+}
