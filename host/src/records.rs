@@ -111,6 +111,38 @@ impl RecordBatch {
             _ => self.target_logprobs = None,
         }
     }
+    /// The blocks `order[0], order[1], …` of this batch, in that order (a reordering or a
+    /// selection; every column follows its block).
+    pub fn select(&self, order: &[usize]) -> RecordBatch {
+        let p = self.positions_per_block();
+        let pk = p * self.top_k as usize;
+        let mut out = RecordBatch::new(self.block_size, self.top_k);
+        out.target_ids = self.target_ids.as_ref().map(|_| Vec::new());
+        out.target_logprobs = self.target_logprobs.as_ref().map(|_| Vec::new());
+        for &i in order {
+            out.prompt_index.push(self.prompt_index[i]);
+            out.anchor.push(self.anchor[i]);
+            out.region.push(self.region[i]);
+            out.target
+                .extend_from_slice(&self.target[i * p..(i + 1) * p]);
+            out.valid.extend_from_slice(&self.valid[i * p..(i + 1) * p]);
+            out.loss_mask
+                .extend_from_slice(&self.loss_mask[i * p..(i + 1) * p]);
+            out.draft_ids
+                .extend_from_slice(&self.draft_ids[i * pk..(i + 1) * pk]);
+            out.draft_logprobs
+                .extend_from_slice(&self.draft_logprobs[i * pk..(i + 1) * pk]);
+            if let (Some(o), Some(s)) = (out.target_ids.as_mut(), self.target_ids.as_ref()) {
+                o.extend_from_slice(&s[i * pk..(i + 1) * pk]);
+            }
+            if let (Some(o), Some(s)) =
+                (out.target_logprobs.as_mut(), self.target_logprobs.as_ref())
+            {
+                o.extend_from_slice(&s[i * pk..(i + 1) * pk]);
+            }
+        }
+        out
+    }
     /// Internal consistency of the column lengths (checked before storing or sending to plugins).
     pub fn check(&self) -> Result<(), String> {
         let nb = self.num_blocks();
@@ -148,5 +180,54 @@ impl RecordBatch {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three blocks (B = 3, K = 2) whose every column value encodes its block number.
+    fn three_blocks() -> RecordBatch {
+        let mut b = RecordBatch::new(3, 2);
+        b.target_ids = Some(Vec::new());
+        for i in 0..3u32 {
+            b.prompt_index.push(i);
+            b.anchor.push(10 + i);
+            b.region.push(i as u8);
+            b.target.extend([i; 2]);
+            b.valid.extend([1, i as u8]);
+            b.loss_mask.extend([i as u8, 1]);
+            b.draft_ids.extend([i; 4]);
+            b.draft_logprobs.extend([-(i as f32); 4]);
+            b.target_ids.as_mut().unwrap().extend([100 + i; 4]);
+        }
+        b
+    }
+
+    #[test]
+    fn select_moves_every_column_with_its_block() {
+        let b = three_blocks();
+        let s = b.select(&[2, 0]);
+        assert!(s.check().is_ok());
+        assert_eq!(s.prompt_index, vec![2, 0]);
+        assert_eq!(s.anchor, vec![12, 10]);
+        assert_eq!(s.target, vec![2, 2, 0, 0]);
+        assert_eq!(s.valid, vec![1, 2, 1, 0]);
+        assert_eq!(
+            s.draft_logprobs,
+            vec![-2.0, -2.0, -2.0, -2.0, 0.0, 0.0, 0.0, 0.0]
+        );
+        assert_eq!(
+            s.target_ids.as_deref(),
+            Some(&[102, 102, 102, 102, 100, 100, 100, 100][..])
+        );
+        assert_eq!(s.target_logprobs, None);
+        // Reversing twice gives the batch back.
+        let r = b.select(&[2, 1, 0]).select(&[2, 1, 0]);
+        assert_eq!(
+            (r.draft_ids, r.loss_mask),
+            (b.draft_ids.clone(), b.loss_mask.clone())
+        );
     }
 }

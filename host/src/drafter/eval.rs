@@ -296,31 +296,5 @@ fn sort_by_anchor(batch: RecordBatch) -> RecordBatch {
     if order.iter().enumerate().all(|(i, &j)| i == j) {
         return batch;
     }
-    let p = batch.positions_per_block();
-    let k = batch.top_k as usize;
-    let mut out = RecordBatch::new(batch.block_size, batch.top_k);
-    out.target_ids = batch.target_ids.as_ref().map(|_| Vec::new());
-    out.target_logprobs = batch.target_logprobs.as_ref().map(|_| Vec::new());
-    for &i in &order {
-        out.prompt_index.push(batch.prompt_index[i]);
-        out.anchor.push(batch.anchor[i]);
-        out.region.push(batch.region[i]);
-        out.target
-            .extend_from_slice(&batch.target[i * p..(i + 1) * p]);
-        out.valid
-            .extend_from_slice(&batch.valid[i * p..(i + 1) * p]);
-        out.loss_mask
-            .extend_from_slice(&batch.loss_mask[i * p..(i + 1) * p]);
-        out.draft_ids
-            .extend_from_slice(&batch.draft_ids[i * p * k..(i + 1) * p * k]);
-        out.draft_logprobs
-            .extend_from_slice(&batch.draft_logprobs[i * p * k..(i + 1) * p * k]);
-        if let (Some(o), Some(s)) = (out.target_ids.as_mut(), batch.target_ids.as_ref()) {
-            o.extend_from_slice(&s[i * p * k..(i + 1) * p * k]);
-        }
-        if let (Some(o), Some(s)) = (out.target_logprobs.as_mut(), batch.target_logprobs.as_ref()) {
-            o.extend_from_slice(&s[i * p * k..(i + 1) * p * k]);
-        }
-    }
-    out
+    batch.select(&order)
 }
