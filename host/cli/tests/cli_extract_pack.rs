@@ -7,10 +7,6 @@ use cli_util::*;
 use safetensors::SafeTensors;
 use std::path::Path;
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// Sorted entry file names under a cache folder (the content-addressed keys).
 fn entry_names(cache: &Path) -> Vec<String> {
     let mut v: Vec<String> = walk(cache)

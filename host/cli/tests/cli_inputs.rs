@@ -9,10 +9,6 @@ use cli_util::*;
 use std::io::Read;
 use std::path::Path;
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// Files under `dir` whose name marks an unfinished write.
 fn temp_files(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();

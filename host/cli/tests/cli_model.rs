@@ -11,10 +11,6 @@ use cli_util::*;
 use safetensors::SafeTensors;
 use std::path::Path;
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 #[test]
 fn inspect_json_describes_the_gguf_and_a_hugging_face_folder() {
     let tmp = tempfile::tempdir().unwrap();

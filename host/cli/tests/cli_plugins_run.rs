@@ -26,10 +26,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// A built-in plugin from plugins/dist. Fails (never skips) when it has not been built.
 fn dist(name: &str) -> PathBuf {
     let p = root().join("plugins/dist").join(format!("{name}.wasm"));
@@ -329,21 +325,7 @@ fn oracle_run_rescored_gives_tau_equal_to_block_size() {
     dist("replayed-tau");
     let tmp = tempfile::tempdir().unwrap();
     let (db, prompts) = (tmp.path().join("runs.sqlite"), tmp.path().join("two.jsonl"));
-    write_prompts(
-        &prompts,
-        &[
-            (
-                "add",
-                Some("code"),
-                "Write a Python function add(a, b) that returns the sum of a and b.",
-            ),
-            (
-                "sky",
-                Some("science"),
-                "Why is the sky blue? Explain it to a child.",
-            ),
-        ],
-    );
+    write_two_prompts(&prompts);
     // B = 4 and 17 new tokens: the 16 after the first come in 4 full verify rounds.
     let (b, n) = (4u64, 17u64);
     let out = json_out(

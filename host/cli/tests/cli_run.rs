@@ -23,10 +23,6 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 // ---------------------------------------------------------------------------------------------
 // Known-answer drafters
 // ---------------------------------------------------------------------------------------------
@@ -58,21 +54,7 @@ fn oracle_and_anti_oracle_runs_report_the_exact_tau() {
         tmp.path().join("runs.sqlite"),
         tmp.path().join("two.jsonl"),
     );
-    write_prompts(
-        &prompts,
-        &[
-            (
-                "add",
-                Some("code"),
-                "Write a Python function add(a, b) that returns the sum of a and b.",
-            ),
-            (
-                "sky",
-                Some("science"),
-                "Why is the sky blue? Explain it to a child.",
-            ),
-        ],
-    );
+    write_two_prompts(&prompts);
     let max_new = "24";
     // Continuation lengths from `generate` (same cache: `run` then reuses the continuations).
     let g = json_out(

@@ -8,6 +8,30 @@ use draftlens::store::{MetricRow, RunFilter, RunInfo, Store};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// A path as a command-line argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The two-prompt set (one code, one science prompt) several run tests share.
+pub fn write_two_prompts(path: &Path) {
+    write_prompts(
+        path,
+        &[
+            (
+                "add",
+                Some("code"),
+                "Write a Python function add(a, b) that returns the sum of a and b.",
+            ),
+            (
+                "sky",
+                Some("science"),
+                "Why is the sky blue? Explain it to a child.",
+            ),
+        ],
+    );
+}
+
 /// The repository root (host/cli is this crate's manifest folder).
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
