@@ -2,8 +2,8 @@
 //! is measured against.
 
 use crate::backend::Backend;
-use crate::model::{Capture, TargetModel};
-use anyhow::Result;
+use crate::model::{Capture, KvCache, TargetModel};
+use anyhow::{Context, Result};
 
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -31,40 +31,84 @@ pub fn greedy<B: Backend>(
     max_new: usize,
     eos: &[u32],
 ) -> Result<Continuation> {
-    let mut cache = model.new_cache();
-    let mut ids = Vec::with_capacity(max_new);
-    if max_new == 0 || prompt.is_empty() {
-        return Ok(Continuation {
-            ids,
-            stop: StopReason::Length,
-        });
-    }
-    let limit = model.spec.max_position_embeddings;
-    let out = model.forward(be, prompt, &mut cache, &Capture::none())?;
-    let rows = be.dims(&out.last_hidden).0;
-    let last = be.slice_rows(&out.last_hidden, rows - 1, rows)?;
-    let mut next = model.logits_topk(be, &last, 1)?.ids[0];
-    loop {
-        ids.push(next);
-        if eos.contains(&next) {
-            return Ok(Continuation {
-                ids,
-                stop: StopReason::Eos,
-            });
-        }
-        if ids.len() >= max_new {
-            return Ok(Continuation {
-                ids,
+    let mut out = greedy_batch(be, model, &[prompt], max_new, eos)?;
+    out.pop().context("greedy: no continuation")
+}
+
+/// A prompt being decoded by [`greedy_batch`].
+struct Decoding<B: Backend> {
+    /// Index into the prompts.
+    index: usize,
+    cache: KvCache<B>,
+    /// The token chosen last, not yet fed to the model.
+    next: u32,
+}
+
+/// Greedy decode of several prompts at once: each prompt is prefilled alone, then every decode
+/// step feeds the next token of all unfinished prompts through one
+/// [`TargetModel::forward_decode`]. A prompt leaves the batch when it stops (EOS, `max_new`,
+/// context window). On a [`Backend::rows_independent`] backend each continuation is
+/// bit-for-bit the one [`greedy`] gives for the prompt alone; callers group prompts only there.
+pub fn greedy_batch<B: Backend>(
+    be: &B,
+    model: &TargetModel<B>,
+    prompts: &[&[u32]],
+    max_new: usize,
+    eos: &[u32],
+) -> Result<Vec<Continuation>> {
+    let mut done: Vec<Option<Continuation>> = vec![None; prompts.len()];
+    let mut live: Vec<Decoding<B>> = Vec::new();
+    for (index, prompt) in prompts.iter().enumerate() {
+        if max_new == 0 || prompt.is_empty() {
+            done[index] = Some(Continuation {
+                ids: Vec::new(),
                 stop: StopReason::Length,
             });
+            continue;
         }
-        if cache.len + 1 > limit {
-            return Ok(Continuation {
-                ids,
-                stop: StopReason::Context,
-            });
-        }
-        let out = model.forward(be, &[next], &mut cache, &Capture::none())?;
-        next = model.logits_topk(be, &out.last_hidden, 1)?.ids[0];
+        let mut cache = model.new_cache();
+        let out = model.forward(be, prompt, &mut cache, &Capture::none())?;
+        let rows = be.dims(&out.last_hidden).0;
+        let last = be.slice_rows(&out.last_hidden, rows - 1, rows)?;
+        let next = model.logits_topk(be, &last, 1)?.ids[0];
+        live.push(Decoding { index, cache, next });
     }
+    let mut ids: Vec<Vec<u32>> = vec![Vec::with_capacity(max_new); prompts.len()];
+    let limit = model.spec.max_position_embeddings;
+    while !live.is_empty() {
+        // Take each prompt's pending token; the finished ones leave the batch.
+        live.retain(|d| {
+            let out = &mut ids[d.index];
+            out.push(d.next);
+            let stop = if eos.contains(&d.next) {
+                Some(StopReason::Eos)
+            } else if out.len() >= max_new {
+                Some(StopReason::Length)
+            } else if d.cache.len + 1 > limit {
+                Some(StopReason::Context)
+            } else {
+                None
+            };
+            if let Some(stop) = stop {
+                done[d.index] = Some(Continuation {
+                    ids: std::mem::take(out),
+                    stop,
+                });
+            }
+            stop.is_none()
+        });
+        if live.is_empty() {
+            break;
+        }
+        let step: Vec<u32> = live.iter().map(|d| d.next).collect();
+        let mut caches: Vec<&mut KvCache<B>> = live.iter_mut().map(|d| &mut d.cache).collect();
+        let hidden = model.forward_decode(be, &step, &mut caches)?;
+        let top = model.logits_topk(be, &hidden, 1)?;
+        for (d, next) in live.iter_mut().zip(top.argmax()) {
+            d.next = next;
+        }
+    }
+    done.into_iter()
+        .collect::<Option<Vec<_>>>()
+        .context("greedy_batch: a prompt was left unfinished")
 }

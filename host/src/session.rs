@@ -5,18 +5,24 @@
 use crate::backend::{Backend, TopK};
 use crate::cache::{CacheKey, CachedData, CachedTensor, HiddenCache, Lookup};
 use crate::chat::ChatMessage;
-use crate::generate::{greedy, Continuation, StopReason};
+use crate::generate::{greedy_batch, Continuation, StopReason};
 use crate::model::{Capture, TargetFiles, TargetModel};
 use crate::prompts::Prompt;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 
 /// Bumped whenever model code or kernels change numerics, so cached entries are recomputed.
-pub const MODEL_CODE_VERSION: &str = "1";
+pub const MODEL_CODE_VERSION: &str = "2";
 
 /// Default token budget of one packed target forward ([`Session::pack_tokens`]): 16k rows fill
 /// an H200 (docs/cuda.md) and keep the CPU's activations small.
 pub const DEFAULT_PACK_TOKENS: usize = 16384;
+
+/// Most prompts decoded together by [`Session::continuations`] on a backend whose rows are
+/// independent ([`Backend::rows_independent`]). On the 2-core CPU, 64 HumanEval prompts × 128
+/// tokens take 87 / 73 / 67 s at 16 / 32 / 64 (docs/benchmarks.md): 32 keeps most of the gain
+/// at half the KV-cache memory of 64.
+pub const DEFAULT_GEN_BATCH: usize = 32;
 
 /// Which backend to run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -90,6 +96,9 @@ pub struct Session<B: Backend> {
     /// Most tokens per packed target forward in [`Session::target_passes`] (a longer sequence
     /// runs alone). Packing changes only f32 summation order, never the cache key.
     pub pack_tokens: usize,
+    /// Most prompts decoded together by [`Session::continuations`] where the backend allows it
+    /// (see [`Session::gen_batch`]).
+    pub gen_batch: usize,
 }
 
 impl<B: Backend> Session<B> {
@@ -102,6 +111,7 @@ impl<B: Backend> Session<B> {
             model,
             cache,
             pack_tokens: DEFAULT_PACK_TOKENS,
+            gen_batch: DEFAULT_GEN_BATCH,
         })
     }
 
@@ -171,40 +181,71 @@ impl<B: Backend> Session<B> {
 
     /// The target's greedy continuation of `prompt` (cached by prompt ids and `max_new`).
     pub fn continuation(&self, prompt: &[u32], max_new: usize) -> Result<Continuation> {
+        let mut c = self.continuations(&[prompt], max_new)?;
+        c.pop().context("continuation missing")
+    }
+
+    /// How many prompts [`Session::continuations`] decodes together: [`Session::gen_batch`]
+    /// where the backend's rows are independent (a continuation then cannot depend on its
+    /// batch-mates), else 1.
+    pub fn gen_batch(&self) -> usize {
+        if self.be.rows_independent() {
+            self.gen_batch.max(1)
+        } else {
+            1
+        }
+    }
+
+    /// Each prompt's token ids ([`Session::prompt_ids`]) with its greedy continuation
+    /// ([`Session::continuations`], decoded together).
+    pub fn prompts_with_continuations(
+        &self,
+        prompts: &[Prompt],
+        max_new: usize,
+    ) -> Result<Vec<(Vec<u32>, Continuation)>> {
+        let ids = prompts
+            .iter()
+            .map(|p| self.prompt_ids(p))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+        let conts = self.continuations(&refs, max_new)?;
+        Ok(ids.into_iter().zip(conts).collect())
+    }
+
+    /// The greedy continuations of several prompts, in order. Each is looked up in the cache under
+    /// the same key as [`Session::continuation`]; the misses are decoded
+    /// [`Session::gen_batch`] at a time ([`greedy_batch`]) and stored one entry per prompt.
+    pub fn continuations(&self, prompts: &[&[u32]], max_new: usize) -> Result<Vec<Continuation>> {
         let eos = self.eos_ids();
-        let key = self.key(
-            "greedy",
-            prompt,
-            vec![],
-            format!("max_new={max_new};eos={eos:?}"),
-        )?;
-        if let Lookup::Hit(t) = self.cache.lookup(&key)? {
-            if let Some(c) = decode_continuation(&t) {
-                return Ok(c);
+        let mut out: Vec<Option<Continuation>> = Vec::with_capacity(prompts.len());
+        let mut misses = Vec::new();
+        for (n, prompt) in prompts.iter().enumerate() {
+            let key = self.key(
+                "greedy",
+                prompt,
+                vec![],
+                format!("max_new={max_new};eos={eos:?}"),
+            )?;
+            let hit = match self.cache.lookup(&key)? {
+                Lookup::Hit(t) => decode_continuation(&t),
+                _ => None,
+            };
+            if hit.is_none() {
+                misses.push((n, key));
+            }
+            out.push(hit);
+        }
+        for group in misses.chunks(self.gen_batch()) {
+            let group_prompts: Vec<&[u32]> = group.iter().map(|(n, _)| prompts[*n]).collect();
+            let decoded = greedy_batch(&self.be, &self.model, &group_prompts, max_new, &eos)?;
+            for ((n, key), c) in group.iter().zip(decoded) {
+                self.cache.put(key, &continuation_tensors(&c))?;
+                out[*n] = Some(c);
             }
         }
-        let c = greedy(&self.be, &self.model, prompt, max_new, &eos)?;
-        let stop = match c.stop {
-            StopReason::Eos => 0u32,
-            StopReason::Length => 1,
-            StopReason::Context => 2,
-        };
-        self.cache.put(
-            &key,
-            &[
-                CachedTensor {
-                    name: "ids".into(),
-                    shape: vec![c.ids.len()],
-                    data: CachedData::U32(c.ids.clone()),
-                },
-                CachedTensor {
-                    name: "stop".into(),
-                    shape: vec![1],
-                    data: CachedData::U32(vec![stop]),
-                },
-            ],
-        )?;
-        Ok(c)
+        out.into_iter()
+            .collect::<Option<Vec<_>>>()
+            .context("continuation missing")
     }
 
     fn pass_key(&self, ids: &[u32], capture: &Capture, k: usize) -> Result<CacheKey> {
@@ -360,6 +401,27 @@ fn pass_tensors(p: &TargetPass) -> Vec<CachedTensor> {
 
 fn find<'a>(t: &'a [CachedTensor], name: &str) -> Option<&'a CachedTensor> {
     t.iter().find(|x| x.name == name)
+}
+
+/// The cache entry of a continuation: its ids and the stop reason (0 EOS, 1 length, 2 context).
+fn continuation_tensors(c: &Continuation) -> Vec<CachedTensor> {
+    let stop = match c.stop {
+        StopReason::Eos => 0u32,
+        StopReason::Length => 1,
+        StopReason::Context => 2,
+    };
+    vec![
+        CachedTensor {
+            name: "ids".into(),
+            shape: vec![c.ids.len()],
+            data: CachedData::U32(c.ids.clone()),
+        },
+        CachedTensor {
+            name: "stop".into(),
+            shape: vec![1],
+            data: CachedData::U32(vec![stop]),
+        },
+    ]
 }
 
 fn decode_continuation(t: &[CachedTensor]) -> Option<Continuation> {

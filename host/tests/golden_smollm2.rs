@@ -16,7 +16,7 @@ mod golden_util;
 use draftlens::backend::cpu::CpuBackend;
 use draftlens::backend::Backend;
 use draftlens::chat::ChatMessage;
-use draftlens::generate::greedy;
+use draftlens::generate::{greedy, greedy_batch, StopReason};
 use draftlens::model::{Capture, TargetFiles, TargetModel};
 use golden_util::*;
 use std::sync::OnceLock;
@@ -251,20 +251,99 @@ fn greedy_continuation_is_identical_token_for_token() {
     let m = json(&golden_dir().join("manifest.json"));
     for p in 0..num_prompts() {
         let prompt = g.ids(&format!("p{p}.input_ids"));
-        let want = g.ids(&format!("p{p}.greedy_ids"));
         // The golden stops at <|im_end|> or after 64 new tokens.
         let c = greedy(&l.be, &l.model, &prompt, 64, &l.eos).unwrap();
-        assert_eq!(
-            c.ids, want,
-            "prompt {p}: greedy continuation differs (golden min margin {})",
-            m["prompts"][p]["min_greedy_margin"]
-        );
-        let eos_hit = m["prompts"][p]["eos_hit"].as_bool().unwrap();
-        assert_eq!(
-            c.stop == draftlens::generate::StopReason::Eos,
-            eos_hit,
-            "prompt {p}: stop reason {:?}",
-            c.stop
-        );
+        check_golden_continuation(&g, &m, p, &c, "decoded alone");
+    }
+}
+
+/// `c` is golden prompt `p`'s continuation: the same ids, stopped by EOS exactly when the
+/// golden was.
+fn check_golden_continuation(
+    g: &Golden,
+    manifest: &serde_json::Value,
+    p: usize,
+    c: &draftlens::generate::Continuation,
+    how: &str,
+) {
+    assert_eq!(
+        c.ids,
+        g.ids(&format!("p{p}.greedy_ids")),
+        "prompt {p} ({how}): greedy continuation differs (golden min margin {})",
+        manifest["prompts"][p]["min_greedy_margin"]
+    );
+    let eos_hit = manifest["prompts"][p]["eos_hit"].as_bool().unwrap();
+    assert_eq!(
+        c.stop == StopReason::Eos,
+        eos_hit,
+        "prompt {p} ({how}): stop reason {:?}",
+        c.stop
+    );
+}
+
+/// All golden prompts decoded together, plus prompt 1 a second time: prompt 0 stops at
+/// `<|im_end|>` part-way (leaving the batch), the others run to 64 tokens. Every continuation
+/// must still be the golden one: batching changes nothing a prompt sees.
+#[test]
+fn batched_greedy_reproduces_every_golden_continuation() {
+    let l = loaded();
+    let g = golden();
+    let order: Vec<usize> = (0..num_prompts()).chain([1]).collect();
+    let prompts: Vec<Vec<u32>> = order
+        .iter()
+        .map(|p| g.ids(&format!("p{p}.input_ids")))
+        .collect();
+    let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    let got = greedy_batch(&l.be, &l.model, &refs, 64, &l.eos).unwrap();
+    assert_eq!(got.len(), order.len());
+    let m = json(&golden_dir().join("manifest.json"));
+    for (c, &p) in got.iter().zip(&order) {
+        check_golden_continuation(&g, &m, p, c, "decoded in a batch");
+    }
+}
+
+/// The property batching rests on ([`draftlens::backend::Backend::rows_independent`]): two
+/// decode steps of all golden prompts together give every row the same bits, in the final
+/// hidden state, as the same steps of that prompt alone.
+#[test]
+fn a_batched_decode_step_gives_each_row_the_bits_of_the_prompt_alone() {
+    let l = loaded();
+    let g = golden();
+    assert!(l.be.rows_independent());
+    let n = num_prompts();
+    let prefill = |p: usize| {
+        let mut cache = l.model.new_cache();
+        let prompt = g.ids(&format!("p{p}.input_ids"));
+        l.model
+            .forward(&l.be, &prompt, &mut cache, &Capture::none())
+            .unwrap();
+        cache
+    };
+    let mut batched: Vec<_> = (0..n).map(prefill).collect();
+    let mut alone: Vec<_> = (0..n).map(prefill).collect();
+    for step in 0..2 {
+        let ids: Vec<u32> = (0..n)
+            .map(|p| g.ids(&format!("p{p}.greedy_ids"))[step])
+            .collect();
+        let mut caches: Vec<_> = batched.iter_mut().collect();
+        let h = l.model.forward_decode(&l.be, &ids, &mut caches).unwrap();
+        let h = l.be.to_host(&h).unwrap();
+        let d = h.len() / n;
+        for p in 0..n {
+            let out = l
+                .model
+                .forward(&l.be, &ids[p..p + 1], &mut alone[p], &Capture::none())
+                .unwrap();
+            let want = l.be.to_host(&out.last_hidden).unwrap();
+            let same = h[p * d..(p + 1) * d]
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "step {step}, prompt {p}: batched row differs from the prompt alone"
+            );
+            assert_eq!(batched[p].len, alone[p].len);
+        }
     }
 }

@@ -11,7 +11,7 @@ use draftlens::drafter::live::live_decode;
 use draftlens::drafter::run::{run_eval, DrafterSpec, RunOptions};
 use draftlens::drafter::{DFlashDrafter, DrafterCheckpoint};
 use draftlens::model::TargetFiles;
-use draftlens::session::{dispatch, BackendJob, Session};
+use draftlens::session::{dispatch, BackendJob};
 use draftlens::store::{RunFilter, RunMode, Store};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -133,7 +133,7 @@ impl BackendJob for RunJob<'_> {
                     .collect()
             }
         };
-        let s = Session::load(be, &a.target.target, self.g.cache()?)?;
+        let s = a.target.session(be, self.g)?;
         let store = Store::open(&a.db)?;
         let mode = match a.mode {
             ModeArg::Deployment => RunMode::Deployment,
@@ -236,7 +236,7 @@ impl BackendJob for LiveJob<'_> {
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
         let a = self.a;
         let set = a.target.prompt_set(self.g)?;
-        let s = Session::load(be, &a.target.target, self.g.cache()?)?;
+        let s = a.target.session(be, self.g)?;
         let findings = lint(&s.files, &a.drafter)?;
         if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
             bail!(

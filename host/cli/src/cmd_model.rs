@@ -44,9 +44,21 @@ pub struct TargetArgs {
     /// Numeric backend.
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
     pub backend: BackendArg,
+    /// Prompts whose greedy continuations are decoded together (one weight read per step for
+    /// all of them). Continuations are bit-identical to decoding each prompt alone; backends
+    /// that cannot promise that (CUDA) decode one prompt at a time.
+    #[arg(long, default_value_t = draftlens::session::DEFAULT_GEN_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub gen_batch: usize,
 }
 
 impl TargetArgs {
+    /// The target loaded on `be` with these options.
+    pub fn session<B: Backend>(&self, be: B, g: &Global) -> Result<Session<B>> {
+        let mut s = Session::load(be, &self.target, g.cache()?)?;
+        s.gen_batch = self.gen_batch;
+        Ok(s)
+    }
+
     pub fn prompt_set(&self, g: &Global) -> Result<PromptSet> {
         let mut set = PromptSet::load(&self.prompts, &g.data_dir)?;
         if let Some(n) = self.limit {
@@ -178,22 +190,26 @@ impl BackendJob for GenerateJob<'_> {
     type Output = Vec<GeneratedPrompt>;
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
         let set = self.a.prompt_set(self.g)?;
-        let s = Session::load(be, &self.a.target, self.g.cache()?)?;
+        let s = self.a.session(be, self.g)?;
         let pb = draftlens::progress::bar(set.prompts.len() as u64, "generate");
         let mut out = Vec::new();
-        for p in &set.prompts {
+        // Prompts are decoded a batch at a time (Session::continuations); each reports its
+        // share of its batch's time.
+        for chunk in set.prompts.chunks(s.gen_batch()) {
             let t0 = Instant::now();
-            let ids = s.prompt_ids(p)?;
-            let c = s.continuation(&ids, self.a.max_new_tokens)?;
-            out.push(GeneratedPrompt {
-                id: p.id.clone(),
-                prompt_tokens: ids.len(),
-                new_tokens: c.ids.len(),
-                stop: c.stop,
-                text: s.files.tokenizer()?.decode(&c.ids)?,
-                seconds: t0.elapsed().as_secs_f64(),
-            });
-            pb.inc(1);
+            let done = s.prompts_with_continuations(chunk, self.a.max_new_tokens)?;
+            let seconds = t0.elapsed().as_secs_f64() / chunk.len() as f64;
+            for (p, (ids, c)) in chunk.iter().zip(done) {
+                out.push(GeneratedPrompt {
+                    id: p.id.clone(),
+                    prompt_tokens: ids.len(),
+                    new_tokens: c.ids.len(),
+                    stop: c.stop,
+                    text: s.files.tokenizer()?.decode(&c.ids)?,
+                    seconds,
+                });
+                pb.inc(1);
+            }
         }
         pb.finish_and_clear();
         Ok(out)
@@ -259,7 +275,7 @@ impl BackendJob for ExtractJob<'_> {
     type Output = Vec<Extracted>;
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
         let set = self.a.target.prompt_set(self.g)?;
-        let mut s = Session::load(be, &self.a.target.target, self.g.cache()?)?;
+        let mut s = self.a.target.session(be, self.g)?;
         s.pack_tokens = self.a.pack_tokens;
         let capture = Capture::for_layer_ids(&self.a.layers, s.files.spec.num_layers)?;
         let pb = draftlens::progress::bar(set.prompts.len() as u64, "extract");
@@ -296,19 +312,21 @@ impl BackendJob for ExtractJob<'_> {
             Ok(())
         };
         let mut window = Packer::new(self.a.pack_tokens);
-        for p in &set.prompts {
+        for chunk in set.prompts.chunks(s.gen_batch()) {
             let t0 = Instant::now();
-            let mut ids = s.prompt_ids(p)?;
-            let c = s.continuation(&ids, self.a.target.max_new_tokens)?;
-            ids.extend(&c.ids);
-            let len = ids.len();
-            let pending = PendingExtract {
-                id: p.id.clone(),
-                ids,
-                seconds: t0.elapsed().as_secs_f64(),
-            };
-            if let Some(full) = window.push(pending, len) {
-                flush(full)?;
+            let done = s.prompts_with_continuations(chunk, self.a.target.max_new_tokens)?;
+            let seconds = t0.elapsed().as_secs_f64() / chunk.len() as f64;
+            for (p, (mut ids, c)) in chunk.iter().zip(done) {
+                ids.extend(&c.ids);
+                let len = ids.len();
+                let pending = PendingExtract {
+                    id: p.id.clone(),
+                    ids,
+                    seconds,
+                };
+                if let Some(full) = window.push(pending, len) {
+                    flush(full)?;
+                }
             }
         }
         flush(window.finish())?;

@@ -352,8 +352,9 @@ fn fail_after_one_prompt_marks_the_run_failed_and_rerunning_resumes() {
         r[0].error
     );
     assert_eq!(assert_consistent_unfinished(&db, r[0].id), 1);
-    // The first prompt's continuation and taps were cached and are valid.
-    assert_eq!(cache_verifies(&cache), 2);
+    // The three continuations (decoded together, one --gen-batch chunk) and the first prompt's
+    // taps were cached and are valid.
+    assert_eq!(cache_verifies(&cache), 4);
     resume_and_compare(&cache, &prompts, &db);
 }
 

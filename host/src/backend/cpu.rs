@@ -61,6 +61,21 @@ fn gemm_f32(
         dst[..m * n].fill(0.0);
         return;
     }
+    if m == 1 {
+        // For one row the gemm crate takes a GEMV path whose summation order differs from its
+        // blocked kernels, which for m ≥ 2 give every row the same bits whatever m is (their
+        // k-blocking depends on k and the caches, not on m; shapes with n ≤ 64 take other
+        // paths). Running a single row as two identical rows keeps row results independent of
+        // how many rows share the call, which batched greedy decoding relies on
+        // ([`Backend::rows_independent`]). The weight read dominates either way.
+        let mut lhs2 = Vec::with_capacity(2 * k);
+        lhs2.extend_from_slice(&lhs[..k]);
+        lhs2.extend_from_slice(&lhs[..k]);
+        let mut dst2 = vec![0f32; 2 * n];
+        gemm_f32(2, n, k, &mut dst2, &lhs2, k, rhs, rhs_rs, rhs_cs, par);
+        dst[..n].copy_from_slice(&dst2[..n]);
+        return;
+    }
     let parallelism = if par && m * n * k >= 1 << 18 {
         Parallelism::Rayon(threads())
     } else {
@@ -583,6 +598,25 @@ impl Backend for CpuBackend {
         })
     }
 
+    /// In place and amortised O(rows of `y`): the KV cache grows by one row per decode step.
+    fn append_rows(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<()> {
+        ensure!(
+            x.cols == y.cols,
+            "append_rows: {} columns after {}",
+            y.cols,
+            x.cols
+        );
+        x.data.extend_from_slice(&y.data);
+        x.rows += y.rows;
+        Ok(())
+    }
+
+    /// Every op works row by row, and `matmul` / `lm_head_topk` give a row the same bits in a
+    /// call of any size (see `gemm_f32`; `batch_invariance` tests it at the model's shapes).
+    fn rows_independent(&self) -> bool {
+        true
+    }
+
     fn concat_rows(&self, parts: &[&CpuTensor]) -> Result<CpuTensor> {
         let cols = parts.first().map(|p| p.cols).unwrap_or(0);
         ensure!(
@@ -1089,5 +1123,86 @@ mod tests {
                 .unwrap();
             assert_eq!(got, want, "with_norm = {with_norm}");
         }
+    }
+}
+
+#[cfg(test)]
+mod batch_invariance {
+    use super::*;
+
+    /// Row r of `x · Wᵀ` and of the LM head's top-k must not depend on which other rows share the
+    /// call: batched greedy decoding (`generate::greedy_batch`) promises each prompt the
+    /// continuation it gets alone. Checked for every window of 1..=rows rows against the full
+    /// batch, at SmolLM2's projection shapes (576 → 576 / 960 / 3072, 1536 → 576) and a head
+    /// with a vocabulary that is no multiple of any tile.
+    #[test]
+    fn matmul_rows_are_bit_identical_alone_and_in_a_batch() {
+        let be = CpuBackend;
+        let shapes = [
+            (16, 576, 960),
+            (9, 1536, 576),
+            (5, 576, 3072),
+            (3, 576, 4099),
+        ];
+        for (rows, inp, out) in shapes {
+            let x = rand((rows * inp) as u32, rows * inp);
+            let w = be.matrix(&rand(out as u32, out * inp), out, inp).unwrap();
+            let batch = be.from_host(&x, rows, inp).unwrap();
+            let all = be.matmul(&batch, &w).unwrap();
+            let top_all = be.lm_head_topk(&batch, &w, 3).unwrap();
+            for r in 0..rows {
+                for m in 1..=rows - r {
+                    let sub = be.from_host(&x[r * inp..(r + m) * inp], m, inp).unwrap();
+                    let y = be.matmul(&sub, &w).unwrap();
+                    let want = &all.data[r * out..(r + 1) * out];
+                    assert!(
+                        y.data[..out]
+                            .iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "[{rows}×{inp}]·[{out}×{inp}]ᵀ: row {r} differs in a call of {m} rows"
+                    );
+                    let top = be.lm_head_topk(&sub, &w, 3).unwrap();
+                    assert_eq!(
+                        top.row_ids(0),
+                        top_all.row_ids(r),
+                        "top-k ids, row {r}, {m} rows"
+                    );
+                    assert_eq!(
+                        top.row_logprobs(0),
+                        top_all.row_logprobs(r),
+                        "top-k log-probs, row {r}, {m} rows"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn append_rows_equals_concat_rows() {
+        let be = CpuBackend;
+        let mut x = be.from_host(&rand(1, 6), 2, 3).unwrap();
+        let y = be.from_host(&rand(2, 9), 3, 3).unwrap();
+        let want = be.concat_rows(&[&x, &y]).unwrap();
+        be.append_rows(&mut x, &y).unwrap();
+        assert_eq!(
+            (x.rows, x.cols, &x.data),
+            (want.rows, want.cols, &want.data)
+        );
+        let bad = be.from_host(&rand(3, 4), 1, 4).unwrap();
+        let err = be.append_rows(&mut x, &bad).unwrap_err().to_string();
+        assert!(err.contains("4 columns after 3"), "{err}");
+    }
+
+    fn rand(seed: u32, n: usize) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(12345);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+            })
+            .collect()
     }
 }

@@ -297,6 +297,20 @@ pub trait Backend: Send + Sync + 'static {
     fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor>;
     /// Stack tensors with equal column counts.
     fn concat_rows(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+    /// `x = concat_rows([x, y])`: how the KV cache grows. A backend may do it in place.
+    fn append_rows(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<()> {
+        *x = self.concat_rows(&[x, y])?;
+        Ok(())
+    }
+    /// Whether every row of every op's output is bit-identical however many rows share the call.
+    ///
+    /// Why: batched greedy decoding ([`crate::generate::greedy_batch`]) may only group prompts
+    /// when a prompt's continuation cannot depend on its batch-mates; otherwise a cached
+    /// continuation would depend on which prompts ran together. cuBLAS picks algorithms by
+    /// shape, so the CUDA backend says no and decodes one prompt at a time.
+    fn rows_independent(&self) -> bool {
+        false
+    }
     /// Put tensors with equal row counts side by side (DFlash tap fusion).
     fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
     /// Split the columns of `x` into consecutive tensors of the given widths (which must add up

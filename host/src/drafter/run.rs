@@ -10,7 +10,7 @@ use super::metrics::{summarize, PromptInfo};
 use super::model::DFlashDrafter;
 use crate::backend::Backend;
 use crate::model::Capture;
-use crate::prompts::PromptSet;
+use crate::prompts::{Prompt, PromptSet};
 use crate::records::RecordBatch;
 use crate::session::{Packer, Session};
 use crate::store::{NewRun, RunMode, RunPrompt, RunStatus, Store, TrainStyle};
@@ -236,7 +236,6 @@ fn evaluate_prompts<B: Backend>(
     store: &Store,
     run_id: i64,
 ) -> Result<Evaluated> {
-    let tok = s.files.tokenizer()?;
     let layer_ids = match drafter {
         Drafter::DFlash(d) => d.cfg.target_layer_ids.clone(),
         _ => vec![],
@@ -259,45 +258,77 @@ fn evaluate_prompts<B: Backend>(
     ev.all.target_ids = Some(Vec::new());
     ev.all.target_logprobs = Some(Vec::new());
     let mut window = Packer::new(s.pack_tokens);
-    for (i, p) in set.prompts.iter().enumerate() {
+    let batch = s.gen_batch();
+    for (c, chunk) in set.prompts.chunks(batch).enumerate() {
         ev.check_interrupted()?;
-        if opts.fail_after == Some(i) {
-            // The prompts before i are stored, as the option promises.
-            ev.flush(window.finish())?;
-            bail!("stopped after {i} prompts (--fail-after)");
-        }
+        // The target's continuations of a chunk of prompts are decoded together
+        // (Session::continuations); everything after runs prompt by prompt.
         let t = Instant::now();
-        let mut ids = s.prompt_ids(p)?;
-        let prompt_len = ids.len();
-        match opts.eval.labels {
-            Labels::Target => ids.extend(s.continuation(&ids, opts.max_new_tokens)?.ids),
-            Labels::Data => {
-                let c = p.completion.as_deref().with_context(|| {
-                    format!(
-                        "{}: prompt {} has no reference `completion` (needed for --labels data)",
-                        set.source.display(),
-                        p.id
-                    )
-                })?;
-                let mut c_ids = tok.encode(c, false)?;
-                c_ids.truncate(opts.max_new_tokens);
-                ids.extend(c_ids);
-            }
-        }
+        let seqs = chunk_sequences(s, set, opts, chunk)?;
         ev.target_s += t.elapsed().as_secs_f64();
-        let len = ids.len();
-        let pending = Pending {
-            index: i,
-            ids,
-            prompt_len,
-        };
-        if let Some(full) = window.push(pending, len) {
-            ev.flush(full)?;
+        for (j, (ids, prompt_len)) in seqs.into_iter().enumerate() {
+            let i = c * batch + j;
+            ev.check_interrupted()?;
+            if opts.fail_after == Some(i) {
+                // The prompts before i are stored, as the option promises.
+                ev.flush(window.finish())?;
+                bail!("stopped after {i} prompts (--fail-after)");
+            }
+            let len = ids.len();
+            let pending = Pending {
+                index: i,
+                ids,
+                prompt_len,
+            };
+            if let Some(full) = window.push(pending, len) {
+                ev.flush(full)?;
+            }
         }
     }
     ev.flush(window.finish())?;
     ev.pb.finish_and_clear();
     Ok((ev.infos, ev.all, (ev.target_s, ev.draft_s)))
+}
+
+/// Each prompt of `chunk` as (prompt + labels, prompt length): the labels are the target's greedy
+/// continuation (decoded for the whole chunk at once) or, with `--labels data`, the prompt's
+/// reference completion.
+fn chunk_sequences<B: Backend>(
+    s: &Session<B>,
+    set: &PromptSet,
+    opts: &RunOptions,
+    chunk: &[Prompt],
+) -> Result<Vec<(Vec<u32>, usize)>> {
+    let with_labels = |mut ids: Vec<u32>, labels: &[u32]| {
+        let prompt_len = ids.len();
+        ids.extend(labels);
+        (ids, prompt_len)
+    };
+    match opts.eval.labels {
+        Labels::Target => Ok(s
+            .prompts_with_continuations(chunk, opts.max_new_tokens)?
+            .into_iter()
+            .map(|(ids, c)| with_labels(ids, &c.ids))
+            .collect()),
+        Labels::Data => {
+            let tok = s.files.tokenizer()?;
+            chunk
+                .iter()
+                .map(|p| {
+                    let c = p.completion.as_deref().with_context(|| {
+                        format!(
+                            "{}: prompt {} has no reference `completion` (needed for --labels data)",
+                            set.source.display(),
+                            p.id
+                        )
+                    })?;
+                    let mut labels = tok.encode(c, false)?;
+                    labels.truncate(opts.max_new_tokens);
+                    Ok(with_labels(s.prompt_ids(p)?, &labels))
+                })
+                .collect()
+        }
+    }
 }
 
 /// The state of [`evaluate_prompts`]: what every prompt needs and what the run accumulates.

@@ -308,6 +308,35 @@ impl<B: Backend> Attention<B> {
         be.matmul_acc(&o, &self.o_proj, h)
     }
 
+    /// One decode step of several sequences: row r of `x` is the next token of the sequence whose
+    /// cache is `caches[r]`, at position `caches[r]`'s length. The projections run over all rows
+    /// at once; each row then attends over its own cache (appending its K/V), exactly as
+    /// [`Attention::forward`] does for that row alone.
+    pub fn forward_decode(
+        &self,
+        be: &B,
+        x: &B::Tensor,
+        caches: &mut [&mut LayerCache<B>],
+        starts: &[usize],
+        h: &mut B::Tensor,
+    ) -> Result<()> {
+        let positions: Vec<u32> = starts.iter().map(|&s| s as u32).collect();
+        let (q, k, v) = self.qkv(be, x, &positions)?;
+        let mut outs = Vec::with_capacity(caches.len());
+        for (r, (cache, &start)) in caches.iter_mut().zip(starts).enumerate() {
+            let row = |t: &B::Tensor| be.slice_rows(t, r, r + 1);
+            cache.append(be, row(&k)?, row(&v)?)?;
+            let (k_all, v_all) = (
+                cache.k.as_ref().expect("appended"),
+                cache.v.as_ref().expect("appended"),
+            );
+            let mask = AttnMask::Causal { q_start: start };
+            outs.push(be.attention(&row(&q)?, k_all, v_all, self.shape, &mask)?);
+        }
+        let o = be.concat_rows(&outs.iter().collect::<Vec<_>>())?;
+        be.matmul_acc(&o, &self.o_proj, h)
+    }
+
     /// Attend several whole sequences packed row-wise (`seq_starts`, see
     /// [`Backend::attention_varlen`]), each causal over itself only, and add the output
     /// projection to `h`; `positions` restart at 0 for every sequence. No KV cache: this is
@@ -344,14 +373,12 @@ pub struct LayerCache<B: Backend> {
 
 impl<B: Backend> LayerCache<B> {
     fn append(&mut self, be: &B, k: B::Tensor, v: B::Tensor) -> Result<()> {
-        self.k = Some(match self.k.take() {
-            Some(old) => be.concat_rows(&[&old, &k])?,
-            None => k,
-        });
-        self.v = Some(match self.v.take() {
-            Some(old) => be.concat_rows(&[&old, &v])?,
-            None => v,
-        });
+        for (slot, new) in [(&mut self.k, k), (&mut self.v, v)] {
+            match slot {
+                Some(old) => be.append_rows(old, &new)?,
+                None => *slot = Some(new),
+            }
+        }
         Ok(())
     }
 }
@@ -427,6 +454,19 @@ impl<B: Backend> DecoderLayer<B> {
         cache: &mut LayerCache<B>,
     ) -> Result<()> {
         self.forward_with(be, h, |x, h| self.self_attn.forward(be, x, start, cache, h))
+    }
+
+    /// One decode step of several sequences (see [`Attention::forward_decode`]).
+    pub fn forward_decode(
+        &self,
+        be: &B,
+        h: &mut B::Tensor,
+        caches: &mut [&mut LayerCache<B>],
+        starts: &[usize],
+    ) -> Result<()> {
+        self.forward_with(be, h, |x, h| {
+            self.self_attn.forward_decode(be, x, caches, starts, h)
+        })
     }
 
     /// The layer over packed whole sequences (see [`Attention::forward_packed`]).
@@ -536,6 +576,44 @@ impl<B: Backend> TargetModel<B> {
         })?;
         cache.len += ids.len();
         Ok(out)
+    }
+
+    /// One greedy-decoding step of several sequences: `ids[r]` is the next token of the sequence
+    /// whose cache is `caches[r]` (each at its own position). Returns the final-norm hidden
+    /// states `[ids.len(), D]`; row r equals what [`TargetModel::forward`] gives for `ids[r]` and
+    /// `caches[r]` alone when the backend is [`Backend::rows_independent`].
+    ///
+    /// Why: a decode step of one token is a matrix-vector product that reads every weight for
+    /// one row; decoding many prompts together reads them once for all rows.
+    pub fn forward_decode(
+        &self,
+        be: &B,
+        ids: &[u32],
+        caches: &mut [&mut KvCache<B>],
+    ) -> Result<B::Tensor> {
+        if ids.len() != caches.len() {
+            bail!(
+                "decode step: {} tokens for {} caches",
+                ids.len(),
+                caches.len()
+            );
+        }
+        let limit = self.spec.max_position_embeddings;
+        let starts: Vec<usize> = caches.iter().map(|c| c.len).collect();
+        if let Some(r) = starts.iter().position(|&s| s + 1 > limit) {
+            bail!(
+                "decode step: sequence {r} would exceed the model's max_position_embeddings {limit}"
+            );
+        }
+        let out = self.run_layers(be, ids, &Capture::none(), |i, layer, h| {
+            let mut layer_caches: Vec<&mut LayerCache<B>> =
+                caches.iter_mut().map(|c| &mut c.layers[i]).collect();
+            layer.forward_decode(be, h, &mut layer_caches, &starts)
+        })?;
+        for c in caches.iter_mut() {
+            c.len += 1;
+        }
+        Ok(out.last_hidden)
     }
 
     /// Prefill several whole sequences at once: `ids` holds them concatenated, sequence i being
