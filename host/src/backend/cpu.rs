@@ -823,7 +823,7 @@ pub fn top_k_logsoftmax(row: &[f32], k: usize, ids: &mut [u32], lps: &mut [f32])
 mod tests {
     use super::*;
 
-    fn t(rows: usize, cols: usize, seed: u32) -> CpuTensor {
+    pub(super) fn t(rows: usize, cols: usize, seed: u32) -> CpuTensor {
         // Deterministic pseudo-random values in [-1, 1).
         let mut s = seed.wrapping_mul(2654435761).wrapping_add(12345);
         let data = (0..rows * cols)
@@ -1202,14 +1202,10 @@ mod softmax_exp {
     /// The log-sum-exp of a vocabulary-sized row agrees with the f64 one to 1e-6.
     #[test]
     fn sum_exp_shifted_matches_f64() {
-        let mut s = 7u32;
-        let row: Vec<f32> = (0..49_157)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s as f32 / u32::MAX as f32) * 40.0 - 20.0
-            })
+        let row: Vec<f32> = super::tests::t(1, 49_157, 7)
+            .data
+            .iter()
+            .map(|v| v * 20.0)
             .collect();
         let maxv = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let want: f64 = row.iter().map(|&v| ((v - maxv) as f64).exp()).sum();
@@ -1292,14 +1288,6 @@ mod batch_invariance {
     }
 
     fn rand(seed: u32, n: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(12345);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s as f32 / u32::MAX as f32) * 2.0 - 1.0
-            })
-            .collect()
+        super::tests::t(1, n, seed).data
     }
 }
