@@ -293,18 +293,7 @@ impl<B: Backend> Attention<B> {
         let t = be.dims(x).0;
         let positions: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
         let (q, k, v) = self.qkv(be, x, &positions)?;
-        cache.append(be, k, v)?;
-        let (k_all, v_all) = (
-            cache.k.as_ref().expect("appended"),
-            cache.v.as_ref().expect("appended"),
-        );
-        let o = be.attention(
-            &q,
-            k_all,
-            v_all,
-            self.shape,
-            &AttnMask::Causal { q_start: start },
-        )?;
+        let o = cache.append_and_attend(be, &q, k, v, self.shape, start)?;
         be.matmul_acc(&o, &self.o_proj, h)
     }
 
@@ -325,13 +314,14 @@ impl<B: Backend> Attention<B> {
         let mut outs = Vec::with_capacity(caches.len());
         for (r, (cache, &start)) in caches.iter_mut().zip(starts).enumerate() {
             let row = |t: &B::Tensor| be.slice_rows(t, r, r + 1);
-            cache.append(be, row(&k)?, row(&v)?)?;
-            let (k_all, v_all) = (
-                cache.k.as_ref().expect("appended"),
-                cache.v.as_ref().expect("appended"),
-            );
-            let mask = AttnMask::Causal { q_start: start };
-            outs.push(be.attention(&row(&q)?, k_all, v_all, self.shape, &mask)?);
+            outs.push(cache.append_and_attend(
+                be,
+                &row(&q)?,
+                row(&k)?,
+                row(&v)?,
+                self.shape,
+                start,
+            )?);
         }
         let o = be.concat_rows(&outs.iter().collect::<Vec<_>>())?;
         be.matmul_acc(&o, &self.o_proj, h)
@@ -380,6 +370,26 @@ impl<B: Backend> LayerCache<B> {
             }
         }
         Ok(())
+    }
+
+    /// Append the new tokens' K/V, then attend `q` (those tokens, at positions `start..`) over
+    /// every cached position, causally: the cached forward of one sequence and each row of a
+    /// batched decode step.
+    fn append_and_attend(
+        &mut self,
+        be: &B,
+        q: &B::Tensor,
+        k: B::Tensor,
+        v: B::Tensor,
+        shape: AttnShape,
+        start: usize,
+    ) -> Result<B::Tensor> {
+        self.append(be, k, v)?;
+        let (k_all, v_all) = (
+            self.k.as_ref().expect("appended"),
+            self.v.as_ref().expect("appended"),
+        );
+        be.attention(q, k_all, v_all, shape, &AttnMask::Causal { q_start: start })
     }
 }
 
