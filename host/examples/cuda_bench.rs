@@ -1,32 +1,26 @@
-//! CUDA benchmarks of issue 6 (docs/benchmarks-cuda.md): measured ceilings, attention kernels
-//! A/B, GEMM paths per shape, hidden-state extraction on Qwen3-8B shapes with random weights (the
-//! previous configuration and the current one in the same call), a packed mix of prompt lengths,
-//! and DFlash drafter scoring. Prints a table and writes every figure as JSON.
+//! CUDA benchmarks (docs/benchmarks-cuda.md): measured ceilings, attention kernels A/B, GEMM paths
+//! per shape, and the product's own code at Qwen3-8B shapes with random weights: hidden-state
+//! extraction through `TargetModel::forward_packed` (what `extract` and `run` execute; the previous
+//! GEMM/attention configuration and the current one in the same call), a packed mix of prompt
+//! lengths, and `DFlashDrafter` scoring from a random z-lab checkpoint. Prints a table and writes
+//! every figure as JSON.
 //!
 //! cargo build --release -p draftlens --example cuda_bench
 //! cuda_bench [--out results.json] [--mix lengths.txt] [--forwards N] [--quick]
-//!            [--only ceilings,attention,gemm,extract,mix,drafter,product]
+//!            [--only ceilings,attention,gemm,extract,mix,drafter]
 
 use anyhow::{bail, Context, Result};
-use draftlens::backend::cuda::bench::{
-    copy_bandwidth, gemm_tflops, time_median, Decoder, DecoderShape, Drafter, FusedLayer,
-};
+use draftlens::backend::cuda::bench::{copy_bandwidth, gemm_tflops, time_median};
 use draftlens::backend::cuda::{CudaBackend, GemmMode};
-use draftlens::backend::Backend;
+use draftlens::backend::{AttnShape, Backend};
+use draftlens::drafter::random::{write_random_checkpoint, RandomDrafter};
+use draftlens::drafter::DFlashDrafter;
 use draftlens::model::random::{qwen3_8b_spec, RandomWeights};
 use draftlens::model::{Capture, ModelSpec, TargetModel};
 use serde_json::json;
 use std::time::Instant;
 
-const SECTIONS: [&str; 7] = [
-    "ceilings",
-    "attention",
-    "gemm",
-    "extract",
-    "mix",
-    "drafter",
-    "product",
-];
+const SECTIONS: [&str; 6] = ["ceilings", "attention", "gemm", "extract", "mix", "drafter"];
 
 struct Args {
     out: Option<String>,
@@ -69,7 +63,7 @@ fn args() -> Result<Args> {
 
 /// Random token ids (never zeros, never one repeated id).
 fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    draftlens::backend::cuda::bench::host_random(n, seed)
+    draftlens::util::host_random(n, seed)
         .into_iter()
         .map(|x| (((x + 1.0) * 0.5) * (vocab - 1) as f32) as u32)
         .collect()
@@ -132,35 +126,41 @@ fn main() -> Result<()> {
         println!("(ceilings not measured: peak taken as {peak} TFLOP/s)");
     }
 
-    let shape = if a.quick {
-        DecoderShape {
-            layers: 4,
-            ..DecoderShape::qwen3_8b()
-        }
-    } else {
-        DecoderShape::qwen3_8b()
+    let spec = ModelSpec {
+        num_layers: if a.quick { 4 } else { 36 },
+        ..qwen3_8b_spec()
+    };
+    let layers = spec.num_layers;
+    let attn_shape = AttnShape {
+        heads: spec.num_heads,
+        kv_heads: spec.num_kv_heads,
+        head_dim: spec.head_dim,
     };
     let (seq, nseq) = (4096usize, 4usize);
     let starts: Vec<usize> = (0..=nseq).map(|i| i * seq).collect();
     let n = seq * nseq;
-    let flops = shape.prefill_flops_per_token(seq) * n as f64;
-    let gemm_flops = 2.0 * (shape.layer_linear_params() * shape.layers * n) as f64;
+    let flops = spec.prefill_flops_per_token(seq) * n as f64;
+    let gemm_flops = 2.0 * (spec.layer_linear_params() * layers * n) as f64;
     let attn_flops = flops - gemm_flops;
 
-    // ---- attention kernels A/B at the extraction shape (36 launches = one forward's attention)
+    // ---- attention kernels A/B at the extraction shape (one launch per layer = one forward's attention)
     if has("attention") {
-        let q = be.random_tensor(n, shape.heads * shape.head_dim, 1.0, 0.0, 5)?;
-        let k = be.random_tensor(n, shape.kv_heads * shape.head_dim, 1.0, 0.0, 6)?;
-        let v = be.random_tensor(n, shape.kv_heads * shape.head_dim, 1.0, 0.0, 16)?;
+        let (qd, kvd) = (
+            spec.num_heads * spec.head_dim,
+            spec.num_kv_heads * spec.head_dim,
+        );
+        let q = be.random_tensor(n, qd, 1.0, 0.0, 5)?;
+        let k = be.random_tensor(n, kvd, 1.0, 0.0, 6)?;
+        let v = be.random_tensor(n, kvd, 1.0, 0.0, 16)?;
         let qkv = be.concat_cols(&[&q, &k, &v])?;
         let time_attn = |v1: bool, packed: bool| -> Result<f64> {
             be.set_attention_v1(v1);
             time_median(&be, 1, 5, || {
-                for _ in 0..shape.layers {
+                for _ in 0..layers {
                     if packed {
-                        be.attention_varlen_packed(&qkv, shape.attn(), &starts)?;
+                        be.attention_varlen_packed(&qkv, attn_shape, &starts)?;
                     } else {
-                        be.attention_varlen(&q, &k, &v, shape.attn(), &starts)?;
+                        be.attention_varlen(&q, &k, &v, attn_shape, &starts)?;
                     }
                 }
                 Ok(())
@@ -170,16 +170,16 @@ fn main() -> Result<()> {
         let t_v2 = time_attn(false, false)?;
         let t_pk = time_attn(false, true)?;
         be.set_attention_v1(true);
-        let o1 = be.to_host(&be.attention_varlen(&q, &k, &v, shape.attn(), &starts)?)?;
+        let o1 = be.to_host(&be.attention_varlen(&q, &k, &v, attn_shape, &starts)?)?;
         be.set_attention_v1(false);
-        let o2 = be.to_host(&be.attention_varlen(&q, &k, &v, shape.attn(), &starts)?)?;
-        let op = be.to_host(&be.attention_varlen_packed(&qkv, shape.attn(), &starts)?)?;
+        let o2 = be.to_host(&be.attention_varlen(&q, &k, &v, attn_shape, &starts)?)?;
+        let op = be.to_host(&be.attention_varlen_packed(&qkv, attn_shape, &starts)?)?;
         let d12 = draftlens::parity::diff(&o1, &o2);
         let d2p = draftlens::parity::diff(&o2, &op);
         let per = attn_flops;
         println!(
-            "attention ({} varlen causal launches, {nseq}x{seq}, hd {}, {}/{} heads): v1 {:.4} s ({:.0} TFLOP/s), v2 {:.4} s ({:.0}), v2 on packed qkv {:.4} s ({:.0}); v2 vs v1 rel {:.2e} max {:.2e}; packed vs v2 rel {:.2e}",
-            shape.layers, shape.head_dim, shape.heads, shape.kv_heads,
+            "attention ({layers} varlen causal launches, {nseq}x{seq}, hd {}, {}/{} heads): v1 {:.4} s ({:.0} TFLOP/s), v2 {:.4} s ({:.0}), v2 on packed qkv {:.4} s ({:.0}); v2 vs v1 rel {:.2e} max {:.2e}; packed vs v2 rel {:.2e}",
+            spec.head_dim, spec.num_heads, spec.num_kv_heads,
             t_v1, per / t_v1 / 1e12, t_v2, per / t_v2 / 1e12, t_pk, per / t_pk / 1e12,
             d12.rel_l2, d12.max_abs, d2p.rel_l2
         );
@@ -217,99 +217,50 @@ fn main() -> Result<()> {
         );
     }
 
-    // ---- the product's path: `TargetModel` (what `draftlens extract` and `run` execute) loaded
-    // through the normal `WeightSource` route from random Qwen3-8B weights, 4 × 4096 tokens packed
-    // per forward, the same 5 taps. Everything above is the harness's own decoder.
-    if has("product") {
-        let spec = ModelSpec {
-            num_layers: shape.layers,
-            ..qwen3_8b_spec()
-        };
-        let t0 = Instant::now();
-        let model = TargetModel::load(&be, &spec, &RandomWeights::new(&spec, 42))?;
-        be.synchronize()?;
-        let load_s = t0.elapsed().as_secs_f64();
-        let capture = Capture::hf_indices(
-            [2usize, 10, 18, 26, 34]
-                .map(|t| t.min(spec.num_layers))
-                .to_vec(),
-            spec.num_layers,
-        )?;
-        let toks = ids(n, spec.vocab_size, 7);
-        let t = time_median(&be, 1, a.reps, || {
-            model
-                .forward_packed(&be, &toks, &starts, &capture)
-                .map(|_| ())
-        })?;
-        let floor_s = flops / (peak * 1e12);
-        println!(
-            "product TargetModel::forward_packed: {t:.3} s/forward, {:.0} tok/s, {:.1} s per 1M tokens, {:.0} TFLOP/s = {:.1}% of the compute floor ({floor_s:.3} s at {peak:.0}); load from RandomWeights {load_s:.1} s",
-            n as f64 / t,
-            1e6 * t / n as f64,
-            flops / t / 1e12,
-            100.0 * floor_s / t
-        );
-        results.insert(
-            "product_extract".into(),
-            json!({"s_per_forward": t, "tokens_per_s": n as f64 / t, "tflops": flops / t / 1e12,
-                   "pct_of_floor": 100.0 * floor_s / t, "load_s": load_s, "tokens": n, "seqs": nseq}),
-        );
-    }
-
     let need_model = has("extract") || has("mix") || has("drafter");
     if !need_model {
         return finish(&be, &a, results);
     }
+    // The product's target, loaded through the normal `WeightSource` route (random Qwen3-8B-shaped
+    // weights: speed does not depend on the values).
+    new_config(&be)?;
     let t0 = Instant::now();
-    let model = Decoder::random_on_device(&be, &shape, 42)?;
+    let model = TargetModel::load(&be, &spec, &RandomWeights::new(&spec, 42))?;
     be.synchronize()?;
-    println!(
-        "random Qwen3-8B-shaped weights ({} layers) on the GPU in {:.1} s",
-        shape.layers,
-        t0.elapsed().as_secs_f64()
-    );
-    let taps = [2usize, 10, 18, 26, 34].map(|t| t.min(shape.layers));
-    let toks = ids(n, shape.vocab, 7);
+    let load_s = t0.elapsed().as_secs_f64();
+    println!("TargetModel::load of random Qwen3-8B-shaped weights ({layers} layers, generated on the host): {load_s:.1} s");
+    let taps_hf: Vec<usize> = [2usize, 10, 18, 26, 34].map(|t| t.min(layers)).to_vec();
+    let capture = Capture::hf_indices(taps_hf.clone(), layers)?;
+    let toks = ids(n, spec.vocab_size, 7);
     let tok_s = |t: f64| n as f64 / t;
     let rate = |t: f64| flops / t / 1e12;
     let floor_s = flops / (peak * 1e12);
-    let mut best_fused_gate_up = false;
+    let last_tap = |be: &CudaBackend| -> Result<Vec<f32>> {
+        let o = model.forward_packed(be, &toks, &starts, &capture)?;
+        be.to_host(
+            o.captured
+                .get(*taps_hf.last().expect("taps"))
+                .expect("captured"),
+        )
+    };
 
     // ---- extraction, Qwen3-8B, 4 × 4096 tokens per forward, 5 DFlash taps
     if has("extract") {
         // Previous configuration, then the current one, same weights and tokens, same call.
         old_config(&be)?;
         let t_old = time_median(&be, 1, a.reps, || {
-            model.forward(&be, &toks, &starts, &taps).map(|_| ())
+            model
+                .forward_packed(&be, &toks, &starts, &capture)
+                .map(|_| ())
         })?;
-        let ref_last = {
-            let o = model.forward(&be, &toks, &starts, &taps)?;
-            be.to_host(&o.taps[taps.len() - 1])?
-        };
+        let ref_last = last_tap(&be)?;
         new_config(&be)?;
         let t_new = time_median(&be, 1, a.reps, || {
-            model.forward(&be, &toks, &starts, &taps).map(|_| ())
+            model
+                .forward_packed(&be, &toks, &starts, &capture)
+                .map(|_| ())
         })?;
-        let new_last = {
-            let o = model.forward(&be, &toks, &starts, &taps)?;
-            be.to_host(&o.taps[taps.len() - 1])?
-        };
-        let d_new = draftlens::parity::diff(&ref_last, &new_last);
-        let mut fused_runs = vec![];
-        for gate_up in [false, true] {
-            let fused: Vec<FusedLayer> = model.fuse_with(&be, gate_up)?;
-            let t = time_median(&be, 1, a.reps, || {
-                model
-                    .forward_fused(&be, &fused, &toks, &starts, &taps)
-                    .map(|_| ())
-            })?;
-            let last = {
-                let o = model.forward_fused(&be, &fused, &toks, &starts, &taps)?;
-                be.to_host(&o.taps[taps.len() - 1])?
-            };
-            fused_runs.push((gate_up, t, draftlens::parity::diff(&new_last, &last)));
-        }
-        best_fused_gate_up = fused_runs[1].1 < fused_runs[0].1;
+        let d_new = draftlens::parity::diff(&ref_last, &last_tap(&be)?);
         let line = |name: &str, t: f64| {
             println!(
                 "extract {name}: {t:.3} s/forward, {:.0} tok/s, {:.1} s per 1M tokens, {:.0} TFLOP/s = {:.1}% of the compute floor ({floor_s:.3} s at {peak:.0})",
@@ -319,133 +270,108 @@ fn main() -> Result<()> {
                 100.0 * floor_s / t
             )
         };
-        line("previous config (attention v1, cublasGemmEx)", t_old);
-        line("current (attention v2, cuBLASLt tuned)", t_new);
-        for (gu, t, d) in &fused_runs {
-            line(
-                &format!(
-                    "fused QKV{} + epilogue adds + packed q/k norm-RoPE",
-                    if *gu { " + gate|up" } else { "" }
-                ),
-                *t,
-            );
-            println!("  last tap vs unfused current: rel {:.2e}", d.rel_l2);
-        }
+        line(
+            "TargetModel::forward_packed, previous config (attention v1, cublasGemmEx)",
+            t_old,
+        );
+        line(
+            "TargetModel::forward_packed, current (attention v2, cuBLASLt tuned)",
+            t_new,
+        );
         println!(
             "  current vs previous config, last tap: rel {:.2e}, max {:.2e}; speed-up {:.3}x",
             d_new.rel_l2,
             d_new.max_abs,
             t_old / t_new
         );
-        // Where the fused forward's time goes: each part alone, 36 times (72 for the two norms),
-        // at the same shapes, every layer's own weights, gate|up fused.
-        let fused_breakdown = {
-            let fused = model.fuse_with(&be, true)?;
-            let (d, qkvw) = (
-                shape.hidden,
-                (shape.heads + 2 * shape.kv_heads) * shape.head_dim,
-            );
+        // Where the forward's time goes: each part alone, once per layer, at the same shapes,
+        // every layer's own weights.
+        let breakdown = {
+            let d = spec.hidden_size;
+            let qkvw = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim;
             let x = be.random_tensor(n, d, 1.0, 0.0, 21)?;
-            let a_in = be.random_tensor(n, shape.heads * shape.head_dim, 1.0, 0.0, 22)?;
-            let m_in = be.random_tensor(n, shape.inter, 1.0, 0.0, 23)?;
+            let a_in = be.random_tensor(n, spec.num_heads * spec.head_dim, 1.0, 0.0, 22)?;
+            let m_in = be.random_tensor(n, spec.intermediate_size, 1.0, 0.0, 23)?;
             let mut hacc = be.random_tensor(n, d, 1.0, 0.0, 24)?;
             let mut qkv_t = be.random_tensor(n, qkvw, 1.0, 0.0, 25)?;
-            let gu_t = be.random_tensor(n, 2 * shape.inter, 1.0, 0.0, 26)?;
-            let positions = draftlens::backend::cuda::bench::positions_for(&starts);
-            let mut parts: Vec<(&str, f64, f64)> = vec![]; // (name, s, bytes or flops per forward)
-            let t = time_median(&be, 1, 3, || {
-                for f in &fused {
-                    be.matmul(&x, &f.qkv)?;
-                }
-                Ok(())
-            })?;
-            parts.push((
-                "GEMM qkv (fused)",
-                t,
-                2.0 * (n * qkvw * d * shape.layers) as f64,
-            ));
+            let gu_t = be.random_tensor(n, 2 * spec.intermediate_size, 1.0, 0.0, 26)?;
+            let positions = draftlens::util::packed_positions(&starts);
+            let (l0, rope) = (&model.layers[0], spec.rope());
+            let (qn, kn) = (
+                l0.self_attn.q_norm.as_ref().context("Qwen3 has q_norm")?,
+                l0.self_attn.k_norm.as_ref().context("Qwen3 has k_norm")?,
+            );
+            let mut parts: Vec<(&str, f64, f64)> = vec![]; // (name, s, flops or bytes per forward)
             let t = time_median(&be, 1, 3, || {
                 for l in &model.layers {
-                    be.matmul_acc(&a_in, &l.o, &mut hacc)?;
+                    be.matmul(&x, &l.self_attn.qkv_proj)?;
                 }
                 Ok(())
             })?;
-            parts.push((
-                "GEMM o (+= residual)",
-                t,
-                2.0 * (n * d * d * shape.layers) as f64,
-            ));
+            parts.push(("GEMM qkv (fused)", t, 2.0 * (n * qkvw * d * layers) as f64));
             let t = time_median(&be, 1, 3, || {
-                for f in &fused {
-                    be.matmul(&x, f.gate_up.as_ref().expect("fused with gate|up"))?;
+                for l in &model.layers {
+                    be.matmul_acc(&a_in, &l.self_attn.o_proj, &mut hacc)?;
+                }
+                Ok(())
+            })?;
+            parts.push(("GEMM o (+= residual)", t, 2.0 * (n * d * d * layers) as f64));
+            let t = time_median(&be, 1, 3, || {
+                for l in &model.layers {
+                    be.matmul(&x, &l.mlp.gate_up_proj)?;
                 }
                 Ok(())
             })?;
             parts.push((
                 "GEMM gate|up (fused)",
                 t,
-                2.0 * (n * 2 * shape.inter * d * shape.layers) as f64,
+                2.0 * (n * 2 * spec.intermediate_size * d * layers) as f64,
             ));
             let t = time_median(&be, 1, 3, || {
                 for l in &model.layers {
-                    be.matmul_acc(&m_in, &l.down, &mut hacc)?;
+                    be.matmul_acc(&m_in, &l.mlp.down_proj, &mut hacc)?;
                 }
                 Ok(())
             })?;
             parts.push((
                 "GEMM down (+= residual)",
                 t,
-                2.0 * (n * shape.inter * d * shape.layers) as f64,
+                2.0 * (n * spec.intermediate_size * d * layers) as f64,
             ));
-            let l0 = &model.layers[0];
             let t = time_median(&be, 1, 3, || {
-                for _ in 0..shape.layers {
+                for _ in 0..layers {
                     be.qk_norm_rope_packed(
                         &mut qkv_t,
-                        shape.attn(),
-                        &l0.q_norm,
-                        &l0.k_norm,
-                        shape.eps,
+                        attn_shape,
+                        &qn.weight,
+                        &kn.weight,
+                        spec.rms_norm_eps,
                         &positions,
-                        &shape.rope(),
+                        &rope,
                     )?;
                 }
                 Ok(())
             })?;
-            let qk_bytes = 2.0 * 2.0 * (n * (shape.heads + shape.kv_heads) * shape.head_dim) as f64;
-            parts.push((
-                "q/k norm + RoPE (packed)",
-                t,
-                qk_bytes * shape.layers as f64,
-            ));
+            let qk_bytes =
+                2.0 * 2.0 * (n * (spec.num_heads + spec.num_kv_heads) * spec.head_dim) as f64;
+            parts.push(("q/k norm + RoPE (packed)", t, qk_bytes * layers as f64));
             let t = time_median(&be, 1, 3, || {
-                for _ in 0..shape.layers {
-                    be.attention_varlen_packed(&qkv_t, shape.attn(), &starts)?;
+                for _ in 0..layers {
+                    be.attention_varlen_packed(&qkv_t, attn_shape, &starts)?;
                 }
                 Ok(())
             })?;
             parts.push(("attention v2 (packed qkv)", t, attn_flops));
             let t = time_median(&be, 1, 3, || {
                 for l in &model.layers {
-                    be.rms_norm_rows(&x, &l.in_norm, shape.eps)?;
-                    be.rms_norm_rows(&x, &l.post_norm, shape.eps)?;
+                    be.rms_norm(&x, &l.input_layernorm.weight, spec.rms_norm_eps, d)?;
+                    be.rms_norm(&x, &l.post_attention_layernorm.weight, spec.rms_norm_eps, d)?;
                 }
                 Ok(())
             })?;
-            parts.push((
-                "RMSNorm x2 (rows kernel)",
-                t,
-                2.0 * 2.0 * 2.0 * (n * d * shape.layers) as f64,
-            ));
-            let t_seam_norm = time_median(&be, 1, 3, || {
-                for l in &model.layers {
-                    be.rms_norm(&x, &l.in_norm, shape.eps, d)?;
-                    be.rms_norm(&x, &l.post_norm, shape.eps, d)?;
-                }
-                Ok(())
-            })?;
+            parts.push(("RMSNorm x2", t, 2.0 * 2.0 * 2.0 * (n * d * layers) as f64));
             let t = time_median(&be, 1, 3, || {
-                for _ in 0..shape.layers {
+                for _ in 0..layers {
                     be.swiglu_packed(&gu_t)?;
                 }
                 Ok(())
@@ -453,17 +379,21 @@ fn main() -> Result<()> {
             parts.push((
                 "SwiGLU (packed)",
                 t,
-                2.0 * 3.0 * (n * shape.inter * shape.layers) as f64,
+                2.0 * 3.0 * (n * spec.intermediate_size * layers) as f64,
             ));
             let t = time_median(&be, 1, 3, || {
-                for _ in 0..taps.len() {
+                for _ in 0..taps_hf.len() {
                     be.clone_tensor(&x)?;
                 }
                 Ok(())
             })?;
-            parts.push(("tap copies x5", t, 2.0 * 2.0 * (n * d * taps.len()) as f64));
+            parts.push((
+                "tap copies x5",
+                t,
+                2.0 * 2.0 * (n * d * taps_hf.len()) as f64,
+            ));
             let sum: f64 = parts.iter().map(|p| p.1).sum();
-            println!("  fused forward (gate|up fused) part by part, each alone:");
+            println!("  TargetModel::forward_packed part by part, each alone:");
             for (name, t, work) in &parts {
                 if name.starts_with("GEMM") || name.starts_with("attention") {
                     println!("    {name:<28} {t:.4} s  {:.0} TFLOP/s", work / t / 1e12);
@@ -472,77 +402,40 @@ fn main() -> Result<()> {
                 }
             }
             println!(
-                "    sum {sum:.4} s vs the whole fused forward {:.4} s (difference: launch gaps, embedding, final norm, allocations)",
-                fused_runs[1].1
-            );
-            println!(
-                "    (for comparison: the seam's rms_norm kernel, same 72 norms: {t_seam_norm:.4} s)"
+                "    sum {sum:.4} s vs the whole forward {t_new:.4} s (difference: launch gaps, embedding, final norm, allocations)"
             );
             json!(parts
                 .iter()
                 .map(|(name, t, _)| json!({"part": name, "s": t}))
                 .collect::<Vec<_>>())
         };
-        // Taps copied to page-locked host memory after each forward (not overlapped), current.
-        let per_tap = n * shape.hidden;
-        let mut pinned = be.alloc_pinned_bf16(per_tap * taps.len())?;
+        // Taps copied to page-locked host memory after each forward (not overlapped).
+        let per_tap = n * spec.hidden_size;
+        let mut pinned = be.alloc_pinned_bf16(per_tap * taps_hf.len())?;
         let t_d2h = time_median(&be, 1, a.reps.min(3), || {
-            let out = model.forward(&be, &toks, &starts, &taps)?;
-            for (i, t) in out.taps.iter().enumerate() {
-                be.copy_to_pinned(t, &mut pinned, i * per_tap)?;
+            let out = model.forward_packed(&be, &toks, &starts, &capture)?;
+            for (i, &hf) in taps_hf.iter().enumerate() {
+                be.copy_to_pinned(
+                    out.captured.get(hf).context("tap")?,
+                    &mut pinned,
+                    i * per_tap,
+                )?;
             }
             Ok(())
         })?;
         println!(
-            "extract current incl. D2H of 5 taps ({:.2} GB) to pinned memory: {t_d2h:.3} s/forward, {:.0} tok/s",
-            (per_tap * taps.len() * 2) as f64 / 1e9,
+            "extract incl. D2H of 5 taps ({:.2} GB) to pinned memory: {t_d2h:.3} s/forward, {:.0} tok/s",
+            (per_tap * taps_hf.len() * 2) as f64 / 1e9,
             tok_s(t_d2h)
         );
         drop(pinned);
-        // Breakdown: the GEMMs alone (each path) and the attention alone at the same shapes.
-        let x = be.random_tensor(n, shape.hidden, 1.0, 0.0, 3)?;
-        let xi = be.random_tensor(n, shape.inter, 1.0, 0.0, 4)?;
-        let mut t_gemm = serde_json::Map::new();
-        let mut gemm_line = String::from("  breakdown per forward: GEMMs");
-        for mode in [GemmMode::GemmEx, GemmMode::LtTuned] {
-            be.set_gemm_mode(mode)?;
-            // Every layer's own weights, as in the forward (no weight reuse through the L2).
-            let t = time_median(&be, 1, 3, || {
-                for l in &model.layers {
-                    for w in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up] {
-                        be.matmul(&x, w)?;
-                    }
-                    be.matmul(&xi, &l.down)?;
-                }
-                Ok(())
-            })?;
-            gemm_line += &format!(" {mode:?} {t:.3} s ({:.0} TFLOP/s)", gemm_flops / t / 1e12);
-            t_gemm.insert(format!("{mode:?}"), json!(t));
-        }
-        new_config(&be)?;
-        let q = be.random_tensor(n, shape.heads * shape.head_dim, 1.0, 0.0, 5)?;
-        let kv = be.random_tensor(n, shape.kv_heads * shape.head_dim, 1.0, 0.0, 6)?;
-        let t_attn = time_median(&be, 1, 3, || {
-            for _ in 0..shape.layers {
-                be.attention_varlen(&q, &kv, &kv, shape.attn(), &starts)?;
-            }
-            Ok(())
-        })?;
-        let t_gemm_lt = t_gemm["LtTuned"].as_f64().unwrap_or(f64::NAN);
-        println!(
-            "{gemm_line}; attention v2 {t_attn:.3} s ({:.0} TFLOP/s causal-useful); rest of the current unfused forward {:.3} s",
-            attn_flops / t_attn / 1e12,
-            t_new - t_gemm_lt - t_attn
-        );
-        drop((x, xi, q, kv));
         let rec = |t: f64| json!({"s_per_forward": t, "tokens_per_s": tok_s(t), "s_per_1m_tokens": 1e6 * t / n as f64, "tflops": rate(t), "frac_of_floor": floor_s / t});
         results.insert(
             "extract_qwen3_8b".into(),
-            json!({"layers": shape.layers, "tokens_per_forward": n, "seq_len": seq, "taps_hf": taps, "floor_s": floor_s, "peak_tflops": peak,
+            json!({"path": "TargetModel::forward_packed", "layers": layers, "tokens_per_forward": n, "seq_len": seq, "taps_hf": taps_hf,
+                   "floor_s": floor_s, "peak_tflops": peak, "load_s": load_s,
                    "previous_config": rec(t_old), "current": rec(t_new), "current_vs_previous_last_tap": d_new,
-                   "fused_qkv": rec(fused_runs[0].1), "fused_qkv_gate_up": rec(fused_runs[1].1),
-                   "fused_vs_current_last_tap": [fused_runs[0].2.clone(), fused_runs[1].2.clone()],
-                   "current_with_d2h_s": t_d2h, "gemm_s": t_gemm, "attn_v2_s": t_attn, "fused_breakdown": fused_breakdown}),
+                   "current_with_d2h_s": t_d2h, "breakdown": breakdown}),
         );
     }
     let tuned = be.gemm_tune_records();
@@ -581,23 +474,15 @@ fn main() -> Result<()> {
                     .with_context(|| format!("{path}: bad length {l:?}"))
             })
             .collect::<Result<_>>()?;
-        let budget = 16384usize;
-        // First-fit in input order: each forward takes sequences until the next would overflow.
-        let mut batches: Vec<Vec<usize>> = vec![];
-        let mut cur: Vec<usize> = vec![];
-        for &l in &lens {
-            if !cur.is_empty() && cur.iter().sum::<usize>() + l > budget {
-                batches.push(std::mem::take(&mut cur));
-            }
-            cur.push(l);
-        }
-        if !cur.is_empty() {
-            batches.push(cur);
-        }
+        // The product's packer (`Session::target_passes`): input order, 16k tokens per forward.
+        let mut packer = draftlens::session::Packer::new(draftlens::session::DEFAULT_PACK_TOKENS);
+        let mut batches: Vec<Vec<usize>> = lens.iter().filter_map(|&l| packer.push(l, l)).collect();
+        batches.push(packer.finish());
+        batches.retain(|b| !b.is_empty());
         let total: usize = lens.iter().sum();
         let mix_flops: f64 = lens
             .iter()
-            .map(|&l| shape.prefill_flops_per_token(l) * l as f64)
+            .map(|&l| spec.prefill_flops_per_token(l) * l as f64)
             .sum();
         let prepared: Vec<(Vec<u32>, Vec<usize>)> = batches
             .iter()
@@ -607,74 +492,84 @@ fn main() -> Result<()> {
                 for l in b {
                     st.push(st.last().unwrap() + l);
                 }
-                (ids(*st.last().unwrap(), shape.vocab, 100 + i as u64), st)
+                (
+                    ids(*st.last().unwrap(), spec.vocab_size, 100 + i as u64),
+                    st,
+                )
             })
             .collect();
         let t_mix = time_median(&be, 1, 3, || {
             for (tk, st) in &prepared {
-                model.forward(&be, tk, st, &taps)?;
+                model.forward_packed(&be, tk, st, &capture)?;
             }
             Ok(())
         })?;
-        println!("mix (current, unfused): {} sequences, {total} tokens in {} packed forwards: {:.3} s, {:.0} tok/s, {:.0} TFLOP/s", lens.len(), batches.len(), t_mix, total as f64 / t_mix, mix_flops / t_mix / 1e12);
-        let fused = model.fuse_with(&be, best_fused_gate_up)?;
-        let t_mix_fused = time_median(&be, 1, 3, || {
-            for (tk, st) in &prepared {
-                model.forward_fused(&be, &fused, tk, st, &taps)?;
-            }
-            Ok(())
-        })?;
-        println!(
-            "mix fused (gate|up fused: {best_fused_gate_up}): {:.3} s, {:.0} tok/s, {:.0} TFLOP/s",
-            t_mix_fused,
-            total as f64 / t_mix_fused,
-            mix_flops / t_mix_fused / 1e12
-        );
+        let mix_floor = mix_flops / (peak * 1e12);
+        println!("mix (TargetModel::forward_packed): {} sequences, {total} tokens in {} packed forwards: {:.3} s, {:.0} tok/s, {:.0} TFLOP/s = {:.1}% of the compute floor", lens.len(), batches.len(), t_mix, total as f64 / t_mix, mix_flops / t_mix / 1e12, 100.0 * mix_floor / t_mix);
         results.insert(
             "mix".into(),
-            json!({"sequences": lens.len(), "tokens": total, "forwards": batches.len(), "s": t_mix, "tokens_per_s": total as f64 / t_mix, "tflops": mix_flops / t_mix / 1e12,
-                   "fused_s": t_mix_fused, "fused_tokens_per_s": total as f64 / t_mix_fused, "fused_gate_up": best_fused_gate_up}),
+            json!({"sequences": lens.len(), "tokens": total, "forwards": batches.len(), "s": t_mix, "tokens_per_s": total as f64 / t_mix,
+                   "tflops": mix_flops / t_mix / 1e12, "frac_of_floor": mix_floor / t_mix}),
         );
     }
 
-    // ---- DFlash drafter scoring: 5 layers, B = 16, top-8, 4096 context positions, all anchors
+    // ---- DFlash drafter scoring: the product's `DFlashDrafter` (5 layers, B = 16, top-8) over
+    // 4096 context positions, every position an anchor
     if has("drafter") {
         new_config(&be)?;
-        let dshape = if a.quick {
-            DecoderShape {
-                layers: 2,
-                ..DecoderShape::qwen3_8b_drafter()
-            }
-        } else {
-            DecoderShape::qwen3_8b_drafter()
-        };
-        let drafter = Drafter::random_on_device(&be, &dshape, 16, 5, 77)?;
+        let dir = tempfile::tempdir()?;
+        write_random_checkpoint(
+            dir.path(),
+            &spec,
+            &RandomDrafter {
+                layers: if a.quick { 2 } else { 5 },
+                block_size: 16,
+                target_layer_ids: vec![1, 9, 17, 25, 33]
+                    .into_iter()
+                    .map(|t: usize| t.min(layers - 1))
+                    .collect(),
+                intermediate_size: spec.intermediate_size,
+                mask_token_id: 151_669,
+                sliding_layers: 0,
+                sliding_window: 0,
+                seed: 77,
+            },
+        )?;
+        let drafter = DFlashDrafter::load(&be, dir.path(), spec.hidden_size)?;
         let ctx_len = 4096usize;
-        let taps_cat = be.random_tensor(ctx_len, 5 * dshape.hidden, 1.0, 0.0, 8)?;
+        let taps: Vec<Vec<f32>> = (0..5)
+            .map(|j| draftlens::util::host_random(ctx_len * spec.hidden_size, 8 + j))
+            .collect();
+        let tap_refs: Vec<&[f32]> = taps.iter().map(Vec::as_slice).collect();
         let anchors_per_call = 512usize;
         let all_anchors: Vec<usize> = (0..ctx_len).collect();
-        let anchor_tok = ids(ctx_len, dshape.vocab, 9);
-        let t_ctx = time_median(&be, 1, 3, || drafter.context(&be, &taps_cat).map(|_| ()))?;
-        let ctx = drafter.context(&be, &taps_cat)?;
+        let anchor_tok = ids(ctx_len, spec.vocab_size, 9);
+        let t_ctx = time_median(&be, 1, 3, || {
+            drafter
+                .context(&be, &tap_refs, spec.hidden_size)
+                .map(|_| ())
+        })?;
+        let ctx = drafter.context(&be, &tap_refs, spec.hidden_size)?;
         let t_draft = time_median(&be, 1, 3, || {
             for (ch, tk) in all_anchors
                 .chunks(anchors_per_call)
                 .zip(anchor_tok.chunks(anchors_per_call))
             {
-                drafter.draft(&be, &ctx, &model.embed, &model.embed, ch, tk, 151669, 8)?;
+                drafter.draft(&be, &model, &ctx, ch, tk, false, 8)?;
             }
             Ok(())
         })?;
         let n_anchor = all_anchors.len();
+        let cfg = &drafter.cfg;
         let draft_flops: f64 = all_anchors
             .iter()
-            .map(|&a| drafter.flops_per_anchor(a))
+            .map(|&a| cfg.flops_per_anchor(a, spec.vocab_size))
             .sum::<f64>()
-            + drafter.flops_per_context_token() * ctx_len as f64;
+            + cfg.flops_per_context_token(spec.hidden_size) * ctx_len as f64;
         let total_s = t_draft + t_ctx;
         let floor = draft_flops / (peak * 1e12);
         println!(
-            "drafter: {n_anchor} anchors ({anchors_per_call}/call, B=16, top-8, ctx {ctx_len}): context {:.3} s + drafting {:.3} s = {:.0} anchors/s; {:.0} TFLOP/s, {:.1}% of peak (floor {:.0} anchors/s)",
+            "DFlashDrafter: {n_anchor} anchors ({anchors_per_call}/call, B=16, top-8, ctx {ctx_len}): context {:.3} s (incl. upload of the host taps) + drafting {:.3} s = {:.0} anchors/s; {:.0} TFLOP/s, {:.1}% of peak (floor {:.0} anchors/s)",
             t_ctx,
             t_draft,
             n_anchor as f64 / total_s,
@@ -684,7 +579,7 @@ fn main() -> Result<()> {
         );
         results.insert(
             "drafter".into(),
-            json!({"layers": dshape.layers, "block": 16, "top_k": 8, "ctx_len": ctx_len, "anchors": n_anchor, "anchors_per_call": anchors_per_call,
+            json!({"path": "DFlashDrafter", "layers": cfg.num_layers, "block": 16, "top_k": 8, "ctx_len": ctx_len, "anchors": n_anchor, "anchors_per_call": anchors_per_call,
                    "context_s": t_ctx, "draft_s": t_draft, "anchors_per_s": n_anchor as f64 / total_s, "tflops": draft_flops / total_s / 1e12,
                    "floor_anchors_per_s": n_anchor as f64 / floor, "frac_of_floor": floor / total_s}),
         );

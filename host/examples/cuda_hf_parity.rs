@@ -10,13 +10,16 @@
 
 use anyhow::{Context, Result};
 use draftlens::backend::cpu::CpuBackend;
-use draftlens::backend::cuda::bench::{host_random, DecoderShape, HostWeights};
 use draftlens::backend::cuda::CudaBackend;
 use draftlens::backend::Backend;
+use draftlens::formats::WeightSource;
 use draftlens::model::capture::Capture;
 use draftlens::model::load::TargetFiles;
+use draftlens::model::random::{qwen3_8b_spec, RandomWeights};
 use draftlens::model::transformer::TargetModel;
+use draftlens::model::ModelSpec;
 use draftlens::parity::{format_checks, target_parity};
+use draftlens::util::host_random;
 use safetensors::{Dtype, View};
 use std::borrow::Cow;
 use std::path::Path;
@@ -91,67 +94,35 @@ fn main() -> Result<()> {
             return Ok(());
         }
     };
-    // Qwen3-0.6B widths (head_dim 128, GQA 2:1) with 6 layers and a small vocabulary.
-    let s = DecoderShape {
-        vocab: 8192,
-        hidden: 1024,
-        inter: 3072,
-        layers: 6,
-        heads: 16,
-        kv_heads: 8,
+    // Qwen3-0.6B widths (head_dim 128, GQA 2:1) with 6 layers, a small vocabulary and tied
+    // embeddings; weights of std 0.05 and norms in 1 ± 0.3, bf16-exact (the checkpoint is bf16).
+    let spec = ModelSpec {
+        vocab_size: 8192,
+        hidden_size: 1024,
+        intermediate_size: 3072,
+        num_layers: 6,
+        num_heads: 16,
+        num_kv_heads: 8,
         head_dim: 128,
-        eps: 1e-6,
-        theta: 1e6,
+        tie_word_embeddings: true,
+        max_position_embeddings: 4096,
+        ..qwen3_8b_spec()
     };
-    let w = HostWeights::random(&s, 2024, 0.05);
-    let names = [
-        "input_layernorm",
-        "self_attn.q_proj",
-        "self_attn.k_proj",
-        "self_attn.v_proj",
-        "self_attn.o_proj",
-        "self_attn.q_norm",
-        "self_attn.k_norm",
-        "post_attention_layernorm",
-        "mlp.gate_proj",
-        "mlp.up_proj",
-        "mlp.down_proj",
-    ];
-    let (d, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
-    let shapes = [
-        vec![d],
-        vec![q, d],
-        vec![kv, d],
-        vec![kv, d],
-        vec![d, q],
-        vec![s.head_dim],
-        vec![s.head_dim],
-        vec![d],
-        vec![s.inter, d],
-        vec![s.inter, d],
-        vec![d, s.inter],
-    ];
-    let mut tensors = vec![
-        (
-            "model.embed_tokens.weight".to_string(),
-            bf16_raw(&w.embed, vec![s.vocab, d]),
-        ),
-        ("model.norm.weight".to_string(), bf16_raw(&w.norm, vec![d])),
-    ];
-    for (l, lw) in w.layers.iter().enumerate() {
-        for ((n, sh), v) in names.iter().zip(&shapes).zip(lw) {
-            tensors.push((
-                format!("model.layers.{l}.{n}.weight"),
-                bf16_raw(v, sh.clone()),
-            ));
-        }
+    let w = RandomWeights::new(&spec, 2024)
+        .with_init(0.05, 0.3)
+        .bf16_exact();
+    let mut tensors = Vec::new();
+    for info in w.tensors() {
+        let t = w.tensor(&info.name)?;
+        tensors.push((info.name, bf16_raw(&t.data, t.shape)));
     }
     write(&dir.join("model.safetensors"), tensors)?;
     let config = serde_json::json!({
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": s.vocab, "hidden_size": d,
-        "intermediate_size": s.inter, "num_hidden_layers": s.layers, "num_attention_heads": s.heads,
-        "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim, "hidden_act": "silu", "rms_norm_eps": s.eps,
-        "rope_theta": s.theta, "max_position_embeddings": 4096, "tie_word_embeddings": true, "attention_bias": false,
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers, "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "hidden_act": "silu",
+        "rms_norm_eps": spec.rms_norm_eps, "rope_theta": spec.rope_theta, "max_position_embeddings": 4096, "tie_word_embeddings": true, "attention_bias": false,
         "use_sliding_window": false, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2
     });
     std::fs::write(
@@ -164,7 +135,7 @@ fn main() -> Result<()> {
         .map(|&(n, seed)| {
             host_random(n, seed + 500)
                 .into_iter()
-                .map(|x| (((x + 1.0) * 0.5) * (s.vocab - 1) as f32) as u32)
+                .map(|x| (((x + 1.0) * 0.5) * (spec.vocab_size - 1) as f32) as u32)
                 .collect()
         })
         .collect();
@@ -190,7 +161,7 @@ fn main() -> Result<()> {
     );
 
     // Hidden states of both backends for the Python comparison.
-    let capture = Capture::hf_indices((0..=s.layers).collect(), s.layers)?;
+    let capture = Capture::hf_indices((0..=spec.num_layers).collect(), spec.num_layers)?;
     let mut out = Vec::new();
     fn dump<B: Backend>(
         be: &B,

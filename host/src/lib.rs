@@ -9,7 +9,6 @@ pub mod drafter;
 pub mod formats;
 pub mod generate;
 pub mod model;
-#[cfg(feature = "cuda")]
 pub mod parity;
 pub mod progress;
 pub mod prompts;

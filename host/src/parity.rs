@@ -6,14 +6,17 @@
 //!   representable in bf16, so only each backend's arithmetic differs), checked against
 //!   [`OpTolerance`]s that follow from bf16 storage (one bf16 rounding has a relative error of at
 //!   most 2⁻⁹ ≈ 2e-3, about 1.1e-3 RMS).
-//! - [`forward_parity`]: a Qwen3-shaped decoder with the same weights on both backends, compared
-//!   at every hidden-state index (HF convention, models.md §1.5) plus greedy-token agreement.
+//! - [`forward_parity`]: the product's own [`TargetModel`] with the same random weights
+//!   ([`RandomWeights`], bf16-exact) on both backends, compared at every hidden-state index (HF
+//!   convention, docs/hidden-states.md) plus greedy-token agreement.
 //! - [`compare_layers`] / [`compare_metrics`]: the pieces `draftlens parity` assembles for real
 //!   checkpoints: per-layer diffs of captured hidden states and the change of every drafter
 //!   metric when the drafter is fed each backend's hidden states.
 
-use crate::backend::cuda::bench::{round_bf16, Decoder, DecoderShape, HostWeights};
 use crate::backend::{AttnMask, AttnShape, Backend, Rope, RopeStyle};
+use crate::model::random::RandomWeights;
+use crate::model::{Capture, ModelSpec, TargetModel};
+use crate::util::{host_random, round_bf16};
 use anyhow::{ensure, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -117,7 +120,7 @@ impl Check {
 
 /// Random bf16-representable values of the given scale.
 fn rnd(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut v: Vec<f32> = crate::backend::cuda::bench::host_random(n, seed)
+    let mut v: Vec<f32> = host_random(n, seed)
         .into_iter()
         .map(|x| x * scale)
         .collect();
@@ -475,7 +478,7 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
 /// Per-index comparison of a whole forward pass.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ForwardParity {
-    pub shape: DecoderShape,
+    pub spec: ModelSpec,
     pub tokens: usize,
     /// One check per HF hidden-state index 0..=L.
     pub layers: Vec<Check>,
@@ -500,40 +503,49 @@ pub fn layer_tolerance(index: usize) -> OpTolerance {
     }
 }
 
-/// Runs the same Qwen3-shaped decoder (weights `HostWeights::random(shape, seed, 0.05)`) on both
-/// backends over packed sequences and compares every hidden-state index and the greedy tokens.
+/// Runs the product's [`TargetModel`] with the same random weights on both backends over packed
+/// sequences ([`TargetModel::forward_packed`], what `extract` and `run` execute) and compares every
+/// hidden-state index and the greedy tokens. Weights: matrices of std 0.05 and norm weights in
+/// 1 ± 0.3, rounded to bf16 so that both backends hold identical values and only their
+/// arithmetic differs.
 pub fn forward_parity<A: Backend, B: Backend>(
     reference: &A,
     test: &B,
-    shape: &DecoderShape,
+    spec: &ModelSpec,
     seed: u64,
     seq_lens: &[usize],
 ) -> Result<ForwardParity> {
-    let w = HostWeights::random(shape, seed, 0.05);
-    let da = Decoder::from_host(reference, shape, &w)?;
-    let db = Decoder::from_host(test, shape, &w)?;
+    let weights = RandomWeights::new(spec, seed)
+        .with_init(0.05, 0.3)
+        .bf16_exact();
+    let ma = TargetModel::load(reference, spec, &weights)?;
+    let mb = TargetModel::load(test, spec, &weights)?;
     let mut starts = vec![0usize];
     for l in seq_lens {
         starts.push(starts.last().copied().unwrap_or(0) + l);
     }
     let n = *starts.last().unwrap_or(&0);
-    let ids: Vec<u32> = crate::backend::cuda::bench::host_random(n, seed + 99)
+    let vocab = spec.vocab_size;
+    let ids: Vec<u32> = host_random(n, seed + 99)
         .into_iter()
-        .map(|x| ((x + 1.0) * 0.5 * shape.vocab as f32) as u32 % shape.vocab as u32)
+        .map(|x| ((x + 1.0) * 0.5 * vocab as f32) as u32 % vocab as u32)
         .collect();
-    let taps: Vec<usize> = (0..=shape.layers).collect();
-    let oa = da.forward(reference, &ids, &starts, &taps)?;
-    let ob = db.forward(test, &ids, &starts, &taps)?;
+    let capture = Capture::hf_indices((0..=spec.num_layers).collect(), spec.num_layers)?;
+    let oa = ma.forward_packed(reference, &ids, &starts, &capture)?;
+    let ob = mb.forward_packed(test, &ids, &starts, &capture)?;
     let mut layers = Vec::new();
-    for (i, (ta, tb)) in oa.taps.iter().zip(&ob.taps).enumerate() {
+    for i in 0..=spec.num_layers {
+        let (Some(ta), Some(tb)) = (oa.captured.get(i), ob.captured.get(i)) else {
+            anyhow::bail!("hidden state {i} was not captured")
+        };
         layers.push(Check::new(
             format!("hidden_states[{i}]"),
             diff(&reference.to_host(ta)?, &test.to_host(tb)?),
             layer_tolerance(i),
         ));
     }
-    let ka = reference.lm_head_topk(&oa.last, &da.embed, 2)?;
-    let kb = test.lm_head_topk(&ob.last, &db.embed, 1)?;
+    let ka = ma.logits_topk(reference, &oa.last_hidden, 2)?;
+    let kb = mb.logits_topk(test, &ob.last_hidden, 1)?;
     let margin = 0.1f32;
     let (mut rows, mut agree, mut agree_all) = (0, 0, 0);
     for r in 0..n {
@@ -545,7 +557,7 @@ pub fn forward_parity<A: Backend, B: Backend>(
         }
     }
     Ok(ForwardParity {
-        shape: shape.clone(),
+        spec: spec.clone(),
         tokens: n,
         layers,
         greedy_rows: rows,
@@ -577,12 +589,10 @@ pub struct TargetParity {
 pub fn target_parity<A: Backend, B: Backend>(
     a: &A,
     b: &B,
-    spec: &crate::model::config::ModelSpec,
+    spec: &ModelSpec,
     src: &dyn crate::formats::WeightSource,
     prompts: &[Vec<u32>],
 ) -> Result<TargetParity> {
-    use crate::model::capture::Capture;
-    use crate::model::transformer::TargetModel;
     let ma = TargetModel::load(a, spec, src)?;
     let mb = TargetModel::load(b, spec, src)?;
     let capture = Capture::hf_indices((0..=spec.num_layers).collect(), spec.num_layers)?;
@@ -689,4 +699,73 @@ pub fn format_checks(title: &str, checks: &[Check]) -> String {
     let failed = checks.iter().filter(|c| !c.pass).count();
     let _ = writeln!(s, "{} checks, {} failed", checks.len(), failed);
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::model::random::qwen3_8b_spec;
+
+    /// The parity machinery on the CPU alone (CI has no GPU): the same backend twice must give
+    /// zero difference at every hidden-state index and full greedy agreement, and a model whose
+    /// weights differ (another seed on one side) must fail the checks — so the comparison really
+    /// looks at the captured states.
+    #[test]
+    fn forward_parity_of_a_backend_with_itself_is_exact_and_a_different_model_fails() {
+        let spec = ModelSpec {
+            vocab_size: 97,
+            hidden_size: 32,
+            intermediate_size: 64,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+            max_position_embeddings: 256,
+            ..qwen3_8b_spec()
+        };
+        let cpu = CpuBackend::new();
+        let p = forward_parity(&cpu, &cpu, &spec, 3, &[20, 1, 13]).unwrap();
+        assert_eq!(p.tokens, 34);
+        assert_eq!(p.layers.len(), spec.num_layers + 1);
+        for c in &p.layers {
+            assert!(
+                c.pass && c.diff.rel_l2 == 0.0 && c.diff.n == 34 * 32,
+                "{c:?}"
+            );
+        }
+        assert_eq!(p.greedy_agree, p.greedy_rows);
+        assert_eq!(p.greedy_agree_all, 1.0);
+
+        let wa = RandomWeights::new(&spec, 3)
+            .with_init(0.05, 0.3)
+            .bf16_exact();
+        let wb = RandomWeights::new(&spec, 4)
+            .with_init(0.05, 0.3)
+            .bf16_exact();
+        let ma = TargetModel::load(&cpu, &spec, &wa).unwrap();
+        let mb = TargetModel::load(&cpu, &spec, &wb).unwrap();
+        let cap = Capture::hf_indices(vec![2], 2).unwrap();
+        let ids: Vec<u32> = (0..16).collect();
+        let ha = cpu
+            .to_host(
+                ma.forward_packed(&cpu, &ids, &[0, 16], &cap)
+                    .unwrap()
+                    .captured
+                    .get(2)
+                    .unwrap(),
+            )
+            .unwrap();
+        let hb = cpu
+            .to_host(
+                mb.forward_packed(&cpu, &ids, &[0, 16], &cap)
+                    .unwrap()
+                    .captured
+                    .get(2)
+                    .unwrap(),
+            )
+            .unwrap();
+        let c = Check::new("other weights", diff(&ha, &hb), layer_tolerance(2));
+        assert!(!c.pass, "a different model passed parity: {c:?}");
+    }
 }

@@ -5,10 +5,39 @@
 #![cfg(feature = "cuda")]
 
 use draftlens::backend::cpu::CpuBackend;
-use draftlens::backend::cuda::bench::{host_random, Decoder, DecoderShape, Drafter, HostWeights};
 use draftlens::backend::cuda::{compile_kernels_offline, CudaBackend};
 use draftlens::backend::{AttnMask, AttnShape, Backend};
+use draftlens::drafter::random::{write_random_checkpoint, RandomDrafter};
+use draftlens::drafter::DFlashDrafter;
+use draftlens::model::random::{qwen3_8b_spec, RandomWeights};
+use draftlens::model::{Arch, Capture, ModelSpec, TargetModel};
 use draftlens::parity::{format_checks, forward_parity, op_parity};
+use draftlens::util::{host_random, packed_positions, round_bf16};
+
+/// A small dense model of `arch` (Qwen3 by default: q/k norms, untied head).
+fn small_spec(
+    vocab: usize,
+    hidden: usize,
+    inter: usize,
+    layers: usize,
+    heads: (usize, usize, usize),
+    eps: f32,
+    theta: f32,
+) -> ModelSpec {
+    ModelSpec {
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: inter,
+        num_layers: layers,
+        num_heads: heads.0,
+        num_kv_heads: heads.1,
+        head_dim: heads.2,
+        rms_norm_eps: eps,
+        rope_theta: theta,
+        max_position_embeddings: 4096,
+        ..qwen3_8b_spec()
+    }
+}
 
 fn gpu() -> Option<CudaBackend> {
     match CudaBackend::new(0) {
@@ -101,37 +130,21 @@ fn cuda_every_op_matches_cpu() {
 fn cuda_forward_matches_cpu_at_every_layer() {
     let Some(gpu) = gpu() else { return };
     // head_dim 128 with GQA 4:1 (Qwen3) and head_dim 64 with GQA 3:1 (SmolLM2-like).
-    for shape in [
-        DecoderShape {
-            vocab: 2000,
-            hidden: 256,
-            inter: 768,
-            layers: 4,
-            heads: 8,
-            kv_heads: 2,
-            head_dim: 128,
-            eps: 1e-6,
-            theta: 1e6,
-        },
-        DecoderShape {
-            vocab: 1500,
-            hidden: 192,
-            inter: 512,
-            layers: 3,
-            heads: 9,
-            kv_heads: 3,
-            head_dim: 64,
-            eps: 1e-5,
-            theta: 1e4,
+    for spec in [
+        small_spec(2000, 256, 768, 4, (8, 2, 128), 1e-6, 1e6),
+        ModelSpec {
+            arch: Arch::Llama,
+            qk_norm: false,
+            ..small_spec(1500, 192, 512, 3, (9, 3, 64), 1e-5, 1e4)
         },
     ] {
-        let p = forward_parity(&CpuBackend::new(), &gpu, &shape, 5, &[150, 1, 97, 260])
+        let p = forward_parity(&CpuBackend::new(), &gpu, &spec, 5, &[150, 1, 97, 260])
             .expect("forward parity runs");
         println!(
             "{}",
             format_checks(
                 &format!(
-                    "CUDA vs CPU forward, {} tokens in 4 packed sequences, {shape:?}",
+                    "CUDA vs CPU TargetModel::forward_packed, {} tokens in 4 packed sequences, {spec:?}",
                     p.tokens
                 ),
                 &p.layers
@@ -163,45 +176,56 @@ fn cuda_forward_matches_cpu_at_every_layer() {
 fn cuda_drafter_blocks_match_cpu() {
     let Some(gpu) = gpu() else { return };
     let cpu = CpuBackend::new();
-    let shape = DecoderShape {
-        vocab: 1200,
-        hidden: 256,
-        inter: 512,
-        layers: 2,
-        heads: 8,
-        kv_heads: 2,
-        head_dim: 128,
-        eps: 1e-6,
-        theta: 1e6,
-    };
-    let (block, n_taps, t) = (16usize, 3usize, 180usize);
-    let w = HostWeights::random(&shape, 21, 0.05);
-    let mut fc: Vec<f32> = host_random(shape.hidden * n_taps * shape.hidden, 22)
-        .into_iter()
-        .map(|v| v * 0.05)
+    // The product's drafter (`DFlashDrafter`, loaded from a random z-lab checkpoint) over the
+    // product's target (its embedding and LM head), with one sliding-window layer so that both
+    // layer kinds and the window run on the GPU.
+    let spec = small_spec(1200, 256, 512, 4, (8, 2, 128), 1e-6, 1e6);
+    let (block, t) = (16usize, 180usize);
+    let dir = tempfile::tempdir().unwrap();
+    write_random_checkpoint(
+        dir.path(),
+        &spec,
+        &RandomDrafter {
+            layers: 2,
+            block_size: block,
+            target_layer_ids: vec![0, 1, 3],
+            intermediate_size: 512,
+            mask_token_id: 5,
+            sliding_layers: 1,
+            sliding_window: 64,
+            seed: 21,
+        },
+    )
+    .unwrap();
+    let weights = RandomWeights::new(&spec, 21)
+        .with_init(0.05, 0.3)
+        .bf16_exact();
+    let n_taps = 3;
+    let mut taps: Vec<Vec<f32>> = (0..n_taps)
+        .map(|j| {
+            host_random(t * spec.hidden_size, 23 + j as u64)
+                .into_iter()
+                .map(|v| v * 2.0)
+                .collect()
+        })
         .collect();
-    draftlens::backend::cuda::bench::round_bf16(&mut fc);
-    let hn = vec![1.0f32; shape.hidden];
-    let mut taps: Vec<f32> = host_random(t * n_taps * shape.hidden, 23)
-        .into_iter()
-        .map(|v| v * 2.0)
-        .collect();
-    draftlens::backend::cuda::bench::round_bf16(&mut taps);
+    for tap in &mut taps {
+        round_bf16(tap);
+    }
     let anchors: Vec<usize> = vec![1, 17, 60, 100, 150, 179];
     let toks: Vec<u32> = anchors
         .iter()
-        .map(|&a| (a * 7 % shape.vocab) as u32)
+        .map(|&a| (a * 7 % spec.vocab_size) as u32)
         .collect();
     let run = |be_cpu: bool| -> draftlens::backend::TopK {
         macro_rules! go {
             ($be:expr) => {{
                 let be = $be;
-                let d = Drafter::from_host(be, &shape, block, n_taps, &w, &fc, &hn).unwrap();
-                let embed = be.matrix(&w.embed, shape.vocab, shape.hidden).unwrap();
-                let ctx = d
-                    .context(be, &be.from_host(&taps, t, n_taps * shape.hidden).unwrap())
-                    .unwrap();
-                d.draft(be, &ctx, &embed, &embed, &anchors, &toks, 5, 4)
+                let target = TargetModel::load(be, &spec, &weights).unwrap();
+                let d = DFlashDrafter::load(be, dir.path(), spec.hidden_size).unwrap();
+                let refs: Vec<&[f32]> = taps.iter().map(Vec::as_slice).collect();
+                let ctx = d.context(be, &refs, spec.hidden_size).unwrap();
+                d.draft(be, &target, &ctx, &anchors, &toks, false, 4)
                     .unwrap()
             }};
         }
@@ -290,34 +314,35 @@ fn cuda_fused_forward_matches_unfused() {
     let parts = gpu.split_cols(&x, &[24, 40, 8]).unwrap();
     let back = gpu.concat_cols(&[&parts[0], &parts[1], &parts[2]]).unwrap();
     assert_eq!(gpu.to_host(&x).unwrap(), gpu.to_host(&back).unwrap());
-    // Fused QKV / gate|up GEMMs and epilogue residual adds give the unfused hidden states up to
-    // one bf16 rounding of each residual add.
-    let shape = DecoderShape {
-        vocab: 1000,
-        hidden: 256,
-        inter: 768,
-        layers: 3,
-        heads: 8,
-        kv_heads: 2,
-        head_dim: 128,
-        eps: 1e-6,
-        theta: 1e6,
-    };
-    let w = HostWeights::random(&shape, 9, 0.05);
-    let m = Decoder::from_host(&gpu, &shape, &w).unwrap();
-    let fused = m.fuse(&gpu).unwrap();
+    // The packed prefill (fused QKV and gate|up GEMMs, epilogue residual adds, q/k norm + RoPE in
+    // place on the QKV output read directly by attention) gives the hidden states of the cached
+    // per-sequence forward (split q/k/v, separate norm, RoPE and attention calls) up to one bf16
+    // rounding of each residual add.
+    let spec = small_spec(1000, 256, 768, 3, (8, 2, 128), 1e-6, 1e6);
+    let weights = RandomWeights::new(&spec, 9)
+        .with_init(0.05, 0.3)
+        .bf16_exact();
+    let m = TargetModel::load(&gpu, &spec, &weights).unwrap();
     let starts = [0usize, 100, 230];
     let ids: Vec<u32> = (0..230u32).map(|i| (i * 37) % 1000).collect();
-    let taps = [1usize, 2, 3];
-    let a = m.forward(&gpu, &ids, &starts, &taps).unwrap();
-    let b = m.forward_fused(&gpu, &fused, &ids, &starts, &taps).unwrap();
-    for (i, (ta, tb)) in a.taps.iter().zip(&b.taps).enumerate() {
-        let d = draftlens::parity::diff(&gpu.to_host(ta).unwrap(), &gpu.to_host(tb).unwrap());
-        println!("fused vs unfused tap {}: {d:?}", taps[i]);
+    let capture = Capture::hf_indices(vec![1, 2, 3], 3).unwrap();
+    let packed = m.forward_packed(&gpu, &ids, &starts, &capture).unwrap();
+    for i in [1usize, 2, 3] {
+        let mut cached = Vec::new();
+        for w in starts.windows(2) {
+            let o = m
+                .forward(&gpu, &ids[w[0]..w[1]], &mut m.new_cache(), &capture)
+                .unwrap();
+            cached.extend(gpu.to_host(o.captured.get(i).unwrap()).unwrap());
+        }
+        let d = draftlens::parity::diff(
+            &cached,
+            &gpu.to_host(packed.captured.get(i).unwrap()).unwrap(),
+        );
+        println!("packed fused vs cached per-sequence, hidden_states[{i}]: {d:?}");
         assert!(
             d.rel_l2 < 6e-3 && d.non_finite == 0,
-            "tap {}: {d:?}",
-            taps[i]
+            "hidden_states[{i}]: {d:?}"
         );
     }
 }
@@ -343,7 +368,7 @@ fn bf16_random(n: usize, seed: u64, scale: f32, offset: f32) -> Vec<f32> {
         .into_iter()
         .map(|x| offset + x * scale)
         .collect();
-    draftlens::backend::cuda::bench::round_bf16(&mut v);
+    round_bf16(&mut v);
     v
 }
 
@@ -377,7 +402,7 @@ fn fused_trait_ops<B: Backend>(be: &B, i: &FusedInputs, shape: AttnShape) -> Vec
         rotary_dim: hd,
         style: RopeStyle::RotateHalf,
     };
-    let positions = draftlens::backend::cuda::bench::positions_for(&FUSED_STARTS);
+    let positions = packed_positions(&FUSED_STARTS);
     let (qn, kn) = (
         be.from_host(&i.qn[..hd], 1, hd).unwrap(),
         be.from_host(&i.kn[..hd], 1, hd).unwrap(),
@@ -470,7 +495,7 @@ fn cuda_fused_trait_ops_match_cpu() {
             rotary_dim: hd,
             style: RopeStyle::RotateHalf,
         };
-        let positions = draftlens::backend::cuda::bench::positions_for(&FUSED_STARTS);
+        let positions = packed_positions(&FUSED_STARTS);
         let (qn, kn) = (
             gpu.from_host(&inputs.qn[..hd], 1, hd).unwrap(),
             gpu.from_host(&inputs.kn[..hd], 1, hd).unwrap(),

@@ -3,6 +3,7 @@
 
 pub mod capture;
 pub mod config;
+pub mod flops;
 pub mod transformer;
 
 pub use capture::{Capture, Captured};

@@ -39,6 +39,12 @@ pub struct RandomWeights {
     path: PathBuf,
     shapes: HashMap<String, Vec<usize>>,
     seed: u64,
+    /// Matrices are uniform in `±matrix_half_width` (0.0346 by default: std 0.02, like an init).
+    matrix_half_width: f32,
+    /// Vectors (norm weights) are uniform in `1 ± norm_spread` (0.1 by default).
+    norm_spread: f32,
+    /// Round every value to bf16, so a bf16 backend holds exactly the f32 backend's weights.
+    bf16_exact: bool,
 }
 
 impl RandomWeights {
@@ -84,7 +90,24 @@ impl RandomWeights {
             path: PathBuf::from(format!("<random weights, seed {seed}>")),
             shapes,
             seed,
+            matrix_half_width: 0.0346,
+            norm_spread: 0.1,
+            bf16_exact: false,
         }
+    }
+
+    /// Other value ranges: backend parity wants larger weights and norms far from 1 so that
+    /// every layer's dynamics (and its rounding) are exercised, not a near-identity network.
+    pub fn with_init(mut self, matrix_std: f32, norm_spread: f32) -> Self {
+        self.matrix_half_width = matrix_std * 3f32.sqrt();
+        self.norm_spread = norm_spread;
+        self
+    }
+
+    /// Values rounded to bf16 (see [`RandomWeights::bf16_exact`]'s field doc).
+    pub fn bf16_exact(mut self) -> Self {
+        self.bf16_exact = true;
+        self
     }
 }
 
@@ -111,19 +134,32 @@ impl WeightSource for RandomWeights {
         self.shapes.contains_key(name)
     }
     fn tensors(&self) -> Vec<TensorInfo> {
-        Vec::new()
+        let mut infos: Vec<TensorInfo> = self
+            .shapes
+            .iter()
+            .map(|(name, shape)| TensorInfo {
+                name: name.clone(),
+                file_name: name.clone(),
+                dtype: "F32".into(),
+                shape: shape.clone(),
+                bytes: 4 * shape.iter().product::<usize>() as u64,
+            })
+            .collect();
+        infos.sort_by(|a, b| a.name.cmp(&b.name));
+        infos
     }
     fn tensor(&self, name: &str) -> Result<HostTensor> {
         let Some(shape) = self.shapes.get(name) else {
             bail!("{}: no tensor {name}", self.path.display());
         };
         let n: usize = shape.iter().product();
-        // Vectors are norm weights (≈ 1); matrices ≈ U(−0.035, 0.035), std 0.02 like an init.
-        let (center, half) = if shape.len() == 1 {
-            (1.0f32, 0.1f32)
+        // Vectors are norm weights (≈ 1); matrices are uniform around 0.
+        let (center, half_width) = if shape.len() == 1 {
+            (1.0f32, self.norm_spread)
         } else {
-            (0.0, 0.0346)
+            (0.0, self.matrix_half_width)
         };
+        let bf16_exact = self.bf16_exact;
         let base = self.seed ^ name_hash(name);
         let mut data = vec![0f32; n];
         data.par_chunks_mut(4096)
@@ -133,7 +169,10 @@ impl WeightSource for RandomWeights {
                 for v in chunk.iter_mut() {
                     s = splitmix(s);
                     let u = (s >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
-                    *v = center + half * (2.0 * u - 1.0);
+                    *v = center + half_width * (2.0 * u - 1.0);
+                    if bf16_exact {
+                        *v = half::bf16::from_f32(*v).to_f32();
+                    }
                 }
             });
         Ok(HostTensor {

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# End-to-end benchmark on the GPU machine (docs/benchmarks-cuda.md, "End to end"): draftlens vs the
+# plain transformers script (tools/bench/hf_e2e.py) on the same random-weight Qwen3-8B folder, in
+# one call. Every step is bounded by a timeout and logged under $OUT.
+#
+# Build here (no cargo on the GPU machine) and carry the binary:
+#   cargo build --release -p draftlens-cli && mkdir -p target-carry/e2e && cp target/release/draftlens target-carry/e2e/ && strip target-carry/e2e/draftlens
+# On the device (carry: target-carry/e2e, data/prompts, data/tokenizer/qwen3-hf):
+#   bash tools/bench/e2e_device.sh [target-carry/e2e] [N prompts, default 164]
+# HF_ONLY=1 runs only the transformers side, DL_ONLY=1 only draftlens.
+set -u
+BIN=${1:-target-carry/e2e}
+N=${2:-164}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export DRAFTLENS_KERNEL_CACHE=/tmp/draftlens-kernels
+export DRAFTLENS_CACHE=/tmp/dlcache
+export PYTHONUNBUFFERED=1
+M=/tmp/q8b
+DL="$BIN/draftlens"
+TAPS=1,9,17,25,33
+log() { echo "=== $*" | tee -a "$OUT/e2e.log"; }
+timed() { # name, command...: wall time and peak RSS (GNU time) into the log
+  local name=$1; shift
+  log "$name: $*"
+  /usr/bin/time -f "$name wall_s=%e max_rss_kb=%M" "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"
+  local rc=$?
+  tail -n 3 "$OUT/$name.err" | tee -a "$OUT/e2e.log"
+  tail -c 1500 "$OUT/$name.out" | tee -a "$OUT/e2e.log"
+  echo "rc=$rc" | tee -a "$OUT/e2e.log"
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader | tee -a "$OUT/e2e.log"
+[ -d $M ] || timeout 300 python3 tools/bench/make_random_target.py --out $M 2>&1 | tail -n 3 | tee -a "$OUT/e2e.log"
+du -sh $M | tee -a "$OUT/e2e.log"
+cat $M/*.safetensors > /dev/null
+timed cat_floor bash -c "cat $M/*.safetensors > /dev/null"
+[ -z "${HF_ONLY:-}" ] && timed inspect timeout 60 "$DL" inspect $M
+[ -z "${DL_ONLY:-}" ] && timed hf_extract timeout 400 python3 tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS
+[ -z "${DL_ONLY:-}" ] && timed hf_run3 timeout 500 python3 tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS --drafters $M-drafters
+[ -n "${HF_ONLY:-}" ] && exit 0
+rm -rf /tmp/dlcache
+timed extract_cold timeout 400 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json
+timed extract_cached timeout 200 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json
+rm -rf /tmp/dlcache
+timed run_cold3 timeout 400 "$DL" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/runs.sqlite --json
+timed run_cached3 timeout 300 "$DL" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/runs2.sqlite --json
+nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee -a "$OUT/e2e.log"

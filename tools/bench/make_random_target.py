@@ -1,0 +1,84 @@
+"""Build a realistic random-weight target folder and matching DFlash drafter checkpoints on the GPU
+machine, for the end-to-end benchmarks (docs/benchmarks-cuda.md). Nothing is downloaded: the model
+is `from_config` on the GPU in bf16 and written with `save_pretrained` (sharded like the real
+checkpoints); the tokenizer is the Qwen3 one from the prompt-set fixtures (data/tokenizer/qwen3-hf).
+
+usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b] [--drafters 3]
+
+Drafters are written to OUT-drafters/step-{k} in the z-lab DFlash format draftlens reads
+(config.json + model.safetensors, bf16), 5 layers, block 16, taps 1,9,17,25,33 (the layout of the
+published Qwen3-8B DFlash drafter), different seeds per checkpoint.
+"""
+import argparse, json, os, shutil, time
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM
+
+ARCHS = {
+    "qwen3-8b": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=40960,
+                     tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645),
+}
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--out", required=True)
+ap.add_argument("--arch", default="qwen3-8b", choices=sorted(ARCHS))
+ap.add_argument("--drafters", type=int, default=3)
+ap.add_argument("--drafter-layers", type=int, default=5)
+ap.add_argument("--taps", default="1,9,17,25,33")
+ap.add_argument("--tokenizer", default="data/tokenizer/qwen3-hf")
+args = ap.parse_args()
+
+t0 = time.time()
+spec = dict(ARCHS[args.arch])
+cfg = AutoConfig.for_model(**spec)
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+model.save_pretrained(args.out, max_shard_size="4GB")
+for f in os.listdir(args.tokenizer):
+    shutil.copy(os.path.join(args.tokenizer, f), args.out)
+print(f"# {args.arch} random target in {args.out} ({time.time() - t0:.1f} s)", flush=True)
+
+d, heads, kv, hd = spec["hidden_size"], spec["num_attention_heads"], spec["num_key_value_heads"], spec["head_dim"]
+taps = [int(x) for x in args.taps.split(",")]
+inter = spec["intermediate_size"]
+for k in range(args.drafters):
+    g = torch.Generator(device="cuda").manual_seed(1000 + k)
+
+    def u(*shape, scale):
+        return ((torch.rand(*shape, generator=g, device="cuda") * 2 - 1) * scale).to(torch.bfloat16)
+
+    def ones(n):
+        return (1 + 0.2 * (torch.rand(n, generator=g, device="cuda") * 2 - 1)).to(torch.bfloat16)
+
+    t = {"fc.weight": u(d, len(taps) * d, scale=(3 / (len(taps) * d)) ** 0.5),
+         "hidden_norm.weight": ones(d), "norm.weight": ones(d)}
+    s = (3 / d) ** 0.5
+    for i in range(args.drafter_layers):
+        p = f"layers.{i}"
+        t.update({
+            f"{p}.input_layernorm.weight": ones(d), f"{p}.post_attention_layernorm.weight": ones(d),
+            f"{p}.self_attn.q_proj.weight": u(heads * hd, d, scale=s), f"{p}.self_attn.k_proj.weight": u(kv * hd, d, scale=s),
+            f"{p}.self_attn.v_proj.weight": u(kv * hd, d, scale=s),
+            f"{p}.self_attn.o_proj.weight": u(d, heads * hd, scale=(3 / (heads * hd)) ** 0.5),
+            f"{p}.self_attn.q_norm.weight": ones(hd), f"{p}.self_attn.k_norm.weight": ones(hd),
+            f"{p}.mlp.gate_proj.weight": u(inter, d, scale=s), f"{p}.mlp.up_proj.weight": u(inter, d, scale=s),
+            f"{p}.mlp.down_proj.weight": u(d, inter, scale=(3 / inter) ** 0.5),
+        })
+    out = f"{args.out}-drafters/step-{k}"
+    os.makedirs(out, exist_ok=True)
+    save_file({n: v.cpu() for n, v in t.items()}, f"{out}/model.safetensors")
+    conf = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16,
+        "dflash_config": {"mask_token_id": 151669, "target_layer_ids": taps},
+        "num_target_layers": spec["num_hidden_layers"], "num_hidden_layers": args.drafter_layers,
+        "hidden_size": d, "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": kv,
+        "head_dim": hd, "rope_theta": 1e6, "rms_norm_eps": 1e-6, "vocab_size": spec["vocab_size"],
+        "layer_types": ["full_attention"] * args.drafter_layers, "sliding_window": None,
+        "max_position_embeddings": spec["max_position_embeddings"], "tie_word_embeddings": False,
+    }
+    json.dump(conf, open(f"{out}/config.json", "w"), indent=1)
+print(f"# {args.drafters} drafters in {args.out}-drafters ({time.time() - t0:.1f} s total)", flush=True)
