@@ -300,7 +300,8 @@ fn open_err(dir: &Path) -> String {
 #[test]
 fn bad_hybrid_configs_are_one_clear_error_naming_the_key() {
     let tc = |c: &mut serde_json::Value| c["text_config"].as_object_mut().unwrap().clone();
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut serde_json::Value)>, &[&str])> = vec![
+    type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &[&str])> = vec![
         (
             "qwen3_5",
             Box::new(|c| c["model_type"] = "qwen3_5_moe".into()),

@@ -519,7 +519,10 @@ mod tests {
         v_dim: 6,
     };
 
-    fn inputs(t: usize, seed: u32) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    /// (qkv, a, b, A_log, dt_bias) of a sequence of `t` tokens.
+    type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+    fn inputs(t: usize, seed: u32) -> Inputs {
         let hv = SHAPE.v_heads;
         (
             rand(seed, t * SHAPE.conv_dim()),

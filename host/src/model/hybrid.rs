@@ -213,7 +213,10 @@ impl HybridSpec {
                 self.linear_num_key_heads
             );
         }
-        if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 || self.rotary_dim > spec.head_dim {
+        if self.rotary_dim == 0
+            || !self.rotary_dim.is_multiple_of(2)
+            || self.rotary_dim > spec.head_dim
+        {
             bail!(
                 "{o}: partial_rotary_factor gives {} rotary dimensions of head_dim {}: must be even and in 2..=head_dim",
                 self.rotary_dim,
