@@ -16,6 +16,7 @@ use draftlens::backend::{AttnShape, Backend};
 use draftlens::drafter::random::{write_random_checkpoint, RandomDrafter};
 use draftlens::drafter::DFlashDrafter;
 use draftlens::model::random::{qwen3_8b_spec, RandomWeights};
+use draftlens::model::transformer::{Attention, Mixer};
 use draftlens::model::{Capture, ModelSpec, TargetModel};
 use serde_json::json;
 use std::time::Instant;
@@ -296,22 +297,31 @@ fn main() -> Result<()> {
             let mut qkv_t = be.random_tensor(n, qkvw, 1.0, 0.0, 25)?;
             let gu_t = be.random_tensor(n, 2 * spec.intermediate_size, 1.0, 0.0, 26)?;
             let positions = draftlens::util::packed_positions(&starts);
-            let (l0, rope) = (&model.layers[0], spec.rope());
+            // Every layer of this dense target is softmax attention.
+            let attns: Vec<&Attention<CudaBackend>> = model
+                .layers
+                .iter()
+                .map(|l| match &l.mixer {
+                    Mixer::Attention(a) => Ok(a),
+                    Mixer::Linear(_) => bail!("a dense Qwen3 has no Gated DeltaNet layer"),
+                })
+                .collect::<Result<_>>()?;
+            let rope = spec.rope();
             let (qn, kn) = (
-                l0.self_attn.q_norm.as_ref().context("Qwen3 has q_norm")?,
-                l0.self_attn.k_norm.as_ref().context("Qwen3 has k_norm")?,
+                attns[0].q_norm.as_ref().context("Qwen3 has q_norm")?,
+                attns[0].k_norm.as_ref().context("Qwen3 has k_norm")?,
             );
             let mut parts: Vec<(&str, f64, f64)> = vec![]; // (name, s, flops or bytes per forward)
             let t = time_median(&be, 1, 3, || {
-                for l in &model.layers {
-                    be.matmul(&x, &l.self_attn.qkv_proj)?;
+                for att in &attns {
+                    be.matmul(&x, &att.qkv_proj)?;
                 }
                 Ok(())
             })?;
             parts.push(("GEMM qkv (fused)", t, 2.0 * (n * qkvw * d * layers) as f64));
             let t = time_median(&be, 1, 3, || {
-                for l in &model.layers {
-                    be.matmul_acc(&a_in, &l.self_attn.o_proj, &mut hacc)?;
+                for att in &attns {
+                    be.matmul_acc(&a_in, &att.o_proj, &mut hacc)?;
                 }
                 Ok(())
             })?;
