@@ -19,12 +19,12 @@
 #define GDN_C 64          // chunk length (HF and fla)
 #define GDN_DK 128        // key head dim
 #define GDN_DV 128        // value head dim
-#define GDN_DVS 32        // value columns per block: the state's columns evolve independently
+// Value columns per block (template parameter DVS = 32 or 64): the state's columns evolve
+// independently, so 128 / DVS blocks share a head without talking.
 #define GDN_THREADS 256
 // Odd row strides (floats) of the shared-memory tiles: column walks hit 32 different banks.
 #define LD128 129
 #define LD64 65
-#define LD32 33
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + expf(-x)); }
@@ -112,8 +112,8 @@ __device__ __forceinline__ void mm(FA a, FB b, FE epi) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Chunked gated delta rule (prefill). One block per (value-column slice of 32, value head,
-// sequence); the block walks its sequence's chunks in order, carrying its 128 x 32 slice of the
+// Chunked gated delta rule (prefill). One block per (value-column slice of DVS, value head,
+// sequence); the block walks its sequence's chunks in order, carrying its 128 x DVS slice of the
 // state in shared memory. Per chunk (r, s = 0..63; gam = chunk-local cumsum of g):
 //   QK = (Q K^T) o Gamma (r >= s), L = beta_r (K K^T) o Gamma (r > s), M = (I + L)^-1,
 //   W = M diag(beta e^gam) K, U = M diag(beta) V, V' = U - W S,
@@ -124,23 +124,25 @@ __device__ __forceinline__ void mm(FA a, FB b, FE epi) {
 // at hv*128; g, beta: fp32 [T, Hv]; out: bf16 [T, Hv*128]. Sequence blockIdx.z covers rows
 // seq_rows[2z] .. seq_rows[2z+1]; its state (fp32 [Hv, 128 (k), 128 (v)], updated in place; a
 // block reads its slice before it writes it) is at states[z].
-// Shared memory: 45,824 floats (183,296 bytes).
-#define GDN_CHUNK_SMEM_FLOATS (3 * GDN_C * LD128 + 2 * GDN_C * LD32 + GDN_DK * LD32 + 3 * GDN_C * LD64 + 2 * GDN_C)
-
-template <bool ENGINE, bool MMA>
+// Shared memory: 3*64*129 + 2*64*(DVS+1) + 128*(DVS+1) + 3*64*65 + 128 floats (183,296 bytes
+// for DVS = 32, 216,064 for DVS = 64).
+template <bool ENGINE, bool MMA, int DVS>
 __device__ __forceinline__ void gdn_chunk_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                                const bf16_t* __restrict__ v, long long ld_qk, long long ld_v,
                                                const float* __restrict__ g_in, const float* __restrict__ beta_in,
                                                const long long* __restrict__ seq_rows, bf16_t* __restrict__ out,
                                                const u64* __restrict__ states, int hv_heads, int ratio, float scale) {
+    constexpr int LDV = DVS + 1;
+    constexpr int TMV = DVS == 32 ? 2 : 4;  // micro tiles of the 64 x DVS and 128 x DVS products
+    constexpr int TNS = DVS == 32 ? 4 : 8;
     extern __shared__ float smem[];
     float* Ks = smem;                    // [64][129] K (Engine: bf16-valued)
     float* Qs = Ks + GDN_C * LD128;      // [64][129] Q, then K diag(beta e^gam)
     float* Ws = Qs + GDN_C * LD128;      // [64][129] W
-    float* Vs = Ws + GDN_C * LD128;      // [64][33]  V slice, then diag(beta) V, then V'
-    float* Op = Vs + GDN_C * LD32;       // [64][33]  Q S
-    float* Ss = Op + GDN_C * LD32;       // [128][33] state slice (fp32)
-    float* Ls = Ss + GDN_DK * LD32;      // [64][65]  L, then U, then e^(gam_C - gam) V'
+    float* Vs = Ws + GDN_C * LD128;      // [64][DVS+1]  V slice, then diag(beta) V, then V'
+    float* Op = Vs + GDN_C * LDV;        // [64][DVS+1]  Q S
+    float* Ss = Op + GDN_C * LDV;        // [128][DVS+1] state slice (fp32)
+    float* Ls = Ss + GDN_DK * LDV;       // [64][65]  L, then U, then e^(gam_C - gam) V'
     float* Ms = Ls + GDN_C * LD64;       // [64][65]  M
     float* QK = Ms + GDN_C * LD64;       // [64][65]  masked, decayed scores
     float* bet = QK + GDN_C * LD64;      // [64] beta
@@ -151,15 +153,15 @@ __device__ __forceinline__ void gdn_chunk_impl(const bf16_t* __restrict__ q, con
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const long long seq0 = seq_rows[2 * n], seq1 = seq_rows[2 * n + 1];
     const long long ld_o = (long long)hv_heads * GDN_DV;
-    const int vcol = hv * GDN_DV + iv * GDN_DVS;
-    float* state = (float*)states[n] + (long long)hv * GDN_DK * GDN_DV + iv * GDN_DVS;
+    const int vcol = hv * GDN_DV + iv * DVS;
+    float* state = (float*)states[n] + (long long)hv * GDN_DK * GDN_DV + iv * DVS;
 
-    for (int i = tid; i < GDN_DK * GDN_DVS; i += GDN_THREADS) {
-        const int r = i / GDN_DVS, c = i % GDN_DVS;
-        Ss[r * LD32 + c] = state[r * GDN_DV + c];
+    for (int i = tid; i < GDN_DK * DVS; i += GDN_THREADS) {
+        const int r = i / DVS, c = i % DVS;
+        Ss[r * LDV + c] = state[r * GDN_DV + c];
     }
     // The state as the products read it: bf16-rounded in Engine (fla casts h to bf16).
-    auto S_op = [&](int r, int c) { return ENGINE ? rb(Ss[r * LD32 + c]) : Ss[r * LD32 + c]; };
+    auto S_op = [&](int r, int c) { return ENGINE ? rb(Ss[r * LDV + c]) : Ss[r * LDV + c]; };
 
     for (long long row0 = seq0; row0 < seq1; row0 += GDN_C) {
         const int nc = (int)min((long long)GDN_C, seq1 - row0);
@@ -186,7 +188,7 @@ __device__ __forceinline__ void gdn_chunk_impl(const bf16_t* __restrict__ q, con
                 Ks[r * LD128 + lane * 4 + j] = kv;
                 Qs[r * LD128 + lane * 4 + j] = qv;
             }
-            Vs[r * LD32 + lane] = r < nc ? bf2f(v[(row0 + r) * ld_v + vcol + lane]) : 0.f;
+            for (int c = lane; c < DVS; c += 32) Vs[r * LDV + c] = r < nc ? bf2f(v[(row0 + r) * ld_v + vcol + c]) : 0.f;
         }
         if (warp == 0) {
             // gam = inclusive cumsum of g over the chunk: lane holds rows 2l, 2l+1.
@@ -217,9 +219,9 @@ __device__ __forceinline__ void gdn_chunk_impl(const bf16_t* __restrict__ q, con
         mm<MMA, GDN_C, GDN_C, GDN_DK, 4, 4>(
             [&](int m, int kk) { return Ks[m * LD128 + kk]; }, [&](int kk, int c) { return Ks[c * LD128 + kk]; },
             [&](int m, int c, float x) { Ls[m * LD64 + c] = m > c ? bet[m] * x * expf(gam[m] - gam[c]) : 0.f; });
-        mm<MMA, GDN_C, GDN_DVS, GDN_DK, 2, 4>(
+        mm<MMA, GDN_C, DVS, GDN_DK, TMV, 4>(
             [&](int m, int kk) { return Qs[m * LD128 + kk]; }, S_op,
-            [&](int m, int c, float x) { Op[m * LD32 + c] = x; });
+            [&](int m, int c, float x) { Op[m * LDV + c] = x; });
         __syncthreads();
 
         // --- c. M = (I + L)^-1 by forward substitution, one column per 4 threads:
@@ -246,10 +248,10 @@ __device__ __forceinline__ void gdn_chunk_impl(const bf16_t* __restrict__ q, con
             const float x = Ks[r * LD128 + c] * bet[r] * expf(gam[r]);
             Qs[r * LD128 + c] = ENGINE ? rb(x) : x;
         }
-        for (int i = tid; i < GDN_C * GDN_DVS; i += GDN_THREADS) {
-            const int r = i / GDN_DVS, c = i % GDN_DVS;
-            const float x = Vs[r * LD32 + c] * bet[r];
-            Vs[r * LD32 + c] = ENGINE ? rb(x) : x;
+        for (int i = tid; i < GDN_C * DVS; i += GDN_THREADS) {
+            const int r = i / DVS, c = i % DVS;
+            const float x = Vs[r * LDV + c] * bet[r];
+            Vs[r * LDV + c] = ENGINE ? rb(x) : x;
         }
         if (ENGINE)
             for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) {
@@ -262,58 +264,60 @@ __device__ __forceinline__ void gdn_chunk_impl(const bf16_t* __restrict__ q, con
         mm<MMA, GDN_C, GDN_DK, GDN_C, 4, 8>(
             [&](int m, int kk) { return Ms[m * LD64 + kk]; }, [&](int kk, int c) { return Qs[kk * LD128 + c]; },
             [&](int m, int c, float x) { Ws[m * LD128 + c] = ENGINE ? rb(x) : x; });
-        mm<MMA, GDN_C, GDN_DVS, GDN_C, 2, 4>(
-            [&](int m, int kk) { return Ms[m * LD64 + kk]; }, [&](int kk, int c) { return Vs[kk * LD32 + c]; },
+        mm<MMA, GDN_C, DVS, GDN_C, TMV, 4>(
+            [&](int m, int kk) { return Ms[m * LD64 + kk]; }, [&](int kk, int c) { return Vs[kk * LDV + c]; },
             [&](int m, int c, float x) { Ls[m * LD64 + c] = ENGINE ? rb(x) : x; });
         __syncthreads();
 
         // --- f. V' = U - W S (fp32, into Vs); the decayed copy e^(gam_C - gam) V' for the state
         // update replaces U (same element, same thread).
         const float gC = gam[GDN_C - 1];
-        mm<MMA, GDN_C, GDN_DVS, GDN_DK, 2, 4>(
+        mm<MMA, GDN_C, DVS, GDN_DK, TMV, 4>(
             [&](int m, int kk) { return Ws[m * LD128 + kk]; }, S_op,
             [&](int m, int c, float x) {
                 const float vp = Ls[m * LD64 + c] - x;
-                Vs[m * LD32 + c] = vp;
+                Vs[m * LDV + c] = vp;
                 const float vd = vp * expf(gC - gam[m]);
                 Ls[m * LD64 + c] = ENGINE ? rb(vd) : vd;
             });
         __syncthreads();
 
         // --- g. output rows and the state update (disjoint outputs).
-        mm<MMA, GDN_C, GDN_DVS, GDN_C, 2, 4>(
+        mm<MMA, GDN_C, DVS, GDN_C, TMV, 4>(
             [&](int m, int kk) { return QK[m * LD64 + kk]; },
-            [&](int kk, int c) { return ENGINE ? rb(Vs[kk * LD32 + c]) : Vs[kk * LD32 + c]; },
+            [&](int kk, int c) { return ENGINE ? rb(Vs[kk * LDV + c]) : Vs[kk * LDV + c]; },
             [&](int m, int c, float x) {
                 if (m < nc) {
-                    const float inter = Op[m * LD32 + c] * expf(gam[m]);
+                    const float inter = Op[m * LDV + c] * expf(gam[m]);
                     const float o = ENGINE ? inter * scale + x * scale : inter + x;
                     out[(row0 + m) * ld_o + vcol + c] = f2bf(o);
                 }
             });
         const float eC = expf(gC);
-        mm<MMA, GDN_DK, GDN_DVS, GDN_C, 4, 4>(
+        mm<MMA, GDN_DK, DVS, GDN_C, 4, TNS>(
             [&](int m, int kk) { return Ks[kk * LD128 + m]; }, [&](int kk, int c) { return Ls[kk * LD64 + c]; },
-            [&](int m, int c, float x) { Ss[m * LD32 + c] = Ss[m * LD32 + c] * eC + x; });
+            [&](int m, int c, float x) { Ss[m * LDV + c] = Ss[m * LDV + c] * eC + x; });
         __syncthreads();
     }
-    for (int i = tid; i < GDN_DK * GDN_DVS; i += GDN_THREADS) {
-        const int r = i / GDN_DVS, c = i % GDN_DVS;
-        state[r * GDN_DV + c] = Ss[r * LD32 + c];
+    for (int i = tid; i < GDN_DK * DVS; i += GDN_THREADS) {
+        const int r = i / DVS, c = i % DVS;
+        state[r * GDN_DV + c] = Ss[r * LDV + c];
     }
 }
 
-#define GDN_CHUNK_KERNEL(NAME, ENGINE, MMA)                                                                     \
+#define GDN_CHUNK_KERNEL(NAME, ENGINE, MMA, DVS)                                                                \
     extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)                                                \
         NAME(const bf16_t* q, const bf16_t* k, const bf16_t* v, long long ld_qk, long long ld_v, const float* g, \
              const float* beta, const long long* seq_rows, bf16_t* out, const u64* states, int hv_heads,         \
              int ratio, float scale) {                                                                          \
-        gdn_chunk_impl<ENGINE, MMA>(q, k, v, ld_qk, ld_v, g, beta, seq_rows, out, states, hv_heads, ratio,      \
-                                    scale);                                                                     \
+        gdn_chunk_impl<ENGINE, MMA, DVS>(q, k, v, ld_qk, ld_v, g, beta, seq_rows, out, states, hv_heads, ratio, \
+                                         scale);                                                                \
     }
-GDN_CHUNK_KERNEL(gdn_chunk_reference, false, false)
-GDN_CHUNK_KERNEL(gdn_chunk_engine_fma, true, false)
-GDN_CHUNK_KERNEL(gdn_chunk_engine_mma, true, true)
+GDN_CHUNK_KERNEL(gdn_chunk_reference, false, false, 32)
+GDN_CHUNK_KERNEL(gdn_chunk_engine_fma, true, false, 32)
+GDN_CHUNK_KERNEL(gdn_chunk_engine_mma, true, true, 32)
+GDN_CHUNK_KERNEL(gdn_chunk_reference_v64, false, false, 64)
+GDN_CHUNK_KERNEL(gdn_chunk_engine_mma_v64, true, true, 64)
 
 // ---------------------------------------------------------------------------------------------
 // Recurrent gated delta rule: one block of 256 threads per (value head, sequence); the thread

@@ -38,9 +38,7 @@ fn main() -> Result<()> {
     let (mut tokens, mut seqs, mut reps) = (16384usize, 4usize, 10usize);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
-        let mut num = || -> Result<usize> {
-            Ok(it.next().context("missing number")?.parse()?)
-        };
+        let mut num = || -> Result<usize> { Ok(it.next().context("missing number")?.parse()?) };
         match a.as_str() {
             "--tokens" => tokens = num()?,
             "--seqs" => seqs = num()?,
@@ -66,7 +64,11 @@ fn main() -> Result<()> {
     let qkv = be.random_tensor(t, SHAPE.conv_dim(), 0.5, 0.2, 1)?;
     let a = be.random_tensor(t, hv, 1.0, 0.0, 2)?;
     let b = be.random_tensor(t, hv, 1.5, 0.0, 3)?;
-    let a_log = be.f32_from_host(&(0..hv).map(|i| -4.0 + 4.0 * i as f32 / hv as f32).collect::<Vec<_>>())?;
+    let a_log = be.f32_from_host(
+        &(0..hv)
+            .map(|i| -4.0 + 4.0 * i as f32 / hv as f32)
+            .collect::<Vec<_>>(),
+    )?;
     let dt_bias = be.f32_from_host(&vec![0.5; hv])?;
     let mut states: Vec<CudaF32> = (0..seqs)
         .map(|_| be.f32_from_host(&vec![0.0; SHAPE.state_len()]))
@@ -89,8 +91,10 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|");
     for kernel in [
         ChunkKernel::ReferenceFma,
+        ChunkKernel::ReferenceFmaV64,
         ChunkKernel::EngineFma,
         ChunkKernel::EngineMma,
+        ChunkKernel::EngineMmaV64,
     ] {
         let params = GdnParams::<CudaBackend> {
             a_log: &a_log,
@@ -159,7 +163,7 @@ fn main() -> Result<()> {
     let n_gate = be.random_tensor(1, SHAPE.v_dim, 0.1, 1.0, 20)?;
     let mut h = be.random_tensor(t, HIDDEN, 1.0, 0.0, 21)?;
     let mut conv_states: Vec<_> = (0..seqs)
-        .map(|_| be.random_tensor(CONV_K - 1, SHAPE.conv_dim(), 0.0, 0.0, 22))
+        .map(|_| be.random_tensor(CONV_K - 1, SHAPE.conv_dim(), 0.5, 0.0, 22))
         .collect::<Result<_>>()?;
     let params = GdnParams::<CudaBackend> {
         a_log: &a_log,

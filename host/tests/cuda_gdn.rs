@@ -137,7 +137,10 @@ fn run_cpu(x: &Batch, init: &[Vec<f32>], profile: GdnProfile) -> (Vec<f32>, Vec<
     let out = be
         .gated_delta_rule(&qkv, &a, &b, &params, &x.seq_starts, &mut refs)
         .unwrap();
-    (be.to_host(&out).unwrap(), st.into_iter().map(|s| s.0).collect())
+    (
+        be.to_host(&out).unwrap(),
+        st.into_iter().map(|s| s.0).collect(),
+    )
 }
 
 fn run_gpu(
@@ -157,10 +160,10 @@ fn run_gpu(
         be.f32_from_host(&x.a_log).unwrap(),
         be.f32_from_host(&x.dt_bias).unwrap(),
     );
-    let profile = if kernel == ChunkKernel::ReferenceFma {
-        GdnProfile::Reference
-    } else {
+    let profile = if kernel.engine() {
         GdnProfile::Engine
+    } else {
+        GdnProfile::Reference
     };
     let params = GdnParams::<CudaBackend> {
         a_log: &a_log,
@@ -193,18 +196,20 @@ fn cuda_gdn_reference_profile_matches_cpu() {
         let x = batch(&LENS, seed);
         let init = states(LENS.len(), seed + 100, fresh);
         let (want, want_st) = run_cpu(&x, &init, GdnProfile::Reference);
-        let (got, got_st) = run_gpu(&be, &x, &init, ChunkKernel::ReferenceFma);
-        let (e, es) = (rel(&got, &want), state_rel(&got_st, &want_st));
-        println!("reference profile, fresh={fresh}: output rel {e:.2e}, states rel {es:.2e}");
-        // Output: both sides compute in f32 from identical inputs; the GPU stores its output in
-        // bf16 (relative rounding error ≤ 2⁻⁹ per value, ≈ 2⁻⁹/√3 ≈ 1.1e-3 in the norm for
-        // uniform rounding errors), and f32 summation order adds ~1e-6. 2e-3 leaves room for the
-        // rounding and nothing else: a wrong decay, a missed reset or an unwritten row costs more
-        // than 1e-2.
-        assert!(e < 2e-3, "output rel {e}");
-        // States stay f32 on both sides and never see the rounded output: only summation order
-        // differs (~1e-7 per operation, a few hundred dependent steps).
-        assert!(es < 1e-4, "states rel {es}");
+        for kernel in [ChunkKernel::ReferenceFma, ChunkKernel::ReferenceFmaV64] {
+            let (got, got_st) = run_gpu(&be, &x, &init, kernel);
+            let (e, es) = (rel(&got, &want), state_rel(&got_st, &want_st));
+            println!("{kernel:?}, fresh={fresh}: output rel {e:.2e}, states rel {es:.2e}");
+            // Output: both sides compute in f32 from identical inputs; the GPU stores its output in
+            // bf16 (relative rounding error ≤ 2⁻⁹ per value, ≈ 2⁻⁹/√3 ≈ 1.1e-3 in the norm for
+            // uniform rounding errors), and f32 summation order adds ~1e-6. 2e-3 leaves room for the
+            // rounding and nothing else: a wrong decay, a missed reset or an unwritten row costs more
+            // than 1e-2.
+            assert!(e < 2e-3, "{kernel:?}: output rel {e}");
+            // States stay f32 on both sides and never see the rounded output: only summation order
+            // differs (~1e-7 per operation, a few hundred dependent steps).
+            assert!(es < 1e-4, "{kernel:?}: states rel {es}");
+        }
     }
 }
 
@@ -216,6 +221,7 @@ fn cuda_gdn_engine_profile_matches_cpu_emulation_and_tensor_cores_match_fma() {
     let (want, want_st) = run_cpu(&x, &init, GdnProfile::Engine);
     let (fma, fma_st) = run_gpu(&be, &x, &init, ChunkKernel::EngineFma);
     let (mma, mma_st) = run_gpu(&be, &x, &init, ChunkKernel::EngineMma);
+    let (m64, m64_st) = run_gpu(&be, &x, &init, ChunkKernel::EngineMmaV64);
     let (e_cpu, es_cpu) = (rel(&mma, &want), state_rel(&mma_st, &want_st));
     let (e_fma, es_fma) = (rel(&mma, &fma), state_rel(&mma_st, &fma_st));
     println!("engine: mma vs CPU emulation {e_cpu:.2e} (states {es_cpu:.2e}); mma vs fma {e_fma:.2e} (states {es_fma:.2e})");
@@ -224,11 +230,18 @@ fn cuda_gdn_engine_profile_matches_cpu_emulation_and_tensor_cores_match_fma() {
     // decayed V′ of the state update before its products; docs/gdn-cuda.md): bf16-level noise,
     // a few 2⁻⁹ roundings in series, ≤ 1e-2.
     assert!(e_cpu < 1e-2, "engine vs CPU emulation: output rel {e_cpu}");
-    assert!(es_cpu < 1e-2, "engine vs CPU emulation: states rel {es_cpu}");
+    assert!(
+        es_cpu < 1e-2,
+        "engine vs CPU emulation: states rel {es_cpu}"
+    );
     // Tensor cores vs FMA on the same bf16 operands: only the f32 summation order differs, which
     // can flip a bf16 rounding of an intermediate now and then (2⁻⁸ on that value).
     assert!(e_fma < 2e-3, "mma vs fma: output rel {e_fma}");
     assert!(es_fma < 2e-3, "mma vs fma: states rel {es_fma}");
+    // 64 value columns per block: the same arithmetic per column.
+    let (e64, es64) = (rel(&m64, &mma), state_rel(&m64_st, &mma_st));
+    println!("engine: v64 vs v32 {e64:.2e} (states {es64:.2e})");
+    assert!(e64 < 2e-3 && es64 < 2e-3, "v64 vs v32: {e64} / {es64}");
 }
 
 #[test]
@@ -249,7 +262,9 @@ fn cuda_gdn_decode_steps_equal_prefill() {
     // Prefill of the first 70 rows of each sequence.
     let pre_batch = Batch {
         seq_starts: (0..=n).map(|i| i * pre).collect(),
-        qkv: (0..n).flat_map(|s| rows(s, 0..pre, cd, &whole.qkv)).collect(),
+        qkv: (0..n)
+            .flat_map(|s| rows(s, 0..pre, cd, &whole.qkv))
+            .collect(),
         a: (0..n).flat_map(|s| rows(s, 0..pre, hv, &whole.a)).collect(),
         b: (0..n).flat_map(|s| rows(s, 0..pre, hv, &whole.b)).collect(),
         a_log: whole.a_log.clone(),
@@ -258,14 +273,21 @@ fn cuda_gdn_decode_steps_equal_prefill() {
     let (pre_out, mut st) = run_gpu(&be, &pre_batch, &init, ChunkKernel::ReferenceFma);
     let mut got = vec![0f32; n * t * vd];
     for s in 0..n {
-        got[s * t * vd..(s * t + pre) * vd].copy_from_slice(&pre_out[s * pre * vd..(s + 1) * pre * vd]);
+        got[s * t * vd..(s * t + pre) * vd]
+            .copy_from_slice(&pre_out[s * pre * vd..(s + 1) * pre * vd]);
     }
     for i in pre..t {
         let step = Batch {
             seq_starts: (0..=n).collect(),
-            qkv: (0..n).flat_map(|s| rows(s, i..i + 1, cd, &whole.qkv)).collect(),
-            a: (0..n).flat_map(|s| rows(s, i..i + 1, hv, &whole.a)).collect(),
-            b: (0..n).flat_map(|s| rows(s, i..i + 1, hv, &whole.b)).collect(),
+            qkv: (0..n)
+                .flat_map(|s| rows(s, i..i + 1, cd, &whole.qkv))
+                .collect(),
+            a: (0..n)
+                .flat_map(|s| rows(s, i..i + 1, hv, &whole.a))
+                .collect(),
+            b: (0..n)
+                .flat_map(|s| rows(s, i..i + 1, hv, &whole.b))
+                .collect(),
             a_log: whole.a_log.clone(),
             dt_bias: whole.dt_bias.clone(),
         };
@@ -284,9 +306,15 @@ fn cuda_gdn_decode_steps_equal_prefill() {
     // The decode steps themselves against the CPU's recurrent form.
     let last = Batch {
         seq_starts: (0..=n).collect(),
-        qkv: (0..n).flat_map(|s| rows(s, t - 1..t, cd, &whole.qkv)).collect(),
-        a: (0..n).flat_map(|s| rows(s, t - 1..t, hv, &whole.a)).collect(),
-        b: (0..n).flat_map(|s| rows(s, t - 1..t, hv, &whole.b)).collect(),
+        qkv: (0..n)
+            .flat_map(|s| rows(s, t - 1..t, cd, &whole.qkv))
+            .collect(),
+        a: (0..n)
+            .flat_map(|s| rows(s, t - 1..t, hv, &whole.a))
+            .collect(),
+        b: (0..n)
+            .flat_map(|s| rows(s, t - 1..t, hv, &whole.b))
+            .collect(),
         a_log: whole.a_log.clone(),
         dt_bias: whole.dt_bias.clone(),
     };
@@ -309,8 +337,14 @@ fn cuda_gdn_profiles_differ_measurably_on_a_long_sequence() {
     let (rc, ec) = (rel(&r, &cpu), rel(&e, &r));
     let (rcs, ecs) = (state_rel(&r_st, &cpu_st), state_rel(&e_st, &r_st));
     println!("2048 tokens: reference–CPU {rc:.2e} (states {rcs:.2e}), engine–reference {ec:.2e} (states {ecs:.2e})");
-    assert!(ec > rc, "engine–reference gap {ec} does not exceed reference–CPU gap {rc}");
-    assert!(ecs > 10.0 * rcs, "state gaps: engine {ecs}, reference {rcs}");
+    assert!(
+        ec > rc,
+        "engine–reference gap {ec} does not exceed reference–CPU gap {rc}"
+    );
+    assert!(
+        ecs > 10.0 * rcs,
+        "state gaps: engine {ecs}, reference {rcs}"
+    );
     assert!(ec < 3e-2, "engine profile drifted from the reference: {ec}");
 }
 
@@ -330,29 +364,48 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
     let init: Vec<Vec<f32>> = (0..lens.len())
         .map(|i| rand((k - 1) * c, 70 + i as u64, -2.0, 2.0))
         .collect();
-    let run = |be: &dyn Fn(&[f32], &[Vec<f32>]) -> (Vec<f32>, Vec<Vec<f32>>)| be(&x, &init);
     let on_cpu = |x: &[f32], init: &[Vec<f32>]| {
-        let (xt, wt) = (cpu.from_host(x, t, c).unwrap(), cpu.from_host(&w, c, k).unwrap());
-        let mut st: Vec<_> = init.iter().map(|s| cpu.from_host(s, k - 1, c).unwrap()).collect();
+        let (xt, wt) = (
+            cpu.from_host(x, t, c).unwrap(),
+            cpu.from_host(&w, c, k).unwrap(),
+        );
+        let mut st: Vec<_> = init
+            .iter()
+            .map(|s| cpu.from_host(s, k - 1, c).unwrap())
+            .collect();
         let mut refs: Vec<_> = st.iter_mut().collect();
-        let y = cpu.causal_conv1d_silu(&xt, &wt, &seq_starts, &mut refs).unwrap();
+        let y = cpu
+            .causal_conv1d_silu(&xt, &wt, &seq_starts, &mut refs)
+            .unwrap();
         (
             cpu.to_host(&y).unwrap(),
-            st.iter().map(|s| cpu.to_host(s).unwrap()).collect(),
+            st.iter()
+                .map(|s| cpu.to_host(s).unwrap())
+                .collect::<Vec<_>>(),
         )
     };
     let on_gpu = |x: &[f32], init: &[Vec<f32>]| {
-        let (xt, wt) = (be.from_host(x, t, c).unwrap(), be.from_host(&w, c, k).unwrap());
-        let mut st: Vec<_> = init.iter().map(|s| be.from_host(s, k - 1, c).unwrap()).collect();
+        let (xt, wt) = (
+            be.from_host(x, t, c).unwrap(),
+            be.from_host(&w, c, k).unwrap(),
+        );
+        let mut st: Vec<_> = init
+            .iter()
+            .map(|s| be.from_host(s, k - 1, c).unwrap())
+            .collect();
         let mut refs: Vec<_> = st.iter_mut().collect();
-        let y = be.causal_conv1d_silu(&xt, &wt, &seq_starts, &mut refs).unwrap();
+        let y = be
+            .causal_conv1d_silu(&xt, &wt, &seq_starts, &mut refs)
+            .unwrap();
         (
             be.to_host(&y).unwrap(),
-            st.iter().map(|s| be.to_host(s).unwrap()).collect(),
+            st.iter()
+                .map(|s| be.to_host(s).unwrap())
+                .collect::<Vec<_>>(),
         )
     };
-    let (want, want_st) = run(&on_cpu);
-    let (got, got_st) = run(&on_gpu);
+    let (want, want_st) = on_cpu(&x, &init);
+    let (got, got_st) = on_gpu(&x, &init);
     // Same f32 sum of the same bf16 inputs (4 terms, order identical), then one bf16 rounding
     // of the SiLU: each value within one bf16 step (2⁻⁸ relative) of the CPU's.
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -384,19 +437,16 @@ fn cuda_gated_norms_and_sigmoid_gate_match_cpu() {
             );
         }
     };
-    let gn = |b: &dyn Fn() -> Vec<f32>| b();
-    let want = gn(&|| {
-        let y = cpu
-            .gated_rms_norm(
-                &cpu.from_host(&x, t, cols).unwrap(),
-                &cpu.from_host(&z, t, cols).unwrap(),
-                &cpu.from_host(&w, 1, hd).unwrap(),
-                1e-6,
-                hd,
-            )
-            .unwrap();
-        cpu.to_host(&y).unwrap()
-    });
+    let want = cpu
+        .gated_rms_norm(
+            &cpu.from_host(&x, t, cols).unwrap(),
+            &cpu.from_host(&z, t, cols).unwrap(),
+            &cpu.from_host(&w, 1, hd).unwrap(),
+            1e-6,
+            hd,
+        )
+        .and_then(|y| cpu.to_host(&y))
+        .unwrap();
     let got = be
         .gated_rms_norm(
             &be.from_host(&x, t, cols).unwrap(),

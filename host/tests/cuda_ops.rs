@@ -60,7 +60,10 @@ fn cuda_kernels_compile_with_nvrtc() {
         Ok(mods) => {
             let names: Vec<&str> = mods.iter().map(|(n, _)| n.as_str()).collect();
             for want in ["elementwise", "attention", "topk", "gdn"] {
-                assert!(names.contains(&want), "module {want} missing from {names:?}");
+                assert!(
+                    names.contains(&want),
+                    "module {want} missing from {names:?}"
+                );
             }
             for (name, bytes) in mods {
                 assert!(bytes > 1000, "{name}: PTX of {bytes} bytes");

@@ -20,10 +20,6 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 /// Head dims the delta-rule kernels are written for (`GDN_DK`, `GDN_DV` in kernels/gdn.cu).
 const HEAD_DIM: usize = 128;
-/// Value columns per block of the chunked kernel (`GDN_DVS`).
-const DV_SLICE: usize = 32;
-/// Dynamic shared memory of the chunked kernel: `GDN_CHUNK_SMEM_FLOATS` f32 values.
-const CHUNK_SMEM_BYTES: usize = (3 * 64 * 129 + 2 * 64 * 33 + 128 * 33 + 3 * 64 * 65 + 2 * 64) * 4;
 /// Longest conv history the conv-state kernel keeps in registers (`GDN_MAX_HIST`).
 const MAX_CONV_HIST: usize = 8;
 
@@ -43,15 +39,18 @@ impl CudaF32 {
     }
 }
 
-/// Which kernel runs the chunked delta rule (the numeric profile, and for the engine profile
-/// whether the products use the tensor cores). [`crate::backend::Backend::gated_delta_rule`] uses
-/// `Reference` → `ReferenceFma`, `Engine` → `EngineMma`; the FMA variant of the engine profile
-/// exists so tests can check the tensor-core path against it.
+/// Which kernel runs the chunked delta rule: the numeric profile, for the engine profile whether
+/// the products use the tensor cores, and how many value columns of a head one block carries
+/// (32: four blocks per head; `V64`: 64, two blocks per head, half the recomputed head-wide
+/// work). [`crate::backend::Backend::gated_delta_rule`] uses [`ChunkKernel::for_profile`]; the
+/// FMA variant of the engine profile exists so tests can check the tensor-core path against it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChunkKernel {
     ReferenceFma,
     EngineFma,
     EngineMma,
+    ReferenceFmaV64,
+    EngineMmaV64,
 }
 
 impl ChunkKernel {
@@ -66,10 +65,28 @@ impl ChunkKernel {
             ChunkKernel::ReferenceFma => "gdn_chunk_reference",
             ChunkKernel::EngineFma => "gdn_chunk_engine_fma",
             ChunkKernel::EngineMma => "gdn_chunk_engine_mma",
+            ChunkKernel::ReferenceFmaV64 => "gdn_chunk_reference_v64",
+            ChunkKernel::EngineMmaV64 => "gdn_chunk_engine_mma_v64",
         }
     }
-    fn engine(self) -> bool {
-        self != ChunkKernel::ReferenceFma
+    pub fn engine(self) -> bool {
+        !matches!(
+            self,
+            ChunkKernel::ReferenceFma | ChunkKernel::ReferenceFmaV64
+        )
+    }
+    /// Value columns per block (`DVS` in kernels/gdn.cu).
+    fn dv_slice(self) -> usize {
+        match self {
+            ChunkKernel::ReferenceFmaV64 | ChunkKernel::EngineMmaV64 => 64,
+            _ => 32,
+        }
+    }
+    /// Dynamic shared memory of the kernel: 3·64·129 + 2·64·(DVS+1) + 128·(DVS+1) + 3·64·65 + 128
+    /// f32 values.
+    fn smem_bytes(self) -> usize {
+        let ldv = self.dv_slice() + 1;
+        (3 * 64 * 129 + 2 * 64 * ldv + 128 * ldv + 3 * 64 * 65 + 2 * 64) * 4
     }
 }
 
@@ -130,11 +147,19 @@ impl CudaBackend {
         if groups == 0 {
             return Ok(y);
         }
-        ensure!(groups < i32::MAX as i64, "rms_norm_zero_centred: too many rows");
+        ensure!(
+            groups < i32::MAX as i64,
+            "rms_norm_zero_centred: too many rows"
+        );
         let f = self.kernels.get("gdn", "gdn_rms_norm_zc")?;
         let g32 = group as i32;
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&x.buf).arg(&w.buf).arg(&mut y.buf).arg(&groups).arg(&g32).arg(&eps);
+        b.arg(&x.buf)
+            .arg(&w.buf)
+            .arg(&mut y.buf)
+            .arg(&groups)
+            .arg(&g32)
+            .arg(&eps);
         // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float); x and y hold groups·group values.
         unsafe {
             b.launch(LaunchConfig {
@@ -432,11 +457,15 @@ impl CudaBackend {
             let (f, cfg) = if chunked {
                 (
                     self.kernels
-                        .get_with_smem("gdn", kernel.name(), CHUNK_SMEM_BYTES)?,
+                        .get_with_smem("gdn", kernel.name(), kernel.smem_bytes())?,
                     LaunchConfig {
-                        grid_dim: ((HEAD_DIM / DV_SLICE) as u32, hv as u32, which.len() as u32),
+                        grid_dim: (
+                            (HEAD_DIM / kernel.dv_slice()) as u32,
+                            hv as u32,
+                            which.len() as u32,
+                        ),
                         block_dim: (256, 1, 1),
-                        shared_mem_bytes: CHUNK_SMEM_BYTES as u32,
+                        shared_mem_bytes: kernel.smem_bytes() as u32,
                     },
                 )
             } else {
@@ -501,6 +530,8 @@ pub const KERNELS: &[&str] = &[
     "gdn_chunk_reference",
     "gdn_chunk_engine_fma",
     "gdn_chunk_engine_mma",
+    "gdn_chunk_reference_v64",
+    "gdn_chunk_engine_mma_v64",
     "gdn_recurrent",
     "gdn_conv_silu",
     "gdn_conv_state",
