@@ -139,6 +139,7 @@ struct KeySpan {
 impl Backend for CpuBackend {
     type Tensor = CpuTensor;
     type Matrix = CpuMatrix;
+    type F32Buf = super::HostF32;
 
     fn name(&self) -> &'static str {
         "cpu"

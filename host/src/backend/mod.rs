@@ -12,8 +12,12 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod gdn;
 
-use anyhow::{ensure, Result};
+pub use gdn::{GdnProfile, GdnShape, HostF32};
+
+use anyhow::{anyhow, ensure, Result};
+use std::any::Any;
 
 /// How rotary embeddings pair the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -166,13 +170,36 @@ pub fn attention_varlen_qkv_unfused<B: Backend + ?Sized>(
     be.attention_varlen(&q, &k, &v, shape, seq_starts)
 }
 
+/// Per-layer constants of a Gated DeltaNet core, for [`Backend::gated_delta_rule`].
+pub struct GdnParams<'a, B: Backend + ?Sized> {
+    /// `A_log` `[v_heads]` (f32 in real checkpoints): the decay rate is `exp(A_log)`.
+    pub a_log: &'a B::F32Buf,
+    /// `dt_bias` `[v_heads]`.
+    pub dt_bias: &'a B::F32Buf,
+    pub shape: GdnShape,
+    pub profile: GdnProfile,
+}
+
 /// Every operation the model code needs. All methods return errors instead of panicking
 /// (device failures, shape mismatches).
+///
+/// The hybrid-model ops (Qwen3.5 / Qwen3-Next: [`Backend::rms_norm_zero_centred`],
+/// [`Backend::gated_rms_norm`], [`Backend::sigmoid_gate_inplace`],
+/// [`Backend::causal_conv1d_silu`], [`Backend::gated_delta_rule`]) have default implementations
+/// that download their inputs ([`Backend::to_host`], [`Backend::f32_to_host`]), run the f32
+/// reference maths of [`gdn`], and upload the results: correct on every backend, fast on none
+/// but the CPU. A backend with kernels overrides them; its kernels must agree with [`gdn`].
 pub trait Backend: Send + Sync + 'static {
     /// A row-major `[rows, cols]` activation on the device.
     type Tensor: Send + Sync;
     /// A weight matrix `[out, in]` on the device, in the backend's storage dtype.
     type Matrix: Send + Sync;
+    /// A flat f32 buffer on the device, whatever the activation dtype: the recurrent state S of a
+    /// Gated DeltaNet layer (one per sequence, `v_heads · k_dim · v_dim` values, see
+    /// [`Backend::gated_delta_rule`]) and the layer's f32 parameters `A_log` / `dt_bias`.
+    /// [`HostF32`] (host memory) works with the default [`Backend::f32_from_host`] /
+    /// [`Backend::f32_to_host`]; a backend choosing a device type must override both.
+    type F32Buf: Send + Sync + 'static;
 
     /// Short name stored with every result ("cpu", "cuda").
     fn name(&self) -> &'static str;
@@ -324,4 +351,240 @@ pub trait Backend: Send + Sync + 'static {
     /// LM head fused with log-softmax and top-k: `x · headᵀ` per row, never returning the full
     /// vocabulary logits.
     fn lm_head_topk(&self, x: &Self::Tensor, head: &Self::Matrix, k: usize) -> Result<TopK>;
+
+    // ---- Hybrid (Qwen3.5 / Qwen3-Next) ops. Contracts: docs/hybrid-models.md and [`gdn`]. ----
+
+    /// Upload f32 values exactly (no rounding to the activation dtype). The default builds a
+    /// [`HostF32`] and works when `F32Buf = HostF32`; otherwise it is an error.
+    fn f32_from_host(&self, data: &[f32]) -> Result<Self::F32Buf> {
+        let b: Box<dyn Any> = Box::new(HostF32(data.to_vec()));
+        b.downcast::<Self::F32Buf>().map(|b| *b).map_err(|_| {
+            anyhow!(
+                "backend {}: F32Buf is not HostF32, so it must implement f32_from_host",
+                self.name()
+            )
+        })
+    }
+    /// Download an f32 buffer exactly. Default: the inverse of [`Backend::f32_from_host`].
+    fn f32_to_host(&self, b: &Self::F32Buf) -> Result<Vec<f32>> {
+        (b as &dyn Any)
+            .downcast_ref::<HostF32>()
+            .map(|h| h.0.clone())
+            .ok_or_else(|| {
+                anyhow!(
+                    "backend {}: F32Buf is not HostF32, so it must implement f32_to_host",
+                    self.name()
+                )
+            })
+    }
+
+    /// An independent copy of an f32 buffer (the recurrent-state snapshot taken before a
+    /// speculative verify forward). Default: through the host.
+    fn f32_copy(&self, b: &Self::F32Buf) -> Result<Self::F32Buf> {
+        self.f32_from_host(&self.f32_to_host(b)?)
+    }
+
+    /// Zero-centred RMSNorm (`Qwen3_5RMSNorm`, also the hybrids' q/k norms) over consecutive
+    /// groups of `group` columns: `y = x · rsqrt(mean(x²) + eps) · (1 + w)`, the statistic in f32
+    /// and `1 + w` formed in f32 from the stored weight `w` `[1, group]` (HF:
+    /// `output * (1.0 + self.weight.float())`, one rounding to the activation dtype at the end).
+    /// `x` `[T, cols]` → `[T, cols]`. Not the same as [`Backend::rms_norm`] with a weight of
+    /// `1 + w` on a bf16 backend: `1 + w` rounded to bf16 loses the low bits of a small `w`.
+    /// Default: host reference ([`gdn::rms_norm_zero_centred`]).
+    fn rms_norm_zero_centred(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<Self::Tensor> {
+        let (rows, cols) = self.dims(x);
+        let w = self.to_host(weight)?;
+        ensure!(
+            group > 0 && cols.is_multiple_of(group) && w.len() == group,
+            "rms_norm_zero_centred: {cols} columns, group {group}, weight of {} values",
+            w.len()
+        );
+        let y = gdn::rms_norm_zero_centred(&self.to_host(x)?, &w, eps, group);
+        self.from_host(&y, rows, cols)
+    }
+
+    /// Gated RMSNorm of the Gated DeltaNet output (`Qwen3_5RMSNormGated`), per group of `group`
+    /// columns (= `v_dim`, one value head): `y = (w ⊙ x · rsqrt(mean(x²) + eps)) ⊙ silu(z)` with
+    /// the statistic and the gate in f32; `w` `[1, group]` used as stored (NOT zero-centred).
+    /// `x`, `z` `[T, v_heads · v_dim]` → `[T, v_heads · v_dim]`. Default: host reference
+    /// ([`gdn::gated_rms_norm`]).
+    fn gated_rms_norm(
+        &self,
+        x: &Self::Tensor,
+        z: &Self::Tensor,
+        weight: &Self::Tensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<Self::Tensor> {
+        let (rows, cols) = self.dims(x);
+        let w = self.to_host(weight)?;
+        ensure!(
+            self.dims(z) == (rows, cols),
+            "gated_rms_norm: x is {:?}, z is {:?}",
+            (rows, cols),
+            self.dims(z)
+        );
+        ensure!(
+            group > 0 && cols.is_multiple_of(group) && w.len() == group,
+            "gated_rms_norm: {cols} columns, group {group}, weight of {} values",
+            w.len()
+        );
+        let y = gdn::gated_rms_norm(&self.to_host(x)?, &self.to_host(z)?, &w, eps, group);
+        self.from_host(&y, rows, cols)
+    }
+
+    /// `x ⊙= sigmoid(gate)` elementwise, the gate in f32 (the gated attention's output gate:
+    /// `attn_output * torch.sigmoid(gate)`). `x`, `gate` `[T, heads · head_dim]`. Default: host
+    /// reference ([`gdn::sigmoid_gate`]).
+    fn sigmoid_gate_inplace(&self, x: &mut Self::Tensor, gate: &Self::Tensor) -> Result<()> {
+        let (rows, cols) = self.dims(x);
+        ensure!(
+            self.dims(gate) == (rows, cols),
+            "sigmoid_gate: x is {:?}, gate is {:?}",
+            (rows, cols),
+            self.dims(gate)
+        );
+        let mut h = self.to_host(x)?;
+        gdn::sigmoid_gate(&mut h, &self.to_host(gate)?);
+        *x = self.from_host(&h, rows, cols)?;
+        Ok(())
+    }
+
+    /// Causal depthwise conv1d + SiLU over sequences packed row-wise, each carrying a conv state.
+    ///
+    /// - `x` `[T, C]`: the `in_proj_qkv` output (C = conv_dim, q | k | v columns); rows
+    ///   `seq_starts[i]..seq_starts[i+1]` are sequence i's new tokens (`seq_starts` runs from 0 to
+    ///   T, non-decreasing; an empty sequence leaves its state alone).
+    /// - `weight` `[C, K]`: `conv1d.weight` `[C, 1, K]` squeezed; `weight[c, K−1]` weights the
+    ///   current token; no bias.
+    /// - `states[i]` `[K−1, C]`: sequence i's previous K−1 inputs, oldest first, in the activation
+    ///   dtype (zeros for a fresh sequence: that is the causal zero padding). Replaced by the last
+    ///   K−1 rows of `states[i] ++ x_i`.
+    ///
+    /// Output `[T, C]`: `y[t, c] = silu(Σ_j weight[c, j] · in[t − (K−1) + j, c])` with f32
+    /// accumulation, `in` = state ++ rows. Default: host reference ([`gdn::causal_conv1d_silu`]).
+    fn causal_conv1d_silu(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        seq_starts: &[usize],
+        states: &mut [&mut Self::Tensor],
+    ) -> Result<Self::Tensor> {
+        let (rows, c) = self.dims(x);
+        let (wc, k) = self.dims(weight);
+        ensure!(
+            wc == c && k >= 1,
+            "causal_conv1d: weight is [{wc}, {k}] for {c} channels"
+        );
+        gdn::check_seq_starts("causal_conv1d", seq_starts, rows, states.len())?;
+        let (xh, wh) = (self.to_host(x)?, self.to_host(weight)?);
+        let mut out = Vec::with_capacity(rows * c);
+        for (w, st) in seq_starts.windows(2).zip(states.iter_mut()) {
+            ensure!(
+                self.dims(st) == (k - 1, c),
+                "causal_conv1d: state is {:?}, expected [{}, {c}]",
+                self.dims(st),
+                k - 1
+            );
+            if w[0] == w[1] {
+                continue;
+            }
+            let mut sh = self.to_host(st)?;
+            out.extend(gdn::causal_conv1d_silu(
+                &xh[w[0] * c..w[1] * c],
+                c,
+                &wh,
+                k,
+                &mut sh,
+            ));
+            **st = self.from_host(&sh, k - 1, c)?;
+        }
+        self.from_host(&out, rows, c)
+    }
+
+    /// The gated delta rule of a Gated DeltaNet layer over sequences packed row-wise.
+    ///
+    /// - `qkv` `[T, 2·Hk·dk + Hv·dv]`: the conv output, columns q (Hk heads of dk) | k | v (Hv
+    ///   heads of dv); value head h reads q/k head `h / (Hv/Hk)`.
+    /// - `a`, `b` `[T, Hv]`: raw `in_proj_a` / `in_proj_b` outputs. Inside, in f32:
+    ///   `g = −exp(A_log) · softplus(a + dt_bias)`, `β = sigmoid(b)`.
+    /// - `seq_starts` as in [`Backend::causal_conv1d_silu`]; `states[i]` is sequence i's state S,
+    ///   f32 `[Hv, dk, dv]` row-major (S per value head, rows indexed by the key dim, as HF's
+    ///   `recurrent_state[b]`), zeros for a fresh sequence, updated in place. This is how packed
+    ///   sequences reset: each starts from its own (zero) state.
+    ///
+    /// q and k are L2-normed per head (`x · rsqrt(Σx² + 1e-6)`), q scaled by `dk^−½`. A sequence
+    /// of one row runs the recurrent form, longer ones the chunked form (chunks of 64), as
+    /// transformers does for cached decode vs prefill; `params.profile` picks the numerics
+    /// ([`GdnProfile`]). Output `[T, Hv·dv]`, before the gated norm. Default: host reference
+    /// ([`gdn::gated_delta_rule_seq`] per sequence).
+    fn gated_delta_rule(
+        &self,
+        qkv: &Self::Tensor,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        params: &GdnParams<'_, Self>,
+        seq_starts: &[usize],
+        states: &mut [&mut Self::F32Buf],
+    ) -> Result<Self::Tensor> {
+        let shape = params.shape;
+        shape.check()?;
+        let (rows, cd) = self.dims(qkv);
+        let hv = shape.v_heads;
+        ensure!(
+            cd == shape.conv_dim(),
+            "gated_delta_rule: qkv has {cd} columns, expected {}",
+            shape.conv_dim()
+        );
+        ensure!(
+            self.dims(a) == (rows, hv) && self.dims(b) == (rows, hv),
+            "gated_delta_rule: a is {:?}, b is {:?}, expected [{rows}, {hv}]",
+            self.dims(a),
+            self.dims(b)
+        );
+        gdn::check_seq_starts("gated_delta_rule", seq_starts, rows, states.len())?;
+        let (a_log, dt_bias) = (
+            self.f32_to_host(params.a_log)?,
+            self.f32_to_host(params.dt_bias)?,
+        );
+        ensure!(
+            a_log.len() == hv && dt_bias.len() == hv,
+            "gated_delta_rule: A_log has {} values, dt_bias {}, expected {hv}",
+            a_log.len(),
+            dt_bias.len()
+        );
+        let (xh, ah, bh) = (self.to_host(qkv)?, self.to_host(a)?, self.to_host(b)?);
+        let vd = shape.value_dim();
+        let mut out = Vec::with_capacity(rows * vd);
+        for (w, st) in seq_starts.windows(2).zip(states.iter_mut()) {
+            if w[0] == w[1] {
+                continue;
+            }
+            let mut sh = self.f32_to_host(st)?;
+            ensure!(
+                sh.len() == shape.state_len(),
+                "gated_delta_rule: state has {} values, expected {}",
+                sh.len(),
+                shape.state_len()
+            );
+            out.extend(gdn::gated_delta_rule_seq(
+                &xh[w[0] * cd..w[1] * cd],
+                &ah[w[0] * hv..w[1] * hv],
+                &bh[w[0] * hv..w[1] * hv],
+                &a_log,
+                &dt_bias,
+                shape,
+                &mut sh,
+                params.profile,
+            ));
+            **st = self.f32_from_host(&sh)?;
+        }
+        self.from_host(&out, rows, vd)
+    }
 }

@@ -116,7 +116,7 @@ pub fn live_decode<B: Backend>(
         res.round_tokens.push(committed as u32);
         res.accepted.push(acc as u32);
         // Keep y_a and the accepted drafts in the cache; the bonus enters with the next verify.
-        cache.crop(be, a + acc + 1)?;
+        target.crop(be, &mut cache, a + acc + 1)?;
         let new_taps = taps_rows(be, &v.captured, &tap_idx, acc + 1)?;
         let refs: Vec<&[f32]> = new_taps.iter().map(|v| v.as_slice()).collect();
         drafter.extend_context(be, &mut ctx, &refs, d_t)?;

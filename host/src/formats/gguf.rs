@@ -380,6 +380,7 @@ impl GgufFile {
             qk_norm: arch == Arch::Qwen3 || self.tensor_info("blk.0.attn_q_norm.weight").is_some(),
             bos_token_id: tok_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids,
+            hybrid: None,
         };
         spec.validate(&self.path)?;
         Ok(spec)

@@ -1,6 +1,7 @@
 //! One description of a target architecture, built from a Hugging Face `config.json` or from GGUF
 //! metadata, so the model code never looks at either format.
 
+pub use super::hybrid::{HybridSpec, LayerType};
 use crate::backend::{Rope, RopeStyle};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -15,6 +16,14 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: per-head RMSNorm on q and k before RoPE, explicit head_dim.
     Qwen3,
+    /// Qwen3.5 / Qwen3.6 dense (`qwen3_5`, `qwen3_5_text`): Gated DeltaNet + gated attention
+    /// hybrid ([`HybridSpec`], docs/hybrid-models.md).
+    #[serde(rename = "qwen3_5")]
+    Qwen3_5,
+    /// Qwen3-Next (`qwen3_next`): the same hybrid, with fused grouped GDN input projections in
+    /// the checkpoint.
+    #[serde(rename = "qwen3_next")]
+    Qwen3Next,
 }
 
 impl Arch {
@@ -23,6 +32,8 @@ impl Arch {
             "llama" => Some(Arch::Llama),
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
+            "qwen3_5" | "qwen3_5_text" => Some(Arch::Qwen3_5),
+            "qwen3_next" => Some(Arch::Qwen3Next),
             _ => None,
         }
     }
@@ -31,7 +42,13 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3_5 => "qwen3_5",
+            Arch::Qwen3Next => "qwen3_next",
         }
+    }
+    /// A Gated DeltaNet hybrid (zero-centred norms, gated attention, partial RoPE).
+    pub fn is_hybrid(&self) -> bool {
+        matches!(self, Arch::Qwen3_5 | Arch::Qwen3Next)
     }
 }
 
@@ -56,6 +73,10 @@ pub struct ModelSpec {
     pub qk_norm: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// Layer schedule and Gated DeltaNet sizes of a hybrid (Qwen3.5 / Qwen3-Next); `None` for
+    /// dense models (left out of the serialised spec then, so dense cache keys do not change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hybrid: Option<HybridSpec>,
 }
 
 impl ModelSpec {
@@ -64,7 +85,7 @@ impl ModelSpec {
         Rope {
             theta: self.rope_theta,
             head_dim: self.head_dim,
-            rotary_dim: self.head_dim,
+            rotary_dim: self.hybrid.as_ref().map_or(self.head_dim, |h| h.rotary_dim),
             style: RopeStyle::RotateHalf,
         }
     }
@@ -92,18 +113,26 @@ impl ModelSpec {
         if self.hidden_size == 0 || self.vocab_size == 0 || self.intermediate_size == 0 {
             bail!("{o}: config has zero hidden_size, vocab_size or intermediate_size");
         }
+        if let Some(h) = &self.hybrid {
+            h.validate(origin, self)?;
+        }
         Ok(())
     }
 
-    /// Parse a Hugging Face `config.json` (llama, qwen2, qwen3).
+    /// Parse a Hugging Face `config.json` (llama, qwen2, qwen3, qwen3_5, qwen3_5_text,
+    /// qwen3_next). A `qwen3_5` composite (vision-language) config is read from its
+    /// `text_config`, top-level keys filling in what the text config lacks.
     pub fn from_hf_config(path: &Path) -> Result<ModelSpec> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read", path.display()))?;
-        let c: HfConfig = serde_json::from_str(&text)
+        let raw: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a valid config.json", path.display()))?;
+        let raw = super::hybrid::text_config(&raw, path)?;
+        let c: HfConfig = serde_json::from_value(raw.clone())
             .with_context(|| format!("{}: not a valid config.json", path.display()))?;
         let arch = Arch::parse(&c.model_type).with_context(|| {
             format!(
-                "{}: unsupported architecture model_type {:?} (supported: llama, qwen2, qwen3)",
+                "{}: unsupported architecture model_type {:?} (supported: llama, qwen2, qwen3, qwen3_5, qwen3_5_text, qwen3_next)",
                 path.display(),
                 c.model_type
             )
@@ -145,9 +174,19 @@ impl ModelSpec {
             tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
             max_position_embeddings: c.max_position_embeddings.unwrap_or(4096),
             attention_bias: c.attention_bias.unwrap_or(arch == Arch::Qwen2),
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: arch == Arch::Qwen3 || arch.is_hybrid(),
             bos_token_id: c.bos_token_id,
             eos_token_ids,
+            hybrid: if arch.is_hybrid() {
+                Some(HybridSpec::from_hf_config(
+                    &raw,
+                    c.num_hidden_layers,
+                    head_dim,
+                    path,
+                )?)
+            } else {
+                None
+            },
         };
         spec.validate(path)?;
         Ok(spec)

@@ -2,6 +2,7 @@
 //! an identity (weights hash) used in cache keys and stored with every run.
 
 use super::config::ModelSpec;
+use super::hybrid::HybridWeights;
 use crate::formats::gguf::{GgufFile, GgufWeights};
 use crate::formats::safetensors::SafetensorsWeights;
 use crate::formats::WeightSource;
@@ -66,8 +67,15 @@ impl TargetFiles {
 
     fn open_hf_dir(dir: &Path) -> Result<TargetFiles> {
         let spec = ModelSpec::from_hf_config(&dir.join("config.json"))?;
-        let weights = SafetensorsWeights::open(dir)?;
-        check_shapes(&spec, &weights)?;
+        let weights: Box<dyn WeightSource> = match &spec.hybrid {
+            // Qwen3.5 checkpoint prefix, vision/MTP tensors, Qwen3-Next fused projections.
+            Some(hy) => Box::new(HybridWeights::new(
+                Box::new(SafetensorsWeights::open(dir)?),
+                hy,
+            )),
+            None => Box::new(SafetensorsWeights::open(dir)?),
+        };
+        check_shapes(&spec, weights.as_ref())?;
         let tokenizer = if dir.join("tokenizer.json").exists() {
             let t = TextTokenizer::from_hf_dir(dir)?;
             t.check_vocab(spec.vocab_size, &dir.join("tokenizer.json"))?;
@@ -93,7 +101,7 @@ impl TargetFiles {
         };
         Ok(TargetFiles {
             spec,
-            weights: Box::new(weights),
+            weights,
             tokenizer,
             identity,
         })
@@ -110,13 +118,19 @@ impl TargetFiles {
 }
 
 /// Refuse a model whose stored shapes disagree with its config before uploading anything.
-fn check_shapes(spec: &ModelSpec, w: &dyn WeightSource) -> Result<()> {
+pub fn check_shapes(spec: &ModelSpec, w: &dyn WeightSource) -> Result<()> {
     let (d, hd, i) = (spec.hidden_size, spec.head_dim, spec.intermediate_size);
     let mut want: Vec<(String, Vec<usize>)> = vec![
         ("model.embed_tokens.weight".into(), vec![spec.vocab_size, d]),
         ("model.norm.weight".into(), vec![d]),
     ];
     for l in 0..spec.num_layers {
+        if let Some(hy) = &spec.hybrid {
+            // Hybrids: every tensor of the layer's kind, incl. the GDN state parameters A_log and
+            // dt_bias and the gated attention's doubled q_proj.
+            want.extend(hy.layer_tensors(spec, l));
+            continue;
+        }
         let p = format!("model.layers.{l}");
         want.push((
             format!("{p}.self_attn.q_proj.weight"),

@@ -1,8 +1,12 @@
-//! Target models: one generic pre-norm decoder covering LLaMA, Qwen2 and Qwen3, written over
+//! Target models: one generic pre-norm decoder covering LLaMA, Qwen2, Qwen3 and the Qwen3.5 /
+//! Qwen3-Next hybrids, written over
 //! the [`crate::backend::Backend`] seam.
 
+pub mod cache;
 pub mod capture;
 pub mod config;
+pub mod gated_deltanet;
+pub mod hybrid;
 pub mod transformer;
 
 pub use capture::{Capture, Captured};

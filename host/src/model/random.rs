@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use rayon::prelude::*;
 
+use super::config::{HybridSpec, LayerType};
 use super::{Arch, ModelSpec};
 use crate::formats::{HostTensor, TensorInfo, WeightSource};
 
@@ -31,6 +32,43 @@ pub fn qwen3_8b_spec() -> ModelSpec {
         qk_norm: true,
         bos_token_id: None,
         eos_token_ids: vec![],
+        hybrid: None,
+    }
+}
+
+/// Qwen3.5-27B's text shapes (64 layers, every 4th full attention; D 5120, 24/4 heads of 256 with
+/// a quarter rotary; GDN 16 key / 48 value heads of 128, conv kernel 4; I 17 408; vocab 248 320).
+pub fn qwen3_5_27b_spec() -> ModelSpec {
+    let layers = 64;
+    ModelSpec {
+        arch: Arch::Qwen3_5,
+        vocab_size: 248_320,
+        hidden_size: 5120,
+        intermediate_size: 17_408,
+        num_layers: layers,
+        num_heads: 24,
+        num_kv_heads: 4,
+        head_dim: 256,
+        rope_theta: 1e7,
+        max_position_embeddings: 262_144,
+        hybrid: Some(HybridSpec {
+            layer_types: (0..layers)
+                .map(|i| {
+                    if (i + 1) % 4 == 0 {
+                        LayerType::FullAttention
+                    } else {
+                        LayerType::LinearAttention
+                    }
+                })
+                .collect(),
+            linear_num_key_heads: 16,
+            linear_num_value_heads: 48,
+            linear_key_head_dim: 128,
+            linear_value_head_dim: 128,
+            linear_conv_kernel_dim: 4,
+            rotary_dim: 64,
+        }),
+        ..qwen3_8b_spec()
     }
 }
 
@@ -59,6 +97,10 @@ impl RandomWeights {
             shapes.insert("lm_head.weight".to_string(), vec![spec.vocab_size, d]);
         }
         for l in 0..spec.num_layers {
+            if let Some(hy) = &spec.hybrid {
+                shapes.extend(hy.layer_tensors(spec, l));
+                continue;
+            }
             let p = format!("model.layers.{l}");
             let mut put = |n: &str, s: Vec<usize>| shapes.insert(format!("{p}.{n}"), s);
             put("input_layernorm.weight", vec![d]);

@@ -1,14 +1,21 @@
-//! The target model: a pre-norm decoder (LLaMA / Qwen2 / Qwen3) over the backend seam.
+//! The target model: a pre-norm decoder (LLaMA / Qwen2 / Qwen3, and the Qwen3.5 / Qwen3-Next
+//! hybrids) over the backend seam.
 //!
 //! One struct per Hugging Face module, each loading its weights by their exact HF names, so the
 //! weight map can be read straight off the code. Forward semantics follow
-//! `transformers/models/qwen3/modeling_qwen3.py` (models.md §1.3): RMSNorm → q/k/v → (q/k
-//! per-head norm) → RoPE → causal GQA attention → o_proj → residual → RMSNorm → SwiGLU MLP →
-//! residual; final norm; LM head (tied to the embedding when `lm_head.weight` is absent).
+//! `transformers/models/qwen3/modeling_qwen3.py`: RMSNorm → q/k/v → (q/k per-head norm) → RoPE →
+//! causal GQA attention → o_proj → residual → RMSNorm → SwiGLU MLP → residual; final norm; LM head
+//! (tied to the embedding when `lm_head.weight` is absent). Hybrids (`modeling_qwen3_5.py`,
+//! docs/hybrid-models.md) use zero-centred RMSNorms, a sigmoid output gate on attention, partial
+//! RoPE, and a Gated DeltaNet ([`super::gated_deltanet`]) instead of attention in most layers.
 
+pub use super::cache::KvCache;
+use super::cache::LayerCache;
 use super::capture::{Capture, Captured};
 use super::config::ModelSpec;
-use crate::backend::{AttnMask, AttnShape, Backend, QkNorm, Rope, TopK};
+use super::gated_deltanet::{GatedDeltaNet, LinearState};
+use super::hybrid::LayerType;
+use crate::backend::{AttnShape, Backend, GdnProfile, QkNorm, Rope, TopK};
 use crate::formats::WeightSource;
 use anyhow::{bail, Context, Result};
 
@@ -107,9 +114,12 @@ pub(crate) fn load_vector<B: Backend>(
 
 /// An RMSNorm with its scale (`eps` from the config; `group` = columns normalised together).
 pub struct RmsNorm<B: Backend> {
+    /// The stored weight `w`: the scale itself, or `1 + w` is the scale when `zero_centred`.
     pub weight: B::Tensor,
     pub eps: f32,
     pub group: usize,
+    /// Qwen3.5 / Qwen3-Next `…RMSNorm`: scale by `1 + w` ([`Backend::rms_norm_zero_centred`]).
+    pub zero_centred: bool,
 }
 
 impl<B: Backend> RmsNorm<B> {
@@ -118,10 +128,27 @@ impl<B: Backend> RmsNorm<B> {
             weight: load_vector(be, src, name, n)?,
             eps,
             group: n,
+            zero_centred: false,
         })
     }
+    /// The model's norm kind: zero-centred for the hybrids, plain otherwise.
+    pub fn load_for(
+        be: &B,
+        src: &dyn WeightSource,
+        name: &str,
+        n: usize,
+        spec: &ModelSpec,
+    ) -> Result<Self> {
+        let mut norm = Self::load(be, src, name, n, spec.rms_norm_eps)?;
+        norm.zero_centred = spec.arch.is_hybrid();
+        Ok(norm)
+    }
     pub fn forward(&self, be: &B, x: &B::Tensor) -> Result<B::Tensor> {
-        be.rms_norm(x, &self.weight, self.eps, self.group)
+        if self.zero_centred {
+            be.rms_norm_zero_centred(x, &self.weight, self.eps, self.group)
+        } else {
+            be.rms_norm(x, &self.weight, self.eps, self.group)
+        }
     }
 }
 
@@ -189,8 +216,37 @@ pub struct Attention<B: Backend> {
     pub qkv_bias: Option<B::Tensor>,
     pub q_norm: Option<RmsNorm<B>>,
     pub k_norm: Option<RmsNorm<B>>,
+    /// The hybrids' output gate `[H·hd, D]`: the gate rows of `q_proj` (which stores each head's
+    /// query rows then its gate rows, `[q_h0 | g_h0 | q_h1 | g_h1 | …]`); the output is
+    /// `attn ⊙ sigmoid(x · gateᵀ)` before `o_proj`.
+    pub gate_proj: Option<B::Matrix>,
     pub shape: AttnShape,
     pub rope: Rope,
+}
+
+/// A hybrid's `q_proj` `[H · 2·hd, D]` split into its query rows and its gate rows (each
+/// `[H·hd, D]`, heads in order): exact row copies.
+fn split_gated_q_proj(
+    src: &dyn WeightSource,
+    name: &str,
+    heads: usize,
+    hd: usize,
+    d: usize,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let t = src.tensor(name)?;
+    if t.shape != [2 * heads * hd, d] {
+        bail!(
+            "{}: tensor {name} has shape {:?}, the config implies [{}, {d}] (query and gate rows per head)",
+            src.path().display(),
+            t.shape,
+            2 * heads * hd
+        );
+    }
+    let (mut q, mut gate) = (Vec::new(), Vec::new());
+    for (i, rows) in t.data.chunks(hd * d).enumerate() {
+        if i % 2 == 0 { &mut q } else { &mut gate }.extend_from_slice(rows);
+    }
+    Ok((q, gate))
 }
 
 impl<B: Backend> Attention<B> {
@@ -211,30 +267,52 @@ impl<B: Backend> Attention<B> {
         };
         let (q_norm, k_norm) = if spec.qk_norm {
             (
-                Some(RmsNorm::load(
+                Some(RmsNorm::load_for(
                     be,
                     src,
                     &format!("{prefix}.q_norm.weight"),
                     hd,
-                    spec.rms_norm_eps,
+                    spec,
                 )?),
-                Some(RmsNorm::load(
+                Some(RmsNorm::load_for(
                     be,
                     src,
                     &format!("{prefix}.k_norm.weight"),
                     hd,
-                    spec.rms_norm_eps,
+                    spec,
                 )?),
             )
         } else {
             (None, None)
         };
+        let (qkv_proj, gate_proj) = if spec.arch.is_hybrid() {
+            let name = format!("{prefix}.q_proj.weight");
+            let (mut qkv, gate) = split_gated_q_proj(src, &name, spec.num_heads, hd, d)?;
+            for (n, rows) in &stacked("weight")[1..] {
+                let t = src.tensor(n)?;
+                if t.shape != [*rows, d] {
+                    bail!(
+                        "{}: tensor {n} has shape {:?}, the config implies [{rows}, {d}]",
+                        src.path().display(),
+                        t.shape
+                    );
+                }
+                qkv.extend_from_slice(&t.data);
+            }
+            (
+                be.matrix(&qkv, qd + 2 * kvd, d)?,
+                Some(be.matrix(&gate, qd, d)?),
+            )
+        } else {
+            (load_stacked_matrix(be, src, &stacked("weight"), d)?, None)
+        };
         Ok(Attention {
-            qkv_proj: load_stacked_matrix(be, src, &stacked("weight"), d)?,
+            qkv_proj,
             o_proj: load_matrix(be, src, &format!("{prefix}.o_proj.weight"), d, qd)?,
             qkv_bias,
             q_norm,
             k_norm,
+            gate_proj,
             shape: AttnShape {
                 heads: spec.num_heads,
                 kv_heads: spec.num_kv_heads,
@@ -294,6 +372,14 @@ impl<B: Backend> Attention<B> {
         let positions: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
         let (q, k, v) = self.qkv(be, x, &positions)?;
         let o = cache.append_and_attend(be, &q, k, v, self.shape, start)?;
+        self.output(be, x, o, h)
+    }
+
+    /// `h += o_proj(o)`, with `o` first gated by `sigmoid(x · gate_projᵀ)` on the hybrids.
+    fn output(&self, be: &B, x: &B::Tensor, mut o: B::Tensor, h: &mut B::Tensor) -> Result<()> {
+        if let Some(g) = &self.gate_proj {
+            be.sigmoid_gate_inplace(&mut o, &be.matmul(x, g)?)?;
+        }
         be.matmul_acc(&o, &self.o_proj, h)
     }
 
@@ -324,7 +410,7 @@ impl<B: Backend> Attention<B> {
             )?);
         }
         let o = be.concat_rows(&outs.iter().collect::<Vec<_>>())?;
-        be.matmul_acc(&o, &self.o_proj, h)
+        self.output(be, x, o, h)
     }
 
     /// Attend several whole sequences packed row-wise (`seq_starts`, see
@@ -340,6 +426,12 @@ impl<B: Backend> Attention<B> {
         seq_starts: &[usize],
         h: &mut B::Tensor,
     ) -> Result<()> {
+        if self.gate_proj.is_some() {
+            // Hybrid: zero-centred q/k norms, which the fused QKV path does not cover.
+            let (q, k, v) = self.qkv(be, x, positions)?;
+            let o = be.attention_varlen(&q, &k, &v, self.shape, seq_starts)?;
+            return self.output(be, x, o, h);
+        }
         let qkv = self.project_qkv(be, x)?;
         let qk_norm = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => Some(QkNorm {
@@ -355,79 +447,30 @@ impl<B: Backend> Attention<B> {
     }
 }
 
-/// K and V of one layer for positions `0..len`.
-pub struct LayerCache<B: Backend> {
-    pub k: Option<B::Tensor>,
-    pub v: Option<B::Tensor>,
+/// The token mixer of one decoder layer.
+pub enum Mixer<B: Backend> {
+    /// Softmax attention (`self_attn.*`), gated on the hybrids.
+    Attention(Attention<B>),
+    /// Gated DeltaNet (`linear_attn.*`), hybrids only.
+    Linear(GatedDeltaNet<B>),
 }
 
-impl<B: Backend> LayerCache<B> {
-    fn append(&mut self, be: &B, k: B::Tensor, v: B::Tensor) -> Result<()> {
-        for (slot, new) in [(&mut self.k, k), (&mut self.v, v)] {
-            match slot {
-                Some(old) => be.append_rows(old, &new)?,
-                None => *slot = Some(new),
-            }
-        }
-        Ok(())
+/// A Gated DeltaNet layer's state in `cache`, created (zeros) on the sequence's first token.
+fn linear_state<'c, B: Backend>(
+    be: &B,
+    gdn: &GatedDeltaNet<B>,
+    cache: &'c mut LayerCache<B>,
+) -> Result<&'c mut LinearState<B>> {
+    if cache.linear.is_none() {
+        cache.linear = Some(gdn.zero_state(be)?);
     }
-
-    /// Append the new tokens' K/V, then attend `q` (those tokens, at positions `start..`) over
-    /// every cached position, causally: the cached forward of one sequence and each row of a
-    /// batched decode step.
-    fn append_and_attend(
-        &mut self,
-        be: &B,
-        q: &B::Tensor,
-        k: B::Tensor,
-        v: B::Tensor,
-        shape: AttnShape,
-        start: usize,
-    ) -> Result<B::Tensor> {
-        self.append(be, k, v)?;
-        let (k_all, v_all) = (
-            self.k.as_ref().expect("appended"),
-            self.v.as_ref().expect("appended"),
-        );
-        be.attention(q, k_all, v_all, shape, &AttnMask::Causal { q_start: start })
-    }
-}
-
-/// The target's KV cache: one [`LayerCache`] per layer, all holding positions `0..len`.
-pub struct KvCache<B: Backend> {
-    pub layers: Vec<LayerCache<B>>,
-    pub len: usize,
-}
-
-impl<B: Backend> KvCache<B> {
-    pub fn new(num_layers: usize) -> Self {
-        KvCache {
-            layers: (0..num_layers)
-                .map(|_| LayerCache { k: None, v: None })
-                .collect(),
-            len: 0,
-        }
-    }
-    /// Drop every position `>= len` (speculative decoding rejects the unaccepted tail).
-    pub fn crop(&mut self, be: &B, len: usize) -> Result<()> {
-        if len >= self.len {
-            return Ok(());
-        }
-        for l in &mut self.layers {
-            if let (Some(k), Some(v)) = (&l.k, &l.v) {
-                l.k = Some(be.slice_rows(k, 0, len)?);
-                l.v = Some(be.slice_rows(v, 0, len)?);
-            }
-        }
-        self.len = len;
-        Ok(())
-    }
+    Ok(cache.linear.as_mut().expect("just set"))
 }
 
 /// One pre-norm decoder layer.
 pub struct DecoderLayer<B: Backend> {
     pub input_layernorm: RmsNorm<B>,
-    pub self_attn: Attention<B>,
+    pub mixer: Mixer<B>,
     pub post_attention_layernorm: RmsNorm<B>,
     pub mlp: Mlp<B>,
 }
@@ -435,22 +478,37 @@ pub struct DecoderLayer<B: Backend> {
 impl<B: Backend> DecoderLayer<B> {
     pub fn load(be: &B, src: &dyn WeightSource, i: usize, spec: &ModelSpec) -> Result<Self> {
         let p = format!("model.layers.{i}");
-        let (d, eps) = (spec.hidden_size, spec.rms_norm_eps);
+        let d = spec.hidden_size;
+        let kind = spec
+            .hybrid
+            .as_ref()
+            .map_or(LayerType::FullAttention, |h| h.layer_types[i]);
+        let mixer = match (kind, &spec.hybrid) {
+            (LayerType::LinearAttention, Some(hy)) => Mixer::Linear(GatedDeltaNet::load(
+                be,
+                src,
+                &format!("{p}.linear_attn"),
+                d,
+                hy,
+                spec.rms_norm_eps,
+            )?),
+            _ => Mixer::Attention(Attention::load(be, src, &format!("{p}.self_attn"), spec)?),
+        };
         Ok(DecoderLayer {
-            input_layernorm: RmsNorm::load(
+            input_layernorm: RmsNorm::load_for(
                 be,
                 src,
                 &format!("{p}.input_layernorm.weight"),
                 d,
-                eps,
+                spec,
             )?,
-            self_attn: Attention::load(be, src, &format!("{p}.self_attn"), spec)?,
-            post_attention_layernorm: RmsNorm::load(
+            mixer,
+            post_attention_layernorm: RmsNorm::load_for(
                 be,
                 src,
                 &format!("{p}.post_attention_layernorm.weight"),
                 d,
-                eps,
+                spec,
             )?,
             mlp: Mlp::load(be, src, &format!("{p}.mlp"), d, spec.intermediate_size)?,
         })
@@ -463,10 +521,17 @@ impl<B: Backend> DecoderLayer<B> {
         start: usize,
         cache: &mut LayerCache<B>,
     ) -> Result<()> {
-        self.forward_with(be, h, |x, h| self.self_attn.forward(be, x, start, cache, h))
+        self.forward_with(be, h, |x, h| match &self.mixer {
+            Mixer::Attention(a) => a.forward(be, x, start, cache, h),
+            Mixer::Linear(g) => {
+                let rows = be.dims(x).0;
+                g.forward(be, x, &[0, rows], &mut [linear_state(be, g, cache)?], h)
+            }
+        })
     }
 
-    /// One decode step of several sequences (see [`Attention::forward_decode`]).
+    /// One decode step of several sequences (see [`Attention::forward_decode`]); a Gated
+    /// DeltaNet layer runs each row as its own one-token sequence on its own state.
     pub fn forward_decode(
         &self,
         be: &B,
@@ -474,12 +539,21 @@ impl<B: Backend> DecoderLayer<B> {
         caches: &mut [&mut LayerCache<B>],
         starts: &[usize],
     ) -> Result<()> {
-        self.forward_with(be, h, |x, h| {
-            self.self_attn.forward_decode(be, x, caches, starts, h)
+        self.forward_with(be, h, |x, h| match &self.mixer {
+            Mixer::Attention(a) => a.forward_decode(be, x, caches, starts, h),
+            Mixer::Linear(g) => {
+                let seq_starts: Vec<usize> = (0..=caches.len()).collect();
+                let mut states = caches
+                    .iter_mut()
+                    .map(|c| linear_state(be, g, c))
+                    .collect::<Result<Vec<_>>>()?;
+                g.forward(be, x, &seq_starts, &mut states, h)
+            }
         })
     }
 
-    /// The layer over packed whole sequences (see [`Attention::forward_packed`]).
+    /// The layer over packed whole sequences (see [`Attention::forward_packed`]); a Gated
+    /// DeltaNet layer starts every sequence from a zero state.
     pub fn forward_packed(
         &self,
         be: &B,
@@ -487,23 +561,29 @@ impl<B: Backend> DecoderLayer<B> {
         positions: &[u32],
         seq_starts: &[usize],
     ) -> Result<()> {
-        self.forward_with(be, h, |x, h| {
-            self.self_attn
-                .forward_packed(be, x, positions, seq_starts, h)
+        self.forward_with(be, h, |x, h| match &self.mixer {
+            Mixer::Attention(a) => a.forward_packed(be, x, positions, seq_starts, h),
+            Mixer::Linear(g) => {
+                let mut fresh = (1..seq_starts.len())
+                    .map(|_| g.zero_state(be))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut states: Vec<&mut LinearState<B>> = fresh.iter_mut().collect();
+                g.forward(be, x, seq_starts, &mut states, h)
+            }
         })
     }
 
-    /// Norm → `attend` (which adds its output to `h`) → norm → MLP added to `h`; only the
-    /// attention differs between the cached and the packed forward. Both residual adds go
-    /// through [`Backend::matmul_acc`] of o_proj / down_proj.
+    /// Norm → `mix` (which adds its output to `h`) → norm → MLP added to `h`; only the mixer
+    /// differs between the cached and the packed forward. Both residual adds go through
+    /// [`Backend::matmul_acc`] of o_proj (out_proj) / down_proj.
     fn forward_with(
         &self,
         be: &B,
         h: &mut B::Tensor,
-        attend: impl FnOnce(&B::Tensor, &mut B::Tensor) -> Result<()>,
+        mix: impl FnOnce(&B::Tensor, &mut B::Tensor) -> Result<()>,
     ) -> Result<()> {
         let x = self.input_layernorm.forward(be, h)?;
-        attend(&x, h)?;
+        mix(&x, h)?;
         let x = self.post_attention_layernorm.forward(be, h)?;
         self.mlp.forward_acc(be, &x, h)
     }
@@ -534,7 +614,7 @@ impl<B: Backend> TargetModel<B> {
         let layers = (0..spec.num_layers)
             .map(|i| DecoderLayer::load(be, src, i, spec))
             .collect::<Result<Vec<_>>>()?;
-        let norm = RmsNorm::load(be, src, "model.norm.weight", d, spec.rms_norm_eps)?;
+        let norm = RmsNorm::load_for(be, src, "model.norm.weight", d, spec)?;
         let lm_head = if src.contains("lm_head.weight") {
             Some(load_matrix(be, src, "lm_head.weight", v, d)?)
         } else {
@@ -581,11 +661,68 @@ impl<B: Backend> TargetModel<B> {
                 start + ids.len()
             );
         }
+        if self.is_hybrid() {
+            cache.take_checkpoint(be, ids)?;
+        }
         let out = self.run_layers(be, ids, capture, |i, layer, h| {
             layer.forward(be, h, start, &mut cache.layers[i])
         })?;
         cache.len += ids.len();
         Ok(out)
+    }
+
+    /// Whether some layer is a Gated DeltaNet (its cache holds a recurrent state).
+    pub fn is_hybrid(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l.mixer, Mixer::Linear(_)))
+    }
+
+    /// The numeric profile of every Gated DeltaNet layer's core (default
+    /// [`GdnProfile::Reference`]).
+    pub fn set_gdn_profile(&mut self, profile: GdnProfile) {
+        for l in &mut self.layers {
+            if let Mixer::Linear(g) = &mut l.mixer {
+                g.profile = profile;
+            }
+        }
+    }
+
+    /// Keep the first `len` cached positions (speculative decoding drops the rejected tail of a
+    /// verify pass). Dense models slice K/V. A hybrid's recurrent state cannot be sliced, so
+    /// [`TargetModel::forward`] snapshots the states before each call: a crop to a length between
+    /// that call's start and its end restores the snapshot, slices K/V to the start, and runs the
+    /// kept tokens again, leaving exactly the cache an uncropped history of the kept tokens gives.
+    /// Cropping further back than the last forward's start is an error on a hybrid.
+    pub fn crop(&self, be: &B, cache: &mut KvCache<B>, len: usize) -> Result<()> {
+        if len >= cache.len {
+            return Ok(());
+        }
+        if !cache.has_recurrent_state() {
+            return cache.crop(be, len);
+        }
+        let cp = match cache.checkpoint.take() {
+            Some(cp) if cp.len <= len => cp,
+            other => {
+                let from = other.as_ref().map(|c| c.len);
+                cache.checkpoint = other;
+                bail!(
+                    "cannot crop a hybrid model's cache to {len} tokens: its recurrent state is only recoverable back to the start of the last forward ({})",
+                    from.map_or("no snapshot".to_string(), |l| format!("position {l}"))
+                );
+            }
+        };
+        cache.crop_attention(be, cp.len)?;
+        for (layer, state) in cache.layers.iter_mut().zip(cp.states) {
+            if layer.linear.is_some() {
+                layer.linear = state;
+            }
+        }
+        let replay = &cp.ids[..len - cp.len];
+        if !replay.is_empty() {
+            self.forward(be, replay, cache, &Capture::none())?;
+        }
+        Ok(())
     }
 
     /// One greedy-decoding step of several sequences: `ids[r]` is the next token of the sequence
@@ -622,6 +759,8 @@ impl<B: Backend> TargetModel<B> {
         })?;
         for c in caches.iter_mut() {
             c.len += 1;
+            // The decode step moved the recurrent states past the last forward's snapshot.
+            c.checkpoint = None;
         }
         Ok(out.last_hidden)
     }

@@ -1391,6 +1391,7 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     type Tensor = CudaTensor;
     type Matrix = CudaMatrix;
+    type F32Buf = crate::backend::HostF32;
 
     fn name(&self) -> &'static str {
         "cuda"
