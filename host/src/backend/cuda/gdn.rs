@@ -9,12 +9,14 @@
 //! profiles of the delta rule differ: docs/gdn-cuda.md. The reference they must agree with is
 //! [`crate::backend::gdn`].
 //!
-//! Limits (checked, clean errors): the delta rule needs `k_dim = v_dim = 128` (every released
-//! hybrid checkpoint) and a conv of at most 9 taps.
+//! Shapes the kernels are not written for run the host reference instead (download, compute,
+//! upload, like the trait's defaults): delta-rule heads other than `k_dim = v_dim = 128` (every
+//! released hybrid checkpoint has 128; the tiny golden models have 16), gated-norm heads that are
+//! not 32..256 columns in steps of 32, convs of more than 9 taps.
 
 use super::{blocks, derr, CudaBackend, CudaTensor};
-use crate::backend::gdn::{check_seq_starts, GdnProfile, GdnShape};
-use crate::backend::GdnParams;
+use crate::backend::gdn::{self as reference, check_seq_starts, GdnProfile, GdnShape};
+use crate::backend::{Backend, GdnParams};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -195,10 +197,12 @@ impl CudaBackend {
             x.cols,
             w.rows * w.cols
         );
-        ensure!(
-            group.is_multiple_of(32) && group <= 256,
-            "gated_rms_norm: the CUDA kernel takes heads of 32..256 columns in steps of 32, not {group}"
-        );
+        if !(group.is_multiple_of(32) && group <= 256) {
+            // Not a shape of the kernel: the host reference.
+            let (xh, zh, wh) = (self.to_host(x)?, self.to_host(z)?, self.to_host(w)?);
+            let y = reference::gated_rms_norm(&xh, &zh, &wh, eps, group);
+            return self.from_host(&y, x.rows, x.cols);
+        }
         let mut y = self.new_tensor(x.rows, x.cols)?;
         let warps = x.rows * (x.cols / group);
         if warps == 0 {
@@ -272,10 +276,6 @@ impl CudaBackend {
             wc == c && k >= 1,
             "causal_conv1d: weight is [{wc}, {k}] for {c} channels"
         );
-        ensure!(
-            k - 1 <= MAX_CONV_HIST,
-            "causal_conv1d: the CUDA kernel keeps at most {MAX_CONV_HIST} inputs of history, the conv has {k} taps"
-        );
         check_seq_starts("causal_conv1d", seq_starts, rows, states.len())?;
         for st in states.iter() {
             ensure!(
@@ -285,6 +285,9 @@ impl CudaBackend {
                 st.cols,
                 k - 1
             );
+        }
+        if k - 1 > MAX_CONV_HIST {
+            return self.host_conv1d_silu(x, weight, seq_starts, states);
         }
         let mut y = self.new_tensor(rows, c)?;
         // No rows: every state is already the last k−1 inputs.
@@ -369,12 +372,6 @@ impl CudaBackend {
         let hv = shape.v_heads;
         let (rows, cd) = (qkv.rows, qkv.cols);
         ensure!(
-            shape.k_dim == HEAD_DIM && shape.v_dim == HEAD_DIM,
-            "gated_delta_rule: the CUDA kernels take k_dim = v_dim = {HEAD_DIM}, not {} / {}",
-            shape.k_dim,
-            shape.v_dim
-        );
-        ensure!(
             cd == shape.conv_dim(),
             "gated_delta_rule: qkv has {cd} columns, expected {}",
             shape.conv_dim()
@@ -401,6 +398,9 @@ impl CudaBackend {
                 st.len,
                 shape.state_len()
             );
+        }
+        if shape.k_dim != HEAD_DIM || shape.v_dim != HEAD_DIM {
+            return self.host_delta_rule(qkv, a, b, params, seq_starts, states);
         }
         let mut out = self.new_tensor(rows, shape.value_dim())?;
         if rows == 0 {
@@ -508,6 +508,76 @@ impl CudaBackend {
             }))?;
         }
         Ok(out)
+    }
+}
+
+impl CudaBackend {
+    /// The delta rule through the host reference (shapes checked by the caller): the trait's
+    /// default, for head dims the kernels are not written for.
+    fn host_delta_rule(
+        &self,
+        qkv: &CudaTensor,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        params: &GdnParams<'_, Self>,
+        seq_starts: &[usize],
+        states: &mut [&mut CudaF32],
+    ) -> Result<CudaTensor> {
+        let shape = params.shape;
+        let (rows, cd, hv) = (qkv.rows, qkv.cols, shape.v_heads);
+        let (a_log, dt_bias) = (
+            self.gdn_f32_to_host(params.a_log)?,
+            self.gdn_f32_to_host(params.dt_bias)?,
+        );
+        let (xh, ah, bh) = (self.to_host(qkv)?, self.to_host(a)?, self.to_host(b)?);
+        let mut out = Vec::with_capacity(rows * shape.value_dim());
+        for (w, st) in seq_starts.windows(2).zip(states.iter_mut()) {
+            if w[0] == w[1] {
+                continue;
+            }
+            let mut sh = self.gdn_f32_to_host(st)?;
+            out.extend(reference::gated_delta_rule_seq(
+                &xh[w[0] * cd..w[1] * cd],
+                &ah[w[0] * hv..w[1] * hv],
+                &bh[w[0] * hv..w[1] * hv],
+                &a_log,
+                &dt_bias,
+                shape,
+                &mut sh,
+                params.profile,
+            ));
+            **st = self.gdn_f32_from_host(&sh)?;
+        }
+        self.from_host(&out, rows, shape.value_dim())
+    }
+
+    /// The conv through the host reference (shapes checked by the caller), for kernels of more
+    /// taps than the state kernel keeps in registers.
+    fn host_conv1d_silu(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        seq_starts: &[usize],
+        states: &mut [&mut CudaTensor],
+    ) -> Result<CudaTensor> {
+        let (c, k) = (x.cols, weight.cols);
+        let (xh, wh) = (self.to_host(x)?, self.to_host(weight)?);
+        let mut out = Vec::with_capacity(x.rows * c);
+        for (w, st) in seq_starts.windows(2).zip(states.iter_mut()) {
+            if w[0] == w[1] {
+                continue;
+            }
+            let mut sh = self.to_host(st)?;
+            out.extend(reference::causal_conv1d_silu(
+                &xh[w[0] * c..w[1] * c],
+                c,
+                &wh,
+                k,
+                &mut sh,
+            ));
+            **st = self.from_host(&sh, k - 1, c)?;
+        }
+        self.from_host(&out, x.rows, c)
     }
 }
 
