@@ -112,6 +112,97 @@ __device__ __forceinline__ void mm(FA a, FB b, FE epi) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Chunk loads of the split kernels below (256 threads): the same arithmetic as gdn_chunk_impl's
+// phases a and c, with every global load of a warp issued before its first reduction.
+// (gdn_chunk_impl keeps its own copy: it is the code measured on the H200, see
+// docs/benchmarks-cuda.md; the split kernels have not run on a GPU yet.)
+//
+// Rows row0 .. row0+63 of q and k (head hk), L2-normalised per row into Qs / Ks ([64][129]);
+// rows past nc are zero. Reference: f32, q scaled by `scale` (HF: l2norm(q) * scale); Engine:
+// both rounded to bf16, q unscaled (fla scales the output). Warp w handles rows w, w+8, ...; all
+// its loads are issued before the first reduction.
+template <bool ENGINE>
+__device__ __forceinline__ void load_qk_rows(float* Ks, float* Qs, const bf16_t* __restrict__ q,
+                                             const bf16_t* __restrict__ k, long long ld_qk, int hk,
+                                             long long row0, int nc, float scale) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int PER = GDN_C / (GDN_THREADS / 32);
+    uint2 kw[PER], qw[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int r = warp + 8 * i;
+        kw[i] = make_uint2(0u, 0u);
+        qw[i] = make_uint2(0u, 0u);
+        if (r < nc) {
+            kw[i] = *(const uint2*)(k + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
+            qw[i] = *(const uint2*)(q + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int r = warp + 8 * i;
+        const float kf[4] = {lo_bf(kw[i].x), hi_bf(kw[i].x), lo_bf(kw[i].y), hi_bf(kw[i].y)};
+        const float qf[4] = {lo_bf(qw[i].x), hi_bf(qw[i].x), lo_bf(qw[i].y), hi_bf(qw[i].y)};
+        const float kn = 1.f / sqrtf(warp_sum(kf[0] * kf[0] + kf[1] * kf[1] + kf[2] * kf[2] + kf[3] * kf[3]) + 1e-6f);
+        const float qn = 1.f / sqrtf(warp_sum(qf[0] * qf[0] + qf[1] * qf[1] + qf[2] * qf[2] + qf[3] * qf[3]) + 1e-6f);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float kv = kf[j] * kn, qv = qf[j] * qn;
+            if (ENGINE) {
+                kv = rb(kv);
+                qv = rb(qv);
+            } else {
+                qv = qv * scale;
+            }
+            Ks[r * LD128 + lane * 4 + j] = kv;
+            Qs[r * LD128 + lane * 4 + j] = qv;
+        }
+    }
+}
+
+// Warp 0: gam = inclusive cumsum of g over the chunk (lane holds rows 2l, 2l+1; rows past nc add
+// 0, so they carry the last row's value) and beta (0 past nc).
+__device__ __forceinline__ void load_chunk_gates(float* gam, float* bet, const float* __restrict__ g_in,
+                                                 const float* __restrict__ beta_in, long long row0, int nc,
+                                                 int hv_heads, int hv) {
+    const int lane = threadIdx.x & 31;
+    const int r0 = 2 * lane, r1 = 2 * lane + 1;
+    const float g0 = r0 < nc ? g_in[(row0 + r0) * hv_heads + hv] : 0.f;
+    const float g1 = r1 < nc ? g_in[(row0 + r1) * hv_heads + hv] : 0.f;
+    const float b0 = r0 < nc ? beta_in[(row0 + r0) * hv_heads + hv] : 0.f;
+    const float b1 = r1 < nc ? beta_in[(row0 + r1) * hv_heads + hv] : 0.f;
+    float incl = g0 + g1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float up = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += up;
+    }
+    const float before = __shfl_up_sync(0xffffffffu, incl, 1);
+    const float ga = (lane > 0 ? before : 0.f) + g0;
+    gam[r0] = ga;
+    gam[r1] = ga + g1;
+    bet[r0] = b0;
+    bet[r1] = b1;
+}
+
+// M = (I + L)^-1 into Ms ([64][65]) from the strictly lower L in Ls, by forward substitution,
+// one column per 4 threads: N = M - I solves N[r][c] = -L[r][c] - sum_{c<s<r} L[r][s] N[s][c].
+__device__ __forceinline__ void invert_unit_lower(const float* Ls, float* Ms) {
+    const int c = threadIdx.x >> 2, p = threadIdx.x & 3;
+    for (int r = p; r < GDN_C; r += 4) Ms[r * LD64 + c] = r == c ? 1.f : 0.f;
+    __syncwarp();
+    for (int r = 1; r < GDN_C; ++r) {
+        float part = 0.f;
+        if (r > c)
+            for (int s = c + 1 + p; s < r; s += 4) part = fmaf(Ls[r * LD64 + s], Ms[s * LD64 + c], part);
+        part += __shfl_xor_sync(0xffffffffu, part, 1);
+        part += __shfl_xor_sync(0xffffffffu, part, 2);
+        if (r > c && p == 0) Ms[r * LD64 + c] = -(Ls[r * LD64 + c] + part);
+        __syncwarp();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Chunked gated delta rule (prefill). One block per (value-column slice of DVS, value head,
 // sequence); the block walks its sequence's chunks in order, carrying its 128 x DVS slice of the
 // state in shared memory. Per chunk (r, s = 0..63; gam = chunk-local cumsum of g):
@@ -318,6 +409,201 @@ GDN_CHUNK_KERNEL(gdn_chunk_engine_fma, true, false, 32)
 GDN_CHUNK_KERNEL(gdn_chunk_engine_mma, true, true, 32)
 GDN_CHUNK_KERNEL(gdn_chunk_reference_v64, false, false, 64)
 GDN_CHUNK_KERNEL(gdn_chunk_engine_mma_v64, true, true, 64)
+
+// ---------------------------------------------------------------------------------------------
+// Split chunked delta rule: the work that does not depend on the state runs first for every
+// chunk at once (gdn_prep_*), so that the per-sequence walk over the chunks (gdn_walk_*) only does
+// the four products that read or write S. Same arithmetic and roundings as gdn_chunk_impl.
+//
+// Scratch, indexed by absolute row t (rows past a chunk's end are never written or read):
+//   Wg [T][Hv][128] W, Ug [T][Hv][128] U, Ag [T][Hv][64] (Q K^T) o Gamma (row t's scores against
+//   its chunk's rows), Gg [T][Hv] gam (chunk-local cumsum of g).
+
+// One block per (chunk, value head); chunk_rows: (start, end) pairs. Shared memory: 3*64*129 +
+// 2*64*65 + 128 floats (132,864 bytes).
+template <bool ENGINE, bool MMA>
+__device__ __forceinline__ void gdn_prep_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                              const bf16_t* __restrict__ v, long long ld_qk, long long ld_v,
+                                              const float* __restrict__ g_in, const float* __restrict__ beta_in,
+                                              const long long* __restrict__ chunk_rows, float* __restrict__ Wg,
+                                              float* __restrict__ Ug, float* __restrict__ Ag, float* __restrict__ Gg,
+                                              int hv_heads, int ratio, float scale) {
+    extern __shared__ float smem[];
+    float* Ks = smem;                // [64][129] K
+    float* Qs = Ks + GDN_C * LD128;  // [64][129] Q, then K diag(beta e^gam)
+    float* Vs = Qs + GDN_C * LD128;  // [64][129] V, then diag(beta) V
+    float* Ls = Vs + GDN_C * LD128;  // [64][65]  L
+    float* Ms = Ls + GDN_C * LD64;   // [64][65]  M
+    float* bet = Ms + GDN_C * LD64;
+    float* gam = bet + GDN_C;
+    const int ch = blockIdx.x, hv = blockIdx.y, hk = hv / ratio, tid = threadIdx.x;
+    const long long row0 = chunk_rows[2 * ch];
+    const int nc = (int)(chunk_rows[2 * ch + 1] - row0);
+    const long long HV = hv_heads;
+
+    load_qk_rows<ENGINE>(Ks, Qs, q, k, ld_qk, hk, row0, nc, scale);
+    for (int i = tid; i < GDN_C * GDN_DV; i += GDN_THREADS) {
+        const int r = i / GDN_DV, c = i % GDN_DV;
+        Vs[r * LD128 + c] = r < nc ? bf2f(v[(row0 + r) * ld_v + hv * GDN_DV + c]) : 0.f;
+    }
+    if ((tid >> 5) == 0) load_chunk_gates(gam, bet, g_in, beta_in, row0, nc, hv_heads, hv);
+    __syncthreads();
+    if (tid < nc) Gg[(row0 + tid) * HV + hv] = gam[tid];
+
+    mm<MMA, GDN_C, GDN_C, GDN_DK, 4, 4>(
+        [&](int m, int kk) { return Qs[m * LD128 + kk]; }, [&](int kk, int c) { return Ks[c * LD128 + kk]; },
+        [&](int m, int c, float x) {
+            if (m < nc) {
+                const float val = m >= c ? x * expf(gam[m] - gam[c]) : 0.f;
+                Ag[((row0 + m) * HV + hv) * GDN_C + c] = ENGINE ? rb(val) : val;
+            }
+        });
+    mm<MMA, GDN_C, GDN_C, GDN_DK, 4, 4>(
+        [&](int m, int kk) { return Ks[m * LD128 + kk]; }, [&](int kk, int c) { return Ks[c * LD128 + kk]; },
+        [&](int m, int c, float x) { Ls[m * LD64 + c] = m > c ? bet[m] * x * expf(gam[m] - gam[c]) : 0.f; });
+    __syncthreads();
+    invert_unit_lower(Ls, Ms);
+    __syncthreads();
+    for (int i = tid; i < GDN_C * GDN_DK; i += GDN_THREADS) {
+        const int r = i / GDN_DK, c = i % GDN_DK;
+        const float x = Ks[r * LD128 + c] * bet[r] * expf(gam[r]);
+        Qs[r * LD128 + c] = ENGINE ? rb(x) : x;
+        const float y = Vs[r * LD128 + c] * bet[r];
+        Vs[r * LD128 + c] = ENGINE ? rb(y) : y;
+    }
+    if (ENGINE)
+        for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) {
+            const int r = i / GDN_C, c = i % GDN_C;
+            Ms[r * LD64 + c] = rb(Ms[r * LD64 + c]);
+        }
+    __syncthreads();
+    mm<MMA, GDN_C, GDN_DK, GDN_C, 4, 8>(
+        [&](int m, int kk) { return Ms[m * LD64 + kk]; }, [&](int kk, int c) { return Qs[kk * LD128 + c]; },
+        [&](int m, int c, float x) {
+            if (m < nc) Wg[((row0 + m) * HV + hv) * GDN_DK + c] = ENGINE ? rb(x) : x;
+        });
+    mm<MMA, GDN_C, GDN_DV, GDN_C, 4, 8>(
+        [&](int m, int kk) { return Ms[m * LD64 + kk]; }, [&](int kk, int c) { return Vs[kk * LD128 + c]; },
+        [&](int m, int c, float x) {
+            if (m < nc) Ug[((row0 + m) * HV + hv) * GDN_DV + c] = ENGINE ? rb(x) : x;
+        });
+}
+
+// One block per (value-column slice of DVS, value head, sequence), walking the sequence's chunks:
+//   V' = U - W S, O = e^gam o (Q S) + A V', S <- e^gam_C S + K^T (e^(gam_C - gam) o V').
+// Shared memory: 3*64*129 + 64*65 + 3*64*(DVS+1) + 128*(DVS+1) + 64 floats (199,168 bytes for
+// DVS = 64).
+template <bool ENGINE, bool MMA, int DVS>
+__device__ __forceinline__ void gdn_walk_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                              long long ld_qk, const float* __restrict__ Wg,
+                                              const float* __restrict__ Ug, const float* __restrict__ Ag,
+                                              const float* __restrict__ Gg, const long long* __restrict__ seq_rows,
+                                              bf16_t* __restrict__ out, const u64* __restrict__ states, int hv_heads,
+                                              int ratio, float scale) {
+    constexpr int LDV = DVS + 1;
+    constexpr int TMV = DVS == 32 ? 2 : 4;
+    constexpr int TNS = DVS == 32 ? 4 : 8;
+    extern __shared__ float smem[];
+    float* Ks = smem;                // [64][129] K
+    float* Qs = Ks + GDN_C * LD128;  // [64][129] Q
+    float* Ws = Qs + GDN_C * LD128;  // [64][129] W
+    float* As = Ws + GDN_C * LD128;  // [64][65]  decayed scores
+    float* Us = As + GDN_C * LD64;   // [64][DVS+1] U, then e^(gam_C - gam) V'
+    float* Vp = Us + GDN_C * LDV;    // [64][DVS+1] V'
+    float* Op = Vp + GDN_C * LDV;    // [64][DVS+1] Q S
+    float* Ss = Op + GDN_C * LDV;    // [128][DVS+1] state slice
+    float* gam = Ss + GDN_DK * LDV;  // [64]
+    const int iv = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, hk = hv / ratio, tid = threadIdx.x;
+    const long long seq0 = seq_rows[2 * n], seq1 = seq_rows[2 * n + 1];
+    const long long HV = hv_heads, ld_o = HV * GDN_DV;
+    const int vcol = hv * GDN_DV + iv * DVS;
+    float* state = (float*)states[n] + (long long)hv * GDN_DK * GDN_DV + iv * DVS;
+    for (int i = tid; i < GDN_DK * DVS; i += GDN_THREADS) {
+        const int r = i / DVS, c = i % DVS;
+        Ss[r * LDV + c] = state[r * GDN_DV + c];
+    }
+    auto S_op = [&](int r, int c) { return ENGINE ? rb(Ss[r * LDV + c]) : Ss[r * LDV + c]; };
+
+    for (long long row0 = seq0; row0 < seq1; row0 += GDN_C) {
+        const int nc = (int)min((long long)GDN_C, seq1 - row0);
+        load_qk_rows<ENGINE>(Ks, Qs, q, k, ld_qk, hk, row0, nc, scale);
+        for (int i = tid; i < GDN_C * (GDN_DK / 4); i += GDN_THREADS) {
+            const int r = i / (GDN_DK / 4), c = (i % (GDN_DK / 4)) * 4;
+            float4 w4 = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < nc) w4 = *(const float4*)(Wg + ((row0 + r) * HV + hv) * GDN_DK + c);
+            Ws[r * LD128 + c] = w4.x;
+            Ws[r * LD128 + c + 1] = w4.y;
+            Ws[r * LD128 + c + 2] = w4.z;
+            Ws[r * LD128 + c + 3] = w4.w;
+        }
+        for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) {
+            const int r = i / GDN_C, c = i % GDN_C;
+            As[r * LD64 + c] = r < nc ? Ag[((row0 + r) * HV + hv) * GDN_C + c] : 0.f;
+        }
+        for (int i = tid; i < GDN_C * DVS; i += GDN_THREADS) {
+            const int r = i / DVS, c = i % DVS;
+            Us[r * LDV + c] = r < nc ? Ug[((row0 + r) * HV + hv) * GDN_DV + iv * DVS + c] : 0.f;
+        }
+        if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+        __syncthreads();
+
+        const float gC = gam[GDN_C - 1];
+        mm<MMA, GDN_C, DVS, GDN_DK, TMV, 4>(
+            [&](int m, int kk) { return Qs[m * LD128 + kk]; }, S_op,
+            [&](int m, int c, float x) { Op[m * LDV + c] = x; });
+        mm<MMA, GDN_C, DVS, GDN_DK, TMV, 4>(
+            [&](int m, int kk) { return Ws[m * LD128 + kk]; }, S_op,
+            [&](int m, int c, float x) {
+                const float vp = Us[m * LDV + c] - x;
+                Vp[m * LDV + c] = vp;
+                const float vd = vp * expf(gC - gam[m]);
+                Us[m * LDV + c] = ENGINE ? rb(vd) : vd;
+            });
+        __syncthreads();
+
+        mm<MMA, GDN_C, DVS, GDN_C, TMV, 4>(
+            [&](int m, int kk) { return As[m * LD64 + kk]; },
+            [&](int kk, int c) { return ENGINE ? rb(Vp[kk * LDV + c]) : Vp[kk * LDV + c]; },
+            [&](int m, int c, float x) {
+                if (m < nc) {
+                    const float inter = Op[m * LDV + c] * expf(gam[m]);
+                    const float o = ENGINE ? inter * scale + x * scale : inter + x;
+                    out[(row0 + m) * ld_o + vcol + c] = f2bf(o);
+                }
+            });
+        const float eC = expf(gC);
+        mm<MMA, GDN_DK, DVS, GDN_C, 4, TNS>(
+            [&](int m, int kk) { return Ks[kk * LD128 + m]; }, [&](int kk, int c) { return Us[kk * LDV + c]; },
+            [&](int m, int c, float x) { Ss[m * LDV + c] = Ss[m * LDV + c] * eC + x; });
+        __syncthreads();
+    }
+    for (int i = tid; i < GDN_DK * DVS; i += GDN_THREADS) {
+        const int r = i / DVS, c = i % DVS;
+        state[r * GDN_DV + c] = Ss[r * LDV + c];
+    }
+}
+
+#define GDN_PREP_KERNEL(NAME, ENGINE, MMA)                                                                        \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)                                                  \
+        NAME(const bf16_t* q, const bf16_t* k, const bf16_t* v, long long ld_qk, long long ld_v, const float* g,   \
+             const float* beta, const long long* chunk_rows, float* Wg, float* Ug, float* Ag, float* Gg,           \
+             int hv_heads, int ratio, float scale) {                                                              \
+        gdn_prep_impl<ENGINE, MMA>(q, k, v, ld_qk, ld_v, g, beta, chunk_rows, Wg, Ug, Ag, Gg, hv_heads, ratio,    \
+                                   scale);                                                                        \
+    }
+#define GDN_WALK_KERNEL(NAME, ENGINE, MMA, DVS)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)                                                  \
+        NAME(const bf16_t* q, const bf16_t* k, long long ld_qk, const float* Wg, const float* Ug, const float* Ag, \
+             const float* Gg, const long long* seq_rows, bf16_t* out, const u64* states, int hv_heads, int ratio,  \
+             float scale) {                                                                                       \
+        gdn_walk_impl<ENGINE, MMA, DVS>(q, k, ld_qk, Wg, Ug, Ag, Gg, seq_rows, out, states, hv_heads, ratio,      \
+                                        scale);                                                                   \
+    }
+GDN_PREP_KERNEL(gdn_prep_reference, false, false)
+GDN_PREP_KERNEL(gdn_prep_engine_mma, true, true)
+GDN_WALK_KERNEL(gdn_walk_reference, false, false, 64)
+GDN_WALK_KERNEL(gdn_walk_engine_fma, true, false, 64)
+GDN_WALK_KERNEL(gdn_walk_engine_mma, true, true, 64)
 
 // ---------------------------------------------------------------------------------------------
 // Recurrent gated delta rule: one block of 256 threads per (value head, sequence); the thread

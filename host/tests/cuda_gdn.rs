@@ -196,7 +196,11 @@ fn cuda_gdn_reference_profile_matches_cpu() {
         let x = batch(&LENS, seed);
         let init = states(LENS.len(), seed + 100, fresh);
         let (want, want_st) = run_cpu(&x, &init, GdnProfile::Reference);
-        for kernel in [ChunkKernel::ReferenceFma, ChunkKernel::ReferenceFmaV64] {
+        for kernel in [
+            ChunkKernel::ReferenceFma,
+            ChunkKernel::ReferenceFmaV64,
+            ChunkKernel::SplitReference,
+        ] {
             let (got, got_st) = run_gpu(&be, &x, &init, kernel);
             let (e, es) = (rel(&got, &want), state_rel(&got_st, &want_st));
             println!("{kernel:?}, fresh={fresh}: output rel {e:.2e}, states rel {es:.2e}");
@@ -242,6 +246,13 @@ fn cuda_gdn_engine_profile_matches_cpu_emulation_and_tensor_cores_match_fma() {
     let (e64, es64) = (rel(&m64, &mma), state_rel(&m64_st, &mma_st));
     println!("engine: v64 vs v32 {e64:.2e} (states {es64:.2e})");
     assert!(e64 < 2e-3 && es64 < 2e-3, "v64 vs v32: {e64} / {es64}");
+    // The split kernels: the same roundings, in two launches.
+    for kernel in [ChunkKernel::SplitEngineFma, ChunkKernel::SplitEngineMma] {
+        let (o, st) = run_gpu(&be, &x, &init, kernel);
+        let (e, es) = (rel(&o, &mma), state_rel(&st, &mma_st));
+        println!("engine: {kernel:?} vs fused mma {e:.2e} (states {es:.2e})");
+        assert!(e < 2e-3 && es < 2e-3, "{kernel:?} vs fused mma: {e} / {es}");
+    }
 }
 
 #[test]
@@ -332,8 +343,13 @@ fn cuda_gdn_profiles_differ_measurably_on_a_long_sequence() {
     let x = batch(&[2048], 50);
     let init = states(1, 150, true);
     let (cpu, cpu_st) = run_cpu(&x, &init, GdnProfile::Reference);
-    let (r, r_st) = run_gpu(&be, &x, &init, ChunkKernel::ReferenceFma);
-    let (e, e_st) = run_gpu(&be, &x, &init, ChunkKernel::EngineMma);
+    let (r, r_st) = run_gpu(
+        &be,
+        &x,
+        &init,
+        ChunkKernel::for_profile(GdnProfile::Reference),
+    );
+    let (e, e_st) = run_gpu(&be, &x, &init, ChunkKernel::for_profile(GdnProfile::Engine));
     let (rc, ec) = (rel(&r, &cpu), rel(&e, &r));
     let (rcs, ecs) = (state_rel(&r_st, &cpu_st), state_rel(&e_st, &r_st));
     println!("2048 tokens: reference–CPU {rc:.2e} (states {rcs:.2e}), engine–reference {ec:.2e} (states {ecs:.2e})");

@@ -42,10 +42,15 @@ impl CudaF32 {
 }
 
 /// Which kernel runs the chunked delta rule: the numeric profile, for the engine profile whether
-/// the products use the tensor cores, and how many value columns of a head one block carries
-/// (32: four blocks per head; `V64`: 64, two blocks per head, half the recomputed head-wide
-/// work). [`crate::backend::Backend::gated_delta_rule`] uses [`ChunkKernel::for_profile`]; the
-/// FMA variant of the engine profile exists so tests can check the tensor-core path against it.
+/// the products use the tensor cores, and how the work is laid out.
+///
+/// - `ReferenceFma`, `EngineFma`, `EngineMma`: one fused launch, 32 value columns per block (four
+///   blocks per head, each recomputing the head-wide products); `…V64`: 64 columns, two blocks.
+/// - `Split…`: two launches: every chunk's state-independent work (L, M, W, U, the decayed
+///   scores) at once, then the per-sequence walk over the chunks (64 value columns per block).
+///
+/// [`crate::backend::Backend::gated_delta_rule`] uses [`ChunkKernel::for_profile`]; the others
+/// exist so that tests check them against each other and benchmarks compare them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChunkKernel {
     ReferenceFma,
@@ -53,13 +58,16 @@ pub enum ChunkKernel {
     EngineMma,
     ReferenceFmaV64,
     EngineMmaV64,
+    SplitReference,
+    SplitEngineFma,
+    SplitEngineMma,
 }
 
 impl ChunkKernel {
     pub fn for_profile(p: GdnProfile) -> Self {
         match p {
-            GdnProfile::Reference => ChunkKernel::ReferenceFma,
-            GdnProfile::Engine => ChunkKernel::EngineMma,
+            GdnProfile::Reference => ChunkKernel::ReferenceFmaV64,
+            GdnProfile::Engine => ChunkKernel::EngineMmaV64,
         }
     }
     fn name(self) -> &'static str {
@@ -69,28 +77,52 @@ impl ChunkKernel {
             ChunkKernel::EngineMma => "gdn_chunk_engine_mma",
             ChunkKernel::ReferenceFmaV64 => "gdn_chunk_reference_v64",
             ChunkKernel::EngineMmaV64 => "gdn_chunk_engine_mma_v64",
+            ChunkKernel::SplitReference => "gdn_walk_reference",
+            ChunkKernel::SplitEngineFma => "gdn_walk_engine_fma",
+            ChunkKernel::SplitEngineMma => "gdn_walk_engine_mma",
+        }
+    }
+    /// The state-independent first launch of a split kernel.
+    fn prep_name(self) -> Option<&'static str> {
+        match self {
+            ChunkKernel::SplitReference => Some("gdn_prep_reference"),
+            ChunkKernel::SplitEngineFma | ChunkKernel::SplitEngineMma => {
+                Some("gdn_prep_engine_mma")
+            }
+            _ => None,
         }
     }
     pub fn engine(self) -> bool {
         !matches!(
             self,
-            ChunkKernel::ReferenceFma | ChunkKernel::ReferenceFmaV64
+            ChunkKernel::ReferenceFma | ChunkKernel::ReferenceFmaV64 | ChunkKernel::SplitReference
         )
     }
     /// Value columns per block (`DVS` in kernels/gdn.cu).
     fn dv_slice(self) -> usize {
         match self {
-            ChunkKernel::ReferenceFmaV64 | ChunkKernel::EngineMmaV64 => 64,
-            _ => 32,
+            ChunkKernel::ReferenceFma | ChunkKernel::EngineFma | ChunkKernel::EngineMma => 32,
+            _ => 64,
         }
     }
-    /// Dynamic shared memory of the kernel: 3·64·129 + 2·64·(DVS+1) + 128·(DVS+1) + 3·64·65 + 128
-    /// f32 values.
+    /// Dynamic shared memory (bytes) of the fused or walk kernel, as kernels/gdn.cu lays it out.
     fn smem_bytes(self) -> usize {
         let ldv = self.dv_slice() + 1;
-        (3 * 64 * 129 + 2 * 64 * ldv + 128 * ldv + 3 * 64 * 65 + 2 * 64) * 4
+        let floats = if self.prep_name().is_some() {
+            // gdn_walk_impl: K, Q, W, the scores, U, V', Q S, S, gam.
+            3 * 64 * 129 + 64 * 65 + 3 * 64 * ldv + 128 * ldv + 64
+        } else {
+            // gdn_chunk_impl: K, Q, W, V, Q S, S, L, M, the scores, beta, gam.
+            3 * 64 * 129 + 2 * 64 * ldv + 128 * ldv + 3 * 64 * 65 + 2 * 64
+        };
+        floats * 4
     }
 }
+
+/// Dynamic shared memory of `gdn_prep_*`: K, Q, V, L, M, beta, gam.
+const PREP_SMEM_BYTES: usize = (3 * 64 * 129 + 2 * 64 * 65 + 2 * 64) * 4;
+/// Chunk length of the chunked kernels (`GDN_C`).
+const CHUNK: usize = 64;
 
 /// (start, end) row pairs of the selected sequences, as the kernels read them.
 fn row_pairs(seq_starts: &[usize], which: &[usize]) -> Vec<i64> {
@@ -451,9 +483,30 @@ impl CudaBackend {
             if which.is_empty() {
                 continue;
             }
+            ensure!(
+                which.len() <= 65535,
+                "gated_delta_rule: {} sequences in one call (at most 65535)",
+                which.len()
+            );
             let pairs = self.upload(&row_pairs(seq_starts, &which))?;
             let ptrs: Vec<u64> = which.iter().map(|&i| self.ptr(&states[i].buf)).collect();
             let ptrs = self.upload(&ptrs)?;
+            if chunked && kernel.prep_name().is_some() {
+                self.split_delta_rule(
+                    kernel,
+                    (q, k, v),
+                    ld,
+                    &g,
+                    &beta,
+                    seq_starts,
+                    &which,
+                    &pairs,
+                    &ptrs,
+                    &mut out,
+                    shape,
+                )?;
+                continue;
+            }
             let (f, cfg) = if chunked {
                 (
                     self.kernels
@@ -478,11 +531,6 @@ impl CudaBackend {
                     },
                 )
             };
-            ensure!(
-                which.len() <= 65535,
-                "gated_delta_rule: {} sequences in one call (at most 65535)",
-                which.len()
-            );
             let mut lb = self.stream.launch_builder(&f);
             lb.arg(&q)
                 .arg(&k)
@@ -512,6 +560,111 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// The split chunked delta rule over the multi-row sequences `which`: `gdn_prep_*` over every
+    /// chunk of them (grid: chunks × value heads), then `gdn_walk_*` per sequence (grid: value
+    /// column slices × value heads × sequences). Scratch f32: W and U `[T, Hv, 128]`, the decayed
+    /// scores `[T, Hv, 64]`, γ `[T, Hv]`: 1.3 KB per token and value head (62 KB per token at
+    /// Hv = 48, 1 GB for 16k tokens).
+    #[allow(clippy::too_many_arguments)]
+    fn split_delta_rule(
+        &self,
+        kernel: ChunkKernel,
+        (q, k, v): (u64, u64, u64),
+        ld: i64,
+        g: &CudaSlice<f32>,
+        beta: &CudaSlice<f32>,
+        seq_starts: &[usize],
+        which: &[usize],
+        pairs: &CudaSlice<i64>,
+        ptrs: &CudaSlice<u64>,
+        out: &mut CudaTensor,
+        shape: GdnShape,
+    ) -> Result<()> {
+        let (rows, hv) = (out.rows, shape.v_heads);
+        let chunks: Vec<i64> = which
+            .iter()
+            .flat_map(|&i| {
+                let (s, e) = (seq_starts[i], seq_starts[i + 1]);
+                (s..e)
+                    .step_by(CHUNK)
+                    .flat_map(move |c| [c as i64, (c + CHUNK).min(e) as i64])
+            })
+            .collect();
+        let n_chunks = chunks.len() / 2;
+        ensure!(
+            n_chunks <= i32::MAX as usize,
+            "gated_delta_rule: {n_chunks} chunks in one call"
+        );
+        let chunks = self.upload(&chunks)?;
+        let mut wg = self.alloc::<f32>(rows * hv * HEAD_DIM)?;
+        let mut ug = self.alloc::<f32>(rows * hv * HEAD_DIM)?;
+        let mut ag = self.alloc::<f32>(rows * hv * CHUNK)?;
+        let mut gg = self.alloc::<f32>(rows * hv)?;
+        let (hv32, ratio) = (hv as i32, shape.group() as i32);
+        let scale = (shape.k_dim as f32).powf(-0.5);
+        let prep = kernel.prep_name().unwrap_or("gdn_prep_reference");
+        let f = self.kernels.get_with_smem("gdn", prep, PREP_SMEM_BYTES)?;
+        let mut lb = self.stream.launch_builder(&f);
+        lb.arg(&q)
+            .arg(&k)
+            .arg(&v)
+            .arg(&ld)
+            .arg(&ld)
+            .arg(g)
+            .arg(beta)
+            .arg(&chunks)
+            .arg(&mut wg)
+            .arg(&mut ug)
+            .arg(&mut ag)
+            .arg(&mut gg)
+            .arg(&hv32)
+            .arg(&ratio)
+            .arg(&scale);
+        // SAFETY: (const bf16* q, k, v, ll, ll, const float* g, beta, const ll* chunk rows,
+        // float* W, U, A, G, int, int, float); the chunks lie inside 0..rows, the scratch holds
+        // rows·hv·{128, 128, 64, 1} f32.
+        unsafe {
+            lb.launch(LaunchConfig {
+                grid_dim: (n_chunks as u32, hv as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: PREP_SMEM_BYTES as u32,
+            })
+        }
+        .map_err(derr(prep))?;
+        let f = self
+            .kernels
+            .get_with_smem("gdn", kernel.name(), kernel.smem_bytes())?;
+        let mut lb = self.stream.launch_builder(&f);
+        lb.arg(&q)
+            .arg(&k)
+            .arg(&ld)
+            .arg(&wg)
+            .arg(&ug)
+            .arg(&ag)
+            .arg(&gg)
+            .arg(pairs)
+            .arg(&mut out.buf)
+            .arg(ptrs)
+            .arg(&hv32)
+            .arg(&ratio)
+            .arg(&scale);
+        // SAFETY: (const bf16* q, k, ll, const float* W, U, A, G, const ll* rows, bf16* out,
+        // const u64* states, int, int, float); as above, every state holds Hv·128·128 f32.
+        unsafe {
+            lb.launch(LaunchConfig {
+                grid_dim: (
+                    (HEAD_DIM / kernel.dv_slice()) as u32,
+                    hv as u32,
+                    which.len() as u32,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: kernel.smem_bytes() as u32,
+            })
+        }
+        .map_err(derr(kernel.name()))?;
+        Ok(())
+    }
+
     /// The delta rule through the host reference (shapes checked by the caller): the trait's
     /// default, for head dims the kernels are not written for.
     fn host_delta_rule(
@@ -602,6 +755,11 @@ pub const KERNELS: &[&str] = &[
     "gdn_chunk_engine_mma",
     "gdn_chunk_reference_v64",
     "gdn_chunk_engine_mma_v64",
+    "gdn_prep_reference",
+    "gdn_prep_engine_mma",
+    "gdn_walk_reference",
+    "gdn_walk_engine_fma",
+    "gdn_walk_engine_mma",
     "gdn_recurrent",
     "gdn_conv_silu",
     "gdn_conv_state",
