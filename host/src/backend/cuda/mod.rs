@@ -15,6 +15,7 @@
 //! The precision of every intermediate is documented in `docs/cuda.md`.
 
 pub mod bench;
+pub mod gdn;
 mod gemm;
 mod kernels;
 
@@ -1391,7 +1392,7 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     type Tensor = CudaTensor;
     type Matrix = CudaMatrix;
-    type F32Buf = crate::backend::HostF32;
+    type F32Buf = gdn::CudaF32;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -1871,5 +1872,58 @@ impl Backend for CudaBackend {
             ids: out_ids,
             logprobs: out_lp,
         })
+    }
+
+    // ---- Hybrid-layer ops: kernels/gdn.cu through gdn.rs (docs/gdn-cuda.md).
+    fn f32_from_host(&self, data: &[f32]) -> Result<gdn::CudaF32> {
+        self.gdn_f32_from_host(data)
+    }
+    fn f32_to_host(&self, b: &gdn::CudaF32) -> Result<Vec<f32>> {
+        self.gdn_f32_to_host(b)
+    }
+    fn f32_copy(&self, b: &gdn::CudaF32) -> Result<gdn::CudaF32> {
+        self.gdn_f32_copy(b)
+    }
+    fn rms_norm_zero_centred(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<CudaTensor> {
+        self.gdn_rms_norm_zc(x, weight, eps, group)
+    }
+    fn gated_rms_norm(
+        &self,
+        x: &CudaTensor,
+        z: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<CudaTensor> {
+        self.gdn_gated_rms_norm(x, z, weight, eps, group)
+    }
+    fn sigmoid_gate_inplace(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<()> {
+        self.gdn_sigmoid_gate(x, gate)
+    }
+    fn causal_conv1d_silu(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        seq_starts: &[usize],
+        states: &mut [&mut CudaTensor],
+    ) -> Result<CudaTensor> {
+        self.gdn_conv1d_silu(x, weight, seq_starts, states)
+    }
+    fn gated_delta_rule(
+        &self,
+        qkv: &CudaTensor,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        params: &super::GdnParams<'_, Self>,
+        seq_starts: &[usize],
+        states: &mut [&mut gdn::CudaF32],
+    ) -> Result<CudaTensor> {
+        gdn::gated_delta_rule(self, qkv, a, b, params, seq_starts, states)
     }
 }

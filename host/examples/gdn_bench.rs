@@ -1,0 +1,219 @@
+//! Gated DeltaNet on CUDA at Qwen3.6-27B shapes (Hk 16, Hv 48, dk = dv = 128, D 5120): the
+//! chunked delta rule per kernel variant against its FLOP and byte floors, the batched decode
+//! step against its byte floor, and one whole hybrid decoder layer (norm, projections, conv,
+//! core, gated norm, out_proj, MLP). Random bf16 inputs generated on the device. Results in
+//! docs/benchmarks-cuda.md.
+//!
+//! cargo build --release -p draftlens --example gdn_bench
+//! gdn_bench [--tokens N] [--seqs N] [--reps N]
+
+use anyhow::{bail, Context, Result};
+use draftlens::backend::cuda::bench::time_median;
+use draftlens::backend::cuda::gdn::{ChunkKernel, CudaF32};
+use draftlens::backend::cuda::CudaBackend;
+use draftlens::backend::gdn::{GdnProfile, GdnShape};
+use draftlens::backend::{Backend, GdnParams};
+
+/// Qwen3.5 / 3.6-27B linear-attention sizes (config.json `linear_*` keys).
+const SHAPE: GdnShape = GdnShape {
+    k_heads: 16,
+    v_heads: 48,
+    k_dim: 128,
+    v_dim: 128,
+};
+const HIDDEN: usize = 5120;
+const INTER: usize = 17408;
+const CONV_K: usize = 4;
+/// Measured on this workplace's H200 (KINDS.md): dense bf16 GEMM and device copy.
+const PEAK_FLOPS: f64 = 790e12;
+const PEAK_BYTES: f64 = 4.3e12;
+
+/// FLOPs of the chunked delta rule per token (docs/gdn-cuda.md): Hv · (2C(3dk + 2dv) + C² + 6·dk·dv).
+fn core_flops_per_token() -> f64 {
+    let (c, dk, dv) = (64.0, 128.0, 128.0);
+    SHAPE.v_heads as f64 * (2.0 * c * (3.0 * dk + 2.0 * dv) + c * c + 6.0 * dk * dv)
+}
+
+fn main() -> Result<()> {
+    let (mut tokens, mut seqs, mut reps) = (16384usize, 4usize, 10usize);
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut num = || -> Result<usize> { Ok(it.next().context("missing number")?.parse()?) };
+        match a.as_str() {
+            "--tokens" => tokens = num()?,
+            "--seqs" => seqs = num()?,
+            "--reps" => reps = num()?,
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    let be = match CudaBackend::new(0) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("{e}");
+            std::process::exit(2);
+        }
+    };
+    println!("device: {}", be.info().name);
+    for l in be.gdn_kernel_report()? {
+        println!("  {l}");
+    }
+    let hv = SHAPE.v_heads;
+    let per = tokens / seqs;
+    let seq_starts: Vec<usize> = (0..=seqs).map(|i| i * per).collect();
+    let t = per * seqs;
+    let qkv = be.random_tensor(t, SHAPE.conv_dim(), 0.5, 0.2, 1)?;
+    let a = be.random_tensor(t, hv, 1.0, 0.0, 2)?;
+    let b = be.random_tensor(t, hv, 1.5, 0.0, 3)?;
+    let a_log = be.f32_from_host(
+        &(0..hv)
+            .map(|i| -4.0 + 4.0 * i as f32 / hv as f32)
+            .collect::<Vec<_>>(),
+    )?;
+    let dt_bias = be.f32_from_host(&vec![0.5; hv])?;
+    let mut states: Vec<CudaF32> = (0..seqs)
+        .map(|_| be.f32_from_host(&vec![0.0; SHAPE.state_len()]))
+        .collect::<Result<_>>()?;
+
+    // ---- chunked core per kernel variant
+    let flops = core_flops_per_token() * t as f64;
+    // Bytes: qkv read, output written (bf16), a and b read, states read + written (f32).
+    let bytes = (t * (SHAPE.conv_dim() + SHAPE.value_dim() + 2 * hv) * 2
+        + 2 * seqs * SHAPE.state_len() * 4) as f64;
+    let floor = (flops / PEAK_FLOPS).max(bytes / PEAK_BYTES);
+    println!(
+        "\nchunked delta rule, {seqs} x {per} tokens, Hk {} Hv {hv}: {:.1} GFLOP, {:.0} MB, floor {:.3} ms",
+        SHAPE.k_heads,
+        flops / 1e9,
+        bytes / 1e6,
+        floor * 1e3
+    );
+    let mut best_engine = (f64::INFINITY, ChunkKernel::for_profile(GdnProfile::Engine));
+    println!("| kernel | ms | TFLOP/s | x floor |");
+    println!("|---|---|---|---|");
+    for kernel in [
+        ChunkKernel::ReferenceFma,
+        ChunkKernel::ReferenceFmaV64,
+        ChunkKernel::EngineFma,
+        ChunkKernel::EngineMma,
+        ChunkKernel::EngineMmaV64,
+        ChunkKernel::SplitReference,
+        ChunkKernel::SplitEngineFma,
+        ChunkKernel::SplitEngineMma,
+    ] {
+        let params = GdnParams::<CudaBackend> {
+            a_log: &a_log,
+            dt_bias: &dt_bias,
+            shape: SHAPE,
+            profile: GdnProfile::Engine,
+        };
+        let secs = time_median(&be, 2, reps, || {
+            let mut refs: Vec<&mut CudaF32> = states.iter_mut().collect();
+            be.gated_delta_rule_with(&qkv, &a, &b, &params, &seq_starts, &mut refs, kernel)
+                .map(|_| ())
+        })?;
+        if kernel.engine() && secs < best_engine.0 {
+            best_engine = (secs, kernel);
+        }
+        println!(
+            "| {kernel:?} | {:.3} | {:.1} | {:.1} |",
+            secs * 1e3,
+            flops / secs / 1e12,
+            secs / floor
+        );
+    }
+
+    // ---- batched decode step (recurrent kernel): bytes floor = states read + written
+    for batch in [1usize, 16, 64] {
+        let q1 = be.random_tensor(batch, SHAPE.conv_dim(), 0.5, 0.2, 4)?;
+        let a1 = be.random_tensor(batch, hv, 1.0, 0.0, 5)?;
+        let b1 = be.random_tensor(batch, hv, 1.5, 0.0, 6)?;
+        let mut st: Vec<CudaF32> = (0..batch)
+            .map(|_| be.f32_from_host(&vec![0.01; SHAPE.state_len()]))
+            .collect::<Result<_>>()?;
+        let starts: Vec<usize> = (0..=batch).collect();
+        let params = GdnParams::<CudaBackend> {
+            a_log: &a_log,
+            dt_bias: &dt_bias,
+            shape: SHAPE,
+            profile: GdnProfile::Reference,
+        };
+        let secs = time_median(&be, 3, reps * 5, || {
+            let mut refs: Vec<&mut CudaF32> = st.iter_mut().collect();
+            be.gated_delta_rule(&q1, &a1, &b1, &params, &starts, &mut refs)
+                .map(|_| ())
+        })?;
+        let bytes = (2 * batch * SHAPE.state_len() * 4) as f64;
+        println!(
+            "decode step, {batch} sequences: {:.1} us, state traffic {:.1} MB, {:.2} TB/s ({:.1}x the byte floor)",
+            secs * 1e6,
+            bytes / 1e6,
+            bytes / secs / 1e12,
+            secs / (bytes / PEAK_BYTES)
+        );
+    }
+
+    // ---- one whole hybrid decoder layer (Engine profile), residual stream h [t, D]
+    let w = |o: usize, i: usize, seed: u64| be.random_matrix(o, i, 0.02, seed);
+    let (w_qkv, w_z, w_b, w_a, w_out) = (
+        w(SHAPE.conv_dim(), HIDDEN, 10)?,
+        w(SHAPE.value_dim(), HIDDEN, 11)?,
+        w(hv, HIDDEN, 12)?,
+        w(hv, HIDDEN, 13)?,
+        w(HIDDEN, SHAPE.value_dim(), 14)?,
+    );
+    let (w_gu, w_down) = (w(2 * INTER, HIDDEN, 15)?, w(HIDDEN, INTER, 16)?);
+    let conv_w = be.random_tensor(SHAPE.conv_dim(), CONV_K, 0.3, 0.0, 17)?;
+    let (n_in, n_post) = (
+        be.random_tensor(1, HIDDEN, 0.1, 0.0, 18)?,
+        be.random_tensor(1, HIDDEN, 0.1, 0.0, 19)?,
+    );
+    let n_gate = be.random_tensor(1, SHAPE.v_dim, 0.1, 1.0, 20)?;
+    let mut h = be.random_tensor(t, HIDDEN, 1.0, 0.0, 21)?;
+    let mut conv_states: Vec<_> = (0..seqs)
+        .map(|_| be.random_tensor(CONV_K - 1, SHAPE.conv_dim(), 0.5, 0.0, 22))
+        .collect::<Result<_>>()?;
+    let params = GdnParams::<CudaBackend> {
+        a_log: &a_log,
+        dt_bias: &dt_bias,
+        shape: SHAPE,
+        profile: GdnProfile::Engine,
+    };
+    let mut mixer_secs = 0.0;
+    let layer_secs = time_median(&be, 1, reps, || {
+        let t0 = std::time::Instant::now();
+        let x = be.rms_norm_zero_centred(&h, &n_in, 1e-6, HIDDEN)?;
+        let mixed = be.matmul(&x, &w_qkv)?;
+        let z = be.matmul(&x, &w_z)?;
+        let (bb, aa) = (be.matmul(&x, &w_b)?, be.matmul(&x, &w_a)?);
+        let mut cs: Vec<_> = conv_states.iter_mut().collect();
+        let y = be.causal_conv1d_silu(&mixed, &conv_w, &seq_starts, &mut cs)?;
+        let mut refs: Vec<&mut CudaF32> = states.iter_mut().collect();
+        let o =
+            be.gated_delta_rule_with(&y, &aa, &bb, &params, &seq_starts, &mut refs, best_engine.1)?;
+        let o = be.gated_rms_norm(&o, &z, &n_gate, 1e-6, SHAPE.v_dim)?;
+        be.matmul_acc(&o, &w_out, &mut h)?;
+        be.synchronize()?;
+        mixer_secs = t0.elapsed().as_secs_f64();
+        let x = be.rms_norm_zero_centred(&h, &n_post, 1e-6, HIDDEN)?;
+        let gu = be.matmul(&x, &w_gu)?;
+        let act = be.swiglu_packed(&gu)?;
+        be.matmul_acc(&act, &w_down, &mut h)
+    })?;
+    let lin = 2.0
+        * t as f64
+        * (HIDDEN * (SHAPE.conv_dim() + SHAPE.value_dim() + 2 * hv)
+            + SHAPE.value_dim() * HIDDEN
+            + 3 * HIDDEN * INTER) as f64;
+    let layer_flops = lin + flops;
+    println!(
+        "\nhybrid GDN decoder layer ({:?}), {t} tokens: {:.2} ms ({:.0} TFLOP/s over {:.2} TFLOP, floor {:.2} ms); \
+         mixer part (last rep, synchronised) {:.2} ms",
+        best_engine.1,
+        layer_secs * 1e3,
+        layer_flops / layer_secs / 1e12,
+        layer_flops / 1e12,
+        layer_flops / PEAK_FLOPS * 1e3,
+        mixer_secs * 1e3
+    );
+    Ok(())
+}

@@ -1,0 +1,780 @@
+//! CUDA kernels of the hybrid (Qwen3.5 / Qwen3.6 / Qwen3-Next) layers: the overrides of the
+//! [`Backend`] trait's hybrid ops (`causal_conv1d_silu`, `gated_delta_rule`, `gated_rms_norm`,
+//! `rms_norm_zero_centred`, `sigmoid_gate_inplace`, the `f32_*` buffer ops) and the device f32
+//! buffer that holds the recurrent states.
+//!
+//! [`Backend`]: crate::backend::Backend
+//!
+//! Kernels: `kernels/gdn.cu`. What each computes, in which precision, and how the two numeric
+//! profiles of the delta rule differ: docs/gdn-cuda.md. The reference they must agree with is
+//! [`crate::backend::gdn`].
+//!
+//! Shapes the kernels are not written for run the host reference instead (download, compute,
+//! upload, like the trait's defaults): delta-rule heads other than `k_dim = v_dim = 128` (every
+//! released hybrid checkpoint has 128; the tiny golden models have 16), gated-norm heads that are
+//! not 32..256 columns in steps of 32, convs of more than 9 taps.
+
+use super::{blocks, derr, CudaBackend, CudaTensor};
+use crate::backend::gdn::{self as reference, check_seq_starts, GdnProfile, GdnShape};
+use crate::backend::{Backend, GdnParams};
+use anyhow::{ensure, Result};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+/// Head dims the delta-rule kernels are written for (`GDN_DK`, `GDN_DV` in kernels/gdn.cu).
+const HEAD_DIM: usize = 128;
+/// Longest conv history the conv-state kernel keeps in registers (`GDN_MAX_HIST`).
+const MAX_CONV_HIST: usize = 8;
+
+/// An f32 buffer in device memory: a Gated DeltaNet recurrent state (`[Hv, dk, dv]`) or the
+/// layer's f32 parameters (`A_log`, `dt_bias`).
+pub struct CudaF32 {
+    buf: CudaSlice<f32>,
+    len: usize,
+}
+
+impl CudaF32 {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Which kernel runs the chunked delta rule: the numeric profile, for the engine profile whether
+/// the products use the tensor cores, and how the work is laid out.
+///
+/// - `ReferenceFma`, `EngineFma`, `EngineMma`: one fused launch, 32 value columns per block (four
+///   blocks per head, each recomputing the head-wide products); `…V64`: 64 columns, two blocks.
+/// - `Split…`: two launches: every chunk's state-independent work (L, M, W, U, the decayed
+///   scores) at once, then the per-sequence walk over the chunks (64 value columns per block).
+///
+/// [`crate::backend::Backend::gated_delta_rule`] uses [`ChunkKernel::for_profile`]; the others
+/// exist so that tests check them against each other and benchmarks compare them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkKernel {
+    ReferenceFma,
+    EngineFma,
+    EngineMma,
+    ReferenceFmaV64,
+    EngineMmaV64,
+    SplitReference,
+    SplitEngineFma,
+    SplitEngineMma,
+}
+
+impl ChunkKernel {
+    pub fn for_profile(p: GdnProfile) -> Self {
+        match p {
+            GdnProfile::Reference => ChunkKernel::ReferenceFmaV64,
+            GdnProfile::Engine => ChunkKernel::EngineMmaV64,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            ChunkKernel::ReferenceFma => "gdn_chunk_reference",
+            ChunkKernel::EngineFma => "gdn_chunk_engine_fma",
+            ChunkKernel::EngineMma => "gdn_chunk_engine_mma",
+            ChunkKernel::ReferenceFmaV64 => "gdn_chunk_reference_v64",
+            ChunkKernel::EngineMmaV64 => "gdn_chunk_engine_mma_v64",
+            ChunkKernel::SplitReference => "gdn_walk_reference",
+            ChunkKernel::SplitEngineFma => "gdn_walk_engine_fma",
+            ChunkKernel::SplitEngineMma => "gdn_walk_engine_mma",
+        }
+    }
+    /// The state-independent first launch of a split kernel.
+    fn prep_name(self) -> Option<&'static str> {
+        match self {
+            ChunkKernel::SplitReference => Some("gdn_prep_reference"),
+            ChunkKernel::SplitEngineFma | ChunkKernel::SplitEngineMma => {
+                Some("gdn_prep_engine_mma")
+            }
+            _ => None,
+        }
+    }
+    pub fn engine(self) -> bool {
+        !matches!(
+            self,
+            ChunkKernel::ReferenceFma | ChunkKernel::ReferenceFmaV64 | ChunkKernel::SplitReference
+        )
+    }
+    /// Value columns per block (`DVS` in kernels/gdn.cu).
+    fn dv_slice(self) -> usize {
+        match self {
+            ChunkKernel::ReferenceFma | ChunkKernel::EngineFma | ChunkKernel::EngineMma => 32,
+            _ => 64,
+        }
+    }
+    /// Dynamic shared memory (bytes) of the fused or walk kernel, as kernels/gdn.cu lays it out.
+    fn smem_bytes(self) -> usize {
+        let ldv = self.dv_slice() + 1;
+        let floats = if self.prep_name().is_some() {
+            // gdn_walk_impl: K, Q, W, the scores, U, V', Q S, S, gam.
+            3 * 64 * 129 + 64 * 65 + 3 * 64 * ldv + 128 * ldv + 64
+        } else {
+            // gdn_chunk_impl: K, Q, W, V, Q S, S, L, M, the scores, beta, gam.
+            3 * 64 * 129 + 2 * 64 * ldv + 128 * ldv + 3 * 64 * 65 + 2 * 64
+        };
+        floats * 4
+    }
+}
+
+/// Dynamic shared memory of `gdn_prep_*`: K, Q, V, L, M, beta, gam.
+const PREP_SMEM_BYTES: usize = (3 * 64 * 129 + 2 * 64 * 65 + 2 * 64) * 4;
+/// Chunk length of the chunked kernels (`GDN_C`).
+const CHUNK: usize = 64;
+
+/// (start, end) row pairs of the selected sequences, as the kernels read them.
+fn row_pairs(seq_starts: &[usize], which: &[usize]) -> Vec<i64> {
+    which
+        .iter()
+        .flat_map(|&i| [seq_starts[i] as i64, seq_starts[i + 1] as i64])
+        .collect()
+}
+
+impl CudaBackend {
+    pub(super) fn gdn_f32_from_host(&self, data: &[f32]) -> Result<CudaF32> {
+        Ok(CudaF32 {
+            buf: self.upload(data)?,
+            len: data.len(),
+        })
+    }
+
+    pub(super) fn gdn_f32_to_host(&self, b: &CudaF32) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; b.len];
+        if b.len > 0 {
+            self.stream
+                .memcpy_dtoh(&b.buf.slice(0..b.len), &mut out)
+                .map_err(derr("device-to-host copy"))?;
+        }
+        self.synchronize()?;
+        Ok(out)
+    }
+
+    /// [`crate::backend::Backend::f32_copy`]: a device-to-device copy (state snapshots before a verify forward).
+    pub(super) fn gdn_f32_copy(&self, b: &CudaF32) -> Result<CudaF32> {
+        let mut buf = self.alloc::<f32>(b.len)?;
+        if b.len > 0 {
+            self.stream
+                .memcpy_dtod(&b.buf.slice(0..b.len), &mut buf.slice_mut(0..b.len))
+                .map_err(derr("device copy"))?;
+        }
+        Ok(CudaF32 { buf, len: b.len })
+    }
+
+    /// [`crate::backend::Backend::rms_norm_zero_centred`]: one block per (row, group), f32 statistic and `1 + w`.
+    pub(super) fn gdn_rms_norm_zc(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<CudaTensor> {
+        ensure!(
+            group > 0 && x.cols.is_multiple_of(group) && w.rows * w.cols == group,
+            "rms_norm_zero_centred: {} columns, group {group}, weight of {} values",
+            x.cols,
+            w.rows * w.cols
+        );
+        let mut y = self.new_tensor(x.rows, x.cols)?;
+        let groups = (x.rows * x.cols / group) as i64;
+        if groups == 0 {
+            return Ok(y);
+        }
+        ensure!(
+            groups < i32::MAX as i64,
+            "rms_norm_zero_centred: too many rows"
+        );
+        let f = self.kernels.get("gdn", "gdn_rms_norm_zc")?;
+        let g32 = group as i32;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.buf)
+            .arg(&w.buf)
+            .arg(&mut y.buf)
+            .arg(&groups)
+            .arg(&g32)
+            .arg(&eps);
+        // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float); x and y hold groups·group values.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (groups as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("gdn_rms_norm_zc"))?;
+        Ok(y)
+    }
+
+    /// [`crate::backend::Backend::gated_rms_norm`]: one warp per (row, head); heads of 32..256 columns.
+    pub(super) fn gdn_gated_rms_norm(
+        &self,
+        x: &CudaTensor,
+        z: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<CudaTensor> {
+        ensure!(
+            (z.rows, z.cols) == (x.rows, x.cols),
+            "gated_rms_norm: x is [{}, {}], z is [{}, {}]",
+            x.rows,
+            x.cols,
+            z.rows,
+            z.cols
+        );
+        ensure!(
+            group > 0 && x.cols.is_multiple_of(group) && w.rows * w.cols == group,
+            "gated_rms_norm: {} columns, group {group}, weight of {} values",
+            x.cols,
+            w.rows * w.cols
+        );
+        if !(group.is_multiple_of(32) && group <= 256) {
+            // Not a shape of the kernel: the host reference.
+            let (xh, zh, wh) = (self.to_host(x)?, self.to_host(z)?, self.to_host(w)?);
+            let y = reference::gated_rms_norm(&xh, &zh, &wh, eps, group);
+            return self.from_host(&y, x.rows, x.cols);
+        }
+        let mut y = self.new_tensor(x.rows, x.cols)?;
+        let warps = x.rows * (x.cols / group);
+        if warps == 0 {
+            return Ok(y);
+        }
+        let f = self.kernels.get("gdn", "gdn_gated_rms_norm")?;
+        let (rows, cols, hd) = (x.rows as i64, x.cols as i32, group as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.buf)
+            .arg(&z.buf)
+            .arg(&w.buf)
+            .arg(&mut y.buf)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&hd)
+            .arg(&eps);
+        // SAFETY: (const bf16* x, const bf16* z, const bf16* w, bf16* y, ll, int, int, float).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks(warps * 32, 256), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("gdn_gated_rms_norm"))?;
+        Ok(y)
+    }
+
+    /// [`crate::backend::Backend::sigmoid_gate_inplace`].
+    pub(super) fn gdn_sigmoid_gate(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<()> {
+        ensure!(
+            (gate.rows, gate.cols) == (x.rows, x.cols),
+            "sigmoid_gate: x is [{}, {}], gate is [{}, {}]",
+            x.rows,
+            x.cols,
+            gate.rows,
+            gate.cols
+        );
+        let n = x.rows * x.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.kernels.get("gdn", "gdn_sigmoid_gate")?;
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&mut x.buf).arg(&gate.buf).arg(&n64);
+        // SAFETY: (bf16*, const bf16*, ll); both hold n values.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks(n, 256), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("gdn_sigmoid_gate"))?;
+        Ok(())
+    }
+
+    /// [`crate::backend::Backend::causal_conv1d_silu`]: every sequence in two launches (the outputs, then the
+    /// states), whatever its length (one-token decode included).
+    pub(super) fn gdn_conv1d_silu(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        seq_starts: &[usize],
+        states: &mut [&mut CudaTensor],
+    ) -> Result<CudaTensor> {
+        let (rows, c) = (x.rows, x.cols);
+        let (wc, k) = (weight.rows, weight.cols);
+        ensure!(
+            wc == c && k >= 1,
+            "causal_conv1d: weight is [{wc}, {k}] for {c} channels"
+        );
+        check_seq_starts("causal_conv1d", seq_starts, rows, states.len())?;
+        for st in states.iter() {
+            ensure!(
+                (st.rows, st.cols) == (k - 1, c),
+                "causal_conv1d: state is [{}, {}], expected [{}, {c}]",
+                st.rows,
+                st.cols,
+                k - 1
+            );
+        }
+        if k - 1 > MAX_CONV_HIST {
+            return self.host_conv1d_silu(x, weight, seq_starts, states);
+        }
+        let mut y = self.new_tensor(rows, c)?;
+        // No rows: every state is already the last k−1 inputs.
+        if c == 0 || rows == 0 {
+            return Ok(y);
+        }
+        let nseq = states.len();
+        let pairs = self.upload(&row_pairs(seq_starts, &(0..nseq).collect::<Vec<_>>()))?;
+        let ptrs: Vec<u64> = states.iter().map(|s| self.ptr(&s.buf)).collect();
+        let ptrs = self.upload(&ptrs)?;
+        let (ld, c32, k32) = (c as i64, c as i32, k as i32);
+        {
+            let mut row_seq = Vec::with_capacity(rows);
+            for (i, w) in seq_starts.windows(2).enumerate() {
+                row_seq.extend(std::iter::repeat_n(i as i32, w[1] - w[0]));
+            }
+            let row_seq = self.upload(&row_seq)?;
+            let f = self.kernels.get("gdn", "gdn_conv_silu")?;
+            let rows64 = rows as i64;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&x.buf)
+                .arg(&ld)
+                .arg(&weight.buf)
+                .arg(&mut y.buf)
+                .arg(&row_seq)
+                .arg(&pairs)
+                .arg(&ptrs)
+                .arg(&rows64)
+                .arg(&c32)
+                .arg(&k32);
+            // SAFETY: (const bf16* x, ll, const bf16* w, bf16* y, const int*, const ll*, const u64*,
+            // ll, int, int); every state holds (k−1)·c values (checked above).
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (blocks(c, 128), rows.min(65535) as u32, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr("gdn_conv_silu"))?;
+        }
+        if k > 1 && nseq > 0 {
+            let f = self.kernels.get("gdn", "gdn_conv_state")?;
+            let n32 = nseq as i32;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&x.buf)
+                .arg(&ld)
+                .arg(&pairs)
+                .arg(&ptrs)
+                .arg(&n32)
+                .arg(&c32)
+                .arg(&k32);
+            // SAFETY: (const bf16*, ll, const ll*, const u64*, int, int, int), as above.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (blocks(c, 128), nseq as u32, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr("gdn_conv_state"))?;
+        }
+        Ok(y)
+    }
+
+    /// [`crate::backend::Backend::gated_delta_rule`] with an explicit chunked kernel (tests and benchmarks pick
+    /// the engine profile's FMA or tensor-core variant; the trait method picks by profile).
+    /// Sequences of one row run the recurrent kernel, longer ones the chunked kernel.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_rule_with(
+        &self,
+        qkv: &CudaTensor,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        params: &GdnParams<'_, Self>,
+        seq_starts: &[usize],
+        states: &mut [&mut CudaF32],
+        kernel: ChunkKernel,
+    ) -> Result<CudaTensor> {
+        let shape: GdnShape = params.shape;
+        shape.check()?;
+        let hv = shape.v_heads;
+        let (rows, cd) = (qkv.rows, qkv.cols);
+        ensure!(
+            cd == shape.conv_dim(),
+            "gated_delta_rule: qkv has {cd} columns, expected {}",
+            shape.conv_dim()
+        );
+        ensure!(
+            (a.rows, a.cols) == (rows, hv) && (b.rows, b.cols) == (rows, hv),
+            "gated_delta_rule: a is [{}, {}], b is [{}, {}], expected [{rows}, {hv}]",
+            a.rows,
+            a.cols,
+            b.rows,
+            b.cols
+        );
+        ensure!(
+            params.a_log.len == hv && params.dt_bias.len == hv,
+            "gated_delta_rule: A_log has {} values, dt_bias {}, expected {hv}",
+            params.a_log.len,
+            params.dt_bias.len
+        );
+        check_seq_starts("gated_delta_rule", seq_starts, rows, states.len())?;
+        for st in states.iter() {
+            ensure!(
+                st.len == shape.state_len(),
+                "gated_delta_rule: state has {} values, expected {}",
+                st.len,
+                shape.state_len()
+            );
+        }
+        if shape.k_dim != HEAD_DIM || shape.v_dim != HEAD_DIM {
+            return self.host_delta_rule(qkv, a, b, params, seq_starts, states);
+        }
+        let mut out = self.new_tensor(rows, shape.value_dim())?;
+        if rows == 0 {
+            return Ok(out);
+        }
+        // Gates, f32 [T, Hv].
+        let mut g = self.alloc::<f32>(rows * hv)?;
+        let mut beta = self.alloc::<f32>(rows * hv)?;
+        {
+            let f = self.kernels.get("gdn", "gdn_gates")?;
+            let (ld, rows64, hv32) = (hv as i64, rows as i64, hv as i32);
+            let round_beta = kernel.engine() as i32;
+            let mut lb = self.stream.launch_builder(&f);
+            lb.arg(&a.buf)
+                .arg(&ld)
+                .arg(&b.buf)
+                .arg(&ld)
+                .arg(&params.a_log.buf)
+                .arg(&params.dt_bias.buf)
+                .arg(&mut g)
+                .arg(&mut beta)
+                .arg(&rows64)
+                .arg(&hv32)
+                .arg(&round_beta);
+            // SAFETY: (const bf16*, ll, const bf16*, ll, const float*, const float*, float*, float*,
+            // ll, int, int); a, b, g, beta hold rows·hv values, A_log and dt_bias hv.
+            unsafe {
+                lb.launch(LaunchConfig {
+                    grid_dim: (blocks(rows * hv, 256), 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr("gdn_gates"))?;
+        }
+        let (single, multi): (Vec<usize>, Vec<usize>) = (0..states.len())
+            .filter(|&i| seq_starts[i + 1] > seq_starts[i])
+            .partition(|&i| seq_starts[i + 1] - seq_starts[i] == 1);
+        let base = self.ptr(&qkv.buf);
+        let (q, k, v) = (
+            base,
+            base + 2 * shape.key_dim() as u64,
+            base + 4 * shape.key_dim() as u64,
+        );
+        let (ld, hv32, ratio) = (cd as i64, hv as i32, shape.group() as i32);
+        let scale = (shape.k_dim as f32).powf(-0.5);
+        for (which, chunked) in [(single, false), (multi, true)] {
+            if which.is_empty() {
+                continue;
+            }
+            ensure!(
+                which.len() <= 65535,
+                "gated_delta_rule: {} sequences in one call (at most 65535)",
+                which.len()
+            );
+            let pairs = self.upload(&row_pairs(seq_starts, &which))?;
+            let ptrs: Vec<u64> = which.iter().map(|&i| self.ptr(&states[i].buf)).collect();
+            let ptrs = self.upload(&ptrs)?;
+            if chunked && kernel.prep_name().is_some() {
+                self.split_delta_rule(
+                    kernel,
+                    (q, k, v),
+                    ld,
+                    &g,
+                    &beta,
+                    seq_starts,
+                    &which,
+                    &pairs,
+                    &ptrs,
+                    &mut out,
+                    shape,
+                )?;
+                continue;
+            }
+            let (f, cfg) = if chunked {
+                (
+                    self.kernels
+                        .get_with_smem("gdn", kernel.name(), kernel.smem_bytes())?,
+                    LaunchConfig {
+                        grid_dim: (
+                            (HEAD_DIM / kernel.dv_slice()) as u32,
+                            hv as u32,
+                            which.len() as u32,
+                        ),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: kernel.smem_bytes() as u32,
+                    },
+                )
+            } else {
+                (
+                    self.kernels.get("gdn", "gdn_recurrent")?,
+                    LaunchConfig {
+                        grid_dim: (hv as u32, which.len() as u32, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    },
+                )
+            };
+            let mut lb = self.stream.launch_builder(&f);
+            lb.arg(&q)
+                .arg(&k)
+                .arg(&v)
+                .arg(&ld)
+                .arg(&ld)
+                .arg(&g)
+                .arg(&beta)
+                .arg(&pairs)
+                .arg(&mut out.buf)
+                .arg(&ptrs)
+                .arg(&hv32)
+                .arg(&ratio)
+                .arg(&scale);
+            // SAFETY: (const bf16* q, k, v, ll, ll, const float* g, beta, const ll* rows,
+            // bf16* out, const u64* states, int, int, float); q/k/v address columns of qkv
+            // ([rows, conv_dim], checked), every state holds Hv·128·128 f32 (checked), out holds
+            // rows·Hv·128; the row pairs lie inside 0..rows (check_seq_starts).
+            unsafe { lb.launch(cfg) }.map_err(derr(if chunked {
+                kernel.name()
+            } else {
+                "gdn_recurrent"
+            }))?;
+        }
+        Ok(out)
+    }
+}
+
+impl CudaBackend {
+    /// The split chunked delta rule over the multi-row sequences `which`: `gdn_prep_*` over every
+    /// chunk of them (grid: chunks × value heads), then `gdn_walk_*` per sequence (grid: value
+    /// column slices × value heads × sequences). Scratch f32: W and U `[T, Hv, 128]`, the decayed
+    /// scores `[T, Hv, 64]`, γ `[T, Hv]`: 1.3 KB per token and value head (62 KB per token at
+    /// Hv = 48, 1 GB for 16k tokens).
+    #[allow(clippy::too_many_arguments)]
+    fn split_delta_rule(
+        &self,
+        kernel: ChunkKernel,
+        (q, k, v): (u64, u64, u64),
+        ld: i64,
+        g: &CudaSlice<f32>,
+        beta: &CudaSlice<f32>,
+        seq_starts: &[usize],
+        which: &[usize],
+        pairs: &CudaSlice<i64>,
+        ptrs: &CudaSlice<u64>,
+        out: &mut CudaTensor,
+        shape: GdnShape,
+    ) -> Result<()> {
+        let (rows, hv) = (out.rows, shape.v_heads);
+        let chunks: Vec<i64> = which
+            .iter()
+            .flat_map(|&i| {
+                let (s, e) = (seq_starts[i], seq_starts[i + 1]);
+                (s..e)
+                    .step_by(CHUNK)
+                    .flat_map(move |c| [c as i64, (c + CHUNK).min(e) as i64])
+            })
+            .collect();
+        let n_chunks = chunks.len() / 2;
+        ensure!(
+            n_chunks <= i32::MAX as usize,
+            "gated_delta_rule: {n_chunks} chunks in one call"
+        );
+        let chunks = self.upload(&chunks)?;
+        let mut wg = self.alloc::<f32>(rows * hv * HEAD_DIM)?;
+        let mut ug = self.alloc::<f32>(rows * hv * HEAD_DIM)?;
+        let mut ag = self.alloc::<f32>(rows * hv * CHUNK)?;
+        let mut gg = self.alloc::<f32>(rows * hv)?;
+        let (hv32, ratio) = (hv as i32, shape.group() as i32);
+        let scale = (shape.k_dim as f32).powf(-0.5);
+        let prep = kernel.prep_name().unwrap_or("gdn_prep_reference");
+        let f = self.kernels.get_with_smem("gdn", prep, PREP_SMEM_BYTES)?;
+        let mut lb = self.stream.launch_builder(&f);
+        lb.arg(&q)
+            .arg(&k)
+            .arg(&v)
+            .arg(&ld)
+            .arg(&ld)
+            .arg(g)
+            .arg(beta)
+            .arg(&chunks)
+            .arg(&mut wg)
+            .arg(&mut ug)
+            .arg(&mut ag)
+            .arg(&mut gg)
+            .arg(&hv32)
+            .arg(&ratio)
+            .arg(&scale);
+        // SAFETY: (const bf16* q, k, v, ll, ll, const float* g, beta, const ll* chunk rows,
+        // float* W, U, A, G, int, int, float); the chunks lie inside 0..rows, the scratch holds
+        // rows·hv·{128, 128, 64, 1} f32.
+        unsafe {
+            lb.launch(LaunchConfig {
+                grid_dim: (n_chunks as u32, hv as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: PREP_SMEM_BYTES as u32,
+            })
+        }
+        .map_err(derr(prep))?;
+        let f = self
+            .kernels
+            .get_with_smem("gdn", kernel.name(), kernel.smem_bytes())?;
+        let mut lb = self.stream.launch_builder(&f);
+        lb.arg(&q)
+            .arg(&k)
+            .arg(&ld)
+            .arg(&wg)
+            .arg(&ug)
+            .arg(&ag)
+            .arg(&gg)
+            .arg(pairs)
+            .arg(&mut out.buf)
+            .arg(ptrs)
+            .arg(&hv32)
+            .arg(&ratio)
+            .arg(&scale);
+        // SAFETY: (const bf16* q, k, ll, const float* W, U, A, G, const ll* rows, bf16* out,
+        // const u64* states, int, int, float); as above, every state holds Hv·128·128 f32.
+        unsafe {
+            lb.launch(LaunchConfig {
+                grid_dim: (
+                    (HEAD_DIM / kernel.dv_slice()) as u32,
+                    hv as u32,
+                    which.len() as u32,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: kernel.smem_bytes() as u32,
+            })
+        }
+        .map_err(derr(kernel.name()))?;
+        Ok(())
+    }
+
+    /// The delta rule through the host reference (shapes checked by the caller): the trait's
+    /// default, for head dims the kernels are not written for.
+    fn host_delta_rule(
+        &self,
+        qkv: &CudaTensor,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        params: &GdnParams<'_, Self>,
+        seq_starts: &[usize],
+        states: &mut [&mut CudaF32],
+    ) -> Result<CudaTensor> {
+        let shape = params.shape;
+        let (rows, cd, hv) = (qkv.rows, qkv.cols, shape.v_heads);
+        let (a_log, dt_bias) = (
+            self.gdn_f32_to_host(params.a_log)?,
+            self.gdn_f32_to_host(params.dt_bias)?,
+        );
+        let (xh, ah, bh) = (self.to_host(qkv)?, self.to_host(a)?, self.to_host(b)?);
+        let mut out = Vec::with_capacity(rows * shape.value_dim());
+        for (w, st) in seq_starts.windows(2).zip(states.iter_mut()) {
+            if w[0] == w[1] {
+                continue;
+            }
+            let mut sh = self.gdn_f32_to_host(st)?;
+            out.extend(reference::gated_delta_rule_seq(
+                &xh[w[0] * cd..w[1] * cd],
+                &ah[w[0] * hv..w[1] * hv],
+                &bh[w[0] * hv..w[1] * hv],
+                &a_log,
+                &dt_bias,
+                shape,
+                &mut sh,
+                params.profile,
+            ));
+            **st = self.gdn_f32_from_host(&sh)?;
+        }
+        self.from_host(&out, rows, shape.value_dim())
+    }
+
+    /// The conv through the host reference (shapes checked by the caller), for kernels of more
+    /// taps than the state kernel keeps in registers.
+    fn host_conv1d_silu(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        seq_starts: &[usize],
+        states: &mut [&mut CudaTensor],
+    ) -> Result<CudaTensor> {
+        let (c, k) = (x.cols, weight.cols);
+        let (xh, wh) = (self.to_host(x)?, self.to_host(weight)?);
+        let mut out = Vec::with_capacity(x.rows * c);
+        for (w, st) in seq_starts.windows(2).zip(states.iter_mut()) {
+            if w[0] == w[1] {
+                continue;
+            }
+            let mut sh = self.to_host(st)?;
+            out.extend(reference::causal_conv1d_silu(
+                &xh[w[0] * c..w[1] * c],
+                c,
+                &wh,
+                k,
+                &mut sh,
+            ));
+            **st = self.from_host(&sh, k - 1, c)?;
+        }
+        self.from_host(&out, x.rows, c)
+    }
+}
+
+/// `Backend::gated_delta_rule` of the CUDA backend (the trait method forwards here).
+pub(super) fn gated_delta_rule(
+    be: &CudaBackend,
+    qkv: &CudaTensor,
+    a: &CudaTensor,
+    b: &CudaTensor,
+    params: &GdnParams<'_, CudaBackend>,
+    seq_starts: &[usize],
+    states: &mut [&mut CudaF32],
+) -> Result<CudaTensor> {
+    let kernel = ChunkKernel::for_profile(params.profile);
+    be.gated_delta_rule_with(qkv, a, b, params, seq_starts, states, kernel)
+}
+
+/// Kernel names of `kernels/gdn.cu`, for [`CudaBackend::kernel_report`]-style diagnostics.
+pub const KERNELS: &[&str] = &[
+    "gdn_chunk_reference",
+    "gdn_chunk_engine_fma",
+    "gdn_chunk_engine_mma",
+    "gdn_chunk_reference_v64",
+    "gdn_chunk_engine_mma_v64",
+    "gdn_prep_reference",
+    "gdn_prep_engine_mma",
+    "gdn_walk_reference",
+    "gdn_walk_engine_fma",
+    "gdn_walk_engine_mma",
+    "gdn_recurrent",
+    "gdn_conv_silu",
+    "gdn_conv_state",
+    "gdn_gates",
+    "gdn_gated_rms_norm",
+    "gdn_rms_norm_zc",
+    "gdn_sigmoid_gate",
+];
+
+impl CudaBackend {
+    /// Registers / spills / static shared memory of every `kernels/gdn.cu` kernel.
+    pub fn gdn_kernel_report(&self) -> Result<Vec<String>> {
+        KERNELS
+            .iter()
+            .map(|f| self.kernels.resources("gdn", f))
+            .collect()
+    }
+}

@@ -1,0 +1,637 @@
+//! CUDA kernels of the hybrid layers (kernels/gdn.cu, host/src/backend/cuda/gdn.rs) against the
+//! CPU reference ([`draftlens::backend::gdn`] through [`CpuBackend`]): conv1d + SiLU with carried
+//! states, the norms and the gate, the gated delta rule in both numeric profiles over packed
+//! sequences (chunk boundaries, T = 1, T < 64, T = 64, T not a multiple of 64), decode steps
+//! against prefill, and the gap between the two profiles on a long sequence.
+//!
+//! Without CUDA every test prints "SKIP: CUDA unavailable: <reason>" and returns (CI has no GPU).
+//! On the GPU machine: the test binary built with
+//! `cargo test --release -p draftlens --test cuda_gdn --no-run`, run with `--test-threads=1`.
+//!
+//! Inputs are random and rounded to bf16 on the host, so the CPU (f32) and the GPU (bf16
+//! storage) start from identical values; every comparison is ‖gpu − cpu‖ / ‖cpu‖ over the whole
+//! output (METHOD.md's measure), and NaN never passes.
+#![cfg(feature = "cuda")]
+
+use draftlens::backend::cpu::CpuBackend;
+use draftlens::backend::cuda::gdn::{ChunkKernel, CudaF32};
+use draftlens::backend::cuda::CudaBackend;
+use draftlens::backend::gdn::{bf16_round, GdnProfile, GdnShape, HostF32};
+use draftlens::backend::{Backend, GdnParams};
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(b) => {
+            for l in b.gdn_kernel_report().expect("gdn kernels compile") {
+                println!("  {l}");
+            }
+            Some(b)
+        }
+        Err(e) => {
+            println!("SKIP: {e}");
+            None
+        }
+    }
+}
+
+/// Uniform values in [lo, hi), rounded to bf16 (xorshift, fresh per seed).
+fn rand(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let u = (s.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32;
+            bf16_round(lo + (hi - lo) * u)
+        })
+        .collect()
+}
+
+/// ‖a − b‖ / ‖b‖; infinite when anything is NaN.
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    if a.iter().chain(b).any(|v| v.is_nan()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+/// Small grouped shape with the kernels' head dims: 2 key heads, 6 value heads (r = 3, as the
+/// 27B), dk = dv = 128.
+const SHAPE: GdnShape = GdnShape {
+    k_heads: 2,
+    v_heads: 6,
+    k_dim: 128,
+    v_dim: 128,
+};
+
+/// One packed batch of delta-rule inputs (host values, bf16-exact).
+struct Batch {
+    seq_starts: Vec<usize>,
+    qkv: Vec<f32>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+}
+
+fn batch(lens: &[usize], seed: u64) -> Batch {
+    let mut seq_starts = vec![0];
+    for l in lens {
+        seq_starts.push(seq_starts.last().unwrap() + l);
+    }
+    let t = *seq_starts.last().unwrap();
+    let hv = SHAPE.v_heads;
+    Batch {
+        seq_starts,
+        // Conv + SiLU outputs are mostly in (−0.3, 1.5); the L2 norm removes the scale of q, k.
+        qkv: rand(t * SHAPE.conv_dim(), seed, -0.5, 1.0),
+        a: rand(t * hv, seed + 1, -2.0, 2.0),
+        // β = sigmoid(b) from 0.05 to 0.95.
+        b: rand(t * hv, seed + 2, -3.0, 3.0),
+        // exp(A_log) from 0.02 to 1: decays α = e^g from near 0 to near 1, so the state carries
+        // information over tens of tokens for some heads and forgets at once for others.
+        a_log: rand(hv, seed + 3, -4.0, 0.0),
+        dt_bias: rand(hv, seed + 4, -1.0, 1.0),
+    }
+}
+
+/// Non-zero incoming states (continuing sequences) or zeros (fresh ones).
+fn states(n: usize, seed: u64, fresh: bool) -> Vec<Vec<f32>> {
+    (0..n)
+        .map(|i| {
+            if fresh {
+                vec![0.0; SHAPE.state_len()]
+            } else {
+                rand(SHAPE.state_len(), seed + i as u64, -0.5, 0.5)
+            }
+        })
+        .collect()
+}
+
+/// The CPU reference: output and final states.
+fn run_cpu(x: &Batch, init: &[Vec<f32>], profile: GdnProfile) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let be = CpuBackend::new();
+    let t = *x.seq_starts.last().unwrap();
+    let hv = SHAPE.v_heads;
+    let qkv = be.from_host(&x.qkv, t, SHAPE.conv_dim()).unwrap();
+    let (a, b) = (
+        be.from_host(&x.a, t, hv).unwrap(),
+        be.from_host(&x.b, t, hv).unwrap(),
+    );
+    let (a_log, dt_bias) = (
+        be.f32_from_host(&x.a_log).unwrap(),
+        be.f32_from_host(&x.dt_bias).unwrap(),
+    );
+    let params = GdnParams::<CpuBackend> {
+        a_log: &a_log,
+        dt_bias: &dt_bias,
+        shape: SHAPE,
+        profile,
+    };
+    let mut st: Vec<HostF32> = init.iter().map(|s| HostF32(s.clone())).collect();
+    let mut refs: Vec<&mut HostF32> = st.iter_mut().collect();
+    let out = be
+        .gated_delta_rule(&qkv, &a, &b, &params, &x.seq_starts, &mut refs)
+        .unwrap();
+    (
+        be.to_host(&out).unwrap(),
+        st.into_iter().map(|s| s.0).collect(),
+    )
+}
+
+fn run_gpu(
+    be: &CudaBackend,
+    x: &Batch,
+    init: &[Vec<f32>],
+    kernel: ChunkKernel,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let t = *x.seq_starts.last().unwrap();
+    let hv = SHAPE.v_heads;
+    let qkv = be.from_host(&x.qkv, t, SHAPE.conv_dim()).unwrap();
+    let (a, b) = (
+        be.from_host(&x.a, t, hv).unwrap(),
+        be.from_host(&x.b, t, hv).unwrap(),
+    );
+    let (a_log, dt_bias) = (
+        be.f32_from_host(&x.a_log).unwrap(),
+        be.f32_from_host(&x.dt_bias).unwrap(),
+    );
+    let profile = if kernel.engine() {
+        GdnProfile::Engine
+    } else {
+        GdnProfile::Reference
+    };
+    let params = GdnParams::<CudaBackend> {
+        a_log: &a_log,
+        dt_bias: &dt_bias,
+        shape: SHAPE,
+        profile,
+    };
+    let mut st: Vec<CudaF32> = init.iter().map(|s| be.f32_from_host(s).unwrap()).collect();
+    let mut refs: Vec<&mut CudaF32> = st.iter_mut().collect();
+    let out = be
+        .gated_delta_rule_with(&qkv, &a, &b, &params, &x.seq_starts, &mut refs, kernel)
+        .unwrap();
+    let out = be.to_host(&out).unwrap();
+    let st = st.iter().map(|s| be.f32_to_host(s).unwrap()).collect();
+    (out, st)
+}
+
+fn state_rel(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    rel(&a.concat(), &b.concat())
+}
+
+/// Packed lengths crossing every chunk case: T = 1 (recurrent kernel), T < 64, T = 64, a
+/// multiple of 64, T not a multiple of 64, an empty sequence.
+const LENS: [usize; 8] = [1, 17, 64, 128, 200, 0, 65, 1];
+
+#[test]
+fn cuda_gdn_reference_profile_matches_cpu() {
+    let Some(be) = gpu() else { return };
+    for (fresh, seed) in [(true, 10), (false, 20)] {
+        let x = batch(&LENS, seed);
+        let init = states(LENS.len(), seed + 100, fresh);
+        let (want, want_st) = run_cpu(&x, &init, GdnProfile::Reference);
+        for kernel in [
+            ChunkKernel::ReferenceFma,
+            ChunkKernel::ReferenceFmaV64,
+            ChunkKernel::SplitReference,
+        ] {
+            let (got, got_st) = run_gpu(&be, &x, &init, kernel);
+            let (e, es) = (rel(&got, &want), state_rel(&got_st, &want_st));
+            println!("{kernel:?}, fresh={fresh}: output rel {e:.2e}, states rel {es:.2e}");
+            // Output: both sides compute in f32 from identical inputs; the GPU stores its output in
+            // bf16 (relative rounding error ≤ 2⁻⁹ per value, ≈ 2⁻⁹/√3 ≈ 1.1e-3 in the norm for
+            // uniform rounding errors), and f32 summation order adds ~1e-6. 2e-3 leaves room for the
+            // rounding and nothing else: a wrong decay, a missed reset or an unwritten row costs more
+            // than 1e-2.
+            assert!(e < 2e-3, "{kernel:?}: output rel {e}");
+            // States stay f32 on both sides and never see the rounded output: only summation order
+            // differs (~1e-7 per operation, a few hundred dependent steps).
+            assert!(es < 1e-4, "{kernel:?}: states rel {es}");
+        }
+    }
+}
+
+#[test]
+fn cuda_gdn_engine_profile_matches_cpu_emulation_and_tensor_cores_match_fma() {
+    let Some(be) = gpu() else { return };
+    let x = batch(&LENS, 30);
+    let init = states(LENS.len(), 130, false);
+    let (want, want_st) = run_cpu(&x, &init, GdnProfile::Engine);
+    let (fma, fma_st) = run_gpu(&be, &x, &init, ChunkKernel::EngineFma);
+    let (mma, mma_st) = run_gpu(&be, &x, &init, ChunkKernel::EngineMma);
+    let (m64, m64_st) = run_gpu(&be, &x, &init, ChunkKernel::EngineMmaV64);
+    let (e_cpu, es_cpu) = (rel(&mma, &want), state_rel(&mma_st, &want_st));
+    let (e_fma, es_fma) = (rel(&mma, &fma), state_rel(&mma_st, &fma_st));
+    println!("engine: mma vs CPU emulation {e_cpu:.2e} (states {es_cpu:.2e}); mma vs fma {e_fma:.2e} (states {es_fma:.2e})");
+    // The CPU emulation rounds at fla's main points (q̂, k̂, β, M, U, W, V′, S for the products)
+    // but not at all of the kernel's (fla also rounds v·β, k·β·e^γ, the decayed scores and the
+    // decayed V′ of the state update before its products; docs/gdn-cuda.md): bf16-level noise,
+    // a few 2⁻⁹ roundings in series, ≤ 1e-2.
+    assert!(e_cpu < 1e-2, "engine vs CPU emulation: output rel {e_cpu}");
+    assert!(
+        es_cpu < 1e-2,
+        "engine vs CPU emulation: states rel {es_cpu}"
+    );
+    // Tensor cores vs FMA on the same bf16 operands: only the f32 summation order differs, which
+    // can flip a bf16 rounding of an intermediate now and then (2⁻⁸ on that value).
+    assert!(e_fma < 2e-3, "mma vs fma: output rel {e_fma}");
+    assert!(es_fma < 2e-3, "mma vs fma: states rel {es_fma}");
+    // 64 value columns per block: the same arithmetic per column.
+    let (e64, es64) = (rel(&m64, &mma), state_rel(&m64_st, &mma_st));
+    println!("engine: v64 vs v32 {e64:.2e} (states {es64:.2e})");
+    assert!(e64 < 2e-3 && es64 < 2e-3, "v64 vs v32: {e64} / {es64}");
+    // The split kernels: the same roundings, in two launches.
+    for kernel in [ChunkKernel::SplitEngineFma, ChunkKernel::SplitEngineMma] {
+        let (o, st) = run_gpu(&be, &x, &init, kernel);
+        let (e, es) = (rel(&o, &mma), state_rel(&st, &mma_st));
+        println!("engine: {kernel:?} vs fused mma {e:.2e} (states {es:.2e})");
+        assert!(e < 2e-3 && es < 2e-3, "{kernel:?} vs fused mma: {e} / {es}");
+    }
+}
+
+#[test]
+fn cuda_gdn_decode_steps_equal_prefill() {
+    let Some(be) = gpu() else { return };
+    // Three sequences of 100 tokens: prefill 70 (chunked: one full chunk and 6 rows), then 30
+    // batched decode steps (one token per sequence per call, recurrent kernel).
+    let (n, t, pre) = (3usize, 100usize, 70usize);
+    let whole = batch(&[t; 3], 40);
+    let init = states(n, 140, true);
+    let (want, want_st) = run_gpu(&be, &whole, &init, ChunkKernel::ReferenceFma);
+    let cd = SHAPE.conv_dim();
+    let hv = SHAPE.v_heads;
+    let vd = SHAPE.value_dim();
+    let rows = |s: usize, r: std::ops::Range<usize>, w: usize, v: &[f32]| -> Vec<f32> {
+        v[(s * t + r.start) * w..(s * t + r.end) * w].to_vec()
+    };
+    // Prefill of the first 70 rows of each sequence.
+    let pre_batch = Batch {
+        seq_starts: (0..=n).map(|i| i * pre).collect(),
+        qkv: (0..n)
+            .flat_map(|s| rows(s, 0..pre, cd, &whole.qkv))
+            .collect(),
+        a: (0..n).flat_map(|s| rows(s, 0..pre, hv, &whole.a)).collect(),
+        b: (0..n).flat_map(|s| rows(s, 0..pre, hv, &whole.b)).collect(),
+        a_log: whole.a_log.clone(),
+        dt_bias: whole.dt_bias.clone(),
+    };
+    let (pre_out, mut st) = run_gpu(&be, &pre_batch, &init, ChunkKernel::ReferenceFma);
+    let mut got = vec![0f32; n * t * vd];
+    for s in 0..n {
+        got[s * t * vd..(s * t + pre) * vd]
+            .copy_from_slice(&pre_out[s * pre * vd..(s + 1) * pre * vd]);
+    }
+    for i in pre..t {
+        let step = Batch {
+            seq_starts: (0..=n).collect(),
+            qkv: (0..n)
+                .flat_map(|s| rows(s, i..i + 1, cd, &whole.qkv))
+                .collect(),
+            a: (0..n)
+                .flat_map(|s| rows(s, i..i + 1, hv, &whole.a))
+                .collect(),
+            b: (0..n)
+                .flat_map(|s| rows(s, i..i + 1, hv, &whole.b))
+                .collect(),
+            a_log: whole.a_log.clone(),
+            dt_bias: whole.dt_bias.clone(),
+        };
+        let (o, st2) = run_gpu(&be, &step, &st, ChunkKernel::ReferenceFma);
+        st = st2;
+        for s in 0..n {
+            got[(s * t + i) * vd..(s * t + i + 1) * vd].copy_from_slice(&o[s * vd..(s + 1) * vd]);
+        }
+    }
+    let (e, es) = (rel(&got, &want), state_rel(&st, &want_st));
+    println!("decode after prefill vs one prefill: output rel {e:.2e}, states rel {es:.2e}");
+    // Both sides are f32 inside; each output is rounded to bf16 once, so two roundings of
+    // nearly equal values differ by at most one bf16 step (≤ 2⁻⁸ relative, ~1e-3 in the norm).
+    assert!(e < 2e-3, "output rel {e}");
+    assert!(es < 1e-4, "states rel {es}");
+    // The decode steps themselves against the CPU's recurrent form.
+    let last = Batch {
+        seq_starts: (0..=n).collect(),
+        qkv: (0..n)
+            .flat_map(|s| rows(s, t - 1..t, cd, &whole.qkv))
+            .collect(),
+        a: (0..n)
+            .flat_map(|s| rows(s, t - 1..t, hv, &whole.a))
+            .collect(),
+        b: (0..n)
+            .flat_map(|s| rows(s, t - 1..t, hv, &whole.b))
+            .collect(),
+        a_log: whole.a_log.clone(),
+        dt_bias: whole.dt_bias.clone(),
+    };
+    let init2 = states(n, 240, false);
+    let (cpu_o, cpu_st) = run_cpu(&last, &init2, GdnProfile::Reference);
+    let (gpu_o, gpu_st) = run_gpu(&be, &last, &init2, ChunkKernel::ReferenceFma);
+    let (e, es) = (rel(&gpu_o, &cpu_o), state_rel(&gpu_st, &cpu_st));
+    println!("one batched decode step vs CPU: output rel {e:.2e}, states rel {es:.2e}");
+    assert!(e < 2e-3 && es < 1e-5, "decode step vs CPU: {e} / {es}");
+}
+
+#[test]
+fn cuda_gdn_profiles_differ_measurably_on_a_long_sequence() {
+    let Some(be) = gpu() else { return };
+    let x = batch(&[2048], 50);
+    let init = states(1, 150, true);
+    let (cpu, cpu_st) = run_cpu(&x, &init, GdnProfile::Reference);
+    let (r, r_st) = run_gpu(
+        &be,
+        &x,
+        &init,
+        ChunkKernel::for_profile(GdnProfile::Reference),
+    );
+    let (e, e_st) = run_gpu(&be, &x, &init, ChunkKernel::for_profile(GdnProfile::Engine));
+    let (rc, ec) = (rel(&r, &cpu), rel(&e, &r));
+    let (rcs, ecs) = (state_rel(&r_st, &cpu_st), state_rel(&e_st, &r_st));
+    println!("2048 tokens: reference–CPU {rc:.2e} (states {rcs:.2e}), engine–reference {ec:.2e} (states {ecs:.2e})");
+    assert!(
+        ec > rc,
+        "engine–reference gap {ec} does not exceed reference–CPU gap {rc}"
+    );
+    assert!(
+        ecs > 10.0 * rcs,
+        "state gaps: engine {ecs}, reference {rcs}"
+    );
+    assert!(ec < 3e-2, "engine profile drifted from the reference: {ec}");
+}
+
+#[test]
+fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
+    let Some(be) = gpu() else { return };
+    let cpu = CpuBackend::new();
+    let (c, k) = (SHAPE.conv_dim(), 4usize);
+    let lens = [1usize, 5, 70, 0, 3, 2];
+    let t: usize = lens.iter().sum();
+    let mut seq_starts = vec![0];
+    for l in lens {
+        seq_starts.push(seq_starts.last().unwrap() + l);
+    }
+    let x = rand(t * c, 60, -2.0, 2.0);
+    let w = rand(c * k, 61, -0.6, 0.6);
+    let init: Vec<Vec<f32>> = (0..lens.len())
+        .map(|i| rand((k - 1) * c, 70 + i as u64, -2.0, 2.0))
+        .collect();
+    let on_cpu = |x: &[f32], init: &[Vec<f32>]| {
+        let (xt, wt) = (
+            cpu.from_host(x, t, c).unwrap(),
+            cpu.from_host(&w, c, k).unwrap(),
+        );
+        let mut st: Vec<_> = init
+            .iter()
+            .map(|s| cpu.from_host(s, k - 1, c).unwrap())
+            .collect();
+        let mut refs: Vec<_> = st.iter_mut().collect();
+        let y = cpu
+            .causal_conv1d_silu(&xt, &wt, &seq_starts, &mut refs)
+            .unwrap();
+        (
+            cpu.to_host(&y).unwrap(),
+            st.iter()
+                .map(|s| cpu.to_host(s).unwrap())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let on_gpu = |x: &[f32], init: &[Vec<f32>]| {
+        let (xt, wt) = (
+            be.from_host(x, t, c).unwrap(),
+            be.from_host(&w, c, k).unwrap(),
+        );
+        let mut st: Vec<_> = init
+            .iter()
+            .map(|s| be.from_host(s, k - 1, c).unwrap())
+            .collect();
+        let mut refs: Vec<_> = st.iter_mut().collect();
+        let y = be
+            .causal_conv1d_silu(&xt, &wt, &seq_starts, &mut refs)
+            .unwrap();
+        (
+            be.to_host(&y).unwrap(),
+            st.iter()
+                .map(|s| be.to_host(s).unwrap())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (want, want_st) = on_cpu(&x, &init);
+    let (got, got_st) = on_gpu(&x, &init);
+    // Same f32 sum of the same bf16 inputs (4 terms, order identical), then one bf16 rounding
+    // of the SiLU: each value within one bf16 step (2⁻⁸ relative) of the CPU's.
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= w.abs() * 2f32.powi(-8) + 1e-6,
+            "conv output {i} (row {}, channel {}): gpu {g}, cpu {w}",
+            i / c,
+            i % c
+        );
+    }
+    // States are copies of inputs: exact.
+    assert_eq!(got_st, want_st, "conv states");
+}
+
+#[test]
+fn cuda_gated_norms_and_sigmoid_gate_match_cpu() {
+    let Some(be) = gpu() else { return };
+    let cpu = CpuBackend::new();
+    let (t, cols, hd) = (37usize, SHAPE.value_dim(), 128usize);
+    let x = rand(t * cols, 80, -3.0, 3.0);
+    let z = rand(t * cols, 81, -4.0, 4.0);
+    let w = rand(hd, 82, 0.5, 1.5);
+    let within = |what: &str, got: &[f32], want: &[f32]| {
+        // f32 arithmetic on both sides, one bf16 rounding on the GPU.
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= w.abs() * 2f32.powi(-8) + 1e-5,
+                "{what} value {i}: gpu {g}, cpu {w}"
+            );
+        }
+    };
+    let want = cpu
+        .gated_rms_norm(
+            &cpu.from_host(&x, t, cols).unwrap(),
+            &cpu.from_host(&z, t, cols).unwrap(),
+            &cpu.from_host(&w, 1, hd).unwrap(),
+            1e-6,
+            hd,
+        )
+        .and_then(|y| cpu.to_host(&y))
+        .unwrap();
+    let got = be
+        .gated_rms_norm(
+            &be.from_host(&x, t, cols).unwrap(),
+            &be.from_host(&z, t, cols).unwrap(),
+            &be.from_host(&w, 1, hd).unwrap(),
+            1e-6,
+            hd,
+        )
+        .and_then(|y| be.to_host(&y))
+        .unwrap();
+    within("gated_rms_norm", &got, &want);
+
+    // Zero-centred RMSNorm over whole rows (layer norm) and per head (q/k norms).
+    for group in [cols, hd] {
+        let wz = rand(group, 83, -0.5, 0.5);
+        let want = cpu
+            .rms_norm_zero_centred(
+                &cpu.from_host(&x, t, cols).unwrap(),
+                &cpu.from_host(&wz, 1, group).unwrap(),
+                1e-6,
+                group,
+            )
+            .and_then(|y| cpu.to_host(&y))
+            .unwrap();
+        let got = be
+            .rms_norm_zero_centred(
+                &be.from_host(&x, t, cols).unwrap(),
+                &be.from_host(&wz, 1, group).unwrap(),
+                1e-6,
+                group,
+            )
+            .and_then(|y| be.to_host(&y))
+            .unwrap();
+        within("rms_norm_zero_centred", &got, &want);
+    }
+
+    let mut xc = cpu.from_host(&x, t, cols).unwrap();
+    cpu.sigmoid_gate_inplace(&mut xc, &cpu.from_host(&z, t, cols).unwrap())
+        .unwrap();
+    let mut xg = be.from_host(&x, t, cols).unwrap();
+    be.sigmoid_gate_inplace(&mut xg, &be.from_host(&z, t, cols).unwrap())
+        .unwrap();
+    within(
+        "sigmoid_gate",
+        &be.to_host(&xg).unwrap(),
+        &cpu.to_host(&xc).unwrap(),
+    );
+}
+
+#[test]
+fn cuda_gdn_other_head_dims_fall_back_to_the_host_reference() {
+    let Some(be) = gpu() else { return };
+    // The tiny golden models' GDN shape (k_dim = v_dim = 16): not a shape of the kernels, so
+    // the CUDA backend must compute it through the host reference, not fail.
+    let shape = GdnShape {
+        k_heads: 2,
+        v_heads: 4,
+        k_dim: 16,
+        v_dim: 16,
+    };
+    let (t, hv) = (70usize, shape.v_heads);
+    let qkv = rand(t * shape.conv_dim(), 91, -0.5, 1.0);
+    let (a, b) = (rand(t * hv, 92, -2.0, 2.0), rand(t * hv, 93, -3.0, 3.0));
+    let (a_log, dt) = (rand(hv, 94, -4.0, 0.0), rand(hv, 95, -1.0, 1.0));
+    let cpu = CpuBackend::new();
+    let want = {
+        let p = GdnParams::<CpuBackend> {
+            a_log: &HostF32(a_log.clone()),
+            dt_bias: &HostF32(dt.clone()),
+            shape,
+            profile: GdnProfile::Reference,
+        };
+        let mut st = HostF32(vec![0.0; shape.state_len()]);
+        let y = cpu
+            .gated_delta_rule(
+                &cpu.from_host(&qkv, t, shape.conv_dim()).unwrap(),
+                &cpu.from_host(&a, t, hv).unwrap(),
+                &cpu.from_host(&b, t, hv).unwrap(),
+                &p,
+                &[0, t],
+                &mut [&mut st],
+            )
+            .unwrap();
+        cpu.to_host(&y).unwrap()
+    };
+    let (la, ld) = (
+        be.f32_from_host(&a_log).unwrap(),
+        be.f32_from_host(&dt).unwrap(),
+    );
+    let p = GdnParams::<CudaBackend> {
+        a_log: &la,
+        dt_bias: &ld,
+        shape,
+        profile: GdnProfile::Reference,
+    };
+    let mut st = be.f32_from_host(&vec![0.0; shape.state_len()]).unwrap();
+    let got = be
+        .gated_delta_rule(
+            &be.from_host(&qkv, t, shape.conv_dim()).unwrap(),
+            &be.from_host(&a, t, hv).unwrap(),
+            &be.from_host(&b, t, hv).unwrap(),
+            &p,
+            &[0, t],
+            &mut [&mut st],
+        )
+        .and_then(|y| be.to_host(&y))
+        .unwrap();
+    let e = rel(&got, &want);
+    println!("k_dim 16 through the host reference: rel {e:.2e}");
+    // The same f32 host code on the same inputs; the GPU tensor rounds the output to bf16.
+    assert!(e < 2e-3, "{e}");
+    // Gated norm with 16-column heads: host path too.
+    let (x, z, w) = (
+        rand(t * 64, 96, -2.0, 2.0),
+        rand(t * 64, 97, -2.0, 2.0),
+        rand(16, 98, 0.5, 1.5),
+    );
+    let want = reference_gated_norm(&cpu, &x, &z, &w, t);
+    let got = reference_gated_norm(&be, &x, &z, &w, t);
+    assert!(rel(&got, &want) < 2e-3, "{}", rel(&got, &want));
+}
+
+fn reference_gated_norm<B: Backend>(be: &B, x: &[f32], z: &[f32], w: &[f32], t: usize) -> Vec<f32> {
+    let y = be
+        .gated_rms_norm(
+            &be.from_host(x, t, 64).unwrap(),
+            &be.from_host(z, t, 64).unwrap(),
+            &be.from_host(w, 1, 16).unwrap(),
+            1e-6,
+            16,
+        )
+        .unwrap();
+    be.to_host(&y).unwrap()
+}
+
+#[test]
+fn cuda_gdn_bad_shapes_are_clean_errors() {
+    let Some(be) = gpu() else { return };
+    let x = batch(&[5], 90);
+    let qkv = be.from_host(&x.qkv, 5, SHAPE.conv_dim()).unwrap();
+    let ab = be.from_host(&x.a, 5, SHAPE.v_heads).unwrap();
+    let (a_log, dt) = (
+        be.f32_from_host(&x.a_log).unwrap(),
+        be.f32_from_host(&x.dt_bias).unwrap(),
+    );
+    let params = GdnParams::<CudaBackend> {
+        a_log: &a_log,
+        dt_bias: &dt,
+        shape: SHAPE,
+        profile: GdnProfile::Reference,
+    };
+    // A state of the wrong size.
+    let mut st = be.f32_from_host(&[0.0; 10]).unwrap();
+    let e = be
+        .gated_delta_rule(&qkv, &ab, &ab, &params, &[0, 5], &mut [&mut st])
+        .err()
+        .expect("wrong state size is refused");
+    assert!(e.to_string().contains("state has 10 values"), "{e}");
+    // Sequence starts that do not end at the row count.
+    let mut st = be.f32_from_host(&vec![0.0; SHAPE.state_len()]).unwrap();
+    let e = be
+        .gated_delta_rule(&qkv, &ab, &ab, &params, &[0, 4], &mut [&mut st])
+        .err()
+        .expect("bad seq_starts are refused");
+    assert!(e.to_string().contains("sequence starts"), "{e}");
+    // a with the wrong width.
+    let e = be
+        .gated_delta_rule(&qkv, &qkv, &ab, &params, &[0, 5], &mut [&mut st])
+        .err()
+        .expect("a of the wrong width is refused");
+    assert!(e.to_string().contains("a is [5, 1280]"), "{e}");
+}

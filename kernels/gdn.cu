@@ -1,0 +1,795 @@
+// Gated DeltaNet (GDN) kernels of the Qwen3.5/3.6 hybrid layers (docs/gdn-cuda.md):
+//   - causal depthwise conv1d + SiLU over packed sequences with carried conv states (prefill and
+//     one-token decode alike);
+//   - the gates: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias);
+//   - the gated delta rule with the q/k L2 norms fused in, chunked (prefill, C = 64) and
+//     recurrent (decode);
+//   - gated RMSNorm with the z gate, zero-centred RMSNorm, and the sigmoid output gate of the
+//     full-attention layers.
+//
+// Two numeric profiles for the chunked delta rule (template flag ENGINE):
+//   Reference: every intermediate and the state in fp32 (the transformers torch fallback);
+//   Engine:    the roundings fla's Triton kernels make: L2-normed q/k, M = (I+L)^-1, W, U, the
+//              new values V' and the intra-chunk scores stored bf16; the state cast to bf16 for
+//              every product that reads it; the state accumulator itself stays fp32.
+// In Engine every product has bf16-valued operands, so it can run on the tensor cores
+// (mma.sync m16n8k16 bf16 -> fp32, template flag MMA) with the same result up to fp32
+// summation order; the FMA variant of the Engine profile exists to test exactly that.
+
+#define GDN_C 64          // chunk length (HF and fla)
+#define GDN_DK 128        // key head dim
+#define GDN_DV 128        // value head dim
+// Value columns per block (template parameter DVS = 32 or 64): the state's columns evolve
+// independently, so 128 / DVS blocks share a head without talking.
+#define GDN_THREADS 256
+// Odd row strides (floats) of the shared-memory tiles: column walks hit 32 different banks.
+#define LD128 129
+#define LD64 65
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x / (1.f + expf(-x)); }
+// torch.nn.functional.softplus (beta 1, threshold 20).
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+// ---------------------------------------------------------------------------------------------
+// Products on shared-memory tiles, 256 threads: out(m, n) = sum_k A(m, k) B(k, n), handed to
+// epi(m, n, value) exactly once per element. A and B are accessor lambdas (so transposes and
+// on-the-fly bf16 rounding cost no copies).
+
+// CUDA cores, fp32 FMA: each thread owns TM rows x TN columns (columns strided by N/TN so that
+// neighbouring threads read neighbouring B columns).
+template <int M, int N, int K, int TM, int TN, class FA, class FB, class FE>
+__device__ __forceinline__ void mm_fma(FA a, FB b, FE epi) {
+    constexpr int NG = N / TN;
+    static_assert((M / TM) * NG == GDN_THREADS, "mm_fma: tile does not match 256 threads");
+    const int nn = threadIdx.x % NG, mm = threadIdx.x / NG;
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
+#pragma unroll 4
+    for (int k = 0; k < K; ++k) {
+        float av[TM], bv[TN];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) av[i] = a(mm * TM + i, k);
+#pragma unroll
+        for (int j = 0; j < TN; ++j) bv[j] = b(k, nn + j * NG);
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) epi(mm * TM + i, nn + j * NG, acc[i][j]);
+}
+
+// Tensor cores: mma.sync.m16n8k16 bf16 x bf16 -> fp32, 8 warps sharing the (M/16)x(N/8) tiles.
+// Operands must be bf16-valued (packing rounds them). Fragment layout (PTX ISA, m16n8k16):
+// g = lane/4, t = lane%4; A regs (row g | g+8) x (cols 2t,2t+1 | 2t+8,2t+9); B regs
+// (k rows 2t,2t+1 | 2t+8,2t+9) x col g; C (row g | g+8) x (cols 2t, 2t+1).
+template <int M, int N, int K, class FA, class FB, class FE>
+__device__ __forceinline__ void mm_mma(FA a, FB b, FE epi) {
+    constexpr int NT = N / 8;
+    constexpr int TILES = (M / 16) * NT;
+    static_assert(TILES % 8 == 0, "mm_mma: tiles must split over 8 warps");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int w = 0; w < TILES / 8; ++w) {
+        const int tile = warp + 8 * w;
+        const int tm = (tile / NT) * 16, tn = (tile % NT) * 8;
+        float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
+#pragma unroll 2
+        for (int k0 = 0; k0 < K; k0 += 16) {
+            const int ka = k0 + 2 * t;
+            const u32 a0 = pack_bf16x2(a(tm + g, ka), a(tm + g, ka + 1));
+            const u32 a1 = pack_bf16x2(a(tm + g + 8, ka), a(tm + g + 8, ka + 1));
+            const u32 a2 = pack_bf16x2(a(tm + g, ka + 8), a(tm + g, ka + 9));
+            const u32 a3 = pack_bf16x2(a(tm + g + 8, ka + 8), a(tm + g + 8, ka + 9));
+            const u32 b0 = pack_bf16x2(b(ka, tn + g), b(ka + 1, tn + g));
+            const u32 b1 = pack_bf16x2(b(ka + 8, tn + g), b(ka + 9, tn + g));
+            asm volatile(
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        }
+        epi(tm + g, tn + 2 * t, c0);
+        epi(tm + g, tn + 2 * t + 1, c1);
+        epi(tm + g + 8, tn + 2 * t, c2);
+        epi(tm + g + 8, tn + 2 * t + 1, c3);
+    }
+}
+
+template <bool MMA, int M, int N, int K, int TM, int TN, class FA, class FB, class FE>
+__device__ __forceinline__ void mm(FA a, FB b, FE epi) {
+    if constexpr (MMA)
+        mm_mma<M, N, K>(a, b, epi);
+    else
+        mm_fma<M, N, K, TM, TN>(a, b, epi);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunk loads of the split kernels below (256 threads): the same arithmetic as gdn_chunk_impl's
+// phases a and c, with every global load of a warp issued before its first reduction.
+// (gdn_chunk_impl keeps its own copy: it is the code measured on the H200, see
+// docs/benchmarks-cuda.md; the split kernels have not run on a GPU yet.)
+//
+// Rows row0 .. row0+63 of q and k (head hk), L2-normalised per row into Qs / Ks ([64][129]);
+// rows past nc are zero. Reference: f32, q scaled by `scale` (HF: l2norm(q) * scale); Engine:
+// both rounded to bf16, q unscaled (fla scales the output). Warp w handles rows w, w+8, ...; all
+// its loads are issued before the first reduction.
+template <bool ENGINE>
+__device__ __forceinline__ void load_qk_rows(float* Ks, float* Qs, const bf16_t* __restrict__ q,
+                                             const bf16_t* __restrict__ k, long long ld_qk, int hk,
+                                             long long row0, int nc, float scale) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int PER = GDN_C / (GDN_THREADS / 32);
+    uint2 kw[PER], qw[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int r = warp + 8 * i;
+        kw[i] = make_uint2(0u, 0u);
+        qw[i] = make_uint2(0u, 0u);
+        if (r < nc) {
+            kw[i] = *(const uint2*)(k + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
+            qw[i] = *(const uint2*)(q + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int r = warp + 8 * i;
+        const float kf[4] = {lo_bf(kw[i].x), hi_bf(kw[i].x), lo_bf(kw[i].y), hi_bf(kw[i].y)};
+        const float qf[4] = {lo_bf(qw[i].x), hi_bf(qw[i].x), lo_bf(qw[i].y), hi_bf(qw[i].y)};
+        const float kn = 1.f / sqrtf(warp_sum(kf[0] * kf[0] + kf[1] * kf[1] + kf[2] * kf[2] + kf[3] * kf[3]) + 1e-6f);
+        const float qn = 1.f / sqrtf(warp_sum(qf[0] * qf[0] + qf[1] * qf[1] + qf[2] * qf[2] + qf[3] * qf[3]) + 1e-6f);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float kv = kf[j] * kn, qv = qf[j] * qn;
+            if (ENGINE) {
+                kv = rb(kv);
+                qv = rb(qv);
+            } else {
+                qv = qv * scale;
+            }
+            Ks[r * LD128 + lane * 4 + j] = kv;
+            Qs[r * LD128 + lane * 4 + j] = qv;
+        }
+    }
+}
+
+// Warp 0: gam = inclusive cumsum of g over the chunk (lane holds rows 2l, 2l+1; rows past nc add
+// 0, so they carry the last row's value) and beta (0 past nc).
+__device__ __forceinline__ void load_chunk_gates(float* gam, float* bet, const float* __restrict__ g_in,
+                                                 const float* __restrict__ beta_in, long long row0, int nc,
+                                                 int hv_heads, int hv) {
+    const int lane = threadIdx.x & 31;
+    const int r0 = 2 * lane, r1 = 2 * lane + 1;
+    const float g0 = r0 < nc ? g_in[(row0 + r0) * hv_heads + hv] : 0.f;
+    const float g1 = r1 < nc ? g_in[(row0 + r1) * hv_heads + hv] : 0.f;
+    const float b0 = r0 < nc ? beta_in[(row0 + r0) * hv_heads + hv] : 0.f;
+    const float b1 = r1 < nc ? beta_in[(row0 + r1) * hv_heads + hv] : 0.f;
+    float incl = g0 + g1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float up = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += up;
+    }
+    const float before = __shfl_up_sync(0xffffffffu, incl, 1);
+    const float ga = (lane > 0 ? before : 0.f) + g0;
+    gam[r0] = ga;
+    gam[r1] = ga + g1;
+    bet[r0] = b0;
+    bet[r1] = b1;
+}
+
+// M = (I + L)^-1 into Ms ([64][65]) from the strictly lower L in Ls, by forward substitution,
+// one column per 4 threads: N = M - I solves N[r][c] = -L[r][c] - sum_{c<s<r} L[r][s] N[s][c].
+__device__ __forceinline__ void invert_unit_lower(const float* Ls, float* Ms) {
+    const int c = threadIdx.x >> 2, p = threadIdx.x & 3;
+    for (int r = p; r < GDN_C; r += 4) Ms[r * LD64 + c] = r == c ? 1.f : 0.f;
+    __syncwarp();
+    for (int r = 1; r < GDN_C; ++r) {
+        float part = 0.f;
+        if (r > c)
+            for (int s = c + 1 + p; s < r; s += 4) part = fmaf(Ls[r * LD64 + s], Ms[s * LD64 + c], part);
+        part += __shfl_xor_sync(0xffffffffu, part, 1);
+        part += __shfl_xor_sync(0xffffffffu, part, 2);
+        if (r > c && p == 0) Ms[r * LD64 + c] = -(Ls[r * LD64 + c] + part);
+        __syncwarp();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunked gated delta rule (prefill). One block per (value-column slice of DVS, value head,
+// sequence); the block walks its sequence's chunks in order, carrying its 128 x DVS slice of the
+// state in shared memory. Per chunk (r, s = 0..63; gam = chunk-local cumsum of g):
+//   QK = (Q K^T) o Gamma (r >= s), L = beta_r (K K^T) o Gamma (r > s), M = (I + L)^-1,
+//   W = M diag(beta e^gam) K, U = M diag(beta) V, V' = U - W S,
+//   O = e^gam o (Q S) + QK V',  S <- e^gam_C S + K^T (e^(gam_C - gam) o V').
+// Rows past the sequence end are zero (k = q = v = beta = g = 0), which leaves S unchanged.
+//
+// q, k: rows of ld_qk elements, head hk at column hk*128 of the given pointers; v: ld_v, head hv
+// at hv*128; g, beta: fp32 [T, Hv]; out: bf16 [T, Hv*128]. Sequence blockIdx.z covers rows
+// seq_rows[2z] .. seq_rows[2z+1]; its state (fp32 [Hv, 128 (k), 128 (v)], updated in place; a
+// block reads its slice before it writes it) is at states[z].
+// Shared memory: 3*64*129 + 2*64*(DVS+1) + 128*(DVS+1) + 3*64*65 + 128 floats (183,296 bytes
+// for DVS = 32, 216,064 for DVS = 64).
+template <bool ENGINE, bool MMA, int DVS>
+__device__ __forceinline__ void gdn_chunk_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                               const bf16_t* __restrict__ v, long long ld_qk, long long ld_v,
+                                               const float* __restrict__ g_in, const float* __restrict__ beta_in,
+                                               const long long* __restrict__ seq_rows, bf16_t* __restrict__ out,
+                                               const u64* __restrict__ states, int hv_heads, int ratio, float scale) {
+    constexpr int LDV = DVS + 1;
+    constexpr int TMV = DVS == 32 ? 2 : 4;  // micro tiles of the 64 x DVS and 128 x DVS products
+    constexpr int TNS = DVS == 32 ? 4 : 8;
+    extern __shared__ float smem[];
+    float* Ks = smem;                    // [64][129] K (Engine: bf16-valued)
+    float* Qs = Ks + GDN_C * LD128;      // [64][129] Q, then K diag(beta e^gam)
+    float* Ws = Qs + GDN_C * LD128;      // [64][129] W
+    float* Vs = Ws + GDN_C * LD128;      // [64][DVS+1]  V slice, then diag(beta) V, then V'
+    float* Op = Vs + GDN_C * LDV;        // [64][DVS+1]  Q S
+    float* Ss = Op + GDN_C * LDV;        // [128][DVS+1] state slice (fp32)
+    float* Ls = Ss + GDN_DK * LDV;       // [64][65]  L, then U, then e^(gam_C - gam) V'
+    float* Ms = Ls + GDN_C * LD64;       // [64][65]  M
+    float* QK = Ms + GDN_C * LD64;       // [64][65]  masked, decayed scores
+    float* bet = QK + GDN_C * LD64;      // [64] beta
+    float* gam = bet + GDN_C;            // [64] chunk-local cumsum of g
+
+    const int iv = blockIdx.x, hv = blockIdx.y, n = blockIdx.z;
+    const int hk = hv / ratio;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const long long seq0 = seq_rows[2 * n], seq1 = seq_rows[2 * n + 1];
+    const long long ld_o = (long long)hv_heads * GDN_DV;
+    const int vcol = hv * GDN_DV + iv * DVS;
+    float* state = (float*)states[n] + (long long)hv * GDN_DK * GDN_DV + iv * DVS;
+
+    for (int i = tid; i < GDN_DK * DVS; i += GDN_THREADS) {
+        const int r = i / DVS, c = i % DVS;
+        Ss[r * LDV + c] = state[r * GDN_DV + c];
+    }
+    // The state as the products read it: bf16-rounded in Engine (fla casts h to bf16).
+    auto S_op = [&](int r, int c) { return ENGINE ? rb(Ss[r * LDV + c]) : Ss[r * LDV + c]; };
+
+    for (long long row0 = seq0; row0 < seq1; row0 += GDN_C) {
+        const int nc = (int)min((long long)GDN_C, seq1 - row0);
+        // --- a. load: L2-normalise q and k rows (warp per row, 4 values per lane), V slice, gates.
+        for (int r = warp; r < GDN_C; r += GDN_THREADS / 32) {
+            float kf[4] = {0.f, 0.f, 0.f, 0.f}, qf[4] = {0.f, 0.f, 0.f, 0.f};
+            if (r < nc) {
+                const uint2 kw = *(const uint2*)(k + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
+                const uint2 qw = *(const uint2*)(q + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
+                kf[0] = lo_bf(kw.x); kf[1] = hi_bf(kw.x); kf[2] = lo_bf(kw.y); kf[3] = hi_bf(kw.y);
+                qf[0] = lo_bf(qw.x); qf[1] = hi_bf(qw.x); qf[2] = lo_bf(qw.y); qf[3] = hi_bf(qw.y);
+            }
+            const float kn = 1.f / sqrtf(warp_sum(kf[0] * kf[0] + kf[1] * kf[1] + kf[2] * kf[2] + kf[3] * kf[3]) + 1e-6f);
+            const float qn = 1.f / sqrtf(warp_sum(qf[0] * qf[0] + qf[1] * qf[1] + qf[2] * qf[2] + qf[3] * qf[3]) + 1e-6f);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float kv = kf[j] * kn, qv = qf[j] * qn;
+                if (ENGINE) {
+                    kv = rb(kv);
+                    qv = rb(qv);  // the scale multiplies the output instead (fla)
+                } else {
+                    qv = qv * scale;  // HF: query = l2norm(query) * scale, fp32
+                }
+                Ks[r * LD128 + lane * 4 + j] = kv;
+                Qs[r * LD128 + lane * 4 + j] = qv;
+            }
+            for (int c = lane; c < DVS; c += 32) Vs[r * LDV + c] = r < nc ? bf2f(v[(row0 + r) * ld_v + vcol + c]) : 0.f;
+        }
+        if (warp == 0) {
+            // gam = inclusive cumsum of g over the chunk: lane holds rows 2l, 2l+1.
+            const int r0 = 2 * lane, r1 = 2 * lane + 1;
+            const float g0 = r0 < nc ? g_in[(row0 + r0) * hv_heads + hv] : 0.f;
+            const float g1 = r1 < nc ? g_in[(row0 + r1) * hv_heads + hv] : 0.f;
+            float incl = g0 + g1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float up = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += up;
+            }
+            const float before = __shfl_up_sync(0xffffffffu, incl, 1);
+            gam[r0] = (lane > 0 ? before : 0.f) + g0;
+            gam[r1] = gam[r0] + g1;
+            bet[r0] = r0 < nc ? beta_in[(row0 + r0) * hv_heads + hv] : 0.f;
+            bet[r1] = r1 < nc ? beta_in[(row0 + r1) * hv_heads + hv] : 0.f;
+        }
+        __syncthreads();
+
+        // --- b. scores, L and Q S (independent products).
+        mm<MMA, GDN_C, GDN_C, GDN_DK, 4, 4>(
+            [&](int m, int kk) { return Qs[m * LD128 + kk]; }, [&](int kk, int c) { return Ks[c * LD128 + kk]; },
+            [&](int m, int c, float x) {
+                float val = m >= c ? x * expf(gam[m] - gam[c]) : 0.f;
+                QK[m * LD64 + c] = ENGINE ? rb(val) : val;
+            });
+        mm<MMA, GDN_C, GDN_C, GDN_DK, 4, 4>(
+            [&](int m, int kk) { return Ks[m * LD128 + kk]; }, [&](int kk, int c) { return Ks[c * LD128 + kk]; },
+            [&](int m, int c, float x) { Ls[m * LD64 + c] = m > c ? bet[m] * x * expf(gam[m] - gam[c]) : 0.f; });
+        mm<MMA, GDN_C, DVS, GDN_DK, TMV, 4>(
+            [&](int m, int kk) { return Qs[m * LD128 + kk]; }, S_op,
+            [&](int m, int c, float x) { Op[m * LDV + c] = x; });
+        __syncthreads();
+
+        // --- c. M = (I + L)^-1 by forward substitution, one column per 4 threads:
+        // N = M - I solves N[r][c] = -L[r][c] - sum_{c<s<r} L[r][s] N[s][c] (fp32).
+        {
+            const int c = tid >> 2, p = tid & 3;
+            for (int r = p; r < GDN_C; r += 4) Ms[r * LD64 + c] = r == c ? 1.f : 0.f;
+            __syncwarp();
+            for (int r = 1; r < GDN_C; ++r) {
+                float part = 0.f;
+                if (r > c)
+                    for (int s = c + 1 + p; s < r; s += 4) part = fmaf(Ls[r * LD64 + s], Ms[s * LD64 + c], part);
+                part += __shfl_xor_sync(0xffffffffu, part, 1);
+                part += __shfl_xor_sync(0xffffffffu, part, 2);
+                if (r > c && p == 0) Ms[r * LD64 + c] = -(Ls[r * LD64 + c] + part);
+                __syncwarp();
+            }
+        }
+        __syncthreads();
+
+        // --- d. operands of W and U: K diag(beta e^gam) (into Qs), diag(beta) V, rounded M.
+        for (int i = tid; i < GDN_C * GDN_DK; i += GDN_THREADS) {
+            const int r = i / GDN_DK, c = i % GDN_DK;
+            const float x = Ks[r * LD128 + c] * bet[r] * expf(gam[r]);
+            Qs[r * LD128 + c] = ENGINE ? rb(x) : x;
+        }
+        for (int i = tid; i < GDN_C * DVS; i += GDN_THREADS) {
+            const int r = i / DVS, c = i % DVS;
+            const float x = Vs[r * LDV + c] * bet[r];
+            Vs[r * LDV + c] = ENGINE ? rb(x) : x;
+        }
+        if (ENGINE)
+            for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) {
+                const int r = i / GDN_C, c = i % GDN_C;
+                Ms[r * LD64 + c] = rb(Ms[r * LD64 + c]);
+            }
+        __syncthreads();
+
+        // --- e. W = M K diag(beta e^gam), U = M diag(beta) V (U into Ls).
+        mm<MMA, GDN_C, GDN_DK, GDN_C, 4, 8>(
+            [&](int m, int kk) { return Ms[m * LD64 + kk]; }, [&](int kk, int c) { return Qs[kk * LD128 + c]; },
+            [&](int m, int c, float x) { Ws[m * LD128 + c] = ENGINE ? rb(x) : x; });
+        mm<MMA, GDN_C, DVS, GDN_C, TMV, 4>(
+            [&](int m, int kk) { return Ms[m * LD64 + kk]; }, [&](int kk, int c) { return Vs[kk * LDV + c]; },
+            [&](int m, int c, float x) { Ls[m * LD64 + c] = ENGINE ? rb(x) : x; });
+        __syncthreads();
+
+        // --- f. V' = U - W S (fp32, into Vs); the decayed copy e^(gam_C - gam) V' for the state
+        // update replaces U (same element, same thread).
+        const float gC = gam[GDN_C - 1];
+        mm<MMA, GDN_C, DVS, GDN_DK, TMV, 4>(
+            [&](int m, int kk) { return Ws[m * LD128 + kk]; }, S_op,
+            [&](int m, int c, float x) {
+                const float vp = Ls[m * LD64 + c] - x;
+                Vs[m * LDV + c] = vp;
+                const float vd = vp * expf(gC - gam[m]);
+                Ls[m * LD64 + c] = ENGINE ? rb(vd) : vd;
+            });
+        __syncthreads();
+
+        // --- g. output rows and the state update (disjoint outputs).
+        mm<MMA, GDN_C, DVS, GDN_C, TMV, 4>(
+            [&](int m, int kk) { return QK[m * LD64 + kk]; },
+            [&](int kk, int c) { return ENGINE ? rb(Vs[kk * LDV + c]) : Vs[kk * LDV + c]; },
+            [&](int m, int c, float x) {
+                if (m < nc) {
+                    const float inter = Op[m * LDV + c] * expf(gam[m]);
+                    const float o = ENGINE ? inter * scale + x * scale : inter + x;
+                    out[(row0 + m) * ld_o + vcol + c] = f2bf(o);
+                }
+            });
+        const float eC = expf(gC);
+        mm<MMA, GDN_DK, DVS, GDN_C, 4, TNS>(
+            [&](int m, int kk) { return Ks[kk * LD128 + m]; }, [&](int kk, int c) { return Ls[kk * LD64 + c]; },
+            [&](int m, int c, float x) { Ss[m * LDV + c] = Ss[m * LDV + c] * eC + x; });
+        __syncthreads();
+    }
+    for (int i = tid; i < GDN_DK * DVS; i += GDN_THREADS) {
+        const int r = i / DVS, c = i % DVS;
+        state[r * GDN_DV + c] = Ss[r * LDV + c];
+    }
+}
+
+#define GDN_CHUNK_KERNEL(NAME, ENGINE, MMA, DVS)                                                                \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)                                                \
+        NAME(const bf16_t* q, const bf16_t* k, const bf16_t* v, long long ld_qk, long long ld_v, const float* g, \
+             const float* beta, const long long* seq_rows, bf16_t* out, const u64* states, int hv_heads,         \
+             int ratio, float scale) {                                                                          \
+        gdn_chunk_impl<ENGINE, MMA, DVS>(q, k, v, ld_qk, ld_v, g, beta, seq_rows, out, states, hv_heads, ratio, \
+                                         scale);                                                                \
+    }
+GDN_CHUNK_KERNEL(gdn_chunk_reference, false, false, 32)
+GDN_CHUNK_KERNEL(gdn_chunk_engine_fma, true, false, 32)
+GDN_CHUNK_KERNEL(gdn_chunk_engine_mma, true, true, 32)
+GDN_CHUNK_KERNEL(gdn_chunk_reference_v64, false, false, 64)
+GDN_CHUNK_KERNEL(gdn_chunk_engine_mma_v64, true, true, 64)
+
+// ---------------------------------------------------------------------------------------------
+// Split chunked delta rule: the work that does not depend on the state runs first for every
+// chunk at once (gdn_prep_*), so that the per-sequence walk over the chunks (gdn_walk_*) only does
+// the four products that read or write S. Same arithmetic and roundings as gdn_chunk_impl.
+//
+// Scratch, indexed by absolute row t (rows past a chunk's end are never written or read):
+//   Wg [T][Hv][128] W, Ug [T][Hv][128] U, Ag [T][Hv][64] (Q K^T) o Gamma (row t's scores against
+//   its chunk's rows), Gg [T][Hv] gam (chunk-local cumsum of g).
+
+// One block per (chunk, value head); chunk_rows: (start, end) pairs. Shared memory: 3*64*129 +
+// 2*64*65 + 128 floats (132,864 bytes).
+template <bool ENGINE, bool MMA>
+__device__ __forceinline__ void gdn_prep_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                              const bf16_t* __restrict__ v, long long ld_qk, long long ld_v,
+                                              const float* __restrict__ g_in, const float* __restrict__ beta_in,
+                                              const long long* __restrict__ chunk_rows, float* __restrict__ Wg,
+                                              float* __restrict__ Ug, float* __restrict__ Ag, float* __restrict__ Gg,
+                                              int hv_heads, int ratio, float scale) {
+    extern __shared__ float smem[];
+    float* Ks = smem;                // [64][129] K
+    float* Qs = Ks + GDN_C * LD128;  // [64][129] Q, then K diag(beta e^gam)
+    float* Vs = Qs + GDN_C * LD128;  // [64][129] V, then diag(beta) V
+    float* Ls = Vs + GDN_C * LD128;  // [64][65]  L
+    float* Ms = Ls + GDN_C * LD64;   // [64][65]  M
+    float* bet = Ms + GDN_C * LD64;
+    float* gam = bet + GDN_C;
+    const int ch = blockIdx.x, hv = blockIdx.y, hk = hv / ratio, tid = threadIdx.x;
+    const long long row0 = chunk_rows[2 * ch];
+    const int nc = (int)(chunk_rows[2 * ch + 1] - row0);
+    const long long HV = hv_heads;
+
+    load_qk_rows<ENGINE>(Ks, Qs, q, k, ld_qk, hk, row0, nc, scale);
+    for (int i = tid; i < GDN_C * GDN_DV; i += GDN_THREADS) {
+        const int r = i / GDN_DV, c = i % GDN_DV;
+        Vs[r * LD128 + c] = r < nc ? bf2f(v[(row0 + r) * ld_v + hv * GDN_DV + c]) : 0.f;
+    }
+    if ((tid >> 5) == 0) load_chunk_gates(gam, bet, g_in, beta_in, row0, nc, hv_heads, hv);
+    __syncthreads();
+    if (tid < nc) Gg[(row0 + tid) * HV + hv] = gam[tid];
+
+    mm<MMA, GDN_C, GDN_C, GDN_DK, 4, 4>(
+        [&](int m, int kk) { return Qs[m * LD128 + kk]; }, [&](int kk, int c) { return Ks[c * LD128 + kk]; },
+        [&](int m, int c, float x) {
+            if (m < nc) {
+                const float val = m >= c ? x * expf(gam[m] - gam[c]) : 0.f;
+                Ag[((row0 + m) * HV + hv) * GDN_C + c] = ENGINE ? rb(val) : val;
+            }
+        });
+    mm<MMA, GDN_C, GDN_C, GDN_DK, 4, 4>(
+        [&](int m, int kk) { return Ks[m * LD128 + kk]; }, [&](int kk, int c) { return Ks[c * LD128 + kk]; },
+        [&](int m, int c, float x) { Ls[m * LD64 + c] = m > c ? bet[m] * x * expf(gam[m] - gam[c]) : 0.f; });
+    __syncthreads();
+    invert_unit_lower(Ls, Ms);
+    __syncthreads();
+    for (int i = tid; i < GDN_C * GDN_DK; i += GDN_THREADS) {
+        const int r = i / GDN_DK, c = i % GDN_DK;
+        const float x = Ks[r * LD128 + c] * bet[r] * expf(gam[r]);
+        Qs[r * LD128 + c] = ENGINE ? rb(x) : x;
+        const float y = Vs[r * LD128 + c] * bet[r];
+        Vs[r * LD128 + c] = ENGINE ? rb(y) : y;
+    }
+    if (ENGINE)
+        for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) {
+            const int r = i / GDN_C, c = i % GDN_C;
+            Ms[r * LD64 + c] = rb(Ms[r * LD64 + c]);
+        }
+    __syncthreads();
+    mm<MMA, GDN_C, GDN_DK, GDN_C, 4, 8>(
+        [&](int m, int kk) { return Ms[m * LD64 + kk]; }, [&](int kk, int c) { return Qs[kk * LD128 + c]; },
+        [&](int m, int c, float x) {
+            if (m < nc) Wg[((row0 + m) * HV + hv) * GDN_DK + c] = ENGINE ? rb(x) : x;
+        });
+    mm<MMA, GDN_C, GDN_DV, GDN_C, 4, 8>(
+        [&](int m, int kk) { return Ms[m * LD64 + kk]; }, [&](int kk, int c) { return Vs[kk * LD128 + c]; },
+        [&](int m, int c, float x) {
+            if (m < nc) Ug[((row0 + m) * HV + hv) * GDN_DV + c] = ENGINE ? rb(x) : x;
+        });
+}
+
+// One block per (value-column slice of DVS, value head, sequence), walking the sequence's chunks:
+//   V' = U - W S, O = e^gam o (Q S) + A V', S <- e^gam_C S + K^T (e^(gam_C - gam) o V').
+// Shared memory: 3*64*129 + 64*65 + 3*64*(DVS+1) + 128*(DVS+1) + 64 floats (199,168 bytes for
+// DVS = 64).
+template <bool ENGINE, bool MMA, int DVS>
+__device__ __forceinline__ void gdn_walk_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                              long long ld_qk, const float* __restrict__ Wg,
+                                              const float* __restrict__ Ug, const float* __restrict__ Ag,
+                                              const float* __restrict__ Gg, const long long* __restrict__ seq_rows,
+                                              bf16_t* __restrict__ out, const u64* __restrict__ states, int hv_heads,
+                                              int ratio, float scale) {
+    constexpr int LDV = DVS + 1;
+    constexpr int TMV = DVS == 32 ? 2 : 4;
+    constexpr int TNS = DVS == 32 ? 4 : 8;
+    extern __shared__ float smem[];
+    float* Ks = smem;                // [64][129] K
+    float* Qs = Ks + GDN_C * LD128;  // [64][129] Q
+    float* Ws = Qs + GDN_C * LD128;  // [64][129] W
+    float* As = Ws + GDN_C * LD128;  // [64][65]  decayed scores
+    float* Us = As + GDN_C * LD64;   // [64][DVS+1] U, then e^(gam_C - gam) V'
+    float* Vp = Us + GDN_C * LDV;    // [64][DVS+1] V'
+    float* Op = Vp + GDN_C * LDV;    // [64][DVS+1] Q S
+    float* Ss = Op + GDN_C * LDV;    // [128][DVS+1] state slice
+    float* gam = Ss + GDN_DK * LDV;  // [64]
+    const int iv = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, hk = hv / ratio, tid = threadIdx.x;
+    const long long seq0 = seq_rows[2 * n], seq1 = seq_rows[2 * n + 1];
+    const long long HV = hv_heads, ld_o = HV * GDN_DV;
+    const int vcol = hv * GDN_DV + iv * DVS;
+    float* state = (float*)states[n] + (long long)hv * GDN_DK * GDN_DV + iv * DVS;
+    for (int i = tid; i < GDN_DK * DVS; i += GDN_THREADS) {
+        const int r = i / DVS, c = i % DVS;
+        Ss[r * LDV + c] = state[r * GDN_DV + c];
+    }
+    auto S_op = [&](int r, int c) { return ENGINE ? rb(Ss[r * LDV + c]) : Ss[r * LDV + c]; };
+
+    for (long long row0 = seq0; row0 < seq1; row0 += GDN_C) {
+        const int nc = (int)min((long long)GDN_C, seq1 - row0);
+        load_qk_rows<ENGINE>(Ks, Qs, q, k, ld_qk, hk, row0, nc, scale);
+        for (int i = tid; i < GDN_C * (GDN_DK / 4); i += GDN_THREADS) {
+            const int r = i / (GDN_DK / 4), c = (i % (GDN_DK / 4)) * 4;
+            float4 w4 = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < nc) w4 = *(const float4*)(Wg + ((row0 + r) * HV + hv) * GDN_DK + c);
+            Ws[r * LD128 + c] = w4.x;
+            Ws[r * LD128 + c + 1] = w4.y;
+            Ws[r * LD128 + c + 2] = w4.z;
+            Ws[r * LD128 + c + 3] = w4.w;
+        }
+        for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) {
+            const int r = i / GDN_C, c = i % GDN_C;
+            As[r * LD64 + c] = r < nc ? Ag[((row0 + r) * HV + hv) * GDN_C + c] : 0.f;
+        }
+        for (int i = tid; i < GDN_C * DVS; i += GDN_THREADS) {
+            const int r = i / DVS, c = i % DVS;
+            Us[r * LDV + c] = r < nc ? Ug[((row0 + r) * HV + hv) * GDN_DV + iv * DVS + c] : 0.f;
+        }
+        if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+        __syncthreads();
+
+        const float gC = gam[GDN_C - 1];
+        mm<MMA, GDN_C, DVS, GDN_DK, TMV, 4>(
+            [&](int m, int kk) { return Qs[m * LD128 + kk]; }, S_op,
+            [&](int m, int c, float x) { Op[m * LDV + c] = x; });
+        mm<MMA, GDN_C, DVS, GDN_DK, TMV, 4>(
+            [&](int m, int kk) { return Ws[m * LD128 + kk]; }, S_op,
+            [&](int m, int c, float x) {
+                const float vp = Us[m * LDV + c] - x;
+                Vp[m * LDV + c] = vp;
+                const float vd = vp * expf(gC - gam[m]);
+                Us[m * LDV + c] = ENGINE ? rb(vd) : vd;
+            });
+        __syncthreads();
+
+        mm<MMA, GDN_C, DVS, GDN_C, TMV, 4>(
+            [&](int m, int kk) { return As[m * LD64 + kk]; },
+            [&](int kk, int c) { return ENGINE ? rb(Vp[kk * LDV + c]) : Vp[kk * LDV + c]; },
+            [&](int m, int c, float x) {
+                if (m < nc) {
+                    const float inter = Op[m * LDV + c] * expf(gam[m]);
+                    const float o = ENGINE ? inter * scale + x * scale : inter + x;
+                    out[(row0 + m) * ld_o + vcol + c] = f2bf(o);
+                }
+            });
+        const float eC = expf(gC);
+        mm<MMA, GDN_DK, DVS, GDN_C, 4, TNS>(
+            [&](int m, int kk) { return Ks[kk * LD128 + m]; }, [&](int kk, int c) { return Us[kk * LDV + c]; },
+            [&](int m, int c, float x) { Ss[m * LDV + c] = Ss[m * LDV + c] * eC + x; });
+        __syncthreads();
+    }
+    for (int i = tid; i < GDN_DK * DVS; i += GDN_THREADS) {
+        const int r = i / DVS, c = i % DVS;
+        state[r * GDN_DV + c] = Ss[r * LDV + c];
+    }
+}
+
+#define GDN_PREP_KERNEL(NAME, ENGINE, MMA)                                                                        \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)                                                  \
+        NAME(const bf16_t* q, const bf16_t* k, const bf16_t* v, long long ld_qk, long long ld_v, const float* g,   \
+             const float* beta, const long long* chunk_rows, float* Wg, float* Ug, float* Ag, float* Gg,           \
+             int hv_heads, int ratio, float scale) {                                                              \
+        gdn_prep_impl<ENGINE, MMA>(q, k, v, ld_qk, ld_v, g, beta, chunk_rows, Wg, Ug, Ag, Gg, hv_heads, ratio,    \
+                                   scale);                                                                        \
+    }
+#define GDN_WALK_KERNEL(NAME, ENGINE, MMA, DVS)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)                                                  \
+        NAME(const bf16_t* q, const bf16_t* k, long long ld_qk, const float* Wg, const float* Ug, const float* Ag, \
+             const float* Gg, const long long* seq_rows, bf16_t* out, const u64* states, int hv_heads, int ratio,  \
+             float scale) {                                                                                       \
+        gdn_walk_impl<ENGINE, MMA, DVS>(q, k, ld_qk, Wg, Ug, Ag, Gg, seq_rows, out, states, hv_heads, ratio,      \
+                                        scale);                                                                   \
+    }
+GDN_PREP_KERNEL(gdn_prep_reference, false, false)
+GDN_PREP_KERNEL(gdn_prep_engine_mma, true, true)
+GDN_WALK_KERNEL(gdn_walk_reference, false, false, 64)
+GDN_WALK_KERNEL(gdn_walk_engine_fma, true, false, 64)
+GDN_WALK_KERNEL(gdn_walk_engine_mma, true, true, 64)
+
+// ---------------------------------------------------------------------------------------------
+// Recurrent gated delta rule: one block of 256 threads per (value head, sequence); the thread
+// pair (2j, 2j+1) owns column j of the state, each thread 64 of its 128 rows in registers (one
+// thread per column needs more than 255 registers), and the block walks the sequence's rows:
+//   S <- e^g S; m = S^T k; S <- S + k (beta (v - m))^T; o = S^T q (q, k L2-normed, q scaled).
+// All fp32 (HF's torch_recurrent_gated_delta_rule and fla's fused_recurrent agree on that), so
+// one kernel serves both profiles. Decode is the case of one row per sequence.
+// Sequence blockIdx.y covers rows seq_rows[2y] .. seq_rows[2y+1]; its state, fp32
+// [Hv, 128, 128], is at states[y] and updated in place.
+#define GDN_RHALF (GDN_DK / 2)
+extern "C" __global__ void __launch_bounds__(256) gdn_recurrent(
+    const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, long long ld_qk,
+    long long ld_v, const float* __restrict__ g_in, const float* __restrict__ beta_in,
+    const long long* __restrict__ seq_rows, bf16_t* __restrict__ out, const u64* __restrict__ states,
+    int hv_heads, int ratio, float scale) {
+    __shared__ float qs[GDN_DK], ks[GDN_DK], red[8];
+    const int hv = blockIdx.x, n = blockIdx.y, tid = threadIdx.x, hk = hv / ratio;
+    const int j = tid >> 1, half = tid & 1, warp = tid >> 5, lane = tid & 31;
+    float* state = (float*)states[n] + (long long)hv * GDN_DK * GDN_DV + half * GDN_RHALF * GDN_DV + j;
+    float s[GDN_RHALF];
+#pragma unroll
+    for (int i = 0; i < GDN_RHALF; ++i) s[i] = state[i * GDN_DV];
+    for (long long row = seq_rows[2 * n]; row < seq_rows[2 * n + 1]; ++row) {
+        // Warps 0-3 normalise q, warps 4-7 k (one value per thread).
+        const int e = tid & (GDN_DK - 1);
+        const bf16_t* src = tid < GDN_DK ? q : k;
+        const float x = bf2f(src[row * ld_qk + hk * GDN_DK + e]);
+        const float ss = warp_sum(x * x);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        const int w0 = tid < GDN_DK ? 0 : 4;
+        const float inv = 1.f / sqrtf(red[w0] + red[w0 + 1] + red[w0 + 2] + red[w0 + 3] + 1e-6f);
+        if (tid < GDN_DK)
+            qs[e] = x * inv * scale;
+        else
+            ks[e] = x * inv;
+        __syncthreads();
+        const float alpha = expf(g_in[row * hv_heads + hv]), beta = beta_in[row * hv_heads + hv];
+        const float* kh = ks + half * GDN_RHALF;
+        const float* qh = qs + half * GDN_RHALF;
+        float m = 0.f;
+#pragma unroll
+        for (int i = 0; i < GDN_RHALF; ++i) {
+            s[i] *= alpha;
+            m = fmaf(s[i], kh[i], m);
+        }
+        m += __shfl_xor_sync(0xffffffffu, m, 1);
+        const float delta = (bf2f(v[row * ld_v + hv * GDN_DV + j]) - m) * beta;
+        float o = 0.f;
+#pragma unroll
+        for (int i = 0; i < GDN_RHALF; ++i) {
+            s[i] = fmaf(kh[i], delta, s[i]);
+            o = fmaf(s[i], qh[i], o);
+        }
+        o += __shfl_xor_sync(0xffffffffu, o, 1);
+        if (half == 0) out[row * (long long)hv_heads * GDN_DV + hv * GDN_DV + j] = f2bf(o);
+        __syncthreads();  // qs/ks and red are rewritten by the next row
+    }
+#pragma unroll
+    for (int i = 0; i < GDN_RHALF; ++i) state[i * GDN_DV] = s[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal depthwise conv1d + SiLU over packed sequences: y[t, c] = silu(sum_j w[c, j] in[t-(kc-1)+j, c])
+// with fp32 accumulation and one rounding, where `in` is sequence n's carried conv state (its
+// previous kc-1 inputs, oldest first: bf16 [kc-1, ch] at states[n]) followed by its rows.
+// x: [T, ld_x] (the first `ch` columns are the channels); w: bf16 [ch, kc]; y: bf16 [T, ch];
+// row_seq: the sequence of each row; seq_rows: (start, end) row pairs per sequence.
+extern "C" __global__ void gdn_conv_silu(const bf16_t* __restrict__ x, long long ld_x, const bf16_t* __restrict__ w,
+                                         bf16_t* __restrict__ y, const int* __restrict__ row_seq,
+                                         const long long* __restrict__ seq_rows, const u64* __restrict__ states,
+                                         long long rows, int ch, int kc) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= ch) return;
+    const int hist = kc - 1;
+    for (long long t = blockIdx.y; t < rows; t += gridDim.y) {
+        const int n = row_seq[t];
+        const long long start = seq_rows[2 * n];
+        const bf16_t* st = (const bf16_t*)states[n];
+        float acc = 0.f;
+        for (int j = 0; j < kc; ++j) {
+            const long long src = t - hist + j;
+            const float xv = src >= start ? bf2f(x[src * ld_x + c]) : bf2f(st[(hist - (start - src)) * ch + c]);
+            acc = fmaf(bf2f(w[c * kc + j]), xv, acc);
+        }
+        y[t * ch + c] = f2bf(siluf_(acc));
+    }
+}
+
+// The conv states after gdn_conv_silu (same stream, so after it): per (sequence, channel) the last
+// kc-1 entries of state ++ rows. Each thread reads its whole column before writing it, in place.
+#define GDN_MAX_HIST 8
+extern "C" __global__ void gdn_conv_state(const bf16_t* __restrict__ x, long long ld_x,
+                                          const long long* __restrict__ seq_rows, const u64* __restrict__ states,
+                                          int nseq, int ch, int kc) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, n = blockIdx.y;
+    if (c >= ch || n >= nseq) return;
+    const int hist = kc - 1;
+    const long long start = seq_rows[2 * n], end = seq_rows[2 * n + 1];
+    bf16_t* st = (bf16_t*)states[n];
+    bf16_t vals[GDN_MAX_HIST];
+#pragma unroll
+    for (int i = 0; i < GDN_MAX_HIST; ++i)
+        if (i < hist) {
+            const long long src = end - hist + i;  // absolute row of slot i
+            vals[i] = src >= start ? x[src * ld_x + c] : st[(hist - (start - src)) * ch + c];
+        }
+#pragma unroll
+    for (int i = 0; i < GDN_MAX_HIST; ++i)
+        if (i < hist) st[i * ch + c] = vals[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gates: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), fp32 outputs [T, Hv].
+// a, b: bf16 rows (ld_a, ld_b). round_beta (Engine profile): beta rounded to bf16, as fla
+// receives it (HF computes sigmoid on the bf16 b).
+extern "C" __global__ void gdn_gates(const bf16_t* __restrict__ a, long long ld_a, const bf16_t* __restrict__ b,
+                                     long long ld_b, const float* __restrict__ a_log,
+                                     const float* __restrict__ dt_bias, float* __restrict__ g,
+                                     float* __restrict__ beta, long long rows, int hv_heads, int round_beta) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * hv_heads) return;
+    const long long t = i / hv_heads;
+    const int h = (int)(i % hv_heads);
+    const float bb = sigmoidf_(bf2f(b[t * ld_b + h]));
+    beta[i] = round_beta ? rb(bb) : bb;
+    g[i] = -expf(a_log[h]) * softplusf_(bf2f(a[t * ld_a + h]) + dt_bias[h]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated RMSNorm (Qwen3_5RMSNormGated) per head of hd (multiple of 32, <= 256) columns:
+//   y = w o (x rsqrt(mean(x^2) + eps)) o silu(z), fp32 throughout, one rounding (fla's fused
+// kernel; HF's torch module rounds twice more, see docs/gdn-cuda.md). One warp per (row, head).
+extern "C" __global__ void gdn_gated_rms_norm(const bf16_t* __restrict__ x, const bf16_t* __restrict__ z,
+                                              const bf16_t* __restrict__ w, bf16_t* __restrict__ y, long long rows,
+                                              int cols, int hd, float eps) {
+    const long long wid = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31, heads = cols / hd;
+    if (wid >= rows * heads) return;  // warp-uniform
+    const long long base = wid * hd;  // row r, head h start at r*cols + h*hd = wid*hd
+    const int per = hd / 32;
+    float f[8], ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (i < per) {
+            f[i] = bf2f(x[base + lane + 32 * i]);
+            ss += f[i] * f[i];
+        }
+    const float rs = 1.f / sqrtf(warp_sum(ss) / (float)hd + eps);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (i < per) {
+            const int c = lane + 32 * i;
+            const float gate = siluf_(bf2f(z[base + c]));
+            y[base + c] = f2bf(bf2f(w[c]) * (f[i] * rs) * gate);
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Zero-centred RMSNorm (Qwen3_5RMSNorm) over groups of `group` columns:
+//   y = x rsqrt(mean(x^2) + eps) (1 + w), statistic and 1 + w in fp32, one rounding.
+// One block of 256 threads per (row, group); any group size.
+extern "C" __global__ void gdn_rms_norm_zc(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
+                                           bf16_t* __restrict__ y, long long groups, int group, float eps) {
+    __shared__ float red[8];
+    const long long base = (long long)blockIdx.x * group;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < group; c += blockDim.x) {
+        const float v = bf2f(x[base + c]);
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss += red[i];
+    const float rs = 1.f / sqrtf(ss / (float)group + eps);
+    for (int c = threadIdx.x; c < group; c += blockDim.x)
+        y[base + c] = f2bf(bf2f(x[base + c]) * rs * (1.f + bf2f(w[c])));
+}
+
+// ---------------------------------------------------------------------------------------------
+// x <- x * sigmoid(gate) elementwise (the gated attention's output gate), fp32, one rounding.
+extern "C" __global__ void gdn_sigmoid_gate(bf16_t* x, const bf16_t* __restrict__ gate, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = f2bf(bf2f(x[i]) * sigmoidf_(bf2f(gate[i])));
+}
