@@ -20,10 +20,17 @@ fn inspect_json_describes_the_gguf_and_a_hugging_face_folder() {
         "inspect gguf",
     );
     assert_eq!(v["format"], "gguf");
-    assert_eq!(
-        v["weights_sha256"].as_str().unwrap(),
-        draftlens::util::sha256_file(&model()).unwrap()
-    );
+    // Headers only: the identity is not computed by a plain inspect…
+    assert!(v["weights_sha256"].is_null(), "{}", v["weights_sha256"]);
+    // …but by --hash, and remembered: the next inspect shows it without hashing.
+    let sha = draftlens::util::sha256_file(&model()).unwrap();
+    for args in [
+        &["--json", "inspect", "--hash", s(&model())][..],
+        &["--json", "inspect", s(&model())][..],
+    ] {
+        let v = json_out(&dl(&cache, args), "inspect --hash");
+        assert_eq!(v["weights_sha256"].as_str(), Some(sha.as_str()), "{args:?}");
+    }
     let spec = &v["spec"];
     assert_eq!(spec["arch"], "llama");
     // SmolLM2-135M: 30 layers, 576 hidden, 1536 FFN, 9 heads / 3 KV heads of 64, 49152 vocab, tied.

@@ -3,6 +3,7 @@
 
 pub mod capture;
 pub mod config;
+pub mod head;
 pub mod transformer;
 
 pub use capture::{Capture, Captured};
@@ -10,5 +11,6 @@ pub use config::{Arch, ModelSpec};
 pub mod load;
 pub mod random;
 
+pub use head::{EmbedHead, TargetHead};
 pub use load::{TargetFiles, TargetIdentity};
 pub use transformer::{KvCache, TargetModel};

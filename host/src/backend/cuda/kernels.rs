@@ -30,6 +30,7 @@ const SOURCES: &[(&str, &str)] = &[
         include_str!("../../../../kernels/attention.cu"),
     ),
     ("topk", include_str!("../../../../kernels/topk.cu")),
+    ("convert", include_str!("../../../../kernels/convert.cu")),
 ];
 
 pub(crate) struct Kernels {
