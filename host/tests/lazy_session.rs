@@ -110,12 +110,13 @@ fn a_cached_rerun_never_loads_the_target() {
     assert!(!third.model_loaded());
     assert_eq!((&again.0, &again.1), (&computed.0, &computed.1));
 
-    // An oracle evaluation over the cached passes needs no target weights at all.
+    // An oracle evaluation over cached passes needs no target weights at all (its passes
+    // capture no layers: a first evaluation, on a fresh session, computes them).
     let prompts = tmp.path().join("p.jsonl");
     let lines: Vec<String> = TEXTS
         .iter()
         .enumerate()
-        .map(|(i, t)| serde_json::json!({"id": format!("p{i}"), "text": t}).to_string())
+        .map(|(i, t)| serde_json::json!({"id": format!("p{i}"), "prompt": t}).to_string())
         .collect();
     fs::write(&prompts, lines.join("\n")).unwrap();
     let set = PromptSet::load_path(&prompts).unwrap();
@@ -127,15 +128,16 @@ fn a_cached_rerun_never_loads_the_target() {
         max_new_tokens: 4,
         fail_after: None,
     };
-    let out = run_eval(
-        &third,
-        &DrafterSpec::Oracle { block_size: 4 },
-        &set,
-        &opts,
-        &store,
-    )
-    .unwrap();
+    let oracle = DrafterSpec::Oracle { block_size: 4 };
+    fs::copy(gguf(), &model).unwrap();
+    let fresh = session(&model, &cache);
+    let computed = run_eval(&fresh, &oracle, &set, &opts, &store).unwrap();
+    assert!(fresh.model_loaded(), "the layer-less passes were not cached yet");
+    clobber_tensor_data(&model);
+    let third = session(&model, &cache);
+    let out = run_eval(&third, &oracle, &set, &opts, &store).unwrap();
     assert_eq!(out.prompts, 3);
+    assert_eq!(out.metrics, computed.metrics);
     assert!(!third.model_loaded() && !third.head_loaded());
 }
 
@@ -183,7 +185,9 @@ fn a_prompt_too_long_for_device_memory_is_refused_before_any_work() {
     // Room for the longest sequence alone: the packs are split, and the passes equal those of a
     // session without the limit.
     let longest = ids.iter().map(Vec::len).max().unwrap() as u64;
-    s.free_memory_override = Some(mm.weights + mm.forward_bytes(longest, 1) + 1);
+    // (Decoding it by 0 tokens still holds its KV cache next to the prefill.)
+    let need = mm.forward_bytes(longest, 1).max(mm.decode_bytes(1, longest, 0));
+    s.free_memory_override = Some(mm.weights + need + 1);
     assert!(s.check_memory(&[("story", longest as usize)], 0, 1).is_ok());
     let budget = s.pack_budget(1);
     assert!(
