@@ -132,7 +132,10 @@ fn a_cached_rerun_never_loads_the_target() {
     fs::copy(gguf(), &model).unwrap();
     let fresh = session(&model, &cache);
     let computed = run_eval(&fresh, &oracle, &set, &opts, &store).unwrap();
-    assert!(fresh.model_loaded(), "the layer-less passes were not cached yet");
+    assert!(
+        fresh.model_loaded(),
+        "the layer-less passes were not cached yet"
+    );
     clobber_tensor_data(&model);
     let third = session(&model, &cache);
     let out = run_eval(&third, &oracle, &set, &opts, &store).unwrap();
@@ -186,7 +189,9 @@ fn a_prompt_too_long_for_device_memory_is_refused_before_any_work() {
     // session without the limit.
     let longest = ids.iter().map(Vec::len).max().unwrap() as u64;
     // (Decoding it by 0 tokens still holds its KV cache next to the prefill.)
-    let need = mm.forward_bytes(longest, 1).max(mm.decode_bytes(1, longest, 0));
+    let need = mm
+        .forward_bytes(longest, 1)
+        .max(mm.decode_bytes(1, longest, 0));
     s.free_memory_override = Some(mm.weights + need + 1);
     assert!(s.check_memory(&[("story", longest as usize)], 0, 1).is_ok());
     let budget = s.pack_budget(1);
