@@ -8,6 +8,7 @@ pub mod chat;
 pub mod drafter;
 pub mod formats;
 pub mod generate;
+pub mod identity;
 pub mod model;
 pub mod parity;
 pub mod progress;

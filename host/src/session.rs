@@ -1,15 +1,24 @@
 //! A loaded target on one backend, with the two cached steps every evaluation starts from:
 //! the target's greedy continuation of a prompt, and one teacher-forced target pass over
 //! prompt + continuation that yields the captured hidden states and the target's own top-K.
+//!
+//! The target's weights are uploaded lazily: [`Session::load`] opens the files (headers,
+//! tokenizer) only, and the first cache miss loads the model ([`Session::model`]). A rerun whose
+//! continuations, hidden states and top-K are all cached never reads a weight byte; a DFlash
+//! drafter then needs only the embedding and LM head ([`Session::draft_target`]).
 
+use crate::backend::memory::{gib, MemoryModel};
 use crate::backend::{Backend, TopK};
 use crate::cache::{CacheKey, CachedData, CachedTensor, HiddenCache, Lookup};
 use crate::chat::ChatMessage;
 use crate::generate::{greedy_batch, Continuation, StopReason};
-use crate::model::{Capture, TargetFiles, TargetModel};
+use crate::identity::IdentityStore;
+use crate::model::{Capture, EmbedHead, TargetFiles, TargetHead, TargetModel};
 use crate::prompts::Prompt;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
 /// Bumped whenever model code or kernels change numerics, so cached entries are recomputed.
 pub const MODEL_CODE_VERSION: &str = "2";
@@ -87,11 +96,17 @@ impl TargetPass {
     }
 }
 
-/// A target loaded on a backend, with its tokenizer and the hidden-state cache.
+/// A target opened on a backend, with its tokenizer and the hidden-state cache; the weights are
+/// uploaded on first need.
 pub struct Session<B: Backend> {
     pub be: B,
     pub files: TargetFiles,
-    pub model: TargetModel<B>,
+    /// The whole target, loaded by the first [`Session::model`] call.
+    model: OnceLock<TargetModel<B>>,
+    /// Embedding + LM head only, loaded by [`Session::draft_target`] while the whole model is not.
+    head: OnceLock<TargetHead<B>>,
+    /// Serialises the two loads above (a `OnceLock` cannot run a fallible initialiser).
+    loading: Mutex<()>,
     pub cache: HiddenCache,
     /// Most tokens per packed target forward in [`Session::target_passes`] (a longer sequence
     /// runs alone). Packing changes only f32 summation order, never the cache key.
@@ -99,20 +114,172 @@ pub struct Session<B: Backend> {
     /// Most prompts decoded together by [`Session::continuations`] where the backend allows it
     /// (see [`Session::gen_batch`]).
     pub gen_batch: usize,
+    /// Free device memory (bytes) the memory checks assume instead of asking the backend: tests
+    /// on the CPU, or a user capping what a run may take.
+    pub free_memory_override: Option<u64>,
 }
 
 impl<B: Backend> Session<B> {
+    /// Open `target` (headers and tokenizer; no weights are read or uploaded yet). Weight hashes
+    /// are remembered in `cache`'s identity store.
     pub fn load(be: B, target: &Path, cache: HiddenCache) -> Result<Self> {
-        let files = TargetFiles::open(target)?;
-        let model = TargetModel::load(&be, &files.spec, files.weights.as_ref())?;
+        let files =
+            TargetFiles::open(target)?.with_identity_store(IdentityStore::new(cache.root()));
         Ok(Session {
             be,
             files,
-            model,
+            model: OnceLock::new(),
+            head: OnceLock::new(),
+            loading: Mutex::new(()),
             cache,
             pack_tokens: DEFAULT_PACK_TOKENS,
             gen_batch: DEFAULT_GEN_BATCH,
+            free_memory_override: None,
         })
+    }
+
+    /// The memory estimates' view of this target on this backend (`backend/memory.rs`).
+    pub fn memory_model(&self) -> MemoryModel {
+        let params: u64 = self
+            .files
+            .weights
+            .tensors()
+            .iter()
+            .map(|t| t.shape.iter().map(|&d| d as u64).product::<u64>())
+            .sum();
+        MemoryModel::new(&self.files.spec, params, self.be.dtype())
+    }
+
+    /// Device bytes free for activations and KV caches once the weights are uploaded: the
+    /// backend's free memory ([`Session::free_memory_override`] when set) less the weights not
+    /// uploaded yet. `None` when the backend cannot tell (CPU): no check is made.
+    pub fn available_memory(&self) -> Option<u64> {
+        let free = self
+            .free_memory_override
+            .or_else(|| self.be.free_memory())?;
+        let pending = if self.model_loaded() {
+            0
+        } else {
+            self.memory_model().weights
+        };
+        Some(free.saturating_sub(pending))
+    }
+
+    /// Refuse, before any work, prompts whose target work cannot fit in device memory: each
+    /// `(name, prompt tokens)` is decoded by up to `max_new` tokens ([`Session::continuations`])
+    /// and then run through one forward of `prompt + max_new` rows capturing `taps` hidden states
+    /// ([`Session::target_passes`]; packs are split to fit, but one sequence cannot be). The error
+    /// names the prompt and the numbers.
+    pub fn check_memory(
+        &self,
+        prompts: &[(&str, usize)],
+        max_new: usize,
+        taps: usize,
+    ) -> Result<()> {
+        let Some(avail) = self.available_memory() else {
+            return Ok(());
+        };
+        let mm = self.memory_model();
+        for &(name, len) in prompts {
+            let rows = (len + max_new) as u64;
+            let forward = mm.forward_bytes(rows, taps as u64);
+            let decode = mm.decode_bytes(1, len as u64, max_new as u64);
+            let (what, need) = if forward >= decode {
+                ("one target forward over", forward)
+            } else {
+                ("greedy decoding of", decode)
+            };
+            if need > avail {
+                bail!(
+                    "prompt {name}: {what} its {rows} tokens ({len} prompt + up to {max_new} new) needs about {} of device memory, but only {} are free on {} after the weights ({}); nothing was computed. Shorten or drop the prompt, or lower --max-new-tokens (at most about {} tokens fit)",
+                    gib(need),
+                    gib(avail),
+                    self.be.name(),
+                    gib(mm.weights),
+                    mm.max_rows(avail, taps as u64)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Session::check_memory`] for a prompt set (tokenized here; nothing to do when the
+    /// backend cannot tell its free memory).
+    pub fn check_prompts_fit(&self, prompts: &[Prompt], max_new: usize, taps: usize) -> Result<()> {
+        if self.available_memory().is_none() {
+            return Ok(());
+        }
+        let lens = prompts
+            .iter()
+            .map(|p| Ok((p.id.as_str(), self.prompt_ids(p)?.len())))
+            .collect::<Result<Vec<_>>>()?;
+        self.check_memory(&lens, max_new, taps)
+    }
+
+    /// The most tokens one packed forward capturing `taps` states may take: [`Session::pack_tokens`],
+    /// lowered to what fits in [`Session::available_memory`].
+    pub fn pack_budget(&self, taps: usize) -> usize {
+        match self.available_memory() {
+            Some(avail) => {
+                let fit = self.memory_model().max_rows(avail, taps as u64) as usize;
+                self.pack_tokens.min(fit.max(1))
+            }
+            None => self.pack_tokens,
+        }
+    }
+
+    /// The target on the backend, uploading its weights on the first call.
+    pub fn model(&self) -> Result<&TargetModel<B>> {
+        if let Some(m) = self.model.get() {
+            return Ok(m);
+        }
+        let _guard = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = self.model.get() {
+            return Ok(m);
+        }
+        let t = Instant::now();
+        let m = TargetModel::load(&self.be, &self.files.spec, self.files.weights.as_ref())?;
+        tracing::info!(
+            "loaded the target {} on {} in {:.1} s",
+            self.files.identity.path.display(),
+            self.be.name(),
+            t.elapsed().as_secs_f64()
+        );
+        Ok(self.model.get_or_init(|| m))
+    }
+
+    /// Whether the target's weights have been uploaded (a fully cached command never does).
+    pub fn model_loaded(&self) -> bool {
+        self.model.get().is_some()
+    }
+
+    /// Whether the embedding/LM-head-only part ([`TargetHead`]) has been uploaded.
+    pub fn head_loaded(&self) -> bool {
+        self.head.get().is_some()
+    }
+
+    /// What a drafter needs of the target (embedding and LM head): the whole model when it is
+    /// loaded, else just those two matrices, loaded on first call. (Should a later cache miss
+    /// load the whole model, both copies stay on the device; the drafter keeps using this one.)
+    pub fn draft_target(&self) -> Result<&dyn EmbedHead<B>> {
+        if let Some(m) = self.model.get() {
+            return Ok(m);
+        }
+        if let Some(h) = self.head.get() {
+            return Ok(h);
+        }
+        let _guard = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = self.head.get() {
+            return Ok(h);
+        }
+        let t = Instant::now();
+        let h = TargetHead::load(&self.be, &self.files.spec, self.files.weights.as_ref())?;
+        tracing::info!(
+            "loaded the target's embedding and LM head on {} in {:.1} s",
+            self.be.name(),
+            t.elapsed().as_secs_f64()
+        );
+        Ok(self.head.get_or_init(|| h))
     }
 
     fn kernel_version(&self) -> String {
@@ -132,7 +299,7 @@ impl<B: Backend> Session<B> {
     ) -> Result<CacheKey> {
         Ok(CacheKey {
             kind: kind.into(),
-            weights: self.files.identity.weights_sha256.clone(),
+            weights: self.files.identity.weights_sha256()?,
             tokenizer: self.files.tokenizer()?.fingerprint(),
             token_ids: token_ids.to_vec(),
             layers,
@@ -235,9 +402,10 @@ impl<B: Backend> Session<B> {
             }
             out.push(hit);
         }
-        for group in misses.chunks(self.gen_batch()) {
+        let batch = self.decode_batch(prompts, &misses, max_new)?;
+        for group in misses.chunks(batch) {
             let group_prompts: Vec<&[u32]> = group.iter().map(|(n, _)| prompts[*n]).collect();
-            let decoded = greedy_batch(&self.be, &self.model, &group_prompts, max_new, &eos)?;
+            let decoded = greedy_batch(&self.be, self.model()?, &group_prompts, max_new, &eos)?;
             for ((n, key), c) in group.iter().zip(decoded) {
                 self.cache.put(key, &continuation_tensors(&c))?;
                 out[*n] = Some(c);
@@ -246,6 +414,37 @@ impl<B: Backend> Session<B> {
         out.into_iter()
             .collect::<Option<Vec<_>>>()
             .context("continuation missing")
+    }
+
+    /// [`Session::gen_batch`] lowered so that decoding the missed prompts together fits in
+    /// device memory; an error naming the prompt when even one alone does not fit.
+    fn decode_batch(
+        &self,
+        prompts: &[&[u32]],
+        misses: &[(usize, CacheKey)],
+        max_new: usize,
+    ) -> Result<usize> {
+        let batch = self.gen_batch();
+        let (Some(avail), Some(longest)) = (
+            self.available_memory(),
+            misses.iter().map(|(n, _)| prompts[*n].len()).max(),
+        ) else {
+            return Ok(batch);
+        };
+        let mm = self.memory_model();
+        let need = |b: usize| mm.decode_bytes(b as u64, longest as u64, max_new as u64);
+        if need(1) > avail {
+            let n = misses
+                .iter()
+                .find(|(n, _)| prompts[*n].len() == longest)
+                .map_or(0, |(n, _)| *n);
+            bail!(
+                "greedy decoding: prompt {n} ({longest} tokens + up to {max_new} new) needs about {} of device memory, only {} are free after the weights; nothing was computed",
+                gib(need(1)),
+                gib(avail)
+            );
+        }
+        Ok((1..=batch).rev().find(|&b| need(b) <= avail).unwrap_or(1))
     }
 
     fn pass_key(&self, ids: &[u32], capture: &Capture, k: usize) -> Result<CacheKey> {
@@ -270,7 +469,8 @@ impl<B: Backend> Session<B> {
     ) -> Result<Vec<TargetPass>> {
         let d = self.files.spec.hidden_size;
         let mut passes: Vec<Option<TargetPass>> = Vec::with_capacity(seqs.len());
-        let mut packer = Packer::new(self.pack_tokens);
+        let budget = self.pack_budget(capture.indices.len());
+        let mut packer = Packer::new(budget);
         let mut packs = Vec::new();
         for (n, ids) in seqs.iter().enumerate() {
             if ids.is_empty() {
@@ -287,6 +487,20 @@ impl<B: Backend> Session<B> {
             packs.extend(packer.push((n, key), ids.len()));
         }
         packs.push(packer.finish());
+        // Before any compute: a sequence longer than what fits cannot be split.
+        if budget < self.pack_tokens {
+            if let Some((n, len)) = seqs
+                .iter()
+                .enumerate()
+                .map(|(n, s)| (n, s.len()))
+                .find(|&(n, len)| passes[n].is_none() && len > budget)
+            {
+                bail!(
+                    "target pass: sequence {n} of {len} tokens does not fit in device memory ({} free after the weights; at most about {budget} tokens per forward); nothing was computed",
+                    gib(self.available_memory().unwrap_or(0))
+                );
+            }
+        }
         for pack in packs.iter().filter(|p| !p.is_empty()) {
             let seq_ids: Vec<&[u32]> = pack.iter().map(|(n, _)| seqs[*n]).collect();
             let computed = self.packed_pass(&seq_ids, capture, k)?;
@@ -310,10 +524,9 @@ impl<B: Backend> Session<B> {
             ids.extend_from_slice(s);
             starts.push(ids.len());
         }
-        let out = self
-            .model
-            .forward_packed(&self.be, &ids, &starts, capture)?;
-        let topk = self.model.logits_topk(&self.be, &out.last_hidden, k)?;
+        let model = self.model()?;
+        let out = model.forward_packed(&self.be, &ids, &starts, capture)?;
+        let topk = model.logits_topk(&self.be, &out.last_hidden, k)?;
         let kk = topk.k;
         seqs.iter()
             .zip(starts.windows(2))

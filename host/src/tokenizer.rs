@@ -152,6 +152,9 @@ pub struct TextTokenizer {
     source: PathBuf,
     /// Number of token ids (largest id + 1), added tokens included.
     n_ids: usize,
+    /// Rows of the model's embedding when it pads the vocabulary past `n_ids` (Qwen: 151,936
+    /// rows for 151,669 ids): ids in `n_ids..model_vocab` decode as empty text.
+    model_vocab: Option<usize>,
     bos_id: Option<u32>,
     eos_id: Option<u32>,
     eos_ids: Vec<u32>,
@@ -361,6 +364,7 @@ impl TextTokenizer {
             inner,
             source: source.to_path_buf(),
             n_ids,
+            model_vocab: None,
             bos_id,
             eos_id,
             eos_ids,
@@ -382,19 +386,40 @@ impl TextTokenizer {
     }
 
     /// Text of `ids`, special tokens included (`skip_special_tokens = false`).
+    ///
+    /// Ids past the tokenizer but inside the model's padded vocabulary
+    /// ([`TextTokenizer::set_model_vocab`]) decode as empty text, as transformers does: an
+    /// untrained model may well pick them. Ids past the model's vocabulary are an error.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        // The tokenizers crate silently drops unknown ids; an out-of-range id here means a bug or
-        // a mismatched model, so say so.
-        if let Some(bad) = ids.iter().find(|&&id| id as usize >= self.n_ids) {
+        let limit = self.model_vocab.unwrap_or(0).max(self.n_ids);
+        // The tokenizers crate silently drops unknown ids; an id no model row exists for means a
+        // bug or a mismatched model, so say so.
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= limit) {
+            let model = match self.model_vocab {
+                Some(v) if v > self.n_ids => format!(" and the model's vocabulary {v}"),
+                _ => String::new(),
+            };
             bail!(
-                "{}: cannot decode token id {bad}: the tokenizer has {} ids",
+                "{}: cannot decode token id {bad}: the tokenizer has {} ids{model}",
                 self.source.display(),
                 self.n_ids
             );
         }
+        // Padded ids: empty text, as the tokenizers crate does for ids it does not know.
+        let known: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|&id| (id as usize) < self.n_ids)
+            .collect();
         self.inner
-            .decode(ids, false)
+            .decode(&known, false)
             .map_err(|e| anyhow!("{}: cannot decode ids: {e}", self.source.display()))
+    }
+
+    /// Record the model's vocabulary size (embedding rows), so padded ids decode as empty text.
+    /// Callers check it first ([`TextTokenizer::check_vocab`]).
+    pub fn set_model_vocab(&mut self, rows: usize) {
+        self.model_vocab = Some(rows);
     }
 
     /// Number of token ids (largest id + 1, added tokens included).

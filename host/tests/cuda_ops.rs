@@ -88,7 +88,7 @@ fn cuda_kernels_compile_with_nvrtc() {
     match compile_kernels_offline("compute_90") {
         Ok(mods) => {
             let names: Vec<&str> = mods.iter().map(|(n, _)| n.as_str()).collect();
-            for want in ["elementwise", "attention", "topk", "gdn"] {
+            for want in ["elementwise", "attention", "topk", "gdn", "convert"] {
                 assert!(
                     names.contains(&want),
                     "module {want} missing from {names:?}"
@@ -545,4 +545,132 @@ fn cuda_fused_trait_ops_match_cpu() {
         .map(|c| c.name.clone())
         .collect();
     assert!(failed.is_empty(), "fused ops outside tolerance: {failed:?}");
+}
+
+/// Arbitrary f32 bit patterns (every 5th) among ordinary values, led by the special values a
+/// conversion must carry: ±0, ±inf, NaNs with payloads, subnormals, bf16 rounding ties.
+fn raw_values(n: usize, seed: u64) -> Vec<f32> {
+    let special = [
+        0.0f32,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::from_bits(0x7fc0_0001),
+        f32::from_bits(0xff81_2345),
+        f32::from_bits(0x7f80_0001),
+        f32::from_bits(0x0000_0001),
+        6.0e-8,
+        f32::from_bits(0x3f80_8000),
+        f32::from_bits(0x3f81_8000),
+        65504.0,
+    ];
+    let ordinary = host_random(n, seed);
+    let mut s = seed | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            if i < special.len() {
+                special[i]
+            } else if i % 5 == 0 {
+                f32::from_bits(s as u32)
+            } else {
+                ordinary[i] * 3.0
+            }
+        })
+        .collect()
+}
+
+/// Stored bytes of `v` in `dtype`, and the f32 values a loader reading them back gets.
+fn stored(dtype: draftlens::backend::raw::RawDtype, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    use draftlens::backend::raw::RawDtype;
+    use half::{bf16, f16};
+    match dtype {
+        RawDtype::F32 => (v.iter().flat_map(|x| x.to_le_bytes()).collect(), v.to_vec()),
+        RawDtype::F16 => {
+            let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+            (
+                h.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                h.iter().map(|x| x.to_f32()).collect(),
+            )
+        }
+        RawDtype::BF16 => {
+            let h: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+            (
+                h.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                h.iter().map(|x| x.to_f32()).collect(),
+            )
+        }
+    }
+}
+
+/// Every value of a device matrix, as bf16 bit patterns.
+fn matrix_bits(gpu: &CudaBackend, m: &draftlens::backend::cuda::CudaMatrix) -> Vec<u16> {
+    let (out, _) = gpu.matrix_dims(m);
+    let ids: Vec<u32> = (0..out as u32).collect();
+    let t = gpu.embed(m, &ids).unwrap();
+    gpu.to_host_bf16(&t)
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
+}
+
+/// The raw upload (pinned staging, GPU-side f16/f32 → bf16, parts stacked at their row offsets)
+/// builds exactly the matrix `Backend::matrix` builds from the same values as f32, bit for bit,
+/// NaN payloads included; tensors larger than one staging buffer (32 MiB) cross chunk and
+/// staging-slot boundaries.
+#[test]
+fn cuda_raw_upload_matches_matrix_bit_for_bit() {
+    use draftlens::backend::raw::{RawDtype, RawPart};
+    let Some(gpu) = gpu() else { return };
+    let cols = 4096;
+    let mut all = Vec::new();
+    for (i, (dtype, rows)) in [
+        (RawDtype::BF16, 3),
+        (RawDtype::F16, 5),
+        (RawDtype::F32, 7),
+        (RawDtype::BF16, 4500), // 36 MiB
+        (RawDtype::F16, 4200),  // 33.6 MiB
+        (RawDtype::F32, 2100),  // 34.4 MiB
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (bytes, values) = stored(dtype, &raw_values(rows * cols, 11 + i as u64));
+        let want = gpu.matrix(&values, rows, cols).unwrap();
+        let part = RawPart {
+            dtype,
+            rows,
+            cols,
+            bytes: &bytes,
+        };
+        let got = gpu.matrix_raw(part).unwrap();
+        assert_eq!(
+            matrix_bits(&gpu, &got),
+            matrix_bits(&gpu, &want),
+            "{dtype:?} [{rows}, {cols}]"
+        );
+        all.push((dtype, rows, bytes, values));
+    }
+    // Stacked: every part above, mixed dtypes, at its row offset.
+    let parts: Vec<RawPart> = all
+        .iter()
+        .map(|(dtype, rows, bytes, _)| RawPart {
+            dtype: *dtype,
+            rows: *rows,
+            cols,
+            bytes,
+        })
+        .collect();
+    let values: Vec<f32> = all.iter().flat_map(|a| a.3.iter().copied()).collect();
+    let rows: usize = all.iter().map(|a| a.1).sum();
+    let want = gpu.matrix(&values, rows, cols).unwrap();
+    let got = gpu.matrix_stacked_raw(&parts).unwrap();
+    assert_eq!(gpu.matrix_dims(&got), (rows, cols));
+    assert_eq!(matrix_bits(&gpu, &got), matrix_bits(&gpu, &want), "stacked");
+    // Free memory is known on CUDA and below the card's size.
+    let free = gpu.free_memory().expect("CUDA reports free memory");
+    assert!(free > 0 && free <= gpu.info().total_mem_bytes as u64 + (1 << 30));
 }

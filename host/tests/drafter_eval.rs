@@ -474,7 +474,7 @@ fn oracle_accepts_full_blocks_and_anti_oracle_gives_tau_one() {
                 let seq = Sequence::new(p as u32, ids, *plen, top, Labels::Target);
                 let oracle = evaluate_sequence(
                     &be,
-                    &target,
+                    (&target).into(),
                     &Drafter::Oracle { block_size: b },
                     &seq,
                     &opts,
@@ -482,7 +482,7 @@ fn oracle_accepts_full_blocks_and_anti_oracle_gives_tau_one() {
                 .unwrap();
                 let anti = evaluate_sequence(
                     &be,
-                    &target,
+                    (&target).into(),
                     &Drafter::AntiOracle { block_size: b },
                     &seq,
                     &opts,
@@ -621,7 +621,15 @@ fn live_decoding_is_lossless_and_its_tau_equals_the_replayed_tau() {
         let (full, plen) = smol_golden_sequence(i);
         let prompt = full[..plen].to_vec();
         let plain: Vec<u32> = full[plen..].iter().copied().take(max_new).collect();
-        let live = live_decode(&session.be, &session.model, d, &prompt, max_new, &eos).unwrap();
+        let live = live_decode(
+            &session.be,
+            session.model().unwrap(),
+            d,
+            &prompt,
+            max_new,
+            &eos,
+        )
+        .unwrap();
         assert_eq!(live.ids, plain, "prompt {i}: live output differs from plain greedy decoding (speculative decoding is not lossless, or greedy itself drifted: see golden_smollm2)");
 
         // Per-anchor evaluation of the same sequence, then the replayed chain.
@@ -643,7 +651,14 @@ fn live_decoding_is_lossless_and_its_tau_equals_the_replayed_tau() {
             anchors: AnchorPolicy::Stride(4),
             ..EvalOptions::default()
         };
-        let rec = evaluate_sequence(&session.be, &session.model, &drafter, &seq, &opts).unwrap();
+        let rec = evaluate_sequence(
+            &session.be,
+            session.model().unwrap().into(),
+            &drafter,
+            &seq,
+            &opts,
+        )
+        .unwrap();
         let by = blocks_by_anchor(&rec, i as u32);
         let (rounds, tokens) = replay(&rec, &by, prompt.len(), ids.len()).unwrap();
 
@@ -721,7 +736,9 @@ fn inclusive_mask_inflates_the_leaky_drafters_accuracy() {
                 ctx_inclusive: inclusive,
                 ..EvalOptions::default()
             };
-            out.extend(&evaluate_sequence(&s.be, &s.model, &drafter, &seq, &opts).unwrap());
+            out.extend(
+                &evaluate_sequence(&s.be, (&s.model).into(), &drafter, &seq, &opts).unwrap(),
+            );
         }
         infos.push(PromptInfo {
             index: p as u32,

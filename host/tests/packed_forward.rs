@@ -353,7 +353,7 @@ fn extraction_caches_the_same_entries_packed_and_one_by_one() {
     }
 
     // And both equal the forward `extract` ran before packing: one KV-cache forward per sequence.
-    let m = &packed.model;
+    let m = packed.model().unwrap();
     for (n, s) in seqs.iter().enumerate() {
         let out = m
             .forward(&packed.be, s, &mut m.new_cache(), &capture)

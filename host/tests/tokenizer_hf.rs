@@ -181,3 +181,37 @@ fn hf_folder_written_from_gguf_tokenizer_gives_the_same_tokenizer() {
     );
     assert_ne!(hf_tok2.fingerprint(), gguf_tok.fingerprint());
 }
+
+/// Qwen pads its vocabulary: 151,669 tokenizer ids, 151,936 embedding rows. An untrained (or
+/// unlucky) model can pick a padded id; transformers decodes it as empty text, and so must we —
+/// once the model's vocabulary is known. Ids past the model's vocabulary stay an error.
+#[test]
+fn padded_vocabulary_ids_decode_as_empty_text() {
+    let Some(dir) = qwen3_dir() else { return };
+    let mut tok = TextTokenizer::from_hf_dir(&dir).unwrap();
+    assert_eq!(tok.vocab_size(), 151_669);
+    let hello = tok.encode("Hello, world", false).unwrap();
+    // Without the model's vocabulary every id past the tokenizer is an error (a mismatch).
+    let e = tok.decode(&[151_919]).unwrap_err().to_string();
+    assert!(
+        e.contains("cannot decode token id 151919: the tokenizer has 151669 ids"),
+        "{e}"
+    );
+    tok.check_vocab(151_936, Path::new("qwen3.safetensors"))
+        .unwrap();
+    tok.set_model_vocab(151_936);
+    assert_eq!(tok.decode(&[151_919]).unwrap(), "");
+    assert_eq!(tok.decode(&[151_669, 151_935]).unwrap(), "");
+    // Padded ids between real ones vanish; the rest decodes as without them.
+    let mut mixed = vec![151_700];
+    mixed.extend(&hello[..1]);
+    mixed.push(151_935);
+    mixed.extend(&hello[1..]);
+    assert_eq!(tok.decode(&mixed).unwrap(), "Hello, world");
+    // The model has no row 151,936: that id is a bug, not padding.
+    let e = tok.decode(&[hello[0], 151_936]).unwrap_err().to_string();
+    assert!(
+        e.contains("cannot decode token id 151936: the tokenizer has 151669 ids and the model's vocabulary 151936"),
+        "{e}"
+    );
+}

@@ -4,13 +4,16 @@ use crate::common::Global;
 use anyhow::{bail, Result};
 use clap::Subcommand;
 use draftlens::cache::RemoveFilter;
+use draftlens::identity::{IdentityStatus, IdentityStore};
 use serde::Serialize;
 
 #[derive(Subcommand)]
 pub enum CacheCmd {
     /// List cache entries (kind, backend, layers, tokens, size).
     Ls,
-    /// Re-read every entry and check its checksum; exit code 1 if any is corrupt.
+    /// Re-read every entry and check its checksum, and re-hash every weight file whose hash the
+    /// identity store remembers (a stale hash is repaired); exit code 1 if any is corrupt or
+    /// stale.
     Verify,
     /// Remove entries: all, by kind, by key prefix, or only corrupt ones. Stale temp files of
     /// killed writers are always removed.
@@ -32,6 +35,8 @@ pub enum CacheCmd {
 
 #[derive(Serialize)]
 struct VerifyRow {
+    /// "entry" (a cache entry) or "identity" (a remembered weight-file hash).
+    kind: &'static str,
     path: std::path::PathBuf,
     ok: bool,
     problem: Option<String>,
@@ -65,15 +70,34 @@ pub fn run(g: &Global, c: CacheCmd) -> Result<()> {
             })
         }
         CacheCmd::Verify => {
-            let rows: Vec<VerifyRow> = cache
+            let mut rows: Vec<VerifyRow> = cache
                 .verify()?
                 .into_iter()
                 .map(|(path, r)| VerifyRow {
+                    kind: "entry",
                     path,
                     ok: r.is_ok(),
                     problem: r.err(),
                 })
                 .collect();
+            let entries = rows.len();
+            for c in IdentityStore::new(cache.root()).verify()? {
+                let problem = match c.status {
+                    IdentityStatus::Ok => None,
+                    // A vanished file's record is simply dropped: nothing is wrong.
+                    IdentityStatus::Missing => continue,
+                    IdentityStatus::Repaired { old, new } => Some(format!(
+                        "stale identity: the file hashes to {new}, the store remembered {old} (same size, mtime and inode: changed in place); repaired. Cache entries made from it under the old hash are not found any more"
+                    )),
+                    IdentityStatus::Unreadable { problem } => Some(problem),
+                };
+                rows.push(VerifyRow {
+                    kind: "identity",
+                    path: c.path,
+                    ok: problem.is_none(),
+                    problem,
+                });
+            }
             let bad = rows.iter().filter(|r| !r.ok).count();
             g.emit(&rows, || {
                 let mut o: String = rows
@@ -81,18 +105,26 @@ pub fn run(g: &Global, c: CacheCmd) -> Result<()> {
                     .filter(|r| !r.ok)
                     .map(|r| {
                         format!(
-                            "CORRUPT {}: {}\n",
+                            "{} {}: {}\n",
+                            if r.kind == "entry" {
+                                "CORRUPT"
+                            } else {
+                                "STALE"
+                            },
                             r.path.display(),
                             r.problem.as_deref().unwrap_or("")
                         )
                     })
                     .collect();
-                o += &format!("{} entries checked, {} corrupt\n", rows.len(), bad);
+                o += &format!(
+                    "{entries} entries and {} weight-file identities checked, {bad} corrupt\n",
+                    rows.len() - entries
+                );
                 o
             })?;
             if bad > 0 {
                 bail!(
-                    "{bad} corrupt cache entries (remove them with `draftlens cache rm --corrupt`)"
+                    "{bad} corrupt cache entries or stale identities (remove corrupt entries with `draftlens cache rm --corrupt`; stale identities are already repaired)"
                 );
             }
             Ok(())

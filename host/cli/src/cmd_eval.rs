@@ -251,7 +251,7 @@ impl BackendJob for LiveJob<'_> {
         let mut rows = Vec::new();
         for p in &set.prompts {
             let ids = s.prompt_ids(p)?;
-            let live = live_decode(&s.be, &s.model, &d, &ids, a.target.max_new_tokens, &eos)?;
+            let live = live_decode(&s.be, s.model()?, &d, &ids, a.target.max_new_tokens, &eos)?;
             let greedy = s.continuation(&ids, a.target.max_new_tokens)?;
             rows.push(LiveRow {
                 id: p.id.clone(),

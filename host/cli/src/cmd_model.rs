@@ -78,13 +78,19 @@ pub struct InspectArgs {
     /// List every tensor.
     #[arg(long)]
     pub tensors: bool,
+    /// Also compute the weights' sha256 (the model's identity) when the identity store does not
+    /// remember it yet: reads every weight byte once (~40 s for 16 GB), then remembered.
+    #[arg(long)]
+    pub hash: bool,
 }
 
 #[derive(Serialize)]
 struct InspectOut {
     path: PathBuf,
     format: &'static str,
-    weights_sha256: String,
+    /// The identity when the identity store remembers every weight file's hash (inspect reads
+    /// headers only and never hashes); `null` until a command that needs it has run.
+    weights_sha256: Option<String>,
     spec: draftlens::model::ModelSpec,
     parameters: u64,
     dtypes: std::collections::BTreeMap<String, (usize, u64)>,
@@ -102,7 +108,9 @@ struct TokInfo {
 }
 
 pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
-    let f = TargetFiles::open(&a.model)?;
+    // Headers only: no weight byte is read (the hash is shown when already remembered).
+    let f = TargetFiles::open(&a.model)?
+        .with_identity_store(draftlens::identity::IdentityStore::new(g.cache()?.root()));
     let infos = f.weights.tensors();
     let mut dtypes = std::collections::BTreeMap::new();
     let mut params = 0u64;
@@ -116,7 +124,11 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
     let out = InspectOut {
         path: a.model.clone(),
         format: f.identity.format,
-        weights_sha256: f.identity.weights_sha256.clone(),
+        weights_sha256: if a.hash {
+            Some(f.identity.weights_sha256()?)
+        } else {
+            f.identity.remembered_sha256()
+        },
         spec: f.spec.clone(),
         parameters: params,
         dtypes,
@@ -132,10 +144,10 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
     g.emit(&out, || {
         let s = &out.spec;
         let mut o = format!(
-            "{}\n  format        {} (sha256 {})\n  architecture  {}\n  layers        {}   hidden {}   ffn {}   heads {}/{} kv   head_dim {}\n  vocab         {}   rope θ {}   rms eps {}   context {}   tied embeddings {}\n  parameters    {}\n  stored dtypes ",
+            "{}\n  format        {} ({})\n  architecture  {}\n  layers        {}   hidden {}   ffn {}   heads {}/{} kv   head_dim {}\n  vocab         {}   rope θ {}   rms eps {}   context {}   tied embeddings {}\n  parameters    {}\n  stored dtypes ",
             out.path.display(),
             out.format,
-            &out.weights_sha256[..16],
+            out.weights_sha256.as_deref().map_or("sha256 not computed yet: --hash".to_string(), |h| format!("sha256 {}", &h[..16])),
             s.arch.as_str(),
             s.num_layers,
             s.hidden_size,
@@ -191,6 +203,7 @@ impl BackendJob for GenerateJob<'_> {
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
         let set = self.a.prompt_set(self.g)?;
         let s = self.a.session(be, self.g)?;
+        s.check_prompts_fit(&set.prompts, self.a.max_new_tokens, 0)?;
         let pb = draftlens::progress::bar(set.prompts.len() as u64, "generate");
         let mut out = Vec::new();
         // Prompts are decoded a batch at a time (Session::continuations); each reports its
@@ -212,8 +225,21 @@ impl BackendJob for GenerateJob<'_> {
             }
         }
         pb.finish_and_clear();
+        log_loaded(&s);
         Ok(out)
     }
+}
+
+/// `-v`: whether the command needed the target's weights (a fully cached rerun does not).
+fn log_loaded<B: Backend>(s: &Session<B>) {
+    tracing::info!(
+        "target weights uploaded: {}",
+        if s.model_loaded() {
+            "yes"
+        } else {
+            "no (everything came from the cache)"
+        }
+    );
 }
 
 pub fn generate(g: &Global, a: GenerateArgs) -> Result<()> {
@@ -278,6 +304,11 @@ impl BackendJob for ExtractJob<'_> {
         let mut s = self.a.target.session(be, self.g)?;
         s.pack_tokens = self.a.pack_tokens;
         let capture = Capture::for_layer_ids(&self.a.layers, s.files.spec.num_layers)?;
+        s.check_prompts_fit(
+            &set.prompts,
+            self.a.target.max_new_tokens,
+            capture.indices.len(),
+        )?;
         let pb = draftlens::progress::bar(set.prompts.len() as u64, "extract");
         let mut out = Vec::new();
         let mut dump: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
@@ -331,6 +362,7 @@ impl BackendJob for ExtractJob<'_> {
         }
         flush(window.finish())?;
         pb.finish_and_clear();
+        log_loaded(&s);
         if let Some(path) = &self.a.out {
             write_safetensors(path, &dump)?;
         }

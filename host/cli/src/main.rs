@@ -1,6 +1,7 @@
 //! `draftlens`: evaluate speculative-decoding drafters the way deployment sees them.
 
 mod cmd_bench;
+mod cmd_bench_load;
 mod cmd_cache;
 mod cmd_eval;
 mod cmd_model;
@@ -68,6 +69,8 @@ enum Cmd {
     Demo(draftlens_web::cli::DemoArgs),
     /// Measure CPU prefill throughput against this machine's own f32 GEMM rate.
     Bench(cmd_bench::BenchArgs),
+    /// Time opening + uploading a target's weights next to reading its files (the I/O floor).
+    BenchLoad(cmd_bench_load::BenchLoadArgs),
 }
 
 fn main() {
@@ -97,6 +100,7 @@ fn main() {
         Cmd::Lint(a) => cmd_eval::lint_cmd(&cli.global, a),
         Cmd::Runs(c) => cmd_eval::runs(&cli.global, c),
         Cmd::Bench(a) => cmd_bench::run(&cli.global, a),
+        Cmd::BenchLoad(a) => cmd_bench_load::run(&cli.global, a),
         Cmd::Plugins(c) => cmd_plugins::run(&cli.global, c),
         Cmd::Rescore(a) => cmd_rescore::run(&cli.global, a),
         Cmd::Parity(a) => cmd_parity::run(&cli.global, a),

@@ -20,10 +20,17 @@ fn inspect_json_describes_the_gguf_and_a_hugging_face_folder() {
         "inspect gguf",
     );
     assert_eq!(v["format"], "gguf");
-    assert_eq!(
-        v["weights_sha256"].as_str().unwrap(),
-        draftlens::util::sha256_file(&model()).unwrap()
-    );
+    // Headers only: the identity is not computed by a plain inspect…
+    assert!(v["weights_sha256"].is_null(), "{}", v["weights_sha256"]);
+    // …but by --hash, and remembered: the next inspect shows it without hashing.
+    let sha = draftlens::util::sha256_file(&model()).unwrap();
+    for args in [
+        &["--json", "inspect", "--hash", s(&model())][..],
+        &["--json", "inspect", s(&model())][..],
+    ] {
+        let v = json_out(&dl(&cache, args), "inspect --hash");
+        assert_eq!(v["weights_sha256"].as_str(), Some(sha.as_str()), "{args:?}");
+    }
     let spec = &v["spec"];
     assert_eq!(spec["arch"], "llama");
     // SmolLM2-135M: 30 layers, 576 hidden, 1536 FFN, 9 heads / 3 KV heads of 64, 49152 vocab, tied.
@@ -256,4 +263,96 @@ fn extract_twice_then_cache_ls_verify_rm() {
             .len(),
         0
     );
+}
+
+/// `inspect --hash` remembers a folder's identity; bytes then changed in place behind the same
+/// size, mtime and inode are invisible to the next open (by design: no re-hash) but `cache
+/// verify` re-hashes, reports the stale identity (exit 1) and repairs it; the next verify passes
+/// and inspect shows the new identity.
+#[test]
+fn cache_verify_reports_and_repairs_a_stale_identity() {
+    use std::io::{Seek, SeekFrom, Write};
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let model = tmp.path().join("qwen3");
+    std::fs::create_dir_all(&model).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(
+            root().join("tests/fixtures/golden/qwen3").join(f),
+            model.join(f),
+        )
+        .unwrap();
+    }
+    let weights = model.join("model.safetensors");
+    let identity = |w: &Path| {
+        draftlens::util::sha256_bytes(draftlens::util::sha256_file(w).unwrap().as_bytes())
+    };
+    let before = identity(&weights);
+    let v = json_out(
+        &dl(&cache, &["--json", "inspect", "--hash", s(&model)]),
+        "inspect --hash",
+    );
+    assert_eq!(v["weights_sha256"].as_str(), Some(before.as_str()));
+
+    let mtime = std::fs::metadata(&weights).unwrap().modified().unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&weights)
+        .unwrap();
+    let len = f.metadata().unwrap().len();
+    f.seek(SeekFrom::Start(len - 2)).unwrap();
+    f.write_all(&[0x12, 0x34]).unwrap();
+    f.set_modified(mtime).unwrap();
+    drop(f);
+    let after = identity(&weights);
+    assert_ne!(after, before);
+    // Same stamp: inspect still shows the remembered identity (it read no weight byte).
+    let v = json_out(&dl(&cache, &["--json", "inspect", s(&model)]), "inspect");
+    assert_eq!(v["weights_sha256"].as_str(), Some(before.as_str()));
+
+    let o = dl(&cache, &["cache", "verify"]);
+    let err = clean_error(
+        &o,
+        "cache verify with a stale identity",
+        &["stale identities"],
+    );
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        out.contains("STALE") && out.contains("model.safetensors"),
+        "{out}\n{err}"
+    );
+    assert!(
+        out.contains("1 weight-file identities checked, 1 corrupt"),
+        "{out}"
+    );
+    assert_eq!(cache_verifies(&cache), 0);
+    let v = json_out(&dl(&cache, &["--json", "inspect", s(&model)]), "inspect");
+    assert_eq!(v["weights_sha256"].as_str(), Some(after.as_str()));
+}
+
+/// `bench-load` on the CPU: the read floor covers exactly the weight file, and the load is
+/// timed (the numbers themselves are measured on the GPU machine, docs/loading.md).
+#[test]
+fn bench_load_reports_the_read_floor_and_the_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = root().join("tests/fixtures/golden/qwen3");
+    let v = json_out(
+        &dl(
+            &tmp.path().join("cache"),
+            &["--json", "bench-load", s(&dir)],
+        ),
+        "bench-load",
+    );
+    // Every *.safetensors file of the folder, as the identity covers (here the weights and the
+    // golden outputs stored beside them).
+    let size: u64 = ["model.safetensors", "golden.safetensors"]
+        .iter()
+        .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
+        .sum();
+    assert_eq!(v["bytes"].as_u64(), Some(size));
+    assert_eq!(v["files"], 2);
+    assert_eq!(v["backend"], "cpu");
+    for k in ["read_s", "open_s", "upload_s", "ratio"] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
+    }
 }

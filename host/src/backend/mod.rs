@@ -13,6 +13,8 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod gdn;
+pub mod memory;
+pub mod raw;
 
 pub use gdn::{GdnProfile, GdnShape, HostF32};
 
@@ -586,5 +588,30 @@ pub trait Backend: Send + Sync + 'static {
             **st = self.f32_from_host(&sh)?;
         }
         self.from_host(&out, rows, vd)
+    }
+
+    /// A weight `[out, inp]` from its stored bytes ([`raw::RawPart`], borrowed from the file's
+    /// memory map): the same matrix [`Backend::matrix`] builds from those values as f32.
+    ///
+    /// Why: a 16 GB bf16 checkpoint converted to f32 on the host takes 32 GB of RAM and most of
+    /// the load time; a backend can upload the bytes as they are (`backend/cuda/upload.rs`).
+    fn matrix_raw(&self, part: raw::RawPart<'_>) -> Result<Self::Matrix> {
+        self.matrix_stacked_raw(&[part])
+    }
+    /// Parts `[rows_i, inp]` stacked by output rows into one `[Σ rows_i, inp]` matrix (fused
+    /// q | k | v, gate | up). The default converts every part to f32 into one buffer, in
+    /// [`raw::CONVERT_CHUNK`]-element chunks, and calls [`Backend::matrix`]: bit-identical to
+    /// stacking f32 tensors on the host, as the loader always did.
+    fn matrix_stacked_raw(&self, parts: &[raw::RawPart<'_>]) -> Result<Self::Matrix> {
+        let inp = parts.first().map(|p| p.cols).unwrap_or(0);
+        let out: usize = parts.iter().map(|p| p.rows).sum();
+        let data = raw::stacked_to_f32(parts, inp)?;
+        self.matrix(&data, out, inp)
+    }
+    /// Device memory free for new allocations, in bytes; `None` when the backend cannot tell
+    /// (the CPU: host memory is the operating system's business). The memory checks
+    /// (`backend/memory.rs`) use it before any work starts.
+    fn free_memory(&self) -> Option<u64> {
+        None
     }
 }

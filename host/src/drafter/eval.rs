@@ -9,7 +9,7 @@
 
 use super::model::{DFlashDrafter, DraftContext};
 use crate::backend::{Backend, TopK};
-use crate::model::TargetModel;
+use crate::model::{EmbedHead, TargetModel};
 use crate::records::{RecordBatch, Region};
 use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
@@ -169,10 +169,39 @@ pub fn select_anchors(
     out
 }
 
+/// What drafting needs of the target: a DFlash drafter its embedding and LM head, the oracle
+/// drafters only the vocabulary size (so an oracle run over cached passes uploads no weights).
+pub enum DraftTarget<'a, B: Backend> {
+    Head(&'a dyn EmbedHead<B>),
+    Vocab(usize),
+}
+
+impl<B: Backend> Clone for DraftTarget<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Backend> Copy for DraftTarget<'_, B> {}
+
+impl<B: Backend> DraftTarget<'_, B> {
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            DraftTarget::Head(h) => h.vocab_size(),
+            DraftTarget::Vocab(v) => *v,
+        }
+    }
+}
+
+impl<'a, B: Backend> From<&'a TargetModel<B>> for DraftTarget<'a, B> {
+    fn from(m: &'a TargetModel<B>) -> Self {
+        DraftTarget::Head(m)
+    }
+}
+
 /// Draft the blocks at `anchors` and append their records to `out`.
 pub fn draft_into<B: Backend>(
     be: &B,
-    target: &TargetModel<B>,
+    target: DraftTarget<'_, B>,
     drafter: &Drafter<B>,
     seq: &Sequence<B>,
     anchors: &[usize],
@@ -190,11 +219,14 @@ pub fn draft_into<B: Backend>(
             Drafter::DFlash(d) => {
                 let ctx = seq.ctx.as_ref().expect("DFlash sequences carry a context");
                 let toks: Vec<u32> = chunk.iter().map(|&a| seq.ids[a]).collect();
+                let DraftTarget::Head(target) = target else {
+                    bail!("a DFlash drafter needs the target's embedding and LM head");
+                };
                 d.draft(be, target, ctx, chunk, &toks, opts.ctx_inclusive, k)?
             }
             Drafter::Oracle { .. } | Drafter::AntiOracle { .. } => {
                 let oracle = matches!(drafter, Drafter::Oracle { .. });
-                let vocab = target.spec.vocab_size as u32;
+                let vocab = target.vocab_size() as u32;
                 let mut ids = Vec::new();
                 let mut lps = Vec::new();
                 for &a in chunk {
@@ -258,7 +290,7 @@ pub fn draft_into<B: Backend>(
 /// this sequence, sorted by anchor.
 pub fn evaluate_sequence<B: Backend>(
     be: &B,
-    target: &TargetModel<B>,
+    target: DraftTarget<'_, B>,
     drafter: &Drafter<B>,
     seq: &Sequence<B>,
     opts: &EvalOptions,

@@ -15,7 +15,7 @@ use crate::backend::{AttnMask, AttnShape, Backend, TopK};
 use crate::formats::safetensors::SafetensorsWeights;
 use crate::formats::WeightSource;
 use crate::model::transformer::{load_matrix, Mlp, RmsNorm};
-use crate::model::TargetModel;
+use crate::model::EmbedHead;
 use anyhow::{bail, Result};
 use std::path::Path;
 
@@ -202,7 +202,7 @@ impl<B: Backend> DFlashDrafter<B> {
     pub fn draft(
         &self,
         be: &B,
-        target: &TargetModel<B>,
+        target: &dyn EmbedHead<B>,
         ctx: &DraftContext<B>,
         anchors: &[usize],
         anchor_tokens: &[u32],
@@ -222,7 +222,7 @@ impl<B: Backend> DFlashDrafter<B> {
             positions.extend((a..a + b).map(|p| p as u32));
         }
         let rope = self.cfg.rope();
-        let mut x = be.embed(&target.embed_tokens, &ids)?;
+        let mut x = be.embed(target.embed_tokens(), &ids)?;
         for (i, l) in self.layers.iter().enumerate() {
             let h = l.input_layernorm.forward(be, &x)?;
             let att = &l.self_attn;

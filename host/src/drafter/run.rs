@@ -4,7 +4,7 @@
 //! transaction per prompt; finally the summary metrics. An interruption
 //! (error, Ctrl-C, SIGTERM) marks the run failed; caches stay valid so re-running resumes.
 
-use super::eval::{evaluate_sequence, Drafter, EvalOptions, Labels, Sequence};
+use super::eval::{evaluate_sequence, DraftTarget, Drafter, EvalOptions, Labels, Sequence};
 use super::lint::{lint, Severity};
 use super::metrics::{summarize, PromptInfo};
 use super::model::DFlashDrafter;
@@ -82,12 +82,17 @@ fn load_drafter<B: Backend>(s: &Session<B>, spec: &DrafterSpec) -> Result<Drafte
     })
 }
 
-fn drafter_identity(spec: &DrafterSpec) -> Result<(String, String, String, Option<i64>)> {
+/// (path, weights sha256, series, step) of the drafter; a checkpoint's hash comes from the
+/// identity store (hashed once per file version, like the target's).
+fn drafter_identity(
+    spec: &DrafterSpec,
+    store: &crate::identity::IdentityStore,
+) -> Result<(String, String, String, Option<i64>)> {
     Ok(match spec {
         DrafterSpec::Checkpoint { dir, step, series } => {
             let w = dir.join("model.safetensors");
             let sha = if w.exists() {
-                crate::util::sha256_file(&w)?
+                store.file_sha256(&w)?
             } else {
                 String::new()
             };
@@ -123,7 +128,14 @@ pub fn run_eval<B: Backend>(
 ) -> Result<RunOutcome> {
     let t0 = Instant::now();
     let drafter = load_drafter(s, spec)?;
-    let (dpath, dsha, series, step) = drafter_identity(spec)?;
+    let taps = match &drafter {
+        Drafter::DFlash(d) => d.cfg.target_layer_ids.len(),
+        _ => 0,
+    };
+    // Before the run is created or anything computed: every prompt must fit on the device.
+    s.check_prompts_fit(&set.prompts, opts.max_new_tokens, taps)?;
+    let (dpath, dsha, series, step) =
+        drafter_identity(spec, &crate::identity::IdentityStore::new(s.cache.root()))?;
     let b = drafter.block_size();
     let tok = s.files.tokenizer()?;
     let name = opts.name.clone().unwrap_or_else(|| {
@@ -146,7 +158,7 @@ pub fn run_eval<B: Backend>(
     });
     let config = serde_json::json!({
         "eval": opts.eval, "max_new_tokens": opts.max_new_tokens, "mode": opts.mode.as_str(),
-        "target": s.files.identity, "drafter": dpath, "prompts": set.source, "backend": s.be.name(),
+        "target": s.files.identity.to_json()?, "drafter": dpath, "prompts": set.source, "backend": s.be.name(),
     });
     // Token pieces as text, so the UI's drill-down shows words instead of ids.
     let pieces: Vec<String> = (0..tok.vocab_size() as u32)
@@ -162,7 +174,7 @@ pub fn run_eval<B: Backend>(
         mode: opts.mode,
         config,
         target_path: s.files.identity.path.display().to_string(),
-        target_sha256: s.files.identity.weights_sha256.clone(),
+        target_sha256: s.files.identity.weights_sha256()?,
         target_arch: s.files.identity.arch.clone(),
         drafter_path: dpath,
         drafter_sha256: dsha,
@@ -386,7 +398,12 @@ impl<B: Backend> Evaluation<'_, B> {
                     .collect();
                 seq.ctx = Some(d.context(&s.be, &taps, pass.hidden_size)?);
             }
-            let rec = evaluate_sequence(&s.be, &s.model, self.drafter, &seq, &opts.eval)?;
+            // Only a DFlash drafter needs target weights (embedding and LM head).
+            let target = match self.drafter {
+                Drafter::DFlash(_) => DraftTarget::Head(s.draft_target()?),
+                _ => DraftTarget::Vocab(s.files.spec.vocab_size),
+            };
+            let rec = evaluate_sequence(&s.be, target, self.drafter, &seq, &opts.eval)?;
             self.draft_s += t.elapsed().as_secs_f64();
             self.store.add_prompt_records(
                 self.run_id,

@@ -10,6 +10,7 @@ pub mod dequant;
 pub mod gguf;
 pub mod safetensors;
 
+use crate::backend::raw::RawPart;
 use anyhow::Result;
 use std::path::Path;
 
@@ -43,4 +44,16 @@ pub trait WeightSource: Send + Sync {
     fn tensors(&self) -> Vec<TensorInfo>;
     /// Load one tensor, dequantised to f32. Errors name the file and the tensor.
     fn tensor(&self, name: &str) -> Result<HostTensor>;
+    /// A 2-D tensor's stored bytes, borrowed from the memory map without any copy, when it is
+    /// stored in a dtype backends take as is (F32/F16/BF16 safetensors). `Ok(None)`: use
+    /// [`WeightSource::tensor`] (quantised GGUF tensors, GGUF's permuted Q/K rows, 1-D tensors).
+    fn raw(&self, name: &str) -> Result<Option<RawPart<'_>>> {
+        let _ = name;
+        Ok(None)
+    }
+    /// The loader is done with tensor `name` (uploaded): a memory-mapped source may drop its
+    /// pages from this process (they stay in the page cache), so host RSS never holds the model.
+    fn release(&self, name: &str) {
+        let _ = name;
+    }
 }

@@ -4,6 +4,7 @@
 //! data covering the file exactly); tensors are converted to f32 when asked for.
 
 use super::{HostTensor, TensorInfo, WeightSource};
+use crate::backend::raw::{RawDtype, RawPart};
 use anyhow::{bail, Context, Result};
 use half::{bf16, f16};
 use memmap2::Mmap;
@@ -210,6 +211,56 @@ impl WeightSource for SafetensorsWeights {
                 bytes: (e.end - e.begin) as u64,
             })
             .collect()
+    }
+
+    fn raw(&self, name: &str) -> Result<Option<RawPart<'_>>> {
+        let e = self
+            .entries
+            .get(name)
+            .with_context(|| format!("{}: no tensor {name}", self.dir.display()))?;
+        let dtype = match e.dtype {
+            Dtype::F32 => RawDtype::F32,
+            Dtype::F16 => RawDtype::F16,
+            Dtype::BF16 => RawDtype::BF16,
+            _ => return Ok(None),
+        };
+        let [rows, cols] = e.shape[..] else {
+            return Ok(None);
+        };
+        let shard = &self.shards[e.shard];
+        let (begin, len) = (shard.data_start + e.begin, e.end - e.begin);
+        // Start reading the whole tensor from disk now (readahead), so the copy that follows
+        // finds most pages resident. A hint only: failure changes nothing.
+        #[cfg(unix)]
+        let _ = shard
+            .mmap
+            .advise_range(memmap2::Advice::WillNeed, begin, len);
+        Ok(Some(RawPart {
+            dtype,
+            rows,
+            cols,
+            bytes: &shard.mmap[begin..begin + len],
+        }))
+    }
+
+    fn release(&self, name: &str) {
+        #[cfg(unix)]
+        if let Some(e) = self.entries.get(name) {
+            let shard = &self.shards[e.shard];
+            // SAFETY: the map is a read-only view of the file; MADV_DONTNEED only drops this
+            // process's pages of the range (the page cache keeps them), and a later access
+            // faults them back in with the same content. No borrow of the range outlives the
+            // upload that preceded this call.
+            let _ = unsafe {
+                shard.mmap.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    shard.data_start + e.begin,
+                    e.end - e.begin,
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = name;
     }
 
     fn tensor(&self, name: &str) -> Result<HostTensor> {

@@ -1,26 +1,93 @@
 //! Opening a target model from disk: a GGUF file or a Hugging Face folder, with its tokenizer and
 //! an identity (weights hash) used in cache keys and stored with every run.
+//!
+//! Opening reads headers only (config, safetensors/GGUF headers, tokenizer): no weight byte is
+//! read, so `inspect` takes well under a second for any size. The weights hash is computed on
+//! first use ([`TargetIdentity::weights_sha256`]) through the identity store
+//! (`crate::identity`), which remembers each file's hash by its stamp: a model is hashed once,
+//! not per command (docs/loading.md).
 
 use super::config::ModelSpec;
 use super::hybrid::HybridWeights;
 use crate::formats::gguf::{GgufFile, GgufWeights};
 use crate::formats::safetensors::SafetensorsWeights;
 use crate::formats::WeightSource;
+use crate::identity::IdentityStore;
 use crate::tokenizer::TextTokenizer;
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Who the target is: stored with every run and part of every cache key.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Debug)]
 pub struct TargetIdentity {
     pub path: PathBuf,
     /// "gguf" or "safetensors".
     pub format: &'static str,
-    /// sha256 over the weight files' bytes (GGUF file; safetensors files in name order).
-    pub weights_sha256: String,
     pub arch: String,
+    /// The files [`TargetIdentity::weights_sha256`] covers, in hashing order.
+    pub weight_files: Vec<PathBuf>,
+    /// Where file hashes are remembered (`None`: hash once per process).
+    store: Option<IdentityStore>,
+    sha: OnceLock<String>,
+}
+
+impl TargetIdentity {
+    fn new(path: &Path, format: &'static str, arch: &str, weight_files: Vec<PathBuf>) -> Self {
+        TargetIdentity {
+            path: path.to_path_buf(),
+            format,
+            arch: arch.into(),
+            weight_files,
+            store: None,
+            sha: OnceLock::new(),
+        }
+    }
+
+    /// sha256 over the weight files' bytes: the GGUF file's own hash; for safetensors the hash of
+    /// the files' hex hashes concatenated in name order. Computed on first call (file hashes
+    /// come from the identity store when their stamps match) and kept for the process.
+    pub fn weights_sha256(&self) -> Result<String> {
+        if let Some(s) = self.sha.get() {
+            return Ok(s.clone());
+        }
+        let file_sha = |f: &Path| match &self.store {
+            Some(s) => s.file_sha256(f),
+            None => crate::identity::hash_file(f),
+        };
+        let sha = self.combine(file_sha)?;
+        Ok(self.sha.get_or_init(|| sha).clone())
+    }
+
+    /// The identity when every file's hash is remembered with a matching stamp; never reads a
+    /// weight byte (`inspect`).
+    pub fn remembered_sha256(&self) -> Option<String> {
+        if let Some(s) = self.sha.get() {
+            return Some(s.clone());
+        }
+        let store = self.store.as_ref()?;
+        self.combine(|f| store.remembered(f)?.context("not remembered"))
+            .ok()
+    }
+
+    fn combine(&self, mut file_sha: impl FnMut(&Path) -> Result<String>) -> Result<String> {
+        if self.format == "gguf" {
+            return file_sha(&self.path);
+        }
+        let mut joined = String::new();
+        for f in &self.weight_files {
+            joined.push_str(&file_sha(f)?);
+        }
+        Ok(crate::util::sha256_bytes(joined.as_bytes()))
+    }
+
+    /// `{path, format, weights_sha256, arch}`, as stored in a run's configuration.
+    pub fn to_json(&self) -> Result<serde_json::Value> {
+        Ok(serde_json::json!({
+            "path": self.path, "format": self.format,
+            "weights_sha256": self.weights_sha256()?, "arch": self.arch,
+        }))
+    }
 }
 
 /// A target on disk, opened but not yet uploaded to a backend.
@@ -47,16 +114,12 @@ impl TargetFiles {
     fn open_gguf(path: &Path) -> Result<TargetFiles> {
         let file = Arc::new(GgufFile::open(path)?);
         let spec = file.model_spec()?;
-        let tokenizer = TextTokenizer::from_gguf(&file, path)?;
+        let mut tokenizer = TextTokenizer::from_gguf(&file, path)?;
         tokenizer.check_vocab(spec.vocab_size, path)?;
+        tokenizer.set_model_vocab(spec.vocab_size);
         let weights = GgufWeights::new(file)?;
         check_shapes(&spec, &weights)?;
-        let identity = TargetIdentity {
-            path: path.to_path_buf(),
-            format: "gguf",
-            weights_sha256: crate::util::sha256_file(path)?,
-            arch: spec.arch.as_str().into(),
-        };
+        let identity = TargetIdentity::new(path, "gguf", spec.arch.as_str(), vec![path.into()]);
         Ok(TargetFiles {
             spec,
             weights: Box::new(weights),
@@ -77,8 +140,9 @@ impl TargetFiles {
         };
         check_shapes(&spec, weights.as_ref())?;
         let tokenizer = if dir.join("tokenizer.json").exists() {
-            let t = TextTokenizer::from_hf_dir(dir)?;
+            let mut t = TextTokenizer::from_hf_dir(dir)?;
             t.check_vocab(spec.vocab_size, &dir.join("tokenizer.json"))?;
+            t.set_model_vocab(spec.vocab_size);
             Some(t)
         } else {
             None
@@ -89,22 +153,19 @@ impl TargetFiles {
             .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
             .collect();
         files.sort();
-        let mut joined = String::new();
-        for f in &files {
-            joined.push_str(&crate::util::sha256_file(f)?);
-        }
-        let identity = TargetIdentity {
-            path: dir.to_path_buf(),
-            format: "safetensors",
-            weights_sha256: crate::util::sha256_bytes(joined.as_bytes()),
-            arch: spec.arch.as_str().into(),
-        };
+        let identity = TargetIdentity::new(dir, "safetensors", spec.arch.as_str(), files);
         Ok(TargetFiles {
             spec,
             weights,
             tokenizer,
             identity,
         })
+    }
+
+    /// Remember weight hashes in `store` (normally the cache's, [`IdentityStore::new`]).
+    pub fn with_identity_store(mut self, store: IdentityStore) -> Self {
+        self.identity.store = Some(store);
+        self
     }
 
     pub fn tokenizer(&self) -> Result<&TextTokenizer> {

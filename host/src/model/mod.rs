@@ -8,6 +8,7 @@ pub mod config;
 pub mod flops;
 pub mod gated_deltanet;
 pub mod hybrid;
+pub mod head;
 pub mod transformer;
 
 pub use capture::{Capture, Captured};
@@ -15,5 +16,6 @@ pub use config::{Arch, ModelSpec};
 pub mod load;
 pub mod random;
 
+pub use head::{EmbedHead, TargetHead};
 pub use load::{TargetFiles, TargetIdentity};
 pub use transformer::{KvCache, TargetModel};

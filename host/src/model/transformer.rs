@@ -15,6 +15,7 @@ use super::capture::{Capture, Captured};
 use super::config::ModelSpec;
 use super::gated_deltanet::{GatedDeltaNet, LinearState};
 use super::hybrid::LayerType;
+use crate::backend::raw::RawPart;
 use crate::backend::{AttnShape, Backend, GdnProfile, QkNorm, Rope, TopK};
 use crate::formats::WeightSource;
 use anyhow::{bail, Context, Result};
@@ -27,48 +28,60 @@ pub(crate) fn load_matrix<B: Backend>(
     out: usize,
     inp: usize,
 ) -> Result<B::Matrix> {
-    let t = src.tensor(name)?;
-    if t.shape != [out, inp] {
-        bail!(
-            "{}: tensor {name} has shape {:?}, the config implies [{out}, {inp}]",
-            src.path().display(),
-            t.shape
-        );
-    }
-    be.matrix(&t.data, out, inp)
-        .with_context(|| format!("{}: uploading {name}", src.path().display()))
+    load_stacked_matrix(be, src, &[(name.to_string(), out)], inp)
 }
 
 /// Load 2-D weights `[out_i, inp]` (by HF name and expected row count) stacked by output rows
 /// into one `[Σ out_i, inp]` matrix: a fused projection (q | k | v, gate | up), one GEMM instead of
-/// several. The host data are stacked before uploading, so the device holds one copy.
+/// several. Tensors stored as F32/F16/BF16 go to the backend as their stored bytes
+/// ([`Backend::matrix_stacked_raw`]: no host f32 copy on CUDA); others (quantised GGUF) are
+/// dequantised one tensor at a time. Either way the device holds one stacked copy.
 pub(crate) fn load_stacked_matrix<B: Backend>(
     be: &B,
     src: &dyn WeightSource,
     parts: &[(String, usize)],
     inp: usize,
 ) -> Result<B::Matrix> {
-    let out: usize = parts.iter().map(|(_, o)| o).sum();
-    let mut data = Vec::with_capacity(out * inp);
-    for (name, o) in parts {
-        let t = src.tensor(name)?;
-        if t.shape != [*o, inp] {
-            bail!(
-                "{}: tensor {name} has shape {:?}, the config implies [{o}, {inp}]",
-                src.path().display(),
-                t.shape
-            );
+    let p = src.path().display();
+    let check = |name: &str, shape: &[usize], o: usize| -> Result<()> {
+        if shape != [o, inp] {
+            bail!("{p}: tensor {name} has shape {shape:?}, the config implies [{o}, {inp}]");
         }
-        data.extend_from_slice(&t.data);
+        Ok(())
+    };
+    // Dequantised tensors live here while their raw views below borrow them.
+    let mut owned = Vec::new();
+    let mut raws = Vec::with_capacity(parts.len());
+    for (name, o) in parts {
+        match src.raw(name)? {
+            Some(r) => {
+                check(name, &[r.rows, r.cols], *o)?;
+                raws.push(Some(r));
+            }
+            None => {
+                let t = src.tensor(name)?;
+                check(name, &t.shape, *o)?;
+                owned.push(t);
+                raws.push(None);
+            }
+        }
     }
-    be.matrix(&data, out, inp).with_context(|| {
+    let mut host = owned.iter();
+    let views: Vec<RawPart<'_>> = raws
+        .into_iter()
+        .zip(parts)
+        .map(|(r, (_, o))| {
+            r.unwrap_or_else(|| RawPart::from_f32(&host.next().expect("owned").data, *o, inp))
+        })
+        .collect();
+    let m = be.matrix_stacked_raw(&views).with_context(|| {
         let names: Vec<&str> = parts.iter().map(|(n, _)| n.as_str()).collect();
-        format!(
-            "{}: uploading {} (stacked)",
-            src.path().display(),
-            names.join(" + ")
-        )
-    })
+        format!("{p}: uploading {}", names.join(" + "))
+    })?;
+    for (name, _) in parts {
+        src.release(name);
+    }
+    Ok(m)
 }
 
 /// Load 1-D weights (biases) of the given lengths, concatenated into one `[1, Σ n_i]` tensor

@@ -31,6 +31,7 @@ const SOURCES: &[(&str, &str)] = &[
     ),
     ("topk", include_str!("../../../../kernels/topk.cu")),
     ("gdn", include_str!("../../../../kernels/gdn.cu")),
+    ("convert", include_str!("../../../../kernels/convert.cu")),
 ];
 
 pub(crate) struct Kernels {

@@ -18,6 +18,7 @@ pub mod bench;
 pub mod gdn;
 mod gemm;
 mod kernels;
+mod upload;
 
 pub use gemm::{GemmMode, TuneRecord};
 
@@ -1437,6 +1438,13 @@ impl Backend for CudaBackend {
     }
     fn matrix_dims(&self, m: &CudaMatrix) -> (usize, usize) {
         (m.out, m.inp)
+    }
+    // Raw weight upload and free memory: upload.rs.
+    fn matrix_stacked_raw(&self, parts: &[super::raw::RawPart<'_>]) -> Result<CudaMatrix> {
+        self.upload_stacked(parts)
+    }
+    fn free_memory(&self) -> Option<u64> {
+        self.free_device_memory()
     }
 
     fn matmul(&self, x: &CudaTensor, w: &CudaMatrix) -> Result<CudaTensor> {

@@ -1,0 +1,262 @@
+//! Raw weight upload: stored checkpoint bytes → bf16 device matrix, without an f32 (or any full)
+//! host copy of the model.
+//!
+//! [`CudaBackend::upload_stacked`] backs `Backend::matrix_stacked_raw` (and so `matrix_raw`):
+//!
+//! 1. the device matrix `[Σ rows_i, cols]` is allocated once (stream-ordered);
+//! 2. each part's bytes (borrowed from the safetensors mmap) are cut into chunks of at most
+//!    [`STAGE_BYTES`]; each chunk is copied by the host — several threads at once, so page
+//!    faults on a cold file become parallel disk reads — into one of [`STAGES`] page-locked
+//!    staging buffers, then queued as an asynchronous host-to-device copy on the backend's stream;
+//! 3. bf16 chunks land directly at their row offset in the matrix (stacked parts at theirs);
+//!    f16/f32 chunks land in a device scratch buffer of the stage and `kernels/convert.cu`
+//!    converts them into the matrix (bit-identical to `half`'s host conversions);
+//! 4. each stage records an event after its copy (and conversion); a stage is refilled only after
+//!    its event completed. The call returns without waiting, so the next tensor's host copy
+//!    overlaps this one's transfer: with 3 stages, two chunks are in flight while the host fills
+//!    the third, across tensor and shard boundaries.
+//!
+//! Host memory: the staging buffers (3 × 32 MiB pinned + 3 × 32 MiB device scratch), whatever
+//! pages of the mmap are resident (the loader drops them after each tensor,
+//! `WeightSource::release`), nothing else. The staging buffers are allocated once per CUDA
+//! context and kept for the process (allocating pinned memory costs milliseconds per call; a
+//! model has hundreds of matrices). They live in a process-wide table because the backend struct
+//! (`cuda/mod.rs`) is not this file's to extend.
+
+use super::{derr, CudaBackend, CudaMatrix};
+use crate::backend::raw::{RawDtype, RawPart};
+use anyhow::{ensure, Result};
+use cudarc::driver::{sys, CudaEvent, CudaSlice, LaunchConfig, PinnedHostSlice, PushKernelArg};
+use half::bf16;
+use rayon::prelude::*;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+/// Bytes per staging buffer (a multiple of 4, so chunks never split an element).
+pub const STAGE_BYTES: usize = 32 << 20;
+/// Staging buffers per context: one being filled by the host, two copying.
+pub const STAGES: usize = 3;
+/// Bytes each host thread copies into a staging buffer at once.
+const HOST_PIECE: usize = 4 << 20;
+
+/// One staging slot: page-locked host memory, device scratch for conversions, and the event that
+/// says the last copy (and conversion) reading them has finished.
+struct Stage {
+    host: PinnedHostSlice<u8>,
+    /// `host`'s address (fetched once; `PinnedHostSlice::as_mut_ptr` would wait on its own event).
+    host_ptr: usize,
+    scratch: CudaSlice<u8>,
+    done: CudaEvent,
+    /// Whether `done` has been recorded (an unrecorded event must not gate anything).
+    pending: bool,
+}
+
+/// The staging slots of one CUDA context.
+struct Staging {
+    ctx: Arc<cudarc::driver::CudaContext>,
+    stages: Vec<Stage>,
+    next: usize,
+}
+
+// SAFETY: every field is only touched while the table's mutex is held; the raw host address is
+// page-locked memory owned by `host`, valid for the process.
+unsafe impl Send for Staging {}
+
+static STAGING: Mutex<Vec<Staging>> = Mutex::new(Vec::new());
+
+/// A piece of the matrix to fill: `bytes` of a part, landing at element `dst_elem`.
+struct Chunk<'a> {
+    dtype: RawDtype,
+    bytes: &'a [u8],
+    dst_elem: usize,
+}
+
+impl CudaBackend {
+    /// `Backend::matrix_stacked_raw` on CUDA: see the module doc.
+    pub(super) fn upload_stacked(&self, parts: &[RawPart<'_>]) -> Result<CudaMatrix> {
+        let inp = parts.first().map(|p| p.cols).unwrap_or(0);
+        for p in parts {
+            p.check()?;
+            ensure!(
+                p.cols == inp,
+                "stacked weight: a part has {} columns, the others {inp}",
+                p.cols
+            );
+        }
+        let out: usize = parts.iter().map(|p| p.rows).sum();
+        let buf = self.alloc::<bf16>(out * inp)?;
+        let base = self.ptr(&buf);
+        let mut chunks = Vec::new();
+        let mut elem = 0;
+        for p in parts {
+            for (i, bytes) in p.bytes.chunks(STAGE_BYTES).enumerate() {
+                chunks.push(Chunk {
+                    dtype: p.dtype,
+                    bytes,
+                    dst_elem: elem + i * STAGE_BYTES / p.dtype.size(),
+                });
+            }
+            elem += p.len();
+        }
+        if !chunks.is_empty() {
+            self.ctx
+                .bind_to_thread()
+                .map_err(derr("binding the context"))?;
+            let mut table = STAGING.lock().unwrap_or_else(|e| e.into_inner());
+            let staging = self.staging(&mut table)?;
+            for c in &chunks {
+                self.upload_chunk(staging, c, base)?;
+            }
+        }
+        Ok(CudaMatrix { buf, out, inp })
+    }
+
+    /// This context's staging slots, allocated on first use.
+    fn staging<'t>(&self, table: &'t mut Vec<Staging>) -> Result<&'t mut Staging> {
+        let pos = match table.iter().position(|s| *s.ctx == *self.ctx) {
+            Some(p) => p,
+            None => {
+                let mut stages = Vec::with_capacity(STAGES);
+                for _ in 0..STAGES {
+                    // SAFETY: the host buffer is only read by copies queued after the host wrote
+                    // the bytes they cover; the scratch is written by those copies before the
+                    // conversion kernel reads it.
+                    let mut host = unsafe { self.ctx.alloc_pinned::<u8>(STAGE_BYTES) }
+                        .map_err(derr("allocating a pinned staging buffer"))?;
+                    let host_ptr = host.as_mut_ptr().map_err(derr("pinned buffer"))? as usize;
+                    stages.push(Stage {
+                        host,
+                        host_ptr,
+                        scratch: self.alloc::<u8>(STAGE_BYTES)?,
+                        done: self
+                            .ctx
+                            .new_event(None)
+                            .map_err(derr("creating an event"))?,
+                        pending: false,
+                    });
+                }
+                table.push(Staging {
+                    ctx: self.ctx.clone(),
+                    stages,
+                    next: 0,
+                });
+                table.len() - 1
+            }
+        };
+        Ok(&mut table[pos])
+    }
+
+    /// Copy one chunk through the next staging slot into the matrix at `base`.
+    fn upload_chunk(&self, staging: &mut Staging, c: &Chunk<'_>, base: u64) -> Result<()> {
+        let slot = staging.next;
+        staging.next = (slot + 1) % staging.stages.len();
+        let stage = &mut staging.stages[slot];
+        if stage.pending {
+            // The copy (and conversion) that last used this slot must be done before the host
+            // overwrites its buffer.
+            stage
+                .done
+                .synchronize()
+                .map_err(derr("waiting for a staging copy"))?;
+        }
+        let n = c.bytes.len();
+        debug_assert!(n <= stage.host.len());
+        // Host copy, several threads at once: a cold mmap turns into parallel disk reads.
+        let dst_addr = stage.host_ptr;
+        c.bytes
+            .par_chunks(HOST_PIECE)
+            .enumerate()
+            .for_each(|(i, piece)| {
+                // SAFETY: piece i lands at offset i·HOST_PIECE < n ≤ STAGE_BYTES of the page-locked
+                // buffer; pieces are disjoint; no queued copy reads this slot (event waited above).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        piece.as_ptr(),
+                        (dst_addr as *mut u8).add(i * HOST_PIECE),
+                        piece.len(),
+                    )
+                };
+            });
+        let elems = n / c.dtype.size();
+        let dst = base + (c.dst_elem * 2) as u64;
+        let stream = self.stream.cu_stream();
+        match c.dtype {
+            RawDtype::BF16 => {
+                // SAFETY: dst..dst+n lies inside the matrix (chunks partition it by element
+                // offsets); the source is page-locked memory held until `done` completes.
+                unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(dst, stage.host_ptr as *const c_void, n, stream)
+                }
+                .result()
+                .map_err(derr("host-to-device copy of a weight chunk"))?;
+            }
+            RawDtype::F16 | RawDtype::F32 => {
+                let scratch = self.ptr(&stage.scratch);
+                // SAFETY: the scratch holds STAGE_BYTES ≥ n bytes; source as above.
+                unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(scratch, stage.host_ptr as *const c_void, n, stream)
+                }
+                .result()
+                .map_err(derr("host-to-device copy of a weight chunk"))?;
+                let name = if c.dtype == RawDtype::F16 {
+                    "convert_f16_to_bf16"
+                } else {
+                    "convert_f32_to_bf16"
+                };
+                let f = self.kernels.get("convert", name)?;
+                let n64 = elems as i64;
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(&scratch).arg(&dst).arg(&n64);
+                // Grid-stride kernel: enough blocks to fill the GPU, never more than the work.
+                let grid = elems.div_ceil(256).clamp(1, 4096) as u32;
+                // SAFETY: (const u32* | const u16*, bf16*, long long): scratch holds `elems`
+                // source elements, dst has room for `elems` bf16 values.
+                unsafe {
+                    b.launch(LaunchConfig {
+                        grid_dim: (grid, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                }
+                .map_err(derr(name))?;
+            }
+        }
+        stage
+            .done
+            .record(&self.stream)
+            .map_err(derr("recording a staging event"))?;
+        stage.pending = true;
+        Ok(())
+    }
+
+    /// `Backend::free_memory` on CUDA: the driver's free memory plus what this process's stream
+    /// pool holds reserved but unused (the backend keeps freed blocks in the pool, which the
+    /// driver counts as used).
+    pub(super) fn free_device_memory(&self) -> Option<u64> {
+        let (free, _) = self.mem_info().ok()?;
+        let mut idle = 0u64;
+        // SAFETY: plain driver queries on this context's default pool with valid out-pointers.
+        unsafe {
+            let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+            if sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device())
+                == sys::CUresult::CUDA_SUCCESS
+            {
+                let (mut reserved, mut used) = (0u64, 0u64);
+                let r1 = sys::cuMemPoolGetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                    &mut reserved as *mut u64 as *mut c_void,
+                );
+                let r2 = sys::cuMemPoolGetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                    &mut used as *mut u64 as *mut c_void,
+                );
+                if r1 == sys::CUresult::CUDA_SUCCESS && r2 == sys::CUresult::CUDA_SUCCESS {
+                    idle = reserved.saturating_sub(used);
+                }
+            }
+        }
+        Some(free as u64 + idle)
+    }
+}

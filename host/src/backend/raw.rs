@@ -1,0 +1,150 @@
+//! Weights as stored: dtype + little-endian bytes, borrowed from the checkpoint's memory map.
+//!
+//! [`super::Backend::matrix_raw`] and [`super::Backend::matrix_stacked_raw`] take these so a
+//! backend can build a weight matrix without the host ever holding an f32 copy of the model: the
+//! CUDA backend streams the bytes through pinned staging buffers and converts on the GPU
+//! (`backend/cuda/upload.rs`); the default converts to f32 here, [`CONVERT_CHUNK`] elements at a
+//! time, and calls [`super::Backend::matrix`] (the CPU reference keeps f32 weights anyway).
+//!
+//! Conversions are the `half` crate's, the same ones `formats/safetensors.rs` has always used,
+//! so the default path is bit-identical to loading through `WeightSource::tensor`.
+
+use anyhow::{bail, ensure, Result};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// Storage dtypes a backend takes as is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RawDtype {
+    F32,
+    F16,
+    BF16,
+}
+
+impl RawDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            RawDtype::F32 => 4,
+            RawDtype::F16 | RawDtype::BF16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RawDtype::F32 => "F32",
+            RawDtype::F16 => "F16",
+            RawDtype::BF16 => "BF16",
+        }
+    }
+}
+
+/// One stored tensor `[rows, cols]` (row-major), its bytes borrowed from the file's mmap.
+#[derive(Clone, Copy, Debug)]
+pub struct RawPart<'a> {
+    pub dtype: RawDtype,
+    pub rows: usize,
+    pub cols: usize,
+    /// `rows · cols · dtype.size()` little-endian bytes.
+    pub bytes: &'a [u8],
+}
+
+impl<'a> RawPart<'a> {
+    /// A part over f32 values already on the host (a dequantised GGUF tensor).
+    pub fn from_f32(data: &'a [f32], rows: usize, cols: usize) -> RawPart<'a> {
+        // SAFETY: any f32 is 4 initialised bytes; u8 has no alignment requirement. The bytes
+        // are the host's native order, which `f32_le` reads back as little-endian: every
+        // platform draftlens builds for is little-endian (see the compile_error below).
+        let bytes = unsafe {
+            std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data))
+        };
+        RawPart {
+            dtype: RawDtype::F32,
+            rows,
+            cols,
+            bytes,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The byte count must match the shape.
+    pub fn check(&self) -> Result<()> {
+        let want = self.len() * self.dtype.size();
+        ensure!(
+            self.bytes.len() == want,
+            "{} weight [{}, {}] needs {want} bytes, got {}",
+            self.dtype.name(),
+            self.rows,
+            self.cols,
+            self.bytes.len()
+        );
+        Ok(())
+    }
+}
+
+#[cfg(target_endian = "big")]
+compile_error!("draftlens reads little-endian weight files by reinterpreting bytes; big-endian hosts are not supported");
+
+/// Elements converted per parallel task: 1 Mi elements = 4 MiB of f32, so the conversion never
+/// holds more than (threads × 4 MiB) beyond the destination.
+pub const CONVERT_CHUNK: usize = 1 << 20;
+
+/// Convert `src` (elements of `dtype`, little-endian) into `dst`, chunk by chunk in parallel.
+pub fn convert_to_f32(dtype: RawDtype, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    let size = dtype.size();
+    if src.len() != dst.len() * size {
+        bail!(
+            "converting {} bytes of {} into {} f32 values",
+            src.len(),
+            dtype.name(),
+            dst.len()
+        );
+    }
+    let body = |(s, d): (&[u8], &mut [f32])| match dtype {
+        RawDtype::F32 => {
+            for (y, b) in d.iter_mut().zip(s.chunks_exact(4)) {
+                *y = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        RawDtype::F16 => {
+            for (y, b) in d.iter_mut().zip(s.chunks_exact(2)) {
+                *y = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+        RawDtype::BF16 => {
+            for (y, b) in d.iter_mut().zip(s.chunks_exact(2)) {
+                *y = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+    };
+    src.par_chunks(CONVERT_CHUNK * size)
+        .zip(dst.par_chunks_mut(CONVERT_CHUNK))
+        .for_each(body);
+    Ok(())
+}
+
+/// Row-stacked parts `[Σ rows_i, cols]` as f32: the reference every backend's raw upload must
+/// reproduce after its own rounding (the default of `Backend::matrix_stacked_raw`).
+pub fn stacked_to_f32(parts: &[RawPart<'_>], cols: usize) -> Result<Vec<f32>> {
+    let rows: usize = parts.iter().map(|p| p.rows).sum();
+    let mut data = vec![0f32; rows * cols];
+    let mut off = 0;
+    for p in parts {
+        p.check()?;
+        ensure!(
+            p.cols == cols,
+            "stacked weight: a part has {} columns, the others {cols}",
+            p.cols
+        );
+        convert_to_f32(p.dtype, p.bytes, &mut data[off..off + p.len()])?;
+        off += p.len();
+    }
+    Ok(data)
+}

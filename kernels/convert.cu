@@ -1,0 +1,54 @@
+// Weight dtype conversion on the GPU for the raw upload path (host/src/backend/cuda/upload.rs):
+// the bytes of an f16 or f32 checkpoint tensor are copied to the device as stored and turned into
+// bf16 here, instead of converting (and holding) them on the host. `common.cuh` is prepended.
+//
+// Bit-exact with the host path `Backend::matrix` takes (f32 -> half::bf16::from_f32, and
+// f16 -> f32 by half::f16::to_f32 first), NaN payloads included, so integer arithmetic is used
+// instead of the hardware conversions (PTX cvt canonicalises NaNs):
+//   f32 -> bf16: NaN -> (bits >> 16) | 0x0040 (quiet, sign and high payload kept); otherwise round
+//                to nearest, ties to even, on the dropped 16 bits.
+//   f16 -> f32:  exact; NaN -> sign | 0x7fc00000 | (mantissa << 13); subnormals normalised.
+
+__device__ __forceinline__ bf16_t f32_bits_to_bf16(u32 x) {
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((x >> 16) | 0x0040u);
+    const u32 round_bit = 0x00008000u;
+    if ((x & round_bit) != 0u && (x & (3u * round_bit - 1u)) != 0u) return (bf16_t)((x >> 16) + 1u);
+    return (bf16_t)(x >> 16);
+}
+
+__device__ __forceinline__ u32 f16_bits_to_f32_bits(unsigned short h) {
+    u32 i = h;
+    if ((i & 0x7fffu) == 0u) return i << 16;  // signed zero
+    u32 sign = (i & 0x8000u) << 16;
+    u32 exp = i & 0x7c00u;
+    u32 man = i & 0x03ffu;
+    if (exp == 0x7c00u) {
+        if (man == 0u) return sign | 0x7f800000u;          // infinity
+        return sign | 0x7fc00000u | (man << 13);           // NaN, made quiet
+    }
+    if (exp == 0u) {
+        // Subnormal: shift the leading 1 of the 10-bit mantissa up to the implicit bit.
+        int e = __clz(man) - 22;  // leading zeros within 10 bits, counted from bit 9
+        u32 e32 = (u32)(127 - 15 - e) << 23;
+        u32 m32 = (man << (14 + e)) & 0x7fffffu;
+        return sign | e32 | m32;
+    }
+    u32 e32 = (u32)(((int)(exp >> 10) - 15) + 127) << 23;
+    return sign | e32 | (man << 13);
+}
+
+// n elements of little-endian f32 at `src` -> bf16 at `dst`. Grid-stride loop.
+extern "C" __global__ void convert_f32_to_bf16(const u32* __restrict__ src, bf16_t* __restrict__ dst,
+                                               long long n) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = f32_bits_to_bf16(src[i]);
+}
+
+// n elements of little-endian f16 at `src` -> bf16 at `dst` (through the exact f32 value).
+extern "C" __global__ void convert_f16_to_bf16(const unsigned short* __restrict__ src,
+                                               bf16_t* __restrict__ dst, long long n) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = f32_bits_to_bf16(f16_bits_to_f32_bits(src[i]));
+}
