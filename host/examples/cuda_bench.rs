@@ -5,7 +5,7 @@
 //!
 //! cargo build --release -p draftlens --example cuda_bench
 //! cuda_bench [--out results.json] [--mix lengths.txt] [--forwards N] [--quick]
-//!            [--only ceilings,attention,gemm,extract,mix,drafter,product]
+//!            [--only ceilings,attention,gemm,extract,mix,drafter,product,decode]
 
 use anyhow::{bail, Context, Result};
 use draftlens::backend::cuda::bench::{
@@ -18,7 +18,7 @@ use draftlens::model::{Capture, ModelSpec, TargetModel};
 use serde_json::json;
 use std::time::Instant;
 
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "ceilings",
     "attention",
     "gemm",
@@ -26,6 +26,7 @@ const SECTIONS: [&str; 7] = [
     "mix",
     "drafter",
     "product",
+    "decode",
 ];
 
 struct Args {
@@ -254,6 +255,12 @@ fn main() -> Result<()> {
             json!({"s_per_forward": t, "tokens_per_s": n as f64 / t, "tflops": flops / t / 1e12,
                    "pct_of_floor": 100.0 * floor_s / t, "load_s": load_s, "tokens": n, "seqs": nseq}),
         );
+    }
+
+    // ---- decode: the batch-invariant decode GEMM and greedy generation (bench_decode.rs)
+    if has("decode") {
+        let d = draftlens::backend::cuda::bench_decode::run(&be, a.quick)?;
+        results.insert("decode".into(), d);
     }
 
     let need_model = has("extract") || has("mix") || has("drafter");
