@@ -2,8 +2,10 @@
 // (host/src/backend/cuda/decode.rs `attention_decode`), compiled with decode_gemm.cu.
 //
 // Row r of q [R, H·hd] and of the new k/v [R, Hkv·hd] is the next token of sequence r, whose
-// cache holds positions 0..len_r (`kv` = {k cache, v cache, len_r} per sequence, caches
-// [capacity ≥ len_r + 1, Hkv·hd] bf16). The kernel appends the new k/v at position len_r and
+// cache holds positions 0..len_r (`tab` = k cache, v cache and len_r per sequence, caches
+// [capacity ≥ len_r + 1, Hkv·hd] bf16). The table is a kernel parameter (R ≤ DA_MAX_ROWS per
+// launch), not a device buffer: uploading one per layer from pageable host memory could make the
+// host wait for the stream at every layer. The kernel appends the new k/v at position len_r and
 // attends q over positions 0..=len_r. One block per (sequence, KV head), one warp per query head
 // of that group, so a sequence's result never depends on which sequences share the launch.
 //
@@ -13,6 +15,13 @@
 // accumulates in fp32, is divided by the sum at the end and rounded once to bf16. Every lane
 // holds hd/32 consecutive dimensions; the dot products are reduced with the xor butterfly, whose
 // result is bitwise the same on every lane (fp32 addition is commutative).
+
+#define DA_MAX_ROWS 64
+struct DaTable {
+    u64 k[DA_MAX_ROWS];
+    u64 v[DA_MAX_ROWS];
+    int len[DA_MAX_ROWS];
+};
 
 template <int DPL>
 __device__ __forceinline__ void da_load(const bf16_t* p, float* f) {
@@ -44,7 +53,7 @@ __device__ __forceinline__ void da_copy(bf16_t* d, const bf16_t* s) {
 
 template <int HD, int UNR>
 __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew,
-                                 const bf16_t* __restrict__ vnew, bf16_t* __restrict__ out, const u64* __restrict__ kv,
+                                 const bf16_t* __restrict__ vnew, bf16_t* __restrict__ out, const DaTable& tab,
                                  int heads, int kv_heads, float scale_log2) {
     constexpr int DPL = HD / 32;
     const int r = blockIdx.x, h = blockIdx.y;
@@ -52,9 +61,9 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
     const int group = heads / kv_heads;
     const int qh = h * group + w;
     const long long kvd = (long long)kv_heads * HD, qd = (long long)heads * HD;
-    bf16_t* kc = (bf16_t*)kv[3 * r];
-    bf16_t* vc = (bf16_t*)kv[3 * r + 1];
-    const int len = (int)kv[3 * r + 2];
+    bf16_t* kc = (bf16_t*)tab.k[r];
+    bf16_t* vc = (bf16_t*)tab.v[r];
+    const int len = tab.len[r];
     const int d0 = lane * DPL;
     const bf16_t* kn = knew + r * kvd + h * HD + d0;
     const bf16_t* vn = vnew + r * kvd + h * HD + d0;
@@ -130,9 +139,9 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
 #define DA_ENTRY(HD, UNR)                                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                                          \
         decode_attention_hd##HD(const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew,                 \
-                                const bf16_t* __restrict__ vnew, bf16_t* __restrict__ out, const u64* kv,       \
-                                int heads, int kv_heads, float scale_log2) {                                    \
-        decode_attention<HD, UNR>(q, knew, vnew, out, kv, heads, kv_heads, scale_log2);                         \
+                                const bf16_t* __restrict__ vnew, bf16_t* __restrict__ out,                      \
+                                const __grid_constant__ DaTable tab, int heads, int kv_heads, float scale_log2) { \
+        decode_attention<HD, UNR>(q, knew, vnew, out, tab, heads, kv_heads, scale_log2);                        \
     }
 
 DA_ENTRY(64, 8)

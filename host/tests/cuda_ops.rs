@@ -58,7 +58,12 @@ fn cuda_unavailable_is_a_clean_error_not_a_panic() {
 fn cuda_kernels_compile_with_nvrtc() {
     match compile_kernels_offline("compute_90") {
         Ok(mods) => {
-            assert_eq!(mods.len(), 3);
+            for want in ["elementwise", "attention", "topk", "decode"] {
+                assert!(
+                    mods.iter().any(|(n, _)| n == want),
+                    "module {want} missing from {mods:?}"
+                );
+            }
             for (name, bytes) in mods {
                 assert!(bytes > 1000, "{name}: PTX of {bytes} bytes");
                 println!("kernels/{name}.cu: {bytes} bytes of PTX for compute_90");

@@ -82,6 +82,42 @@ pub fn gemm_bandwidth(be: &CudaBackend, copy_rate: f64) -> Result<Value> {
     Ok(Value::Object(out))
 }
 
+/// Weight GB/s of the o_proj and down shapes at batch 1 and 64 for every K split (the choice
+/// [`super::k_splits`] makes is fixed per shape; this measures the alternatives).
+pub fn split_sweep(be: &CudaBackend) -> Result<Value> {
+    let mut out = serde_json::Map::new();
+    for (name, n, k) in [
+        ("o_proj", 4096, 4096),
+        ("down", 4096, 12288),
+        ("qkv", 6144, 4096),
+    ] {
+        let ws: Vec<CudaMatrix> = (0..COPIES)
+            .map(|c| be.random_matrix(n, k, 0.02, 400 + c as u64))
+            .collect::<Result<_>>()?;
+        let bytes = (COPIES * n * k * 2) as f64;
+        let mut line = format!("  split sweep [{n} x {k}] {name}: GB/s at rows 1 / 64 per split");
+        for s in [1, 2, 4, 8, 16] {
+            be.set_decode_splits_override(Some(s));
+            let mut r = Vec::new();
+            for rows in [1usize, 64] {
+                let x = be.random_tensor(rows, k, 1.0, 0.0, 9)?;
+                let t = time_median(be, 2, 10, || {
+                    for w in &ws {
+                        be.matmul(&x, w)?;
+                    }
+                    Ok(())
+                })?;
+                r.push(bytes / t / 1e9);
+            }
+            line += &format!(" | S={s}: {:.0} / {:.0}", r[0], r[1]);
+            out.insert(format!("{name}_s{s}"), json!(r));
+        }
+        be.set_decode_splits_override(None);
+        println!("{line}");
+    }
+    Ok(Value::Object(out))
+}
+
 /// Random prompt ids of HumanEval-like lengths (40..=250 tokens).
 fn prompts(n: usize, vocab: usize) -> Vec<Vec<u32>> {
     let mut s = 0x2545_f491_4f6c_dd1du64;
@@ -193,7 +229,8 @@ pub fn model_decode(
     Ok(Value::Object(out))
 }
 
-/// The whole section: copy rate, GEMM bandwidth, model decode.
+/// The whole section: copy rate, GEMM bandwidth, model decode. `DECODE_ALONE=N` (default 64)
+/// decodes only the first N of the 64 prompts one at a time and extrapolates (device time).
 pub fn run(be: &CudaBackend, quick: bool) -> Result<Value> {
     let copy_rate = copy_bandwidth(be, 4 << 30)?;
     println!(
@@ -201,7 +238,13 @@ pub fn run(be: &CudaBackend, quick: bool) -> Result<Value> {
         copy_rate / 1e12
     );
     let gemm = gemm_bandwidth(be, copy_rate)?;
+    let sweep = split_sweep(be)?;
     let (layers, alone) = if quick { (4, 4) } else { (36, 64) };
+    let alone = std::env::var("DECODE_ALONE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(alone)
+        .min(64);
     let model = model_decode(be, copy_rate, layers, alone)?;
-    Ok(json!({"copy_tb_s": copy_rate / 1e12, "gemm": gemm, "model": model}))
+    Ok(json!({"copy_tb_s": copy_rate / 1e12, "gemm": gemm, "split_sweep": sweep, "model": model}))
 }

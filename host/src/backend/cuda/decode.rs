@@ -63,6 +63,8 @@ pub fn k_splits(n: usize, k: usize) -> usize {
 pub(crate) struct DecodeScratch {
     partials: Option<CudaSlice<f32>>,
     counters: Option<CudaSlice<u32>>,
+    /// Benchmarks only ([`CudaBackend::set_decode_splits_override`]).
+    splits_override: Option<usize>,
 }
 
 pub(crate) type DecodeState = Mutex<DecodeScratch>;
@@ -100,9 +102,12 @@ impl CudaBackend {
         let func = decode_kernel_name(nt, mt);
         let features_per_block = WARPS * mt * FEATURES_PER_WARP_TILE;
         let feature_blocks = out.div_ceil(features_per_block);
-        let splits = k_splits(out, inp);
         let f = self.kernels.get("decode", func)?;
         let mut scratch = self.decode.lock().unwrap_or_else(|e| e.into_inner());
+        let splits = scratch
+            .splits_override
+            .unwrap_or_else(|| k_splits(out, inp))
+            .clamp(1, 64);
         let (ws, cnt) = if splits > 1 {
             // One float4 per (warp, feature tile, row tile, lane) and split.
             let need = feature_blocks * splits * WARPS * mt * nt * 32 * 4;
@@ -169,6 +174,16 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// For benchmarks of the K split only: every decode GEMM uses `splits` K slices instead of
+    /// [`k_splits`] (None restores it). The split fixes the order of summation, so results are
+    /// still batch-invariant under one setting but differ between settings.
+    pub fn set_decode_splits_override(&self, splits: Option<usize>) {
+        self.decode
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .splits_override = splits;
+    }
+
     /// `x · Wᵀ` through cuBLAS whatever the row count: the reference the decode kernel is
     /// tested and benchmarked against (not batch-invariant).
     pub fn matmul_cublas(&self, x: &CudaTensor, w: &CudaMatrix) -> Result<CudaTensor> {
@@ -272,11 +287,21 @@ impl CudaBackend {
             caches.len()
         );
         let kvd = kv_heads * hd;
-        let mut out = self.new_tensor(rows, heads * hd)?;
+        let out = self.new_tensor(rows, heads * hd)?;
         if rows == 0 {
             return Ok(out);
         }
-        let mut table = Vec::with_capacity(3 * rows);
+        let mut table = DecodeKvTable {
+            k: [0; DA_MAX_ROWS],
+            v: [0; DA_MAX_ROWS],
+            len: [0; DA_MAX_ROWS],
+        };
+        let f = self.kernels.get("decode", func)?;
+        let (h32, hk32, scale_log2) = (
+            heads as i32,
+            kv_heads as i32,
+            std::f32::consts::LOG2_E / (hd as f32).sqrt(),
+        );
         for (r, slot) in caches.iter_mut().enumerate() {
             for c in [&mut *slot.k, &mut *slot.v] {
                 if c.is_none() {
@@ -301,35 +326,47 @@ impl CudaBackend {
             );
             self.reserve_rows(kc, 1)?;
             self.reserve_rows(vc, 1)?;
-            table.extend_from_slice(&[self.ptr(&kc.buf), self.ptr(&vc.buf), kc.rows as u64]);
+            let i = r % DA_MAX_ROWS;
+            table.k[i] = self.ptr(&kc.buf);
+            table.v[i] = self.ptr(&vc.buf);
+            table.len[i] = kc.rows as i32;
+            // One launch per DA_MAX_ROWS sequences (the table travels as a kernel parameter).
+            if i + 1 == DA_MAX_ROWS || r + 1 == rows {
+                let r0 = r - i;
+                let (qo, ko, oo) = (
+                    (r0 * heads * hd * 2) as u64,
+                    (r0 * kvd * 2) as u64,
+                    (r0 * heads * hd * 2) as u64,
+                );
+                let (qp, kp, vp, op) = (
+                    self.ptr(&q.buf) + qo,
+                    self.ptr(&k.buf) + ko,
+                    self.ptr(&v.buf) + ko,
+                    self.ptr(&out.buf) + oo,
+                );
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(&qp)
+                    .arg(&kp)
+                    .arg(&vp)
+                    .arg(&op)
+                    .arg(&table)
+                    .arg(&h32)
+                    .arg(&hk32)
+                    .arg(&scale_log2);
+                // SAFETY: signature of DA_ENTRY in kernels/decode_attention.cu (const bf16* ×3,
+                // bf16*, DaTable by value, int, int, float); shapes checked above; rows r0..=r of
+                // q/k/v/out exist; every cache has room for one more row (reserve_rows) and the
+                // table holds (k, v, len) of those rows.
+                unsafe {
+                    b.launch(LaunchConfig {
+                        grid_dim: ((i + 1) as u32, kv_heads as u32, 1),
+                        block_dim: ((group * 32) as u32, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                }
+                .map_err(derr(func))?;
+            }
         }
-        let table = self.upload(&table)?;
-        let f = self.kernels.get("decode", func)?;
-        let (h32, hk32, scale_log2) = (
-            heads as i32,
-            kv_heads as i32,
-            std::f32::consts::LOG2_E / (hd as f32).sqrt(),
-        );
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&q.buf)
-            .arg(&k.buf)
-            .arg(&v.buf)
-            .arg(&mut out.buf)
-            .arg(&table)
-            .arg(&h32)
-            .arg(&hk32)
-            .arg(&scale_log2);
-        // SAFETY: signature of DA_ENTRY in kernels/decode_attention.cu (const bf16* ×3, bf16*,
-        // const u64*, int, int, float); shapes checked above; every cache has room for one more
-        // row (reserve_rows) and the table holds (k, v, len) per row.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (rows as u32, kv_heads as u32, 1),
-                block_dim: ((group * 32) as u32, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(derr(func))?;
         for slot in caches.iter_mut() {
             for t in [slot.k.as_mut(), slot.v.as_mut()].into_iter().flatten() {
                 t.rows += 1;
@@ -339,17 +376,27 @@ impl CudaBackend {
     }
 }
 
+/// Sequences per decode-attention launch: the table is a kernel parameter (DA_MAX_ROWS in
+/// kernels/decode_attention.cu).
+const DA_MAX_ROWS: usize = 64;
+
+/// `DaTable` of kernels/decode_attention.cu: per sequence the K and V cache addresses and the
+/// cached length, passed by value (1280 bytes of the 4 KiB parameter space).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DecodeKvTable {
+    k: [u64; DA_MAX_ROWS],
+    v: [u64; DA_MAX_ROWS],
+    len: [i32; DA_MAX_ROWS],
+}
+
+// SAFETY: plain-old-data with the C layout of DaTable (u64[64], u64[64], int[64]).
+unsafe impl cudarc::driver::DeviceRepr for DecodeKvTable {}
+
 /// The kernel instance for `nt` row tiles of 8 and `mt` 16-feature tiles per warp.
 fn decode_kernel_name(nt: usize, mt: usize) -> &'static str {
-    const M1: [&str; 4] = [
-        "decode_gemm_n1_m1",
-        "decode_gemm_n2_m1",
-        "decode_gemm_n3_m1",
-        "decode_gemm_n4_m1",
-    ];
-    const M2: [&str; 8] = [
-        "decode_gemm_n1_m2",
-        "decode_gemm_n2_m2",
+    const M1: [&str; 2] = ["decode_gemm_n1_m1", "decode_gemm_n2_m1"];
+    const M2: [&str; 6] = [
         "decode_gemm_n3_m2",
         "decode_gemm_n4_m2",
         "decode_gemm_n5_m2",
@@ -357,10 +404,10 @@ fn decode_kernel_name(nt: usize, mt: usize) -> &'static str {
         "decode_gemm_n7_m2",
         "decode_gemm_n8_m2",
     ];
-    if mt == 1 && nt <= 4 {
+    if mt == 1 && nt <= 2 {
         M1[nt - 1]
     } else {
-        M2[nt.clamp(1, 8) - 1]
+        M2[nt.clamp(3, 8) - 3]
     }
 }
 
