@@ -12,7 +12,8 @@ use anyhow::{bail, Context, Result};
 use std::path::Path;
 
 /// Bumped whenever model code or kernels change numerics, so cached entries are recomputed.
-pub const MODEL_CODE_VERSION: &str = "2";
+/// 3: CUDA GEMMs of ≤ 64 rows and decode attention on the batch-invariant decode kernels.
+pub const MODEL_CODE_VERSION: &str = "3";
 
 /// Default token budget of one packed target forward ([`Session::pack_tokens`]): 16k rows fill
 /// an H200 (docs/cuda.md) and keep the CPU's activations small.
