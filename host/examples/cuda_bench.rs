@@ -6,6 +6,7 @@
 //! cargo build --release -p draftlens --example cuda_bench
 //! cuda_bench [--out results.json] [--mix lengths.txt] [--forwards N] [--quick]
 //!            [--only ceilings,attention,gemm,extract,mix,drafter,product,decode]
+//! (every section but `decode` by default; `--only decode` runs host/src/backend/cuda/bench_decode.rs)
 
 use anyhow::{bail, Context, Result};
 use draftlens::backend::cuda::bench::{
@@ -43,7 +44,12 @@ fn args() -> Result<Args> {
         mix: None,
         reps: 5,
         quick: false,
-        only: SECTIONS.iter().map(|s| s.to_string()).collect(),
+        // `decode` (≈ 3 min: a 36-layer model load and 64 × 128 tokens one at a time) only on request.
+        only: SECTIONS
+            .iter()
+            .filter(|s| **s != "decode")
+            .map(|s| s.to_string())
+            .collect(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
