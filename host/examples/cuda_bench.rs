@@ -7,7 +7,8 @@
 //!
 //! cargo build --release -p draftlens --example cuda_bench
 //! cuda_bench [--out results.json] [--mix lengths.txt] [--forwards N] [--quick]
-//!            [--only ceilings,attention,gemm,extract,mix,drafter]
+//!            [--only ceilings,attention,gemm,extract,mix,drafter,decode]
+//! (every section but `decode` by default; `--only decode` runs host/src/backend/cuda/bench_decode.rs)
 
 use anyhow::{bail, Context, Result};
 use draftlens::backend::cuda::bench::{copy_bandwidth, gemm_tflops, time_median};
@@ -21,7 +22,15 @@ use draftlens::model::{Capture, ModelSpec, TargetModel};
 use serde_json::json;
 use std::time::Instant;
 
-const SECTIONS: [&str; 6] = ["ceilings", "attention", "gemm", "extract", "mix", "drafter"];
+const SECTIONS: [&str; 7] = [
+    "ceilings",
+    "attention",
+    "gemm",
+    "extract",
+    "mix",
+    "drafter",
+    "decode",
+];
 
 struct Args {
     out: Option<String>,
@@ -37,7 +46,12 @@ fn args() -> Result<Args> {
         mix: None,
         reps: 5,
         quick: false,
-        only: SECTIONS.iter().map(|s| s.to_string()).collect(),
+        // `decode` (≈ 3 min: a 36-layer model load and 64 × 128 tokens one at a time) only on request.
+        only: SECTIONS
+            .iter()
+            .filter(|s| **s != "decode")
+            .map(|s| s.to_string())
+            .collect(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -216,6 +230,12 @@ fn main() -> Result<()> {
             "gemm_shapes_tflops".into(),
             serde_json::Value::Object(shapes),
         );
+    }
+
+    // ---- decode: the batch-invariant decode GEMM and greedy generation (bench_decode.rs)
+    if has("decode") {
+        let d = draftlens::backend::cuda::bench_decode::run(&be, a.quick)?;
+        results.insert("decode".into(), d);
     }
 
     let need_model = has("extract") || has("mix") || has("drafter");

@@ -47,8 +47,8 @@ struct Decoding<B: Backend> {
 /// Greedy decode of several prompts at once: each prompt is prefilled alone, then every decode
 /// step feeds the next token of all unfinished prompts through one
 /// [`TargetModel::forward_decode`]. A prompt leaves the batch when it stops (EOS, `max_new`,
-/// context window). On a [`Backend::rows_independent`] backend each continuation is
-/// bit-for-bit the one [`greedy`] gives for the prompt alone; callers group prompts only there.
+/// context window). With at most [`Backend::max_independent_rows`] prompts each continuation is
+/// bit-for-bit the one [`greedy`] gives for the prompt alone; callers group no more than that.
 pub fn greedy_batch<B: Backend>(
     be: &B,
     model: &TargetModel<B>,

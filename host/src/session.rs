@@ -21,14 +21,15 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// Bumped whenever model code or kernels change numerics, so cached entries are recomputed.
-pub const MODEL_CODE_VERSION: &str = "2";
+/// 3: CUDA GEMMs of ≤ 64 rows and decode attention on the batch-invariant decode kernels.
+pub const MODEL_CODE_VERSION: &str = "3";
 
 /// Default token budget of one packed target forward ([`Session::pack_tokens`]): 16k rows fill
 /// an H200 (docs/cuda.md) and keep the CPU's activations small.
 pub const DEFAULT_PACK_TOKENS: usize = 16384;
 
 /// Most prompts decoded together by [`Session::continuations`] on a backend whose rows are
-/// independent ([`Backend::rows_independent`]). On the 2-core CPU, 64 HumanEval prompts × 128
+/// independent (at most [`Backend::max_independent_rows`]). On the 2-core CPU, 64 HumanEval prompts × 128
 /// tokens take 87 / 73 / 67 s at 16 / 32 / 64 (docs/benchmarks.md): 32 keeps most of the gain
 /// at half the KV-cache memory of 64.
 pub const DEFAULT_GEN_BATCH: usize = 32;
@@ -352,15 +353,13 @@ impl<B: Backend> Session<B> {
         c.pop().context("continuation missing")
     }
 
-    /// How many prompts [`Session::continuations`] decodes together: [`Session::gen_batch`]
-    /// where the backend's rows are independent (a continuation then cannot depend on its
-    /// batch-mates), else 1.
+    /// How many prompts [`Session::continuations`] decodes together: [`Session::gen_batch`],
+    /// capped by [`Backend::max_independent_rows`] (up to that many rows a continuation cannot
+    /// depend on its batch-mates; CPU: no cap, CUDA: 64).
     pub fn gen_batch(&self) -> usize {
-        if self.be.rows_independent() {
-            self.gen_batch.max(1)
-        } else {
-            1
-        }
+        self.gen_batch
+            .max(1)
+            .min(self.be.max_independent_rows().max(1))
     }
 
     /// Each prompt's token ids ([`Session::prompt_ids`]) with its greedy continuation

@@ -45,8 +45,8 @@ pub struct TargetArgs {
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
     pub backend: BackendArg,
     /// Prompts whose greedy continuations are decoded together (one weight read per step for
-    /// all of them). Continuations are bit-identical to decoding each prompt alone; backends
-    /// that cannot promise that (CUDA) decode one prompt at a time.
+    /// all of them). Continuations are bit-identical to decoding each prompt alone; a backend
+    /// caps the batch at the rows it can promise that for (CUDA: 64, CPU: no cap).
     #[arg(long, default_value_t = draftlens::session::DEFAULT_GEN_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub gen_batch: usize,
 }

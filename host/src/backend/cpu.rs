@@ -67,7 +67,7 @@ fn gemm_f32(
         // k-blocking depends on k and the caches, not on m; shapes with n ≤ 64 take other
         // paths). Running a single row as two identical rows keeps row results independent of
         // how many rows share the call, which batched greedy decoding relies on
-        // ([`Backend::rows_independent`]). The weight read dominates either way.
+        // ([`Backend::max_independent_rows`]). The weight read dominates either way.
         let mut lhs2 = Vec::with_capacity(2 * k);
         lhs2.extend_from_slice(&lhs[..k]);
         lhs2.extend_from_slice(&lhs[..k]);
@@ -614,8 +614,8 @@ impl Backend for CpuBackend {
 
     /// Every op works row by row, and `matmul` / `lm_head_topk` give a row the same bits in a
     /// call of any size (see `gemm_f32`; `batch_invariance` tests it at the model's shapes).
-    fn rows_independent(&self) -> bool {
-        true
+    fn max_independent_rows(&self) -> usize {
+        usize::MAX
     }
 
     fn concat_rows(&self, parts: &[&CpuTensor]) -> Result<CpuTensor> {

@@ -182,6 +182,58 @@ pub struct GdnParams<'a, B: Backend + ?Sized> {
     pub profile: GdnProfile,
 }
 
+/// The K and V cache of one sequence in one layer (`[len, kv_heads·head_dim]` each, positions
+/// `0..len`; `None` before the first token), as [`Backend::attention_decode`] grows it.
+pub struct KvSlot<'a, T> {
+    pub k: &'a mut Option<T>,
+    pub v: &'a mut Option<T>,
+}
+
+/// [`Backend::attention_decode`] one sequence at a time: append row r of k/v to cache r
+/// ([`Backend::append_rows`]), then [`Backend::attention`] of q row r over the whole cache,
+/// causal from position `len_r`. The trait's default.
+pub fn attention_decode_per_row<B: Backend + ?Sized>(
+    be: &B,
+    q: &B::Tensor,
+    k: &B::Tensor,
+    v: &B::Tensor,
+    shape: AttnShape,
+    caches: &mut [KvSlot<'_, B::Tensor>],
+) -> Result<B::Tensor> {
+    let rows = be.dims(q).0;
+    ensure!(
+        rows == caches.len() && be.dims(k).0 == rows && be.dims(v).0 == rows,
+        "attention_decode: {rows} query rows, {} k rows, {} v rows for {} caches",
+        be.dims(k).0,
+        be.dims(v).0,
+        caches.len()
+    );
+    let mut outs = Vec::with_capacity(rows);
+    for (r, slot) in caches.iter_mut().enumerate() {
+        let start = slot.k.as_ref().map(|t| be.dims(t).0).unwrap_or(0);
+        for (cache, new) in [(&mut *slot.k, k), (&mut *slot.v, v)] {
+            let row = be.slice_rows(new, r, r + 1)?;
+            match cache {
+                Some(old) => be.append_rows(old, &row)?,
+                None => *cache = Some(row),
+            }
+        }
+        let (k_all, v_all) = match (slot.k.as_ref(), slot.v.as_ref()) {
+            (Some(k), Some(v)) => (k, v),
+            _ => anyhow::bail!("attention_decode: cache {r} lost its keys"),
+        };
+        let qr = be.slice_rows(q, r, r + 1)?;
+        outs.push(be.attention(
+            &qr,
+            k_all,
+            v_all,
+            shape,
+            &AttnMask::Causal { q_start: start },
+        )?);
+    }
+    be.concat_rows(&outs.iter().collect::<Vec<_>>())
+}
+
 /// Every operation the model code needs. All methods return errors instead of panicking
 /// (device failures, shape mismatches).
 ///
@@ -322,6 +374,24 @@ pub trait Backend: Send + Sync + 'static {
         let y = self.matmul(x, w)?;
         self.add_inplace(acc, &y)
     }
+    /// One decode step's attention for several sequences: row r of q `[R, heads·hd]` and of k/v
+    /// `[R, kv_heads·hd]` is the next token of the sequence whose cache is `caches[r]` (positions
+    /// `0..len_r`). Appends row r of k/v to that cache and attends q row r over positions
+    /// `0..=len_r`; returns `[R, heads·hd]`. Row r must not depend on the other rows.
+    ///
+    /// Why: per sequence, the default ([`attention_decode_per_row`]) costs a few copies and
+    /// launches per row and layer; the CUDA backend does all rows in one launch and grows each
+    /// cache in place.
+    fn attention_decode(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        shape: AttnShape,
+        caches: &mut [KvSlot<'_, Self::Tensor>],
+    ) -> Result<Self::Tensor> {
+        attention_decode_per_row(self, q, k, v, shape, caches)
+    }
     /// Rows `ids` of an embedding table `[vocab, dim]` → `[ids.len(), dim]`.
     fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor>;
     /// Stack tensors with equal column counts.
@@ -331,14 +401,18 @@ pub trait Backend: Send + Sync + 'static {
         *x = self.concat_rows(&[x, y])?;
         Ok(())
     }
-    /// Whether every row of every op's output is bit-identical however many rows share the call.
+    /// The most rows a call may have while every row of every op's output stays bit-identical
+    /// to the same row computed alone (however many rows share the call, up to this limit).
     ///
     /// Why: batched greedy decoding ([`crate::generate::greedy_batch`]) may only group prompts
     /// when a prompt's continuation cannot depend on its batch-mates; otherwise a cached
-    /// continuation would depend on which prompts ran together. cuBLAS picks algorithms by
-    /// shape, so the CUDA backend says no and decodes one prompt at a time.
-    fn rows_independent(&self) -> bool {
-        false
+    /// continuation would depend on which prompts ran together. [`crate::session::Session`]
+    /// decodes at most this many prompts together. The CPU reference says `usize::MAX`; the CUDA
+    /// backend 64 (`MAX_DECODE_ROWS`: up to 64 rows its GEMMs run on a kernel whose order of
+    /// summation is fixed by the weight's shape; cuBLAS, used above that, picks algorithms by
+    /// shape). The default, 1, is always safe: prompts decode one at a time.
+    fn max_independent_rows(&self) -> usize {
+        1
     }
     /// Put tensors with equal row counts side by side (DFlash tap fusion).
     fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;

@@ -16,7 +16,7 @@ use super::config::ModelSpec;
 use super::gated_deltanet::{GatedDeltaNet, LinearState};
 use super::hybrid::LayerType;
 use crate::backend::raw::RawPart;
-use crate::backend::{AttnShape, Backend, GdnProfile, QkNorm, Rope, TopK};
+use crate::backend::{AttnShape, Backend, GdnProfile, KvSlot, QkNorm, Rope, TopK};
 use crate::formats::WeightSource;
 use anyhow::{bail, Context, Result};
 
@@ -398,8 +398,9 @@ impl<B: Backend> Attention<B> {
 
     /// One decode step of several sequences: row r of `x` is the next token of the sequence whose
     /// cache is `caches[r]`, at position `caches[r]`'s length. The projections run over all rows
-    /// at once; each row then attends over its own cache (appending its K/V), exactly as
-    /// [`Attention::forward`] does for that row alone.
+    /// at once; each row then attends over its own cache (appending its K/V) through
+    /// [`Backend::attention_decode`], whose default is exactly [`Attention::forward`]'s
+    /// append-then-attend for that row alone.
     pub fn forward_decode(
         &self,
         be: &B,
@@ -410,19 +411,14 @@ impl<B: Backend> Attention<B> {
     ) -> Result<()> {
         let positions: Vec<u32> = starts.iter().map(|&s| s as u32).collect();
         let (q, k, v) = self.qkv(be, x, &positions)?;
-        let mut outs = Vec::with_capacity(caches.len());
-        for (r, (cache, &start)) in caches.iter_mut().zip(starts).enumerate() {
-            let row = |t: &B::Tensor| be.slice_rows(t, r, r + 1);
-            outs.push(cache.append_and_attend(
-                be,
-                &row(&q)?,
-                row(&k)?,
-                row(&v)?,
-                self.shape,
-                start,
-            )?);
-        }
-        let o = be.concat_rows(&outs.iter().collect::<Vec<_>>())?;
+        let mut slots: Vec<KvSlot<'_, B::Tensor>> = caches
+            .iter_mut()
+            .map(|c| KvSlot {
+                k: &mut c.k,
+                v: &mut c.v,
+            })
+            .collect();
+        let o = be.attention_decode(&q, &k, &v, self.shape, &mut slots)?;
         self.output(be, x, o, h)
     }
 
@@ -741,7 +737,7 @@ impl<B: Backend> TargetModel<B> {
     /// One greedy-decoding step of several sequences: `ids[r]` is the next token of the sequence
     /// whose cache is `caches[r]` (each at its own position). Returns the final-norm hidden
     /// states `[ids.len(), D]`; row r equals what [`TargetModel::forward`] gives for `ids[r]` and
-    /// `caches[r]` alone when the backend is [`Backend::rows_independent`].
+    /// `caches[r]` alone when `ids.len()` is at most [`Backend::max_independent_rows`].
     ///
     /// Why: a decode step of one token is a matrix-vector product that reads every weight for
     /// one row; decoding many prompts together reads them once for all rows.

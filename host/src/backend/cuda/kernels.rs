@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 const COMMON: &str = include_str!("../../../../kernels/common.cuh");
 
 /// (module name, source) of every kernel module. `kernels/fused.cu` (the fused forward's SwiGLU) is
-/// compiled as part of the `elementwise` module; its `#line` directive keeps NVRTC's messages
-/// pointing at the right file.
+/// compiled as part of the `elementwise` module, `kernels/decode_attention.cu` as part of `decode`
+/// (with `kernels/decode_gemm.cu`); their `#line` directives keep NVRTC's messages pointing at the
+/// right file.
 const SOURCES: &[(&str, &str)] = &[
     (
         "elementwise",
@@ -32,6 +33,14 @@ const SOURCES: &[(&str, &str)] = &[
     ("topk", include_str!("../../../../kernels/topk.cu")),
     ("gdn", include_str!("../../../../kernels/gdn.cu")),
     ("convert", include_str!("../../../../kernels/convert.cu")),
+    (
+        "decode",
+        concat!(
+            include_str!("../../../../kernels/decode_gemm.cu"),
+            "\n#line 1 \"kernels/decode_attention.cu\"\n",
+            include_str!("../../../../kernels/decode_attention.cu")
+        ),
+    ),
 ];
 
 pub(crate) struct Kernels {

@@ -16,14 +16,18 @@
 
 pub mod bench;
 pub mod gdn;
+pub mod bench_decode;
+mod decode;
 mod gemm;
 mod kernels;
 mod upload;
 
+pub use decode::{k_splits, MAX_DECODE_ROWS};
 pub use gemm::{GemmMode, TuneRecord};
 
 use super::{
-    attention_varlen_qkv_unfused, AttnMask, AttnShape, Backend, QkNorm, Rope, RopeStyle, TopK,
+    attention_varlen_qkv_unfused, AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope, RopeStyle,
+    TopK,
 };
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
@@ -88,6 +92,8 @@ pub struct CudaBackend {
     pos_cache: Mutex<Option<(Vec<u32>, CudaSlice<u32>)>>,
     /// Inverse frequencies per (theta bits, rotary_dim).
     freq_cache: Mutex<Vec<(FreqKey, CudaSlice<f32>)>>,
+    /// Split-K scratch of the batch-invariant decode GEMM (`decode.rs`).
+    decode: decode::DecodeState,
 }
 
 /// (theta bits, rotary_dim) of a cached inverse-frequency table.
@@ -352,6 +358,7 @@ impl CudaBackend {
             gemm,
             pos_cache: Mutex::new(None),
             freq_cache: Mutex::new(Vec::new()),
+            decode: Default::default(),
         })
     }
 
@@ -388,6 +395,9 @@ impl CudaBackend {
             ("elementwise", "swiglu_packed_rows_bf16"),
             ("topk", "topk_logsoftmax_k8"),
             ("topk", "topk_logsoftmax_k64"),
+            ("decode", "decode_gemm_n1_m1"),
+            ("decode", "decode_gemm_n8_m2"),
+            ("decode", "decode_attention_hd128"),
         ] {
             out.push(self.kernels.resources(m, f)?);
         }
@@ -698,6 +708,19 @@ impl CudaBackend {
             x.rows,
             w.out
         );
+        if x.rows <= MAX_DECODE_ROWS {
+            // Batch-invariant, the add in the epilogue as below (decode.rs).
+            return self.decode_gemm_raw(
+                self.ptr(&x.buf),
+                x.rows,
+                self.ptr(&w.buf),
+                w.out,
+                w.inp,
+                self.ptr(&acc.buf),
+                w.out,
+                decode::Epilogue::AddBf16,
+            );
+        }
         self.gemm_raw(
             self.ptr(&x.buf),
             x.rows,
@@ -1455,6 +1478,20 @@ impl Backend for CudaBackend {
             w.inp
         );
         let y = self.new_tensor(x.rows, w.out)?;
+        if x.rows <= MAX_DECODE_ROWS {
+            // Batch-invariant: a row's bits do not depend on its batch-mates (decode.rs).
+            self.decode_gemm_raw(
+                self.ptr(&x.buf),
+                x.rows,
+                self.ptr(&w.buf),
+                w.out,
+                w.inp,
+                self.ptr(&y.buf),
+                w.out,
+                decode::Epilogue::Bf16,
+            )?;
+            return Ok(y);
+        }
         self.gemm_raw(
             self.ptr(&x.buf),
             x.rows,
@@ -1751,6 +1788,30 @@ impl Backend for CudaBackend {
         CudaBackend::split_cols(self, x, widths)
     }
 
+    /// [`MAX_DECODE_ROWS`]: up to 64 rows every GEMM runs on the batch-invariant decode kernel
+    /// (decode.rs) and every other op already works row by row (one warp, block or thread per
+    /// row or element; attention per sequence).
+    fn max_independent_rows(&self) -> usize {
+        MAX_DECODE_ROWS
+    }
+
+    /// In place, with spare capacity (KV caches): decode.rs.
+    fn append_rows(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
+        self.append_rows_in_place(x, y)
+    }
+
+    /// All sequences in one launch (decode.rs, `kernels/decode_attention.cu`).
+    fn attention_decode(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        caches: &mut [KvSlot<'_, CudaTensor>],
+    ) -> Result<CudaTensor> {
+        self.attention_decode_batched(q, k, v, shape, caches)
+    }
+
     fn slice_rows(&self, x: &CudaTensor, start: usize, end: usize) -> Result<CudaTensor> {
         ensure!(
             start <= end && end <= x.rows,
@@ -1838,16 +1899,30 @@ impl Backend for CudaBackend {
         let mut start = 0;
         while start < rows {
             let n = chunk.min(rows - start);
-            self.gemm_raw(
-                xp + (start * x.cols * 2) as u64,
-                n,
-                wp,
-                vocab,
-                head.inp,
-                sp,
-                blas_sys::cudaDataType::CUDA_R_32F,
-                0.0,
-            )?;
+            if rows <= MAX_DECODE_ROWS {
+                // Batch-invariant logits (decode.rs): decode steps of any batch size agree.
+                self.decode_gemm_raw(
+                    xp + (start * x.cols * 2) as u64,
+                    n,
+                    wp,
+                    vocab,
+                    head.inp,
+                    sp,
+                    vocab,
+                    decode::Epilogue::F32,
+                )?;
+            } else {
+                self.gemm_raw(
+                    xp + (start * x.cols * 2) as u64,
+                    n,
+                    wp,
+                    vocab,
+                    head.inp,
+                    sp,
+                    blas_sys::cudaDataType::CUDA_R_32F,
+                    0.0,
+                )?;
+            }
             let (ld, v32, k32) = (vocab as i64, vocab as i32, k as i32);
             let (ipo, lpo) = (ip + (start * k * 4) as u64, lp + (start * k * 4) as u64);
             let mut b = self.stream.launch_builder(&f);

@@ -1,0 +1,250 @@
+//! The `decode` section of `examples/cuda_bench.rs` (docs/benchmarks-cuda.md): the batch-invariant
+//! decode GEMM's weight bandwidth per Qwen3-8B shape against cuBLAS and the device copy rate, a
+//! whole decode step of `TargetModel` (random Qwen3-8B weights through the normal loader) at
+//! batch 1, 8, 32 and 64, and greedy generation of 64 prompts × 128 tokens batched against one
+//! prompt at a time.
+
+use super::bench::{copy_bandwidth, time_median};
+use super::{CudaBackend, CudaMatrix, MAX_DECODE_ROWS};
+use crate::backend::Backend;
+use crate::generate::{greedy, greedy_batch};
+use crate::model::random::{qwen3_8b_spec, RandomWeights};
+use crate::model::{Capture, KvCache, ModelSpec, TargetModel};
+use anyhow::Result;
+use serde_json::{json, Value};
+use std::time::Instant;
+
+/// Batch sizes of the decode measurements.
+pub const BATCHES: [usize; 4] = [1, 8, 32, 64];
+
+/// Copies of each weight cycled through while timing, so that the weights (≥ 8 × 33 MB) never
+/// sit in the 60 MB L2 between launches.
+const COPIES: usize = 8;
+
+/// Weight GB/s of the decode GEMM and of cuBLAS for Qwen3-8B's projection shapes and LM head.
+pub fn gemm_bandwidth(be: &CudaBackend, copy_rate: f64) -> Result<Value> {
+    let mut out = serde_json::Map::new();
+    for (name, n, k) in [
+        ("qkv fused", 6144, 4096),
+        ("o_proj", 4096, 4096),
+        ("gate|up fused", 24576, 4096),
+        ("down", 4096, 12288),
+        ("lm_head (+top-k)", 151_936, 4096),
+    ] {
+        let ws: Vec<CudaMatrix> = (0..COPIES)
+            .map(|c| be.random_matrix(n, k, 0.02, 300 + c as u64))
+            .collect::<Result<_>>()?;
+        let bytes = (COPIES * n * k * 2) as f64;
+        let mut line = format!(
+            "  decode GEMM [{n} x {k}] {name} (split-K {}): GB/s (% of copy)",
+            super::k_splits(n, k)
+        );
+        let mut row = serde_json::Map::new();
+        for rows in BATCHES {
+            let x = be.random_tensor(rows, k, 1.0, 0.0, 7)?;
+            let ours = time_median(be, 2, 10, || {
+                for w in &ws {
+                    if n > 100_000 {
+                        be.lm_head_topk(&x, w, 1)?;
+                    } else {
+                        be.matmul(&x, w)?;
+                    }
+                }
+                Ok(())
+            })?;
+            let cublas = if n > 100_000 {
+                None
+            } else {
+                Some(time_median(be, 2, 10, || {
+                    for w in &ws {
+                        be.matmul_cublas(&x, w)?;
+                    }
+                    Ok(())
+                })?)
+            };
+            let gbs = bytes / ours / 1e9;
+            line += &format!(
+                " | {rows}: {gbs:.0} ({:.0}%)",
+                100.0 * gbs * 1e9 / copy_rate
+            );
+            if let Some(c) = cublas {
+                line += &format!(" cuBLAS {:.0}", bytes / c / 1e9);
+            }
+            row.insert(
+                rows.to_string(),
+                json!({"gb_s": gbs, "cublas_gb_s": cublas.map(|c| bytes / c / 1e9),
+                       "us_per_gemm": ours / COPIES as f64 * 1e6}),
+            );
+        }
+        println!("{line}");
+        out.insert(name.into(), Value::Object(row));
+    }
+    Ok(Value::Object(out))
+}
+
+/// Weight GB/s of the o_proj and down shapes at batch 1 and 64 for every K split (the choice
+/// [`super::k_splits`] makes is fixed per shape; this measures the alternatives).
+pub fn split_sweep(be: &CudaBackend) -> Result<Value> {
+    let mut out = serde_json::Map::new();
+    for (name, n, k) in [
+        ("o_proj", 4096, 4096),
+        ("down", 4096, 12288),
+        ("qkv", 6144, 4096),
+    ] {
+        let ws: Vec<CudaMatrix> = (0..COPIES)
+            .map(|c| be.random_matrix(n, k, 0.02, 400 + c as u64))
+            .collect::<Result<_>>()?;
+        let bytes = (COPIES * n * k * 2) as f64;
+        let mut line = format!("  split sweep [{n} x {k}] {name}: GB/s at rows 1 / 64 per split");
+        for s in [1, 2, 4, 8, 16] {
+            be.set_decode_splits_override(Some(s));
+            let mut r = Vec::new();
+            for rows in [1usize, 64] {
+                let x = be.random_tensor(rows, k, 1.0, 0.0, 9)?;
+                let t = time_median(be, 2, 10, || {
+                    for w in &ws {
+                        be.matmul(&x, w)?;
+                    }
+                    Ok(())
+                })?;
+                r.push(bytes / t / 1e9);
+            }
+            line += &format!(" | S={s}: {:.0} / {:.0}", r[0], r[1]);
+            out.insert(format!("{name}_s{s}"), json!(r));
+        }
+        be.set_decode_splits_override(None);
+        println!("{line}");
+    }
+    Ok(Value::Object(out))
+}
+
+/// Random prompt ids of HumanEval-like lengths (40..=250 tokens).
+fn prompts(n: usize, vocab: usize) -> Vec<Vec<u32>> {
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    (0..n)
+        .map(|_| {
+            let len = 40 + (next() % 211) as usize;
+            (0..len).map(|_| (next() % vocab as u64) as u32).collect()
+        })
+        .collect()
+}
+
+/// Whole decode steps and greedy generation on `TargetModel` with random Qwen3-8B weights.
+/// `one_at_a_time`: how many of the 64 prompts to also decode alone (the rest is extrapolated).
+pub fn model_decode(
+    be: &CudaBackend,
+    copy_rate: f64,
+    layers: usize,
+    one_at_a_time: usize,
+) -> Result<Value> {
+    let spec = ModelSpec {
+        num_layers: layers,
+        ..qwen3_8b_spec()
+    };
+    let t0 = Instant::now();
+    let model = TargetModel::load(be, &spec, &RandomWeights::new(&spec, 42))?;
+    be.synchronize()?;
+    println!(
+        "  model: {layers} layers loaded from RandomWeights in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    // Bytes a decode step must read: every layer matrix and the LM head (not the embedding).
+    let (d, i, qd, kvd) = (
+        spec.hidden_size,
+        spec.intermediate_size,
+        spec.num_heads * spec.head_dim,
+        spec.num_kv_heads * spec.head_dim,
+    );
+    let layer_params = d * (qd + 2 * kvd) + qd * d + 2 * i * d + i * d;
+    let step_bytes = ((layer_params * layers + spec.vocab_size * d) * 2) as f64;
+    let all = prompts(64, spec.vocab_size);
+    let mut out = serde_json::Map::new();
+
+    // One decode step (forward_decode + top-1 LM head) of `rows` sequences whose caches hold
+    // their prompts.
+    let mut steps = serde_json::Map::new();
+    for rows in BATCHES {
+        let mut caches: Vec<KvCache<CudaBackend>> = Vec::new();
+        for p in &all[..rows] {
+            let mut c = model.new_cache();
+            model.forward(be, p, &mut c, &Capture::none())?;
+            caches.push(c);
+        }
+        let ids: Vec<u32> = (0..rows as u32).map(|r| 1000 + r).collect();
+        // Each step appends one position to every cache (6 steps: lengths barely change).
+        let t = time_median(be, 1, 5, || {
+            let mut refs: Vec<&mut KvCache<CudaBackend>> = caches.iter_mut().collect();
+            let h = model.forward_decode(be, &ids, &mut refs)?;
+            model.logits_topk(be, &h, 1)?;
+            Ok(())
+        })?;
+        let gbs = step_bytes / t / 1e9;
+        println!(
+            "  decode step, batch {rows}: {:.2} ms, weights {gbs:.0} GB/s ({:.0}% of copy), {:.0} tokens/s",
+            t * 1e3,
+            100.0 * gbs * 1e9 / copy_rate,
+            rows as f64 / t
+        );
+        steps.insert(
+            rows.to_string(),
+            json!({"ms": t * 1e3, "weights_gb_s": gbs, "tokens_s": rows as f64 / t}),
+        );
+    }
+    out.insert("step".into(), Value::Object(steps));
+
+    // Greedy generation, 64 prompts × 128 tokens, no EOS (every prompt runs the full length).
+    let refs: Vec<&[u32]> = all.iter().map(Vec::as_slice).collect();
+    let max_new = 128;
+    be.synchronize()?;
+    let t0 = Instant::now();
+    let batched = greedy_batch(be, &model, &refs, max_new, &[])?;
+    be.synchronize()?;
+    let t_batched = t0.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    let mut agree = 0;
+    for (p, b) in refs.iter().zip(&batched).take(one_at_a_time) {
+        let c = greedy(be, &model, p, max_new, &[])?;
+        agree += (c == *b) as usize;
+    }
+    be.synchronize()?;
+    let t_alone = t0.elapsed().as_secs_f64();
+    let alone_64 = t_alone / one_at_a_time.max(1) as f64 * 64.0;
+    let tokens = batched.iter().map(|c| c.ids.len()).sum::<usize>();
+    println!(
+        "  greedy 64 prompts x {max_new} tokens: batched (one batch of {}) {t_batched:.1} s = {:.0} tokens/s; one at a time {t_alone:.1} s for {one_at_a_time} prompts (→ {alone_64:.1} s for 64); {agree}/{one_at_a_time} continuations identical",
+        MAX_DECODE_ROWS.min(64),
+        tokens as f64 / t_batched
+    );
+    out.insert(
+        "greedy_64x128".into(),
+        json!({"batched_s": t_batched, "tokens": tokens, "alone_s": t_alone, "alone_prompts": one_at_a_time,
+               "alone_64_s_extrapolated": alone_64, "identical": agree}),
+    );
+    Ok(Value::Object(out))
+}
+
+/// The whole section: copy rate, GEMM bandwidth, model decode. `DECODE_ALONE=N` (default 64)
+/// decodes only the first N of the 64 prompts one at a time and extrapolates (device time).
+pub fn run(be: &CudaBackend, quick: bool) -> Result<Value> {
+    let copy_rate = copy_bandwidth(be, 4 << 30)?;
+    println!(
+        "decode: device copy {:.2} TB/s (read + write)",
+        copy_rate / 1e12
+    );
+    let gemm = gemm_bandwidth(be, copy_rate)?;
+    let sweep = split_sweep(be)?;
+    let (layers, alone) = if quick { (4, 4) } else { (36, 64) };
+    let alone = std::env::var("DECODE_ALONE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(alone)
+        .min(64);
+    let model = model_decode(be, copy_rate, layers, alone)?;
+    Ok(json!({"copy_tb_s": copy_rate / 1e12, "gemm": gemm, "split_sweep": sweep, "model": model}))
+}

@@ -1,0 +1,440 @@
+//! Batch-invariant GEMMs for few rows (decode steps): `kernels/decode_gemm.cu`.
+//!
+//! cuBLAS chooses its algorithm (tile shape, split-K) by the GEMM's shape, so the bits of a row
+//! of `x · Wᵀ` depend on how many rows share the call, and a prompt's greedy continuation would
+//! depend on its batch-mates. For at most [`MAX_DECODE_ROWS`] rows the backend instead runs its
+//! own tensor-core kernel whose order of summation for every output element is fixed by the
+//! weight's shape alone ([`k_splits`]): batched greedy decoding is then bit-identical to decoding
+//! each prompt alone (`host/tests/cuda_decode.rs`). The design and its measured bandwidth are in
+//! docs/cuda.md ("Batch-invariant decode").
+//!
+//! The attention of a decode step is batched too ([`CudaBackend::attention_decode_batched`]):
+//! one launch for all sequences, each over its own KV cache, which grows in place.
+
+use super::{derr, CudaBackend, CudaMatrix, CudaTensor};
+use crate::backend::{attention_decode_per_row, AttnShape, KvSlot};
+use anyhow::{ensure, Result};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use half::bf16;
+use std::sync::Mutex;
+
+/// Most rows whose GEMMs go through the batch-invariant kernel: its n8 row tiles cover at most
+/// 64 rows (8 tiles of 8) in one block, and up to 64 rows a decode step is still bound by reading
+/// the weights.
+pub const MAX_DECODE_ROWS: usize = 64;
+
+/// Features per block at 1..=16 rows (4 warps × one 16-feature tile); 128 above (two tiles per
+/// warp, so each row of x read from L2 serves twice as many weights).
+const FEATURES_PER_WARP_TILE: usize = 16;
+const WARPS: usize = 4;
+
+/// What the epilogue does with the fp32 sum (the kernel's `mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Epilogue {
+    /// `y = bf16(sum)`.
+    Bf16 = 0,
+    /// `y = bf16(y + bf16(sum))`: the residual add of `matmul_acc`, bit-identical to `matmul`
+    /// followed by `add_inplace` (and to what cuBLAS's beta = 1 epilogue gave on the H200).
+    AddBf16 = 1,
+    /// `y = sum` in fp32 (LM-head logits).
+    F32 = 2,
+}
+
+/// Into how many K slices a `[n, k]` weight's reduction is cut: a function of the shape alone,
+/// never of the row count, because it fixes the order of summation. Enough slices for about 256
+/// blocks at 128 features per block (two blocks per multiprocessor of an H100/H200 at the largest
+/// row counts), a power of two, at most 16, and each slice at least 8 chunks of 32 values.
+///
+/// Qwen3-8B: qkv 6144×4096 and o_proj/down 4096×4096/12288 → 8, gate|up 24576×4096 → 2,
+/// LM head 151936×4096 → 1.
+pub fn k_splits(n: usize, k: usize) -> usize {
+    let feature_blocks = n.div_ceil(128).max(1);
+    let max_by_k = (k.div_ceil(32) / 8).max(1);
+    let mut s = 1;
+    while s < 16 && feature_blocks * s < 256 && s * 2 <= max_by_k {
+        s *= 2;
+    }
+    s
+}
+
+/// Scratch of the split-K launches: fp32 partials and one arrival counter per feature block
+/// (zeroed once; the last block of each feature block resets its counter).
+#[derive(Default)]
+pub(crate) struct DecodeScratch {
+    partials: Option<CudaSlice<f32>>,
+    counters: Option<CudaSlice<u32>>,
+    /// Benchmarks only ([`CudaBackend::set_decode_splits_override`]).
+    splits_override: Option<usize>,
+}
+
+pub(crate) type DecodeState = Mutex<DecodeScratch>;
+
+impl CudaBackend {
+    /// `y = x · Wᵀ` (see [`Epilogue`]) for `rows ≤ MAX_DECODE_ROWS` rows through the
+    /// batch-invariant kernel. `x` is `[rows, inp]` contiguous, `w` `[out, inp]`, `y` has row
+    /// stride `ldy` elements. Raw pointers so the LM head can write fp32 logits.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn decode_gemm_raw(
+        &self,
+        x: u64,
+        rows: usize,
+        w: u64,
+        out: usize,
+        inp: usize,
+        y: u64,
+        ldy: usize,
+        epilogue: Epilogue,
+    ) -> Result<()> {
+        ensure!(
+            rows <= MAX_DECODE_ROWS,
+            "decode GEMM: {rows} rows (at most {MAX_DECODE_ROWS})"
+        );
+        if rows == 0 || out == 0 {
+            return Ok(());
+        }
+        ensure!(
+            out < i32::MAX as usize && inp < i32::MAX as usize / 2,
+            "decode GEMM: weight [{out}, {inp}] too large"
+        );
+        let nt = rows.div_ceil(8);
+        // Two 16-feature tiles per warp above 16 rows: halves the L2 reads of x per weight byte.
+        let mt = if rows > 16 { 2 } else { 1 };
+        let func = decode_kernel_name(nt, mt);
+        let features_per_block = WARPS * mt * FEATURES_PER_WARP_TILE;
+        let feature_blocks = out.div_ceil(features_per_block);
+        let f = self.kernels.get("decode", func)?;
+        let mut scratch = self.decode.lock().unwrap_or_else(|e| e.into_inner());
+        let splits = scratch
+            .splits_override
+            .unwrap_or_else(|| k_splits(out, inp))
+            .clamp(1, 64);
+        let (ws, cnt) = if splits > 1 {
+            // One float4 per (warp, feature tile, row tile, lane) and split.
+            let need = feature_blocks * splits * WARPS * mt * nt * 32 * 4;
+            if scratch
+                .partials
+                .as_ref()
+                .map(|p| p.len() < need)
+                .unwrap_or(true)
+            {
+                scratch.partials = Some(self.alloc::<f32>(need)?);
+            }
+            if scratch
+                .counters
+                .as_ref()
+                .map(|c| c.len() < feature_blocks)
+                .unwrap_or(true)
+            {
+                let n = feature_blocks.next_power_of_two().max(1024);
+                scratch.counters = Some(
+                    self.stream
+                        .alloc_zeros::<u32>(n)
+                        .map_err(derr("allocating decode GEMM counters"))?,
+                );
+            }
+            (
+                self.ptr(scratch.partials.as_ref().expect("allocated above")),
+                self.ptr(scratch.counters.as_ref().expect("allocated above")),
+            )
+        } else {
+            (0u64, 0u64)
+        };
+        let (r32, n32, k32, ld64, mode) = (
+            rows as i32,
+            out as i32,
+            inp as i32,
+            ldy as i64,
+            epilogue as i32,
+        );
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x)
+            .arg(&w)
+            .arg(&y)
+            .arg(&r32)
+            .arg(&n32)
+            .arg(&k32)
+            .arg(&ld64)
+            .arg(&mode)
+            .arg(&ws)
+            .arg(&cnt);
+        // SAFETY: signature (const bf16*, const bf16*, void*, int, int, int, ll, int, float*, u32*)
+        // of DG_ENTRY in kernels/decode_gemm.cu; x holds rows × inp, w out × inp values, y rows
+        // rows of stride ldy (bf16 or fp32 as the epilogue says); the partials hold
+        // feature_blocks × splits tiles and the counters ≥ feature_blocks zeroed words.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (feature_blocks as u32, splits as u32, 1),
+                block_dim: ((WARPS * 32) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr(func))?;
+        Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// For benchmarks of the K split only: every decode GEMM uses `splits` K slices instead of
+    /// [`k_splits`] (None restores it). The split fixes the order of summation, so results are
+    /// still batch-invariant under one setting but differ between settings.
+    pub fn set_decode_splits_override(&self, splits: Option<usize>) {
+        self.decode
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .splits_override = splits;
+    }
+
+    /// `x · Wᵀ` through cuBLAS whatever the row count: the reference the decode kernel is
+    /// tested and benchmarked against (not batch-invariant).
+    pub fn matmul_cublas(&self, x: &CudaTensor, w: &CudaMatrix) -> Result<CudaTensor> {
+        ensure!(
+            x.cols == w.inp,
+            "matmul: input has {} columns, weight expects {}",
+            x.cols,
+            w.inp
+        );
+        let y = self.new_tensor(x.rows, w.out)?;
+        self.gemm_raw(
+            self.ptr(&x.buf),
+            x.rows,
+            self.ptr(&w.buf),
+            w.out,
+            w.inp,
+            self.ptr(&y.buf),
+            cudarc::cublas::sys::cudaDataType::CUDA_R_16BF,
+            0.0,
+        )?;
+        Ok(y)
+    }
+}
+
+impl CudaBackend {
+    /// Makes room for `extra` more rows in `t`'s buffer (capacity doubles, at least 64 rows),
+    /// keeping its values: KV caches grow in place instead of being copied at every step.
+    pub(crate) fn reserve_rows(&self, t: &mut CudaTensor, extra: usize) -> Result<()> {
+        let need = (t.rows + extra) * t.cols;
+        if t.buf.len() >= need.max(1) {
+            return Ok(());
+        }
+        let cap_rows = (t.rows + extra).max(2 * t.rows).max(64);
+        let mut buf = self.alloc::<bf16>(cap_rows * t.cols)?;
+        let n = t.rows * t.cols;
+        if n > 0 {
+            self.stream
+                .memcpy_dtod(&t.buf.slice(0..n), &mut buf.slice_mut(0..n))
+                .map_err(derr("device copy"))?;
+        }
+        t.buf = buf;
+        Ok(())
+    }
+
+    /// [`Backend::append_rows`] in place (amortised by [`CudaBackend::reserve_rows`]).
+    pub(crate) fn append_rows_in_place(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
+        ensure!(
+            x.cols == y.cols,
+            "append_rows: {} columns onto {}",
+            y.cols,
+            x.cols
+        );
+        let n = y.rows * y.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        self.reserve_rows(x, y.rows)?;
+        let off = x.rows * x.cols;
+        self.stream
+            .memcpy_dtod(&y.buf.slice(0..n), &mut x.buf.slice_mut(off..off + n))
+            .map_err(derr("device copy"))?;
+        x.rows += y.rows;
+        Ok(())
+    }
+
+    /// [`Backend::attention_decode`] in one launch (`kernels/decode_attention.cu`): one block per
+    /// (sequence, KV head), so a row's result does not depend on the others. Head dims 64, 128
+    /// and 256 with at most 8 query heads per KV head; other shapes go one sequence at a time.
+    pub(crate) fn attention_decode_batched(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        caches: &mut [KvSlot<'_, CudaTensor>],
+    ) -> Result<CudaTensor> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        let func = match hd {
+            64 => "decode_attention_hd64",
+            128 => "decode_attention_hd128",
+            256 => "decode_attention_hd256",
+            _ => return attention_decode_per_row(self, q, k, v, shape, caches),
+        };
+        shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
+        let group = heads / kv_heads;
+        // The kernel's blocks are one warp per query head, at most 8 (256 threads, its launch
+        // bound, which leaves it the registers of its unrolled key loop).
+        if group > 8 {
+            return attention_decode_per_row(self, q, k, v, shape, caches);
+        }
+        let rows = q.rows;
+        ensure!(
+            rows == caches.len() && k.rows == rows && v.rows == rows,
+            "attention_decode: {rows} query rows, {} k rows, {} v rows for {} caches",
+            k.rows,
+            v.rows,
+            caches.len()
+        );
+        let kvd = kv_heads * hd;
+        let out = self.new_tensor(rows, heads * hd)?;
+        if rows == 0 {
+            return Ok(out);
+        }
+        let mut table = DecodeKvTable {
+            k: [0; DA_MAX_ROWS],
+            v: [0; DA_MAX_ROWS],
+            len: [0; DA_MAX_ROWS],
+        };
+        let f = self.kernels.get("decode", func)?;
+        let (h32, hk32, scale_log2) = (
+            heads as i32,
+            kv_heads as i32,
+            std::f32::consts::LOG2_E / (hd as f32).sqrt(),
+        );
+        for (r, slot) in caches.iter_mut().enumerate() {
+            for c in [&mut *slot.k, &mut *slot.v] {
+                if c.is_none() {
+                    *c = Some(self.new_tensor(0, kvd)?);
+                }
+            }
+            let (kc, vc) = match (slot.k.as_mut(), slot.v.as_mut()) {
+                (Some(kc), Some(vc)) => (kc, vc),
+                _ => unreachable!("both caches were just created"),
+            };
+            ensure!(
+                kc.cols == kvd && vc.cols == kvd && kc.rows == vc.rows,
+                "attention_decode: cache {r} is k [{}, {}], v [{}, {}], expected [len, {kvd}] each",
+                kc.rows,
+                kc.cols,
+                vc.rows,
+                vc.cols
+            );
+            ensure!(
+                kc.rows < i32::MAX as usize,
+                "attention_decode: cache {r} too long"
+            );
+            self.reserve_rows(kc, 1)?;
+            self.reserve_rows(vc, 1)?;
+            let i = r % DA_MAX_ROWS;
+            table.k[i] = self.ptr(&kc.buf);
+            table.v[i] = self.ptr(&vc.buf);
+            table.len[i] = kc.rows as i32;
+            // One launch per DA_MAX_ROWS sequences (the table travels as a kernel parameter).
+            if i + 1 == DA_MAX_ROWS || r + 1 == rows {
+                let r0 = r - i;
+                let (qo, ko, oo) = (
+                    (r0 * heads * hd * 2) as u64,
+                    (r0 * kvd * 2) as u64,
+                    (r0 * heads * hd * 2) as u64,
+                );
+                let (qp, kp, vp, op) = (
+                    self.ptr(&q.buf) + qo,
+                    self.ptr(&k.buf) + ko,
+                    self.ptr(&v.buf) + ko,
+                    self.ptr(&out.buf) + oo,
+                );
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(&qp)
+                    .arg(&kp)
+                    .arg(&vp)
+                    .arg(&op)
+                    .arg(&table)
+                    .arg(&h32)
+                    .arg(&hk32)
+                    .arg(&scale_log2);
+                // SAFETY: signature of DA_ENTRY in kernels/decode_attention.cu (const bf16* ×3,
+                // bf16*, DaTable by value, int, int, float); shapes checked above; rows r0..=r of
+                // q/k/v/out exist; every cache has room for one more row (reserve_rows) and the
+                // table holds (k, v, len) of those rows.
+                unsafe {
+                    b.launch(LaunchConfig {
+                        grid_dim: ((i + 1) as u32, kv_heads as u32, 1),
+                        block_dim: ((group * 32) as u32, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                }
+                .map_err(derr(func))?;
+            }
+        }
+        for slot in caches.iter_mut() {
+            for t in [slot.k.as_mut(), slot.v.as_mut()].into_iter().flatten() {
+                t.rows += 1;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Sequences per decode-attention launch: the table is a kernel parameter (DA_MAX_ROWS in
+/// kernels/decode_attention.cu).
+const DA_MAX_ROWS: usize = 64;
+
+/// `DaTable` of kernels/decode_attention.cu: per sequence the K and V cache addresses and the
+/// cached length, passed by value (1280 bytes of the 4 KiB parameter space).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DecodeKvTable {
+    k: [u64; DA_MAX_ROWS],
+    v: [u64; DA_MAX_ROWS],
+    len: [i32; DA_MAX_ROWS],
+}
+
+// SAFETY: plain-old-data with the C layout of DaTable (u64[64], u64[64], int[64]).
+unsafe impl cudarc::driver::DeviceRepr for DecodeKvTable {}
+
+/// The kernel instance for `nt` row tiles of 8 and `mt` 16-feature tiles per warp.
+fn decode_kernel_name(nt: usize, mt: usize) -> &'static str {
+    const M1: [&str; 2] = ["decode_gemm_n1_m1", "decode_gemm_n2_m1"];
+    const M2: [&str; 6] = [
+        "decode_gemm_n3_m2",
+        "decode_gemm_n4_m2",
+        "decode_gemm_n5_m2",
+        "decode_gemm_n6_m2",
+        "decode_gemm_n7_m2",
+        "decode_gemm_n8_m2",
+    ];
+    if mt == 1 && nt <= 2 {
+        M1[nt - 1]
+    } else {
+        M2[nt.clamp(3, 8) - 3]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k_splits_depend_on_the_shape_only_and_fit_qwen3_8b() {
+        assert_eq!(k_splits(6144, 4096), 8);
+        assert_eq!(k_splits(4096, 4096), 8);
+        assert_eq!(k_splits(4096, 12288), 8);
+        assert_eq!(k_splits(24576, 4096), 2);
+        assert_eq!(k_splits(151_936, 4096), 1);
+        // Short reductions are not cut below 8 chunks of 32.
+        assert_eq!(k_splits(64, 256), 1);
+        assert_eq!(k_splits(64, 512), 2);
+        assert_eq!(k_splits(64, 100_000), 16);
+    }
+
+    #[test]
+    fn every_row_count_has_a_kernel() {
+        for rows in 1..=MAX_DECODE_ROWS {
+            let nt = rows.div_ceil(8);
+            let mt = if rows > 16 { 2 } else { 1 };
+            let name = decode_kernel_name(nt, mt);
+            assert_eq!(name, format!("decode_gemm_n{nt}_m{mt}"));
+        }
+    }
+}

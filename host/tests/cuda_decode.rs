@@ -1,0 +1,334 @@
+//! Batch-invariant decoding on CUDA (docs/cuda.md, "Batch-invariant decode"): the decode GEMM
+//! gives a row the same bits whatever the row count (1..=64) and agrees with cuBLAS to bf16
+//! rounding; greedy continuations decoded in batches of 1, 3, 8, 32 and 64 are bit-identical to
+//! each prompt decoded alone, with prompts leaving the batch on EOS and at batch boundaries.
+//! Without a GPU every test prints "SKIP: CUDA unavailable: <reason>" and passes (CI).
+#![cfg(feature = "cuda")]
+
+use draftlens::backend::cuda::{CudaBackend, CudaTensor, MAX_DECODE_ROWS};
+use draftlens::backend::Backend;
+use draftlens::generate::{greedy, greedy_batch, Continuation, StopReason};
+use draftlens::model::random::{qwen3_8b_spec, RandomWeights};
+use draftlens::model::{ModelSpec, TargetModel};
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            println!("SKIP: {e}");
+            None
+        }
+    }
+}
+
+/// Row counts that cross every row-tile (8) and feature-tile (16 → 32 rows) boundary.
+const ROW_COUNTS: [usize; 14] = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64];
+
+fn bits(be: &CudaBackend, t: &CudaTensor) -> Vec<u16> {
+    be.to_host_bf16(t)
+        .unwrap()
+        .into_iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += (*x as f64 - *y as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// `[rows, k] · [n, k]ᵀ` in f64 (row-major host values).
+fn reference(xs: &[f32], ws: &[f32], n: usize, k: usize) -> Vec<f32> {
+    let rows = xs.len() / k;
+    let mut y = vec![0f32; rows * n];
+    for r in 0..rows {
+        for o in 0..n {
+            let s: f64 = (0..k)
+                .map(|i| xs[r * k + i] as f64 * ws[o * k + i] as f64)
+                .sum();
+            y[r * n + o] = s as f32;
+        }
+    }
+    y
+}
+
+/// Weight shapes: Qwen3-8B's fused qkv, gate|up, o_proj and down (split-K 8, 2, 8, 8), and odd
+/// shapes that take the bounds-checked tail (N not a multiple of 16, K not a multiple of 32 or 8).
+const SHAPES: [(usize, usize); 7] = [
+    (6144, 4096),
+    (24576, 4096),
+    (4096, 4096),
+    (4096, 12288),
+    (37, 200),
+    (200, 1064),
+    (45, 203),
+];
+
+#[test]
+fn decode_gemm_rows_are_bit_identical_for_every_batch_size_and_match_cublas() {
+    let Some(be) = gpu() else { return };
+    for (si, &(n, k)) in SHAPES.iter().enumerate() {
+        let seed = 100 + si as u64;
+        let x64 = be
+            .random_tensor(MAX_DECODE_ROWS, k, 1.0, 0.0, seed)
+            .unwrap();
+        // Small weights come from the host so that the f64 reference can read them.
+        let small = n * k <= 1 << 20;
+        let w_host: Vec<f32> = if small {
+            let mut st = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            (0..n * k)
+                .map(|_| {
+                    st ^= st << 13;
+                    st ^= st >> 7;
+                    st ^= st << 17;
+                    let u = (st >> 40) as f32 / (1u64 << 24) as f32;
+                    half::bf16::from_f32(0.0346 * (2.0 * u - 1.0)).to_f32()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let w = if small {
+            be.matrix(&w_host, n, k).unwrap()
+        } else {
+            be.random_matrix(n, k, 0.02, seed + 50).unwrap()
+        };
+        let acc64 = be
+            .random_tensor(MAX_DECODE_ROWS, n, 0.5, 0.0, seed + 70)
+            .unwrap();
+        let full = bits(&be, &be.matmul(&x64, &w).unwrap());
+        let mut full_acc = be.clone_tensor(&acc64).unwrap();
+        be.matmul_acc(&x64, &w, &mut full_acc).unwrap();
+        let full_acc = bits(&be, &full_acc);
+        for &rows in &ROW_COUNTS {
+            let x = be.slice_rows(&x64, 0, rows).unwrap();
+            let y = bits(&be, &be.matmul(&x, &w).unwrap());
+            assert!(
+                y == full[..rows * n],
+                "[{n}, {k}]: matmul of {rows} rows differs from the same rows among 64"
+            );
+            let mut acc = be.slice_rows(&acc64, 0, rows).unwrap();
+            be.matmul_acc(&x, &w, &mut acc).unwrap();
+            assert!(
+                bits(&be, &acc) == full_acc[..rows * n],
+                "[{n}, {k}]: matmul_acc of {rows} rows differs from the same rows among 64"
+            );
+        }
+        // Against an independent sum: cuBLAS for the large shapes, f64 on the host for the odd
+        // ones. Both sides accumulate in fp32 or better and round once to bf16 (≤ 2⁻⁹ relative).
+        let got = be.to_host(&be.matmul(&x64, &w).unwrap()).unwrap();
+        let want = if small {
+            reference(&be.to_host(&x64).unwrap(), &w_host, n, k)
+        } else {
+            be.to_host(&be.matmul_cublas(&x64, &w).unwrap()).unwrap()
+        };
+        let err = rel_l2(&got, &want);
+        println!("[{n}, {k}]: rel L2 vs reference {err:.2e}");
+        assert!(err < 4e-3, "[{n}, {k}]: rel L2 {err} vs reference");
+        // The epilogue add is exactly matmul followed by add_inplace.
+        let mut sum = be.clone_tensor(&acc64).unwrap();
+        be.add_inplace(&mut sum, &be.matmul(&x64, &w).unwrap())
+            .unwrap();
+        assert!(
+            bits(&be, &sum) == full_acc,
+            "[{n}, {k}]: matmul_acc differs from matmul + add_inplace"
+        );
+    }
+}
+
+#[test]
+fn lm_head_top_k_rows_are_bit_identical_for_every_batch_size() {
+    let Some(be) = gpu() else { return };
+    for (vocab, k) in [(151_936, 4096), (1003, 200)] {
+        let x64 = be.random_tensor(MAX_DECODE_ROWS, k, 1.0, 0.0, 7).unwrap();
+        let head = be.random_matrix(vocab, k, 0.02, 8).unwrap();
+        let full = be.lm_head_topk(&x64, &head, 8).unwrap();
+        for &rows in &ROW_COUNTS {
+            let x = be.slice_rows(&x64, 0, rows).unwrap();
+            let t = be.lm_head_topk(&x, &head, 8).unwrap();
+            assert_eq!(
+                t.ids,
+                full.ids[..rows * 8],
+                "vocab {vocab}: ids of {rows} rows"
+            );
+            let lp = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                lp(&t.logprobs),
+                lp(&full.logprobs[..rows * 8]),
+                "vocab {vocab}: log-probs of {rows} rows"
+            );
+        }
+        // More rows than the decode kernel takes go through cuBLAS; the top-1 still agrees.
+        let x65 = be
+            .concat_rows(&[&x64, &be.slice_rows(&x64, 0, 1).unwrap()])
+            .unwrap();
+        let big = be.lm_head_topk(&x65, &head, 8).unwrap();
+        let agree = (0..64)
+            .filter(|&r| big.row_ids(r)[0] == full.row_ids(r)[0])
+            .count();
+        assert!(
+            agree >= 60,
+            "vocab {vocab}: top-1 agrees on {agree}/64 rows"
+        );
+    }
+}
+
+/// Qwen3's architecture at a size that decodes fast but exercises every path of the decode
+/// GEMM: N not a multiple of 16 (o_proj/down 200, vocab 1003), K with a tail chunk (200, 1064)
+/// and split-K (down: K 1064 → 4 slices).
+fn small_spec() -> ModelSpec {
+    ModelSpec {
+        vocab_size: 1003,
+        hidden_size: 200,
+        intermediate_size: 1064,
+        num_layers: 3,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 64,
+        max_position_embeddings: 512,
+        ..qwen3_8b_spec()
+    }
+}
+
+/// 65 prompts of 1..=40 tokens (so batches of 64 and 32 end with a batch of 1), some holding
+/// the last vocabulary id.
+fn prompts(vocab: u32) -> Vec<Vec<u32>> {
+    let mut s = 0x9e37_79b9u64;
+    (0..65)
+        .map(|p| {
+            let len = 1 + (p * 7) % 40;
+            (0..len)
+                .map(|i| {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    if (p + i) % 11 == 0 {
+                        vocab - 1
+                    } else {
+                        ((s >> 33) % vocab as u64) as u32
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn batched_greedy_is_bit_identical_to_each_prompt_alone() {
+    let Some(be) = gpu() else { return };
+    let spec = small_spec();
+    let model = TargetModel::load(&be, &spec, &RandomWeights::new(&spec, 11)).unwrap();
+    let prompts = prompts(spec.vocab_size as u32);
+    let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    let max_new = 24;
+    // An EOS that occurs: the id found in the most continuations, but not in all of them.
+    let free: Vec<Continuation> = refs
+        .iter()
+        .map(|p| greedy(&be, &model, p, max_new, &[]).unwrap())
+        .collect();
+    let mut seen = vec![0usize; spec.vocab_size];
+    for c in &free {
+        let mut ids = c.ids.clone();
+        ids.sort_unstable();
+        ids.dedup();
+        for i in ids {
+            seen[i as usize] += 1;
+        }
+    }
+    let eos = (0..spec.vocab_size)
+        .filter(|&i| seen[i] < free.len())
+        .max_by_key(|&i| (seen[i], std::cmp::Reverse(i)))
+        .unwrap() as u32;
+    let alone: Vec<Continuation> = refs
+        .iter()
+        .map(|p| greedy(&be, &model, p, max_new, &[eos]).unwrap())
+        .collect();
+    let stops = |s: StopReason| alone.iter().filter(|c| c.stop == s).count();
+    println!(
+        "eos {eos}: {} prompts stop on it, {} run to {max_new} tokens",
+        stops(StopReason::Eos),
+        stops(StopReason::Length)
+    );
+    assert!(
+        stops(StopReason::Eos) > 0 && stops(StopReason::Length) > 0,
+        "the test needs prompts that stop on EOS and prompts that do not"
+    );
+    for batch in [1, 3, 8, 32, 64] {
+        let mut got = Vec::new();
+        for group in refs.chunks(batch) {
+            got.extend(greedy_batch(&be, &model, group, max_new, &[eos]).unwrap());
+        }
+        for (p, (g, a)) in got.iter().zip(&alone).enumerate() {
+            assert_eq!(
+                g, a,
+                "batch {batch}: prompt {p} differs from decoding it alone"
+            );
+        }
+        println!("batch {batch}: {} continuations bit-identical", got.len());
+    }
+}
+
+type Caches = Vec<(Option<CudaTensor>, Option<CudaTensor>)>;
+
+fn slots(c: &mut Caches) -> Vec<draftlens::backend::KvSlot<'_, CudaTensor>> {
+    c.iter_mut()
+        .map(|(k, v)| draftlens::backend::KvSlot { k, v })
+        .collect()
+}
+
+/// The batched decode attention (one launch per 64 sequences, caches grown in place) against the
+/// per-sequence composition (append, then the flash attention kernel) on the same backend: same
+/// caches afterwards bit for bit, outputs within attention's bf16 tolerance; 70 sequences cross a
+/// launch boundary, one starts with an empty cache.
+#[test]
+fn batched_decode_attention_matches_attention_per_sequence() {
+    use draftlens::backend::{attention_decode_per_row, AttnShape};
+    let Some(be) = gpu() else { return };
+    for (heads, kv_heads, hd) in [(32, 8, 128), (6, 3, 64), (4, 4, 256)] {
+        let shape = AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        };
+        let rows = 70;
+        let kvd = kv_heads * hd;
+        let q = be.random_tensor(rows, heads * hd, 1.0, 0.0, 1).unwrap();
+        let k = be.random_tensor(rows, kvd, 1.0, 0.0, 2).unwrap();
+        let v = be.random_tensor(rows, kvd, 1.0, 0.0, 3).unwrap();
+        let make = |seed: u64| -> Caches {
+            (0..rows)
+                .map(|r| {
+                    let len = (r * 37) % 300;
+                    if len == 0 {
+                        (None, None)
+                    } else {
+                        let s = seed + 10 * r as u64;
+                        (
+                            Some(be.random_tensor(len, kvd, 1.0, 0.0, s).unwrap()),
+                            Some(be.random_tensor(len, kvd, 1.0, 0.0, s + 1).unwrap()),
+                        )
+                    }
+                })
+                .collect()
+        };
+        let (mut a, mut b) = (make(100), make(100));
+        let got = be
+            .attention_decode(&q, &k, &v, shape, &mut slots(&mut a))
+            .unwrap();
+        let want = attention_decode_per_row(&be, &q, &k, &v, shape, &mut slots(&mut b)).unwrap();
+        let err = rel_l2(&be.to_host(&got).unwrap(), &be.to_host(&want).unwrap());
+        println!("decode attention {heads}/{kv_heads} heads of {hd}: rel L2 vs flash {err:.2e}");
+        assert!(err < 1e-2, "{heads}/{kv_heads}×{hd}: rel L2 {err}");
+        for (r, (x, y)) in a.iter().zip(&b).enumerate() {
+            for (cx, cy) in [(&x.0, &y.0), (&x.1, &y.1)] {
+                let (cx, cy) = (cx.as_ref().unwrap(), cy.as_ref().unwrap());
+                assert_eq!(be.dims(cx), be.dims(cy), "cache {r} shape");
+                assert!(bits(&be, cx) == bits(&be, cy), "cache {r} contents");
+            }
+        }
+    }
+}
