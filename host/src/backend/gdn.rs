@@ -710,6 +710,86 @@ mod tests {
     }
 
     #[test]
+    fn the_trait_ops_refuse_bad_shapes_with_errors() {
+        use crate::backend::cpu::CpuBackend;
+        use crate::backend::{Backend, GdnParams};
+        let be = CpuBackend::new();
+        let t =
+            |rows: usize, cols: usize| be.from_host(&vec![0.5; rows * cols], rows, cols).unwrap();
+        let (a_log, dt) = (
+            be.f32_from_host(&[0.1; 4]).unwrap(),
+            be.f32_from_host(&[1.0; 4]).unwrap(),
+        );
+        let params = |shape| GdnParams {
+            a_log: &a_log,
+            dt_bias: &dt,
+            shape,
+            profile: GdnProfile::Reference,
+        };
+        let cd = SHAPE.conv_dim();
+        let mut s0 = be.f32_from_host(&vec![0.0; SHAPE.state_len()]).unwrap();
+        let mut short = be.f32_from_host(&[0.0; 3]).unwrap();
+        let err = |r: Result<_>| format!("{:#}", r.map(|_| ()).unwrap_err());
+        // (qkv, a, b, shape, seq_starts, which state) → the message each must contain.
+        let cases: Vec<(usize, usize, usize, GdnShape, Vec<usize>, bool, &str)> = vec![
+            (cd + 1, 4, 4, SHAPE, vec![0, 3], true, "qkv has"),
+            (cd, 5, 4, SHAPE, vec![0, 3], true, "a is"),
+            (cd, 4, 4, SHAPE, vec![0, 2], true, "sequence starts"),
+            (
+                cd,
+                4,
+                4,
+                SHAPE,
+                vec![0, 1, 3],
+                true,
+                "1 states for 2 sequences",
+            ),
+            (cd, 4, 4, SHAPE, vec![0, 3], false, "state has 3 values"),
+            (
+                cd,
+                4,
+                4,
+                GdnShape {
+                    k_heads: 3,
+                    ..SHAPE
+                },
+                vec![0, 3],
+                true,
+                "not a multiple",
+            ),
+        ];
+        for (qc, ac, bc, shape, starts, good_state, want) in cases {
+            let st: &mut HostF32 = if good_state { &mut s0 } else { &mut short };
+            let r = be.gated_delta_rule(
+                &t(3, qc),
+                &t(3, ac),
+                &t(3, bc),
+                &params(shape),
+                &starts,
+                &mut [st],
+            );
+            let e = err(r);
+            assert!(e.contains(want), "{want}: {e}");
+        }
+        let w = t(cd, 4);
+        let mut bad_state = t(2, cd);
+        let e = err(be.causal_conv1d_silu(&t(3, cd), &w, &[0, 3], &mut [&mut bad_state]));
+        assert!(e.contains("state is"), "{e}");
+        let e = err(be.causal_conv1d_silu(&t(3, cd), &t(cd, 0), &[0, 3], &mut [&mut t(3, cd)]));
+        assert!(e.contains("weight is"), "{e}");
+        let e = err(be.gated_rms_norm(&t(3, 8), &t(3, 6), &t(1, 4), 1e-6, 4));
+        assert!(e.contains("z is"), "{e}");
+        let e = err(be.rms_norm_zero_centred(&t(3, 8), &t(1, 3), 1e-6, 4));
+        assert!(e.contains("weight of 3 values"), "{e}");
+        let mut x = t(3, 8);
+        let e = format!(
+            "{:#}",
+            be.sigmoid_gate_inplace(&mut x, &t(3, 4)).unwrap_err()
+        );
+        assert!(e.contains("gate is"), "{e}");
+    }
+
+    #[test]
     fn conv_carries_its_state_across_calls() {
         let (c, k, t) = (5, 4, 9);
         let x = rand(1, t * c);
