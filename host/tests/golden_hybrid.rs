@@ -202,4 +202,13 @@ fn qwen3_next_random_model_matches_transformers() {
     assert!(f
         .weights
         .contains("model.layers.0.linear_attn.in_proj_a.weight"));
+    // `inspect` counts each stored parameter once: the fused tensors are listed as their split
+    // parts only (349 216 = the element count of model.safetensors, by the safetensors package).
+    let n: usize = f
+        .weights
+        .tensors()
+        .iter()
+        .map(|t| t.shape.iter().product::<usize>())
+        .sum();
+    assert_eq!(n, 349_216);
 }

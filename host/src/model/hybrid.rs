@@ -383,8 +383,9 @@ impl WeightSource for HybridWeights {
         (name.starts_with("model.") || name == "lm_head.weight")
             && (self.inner.contains(&self.stored(name)) || self.fused_source(name).is_some())
     }
-    /// The stored tensors under HF text-model names (vision and MTP tensors left out), plus the
-    /// split projections derived from Qwen3-Next's fused ones (`file_name` = the fused tensor).
+    /// The stored tensors under HF text-model names (vision and MTP tensors left out); a
+    /// Qwen3-Next fused projection is listed as the split projections it holds (`file_name` =
+    /// the fused tensor, bytes shared out by rows), so every parameter is counted once.
     fn tensors(&self) -> Vec<TensorInfo> {
         let mut out = Vec::new();
         for t in self.inner.tensors() {
@@ -394,6 +395,7 @@ impl WeightSource for HybridWeights {
                 None => continue,
             };
             let s = self.shape;
+            let is_fused = SPLIT.iter().any(|(_, f)| name.ends_with(f));
             for (split, fused) in SPLIT {
                 let Some(base) = name.strip_suffix(fused) else {
                     continue;
@@ -405,17 +407,22 @@ impl WeightSource for HybridWeights {
                     "in_proj_z.weight" => (s.value_dim(), s.conv_dim() + s.value_dim()),
                     _ => (s.v_heads, 2 * s.v_heads),
                 };
-                let shape = match t.shape.as_slice() {
-                    [r, c] if *r == fused_rows => vec![rows, *c],
-                    _ => t.shape.clone(),
+                let (shape, bytes) = match t.shape.as_slice() {
+                    [r, c] if *r == fused_rows => {
+                        (vec![rows, *c], t.bytes * rows as u64 / fused_rows as u64)
+                    }
+                    _ => (t.shape.clone(), t.bytes),
                 };
                 out.push(TensorInfo {
                     name: format!("{base}{split}"),
                     shape,
+                    bytes,
                     ..t.clone()
                 });
             }
-            out.push(TensorInfo { name, ..t });
+            if !is_fused {
+                out.push(TensorInfo { name, ..t });
+            }
         }
         out
     }
