@@ -7,7 +7,7 @@
 //!   [`OpTolerance`]s that follow from bf16 storage (one bf16 rounding has a relative error of at
 //!   most 2⁻⁹ ≈ 2e-3, about 1.1e-3 RMS).
 //! - [`forward_parity`]: a Qwen3-shaped decoder with the same weights on both backends, compared
-//!   at every hidden-state index (HF convention, models.md §1.5) plus greedy-token agreement.
+//!   at every hidden-state index (HF convention, docs/models.md §1.5) plus greedy-token agreement.
 //! - [`compare_layers`] / [`compare_metrics`]: the pieces `draftlens parity` assembles for real
 //!   checkpoints: per-layer diffs of captured hidden states and the change of every drafter
 //!   metric when the drafter is fed each backend's hidden states.

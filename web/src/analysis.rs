@@ -2,7 +2,7 @@
 //! acceptance, histogram of accepted lengths, the replayed rounds) from which every chart and
 //! the records-derived metrics are computed with bootstrap CIs over prompts.
 //!
-//! Definitions (dflash.md §5, product.md "Terms"); γ = B−1 drafted positions per block:
+//! Definitions (docs/metrics.md §2–§5); γ = B−1 drafted positions per block:
 //! - A(a): leading positions whose draft top-1 equals the target token (an invalid position,
 //!   past the end of the sequence, stops the streak) — `RecordBatch::accepted_len`.
 //! - uniform-anchor τ: mean of A+1 over every evaluated completion anchor.

@@ -1,4 +1,4 @@
-//! Exact per-anchor drafter evaluation (dflash.md end of §2.4).
+//! Exact per-anchor drafter evaluation (docs/dflash.md §2.5).
 //!
 //! For one sequence (prompt + the target's greedy continuation), one teacher-forced target pass
 //! gives the taps and the target's argmax. For each anchor a the drafter sees the taps of

@@ -1,4 +1,4 @@
-//! Native summary metrics over stored records (dflash.md §5). The metric plugins compute the same
+//! Native summary metrics over stored records (docs/metrics.md). The metric plugins compute the same
 //! definitions in WASM; these are the reference the run command stores directly.
 //!
 //! Conventions, stated once:
