@@ -10,7 +10,7 @@
 use super::model::{DFlashDrafter, DraftContext};
 use crate::backend::{Backend, TopK};
 use crate::model::TargetModel;
-use crate::records::{RecordBatch, Region};
+use crate::records::{next_anchor, RecordBatch, Region};
 use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -284,7 +284,7 @@ pub fn evaluate_sequence<B: Backend>(
                 out.num_blocks() - 1
             }
         };
-        a += out.accepted_len(idx) + 1;
+        a = next_anchor(a as u32, out.accepted_len(idx) as u32) as usize;
     }
     Ok(sort_by_anchor(out))
 }
