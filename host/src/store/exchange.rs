@@ -142,7 +142,7 @@ impl Store {
         bundle_sha256: &str,
         runs: &[RunExport],
     ) -> Result<ImportOutcome> {
-        let what = format!("{source}");
+        let what = source.to_string();
         self.write(|c| {
             let tx = c.transaction()?;
             let mut outcome = ImportOutcome::default();
