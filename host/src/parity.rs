@@ -8,7 +8,7 @@
 //!   most 2⁻⁹ ≈ 2e-3, about 1.1e-3 RMS).
 //! - [`forward_parity`]: the product's own [`TargetModel`] with the same random weights
 //!   ([`RandomWeights`], bf16-exact) on both backends, compared at every hidden-state index (HF
-//!   convention, docs/hidden-states.md) plus greedy-token agreement.
+//!   convention, docs/models.md §1.5, docs/hidden-states.md) plus greedy-token agreement.
 //! - [`compare_layers`] / [`compare_metrics`]: the pieces `draftlens parity` assembles for real
 //!   checkpoints: per-layer diffs of captured hidden states and the change of every drafter
 //!   metric when the drafter is fed each backend's hidden states.

@@ -1,6 +1,6 @@
 //! Text tokenizer of the target model: a Hugging Face `tokenizers::Tokenizer`, loaded either from a
 //! Hugging Face folder (`tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`) or
-//! rebuilt from a GGUF file's `tokenizer.ggml.*` metadata (models.md §3.7).
+//! rebuilt from a GGUF file's `tokenizer.ggml.*` metadata (docs/models.md §3.7).
 //!
 //! The GGUF path builds the `tokenizer.json` document that Hugging Face would ship for the same
 //! vocabulary (byte-level BPE vocab + merges, the pre-tokenizer llama.cpp names in
@@ -209,7 +209,7 @@ impl TextTokenizer {
         let eom_id = id_key("tokenizer.ggml.eom_token_id", parts.eom_id)?;
 
         let inner = match parts.hf_json {
-            // The converter kept the original tokenizer.json: prefer it (models.md §3.7).
+            // The converter kept the original tokenizer.json: prefer it (docs/models.md §3.7).
             Some(doc) => tokenizers::Tokenizer::from_str(doc)
                 .map_err(|e| anyhow!("{p}: cannot load tokenizer.huggingface.json: {e}"))?,
             None => {
@@ -537,7 +537,7 @@ impl TextTokenizer {
     }
 }
 
-/// The `tokenizer.json` document Hugging Face would ship for this GGUF vocabulary (models.md §3.7).
+/// The `tokenizer.json` document Hugging Face would ship for this GGUF vocabulary (docs/models.md §3.7).
 fn hf_document_from_gguf(
     parts: &GgufTokenizerParts,
     tokens: &[&str],

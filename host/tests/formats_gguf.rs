@@ -749,7 +749,7 @@ fn hf_name_mapping_covers_every_block_tensor() {
 }
 
 // ------------------------------------------------------------------------------------------
-// The real default model (fixtures.md), when installed
+// The real default model (docs/fixtures.md §2), when installed
 
 const REAL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -760,7 +760,7 @@ fn real_model() -> Option<Arc<GgufFile>> {
     let p = Path::new(REAL);
     if !p.exists() {
         eprintln!(
-            "SKIPPED: {} is not installed (the CI setup script installs it; see /work/shared/specs/fixtures.md)",
+            "SKIPPED: {} is not installed (the CI setup script installs it; see docs/fixtures.md §1)",
             p.display()
         );
         return None;

@@ -138,7 +138,7 @@ fn hf_folder_written_from_gguf_tokenizer_gives_the_same_tokenizer() {
     let path = repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if !path.is_file() {
         eprintln!(
-            "SKIP: {} is absent (see shared/specs/fixtures.md)",
+            "SKIP: {} is absent (scripts/setup-fixtures.sh installs it: docs/fixtures.md §1)",
             path.display()
         );
         return;

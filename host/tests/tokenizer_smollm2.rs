@@ -1,7 +1,7 @@
 //! The default target model's tokenizer (SmolLM2-135M-Instruct, GGUF, pre-tokenizer `smollm`).
 //!
-//! The model file is git-ignored; get it with the three commands in shared/specs/fixtures.md
-//! ("Default target model"). Tests print SKIP when it is absent.
+//! The model file is git-ignored; install it with scripts/setup-fixtures.sh
+//! (docs/fixtures.md §2). Tests print SKIP when it is absent.
 
 use draftlens::chat::ChatMessage;
 use draftlens::formats::gguf::GgufFile;
@@ -41,7 +41,7 @@ fn smollm2_metadata_facts() {
     let Some((file, tok, path)) = model() else {
         return;
     };
-    // fixtures.md: 49,152 tokens, bos 1 <|im_start|>, eos 2 <|im_end|>, add_bos_token = false.
+    // docs/fixtures.md §2: 49,152 tokens, bos 1 <|im_start|>, eos 2 <|im_end|>, add_bos_token = false.
     assert_eq!(tok.vocab_size(), 49152);
     assert_eq!(tok.bos_id(), Some(1));
     assert_eq!(tok.eos_id(), Some(2));

@@ -21,7 +21,7 @@ One command runs the whole pipeline on one GPU (see README.md beside this file):
      and the online chain replayed (a0 = first completion position, a_{i+1} = a_i + A(a_i) + 1).
      For the leaky series the same data is also scored the way its training saw it (kv <= a).
 
-Recipe (dflash.md section 2): anchors sampled uniformly without replacement from completion positions
+Recipe (docs/dflash.md §2.1): anchors sampled uniformly without replacement from completion positions
 (a in [P, T-2], so that y_{a+1} exists), block = [y_a, MASK x (B-1)] embedded with the target's frozen
 embedding, row k (1..B-1) predicts y_{a+k}, hard cross-entropy with weights exp(-(k-1)/gamma) x
 in-bounds, normalised by the weight sum; the drafter's own final norm, then the target's frozen
@@ -280,7 +280,7 @@ def build_data(model, ids, tf_batch, hs_indices, device, label):
 
 
 # ----------------------------------------------------------------------------------------------
-# Drafter (dflash.md section 1.1)
+# Drafter (docs/dflash.md §1.1)
 # ----------------------------------------------------------------------------------------------
 
 

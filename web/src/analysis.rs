@@ -2,12 +2,14 @@
 //! acceptance, histogram of accepted lengths, the replayed rounds) from which every chart and
 //! the records-derived metrics are computed with bootstrap CIs over prompts.
 //!
-//! Definitions (dflash.md §5, product.md "Terms"); γ = B−1 drafted positions per block:
+//! Definitions (docs/metrics.md §2–§5); γ = B−1 drafted positions per block:
 //! - A(a): leading positions whose draft top-1 equals the target token (an invalid position,
 //!   past the end of the sequence, stops the streak) — `RecordBatch::accepted_len`.
 //! - uniform-anchor τ: mean of A+1 over every evaluated completion anchor.
-//! - replayed τ: mean of A+1 over the anchors a real greedy decode visits:
-//!   a₀ = first completion anchor, a_{i+1} = a_i + A(a_i) + 1 (bonus token included).
+//! - replayed τ: tokens per round over the anchors a real greedy decode visits:
+//!   a₀ = first completion anchor, a_{i+1} = a_i + A(a_i) + 1, A+1 tokens per round (bonus
+//!   included) but none past the end of the sequence — `draftlens_records::replay`, the same
+//!   function as the native metrics and the `replayed-tau` plugin.
 //! - macro = mean of per-prompt values; pooled = Σ numerators / Σ denominators.
 //! - per-position top-1 accuracy a_k = #(valid ∧ top-1 = t_k) / #valid_k (flat, marginal).
 //! - conditional acceptance c_k = #(A ≥ k) / #(A ≥ k−1 ∧ position k valid).
@@ -17,14 +19,15 @@
 
 use crate::stats::{mean, Resamples, Rng};
 use anyhow::{Context, Result};
-use draftlens::records::{RecordBatch, Region};
+use draftlens::records::{replay, RecordBatch, Region, Round, SequenceEnd};
 use draftlens::store::{Derived, MetricRow, MetricScope, PromptMeta, RunInfo, Store};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
 pub const STATS_KIND: &str = "prompt-stats";
 /// Bump when the meaning of a field changes (cached values of other versions are recomputed).
-pub const STATS_VERSION: i64 = 1;
+/// 2: the last replayed round yields no bonus token past the end of the sequence.
+pub const STATS_VERSION: i64 = 2;
 /// Source name of metrics computed here from records.
 pub const SOURCE: &str = "records";
 
@@ -50,6 +53,10 @@ pub struct PromptStats {
     pub nll_sum: f64,
     /// A of each replayed round, in decode order.
     pub rounds: Vec<u16>,
+    /// Tokens the replayed rounds yield (Σ A+1, less the bonus of a last round that reaches the
+    /// end of the sequence). Absent in statistics of older bundles: Σ A+1 is used then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_tokens: Option<u64>,
 }
 
 impl PromptStats {
@@ -65,7 +72,8 @@ impl PromptStats {
         })
     }
     pub fn replay_tokens(&self) -> u64 {
-        self.rounds.iter().map(|&a| a as u64 + 1).sum()
+        self.replay_tokens
+            .unwrap_or_else(|| self.rounds.iter().map(|&a| a as u64 + 1).sum())
     }
     pub fn replayed_tau(&self) -> Option<f64> {
         (!self.rounds.is_empty()).then(|| self.replay_tokens() as f64 / self.rounds.len() as f64)
@@ -158,7 +166,10 @@ pub fn compute_stats(batch: &RecordBatch, prompts: &[PromptMeta]) -> RunStats {
     }
     for (pi, map) in &anchors {
         let st = by_prompt.get_mut(pi).expect("prompt entry exists");
-        st.rounds = replay(map, |b| batch.accepted_len(b));
+        let m = meta.get(pi);
+        let chain = prompt_chain(batch, map, m.map(|m| (m.prompt_len, m.num_tokens)));
+        st.rounds = chain.iter().map(|r| r.accepted as u16).collect();
+        st.replay_tokens = Some(chain.iter().map(|r| r.tokens as u64).sum());
     }
     RunStats {
         positions: g,
@@ -167,41 +178,53 @@ pub fn compute_stats(batch: &RecordBatch, prompts: &[PromptMeta]) -> RunStats {
     }
 }
 
-/// The replayed rounds of one prompt: A of each anchor a greedy decode visits.
-pub fn replay(
+/// The replayed rounds of one prompt (`docs/metrics.md` §3). `anchor_to_block` maps its
+/// completion anchors to blocks of `batch`; `lens` = (prompt length, tokens of prompt +
+/// continuation) when the prompt row is known. The chain starts at the prompt length (else at the
+/// first completion anchor) and ends at the last position of the sequence (else where the blocks
+/// cut by the end say it is). A chain that lands on an anchor without a block has no rounds.
+pub fn prompt_chain(
+    batch: &RecordBatch,
     anchor_to_block: &HashMap<u32, usize>,
-    accepted: impl Fn(usize) -> usize,
-) -> Vec<u16> {
-    let Some(&a0) = anchor_to_block.keys().min() else {
+    lens: Option<(u32, u32)>,
+) -> Vec<Round> {
+    let Some(&min_anchor) = anchor_to_block.keys().min() else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    let mut a = a0;
-    while let Some(&b) = anchor_to_block.get(&a) {
-        let acc = accepted(b);
-        out.push(acc as u16);
-        a += acc as u32 + 1;
-    }
-    out
+    let view = batch.view();
+    let end = match lens {
+        Some((_, n)) => SequenceEnd::At(n.saturating_sub(1)),
+        None => match anchor_to_block
+            .values()
+            .filter_map(|&b| view.cut_end(b))
+            .max()
+        {
+            Some(e) => SequenceEnd::At(e),
+            None => SequenceEnd::Unknown {
+                last_anchor: *anchor_to_block.keys().max().expect("non-empty"),
+            },
+        },
+    };
+    let first = lens.map_or(min_anchor, |(p, _)| p);
+    replay(first, end, |a| {
+        anchor_to_block
+            .get(&a)
+            .map(|&b| view.accepted_len(b) as u32)
+    })
+    .unwrap_or_default()
 }
 
-/// Replayed rounds with their anchors (for the drill-down): (anchor, block index, A).
-pub fn replay_chain(batch: &RecordBatch) -> Vec<(u32, usize, usize)> {
+/// Replayed rounds of one prompt's records with their anchors (for the drill-down): (anchor,
+/// block index, A). `lens` as in [`prompt_chain`].
+pub fn replay_chain(batch: &RecordBatch, lens: Option<(u32, u32)>) -> Vec<(u32, usize, usize)> {
     let map: HashMap<u32, usize> = (0..batch.num_blocks())
         .filter(|&b| batch.region[b] == Region::Completion as u8)
         .map(|b| (batch.anchor[b], b))
         .collect();
-    let Some(&a0) = map.keys().min() else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    let mut a = a0;
-    while let Some(&b) = map.get(&a) {
-        let acc = batch.accepted_len(b);
-        out.push((a, b, acc));
-        a += acc as u32 + 1;
-    }
-    out
+    prompt_chain(batch, &map, lens)
+        .into_iter()
+        .map(|r| (r.anchor, map[&r.anchor], r.accepted as usize))
+        .collect()
 }
 
 /// Statistics of a run: from the derived cache when current, else computed from records and
@@ -586,16 +609,21 @@ mod tests {
         };
         let b = scripted(12, &acc);
         // Chain: a0=2 (A=3) → 6 (A=0) → 7 (A=1) → 9: positions 10, 11 valid, 12 invalid → A=2 → 12: no block.
-        let chain = replay_chain(&b);
+        let chain = replay_chain(&b, Some((2, 12)));
         assert_eq!(
             chain.iter().map(|c| (c.0, c.2)).collect::<Vec<_>>(),
             vec![(2, 3), (6, 0), (7, 1), (9, 2)]
         );
+        // Without the prompt row the end is found from the blocks it cuts: the same chain.
+        assert_eq!(replay_chain(&b, None), chain);
         let st = compute_stats(&b, &meta());
         let p = &st.prompts[0];
         assert_eq!(p.rounds, vec![3, 0, 1, 2]);
-        // replayed τ = (4 + 1 + 2 + 3) / 4 = 2.5
-        assert_eq!(p.replayed_tau(), Some(2.5));
+        // The last round at 9 accepts 10 and 11, the last position: no bonus token past the end,
+        // so it yields 2 tokens, not 3. Replayed τ = (4 + 1 + 2 + 2) / 4 = 2.25. (Before the web
+        // shared the replay with the native metrics it counted 3 and showed 2.5.)
+        assert_eq!(p.replay_tokens(), 9);
+        assert_eq!(p.replayed_tau(), Some(2.25));
         assert_eq!(p.blocks, 10);
         // Anchor 11 has no valid position: A = 0. Anchor 10: one valid position, A = 1.
         assert_eq!(p.hist.iter().sum::<u32>(), 10);
@@ -664,6 +692,6 @@ mod tests {
         }
         let st = compute_stats(&b, &meta());
         assert_eq!(st.prompts[0].blocks, 5);
-        assert_eq!(replay_chain(&b)[0].0, 5);
+        assert_eq!(replay_chain(&b, None)[0].0, 5);
     }
 }

@@ -435,13 +435,27 @@ pub fn validate(b: &Bundle, what: &str) -> Result<Vec<RunExport>> {
                 if p.rounds.iter().any(|&a| a as usize > g) {
                     bail!("{sw}.rounds: an accepted length exceeds {g}");
                 }
+                // Σ A+1, less at most the last round's bonus token (docs/metrics.md §2).
+                let full: u64 = p.rounds.iter().map(|&a| a as u64 + 1).sum();
+                if p.replay_tokens.is_some_and(|t| t > full || t + 1 < full) {
+                    bail!(
+                        "{sw}.replay_tokens: {} does not match its rounds (Σ A+1 = {full})",
+                        p.replay_tokens.unwrap_or_default()
+                    );
+                }
                 if p.hist.iter().map(|&x| x as u64).sum::<u64>() != p.blocks as u64 {
                     bail!("{sw}: histogram total differs from blocks");
                 }
             }
             derived.push(Derived {
                 kind: STATS_KIND.into(),
-                version: STATS_VERSION,
+                // Statistics of bundles written before `replay_tokens` existed follow the old
+                // end-of-sequence rule: version 1, so runs with records recompute them.
+                version: if st.prompts.iter().all(|p| p.replay_tokens.is_some()) {
+                    STATS_VERSION
+                } else {
+                    1
+                },
                 data: serde_json::to_vec(st)?,
             });
         }

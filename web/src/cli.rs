@@ -100,7 +100,9 @@ pub enum TokensCommand {
     Revoke { name_or_id: String },
 }
 
-/// `draftlens demo --db demo.sqlite`: fill a database with synthetic runs (for trying the UI).
+/// `draftlens demo --db demo.sqlite`: fill a database with synthetic runs (for trying the UI;
+/// only in builds with the `demo` feature).
+#[cfg(feature = "demo")]
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
     #[arg(long, env = "DRAFTLENS_DB", default_value = "demo.sqlite")]
@@ -193,6 +195,7 @@ pub fn run_tokens(a: &TokensArgs) -> Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "demo")]
 pub fn run_demo(a: &DemoArgs) -> Result<()> {
     let spec = match a.size.as_str() {
         "small" => crate::demo::DemoSpec::small(),

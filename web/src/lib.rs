@@ -11,11 +11,13 @@ pub mod analysis;
 pub mod bundle;
 pub mod cli;
 pub mod compare;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod qs;
 pub mod report;
 pub mod server;
 pub mod stats;
+pub(crate) mod viewmodel;
 pub mod views;
 
 pub use bundle::ImportSummary;

@@ -6,7 +6,7 @@ use crate::analysis::RunStats;
 use crate::bundle::{export_bundle, SCRIPT_ID};
 use crate::compare::{self, CompareOptions, StatsCache};
 use crate::qs::Query;
-use crate::server::{categories_of, headline_of, prompt_rows};
+use crate::viewmodel::{categories_of, headline_of, prompt_rows};
 use crate::views::{self, safe_json, Ctx};
 use anyhow::{Context, Result};
 use draftlens::store::{MetricScope, RunInfo, Store};

@@ -1,6 +1,6 @@
 //! Small statistics toolkit: a seeded PRNG, percentile bootstrap over prompts (paired and
 //! unpaired), quantiles. Prompts are the resampling unit because blocks within a prompt are
-//! correlated (ui.md §5.2 "Paired Δ").
+//! correlated (docs/ui.md §3).
 
 /// SplitMix64: tiny, fast, reproducible; good enough for resampling indices.
 #[derive(Clone, Debug)]

@@ -98,7 +98,7 @@ pub fn run(g: &Global, a: BenchArgs) -> Result<()> {
     let files = TargetFiles::open(&a.target)?;
     let model = TargetModel::load(&be, &files.spec, files.weights.as_ref())?;
     let spec = &files.spec;
-    // FLOPs per token (models.md §6.1): 2·N_lin + attention 4·H·hd·(S+1)/2 per layer; no LM head.
+    // FLOPs per token (docs/models.md §6.1): 2·N_lin + attention 4·H·hd·(S+1)/2 per layer; no LM head.
     let n_lin = spec.num_layers
         * (spec.hidden_size * spec.num_heads * spec.head_dim * 2
             + spec.hidden_size * spec.num_kv_heads * spec.head_dim * 2

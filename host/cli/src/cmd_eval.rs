@@ -190,8 +190,10 @@ pub fn run(g: &Global, a: RunArgs) -> Result<()> {
             );
             // A histogram's scalar is only its count (the blocks above): its bins are in
             // `runs show --json` and the web UI.
-            for (_, name, v) in r.metrics.iter().filter(|m| m.1 != "accept_hist") {
-                o += &format!("  {name:<22} {v:.4}\n");
+            for (name, m) in r.metrics.values().flatten() {
+                if name != "accept_hist" {
+                    o += &format!("  {name:<22} {:.4}\n", m.value);
+                }
             }
             if let Some(s) = scored.iter().find(|s| s.run == r.run_id) {
                 o += &crate::cmd_plugins::render_stored(s);

@@ -476,8 +476,7 @@ fn check(
     let mut shape = sdk::testdata::Shape::new(16, 8, 8, 16, 200);
     shape.prompt_anchors = true;
     shape.target_topk = true;
-    let batch =
-        draftlens_plugin_host::convert::record_batch(sdk::testdata::random(1, &shape, 0.7, 0.2));
+    let batch = sdk::testdata::random(1, &shape, 0.7, 0.2);
     let one_shot = runtime.evaluate(&p, &params, &batch)?;
     let chunk = 250;
     let groups = Grouping {

@@ -64,7 +64,8 @@ enum Cmd {
     Import(draftlens_web::cli::ImportArgs),
     /// Manage read/write tokens of a team server.
     Tokens(draftlens_web::cli::TokensArgs),
-    /// Fill a database with synthetic runs to try the UI.
+    /// Fill a database with synthetic runs to try the UI (development builds: `--features demo`).
+    #[cfg(feature = "demo")]
     #[command(hide = true)]
     Demo(draftlens_web::cli::DemoArgs),
     /// Measure CPU prefill throughput against this machine's own f32 GEMM rate.
@@ -112,6 +113,7 @@ fn main() {
         Cmd::Report(a) => draftlens_web::cli::run_report(&a),
         Cmd::Import(a) => draftlens_web::cli::run_import(&a),
         Cmd::Tokens(a) => draftlens_web::cli::run_tokens(&a),
+        #[cfg(feature = "demo")]
         Cmd::Demo(a) => draftlens_web::cli::run_demo(&a),
     }));
     match result {

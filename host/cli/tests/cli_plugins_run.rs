@@ -20,7 +20,6 @@ mod cli_util;
 use cli_util::*;
 use draftlens::records::Region;
 use draftlens::store::{MetricRow, MetricScope, NewRun, RunPrompt, RunStatus, Store};
-use draftlens_plugin_host::convert::record_batch;
 use draftlens_plugin_host::sdk::testdata::{random, Shape};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -641,12 +640,7 @@ fn synthetic_run(db: &Path) -> (i64, draftlens::records::RecordBatch) {
         .unwrap();
     let mut all = draftlens::records::RecordBatch::new(8, 4);
     for (p, cat) in [(0u32, "a"), (1, "b"), (2, "a")] {
-        let mut r = record_batch(random(
-            11 + p as u64,
-            &Shape::new(8, 4, 1, 10, 40),
-            0.75,
-            0.15,
-        ));
+        let mut r = random(11 + p as u64, &Shape::new(8, 4, 1, 10, 40), 0.75, 0.15);
         r.prompt_index.iter_mut().for_each(|x| *x = p);
         let prompt = RunPrompt {
             index: p,

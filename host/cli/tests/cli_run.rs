@@ -36,14 +36,14 @@ fn oracle_tau(n: u64, b: u64) -> (u64, u64) {
 }
 
 fn run_metric(outcome: &serde_json::Value, name: &str) -> f64 {
-    outcome["metrics"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m[0] == "native" && m[1] == name)
-        .unwrap_or_else(|| panic!("no native metric {name} in {outcome}"))[2]
+    let m = &outcome["metrics"]["native"][name];
+    assert!(
+        m["unit"].is_string() && m["description"].is_string(),
+        "native metric {name} without unit and convention in {outcome}"
+    );
+    m["value"]
         .as_f64()
-        .unwrap()
+        .unwrap_or_else(|| panic!("no native metric {name} in {outcome}"))
 }
 
 #[test]

@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use draftlens::records::RecordBatch;
-use draftlens_plugin_host::convert::sdk_view;
 use draftlens_plugin_host::sdk::{self, Batch};
 use draftlens_plugin_host::{Grouping, Inputs, Limits, Runtime, RuntimeConfig, CHUNK_CANDIDATES};
 use metric_accept_length::AcceptLength;
@@ -91,7 +90,7 @@ fn main() {
     let chunk = (CHUNK_CANDIDATES / (15 * 8)).max(1);
 
     // Native: the same plugin code on borrowed chunks of the same size (no copies at all).
-    let view = sdk_view(&batch);
+    let view = batch.view();
     let native_run = || {
         let chunks = (0..blocks.div_ceil(chunk)).map(|i| {
             let (s, e) = (i * chunk, ((i + 1) * chunk).min(blocks));

@@ -176,7 +176,7 @@ impl<'r> Job<'r> {
         }
 
         let component = plugin.pre.instance_pre().component();
-        let iface = component.get_export_index(None, wit::EVALUATOR);
+        let iface = component.get_export_index(None, wit::evaluator());
         let lookup = |name: &str| -> Result<ComponentExportIndex, PluginFailure> {
             iface
                 .as_ref()
@@ -185,7 +185,7 @@ impl<'r> Job<'r> {
                     PluginFailure::new(
                         FailureKind::IncompatibleContract,
                         path,
-                        format!("exports no function {name} in {}", wit::EVALUATOR),
+                        format!("exports no function {name} in {}", wit::evaluator()),
                     )
                 })
         };

@@ -13,7 +13,6 @@
 //! Entry points: [`score_batch`] over a batch; [`stored::score_stored_run`] over a stored run
 //! (what `run --plugin` and `rescore` use), which also stores the metrics and failures.
 
-pub mod convert;
 pub mod discover;
 mod failure;
 mod job;

@@ -48,57 +48,8 @@ impl fmt::Display for ContractVersion {
     }
 }
 
-/// A parameter value (also the parameter's kind).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ParamValue {
-    Int(i64),
-    Float(f64),
-    Flag(bool),
-    Text(String),
-}
-
-impl ParamValue {
-    pub fn kind(&self) -> &'static str {
-        match self {
-            ParamValue::Int(_) => "int",
-            ParamValue::Float(_) => "float",
-            ParamValue::Flag(_) => "flag",
-            ParamValue::Text(_) => "text",
-        }
-    }
-
-    /// Parse `text` as a value of the same kind as `self` (for `name=value` on the command line).
-    pub fn parse_like(&self, text: &str) -> Result<ParamValue, String> {
-        match self {
-            ParamValue::Int(_) => text
-                .parse()
-                .map(ParamValue::Int)
-                .map_err(|_| format!("{text:?} is not an int")),
-            ParamValue::Float(_) => text
-                .parse()
-                .map(ParamValue::Float)
-                .map_err(|_| format!("{text:?} is not a float")),
-            ParamValue::Flag(_) => match text {
-                "true" | "1" | "yes" => Ok(ParamValue::Flag(true)),
-                "false" | "0" | "no" => Ok(ParamValue::Flag(false)),
-                _ => Err(format!("{text:?} is not a flag (true/false)")),
-            },
-            ParamValue::Text(_) => Ok(ParamValue::Text(text.to_string())),
-        }
-    }
-}
-
-impl fmt::Display for ParamValue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ParamValue::Int(v) => write!(f, "{v}"),
-            ParamValue::Float(v) => write!(f, "{v}"),
-            ParamValue::Flag(v) => write!(f, "{v}"),
-            ParamValue::Text(v) => write!(f, "{v:?}"),
-        }
-    }
-}
+/// Parameters are part of the record contract (`draftlens-records`), shared with the SDK.
+pub use draftlens_records::{Param, ParamValue};
 
 impl From<&ParamValue> for wit::ParamValue {
     fn from(v: &ParamValue) -> Self {
@@ -120,13 +71,6 @@ impl From<wit::ParamValue> for ParamValue {
             wit::ParamValue::Text(x) => ParamValue::Text(x),
         }
     }
-}
-
-/// A parameter given to a plugin.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Param {
-    pub name: String,
-    pub value: ParamValue,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,4 +1,5 @@
-//! Host bindings of the contract `draftlens:metric@0.1.0` (plugins/wit/metric.wit).
+//! Host bindings of the contract `draftlens:metric` (plugins/wit/metric.wit; released versions
+//! are frozen in plugins/wit-frozen/). Its version is read from the WIT file itself.
 
 use wasmtime::component::{ComponentType, Lower};
 
@@ -12,9 +13,54 @@ pub use self::draftlens::metric::types::{
     Metadata, MetricValue, Param, ParamValue, PluginError, SeriesKind,
 };
 
-/// The contract version this host implements and the interface it looks up.
-pub const VERSION: (u64, u64, u64) = (0, 1, 0);
-pub const EVALUATOR: &str = "draftlens:metric/evaluator@0.1.0";
+/// The contract's WIT source: the one place its version is written (its `package` line).
+pub const WIT_SOURCE: &str = include_str!("../../../plugins/wit/metric.wit");
+
+/// The contract version this host implements, read from [`WIT_SOURCE`] at compile time.
+pub const VERSION: (u64, u64, u64) = package_version(WIT_SOURCE.as_bytes());
+
+/// The interface the host looks up in a plugin (`draftlens:metric/evaluator@<VERSION>`).
+pub fn evaluator() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let (a, b, c) = VERSION;
+        format!("draftlens:metric/evaluator@{a}.{b}.{c}")
+    })
+}
+
+/// `X.Y.Z` of the `package draftlens:metric@X.Y.Z;` line (a compile error when absent).
+const fn package_version(src: &[u8]) -> (u64, u64, u64) {
+    let key = b"package draftlens:metric@";
+    let mut i = 0;
+    'search: while i + key.len() <= src.len() {
+        let mut j = 0;
+        while j < key.len() {
+            if src[i + j] != key[j] {
+                i += 1;
+                continue 'search;
+            }
+            j += 1;
+        }
+        let mut p = i + key.len();
+        let mut parts = [0u64; 3];
+        let mut n = 0;
+        while n < 3 {
+            let start = p;
+            while p < src.len() && src[p].is_ascii_digit() {
+                parts[n] = parts[n] * 10 + (src[p] - b'0') as u64;
+                p += 1;
+            }
+            assert!(p > start, "metric.wit: malformed package version");
+            n += 1;
+            if n < 3 {
+                assert!(src[p] == b'.', "metric.wit: malformed package version");
+                p += 1;
+            }
+        }
+        return (parts[0], parts[1], parts[2]);
+    }
+    panic!("metric.wit: no `package draftlens:metric@X.Y.Z;` line")
+}
 
 /// A borrowed view of a batch, lowered straight from the host's columns into the guest's memory
 /// (the generated `Batch` owns `Vec`s, which would cost one more copy of every column). Field
@@ -71,31 +117,33 @@ fn gather<T: Copy>(src: &[T], k: usize, keep: usize, out: &mut Vec<T>) {
     }
 }
 
+impl<'a> From<::draftlens::records::BatchView<'a>> for BatchRef<'a> {
+    fn from(v: ::draftlens::records::BatchView<'a>) -> Self {
+        BatchRef {
+            block_size: v.block_size,
+            top_k: v.top_k,
+            prompt_index: v.prompt_index,
+            anchor: v.anchor,
+            region: v.region,
+            target: v.target,
+            valid: v.valid,
+            loss_mask: v.loss_mask,
+            draft_ids: v.draft_ids,
+            draft_logprobs: v.draft_logprobs,
+            target_ids: v.target_ids,
+            target_logprobs: v.target_logprobs,
+        }
+    }
+}
+
 impl<'a> BatchRef<'a> {
     /// Blocks `range` of `batch` (whose columns were checked with `RecordBatch::check`), with
-    /// every column.
+    /// every column (the slicing arithmetic is the record contract's, `BatchView::slice`).
     pub fn slice(
         batch: &'a ::draftlens::records::RecordBatch,
         range: std::ops::Range<usize>,
     ) -> BatchRef<'a> {
-        let p = batch.positions_per_block();
-        let k = batch.top_k as usize;
-        let pos = range.start * p..range.end * p;
-        let cand = pos.start * k..pos.end * k;
-        BatchRef {
-            block_size: batch.block_size,
-            top_k: batch.top_k,
-            prompt_index: &batch.prompt_index[range.clone()],
-            anchor: &batch.anchor[range.clone()],
-            region: &batch.region[range],
-            target: &batch.target[pos.clone()],
-            valid: &batch.valid[pos.clone()],
-            loss_mask: &batch.loss_mask[pos],
-            draft_ids: &batch.draft_ids[cand.clone()],
-            draft_logprobs: &batch.draft_logprobs[cand.clone()],
-            target_ids: batch.target_ids.as_deref().map(|c| &c[cand.clone()]),
-            target_logprobs: batch.target_logprobs.as_deref().map(|c| &c[cand]),
-        }
+        BatchRef::from(batch.view().slice(range))
     }
 
     /// Blocks `range` with only what `inputs` asks for: fewer candidates are gathered into

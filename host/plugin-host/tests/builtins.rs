@@ -7,15 +7,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use draftlens::records::RecordBatch;
-use draftlens_plugin_host::convert::{record_batch, sdk_params, sdk_view};
 use draftlens_plugin_host::sdk::testdata::{oracle, random, Shape};
 use draftlens_plugin_host::sdk::{self, Metric};
 use draftlens_plugin_host::{Grouping, MetricResult, Param, ParamValue, SeriesKind};
 
 fn native_with<M: Metric>(params: &[Param], batch: &RecordBatch) -> Vec<sdk::MetricValue> {
     // Native reference in chunks of 333 blocks: the accumulators must not care where chunks fall.
-    let p = sdk_params(params);
-    let view = sdk_view(batch);
+    let p = params.to_vec();
+    let view = batch.view();
     let nb = view.num_blocks();
     let per = view.positions_per_block();
     let k = view.top_k();
@@ -147,7 +146,7 @@ fn test_batch() -> RecordBatch {
     let mut shape = Shape::new(16, 8, 12, 20, 300);
     shape.prompt_anchors = true;
     shape.target_topk = true;
-    record_batch(random(2024, &shape, 0.75, 0.2))
+    random(2024, &shape, 0.75, 0.2)
 }
 
 fn params_for(name: &str) -> Vec<Param> {
@@ -236,7 +235,7 @@ fn oracle_through_the_sandbox() {
     // The oracle drafter's top-1 always equals the target: τ = B except near the sequence end.
     let rt = common::runtime(Duration::from_secs(60), 128);
     let plugin = rt.load(&common::builtin("accept-length")).unwrap();
-    let batch = record_batch(oracle(&Shape::new(16, 8, 4, 10, 200)));
+    let batch = oracle(&Shape::new(16, 8, 4, 10, 200));
     let v = rt.evaluate(&plugin, &[], &batch).unwrap();
     let tau = v.iter().find(|v| v.name == "tau_pooled").unwrap();
     // Per prompt: anchors 10..=209, anchor a has min(15, 209 - a) valid positions.

@@ -5,7 +5,6 @@ mod common;
 
 use std::time::Duration;
 
-use draftlens_plugin_host::convert::record_batch;
 use draftlens_plugin_host::sdk::testdata::{random, Shape};
 use draftlens_plugin_host::{Limits, Runtime, RuntimeConfig};
 
@@ -25,7 +24,7 @@ fn runtime(cache: &std::path::Path, fuel: Option<u64>) -> Runtime {
 fn compiled_once_then_loaded_from_the_cache() {
     let cache = tempfile::tempdir().unwrap();
     let wasm = common::builtin("accept-length");
-    let batch = record_batch(random(3, &Shape::new(16, 8, 4, 10, 100), 0.7, 0.2));
+    let batch = random(3, &Shape::new(16, 8, 4, 10, 100), 0.7, 0.2);
 
     let rt = runtime(cache.path(), None);
     let cold = rt.load(&wasm).unwrap();

@@ -6,7 +6,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use draftlens::records::RecordBatch;
-use draftlens_plugin_host::convert::record_batch;
 use draftlens_plugin_host::sdk::testdata::{random, Shape};
 use draftlens_plugin_host::{
     score_batch_with, FailureKind, Grouping, Limits, Param, ParamValue, PluginRequest, Runtime,
@@ -21,7 +20,7 @@ fn mode(m: &str) -> Vec<Param> {
 }
 
 fn small_batch() -> RecordBatch {
-    record_batch(random(5, &Shape::new(8, 4, 3, 5, 30), 0.6, 0.2))
+    random(5, &Shape::new(8, 4, 3, 5, 30), 0.6, 0.2)
 }
 
 fn rss_mib() -> u64 {

@@ -7,7 +7,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use draftlens_plugin_host::convert::record_batch;
 use draftlens_plugin_host::scaffold::{default_sdk_path, new_plugin};
 use draftlens_plugin_host::sdk::testdata::{oracle, Shape};
 
@@ -97,7 +96,7 @@ fn scaffolded_plugin_builds_passes_its_test_and_runs() {
         plugin.imports
     );
     // B = 8: τ = 8 except for the 7 last anchors of each prompt, cut by the sequence end.
-    let batch = record_batch(oracle(&Shape::new(8, 2, 2, 5, 100)));
+    let batch = oracle(&Shape::new(8, 2, 2, 5, 100));
     let v = rt.evaluate(&plugin, &[], &batch).unwrap();
     let tau = v.iter().find(|v| v.name == "tau").unwrap();
     assert_eq!(tau.count, 200);

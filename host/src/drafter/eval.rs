@@ -1,4 +1,4 @@
-//! Exact per-anchor drafter evaluation (dflash.md end of §2.4).
+//! Exact per-anchor drafter evaluation (docs/dflash.md §2.5).
 //!
 //! For one sequence (prompt + the target's greedy continuation), one teacher-forced target pass
 //! gives the taps and the target's argmax. For each anchor a the drafter sees the taps of
@@ -10,7 +10,7 @@
 use super::model::{DFlashDrafter, DraftContext};
 use crate::backend::{Backend, TopK};
 use crate::model::{EmbedHead, TargetModel};
-use crate::records::{RecordBatch, Region};
+use crate::records::{next_anchor, RecordBatch, Region};
 use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -316,7 +316,7 @@ pub fn evaluate_sequence<B: Backend>(
                 out.num_blocks() - 1
             }
         };
-        a += out.accepted_len(idx) + 1;
+        a = next_anchor(a as u32, out.accepted_len(idx) as u32) as usize;
     }
     Ok(sort_by_anchor(out))
 }

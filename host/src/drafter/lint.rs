@@ -59,7 +59,7 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
     }
     let l = spec.num_layers;
     if cfg.target_layer_ids.iter().any(|&i| i + 1 == l) {
-        out.push(f(Warning, "tap-last-layer", format!("taps include the target's last decoder layer {}: its state at position t nearly encodes token t+1, so any mask leak inflates training metrics far above deployment (dflash.md §1.2)", l - 1)));
+        out.push(f(Warning, "tap-last-layer", format!("taps include the target's last decoder layer {}: its state at position t nearly encodes token t+1, so any mask leak inflates training metrics far above deployment (docs/dflash.md §1.2)", l - 1)));
     } else if cfg.target_layer_ids.iter().any(|&i| i + 2 == l) {
         out.push(f(Info, "tap-late-layer", format!("taps include layer {}, second to last: higher leakage sensitivity than the usual ≤ L−3 taps", l - 2)));
     }

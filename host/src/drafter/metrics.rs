@@ -1,16 +1,15 @@
-//! Native summary metrics over stored records (dflash.md §5). The metric plugins compute the same
+//! Native summary metrics over stored records (docs/metrics.md). The metric plugins compute the same
 //! definitions in WASM; these are the reference the run command stores directly.
 //!
-//! Conventions, stated once:
-//! - A(a): leading drafted positions whose top-1 equals the target token; positions past the end
-//!   of the sequence stop the streak.
+//! Conventions (defined in `docs/metrics.md`; A, the tokens of a round and the replay chain come
+//! from `draftlens-records`):
 //! - τ counts the bonus token: a round at anchor a yields min(A+1, T−1−a) tokens (the last round
 //!   of a sequence has no bonus past the end).
 //! - replayed τ: anchors a₀ = first completion position, a_{i+1} = a_i + A(a_i) + 1; macro = mean
 //!   of per-prompt τ, pooled = Σ tokens / Σ rounds.
 //! - uniform τ and per-position metrics use completion-region blocks only.
 
-use crate::records::{RecordBatch, Region};
+use crate::records::{RecordBatch, Region, SequenceEnd};
 use crate::store::{MetricRow, MetricScope};
 use std::collections::{BTreeMap, HashMap};
 
@@ -23,23 +22,24 @@ pub struct PromptInfo {
     pub category: Option<String>,
 }
 
-/// The replayed chain of one prompt: (rounds, tokens), or None when a chain anchor has no block.
+/// The replayed chain of one prompt (`docs/metrics.md` §3, computed by
+/// [`draftlens_records::replay`], the function the web UI and the `replayed-tau` plugin call):
+/// (rounds, tokens), or None when a chain anchor has no block.
 pub fn replay(
     batch: &RecordBatch,
     blocks_by_anchor: &HashMap<u32, usize>,
     prompt_len: usize,
     seq_len: usize,
 ) -> Option<(u64, u64)> {
-    let end = seq_len.saturating_sub(1);
-    let (mut a, mut rounds, mut tokens) = (prompt_len, 0u64, 0u64);
-    while a < end {
-        let b = *blocks_by_anchor.get(&(a as u32))?;
-        let acc = batch.accepted_len(b);
-        tokens += (acc + 1).min(end - a) as u64;
-        rounds += 1;
-        a += acc + 1;
-    }
-    Some((rounds, tokens))
+    let end = SequenceEnd::At(seq_len.saturating_sub(1) as u32);
+    let chain = draftlens_records::replay(prompt_len as u32, end, |a| {
+        blocks_by_anchor
+            .get(&a)
+            .map(|&b| batch.accepted_len(b) as u32)
+    })
+    .ok()?;
+    let tokens = chain.iter().map(|r| r.tokens as u64).sum();
+    Some((chain.len() as u64, tokens))
 }
 
 const SRC: &str = "native";

@@ -1,4 +1,4 @@
-//! The DFlash drafter forward pass (dflash.md §1.1), over the backend seam.
+//! The DFlash drafter forward pass (docs/dflash.md §1.1), over the backend seam.
 //!
 //! ```text
 //! taps [S, n·Dt] ─ fc ─ hidden_norm ─► C [S, D]           (context features, once per sequence)

@@ -15,6 +15,7 @@ use crate::records::RecordBatch;
 use crate::session::{Packer, Session};
 use crate::store::{NewRun, RunMode, RunPrompt, RunStatus, Store, TrainStyle};
 use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -48,13 +49,28 @@ pub struct RunOptions {
     pub fail_after: Option<usize>,
 }
 
+/// A run-level metric as `run --json` reports it: the value with its unit and convention.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct MetricSummary {
+    /// The value; `null` in JSON when undefined.
+    pub value: f64,
+    pub unit: String,
+    /// What is counted: macro or pooled, bonus included or not, which anchors
+    /// (`docs/metrics.md`).
+    pub description: String,
+    /// The denominator behind the value (prompts, rounds, blocks or positions).
+    pub count: u64,
+    pub higher_is_better: bool,
+}
+
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct RunOutcome {
     pub run_id: i64,
     pub name: String,
     pub prompts: usize,
     pub blocks: usize,
-    pub metrics: Vec<(String, String, f64)>,
+    /// Run-level metrics: source → metric name → value with unit and convention.
+    pub metrics: BTreeMap<String, BTreeMap<String, MetricSummary>>,
     pub seconds: f64,
     pub timings: serde_json::Value,
 }
@@ -198,11 +214,23 @@ pub fn run_eval<B: Backend>(
             let metrics_s = tm.elapsed().as_secs_f64();
             let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": metrics_s });
             store.finish_run(run_id, RunStatus::Complete, None, &timings)?;
-            let run_metrics = metrics
+            let mut run_metrics: BTreeMap<String, BTreeMap<String, MetricSummary>> =
+                BTreeMap::new();
+            for m in metrics
                 .iter()
                 .filter(|m| m.scope == crate::store::MetricScope::Run)
-                .map(|m| (m.source.clone(), m.name.clone(), m.value))
-                .collect();
+            {
+                run_metrics.entry(m.source.clone()).or_default().insert(
+                    m.name.clone(),
+                    MetricSummary {
+                        value: m.value,
+                        unit: m.unit.clone(),
+                        description: m.description.clone(),
+                        count: m.count,
+                        higher_is_better: m.higher_is_better,
+                    },
+                );
+            }
             Ok(RunOutcome {
                 run_id,
                 name,

@@ -1,5 +1,5 @@
 //! Schema migrations, tracked in `PRAGMA user_version` (hand-rolled: rusqlite_migration pins an
-//! older rusqlite, see ui.md §5.3).
+//! older rusqlite, see docs/ui.md §5.3).
 //!
 //! Rules: a migration that has shipped is never edited; new schema goes in a new entry at the end.
 //! Each migration runs in one `BEGIN IMMEDIATE` transaction together with the `user_version`

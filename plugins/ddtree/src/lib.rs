@@ -1,4 +1,4 @@
-//! DDTree-N (Diffusion Draft Tree, Ringel & Romano; dflash.md §4): per block, a draft tree of N
+//! DDTree-N (Diffusion Draft Tree, Ringel & Romano; docs/dflash.md §4): per block, a draft tree of N
 //! non-root nodes built best-first from the per-depth top-K of the drafter, verified greedily
 //! against the target tokens.
 //!

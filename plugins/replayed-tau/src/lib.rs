@@ -1,11 +1,13 @@
 //! Replayed τ: the chain of anchors a real greedy speculative decode visits, instead of every
 //! anchor uniformly. Per prompt: a₀ = its first completion anchor, a_{i+1} = a_i + A(a_i) + 1
 //! (the accepted drafts plus the bonus token), until the chain leaves the stored anchors.
-//! τ of the replay = tokens produced / verify rounds along that chain. As in the native replay
-//! (host/src/drafter/metrics.rs), the last round of a sequence yields only the tokens left: its
-//! bonus token counts only when the sequence has a position for it. The sequence end is where
-//! the blocks cut by it stop being valid (a block with fewer valid positions than B−1); a prompt
-//! without such a block has no known end and every round counts A + 1.
+//! τ of the replay = tokens produced / verify rounds along that chain. The chain and the tokens of
+//! each round come from `draftlens_records::replay`, the function the native metrics and the web
+//! UI call (`docs/metrics.md` §3): the last round of a sequence yields only the tokens left, its
+//! bonus token counts only when the sequence has a position for it. A plugin does not receive the
+//! sequence length: the end is where the blocks cut by it stop being valid (a block with fewer
+//! valid positions than B−1); a prompt without such a block has no known end and every round
+//! counts A + 1.
 //!
 //! The replay needs a block for every completion anchor it lands on. A prompt whose chain lands
 //! on a missing anchor inside its stored range (anchors were subsampled) cannot be replayed: it is
@@ -13,6 +15,7 @@
 
 use std::collections::BTreeMap;
 
+use draftlens_plugin_sdk::records::{replay, MissingAnchor, SequenceEnd};
 use draftlens_plugin_sdk::{
     export_metric, log, Accumulator, Batch, Inputs, Level, Metadata, Metric, MetricSpec,
     MetricValue, Params, PluginError, Region,
@@ -88,10 +91,9 @@ impl Accumulator for Acc {
             let a = batch.accepted_len(b) as u32;
             let prompt = batch.prompt_index[b];
             let anchor = batch.anchor[b];
-            let valid = batch.block(b).valid_len();
-            if valid < batch.positions_per_block() {
+            if let Some(cut) = batch.cut_end(b) {
                 let end = self.ends.entry(prompt).or_insert(0);
-                *end = (*end).max(anchor + valid as u32);
+                *end = (*end).max(cut);
             }
             if self
                 .anchors
@@ -116,17 +118,27 @@ impl Accumulator for Acc {
         let mut complete = 0u64;
         let mut incomplete = Vec::new();
         for (&prompt, anchors) in &self.anchors {
-            match replay(anchors, self.ends.get(&prompt).copied()) {
+            let (&first, _) = anchors
+                .first_key_value()
+                .expect("prompts enter with a block");
+            let (&last_anchor, _) = anchors.last_key_value().expect("non-empty");
+            let end = match self.ends.get(&prompt) {
+                Some(&e) => SequenceEnd::At(e),
+                None => SequenceEnd::Unknown { last_anchor },
+            };
+            match replay(first, end, |a| anchors.get(&a).copied()) {
                 // Nothing left to produce after the first anchor: no round to count.
-                Ok((_, 0)) => {}
-                Ok((t, r)) => {
+                Ok(chain) if chain.is_empty() => {}
+                Ok(chain) => {
+                    let t: u64 = chain.iter().map(|r| r.tokens as u64).sum();
+                    let r = chain.len() as u64;
                     tokens += t;
                     rounds += r;
                     macro_sum += t as f64 / r as f64;
                     rounds_sum += r as f64;
                     complete += 1;
                 }
-                Err(missing) => incomplete.push((prompt, missing)),
+                Err(MissingAnchor(missing)) => incomplete.push((prompt, missing)),
             }
         }
         if let Some(&(prompt, missing)) = incomplete.first() {
@@ -146,38 +158,6 @@ impl Accumulator for Acc {
             MetricValue::ratio("replayed_rounds", rounds_sum, complete),
             MetricValue::new("replayed_prompts_incomplete", incomplete.len() as f64, seen),
         ])
-    }
-}
-
-/// Replay one prompt's chain: (tokens, rounds), or the first anchor the chain needs but lacks.
-/// `end` is the last position of the sequence when known.
-fn replay(anchors: &BTreeMap<u32, u32>, end: Option<u32>) -> Result<(u64, u64), u32> {
-    let (&first, _) = anchors
-        .first_key_value()
-        .expect("prompts enter the map with a block");
-    let (&last, _) = anchors.last_key_value().expect("non-empty");
-    let (mut tokens, mut rounds) = (0u64, 0u64);
-    let mut a = first;
-    loop {
-        // At the sequence end there is nothing left to verify.
-        if end.is_some_and(|e| a >= e) {
-            return Ok((tokens, rounds));
-        }
-        let Some(&acc) = anchors.get(&a) else {
-            return Err(a);
-        };
-        // The bonus token needs a position after the accepted drafts.
-        tokens += match end {
-            Some(e) => (acc as u64 + 1).min((e - a) as u64),
-            None => acc as u64 + 1,
-        };
-        rounds += 1;
-        let next = a as u64 + acc as u64 + 1;
-        // Past the last stored anchor: the decode has reached the end of the continuation.
-        if next > last as u64 {
-            return Ok((tokens, rounds));
-        }
-        a = next as u32;
     }
 }
 

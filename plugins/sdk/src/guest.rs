@@ -182,7 +182,8 @@ impl<A: Accumulator + 'static> GuestAccumulator for AccHandle<A> {
             .as_mut()
             .ok_or_else(|| wit::PluginError::Internal("accumulate after finish".into()))?;
         let view = view(&batch);
-        view.check().map_err(error_to_wit)?;
+        view.check()
+            .map_err(|e| error_to_wit(PluginError::from(e)))?;
         acc.accumulate(&view).map_err(error_to_wit)
     }
 

@@ -51,12 +51,17 @@
 // Lets the generated bindings name this crate by its external path from inside the crate too.
 extern crate self as draftlens_plugin_sdk;
 
-mod batch;
 mod params;
 pub mod testdata;
 mod types;
 
-pub use batch::{Batch, Block, Candidates, OwnedBatch, Position, PositionSpec, Region};
+/// The record contract (batch layout, accepted length, replay chain), shared with the host.
+pub use draftlens_records as records;
+/// A borrowed batch as a plugin receives it ([`records::BatchView`]).
+pub use draftlens_records::BatchView as Batch;
+/// An owned batch, for building test data ([`records::RecordBatch`], the engine's own type).
+pub use draftlens_records::RecordBatch as OwnedBatch;
+pub use draftlens_records::{Block, Candidates, Position, PositionSpec, Region};
 pub use params::{region_param, Params, RegionFilter};
 pub use types::{
     ratio, Inputs, Level, Metadata, MetricSpec, MetricValue, Param, ParamSpec, ParamValue,

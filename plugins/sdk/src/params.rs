@@ -1,6 +1,6 @@
 //! Parameters: checked against the plugin's declared `ParamSpec`s, defaults filled in.
 
-use crate::{batch::Region, Param, ParamSpec, ParamValue, PluginError};
+use crate::{Param, ParamSpec, ParamValue, PluginError, Region};
 
 /// Resolved parameters: every declared parameter has a value of its declared kind.
 #[derive(Clone, Debug, PartialEq)]

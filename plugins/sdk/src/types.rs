@@ -1,55 +1,11 @@
-//! Plain Rust mirrors of the WIT types (plugins/wit/metric.wit). Plugins and native reference
-//! builds use these; on wasm32 the export glue converts them to and from the generated bindings.
+//! Plain Rust forms of the WIT types (plugins/wit/metric.wit) that plugin authors build and
+//! return. Plugins and native reference builds use these; on wasm32 the export glue converts them
+//! to and from the generated bindings. The batch layout and parameters are not here: they are the
+//! record contract of `draftlens-records`, shared with the host.
 
 use std::fmt;
 
-/// A parameter value; the case is also the parameter's kind.
-#[derive(Clone, Debug, PartialEq)]
-pub enum ParamValue {
-    Int(i64),
-    Float(f64),
-    Flag(bool),
-    Text(String),
-}
-
-impl ParamValue {
-    /// The kind's name as users see it in messages.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            ParamValue::Int(_) => "int",
-            ParamValue::Float(_) => "float",
-            ParamValue::Flag(_) => "flag",
-            ParamValue::Text(_) => "text",
-        }
-    }
-}
-
-impl fmt::Display for ParamValue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ParamValue::Int(v) => write!(f, "{v}"),
-            ParamValue::Float(v) => write!(f, "{v}"),
-            ParamValue::Flag(v) => write!(f, "{v}"),
-            ParamValue::Text(v) => write!(f, "{v:?}"),
-        }
-    }
-}
-
-/// A parameter given to a plugin.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Param {
-    pub name: String,
-    pub value: ParamValue,
-}
-
-impl Param {
-    pub fn new(name: &str, value: ParamValue) -> Self {
-        Param {
-            name: name.to_string(),
-            value,
-        }
-    }
-}
+pub use draftlens_records::{Param, ParamValue};
 
 /// A parameter a plugin accepts.
 #[derive(Clone, Debug, PartialEq)]
@@ -224,6 +180,13 @@ impl fmt::Display for PluginError {
 }
 
 impl std::error::Error for PluginError {}
+
+/// An inconsistent batch is the plugin's `invalid-batch` error.
+impl From<draftlens_records::LayoutError> for PluginError {
+    fn from(e: draftlens_records::LayoutError) -> Self {
+        PluginError::InvalidBatch(e.0)
+    }
+}
 
 /// Log levels of the host's `log` import.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -146,7 +146,7 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
         }
         @if !c.inflation.is_empty() {
             div class="panel" {
-                h2 { "Training-style vs deployment" span class="sub" { "how the training-time numbers get inflated, mechanism by mechanism (dflash §2.4)" } }
+                h2 { "Training-style vs deployment" span class="sub" { "how the training-time numbers get inflated, mechanism by mechanism (docs/dflash.md §2.4)" } }
                 @let dep: Vec<usize> = with_curves.iter().copied().filter(|&i| c.runs[i].mode == draftlens::store::RunMode::Deployment).collect();
                 @let ts: Vec<usize> = with_curves.iter().copied().filter(|&i| c.runs[i].mode == draftlens::store::RunMode::TrainStyle).collect();
                 @if !dep.is_empty() && !ts.is_empty() {

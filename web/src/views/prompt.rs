@@ -72,7 +72,7 @@ pub fn render(ctx: &Ctx, v: &PromptView) -> Markup {
     let plen = p.prompt_len as usize;
     let g = v.records.positions_per_block();
     let kk = v.records.top_k as usize;
-    let chain = replay_chain(v.records);
+    let chain = replay_chain(v.records, Some((p.prompt_len, ids.len() as u32)));
     let by_anchor: HashMap<u32, usize> = (0..v.records.num_blocks())
         .map(|b| (v.records.anchor[b], b))
         .collect();

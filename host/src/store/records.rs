@@ -1,0 +1,319 @@
+//! What a run evaluated: its prompts (`run_prompt`) and their records (`record_chunk`, the
+//! columnar `RecordBatch` as little-endian BLOBs, at most `CHUNK_BLOCKS` blocks per row).
+
+use super::*;
+
+/// Most blocks stored in one `record_chunk` row (bounds BLOB sizes to a few MB).
+pub const CHUNK_BLOCKS: usize = 4096;
+
+/// One prompt of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunPrompt {
+    /// Index in the run's prompt set (what `RecordBatch::prompt_index` refers to).
+    pub index: u32,
+    /// The prompt's id in its prompt set.
+    pub id: String,
+    /// Content hash (sha256 hex of the canonical prompt); pairs prompts across runs.
+    pub sha256: String,
+    pub category: Option<String>,
+    /// Tokens of the prompt; positions ≥ this are the target's continuation.
+    pub prompt_len: u32,
+    /// Prompt + continuation token ids.
+    pub token_ids: Vec<u32>,
+    /// Decoded prompt + continuation.
+    pub text: String,
+}
+
+/// A prompt without its tokens and text (for lists).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PromptMeta {
+    pub index: u32,
+    pub id: String,
+    pub sha256: String,
+    pub category: Option<String>,
+    pub prompt_len: u32,
+    pub num_tokens: u32,
+}
+
+/// A [`RunPrompt`] from a row of `run_prompt` with every column but `run_id`.
+pub(super) fn prompt_from_row(r: &Row, what: &str) -> Result<RunPrompt> {
+    let index: u32 = r.get("idx")?;
+    Ok(RunPrompt {
+        index,
+        id: r.get("prompt_id")?,
+        sha256: r.get("sha256")?,
+        category: r.get("category")?,
+        prompt_len: r.get("prompt_len")?,
+        token_ids: le_to_u32s(
+            r.get_ref("token_ids")?.as_blob()?,
+            &format!("{what}: prompt {index} token_ids"),
+        )?,
+        text: r.get("text")?,
+    })
+}
+
+pub(super) fn insert_prompt(tx: &Transaction, run: i64, p: &RunPrompt, what: &str) -> Result<()> {
+    if p.prompt_len as usize > p.token_ids.len() {
+        bail!(
+            "{what}: run {run} prompt {}: prompt_len {} exceeds its {} tokens",
+            p.index,
+            p.prompt_len,
+            p.token_ids.len()
+        );
+    }
+    tx.prepare_cached(
+        "INSERT INTO run_prompt (run_id, idx, prompt_id, sha256, category, prompt_len, token_ids, text) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![run, p.index, p.id, p.sha256, p.category, p.prompt_len, u32s_to_le(&p.token_ids), p.text])
+    .with_context(|| format!("{what}: run {run}: cannot store prompt {} (duplicate index?)", p.index))?;
+    Ok(())
+}
+
+pub(super) fn insert_records(
+    tx: &Transaction,
+    run: i64,
+    batch: &RecordBatch,
+    what: &str,
+) -> Result<()> {
+    batch
+        .check()
+        .map_err(|e| anyhow!("{what}: run {run}: {e}"))?;
+    let (b, k): (u32, u32) = tx.query_row(
+        "SELECT block_size, top_k FROM run WHERE id = ?1",
+        [run],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    if (batch.block_size, batch.top_k) != (b, k) {
+        bail!(
+            "{what}: run {run} has block size {b} and top-k {k}, but the records have {} and {}",
+            batch.block_size,
+            batch.top_k
+        );
+    }
+    if batch.region.iter().any(|&r| r > 1) {
+        bail!("{what}: run {run}: record region values must be 0 (completion) or 1 (prompt)");
+    }
+    let nb = batch.num_blocks();
+    if nb == 0 {
+        return Ok(());
+    }
+    let p = batch.positions_per_block();
+    let kk = batch.top_k as usize;
+    let mut seq: i64 = tx.query_row(
+        "SELECT coalesce(max(seq), -1) + 1 FROM record_chunk WHERE run_id = ?1",
+        [run],
+        |r| r.get(0),
+    )?;
+    let mut stmt = tx.prepare_cached(
+        "INSERT INTO record_chunk (run_id, seq, prompt_index, n_blocks, anchor, region, target, valid, loss_mask, \
+         draft_ids, draft_logprobs, target_ids, target_logprobs) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+    )?;
+    // Split into runs of blocks of one prompt, at most CHUNK_BLOCKS each.
+    let mut start = 0;
+    while start < nb {
+        let pi = batch.prompt_index[start];
+        let mut end = start + 1;
+        while end < nb && batch.prompt_index[end] == pi && end - start < CHUNK_BLOCKS {
+            end += 1;
+        }
+        let (ps, pe) = (start * p, end * p);
+        let (cs, ce) = (ps * kk, pe * kk);
+        stmt.execute(params![
+            run,
+            seq,
+            pi,
+            (end - start) as i64,
+            u32s_to_le(&batch.anchor[start..end]),
+            &batch.region[start..end],
+            u32s_to_le(&batch.target[ps..pe]),
+            &batch.valid[ps..pe],
+            &batch.loss_mask[ps..pe],
+            u32s_to_le(&batch.draft_ids[cs..ce]),
+            f32s_to_le(&batch.draft_logprobs[cs..ce]),
+            batch.target_ids.as_ref().map(|v| u32s_to_le(&v[cs..ce])),
+            batch
+                .target_logprobs
+                .as_ref()
+                .map(|v| f32s_to_le(&v[cs..ce])),
+        ])?;
+        seq += 1;
+        start = end;
+    }
+    tx.execute(
+        "UPDATE run SET num_blocks = num_blocks + ?2 WHERE id = ?1",
+        params![run, nb as i64],
+    )?;
+    Ok(())
+}
+
+impl Store {
+    pub fn add_prompt(&self, run: i64, p: &RunPrompt) -> Result<()> {
+        self.add_prompts(run, std::slice::from_ref(p))
+    }
+
+    /// Adds prompts in one transaction.
+    pub fn add_prompts(&self, run: i64, prompts: &[RunPrompt]) -> Result<()> {
+        let what = self.what();
+        self.write(|c| {
+            let tx = c.transaction()?;
+            require_running(&tx, run, &what)?;
+            for p in prompts {
+                insert_prompt(&tx, run, p, &what)?;
+            }
+            tx.execute(
+                "UPDATE run SET num_prompts = (SELECT count(*) FROM run_prompt WHERE run_id = ?1) WHERE id = ?1",
+                [run],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// Adds one prompt and its records in one transaction: a kill between the two can never leave
+    /// a prompt without its records.
+    pub fn add_prompt_records(&self, run: i64, p: &RunPrompt, batch: &RecordBatch) -> Result<()> {
+        let what = self.what();
+        self.write(|c| {
+            let tx = c.transaction()?;
+            require_running(&tx, run, &what)?;
+            insert_prompt(&tx, run, p, &what)?;
+            tx.execute(
+                "UPDATE run SET num_prompts = (SELECT count(*) FROM run_prompt WHERE run_id = ?1) WHERE id = ?1",
+                [run],
+            )?;
+            insert_records(&tx, run, batch, &what)?;
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// Appends a batch of records in one transaction (all or nothing).
+    pub fn add_records(&self, run: i64, batch: &RecordBatch) -> Result<()> {
+        let what = self.what();
+        self.write(|c| {
+            let tx = c.transaction()?;
+            require_running(&tx, run, &what)?;
+            insert_records(&tx, run, batch, &what)?;
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// All records of a run, in insertion order.
+    pub fn records(&self, run: i64) -> Result<RecordBatch> {
+        self.read_records(run, None)
+    }
+
+    /// Prompt indices that have records, ascending (to process a large run prompt by prompt).
+    pub fn record_prompts(&self, run: i64) -> Result<Vec<u32>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached("SELECT DISTINCT prompt_index FROM record_chunk WHERE run_id = ?1 ORDER BY prompt_index")?;
+            let v = stmt.query_map([run], |r| r.get::<_, u32>(0))?.collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(v)
+        })
+    }
+
+    /// The records of one prompt of a run.
+    pub fn prompt_records(&self, run: i64, prompt_index: u32) -> Result<RecordBatch> {
+        self.read_records(run, Some(prompt_index))
+    }
+
+    fn read_records(&self, run: i64, prompt: Option<u32>) -> Result<RecordBatch> {
+        let what = self.what();
+        self.read(|c| {
+            let (b, k): (u32, u32) = c
+                .query_row("SELECT block_size, top_k FROM run WHERE id = ?1", [run], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?
+                .ok_or_else(|| anyhow!("{what}: run {run} does not exist"))?;
+            let mut out = RecordBatch::new(b, k);
+            let (mut tids, mut tlps): (Option<Vec<u32>>, Option<Vec<f32>>) = (Some(Vec::new()), Some(Vec::new()));
+            let sql = "SELECT seq, prompt_index, n_blocks, anchor, region, target, valid, loss_mask, draft_ids, draft_logprobs, \
+                       target_ids, target_logprobs FROM record_chunk WHERE run_id = ?1 AND (?2 IS NULL OR prompt_index = ?2) ORDER BY seq";
+            let mut stmt = c.prepare_cached(sql)?;
+            let mut rows = stmt.query(params![run, prompt])?;
+            let mut any = false;
+            while let Some(r) = rows.next()? {
+                any = true;
+                let seq: i64 = r.get("seq")?;
+                let ctx = |col: &str| format!("{what}: run {run} record chunk {seq} column {col}");
+                let pi: u32 = r.get("prompt_index")?;
+                let n: usize = r.get::<_, i64>("n_blocks")? as usize;
+                out.prompt_index.extend(std::iter::repeat_n(pi, n));
+                out.anchor.extend(le_to_u32s(r.get_ref("anchor")?.as_blob()?, &ctx("anchor"))?);
+                out.region.extend_from_slice(r.get_ref("region")?.as_blob()?);
+                out.target.extend(le_to_u32s(r.get_ref("target")?.as_blob()?, &ctx("target"))?);
+                out.valid.extend_from_slice(r.get_ref("valid")?.as_blob()?);
+                out.loss_mask.extend_from_slice(r.get_ref("loss_mask")?.as_blob()?);
+                out.draft_ids.extend(le_to_u32s(r.get_ref("draft_ids")?.as_blob()?, &ctx("draft_ids"))?);
+                out.draft_logprobs.extend(le_to_f32s(r.get_ref("draft_logprobs")?.as_blob()?, &ctx("draft_logprobs"))?);
+                match (r.get_ref("target_ids")?.as_blob_or_null()?, tids.as_mut()) {
+                    (Some(bl), Some(v)) => v.extend(le_to_u32s(bl, &ctx("target_ids"))?),
+                    _ => tids = None,
+                }
+                match (r.get_ref("target_logprobs")?.as_blob_or_null()?, tlps.as_mut()) {
+                    (Some(bl), Some(v)) => v.extend(le_to_f32s(bl, &ctx("target_logprobs"))?),
+                    _ => tlps = None,
+                }
+            }
+            if any {
+                out.target_ids = tids;
+                out.target_logprobs = tlps;
+            }
+            out.check().map_err(|e| anyhow!("{what}: run {run}: stored records are inconsistent: {e}"))?;
+            Ok(out)
+        })
+    }
+
+    pub fn prompts(&self, run: i64) -> Result<Vec<RunPrompt>> {
+        let what = self.what();
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT idx, prompt_id, sha256, category, prompt_len, token_ids, text FROM run_prompt WHERE run_id = ?1 ORDER BY idx",
+            )?;
+            let mut rows = stmt.query([run])?;
+            let mut out = Vec::new();
+            while let Some(r) = rows.next()? {
+                out.push(prompt_from_row(r, &what)?);
+            }
+            Ok(out)
+        })
+    }
+
+    pub fn prompt(&self, run: i64, index: u32) -> Result<Option<RunPrompt>> {
+        let what = self.what();
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT idx, prompt_id, sha256, category, prompt_len, token_ids, text FROM run_prompt WHERE run_id = ?1 AND idx = ?2",
+            )?;
+            let mut rows = stmt.query(params![run, index])?;
+            match rows.next()? {
+                Some(r) => Ok(Some(prompt_from_row(r, &what)?)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// Prompts of a run without their tokens and text.
+    pub fn prompt_metas(&self, run: i64) -> Result<Vec<PromptMeta>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT idx, prompt_id, sha256, category, prompt_len, length(token_ids) / 4 AS num_tokens \
+                 FROM run_prompt WHERE run_id = ?1 ORDER BY idx",
+            )?;
+            let v = stmt
+                .query_map([run], |r| {
+                    Ok(PromptMeta {
+                        index: r.get("idx")?,
+                        id: r.get("prompt_id")?,
+                        sha256: r.get("sha256")?,
+                        category: r.get("category")?,
+                        prompt_len: r.get("prompt_len")?,
+                        num_tokens: r.get("num_tokens")?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(v)
+        })
+    }
+}

@@ -1,0 +1,24 @@
+//! The draftlens record contract, written once (definitions: `docs/metrics.md` §1–§3).
+//!
+//! * [`RecordBatch`] (owned) and [`BatchView`] (borrowed) hold evaluated drafter blocks in
+//!   columnar form: what the drafter evaluation produces, what the store keeps, what the web UI
+//!   analyses and what metric plugins read. The WIT `record batch` (`plugins/wit/metric.wit`)
+//!   has the same fields in the same order.
+//! * [`ParamValue`] / [`Param`]: plugin parameters.
+//! * [`BatchView::accepted_len`]: the accepted length A of a block.
+//! * [`replay`]: the chain of anchors a greedy speculative decode visits and the tokens each
+//!   round yields (bonus token included, none past the end of the sequence).
+//!
+//! The engine (`draftlens::records`), the plugin host, the plugin SDK, the native metrics, the web
+//! UI and the `replayed-tau` plugin all use these definitions. No dependencies (an optional
+//! `serde` feature for the host), so the same crate builds into every wasm32 plugin.
+
+mod batch;
+mod params;
+mod replay;
+
+pub use batch::{
+    BatchView, Block, Candidates, LayoutError, Position, PositionSpec, RecordBatch, Region,
+};
+pub use params::{Param, ParamValue};
+pub use replay::{next_anchor, replay, round_tokens, MissingAnchor, Round, SequenceEnd};
