@@ -213,7 +213,10 @@ impl HybridSpec {
                 self.linear_num_key_heads
             );
         }
-        if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 || self.rotary_dim > spec.head_dim {
+        if self.rotary_dim == 0
+            || !self.rotary_dim.is_multiple_of(2)
+            || self.rotary_dim > spec.head_dim
+        {
             bail!(
                 "{o}: partial_rotary_factor gives {} rotary dimensions of head_dim {}: must be even and in 2..=head_dim",
                 self.rotary_dim,
@@ -375,8 +378,10 @@ impl WeightSource for HybridWeights {
     fn path(&self) -> &Path {
         self.inner.path()
     }
+    /// Only text-model names: `model.*` (under the stored prefix) and `lm_head.weight`.
     fn contains(&self, name: &str) -> bool {
-        self.inner.contains(&self.stored(name)) || self.fused_source(name).is_some()
+        (name.starts_with("model.") || name == "lm_head.weight")
+            && (self.inner.contains(&self.stored(name)) || self.fused_source(name).is_some())
     }
     /// The stored tensors under HF text-model names (vision and MTP tensors left out), plus the
     /// split projections derived from Qwen3-Next's fused ones (`file_name` = the fused tensor).
@@ -415,6 +420,12 @@ impl WeightSource for HybridWeights {
         out
     }
     fn tensor(&self, name: &str) -> Result<HostTensor> {
+        if !(name.starts_with("model.") || name == "lm_head.weight") {
+            bail!(
+                "{}: {name} is not a text-model tensor (only model.* and lm_head.weight are read)",
+                self.inner.path().display()
+            );
+        }
         match self.fused_source(name) {
             Some((fused_name, split)) => {
                 let fused = self.inner.tensor(&fused_name)?;

@@ -5,6 +5,7 @@
 pub mod cache;
 pub mod capture;
 pub mod config;
+pub mod decoder;
 pub mod gated_deltanet;
 pub mod hybrid;
 pub mod transformer;
