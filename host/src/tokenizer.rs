@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 /// `tokenizer.ggml.token_type` values (llama.cpp `llama_token_type`).
 const TOKEN_TYPE_CONTROL: i64 = 3;
@@ -161,7 +162,8 @@ pub struct TextTokenizer {
     chat_template: Option<String>,
     /// Where the chat template came from, e.g. "m.gguf: tokenizer.chat_template".
     chat_template_source: String,
-    fingerprint: String,
+    /// [`TextTokenizer::fingerprint`], computed on first use.
+    fingerprint: OnceLock<String>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -353,12 +355,6 @@ impl TextTokenizer {
             );
         }
         let eos_ids: Vec<u32> = eos.into_iter().collect();
-        // tokenizers serialises deterministically (vocab and added tokens in id order, merges in
-        // rank order, maps with sorted keys), so its JSON is the canonical form.
-        let canonical = inner
-            .to_string(false)
-            .map_err(|e| anyhow!("{}: cannot serialise tokenizer: {e}", source.display()))?;
-        let fingerprint = fingerprint_of(&canonical, bos_id, &eos_ids, chat_template.as_deref());
 
         Ok(TextTokenizer {
             inner,
@@ -370,7 +366,7 @@ impl TextTokenizer {
             eos_ids,
             chat_template,
             chat_template_source,
-            fingerprint,
+            fingerprint: OnceLock::new(),
         })
     }
 
@@ -468,8 +464,26 @@ impl TextTokenizer {
     /// Hex sha256 over a canonical serialisation of everything that decides which ids a chat
     /// prompt becomes and where generation stops: the tokenizer (as `tokenizer.json` with sorted
     /// keys), BOS, the end-of-generation ids and the chat template.
+    ///
+    /// Computed on first use (serialising Qwen's tokenizer takes ~0.5 s; `inspect` never needs
+    /// it). tokenizers serialises deterministically (vocab and added tokens in id order, merges
+    /// in rank order, maps with sorted keys), so its JSON is the canonical form.
     pub fn fingerprint(&self) -> String {
-        self.fingerprint.clone()
+        self.fingerprint
+            .get_or_init(|| {
+                let canonical = self.inner.to_string(false).unwrap_or_else(|e| {
+                    // Cannot happen for a tokenizer that loaded; stay deterministic anyway.
+                    tracing::error!("{}: cannot serialise tokenizer: {e}", self.source.display());
+                    format!("unserialisable tokenizer {}: {e}", self.source.display())
+                });
+                fingerprint_of(
+                    &canonical,
+                    self.bos_id,
+                    &self.eos_ids,
+                    self.chat_template.as_deref(),
+                )
+            })
+            .clone()
     }
 
     /// Renders the chat template (with this tokenizer's BOS/EOS token texts).
