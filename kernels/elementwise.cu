@@ -1,5 +1,5 @@
 // Row-wise and elementwise kernels of the CUDA backend. Storage is bf16, arithmetic fp32, and each
-// kernel rounds to bf16 exactly where Hugging Face's bf16 PyTorch graph rounds (models.md §1.3), so
+// kernel rounds to bf16 exactly where Hugging Face's bf16 PyTorch graph rounds (docs/models.md §1.3), so
 // the hidden states match what drafters trained on HF/SGLang targets saw. `common.cuh` is
 // prepended by the host.
 

@@ -1017,7 +1017,7 @@ mod tests {
             assert!((n0 - n1).abs() < 1e-4);
         }
         // Interleaved on the permuted layout equals rotate-half on the original layout
-        // (the GGUF Q/K permutation, models.md §3.6: GGUF row 2i+h = HF row h*hd/2 + i).
+        // (the GGUF Q/K permutation, docs/models.md §3.6: GGUF row 2i+h = HF row h*hd/2 + i).
         let perm = |src: &CpuTensor| {
             let mut o = src.clone();
             for r in 0..src.rows {

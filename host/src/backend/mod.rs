@@ -93,7 +93,7 @@ pub enum AttnMask {
     /// queries are the block rows only (`anchors.len() * block` rows, block n at positions
     /// `anchors[n] .. anchors[n] + block`). A query of block n sees:
     /// - context key j iff `j < anchors[n]` (`j <= anchors[n]` when `ctx_inclusive`: the
-    ///   training-time leak of dflash.md §2.4 item 1);
+    ///   training-time leak of docs/dflash.md §2.4 item 1);
     /// - the rows of its own block: all of them (bidirectional), or only rows at or before its
     ///   own when `causal_in_block` (sliding-window drafter layers);
     /// - with `window = Some(w)`, only keys at positions `>= q_pos - (w - 1)`;

@@ -3,7 +3,7 @@
 //! Block layouts and formulas follow ggml's `ggml-common.h` / `ggml-quants.c`
 //! (`dequantize_row_*`), including the order of the f32 operations (e.g. Q4_K computes
 //! `d·sc` first, then `(d·sc)·q − dmin·m`), so results are bit-identical to llama.cpp's
-//! reference dequantisation. See models.md §3.5.
+//! reference dequantisation. See docs/models.md §3.5.
 
 use anyhow::{bail, Result};
 use half::{bf16, f16};

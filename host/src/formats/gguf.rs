@@ -1,4 +1,4 @@
-//! GGUF v2/v3 reader (models.md §3.2–§3.6).
+//! GGUF v2/v3 reader (docs/models.md §3.2–§3.6).
 //!
 //! [`GgufFile::open`] memory-maps the file and parses the header, the metadata and the tensor
 //! infos; tensor data is only touched when a tensor is asked for. Every count and length read
@@ -455,7 +455,7 @@ impl GgufFile {
 }
 
 /// The GGUF row that holds Hugging Face row `hf_row` of a llama q/k projection with `n_rows`
-/// rows and `n_head` heads (models.md §3.6). Within a head of size hd, HF row i comes from
+/// rows and `n_head` heads (docs/models.md §3.6). Within a head of size hd, HF row i comes from
 /// GGUF row 2i and HF row i + hd/2 from GGUF row 2i + 1 (the inverse of llama.cpp's
 /// `LlamaModel.permute`).
 pub fn llama_unpermute_src_row(hf_row: usize, n_rows: usize, n_head: usize) -> usize {
