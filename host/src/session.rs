@@ -8,7 +8,7 @@
 //! drafter then needs only the embedding and LM head ([`Session::draft_target`]).
 
 use crate::backend::memory::{gib, MemoryModel};
-use crate::backend::{Backend, TopK};
+use crate::backend::{GdnProfile, Backend, TopK};
 use crate::cache::{CacheKey, CachedData, CachedTensor, HiddenCache, Lookup};
 use crate::chat::ChatMessage;
 use crate::generate::{greedy_batch, Continuation, StopReason};
@@ -118,6 +118,10 @@ pub struct Session<B: Backend> {
     /// Free device memory (bytes) the memory checks assume instead of asking the backend: tests
     /// on the CPU, or a user capping what a run may take.
     pub free_memory_override: Option<u64>,
+    /// Numeric profile of the hybrids' Gated DeltaNet core (docs/hybrid-models.md): set before
+    /// the first [`Session::model`] call. Part of the cache key and recorded with every run,
+    /// because a drafter evaluated on the other profile sees other hidden states.
+    pub gdn_profile: GdnProfile,
 }
 
 impl<B: Backend> Session<B> {
@@ -136,6 +140,7 @@ impl<B: Backend> Session<B> {
             pack_tokens: DEFAULT_PACK_TOKENS,
             gen_batch: DEFAULT_GEN_BATCH,
             free_memory_override: None,
+            gdn_profile: GdnProfile::Reference,
         })
     }
 
@@ -239,7 +244,8 @@ impl<B: Backend> Session<B> {
             return Ok(m);
         }
         let t = Instant::now();
-        let m = TargetModel::load(&self.be, &self.files.spec, self.files.weights.as_ref())?;
+        let mut m = TargetModel::load(&self.be, &self.files.spec, self.files.weights.as_ref())?;
+        m.set_gdn_profile(self.gdn_profile);
         tracing::info!(
             "loaded the target {} on {} in {:.1} s",
             self.files.identity.path.display(),
@@ -284,11 +290,24 @@ impl<B: Backend> Session<B> {
     }
 
     fn kernel_version(&self) -> String {
-        format!(
+        let v = format!(
             "{}-{}-v{MODEL_CODE_VERSION}",
             self.be.name(),
             self.be.dtype()
-        )
+        );
+        // Dense targets and the reference profile keep the keys they always had.
+        match (self.files.spec.hybrid.is_some(), self.gdn_profile) {
+            (true, GdnProfile::Engine) => format!("{v}-gdn-engine"),
+            _ => v,
+        }
+    }
+
+    /// The GDN profile's name as runs record it (`None` for a dense target, which has no GDN).
+    pub fn gdn_profile_name(&self) -> Option<&'static str> {
+        self.files.spec.hybrid.as_ref().map(|_| match self.gdn_profile {
+            GdnProfile::Reference => "reference",
+            GdnProfile::Engine => "engine",
+        })
     }
 
     fn key(

@@ -26,6 +26,15 @@ impl From<BackendArg> for BackendKind {
     }
 }
 
+/// Numeric profile of a hybrid target's Gated DeltaNet layers (docs/hybrid-models.md).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum GdnProfileArg {
+    /// f32 state and intermediates, as transformers' PyTorch fallback.
+    Reference,
+    /// bf16 intermediates where the fla Triton kernels (vLLM, SGLang) keep them.
+    Engine,
+}
+
 /// Options shared by every command that runs the target over a prompt set.
 #[derive(Args, Clone, Debug)]
 pub struct TargetArgs {
@@ -49,6 +58,10 @@ pub struct TargetArgs {
     /// caps the batch at the rows it can promise that for (CUDA: 64, CPU: no cap).
     #[arg(long, default_value_t = draftlens::session::DEFAULT_GEN_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub gen_batch: usize,
+    /// Gated DeltaNet numeric profile of a hybrid target (Qwen3.5/3.6/Next); part of the cache
+    /// key and recorded with every run. Dense targets ignore it.
+    #[arg(long, value_enum, default_value_t = GdnProfileArg::Reference)]
+    pub gdn_profile: GdnProfileArg,
 }
 
 impl TargetArgs {
@@ -56,6 +69,10 @@ impl TargetArgs {
     pub fn session<B: Backend>(&self, be: B, g: &Global) -> Result<Session<B>> {
         let mut s = Session::load(be, &self.target, g.cache()?)?;
         s.gen_batch = self.gen_batch;
+        s.gdn_profile = match self.gdn_profile {
+            GdnProfileArg::Reference => draftlens::backend::GdnProfile::Reference,
+            GdnProfileArg::Engine => draftlens::backend::GdnProfile::Engine,
+        };
         Ok(s)
     }
 

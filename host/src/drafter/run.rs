@@ -174,7 +174,7 @@ pub fn run_eval<B: Backend>(
     });
     let config = serde_json::json!({
         "eval": opts.eval, "max_new_tokens": opts.max_new_tokens, "mode": opts.mode.as_str(),
-        "target": s.files.identity.to_json()?, "drafter": dpath, "prompts": set.source, "backend": s.be.name(),
+        "target": s.files.identity.to_json()?, "drafter": dpath, "prompts": set.source, "backend": s.be.name(), "gdn_profile": s.gdn_profile_name(),
     });
     // Token pieces as text, so the UI's drill-down shows words instead of ids.
     let pieces: Vec<String> = (0..tok.vocab_size() as u32)

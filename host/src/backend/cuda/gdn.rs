@@ -66,8 +66,12 @@ pub enum ChunkKernel {
 impl ChunkKernel {
     pub fn for_profile(p: GdnProfile) -> Self {
         match p {
-            GdnProfile::Reference => ChunkKernel::ReferenceFmaV64,
-            GdnProfile::Engine => ChunkKernel::EngineMmaV64,
+            // The split kernels (state-independent work over all chunks at once, then the
+            // sequential walk) passed cuda_gdn on the H200 and ran 9.6 ms / 12.1 ms against the
+            // fused kernels' 12.3 ms / 16.4 ms at 4 × 4096 tokens, Qwen3.6-27B shapes
+            // (docs/benchmarks-cuda.md, "Gated DeltaNet").
+            GdnProfile::Reference => ChunkKernel::SplitReference,
+            GdnProfile::Engine => ChunkKernel::SplitEngineFma,
         }
     }
     fn name(self) -> &'static str {
