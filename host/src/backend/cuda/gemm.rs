@@ -41,6 +41,13 @@ pub const CANDIDATES: usize = 12;
 pub const TUNE_ROUNDS: usize = 2;
 /// Smallest GEMM (2·rows·out·inp) that is tuned; smaller ones take the first heuristic answer.
 pub const TUNE_MIN_FLOPS: f64 = 1e10;
+/// Fewest rows whose shapes are tuned. Plans are keyed by the exact row count, and a prompt's own
+/// prefill (`generate`'s first forward) has a new row count for almost every prompt: timing 12
+/// candidates × 2 rounds for each of its four projection shapes cost more than the prefill itself
+/// (the first 32 prompts of an 8B `extract` took 36.6 s against 5.8 s for each later 32,
+/// docs/benchmarks-cuda.md "End to end"). Packed forwards (thousands of rows, where tuning
+/// pays) are still tuned.
+pub const TUNE_MIN_ROWS: usize = 2048;
 const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Output element type.
@@ -292,7 +299,7 @@ impl Gemms {
             accumulate: beta != 0.0,
             out_type,
             align,
-            tuned: mode == GemmMode::LtTuned && flops >= TUNE_MIN_FLOPS,
+            tuned: mode == GemmMode::LtTuned && flops >= TUNE_MIN_FLOPS && rows >= TUNE_MIN_ROWS,
         };
         let cached = st
             .plans
