@@ -46,6 +46,9 @@ if grep -q 'rc=[1-9]' <(tail -n 1 "$OUT/e2e.log"); then  # the staged raw upload
   timed extract_cold_hostpath timeout 400 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json
 fi
 timed extract_cached timeout 200 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json
+# The same cold extract again with the NVRTC kernel cache warm (what any later process sees).
+rm -rf /tmp/dlcache
+timed extract_cold_warm_kernels timeout 400 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json
 rm -rf /tmp/dlcache
 timed run_cold3 timeout 400 "$DL" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/runs.sqlite --json
 timed run_cached3 timeout 300 "$DL" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/runs2.sqlite --json
