@@ -11,7 +11,9 @@ use std::path::Path;
 fn entry_names(cache: &Path) -> Vec<String> {
     let mut v: Vec<String> = walk(cache)
         .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e != "tmp"))
+        // Cache entries only: the identity store (`identity/*.json`, the remembered weight
+        // hashes) lives in the same folder but holds no hidden states.
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
         .map(|p| p.strip_prefix(cache).unwrap().display().to_string())
         .collect();
     v.sort();
