@@ -8,7 +8,7 @@
 //! drafter then needs only the embedding and LM head ([`Session::draft_target`]).
 
 use crate::backend::memory::{gib, MemoryModel};
-use crate::backend::{GdnProfile, Backend, TopK};
+use crate::backend::{Backend, GdnProfile, TopK};
 use crate::cache::{CacheKey, CachedData, CachedTensor, HiddenCache, Lookup};
 use crate::chat::ChatMessage;
 use crate::generate::{greedy_batch, Continuation, StopReason};
@@ -304,10 +304,14 @@ impl<B: Backend> Session<B> {
 
     /// The GDN profile's name as runs record it (`None` for a dense target, which has no GDN).
     pub fn gdn_profile_name(&self) -> Option<&'static str> {
-        self.files.spec.hybrid.as_ref().map(|_| match self.gdn_profile {
-            GdnProfile::Reference => "reference",
-            GdnProfile::Engine => "engine",
-        })
+        self.files
+            .spec
+            .hybrid
+            .as_ref()
+            .map(|_| match self.gdn_profile {
+                GdnProfile::Reference => "reference",
+                GdnProfile::Engine => "engine",
+            })
     }
 
     fn key(

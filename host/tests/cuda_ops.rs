@@ -88,7 +88,14 @@ fn cuda_kernels_compile_with_nvrtc() {
     match compile_kernels_offline("compute_90") {
         Ok(mods) => {
             let names: Vec<&str> = mods.iter().map(|(n, _)| n.as_str()).collect();
-            for want in ["elementwise", "attention", "topk", "gdn", "convert", "decode"] {
+            for want in [
+                "elementwise",
+                "attention",
+                "topk",
+                "gdn",
+                "convert",
+                "decode",
+            ] {
                 assert!(
                     names.contains(&want),
                     "module {want} missing from {names:?}"

@@ -88,26 +88,16 @@ fn check_model(name: &str) -> TargetFiles {
             format!("p{p}.prenorm"),
             be.to_host(out.captured.prenorm.as_ref().unwrap()).unwrap(),
         ));
-        for (tname, ours) in &states {
-            let (shape, want) = g.f32(tname);
-            assert_eq!(shape, [ids.len(), files.spec.hidden_size], "{name} {tname}");
-            let d = diff(ours, &want);
-            let d16 = diff(&round_f16(ours), &want);
-            eprintln!("{name} {tname:<11} rel {:.2e}  rel(f16-rounded) {:.2e}  max|Δ| {:.2e}  1−cos {:.1e}", d.rel, d16.rel, d.max_abs, 1.0 - d.cosine);
-            assert!(
-                d.rel < REL_TOL,
-                "{name} {tname}: relative error {:.3e}",
-                d.rel
-            );
-            assert!(
-                d16.rel < REL_TOL_F16,
-                "{name} {tname}: relative error after f16 rounding {:.3e}",
-                d16.rel
-            );
-            assert!(d.cosine > 0.999_99, "{name} {tname}: cosine {}", d.cosine);
-            worst = worst.max(d.rel);
-            worst16 = worst16.max(d16.rel);
-        }
+        let (w, w16) = check_states(
+            name,
+            &g,
+            &states,
+            [ids.len(), files.spec.hidden_size],
+            REL_TOL,
+            REL_TOL_F16,
+        );
+        worst = worst.max(w);
+        worst16 = worst16.max(w16);
 
         let t = ids.len();
         let top = model

@@ -8,8 +8,8 @@ pub mod config;
 pub mod decoder;
 pub mod flops;
 pub mod gated_deltanet;
-pub mod hybrid;
 pub mod head;
+pub mod hybrid;
 pub mod transformer;
 
 pub use capture::{Capture, Captured};

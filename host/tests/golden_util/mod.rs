@@ -165,3 +165,45 @@ pub fn check_topk(
     }
     worst
 }
+
+/// Compares captured hidden states (`(golden tensor name, ours)`, each `rows × hidden`) with the
+/// golden ones: relative error below `rel_tol`, below `rel_tol_f16` after rounding ours to f16 as
+/// the reference was stored, cosine above 0.99999. Returns the worst relative errors (plain,
+/// f16-rounded) for the summary line.
+pub fn check_states(
+    label: &str,
+    g: &Golden,
+    states: &[(String, Vec<f32>)],
+    rows_hidden: [usize; 2],
+    rel_tol: f64,
+    rel_tol_f16: f64,
+) -> (f64, f64) {
+    let (mut worst, mut worst16) = (0f64, 0f64);
+    for (tname, ours) in states {
+        let (shape, want) = g.f32(tname);
+        assert_eq!(shape, rows_hidden, "{label} {tname}");
+        let d = diff(ours, &want);
+        let d16 = diff(&round_f16(ours), &want);
+        eprintln!(
+            "{label} {tname:<11} rel {:.2e}  rel(f16-rounded) {:.2e}  max|Δ| {:.2e}  1−cos {:.1e}",
+            d.rel,
+            d16.rel,
+            d.max_abs,
+            1.0 - d.cosine
+        );
+        assert!(
+            d.rel < rel_tol,
+            "{label} {tname}: relative error {:.3e}",
+            d.rel
+        );
+        assert!(
+            d16.rel < rel_tol_f16,
+            "{label} {tname}: relative error after f16 rounding {:.3e}",
+            d16.rel
+        );
+        assert!(d.cosine > 0.999_99, "{label} {tname}: cosine {}", d.cosine);
+        worst = worst.max(d.rel);
+        worst16 = worst16.max(d16.rel);
+    }
+    (worst, worst16)
+}

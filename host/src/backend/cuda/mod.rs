@@ -15,9 +15,9 @@
 //! The precision of every intermediate is documented in `docs/cuda.md`.
 
 pub mod bench;
-pub mod gdn;
 pub mod bench_decode;
 mod decode;
+pub mod gdn;
 mod gemm;
 mod kernels;
 mod upload;
