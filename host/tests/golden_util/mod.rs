@@ -207,3 +207,86 @@ pub fn check_states(
     }
     (worst, worst16)
 }
+
+/// Tolerances of a random-model golden test (each argued where the test defines them).
+pub struct Tolerances {
+    /// Relative error of a hidden state.
+    pub rel: f64,
+    /// The same after rounding ours to f16 as the reference was stored.
+    pub rel_f16: f64,
+    /// Max |Δ| of a last-position top-8 log-prob.
+    pub logprob: f32,
+}
+
+/// Prompt `p` of a random-model golden (`p{p}.*` in `g`): the forward over prompt ++ the golden's
+/// greedy continuation matches every captured hidden state ([`check_states`]) and the last
+/// position's top-8 ([`check_topk`]), and greedy decoding of the prompt reproduces the
+/// continuation token for token (`new_tokens`, no EOS: the golden prompts were redrawn until every
+/// greedy step had a top-1/top-2 gap ≥ 0.01). Returns the worst (rel, rel f16, log-prob) errors.
+pub fn check_golden_prompt(
+    name: &str,
+    p: usize,
+    g: &Golden,
+    model: &draftlens::model::TargetModel<draftlens::backend::cpu::CpuBackend>,
+    capture: &draftlens::model::Capture,
+    new_tokens: usize,
+    tol: &Tolerances,
+) -> (f64, f64, f32) {
+    use draftlens::backend::Backend;
+    use draftlens::generate::{greedy, StopReason};
+    let be = draftlens::backend::cpu::CpuBackend::new();
+    let prompt = g.ids(&format!("p{p}.input_ids"));
+    let want_greedy = g.ids(&format!("p{p}.greedy_ids"));
+    assert_eq!(want_greedy.len(), new_tokens);
+    let mut ids = prompt.clone();
+    ids.extend(&want_greedy);
+
+    let out = model
+        .forward(&be, &ids, &mut model.new_cache(), capture)
+        .unwrap();
+    let mut states: Vec<(String, Vec<f32>)> = capture
+        .indices
+        .iter()
+        .map(|&k| {
+            (
+                format!("p{p}.hs{k}"),
+                be.to_host(out.captured.get(k).unwrap()).unwrap(),
+            )
+        })
+        .collect();
+    states.push((
+        format!("p{p}.prenorm"),
+        be.to_host(out.captured.prenorm.as_ref().unwrap()).unwrap(),
+    ));
+    let (w, w16) = check_states(
+        name,
+        g,
+        &states,
+        [ids.len(), model.spec.hidden_size],
+        tol.rel,
+        tol.rel_f16,
+    );
+
+    let t = ids.len();
+    let top = model
+        .logits_topk(&be, &be.slice_rows(&out.last_hidden, t - 1, t).unwrap(), 8)
+        .unwrap();
+    let want_ids = g.ids(&format!("p{p}.logits_top8_ids"));
+    let (_, want_lp) = g.f32(&format!("p{p}.logits_top8_logprobs"));
+    let wlp = check_topk(
+        &format!("{name} prompt {p}"),
+        &top.ids,
+        &top.logprobs,
+        &want_ids,
+        &want_lp,
+        tol.logprob,
+    );
+
+    let c = greedy(&be, model, &prompt, new_tokens, &model.spec.eos_token_ids).unwrap();
+    assert_eq!(
+        c.ids, want_greedy,
+        "{name} prompt {p}: greedy continuation differs"
+    );
+    assert_eq!(c.stop, StopReason::Length);
+    (w, w16, wlp)
+}
