@@ -1464,13 +1464,6 @@ impl Backend for CudaBackend {
     }
     // Raw weight upload and free memory: upload.rs.
     fn matrix_stacked_raw(&self, parts: &[super::raw::RawPart<'_>]) -> Result<CudaMatrix> {
-        // `DRAFTLENS_RAW_UPLOAD=0` takes the trait's default (f32 on the host, then `matrix`):
-        // the same bits, slower; a way around a problem in the staged path without a rebuild.
-        if std::env::var("DRAFTLENS_RAW_UPLOAD").is_ok_and(|v| v == "0") {
-            let inp = parts.first().map(|p| p.cols).unwrap_or(0);
-            let out: usize = parts.iter().map(|p| p.rows).sum();
-            return self.matrix(&super::raw::stacked_to_f32(parts, inp)?, out, inp);
-        }
         self.upload_stacked(parts)
     }
     fn free_memory(&self) -> Option<u64> {
