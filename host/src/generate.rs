@@ -58,6 +58,7 @@ pub fn greedy_batch<B: Backend>(
 ) -> Result<Vec<Continuation>> {
     let mut done: Vec<Option<Continuation>> = vec![None; prompts.len()];
     let mut live: Vec<Decoding<B>> = Vec::new();
+    let prefill = crate::timeline::phase("generate: prefill");
     for (index, prompt) in prompts.iter().enumerate() {
         if max_new == 0 || prompt.is_empty() {
             done[index] = Some(Continuation {
@@ -73,6 +74,8 @@ pub fn greedy_batch<B: Backend>(
         let next = model.logits_topk(be, &last, 1)?.ids[0];
         live.push(Decoding { index, cache, next });
     }
+    drop(prefill);
+    let _decode = crate::timeline::phase("generate: decode");
     let mut ids: Vec<Vec<u32>> = vec![Vec::with_capacity(max_new); prompts.len()];
     let limit = model.spec.max_position_embeddings;
     while !live.is_empty() {

@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod cache;
+pub mod cache_writer;
 pub mod chat;
 pub mod drafter;
 pub mod formats;
@@ -16,5 +17,6 @@ pub mod prompts;
 pub mod records;
 pub mod session;
 pub mod store;
+pub mod timeline;
 pub mod tokenizer;
 pub mod util;

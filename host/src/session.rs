@@ -10,6 +10,7 @@
 use crate::backend::memory::{gib, MemoryModel};
 use crate::backend::{Backend, GdnProfile, TopK};
 use crate::cache::{CacheKey, CachedData, CachedTensor, HiddenCache, Lookup};
+use crate::cache_writer::CacheWriter;
 use crate::chat::ChatMessage;
 use crate::generate::{greedy_batch, Continuation, StopReason};
 use crate::identity::IdentityStore;
@@ -29,10 +30,14 @@ pub const MODEL_CODE_VERSION: &str = "3";
 pub const DEFAULT_PACK_TOKENS: usize = 16384;
 
 /// Most prompts decoded together by [`Session::continuations`] on a backend whose rows are
-/// independent (at most [`Backend::max_independent_rows`]). On the 2-core CPU, 64 HumanEval prompts × 128
-/// tokens take 87 / 73 / 67 s at 16 / 32 / 64 (docs/benchmarks.md): 32 keeps most of the gain
-/// at half the KV-cache memory of 64.
-pub const DEFAULT_GEN_BATCH: usize = 32;
+/// independent (at most [`Backend::max_independent_rows`]). Each decode step reads every weight
+/// once for the whole batch, so the batch is as large as the CUDA decode kernels allow (64): on
+/// the H200 an 8B target's step takes 17.5 ms for 64 prompts against 12.7 ms for 32
+/// (docs/benchmarks-cuda.md, "Decode"), a third less decode time per prompt, and on the 2-core
+/// CPU 64 HumanEval prompts × 128 tokens
+/// take 87 / 73 / 67 s at 16 / 32 / 64 (docs/benchmarks.md). The KV caches of 64 prompts are small
+/// next to the weights; the memory check lowers the batch where they are not.
+pub const DEFAULT_GEN_BATCH: usize = 64;
 
 /// Which backend to run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -67,7 +72,12 @@ pub fn dispatch<J: BackendJob>(kind: BackendKind, job: J) -> Result<J::Output> {
 
 #[cfg(feature = "cuda")]
 fn dispatch_cuda<J: BackendJob>(job: J) -> Result<J::Output> {
-    job.run(crate::backend::cuda::CudaBackend::new(0)?)
+    let be = {
+        let _phase = crate::timeline::phase("backend init");
+        crate::backend::cuda::CudaBackend::new(0)?
+    };
+    crate::backend::cuda::nvml::start_timeline_sampler(0);
+    job.run(be)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -122,12 +132,16 @@ pub struct Session<B: Backend> {
     /// the first [`Session::model`] call. Part of the cache key and recorded with every run,
     /// because a drafter evaluated on the other profile sees other hidden states.
     pub gdn_profile: GdnProfile,
+    /// Stores the target passes' cache entries on a background thread ([`Session::flush_cache`]
+    /// reports its errors).
+    writer: CacheWriter,
 }
 
 impl<B: Backend> Session<B> {
     /// Open `target` (headers and tokenizer; no weights are read or uploaded yet). Weight hashes
     /// are remembered in `cache`'s identity store.
     pub fn load(be: B, target: &Path, cache: HiddenCache) -> Result<Self> {
+        let _phase = crate::timeline::phase("open target");
         let files =
             TargetFiles::open(target)?.with_identity_store(IdentityStore::new(cache.root()));
         Ok(Session {
@@ -136,11 +150,12 @@ impl<B: Backend> Session<B> {
             model: OnceLock::new(),
             head: OnceLock::new(),
             loading: Mutex::new(()),
-            cache,
             pack_tokens: DEFAULT_PACK_TOKENS,
             gen_batch: DEFAULT_GEN_BATCH,
             free_memory_override: None,
             gdn_profile: GdnProfile::Reference,
+            writer: CacheWriter::new(cache.clone()),
+            cache,
         })
     }
 
@@ -234,6 +249,13 @@ impl<B: Backend> Session<B> {
         }
     }
 
+    /// Wait until every cache entry computed so far is on disk; the first error of any of them.
+    /// Commands call it before reporting success (entries are written in the background).
+    pub fn flush_cache(&self) -> Result<()> {
+        let _phase = crate::timeline::phase("cache write (wait)");
+        self.writer.flush()
+    }
+
     /// The target on the backend, uploading its weights on the first call.
     pub fn model(&self) -> Result<&TargetModel<B>> {
         if let Some(m) = self.model.get() {
@@ -243,6 +265,7 @@ impl<B: Backend> Session<B> {
         if let Some(m) = self.model.get() {
             return Ok(m);
         }
+        let _phase = crate::timeline::phase("load target");
         let t = Instant::now();
         let mut m = TargetModel::load(&self.be, &self.files.spec, self.files.weights.as_ref())?;
         m.set_gdn_profile(self.gdn_profile);
@@ -279,6 +302,7 @@ impl<B: Backend> Session<B> {
         if let Some(h) = self.head.get() {
             return Ok(h);
         }
+        let _phase = crate::timeline::phase("load target head");
         let t = Instant::now();
         let h = TargetHead::load(&self.be, &self.files.spec, self.files.weights.as_ref())?;
         tracing::info!(
@@ -392,10 +416,13 @@ impl<B: Backend> Session<B> {
         prompts: &[Prompt],
         max_new: usize,
     ) -> Result<Vec<(Vec<u32>, Continuation)>> {
-        let ids = prompts
-            .iter()
-            .map(|p| self.prompt_ids(p))
-            .collect::<Result<Vec<_>>>()?;
+        let ids = {
+            let _phase = crate::timeline::phase("tokenize");
+            prompts
+                .iter()
+                .map(|p| self.prompt_ids(p))
+                .collect::<Result<Vec<_>>>()?
+        };
         let refs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
         let conts = self.continuations(&refs, max_new)?;
         Ok(ids.into_iter().zip(conts).collect())
@@ -408,6 +435,7 @@ impl<B: Backend> Session<B> {
         let eos = self.eos_ids();
         let mut out: Vec<Option<Continuation>> = Vec::with_capacity(prompts.len());
         let mut misses = Vec::new();
+        let lookups = crate::timeline::phase("cache read");
         for (n, prompt) in prompts.iter().enumerate() {
             let key = self.key(
                 "greedy",
@@ -424,10 +452,12 @@ impl<B: Backend> Session<B> {
             }
             out.push(hit);
         }
+        drop(lookups);
         let batch = self.decode_batch(prompts, &misses, max_new)?;
         for group in misses.chunks(batch) {
             let group_prompts: Vec<&[u32]> = group.iter().map(|(n, _)| prompts[*n]).collect();
             let decoded = greedy_batch(&self.be, self.model()?, &group_prompts, max_new, &eos)?;
+            let _phase = crate::timeline::phase("cache write");
             for ((n, key), c) in group.iter().zip(decoded) {
                 self.cache.put(key, &continuation_tensors(&c))?;
                 out[*n] = Some(c);
@@ -494,21 +524,37 @@ impl<B: Backend> Session<B> {
         let budget = self.pack_budget(capture.indices.len());
         let mut packer = Packer::new(budget);
         let mut packs = Vec::new();
-        for (n, ids) in seqs.iter().enumerate() {
-            if ids.is_empty() {
-                bail!("target pass: sequence {n} has no tokens");
+        let lookups = crate::timeline::phase("cache read");
+        if let Some(n) = seqs.iter().position(|ids| ids.is_empty()) {
+            bail!("target pass: sequence {n} has no tokens");
+        }
+        // Entries are read and checksummed in parallel: a cached `run` over an 8B target reads
+        // gigabytes of hidden states, and one core hashes about 1.5 GB/s.
+        use rayon::prelude::*;
+        let keys = seqs
+            .iter()
+            .map(|ids| self.pass_key(ids, capture, k))
+            .collect::<Result<Vec<_>>>()?;
+        let cache = &self.cache;
+        let found = seqs
+            .par_iter()
+            .zip(keys)
+            .map(|(ids, key)| {
+                let hit = match cache.lookup(&key)? {
+                    Lookup::Hit(t) => decode_pass(&t, ids, capture, d, k),
+                    _ => None,
+                };
+                Ok((key, hit))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (n, (key, hit)) in found.into_iter().enumerate() {
+            if hit.is_none() {
+                packs.extend(packer.push((n, key), seqs[n].len()));
             }
-            let key = self.pass_key(ids, capture, k)?;
-            if let Lookup::Hit(t) = self.cache.lookup(&key)? {
-                if let Some(p) = decode_pass(&t, ids, capture, d, k) {
-                    passes.push(Some(p));
-                    continue;
-                }
-            }
-            passes.push(None);
-            packs.extend(packer.push((n, key), ids.len()));
+            passes.push(hit);
         }
         packs.push(packer.finish());
+        drop(lookups);
         // Before any compute: a sequence longer than what fits cannot be split.
         if budget < self.pack_tokens {
             if let Some((n, len)) = seqs
@@ -523,11 +569,16 @@ impl<B: Backend> Session<B> {
                 );
             }
         }
+        // Cache entries hold the hidden states in the backend's compute dtype: bf16 on CUDA
+        // (exact, half the bytes of f32), f32 on the CPU.
+        let bf16 = self.be.dtype() == "bf16";
         for pack in packs.iter().filter(|p| !p.is_empty()) {
             let seq_ids: Vec<&[u32]> = pack.iter().map(|(n, _)| seqs[*n]).collect();
             let computed = self.packed_pass(&seq_ids, capture, k)?;
             for ((n, key), pass) in pack.iter().zip(computed) {
-                self.cache.put(key, &pass_tensors(&pass))?;
+                let entry = PassEntry::of(&pass);
+                self.writer
+                    .put(&self.cache, key.clone(), move || entry.tensors(bf16))?;
                 passes[*n] = Some(pass);
             }
         }
@@ -547,17 +598,29 @@ impl<B: Backend> Session<B> {
             starts.push(ids.len());
         }
         let model = self.model()?;
+        let forward = crate::timeline::phase("target forward");
         let out = model.forward_packed(&self.be, &ids, &starts, capture)?;
         let topk = model.logits_topk(&self.be, &out.last_hidden, k)?;
+        drop(forward);
         let kk = topk.k;
+        // One download per tap for the whole pack (not one per sequence and tap: each is a
+        // synchronising copy), split into sequences on the host.
+        let _download = crate::timeline::phase("tap download");
+        let taps = capture
+            .indices
+            .iter()
+            .map(|&i| {
+                let t = out.captured.get(i).context("captured state missing")?;
+                Ok((i, self.be.to_host(t)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
         seqs.iter()
             .zip(starts.windows(2))
             .map(|(s, w)| {
-                let mut hidden = Vec::new();
-                for &i in &capture.indices {
-                    let t = out.captured.get(i).context("captured state missing")?;
-                    hidden.push((i, self.be.to_host(&self.be.slice_rows(t, w[0], w[1])?)?));
-                }
+                let hidden = taps
+                    .iter()
+                    .map(|(i, all)| (*i, all[w[0] * d..w[1] * d].to_vec()))
+                    .collect();
                 Ok(TargetPass {
                     ids: s.to_vec(),
                     hidden,
@@ -609,29 +672,53 @@ impl<T> Packer<T> {
     }
 }
 
-/// The cache entry of one pass (the layout [`decode_pass`] reads).
-fn pass_tensors(p: &TargetPass) -> Vec<CachedTensor> {
-    let (t, d) = (p.ids.len(), p.hidden_size);
-    let mut tensors: Vec<CachedTensor> = p
-        .hidden
-        .iter()
-        .map(|(i, h)| CachedTensor {
-            name: format!("hs.{i}"),
-            shape: vec![t, d],
-            data: CachedData::F32(h.clone()),
-        })
-        .collect();
-    tensors.push(CachedTensor {
-        name: "topk_ids".into(),
-        shape: vec![t, p.topk.k],
-        data: CachedData::U32(p.topk.ids.clone()),
-    });
-    tensors.push(CachedTensor {
-        name: "topk_logprobs".into(),
-        shape: vec![t, p.topk.k],
-        data: CachedData::F32(p.topk.logprobs.clone()),
-    });
-    tensors
+/// What the cache entry of one pass is built from, owned so the cache writer thread can build it.
+struct PassEntry {
+    rows: usize,
+    hidden_size: usize,
+    hidden: Vec<(usize, Vec<f32>)>,
+    topk: TopK,
+}
+
+impl PassEntry {
+    fn of(p: &TargetPass) -> PassEntry {
+        PassEntry {
+            rows: p.ids.len(),
+            hidden_size: p.hidden_size,
+            hidden: p.hidden.clone(),
+            topk: p.topk.clone(),
+        }
+    }
+
+    /// The entry's tensors (the layout [`decode_pass`] reads), the hidden states in bf16 when
+    /// `bf16` (they were computed in bf16, so nothing is rounded) else f32.
+    fn tensors(self, bf16: bool) -> Vec<CachedTensor> {
+        let (t, d, k) = (self.rows, self.hidden_size, self.topk.k);
+        let mut tensors: Vec<CachedTensor> = self
+            .hidden
+            .into_iter()
+            .map(|(i, h)| CachedTensor {
+                name: format!("hs.{i}"),
+                shape: vec![t, d],
+                data: if bf16 {
+                    CachedData::BF16(half::vec::HalfFloatVecExt::from_f32_slice(&h))
+                } else {
+                    CachedData::F32(h)
+                },
+            })
+            .collect();
+        tensors.push(CachedTensor {
+            name: "topk_ids".into(),
+            shape: vec![t, k],
+            data: CachedData::U32(self.topk.ids),
+        });
+        tensors.push(CachedTensor {
+            name: "topk_logprobs".into(),
+            shape: vec![t, k],
+            data: CachedData::F32(self.topk.logprobs),
+        });
+        tensors
+    }
 }
 
 fn find<'a>(t: &'a [CachedTensor], name: &str) -> Option<&'a CachedTensor> {
@@ -686,6 +773,9 @@ fn decode_pass(
     for &i in &capture.indices {
         match &find(t, &format!("hs.{i}"))?.data {
             CachedData::F32(v) if v.len() == ids.len() * d => hidden.push((i, v.clone())),
+            CachedData::BF16(v) if v.len() == ids.len() * d => {
+                hidden.push((i, half::slice::HalfFloatSliceExt::to_f32_vec(v.as_slice())))
+            }
             _ => return None,
         }
     }

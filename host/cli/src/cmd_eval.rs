@@ -179,8 +179,10 @@ pub fn run(g: &Global, a: RunArgs) -> Result<()> {
     let plugins = crate::cmd_rescore::Prepared::new(&a.plugins)?;
     let outs = dispatch(a.target.backend.into(), RunJob { g, a: &a })?;
     // A failing plugin is a warning (recorded with the run), never a failed run.
-    let scored =
-        crate::cmd_rescore::score_runs(plugins.as_ref(), &a.db, outs.iter().map(|r| r.run_id))?;
+    let scored = {
+        let _phase = draftlens::timeline::phase("plugins");
+        crate::cmd_rescore::score_runs(plugins.as_ref(), &a.db, outs.iter().map(|r| r.run_id))?
+    };
     g.emit(&crate::cmd_rescore::with_plugins(&outs, &scored), || {
         let mut o = String::new();
         for r in &outs {

@@ -378,6 +378,7 @@ impl BackendJob for ExtractJob<'_> {
             }
         }
         flush(window.finish())?;
+        s.flush_cache()?;
         pb.finish_and_clear();
         log_loaded(&s);
         if let Some(path) = &self.a.out {

@@ -18,9 +18,33 @@ pub struct Global {
     /// Hidden-state cache folder [default: $DRAFTLENS_CACHE or ~/.cache/draftlens].
     #[arg(long, global = true)]
     pub cache_dir: Option<PathBuf>,
+    /// Where the wall time went: per-phase seconds and GPU busy fraction, printed on stderr at
+    /// the end (`--timeline`), or written as JSON to a file (`--timeline=FILE`).
+    #[arg(long, global = true, num_args = 0..=1, default_missing_value = "-", value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
 }
 
 impl Global {
+    /// Print or write the timeline if `--timeline` asked for it (called once the command is done,
+    /// whether it succeeded or not: a failed run's timeline says where it was).
+    pub fn finish_timeline(&self) {
+        let Some(dest) = &self.timeline else { return };
+        let report = draftlens::timeline::report();
+        if dest.as_os_str() == "-" {
+            eprint!("{}", report.render());
+        } else {
+            let written = serde_json::to_vec_pretty(&report)
+                .map_err(anyhow::Error::from)
+                .and_then(|b| std::fs::write(dest, b).map_err(anyhow::Error::from));
+            if let Err(e) = written {
+                eprintln!(
+                    "warning: {}: cannot write the timeline: {e}",
+                    dest.display()
+                );
+            }
+        }
+    }
+
     pub fn init_logging(&self) {
         let level = match self.verbose {
             0 => "warn",

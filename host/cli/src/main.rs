@@ -116,6 +116,7 @@ fn main() {
         #[cfg(feature = "demo")]
         Cmd::Demo(a) => draftlens_web::cli::run_demo(&a),
     }));
+    cli.global.finish_timeline();
     match result {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {

@@ -143,7 +143,10 @@ pub fn run_eval<B: Backend>(
     store: &Store,
 ) -> Result<RunOutcome> {
     let t0 = Instant::now();
-    let drafter = load_drafter(s, spec)?;
+    let drafter = {
+        let _phase = crate::timeline::phase("load drafter");
+        load_drafter(s, spec)?
+    };
     let taps = match &drafter {
         Drafter::DFlash(d) => d.cfg.target_layer_ids.len(),
         _ => 0,
@@ -206,8 +209,15 @@ pub fn run_eval<B: Backend>(
         tokenizer_sha256: Some(tok.fingerprint()),
     })?;
     let result = evaluate_prompts(s, &drafter, set, opts, store, run_id);
+    // The records do not depend on the cache: an entry that could not be written costs only a
+    // recomputation next time, so it is a warning here (`extract`, whose product is the cache,
+    // fails on it).
+    if let Err(e) = s.flush_cache() {
+        tracing::warn!("some cache entries were not written: {e:#}");
+    }
     match result {
         Ok((infos, all, timings)) => {
+            let _phase = crate::timeline::phase("metrics");
             let tm = Instant::now();
             let metrics = summarize(&all, &infos);
             store.add_metrics(run_id, &metrics)?;
@@ -414,6 +424,7 @@ impl<B: Backend> Evaluation<'_, B> {
         let tok = s.files.tokenizer()?;
         for (w, pass) in window.iter().zip(&passes) {
             self.check_interrupted()?;
+            let drafting = crate::timeline::phase("drafter");
             let t = Instant::now();
             let (i, ids) = (w.index, &w.ids);
             let p = &self.set.prompts[i];
@@ -433,6 +444,8 @@ impl<B: Backend> Evaluation<'_, B> {
             };
             let rec = evaluate_sequence(&s.be, target, self.drafter, &seq, &opts.eval)?;
             self.draft_s += t.elapsed().as_secs_f64();
+            drop(drafting);
+            let _phase = crate::timeline::phase("store records");
             self.store.add_prompt_records(
                 self.run_id,
                 &RunPrompt {

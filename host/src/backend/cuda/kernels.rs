@@ -1,15 +1,17 @@
-//! Kernel sources (embedded from `kernels/*.cu`), compiled by NVRTC at first use for the device's
-//! architecture and cached per (module, arch, options): in memory for the life of the backend, and
-//! as PTX on disk (`$DRAFTLENS_KERNEL_CACHE`, default `~/.cache/draftlens/kernels`) keyed by a
-//! SHA-256 of source, arch and options, so a second process skips NVRTC.
+//! Kernel sources (embedded from `kernels/*.cu`), compiled by NVRTC for the device's architecture
+//! and cached per (module, arch, options): in memory for the life of the backend, and on disk
+//! (`$DRAFTLENS_KERNEL_CACHE`, default `~/.cache/draftlens/kernels`) keyed by a SHA-256 of source,
+//! arch and options, so a second process skips NVRTC. For a device the image is a CUBIN (machine
+//! code: no driver JIT at load); every module starts compiling in its own thread when the backend
+//! is created, so the compile overlaps the model load instead of stalling the first launches.
 
 use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule};
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 const COMMON: &str = include_str!("../../../../kernels/common.cuh");
 
@@ -43,15 +45,32 @@ const SOURCES: &[(&str, &str)] = &[
     ),
 ];
 
+/// What NVRTC emits for a module: PTX for a virtual architecture (`compute_XY`, which needs no
+/// device and is what [`compile_kernels_offline`](super::compile_kernels_offline) checks), or a
+/// CUBIN for the device's real architecture (`sm_XY`). A CUBIN loads without the driver's PTX
+/// JIT, which on an 8B `extract` with an empty driver cache cost seconds per module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ImageKind {
+    Ptx,
+    Cubin,
+}
+
+/// The compiled image of one module, shared between the prewarm thread that made it and the
+/// launches that load it; the error is a message because it is reported by whoever asks first.
+type ImageSlot = OnceLock<std::result::Result<Arc<Vec<u8>>, String>>;
+
 pub(crate) struct Kernels {
     ctx: Arc<CudaContext>,
-    /// `compute_XY` of the device: NVRTC emits PTX for exactly this architecture and the driver
-    /// turns it into the device's machine code when the module is loaded.
+    /// `sm_XY` of the device: NVRTC emits machine code for exactly this architecture.
     arch: String,
+    /// One slot per entry of [`SOURCES`], filled by the prewarm threads started in
+    /// [`Kernels::new`] (or by the first launch that needs the module, whichever comes first).
+    images: Arc<Vec<ImageSlot>>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     funcs: Mutex<HashMap<&'static str, CudaFunction>>,
     smem_set: Mutex<Vec<(&'static str, usize)>>,
-    /// Seconds spent in NVRTC + module loading (reported by the benchmarks and tests).
+    /// Seconds the launching thread spent waiting for images and loading modules (reported by the
+    /// benchmarks and tests; the prewarm threads' own work overlaps the model load).
     compile_secs: Mutex<f64>,
 }
 
@@ -75,13 +94,30 @@ fn disk_cache_dir() -> Option<PathBuf> {
 }
 
 impl Kernels {
+    /// Starts compiling every module at once, one thread each: NVRTC is single-threaded per
+    /// program, the modules are independent, and the model load that follows leaves the CPU
+    /// mostly idle, so a cold kernel cache costs the slowest module instead of the sum of all
+    /// six (about 13 s serially on the H200's host for an 8B `extract`).
     pub(crate) fn new(ctx: Arc<CudaContext>) -> Result<Self> {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| anyhow!("reading the compute capability: {e}"))?;
+        let arch = format!("sm_{major}{minor}");
+        let images: Arc<Vec<ImageSlot>> =
+            Arc::new(SOURCES.iter().map(|_| OnceLock::new()).collect());
+        for (slot, (name, _)) in SOURCES.iter().enumerate() {
+            let (images, arch) = (images.clone(), arch.clone());
+            // A thread that cannot start only loses the overlap: the first launch compiles.
+            let _ = std::thread::Builder::new()
+                .name(format!("nvrtc-{name}"))
+                .spawn(move || {
+                    images[slot].get_or_init(|| image_slot(name, &arch));
+                });
+        }
         Ok(Kernels {
             ctx,
-            arch: format!("compute_{major}{minor}"),
+            arch,
+            images,
             modules: Mutex::new(HashMap::new()),
             funcs: Mutex::new(HashMap::new()),
             smem_set: Mutex::new(Vec::new()),
@@ -99,13 +135,24 @@ impl Kernels {
 
     fn compile(&self, name: &'static str) -> Result<Arc<CudaModule>> {
         let t0 = std::time::Instant::now();
-        let ptx_text = ptx_for(name, &self.arch)?;
-        let module = self.ctx.load_module(Ptx::from_src(ptx_text)).map_err(|e| {
-            anyhow!(
-                "kernels/{name}.cu: loading the PTX for {} failed: {e}",
-                self.arch
-            )
-        })?;
+        let slot = SOURCES
+            .iter()
+            .position(|(n, _)| *n == name)
+            .ok_or_else(|| anyhow!("no kernel module named {name}"))?;
+        // Waits for the prewarm thread if it is still compiling this module.
+        let image = self.images[slot]
+            .get_or_init(|| image_slot(name, &self.arch))
+            .clone()
+            .map_err(|e| anyhow!(e))?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(image.as_ref().clone()))
+            .map_err(|e| {
+                anyhow!(
+                    "kernels/{name}.cu: loading the CUBIN for {} failed: {e}",
+                    self.arch
+                )
+            })?;
         *self.compile_secs.lock().unwrap_or_else(|e| e.into_inner()) += t0.elapsed().as_secs_f64();
         Ok(module)
     }
@@ -182,9 +229,26 @@ pub(crate) fn module_names() -> impl Iterator<Item = &'static str> {
     SOURCES.iter().map(|(n, _)| *n)
 }
 
-/// PTX of module `name` for `arch` (`compute_90`, ...): from the disk cache, else from NVRTC.
-/// Needs only the NVRTC library, no driver or device.
+/// PTX of module `name` for a virtual architecture (`compute_90`, ...): from the disk cache, else
+/// from NVRTC. Needs only the NVRTC library, no driver or device.
 pub(crate) fn ptx_for(name: &str, arch: &str) -> Result<String> {
+    let image = image_for(name, arch, ImageKind::Ptx)?;
+    // NVRTC's PTX ends with a NUL.
+    let end = image.iter().position(|&b| b == 0).unwrap_or(image.len());
+    String::from_utf8(image[..end].to_vec())
+        .map_err(|_| anyhow!("kernels/{name}.cu: NVRTC returned PTX that is not UTF-8"))
+}
+
+fn image_slot(name: &str, arch: &str) -> std::result::Result<Arc<Vec<u8>>, String> {
+    image_for(name, arch, ImageKind::Cubin)
+        .map(Arc::new)
+        .map_err(|e| format!("{e:#}"))
+}
+
+/// The compiled image of module `name` for `arch` (`compute_XY` with [`ImageKind::Ptx`], `sm_XY`
+/// with [`ImageKind::Cubin`]): from the disk cache, keyed by a SHA-256 of source, options and
+/// crate version, else from NVRTC (then written to the cache).
+pub(crate) fn image_for(name: &str, arch: &str, kind: ImageKind) -> Result<Vec<u8>> {
     let src = SOURCES
         .iter()
         .find(|(n, _)| *n == name)
@@ -199,36 +263,71 @@ pub(crate) fn ptx_for(name: &str, arch: &str) -> Result<String> {
         h.update(env!("CARGO_PKG_VERSION").as_bytes());
         hex::encode(&h.finalize()[..16])
     };
-    let cached = disk_cache_dir().map(|d| d.join(format!("{name}-{arch}-{key}.ptx")));
-    if let Some(text) = cached
-        .as_ref()
-        .and_then(|p| std::fs::read_to_string(p).ok())
-    {
-        return Ok(text);
-    }
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(
-        &full,
-        CompileOptions {
-            options: opts.clone(),
-            name: Some(format!("{name}.cu")),
-            ..Default::default()
-        },
-    )
-    .map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-            anyhow!(
-                "kernels/{name}.cu: NVRTC failed for {arch} ({}):\n{}",
-                opts.join(" "),
-                log.to_string_lossy()
-            )
+    let ext = match kind {
+        ImageKind::Ptx => "ptx",
+        ImageKind::Cubin => "cubin",
+    };
+    let cached = disk_cache_dir().map(|d| d.join(format!("{name}-{arch}-{key}.{ext}")));
+    if let Some(bytes) = cached.as_ref().and_then(|p| std::fs::read(p).ok()) {
+        if !bytes.is_empty() {
+            return Ok(bytes);
         }
-        other => anyhow!("kernels/{name}.cu: NVRTC failed: {other:?}"),
-    })?;
-    let text = ptx.to_src();
-    if let Some(p) = &cached {
-        // The cache is an optimisation: a read-only home must not stop the backend.
-        let _ = p.parent().map(std::fs::create_dir_all);
-        let _ = std::fs::write(p, &text);
     }
-    Ok(text)
+    let image = nvrtc_compile(&full, name, &opts, kind)?;
+    if let Some(p) = &cached {
+        // The cache is an optimisation: a read-only home must not stop the backend. Written to a
+        // temp file and renamed, so a concurrent reader never sees half an image.
+        let _ = p.parent().map(std::fs::create_dir_all);
+        let tmp = p.with_extension(format!("{ext}.tmp.{}", std::process::id()));
+        if std::fs::write(&tmp, &image).is_ok() {
+            let _ = std::fs::rename(&tmp, p);
+        }
+    }
+    Ok(image)
+}
+
+/// One NVRTC compilation of `src` (named `kernels/<name>.cu` in messages) to PTX or CUBIN.
+fn nvrtc_compile(src: &str, name: &str, opts: &[String], kind: ImageKind) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys as nv};
+    use std::ffi::{CStr, CString};
+    let c_src = CString::new(src).map_err(|_| anyhow!("kernels/{name}.cu contains a NUL byte"))?;
+    let c_name = CString::new(format!("{name}.cu")).expect("module names have no NUL");
+    let prog = result::create_program(&c_src, Some(&c_name))
+        .map_err(|e| anyhow!("kernels/{name}.cu: NVRTC cannot create the program: {e:?}"))?;
+    // SAFETY: `prog` was created above from `c_src` / `c_name`, which outlive it, and is
+    // destroyed exactly once below, after its last use.
+    let out = unsafe {
+        let compiled = match result::compile_program(prog, opts) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                Err(anyhow!(
+                    "kernels/{name}.cu: NVRTC failed ({e:?}, {}):\n{log}",
+                    opts.join(" ")
+                ))
+            }
+        };
+        compiled.and_then(|()| match kind {
+            ImageKind::Ptx => result::get_ptx(prog)
+                .map(|p| p.into_iter().map(|c| c as u8).collect())
+                .map_err(|e| anyhow!("kernels/{name}.cu: reading the PTX failed: {e:?}")),
+            ImageKind::Cubin => {
+                let mut size = 0usize;
+                nv::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .and_then(|()| {
+                        let mut buf = vec![0u8; size];
+                        nv::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| buf)
+                    })
+                    .map_err(|e| anyhow!("kernels/{name}.cu: reading the CUBIN failed: {e:?}"))
+            }
+        })
+    };
+    // SAFETY: see above; `prog` is not used after this.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
 }

@@ -20,6 +20,7 @@ mod decode;
 pub mod gdn;
 mod gemm;
 mod kernels;
+pub mod nvml;
 mod upload;
 
 pub use decode::{k_splits, MAX_DECODE_ROWS};
