@@ -26,7 +26,8 @@ timed() { # name, command...: wall time and peak RSS (GNU time) into the log
   log "$name: $*"
   /usr/bin/time -f "$name wall_s=%e max_rss_kb=%M" "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"
   local rc=$?
-  tail -n 3 "$OUT/$name.err" | tee -a "$OUT/e2e.log"
+  # The last lines of stderr: GNU time's line and, for draftlens, its --timeline table.
+  tail -n 26 "$OUT/$name.err" | tee -a "$OUT/e2e.log"
   tail -c 1500 "$OUT/$name.out" | tee -a "$OUT/e2e.log"
   echo "rc=$rc" | tee -a "$OUT/e2e.log"
 }
@@ -38,14 +39,23 @@ timed cat_floor bash -c "cat $M/*.safetensors > /dev/null"
 [ -z "${HF_ONLY:-}" ] && timed inspect timeout 60 "$DL" inspect $M
 [ -z "${DL_ONLY:-}" ] && timed hf_extract timeout 400 python3 tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS
 [ -z "${DL_ONLY:-}" ] && timed hf_run3 timeout 500 python3 tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS --drafters $M-drafters
-[ -n "${HF_ONLY:-}" ] && exit 0
-rm -rf /tmp/dlcache
-timed extract_cold timeout 400 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json
-timed extract_cached timeout 200 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json
-# The same cold extract again with the NVRTC kernel cache warm (what any later process sees).
-rm -rf /tmp/dlcache
-timed extract_cold_warm_kernels timeout 400 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json
-rm -rf /tmp/dlcache
-timed run_cold3 timeout 400 "$DL" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/runs.sqlite --json
-timed run_cached3 timeout 300 "$DL" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/runs2.sqlite --json
+if [ -z "${HF_ONLY:-}" ]; then
+  rm -rf /tmp/dlcache
+  timed extract_cold timeout 400 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json --timeline
+  timed extract_cached timeout 200 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json --timeline
+  # The same cold extract again with the NVRTC kernel cache warm (what any later process sees).
+  rm -rf /tmp/dlcache
+  timed extract_cold_warm_kernels timeout 400 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json --timeline
+  rm -rf /tmp/dlcache
+  timed run_cold3 timeout 400 "$DL" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/runs.sqlite --json --timeline
+  timed run_cached3 timeout 300 "$DL" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/runs2.sqlite --json --timeline
+fi
+# The mixed-length set (tools/bench/make_mixed_prompts.py, carried as $BIN/mixed.jsonl): MIXED=1.
+if [ -n "${MIXED:-}" ] && [ -e "$BIN/mixed.jsonl" ]; then
+  [ -z "${DL_ONLY:-}" ] && timed hf_mixed_extract timeout 400 python3 tools/bench/hf_e2e.py --model $M --prompts "$BIN/mixed.jsonl" --layers $TAPS
+  if [ -z "${HF_ONLY:-}" ]; then
+    rm -rf /tmp/dlcache
+    timed mixed_extract_cold timeout 400 "$DL" extract --backend cuda --target $M --prompts "$BIN/mixed.jsonl" --layers $TAPS --json --timeline
+  fi
+fi
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee -a "$OUT/e2e.log"

@@ -480,6 +480,8 @@ impl Gemms {
             plan.algo = Some(cands[0]);
             return Ok(plan);
         }
+        // Shown apart in `--timeline`: timing is a per-process cost of every new shape.
+        let _phase = crate::timeline::phase("gemm tuning");
         // Time every candidate on the real inputs, writing a scratch output (accumulating GEMMs
         // accumulate into the scratch, which starts at zero).
         let bytes = key.rows * key.out * key.out_type.bytes();
