@@ -58,4 +58,24 @@ if [ -n "${MIXED:-}" ] && [ -e "$BIN/mixed.jsonl" ]; then
     timed mixed_extract_cold timeout 400 "$DL" extract --backend cuda --target $M --prompts "$BIN/mixed.jsonl" --layers $TAPS --json --timeline
   fi
 fi
+# One 32k-token prompt (issue 11's memory goal): LONG=1. The prompt repeats HumanEval prompts
+# until the Qwen3 tokenizer counts about 32 000 tokens.
+if [ -n "${LONG:-}" ] && [ -z "${HF_ONLY:-}" ]; then
+  python3 - <<'PY'
+import json
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained("/tmp/q8b")
+rows = [json.loads(l) for l in open("data/prompts/humaneval.jsonl")]
+parts, n, i = [], 0, 0
+while n < 31500:
+    t = rows[i % len(rows)]["messages"][0]["content"]
+    parts.append(t); n += len(tok(t)["input_ids"]); i += 1
+text = "Summarise each of the following functions.\n\n" + "\n\n".join(parts)
+with open("/tmp/long32k.jsonl", "w") as f:
+    f.write(json.dumps({"id": "long/32k", "messages": [{"role": "user", "content": text}]}) + "\n")
+print("long prompt:", n, "tokens of parts")
+PY
+  rm -rf /tmp/dlcache
+  timed long32k_extract timeout 200 "$DL" extract --backend cuda --target $M --prompts /tmp/long32k.jsonl --max-new-tokens 32 --layers $TAPS --json --timeline
+fi
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee -a "$OUT/e2e.log"
