@@ -614,8 +614,9 @@ impl<B: Backend> Session<B> {
                 Ok((i, self.be.to_host(t)?))
             })
             .collect::<Result<Vec<_>>>()?;
-        seqs.iter()
-            .zip(starts.windows(2))
+        use rayon::prelude::*;
+        seqs.par_iter()
+            .zip(starts.par_windows(2))
             .map(|(s, w)| {
                 let hidden = taps
                     .iter()

@@ -2,7 +2,7 @@
 //!
 //! `y[rows, out] = x[rows, inp] · W[out, inp]ᵀ (+ y)` with bf16 operands, fp32 accumulation
 //! (`CUBLAS_COMPUTE_32F`, fp32 alpha/beta) and bf16 or fp32 output — the same arithmetic as the
-//! `cublasGemmEx` path in `mod.rs`. Split-K partial sums may only be reduced in fp32
+//! `cublasGemmEx` fallback at the end of this file. Split-K partial sums may only be reduced in fp32
 //! (`CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE`, never in place or in the bf16 output type), which
 //! is what `CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION` asks of `cublasGemmEx`.
 //!
@@ -16,7 +16,10 @@
 //! Different algorithms sum in different orders, so results may differ between modes (and between
 //! processes in `LtTuned`) by fp32 rounding of the accumulation, never by bf16 rounding.
 
-use anyhow::{anyhow, Result};
+use super::decode::{self, MAX_DECODE_ROWS};
+use super::{blas_err, CudaBackend, CudaMatrix, CudaTensor};
+use anyhow::{anyhow, ensure, Result};
+use cudarc::cublas::{result as blas_result, sys as blas_sys};
 use cudarc::cublaslt::sys as lt;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::collections::HashMap;
@@ -568,7 +571,7 @@ fn launch(
 ) -> Result<()> {
     let alpha = 1f32;
     let ws = st.workspace.device_ptr(stream).0;
-    // SAFETY: pointers address buffers of the plan's shapes (checked by the callers in mod.rs);
+    // SAFETY: pointers address buffers of the plan's shapes (checked by `gemm_raw` below);
     // C and D are the same buffer with the same layout (in-place accumulation is allowed); the
     // workspace is WORKSPACE_BYTES long and the algorithm was chosen for at most that.
     check("cublasLtMatmul", unsafe {
@@ -591,4 +594,162 @@ fn launch(
             stream.cu_stream() as lt::cudaStream_t,
         )
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The backend's GEMM entry points: cuBLASLt through [`Gemms`] when it has a plan, else
+// `cublasGemmEx`.
+
+impl CudaBackend {
+    /// How GEMMs run from now on (see [`GemmMode`]; the default is [`GemmMode::LtTuned`] when
+    /// cuBLASLt loads, else [`GemmMode::GemmEx`]).
+    pub fn set_gemm_mode(&self, mode: GemmMode) -> Result<()> {
+        self.gemm.set_mode(mode)
+    }
+
+    pub fn gemm_mode(&self) -> GemmMode {
+        self.gemm.mode()
+    }
+
+    /// cuBLASLt availability, shapes planned and fallbacks to `cublasGemmEx` (diagnostics).
+    pub fn gemm_status(&self) -> String {
+        self.gemm.lt_status()
+    }
+
+    /// The shapes tuned so far in [`GemmMode::LtTuned`] (first heuristic answer vs the chosen one).
+    pub fn gemm_tune_records(&self) -> Vec<TuneRecord> {
+        self.gemm.tune_records()
+    }
+
+    /// `y = x · Wᵀ (+ beta · y)` with bf16 operands and fp32 accumulation. Raw pointers so the
+    /// LM head can write fp32 logits for a slice of rows.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm_raw(
+        &self,
+        x: u64,
+        rows: usize,
+        w: u64,
+        out: usize,
+        inp: usize,
+        y: u64,
+        y_type: blas_sys::cudaDataType,
+        beta: f32,
+    ) -> Result<()> {
+        if rows == 0 || out == 0 {
+            return Ok(());
+        }
+        ensure!(
+            rows <= i32::MAX as usize && out <= i32::MAX as usize && inp <= i32::MAX as usize,
+            "matmul too large for cuBLAS: [{rows}, {inp}] x [{out}, {inp}]"
+        );
+        let out_type = if y_type == blas_sys::cudaDataType::CUDA_R_32F {
+            OutType::F32
+        } else {
+            OutType::Bf16
+        };
+        // cuBLASLt (the tuner also times cublasGemmEx on the shape, into its own scratch output).
+        let gemm_ex =
+            |y_scratch: u64, b: f32| self.gemm_ex_raw(x, rows, w, out, inp, y_scratch, y_type, b);
+        if self.gemm.run(
+            &self.ctx,
+            &self.stream,
+            x,
+            rows,
+            w,
+            out,
+            inp,
+            y,
+            out_type,
+            beta,
+            &gemm_ex,
+        )? {
+            return Ok(());
+        }
+        self.gemm_ex_raw(x, rows, w, out, inp, y, y_type, beta)
+    }
+
+    /// `cublasGemmEx` for [`CudaBackend::gemm_raw`] (shapes checked there).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm_ex_raw(
+        &self,
+        x: u64,
+        rows: usize,
+        w: u64,
+        out: usize,
+        inp: usize,
+        y: u64,
+        y_type: blas_sys::cudaDataType,
+        beta: f32,
+    ) -> Result<()> {
+        let alpha = 1f32;
+        // Column-major view: yᵀ[out, rows] = W[out, inp] · xᵀ[inp, rows]; W row-major [out, inp]
+        // is column-major [inp, out] (lda = inp), hence op(A) = T.
+        // SAFETY: the pointers address buffers of at least rows*inp, out*inp and rows*out elements.
+        unsafe {
+            blas_result::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                out as i32,
+                rows as i32,
+                inp as i32,
+                &alpha as *const f32 as *const c_void,
+                w as *const c_void,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                inp as i32,
+                x as *const c_void,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                inp as i32,
+                &beta as *const f32 as *const c_void,
+                y as *mut c_void,
+                y_type,
+                out as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_err("cublasGemmEx"))
+    }
+
+    /// `acc += x · Wᵀ` in one cuBLAS call (beta = 1): the residual add fused into the GEMM
+    /// epilogue, one bf16 rounding of `acc + fp32 product` instead of HF's two.
+    pub fn matmul_acc(&self, x: &CudaTensor, w: &CudaMatrix, acc: &mut CudaTensor) -> Result<()> {
+        ensure!(
+            x.cols == w.inp,
+            "matmul: input has {} columns, weight expects {}",
+            x.cols,
+            w.inp
+        );
+        ensure!(
+            (acc.rows, acc.cols) == (x.rows, w.out),
+            "matmul_acc: accumulator is [{}, {}], product is [{}, {}]",
+            acc.rows,
+            acc.cols,
+            x.rows,
+            w.out
+        );
+        if x.rows <= MAX_DECODE_ROWS {
+            // Batch-invariant, the add in the epilogue as below (decode.rs).
+            return self.decode_gemm_raw(
+                self.ptr(&x.buf),
+                x.rows,
+                self.ptr(&w.buf),
+                w.out,
+                w.inp,
+                self.ptr(&acc.buf),
+                w.out,
+                decode::Epilogue::AddBf16,
+            );
+        }
+        self.gemm_raw(
+            self.ptr(&x.buf),
+            x.rows,
+            self.ptr(&w.buf),
+            w.out,
+            w.inp,
+            self.ptr(&acc.buf),
+            blas_sys::cudaDataType::CUDA_R_16BF,
+            1.0,
+        )
+    }
 }

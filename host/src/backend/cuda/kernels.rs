@@ -13,6 +13,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use super::CudaBackend;
+
 const COMMON: &str = include_str!("../../../../kernels/common.cuh");
 
 /// (module name, source) of every kernel module. `kernels/fused.cu` (the fused forward's SwiGLU) is
@@ -330,4 +332,59 @@ fn nvrtc_compile(src: &str, name: &str, opts: &[String], kind: ImageKind) -> Res
     // SAFETY: see above; `prog` is not used after this.
     let _ = unsafe { result::destroy_program(prog) };
     out
+}
+
+/// Compiles every kernel module with NVRTC for `arch` (e.g. `compute_90`) without a driver or a
+/// device, returning (module, PTX bytes). Lets a machine with only the NVRTC library check that
+/// the kernels compile.
+pub fn compile_kernels_offline(arch: &str) -> Result<Vec<(String, usize)>> {
+    super::probe::preload("NVRTC", &["libnvrtc.so.13", "libnvrtc.so"])
+        .map_err(|e| anyhow!("CUDA unavailable: {e}"))?;
+    let mut out = Vec::new();
+    for name in module_names() {
+        let ptx = std::panic::catch_unwind(|| ptx_for(name, arch))
+            .map_err(|p| anyhow!("NVRTC panicked: {}", super::probe::panic_text(p)))??;
+        out.push((name.to_string(), ptx.len()));
+    }
+    Ok(out)
+}
+
+impl CudaBackend {
+    /// NVRTC target of the kernels (`sm_90` on an H100/H200: CUBINs for the device itself).
+    pub fn arch(&self) -> &str {
+        self.kernels.arch()
+    }
+
+    /// Seconds spent compiling and loading kernels so far.
+    pub fn kernel_compile_secs(&self) -> f64 {
+        self.kernels.compile_secs()
+    }
+
+    /// Compiles every kernel module now and describes each kernel's registers and spills.
+    pub fn kernel_report(&self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for (m, f) in [
+            ("elementwise", "rms_norm_bf16"),
+            ("elementwise", "rope_bf16"),
+            ("elementwise", "swiglu_bf16"),
+            ("elementwise", "copy_rows_bf16"),
+            ("attention", "flash_attention_hd64"),
+            ("attention", "flash_attention_hd128"),
+            ("attention", "flash_attention_hd256"),
+            ("attention", "flash_attention2_hd64"),
+            ("attention", "flash_attention2_hd128"),
+            ("attention", "qk_norm_rope_bf16"),
+            ("attention", "qk_norm_rope_vec_bf16"),
+            ("elementwise", "rms_norm_rows_bf16"),
+            ("elementwise", "swiglu_packed_rows_bf16"),
+            ("topk", "topk_logsoftmax_k8"),
+            ("topk", "topk_logsoftmax_k64"),
+            ("decode", "decode_gemm_n1_m1"),
+            ("decode", "decode_gemm_n8_m2"),
+            ("decode", "decode_attention_hd128"),
+        ] {
+            out.push(self.kernels.resources(m, f)?);
+        }
+        Ok(out)
+    }
 }

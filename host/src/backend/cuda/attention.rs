@@ -1,0 +1,283 @@
+//! Prefill attention: the flash-attention kernels of `kernels/attention.cu` over per-query key
+//! intervals (`mask.rs`), the uploaded mask cached across the layers of a forward.
+
+use super::{derr, CudaBackend, CudaTensor};
+use crate::backend::{AttnMask, AttnShape};
+use anyhow::{bail, ensure, Result};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+/// What an uploaded mask was built from (a new upload happens only when it changes).
+#[derive(Clone, PartialEq)]
+pub(super) enum MaskKey {
+    Mask(AttnMask, usize, usize),
+    Varlen(Vec<usize>),
+}
+
+/// Device pointers and row strides (elements) of an attention's q, k, v.
+pub(super) struct AttnIo {
+    q: u64,
+    q_ld: usize,
+    k: u64,
+    v: u64,
+    kv_ld: usize,
+    tq: usize,
+    tk: usize,
+}
+
+/// An uploaded attention mask: per-query key intervals (host copy and device copy) and, per query
+/// block height (positions per block), the order in which the blocks are launched.
+pub(super) struct MaskUpload {
+    key: MaskKey,
+    host: Vec<i32>,
+    ranges: CudaSlice<i32>,
+    orders: Vec<(usize, CudaSlice<i32>)>,
+}
+
+/// Query blocks of `ppb` positions sorted by the number of keys they visit, heaviest first (ties
+/// in position order): the launch order of `flash_attention2`, so that the longest blocks of a
+/// causal prefill start in the first wave instead of trailing at the end.
+fn heaviest_first(iv: &[i32], ppb: usize) -> Vec<i32> {
+    let rows = iv.len() / 4;
+    let nb = rows.div_ceil(ppb);
+    let mut work: Vec<(i64, usize)> = (0..nb)
+        .map(|b| {
+            let (mut lo1, mut hi1, mut lo2, mut hi2) = (i64::MAX, i64::MIN, i64::MAX, i64::MIN);
+            for r in b * ppb..((b + 1) * ppb).min(rows) {
+                let x = &iv[4 * r..4 * r + 4];
+                if x[0] < x[1] {
+                    lo1 = lo1.min(x[0] as i64);
+                    hi1 = hi1.max(x[1] as i64);
+                }
+                if x[2] < x[3] {
+                    lo2 = lo2.min(x[2] as i64);
+                    hi2 = hi2.max(x[3] as i64);
+                }
+            }
+            let span = |lo: i64, hi: i64| if hi > lo { hi - lo } else { 0 };
+            (-(span(lo1, hi1) + span(lo2, hi2)), b)
+        })
+        .collect();
+    work.sort_unstable();
+    work.into_iter().map(|(_, b)| b as i32).collect()
+}
+
+impl CudaBackend {
+    /// Causal attention over packed sequences (as [`Backend::attention_varlen`]) reading q, k and
+    /// v straight from the columns of a fused QKV output `[T, (H + 2·Hkv)·hd]` (no split copies).
+    /// Head dims 64 and 128.
+    pub fn attention_varlen_packed(
+        &self,
+        qkv: &CudaTensor,
+        shape: AttnShape,
+        seq_starts: &[usize],
+    ) -> Result<CudaTensor> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        ensure!(
+            qkv.cols == (heads + 2 * kv_heads) * hd,
+            "attention_varlen_packed: {} columns, expected (heads {heads} + 2 × {kv_heads}) × {hd}",
+            qkv.cols
+        );
+        ensure!(
+            matches!(hd, 64 | 128) && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed),
+            "attention_varlen_packed: needs flash_attention2 (head_dim 64 or 128), got {hd}"
+        );
+        let base = self.ptr(&qkv.buf);
+        let rows = qkv.rows;
+        let io = AttnIo {
+            q: base,
+            q_ld: qkv.cols,
+            k: base + (heads * hd * 2) as u64,
+            v: base + ((heads + kv_heads) * hd * 2) as u64,
+            kv_ld: qkv.cols,
+            tq: rows,
+            tk: rows,
+        };
+        self.attention_raw(
+            io,
+            shape,
+            MaskKey::Varlen(seq_starts.to_vec()),
+            || Self::varlen_intervals(seq_starts, rows),
+            true,
+        )
+    }
+
+    /// Selects the attention kernel for head dims 64 and 128: `flash_attention2` (the default) or,
+    /// with `v1 = true`, the first kernel (64-row blocks, single-buffered) — for A/B benchmarks.
+    pub fn set_attention_v1(&self, v1: bool) {
+        self.attn_v1.store(v1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        key: MaskKey,
+        intervals: impl FnOnce() -> Result<Vec<i32>>,
+        reverse: bool,
+    ) -> Result<CudaTensor> {
+        shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
+        let io = AttnIo {
+            q: self.ptr(&q.buf),
+            q_ld: q.cols,
+            k: self.ptr(&k.buf),
+            v: self.ptr(&v.buf),
+            kv_ld: k.cols,
+            tq: q.rows,
+            tk: k.rows,
+        };
+        self.attention_raw(io, shape, key, intervals, reverse)
+    }
+
+    /// Attention over q/k/v given as device pointers with row strides (`q_ld`, `kv_ld` elements),
+    /// so that they may be column slices of one fused QKV output. Output `[tq, heads·hd]`.
+    pub(super) fn attention_raw(
+        &self,
+        io: AttnIo,
+        shape: AttnShape,
+        key: MaskKey,
+        intervals: impl FnOnce() -> Result<Vec<i32>>,
+        reverse: bool,
+    ) -> Result<CudaTensor> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        ensure!(
+            kv_heads > 0 && heads % kv_heads == 0,
+            "attention: {heads} heads not divisible by {kv_heads} KV heads"
+        );
+        let group = heads / kv_heads;
+        ensure!(
+            group <= 64,
+            "attention: {group} query heads per KV head (at most 64 supported)"
+        );
+        ensure!(
+            io.tk < i32::MAX as usize && io.tq < i32::MAX as usize,
+            "attention: too many rows"
+        );
+        let v2 = matches!(hd, 64 | 128) && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed);
+        let func = match (hd, v2) {
+            (64, true) => "flash_attention2_hd64",
+            (128, true) => "flash_attention2_hd128",
+            (64, false) => "flash_attention_hd64",
+            (128, false) => "flash_attention_hd128",
+            (256, _) => "flash_attention_hd256",
+            _ => {
+                bail!("attention: head_dim {hd} is not supported by the CUDA kernel (64, 128, 256)")
+            }
+        };
+        ensure!(
+            v2 || (io.q_ld == heads * hd && io.kv_ld == kv_heads * hd),
+            "attention: strided q/k/v need head_dim 64 or 128"
+        );
+        let mut out = self.new_tensor(io.tq, heads * hd)?;
+        if io.tq == 0 {
+            return Ok(out);
+        }
+        let mut cache = self.mask_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.as_ref().map(|c| c.key != key).unwrap_or(true) {
+            let iv = intervals()?;
+            ensure!(
+                iv.len() == io.tq * 4,
+                "attention: mask covers {} rows, q has {}",
+                iv.len() / 4,
+                io.tq
+            );
+            let ranges = self.upload(&iv)?;
+            *cache = Some(MaskUpload {
+                key,
+                host: iv,
+                ranges,
+                orders: Vec::new(),
+            });
+        }
+        let up = cache.as_mut().expect("mask cache was just filled");
+        let (tq, tk, h, hkv) = (io.tq as i32, io.tk as i32, heads as i32, kv_heads as i32);
+        let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
+        if v2 {
+            let ppb = 128 / group;
+            if !up.orders.iter().any(|(p, _)| *p == ppb) {
+                let order = heaviest_first(&up.host, ppb);
+                let dev = self.upload(&order)?;
+                up.orders.push((ppb, dev));
+            }
+            let order = &up
+                .orders
+                .iter()
+                .find(|(p, _)| *p == ppb)
+                .expect("inserted above")
+                .1;
+            let smem = (128 + 4 * 64) * hd * 2;
+            let f = self.kernels.get_with_smem("attention", func, smem)?;
+            let grid = io.tq.div_ceil(ppb) * kv_heads;
+            ensure!(grid < i32::MAX as usize, "attention: grid too large");
+            let (q_ld, kv_ld) = (io.q_ld as i64, io.kv_ld as i64);
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&io.q)
+                .arg(&io.k)
+                .arg(&io.v)
+                .arg(&mut out.buf)
+                .arg(&up.ranges)
+                .arg(order)
+                .arg(&tq)
+                .arg(&tk)
+                .arg(&h)
+                .arg(&hkv)
+                .arg(&q_ld)
+                .arg(&kv_ld)
+                .arg(&scale_log2);
+            // SAFETY: signature matches ATT2_ENTRY in kernels/attention.cu; q/k/v address tq/tk
+            // rows of the given strides (checked by the callers); the intervals are clipped to
+            // [0, tk]; `order` is a permutation of the tq.div_ceil(ppb) query blocks.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (grid as u32, 1, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: smem as u32,
+                })
+            }
+            .map_err(derr(func))?;
+            return Ok(out);
+        }
+        let smem = 3 * 64 * hd * 2;
+        let f = self.kernels.get_with_smem("attention", func, smem)?;
+        let ppb = 64 / group;
+        let grid_x = io.tq.div_ceil(ppb);
+        ensure!(
+            grid_x < i32::MAX as usize && kv_heads < 65536,
+            "attention: grid too large"
+        );
+        let rev = reverse as i32;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&io.q)
+            .arg(&io.k)
+            .arg(&io.v)
+            .arg(&mut out.buf)
+            .arg(&up.ranges)
+            .arg(&tq)
+            .arg(&tk)
+            .arg(&h)
+            .arg(&hkv)
+            .arg(&scale_log2)
+            .arg(&rev);
+        // SAFETY: signature matches ATT_ENTRY in kernels/attention.cu; contiguous q/k/v of the
+        // shapes checked above; the intervals are clipped to [0, tk].
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (grid_x as u32, kv_heads as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: smem as u32,
+            })
+        }
+        .map_err(derr(func))?;
+        Ok(out)
+    }
+}

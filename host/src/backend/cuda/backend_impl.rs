@@ -1,0 +1,618 @@
+//! `impl Backend for CudaBackend`: the trait's ops, each a launch or a call into the modules
+//! beside this one.
+
+use super::attention::MaskKey;
+use super::{blocks, decode, derr, gdn, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
+use crate::backend::{
+    attention_varlen_qkv_unfused, AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope, RopeStyle,
+    TopK,
+};
+use anyhow::{bail, ensure, Result};
+use cudarc::cublas::sys as blas_sys;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use half::bf16;
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Matrix = CudaMatrix;
+    type F32Buf = gdn::CudaF32;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+    fn dtype(&self) -> &'static str {
+        "bf16"
+    }
+
+    fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor> {
+        ensure!(
+            data.len() == rows * cols,
+            "tensor data has {} values, shape [{rows}, {cols}] needs {}",
+            data.len(),
+            rows * cols
+        );
+        let h: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
+        Ok(CudaTensor {
+            buf: self.upload(&h)?,
+            rows,
+            cols,
+        })
+    }
+    fn to_host(&self, t: &CudaTensor) -> Result<Vec<f32>> {
+        // Converted on all cores: a packed forward's taps are hundreds of millions of values.
+        use rayon::prelude::*;
+        let raw = self.to_host_bf16(t)?;
+        let mut out = vec![0f32; raw.len()];
+        out.par_chunks_mut(1 << 16)
+            .zip(raw.par_chunks(1 << 16))
+            .for_each(|(o, r)| half::slice::HalfFloatSliceExt::convert_to_f32_slice(r, o));
+        Ok(out)
+    }
+    fn dims(&self, t: &CudaTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+    fn matrix(&self, data: &[f32], out: usize, inp: usize) -> Result<CudaMatrix> {
+        ensure!(
+            data.len() == out * inp,
+            "weight data has {} values, shape [{out}, {inp}] needs {}",
+            data.len(),
+            out * inp
+        );
+        let h: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
+        Ok(CudaMatrix {
+            buf: self.upload(&h)?,
+            out,
+            inp,
+        })
+    }
+    fn matrix_dims(&self, m: &CudaMatrix) -> (usize, usize) {
+        (m.out, m.inp)
+    }
+    // Raw weight upload and free memory: upload.rs.
+    fn matrix_stacked_raw(&self, parts: &[crate::backend::raw::RawPart<'_>]) -> Result<CudaMatrix> {
+        self.upload_stacked(parts)
+    }
+    fn free_memory(&self) -> Option<u64> {
+        self.free_device_memory()
+    }
+
+    fn matmul(&self, x: &CudaTensor, w: &CudaMatrix) -> Result<CudaTensor> {
+        ensure!(
+            x.cols == w.inp,
+            "matmul: input has {} columns, weight expects {}",
+            x.cols,
+            w.inp
+        );
+        let y = self.new_tensor(x.rows, w.out)?;
+        if x.rows <= MAX_DECODE_ROWS {
+            // Batch-invariant: a row's bits do not depend on its batch-mates (decode.rs).
+            self.decode_gemm_raw(
+                self.ptr(&x.buf),
+                x.rows,
+                self.ptr(&w.buf),
+                w.out,
+                w.inp,
+                self.ptr(&y.buf),
+                w.out,
+                decode::Epilogue::Bf16,
+            )?;
+            return Ok(y);
+        }
+        self.gemm_raw(
+            self.ptr(&x.buf),
+            x.rows,
+            self.ptr(&w.buf),
+            w.out,
+            w.inp,
+            self.ptr(&y.buf),
+            blas_sys::cudaDataType::CUDA_R_16BF,
+            0.0,
+        )?;
+        Ok(y)
+    }
+
+    fn add_row_bias(&self, x: &mut CudaTensor, bias: &CudaTensor) -> Result<()> {
+        ensure!(
+            bias.rows * bias.cols == x.cols,
+            "bias has {} values, rows have {}",
+            bias.rows * bias.cols,
+            x.cols
+        );
+        let n = x.rows * x.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        let (f, cfg) = self.unary_launch("add_row_bias_bf16", n, 1)?;
+        let (rows, cols) = (x.rows as i64, x.cols as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&mut x.buf).arg(&bias.buf).arg(&rows).arg(&cols);
+        // SAFETY: (bf16*, const bf16*, ll, int), sizes checked.
+        unsafe { b.launch(cfg) }.map_err(derr("add_row_bias_bf16"))?;
+        Ok(())
+    }
+
+    fn add_inplace(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
+        ensure!(
+            (x.rows, x.cols) == (y.rows, y.cols),
+            "add: shapes [{}, {}] and [{}, {}] differ",
+            x.rows,
+            x.cols,
+            y.rows,
+            y.cols
+        );
+        let n = x.rows * x.cols;
+        if n == 0 {
+            return Ok(());
+        }
+        let (f, cfg) = self.unary_launch("add_bf16", n, 8)?;
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&mut x.buf).arg(&y.buf).arg(&n64);
+        // SAFETY: (bf16*, const bf16*, ll), equal sizes.
+        unsafe { b.launch(cfg) }.map_err(derr("add_bf16"))?;
+        Ok(())
+    }
+
+    /// Whole-row norms (group = cols) go to [`CudaBackend::rms_norm_rows`] when its
+    /// preconditions hold (bit-identical, one read of each row with every load in flight at once:
+    /// the layer norms of every forward); per-head norms to the grouped kernel.
+    fn rms_norm(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<CudaTensor> {
+        if group == x.cols && Self::rows_kernel_fits(x.cols) {
+            self.rms_norm_rows(x, weight, eps)
+        } else {
+            self.rms_norm_groups(x, weight, eps, group)
+        }
+    }
+
+    fn rope_inplace(&self, x: &mut CudaTensor, positions: &[u32], rope: &Rope) -> Result<()> {
+        ensure!(
+            positions.len() == x.rows,
+            "rope: {} positions for {} rows",
+            positions.len(),
+            x.rows
+        );
+        ensure!(
+            rope.head_dim > 0 && x.cols.is_multiple_of(rope.head_dim),
+            "rope: {} columns are not whole heads of {}",
+            x.cols,
+            rope.head_dim
+        );
+        ensure!(
+            rope.rotary_dim <= rope.head_dim && rope.rotary_dim.is_multiple_of(2),
+            "rope: bad rotary_dim {}",
+            rope.rotary_dim
+        );
+        let half = rope.rotary_dim / 2;
+        let n_heads = x.cols / rope.head_dim;
+        let total = x.rows * n_heads * half;
+        if total == 0 {
+            return Ok(());
+        }
+        self.with_rope_tables(positions, rope, |pos, freqs| {
+            let f = self.kernels.get("elementwise", "rope_bf16")?;
+            let (rows, nh, hd, rd) = (
+                x.rows as i32,
+                n_heads as i32,
+                rope.head_dim as i32,
+                rope.rotary_dim as i32,
+            );
+            let inter = matches!(rope.style, RopeStyle::Interleaved) as i32;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&mut x.buf)
+                .arg(pos)
+                .arg(freqs)
+                .arg(&rows)
+                .arg(&nh)
+                .arg(&hd)
+                .arg(&rd)
+                .arg(&inter);
+            // SAFETY: (bf16*, const u32*, const float*, int x5); one thread per rotated pair.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (blocks(total, 256), 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr("rope_bf16"))?;
+            Ok(())
+        })
+    }
+
+    fn attention(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        mask: &AttnMask,
+    ) -> Result<CudaTensor> {
+        let (tq, tk) = (q.rows, k.rows);
+        let reverse = matches!(mask, AttnMask::Causal { .. });
+        self.attention_with(
+            q,
+            k,
+            v,
+            shape,
+            MaskKey::Mask(mask.clone(), tq, tk),
+            || Self::mask_intervals(mask, tq, tk),
+            reverse,
+        )
+    }
+
+    fn attention_varlen(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        seq_starts: &[usize],
+    ) -> Result<CudaTensor> {
+        ensure!(
+            q.rows == k.rows,
+            "attention_varlen: q has {} rows, k/v {}",
+            q.rows,
+            k.rows
+        );
+        let rows = q.rows;
+        self.attention_with(
+            q,
+            k,
+            v,
+            shape,
+            MaskKey::Varlen(seq_starts.to_vec()),
+            || Self::varlen_intervals(seq_starts, rows),
+            true,
+        )
+    }
+
+    /// Fused path ([`CudaBackend::qk_norm_rope_packed`] in place, then
+    /// [`CudaBackend::attention_varlen_packed`] reading q/k/v from the QKV columns) when the
+    /// model has q/k norms and flash_attention2 covers the head dim (64, 128); else the unfused
+    /// composition.
+    fn attention_varlen_qkv(
+        &self,
+        mut qkv: CudaTensor,
+        shape: AttnShape,
+        qk_norm: Option<QkNorm<'_, CudaTensor>>,
+        positions: &[u32],
+        rope: &Rope,
+        seq_starts: &[usize],
+    ) -> Result<CudaTensor> {
+        let fused_attention = matches!(shape.head_dim, 64 | 128)
+            && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed);
+        match qk_norm {
+            Some(n) if fused_attention => {
+                self.qk_norm_rope_packed(&mut qkv, shape, n.q, n.k, n.eps, positions, rope)?;
+                self.attention_varlen_packed(&qkv, shape, seq_starts)
+            }
+            _ => {
+                attention_varlen_qkv_unfused(self, qkv, shape, qk_norm, positions, rope, seq_starts)
+            }
+        }
+    }
+
+    fn swiglu(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
+        ensure!(
+            (gate.rows, gate.cols) == (up.rows, up.cols),
+            "swiglu: gate and up shapes differ"
+        );
+        let mut y = self.new_tensor(gate.rows, gate.cols)?;
+        let n = gate.rows * gate.cols;
+        if n == 0 {
+            return Ok(y);
+        }
+        let (f, cfg) = self.unary_launch("swiglu_bf16", n, 8)?;
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&gate.buf).arg(&up.buf).arg(&mut y.buf).arg(&n64);
+        // SAFETY: (const bf16*, const bf16*, bf16*, ll), equal sizes.
+        unsafe { b.launch(cfg) }.map_err(derr("swiglu_bf16"))?;
+        Ok(y)
+    }
+
+    /// [`CudaBackend::swiglu_packed`]: reads gate and up from the fused output in place.
+    fn swiglu_packed(&self, gu: &CudaTensor) -> Result<CudaTensor> {
+        CudaBackend::swiglu_packed(self, gu)
+    }
+
+    /// [`CudaBackend::matmul_acc`]: the residual add in the GEMM epilogue.
+    fn matmul_acc(&self, x: &CudaTensor, w: &CudaMatrix, acc: &mut CudaTensor) -> Result<()> {
+        CudaBackend::matmul_acc(self, x, w, acc)
+    }
+
+    fn embed(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= table.out) {
+            bail!(
+                "token id {bad} is outside the embedding table ({} rows)",
+                table.out
+            );
+        }
+        let mut y = self.new_tensor(ids.len(), table.inp)?;
+        if ids.is_empty() {
+            return Ok(y);
+        }
+        let idx = self.upload(ids)?;
+        self.copy_rows(
+            &mut y.buf,
+            table.inp,
+            0,
+            &table.buf,
+            table.inp,
+            0,
+            Some(&idx),
+            ids.len(),
+            table.inp,
+        )?;
+        Ok(y)
+    }
+
+    fn concat_rows(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
+        let cols = parts.first().map(|p| p.cols).unwrap_or(0);
+        ensure!(
+            parts.iter().all(|p| p.cols == cols),
+            "concat_rows: column counts differ"
+        );
+        let rows: usize = parts.iter().map(|p| p.rows).sum();
+        let mut y = self.new_tensor(rows, cols)?;
+        let mut off = 0;
+        for p in parts {
+            let n = p.rows * p.cols;
+            if n > 0 {
+                self.stream
+                    .memcpy_dtod(&p.buf.slice(0..n), &mut y.buf.slice_mut(off..off + n))
+                    .map_err(derr("device copy"))?;
+            }
+            off += n;
+        }
+        Ok(y)
+    }
+
+    fn concat_cols(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
+        let rows = parts.first().map(|p| p.rows).unwrap_or(0);
+        ensure!(
+            parts.iter().all(|p| p.rows == rows),
+            "concat_cols: row counts differ"
+        );
+        let cols: usize = parts.iter().map(|p| p.cols).sum();
+        let mut y = self.new_tensor(rows, cols)?;
+        let mut c0 = 0;
+        for p in parts {
+            self.copy_rows(&mut y.buf, cols, c0, &p.buf, p.cols, 0, None, rows, p.cols)?;
+            c0 += p.cols;
+        }
+        Ok(y)
+    }
+
+    fn split_cols(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
+        CudaBackend::split_cols(self, x, widths)
+    }
+
+    /// [`MAX_DECODE_ROWS`]: up to 64 rows every GEMM runs on the batch-invariant decode kernel
+    /// (decode.rs) and every other op already works row by row (one warp, block or thread per
+    /// row or element; attention per sequence).
+    fn max_independent_rows(&self) -> usize {
+        MAX_DECODE_ROWS
+    }
+
+    /// In place, with spare capacity (KV caches): decode.rs.
+    fn append_rows(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
+        self.append_rows_in_place(x, y)
+    }
+
+    /// All sequences in one launch (decode.rs, `kernels/decode_attention.cu`).
+    fn attention_decode(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        caches: &mut [KvSlot<'_, CudaTensor>],
+    ) -> Result<CudaTensor> {
+        self.attention_decode_batched(q, k, v, shape, caches)
+    }
+
+    fn slice_rows(&self, x: &CudaTensor, start: usize, end: usize) -> Result<CudaTensor> {
+        ensure!(
+            start <= end && end <= x.rows,
+            "slice_rows {start}..{end} out of {} rows",
+            x.rows
+        );
+        let mut y = self.new_tensor(end - start, x.cols)?;
+        let n = (end - start) * x.cols;
+        if n > 0 {
+            self.stream
+                .memcpy_dtod(
+                    &x.buf.slice(start * x.cols..end * x.cols),
+                    &mut y.buf.slice_mut(0..n),
+                )
+                .map_err(derr("device copy"))?;
+        }
+        Ok(y)
+    }
+
+    fn gather_rows(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
+        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= x.rows) {
+            bail!("gather_rows: row {bad} out of {}", x.rows);
+        }
+        let mut y = self.new_tensor(rows.len(), x.cols)?;
+        if rows.is_empty() {
+            return Ok(y);
+        }
+        let idx = self.upload(rows)?;
+        self.copy_rows(
+            &mut y.buf,
+            x.cols,
+            0,
+            &x.buf,
+            x.cols,
+            0,
+            Some(&idx),
+            rows.len(),
+            x.cols,
+        )?;
+        Ok(y)
+    }
+
+    fn lm_head_topk(&self, x: &CudaTensor, head: &CudaMatrix, k: usize) -> Result<TopK> {
+        ensure!(
+            x.cols == head.inp,
+            "lm_head: hidden has {} columns, head expects {}",
+            x.cols,
+            head.inp
+        );
+        let vocab = head.out;
+        ensure!(
+            vocab > 0 && vocab < i32::MAX as usize,
+            "lm_head: vocabulary of {vocab} rows"
+        );
+        let k = k.clamp(1, vocab);
+        let func = match k {
+            1..=8 => "topk_logsoftmax_k8",
+            9..=16 => "topk_logsoftmax_k16",
+            17..=32 => "topk_logsoftmax_k32",
+            33..=64 => "topk_logsoftmax_k64",
+            _ => bail!("lm_head_topk: k = {k} is above the CUDA kernel's limit of 64"),
+        };
+        let rows = x.rows;
+        if rows == 0 {
+            return Ok(TopK {
+                rows: 0,
+                k,
+                ids: vec![],
+                logprobs: vec![],
+            });
+        }
+        // fp32 logits for at most `chunk` rows at a time (≤ 1 GiB of scratch).
+        let chunk = rows.min(((1usize << 30) / (vocab * 4)).max(1));
+        let scratch = self.alloc::<f32>(chunk * vocab)?;
+        let ids = self.alloc::<u32>(rows * k)?;
+        let lps = self.alloc::<f32>(rows * k)?;
+        let f = self.kernels.get("topk", func)?;
+        let (xp, wp, sp, ip, lp) = (
+            self.ptr(&x.buf),
+            self.ptr(&head.buf),
+            self.ptr(&scratch),
+            self.ptr(&ids),
+            self.ptr(&lps),
+        );
+        let mut start = 0;
+        while start < rows {
+            let n = chunk.min(rows - start);
+            if rows <= MAX_DECODE_ROWS {
+                // Batch-invariant logits (decode.rs): decode steps of any batch size agree.
+                self.decode_gemm_raw(
+                    xp + (start * x.cols * 2) as u64,
+                    n,
+                    wp,
+                    vocab,
+                    head.inp,
+                    sp,
+                    vocab,
+                    decode::Epilogue::F32,
+                )?;
+            } else {
+                self.gemm_raw(
+                    xp + (start * x.cols * 2) as u64,
+                    n,
+                    wp,
+                    vocab,
+                    head.inp,
+                    sp,
+                    blas_sys::cudaDataType::CUDA_R_32F,
+                    0.0,
+                )?;
+            }
+            let (ld, v32, k32) = (vocab as i64, vocab as i32, k as i32);
+            let (ipo, lpo) = (ip + (start * k * 4) as u64, lp + (start * k * 4) as u64);
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&sp).arg(&ld).arg(&v32).arg(&k32).arg(&ipo).arg(&lpo);
+            // SAFETY: (const float*, ll, int, int, u32*, float*); n rows of `vocab` logits in
+            // scratch, n*k outputs from offset start*k.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (n as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr(func))?;
+            start += n;
+        }
+        let mut out_ids = vec![0u32; rows * k];
+        let mut out_lp = vec![0f32; rows * k];
+        self.stream
+            .memcpy_dtoh(&ids.slice(0..rows * k), &mut out_ids)
+            .map_err(derr("device-to-host copy"))?;
+        self.stream
+            .memcpy_dtoh(&lps.slice(0..rows * k), &mut out_lp)
+            .map_err(derr("device-to-host copy"))?;
+        self.synchronize()?;
+        drop(scratch);
+        Ok(TopK {
+            rows,
+            k,
+            ids: out_ids,
+            logprobs: out_lp,
+        })
+    }
+
+    // ---- Hybrid-layer ops: kernels/gdn.cu through gdn.rs (docs/gdn-cuda.md).
+    fn f32_from_host(&self, data: &[f32]) -> Result<gdn::CudaF32> {
+        self.gdn_f32_from_host(data)
+    }
+    fn f32_to_host(&self, b: &gdn::CudaF32) -> Result<Vec<f32>> {
+        self.gdn_f32_to_host(b)
+    }
+    fn f32_copy(&self, b: &gdn::CudaF32) -> Result<gdn::CudaF32> {
+        self.gdn_f32_copy(b)
+    }
+    fn rms_norm_zero_centred(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<CudaTensor> {
+        self.gdn_rms_norm_zc(x, weight, eps, group)
+    }
+    fn gated_rms_norm(
+        &self,
+        x: &CudaTensor,
+        z: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<CudaTensor> {
+        self.gdn_gated_rms_norm(x, z, weight, eps, group)
+    }
+    fn sigmoid_gate_inplace(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<()> {
+        self.gdn_sigmoid_gate(x, gate)
+    }
+    fn causal_conv1d_silu(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        seq_starts: &[usize],
+        states: &mut [&mut CudaTensor],
+    ) -> Result<CudaTensor> {
+        self.gdn_conv1d_silu(x, weight, seq_starts, states)
+    }
+    fn gated_delta_rule(
+        &self,
+        qkv: &CudaTensor,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        params: &crate::backend::GdnParams<'_, Self>,
+        seq_starts: &[usize],
+        states: &mut [&mut gdn::CudaF32],
+    ) -> Result<CudaTensor> {
+        gdn::gated_delta_rule(self, qkv, a, b, params, seq_starts, states)
+    }
+}

@@ -1,0 +1,290 @@
+//! Norms, RoPE and SwiGLU launches (`kernels/elementwise.cu`, `kernels/fused.cu`,
+//! `qk_norm_rope*` in `kernels/attention.cu`), with the RoPE tables cached across layers.
+
+use super::{blocks, derr, CudaBackend, CudaTensor};
+use crate::backend::{AttnShape, Rope, RopeStyle};
+use anyhow::{ensure, Result};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+impl CudaBackend {
+    /// Runs `f` with the device tables RoPE needs — positions (u32) and the inverse frequencies
+    /// of `rope` (f32, HF's `1 / θ^(2i / rotary_dim)`) — uploading each only when it changed
+    /// (every layer of a forward shares them). The caches stay locked while `f` queues its launch.
+    pub(super) fn with_rope_tables<R>(
+        &self,
+        positions: &[u32],
+        rope: &Rope,
+        f: impl FnOnce(&CudaSlice<u32>, &CudaSlice<f32>) -> Result<R>,
+    ) -> Result<R> {
+        let half = rope.rotary_dim / 2;
+        let mut fc = self.freq_cache.lock().unwrap_or_else(|e| e.into_inner());
+        let fkey = (rope.theta.to_bits(), rope.rotary_dim);
+        if !fc.iter().any(|(k, _)| *k == fkey) {
+            // HF: inv_freq = 1 / theta^(2i / rotary_dim), in f32.
+            let inv: Vec<f32> = (0..half)
+                .map(|i| 1.0 / rope.theta.powf((2 * i) as f32 / rope.rotary_dim as f32))
+                .collect();
+            fc.push((fkey, self.upload(&inv)?));
+        }
+        let freqs = &fc
+            .iter()
+            .find(|(k, _)| *k == fkey)
+            .expect("inserted above")
+            .1;
+        let mut pc = self.pos_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if pc
+            .as_ref()
+            .map(|(p, _)| p.as_slice() != positions)
+            .unwrap_or(true)
+        {
+            *pc = Some((positions.to_vec(), self.upload(positions)?));
+        }
+        let pos = &pc.as_ref().expect("filled above").1;
+        f(pos, freqs)
+    }
+
+    /// Per-head RMSNorm (q heads with `q_norm`, k heads with `k_norm`) and RoPE of the q and k
+    /// columns of a fused QKV output `[T, (H + 2·Hkv)·hd]`, in place; the v columns are untouched.
+    /// Bit-identical to `rms_norm(·, group = hd)` followed by `rope_inplace` on the split q and k,
+    /// in one pass instead of four (plus the split copies).
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_norm_rope_packed(
+        &self,
+        qkv: &mut CudaTensor,
+        shape: AttnShape,
+        q_norm: &CudaTensor,
+        k_norm: &CudaTensor,
+        eps: f32,
+        positions: &[u32],
+        rope: &Rope,
+    ) -> Result<()> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        ensure!(
+            qkv.cols == (heads + 2 * kv_heads) * hd,
+            "qk_norm_rope_packed: {} columns, expected (heads {heads} + 2 × {kv_heads}) × {hd}",
+            qkv.cols
+        );
+        ensure!(
+            q_norm.rows * q_norm.cols == hd && k_norm.rows * k_norm.cols == hd,
+            "qk_norm_rope_packed: norm weights must have head_dim = {hd} values"
+        );
+        ensure!(
+            positions.len() == qkv.rows,
+            "qk_norm_rope_packed: {} positions for {} rows",
+            positions.len(),
+            qkv.rows
+        );
+        ensure!(
+            hd > 0 && hd <= 256 && rope.head_dim == hd,
+            "qk_norm_rope_packed: head_dim {hd} (rope's {}) must be 1..=256",
+            rope.head_dim
+        );
+        ensure!(
+            rope.rotary_dim <= hd && rope.rotary_dim.is_multiple_of(2),
+            "qk_norm_rope_packed: bad rotary_dim {}",
+            rope.rotary_dim
+        );
+        let warps = qkv.rows * (heads + kv_heads);
+        if warps == 0 {
+            return Ok(());
+        }
+        // The vectorised kernel covers head dims that are whole 16-byte chunks and rotary parts
+        // that whole chunks cover (rotate-half: pairs a power-of-two number of chunks apart).
+        let rd = rope.rotary_dim;
+        let vec_ok = hd.is_multiple_of(8)
+            && qkv.cols.is_multiple_of(8)
+            && match rope.style {
+                RopeStyle::Interleaved => rd.is_multiple_of(8),
+                RopeStyle::RotateHalf => {
+                    rd.is_multiple_of(16) && (rd == 0 || (rd / 16).is_power_of_two())
+                }
+            };
+        let func = if vec_ok {
+            "qk_norm_rope_vec_bf16"
+        } else {
+            "qk_norm_rope_bf16"
+        };
+        let f = self.kernels.get("attention", func)?;
+        let (ld, rows) = (qkv.cols as i64, qkv.rows as i64);
+        let (hq, hk, hd32, rd) = (
+            heads as i32,
+            kv_heads as i32,
+            hd as i32,
+            rope.rotary_dim as i32,
+        );
+        let inter = matches!(rope.style, RopeStyle::Interleaved) as i32;
+        self.with_rope_tables(positions, rope, |pos, freqs| {
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&mut qkv.buf)
+                .arg(&ld)
+                .arg(&rows)
+                .arg(&hq)
+                .arg(&hk)
+                .arg(&hd32)
+                .arg(&q_norm.buf)
+                .arg(&k_norm.buf)
+                .arg(&eps)
+                .arg(pos)
+                .arg(freqs)
+                .arg(&rd)
+                .arg(&inter);
+            // SAFETY: (bf16*, ll, ll, int, int, int, const bf16*, const bf16*, float, const u32*,
+            // const float*, int, int); shapes checked above.
+            // One block per row (grid-stride past 65 535 rows).
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (qkv.rows.min(65535) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr(func))?;
+            Ok(())
+        })
+    }
+
+    /// Whether `rms_norm_rows_bf16` covers rows of `cols` values: a multiple of 256 up to 4096
+    /// (the kernel's RMS_MAX_CHUNKS = 16 chunks of 8 values per lane of a warp).
+    pub(super) fn rows_kernel_fits(cols: usize) -> bool {
+        cols.is_multiple_of(256) && cols > 0 && cols <= 256 * 16
+    }
+
+    /// [`Backend::rms_norm`] over whole rows (group = cols), bit-identical, with every load of a
+    /// row in flight at once and one read of it (`kernels/fused.cu`); rows whose width is not a
+    /// multiple of 256 up to 4096 go to the grouped kernel (as [`Backend::rms_norm`] routes them).
+    pub fn rms_norm_rows(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        let cols = x.cols;
+        if !Self::rows_kernel_fits(cols) {
+            return self.rms_norm_groups(x, weight, eps, cols);
+        }
+        ensure!(
+            weight.rows * weight.cols == cols,
+            "rms_norm_rows: weight has {} values, rows have {cols}",
+            weight.rows * weight.cols
+        );
+        let mut y = self.new_tensor(x.rows, cols)?;
+        if x.rows == 0 {
+            return Ok(y);
+        }
+        let f = self.kernels.get("elementwise", "rms_norm_rows_bf16")?;
+        let (rows, c32) = (x.rows as i64, cols as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.buf)
+            .arg(&weight.buf)
+            .arg(&mut y.buf)
+            .arg(&rows)
+            .arg(&c32)
+            .arg(&eps);
+        // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float); one warp per row, 8 per block;
+        // cols is a multiple of 256 up to 4096 (the kernel's RMS_MAX_CHUNKS = 16 chunks per lane).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks(x.rows, 8), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("rms_norm_rows_bf16"))?;
+        Ok(y)
+    }
+
+    /// SwiGLU of a fused gate|up output `[T, 2·I]` → `[T, I]` (same arithmetic as
+    /// [`Backend::swiglu`] on the two halves).
+    pub fn swiglu_packed(&self, gu: &CudaTensor) -> Result<CudaTensor> {
+        ensure!(
+            gu.cols.is_multiple_of(2),
+            "swiglu_packed: {} columns is not gate|up",
+            gu.cols
+        );
+        let inter = gu.cols / 2;
+        let mut y = self.new_tensor(gu.rows, inter)?;
+        let n = gu.rows * inter;
+        if n == 0 {
+            return Ok(y);
+        }
+        // kernels/fused.cu: 2-D grid, rows on y (grid-stride past 65 535), 8 columns per thread.
+        let f = self.kernels.get("elementwise", "swiglu_packed_rows_bf16")?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks(inter.div_ceil(8), 256), gu.rows.min(65535) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (rows, i32c) = (gu.rows as i64, inter as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&gu.buf).arg(&mut y.buf).arg(&rows).arg(&i32c);
+        // SAFETY: (const bf16*, bf16*, ll, int); gu holds rows × 2·inter values.
+        unsafe { b.launch(cfg) }.map_err(derr("swiglu_packed_rows_bf16"))?;
+        Ok(y)
+    }
+
+    /// [`Backend::rms_norm`] with the grouped kernel (one warp per group of any width).
+    pub(super) fn rms_norm_groups(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<CudaTensor> {
+        ensure!(
+            group > 0 && x.cols.is_multiple_of(group),
+            "rms_norm: {} columns are not a multiple of group {group}",
+            x.cols
+        );
+        ensure!(
+            weight.rows * weight.cols == group,
+            "rms_norm: weight has {} values, group is {group}",
+            weight.rows * weight.cols
+        );
+        ensure!(group < i32::MAX as usize, "rms_norm: group too large");
+        let mut y = self.new_tensor(x.rows, x.cols)?;
+        let n_groups = x.rows * (x.cols / group);
+        if n_groups == 0 {
+            return Ok(y);
+        }
+        let f = self.kernels.get("elementwise", "rms_norm_bf16")?;
+        let (ng, g) = (n_groups as i64, group as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.buf)
+            .arg(&weight.buf)
+            .arg(&mut y.buf)
+            .arg(&ng)
+            .arg(&g)
+            .arg(&eps);
+        // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float); one warp per group, 8 per block.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks(n_groups, 8), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("rms_norm_bf16"))?;
+        Ok(y)
+    }
+
+    pub(super) fn unary_launch(
+        &self,
+        func: &'static str,
+        n: usize,
+        per_thread: usize,
+    ) -> Result<(cudarc::driver::CudaFunction, LaunchConfig)> {
+        let f = self.kernels.get("elementwise", func)?;
+        Ok((
+            f,
+            LaunchConfig {
+                grid_dim: (blocks(n.div_ceil(per_thread), 256), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            },
+        ))
+    }
+}

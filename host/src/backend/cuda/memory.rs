@@ -1,0 +1,265 @@
+//! Device buffers of the backend: allocation, host↔device copies, random fills for benchmarks,
+//! and row/column copies (`copy_rows_bf16`) behind concatenation, splitting, embedding and gathers.
+//! Weight uploads from checkpoint bytes are in `upload.rs`.
+
+use super::{blocks, derr, CudaBackend, CudaMatrix, CudaTensor};
+use anyhow::{anyhow, ensure, Result};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use half::bf16;
+
+impl CudaBackend {
+    pub(super) fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: every caller writes all `n` elements before anything reads them. A zero-length
+        // request allocates one element so that every buffer has a valid device address.
+        unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| {
+            anyhow!(
+                "cuda: allocating {} bytes: {e}",
+                n * std::mem::size_of::<T>()
+            )
+        })
+    }
+
+    pub(super) fn new_tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
+        Ok(CudaTensor {
+            buf: self.alloc(rows * cols)?,
+            rows,
+            cols,
+        })
+    }
+
+    pub(super) fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        s.device_ptr(&self.stream).0
+    }
+
+    pub(super) fn upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        let mut buf = self.alloc::<T>(data.len())?;
+        if !data.is_empty() {
+            self.stream
+                .memcpy_htod(data, &mut buf.slice_mut(0..data.len()))
+                .map_err(derr("host-to-device copy"))?;
+        }
+        Ok(buf)
+    }
+
+    /// A tensor of random bf16 values (uniform, the given mean and standard deviation), generated
+    /// on the device: benchmark weights and activations need no host memory or transfers.
+    pub fn random_tensor(
+        &self,
+        rows: usize,
+        cols: usize,
+        std_dev: f32,
+        mean: f32,
+        seed: u64,
+    ) -> Result<CudaTensor> {
+        let mut t = self.new_tensor(rows, cols)?;
+        self.fill_random(&mut t.buf, rows * cols, std_dev, mean, seed)?;
+        Ok(t)
+    }
+
+    /// A random weight `[out, inp]` (uniform, zero mean, standard deviation `std_dev`).
+    pub fn random_matrix(
+        &self,
+        out: usize,
+        inp: usize,
+        std_dev: f32,
+        seed: u64,
+    ) -> Result<CudaMatrix> {
+        let mut buf = self.alloc(out * inp)?;
+        self.fill_random(&mut buf, out * inp, std_dev, 0.0, seed)?;
+        Ok(CudaMatrix { buf, out, inp })
+    }
+
+    pub(super) fn fill_random(
+        &self,
+        buf: &mut CudaSlice<bf16>,
+        n: usize,
+        std_dev: f32,
+        mean: f32,
+        seed: u64,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.kernels.get("elementwise", "fill_random_bf16")?;
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(buf).arg(&n64).arg(&seed).arg(&std_dev).arg(&mean);
+        // SAFETY: kernel signature (bf16*, long long, u64, float, float); buf holds n elements.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks(n, 256), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("fill_random_bf16"))?;
+        Ok(())
+    }
+
+    /// The raw bf16 values of a tensor (half the bytes of [`Backend::to_host`]).
+    pub fn to_host_bf16(&self, t: &CudaTensor) -> Result<Vec<bf16>> {
+        let n = t.rows * t.cols;
+        let mut out = vec![bf16::ZERO; n];
+        if n > 0 {
+            self.stream
+                .memcpy_dtoh(&t.buf.slice(0..n), &mut out)
+                .map_err(derr("device-to-host copy"))?;
+        }
+        self.synchronize()?;
+        Ok(out)
+    }
+
+    /// Page-locked host memory for `n` bf16 values (fast device-to-host copies of taps).
+    pub fn alloc_pinned_bf16(&self, n: usize) -> Result<cudarc::driver::PinnedHostSlice<bf16>> {
+        // SAFETY: the memory is only written by device copies before it is read.
+        unsafe { self.ctx.alloc_pinned::<bf16>(n.max(1)) }
+            .map_err(derr("allocating pinned host memory"))
+    }
+
+    /// Queues a copy of `t` into `dst[offset..offset + rows·cols]` (page-locked, so the copy runs
+    /// at the host link's speed and is asynchronous: call [`CudaBackend::synchronize`] before reading).
+    pub fn copy_to_pinned(
+        &self,
+        t: &CudaTensor,
+        dst: &mut cudarc::driver::PinnedHostSlice<bf16>,
+        offset: usize,
+    ) -> Result<()> {
+        let n = t.rows * t.cols;
+        ensure!(
+            offset + n <= dst.len(),
+            "pinned buffer of {} values is too small for {} at offset {offset}",
+            dst.len(),
+            n
+        );
+        if n == 0 {
+            return Ok(());
+        }
+        let host = dst.as_mut_slice().map_err(derr("pinned buffer"))?;
+        self.stream
+            .memcpy_dtoh(&t.buf.slice(0..n), &mut host[offset..offset + n])
+            .map_err(derr("device-to-host copy"))
+    }
+
+    /// A weight from raw bf16 values (checkpoint tensors already in bf16 skip the f32 round trip).
+    pub fn matrix_bf16(&self, data: &[bf16], out: usize, inp: usize) -> Result<CudaMatrix> {
+        ensure!(
+            data.len() == out * inp,
+            "weight data has {} values, shape [{out}, {inp}] needs {}",
+            data.len(),
+            out * inp
+        );
+        Ok(CudaMatrix {
+            buf: self.upload(data)?,
+            out,
+            inp,
+        })
+    }
+
+    /// A copy of a tensor on the device (hidden-state taps: the residual stream is updated in place).
+    pub fn clone_tensor(&self, t: &CudaTensor) -> Result<CudaTensor> {
+        let mut o = self.new_tensor(t.rows, t.cols)?;
+        let n = t.rows * t.cols;
+        if n > 0 {
+            self.stream
+                .memcpy_dtod(&t.buf.slice(0..n), &mut o.buf.slice_mut(0..n))
+                .map_err(derr("device copy"))?;
+        }
+        Ok(o)
+    }
+
+    /// Stacks weights `[out_i, in]` into one `[Σ out_i, in]` matrix (fused QKV or gate|up
+    /// projections: one large GEMM instead of several narrow ones).
+    pub fn concat_matrices(&self, parts: &[&CudaMatrix]) -> Result<CudaMatrix> {
+        let inp = parts.first().map(|p| p.inp).unwrap_or(0);
+        ensure!(
+            parts.iter().all(|p| p.inp == inp),
+            "concat_matrices: input widths differ"
+        );
+        let out: usize = parts.iter().map(|p| p.out).sum();
+        let mut buf = self.alloc::<bf16>(out * inp)?;
+        let mut off = 0;
+        for p in parts {
+            let n = p.out * p.inp;
+            if n > 0 {
+                self.stream
+                    .memcpy_dtod(&p.buf.slice(0..n), &mut buf.slice_mut(off..off + n))
+                    .map_err(derr("device copy"))?;
+            }
+            off += n;
+        }
+        Ok(CudaMatrix { buf, out, inp })
+    }
+
+    /// Splits the columns of `x` into consecutive tensors of the given widths (the outputs of a
+    /// fused projection).
+    pub fn split_cols(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
+        ensure!(
+            widths.iter().sum::<usize>() == x.cols,
+            "split_cols: widths {widths:?} do not add up to {} columns",
+            x.cols
+        );
+        let mut out = Vec::with_capacity(widths.len());
+        let mut c0 = 0;
+        for &w in widths {
+            let mut t = self.new_tensor(x.rows, w)?;
+            self.copy_rows(&mut t.buf, w, 0, &x.buf, x.cols, c0, None, x.rows, w)?;
+            out.push(t);
+            c0 += w;
+        }
+        Ok(out)
+    }
+
+    /// Copies columns `src_col0..src_col0 + cols` of rows of `src` (all of them, or those listed in
+    /// `idx`) into columns `dst_col0..dst_col0 + cols` of `dst`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn copy_rows(
+        &self,
+        dst: &mut CudaSlice<bf16>,
+        dst_ld: usize,
+        dst_col0: usize,
+        src: &CudaSlice<bf16>,
+        src_ld: usize,
+        src_col0: usize,
+        idx: Option<&CudaSlice<u32>>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        ensure!(
+            rows <= i32::MAX as usize,
+            "copy of {rows} rows is too large for one launch"
+        );
+        let f = self.kernels.get("elementwise", "copy_rows_bf16")?;
+        let (dst_ld, dst_col0, src_ld, src_col0, rows64, cols32) = (
+            dst_ld as i64,
+            dst_col0 as i64,
+            src_ld as i64,
+            src_col0 as i64,
+            rows as i64,
+            cols as i32,
+        );
+        let idx_ptr: u64 = idx.map(|i| self.ptr(i)).unwrap_or(0);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(dst)
+            .arg(&dst_ld)
+            .arg(&dst_col0)
+            .arg(src)
+            .arg(&src_ld)
+            .arg(&src_col0)
+            .arg(&idx_ptr)
+            .arg(&rows64)
+            .arg(&cols32);
+        // SAFETY: signature (bf16*, ll, ll, const bf16*, ll, ll, const u32*, ll, int); shapes checked by callers.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("copy_rows_bf16"))?;
+        Ok(())
+    }
+}
