@@ -12,54 +12,60 @@
 use crate::cache::{CacheKey, CachedTensor, HiddenCache};
 use anyhow::{anyhow, Result};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-/// What the writer thread is asked to do.
-enum Job {
-    /// Build the tensors (on the writer thread: converting and copying them is part of the work
-    /// moved off the main thread) and store them under the key.
-    Put(CacheKey, Box<dyn FnOnce() -> Vec<CachedTensor> + Send>),
-    /// Reply once every earlier job is done.
-    Flush(SyncSender<()>),
+/// One entry to store: the key, and the closure that builds its tensors (run on a writer thread:
+/// converting and copying them is part of the work moved off the main thread).
+type Job = (CacheKey, Box<dyn FnOnce() -> Vec<CachedTensor> + Send>);
+
+/// What the writers share with the producer.
+#[derive(Default)]
+struct Shared {
+    /// Entries queued or being written, and the first error not yet reported.
+    state: Mutex<(usize, Option<anyhow::Error>)>,
+    /// Signalled when the pending count reaches zero.
+    idle: Condvar,
 }
 
 pub struct CacheWriter {
     tx: Option<SyncSender<Job>>,
-    thread: Option<JoinHandle<()>>,
-    /// The first error of the writer thread, not yet reported.
-    error: Arc<Mutex<Option<anyhow::Error>>>,
+    threads: Vec<JoinHandle<()>>,
+    shared: Arc<Shared>,
 }
 
 impl CacheWriter {
     /// Entries queued before [`CacheWriter::put`] blocks (an 8B target's entry with 5 taps of a
     /// 300-token sequence is about 12 MB in bf16).
     pub const DEPTH: usize = 32;
+    /// Writer threads: each entry ends with two fsyncs, which a single thread waits for one
+    /// after another (the H200 host's disk left a 1–2 s tail after the GPU work with one).
+    pub const THREADS: usize = 4;
 
     pub fn new(cache: HiddenCache) -> CacheWriter {
         let (tx, rx) = sync_channel::<Job>(Self::DEPTH);
-        let error = Arc::new(Mutex::new(None));
-        let err = error.clone();
-        let thread = std::thread::Builder::new()
-            .name("cache-writer".into())
-            .spawn(move || work(cache, rx, err));
-        match thread {
-            Ok(h) => CacheWriter {
-                tx: Some(tx),
-                thread: Some(h),
-                error,
-            },
-            // No thread: every put is written by the caller (see `put`).
-            Err(_) => CacheWriter {
-                tx: None,
-                thread: None,
-                error,
-            },
+        let rx = Arc::new(Mutex::new(rx));
+        let shared = Arc::new(Shared::default());
+        let threads: Vec<JoinHandle<()>> = (0..Self::THREADS)
+            .filter_map(|i| {
+                let (cache, rx, shared) = (cache.clone(), rx.clone(), shared.clone());
+                std::thread::Builder::new()
+                    .name(format!("cache-writer-{i}"))
+                    .spawn(move || work(cache, rx, shared))
+                    .ok()
+            })
+            .collect();
+        CacheWriter {
+            // No thread could start: every put is written by the caller (see `put`).
+            tx: (!threads.is_empty()).then_some(tx),
+            threads,
+            shared,
         }
     }
 
     fn take_error(&self) -> Result<()> {
-        match self.error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        match st.1.take() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -73,42 +79,54 @@ impl CacheWriter {
         tensors: impl FnOnce() -> Vec<CachedTensor> + Send + 'static,
     ) -> Result<()> {
         self.take_error()?;
-        match &self.tx {
-            Some(tx) => tx
-                .send(Job::Put(key, Box::new(tensors)))
-                .map_err(|_| anyhow!("the cache writer thread stopped")),
-            None => cache.put(&key, &tensors()).map(|_| ()),
-        }
+        let Some(tx) = &self.tx else {
+            return cache.put(&key, &tensors()).map(|_| ());
+        };
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0 += 1;
+        tx.send((key, Box::new(tensors))).map_err(|_| {
+            self.shared
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .0 -= 1;
+            anyhow!("the cache writer threads stopped")
+        })
     }
 
     /// Wait until every queued entry is written; the first error of any of them.
     pub fn flush(&self) -> Result<()> {
-        if let Some(tx) = &self.tx {
-            let (done_tx, done_rx) = sync_channel(1);
-            tx.send(Job::Flush(done_tx))
-                .map_err(|_| anyhow!("the cache writer thread stopped"))?;
-            done_rx
-                .recv()
-                .map_err(|_| anyhow!("the cache writer thread stopped"))?;
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        while st.0 > 0 {
+            st = self.shared.idle.wait(st).unwrap_or_else(|e| e.into_inner());
         }
-        self.take_error()
+        match st.1.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 
-fn work(cache: HiddenCache, rx: Receiver<Job>, error: Arc<Mutex<Option<anyhow::Error>>>) {
-    for job in rx {
-        match job {
-            Job::Put(key, tensors) => {
-                let _t = crate::timeline::background("cache write");
-                if let Err(e) = cache.put(&key, &tensors()) {
-                    let mut slot = error.lock().unwrap_or_else(|e| e.into_inner());
-                    // Keep the first error; later ones are usually the same disk problem.
-                    slot.get_or_insert(e);
-                }
-            }
-            Job::Flush(done) => {
-                let _ = done.send(());
-            }
+fn work(cache: HiddenCache, rx: Arc<Mutex<Receiver<Job>>>, shared: Arc<Shared>) {
+    loop {
+        // The lock is held only to take the next job, not while writing it.
+        let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        let Ok((key, tensors)) = job else { return };
+        let result = {
+            let _t = crate::timeline::background("cache write");
+            cache.put(&key, &tensors())
+        };
+        let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = result {
+            // Keep the first error; later ones are usually the same disk problem.
+            st.1.get_or_insert(e);
+        }
+        st.0 -= 1;
+        if st.0 == 0 {
+            shared.idle.notify_all();
         }
     }
 }
@@ -118,10 +136,10 @@ impl Drop for CacheWriter {
     /// computed); an error here can only be logged.
     fn drop(&mut self) {
         drop(self.tx.take());
-        if let Some(h) = self.thread.take() {
+        for h in self.threads.drain(..) {
             let _ = h.join();
         }
-        if let Ok(Some(e)) = self.error.lock().map(|mut e| e.take()) {
+        if let Err(e) = self.take_error() {
             tracing::warn!("a cache entry was not written: {e:#}");
         }
     }
@@ -185,7 +203,7 @@ mod tests {
         let err = w.flush().unwrap_err();
         assert!(format!("{err:#}").contains("cannot encode"), "{err:#}");
         assert!(cache.get(&key(1)).unwrap().is_none());
-        // Reported once; the writer keeps working.
+        // Reported once; the writers keep working.
         w.put(&cache, key(2), || vec![]).unwrap();
         w.flush().unwrap();
     }

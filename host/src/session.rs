@@ -457,7 +457,7 @@ impl<B: Backend> Session<B> {
         for group in misses.chunks(batch) {
             let group_prompts: Vec<&[u32]> = group.iter().map(|(n, _)| prompts[*n]).collect();
             let decoded = greedy_batch(&self.be, self.model()?, &group_prompts, max_new, &eos)?;
-            let _phase = crate::timeline::phase("cache write");
+            let _phase = crate::timeline::phase("cache write (continuations)");
             for ((n, key), c) in group.iter().zip(decoded) {
                 self.cache.put(key, &continuation_tensors(&c))?;
                 out[*n] = Some(c);
