@@ -575,10 +575,16 @@ impl<B: Backend> Session<B> {
         for pack in packs.iter().filter(|p| !p.is_empty()) {
             let seq_ids: Vec<&[u32]> = pack.iter().map(|(n, _)| seqs[*n]).collect();
             let computed = self.packed_pass(&seq_ids, capture, k)?;
-            for ((n, key), pass) in pack.iter().zip(computed) {
-                let entry = PassEntry::of(&pass);
+            // The entries' hidden states are converted here, on all cores, so the queue holds
+            // bf16 (half of an f32 copy) and the main thread waits for no single-core loop.
+            use rayon::prelude::*;
+            let entries: Vec<PassEntry> = computed
+                .par_iter()
+                .map(|p| PassEntry::of(p, bf16))
+                .collect();
+            for (((n, key), pass), entry) in pack.iter().zip(computed).zip(entries) {
                 self.writer
-                    .put(&self.cache, key.clone(), move || entry.tensors(bf16))?;
+                    .put(&self.cache, key.clone(), move || entry.tensors())?;
                 passes[*n] = Some(pass);
             }
         }
@@ -677,35 +683,44 @@ impl<T> Packer<T> {
 struct PassEntry {
     rows: usize,
     hidden_size: usize,
-    hidden: Vec<(usize, Vec<f32>)>,
+    hidden: Vec<(usize, CachedData)>,
     topk: TopK,
 }
 
 impl PassEntry {
-    fn of(p: &TargetPass) -> PassEntry {
+    /// The hidden states in bf16 when `bf16` (they were computed in bf16, so nothing is
+    /// rounded), else f32.
+    fn of(p: &TargetPass, bf16: bool) -> PassEntry {
+        let hidden = p
+            .hidden
+            .iter()
+            .map(|(i, h)| {
+                let data = if bf16 {
+                    CachedData::BF16(half::vec::HalfFloatVecExt::from_f32_slice(h))
+                } else {
+                    CachedData::F32(h.clone())
+                };
+                (*i, data)
+            })
+            .collect();
         PassEntry {
             rows: p.ids.len(),
             hidden_size: p.hidden_size,
-            hidden: p.hidden.clone(),
+            hidden,
             topk: p.topk.clone(),
         }
     }
 
-    /// The entry's tensors (the layout [`decode_pass`] reads), the hidden states in bf16 when
-    /// `bf16` (they were computed in bf16, so nothing is rounded) else f32.
-    fn tensors(self, bf16: bool) -> Vec<CachedTensor> {
+    /// The entry's tensors (the layout [`decode_pass`] reads).
+    fn tensors(self) -> Vec<CachedTensor> {
         let (t, d, k) = (self.rows, self.hidden_size, self.topk.k);
         let mut tensors: Vec<CachedTensor> = self
             .hidden
             .into_iter()
-            .map(|(i, h)| CachedTensor {
+            .map(|(i, data)| CachedTensor {
                 name: format!("hs.{i}"),
                 shape: vec![t, d],
-                data: if bf16 {
-                    CachedData::BF16(half::vec::HalfFloatVecExt::from_f32_slice(&h))
-                } else {
-                    CachedData::F32(h)
-                },
+                data,
             })
             .collect();
         tensors.push(CachedTensor {
