@@ -15,7 +15,7 @@ use draftlens::backend::cuda::bench::{copy_bandwidth, gemm_tflops, time_median};
 use draftlens::backend::cuda::{CudaBackend, GemmMode};
 use draftlens::backend::{AttnShape, Backend};
 use draftlens::drafter::random::{write_random_checkpoint, RandomDrafter};
-use draftlens::drafter::DFlashDrafter;
+use draftlens::drafter::{DFlashDrafter, DraftOptions};
 use draftlens::model::random::{qwen3_8b_spec, RandomWeights};
 use draftlens::model::transformer::{Attention, Mixer};
 use draftlens::model::{Capture, ModelSpec, TargetModel};
@@ -585,7 +585,17 @@ fn main() -> Result<()> {
                 .chunks(anchors_per_call)
                 .zip(anchor_tok.chunks(anchors_per_call))
             {
-                drafter.draft(&be, &model, &ctx, ch, tk, false, 8)?;
+                drafter.draft(
+                    &be,
+                    &model,
+                    &ctx,
+                    ch,
+                    tk,
+                    DraftOptions {
+                        ctx_inclusive: false,
+                        top_k: 8,
+                    },
+                )?;
             }
             Ok(())
         })?;

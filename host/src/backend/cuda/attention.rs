@@ -122,7 +122,6 @@ impl CudaBackend {
         intervals: impl FnOnce() -> Result<Vec<i32>>,
         reverse: bool,
     ) -> Result<CudaTensor> {
-        shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
         let io = AttnIo {
             q: self.ptr(&q.buf),
             q_ld: q.cols,

@@ -24,13 +24,7 @@ impl Backend for CudaBackend {
         "bf16"
     }
 
-    fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor> {
-        ensure!(
-            data.len() == rows * cols,
-            "tensor data has {} values, shape [{rows}, {cols}] needs {}",
-            data.len(),
-            rows * cols
-        );
+    fn from_host_impl(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor> {
         let h: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
         Ok(CudaTensor {
             buf: self.upload(&h)?,
@@ -44,13 +38,7 @@ impl Backend for CudaBackend {
     fn dims(&self, t: &CudaTensor) -> (usize, usize) {
         (t.rows, t.cols)
     }
-    fn matrix(&self, data: &[f32], out: usize, inp: usize) -> Result<CudaMatrix> {
-        ensure!(
-            data.len() == out * inp,
-            "weight data has {} values, shape [{out}, {inp}] needs {}",
-            data.len(),
-            out * inp
-        );
+    fn matrix_impl(&self, data: &[f32], out: usize, inp: usize) -> Result<CudaMatrix> {
         let h: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
         Ok(CudaMatrix {
             buf: self.upload(&h)?,
@@ -69,13 +57,7 @@ impl Backend for CudaBackend {
         self.free_device_memory()
     }
 
-    fn matmul(&self, x: &CudaTensor, w: &CudaMatrix) -> Result<CudaTensor> {
-        ensure!(
-            x.cols == w.inp,
-            "matmul: input has {} columns, weight expects {}",
-            x.cols,
-            w.inp
-        );
+    fn matmul_impl(&self, x: &CudaTensor, w: &CudaMatrix) -> Result<CudaTensor> {
         let y = self.new_tensor(x.rows, w.out)?;
         if x.rows <= MAX_DECODE_ROWS {
             // Batch-invariant: a row's bits do not depend on its batch-mates (decode.rs).
@@ -104,13 +86,7 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn add_row_bias(&self, x: &mut CudaTensor, bias: &CudaTensor) -> Result<()> {
-        ensure!(
-            bias.rows * bias.cols == x.cols,
-            "bias has {} values, rows have {}",
-            bias.rows * bias.cols,
-            x.cols
-        );
+    fn add_row_bias_impl(&self, x: &mut CudaTensor, bias: &CudaTensor) -> Result<()> {
         let n = x.rows * x.cols;
         if n == 0 {
             return Ok(());
@@ -124,15 +100,7 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn add_inplace(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
-        ensure!(
-            (x.rows, x.cols) == (y.rows, y.cols),
-            "add: shapes [{}, {}] and [{}, {}] differ",
-            x.rows,
-            x.cols,
-            y.rows,
-            y.cols
-        );
+    fn add_inplace_impl(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
         let n = x.rows * x.cols;
         if n == 0 {
             return Ok(());
@@ -149,7 +117,7 @@ impl Backend for CudaBackend {
     /// Whole-row norms (group = cols) go to [`CudaBackend::rms_norm_rows`] when its
     /// preconditions hold (bit-identical, one read of each row with every load in flight at once:
     /// the layer norms of every forward); per-head norms to the grouped kernel.
-    fn rms_norm(
+    fn rms_norm_impl(
         &self,
         x: &CudaTensor,
         weight: &CudaTensor,
@@ -163,24 +131,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn rope_inplace(&self, x: &mut CudaTensor, positions: &[u32], rope: &Rope) -> Result<()> {
-        ensure!(
-            positions.len() == x.rows,
-            "rope: {} positions for {} rows",
-            positions.len(),
-            x.rows
-        );
-        ensure!(
-            rope.head_dim > 0 && x.cols.is_multiple_of(rope.head_dim),
-            "rope: {} columns are not whole heads of {}",
-            x.cols,
-            rope.head_dim
-        );
-        ensure!(
-            rope.rotary_dim <= rope.head_dim && rope.rotary_dim.is_multiple_of(2),
-            "rope: bad rotary_dim {}",
-            rope.rotary_dim
-        );
+    fn rope_inplace_impl(&self, x: &mut CudaTensor, positions: &[u32], rope: &Rope) -> Result<()> {
         let half = rope.rotary_dim / 2;
         let n_heads = x.cols / rope.head_dim;
         let total = x.rows * n_heads * half;
@@ -218,7 +169,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn attention(
+    fn attention_impl(
         &self,
         q: &CudaTensor,
         k: &CudaTensor,
@@ -239,7 +190,7 @@ impl Backend for CudaBackend {
         )
     }
 
-    fn attention_varlen(
+    fn attention_varlen_impl(
         &self,
         q: &CudaTensor,
         k: &CudaTensor,
@@ -247,12 +198,6 @@ impl Backend for CudaBackend {
         shape: AttnShape,
         seq_starts: &[usize],
     ) -> Result<CudaTensor> {
-        ensure!(
-            q.rows == k.rows,
-            "attention_varlen: q has {} rows, k/v {}",
-            q.rows,
-            k.rows
-        );
         let rows = q.rows;
         self.attention_with(
             q,
@@ -291,11 +236,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn swiglu(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
-        ensure!(
-            (gate.rows, gate.cols) == (up.rows, up.cols),
-            "swiglu: gate and up shapes differ"
-        );
+    fn swiglu_impl(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
         let mut y = self.new_tensor(gate.rows, gate.cols)?;
         let n = gate.rows * gate.cols;
         if n == 0 {
@@ -320,13 +261,7 @@ impl Backend for CudaBackend {
         CudaBackend::matmul_acc(self, x, w, acc)
     }
 
-    fn embed(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= table.out) {
-            bail!(
-                "token id {bad} is outside the embedding table ({} rows)",
-                table.out
-            );
-        }
+    fn embed_impl(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
         let mut y = self.new_tensor(ids.len(), table.inp)?;
         if ids.is_empty() {
             return Ok(y);
@@ -346,12 +281,8 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn concat_rows(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
+    fn concat_rows_impl(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
         let cols = parts.first().map(|p| p.cols).unwrap_or(0);
-        ensure!(
-            parts.iter().all(|p| p.cols == cols),
-            "concat_rows: column counts differ"
-        );
         let rows: usize = parts.iter().map(|p| p.rows).sum();
         let mut y = self.new_tensor(rows, cols)?;
         let mut off = 0;
@@ -367,12 +298,8 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn concat_cols(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
+    fn concat_cols_impl(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
         let rows = parts.first().map(|p| p.rows).unwrap_or(0);
-        ensure!(
-            parts.iter().all(|p| p.rows == rows),
-            "concat_cols: row counts differ"
-        );
         let cols: usize = parts.iter().map(|p| p.cols).sum();
         let mut y = self.new_tensor(rows, cols)?;
         let mut c0 = 0;
@@ -383,8 +310,16 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn split_cols(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
-        CudaBackend::split_cols(self, x, widths)
+    fn split_cols_impl(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
+        let mut out = Vec::with_capacity(widths.len());
+        let mut c0 = 0;
+        for &w in widths {
+            let mut t = self.new_tensor(x.rows, w)?;
+            self.copy_rows(&mut t.buf, w, 0, &x.buf, x.cols, c0, None, x.rows, w)?;
+            out.push(t);
+            c0 += w;
+        }
+        Ok(out)
     }
 
     /// [`MAX_DECODE_ROWS`]: up to 64 rows every GEMM runs on the batch-invariant decode kernel
@@ -395,7 +330,7 @@ impl Backend for CudaBackend {
     }
 
     /// In place, with spare capacity (KV caches): decode.rs.
-    fn append_rows(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
+    fn append_rows_impl(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
         self.append_rows_in_place(x, y)
     }
 
@@ -411,12 +346,7 @@ impl Backend for CudaBackend {
         self.attention_decode_batched(q, k, v, shape, caches)
     }
 
-    fn slice_rows(&self, x: &CudaTensor, start: usize, end: usize) -> Result<CudaTensor> {
-        ensure!(
-            start <= end && end <= x.rows,
-            "slice_rows {start}..{end} out of {} rows",
-            x.rows
-        );
+    fn slice_rows_impl(&self, x: &CudaTensor, start: usize, end: usize) -> Result<CudaTensor> {
         let mut y = self.new_tensor(end - start, x.cols)?;
         let n = (end - start) * x.cols;
         if n > 0 {
@@ -430,10 +360,7 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn gather_rows(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
-        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= x.rows) {
-            bail!("gather_rows: row {bad} out of {}", x.rows);
-        }
+    fn gather_rows_impl(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
         let mut y = self.new_tensor(rows.len(), x.cols)?;
         if rows.is_empty() {
             return Ok(y);
@@ -453,13 +380,7 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn lm_head_topk(&self, x: &CudaTensor, head: &CudaMatrix, k: usize) -> Result<TopK> {
-        ensure!(
-            x.cols == head.inp,
-            "lm_head: hidden has {} columns, head expects {}",
-            x.cols,
-            head.inp
-        );
+    fn lm_head_topk_impl(&self, x: &CudaTensor, head: &CudaMatrix, k: usize) -> Result<TopK> {
         let vocab = head.out;
         ensure!(
             vocab > 0 && vocab < i32::MAX as usize,

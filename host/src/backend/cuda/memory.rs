@@ -190,25 +190,6 @@ impl CudaBackend {
         Ok(CudaMatrix { buf, out, inp })
     }
 
-    /// Splits the columns of `x` into consecutive tensors of the given widths (the outputs of a
-    /// fused projection).
-    pub fn split_cols(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
-        ensure!(
-            widths.iter().sum::<usize>() == x.cols,
-            "split_cols: widths {widths:?} do not add up to {} columns",
-            x.cols
-        );
-        let mut out = Vec::with_capacity(widths.len());
-        let mut c0 = 0;
-        for &w in widths {
-            let mut t = self.new_tensor(x.rows, w)?;
-            self.copy_rows(&mut t.buf, w, 0, &x.buf, x.cols, c0, None, x.rows, w)?;
-            out.push(t);
-            c0 += w;
-        }
-        Ok(out)
-    }
-
     /// Copies columns `src_col0..src_col0 + cols` of rows of `src` (all of them, or those listed in
     /// `idx`) into columns `dst_col0..dst_col0 + cols` of `dst`.
     #[allow(clippy::too_many_arguments)]
