@@ -470,6 +470,7 @@ pub trait Backend: Send + Sync + 'static {
     // (one message per misfit, here, for every backend). A backend overrides the public method
     // only for a fused path whose own preconditions differ. ----
 
+    #[allow(clippy::wrong_self_convention)] // named after `from_host`, as every `*_impl`
     fn from_host_impl(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
     fn matrix_impl(&self, data: &[f32], out: usize, inp: usize) -> Result<Self::Matrix>;
     fn matmul_impl(&self, x: &Self::Tensor, w: &Self::Matrix) -> Result<Self::Tensor>;

@@ -38,7 +38,8 @@ fn jobs(mask: &AttnMask, iv: &[KeyIntervals]) -> Vec<Job> {
             let q_rows = r0..(r0 + rows_per_job).min(iv.len());
             let rows = &iv[q_rows.clone()];
             let first_end = rows.iter().map(|r| r.first.end).max().unwrap_or(0);
-            let mut spans = vec![0..first_end];
+            let mut spans = Vec::with_capacity(2);
+            spans.push(0..first_end);
             let seconds = || rows.iter().map(|r| &r.second).filter(|s| !s.is_empty());
             if let (Some(lo), Some(hi)) = (
                 seconds().map(|s| s.start).min(),

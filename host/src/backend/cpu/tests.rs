@@ -155,7 +155,7 @@ fn block_attention_matches_naive_for_every_mask_option() {
                         }
                         anchors[b] + ko
                     };
-                    window.map_or(true, |w| kpos + w > qpos)
+                    window.is_none_or(|w| kpos + w > qpos)
                 });
                 assert!(
                     max_diff(&got, &want) < 1e-5,

@@ -1,7 +1,9 @@
 //! `impl Backend for CudaBackend`: the trait's ops, each a launch or a call into the modules
 //! beside this one.
 
-use super::attention::MaskKey;
+use super::gemm::GemmOperands;
+use super::mask::MaskKey;
+use super::memory::Cols;
 use super::{blocks, decode, derr, gdn, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
 use crate::backend::{
     attention_varlen_qkv_unfused, AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope, RopeStyle,
@@ -61,28 +63,12 @@ impl Backend for CudaBackend {
         let y = self.new_tensor(x.rows, w.out)?;
         if x.rows <= MAX_DECODE_ROWS {
             // Batch-invariant: a row's bits do not depend on its batch-mates (decode.rs).
-            self.decode_gemm_raw(
-                self.ptr(&x.buf),
-                x.rows,
-                self.ptr(&w.buf),
-                w.out,
-                w.inp,
-                self.ptr(&y.buf),
-                w.out,
-                decode::Epilogue::Bf16,
-            )?;
+            let g = self.operands(x, w, self.ptr(&y.buf));
+            self.decode_gemm_raw(g, w.out, decode::Epilogue::Bf16)?;
             return Ok(y);
         }
-        self.gemm_raw(
-            self.ptr(&x.buf),
-            x.rows,
-            self.ptr(&w.buf),
-            w.out,
-            w.inp,
-            self.ptr(&y.buf),
-            blas_sys::cudaDataType::CUDA_R_16BF,
-            0.0,
-        )?;
+        let g = self.operands(x, w, self.ptr(&y.buf));
+        self.gemm_raw(g, blas_sys::cudaDataType::CUDA_R_16BF, 0.0)?;
         Ok(y)
     }
 
@@ -178,16 +164,7 @@ impl Backend for CudaBackend {
         mask: &AttnMask,
     ) -> Result<CudaTensor> {
         let (tq, tk) = (q.rows, k.rows);
-        let reverse = matches!(mask, AttnMask::Causal { .. });
-        self.attention_with(
-            q,
-            k,
-            v,
-            shape,
-            MaskKey::Mask(mask.clone(), tq, tk),
-            || Self::mask_intervals(mask, tq, tk),
-            reverse,
-        )
+        self.attention_with((q, k, v), shape, MaskKey::Mask(mask.clone(), tq, tk))
     }
 
     fn attention_varlen_impl(
@@ -198,16 +175,7 @@ impl Backend for CudaBackend {
         shape: AttnShape,
         seq_starts: &[usize],
     ) -> Result<CudaTensor> {
-        let rows = q.rows;
-        self.attention_with(
-            q,
-            k,
-            v,
-            shape,
-            MaskKey::Varlen(seq_starts.to_vec()),
-            || Self::varlen_intervals(seq_starts, rows),
-            true,
-        )
+        self.attention_with((q, k, v), shape, MaskKey::Varlen(seq_starts.to_vec()))
     }
 
     /// Fused path ([`CudaBackend::qk_norm_rope_packed`] in place, then
@@ -227,7 +195,7 @@ impl Backend for CudaBackend {
             && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed);
         match qk_norm {
             Some(n) if fused_attention => {
-                self.qk_norm_rope_packed(&mut qkv, shape, n.q, n.k, n.eps, positions, rope)?;
+                self.qk_norm_rope_packed(&mut qkv, shape, n, positions, rope)?;
                 self.attention_varlen_packed(&qkv, shape, seq_starts)
             }
             _ => {
@@ -268,15 +236,10 @@ impl Backend for CudaBackend {
         }
         let idx = self.upload(ids)?;
         self.copy_rows(
-            &mut y.buf,
-            table.inp,
-            0,
-            &table.buf,
-            table.inp,
-            0,
+            (&mut y.buf, Cols::rows(table.inp)),
+            (&table.buf, Cols::rows(table.inp)),
             Some(&idx),
-            ids.len(),
-            table.inp,
+            (ids.len(), table.inp),
         )?;
         Ok(y)
     }
@@ -304,7 +267,12 @@ impl Backend for CudaBackend {
         let mut y = self.new_tensor(rows, cols)?;
         let mut c0 = 0;
         for p in parts {
-            self.copy_rows(&mut y.buf, cols, c0, &p.buf, p.cols, 0, None, rows, p.cols)?;
+            self.copy_rows(
+                (&mut y.buf, Cols { ld: cols, col0: c0 }),
+                (&p.buf, Cols::rows(p.cols)),
+                None,
+                (rows, p.cols),
+            )?;
             c0 += p.cols;
         }
         Ok(y)
@@ -315,7 +283,18 @@ impl Backend for CudaBackend {
         let mut c0 = 0;
         for &w in widths {
             let mut t = self.new_tensor(x.rows, w)?;
-            self.copy_rows(&mut t.buf, w, 0, &x.buf, x.cols, c0, None, x.rows, w)?;
+            self.copy_rows(
+                (&mut t.buf, Cols::rows(w)),
+                (
+                    &x.buf,
+                    Cols {
+                        ld: x.cols,
+                        col0: c0,
+                    },
+                ),
+                None,
+                (x.rows, w),
+            )?;
             out.push(t);
             c0 += w;
         }
@@ -367,15 +346,10 @@ impl Backend for CudaBackend {
         }
         let idx = self.upload(rows)?;
         self.copy_rows(
-            &mut y.buf,
-            x.cols,
-            0,
-            &x.buf,
-            x.cols,
-            0,
+            (&mut y.buf, Cols::rows(x.cols)),
+            (&x.buf, Cols::rows(x.cols)),
             Some(&idx),
-            rows.len(),
-            x.cols,
+            (rows.len(), x.cols),
         )?;
         Ok(y)
     }
@@ -419,29 +393,19 @@ impl Backend for CudaBackend {
         let mut start = 0;
         while start < rows {
             let n = chunk.min(rows - start);
+            let g = GemmOperands {
+                x: xp + (start * x.cols * 2) as u64,
+                rows: n,
+                w: wp,
+                out: vocab,
+                inp: head.inp,
+                y: sp,
+            };
             if rows <= MAX_DECODE_ROWS {
                 // Batch-invariant logits (decode.rs): decode steps of any batch size agree.
-                self.decode_gemm_raw(
-                    xp + (start * x.cols * 2) as u64,
-                    n,
-                    wp,
-                    vocab,
-                    head.inp,
-                    sp,
-                    vocab,
-                    decode::Epilogue::F32,
-                )?;
+                self.decode_gemm_raw(g, vocab, decode::Epilogue::F32)?;
             } else {
-                self.gemm_raw(
-                    xp + (start * x.cols * 2) as u64,
-                    n,
-                    wp,
-                    vocab,
-                    head.inp,
-                    sp,
-                    blas_sys::cudaDataType::CUDA_R_32F,
-                    0.0,
-                )?;
+                self.gemm_raw(g, blas_sys::cudaDataType::CUDA_R_32F, 0.0)?;
             }
             let (ld, v32, k32) = (vocab as i64, vocab as i32, k as i32);
             let (ipo, lpo) = (ip + (start * k * 4) as u64, lp + (start * k * 4) as u64);

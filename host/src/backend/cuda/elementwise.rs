@@ -2,7 +2,7 @@
 //! `qk_norm_rope*` in `kernels/attention.cu`), with the RoPE tables cached across layers.
 
 use super::{blocks, derr, CudaBackend, CudaTensor};
-use crate::backend::{AttnShape, Backend, Rope, RopeStyle};
+use crate::backend::{AttnShape, Backend, QkNorm, Rope, RopeStyle};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -47,17 +47,19 @@ impl CudaBackend {
     /// columns of a fused QKV output `[T, (H + 2·Hkv)·hd]`, in place; the v columns are untouched.
     /// Bit-identical to `rms_norm(·, group = hd)` followed by `rope_inplace` on the split q and k,
     /// in one pass instead of four (plus the split copies).
-    #[allow(clippy::too_many_arguments)]
     pub fn qk_norm_rope_packed(
         &self,
         qkv: &mut CudaTensor,
         shape: AttnShape,
-        q_norm: &CudaTensor,
-        k_norm: &CudaTensor,
-        eps: f32,
+        norm: QkNorm<'_, CudaTensor>,
         positions: &[u32],
         rope: &Rope,
     ) -> Result<()> {
+        let QkNorm {
+            q: q_norm,
+            k: k_norm,
+            eps,
+        } = norm;
         let AttnShape {
             heads,
             kv_heads,
