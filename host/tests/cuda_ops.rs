@@ -582,12 +582,10 @@ fn raw_values(n: usize, seed: u64) -> Vec<f32> {
         65504.0,
     ];
     let ordinary = host_random(n, seed);
-    let mut s = seed | 1;
+    let mut r = draftlens::util::DetRng::new(seed);
     (0..n)
         .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
+            let s = r.next_u64();
             if i < special.len() {
                 special[i]
             } else if i % 5 == 0 {

@@ -3,15 +3,7 @@
 use super::*;
 
 fn rand(seed: u32, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2654435761).max(1);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s as f32 / u32::MAX as f32) * 2.0 - 1.0
-        })
-        .collect()
+    crate::util::host_random(n, seed as u64)
 }
 
 const SHAPE: GdnShape = GdnShape {

@@ -2,17 +2,9 @@
 
 use super::*;
 
+/// Deterministic pseudo-random values in [-1, 1).
 pub(super) fn t(rows: usize, cols: usize, seed: u32) -> CpuTensor {
-    // Deterministic pseudo-random values in [-1, 1).
-    let mut s = seed.wrapping_mul(2654435761).wrapping_add(12345);
-    let data = (0..rows * cols)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s as f32 / u32::MAX as f32) * 2.0 - 1.0
-        })
-        .collect();
+    let data = crate::util::host_random(rows * cols, seed as u64);
     CpuTensor { rows, cols, data }
 }
 
