@@ -168,7 +168,7 @@ fn run_gpu(
     let mut st: Vec<CudaF32> = init.iter().map(|s| be.f32_from_host(s).unwrap()).collect();
     let mut refs: Vec<&mut CudaF32> = st.iter_mut().collect();
     let out = be
-        .gated_delta_rule_with(&qkv, &a, &b, &params, &x.seq_starts, &mut refs, kernel)
+        .gated_delta_rule_with((&qkv, &a, &b), &params, &x.seq_starts, &mut refs, kernel)
         .unwrap();
     let out = be.to_host(&out).unwrap();
     let st = st.iter().map(|s| be.f32_to_host(s).unwrap()).collect();

@@ -19,7 +19,7 @@ pub mod memory;
 pub mod raw;
 
 pub use compose::{attention_decode_per_row, attention_varlen_qkv_unfused};
-pub use gdn::{GdnProfile, GdnShape, HostF32};
+pub use gdn::{GdnLayerHost, GdnProfile, GdnShape, HostF32};
 pub use mask::{varlen_key_intervals, AttnMask, KeyIntervals};
 
 use anyhow::{anyhow, ensure, Result};
@@ -157,6 +157,11 @@ pub struct KvSlot<'a, T> {
 
 /// Every operation the model code needs. All methods return errors instead of panicking
 /// (device failures, shape mismatches).
+///
+/// Shapes are checked here, once for every backend: each public op that all backends implement
+/// checks its operands (one error message per misfit) and then calls the `*_impl` method the
+/// backend provides, which may assume them. Which keys an attention query sees comes from
+/// [`AttnMask::key_intervals`].
 ///
 /// The hybrid-model ops (Qwen3.5 / Qwen3-Next: [`Backend::rms_norm_zero_centred`],
 /// [`Backend::gated_rms_norm`], [`Backend::sigmoid_gate_inplace`],
@@ -751,14 +756,18 @@ pub trait Backend: Send + Sync + 'static {
                 shape.state_len()
             );
             out.extend(gdn::gated_delta_rule_seq(
-                &xh[w[0] * cd..w[1] * cd],
-                &ah[w[0] * hv..w[1] * hv],
-                &bh[w[0] * hv..w[1] * hv],
-                &a_log,
-                &dt_bias,
-                shape,
+                (
+                    &xh[w[0] * cd..w[1] * cd],
+                    &ah[w[0] * hv..w[1] * hv],
+                    &bh[w[0] * hv..w[1] * hv],
+                ),
+                GdnLayerHost {
+                    a_log: &a_log,
+                    dt_bias: &dt_bias,
+                    shape,
+                    profile: params.profile,
+                },
                 &mut sh,
-                params.profile,
             ));
             **st = self.f32_from_host(&sh)?;
         }
