@@ -13,9 +13,9 @@
 use anyhow::{bail, Context, Result};
 use draftlens::backend::cuda::bench::{copy_bandwidth, gemm_tflops, time_median};
 use draftlens::backend::cuda::{CudaBackend, GemmMode};
-use draftlens::backend::{AttnShape, Backend};
+use draftlens::backend::{AttnShape, Backend, QkNorm};
 use draftlens::drafter::random::{write_random_checkpoint, RandomDrafter};
-use draftlens::drafter::DFlashDrafter;
+use draftlens::drafter::{DFlashDrafter, DraftOptions};
 use draftlens::model::random::{qwen3_8b_spec, RandomWeights};
 use draftlens::model::transformer::{Attention, Mixer};
 use draftlens::model::{Capture, ModelSpec, TargetModel};
@@ -370,15 +370,12 @@ fn main() -> Result<()> {
             ));
             let t = time_median(&be, 1, 3, || {
                 for _ in 0..layers {
-                    be.qk_norm_rope_packed(
-                        &mut qkv_t,
-                        attn_shape,
-                        &qn.weight,
-                        &kn.weight,
-                        spec.rms_norm_eps,
-                        &positions,
-                        &rope,
-                    )?;
+                    let norm = QkNorm {
+                        q: &qn.weight,
+                        k: &kn.weight,
+                        eps: spec.rms_norm_eps,
+                    };
+                    be.qk_norm_rope_packed(&mut qkv_t, attn_shape, norm, &positions, &rope)?;
                 }
                 Ok(())
             })?;
@@ -585,7 +582,17 @@ fn main() -> Result<()> {
                 .chunks(anchors_per_call)
                 .zip(anchor_tok.chunks(anchors_per_call))
             {
-                drafter.draft(&be, &model, &ctx, ch, tk, false, 8)?;
+                drafter.draft(
+                    &be,
+                    &model,
+                    &ctx,
+                    ch,
+                    tk,
+                    DraftOptions {
+                        ctx_inclusive: false,
+                        top_k: 8,
+                    },
+                )?;
             }
             Ok(())
         })?;

@@ -108,7 +108,7 @@ fn main() -> Result<()> {
         };
         let secs = time_median(&be, 2, reps, || {
             let mut refs: Vec<&mut CudaF32> = states.iter_mut().collect();
-            be.gated_delta_rule_with(&qkv, &a, &b, &params, &seq_starts, &mut refs, kernel)
+            be.gated_delta_rule_with((&qkv, &a, &b), &params, &seq_starts, &mut refs, kernel)
                 .map(|_| ())
         })?;
         if kernel.engine() && secs < best_engine.0 {
@@ -188,8 +188,13 @@ fn main() -> Result<()> {
         let mut cs: Vec<_> = conv_states.iter_mut().collect();
         let y = be.causal_conv1d_silu(&mixed, &conv_w, &seq_starts, &mut cs)?;
         let mut refs: Vec<&mut CudaF32> = states.iter_mut().collect();
-        let o =
-            be.gated_delta_rule_with(&y, &aa, &bb, &params, &seq_starts, &mut refs, best_engine.1)?;
+        let o = be.gated_delta_rule_with(
+            (&y, &aa, &bb),
+            &params,
+            &seq_starts,
+            &mut refs,
+            best_engine.1,
+        )?;
         let o = be.gated_rms_norm(&o, &z, &n_gate, 1e-6, SHAPE.v_dim)?;
         be.matmul_acc(&o, &w_out, &mut h)?;
         be.synchronize()?;

@@ -82,7 +82,10 @@ fn dispatch_cuda<J: BackendJob>(job: J) -> Result<J::Output> {
 
 #[cfg(not(feature = "cuda"))]
 fn dispatch_cuda<J: BackendJob>(_job: J) -> Result<J::Output> {
-    bail!("CUDA unavailable: this draftlens binary was built without the `cuda` feature")
+    Err(crate::backend::BackendError::CudaUnavailable(
+        "this draftlens binary was built without the `cuda` feature".into(),
+    )
+    .into())
 }
 
 /// The teacher-forced target pass over one sequence.

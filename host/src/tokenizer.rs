@@ -179,6 +179,22 @@ impl std::fmt::Debug for TextTokenizer {
     }
 }
 
+/// What a loader (GGUF or Hugging Face folder) hands to [`TextTokenizer::assemble`].
+struct Assembly<'a> {
+    inner: tokenizers::Tokenizer,
+    /// The file or folder loaded (named in errors).
+    source: &'a Path,
+    bos_id: Option<u32>,
+    eos_id: Option<u32>,
+    /// Further end-of-generation ids (GGUF EOT/EOM, `generation_config.json`).
+    extra_eos: Vec<u32>,
+    chat_template: Option<String>,
+    /// Where the template came from, for error messages.
+    chat_template_source: String,
+    /// Token ids the source declares (the largest id + 1).
+    declared_ids: usize,
+}
+
 impl TextTokenizer {
     /// Builds the tokenizer from a GGUF file's `tokenizer.*` metadata. `path` names the file in
     /// errors.
@@ -223,16 +239,16 @@ impl TextTokenizer {
         };
 
         let template_source = format!("{p}: tokenizer.chat_template");
-        TextTokenizer::assemble(
+        TextTokenizer::assemble(Assembly {
             inner,
-            path,
+            source: path,
             bos_id,
             eos_id,
-            [eot_id, eom_id].into_iter().flatten().collect(),
-            parts.chat_template.map(str::to_string),
-            template_source,
-            n,
-        )
+            extra_eos: [eot_id, eom_id].into_iter().flatten().collect(),
+            chat_template: parts.chat_template.map(str::to_string),
+            chat_template_source: template_source,
+            declared_ids: n,
+        })
     }
 
     /// Loads a Hugging Face tokenizer folder: `tokenizer.json` (required), `tokenizer_config.json`
@@ -304,29 +320,30 @@ impl TextTokenizer {
             .values()
             .max()
             .map_or(0, |&m| m as usize + 1);
-        TextTokenizer::assemble(
+        TextTokenizer::assemble(Assembly {
             inner,
-            dir,
+            source: dir,
             bos_id,
             eos_id,
             extra_eos,
-            template,
-            template_source,
-            n,
-        )
+            chat_template: template,
+            chat_template_source: template_source,
+            declared_ids: n,
+        })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn assemble(
-        inner: tokenizers::Tokenizer,
-        source: &Path,
-        bos_id: Option<u32>,
-        eos_id: Option<u32>,
-        extra_eos: Vec<u32>,
-        chat_template: Option<String>,
-        chat_template_source: String,
-        declared_ids: usize,
-    ) -> Result<TextTokenizer> {
+    /// The checks and the end-of-generation set shared by both loaders.
+    fn assemble(a: Assembly<'_>) -> Result<TextTokenizer> {
+        let Assembly {
+            inner,
+            source,
+            bos_id,
+            eos_id,
+            extra_eos,
+            chat_template,
+            chat_template_source,
+            declared_ids,
+        } = a;
         // Added tokens may sit past the model vocabulary (or past padding): count by largest id.
         let added = inner.get_added_tokens_decoder();
         let max_added = added.keys().copied().max().map_or(0, |m| m as usize + 1);

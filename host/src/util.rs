@@ -28,19 +28,45 @@ pub fn sha256_bytes(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// Deterministic pseudo-random f32 values in [-1, 1) (xorshift64*): test inputs and benchmark
-/// token ids that every backend and every run sees identically.
+/// The crate's one small deterministic generator (xorshift64*): test inputs, benchmark data and
+/// token ids that every backend, run and machine sees identically. Not for anything that needs
+/// real randomness (the drafter's anchor sampling uses `rand`).
+#[derive(Clone, Debug)]
+pub struct DetRng(u64);
+
+impl DetRng {
+    pub fn new(seed: u64) -> DetRng {
+        DetRng(seed.wrapping_mul(0x9e3779b97f4a7c15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.0;
+        *s ^= *s >> 12;
+        *s ^= *s << 25;
+        *s ^= *s >> 27;
+        s.wrapping_mul(0x2545f4914f6cdd1d)
+    }
+
+    /// Uniform in [0, 1), 24 random bits.
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Uniform in [-1, 1), 24 random bits.
+    pub fn signed_unit(&mut self) -> f32 {
+        self.unit() * 2.0 - 1.0
+    }
+
+    /// An integer in `0..n` (`n > 0`; the modulo bias is irrelevant for test data).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// `n` values of [`DetRng::signed_unit`] from `seed`.
 pub fn host_random(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            let v = s.wrapping_mul(0x2545f4914f6cdd1d);
-            ((v >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    let mut r = DetRng::new(seed);
+    (0..n).map(|_| r.signed_unit()).collect()
 }
 
 /// Rounds every value to the nearest bf16 (so that an f32 backend and a bf16 backend start from
@@ -59,4 +85,82 @@ pub fn packed_positions(seq_starts: &[usize]) -> Vec<u32> {
         p.extend((0..w[1] - w[0]).map(|i| i as u32));
     }
     p
+}
+
+/// One tensor to write: name, dtype, shape and its little-endian bytes.
+pub type SafetensorsEntry = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// Writes tensors to a safetensors file atomically: into `<path>.tmp` beside it, then a rename,
+/// so an interrupted write never leaves a truncated file under `path`. Errors name the file.
+pub fn write_safetensors(path: &Path, tensors: &[SafetensorsEntry]) -> Result<()> {
+    let views = tensors
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)
+                .with_context(|| format!("{}: tensor {name}", path.display()))?;
+            Ok((name.clone(), view))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    safetensors::serialize_to_file(views, None, &tmp)
+        .with_context(|| format!("{}: cannot write", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("{}: cannot move into place", path.display()))
+}
+
+/// [`write_safetensors`] of f32 tensors (name, shape, values).
+pub fn write_f32_safetensors(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+) -> Result<()> {
+    let entries: Vec<SafetensorsEntry> = tensors
+        .iter()
+        .map(|(name, shape, values)| {
+            let bytes = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (name.clone(), safetensors::Dtype::F32, shape.clone(), bytes)
+        })
+        .collect();
+    write_safetensors(path, &entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safetensors_round_trip_and_bad_input_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("states.safetensors");
+        let a = vec![1.5f32, -2.0, 0.25, 8.0, 0.0, -0.5];
+        write_f32_safetensors(&path, &[("h.3".into(), vec![2, 3], a.clone())]).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let t = st.tensor("h.3").unwrap();
+        assert_eq!(
+            (t.dtype(), t.shape()),
+            (safetensors::Dtype::F32, &[2usize, 3][..])
+        );
+        let back: Vec<f32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(back, a);
+        assert!(!dir.path().join("states.safetensors.tmp").exists());
+
+        // A shape that does not match the values: an error naming file and tensor, and the
+        // file already there is untouched.
+        let e = write_f32_safetensors(&path, &[("bad".into(), vec![4], vec![1.0; 3])]).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("states.safetensors") && msg.contains("bad"),
+            "{msg}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+        // A folder that does not exist.
+        let e = write_f32_safetensors(&dir.path().join("no/such/x.safetensors"), &[]).unwrap_err();
+        assert!(format!("{e:#}").contains("x.safetensors.tmp"), "{e:#}");
+    }
 }

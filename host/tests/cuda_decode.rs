@@ -197,19 +197,17 @@ fn small_spec() -> ModelSpec {
 /// 65 prompts of 1..=40 tokens (so batches of 64 and 32 end with a batch of 1), some holding
 /// the last vocabulary id.
 fn prompts(vocab: u32) -> Vec<Vec<u32>> {
-    let mut s = 0x9e37_79b9u64;
+    let mut r = draftlens::util::DetRng::new(0x9e37_79b9);
     (0..65)
         .map(|p| {
             let len = 1 + (p * 7) % 40;
             (0..len)
                 .map(|i| {
-                    s = s
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
+                    let id = r.below(vocab as u64) as u32;
                     if (p + i) % 11 == 0 {
                         vocab - 1
                     } else {
-                        ((s >> 33) % vocab as u64) as u32
+                        id
                     }
                 })
                 .collect()

@@ -36,15 +36,9 @@ fn gpu() -> Option<CudaBackend> {
 
 /// Uniform values in [lo, hi), rounded to bf16 (xorshift, fresh per seed).
 fn rand(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut r = draftlens::util::DetRng::new(seed);
     (0..n)
-        .map(|_| {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            let u = (s.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32;
-            bf16_round(lo + (hi - lo) * u)
-        })
+        .map(|_| bf16_round(lo + (hi - lo) * r.unit()))
         .collect()
 }
 
@@ -174,7 +168,7 @@ fn run_gpu(
     let mut st: Vec<CudaF32> = init.iter().map(|s| be.f32_from_host(s).unwrap()).collect();
     let mut refs: Vec<&mut CudaF32> = st.iter_mut().collect();
     let out = be
-        .gated_delta_rule_with(&qkv, &a, &b, &params, &x.seq_starts, &mut refs, kernel)
+        .gated_delta_rule_with((&qkv, &a, &b), &params, &x.seq_starts, &mut refs, kernel)
         .unwrap();
     let out = be.to_host(&out).unwrap();
     let st = st.iter().map(|s| be.f32_to_host(s).unwrap()).collect();

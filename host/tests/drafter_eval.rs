@@ -23,7 +23,7 @@ use draftlens::drafter::eval::{
 use draftlens::drafter::lint::{lint, Severity};
 use draftlens::drafter::live::live_decode;
 use draftlens::drafter::metrics::{replay, summarize, PromptInfo};
-use draftlens::drafter::DFlashDrafter;
+use draftlens::drafter::{DFlashDrafter, DraftOptions};
 use draftlens::model::{Capture, TargetFiles, TargetModel};
 use draftlens::records::RecordBatch;
 use draftlens::session::Session;
@@ -126,7 +126,17 @@ fn batched_vs_single(
         .unwrap();
     let toks: Vec<u32> = anchors.iter().map(|&a| ids[a]).collect();
     let batched = d
-        .draft(be, target, &full, anchors, &toks, inclusive, 8)
+        .draft(
+            be,
+            target,
+            &full,
+            anchors,
+            &toks,
+            DraftOptions {
+                ctx_inclusive: inclusive,
+                top_k: 8,
+            },
+        )
         .unwrap();
     let mut worst = 0f32;
     for (n, &a) in anchors.iter().enumerate() {
@@ -135,7 +145,17 @@ fn batched_vs_single(
         assert_eq!(ctx.len, visible);
         // With only the visible rows present, the mask's context rule has nothing to cut.
         let single = d
-            .draft(be, target, &ctx, &[a], &[ids[a]], inclusive, 8)
+            .draft(
+                be,
+                target,
+                &ctx,
+                &[a],
+                &[ids[a]],
+                DraftOptions {
+                    ctx_inclusive: inclusive,
+                    top_k: 8,
+                },
+            )
             .unwrap();
         for r in 0..b - 1 {
             let (bi, bl) = (
@@ -363,7 +383,7 @@ fn batched_equals_single_anchor_for_a_random_sliding_window_drafter() {
     let d = DFlashDrafter::load(&be, &ck, files.spec.hidden_size).unwrap();
     assert_eq!(d.cfg.block_size, 8);
     assert_eq!(d.cfg.sliding_window, Some(4));
-    assert_eq!(d.cfg.weights_dtype, "BF16");
+    assert_eq!(d.weights_dtype, "BF16");
 
     let g = Golden::open(tdir.join("golden.safetensors"));
     let mut ids = g.ids("p1.input_ids");
@@ -390,7 +410,17 @@ fn batched_equals_single_anchor_for_a_random_sliding_window_drafter() {
         .unwrap();
     let a = plen + 5;
     let with_ctx = d
-        .draft(&be, &target, &full, &[a], &[ids[a]], false, 8)
+        .draft(
+            &be,
+            &target,
+            &full,
+            &[a],
+            &[ids[a]],
+            DraftOptions {
+                ctx_inclusive: false,
+                top_k: 8,
+            },
+        )
         .unwrap();
     let empty = d
         .context(
@@ -400,7 +430,17 @@ fn batched_equals_single_anchor_for_a_random_sliding_window_drafter() {
         )
         .unwrap();
     let without = d
-        .draft(&be, &target, &empty, &[a], &[ids[a]], false, 8)
+        .draft(
+            &be,
+            &target,
+            &empty,
+            &[a],
+            &[ids[a]],
+            DraftOptions {
+                ctx_inclusive: false,
+                top_k: 8,
+            },
+        )
         .unwrap();
     let dmax = with_ctx
         .logprobs

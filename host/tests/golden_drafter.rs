@@ -18,7 +18,7 @@ mod golden_util;
 
 use draftlens::backend::cpu::CpuBackend;
 use draftlens::drafter::lint::{lint, Severity};
-use draftlens::drafter::DFlashDrafter;
+use draftlens::drafter::{DFlashDrafter, DraftOptions};
 use draftlens::model::{TargetFiles, TargetModel};
 use golden_util::*;
 
@@ -106,7 +106,17 @@ fn drafter_forward_matches_the_reference_implementation() {
         let ctx = drafter.context(&be, &refs, d_t).unwrap();
         let toks: Vec<u32> = anchors.iter().map(|&a| ids[a]).collect();
         let top = drafter
-            .draft(&be, &target, &ctx, &anchors, &toks, false, 8)
+            .draft(
+                &be,
+                &target,
+                &ctx,
+                &anchors,
+                &toks,
+                DraftOptions {
+                    ctx_inclusive: false,
+                    top_k: 8,
+                },
+            )
             .unwrap();
         assert_eq!(top.rows, anchors.len() * (b - 1));
 

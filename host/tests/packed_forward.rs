@@ -30,19 +30,10 @@ fn load(path: &Path) -> (CpuBackend, TargetFiles, TargetModel<CpuBackend>) {
     (be, files, model)
 }
 
-/// Deterministic token ids in `0..vocab` (a small LCG: no dependence on any RNG crate's stream).
+/// Deterministic token ids in `0..vocab` (`draftlens::util::DetRng`).
 fn ids(n: usize, seed: u64, vocab: usize) -> Vec<u32> {
-    let mut x = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((x >> 33) % vocab as u64) as u32
-        })
-        .collect()
+    let mut r = draftlens::util::DetRng::new(seed);
+    (0..n).map(|_| r.below(vocab as u64) as u32).collect()
 }
 
 /// Concatenate `seqs` and return (ids, seq_starts).

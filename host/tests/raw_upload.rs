@@ -19,10 +19,10 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Pseudo-random f32 bit patterns (xorshift), with the special values every conversion must
+/// Pseudo-random f32 bit patterns (`draftlens::util::DetRng`), with the special values every conversion must
 /// carry: ±0, ±inf, NaNs with payloads, f16/bf16 subnormals, values halfway between two bf16.
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
+    let mut r = draftlens::util::DetRng::new(seed);
     let special = [
         0.0f32,
         -0.0,
@@ -42,9 +42,7 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
             if i < special.len() {
                 return special[i];
             }
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
+            let s = r.next_u64();
             // Mostly ordinary magnitudes, every 7th an arbitrary bit pattern.
             if i % 7 == 0 {
                 f32::from_bits(s as u32)

@@ -382,38 +382,10 @@ impl BackendJob for ExtractJob<'_> {
         pb.finish_and_clear();
         log_loaded(&s);
         if let Some(path) = &self.a.out {
-            write_safetensors(path, &dump)?;
+            draftlens::util::write_f32_safetensors(path, &dump)?;
         }
         Ok(out)
     }
-}
-
-/// Write f32 tensors to a safetensors file atomically (temp file + rename).
-fn write_safetensors(
-    path: &std::path::Path,
-    tensors: &[(String, Vec<usize>, Vec<f32>)],
-) -> Result<()> {
-    use anyhow::Context;
-    let bytes: Vec<Vec<u8>> = tensors
-        .iter()
-        .map(|(_, _, d)| d.iter().flat_map(|x| x.to_le_bytes()).collect())
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-        .iter()
-        .zip(&bytes)
-        .map(|((n, shape, _), b)| {
-            Ok((
-                n.clone(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)?,
-            ))
-        })
-        .collect::<Result<_>>()?;
-    let tmp = path.with_extension("safetensors.tmp");
-    safetensors::serialize_to_file(views, None, &tmp)
-        .with_context(|| format!("{}: cannot write", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("{}: cannot move into place", path.display()))?;
-    Ok(())
 }
 
 pub fn extract(g: &Global, a: ExtractArgs) -> Result<()> {

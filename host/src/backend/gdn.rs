@@ -239,27 +239,37 @@ struct HeadInputs {
     beta: Vec<f32>,
 }
 
+/// The per-layer constants of [`gated_delta_rule_seq`], on the host: `a_log`, `dt_bias`
+/// `[v_heads]`, the head layout and the numerics profile.
+#[derive(Clone, Copy, Debug)]
+pub struct GdnLayerHost<'a> {
+    pub a_log: &'a [f32],
+    pub dt_bias: &'a [f32],
+    pub shape: GdnShape,
+    pub profile: GdnProfile,
+}
+
 /// The gated delta rule over one sequence.
 ///
 /// `qkv` `[t, conv_dim]` (the conv output: q | k | v columns), `a`, `b` `[t, v_heads]` (the raw
-/// `in_proj_a` / `in_proj_b` outputs), `a_log`, `dt_bias` `[v_heads]`, `state`
+/// `in_proj_a` / `in_proj_b` outputs), `layer` the layer's constants, `state`
 /// `[v_heads, k_dim, v_dim]` (S per value head, row = key dim; zeros for a fresh sequence),
 /// updated in place. Returns the core output `[t, v_heads · v_dim]` (before the gated norm).
 ///
 /// q and k are L2-normed per head, q is scaled by `k_dim^−½`, then every value head runs the
 /// recurrence of docs/hybrid-models.md: one row → the recurrent form, more rows → the chunked
 /// form (chunks of [`CHUNK`]), as transformers does for cached decode vs prefill.
-#[allow(clippy::too_many_arguments)]
 pub fn gated_delta_rule_seq(
-    qkv: &[f32],
-    a: &[f32],
-    b: &[f32],
-    a_log: &[f32],
-    dt_bias: &[f32],
-    shape: GdnShape,
+    (qkv, a, b): (&[f32], &[f32], &[f32]),
+    layer: GdnLayerHost<'_>,
     state: &mut [f32],
-    profile: GdnProfile,
 ) -> Vec<f32> {
+    let GdnLayerHost {
+        a_log,
+        dt_bias,
+        shape,
+        profile,
+    } = layer;
     let (hk, hv, dk, dv) = (shape.k_heads, shape.v_heads, shape.k_dim, shape.v_dim);
     let cd = shape.conv_dim();
     let t = qkv.len() / cd;

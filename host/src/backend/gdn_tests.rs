@@ -3,15 +3,7 @@
 use super::*;
 
 fn rand(seed: u32, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2654435761).max(1);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s as f32 / u32::MAX as f32) * 2.0 - 1.0
-        })
-        .collect()
+    crate::util::host_random(n, seed as u64)
 }
 
 const SHAPE: GdnShape = GdnShape {
@@ -101,14 +93,14 @@ fn chunked_and_recurrent_forms_match_the_definition() {
     let want = naive_f64(&qkv, &a, &b, &a_log, &dt, t);
     let mut s = vec![0f32; SHAPE.state_len()];
     let chunked = gated_delta_rule_seq(
-        &qkv,
-        &a,
-        &b,
-        &a_log,
-        &dt,
-        SHAPE,
+        (&qkv, &a, &b),
+        GdnLayerHost {
+            a_log: &a_log,
+            dt_bias: &dt,
+            shape: SHAPE,
+            profile: GdnProfile::Reference,
+        },
         &mut s,
-        GdnProfile::Reference,
     );
     assert!(
         max_rel(&chunked, &want) < 1e-5,
@@ -122,14 +114,18 @@ fn chunked_and_recurrent_forms_match_the_definition() {
     let mut rec = Vec::new();
     for i in 0..t {
         rec.extend(gated_delta_rule_seq(
-            &qkv[i * cd..(i + 1) * cd],
-            &a[i * hv..(i + 1) * hv],
-            &b[i * hv..(i + 1) * hv],
-            &a_log,
-            &dt,
-            SHAPE,
+            (
+                &qkv[i * cd..(i + 1) * cd],
+                &a[i * hv..(i + 1) * hv],
+                &b[i * hv..(i + 1) * hv],
+            ),
+            GdnLayerHost {
+                a_log: &a_log,
+                dt_bias: &dt,
+                shape: SHAPE,
+                profile: GdnProfile::Reference,
+            },
             &mut s2,
-            GdnProfile::Reference,
         ));
     }
     assert!(max_rel(&rec, &want) < 1e-5, "{}", max_rel(&rec, &want));
@@ -147,36 +143,36 @@ fn a_chunked_prefill_split_anywhere_carries_the_state() {
     let (qkv, a, b, a_log, dt) = inputs(t, 11);
     let mut s = vec![0f32; SHAPE.state_len()];
     let whole = gated_delta_rule_seq(
-        &qkv,
-        &a,
-        &b,
-        &a_log,
-        &dt,
-        SHAPE,
+        (&qkv, &a, &b),
+        GdnLayerHost {
+            a_log: &a_log,
+            dt_bias: &dt,
+            shape: SHAPE,
+            profile: GdnProfile::Reference,
+        },
         &mut s,
-        GdnProfile::Reference,
     );
     let (cd, hv, cut) = (SHAPE.conv_dim(), SHAPE.v_heads, 37);
     let mut s2 = vec![0f32; SHAPE.state_len()];
     let mut parts = gated_delta_rule_seq(
-        &qkv[..cut * cd],
-        &a[..cut * hv],
-        &b[..cut * hv],
-        &a_log,
-        &dt,
-        SHAPE,
+        (&qkv[..cut * cd], &a[..cut * hv], &b[..cut * hv]),
+        GdnLayerHost {
+            a_log: &a_log,
+            dt_bias: &dt,
+            shape: SHAPE,
+            profile: GdnProfile::Reference,
+        },
         &mut s2,
-        GdnProfile::Reference,
     );
     parts.extend(gated_delta_rule_seq(
-        &qkv[cut * cd..],
-        &a[cut * hv..],
-        &b[cut * hv..],
-        &a_log,
-        &dt,
-        SHAPE,
+        (&qkv[cut * cd..], &a[cut * hv..], &b[cut * hv..]),
+        GdnLayerHost {
+            a_log: &a_log,
+            dt_bias: &dt,
+            shape: SHAPE,
+            profile: GdnProfile::Reference,
+        },
         &mut s2,
-        GdnProfile::Reference,
     ));
     let d = whole
         .iter()
@@ -192,7 +188,16 @@ fn engine_profile_is_close_to_reference_but_not_equal() {
     let (qkv, a, b, a_log, dt) = inputs(t, 3);
     let want = naive_f64(&qkv, &a, &b, &a_log, &dt, t);
     let mut s = vec![0f32; SHAPE.state_len()];
-    let eng = gated_delta_rule_seq(&qkv, &a, &b, &a_log, &dt, SHAPE, &mut s, GdnProfile::Engine);
+    let eng = gated_delta_rule_seq(
+        (&qkv, &a, &b),
+        GdnLayerHost {
+            a_log: &a_log,
+            dt_bias: &dt,
+            shape: SHAPE,
+            profile: GdnProfile::Engine,
+        },
+        &mut s,
+    );
     let err = max_rel(&eng, &want);
     // bf16 has 8 significant bits (2⁻⁹ ≈ 2e-3 relative per rounding); a few roundings in
     // series stay within a few percent of the largest output, and must show up at all.

@@ -2,7 +2,7 @@
 //!
 //! A long prompt that does not fit must be refused (or its pack split) up front with the numbers,
 //! never discovered by an out-of-memory error half-way through a run. The estimates follow what
-//! the model code allocates (`model/transformer.rs`, `backend/cuda/mod.rs`), element size `e`
+//! the model code allocates (`model/transformer.rs`, `backend/cuda/`), element size `e`
 //! (4 on the CPU, 2 on CUDA), for a forward over `T` rows:
 //!
 //! - weights: every stored tensor's elements × `e` (exact, from the file's headers);

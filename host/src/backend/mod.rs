@@ -9,17 +9,44 @@
 //! (one row per token); a [`Backend::Matrix`] is a weight stored PyTorch-style `[out, in]`, so a
 //! projection is `y = x · Wᵀ`.
 
+pub mod compose;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod gdn;
+pub mod mask;
 pub mod memory;
 pub mod raw;
 
-pub use gdn::{GdnProfile, GdnShape, HostF32};
+pub use compose::{attention_decode_per_row, attention_varlen_qkv_unfused};
+pub use gdn::{GdnLayerHost, GdnProfile, GdnShape, HostF32};
+pub use mask::{varlen_key_intervals, AttnMask, KeyIntervals};
 
 use anyhow::{anyhow, ensure, Result};
 use std::any::Any;
+
+/// Backend failures that callers tell apart by kind (everything else is a plain error with
+/// context).
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// No usable CUDA on this machine or in this binary (no driver, NVRTC or cuBLAS library, no
+    /// such device, or a build without the `cuda` feature); the text is the reason. Printed as is
+    /// by the CLI, and the reason the GPU tests skip.
+    #[error("CUDA unavailable: {0}")]
+    CudaUnavailable(String),
+}
+
+impl BackendError {
+    /// Whether `e` (anywhere in its chain) says that CUDA is unavailable.
+    pub fn is_cuda_unavailable(e: &anyhow::Error) -> bool {
+        e.chain().any(|c| {
+            matches!(
+                c.downcast_ref::<BackendError>(),
+                Some(BackendError::CudaUnavailable(_))
+            )
+        })
+    }
+}
 
 /// How rotary embeddings pair the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -80,36 +107,6 @@ impl AttnShape {
     }
 }
 
-/// Which key rows each query row may attend to.
-#[derive(Clone, Debug, PartialEq)]
-pub enum AttnMask {
-    /// Target model. Query row i sits at absolute position `q_start + i`; key row j sits at
-    /// absolute position j (the KV cache holds positions 0..). Key j is visible iff
-    /// `j <= q_start + i`.
-    Causal { q_start: usize },
-    /// DFlash drafter over many anchors at once.
-    ///
-    /// Keys are `[ctx_len context rows (positions 0..ctx_len) | anchors.len() blocks of `block` rows]`,
-    /// queries are the block rows only (`anchors.len() * block` rows, block n at positions
-    /// `anchors[n] .. anchors[n] + block`). A query of block n sees:
-    /// - context key j iff `j < anchors[n]` (`j <= anchors[n]` when `ctx_inclusive`: the
-    ///   training-time leak of docs/dflash.md §2.4 item 1);
-    /// - the rows of its own block: all of them (bidirectional), or only rows at or before its
-    ///   own when `causal_in_block` (sliding-window drafter layers);
-    /// - with `window = Some(w)`, only keys at positions `>= q_pos - (w - 1)`;
-    /// - nothing of any other block.
-    ///
-    /// With `ctx_inclusive = false` this is exactly one-anchor-at-a-time drafting, batched.
-    Blocks {
-        ctx_len: usize,
-        block: usize,
-        anchors: Vec<usize>,
-        ctx_inclusive: bool,
-        causal_in_block: bool,
-        window: Option<usize>,
-    },
-}
-
 /// Top-k of log-softmax over the vocabulary, per row: `ids[r*k + j]`, `logprobs[r*k + j]`,
 /// sorted by decreasing log-probability (ties: lower id first).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -141,37 +138,6 @@ pub struct QkNorm<'a, T> {
     pub eps: f32,
 }
 
-/// [`Backend::attention_varlen_qkv`] as separate ops: split q | k | v, per-head norms
-/// (group = head_dim), RoPE of q and k, [`Backend::attention_varlen`]. The trait's default, and
-/// the fallback of backends whose fused path does not cover a shape.
-pub fn attention_varlen_qkv_unfused<B: Backend + ?Sized>(
-    be: &B,
-    qkv: B::Tensor,
-    shape: AttnShape,
-    qk_norm: Option<QkNorm<'_, B::Tensor>>,
-    positions: &[u32],
-    rope: &Rope,
-    seq_starts: &[usize],
-) -> Result<B::Tensor> {
-    let (qd, kvd) = (
-        shape.heads * shape.head_dim,
-        shape.kv_heads * shape.head_dim,
-    );
-    let mut parts = be.split_cols(&qkv, &[qd, kvd, kvd])?.into_iter();
-    drop(qkv);
-    let (mut q, mut k, v) = match (parts.next(), parts.next(), parts.next()) {
-        (Some(q), Some(k), Some(v)) => (q, k, v),
-        _ => anyhow::bail!("attention_varlen_qkv: split_cols did not return q, k and v"),
-    };
-    if let Some(n) = qk_norm {
-        q = be.rms_norm(&q, n.q, n.eps, shape.head_dim)?;
-        k = be.rms_norm(&k, n.k, n.eps, shape.head_dim)?;
-    }
-    be.rope_inplace(&mut q, positions, rope)?;
-    be.rope_inplace(&mut k, positions, rope)?;
-    be.attention_varlen(&q, &k, &v, shape, seq_starts)
-}
-
 /// Per-layer constants of a Gated DeltaNet core, for [`Backend::gated_delta_rule`].
 pub struct GdnParams<'a, B: Backend + ?Sized> {
     /// `A_log` `[v_heads]` (f32 in real checkpoints): the decay rate is `exp(A_log)`.
@@ -189,53 +155,13 @@ pub struct KvSlot<'a, T> {
     pub v: &'a mut Option<T>,
 }
 
-/// [`Backend::attention_decode`] one sequence at a time: append row r of k/v to cache r
-/// ([`Backend::append_rows`]), then [`Backend::attention`] of q row r over the whole cache,
-/// causal from position `len_r`. The trait's default.
-pub fn attention_decode_per_row<B: Backend + ?Sized>(
-    be: &B,
-    q: &B::Tensor,
-    k: &B::Tensor,
-    v: &B::Tensor,
-    shape: AttnShape,
-    caches: &mut [KvSlot<'_, B::Tensor>],
-) -> Result<B::Tensor> {
-    let rows = be.dims(q).0;
-    ensure!(
-        rows == caches.len() && be.dims(k).0 == rows && be.dims(v).0 == rows,
-        "attention_decode: {rows} query rows, {} k rows, {} v rows for {} caches",
-        be.dims(k).0,
-        be.dims(v).0,
-        caches.len()
-    );
-    let mut outs = Vec::with_capacity(rows);
-    for (r, slot) in caches.iter_mut().enumerate() {
-        let start = slot.k.as_ref().map(|t| be.dims(t).0).unwrap_or(0);
-        for (cache, new) in [(&mut *slot.k, k), (&mut *slot.v, v)] {
-            let row = be.slice_rows(new, r, r + 1)?;
-            match cache {
-                Some(old) => be.append_rows(old, &row)?,
-                None => *cache = Some(row),
-            }
-        }
-        let (k_all, v_all) = match (slot.k.as_ref(), slot.v.as_ref()) {
-            (Some(k), Some(v)) => (k, v),
-            _ => anyhow::bail!("attention_decode: cache {r} lost its keys"),
-        };
-        let qr = be.slice_rows(q, r, r + 1)?;
-        outs.push(be.attention(
-            &qr,
-            k_all,
-            v_all,
-            shape,
-            &AttnMask::Causal { q_start: start },
-        )?);
-    }
-    be.concat_rows(&outs.iter().collect::<Vec<_>>())
-}
-
 /// Every operation the model code needs. All methods return errors instead of panicking
 /// (device failures, shape mismatches).
+///
+/// Shapes are checked here, once for every backend: each public op that all backends implement
+/// checks its operands (one error message per misfit) and then calls the `*_impl` method the
+/// backend provides, which may assume them. Which keys an attention query sees comes from
+/// [`AttnMask::key_intervals`].
 ///
 /// The hybrid-model ops (Qwen3.5 / Qwen3-Next: [`Backend::rms_norm_zero_centred`],
 /// [`Backend::gated_rms_norm`], [`Backend::sigmoid_gate_inplace`],
@@ -260,18 +186,56 @@ pub trait Backend: Send + Sync + 'static {
     /// Storage dtype of weights and activations ("f32", "bf16").
     fn dtype(&self) -> &'static str;
 
-    fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
+    fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor> {
+        ensure!(
+            data.len() == rows * cols,
+            "tensor data has {} values, shape [{rows}, {cols}] needs {}",
+            data.len(),
+            rows * cols
+        );
+        self.from_host_impl(data, rows, cols)
+    }
     fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
     fn dims(&self, t: &Self::Tensor) -> (usize, usize);
-    fn matrix(&self, data: &[f32], out: usize, inp: usize) -> Result<Self::Matrix>;
+    fn matrix(&self, data: &[f32], out: usize, inp: usize) -> Result<Self::Matrix> {
+        ensure!(
+            data.len() == out * inp,
+            "weight data has {} values, shape [{out}, {inp}] needs {}",
+            data.len(),
+            out * inp
+        );
+        self.matrix_impl(data, out, inp)
+    }
     fn matrix_dims(&self, m: &Self::Matrix) -> (usize, usize);
 
     /// `x · Wᵀ`: `[T, in] × [out, in] → [T, out]`, f32 accumulation.
-    fn matmul(&self, x: &Self::Tensor, w: &Self::Matrix) -> Result<Self::Tensor>;
+    fn matmul(&self, x: &Self::Tensor, w: &Self::Matrix) -> Result<Self::Tensor> {
+        let (cols, (_, inp)) = (self.dims(x).1, self.matrix_dims(w));
+        ensure!(
+            cols == inp,
+            "matmul: input has {cols} columns, weight expects {inp}"
+        );
+        self.matmul_impl(x, w)
+    }
     /// `x[r, c] += bias[0, c]` for every row.
-    fn add_row_bias(&self, x: &mut Self::Tensor, bias: &Self::Tensor) -> Result<()>;
+    fn add_row_bias(&self, x: &mut Self::Tensor, bias: &Self::Tensor) -> Result<()> {
+        let ((br, bc), cols) = (self.dims(bias), self.dims(x).1);
+        ensure!(
+            br * bc == cols,
+            "bias has {} values, rows have {cols}",
+            br * bc
+        );
+        self.add_row_bias_impl(x, bias)
+    }
     /// `x += y` elementwise (residual add).
-    fn add_inplace(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<()>;
+    fn add_inplace(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<()> {
+        let ((xr, xc), (yr, yc)) = (self.dims(x), self.dims(y));
+        ensure!(
+            (xr, xc) == (yr, yc),
+            "add: shapes [{xr}, {xc}] and [{yr}, {yc}] differ"
+        );
+        self.add_inplace_impl(x, y)
+    }
     /// RMSNorm over consecutive groups of `group` columns (group = cols for a layer norm,
     /// = head_dim for per-head q/k norms), each group scaled by `weight[0, ..group]`. The
     /// statistic is computed in f32.
@@ -281,12 +245,45 @@ pub trait Backend: Send + Sync + 'static {
         weight: &Self::Tensor,
         eps: f32,
         group: usize,
-    ) -> Result<Self::Tensor>;
+    ) -> Result<Self::Tensor> {
+        let (cols, (wr, wc)) = (self.dims(x).1, self.dims(weight));
+        ensure!(
+            group > 0 && cols.is_multiple_of(group),
+            "rms_norm: {cols} columns are not a multiple of group {group}"
+        );
+        ensure!(
+            wr * wc == group,
+            "rms_norm: weight has {} values, group is {group}",
+            wr * wc
+        );
+        self.rms_norm_impl(x, weight, eps, group)
+    }
     /// Rotary embedding in place on every head of `x` (`cols = n_heads * rope.head_dim`);
     /// row r is at absolute position `positions[r]`.
-    fn rope_inplace(&self, x: &mut Self::Tensor, positions: &[u32], rope: &Rope) -> Result<()>;
+    fn rope_inplace(&self, x: &mut Self::Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
+        let (rows, cols) = self.dims(x);
+        ensure!(
+            positions.len() == rows,
+            "rope: {} positions for {rows} rows",
+            positions.len()
+        );
+        ensure!(
+            rope.head_dim > 0 && cols.is_multiple_of(rope.head_dim),
+            "rope: {cols} columns are not whole heads of {}",
+            rope.head_dim
+        );
+        ensure!(
+            rope.rotary_dim <= rope.head_dim && rope.rotary_dim.is_multiple_of(2),
+            "rope: bad rotary_dim {}",
+            rope.rotary_dim
+        );
+        self.rope_inplace_impl(x, positions, rope)
+    }
     /// Scaled dot-product attention with softmax in f32. q `[Tq, heads*hd]`, k/v `[Tk, kv_heads*hd]`,
     /// output `[Tq, heads*hd]`. Query head h uses KV head `h / (heads / kv_heads)`.
+    ///
+    /// The mask's fit to the row counts is checked by [`AttnMask::key_intervals`], which every
+    /// backend calls to learn which keys a query sees.
     fn attention(
         &self,
         q: &Self::Tensor,
@@ -294,12 +291,14 @@ pub trait Backend: Send + Sync + 'static {
         v: &Self::Tensor,
         shape: AttnShape,
         mask: &AttnMask,
-    ) -> Result<Self::Tensor>;
+    ) -> Result<Self::Tensor> {
+        shape.check(self.dims(q), self.dims(k), self.dims(v))?;
+        self.attention_impl(q, k, v, shape, mask)
+    }
     /// Causal attention over several sequences packed into one tensor (varlen prefill): rows
     /// `seq_starts[i]..seq_starts[i + 1]` form sequence i (`seq_starts` runs from 0 to the row
-    /// count); a query sees the keys of its own sequence at or before itself. q and k/v have the
-    /// same rows. The default runs [`Backend::attention`] once per sequence; the CUDA backend does
-    /// all sequences in one launch.
+    /// count); a query sees the keys of its own sequence at or before itself
+    /// ([`varlen_key_intervals`]). q and k/v have the same rows.
     fn attention_varlen(
         &self,
         q: &Self::Tensor,
@@ -308,24 +307,14 @@ pub trait Backend: Send + Sync + 'static {
         shape: AttnShape,
         seq_starts: &[usize],
     ) -> Result<Self::Tensor> {
-        let (rows, _) = self.dims(q);
-        anyhow::ensure!(
-            seq_starts.first() == Some(&0)
-                && seq_starts.last() == Some(&rows)
-                && seq_starts.windows(2).all(|w| w[0] <= w[1]),
-            "attention_varlen: sequence starts must increase from 0 to {rows}"
+        shape.check(self.dims(q), self.dims(k), self.dims(v))?;
+        let (rows, krows) = (self.dims(q).0, self.dims(k).0);
+        ensure!(
+            rows == krows,
+            "attention_varlen: q has {rows} rows, k/v {krows}"
         );
-        let mut parts = Vec::with_capacity(seq_starts.len());
-        for w in seq_starts.windows(2) {
-            let (qs, ks, vs) = (
-                self.slice_rows(q, w[0], w[1])?,
-                self.slice_rows(k, w[0], w[1])?,
-                self.slice_rows(v, w[0], w[1])?,
-            );
-            parts.push(self.attention(&qs, &ks, &vs, shape, &AttnMask::Causal { q_start: 0 })?);
-        }
-        let refs: Vec<&Self::Tensor> = parts.iter().collect();
-        self.concat_rows(&refs)
+        mask::check_seq_starts(seq_starts, rows)?;
+        self.attention_varlen_impl(q, k, v, shape, seq_starts)
     }
     /// Packed-prefill attention of a fused QKV projection output `[T, (H + 2·Hkv)·hd]` (q | k | v
     /// columns, as [`Backend::split_cols`] would split them): optional per-head q/k RMSNorm, RoPE
@@ -336,7 +325,6 @@ pub trait Backend: Send + Sync + 'static {
     /// attention read q/k/v straight from it, saving the three split copies and four
     /// norm/RoPE launches (each a read and write of q or k) per layer. The default is exactly the
     /// unfused composition ([`attention_varlen_qkv_unfused`]).
-    #[allow(clippy::too_many_arguments)]
     fn attention_varlen_qkv(
         &self,
         qkv: Self::Tensor,
@@ -349,7 +337,13 @@ pub trait Backend: Send + Sync + 'static {
         attention_varlen_qkv_unfused(self, qkv, shape, qk_norm, positions, rope, seq_starts)
     }
     /// `silu(gate) ⊙ up`.
-    fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
+    fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor> {
+        ensure!(
+            self.dims(gate) == self.dims(up),
+            "swiglu: gate and up shapes differ"
+        );
+        self.swiglu_impl(gate, up)
+    }
     /// SwiGLU of a fused gate|up projection output `[T, 2·I]` (gate columns first) → `[T, I]`.
     ///
     /// Why: one `[2·I, D]` GEMM replaces the gate and up GEMMs, and a backend can read both
@@ -393,13 +387,27 @@ pub trait Backend: Send + Sync + 'static {
         attention_decode_per_row(self, q, k, v, shape, caches)
     }
     /// Rows `ids` of an embedding table `[vocab, dim]` → `[ids.len(), dim]`.
-    fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor>;
+    fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor> {
+        let vocab = self.matrix_dims(table).0;
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+            anyhow::bail!("token id {bad} is outside the embedding table ({vocab} rows)");
+        }
+        self.embed_impl(table, ids)
+    }
     /// Stack tensors with equal column counts.
-    fn concat_rows(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+    fn concat_rows(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor> {
+        let cols = parts.first().map(|p| self.dims(p).1).unwrap_or(0);
+        ensure!(
+            parts.iter().all(|p| self.dims(p).1 == cols),
+            "concat_rows: column counts differ"
+        );
+        self.concat_rows_impl(parts)
+    }
     /// `x = concat_rows([x, y])`: how the KV cache grows. A backend may do it in place.
     fn append_rows(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<()> {
-        *x = self.concat_rows(&[x, y])?;
-        Ok(())
+        let (xc, yc) = (self.dims(x).1, self.dims(y).1);
+        ensure!(xc == yc, "append_rows: {yc} columns after {xc}");
+        self.append_rows_impl(x, y)
     }
     /// The most rows a call may have while every row of every op's output stays bit-identical
     /// to the same row computed alone (however many rows share the call, up to this limit).
@@ -415,18 +423,116 @@ pub trait Backend: Send + Sync + 'static {
         1
     }
     /// Put tensors with equal row counts side by side (DFlash tap fusion).
-    fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+    fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor> {
+        let rows = parts.first().map(|p| self.dims(p).0).unwrap_or(0);
+        ensure!(
+            parts.iter().all(|p| self.dims(p).0 == rows),
+            "concat_cols: row counts differ"
+        );
+        self.concat_cols_impl(parts)
+    }
     /// Split the columns of `x` into consecutive tensors of the given widths (which must add up
     /// to the column count): the outputs of a fused projection (q | k | v, gate | up). Exact
     /// copies; the inverse of [`Backend::concat_cols`].
-    fn split_cols(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;
+    fn split_cols(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>> {
+        let cols = self.dims(x).1;
+        ensure!(
+            widths.iter().sum::<usize>() == cols,
+            "split_cols: widths {widths:?} do not add up to {cols} columns"
+        );
+        self.split_cols_impl(x, widths)
+    }
     /// Rows `start..end` (KV-cache cropping, last-token selection).
-    fn slice_rows(&self, x: &Self::Tensor, start: usize, end: usize) -> Result<Self::Tensor>;
+    fn slice_rows(&self, x: &Self::Tensor, start: usize, end: usize) -> Result<Self::Tensor> {
+        let rows = self.dims(x).0;
+        ensure!(
+            start <= end && end <= rows,
+            "slice_rows {start}..{end} out of {rows} rows"
+        );
+        self.slice_rows_impl(x, start, end)
+    }
     /// Rows listed in `rows`, in that order.
-    fn gather_rows(&self, x: &Self::Tensor, rows: &[u32]) -> Result<Self::Tensor>;
+    fn gather_rows(&self, x: &Self::Tensor, rows: &[u32]) -> Result<Self::Tensor> {
+        let n = self.dims(x).0;
+        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
+            anyhow::bail!("gather_rows: row {bad} out of {n}");
+        }
+        self.gather_rows_impl(x, rows)
+    }
     /// LM head fused with log-softmax and top-k: `x · headᵀ` per row, never returning the full
     /// vocabulary logits.
-    fn lm_head_topk(&self, x: &Self::Tensor, head: &Self::Matrix, k: usize) -> Result<TopK>;
+    fn lm_head_topk(&self, x: &Self::Tensor, head: &Self::Matrix, k: usize) -> Result<TopK> {
+        let (cols, (vocab, inp)) = (self.dims(x).1, self.matrix_dims(head));
+        ensure!(
+            cols == inp,
+            "lm_head: hidden has {cols} columns, head expects {inp}"
+        );
+        ensure!(vocab > 0, "lm_head: vocabulary of 0 rows");
+        self.lm_head_topk_impl(x, head, k)
+    }
+
+    // ---- What a backend implements: the checked ops above, called after their shape checks
+    // (one message per misfit, here, for every backend). A backend overrides the public method
+    // only for a fused path whose own preconditions differ. ----
+
+    #[allow(clippy::wrong_self_convention)] // named after `from_host`, as every `*_impl`
+    fn from_host_impl(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
+    fn matrix_impl(&self, data: &[f32], out: usize, inp: usize) -> Result<Self::Matrix>;
+    fn matmul_impl(&self, x: &Self::Tensor, w: &Self::Matrix) -> Result<Self::Tensor>;
+    fn add_row_bias_impl(&self, x: &mut Self::Tensor, bias: &Self::Tensor) -> Result<()>;
+    fn add_inplace_impl(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<()>;
+    fn rms_norm_impl(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        eps: f32,
+        group: usize,
+    ) -> Result<Self::Tensor>;
+    fn rope_inplace_impl(&self, x: &mut Self::Tensor, positions: &[u32], rope: &Rope)
+        -> Result<()>;
+    fn attention_impl(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        shape: AttnShape,
+        mask: &AttnMask,
+    ) -> Result<Self::Tensor>;
+    /// [`Backend::attention_varlen`] with shapes checked. The default runs
+    /// [`Backend::attention`] once per sequence; the CUDA backend does all sequences in one launch.
+    fn attention_varlen_impl(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        shape: AttnShape,
+        seq_starts: &[usize],
+    ) -> Result<Self::Tensor> {
+        let mut parts = Vec::with_capacity(seq_starts.len());
+        for w in seq_starts.windows(2) {
+            let (qs, ks, vs) = (
+                self.slice_rows(q, w[0], w[1])?,
+                self.slice_rows(k, w[0], w[1])?,
+                self.slice_rows(v, w[0], w[1])?,
+            );
+            parts.push(self.attention(&qs, &ks, &vs, shape, &AttnMask::Causal { q_start: 0 })?);
+        }
+        let refs: Vec<&Self::Tensor> = parts.iter().collect();
+        self.concat_rows(&refs)
+    }
+    fn swiglu_impl(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
+    fn embed_impl(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor>;
+    fn concat_rows_impl(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+    /// [`Backend::append_rows`]; the default is [`Backend::concat_rows`].
+    fn append_rows_impl(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<()> {
+        *x = self.concat_rows_impl(&[x, y])?;
+        Ok(())
+    }
+    fn concat_cols_impl(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+    fn split_cols_impl(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;
+    fn slice_rows_impl(&self, x: &Self::Tensor, start: usize, end: usize) -> Result<Self::Tensor>;
+    fn gather_rows_impl(&self, x: &Self::Tensor, rows: &[u32]) -> Result<Self::Tensor>;
+    fn lm_head_topk_impl(&self, x: &Self::Tensor, head: &Self::Matrix, k: usize) -> Result<TopK>;
 
     // ---- Hybrid (Qwen3.5 / Qwen3-Next) ops. Contracts: docs/hybrid-models.md and [`gdn`]. ----
 
@@ -650,14 +756,18 @@ pub trait Backend: Send + Sync + 'static {
                 shape.state_len()
             );
             out.extend(gdn::gated_delta_rule_seq(
-                &xh[w[0] * cd..w[1] * cd],
-                &ah[w[0] * hv..w[1] * hv],
-                &bh[w[0] * hv..w[1] * hv],
-                &a_log,
-                &dt_bias,
-                shape,
+                (
+                    &xh[w[0] * cd..w[1] * cd],
+                    &ah[w[0] * hv..w[1] * hv],
+                    &bh[w[0] * hv..w[1] * hv],
+                ),
+                GdnLayerHost {
+                    a_log: &a_log,
+                    dt_bias: &dt_bias,
+                    shape,
+                    profile: params.profile,
+                },
                 &mut sh,
-                params.profile,
             ));
             **st = self.f32_from_host(&sh)?;
         }
@@ -689,3 +799,7 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 }
+
+#[cfg(test)]
+#[path = "checks_tests.rs"]
+mod checks_tests;

@@ -37,8 +37,6 @@ pub struct DrafterConfig {
     pub sliding_window: Option<usize>,
     /// `num_target_layers` as written in the checkpoint (only informative).
     pub num_target_layers: Option<usize>,
-    /// The storage dtype of the weights in the file ("BF16", "F16", "F32").
-    pub weights_dtype: String,
 }
 
 impl DrafterConfig {
@@ -163,7 +161,6 @@ impl DrafterConfig {
             layer_kinds,
             sliding_window,
             num_target_layers: uint("num_target_layers")?,
-            weights_dtype: String::new(),
         };
         if cfg.num_kv_heads == 0 || cfg.num_heads % cfg.num_kv_heads != 0 {
             bail!(

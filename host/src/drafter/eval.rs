@@ -7,7 +7,7 @@
 //! own greedy token at a+k). Many anchors share one drafter forward through the `Blocks` mask,
 //! which is one-anchor-at-a-time semantics batched (a test proves it numerically).
 
-use super::model::{DFlashDrafter, DraftContext};
+use super::model::{DFlashDrafter, DraftContext, DraftOptions};
 use crate::backend::{Backend, TopK};
 use crate::model::{EmbedHead, TargetModel};
 use crate::records::{next_anchor, RecordBatch, Region};
@@ -222,7 +222,17 @@ pub fn draft_into<B: Backend>(
                 let DraftTarget::Head(target) = target else {
                     bail!("a DFlash drafter needs the target's embedding and LM head");
                 };
-                d.draft(be, target, ctx, chunk, &toks, opts.ctx_inclusive, k)?
+                d.draft(
+                    be,
+                    target,
+                    ctx,
+                    chunk,
+                    &toks,
+                    DraftOptions {
+                        ctx_inclusive: opts.ctx_inclusive,
+                        top_k: k,
+                    },
+                )?
             }
             Drafter::Oracle { .. } | Drafter::AntiOracle { .. } => {
                 let oracle = matches!(drafter, Drafter::Oracle { .. });

@@ -9,7 +9,7 @@
 //! context. Tokens counted per round = tokens committed (the bonus is not counted when the
 //! budget or an EOS ends the sequence first), the same convention as [`super::metrics::replay`].
 
-use super::model::DFlashDrafter;
+use super::model::{DFlashDrafter, DraftOptions};
 use crate::backend::Backend;
 use crate::model::{Capture, TargetModel};
 use anyhow::{bail, Result};
@@ -90,7 +90,17 @@ pub fn live_decode<B: Backend>(
         let a = p + res.ids.len() - 1;
         let y_a = *res.ids.last().expect("non-empty");
         let remaining = max_new - res.ids.len();
-        let top = drafter.draft(be, target, &ctx, &[a], &[y_a], false, 1)?;
+        let top = drafter.draft(
+            be,
+            target,
+            &ctx,
+            &[a],
+            &[y_a],
+            DraftOptions {
+                ctx_inclusive: false,
+                top_k: 1,
+            },
+        )?;
         let drafts = top.argmax();
         let mut block = vec![y_a];
         block.extend(&drafts);

@@ -8,7 +8,7 @@ pub mod model;
 
 pub use config::{DrafterCheckpoint, DrafterConfig};
 pub use eval::{AnchorPolicy, Drafter, EvalOptions, Labels};
-pub use model::DFlashDrafter;
+pub use model::{DFlashDrafter, DraftOptions};
 pub mod lint;
 pub mod live;
 pub mod random;

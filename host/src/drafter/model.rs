@@ -44,8 +44,21 @@ pub struct DraftContext<B: Backend> {
     pub len: usize,
 }
 
+/// How [`DFlashDrafter::draft`] drafts its blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftOptions {
+    /// Let a block see the context row of its anchor too (`j <= anchor`): the training-time leak
+    /// of docs/dflash.md §2.4 item 1. `false` is one-anchor-at-a-time drafting.
+    pub ctx_inclusive: bool,
+    /// How many candidates to return per drafted position.
+    pub top_k: usize,
+}
+
 pub struct DFlashDrafter<B: Backend> {
+    /// `config.json` as parsed (the loader never changes it).
     pub cfg: DrafterConfig,
+    /// The storage dtypes of the weights in `model.safetensors`, "+"-joined ("BF16", "F32").
+    pub weights_dtype: String,
     pub fc: B::Matrix,
     pub hidden_norm: RmsNorm<B>,
     pub layers: Vec<DraftLayer<B>>,
@@ -56,7 +69,7 @@ pub struct DFlashDrafter<B: Backend> {
 impl<B: Backend> DFlashDrafter<B> {
     /// Load a checkpoint folder. `target_hidden` is the target's hidden size (taps width).
     pub fn load(be: &B, dir: &Path, target_hidden: usize) -> Result<Self> {
-        let mut cfg = DrafterConfig::load(dir)?;
+        let cfg = DrafterConfig::load(dir)?;
         let src = SafetensorsWeights::open(dir)?;
         let d = cfg.hidden_size;
         let eps = cfg.rms_norm_eps;
@@ -67,7 +80,7 @@ impl<B: Backend> DFlashDrafter<B> {
         );
         let dtypes: std::collections::BTreeSet<String> =
             src.tensors().into_iter().map(|t| t.dtype).collect();
-        cfg.weights_dtype = dtypes.into_iter().collect::<Vec<_>>().join("+");
+        let weights_dtype = dtypes.into_iter().collect::<Vec<_>>().join("+");
         let taps = cfg.target_layer_ids.len();
         let fc = load_matrix(be, &src, "fc.weight", d, taps * target_hidden)?;
         let mut layers = Vec::new();
@@ -124,6 +137,7 @@ impl<B: Backend> DFlashDrafter<B> {
             layers,
             shape,
             cfg,
+            weights_dtype,
         })
     }
 
@@ -195,10 +209,9 @@ impl<B: Backend> DFlashDrafter<B> {
     }
 
     /// Draft one block per anchor: `anchors[n]` is the absolute position of the anchor token
-    /// `anchor_tokens[n]`; it sees context rows `< anchor` (`<= anchor` with `ctx_inclusive`, the
-    /// training leak). Returns the top-`k` for the B−1 drafted positions of every block, block
-    /// by block (`anchors.len() * (B−1)` rows).
-    #[allow(clippy::too_many_arguments)]
+    /// `anchor_tokens[n]`; it sees context rows `< anchor` (`<= anchor` with
+    /// [`DraftOptions::ctx_inclusive`], the training leak). Returns the top-`opts.top_k` for the
+    /// B−1 drafted positions of every block, block by block (`anchors.len() * (B−1)` rows).
     pub fn draft(
         &self,
         be: &B,
@@ -206,9 +219,12 @@ impl<B: Backend> DFlashDrafter<B> {
         ctx: &DraftContext<B>,
         anchors: &[usize],
         anchor_tokens: &[u32],
-        ctx_inclusive: bool,
-        k: usize,
+        opts: DraftOptions,
     ) -> Result<TopK> {
+        let DraftOptions {
+            ctx_inclusive,
+            top_k: k,
+        } = opts;
         let b = self.cfg.block_size;
         let n = anchors.len();
         if anchor_tokens.len() != n {

@@ -126,17 +126,9 @@ pub fn write_random_checkpoint(dir: &Path, target: &ModelSpec, r: &RandomDrafter
             false,
         );
     }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-        .iter()
-        .map(|(n, s, b)| {
-            Ok((
-                n.clone(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b)?,
-            ))
-        })
-        .collect::<Result<_>>()?;
-    let path = dir.join("model.safetensors");
-    safetensors::serialize_to_file(views, None, &path)
-        .with_context(|| format!("{}: cannot write", path.display()))?;
-    Ok(())
+    let entries: Vec<crate::util::SafetensorsEntry> = tensors
+        .into_iter()
+        .map(|(n, s, b)| (n, safetensors::Dtype::BF16, s, b))
+        .collect();
+    crate::util::write_safetensors(&dir.join("model.safetensors"), &entries)
 }

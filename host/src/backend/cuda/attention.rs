@@ -1,17 +1,11 @@
 //! Prefill attention: the flash-attention kernels of `kernels/attention.cu` over per-query key
 //! intervals (`mask.rs`), the uploaded mask cached across the layers of a forward.
 
+use super::mask::MaskKey;
 use super::{derr, CudaBackend, CudaTensor};
-use crate::backend::{AttnMask, AttnShape};
+use crate::backend::AttnShape;
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-
-/// What an uploaded mask was built from (a new upload happens only when it changes).
-#[derive(Clone, PartialEq)]
-pub(super) enum MaskKey {
-    Mask(AttnMask, usize, usize),
-    Varlen(Vec<usize>),
-}
 
 /// Device pointers and row strides (elements) of an attention's q, k, v.
 pub(super) struct AttnIo {
@@ -96,13 +90,7 @@ impl CudaBackend {
             tq: rows,
             tk: rows,
         };
-        self.attention_raw(
-            io,
-            shape,
-            MaskKey::Varlen(seq_starts.to_vec()),
-            || Self::varlen_intervals(seq_starts, rows),
-            true,
-        )
+        self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.to_vec()))
     }
 
     /// Selects the attention kernel for head dims 64 and 128: `flash_attention2` (the default) or,
@@ -111,18 +99,13 @@ impl CudaBackend {
         self.attn_v1.store(v1, std::sync::atomic::Ordering::Relaxed);
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Attention of contiguous q, k, v under `key`'s mask.
     pub(super) fn attention_with(
         &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
+        (q, k, v): (&CudaTensor, &CudaTensor, &CudaTensor),
         shape: AttnShape,
         key: MaskKey,
-        intervals: impl FnOnce() -> Result<Vec<i32>>,
-        reverse: bool,
     ) -> Result<CudaTensor> {
-        shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
         let io = AttnIo {
             q: self.ptr(&q.buf),
             q_ld: q.cols,
@@ -132,7 +115,7 @@ impl CudaBackend {
             tq: q.rows,
             tk: k.rows,
         };
-        self.attention_raw(io, shape, key, intervals, reverse)
+        self.attention_raw(io, shape, key)
     }
 
     /// Attention over q/k/v given as device pointers with row strides (`q_ld`, `kv_ld` elements),
@@ -142,9 +125,8 @@ impl CudaBackend {
         io: AttnIo,
         shape: AttnShape,
         key: MaskKey,
-        intervals: impl FnOnce() -> Result<Vec<i32>>,
-        reverse: bool,
     ) -> Result<CudaTensor> {
+        let reverse = key.reverse();
         let AttnShape {
             heads,
             kv_heads,
@@ -184,7 +166,7 @@ impl CudaBackend {
         }
         let mut cache = self.mask_cache.lock().unwrap_or_else(|e| e.into_inner());
         if cache.as_ref().map(|c| c.key != key).unwrap_or(true) {
-            let iv = intervals()?;
+            let iv = key.intervals(io.tq)?;
             ensure!(
                 iv.len() == io.tq * 4,
                 "attention: mask covers {} rows, q has {}",

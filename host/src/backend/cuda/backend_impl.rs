@@ -1,7 +1,9 @@
 //! `impl Backend for CudaBackend`: the trait's ops, each a launch or a call into the modules
 //! beside this one.
 
-use super::attention::MaskKey;
+use super::gemm::GemmOperands;
+use super::mask::MaskKey;
+use super::memory::Cols;
 use super::{blocks, decode, derr, gdn, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
 use crate::backend::{
     attention_varlen_qkv_unfused, AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope, RopeStyle,
@@ -24,13 +26,7 @@ impl Backend for CudaBackend {
         "bf16"
     }
 
-    fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor> {
-        ensure!(
-            data.len() == rows * cols,
-            "tensor data has {} values, shape [{rows}, {cols}] needs {}",
-            data.len(),
-            rows * cols
-        );
+    fn from_host_impl(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor> {
         let h: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
         Ok(CudaTensor {
             buf: self.upload(&h)?,
@@ -51,13 +47,7 @@ impl Backend for CudaBackend {
     fn dims(&self, t: &CudaTensor) -> (usize, usize) {
         (t.rows, t.cols)
     }
-    fn matrix(&self, data: &[f32], out: usize, inp: usize) -> Result<CudaMatrix> {
-        ensure!(
-            data.len() == out * inp,
-            "weight data has {} values, shape [{out}, {inp}] needs {}",
-            data.len(),
-            out * inp
-        );
+    fn matrix_impl(&self, data: &[f32], out: usize, inp: usize) -> Result<CudaMatrix> {
         let h: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
         Ok(CudaMatrix {
             buf: self.upload(&h)?,
@@ -76,48 +66,20 @@ impl Backend for CudaBackend {
         self.free_device_memory()
     }
 
-    fn matmul(&self, x: &CudaTensor, w: &CudaMatrix) -> Result<CudaTensor> {
-        ensure!(
-            x.cols == w.inp,
-            "matmul: input has {} columns, weight expects {}",
-            x.cols,
-            w.inp
-        );
+    fn matmul_impl(&self, x: &CudaTensor, w: &CudaMatrix) -> Result<CudaTensor> {
         let y = self.new_tensor(x.rows, w.out)?;
         if x.rows <= MAX_DECODE_ROWS {
             // Batch-invariant: a row's bits do not depend on its batch-mates (decode.rs).
-            self.decode_gemm_raw(
-                self.ptr(&x.buf),
-                x.rows,
-                self.ptr(&w.buf),
-                w.out,
-                w.inp,
-                self.ptr(&y.buf),
-                w.out,
-                decode::Epilogue::Bf16,
-            )?;
+            let g = self.operands(x, w, self.ptr(&y.buf));
+            self.decode_gemm_raw(g, w.out, decode::Epilogue::Bf16)?;
             return Ok(y);
         }
-        self.gemm_raw(
-            self.ptr(&x.buf),
-            x.rows,
-            self.ptr(&w.buf),
-            w.out,
-            w.inp,
-            self.ptr(&y.buf),
-            blas_sys::cudaDataType::CUDA_R_16BF,
-            0.0,
-        )?;
+        let g = self.operands(x, w, self.ptr(&y.buf));
+        self.gemm_raw(g, blas_sys::cudaDataType::CUDA_R_16BF, 0.0)?;
         Ok(y)
     }
 
-    fn add_row_bias(&self, x: &mut CudaTensor, bias: &CudaTensor) -> Result<()> {
-        ensure!(
-            bias.rows * bias.cols == x.cols,
-            "bias has {} values, rows have {}",
-            bias.rows * bias.cols,
-            x.cols
-        );
+    fn add_row_bias_impl(&self, x: &mut CudaTensor, bias: &CudaTensor) -> Result<()> {
         let n = x.rows * x.cols;
         if n == 0 {
             return Ok(());
@@ -131,15 +93,7 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn add_inplace(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
-        ensure!(
-            (x.rows, x.cols) == (y.rows, y.cols),
-            "add: shapes [{}, {}] and [{}, {}] differ",
-            x.rows,
-            x.cols,
-            y.rows,
-            y.cols
-        );
+    fn add_inplace_impl(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
         let n = x.rows * x.cols;
         if n == 0 {
             return Ok(());
@@ -156,7 +110,7 @@ impl Backend for CudaBackend {
     /// Whole-row norms (group = cols) go to [`CudaBackend::rms_norm_rows`] when its
     /// preconditions hold (bit-identical, one read of each row with every load in flight at once:
     /// the layer norms of every forward); per-head norms to the grouped kernel.
-    fn rms_norm(
+    fn rms_norm_impl(
         &self,
         x: &CudaTensor,
         weight: &CudaTensor,
@@ -170,24 +124,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn rope_inplace(&self, x: &mut CudaTensor, positions: &[u32], rope: &Rope) -> Result<()> {
-        ensure!(
-            positions.len() == x.rows,
-            "rope: {} positions for {} rows",
-            positions.len(),
-            x.rows
-        );
-        ensure!(
-            rope.head_dim > 0 && x.cols.is_multiple_of(rope.head_dim),
-            "rope: {} columns are not whole heads of {}",
-            x.cols,
-            rope.head_dim
-        );
-        ensure!(
-            rope.rotary_dim <= rope.head_dim && rope.rotary_dim.is_multiple_of(2),
-            "rope: bad rotary_dim {}",
-            rope.rotary_dim
-        );
+    fn rope_inplace_impl(&self, x: &mut CudaTensor, positions: &[u32], rope: &Rope) -> Result<()> {
         let half = rope.rotary_dim / 2;
         let n_heads = x.cols / rope.head_dim;
         let total = x.rows * n_heads * half;
@@ -225,7 +162,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn attention(
+    fn attention_impl(
         &self,
         q: &CudaTensor,
         k: &CudaTensor,
@@ -234,19 +171,10 @@ impl Backend for CudaBackend {
         mask: &AttnMask,
     ) -> Result<CudaTensor> {
         let (tq, tk) = (q.rows, k.rows);
-        let reverse = matches!(mask, AttnMask::Causal { .. });
-        self.attention_with(
-            q,
-            k,
-            v,
-            shape,
-            MaskKey::Mask(mask.clone(), tq, tk),
-            || Self::mask_intervals(mask, tq, tk),
-            reverse,
-        )
+        self.attention_with((q, k, v), shape, MaskKey::Mask(mask.clone(), tq, tk))
     }
 
-    fn attention_varlen(
+    fn attention_varlen_impl(
         &self,
         q: &CudaTensor,
         k: &CudaTensor,
@@ -254,22 +182,7 @@ impl Backend for CudaBackend {
         shape: AttnShape,
         seq_starts: &[usize],
     ) -> Result<CudaTensor> {
-        ensure!(
-            q.rows == k.rows,
-            "attention_varlen: q has {} rows, k/v {}",
-            q.rows,
-            k.rows
-        );
-        let rows = q.rows;
-        self.attention_with(
-            q,
-            k,
-            v,
-            shape,
-            MaskKey::Varlen(seq_starts.to_vec()),
-            || Self::varlen_intervals(seq_starts, rows),
-            true,
-        )
+        self.attention_with((q, k, v), shape, MaskKey::Varlen(seq_starts.to_vec()))
     }
 
     /// Fused path ([`CudaBackend::qk_norm_rope_packed`] in place, then
@@ -289,7 +202,7 @@ impl Backend for CudaBackend {
             && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed);
         match qk_norm {
             Some(n) if fused_attention => {
-                self.qk_norm_rope_packed(&mut qkv, shape, n.q, n.k, n.eps, positions, rope)?;
+                self.qk_norm_rope_packed(&mut qkv, shape, n, positions, rope)?;
                 self.attention_varlen_packed(&qkv, shape, seq_starts)
             }
             _ => {
@@ -298,11 +211,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn swiglu(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
-        ensure!(
-            (gate.rows, gate.cols) == (up.rows, up.cols),
-            "swiglu: gate and up shapes differ"
-        );
+    fn swiglu_impl(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
         let mut y = self.new_tensor(gate.rows, gate.cols)?;
         let n = gate.rows * gate.cols;
         if n == 0 {
@@ -327,38 +236,23 @@ impl Backend for CudaBackend {
         CudaBackend::matmul_acc(self, x, w, acc)
     }
 
-    fn embed(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= table.out) {
-            bail!(
-                "token id {bad} is outside the embedding table ({} rows)",
-                table.out
-            );
-        }
+    fn embed_impl(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
         let mut y = self.new_tensor(ids.len(), table.inp)?;
         if ids.is_empty() {
             return Ok(y);
         }
         let idx = self.upload(ids)?;
         self.copy_rows(
-            &mut y.buf,
-            table.inp,
-            0,
-            &table.buf,
-            table.inp,
-            0,
+            (&mut y.buf, Cols::rows(table.inp)),
+            (&table.buf, Cols::rows(table.inp)),
             Some(&idx),
-            ids.len(),
-            table.inp,
+            (ids.len(), table.inp),
         )?;
         Ok(y)
     }
 
-    fn concat_rows(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
+    fn concat_rows_impl(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
         let cols = parts.first().map(|p| p.cols).unwrap_or(0);
-        ensure!(
-            parts.iter().all(|p| p.cols == cols),
-            "concat_rows: column counts differ"
-        );
         let rows: usize = parts.iter().map(|p| p.rows).sum();
         let mut y = self.new_tensor(rows, cols)?;
         let mut off = 0;
@@ -374,24 +268,44 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn concat_cols(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
+    fn concat_cols_impl(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
         let rows = parts.first().map(|p| p.rows).unwrap_or(0);
-        ensure!(
-            parts.iter().all(|p| p.rows == rows),
-            "concat_cols: row counts differ"
-        );
         let cols: usize = parts.iter().map(|p| p.cols).sum();
         let mut y = self.new_tensor(rows, cols)?;
         let mut c0 = 0;
         for p in parts {
-            self.copy_rows(&mut y.buf, cols, c0, &p.buf, p.cols, 0, None, rows, p.cols)?;
+            self.copy_rows(
+                (&mut y.buf, Cols { ld: cols, col0: c0 }),
+                (&p.buf, Cols::rows(p.cols)),
+                None,
+                (rows, p.cols),
+            )?;
             c0 += p.cols;
         }
         Ok(y)
     }
 
-    fn split_cols(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
-        CudaBackend::split_cols(self, x, widths)
+    fn split_cols_impl(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
+        let mut out = Vec::with_capacity(widths.len());
+        let mut c0 = 0;
+        for &w in widths {
+            let mut t = self.new_tensor(x.rows, w)?;
+            self.copy_rows(
+                (&mut t.buf, Cols::rows(w)),
+                (
+                    &x.buf,
+                    Cols {
+                        ld: x.cols,
+                        col0: c0,
+                    },
+                ),
+                None,
+                (x.rows, w),
+            )?;
+            out.push(t);
+            c0 += w;
+        }
+        Ok(out)
     }
 
     /// [`MAX_DECODE_ROWS`]: up to 64 rows every GEMM runs on the batch-invariant decode kernel
@@ -402,7 +316,7 @@ impl Backend for CudaBackend {
     }
 
     /// In place, with spare capacity (KV caches): decode.rs.
-    fn append_rows(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
+    fn append_rows_impl(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
         self.append_rows_in_place(x, y)
     }
 
@@ -418,12 +332,7 @@ impl Backend for CudaBackend {
         self.attention_decode_batched(q, k, v, shape, caches)
     }
 
-    fn slice_rows(&self, x: &CudaTensor, start: usize, end: usize) -> Result<CudaTensor> {
-        ensure!(
-            start <= end && end <= x.rows,
-            "slice_rows {start}..{end} out of {} rows",
-            x.rows
-        );
+    fn slice_rows_impl(&self, x: &CudaTensor, start: usize, end: usize) -> Result<CudaTensor> {
         let mut y = self.new_tensor(end - start, x.cols)?;
         let n = (end - start) * x.cols;
         if n > 0 {
@@ -437,36 +346,22 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn gather_rows(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
-        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= x.rows) {
-            bail!("gather_rows: row {bad} out of {}", x.rows);
-        }
+    fn gather_rows_impl(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
         let mut y = self.new_tensor(rows.len(), x.cols)?;
         if rows.is_empty() {
             return Ok(y);
         }
         let idx = self.upload(rows)?;
         self.copy_rows(
-            &mut y.buf,
-            x.cols,
-            0,
-            &x.buf,
-            x.cols,
-            0,
+            (&mut y.buf, Cols::rows(x.cols)),
+            (&x.buf, Cols::rows(x.cols)),
             Some(&idx),
-            rows.len(),
-            x.cols,
+            (rows.len(), x.cols),
         )?;
         Ok(y)
     }
 
-    fn lm_head_topk(&self, x: &CudaTensor, head: &CudaMatrix, k: usize) -> Result<TopK> {
-        ensure!(
-            x.cols == head.inp,
-            "lm_head: hidden has {} columns, head expects {}",
-            x.cols,
-            head.inp
-        );
+    fn lm_head_topk_impl(&self, x: &CudaTensor, head: &CudaMatrix, k: usize) -> Result<TopK> {
         let vocab = head.out;
         ensure!(
             vocab > 0 && vocab < i32::MAX as usize,
@@ -505,29 +400,19 @@ impl Backend for CudaBackend {
         let mut start = 0;
         while start < rows {
             let n = chunk.min(rows - start);
+            let g = GemmOperands {
+                x: xp + (start * x.cols * 2) as u64,
+                rows: n,
+                w: wp,
+                out: vocab,
+                inp: head.inp,
+                y: sp,
+            };
             if rows <= MAX_DECODE_ROWS {
                 // Batch-invariant logits (decode.rs): decode steps of any batch size agree.
-                self.decode_gemm_raw(
-                    xp + (start * x.cols * 2) as u64,
-                    n,
-                    wp,
-                    vocab,
-                    head.inp,
-                    sp,
-                    vocab,
-                    decode::Epilogue::F32,
-                )?;
+                self.decode_gemm_raw(g, vocab, decode::Epilogue::F32)?;
             } else {
-                self.gemm_raw(
-                    xp + (start * x.cols * 2) as u64,
-                    n,
-                    wp,
-                    vocab,
-                    head.inp,
-                    sp,
-                    blas_sys::cudaDataType::CUDA_R_32F,
-                    0.0,
-                )?;
+                self.gemm_raw(g, blas_sys::cudaDataType::CUDA_R_32F, 0.0)?;
             }
             let (ld, v32, k32) = (vocab as i64, vocab as i32, k as i32);
             let (ipo, lpo) = (ip + (start * k * 4) as u64, lp + (start * k * 4) as u64);

@@ -120,17 +120,11 @@ pub fn split_sweep(be: &CudaBackend) -> Result<Value> {
 
 /// Random prompt ids of HumanEval-like lengths (40..=250 tokens).
 fn prompts(n: usize, vocab: usize) -> Vec<Vec<u32>> {
-    let mut s = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
+    let mut r = crate::util::DetRng::new(0x2545_f491_4f6c_dd1d);
     (0..n)
         .map(|_| {
-            let len = 40 + (next() % 211) as usize;
-            (0..len).map(|_| (next() % vocab as u64) as u32).collect()
+            let len = 40 + r.below(211) as usize;
+            (0..len).map(|_| r.below(vocab as u64) as u32).collect()
         })
         .collect()
 }

@@ -11,6 +11,7 @@
 //! The attention of a decode step is batched too ([`CudaBackend::attention_decode_batched`]):
 //! one launch for all sequences, each over its own KV cache, which grows in place.
 
+use super::gemm::GemmOperands;
 use super::{derr, CudaBackend, CudaMatrix, CudaTensor};
 use crate::backend::{attention_decode_per_row, AttnShape, KvSlot};
 use anyhow::{ensure, Result};
@@ -73,18 +74,20 @@ impl CudaBackend {
     /// `y = x · Wᵀ` (see [`Epilogue`]) for `rows ≤ MAX_DECODE_ROWS` rows through the
     /// batch-invariant kernel. `x` is `[rows, inp]` contiguous, `w` `[out, inp]`, `y` has row
     /// stride `ldy` elements. Raw pointers so the LM head can write fp32 logits.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn decode_gemm_raw(
         &self,
-        x: u64,
-        rows: usize,
-        w: u64,
-        out: usize,
-        inp: usize,
-        y: u64,
+        g: GemmOperands,
         ldy: usize,
         epilogue: Epilogue,
     ) -> Result<()> {
+        let GemmOperands {
+            x,
+            rows,
+            w,
+            out,
+            inp,
+            y,
+        } = g;
         ensure!(
             rows <= MAX_DECODE_ROWS,
             "decode GEMM: {rows} rows (at most {MAX_DECODE_ROWS})"
@@ -194,16 +197,8 @@ impl CudaBackend {
             w.inp
         );
         let y = self.new_tensor(x.rows, w.out)?;
-        self.gemm_raw(
-            self.ptr(&x.buf),
-            x.rows,
-            self.ptr(&w.buf),
-            w.out,
-            w.inp,
-            self.ptr(&y.buf),
-            cudarc::cublas::sys::cudaDataType::CUDA_R_16BF,
-            0.0,
-        )?;
+        let g = self.operands(x, w, self.ptr(&y.buf));
+        self.gemm_raw(g, cudarc::cublas::sys::cudaDataType::CUDA_R_16BF, 0.0)?;
         Ok(y)
     }
 }
@@ -229,13 +224,8 @@ impl CudaBackend {
     }
 
     /// [`Backend::append_rows`] in place (amortised by [`CudaBackend::reserve_rows`]).
+    /// Column counts checked by [`crate::backend::Backend::append_rows`].
     pub(crate) fn append_rows_in_place(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
-        ensure!(
-            x.cols == y.cols,
-            "append_rows: {} columns onto {}",
-            y.cols,
-            x.cols
-        );
         let n = y.rows * y.cols;
         if n == 0 {
             return Ok(());

@@ -2,7 +2,7 @@
 //! `qk_norm_rope*` in `kernels/attention.cu`), with the RoPE tables cached across layers.
 
 use super::{blocks, derr, CudaBackend, CudaTensor};
-use crate::backend::{AttnShape, Rope, RopeStyle};
+use crate::backend::{AttnShape, Backend, QkNorm, Rope, RopeStyle};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -47,17 +47,19 @@ impl CudaBackend {
     /// columns of a fused QKV output `[T, (H + 2·Hkv)·hd]`, in place; the v columns are untouched.
     /// Bit-identical to `rms_norm(·, group = hd)` followed by `rope_inplace` on the split q and k,
     /// in one pass instead of four (plus the split copies).
-    #[allow(clippy::too_many_arguments)]
     pub fn qk_norm_rope_packed(
         &self,
         qkv: &mut CudaTensor,
         shape: AttnShape,
-        q_norm: &CudaTensor,
-        k_norm: &CudaTensor,
-        eps: f32,
+        norm: QkNorm<'_, CudaTensor>,
         positions: &[u32],
         rope: &Rope,
     ) -> Result<()> {
+        let QkNorm {
+            q: q_norm,
+            k: k_norm,
+            eps,
+        } = norm;
         let AttnShape {
             heads,
             kv_heads,
@@ -164,7 +166,8 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         let cols = x.cols;
         if !Self::rows_kernel_fits(cols) {
-            return self.rms_norm_groups(x, weight, eps, cols);
+            // The checked trait method, which routes such rows to the grouped kernel.
+            return Backend::rms_norm(self, x, weight, eps, cols);
         }
         ensure!(
             weight.rows * weight.cols == cols,
@@ -226,7 +229,8 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// [`Backend::rms_norm`] with the grouped kernel (one warp per group of any width).
+    /// [`Backend::rms_norm`] with the grouped kernel (one warp per group of any width); shapes
+    /// checked by the trait method.
     pub(super) fn rms_norm_groups(
         &self,
         x: &CudaTensor,
@@ -234,16 +238,6 @@ impl CudaBackend {
         eps: f32,
         group: usize,
     ) -> Result<CudaTensor> {
-        ensure!(
-            group > 0 && x.cols.is_multiple_of(group),
-            "rms_norm: {} columns are not a multiple of group {group}",
-            x.cols
-        );
-        ensure!(
-            weight.rows * weight.cols == group,
-            "rms_norm: weight has {} values, group is {group}",
-            weight.rows * weight.cols
-        );
         ensure!(group < i32::MAX as usize, "rms_norm: group too large");
         let mut y = self.new_tensor(x.rows, x.cols)?;
         let n_groups = x.rows * (x.cols / group);

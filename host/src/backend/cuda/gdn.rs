@@ -392,12 +392,9 @@ impl CudaBackend {
     /// [`crate::backend::Backend::gated_delta_rule`] with an explicit chunked kernel (tests and benchmarks pick
     /// the engine profile's FMA or tensor-core variant; the trait method picks by profile).
     /// Sequences of one row run the recurrent kernel, longer ones the chunked kernel.
-    #[allow(clippy::too_many_arguments)]
     pub fn gated_delta_rule_with(
         &self,
-        qkv: &CudaTensor,
-        a: &CudaTensor,
-        b: &CudaTensor,
+        (qkv, a, b): (&CudaTensor, &CudaTensor, &CudaTensor),
         params: &GdnParams<'_, Self>,
         seq_starts: &[usize],
         states: &mut [&mut CudaF32],
@@ -694,14 +691,18 @@ impl CudaBackend {
             }
             let mut sh = self.gdn_f32_to_host(st)?;
             out.extend(reference::gated_delta_rule_seq(
-                &xh[w[0] * cd..w[1] * cd],
-                &ah[w[0] * hv..w[1] * hv],
-                &bh[w[0] * hv..w[1] * hv],
-                &a_log,
-                &dt_bias,
-                shape,
+                (
+                    &xh[w[0] * cd..w[1] * cd],
+                    &ah[w[0] * hv..w[1] * hv],
+                    &bh[w[0] * hv..w[1] * hv],
+                ),
+                reference::GdnLayerHost {
+                    a_log: &a_log,
+                    dt_bias: &dt_bias,
+                    shape,
+                    profile: params.profile,
+                },
                 &mut sh,
-                params.profile,
             ));
             **st = self.gdn_f32_from_host(&sh)?;
         }
@@ -749,7 +750,7 @@ pub(super) fn gated_delta_rule(
     states: &mut [&mut CudaF32],
 ) -> Result<CudaTensor> {
     let kernel = ChunkKernel::for_profile(params.profile);
-    be.gated_delta_rule_with(qkv, a, b, params, seq_starts, states, kernel)
+    be.gated_delta_rule_with((qkv, a, b), params, seq_starts, states, kernel)
 }
 
 /// Kernel names of `kernels/gdn.cu`, for [`CudaBackend::kernel_report`]-style diagnostics.

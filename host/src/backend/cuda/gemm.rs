@@ -75,6 +75,18 @@ impl OutType {
     }
 }
 
+/// The operands of `y[rows, out] = x[rows, inp] · W[out, inp]ᵀ` as device addresses: `x` and `W`
+/// row-major bf16, `y` of the call's output type with row stride `out`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GemmOperands {
+    pub x: u64,
+    pub rows: usize,
+    pub w: u64,
+    pub out: usize,
+    pub inp: usize,
+    pub y: u64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct PlanKey {
     rows: usize,
@@ -267,21 +279,23 @@ impl Gemms {
 
     /// Runs the GEMM through cuBLASLt. Returns Ok(false) when the caller must use `cublasGemmEx`
     /// instead (mode `GemmEx`, or no cuBLASLt algorithm for this shape).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run(
         &self,
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
-        x: u64,
-        rows: usize,
-        w: u64,
-        out: usize,
-        inp: usize,
-        y: u64,
+        g: GemmOperands,
         out_type: OutType,
         beta: f32,
         gemm_ex: &dyn Fn(u64, f32) -> Result<()>,
     ) -> Result<bool> {
+        let GemmOperands {
+            x,
+            rows,
+            w,
+            out,
+            inp,
+            y,
+        } = g;
         let mode = self.mode();
         let Some(st) = self.lt.as_ref() else {
             return Ok(false);
@@ -315,7 +329,7 @@ impl Gemms {
             None => {
                 // A shape cuBLASLt cannot plan stays on cublasGemmEx (the error is kept for
                 // `lt_status`), so a cuBLASLt quirk never stops a forward.
-                let p = match self.plan(ctx, stream, st, key, x, w, gemm_ex) {
+                let p = match self.plan(ctx, stream, st, key, &g, gemm_ex) {
                     Ok(p) => Some(Arc::new(p)),
                     Err(e) => {
                         st.plan_error
@@ -338,22 +352,20 @@ impl Gemms {
         let Some(algo) = plan.algo.as_ref() else {
             return Ok(false);
         };
-        launch(st, stream, &plan, algo, x, w, y, beta)?;
+        launch(st, stream, &plan, algo, &g, beta)?;
         Ok(true)
     }
 
     /// Descriptors for `key` and its algorithm: the heuristic's first answer, or (tuned) the
     /// fastest of its first [`CANDIDATES`] answers and `cublasGemmEx` (`gemm_ex(y, beta)`) on the
     /// real operands.
-    #[allow(clippy::too_many_arguments)]
     fn plan(
         &self,
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
         st: &LtState,
         key: PlanKey,
-        x: u64,
-        w: u64,
+        g: &GemmOperands,
         gemm_ex: &dyn Fn(u64, f32) -> Result<()>,
     ) -> Result<Plan> {
         let bf = lt::cudaDataType::CUDA_R_16BF;
@@ -504,7 +516,7 @@ impl Gemms {
         // Candidate i < cands.len() is a cuBLASLt algorithm, i == cands.len() is cublasGemmEx.
         let run_one = |i: usize| -> Result<()> {
             match cands.get(i) {
-                Some(algo) => launch(st, stream, &plan, algo, x, w, y, beta),
+                Some(algo) => launch(st, stream, &plan, algo, &GemmOperands { y, ..*g }, beta),
                 None => gemm_ex(y, beta),
             }
         };
@@ -558,17 +570,16 @@ impl Gemms {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One `cublasLtMatmul` of `plan` with `algo` (the plan fixes the shapes; `g`'s pointers are used).
 fn launch(
     st: &LtState,
     stream: &Arc<CudaStream>,
     plan: &Plan,
     algo: &lt::cublasLtMatmulAlgo_t,
-    x: u64,
-    w: u64,
-    y: u64,
+    g: &GemmOperands,
     beta: f32,
 ) -> Result<()> {
+    let GemmOperands { x, w, y, .. } = *g;
     let alpha = 1f32;
     let ws = st.workspace.device_ptr(stream).0;
     // SAFETY: pointers address buffers of the plan's shapes (checked by `gemm_raw` below);
@@ -621,20 +632,27 @@ impl CudaBackend {
         self.gemm.tune_records()
     }
 
+    /// The operands of `x · Wᵀ` written to `y`.
+    pub(super) fn operands(&self, x: &CudaTensor, w: &CudaMatrix, y: u64) -> GemmOperands {
+        GemmOperands {
+            x: self.ptr(&x.buf),
+            rows: x.rows,
+            w: self.ptr(&w.buf),
+            out: w.out,
+            inp: w.inp,
+            y,
+        }
+    }
+
     /// `y = x · Wᵀ (+ beta · y)` with bf16 operands and fp32 accumulation. Raw pointers so the
     /// LM head can write fp32 logits for a slice of rows.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm_raw(
         &self,
-        x: u64,
-        rows: usize,
-        w: u64,
-        out: usize,
-        inp: usize,
-        y: u64,
+        g: GemmOperands,
         y_type: blas_sys::cudaDataType,
         beta: f32,
     ) -> Result<()> {
+        let GemmOperands { rows, out, inp, .. } = g;
         if rows == 0 || out == 0 {
             return Ok(());
         }
@@ -648,39 +666,33 @@ impl CudaBackend {
             OutType::Bf16
         };
         // cuBLASLt (the tuner also times cublasGemmEx on the shape, into its own scratch output).
-        let gemm_ex =
-            |y_scratch: u64, b: f32| self.gemm_ex_raw(x, rows, w, out, inp, y_scratch, y_type, b);
-        if self.gemm.run(
-            &self.ctx,
-            &self.stream,
+        let gemm_ex = |y_scratch: u64, b: f32| {
+            self.gemm_ex_raw(GemmOperands { y: y_scratch, ..g }, y_type, b)
+        };
+        if self
+            .gemm
+            .run(&self.ctx, &self.stream, g, out_type, beta, &gemm_ex)?
+        {
+            return Ok(());
+        }
+        self.gemm_ex_raw(g, y_type, beta)
+    }
+
+    /// `cublasGemmEx` for [`CudaBackend::gemm_raw`] (shapes checked there).
+    pub(super) fn gemm_ex_raw(
+        &self,
+        g: GemmOperands,
+        y_type: blas_sys::cudaDataType,
+        beta: f32,
+    ) -> Result<()> {
+        let GemmOperands {
             x,
             rows,
             w,
             out,
             inp,
             y,
-            out_type,
-            beta,
-            &gemm_ex,
-        )? {
-            return Ok(());
-        }
-        self.gemm_ex_raw(x, rows, w, out, inp, y, y_type, beta)
-    }
-
-    /// `cublasGemmEx` for [`CudaBackend::gemm_raw`] (shapes checked there).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn gemm_ex_raw(
-        &self,
-        x: u64,
-        rows: usize,
-        w: u64,
-        out: usize,
-        inp: usize,
-        y: u64,
-        y_type: blas_sys::cudaDataType,
-        beta: f32,
-    ) -> Result<()> {
+        } = g;
         let alpha = 1f32;
         // Column-major view: yᵀ[out, rows] = W[out, inp] · xᵀ[inp, rows]; W row-major [out, inp]
         // is column-major [inp, out] (lda = inp), hence op(A) = T.
@@ -730,26 +742,10 @@ impl CudaBackend {
         );
         if x.rows <= MAX_DECODE_ROWS {
             // Batch-invariant, the add in the epilogue as below (decode.rs).
-            return self.decode_gemm_raw(
-                self.ptr(&x.buf),
-                x.rows,
-                self.ptr(&w.buf),
-                w.out,
-                w.inp,
-                self.ptr(&acc.buf),
-                w.out,
-                decode::Epilogue::AddBf16,
-            );
+            let g = self.operands(x, w, self.ptr(&acc.buf));
+            return self.decode_gemm_raw(g, w.out, decode::Epilogue::AddBf16);
         }
-        self.gemm_raw(
-            self.ptr(&x.buf),
-            x.rows,
-            self.ptr(&w.buf),
-            w.out,
-            w.inp,
-            self.ptr(&acc.buf),
-            blas_sys::cudaDataType::CUDA_R_16BF,
-            1.0,
-        )
+        let g = self.operands(x, w, self.ptr(&acc.buf));
+        self.gemm_raw(g, blas_sys::cudaDataType::CUDA_R_16BF, 1.0)
     }
 }

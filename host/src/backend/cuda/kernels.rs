@@ -339,7 +339,7 @@ fn nvrtc_compile(src: &str, name: &str, opts: &[String], kind: ImageKind) -> Res
 /// the kernels compile.
 pub fn compile_kernels_offline(arch: &str) -> Result<Vec<(String, usize)>> {
     super::probe::preload("NVRTC", &["libnvrtc.so.13", "libnvrtc.so"])
-        .map_err(|e| anyhow!("CUDA unavailable: {e}"))?;
+        .map_err(super::probe::unavailable)?;
     let mut out = Vec::new();
     for name in module_names() {
         let ptx = std::panic::catch_unwind(|| ptx_for(name, arch))

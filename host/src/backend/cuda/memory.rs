@@ -7,6 +7,21 @@ use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use half::bf16;
 
+/// Where a block of columns sits in a row-major buffer: rows `ld` elements apart, starting at
+/// column `col0`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Cols {
+    pub ld: usize,
+    pub col0: usize,
+}
+
+impl Cols {
+    /// Whole rows of `ld` columns.
+    pub(super) fn rows(ld: usize) -> Cols {
+        Cols { ld, col0: 0 }
+    }
+}
+
 impl CudaBackend {
     pub(super) fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
         // SAFETY: every caller writes all `n` elements before anything reads them. A zero-length
@@ -190,40 +205,25 @@ impl CudaBackend {
         Ok(CudaMatrix { buf, out, inp })
     }
 
-    /// Splits the columns of `x` into consecutive tensors of the given widths (the outputs of a
-    /// fused projection).
-    pub fn split_cols(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
-        ensure!(
-            widths.iter().sum::<usize>() == x.cols,
-            "split_cols: widths {widths:?} do not add up to {} columns",
-            x.cols
-        );
-        let mut out = Vec::with_capacity(widths.len());
-        let mut c0 = 0;
-        for &w in widths {
-            let mut t = self.new_tensor(x.rows, w)?;
-            self.copy_rows(&mut t.buf, w, 0, &x.buf, x.cols, c0, None, x.rows, w)?;
-            out.push(t);
-            c0 += w;
-        }
-        Ok(out)
-    }
-
-    /// Copies columns `src_col0..src_col0 + cols` of rows of `src` (all of them, or those listed in
-    /// `idx`) into columns `dst_col0..dst_col0 + cols` of `dst`.
-    #[allow(clippy::too_many_arguments)]
+    /// Copies `cols` columns of `rows` rows of `src` (all of them in order, or the rows listed in
+    /// `idx`) from `src_at` into `dst_at` of `dst`.
     pub(super) fn copy_rows(
         &self,
-        dst: &mut CudaSlice<bf16>,
-        dst_ld: usize,
-        dst_col0: usize,
-        src: &CudaSlice<bf16>,
-        src_ld: usize,
-        src_col0: usize,
+        (dst, dst_at): (&mut CudaSlice<bf16>, Cols),
+        (src, src_at): (&CudaSlice<bf16>, Cols),
         idx: Option<&CudaSlice<u32>>,
-        rows: usize,
-        cols: usize,
+        (rows, cols): (usize, usize),
     ) -> Result<()> {
+        let (
+            Cols {
+                ld: dst_ld,
+                col0: dst_col0,
+            },
+            Cols {
+                ld: src_ld,
+                col0: src_col0,
+            },
+        ) = (dst_at, src_at);
         if rows == 0 || cols == 0 {
             return Ok(());
         }

@@ -1,15 +1,21 @@
 //! Finding CUDA: the libraries are `dlopen`ed before cudarc touches them (a missing library
 //! panics inside cudarc), the device is counted, and [`CudaBackend::new`] opens it. Every failure
-//! here is "CUDA unavailable: <reason>".
+//! here is [`BackendError::CudaUnavailable`] ("CUDA unavailable: <reason>").
 
 use super::gemm::Gemms;
 use super::kernels::Kernels;
 use super::{blas_err, derr, CudaBackend, DeviceInfo};
-use anyhow::{anyhow, Result};
+use crate::backend::BackendError;
+use anyhow::Result;
 use cudarc::cublas::{sys as blas_sys, CudaBlas};
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
+
+/// The error of a machine without usable CUDA.
+pub(super) fn unavailable(reason: String) -> anyhow::Error {
+    BackendError::CudaUnavailable(reason).into()
+}
 
 /// Directories tried when a library is not found by its plain name (LD_LIBRARY_PATH unset).
 pub(super) fn library_dirs() -> Vec<String> {
@@ -108,20 +114,19 @@ pub fn availability(ordinal: usize) -> std::result::Result<(), String> {
 }
 
 impl CudaBackend {
-    /// Opens device `ordinal`. Errors start with "CUDA unavailable:" when the machine has no
-    /// usable CUDA (no driver, no NVRTC/cuBLAS, no device), so callers can print them as is.
+    /// Opens device `ordinal`. When the machine has no usable CUDA (no driver, no NVRTC/cuBLAS,
+    /// no device) the error is [`BackendError::CudaUnavailable`] ("CUDA unavailable: <reason>"),
+    /// which callers can print as is.
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
-        availability(ordinal).map_err(|r| anyhow!("CUDA unavailable: {r}"))?;
+        availability(ordinal).map_err(unavailable)?;
         let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
             .map_err(|p| {
-                anyhow!(
-                    "CUDA unavailable: creating a context on device {ordinal} panicked: {}",
+                unavailable(format!(
+                    "creating a context on device {ordinal} panicked: {}",
                     panic_text(p)
-                )
+                ))
             })?
-            .map_err(|e| {
-                anyhow!("CUDA unavailable: creating a context on device {ordinal}: {e}")
-            })?;
+            .map_err(|e| unavailable(format!("creating a context on device {ordinal}: {e}")))?;
         // One stream only: cudarc's per-buffer events (for cross-stream ordering) are not needed.
         // SAFETY: every buffer of this backend is allocated, used and freed on `stream`.
         unsafe { ctx.disable_event_tracking() };
@@ -142,13 +147,8 @@ impl CudaBackend {
             }
         }
         let blas = std::panic::catch_unwind(|| CudaBlas::new(stream.clone()))
-            .map_err(|p| {
-                anyhow!(
-                    "CUDA unavailable: cuBLAS initialisation panicked: {}",
-                    panic_text(p)
-                )
-            })?
-            .map_err(|e| anyhow!("CUDA unavailable: cuBLAS initialisation failed: {:?}", e.0))?;
+            .map_err(|p| unavailable(format!("cuBLAS initialisation panicked: {}", panic_text(p))))?
+            .map_err(|e| unavailable(format!("cuBLAS initialisation failed: {:?}", e.0)))?;
         // SAFETY: valid handle; the mode only forbids reduced-precision split-K reductions.
         unsafe {
             blas_sys::cublasSetMathMode(

@@ -1,0 +1,81 @@
+//! The unfused compositions that are [`Backend`] defaults and the fallbacks of backends whose
+//! fused paths do not cover a shape: written once in terms of the trait's other ops.
+
+use super::{AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope};
+use anyhow::{ensure, Result};
+
+/// [`Backend::attention_varlen_qkv`] as separate ops: split q | k | v, per-head norms
+/// (group = head_dim), RoPE of q and k, [`Backend::attention_varlen`]. The trait's default, and
+/// the fallback of backends whose fused path does not cover a shape.
+pub fn attention_varlen_qkv_unfused<B: Backend + ?Sized>(
+    be: &B,
+    qkv: B::Tensor,
+    shape: AttnShape,
+    qk_norm: Option<QkNorm<'_, B::Tensor>>,
+    positions: &[u32],
+    rope: &Rope,
+    seq_starts: &[usize],
+) -> Result<B::Tensor> {
+    let (qd, kvd) = (
+        shape.heads * shape.head_dim,
+        shape.kv_heads * shape.head_dim,
+    );
+    let mut parts = be.split_cols(&qkv, &[qd, kvd, kvd])?.into_iter();
+    drop(qkv);
+    let (mut q, mut k, v) = match (parts.next(), parts.next(), parts.next()) {
+        (Some(q), Some(k), Some(v)) => (q, k, v),
+        _ => anyhow::bail!("attention_varlen_qkv: split_cols did not return q, k and v"),
+    };
+    if let Some(n) = qk_norm {
+        q = be.rms_norm(&q, n.q, n.eps, shape.head_dim)?;
+        k = be.rms_norm(&k, n.k, n.eps, shape.head_dim)?;
+    }
+    be.rope_inplace(&mut q, positions, rope)?;
+    be.rope_inplace(&mut k, positions, rope)?;
+    be.attention_varlen(&q, &k, &v, shape, seq_starts)
+}
+
+/// [`Backend::attention_decode`] one sequence at a time: append row r of k/v to cache r
+/// ([`Backend::append_rows`]), then [`Backend::attention`] of q row r over the whole cache,
+/// causal from position `len_r`. The trait's default.
+pub fn attention_decode_per_row<B: Backend + ?Sized>(
+    be: &B,
+    q: &B::Tensor,
+    k: &B::Tensor,
+    v: &B::Tensor,
+    shape: AttnShape,
+    caches: &mut [KvSlot<'_, B::Tensor>],
+) -> Result<B::Tensor> {
+    let rows = be.dims(q).0;
+    ensure!(
+        rows == caches.len() && be.dims(k).0 == rows && be.dims(v).0 == rows,
+        "attention_decode: {rows} query rows, {} k rows, {} v rows for {} caches",
+        be.dims(k).0,
+        be.dims(v).0,
+        caches.len()
+    );
+    let mut outs = Vec::with_capacity(rows);
+    for (r, slot) in caches.iter_mut().enumerate() {
+        let start = slot.k.as_ref().map(|t| be.dims(t).0).unwrap_or(0);
+        for (cache, new) in [(&mut *slot.k, k), (&mut *slot.v, v)] {
+            let row = be.slice_rows(new, r, r + 1)?;
+            match cache {
+                Some(old) => be.append_rows(old, &row)?,
+                None => *cache = Some(row),
+            }
+        }
+        let (k_all, v_all) = match (slot.k.as_ref(), slot.v.as_ref()) {
+            (Some(k), Some(v)) => (k, v),
+            _ => anyhow::bail!("attention_decode: cache {r} lost its keys"),
+        };
+        let qr = be.slice_rows(q, r, r + 1)?;
+        outs.push(be.attention(
+            &qr,
+            k_all,
+            v_all,
+            shape,
+            &AttnMask::Causal { q_start: start },
+        )?);
+    }
+    be.concat_rows(&outs.iter().collect::<Vec<_>>())
+}
