@@ -6,15 +6,27 @@
 // [capacity ≥ len_r + 1, Hkv·hd] bf16). The table is a kernel parameter (R ≤ DA_MAX_ROWS per
 // launch), not a device buffer: uploading one per layer from pageable host memory could make the
 // host wait for the stream at every layer. The kernel appends the new k/v at position len_r and
-// attends q over positions 0..=len_r. One block per (sequence, KV head), one warp per query head
-// of that group, so a sequence's result never depends on which sequences share the launch.
+// attends q over positions 0..=len_r. One warp per query head of a KV head's group.
+//
+// Split-KV (flash-decoding): the len_r + 1 keys of sequence r are cut into S_r = ⌈(len_r + 1) /
+// chunk⌉ chunks of `chunk` keys (the last one shorter), `chunk` a constant of decode.rs
+// (DECODE_ATTN_CHUNK), one block per (chunk c, KV head h, sequence r). With S_r = 1 the block
+// normalises and writes the bf16 output itself: exactly the arithmetic of the unsplit kernel.
+// With S_r > 1 every block writes its partial (running max m_c, sum l_c, unnormalised fp32 O_c)
+// to the scratch, and decode_attention_combine merges the partials in chunk order 0, 1, …,
+// S_r − 1. Batch invariance: S_r and the chunk boundaries are a function of len_r alone, the key
+// order inside a chunk and the combine order are fixed, and `nchunks` (the launch's largest S,
+// which does depend on the batch) only places the partials in the scratch. So a sequence's result
+// never depends on which or how many sequences share the launch.
 //
 // Numerics (as flash_attention2 in attention.cu): scores q·k in fp32 scaled by log2(e)/√hd; a
-// running max and sum in fp32, updated once per chunk of DA_UNROLL keys in key order;
+// running max and sum in fp32, updated once per group of DA_UNROLL keys in key order;
 // P = exp2(S − max) in fp32, rounded to bf16 only as the weight of V; the sum uses the fp32 P; O
-// accumulates in fp32, is divided by the sum at the end and rounded once to bf16. Every lane
-// holds hd/32 consecutive dimensions; the dot products are reduced with the xor butterfly, whose
-// result is bitwise the same on every lane (fp32 addition is commutative).
+// accumulates in fp32, is divided by the sum at the end and rounded once to bf16. The combine
+// rescales each chunk by exp2(m_c − max_c m_c) in fp32 (O and l alike) and sums in chunk order.
+// Every lane holds hd/32 consecutive dimensions; the dot products are reduced with the xor
+// butterfly, whose result is bitwise the same on every lane (fp32 addition is commutative), so m
+// and l are the same on every lane of a warp.
 
 #define DA_MAX_ROWS 64
 struct DaTable {
@@ -51,27 +63,48 @@ __device__ __forceinline__ void da_copy(bf16_t* d, const bf16_t* s) {
     }
 }
 
+/// Number of key chunks of a sequence whose cache holds `len` keys (len + 1 with the new one).
+__device__ __forceinline__ int da_chunks(int len, int chunk) { return len / chunk + 1; }
+
+template <int DPL>
+__device__ __forceinline__ void da_store_bf16(bf16_t* op, const float* res) {
+    if constexpr (DPL == 8) {
+        *(uint4*)op = pack8(res);
+    } else if constexpr (DPL == 4) {
+        *(uint2*)op = make_uint2(pack_bf16x2(res[0], res[1]), pack_bf16x2(res[2], res[3]));
+    } else {
+        *(u32*)op = pack_bf16x2(res[0], res[1]);
+    }
+}
+
+// Partials: po [R, heads, nchunks, HD] fp32 (unnormalised O), pml [R, heads, nchunks] (m, l).
 template <int HD, int UNR>
 __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew,
                                  const bf16_t* __restrict__ vnew, bf16_t* __restrict__ out, const DaTable& tab,
-                                 int heads, int kv_heads, float scale_log2) {
+                                 int heads, int kv_heads, float scale_log2, int chunk, int nchunks,
+                                 float* __restrict__ po, float2* __restrict__ pml) {
     constexpr int DPL = HD / 32;
-    const int r = blockIdx.x, h = blockIdx.y;
+    const int c = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
+    const int len = tab.len[r];
+    const int nc = da_chunks(len, chunk);
+    if (c >= nc) return;  // a shorter sequence than the launch's longest
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int group = heads / kv_heads;
     const int qh = h * group + w;
     const long long kvd = (long long)kv_heads * HD, qd = (long long)heads * HD;
     bf16_t* kc = (bf16_t*)tab.k[r];
     bf16_t* vc = (bf16_t*)tab.v[r];
-    const int len = tab.len[r];
     const int d0 = lane * DPL;
     const bf16_t* kn = knew + r * kvd + h * HD + d0;
     const bf16_t* vn = vnew + r * kvd + h * HD + d0;
-    if (w == 0) {
+    if (c == 0 && w == 0) {
         // Append (positions < len are only read, the new one is read from knew/vnew).
         da_copy<DPL>(kc + len * kvd + h * HD + d0, kn);
         da_copy<DPL>(vc + len * kvd + h * HD + d0, vn);
     }
+    // This block's keys: jb..=je (all of 0..=len when nc = 1).
+    const int jb = c * chunk;
+    const int je = min(len, jb + chunk - 1);
     float qf[DPL];
     da_load<DPL>(q + r * qd + qh * HD + d0, qf);
     float m = -DL_INF, l = 0.f, o[DPL];
@@ -79,12 +112,12 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
     for (int d = 0; d < DPL; ++d) o[d] = 0.f;
     const bf16_t* kbase = kc + h * HD + d0;
     const bf16_t* vbase = vc + h * HD + d0;
-    for (int j0 = 0; j0 <= len; j0 += UNR) {
+    for (int j0 = jb; j0 <= je; j0 += UNR) {
         float kf[UNR][DPL], vf[UNR][DPL], s[UNR];
 #pragma unroll
         for (int u = 0; u < UNR; ++u) {
             const int j = j0 + u;
-            if (j < len) {
+            if (j < len && j <= je) {
                 da_load<DPL>(kbase + j * kvd, kf[u]);
                 da_load<DPL>(vbase + j * kvd, vf[u]);
             } else if (j == len) {
@@ -105,14 +138,14 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
         float mc = m;
 #pragma unroll
         for (int u = 0; u < UNR; ++u)
-            if (j0 + u <= len) mc = fmaxf(mc, s[u]);
+            if (j0 + u <= je) mc = fmaxf(mc, s[u]);
         const float corr = exp2f(m - mc);  // 0 at the first chunk (m = -inf)
         l *= corr;
 #pragma unroll
         for (int d = 0; d < DPL; ++d) o[d] *= corr;
 #pragma unroll
         for (int u = 0; u < UNR; ++u) {
-            if (j0 + u <= len) {
+            if (j0 + u <= je) {
                 const float p = exp2f(s[u] - mc);
                 l += p;
                 const float pb = rb(p);
@@ -122,26 +155,69 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
         }
         m = mc;
     }
-    const float inv = 1.f / l;
-    bf16_t* op = out + r * qd + qh * HD + d0;
-    float res[8];
+    if (nc == 1) {
+        const float inv = 1.f / l;
+        float res[DPL];
 #pragma unroll
-    for (int d = 0; d < DPL; ++d) res[d] = o[d] * inv;
-    if constexpr (DPL == 8) {
-        *(uint4*)op = pack8(res);
-    } else if constexpr (DPL == 4) {
-        *(uint2*)op = make_uint2(pack_bf16x2(res[0], res[1]), pack_bf16x2(res[2], res[3]));
-    } else {
-        *(u32*)op = pack_bf16x2(res[0], res[1]);
+        for (int d = 0; d < DPL; ++d) res[d] = o[d] * inv;
+        da_store_bf16<DPL>(out + r * qd + qh * HD + d0, res);
+        return;
     }
+    const long long p = ((long long)r * heads + qh) * nchunks + c;
+    float* dst = po + p * HD + d0;
+#pragma unroll
+    for (int d = 0; d < DPL; d += 2) *(float2*)(dst + d) = make_float2(o[d], o[d + 1]);
+    if (lane == 0) pml[p] = make_float2(m, l);
 }
 
-#define DA_ENTRY(HD, UNR)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256)                                                          \
-        decode_attention_hd##HD(const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew,                 \
-                                const bf16_t* __restrict__ vnew, bf16_t* __restrict__ out,                      \
-                                const __grid_constant__ DaTable tab, int heads, int kv_heads, float scale_log2) { \
-        decode_attention<HD, UNR>(q, knew, vnew, out, tab, heads, kv_heads, scale_log2);                        \
+// Merges the partials of every sequence with S_r > 1 (the others were written by
+// decode_attention): one warp per (query head, sequence), chunks in order 0..S_r−1.
+template <int HD>
+__device__ void decode_attention_combine(bf16_t* __restrict__ out, const DaTable& tab, int heads, int chunk,
+                                         int nchunks, const float* __restrict__ po,
+                                         const float2* __restrict__ pml) {
+    constexpr int DPL = HD / 32;
+    const int qh = blockIdx.x, r = blockIdx.y;
+    const int nc = da_chunks(tab.len[r], chunk);
+    if (nc == 1) return;
+    const int d0 = (threadIdx.x & 31) * DPL;
+    const long long p0 = ((long long)r * heads + qh) * nchunks;
+    float mx = -DL_INF;
+    for (int c = 0; c < nc; ++c) mx = fmaxf(mx, pml[p0 + c].x);
+    float l = 0.f, o[DPL];
+#pragma unroll
+    for (int d = 0; d < DPL; ++d) o[d] = 0.f;
+    for (int c = 0; c < nc; ++c) {
+        const float2 ml = pml[p0 + c];
+        const float a = exp2f(ml.x - mx);
+        l += ml.y * a;
+        const float* src = po + (p0 + c) * HD + d0;
+#pragma unroll
+        for (int d = 0; d < DPL; d += 2) {
+            const float2 v = *(const float2*)(src + d);
+            o[d] += v.x * a;
+            o[d + 1] += v.y * a;
+        }
+    }
+    const float inv = 1.f / l;
+    float res[DPL];
+#pragma unroll
+    for (int d = 0; d < DPL; ++d) res[d] = o[d] * inv;
+    da_store_bf16<DPL>(out + (long long)r * heads * HD + qh * HD + d0, res);
+}
+
+#define DA_ENTRY(HD, UNR)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) decode_attention_hd##HD(                               \
+        const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew, const bf16_t* __restrict__ vnew,       \
+        bf16_t* __restrict__ out, const __grid_constant__ DaTable tab, int heads, int kv_heads,               \
+        float scale_log2, int chunk, int nchunks, float* __restrict__ po, float2* __restrict__ pml) {         \
+        decode_attention<HD, UNR>(q, knew, vnew, out, tab, heads, kv_heads, scale_log2, chunk, nchunks, po,   \
+                                  pml);                                                                       \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(32) decode_attention_combine_hd##HD(                        \
+        bf16_t* __restrict__ out, const __grid_constant__ DaTable tab, int heads, int chunk, int nchunks,     \
+        const float* __restrict__ po, const float2* __restrict__ pml) {                                      \
+        decode_attention_combine<HD>(out, tab, heads, chunk, nchunks, po, pml);                               \
     }
 
 DA_ENTRY(64, 8)

@@ -23,7 +23,8 @@ use std::time::Instant;
 
 /// Bumped whenever model code or kernels change numerics, so cached entries are recomputed.
 /// 3: CUDA GEMMs of ≤ 64 rows and decode attention on the batch-invariant decode kernels.
-pub const MODEL_CODE_VERSION: &str = "3";
+/// 4: CUDA decode attention splits caches of ≥ 512 keys into chunks (split-KV, another order).
+pub const MODEL_CODE_VERSION: &str = "4";
 
 /// Default token budget of one packed target forward ([`Session::pack_tokens`]): 16k rows fill
 /// an H200 (docs/cuda.md) and keep the CPU's activations small.

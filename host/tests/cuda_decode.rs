@@ -1,11 +1,16 @@
 //! Batch-invariant decoding on CUDA (docs/cuda.md, "Batch-invariant decode"): the decode GEMM
 //! gives a row the same bits whatever the row count (1..=64) and agrees with cuBLAS to bf16
 //! rounding; greedy continuations decoded in batches of 1, 3, 8, 32 and 64 are bit-identical to
-//! each prompt decoded alone, with prompts leaving the batch on EOS and at batch boundaries.
+//! each prompt decoded alone, with prompts leaving the batch on EOS and at batch boundaries; the
+//! split-KV decode attention (sequences longer than one key chunk) gives a sequence the same bits
+//! in any batch and agrees with the CPU backend.
 //! Without a GPU every test prints "SKIP: CUDA unavailable: <reason>" and passes (CI).
 #![cfg(feature = "cuda")]
 
-use draftlens::backend::cuda::{CudaBackend, CudaTensor, MAX_DECODE_ROWS};
+use draftlens::backend::cpu::{CpuBackend, CpuTensor};
+use draftlens::backend::cuda::{
+    decode_attn_chunks, CudaBackend, CudaTensor, DECODE_ATTN_CHUNK, MAX_DECODE_ROWS,
+};
 use draftlens::backend::Backend;
 use draftlens::generate::{greedy, greedy_batch, Continuation, StopReason};
 use draftlens::model::random::{qwen3_8b_spec, RandomWeights};
@@ -328,5 +333,139 @@ fn batched_decode_attention_matches_attention_per_sequence() {
                 assert!(bits(&be, cx) == bits(&be, cy), "cache {r} contents");
             }
         }
+    }
+}
+
+/// Cache lengths around the split-KV chunk (DECODE_ATTN_CHUNK keys per block): one chunk
+/// exactly full, a second chunk holding only the new key, two and three chunks, a long
+/// sequence (5 000 keys, 10 chunks), and short ones that take the single-block path.
+fn split_lengths() -> Vec<usize> {
+    let c = DECODE_ATTN_CHUNK;
+    vec![3, 5000, 0, c - 1, c, 2 * c + 100, 40, 2 * c - 1, 5000 - 7]
+}
+
+/// Decode-attention caches `(k, v)` of the given lengths (None for 0), from `seed`.
+fn split_caches(be: &CudaBackend, lens: &[usize], kvd: usize, seed: u64) -> Caches {
+    lens.iter()
+        .enumerate()
+        .map(|(r, &len)| {
+            if len == 0 {
+                (None, None)
+            } else {
+                let s = seed + 10 * r as u64;
+                (
+                    Some(be.random_tensor(len, kvd, 1.0, 0.0, s).unwrap()),
+                    Some(be.random_tensor(len, kvd, 1.0, 0.0, s + 1).unwrap()),
+                )
+            }
+        })
+        .collect()
+}
+
+const SPLIT_SHAPES: [(usize, usize, usize); 3] = [(32, 8, 128), (6, 3, 64), (4, 4, 256)];
+
+/// Split-KV batch invariance: each sequence decoded alone (so its launch has as many chunks as
+/// it needs, or one) gives the bits it gets in a batch whose longest sequence has 10 chunks, for
+/// the output row and the grown caches.
+#[test]
+fn split_kv_decode_attention_rows_do_not_depend_on_the_batch() {
+    use draftlens::backend::AttnShape;
+    let Some(be) = gpu() else { return };
+    let lens = split_lengths();
+    assert!(decode_attn_chunks(5000) >= 8 && decode_attn_chunks(DECODE_ATTN_CHUNK - 1) == 1);
+    for (heads, kv_heads, hd) in SPLIT_SHAPES {
+        let shape = AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        };
+        let rows = lens.len();
+        let kvd = kv_heads * hd;
+        let q = be.random_tensor(rows, heads * hd, 2.0, 0.0, 21).unwrap();
+        let k = be.random_tensor(rows, kvd, 1.0, 0.0, 22).unwrap();
+        let v = be.random_tensor(rows, kvd, 1.0, 0.0, 23).unwrap();
+        let mut batch = split_caches(&be, &lens, kvd, 500);
+        let got = be
+            .attention_decode(&q, &k, &v, shape, &mut slots(&mut batch))
+            .unwrap();
+        let got = bits(&be, &got);
+        let width = heads * hd;
+        let mut alone_caches = split_caches(&be, &lens, kvd, 500);
+        for r in 0..rows {
+            let row = |t: &CudaTensor| be.slice_rows(t, r, r + 1).unwrap();
+            let mut one: Caches = vec![(alone_caches[r].0.take(), alone_caches[r].1.take())];
+            let alone = be
+                .attention_decode(&row(&q), &row(&k), &row(&v), shape, &mut slots(&mut one))
+                .unwrap();
+            assert!(
+                bits(&be, &alone) == got[r * width..(r + 1) * width],
+                "{heads}/{kv_heads}×{hd}: sequence {r} ({} keys, {} chunks) differs alone",
+                lens[r] + 1,
+                decode_attn_chunks(lens[r])
+            );
+            for (cx, cy) in [(&one[0].0, &batch[r].0), (&one[0].1, &batch[r].1)] {
+                let (cx, cy) = (cx.as_ref().unwrap(), cy.as_ref().unwrap());
+                assert_eq!(be.dims(cx), (lens[r] + 1, kvd), "cache {r} shape");
+                assert!(bits(&be, cx) == bits(&be, cy), "cache {r} contents");
+            }
+        }
+        println!(
+            "split-KV {heads}/{kv_heads}×{hd}: {rows} sequences bit-identical alone and batched"
+        );
+    }
+}
+
+/// Split-KV against an independent reference: the CPU backend's attention (fp32, no bf16
+/// rounding of P) over the same bf16 values, per sequence, within attention's parity bound
+/// (1e-2 relative L2: P rounded to bf16 plus the output rounding; docs/cuda.md, "Tolerances").
+#[test]
+fn split_kv_decode_attention_matches_the_cpu_backend() {
+    use draftlens::backend::{AttnShape, KvSlot};
+    let Some(be) = gpu() else { return };
+    let cpu = CpuBackend::new();
+    let lens = split_lengths();
+    for (heads, kv_heads, hd) in SPLIT_SHAPES {
+        let shape = AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        };
+        let rows = lens.len();
+        let kvd = kv_heads * hd;
+        let q = be.random_tensor(rows, heads * hd, 2.0, 0.0, 31).unwrap();
+        let k = be.random_tensor(rows, kvd, 1.0, 0.0, 32).unwrap();
+        let v = be.random_tensor(rows, kvd, 1.0, 0.0, 33).unwrap();
+        let mut gc = split_caches(&be, &lens, kvd, 700);
+        let to_cpu = |t: &CudaTensor| {
+            let (r, c) = be.dims(t);
+            cpu.from_host(&be.to_host(t).unwrap(), r, c).unwrap()
+        };
+        let mut cc: Vec<(Option<CpuTensor>, Option<CpuTensor>)> = gc
+            .iter()
+            .map(|(k, v)| (k.as_ref().map(to_cpu), v.as_ref().map(to_cpu)))
+            .collect();
+        let got = be
+            .attention_decode(&q, &k, &v, shape, &mut slots(&mut gc))
+            .unwrap();
+        let mut cslots: Vec<KvSlot<'_, CpuTensor>> =
+            cc.iter_mut().map(|(k, v)| KvSlot { k, v }).collect();
+        let want = cpu
+            .attention_decode(&to_cpu(&q), &to_cpu(&k), &to_cpu(&v), shape, &mut cslots)
+            .unwrap();
+        let (got, want) = (be.to_host(&got).unwrap(), cpu.to_host(&want).unwrap());
+        let width = heads * hd;
+        let mut worst = 0f64;
+        for (r, &len) in lens.iter().enumerate() {
+            let span = r * width..(r + 1) * width;
+            let err = rel_l2(&got[span.clone()], &want[span]);
+            assert!(
+                err < 1e-2,
+                "{heads}/{kv_heads}×{hd}: sequence {r} ({} keys, {} chunks): rel L2 {err} vs CPU",
+                len + 1,
+                decode_attn_chunks(len)
+            );
+            worst = worst.max(err);
+        }
+        println!("split-KV {heads}/{kv_heads}×{hd}: worst per-sequence rel L2 vs CPU {worst:.2e}");
     }
 }

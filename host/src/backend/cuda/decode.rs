@@ -239,9 +239,11 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// [`Backend::attention_decode`] in one launch (`kernels/decode_attention.cu`): one block per
-    /// (sequence, KV head), so a row's result does not depend on the others. Head dims 64, 128
-    /// and 256 with at most 8 query heads per KV head; other shapes go one sequence at a time.
+    /// [`Backend::attention_decode`] in one launch (`kernels/decode_attention.cu`): blocks per
+    /// (key chunk of [`DECODE_ATTN_CHUNK`], sequence, KV head), so a row's result does not depend
+    /// on the others; sequences longer than one chunk are merged by a second, small launch. Head
+    /// dims 64, 128 and 256 with at most 8 query heads per KV head; other shapes go one sequence
+    /// at a time.
     pub(crate) fn attention_decode_batched(
         &self,
         q: &CudaTensor,
@@ -287,11 +289,14 @@ impl CudaBackend {
             len: [0; DA_MAX_ROWS],
         };
         let f = self.kernels.get("decode", func)?;
-        let (h32, hk32, scale_log2) = (
+        let (h32, hk32, scale_log2, chunk32) = (
             heads as i32,
             kv_heads as i32,
             std::f32::consts::LOG2_E / (hd as f32).sqrt(),
+            DECODE_ATTN_CHUNK as i32,
         );
+        // The most key chunks of any sequence in the current launch (sizes its scratch only).
+        let mut nchunks = 1usize;
         for (r, slot) in caches.iter_mut().enumerate() {
             for c in [&mut *slot.k, &mut *slot.v] {
                 if c.is_none() {
@@ -311,9 +316,10 @@ impl CudaBackend {
                 vc.cols
             );
             ensure!(
-                kc.rows < i32::MAX as usize,
+                kc.rows < (i32::MAX as usize) - DECODE_ATTN_CHUNK,
                 "attention_decode: cache {r} too long"
             );
+            nchunks = nchunks.max(decode_attn_chunks(kc.rows));
             self.reserve_rows(kc, 1)?;
             self.reserve_rows(vc, 1)?;
             let i = r % DA_MAX_ROWS;
@@ -334,6 +340,18 @@ impl CudaBackend {
                     self.ptr(&v.buf) + ko,
                     self.ptr(&out.buf) + oo,
                 );
+                // Split-KV partials, freed (stream-ordered) after the combine has read them.
+                let scratch = if nchunks > 1 {
+                    let n = (i + 1) * heads * nchunks;
+                    Some((self.alloc::<f32>(n * hd)?, self.alloc::<f32>(n * 2)?))
+                } else {
+                    None
+                };
+                let (po, pml) = scratch
+                    .as_ref()
+                    .map(|(o, ml)| (self.ptr(o), self.ptr(ml)))
+                    .unwrap_or((0, 0));
+                let nc32 = nchunks as i32;
                 let mut b = self.stream.launch_builder(&f);
                 b.arg(&qp)
                     .arg(&kp)
@@ -342,19 +360,49 @@ impl CudaBackend {
                     .arg(&table)
                     .arg(&h32)
                     .arg(&hk32)
-                    .arg(&scale_log2);
+                    .arg(&scale_log2)
+                    .arg(&chunk32)
+                    .arg(&nc32)
+                    .arg(&po)
+                    .arg(&pml);
                 // SAFETY: signature of DA_ENTRY in kernels/decode_attention.cu (const bf16* ×3,
-                // bf16*, DaTable by value, int, int, float); shapes checked above; rows r0..=r of
-                // q/k/v/out exist; every cache has room for one more row (reserve_rows) and the
-                // table holds (k, v, len) of those rows.
+                // bf16*, DaTable by value, int, int, float, int, int, float*, float2*); shapes
+                // checked above; rows r0..=r of q/k/v/out exist; every cache has room for one
+                // more row (reserve_rows) and the table holds (k, v, len) of those rows; with
+                // nchunks > 1 the partials hold (i + 1) × heads × nchunks × (hd + 2) floats and
+                // no sequence has more than nchunks chunks.
                 unsafe {
                     b.launch(LaunchConfig {
-                        grid_dim: ((i + 1) as u32, kv_heads as u32, 1),
+                        grid_dim: (nchunks as u32, kv_heads as u32, (i + 1) as u32),
                         block_dim: ((group * 32) as u32, 1, 1),
                         shared_mem_bytes: 0,
                     })
                 }
                 .map_err(derr(func))?;
+                if nchunks > 1 {
+                    let cname = combine_kernel_name(hd);
+                    let fc = self.kernels.get("decode", cname)?;
+                    let mut b = self.stream.launch_builder(&fc);
+                    b.arg(&op)
+                        .arg(&table)
+                        .arg(&h32)
+                        .arg(&chunk32)
+                        .arg(&nc32)
+                        .arg(&po)
+                        .arg(&pml);
+                    // SAFETY: signature (bf16*, DaTable by value, int, int, int, const float*,
+                    // const float2*) of decode_attention_combine_hd* in the same file; it reads
+                    // the partials the launch above wrote for sequences of more than one chunk.
+                    unsafe {
+                        b.launch(LaunchConfig {
+                            grid_dim: (heads as u32, (i + 1) as u32, 1),
+                            block_dim: (32, 1, 1),
+                            shared_mem_bytes: 0,
+                        })
+                    }
+                    .map_err(derr(cname))?;
+                }
+                nchunks = 1;
             }
         }
         for slot in caches.iter_mut() {
@@ -363,6 +411,27 @@ impl CudaBackend {
             }
         }
         Ok(out)
+    }
+}
+
+/// Keys per block of the decode attention (split-KV): a sequence whose cache holds `len` keys is
+/// cut into [`decode_attn_chunks`]`(len)` chunks, a function of its own length only, so the
+/// split keeps decoding batch-invariant (docs/cuda.md, "Batch-invariant decode"). 512 keys give
+/// a 32k-token sequence 64 chunks × 8 KV heads = 512 blocks on 132 multiprocessors; a multiple of
+/// the kernel's key unroll (8, 4 at hd 256).
+pub const DECODE_ATTN_CHUNK: usize = 512;
+
+/// Key chunks of a sequence whose cache holds `len` keys before the step: ⌈(len + 1) / chunk⌉
+/// (`da_chunks` in kernels/decode_attention.cu).
+pub fn decode_attn_chunks(len: usize) -> usize {
+    len / DECODE_ATTN_CHUNK + 1
+}
+
+fn combine_kernel_name(hd: usize) -> &'static str {
+    match hd {
+        64 => "decode_attention_combine_hd64",
+        128 => "decode_attention_combine_hd128",
+        _ => "decode_attention_combine_hd256",
     }
 }
 
@@ -416,6 +485,17 @@ mod tests {
         assert_eq!(k_splits(64, 256), 1);
         assert_eq!(k_splits(64, 512), 2);
         assert_eq!(k_splits(64, 100_000), 16);
+    }
+
+    #[test]
+    fn attention_chunks_depend_on_the_length_only() {
+        // len cached keys + the new one, DECODE_ATTN_CHUNK keys per chunk.
+        assert_eq!(decode_attn_chunks(0), 1);
+        assert_eq!(decode_attn_chunks(DECODE_ATTN_CHUNK - 1), 1);
+        assert_eq!(decode_attn_chunks(DECODE_ATTN_CHUNK), 2);
+        assert_eq!(decode_attn_chunks(32_767), 64);
+        // Chunks are whole groups of the kernel's key unroll (8; 4 at head dim 256).
+        assert_eq!(DECODE_ATTN_CHUNK % 8, 0);
     }
 
     #[test]
