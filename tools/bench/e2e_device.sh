@@ -38,6 +38,8 @@ cat $M/*.safetensors > /dev/null
 timed cat_floor bash -c "cat $M/*.safetensors > /dev/null"
 [ -z "${HF_ONLY:-}" ] && timed inspect timeout 60 "$DL" inspect $M
 [ -z "${DL_ONLY:-}" ] && timed hf_extract timeout 400 python3 tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS
+# transformers at batch 64 too (draftlens decodes 64 prompts at a time by default).
+[ -z "${DL_ONLY:-}" ] && timed hf_extract_b64 timeout 400 python3 tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS --batch 64
 [ -z "${DL_ONLY:-}" ] && timed hf_run3 timeout 500 python3 tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS --drafters $M-drafters
 if [ -z "${HF_ONLY:-}" ]; then
   rm -rf /tmp/dlcache

@@ -22,7 +22,8 @@ if [ -e "$B/tok.tar" ]; then
 fi
 chmod +x "$B"/* 2>/dev/null
 if has e2e; then
-DL_ONLY=1 bash tools/bench/e2e_device.sh "$B" "$N"
+# The transformers side too with DL_ONLY= (empty): both in one call, side by side.
+DL_ONLY=${DL_ONLY-1} bash tools/bench/e2e_device.sh "$B" "$N"
 echo "=== bench-load" | tee -a "$OUT/e2e.log"
 timeout 60 "$B/draftlens" bench-load /tmp/q8b --backend cuda 2>&1 | tail -n 12 | tee -a "$OUT/e2e.log"
 fi
