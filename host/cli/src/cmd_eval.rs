@@ -134,6 +134,7 @@ impl BackendJob for RunJob<'_> {
             }
         };
         let s = a.target.session(be, self.g)?;
+        draftlens::drafter::run::prewarm_identities(&s, &specs);
         let store = Store::open(&a.db)?;
         let mode = match a.mode {
             ModeArg::Deployment => RunMode::Deployment,

@@ -100,6 +100,36 @@ fn load_drafter<B: Backend>(s: &Session<B>, spec: &DrafterSpec) -> Result<Drafte
 
 /// (path, weights sha256, series, step) of the drafter; a checkpoint's hash comes from the
 /// identity store (hashed once per file version, like the target's).
+/// Hashes (or finds remembered) the target's weight files and every checkpoint's weights at once,
+/// in parallel, so that the runs of a series do not each stop to hash their checkpoint (an 8B
+/// target's 5-layer drafter is 2 GB, about 2 s of sha256 per checkpoint, one after another) and
+/// the target's identity is ready for the first cache key. Errors are left for the step that
+/// needs the hash, which reports them with its own context.
+pub fn prewarm_identities<B: Backend>(s: &Session<B>, specs: &[DrafterSpec]) {
+    use rayon::prelude::*;
+    let _phase = crate::timeline::phase("identity hashing");
+    let store = crate::identity::IdentityStore::new(s.cache.root());
+    let files: Vec<std::path::PathBuf> = specs
+        .iter()
+        .filter_map(|spec| match spec {
+            DrafterSpec::Checkpoint { dir, .. } => Some(dir.join("model.safetensors")),
+            _ => None,
+        })
+        .filter(|w| w.exists())
+        .collect();
+    let target = &s.files.identity;
+    rayon::join(
+        || {
+            let _ = target.weights_sha256();
+        },
+        || {
+            files.par_iter().for_each(|w| {
+                let _ = store.file_sha256(w);
+            })
+        },
+    );
+}
+
 fn drafter_identity(
     spec: &DrafterSpec,
     store: &crate::identity::IdentityStore,
@@ -175,19 +205,23 @@ pub fn run_eval<B: Backend>(
             "strict".into()
         },
     });
+    let _setup = crate::timeline::phase("run setup");
     let config = serde_json::json!({
         "eval": opts.eval, "max_new_tokens": opts.max_new_tokens, "mode": opts.mode.as_str(),
         "target": s.files.identity.to_json()?, "drafter": dpath, "prompts": set.source, "backend": s.be.name(), "gdn_profile": s.gdn_profile_name(),
     });
-    // Token pieces as text, so the UI's drill-down shows words instead of ids.
-    let pieces: Vec<String> = (0..tok.vocab_size() as u32)
-        .map(|i| tok.decode(&[i]).unwrap_or_default())
-        .collect();
-    store.put_vocab(
-        &tok.fingerprint(),
-        &s.files.identity.path.display().to_string(),
-        &pieces,
-    )?;
+    // Token pieces as text, so the UI's drill-down shows words instead of ids (once per
+    // tokenizer and database: decoding 150k pieces takes a while).
+    if !store.has_vocab(&tok.fingerprint())? {
+        let pieces: Vec<String> = (0..tok.vocab_size() as u32)
+            .map(|i| tok.decode(&[i]).unwrap_or_default())
+            .collect();
+        store.put_vocab(
+            &tok.fingerprint(),
+            &s.files.identity.path.display().to_string(),
+            &pieces,
+        )?;
+    }
     let run_id = store.create_run(&NewRun {
         name: name.clone(),
         mode: opts.mode,
@@ -208,6 +242,7 @@ pub fn run_eval<B: Backend>(
         train_style,
         tokenizer_sha256: Some(tok.fingerprint()),
     })?;
+    drop(_setup);
     let result = evaluate_prompts(s, &drafter, set, opts, store, run_id);
     // The records do not depend on the cache: an entry that could not be written costs only a
     // recomputation next time, so it is a warning here (`extract`, whose product is the cache,

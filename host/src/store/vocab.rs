@@ -24,6 +24,19 @@ impl Store {
         })
     }
 
+    /// Whether the vocabulary of this tokenizer is stored.
+    pub fn has_vocab(&self, tokenizer_sha256: &str) -> Result<bool> {
+        self.read(|c| {
+            Ok(c.query_row(
+                "SELECT 1 FROM vocab WHERE tokenizer_sha256 = ?1",
+                [tokenizer_sha256],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+        })
+    }
+
     /// (name, pieces) of a tokenizer's vocabulary.
     pub fn vocab(&self, tokenizer_sha256: &str) -> Result<Option<(String, Vec<String>)>> {
         let what = self.what();
