@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 pub struct Check {
     /// Short name ("version", "cuda", "gpu", "data folder", …).
     pub name: &'static str,
-    /// "ok", "missing" (needed for some commands; the fix says how) or "info".
+    /// "ok"; "missing" (needed by the main commands; the fix says how); "optional" (missing but
+    /// only needed for some uses: CUDA, a browser; the fix says how); or "info".
     pub status: &'static str,
     pub detail: String,
     /// What to do when it is missing; `None` when nothing needs doing.
@@ -29,6 +30,14 @@ fn check(name: &'static str, ok: bool, detail: String, fix: impl Into<String>) -
         status: if ok { "ok" } else { "missing" },
         detail,
         fix: (!ok).then(|| fix.into()),
+    }
+}
+
+/// A check whose absence only limits some uses (CUDA, a browser).
+fn optional(name: &'static str, ok: bool, detail: String, fix: impl Into<String>) -> Check {
+    Check {
+        status: if ok { "ok" } else { "optional" },
+        ..check(name, ok, detail, fix)
     }
 }
 
@@ -65,16 +74,18 @@ fn cuda_checks(out: &mut Vec<Check>) {
     let verdict = draftlens::session::cuda_availability(0);
     for (what, names) in CUDA_LIBS {
         let found = loads(names);
-        out.push(check(
+        out.push(optional(
             "cuda library",
             found.is_some(),
             match &found {
                 Some(n) => format!("{what}: {n} loads"),
                 None => format!("{what}: none of {} loads", names.join(", ")),
             },
-            format!(
-                "only needed for --backend cuda: install the NVIDIA driver / CUDA 13 {what} and put its folder on LD_LIBRARY_PATH"
-            ),
+            if *what == "CUDA driver" {
+                "for --backend cuda: install the NVIDIA driver".to_string()
+            } else {
+                format!("for --backend cuda: install the CUDA 13 {what} library ({}) and put its folder on LD_LIBRARY_PATH", names[0])
+            },
         ));
     }
     match verdict {
@@ -98,14 +109,14 @@ fn cuda_checks(out: &mut Vec<Check>) {
                     "",
                 ));
             }
-            Err(e) => out.push(check(
+            Err(e) => out.push(optional(
                 "gpu",
                 false,
                 format!("{e:#}"),
                 "the CPU backend works; check `nvidia-smi` for the GPU",
             )),
         },
-        Err(why) => out.push(check(
+        Err(why) => out.push(optional(
             "gpu",
             false,
             format!("CUDA unavailable: {why}; --backend auto uses the CPU"),
@@ -298,7 +309,7 @@ pub fn collect(g: &Global) -> Vec<Check> {
     let display = cfg!(target_os = "macos")
         || std::env::var_os("DISPLAY").is_some()
         || std::env::var_os("WAYLAND_DISPLAY").is_some();
-    out.push(check(
+    out.push(optional(
         "browser for serve",
         browser.is_some() && display,
         match (&browser, display) {
@@ -319,6 +330,7 @@ pub fn run(g: &Global) -> Result<()> {
             let mark = match c.status {
                 "ok" => "ok     ",
                 "missing" => "MISSING",
+                "optional" => "absent ",
                 _ => "       ",
             };
             o += &format!("{mark} {:<19} {}\n", c.name, c.detail);
@@ -326,14 +338,12 @@ pub fn run(g: &Global) -> Result<()> {
                 o += &format!("        {:<19} fix: {f}\n", "");
             }
         }
-        let missing = checks.iter().filter(|c| c.status == "missing").count();
+        let count = |s: &str| checks.iter().filter(|c| c.status == s).count();
         o += &format!(
-            "{missing} missing{}\n",
-            if missing == 0 {
-                ""
-            } else {
-                " (each with its fix above; CUDA and a browser are optional)"
-            }
+            "{} missing, {} optional absent (CUDA: only for --backend cuda; a browser: only to view `serve` here){}\n",
+            count("missing"),
+            count("optional"),
+            if count("missing") > 0 { "; run the fixes above" } else { "" }
         );
         o
     })

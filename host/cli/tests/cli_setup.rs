@@ -209,6 +209,15 @@ fn fresh_folder_setup_doctor_prompts_and_run() {
     let o = user(&work, &home, &["run", "--drafter", "builtin:oracle", "--limit", "1"]);
     clean_error(&o, "run before setup", &["not installed", "draftlens setup"]);
 
+    // doctor before setup: the model and drafters are missing, each with its fix.
+    let o = user(&work, &home, &["doctor"]);
+    ok(&o, "doctor before setup");
+    let d = stdout(&o);
+    assert!(
+        d.contains("MISSING default model") && d.contains("fix: draftlens setup"),
+        "{d}"
+    );
+
     // The plan first: address, size, sha256; --dry-run stops there and fetches nothing.
     let o = user(&work, &home, &["setup", "--dry-run", "--mirror", &srv.url]);
     ok(&o, "setup --dry-run");
@@ -280,10 +289,12 @@ fn fresh_folder_setup_doctor_prompts_and_run() {
     };
     assert_eq!(status("default model"), "ok");
     assert_eq!(status("reference drafters"), "ok");
-    assert_eq!(status("gpu"), "missing");
+    assert_eq!(status("gpu"), "optional");
+    assert_eq!(status("data folder"), "ok");
+    // Everything absent says how to fix it.
     assert!(checks
         .iter()
-        .filter(|c| c["status"] == "missing")
+        .filter(|c| c["status"] == "missing" || c["status"] == "optional")
         .all(|c| c["fix"].as_str().is_some_and(|f| !f.is_empty())));
 
     // prompts list: the embedded sets with their source and sha256.
