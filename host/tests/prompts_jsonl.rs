@@ -214,10 +214,7 @@ fn empty_and_missing_files_are_errors() {
 
 #[test]
 fn builtin_errors_say_what_to_do() {
-    let msg = format!(
-        "{:#}",
-        PromptSet::load("builtin:nosuch").unwrap_err()
-    );
+    let msg = format!("{:#}", PromptSet::load("builtin:nosuch").unwrap_err());
     assert!(
         msg.contains("unknown built-in prompt set") && msg.contains("builtin:humaneval"),
         "{msg}"
@@ -396,15 +393,28 @@ fn builtin_table_matches_embedded_bytes_files_and_lock() {
         let sha = draftlens::util::sha256_bytes(b.jsonl);
         assert_eq!(sha, b.sha256, "{}: embedded bytes vs table", b.name);
         assert_eq!(b.sha256, locked_sha(b.name), "{}: table vs lock", b.name);
-        let file = std::fs::read(root.join("builtin-prompts").join(format!("{}.jsonl", b.name))).unwrap();
-        assert_eq!(file, b.jsonl, "{}: committed file vs embedded bytes", b.name);
+        let file = std::fs::read(
+            root.join("builtin-prompts")
+                .join(format!("{}.jsonl", b.name)),
+        )
+        .unwrap();
+        assert_eq!(
+            file, b.jsonl,
+            "{}: committed file vs embedded bytes",
+            b.name
+        );
         // The wheel named in the table is the one the lock pins.
         let wheel_line = lock
             .lines()
             .map(|l| l.split_whitespace().collect::<Vec<_>>())
             .find(|f| f.len() == 4 && f[0] == "wheel" && f[1] == b.package)
             .unwrap_or_else(|| panic!("lock has no wheel entry for {}", b.package));
-        assert_eq!((wheel_line[2], wheel_line[3]), (b.wheel, b.wheel_sha256), "{}", b.name);
+        assert_eq!(
+            (wheel_line[2], wheel_line[3]),
+            (b.wheel, b.wheel_sha256),
+            "{}",
+            b.name
+        );
         let set = PromptSet::load(&format!("builtin:{}", b.name)).unwrap();
         assert_eq!(set.len(), b.count, "{}", b.name);
         assert_eq!(set.sha256, b.sha256);

@@ -204,7 +204,11 @@ pub fn collect(g: &Global) -> Vec<Check> {
                 format!(
                     "{}{}",
                     data.display(),
-                    if data.is_dir() { "" } else { " (not created yet)" }
+                    if data.is_dir() {
+                        ""
+                    } else {
+                        " (not created yet)"
+                    }
                 ),
                 "pass --data-dir or set DRAFTLENS_DATA to a writable folder",
             ));
@@ -214,7 +218,11 @@ pub fn collect(g: &Global) -> Vec<Check> {
                 "default model",
                 model_ok,
                 if model_ok {
-                    format!("{} ({}, sha256 verified)", model.display(), human_bytes(assets::MODEL.file_size))
+                    format!(
+                        "{} ({}, sha256 verified)",
+                        model.display(),
+                        human_bytes(assets::MODEL.file_size)
+                    )
                 } else if model.exists() {
                     format!("{} has the wrong size or sha256", model.display())
                 } else {
@@ -236,13 +244,21 @@ pub fn collect(g: &Global) -> Vec<Check> {
                     if missing == 0 {
                         "3 checkpoints".to_string()
                     } else {
-                        format!("{missing} of {} files missing or different", assets::REFERENCE_DRAFTER_FILES.len())
+                        format!(
+                            "{missing} of {} files missing or different",
+                            assets::REFERENCE_DRAFTER_FILES.len()
+                        )
                     }
                 ),
                 "draftlens setup   (written from this binary, no download)",
             ));
         }
-        Err(e) => out.push(check("data folder", false, format!("{e:#}"), "pass --data-dir or set DRAFTLENS_DATA")),
+        Err(e) => out.push(check(
+            "data folder",
+            false,
+            format!("{e:#}"),
+            "pass --data-dir or set DRAFTLENS_DATA",
+        )),
     }
     out.push(info(
         "prompt sets",
@@ -267,11 +283,20 @@ pub fn collect(g: &Global) -> Vec<Check> {
             out.push(check(
                 "cache folder",
                 writable(&c),
-                format!("{} ({}, {files} files; draftlens cache ls | rm --all)", c.display(), human_bytes(bytes)),
+                format!(
+                    "{} ({}, {files} files; draftlens cache ls | rm --all)",
+                    c.display(),
+                    human_bytes(bytes)
+                ),
                 "pass --cache-dir or set DRAFTLENS_CACHE to a writable folder",
             ));
         }
-        Err(e) => out.push(check("cache folder", false, format!("{e:#}"), "pass --cache-dir or set DRAFTLENS_CACHE")),
+        Err(e) => out.push(check(
+            "cache folder",
+            false,
+            format!("{e:#}"),
+            "pass --cache-dir or set DRAFTLENS_CACHE",
+        )),
     }
     match draftlens_plugin_host::default_cache_dir() {
         Some(p) => {
@@ -279,7 +304,11 @@ pub fn collect(g: &Global) -> Vec<Check> {
             out.push(check(
                 "plugin cache",
                 writable(&p),
-                format!("{} ({}, {files} precompiled plugins)", p.display(), human_bytes(bytes)),
+                format!(
+                    "{} ({}, {files} precompiled plugins)",
+                    p.display(),
+                    human_bytes(bytes)
+                ),
                 "set DRAFTLENS_PLUGIN_CACHE to a writable folder (or run with --no-plugin-cache)",
             ));
         }

@@ -28,7 +28,10 @@ impl BackendArg {
             BackendArg::Cpu => (BackendKind::Cpu, "--backend cpu".into()),
             BackendArg::Cuda => (BackendKind::Cuda, "--backend cuda".into()),
             BackendArg::Auto => match draftlens::session::cuda_availability(0) {
-                Ok(()) => (BackendKind::Cuda, "auto: a usable CUDA GPU was found".into()),
+                Ok(()) => (
+                    BackendKind::Cuda,
+                    "auto: a usable CUDA GPU was found".into(),
+                ),
                 Err(why) => (BackendKind::Cpu, format!("auto: CUDA unavailable: {why}")),
             },
         }

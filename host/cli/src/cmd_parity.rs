@@ -40,7 +40,9 @@ pub struct ParityArgs {
 impl ParityArgs {
     /// The target, resolved by [`run`] (`--target` or the installed default).
     fn target(&self) -> &std::path::Path {
-        self.target.as_deref().expect("resolved at the start of `run`")
+        self.target
+            .as_deref()
+            .expect("resolved at the start of `run`")
     }
 }
 

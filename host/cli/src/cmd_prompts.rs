@@ -111,7 +111,9 @@ pub fn run(g: &Global, c: PromptsCmd) -> Result<()> {
                     chat: p.is_chat(),
                     text: match (&p.text, &p.messages) {
                         (Some(t), _) => t.clone(),
-                        (None, Some(ms)) => ms.last().map(|m| m.content.clone()).unwrap_or_default(),
+                        (None, Some(ms)) => {
+                            ms.last().map(|m| m.content.clone()).unwrap_or_default()
+                        }
                         _ => String::new(),
                     },
                 })

@@ -45,7 +45,11 @@ impl Global {
         if let Some(d) = self.data_dir.as_ref().filter(|d| !d.as_os_str().is_empty()) {
             return Ok(d.clone());
         }
-        let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let env = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
         if let Some(x) = env("XDG_DATA_HOME") {
             return Ok(x.join("draftlens"));
         }

