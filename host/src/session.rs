@@ -89,6 +89,18 @@ fn dispatch_cuda<J: BackendJob>(_job: J) -> Result<J::Output> {
     .into())
 }
 
+/// `Ok(())` when device `ordinal` can be used by the CUDA backend, else why not (without the
+/// "CUDA unavailable" prefix). What `--backend auto` and `draftlens doctor` ask.
+pub fn cuda_availability(ordinal: usize) -> std::result::Result<(), String> {
+    #[cfg(feature = "cuda")]
+    return crate::backend::cuda::availability(ordinal);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = ordinal;
+        Err("this draftlens binary was built without the `cuda` feature".into())
+    }
+}
+
 /// The teacher-forced target pass over one sequence.
 pub struct TargetPass {
     /// The sequence (prompt + continuation).

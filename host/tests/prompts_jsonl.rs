@@ -15,7 +15,7 @@ fn error_for(bad: &str) -> (PathBuf, String) {
     let dir = tempfile::tempdir().unwrap();
     let content = format!("{{\"id\": \"ok\", \"prompt\": \"fine\"}}\n\n{bad}\n{{\"id\": \"after\", \"prompt\": \"x\"}}\n");
     let path = write(dir.path(), "set.jsonl", content.as_bytes());
-    let err = PromptSet::load(path.to_str().unwrap(), dir.path()).expect_err(bad);
+    let err = PromptSet::load(path.to_str().unwrap()).expect_err(bad);
     // Keep the dir alive until here; the path in the message is what matters.
     (path, format!("{err:#}"))
 }
@@ -45,7 +45,7 @@ fn loads_raw_and_chat_prompts_with_optional_fields() {
         "{\"id\": \"c\", \"prompt\": \"x\", \"category\": null}",
     );
     let path = write(dir.path(), "mine.jsonl", content.as_bytes());
-    let set = PromptSet::load(path.to_str().unwrap(), dir.path()).unwrap();
+    let set = PromptSet::load(path.to_str().unwrap()).unwrap();
     assert_eq!(set.name, "mine");
     assert_eq!(set.source, path);
     assert_eq!(
@@ -204,7 +204,7 @@ fn empty_and_missing_files_are_errors() {
     let missing = dir.path().join("nope.jsonl");
     let msg = format!(
         "{:#}",
-        PromptSet::load(missing.to_str().unwrap(), dir.path()).unwrap_err()
+        PromptSet::load(missing.to_str().unwrap()).unwrap_err()
     );
     assert!(
         msg.starts_with(&format!("{}: cannot read prompt file", missing.display())),
@@ -214,22 +214,9 @@ fn empty_and_missing_files_are_errors() {
 
 #[test]
 fn builtin_errors_say_what_to_do() {
-    let dir = tempfile::tempdir().unwrap();
-    let msg = format!(
-        "{:#}",
-        PromptSet::load("builtin:nosuch", dir.path()).unwrap_err()
-    );
+    let msg = format!("{:#}", PromptSet::load("builtin:nosuch").unwrap_err());
     assert!(
         msg.contains("unknown built-in prompt set") && msg.contains("builtin:humaneval"),
-        "{msg}"
-    );
-
-    let msg = format!(
-        "{:#}",
-        PromptSet::load("builtin:gsm8k", dir.path()).unwrap_err()
-    );
-    assert!(
-        msg.contains("gsm8k.jsonl not found") && msg.contains("scripts/setup-fixtures.sh"),
         "{msg}"
     );
 }
@@ -290,18 +277,12 @@ fn truncate_keeps_a_prefix() {
     assert_eq!(set.len(), 3);
 }
 
-/// The repository's data/ directory (installed by scripts/setup-fixtures.sh, git-ignored).
-fn repo_data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("data")
-}
-
-/// sha256 that scripts/fixtures.lock pins for `data/prompts/<name>.jsonl`.
+/// sha256 that scripts/fixtures.lock pins for `host/builtin-prompts/<name>.jsonl` (the
+/// converter's output that scripts/check-builtin-prompts.sh checks against the pinned wheel).
 fn locked_sha(name: &str) -> String {
     let lock = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fixtures.lock");
     let text = std::fs::read_to_string(&lock).unwrap();
-    let want = format!("data/prompts/{name}.jsonl");
+    let want = format!("host/builtin-prompts/{name}.jsonl");
     text.lines()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
         .find(|f| f.len() == 3 && f[0] == "file" && f[1] == want)
@@ -311,13 +292,8 @@ fn locked_sha(name: &str) -> String {
 
 #[test]
 fn builtin_sets_load_with_expected_counts() {
-    let data = repo_data_dir();
-    if !data.join("prompts").is_dir() {
-        eprintln!("SKIPPED builtin_sets_load_with_expected_counts: {} missing; run scripts/setup-fixtures.sh", data.display());
-        return;
-    }
-
-    let he = PromptSet::load("builtin:humaneval", &data).unwrap();
+    // Embedded in the binary: loads from any folder with nothing installed.
+    let he = PromptSet::load("builtin:humaneval").unwrap();
     assert_eq!((he.name.as_str(), he.len()), ("humaneval", 164));
     assert_eq!(he.sha256, locked_sha("humaneval"));
     assert_eq!(he.prompts[0].id, "HumanEval/0");
@@ -334,7 +310,7 @@ fn builtin_sets_load_with_expected_counts() {
         first.content.contains("def has_close_elements(") && first.content.ends_with("\"\"\"\n```")
     );
 
-    let mt = PromptSet::load("builtin:mtbench", &data).unwrap();
+    let mt = PromptSet::load("builtin:mtbench").unwrap();
     assert_eq!((mt.name.as_str(), mt.len()), ("mtbench", 80));
     assert_eq!(mt.sha256, locked_sha("mtbench"));
     assert_eq!(mt.prompts[0].id, "mtbench/81");
@@ -375,7 +351,7 @@ fn builtin_sets_load_with_expected_counts() {
         "first turn only"
     );
 
-    let gs = PromptSet::load("builtin:gsm8k", &data).unwrap();
+    let gs = PromptSet::load("builtin:gsm8k").unwrap();
     assert_eq!((gs.name.as_str(), gs.len()), ("gsm8k", 100));
     assert_eq!(gs.sha256, locked_sha("gsm8k"));
     assert_eq!(gs.prompts[0].id, "gsm8k-test-0013");
@@ -402,5 +378,46 @@ fn builtin_sets_load_with_expected_counts() {
         hashes.sort();
         hashes.dedup();
         assert_eq!(hashes.len(), set.len(), "{}", set.name);
+    }
+}
+
+/// The provenance table agrees with the embedded bytes, the committed files and the lock, so a
+/// set cannot be edited without its pinned hash (and so its check against the wheel) noticing.
+#[test]
+fn builtin_table_matches_embedded_bytes_files_and_lock() {
+    use draftlens::prompts::BUILTIN;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lock = std::fs::read_to_string(root.join("../scripts/fixtures.lock")).unwrap();
+    assert_eq!(BUILTIN.len(), 3);
+    for b in BUILTIN {
+        let sha = draftlens::util::sha256_bytes(b.jsonl);
+        assert_eq!(sha, b.sha256, "{}: embedded bytes vs table", b.name);
+        assert_eq!(b.sha256, locked_sha(b.name), "{}: table vs lock", b.name);
+        let file = std::fs::read(
+            root.join("builtin-prompts")
+                .join(format!("{}.jsonl", b.name)),
+        )
+        .unwrap();
+        assert_eq!(
+            file, b.jsonl,
+            "{}: committed file vs embedded bytes",
+            b.name
+        );
+        // The wheel named in the table is the one the lock pins.
+        let wheel_line = lock
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.len() == 4 && f[0] == "wheel" && f[1] == b.package)
+            .unwrap_or_else(|| panic!("lock has no wheel entry for {}", b.package));
+        assert_eq!(
+            (wheel_line[2], wheel_line[3]),
+            (b.wheel, b.wheel_sha256),
+            "{}",
+            b.name
+        );
+        let set = PromptSet::load(&format!("builtin:{}", b.name)).unwrap();
+        assert_eq!(set.len(), b.count, "{}", b.name);
+        assert_eq!(set.sha256, b.sha256);
+        assert_eq!(set.source, PathBuf::from(format!("builtin:{}", b.name)));
     }
 }

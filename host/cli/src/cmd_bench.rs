@@ -13,9 +13,10 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Target model.
-    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    pub target: PathBuf,
+    /// Target model
+    /// [default: the model `draftlens setup` installs in the data folder]
+    #[arg(long)]
+    pub target: Option<PathBuf>,
     /// Prompt lengths to prefill.
     #[arg(long, value_delimiter = ',', default_value = "128,512,2048")]
     pub lengths: Vec<usize>,
@@ -28,6 +29,15 @@ pub struct BenchArgs {
     /// Prompts (HumanEval) for the drafter measurement.
     #[arg(long, default_value_t = 4)]
     pub drafter_prompts: usize,
+}
+
+impl BenchArgs {
+    /// The target, resolved by [`run`] (`--target` or the installed default).
+    fn target(&self) -> &std::path::Path {
+        self.target
+            .as_deref()
+            .expect("resolved at the start of `run`")
+    }
 }
 
 #[derive(Serialize)]
@@ -77,6 +87,10 @@ fn best_of<F: FnMut() -> Result<()>>(reps: usize, mut f: F) -> Result<f64> {
 }
 
 pub fn run(g: &Global, a: BenchArgs) -> Result<()> {
+    let a = BenchArgs {
+        target: Some(g.target(&a.target)?),
+        ..a
+    };
     let be = CpuBackend::new();
     // The machine's own GEMM rate, on the shapes the model runs and on a large square one.
     let mut gemm = Vec::new();
@@ -95,7 +109,7 @@ pub fn run(g: &Global, a: BenchArgs) -> Result<()> {
     }
     let peak = gemm.iter().map(|r| r.gflops).fold(0.0, f64::max);
 
-    let files = TargetFiles::open(&a.target)?;
+    let files = TargetFiles::open(a.target())?;
     let model = TargetModel::load(&be, &files.spec, files.weights.as_ref())?;
     let spec = &files.spec;
     // FLOPs per token (docs/models.md §6.1): 2·N_lin + attention 4·H·hd·(S+1)/2 per layer; no LM head.
@@ -127,7 +141,7 @@ pub fn run(g: &Global, a: BenchArgs) -> Result<()> {
             share_of_gemm_peak: gflops / peak,
         });
     }
-    let drafters = bench_drafters(g, &a)?;
+    let drafters = bench_drafters(&a)?;
     let out = BenchOut {
         threads: rayon::current_num_threads(),
         gemm,
@@ -140,7 +154,7 @@ pub fn run(g: &Global, a: BenchArgs) -> Result<()> {
         for r in &out.gemm {
             o += &format!("  f32 GEMM {:<26} {:>7.1} GFLOP/s\n", r.shape, r.gflops);
         }
-        o += &format!("  prefill of {} ({}):\n", a.target.display(), spec.arch.as_str());
+        o += &format!("  prefill of {} ({}):\n", a.target().display(), spec.arch.as_str());
         for r in &out.prefill {
             o += &format!(
                 "  {:>5} tokens  {:>8.3} s  {:>8.0} tok/s  {:>7.1} GFLOP/s  = {:>5.1}% of the GEMM peak\n",
@@ -163,7 +177,7 @@ pub fn run(g: &Global, a: BenchArgs) -> Result<()> {
 }
 
 /// Anchors/s of the exact per-anchor evaluation with random drafters of several depths.
-fn bench_drafters(g: &Global, a: &BenchArgs) -> Result<Vec<DrafterRow>> {
+fn bench_drafters(a: &BenchArgs) -> Result<Vec<DrafterRow>> {
     use draftlens::drafter::random::{write_random_checkpoint, RandomDrafter};
     use draftlens::drafter::run::{run_eval, DrafterSpec, RunOptions};
     if a.drafter_layers.is_empty() {
@@ -171,8 +185,8 @@ fn bench_drafters(g: &Global, a: &BenchArgs) -> Result<Vec<DrafterRow>> {
     }
     let tmp = std::env::temp_dir().join(format!("draftlens-bench-{}", std::process::id()));
     let cache = draftlens::cache::HiddenCache::open(&tmp.join("cache"))?;
-    let s = draftlens::session::Session::load(CpuBackend::new(), &a.target, cache)?;
-    let mut set = draftlens::prompts::PromptSet::load("builtin:humaneval", &g.data_dir)?;
+    let s = draftlens::session::Session::load(CpuBackend::new(), a.target(), cache)?;
+    let mut set = draftlens::prompts::PromptSet::load("builtin:humaneval")?;
     set.truncate(a.drafter_prompts);
     let store = draftlens::store::Store::open(&tmp.join("bench.sqlite"))?;
     let l = s.files.spec.num_layers;

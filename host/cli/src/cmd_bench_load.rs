@@ -22,7 +22,7 @@ pub struct BenchLoadArgs {
     /// A .gguf file or a Hugging Face model folder.
     pub model: PathBuf,
     /// Backend to upload to.
-    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
     /// Load before reading the files (for cold-cache runs: the load then pays the disk reads).
     #[arg(long)]
@@ -138,7 +138,7 @@ impl BackendJob for Job<'_> {
 }
 
 pub fn run(g: &Global, a: BenchLoadArgs) -> Result<()> {
-    let out = dispatch(a.backend.into(), Job { a: &a })?;
+    let out = dispatch(a.backend.select(g), Job { a: &a })?;
     g.emit(&out, || {
         format!(
             "{} on {} ({}): {} files, {:.2} GiB\n  read (cat floor)  {:>7.2} s  {:>6.2} GiB/s\n  open              {:>7.2} s\n  upload            {:>7.2} s\n  open + upload     {:>7.2} s  {:>6.2} GiB/s   {:.2}× the read floor\n  peak RSS          {}\n",

@@ -97,7 +97,7 @@ impl BackendJob for RunJob<'_> {
     type Output = Vec<draftlens::drafter::run::RunOutcome>;
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
         let a = self.a;
-        let set = a.target.prompt_set(self.g)?;
+        let set = a.target.prompt_set()?;
         let specs: Vec<DrafterSpec> = match a.drafter.as_str() {
             "builtin:oracle" => vec![DrafterSpec::Oracle {
                 block_size: a.block_size,
@@ -178,7 +178,7 @@ impl BackendJob for RunJob<'_> {
 pub fn run(g: &Global, a: RunArgs) -> Result<()> {
     // Plugins are found and their parameters checked before any model runs.
     let plugins = crate::cmd_rescore::Prepared::new(&a.plugins)?;
-    let outs = dispatch(a.target.backend.into(), RunJob { g, a: &a })?;
+    let outs = dispatch(a.target.backend.select(g), RunJob { g, a: &a })?;
     // A failing plugin is a warning (recorded with the run), never a failed run.
     let scored = {
         let _phase = draftlens::timeline::phase("plugins");
@@ -240,7 +240,7 @@ impl BackendJob for LiveJob<'_> {
     type Output = Vec<LiveRow>;
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
         let a = self.a;
-        let set = a.target.prompt_set(self.g)?;
+        let set = a.target.prompt_set()?;
         let s = a.target.session(be, self.g)?;
         let findings = lint(&s.files, &a.drafter)?;
         if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
@@ -274,7 +274,7 @@ impl BackendJob for LiveJob<'_> {
 }
 
 pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
-    let rows = dispatch(a.target.backend.into(), LiveJob { g, a: &a })?;
+    let rows = dispatch(a.target.backend.select(g), LiveJob { g, a: &a })?;
     let bad = rows.iter().filter(|r| !r.lossless).count();
     g.emit(&rows, || {
         let mut o: String = rows
@@ -310,16 +310,18 @@ pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
 
 #[derive(Args)]
 pub struct LintArgs {
-    /// Target model (.gguf or Hugging Face folder).
-    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    pub target: PathBuf,
+    /// Target model (.gguf or Hugging Face folder)
+    /// [default: the model `draftlens setup` installs in the data folder]
+    #[arg(long)]
+    pub target: Option<PathBuf>,
     /// Drafter checkpoint folder.
     #[arg(long)]
     pub drafter: PathBuf,
 }
 
 pub fn lint_cmd(g: &Global, a: LintArgs) -> Result<()> {
-    let t = TargetFiles::open(&a.target)?;
+    let target = g.target(&a.target)?;
+    let t = TargetFiles::open(&target)?;
     let findings = lint(&t, &a.drafter)?;
     let errors = findings
         .iter()
@@ -344,7 +346,7 @@ pub fn lint_cmd(g: &Global, a: LintArgs) -> Result<()> {
         bail!(
             "{}: {errors} incompatibilities with {}",
             a.drafter.display(),
-            a.target.display()
+            target.display()
         );
     }
     Ok(())

@@ -11,18 +11,49 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendArg {
+    /// CUDA when a usable GPU is present, else the CPU.
+    Auto,
+    /// The f32 reference.
     Cpu,
+    /// bf16 with fp32 accumulation, kernels compiled at run time by NVRTC (docs/cuda.md).
     Cuda,
+}
+
+impl BackendArg {
+    /// The backend this choice runs on, and why (`auto` asks the CUDA probe).
+    pub fn resolve(self) -> (BackendKind, String) {
+        match self {
+            BackendArg::Cpu => (BackendKind::Cpu, "--backend cpu".into()),
+            BackendArg::Cuda => (BackendKind::Cuda, "--backend cuda".into()),
+            BackendArg::Auto => match draftlens::session::cuda_availability(0) {
+                Ok(()) => (
+                    BackendKind::Cuda,
+                    "auto: a usable CUDA GPU was found".into(),
+                ),
+                Err(why) => (BackendKind::Cpu, format!("auto: CUDA unavailable: {why}")),
+            },
+        }
+    }
+
+    /// [`BackendArg::resolve`], announced: the first line of the command's output says which
+    /// backend runs and why (on stderr with `--json`, so stdout stays one JSON document).
+    pub fn select(self, g: &Global) -> BackendKind {
+        let (kind, why) = self.resolve();
+        let line = format!("backend {} ({why})", kind.as_str());
+        if g.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+        kind
+    }
 }
 
 impl From<BackendArg> for BackendKind {
     fn from(b: BackendArg) -> Self {
-        match b {
-            BackendArg::Cpu => BackendKind::Cpu,
-            BackendArg::Cuda => BackendKind::Cuda,
-        }
+        b.resolve().0
     }
 }
 
@@ -38,9 +69,10 @@ pub enum GdnProfileArg {
 /// Options shared by every command that runs the target over a prompt set.
 #[derive(Args, Clone, Debug)]
 pub struct TargetArgs {
-    /// Target model: a .gguf file or a Hugging Face folder (config.json + safetensors).
-    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    pub target: PathBuf,
+    /// Target model: a .gguf file or a Hugging Face folder (config.json + safetensors)
+    /// [default: the model `draftlens setup` installs in the data folder].
+    #[arg(long)]
+    pub target: Option<PathBuf>,
     /// Prompt set: builtin:humaneval|mtbench|gsm8k or a JSONL file.
     #[arg(long, default_value = "builtin:humaneval")]
     pub prompts: String,
@@ -51,7 +83,7 @@ pub struct TargetArgs {
     #[arg(long, default_value_t = 128)]
     pub max_new_tokens: usize,
     /// Numeric backend.
-    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
     /// Prompts whose greedy continuations are decoded together (one weight read per step for
     /// all of them). Continuations are bit-identical to decoding each prompt alone; a backend
@@ -67,7 +99,7 @@ pub struct TargetArgs {
 impl TargetArgs {
     /// The target loaded on `be` with these options.
     pub fn session<B: Backend>(&self, be: B, g: &Global) -> Result<Session<B>> {
-        let mut s = Session::load(be, &self.target, g.cache()?)?;
+        let mut s = Session::load(be, &g.target(&self.target)?, g.cache()?)?;
         s.gen_batch = self.gen_batch;
         s.gdn_profile = match self.gdn_profile {
             GdnProfileArg::Reference => draftlens::backend::GdnProfile::Reference,
@@ -76,8 +108,8 @@ impl TargetArgs {
         Ok(s)
     }
 
-    pub fn prompt_set(&self, g: &Global) -> Result<PromptSet> {
-        let mut set = PromptSet::load(&self.prompts, &g.data_dir)?;
+    pub fn prompt_set(&self) -> Result<PromptSet> {
+        let mut set = PromptSet::load(&self.prompts)?;
         if let Some(n) = self.limit {
             set.truncate(n);
         }
@@ -218,7 +250,7 @@ struct GenerateJob<'a> {
 impl BackendJob for GenerateJob<'_> {
     type Output = Vec<GeneratedPrompt>;
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
-        let set = self.a.prompt_set(self.g)?;
+        let set = self.a.prompt_set()?;
         let s = self.a.session(be, self.g)?;
         s.check_prompts_fit(&set.prompts, self.a.max_new_tokens, 0)?;
         let pb = draftlens::progress::bar(set.prompts.len() as u64, "generate");
@@ -260,7 +292,7 @@ fn log_loaded<B: Backend>(s: &Session<B>) {
 }
 
 pub fn generate(g: &Global, a: GenerateArgs) -> Result<()> {
-    let out = dispatch(a.target.backend.into(), GenerateJob { g, a: &a.target })?;
+    let out = dispatch(a.target.backend.select(g), GenerateJob { g, a: &a.target })?;
     g.emit(&out, || {
         out.iter()
             .map(|r| {
@@ -317,7 +349,7 @@ struct ExtractJob<'a> {
 impl BackendJob for ExtractJob<'_> {
     type Output = Vec<Extracted>;
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
-        let set = self.a.target.prompt_set(self.g)?;
+        let set = self.a.target.prompt_set()?;
         let mut s = self.a.target.session(be, self.g)?;
         s.pack_tokens = self.a.pack_tokens;
         let capture = Capture::for_layer_ids(&self.a.layers, s.files.spec.num_layers)?;
@@ -389,7 +421,7 @@ impl BackendJob for ExtractJob<'_> {
 }
 
 pub fn extract(g: &Global, a: ExtractArgs) -> Result<()> {
-    let out = dispatch(a.target.backend.into(), ExtractJob { g, a: &a })?;
+    let out = dispatch(a.target.backend.select(g), ExtractJob { g, a: &a })?;
     g.emit(&out, || {
         let cached = out.iter().filter(|e| e.cached).count();
         let tokens: usize = out.iter().map(|e| e.tokens).sum();

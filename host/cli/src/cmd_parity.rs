@@ -19,8 +19,9 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct ParityArgs {
-    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    pub target: PathBuf,
+    /// [default: the model `draftlens setup` installs in the data folder]
+    #[arg(long)]
+    pub target: Option<PathBuf>,
     /// Also compare a drafter's metrics when fed each backend's hidden states.
     #[arg(long)]
     pub drafter: Option<PathBuf>,
@@ -34,6 +35,15 @@ pub struct ParityArgs {
     /// Continuation length for the drafter comparison.
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
+}
+
+impl ParityArgs {
+    /// The target, resolved by [`run`] (`--target` or the installed default).
+    fn target(&self) -> &std::path::Path {
+        self.target
+            .as_deref()
+            .expect("resolved at the start of `run`")
+    }
 }
 
 #[derive(Serialize)]
@@ -80,7 +90,7 @@ fn drafter_metrics<B: Backend>(
         std::process::id(),
         be.name()
     ));
-    let s = Session::load(be, &a.target, g.cache()?)?;
+    let s = Session::load(be, a.target(), g.cache()?)?;
     let store = Store::open(&tmp.with_extension("sqlite"))?;
     let opts = RunOptions {
         name: None,
@@ -107,8 +117,8 @@ impl<'a, A: Backend> BackendJob for Inner<'a, A> {
     type Output = ParityOut;
     fn run<B: Backend>(self, second: B) -> Result<ParityOut> {
         let (g, a) = (self.g, self.a);
-        let files = TargetFiles::open(&a.target)?;
-        let mut set = PromptSet::load(&a.prompts, &g.data_dir)?;
+        let files = TargetFiles::open(a.target())?;
+        let mut set = PromptSet::load(&a.prompts)?;
         set.truncate(a.limit);
         let tok = files.tokenizer()?;
         let prompts: Vec<Vec<u32>> = set
@@ -145,6 +155,10 @@ impl<'a, A: Backend> BackendJob for Inner<'a, A> {
 }
 
 pub fn run(g: &Global, a: ParityArgs) -> Result<()> {
+    let a = ParityArgs {
+        target: Some(g.target(&a.target)?),
+        ..a
+    };
     if a.backends.len() != 2 {
         bail!("--backends takes exactly two backends, e.g. cpu,cuda");
     }

