@@ -9,8 +9,8 @@
 //! - [`forward_parity`]: the product's own [`TargetModel`] with the same random weights
 //!   ([`RandomWeights`], bf16-exact) on both backends, compared at every hidden-state index (HF
 //!   convention, docs/models.md §1.5, docs/hidden-states.md) plus greedy-token agreement.
-//! - [`run_pass`] / [`compare_passes`] / [`compare_metrics`]: the pieces `draftlens parity`
-//!   (`crate::parity_report`) assembles for real checkpoints: per-layer diffs of captured hidden
+//! - [`target_parity`] / [`compare_layers`] / [`compare_metrics`]: the pieces `draftlens parity`
+//!   (`crate::parity_report`, with its `run_pass` / `compare_passes`) assembles for real checkpoints: per-layer diffs of captured hidden
 //!   states and the change of every drafter metric when the drafter is fed each backend's hidden
 //!   states.
 
@@ -584,88 +584,6 @@ pub struct TargetParity {
     pub greedy_decisive: usize,
 }
 
-/// Hidden states and greedy choices of one loaded target over a prompt list: what
-/// [`compare_passes`] compares. `states[i]` is hidden-state index i (HF convention) over the
-/// tokens of every prompt, one sequence per prompt (full prefill).
-pub struct Pass {
-    /// What ran: a backend name, with the GDN profile for a hybrid (`cuda/engine`).
-    pub label: String,
-    pub prompts: usize,
-    pub tokens: usize,
-    pub states: Vec<Vec<f32>>,
-    /// Per position: the top-1 next token and its lead over the top-2 (log-probs, nats).
-    pub top1: Vec<u32>,
-    pub lead: Vec<f32>,
-}
-
-/// Runs `m` on `be` over `prompts` (empty ones skipped), capturing every hidden-state index.
-pub fn run_pass<B: Backend>(
-    label: &str,
-    be: &B,
-    m: &TargetModel<B>,
-    prompts: &[Vec<u32>],
-) -> Result<Pass> {
-    let l = m.spec.num_layers;
-    let capture = Capture::hf_indices((0..=l).collect(), l)?;
-    let mut p = Pass {
-        label: label.into(),
-        prompts: prompts.len(),
-        tokens: 0,
-        states: vec![Vec::new(); l + 1],
-        top1: Vec::new(),
-        lead: Vec::new(),
-    };
-    for ids in prompts.iter().filter(|ids| !ids.is_empty()) {
-        p.tokens += ids.len();
-        let out = m.forward(be, ids, &mut m.new_cache(), &capture)?;
-        for (i, st) in p.states.iter_mut().enumerate() {
-            let Some(t) = out.captured.get(i) else {
-                anyhow::bail!("hidden state {i} was not captured")
-            };
-            st.extend(be.to_host(t)?);
-        }
-        let k = m.logits_topk(be, &out.last_hidden, 2)?;
-        for r in 0..ids.len() {
-            p.top1.push(k.row_ids(r)[0]);
-            p.lead.push(k.row_logprobs(r)[0] - k.row_logprobs(r)[1]);
-        }
-    }
-    Ok(p)
-}
-
-/// Every hidden-state index of `b` against the reference `a` (same prompts), and greedy
-/// agreement (overall, and where `a`'s top-1 leads by more than 0.1 nats).
-pub fn compare_passes(a: &Pass, b: &Pass) -> Result<TargetParity> {
-    ensure!(
-        a.tokens == b.tokens && a.top1.len() == b.top1.len(),
-        "passes over different prompts ({} vs {} tokens)",
-        a.tokens,
-        b.tokens
-    );
-    let names: Vec<String> = (0..a.states.len())
-        .map(|i| format!("hidden_states[{i}]"))
-        .collect();
-    let (mut agree, mut agree_dec, mut decisive) = (0, 0, 0);
-    for r in 0..a.top1.len() {
-        let same = a.top1[r] == b.top1[r];
-        agree += same as usize;
-        if a.lead[r] > 0.1 {
-            decisive += 1;
-            agree_dec += same as usize;
-        }
-    }
-    Ok(TargetParity {
-        backends: (a.label.clone(), b.label.clone()),
-        prompts: a.prompts,
-        tokens: a.tokens,
-        layers: compare_layers(&names, &a.states, &b.states)?,
-        greedy_agree: agree,
-        greedy_total: a.top1.len(),
-        greedy_agree_decisive: agree_dec,
-        greedy_decisive: decisive,
-    })
-}
-
 /// Loads the target from `src` on both backends, runs every prompt (one sequence each, full
 /// prefill) and compares every hidden-state index and the greedy next tokens. The reference is
 /// backend `a` (normally the CPU).
@@ -678,9 +596,9 @@ pub fn target_parity<A: Backend, B: Backend>(
 ) -> Result<TargetParity> {
     let ma = TargetModel::load(a, spec, src)?;
     let mb = TargetModel::load(b, spec, src)?;
-    let pa = run_pass(a.name(), a, &ma, prompts)?;
-    let pb = run_pass(b.name(), b, &mb, prompts)?;
-    compare_passes(&pa, &pb)
+    let pa = crate::parity_report::run_pass(a.name(), a, &ma, prompts)?;
+    let pb = crate::parity_report::run_pass(b.name(), b, &mb, prompts)?;
+    crate::parity_report::compare_passes(&pa, &pb)
 }
 
 /// Per-layer diffs of captured hidden states from two backends (`names[i]` labels layer i;

@@ -18,13 +18,96 @@
 use crate::backend::{Backend, GdnProfile};
 use crate::drafter::run::{run_eval, DrafterSpec, RunOptions};
 use crate::model::config::LayerType;
-use crate::parity::{compare_metrics, compare_passes, run_pass, Pass, TargetParity};
+use crate::model::{Capture, TargetModel};
+use crate::parity::{compare_layers, compare_metrics, TargetParity};
 use crate::session::Session;
 use crate::store::{MetricScope, RunMode, Store};
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+
+/// Hidden states and greedy choices of one loaded target over a prompt list: what
+/// [`compare_passes`] compares. `states[i]` is hidden-state index i (HF convention) over the
+/// tokens of every prompt, one sequence per prompt (full prefill).
+pub struct Pass {
+    /// What ran: a backend name, with the GDN profile for a hybrid (`cuda/engine`).
+    pub label: String,
+    pub prompts: usize,
+    pub tokens: usize,
+    pub states: Vec<Vec<f32>>,
+    /// Per position: the top-1 next token and its lead over the top-2 (log-probs, nats).
+    pub top1: Vec<u32>,
+    pub lead: Vec<f32>,
+}
+
+/// Runs `m` on `be` over `prompts` (empty ones skipped), capturing every hidden-state index.
+pub fn run_pass<B: Backend>(
+    label: &str,
+    be: &B,
+    m: &TargetModel<B>,
+    prompts: &[Vec<u32>],
+) -> Result<Pass> {
+    let l = m.spec.num_layers;
+    let capture = Capture::hf_indices((0..=l).collect(), l)?;
+    let mut p = Pass {
+        label: label.into(),
+        prompts: prompts.len(),
+        tokens: 0,
+        states: vec![Vec::new(); l + 1],
+        top1: Vec::new(),
+        lead: Vec::new(),
+    };
+    for ids in prompts.iter().filter(|ids| !ids.is_empty()) {
+        p.tokens += ids.len();
+        let out = m.forward(be, ids, &mut m.new_cache(), &capture)?;
+        for (i, st) in p.states.iter_mut().enumerate() {
+            let Some(t) = out.captured.get(i) else {
+                anyhow::bail!("hidden state {i} was not captured")
+            };
+            st.extend(be.to_host(t)?);
+        }
+        let k = m.logits_topk(be, &out.last_hidden, 2)?;
+        for r in 0..ids.len() {
+            p.top1.push(k.row_ids(r)[0]);
+            p.lead.push(k.row_logprobs(r)[0] - k.row_logprobs(r)[1]);
+        }
+    }
+    Ok(p)
+}
+
+/// Every hidden-state index of `b` against the reference `a` (same prompts), and greedy
+/// agreement (overall, and where `a`'s top-1 leads by more than 0.1 nats).
+pub fn compare_passes(a: &Pass, b: &Pass) -> Result<TargetParity> {
+    ensure!(
+        a.tokens == b.tokens && a.top1.len() == b.top1.len(),
+        "passes over different prompts ({} vs {} tokens)",
+        a.tokens,
+        b.tokens
+    );
+    let names: Vec<String> = (0..a.states.len())
+        .map(|i| format!("hidden_states[{i}]"))
+        .collect();
+    let (mut agree, mut agree_dec, mut decisive) = (0, 0, 0);
+    for r in 0..a.top1.len() {
+        let same = a.top1[r] == b.top1[r];
+        agree += same as usize;
+        if a.lead[r] > 0.1 {
+            decisive += 1;
+            agree_dec += same as usize;
+        }
+    }
+    Ok(TargetParity {
+        backends: (a.label.clone(), b.label.clone()),
+        prompts: a.prompts,
+        tokens: a.tokens,
+        layers: compare_layers(&names, &a.states, &b.states)?,
+        greedy_agree: agree,
+        greedy_total: a.top1.len(),
+        greedy_agree_decisive: agree_dec,
+        greedy_decisive: decisive,
+    })
+}
 
 /// The run-level metric holding the per-position acceptance series (`survival` conditional on
 /// the earlier positions: P(d_k = t_k | all earlier accepted), docs/metrics.md).
