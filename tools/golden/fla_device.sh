@@ -2,8 +2,8 @@
 # Engine-profile goldens from fla itself, then draftlens' CUDA engine profile against them
 # (docs/hybrid-models.md, "Two numeric profiles"; docs/gdn-cuda.md). Runs on the GPU machine (no
 # network, no cargo; PyTorch, transformers 5.17 and triton present). Everything it writes goes to
-# $OUT: golden/<model>/{golden-fla.safetensors, manifest-fla.json, ...}, pip.log, goldens.log,
-# test.log.
+# $OUT: golden/<model>/{config.json, model.safetensors, golden-fla.safetensors, manifest-fla.json}
+# for qwen3_5, qwen3_next and qwen3_5_d128 (made here; ~3 MB in all), pip.log, goldens.log, test.log.
 #
 # Prepared on the build machine:
 #   1. the wheels, pinned (sha256 checked below), in target-carry/fla-wheels/ (git-ignored, 1.5 MB):
@@ -34,25 +34,29 @@ for f in "${!SHA[@]}"; do
     [[ $got == "${SHA[$f]}" ]] || { echo "fla_device: $W/$f: sha256 '$got', expected ${SHA[$f]}" >&2; exit 1; }
 done
 
-# A venv that sees the system's torch / transformers / triton, so the reference run elsewhere
-# (which must not import fla) is untouched.
-python3 -m venv --system-site-packages /tmp/fla-venv || exit 1
-PY=/tmp/fla-venv/bin/python
-{
-    "$PY" -c "import einops" 2>/dev/null || "$PY" -m pip install --no-deps --no-index "$W/einops-0.8.2-py3-none-any.whl"
-    "$PY" -m pip install --no-deps --no-index "$W/fla_core-0.6.0-py3-none-any.whl" "$W/flash_linear_attention-0.6.0-py3-none-any.whl"
-    "$PY" -c "import fla, torch, transformers, triton; print('fla', fla.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
-} 2>&1 | tee "$OUT/pip.log"
-"$PY" -c "import fla" || { echo "fla_device: fla does not import (see $OUT/pip.log)" >&2; exit 1; }
+# Installed offline into one folder put on PYTHONPATH for the golden script only (the system's
+# torch / transformers / triton stay as they are, and nothing else sees fla). One pip call, since
+# both fla wheels fill the `fla` package; if pip is missing, the pure-Python wheels are unpacked.
+SITE=/tmp/fla-site
+rm -rf "$SITE" && mkdir -p "$SITE"
+WHEELS=("$W/fla_core-0.6.0-py3-none-any.whl" "$W/flash_linear_attention-0.6.0-py3-none-any.whl")
+python3 -c "import einops" 2>/dev/null || WHEELS+=("$W/einops-0.8.2-py3-none-any.whl")
+if ! python3 -m pip install --no-deps --no-index --target "$SITE" "${WHEELS[@]}" >"$OUT/pip.log" 2>&1; then
+    echo "pip install failed (see above); unpacking the wheels instead" >>"$OUT/pip.log"
+    for w in "${WHEELS[@]}"; do python3 -m zipfile -e "$w" "$SITE"; done
+fi
+PY="env PYTHONPATH=$SITE python3"
+$PY -c "import fla, torch, transformers, triton; print('fla', fla.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" 2>&1 | tee -a "$OUT/pip.log"
+[[ ${PIPESTATUS[0]} == 0 ]] || { echo "fla_device: fla does not import (see $OUT/pip.log)" >&2; exit 1; }
 
 # ---- goldens: the committed models (and the 128-wide one the script makes) under fla ------------
 G="$OUT/golden"
 mkdir -p "$G"
 for m in qwen3_5 qwen3_next; do
     mkdir -p "$G/$m"
-    cp tests/fixtures/golden/$m/{config.json,model.safetensors,golden.safetensors,manifest.json} "$G/$m/"
+    cp tests/fixtures/golden/$m/{config.json,model.safetensors} "$G/$m/"
 done
-timeout 900 "$PY" tools/golden/make_hybrid_goldens.py --out "$G" --fla 2>&1 | tee "$OUT/goldens.log"
+timeout 900 $PY tools/golden/make_hybrid_goldens.py --out "$G" --fla 2>&1 | tee "$OUT/goldens.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || { echo "fla_device: the golden script failed (see $OUT/goldens.log)" >&2; exit 1; }
 
 # ---- draftlens' CUDA profiles against them --------------------------------------------------------
