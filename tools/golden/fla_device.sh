@@ -13,7 +13,8 @@
 #        CARGO_INCREMENTAL=0 cargo test --release -p draftlens \
 #            --test cuda_fla_golden --no-run        # prints the path target/release/deps/cuda_fla_golden-<hash>
 #        mkdir -p target-carry/flacuda && cp <that path> target-carry/flacuda/cuda_fla_golden \
-#            && strip target-carry/flacuda/cuda_fla_golden
+#            && strip target-carry/flacuda/cuda_fla_golden && gzip -9 target-carry/flacuda/cuda_fla_golden
+#      (stripped ~7 MB, gzipped ~2.8 MB: with the wheels ~4.3 MB to carry)
 # Carried to the device: target-carry/fla-wheels and target-carry/flacuda. Command there:
 #   bash tools/golden/fla_device.sh
 set -uo pipefail
@@ -60,6 +61,9 @@ timeout 900 $PY tools/golden/make_hybrid_goldens.py --out "$G" --fla 2>&1 | tee 
 [[ ${PIPESTATUS[0]} == 0 ]] || { echo "fla_device: the golden script failed (see $OUT/goldens.log)" >&2; exit 1; }
 
 # ---- draftlens' CUDA profiles against them --------------------------------------------------------
+if [[ ! -x $T && -f $T.gz ]]; then
+    gunzip -c "$T.gz" >/tmp/cuda_fla_golden && chmod +x /tmp/cuda_fla_golden && T=/tmp/cuda_fla_golden
+fi
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export DRAFTLENS_KERNEL_CACHE=/tmp/draftlens-kernels
 DRAFTLENS_FLA_GOLDENS="$G" timeout 600 "$T" --nocapture --test-threads=1 2>&1 | grep -v "registers, " | tee "$OUT/test.log"
