@@ -315,3 +315,42 @@ fn inconsistent_sizes_are_named() {
     let e = open_err(&p);
     assert!(e.contains("qwen35.ssm.group_count is missing"), "{e}");
 }
+
+#[test]
+fn mtp_blocks_are_not_decoder_layers() {
+    // The converter appends a checkpoint's MTP layers as extra blocks and records their number in
+    // nextn_predict_layers: block_count 7 with 1 MTP block is the same 6-layer model.
+    let tmp = tempfile::tempdir().unwrap();
+    let src = golden_dir("qwen3_5").join("model.gguf");
+    let seven = tmp.path().join("seven.gguf");
+    rewrite(
+        &src,
+        &seven,
+        Edit::Set("qwen35.block_count", GgufValue::U32(7)),
+    );
+    let mtp = tmp.path().join("mtp.gguf");
+    rewrite(
+        &seven,
+        &mtp,
+        Edit::Set("qwen35.nextn_predict_layers", GgufValue::U32(1)),
+    );
+    assert_eq!(
+        TargetFiles::open(&mtp).unwrap().spec,
+        TargetFiles::open(&golden_dir("qwen3_5")).unwrap().spec
+    );
+    // Without it, block 6 is a decoder layer (a GDN one) whose tensors are missing.
+    let e = open_err(&seven);
+    assert!(e.contains("tensor blk.6.attn_qkv.weight is missing"), "{e}");
+    // All blocks MTP: named.
+    let all = tmp.path().join("all.gguf");
+    rewrite(
+        &src,
+        &all,
+        Edit::Set("qwen35.nextn_predict_layers", GgufValue::U32(6)),
+    );
+    let e = open_err(&all);
+    assert!(
+        e.contains("qwen35.nextn_predict_layers = 6") && e.contains("qwen35.block_count = 6"),
+        "{e}"
+    );
+}
