@@ -12,6 +12,7 @@ pub mod generate;
 pub mod identity;
 pub mod model;
 pub mod parity;
+pub mod parity_report;
 pub mod progress;
 pub mod prompts;
 pub mod records;

@@ -9,9 +9,10 @@
 //! - [`forward_parity`]: the product's own [`TargetModel`] with the same random weights
 //!   ([`RandomWeights`], bf16-exact) on both backends, compared at every hidden-state index (HF
 //!   convention, docs/models.md §1.5, docs/hidden-states.md) plus greedy-token agreement.
-//! - [`compare_layers`] / [`compare_metrics`]: the pieces `draftlens parity` assembles for real
-//!   checkpoints: per-layer diffs of captured hidden states and the change of every drafter
-//!   metric when the drafter is fed each backend's hidden states.
+//! - [`target_parity`] / [`compare_layers`] / [`compare_metrics`]: the pieces `draftlens parity`
+//!   (`crate::parity_report`, with its `run_pass` / `compare_passes`) assembles for real checkpoints: per-layer diffs of captured hidden
+//!   states and the change of every drafter metric when the drafter is fed each backend's hidden
+//!   states.
 
 use crate::backend::{AttnMask, AttnShape, Backend, Rope, RopeStyle};
 use crate::model::random::RandomWeights;
@@ -595,49 +596,9 @@ pub fn target_parity<A: Backend, B: Backend>(
 ) -> Result<TargetParity> {
     let ma = TargetModel::load(a, spec, src)?;
     let mb = TargetModel::load(b, spec, src)?;
-    let capture = Capture::hf_indices((0..=spec.num_layers).collect(), spec.num_layers)?;
-    let n_idx = spec.num_layers + 1;
-    let (mut ha, mut hb): (Vec<Vec<f32>>, Vec<Vec<f32>>) =
-        (vec![Vec::new(); n_idx], vec![Vec::new(); n_idx]);
-    let (mut agree, mut total, mut agree_dec, mut decisive, mut tokens) = (0, 0, 0, 0, 0);
-    for ids in prompts {
-        if ids.is_empty() {
-            continue;
-        }
-        tokens += ids.len();
-        let oa = ma.forward(a, ids, &mut ma.new_cache(), &capture)?;
-        let ob = mb.forward(b, ids, &mut mb.new_cache(), &capture)?;
-        for i in 0..n_idx {
-            let (ta, tb) = (oa.captured.get(i), ob.captured.get(i));
-            let (Some(ta), Some(tb)) = (ta, tb) else {
-                anyhow::bail!("hidden state {i} was not captured")
-            };
-            ha[i].extend(a.to_host(ta)?);
-            hb[i].extend(b.to_host(tb)?);
-        }
-        let ka = ma.logits_topk(a, &oa.last_hidden, 2)?;
-        let kb = mb.logits_topk(b, &ob.last_hidden, 1)?;
-        for r in 0..ids.len() {
-            let same = ka.row_ids(r)[0] == kb.row_ids(r)[0];
-            total += 1;
-            agree += same as usize;
-            if ka.row_logprobs(r)[0] - ka.row_logprobs(r)[1] > 0.1 {
-                decisive += 1;
-                agree_dec += same as usize;
-            }
-        }
-    }
-    let names: Vec<String> = (0..n_idx).map(|i| format!("hidden_states[{i}]")).collect();
-    Ok(TargetParity {
-        backends: (a.name().to_string(), b.name().to_string()),
-        prompts: prompts.len(),
-        tokens,
-        layers: compare_layers(&names, &ha, &hb)?,
-        greedy_agree: agree,
-        greedy_total: total,
-        greedy_agree_decisive: agree_dec,
-        greedy_decisive: decisive,
-    })
+    let pa = crate::parity_report::run_pass(a.name(), a, &ma, prompts)?;
+    let pb = crate::parity_report::run_pass(b.name(), b, &mb, prompts)?;
+    crate::parity_report::compare_passes(&pa, &pb)
 }
 
 /// Per-layer diffs of captured hidden states from two backends (`names[i]` labels layer i;

@@ -329,6 +329,15 @@ impl<B: Backend> Session<B> {
         Ok(self.head.get_or_init(|| h))
     }
 
+    /// Switch the Gated DeltaNet profile, also of an already loaded model, so one upload can
+    /// serve both profiles (`draftlens parity`). Cache keys follow the profile.
+    pub fn set_gdn_profile(&mut self, profile: GdnProfile) {
+        self.gdn_profile = profile;
+        if let Some(m) = self.model.get_mut() {
+            m.set_gdn_profile(profile);
+        }
+    }
+
     fn kernel_version(&self) -> String {
         let v = format!(
             "{}-{}-v{MODEL_CODE_VERSION}",

@@ -31,7 +31,9 @@ Outputs (under --out, normally tests/fixtures/golden):
 --fla (GPU machine, fla-core 0.6.0 installed): the "Engine" profile. Loads the saved checkpoints
 in bf16 on CUDA with fla's Triton kernels in place of the torch fallback, and writes
 golden-fla.safetensors + manifest-fla.json next to the Reference files (the models are not
-regenerated). Usage:
+regenerated), and makes a third model, qwen3_5_d128 (128-wide GDN heads: the shape draftlens' CUDA
+GDN kernels take), with its fla golden only. tools/golden/fla_device.sh runs this on the GPU
+machine and then host/tests/cuda_fla_golden.rs against the result. Usage:
     python3 tools/golden/make_hybrid_goldens.py --out tests/fixtures/golden            # CPU, reference
     python3 tools/golden/make_hybrid_goldens.py --out tests/fixtures/golden --fla      # GPU + fla-core
 """
@@ -79,6 +81,15 @@ TEXT = dict(
     pad_token_id=None,
 )
 LAYER_TYPES = ["linear_attention", "linear_attention", "full_attention"] * 2
+# A third model, made only on the GPU machine (--fla, written under --out, not committed): a
+# qwen3_5 with 128-wide GDN heads, the only head size draftlens' CUDA GDN kernels take (other sizes
+# run their host fallback), so the engine-profile kernels themselves meet fla's.
+D128 = dict(hidden_size=128, intermediate_size=256, linear_key_head_dim=128, linear_value_head_dim=128)
+KINDS = ["qwen3_5", "qwen3_next", "qwen3_5_d128"]
+
+
+def text_for(kind):
+    return dict(TEXT, **D128) if kind == "qwen3_5_d128" else TEXT
 ROPE = {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}
 
 
@@ -109,12 +120,13 @@ def fla_available():
 
 def build(kind):
     """The model to save (in f32, before the bf16 cast) and the class name it is saved as."""
-    torch.manual_seed(3000 + (0 if kind == "qwen3_5" else 1))
-    if kind == "qwen3_5":
+    torch.manual_seed(3000 + KINDS.index(kind))
+    if kind.startswith("qwen3_5"):
         from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-        text = dict(TEXT, layer_types=LAYER_TYPES, rope_parameters=dict(ROPE, mrope_section=[1, 1, 2], mrope_interleaved=True))
-        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4, num_position_embeddings=16)
+        t = text_for(kind)
+        text = dict(t, layer_types=LAYER_TYPES, rope_parameters=dict(ROPE, mrope_section=[1, 1, 2], mrope_interleaved=True))
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=t["hidden_size"], patch_size=4, num_position_embeddings=16)
         cfg = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
         model = Qwen3_5ForConditionalGeneration(cfg)
     else:
@@ -122,7 +134,7 @@ def build(kind):
 
         cfg = Qwen3NextConfig(**TEXT, layer_types=LAYER_TYPES, rope_parameters=dict(ROPE), num_experts=0)
         model = Qwen3NextForCausalLM(cfg)
-    randomize_hybrid(model, 11 if kind == "qwen3_5" else 12)
+    randomize_hybrid(model, 11 + KINDS.index(kind))
     return model
 
 
@@ -145,7 +157,7 @@ def save(kind, model, d):
         assert t.dtype == want, f"{n}: saved as {t.dtype}"
     cpath = os.path.join(d, "config.json")
     c = json.load(open(cpath))
-    if kind == "qwen3_5":
+    if kind.startswith("qwen3_5"):
         # Real Qwen3.5 checkpoints carry multi-token-prediction weights that transformers ignores.
         assert any(n.startswith("model.language_model.") for n in sd), "expected the VLM prefix"
         assert any(n.startswith("model.visual.") for n in sd), "expected vision tensors"
@@ -180,7 +192,7 @@ def make(kind, out_dir, use_fla, device):
 
     set_reference_numerics()
     d = os.path.join(out_dir, kind)
-    if not use_fla:
+    if not use_fla or not os.path.exists(os.path.join(d, "model.safetensors")):
         os.makedirs(d, exist_ok=True)
         save(kind, build(kind), d)
     dtype = torch.bfloat16 if use_fla else torch.float32
@@ -188,7 +200,7 @@ def make(kind, out_dir, use_fla, device):
     L = ref.config.num_hidden_layers
     types = ref.config.layer_types
     assert types == LAYER_TYPES, types
-    gen = torch.Generator().manual_seed(4242 + (0 if kind == "qwen3_5" else 1))
+    gen = torch.Generator().manual_seed(4242 + KINDS.index(kind))
     tensors, meta = {}, []
     for i, plen in enumerate(PROMPT_LENS):
         # Redraw while the greedy path has a near-tie (top-1/top-2 logit gap < 0.01).
@@ -251,7 +263,7 @@ def _fla_version():
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="tests/fixtures/golden")
-    ap.add_argument("--only", choices=["qwen3_5", "qwen3_next"])
+    ap.add_argument("--only", choices=KINDS)
     ap.add_argument("--fla", action="store_true", help="engine profile: bf16 on CUDA with fla's kernels (needs fla-core)")
     a = ap.parse_args()
     if a.fla:
@@ -262,7 +274,8 @@ def main():
         if fla_available():
             raise SystemExit("fla is importable: transformers would use its kernels; run the reference without fla")
         device = "cpu"
-    for kind in ["qwen3_5", "qwen3_next"]:
+    # The 128-wide model is for the GPU run only (see D128).
+    for kind in KINDS if a.fla else KINDS[:2]:
         if a.only in (None, kind):
             make(kind, a.out, a.fla, device)
 

@@ -1,20 +1,18 @@
-//! `parity`: the same target (and drafter) on two backends — per-layer hidden-state errors,
-//! greedy agreement, and the change of every drafter metric when the drafter is fed each
-//! backend's hidden states.
+//! `parity`: the same target (and drafter) on a reference backend and on a second backend under
+//! each Gated DeltaNet profile — per-layer hidden-state errors (GDN and attention layers marked),
+//! greedy agreement, and the change of every drafter metric, per-position acceptance included
+//! (`draftlens::parity_report`, docs/hybrid-models.md).
 
-use crate::cmd_model::BackendArg;
+use crate::cmd_model::{BackendArg, GdnProfileArg};
 use crate::common::Global;
 use anyhow::{bail, Result};
 use clap::Args;
-use draftlens::backend::Backend;
-use draftlens::drafter::run::{run_eval, DrafterSpec, RunOptions};
-use draftlens::model::TargetFiles;
-use draftlens::parity::{compare_metrics, format_checks, target_parity, TargetParity};
+use draftlens::backend::{Backend, GdnProfile};
+use draftlens::drafter::run::DrafterSpec;
+use draftlens::parity_report::{format_report, parity_report, ParityOptions, ParityReport};
 use draftlens::prompts::PromptSet;
 use draftlens::session::{dispatch, BackendJob, Session};
-use draftlens::store::{MetricScope, RunMode, Store};
-use serde::Serialize;
-use std::collections::BTreeMap;
+use draftlens::store::Store;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -22,12 +20,21 @@ pub struct ParityArgs {
     /// [default: the model `draftlens setup` installs in the data folder]
     #[arg(long)]
     pub target: Option<PathBuf>,
-    /// Also compare a drafter's metrics when fed each backend's hidden states.
+    /// Also compare a drafter's metrics when fed each configuration's hidden states.
     #[arg(long)]
     pub drafter: Option<PathBuf>,
-    /// Reference backend first.
+    /// Reference backend first (it runs the reference GDN profile).
     #[arg(long, value_delimiter = ',', default_value = "cpu,cuda")]
     pub backends: Vec<BackendArg>,
+    /// GDN profiles the second backend runs a hybrid target under, each compared with the
+    /// reference (dense targets: ignored).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "reference,engine"
+    )]
+    pub gdn_profiles: Vec<GdnProfileArg>,
     #[arg(long, default_value = "builtin:humaneval")]
     pub prompts: String,
     #[arg(long, default_value_t = 4)]
@@ -35,23 +42,6 @@ pub struct ParityArgs {
     /// Continuation length for the drafter comparison.
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
-}
-
-impl ParityArgs {
-    /// The target, resolved by [`run`] (`--target` or the installed default).
-    fn target(&self) -> &std::path::Path {
-        self.target
-            .as_deref()
-            .expect("resolved at the start of `run`")
-    }
-}
-
-#[derive(Serialize)]
-pub struct ParityOut {
-    pub target: TargetParity,
-    /// (metric, reference value, other value, other − reference)
-    pub drafter_metrics: Vec<(String, f64, f64, f64)>,
-    pub pass: bool,
 }
 
 struct Outer<'a> {
@@ -65,8 +55,8 @@ struct Inner<'a, A: Backend> {
 }
 
 impl<'a> BackendJob for Outer<'a> {
-    type Output = ParityOut;
-    fn run<A: Backend>(self, first: A) -> Result<ParityOut> {
+    type Output = ParityReport;
+    fn run<A: Backend>(self, first: A) -> Result<ParityReport> {
         dispatch(
             self.a.backends[1].into(),
             Inner {
@@ -78,79 +68,49 @@ impl<'a> BackendJob for Outer<'a> {
     }
 }
 
-fn drafter_metrics<B: Backend>(
-    g: &Global,
-    a: &ParityArgs,
-    be: B,
-    set: &PromptSet,
-    dir: &PathBuf,
-) -> Result<BTreeMap<String, f64>> {
-    let tmp = std::env::temp_dir().join(format!(
-        "draftlens-parity-{}-{}",
-        std::process::id(),
-        be.name()
-    ));
-    let s = Session::load(be, a.target(), g.cache()?)?;
-    let store = Store::open(&tmp.with_extension("sqlite"))?;
-    let opts = RunOptions {
-        name: None,
-        mode: RunMode::Deployment,
-        eval: Default::default(),
-        max_new_tokens: a.max_new_tokens,
-        fail_after: None,
-    };
-    let spec = DrafterSpec::Checkpoint {
-        dir: dir.clone(),
-        step: None,
-        series: "parity".into(),
-    };
-    let out = run_eval(&s, &spec, set, &opts, &store)?;
-    let m = store.metrics(out.run_id)?;
-    let _ = std::fs::remove_file(tmp.with_extension("sqlite"));
-    Ok(m.into_iter()
-        .filter(|r| r.scope == MetricScope::Run)
-        .map(|r| (r.name, r.value))
-        .collect())
-}
-
 impl<'a, A: Backend> BackendJob for Inner<'a, A> {
-    type Output = ParityOut;
-    fn run<B: Backend>(self, second: B) -> Result<ParityOut> {
+    type Output = ParityReport;
+    fn run<B: Backend>(self, second: B) -> Result<ParityReport> {
         let (g, a) = (self.g, self.a);
-        let files = TargetFiles::open(a.target())?;
         let mut set = PromptSet::load(&a.prompts)?;
         set.truncate(a.limit);
-        let tok = files.tokenizer()?;
-        let prompts: Vec<Vec<u32>> = set
-            .prompts
-            .iter()
-            .map(|p| match (&p.messages, &p.text) {
-                (Some(m), _) => tok.encode_chat(m, true),
-                (None, Some(t)) => tok.encode(t, true),
-                _ => bail!("prompt {} is empty", p.id),
-            })
-            .collect::<Result<_>>()?;
-        let target = target_parity(
-            &self.first,
-            &second,
-            &files.spec,
-            files.weights.as_ref(),
-            &prompts,
-        )?;
-        let drafter_metrics = match &a.drafter {
-            Some(d) => {
-                let ma = drafter_metrics(g, a, self.first, &set, d)?;
-                let mb = drafter_metrics(g, a, second, &set, d)?;
-                compare_metrics(&ma, &mb)
-            }
-            None => vec![],
+        let mut sa = Session::load(self.first, a.target(), g.cache()?)?;
+        let mut sb = Session::load(second, a.target(), g.cache()?)?;
+        let opts = ParityOptions {
+            profiles: a
+                .gdn_profiles
+                .iter()
+                .map(|p| match p {
+                    GdnProfileArg::Reference => GdnProfile::Reference,
+                    GdnProfileArg::Engine => GdnProfile::Engine,
+                })
+                .collect(),
+            drafter: a.drafter.as_ref().map(|dir| DrafterSpec::Checkpoint {
+                dir: dir.clone(),
+                step: None,
+                series: "parity".into(),
+            }),
+            max_new_tokens: a.max_new_tokens,
         };
-        let pass = target.layers.iter().all(|c| c.pass);
-        Ok(ParityOut {
-            target,
-            drafter_metrics,
-            pass,
-        })
+        // The drafter runs are scaffolding for the comparison: a throw-away store.
+        let path =
+            std::env::temp_dir().join(format!("draftlens-parity-{}.sqlite", std::process::id()));
+        let store = Store::open(&path)?;
+        let report = parity_report(&mut sa, &mut sb, &set, &opts, &store);
+        drop(store);
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        report
+    }
+}
+
+impl ParityArgs {
+    /// The target, resolved by [`run`] (`--target` or the installed default).
+    fn target(&self) -> &std::path::Path {
+        self.target
+            .as_deref()
+            .expect("resolved at the start of `run`")
     }
 }
 
@@ -160,21 +120,13 @@ pub fn run(g: &Global, a: ParityArgs) -> Result<()> {
         ..a
     };
     if a.backends.len() != 2 {
-        bail!("--backends takes exactly two backends, e.g. cpu,cuda");
+        bail!("--backends takes exactly two backends, e.g. cpu,cuda (cpu,cpu compares the GDN profiles on the CPU)");
+    }
+    if a.gdn_profiles.is_empty() {
+        bail!("--gdn-profiles needs at least one profile (reference, engine)");
     }
     let out = dispatch(a.backends[0].into(), Outer { g, a: &a })?;
-    g.emit(&out, || {
-        let t = &out.target;
-        let mut o = format_checks(&format!("{} vs {} on {} prompts ({} tokens)", t.backends.1, t.backends.0, t.prompts, t.tokens), &t.layers);
-        o += &format!(
-            "greedy agreement: {}/{} positions ({} / {} where the reference top-1 leads by > 0.1 nats)\n",
-            t.greedy_agree, t.greedy_total, t.greedy_agree_decisive, t.greedy_decisive
-        );
-        for (name, x, y, d) in &out.drafter_metrics {
-            o += &format!("  drafter {name:<22} {x:>9.4} → {y:>9.4}  (Δ {d:+.4})\n");
-        }
-        o
-    })?;
+    g.emit(&out, || format_report(&out))?;
     if !out.pass {
         bail!("hidden states differ beyond the stated tolerances (docs/cuda.md)");
     }

@@ -286,14 +286,19 @@ impl GgufFile {
     }
 
     /// The model description from `<arch>.*` and `tokenizer.ggml.*` metadata (llama, qwen2,
-    /// qwen3).
+    /// qwen3; the hybrids qwen35 / qwen3next in [`super::gguf_hybrid`]).
     pub fn model_spec(&self) -> Result<ModelSpec> {
         let p = self.path.display();
         let arch_name = self
             .architecture()
             .with_context(|| format!("{p}: metadata has no general.architecture"))?;
-        let arch = Arch::parse(arch_name).with_context(|| {
-            format!("{p}: unsupported architecture {arch_name:?} in general.architecture (supported: llama, qwen2, qwen3)")
+        if super::gguf_hybrid::hybrid_arch(arch_name).is_some() {
+            return super::gguf_hybrid::model_spec(self);
+        }
+        // The GGUF architecture names are llama.cpp's (no underscores); the HF spellings of the
+        // hybrids are not GGUF names.
+        let arch = Arch::parse(arch_name).filter(|a| !a.is_hybrid()).with_context(|| {
+            format!("{p}: unsupported architecture {arch_name:?} in general.architecture (supported: llama, qwen2, qwen3, qwen35, qwen3next)")
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let req = |k: &str| -> Result<usize> {

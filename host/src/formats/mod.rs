@@ -8,6 +8,7 @@
 
 pub mod dequant;
 pub mod gguf;
+pub mod gguf_hybrid;
 pub mod safetensors;
 
 use crate::backend::raw::RawPart;

@@ -10,6 +10,7 @@
 use super::config::ModelSpec;
 use super::hybrid::HybridWeights;
 use crate::formats::gguf::{GgufFile, GgufWeights};
+use crate::formats::gguf_hybrid::HybridGgufWeights;
 use crate::formats::safetensors::SafetensorsWeights;
 use crate::formats::WeightSource;
 use crate::identity::IdentityStore;
@@ -123,12 +124,20 @@ impl TargetFiles {
         let mut tokenizer = TextTokenizer::from_gguf(&file, path)?;
         tokenizer.check_vocab(spec.vocab_size, path)?;
         tokenizer.set_model_vocab(spec.vocab_size);
-        let weights = GgufWeights::new(file)?;
-        check_shapes(&spec, &weights)?;
+        let weights: Box<dyn WeightSource> = match &spec.hybrid {
+            // HF names and values back from llama.cpp's qwen35 / qwen3next layout; Qwen3-Next's
+            // fused ssm_ba is un-grouped by HybridWeights as in a safetensors checkpoint.
+            Some(hy) => Box::new(HybridWeights::new(
+                Box::new(HybridGgufWeights::new(file, &spec)?),
+                hy,
+            )),
+            None => Box::new(GgufWeights::new(file)?),
+        };
+        check_shapes(&spec, weights.as_ref())?;
         let identity = TargetIdentity::new(path, "gguf", spec.arch.as_str(), vec![path.into()]);
         Ok(TargetFiles {
             spec,
-            weights: Box::new(weights),
+            weights,
             tokenizer: Some(tokenizer),
             identity,
         })
