@@ -7,7 +7,7 @@
 
 mod support;
 
-use draftlens::store::Store;
+use draftlens::store::{Store, TokenScope};
 use draftlens_web::demo::{fill_demo_db, DemoSpec};
 use support::*;
 
@@ -221,4 +221,142 @@ async fn browser_end_to_end() {
         .unwrap();
 
     br.quit().await.unwrap();
+}
+
+/// Every state-changing control of the UI, clicked in Chromium (whose form posts carry
+/// `Sec-Fetch-Site: same-origin` and, under strict referrer policies, `Origin: null`), with the
+/// database checked after each: pin and unpin a baseline, share a view, delete a run, import a
+/// report through the upload form; then in team mode the token page and a write action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_every_action_changes_the_database() {
+    if let Some(why) = browser_missing() {
+        eprintln!("SKIPPED browser_every_action_changes_the_database: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("runs.sqlite");
+    let store = Store::open(&db).unwrap();
+    let runs = fill_demo_db(&store, &DemoSpec::small()).unwrap();
+    let (a, b) = (runs.checkpoints[0], runs.checkpoints[1]);
+    let uid_a = store.run(a).unwrap().unwrap().run.uid;
+    let addr = serve(&db, false, 64 << 20).await.unwrap();
+    let base = format!("http://{addr}");
+    // A report of run A, imported again after A is deleted.
+    let report = get(addr, &format!("/report?runs={a}")).await.unwrap();
+    assert_eq!(report.status, 200);
+    let report_file = dir.path().join("report-a.html");
+    std::fs::write(&report_file, &report.body).unwrap();
+
+    let br = Browser::start(1280, 900).await.unwrap();
+    let refused = "return document.body.innerText.includes('refused')";
+
+    // Pin, then unpin, run A as the baseline.
+    br.goto(&format!("{base}/runs/{a}")).await.unwrap();
+    br.click("form[action='/baseline'] button").await.unwrap();
+    br.wait_for("return document.body.innerText.includes('Unpin baseline')")
+        .await
+        .unwrap_or_else(|e| panic!("pin: {e}; page: {}", block_text(&br)));
+    assert_eq!(br.js(refused).await.unwrap(), false);
+    let pinned: Vec<i64> = store.baselines().unwrap().iter().map(|x| x.1).collect();
+    assert_eq!(pinned, vec![a], "pin did not reach the database");
+    br.click("form[action='/baseline'] button").await.unwrap();
+    br.wait_for("return document.body.innerText.includes('Pin as baseline')")
+        .await
+        .unwrap();
+    assert!(
+        store.baselines().unwrap().is_empty(),
+        "unpin did not reach the database"
+    );
+
+    // Share the comparison page: the saved link opens the same view.
+    br.goto(&format!("{base}/compare?runs={a},{b}"))
+        .await
+        .unwrap();
+    br.click("form[action='/share'] button").await.unwrap();
+    br.wait_for("return document.body.innerText.includes('Link saved')")
+        .await
+        .unwrap();
+    let link = br
+        .js("return document.querySelector('input[readonly]').value")
+        .await
+        .unwrap();
+    let link = link.as_str().unwrap().to_string();
+    let id = link.rsplit("/s/").next().unwrap();
+    assert_eq!(
+        store.share(id).unwrap().as_deref(),
+        Some(format!("/compare?runs={a},{b}").as_str()),
+        "share did not reach the database"
+    );
+    br.goto(&link).await.unwrap();
+    br.wait_for("return document.title.startsWith('Compare')")
+        .await
+        .unwrap();
+
+    // Delete run A (behind a disclosure, as a person would open it).
+    br.goto(&format!("{base}/runs/{a}")).await.unwrap();
+    br.click("details summary.danger").await.unwrap();
+    br.click(&format!("form[action='/runs/{a}/delete'] button"))
+        .await
+        .unwrap();
+    br.wait_for("return location.search.includes('deleted=')")
+        .await
+        .unwrap();
+    assert!(
+        store.run(a).unwrap().is_none(),
+        "delete did not reach the database"
+    );
+
+    // Import its report through the upload form.
+    br.goto(&format!("{base}/import")).await.unwrap();
+    br.send_keys("input[type=file]", report_file.to_str().unwrap())
+        .await
+        .unwrap();
+    br.click("form[action='/import'] button").await.unwrap();
+    br.wait_for("return !!document.querySelector('.ok, .err')")
+        .await
+        .unwrap();
+    let msg = br.text().await.unwrap();
+    assert!(
+        store.run_id_by_uid(&uid_a).unwrap().is_some(),
+        "import did not reach the database: {msg}"
+    );
+
+    // Team mode: the token page, then a write action with the cookie it set.
+    let write = store.create_token("owner", TokenScope::Write).unwrap();
+    let read = store.create_token("viewer", TokenScope::Read).unwrap();
+    let team = serve(&db, true, 64 << 20).await.unwrap();
+    let tbase = format!("http://{team}");
+    br.goto(&format!("{tbase}/runs/{b}")).await.unwrap();
+    assert!(br.text().await.unwrap().contains("needs a token"));
+    br.send_keys("input[name=token]", &read).await.unwrap();
+    br.click("form button[type=submit]").await.unwrap();
+    br.wait_for("return document.title === 'Runs · draftlens'")
+        .await
+        .unwrap();
+    assert!(br.text().await.unwrap().contains("read-only"));
+    br.goto(&format!("{tbase}/runs/{b}")).await.unwrap();
+    assert_eq!(
+        br.js("return !!document.querySelector(\"form[action='/baseline']\")")
+            .await
+            .unwrap(),
+        false,
+        "a read token is offered a write action"
+    );
+    br.goto(&format!("{tbase}/?token={write}")).await.unwrap();
+    br.wait_for("return document.body.innerText.includes('write access')")
+        .await
+        .unwrap();
+    br.goto(&format!("{tbase}/runs/{b}")).await.unwrap();
+    br.click("form[action='/baseline'] button").await.unwrap();
+    br.wait_for("return document.body.innerText.includes('Unpin baseline')")
+        .await
+        .unwrap();
+    let pinned: Vec<i64> = store.baselines().unwrap().iter().map(|x| x.1).collect();
+    assert_eq!(pinned, vec![b], "team-mode pin did not reach the database");
+    br.quit().await.unwrap();
+}
+
+fn block_text(br: &Browser) -> String {
+    let h = tokio::runtime::Handle::current();
+    tokio::task::block_in_place(|| h.block_on(br.text())).unwrap_or_default()
 }

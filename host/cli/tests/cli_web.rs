@@ -1,0 +1,163 @@
+//! The web-facing commands through the built binary: `serve` stops cleanly on SIGTERM and on
+//! SIGINT (the global interrupt handler of `run` must not swallow them) and leaves no WAL
+//! behind; every command hint the web commands print works as written.
+
+mod cli_util;
+
+use cli_util::*;
+use draftlens::store::Store;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+fn spawn_serve(db: &std::path::Path, addr: SocketAddr, team: bool) -> Child {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_draftlens"));
+    c.args(["serve", "--db", s(db), "--addr", &addr.to_string()])
+        .env_remove("DRAFTLENS_DB")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if team {
+        c.arg("--team");
+    }
+    c.spawn().expect("spawn draftlens serve")
+}
+
+fn wait_up(addr: SocketAddr) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(20) {
+        if http_get(addr, "/healthz").is_some_and(|r| r.ends_with("ok")) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("serve did not come up on {addr}");
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if t.elapsed() > within {
+            let _ = child.kill();
+            panic!("serve did not stop within {within:?} of the signal");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn serve_stops_cleanly_on_sigterm_and_sigint() {
+    for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGINT, "SIGINT")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = tmp.path().join("runs.sqlite");
+        // Something in the WAL: a write through the store, then the server opens the file.
+        Store::open(&db).unwrap().create_share("/?q=x").unwrap();
+        let addr = free_addr();
+        let mut child = spawn_serve(&db, addr, false);
+        wait_up(addr);
+        assert!(http_get(addr, "/").unwrap().starts_with("HTTP/1.1 200"));
+        unsafe {
+            libc::kill(child.id() as i32, sig);
+        }
+        let st = wait_exit(&mut child, Duration::from_secs(10));
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(st.success(), "{name}: exit {st:?}\n{err}");
+        assert!(err.contains("stopped"), "{name}: no clean stop:\n{err}");
+        assert!(
+            !err.contains("interrupt: stopping after the current prompt"),
+            "{name}: the run command's handler caught the signal:\n{err}"
+        );
+        let wal = tmp.path().join("runs.sqlite-wal");
+        let wal_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        assert_eq!(wal_len, 0, "{name}: the WAL was not checkpointed");
+    }
+}
+
+/// Runs a printed `draftlens …` hint as written (words split on spaces; NAME and other
+/// placeholders filled in by the caller).
+fn run_hint(hint: &str, cwd: &std::path::Path) -> std::process::Output {
+    let words: Vec<&str> = hint.split_whitespace().collect();
+    assert_eq!(words[0], "draftlens", "{hint}");
+    Command::new(env!("CARGO_BIN_EXE_draftlens"))
+        .args(&words[1..])
+        .current_dir(cwd)
+        .env_remove("DRAFTLENS_DB")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn printed_hints_work_as_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("team db.sqlite");
+    Store::open(&db).unwrap();
+    // `serve --team` without tokens prints how to create one.
+    let addr = free_addr();
+    let mut child = spawn_serve(&db, addr, true);
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut hint = None;
+    for _ in 0..5 {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        if let Some((_, h)) = line.split_once("create one with `") {
+            hint = Some(h.trim_end().trim_end_matches('`').to_string());
+            break;
+        }
+    }
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    assert!(wait_exit(&mut child, Duration::from_secs(10)).success());
+    let hint = hint.expect("serve --team printed no token hint");
+    // The database path has a space: the hint quotes it, so run it through a shell.
+    let cmd = hint.replacen("draftlens", env!("CARGO_BIN_EXE_draftlens"), 1).replace("NAME", "alice");
+    let o = Command::new("sh").arg("-c").arg(&cmd).output().unwrap();
+    ok(&o, &hint);
+    let toks = Store::open(&db).unwrap().tokens().unwrap();
+    assert!(toks.iter().any(|t| t.name == "alice" && t.scope.as_str() == "write"), "{hint}");
+
+    // The token page's hint (default database in the working folder).
+    let o = run_hint("draftlens tokens create bob --scope read", tmp.path());
+    ok(&o, "token page hint");
+    let toks = Store::open(&tmp.path().join("runs.sqlite")).unwrap().tokens().unwrap();
+    assert!(toks.iter().any(|t| t.name == "bob"));
+    // `--db` before the subcommand works too.
+    let o = run_hint(
+        &format!("draftlens tokens --db {} list", s(&tmp.path().join("runs.sqlite"))),
+        tmp.path(),
+    );
+    ok(&o, "tokens --db X list");
+    assert!(stdout(&o).contains("bob"));
+
+    // The import page's hint, with a report written by `draftlens report`.
+    let o = run_hint("draftlens import report.html --db runs.sqlite", tmp.path());
+    // No report.html yet: one clear error naming the file.
+    clean_error(&o, "import of a missing file", &["report.html"]);
+
+    // The empty run list's hint names real flags of `run`.
+    let o = run_hint("draftlens run --help", tmp.path());
+    ok(&o, "run --help");
+    for flag in ["--target", "--drafter", "--prompts"] {
+        assert!(stdout(&o).contains(flag), "`run` has no {flag}");
+    }
+}
