@@ -45,6 +45,9 @@ pub(super) async fn runs_page(
                 .join(",");
             q.without(&["cols"]).with("cols", Some(&canonical))
         };
+        // The share form saves the canonical state, not the raw query.
+        let mut ctx = ctx;
+        ctx.current = format!("/{}", q.to_string_with_qmark());
         let columns: Vec<(MetricKey, bool)> = {
             let chosen = if asked.is_empty() {
                 default_columns(&keys)
