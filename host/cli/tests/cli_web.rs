@@ -124,6 +124,8 @@ fn printed_hints_work_as_written() {
             break;
         }
     }
+    // The warning comes before the listener is up: stop the server once it answers.
+    wait_up(addr);
     unsafe {
         libc::kill(child.id() as i32, libc::SIGTERM);
     }
