@@ -19,7 +19,11 @@ fn free_addr() -> SocketAddr {
 fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     Some(out)
@@ -78,7 +82,12 @@ fn serve_stops_cleanly_on_sigterm_and_sigint() {
         }
         let st = wait_exit(&mut child, Duration::from_secs(10));
         let mut err = String::new();
-        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
         assert!(st.success(), "{name}: exit {st:?}\n{err}");
         assert!(err.contains("stopped"), "{name}: no clean stop:\n{err}");
         assert!(
@@ -132,20 +141,32 @@ fn printed_hints_work_as_written() {
     assert!(wait_exit(&mut child, Duration::from_secs(10)).success());
     let hint = hint.expect("serve --team printed no token hint");
     // The database path has a space: the hint quotes it, so run it through a shell.
-    let cmd = hint.replacen("draftlens", env!("CARGO_BIN_EXE_draftlens"), 1).replace("NAME", "alice");
+    let cmd = hint
+        .replacen("draftlens", env!("CARGO_BIN_EXE_draftlens"), 1)
+        .replace("NAME", "alice");
     let o = Command::new("sh").arg("-c").arg(&cmd).output().unwrap();
     ok(&o, &hint);
     let toks = Store::open(&db).unwrap().tokens().unwrap();
-    assert!(toks.iter().any(|t| t.name == "alice" && t.scope.as_str() == "write"), "{hint}");
+    assert!(
+        toks.iter()
+            .any(|t| t.name == "alice" && t.scope.as_str() == "write"),
+        "{hint}"
+    );
 
     // The token page's hint (default database in the working folder).
     let o = run_hint("draftlens tokens create bob --scope read", tmp.path());
     ok(&o, "token page hint");
-    let toks = Store::open(&tmp.path().join("runs.sqlite")).unwrap().tokens().unwrap();
+    let toks = Store::open(&tmp.path().join("runs.sqlite"))
+        .unwrap()
+        .tokens()
+        .unwrap();
     assert!(toks.iter().any(|t| t.name == "bob"));
     // `--db` before the subcommand works too.
     let o = run_hint(
-        &format!("draftlens tokens --db {} list", s(&tmp.path().join("runs.sqlite"))),
+        &format!(
+            "draftlens tokens --db {} list",
+            s(&tmp.path().join("runs.sqlite"))
+        ),
         tmp.path(),
     );
     ok(&o, "tokens --db X list");
@@ -161,5 +182,135 @@ fn printed_hints_work_as_written() {
     ok(&o, "run --help");
     for flag in ["--target", "--drafter", "--prompts"] {
         assert!(stdout(&o).contains(flag), "`run` has no {flag}");
+    }
+}
+
+/// Two stored runs of 24 prompts whose sequences end mid-block, with the native metrics as
+/// `draftlens run` stores them. Returns their ids.
+fn agreement_db(db: &std::path::Path) -> Vec<i64> {
+    use draftlens::drafter::metrics::{summarize, PromptInfo};
+    use draftlens::records::{RecordBatch, Region};
+    use draftlens::store::{NewRun, RunPrompt, RunStatus};
+    let store = Store::open(db).unwrap();
+    let prompts: Vec<(u32, u32)> = (0..24).map(|i| (3 + i % 4, 20 + 3 * i)).collect();
+    let tok = |p: u32, pos: u32| 1000 * p + pos;
+    let b = 5u32;
+    let mut ids = Vec::new();
+    for shift in [0u32, 2] {
+        let mut r = RecordBatch::new(b, 2);
+        for (p, &(plen, t)) in prompts.iter().enumerate() {
+            let p = p as u32;
+            for a in plen..t - 1 {
+                r.prompt_index.push(p);
+                r.anchor.push(a);
+                r.region.push(Region::Completion as u8);
+                let n = if p % 2 == 0 {
+                    b
+                } else {
+                    (a * 7 + p * 3 + shift) % b
+                };
+                for k in 1..b {
+                    let valid = a + k < t;
+                    r.target.push(if valid { tok(p, a + k) } else { 0 });
+                    r.valid.push(valid as u8);
+                    r.loss_mask.push(valid as u8);
+                    r.draft_ids
+                        .extend([if k <= n { tok(p, a + k) } else { 7 }, 8]);
+                    r.draft_logprobs.extend([-0.1 - (a % 7) as f32 / 9.0, -3.0]);
+                }
+            }
+        }
+        let id = store
+            .create_run(&NewRun {
+                name: format!("agreement-{shift}"),
+                block_size: b,
+                top_k: 2,
+                ..Default::default()
+            })
+            .unwrap();
+        let rp: Vec<RunPrompt> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, &(plen, t))| RunPrompt {
+                index: i as u32,
+                id: format!("p{i}"),
+                sha256: format!("{i:064x}"),
+                category: None,
+                prompt_len: plen,
+                token_ids: (0..t).map(|x| tok(i as u32, x)).collect(),
+                text: format!("prompt {i}"),
+            })
+            .collect();
+        store.add_prompts(id, &rp).unwrap();
+        store.add_records(id, &r).unwrap();
+        let infos: Vec<PromptInfo> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, &(plen, t))| PromptInfo {
+                index: i as u32,
+                prompt_len: plen as usize,
+                seq_len: t as usize,
+                category: None,
+            })
+            .collect();
+        store.add_metrics(id, &summarize(&r, &infos)).unwrap();
+        store
+            .finish_run(id, RunStatus::Complete, None, &serde_json::json!({}))
+            .unwrap();
+        ids.push(id);
+    }
+    ids
+}
+
+#[test]
+fn runs_show_compare_and_report_agree_to_the_last_digit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("runs.sqlite");
+    let ids = agreement_db(&db);
+    let bin = env!("CARGO_BIN_EXE_draftlens");
+    let run_json = |args: &[&str]| -> serde_json::Value {
+        let o = Command::new(bin)
+            .args(args)
+            .env_remove("DRAFTLENS_DB")
+            .output()
+            .unwrap();
+        json_out(&o, &args.join(" "))
+    };
+    let (a, b) = (ids[0].to_string(), ids[1].to_string());
+    let cmp = run_json(&["--json", "compare", &a, &b, "--db", s(&db)]);
+    let report = tmp.path().join("r.html");
+    let o = Command::new(bin)
+        .args(["report", &a, &b, "-o", s(&report), "--db", s(&db)])
+        .output()
+        .unwrap();
+    ok(&o, "report");
+    let html = std::fs::read_to_string(&report).unwrap();
+    for name in draftlens_web::analysis::DERIVED.iter().map(|d| d.name) {
+        let m = cmp["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["key"]["source"] == "native" && m["key"]["name"] == name)
+            .unwrap_or_else(|| panic!("compare --json lacks native/{name}"));
+        for (r, id) in [&a, &b].iter().enumerate() {
+            let show = run_json(&["--json", "runs", "show", id, "--db", s(&db)]);
+            let stored = show["metrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["name"] == name && x["scope"] == "run")
+                .unwrap_or_else(|| panic!("runs show lacks {name}: {}", show["metrics"]));
+            let (sv, cv) = (
+                stored["value"].as_f64().unwrap(),
+                m["values"][r].as_f64().unwrap(),
+            );
+            assert_eq!(
+                sv.to_bits(),
+                cv.to_bits(),
+                "{name}: runs show {sv} vs compare {cv}"
+            );
+            let shown = draftlens_web::compare::fmt_value(Some(sv));
+            assert!(html.contains(&shown), "{name}: {shown} not in the report");
+        }
     }
 }
