@@ -57,6 +57,7 @@ pub(crate) fn headline_of(st: &RunStats) -> views::run::Headline {
         tau_uniform: get("tau_uniform"),
         flat_accuracy: get("flat_accuracy"),
         rounds: all.iter().map(|p| p.rounds.len() as u64).sum(),
+        blocks: st.total_blocks(),
     }
 }
 

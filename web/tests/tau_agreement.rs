@@ -149,7 +149,7 @@ fn infos_and_metas(prompts: &[(u32, u32)]) -> (Vec<PromptInfo>, Vec<PromptMeta>)
             index: i as u32,
             prompt_len: plen as usize,
             seq_len: t as usize,
-            category: Some(if i % 2 == 0 { "even" } else { "odd" }.into()),
+            category: Some(if i.is_multiple_of(2) { "even" } else { "odd" }.into()),
         })
         .collect();
     let metas = prompts
@@ -159,7 +159,7 @@ fn infos_and_metas(prompts: &[(u32, u32)]) -> (Vec<PromptInfo>, Vec<PromptMeta>)
             index: i as u32,
             id: format!("p{i}"),
             sha256: format!("s{i}"),
-            category: Some(if i % 2 == 0 { "even" } else { "odd" }.into()),
+            category: Some(if i.is_multiple_of(2) { "even" } else { "odd" }.into()),
             prompt_len: plen,
             num_tokens: t,
         })
@@ -178,7 +178,13 @@ fn ragged_logprobs(b: &mut RecordBatch) {
 fn every_recomputed_metric_equals_the_native_one_to_the_last_bit() {
     for b in [3u32, 5, 8] {
         let prompts: Vec<(u32, u32)> = (0..25).map(|i| (3 + i % 5, 14 + 3 * i)).collect();
-        let acc = |p: u32, a: u32| if p % 3 == 0 { b } else { (a * 7 + p * 3) % b };
+        let acc = |p: u32, a: u32| {
+            if p.is_multiple_of(3) {
+                b
+            } else {
+                (a * 7 + p * 3) % b
+            }
+        };
         let mut batch = run(b, &prompts, &acc);
         ragged_logprobs(&mut batch);
         let (infos, metas) = infos_and_metas(&prompts);
@@ -229,7 +235,7 @@ async fn run_page_comparison_and_report_show_the_stored_values() {
     for (r, shift) in [(0u32, 0u32), (1, 2)] {
         let b = 5u32;
         let acc = move |p: u32, a: u32| {
-            if p % 2 == 0 {
+            if p.is_multiple_of(2) {
                 b
             } else {
                 (a * 7 + p * 3 + shift) % b

@@ -204,7 +204,7 @@ fn agreement_db(db: &std::path::Path) -> Vec<i64> {
                 r.prompt_index.push(p);
                 r.anchor.push(a);
                 r.region.push(Region::Completion as u8);
-                let n = if p % 2 == 0 {
+                let n = if p.is_multiple_of(2) {
                     b
                 } else {
                     (a * 7 + p * 3 + shift) % b

@@ -213,91 +213,6 @@ pub(super) async fn access_layer(
 #[derive(Clone, Copy)]
 pub(super) struct SharedView;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_allow_list() {
-        let bound: SocketAddr = "127.0.0.2:8080".parse().unwrap();
-        for ok in [
-            "localhost",
-            "localhost:8080",
-            "LOCALHOST:1",
-            "app.localhost:9",
-            "127.0.0.1:8080",
-            "127.3.4.5",
-            "[::1]:8080",
-            "[::1]",
-        ] {
-            assert!(host_allowed(ok, Some(&bound)), "{ok}");
-        }
-        for bad in [
-            "evil.example",
-            "evil.example:8080",
-            "localhost.evil.example",
-            "10.0.0.1:8080",
-            "",
-            "127.0.0.1.evil.example",
-        ] {
-            assert!(!host_allowed(bad, Some(&bound)), "{bad}");
-        }
-        let lan: SocketAddr = "192.168.1.5:80".parse().unwrap();
-        assert!(host_allowed("192.168.1.5", Some(&lan)));
-        assert!(!host_allowed("192.168.1.6", Some(&lan)));
-    }
-
-    #[test]
-    fn origin_rules() {
-        let h = |pairs: &[(&'static str, &'static str)]| {
-            let mut m = HeaderMap::new();
-            for (k, v) in pairs {
-                m.insert(*k, HeaderValue::from_static(v));
-            }
-            m
-        };
-        // Chromium's own form post under a strict referrer policy.
-        assert!(same_origin_post(&h(&[
-            ("sec-fetch-site", "same-origin"),
-            ("origin", "null"),
-            ("host", "127.0.0.1:1")
-        ]))
-        .is_ok());
-        assert!(same_origin_post(&h(&[
-            ("sec-fetch-site", "cross-site"),
-            ("origin", "http://127.0.0.1:1"),
-            ("host", "127.0.0.1:1")
-        ]))
-        .is_err());
-        assert!(same_origin_post(&h(&[("sec-fetch-site", "same-site")])).is_err());
-        assert!(same_origin_post(&h(&[
-            ("origin", "http://127.0.0.1:1"),
-            ("host", "127.0.0.1:1")
-        ]))
-        .is_ok());
-        assert!(same_origin_post(&h(&[
-            ("origin", "http://evil.example"),
-            ("host", "127.0.0.1:1")
-        ]))
-        .is_err());
-        assert!(same_origin_post(&h(&[("origin", "null"), ("host", "127.0.0.1:1")])).is_err());
-        assert!(same_origin_post(&h(&[("host", "127.0.0.1:1")])).is_ok());
-    }
-
-    #[test]
-    fn bearer_scheme_is_case_insensitive() {
-        for v in ["Bearer abc", "bearer abc", "BEARER  abc "] {
-            let mut m = HeaderMap::new();
-            m.insert(header::AUTHORIZATION, HeaderValue::from_static(v));
-            assert_eq!(
-                token_from(&m, &Query::default()).as_deref(),
-                Some("abc"),
-                "{v}"
-            );
-        }
-    }
-}
-
 pub(super) fn ctx_of(st: &AppState, req_access: Option<Access>, uri: &Uri, nav: Nav) -> Ctx {
     let q = Query::parse(uri.query()).without(&["token"]);
     Ctx {
@@ -396,5 +311,90 @@ pub(super) async fn respond(st: &Arc<AppState>, r: Result<Out>) -> Response {
         Ok(Out::NotFound(w)) => not_found(st, &w),
         Ok(Out::Bad(w)) => bad_request(st, &w),
         Err(e) => server_error(st, &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_allow_list() {
+        let bound: SocketAddr = "127.0.0.2:8080".parse().unwrap();
+        for ok in [
+            "localhost",
+            "localhost:8080",
+            "LOCALHOST:1",
+            "app.localhost:9",
+            "127.0.0.1:8080",
+            "127.3.4.5",
+            "[::1]:8080",
+            "[::1]",
+        ] {
+            assert!(host_allowed(ok, Some(&bound)), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:8080",
+            "localhost.evil.example",
+            "10.0.0.1:8080",
+            "",
+            "127.0.0.1.evil.example",
+        ] {
+            assert!(!host_allowed(bad, Some(&bound)), "{bad}");
+        }
+        let lan: SocketAddr = "192.168.1.5:80".parse().unwrap();
+        assert!(host_allowed("192.168.1.5", Some(&lan)));
+        assert!(!host_allowed("192.168.1.6", Some(&lan)));
+    }
+
+    #[test]
+    fn origin_rules() {
+        let h = |pairs: &[(&'static str, &'static str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, HeaderValue::from_static(v));
+            }
+            m
+        };
+        // Chromium's own form post under a strict referrer policy.
+        assert!(same_origin_post(&h(&[
+            ("sec-fetch-site", "same-origin"),
+            ("origin", "null"),
+            ("host", "127.0.0.1:1")
+        ]))
+        .is_ok());
+        assert!(same_origin_post(&h(&[
+            ("sec-fetch-site", "cross-site"),
+            ("origin", "http://127.0.0.1:1"),
+            ("host", "127.0.0.1:1")
+        ]))
+        .is_err());
+        assert!(same_origin_post(&h(&[("sec-fetch-site", "same-site")])).is_err());
+        assert!(same_origin_post(&h(&[
+            ("origin", "http://127.0.0.1:1"),
+            ("host", "127.0.0.1:1")
+        ]))
+        .is_ok());
+        assert!(same_origin_post(&h(&[
+            ("origin", "http://evil.example"),
+            ("host", "127.0.0.1:1")
+        ]))
+        .is_err());
+        assert!(same_origin_post(&h(&[("origin", "null"), ("host", "127.0.0.1:1")])).is_err());
+        assert!(same_origin_post(&h(&[("host", "127.0.0.1:1")])).is_ok());
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        for v in ["Bearer abc", "bearer abc", "BEARER  abc "] {
+            let mut m = HeaderMap::new();
+            m.insert(header::AUTHORIZATION, HeaderValue::from_static(v));
+            assert_eq!(
+                token_from(&m, &Query::default()).as_deref(),
+                Some("abc"),
+                "{v}"
+            );
+        }
     }
 }
