@@ -82,8 +82,8 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
             div style="padding:14px 16px 4px" {
                 h2 { "Metrics" }
                 div class="sub" {
-                    "Δ = run − baseline over the prompts both runs share (matched by prompt sha256). 95% CI: paired bootstrap over prompts ("
-                    (c.reps) " replicates). Green = significantly better, red = significantly worse (direction from each metric's ↑/↓), grey = not significant."
+                    "Δ = run − baseline over the prompts both runs share (matched by prompt sha256). 95% CI over prompts: BCa bootstrap ("
+                    (c.reps) " replicates) from " (crate::stats::MIN_SHARED_PROMPTS) " shared prompts on, paired t-interval below (no colour then). Green = significantly better, red = significantly worse (direction from each metric's ↑/↓), grey = not significant; train-style against deployment is inflation, never better."
                 }
                 div class="runhead" style="margin-bottom:10px" {
                     @for &j in &others {
