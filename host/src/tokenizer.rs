@@ -468,6 +468,45 @@ impl TextTokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The bytes token `id` stands for, where a token can be part of a character: the tokens of
+    /// a byte-level BPE (GPT-2's byte-to-unicode alphabet, decoder `ByteLevel`) and byte-fallback
+    /// tokens `<0xNN>`. `None` for other tokens (their text is [`TextTokenizer::decode`]'s).
+    /// The web UI's drill-down merges such bytes across tokens into characters.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let t = self.inner.id_to_token(id)?;
+        if let Some(hex) = t.strip_prefix("<0x").and_then(|r| r.strip_suffix('>')) {
+            if hex.len() == 2 {
+                return u8::from_str_radix(hex, 16).ok().map(|b| vec![b]);
+            }
+        }
+        let byte_level = self
+            .inner
+            .get_decoder()
+            .and_then(|d| serde_json::to_string(d).ok())
+            .is_some_and(|s| s.contains("\"ByteLevel\""));
+        if !byte_level {
+            return None;
+        }
+        // GPT-2's bytes_to_unicode: printable bytes map to themselves, the other 68 to U+0100.. in
+        // byte order.
+        t.chars()
+            .map(|c| {
+                let u = c as u32;
+                let printable = |b: u32| {
+                    (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b)
+                };
+                if u < 256 && printable(u) {
+                    return Some(u as u8);
+                }
+                let k = u.checked_sub(256)? as usize;
+                (0u32..256)
+                    .filter(|&b| !printable(b))
+                    .nth(k)
+                    .map(|b| b as u8)
+            })
+            .collect()
+    }
+
     /// The wrapped Hugging Face tokenizer.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner

@@ -75,7 +75,12 @@
       axes: [
         {
           label: d.xlabel, stroke: "#687083", grid: { stroke: "#eef0f4" }, ticks: { stroke: "#e3e6ec" },
-          splits: xsplits ? function () { return xsplits; } : undefined,
+          // Every label when they fit, else every k-th (two-digit labels need ~30 px each).
+          splits: xsplits ? function (u) {
+            var w = Math.max(1, u.bbox.width / (uPlot.pxRatio || 1));
+            var step = Math.max(1, Math.ceil(xsplits.length * 30 / w));
+            return xsplits.filter(function (v, i) { return i % step === 0; });
+          } : undefined,
           values: d.xlabels ? function (u, sp) { return sp.map(function (v) { return d.xlabels[String(v)] || ""; }); } : undefined
         },
         { label: d.ylabel, stroke: "#687083", grid: { stroke: "#eef0f4" }, ticks: { stroke: "#e3e6ec" }, size: 56 }

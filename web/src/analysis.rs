@@ -1,11 +1,11 @@
 //! What the UI derives from a run's stored records: per-prompt counts (per-position accuracy,
 //! acceptance, histogram of accepted lengths, the replayed rounds) from which every chart and
-//! the records-derived metrics are computed with bootstrap CIs over prompts.
+//! the per-prompt values of the native metrics (for CIs and paired Δs) are computed.
 //!
 //! Definitions (docs/metrics.md §2–§5); γ = B−1 drafted positions per block:
 //! - A(a): leading positions whose draft top-1 equals the target token (an invalid position,
 //!   past the end of the sequence, stops the streak) — `RecordBatch::accepted_len`.
-//! - uniform-anchor τ: mean of A+1 over every evaluated completion anchor.
+//! - uniform-anchor τ: Σ(A+1) / Σ blocks over every evaluated completion anchor (pooled).
 //! - replayed τ: tokens per round over the anchors a real greedy decode visits:
 //!   a₀ = first completion anchor, a_{i+1} = a_i + A(a_i) + 1, A+1 tokens per round (bonus
 //!   included) but none past the end of the sequence — `draftlens_records::replay`, the same
@@ -20,7 +20,7 @@
 use crate::stats::{mean, Resamples, Rng};
 use anyhow::{Context, Result};
 use draftlens::records::{replay, RecordBatch, Region, Round, SequenceEnd};
-use draftlens::store::{Derived, MetricRow, MetricScope, PromptMeta, RunInfo, Store};
+use draftlens::store::{Derived, PromptMeta, RunInfo, Store};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
@@ -28,8 +28,11 @@ pub const STATS_KIND: &str = "prompt-stats";
 /// Bump when the meaning of a field changes (cached values of other versions are recomputed).
 /// 2: the last replayed round yields no bonus token past the end of the sequence.
 pub const STATS_VERSION: i64 = 2;
-/// Source name of metrics computed here from records.
-pub const SOURCE: &str = "records";
+/// Source of the metrics of [`DERIVED`]: they are the engine's native metrics
+/// (`host/src/drafter/metrics.rs`, stored by `draftlens run`) under the same names and
+/// definitions. The UI recomputes them per prompt from records only to get per-prompt values
+/// for CIs and paired Δs; `web/tests/tau_agreement.rs` checks both agree to the last bit.
+pub const SOURCE: &str = "native";
 
 /// Counts for one prompt. Vectors indexed by position k−1 have γ entries.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -318,11 +321,21 @@ fn ratio(n: u64, d: u64) -> Option<(f64, f64)> {
     (d > 0).then_some((n as f64, d as f64))
 }
 
-/// The metrics the UI can always compute from records.
+/// Σ(A+1) over a prompt's completion blocks.
+fn uniform_tokens(p: &PromptStats) -> u64 {
+    p.hist
+        .iter()
+        .enumerate()
+        .map(|(n, c)| (n as u64 + 1) * *c as u64)
+        .sum()
+}
+
+/// The native metrics the UI recomputes per prompt from records (names, units, directions and
+/// aggregation as `host/src/drafter/metrics.rs` stores them; definitions in docs/metrics.md).
 pub const DERIVED: &[DerivedMetric] = &[
     DerivedMetric {
-        name: "tau_replayed",
-        description: "replayed τ: mean A+1 over the rounds a greedy decode visits, bonus included; macro over prompts",
+        name: "tau_replayed_macro",
+        description: "replayed τ: mean over prompts of per-prompt mean tokens per verify round (bonus included)",
         unit: "tokens/round",
         higher_is_better: true,
         aggregation: Aggregation::Macro,
@@ -330,7 +343,7 @@ pub const DERIVED: &[DerivedMetric] = &[
     },
     DerivedMetric {
         name: "tau_replayed_pooled",
-        description: "replayed τ pooled: Σ tokens / Σ rounds over all prompts, bonus included",
+        description: "replayed τ: Σ tokens / Σ verify rounds over all prompts (bonus included)",
         unit: "tokens/round",
         higher_is_better: true,
         aggregation: Aggregation::Pooled,
@@ -338,18 +351,31 @@ pub const DERIVED: &[DerivedMetric] = &[
     },
     DerivedMetric {
         name: "tau_uniform",
-        description: "uniform-anchor τ: mean A+1 over every completion anchor, bonus included; macro over prompts",
+        description: "uniform-anchor τ: Σ(A+1) / Σ blocks over every completion anchor (pooled, bonus included)",
         unit: "tokens/round",
         higher_is_better: true,
-        aggregation: Aggregation::Macro,
-        per_prompt: |p| {
-            let s: u64 = p.hist.iter().enumerate().map(|(n, c)| (n as u64 + 1) * *c as u64).sum();
-            ratio(s, p.blocks as u64)
-        },
+        aggregation: Aggregation::Pooled,
+        per_prompt: |p| ratio(uniform_tokens(p), p.blocks as u64),
+    },
+    DerivedMetric {
+        name: "first_position_acceptance",
+        description: "P(A ≥ 1): the first drafted token is accepted; pooled over completion anchors",
+        unit: "fraction",
+        higher_is_better: true,
+        aggregation: Aggregation::Pooled,
+        per_prompt: |p| ratio(p.accepted.first().copied().unwrap_or(0) as u64, p.blocks as u64),
+    },
+    DerivedMetric {
+        name: "flat_accuracy",
+        description: "flat top-1 accuracy over all valid drafted completion positions (what training logs as acc); pooled",
+        unit: "fraction",
+        higher_is_better: true,
+        aggregation: Aggregation::Pooled,
+        per_prompt: |p| ratio(p.correct_total(), p.valid_total()),
     },
     DerivedMetric {
         name: "mean_streak",
-        description: "mean accepted draft tokens A per completion anchor (no bonus); pooled over blocks",
+        description: "mean accepted length A over completion anchors (bonus excluded)",
         unit: "tokens",
         higher_is_better: true,
         aggregation: Aggregation::Pooled,
@@ -359,32 +385,16 @@ pub const DERIVED: &[DerivedMetric] = &[
         },
     },
     DerivedMetric {
-        name: "flat_accuracy",
-        description: "flat top-1 accuracy over all valid drafted positions (what training logs as acc); pooled",
-        unit: "fraction",
-        higher_is_better: true,
-        aggregation: Aggregation::Pooled,
-        per_prompt: |p| ratio(p.correct_total(), p.valid_total()),
-    },
-    DerivedMetric {
         name: "topk_accuracy",
-        description: "target token within the drafter's top-K, over all valid drafted positions; pooled",
+        description: "target token within the drafter's top-K, over all valid drafted completion positions; pooled",
         unit: "fraction",
         higher_is_better: true,
         aggregation: Aggregation::Pooled,
         per_prompt: |p| ratio(p.topk_correct.iter().map(|&x| x as u64).sum(), p.valid_total()),
     },
     DerivedMetric {
-        name: "first_position_acceptance",
-        description: "P(A ≥ 1): the first drafted token is accepted; pooled over completion anchors with a next token",
-        unit: "fraction",
-        higher_is_better: true,
-        aggregation: Aggregation::Pooled,
-        per_prompt: |p| ratio(p.accepted.first().copied().unwrap_or(0) as u64, p.reached.first().copied().unwrap_or(0) as u64),
-    },
-    DerivedMetric {
         name: "draft_nll",
-        description: "mean −log q of the drafter's top-1 over valid positions (confidence); pooled",
+        description: "mean −log q of the drafter's top-1 over valid completion positions (confidence, lower = more confident); pooled",
         unit: "nats",
         higher_is_better: false,
         aggregation: Aggregation::Pooled,
@@ -394,6 +404,23 @@ pub const DERIVED: &[DerivedMetric] = &[
         },
     },
 ];
+
+/// The [`DERIVED`] metric called `name` (panics on a name not in the list: a programming error).
+pub fn derived(name: &str) -> &'static DerivedMetric {
+    DERIVED
+        .iter()
+        .find(|d| d.name == name)
+        .unwrap_or_else(|| panic!("no derived metric {name}"))
+}
+
+/// Run-level value of every [`DERIVED`] metric.
+pub fn derived_values(stats: &RunStats) -> Vec<(&'static str, Option<f64>)> {
+    let all: Vec<&PromptStats> = stats.evaluated().collect();
+    DERIVED
+        .iter()
+        .map(|m| (m.name, aggregate(m, &all)))
+        .collect()
+}
 
 /// Value of a derived metric over a set of prompts.
 pub fn aggregate(m: &DerivedMetric, prompts: &[&PromptStats]) -> Option<f64> {
@@ -483,83 +510,6 @@ pub fn accept_histogram(stats: &RunStats, replayed: bool) -> Vec<f64> {
         .collect()
 }
 
-/// Metric rows (run, prompt and category scope) computed from records, source [`SOURCE`].
-/// The run command may store these; the demo generator does.
-pub fn native_metrics(stats: &RunStats) -> Vec<MetricRow> {
-    let mut out = Vec::new();
-    let all: Vec<&PromptStats> = stats.evaluated().collect();
-    let mut cats: BTreeMap<String, Vec<&PromptStats>> = BTreeMap::new();
-    for p in &all {
-        if let Some(c) = &p.category {
-            cats.entry(c.clone()).or_default().push(p);
-        }
-    }
-    for m in DERIVED {
-        let row = |scope: MetricScope, v: Option<f64>, count: u64| MetricRow {
-            source: SOURCE.into(),
-            name: m.name.into(),
-            scope,
-            value: v.unwrap_or(f64::NAN),
-            count,
-            series: None,
-            unit: m.unit.into(),
-            description: m.description.into(),
-            higher_is_better: m.higher_is_better,
-        };
-        out.push(row(MetricScope::Run, aggregate(m, &all), all.len() as u64));
-        for (c, ps) in &cats {
-            out.push(row(
-                MetricScope::Category(c.clone()),
-                aggregate(m, ps),
-                ps.len() as u64,
-            ));
-        }
-        // Per-prompt rows only for macro metrics' basis (pooled ones share the same ratio).
-        if m.aggregation == Aggregation::Macro
-            || m.name == "flat_accuracy"
-            || m.name == "mean_streak"
-        {
-            for p in &all {
-                if let Some((n, d)) = (m.per_prompt)(p) {
-                    out.push(row(MetricScope::Prompt(p.index), Some(n / d), d as u64));
-                }
-            }
-        }
-    }
-    for (name, conditional, desc) in [
-        (
-            "accuracy_by_position",
-            false,
-            "top-1 accuracy at each drafted position k = 1..γ (marginal); pooled",
-        ),
-        (
-            "acceptance_by_position",
-            true,
-            "conditional acceptance P(accept k | accepted 1..k−1) per position; pooled",
-        ),
-    ] {
-        let c = position_curve(stats, conditional, 0, "");
-        let vals: Vec<serde_json::Value> = c
-            .value
-            .iter()
-            .map(|v| v.map(serde_json::Value::from).unwrap_or_default())
-            .collect();
-        let first = c.value.first().copied().flatten();
-        out.push(MetricRow {
-            source: SOURCE.into(),
-            name: name.into(),
-            scope: MetricScope::Run,
-            value: first.unwrap_or(f64::NAN),
-            count: stats.total_blocks(),
-            series: Some(serde_json::Value::Array(vals)),
-            unit: "fraction".into(),
-            description: format!("{desc}; value = position 1"),
-            higher_is_better: true,
-        });
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -638,35 +588,21 @@ mod tests {
         let p = &oracle.prompts[0];
         // Replay: every round accepts 3 + bonus, except near the end.
         assert!(p.rounds[..p.rounds.len() - 1].iter().all(|&a| a == 3));
-        let m = native_metrics(&oracle);
-        let get = |n: &str| {
-            m.iter()
-                .find(|r| r.name == n && r.scope == MetricScope::Run)
-                .unwrap()
-                .value
+        let get = |st: &RunStats, n: &str| {
+            aggregate(derived(n), &st.evaluated().collect::<Vec<_>>()).unwrap()
         };
-        assert_eq!(get("flat_accuracy"), 1.0);
-        assert_eq!(get("first_position_acceptance"), 1.0);
-        assert!((get("draft_nll") - 0.5).abs() < 1e-12);
+        assert_eq!(get(&oracle, "flat_accuracy"), 1.0);
+        assert_eq!(get(&oracle, "first_position_acceptance"), 37.0 / 38.0); // anchor 39: nothing to draft
+        assert!((get(&oracle, "draft_nll") - 0.5).abs() < 1e-12);
 
         let anti = compute_stats(&scripted(40, &|_| 0), &meta());
-        let m = native_metrics(&anti);
-        let get = |n: &str| {
-            m.iter()
-                .find(|r| r.name == n && r.scope == MetricScope::Run)
-                .unwrap()
-                .value
-        };
-        assert_eq!(get("tau_replayed"), 1.0);
-        assert_eq!(get("tau_uniform"), 1.0);
-        assert_eq!(get("flat_accuracy"), 0.0);
-        let cond = m
-            .iter()
-            .find(|r| r.name == "acceptance_by_position")
-            .unwrap();
-        assert_eq!(cond.series.as_ref().unwrap()[0], serde_json::json!(0.0));
-        // Nothing reaches position 2, so its conditional acceptance is undefined (null).
-        assert_eq!(cond.series.as_ref().unwrap()[1], serde_json::Value::Null);
+        assert_eq!(get(&anti, "tau_replayed_macro"), 1.0);
+        assert_eq!(get(&anti, "tau_uniform"), 1.0);
+        assert_eq!(get(&anti, "flat_accuracy"), 0.0);
+        let cond = position_curve(&anti, true, 0, "");
+        assert_eq!(cond.value[0], Some(0.0));
+        // Nothing reaches position 2, so its conditional acceptance is undefined.
+        assert_eq!(cond.value[1], None);
     }
 
     #[test]

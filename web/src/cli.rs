@@ -79,7 +79,13 @@ pub struct ImportArgs {
 /// `draftlens tokens ...`: API tokens of a team server.
 #[derive(Args, Debug, Clone)]
 pub struct TokensArgs {
-    #[arg(long, env = "DRAFTLENS_DB", default_value = "runs.sqlite")]
+    /// Run database (before or after the subcommand: `tokens create NAME --db X` works too).
+    #[arg(
+        long,
+        env = "DRAFTLENS_DB",
+        default_value = "runs.sqlite",
+        global = true
+    )]
     pub db: PathBuf,
     #[command(subcommand)]
     pub command: TokensCommand,

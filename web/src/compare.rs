@@ -9,7 +9,7 @@
 use crate::analysis::{
     self, accept_histogram, position_curve, Aggregation, Curve, RunStats, DERIVED, SOURCE,
 };
-use crate::stats::{Resamples, Rng};
+use crate::stats::{paired_interval, IntervalMethod, Resamples, Rng, MIN_SHARED_PROMPTS};
 use anyhow::{bail, Context, Result};
 use draftlens::store::{MetricKey, MetricScope, RunInfo, RunMode, Store};
 use serde::Serialize;
@@ -45,6 +45,36 @@ pub enum Verdict {
     NotSignificant,
     /// No CI could be computed (no per-prompt values, or fewer than 2 shared prompts).
     Unknown,
+    /// Fewer than `MIN_SHARED_PROMPTS` shared prompts: an interval is shown but no verdict.
+    TooFewPrompts,
+    /// One run is train-style and the other deployment: the Δ measures the evaluation's
+    /// inflation (docs/dflash.md §2.4), never a better or worse drafter.
+    Inflation,
+    /// The metric is a count (blocks, rounds, prompts), not a quality: never ranked.
+    Count,
+}
+
+impl Verdict {
+    /// What the comparison shows next to the Δ.
+    pub fn label(self) -> &'static str {
+        match self {
+            Verdict::Better => "better",
+            Verdict::Worse => "worse",
+            Verdict::NotSignificant => "not significant",
+            Verdict::Unknown => "no CI",
+            Verdict::TooFewPrompts => "too few prompts for a verdict",
+            Verdict::Inflation => "train-style inflation, not a drafter difference",
+            Verdict::Count => "a count, not ranked",
+        }
+    }
+}
+
+/// Units of metrics that count things rather than measure quality (never ranked with ↑/↓).
+pub fn is_count_unit(unit: &str) -> bool {
+    matches!(
+        unit,
+        "blocks" | "rounds" | "prompts" | "anchors" | "count" | "tokens counted"
+    )
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -53,6 +83,8 @@ pub struct Delta {
     pub delta: f64,
     pub delta_pct: Option<f64>,
     pub ci: Option<(f64, f64)>,
+    /// How `ci` was computed (paired t below `MIN_SHARED_PROMPTS` prompts, else BCa).
+    pub method: Option<IntervalMethod>,
     /// Prompts the paired estimate uses (0 when unpaired).
     pub n: usize,
     pub paired: bool,
@@ -65,6 +97,8 @@ pub struct MetricCmp {
     pub unit: String,
     pub description: String,
     pub higher_is_better: bool,
+    /// A count (blocks, rounds, …): shown without direction and never coloured.
+    pub is_count: bool,
     /// "macro over prompts", "pooled over prompts" or "run value only".
     pub convention: String,
     /// Each run's own value (over all its prompts).
@@ -132,41 +166,58 @@ struct MetricData {
     aggregation: Option<Aggregation>,
 }
 
-/// Resolves "12" (id), a full uid or a unique uid prefix (≥ 6 characters) to a run id.
-pub fn resolve_run(store: &Store, s: &str) -> Result<i64> {
+/// What a run reference names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolved {
+    Run(i64),
+    /// A uid prefix that starts this many runs' uids.
+    Ambiguous(usize),
+    Missing,
+}
+
+/// Resolves "12" (id), a full uid or a unique uid prefix (≥ 6 hex characters).
+pub fn resolve(store: &Store, s: &str) -> Result<Resolved> {
     let s = s.trim();
     if let Ok(id) = s.parse::<i64>() {
         if store.run(id)?.is_some() {
-            return Ok(id);
+            return Ok(Resolved::Run(id));
         }
     }
     if let Some(id) = store.run_id_by_uid(s)? {
-        return Ok(id);
+        return Ok(Resolved::Run(id));
     }
-    if s.len() >= 6 && s.chars().all(|c| c.is_ascii_hexdigit()) {
-        let (hits, n) = store.runs(&draftlens::store::RunFilter {
+    if s.len() >= 6 && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        let (hits, _) = store.runs(&draftlens::store::RunFilter {
             text: Some(s.into()),
-            limit: 3,
+            limit: 50,
             ..Default::default()
         })?;
         let hits: Vec<_> = hits
             .into_iter()
             .filter(|r| r.run.uid.starts_with(s))
             .collect();
-        if hits.len() == 1 && n >= 1 {
-            return Ok(hits[0].run.id);
-        }
-        if hits.len() > 1 {
-            bail!(
-                "{}: run {s:?} is ambiguous (matches several uids)",
-                store.path().display()
-            );
+        match hits.len() {
+            0 => {}
+            1 => return Ok(Resolved::Run(hits[0].run.id)),
+            n => return Ok(Resolved::Ambiguous(n)),
         }
     }
-    bail!(
-        "{}: no run {s:?} (give a run id, a uid or a uid prefix)",
-        store.path().display()
-    )
+    Ok(Resolved::Missing)
+}
+
+/// [`resolve`] as an error for the command line.
+pub fn resolve_run(store: &Store, s: &str) -> Result<i64> {
+    match resolve(store, s)? {
+        Resolved::Run(id) => Ok(id),
+        Resolved::Ambiguous(n) => bail!(
+            "{}: run {s:?} is ambiguous (it starts {n} run uids; give more characters)",
+            store.path().display()
+        ),
+        Resolved::Missing => bail!(
+            "{}: no run {s:?} (give a run id, a uid or a uid prefix)",
+            store.path().display()
+        ),
+    }
 }
 
 /// Loads runs and their statistics (from an in-memory cache when given).
@@ -363,9 +414,18 @@ pub fn compare(
                 deltas.push(None);
                 continue;
             };
-            deltas.push(delta(a, b, &pair_resamples[&j], hib));
+            let mut d = delta(a, b, &pair_resamples[&j], hib);
+            if let Some(d) = d.as_mut() {
+                if is_count_unit(&unit) {
+                    d.verdict = Verdict::Count;
+                } else if runs[j].mode != runs[baseline].mode {
+                    d.verdict = Verdict::Inflation;
+                }
+            }
+            deltas.push(d);
         }
         metrics.push(MetricCmp {
+            is_count: is_count_unit(&unit),
             key,
             unit,
             description,
@@ -388,7 +448,27 @@ pub fn compare(
         notes.push("runs without stored records have no records-derived metrics or charts".into());
     }
     for (j, c) in coverage.iter().enumerate() {
-        if j != baseline && c.shared < c.prompts.max(c.baseline_prompts) {
+        if j == baseline {
+            continue;
+        }
+        if c.shared == 0 {
+            notes.push(format!(
+                "run #{} shares no prompt with the baseline: no Δ is shown (compare runs of the same prompt set)",
+                runs[j].id
+            ));
+        } else if c.shared < MIN_SHARED_PROMPTS {
+            notes.push(format!(
+                "too few prompts: run #{} shares {} prompts with the baseline (fewer than {MIN_SHARED_PROMPTS}), so its Δs get a paired t-interval and no verdict colour",
+                runs[j].id, c.shared
+            ));
+        }
+        if runs[j].mode != runs[baseline].mode {
+            notes.push(format!(
+                "run #{} is {} and the baseline {}: their Δs measure the train-style evaluation's inflation, not a better or worse drafter",
+                runs[j].id, runs[j].mode, runs[baseline].mode
+            ));
+        }
+        if c.shared > 0 && c.shared < c.prompts.max(c.baseline_prompts) {
             notes.push(format!(
                 "run #{} shares {}/{} prompts with the baseline: Δ and CIs use the shared prompts only",
                 runs[j].id,
@@ -469,10 +549,12 @@ fn delta(
     higher_is_better: bool,
 ) -> Option<Delta> {
     let (shared, rs) = pair;
-    let paired = a.aggregation.is_some()
-        && b.aggregation.is_some()
-        && a.aggregation == b.aggregation
-        && !shared.is_empty();
+    // Nothing shared: a difference of run values over different prompts is not a Δ.
+    if shared.is_empty() {
+        return None;
+    }
+    let paired =
+        a.aggregation.is_some() && b.aggregation.is_some() && a.aggregation == b.aggregation;
     if paired {
         let get = |m: &MetricData| -> (Vec<f64>, Vec<f64>) {
             shared
@@ -492,18 +574,29 @@ fn delta(
             let va = na.iter().sum::<f64>() / sa;
             let vb = nb.iter().sum::<f64>() / sb;
             let d = vb - va;
-            let ci = if n >= 2 {
-                rs.paired_ratio_diff_ci(&na, &da, &nb, &db)
+            let iv = if n >= 2 {
+                paired_interval(rs, &na, &da, &nb, &db)
             } else {
                 None
+            };
+            let ci = iv.map(|i| (i.lo, i.hi));
+            let v = if n < MIN_SHARED_PROMPTS {
+                if ci.is_some() {
+                    Verdict::TooFewPrompts
+                } else {
+                    Verdict::Unknown
+                }
+            } else {
+                verdict(ci, higher_is_better)
             };
             return Some(Delta {
                 delta: d,
                 delta_pct: (va != 0.0).then(|| 100.0 * d / va.abs()),
                 ci,
+                method: iv.map(|i| i.method),
                 n,
                 paired: true,
-                verdict: verdict(ci, higher_is_better),
+                verdict: v,
             });
         }
     }
@@ -513,6 +606,7 @@ fn delta(
         delta: d,
         delta_pct: (va != 0.0).then(|| 100.0 * d / va.abs()),
         ci: None,
+        method: None,
         n: 0,
         paired: false,
         verdict: Verdict::Unknown,
@@ -623,8 +717,7 @@ fn inflation_rows(runs: &[RunInfo], stats: &[Option<Arc<RunStats>>]) -> Vec<Infl
     order.sort_by_key(|&i| (rank(&runs[i]), i));
     let get = |i: usize, name: &str| -> Option<f64> {
         let st = stats[i].as_ref()?;
-        let m = DERIVED.iter().find(|d| d.name == name)?;
-        analysis::aggregate(m, &st.evaluated().collect::<Vec<_>>())
+        analysis::aggregate(analysis::derived(name), &st.evaluated().collect::<Vec<_>>())
     };
     let mut rows = Vec::new();
     let mut prev: Option<usize> = None;
@@ -670,7 +763,7 @@ fn inflation_rows(runs: &[RunInfo], stats: &[Option<Arc<RunStats>>]) -> Vec<Infl
             mechanism,
             flat_accuracy: get(i, "flat_accuracy"),
             tau_uniform: get(i, "tau_uniform"),
-            tau_replayed: get(i, "tau_replayed"),
+            tau_replayed: get(i, "tau_replayed_macro"),
         });
         prev = Some(i);
     }
@@ -692,6 +785,19 @@ pub struct HistoryPoint {
     pub tau_uniform: Option<f64>,
     pub tau_uniform_ci: Option<(f64, f64)>,
     pub flat_accuracy: Option<f64>,
+    /// Paired Δ of the macro replayed τ against the previous step, over shared prompts.
+    pub step_delta: Option<StepDelta>,
+}
+
+/// A paired Δ between two consecutive checkpoints.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepDelta {
+    pub delta: f64,
+    pub ci: Option<(f64, f64)>,
+    pub method: Option<IntervalMethod>,
+    /// Shared prompts.
+    pub n: usize,
+    pub verdict: Verdict,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -705,7 +811,7 @@ pub struct History {
 }
 
 /// One point per checkpoint run of a drafter series (same mode and prompt set), with bootstrap
-/// CIs over prompts of the macro τ.
+/// CIs over prompts, and the paired Δ of replayed τ against the previous step.
 pub fn history(
     store: &Store,
     series: &str,
@@ -736,19 +842,12 @@ pub fn history(
         }
     };
     let mut points = Vec::new();
+    // Per point: prompt sha → replayed τ (for the paired step-to-step Δs).
+    let mut shas: Vec<HashMap<String, f64>> = Vec::new();
     let mut left_out = 0;
-    let tau_r = DERIVED
-        .iter()
-        .find(|d| d.name == "tau_replayed")
-        .expect("defined");
-    let tau_u = DERIVED
-        .iter()
-        .find(|d| d.name == "tau_uniform")
-        .expect("defined");
-    let flat = DERIVED
-        .iter()
-        .find(|d| d.name == "flat_accuracy")
-        .expect("defined");
+    let tau_r = analysis::derived("tau_replayed_macro");
+    let tau_u = analysis::derived("tau_uniform");
+    let flat = analysis::derived("flat_accuracy");
     let mut ps_name = String::new();
     for r in &runs {
         let Some(step) = r.drafter_step else {
@@ -767,33 +866,74 @@ pub fn history(
         let evaluated: Vec<&analysis::PromptStats> = st.evaluated().collect();
         let mut rng = Rng::from_str_seed(&r.uid);
         let rs = Resamples::new(evaluated.len(), 500, &mut rng);
-        let per = |m: &analysis::DerivedMetric| -> Vec<f64> {
+        // CI of the metric's own statistic: per-prompt (numerator, denominator) pairs, so a
+        // macro metric's CI is over per-prompt means and a pooled one's over Σ/Σ.
+        let ci_of = |m: &analysis::DerivedMetric| -> Option<(f64, f64)> {
+            let (num, den): (Vec<f64>, Vec<f64>) = evaluated
+                .iter()
+                .map(|p| match ((m.per_prompt)(p), m.aggregation) {
+                    (Some((n, d)), Aggregation::Macro) => (n / d, 1.0),
+                    (Some(nd), Aggregation::Pooled) => nd,
+                    (None, _) => (0.0, 0.0),
+                })
+                .unzip();
+            rs.ratio_ci(&num, &den)
+        };
+        shas.push(
             evaluated
                 .iter()
-                .map(|p| (m.per_prompt)(p).map(|(n, d)| n / d).unwrap_or(f64::NAN))
-                .collect()
-        };
-        let ci_of = |x: Vec<f64>| -> Option<(f64, f64)> {
-            let ok: Vec<f64> = x
-                .iter()
-                .map(|v| if v.is_finite() { *v } else { 0.0 })
-                .collect();
-            let w: Vec<f64> = x
-                .iter()
-                .map(|v| if v.is_finite() { 1.0 } else { 0.0 })
-                .collect();
-            rs.ratio_ci(&ok, &w)
-        };
+                .filter_map(|p| {
+                    (tau_r.per_prompt)(p)
+                        .filter(|_| !p.sha256.is_empty())
+                        .map(|(n, d)| (p.sha256.clone(), n / d))
+                })
+                .collect(),
+        );
         points.push(HistoryPoint {
             run: r.id,
             name: r.name.clone(),
             step,
             status: r.status.to_string(),
             tau_replayed: analysis::aggregate(tau_r, &evaluated),
-            tau_replayed_ci: ci_of(per(tau_r)),
+            tau_replayed_ci: ci_of(tau_r),
             tau_uniform: analysis::aggregate(tau_u, &evaluated),
-            tau_uniform_ci: ci_of(per(tau_u)),
+            tau_uniform_ci: ci_of(tau_u),
             flat_accuracy: analysis::aggregate(flat, &evaluated),
+            step_delta: None,
+        });
+    }
+    // Paired Δ of the macro replayed τ between consecutive steps, over the prompts both share.
+    for i in 1..points.len() {
+        let (a, b) = (&shas[i - 1], &shas[i]);
+        let shared: Vec<(f64, f64)> = a
+            .iter()
+            .filter_map(|(h, va)| b.get(h).map(|vb| (*va, *vb)))
+            .collect();
+        if shared.is_empty() {
+            continue;
+        }
+        let (va, vb): (Vec<f64>, Vec<f64>) = shared.iter().copied().unzip();
+        let ones = vec![1.0; shared.len()];
+        let mut rng = Rng::from_str_seed(&format!("{}:{}", points[i - 1].run, points[i].run));
+        let rs = Resamples::new(shared.len(), 1000, &mut rng);
+        let iv = paired_interval(&rs, &va, &ones, &vb, &ones);
+        let delta = crate::stats::mean(&vb) - crate::stats::mean(&va);
+        let ci = iv.map(|i| (i.lo, i.hi));
+        let verdict = if shared.len() < MIN_SHARED_PROMPTS {
+            if ci.is_some() {
+                Verdict::TooFewPrompts
+            } else {
+                Verdict::Unknown
+            }
+        } else {
+            verdict(ci, true)
+        };
+        points[i].step_delta = Some(StepDelta {
+            delta,
+            ci,
+            method: iv.map(|i| i.method),
+            n: shared.len(),
+            verdict,
         });
     }
     Ok(History {
@@ -858,7 +998,7 @@ pub fn comparison_text(c: &Comparison) -> String {
         if j != c.baseline {
             header.push("Δ".into());
             header.push("Δ%".into());
-            header.push("95% CI (paired)".into());
+            header.push("95% CI".into());
             header.push("n".into());
             header.push("verdict".into());
         }
@@ -868,7 +1008,13 @@ pub fn comparison_text(c: &Comparison) -> String {
         let mut row = vec![format!(
             "{} {}",
             m.key,
-            if m.higher_is_better { "↑" } else { "↓" }
+            if m.is_count {
+                "(count)"
+            } else if m.higher_is_better {
+                "↑"
+            } else {
+                "↓"
+            }
         )];
         for j in 0..c.runs.len() {
             row.push(fmt_value(m.values[j]));
@@ -893,15 +1039,7 @@ pub fn comparison_text(c: &Comparison) -> String {
                     } else {
                         "unpaired".into()
                     });
-                    row.push(
-                        match d.verdict {
-                            Verdict::Better => "better",
-                            Verdict::Worse => "worse",
-                            Verdict::NotSignificant => "not significant",
-                            Verdict::Unknown => "no CI",
-                        }
-                        .into(),
-                    );
+                    row.push(d.verdict.label().into());
                 }
             }
         }
@@ -950,7 +1088,7 @@ pub fn comparison_text(c: &Comparison) -> String {
     }
     let _ = writeln!(
         s,
-        "\nΔ = run − baseline over shared prompts (matched by prompt sha256); CI = paired bootstrap over prompts, {} replicates.",
+        "\nΔ = run − baseline over shared prompts (matched by prompt sha256); 95% CI over prompts: BCa bootstrap ({} replicates) from {MIN_SHARED_PROMPTS} shared prompts on, paired t-interval below (no verdict then).",
         c.reps
     );
     s

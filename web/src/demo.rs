@@ -7,7 +7,7 @@
 //! inflated by mechanism (shared forward, inclusive mask leak) or deflated (data labels).
 //! Everything is seeded: the same spec gives the same database.
 
-use crate::analysis::{compute_stats, native_metrics};
+use crate::analysis::compute_stats;
 use crate::stats::Rng;
 use anyhow::Result;
 use draftlens::records::{RecordBatch, Region};
@@ -589,8 +589,22 @@ pub fn fill_demo_db(store: &Store, spec: &DemoSpec) -> Result<DemoRuns> {
         }
         store.add_records(id, &all)?;
         let metas: Vec<PromptMeta> = store.prompt_metas(id)?;
-        let stats = compute_stats(&store.records(id)?, &metas);
-        store.add_metrics(id, &native_metrics(&stats))?;
+        let records = store.records(id)?;
+        let stats = compute_stats(&records, &metas);
+        // The engine's own metric code, as `draftlens run` stores it.
+        let infos: Vec<draftlens::drafter::metrics::PromptInfo> = metas
+            .iter()
+            .map(|m| draftlens::drafter::metrics::PromptInfo {
+                index: m.index,
+                prompt_len: m.prompt_len as usize,
+                seq_len: m.num_tokens as usize,
+                category: m.category.clone(),
+            })
+            .collect();
+        store.add_metrics(
+            id,
+            &draftlens::drafter::metrics::summarize(&records, &infos),
+        )?;
         let blocks = stats.total_blocks() as f64;
         store.finish_run(
             id,
@@ -726,7 +740,7 @@ pub fn fill_demo_db(store: &Store, spec: &DemoSpec) -> Result<DemoRuns> {
         let rows = vec![
             MetricRow::scalar(
                 crate::analysis::SOURCE,
-                "tau_replayed",
+                "tau_replayed_macro",
                 MetricScope::Run,
                 tau,
                 100,
@@ -818,7 +832,9 @@ mod tests {
                 .unwrap()
                 .iter()
                 .find(|m| {
-                    m.source == SOURCE && m.name == "tau_replayed" && m.scope == MetricScope::Run
+                    m.source == SOURCE
+                        && m.name == "tau_replayed_macro"
+                        && m.scope == MetricScope::Run
                 })
                 .unwrap()
                 .value

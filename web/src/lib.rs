@@ -22,7 +22,7 @@ pub mod views;
 
 pub use bundle::ImportSummary;
 pub use report::ReportOptions;
-pub use server::{app, serve, ServeOptions};
+pub use server::{app, app_bound, serve, tokens_hint, ServeOptions};
 
 use anyhow::Result;
 use draftlens::store::{RunInfo, Store};

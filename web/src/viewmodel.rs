@@ -2,32 +2,30 @@
 //! prompt table and the per-position curves. Shared by the live pages (`server`) and the static
 //! report (`report`).
 
-use crate::analysis::{self, RunStats, DERIVED};
+use crate::analysis::{self, RunStats};
 use crate::compare::RunCurves;
 use crate::views;
 use draftlens::store::MetricKey;
 use std::collections::HashMap;
 
-/// Records-derived headline metrics first, then the most common others; at most 4.
+/// The run list's default metric columns: replayed τ (macro), first-position acceptance and flat
+/// accuracy (docs/ui.md §1). Runs stored before those names existed carry the same numbers as
+/// the first value of `survival` and of `acc_top1`, which stand in when the database has no
+/// run with the newer name. Only columns some run has are shown.
 pub(crate) fn default_columns(keys: &[(MetricKey, usize, bool)]) -> Vec<MetricKey> {
     let mut out: Vec<MetricKey> = Vec::new();
-    for name in ["tau_replayed", "tau_uniform", "flat_accuracy", "draft_nll"] {
-        if let Some(k) = keys
-            .iter()
-            .find(|k| k.0.source == analysis::SOURCE && k.0.name == name)
-        {
+    for names in [
+        &["tau_replayed_macro"][..],
+        &["first_position_acceptance", "survival"][..],
+        &["flat_accuracy", "acc_top1"][..],
+    ] {
+        if let Some(k) = names.iter().find_map(|n| {
+            keys.iter()
+                .find(|k| k.0.source == analysis::SOURCE && k.0.name == *n)
+        }) {
             out.push(k.0.clone());
         }
     }
-    for k in keys {
-        if out.len() >= 4 {
-            break;
-        }
-        if !out.contains(&k.0) {
-            out.push(k.0.clone());
-        }
-    }
-    out.truncate(4);
     out
 }
 
@@ -52,18 +50,14 @@ pub(crate) fn cmp_opt(a: Option<f64>, b: Option<f64>) -> std::cmp::Ordering {
 
 pub(crate) fn headline_of(st: &RunStats) -> views::run::Headline {
     let all: Vec<&analysis::PromptStats> = st.evaluated().collect();
-    let get = |name: &str| {
-        DERIVED
-            .iter()
-            .find(|d| d.name == name)
-            .and_then(|m| analysis::aggregate(m, &all))
-    };
+    let get = |name: &str| analysis::aggregate(analysis::derived(name), &all);
     views::run::Headline {
-        tau_replayed: get("tau_replayed"),
+        tau_replayed: get("tau_replayed_macro"),
         tau_replayed_pooled: get("tau_replayed_pooled"),
         tau_uniform: get("tau_uniform"),
         flat_accuracy: get("flat_accuracy"),
         rounds: all.iter().map(|p| p.rounds.len() as u64).sum(),
+        blocks: st.total_blocks(),
     }
 }
 
@@ -76,15 +70,12 @@ pub(crate) fn categories_of(st: &RunStats) -> Vec<views::run::CategoryRow> {
         }
     }
     let get = |name: &str, ps: &[&analysis::PromptStats]| {
-        DERIVED
-            .iter()
-            .find(|d| d.name == name)
-            .and_then(|m| analysis::aggregate(m, ps))
+        analysis::aggregate(analysis::derived(name), ps)
     };
     by.into_iter()
         .map(|(name, ps)| views::run::CategoryRow {
             prompts: ps.len(),
-            tau_replayed: get("tau_replayed", &ps),
+            tau_replayed: get("tau_replayed_macro", &ps),
             tau_uniform: get("tau_uniform", &ps),
             flat_accuracy: get("flat_accuracy", &ps),
             name,
@@ -130,13 +121,13 @@ mod tests {
         let keys = vec![
             k("plugin", "zzz"),
             k(analysis::SOURCE, "flat_accuracy"),
-            k(analysis::SOURCE, "tau_replayed"),
+            k(analysis::SOURCE, "acc_top1"),
+            k(analysis::SOURCE, "tau_replayed_macro"),
+            k(analysis::SOURCE, "survival"),
             k("p", "a"),
-            k("p", "b"),
         ];
-        let cols = default_columns(&keys);
-        assert_eq!(cols[0].name, "tau_replayed");
-        assert_eq!(cols[1].name, "flat_accuracy");
-        assert_eq!(cols.len(), 4);
+        let cols: Vec<String> = default_columns(&keys).into_iter().map(|c| c.name).collect();
+        assert_eq!(cols, ["tau_replayed_macro", "survival", "flat_accuracy"]);
+        assert!(default_columns(&[k("p", "a")]).is_empty());
     }
 }

@@ -193,7 +193,7 @@ async fn report_import_round_trip_is_idempotent_over_http() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|m| m["key"]["name"] == "tau_replayed")
+        .find(|m| m["key"]["name"] == "tau_replayed_macro")
         .unwrap();
     assert!(
         tau["deltas"]
@@ -459,7 +459,10 @@ fn compare_text_and_json_agree_and_pin_baseline() {
     let last = runs.checkpoints[2].to_string();
     let text = draftlens_web::compare_text(&store, &[first.clone(), last.clone()], None).unwrap();
     assert!(text.starts_with(&format!("baseline: #{first} ")), "{text}");
-    assert!(text.contains("records/tau_replayed ↑"), "{text}");
+    assert!(text.contains("native/tau_replayed_macro ↑"), "{text}");
+    // 12 shared prompts: an interval but no verdict, and the note says why.
+    assert!(text.contains("too few prompts"), "{text}");
+    assert!(!text.contains("accept_hist ↑"), "a count is ranked: {text}");
     assert!(text.contains("prompts shared with the baseline"));
     let v =
         draftlens_web::compare_json(&store, &[first.clone(), last.clone()], Some(&last)).unwrap();
@@ -468,12 +471,14 @@ fn compare_text_and_json_agree_and_pin_baseline() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|m| m["key"]["name"] == "tau_replayed")
+        .find(|m| m["key"]["name"] == "tau_replayed_macro")
         .unwrap();
     let d = &tau["deltas"][0];
-    // The last checkpoint is better, so the first is worse than the baseline, significantly.
+    // The last checkpoint is better, so the first is below the baseline; with 12 shared prompts
+    // (fewer than 20) the interval is a paired t-interval and there is no verdict.
     assert!(d["delta"].as_f64().unwrap() < 0.0);
-    assert_eq!(d["verdict"], "worse");
+    assert_eq!(d["verdict"], "too_few_prompts");
+    assert_eq!(d["method"], "paired_t");
     assert_eq!(d["n"], 12);
     let (lo, hi) = (d["ci"][0].as_f64().unwrap(), d["ci"][1].as_f64().unwrap());
     assert!(lo < d["delta"].as_f64().unwrap() && d["delta"].as_f64().unwrap() < hi);

@@ -98,10 +98,16 @@ fn main() {
     let cli = Cli::parse();
     cli.global.init_logging();
     // Ctrl-C / SIGTERM: finish the current prompt, mark the run failed, keep caches valid.
-    let _ = ctrlc::set_handler(|| {
-        draftlens::drafter::run::INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
-        eprintln!("interrupt: stopping after the current prompt (the run will be marked failed)");
-    });
+    // `serve` handles both signals itself (graceful shutdown), so the handler is not installed
+    // for it: it would swallow them.
+    if !matches!(cli.cmd, Cmd::Serve(_)) {
+        let _ = ctrlc::set_handler(|| {
+            draftlens::drafter::run::INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
+            eprintln!(
+                "interrupt: stopping after the current prompt (the run will be marked failed)"
+            );
+        });
+    }
     // A panic is a bug, but it must still end with one clear line and a non-zero exit code.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("error: internal error (a bug in draftlens, please report it): {info}");

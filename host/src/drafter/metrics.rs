@@ -144,6 +144,11 @@ pub fn summarize(batch: &RecordBatch, prompts: &[PromptInfo]) -> Vec<MetricRow> 
     let mut valid = vec![0u64; p];
     let (mut masked_ok, mut masked_n) = (0u64, 0u64);
     let mut per_prompt_uniform: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    // Per prompt: (Σ −log q(top-1), top-K hits) over valid completion positions. The NLL is
+    // summed per prompt and then over prompts in index order: the order the web UI's per-prompt
+    // statistics add them in, so both give the same value to the last bit.
+    let mut per_prompt_nll: BTreeMap<u32, (f64, u64)> = BTreeMap::new();
+    let kk = batch.top_k as usize;
     for b in 0..batch.num_blocks() {
         for k in 1..=p {
             let i = batch.pos_index(b, k);
@@ -160,11 +165,14 @@ pub fn summarize(batch: &RecordBatch, prompts: &[PromptInfo]) -> Vec<MetricRow> 
         let e = per_prompt_uniform.entry(batch.prompt_index[b]).or_default();
         e.0 += a as u64 + 1;
         e.1 += 1;
+        let nll = per_prompt_nll.entry(batch.prompt_index[b]).or_default();
         for k in 1..=p {
             let i = batch.pos_index(b, k);
             if batch.valid[i] == 1 {
                 valid[k - 1] += 1;
                 correct[k - 1] += (batch.draft_top1(b, k) == batch.target[i]) as u64;
+                nll.0 += -(batch.draft_logprobs[i * kk] as f64);
+                nll.1 += batch.draft_ids[i * kk..(i + 1) * kk].contains(&batch.target[i]) as u64;
             }
         }
     }
@@ -174,10 +182,10 @@ pub fn summarize(batch: &RecordBatch, prompts: &[PromptInfo]) -> Vec<MetricRow> 
         out.push(row(
             "tau_uniform",
             MetricScope::Run,
-            1.0 + sum_a as f64 / blocks as f64,
+            (sum_a + blocks) as f64 / blocks as f64,
             blocks,
             "tokens/round",
-            "mean(A+1) over every completion anchor (uniform anchors, bonus included)",
+            "uniform-anchor τ: Σ(A+1) / Σ blocks over every completion anchor (pooled, bonus included)",
             None,
         ));
         out.push(row(
@@ -232,6 +240,52 @@ pub fn summarize(batch: &RecordBatch, prompts: &[PromptInfo]) -> Vec<MetricRow> 
             .collect();
         let flat = correct.iter().sum::<u64>() as f64 / valid.iter().sum::<u64>().max(1) as f64;
         out.push(row("acc_top1", MetricScope::Run, flat, valid.iter().sum(), "fraction", "top-1 accuracy per position k over completion anchors (value: flat over all valid positions)", Some(serde_json::json!(acc))));
+        // Headline scalars (docs/metrics.md §5, §6): the values the UI's run list and
+        // comparisons show; `draftlens-web` recomputes them per prompt from records (for CIs)
+        // with the same definitions, tested to agree to the last digit.
+        let n_valid: u64 = valid.iter().sum();
+        out.push(row(
+            "first_position_acceptance",
+            MetricScope::Run,
+            at_least[1] as f64 / blocks as f64,
+            blocks,
+            "fraction",
+            "P(A ≥ 1): the first drafted token is accepted; pooled over completion anchors",
+            None,
+        ));
+        if n_valid > 0 {
+            let hits: u64 = per_prompt_nll.values().map(|x| x.1).sum();
+            let nll: f64 = per_prompt_nll.values().map(|x| x.0).sum();
+            out.push(row(
+                "flat_accuracy",
+                MetricScope::Run,
+                correct.iter().sum::<u64>() as f64 / n_valid as f64,
+                n_valid,
+                "fraction",
+                "flat top-1 accuracy over all valid drafted completion positions (what training logs as acc); pooled",
+                None,
+            ));
+            out.push(row(
+                "topk_accuracy",
+                MetricScope::Run,
+                hits as f64 / n_valid as f64,
+                n_valid,
+                "fraction",
+                "target token within the drafter's top-K, over all valid drafted completion positions; pooled",
+                None,
+            ));
+            let mut r = row(
+                "draft_nll",
+                MetricScope::Run,
+                nll / n_valid as f64,
+                n_valid,
+                "nats",
+                "mean −log q of the drafter's top-1 over valid completion positions (confidence, lower = more confident); pooled",
+                None,
+            );
+            r.higher_is_better = false;
+            out.push(r);
+        }
         for (pi, (t, n)) in per_prompt_uniform {
             out.push(row(
                 "tau_uniform",

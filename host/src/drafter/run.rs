@@ -211,10 +211,20 @@ pub fn run_eval<B: Backend>(
         "target": s.files.identity.to_json()?, "drafter": dpath, "prompts": set.source, "backend": s.be.name(), "gdn_profile": s.gdn_profile_name(),
     });
     // Token pieces as text, so the UI's drill-down shows words instead of ids (once per
-    // tokenizer and database: decoding 150k pieces takes a while).
+    // tokenizer and database: decoding 150k pieces takes a while). A token that is only part of
+    // a character (byte-level BPE, byte fallback) is stored as its bytes, marked with U+E000 and
+    // written in hex, so the UI can merge it with its neighbours (docs/ui.md §4).
     if !store.has_vocab(&tok.fingerprint())? {
         let pieces: Vec<String> = (0..tok.vocab_size() as u32)
-            .map(|i| tok.decode(&[i]).unwrap_or_default())
+            .map(|i| {
+                let text = tok.decode(&[i]).unwrap_or_default();
+                match tok.token_bytes(i) {
+                    Some(b) if text.contains('\u{FFFD}') && std::str::from_utf8(&b).is_err() => {
+                        format!("\u{E000}{}", hex_bytes(&b))
+                    }
+                    _ => text,
+                }
+            })
             .collect();
         store.put_vocab(
             &tok.fingerprint(),
@@ -505,4 +515,9 @@ impl<B: Backend> Evaluation<'_, B> {
         }
         Ok(())
     }
+}
+
+/// Lowercase hex of `b` (the stored form of a partial-character token piece).
+fn hex_bytes(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }

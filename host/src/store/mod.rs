@@ -149,6 +149,18 @@ impl Store {
         f(&mut conn)
     }
 
+    /// Folds the write-ahead log into the database file and truncates it (`serve` calls this on
+    /// shutdown, so the file is complete without its `-wal` companion).
+    pub fn checkpoint(&self) -> Result<()> {
+        self.write(|c| {
+            c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                .with_context(|| format!("{}: WAL checkpoint failed", self.what()))?;
+            c.execute_batch("PRAGMA optimize")
+                .with_context(|| format!("{}: PRAGMA optimize failed", self.what()))?;
+            Ok(())
+        })
+    }
+
     /// Consistent copy of the database (safe while others write).
     pub fn snapshot(&self, to: &Path) -> Result<()> {
         let dest = to

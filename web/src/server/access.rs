@@ -16,7 +16,9 @@ pub(super) async fn timing_layer(req: Request, next: Next) -> Response {
         "x-content-type-options",
         HeaderValue::from_static("nosniff"),
     );
-    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    // same-origin, not no-referrer: under no-referrer Chromium sends `Origin: null` on our own
+    // form posts; same-origin still sends nothing to other sites.
+    h.insert("referrer-policy", HeaderValue::from_static("same-origin"));
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
     if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
         h.insert(
@@ -29,13 +31,70 @@ pub(super) async fn timing_layer(req: Request, next: Next) -> Response {
     resp
 }
 
+/// Whether a POST comes from one of our own pages. Browsers send `Sec-Fetch-Site` on every
+/// request (Chromium, Firefox, Safari ≥ 16.4): only `same-origin` (our page) and `none` (typed or
+/// bookmarked by the user) pass; `same-site` (another port of localhost) and `cross-site` do not.
+/// Without it (older browsers, scripts) the `Origin` header, when present, must name this host;
+/// `Origin: null` (a sandboxed or privacy-stripped request) cannot be attributed and is refused.
+/// Requests with neither header are not from a browser form (curl, the CLI) and pass: they
+/// cannot carry a victim's cookies by accident.
+pub(super) fn same_origin_post(headers: &HeaderMap) -> std::result::Result<(), &'static str> {
+    let get = |name: &str| headers.get(name).and_then(|h| h.to_str().ok());
+    if let Some(site) = get("sec-fetch-site") {
+        return match site {
+            "same-origin" | "none" => Ok(()),
+            _ => Err("cross-site request refused (Sec-Fetch-Site is not same-origin)"),
+        };
+    }
+    if let Some(origin) = get("origin") {
+        let host = get("host").unwrap_or("");
+        let same = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(|o| o.eq_ignore_ascii_case(host));
+        if !same {
+            return Err("cross-origin request refused (Origin does not match Host)");
+        }
+    }
+    Ok(())
+}
+
+/// The host part of a `Host` header value: `name`, `name:port`, `[v6]` or `[v6]:port`.
+fn host_name(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or("");
+    }
+    host.rsplit_once(':').map_or(host, |(h, p)| {
+        if p.chars().all(|c| c.is_ascii_digit()) {
+            h
+        } else {
+            host
+        }
+    })
+}
+
+/// Default-mode Host allow-list: loopback names and addresses and the bound address.
+pub(super) fn host_allowed(host: &str, bound: Option<&SocketAddr>) -> bool {
+    let name = host_name(host).trim_end_matches('.').to_ascii_lowercase();
+    if name == "localhost" || name.ends_with(".localhost") {
+        return true;
+    }
+    match name.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback() || bound.is_some_and(|b| b.ip() == ip),
+        Err(_) => false,
+    }
+}
+
 pub(super) fn token_from(headers: &HeaderMap, query: &Query) -> Option<String> {
     if let Some(v) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
     {
-        if let Some(t) = v.strip_prefix("Bearer ") {
-            return Some(t.trim().to_string());
+        // The scheme is case-insensitive (RFC 9110 §11.1): `bearer` works too.
+        if let Some((scheme, t)) = v.trim().split_once(' ') {
+            if scheme.eq_ignore_ascii_case("bearer") && !t.trim().is_empty() {
+                return Some(t.trim().to_string());
+            }
         }
     }
     if let Some(t) = query.get("token") {
@@ -57,33 +116,29 @@ pub(super) async fn access_layer(
     next: Next,
 ) -> Response {
     let path = req.uri().path().to_string();
-    // Cross-site POSTs are refused whatever the mode (no CSRF through a teammate's browser).
-    if req.method() == Method::POST {
+    // DNS rebinding: without --team the server answers only to loopback names (a page on
+    // evil.example whose name resolves to 127.0.0.1 sends `Host: evil.example`).
+    if !st.team {
         let host = req
             .headers()
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
+            .or_else(|| req.uri().authority().map(|a| a.as_str()))
             .unwrap_or("");
-        if let Some(origin) = req
-            .headers()
-            .get(header::ORIGIN)
-            .and_then(|h| h.to_str().ok())
-        {
-            let ok = origin
-                .strip_prefix("http://")
-                .or_else(|| origin.strip_prefix("https://"))
-                == Some(host);
-            if !ok {
-                return (StatusCode::FORBIDDEN, "cross-origin request refused").into_response();
-            }
+        if !host_allowed(host, st.bound.as_ref()) {
+            return (
+                StatusCode::MISDIRECTED_REQUEST,
+                format!(
+                    "Host {host:?} is not served here: without --team draftlens answers only to localhost, 127.0.0.1, [::1] and the address it is bound to (protection against DNS rebinding)\n"
+                ),
+            )
+                .into_response();
         }
-        if req
-            .headers()
-            .get("sec-fetch-site")
-            .and_then(|h| h.to_str().ok())
-            == Some("cross-site")
-        {
-            return (StatusCode::FORBIDDEN, "cross-site request refused").into_response();
+    }
+    // Cross-site POSTs are refused whatever the mode (no CSRF through a teammate's browser).
+    if req.method() == Method::POST {
+        if let Err(why) = same_origin_post(req.headers()) {
+            return (StatusCode::FORBIDDEN, format!("{why}\n")).into_response();
         }
     }
     if path.starts_with("/assets/") || path == "/healthz" {
@@ -256,5 +311,90 @@ pub(super) async fn respond(st: &Arc<AppState>, r: Result<Out>) -> Response {
         Ok(Out::NotFound(w)) => not_found(st, &w),
         Ok(Out::Bad(w)) => bad_request(st, &w),
         Err(e) => server_error(st, &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_allow_list() {
+        let bound: SocketAddr = "127.0.0.2:8080".parse().unwrap();
+        for ok in [
+            "localhost",
+            "localhost:8080",
+            "LOCALHOST:1",
+            "app.localhost:9",
+            "127.0.0.1:8080",
+            "127.3.4.5",
+            "[::1]:8080",
+            "[::1]",
+        ] {
+            assert!(host_allowed(ok, Some(&bound)), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:8080",
+            "localhost.evil.example",
+            "10.0.0.1:8080",
+            "",
+            "127.0.0.1.evil.example",
+        ] {
+            assert!(!host_allowed(bad, Some(&bound)), "{bad}");
+        }
+        let lan: SocketAddr = "192.168.1.5:80".parse().unwrap();
+        assert!(host_allowed("192.168.1.5", Some(&lan)));
+        assert!(!host_allowed("192.168.1.6", Some(&lan)));
+    }
+
+    #[test]
+    fn origin_rules() {
+        let h = |pairs: &[(&'static str, &'static str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, HeaderValue::from_static(v));
+            }
+            m
+        };
+        // Chromium's own form post under a strict referrer policy.
+        assert!(same_origin_post(&h(&[
+            ("sec-fetch-site", "same-origin"),
+            ("origin", "null"),
+            ("host", "127.0.0.1:1")
+        ]))
+        .is_ok());
+        assert!(same_origin_post(&h(&[
+            ("sec-fetch-site", "cross-site"),
+            ("origin", "http://127.0.0.1:1"),
+            ("host", "127.0.0.1:1")
+        ]))
+        .is_err());
+        assert!(same_origin_post(&h(&[("sec-fetch-site", "same-site")])).is_err());
+        assert!(same_origin_post(&h(&[
+            ("origin", "http://127.0.0.1:1"),
+            ("host", "127.0.0.1:1")
+        ]))
+        .is_ok());
+        assert!(same_origin_post(&h(&[
+            ("origin", "http://evil.example"),
+            ("host", "127.0.0.1:1")
+        ]))
+        .is_err());
+        assert!(same_origin_post(&h(&[("origin", "null"), ("host", "127.0.0.1:1")])).is_err());
+        assert!(same_origin_post(&h(&[("host", "127.0.0.1:1")])).is_ok());
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        for v in ["Bearer abc", "bearer abc", "BEARER  abc "] {
+            let mut m = HeaderMap::new();
+            m.insert(header::AUTHORIZATION, HeaderValue::from_static(v));
+            assert_eq!(
+                token_from(&m, &Query::default()).as_deref(),
+                Some("abc"),
+                "{v}"
+            );
+        }
     }
 }

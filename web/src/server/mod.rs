@@ -61,7 +61,7 @@ impl Default for ServeOptions {
     }
 }
 
-/// Runs the server until Ctrl-C.
+/// Runs the server until SIGINT or SIGTERM, then checkpoints the database.
 pub async fn serve(opts: ServeOptions) -> Result<()> {
     if !opts.addr.ip().is_loopback() && !opts.team {
         anyhow::bail!(
@@ -71,7 +71,10 @@ pub async fn serve(opts: ServeOptions) -> Result<()> {
     }
     let store = Store::open(&opts.db)?;
     if opts.team && store.tokens()?.iter().all(|t| t.revoked_at.is_some()) {
-        eprintln!("warning: team mode but no active tokens: create one with `draftlens tokens create NAME --scope write --db {}`", opts.db.display());
+        eprintln!(
+            "warning: team mode but no active tokens: create one with `{}`",
+            tokens_hint(&opts.db)
+        );
     }
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
@@ -86,14 +89,60 @@ pub async fn serve(opts: ServeOptions) -> Result<()> {
             ""
         }
     );
-    let app = app(store, opts.team, opts.max_upload_bytes);
+    let app = app_bound(store, opts.team, opts.max_upload_bytes, Some(addr));
     axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(shutdown_signal())
         .await
         .context("server failed")?;
+    // In-flight requests have finished and every connection of the app is closed: fold the
+    // write-ahead log into the database so the file is complete on its own.
+    Store::open(&opts.db)?.checkpoint()?;
+    eprintln!("draftlens: stopped");
     Ok(())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM (`kill`, `systemctl stop`, `docker stop`): axum then
+/// stops accepting connections and lets in-flight requests finish.
+async fn shutdown_signal() {
+    let int = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = int => {}
+        _ = term => {}
+    }
+    eprintln!("draftlens: shutting down (finishing requests in flight)");
+}
+
+/// The command that creates a write token for `db`, as printed (tested by running it).
+pub fn tokens_hint(db: &std::path::Path) -> String {
+    format!(
+        "draftlens tokens create NAME --scope write --db {}",
+        shell_quote(&db.display().to_string())
+    )
+}
+
+/// Quotes a word for a POSIX shell when it needs it.
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+:@%=,".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// Shared state of the handlers.
@@ -101,6 +150,8 @@ pub struct AppState {
     pub store: Store,
     pub team: bool,
     pub max_upload: usize,
+    /// The address `serve` bound to (part of the default mode's Host allow-list).
+    bound: Option<SocketAddr>,
     stats: Mutex<HashMap<i64, (String, Arc<RunStats>)>>,
     vocab: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// (computed at, value) caches for the run list's menus; refreshed every few seconds so
@@ -253,6 +304,11 @@ enum Access {
 
 /// The router (used by `serve`, tests and the benchmark).
 pub fn app(store: Store, team: bool, max_upload: usize) -> Router {
+    app_bound(store, team, max_upload, None)
+}
+
+/// The router of a server bound to `bound` (which joins the default mode's Host allow-list).
+pub fn app_bound(store: Store, team: bool, max_upload: usize, bound: Option<SocketAddr>) -> Router {
     let asset_version = hex::encode(
         &<sha2::Sha256 as sha2::Digest>::digest(
             format!("{}{}", views::APP_JS, views::APP_CSS).as_bytes(),
@@ -262,6 +318,7 @@ pub fn app(store: Store, team: bool, max_upload: usize) -> Router {
         store,
         team,
         max_upload,
+        bound,
         stats: Mutex::new(HashMap::new()),
         vocab: Mutex::new(HashMap::new()),
         facets: Mutex::new(None),

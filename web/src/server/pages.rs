@@ -4,6 +4,8 @@
 use super::*;
 
 pub(super) const PER_PAGE: usize = 50;
+/// Most metric columns the run list shows at once.
+pub(super) const MAX_COLUMNS: usize = 12;
 
 pub(super) async fn runs_page(
     State(st): State<Arc<AppState>>,
@@ -16,13 +18,37 @@ pub(super) async fn runs_page(
     let r = blocking(&st, move || {
         let q = Query::parse(raw.as_deref()).without(&["token"]);
         let (facets, keys) = s.menus()?;
-        let columns: Vec<(MetricKey, bool)> = {
-            let asked: Vec<MetricKey> = q
+        // Asked columns: known metrics only, each once, at most MAX_COLUMNS (a long `cols=`
+        // query must not multiply into a huge page: every header link repeats the query).
+        let asked: Vec<MetricKey> = {
+            let mut out: Vec<MetricKey> = Vec::new();
+            for k in q
                 .all("cols")
                 .iter()
                 .flat_map(|v| v.split(','))
-                .filter_map(|k| k.parse().ok())
-                .collect();
+                .filter_map(|k| k.trim().parse::<MetricKey>().ok())
+            {
+                if out.len() < MAX_COLUMNS && !out.contains(&k) && keys.iter().any(|x| x.0 == k)
+                {
+                    out.push(k);
+                }
+            }
+            out
+        };
+        let q = if q.all("cols").is_empty() {
+            q
+        } else {
+            let canonical = asked
+                .iter()
+                .map(|k| k.to_string())
+                .collect::<Vec<_>>()
+                .join(",");
+            q.without(&["cols"]).with("cols", Some(&canonical))
+        };
+        // The share form saves the canonical state, not the raw query.
+        let mut ctx = ctx;
+        ctx.current = format!("/{}", q.to_string_with_qmark());
+        let columns: Vec<(MetricKey, bool)> = {
             let chosen = if asked.is_empty() {
                 default_columns(&keys)
             } else {
@@ -37,6 +63,12 @@ pub(super) async fn runs_page(
                 .collect()
         };
         let page = q.get_usize("page").unwrap_or(1).max(1);
+        let Some(offset) = (page - 1)
+            .checked_mul(PER_PAGE)
+            .filter(|&o| o <= i64::MAX as usize / 2)
+        else {
+            return Ok(Out::NotFound(format!("There is no page {page} of the run list.")));
+        };
         let sort_key = q.get("sort").unwrap_or("created");
         let sort = match sort_key {
             "name" => RunSort::Name,
@@ -60,11 +92,18 @@ pub(super) async fn runs_page(
             ids: None,
             sort,
             descending: q.get("dir").map(|d| d != "asc").unwrap_or(true),
-            offset: (page - 1) * PER_PAGE,
+            offset,
             limit: PER_PAGE,
             metric_columns: columns.iter().map(|c| c.0.clone()).collect(),
         };
         let (rows, total) = s.store.runs(&filter)?;
+        if rows.is_empty() && page > 1 {
+            let pages = total.div_ceil(PER_PAGE).max(1);
+            return Ok(Out::NotFound(format!(
+                "There is no page {page} of the run list: it has {pages} page{} of {PER_PAGE} runs.",
+                if pages == 1 { "" } else { "s" }
+            )));
+        }
         let baselines: Vec<i64> = s.store.baselines()?.into_iter().map(|b| b.1).collect();
         let flash = q.get("deleted").map(|d| format!("Run {d} was deleted."));
         let flash = flash.or_else(|| q.get("imported").map(|d| d.to_string()));
@@ -193,28 +232,62 @@ pub(super) async fn prompt_page(
     respond(&st, r).await
 }
 
-/// Run ids of a compare URL: `runs=1,2` and/or repeated `run=` (the list's checkboxes).
-pub(super) fn compare_ids(
-    store: &Store,
-    q: &Query,
-) -> Result<std::result::Result<Vec<i64>, String>> {
+/// Most runs one comparison or report takes.
+pub(super) const MAX_COMPARE: usize = 12;
+
+/// Run ids of a compare URL: `runs=1,2` and/or repeated `run=` (the list's checkboxes). A
+/// malformed request (none, too many, an ambiguous uid prefix) is `Out::Bad` (400); a run that
+/// does not exist is `Out::NotFound` (404).
+pub(super) fn compare_ids(store: &Store, q: &Query) -> Result<std::result::Result<Vec<i64>, Out>> {
     let mut refs = q.list("runs");
     refs.extend(q.all("run").iter().map(|s| s.to_string()));
     if refs.is_empty() {
-        return Ok(Err("Select at least two runs to compare.".into()));
+        return Ok(Err(Out::Bad("Select at least two runs to compare.".into())));
     }
-    if refs.len() > 12 {
-        return Ok(Err("Compare at most 12 runs at once.".into()));
+    if refs.len() > MAX_COMPARE {
+        return Ok(Err(Out::Bad(format!(
+            "Compare at most {MAX_COMPARE} runs at once ({} were given).",
+            refs.len()
+        ))));
     }
     let mut ids = Vec::new();
     for r in refs {
-        match compare::resolve_run(store, &r) {
+        match resolve_ref(store, &r)? {
             Ok(id) if !ids.contains(&id) => ids.push(id),
             Ok(_) => {}
-            Err(_) => return Ok(Err(format!("There is no run {r:?}."))),
+            Err(out) => return Ok(Err(out)),
         }
     }
     Ok(Ok(ids))
+}
+
+/// One run reference of a URL: an id, a uid or a unique uid prefix.
+pub(super) fn resolve_ref(store: &Store, r: &str) -> Result<std::result::Result<i64, Out>> {
+    Ok(match compare::resolve(store, r)? {
+        compare::Resolved::Run(id) => Ok(id),
+        compare::Resolved::Ambiguous(n) => Err(Out::Bad(format!(
+            "The run prefix {r:?} is ambiguous: it starts {n} run uids. Give more characters."
+        ))),
+        compare::Resolved::Missing => Err(Out::NotFound(format!("There is no run {r:?}."))),
+    })
+}
+
+/// The `baseline=` of a compare or report URL: one of `ids`, else 400.
+pub(super) fn baseline_of(
+    store: &Store,
+    q: &Query,
+    ids: &[i64],
+) -> Result<std::result::Result<Option<i64>, Out>> {
+    let Some(b) = q.get("baseline") else {
+        return Ok(Ok(None));
+    };
+    Ok(match resolve_ref(store, b)? {
+        Ok(id) if ids.contains(&id) => Ok(Some(id)),
+        Ok(_) | Err(Out::NotFound(_)) => Err(Out::Bad(format!(
+            "The baseline {b:?} is not one of the compared runs."
+        ))),
+        Err(out) => Err(out),
+    })
 }
 
 pub(super) async fn compare_page(
@@ -236,23 +309,16 @@ pub(super) async fn compare_page(
     let r = blocking(&st, move || {
         let ids = match compare_ids(&s.store, &q)? {
             Ok(ids) => ids,
-            Err(msg) => return Ok(Out::NotFound(msg)),
+            Err(out) => return Ok(out),
         };
         if ids.len() == 1 && q.get("format") != Some("json") {
             return Ok(Out::Page(
                 Redirect::to(&format!("/runs/{}", ids[0])).into_response(),
             ));
         }
-        let baseline = match q.get("baseline") {
-            Some(b) => match compare::resolve_run(&s.store, b) {
-                Ok(id) if ids.contains(&id) => Some(id),
-                _ => {
-                    return Ok(Out::Bad(format!(
-                        "The baseline {b:?} is not one of the compared runs."
-                    )))
-                }
-            },
-            None => None,
+        let baseline = match baseline_of(&s.store, &q, &ids)? {
+            Ok(b) => b,
+            Err(out) => return Ok(out),
         };
         let opts = CompareOptions {
             baseline,
@@ -441,12 +507,12 @@ pub(super) async fn report_download(
         let q = Query::parse(raw.as_deref());
         let ids = match compare_ids(&s.store, &q)? {
             Ok(ids) => ids,
-            Err(msg) => return Ok(Out::NotFound(msg)),
+            Err(out) => return Ok(out),
         };
-        let baseline = q
-            .get("baseline")
-            .map(|b| compare::resolve_run(&s.store, b))
-            .transpose()?;
+        let baseline = match baseline_of(&s.store, &q, &ids)? {
+            Ok(b) => b,
+            Err(out) => return Ok(out),
+        };
         let opts = crate::report::ReportOptions {
             baseline,
             with_records: q.get("records") == Some("1"),
@@ -488,7 +554,7 @@ pub(super) async fn bundle_download(
         let q = Query::parse(raw.as_deref());
         let ids = match compare_ids(&s.store, &q)? {
             Ok(ids) => ids,
-            Err(msg) => return Ok(Out::NotFound(msg)),
+            Err(out) => return Ok(out),
         };
         let b = crate::bundle::export_bundle(&s.store, &ids, q.get("records") == Some("1"))?;
         Ok(Out::Page(

@@ -15,6 +15,9 @@ fn verdict_class(v: Verdict) -> &'static str {
         Verdict::Worse => "v-worse",
         Verdict::NotSignificant => "v-not_significant",
         Verdict::Unknown => "v-unknown",
+        Verdict::TooFewPrompts => "v-too_few",
+        Verdict::Inflation => "v-inflation",
+        Verdict::Count => "v-count",
     }
 }
 
@@ -79,8 +82,8 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
             div style="padding:14px 16px 4px" {
                 h2 { "Metrics" }
                 div class="sub" {
-                    "Δ = run − baseline over the prompts both runs share (matched by prompt sha256). 95% CI: paired bootstrap over prompts ("
-                    (c.reps) " replicates). Green = significantly better, red = significantly worse (direction from each metric's ↑/↓), grey = not significant."
+                    "Δ = run − baseline over the prompts both runs share (matched by prompt sha256). 95% CI over prompts: BCa bootstrap ("
+                    (c.reps) " replicates) from " (crate::stats::MIN_SHARED_PROMPTS) " shared prompts on, paired t-interval below (no colour then). Green = significantly better, red = significantly worse (direction from each metric's ↑/↓), grey = not significant; train-style against deployment is inflation, never better."
                 }
                 div class="runhead" style="margin-bottom:10px" {
                     @for &j in &others {
@@ -107,7 +110,7 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
                     @for m in &c.metrics {
                         tr {
                             td title=(m.description) {
-                                strong { (metric_label(&m.key)) } " " span class="hint" { (if m.higher_is_better { "↑" } else { "↓" }) }
+                                strong { (metric_label(&m.key)) } " " span class="hint" { (if m.is_count { "count" } else if m.higher_is_better { "↑" } else { "↓" }) }
                                 span class="tiny" style="display:block; font-size:11.5px; color:var(--faint)" { (m.convention) @if !m.unit.is_empty() { " · " (m.unit) } }
                             }
                             td class="num" { (fmt(m.values[b])) }
@@ -118,11 +121,11 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
                                         td class=(format!("num delta {}", verdict_class(d.verdict))) {
                                             (fmt_delta(d.delta))
                                             " · " (d.delta_pct.map(|p| format!("{p:+.1}%")).unwrap_or("—".into()))
-                                            @if let Some((lo, hi)) = d.ci { span class="ci" { "[" (fmt_delta(lo)) ", " (fmt_delta(hi)) "] n=" (d.n) } }
+                                            @if let Some((lo, hi)) = d.ci { span class="ci" title=(d.method.map(|m| m.label()).unwrap_or("")) { "[" (fmt_delta(lo)) ", " (fmt_delta(hi)) "] n=" (d.n) @if let Some(m) = d.method { " · " (m.label()) } } }
                                             @match d.verdict {
-                                                Verdict::NotSignificant => { span class="ns" { "not significant" } }
+                                                Verdict::Better | Verdict::Worse => {}
                                                 Verdict::Unknown => { span class="ns" { (if d.paired { "too few prompts for a CI" } else { "no per-prompt values: no CI" }) } }
-                                                _ => {}
+                                                v => { span class="ns" { (v.label()) } }
                                             }
                                         }
                                     }

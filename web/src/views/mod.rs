@@ -142,6 +142,28 @@ pub fn fmt(v: Option<f64>) -> String {
     crate::compare::fmt_value(v)
 }
 
+/// A short column label for a metric key (the full key is in the column's title): the
+/// headline native metrics by name, others as `source/name`.
+pub fn metric_short_label(k: &draftlens::store::MetricKey) -> String {
+    if k.source == crate::analysis::SOURCE {
+        match k.name.as_str() {
+            "tau_replayed_macro" => "τ replayed".into(),
+            "tau_replayed_pooled" => "τ replayed (pooled)".into(),
+            "tau_uniform" => "τ uniform".into(),
+            "first_position_acceptance" | "survival" => "1st-token accept".into(),
+            "flat_accuracy" | "acc_top1" => "flat acc.".into(),
+            other => other.into(),
+        }
+    } else {
+        k.to_string()
+    }
+}
+
+/// "1 run", "2 runs", "1,000 runs" (thousands separated).
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", fmt_int(n), if n == 1 { one } else { many })
+}
+
 pub fn fmt_int(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();

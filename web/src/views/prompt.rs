@@ -31,11 +31,86 @@ enum Role {
     Unvisited,
 }
 
+/// Marks a stored piece that is only part of a character: U+E000 then its bytes in hex
+/// (written by `draftlens run`, host/src/drafter/run.rs).
+const BYTES_MARK: char = '\u{E000}';
+
+/// The bytes of a partial-character piece, if `s` is one.
+fn partial_bytes(s: &str) -> Option<Vec<u8>> {
+    let hex = s.strip_prefix(BYTES_MARK)?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// A token's text on its own (top-K tables): a partial character shows its bytes.
 fn piece(v: Option<&[String]>, id: u32) -> String {
     match v.and_then(|v| v.get(id as usize)) {
-        Some(s) => s.clone(),
+        Some(s) => match partial_bytes(s) {
+            Some(b) => format!(
+                "⟨{}⟩",
+                b.iter()
+                    .map(|x| format!("{x:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            None => s.clone(),
+        },
         None => format!("⟨{id}⟩"),
     }
+}
+
+/// Most tokens one character can span (UTF-8 has at most 4 bytes per character).
+const MAX_MERGE: usize = 4;
+
+/// The text of each token of `ids` in running text: consecutive partial-character tokens are
+/// merged until their bytes decode as UTF-8; the first token of such a group shows the whole
+/// text and the others `None` (they stay separate elements, so token boundaries remain
+/// visible). Bytes that never complete a character show as hex.
+pub(crate) fn running_texts(v: Option<&[String]>, ids: &[u32]) -> Vec<Option<String>> {
+    let partial = |i: usize| {
+        v.and_then(|v| v.get(ids[i] as usize))
+            .and_then(|s| partial_bytes(s))
+    };
+    let mut out: Vec<Option<String>> = Vec::with_capacity(ids.len());
+    let mut i = 0;
+    while i < ids.len() {
+        let Some(first) = partial(i) else {
+            out.push(Some(piece(v, ids[i])));
+            i += 1;
+            continue;
+        };
+        // Grow the group while the bytes are an incomplete prefix of UTF-8.
+        let mut bytes = first;
+        let mut j = i + 1;
+        let settled = |b: &[u8]| match std::str::from_utf8(b) {
+            Ok(_) => true,
+            Err(e) => e.error_len().is_some(), // invalid, not merely incomplete: stop
+        };
+        let mut done = settled(&bytes);
+        while !done && j < ids.len() && j - i < MAX_MERGE * 2 {
+            let Some(next) = partial(j) else { break };
+            bytes.extend(next);
+            j += 1;
+            done = settled(&bytes);
+        }
+        match std::str::from_utf8(&bytes) {
+            Ok(text) => {
+                out.push(Some(text.to_string()));
+                out.extend((i + 1..j).map(|_| None));
+            }
+            Err(_) => {
+                // Not a character: each token shows its own bytes.
+                out.extend((i..j).map(|k| Some(piece(v, ids[k]))));
+            }
+        }
+        i = j;
+    }
+    out
 }
 
 /// A token's text for chips and tables: whitespace made visible.
@@ -110,12 +185,23 @@ pub fn render(ctx: &Ctx, v: &PromptView) -> Markup {
     let sel_block = selected.and_then(|a| by_anchor.get(&a).copied());
     let on_chain: HashMap<u32, usize> = chain.iter().enumerate().map(|(i, c)| (c.0, i)).collect();
     let here = format!("/runs/{}/prompts/{}", r.id, p.index);
+    let texts = running_texts(v.vocab, ids);
     let tok = |pos: usize, class: &str, text: &str, title: String| -> Markup {
         let sel = selected == Some(pos as u32);
-        let cls = if sel {
-            format!("tok {class} sel")
+        let cont = texts[pos].is_none();
+        let cls = match (sel, cont) {
+            (true, true) => format!("tok {class} cont sel"),
+            (true, false) => format!("tok {class} sel"),
+            (false, true) => format!("tok {class} cont"),
+            (false, false) => format!("tok {class}"),
+        };
+        let title = if cont {
+            format!(
+                "{title} · bytes {}, part of the character shown before",
+                piece(v.vocab, ids[pos])
+            )
         } else {
-            format!("tok {class}")
+            title
         };
         if by_anchor.contains_key(&(pos as u32)) && !ctx.report {
             html! { a class=(cls) href=(format!("{here}?anchor={pos}#topk")) title=(title) { (running(text)) } }
@@ -171,19 +257,24 @@ pub fn render(ctx: &Ctx, v: &PromptView) -> Markup {
             div class="text" {
                 @if plen > 0 {
                     span class="prompt" {
-                        @for pos in 0..plen.min(ids.len()) { (running(&piece(v.vocab, ids[pos]))) }
+                        @for pos in 0..plen.min(ids.len()) {
+                            @match &texts[pos] {
+                                Some(t) => { (running(t)) }
+                                None => { span class="tok cont" title=(format!("position {pos} · bytes {}, part of the character shown before", piece(v.vocab, ids[pos]))) {} }
+                            }
+                        }
                     }
                 }
                 @for (rr, seg) in &segments {
                     span class=[rr.map(|_| "round")] {
                         @for &pos in seg {
-                            @let t = piece(v.vocab, ids[pos]);
+                            @let t = texts[pos].clone().unwrap_or_default();
                             @match role[pos] {
                                 Role::Prefill => { (tok(pos, "pre", &t, format!("position {pos}: first completion token (prefill) · anchor a₀"))) }
                                 Role::Accepted(i) => { (tok(pos, "acc", &t, format!("position {pos}: accepted draft token, round {}", i + 1))) }
                                 Role::Bonus(i, rej) => {
                                     @if let Some(d) = rej {
-                                        span class="tok rej" title=(format!("position {pos}: the drafter proposed this; the target disagreed")) { (running(&piece(v.vocab, d))) }
+                                        span class="tok rej" title=(format!("position {pos}: the drafter proposed this; the target disagreed")) { (running(&running_texts(v.vocab, &[d])[0].clone().unwrap_or_default())) }
                                     }
                                     (tok(pos, "bonus", &t, format!("position {pos}: target's token (bonus) ending round {}; next anchor", i + 1)))
                                 }
@@ -241,4 +332,79 @@ pub fn render(ctx: &Ctx, v: &PromptView) -> Markup {
         }
     };
     page(ctx, &format!("{} · prompt {}", r.name, p.index), body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A vocabulary as `draftlens run` stores it for a byte-level BPE: whole characters as text,
+    /// partial ones as marked hex bytes.
+    fn vocab_for(chunks: &[&[u8]]) -> Vec<String> {
+        chunks
+            .iter()
+            .map(|b| match std::str::from_utf8(b) {
+                Ok(s) => s.to_string(),
+                Err(_) => format!(
+                    "{BYTES_MARK}{}",
+                    b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+                ),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn byte_pieces_merge_into_characters_with_boundaries_kept() {
+        // Hebrew "שלום" split 1+3 / 3+1 bytes, CJK "大" split 2+1, an emoji split 1+1+2, plain
+        // text between them.
+        let shalom = "שלום".as_bytes(); // 8 bytes
+        let da = "大".as_bytes(); // 3 bytes
+        let smile = "🙂".as_bytes(); // 4 bytes
+        let chunks: Vec<&[u8]> = vec![
+            &shalom[..1],
+            &shalom[1..4],
+            &shalom[4..7],
+            &shalom[7..],
+            b" and ",
+            &da[..2],
+            &da[2..],
+            &smile[..1],
+            &smile[1..2],
+            &smile[2..],
+        ];
+        let vocab = vocab_for(&chunks);
+        let ids: Vec<u32> = (0..chunks.len() as u32).collect();
+        let t = running_texts(Some(&vocab), &ids);
+        assert_eq!(t.len(), ids.len(), "one entry per token");
+        // Every token is still there; continuation tokens carry None.
+        assert_eq!(t[0].as_deref(), Some("של"));
+        assert_eq!(t[1], None);
+        assert_eq!(t[2].as_deref(), Some("ום"));
+        assert_eq!(t[3], None);
+        assert_eq!(t[4].as_deref(), Some(" and "));
+        assert_eq!(t[5].as_deref(), Some("大"));
+        assert_eq!(t[6], None);
+        assert_eq!(t[7].as_deref(), Some("🙂"));
+        assert_eq!((t[8].as_ref(), t[9].as_ref()), (None, None));
+        let joined: String = t.iter().flatten().cloned().collect();
+        assert_eq!(joined, "שלום and 大🙂");
+        assert!(!joined.contains('\u{FFFD}'));
+        // Alone (top-K tables), a partial token shows its bytes.
+        assert_eq!(piece(Some(&vocab), 5), "⟨e5 a4⟩");
+    }
+
+    #[test]
+    fn bytes_that_never_complete_a_character_show_as_hex() {
+        let vocab = vocab_for(&[&[0xe5], b"x", &[0xff]]);
+        let t = running_texts(Some(&vocab), &[0, 1, 2, 0]);
+        assert_eq!(
+            t,
+            vec![
+                Some("⟨e5⟩".to_string()),
+                Some("x".to_string()),
+                Some("⟨ff⟩".to_string()),
+                Some("⟨e5⟩".to_string())
+            ]
+        );
+    }
 }

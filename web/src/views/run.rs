@@ -35,6 +35,8 @@ pub struct Headline {
     pub tau_uniform: Option<f64>,
     pub flat_accuracy: Option<f64>,
     pub rounds: u64,
+    /// Completion blocks the statistics count (also for imported runs without records).
+    pub blocks: u64,
 }
 
 pub struct RunView<'a> {
@@ -122,9 +124,9 @@ pub fn render(ctx: &Ctx, v: &RunView) -> Markup {
             div class="cards" {
                 div class="card" { div class="k" { "τ replayed (macro)" } div class="v" { (fmt(h.tau_replayed)) } div class="d" { "tokens per verify round, bonus included · " (fmt_int(h.rounds)) " rounds" } }
                 div class="card" { div class="k" { "τ replayed (pooled)" } div class="v" { (fmt(h.tau_replayed_pooled)) } div class="d" { "Σ tokens / Σ rounds over all prompts" } }
-                div class="card" { div class="k" { "τ uniform anchors" } div class="v" { (fmt(h.tau_uniform)) } div class="d" { "mean A+1 over every completion anchor (macro)" } }
+                div class="card" { div class="k" { "τ uniform anchors" } div class="v" { (fmt(h.tau_uniform)) } div class="d" { "Σ(A+1) / Σ blocks over every completion anchor (pooled)" } }
                 div class="card" { div class="k" { "Flat top-1 accuracy" } div class="v" { (fmt(h.flat_accuracy)) } div class="d" { "all valid drafted positions — not acceptance" } }
-                div class="card" { div class="k" { "Evaluated" } div class="v" { (fmt_int(r.num_blocks)) } div class="d" { "blocks over " (fmt_int(r.num_prompts)) " prompts · B=" (r.block_size) " K=" (r.top_k) } }
+                div class="card" { div class="k" { "Evaluated" } div class="v" { (fmt_int(h.blocks)) } div class="d" { (if h.blocks == 1 { "block" } else { "blocks" }) " over " (super::count(r.num_prompts, "prompt", "prompts")) " · B=" (r.block_size) " K=" (r.top_k) @if r.num_blocks == 0 { " · records not stored" } } }
             }
         }
         @if let Some(c) = v.curves {

@@ -1,6 +1,6 @@
 //! The run list: filters, sortable metric columns, server-side paging, selection → compare.
 
-use super::{drafter_label, fmt, fmt_int, mode_chip, origin_chip, page, status_chip, Ctx};
+use super::{count, drafter_label, fmt, fmt_int, mode_chip, origin_chip, page, status_chip, Ctx};
 use crate::qs::Query;
 use draftlens::store::{Facets, MetricKey, RunSummary};
 use maud::{html, Markup};
@@ -75,7 +75,7 @@ pub fn render(ctx: &Ctx, v: &RunsView) -> Markup {
         div class="head" {
             div class="grow" {
                 h1 { "Runs" }
-                div class="sub" { (fmt_int(v.total as u64)) " runs match · select two or more to compare them against a baseline" }
+                div class="sub" { (count(v.total as u64, "run matches", "runs match")) " · select two or more to compare them against a baseline" }
             }
             div class="actions" {
                 a class="btn" href="/history" { "τ vs checkpoint" }
@@ -104,7 +104,7 @@ pub fn render(ctx: &Ctx, v: &RunsView) -> Markup {
                         @for (k, n, _) in v.all_keys {
                             label style="display:block; white-space:nowrap" {
                                 input type="checkbox" name="cols" value=(k.to_string()) checked[v.columns.iter().any(|c| &c.0 == k)];
-                                " " (metric_label(k)) " " span class="hint" { "(" (n) " runs)" }
+                                " " (metric_label(k)) " " span class="hint" { "(" (count(*n as u64, "run", "runs")) ")" }
                             }
                         }
                         button class="btn" type="submit" style="margin-top:6px" { "Apply" }
@@ -130,12 +130,13 @@ pub fn render(ctx: &Ctx, v: &RunsView) -> Markup {
                             th { a class=[(sort == "status").then_some("sorted")] href=(sort_link("status")) { "Status" (arrow("status")) } }
                             th { "Target" }
                             th { a class=[(sort == "step").then_some("sorted")] href=(sort_link("step")) { "Drafter @ step" (arrow("step")) } }
-                            th { "Prompts" }
+                            th { "Prompt set" }
+                            th class="num" title="prompts in the run" { "Prompts" }
                             @for (i, (k, hib)) in v.columns.iter().enumerate() {
                                 @let key = format!("m{i}");
                                 th class="num" title=(format!("{k} · {}", if *hib { "higher is better" } else { "lower is better" })) {
                                     a class=[(sort == key).then_some("sorted")] href=(sort_link(&key)) {
-                                        (metric_label(k)) (if *hib { " ↑" } else { " ↓" }) (arrow(&key))
+                                        (super::metric_short_label(k)) (if *hib { " ↑" } else { " ↓" }) (arrow(&key))
                                     }
                                 }
                             }
@@ -156,7 +157,8 @@ pub fn render(ctx: &Ctx, v: &RunsView) -> Markup {
                                     td { (status_chip(run.status)) @if run.mode != draftlens::store::RunMode::Deployment { " " (mode_chip(run.mode)) } }
                                     td class="nw" { (run.target_arch) span class="tiny" { (run.backend) " · " (run.dtype) } }
                                     td class="nw" { (drafter_label(run)) span class="tiny" { "B=" (run.block_size) " · K=" (run.top_k) } }
-                                    td { (run.prompt_set_name) span class="tiny" { (fmt_int(run.num_prompts)) " prompts · " (fmt_int(run.num_blocks)) " blocks" } }
+                                    td class="nw" { (run.prompt_set_name) span class="tiny" { @if run.num_blocks > 0 { (count(run.num_blocks, "block", "blocks")) } @else { "records not stored" } } }
+                                    td class="num" { (fmt_int(run.num_prompts)) }
                                     @for m in &r.metrics { td class="num" { (fmt(*m)) } }
                                     td class="sub nw" { (run.created_at.replace('T', " ").trim_end_matches('Z')) }
                                 }

@@ -53,11 +53,12 @@ impl Conn {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<Resp> {
-        let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n",
-            self.addr,
-            body.len()
-        );
+        // A `Host` among `headers` replaces the default (DNS-rebinding tests).
+        let mut req = format!("{method} {path} HTTP/1.1\r\n");
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            req.push_str(&format!("Host: {}\r\n", self.addr));
+        }
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
         for (k, v) in headers {
             req.push_str(&format!("{k}: {v}\r\n"));
         }
@@ -345,6 +346,28 @@ impl Browser {
         )
         .await?;
         Ok(())
+    }
+
+    /// Types `text` into the element (for a file input: the path of the file to upload).
+    pub async fn send_keys(&self, css: &str, text: &str) -> Result<()> {
+        let id = self.find(css).await?;
+        self.cmd(
+            "POST",
+            &format!("/element/{id}/value"),
+            Some(serde_json::json!({"text": text})),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The visible text of the page.
+    pub async fn text(&self) -> Result<String> {
+        Ok(self
+            .js("return document.body.innerText")
+            .await?
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
     }
 
     /// Waits until `script` returns true (polls for up to 10 s).
