@@ -217,6 +217,7 @@ fn a_failing_plugin_does_not_stop_the_others() {
         PluginRequest {
             path: common::guest("hostile"),
             params: mode("loop"),
+            builtin: None,
         },
         PluginRequest::new(&junk),
         PluginRequest::new(common::guest("imports-wasi")),
@@ -224,10 +225,12 @@ fn a_failing_plugin_does_not_stop_the_others() {
         PluginRequest {
             path: common::guest("hostile"),
             params: mode("alloc"),
+            builtin: None,
         },
         PluginRequest {
             path: common::guest("hostile"),
             params: mode("panic"),
+            builtin: None,
         },
         PluginRequest::new(common::builtin("top1-accuracy")),
         PluginRequest::new(&good),
@@ -279,6 +282,7 @@ fn fuel_gives_a_deterministic_budget() {
                 ..Limits::default()
             },
             cache_dir: None,
+            cache_key_file: None,
         })
         .unwrap()
     };
