@@ -32,6 +32,7 @@ fn main() {
         "records/src",
         "records/Cargo.toml",
         "Cargo.lock",
+        "Cargo.toml",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }

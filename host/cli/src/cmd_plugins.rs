@@ -55,10 +55,20 @@ pub enum PluginsCmd {
         #[arg(long, default_value = ".")]
         dir: PathBuf,
         /// Depend on the plugin SDK at this path (written as given) [default: a copy of this
-        /// draftlens' SDK in NAME/vendor/, by a relative path].
+        /// draftlens' SDK in NAME/vendor/, by a relative path]. Rust only.
         #[arg(long)]
         sdk: Option<PathBuf>,
+        /// The plugin's language: rust (a crate on the Rust SDK) or python (plain Python on the
+        /// Python SDK, built with componentize-py).
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: Lang,
     },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lang {
+    Rust,
+    Python,
 }
 
 #[derive(Args, Clone, Debug, Default)]
@@ -295,7 +305,18 @@ pub fn run(g: &Global, cmd: PluginsCmd) -> Result<()> {
             params,
             sandbox,
         } => check(g, &file, &params, &sandbox),
-        PluginsCmd::New { name, dir, sdk } => new(g, &name, &dir, sdk),
+        PluginsCmd::New {
+            name,
+            dir,
+            sdk,
+            lang: Lang::Rust,
+        } => new(g, &name, &dir, sdk),
+        PluginsCmd::New {
+            name,
+            dir,
+            sdk,
+            lang: Lang::Python,
+        } => new_python(g, &name, &dir, sdk),
     }
 }
 
@@ -667,6 +688,30 @@ pub fn warn_stored(s: &StoredScoring, verbose: u8) {
     }
 }
 
+fn new_python(
+    g: &Global,
+    name: &str,
+    dir: &std::path::Path,
+    sdk: Option<PathBuf>,
+) -> Result<()> {
+    if sdk.is_some() {
+        bail!("--sdk is for Rust plugins; a Python plugin gets draftlens_metric.py in its folder");
+    }
+    let created = scaffold::new_python_plugin(name, dir)?;
+    #[derive(Serialize)]
+    struct Created {
+        path: PathBuf,
+    }
+    g.emit(&Created { path: created.clone() }, || {
+        format!(
+            "created {}\n  pip install componentize-py==0.25.1   # once\n  cd {} && ./build.sh\n  draftlens plugins check {}/{name}.wasm\n",
+            created.display(),
+            created.display(),
+            created.display()
+        )
+    })
+}
+
 fn new(g: &Global, name: &str, dir: &std::path::Path, sdk: Option<PathBuf>) -> Result<()> {
     let created = scaffold::new_plugin(name, dir, sdk.as_deref())?;
     // The lock file pins the SDK's dependencies; without cargo (or offline with an empty cache)
@@ -728,6 +773,32 @@ mod tests {
             ..SandboxArgs::default()
         };
         assert_eq!(ok.runtime().unwrap().limits().memory_bytes, 256 << 20);
+    }
+
+    /// A parameter value the plugin itself refuses fails while preparing (before `run` loads a
+    /// model), naming the plugin and the value; a good one passes.
+    #[test]
+    fn parameter_values_are_checked_by_the_plugin_before_any_work() {
+        let sandbox = SandboxArgs {
+            no_plugin_cache: true,
+            ..SandboxArgs::default()
+        };
+        let rt = sandbox.runtime().unwrap();
+        let args = |params: &[&str]| PluginArgs {
+            plugins: vec!["ddtree".into(), "topk".into()],
+            params: params.iter().map(|s| s.to_string()).collect(),
+            dirs: DirArgs::default(),
+            sandbox: sandbox.clone(),
+        };
+        let e = args(&["ddtree:budgets=4,0"]).prepare(&rt).unwrap_err().to_string();
+        assert!(
+            e.contains("--param for plugin ddtree") && e.contains("\"0\" is not a positive integer"),
+            "{e}"
+        );
+        let p = args(&["ddtree:budgets=4,8", "topk:ks=1,2"]).prepare(&rt).unwrap();
+        assert_eq!(p.len(), 2);
+        assert!(p.iter().all(|p| p.plugin.as_ref().is_ok_and(|l| l.builtin.is_some())));
+        assert_eq!(p[0].request.params.len(), 1);
     }
 
     #[test]

@@ -88,6 +88,70 @@ serde = ["dep:serde"]
 serde = { version = "1", features = ["derive"], optional = true }
 "#;
 
+/// The Python template and SDK (plugins/python/).
+const PY_APP: &str = include_str!("../../../plugins/python/template/app.py.tmpl");
+const PY_BUILD_SH: &str = include_str!("../../../plugins/python/template/build.sh.tmpl");
+const PY_README: &str = include_str!("../../../plugins/python/template/README.md.tmpl");
+const PY_SDK: &str = include_str!("../../../plugins/python/sdk/draftlens_metric.py");
+const WIT: &str = include_str!("../../../plugins/wit/metric.wit");
+
+/// Create the folder `parent/name` for a new plugin in plain Python: `app.py` (an example
+/// metric), the Python SDK `draftlens_metric.py`, the contract `wit/metric.wit` and `build.sh`
+/// (componentize-py --stub-wasi). Returns the folder.
+pub fn new_python_plugin(name: &str, parent: &Path) -> anyhow::Result<PathBuf> {
+    check_name(name)?;
+    let dir = parent.join(name);
+    if dir.exists() {
+        bail!(
+            "{}: already exists; choose another name or folder",
+            dir.display()
+        );
+    }
+    let fill = |t: &str| {
+        t.replace("{{name}}", name)
+            .replace("{{contract}}", &crate::ContractVersion::HOST.to_string())
+    };
+    std::fs::create_dir_all(dir.join("wit"))
+        .with_context(|| format!("{}: cannot create the folder", dir.display()))?;
+    for (rel, text) in [
+        ("app.py", fill(PY_APP)),
+        ("draftlens_metric.py", PY_SDK.to_string()),
+        ("wit/metric.wit", WIT.to_string()),
+        ("build.sh", fill(PY_BUILD_SH)),
+        ("README.md", fill(PY_README)),
+        (".gitignore", "*.wasm\n__pycache__/\n".to_string()),
+    ] {
+        let path = dir.join(rel);
+        std::fs::write(&path, text).with_context(|| format!("{}: cannot write", path.display()))?;
+    }
+    make_executable(&dir.join("build.sh"))?;
+    Ok(dir)
+}
+
+fn check_name(name: &str) -> anyhow::Result<()> {
+    let valid = name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.ends_with('-');
+    if !valid {
+        bail!("{name}: a plugin name is lower-case letters, digits and '-', starting with a letter (e.g. my-metric)");
+    }
+    Ok(())
+}
+
+fn make_executable(p: &Path) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("{}: cannot make it executable", p.display()))?;
+    }
+    let _ = p;
+    Ok(())
+}
+
 /// Write the SDK, the record contract and the WIT into `dir` (`dir/draftlens-plugin-sdk`, ...).
 pub fn vendor_sdk(dir: &Path) -> anyhow::Result<PathBuf> {
     let version = env!("CARGO_PKG_VERSION");
@@ -150,15 +214,7 @@ pub fn default_sdk_path() -> PathBuf {
 /// Returns the crate folder. Refuses to overwrite an existing folder. The lock file is written
 /// by [`write_lock_file`] (separately: it needs cargo).
 pub fn new_plugin(name: &str, parent: &Path, sdk: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let valid = name.len() <= 64
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !name.ends_with('-');
-    if !valid {
-        bail!("{name}: a plugin name is lower-case letters, digits and '-', starting with a letter (e.g. my-metric)");
-    }
+    check_name(name)?;
     if let Some(sdk) = sdk {
         if !sdk.join("Cargo.toml").is_file() {
             bail!(
@@ -212,13 +268,7 @@ pub fn new_plugin(name: &str, parent: &Path, sdk: Option<&Path>) -> anyhow::Resu
     if sdk.is_none() {
         vendor_sdk(&dir.join("vendor"))?;
     }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let p = dir.join("build.sh");
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
-            .with_context(|| format!("{}: cannot make it executable", p.display()))?;
-    }
+    make_executable(&dir.join("build.sh"))?;
     Ok(dir)
 }
 
@@ -273,5 +323,13 @@ mod tests {
         let toml = std::fs::read_to_string(d.join("Cargo.toml")).unwrap();
         assert!(toml.contains(&default_sdk_path().display().to_string()));
         assert!(!d.join("vendor").exists());
+        // Python: app, SDK, contract and build script.
+        let d = new_python_plugin("py-metric", dir.path()).unwrap();
+        for f in ["app.py", "draftlens_metric.py", "wit/metric.wit", "build.sh", "README.md"] {
+            assert!(d.join(f).is_file(), "{f}");
+        }
+        let app = std::fs::read_to_string(d.join("app.py")).unwrap();
+        assert!(app.contains("name=\"py-metric\"") && !app.contains("{{"));
+        assert!(new_python_plugin("Bad", dir.path()).is_err());
     }
 }

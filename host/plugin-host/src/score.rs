@@ -297,20 +297,22 @@ impl Runtime {
         // of groups (the host's memory and the run database stay bounded).
         let mut budget = validate::OutputBudget::new(limits);
         let mut check = |what: &str, v: Vec<crate::wit::MetricValue>| {
-            budget.charge(&v).map_err(|m| {
+            // The per-call rules first (bad-output), then the run's budget (too-much-output).
+            let r = validate::results(&plugin.metadata, v, limits).map_err(|m| {
+                PluginFailure::new(
+                    FailureKind::BadOutput,
+                    &plugin.path,
+                    format!("returned {m} ({what})"),
+                )
+            })?;
+            budget.charge(&r).map_err(|m| {
                 PluginFailure::new(
                     FailureKind::TooMuchOutput,
                     &plugin.path,
                     format!("returned {m} by the time it returned the values of {what}; nothing of it is stored"),
                 )
             })?;
-            validate::results(&plugin.metadata, v, limits).map_err(|m| {
-                PluginFailure::new(
-                    FailureKind::BadOutput,
-                    &plugin.path,
-                    format!("returned {m} ({what})"),
-                )
-            })
+            Ok(r)
         };
         let mut scores = Scores::default();
         let v = job.finish(overall)?;
@@ -363,22 +365,15 @@ impl Runtime {
             &mut buf,
         );
         let v = job.evaluate(params, all)?;
+        let r = validate::results(&plugin.metadata, v, self.limits()).map_err(|m| {
+            PluginFailure::new(FailureKind::BadOutput, &plugin.path, format!("returned {m}"))
+        })?;
         validate::OutputBudget::new(self.limits())
-            .charge(&v)
+            .charge(&r)
             .map_err(|m| {
-                PluginFailure::new(
-                    FailureKind::TooMuchOutput,
-                    &plugin.path,
-                    format!("returned {m}"),
-                )
+                PluginFailure::new(FailureKind::TooMuchOutput, &plugin.path, format!("returned {m}"))
             })?;
-        validate::results(&plugin.metadata, v, self.limits()).map_err(|m| {
-            PluginFailure::new(
-                FailureKind::BadOutput,
-                &plugin.path,
-                format!("returned {m}"),
-            )
-        })
+        Ok(r)
     }
 }
 

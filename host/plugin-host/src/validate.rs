@@ -137,12 +137,9 @@ impl OutputBudget {
     }
 
     /// Count `values` against the budget. The message completes "returned ...".
-    pub(crate) fn charge(&mut self, values: &[wit::MetricValue]) -> Result<(), String> {
+    pub(crate) fn charge(&mut self, values: &[MetricResult]) -> Result<(), String> {
         for v in values {
-            let n = v
-                .series
-                .as_ref()
-                .map_or(0, |s| s.values.len().max(s.counts.len()));
+            let n = v.series.as_ref().map_or(0, |s| s.values.len());
             self.entries = self.entries.saturating_add(1 + n);
             self.bytes = self
                 .bytes
@@ -372,14 +369,15 @@ mod tests {
             values: vec![0.5; 4],
             counts: vec![1; 4],
         });
+        let v = results(&meta(), vec![v], &l).unwrap();
         // 5 entries per call: the second call fits, the third does not.
-        assert!(b.charge(std::slice::from_ref(&v)).is_ok());
-        assert!(b.charge(std::slice::from_ref(&v)).is_ok());
-        let e = b.charge(std::slice::from_ref(&v)).unwrap_err();
+        assert!(b.charge(&v).is_ok());
+        assert!(b.charge(&v).is_ok());
+        let e = b.charge(&v).unwrap_err();
         assert!(e.contains("15 values and series entries"), "{e}");
         // Bytes: a long name costs its length.
         let mut b = OutputBudget::new(&l);
-        let e = b.charge(&[value(&"x".repeat(2000), 1.0)]).unwrap_err();
+        let e = b.charge(&[MetricResult::scalar(&"x".repeat(2000), Some(1.0), 1)]).unwrap_err();
         assert!(e.contains("2016 bytes"), "{e}");
     }
 
