@@ -688,12 +688,7 @@ pub fn warn_stored(s: &StoredScoring, verbose: u8) {
     }
 }
 
-fn new_python(
-    g: &Global,
-    name: &str,
-    dir: &std::path::Path,
-    sdk: Option<PathBuf>,
-) -> Result<()> {
+fn new_python(g: &Global, name: &str, dir: &std::path::Path, sdk: Option<PathBuf>) -> Result<()> {
     if sdk.is_some() {
         bail!("--sdk is for Rust plugins; a Python plugin gets draftlens_metric.py in its folder");
     }
@@ -790,14 +785,22 @@ mod tests {
             dirs: DirArgs::default(),
             sandbox: sandbox.clone(),
         };
-        let e = args(&["ddtree:budgets=4,0"]).prepare(&rt).unwrap_err().to_string();
+        let e = args(&["ddtree:budgets=4,0"])
+            .prepare(&rt)
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.contains("--param for plugin ddtree") && e.contains("\"0\" is not a positive integer"),
+            e.contains("--param for plugin ddtree")
+                && e.contains("\"0\" is not a positive integer"),
             "{e}"
         );
-        let p = args(&["ddtree:budgets=4,8", "topk:ks=1,2"]).prepare(&rt).unwrap();
+        let p = args(&["ddtree:budgets=4,8", "topk:ks=1,2"])
+            .prepare(&rt)
+            .unwrap();
         assert_eq!(p.len(), 2);
-        assert!(p.iter().all(|p| p.plugin.as_ref().is_ok_and(|l| l.builtin.is_some())));
+        assert!(p
+            .iter()
+            .all(|p| p.plugin.as_ref().is_ok_and(|l| l.builtin.is_some())));
         assert_eq!(p[0].request.params.len(), 1);
     }
 

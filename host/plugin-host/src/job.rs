@@ -104,6 +104,18 @@ impl LogSink {
             // Rust's panic message is "panicked at FILE:LINE:COL:\nMESSAGE": one line.
             self.panic = Some(crate::text::clean(&raw, crate::text::MAX_MESSAGE_BYTES));
         }
+        // Full, and plainly not a repeat of the last line (first bytes differ): count it without
+        // cleaning it, so a flood costs the host little (at worst a repeat counts as dropped).
+        if self.lines.len() >= self.max_lines {
+            let n = 64.min(raw.len());
+            let differs = self.lines.last().is_none_or(|l| {
+                l.level != level || l.message.as_bytes().get(..n) != Some(&raw.as_bytes()[..n])
+            });
+            if differs {
+                self.dropped += 1;
+                return;
+            }
+        }
         // Capped and without control characters before anything shows or stores it.
         let message = crate::text::clean(&raw, self.max_line_bytes);
         drop(raw);

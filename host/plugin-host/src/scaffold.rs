@@ -325,7 +325,13 @@ mod tests {
         assert!(!d.join("vendor").exists());
         // Python: app, SDK, contract and build script.
         let d = new_python_plugin("py-metric", dir.path()).unwrap();
-        for f in ["app.py", "draftlens_metric.py", "wit/metric.wit", "build.sh", "README.md"] {
+        for f in [
+            "app.py",
+            "draftlens_metric.py",
+            "wit/metric.wit",
+            "build.sh",
+            "README.md",
+        ] {
             assert!(d.join(f).is_file(), "{f}");
         }
         let app = std::fs::read_to_string(d.join("app.py")).unwrap();

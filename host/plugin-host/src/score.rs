@@ -366,12 +366,20 @@ impl Runtime {
         );
         let v = job.evaluate(params, all)?;
         let r = validate::results(&plugin.metadata, v, self.limits()).map_err(|m| {
-            PluginFailure::new(FailureKind::BadOutput, &plugin.path, format!("returned {m}"))
+            PluginFailure::new(
+                FailureKind::BadOutput,
+                &plugin.path,
+                format!("returned {m}"),
+            )
         })?;
         validate::OutputBudget::new(self.limits())
             .charge(&r)
             .map_err(|m| {
-                PluginFailure::new(FailureKind::TooMuchOutput, &plugin.path, format!("returned {m}"))
+                PluginFailure::new(
+                    FailureKind::TooMuchOutput,
+                    &plugin.path,
+                    format!("returned {m}"),
+                )
             })?;
         Ok(r)
     }

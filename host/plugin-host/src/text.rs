@@ -17,6 +17,15 @@ fn printable(c: char) -> bool {
 /// every control character replaced by a space (newlines and tabs included: one line per
 /// message) and every other unprintable character by U+FFFD.
 pub fn clean(s: &str, max_bytes: usize) -> String {
+    // Fast path (log lines are mostly plain ASCII): printable ASCII is copied as it is.
+    let head = &s.as_bytes()[..s.len().min(max_bytes)];
+    if head.iter().all(|b| (0x20..0x7f).contains(b)) {
+        let mut out = String::from(&s[..head.len()]);
+        if head.len() < s.len() {
+            out.push_str(&format!(" …[{} more bytes cut]", s.len() - head.len()));
+        }
+        return out;
+    }
     let mut out = String::with_capacity(s.len().min(max_bytes) + 32);
     let mut cut_at = None;
     for (i, c) in s.char_indices() {

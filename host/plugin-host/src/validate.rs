@@ -331,13 +331,11 @@ mod tests {
     #[test]
     fn names_must_be_declared_or_in_a_family() {
         let l = Limits::default();
+        let mut undefined = value("acc_top_2", f64::NAN);
+        undefined.count = 0;
         let ok = results(
             &meta(),
-            vec![
-                value("tau", 2.0),
-                value("acc_8", 0.5),
-                value("acc_top_2", f64::NAN),
-            ],
+            vec![value("tau", 2.0), value("acc_8", 0.5), undefined],
             &l,
         )
         .unwrap();
@@ -377,7 +375,9 @@ mod tests {
         assert!(e.contains("15 values and series entries"), "{e}");
         // Bytes: a long name costs its length.
         let mut b = OutputBudget::new(&l);
-        let e = b.charge(&[MetricResult::scalar(&"x".repeat(2000), Some(1.0), 1)]).unwrap_err();
+        let e = b
+            .charge(&[MetricResult::scalar(&"x".repeat(2000), Some(1.0), 1)])
+            .unwrap_err();
         assert!(e.contains("2016 bytes"), "{e}");
     }
 

@@ -113,7 +113,8 @@ fn each_misbehaviour_has_its_own_error_and_the_host_recovers() {
         .expect("bad parameter");
     assert_eq!(f.kind, FailureKind::InvalidParams, "{f}");
     assert!(
-        f.message.contains("unknown parameter nope (known: mode)"),
+        f.message
+            .contains("unknown parameter nope (known: mode, series, len)"),
         "{f}"
     );
 
@@ -133,7 +134,10 @@ fn each_misbehaviour_has_its_own_error_and_the_host_recovers() {
     assert!(o.is_ok(), "{:?}", o.failure);
     assert_eq!(o.logs.len(), 1000);
     assert_eq!(o.logs_dropped, 99_000);
-    assert!(o.logs.iter().all(|l| l.message.len() <= 4096 + 16));
+    assert!(o
+        .logs
+        .iter()
+        .all(|l| l.message.len() <= 4096 + 40 && l.message.ends_with("more bytes cut]")));
 
     // The host is healthy: the same plugin, well-behaved, works in a fresh job.
     let o = rt.score(

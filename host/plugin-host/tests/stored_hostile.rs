@@ -166,11 +166,17 @@ fn output_amplification_is_stopped_and_the_others_are_stored() {
     assert_eq!(scopes_of(&store, run, "hostile"), (0, 0, 0));
     for p in ["accept-length", "top1-accuracy"] {
         let (r, pr, c) = scopes_of(&store, run, p);
-        assert!(r > 0 && pr == r * PROMPTS as usize && c == r * CATEGORIES, "{p}: {r} {pr} {c}");
+        assert!(
+            r > 0 && pr == r * PROMPTS as usize && c == r * CATEGORIES,
+            "{p}: {r} {pr} {c}"
+        );
     }
     let failures = store.plugin_failures(run).unwrap();
     assert_eq!(failures.len(), 1);
-    assert_eq!((failures[0].plugin.as_str(), failures[0].kind.as_str()), ("hostile", "too-much-output"));
+    assert_eq!(
+        (failures[0].plugin.as_str(), failures[0].kind.as_str()),
+        ("hostile", "too-much-output")
+    );
     assert_intact(&db, run, 8);
     // One group's values (7 × 1 Mi entries, ~112 MiB) are all the host ever held of it.
     assert!(peak_rss_mib() < 3 << 10, "peak RSS {} MiB", peak_rss_mib());
@@ -195,24 +201,40 @@ fn the_budget_is_shared_by_the_groups_and_earlier_rows_go_stale() {
         &rt,
         &store,
         run,
-        &[hostile("amplify", &[("series", 1), ("len", 300_000)]), builtin("ddtree")],
+        &[
+            hostile("amplify", &[("series", 1), ("len", 300_000)]),
+            builtin("ddtree"),
+        ],
     )
     .unwrap();
     let o = outcome(&s, 0);
     let f = o.failure.as_ref().expect("fails");
     assert_eq!(f.kind, FailureKind::TooMuchOutput);
-    assert!(f.message.contains("prompt ") || f.message.contains("category "), "{f}");
+    assert!(
+        f.message.contains("prompt ") || f.message.contains("category "),
+        "{f}"
+    );
     assert_eq!(o.stale_rows, 28);
     // The earlier rows are untouched, and marked stale; ddtree is stored.
     let hostile_rows = |rows: &[draftlens::store::MetricRow]| {
-        rows.iter().filter(|m| m.source == "hostile").cloned().collect::<Vec<_>>()
+        rows.iter()
+            .filter(|m| m.source == "hostile")
+            .cloned()
+            .collect::<Vec<_>>()
     };
-    assert_eq!(hostile_rows(&store.metrics(run).unwrap()), hostile_rows(&before));
+    assert_eq!(
+        hostile_rows(&store.metrics(run).unwrap()),
+        hostile_rows(&before)
+    );
     let prov = store.plugin_runs(run).unwrap();
     let h = prov.iter().find(|p| p.source == "hostile").unwrap();
     assert!(h.stale_since.is_some());
     let d = prov.iter().find(|p| p.source == "ddtree").unwrap();
-    assert!(d.builtin && d.stale_since.is_none() && d.sha256 == builtins::find("ddtree").unwrap().sha256());
+    assert!(
+        d.builtin
+            && d.stale_since.is_none()
+            && d.sha256 == builtins::find("ddtree").unwrap().sha256()
+    );
     assert!(scopes_of(&store, run, "ddtree").0 > 0);
     assert_intact(&db, run, 8);
 }
@@ -236,12 +258,19 @@ fn names_messages_and_logs_are_capped_and_cleaned() {
             hostile("long-member", &[]),
             PluginRequest::new(common::guest("bigname")),
             builtin("acceptance"),
-            hostile("huge-error", &[]),
         ],
     )
     .unwrap();
+    // A second call: two plugins of one name in one call are refused.
+    let mut s = s;
+    let s2 = score_stored_run(&rt, &store, run, &[hostile("huge-error", &[])]).unwrap();
+    s.plugins.extend(s2.plugins);
     let clean = |t: &str| !t.chars().any(|c| c.is_control() || c == '\u{202e}');
-    let kinds: Vec<_> = s.plugins.iter().map(|p| p.failure.as_ref().map(|f| f.kind)).collect();
+    let kinds: Vec<_> = s
+        .plugins
+        .iter()
+        .map(|p| p.failure.as_ref().map(|f| f.kind))
+        .collect();
     assert_eq!(
         kinds,
         [
@@ -253,15 +282,37 @@ fn names_messages_and_logs_are_capped_and_cleaned() {
     );
     for p in &s.plugins {
         if let Some(f) = &p.failure {
-            assert!(f.message.len() <= 10_000 && clean(&f.message), "{}", &f.message[..200.min(f.message.len())]);
+            assert!(
+                f.message.len() <= 10_000 && clean(&f.message),
+                "{}",
+                &f.message[..200.min(f.message.len())]
+            );
         }
         assert!(p.plugin.len() <= 80 && clean(&p.plugin), "{:?}", p.plugin);
     }
-    assert!(s.plugins[0].failure.as_ref().unwrap().message.contains("at most 64 bytes"));
-    assert!(s.plugins[1].failure.as_ref().unwrap().message.contains("plugin name"));
-    assert!(s.plugins[3].failure.as_ref().unwrap().message.contains("more bytes cut"));
+    assert!(s.plugins[0]
+        .failure
+        .as_ref()
+        .unwrap()
+        .message
+        .contains("at most 64 bytes"));
+    assert!(s.plugins[1]
+        .failure
+        .as_ref()
+        .unwrap()
+        .message
+        .contains("plugin name"));
+    assert!(s.plugins[3]
+        .failure
+        .as_ref()
+        .unwrap()
+        .message
+        .contains("more bytes cut"));
     for f in store.plugin_failures(run).unwrap() {
-        assert!(f.message.len() <= 12_000 && clean(&f.message) && clean(&f.plugin), "{f:?}");
+        assert!(
+            f.message.len() <= 12_000 && clean(&f.message) && clean(&f.plugin),
+            "{f:?}"
+        );
     }
     assert!(scopes_of(&store, run, "acceptance").0 > 0);
 
@@ -271,9 +322,15 @@ fn names_messages_and_logs_are_capped_and_cleaned() {
     assert!(o.is_ok());
     assert!(!o.outcome.logs.is_empty());
     for l in &o.outcome.logs {
-        assert!(l.message.len() <= 4096 + 64 && clean(&l.message), "{:?}", &l.message[..80]);
+        assert!(
+            l.message.len() <= 4096 + 64 && clean(&l.message),
+            "{:?}",
+            &l.message[..80]
+        );
     }
-    assert!(o.outcome.logs[0].message.contains("warning: plugin accept-length failed [timeout]"));
+    assert!(o.outcome.logs[0]
+        .message
+        .contains("warning: plugin accept-length failed [timeout]"));
     assert_intact(&db, run, 8);
 }
 
@@ -290,20 +347,42 @@ fn built_in_names_are_reserved() {
     score_stored_run(&rt, &store, run, &[builtin("accept-length")]).unwrap();
     let before = store.metrics(run).unwrap();
 
-    let s = score_stored_run(&rt, &store, run, &[PluginRequest::new(common::guest("liar"))]).unwrap();
+    let s = score_stored_run(
+        &rt,
+        &store,
+        run,
+        &[PluginRequest::new(common::guest("liar"))],
+    )
+    .unwrap();
     let o = outcome(&s, 0);
     let f = o.failure.as_ref().unwrap();
     assert_eq!(f.kind, FailureKind::ReservedName);
-    assert!(f.message.contains("reserved for the built-in plugin accept-length"), "{f}");
-    assert!(o.plugin.starts_with("accept-length~") && o.plugin.len() == "accept-length~".len() + 12, "{}", o.plugin);
+    assert!(
+        f.message
+            .contains("reserved for the built-in plugin accept-length"),
+        "{f}"
+    );
+    assert!(
+        o.plugin.starts_with("accept-length~") && o.plugin.len() == "accept-length~".len() + 12,
+        "{}",
+        o.plugin
+    );
     assert_eq!(o.stale_rows, 0);
     assert_eq!(store.metrics(run).unwrap(), before);
     let prov = store.plugin_runs(run).unwrap();
     assert_eq!(prov.len(), 1);
-    assert!(prov[0].builtin && prov[0].stale_since.is_none() && prov[0].file == "builtin:accept-length");
+    assert!(
+        prov[0].builtin && prov[0].stale_since.is_none() && prov[0].file == "builtin:accept-length"
+    );
 
     // The built-in's bytes from a file (e.g. plugins/dist) are the built-in.
-    let s = score_stored_run(&rt, &store, run, &[PluginRequest::new(common::builtin("accept-length"))]).unwrap();
+    let s = score_stored_run(
+        &rt,
+        &store,
+        run,
+        &[PluginRequest::new(common::builtin("accept-length"))],
+    )
+    .unwrap();
     assert!(outcome(&s, 0).is_ok());
     assert_eq!(store.metrics(run).unwrap(), before);
     assert!(store.plugin_runs(run).unwrap()[0].builtin);
@@ -320,7 +399,10 @@ fn nan_and_count_rules() {
     let store = Store::open(&db).unwrap();
     let rt = runtime();
     for (mode, want) in [
-        ("nan-count", "undefined (NaN) value for blocks with a count of"),
+        (
+            "nan-count",
+            "undefined (NaN) value for blocks with a count of",
+        ),
         ("count-max", "a count of 18446744073709551615"),
     ] {
         let s = score_stored_run(&rt, &store, run, &[hostile(mode, &[]), builtin("topk")]).unwrap();
@@ -330,7 +412,11 @@ fn nan_and_count_rules() {
         assert!(outcome(&s, 1).is_ok());
     }
     assert_eq!(scopes_of(&store, run, "hostile"), (0, 0, 0));
-    assert!(store.metrics(run).unwrap().iter().all(|m| m.count < i64::MAX as u64));
+    assert!(store
+        .metrics(run)
+        .unwrap()
+        .iter()
+        .all(|m| m.count < i64::MAX as u64));
     assert!(scopes_of(&store, run, "topk").0 > 0);
     assert_intact(&db, run, 8);
 }
@@ -343,7 +429,10 @@ fn huge_files_are_refused_before_they_are_read() {
     let rss = peak_rss_mib();
     // Sparse: takes no disk.
     let junk = tmp.path().join("junk.wasm");
-    std::fs::File::create(&junk).unwrap().set_len(3 << 30).unwrap();
+    std::fs::File::create(&junk)
+        .unwrap()
+        .set_len(3 << 30)
+        .unwrap();
     let e = rt.load(&junk).unwrap_err();
     assert_eq!(e.kind, FailureKind::NotWasm);
     let comp = tmp.path().join("big.wasm");
@@ -356,5 +445,9 @@ fn huge_files_are_refused_before_they_are_read() {
     let e = rt.load(&comp).unwrap_err();
     assert_eq!(e.kind, FailureKind::Io);
     assert!(e.message.contains("over the 268435456-byte limit"), "{e}");
-    assert!(peak_rss_mib() < rss + 512, "read into memory: {} MiB", peak_rss_mib());
+    assert!(
+        peak_rss_mib() < rss + 512,
+        "read into memory: {} MiB",
+        peak_rss_mib()
+    );
 }

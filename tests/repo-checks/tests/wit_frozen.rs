@@ -60,7 +60,10 @@ fn comments_do_not_change_the_meaning() {
         meaning("/// doc\nrecord a { x: u32, } // why\n\n"),
         meaning("record a { x: u32, }\n// other words\n")
     );
-    assert_ne!(meaning("record a { x: u32, }"), meaning("record a { x: u64, }"));
+    assert_ne!(
+        meaning("record a { x: u32, }"),
+        meaning("record a { x: u64, }")
+    );
 }
 
 #[test]
