@@ -105,6 +105,7 @@ fn failure_source(
 
 /// A plugin request with its loaded plugin (or why it could not be loaded): load once, then
 /// check parameters and score as many runs as needed.
+#[derive(Debug)]
 pub struct PreparedPlugin {
     pub request: PluginRequest,
     pub plugin: Result<LoadedPlugin, PluginFailure>,
