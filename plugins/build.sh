@@ -3,7 +3,11 @@
 #
 # Plugins are compiled for wasm32-unknown-unknown and linked by the wasm-component-ld that rustup
 # ships with the toolchain, so the components import nothing but draftlens:metric/host (no WASI).
-# Usage: plugins/build.sh [--out DIR]     (CARGO_TARGET_DIR defaults to target-wasm/ at the root)
+# Usage: plugins/build.sh [--out DIR]
+#
+# draftlens itself does not need this: host/plugin-host/build.rs builds the same plugins into the
+# same folder (<target>/wasm-builtins) and embeds them in the binary. plugins/dist is for
+# developers (e.g. to pass a plugin by path); its files are byte for byte the embedded ones.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="$ROOT/plugins/dist"
@@ -24,7 +28,8 @@ if [[ ! -x "$LD" ]]; then
   exit 1
 fi
 
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target-wasm}"
+# The folder host/plugin-host/build.rs uses, with the same settings: each reuses the other's work.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/wasm-builtins"
 export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER="$LD"
 # Size/speed settings for plugins only (the workspace's release profile stays as it is).
 export CARGO_PROFILE_RELEASE_LTO=true CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 CARGO_PROFILE_RELEASE_STRIP=debuginfo

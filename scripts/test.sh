@@ -13,6 +13,9 @@ cargo test --workspace --no-run "$@"
 DRAFTLENS_BIN=target/debug/draftlens bash scripts/setup-fixtures.sh
 bash scripts/fetch-tokenizer-fixtures.sh
 rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
+# componentize-py for the Python plugin tests (host/plugin-host/tests/python.rs), pinned by hash.
+command -v componentize-py >/dev/null || [[ -x "$HOME/.local/bin/componentize-py" ]] ||
+  python3 -m pip install --quiet --user --require-hashes -r scripts/requirements-plugins.txt
 bash plugins/build.sh
 cargo test --workspace --no-fail-fast "$@"
 DRAFTLENS_BIN=target/debug/draftlens bash scripts/test-wheel.sh

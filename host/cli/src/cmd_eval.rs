@@ -409,12 +409,15 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                 bail!("{}: no run {run}", db.display())
             };
             let metrics = store.metrics(id)?;
+            let plugins = store.plugin_runs(id)?;
             #[derive(Serialize)]
             struct Show<'a> {
                 run: &'a draftlens::store::RunDetail,
                 metrics: &'a [draftlens::store::MetricRow],
+                /// Which plugin file (sha256) produced each plugin source's rows.
+                plugins: &'a [draftlens::store::PluginProvenance],
             }
-            g.emit(&Show { run: &d, metrics: &metrics }, || {
+            g.emit(&Show { run: &d, metrics: &metrics, plugins: &plugins }, || {
                 let r = &d.run;
                 let mut o = format!(
                     "run {} · {}\n  status {}{}\n  mode {}  backend {} ({})  B {}  top-K {}\n  target {} ({})\n  drafter {} step {:?}\n  prompts {} ({} prompts, {} blocks)\n",
@@ -437,6 +440,19 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                 );
                 for m in metrics.iter().filter(|m| m.scope == draftlens::store::MetricScope::Run) {
                     o += &format!("  {:<16} {:<26} {:>9.4}  (n={})  {}\n", m.source, m.name, m.value, m.count, m.description);
+                }
+                for p in &plugins {
+                    o += &format!(
+                        "  plugin {} {} sha256 {} ({}){}\n",
+                        p.source,
+                        p.version,
+                        if p.sha256.is_empty() { "unknown" } else { &p.sha256 },
+                        if p.builtin { "built-in".to_string() } else { p.file.clone() },
+                        p.stale_since
+                            .as_deref()
+                            .map(|t| format!(" — STALE since {t}: a later scoring failed"))
+                            .unwrap_or_default()
+                    );
                 }
                 for f in &d.failures {
                     o += &format!("  plugin {} failed ({}): {}\n", f.plugin, f.kind, f.message);

@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use draftlens_plugin_host::check::{check_plugin, CheckError};
+use draftlens_plugin_host::text::clean;
 use draftlens_plugin_host::{
-    discover, scaffold, sdk, FailureKind, Grouping, Limits, LoadedPlugin, LogLevel, MetricResult,
-    Param, PluginFailure, PluginOutcome, PluginRequest, Runtime, RuntimeConfig, StoredOutcome,
-    StoredScoring,
+    discover, scaffold, FailureKind, Limits, LoadedPlugin, LogLevel, MetricResult, Param,
+    PluginFailure, PluginOutcome, PluginRequest, PreparedPlugin, Runtime, RuntimeConfig,
+    StoredOutcome, StoredScoring,
 };
 use serde::Serialize;
 
@@ -17,7 +19,8 @@ use crate::common::Global;
 
 #[derive(Subcommand, Debug)]
 pub enum PluginsCmd {
-    /// List the plugins in the plugin folders and what they measure.
+    /// List the plugins (the built-in ones, then those in the plugin folders) and what they
+    /// measure.
     List {
         #[command(flatten)]
         dirs: DirArgs,
@@ -51,15 +54,27 @@ pub enum PluginsCmd {
         /// Folder to create the crate in.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
-        /// Path to plugins/sdk [default: the SDK of the source tree draftlens was built from].
+        /// Depend on the plugin SDK at this path (written as given) [default: a copy of this
+        /// draftlens' SDK in NAME/vendor/, by a relative path]. Rust only.
         #[arg(long)]
         sdk: Option<PathBuf>,
+        /// The plugin's language: rust (a crate on the Rust SDK) or python (plain Python on the
+        /// Python SDK, built with componentize-py).
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: Lang,
     },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lang {
+    Rust,
+    Python,
 }
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct DirArgs {
-    /// Plugin folder (repeatable) [default: $DRAFTLENS_PLUGIN_PATH, else plugins/dist].
+    /// Plugin folder (repeatable) [default: $DRAFTLENS_PLUGIN_PATH, else
+    /// ~/.local/share/draftlens/plugins]. The built-in plugins need none.
     #[arg(long = "plugin-dir")]
     pub plugin_dirs: Vec<PathBuf>,
 }
@@ -130,14 +145,19 @@ impl SandboxArgs {
                 .clone()
                 .or_else(draftlens_plugin_host::default_cache_dir)
         };
-        Runtime::new(RuntimeConfig { limits, cache_dir })
+        Runtime::new(RuntimeConfig {
+            limits,
+            cache_dir,
+            cache_key_file: None,
+        })
     }
 }
 
 /// The `--plugin` options of `run` and `rescore`.
 #[derive(Args, Clone, Debug, Default)]
 pub struct PluginArgs {
-    /// Metric plugin: a name from the plugin folders or a .wasm path (repeatable).
+    /// Metric plugin: a built-in's name, a name from the plugin folders or a .wasm path
+    /// (repeatable).
     #[arg(long = "plugin")]
     pub plugins: Vec<String>,
     /// Plugin parameter PLUGIN:NAME=VALUE, PLUGIN being the plugin's name or file stem, or
@@ -151,32 +171,33 @@ pub struct PluginArgs {
 }
 
 impl PluginArgs {
-    /// Resolve plugin names to files and parse the parameters against each plugin's declared
-    /// parameter kinds. A plugin that cannot be loaded here is still returned (without
-    /// parameters): scoring reports its failure and goes on with the others. Two plugins with
-    /// the same name are refused (their metrics would overwrite each other).
-    pub fn requests(&self, runtime: &Runtime) -> Result<Vec<PluginRequest>> {
+    /// Resolve plugin names (built-ins first, then the plugin folders) and load each plugin
+    /// once; parse the parameters against each plugin's declared parameter kinds and have the
+    /// plugin check their values (`begin`), so that a bad value fails here, before any model
+    /// runs. A plugin that cannot be loaded is still returned: scoring reports its failure and
+    /// goes on with the others. Two plugins with the same name are refused (their metrics would
+    /// overwrite each other).
+    pub fn prepare(&self, runtime: &Runtime) -> Result<Vec<PreparedPlugin>> {
         let dirs = self.dirs.dirs();
-        let mut out: Vec<PluginRequest> = Vec::new();
-        let mut loaded = Vec::new();
+        let mut out: Vec<PreparedPlugin> = Vec::new();
         for name in &self.plugins {
-            let path = discover::resolve_plugin(name, &dirs)?;
-            let plugin = runtime.load(&path).ok();
-            if let Some(p) = &plugin {
-                if let Some(i) = loaded.iter().position(|l: &Option<LoadedPlugin>| {
-                    l.as_ref()
-                        .is_some_and(|l| l.metadata.name == p.metadata.name)
+            let req = discover::resolve(name, &dirs)?;
+            let p = PreparedPlugin::load(runtime, req);
+            if let Ok(l) = &p.plugin {
+                if let Some(first) = out.iter().find(|q| {
+                    q.plugin
+                        .as_ref()
+                        .is_ok_and(|m| m.metadata.name == l.metadata.name)
                 }) {
                     bail!(
                         "--plugin {} and --plugin {} are both the plugin {}: their metrics would overwrite each other",
-                        out[i].path.display(),
-                        path.display(),
-                        p.metadata.name
+                        clean(&first.request.path.display().to_string(), 1024),
+                        clean(&l.path.display().to_string(), 1024),
+                        l.metadata.name
                     );
                 }
             }
-            loaded.push(plugin);
-            out.push(PluginRequest::new(path));
+            out.push(p);
         }
         for spec in &self.params {
             let bad = || {
@@ -197,19 +218,25 @@ impl PluginArgs {
             if pname.is_empty() {
                 bail!("{}", bad());
             }
+            let norm = |s: &str| s.replace('_', "-");
             let idx = match plugin {
                 None => 0,
                 Some(plugin) => out
                     .iter()
-                    .zip(&loaded)
-                    .position(|(r, l)| {
-                        r.path.file_stem().is_some_and(|s| {
-                            s.to_string_lossy().replace('_', "-") == plugin.replace('_', "-")
-                        }) || l.as_ref().is_some_and(|l| l.metadata.name == plugin)
+                    .position(|p| {
+                        p.request
+                            .builtin
+                            .as_deref()
+                            .is_some_and(|b| norm(b) == norm(plugin))
+                            || p.request
+                                .path
+                                .file_stem()
+                                .is_some_and(|s| norm(&s.to_string_lossy()) == norm(plugin))
+                            || p.plugin.as_ref().is_ok_and(|l| l.metadata.name == plugin)
                     })
                     .with_context(|| format!("--param {spec}: no --plugin named {plugin}"))?,
             };
-            let Some(p) = &loaded[idx] else { continue };
+            let Ok(p) = &out[idx].plugin else { continue };
             let ps = p
                 .metadata
                 .params
@@ -232,13 +259,36 @@ impl PluginArgs {
                 .default
                 .parse_like(value)
                 .map_err(|e| anyhow::anyhow!("--param {spec}: {e}"))?;
-            out[idx].params.retain(|q| q.name != pname);
-            out[idx].params.push(Param {
+            let params = &mut out[idx].request.params;
+            params.retain(|q| q.name != pname);
+            params.push(Param {
                 name: pname.to_string(),
                 value,
             });
         }
+        // The plugin's own check of the values (ranges, lists, names it knows).
+        for p in &out {
+            if let Ok(l) = &p.plugin {
+                if p.request.params.is_empty() {
+                    continue;
+                }
+                if let Err(f) = runtime.check_params(l, &p.request.params) {
+                    if f.kind == FailureKind::InvalidParams {
+                        bail!("--param for plugin {}: {}", l.metadata.name, f.message);
+                    }
+                }
+            }
+        }
         Ok(out)
+    }
+
+    /// The resolved requests (parameters parsed and checked), without the loaded plugins.
+    pub fn requests(&self, runtime: &Runtime) -> Result<Vec<PluginRequest>> {
+        Ok(self
+            .prepare(runtime)?
+            .into_iter()
+            .map(|p| p.request)
+            .collect())
     }
 }
 
@@ -255,64 +305,96 @@ pub fn run(g: &Global, cmd: PluginsCmd) -> Result<()> {
             params,
             sandbox,
         } => check(g, &file, &params, &sandbox),
-        PluginsCmd::New { name, dir, sdk } => new(g, &name, &dir, sdk),
+        PluginsCmd::New {
+            name,
+            dir,
+            sdk,
+            lang: Lang::Rust,
+        } => new(g, &name, &dir, sdk),
+        PluginsCmd::New {
+            name,
+            dir,
+            sdk,
+            lang: Lang::Python,
+        } => new_python(g, &name, &dir, sdk),
     }
 }
 
 #[derive(Serialize)]
 struct ListEntry {
     path: PathBuf,
+    builtin: bool,
     name: Option<String>,
     version: Option<String>,
+    sha256: Option<String>,
     metrics: Vec<String>,
     failure: Option<PluginFailure>,
 }
 
 fn list(g: &Global, dirs: &DirArgs, sandbox: &SandboxArgs) -> Result<()> {
     let dirs = dirs.dirs();
-    let files = discover::list_plugin_files(&dirs)?;
+    let requests = discover::list_plugins(&dirs)?;
     let runtime = sandbox.runtime()?;
-    let entries: Vec<ListEntry> = files
+    let entries: Vec<ListEntry> = requests
         .into_iter()
-        .map(|path| match runtime.load(&path) {
-            Ok(p) => ListEntry {
-                path,
-                name: Some(p.metadata.name.clone()),
-                version: Some(p.metadata.version.clone()),
-                metrics: p.metadata.metrics.iter().map(|m| m.name.clone()).collect(),
-                failure: None,
-            },
-            Err(f) => ListEntry {
-                path,
-                name: None,
-                version: None,
-                metrics: vec![],
-                failure: Some(f),
-            },
+        .map(|req| {
+            let builtin = req.builtin.is_some();
+            match runtime.load_request(&req) {
+                Ok(p) => ListEntry {
+                    path: req.path,
+                    builtin,
+                    name: Some(p.metadata.name.clone()),
+                    version: Some(p.metadata.version.clone()),
+                    sha256: Some(p.sha256.clone()),
+                    metrics: p.metadata.metrics.iter().map(|m| m.name.clone()).collect(),
+                    failure: None,
+                },
+                Err(f) => ListEntry {
+                    path: req.path,
+                    builtin,
+                    name: None,
+                    version: None,
+                    sha256: None,
+                    metrics: vec![],
+                    failure: Some(f),
+                },
+            }
         })
         .collect();
     g.emit(&entries, || {
-        let searched: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
-        if entries.is_empty() {
-            return format!(
-                "no plugins in {} (build the built-in ones with plugins/build.sh, or pass --plugin-dir)\n",
-                searched.join(", ")
-            );
-        }
         let mut s = String::new();
         for e in &entries {
+            let path = clean(&e.path.display().to_string(), 1024);
             match (&e.name, &e.failure) {
-                (Some(n), _) => s += &format!(
-                    "{:<18} {:<8} {}\n{:<27} {}\n",
-                    n,
-                    e.version.as_deref().unwrap_or(""),
-                    e.path.display(),
-                    "",
-                    e.metrics.join(", ")
-                ),
-                (None, Some(f)) => s += &format!("{:<18} {:<8} {}\n{:<27} {}\n", "(unusable)", "", e.path.display(), "", f.message),
+                (Some(n), _) => {
+                    s += &format!(
+                        "{:<18} {:<8} {}\n{:<27} {}\n",
+                        n,
+                        e.version.as_deref().unwrap_or(""),
+                        path,
+                        "",
+                        e.metrics.join(", ")
+                    )
+                }
+                (None, Some(f)) => {
+                    s += &format!(
+                        "{:<18} {:<8} {}\n{:<27} {}\n",
+                        "(unusable)", "", path, "", f.message
+                    )
+                }
                 _ => {}
             }
+        }
+        if !entries.iter().any(|e| !e.builtin) {
+            let searched: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+            s += &format!(
+                "(no plugin files in {}; pass --plugin-dir or set DRAFTLENS_PLUGIN_PATH)\n",
+                if searched.is_empty() {
+                    "no plugin folder".to_string()
+                } else {
+                    searched.join(", ")
+                }
+            );
         }
         s
     })
@@ -350,7 +432,7 @@ fn render_info(i: &Info<'_>) -> String {
     let mut s = format!("{} {} — {}\n", m.name, m.version, m.description);
     s += &format!(
         "  file      {} ({} bytes, sha256 {})\n",
-        i.path.display(),
+        clean(&i.path.display().to_string(), 1024),
         i.size,
         i.sha256
     );
@@ -416,45 +498,18 @@ fn render_info(i: &Info<'_>) -> String {
 }
 
 fn info(g: &Global, plugin: &str, dirs: &DirArgs, sandbox: &SandboxArgs) -> Result<()> {
-    let path = discover::resolve_plugin(plugin, &dirs.dirs())?;
+    let req = discover::resolve(plugin, &dirs.dirs())?;
     let runtime = sandbox.runtime()?;
-    let p = runtime.load(&path)?;
+    let p = runtime.load_request(&req)?;
     let i = info_of(&p);
     g.emit(&i, || render_info(&i))
 }
 
 #[derive(Serialize)]
-struct CheckReport<'a> {
+struct CheckOutput<'a> {
     info: Info<'a>,
-    blocks: usize,
-    one_shot: Vec<MetricResult>,
-    streamed_chunks: usize,
-    outcome: PluginOutcome,
-}
-
-/// Relative agreement of two results (one-shot vs streamed).
-fn agree(a: &[MetricResult], b: &[MetricResult]) -> Result<(), String> {
-    if a.len() != b.len() {
-        return Err(format!(
-            "{} values one-shot but {} streamed",
-            a.len(),
-            b.len()
-        ));
-    }
-    let close = |x: Option<f64>, y: Option<f64>| match (x, y) {
-        (None, None) => true,
-        (Some(x), Some(y)) => (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0),
-        _ => false,
-    };
-    for (x, y) in a.iter().zip(b) {
-        if x.name != y.name || x.count != y.count || !close(x.value, y.value) {
-            return Err(format!(
-                "{}: one-shot {:?} (n={}) vs streamed {} {:?} (n={})",
-                x.name, x.value, x.count, y.name, y.value, y.count
-            ));
-        }
-    }
-    Ok(())
+    #[serde(flatten)]
+    report: &'a draftlens_plugin_host::check::CheckReport,
 }
 
 fn check(
@@ -464,53 +519,32 @@ fn check(
     sandbox: &SandboxArgs,
 ) -> Result<()> {
     let runtime = sandbox.runtime()?;
-    let p = runtime.load(file)?;
-    // Same parsing as `--param` of run/rescore, with this file as the only plugin.
+    // Same parsing (and checking) as `--param` of run/rescore, with this file as the only plugin.
     let args = PluginArgs {
         plugins: vec![file.display().to_string()],
         params: params.to_vec(),
         ..PluginArgs::default()
     };
-    let params = args.requests(&runtime)?.remove(0).params;
-    // Synthetic records: 8 prompts, prompt and completion anchors, target top-K stored.
-    let mut shape = sdk::testdata::Shape::new(16, 8, 8, 16, 200);
-    shape.prompt_anchors = true;
-    shape.target_topk = true;
-    let batch = sdk::testdata::random(1, &shape, 0.7, 0.2);
-    let one_shot = runtime.evaluate(&p, &params, &batch)?;
-    let chunk = 250;
-    let groups = Grouping {
-        per_prompt: true,
-        categories: (0..8).map(|i| (i, format!("c{}", i % 2))).collect(),
-    };
-    let outcome = runtime.score_chunked(&p, &params, &batch, &groups, chunk);
-    if let Some(f) = &outcome.failure {
-        return Err(f.clone().into());
-    }
-    let streamed = &outcome
-        .scores
-        .as_ref()
-        .expect("scores when no failure")
-        .overall;
-    agree(&one_shot, streamed).map_err(|e| {
-        anyhow::anyhow!("{}: streaming disagrees with one-shot evaluation (the contract requires equal results): {e}", file.display())
+    let prepared = args.prepare(&runtime)?.remove(0);
+    let p = prepared.plugin?;
+    let report = check_plugin(&runtime, &p, &prepared.request.params).map_err(|e| match e {
+        CheckError::Failed(f) => anyhow::Error::from(f),
+        CheckError::Contract(m) => anyhow::anyhow!(m),
     })?;
-    let report = CheckReport {
+    let out = CheckOutput {
         info: info_of(&p),
-        blocks: batch.num_blocks(),
-        one_shot: one_shot.clone(),
-        streamed_chunks: batch.num_blocks().div_ceil(chunk),
-        outcome: outcome.clone(),
+        report: &report,
     };
-    g.emit(&report, || {
-        let mut s = render_info(&report.info);
+    g.emit(&out, || {
+        let mut s = render_info(&out.info);
         s += &format!(
             "  check     ok: {} synthetic blocks one-shot, then streamed in {} chunks with per-prompt and \
-             per-category groups; results agree\n",
-            report.blocks, report.streamed_chunks
+             per-category groups; results agree, and each of the {} groups scored alone in a fresh instance \
+             gives the same values (independent accumulators)\n",
+            report.blocks, report.streamed_chunks, report.groups_checked
         );
         s += &render_outcomes(std::slice::from_ref(&report.outcome));
-        for l in &outcome.logs {
+        for l in &report.outcome.logs {
             let times = if l.repeats > 0 { format!(" (×{})", l.repeats + 1) } else { String::new() };
             s += &format!("  log {:?}: {}{times}\n", l.level, l.message);
         }
@@ -536,7 +570,7 @@ pub fn render_outcomes(outcomes: &[PluginOutcome]) -> String {
     let mut s = String::new();
     for o in outcomes {
         let name = o.metadata.as_ref().map_or_else(
-            || o.path.display().to_string(),
+            || clean(&o.path.display().to_string(), 1024),
             |m| format!("{} {}", m.name, m.version),
         );
         match (&o.scores, &o.failure) {
@@ -595,15 +629,24 @@ pub fn render_stored(s: &StoredScoring) -> String {
                     }
                 )
             }
-            Some(f) => o += &format!("  {}: FAILED [{}] {}\n", p.plugin, f.kind, f.message),
+            Some(f) => {
+                o += &format!("  {}: FAILED [{}] {}\n", p.plugin, f.kind, f.message);
+                if p.stale_rows > 0 {
+                    o += &format!(
+                        "  {}: its {} rows from an earlier scoring are kept and marked stale\n",
+                        p.plugin, p.stale_rows
+                    );
+                }
+            }
         }
     }
     o
 }
 
-/// On stderr: one warning line per failed plugin (naming it and the failure class), and the
-/// warnings and errors the plugins logged themselves.
-pub fn warn_stored(s: &StoredScoring) {
+/// On stderr: one warning line per failed plugin (naming it and the failure class), and what
+/// the plugins logged themselves at the user's level: warnings and errors, info with `-v`,
+/// debug with `-vv`. (Plugin text is already capped and stripped of control characters.)
+pub fn warn_stored(s: &StoredScoring, verbose: u8) {
     for p in &s.plugins {
         // A panic's message is logged by the SDK's panic hook and is also the failure message:
         // say it once.
@@ -615,6 +658,8 @@ pub fn warn_stored(s: &StoredScoring) {
             let level = match l.level {
                 LogLevel::Warn => "warn",
                 LogLevel::Error if !panicked => "error",
+                LogLevel::Info if verbose >= 1 => "info",
+                LogLevel::Debug if verbose >= 2 => "debug",
                 _ => continue,
             };
             let times = if l.repeats > 0 {
@@ -630,56 +675,69 @@ pub fn warn_stored(s: &StoredScoring) {
                 p.plugin,
                 f.kind,
                 f.message,
-                f.path.display(),
+                f.file(),
                 s.run
             );
+            if p.stale_rows > 0 {
+                eprintln!(
+                    "warning: plugin {}: the {} rows an earlier scoring stored are kept and marked stale",
+                    p.plugin, p.stale_rows
+                );
+            }
         }
     }
 }
 
-fn new(g: &Global, name: &str, dir: &std::path::Path, sdk: Option<PathBuf>) -> Result<()> {
-    let sdk = sdk.unwrap_or_else(scaffold::default_sdk_path);
-    let created = scaffold::new_plugin(name, dir, &sdk)?;
+fn new_python(g: &Global, name: &str, dir: &std::path::Path, sdk: Option<PathBuf>) -> Result<()> {
+    if sdk.is_some() {
+        bail!("--sdk is for Rust plugins; a Python plugin gets draftlens_metric.py in its folder");
+    }
+    let created = scaffold::new_python_plugin(name, dir)?;
     #[derive(Serialize)]
     struct Created {
         path: PathBuf,
     }
     g.emit(&Created { path: created.clone() }, || {
         format!(
-            "created {}\n  cd {} && cargo test && ./build.sh\n  draftlens plugins check <the .wasm build.sh prints>\n",
+            "created {}\n  pip install componentize-py==0.25.1   # once\n  cd {} && ./build.sh\n  draftlens plugins check {}/{name}.wasm\n",
+            created.display(),
             created.display(),
             created.display()
         )
     })
 }
 
+fn new(g: &Global, name: &str, dir: &std::path::Path, sdk: Option<PathBuf>) -> Result<()> {
+    let created = scaffold::new_plugin(name, dir, sdk.as_deref())?;
+    // The lock file pins the SDK's dependencies; without cargo (or offline with an empty cache)
+    // the crate is still usable, and the first build writes it.
+    let lock = scaffold::write_lock_file(&created);
+    if let Err(e) = &lock {
+        eprintln!("warning: no Cargo.lock written: {e:#}");
+    }
+    #[derive(Serialize)]
+    struct Created {
+        path: PathBuf,
+        lock_file: bool,
+    }
+    g.emit(
+        &Created {
+            path: created.clone(),
+            lock_file: lock.is_ok(),
+        },
+        || {
+            format!(
+                "created {}\n  cd {} && cargo test && ./build.sh\n  draftlens plugins check <the .wasm build.sh prints>\n",
+                created.display(),
+                created.display()
+            )
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn value(name: &str, v: Option<f64>, n: u64) -> MetricResult {
-        MetricResult::scalar(name, v, n)
-    }
-
-    #[test]
-    fn one_shot_and_streamed_must_agree() {
-        let a = vec![value("tau", Some(2.5), 10), value("acc", None, 0)];
-        assert!(agree(&a, &a).is_ok());
-        let close = vec![value("tau", Some(2.5 + 1e-13), 10), value("acc", None, 0)];
-        assert!(
-            agree(&a, &close).is_ok(),
-            "float summation order may differ in the last bits"
-        );
-        let far = vec![value("tau", Some(2.6), 10), value("acc", None, 0)];
-        assert!(agree(&a, &far)
-            .unwrap_err()
-            .contains("tau: one-shot Some(2.5)"));
-        let count = vec![value("tau", Some(2.5), 11), value("acc", None, 0)];
-        assert!(agree(&a, &count).is_err());
-        assert!(agree(&a, &a[..1])
-            .unwrap_err()
-            .contains("2 values one-shot but 1 streamed"));
-    }
 
     #[test]
     fn sandbox_options_are_checked() {
@@ -710,6 +768,40 @@ mod tests {
             ..SandboxArgs::default()
         };
         assert_eq!(ok.runtime().unwrap().limits().memory_bytes, 256 << 20);
+    }
+
+    /// A parameter value the plugin itself refuses fails while preparing (before `run` loads a
+    /// model), naming the plugin and the value; a good one passes.
+    #[test]
+    fn parameter_values_are_checked_by_the_plugin_before_any_work() {
+        let sandbox = SandboxArgs {
+            no_plugin_cache: true,
+            ..SandboxArgs::default()
+        };
+        let rt = sandbox.runtime().unwrap();
+        let args = |params: &[&str]| PluginArgs {
+            plugins: vec!["ddtree".into(), "topk".into()],
+            params: params.iter().map(|s| s.to_string()).collect(),
+            dirs: DirArgs::default(),
+            sandbox: sandbox.clone(),
+        };
+        let e = args(&["ddtree:budgets=4,0"])
+            .prepare(&rt)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--param for plugin ddtree")
+                && e.contains("\"0\" is not a positive integer"),
+            "{e}"
+        );
+        let p = args(&["ddtree:budgets=4,8", "topk:ks=1,2"])
+            .prepare(&rt)
+            .unwrap();
+        assert_eq!(p.len(), 2);
+        assert!(p
+            .iter()
+            .all(|p| p.plugin.as_ref().is_ok_and(|l| l.builtin.is_some())));
+        assert_eq!(p[0].request.params.len(), 1);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use draftlens::drafter::run::RunOutcome;
 use draftlens::store::{RunStatus, Store};
-use draftlens_plugin_host::{score_stored_run, PluginRequest, Runtime, StoredScoring};
+use draftlens_plugin_host::{score_stored_run_prepared, PreparedPlugin, Runtime, StoredScoring};
 use serde::Serialize;
 
 use crate::cmd_plugins::{render_stored, warn_stored, PluginArgs};
@@ -28,12 +28,23 @@ pub struct RescoreArgs {
     pub plugins: PluginArgs,
 }
 
-/// Plugins resolved and their parameters checked, ready to score runs. Built before `run`
-/// loads any model, so a misspelt plugin or parameter fails in a second, not after the
-/// evaluation.
+/// Plugins resolved, loaded once and their parameters checked (by the plugins themselves),
+/// ready to score runs. Built before `run` loads any model, so a misspelt plugin or a bad
+/// parameter value fails in a second, not after the evaluation.
 pub struct Prepared {
     runtime: Runtime,
-    requests: Vec<PluginRequest>,
+    plugins: Vec<PreparedPlugin>,
+}
+
+/// The user's log level (`-v`: 1, `-vv`: 2), as the logging set up from it says.
+fn verbosity() -> u8 {
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        2
+    } else if tracing::enabled!(tracing::Level::INFO) {
+        1
+    } else {
+        0
+    }
 }
 
 impl Prepared {
@@ -46,15 +57,15 @@ impl Prepared {
             return Ok(None);
         }
         let runtime = args.sandbox.runtime()?;
-        let requests = args.requests(&runtime)?;
-        Ok(Some(Prepared { runtime, requests }))
+        let plugins = args.prepare(&runtime)?;
+        Ok(Some(Prepared { runtime, plugins }))
     }
 
     /// Score one stored run, store the results, and print the warnings (failed plugins, what
     /// plugins logged as warnings) on stderr.
     pub fn score(&self, store: &Store, run: i64) -> Result<StoredScoring> {
-        let scored = score_stored_run(&self.runtime, store, run, &self.requests)?;
-        warn_stored(&scored);
+        let scored = score_stored_run_prepared(&self.runtime, store, run, &self.plugins)?;
+        warn_stored(&scored, verbosity());
         Ok(scored)
     }
 }

@@ -118,6 +118,7 @@ fn main() {
             ..Limits::default()
         },
         cache_dir: None,
+        cache_key_file: None,
     };
     let mut variants: Vec<(&str, Runtime, Grouping)> = vec![
         (
@@ -208,6 +209,7 @@ fn main() {
         let _ = std::fs::remove_dir_all(&cache);
         let rt = Runtime::new(RuntimeConfig {
             cache_dir: Some(cache.clone()),
+            cache_key_file: None,
             ..cfg(Some(Duration::from_secs(60)), None)
         })
         .unwrap();
@@ -216,6 +218,7 @@ fn main() {
         cold.push(p.load_time);
         let rt = Runtime::new(RuntimeConfig {
             cache_dir: Some(cache.clone()),
+            cache_key_file: None,
             ..cfg(Some(Duration::from_secs(60)), None)
         })
         .unwrap();

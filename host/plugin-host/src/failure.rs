@@ -34,6 +34,12 @@ pub enum FailureKind {
     Trap,
     /// Returned metadata or results that break the contract's rules.
     BadOutput,
+    /// Returned more than the per-run output budget (entries or bytes over all its groups):
+    /// nothing of it is stored, everything of the other plugins is.
+    TooMuchOutput,
+    /// Calls itself by the name of a built-in plugin (or a source draftlens writes itself) but
+    /// is not that built-in: its rows would replace the built-in's.
+    ReservedName,
     /// Rejected its parameters.
     InvalidParams,
     /// Returned an error on purpose (invalid batch, internal error).
@@ -56,6 +62,8 @@ impl FailureKind {
             FailureKind::Panic => "panic",
             FailureKind::Trap => "trap",
             FailureKind::BadOutput => "bad-output",
+            FailureKind::TooMuchOutput => "too-much-output",
+            FailureKind::ReservedName => "reserved-name",
             FailureKind::InvalidParams => "invalid-params",
             FailureKind::PluginError => "plugin-error",
         }
@@ -79,24 +87,25 @@ pub struct PluginFailure {
 }
 
 impl PluginFailure {
+    /// The message is capped and stripped of control characters (it may quote the plugin).
     pub fn new(kind: FailureKind, path: &Path, message: impl Into<String>) -> Self {
+        let message = message.into();
         PluginFailure {
             kind,
             path: path.to_path_buf(),
-            message: message.into(),
+            message: crate::text::clean(&message, 2 * crate::text::MAX_MESSAGE_BYTES),
         }
+    }
+
+    /// The file, printable (a file name may hold control characters too).
+    pub fn file(&self) -> String {
+        crate::text::clean(&self.path.display().to_string(), 1024)
     }
 }
 
 impl fmt::Display for PluginFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {} [{}]",
-            self.path.display(),
-            self.message,
-            self.kind
-        )
+        write!(f, "{}: {} [{}]", self.file(), self.message, self.kind)
     }
 }
 

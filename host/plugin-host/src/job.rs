@@ -20,6 +20,25 @@ pub(crate) struct MemoryLimiter {
     total: usize,
     /// (total the guest asked for, in bytes) of the first refused growth.
     pub(crate) denied: Option<usize>,
+    /// The growth approved last, taken back if wasmtime then fails to perform it.
+    last_approved: usize,
+}
+
+impl MemoryLimiter {
+    pub(crate) fn new(max_total: usize) -> Self {
+        MemoryLimiter {
+            max_total,
+            total: 0,
+            denied: None,
+            last_approved: 0,
+        }
+    }
+
+    /// Bytes currently counted against the cap.
+    #[cfg(test)]
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
 }
 
 impl ResourceLimiter for MemoryLimiter {
@@ -35,8 +54,17 @@ impl ResourceLimiter for MemoryLimiter {
             self.denied.get_or_insert(wanted);
             return Ok(false);
         }
+        self.last_approved = wanted - self.total;
         self.total = wanted;
         Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        // Approved, but the memory did not grow (e.g. the host could not map it): the memory
+        // keeps its size, so the growth must not count against the cap.
+        self.total -= std::mem::take(&mut self.last_approved);
+        tracing::debug!("a plugin memory growth approved by the limiter failed: {error:#}");
+        Ok(())
     }
 
     fn table_growing(
@@ -71,18 +99,26 @@ pub(crate) struct LogSink {
 }
 
 impl LogSink {
-    fn push(&mut self, level: LogLevel, mut message: String) {
-        if message.len() > self.max_line_bytes {
-            let mut cut = self.max_line_bytes;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
+    fn push(&mut self, level: LogLevel, raw: String) {
+        if level == LogLevel::Error && raw.starts_with("panic: ") {
+            // Rust's panic message is "panicked at FILE:LINE:COL:\nMESSAGE": one line.
+            self.panic = Some(crate::text::clean(&raw, crate::text::MAX_MESSAGE_BYTES));
+        }
+        // Full, and plainly not a repeat of the last line (first bytes differ): count it without
+        // cleaning it, so a flood costs the host little (at worst a repeat counts as dropped).
+        if self.lines.len() >= self.max_lines {
+            let n = 64.min(raw.len());
+            let differs = self.lines.last().is_none_or(|l| {
+                l.level != level || l.message.as_bytes().get(..n) != Some(&raw.as_bytes()[..n])
+            });
+            if differs {
+                self.dropped += 1;
+                return;
             }
-            message.truncate(cut);
-            message.push_str(" …[cut]");
         }
-        if level == LogLevel::Error && message.starts_with("panic: ") {
-            self.panic = Some(message.clone());
-        }
+        // Capped and without control characters before anything shows or stores it.
+        let message = crate::text::clean(&raw, self.max_line_bytes);
+        drop(raw);
         if let Some(last) = self
             .lines
             .last_mut()
@@ -147,11 +183,7 @@ impl<'r> Job<'r> {
         let limits = runtime.limits();
         let path = plugin.path.as_path();
         let state = HostState {
-            limiter: MemoryLimiter {
-                max_total: limits.memory_bytes,
-                total: 0,
-                denied: None,
-            },
+            limiter: MemoryLimiter::new(limits.memory_bytes),
             log: LogSink {
                 max_lines: limits.max_log_lines,
                 max_line_bytes: limits.max_log_line_bytes,
@@ -237,6 +269,18 @@ impl<'r> Job<'r> {
     }
 
     fn plugin_error(&self, during: &str, e: wit::PluginError) -> PluginFailure {
+        use crate::text::{clean, MAX_MESSAGE_BYTES};
+        let e = match e {
+            wit::PluginError::InvalidParams(m) => {
+                wit::PluginError::InvalidParams(clean(&m, MAX_MESSAGE_BYTES))
+            }
+            wit::PluginError::InvalidBatch(m) => {
+                wit::PluginError::InvalidBatch(clean(&m, MAX_MESSAGE_BYTES))
+            }
+            wit::PluginError::Internal(m) => {
+                wit::PluginError::Internal(clean(&m, MAX_MESSAGE_BYTES))
+            }
+        };
         let (kind, msg) = match e {
             wit::PluginError::InvalidParams(m) => (
                 FailureKind::InvalidParams,
@@ -395,9 +439,9 @@ fn classify(
         ),
         // A panic (the SDK's hook logged it) — possibly provoked by a refused allocation.
         Some(Trap::UnreachableCodeReached) if st.log.panic.is_some() => {
+            // Already one line, capped and cleaned by the log sink.
             let m = st.log.panic.as_deref().unwrap_or_default();
-            // One line: Rust's panic message is "panicked at FILE:LINE:COL:\nMESSAGE".
-            let m = m.trim_start_matches("panic: ").replace('\n', " ");
+            let m = m.trim_start_matches("panic: ");
             let note = match st.limiter.denied {
                 Some(b) => format!(" (after the memory limit refused growth to {:.0} MiB)", mib(b)),
                 None => String::new(),
@@ -435,4 +479,26 @@ fn classify(
 /// Epoch ticks covering `d` (at least one, rounded up).
 fn ticks(d: Duration) -> u64 {
     (d.as_nanos().div_ceil(TICK.as_nanos())).max(1) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn growth_that_fails_after_approval_is_not_counted() {
+        let mut l = MemoryLimiter::new(10 << 20);
+        assert!(l.memory_growing(0, 4 << 20, None).unwrap());
+        assert!(l.memory_growing(4 << 20, 8 << 20, None).unwrap());
+        assert_eq!(l.total(), 8 << 20);
+        // wasmtime approved 4 MiB more but could not map it: the memory is still 4 MiB.
+        l.memory_grow_failed(wasmtime::Error::msg("mmap failed"))
+            .unwrap();
+        assert_eq!(l.total(), 4 << 20);
+        // So a growth to 10 MiB still fits, and one past the cap is refused and remembered.
+        assert!(l.memory_growing(4 << 20, 10 << 20, None).unwrap());
+        assert!(!l.memory_growing(10 << 20, 11 << 20, None).unwrap());
+        assert_eq!(l.denied, Some(11 << 20));
+        assert_eq!(l.total(), 10 << 20);
+    }
 }

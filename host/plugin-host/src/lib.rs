@@ -13,6 +13,8 @@
 //! Entry points: [`score_batch`] over a batch; [`stored::score_stored_run`] over a stored run
 //! (what `run --plugin` and `rescore` use), which also stores the metrics and failures.
 
+pub mod builtins;
+pub mod check;
 pub mod discover;
 mod failure;
 mod job;
@@ -20,17 +22,22 @@ mod runtime;
 pub mod scaffold;
 mod score;
 pub mod stored;
+pub mod text;
 mod types;
 mod validate;
 mod wit;
 
 pub use failure::{FailureKind, PluginFailure};
 pub use job::Job;
-pub use runtime::{default_cache_dir, Limits, LoadedPlugin, Runtime, RuntimeConfig};
+pub use runtime::{
+    cache_key_file, default_cache_dir, Limits, LoadedPlugin, Runtime, RuntimeConfig,
+};
 pub use score::{
     score_batch, score_batch_with, Grouping, PluginOutcome, PluginRequest, Scores, CHUNK_CANDIDATES,
 };
-pub use stored::{score_stored_run, StoredOutcome, StoredScoring};
+pub use stored::{
+    score_stored_run, score_stored_run_prepared, PreparedPlugin, StoredOutcome, StoredScoring,
+};
 pub use types::{
     ContractVersion, Inputs, LogLevel, LogLine, Metadata, MetricResult, MetricSpec, Param,
     ParamSpec, ParamValue, SeriesKind, SeriesResult,

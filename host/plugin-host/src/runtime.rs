@@ -15,6 +15,7 @@ use wasmtime::{Config, Engine};
 
 use crate::failure::{FailureKind, PluginFailure};
 use crate::job::{HostState, Job};
+use crate::score::PluginRequest;
 use crate::types::{ContractVersion, Metadata};
 use crate::wit;
 
@@ -37,6 +38,13 @@ pub struct Limits {
     pub max_values: usize,
     /// Entries in one series.
     pub max_series_len: usize,
+    /// Output budget of one plugin over one run, shared by all its groups (the whole run, every
+    /// prompt, every category): values plus series entries.
+    pub max_output_entries: usize,
+    /// The same budget in bytes (a value costs its name plus 16 bytes, a series entry 16).
+    pub max_output_bytes: usize,
+    /// Largest plugin file accepted (checked before it is read).
+    pub max_file_bytes: u64,
 }
 
 impl Default for Limits {
@@ -49,6 +57,9 @@ impl Default for Limits {
             max_log_line_bytes: 4096,
             max_values: 4096,
             max_series_len: 1 << 20,
+            max_output_entries: 2 << 20,
+            max_output_bytes: 32 << 20,
+            max_file_bytes: 256 << 20,
         }
     }
 }
@@ -59,6 +70,8 @@ pub struct RuntimeConfig {
     pub limits: Limits,
     /// Where precompiled artifacts (`.cwasm`) are kept; None = compile every time.
     pub cache_dir: Option<PathBuf>,
+    /// The key file for the artifacts' tags; None = [`cache_key_file`].
+    pub cache_key_file: Option<PathBuf>,
 }
 
 impl RuntimeConfig {
@@ -68,6 +81,7 @@ impl RuntimeConfig {
         RuntimeConfig {
             limits: Limits::default(),
             cache_dir: default_cache_dir(),
+            cache_key_file: None,
         }
     }
 }
@@ -98,6 +112,8 @@ pub struct Runtime {
     pub(crate) config: RuntimeConfig,
     /// Hex digest of the engine's precompilation compatibility hash (part of the cache key).
     compat: String,
+    /// Key of the tags that precompiled artifacts carry (None: the cache is not used).
+    cache_key: Option<[u8; 32]>,
     stop: Arc<AtomicBool>,
 }
 
@@ -147,11 +163,27 @@ impl Runtime {
                 .map_err(|e| anyhow::anyhow!("starting the epoch ticker thread: {e}"))?;
         }
 
+        let key_file = config.cache_key_file.clone().or_else(cache_key_file);
+        let cache_key = match (&config.cache_dir, key_file) {
+            (Some(_), Some(f)) => match cache_key(&f) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    tracing::warn!(
+                        "{}: cannot read or create the plugin cache key ({e}); plugins are compiled every time",
+                        f.display()
+                    );
+                    None
+                }
+            },
+            _ => None,
+        };
+
         Ok(Runtime {
             engine,
             linker,
             config,
             compat,
+            cache_key,
             stop,
         })
     }
@@ -160,18 +192,50 @@ impl Runtime {
         &self.config.limits
     }
 
-    /// Load a plugin file: read it, check it is a component, compile it (or load the precompiled
-    /// artifact), check the contract version and the imports, prepare instantiation and ask the
-    /// plugin to `describe` itself. Every problem is a classified [`PluginFailure`].
+    /// Load a plugin file: check its header and size, read it, check it is a component, compile
+    /// it (or load the verified precompiled artifact), check the contract version and the
+    /// imports, prepare instantiation and ask the plugin to `describe` itself (once: the time
+    /// limit applies to that call). Every problem is a classified [`PluginFailure`].
     pub fn load(&self, path: &Path) -> Result<LoadedPlugin, PluginFailure> {
         let started = Instant::now();
-        let fail = |kind, msg: String| PluginFailure::new(kind, path, msg);
-        let bytes = std::fs::read(path)
-            .map_err(|e| fail(FailureKind::Io, format!("cannot read the file: {e}")))?;
-        check_header(&bytes).map_err(|(kind, msg)| fail(kind, msg))?;
-        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let bytes = read_plugin_file(path, self.config.limits.max_file_bytes)?;
+        self.load_bytes(path, &bytes, started)
+    }
 
-        let (component, from_cache) = self.compile(path, &bytes, &sha256)?;
+    /// Load an embedded built-in plugin (its path is `builtin:NAME`).
+    pub fn load_builtin(
+        &self,
+        b: &crate::builtins::Builtin,
+    ) -> Result<LoadedPlugin, PluginFailure> {
+        self.load_bytes(&b.path(), b.wasm, Instant::now())
+    }
+
+    /// Load what a request names: the embedded built-in when it is one, else its file.
+    pub fn load_request(&self, req: &PluginRequest) -> Result<LoadedPlugin, PluginFailure> {
+        match &req.builtin {
+            Some(name) => match crate::builtins::find(name) {
+                Some(b) => self.load_builtin(b),
+                None => Err(PluginFailure::new(
+                    FailureKind::Io,
+                    &req.path,
+                    format!("no built-in plugin named {name}"),
+                )),
+            },
+            None => self.load(&req.path),
+        }
+    }
+
+    fn load_bytes(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        started: Instant,
+    ) -> Result<LoadedPlugin, PluginFailure> {
+        let fail = |kind, msg: String| PluginFailure::new(kind, path, msg);
+        check_header(bytes).map_err(|(kind, msg)| fail(kind, msg))?;
+        let sha256 = hex::encode(Sha256::digest(bytes));
+
+        let (component, from_cache) = self.compile(path, bytes, &sha256)?;
         let compile_time = started.elapsed();
 
         let ty = component.component_type();
@@ -187,21 +251,21 @@ impl Runtime {
             check_contract(&exports).map_err(|m| fail(FailureKind::IncompatibleContract, m))?;
         check_imports(&imports).map_err(|m| fail(FailureKind::CapabilityDenied, m))?;
 
-        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
+        let mismatch = |e: wasmtime::Error| {
             fail(
                 FailureKind::IncompatibleContract,
-                format!("does not match the draftlens:metric@0.1 contract: {e:#}"),
+                format!(
+                    "does not match the draftlens:metric@{} contract: {e:#}",
+                    ContractVersion::HOST
+                ),
             )
-        })?;
-        let pre = wit::MetricPluginPre::new(pre).map_err(|e| {
-            fail(
-                FailureKind::IncompatibleContract,
-                format!("does not match the draftlens:metric@0.1 contract: {e:#}"),
-            )
-        })?;
+        };
+        let pre = self.linker.instantiate_pre(&component).map_err(mismatch)?;
+        let pre = wit::MetricPluginPre::new(pre).map_err(mismatch)?;
 
         let mut plugin = LoadedPlugin {
             path: path.to_path_buf(),
+            builtin: crate::builtins::by_sha256(&sha256),
             sha256,
             size: bytes.len() as u64,
             pre,
@@ -214,9 +278,10 @@ impl Runtime {
             load_time: Duration::ZERO,
         };
         let mut job = Job::new(self, &plugin)?;
-        let meta = job.describe()?;
+        let mut meta = job.describe()?;
         crate::validate::metadata(&meta)
             .map_err(|m| fail(FailureKind::BadOutput, format!("describe() {m}")))?;
+        crate::validate::clean_metadata(&mut meta);
         plugin.metadata = meta;
         plugin.load_time = started.elapsed();
         Ok(plugin)
@@ -239,29 +304,42 @@ impl Runtime {
         let Some(dir) = &self.config.cache_dir else {
             return Ok((Component::new(&self.engine, bytes).map_err(invalid)?, false));
         };
+        let Some(key) = &self.cache_key else {
+            return Ok((Component::new(&self.engine, bytes).map_err(invalid)?, false));
+        };
         let cached = self.cache_path(dir, sha256);
         // Read into memory rather than `deserialize_file` (mmap): a cache file truncated or
         // rewritten in place by another process must not pull code out from under us (SIGBUS).
-        if let Ok(artifact) = std::fs::read(&cached) {
-            // SAFETY: the cache folder holds only artifacts this runtime wrote itself (named by the
-            // sha256 of their source and this engine's compatibility hash); wasmtime still checks
-            // the header and engine settings and refuses incompatible files.
-            match unsafe { Component::deserialize(&self.engine, &artifact) } {
-                Ok(c) => return Ok((c, true)),
-                Err(e) => {
-                    // A stale or damaged artifact: recompile and overwrite it.
-                    tracing::warn!(
-                        "{}: ignoring unusable precompiled plugin ({e}); recompiling",
-                        cached.display()
-                    );
+        if let Ok(file) = std::fs::read(&cached) {
+            match verify_artifact(key, &self.compat, sha256, &file) {
+                Some(artifact) => {
+                    // SAFETY: the artifact carries a tag made with this host's private key over
+                    // (engine compatibility hash, sha256 of the .wasm, artifact): this runtime
+                    // (or another on this account) wrote exactly these bytes from this source.
+                    // wasmtime still checks the header and engine settings.
+                    match unsafe { Component::deserialize(&self.engine, artifact) } {
+                        Ok(c) => return Ok((c, true)),
+                        Err(e) => tracing::warn!(
+                            "{}: ignoring unusable precompiled plugin ({e}); recompiling",
+                            cached.display()
+                        ),
+                    }
                 }
+                // Never deserialized: a damaged or foreign artifact is machine code we did not
+                // write (a shared cache folder would make this an attack).
+                None => tracing::warn!(
+                    "{}: the precompiled plugin does not carry this host's tag (damaged or not written \
+                     here); recompiling",
+                    cached.display()
+                ),
             }
         }
         let serialized = self.engine.precompile_component(bytes).map_err(invalid)?;
         // SAFETY: produced just above by this engine.
         let component =
             unsafe { Component::deserialize(&self.engine, &serialized) }.map_err(invalid)?;
-        if let Err(e) = write_atomically(&cached, &serialized) {
+        let tag = artifact_tag(key, &self.compat, sha256, &serialized);
+        if let Err(e) = write_atomically(&cached, &[&serialized, &tag]) {
             // The cache is an optimisation: say so and go on.
             tracing::warn!(
                 "{}: cannot write the precompiled plugin: {e}",
@@ -277,13 +355,134 @@ impl Runtime {
     }
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+fn write_atomically(path: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
+    use std::io::Write;
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
+    let mut f = std::fs::File::create(&tmp)?;
+    for p in parts {
+        f.write_all(p)?;
+    }
+    drop(f);
     std::fs::rename(&tmp, path)
+}
+
+/// Read a plugin file after checking, from its first bytes and its size, that it can be one:
+/// a 3 GiB file that is not WebAssembly is refused without being read.
+fn read_plugin_file(path: &Path, max_bytes: u64) -> Result<Vec<u8>, PluginFailure> {
+    use std::io::Read;
+    let fail = |kind, msg: String| PluginFailure::new(kind, path, msg);
+    let io = |e: std::io::Error| fail(FailureKind::Io, format!("cannot read the file: {e}"));
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let size = f.metadata().map_err(io)?.len();
+    let mut head = Vec::with_capacity(8);
+    (&mut f).take(8).read_to_end(&mut head).map_err(io)?;
+    check_header(&head).map_err(|(kind, msg)| fail(kind, msg))?;
+    if size > max_bytes {
+        return Err(fail(
+            FailureKind::Io,
+            format!(
+                "is {size} bytes, over the {max_bytes}-byte limit for a plugin file (the built-in ones are \
+                 well under 1 MiB)"
+            ),
+        ));
+    }
+    let mut bytes = head;
+    bytes.reserve(size as usize);
+    // `take`: a file that grows while we read it cannot push us past the limit.
+    f.take(max_bytes - 8).read_to_end(&mut bytes).map_err(io)?;
+    Ok(bytes)
+}
+
+/// HMAC-SHA256 (RFC 2104) of `parts` under `key` (at most 64 bytes).
+fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    let mut k = [0u8; 64];
+    k[..key.len()].copy_from_slice(key);
+    let mut inner = Sha256::new();
+    inner.update(k.map(|b| b ^ 0x36));
+    for p in parts {
+        inner.update(p);
+    }
+    let mut outer = Sha256::new();
+    outer.update(k.map(|b| b ^ 0x5c));
+    outer.update(inner.finalize());
+    outer.finalize().into()
+}
+
+/// The tag appended to a precompiled artifact: HMAC over what it may be used for (this engine,
+/// this source) and its bytes.
+fn artifact_tag(key: &[u8; 32], compat: &str, sha256: &str, artifact: &[u8]) -> [u8; 32] {
+    hmac_sha256(
+        key,
+        &[compat.as_bytes(), b"\n", sha256.as_bytes(), b"\n", artifact],
+    )
+}
+
+/// The artifact in a cache file (artifact ‖ tag) when its tag is right, else None.
+fn verify_artifact<'a>(
+    key: &[u8; 32],
+    compat: &str,
+    sha256: &str,
+    file: &'a [u8],
+) -> Option<&'a [u8]> {
+    let split = file.len().checked_sub(32)?;
+    let (artifact, tag) = file.split_at(split);
+    let want = artifact_tag(key, compat, sha256, artifact);
+    // Constant time: the comparison must not tell how much of a forged tag was right.
+    let diff = want.iter().zip(tag).fold(0u8, |d, (a, b)| d | (a ^ b));
+    (diff == 0).then_some(artifact)
+}
+
+/// The file holding this account's key for cache tags: `$DRAFTLENS_PLUGIN_CACHE_KEY`, else
+/// `$XDG_CONFIG_HOME/draftlens/plugin-cache.key`, else `~/.config/draftlens/plugin-cache.key`.
+/// It lives outside the cache folder on purpose: whoever can write a (shared) cache folder
+/// cannot make artifacts this host will run.
+pub fn cache_key_file() -> Option<PathBuf> {
+    if let Some(f) = std::env::var_os("DRAFTLENS_PLUGIN_CACHE_KEY") {
+        return Some(PathBuf::from(f));
+    }
+    let config = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(config.join("draftlens").join("plugin-cache.key"))
+}
+
+/// Read the cache key, creating it (32 random bytes, owner-only) on first use.
+fn cache_key(file: &Path) -> std::io::Result<[u8; 32]> {
+    use std::io::{Read, Write};
+    let read = |f: &Path| -> std::io::Result<[u8; 32]> {
+        let b = std::fs::read(f)?;
+        b.try_into().map_err(|b: Vec<u8>| {
+            std::io::Error::other(format!(
+                "{}: expected 32 bytes, found {}",
+                f.display(),
+                b.len()
+            ))
+        })
+    };
+    if file.exists() {
+        return read(file);
+    }
+    if let Some(parent) = file.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut key = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    match opts.open(file) {
+        Ok(mut f) => {
+            f.write_all(&key)?;
+            Ok(key)
+        }
+        // Another process created it first: use its key.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(file),
+        Err(e) => Err(e),
+    }
 }
 
 /// WebAssembly files start with `\0asm` and a 4-byte version/layer: 1 for core modules,
@@ -369,7 +568,11 @@ fn check_imports(imports: &[String]) -> Result<(), String> {
 
 /// A compiled, checked plugin, ready for jobs.
 pub struct LoadedPlugin {
+    /// The file (`builtin:NAME` for an embedded built-in).
     pub path: PathBuf,
+    /// The built-in plugin whose bytes these are (same sha256), if any: only it may use that
+    /// built-in's name.
+    pub builtin: Option<&'static str>,
     /// sha256 of the `.wasm` file (hex).
     pub sha256: String,
     pub size: u64,
@@ -413,6 +616,28 @@ mod tests {
             FailureKind::NotComponent
         );
         assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn hmac_matches_rfc_4231() {
+        // Test case 2: key "Jefe", data "what do ya want for nothing?".
+        let tag = hmac_sha256(b"Jefe", &[b"what do ya want ", b"for nothing?"]);
+        assert_eq!(
+            hex::encode(tag),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        let key = [7u8; 32];
+        let mut file = b"artifact".to_vec();
+        file.extend(artifact_tag(&key, "c", "s", b"artifact"));
+        assert_eq!(
+            verify_artifact(&key, "c", "s", &file),
+            Some(&b"artifact"[..])
+        );
+        assert_eq!(verify_artifact(&key, "c", "other-source", &file), None);
+        assert_eq!(verify_artifact(&[8u8; 32], "c", "s", &file), None);
+        file[2] ^= 1;
+        assert_eq!(verify_artifact(&key, "c", "s", &file), None);
+        assert_eq!(verify_artifact(&key, "c", "s", b"short"), None);
     }
 
     #[test]

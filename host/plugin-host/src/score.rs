@@ -31,8 +31,12 @@ pub struct Grouping {
 /// A plugin to run and its parameters (defaults for those not given).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PluginRequest {
+    /// The file (`builtin:NAME` for an embedded built-in).
     pub path: PathBuf,
     pub params: Vec<Param>,
+    /// The embedded built-in plugin to run instead of a file.
+    #[serde(default)]
+    pub builtin: Option<String>,
 }
 
 impl PluginRequest {
@@ -40,6 +44,16 @@ impl PluginRequest {
         PluginRequest {
             path: path.into(),
             params: Vec::new(),
+            builtin: None,
+        }
+    }
+
+    /// The embedded built-in plugin `b`.
+    pub fn builtin(b: &crate::builtins::Builtin) -> Self {
+        PluginRequest {
+            path: b.path(),
+            params: Vec::new(),
+            builtin: Some(b.name.to_string()),
         }
     }
 }
@@ -81,7 +95,7 @@ impl PluginOutcome {
     pub fn is_ok(&self) -> bool {
         self.failure.is_none()
     }
-    fn failed(path: &Path, params: &[Param], f: PluginFailure) -> Self {
+    pub(crate) fn failed(path: &Path, params: &[Param], f: PluginFailure) -> Self {
         PluginOutcome {
             path: path.to_path_buf(),
             sha256: None,
@@ -128,7 +142,7 @@ pub fn score_batch_with(
         .map_err(|e| anyhow::anyhow!("records to score are inconsistent: {e}"))?;
     let mut out = Vec::with_capacity(plugins.len());
     for req in plugins {
-        let plugin = match runtime.load(&req.path) {
+        let plugin = match runtime.load_request(req) {
             Ok(p) => p,
             Err(f) => {
                 out.push(PluginOutcome::failed(&req.path, &req.params, f));
@@ -278,30 +292,54 @@ impl Runtime {
         }
 
         let limits = self.limits();
-        let bad = |what: &str, m: String| {
-            PluginFailure::new(
-                FailureKind::BadOutput,
-                &plugin.path,
-                format!("returned {m} ({what})"),
-            )
+        // One budget for everything this plugin returns over the run, checked as each group's
+        // values arrive: a plugin inside the per-call limits cannot multiply them by the number
+        // of groups (the host's memory and the run database stay bounded).
+        let mut budget = validate::OutputBudget::new(limits);
+        let mut check = |what: &str, v: Vec<crate::wit::MetricValue>| {
+            // The per-call rules first (bad-output), then the run's budget (too-much-output).
+            let r = validate::results(&plugin.metadata, v, limits).map_err(|m| {
+                PluginFailure::new(
+                    FailureKind::BadOutput,
+                    &plugin.path,
+                    format!("returned {m} ({what})"),
+                )
+            })?;
+            budget.charge(&r).map_err(|m| {
+                PluginFailure::new(
+                    FailureKind::TooMuchOutput,
+                    &plugin.path,
+                    format!("returned {m} by the time it returned the values of {what}; nothing of it is stored"),
+                )
+            })?;
+            Ok(r)
         };
         let mut scores = Scores::default();
         let v = job.finish(overall)?;
-        scores.overall =
-            validate::results(&plugin.metadata, v, limits).map_err(|m| bad("whole batch", m))?;
+        scores.overall = check("the whole batch", v)?;
         for (cat, acc) in cat_acc {
             let v = job.finish(acc)?;
-            let r = validate::results(&plugin.metadata, v, limits)
-                .map_err(|m| bad(&format!("category {cat}"), m))?;
+            let r = check(&format!("category {}", crate::text::preview(cat, 64)), v)?;
             scores.per_category.insert(cat.to_string(), r);
         }
         for (prompt, acc) in prompt_acc {
             let v = job.finish(acc)?;
-            let r = validate::results(&plugin.metadata, v, limits)
-                .map_err(|m| bad(&format!("prompt {prompt}"), m))?;
+            let r = check(&format!("prompt {prompt}"), v)?;
             scores.per_prompt.insert(prompt, r);
         }
         Ok(scores)
+    }
+
+    /// Check `params` with the plugin itself before any work depends on them: `begin(params)`
+    /// in a fresh job (what `run` does before it loads a model, so that a bad value fails in
+    /// a second instead of after the evaluation).
+    pub fn check_params(
+        &self,
+        plugin: &LoadedPlugin,
+        params: &[Param],
+    ) -> Result<(), PluginFailure> {
+        let mut job = Job::new(self, plugin)?;
+        job.begin(params).map(drop)
     }
 
     /// One-shot `evaluate` of a whole batch in a fresh job (used by `plugins check` and tests).
@@ -327,13 +365,23 @@ impl Runtime {
             &mut buf,
         );
         let v = job.evaluate(params, all)?;
-        validate::results(&plugin.metadata, v, self.limits()).map_err(|m| {
+        let r = validate::results(&plugin.metadata, v, self.limits()).map_err(|m| {
             PluginFailure::new(
                 FailureKind::BadOutput,
                 &plugin.path,
                 format!("returned {m}"),
             )
-        })
+        })?;
+        validate::OutputBudget::new(self.limits())
+            .charge(&r)
+            .map_err(|m| {
+                PluginFailure::new(
+                    FailureKind::TooMuchOutput,
+                    &plugin.path,
+                    format!("returned {m}"),
+                )
+            })?;
+        Ok(r)
     }
 }
 

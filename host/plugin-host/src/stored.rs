@@ -10,27 +10,32 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use std::path::Path;
+
 use anyhow::{bail, Context};
-use draftlens::store::{MetricRow, MetricScope, Store};
+use draftlens::store::{MetricRow, MetricScope, PluginProvenance, Store};
 use serde::Serialize;
 
 use crate::failure::{FailureKind, PluginFailure};
-use crate::score::{score_batch_with, Grouping, PluginOutcome, PluginRequest, Scores};
+use crate::score::{Grouping, PluginOutcome, PluginRequest, Scores};
 use crate::types::{Metadata, MetricResult};
-use crate::Runtime;
+use crate::{LoadedPlugin, Runtime};
 
 /// Metric sources draftlens writes itself (the native metrics of `run`, and what the web UI
 /// derives from records). A plugin calling itself one of these is refused: storing its rows
-/// would replace draftlens' own.
+/// would replace draftlens' own. The built-in plugins' names are reserved the same way, for
+/// the built-ins themselves ([`crate::builtins::is_reserved`]).
 pub const RESERVED_SOURCES: &[&str] = &["native", "records"];
 
 /// What scoring a stored run did with one plugin.
 #[derive(Clone, Debug, Serialize)]
 pub struct StoredOutcome {
     /// The metric source its rows are stored under: the plugin's own name, or the file stem
-    /// when it failed before saying its name.
+    /// when it failed before saying its name (made unambiguous when that is a reserved name).
     pub plugin: String,
-    /// The plugin's outcome (scores, failure, logs, timings).
+    /// sha256 of the file that produced the rows (None when it could not be read).
+    pub sha256: Option<String>,
+    /// The plugin's outcome (failure, logs, timings; its scores are dropped once stored).
     #[serde(skip)]
     pub outcome: PluginOutcome,
     /// Set when the plugin failed (also recorded with the run).
@@ -41,6 +46,8 @@ pub struct StoredOutcome {
     pub rows: usize,
     /// Rows of an earlier scoring by a plugin of this name that these replaced.
     pub replaced: usize,
+    /// When it failed: rows an earlier scoring by this source left, now marked stale.
+    pub stale_rows: usize,
 }
 
 impl StoredOutcome {
@@ -61,15 +68,53 @@ pub struct StoredScoring {
     pub plugins: Vec<StoredOutcome>,
 }
 
-/// The name a plugin's rows and failures are stored under.
-fn source_name(o: &PluginOutcome) -> String {
-    match &o.metadata {
+/// Whether a plugin may store rows under `name`: not a source draftlens writes itself, and a
+/// built-in's name only for that built-in (same bytes).
+fn name_allowed(name: &str, builtin: Option<&str>) -> bool {
+    !RESERVED_SOURCES.contains(&name)
+        && (!crate::builtins::is_reserved(name) || builtin == Some(name))
+}
+
+/// The name a plugin's failure is recorded under: its own name, else its file stem; a reserved
+/// name it may not use gets its file's short hash appended, so that a spoofing or broken file
+/// never marks a built-in's rows as stale or fills its failure list.
+fn failure_source(
+    path: &Path,
+    meta: Option<&Metadata>,
+    builtin: Option<&str>,
+    sha256: Option<&str>,
+) -> String {
+    let name = match meta {
         Some(m) => m.name.clone(),
-        None => o
-            .path
-            .file_stem()
-            .map(|s| s.to_string_lossy().to_string())
-            .unwrap_or_else(|| o.path.display().to_string()),
+        None => crate::text::clean(
+            &path
+                .file_stem()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_else(|| path.display().to_string()),
+            64,
+        )
+        .replace('/', "_"),
+    };
+    if name_allowed(&name, builtin) {
+        name
+    } else {
+        let short = sha256.map_or("unread", |h| &h[..h.len().min(12)]);
+        format!("{name}~{short}")
+    }
+}
+
+/// A plugin request with its loaded plugin (or why it could not be loaded): load once, then
+/// check parameters and score as many runs as needed.
+#[derive(Debug)]
+pub struct PreparedPlugin {
+    pub request: PluginRequest,
+    pub plugin: Result<LoadedPlugin, PluginFailure>,
+}
+
+impl PreparedPlugin {
+    pub fn load(runtime: &Runtime, request: PluginRequest) -> PreparedPlugin {
+        let plugin = runtime.load_request(&request);
+        PreparedPlugin { request, plugin }
     }
 }
 
@@ -125,15 +170,32 @@ pub fn metric_rows(source: &str, meta: &Metadata, scores: &Scores) -> Vec<Metric
 }
 
 /// Score the stored records of `run` with `plugins` and store the results: each plugin's rows
-/// in one transaction (replacing that plugin's earlier rows), each failure with
-/// [`Store::add_plugin_failure`]. A failing plugin never stops the others. Errors only for
-/// problems of the run or the store: the run does not exist, has no records, or writing fails;
-/// or two plugins share a name (their rows would overwrite each other).
+/// in one transaction (replacing that plugin's earlier rows, recording the sha256 of its file),
+/// each failure with [`Store::record_plugin_failure`] (which marks the earlier rows stale). A
+/// failing plugin never stops the others. Errors only for problems of the run or the store:
+/// the run does not exist, has no records, or writing fails; or two plugins share a name
+/// (their rows would overwrite each other).
 pub fn score_stored_run(
     runtime: &Runtime,
     store: &Store,
     run: i64,
     plugins: &[PluginRequest],
+) -> anyhow::Result<StoredScoring> {
+    let prepared: Vec<PreparedPlugin> = plugins
+        .iter()
+        .map(|r| PreparedPlugin::load(runtime, r.clone()))
+        .collect();
+    score_stored_run_prepared(runtime, store, run, &prepared)
+}
+
+/// [`score_stored_run`] with plugins loaded already (each file is loaded, and its `describe`
+/// run, once however many runs it scores). Each plugin is scored and stored before the next one
+/// runs, so what one plugin returns is never held next to another's.
+pub fn score_stored_run_prepared(
+    runtime: &Runtime,
+    store: &Store,
+    run: i64,
+    plugins: &[PreparedPlugin],
 ) -> anyhow::Result<StoredScoring> {
     let db = store.path().display().to_string();
     let batch = store
@@ -142,68 +204,106 @@ pub fn score_stored_run(
     if batch.num_blocks() == 0 {
         bail!("{db}: run {run} has no stored records, so there is nothing for plugins to score");
     }
+    batch
+        .check()
+        .map_err(|e| anyhow::anyhow!("{db}: the records of run {run} are inconsistent: {e}"))?;
     let groups = run_grouping(store, run)?;
-    let outcomes = score_batch_with(runtime, plugins, &batch, &groups)?;
 
     // Two plugins with one name would overwrite each other's rows: refuse before storing.
     let mut seen = BTreeMap::new();
-    for o in outcomes.iter().filter(|o| o.is_ok()) {
-        let name = source_name(o);
-        if let Some(first) = seen.insert(name.clone(), o.path.clone()) {
-            bail!(
-                "{} and {} are both the plugin {name}: their metrics would overwrite each other; score them \
-                 in separate calls",
-                first.display(),
-                o.path.display()
-            );
+    for p in plugins {
+        if let Ok(l) = &p.plugin {
+            if let Some(first) = seen.insert(l.metadata.name.clone(), l.path.clone()) {
+                bail!(
+                    "{} and {} are both the plugin {}: their metrics would overwrite each other; score them \
+                     in separate calls",
+                    crate::text::clean(&first.display().to_string(), 1024),
+                    crate::text::clean(&l.path.display().to_string(), 1024),
+                    l.metadata.name
+                );
+            }
         }
     }
 
-    let mut stored = Vec::with_capacity(outcomes.len());
-    for mut o in outcomes {
-        let plugin = source_name(&o);
-        if o.failure.is_none() && RESERVED_SOURCES.contains(&plugin.as_str()) {
-            o.scores = None;
-            o.failure = Some(PluginFailure::new(
-                FailureKind::BadOutput,
-                &o.path,
-                format!(
-                    "calls itself {plugin:?}, a metric source reserved for draftlens' own metrics; rename the plugin"
-                ),
-            ));
-        }
-        let (rows, replaced, metrics) = match (&o.scores, &o.metadata, &o.failure) {
-            (Some(scores), Some(meta), None) => {
-                let rows = metric_rows(&plugin, meta, scores);
-                let replaced = store.replace_metrics(run, &plugin, &rows)?;
-                let run_rows = rows
-                    .iter()
-                    .filter(|r| r.scope == MetricScope::Run)
-                    .cloned()
-                    .collect();
-                (rows.len(), replaced, run_rows)
+    let mut stored = Vec::with_capacity(plugins.len());
+    for p in plugins {
+        let req = &p.request;
+        let builtin = p.plugin.as_ref().ok().and_then(|l| l.builtin);
+        let mut o = match &p.plugin {
+            Err(f) => PluginOutcome::failed(&req.path, &req.params, f.clone()),
+            Ok(l) if !name_allowed(&l.metadata.name, l.builtin) => {
+                let owner = if RESERVED_SOURCES.contains(&l.metadata.name.as_str()) {
+                    "draftlens' own metrics".to_string()
+                } else {
+                    format!(
+                        "the built-in plugin {} (this file is not it: its sha256 differs)",
+                        l.metadata.name
+                    )
+                };
+                let f = PluginFailure::new(
+                    FailureKind::ReservedName,
+                    &l.path,
+                    format!(
+                        "calls itself {}, a name reserved for {owner}; rename the plugin",
+                        l.metadata.name
+                    ),
+                );
+                let mut o = PluginOutcome::failed(&l.path, &req.params, f);
+                o.sha256 = Some(l.sha256.clone());
+                o.metadata = Some(l.metadata.clone());
+                o
             }
-            _ => {
-                let f = o.failure.clone().unwrap_or_else(|| {
-                    PluginFailure::new(FailureKind::BadOutput, &o.path, "returned no scores")
-                });
-                store.add_plugin_failure(
-                    run,
-                    &plugin,
-                    f.kind.label(),
-                    &format!("{}: {}", f.path.display(), f.message),
-                )?;
-                o.failure = Some(f);
-                (0, 0, Vec::new())
-            }
+            Ok(l) => runtime.score(l, &req.params, &batch, &groups),
         };
+        let (plugin, rows, replaced, metrics, stale_rows) =
+            match (o.scores.take(), &o.metadata, &o.failure) {
+                (Some(scores), Some(meta), None) => {
+                    let plugin = meta.name.clone();
+                    let rows = metric_rows(&plugin, meta, &scores);
+                    drop(scores);
+                    let prov = PluginProvenance {
+                        source: plugin.clone(),
+                        sha256: o.sha256.clone().unwrap_or_default(),
+                        version: meta.version.clone(),
+                        file: o.path.display().to_string(),
+                        builtin: builtin == Some(meta.name.as_str()),
+                        params_json: serde_json::to_string(&o.params)?,
+                        scored_at: String::new(),
+                        stale_since: None,
+                    };
+                    let replaced = store.replace_plugin_metrics(run, &prov, &rows)?;
+                    let run_rows = rows
+                        .iter()
+                        .filter(|r| r.scope == MetricScope::Run)
+                        .cloned()
+                        .collect();
+                    (plugin, rows.len(), replaced, run_rows, 0)
+                }
+                _ => {
+                    let plugin =
+                        failure_source(&o.path, o.metadata.as_ref(), builtin, o.sha256.as_deref());
+                    let f = o.failure.clone().unwrap_or_else(|| {
+                        PluginFailure::new(FailureKind::BadOutput, &o.path, "returned no scores")
+                    });
+                    let stale = store.record_plugin_failure(
+                        run,
+                        &plugin,
+                        f.kind.label(),
+                        &format!("{}: {}", f.file(), f.message),
+                    )?;
+                    o.failure = Some(f);
+                    (plugin, 0, 0, Vec::new(), stale)
+                }
+            };
         stored.push(StoredOutcome {
             plugin,
+            sha256: o.sha256.clone(),
             failure: o.failure.clone(),
             outcome: o,
             metrics,
             rows,
             replaced,
+            stale_rows,
         });
     }
     let prompts: BTreeSet<u32> = batch.prompt_index.iter().copied().collect();
@@ -296,22 +396,31 @@ mod tests {
     }
 
     #[test]
-    fn the_source_is_the_plugin_name_else_the_file_stem() {
-        let mut o = PluginOutcome {
-            path: "/x/my_metric.wasm".into(),
-            sha256: None,
-            metadata: None,
-            params: vec![],
-            scores: None,
-            failure: None,
-            logs: vec![],
-            logs_dropped: 0,
-            fuel_used: None,
-            load_ms: 0.0,
-            run_ms: 0.0,
-        };
-        assert_eq!(source_name(&o), "my_metric");
-        o.metadata = Some(meta());
-        assert_eq!(source_name(&o), "m");
+    fn reserved_names_are_for_their_owners_only() {
+        assert!(name_allowed("my-metric", None));
+        assert!(!name_allowed("native", None) && !name_allowed("records", Some("records")));
+        assert!(!name_allowed("accept-length", None));
+        assert!(!name_allowed("accept-length", Some("ddtree")));
+        assert!(name_allowed("accept-length", Some("accept-length")));
+        let sha = "0123456789abcdef".repeat(4);
+        let p = Path::new("/x/my_metric.wasm");
+        assert_eq!(failure_source(p, None, None, None), "my_metric");
+        let mut m = meta();
+        assert_eq!(failure_source(p, Some(&m), None, Some(&sha)), "m");
+        m.name = "accept-length".into();
+        assert_eq!(
+            failure_source(p, Some(&m), None, Some(&sha)),
+            "accept-length~0123456789ab"
+        );
+        assert_eq!(
+            failure_source(p, Some(&m), Some("accept-length"), Some(&sha)),
+            "accept-length"
+        );
+        // A file named like a built-in that failed before describe().
+        let p = Path::new("/x/ddtree.wasm");
+        assert_eq!(failure_source(p, None, None, None), "ddtree~unread");
+        // Control characters in a file name never reach the source name.
+        let p = Path::new("/x/a\u{1b}[2Jb.wasm");
+        assert_eq!(failure_source(p, None, None, None), "a [2Jb");
     }
 }

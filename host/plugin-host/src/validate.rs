@@ -7,8 +7,14 @@ use crate::runtime::Limits;
 use crate::types::{Metadata, MetricResult, SeriesKind, SeriesResult};
 use crate::wit;
 
-const MAX_NAME: usize = 64;
-const MAX_TEXT: usize = 2000;
+use crate::text::preview;
+
+/// Bytes of a plugin, metric (family members included) or parameter name.
+pub const MAX_NAME: usize = 64;
+/// Bytes of a description.
+pub const MAX_TEXT: usize = 2000;
+/// Largest count a value may have: counts are stored as SQLite integers (i64).
+pub const MAX_COUNT: u64 = i64::MAX as u64;
 
 fn identifier(s: &str) -> bool {
     let b = s.as_bytes();
@@ -32,8 +38,8 @@ fn plugin_name(s: &str) -> bool {
 pub(crate) fn metadata(m: &Metadata) -> Result<(), String> {
     if !plugin_name(&m.name) {
         return Err(format!(
-            "returned the plugin name {:?}; expected [a-z][a-z0-9_-]*, at most {MAX_NAME} bytes",
-            m.name
+            "returned the plugin name \"{}\"; expected [a-z][a-z0-9_-]*, at most {MAX_NAME} bytes",
+            preview(&m.name, 64)
         ));
     }
     if m.version.is_empty()
@@ -43,8 +49,8 @@ pub(crate) fn metadata(m: &Metadata) -> Result<(), String> {
             .any(|c| c.is_whitespace() || c.is_control())
     {
         return Err(format!(
-            "returned the version {:?}; expected a short version string like 0.1.0",
-            m.version
+            "returned the version \"{}\"; expected a short version string like 0.1.0",
+            preview(&m.version, 64)
         ));
     }
     if m.description.len() > MAX_TEXT {
@@ -64,8 +70,9 @@ pub(crate) fn metadata(m: &Metadata) -> Result<(), String> {
         let base = s.name.strip_suffix("_*").unwrap_or(&s.name);
         if !identifier(base) {
             return Err(format!(
-                "declares the metric name {:?}; expected [a-z][a-z0-9_]* (or a family ending in _*)",
-                s.name
+                "declares the metric name \"{}\"; expected [a-z][a-z0-9_]*, at most {MAX_NAME} bytes (or a family \
+                 ending in _*)",
+                preview(&s.name, 64)
             ));
         }
         if !seen.insert(s.name.as_str()) {
@@ -82,8 +89,8 @@ pub(crate) fn metadata(m: &Metadata) -> Result<(), String> {
     for p in &m.params {
         if !identifier(&p.name) {
             return Err(format!(
-                "declares the parameter name {:?}; expected [a-z][a-z0-9_]*",
-                p.name
+                "declares the parameter name \"{}\"; expected [a-z][a-z0-9_]*, at most {MAX_NAME} bytes",
+                preview(&p.name, 64)
             ));
         }
         if !seen.insert(p.name.as_str()) {
@@ -95,11 +102,77 @@ pub(crate) fn metadata(m: &Metadata) -> Result<(), String> {
                 p.name
             ));
         }
+        if let crate::types::ParamValue::Text(t) = &p.default {
+            if t.len() > MAX_TEXT {
+                return Err(format!(
+                    "declares parameter {} with a default of {} bytes (limit {MAX_TEXT})",
+                    p.name,
+                    t.len()
+                ));
+            }
+        }
     }
     if m.params.len() > 64 {
         return Err(format!("declares {} parameters (limit 64)", m.params.len()));
     }
     Ok(())
+}
+
+/// What one plugin may return over one run, over all its groups (see [`Limits`]).
+pub(crate) struct OutputBudget {
+    max_entries: usize,
+    max_bytes: usize,
+    entries: usize,
+    bytes: usize,
+}
+
+impl OutputBudget {
+    pub(crate) fn new(limits: &Limits) -> Self {
+        OutputBudget {
+            max_entries: limits.max_output_entries,
+            max_bytes: limits.max_output_bytes,
+            entries: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Count `values` against the budget. The message completes "returned ...".
+    pub(crate) fn charge(&mut self, values: &[MetricResult]) -> Result<(), String> {
+        for v in values {
+            let n = v.series.as_ref().map_or(0, |s| s.values.len());
+            self.entries = self.entries.saturating_add(1 + n);
+            self.bytes = self
+                .bytes
+                .saturating_add(v.name.len() + 16)
+                .saturating_add(n.saturating_mul(16));
+        }
+        if self.entries > self.max_entries || self.bytes > self.max_bytes {
+            return Err(format!(
+                "more than its output budget for a run: {} values and series entries ({} bytes) over all its \
+                 groups, limit {} entries and {} bytes",
+                self.entries, self.bytes, self.max_entries, self.max_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// After [`metadata`] accepted it: strip control characters from the free text (descriptions,
+/// units, text defaults), which terminals, the database and pages show. Names are identifiers
+/// already.
+pub(crate) fn clean_metadata(m: &mut Metadata) {
+    use crate::text::clean;
+    m.description = clean(&m.description, MAX_TEXT);
+    for s in &mut m.metrics {
+        s.unit = clean(&s.unit, MAX_NAME);
+        s.description = clean(&s.description, MAX_TEXT);
+    }
+    for p in &mut m.params {
+        p.description = clean(&p.description, MAX_TEXT);
+        if let crate::types::ParamValue::Text(t) = &mut p.default {
+            *t = clean(t, MAX_TEXT);
+        }
+    }
 }
 
 /// Check and convert the values of one `finish`/`evaluate`. The message completes
@@ -120,9 +193,28 @@ pub(crate) fn results(
     let mut out = Vec::with_capacity(values.len());
     for v in values {
         if meta.spec_for(&v.name).is_none() {
-            let short: String = v.name.chars().take(80).collect();
             return Err(format!(
-                "the metric {short:?}, which describe() does not declare"
+                "the metric \"{}\", which describe() does not declare",
+                preview(&v.name, 64)
+            ));
+        }
+        // A family member (`prefix_*` → `prefix_8`) is a metric name like any other.
+        if !identifier(&v.name) {
+            return Err(format!(
+                "the metric name \"{}\"; expected [a-z][a-z0-9_]*, at most {MAX_NAME} bytes",
+                preview(&v.name, 64)
+            ));
+        }
+        if v.count > MAX_COUNT {
+            return Err(format!(
+                "a count of {} for {} (counts are at most {MAX_COUNT})",
+                v.count, v.name
+            ));
+        }
+        if v.value.is_nan() && v.count != 0 {
+            return Err(format!(
+                "an undefined (NaN) value for {} with a count of {}: NaN means undefined, whose count is 0",
+                v.name, v.count
             ));
         }
         if !seen.insert(v.name.clone()) {
@@ -157,6 +249,21 @@ pub(crate) fn results(
                     return Err(format!(
                         "an infinite series value for {} at index {i}",
                         v.name
+                    ));
+                }
+                if let Some(i) = s.counts.iter().position(|&n| n > MAX_COUNT) {
+                    return Err(format!(
+                        "a series count of {} for {} at index {i} (counts are at most {MAX_COUNT})",
+                        s.counts[i], v.name
+                    ));
+                }
+                if let Some(i) =
+                    (0..s.values.len()).find(|&i| s.values[i].is_nan() && s.counts[i] != 0)
+                {
+                    return Err(format!(
+                        "an undefined (NaN) series value for {} at index {i} with a count of {}: NaN means \
+                         undefined, whose count is 0",
+                        v.name, s.counts[i]
                     ));
                 }
                 Some(SeriesResult {
@@ -224,13 +331,11 @@ mod tests {
     #[test]
     fn names_must_be_declared_or_in_a_family() {
         let l = Limits::default();
+        let mut undefined = value("acc_top_2", f64::NAN);
+        undefined.count = 0;
         let ok = results(
             &meta(),
-            vec![
-                value("tau", 2.0),
-                value("acc_8", 0.5),
-                value("acc_top_2", f64::NAN),
-            ],
+            vec![value("tau", 2.0), value("acc_8", 0.5), undefined],
             &l,
         )
         .unwrap();
@@ -246,6 +351,72 @@ mod tests {
         assert!(e.contains("twice"), "{e}");
         let e = results(&meta(), vec![value("tau", f64::INFINITY)], &l).unwrap_err();
         assert!(e.contains("infinite"), "{e}");
+    }
+
+    #[test]
+    fn the_output_budget_is_shared_by_every_call() {
+        let l = Limits {
+            max_output_entries: 10,
+            max_output_bytes: 1000,
+            ..Limits::default()
+        };
+        let mut b = OutputBudget::new(&l);
+        let mut v = value("tau", 1.0);
+        v.series = Some(wit::draftlens::metric::types::Series {
+            kind: wit::SeriesKind::PerPosition,
+            values: vec![0.5; 4],
+            counts: vec![1; 4],
+        });
+        let v = results(&meta(), vec![v], &l).unwrap();
+        // 5 entries per call: the second call fits, the third does not.
+        assert!(b.charge(&v).is_ok());
+        assert!(b.charge(&v).is_ok());
+        let e = b.charge(&v).unwrap_err();
+        assert!(e.contains("15 values and series entries"), "{e}");
+        // Bytes: a long name costs its length.
+        let mut b = OutputBudget::new(&l);
+        let e = b
+            .charge(&[MetricResult::scalar(&"x".repeat(2000), Some(1.0), 1)])
+            .unwrap_err();
+        assert!(e.contains("2016 bytes"), "{e}");
+    }
+
+    #[test]
+    fn member_names_counts_and_nan_follow_the_rules() {
+        let l = Limits::default();
+        // A family member with a huge name: refused, and the message quotes only its start.
+        let long = format!("acc_{}", "x".repeat(1 << 20));
+        let e = results(&meta(), vec![value(&long, 0.5)], &l).unwrap_err();
+        assert!(
+            e.contains("at most 64 bytes") && e.len() < 400,
+            "{}",
+            &e[..200]
+        );
+        let e = results(&meta(), vec![value("acc_\u{1b}[2J", 0.5)], &l).unwrap_err();
+        assert!(!e.contains('\u{1b}'), "{e}");
+        // NaN is undefined: its count must be 0.
+        let mut v = value("tau", f64::NAN);
+        v.count = 3;
+        let e = results(&meta(), vec![v.clone()], &l).unwrap_err();
+        assert!(
+            e.contains("undefined (NaN) value for tau with a count of 3"),
+            "{e}"
+        );
+        v.count = 0;
+        assert!(results(&meta(), vec![v], &l).is_ok());
+        // Counts are stored as i64: u64::MAX must not become -1.
+        let mut v = value("tau", 1.0);
+        v.count = u64::MAX;
+        let e = results(&meta(), vec![v], &l).unwrap_err();
+        assert!(e.contains("a count of 18446744073709551615"), "{e}");
+        let mut v = value("tau", 1.0);
+        v.series = Some(wit::draftlens::metric::types::Series {
+            kind: wit::SeriesKind::PerPosition,
+            values: vec![0.5, f64::NAN],
+            counts: vec![2, 1],
+        });
+        let e = results(&meta(), vec![v], &l).unwrap_err();
+        assert!(e.contains("NaN) series value for tau at index 1"), "{e}");
     }
 
     #[test]

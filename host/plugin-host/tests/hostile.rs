@@ -113,7 +113,8 @@ fn each_misbehaviour_has_its_own_error_and_the_host_recovers() {
         .expect("bad parameter");
     assert_eq!(f.kind, FailureKind::InvalidParams, "{f}");
     assert!(
-        f.message.contains("unknown parameter nope (known: mode)"),
+        f.message
+            .contains("unknown parameter nope (known: mode, series, len)"),
         "{f}"
     );
 
@@ -133,7 +134,10 @@ fn each_misbehaviour_has_its_own_error_and_the_host_recovers() {
     assert!(o.is_ok(), "{:?}", o.failure);
     assert_eq!(o.logs.len(), 1000);
     assert_eq!(o.logs_dropped, 99_000);
-    assert!(o.logs.iter().all(|l| l.message.len() <= 4096 + 16));
+    assert!(o
+        .logs
+        .iter()
+        .all(|l| l.message.len() <= 4096 + 40 && l.message.ends_with("more bytes cut]")));
 
     // The host is healthy: the same plugin, well-behaved, works in a fresh job.
     let o = rt.score(
@@ -217,6 +221,7 @@ fn a_failing_plugin_does_not_stop_the_others() {
         PluginRequest {
             path: common::guest("hostile"),
             params: mode("loop"),
+            builtin: None,
         },
         PluginRequest::new(&junk),
         PluginRequest::new(common::guest("imports-wasi")),
@@ -224,10 +229,12 @@ fn a_failing_plugin_does_not_stop_the_others() {
         PluginRequest {
             path: common::guest("hostile"),
             params: mode("alloc"),
+            builtin: None,
         },
         PluginRequest {
             path: common::guest("hostile"),
             params: mode("panic"),
+            builtin: None,
         },
         PluginRequest::new(common::builtin("top1-accuracy")),
         PluginRequest::new(&good),
@@ -279,6 +286,7 @@ fn fuel_gives_a_deterministic_budget() {
                 ..Limits::default()
             },
             cache_dir: None,
+            cache_key_file: None,
         })
         .unwrap()
     };

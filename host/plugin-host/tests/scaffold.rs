@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use draftlens_plugin_host::scaffold::{default_sdk_path, new_plugin};
+use draftlens_plugin_host::scaffold::{new_plugin, write_lock_file};
 use draftlens_plugin_host::sdk::testdata::{oracle, Shape};
 
 fn cargo(dir: &Path, args: &[&str], envs: &[(&str, &Path)]) {
@@ -52,7 +52,14 @@ fn scaffolded_plugin_builds_passes_its_test_and_runs() {
         .unwrap()
         .to_path_buf();
     let dir = tempfile::tempdir().unwrap();
-    let krate = new_plugin("my-metric", dir.path(), &default_sdk_path()).unwrap();
+    // The default: the SDK vendored into the crate, by a relative path, and a lock file.
+    let krate = new_plugin("my-metric", dir.path(), None).unwrap();
+    write_lock_file(&krate).unwrap();
+    let lock = std::fs::read_to_string(krate.join("Cargo.lock")).unwrap();
+    assert!(
+        lock.contains("name = \"draftlens-plugin-sdk\"") && lock.contains("name = \"wit-bindgen\""),
+        "{lock}"
+    );
 
     cargo(
         &krate,

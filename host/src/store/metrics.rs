@@ -101,6 +101,26 @@ pub struct PluginFailure {
     pub created_at: String,
 }
 
+/// Which plugin file produced the rows of one source of a run, and whether they are stale.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginProvenance {
+    /// The metric source (the plugin's name).
+    pub source: String,
+    /// sha256 (hex) of the `.wasm` that produced the rows; empty when unknown.
+    pub sha256: String,
+    pub version: String,
+    /// Where it was loaded from (`builtin:NAME` for a plugin embedded in draftlens).
+    pub file: String,
+    /// An embedded built-in plugin.
+    pub builtin: bool,
+    /// The parameters it ran with (JSON array).
+    pub params_json: String,
+    pub scored_at: String,
+    /// Set (RFC 3339) when a later scoring by this source failed: the rows are from this
+    /// earlier file and parameters, not from what was asked last.
+    pub stale_since: Option<String>,
+}
+
 /// (source, name) of a metric.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct MetricKey {
@@ -238,6 +258,111 @@ impl Store {
             insert_metrics(&tx, run, metrics, &what)?;
             tx.commit()?;
             Ok(replaced)
+        })
+    }
+
+    /// [`Store::replace_metrics`] that also records which file produced the rows
+    /// (`prov.source` is the source), in the same transaction.
+    pub fn replace_plugin_metrics(
+        &self,
+        run: i64,
+        prov: &PluginProvenance,
+        metrics: &[MetricRow],
+    ) -> Result<usize> {
+        let what = self.what();
+        let source = prov.source.as_str();
+        if let Some(m) = metrics.iter().find(|m| m.source != source) {
+            bail!(
+                "{what}: run {run}: replacing the metrics of {source:?} with a row of source {:?} ({})",
+                m.source,
+                m.name
+            );
+        }
+        self.write(|c| {
+            let tx = c.transaction()?;
+            require_exists(&tx, run, &what)?;
+            let replaced = tx.execute(
+                "DELETE FROM metric WHERE run_id = ?1 AND source = ?2",
+                params![run, source],
+            )?;
+            tx.execute(
+                "DELETE FROM plugin_failure WHERE run_id = ?1 AND plugin = ?2",
+                params![run, source],
+            )?;
+            insert_metrics(&tx, run, metrics, &what)?;
+            tx.execute(
+                "INSERT OR REPLACE INTO plugin_run (run_id, source, sha256, version, file, builtin, params_json, scored_at, stale_since) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULL)",
+                params![run, source, prov.sha256, prov.version, prov.file, prov.builtin as i64, prov.params_json, now_rfc3339()],
+            )
+            .with_context(|| format!("{what}: run {run}: cannot record which plugin produced {source}"))?;
+            tx.commit()?;
+            Ok(replaced)
+        })
+    }
+
+    /// Records a failure of `plugin` and, in the same transaction, marks the rows an earlier
+    /// scoring by that source left as stale (they stay: they are the last values that worked).
+    /// Returns how many such stale rows there are.
+    pub fn record_plugin_failure(
+        &self,
+        run: i64,
+        plugin: &str,
+        kind: &str,
+        message: &str,
+    ) -> Result<usize> {
+        let what = self.what();
+        self.write(|c| {
+            let tx = c.transaction()?;
+            require_exists(&tx, run, &what)?;
+            let now = now_rfc3339();
+            tx.execute(
+                "INSERT INTO plugin_failure (run_id, plugin, kind, message, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![run, plugin, kind, message, now],
+            )?;
+            let stale: i64 = tx.query_row(
+                "SELECT count(*) FROM metric WHERE run_id = ?1 AND source = ?2",
+                params![run, plugin],
+                |r| r.get(0),
+            )?;
+            if stale > 0 {
+                // Rows from before provenance was recorded get a row saying so.
+                tx.execute(
+                    "INSERT OR IGNORE INTO plugin_run (run_id, source, sha256, scored_at) VALUES (?1, ?2, '', ?3)",
+                    params![run, plugin, now],
+                )?;
+                tx.execute(
+                    "UPDATE plugin_run SET stale_since = coalesce(stale_since, ?3) WHERE run_id = ?1 AND source = ?2",
+                    params![run, plugin, now],
+                )?;
+            }
+            tx.commit()?;
+            Ok(stale as usize)
+        })
+    }
+
+    /// Which plugin file produced each plugin source's rows of a run, by source.
+    pub fn plugin_runs(&self, run: i64) -> Result<Vec<PluginProvenance>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT source, sha256, version, file, builtin, params_json, scored_at, stale_since FROM plugin_run \
+                 WHERE run_id = ?1 ORDER BY source",
+            )?;
+            let v = stmt
+                .query_map([run], |r| {
+                    Ok(PluginProvenance {
+                        source: r.get(0)?,
+                        sha256: r.get(1)?,
+                        version: r.get(2)?,
+                        file: r.get(3)?,
+                        builtin: r.get::<_, i64>(4)? != 0,
+                        params_json: r.get(5)?,
+                        scored_at: r.get(6)?,
+                        stale_since: r.get(7)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(v)
         })
     }
 

@@ -152,6 +152,23 @@ CREATE TABLE import_log (
   runs_skipped INTEGER NOT NULL
 ) STRICT;
 "#,
+    // ---- v2: which plugin file produced each plugin source's rows (sha256), and whether those
+    // rows are stale (a later scoring by that source failed, so they come from an earlier file
+    // or earlier parameters). One row per run and source: every metric row of that source joins it.
+    r#"
+CREATE TABLE plugin_run (
+  run_id INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  source TEXT NOT NULL,                     -- = metric.source of its rows
+  sha256 TEXT NOT NULL,                     -- of the .wasm that produced them ('' = unknown, older rows)
+  version TEXT NOT NULL DEFAULT '',         -- the plugin's own version string
+  file TEXT NOT NULL DEFAULT '',            -- where it was loaded from ('builtin:NAME' for embedded ones)
+  builtin INTEGER NOT NULL DEFAULT 0 CHECK (builtin IN (0,1)),
+  params_json TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(params_json)),
+  scored_at TEXT NOT NULL,
+  stale_since TEXT,                         -- set when a later scoring by this source failed
+  PRIMARY KEY (run_id, source)
+) STRICT;
+"#,
 ];
 
 pub fn latest_version() -> i64 {

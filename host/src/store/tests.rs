@@ -75,7 +75,7 @@ fn migrates_from_empty_and_sets_pragmas() {
         )?;
         assert_eq!(
             tables,
-            "api_token,baseline,derived,import_log,metric,plugin_failure,record_chunk,run,run_prompt,share,vocab"
+            "api_token,baseline,derived,import_log,metric,plugin_failure,plugin_run,record_chunk,run,run_prompt,share,vocab"
         );
         Ok(())
     })
@@ -740,4 +740,58 @@ fn time_format_known_answers() {
     let u = new_uid();
     assert_eq!(u.len(), 32);
     assert!(u.chars().all(|c| c.is_ascii_hexdigit()));
+}
+
+#[test]
+fn plugin_rows_record_their_file_and_go_stale_when_a_rescore_fails() {
+    let (_d, path) = tmp();
+    let s = Store::open(&path).unwrap();
+    let id = s.create_run(&new_run("p")).unwrap();
+    let row = MetricRow::scalar("tau", "tau_pooled", MetricScope::Run, 2.5, 10, true);
+    let prov = PluginProvenance {
+        source: "tau".into(),
+        sha256: "ab".repeat(32),
+        version: "0.1.0".into(),
+        file: "builtin:tau".into(),
+        builtin: true,
+        params_json: "[]".into(),
+        scored_at: String::new(),
+        stale_since: None,
+    };
+    s.replace_plugin_metrics(id, &prov, std::slice::from_ref(&row))
+        .unwrap();
+    let p = s.plugin_runs(id).unwrap();
+    assert_eq!(p.len(), 1);
+    assert_eq!(
+        (
+            p[0].sha256.as_str(),
+            p[0].builtin,
+            p[0].stale_since.as_deref()
+        ),
+        (prov.sha256.as_str(), true, None)
+    );
+    // A later failure keeps the rows and marks them stale; another plugin's failure does not.
+    assert_eq!(
+        s.record_plugin_failure(id, "tau", "timeout", "slow")
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        s.record_plugin_failure(id, "other", "panic", "boom")
+            .unwrap(),
+        0
+    );
+    assert_eq!(s.metrics(id).unwrap().len(), 1);
+    let p = s.plugin_runs(id).unwrap();
+    assert_eq!(p.len(), 1, "no provenance for a source without rows");
+    assert!(p[0].stale_since.is_some());
+    // Scoring again clears the mark and the failure.
+    s.replace_plugin_metrics(id, &prov, std::slice::from_ref(&row))
+        .unwrap();
+    assert_eq!(s.plugin_runs(id).unwrap()[0].stale_since, None);
+    assert_eq!(
+        s.plugin_failures(id).unwrap().len(),
+        1,
+        "only the other plugin's failure is left"
+    );
 }

@@ -117,6 +117,8 @@ impl Accumulator for Acc {
         }
         let defined = self.blocks > 0 && surv.iter().all(|v| !v.is_nan());
         let sum: f64 = surv.iter().sum();
+        // NaN means undefined, whose count is 0 (the host refuses NaN with a count).
+        let n = if defined { self.blocks } else { 0 };
         let survival = MetricValue::new(
             "survival",
             if defined && p > 0 {
@@ -124,7 +126,7 @@ impl Accumulator for Acc {
             } else {
                 f64::NAN
             },
-            self.blocks,
+            if defined && p > 0 { n } else { 0 },
         )
         .with_series(Series {
             kind: SeriesKind::PerPosition,
@@ -134,7 +136,7 @@ impl Accumulator for Acc {
         let tau = MetricValue::new(
             "tau_survival",
             if defined { 1.0 + sum } else { f64::NAN },
-            self.blocks,
+            n,
         );
         Ok(vec![cond, survival, tau])
     }

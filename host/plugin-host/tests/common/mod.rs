@@ -1,6 +1,6 @@
-//! Test support: builds the built-in plugins and the hostile test guests for
-//! wasm32-unknown-unknown (once per test process; cargo caches across runs) and returns their
-//! paths.
+//! Test support: the built-in plugins (the bytes embedded in draftlens-plugin-host, written to
+//! files) and the hostile test guests, built for wasm32-unknown-unknown (once per test process;
+//! cargo caches across runs).
 
 #![allow(dead_code)]
 
@@ -22,7 +22,14 @@ pub const BUILTINS: &[&str] = &[
     "top1-accuracy",
     "topk",
 ];
-pub const GUESTS: &[&str] = &["hostile", "contract-v020", "contract-v011", "imports-wasi"];
+pub const GUESTS: &[&str] = &[
+    "hostile",
+    "contract-v020",
+    "contract-v011",
+    "imports-wasi",
+    "liar",
+    "bigname",
+];
 
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -72,9 +79,6 @@ fn built() -> &'static PathBuf {
             // The outer test build's flags (coverage, profiles) must not leak into the guests.
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_ENCODED_RUSTFLAGS");
-        for b in BUILTINS {
-            cmd.args(["-p", &format!("metric-{b}")]);
-        }
         for g in GUESTS {
             cmd.args(["-p", &format!("guest-{g}")]);
         }
@@ -88,9 +92,21 @@ fn built() -> &'static PathBuf {
     })
 }
 
-/// Path of built-in plugin `name` (e.g. "accept-length").
+/// Path of built-in plugin `name` (e.g. "accept-length"): the embedded bytes, in a file.
 pub fn builtin(name: &str) -> PathBuf {
-    built().join(format!("metric_{}.wasm", name.replace('-', "_")))
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let d =
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("builtins-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        for b in draftlens_plugin_host::builtins::builtins() {
+            std::fs::write(d.join(format!("{}.wasm", b.name)), b.wasm).unwrap();
+        }
+        d
+    });
+    let p = dir.join(format!("{name}.wasm"));
+    assert!(p.is_file(), "no built-in plugin {name}");
+    p
 }
 
 /// Path of test guest `name` (e.g. "hostile").
@@ -107,6 +123,7 @@ pub fn runtime(time_limit: Duration, memory_mib: usize) -> Runtime {
             ..Limits::default()
         },
         cache_dir: None,
+        cache_key_file: None,
     })
     .unwrap()
 }

@@ -12,7 +12,15 @@ pub struct Hostile;
 pub struct Acc {
     mode: String,
     blocks: u64,
+    /// Accumulators begun in this instance before this one (mode `stateful`).
+    begun_before: u64,
+    /// Mode `amplify`: series per group and entries per series.
+    series: usize,
+    len: usize,
 }
+
+/// Shared by every accumulator of an instance: what a stateful plugin must not do.
+static BEGUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Metric for Hostile {
     type Acc = Acc;
@@ -22,13 +30,21 @@ impl Metric for Hostile {
             name: "hostile".into(),
             version: "0.0.1".into(),
             description: "misbehaves on request".into(),
-            metrics: vec![MetricSpec::new("blocks", "blocks", "blocks seen", true)],
-            params: vec![ParamSpec::new(
-                "mode",
-                "ok | loop | alloc | panic | recurse | huge-result | undeclared-metric | infinite-value | \
-                 series-mismatch | log-flood | plugin-error",
-                ParamValue::Text("ok".into()),
-            )],
+            metrics: vec![
+                MetricSpec::new("blocks", "blocks", "blocks seen", true),
+                MetricSpec::new("member_*", "blocks", "a family", true),
+            ],
+            params: vec![
+                ParamSpec::new(
+                    "mode",
+                    "ok | loop | alloc | panic | recurse | huge-result | undeclared-metric | infinite-value | \
+                     series-mismatch | log-flood | plugin-error | amplify | long-member | escape-log | \
+                     huge-error | nan-count | count-max | stateful",
+                    ParamValue::Text("ok".into()),
+                ),
+                ParamSpec::new("series", "amplify: series per group", ParamValue::Int(7)),
+                ParamSpec::new("len", "amplify: entries per series", ParamValue::Int(1 << 20)),
+            ],
             inputs: Inputs::TOP1,
         }
     }
@@ -37,6 +53,9 @@ impl Metric for Hostile {
         Ok(Acc {
             mode: params.text("mode")?.to_string(),
             blocks: 0,
+            begun_before: BEGUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            series: params.int("series")? as usize,
+            len: params.int("len")? as usize,
         })
     }
 }
@@ -92,6 +111,19 @@ impl Accumulator for Acc {
                     "the hostile plugin rejects every batch".into(),
                 ))
             }
+            "escape-log" => {
+                // Clear the screen and forge a host line; then a 10 MiB line.
+                log(
+                    Level::Warn,
+                    "\x1b[2J\x1b[H\rwarning: plugin accept-length failed [timeout]\n\u{202e}forged",
+                );
+                log(Level::Warn, &"\x1b[31m".repeat(1 << 20));
+            }
+            "huge-error" => {
+                let mut m = String::from("\x1b[2J\x1b[Hplugin accept-length failed\n");
+                m.push_str(&"E".repeat(64 << 20));
+                return Err(PluginError::Internal(m));
+            }
             _ => {}
         }
         Ok(())
@@ -109,6 +141,32 @@ impl Accumulator for Acc {
             })],
             "undeclared-metric" => vec![ok, MetricValue::new("surprise", 1.0, 1)],
             "infinite-value" => vec![MetricValue::new("blocks", f64::INFINITY, 1)],
+            // 7 series of 1 Mi entries per group by default: inside every per-call limit, but
+            // multiplied by the groups of a run.
+            "amplify" => {
+                let mut v = vec![ok];
+                for i in 0..self.series {
+                    v.push(
+                        MetricValue::new(&format!("member_{i}"), 0.5, 1).with_series(Series {
+                            kind: SeriesKind::PerPosition,
+                            values: vec![0.25; self.len],
+                            counts: vec![1; self.len],
+                        }),
+                    );
+                }
+                v
+            }
+            "long-member" => {
+                let name = format!("member_{}", "x".repeat(60 << 20));
+                vec![ok, MetricValue::new(&name, 1.0, 1)]
+            }
+            "nan-count" => vec![MetricValue::new("blocks", f64::NAN, self.blocks.max(1))],
+            "count-max" => vec![MetricValue::new("blocks", 1.0, u64::MAX)],
+            "stateful" => vec![MetricValue::new(
+                "blocks",
+                self.blocks as f64 + self.begun_before as f64,
+                self.blocks,
+            )],
             "series-mismatch" => vec![ok.with_series(Series {
                 kind: SeriesKind::PerPosition,
                 values: vec![1.0, 2.0],
