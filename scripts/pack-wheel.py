@@ -61,6 +61,11 @@ def metadata(version):
         "Summary: Honest evaluation of speculative-decoding drafters (DFlash): the draftlens command-line tool\n"
         "License: Apache-2.0\n"
         "Requires-Python: >=3.8\n"
+        # Python metric plugins: the SDK is written by `draftlens plugins new NAME --lang python`
+        # (it ships inside the binary); building the component needs componentize-py, pinned as
+        # the `plugins` extra (`pip install draftlens[plugins]`), like pyproject.toml says.
+        "Provides-Extra: plugins\n"
+        'Requires-Dist: componentize-py==0.25.1; extra == "plugins"\n'
         "Description-Content-Type: text/markdown; charset=UTF-8; variant=GFM\n"
         "\n" + readme
     )
