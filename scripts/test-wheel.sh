@@ -53,4 +53,8 @@ head -1 <<<"$out" | grep -q '^backend ' || { echo "test-wheel: error: demo's fir
 [[ -f runs.sqlite ]] || { echo "test-wheel: error: no runs.sqlite in the working folder" >&2; exit 1; }
 run python -m draftlens doctor
 run draftlens prompts list | grep -q '^builtin:humaneval *164 prompts' || { echo "test-wheel: error: prompts list" >&2; exit 1; }
-echo "test-wheel: wheel installed offline into a fresh venv; setup, demo, doctor, prompts list from an empty folder: ok ($(( $(date +%s) - START )) s)"
+# The built-in metric plugins are in the binary, and a Python plugin scaffolds with its SDK.
+run draftlens plugins list | grep -q '^ddtree ' || { echo "test-wheel: error: plugins list shows no built-in ddtree" >&2; exit 1; }
+run draftlens plugins new wheel-metric --lang python >/dev/null
+[[ -f wheel-metric/draftlens_metric.py ]] || { echo "test-wheel: error: plugins new --lang python wrote no SDK" >&2; exit 1; }
+echo "test-wheel: wheel installed offline into a fresh venv; setup, demo, doctor, prompts list, plugins list, plugins new --lang python from an empty folder: ok ($(( $(date +%s) - START )) s)"
