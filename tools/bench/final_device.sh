@@ -32,6 +32,28 @@ has tests && for t in cuda_ops cuda_gdn cuda_decode; do
   timeout "${TEST_TIMEOUT:-100}" "$B/$t" --nocapture --test-threads=1 2>&1 | grep -v 'registers, ' > "$OUT/$t.log"
   grep -E '^test |test result' "$OUT/$t.log" | tee -a "$OUT/tests.log"
 done
+# The hybrids (issue 12): fla's engine-profile goldens and the CUDA profiles against them
+# (tools/golden/fla_device.sh; the wheels in $B/fla, the test binary as $B/cuda_fla_golden), then
+# `parity` of CPU vs CUDA reference/engine and `generate` with the default (auto) backend on the
+# committed hybrid GGUF goldens, and `doctor` on a GPU machine.
+if has fla; then
+  FLA_WHEELS="$B/fla" FLA_TEST="$B/cuda_fla_golden" bash tools/golden/fla_device.sh > "$OUT/fla.log" 2>&1
+  echo "=== fla rc=$?" | tee -a "$OUT/hybrid.log"
+fi
+if has hybrid; then
+  printf '%s\n' '{"id": "r1", "prompt": "The quick brown fox jumps over the lazy dog because"}' \
+    '{"id": "r2", "prompt": "def fibonacci(n):\n    "}' '{"id": "r3", "prompt": "Once upon a time in a small village"}' \
+    '{"id": "r4", "prompt": "1, 2, 3, 5, 8, 13, 21,"}' > /tmp/raw.jsonl
+  for m in qwen3_5 qwen3_next; do
+    echo "=== generate (auto backend) $m" | tee -a "$OUT/hybrid.log"
+    timeout 120 "$B/draftlens" generate --target tests/fixtures/golden/$m/model.gguf --prompts /tmp/raw.jsonl --max-new-tokens 8 2>&1 | head -n 3 | tee -a "$OUT/hybrid.log"
+    echo "=== parity cpu,cuda $m" | tee -a "$OUT/hybrid.log"
+    timeout 200 "$B/draftlens" parity --backends cpu,cuda --target tests/fixtures/golden/$m/model.gguf --prompts /tmp/raw.jsonl --max-new-tokens 16 > "$OUT/parity_$m.txt" 2>&1
+    echo "rc=$?" | tee -a "$OUT/hybrid.log"; tail -n 40 "$OUT/parity_$m.txt" | tee -a "$OUT/hybrid.log"
+  done
+  echo "=== doctor" | tee -a "$OUT/hybrid.log"
+  timeout 60 "$B/draftlens" doctor 2>&1 | tee -a "$OUT/hybrid.log"
+fi
 has bench || exit 0
 echo "=== cuda_bench" | tee -a "$OUT/bench.log"
 timeout 170 "$B/cuda_bench" --only ceilings,extract,drafter --out "$OUT/bench.json" 2>&1 | tee -a "$OUT/bench.log" | grep -E 'extract|DFlash|GEMM 8192|TargetModel' 
