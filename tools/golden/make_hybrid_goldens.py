@@ -83,8 +83,16 @@ TEXT = dict(
 LAYER_TYPES = ["linear_attention", "linear_attention", "full_attention"] * 2
 # A third model, made only on the GPU machine (--fla, written under --out, not committed): a
 # qwen3_5 with 128-wide GDN heads, the only head size draftlens' CUDA GDN kernels take (other sizes
-# run their host fallback), so the engine-profile kernels themselves meet fla's.
-D128 = dict(hidden_size=128, intermediate_size=256, linear_key_head_dim=128, linear_value_head_dim=128)
+# run their host fallback), so the engine-profile kernels themselves meet fla's. Its attention heads
+# are 64 wide: the smallest width the CUDA attention kernels take (the committed models' 32-wide
+# heads run on the CPU only).
+D128 = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    head_dim=64,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+)
 KINDS = ["qwen3_5", "qwen3_next", "qwen3_5_d128"]
 
 
