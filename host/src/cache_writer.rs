@@ -97,6 +97,15 @@ impl CacheWriter {
         })
     }
 
+    /// Wait until every queued entry is written (or failed), leaving any error for
+    /// [`CacheWriter::flush`]: a lookup after this sees every entry queued before it.
+    pub fn wait(&self) {
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        while st.0 > 0 {
+            st = self.shared.idle.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
     /// Wait until every queued entry is written; the first error of any of them.
     pub fn flush(&self) -> Result<()> {
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());

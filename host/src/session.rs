@@ -550,6 +550,10 @@ impl<B: Backend> Session<B> {
         let mut packer = Packer::new(budget);
         let mut packs = Vec::new();
         let lookups = crate::timeline::phase("cache read");
+        // Entries this session queued earlier must be visible to these lookups (a sequence passed
+        // twice, or again in a later window). By now the writers have usually finished: the GPU
+        // decoded the next chunk meanwhile.
+        self.writer.wait();
         if let Some(n) = seqs.iter().position(|ids| ids.is_empty()) {
             bail!("target pass: sequence {n} has no tokens");
         }

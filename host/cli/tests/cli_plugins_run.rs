@@ -885,7 +885,7 @@ fn run_checks_its_plugins_before_loading_any_model() {
     clean_error(
         &with(&["--plugin", "no-such-metric"]),
         "unknown plugin",
-        &["plugin no-such-metric not found", "plugins/build.sh"],
+        &["plugin no-such-metric not found", "DRAFTLENS_PLUGIN_PATH"],
     );
     clean_error(
         &with(&["--param", "region=all"]),
