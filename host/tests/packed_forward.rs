@@ -322,6 +322,9 @@ fn extraction_caches_the_same_entries_packed_and_one_by_one() {
     assert!(o.iter().all(|x| !x.cached));
 
     // The same keys (file names) in both caches: packing does not change what is cached where.
+    // Entries are written in the background: flush before looking at the files.
+    one_by_one.flush_cache().unwrap();
+    packed.flush_cache().unwrap();
     let (eo, ep) = (entries(&one_by_one.cache), entries(&packed.cache));
     assert_eq!(eo.len(), 4, "{eo:?}");
     assert_eq!(eo, ep);
