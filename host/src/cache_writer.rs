@@ -108,14 +108,8 @@ impl CacheWriter {
 
     /// Wait until every queued entry is written; the first error of any of them.
     pub fn flush(&self) -> Result<()> {
-        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-        while st.0 > 0 {
-            st = self.shared.idle.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-        match st.1.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        self.wait();
+        self.take_error()
     }
 }
 
