@@ -8,7 +8,7 @@
 //! drafter then needs only the embedding and LM head ([`Session::draft_target`]).
 
 use crate::backend::memory::{gib, MemoryModel};
-use crate::backend::{Backend, GdnProfile, TopK};
+use crate::backend::{Backend, GdnProfile, HostRows, TopK};
 use crate::cache::{CacheKey, CachedData, CachedTensor, HiddenCache, Lookup};
 use crate::cache_writer::CacheWriter;
 use crate::chat::ChatMessage;
@@ -105,8 +105,9 @@ pub fn cuda_availability(ordinal: usize) -> std::result::Result<(), String> {
 pub struct TargetPass {
     /// The sequence (prompt + continuation).
     pub ids: Vec<u32>,
-    /// Captured hidden states, `(HF index, [T × D] row-major)`, in the order asked for.
-    pub hidden: Vec<(usize, Vec<f32>)>,
+    /// Captured hidden states, `(HF index, [T × D] row-major)`, in the order asked for, in the
+    /// backend's compute dtype (bf16 on CUDA: taps are never widened on their way to the drafter).
+    pub hidden: Vec<(usize, HostRows)>,
     pub hidden_size: usize,
     /// The target's own top-K next-token prediction at every position (row t predicts t+1).
     pub topk: TopK,
@@ -115,11 +116,11 @@ pub struct TargetPass {
 }
 
 impl TargetPass {
-    pub fn hidden(&self, index: usize) -> Option<&[f32]> {
+    pub fn hidden(&self, index: usize) -> Option<&HostRows> {
         self.hidden
             .iter()
             .find(|(i, _)| *i == index)
-            .map(|(_, h)| h.as_slice())
+            .map(|(_, h)| h)
     }
 }
 
@@ -383,6 +384,34 @@ impl<B: Backend> Session<B> {
         })
     }
 
+    /// The cache key of an entry derived from the target's outputs over `ids` (a drafter's
+    /// records): the target's identity, backend and code version, plus `kind` and `extra`.
+    pub fn derived_key(
+        &self,
+        kind: &str,
+        ids: &[u32],
+        layers: Vec<usize>,
+        extra: String,
+    ) -> Result<CacheKey> {
+        self.key(kind, ids, layers, extra)
+    }
+
+    /// Look up many entries at once, on all cores (after this session's queued writes).
+    pub fn cache_get_many(&self, keys: &[CacheKey]) -> Result<Vec<Option<Vec<CachedTensor>>>> {
+        use rayon::prelude::*;
+        self.writer.wait();
+        keys.par_iter().map(|k| self.cache.get(k)).collect()
+    }
+
+    /// Queue an entry for the background cache writer ([`Session::flush_cache`] reports errors).
+    pub fn cache_put(
+        &self,
+        key: CacheKey,
+        tensors: impl FnOnce() -> Vec<CachedTensor> + Send + 'static,
+    ) -> Result<()> {
+        self.writer.put(&self.cache, key, tensors)
+    }
+
     /// Token ids of a prompt: chat prompts go through the model's own chat template with the
     /// generation prompt; raw prompts are encoded as they are (BOS as the tokenizer says).
     pub fn prompt_ids(&self, p: &Prompt) -> Result<Vec<u32>> {
@@ -570,7 +599,7 @@ impl<B: Backend> Session<B> {
             .zip(keys)
             .map(|(ids, key)| {
                 let hit = match cache.lookup(&key)? {
-                    Lookup::Hit(t) => decode_pass(&t, ids, capture, d, k),
+                    Lookup::Hit(t) => decode_pass(t, ids, capture, d, k),
                     _ => None,
                 };
                 Ok((key, hit))
@@ -598,19 +627,13 @@ impl<B: Backend> Session<B> {
                 );
             }
         }
-        // Cache entries hold the hidden states in the backend's compute dtype: bf16 on CUDA
-        // (exact, half the bytes of f32), f32 on the CPU.
-        let bf16 = self.be.dtype() == "bf16";
         for pack in packs.iter().filter(|p| !p.is_empty()) {
             let seq_ids: Vec<&[u32]> = pack.iter().map(|(n, _)| seqs[*n]).collect();
             let computed = self.packed_pass(&seq_ids, capture, k)?;
-            // The entries' hidden states are converted here, on all cores, so the queue holds
-            // bf16 (half of an f32 copy) and the main thread waits for no single-core loop.
+            // Cache entries hold the hidden states in the backend's compute dtype: bf16 on CUDA
+            // (exact, half the bytes of f32), f32 on the CPU. Copied on all cores.
             use rayon::prelude::*;
-            let entries: Vec<PassEntry> = computed
-                .par_iter()
-                .map(|p| PassEntry::of(p, bf16))
-                .collect();
+            let entries: Vec<PassEntry> = computed.par_iter().map(PassEntry::of).collect();
             for (((n, key), pass), entry) in pack.iter().zip(computed).zip(entries) {
                 self.writer
                     .put(&self.cache, key.clone(), move || entry.tensors())?;
@@ -646,7 +669,7 @@ impl<B: Backend> Session<B> {
             .iter()
             .map(|&i| {
                 let t = out.captured.get(i).context("captured state missing")?;
-                Ok((i, self.be.to_host(t)?))
+                Ok((i, self.be.to_host_rows(t)?))
             })
             .collect::<Result<Vec<_>>>()?;
         use rayon::prelude::*;
@@ -655,7 +678,7 @@ impl<B: Backend> Session<B> {
             .map(|(s, w)| {
                 let hidden = taps
                     .iter()
-                    .map(|(i, all)| (*i, all[w[0] * d..w[1] * d].to_vec()))
+                    .map(|(i, all)| (*i, all.view().slice(w[0] * d..w[1] * d).to_owned()))
                     .collect();
                 Ok(TargetPass {
                     ids: s.to_vec(),
@@ -717,17 +740,15 @@ struct PassEntry {
 }
 
 impl PassEntry {
-    /// The hidden states in bf16 when `bf16` (they were computed in bf16, so nothing is
-    /// rounded), else f32.
-    fn of(p: &TargetPass, bf16: bool) -> PassEntry {
+    /// The hidden states in the dtype they were computed in (nothing is rounded).
+    fn of(p: &TargetPass) -> PassEntry {
         let hidden = p
             .hidden
             .iter()
             .map(|(i, h)| {
-                let data = if bf16 {
-                    CachedData::BF16(half::vec::HalfFloatVecExt::from_f32_slice(h))
-                } else {
-                    CachedData::F32(h.clone())
+                let data = match h {
+                    HostRows::BF16(v) => CachedData::BF16(v.clone()),
+                    HostRows::F32(v) => CachedData::F32(v.clone()),
                 };
                 (*i, data)
             })
@@ -808,28 +829,29 @@ fn decode_continuation(t: &[CachedTensor]) -> Option<Continuation> {
 }
 
 fn decode_pass(
-    t: &[CachedTensor],
+    t: Vec<CachedTensor>,
     ids: &[u32],
     capture: &Capture,
     d: usize,
     k: usize,
 ) -> Option<TargetPass> {
+    // The tensors are moved out of the entry: a pass's hidden states are megabytes.
+    let mut by_name: std::collections::HashMap<String, CachedData> =
+        t.into_iter().map(|x| (x.name, x.data)).collect();
     let mut hidden = Vec::new();
     for &i in &capture.indices {
-        match &find(t, &format!("hs.{i}"))?.data {
-            CachedData::F32(v) if v.len() == ids.len() * d => hidden.push((i, v.clone())),
-            CachedData::BF16(v) if v.len() == ids.len() * d => {
-                hidden.push((i, half::slice::HalfFloatSliceExt::to_f32_vec(v.as_slice())))
-            }
+        match by_name.remove(&format!("hs.{i}"))? {
+            CachedData::F32(v) if v.len() == ids.len() * d => hidden.push((i, HostRows::F32(v))),
+            CachedData::BF16(v) if v.len() == ids.len() * d => hidden.push((i, HostRows::BF16(v))),
             _ => return None,
         }
     }
-    let tid = match &find(t, "topk_ids")?.data {
-        CachedData::U32(v) => v.clone(),
+    let tid = match by_name.remove("topk_ids")? {
+        CachedData::U32(v) => v,
         _ => return None,
     };
-    let tlp = match &find(t, "topk_logprobs")?.data {
-        CachedData::F32(v) => v.clone(),
+    let tlp = match by_name.remove("topk_logprobs")? {
+        CachedData::F32(v) => v,
         _ => return None,
     };
     if tid.len() != ids.len() * k || tlp.len() != tid.len() {

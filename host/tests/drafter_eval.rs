@@ -679,7 +679,7 @@ fn live_decoding_is_lossless_and_its_tau_equals_the_replayed_tau() {
             Capture::for_layer_ids(&d.cfg.target_layer_ids, session.files.spec.num_layers).unwrap();
         let pass = session.target_pass(&ids, &capture, 8).unwrap();
         let mut seq = Sequence::new(i as u32, &ids, prompt.len(), &pass.topk, Labels::Target);
-        let taps: Vec<&[f32]> = capture
+        let taps: Vec<_> = capture
             .indices
             .iter()
             .map(|&x| pass.hidden(x).unwrap())

@@ -46,7 +46,7 @@ fn prompt_ids(s: &Session<CpuBackend>) -> Vec<Vec<u32>> {
 /// Continuations (4 tokens) and target passes (taps 2 and 9, top-8) of [`TEXTS`], as plain data.
 type Outcome = (
     Vec<Vec<u32>>,
-    Vec<(Vec<(usize, Vec<f32>)>, Vec<u32>)>,
+    Vec<(Vec<(usize, draftlens::backend::HostRows)>, Vec<u32>)>,
     Vec<bool>,
 );
 
@@ -204,7 +204,8 @@ fn a_prompt_too_long_for_device_memory_is_refused_before_any_work() {
     let whole = free.target_passes(&refs, &capture, 8).unwrap();
     for (a, b) in split.iter().zip(&whole) {
         assert_eq!(a.topk.ids, b.topk.ids);
-        let (x, y) = (&a.hidden[0].1, &b.hidden[0].1);
+        let (x, y) = (a.hidden[0].1.to_f32(), b.hidden[0].1.to_f32());
+        let (x, y) = (x.as_ref(), y.as_ref());
         let num: f32 = x.iter().zip(y).map(|(p, q)| (p - q) * (p - q)).sum();
         let den: f32 = y.iter().map(|q| q * q).sum();
         // Packing changes only f32 summation order.

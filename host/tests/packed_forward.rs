@@ -285,7 +285,7 @@ fn assert_passes_equal(a: &TargetPass, b: &TargetPass, what: &str) {
         "{what}"
     );
     for ((i, ha), (_, hb)) in a.hidden.iter().zip(&b.hidden) {
-        let e = diff(ha, hb);
+        let e = diff(&ha.to_f32(), &hb.to_f32());
         eprintln!("{what} hs{i}: rel {:.2e} max_abs {:.2e}", e.rel, e.max_abs);
         assert!(e.rel <= REL_TOL, "{what}: hs{i} rel {:.3e}", e.rel);
     }
@@ -354,7 +354,7 @@ fn extraction_caches_the_same_entries_packed_and_one_by_one() {
             .unwrap();
         for (i, h) in &p[n].hidden {
             let want = packed.be.to_host(out.captured.get(*i).unwrap()).unwrap();
-            let e = diff(h, &want);
+            let e = diff(&h.to_f32(), &want);
             assert!(
                 e.rel <= REL_TOL,
                 "seq {n} hs{i}: packed vs forward rel {:.3e}",

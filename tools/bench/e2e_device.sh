@@ -41,16 +41,29 @@ timed cat_floor bash -c "cat $M/*.safetensors > /dev/null"
 # transformers at batch 64 too (draftlens decodes 64 prompts at a time by default).
 [ -z "${DL_ONLY:-}" ] && timed hf_extract_b64 timeout 400 python3 tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS --batch 64
 [ -z "${DL_ONLY:-}" ] && timed hf_run3 timeout 500 python3 tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS --drafters $M-drafters
-if [ -z "${HF_ONLY:-}" ]; then
+if [ -z "${HF_ONLY:-}" ] && [ -z "${RUNS_ONLY:-}" ]; then
   rm -rf /tmp/dlcache
   timed extract_cold timeout 400 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json --timeline
   timed extract_cached timeout 200 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json --timeline
   # The same cold extract again with the NVRTC kernel cache warm (what any later process sees).
   rm -rf /tmp/dlcache
   timed extract_cold_warm_kernels timeout 400 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json --timeline
-  rm -rf /tmp/dlcache
+fi
+# RUNS_ONLY=1: only the `run` of three checkpoints, cold then cached (twice), with the drafter's
+# sub-phases in the timeline; NSYS=1 also profiles the cached run with Nsight Systems if present.
+if [ -z "${HF_ONLY:-}" ]; then
+  rm -rf /tmp/dlcache /tmp/runs.sqlite /tmp/runs2.sqlite /tmp/runs3.sqlite
   timed run_cold3 timeout 400 "$DL" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/runs.sqlite --json --timeline
   timed run_cached3 timeout 300 "$DL" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/runs2.sqlite --json --timeline
+  # EXTRA_AB="128 256": the cached run again with those --anchor-batch values.
+  for ab in ${EXTRA_AB:-}; do
+    timed run_cached3_ab$ab timeout 300 "$DL" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/runs_ab$ab.sqlite --json --timeline --anchor-batch $ab
+  done
+  if [ -n "${NSYS:-}" ] && command -v nsys > /dev/null; then
+    timed run_cached3_nsys timeout 300 nsys profile --stats=true -o "$OUT/run_cached3" -f true "$DL" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/runs3.sqlite --json
+    grep -A40 -E "cuda_gpu_kern_sum|cuda_api_sum" "$OUT/run_cached3_nsys.out" | head -n 120 > "$OUT/nsys_summary.txt"
+    rm -f "$OUT"/run_cached3.nsys-rep "$OUT"/run_cached3.sqlite
+  fi
 fi
 # The mixed-length set (tools/bench/make_mixed_prompts.py, carried as $BIN/mixed.jsonl): MIXED=1.
 if [ -n "${MIXED:-}" ] && [ -e "$BIN/mixed.jsonl" ]; then

@@ -377,7 +377,7 @@ impl BackendJob for ExtractJob<'_> {
                         dump.push((
                             format!("{}.hs{}", w.id, i),
                             vec![w.ids.len(), pass.hidden_size],
-                            h,
+                            h.to_f32().into_owned(),
                         ));
                     }
                 }

@@ -330,6 +330,61 @@ fn resume_and_compare(cache: &Path, prompts: &Path, db: &Path) {
     );
 }
 
+/// How many prompts of a `run --json` outcome took their records from the cache.
+fn records_cached(out: &serde_json::Value) -> u64 {
+    out.as_array().unwrap()[0]["timings"]["records_cached"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no timings.records_cached in {out}"))
+}
+
+#[test]
+fn rerun_takes_the_drafters_records_from_the_cache_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cache, db, prompts) = (
+        tmp.path().join("cache"),
+        tmp.path().join("runs.sqlite"),
+        three_prompts(tmp.path()),
+    );
+    let d = reference_drafter();
+    let first = json_out(&dl(&cache, &run_args(&prompts, &db, &d)), "first run");
+    assert_eq!(records_cached(&first), 0);
+    let again = json_out(&dl(&cache, &run_args(&prompts, &db, &d)), "second run");
+    assert_eq!(records_cached(&again), 3, "every prompt's records cached");
+    let r = runs(&db);
+    let store = Store::open(&db).unwrap();
+    let (a, b) = (
+        store.records(r[0].id).unwrap(),
+        store.records(r[1].id).unwrap(),
+    );
+    assert!(a.num_blocks() > 0);
+    assert_eq!(a, b, "cached records differ from the computed ones");
+    let (ma, mb) = (metric_map(&db, r[0].id), metric_map(&db, r[1].id));
+    assert_eq!(ma.len(), mb.len());
+    for ((k, x), (_, y)) in ma.iter().zip(&mb) {
+        assert_eq!(x.value.to_bits(), y.value.to_bits(), "{k}");
+    }
+    // Anything that changes the records misses: an evaluation option...
+    let mut args = run_args(&prompts, &db, &d);
+    args.extend(["--top-k", "4"]);
+    let other = json_out(&dl(&cache, &args), "run with --top-k 4");
+    assert_eq!(records_cached(&other), 0);
+    // ...and the drafter's config (same weights, another file).
+    let copy = tmp.path().join("drafter-copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in std::fs::read_dir(&d).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, copy.join(f.file_name().unwrap())).unwrap();
+    }
+    let cfg = copy.join("config.json");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("{text}\n")).unwrap();
+    let edited = json_out(
+        &dl(&cache, &run_args(&prompts, &db, &copy)),
+        "edited config",
+    );
+    assert_eq!(records_cached(&edited), 0);
+}
+
 #[test]
 fn fail_after_one_prompt_marks_the_run_failed_and_rerunning_resumes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -352,9 +407,9 @@ fn fail_after_one_prompt_marks_the_run_failed_and_rerunning_resumes() {
         r[0].error
     );
     assert_eq!(assert_consistent_unfinished(&db, r[0].id), 1);
-    // The three continuations (decoded together, one --gen-batch chunk) and the first prompt's
-    // taps were cached and are valid.
-    assert_eq!(cache_verifies(&cache), 4);
+    // The three continuations (decoded together, one --gen-batch chunk), the first prompt's
+    // taps and its drafter records were cached and are valid.
+    assert_eq!(cache_verifies(&cache), 5);
     resume_and_compare(&cache, &prompts, &db);
 }
 

@@ -14,12 +14,14 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod gdn;
+pub mod host_rows;
 pub mod mask;
 pub mod memory;
 pub mod raw;
 
 pub use compose::{attention_decode_per_row, attention_varlen_qkv_unfused};
 pub use gdn::{GdnLayerHost, GdnProfile, GdnShape, HostF32};
+pub use host_rows::{HostRows, HostRowsRef};
 pub use mask::{varlen_key_intervals, AttnMask, KeyIntervals};
 
 use anyhow::{anyhow, ensure, Result};
@@ -196,6 +198,23 @@ pub trait Backend: Send + Sync + 'static {
         self.from_host_impl(data, rows, cols)
     }
     fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
+    /// Upload rows given in either dtype (bf16 taps go to a bf16 backend unconverted).
+    fn from_host_rows(&self, data: HostRowsRef, rows: usize, cols: usize) -> Result<Self::Tensor> {
+        ensure!(
+            data.len() == rows * cols,
+            "tensor data has {} values, shape [{rows}, {cols}] needs {}",
+            data.len(),
+            rows * cols
+        );
+        match data {
+            HostRowsRef::F32(d) => self.from_host_impl(d, rows, cols),
+            HostRowsRef::BF16(d) => self.from_host_bf16_impl(d, rows, cols),
+        }
+    }
+    /// `t` on the host in the backend's compute dtype ([`Backend::to_host`] widens to f32).
+    fn to_host_rows(&self, t: &Self::Tensor) -> Result<HostRows> {
+        Ok(HostRows::F32(self.to_host(t)?))
+    }
     fn dims(&self, t: &Self::Tensor) -> (usize, usize);
     fn matrix(&self, data: &[f32], out: usize, inp: usize) -> Result<Self::Matrix> {
         ensure!(
@@ -477,6 +496,16 @@ pub trait Backend: Send + Sync + 'static {
 
     #[allow(clippy::wrong_self_convention)] // named after `from_host`, as every `*_impl`
     fn from_host_impl(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
+    /// bf16 input; by default widened (exactly) and passed to `from_host_impl`.
+    #[allow(clippy::wrong_self_convention)]
+    fn from_host_bf16_impl(
+        &self,
+        data: &[half::bf16],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self::Tensor> {
+        self.from_host_impl(&host_rows::bf16_to_f32(data), rows, cols)
+    }
     fn matrix_impl(&self, data: &[f32], out: usize, inp: usize) -> Result<Self::Matrix>;
     fn matmul_impl(&self, x: &Self::Tensor, w: &Self::Matrix) -> Result<Self::Tensor>;
     fn add_row_bias_impl(&self, x: &mut Self::Tensor, bias: &Self::Tensor) -> Result<()>;

@@ -10,7 +10,7 @@
 //! budget or an EOS ends the sequence first), the same convention as [`super::metrics::replay`].
 
 use super::model::{DFlashDrafter, DraftOptions};
-use crate::backend::Backend;
+use crate::backend::{Backend, HostRows};
 use crate::model::{Capture, TargetModel};
 use anyhow::{bail, Result};
 use serde::Serialize;
@@ -41,14 +41,14 @@ fn taps_rows<B: Backend>(
     cap: &crate::model::Captured<B>,
     indices: &[usize],
     n: usize,
-) -> Result<Vec<Vec<f32>>> {
+) -> Result<Vec<HostRows>> {
     indices
         .iter()
         .map(|&i| {
             let t = cap
                 .get(i)
                 .ok_or_else(|| anyhow::anyhow!("tap hidden_states[{i}] was not captured"))?;
-            be.to_host(&be.slice_rows(t, 0, n)?)
+            be.to_host_rows(&be.slice_rows(t, 0, n)?)
         })
         .collect()
 }
@@ -84,8 +84,7 @@ pub fn live_decode<B: Backend>(
         return Ok(res);
     }
     let taps = taps_rows(be, &out.captured, &tap_idx, p)?;
-    let refs: Vec<&[f32]> = taps.iter().map(|v| v.as_slice()).collect();
-    let mut ctx = drafter.context(be, &refs, d_t)?;
+    let mut ctx = drafter.context(be, &taps.iter().collect::<Vec<_>>(), d_t)?;
     while !eos.contains(res.ids.last().expect("non-empty")) && res.ids.len() < max_new {
         let a = p + res.ids.len() - 1;
         let y_a = *res.ids.last().expect("non-empty");
@@ -128,8 +127,7 @@ pub fn live_decode<B: Backend>(
         // Keep y_a and the accepted drafts in the cache; the bonus enters with the next verify.
         target.crop(be, &mut cache, a + acc + 1)?;
         let new_taps = taps_rows(be, &v.captured, &tap_idx, acc + 1)?;
-        let refs: Vec<&[f32]> = new_taps.iter().map(|v| v.as_slice()).collect();
-        drafter.extend_context(be, &mut ctx, &refs, d_t)?;
+        drafter.extend_context(be, &mut ctx, &new_taps.iter().collect::<Vec<_>>(), d_t)?;
     }
     Ok(res)
 }

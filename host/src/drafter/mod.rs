@@ -12,4 +12,5 @@ pub use model::{DFlashDrafter, DraftOptions};
 pub mod lint;
 pub mod live;
 pub mod random;
+pub mod records_cache;
 pub mod run;

@@ -11,7 +11,7 @@
 //! Context rows never pass through attention or MLPs; only each layer's k/v projections see them.
 
 use super::config::{DrafterConfig, LayerKind};
-use crate::backend::{AttnMask, AttnShape, Backend, TopK};
+use crate::backend::{AttnMask, AttnShape, Backend, HostRowsRef, TopK};
 use crate::formats::safetensors::SafetensorsWeights;
 use crate::formats::WeightSource;
 use crate::model::transformer::{load_matrix, Mlp, RmsNorm};
@@ -142,11 +142,11 @@ impl<B: Backend> DFlashDrafter<B> {
     }
 
     /// Context K/V for positions `0..S` from the taps (`taps[j]` is `[S, Dt]` row-major, in
-    /// `target_layer_ids` order).
-    pub fn context(
+    /// `target_layer_ids` order, f32 or bf16: see [`HostRowsRef`]).
+    pub fn context<'t, T: Into<HostRowsRef<'t>> + Copy>(
         &self,
         be: &B,
-        taps: &[&[f32]],
+        taps: &[T],
         target_hidden: usize,
     ) -> Result<DraftContext<B>> {
         let mut ctx = DraftContext {
@@ -160,11 +160,11 @@ impl<B: Backend> DFlashDrafter<B> {
 
     /// Append context rows for positions `ctx.len..ctx.len+n` (live decoding adds the taps of
     /// each verify pass's accepted tokens).
-    pub fn extend_context(
+    pub fn extend_context<'t, T: Into<HostRowsRef<'t>> + Copy>(
         &self,
         be: &B,
         ctx: &mut DraftContext<B>,
-        taps: &[&[f32]],
+        taps: &[T],
         target_hidden: usize,
     ) -> Result<()> {
         if taps.len() != self.cfg.target_layer_ids.len() {
@@ -174,13 +174,15 @@ impl<B: Backend> DFlashDrafter<B> {
                 taps.len()
             );
         }
+        let taps: Vec<HostRowsRef> = taps.iter().map(|&t| t.into()).collect();
         let n = taps[0].len() / target_hidden;
         if n == 0 {
             return Ok(());
         }
+        // bf16 taps (the CUDA backend's) are uploaded as they are: no conversion on the host.
         let parts: Vec<B::Tensor> = taps
             .iter()
-            .map(|t| be.from_host(t, n, target_hidden))
+            .map(|&t| be.from_host_rows(t, n, target_hidden))
             .collect::<Result<_>>()?;
         let refs: Vec<&B::Tensor> = parts.iter().collect();
         let fused = be.concat_cols(&refs)?;
@@ -238,6 +240,7 @@ impl<B: Backend> DFlashDrafter<B> {
             positions.extend((a..a + b).map(|p| p as u32));
         }
         let rope = self.cfg.rope();
+        let layers = crate::timeline::phase("drafter layers");
         let mut x = be.embed(target.embed_tokens(), &ids)?;
         for (i, l) in self.layers.iter().enumerate() {
             let h = l.input_layernorm.forward(be, &x)?;
@@ -277,6 +280,9 @@ impl<B: Backend> DFlashDrafter<B> {
             .flat_map(|blk| (1..b).map(move |r| (blk * b + r) as u32))
             .collect();
         let out = self.norm.forward(be, &be.gather_rows(&x, &rows)?)?;
+        drop(layers);
+        // Where the device work queued above is waited for (the top-K download synchronises).
+        let _head = crate::timeline::phase("drafter LM head + top-K");
         target.logits_topk(be, &out, k)
     }
 }

@@ -8,7 +8,8 @@ use super::eval::{evaluate_sequence, DraftTarget, Drafter, EvalOptions, Labels, 
 use super::lint::{lint, Severity};
 use super::metrics::{summarize, PromptInfo};
 use super::model::DFlashDrafter;
-use crate::backend::Backend;
+use super::records_cache;
+use crate::backend::{Backend, HostRows};
 use crate::model::Capture;
 use crate::prompts::{Prompt, PromptSet};
 use crate::records::RecordBatch;
@@ -185,6 +186,7 @@ pub fn run_eval<B: Backend>(
     s.check_prompts_fit(&set.prompts, opts.max_new_tokens, taps)?;
     let (dpath, dsha, series, step) =
         drafter_identity(spec, &crate::identity::IdentityStore::new(s.cache.root()))?;
+    let dsha_for_cache = dsha.clone();
     let b = drafter.block_size();
     let tok = s.files.tokenizer()?;
     let name = opts.name.clone().unwrap_or_else(|| {
@@ -253,7 +255,20 @@ pub fn run_eval<B: Backend>(
         tokenizer_sha256: Some(tok.fingerprint()),
     })?;
     drop(_setup);
-    let result = evaluate_prompts(s, &drafter, set, opts, store, run_id);
+    // A DFlash checkpoint's records are cached under the hash of its weights and config.
+    let records_sha = match (&drafter, spec) {
+        (Drafter::DFlash(_), DrafterSpec::Checkpoint { dir, .. }) if !dsha_for_cache.is_empty() => {
+            let cfg = dir.join("config.json");
+            let cfg =
+                std::fs::read(&cfg).with_context(|| format!("{}: cannot read", cfg.display()))?;
+            Some(format!(
+                "{dsha_for_cache}+config:{}",
+                crate::util::sha256_bytes(&cfg)
+            ))
+        }
+        _ => None,
+    };
+    let result = evaluate_prompts(s, &drafter, set, opts, store, run_id, records_sha);
     // The records do not depend on the cache: an entry that could not be written costs only a
     // recomputation next time, so it is a warning here (`extract`, whose product is the cache,
     // fails on it).
@@ -267,7 +282,7 @@ pub fn run_eval<B: Backend>(
             let metrics = summarize(&all, &infos);
             store.add_metrics(run_id, &metrics)?;
             let metrics_s = tm.elapsed().as_secs_f64();
-            let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": metrics_s });
+            let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": metrics_s, "records_cached": timings.2 });
             store.finish_run(run_id, RunStatus::Complete, None, &timings)?;
             let mut run_metrics: BTreeMap<String, BTreeMap<String, MetricSummary>> =
                 BTreeMap::new();
@@ -311,7 +326,9 @@ pub fn run_eval<B: Backend>(
     }
 }
 
-type Evaluated = (Vec<PromptInfo>, RecordBatch, (f64, f64));
+/// Prompt infos, all records, and (target seconds, drafter seconds, prompts whose records came
+/// from the cache).
+type Evaluated = (Vec<PromptInfo>, RecordBatch, (f64, f64, usize));
 
 /// A prompt whose sequence is known and whose target pass waits for its pack.
 struct Pending {
@@ -330,6 +347,7 @@ fn evaluate_prompts<B: Backend>(
     opts: &RunOptions,
     store: &Store,
     run_id: i64,
+    records_sha: Option<String>,
 ) -> Result<Evaluated> {
     let layer_ids = match drafter {
         Drafter::DFlash(d) => d.cfg.target_layer_ids.clone(),
@@ -348,6 +366,8 @@ fn evaluate_prompts<B: Backend>(
         infos: Vec::new(),
         target_s: 0.0,
         draft_s: 0.0,
+        records_sha,
+        records_cached: 0,
         pb: crate::progress::bar(set.prompts.len() as u64, "evaluate"),
     };
     ev.all.target_ids = Some(Vec::new());
@@ -382,7 +402,11 @@ fn evaluate_prompts<B: Backend>(
     }
     ev.flush(window.finish())?;
     ev.pb.finish_and_clear();
-    Ok((ev.infos, ev.all, (ev.target_s, ev.draft_s)))
+    Ok((
+        ev.infos,
+        ev.all,
+        (ev.target_s, ev.draft_s, ev.records_cached),
+    ))
 }
 
 /// Each prompt of `chunk` as (prompt + labels, prompt length): the labels are the target's greedy
@@ -441,6 +465,10 @@ struct Evaluation<'a, B: Backend> {
     infos: Vec<PromptInfo>,
     target_s: f64,
     draft_s: f64,
+    /// The DFlash checkpoint's files hash, under which its records are cached (`None`: the
+    /// known-answer drafters, which are not cached).
+    records_sha: Option<String>,
+    records_cached: usize,
     pb: indicatif::ProgressBar,
 }
 
@@ -457,39 +485,69 @@ impl<B: Backend> Evaluation<'_, B> {
     }
 
     /// The target passes of `window` (packed), then each prompt drafted and stored in order.
+    /// Prompts whose records this checkpoint produced before come from the cache and need
+    /// neither a target pass nor a drafter forward.
     fn flush(&mut self, window: Vec<Pending>) -> Result<()> {
         if window.is_empty() {
             return Ok(());
         }
         let (s, opts) = (self.s, self.opts);
+        let (b, k) = (self.drafter.block_size() as u32, opts.eval.top_k as u32);
+        let keys = match &self.records_sha {
+            Some(sha) => window
+                .iter()
+                .map(|w| {
+                    records_cache::key(s, &w.ids, w.prompt_len, &self.tap_idx, sha, &opts.eval)
+                        .map(Some)
+                })
+                .collect::<Result<Vec<_>>>()?,
+            None => vec![None; window.len()],
+        };
+        let mut cached: Vec<Option<RecordBatch>> = if self.records_sha.is_some() {
+            let _phase = crate::timeline::phase("cache read (records)");
+            let keys: Vec<_> = keys.iter().flatten().cloned().collect();
+            s.cache_get_many(&keys)?
+                .into_iter()
+                .zip(&window)
+                .map(|(hit, w)| {
+                    hit.and_then(|t| records_cache::from_tensors(t, b, k, w.index as u32))
+                })
+                .collect()
+        } else {
+            vec![None; window.len()]
+        };
+        self.records_cached += cached.iter().flatten().count();
         let t = Instant::now();
-        let seqs: Vec<&[u32]> = window.iter().map(|w| w.ids.as_slice()).collect();
-        let passes = s.target_passes(&seqs, &self.capture, opts.eval.top_k)?;
+        let todo: Vec<&[u32]> = window
+            .iter()
+            .zip(&cached)
+            .filter(|(_, c)| c.is_none())
+            .map(|(w, _)| w.ids.as_slice())
+            .collect();
+        let mut passes = if todo.is_empty() {
+            Vec::new()
+        } else {
+            s.target_passes(&todo, &self.capture, opts.eval.top_k)?
+        }
+        .into_iter();
         self.target_s += t.elapsed().as_secs_f64();
         let tok = s.files.tokenizer()?;
-        for (w, pass) in window.iter().zip(&passes) {
+        for ((w, hit), key) in window.iter().zip(cached.iter_mut()).zip(keys) {
             self.check_interrupted()?;
-            let drafting = crate::timeline::phase("drafter");
-            let t = Instant::now();
             let (i, ids) = (w.index, &w.ids);
             let p = &self.set.prompts[i];
-            let mut seq = Sequence::new(i as u32, ids, w.prompt_len, &pass.topk, opts.eval.labels);
-            if let Drafter::DFlash(d) = self.drafter {
-                let taps: Vec<&[f32]> = self
-                    .tap_idx
-                    .iter()
-                    .map(|&x| pass.hidden(x).expect("captured"))
-                    .collect();
-                seq.ctx = Some(d.context(&s.be, &taps, pass.hidden_size)?);
-            }
-            // Only a DFlash drafter needs target weights (embedding and LM head).
-            let target = match self.drafter {
-                Drafter::DFlash(_) => DraftTarget::Head(s.draft_target()?),
-                _ => DraftTarget::Vocab(s.files.spec.vocab_size),
+            let rec = match hit.take() {
+                Some(rec) => rec,
+                None => {
+                    let pass = passes.next().context("target pass missing")?;
+                    let rec = self.draft(w, &pass)?;
+                    if let Some(key) = key {
+                        let entry = records_cache::to_tensors(&rec);
+                        s.cache_put(key, move || entry)?;
+                    }
+                    rec
+                }
             };
-            let rec = evaluate_sequence(&s.be, target, self.drafter, &seq, &opts.eval)?;
-            self.draft_s += t.elapsed().as_secs_f64();
-            drop(drafting);
             let _phase = crate::timeline::phase("store records");
             self.store.add_prompt_records(
                 self.run_id,
@@ -514,6 +572,39 @@ impl<B: Backend> Evaluation<'_, B> {
             self.pb.inc(1);
         }
         Ok(())
+    }
+}
+
+impl<B: Backend> Evaluation<'_, B> {
+    /// The records of one prompt from its target pass: the drafter's context, then every anchor.
+    fn draft(&mut self, w: &Pending, pass: &crate::session::TargetPass) -> Result<RecordBatch> {
+        let (s, opts) = (self.s, self.opts);
+        let _drafting = crate::timeline::phase("drafter");
+        let t = Instant::now();
+        let mut seq = Sequence::new(
+            w.index as u32,
+            &w.ids,
+            w.prompt_len,
+            &pass.topk,
+            opts.eval.labels,
+        );
+        if let Drafter::DFlash(d) = self.drafter {
+            let taps: Vec<&HostRows> = self
+                .tap_idx
+                .iter()
+                .map(|&x| pass.hidden(x).context("tap not captured"))
+                .collect::<Result<_>>()?;
+            let _phase = crate::timeline::phase("drafter context");
+            seq.ctx = Some(d.context(&s.be, &taps, pass.hidden_size)?);
+        }
+        // Only a DFlash drafter needs target weights (embedding and LM head).
+        let target = match self.drafter {
+            Drafter::DFlash(_) => DraftTarget::Head(s.draft_target()?),
+            _ => DraftTarget::Vocab(s.files.spec.vocab_size),
+        };
+        let rec = evaluate_sequence(&s.be, target, self.drafter, &seq, &opts.eval)?;
+        self.draft_s += t.elapsed().as_secs_f64();
+        Ok(rec)
     }
 }
 

@@ -6,8 +6,8 @@ use super::mask::MaskKey;
 use super::memory::Cols;
 use super::{blocks, decode, derr, gdn, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
 use crate::backend::{
-    attention_varlen_qkv_unfused, AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope, RopeStyle,
-    TopK,
+    attention_varlen_qkv_unfused, host_rows, AttnMask, AttnShape, Backend, HostRows, KvSlot,
+    QkNorm, Rope, RopeStyle, TopK,
 };
 use anyhow::{bail, ensure, Result};
 use cudarc::cublas::sys as blas_sys;
@@ -27,30 +27,28 @@ impl Backend for CudaBackend {
     }
 
     fn from_host_impl(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor> {
-        let h: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
+        self.from_host_bf16_impl(&host_rows::f32_to_bf16(data), rows, cols)
+    }
+    fn from_host_bf16_impl(&self, data: &[bf16], rows: usize, cols: usize) -> Result<CudaTensor> {
         Ok(CudaTensor {
-            buf: self.upload(&h)?,
+            buf: self.upload(data)?,
             rows,
             cols,
         })
     }
     fn to_host(&self, t: &CudaTensor) -> Result<Vec<f32>> {
-        // Converted on all cores: a packed forward's taps are hundreds of millions of values.
-        use rayon::prelude::*;
-        let raw = self.to_host_bf16(t)?;
-        let mut out = vec![0f32; raw.len()];
-        out.par_chunks_mut(1 << 16)
-            .zip(raw.par_chunks(1 << 16))
-            .for_each(|(o, r)| half::slice::HalfFloatSliceExt::convert_to_f32_slice(r, o));
-        Ok(out)
+        // Widened on all cores: a packed forward's taps are hundreds of millions of values.
+        Ok(host_rows::bf16_to_f32(&self.to_host_bf16(t)?))
+    }
+    fn to_host_rows(&self, t: &CudaTensor) -> Result<HostRows> {
+        Ok(HostRows::BF16(self.to_host_bf16(t)?))
     }
     fn dims(&self, t: &CudaTensor) -> (usize, usize) {
         (t.rows, t.cols)
     }
     fn matrix_impl(&self, data: &[f32], out: usize, inp: usize) -> Result<CudaMatrix> {
-        let h: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
         Ok(CudaMatrix {
-            buf: self.upload(&h)?,
+            buf: self.upload(&host_rows::f32_to_bf16(data))?,
             out,
             inp,
         })
