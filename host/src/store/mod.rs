@@ -68,7 +68,8 @@ fn configure(conn: &Connection, what: &str) -> Result<()> {
     // A checkpoint every 16k pages (64 MiB of WAL) instead of SQLite's 1000 (4 MiB): a run's
     // records are ~250 KB per prompt, and each checkpoint fsyncs. Behind the cache writer's
     // fsyncs of gigabytes of hidden states, the default's checkpoint every ~16 prompts made
-    // storing records take 10 s of a 44 s CUDA run (20 ms per prompt against 2 ms when cached).
+    // storing records take 10.2 s of a 44 s CUDA run; with this, 0.9 s (docs/benchmarks-cuda.md,
+    // "End to end, third round").
     conn.execute_batch(
         "PRAGMA foreign_keys=ON; PRAGMA synchronous=NORMAL; PRAGMA temp_store=MEMORY; PRAGMA cache_size=-65536; PRAGMA wal_autocheckpoint=16384;",
     )
