@@ -496,12 +496,10 @@ impl CudaBackend {
                 let inputs = SplitDeltaInputs {
                     qkv: (q, k, v),
                     ld,
-                    g: &g,
-                    beta: &beta,
+                    gates: (&g, &beta),
                     seq_starts,
                     which: &which,
-                    pairs: &pairs,
-                    ptrs: &ptrs,
+                    per_seq: (&pairs, &ptrs),
                     shape,
                 };
                 self.split_delta_rule(kernel, &inputs, &mut out)?;
@@ -559,22 +557,18 @@ impl CudaBackend {
     }
 }
 
-/// What [`CudaBackend::split_delta_rule`] reads, prepared by `gated_delta_rule` for one group of
-/// multi-row sequences.
+/// What [`CudaBackend::split_delta_rule`] reads for one group of multi-row sequences.
 struct SplitDeltaInputs<'a> {
-    /// Device addresses of the q, k and v columns of `qkv`.
+    /// Device addresses of the q, k and v columns of `qkv`, and its row stride `ld` (elements).
     qkv: (u64, u64, u64),
-    /// Row stride of `qkv` in elements (its conv dim).
     ld: i64,
-    /// The gates, f32 `[T, Hv]`.
-    g: &'a CudaSlice<f32>,
-    beta: &'a CudaSlice<f32>,
+    /// The gates g and β, f32 `[T, Hv]`.
+    gates: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
     /// Row boundaries of every sequence of the call, and the sequences this group covers.
     seq_starts: &'a [usize],
     which: &'a [usize],
     /// The uploaded (start, end) row pairs and state pointers of `which`.
-    pairs: &'a CudaSlice<i64>,
-    ptrs: &'a CudaSlice<u64>,
+    per_seq: (&'a CudaSlice<i64>, &'a CudaSlice<u64>),
     shape: GdnShape,
 }
 
@@ -593,12 +587,10 @@ impl CudaBackend {
         let &SplitDeltaInputs {
             qkv: (q, k, v),
             ld,
-            g,
-            beta,
+            gates: (g, beta),
             seq_starts,
             which,
-            pairs,
-            ptrs,
+            per_seq: (pairs, ptrs),
             shape,
         } = inputs;
         let (rows, hv) = (out.rows, shape.v_heads);
