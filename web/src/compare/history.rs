@@ -1,9 +1,9 @@
 //! τ against checkpoint step: one point per checkpoint run of a drafter series, with bootstrap
 //! CIs over prompts and the paired Δ of replayed τ against the previous step.
 
-use super::{verdict, StatsCache, Verdict};
+use super::{paired_verdict, StatsCache, Verdict};
 use crate::analysis::{self, Aggregation};
-use crate::stats::{paired_interval, IntervalMethod, Resamples, Rng, MIN_SHARED_PROMPTS};
+use crate::stats::{paired_interval, IntervalMethod, Resamples, Rng};
 use anyhow::{bail, Result};
 use draftlens::store::{RunMode, Store};
 use serde::Serialize;
@@ -154,15 +154,7 @@ pub fn history(
         let iv = paired_interval(&rs, &va, &ones, &vb, &ones);
         let delta = crate::stats::mean(&vb) - crate::stats::mean(&va);
         let ci = iv.map(|i| (i.lo, i.hi));
-        let verdict = if shared.len() < MIN_SHARED_PROMPTS {
-            if ci.is_some() {
-                Verdict::TooFewPrompts
-            } else {
-                Verdict::Unknown
-            }
-        } else {
-            verdict(ci, true)
-        };
+        let verdict = paired_verdict(ci, shared.len(), true);
         points[i].step_delta = Some(StepDelta {
             delta,
             ci,

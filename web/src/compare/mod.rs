@@ -594,15 +594,7 @@ fn delta(
                 None
             };
             let ci = iv.map(|i| (i.lo, i.hi));
-            let v = if n < MIN_SHARED_PROMPTS {
-                if ci.is_some() {
-                    Verdict::TooFewPrompts
-                } else {
-                    Verdict::Unknown
-                }
-            } else {
-                verdict(ci, higher_is_better)
-            };
+            let v = paired_verdict(ci, n, higher_is_better);
             return Some(Delta {
                 delta: d,
                 delta_pct: (va != 0.0).then(|| 100.0 * d / va.abs()),
@@ -625,6 +617,16 @@ fn delta(
         paired: false,
         verdict: Verdict::Unknown,
     })
+}
+
+/// The verdict of a paired Δ over `n` shared prompts: none below [`MIN_SHARED_PROMPTS`] (a CI,
+/// if any, is then a paired t-interval, too weak for a verdict), else [`verdict`].
+fn paired_verdict(ci: Option<(f64, f64)>, n: usize, higher_is_better: bool) -> Verdict {
+    match (n < MIN_SHARED_PROMPTS, ci) {
+        (true, Some(_)) => Verdict::TooFewPrompts,
+        (true, None) => Verdict::Unknown,
+        (false, _) => verdict(ci, higher_is_better),
+    }
 }
 
 fn verdict(ci: Option<(f64, f64)>, higher_is_better: bool) -> Verdict {
@@ -671,5 +673,16 @@ mod tests {
         assert_eq!(verdict(Some((-0.2, -0.1)), false), Verdict::Better);
         assert_eq!(verdict(Some((-0.1, 0.2)), true), Verdict::NotSignificant);
         assert_eq!(verdict(None, true), Verdict::Unknown);
+    }
+
+    #[test]
+    fn no_verdict_below_the_minimum_of_shared_prompts() {
+        let (few, enough) = (MIN_SHARED_PROMPTS - 1, MIN_SHARED_PROMPTS);
+        let ci = Some((0.1, 0.2));
+        assert_eq!(paired_verdict(ci, few, true), Verdict::TooFewPrompts);
+        assert_eq!(paired_verdict(None, few, true), Verdict::Unknown);
+        assert_eq!(paired_verdict(ci, enough, true), Verdict::Better);
+        assert_eq!(paired_verdict(ci, enough, false), Verdict::Worse);
+        assert_eq!(paired_verdict(None, enough, true), Verdict::Unknown);
     }
 }
