@@ -68,8 +68,6 @@ publish = false
 
 [dependencies]
 draftlens-records = { path = "../draftlens-records" }
-
-[target.'cfg(target_arch = "wasm32")'.dependencies]
 wit-bindgen = { version = "0.61", default-features = false, features = ["macros", "realloc", "std"] }
 "#;
 

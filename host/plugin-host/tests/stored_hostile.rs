@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use draftlens::store::{MetricScope, NewRun, RunPrompt, RunStatus, Store};
@@ -68,6 +68,47 @@ fn builtin(name: &str) -> PluginRequest {
     PluginRequest::builtin(builtins::find(name).unwrap())
 }
 
+/// A scratch database holding one 24-prompt run, and a runtime with the default limits: what
+/// every case starts from.
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    db: PathBuf,
+    run: i64,
+    store: Store,
+    rt: Runtime,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = tmp.path().join("runs.sqlite");
+        let run = run_of_24_prompts(&db);
+        let store = Store::open(&db).unwrap();
+        Fixture {
+            _tmp: tmp,
+            db,
+            run,
+            store,
+            rt: runtime(),
+        }
+    }
+
+    /// Score the run with `plugins` (what `rescore` does).
+    fn score(&self, plugins: &[PluginRequest]) -> StoredScoring {
+        score_stored_run(&self.rt, &self.store, self.run, plugins).unwrap()
+    }
+
+    /// Rows of `source` in every scope (see [`scopes_of`]).
+    fn scopes(&self, source: &str) -> (usize, usize, usize) {
+        scopes_of(&self.store, self.run, source)
+    }
+
+    /// The database is intact and under 8 MiB (see [`assert_intact`]).
+    fn assert_intact(&self) {
+        assert_intact(&self.db, self.run, 8);
+    }
+}
+
 /// The default limits (the documented caps), 20 s per job, no cache.
 fn runtime() -> Runtime {
     Runtime::new(RuntimeConfig {
@@ -126,6 +167,11 @@ fn outcome<'a>(s: &'a StoredScoring, i: usize) -> &'a draftlens_plugin_host::Sto
     &s.plugins[i]
 }
 
+/// The failure message of plugin `i` (which must have failed).
+fn failure_message(s: &StoredScoring, i: usize) -> &str {
+    &outcome(s, i).failure.as_ref().expect("a failure").message
+}
+
 fn peak_rss_mib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -141,43 +187,33 @@ fn peak_rss_mib() -> u64 {
 /// it are stored in every scope, and the database stays small.
 #[test]
 fn output_amplification_is_stopped_and_the_others_are_stored() {
-    let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("runs.sqlite");
-    let run = run_of_24_prompts(&db);
-    let store = Store::open(&db).unwrap();
-    let rt = runtime();
-    let s = score_stored_run(
-        &rt,
-        &store,
-        run,
-        &[
-            builtin("accept-length"),
-            hostile("amplify", &[]),
-            builtin("top1-accuracy"),
-        ],
-    )
-    .unwrap();
+    let fx = Fixture::new();
+    let s = fx.score(&[
+        builtin("accept-length"),
+        hostile("amplify", &[]),
+        builtin("top1-accuracy"),
+    ]);
     let f = outcome(&s, 1).failure.as_ref().expect("amplify fails");
     assert_eq!(f.kind, FailureKind::TooMuchOutput, "{f}");
     assert!(
         f.message.contains("more than its output budget") && f.message.contains("the whole batch"),
         "{f}"
     );
-    assert_eq!(scopes_of(&store, run, "hostile"), (0, 0, 0));
+    assert_eq!(fx.scopes("hostile"), (0, 0, 0));
     for p in ["accept-length", "top1-accuracy"] {
-        let (r, pr, c) = scopes_of(&store, run, p);
+        let (r, pr, c) = fx.scopes(p);
         assert!(
             r > 0 && pr == r * PROMPTS as usize && c == r * CATEGORIES,
             "{p}: {r} {pr} {c}"
         );
     }
-    let failures = store.plugin_failures(run).unwrap();
+    let failures = fx.store.plugin_failures(fx.run).unwrap();
     assert_eq!(failures.len(), 1);
     assert_eq!(
         (failures[0].plugin.as_str(), failures[0].kind.as_str()),
         ("hostile", "too-much-output")
     );
-    assert_intact(&db, run, 8);
+    fx.assert_intact();
     // One group's values (7 × 1 Mi entries, ~112 MiB) are all the host ever held of it.
     assert!(peak_rss_mib() < 3 << 10, "peak RSS {} MiB", peak_rss_mib());
 }
@@ -187,26 +223,16 @@ fn output_amplification_is_stopped_and_the_others_are_stored() {
 /// scoring that worked are kept and marked stale; nothing of the amplifying scoring is stored.
 #[test]
 fn the_budget_is_shared_by_the_groups_and_earlier_rows_go_stale() {
-    let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("runs.sqlite");
-    let run = run_of_24_prompts(&db);
-    let store = Store::open(&db).unwrap();
-    let rt = runtime();
-    let s = score_stored_run(&rt, &store, run, &[hostile("ok", &[])]).unwrap();
+    let fx = Fixture::new();
+    let s = fx.score(&[hostile("ok", &[])]);
     assert!(outcome(&s, 0).is_ok());
-    let before = store.metrics(run).unwrap();
-    assert_eq!(scopes_of(&store, run, "hostile"), (1, 24, 3));
+    let before = fx.store.metrics(fx.run).unwrap();
+    assert_eq!(fx.scopes("hostile"), (1, 24, 3));
 
-    let s = score_stored_run(
-        &rt,
-        &store,
-        run,
-        &[
-            hostile("amplify", &[("series", 1), ("len", 300_000)]),
-            builtin("ddtree"),
-        ],
-    )
-    .unwrap();
+    let s = fx.score(&[
+        hostile("amplify", &[("series", 1), ("len", 300_000)]),
+        builtin("ddtree"),
+    ]);
     let o = outcome(&s, 0);
     let f = o.failure.as_ref().expect("fails");
     assert_eq!(f.kind, FailureKind::TooMuchOutput);
@@ -223,10 +249,10 @@ fn the_budget_is_shared_by_the_groups_and_earlier_rows_go_stale() {
             .collect::<Vec<_>>()
     };
     assert_eq!(
-        hostile_rows(&store.metrics(run).unwrap()),
+        hostile_rows(&fx.store.metrics(fx.run).unwrap()),
         hostile_rows(&before)
     );
-    let prov = store.plugin_runs(run).unwrap();
+    let prov = fx.store.plugin_runs(fx.run).unwrap();
     let h = prov.iter().find(|p| p.source == "hostile").unwrap();
     assert!(h.stale_since.is_some());
     let d = prov.iter().find(|p| p.source == "ddtree").unwrap();
@@ -235,8 +261,8 @@ fn the_budget_is_shared_by_the_groups_and_earlier_rows_go_stale() {
             && d.stale_since.is_none()
             && d.sha256 == builtins::find("ddtree").unwrap().sha256()
     );
-    assert!(scopes_of(&store, run, "ddtree").0 > 0);
-    assert_intact(&db, run, 8);
+    assert!(fx.scopes("ddtree").0 > 0);
+    fx.assert_intact();
 }
 
 /// Unbounded text: a 60 MiB family member name, a 64 MiB error message and a 64 MiB plugin
@@ -245,25 +271,15 @@ fn the_budget_is_shared_by_the_groups_and_earlier_rows_go_stale() {
 /// with a control character; the built-in between them is stored.
 #[test]
 fn names_messages_and_logs_are_capped_and_cleaned() {
-    let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("runs.sqlite");
-    let run = run_of_24_prompts(&db);
-    let store = Store::open(&db).unwrap();
-    let rt = runtime();
-    let s = score_stored_run(
-        &rt,
-        &store,
-        run,
-        &[
-            hostile("long-member", &[]),
-            PluginRequest::new(common::guest("bigname")),
-            builtin("acceptance"),
-        ],
-    )
-    .unwrap();
+    let fx = Fixture::new();
+    let s = fx.score(&[
+        hostile("long-member", &[]),
+        PluginRequest::new(common::guest("bigname")),
+        builtin("acceptance"),
+    ]);
     // A second call: two plugins of one name in one call are refused.
     let mut s = s;
-    let s2 = score_stored_run(&rt, &store, run, &[hostile("huge-error", &[])]).unwrap();
+    let s2 = fx.score(&[hostile("huge-error", &[])]);
     s.plugins.extend(s2.plugins);
     let clean = |t: &str| !t.chars().any(|c| c.is_control() || c == '\u{202e}');
     let kinds: Vec<_> = s
@@ -290,34 +306,19 @@ fn names_messages_and_logs_are_capped_and_cleaned() {
         }
         assert!(p.plugin.len() <= 80 && clean(&p.plugin), "{:?}", p.plugin);
     }
-    assert!(s.plugins[0]
-        .failure
-        .as_ref()
-        .unwrap()
-        .message
-        .contains("at most 64 bytes"));
-    assert!(s.plugins[1]
-        .failure
-        .as_ref()
-        .unwrap()
-        .message
-        .contains("plugin name"));
-    assert!(s.plugins[3]
-        .failure
-        .as_ref()
-        .unwrap()
-        .message
-        .contains("more bytes cut"));
-    for f in store.plugin_failures(run).unwrap() {
+    assert!(failure_message(&s, 0).contains("at most 64 bytes"));
+    assert!(failure_message(&s, 1).contains("plugin name"));
+    assert!(failure_message(&s, 3).contains("more bytes cut"));
+    for f in fx.store.plugin_failures(fx.run).unwrap() {
         assert!(
             f.message.len() <= 12_000 && clean(&f.message) && clean(&f.plugin),
             "{f:?}"
         );
     }
-    assert!(scopes_of(&store, run, "acceptance").0 > 0);
+    assert!(fx.scopes("acceptance").0 > 0);
 
     // Logs: escapes and a 1 MiB line, cleaned and capped; the scoring itself succeeds.
-    let s = score_stored_run(&rt, &store, run, &[hostile("escape-log", &[])]).unwrap();
+    let s = fx.score(&[hostile("escape-log", &[])]);
     let o = outcome(&s, 0);
     assert!(o.is_ok());
     assert!(!o.outcome.logs.is_empty());
@@ -331,7 +332,7 @@ fn names_messages_and_logs_are_capped_and_cleaned() {
     assert!(o.outcome.logs[0]
         .message
         .contains("warning: plugin accept-length failed [timeout]"));
-    assert_intact(&db, run, 8);
+    fx.assert_intact();
 }
 
 /// A plugin calling itself `accept-length`, run alone, cannot replace the built-in's rows: it
@@ -339,21 +340,11 @@ fn names_messages_and_logs_are_capped_and_cleaned() {
 /// changed nor marked stale. A copy of the built-in (same bytes) keeps its name.
 #[test]
 fn built_in_names_are_reserved() {
-    let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("runs.sqlite");
-    let run = run_of_24_prompts(&db);
-    let store = Store::open(&db).unwrap();
-    let rt = runtime();
-    score_stored_run(&rt, &store, run, &[builtin("accept-length")]).unwrap();
-    let before = store.metrics(run).unwrap();
+    let fx = Fixture::new();
+    fx.score(&[builtin("accept-length")]);
+    let before = fx.store.metrics(fx.run).unwrap();
 
-    let s = score_stored_run(
-        &rt,
-        &store,
-        run,
-        &[PluginRequest::new(common::guest("liar"))],
-    )
-    .unwrap();
+    let s = fx.score(&[PluginRequest::new(common::guest("liar"))]);
     let o = outcome(&s, 0);
     let f = o.failure.as_ref().unwrap();
     assert_eq!(f.kind, FailureKind::ReservedName);
@@ -368,36 +359,26 @@ fn built_in_names_are_reserved() {
         o.plugin
     );
     assert_eq!(o.stale_rows, 0);
-    assert_eq!(store.metrics(run).unwrap(), before);
-    let prov = store.plugin_runs(run).unwrap();
+    assert_eq!(fx.store.metrics(fx.run).unwrap(), before);
+    let prov = fx.store.plugin_runs(fx.run).unwrap();
     assert_eq!(prov.len(), 1);
     assert!(
         prov[0].builtin && prov[0].stale_since.is_none() && prov[0].file == "builtin:accept-length"
     );
 
     // The built-in's bytes from a file (e.g. plugins/dist) are the built-in.
-    let s = score_stored_run(
-        &rt,
-        &store,
-        run,
-        &[PluginRequest::new(common::builtin("accept-length"))],
-    )
-    .unwrap();
+    let s = fx.score(&[PluginRequest::new(common::builtin("accept-length"))]);
     assert!(outcome(&s, 0).is_ok());
-    assert_eq!(store.metrics(run).unwrap(), before);
-    assert!(store.plugin_runs(run).unwrap()[0].builtin);
-    assert_intact(&db, run, 8);
+    assert_eq!(fx.store.metrics(fx.run).unwrap(), before);
+    assert!(fx.store.plugin_runs(fx.run).unwrap()[0].builtin);
+    fx.assert_intact();
 }
 
 /// NaN with a non-zero count, and a count of u64::MAX (which SQLite would store as −1), are
 /// refused; nothing of them is stored.
 #[test]
 fn nan_and_count_rules() {
-    let tmp = tempfile::tempdir().unwrap();
-    let db = tmp.path().join("runs.sqlite");
-    let run = run_of_24_prompts(&db);
-    let store = Store::open(&db).unwrap();
-    let rt = runtime();
+    let fx = Fixture::new();
     for (mode, want) in [
         (
             "nan-count",
@@ -405,20 +386,21 @@ fn nan_and_count_rules() {
         ),
         ("count-max", "a count of 18446744073709551615"),
     ] {
-        let s = score_stored_run(&rt, &store, run, &[hostile(mode, &[]), builtin("topk")]).unwrap();
+        let s = fx.score(&[hostile(mode, &[]), builtin("topk")]);
         let f = outcome(&s, 0).failure.as_ref().unwrap();
         assert_eq!(f.kind, FailureKind::BadOutput, "{mode}");
         assert!(f.message.contains(want), "{mode}: {f}");
         assert!(outcome(&s, 1).is_ok());
     }
-    assert_eq!(scopes_of(&store, run, "hostile"), (0, 0, 0));
-    assert!(store
-        .metrics(run)
+    assert_eq!(fx.scopes("hostile"), (0, 0, 0));
+    assert!(fx
+        .store
+        .metrics(fx.run)
         .unwrap()
         .iter()
         .all(|m| m.count < i64::MAX as u64));
-    assert!(scopes_of(&store, run, "topk").0 > 0);
-    assert_intact(&db, run, 8);
+    assert!(fx.scopes("topk").0 > 0);
+    fx.assert_intact();
 }
 
 /// A 3 GiB file is refused from its first bytes and its size, without being read.

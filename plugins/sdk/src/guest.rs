@@ -1,6 +1,23 @@
-//! The wasm32 glue behind [`crate::export_metric!`]: the generated bindings of
-//! `draftlens:metric@0.1.0` and the conversions between them and the SDK's plain types.
-//! Plugin authors never use this module directly.
+//! The bindings of the WIT contract `draftlens:metric@0.1.0` (plugins/wit/metric.wit) and the glue
+//! behind [`crate::export_metric!`]. Plugin authors never use this module directly: the crate root
+//! re-exports the types.
+//!
+//! Every WIT type has one Rust definition, which the generated lifting and lowering code uses as
+//! is (no conversion code, no mirrored copy):
+//! * `batch`, `param`, `param-value` are the record contract's own types
+//!   ([`draftlens_records::RecordBatch`], [`draftlens_records::Param`],
+//!   [`draftlens_records::ParamValue`]), named in `with`: the crate the host also uses owns the
+//!   layout, and the generated code constructs these structs field by field, so a field that
+//!   differed from the WIT record would not compile;
+//! * `plugin-error` is [`crate::PluginError`] (named in `with` too), whose `Display` reads
+//!   "invalid parameters: …" where the generated one would print its `Debug` form;
+//! * everything else (`metadata`, `metric-spec`, `param-spec`, `inputs`, `metric-value`,
+//!   `series`, `series-kind`, `level`) is the generated type itself; `types.rs` adds
+//!   constructors.
+//!
+//! The bindings compile natively as well (wit-bindgen turns each import into `unreachable!()`
+//! off wasm32), so plugins and their tests build as ordinary Rust libraries; natively the SDK
+//! never calls an import ([`crate::log`] keeps lines in a thread-local there).
 
 use std::cell::RefCell;
 use std::sync::Once;
@@ -15,28 +32,28 @@ pub mod bindings {
         export_macro_name: "export",
         default_bindings_module: "::draftlens_plugin_sdk::guest::bindings",
         runtime_path: "::draftlens_plugin_sdk::guest::wit_bindgen::rt",
+        with: {
+            "draftlens:metric/types@0.1.0/batch": ::draftlens_records::RecordBatch,
+            "draftlens:metric/types@0.1.0/param": ::draftlens_records::Param,
+            "draftlens:metric/types@0.1.0/param-value": ::draftlens_records::ParamValue,
+            "draftlens:metric/types@0.1.0/plugin-error": crate::PluginError,
+        },
+        additional_derives: [PartialEq],
+        additional_type_attributes: {
+            "draftlens:metric/types@0.1.0/inputs": [#[derive(Eq)]],
+        },
     });
 }
 
-use bindings::draftlens::metric::host as wit_host;
-use bindings::draftlens::metric::types as wit;
 pub use bindings::exports::draftlens::metric::evaluator::{
     Accumulator as WitAccumulator, Guest, GuestAccumulator,
 };
 
-use crate::{
-    Accumulator, Level, Metadata, Metric, MetricValue, Param, ParamValue, PluginError, SeriesKind,
-};
+use crate::{Accumulator, Level, Metadata, Metric, MetricValue, OwnedBatch, Param, PluginError};
 
-/// Send one line to the host's log.
+/// Send one line to the host's log (wasm32 only: natively the import is unreachable).
 pub fn host_log(level: Level, message: &str) {
-    let level = match level {
-        Level::Debug => wit_host::Level::Debug,
-        Level::Info => wit_host::Level::Info,
-        Level::Warn => wit_host::Level::Warn,
-        Level::Error => wit_host::Level::Error,
-    };
-    wit_host::log(level, message);
+    bindings::draftlens::metric::host::log(level, message);
 }
 
 /// Panics abort on wasm32-unknown-unknown (an `unreachable` trap). The hook sends the message
@@ -50,124 +67,25 @@ fn install_panic_hook() {
     });
 }
 
-fn param_from_wit(p: wit::Param) -> Param {
-    let value = match p.value {
-        wit::ParamValue::Int(v) => ParamValue::Int(v),
-        wit::ParamValue::Float(v) => ParamValue::Float(v),
-        wit::ParamValue::Flag(v) => ParamValue::Flag(v),
-        wit::ParamValue::Text(v) => ParamValue::Text(v),
-    };
-    Param {
-        name: p.name,
-        value,
-    }
-}
-
-fn param_value_to_wit(v: ParamValue) -> wit::ParamValue {
-    match v {
-        ParamValue::Int(v) => wit::ParamValue::Int(v),
-        ParamValue::Float(v) => wit::ParamValue::Float(v),
-        ParamValue::Flag(v) => wit::ParamValue::Flag(v),
-        ParamValue::Text(v) => wit::ParamValue::Text(v),
-    }
-}
-
-fn metadata_to_wit(m: Metadata) -> wit::Metadata {
-    wit::Metadata {
-        name: m.name,
-        version: m.version,
-        description: m.description,
-        metrics: m
-            .metrics
-            .into_iter()
-            .map(|s| wit::MetricSpec {
-                name: s.name,
-                unit: s.unit,
-                description: s.description,
-                higher_is_better: s.higher_is_better,
-            })
-            .collect(),
-        params: m
-            .params
-            .into_iter()
-            .map(|p| wit::ParamSpec {
-                name: p.name,
-                description: p.description,
-                default: param_value_to_wit(p.default),
-            })
-            .collect(),
-        inputs: wit::Inputs {
-            candidates: m.inputs.candidates,
-            draft_logprobs: m.inputs.draft_logprobs,
-            target_topk: m.inputs.target_topk,
-        },
-    }
-}
-
-fn value_to_wit(v: MetricValue) -> wit::MetricValue {
-    wit::MetricValue {
-        name: v.name,
-        value: v.value,
-        count: v.count,
-        series: v.series.map(|s| wit::Series {
-            kind: match s.kind {
-                SeriesKind::PerPosition => wit::SeriesKind::PerPosition,
-                SeriesKind::Histogram => wit::SeriesKind::Histogram,
-            },
-            values: s.values,
-            counts: s.counts,
-        }),
-    }
-}
-
-fn error_to_wit(e: PluginError) -> wit::PluginError {
-    match e {
-        PluginError::InvalidParams(m) => wit::PluginError::InvalidParams(m),
-        PluginError::InvalidBatch(m) => wit::PluginError::InvalidBatch(m),
-        PluginError::Internal(m) => wit::PluginError::Internal(m),
-    }
-}
-
-fn view(b: &wit::Batch) -> crate::Batch<'_> {
-    crate::Batch {
-        block_size: b.block_size,
-        top_k: b.top_k,
-        prompt_index: &b.prompt_index,
-        anchor: &b.anchor,
-        region: &b.region,
-        target: &b.target,
-        valid: &b.valid,
-        loss_mask: &b.loss_mask,
-        draft_ids: &b.draft_ids,
-        draft_logprobs: &b.draft_logprobs,
-        target_ids: b.target_ids.as_deref(),
-        target_logprobs: b.target_logprobs.as_deref(),
-    }
-}
-
 /// `describe` export.
-pub fn describe<M: Metric>() -> wit::Metadata {
+pub fn describe<M: Metric>() -> Metadata {
     install_panic_hook();
-    metadata_to_wit(M::describe())
+    M::describe()
 }
 
 /// `evaluate` export.
 pub fn evaluate<M: Metric>(
-    params: Vec<wit::Param>,
-    batch: wit::Batch,
-) -> Result<Vec<wit::MetricValue>, wit::PluginError> {
+    params: Vec<Param>,
+    batch: OwnedBatch,
+) -> Result<Vec<MetricValue>, PluginError> {
     install_panic_hook();
-    let params: Vec<Param> = params.into_iter().map(param_from_wit).collect();
-    crate::evaluate::<M>(&params, &view(&batch))
-        .map(|vs| vs.into_iter().map(value_to_wit).collect())
-        .map_err(error_to_wit)
+    crate::evaluate::<M>(&params, &batch.view())
 }
 
 /// `begin` export.
-pub fn begin<M: Metric>(params: Vec<wit::Param>) -> Result<WitAccumulator, wit::PluginError> {
+pub fn begin<M: Metric>(params: Vec<Param>) -> Result<WitAccumulator, PluginError> {
     install_panic_hook();
-    let params: Vec<Param> = params.into_iter().map(param_from_wit).collect();
-    let acc = crate::begin::<M>(&params).map_err(error_to_wit)?;
+    let acc = crate::begin::<M>(&params)?;
     Ok(WitAccumulator::new(AccHandle(RefCell::new(Some(acc)))))
 }
 
@@ -176,25 +94,22 @@ pub fn begin<M: Metric>(params: Vec<wit::Param>) -> Result<WitAccumulator, wit::
 pub struct AccHandle<A>(RefCell<Option<A>>);
 
 impl<A: Accumulator + 'static> GuestAccumulator for AccHandle<A> {
-    fn accumulate(&self, batch: wit::Batch) -> Result<(), wit::PluginError> {
+    fn accumulate(&self, batch: OwnedBatch) -> Result<(), PluginError> {
         let mut slot = self.0.borrow_mut();
         let acc = slot
             .as_mut()
-            .ok_or_else(|| wit::PluginError::Internal("accumulate after finish".into()))?;
-        let view = view(&batch);
-        view.check()
-            .map_err(|e| error_to_wit(PluginError::from(e)))?;
-        acc.accumulate(&view).map_err(error_to_wit)
+            .ok_or_else(|| PluginError::Internal("accumulate after finish".into()))?;
+        let view = batch.view();
+        view.check()?;
+        acc.accumulate(&view)
     }
 
-    fn finish(&self) -> Result<Vec<wit::MetricValue>, wit::PluginError> {
+    fn finish(&self) -> Result<Vec<MetricValue>, PluginError> {
         let acc = self
             .0
             .borrow_mut()
             .take()
-            .ok_or_else(|| wit::PluginError::Internal("finish called twice".into()))?;
+            .ok_or_else(|| PluginError::Internal("finish called twice".into()))?;
         acc.finish()
-            .map(|vs| vs.into_iter().map(value_to_wit).collect())
-            .map_err(error_to_wit)
     }
 }

@@ -6,6 +6,11 @@
 //! check) and for `wasm32-unknown-unknown`, where `export_metric!` wires it to the WIT contract
 //! `draftlens:metric@0.1.0` (plugins/wit/metric.wit).
 //!
+//! The types a plugin builds and returns ([`Metadata`], [`MetricValue`], ...) are the ones
+//! wit-bindgen generates from that contract, on every target (as zed's extension API re-exports
+//! its generated types); the batch and parameters are the record contract's own types, which the
+//! generated code uses directly. `guest.rs` lists which Rust type stands for which WIT type.
+//!
 //! ```
 //! use draftlens_plugin_sdk::*;
 //!
@@ -68,7 +73,6 @@ pub use types::{
     PluginError, Series, SeriesKind,
 };
 
-#[cfg(target_arch = "wasm32")]
 #[doc(hidden)]
 pub mod guest;
 
@@ -147,22 +151,21 @@ macro_rules! export_metric {
     ($metric:ty) => {
         #[cfg(target_arch = "wasm32")]
         const _: () = {
-            use $crate::guest::bindings::draftlens::metric::types as __wit;
             struct __DraftlensMetricExport;
             impl $crate::guest::Guest for __DraftlensMetricExport {
                 type Accumulator = $crate::guest::AccHandle<<$metric as $crate::Metric>::Acc>;
-                fn describe() -> __wit::Metadata {
+                fn describe() -> $crate::Metadata {
                     $crate::guest::describe::<$metric>()
                 }
                 fn evaluate(
-                    params: ::std::vec::Vec<__wit::Param>,
-                    batch: __wit::Batch,
-                ) -> ::std::result::Result<::std::vec::Vec<__wit::MetricValue>, __wit::PluginError> {
+                    params: ::std::vec::Vec<$crate::Param>,
+                    batch: $crate::OwnedBatch,
+                ) -> ::std::result::Result<::std::vec::Vec<$crate::MetricValue>, $crate::PluginError> {
                     $crate::guest::evaluate::<$metric>(params, batch)
                 }
                 fn begin(
-                    params: ::std::vec::Vec<__wit::Param>,
-                ) -> ::std::result::Result<$crate::guest::WitAccumulator, __wit::PluginError> {
+                    params: ::std::vec::Vec<$crate::Param>,
+                ) -> ::std::result::Result<$crate::guest::WitAccumulator, $crate::PluginError> {
                     $crate::guest::begin::<$metric>(params)
                 }
             }

@@ -1,20 +1,18 @@
-//! Plain Rust forms of the WIT types (plugins/wit/metric.wit) that plugin authors build and
-//! return. Plugins and native reference builds use these; on wasm32 the export glue converts them
-//! to and from the generated bindings. The batch layout and parameters are not here: they are the
-//! record contract of `draftlens-records`, shared with the host.
+//! What the SDK adds to the WIT types (plugins/wit/metric.wit): constructors and constants on
+//! the generated types (`guest.rs` says which Rust type stands for which WIT type), and the one
+//! WIT type written by hand, [`PluginError`], for its readable `Display`. The batch layout and
+//! parameters are not here: they are the record contract of `draftlens-records`, shared with the
+//! host.
 
 use std::fmt;
 
+pub use crate::guest::bindings::draftlens::metric::host::Level;
+pub use crate::guest::bindings::draftlens::metric::types::{
+    Inputs, Metadata, MetricSpec, MetricValue, ParamSpec, Series, SeriesKind,
+};
 pub use draftlens_records::{Param, ParamValue};
 
-/// A parameter a plugin accepts.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ParamSpec {
-    pub name: String,
-    pub description: String,
-    pub default: ParamValue,
-}
-
+/// A parameter a plugin accepts (WIT `param-spec`).
 impl ParamSpec {
     pub fn new(name: &str, description: &str, default: ParamValue) -> Self {
         ParamSpec {
@@ -25,15 +23,7 @@ impl ParamSpec {
     }
 }
 
-/// A metric a plugin produces (a name ending in `_*` declares a family).
-#[derive(Clone, Debug, PartialEq)]
-pub struct MetricSpec {
-    pub name: String,
-    pub unit: String,
-    pub description: String,
-    pub higher_is_better: bool,
-}
-
+/// A metric a plugin produces (WIT `metric-spec`; a name ending in `_*` declares a family).
 impl MetricSpec {
     pub fn new(name: &str, unit: &str, description: &str, higher_is_better: bool) -> Self {
         MetricSpec {
@@ -45,17 +35,7 @@ impl MetricSpec {
     }
 }
 
-/// Which parts of a batch a plugin reads; the host sends only those.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Inputs {
-    /// Candidates per position (best first); 0 = all stored.
-    pub candidates: u32,
-    /// Whether `draft_logprobs` are read (else sent empty).
-    pub draft_logprobs: bool,
-    /// Whether the target's top-K is read (else sent as None).
-    pub target_topk: bool,
-}
-
+/// Which parts of a batch a plugin reads (WIT `inputs`); the host sends only those.
 impl Inputs {
     /// Everything: all candidates with log-probs, and the target's top-K when stored.
     pub const ALL: Inputs = Inputs {
@@ -77,46 +57,7 @@ impl Default for Inputs {
     }
 }
 
-/// What `describe` returns.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Metadata {
-    pub name: String,
-    pub version: String,
-    pub description: String,
-    pub metrics: Vec<MetricSpec>,
-    pub params: Vec<ParamSpec>,
-    /// What the plugin reads ([`Inputs::ALL`] is always safe; narrower is faster).
-    pub inputs: Inputs,
-}
-
-/// How to read a series.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SeriesKind {
-    /// values[i] belongs to draft position k = i + 1.
-    PerPosition,
-    /// values[i] belongs to the integer outcome i.
-    Histogram,
-}
-
-/// Per-position values or a histogram, with the denominator (or raw count) of every entry.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Series {
-    pub kind: SeriesKind,
-    pub values: Vec<f64>,
-    pub counts: Vec<u64>,
-}
-
-/// One result of a plugin.
-#[derive(Clone, Debug, PartialEq)]
-pub struct MetricValue {
-    pub name: String,
-    /// NaN exactly when undefined (count = 0).
-    pub value: f64,
-    /// The denominator behind `value`.
-    pub count: u64,
-    pub series: Option<Series>,
-}
-
+/// One result of a plugin (WIT `metric-value`): `value` is NaN exactly when `count` is 0.
 impl MetricValue {
     /// `num / den`, NaN when `den` is 0; `count` = `den`.
     pub fn ratio(name: &str, num: f64, den: u64) -> Self {
@@ -161,11 +102,14 @@ pub fn ratio(num: f64, den: u64) -> f64 {
     }
 }
 
-/// Errors a plugin reports on purpose.
+/// Errors a plugin reports on purpose: the WIT `plugin-error` (the bindings use this type as is).
 #[derive(Clone, Debug, PartialEq)]
 pub enum PluginError {
+    /// A parameter is unknown, of the wrong kind or out of range.
     InvalidParams(String),
+    /// The batch is inconsistent or lacks what the metric needs.
     InvalidBatch(String),
+    /// Anything else.
     Internal(String),
 }
 
@@ -186,13 +130,4 @@ impl From<draftlens_records::LayoutError> for PluginError {
     fn from(e: draftlens_records::LayoutError) -> Self {
         PluginError::InvalidBatch(e.0)
     }
-}
-
-/// Log levels of the host's `log` import.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
-    Debug,
-    Info,
-    Warn,
-    Error,
 }

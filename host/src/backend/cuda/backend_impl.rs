@@ -11,7 +11,7 @@ use crate::backend::{
 };
 use anyhow::{bail, ensure, Result};
 use cudarc::cublas::sys as blas_sys;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 impl Backend for CudaBackend {
@@ -48,7 +48,7 @@ impl Backend for CudaBackend {
     }
     fn matrix_impl(&self, data: &[f32], out: usize, inp: usize) -> Result<CudaMatrix> {
         Ok(CudaMatrix {
-            buf: self.upload(&host_rows::f32_to_bf16(data))?,
+            buf: self.upload_bf16(data)?,
             out,
             inp,
         })
@@ -234,19 +234,9 @@ impl Backend for CudaBackend {
         CudaBackend::matmul_acc(self, x, w, acc)
     }
 
+    /// A row gather of the table.
     fn embed_impl(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
-        let mut y = self.new_tensor(ids.len(), table.inp)?;
-        if ids.is_empty() {
-            return Ok(y);
-        }
-        let idx = self.upload(ids)?;
-        self.copy_rows(
-            (&mut y.buf, Cols::rows(table.inp)),
-            (&table.buf, Cols::rows(table.inp)),
-            Some(&idx),
-            (ids.len(), table.inp),
-        )?;
-        Ok(y)
+        self.gather(&table.buf, table.inp, ids)
     }
 
     fn concat_rows_impl(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
@@ -345,18 +335,7 @@ impl Backend for CudaBackend {
     }
 
     fn gather_rows_impl(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
-        let mut y = self.new_tensor(rows.len(), x.cols)?;
-        if rows.is_empty() {
-            return Ok(y);
-        }
-        let idx = self.upload(rows)?;
-        self.copy_rows(
-            (&mut y.buf, Cols::rows(x.cols)),
-            (&x.buf, Cols::rows(x.cols)),
-            Some(&idx),
-            (rows.len(), x.cols),
-        )?;
-        Ok(y)
+        self.gather(&x.buf, x.cols, rows)
     }
 
     fn lm_head_topk_impl(&self, x: &CudaTensor, head: &CudaMatrix, k: usize) -> Result<TopK> {
@@ -497,5 +476,30 @@ impl Backend for CudaBackend {
         states: &mut [&mut gdn::CudaF32],
     ) -> Result<CudaTensor> {
         gdn::gated_delta_rule(self, qkv, a, b, params, seq_starts, states)
+    }
+}
+
+/// What several trait ops above share.
+impl CudaBackend {
+    /// `data` rounded to bf16 (round to nearest even) on the device.
+    fn upload_bf16(&self, data: &[f32]) -> Result<CudaSlice<bf16>> {
+        self.upload(&host_rows::f32_to_bf16(data))
+    }
+
+    /// Rows `rows` of the row-major `[_, cols]` bf16 buffer `src`, as a new `[rows.len(), cols]`
+    /// tensor (the caller has checked the row ids).
+    fn gather(&self, src: &CudaSlice<bf16>, cols: usize, rows: &[u32]) -> Result<CudaTensor> {
+        let mut y = self.new_tensor(rows.len(), cols)?;
+        if rows.is_empty() {
+            return Ok(y);
+        }
+        let idx = self.upload(rows)?;
+        self.copy_rows(
+            (&mut y.buf, Cols::rows(cols)),
+            (src, Cols::rows(cols)),
+            Some(&idx),
+            (rows.len(), cols),
+        )?;
+        Ok(y)
     }
 }

@@ -493,19 +493,16 @@ impl CudaBackend {
             let ptrs: Vec<u64> = which.iter().map(|&i| self.ptr(&states[i].buf)).collect();
             let ptrs = self.upload(&ptrs)?;
             if chunked && kernel.prep_name().is_some() {
-                self.split_delta_rule(
-                    kernel,
-                    (q, k, v),
+                let inputs = SplitDeltaInputs {
+                    qkv: (q, k, v),
                     ld,
-                    &g,
-                    &beta,
+                    gates: (&g, &beta),
                     seq_starts,
-                    &which,
-                    &pairs,
-                    &ptrs,
-                    &mut out,
+                    which: &which,
+                    per_seq: (&pairs, &ptrs),
                     shape,
-                )?;
+                };
+                self.split_delta_rule(kernel, &inputs, &mut out)?;
                 continue;
             }
             let (f, cfg) = if chunked {
@@ -560,27 +557,42 @@ impl CudaBackend {
     }
 }
 
+/// What [`CudaBackend::split_delta_rule`] reads for one group of multi-row sequences.
+struct SplitDeltaInputs<'a> {
+    /// Device addresses of the q, k and v columns of `qkv`, and its row stride `ld` (elements).
+    qkv: (u64, u64, u64),
+    ld: i64,
+    /// The gates g and β, f32 `[T, Hv]`.
+    gates: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+    /// Row boundaries of every sequence of the call, and the sequences this group covers.
+    seq_starts: &'a [usize],
+    which: &'a [usize],
+    /// The uploaded (start, end) row pairs and state pointers of `which`.
+    per_seq: (&'a CudaSlice<i64>, &'a CudaSlice<u64>),
+    shape: GdnShape,
+}
+
 impl CudaBackend {
     /// The split chunked delta rule over the multi-row sequences `which`: `gdn_prep_*` over every
     /// chunk of them (grid: chunks × value heads), then `gdn_walk_*` per sequence (grid: value
     /// column slices × value heads × sequences). Scratch f32: W and U `[T, Hv, 128]`, the decayed
     /// scores `[T, Hv, 64]`, γ `[T, Hv]`: 1.3 KB per token and value head (62 KB per token at
     /// Hv = 48, 1 GB for 16k tokens).
-    #[allow(clippy::too_many_arguments)]
     fn split_delta_rule(
         &self,
         kernel: ChunkKernel,
-        (q, k, v): (u64, u64, u64),
-        ld: i64,
-        g: &CudaSlice<f32>,
-        beta: &CudaSlice<f32>,
-        seq_starts: &[usize],
-        which: &[usize],
-        pairs: &CudaSlice<i64>,
-        ptrs: &CudaSlice<u64>,
+        inputs: &SplitDeltaInputs<'_>,
         out: &mut CudaTensor,
-        shape: GdnShape,
     ) -> Result<()> {
+        let &SplitDeltaInputs {
+            qkv: (q, k, v),
+            ld,
+            gates: (g, beta),
+            seq_starts,
+            which,
+            per_seq: (pairs, ptrs),
+            shape,
+        } = inputs;
         let (rows, hv) = (out.rows, shape.v_heads);
         let chunks: Vec<i64> = which
             .iter()

@@ -5,13 +5,27 @@
 //! Every metric is reduced to per-prompt (numerator, denominator) pairs so that one bootstrap
 //! routine serves both conventions: a macro metric is (value, 1) per prompt, a pooled one is
 //! (Σnum, Σden) per prompt, and the statistic on a resample is Σnum / Σden.
+//!
+//! This module holds the comparison itself (resolving runs, per-metric values, Δs, CIs and
+//! verdicts); `config.rs` the config diff, `inflation.rs` the training-style vs deployment rows,
+//! `history.rs` τ against checkpoint step, `text.rs` the terminal output.
+
+mod config;
+mod history;
+mod inflation;
+mod text;
+
+pub use config::config_diff;
+pub use history::{history, History, HistoryPoint, StepDelta};
+use inflation::inflation_rows;
+pub use text::{comparison_text, fmt_delta, fmt_value};
 
 use crate::analysis::{
     self, accept_histogram, position_curve, Aggregation, Curve, RunStats, DERIVED, SOURCE,
 };
 use crate::stats::{paired_interval, IntervalMethod, Resamples, Rng, MIN_SHARED_PROMPTS};
 use anyhow::{bail, Context, Result};
-use draftlens::store::{MetricKey, MetricScope, RunInfo, RunMode, Store};
+use draftlens::store::{MetricKey, MetricScope, RunInfo, Store};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -580,15 +594,7 @@ fn delta(
                 None
             };
             let ci = iv.map(|i| (i.lo, i.hi));
-            let v = if n < MIN_SHARED_PROMPTS {
-                if ci.is_some() {
-                    Verdict::TooFewPrompts
-                } else {
-                    Verdict::Unknown
-                }
-            } else {
-                verdict(ci, higher_is_better)
-            };
+            let v = paired_verdict(ci, n, higher_is_better);
             return Some(Delta {
                 delta: d,
                 delta_pct: (va != 0.0).then(|| 100.0 * d / va.abs()),
@@ -613,6 +619,16 @@ fn delta(
     })
 }
 
+/// The verdict of a paired Δ over `n` shared prompts: none below [`MIN_SHARED_PROMPTS`] (a CI,
+/// if any, is then a paired t-interval, too weak for a verdict), else [`verdict`].
+fn paired_verdict(ci: Option<(f64, f64)>, n: usize, higher_is_better: bool) -> Verdict {
+    match (n < MIN_SHARED_PROMPTS, ci) {
+        (true, Some(_)) => Verdict::TooFewPrompts,
+        (true, None) => Verdict::Unknown,
+        (false, _) => verdict(ci, higher_is_better),
+    }
+}
+
 fn verdict(ci: Option<(f64, f64)>, higher_is_better: bool) -> Verdict {
     match ci {
         None => Verdict::Unknown,
@@ -632,487 +648,6 @@ fn verdict(ci: Option<(f64, f64)>, higher_is_better: bool) -> Verdict {
         }
         _ => Verdict::NotSignificant,
     }
-}
-
-/// Identity fields and the flattened config, per run; rows that differ first.
-pub fn config_diff(runs: &[RunInfo]) -> Vec<ConfigRow> {
-    let mut keys: BTreeMap<String, Vec<Option<String>>> = BTreeMap::new();
-    for (i, r) in runs.iter().enumerate() {
-        let mut flat: Vec<(String, String)> = vec![
-            ("mode".into(), r.mode.to_string()),
-            ("target.arch".into(), r.target_arch.clone()),
-            ("target.path".into(), r.target_path.clone()),
-            ("target.sha256".into(), short(&r.target_sha256)),
-            ("drafter.series".into(), r.drafter_series.clone()),
-            (
-                "drafter.step".into(),
-                r.drafter_step.map(|s| s.to_string()).unwrap_or_default(),
-            ),
-            ("drafter.path".into(), r.drafter_path.clone()),
-            ("drafter.sha256".into(), short(&r.drafter_sha256)),
-            ("prompt_set.name".into(), r.prompt_set_name.clone()),
-            ("prompt_set.sha256".into(), short(&r.prompt_set_sha256)),
-            ("backend".into(), r.backend.clone()),
-            ("dtype".into(), r.dtype.clone()),
-            ("block_size".into(), r.block_size.to_string()),
-            ("top_k".into(), r.top_k.to_string()),
-        ];
-        if let Some(t) = &r.train_style {
-            flat.push(("train_style.labels".into(), t.labels.clone()));
-            flat.push(("train_style.mask_rule".into(), t.mask_rule.clone()));
-        }
-        flatten_json("config", &r.config, &mut flat);
-        for (k, v) in flat {
-            keys.entry(k).or_insert_with(|| vec![None; runs.len()])[i] = Some(v);
-        }
-    }
-    let mut rows: Vec<ConfigRow> = keys
-        .into_iter()
-        .map(|(key, values)| {
-            let differs = values.iter().any(|v| v != &values[0]);
-            ConfigRow {
-                key,
-                values,
-                differs,
-            }
-        })
-        .collect();
-    rows.sort_by_key(|r| !r.differs);
-    rows
-}
-
-fn short(s: &str) -> String {
-    s.chars().take(12).collect()
-}
-
-fn flatten_json(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
-    match v {
-        serde_json::Value::Object(m) => {
-            for (k, x) in m {
-                flatten_json(&format!("{prefix}.{k}"), x, out);
-            }
-        }
-        serde_json::Value::String(s) => out.push((prefix.into(), s.clone())),
-        other => out.push((prefix.into(), other.to_string())),
-    }
-}
-
-/// Deployment runs first, then train-style runs ordered by how many mechanisms they turn on
-/// (mask strict → inclusive, labels target → data). Each row says what changed.
-fn inflation_rows(runs: &[RunInfo], stats: &[Option<Arc<RunStats>>]) -> Vec<InflationRow> {
-    let has_dep = runs.iter().any(|r| r.mode == RunMode::Deployment);
-    let has_ts = runs.iter().any(|r| r.mode == RunMode::TrainStyle);
-    if !(has_dep && has_ts) {
-        return Vec::new();
-    }
-    let rank = |r: &RunInfo| match &r.train_style {
-        None => (0, 0, 0),
-        Some(t) => (
-            1,
-            (t.mask_rule == "inclusive") as u8,
-            (t.labels == "data") as u8,
-        ),
-    };
-    let mut order: Vec<usize> = (0..runs.len()).collect();
-    order.sort_by_key(|&i| (rank(&runs[i]), i));
-    let get = |i: usize, name: &str| -> Option<f64> {
-        let st = stats[i].as_ref()?;
-        analysis::aggregate(analysis::derived(name), &st.evaluated().collect::<Vec<_>>())
-    };
-    let mut rows = Vec::new();
-    let mut prev: Option<usize> = None;
-    for i in order {
-        let r = &runs[i];
-        let label = match &r.train_style {
-            None => "deployment (isolated per-anchor)".to_string(),
-            Some(t) => format!("train-style · mask {} · labels {}", t.mask_rule, t.labels),
-        };
-        let mechanism = match prev.map(|p| &runs[p]) {
-            None => "reference: what a real greedy decode sees".to_string(),
-            Some(p) => {
-                let mut what = Vec::new();
-                if p.drafter_sha256 != r.drafter_sha256 {
-                    what.push("a different drafter checkpoint (not an evaluation mechanism)");
-                }
-                if p.mode != r.mode {
-                    what.push("shared forward over all anchors with the training block mask, uniform anchors (mechanisms 2, 7)");
-                }
-                let (pm, pl) = p
-                    .train_style
-                    .as_ref()
-                    .map(|t| (t.mask_rule.as_str(), t.labels.as_str()))
-                    .unwrap_or(("strict", "target"));
-                if let Some(t) = &r.train_style {
-                    if t.mask_rule != pm && t.mask_rule == "inclusive" {
-                        what.push("context ≤ anchor: the anchor's own tap leaks the next token (mechanism 1)");
-                    }
-                    if t.labels != pl && t.labels == "data" {
-                        what.push("labels from data tokens instead of the target's greedy tokens (mechanism 3)");
-                    }
-                }
-                if what.is_empty() {
-                    "same settings as the row above".to_string()
-                } else {
-                    what.join("; ")
-                }
-            }
-        };
-        rows.push(InflationRow {
-            run: i,
-            label,
-            mechanism,
-            flat_accuracy: get(i, "flat_accuracy"),
-            tau_uniform: get(i, "tau_uniform"),
-            tau_replayed: get(i, "tau_replayed_macro"),
-        });
-        prev = Some(i);
-    }
-    rows
-}
-
-// ---------------------------------------------------------------------------------------------
-// τ against checkpoint step
-// ---------------------------------------------------------------------------------------------
-
-#[derive(Clone, Debug, Serialize)]
-pub struct HistoryPoint {
-    pub run: i64,
-    pub name: String,
-    pub step: i64,
-    pub status: String,
-    pub tau_replayed: Option<f64>,
-    pub tau_replayed_ci: Option<(f64, f64)>,
-    pub tau_uniform: Option<f64>,
-    pub tau_uniform_ci: Option<(f64, f64)>,
-    pub flat_accuracy: Option<f64>,
-    /// Paired Δ of the macro replayed τ against the previous step, over shared prompts.
-    pub step_delta: Option<StepDelta>,
-}
-
-/// A paired Δ between two consecutive checkpoints.
-#[derive(Clone, Debug, Serialize)]
-pub struct StepDelta {
-    pub delta: f64,
-    pub ci: Option<(f64, f64)>,
-    pub method: Option<IntervalMethod>,
-    /// Shared prompts.
-    pub n: usize,
-    pub verdict: Verdict,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct History {
-    pub series: String,
-    pub mode: RunMode,
-    pub prompt_set: String,
-    pub points: Vec<HistoryPoint>,
-    /// Runs of the series left out (other mode or prompt set, no step, no records).
-    pub left_out: usize,
-}
-
-/// One point per checkpoint run of a drafter series (same mode and prompt set), with bootstrap
-/// CIs over prompts, and the paired Δ of replayed τ against the previous step.
-pub fn history(
-    store: &Store,
-    series: &str,
-    mode: RunMode,
-    prompt_set: Option<&str>,
-    stats_of: &StatsCache<'_>,
-) -> Result<History> {
-    let runs = store.series_runs(series)?;
-    if runs.is_empty() {
-        bail!(
-            "{}: no runs in drafter series {series:?}",
-            store.path().display()
-        );
-    }
-    // Default prompt set: the one most runs of this mode used.
-    let ps = match prompt_set {
-        Some(p) => p.to_string(),
-        None => {
-            let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-            for r in runs.iter().filter(|r| r.mode == mode) {
-                *counts.entry(&r.prompt_set_sha256).or_default() += 1;
-            }
-            counts
-                .into_iter()
-                .max_by_key(|(_, c)| *c)
-                .map(|(p, _)| p.to_string())
-                .unwrap_or_default()
-        }
-    };
-    let mut points = Vec::new();
-    // Per point: prompt sha → replayed τ (for the paired step-to-step Δs).
-    let mut shas: Vec<HashMap<String, f64>> = Vec::new();
-    let mut left_out = 0;
-    let tau_r = analysis::derived("tau_replayed_macro");
-    let tau_u = analysis::derived("tau_uniform");
-    let flat = analysis::derived("flat_accuracy");
-    let mut ps_name = String::new();
-    for r in &runs {
-        let Some(step) = r.drafter_step else {
-            left_out += 1;
-            continue;
-        };
-        if r.mode != mode || (r.prompt_set_sha256 != ps && r.prompt_set_name != ps) {
-            left_out += 1;
-            continue;
-        }
-        let Some(st) = stats_of(r)? else {
-            left_out += 1;
-            continue;
-        };
-        ps_name = r.prompt_set_name.clone();
-        let evaluated: Vec<&analysis::PromptStats> = st.evaluated().collect();
-        let mut rng = Rng::from_str_seed(&r.uid);
-        let rs = Resamples::new(evaluated.len(), 500, &mut rng);
-        // CI of the metric's own statistic: per-prompt (numerator, denominator) pairs, so a
-        // macro metric's CI is over per-prompt means and a pooled one's over Σ/Σ.
-        let ci_of = |m: &analysis::DerivedMetric| -> Option<(f64, f64)> {
-            let (num, den): (Vec<f64>, Vec<f64>) = evaluated
-                .iter()
-                .map(|p| match ((m.per_prompt)(p), m.aggregation) {
-                    (Some((n, d)), Aggregation::Macro) => (n / d, 1.0),
-                    (Some(nd), Aggregation::Pooled) => nd,
-                    (None, _) => (0.0, 0.0),
-                })
-                .unzip();
-            rs.ratio_ci(&num, &den)
-        };
-        shas.push(
-            evaluated
-                .iter()
-                .filter_map(|p| {
-                    (tau_r.per_prompt)(p)
-                        .filter(|_| !p.sha256.is_empty())
-                        .map(|(n, d)| (p.sha256.clone(), n / d))
-                })
-                .collect(),
-        );
-        points.push(HistoryPoint {
-            run: r.id,
-            name: r.name.clone(),
-            step,
-            status: r.status.to_string(),
-            tau_replayed: analysis::aggregate(tau_r, &evaluated),
-            tau_replayed_ci: ci_of(tau_r),
-            tau_uniform: analysis::aggregate(tau_u, &evaluated),
-            tau_uniform_ci: ci_of(tau_u),
-            flat_accuracy: analysis::aggregate(flat, &evaluated),
-            step_delta: None,
-        });
-    }
-    // Paired Δ of the macro replayed τ between consecutive steps, over the prompts both share.
-    for i in 1..points.len() {
-        let (a, b) = (&shas[i - 1], &shas[i]);
-        let shared: Vec<(f64, f64)> = a
-            .iter()
-            .filter_map(|(h, va)| b.get(h).map(|vb| (*va, *vb)))
-            .collect();
-        if shared.is_empty() {
-            continue;
-        }
-        let (va, vb): (Vec<f64>, Vec<f64>) = shared.iter().copied().unzip();
-        let ones = vec![1.0; shared.len()];
-        let mut rng = Rng::from_str_seed(&format!("{}:{}", points[i - 1].run, points[i].run));
-        let rs = Resamples::new(shared.len(), 1000, &mut rng);
-        let iv = paired_interval(&rs, &va, &ones, &vb, &ones);
-        let delta = crate::stats::mean(&vb) - crate::stats::mean(&va);
-        let ci = iv.map(|i| (i.lo, i.hi));
-        let verdict = if shared.len() < MIN_SHARED_PROMPTS {
-            if ci.is_some() {
-                Verdict::TooFewPrompts
-            } else {
-                Verdict::Unknown
-            }
-        } else {
-            verdict(ci, true)
-        };
-        points[i].step_delta = Some(StepDelta {
-            delta,
-            ci,
-            method: iv.map(|i| i.method),
-            n: shared.len(),
-            verdict,
-        });
-    }
-    Ok(History {
-        series: series.into(),
-        mode,
-        prompt_set: if ps_name.is_empty() { ps } else { ps_name },
-        points,
-        left_out,
-    })
-}
-
-// ---------------------------------------------------------------------------------------------
-// Terminal and JSON output
-// ---------------------------------------------------------------------------------------------
-
-pub fn fmt_value(v: Option<f64>) -> String {
-    match v {
-        None => "—".into(),
-        Some(x) if x.is_nan() => "—".into(),
-        Some(x) if x.abs() >= 1000.0 => format!("{x:.0}"),
-        Some(x) if x.abs() >= 10.0 => format!("{x:.2}"),
-        Some(x) => format!("{x:.3}"),
-    }
-}
-
-pub fn fmt_delta(d: f64) -> String {
-    if d.abs() >= 10.0 {
-        format!("{d:+.2}")
-    } else {
-        format!("{d:+.3}")
-    }
-}
-
-/// The comparison as a plain-text table (for `draftlens compare`).
-pub fn comparison_text(c: &Comparison) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    let b = &c.runs[c.baseline];
-    let _ = writeln!(s, "baseline: #{} {} ({})", b.id, b.name, &b.uid);
-    for (j, r) in c.runs.iter().enumerate() {
-        if j != c.baseline {
-            let cv = &c.coverage[j];
-            let _ = writeln!(
-                s,
-                "run #{}: {} ({}) · {}/{} prompts shared with the baseline",
-                r.id,
-                r.name,
-                &r.uid,
-                cv.shared,
-                cv.prompts.max(cv.baseline_prompts)
-            );
-        }
-    }
-    let _ = writeln!(s);
-    let mut header = vec!["metric".to_string()];
-    for (j, r) in c.runs.iter().enumerate() {
-        header.push(if j == c.baseline {
-            format!("#{} (base)", r.id)
-        } else {
-            format!("#{}", r.id)
-        });
-        if j != c.baseline {
-            header.push("Δ".into());
-            header.push("Δ%".into());
-            header.push("95% CI".into());
-            header.push("n".into());
-            header.push("verdict".into());
-        }
-    }
-    let mut rows = vec![header];
-    for m in &c.metrics {
-        let mut row = vec![format!(
-            "{} {}",
-            m.key,
-            if m.is_count {
-                "(count)"
-            } else if m.higher_is_better {
-                "↑"
-            } else {
-                "↓"
-            }
-        )];
-        for j in 0..c.runs.len() {
-            row.push(fmt_value(m.values[j]));
-            if j == c.baseline {
-                continue;
-            }
-            match &m.deltas[j] {
-                None => row.extend(["—".into(), "—".into(), "—".into(), "—".into(), "—".into()]),
-                Some(d) => {
-                    row.push(fmt_delta(d.delta));
-                    row.push(
-                        d.delta_pct
-                            .map(|p| format!("{p:+.1}%"))
-                            .unwrap_or("—".into()),
-                    );
-                    row.push(
-                        d.ci.map(|(lo, hi)| format!("[{}, {}]", fmt_delta(lo), fmt_delta(hi)))
-                            .unwrap_or("—".into()),
-                    );
-                    row.push(if d.paired {
-                        d.n.to_string()
-                    } else {
-                        "unpaired".into()
-                    });
-                    row.push(d.verdict.label().into());
-                }
-            }
-        }
-        rows.push(row);
-    }
-    s.push_str(&table(&rows));
-    let diff: Vec<&ConfigRow> = c.config.iter().filter(|r| r.differs).collect();
-    if !diff.is_empty() && c.runs.len() > 1 {
-        let _ = writeln!(s, "\nconfig (differing keys only):");
-        let mut rows = vec![std::iter::once("key".to_string())
-            .chain(c.runs.iter().map(|r| format!("#{}", r.id)))
-            .collect::<Vec<_>>()];
-        for r in diff {
-            rows.push(
-                std::iter::once(r.key.clone())
-                    .chain(r.values.iter().map(|v| v.clone().unwrap_or("—".into())))
-                    .collect(),
-            );
-        }
-        s.push_str(&table(&rows));
-    }
-    if !c.inflation.is_empty() {
-        let _ = writeln!(s, "\ntraining-style vs deployment (by mechanism):");
-        let mut rows = vec![vec![
-            "run".into(),
-            "evaluation".into(),
-            "flat acc".into(),
-            "τ uniform".into(),
-            "τ replayed".into(),
-            "what changed".into(),
-        ]];
-        for r in &c.inflation {
-            rows.push(vec![
-                format!("#{}", c.runs[r.run].id),
-                r.label.clone(),
-                fmt_value(r.flat_accuracy),
-                fmt_value(r.tau_uniform),
-                fmt_value(r.tau_replayed),
-                r.mechanism.clone(),
-            ]);
-        }
-        s.push_str(&table(&rows));
-    }
-    for n in &c.notes {
-        let _ = writeln!(s, "note: {n}");
-    }
-    let _ = writeln!(
-        s,
-        "\nΔ = run − baseline over shared prompts (matched by prompt sha256); 95% CI over prompts: BCa bootstrap ({} replicates) from {MIN_SHARED_PROMPTS} shared prompts on, paired t-interval below (no verdict then).",
-        c.reps
-    );
-    s
-}
-
-fn table(rows: &[Vec<String>]) -> String {
-    let ncol = rows.iter().map(|r| r.len()).max().unwrap_or(0);
-    let mut w = vec![0; ncol];
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.chars().count());
-        }
-    }
-    let mut s = String::new();
-    for r in rows {
-        let line: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c}{}", " ".repeat(w[i] - c.chars().count())))
-            .collect();
-        s.push_str(line.join("  ").trim_end());
-        s.push('\n');
-    }
-    s
 }
 
 #[cfg(test)]
@@ -1141,54 +676,13 @@ mod tests {
     }
 
     #[test]
-    fn config_diff_puts_differences_first() {
-        let mut a = RunInfo {
-            id: 1,
-            uid: "u1".into(),
-            name: "a".into(),
-            mode: RunMode::Deployment,
-            status: draftlens::store::RunStatus::Complete,
-            error: None,
-            created_at: String::new(),
-            finished_at: None,
-            timings: serde_json::json!({}),
-            config: serde_json::json!({"drafter": {"layers": 5, "k": [1, 2]}, "seed": 1}),
-            target_path: "t".into(),
-            target_sha256: String::new(),
-            target_arch: "qwen3".into(),
-            drafter_path: String::new(),
-            drafter_sha256: String::new(),
-            drafter_series: String::new(),
-            drafter_step: Some(1),
-            prompt_set_name: String::new(),
-            prompt_set_sha256: String::new(),
-            backend: "cpu".into(),
-            dtype: "f32".into(),
-            block_size: 16,
-            top_k: 8,
-            train_style: None,
-            tokenizer_sha256: None,
-            origin: "local".into(),
-            num_prompts: 0,
-            num_blocks: 0,
-        };
-        let mut b = a.clone();
-        b.config =
-            serde_json::json!({"drafter": {"layers": 3, "k": [1, 2]}, "seed": 1, "extra": "x"});
-        b.drafter_step = Some(2);
-        a.id = 1;
-        let rows = config_diff(&[a, b]);
-        let differing: Vec<&str> = rows
-            .iter()
-            .filter(|r| r.differs)
-            .map(|r| r.key.as_str())
-            .collect();
-        assert_eq!(
-            differing,
-            ["config.drafter.layers", "config.extra", "drafter.step"]
-        );
-        assert!(rows.iter().take(3).all(|r| r.differs));
-        let k = rows.iter().find(|r| r.key == "config.drafter.k").unwrap();
-        assert_eq!(k.values[0].as_deref(), Some("[1,2]"));
+    fn no_verdict_below_the_minimum_of_shared_prompts() {
+        let (few, enough) = (MIN_SHARED_PROMPTS - 1, MIN_SHARED_PROMPTS);
+        let ci = Some((0.1, 0.2));
+        assert_eq!(paired_verdict(ci, few, true), Verdict::TooFewPrompts);
+        assert_eq!(paired_verdict(None, few, true), Verdict::Unknown);
+        assert_eq!(paired_verdict(ci, enough, true), Verdict::Better);
+        assert_eq!(paired_verdict(ci, enough, false), Verdict::Worse);
+        assert_eq!(paired_verdict(None, enough, true), Verdict::Unknown);
     }
 }
