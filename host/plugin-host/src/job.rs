@@ -141,6 +141,8 @@ impl LogSink {
 pub struct HostState {
     pub(crate) limiter: MemoryLimiter,
     pub(crate) log: LogSink,
+    /// The deny-all WASI context and its capped resource table.
+    pub(crate) wasi: crate::wasi::WasiState,
 }
 
 impl wit::draftlens::metric::host::Host for HostState {
@@ -189,6 +191,7 @@ impl<'r> Job<'r> {
                 max_line_bytes: limits.max_log_line_bytes,
                 ..Default::default()
             },
+            wasi: crate::wasi::WasiState::deny_all(),
         };
         let mut store = Store::new(&runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -470,6 +473,14 @@ fn classify(
             ),
         ),
         Some(t) => (FailureKind::Trap, format!("trapped in {during}: {t}")),
+        // wasi:cli/exit (e.g. Rust's `std::process::exit`, Python's `sys.exit`).
+        None if err.downcast_ref::<wasmtime_wasi::I32Exit>().is_some() => (
+            FailureKind::Trap,
+            format!(
+                "called exit({}) in {during} (a plugin reports problems by returning an error)",
+                err.downcast_ref::<wasmtime_wasi::I32Exit>().map_or(0, |e| e.0)
+            ),
+        ),
         // Not a trap: lifting the plugin's return value failed (bad pointers, invalid UTF-8, ...).
         None => (FailureKind::BadOutput, format!("returned a malformed value from {during}: {err:#}")),
     };
