@@ -104,7 +104,7 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 }
 
 /// Epoch tick: the granularity of wall-clock limits.
-pub(crate) const TICK: Duration = Duration::from_millis(5);
+const TICK: Duration = Duration::from_millis(5);
 
 /// Engine + strict linker + ticker. Cheap to share by reference; jobs create their own stores.
 pub struct Runtime {
