@@ -11,9 +11,11 @@
 //! - bad input (unknown run, run without records, missing database, plugin given twice) is one
 //!   clear error that names the run or the plugin.
 //!
+//! - a plugin looping in `describe` costs `rescore` one time limit (each plugin is loaded once).
+//!
 //! The built-in plugins come from plugins/dist: without them the tests fail and say to run
-//! plugins/build.sh (scripts/test.sh runs it before cargo test). The hostile guest is built here
-//! the way host/plugin-host's tests build it.
+//! plugins/build.sh (scripts/test.sh runs it before cargo test). The hostile and describe-loop
+//! guests are built here the way host/plugin-host's tests build them.
 
 mod cli_util;
 
@@ -37,12 +39,18 @@ fn dist(name: &str) -> PathBuf {
     p
 }
 
-/// The hostile test guest (plugins/tests-guests/hostile), built for wasm32-unknown-unknown with
-/// rustup's wasm-component-ld into the same folder host/plugin-host's tests use, so cargo builds
-/// it once for both.
+/// The hostile test guest (plugins/tests-guests/hostile).
 fn hostile() -> &'static PathBuf {
     static P: OnceLock<PathBuf> = OnceLock::new();
-    P.get_or_init(|| {
+    P.get_or_init(|| guest("hostile"))
+}
+
+/// A test guest (plugins/tests-guests/NAME), built for wasm32-unknown-unknown with rustup's
+/// wasm-component-ld into the same folder host/plugin-host's tests use, so cargo builds it once
+/// for both.
+fn guest(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
         let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("../wasm-guests");
         std::fs::create_dir_all(&target).unwrap();
         let target = target.canonicalize().unwrap();
@@ -68,20 +76,23 @@ fn hostile() -> &'static PathBuf {
                 "wasm32-unknown-unknown",
                 "-p",
                 "guest-hostile",
+                "-p",
+                "guest-describe-loop",
             ])
             .env("CARGO_TARGET_DIR", &target)
             .env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", &ld)
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_ENCODED_RUSTFLAGS")
             .output()
-            .expect("running cargo for the hostile guest");
+            .expect("running cargo for the test guests");
         assert!(
             o.status.success(),
-            "building the hostile guest failed:\n{}",
+            "building the test guests failed:\n{}",
             String::from_utf8_lossy(&o.stderr)
         );
-        target.join("wasm32-unknown-unknown/release/guest_hostile.wasm")
-    })
+        target.join("wasm32-unknown-unknown/release")
+    });
+    dir.join(format!("guest_{}.wasm", name.replace('-', "_")))
 }
 
 /// `draftlens --cache-dir <tmp>/cache <args…>` from the repository root, with a private
@@ -914,4 +925,50 @@ fn run_checks_its_plugins_before_loading_any_model() {
         !db.exists(),
         "a run was started although its plugins were wrong"
     );
+}
+
+/// Each plugin is loaded (and described) once per command: a plugin whose `describe` never
+/// returns costs `rescore` one time limit, not one per place that needs its metadata
+/// (resolving names, checking parameters, scoring). It is recorded as a timeout and the other
+/// plugin's rows are stored.
+#[test]
+fn a_plugin_looping_in_describe_costs_one_time_limit() {
+    dist("accept-length");
+    let looping = guest("describe-loop");
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("runs.sqlite");
+    let (id, _) = synthetic_run(&db);
+    let limit = 3.0;
+    let t = std::time::Instant::now();
+    let o = dl_plugins(
+        tmp.path(),
+        &[
+            "--json",
+            "rescore",
+            "1",
+            "--db",
+            s(&db),
+            "--plugin",
+            s(&looping),
+            "--plugin",
+            "accept-length",
+            "--plugin-time-limit",
+            "3",
+        ],
+    );
+    let took = t.elapsed().as_secs_f64();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("warning: plugin ") && l.contains("failed [timeout]")),
+        "{err}"
+    );
+    // One limit, plus start-up, compiling two small plugins and scoring 3 prompts; a second
+    // `describe` would add another 3 s.
+    assert!(
+        took >= limit && took < 2.0 * limit - 0.5,
+        "rescore took {took:.2} s with a {limit} s limit and a plugin looping in describe"
+    );
+    assert_eq!(count_rows(&db, id, "accept-length"), 5 * 6);
 }

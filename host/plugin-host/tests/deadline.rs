@@ -1,4 +1,5 @@
-//! The wall-clock limit holds under CPU load.
+//! The wall-clock limit holds under CPU load, and a plugin that loops in `describe` costs one
+//! time limit to load.
 //!
 //! The limit is checked against the real clock at every epoch tick (host/plugin-host/src/job.rs),
 //! so a ticker thread that wakes late under load delays the stop by about one late tick instead
@@ -83,5 +84,22 @@ fn the_time_limit_holds_under_cpu_load() {
         *worst <= bound(limit),
         "a {limit:?} limit overshot by {worst:?} under load (allowed {:?}): {over:?}",
         bound(limit)
+    );
+}
+
+#[test]
+fn a_plugin_looping_in_describe_costs_one_time_limit_to_load() {
+    let limit = Duration::from_secs(3);
+    let rt = common::runtime(limit, 64);
+    let t = Instant::now();
+    let f = rt.load(&common::guest("describe-loop")).unwrap_err();
+    let took = t.elapsed();
+    assert_eq!(f.kind, FailureKind::Timeout, "{f}");
+    assert!(f.message.contains("in describe"), "{f}");
+    // Compiling the small component takes a fraction of a second; a second `describe` would
+    // add a whole limit.
+    assert!(
+        took >= limit && took < limit * 2 - Duration::from_millis(200),
+        "{took:?}"
     );
 }

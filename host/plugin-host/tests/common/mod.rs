@@ -30,6 +30,7 @@ pub const GUESTS: &[&str] = &[
     "liar",
     "bigname",
     "imports-other",
+    "describe-loop",
 ];
 /// Test guests built for wasm32-wasip2 (Rust std imports WASI).
 pub const WASIP2_GUESTS: &[&str] = &["wasi-probe"];
