@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 bash scripts/check-builtin-prompts.sh
 # The plugin host embeds the built-in plugins, built for wasm32 by its build script.
 rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
+# The deny-all WASI tests build a probe plugin for wasm32-wasip2 (host/plugin-host/tests/wasi.rs).
+rustup target add wasm32-wasip2 >/dev/null 2>&1 || true
 # Build every test target first: the `draftlens` binary among them is the one that installs the
 # fixtures below and the one packed into the wheel (no second build).
 cargo test --workspace --no-run "$@"

@@ -3,13 +3,13 @@
 //! is dropped; nothing leaks into the next job.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use wasmtime::component::{ComponentExportIndex, Instance, ResourceAny, TypedFunc};
-use wasmtime::{ResourceLimiter, Store, Trap};
+use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
 
 use crate::failure::{FailureKind, PluginFailure};
-use crate::runtime::{Limits, LoadedPlugin, Runtime, TICK};
+use crate::runtime::{Limits, LoadedPlugin, Runtime};
 use crate::types::{LogLevel, LogLine, Metadata, Param};
 use crate::wit::{self, BatchRef};
 
@@ -141,6 +141,8 @@ impl LogSink {
 pub struct HostState {
     pub(crate) limiter: MemoryLimiter,
     pub(crate) log: LogSink,
+    /// The deny-all WASI context and its capped resource table.
+    pub(crate) wasi: crate::wasi::WasiState,
 }
 
 impl wit::draftlens::metric::host::Host for HostState {
@@ -189,6 +191,7 @@ impl<'r> Job<'r> {
                 max_line_bytes: limits.max_log_line_bytes,
                 ..Default::default()
             },
+            wasi: crate::wasi::WasiState::deny_all(),
         };
         let mut store = Store::new(&runtime.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -202,9 +205,18 @@ impl<'r> Job<'r> {
             })?;
         }
         let deadline = limits.time_limit.map(|t| Instant::now() + t);
-        if let Some(t) = limits.time_limit {
-            store.set_epoch_deadline(ticks(t));
-            store.epoch_deadline_trap();
+        if let Some(deadline) = deadline {
+            // Every tick asks the real clock: counting ticks would stretch the limit by however
+            // late a starved ticker thread wakes (15-24 % under load); this way a job overshoots
+            // by at most about one tick plus the time to be scheduled again.
+            store.epoch_deadline_callback(move |_| {
+                Ok(if Instant::now() >= deadline {
+                    UpdateDeadline::Interrupt
+                } else {
+                    UpdateDeadline::Continue(1)
+                })
+            });
+            store.set_epoch_deadline(1);
         }
 
         let component = plugin.pre.instance_pre().component();
@@ -244,7 +256,8 @@ impl<'r> Job<'r> {
         })
     }
 
-    /// Re-arm the epoch deadline with the time the job has left.
+    /// Re-arm the epoch deadline before a call (the callback set in [`Job::new`] then checks
+    /// the job's deadline at every tick).
     fn arm(&mut self, during: &str) -> Result<(), PluginFailure> {
         let Some(deadline) = self.deadline else {
             return Ok(());
@@ -260,7 +273,7 @@ impl<'r> Job<'r> {
                 ),
             ));
         }
-        self.store.set_epoch_deadline(ticks(left));
+        self.store.set_epoch_deadline(1);
         Ok(())
     }
 
@@ -470,15 +483,18 @@ fn classify(
             ),
         ),
         Some(t) => (FailureKind::Trap, format!("trapped in {during}: {t}")),
+        // wasi:cli/exit (e.g. Rust's `std::process::exit`, Python's `sys.exit`).
+        None if err.downcast_ref::<wasmtime_wasi::I32Exit>().is_some() => (
+            FailureKind::Trap,
+            format!(
+                "called exit({}) in {during} (a plugin reports problems by returning an error)",
+                err.downcast_ref::<wasmtime_wasi::I32Exit>().map_or(0, |e| e.0)
+            ),
+        ),
         // Not a trap: lifting the plugin's return value failed (bad pointers, invalid UTF-8, ...).
         None => (FailureKind::BadOutput, format!("returned a malformed value from {during}: {err:#}")),
     };
     PluginFailure::new(kind, path, msg)
-}
-
-/// Epoch ticks covering `d` (at least one, rounded up).
-fn ticks(d: Duration) -> u64 {
-    (d.as_nanos().div_ceil(TICK.as_nanos())).max(1) as u64
 }
 
 #[cfg(test)]

@@ -2,8 +2,9 @@
 //! that score stored records.
 //!
 //! * Contract: `draftlens:metric@0.1.0` (plugins/wit/metric.wit), guest SDK in plugins/sdk.
-//! * Sandbox: the only import a plugin gets is a bounded `log`; a component importing anything
-//!   else is refused at load. Every job runs in a fresh `Store` with a wall-clock limit (epoch
+//! * Sandbox: a plugin gets a bounded `log` and a deny-all WASI 0.2 ([`wasi`]: no files, network
+//!   or environment, a fixed clock, seeded randomness); a component importing anything else is
+//!   refused at load. Every job runs in a fresh `Store` with a wall-clock limit (epoch
 //!   interruption), optional fuel, and a cap on the sum of its linear memories.
 //! * Failures are classified ([`FailureKind`]) and reported per plugin; the others go on.
 //! * Compiled code is cached as `.cwasm` keyed by sha256 of the `.wasm` and the engine's
@@ -25,6 +26,7 @@ pub mod stored;
 pub mod text;
 mod types;
 mod validate;
+pub mod wasi;
 mod wit;
 
 pub use failure::{FailureKind, PluginFailure};

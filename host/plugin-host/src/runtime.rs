@@ -1,4 +1,5 @@
-//! The sandbox: one wasmtime `Engine` per limit policy, a strict `Linker` (only the `log` import),
+//! The sandbox: one wasmtime `Engine` per limit policy, a strict `Linker` (the `log` import and
+//! the deny-all WASI of [`crate::wasi`]),
 //! an epoch ticker for wall-clock limits, a memory limiter that caps the sum of a job's linear
 //! memories, and a precompiled-artifact cache.
 
@@ -103,7 +104,7 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 }
 
 /// Epoch tick: the granularity of wall-clock limits.
-pub(crate) const TICK: Duration = Duration::from_millis(5);
+const TICK: Duration = Duration::from_millis(5);
 
 /// Engine + strict linker + ticker. Cheap to share by reference; jobs create their own stores.
 pub struct Runtime {
@@ -138,6 +139,9 @@ impl Runtime {
         // The only capability: draftlens:metric/host.log (plus the type-only `types` interface).
         wit::MetricPlugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| anyhow::anyhow!("linking the plugin host interface: {e}"))?;
+        // WASI for plugins whose toolchain imports it, with nothing behind it.
+        crate::wasi::add_to_linker(&mut linker)
+            .map_err(|e| anyhow::anyhow!("linking the deny-all WASI: {e}"))?;
 
         let mut h = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut h);
@@ -539,16 +543,18 @@ fn check_contract(exports: &[String]) -> Result<ContractVersion, String> {
 }
 
 /// Strict capability policy: a plugin may import only the contract's own interfaces
-/// (`draftlens:metric/host` — the log — and the type-only `draftlens:metric/types`).
+/// (`draftlens:metric/host` — the log — and the type-only `draftlens:metric/types`) and the
+/// deny-all WASI 0.2 interfaces of [`crate::wasi`].
 fn check_imports(imports: &[String]) -> Result<(), String> {
     let allowed = |name: &str| {
-        ["draftlens:metric/host@", "draftlens:metric/types@"]
-            .iter()
-            .any(|p| {
-                name.strip_prefix(p)
-                    .and_then(ContractVersion::parse)
-                    .is_some_and(|v| v.compatible_with_host())
-            })
+        crate::wasi::is_provided(name)
+            || ["draftlens:metric/host@", "draftlens:metric/types@"]
+                .iter()
+                .any(|p| {
+                    name.strip_prefix(p)
+                        .and_then(ContractVersion::parse)
+                        .is_some_and(|v| v.compatible_with_host())
+                })
     };
     let denied: Vec<&str> = imports
         .iter()
@@ -559,8 +565,9 @@ fn check_imports(imports: &[String]) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "imports {}; plugins run without any capability except draftlens:metric/host (a bounded log), \
-             so they may not import WASI or anything else (build for wasm32-unknown-unknown, see plugins/README.md)",
+            "imports {}; plugins get no capability but draftlens:metric/host (a bounded log) and a deny-all \
+             WASI 0.2 (wasi:cli, clocks, filesystem, io, random, sockets), so they may import nothing else \
+             (see plugins/README.md, \"Sandbox\")",
             denied.join(", ")
         ))
     }
@@ -662,12 +669,23 @@ mod tests {
             "draftlens:metric/types@0.1.2".into()
         ])
         .is_ok());
-        let e = check_imports(&[
+        // The deny-all WASI 0.2 is linked; other WASI packages and versions are not.
+        assert!(check_imports(&[
             "draftlens:metric/host@0.1.0".into(),
             "wasi:cli/environment@0.2.0".into(),
+            "wasi:io/streams@0.2.6".into(),
+        ])
+        .is_ok());
+        let e = check_imports(&[
+            "draftlens:metric/host@0.1.0".into(),
+            "wasi:http/outgoing-handler@0.2.0".into(),
+            "wasi:cli/environment@0.3.0".into(),
         ])
         .unwrap_err();
-        assert!(e.starts_with("imports wasi:cli/environment@0.2.0;"), "{e}");
+        assert!(
+            e.starts_with("imports wasi:http/outgoing-handler@0.2.0, wasi:cli/environment@0.3.0;"),
+            "{e}"
+        );
         assert!(check_imports(&["draftlens:metric/host@0.2.0".into()]).is_err());
     }
 }

@@ -95,7 +95,8 @@ const WIT: &str = include_str!("../../../plugins/wit/metric.wit");
 
 /// Create the folder `parent/name` for a new plugin in plain Python: `app.py` (an example
 /// metric), the Python SDK `draftlens_metric.py`, the contract `wit/metric.wit` and `build.sh`
-/// (componentize-py --stub-wasi). Returns the folder.
+/// (componentize-py --stub-wasi; without it the component imports WASI, served deny-all by the
+/// host). Returns the folder.
 pub fn new_python_plugin(name: &str, parent: &Path) -> anyhow::Result<PathBuf> {
     check_name(name)?;
     let dir = parent.join(name);

@@ -13,7 +13,9 @@ provides ``Plugin``, which implements it from three pieces a metric author write
 and in the plugin module: ``Evaluator = MyMetric`` and ``Accumulator = draftlens_metric.Accumulator``.
 
 The contract (plugins/wit/metric.wit) is the same as for Rust plugins; the component is built
-with componentize-py and ``--stub-wasi``, so it imports nothing but draftlens:metric/host.
+with componentize-py and ``--stub-wasi``, so it imports nothing but draftlens:metric/host (built
+without it, it imports WASI, which the host serves deny-all: no files, network or environment, a
+fixed clock, seeded randomness).
 Keep every piece of state in the accumulator (the host runs one per group in one instance).
 """
 

@@ -21,12 +21,18 @@ pub fn dist(name: &str) -> PathBuf {
     p
 }
 
-/// The hostile test guest (plugins/tests-guests/hostile), built for wasm32-unknown-unknown with
-/// rustup's wasm-component-ld into the same folder host/plugin-host's tests use, so cargo builds
-/// it once for both.
+/// The hostile test guest (plugins/tests-guests/hostile).
 pub fn hostile() -> &'static PathBuf {
     static P: OnceLock<PathBuf> = OnceLock::new();
-    P.get_or_init(|| {
+    P.get_or_init(|| guest("hostile"))
+}
+
+/// A test guest (plugins/tests-guests/NAME), built for wasm32-unknown-unknown with rustup's
+/// wasm-component-ld into the same folder host/plugin-host's tests use, so cargo builds it once
+/// for both.
+pub fn guest(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
         let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("../wasm-guests");
         std::fs::create_dir_all(&target).unwrap();
         let target = target.canonicalize().unwrap();
@@ -52,20 +58,23 @@ pub fn hostile() -> &'static PathBuf {
                 "wasm32-unknown-unknown",
                 "-p",
                 "guest-hostile",
+                "-p",
+                "guest-describe-loop",
             ])
             .env("CARGO_TARGET_DIR", &target)
             .env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", &ld)
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_ENCODED_RUSTFLAGS")
             .output()
-            .expect("running cargo for the hostile guest");
+            .expect("running cargo for the test guests");
         assert!(
             o.status.success(),
-            "building the hostile guest failed:\n{}",
+            "building the test guests failed:\n{}",
             String::from_utf8_lossy(&o.stderr)
         );
-        target.join("wasm32-unknown-unknown/release/guest_hostile.wasm")
-    })
+        target.join("wasm32-unknown-unknown/release")
+    });
+    dir.join(format!("guest_{}.wasm", name.replace('-', "_")))
 }
 
 /// `draftlens --cache-dir <tmp>/cache <args…>` from the repository root, with a private

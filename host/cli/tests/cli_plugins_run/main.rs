@@ -11,9 +11,11 @@
 //! - bad input (unknown run, run without records, missing database, plugin given twice) is one
 //!   clear error that names the run or the plugin.
 //!
+//! - a plugin looping in `describe` costs `rescore` one time limit (each plugin is loaded once).
+//!
 //! The built-in plugins come from plugins/dist: without them the tests fail and say to run
-//! plugins/build.sh (scripts/test.sh runs it before cargo test). The hostile guest is built here
-//! the way host/plugin-host's tests build it (`fixtures.rs`).
+//! plugins/build.sh (scripts/test.sh runs it before cargo test). The hostile and describe-loop
+//! guests are built here the way host/plugin-host's tests build them (`fixtures.rs`).
 
 #[path = "../cli_util/mod.rs"]
 mod cli_util;
@@ -758,4 +760,50 @@ fn run_checks_its_plugins_before_loading_any_model() {
         !db.exists(),
         "a run was started although its plugins were wrong"
     );
+}
+
+/// Each plugin is loaded (and described) once per command: a plugin whose `describe` never
+/// returns costs `rescore` one time limit, not one per place that needs its metadata
+/// (resolving names, checking parameters, scoring). It is recorded as a timeout and the other
+/// plugin's rows are stored.
+#[test]
+fn a_plugin_looping_in_describe_costs_one_time_limit() {
+    dist("accept-length");
+    let looping = guest("describe-loop");
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("runs.sqlite");
+    let (id, _) = synthetic_run(&db);
+    let limit = 3.0;
+    let t = std::time::Instant::now();
+    let o = dl_plugins(
+        tmp.path(),
+        &[
+            "--json",
+            "rescore",
+            "1",
+            "--db",
+            s(&db),
+            "--plugin",
+            s(&looping),
+            "--plugin",
+            "accept-length",
+            "--plugin-time-limit",
+            "3",
+        ],
+    );
+    let took = t.elapsed().as_secs_f64();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("warning: plugin ") && l.contains("failed [timeout]")),
+        "{err}"
+    );
+    // One limit, plus start-up, compiling two small plugins and scoring 3 prompts; a second
+    // `describe` would add another 3 s.
+    assert!(
+        took >= limit && took < 2.0 * limit - 0.5,
+        "rescore took {took:.2} s with a {limit} s limit and a plugin looping in describe"
+    );
+    assert_eq!(count_rows(&db, id, "accept-length"), 5 * 6);
 }

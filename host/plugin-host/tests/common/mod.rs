@@ -1,6 +1,6 @@
 //! Test support: the built-in plugins (the bytes embedded in draftlens-plugin-host, written to
-//! files) and the hostile test guests, built for wasm32-unknown-unknown (once per test process;
-//! cargo caches across runs).
+//! files) and the hostile test guests, built for wasm32-unknown-unknown (and wasm32-wasip2 for
+//! the WASI probe; once per test process, cargo caches across runs).
 
 #![allow(dead_code)]
 
@@ -29,7 +29,11 @@ pub const GUESTS: &[&str] = &[
     "imports-wasi",
     "liar",
     "bigname",
+    "imports-other",
+    "describe-loop",
 ];
+/// Test guests built for wasm32-wasip2 (Rust std imports WASI).
+pub const WASIP2_GUESTS: &[&str] = &["wasi-probe"];
 
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -88,7 +92,24 @@ fn built() -> &'static PathBuf {
             "building the wasm guests failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        target.join("wasm32-unknown-unknown/release")
+        // wasm32-wasip2 links with rustup's wasm-component-ld by default.
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(workspace_root())
+            .args(["build", "--release", "--target", "wasm32-wasip2"])
+            .env("CARGO_TARGET_DIR", &target)
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS");
+        for g in WASIP2_GUESTS {
+            cmd.args(["-p", &format!("guest-{g}")]);
+        }
+        let out = cmd.output().expect("running cargo for the wasip2 guests");
+        assert!(
+            out.status.success(),
+            "building the wasm32-wasip2 guests failed (rustup target add wasm32-wasip2):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        target
     })
 }
 
@@ -109,9 +130,17 @@ pub fn builtin(name: &str) -> PathBuf {
     p
 }
 
-/// Path of test guest `name` (e.g. "hostile").
+/// Path of test guest `name` (e.g. "hostile", "wasi-probe").
 pub fn guest(name: &str) -> PathBuf {
-    built().join(format!("guest_{}.wasm", name.replace('-', "_")))
+    let target = if WASIP2_GUESTS.contains(&name) {
+        "wasm32-wasip2"
+    } else {
+        "wasm32-unknown-unknown"
+    };
+    built()
+        .join(target)
+        .join("release")
+        .join(format!("guest_{}.wasm", name.replace('-', "_")))
 }
 
 /// A runtime with test-friendly limits and no cache.

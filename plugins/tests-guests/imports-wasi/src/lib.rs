@@ -1,5 +1,6 @@
-//! A plugin that reads the environment through WASI (wasm32 only). The host must refuse it at
-//! load, before any of its code runs.
+//! A plugin built for wasm32-unknown-unknown that imports one WASI interface by hand
+//! (wasi:cli/environment, wasm32 only). It loads under the host's deny-all WASI, and
+//! `evaluate` reports how many environment variables it saw: none.
 #![cfg(target_arch = "wasm32")]
 
 wit_bindgen::generate!({ path: "wit", world: "wasi-user", generate_all });
@@ -27,7 +28,12 @@ impl Guest for Plugin {
             name: "wasi-user".into(),
             version: "0.0.1".into(),
             description: String::new(),
-            metrics: vec![],
+            metrics: vec![draftlens::metric::types::MetricSpec {
+                name: "env_vars".into(),
+                unit: "count".into(),
+                description: "environment variables seen".into(),
+                higher_is_better: false,
+            }],
             params: vec![],
             inputs: draftlens::metric::types::Inputs {
                 candidates: 1,
