@@ -8,7 +8,7 @@ use draftlens::backend::Backend;
 use draftlens::drafter::eval::{AnchorPolicy, EvalOptions, Labels};
 use draftlens::drafter::lint::{lint, Severity};
 use draftlens::drafter::live::live_decode;
-use draftlens::drafter::run::{run_eval, DrafterSpec, RunOptions};
+use draftlens::drafter::run::{run_eval_shard, DrafterSpec, RunOptions};
 use draftlens::drafter::{DFlashDrafter, DrafterCheckpoint};
 use draftlens::model::TargetFiles;
 use draftlens::session::{dispatch, BackendJob};
@@ -52,6 +52,10 @@ pub struct RunArgs {
     /// SQLite database of runs.
     #[arg(long, default_value = "runs.sqlite")]
     pub db: PathBuf,
+    /// Evaluate only shard I of N (0-based) of the prompt set, prompts assigned by content
+    /// hash; `draftlens merge` puts the shard runs together (docs/scale-out.md).
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<draftlens::shard::Shard>,
     /// Run name (default: series/checkpoint · prompt set · mode).
     #[arg(long)]
     pub name: Option<String>,
@@ -169,7 +173,7 @@ impl BackendJob for RunJob<'_> {
                 max_new_tokens: a.target.max_new_tokens,
                 fail_after: a.fail_after,
             };
-            outs.push(run_eval(&s, spec, &set, &opts, &store)?);
+            outs.push(run_eval_shard(&s, spec, &set, &opts, a.shard, &store)?);
         }
         Ok(outs)
     }
@@ -182,7 +186,9 @@ pub fn run(g: &Global, a: RunArgs) -> Result<()> {
     // A failing plugin is a warning (recorded with the run), never a failed run.
     let scored = {
         let _phase = draftlens::timeline::phase("plugins");
-        crate::cmd_rescore::score_runs(plugins.as_ref(), &a.db, outs.iter().map(|r| r.run_id))?
+        // A shard that owns no prompt has no records to score (docs/scale-out.md).
+        let scorable = outs.iter().filter(|r| a.shard.is_none() || r.blocks > 0);
+        crate::cmd_rescore::score_runs(plugins.as_ref(), &a.db, scorable.map(|r| r.run_id))?
     };
     g.emit(&crate::cmd_rescore::with_plugins(&outs, &scored), || {
         let mut o = String::new();
