@@ -416,14 +416,17 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
             };
             let metrics = store.metrics(id)?;
             let plugins = store.plugin_runs(id)?;
+            let eval = store.run_eval(id)?;
             #[derive(Serialize)]
             struct Show<'a> {
                 run: &'a draftlens::store::RunDetail,
                 metrics: &'a [draftlens::store::MetricRow],
                 /// Which plugin file (sha256) produced each plugin source's rows.
                 plugins: &'a [draftlens::store::PluginProvenance],
+                /// The evaluation identity and shard (docs/scale-out.md §2); null for older runs.
+                eval: &'a Option<draftlens::store::RunEval>,
             }
-            g.emit(&Show { run: &d, metrics: &metrics, plugins: &plugins }, || {
+            g.emit(&Show { run: &d, metrics: &metrics, plugins: &plugins, eval: &eval }, || {
                 let r = &d.run;
                 let mut o = format!(
                     "run {} · {}\n  status {}{}\n  mode {}  backend {} ({})  B {}  top-K {}\n  target {} ({})\n  drafter {} step {:?}\n  prompts {} ({} prompts, {} blocks)\n",
@@ -444,6 +447,14 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                     r.num_prompts,
                     r.num_blocks
                 );
+                if let Some(e) = &eval {
+                    o += &format!(
+                        "  evaluation {}{}{}\n",
+                        e.identity,
+                        e.shard.map(|s| format!("  shard {s} ({} of {} prompts)", e.run_prompts, e.set_prompts)).unwrap_or_default(),
+                        e.merged_from.as_ref().map(|m| format!("  merged from {} shards", m.len())).unwrap_or_default()
+                    );
+                }
                 for m in metrics.iter().filter(|m| m.scope == draftlens::store::MetricScope::Run) {
                     o += &format!("  {:<16} {:<26} {:>9.4}  (n={})  {}\n", m.source, m.name, m.value, m.count, m.description);
                 }

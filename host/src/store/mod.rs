@@ -18,7 +18,8 @@
 //! One file per concern, each adding its methods to [`Store`]: `runs` (runs and the run list),
 //! `records` (prompts and records), `metrics` (metric rows, plugin failures), `vocab`
 //! (vocabularies, derived caches), `sharing` (baselines, share links, API tokens), `exchange`
-//! (export and import), `evals` (a run's evaluation identity and shard, docs/scale-out.md); `schema` holds the migrations, `codec` the BLOB encodings. Rows are read
+//! (export and import), `evals` (a run's evaluation identity and shard, docs/scale-out.md);
+//! `schema` holds the migrations, `codec` the BLOB encodings. Rows are read
 //! by column name. This file: opening, connections, identifiers and time.
 
 mod codec;
