@@ -4,7 +4,7 @@
 //!   same records (several blocks per prompt, categories, target top-K, a shard with no prompt);
 //! - `merge_bench_100_shards` (ignored; run by hand, docs/scale-out.md §6) times the merge of 100
 //!   shards of 1,000 prompts each:
-//!   `cargo test --release -p draftlens --test merge -- --ignored --nocapture merge_bench`.
+//!   `CARGO_INCREMENTAL=0 cargo test --workspace --test merge -- --ignored --nocapture merge_bench`.
 
 use draftlens::drafter::metrics::{summarize, PromptInfo};
 use draftlens::merge::{self, Source};
