@@ -37,8 +37,13 @@ fi
 
 tmp=$(mktemp -d /tmp/draftlens-slurm-ci.XXXXXX)
 cleanup() {
+  local f pid
   for f in "$tmp/slurmd.pid" "$tmp/slurmctld.pid" ${started_munge:+/run/munge/munged.pid}; do
-    [[ -f "$f" ]] && kill "$(cat "$f")" 2>/dev/null || true
+    [[ -f "$f" ]] || continue
+    pid=$(cat "$f")
+    kill "$pid" 2>/dev/null || continue
+    # The daemons save their state on the way out: wait before removing their folders.
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
   done
   rm -rf "$tmp"
 }
