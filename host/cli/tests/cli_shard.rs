@@ -488,6 +488,76 @@ fn a_missing_source_database_is_refused() {
 }
 
 #[test]
+fn shards_disagreeing_on_plugins_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a.sqlite");
+    synth_shard(&a, "same", sh(0, 2), RunStatus::Complete);
+    let scored = synth_shard(&a, "same", sh(1, 2), RunStatus::Complete);
+    let prov = draftlens::store::PluginProvenance {
+        source: "my-metric".into(),
+        sha256: "ab".repeat(32),
+        version: "1".into(),
+        file: "/plugins/my-metric.wasm".into(),
+        builtin: false,
+        params_json: "[]".into(),
+        scored_at: String::new(),
+        stale_since: None,
+    };
+    let row = draftlens::store::MetricRow::scalar(
+        "my-metric",
+        "x",
+        draftlens::store::MetricScope::Run,
+        1.0,
+        1,
+        true,
+    );
+    Store::open(&a)
+        .unwrap()
+        .replace_plugin_metrics(scored, &prov, &[row])
+        .unwrap();
+    refused(
+        tmp.path(),
+        &[&a],
+        &["plugin values differ", "my-metric", "shard 0/2", "rescore"],
+    );
+}
+
+/// `generate` and `extract` take the shard's prompts (none for an empty shard).
+#[test]
+fn generate_and_extract_take_the_shards_prompts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("three.jsonl");
+    write_prompts(&prompts, &PROMPTS);
+    let cache = tmp.path().join("cache");
+    let ids = |cmd: &str, shard: &str| -> Vec<String> {
+        let o = dl(
+            &cache,
+            &[
+                "--json",
+                cmd,
+                "--backend",
+                "cpu",
+                "--prompts",
+                s(&prompts),
+                "--max-new-tokens",
+                "2",
+                "--shard",
+                shard,
+            ],
+        );
+        let v = json_out(&o, &format!("{cmd} --shard {shard}"));
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids("generate", "0/2"), ["sum", "tea"]);
+    assert_eq!(ids("generate", "2/3"), Vec::<String>::new());
+    assert_eq!(ids("extract", "1/2"), ["rev"]);
+}
+
+#[test]
 fn bad_shard_arguments_are_clean_errors() {
     let tmp = tempfile::tempdir().unwrap();
     for bad in ["3/3", "1/0", "x"] {
