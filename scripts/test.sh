@@ -21,4 +21,6 @@ command -v componentize-py >/dev/null || [[ -x "$HOME/.local/bin/componentize-py
   python3 -m pip install --quiet --user --require-hashes -r scripts/requirements-plugins.txt
 bash plugins/build.sh
 cargo test --workspace --no-fail-fast "$@"
+# A real single-node Slurm: 2-shard evaluation + merge through sbatch (root only; CI=true requires it).
+DRAFTLENS_BIN=target/debug/draftlens bash scripts/slurm-ci.sh
 DRAFTLENS_BIN=target/debug/draftlens bash scripts/test-wheel.sh

@@ -8,7 +8,7 @@ use draftlens::backend::Backend;
 use draftlens::drafter::eval::{AnchorPolicy, EvalOptions, Labels};
 use draftlens::drafter::lint::{lint, Severity};
 use draftlens::drafter::live::live_decode;
-use draftlens::drafter::run::{run_eval, DrafterSpec, RunOptions};
+use draftlens::drafter::run::{run_eval_shard, DrafterSpec, RunOptions};
 use draftlens::drafter::{DFlashDrafter, DrafterCheckpoint};
 use draftlens::model::TargetFiles;
 use draftlens::session::{dispatch, BackendJob};
@@ -52,6 +52,10 @@ pub struct RunArgs {
     /// SQLite database of runs.
     #[arg(long, default_value = "runs.sqlite")]
     pub db: PathBuf,
+    /// Evaluate only shard I of N (0-based) of the prompt set, prompts assigned by content
+    /// hash; `draftlens merge` puts the shard runs together (docs/scale-out.md).
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<draftlens::shard::Shard>,
     /// Run name (default: series/checkpoint · prompt set · mode).
     #[arg(long)]
     pub name: Option<String>,
@@ -169,7 +173,7 @@ impl BackendJob for RunJob<'_> {
                 max_new_tokens: a.target.max_new_tokens,
                 fail_after: a.fail_after,
             };
-            outs.push(run_eval(&s, spec, &set, &opts, &store)?);
+            outs.push(run_eval_shard(&s, spec, &set, &opts, a.shard, &store)?);
         }
         Ok(outs)
     }
@@ -182,7 +186,9 @@ pub fn run(g: &Global, a: RunArgs) -> Result<()> {
     // A failing plugin is a warning (recorded with the run), never a failed run.
     let scored = {
         let _phase = draftlens::timeline::phase("plugins");
-        crate::cmd_rescore::score_runs(plugins.as_ref(), &a.db, outs.iter().map(|r| r.run_id))?
+        // A shard that owns no prompt has no records to score (docs/scale-out.md).
+        let scorable = outs.iter().filter(|r| a.shard.is_none() || r.blocks > 0);
+        crate::cmd_rescore::score_runs(plugins.as_ref(), &a.db, scorable.map(|r| r.run_id))?
     };
     g.emit(&crate::cmd_rescore::with_plugins(&outs, &scored), || {
         let mut o = String::new();
@@ -410,14 +416,17 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
             };
             let metrics = store.metrics(id)?;
             let plugins = store.plugin_runs(id)?;
+            let eval = store.run_eval(id)?;
             #[derive(Serialize)]
             struct Show<'a> {
                 run: &'a draftlens::store::RunDetail,
                 metrics: &'a [draftlens::store::MetricRow],
                 /// Which plugin file (sha256) produced each plugin source's rows.
                 plugins: &'a [draftlens::store::PluginProvenance],
+                /// The evaluation identity and shard (docs/scale-out.md §2); null for older runs.
+                eval: &'a Option<draftlens::store::RunEval>,
             }
-            g.emit(&Show { run: &d, metrics: &metrics, plugins: &plugins }, || {
+            g.emit(&Show { run: &d, metrics: &metrics, plugins: &plugins, eval: &eval }, || {
                 let r = &d.run;
                 let mut o = format!(
                     "run {} · {}\n  status {}{}\n  mode {}  backend {} ({})  B {}  top-K {}\n  target {} ({})\n  drafter {} step {:?}\n  prompts {} ({} prompts, {} blocks)\n",
@@ -438,6 +447,14 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                     r.num_prompts,
                     r.num_blocks
                 );
+                if let Some(e) = &eval {
+                    o += &format!(
+                        "  evaluation {}{}{}\n",
+                        e.identity,
+                        e.shard.map(|s| format!("  shard {s} ({} of {} prompts)", e.run_prompts, e.set_prompts)).unwrap_or_default(),
+                        e.merged_from.as_ref().map(|m| format!("  merged from {} shards", m.len())).unwrap_or_default()
+                    );
+                }
                 for m in metrics.iter().filter(|m| m.scope == draftlens::store::MetricScope::Run) {
                     o += &format!("  {:<16} {:<26} {:>9.4}  (n={})  {}\n", m.source, m.name, m.value, m.count, m.description);
                 }

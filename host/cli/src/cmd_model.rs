@@ -7,6 +7,7 @@ use draftlens::backend::Backend;
 use draftlens::model::{Capture, TargetFiles};
 use draftlens::prompts::PromptSet;
 use draftlens::session::{dispatch, BackendJob, BackendKind, Packer, Session};
+use draftlens::shard::Shard;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -115,6 +116,19 @@ impl TargetArgs {
         }
         if set.prompts.is_empty() {
             bail!("{}: the prompt set is empty", set.source.display());
+        }
+        Ok(set)
+    }
+
+    /// [`TargetArgs::prompt_set`], only the prompts of `shard` when given (possibly none).
+    pub fn shard_prompt_set(&self, shard: Option<Shard>) -> Result<PromptSet> {
+        let mut set = self.prompt_set()?;
+        if let Some(sh) = shard {
+            set.prompts = sh
+                .select(&set.prompts)
+                .into_iter()
+                .map(|i| set.prompts[i].clone())
+                .collect();
         }
         Ok(set)
     }
@@ -230,6 +244,9 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
 pub struct GenerateArgs {
     #[command(flatten)]
     pub target: TargetArgs,
+    /// Only shard I of N (0-based) of the prompt set, by content hash (docs/scale-out.md).
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<Shard>,
 }
 
 #[derive(Serialize)]
@@ -245,12 +262,13 @@ pub struct GeneratedPrompt {
 struct GenerateJob<'a> {
     g: &'a Global,
     a: &'a TargetArgs,
+    shard: Option<Shard>,
 }
 
 impl BackendJob for GenerateJob<'_> {
     type Output = Vec<GeneratedPrompt>;
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
-        let set = self.a.prompt_set()?;
+        let set = self.a.shard_prompt_set(self.shard)?;
         let s = self.a.session(be, self.g)?;
         s.check_prompts_fit(&set.prompts, self.a.max_new_tokens, 0)?;
         let pb = draftlens::progress::bar(set.prompts.len() as u64, "generate");
@@ -292,7 +310,12 @@ fn log_loaded<B: Backend>(s: &Session<B>) {
 }
 
 pub fn generate(g: &Global, a: GenerateArgs) -> Result<()> {
-    let out = dispatch(a.target.backend.select(g), GenerateJob { g, a: &a.target })?;
+    let job = GenerateJob {
+        g,
+        a: &a.target,
+        shard: a.shard,
+    };
+    let out = dispatch(a.target.backend.select(g), job)?;
     g.emit(&out, || {
         out.iter()
             .map(|r| {
@@ -323,6 +346,9 @@ pub struct ExtractArgs {
     #[arg(long, value_name = "N", default_value_t = draftlens::session::DEFAULT_PACK_TOKENS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub pack_tokens: usize,
+    /// Only shard I of N (0-based) of the prompt set, by content hash (docs/scale-out.md).
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<Shard>,
 }
 
 #[derive(Serialize)]
@@ -349,7 +375,7 @@ struct ExtractJob<'a> {
 impl BackendJob for ExtractJob<'_> {
     type Output = Vec<Extracted>;
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
-        let set = self.a.target.prompt_set()?;
+        let set = self.a.target.shard_prompt_set(self.a.shard)?;
         let mut s = self.a.target.session(be, self.g)?;
         s.pack_tokens = self.a.pack_tokens;
         let capture = Capture::for_layer_ids(&self.a.layers, s.files.spec.num_layers)?;

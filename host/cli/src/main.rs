@@ -6,11 +6,13 @@ mod cmd_cache;
 mod cmd_demo;
 mod cmd_doctor;
 mod cmd_eval;
+mod cmd_merge;
 mod cmd_model;
 mod cmd_parity;
 mod cmd_plugins;
 mod cmd_prompts;
 mod cmd_rescore;
+mod cmd_slurm;
 mod common;
 mod setup;
 
@@ -48,6 +50,10 @@ enum Cmd {
     Live(cmd_eval::LiveArgs),
     /// Compatibility and leakage-risk findings for a drafter against a target.
     Lint(cmd_eval::LintArgs),
+    /// Merge the shard runs of one evaluation (`run --shard I/N`) into one run, exactly.
+    Merge(cmd_merge::MergeArgs),
+    /// Write (and with --submit submit) a Slurm job array of shard runs plus their merge job.
+    Slurm(cmd_slurm::SlurmArgs),
     /// List stored runs or show one.
     #[command(subcommand)]
     Runs(cmd_eval::RunsCmd),
@@ -121,6 +127,8 @@ fn main() {
         Cmd::Live(a) => cmd_eval::live(&cli.global, a),
         Cmd::Lint(a) => cmd_eval::lint_cmd(&cli.global, a),
         Cmd::Runs(c) => cmd_eval::runs(&cli.global, c),
+        Cmd::Merge(a) => cmd_merge::run(&cli.global, a),
+        Cmd::Slurm(a) => cmd_slurm::run(&cli.global, a),
         Cmd::Bench(a) => cmd_bench::run(&cli.global, a),
         Cmd::BenchLoad(a) => cmd_bench_load::run(&cli.global, a),
         Cmd::Plugins(c) => cmd_plugins::run(&cli.global, c),

@@ -14,12 +14,16 @@ use crate::model::Capture;
 use crate::prompts::{Prompt, PromptSet};
 use crate::records::RecordBatch;
 use crate::session::{Packer, Session};
-use crate::store::{NewRun, RunMode, RunPrompt, RunStatus, Store, TrainStyle};
+use crate::shard::{EvalIdentity, Shard};
+use crate::store::{NewRun, RunEval, RunMode, RunPrompt, RunStatus, Store, TrainStyle};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+
+/// What a shard run's name ends with, before the shard `I/N` (`draftlens merge` strips it).
+pub const SHARD_NAME_SEP: &str = " · shard ";
 
 /// Set by the CLI's signal handler; checked between prompts.
 pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -173,7 +177,27 @@ pub fn run_eval<B: Backend>(
     opts: &RunOptions,
     store: &Store,
 ) -> Result<RunOutcome> {
+    run_eval_shard(s, spec, set, opts, None, store)
+}
+
+/// [`run_eval`] of one shard of `set` (docs/scale-out.md): only the prompts the shard owns are
+/// evaluated, under their indices in the whole set, and the run records the shard and the
+/// evaluation identity (`run_eval`), so that `draftlens merge` can put the shards together.
+/// A shard that owns no prompt is a valid, complete run with no records.
+pub fn run_eval_shard<B: Backend>(
+    s: &Session<B>,
+    spec: &DrafterSpec,
+    set: &PromptSet,
+    opts: &RunOptions,
+    shard: Option<Shard>,
+    store: &Store,
+) -> Result<RunOutcome> {
     let t0 = Instant::now();
+    let selected: Vec<usize> = match shard {
+        Some(sh) => sh.select(&set.prompts),
+        None => (0..set.prompts.len()).collect(),
+    };
+    let chosen: Vec<Prompt> = selected.iter().map(|&i| set.prompts[i].clone()).collect();
     let drafter = {
         let _phase = crate::timeline::phase("load drafter");
         load_drafter(s, spec)?
@@ -183,7 +207,7 @@ pub fn run_eval<B: Backend>(
         _ => 0,
     };
     // Before the run is created or anything computed: every prompt must fit on the device.
-    s.check_prompts_fit(&set.prompts, opts.max_new_tokens, taps)?;
+    s.check_prompts_fit(&chosen, opts.max_new_tokens, taps)?;
     let (dpath, dsha, series, step) =
         drafter_identity(spec, &crate::identity::IdentityStore::new(s.cache.root()))?;
     let dsha_for_cache = dsha.clone();
@@ -196,6 +220,10 @@ pub fn run_eval<B: Backend>(
             .unwrap_or(dpath.clone());
         format!("{series}/{d} · {} · {}", set.name, opts.mode.as_str())
     });
+    let name = match shard {
+        Some(sh) => format!("{name}{SHARD_NAME_SEP}{sh}"),
+        None => name,
+    };
     let train_style = (opts.mode == RunMode::TrainStyle).then(|| TrainStyle {
         labels: match opts.eval.labels {
             Labels::Target => "target".into(),
@@ -208,10 +236,49 @@ pub fn run_eval<B: Backend>(
         },
     });
     let _setup = crate::timeline::phase("run setup");
-    let config = serde_json::json!({
+    let mut config = serde_json::json!({
         "eval": opts.eval, "max_new_tokens": opts.max_new_tokens, "mode": opts.mode.as_str(),
         "target": s.files.identity.to_json()?, "drafter": dpath, "prompts": set.source, "backend": s.be.name(), "gdn_profile": s.gdn_profile_name(),
     });
+    if let Some(sh) = shard {
+        config["shard"] = serde_json::json!(sh.to_string());
+    }
+    let identity = EvalIdentity {
+        target_sha256: s.files.identity.weights_sha256()?,
+        target_arch: s.files.identity.arch.clone(),
+        tokenizer: tok.fingerprint(),
+        drafter_kind: match spec {
+            DrafterSpec::Checkpoint { .. } => "checkpoint".into(),
+            DrafterSpec::Oracle { .. } => "builtin:oracle".into(),
+            DrafterSpec::AntiOracle { .. } => "builtin:anti-oracle".into(),
+        },
+        drafter_sha256: dsha.clone(),
+        drafter_config_sha256: match spec {
+            DrafterSpec::Checkpoint { dir, .. } => match std::fs::read(dir.join("config.json")) {
+                Ok(b) => crate::util::sha256_bytes(&b),
+                Err(_) => String::new(),
+            },
+            _ => String::new(),
+        },
+        block_size: b as u32,
+        prompt_set_sha256: set.sha256.clone(),
+        prompts: set.prompts.len() as u32,
+        mode: opts.mode.as_str().into(),
+        eval: serde_json::to_value(&opts.eval)?,
+        max_new_tokens: opts.max_new_tokens as u32,
+        backend: s.be.name().into(),
+        dtype: s.be.dtype().into(),
+        gdn_profile: s.gdn_profile_name().map(String::from),
+        code_version: crate::shard::code_version(),
+    };
+    let eval = RunEval {
+        identity: identity.sha256(),
+        identity_json: serde_json::to_value(&identity)?,
+        shard,
+        set_prompts: set.prompts.len() as u32,
+        run_prompts: selected.len() as u32,
+        merged_from: None,
+    };
     // Token pieces as text, so the UI's drill-down shows words instead of ids (once per
     // tokenizer and database: decoding 150k pieces takes a while). A token that is only part of
     // a character (byte-level BPE, byte fallback) is stored as its bytes, marked with U+E000 and
@@ -234,26 +301,29 @@ pub fn run_eval<B: Backend>(
             &pieces,
         )?;
     }
-    let run_id = store.create_run(&NewRun {
-        name: name.clone(),
-        mode: opts.mode,
-        config,
-        target_path: s.files.identity.path.display().to_string(),
-        target_sha256: s.files.identity.weights_sha256()?,
-        target_arch: s.files.identity.arch.clone(),
-        drafter_path: dpath,
-        drafter_sha256: dsha,
-        drafter_series: series,
-        drafter_step: step,
-        prompt_set_name: set.name.clone(),
-        prompt_set_sha256: set.sha256.clone(),
-        backend: s.be.name().into(),
-        dtype: s.be.dtype().into(),
-        block_size: b as u32,
-        top_k: opts.eval.top_k as u32,
-        train_style,
-        tokenizer_sha256: Some(tok.fingerprint()),
-    })?;
+    let run_id = store.create_eval_run(
+        &NewRun {
+            name: name.clone(),
+            mode: opts.mode,
+            config,
+            target_path: s.files.identity.path.display().to_string(),
+            target_sha256: s.files.identity.weights_sha256()?,
+            target_arch: s.files.identity.arch.clone(),
+            drafter_path: dpath,
+            drafter_sha256: dsha,
+            drafter_series: series,
+            drafter_step: step,
+            prompt_set_name: set.name.clone(),
+            prompt_set_sha256: set.sha256.clone(),
+            backend: s.be.name().into(),
+            dtype: s.be.dtype().into(),
+            block_size: b as u32,
+            top_k: opts.eval.top_k as u32,
+            train_style,
+            tokenizer_sha256: Some(tok.fingerprint()),
+        },
+        &eval,
+    )?;
     drop(_setup);
     // A DFlash checkpoint's records are cached under the hash of its weights and config.
     let records_sha = match (&drafter, spec) {
@@ -268,7 +338,7 @@ pub fn run_eval<B: Backend>(
         }
         _ => None,
     };
-    let result = evaluate_prompts(s, &drafter, set, opts, store, run_id, records_sha);
+    let result = evaluate_prompts(s, &drafter, set, &selected, opts, store, run_id, records_sha);
     // The records do not depend on the cache: an entry that could not be written costs only a
     // recomputation next time, so it is a warning here (`extract`, whose product is the cache,
     // fails on it).
@@ -340,10 +410,12 @@ struct Pending {
 /// Per prompt: sequence (prompt + labels) → target pass → drafter → records stored. The target
 /// passes of consecutive prompts run packed ([`Session::target_passes`], at most
 /// `s.pack_tokens` tokens per window), then each prompt is drafted and stored in order.
+/// `selected`: the indices (into `set.prompts`, ascending) of the prompts to evaluate.
 fn evaluate_prompts<B: Backend>(
     s: &Session<B>,
     drafter: &Drafter<B>,
     set: &PromptSet,
+    selected: &[usize],
     opts: &RunOptions,
     store: &Store,
     run_id: i64,
@@ -368,30 +440,33 @@ fn evaluate_prompts<B: Backend>(
         draft_s: 0.0,
         records_sha,
         records_cached: 0,
-        pb: crate::progress::bar(set.prompts.len() as u64, "evaluate"),
+        pb: crate::progress::bar(selected.len() as u64, "evaluate"),
+        total: selected.len(),
     };
     ev.all.target_ids = Some(Vec::new());
     ev.all.target_logprobs = Some(Vec::new());
     let mut window = Packer::new(s.pack_tokens);
     let batch = s.gen_batch();
-    for (c, chunk) in set.prompts.chunks(batch).enumerate() {
+    for (c, chunk_idx) in selected.chunks(batch).enumerate() {
         ev.check_interrupted()?;
         // The target's continuations of a chunk of prompts are decoded together
         // (Session::continuations); everything after runs prompt by prompt.
         let t = Instant::now();
-        let seqs = chunk_sequences(s, set, opts, chunk)?;
+        let chunk: Vec<Prompt> = chunk_idx.iter().map(|&i| set.prompts[i].clone()).collect();
+        let seqs = chunk_sequences(s, set, opts, &chunk)?;
         ev.target_s += t.elapsed().as_secs_f64();
         for (j, (ids, prompt_len)) in seqs.into_iter().enumerate() {
-            let i = c * batch + j;
+            // k: position among the evaluated prompts; index: the prompt's index in the set.
+            let k = c * batch + j;
             ev.check_interrupted()?;
-            if opts.fail_after == Some(i) {
-                // The prompts before i are stored, as the option promises.
+            if opts.fail_after == Some(k) {
+                // The prompts before k are stored, as the option promises.
                 ev.flush(window.finish())?;
-                bail!("stopped after {i} prompts (--fail-after)");
+                bail!("stopped after {k} prompts (--fail-after)");
             }
             let len = ids.len();
             let pending = Pending {
-                index: i,
+                index: chunk_idx[j],
                 ids,
                 prompt_len,
             };
@@ -470,6 +545,8 @@ struct Evaluation<'a, B: Backend> {
     records_sha: Option<String>,
     records_cached: usize,
     pb: indicatif::ProgressBar,
+    /// Prompts this run evaluates.
+    total: usize,
 }
 
 impl<B: Backend> Evaluation<'_, B> {
@@ -478,7 +555,7 @@ impl<B: Backend> Evaluation<'_, B> {
             bail!(
                 "interrupted after {} of {} prompts",
                 self.infos.len(),
-                self.set.prompts.len()
+                self.total
             );
         }
         Ok(())

@@ -18,10 +18,12 @@
 //! One file per concern, each adding its methods to [`Store`]: `runs` (runs and the run list),
 //! `records` (prompts and records), `metrics` (metric rows, plugin failures), `vocab`
 //! (vocabularies, derived caches), `sharing` (baselines, share links, API tokens), `exchange`
-//! (export and import); `schema` holds the migrations, `codec` the BLOB encodings. Rows are read
+//! (export and import), `evals` (a run's evaluation identity and shard, docs/scale-out.md);
+//! `schema` holds the migrations, `codec` the BLOB encodings. Rows are read
 //! by column name. This file: opening, connections, identifiers and time.
 
 mod codec;
+mod evals;
 mod exchange;
 mod metrics;
 mod records;
@@ -33,6 +35,7 @@ mod tests;
 mod vocab;
 
 pub use codec::{f32s_to_le, le_to_f32s, le_to_u32s, u32s_to_le};
+pub use evals::*;
 pub use exchange::*;
 pub use metrics::*;
 pub use records::*;

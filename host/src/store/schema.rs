@@ -169,6 +169,25 @@ CREATE TABLE plugin_run (
   PRIMARY KEY (run_id, source)
 ) STRICT;
 "#,
+    // ---- v3: which evaluation a run belongs to and which shard of it it is (docs/scale-out.md):
+    // the sha256 of its evaluation identity (equal for every shard of one evaluation), the shard
+    // I/N (NULL for an unsharded or a merged run), how many prompts the whole set and this run
+    // hold, and for a merged run the uids of the shard runs it was merged from.
+    r#"
+CREATE TABLE run_eval (
+  run_id INTEGER PRIMARY KEY REFERENCES run(id) ON DELETE CASCADE,
+  identity TEXT NOT NULL,                   -- sha256 hex of identity_json
+  identity_json TEXT NOT NULL CHECK (json_valid(identity_json)),
+  shard_index INTEGER,
+  shard_count INTEGER,
+  set_prompts INTEGER NOT NULL,             -- prompts of the evaluated set (after --limit)
+  run_prompts INTEGER NOT NULL,             -- prompts this run is to evaluate (its shard's)
+  merged_from_json TEXT CHECK (merged_from_json IS NULL OR json_valid(merged_from_json)),
+  CHECK ((shard_index IS NULL) = (shard_count IS NULL)),
+  CHECK (shard_count IS NULL OR (shard_count >= 1 AND shard_index >= 0 AND shard_index < shard_count))
+) STRICT;
+CREATE INDEX run_eval_by_identity ON run_eval(identity);
+"#,
 ];
 
 pub fn latest_version() -> i64 {

@@ -75,7 +75,7 @@ fn migrates_from_empty_and_sets_pragmas() {
         )?;
         assert_eq!(
             tables,
-            "api_token,baseline,derived,import_log,metric,plugin_failure,plugin_run,record_chunk,run,run_prompt,share,vocab"
+            "api_token,baseline,derived,import_log,metric,plugin_failure,plugin_run,record_chunk,run,run_eval,run_prompt,share,vocab"
         );
         Ok(())
     })
@@ -794,4 +794,53 @@ fn plugin_rows_record_their_file_and_go_stale_when_a_rescore_fails() {
         1,
         "only the other plugin's failure is left"
     );
+}
+
+/// `run_eval` (schema v3): stored with the run, read back, listed when sharded, refused when the
+/// shard is impossible, deleted with its run.
+#[test]
+fn run_eval_round_trip() {
+    use crate::shard::Shard;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(&dir.path().join("e.sqlite")).unwrap();
+    let new = NewRun {
+        name: "r".into(),
+        block_size: 4,
+        top_k: 2,
+        ..Default::default()
+    };
+    let eval = RunEval {
+        identity: "abc".into(),
+        identity_json: serde_json::json!({"k": 1}),
+        shard: Some(Shard::new(1, 3).unwrap()),
+        set_prompts: 9,
+        run_prompts: 3,
+        merged_from: None,
+    };
+    let id = s.create_eval_run(&new, &eval).unwrap();
+    assert_eq!(s.run_eval(id).unwrap().as_ref(), Some(&eval));
+    let plain = s
+        .create_eval_run(
+            &new,
+            &RunEval {
+                shard: None,
+                ..eval.clone()
+            },
+        )
+        .unwrap();
+    let listed: Vec<i64> = s.shard_runs().unwrap().iter().map(|r| r.0.id).collect();
+    assert_eq!(listed, [id], "only sharded runs are listed");
+    // The CHECK constraints refuse an impossible shard written around `Shard::new`.
+    let third = s.create_run(&new).unwrap();
+    let bad = s.write(|c| {
+        Ok(c.execute(
+            "INSERT INTO run_eval (run_id, identity, identity_json, shard_index, shard_count, set_prompts, run_prompts) \
+             VALUES (?1, 'x', '{}', 3, 3, 1, 1)",
+            [third],
+        ))
+    });
+    assert!(bad.unwrap().is_err());
+    s.delete_run(id).unwrap();
+    assert_eq!(s.run_eval(id).unwrap(), None);
+    assert!(s.run_eval(plain).unwrap().is_some());
 }
