@@ -22,3 +22,4 @@ pub mod store;
 pub mod timeline;
 pub mod tokenizer;
 pub mod util;
+pub mod watch;
