@@ -56,13 +56,33 @@ pub struct ReadyCheckpoint {
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "event", rename_all = "kebab-case")]
 pub enum WatchEvent {
-    Evaluating { dir: PathBuf, step: Option<u64> },
-    Evaluated { dir: PathBuf, step: Option<u64>, run_uid: String },
-    Pushed { run_uid: String },
-    PushFailed { run_uid: String, error: String },
-    Broken { dir: PathBuf, problem: String },
-    Failed { dir: PathBuf, error: String },
-    Abandoned { dir: PathBuf },
+    Evaluating {
+        dir: PathBuf,
+        step: Option<u64>,
+    },
+    Evaluated {
+        dir: PathBuf,
+        step: Option<u64>,
+        run_uid: String,
+    },
+    Pushed {
+        run_uid: String,
+    },
+    PushFailed {
+        run_uid: String,
+        error: String,
+    },
+    Broken {
+        dir: PathBuf,
+        problem: String,
+    },
+    Failed {
+        dir: PathBuf,
+        error: String,
+    },
+    Abandoned {
+        dir: PathBuf,
+    },
 }
 
 /// The hooks the command provides: evaluate one checkpoint into the store (returns the run id),
@@ -200,7 +220,11 @@ fn nap(d: Duration) {
 }
 
 /// Watches `opts.dir` until interrupted (or, with `once`, until nothing is left to do).
-pub fn watch(opts: &WatchOptions, store: &Store, hooks: &mut dyn WatchHooks) -> Result<WatchSummary> {
+pub fn watch(
+    opts: &WatchOptions,
+    store: &Store,
+    hooks: &mut dyn WatchHooks,
+) -> Result<WatchSummary> {
     if !opts.dir.is_dir() {
         anyhow::bail!("{}: not a folder", opts.dir.display());
     }
@@ -393,7 +417,10 @@ mod tests {
         check_complete(&ck).unwrap();
         write_st(&ck.join("model.safetensors"), 10);
         let e = check_complete(&ck).unwrap_err();
-        assert!(e.contains("model.safetensors") && e.contains("incomplete"), "{e}");
+        assert!(
+            e.contains("model.safetensors") && e.contains("incomplete"),
+            "{e}"
+        );
         std::fs::write(ck.join("model.safetensors"), b"not a checkpoint at all").unwrap();
         let e = check_complete(&ck).unwrap_err();
         assert!(e.contains("runs past the end"), "{e}");

@@ -113,7 +113,11 @@ fn watch_evaluates_complete_checkpoints_in_step_order_skips_a_broken_one_and_rem
         dir.join("step-600/config.json"),
     )
     .unwrap();
-    std::fs::write(dir.join("step-600/model.safetensors"), b"\x10\0\0\0\0\0\0\0{garbage").unwrap();
+    std::fs::write(
+        dir.join("step-600/model.safetensors"),
+        b"\x10\0\0\0\0\0\0\0{garbage",
+    )
+    .unwrap();
 
     let (mut child, events) = spawn_watch(&cache, &watch_args(&dir, &prompts, &db));
 
@@ -152,8 +156,13 @@ fn watch_evaluates_complete_checkpoints_in_step_order_skips_a_broken_one_and_rem
         .iter()
         .map(|e| {
             let dir = e["dir"].as_str().unwrap_or("");
-            let name = Path::new(dir).file_name().map(|n| n.to_string_lossy().into_owned());
-            (e["event"].as_str().unwrap().to_string(), name.unwrap_or_default())
+            let name = Path::new(dir)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned());
+            (
+                e["event"].as_str().unwrap().to_string(),
+                name.unwrap_or_default(),
+            )
         })
         .collect();
     let broken: Vec<_> = seen.iter().filter(|e| e["event"] == "broken").collect();
@@ -171,12 +180,17 @@ fn watch_evaluates_complete_checkpoints_in_step_order_skips_a_broken_one_and_rem
         .filter(|k| k.0 == "evaluated")
         .map(|k| k.1.as_str())
         .collect();
-    assert_eq!(evaluated, ["step-258", "step-903", "step-2581"], "{kinds:?}");
+    assert_eq!(
+        evaluated,
+        ["step-258", "step-903", "step-2581"],
+        "{kinds:?}"
+    );
 
     let r = runs(&db);
     assert_eq!(r.len(), 3);
-    assert!(r.iter().all(|r| r.status == RunStatus::Complete
-        && r.drafter_series == "trainrun"));
+    assert!(r
+        .iter()
+        .all(|r| r.status == RunStatus::Complete && r.drafter_series == "trainrun"));
     assert_eq!(
         r.iter().map(|r| r.drafter_step).collect::<Vec<_>>(),
         [Some(258), Some(903), Some(2581)]
@@ -237,8 +251,16 @@ fn sigterm_during_an_evaluation_abandons_it_cleanly_and_the_next_start_evaluates
     write_prompts(
         &prompts,
         &[
-            ("rev", None, "Write a Python function that reverses a string."),
-            ("sum", None, "What is the sum of the first ten positive integers?"),
+            (
+                "rev",
+                None,
+                "Write a Python function that reverses a string.",
+            ),
+            (
+                "sum",
+                None,
+                "What is the sum of the first ten positive integers?",
+            ),
             ("tea", None, "Give three tips for brewing good tea."),
             ("sky", None, "Why is the sky blue? Explain it to a child."),
         ],
@@ -258,20 +280,19 @@ fn sigterm_during_an_evaluation_abandons_it_cleanly_and_the_next_start_evaluates
     let st = child.wait().unwrap();
     assert!(st.success(), "watch exited {st} after SIGTERM");
     let seen: Vec<_> = events.try_iter().collect();
-    assert!(
-        seen.iter().any(|e| e["event"] == "abandoned"),
-        "{seen:?}"
-    );
+    assert!(seen.iter().any(|e| e["event"] == "abandoned"), "{seen:?}");
     // No half-written run: no run, prompt, record or metric rows, nothing remembered.
-    for t in ["run", "run_prompt", "record_chunk", "metric", "watch_checkpoint"] {
+    for t in [
+        "run",
+        "run_prompt",
+        "record_chunk",
+        "metric",
+        "watch_checkpoint",
+    ] {
         assert_eq!(rows(&db, t), 0, "rows left in {t}");
     }
 
-    let o = cmd(&cache)
-        .args(&args)
-        .arg("--once")
-        .output()
-        .unwrap();
+    let o = cmd(&cache).args(&args).arg("--once").output().unwrap();
     ok(&o, "watch --once after SIGTERM");
     let r = runs(&db);
     assert_eq!(r.len(), 1);

@@ -145,7 +145,10 @@ pub(super) async fn upload_chunk(
     body: Bytes,
 ) -> Response {
     let Some((sha, size)) = parse_id(&id) else {
-        return err(StatusCode::BAD_REQUEST, format!("{id:?} is not an upload id"));
+        return err(
+            StatusCode::BAD_REQUEST,
+            format!("{id:?} is not an upload id"),
+        );
     };
     let Some(offset) = Query::parse(raw.as_deref())
         .get("offset")
@@ -195,7 +198,10 @@ pub(super) async fn upload_finish(
     AxPath(id): AxPath<String>,
 ) -> Response {
     let Some((sha, size)) = parse_id(&id) else {
-        return err(StatusCode::BAD_REQUEST, format!("{id:?} is not an upload id"));
+        return err(
+            StatusCode::BAD_REQUEST,
+            format!("{id:?} is not an upload id"),
+        );
     };
     let s = st.clone();
     let r = blocking(&st, move || {
