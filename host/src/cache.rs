@@ -15,11 +15,23 @@
 //! | `checksum` | `sha256:<hex>` over the tensors (see [`tensors_checksum`]) |
 //! | `created` | unix seconds |
 //!
-//! Durability: an entry is written to a temp file in the same directory (`.<digest>.tmp.<pid>.<n>`),
-//! fsynced, renamed over the final name (atomic on POSIX) and the directory fsynced. A killed writer
-//! leaves at most a temp file, which is never taken for an entry and is removed by
-//! [`HiddenCache::remove`] once stale ([`STALE_TEMP_AGE`]). Two writers of the same key both
-//! succeed: they write identical content to different temp files and the last rename wins.
+//! Durability and sharing: the cache may live on a network filesystem (NFS, Lustre, GPFS) that
+//! many jobs on many machines write at once (docs/scale-out.md, "Shared cache"). An entry is
+//! written to a temp file in its own directory whose name is unique across machines
+//! ([`unique_temp_name`]: host, pid, a per-process counter and 64 random bits), fsynced, and
+//! published with `link(2)`, which fails instead of replacing when the entry already exists: a
+//! published entry is never overwritten, so a reader never reads a file that changes under it.
+//! Where hard links are not supported the publish falls back to `rename(2)` (atomic too; the last
+//! of two identical writers wins). Readers therefore see a complete entry or none; a killed
+//! writer leaves at most a temp file, whose name starts with a dot and never matches an entry,
+//! removed by `cache rm` / `cache gc` once stale ([`STALE_TEMP_AGE`]). No lock files are used.
+//! Two jobs computing the same key both compute it (the content is a function of the key); the
+//! first publish wins and the other's temp file is deleted.
+//!
+//! Least-recently-used eviction (`cache gc --max-size`, [`HiddenCache::gc`]) orders entries by
+//! their modification time, which records the last use: a hit whose entry was last touched more
+//! than [`TOUCH_INTERVAL`] ago sets it to now (one metadata write per entry per hour at most, not
+//! one per read; `atime` is not used because most mounts are `noatime` or `relatime`).
 //!
 //! Corruption policy: [`HiddenCache::get`] verifies the checksum and the key of every entry it
 //! reads. A corrupt entry is logged as a warning naming the file and the problem, deleted, and
@@ -33,8 +45,10 @@ use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::cache_shared::{is_not_found, publish, read_entry, same_file, touch_if_old};
+pub use crate::cache_shared::{parse_size, GcReport, PutOutcome};
 
 /// Format version stored in every entry; bump it when the layout or checksum changes.
 const FORMAT_VERSION: &str = "1";
@@ -44,6 +58,11 @@ const ENTRY_EXT: &str = "safetensors";
 /// A temp file not modified for this long belongs to a dead writer: writing one entry takes
 /// seconds, and the file's mtime moves while it is written.
 pub const STALE_TEMP_AGE: Duration = Duration::from_secs(15 * 60);
+/// A hit refreshes its entry's modification time (the LRU clock) when it is older than this.
+pub const TOUCH_INTERVAL: Duration = Duration::from_secs(60 * 60);
+/// Attempts of one publish whose shard directory vanished under it (a concurrent `gc` removed it
+/// while empty) before giving up.
+const PUBLISH_ATTEMPTS: u32 = 5;
 
 /// Everything that determines a cached entry's content.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,9 +258,6 @@ pub struct HiddenCache {
     root: PathBuf,
 }
 
-/// Per-process counter that, with the pid, makes temp names unique across threads and processes.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 impl HiddenCache {
     /// The default root: `$DRAFTLENS_CACHE`, else `$XDG_CACHE_HOME/draftlens`, else
     /// `$HOME/.cache/draftlens`.
@@ -302,57 +318,85 @@ impl HiddenCache {
     }
 
     /// Like [`HiddenCache::get`] but says whether a miss was a corrupt entry (already deleted).
-    /// Errors are I/O failures other than "not found" (e.g. permission denied).
+    /// Errors are I/O failures other than "not found" (e.g. permission denied). An entry removed
+    /// while it is read (a concurrent `gc`; `ESTALE` on NFS) is a miss.
     pub fn lookup(&self, key: &CacheKey) -> Result<Lookup> {
         let digest = key.digest();
         let path = self.path_for_digest(&digest);
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Miss),
-            Err(e) => {
-                return Err(e)
-                    .with_context(|| format!("{}: cannot read cache entry", path.display()))
-            }
-        };
-        match decode_entry(&bytes, Some((&digest, key))) {
-            Ok((_, tensors)) => Ok(Lookup::Hit(tensors)),
-            Err(problem) => {
-                tracing::warn!(
-                    "{}: corrupt cache entry ({problem}); deleting it, it will be recomputed",
-                    path.display()
-                );
-                match fs::remove_file(&path) {
-                    Ok(()) => {}
-                    // A concurrent reader may have deleted it first.
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => {
-                        return Err(e).with_context(|| {
-                            format!(
-                                "{}: corrupt cache entry ({problem}) and cannot delete it",
-                                path.display()
-                            )
-                        })
-                    }
+        // Twice at most: a corrupt file that was replaced between our read and our delete is
+        // read again instead of deleted.
+        for _ in 0..2 {
+            let (bytes, meta) = match read_entry(&path) {
+                Ok(Some(x)) => x,
+                Ok(None) => return Ok(Lookup::Miss),
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("{}: cannot read cache entry", path.display()))
                 }
-                Ok(Lookup::Corrupt { path, problem })
+            };
+            match decode_entry(&bytes, Some((&digest, key))) {
+                Ok((_, tensors)) => {
+                    touch_if_old(&path, &meta);
+                    return Ok(Lookup::Hit(tensors));
+                }
+                Err(problem) => {
+                    if !same_file(&path, &meta) {
+                        continue;
+                    }
+                    tracing::warn!(
+                        "{}: corrupt cache entry ({problem}); deleting it, it will be recomputed",
+                        path.display()
+                    );
+                    match fs::remove_file(&path) {
+                        Ok(()) => {}
+                        // A concurrent reader may have deleted it first.
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => {
+                            return Err(e).with_context(|| {
+                                format!(
+                                    "{}: corrupt cache entry ({problem}) and cannot delete it",
+                                    path.display()
+                                )
+                            })
+                        }
+                    }
+                    return Ok(Lookup::Corrupt { path, problem });
+                }
             }
         }
+        Ok(Lookup::Miss)
     }
 
     /// Stores `tensors` under `key` atomically and returns the entry's path. If a valid entry for
     /// the key already exists nothing is written (the content is a function of the key); a corrupt
     /// one is replaced.
     pub fn put(&self, key: &CacheKey, tensors: &[CachedTensor]) -> Result<PathBuf> {
+        self.put_outcome(key, tensors).map(|o| o.path)
+    }
+
+    /// [`HiddenCache::put`], saying what happened (for measurements of concurrent writers).
+    pub fn put_outcome(&self, key: &CacheKey, tensors: &[CachedTensor]) -> Result<PutOutcome> {
         let digest = key.digest();
         let path = self.path_for_digest(&digest);
-        if let Ok(existing) = fs::read(&path) {
+        let present = |retries| PutOutcome {
+            path: path.clone(),
+            published: false,
+            retries,
+        };
+        if let Ok(Some((existing, meta))) = read_entry(&path) {
             match decode_entry(&existing, Some((&digest, key))) {
-                Ok(_) => return Ok(path),
+                Ok(_) => {
+                    touch_if_old(&path, &meta);
+                    return Ok(present(0));
+                }
                 Err(problem) => {
                     tracing::warn!(
                         "{}: corrupt cache entry ({problem}); replacing it",
                         path.display()
-                    )
+                    );
+                    if same_file(&path, &meta) {
+                        let _ = fs::remove_file(&path);
+                    }
                 }
             }
         }
@@ -360,32 +404,22 @@ impl HiddenCache {
         let bytes = encode_entry(&digest, key, tensors)
             .with_context(|| format!("{}: cannot encode entry", path.display()))?;
         let dir = path.parent().expect("entry paths have a shard directory");
-        fs::create_dir_all(dir)
-            .with_context(|| format!("{}: cannot create cache directory", dir.display()))?;
-
-        let tmp = dir.join(format!(
-            ".{digest}.tmp.{}.{}",
-            std::process::id(),
-            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let written = write_synced(&tmp, &bytes).and_then(|()| {
-            fs::rename(&tmp, &path).with_context(|| {
-                format!(
-                    "{}: cannot rename {} into place",
-                    path.display(),
-                    tmp.display()
-                )
-            })
-        });
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
+        let mut retries = 0;
+        loop {
+            match publish(dir, &path, &digest, &bytes) {
+                Ok(published) => {
+                    return Ok(PutOutcome {
+                        path,
+                        published,
+                        retries,
+                    })
+                }
+                // The shard directory was removed (an empty one, by a concurrent `gc`) between
+                // creating it and linking into it: create it again.
+                Err(e) if is_not_found(&e) && retries + 1 < PUBLISH_ATTEMPTS => retries += 1,
+                Err(e) => return Err(e),
+            }
         }
-        // Make the rename itself durable; a failure here does not lose data already renamed.
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(path)
     }
 
     /// Every entry, sorted by path. Reads only the headers.
@@ -471,24 +505,7 @@ impl HiddenCache {
                 }
             }
         }
-        let now = SystemTime::now();
-        for tmp in self.temp_files()? {
-            let stale = fs::metadata(&tmp)
-                .and_then(|m| m.modified())
-                .map(|t| now.duration_since(t).unwrap_or_default() >= STALE_TEMP_AGE)
-                .unwrap_or(false);
-            if stale {
-                match fs::remove_file(&tmp) {
-                    Ok(()) => report.temp_files += 1,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => {
-                        return Err(e).with_context(|| {
-                            format!("{}: cannot delete stale temp file", tmp.display())
-                        })
-                    }
-                }
-            }
-        }
+        report.temp_files = self.remove_stale_temps()?;
         // Drop shard directories left empty (fails harmlessly on non-empty ones).
         for dir in self.shard_dirs()? {
             let _ = fs::remove_dir(&dir);
@@ -497,7 +514,7 @@ impl HiddenCache {
     }
 
     /// The two-hex-digit shard directories under the root.
-    fn shard_dirs(&self) -> Result<Vec<PathBuf>> {
+    pub(crate) fn shard_dirs(&self) -> Result<Vec<PathBuf>> {
         let mut dirs = Vec::new();
         for e in read_dir(&self.root)? {
             let name = e.file_name();
@@ -515,7 +532,7 @@ impl HiddenCache {
 
     /// `(path, digest)` of every file named like an entry. Temp files start with a dot and never
     /// match.
-    fn entry_files(&self) -> Result<Vec<(PathBuf, String)>> {
+    pub(crate) fn entry_files(&self) -> Result<Vec<(PathBuf, String)>> {
         let mut out = Vec::new();
         for dir in self.shard_dirs()? {
             for e in read_dir(&dir)? {
@@ -534,7 +551,7 @@ impl HiddenCache {
         Ok(out)
     }
 
-    fn temp_files(&self) -> Result<Vec<PathBuf>> {
+    pub(crate) fn temp_files(&self) -> Result<Vec<PathBuf>> {
         let mut out = Vec::new();
         for dir in self.shard_dirs()? {
             for e in read_dir(&dir)? {
@@ -561,7 +578,7 @@ fn is_hex(s: &str) -> bool {
 }
 
 /// Writes `bytes` to a new file at `path` and fsyncs it.
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -127,8 +127,6 @@ pub struct IdentityStore {
     hashed: Arc<AtomicU64>,
 }
 
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 impl IdentityStore {
     /// The store of the cache rooted at `cache_root` (created on first write).
     pub fn new(cache_root: &Path) -> IdentityStore {
@@ -211,15 +209,16 @@ impl IdentityStore {
         fs::create_dir_all(&self.dir)
             .with_context(|| format!("{}: cannot create", self.dir.display()))?;
         let path = self.record_path(&rec.stamp.path);
-        let tmp = self.dir.join(format!(
-            ".{}.tmp.{}.{}",
-            path.file_name().unwrap_or_default().to_string_lossy(),
-            std::process::id(),
-            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        // Unique across the machines sharing the cache folder (a pid alone is not).
+        let tmp = self.dir.join(crate::cache_shared::unique_temp_name(
+            &path.file_name().unwrap_or_default().to_string_lossy(),
         ));
         let body = serde_json::to_vec_pretty(rec)?;
         let written = (|| -> Result<()> {
-            let mut f = fs::File::create(&tmp)?;
+            let mut f = fs::File::options()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)?;
             f.write_all(&body)?;
             f.sync_all()?;
             fs::rename(&tmp, &path)?;

@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod cache;
+pub mod cache_shared;
 pub mod cache_writer;
 pub mod chat;
 pub mod drafter;
@@ -23,3 +24,4 @@ pub mod store;
 pub mod timeline;
 pub mod tokenizer;
 pub mod util;
+pub mod watch;

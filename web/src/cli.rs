@@ -1,5 +1,5 @@
 //! Command-line options of the web-facing commands (`serve`, `compare`, `report`, `import`,
-//! `tokens`, `demo`) as clap derive structs, plus one `run_*` function per command, so the
+//! `push`, `tokens`, `demo`) as clap derive structs, plus one `run_*` function per command, so the
 //! `draftlens` binary only wires them into its subcommand enum.
 
 use crate::bundle::{import_file, DEFAULT_MAX_IMPORT_BYTES};
@@ -74,6 +74,47 @@ pub struct ImportArgs {
     /// Largest accepted file, in MiB.
     #[arg(long, default_value_t = DEFAULT_MAX_IMPORT_BYTES >> 20)]
     pub max_mb: usize,
+}
+
+/// `draftlens push RUN... --server URL`: upload runs with their records to a team server.
+#[derive(Args, Debug, Clone)]
+pub struct PushArgs {
+    /// Runs: ids, uids or uid prefixes.
+    #[arg(required = true, num_args = 1..)]
+    pub runs: Vec<String>,
+    /// The team server's base URL, e.g. http://evalbox:8080.
+    #[arg(long, env = "DRAFTLENS_SERVER")]
+    pub server: String,
+    /// File holding the token (first line). Default: the DRAFTLENS_TOKEN environment variable.
+    /// Tokens are never taken on the command line, where other users can read them.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    #[arg(long, env = "DRAFTLENS_DB", default_value = "runs.sqlite")]
+    pub db: PathBuf,
+    /// Bytes per upload request, in KiB.
+    #[arg(long, default_value_t = crate::push::PushOptions::DEFAULT_CHUNK >> 10, hide = true)]
+    pub chunk_kib: usize,
+    /// Print JSON (set from the global `--json`).
+    #[arg(skip)]
+    pub json: bool,
+}
+
+/// The push token: `--token-file` (its first line), else `$DRAFTLENS_TOKEN`, else none (a
+/// server without `--team` needs none).
+pub fn push_token(token_file: Option<&std::path::Path>) -> Result<Option<String>> {
+    if let Some(f) = token_file {
+        let text = std::fs::read_to_string(f)
+            .with_context(|| format!("{}: cannot read the token file", f.display()))?;
+        let t = text.lines().next().unwrap_or("").trim().to_string();
+        if t.is_empty() {
+            anyhow::bail!("{}: the token file is empty", f.display());
+        }
+        return Ok(Some(t));
+    }
+    Ok(std::env::var("DRAFTLENS_TOKEN")
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty()))
 }
 
 /// `draftlens tokens ...`: API tokens of a team server.
@@ -192,6 +233,42 @@ pub fn run_import(a: &ImportArgs) -> Result<()> {
     let store = Store::open(&a.db)?;
     let s = import_file(&store, &a.file, a.max_mb << 20)?;
     println!("{s}");
+    Ok(())
+}
+
+pub fn run_push(a: &PushArgs) -> Result<()> {
+    if !a.db.is_file() {
+        anyhow::bail!("{}: no such run database", a.db.display());
+    }
+    let store = Store::open(&a.db)?;
+    let ids = a
+        .runs
+        .iter()
+        .map(|r| crate::compare::resolve_run(&store, r))
+        .collect::<Result<Vec<_>>>()?;
+    let mut opts = crate::push::PushOptions::new(&a.server, push_token(a.token_file.as_deref())?);
+    opts.chunk_bytes = a.chunk_kib.max(1) << 10;
+    let pushed = crate::push::push_runs(&store, &ids, &opts)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&pushed)?);
+    } else {
+        for p in &pushed {
+            println!(
+                "{} {} · {}{}",
+                p.outcome,
+                p.uid,
+                p.name,
+                if p.retries > 0 {
+                    format!(
+                        " ({} retries, resumed at byte {:?} of {})",
+                        p.retries, p.resumed_at, p.bundle_bytes
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
     Ok(())
 }
 

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod compare;
 #[cfg(feature = "demo")]
 pub mod demo;
+pub mod push;
 pub mod qs;
 pub mod report;
 pub mod server;

@@ -1,4 +1,4 @@
-//! `cache ls | verify | rm`: the content-addressed hidden-state cache.
+//! `cache ls | verify | rm | gc`: the content-addressed hidden-state cache.
 
 use crate::common::Global;
 use anyhow::{bail, Result};
@@ -31,6 +31,18 @@ pub enum CacheCmd {
         #[arg(long)]
         corrupt: bool,
     },
+    /// Keep the cache within a size budget: evict least-recently-used entries (a hit refreshes
+    /// an entry at most once an hour) until the entries take at most SIZE, and remove stale
+    /// temp files of killed writers. Safe while other jobs use the cache.
+    Gc {
+        /// The budget: bytes, or with a unit (500M, 20G, 1.5TiB: powers of 1024; 200GB: 1000).
+        #[arg(long, value_parser = parse_size_arg)]
+        max_size: u64,
+    },
+}
+
+fn parse_size_arg(s: &str) -> std::result::Result<u64, String> {
+    draftlens::cache::parse_size(s).map_err(|e| e.to_string())
 }
 
 #[derive(Serialize)]
@@ -149,6 +161,22 @@ pub fn run(g: &Global, c: CacheCmd) -> Result<()> {
                     "removed {} entries ({:.1} MiB) and {} stale temp files\n",
                     r.entries,
                     r.bytes as f64 / 1048576.0,
+                    r.temp_files
+                )
+            })
+        }
+        CacheCmd::Gc { max_size } => {
+            let r = cache.gc(max_size)?;
+            let mib = |b: u64| b as f64 / 1048576.0;
+            g.emit(&r, || {
+                format!(
+                    "evicted {} of {} entries ({:.1} MiB, least recently used first); {} entries, {:.1} MiB left (budget {:.1} MiB); removed {} stale temp files\n",
+                    r.evicted,
+                    r.entries_before,
+                    mib(r.evicted_bytes),
+                    r.entries_after,
+                    mib(r.bytes_after),
+                    mib(r.max_bytes),
                     r.temp_files
                 )
             })

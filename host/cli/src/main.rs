@@ -13,6 +13,7 @@ mod cmd_plugins;
 mod cmd_prompts;
 mod cmd_rescore;
 mod cmd_slurm;
+mod cmd_watch;
 mod common;
 mod setup;
 
@@ -46,6 +47,9 @@ enum Cmd {
     Cache(cmd_cache::CacheCmd),
     /// Evaluate a drafter (or every checkpoint of a folder) and store the run.
     Run(cmd_eval::RunArgs),
+    /// Evaluate each new checkpoint of a training run as it appears under DIR (complete, in step
+    /// order), store each run or push it; remembers what it evaluated across restarts.
+    Watch(cmd_watch::WatchArgs),
     /// Real speculative decoding (draft → verify) with a drafter; checks it is lossless.
     Live(cmd_eval::LiveArgs),
     /// Compatibility and leakage-risk findings for a drafter against a target.
@@ -72,6 +76,9 @@ enum Cmd {
     Report(draftlens_web::cli::ReportArgs),
     /// Import a report or bundle into a database (idempotent).
     Import(draftlens_web::cli::ImportArgs),
+    /// Upload runs with their records to a team server (`serve --team`); idempotent, resumable.
+    /// The token comes from DRAFTLENS_TOKEN or --token-file, never the command line.
+    Push(draftlens_web::cli::PushArgs),
     /// Manage read/write tokens of a team server.
     Tokens(draftlens_web::cli::TokensArgs),
     /// Fill a database with synthetic runs to try the UI (development builds: `--features demo`).
@@ -124,6 +131,7 @@ fn main() {
         Cmd::Extract(a) => cmd_model::extract(&cli.global, a),
         Cmd::Cache(c) => cmd_cache::run(&cli.global, c),
         Cmd::Run(a) => cmd_eval::run(&cli.global, a),
+        Cmd::Watch(a) => cmd_watch::run(&cli.global, a),
         Cmd::Live(a) => cmd_eval::live(&cli.global, a),
         Cmd::Lint(a) => cmd_eval::lint_cmd(&cli.global, a),
         Cmd::Runs(c) => cmd_eval::runs(&cli.global, c),
@@ -141,6 +149,10 @@ fn main() {
         }
         Cmd::Report(a) => draftlens_web::cli::run_report(&a),
         Cmd::Import(a) => draftlens_web::cli::run_import(&a),
+        Cmd::Push(mut a) => {
+            a.json |= cli.global.json;
+            draftlens_web::cli::run_push(&a)
+        }
         Cmd::Tokens(a) => draftlens_web::cli::run_tokens(&a),
         #[cfg(feature = "demo")]
         Cmd::Demo(a) => draftlens_web::cli::run_demo(&a),

@@ -33,6 +33,7 @@ mod sharing;
 #[cfg(test)]
 mod tests;
 mod vocab;
+mod watch;
 
 pub use codec::{f32s_to_le, le_to_f32s, le_to_u32s, u32s_to_le};
 pub use evals::*;
@@ -42,6 +43,7 @@ pub use records::*;
 pub use runs::*;
 pub use sharing::*;
 pub use vocab::*;
+pub use watch::*;
 
 use crate::records::RecordBatch;
 use anyhow::{anyhow, bail, Context, Result};

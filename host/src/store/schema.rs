@@ -188,6 +188,23 @@ CREATE TABLE run_eval (
 ) STRICT;
 CREATE INDEX run_eval_by_identity ON run_eval(identity);
 "#,
+    // ---- v4 (watch): checkpoints `draftlens watch` has dealt with, so that a restarted watcher
+    // evaluates each (job, checkpoint folder, weights sha256) once. `job` identifies the
+    // evaluation (target, prompts, options, series).
+    r#"
+CREATE TABLE watch_checkpoint (
+  job TEXT NOT NULL,
+  path TEXT NOT NULL,                       -- the checkpoint folder
+  sha256 TEXT NOT NULL,                     -- of its model.safetensors ('' when it has none)
+  step INTEGER,
+  status TEXT NOT NULL CHECK (status IN ('evaluated','broken','failed')),
+  run_uid TEXT,                             -- the stored run, when one was made
+  pushed INTEGER NOT NULL DEFAULT 0 CHECK (pushed IN (0,1)),
+  message TEXT,
+  at TEXT NOT NULL,
+  PRIMARY KEY (job, path, sha256)
+) STRICT;
+"#,
 ];
 
 pub fn latest_version() -> i64 {

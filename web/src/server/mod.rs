@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 mod access;
 mod pages;
+mod push;
 
 use crate::viewmodel::*;
 use access::*;
@@ -344,6 +345,10 @@ pub fn app_bound(store: Store, team: bool, max_upload: usize, bound: Option<Sock
         .route("/share", post(share_create))
         .route("/baseline", post(baseline_pin))
         .route("/healthz", get(|| async { "ok" }))
+        .route("/api/runs/{uid}", get(push::run_exists))
+        .route("/api/uploads", post(push::upload_start))
+        .route("/api/uploads/{id}/chunk", post(push::upload_chunk))
+        .route("/api/uploads/{id}/finish", post(push::upload_finish))
         .route("/assets/{file}", get(asset))
         .fallback(not_found_route)
         .layer(DefaultBodyLimit::max(max_upload.saturating_add(64 << 10)))
