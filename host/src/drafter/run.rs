@@ -338,7 +338,16 @@ pub fn run_eval_shard<B: Backend>(
         }
         _ => None,
     };
-    let result = evaluate_prompts(s, &drafter, set, &selected, opts, store, run_id, records_sha);
+    let result = evaluate_prompts(
+        s,
+        &drafter,
+        set,
+        &selected,
+        opts,
+        store,
+        run_id,
+        records_sha,
+    );
     // The records do not depend on the cache: an entry that could not be written costs only a
     // recomputation next time, so it is a warning here (`extract`, whose product is the cache,
     // fails on it).
