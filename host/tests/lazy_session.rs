@@ -1,4 +1,4 @@
-//! Lazy target loading (host/src/session.rs) and the memory checks (host/src/backend/memory.rs):
+//! Lazy target loading (host/src/session/mod.rs) and the memory checks (host/src/backend/memory.rs):
 //!
 //! - a cached rerun never uploads the target: `Session::model_loaded` stays false, and the rerun
 //!   still succeeds after the weight file's tensor data were overwritten in place (stamp kept, so
