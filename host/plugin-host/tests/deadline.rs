@@ -8,11 +8,15 @@
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use draftlens_plugin_host::sdk::testdata::{random, Shape};
 use draftlens_plugin_host::{FailureKind, Grouping, Param, ParamValue};
+
+/// The tests of this file time themselves: one at a time, so that one's busy threads do not
+/// slow the other's compilation (on a 2-core CI machine that added 4 s to a 3 s limit).
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Busy threads, 2 per core (at least 4), until dropped.
 struct Load {
@@ -58,6 +62,7 @@ fn bound(limit: Duration) -> Duration {
 
 #[test]
 fn the_time_limit_holds_under_cpu_load() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let limit = Duration::from_secs(2);
     let rt = common::runtime(limit, 64);
     let plugin = rt.load(&common::guest("hostile")).unwrap();
@@ -89,10 +94,13 @@ fn the_time_limit_holds_under_cpu_load() {
 
 #[test]
 fn a_plugin_looping_in_describe_costs_one_time_limit_to_load() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let limit = Duration::from_secs(3);
     let rt = common::runtime(limit, 64);
+    // Built (by cargo, on first use) before the clock starts.
+    let guest = common::guest("describe-loop");
     let t = Instant::now();
-    let f = rt.load(&common::guest("describe-loop")).unwrap_err();
+    let f = rt.load(&guest).unwrap_err();
     let took = t.elapsed();
     assert_eq!(f.kind, FailureKind::Timeout, "{f}");
     assert!(f.message.contains("in describe"), "{f}");
