@@ -447,23 +447,10 @@ pub fn build(sources: &[Source], plan: &MergePlan) -> Result<Merged> {
     };
     let run = NewRun {
         name,
-        mode: info.mode,
         config,
-        target_path: info.target_path.clone(),
-        target_sha256: info.target_sha256.clone(),
-        target_arch: info.target_arch.clone(),
-        drafter_path: info.drafter_path.clone(),
-        drafter_sha256: info.drafter_sha256.clone(),
-        drafter_series: info.drafter_series.clone(),
-        drafter_step: info.drafter_step,
-        prompt_set_name: info.prompt_set_name.clone(),
-        prompt_set_sha256: info.prompt_set_sha256.clone(),
-        backend: info.backend.clone(),
-        dtype: info.dtype.clone(),
         block_size: b,
         top_k: k,
-        train_style: info.train_style.clone(),
-        tokenizer_sha256: info.tokenizer_sha256.clone(),
+        ..info.as_new_run()
     };
     let eval = RunEval {
         identity: plan.identity.clone(),

@@ -210,7 +210,6 @@ pub fn run_eval_shard<B: Backend>(
     s.check_prompts_fit(&chosen, opts.max_new_tokens, taps)?;
     let (dpath, dsha, series, step) =
         drafter_identity(spec, &crate::identity::IdentityStore::new(s.cache.root()))?;
-    let dsha_for_cache = dsha.clone();
     let b = drafter.block_size();
     let tok = s.files.tokenizer()?;
     let name = opts.name.clone().unwrap_or_else(|| {
@@ -310,7 +309,7 @@ pub fn run_eval_shard<B: Backend>(
             target_sha256: s.files.identity.weights_sha256()?,
             target_arch: s.files.identity.arch.clone(),
             drafter_path: dpath,
-            drafter_sha256: dsha,
+            drafter_sha256: dsha.clone(),
             drafter_series: series,
             drafter_step: step,
             prompt_set_name: set.name.clone(),
@@ -327,14 +326,11 @@ pub fn run_eval_shard<B: Backend>(
     drop(_setup);
     // A DFlash checkpoint's records are cached under the hash of its weights and config.
     let records_sha = match (&drafter, spec) {
-        (Drafter::DFlash(_), DrafterSpec::Checkpoint { dir, .. }) if !dsha_for_cache.is_empty() => {
+        (Drafter::DFlash(_), DrafterSpec::Checkpoint { dir, .. }) if !dsha.is_empty() => {
             let cfg = dir.join("config.json");
             let cfg =
                 std::fs::read(&cfg).with_context(|| format!("{}: cannot read", cfg.display()))?;
-            Some(format!(
-                "{dsha_for_cache}+config:{}",
-                crate::util::sha256_bytes(&cfg)
-            ))
+            Some(format!("{dsha}+config:{}", crate::util::sha256_bytes(&cfg)))
         }
         _ => None,
     };

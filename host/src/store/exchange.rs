@@ -26,26 +26,7 @@ pub struct ImportOutcome {
 
 pub(super) fn import_one(tx: &Transaction, r: &RunExport, source: &str, what: &str) -> Result<()> {
     let info = &r.run;
-    let new = NewRun {
-        name: info.name.clone(),
-        mode: info.mode,
-        config: info.config.clone(),
-        target_path: info.target_path.clone(),
-        target_sha256: info.target_sha256.clone(),
-        target_arch: info.target_arch.clone(),
-        drafter_path: info.drafter_path.clone(),
-        drafter_sha256: info.drafter_sha256.clone(),
-        drafter_series: info.drafter_series.clone(),
-        drafter_step: info.drafter_step,
-        prompt_set_name: info.prompt_set_name.clone(),
-        prompt_set_sha256: info.prompt_set_sha256.clone(),
-        backend: info.backend.clone(),
-        dtype: info.dtype.clone(),
-        block_size: info.block_size,
-        top_k: info.top_k,
-        train_style: info.train_style.clone(),
-        tokenizer_sha256: info.tokenizer_sha256.clone(),
-    };
+    let new = info.as_new_run();
     if info.uid.is_empty() || info.uid.len() > 64 {
         bail!("{what}: run uid must be 1..64 characters");
     }

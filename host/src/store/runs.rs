@@ -213,6 +213,32 @@ pub(super) const RUN_COLS: &str = "run.id, run.uid, run.name, run.mode, run.stat
     run.dtype, run.block_size, run.top_k, run.labels, run.mask_rule, run.tokenizer_sha256, run.origin, run.num_prompts, \
     run.num_blocks";
 
+impl RunInfo {
+    /// What creating this run again needs (imports and merges start from a stored run).
+    pub fn as_new_run(&self) -> NewRun {
+        NewRun {
+            name: self.name.clone(),
+            mode: self.mode,
+            config: self.config.clone(),
+            target_path: self.target_path.clone(),
+            target_sha256: self.target_sha256.clone(),
+            target_arch: self.target_arch.clone(),
+            drafter_path: self.drafter_path.clone(),
+            drafter_sha256: self.drafter_sha256.clone(),
+            drafter_series: self.drafter_series.clone(),
+            drafter_step: self.drafter_step,
+            prompt_set_name: self.prompt_set_name.clone(),
+            prompt_set_sha256: self.prompt_set_sha256.clone(),
+            backend: self.backend.clone(),
+            dtype: self.dtype.clone(),
+            block_size: self.block_size,
+            top_k: self.top_k,
+            train_style: self.train_style.clone(),
+            tokenizer_sha256: self.tokenizer_sha256.clone(),
+        }
+    }
+}
+
 /// A [`RunInfo`] from a row that holds [`RUN_COLS`].
 pub(super) fn run_from_row(r: &Row, what: &str) -> Result<RunInfo> {
     let id: i64 = r.get("id")?;
