@@ -22,7 +22,8 @@ use draftlens::model::{Capture, ModelSpec, TargetModel};
 use serde_json::json;
 use std::time::Instant;
 
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
+    "target",
     "ceilings",
     "attention",
     "gemm",
@@ -34,6 +35,10 @@ const SECTIONS: [&str; 7] = [
 
 struct Args {
     out: Option<String>,
+    /// `--target DIR`: the `target` section's model folder (a Hugging Face folder or GGUF file).
+    target: Option<String>,
+    /// `--target-seqs N×S`: sequences packed per forward in the `target` section (default 4×4096).
+    target_seqs: (usize, usize),
     mix: Option<String>,
     reps: usize,
     quick: bool,
@@ -43,13 +48,16 @@ struct Args {
 fn args() -> Result<Args> {
     let mut a = Args {
         out: None,
+        target: None,
+        target_seqs: (4, 4096),
         mix: None,
         reps: 5,
         quick: false,
-        // `decode` (≈ 3 min: a 36-layer model load and 64 × 128 tokens one at a time) only on request.
+        // `decode` (≈ 3 min: a 36-layer model load and 64 × 128 tokens one at a time) and
+        // `target` (needs --target) only on request.
         only: SECTIONS
             .iter()
-            .filter(|s| **s != "decode")
+            .filter(|s| **s != "decode" && **s != "target")
             .map(|s| s.to_string())
             .collect(),
     };
@@ -57,6 +65,14 @@ fn args() -> Result<Args> {
     while let Some(x) = it.next() {
         match x.as_str() {
             "--out" => a.out = Some(it.next().context("--out needs a path")?),
+            "--target" => a.target = Some(it.next().context("--target needs a path")?),
+            "--target-seqs" => {
+                let v = it.next().context("--target-seqs needs N×S, e.g. 4x4096")?;
+                let (n, l) = v
+                    .split_once(['x', '×'])
+                    .context("--target-seqs: expected N×S, e.g. 4x4096")?;
+                a.target_seqs = (n.parse()?, l.parse()?);
+            }
             "--mix" => a.mix = Some(it.next().context("--mix needs a path")?),
             "--forwards" => a.reps = it.next().context("--forwards needs a number")?.parse()?,
             "--quick" => a.quick = true,
@@ -139,6 +155,14 @@ fn main() -> Result<()> {
             "gemm_16384x4096x4096_tflops": peak_16k, "copy_tb_s": bw / 1e12}));
     } else {
         println!("(ceilings not measured: peak taken as {peak} TFLOP/s)");
+    }
+
+    // ---- target: the product's forward on a real model folder (any architecture draftlens loads,
+    // hybrids under both Gated DeltaNet profiles), against the compute floor of its FLOP count.
+    if has("target") {
+        let dir = a.target.as_deref().context("the target section needs --target DIR")?;
+        let r = bench_target(&be, std::path::Path::new(dir), a.target_seqs, a.reps, peak)?;
+        results.insert("target".into(), r);
     }
 
     let spec = ModelSpec {
@@ -622,6 +646,67 @@ fn main() -> Result<()> {
         );
     }
     finish(&be, &a, results)
+}
+
+/// Packed prefill of `nseq` sequences of `seq` random tokens through the folder's model
+/// (`TargetModel::forward_packed`, DFlash-like taps at three depths, weights loaded the way every
+/// command loads them), timed as a median of `reps` forwards after a warm-up.
+fn bench_target(
+    be: &CudaBackend,
+    dir: &std::path::Path,
+    (nseq, seq): (usize, usize),
+    reps: usize,
+    peak: f64,
+) -> Result<serde_json::Value> {
+    use draftlens::backend::GdnProfile;
+    use draftlens::model::TargetFiles;
+    let files = TargetFiles::open(dir)?;
+    let spec = &files.spec;
+    let t0 = Instant::now();
+    let mut model = TargetModel::load(be, spec, files.weights.as_ref())?;
+    be.synchronize()?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let layers = spec.num_layers;
+    let taps: Vec<usize> = vec![2, layers / 2, layers.saturating_sub(1).max(1)];
+    let capture = Capture::hf_indices(taps, layers)?;
+    let starts: Vec<usize> = (0..=nseq).map(|i| i * seq).collect();
+    let n = nseq * seq;
+    let toks = ids(n, spec.vocab_size.min(150_000), 11);
+    let flops = spec.prefill_flops_per_token(seq) * n as f64;
+    let floor_s = flops / (peak * 1e12);
+    println!(
+        "target {} ({}, {layers} layers, {:.2} B linear parameters): loaded in {load_s:.1} s; {nseq} × {seq} tokens per forward, {:.2} GF/token, floor {floor_s:.3} s at {peak:.0} TFLOP/s",
+        dir.display(),
+        spec.arch.as_str(),
+        spec.linear_params() as f64 / 1e9,
+        flops / n as f64 / 1e9
+    );
+    let profiles: &[Option<GdnProfile>] = if spec.hybrid.is_some() {
+        &[Some(GdnProfile::Reference), Some(GdnProfile::Engine)]
+    } else {
+        &[None]
+    };
+    let mut rows = Vec::new();
+    for p in profiles {
+        if let Some(p) = p {
+            model.set_gdn_profile(*p);
+        }
+        let t = time_median(be, 1, reps, || {
+            model.forward_packed(be, &toks, &starts, &capture).map(|_| ())
+        })?;
+        let label = p.map(|p| format!("{p:?}")).unwrap_or_else(|| "dense".into());
+        println!(
+            "target forward_packed [{label}]: {t:.3} s/forward, {:.0} tok/s, {:.1} s per 1M tokens, {:.0} TFLOP/s = {:.1}% of the compute floor",
+            n as f64 / t,
+            1e6 * t / n as f64,
+            flops / t / 1e12,
+            100.0 * floor_s / t
+        );
+        rows.push(json!({"profile": label, "s_per_forward": t, "tok_per_s": n as f64 / t,
+            "s_per_1m_tokens": 1e6 * t / n as f64, "tflops": flops / t / 1e12, "pct_of_floor": 100.0 * floor_s / t}));
+    }
+    Ok(json!({"dir": dir.display().to_string(), "arch": spec.arch.as_str(), "layers": layers, "load_s": load_s,
+        "tokens_per_forward": n, "seq": seq, "gflop_per_token": flops / n as f64 / 1e9, "floor_s": floor_s, "runs": rows}))
 }
 
 fn finish(

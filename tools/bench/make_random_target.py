@@ -3,7 +3,8 @@ machine, for the end-to-end benchmarks (docs/benchmarks-cuda.md). Nothing is dow
 is `from_config` on the GPU in bf16 and written with `save_pretrained` (sharded like the real
 checkpoints); the tokenizer is the Qwen3 one from the prompt-set fixtures (data/tokenizer/qwen3-hf).
 
-usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b] [--drafters 3]
+usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b|qwen3.6-27b-16l] [--drafters 3]
+           [--taps 1,9,17,25,33]
 
 Drafters are written to OUT-drafters/step-{k} in the z-lab DFlash format draftlens reads
 (config.json + model.safetensors, bf16), 5 layers, block 16, taps 1,9,17,25,33 (the layout of the
@@ -20,7 +21,19 @@ ARCHS = {
                      num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                      rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=40960,
                      tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645),
+    # Qwen3.6-27B's text model at a quarter of its depth (16 of 64 layers, the same 3 Gated DeltaNet :
+    # 1 gated-attention pattern): every layer has the 27B's shapes, so per-layer and per-token
+    # figures carry over (x4 for the layers); the whole 54 GB model does not fit the device's disk.
+    "qwen3.6-27b-16l": dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=5120, intermediate_size=17408,
+                            num_hidden_layers=16, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+                            linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
+                            linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+                            rms_norm_eps=1e-6, max_position_embeddings=262144, tie_word_embeddings=False,
+                            bos_token_id=151643, eos_token_id=151645),
 }
+# The drafters' own attention shape where it differs from the target's (default: the target's).
+DRAFTER_ATTN = {"qwen3.6-27b-16l": (32, 8, 128)}
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
@@ -37,12 +50,16 @@ cfg = AutoConfig.for_model(**spec)
 torch.manual_seed(0)
 with torch.device("cuda"):
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+for name, p in model.named_parameters():
+    if name.endswith("A_log") or name.endswith("dt_bias"):
+        p.data = p.data.float()  # stored f32 in the real Qwen3.5/3.6 checkpoints
 model.save_pretrained(args.out, max_shard_size="4GB")
 for f in os.listdir(args.tokenizer):
     shutil.copy(os.path.join(args.tokenizer, f), args.out)
 print(f"# {args.arch} random target in {args.out} ({time.time() - t0:.1f} s)", flush=True)
 
-d, heads, kv, hd = spec["hidden_size"], spec["num_attention_heads"], spec["num_key_value_heads"], spec["head_dim"]
+d = spec["hidden_size"]
+heads, kv, hd = DRAFTER_ATTN.get(args.arch, (spec["num_attention_heads"], spec["num_key_value_heads"], spec["head_dim"]))
 taps = [int(x) for x in args.taps.split(",")]
 inter = spec["intermediate_size"]
 for k in range(args.drafters):

@@ -350,6 +350,9 @@ fn rerun_takes_the_drafters_records_from_the_cache_bit_for_bit() {
     assert_eq!(records_cached(&first), 0);
     let again = json_out(&dl(&cache, &run_args(&prompts, &db, &d)), "second run");
     assert_eq!(records_cached(&again), 3, "every prompt's records cached");
+    // ...so the drafter's weights were never loaded.
+    assert_eq!(first[0]["timings"]["drafter_loaded"], true);
+    assert_eq!(again[0]["timings"]["drafter_loaded"], false);
     let r = runs(&db);
     let store = Store::open(&db).unwrap();
     let (a, b) = (
@@ -619,5 +622,29 @@ fn drafter_tapping_a_layer_the_target_lacks_is_refused_before_compute() {
         &ck,
         &["target_layer_ids contains 30", "30 decoder layers"],
         "tap-range",
+    );
+}
+
+#[test]
+fn drafter_missing_a_layer_tensor_is_refused_before_compute() {
+    // The weights are loaded lazily (a cached rerun never reads them), so the header is checked
+    // against every tensor the loader will read before the run starts.
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = random_spec(tmp.path(), "no-down", 576, vec![1, 8, 27]);
+    let file = ck.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, safetensors::tensor::TensorView)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| n != "layers.0.mlp.down_proj.weight")
+        .collect();
+    assert_eq!(kept.len() + 1, st.tensors().len());
+    let out = safetensors::serialize(kept, None).unwrap();
+    std::fs::write(&file, out).unwrap();
+    assert_refused(
+        &ck,
+        &["tensor layers.0.mlp.down_proj.weight is missing"],
+        "weights",
     );
 }

@@ -66,6 +66,39 @@ pub struct DFlashDrafter<B: Backend> {
     pub shape: AttnShape,
 }
 
+/// Every tensor [`DFlashDrafter::load`] reads from `model.safetensors`, with its HF shape
+/// (`[out, in]` for projections). `lint` checks it against the file's header before a run starts,
+/// so a checkpoint missing a tensor is refused before anything is stored even
+/// though its weights are loaded only when the first prompt needs them.
+pub fn tensor_plan(cfg: &DrafterConfig, target_hidden: usize) -> Vec<(String, Vec<usize>)> {
+    let (d, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+    let (qd, kvd) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+    let mut plan = vec![
+        ("fc.weight".to_string(), vec![d, cfg.target_layer_ids.len() * target_hidden]),
+        ("hidden_norm.weight".into(), vec![d]),
+        ("norm.weight".into(), vec![d]),
+    ];
+    for i in 0..cfg.num_layers {
+        let p = format!("layers.{i}");
+        for (name, shape) in [
+            ("input_layernorm.weight", vec![d]),
+            ("self_attn.q_proj.weight", vec![qd, d]),
+            ("self_attn.k_proj.weight", vec![kvd, d]),
+            ("self_attn.v_proj.weight", vec![kvd, d]),
+            ("self_attn.o_proj.weight", vec![d, qd]),
+            ("self_attn.q_norm.weight", vec![hd]),
+            ("self_attn.k_norm.weight", vec![hd]),
+            ("post_attention_layernorm.weight", vec![d]),
+            ("mlp.gate_proj.weight", vec![inter, d]),
+            ("mlp.up_proj.weight", vec![inter, d]),
+            ("mlp.down_proj.weight", vec![d, inter]),
+        ] {
+            plan.push((format!("{p}.{name}"), shape));
+        }
+    }
+    plan
+}
+
 impl<B: Backend> DFlashDrafter<B> {
     /// Load a checkpoint folder. `target_hidden` is the target's hidden size (taps width).
     pub fn load(be: &B, dir: &Path, target_hidden: usize) -> Result<Self> {

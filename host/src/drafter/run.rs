@@ -80,27 +80,72 @@ pub struct RunOutcome {
     pub timings: serde_json::Value,
 }
 
-fn load_drafter<B: Backend>(s: &Session<B>, spec: &DrafterSpec) -> Result<Drafter<B>> {
-    Ok(match spec {
-        DrafterSpec::Checkpoint { dir, .. } => {
-            let findings = lint(&s.files, dir)?;
-            if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
-                bail!(
-                    "{}: drafter is incompatible with the target {}: {}",
-                    dir.display(),
-                    s.files.identity.path.display(),
-                    f.message
-                );
+/// The drafter of a run. Its shape (block size, taps) is known from `config.json` at once; its
+/// weights are read and uploaded by the first prompt that needs a drafter forward, so a rerun
+/// whose records all come from the cache never loads them.
+struct RunDrafter<'s, B: Backend> {
+    s: &'s Session<B>,
+    spec: &'s DrafterSpec,
+    block_size: usize,
+    /// The target layers whose outputs the drafter reads (empty for the known-answer drafters).
+    target_layer_ids: Vec<usize>,
+    loaded: std::cell::OnceCell<Drafter<B>>,
+}
+
+impl<'s, B: Backend> RunDrafter<'s, B> {
+    /// Checks the checkpoint against the target (`lint`: config and headers only) and reads its
+    /// shape; an incompatible checkpoint is an error here, before the run exists.
+    fn open(s: &'s Session<B>, spec: &'s DrafterSpec) -> Result<Self> {
+        let (block_size, target_layer_ids) = match spec {
+            DrafterSpec::Checkpoint { dir, .. } => {
+                let findings = lint(&s.files, dir)?;
+                if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
+                    bail!(
+                        "{}: drafter is incompatible with the target {}: {}",
+                        dir.display(),
+                        s.files.identity.path.display(),
+                        f.message
+                    );
+                }
+                let cfg = super::config::DrafterConfig::load(dir)?;
+                (cfg.block_size, cfg.target_layer_ids)
             }
-            Drafter::DFlash(DFlashDrafter::load(&s.be, dir, s.files.spec.hidden_size)?)
+            DrafterSpec::Oracle { block_size } | DrafterSpec::AntiOracle { block_size } => {
+                (*block_size, Vec::new())
+            }
+        };
+        Ok(RunDrafter {
+            s,
+            spec,
+            block_size,
+            target_layer_ids,
+            loaded: std::cell::OnceCell::new(),
+        })
+    }
+
+    /// The drafter, loaded on first use.
+    fn get(&self) -> Result<&Drafter<B>> {
+        if let Some(d) = self.loaded.get() {
+            return Ok(d);
         }
-        DrafterSpec::Oracle { block_size } => Drafter::Oracle {
-            block_size: *block_size,
-        },
-        DrafterSpec::AntiOracle { block_size } => Drafter::AntiOracle {
-            block_size: *block_size,
-        },
-    })
+        let d = {
+            let _phase = crate::timeline::phase("load drafter");
+            match self.spec {
+                DrafterSpec::Checkpoint { dir, .. } => Drafter::DFlash(DFlashDrafter::load(
+                    &self.s.be,
+                    dir,
+                    self.s.files.spec.hidden_size,
+                )?),
+                DrafterSpec::Oracle { block_size } => Drafter::Oracle {
+                    block_size: *block_size,
+                },
+                DrafterSpec::AntiOracle { block_size } => Drafter::AntiOracle {
+                    block_size: *block_size,
+                },
+            }
+        };
+        Ok(self.loaded.get_or_init(|| d))
+    }
 }
 
 /// (path, weights sha256, series, step) of the drafter; a checkpoint's hash comes from the
@@ -198,19 +243,13 @@ pub fn run_eval_shard<B: Backend>(
         None => (0..set.prompts.len()).collect(),
     };
     let chosen: Vec<Prompt> = selected.iter().map(|&i| set.prompts[i].clone()).collect();
-    let drafter = {
-        let _phase = crate::timeline::phase("load drafter");
-        load_drafter(s, spec)?
-    };
-    let taps = match &drafter {
-        Drafter::DFlash(d) => d.cfg.target_layer_ids.len(),
-        _ => 0,
-    };
+    let drafter = RunDrafter::open(s, spec)?;
+    let taps = drafter.target_layer_ids.len();
     // Before the run is created or anything computed: every prompt must fit on the device.
     s.check_prompts_fit(&chosen, opts.max_new_tokens, taps)?;
     let (dpath, dsha, series, step) =
         drafter_identity(spec, &crate::identity::IdentityStore::new(s.cache.root()))?;
-    let b = drafter.block_size();
+    let b = drafter.block_size;
     let tok = s.files.tokenizer()?;
     let name = opts.name.clone().unwrap_or_else(|| {
         let d = Path::new(&dpath)
@@ -283,7 +322,9 @@ pub fn run_eval_shard<B: Backend>(
     // a character (byte-level BPE, byte fallback) is stored as its bytes, marked with U+E000 and
     // written in hex, so the UI can merge it with its neighbours (docs/ui.md §4).
     if !store.has_vocab(&tok.fingerprint())? {
+        use rayon::prelude::*;
         let pieces: Vec<String> = (0..tok.vocab_size() as u32)
+            .into_par_iter()
             .map(|i| {
                 let text = tok.decode(&[i]).unwrap_or_default();
                 match tok.token_bytes(i) {
@@ -325,8 +366,8 @@ pub fn run_eval_shard<B: Backend>(
     )?;
     drop(_setup);
     // A DFlash checkpoint's records are cached under the hash of its weights and config.
-    let records_sha = match (&drafter, spec) {
-        (Drafter::DFlash(_), DrafterSpec::Checkpoint { dir, .. }) if !dsha.is_empty() => {
+    let records_sha = match spec {
+        DrafterSpec::Checkpoint { dir, .. } if !dsha.is_empty() => {
             let cfg = dir.join("config.json");
             let cfg =
                 std::fs::read(&cfg).with_context(|| format!("{}: cannot read", cfg.display()))?;
@@ -344,6 +385,8 @@ pub fn run_eval_shard<B: Backend>(
         run_id,
         records_sha,
     );
+    // False when every prompt's records came from the cache: the weights were never read.
+    let drafter_loaded = drafter.loaded.get().is_some();
     // The records do not depend on the cache: an entry that could not be written costs only a
     // recomputation next time, so it is a warning here (`extract`, whose product is the cache,
     // fails on it).
@@ -357,7 +400,7 @@ pub fn run_eval_shard<B: Backend>(
             let metrics = summarize(&all, &infos);
             store.add_metrics(run_id, &metrics)?;
             let metrics_s = tm.elapsed().as_secs_f64();
-            let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": metrics_s, "records_cached": timings.2 });
+            let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": metrics_s, "records_cached": timings.2, "drafter_loaded": drafter_loaded });
             store.finish_run(run_id, RunStatus::Complete, None, &timings)?;
             let mut run_metrics: BTreeMap<String, BTreeMap<String, MetricSummary>> =
                 BTreeMap::new();
@@ -418,7 +461,7 @@ struct Pending {
 /// `selected`: the indices (into `set.prompts`, ascending) of the prompts to evaluate.
 fn evaluate_prompts<B: Backend>(
     s: &Session<B>,
-    drafter: &Drafter<B>,
+    drafter: &RunDrafter<'_, B>,
     set: &PromptSet,
     selected: &[usize],
     opts: &RunOptions,
@@ -426,10 +469,7 @@ fn evaluate_prompts<B: Backend>(
     run_id: i64,
     records_sha: Option<String>,
 ) -> Result<Evaluated> {
-    let layer_ids = match drafter {
-        Drafter::DFlash(d) => d.cfg.target_layer_ids.clone(),
-        _ => vec![],
-    };
+    let layer_ids = drafter.target_layer_ids.clone();
     let mut ev = Evaluation {
         s,
         drafter,
@@ -439,7 +479,7 @@ fn evaluate_prompts<B: Backend>(
         run_id,
         capture: Capture::for_layer_ids(&layer_ids, s.files.spec.num_layers)?,
         tap_idx: layer_ids.iter().map(|i| i + 1).collect(),
-        all: RecordBatch::new(drafter.block_size() as u32, opts.eval.top_k as u32),
+        all: RecordBatch::new(drafter.block_size as u32, opts.eval.top_k as u32),
         infos: Vec::new(),
         target_s: 0.0,
         draft_s: 0.0,
@@ -533,7 +573,7 @@ fn chunk_sequences<B: Backend>(
 /// The state of [`evaluate_prompts`]: what every prompt needs and what the run accumulates.
 struct Evaluation<'a, B: Backend> {
     s: &'a Session<B>,
-    drafter: &'a Drafter<B>,
+    drafter: &'a RunDrafter<'a, B>,
     set: &'a PromptSet,
     opts: &'a RunOptions,
     store: &'a Store,
@@ -574,7 +614,7 @@ impl<B: Backend> Evaluation<'_, B> {
             return Ok(());
         }
         let (s, opts) = (self.s, self.opts);
-        let (b, k) = (self.drafter.block_size() as u32, opts.eval.top_k as u32);
+        let (b, k) = (self.drafter.block_size as u32, opts.eval.top_k as u32);
         let keys = match &self.records_sha {
             Some(sha) => window
                 .iter()
@@ -670,7 +710,8 @@ impl<B: Backend> Evaluation<'_, B> {
             &pass.topk,
             opts.eval.labels,
         );
-        if let Drafter::DFlash(d) = self.drafter {
+        let drafter = self.drafter.get()?;
+        if let Drafter::DFlash(d) = drafter {
             let taps: Vec<&HostRows> = self
                 .tap_idx
                 .iter()
@@ -680,11 +721,11 @@ impl<B: Backend> Evaluation<'_, B> {
             seq.ctx = Some(d.context(&s.be, &taps, pass.hidden_size)?);
         }
         // Only a DFlash drafter needs target weights (embedding and LM head).
-        let target = match self.drafter {
+        let target = match drafter {
             Drafter::DFlash(_) => DraftTarget::Head(s.draft_target()?),
             _ => DraftTarget::Vocab(s.files.spec.vocab_size),
         };
-        let rec = evaluate_sequence(&s.be, target, self.drafter, &seq, &opts.eval)?;
+        let rec = evaluate_sequence(&s.be, target, drafter, &seq, &opts.eval)?;
         self.draft_s += t.elapsed().as_secs_f64();
         Ok(rec)
     }

@@ -2,11 +2,12 @@
 //! (docs/benchmarks-cuda.md). Counted as 2 FLOPs per multiply-add of the linear projections plus
 //! the attention products; norms, RoPE and activations are left out (under 1% at these shapes).
 
+use super::hybrid::LayerType;
 use super::ModelSpec;
 use crate::drafter::DrafterConfig;
 
 impl ModelSpec {
-    /// Parameters of one decoder layer's linear projections (q, k, v, o, gate, up, down).
+    /// Parameters of one dense decoder layer's linear projections (q, k, v, o, gate, up, down).
     pub fn layer_linear_params(&self) -> usize {
         let (d, q, kv) = (
             self.hidden_size,
@@ -16,19 +17,68 @@ impl ModelSpec {
         d * q + 2 * d * kv + q * d + 3 * d * self.intermediate_size
     }
 
+    /// Linear-projection parameters of decoder layer `i`: [`ModelSpec::layer_linear_params`] for a
+    /// dense model; on a hybrid, a gated-attention layer's `q_proj` is twice as wide (query and
+    /// output gate), and a Gated DeltaNet layer has `in_proj_qkv` (D × (2·Hk·dk + Hv·dv)),
+    /// `in_proj_z` (D × Hv·dv), `in_proj_b` and `in_proj_a` (D × Hv each) and `out_proj`.
+    pub fn layer_linear_params_at(&self, i: usize) -> usize {
+        let Some(h) = &self.hybrid else {
+            return self.layer_linear_params();
+        };
+        let d = self.hidden_size;
+        let mlp = 3 * d * self.intermediate_size;
+        match h.layer_types[i] {
+            LayerType::FullAttention => {
+                let (q, kv) = (
+                    self.num_heads * self.head_dim,
+                    self.num_kv_heads * self.head_dim,
+                );
+                d * 2 * q + 2 * d * kv + q * d + mlp
+            }
+            LayerType::LinearAttention => {
+                let key = h.linear_num_key_heads * h.linear_key_head_dim;
+                let value = h.linear_num_value_heads * h.linear_value_head_dim;
+                d * (2 * key + value) + d * value + 2 * d * h.linear_num_value_heads + value * d + mlp
+            }
+        }
+    }
+
+    /// Linear-projection parameters of all decoder layers.
+    pub fn linear_params(&self) -> usize {
+        (0..self.num_layers)
+            .map(|i| self.layer_linear_params_at(i))
+            .sum()
+    }
+
     /// Prefill FLOPs per token of a causal sequence of `seq_len` tokens, without the LM head:
-    /// `2·N_lin + 4·H·hd·(S+1)/2` per layer (QKᵀ and PV over the causal half on average).
+    /// `2·N_lin` per layer, plus per softmax-attention layer `4·H·hd·(S+1)/2` (QKᵀ and PV over
+    /// the causal half on average), plus per Gated DeltaNet layer its chunked core
+    /// `Hv·(2C(3dk + 2dv) + C² + 6·dk·dv)` with chunks of C = 64 (docs/gdn-cuda.md) and the
+    /// short convolution `2·K·conv_dim`. Qwen3.6-27B at S = 1k: 49.33 GF.
     pub fn prefill_flops_per_token(&self, seq_len: usize) -> f64 {
-        let lin = 2.0 * (self.layer_linear_params() * self.num_layers) as f64;
-        let attn = 4.0 * (self.num_heads * self.head_dim) as f64 * (seq_len as f64 + 1.0) / 2.0
-            * self.num_layers as f64;
-        lin + attn
+        let lin = 2.0 * self.linear_params() as f64;
+        let attn_layer = 4.0 * (self.num_heads * self.head_dim) as f64 * (seq_len as f64 + 1.0) / 2.0;
+        let mixers: f64 = (0..self.num_layers)
+            .map(|i| match self.hybrid.as_ref().map(|h| (h, h.layer_types[i])) {
+                Some((h, LayerType::LinearAttention)) => {
+                    const C: f64 = 64.0;
+                    let (dk, dv) = (h.linear_key_head_dim as f64, h.linear_value_head_dim as f64);
+                    let core = h.linear_num_value_heads as f64
+                        * (2.0 * C * (3.0 * dk + 2.0 * dv) + C * C + 6.0 * dk * dv);
+                    let conv_dim = 2 * h.linear_num_key_heads * h.linear_key_head_dim
+                        + h.linear_num_value_heads * h.linear_value_head_dim;
+                    core + 2.0 * (h.linear_conv_kernel_dim * conv_dim) as f64
+                }
+                _ => attn_layer,
+            })
+            .sum();
+        lin + mixers
     }
 
     /// FLOPs of one greedy decode step per sequence at context length `ctx` (LM head included):
     /// what the decode benchmarks compare against, next to the bytes of weights each step reads.
     pub fn decode_flops(&self, ctx: usize) -> f64 {
-        let lin = 2.0 * (self.layer_linear_params() * self.num_layers) as f64;
+        let lin = 2.0 * self.linear_params() as f64;
         let attn = 4.0 * (self.num_heads * self.head_dim * (ctx + 1) * self.num_layers) as f64;
         lin + attn + 2.0 * (self.vocab_size * self.hidden_size) as f64
     }
@@ -68,5 +118,36 @@ impl DrafterConfig {
             + 2.0
                 * (2 * self.hidden_size * self.num_kv_heads * self.head_dim * self.num_layers)
                     as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The FLOP counts against the independent figures of docs/benchmarks-cuda.md (Qwen3-8B) and
+    /// docs/gdn-cuda.md / the Qwen3.6-27B parameter count (24.35 B linear parameters).
+    #[test]
+    fn prefill_flops_match_the_documented_figures() {
+        let q8 = crate::model::random::qwen3_8b_spec();
+        let gf = |s: &ModelSpec, len| s.prefill_flops_per_token(len) / 1e9;
+        assert!((gf(&q8, 1024) - 14.19).abs() < 0.01, "{}", gf(&q8, 1024));
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("config.json");
+        std::fs::write(
+            &cfg,
+            r#"{"model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 5120,
+                "intermediate_size": 17408, "num_hidden_layers": 64, "num_attention_heads": 24,
+                "num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16,
+                "linear_num_value_heads": 48, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "rms_norm_eps": 1e-6,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+                "tie_word_embeddings": false, "max_position_embeddings": 262144}"#,
+        )
+        .unwrap();
+        let q27 = ModelSpec::from_hf_config(&cfg).unwrap();
+        assert_eq!(q27.linear_params(), 24_350_556_160);
+        assert!((gf(&q27, 1024) - 49.33).abs() < 0.01, "{}", gf(&q27, 1024));
+        assert!((gf(&q27, 32768) - 55.57).abs() < 0.01, "{}", gf(&q27, 32768));
     }
 }

@@ -157,6 +157,9 @@ pub struct Session<B: Backend> {
     /// Stores the target passes' cache entries on a background thread ([`Session::flush_cache`]
     /// reports its errors).
     writer: CacheWriter,
+    /// Token ids of the prompts tokenized so far, by [`Prompt::hash`] (what the model sees):
+    /// the runs of a series tokenize each prompt once.
+    prompt_ids_memo: Mutex<std::collections::HashMap<String, Vec<u32>>>,
 }
 
 impl<B: Backend> Session<B> {
@@ -178,6 +181,7 @@ impl<B: Backend> Session<B> {
             gdn_profile: GdnProfile::Reference,
             writer: CacheWriter::new(cache.clone()),
             cache,
+            prompt_ids_memo: Mutex::new(Default::default()),
         })
     }
 
@@ -252,10 +256,12 @@ impl<B: Backend> Session<B> {
         if self.available_memory().is_none() {
             return Ok(());
         }
-        let lens = prompts
+        let ids = self.prompt_ids_many(prompts)?;
+        let lens: Vec<(&str, usize)> = prompts
             .iter()
-            .map(|p| Ok((p.id.as_str(), self.prompt_ids(p)?.len())))
-            .collect::<Result<Vec<_>>>()?;
+            .zip(&ids)
+            .map(|(p, ids)| (p.id.as_str(), ids.len()))
+            .collect();
         self.check_memory(&lens, max_new, taps)
     }
 
@@ -420,23 +426,36 @@ impl<B: Backend> Session<B> {
     /// Token ids of a prompt: chat prompts go through the model's own chat template with the
     /// generation prompt; raw prompts are encoded as they are (BOS as the tokenizer says).
     pub fn prompt_ids(&self, p: &Prompt) -> Result<Vec<u32>> {
-        let tok = self.files.tokenizer()?;
-        let ids = match (&p.messages, &p.text) {
-            (Some(ms), _) => {
-                let ms: Vec<ChatMessage> = ms
-                    .iter()
-                    .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
-                    .collect();
-                tok.encode_chat(&ms, true)
-                    .with_context(|| format!("prompt {}", p.id))?
-            }
-            (None, Some(t)) => tok.encode(t, true)?,
-            (None, None) => bail!("prompt {} has neither text nor messages", p.id),
+        let mut ids = self.prompt_ids_many(std::slice::from_ref(p))?;
+        Ok(ids.pop().expect("one prompt, one sequence"))
+    }
+
+    /// [`Session::prompt_ids`] of several prompts: those not tokenized before in this session
+    /// are tokenized in parallel (a 151k-token BPE over hundreds of chat prompts is a visible
+    /// part of a cached run otherwise).
+    pub fn prompt_ids_many(&self, prompts: &[Prompt]) -> Result<Vec<Vec<u32>>> {
+        use rayon::prelude::*;
+        let _phase = crate::timeline::phase("tokenize");
+        let hashes: Vec<String> = prompts.iter().map(Prompt::hash).collect();
+        let missing: Vec<usize> = {
+            let memo = self.prompt_ids_memo.lock().unwrap_or_else(|e| e.into_inner());
+            (0..prompts.len())
+                .filter(|&i| !memo.contains_key(&hashes[i]))
+                .collect()
         };
-        if ids.is_empty() {
-            bail!("prompt {} tokenizes to nothing", p.id);
+        if !missing.is_empty() {
+            let tok = self.files.tokenizer()?;
+            let fresh = missing
+                .par_iter()
+                .map(|&i| tokenize_prompt(tok, &prompts[i]))
+                .collect::<Result<Vec<_>>>()?;
+            let mut memo = self.prompt_ids_memo.lock().unwrap_or_else(|e| e.into_inner());
+            for (&i, ids) in missing.iter().zip(fresh) {
+                memo.insert(hashes[i].clone(), ids);
+            }
         }
-        Ok(ids)
+        let memo = self.prompt_ids_memo.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(hashes.iter().map(|h| memo[h].clone()).collect())
     }
 
     /// Tokens that end generation.
@@ -475,13 +494,7 @@ impl<B: Backend> Session<B> {
         prompts: &[Prompt],
         max_new: usize,
     ) -> Result<Vec<(Vec<u32>, Continuation)>> {
-        let ids = {
-            let _phase = crate::timeline::phase("tokenize");
-            prompts
-                .iter()
-                .map(|p| self.prompt_ids(p))
-                .collect::<Result<Vec<_>>>()?
-        };
+        let ids = self.prompt_ids_many(prompts)?;
         let refs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
         let conts = self.continuations(&refs, max_new)?;
         Ok(ids.into_iter().zip(conts).collect())
@@ -700,4 +713,25 @@ impl<B: Backend> Session<B> {
             })
             .collect()
     }
+}
+
+/// A prompt's token ids: its chat messages through the template (generation prompt on), or its
+/// raw text; never empty.
+fn tokenize_prompt(tok: &crate::tokenizer::TextTokenizer, p: &Prompt) -> Result<Vec<u32>> {
+    let ids = match (&p.messages, &p.text) {
+        (Some(ms), _) => {
+            let ms: Vec<ChatMessage> = ms
+                .iter()
+                .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
+                .collect();
+            tok.encode_chat(&ms, true)
+                .with_context(|| format!("prompt {}", p.id))?
+        }
+        (None, Some(t)) => tok.encode(t, true)?,
+        (None, None) => bail!("prompt {} has neither text nor messages", p.id),
+    };
+    if ids.is_empty() {
+        bail!("prompt {} tokenizes to nothing", p.id);
+    }
+    Ok(ids)
 }

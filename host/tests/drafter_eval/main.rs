@@ -681,3 +681,28 @@ fn inclusive_mask_inflates_the_leaky_drafters_accuracy() {
         tau_u(&ms)
     );
 }
+
+/// `tensor_plan` (what `lint` checks before a run, since the weights load lazily) names exactly
+/// the tensors of the shipped checkpoints, with their shapes: a plan that drifted from what the
+/// loader reads would either refuse good checkpoints or let a broken one start a run.
+#[test]
+fn tensor_plan_is_exactly_the_shipped_checkpoints_tensors() {
+    use draftlens::formats::safetensors::SafetensorsWeights;
+    use draftlens::formats::WeightSource;
+    let hidden = smol().files.spec.hidden_size;
+    for dir in [reference_drafter(), leaky_drafter()] {
+        let cfg = draftlens::drafter::DrafterConfig::load(&dir).unwrap();
+        let mut plan = draftlens::drafter::model::tensor_plan(&cfg, hidden);
+        let mut file: Vec<(String, Vec<usize>)> = SafetensorsWeights::open(&dir)
+            .unwrap()
+            .tensors()
+            .into_iter()
+            .map(|t| (t.name, t.shape))
+            .collect();
+        plan.sort();
+        file.sort();
+        assert_eq!(plan, file, "{}", dir.display());
+        // ...and the loader reads the checkpoint the plan accepts.
+        DFlashDrafter::load(&smol().be, &dir, hidden).unwrap();
+    }
+}

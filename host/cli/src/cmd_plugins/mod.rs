@@ -286,7 +286,9 @@ impl PluginArgs {
         Ok(out)
     }
 
-    /// The resolved requests (parameters parsed and checked), without the loaded plugins.
+    /// The resolved requests (parameters parsed and checked), without the loaded plugins (what
+    /// the unit tests below inspect).
+    #[cfg(test)]
     pub fn requests(&self, runtime: &Runtime) -> Result<Vec<PluginRequest>> {
         Ok(self
             .prepare(runtime)?
