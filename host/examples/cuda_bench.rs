@@ -160,7 +160,10 @@ fn main() -> Result<()> {
     // ---- target: the product's forward on a real model folder (any architecture draftlens loads,
     // hybrids under both Gated DeltaNet profiles), against the compute floor of its FLOP count.
     if has("target") {
-        let dir = a.target.as_deref().context("the target section needs --target DIR")?;
+        let dir = a
+            .target
+            .as_deref()
+            .context("the target section needs --target DIR")?;
         let r = bench_target(&be, std::path::Path::new(dir), a.target_seqs, a.reps, peak)?;
         results.insert("target".into(), r);
     }
@@ -692,9 +695,13 @@ fn bench_target(
             model.set_gdn_profile(*p);
         }
         let t = time_median(be, 1, reps, || {
-            model.forward_packed(be, &toks, &starts, &capture).map(|_| ())
+            model
+                .forward_packed(be, &toks, &starts, &capture)
+                .map(|_| ())
         })?;
-        let label = p.map(|p| format!("{p:?}")).unwrap_or_else(|| "dense".into());
+        let label = p
+            .map(|p| format!("{p:?}"))
+            .unwrap_or_else(|| "dense".into());
         println!(
             "target forward_packed [{label}]: {t:.3} s/forward, {:.0} tok/s, {:.1} s per 1M tokens, {:.0} TFLOP/s = {:.1}% of the compute floor",
             n as f64 / t,
@@ -705,8 +712,10 @@ fn bench_target(
         rows.push(json!({"profile": label, "s_per_forward": t, "tok_per_s": n as f64 / t,
             "s_per_1m_tokens": 1e6 * t / n as f64, "tflops": flops / t / 1e12, "pct_of_floor": 100.0 * floor_s / t}));
     }
-    Ok(json!({"dir": dir.display().to_string(), "arch": spec.arch.as_str(), "layers": layers, "load_s": load_s,
-        "tokens_per_forward": n, "seq": seq, "gflop_per_token": flops / n as f64 / 1e9, "floor_s": floor_s, "runs": rows}))
+    Ok(
+        json!({"dir": dir.display().to_string(), "arch": spec.arch.as_str(), "layers": layers, "load_s": load_s,
+        "tokens_per_forward": n, "seq": seq, "gflop_per_token": flops / n as f64 / 1e9, "floor_s": floor_s, "runs": rows}),
+    )
 }
 
 fn finish(

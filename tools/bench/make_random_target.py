@@ -46,10 +46,20 @@ args = ap.parse_args()
 
 t0 = time.time()
 spec = dict(ARCHS[args.arch])
-cfg = AutoConfig.for_model(**spec)
+if spec["model_type"] == "qwen3_5_text":
+    from transformers import Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(**{k: v for k, v in spec.items() if k != "model_type"})
+else:
+    cfg = AutoConfig.for_model(**spec)
 torch.manual_seed(0)
 with torch.device("cuda"):
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    try:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    except ValueError:  # a config class the auto mapping does not list
+        from transformers import Qwen3_5ForCausalLM
+
+        model = Qwen3_5ForCausalLM(cfg).to(torch.bfloat16)
 for name, p in model.named_parameters():
     if name.endswith("A_log") or name.endswith("dt_bias"):
         p.data = p.data.float()  # stored f32 in the real Qwen3.5/3.6 checkpoints

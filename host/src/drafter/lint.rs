@@ -109,17 +109,20 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
             // prompt needs the drafter): the first one missing or misshapen is the error.
             let file = dir.join("model.safetensors");
             let plan = super::model::tensor_plan(&cfg, spec.hidden_size);
-            let problem = plan.iter().filter(|(n, _)| n != "fc.weight").find_map(|(name, shape)| {
-                match infos.iter().find(|t| &t.name == name) {
-                    None => Some(format!("{}: tensor {name} is missing", file.display())),
-                    Some(t) if &t.shape != shape => Some(format!(
-                        "{}: tensor {name} has shape {:?}, expected {shape:?}",
-                        file.display(),
-                        t.shape
-                    )),
-                    Some(_) => None,
-                }
-            });
+            let problem =
+                plan.iter()
+                    .filter(|(n, _)| n != "fc.weight")
+                    .find_map(
+                        |(name, shape)| match infos.iter().find(|t| &t.name == name) {
+                            None => Some(format!("{}: tensor {name} is missing", file.display())),
+                            Some(t) if &t.shape != shape => Some(format!(
+                                "{}: tensor {name} has shape {:?}, expected {shape:?}",
+                                file.display(),
+                                t.shape
+                            )),
+                            Some(_) => None,
+                        },
+                    );
             if let Some(p) = problem {
                 out.push(f(Error, "weights", p));
             }

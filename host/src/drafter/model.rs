@@ -74,7 +74,10 @@ pub fn tensor_plan(cfg: &DrafterConfig, target_hidden: usize) -> Vec<(String, Ve
     let (d, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
     let (qd, kvd) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
     let mut plan = vec![
-        ("fc.weight".to_string(), vec![d, cfg.target_layer_ids.len() * target_hidden]),
+        (
+            "fc.weight".to_string(),
+            vec![d, cfg.target_layer_ids.len() * target_hidden],
+        ),
         ("hidden_norm.weight".into(), vec![d]),
         ("norm.weight".into(), vec![d]),
     ];

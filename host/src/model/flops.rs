@@ -38,7 +38,11 @@ impl ModelSpec {
             LayerType::LinearAttention => {
                 let key = h.linear_num_key_heads * h.linear_key_head_dim;
                 let value = h.linear_num_value_heads * h.linear_value_head_dim;
-                d * (2 * key + value) + d * value + 2 * d * h.linear_num_value_heads + value * d + mlp
+                d * (2 * key + value)
+                    + d * value
+                    + 2 * d * h.linear_num_value_heads
+                    + value * d
+                    + mlp
             }
         }
     }
@@ -57,20 +61,24 @@ impl ModelSpec {
     /// short convolution `2·K·conv_dim`. Qwen3.6-27B at S = 1k: 49.33 GF.
     pub fn prefill_flops_per_token(&self, seq_len: usize) -> f64 {
         let lin = 2.0 * self.linear_params() as f64;
-        let attn_layer = 4.0 * (self.num_heads * self.head_dim) as f64 * (seq_len as f64 + 1.0) / 2.0;
+        let attn_layer =
+            4.0 * (self.num_heads * self.head_dim) as f64 * (seq_len as f64 + 1.0) / 2.0;
         let mixers: f64 = (0..self.num_layers)
-            .map(|i| match self.hybrid.as_ref().map(|h| (h, h.layer_types[i])) {
-                Some((h, LayerType::LinearAttention)) => {
-                    const C: f64 = 64.0;
-                    let (dk, dv) = (h.linear_key_head_dim as f64, h.linear_value_head_dim as f64);
-                    let core = h.linear_num_value_heads as f64
-                        * (2.0 * C * (3.0 * dk + 2.0 * dv) + C * C + 6.0 * dk * dv);
-                    let conv_dim = 2 * h.linear_num_key_heads * h.linear_key_head_dim
-                        + h.linear_num_value_heads * h.linear_value_head_dim;
-                    core + 2.0 * (h.linear_conv_kernel_dim * conv_dim) as f64
-                }
-                _ => attn_layer,
-            })
+            .map(
+                |i| match self.hybrid.as_ref().map(|h| (h, h.layer_types[i])) {
+                    Some((h, LayerType::LinearAttention)) => {
+                        const C: f64 = 64.0;
+                        let (dk, dv) =
+                            (h.linear_key_head_dim as f64, h.linear_value_head_dim as f64);
+                        let core = h.linear_num_value_heads as f64
+                            * (2.0 * C * (3.0 * dk + 2.0 * dv) + C * C + 6.0 * dk * dv);
+                        let conv_dim = 2 * h.linear_num_key_heads * h.linear_key_head_dim
+                            + h.linear_num_value_heads * h.linear_value_head_dim;
+                        core + 2.0 * (h.linear_conv_kernel_dim * conv_dim) as f64
+                    }
+                    _ => attn_layer,
+                },
+            )
             .sum();
         lin + mixers
     }
@@ -148,6 +156,10 @@ mod tests {
         let q27 = ModelSpec::from_hf_config(&cfg).unwrap();
         assert_eq!(q27.linear_params(), 24_350_556_160);
         assert!((gf(&q27, 1024) - 49.33).abs() < 0.01, "{}", gf(&q27, 1024));
-        assert!((gf(&q27, 32768) - 55.57).abs() < 0.01, "{}", gf(&q27, 32768));
+        assert!(
+            (gf(&q27, 32768) - 55.57).abs() < 0.01,
+            "{}",
+            gf(&q27, 32768)
+        );
     }
 }

@@ -438,7 +438,10 @@ impl<B: Backend> Session<B> {
         let _phase = crate::timeline::phase("tokenize");
         let hashes: Vec<String> = prompts.iter().map(Prompt::hash).collect();
         let missing: Vec<usize> = {
-            let memo = self.prompt_ids_memo.lock().unwrap_or_else(|e| e.into_inner());
+            let memo = self
+                .prompt_ids_memo
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             (0..prompts.len())
                 .filter(|&i| !memo.contains_key(&hashes[i]))
                 .collect()
@@ -449,12 +452,18 @@ impl<B: Backend> Session<B> {
                 .par_iter()
                 .map(|&i| tokenize_prompt(tok, &prompts[i]))
                 .collect::<Result<Vec<_>>>()?;
-            let mut memo = self.prompt_ids_memo.lock().unwrap_or_else(|e| e.into_inner());
+            let mut memo = self
+                .prompt_ids_memo
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             for (&i, ids) in missing.iter().zip(fresh) {
                 memo.insert(hashes[i].clone(), ids);
             }
         }
-        let memo = self.prompt_ids_memo.lock().unwrap_or_else(|e| e.into_inner());
+        let memo = self
+            .prompt_ids_memo
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         Ok(hashes.iter().map(|h| memo[h].clone()).collect())
     }
 

@@ -14,8 +14,8 @@ use clap::{Args, Subcommand};
 use draftlens_plugin_host::check::{check_plugin, CheckError};
 use draftlens_plugin_host::text::clean;
 use draftlens_plugin_host::{
-    discover, scaffold, FailureKind, Limits, LoadedPlugin, Param, PluginFailure, PluginRequest,
-    PreparedPlugin, Runtime, RuntimeConfig,
+    discover, scaffold, FailureKind, Limits, LoadedPlugin, Param, PluginFailure, PreparedPlugin,
+    Runtime, RuntimeConfig,
 };
 use serde::Serialize;
 
@@ -289,7 +289,7 @@ impl PluginArgs {
     /// The resolved requests (parameters parsed and checked), without the loaded plugins (what
     /// the unit tests below inspect).
     #[cfg(test)]
-    pub fn requests(&self, runtime: &Runtime) -> Result<Vec<PluginRequest>> {
+    pub fn requests(&self, runtime: &Runtime) -> Result<Vec<draftlens_plugin_host::PluginRequest>> {
         Ok(self
             .prepare(runtime)?
             .into_iter()

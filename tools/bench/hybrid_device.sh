@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Hybrid end to end on the GPU machine (issue 12, docs/benchmarks-cuda.md "Hybrid target"):
+# Qwen3.6-27B's text model at 16 of its 64 layers (tools/bench/make_random_target.py --arch
+# qwen3.6-27b-16l: every layer at the 27B's shapes, random weights, 3 random DFlash checkpoints with
+# taps 1,7,14), then
+#   bench   the product's packed prefill (`cuda_bench --only ceilings,target`) under both Gated
+#           DeltaNet profiles, against the compute floor of its FLOP count;
+#   dl      `draftlens extract` (reference profile, cold), `run` of the 3 checkpoints on that cache,
+#           `extract --gdn-profile engine` (cold: the profile is part of the cache key);
+#   hf      the transformers script a user would write (tools/bench/hf_e2e.py: generate, one
+#           forward with hidden states, the 3 drafters) with transformers' torch fallback for the
+#           Gated DeltaNet (`hf_torch`) and with fla's Triton kernels (`hf_fla`: the carried
+#           fla-core / flash-linear-attention 0.6.0 wheels in a venv over the system's torch).
+# Usage (carry $B with draftlens, cuda_bench, tok.tar, humaneval.jsonl, fla/ wheels, *.xz ok):
+#   STEPS="make bench dl hf_torch hf_fla" bash tools/bench/hybrid_device.sh $B [N prompts]
+set -u
+B=${1:-target-carry/hyb}
+N=${2:-164}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export DRAFTLENS_KERNEL_CACHE=/tmp/draftlens-kernels
+export DRAFTLENS_CACHE=/tmp/dlcache-hyb
+export PYTHONUNBUFFERED=1
+STEPS=${STEPS:-make bench dl hf_torch hf_fla}
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+M=/tmp/q27
+TAPS=1,7,14
+LOG="$OUT/hybrid.log"
+log() { echo "=== $*" | tee -a "$LOG"; }
+timed() { # name, command...: wall time and peak RSS into the log, the tails of both streams
+  local name=$1; shift
+  log "$name: $*"
+  /usr/bin/time -f "$name wall_s=%e max_rss_kb=%M" "$@" > "/tmp/$name.out" 2> "/tmp/$name.err"
+  local rc=$?
+  tail -n 30 "/tmp/$name.err" | grep -v 'registers, ' | tee -a "$LOG"
+  tail -c 1200 "/tmp/$name.out" | tee -a "$LOG"
+  echo "rc=$rc" | tee -a "$LOG"
+}
+for f in "$B"/*.xz; do [ -e "$f" ] && xz -d "$f"; done
+if [ -e "$B/tok.tar" ] && [ ! -e data/tokenizer/qwen3-hf/tokenizer.json ]; then
+  mkdir -p data/prompts data/tokenizer && tar -xf "$B/tok.tar" -C /tmp && rm -rf data/tokenizer/qwen3-hf && mv /tmp/tokmin data/tokenizer/qwen3-hf
+fi
+[ -e "$B/humaneval.jsonl" ] && mkdir -p data/prompts && cp "$B/humaneval.jsonl" data/prompts/
+chmod +x "$B"/draftlens "$B"/cuda_bench 2>/dev/null
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader | tee -a "$LOG"
+df -h /tmp | tail -n 1 | tee -a "$LOG"
+if has make && [ ! -e $M/config.json ]; then
+  timed make timeout 300 python3 tools/bench/make_random_target.py --arch qwen3.6-27b-16l --out $M --taps $TAPS
+  du -sh $M | tee -a "$LOG"
+fi
+if has bench; then
+  timed cat_floor bash -c "cat $M/*.safetensors > /dev/null"
+  timed cuda_bench timeout 240 "$B/cuda_bench" --only ceilings,target --target $M --target-seqs 4x4096 --forwards 3 --out "$OUT/bench_hybrid.json"
+fi
+if has dl; then
+  rm -rf "$DRAFTLENS_CACHE" /tmp/hyb_runs.sqlite
+  timed dl_extract_ref timeout 400 "$B/draftlens" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json --timeline
+  timed dl_run3_ref timeout 400 "$B/draftlens" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/hyb_runs.sqlite --json --timeline
+  timed dl_extract_engine timeout 400 "$B/draftlens" extract --backend cuda --gdn-profile engine --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json --timeline
+fi
+if has hf_torch; then
+  python3 -c "import fla" 2> /dev/null && log "warning: fla is importable by the system python; hf_torch would use it"
+  timed hf_torch timeout 500 python3 tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS --drafters $M-drafters
+fi
+if has hf_fla; then
+  if [ ! -x /tmp/flavenv/bin/python ]; then
+    python3 -m venv --system-site-packages /tmp/flavenv && /tmp/flavenv/bin/pip install --no-index --no-deps -q "$B"/fla/*.whl 2>&1 | tail -n 3 | tee -a "$LOG"
+  fi
+  /tmp/flavenv/bin/python -c "import fla; print('fla', fla.__version__)" 2>&1 | tee -a "$LOG"
+  timed hf_fla timeout 500 /tmp/flavenv/bin/python tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS --drafters $M-drafters
+fi
+nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee -a "$LOG"
