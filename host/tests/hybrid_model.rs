@@ -417,3 +417,30 @@ fn missing_or_misshapen_hybrid_tensors_are_named() {
     let e = open_err(dir.path());
     assert!(e.contains("model.layers.2.self_attn.q_proj.weight"), "{e}");
 }
+
+/// A Qwen3.5 folder's weights reach the backend as their stored bytes (`WeightSource::raw`: no
+/// host f32 copy, the memory map's pages released after the upload), as a dense model's do; only
+/// the splits of Qwen3-Next's fused grouped projections are gathered on the host.
+#[test]
+fn hybrid_weights_go_to_the_backend_without_a_host_copy() {
+    let files = TargetFiles::open(&repo_root().join("tests/fixtures/golden/qwen3_5")).unwrap();
+    let w = files.weights.as_ref();
+    for name in [
+        "model.layers.0.linear_attn.in_proj_qkv.weight",
+        "model.layers.0.linear_attn.out_proj.weight",
+        "model.layers.2.self_attn.q_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "lm_head.weight",
+    ] {
+        let raw = w
+            .raw(name)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name}: no raw view"));
+        let host = w.tensor(name).unwrap();
+        assert_eq!([raw.rows, raw.cols], host.shape[..], "{name}");
+    }
+    let next = TargetFiles::open(&repo_root().join("tests/fixtures/golden/qwen3_next")).unwrap();
+    let fused_split = "model.layers.0.linear_attn.in_proj_qkv.weight";
+    assert!(next.weights.raw(fused_split).unwrap().is_none());
+    assert!(next.weights.tensor(fused_split).is_ok());
+}

@@ -5,12 +5,12 @@
 # taps 1,7,14), then
 #   bench   the product's packed prefill (`cuda_bench --only ceilings,target`) under both Gated
 #           DeltaNet profiles, against the compute floor of its FLOP count;
-#   dl      `draftlens extract` (reference profile, cold), `run` of the 3 checkpoints on that cache,
+#   dl      `draftlens run` of the 3 checkpoints (reference profile) cold and cached, then
 #           `extract --gdn-profile engine` (cold: the profile is part of the cache key);
 #   hf      the transformers script a user would write (tools/bench/hf_e2e.py: generate, one
 #           forward with hidden states, the 3 drafters) with transformers' torch fallback for the
 #           Gated DeltaNet (`hf_torch`) and with fla's Triton kernels (`hf_fla`: the carried
-#           fla-core / flash-linear-attention 0.6.0 wheels in a venv over the system's torch).
+#           fla-core / flash-linear-attention 0.6.0 wheels on PYTHONPATH over the system's torch).
 # Usage (carry $B with draftlens, cuda_bench, tok.tar, humaneval.jsonl, fla/ wheels, *.xz ok):
 #   STEPS="make bench dl hf_torch hf_fla" bash tools/bench/hybrid_device.sh $B [N prompts]
 set -u
@@ -53,9 +53,14 @@ if has bench; then
   timed cuda_bench timeout 240 "$B/cuda_bench" --only ceilings,target --target $M --target-seqs 4x4096 --forwards 3 --out "$OUT/bench_hybrid.json"
 fi
 if has dl; then
-  rm -rf "$DRAFTLENS_CACHE" /tmp/hyb_runs.sqlite
-  timed dl_extract_ref timeout 400 "$B/draftlens" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json --timeline
-  timed dl_run3_ref timeout 400 "$B/draftlens" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/hyb_runs.sqlite --json --timeline
+  # `run` of the 3 checkpoints from nothing (continuations, hidden states, drafters: the job
+  # hf_e2e.py does), the same again with everything cached (after `sync`: the first run's
+  # gigabytes of cache writes are flushed), then `extract` under the engine profile (cold: the
+  # profile is part of the cache key).
+  rm -rf "$DRAFTLENS_CACHE" /tmp/hyb_runs*.sqlite*
+  timed dl_run3_cold timeout 400 "$B/draftlens" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/hyb_runs.sqlite --json --timeline
+  sync; sleep 1
+  timed dl_run3_cached timeout 200 "$B/draftlens" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/hyb_runs2.sqlite --json --timeline
   timed dl_extract_engine timeout 400 "$B/draftlens" extract --backend cuda --gdn-profile engine --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json --timeline
 fi
 if has hf_torch; then
@@ -63,10 +68,11 @@ if has hf_torch; then
   timed hf_torch timeout 500 python3 tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS --drafters $M-drafters
 fi
 if has hf_fla; then
-  if [ ! -x /tmp/flavenv/bin/python ]; then
-    python3 -m venv --system-site-packages /tmp/flavenv && /tmp/flavenv/bin/pip install --no-index --no-deps -q "$B"/fla/*.whl 2>&1 | tail -n 3 | tee -a "$LOG"
-  fi
-  /tmp/flavenv/bin/python -c "import fla; print('fla', fla.__version__)" 2>&1 | tee -a "$LOG"
-  timed hf_fla timeout 500 /tmp/flavenv/bin/python tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS --drafters $M-drafters
+  # Installed offline into a folder put on PYTHONPATH for this step only (the system's torch,
+  # transformers and triton stay as they are; a venv would not see a user-site torch).
+  SITE=/tmp/fla-site
+  [ -d $SITE/fla ] || python3 -m pip install --no-deps --no-index --target $SITE "$B"/fla/*.whl 2>&1 | tail -n 2 | tee -a "$LOG"
+  PYTHONPATH=$SITE python3 -c "import fla, torch, transformers; print('fla', fla.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tee -a "$LOG"
+  timed hf_fla timeout 500 env PYTHONPATH=$SITE python3 tools/bench/hf_e2e.py --model $M --prompts data/prompts/humaneval.jsonl --limit "$N" --layers $TAPS --drafters $M-drafters
 fi
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee -a "$LOG"

@@ -292,6 +292,9 @@ impl BackendJob for GenerateJob<'_> {
             }
         }
         pb.finish_and_clear();
+        // The continuations' cache entries are written in the background: a failure to store
+        // one is this command's error, as it was when they were written inline.
+        s.flush_cache()?;
         log_loaded(&s);
         Ok(out)
     }

@@ -441,4 +441,21 @@ impl WeightSource for HybridWeights {
             None => self.inner.tensor(&self.stored(name)),
         }
     }
+    /// The stored bytes, borrowed from the memory map, of a tensor stored under its own name
+    /// (so the weights go to the device without a host copy, as a dense model's do); a split of a
+    /// Qwen3-Next fused projection is gathered on the host ([`WeightSource::tensor`]).
+    fn raw(&self, name: &str) -> Result<Option<crate::backend::raw::RawPart<'_>>> {
+        if !(name.starts_with("model.") || name == "lm_head.weight")
+            || self.fused_source(name).is_some()
+        {
+            return Ok(None);
+        }
+        self.inner.raw(&self.stored(name))
+    }
+    fn release(&self, name: &str) {
+        match self.fused_source(name) {
+            Some((fused_name, _)) => self.inner.release(&fused_name),
+            None => self.inner.release(&self.stored(name)),
+        }
+    }
 }

@@ -160,6 +160,9 @@ pub struct Session<B: Backend> {
     /// Token ids of the prompts tokenized so far, by [`Prompt::hash`] (what the model sees):
     /// the runs of a series tokenize each prompt once.
     prompt_ids_memo: Mutex<std::collections::HashMap<String, Vec<u32>>>,
+    /// Continuations decoded by this session, by cache-key digest: their entries go to the disk
+    /// through the background writer, and a later lookup must not miss one still queued.
+    recent_continuations: Mutex<std::collections::HashMap<String, Continuation>>,
 }
 
 impl<B: Backend> Session<B> {
@@ -182,6 +185,7 @@ impl<B: Backend> Session<B> {
             writer: CacheWriter::new(cache.clone()),
             cache,
             prompt_ids_memo: Mutex::new(Default::default()),
+            recent_continuations: Mutex::new(Default::default()),
         })
     }
 
@@ -524,9 +528,19 @@ impl<B: Backend> Session<B> {
                 vec![],
                 format!("max_new={max_new};eos={eos:?}"),
             )?;
-            let hit = match self.cache.lookup(&key)? {
-                Lookup::Hit(t) => decode_continuation(&t),
-                _ => None,
+            // Decoded earlier in this session (its entry may still be queued for the disk).
+            let recent = self
+                .recent_continuations
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key.digest())
+                .cloned();
+            let hit = match recent {
+                Some(c) => Some(c),
+                None => match self.cache.lookup(&key)? {
+                    Lookup::Hit(t) => decode_continuation(&t),
+                    _ => None,
+                },
             };
             if hit.is_none() {
                 misses.push((n, key));
@@ -538,9 +552,16 @@ impl<B: Backend> Session<B> {
         for group in misses.chunks(batch) {
             let group_prompts: Vec<&[u32]> = group.iter().map(|(n, _)| prompts[*n]).collect();
             let decoded = greedy_batch(&self.be, self.model()?, &group_prompts, max_new, &eos)?;
+            // Written by the background writer: each entry's fsync can wait behind the disk's
+            // writeback of gigabytes (a target just written, the hidden states of a pass).
             let _phase = crate::timeline::phase("cache write (continuations)");
             for ((n, key), c) in group.iter().zip(decoded) {
-                self.cache.put(key, &continuation_tensors(&c))?;
+                let tensors = continuation_tensors(&c);
+                self.cache_put(key.clone(), move || tensors)?;
+                self.recent_continuations
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key.digest(), c.clone());
                 out[*n] = Some(c);
             }
         }
