@@ -5,14 +5,16 @@
 # taps 1,7,14), then
 #   bench   the product's packed prefill (`cuda_bench --only ceilings,target`) under both Gated
 #           DeltaNet profiles, against the compute floor of its FLOP count;
-#   dl      `draftlens run` of the 3 checkpoints (reference profile) cold and cached, then
-#           `extract --gdn-profile engine` (cold: the profile is part of the cache key);
+#   dl      `draftlens run` of the checkpoints (reference profile) cold (`run`) and cached
+#           (`cached`), then `extract --gdn-profile engine` (`engine`; cold: the profile is part
+#           of the cache key);
+#   long    `extract` of one ~32k-token prompt (the memory check and the long forward);
 #   hf      the transformers script a user would write (tools/bench/hf_e2e.py: generate, one
 #           forward with hidden states, the 3 drafters) with transformers' torch fallback for the
 #           Gated DeltaNet (`hf_torch`) and with fla's Triton kernels (`hf_fla`: the carried
 #           fla-core / flash-linear-attention 0.6.0 wheels on PYTHONPATH over the system's torch).
 # Usage (carry $B with draftlens, cuda_bench, tok.tar, humaneval.jsonl, fla/ wheels, *.xz ok):
-#   STEPS="make bench dl hf_torch hf_fla" bash tools/bench/hybrid_device.sh $B [N prompts]
+#   [ARCH=qwen3.6-27b] STEPS="make bench dl long hf_torch hf_fla" bash tools/bench/hybrid_device.sh $B [N prompts]
 set -u
 B=${1:-target-carry/hyb}
 N=${2:-164}
@@ -23,8 +25,17 @@ export DRAFTLENS_CACHE=/tmp/dlcache-hyb
 export PYTHONUNBUFFERED=1
 STEPS=${STEPS:-make bench dl hf_torch hf_fla}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
-M=/tmp/q27
-TAPS=1,7,14
+# ARCH=qwen3.6-27b: the whole 64-layer model (one drafter, taps 1,31,61; written where there is
+# room for its 54 GB: /dev/shm when it has it, else /tmp).
+ARCH=${ARCH:-qwen3.6-27b-16l}
+if [ "$ARCH" = qwen3.6-27b ]; then
+  TAPS=${TAPS:-1,31,61}; DRAFTERS=${DRAFTERS:-1}
+  M=/tmp/q27full
+  [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -n 1)" -ge 60 ] 2>/dev/null && M=/dev/shm/q27full
+else
+  TAPS=${TAPS:-1,7,14}; DRAFTERS=${DRAFTERS:-3}
+  M=/tmp/q27
+fi
 LOG="$OUT/hybrid.log"
 log() { echo "=== $*" | tee -a "$LOG"; }
 timed() { # name, command...: wall time and peak RSS into the log, the tails of both streams
@@ -43,25 +54,50 @@ fi
 [ -e "$B/humaneval.jsonl" ] && mkdir -p data/prompts && cp "$B/humaneval.jsonl" data/prompts/
 chmod +x "$B"/draftlens "$B"/cuda_bench 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader | tee -a "$LOG"
-df -h /tmp | tail -n 1 | tee -a "$LOG"
+df -h /tmp /dev/shm | tail -n 2 | tee -a "$LOG"
 if has make && [ ! -e $M/config.json ]; then
-  timed make timeout 300 python3 tools/bench/make_random_target.py --arch qwen3.6-27b-16l --out $M --taps $TAPS
+  timed make timeout 300 python3 tools/bench/make_random_target.py --arch $ARCH --out $M --taps $TAPS --drafters $DRAFTERS
   du -sh $M | tee -a "$LOG"
 fi
 if has bench; then
   timed cat_floor bash -c "cat $M/*.safetensors > /dev/null"
   timed cuda_bench timeout 240 "$B/cuda_bench" --only ceilings,target --target $M --target-seqs 4x4096 --forwards 3 --out "$OUT/bench_hybrid.json"
 fi
-if has dl; then
-  # `run` of the 3 checkpoints from nothing (continuations, hidden states, drafters: the job
-  # hf_e2e.py does), the same again with everything cached (after `sync`: the first run's
-  # gigabytes of cache writes are flushed), then `extract` under the engine profile (cold: the
-  # profile is part of the cache key).
+# `dl` = `run` + `cached` + `engine`.
+has dl && STEPS="$STEPS run cached engine"
+if has run; then
+  # `run` of the checkpoints from nothing (continuations, hidden states, drafters: the job
+  # hf_e2e.py does).
   rm -rf "$DRAFTLENS_CACHE" /tmp/hyb_runs*.sqlite*
   timed dl_run3_cold timeout 400 "$B/draftlens" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/hyb_runs.sqlite --json --timeline
+fi
+if has cached; then
+  # The same again with everything cached, after `sync` (the first run's gigabytes of cache
+  # writes flushed).
   sync; sleep 1
   timed dl_run3_cached timeout 200 "$B/draftlens" run --backend cuda --target $M --drafter $M-drafters --prompts builtin:humaneval --limit "$N" --db /tmp/hyb_runs2.sqlite --json --timeline
+fi
+if has engine; then
+  # `extract` under the engine profile (cold: the profile is part of the cache key).
   timed dl_extract_engine timeout 400 "$B/draftlens" extract --backend cuda --gdn-profile engine --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json --timeline
+fi
+# One prompt of ~32k tokens (issue 11's memory goal): LONG in STEPS.
+if has long; then
+  python3 - "$M" <<'PY'
+import json, sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+rows = [json.loads(l) for l in open("data/prompts/humaneval.jsonl")]
+parts, n, i = [], 0, 0
+while n < 31500:
+    t = rows[i % len(rows)]["messages"][0]["content"]
+    parts.append(t); n += len(tok(t)["input_ids"]); i += 1
+text = "Summarise each of the following functions.\n\n" + "\n\n".join(parts)
+with open("/tmp/long32k.jsonl", "w") as f:
+    f.write(json.dumps({"id": "long/32k", "messages": [{"role": "user", "content": text}]}) + "\n")
+print("long prompt:", n, "tokens of parts")
+PY
+  timed dl_long32k timeout 300 "$B/draftlens" extract --backend cuda --target $M --prompts /tmp/long32k.jsonl --max-new-tokens 32 --layers $TAPS --json --timeline
 fi
 if has hf_torch; then
   python3 -c "import fla" 2> /dev/null && log "warning: fla is importable by the system python; hf_torch would use it"
