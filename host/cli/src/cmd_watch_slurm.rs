@@ -201,6 +201,13 @@ fn ended(state: &str) -> bool {
     .any(|s| state.starts_with(s))
 }
 
+/// The last non-empty line of a job's log (its error, when `draftlens run` failed), shortened.
+fn last_log_line(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?.trim();
+    Some(line.chars().take(300).collect())
+}
+
 struct SlurmHooks<'a> {
     g: &'a Global,
     a: &'a WatchArgs,
@@ -252,9 +259,12 @@ impl WatchHooks for SlurmHooks<'_> {
         let db = self.jobs.join(format!("{name}.sqlite"));
         if !db.is_file() {
             return Ok(JobPoll::Failed(format!(
-                "{state} without writing {} (log: {})",
+                "{state} without writing {} (log: {}{})",
                 db.display(),
-                log.display()
+                log.display(),
+                last_log_line(&log)
+                    .map(|l| format!(", ending: {l}"))
+                    .unwrap_or_default()
             )));
         }
         let js = Store::open(&db)?;
@@ -283,10 +293,13 @@ impl WatchHooks for SlurmHooks<'_> {
             return Ok(JobPoll::Evaluated(here));
         }
         Ok(JobPoll::Failed(format!(
-            "{state} without a complete run in {} ({}; log: {})",
+            "{state} without a complete run in {} ({}; log: {}{})",
             db.display(),
             last_error.unwrap_or_else(|| "no run of the checkpoint".into()),
-            log.display()
+            log.display(),
+            last_log_line(&log)
+                .map(|l| format!(", ending: {l}"))
+                .unwrap_or_default()
         )))
     }
 
