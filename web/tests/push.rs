@@ -251,7 +251,7 @@ fn bundles_carry_the_evaluation_and_bundles_without_it_still_import() {
 
     let dst = Store::open(&tmp.path().join("dst.sqlite")).unwrap();
     let sum = import_bytes(&dst, "old.json", "old.json", &bytes, 1 << 30).unwrap();
-    assert_eq!(sum.imported, [uid.clone()]);
+    assert_eq!(sum.imported, std::slice::from_ref(&uid));
     let did = dst.run_id_by_uid(&uid).unwrap().unwrap();
     assert_eq!(dst.run_eval(did).unwrap(), None);
 
