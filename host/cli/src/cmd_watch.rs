@@ -235,6 +235,19 @@ impl BackendJob for Job<'_> {
 }
 
 pub fn run(g: &Global, a: WatchArgs) -> Result<()> {
+    let j = &a.job;
+    if !a.slurm
+        && (j.gpus != 1
+            || j.partition.is_some()
+            || j.cpus_per_task.is_some()
+            || j.time.is_some()
+            || !j.sbatch.is_empty())
+    {
+        anyhow::bail!(
+            "--gpus, --partition, --cpus-per-task, --time and --sbatch are Slurm job options: \
+             add --slurm to evaluate each checkpoint as a Slurm job"
+        );
+    }
     let summary = if a.slurm {
         slurm::watch_slurm(g, &a)?
     } else {
