@@ -4,7 +4,11 @@
 # Release file), starts munged, slurmctld and slurmd with a minimal private configuration for this
 # machine, runs a 2-shard CPU evaluation plus its merge through `draftlens slurm --submit`
 # (sbatch job array + merge job with --dependency=afterok), waits for both, and checks that every
-# metric row of the merged run equals the unsharded run's, bit for bit.
+# metric row of the merged run equals the unsharded run's, bit for bit. Then `draftlens watch
+# --slurm --once` over a folder of two reference checkpoints and one that is not a drafter: one
+# job per checkpoint, both runs in the watcher's database with every metric row equal to
+# `draftlens run` on the checkpoint, the third job recorded as failed, and a restarted watcher
+# submits nothing.
 #
 # Needs root (to install packages and start the daemons). Not root: skips with a message, except
 # under CI=true, where it fails. Called by scripts/test.sh after the test build and the fixtures.
@@ -99,9 +103,9 @@ cat >"$prompts" <<'JSONL'
 {"id": "tea", "messages": [{"role": "user", "content": "Give three tips for brewing good tea."}]}
 {"id": "sky", "messages": [{"role": "user", "content": "Why is the sky blue? Explain it to a child."}]}
 JSONL
-run_opts=(--backend cpu --target "$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-  --drafter "$PWD/drafters/smollm2-reference/step-2581" --prompts "$prompts" --max-new-tokens 8
-  --plugin accept-length)
+base_opts=(--backend cpu --target "$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf" --prompts "$prompts"
+  --max-new-tokens 8 --plugin accept-length)
+run_opts=("${base_opts[@]}" --drafter "$PWD/drafters/smollm2-reference/step-2581")
 "$BIN" --cache-dir "$tmp/cache-full" run "${run_opts[@]}" --db "$tmp/full.sqlite" >/dev/null
 t_eval=$(date +%s)
 
@@ -145,5 +149,61 @@ if full[1] != merged[1]:
     sys.exit(f"slurm-ci: merged metrics differ from the unsharded run ({len(full[1])} vs {len(merged[1])} rows)")
 print(f"slurm-ci: merged run equals the unsharded run ({len(full[1])} metric rows)")
 PY
+t_merge=$(date +%s)
+
+# ---- watch --slurm: a training folder with two checkpoints; each becomes a job (the cache of the
+# unsharded run holds the target's states: the jobs only draft)
+train="$tmp/train"
+for step in 258 903; do
+  mkdir -p "$train/step-$step"
+  cp "drafters/smollm2-reference/step-$step/config.json" "drafters/smollm2-reference/step-$step/model.safetensors" \
+    "$train/step-$step/"
+done
+# A checkpoint that is complete on disk but not a drafter (its config has no model in it): its job
+# fails, and the watcher records that.
+mkdir -p "$train/step-600"
+echo '{}' >"$train/step-600/config.json"
+cp drafters/smollm2-reference/step-258/model.safetensors "$train/step-600/"
+watch_cmd=("$BIN" --json --cache-dir "$tmp/cache-full" watch "$train" --drafter-series train --db "$tmp/watch.sqlite"
+  --settle 0 --poll 1 --once --slurm --gpus 0 --cpus-per-task 1 --partition ci "${base_opts[@]}")
+timeout 600 "${watch_cmd[@]}" >"$tmp/watch.jsonl" ||
+  { cat "$tmp/watch.jsonl" >&2; tail -n 20 "$tmp"/watch.sqlite.slurm/logs/* >&2 || true; echo "slurm-ci: watch --slurm failed" >&2; exit 1; }
+grep -c '"event":"submitted"' "$tmp/watch.jsonl" | grep -qx 3 ||
+  { cat "$tmp/watch.jsonl" >&2; echo "slurm-ci: watch --slurm did not submit 3 jobs" >&2; exit 1; }
+# Restarted: the checkpoints are remembered with their jobs; nothing is submitted again.
+timeout 120 "${watch_cmd[@]}" >"$tmp/watch2.jsonl"
+if grep -q '"event":"submitted"' "$tmp/watch2.jsonl"; then
+  cat "$tmp/watch2.jsonl" >&2; echo "slurm-ci: a restarted watcher submitted again" >&2; exit 1
+fi
+for step in 258 903; do
+  "$BIN" --cache-dir "$tmp/cache-full" run "${base_opts[@]}" --drafter "$train/step-$step" --drafter-series train \
+    --db "$tmp/ref.sqlite" >/dev/null
+done
+python3 - "$tmp/ref.sqlite" "$tmp/watch.sqlite" <<'PY' || { cat "$tmp/watch.jsonl" >&2; tail -n 20 "$tmp"/watch.sqlite.slurm/logs/* >&2 || true; exit 1; }
+import sqlite3, sys
+def runs(db):
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    out = {}
+    for rid, step, status, series, origin in c.execute(
+            "SELECT id, drafter_step, status, drafter_series, origin FROM run"):
+        assert status == "complete" and series == "train", (db, rid, status, series)
+        assert "watch" not in db or origin.startswith("import:slurm-job-"), (db, rid, origin)
+        out[step] = c.execute("SELECT source, name, scope, value, count, series_json FROM metric WHERE run_id = ? "
+                              "ORDER BY source, name, scope", (rid,)).fetchall()
+    return out, c
+ref, _ = runs(sys.argv[1])
+got, c = runs(sys.argv[2])
+assert sorted(ref) == sorted(got) == [258, 903], (sorted(ref), sorted(got))
+for step in ref:
+    assert any(r[0] == "accept-length" for r in ref[step]), "the plugin's rows are missing"
+    if ref[step] != got[step]:
+        sys.exit(f"slurm-ci: step {step}: the watch --slurm run differs from draftlens run")
+w = c.execute("SELECT step, status, slurm_job, message FROM watch_checkpoint ORDER BY step").fetchall()
+assert [(s, st) for s, st, _, _ in w] == [(258, "evaluated"), (600, "failed"), (903, "evaluated")], w
+assert all(j for _, _, j, _ in w), w
+assert "FAILED" in w[1][3] and "log:" in w[1][3], w[1][3]
+print(f"slurm-ci: watch --slurm: 3 jobs ({', '.join(j for _, _, j, _ in w)}); the runs equal draftlens run's "
+      f"({len(ref[258])} metric rows each); the broken checkpoint's is recorded as failed: {w[1][3]}")
+PY
 end=$(date +%s)
-echo "slurm-ci: passed in $((end - start)) s (unsharded run $((t_eval - start)) s incl. Slurm start; sbatch array + merge $((end - t_eval)) s)"
+echo "slurm-ci: passed in $((end - start)) s (unsharded run $((t_eval - start)) s incl. Slurm start; sbatch array + merge $((t_merge - t_eval)) s; watch --slurm $((end - t_merge)) s)"

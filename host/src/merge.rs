@@ -14,6 +14,9 @@
 //! the shard the rule assigns it, and the same plugins everywhere. [`execute`] then writes the
 //! merged run in one transaction under a uid derived from the shard runs' uids, so merging the
 //! same shards twice finds the run of the first merge and writes nothing.
+//!
+//! [`merge_received`] is the same merge done by a team server inside its own database, when
+//! pushed shard runs complete an evaluation (docs/scale-out.md §9).
 
 use crate::drafter::metrics::{summarize, PromptInfo};
 use crate::drafter::run::SHARD_NAME_SEP;
@@ -23,7 +26,7 @@ use crate::store::{
     FinishedRun, MetricRow, MetricScope, NewRun, PluginProvenance, RunEval, RunInfo, RunPrompt,
     RunStatus, Store,
 };
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
@@ -535,4 +538,204 @@ pub fn execute(sources: &[Source], plan: &MergePlan, dest: &Store) -> Result<Mer
 /// The run-scope metrics of a stored run, for printing a merge's result.
 pub fn run_metrics(store: &Store, run: i64) -> Result<Vec<MetricRow>> {
     store.metrics_in_scope(run, &MetricScope::Run)
+}
+
+/// Re-scores a merged run with the plugins its shards were scored with. The library cannot run
+/// plugins; the command line provides this (the plugin host), so that a team server started
+/// by `draftlens serve` re-scores a merge as `draftlens merge` does.
+pub trait PluginScorer: Send + Sync + std::fmt::Debug {
+    /// Whether every plugin loads as it did for the shards (a built-in by name, another from its
+    /// file with the same sha256); checked before the merged run is written.
+    fn check(&self, plugins: &[PluginProvenance]) -> Result<()>;
+    /// Scores `run` of `store` with them; returns the plugins that failed (their failure is
+    /// recorded with the run).
+    fn score(&self, store: &Store, run: i64, plugins: &[PluginProvenance]) -> Result<Vec<String>>;
+}
+
+/// Whether the merged run `run` lacks exactly these plugins' values (it is re-scored then; a
+/// second merge of the same shards finds them and scores nothing).
+pub fn needs_rescore(dest: &Store, run: i64, plugins: &[PluginProvenance]) -> Result<bool> {
+    let key = |p: &PluginProvenance| (p.source.clone(), p.sha256.clone(), p.params_json.clone());
+    let have: Vec<_> = dest.plugin_runs(run)?.iter().map(key).collect();
+    let want: Vec<_> = plugins.iter().map(key).collect();
+    Ok(have != want)
+}
+
+/// What a team server did about one evaluation after receiving a shard run of it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SetOutcome {
+    /// sha256 of the evaluation identity.
+    pub identity: String,
+    /// N of the shards `I/N` received.
+    pub shards: u32,
+    /// `merged`, `already-merged`, `waiting` (not every shard has a complete run here yet) or
+    /// `refused` (the set is complete but does not merge; `message` says why).
+    pub state: &'static str,
+    /// The merged run's uid (merged, already-merged).
+    pub run_uid: Option<String>,
+    pub message: String,
+}
+
+/// Merges, inside `store`, each evaluation that the runs `uids` (just imported) are shards of,
+/// when every one of its N shards has a complete run in `store`: with [`plan`] and [`execute`],
+/// the code of `draftlens merge`, so the merged run equals an unsharded run bit for bit and a
+/// second call (the same shards pushed again, or in another order) finds it and writes
+/// nothing. An incomplete set waits (`waiting`, naming the missing shards and any run of them
+/// that belongs to a different evaluation); a complete set `plan` refuses is `refused`, with
+/// its message. Shards scored with plugins are re-scored by `scorer`; without one they are
+/// refused (their values could not be reproduced). `name` names the database in messages.
+pub fn merge_received(
+    store: &Store,
+    name: &str,
+    uids: &[String],
+    scorer: Option<&dyn PluginScorer>,
+) -> Result<Vec<SetOutcome>> {
+    let mut sets: BTreeSet<(String, u32)> = BTreeSet::new();
+    for uid in uids {
+        let Some(id) = store.run_id_by_uid(uid)? else {
+            continue;
+        };
+        if let Some(RunEval {
+            identity,
+            shard: Some(sh),
+            ..
+        }) = store.run_eval(id)?
+        {
+            sets.insert((identity, sh.count));
+        }
+    }
+    if sets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let all = store.shard_runs()?;
+    let mut out = Vec::new();
+    for (identity, count) in sets {
+        let short = &identity[..12.min(identity.len())];
+        let mine =
+            |e: &RunEval| e.identity == identity && e.shard.is_some_and(|s| s.count == count);
+        let complete: BTreeSet<u32> = all
+            .iter()
+            .filter(|(r, e)| mine(e) && r.status == RunStatus::Complete)
+            .filter_map(|(_, e)| e.shard.map(|s| s.index))
+            .collect();
+        let mut outcome = SetOutcome {
+            identity: identity.clone(),
+            shards: count,
+            state: "waiting",
+            run_uid: None,
+            message: String::new(),
+        };
+        if complete.len() < count as usize {
+            let missing: Vec<u32> = (0..count).filter(|i| !complete.contains(i)).collect();
+            let show = |v: &[u32]| {
+                v.iter()
+                    .map(|i| format!("{i}/{count}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            outcome.message = format!(
+                "evaluation {short}: {} of {count} shards complete here; waiting for {}",
+                complete.len(),
+                show(&missing)
+            );
+            // Runs of the missing shards that belong to another evaluation: say why they are
+            // not used (a different drafter, option or draftlens version).
+            let ours = all
+                .iter()
+                .find(|(_, e)| mine(e))
+                .map(|(_, e)| &e.identity_json);
+            let others: Vec<String> = all
+                .iter()
+                .filter(|(_, e)| {
+                    e.identity != identity
+                        && e.shard
+                            .is_some_and(|s| s.count == count && missing.contains(&s.index))
+                })
+                .map(|(r, e)| {
+                    let fields = ours
+                        .map(|o| differing_fields(o, &e.identity_json).join(", "))
+                        .unwrap_or_default();
+                    format!(
+                        "run {} (shard {}, evaluation {}, differing in {fields})",
+                        r.uid,
+                        e.shard.map(|s| s.to_string()).unwrap_or_default(),
+                        &e.identity[..12.min(e.identity.len())]
+                    )
+                })
+                .collect();
+            if !others.is_empty() {
+                outcome.message += &format!(
+                    "; not merged with shards of a different evaluation: {}",
+                    others.join("; ")
+                );
+            }
+            out.push(outcome);
+            continue;
+        }
+        let merged = merge_set(store, name, &identity, scorer);
+        match merged {
+            Ok((m, failed)) => {
+                outcome.state = if m.created {
+                    "merged"
+                } else {
+                    "already-merged"
+                };
+                outcome.message = format!(
+                    "evaluation {short}: {} {count} shards into run {} · {} ({} prompts, {} blocks)",
+                    if m.created { "merged" } else { "already merged" },
+                    m.uid,
+                    m.name,
+                    m.prompts,
+                    m.blocks
+                );
+                if !failed.is_empty() {
+                    outcome.message +=
+                        &format!("; re-scoring failed for plugins {}", failed.join(", "));
+                }
+                outcome.run_uid = Some(m.uid);
+            }
+            Err(e) => {
+                outcome.state = "refused";
+                outcome.message = format!("evaluation {short}: {e:#}");
+            }
+        }
+        out.push(outcome);
+    }
+    Ok(out)
+}
+
+/// [`merge_received`]'s merge of one complete set: plan, check the plugins can be re-scored,
+/// write, re-score. Returns the merge and the plugins whose re-scoring failed.
+fn merge_set(
+    store: &Store,
+    name: &str,
+    identity: &str,
+    scorer: Option<&dyn PluginScorer>,
+) -> Result<(MergeOutcome, Vec<String>)> {
+    let src = [Source {
+        name: name.to_string(),
+        store,
+    }];
+    let plan = plan(&src, Some(identity))?;
+    if !plan.plugins.is_empty() {
+        scorer
+            .ok_or_else(|| {
+                anyhow!(
+                    "cannot merge: the shards were scored with plugins, whose values must be \
+                     re-scored on the merged records, and this server cannot run plugins"
+                )
+            })?
+            .check(&plan.plugins)?;
+    }
+    let m = execute(&src, &plan, store)?;
+    let mut failed = Vec::new();
+    if let Some(s) = scorer {
+        if m.blocks > 0
+            && !plan.plugins.is_empty()
+            && needs_rescore(store, m.run_id, &plan.plugins)?
+        {
+            failed = s.score(store, m.run_id, &plan.plugins)?;
+        }
+    }
+    Ok((m, failed))
 }

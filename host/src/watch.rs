@@ -16,6 +16,13 @@
 //! evaluation (target, prompt set, options, series), so watching with other options evaluates
 //! again.
 //!
+//! Slurm (`watch --slurm`): instead of evaluating a complete checkpoint itself, the watcher
+//! has [`WatchHooks::submit`] hand it to Slurm (a job running `draftlens run` on it) and
+//! records the job id (`submitted`); each scan asks [`WatchHooks::poll_job`] about the
+//! submitted jobs, and records the run of a job that ended (`evaluated`, the run copied into
+//! the watcher's database) or its failure. A restarted watcher follows its submitted jobs
+//! instead of submitting them again; `--once` returns when they have all ended.
+//!
 //! Stopping: [`INTERRUPTED`] (SIGINT, SIGTERM) is checked between scans, while sleeping and by
 //! the evaluation between prompts. An evaluation cut short this way is abandoned: the runs it
 //! created are deleted (no half-written run stays) and nothing is recorded, so the next start
@@ -83,6 +90,23 @@ pub enum WatchEvent {
     Abandoned {
         dir: PathBuf,
     },
+    /// `watch --slurm`: a job evaluates the checkpoint.
+    Submitted {
+        dir: PathBuf,
+        step: Option<u64>,
+        job: String,
+    },
+}
+
+/// Where a submitted job stands ([`WatchHooks::poll_job`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum JobPoll {
+    /// Pending or running.
+    Running,
+    /// Ended with a complete run, now in the watcher's database (its id there).
+    Evaluated(i64),
+    /// Ended without a complete run: why.
+    Failed(String),
 }
 
 /// The hooks the command provides: evaluate one checkpoint into the store (returns the run id),
@@ -92,6 +116,19 @@ pub trait WatchHooks {
     /// `None`: runs are only stored.
     fn push(&mut self, _run_id: i64) -> Option<Result<()>> {
         None
+    }
+    /// `watch --slurm`: submits a job that evaluates the checkpoint and returns its id, in place
+    /// of [`WatchHooks::evaluate`]. `None`: the watcher evaluates it itself.
+    fn submit(&mut self, _ck: &ReadyCheckpoint) -> Option<Result<String>> {
+        None
+    }
+    /// `watch --slurm`: where the job of a `submitted` record stands. An error (Slurm cannot be
+    /// asked now) is reported and the job asked again at the next scan.
+    fn poll_job(&mut self, rec: &WatchRecord) -> Result<JobPoll> {
+        anyhow::bail!(
+            "{}: submitted as a Slurm job, but this watcher does not run with --slurm",
+            rec.path
+        )
     }
     /// sha256 of a weight file (the identity store remembers it per file version).
     fn sha256(&mut self, file: &Path) -> Result<String>;
@@ -200,6 +237,9 @@ fn candidates(dir: &Path) -> Result<Vec<(PathBuf, Option<u64>)>> {
 /// What [`watch`] did, in order.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct WatchSummary {
+    /// Checkpoints handed to Slurm (`--slurm`); each also lands in `evaluated` or `failed` once
+    /// its job has ended.
+    pub submitted: Vec<String>,
     pub evaluated: Vec<String>,
     pub broken: Vec<String>,
     pub failed: Vec<String>,
@@ -237,6 +277,7 @@ pub fn watch(
             return Ok(summary);
         }
         let mut settling = false;
+        let mut running = follow_jobs(opts, store, hooks, &mut summary)?;
         for (dir, step) in candidates(&opts.dir)? {
             let seen = match stamp(&dir) {
                 Err(_) => Seen::Settling, // vanished or unreadable for now
@@ -284,6 +325,7 @@ pub fn watch(
                 pushed: false,
                 message: None,
                 at: String::new(),
+                slurm_job: None,
             };
             if let Seen::Broken(problem) = seen {
                 hooks.report(&WatchEvent::Broken {
@@ -297,16 +339,45 @@ pub fn watch(
                 summary.broken.push(path);
                 continue;
             }
-            hooks.report(&WatchEvent::Evaluating {
-                dir: dir.clone(),
-                step,
-            });
-            let before = store.last_run_id()?;
             let ck = ReadyCheckpoint {
                 dir: dir.clone(),
                 step,
                 sha256: sha,
             };
+            match hooks.submit(&ck) {
+                None => {}
+                Some(Ok(job)) => {
+                    hooks.report(&WatchEvent::Submitted {
+                        dir: dir.clone(),
+                        step,
+                        job: job.clone(),
+                    });
+                    rec.status = WatchStatus::Submitted;
+                    rec.slurm_job = Some(job);
+                    rec.at = now_rfc3339();
+                    store.put_watch_record(&rec)?;
+                    summary.submitted.push(path);
+                    running += 1;
+                    continue;
+                }
+                Some(Err(e)) => {
+                    // Nothing is recorded: the next scan submits it again (with --once, the
+                    // next start does).
+                    hooks.report(&WatchEvent::Failed {
+                        dir: dir.clone(),
+                        error: format!(
+                            "cannot submit the Slurm job (tried again at the next scan): {e:#}"
+                        ),
+                    });
+                    summary.failed.push(path);
+                    continue;
+                }
+            }
+            hooks.report(&WatchEvent::Evaluating {
+                dir: dir.clone(),
+                step,
+            });
+            let before = store.last_run_id()?;
             match hooks.evaluate(&ck) {
                 Ok(run_id) => {
                     let uid = store
@@ -356,11 +427,72 @@ pub fn watch(
                 return Ok(summary);
             }
         }
-        if opts.once && !settling {
+        if opts.once && !settling && running == 0 {
             return Ok(summary);
         }
         nap(opts.poll);
     }
+}
+
+/// Asks about every submitted job of this watch; records the outcome of those that ended.
+/// Returns how many are still pending or running.
+fn follow_jobs(
+    opts: &WatchOptions,
+    store: &Store,
+    hooks: &mut dyn WatchHooks,
+    summary: &mut WatchSummary,
+) -> Result<usize> {
+    let mut running = 0;
+    for mut rec in store.watch_records(&opts.job)? {
+        if rec.status != WatchStatus::Submitted {
+            continue;
+        }
+        let dir = PathBuf::from(&rec.path);
+        let job = rec.slurm_job.clone().unwrap_or_default();
+        match hooks.poll_job(&rec) {
+            Ok(JobPoll::Running) => running += 1,
+            Ok(JobPoll::Evaluated(run_id)) => {
+                let uid = store
+                    .run(run_id)?
+                    .map(|d| d.run.uid)
+                    .with_context(|| format!("run {run_id} vanished"))?;
+                hooks.report(&WatchEvent::Evaluated {
+                    dir,
+                    step: rec.step.map(|s| s as u64),
+                    run_uid: uid.clone(),
+                });
+                rec.status = WatchStatus::Evaluated;
+                rec.run_uid = Some(uid);
+                rec.at = now_rfc3339();
+                store.put_watch_record(&rec)?;
+                summary.evaluated.push(rec.path.clone());
+                retry_push(store, hooks, rec)?;
+            }
+            Ok(JobPoll::Failed(why)) => {
+                let error = format!("Slurm job {job}: {why}");
+                hooks.report(&WatchEvent::Failed {
+                    dir,
+                    error: error.clone(),
+                });
+                rec.status = WatchStatus::Failed;
+                rec.message = Some(error);
+                rec.at = now_rfc3339();
+                store.put_watch_record(&rec)?;
+                summary.failed.push(rec.path.clone());
+            }
+            Err(e) => {
+                // Slurm could not be asked now: ask again at the next scan.
+                hooks.report(&WatchEvent::Failed {
+                    dir,
+                    error: format!(
+                        "cannot ask Slurm about job {job} (asked again at the next scan): {e:#}"
+                    ),
+                });
+                running += 1;
+            }
+        }
+    }
+    Ok(running)
 }
 
 /// Pushes an evaluated run not pushed yet (when the command pushes); a failure is reported

@@ -2,6 +2,8 @@
 //!
 //! - merging shards gives the records, prompts and native metrics of the unsharded run of the
 //!   same records (several blocks per prompt, categories, target top-K, a shard with no prompt);
+//! - `merge_received` (a team server's merge of pushed shards) waits, merges, finds its run
+//!   again and refuses as documented;
 //! - `merge_bench_100_shards` (ignored; run by hand, docs/scale-out.md §6) times the merge of 100
 //!   shards of 1,000 prompts each:
 //!   `CARGO_INCREMENTAL=0 cargo test --workspace --test merge -- --ignored --nocapture merge_bench`.
@@ -206,6 +208,98 @@ fn merged_synthetic_shards_equal_the_unsharded_run() {
             (false, out.run_id, out.uid)
         );
     }
+}
+
+/// `merge_received`, a team server's merge of pushed shards (docs/scale-out.md §9): a set
+/// waits while a shard is missing, merges once complete into the run `merge` makes of the same
+/// shards (same uid, records, metrics), finds that run again, refuses a complete set `plan`
+/// refuses (two complete runs of one shard), and refuses shards scored with plugins when no
+/// plugin host can re-score them.
+#[test]
+fn received_shards_merge_once_their_set_is_complete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = synth(7, 5, 5, 3);
+    let sh = |i| Shard::new(i, 2).unwrap();
+    let team = tmp.path().join("team.sqlite");
+    let store = Store::open(&team).unwrap();
+    let count = |st: &Store| st.runs(&Default::default()).unwrap().1;
+    let got = |uid: &str| merge::merge_received(&store, "team", &[uid.to_string()], None).unwrap();
+
+    write_run(&store, &s, Some(sh(0)), "a0");
+    let w = got("a0");
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].state, "waiting", "{w:?}");
+    assert!(
+        w[0].message
+            .contains("1 of 2 shards complete here; waiting for 1/2"),
+        "{w:?}"
+    );
+    assert_eq!(count(&store), 1);
+
+    write_run(&store, &s, Some(sh(1)), "a1");
+    let m = got("a1");
+    assert_eq!((m[0].state, m[0].shards), ("merged", 2), "{m:?}");
+    let uid = m[0].run_uid.clone().unwrap();
+    assert_eq!(count(&store), 3);
+    // What `draftlens merge` makes of the same shards, in another database.
+    let dest = Store::open(&tmp.path().join("merged.sqlite")).unwrap();
+    let by_merge = merge_all(&[&team], &dest);
+    assert_eq!(by_merge.uid, uid);
+    let here = store.run_id_by_uid(&uid).unwrap().unwrap();
+    assert!(store.records(here).unwrap() == dest.records(by_merge.run_id).unwrap());
+    let bits = |st: &Store, id| {
+        st.metrics(id)
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.source, m.name, m.scope, m.value.to_bits(), m.count))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(bits(&store, here), bits(&dest, by_merge.run_id));
+
+    // Received again (either shard): the same run, nothing written.
+    for u in ["a0", "a1"] {
+        let again = got(u);
+        assert_eq!(
+            (again[0].state, again[0].run_uid.as_deref()),
+            ("already-merged", Some(uid.as_str()))
+        );
+    }
+    assert_eq!(count(&store), 3);
+
+    // A second complete run of shard 1 (a rerun pushed later): refused with merge's message.
+    write_run(&store, &s, Some(sh(1)), "a1-rerun");
+    let r = got("a1-rerun");
+    assert_eq!(r[0].state, "refused", "{r:?}");
+    assert!(
+        r[0].message
+            .contains("overlapping shards: shard 1/2 has 2 complete runs"),
+        "{r:?}"
+    );
+    assert_eq!(count(&store), 4);
+
+    // Shards scored with a plugin, and no plugin host: refused, nothing merged.
+    let p = Store::open(&tmp.path().join("plugins.sqlite")).unwrap();
+    let prov = draftlens::store::PluginProvenance {
+        source: "accept-length".into(),
+        sha256: "ab".repeat(32),
+        version: "1".into(),
+        file: "builtin:accept-length".into(),
+        builtin: true,
+        params_json: "[]".into(),
+        scored_at: String::new(),
+        stale_since: None,
+    };
+    for i in 0..2 {
+        let id = write_run(&p, &s, Some(sh(i)), &format!("p{i}"));
+        p.replace_plugin_metrics(id, &prov, &[]).unwrap();
+    }
+    let r = merge::merge_received(&p, "team", &["p1".to_string()], None).unwrap();
+    assert_eq!(r[0].state, "refused", "{r:?}");
+    assert!(
+        r[0].message.contains("this server cannot run plugins"),
+        "{r:?}"
+    );
+    assert_eq!(count(&p), 2);
 }
 
 /// 100 shards of 1,000 prompts (override with DRAFTLENS_BENCH_SHARDS, _PROMPTS, _BLOCKS): every

@@ -1,11 +1,17 @@
 //! The versioned JSON bundle: what a report embeds and what `import` accepts.
 //!
-//! Format `draftlens-bundle` version 1:
+//! Format `draftlens-bundle` version 2 (1 when no run carries `eval` or `plugins`):
 //! ```text
-//! { "format": "draftlens-bundle", "version": 1, "created_at": "...", "generator": "draftlens-web 0.1.0",
+//! { "format": "draftlens-bundle", "version": 2, "created_at": "...", "generator": "draftlens-web 0.1.0",
 //!   "runs": [ { "run": RunInfo, "prompts": [..], "metrics": [MetricRow], "failures": [..],
-//!               "stats": RunStats | null, "records": Records | null, "vocab": {name, pieces} | null } ] }
+//!               "stats": RunStats | null, "records": Records | null, "vocab": {name, pieces} | null,
+//!               "eval": RunEval (optional), "plugins": [PluginProvenance] (optional) } ] }
 //! ```
+//! `eval` is the run's evaluation identity and shard (`run_eval`, docs/scale-out.md §2) and
+//! `plugins` which plugins produced its plugin rows: with them an imported or pushed shard run
+//! is a shard that `merge` and a team server can merge. Version 1 bundles (written before they
+//! travelled) import as runs of no evaluation. A bundle without either field is still written
+//! as version 1, so that older draftlens releases keep reading it.
 //! Binary columns (token ids, record columns) are base64 of little-endian arrays. Uploaded
 //! bundles are hostile until checked: size limit first, then strict parsing (unknown fields are
 //! errors), then validation of every count and length, then one transaction.
@@ -16,14 +22,14 @@ use base64::Engine;
 use draftlens::records::RecordBatch;
 use draftlens::store::{
     f32s_to_le, le_to_f32s, le_to_u32s, u32s_to_le, Derived, ImportOutcome, MetricRow,
-    PluginFailure, RunExport, RunInfo, RunPrompt, Store,
+    PluginFailure, PluginProvenance, RunEval, RunExport, RunInfo, RunPrompt, Store,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::Path;
 
 pub const FORMAT: &str = "draftlens-bundle";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Default largest file `import` reads.
 pub const DEFAULT_MAX_IMPORT_BYTES: usize = 256 << 20;
 /// Element id of the bundle inside a report.
@@ -53,6 +59,12 @@ pub struct BundleRun {
     pub stats: Option<RunStats>,
     pub records: Option<BundleRecords>,
     pub vocab: Option<BundleVocab>,
+    /// The run's evaluation (`run_eval`); absent in version 1 bundles and for runs of none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval: Option<RunEval>,
+    /// Provenance of the plugin metric rows (`plugin_run`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plugins: Vec<PluginProvenance>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -184,12 +196,17 @@ pub fn export_bundle(store: &Store, ids: &[i64], with_records: bool) -> Result<B
             stats,
             records: ex.records.as_ref().map(BundleRecords::from_batch),
             vocab: ex.vocab.map(|(name, pieces)| BundleVocab { name, pieces }),
+            eval: ex.eval,
+            plugins: ex.plugins,
             run: ex.run,
         });
     }
+    let v2 = runs
+        .iter()
+        .any(|r| r.eval.is_some() || !r.plugins.is_empty());
     Ok(Bundle {
         format: FORMAT.into(),
-        version: VERSION,
+        version: if v2 { VERSION } else { 1 },
         created_at: draftlens::store::now_rfc3339(),
         generator: format!("draftlens-web {}", env!("CARGO_PKG_VERSION")),
         runs,
@@ -296,6 +313,45 @@ fn extract_json<'a>(text: &'a str, what: &str) -> Result<&'a str> {
 fn check_len(s: &str, max: usize, what: &str) -> Result<()> {
     if s.len() > max {
         bail!("{what}: {} bytes long, over the limit of {max}", s.len());
+    }
+    Ok(())
+}
+
+/// A run's evaluation as a hostile file could get it wrong: the identity a sha256, a possible
+/// shard, no more prompts than its shard, merged-from uids like run uids.
+fn check_eval(e: &RunEval, prompts: usize, w: &str) -> Result<()> {
+    if e.identity.len() != 64 || !e.identity.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("{w}: eval.identity must be 64 hex digits (a sha256)");
+    }
+    check_len(
+        &e.identity_json.to_string(),
+        MAX_TEXT,
+        &format!("{w}: eval.identity_json"),
+    )?;
+    if let Some(s) = e.shard {
+        if s.count == 0 || s.index >= s.count {
+            bail!("{w}: eval.shard {}/{} is not a shard", s.index, s.count);
+        }
+    }
+    if e.run_prompts > e.set_prompts || prompts > e.run_prompts as usize {
+        bail!(
+            "{w}: eval says {} of {} prompts, the run holds {prompts}",
+            e.run_prompts,
+            e.set_prompts
+        );
+    }
+    if let Some(m) = &e.merged_from {
+        if m.len() > MAX_RUNS
+            || m.iter().any(|u| {
+                u.is_empty()
+                    || u.len() > 64
+                    || !u
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            })
+        {
+            bail!("{w}: eval.merged_from must list run uids");
+        }
     }
     Ok(())
 }
@@ -490,7 +546,26 @@ pub fn validate(b: &Bundle, what: &str) -> Result<Vec<RunExport>> {
                 );
             }
         }
+        if let Some(e) = &br.eval {
+            check_eval(e, br.prompts.len(), &w)?;
+        }
+        for (j, p) in br.plugins.iter().enumerate() {
+            let pw = format!("{w}: plugins[{j}]");
+            if p.source.is_empty() || p.source.contains('/') || p.source.len() > 200 {
+                bail!("{pw}: source must be 1-200 characters without '/'");
+            }
+            check_len(&p.sha256, 128, &format!("{pw}.sha256"))?;
+            check_len(&p.version, 200, &format!("{pw}.version"))?;
+            check_len(&p.file, 4096, &format!("{pw}.file"))?;
+            check_len(&p.scored_at, 64, &format!("{pw}.scored_at"))?;
+            check_len(&p.params_json, MAX_TEXT, &format!("{pw}.params_json"))?;
+            if serde_json::from_str::<serde_json::Value>(&p.params_json).is_err() {
+                bail!("{pw}.params_json: not JSON");
+            }
+        }
         out.push(RunExport {
+            eval: br.eval.clone(),
+            plugins: br.plugins.clone(),
             run: r.clone(),
             prompts,
             metrics: br.metrics.clone(),

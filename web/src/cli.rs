@@ -3,7 +3,7 @@
 //! `draftlens` binary only wires them into its subcommand enum.
 
 use crate::bundle::{import_file, DEFAULT_MAX_IMPORT_BYTES};
-use crate::server::{serve, ServeOptions};
+use crate::server::{serve_with, ServeOptions};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use draftlens::store::{Store, TokenScope};
@@ -160,6 +160,14 @@ pub struct DemoArgs {
 }
 
 pub fn run_serve(a: &ServeArgs) -> Result<()> {
+    run_serve_with(a, None)
+}
+
+/// [`run_serve`] with the plugin host that re-scores runs merged from pushed shards.
+pub fn run_serve_with(
+    a: &ServeArgs,
+    scorer: Option<std::sync::Arc<dyn draftlens::merge::PluginScorer>>,
+) -> Result<()> {
     let opts = ServeOptions {
         db: a.db.clone(),
         addr: a.addr,
@@ -170,7 +178,7 @@ pub fn run_serve(a: &ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    rt.block_on(serve(opts))
+    rt.block_on(serve_with(opts, scorer))
 }
 
 pub fn run_compare(a: &CompareArgs) -> Result<()> {
@@ -267,6 +275,9 @@ pub fn run_push(a: &PushArgs) -> Result<()> {
                     String::new()
                 }
             );
+            for m in &p.server {
+                println!("  server: {m}");
+            }
         }
     }
     Ok(())

@@ -23,7 +23,7 @@ pub mod views;
 
 pub use bundle::ImportSummary;
 pub use report::ReportOptions;
-pub use server::{app, app_bound, serve, tokens_hint, ServeOptions};
+pub use server::{app, app_bound, app_with, serve, serve_with, tokens_hint, ServeOptions};
 
 use anyhow::Result;
 use draftlens::store::{RunInfo, Store};

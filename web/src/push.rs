@@ -62,6 +62,10 @@ pub struct PushedRun {
     pub retries: u32,
     /// The server's offset each retry resumed from.
     pub resumed_at: Vec<u64>,
+    /// What the server did with the evaluation of a shard run (merged, waiting for shards,
+    /// refused: docs/scale-out.md §9), one line per evaluation.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub server: Vec<String>,
 }
 
 /// Why one request did not succeed.
@@ -213,6 +217,7 @@ fn push_one(
         sent_bytes: 0,
         retries: 0,
         resumed_at: Vec::new(),
+        server: Vec::new(),
     };
     let mut bundle: Option<(Vec<u8>, String)> = None;
     let mut delay = c.opts.retry_delay;
@@ -306,6 +311,14 @@ fn attempt(
     match status {
         200 => {
             pushed.outcome = "uploaded".into();
+            pushed.server = v["merges"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|m| m["message"].as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default();
             Ok(())
         }
         // Finished by an earlier attempt whose answer was lost: the next attempt's check of

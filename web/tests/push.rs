@@ -228,3 +228,65 @@ fn push_refuses_runs_over_the_size_cap_and_bad_tokens_clearly() {
     let dst = Store::open(&server_db).unwrap();
     assert_eq!(dst.runs(&Default::default()).unwrap().1, 0);
 }
+
+/// Bundles carry a run's evaluation (`eval`, version 2) and import stores it, so a pushed shard
+/// is a shard on the server; a bundle without it (every bundle written before, version 1)
+/// still imports, as a run of no evaluation; an impossible shard is refused.
+#[test]
+fn bundles_carry_the_evaluation_and_bundles_without_it_still_import() {
+    use draftlens::shard::Shard;
+    use draftlens::store::RunEval;
+    use draftlens_web::bundle::{import_bytes, Bundle};
+    let tmp = tempfile::tempdir().unwrap();
+    let src = Store::open(&tmp.path().join("local.sqlite")).unwrap();
+    let id = fill_demo_db(&src, &DemoSpec::small()).unwrap().checkpoints[0];
+    let uid = src.run(id).unwrap().unwrap().run.uid;
+    let bytes = run_bundle_bytes(&src, id).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        v["version"], 1,
+        "a bundle without eval is written as before"
+    );
+    assert!(v["runs"][0].get("eval").is_none());
+
+    let dst = Store::open(&tmp.path().join("dst.sqlite")).unwrap();
+    let sum = import_bytes(&dst, "old.json", "old.json", &bytes, 1 << 30).unwrap();
+    assert_eq!(sum.imported, std::slice::from_ref(&uid));
+    let did = dst.run_id_by_uid(&uid).unwrap().unwrap();
+    assert_eq!(dst.run_eval(did).unwrap(), None);
+
+    let mut b: Bundle = serde_json::from_slice(&bytes).unwrap();
+    let n = b.runs[0].prompts.len() as u32;
+    let eval = RunEval {
+        identity: "ab".repeat(32),
+        identity_json: serde_json::json!({"drafter_sha256": "x"}),
+        shard: Some(Shard::new(1, 2).unwrap()),
+        set_prompts: 2 * n,
+        run_prompts: n,
+        merged_from: None,
+    };
+    b.version = 2;
+    b.runs[0].run.uid = "with-eval".into();
+    b.runs[0].eval = Some(eval.clone());
+    let with = serde_json::to_vec(&b).unwrap();
+    import_bytes(&dst, "new.json", "new.json", &with, 1 << 30).unwrap();
+    let wid = dst.run_id_by_uid("with-eval").unwrap().unwrap();
+    assert_eq!(dst.run_eval(wid).unwrap(), Some(eval.clone()));
+    assert_eq!(dst.shard_runs().unwrap().len(), 1);
+
+    b.runs[0].run.uid = "bad-shard".into();
+    b.runs[0].eval = Some(RunEval {
+        shard: Some(Shard { index: 2, count: 2 }),
+        ..eval
+    });
+    let bad = serde_json::to_vec(&b).unwrap();
+    let e = format!(
+        "{:#}",
+        import_bytes(&dst, "bad.json", "bad.json", &bad, 1 << 30).unwrap_err()
+    );
+    assert!(
+        e.contains("bad.json") && e.contains("eval.shard 2/2 is not a shard"),
+        "{e}"
+    );
+    assert_eq!(dst.run_id_by_uid("bad-shard").unwrap(), None);
+}

@@ -46,6 +46,10 @@ pub struct RunArgs {
     /// name), or builtin:oracle / builtin:anti-oracle (known-answer drafters).
     #[arg(long)]
     pub drafter: String,
+    /// Series the checkpoint runs belong to [default: the checkpoints' folder's name] (what
+    /// `watch --drafter-series` names; `watch --slurm` passes it on).
+    #[arg(long)]
+    pub drafter_series: Option<String>,
     /// Block size of the built-in drafters.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -131,7 +135,7 @@ impl BackendJob for RunJob<'_> {
                         DrafterSpec::Checkpoint {
                             dir: c.dir,
                             step: c.step,
-                            series,
+                            series: a.drafter_series.clone().unwrap_or(series),
                         }
                     })
                     .collect()

@@ -84,6 +84,36 @@ fn load_plugin(runtime: &Runtime, p: &PluginProvenance) -> Result<PreparedPlugin
     }
 }
 
+/// The plugin host for the merges a team server does (`draftlens serve`, docs/scale-out.md §9):
+/// the shards' plugins loaded as [`load_plugin`] loads them for `draftlens merge`, run with the
+/// default sandbox limits.
+#[derive(Debug, Default)]
+pub struct ServerMergeScorer;
+
+impl merge::PluginScorer for ServerMergeScorer {
+    fn check(&self, plugins: &[PluginProvenance]) -> Result<()> {
+        let rt = SandboxArgs::default().runtime()?;
+        for p in plugins {
+            load_plugin(&rt, p)?;
+        }
+        Ok(())
+    }
+
+    fn score(&self, store: &Store, run: i64, plugins: &[PluginProvenance]) -> Result<Vec<String>> {
+        let rt = SandboxArgs::default().runtime()?;
+        let prepared = plugins
+            .iter()
+            .map(|p| load_plugin(&rt, p))
+            .collect::<Result<Vec<_>>>()?;
+        let s = score_stored_run_prepared(&rt, store, run, &prepared)?;
+        Ok(s.plugins
+            .iter()
+            .filter(|p| p.failure.is_some())
+            .map(|p| p.plugin.clone())
+            .collect())
+    }
+}
+
 pub fn run(g: &Global, a: MergeArgs) -> Result<()> {
     let paths = if a.sources.is_empty() {
         vec![a.db.clone()]
@@ -126,11 +156,8 @@ pub fn run(g: &Global, a: MergeArgs) -> Result<()> {
     let dest = Store::open(&a.db)?;
     let out = merge::execute(&sources, &plan, &dest)?;
     // Re-score unless the merged run already holds exactly these plugins' values (a second merge).
-    let key = |p: &PluginProvenance| (p.source.clone(), p.sha256.clone(), p.params_json.clone());
-    let have: Vec<_> = dest.plugin_runs(out.run_id)?.iter().map(key).collect();
-    let want: Vec<_> = plan.plugins.iter().map(key).collect();
     let scored = match &runtime {
-        Some(rt) if out.blocks > 0 && have != want => {
+        Some(rt) if out.blocks > 0 && merge::needs_rescore(&dest, out.run_id, &plan.plugins)? => {
             let s = score_stored_run_prepared(rt, &dest, out.run_id, &plugins)?;
             crate::cmd_plugins::warn_stored(&s, 0);
             Some(s)

@@ -29,24 +29,11 @@ pub struct SlurmArgs {
     /// Database the merge job writes the merged run to [default: DIR/merged.sqlite].
     #[arg(long)]
     pub db: Option<PathBuf>,
-    /// GPUs per array task (`#SBATCH --gpus`; 0 for a CPU evaluation).
-    #[arg(long, default_value_t = 1)]
-    pub gpus: u32,
-    /// Slurm partition of every job.
-    #[arg(long)]
-    pub partition: Option<String>,
-    /// CPUs per array task.
-    #[arg(long)]
-    pub cpus_per_task: Option<u32>,
-    /// Time limit per array task (Slurm's format, e.g. 2:00:00).
-    #[arg(long)]
-    pub time: Option<String>,
+    #[command(flatten)]
+    pub job: JobArgs,
     /// At most this many array tasks at once (`--array=0-N%M`).
     #[arg(long)]
     pub max_parallel: Option<u32>,
-    /// Another `#SBATCH` option for every job (repeatable), e.g. --sbatch=--account=ml.
-    #[arg(long = "sbatch", value_name = "OPTION", allow_hyphen_values = true)]
-    pub sbatch: Vec<String>,
     /// Submit both jobs with sbatch (else only write the scripts and print how to submit them).
     #[arg(long)]
     pub submit: bool,
@@ -54,6 +41,56 @@ pub struct SlurmArgs {
     /// `-- --target m.gguf --drafter ckpt/ --prompts p.jsonl`.
     #[arg(last = true, required = true, value_name = "RUN OPTIONS")]
     pub run: Vec<String>,
+}
+
+/// Where Slurm runs an evaluation job and with what: the flags `slurm` and `watch --slurm`
+/// share.
+#[derive(Args, Clone, Debug)]
+pub struct JobArgs {
+    /// GPUs per evaluation job or array task (`#SBATCH --gpus`; 0 for a CPU evaluation).
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u32,
+    /// Slurm partition of every job.
+    #[arg(long)]
+    pub partition: Option<String>,
+    /// CPUs per evaluation job or array task.
+    #[arg(long)]
+    pub cpus_per_task: Option<u32>,
+    /// Time limit per evaluation job or array task (Slurm's format, e.g. 2:00:00).
+    #[arg(long)]
+    pub time: Option<String>,
+    /// Another `#SBATCH` option for every job (repeatable), e.g. --sbatch=--account=ml.
+    #[arg(long = "sbatch", value_name = "OPTION", allow_hyphen_values = true)]
+    pub sbatch: Vec<String>,
+}
+
+impl JobArgs {
+    /// The `#SBATCH` lines of an evaluation job's resources (GPUs, CPUs, time).
+    pub fn resource_lines(&self) -> String {
+        let mut o = String::new();
+        if self.gpus > 0 {
+            let _ = writeln!(o, "#SBATCH --gpus={}", self.gpus);
+        }
+        if let Some(c) = self.cpus_per_task {
+            let _ = writeln!(o, "#SBATCH --cpus-per-task={c}");
+        }
+        if let Some(t) = &self.time {
+            let _ = writeln!(o, "#SBATCH --time={t}");
+        }
+        o
+    }
+
+    /// The `#SBATCH` lines every job shares: working folder, partition, the extra options.
+    pub fn common_lines(&self, cwd: &Path) -> String {
+        let mut o = format!("#SBATCH --chdir={}\n", cwd.display());
+        if let Some(p) = &self.partition {
+            let _ = writeln!(o, "#SBATCH --partition={p}");
+        }
+        for x in &self.sbatch {
+            let _ = writeln!(o, "#SBATCH {x}");
+        }
+        o
+    }
 }
 
 #[derive(Serialize)]
@@ -68,11 +105,11 @@ struct Out {
 }
 
 /// `s` quoted for a POSIX shell: in single quotes, each `'` written as `'\''`.
-fn sh(s: &str) -> String {
+pub fn sh(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-fn abs(p: &Path) -> Result<PathBuf> {
+pub fn abs(p: &Path) -> Result<PathBuf> {
     Ok(if p.is_absolute() {
         p.to_path_buf()
     } else {
@@ -80,20 +117,8 @@ fn abs(p: &Path) -> Result<PathBuf> {
     })
 }
 
-/// The `#SBATCH` lines every job shares.
-fn common_lines(a: &SlurmArgs, cwd: &Path) -> String {
-    let mut o = format!("#SBATCH --chdir={}\n", cwd.display());
-    if let Some(p) = &a.partition {
-        let _ = writeln!(o, "#SBATCH --partition={p}");
-    }
-    for x in &a.sbatch {
-        let _ = writeln!(o, "#SBATCH {x}");
-    }
-    o
-}
-
 /// `draftlens` with the global options the jobs must share with this invocation.
-fn draftlens_cmd(g: &Global) -> Result<String> {
+pub fn draftlens_cmd(g: &Global) -> Result<String> {
     let exe = std::env::current_exe().context("cannot find the draftlens executable")?;
     let mut c = sh(&exe.display().to_string());
     if let Some(d) = &g.cache_dir {
@@ -105,7 +130,8 @@ fn draftlens_cmd(g: &Global) -> Result<String> {
     Ok(c)
 }
 
-fn sbatch(args: &[&str]) -> Result<String> {
+/// Runs `sbatch ARGS` (with `--parsable`) and returns the job id it printed.
+pub fn sbatch(args: &[&str]) -> Result<String> {
     let o = Command::new("sbatch")
         .args(args)
         .output()
@@ -164,16 +190,8 @@ pub fn run(g: &Global, a: SlurmArgs) -> Result<()> {
         "#SBATCH --output={}/logs/shard-%a.%A.out",
         dir.display()
     );
-    if a.gpus > 0 {
-        let _ = writeln!(eval, "#SBATCH --gpus={}", a.gpus);
-    }
-    if let Some(c) = a.cpus_per_task {
-        let _ = writeln!(eval, "#SBATCH --cpus-per-task={c}");
-    }
-    if let Some(t) = &a.time {
-        let _ = writeln!(eval, "#SBATCH --time={t}");
-    }
-    eval += &common_lines(&a, &cwd);
+    eval += &a.job.resource_lines();
+    eval += &a.job.common_lines(&cwd);
     let run_args: Vec<String> = a.run.iter().map(|x| sh(x)).collect();
     let _ = write!(
         eval,
@@ -198,7 +216,7 @@ pub fn run(g: &Global, a: SlurmArgs) -> Result<()> {
     // A dependency that can never be met (a task failed) cancels the merge job instead of
     // leaving it pending forever; resubmit it after the failed tasks.
     let _ = writeln!(merge, "#SBATCH --kill-on-invalid-dep=yes");
-    merge += &common_lines(&a, &cwd);
+    merge += &a.job.common_lines(&cwd);
     let _ = write!(
         merge,
         "set -euo pipefail\n\

@@ -142,7 +142,10 @@ fn main() {
         Cmd::Plugins(c) => cmd_plugins::run(&cli.global, c),
         Cmd::Rescore(a) => cmd_rescore::run(&cli.global, a),
         Cmd::Parity(a) => cmd_parity::run(&cli.global, a),
-        Cmd::Serve(a) => draftlens_web::cli::run_serve(&a),
+        Cmd::Serve(a) => draftlens_web::cli::run_serve_with(
+            &a,
+            Some(std::sync::Arc::new(cmd_merge::ServerMergeScorer)),
+        ),
         Cmd::Compare(mut a) => {
             a.json |= cli.global.json;
             draftlens_web::cli::run_compare(&a)

@@ -299,3 +299,44 @@ fn sigterm_during_an_evaluation_abandons_it_cleanly_and_the_next_start_evaluates
     assert_eq!(r[0].status, RunStatus::Complete);
     assert_eq!(r[0].num_prompts, 4);
 }
+
+/// Slurm job options without `--slurm` are one clean error (they would be ignored otherwise),
+/// and `--slurm` with a target that does not exist fails before anything is submitted.
+#[test]
+fn slurm_options_are_checked_before_anything_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cache, dir, db) = (
+        tmp.path().join("cache"),
+        tmp.path().join("train"),
+        tmp.path().join("runs.sqlite"),
+    );
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = [
+        "watch",
+        s(&dir),
+        "--drafter-series",
+        "t",
+        "--db",
+        s(&db),
+        "--once",
+    ];
+    let mut args = base.to_vec();
+    args.extend(["--partition", "gpu"]);
+    clean_error(
+        &dl(&cache, &args),
+        "--partition without --slurm",
+        &["add --slurm"],
+    );
+    let missing = tmp.path().join("no-such-model.gguf");
+    let mut args = base.to_vec();
+    args.extend(["--slurm", "--target", s(&missing)]);
+    clean_error(
+        &dl(&cache, &args),
+        "--slurm with a missing target",
+        &["no-such-model.gguf"],
+    );
+    assert!(
+        !tmp.path().join("runs.sqlite.slurm").exists(),
+        "nothing is written before the options are checked"
+    );
+}

@@ -34,7 +34,7 @@ pub struct FinishedRun<'a> {
     pub timings: &'a serde_json::Value,
 }
 
-fn insert_eval(tx: &Transaction, run: i64, e: &RunEval, what: &str) -> Result<()> {
+pub(super) fn insert_eval(tx: &Transaction, run: i64, e: &RunEval, what: &str) -> Result<()> {
     tx.execute(
         "INSERT INTO run_eval (run_id, identity, identity_json, shard_index, shard_count, set_prompts, run_prompts, \
          merged_from_json) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",

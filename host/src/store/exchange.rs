@@ -14,6 +14,13 @@ pub struct RunExport {
     pub derived: Vec<Derived>,
     /// Vocabulary of `run.tokenizer_sha256`: (name, pieces).
     pub vocab: Option<(String, Vec<String>)>,
+    /// The evaluation the run belongs to (`run_eval`; None for runs stored before schema v3
+    /// and for bundles written before it travelled), so an imported shard run is a shard to
+    /// `merge` and to a team server (docs/scale-out.md §2, §9).
+    pub eval: Option<RunEval>,
+    /// Which plugins produced the run's plugin metric rows (`plugin_run`): what a merge of
+    /// imported shard runs re-scores with.
+    pub plugins: Vec<PluginProvenance>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -50,6 +57,17 @@ pub(super) fn import_one(tx: &Transaction, r: &RunExport, source: &str, what: &s
             "INSERT OR REPLACE INTO derived (run_id, kind, version, data) VALUES (?1, ?2, ?3, ?4)",
             params![id, d.kind, d.version, d.data],
         )?;
+    }
+    if let Some(e) = &r.eval {
+        super::evals::insert_eval(tx, id, e, what)?;
+    }
+    for p in &r.plugins {
+        tx.execute(
+            "INSERT INTO plugin_run (run_id, source, sha256, version, file, builtin, params_json, scored_at, stale_since) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![id, p.source, p.sha256, p.version, p.file, p.builtin as i64, p.params_json, p.scored_at, p.stale_since],
+        )
+        .with_context(|| format!("{what}: plugin provenance of {}", p.source))?;
     }
     if let (Some(sha), Some((name, pieces))) = (&info.tokenizer_sha256, &r.vocab) {
         tx.execute(
@@ -104,6 +122,8 @@ impl Store {
             _ => None,
         };
         Ok(Some(RunExport {
+            eval: self.run_eval(id)?,
+            plugins: self.plugin_runs(id)?,
             prompts: self.prompts(id)?,
             metrics: self.metrics(id)?,
             failures: detail.failures,

@@ -205,6 +205,28 @@ CREATE TABLE watch_checkpoint (
   PRIMARY KEY (job, path, sha256)
 ) STRICT;
 "#,
+    // ---- v5 (watch --slurm): a checkpoint can be `submitted` as a Slurm job, whose id is kept
+    // so that a restarted watcher follows the job instead of submitting it again. SQLite cannot
+    // change a CHECK constraint in place: the table is rebuilt with its rows.
+    r#"
+CREATE TABLE watch_checkpoint_v5 (
+  job TEXT NOT NULL,
+  path TEXT NOT NULL,                       -- the checkpoint folder
+  sha256 TEXT NOT NULL,                     -- of its model.safetensors ('' when it has none)
+  step INTEGER,
+  status TEXT NOT NULL CHECK (status IN ('evaluated','broken','failed','submitted')),
+  run_uid TEXT,                             -- the stored run, when one was made
+  pushed INTEGER NOT NULL DEFAULT 0 CHECK (pushed IN (0,1)),
+  message TEXT,
+  at TEXT NOT NULL,
+  slurm_job TEXT,                           -- `watch --slurm`: the job that evaluates it
+  PRIMARY KEY (job, path, sha256)
+) STRICT;
+INSERT INTO watch_checkpoint_v5 (job, path, sha256, step, status, run_uid, pushed, message, at)
+  SELECT job, path, sha256, step, status, run_uid, pushed, message, at FROM watch_checkpoint;
+DROP TABLE watch_checkpoint;
+ALTER TABLE watch_checkpoint_v5 RENAME TO watch_checkpoint;
+"#,
 ];
 
 pub fn latest_version() -> i64 {

@@ -844,3 +844,103 @@ fn run_eval_round_trip() {
     assert_eq!(s.run_eval(id).unwrap(), None);
     assert!(s.run_eval(plain).unwrap().is_some());
 }
+
+/// Export carries `run_eval` and the plugin provenance; import stores them (so an imported
+/// shard run is a shard to `merge`), and an export without them (an older bundle) still
+/// imports, with none.
+#[test]
+fn export_and_import_carry_the_evaluation_and_plugin_provenance() {
+    use crate::shard::Shard;
+    let dir = tempfile::tempdir().unwrap();
+    let a = Store::open(&dir.path().join("a.sqlite")).unwrap();
+    let eval = RunEval {
+        identity: "ab".repeat(32),
+        identity_json: serde_json::json!({"k": 1}),
+        shard: Some(Shard::new(0, 2).unwrap()),
+        set_prompts: 4,
+        run_prompts: 0,
+        merged_from: None,
+    };
+    let id = a.create_eval_run(&new_run("s"), &eval).unwrap();
+    let prov = PluginProvenance {
+        source: "accept-length".into(),
+        sha256: "cd".repeat(32),
+        version: "1".into(),
+        file: "builtin:accept-length".into(),
+        builtin: true,
+        params_json: "[]".into(),
+        scored_at: String::new(),
+        stale_since: None,
+    };
+    a.replace_plugin_metrics(id, &prov, &[]).unwrap();
+    a.finish_run(id, RunStatus::Complete, None, &json!({}))
+        .unwrap();
+    let ex = a.export_run(id, true).unwrap().unwrap();
+    assert_eq!(ex.eval.as_ref(), Some(&eval));
+    assert_eq!(ex.plugins.len(), 1);
+
+    let b = Store::open(&dir.path().join("b.sqlite")).unwrap();
+    b.import_runs("x.json", "00", std::slice::from_ref(&ex))
+        .unwrap();
+    let bid = b.run_id_by_uid(&ex.run.uid).unwrap().unwrap();
+    assert_eq!(b.run_eval(bid).unwrap(), Some(eval));
+    assert_eq!(b.plugin_runs(bid).unwrap(), ex.plugins);
+    assert_eq!(b.shard_runs().unwrap().len(), 1);
+
+    let old = RunExport {
+        eval: None,
+        plugins: Vec::new(),
+        ..ex.clone()
+    };
+    let mut old = old;
+    old.run.uid = "older-bundle".into();
+    let c = Store::open(&dir.path().join("c.sqlite")).unwrap();
+    c.import_runs("old.json", "01", &[old]).unwrap();
+    let cid = c.run_id_by_uid("older-bundle").unwrap().unwrap();
+    assert_eq!(c.run_eval(cid).unwrap(), None);
+    assert!(c.plugin_runs(cid).unwrap().is_empty());
+}
+
+/// Schema v5 rebuilds `watch_checkpoint` (status `submitted`, `slurm_job`) keeping its rows.
+#[test]
+fn v5_keeps_the_watch_records_of_a_v4_database() {
+    let (_d, path) = tmp();
+    {
+        let mut c = Connection::open(&path).unwrap();
+        let tx = c.transaction().unwrap();
+        for sql in &schema::MIGRATIONS[..4] {
+            tx.execute_batch(sql).unwrap();
+        }
+        tx.pragma_update(None, "user_version", 4).unwrap();
+        tx.execute(
+            "INSERT INTO watch_checkpoint (job, path, sha256, step, status, run_uid, pushed, message, at) \
+             VALUES ('j', '/ck/step-1', 'ab', 1, 'evaluated', 'u1', 1, NULL, 't')",
+            [],
+        )
+        .unwrap();
+        tx.commit().unwrap();
+    }
+    let s = Store::open(&path).unwrap();
+    assert_eq!(s.schema_version().unwrap(), 5);
+    let r = s.watch_record("j", "/ck/step-1", "ab").unwrap().unwrap();
+    assert_eq!(
+        (
+            r.status,
+            r.run_uid.as_deref(),
+            r.pushed,
+            r.slurm_job.clone()
+        ),
+        (WatchStatus::Evaluated, Some("u1"), true, None)
+    );
+    let sub = WatchRecord {
+        path: "/ck/step-2".into(),
+        step: Some(2),
+        status: WatchStatus::Submitted,
+        run_uid: None,
+        pushed: false,
+        slurm_job: Some("42".into()),
+        ..r
+    };
+    s.put_watch_record(&sub).unwrap();
+    assert_eq!(s.watch_record("j", "/ck/step-2", "ab").unwrap(), Some(sub));
+}

@@ -1,5 +1,5 @@
 //! What `draftlens watch` remembers (`crate::watch`): one row per (job, checkpoint folder,
-//! weights sha256) it evaluated, found broken, or failed on.
+//! weights sha256) it evaluated, found broken, failed on, or submitted as a Slurm job.
 
 use super::*;
 
@@ -9,6 +9,9 @@ pub enum WatchStatus {
     Evaluated,
     Broken,
     Failed,
+    /// `watch --slurm`: a Slurm job evaluates it ([`WatchRecord::slurm_job`]); the watcher
+    /// replaces the record once the job has ended.
+    Submitted,
 }
 
 impl WatchStatus {
@@ -17,6 +20,7 @@ impl WatchStatus {
             WatchStatus::Evaluated => "evaluated",
             WatchStatus::Broken => "broken",
             WatchStatus::Failed => "failed",
+            WatchStatus::Submitted => "submitted",
         }
     }
 }
@@ -32,6 +36,8 @@ pub struct WatchRecord {
     pub pushed: bool,
     pub message: Option<String>,
     pub at: String,
+    /// The Slurm job id (`watch --slurm`).
+    pub slurm_job: Option<String>,
 }
 
 fn record_of(r: &Row) -> rusqlite::Result<WatchRecord> {
@@ -44,12 +50,14 @@ fn record_of(r: &Row) -> rusqlite::Result<WatchRecord> {
         status: match status.as_str() {
             "evaluated" => WatchStatus::Evaluated,
             "broken" => WatchStatus::Broken,
+            "submitted" => WatchStatus::Submitted,
             _ => WatchStatus::Failed,
         },
         run_uid: r.get("run_uid")?,
         pushed: r.get::<_, i64>("pushed")? != 0,
         message: r.get("message")?,
         at: r.get("at")?,
+        slurm_job: r.get("slurm_job")?,
     })
 }
 
@@ -70,9 +78,9 @@ impl Store {
     pub fn put_watch_record(&self, r: &WatchRecord) -> Result<()> {
         self.write(|c| {
             c.execute(
-                "INSERT OR REPLACE INTO watch_checkpoint (job, path, sha256, step, status, run_uid, pushed, message, at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![r.job, r.path, r.sha256, r.step, r.status.as_str(), r.run_uid, r.pushed as i64, r.message, r.at],
+                "INSERT OR REPLACE INTO watch_checkpoint (job, path, sha256, step, status, run_uid, pushed, message, at, slurm_job) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![r.job, r.path, r.sha256, r.step, r.status.as_str(), r.run_uid, r.pushed as i64, r.message, r.at, r.slurm_job],
             )?;
             Ok(())
         })

@@ -64,6 +64,16 @@ impl Default for ServeOptions {
 
 /// Runs the server until SIGINT or SIGTERM, then checkpoints the database.
 pub async fn serve(opts: ServeOptions) -> Result<()> {
+    serve_with(opts, None).await
+}
+
+/// [`serve`] with the plugin host that re-scores the runs it merges from pushed shards
+/// (`draftlens serve` passes the command line's; without one, shards scored with plugins are
+/// not merged on the server).
+pub async fn serve_with(
+    opts: ServeOptions,
+    scorer: Option<Arc<dyn draftlens::merge::PluginScorer>>,
+) -> Result<()> {
     if !opts.addr.ip().is_loopback() && !opts.team {
         anyhow::bail!(
             "refusing to serve {} without --team: anyone on the network could read and delete runs. Pass --team (and create tokens with `draftlens tokens create`), or bind to 127.0.0.1",
@@ -90,7 +100,7 @@ pub async fn serve(opts: ServeOptions) -> Result<()> {
             ""
         }
     );
-    let app = app_bound(store, opts.team, opts.max_upload_bytes, Some(addr));
+    let app = app_with(store, opts.team, opts.max_upload_bytes, Some(addr), scorer);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await
@@ -169,6 +179,8 @@ pub struct AppState {
     comparisons: Mutex<Vec<(String, Arc<compare::Comparison>)>>,
     /// Permits for blocking store work (about two per core).
     work: tokio::sync::Semaphore,
+    /// Re-scores the runs merged from pushed shards (`server/push.rs`).
+    scorer: Option<Arc<dyn draftlens::merge::PluginScorer>>,
 }
 
 const COMPARE_CACHE: usize = 32;
@@ -310,6 +322,17 @@ pub fn app(store: Store, team: bool, max_upload: usize) -> Router {
 
 /// The router of a server bound to `bound` (which joins the default mode's Host allow-list).
 pub fn app_bound(store: Store, team: bool, max_upload: usize, bound: Option<SocketAddr>) -> Router {
+    app_with(store, team, max_upload, bound, None)
+}
+
+/// [`app_bound`] with the plugin host of [`serve_with`].
+pub fn app_with(
+    store: Store,
+    team: bool,
+    max_upload: usize,
+    bound: Option<SocketAddr>,
+    scorer: Option<Arc<dyn draftlens::merge::PluginScorer>>,
+) -> Router {
     let asset_version = hex::encode(
         &<sha2::Sha256 as sha2::Digest>::digest(
             format!("{}{}", views::APP_JS, views::APP_CSS).as_bytes(),
@@ -331,6 +354,7 @@ pub fn app_bound(store: Store, team: bool, max_upload: usize, bound: Option<Sock
                 .unwrap_or(4)
                 .max(4),
         ),
+        scorer,
     });
     let pages = Router::new()
         .route("/", get(runs_page))

@@ -9,7 +9,12 @@
 //! | `GET /api/runs/{uid}` | 200 `{"uid", "exists": true}` or 404 `{"exists": false}` |
 //! | `POST /api/uploads?sha256=H&size=N` | `{"id", "offset", "size", "max_bytes"}`: created or found; 413 over the size cap |
 //! | `POST /api/uploads/{id}/chunk?offset=O` (body: bytes) | `{"offset"}`; 409 `{"offset"}` when O is not the server's offset |
-//! | `POST /api/uploads/{id}/finish` | the import summary; the part file is checked (size, sha256), imported in one transaction (idempotent by run uid) and deleted |
+//! | `POST /api/uploads/{id}/finish` | the import summary and `merges`; the part file is checked (size, sha256), imported in one transaction (idempotent by run uid) and deleted |
+//!
+//! A pushed shard run (its bundle carries `eval`, docs/scale-out.md §9) completes an evaluation
+//! once every one of its N shards has a complete run here: the server then merges them into
+//! one run with `draftlens merge`'s code (`draftlens::merge::merge_received`), in the request
+//! that brought the last shard, and says so in `merges` (also `waiting` or `refused`).
 //!
 //! Part files live in `<db>.uploads/`; a chunk is appended whole (or not at all) and synced
 //! before it is acknowledged. Part files untouched for [`PART_MAX_AGE`] are removed when the next
@@ -237,10 +242,28 @@ pub(super) async fn upload_finish(
         let result = import_bytes(&s.store, &name, &name, &bytes, s.max_upload);
         let _ = std::fs::remove_file(&part);
         Ok(match result {
-            Ok(summary) => Json(json!({
-                "imported": summary.imported, "skipped": summary.skipped, "bundle_sha256": summary.bundle_sha256,
-            }))
-            .into_response(),
+            Ok(summary) => {
+                // The run is stored whatever the merge does: a merge error is reported, not
+                // a failed push.
+                let merges = draftlens::merge::merge_received(&s.store, "this server", &summary.imported, s.scorer.as_deref())
+                    .unwrap_or_else(|e| {
+                        vec![draftlens::merge::SetOutcome {
+                            identity: String::new(),
+                            shards: 0,
+                            state: "refused",
+                            run_uid: None,
+                            message: format!("merging the received shards failed: {e:#}"),
+                        }]
+                    });
+                for m in &merges {
+                    eprintln!("draftlens: {name}: {}", m.message);
+                }
+                Json(json!({
+                    "imported": summary.imported, "skipped": summary.skipped, "bundle_sha256": summary.bundle_sha256,
+                    "merges": merges,
+                }))
+                .into_response()
+            }
             Err(e) => err(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")),
         })
     })
