@@ -69,6 +69,8 @@ fn hybrid_profiles_have_their_own_cache_entries_and_are_recorded() {
     let s = session(&model, &cache, GdnProfile::Reference);
     let reference = s.continuation(&prompt, 16).unwrap();
     assert!(s.model_loaded());
+    // Entries are written by the session's background writer: on disk once flushed.
+    s.flush_cache().unwrap();
     let n = entries(&cache);
     assert!(n >= 1);
 
@@ -88,6 +90,7 @@ fn hybrid_profiles_have_their_own_cache_entries_and_are_recorded() {
         s.model_loaded(),
         "engine must not reuse the reference profile's entry"
     );
+    s.flush_cache().unwrap();
     assert_eq!(entries(&cache), 2 * n);
     // ... which a second engine session then hits.
     let s2 = session(&model, &cache, GdnProfile::Engine);
@@ -122,6 +125,7 @@ fn dense_targets_ignore_the_profile() {
         .encode("The capital of France is", true)
         .unwrap();
     let a = s.continuation(&prompt, 4).unwrap();
+    s.flush_cache().unwrap();
     let n = entries(&cache);
 
     // Engine on a dense target: the same key, so a hit, and nothing new stored.
