@@ -76,20 +76,7 @@ fi
 # One 32k-token prompt (issue 11's memory goal): LONG=1. The prompt repeats HumanEval prompts
 # until the Qwen3 tokenizer counts about 32 000 tokens.
 if [ -n "${LONG:-}" ] && [ -z "${HF_ONLY:-}" ]; then
-  python3 - <<'PY'
-import json
-from transformers import AutoTokenizer
-tok = AutoTokenizer.from_pretrained("/tmp/q8b")
-rows = [json.loads(l) for l in open("data/prompts/humaneval.jsonl")]
-parts, n, i = [], 0, 0
-while n < 31500:
-    t = rows[i % len(rows)]["messages"][0]["content"]
-    parts.append(t); n += len(tok(t)["input_ids"]); i += 1
-text = "Summarise each of the following functions.\n\n" + "\n\n".join(parts)
-with open("/tmp/long32k.jsonl", "w") as f:
-    f.write(json.dumps({"id": "long/32k", "messages": [{"role": "user", "content": text}]}) + "\n")
-print("long prompt:", n, "tokens of parts")
-PY
+  python3 tools/bench/make_long_prompt.py /tmp/q8b /tmp/long32k.jsonl
   rm -rf /tmp/dlcache
   timed long32k_extract timeout 200 "$DL" extract --backend cuda --target $M --prompts /tmp/long32k.jsonl --max-new-tokens 32 --layers $TAPS --json --timeline
 fi

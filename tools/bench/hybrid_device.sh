@@ -81,22 +81,9 @@ if has engine; then
   # `extract` under the engine profile (cold: the profile is part of the cache key).
   timed dl_extract_engine timeout 400 "$B/draftlens" extract --backend cuda --gdn-profile engine --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --json --timeline
 fi
-# One prompt of ~32k tokens (issue 11's memory goal): LONG in STEPS.
+# One prompt of ~32k tokens (issue 11's memory goal, tools/bench/make_long_prompt.py): `long` in STEPS.
 if has long; then
-  python3 - "$M" <<'PY'
-import json, sys
-from transformers import AutoTokenizer
-tok = AutoTokenizer.from_pretrained(sys.argv[1])
-rows = [json.loads(l) for l in open("data/prompts/humaneval.jsonl")]
-parts, n, i = [], 0, 0
-while n < 31500:
-    t = rows[i % len(rows)]["messages"][0]["content"]
-    parts.append(t); n += len(tok(t)["input_ids"]); i += 1
-text = "Summarise each of the following functions.\n\n" + "\n\n".join(parts)
-with open("/tmp/long32k.jsonl", "w") as f:
-    f.write(json.dumps({"id": "long/32k", "messages": [{"role": "user", "content": text}]}) + "\n")
-print("long prompt:", n, "tokens of parts")
-PY
+  python3 tools/bench/make_long_prompt.py "$M" /tmp/long32k.jsonl
   timed dl_long32k timeout 300 "$B/draftlens" extract --backend cuda --target $M --prompts /tmp/long32k.jsonl --max-new-tokens 32 --layers $TAPS --json --timeline
 fi
 if has hf_torch; then

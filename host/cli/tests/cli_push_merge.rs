@@ -13,7 +13,7 @@
 mod cli_util;
 
 use cli_util::*;
-use draftlens::store::{RunPrompt, RunStatus, Store, TokenScope};
+use draftlens::store::{RunStatus, Store, TokenScope};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -136,34 +136,6 @@ fn server_lines(p: &serde_json::Value) -> String {
                 .join("\n")
         })
         .unwrap_or_default()
-}
-
-/// Prompts, records, metric rows (key, value bits, count, series) and plugin provenance.
-type Stored = (
-    Vec<RunPrompt>,
-    draftlens::records::RecordBatch,
-    Vec<(String, u64, u64, Option<serde_json::Value>)>,
-    Vec<(String, String, String)>,
-);
-
-fn stored(db: &Path, run: i64) -> Stored {
-    let store = Store::open(db).unwrap();
-    let metrics = metric_map(db, run)
-        .into_iter()
-        .map(|(k, m)| (k, m.value.to_bits(), m.count, m.series))
-        .collect();
-    let plugins = store
-        .plugin_runs(run)
-        .unwrap()
-        .into_iter()
-        .map(|p| (p.source, p.sha256, p.params_json))
-        .collect();
-    (
-        store.prompts(run).unwrap(),
-        store.records(run).unwrap(),
-        metrics,
-        plugins,
-    )
 }
 
 fn merged_runs(db: &Path) -> Vec<draftlens::store::RunInfo> {

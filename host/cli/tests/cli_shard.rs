@@ -91,35 +91,6 @@ fn run_args<'a>(prompts: &'a Path, db: &'a Path, drafter: &'a Path) -> Vec<&'a s
     v
 }
 
-/// Everything stored for a run that must not depend on sharding: prompts, records, and every
-/// metric row keyed by source/name/scope with the value's bits.
-type Stored = (
-    Vec<RunPrompt>,
-    draftlens::records::RecordBatch,
-    Vec<(String, u64, u64, Option<serde_json::Value>)>,
-    Vec<(String, String, String)>,
-);
-
-fn stored(db: &Path, run: i64) -> Stored {
-    let store = Store::open(db).unwrap();
-    let metrics = metric_map(db, run)
-        .into_iter()
-        .map(|(k, m)| (k, m.value.to_bits(), m.count, m.series))
-        .collect();
-    let plugins = store
-        .plugin_runs(run)
-        .unwrap()
-        .into_iter()
-        .map(|p| (p.source, p.sha256, p.params_json))
-        .collect();
-    (
-        store.prompts(run).unwrap(),
-        store.records(run).unwrap(),
-        metrics,
-        plugins,
-    )
-}
-
 fn merge(cache: &Path, dest: &Path, sources: &[&Path]) -> std::process::Output {
     let mut args = vec!["--json", "merge", "--db", s(dest)];
     args.extend(sources.iter().map(|p| s(p)));

@@ -170,3 +170,34 @@ pub fn cache_verifies(cache: &Path) -> usize {
     // Entries only: the weight-file identity rows depend on which models were opened.
     rows.iter().filter(|r| r["kind"] == "entry").count()
 }
+
+/// Everything stored for a run that must not depend on how it was produced (sharded, merged,
+/// pushed): prompts, records, every metric row (source/name/scope key, value bits, count, series)
+/// and the plugins' provenance (source, sha256, parameters).
+pub type Stored = (
+    Vec<draftlens::store::RunPrompt>,
+    draftlens::records::RecordBatch,
+    Vec<(String, u64, u64, Option<serde_json::Value>)>,
+    Vec<(String, String, String)>,
+);
+
+/// [`Stored`] of run `run` in `db`.
+pub fn stored(db: &Path, run: i64) -> Stored {
+    let store = Store::open(db).unwrap();
+    let metrics = metric_map(db, run)
+        .into_iter()
+        .map(|(k, m)| (k, m.value.to_bits(), m.count, m.series))
+        .collect();
+    let plugins = store
+        .plugin_runs(run)
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.source, p.sha256, p.params_json))
+        .collect();
+    (
+        store.prompts(run).unwrap(),
+        store.records(run).unwrap(),
+        metrics,
+        plugins,
+    )
+}
