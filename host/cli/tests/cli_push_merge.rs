@@ -23,19 +23,7 @@ const MAX_NEW: &str = "12";
 const PLUGINS: [&str; 2] = ["replayed-tau", "accept-length"];
 
 /// cli_shard.rs's prompts: shard 0/2 = {sum, tea}, shard 1/2 = {rev}.
-const PROMPTS: [(&str, Option<&str>, &str); 3] = [
-    (
-        "rev",
-        Some("code"),
-        "Write a Python function that reverses a string.",
-    ),
-    (
-        "sum",
-        Some("math"),
-        "What is the sum of the first ten positive integers? Show the steps.",
-    ),
-    ("tea", None, "Give three tips for brewing good tea."),
-];
+const PROMPTS: [(&str, Option<&str>, &str); 3] = THREE_PROMPTS;
 
 fn run(cache: &Path, prompts: &Path, db: &Path, extra: &[&str]) -> i64 {
     let d = reference_drafter();

@@ -182,22 +182,7 @@ const MAX_NEW: &str = "16";
 
 fn three_prompts(dir: &Path) -> PathBuf {
     let p = dir.join("three.jsonl");
-    write_prompts(
-        &p,
-        &[
-            (
-                "rev",
-                Some("code"),
-                "Write a Python function that reverses a string.",
-            ),
-            (
-                "sum",
-                Some("math"),
-                "What is the sum of the first ten positive integers? Show the steps.",
-            ),
-            ("tea", None, "Give three tips for brewing good tea."),
-        ],
-    );
+    write_prompts(&p, &THREE_PROMPTS);
     p
 }
 

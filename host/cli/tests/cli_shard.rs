@@ -22,19 +22,7 @@ const PLUGINS: [&str; 2] = ["replayed-tau", "accept-length"];
 
 /// Three chat prompts whose content hashes put them in shards {sum, tea} / {rev} of 2 and
 /// {rev} / {sum, tea} / {} of 3 (checked by `assignment_of_the_test_prompts`).
-const PROMPTS: [(&str, Option<&str>, &str); 3] = [
-    (
-        "rev",
-        Some("code"),
-        "Write a Python function that reverses a string.",
-    ),
-    (
-        "sum",
-        Some("math"),
-        "What is the sum of the first ten positive integers? Show the steps.",
-    ),
-    ("tea", None, "Give three tips for brewing good tea."),
-];
+const PROMPTS: [(&str, Option<&str>, &str); 3] = THREE_PROMPTS;
 
 fn chat(text: &str) -> Prompt {
     Prompt {

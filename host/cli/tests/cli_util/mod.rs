@@ -201,3 +201,19 @@ pub fn stored(db: &Path, run: i64) -> Stored {
         plugins,
     )
 }
+
+/// Three chat prompts (two with a category) several run, shard and push tests share; their
+/// content hashes put them in shards {sum, tea} / {rev} of 2 and {rev} / {sum, tea} / {} of 3.
+pub const THREE_PROMPTS: [(&str, Option<&str>, &str); 3] = [
+    (
+        "rev",
+        Some("code"),
+        "Write a Python function that reverses a string.",
+    ),
+    (
+        "sum",
+        Some("math"),
+        "What is the sum of the first ten positive integers? Show the steps.",
+    ),
+    ("tea", None, "Give three tips for brewing good tea."),
+];
