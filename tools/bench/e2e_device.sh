@@ -20,17 +20,8 @@ export PYTHONUNBUFFERED=1
 M=/tmp/q8b
 DL="$BIN/draftlens"
 TAPS=1,9,17,25,33
-log() { echo "=== $*" | tee -a "$OUT/e2e.log"; }
-timed() { # name, command...: wall time and peak RSS (GNU time) into the log
-  local name=$1; shift
-  log "$name: $*"
-  /usr/bin/time -f "$name wall_s=%e max_rss_kb=%M" "$@" > "$OUT/$name.out" 2> "$OUT/$name.err"
-  local rc=$?
-  # The last lines of stderr: GNU time's line and, for draftlens, its --timeline table.
-  tail -n 26 "$OUT/$name.err" | tee -a "$OUT/e2e.log"
-  tail -c 1500 "$OUT/$name.out" | tee -a "$OUT/e2e.log"
-  echo "rc=$rc" | tee -a "$OUT/e2e.log"
-}
+LOG="$OUT/e2e.log" TIMED_DIR="$OUT" TIMED_ERR_LINES=26
+source tools/bench/timed.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader | tee -a "$OUT/e2e.log"
 [ -d $M ] || timeout 300 python3 tools/bench/make_random_target.py --out $M 2>&1 | tail -n 3 | tee -a "$OUT/e2e.log"
 du -sh $M | tee -a "$OUT/e2e.log"

@@ -36,17 +36,8 @@ else
   TAPS=${TAPS:-1,7,14}; DRAFTERS=${DRAFTERS:-3}
   M=/tmp/q27
 fi
-LOG="$OUT/hybrid.log"
-log() { echo "=== $*" | tee -a "$LOG"; }
-timed() { # name, command...: wall time and peak RSS into the log, the tails of both streams
-  local name=$1; shift
-  log "$name: $*"
-  /usr/bin/time -f "$name wall_s=%e max_rss_kb=%M" "$@" > "/tmp/$name.out" 2> "/tmp/$name.err"
-  local rc=$?
-  tail -n 30 "/tmp/$name.err" | grep -v 'registers, ' | tee -a "$LOG"
-  tail -c 1200 "/tmp/$name.out" | tee -a "$LOG"
-  echo "rc=$rc" | tee -a "$LOG"
-}
+LOG="$OUT/hybrid.log" TIMED_DIR=/tmp TIMED_OUT_BYTES=1200
+source tools/bench/timed.sh
 for f in "$B"/*.xz; do [ -e "$f" ] && xz -d "$f"; done
 if [ -e "$B/tok.tar" ] && [ ! -e data/tokenizer/qwen3-hf/tokenizer.json ]; then
   mkdir -p data/prompts data/tokenizer && tar -xf "$B/tok.tar" -C /tmp && rm -rf data/tokenizer/qwen3-hf && mv /tmp/tokmin data/tokenizer/qwen3-hf

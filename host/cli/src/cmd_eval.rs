@@ -71,6 +71,22 @@ pub struct RunArgs {
     /// Train-style labels: the target's greedy tokens or the prompt line's reference `completion`.
     #[arg(long, value_enum, default_value_t = LabelsArg::Target)]
     pub labels: LabelsArg,
+    #[command(flatten)]
+    pub anchors: AnchorArgs,
+    /// Also evaluate anchors inside the prompt.
+    #[arg(long)]
+    pub prompt_anchors: bool,
+    /// Stop with an error after N prompts (for testing interruption).
+    #[arg(long, hide = true)]
+    pub fail_after: Option<usize>,
+    /// Metric plugins scored over the stored records once the evaluation is done.
+    #[command(flatten)]
+    pub plugins: crate::cmd_plugins::PluginArgs,
+}
+
+/// Which completion anchors are drafted and how (shared by `run` and `watch`).
+#[derive(Args, Clone, Debug)]
+pub struct AnchorArgs {
     /// Drafter candidates kept per position.
     #[arg(long, default_value_t = 8)]
     pub top_k: usize,
@@ -82,18 +98,20 @@ pub struct RunArgs {
     pub sample: Option<usize>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Also evaluate anchors inside the prompt.
-    #[arg(long)]
-    pub prompt_anchors: bool,
     /// Anchors per drafter forward.
     #[arg(long, default_value_t = 32)]
     pub anchor_batch: usize,
-    /// Stop with an error after N prompts (for testing interruption).
-    #[arg(long, hide = true)]
-    pub fail_after: Option<usize>,
-    /// Metric plugins scored over the stored records once the evaluation is done.
-    #[command(flatten)]
-    pub plugins: crate::cmd_plugins::PluginArgs,
+}
+
+impl AnchorArgs {
+    /// `--stride` / `--sample` as the evaluation's anchor policy.
+    pub fn policy(&self) -> AnchorPolicy {
+        match (self.stride, self.sample) {
+            (Some(n), _) => AnchorPolicy::Stride(n),
+            (_, Some(n)) => AnchorPolicy::Random { n, seed: self.seed },
+            _ => AnchorPolicy::Every,
+        }
+    }
 }
 
 struct RunJob<'a> {
@@ -154,19 +172,15 @@ impl BackendJob for RunJob<'_> {
             bail!("--mask inclusive and --labels data reproduce training bugs: use them with --mode train-style");
         }
         let eval = EvalOptions {
-            top_k: a.top_k,
-            anchors: match (a.stride, a.sample) {
-                (Some(n), _) => AnchorPolicy::Stride(n),
-                (_, Some(n)) => AnchorPolicy::Random { n, seed: a.seed },
-                _ => AnchorPolicy::Every,
-            },
+            top_k: a.anchors.top_k,
+            anchors: a.anchors.policy(),
             prompt_anchors: a.prompt_anchors,
             ctx_inclusive: matches!(a.mask, MaskArg::Inclusive),
             labels: match a.labels {
                 LabelsArg::Target => Labels::Target,
                 LabelsArg::Data => Labels::Data,
             },
-            anchor_batch: a.anchor_batch,
+            anchor_batch: a.anchors.anchor_batch,
         };
         let mut outs = Vec::new();
         for spec in &specs {

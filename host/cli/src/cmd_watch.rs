@@ -10,7 +10,7 @@ use crate::common::Global;
 use anyhow::Result;
 use clap::Args;
 use draftlens::backend::Backend;
-use draftlens::drafter::eval::{AnchorPolicy, EvalOptions, Labels};
+use draftlens::drafter::eval::{EvalOptions, Labels};
 use draftlens::drafter::run::{run_eval, DrafterSpec, RunOptions};
 use draftlens::identity::IdentityStore;
 use draftlens::prompts::PromptSet;
@@ -43,20 +43,8 @@ pub struct WatchArgs {
     /// Deal with the checkpoints present now, then exit (instead of watching for more).
     #[arg(long)]
     pub once: bool,
-    /// Drafter candidates kept per position.
-    #[arg(long, default_value_t = 8)]
-    pub top_k: usize,
-    /// Evaluate every N-th completion anchor (default: every anchor).
-    #[arg(long, conflicts_with = "sample")]
-    pub stride: Option<usize>,
-    /// Evaluate N randomly sampled completion anchors per prompt (with --seed).
-    #[arg(long)]
-    pub sample: Option<usize>,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Anchors per drafter forward.
-    #[arg(long, default_value_t = 32)]
-    pub anchor_batch: usize,
+    #[command(flatten)]
+    pub anchors: crate::cmd_eval::AnchorArgs,
     /// Also push each run to this team server (token: DRAFTLENS_TOKEN or --token-file).
     #[arg(long)]
     pub server: Option<String>,
@@ -125,16 +113,12 @@ pub(crate) fn push_options(a: &WatchArgs) -> Result<Option<draftlens_web::push::
 /// The evaluation options of the watch (`run`'s defaults for what watch does not expose).
 pub(crate) fn eval_options(a: &WatchArgs) -> EvalOptions {
     EvalOptions {
-        top_k: a.top_k,
-        anchors: match (a.stride, a.sample) {
-            (Some(n), _) => AnchorPolicy::Stride(n),
-            (_, Some(n)) => AnchorPolicy::Random { n, seed: a.seed },
-            _ => AnchorPolicy::Every,
-        },
+        top_k: a.anchors.top_k,
+        anchors: a.anchors.policy(),
         prompt_anchors: false,
         ctx_inclusive: false,
         labels: Labels::Target,
-        anchor_batch: a.anchor_batch,
+        anchor_batch: a.anchors.anchor_batch,
     }
 }
 

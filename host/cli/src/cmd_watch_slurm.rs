@@ -56,19 +56,19 @@ pub(crate) fn run_args(a: &WatchArgs, target: &Path) -> Result<Vec<String>> {
         "--gdn-profile".into(),
         name(t.gdn_profile.to_possible_value()),
         "--top-k".into(),
-        a.top_k.to_string(),
+        a.anchors.top_k.to_string(),
     ]);
-    if let Some(n) = a.stride {
+    if let Some(n) = a.anchors.stride {
         v.extend(["--stride".into(), n.to_string()]);
     }
-    if let Some(n) = a.sample {
+    if let Some(n) = a.anchors.sample {
         v.extend(["--sample".into(), n.to_string()]);
     }
     v.extend([
         "--seed".into(),
-        a.seed.to_string(),
+        a.anchors.seed.to_string(),
         "--anchor-batch".into(),
-        a.anchor_batch.to_string(),
+        a.anchors.anchor_batch.to_string(),
     ]);
     let p = &a.plugins;
     for x in &p.plugins {

@@ -202,17 +202,7 @@ fn shards_pushed_separately_merge_on_the_server_exactly_and_once() {
         )
     );
     let got = stored(&team, m.id);
-    assert_eq!(got.0, want.0, "prompts differ");
-    assert!(got.1 == want.1, "records differ");
-    assert_eq!(
-        got.2.iter().map(|x| &x.0).collect::<Vec<_>>(),
-        want.2.iter().map(|x| &x.0).collect::<Vec<_>>(),
-        "metric sets differ"
-    );
-    for (g, w) in got.2.iter().zip(&want.2) {
-        assert_eq!(g, w, "metric {} differs", g.0);
-    }
-    assert_eq!(got.3, want.3, "plugin provenance differs");
+    assert_same_stored(&got, &want, "");
     let e = Store::open(&team).unwrap().run_eval(m.id).unwrap().unwrap();
     assert_eq!((e.shard, e.merged_from.map(|v| v.len())), (None, Some(2)));
 

@@ -175,17 +175,7 @@ fn merged_shards_equal_the_unsharded_run_bit_for_bit() {
             "the merged run is named like the unsharded one"
         );
         let got = stored(&dest, m.id);
-        assert_eq!(got.0, want.0, "{n} shards: prompts differ");
-        assert!(got.1 == want.1, "{n} shards: records differ");
-        assert_eq!(
-            got.2.iter().map(|x| &x.0).collect::<Vec<_>>(),
-            want.2.iter().map(|x| &x.0).collect::<Vec<_>>(),
-            "{n} shards: metric sets differ"
-        );
-        for (g, w) in got.2.iter().zip(&want.2) {
-            assert_eq!(g, w, "{n} shards: metric {} differs", g.0);
-        }
-        assert_eq!(got.3, want.3, "{n} shards: plugin provenance differs");
+        assert_same_stored(&got, &want, &format!("{n} shards: "));
         let e = Store::open(&dest).unwrap().run_eval(m.id).unwrap().unwrap();
         assert_eq!(
             (

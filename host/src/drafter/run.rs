@@ -281,6 +281,17 @@ pub fn run_eval_shard<B: Backend>(
     if let Some(sh) = shard {
         config["shard"] = serde_json::json!(sh.to_string());
     }
+    // sha256 of a checkpoint's config.json: part of the evaluation's identity and of the key its
+    // records are cached under.
+    let config_sha = match spec {
+        DrafterSpec::Checkpoint { dir, .. } => {
+            let cfg = dir.join("config.json");
+            let bytes =
+                std::fs::read(&cfg).with_context(|| format!("{}: cannot read", cfg.display()))?;
+            crate::util::sha256_bytes(&bytes)
+        }
+        _ => String::new(),
+    };
     let identity = EvalIdentity {
         target_sha256: s.files.identity.weights_sha256()?,
         target_arch: s.files.identity.arch.clone(),
@@ -291,13 +302,7 @@ pub fn run_eval_shard<B: Backend>(
             DrafterSpec::AntiOracle { .. } => "builtin:anti-oracle".into(),
         },
         drafter_sha256: dsha.clone(),
-        drafter_config_sha256: match spec {
-            DrafterSpec::Checkpoint { dir, .. } => match std::fs::read(dir.join("config.json")) {
-                Ok(b) => crate::util::sha256_bytes(&b),
-                Err(_) => String::new(),
-            },
-            _ => String::new(),
-        },
+        drafter_config_sha256: config_sha.clone(),
         block_size: b as u32,
         prompt_set_sha256: set.sha256.clone(),
         prompts: set.prompts.len() as u32,
@@ -367,11 +372,8 @@ pub fn run_eval_shard<B: Backend>(
     drop(_setup);
     // A DFlash checkpoint's records are cached under the hash of its weights and config.
     let records_sha = match spec {
-        DrafterSpec::Checkpoint { dir, .. } if !dsha.is_empty() => {
-            let cfg = dir.join("config.json");
-            let cfg =
-                std::fs::read(&cfg).with_context(|| format!("{}: cannot read", cfg.display()))?;
-            Some(format!("{dsha}+config:{}", crate::util::sha256_bytes(&cfg)))
+        DrafterSpec::Checkpoint { .. } if !dsha.is_empty() => {
+            Some(format!("{dsha}+config:{config_sha}"))
         }
         _ => None,
     };

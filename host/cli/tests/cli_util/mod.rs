@@ -217,3 +217,18 @@ pub const THREE_PROMPTS: [(&str, Option<&str>, &str); 3] = [
     ),
     ("tea", None, "Give three tips for brewing good tea."),
 ];
+
+/// `got` equals `want` in every part of [`Stored`], to the last bit; `ctx` prefixes the messages.
+pub fn assert_same_stored(got: &Stored, want: &Stored, ctx: &str) {
+    assert_eq!(got.0, want.0, "{ctx}prompts differ");
+    assert!(got.1 == want.1, "{ctx}records differ");
+    assert_eq!(
+        got.2.iter().map(|x| &x.0).collect::<Vec<_>>(),
+        want.2.iter().map(|x| &x.0).collect::<Vec<_>>(),
+        "{ctx}metric sets differ"
+    );
+    for (g, w) in got.2.iter().zip(&want.2) {
+        assert_eq!(g, w, "{ctx}metric {} differs", g.0);
+    }
+    assert_eq!(got.3, want.3, "{ctx}plugin provenance differs");
+}
