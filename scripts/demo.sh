@@ -15,7 +15,7 @@ if [ -x plugins/build.sh ] && rustup target list --installed 2>/dev/null | grep 
   bash plugins/build.sh >/dev/null
 fi
 cargo build --release -p draftlens-cli
-bin=./target/release/draftlens
+bin="${CARGO_TARGET_DIR:-./target}/release/draftlens"
 limit=()
 [ -n "${DEMO_LIMIT:-}" ] && limit=(--limit "$DEMO_LIMIT")
 "$bin" setup && "$bin" demo --backend "${DEMO_BACKEND:-auto}" "${limit[@]}"
