@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Compile the CUDA kernels offline (no GPU, no driver) and report each kernel's resources.
+
+Builds every module exactly as `host/src/backend/cuda/kernels.rs` does (kernels/common.cuh, a
+`#line` directive, the module's files in the same order, the same NVRTC options), compiles it to
+PTX with NVRTC through ctypes, then runs `ptxas -v` for the real architecture and prints registers,
+shared memory and spills per kernel. Spills or a compile error make the exit status non-zero.
+
+Needs only two PyPI wheels, no CUDA installation (docs/cuda.md, "Checking kernels without a GPU"):
+
+    pip download --no-deps nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12   # libnvrtc, ptxas
+    python3 tools/check_kernels.py --nvrtc DIR/libnvrtc.so.12 --ptxas DIR/ptxas [--only gdn] [--filter gdn_]
+
+Usage: python3 tools/check_kernels.py [--arch 90] [--only MODULE ...] [--filter SUBSTRING]
+"""
+import argparse
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Module name -> files, in the order kernels.rs concatenates them.
+MODULES = {
+    "elementwise": ["elementwise.cu", "fused.cu"],
+    "attention": ["attention.cu"],
+    "topk": ["topk.cu"],
+    "gdn": ["gdn.cu"],
+    "convert": ["convert.cu"],
+    "decode": ["decode_gemm.cu", "decode_attention.cu"],
+}
+
+
+def module_source(name):
+    common = (ROOT / "kernels/common.cuh").read_text()
+    files = MODULES[name]
+    body = (ROOT / "kernels" / files[0]).read_text()
+    for f in files[1:]:
+        body += f'\n#line 1 "kernels/{f}"\n' + (ROOT / "kernels" / f).read_text()
+    return f'{common}\n#line 1 "kernels/{name}.cu"\n{body}'
+
+
+def nvrtc_ptx(lib, src, name, arch):
+    prog = ctypes.c_void_p()
+    check = lambda rc, what: rc == 0 or sys.exit(f"kernels/{name}.cu: NVRTC {what} failed ({rc})")
+    check(lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"{name}.cu".encode(), 0, None, None), "create")
+    opts = [f"--gpu-architecture=compute_{arch}", "--std=c++17", "-lineinfo"]
+    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    if rc != 0:
+        print(log.value.decode(errors="replace"))
+        return None
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    ptx = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, ptx)
+    return ptx.value.decode()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="90")
+    ap.add_argument("--only", nargs="*", default=list(MODULES))
+    ap.add_argument("--filter", default="", help="print only kernels whose name contains this")
+    ap.add_argument("--nvrtc", default=os.environ.get("NVRTC_LIB", "libnvrtc.so.12"))
+    ap.add_argument("--ptxas", default=os.environ.get("PTXAS", "ptxas"))
+    a = ap.parse_args()
+    lib = ctypes.CDLL(a.nvrtc)
+    bad = False
+    for name in a.only:
+        ptx = nvrtc_ptx(lib, module_source(name), name, a.arch)
+        if ptx is None:
+            bad = True
+            continue
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+            f.write(ptx)
+            f.flush()
+            r = subprocess.run([a.ptxas, f"-arch=sm_{a.arch}", "-v", f.name, "-o", os.devnull],
+                               capture_output=True, text=True)
+        if r.returncode != 0:
+            print(r.stderr)
+            bad = True
+            continue
+        kernel = None
+        for line in r.stderr.splitlines():
+            m = re.search(r"Compiling entry function '(\w+)'", line)
+            if m:
+                kernel = m.group(1)
+            spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+            if spill and kernel and (int(spill.group(1)) or int(spill.group(2))):
+                print(f"SPILL {name}/{kernel}: {line.strip()}")
+                bad = True
+            used = re.search(r"Used (\d+) registers(.*)", line)
+            if used and kernel and a.filter in kernel:
+                print(f"{name}/{kernel}: {used.group(1)} registers{used.group(2)}")
+        print(f"kernels/{name}.cu: compiled for sm_{a.arch}")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
