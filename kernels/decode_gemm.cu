@@ -97,76 +97,15 @@ __device__ __forceinline__ void dg_chunk(float (&acc)[MT][NT][4], const uint4 (&
     }
 }
 
-// mode 0: y bf16 = sum; 1: y bf16 = bf16(y + bf16(sum)) (residual add); 2: y fp32 = sum.
-// ws: fp32 partials (S > 1), cnt: one zeroed counter per feature block (S > 1).
+// Split-K reduction (S > 1: write this block's partial; the last block of the feature tile to
+// arrive sums all partials in split order) and the epilogue. Shared by both kernel variants, so
+// that they differ only in how the operands reach the registers.
 template <int NT, int MT>
-__device__ void decode_gemm(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, void* y, int R, int N,
-                            int K, long long ldy, int mode, float* __restrict__ ws, u32* __restrict__ cnt) {
+__device__ __forceinline__ void dg_finish(float (&acc)[MT][NT][4], void* y, int R, int N, long long ldy, int mode,
+                                          float* __restrict__ ws, u32* __restrict__ cnt, long long n0, int warp,
+                                          int lane, int g, int t) {
     __shared__ int s_last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
     const int S = gridDim.y, s = blockIdx.y;
-    const int chunks = (K + 31) >> 5;
-    const int per = (chunks + S - 1) / S;
-    const int c0 = min(s * per, chunks), c1 = min(c0 + per, chunks);
-    const int full_end = min(c1, K >> 5);  // chunks before this one hold 32 values of K
-    const bool vec = (K & 7) == 0;
-
-    // W rows of this lane: feature tile mt covers n0 + 16·mt .. +16; rows past N are clamped
-    // (their outputs are never written).
-    const long long n0 = ((long long)blockIdx.x * DG_WARPS + warp) * MT * 16;
-    const bf16_t* wra[MT];
-    const bf16_t* wrb[MT];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        long long na = min(n0 + mt * 16 + g, (long long)N - 1), nb = min(n0 + mt * 16 + g + 8, (long long)N - 1);
-        wra[mt] = w + na * K;
-        wrb[mt] = w + nb * K;
-    }
-
-    float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
-
-    int c = c0;
-    if (vec) {
-        // Main loop: the W loads of DG_UNROLL chunks in flight before the first is used.
-        for (; c + DG_UNROLL <= full_end; c += DG_UNROLL) {
-            uint4 wa[DG_UNROLL][MT], wb[DG_UNROLL][MT];
-#pragma unroll
-            for (int u = 0; u < DG_UNROLL; ++u)
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    wa[u][mt] = dg_ld_stream(wra[mt] + (c + u) * 32 + 8 * t);
-                    wb[u][mt] = dg_ld_stream(wrb[mt] + (c + u) * 32 + 8 * t);
-                }
-#pragma unroll
-            for (int u = 0; u < DG_UNROLL; ++u)
-                dg_chunk<NT, MT>(acc, wa[u], wb[u], x, R, K, (c + u) * 32 + 8 * t, g, true);
-        }
-    }
-    // Remaining chunks one at a time (same order), bounds-checked past full_end or when K % 8 != 0.
-    for (; c < c1; ++c) {
-        const bool full = vec && c < full_end;
-        const int kk = c * 32 + 8 * t;
-        uint4 wa[MT], wb[MT];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            if (full) {
-                wa[mt] = dg_ld_stream(wra[mt] + kk);
-                wb[mt] = dg_ld_stream(wrb[mt] + kk);
-            } else {
-                wa[mt] = dg_ld_checked(wra[mt], kk, K);
-                wb[mt] = dg_ld_checked(wrb[mt], kk, K);
-            }
-        }
-        dg_chunk<NT, MT>(acc, wa, wb, x, R, K, kk, g, full);
-    }
-
     if (S > 1) {
         // Partials of this block: one float4 per (warp, mt, j, lane), coalesced.
         const long long tile = (long long)DG_WARPS * MT * NT * 32 * 4;
@@ -259,6 +198,226 @@ __device__ void decode_gemm(const bf16_t* __restrict__ x, const bf16_t* __restri
             }
 }
 
+// mode 0: y bf16 = sum; 1: y bf16 = bf16(y + bf16(sum)) (residual add); 2: y fp32 = sum.
+// ws: fp32 partials (S > 1), cnt: one zeroed counter per feature block (S > 1).
+template <int NT, int MT>
+__device__ void decode_gemm(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, void* y, int R, int N,
+                            int K, long long ldy, int mode, float* __restrict__ ws, u32* __restrict__ cnt) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int S = gridDim.y, s = blockIdx.y;
+    const int chunks = (K + 31) >> 5;
+    const int per = (chunks + S - 1) / S;
+    const int c0 = min(s * per, chunks), c1 = min(c0 + per, chunks);
+    const int full_end = min(c1, K >> 5);  // chunks before this one hold 32 values of K
+    const bool vec = (K & 7) == 0;
+
+    // W rows of this lane: feature tile mt covers n0 + 16·mt .. +16; rows past N are clamped
+    // (their outputs are never written).
+    const long long n0 = ((long long)blockIdx.x * DG_WARPS + warp) * MT * 16;
+    const bf16_t* wra[MT];
+    const bf16_t* wrb[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        long long na = min(n0 + mt * 16 + g, (long long)N - 1), nb = min(n0 + mt * 16 + g + 8, (long long)N - 1);
+        wra[mt] = w + na * K;
+        wrb[mt] = w + nb * K;
+    }
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+
+    int c = c0;
+    if (vec) {
+        // Main loop: the W loads of DG_UNROLL chunks in flight before the first is used.
+        for (; c + DG_UNROLL <= full_end; c += DG_UNROLL) {
+            uint4 wa[DG_UNROLL][MT], wb[DG_UNROLL][MT];
+#pragma unroll
+            for (int u = 0; u < DG_UNROLL; ++u)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    wa[u][mt] = dg_ld_stream(wra[mt] + (c + u) * 32 + 8 * t);
+                    wb[u][mt] = dg_ld_stream(wrb[mt] + (c + u) * 32 + 8 * t);
+                }
+#pragma unroll
+            for (int u = 0; u < DG_UNROLL; ++u)
+                dg_chunk<NT, MT>(acc, wa[u], wb[u], x, R, K, (c + u) * 32 + 8 * t, g, true);
+        }
+    }
+    // Remaining chunks one at a time (same order), bounds-checked past full_end or when K % 8 != 0.
+    for (; c < c1; ++c) {
+        const bool full = vec && c < full_end;
+        const int kk = c * 32 + 8 * t;
+        uint4 wa[MT], wb[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            if (full) {
+                wa[mt] = dg_ld_stream(wra[mt] + kk);
+                wb[mt] = dg_ld_stream(wrb[mt] + kk);
+            } else {
+                wa[mt] = dg_ld_checked(wra[mt], kk, K);
+                wb[mt] = dg_ld_checked(wrb[mt], kk, K);
+            }
+        }
+        dg_chunk<NT, MT>(acc, wa, wb, x, R, K, kk, g, full);
+    }
+
+    dg_finish<NT, MT>(acc, y, R, N, ldy, mode, ws, cnt, n0, warp, lane, g, t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pipelined variant (`decode_gemm_pipe_*`). Same operands in the same registers, the same
+// tensor-core steps in the same order, the same split and epilogue: its output is bit-identical
+// to decode_gemm's for every shape and row count (cuda_decode tests it). What differs is how the
+// operands arrive. decode_gemm loads DG_UNROLL chunks of weights into registers, then computes
+// them, so each warp alternates between waiting for memory and computing, and every warp loads
+// all rows of x itself (4× the x traffic of the block, from L1/L2). Here the block's 128 threads
+// copy each 32-wide chunk of its weight tile (64·MT features × 64 bytes) and of x (8·NT rows ×
+// 64 bytes, rows past R zero-filled) into shared memory with cp.async, STAGES − 1 chunks ahead of
+// the one being computed, so weight loads stay in flight while the tensor cores work, and x is
+// read from global memory once per block.
+//
+// Shared layout of a stage: W [64·MT rows][32 k] then x [8·NT rows][32 k], 64 bytes per row, no
+// padding: a 16-byte load of lane (g, t) reads row g (or g + 8, or 8j + g) at byte 16t, so the
+// eight lanes of each quarter-warp read two whole consecutive rows, 128 contiguous bytes: no bank
+// conflicts.
+__device__ __forceinline__ u32 dg_smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void dg_cp_async16(u32 dst, const void* src, bool valid) {
+    const int n = valid ? 16 : 0;  // 0 source bytes: the 16 destination bytes are zero-filled
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void dg_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void dg_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ uint4 dg_lds(u32 addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+
+template <int NT, int MT>
+struct DgStage {
+    static constexpr int W_BYTES = DG_WARPS * MT * 16 * 64;
+    static constexpr int X_BYTES = NT * 8 * 64;
+    static constexpr int BYTES = W_BYTES + X_BYTES;
+};
+
+// Copies chunk c of the block's weight rows (clamped to N − 1 like decode_gemm) and of x into
+// the stage at shared address `st`.
+template <int NT, int MT>
+__device__ __forceinline__ void dg_load_stage(u32 st, const bf16_t* __restrict__ w, const bf16_t* __restrict__ x,
+                                              long long nblk, int N, int R, int K, int c) {
+    constexpr int W_PIECES = DG_WARPS * MT * 16 * 4;  // 16-byte pieces of the weight tile
+#pragma unroll
+    for (int i = 0; i < W_PIECES / (DG_WARPS * 32); ++i) {
+        const int p = threadIdx.x + i * DG_WARPS * 32;
+        const int row = p >> 2, q = p & 3;
+        const long long n = min(nblk + row, (long long)N - 1);
+        dg_cp_async16(st + p * 16, w + n * K + c * 32 + q * 8, true);
+    }
+    constexpr int X_PIECES = NT * 8 * 4;  // up to 256: two per thread at 64 rows
+#pragma unroll
+    for (int p = threadIdx.x; p < X_PIECES; p += DG_WARPS * 32) {
+        const int row = p >> 2, q = p & 3;
+        const bool ok = row < R;
+        dg_cp_async16(st + DgStage<NT, MT>::W_BYTES + p * 16,
+                      ok ? (const void*)(x + (long long)row * K + c * 32 + q * 8) : (const void*)x, ok);
+    }
+}
+
+template <int NT, int MT, int STAGES>
+__device__ void decode_gemm_pipe(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, void* y, int R, int N,
+                                 int K, long long ldy, int mode, float* __restrict__ ws, u32* __restrict__ cnt) {
+    extern __shared__ __align__(128) unsigned char dg_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int S = gridDim.y, s = blockIdx.y;
+    const int chunks = (K + 31) >> 5;
+    const int per = (chunks + S - 1) / S;
+    const int c0 = min(s * per, chunks), c1 = min(c0 + per, chunks);
+    const int full_end = min(c1, K >> 5);
+    const bool vec = (K & 7) == 0;
+    const long long nblk = (long long)blockIdx.x * DG_WARPS * MT * 16;
+    const long long n0 = nblk + (long long)warp * MT * 16;
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+
+    // Chunks [c0, pe) go through shared memory; [pe, c1) (the tail, or all of them when K % 8 != 0)
+    // through decode_gemm's bounds-checked path, in the same increasing order.
+    const int pe = vec ? max(full_end, c0) : c0;
+    const int np = pe - c0;
+    const u32 base = dg_smem_u32(dg_smem);
+    constexpr int SB = DgStage<NT, MT>::BYTES;
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < np) dg_load_stage<NT, MT>(base + i * SB, w, x, nblk, N, R, K, c0 + i);
+        dg_cp_commit();
+    }
+    // This lane's byte offsets inside a stage.
+    const u32 wa_off = (u32)((warp * MT * 16 + g) * 64 + t * 16);
+    const u32 x_off = (u32)(DgStage<NT, MT>::W_BYTES + g * 64 + t * 16);
+    for (int i = 0; i < np; ++i) {
+        dg_cp_wait<STAGES - 2>();  // this thread's copies of chunk i have landed
+        __syncthreads();           // everyone's have; and everyone is done with chunk i − 1's stage
+        const int nx = i + STAGES - 1;
+        if (nx < np) dg_load_stage<NT, MT>(base + (nx % STAGES) * SB, w, x, nblk, N, R, K, c0 + nx);
+        dg_cp_commit();
+        const u32 st = base + (i % STAGES) * SB;
+        uint4 wa[MT], wb[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            wa[mt] = dg_lds(st + wa_off + mt * 16 * 64);
+            wb[mt] = dg_lds(st + wa_off + mt * 16 * 64 + 8 * 64);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const uint4 xv = dg_lds(st + x_off + j * 8 * 64);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                dg_mma(acc[mt][j], wa[mt].x, wb[mt].x, wa[mt].y, wb[mt].y, xv.x, xv.y);
+                dg_mma(acc[mt][j], wa[mt].z, wb[mt].z, wa[mt].w, wb[mt].w, xv.z, xv.w);
+            }
+        }
+    }
+    dg_cp_wait<0>();
+
+    if (pe < c1) {
+        const bf16_t* wra[MT];
+        const bf16_t* wrb[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            long long na = min(n0 + mt * 16 + g, (long long)N - 1), nb = min(n0 + mt * 16 + g + 8, (long long)N - 1);
+            wra[mt] = w + na * K;
+            wrb[mt] = w + nb * K;
+        }
+        for (int c = pe; c < c1; ++c) {
+            const bool full = vec && c < full_end;
+            const int kk = c * 32 + 8 * t;
+            uint4 wa[MT], wb[MT];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                wa[mt] = full ? dg_ld_stream(wra[mt] + kk) : dg_ld_checked(wra[mt], kk, K);
+                wb[mt] = full ? dg_ld_stream(wrb[mt] + kk) : dg_ld_checked(wrb[mt], kk, K);
+            }
+            dg_chunk<NT, MT>(acc, wa, wb, x, R, K, kk, g, full);
+        }
+    }
+    dg_finish<NT, MT>(acc, y, R, N, ldy, mode, ws, cnt, n0, warp, lane, g, t);
+}
+
 #define DG_ENTRY(NT, MT, MINB)                                                                                     \
     extern "C" __global__ void __launch_bounds__(DG_WARPS * 32, MINB)                                             \
         decode_gemm_n##NT##_m##MT(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, void* y, int R, \
@@ -278,3 +437,24 @@ DG_ENTRY(5, 2, 3)
 DG_ENTRY(6, 2, 3)
 DG_ENTRY(7, 2, 2)
 DG_ENTRY(8, 2, 2)
+
+// Pipelined instances: the same (NT, MT) pairs. Stages: 8 with one feature tile per warp (a
+// stage is 4 KiB of weights + ≤ 1 KiB of x), 4 with two (8 KiB + ≤ 4 KiB). The launch bound asks
+// for 4 blocks per multiprocessor (≤ 128 registers) where that costs no spills, else 3 (4 and 5
+// row tiles) or 2 (6 to 8: the residual epilogue holds every accumulator and old value at once);
+// shared memory is at most 4 × 48 KiB. At MT = 2 that keeps 2–3 blocks × 3 stages × 8 KiB of
+// weights in flight per multiprocessor, above the ~33 KiB that 4.3 TB/s × ~1 µs of latency needs.
+#define DG_PIPE_ENTRY(NT, MT, STAGES, MINB)                                                                         \
+    extern "C" __global__ void __launch_bounds__(DG_WARPS * 32, MINB)                                              \
+        decode_gemm_pipe_n##NT##_m##MT(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, void* y, int R, \
+                                       int N, int K, long long ldy, int mode, float* ws, u32* cnt) {                \
+        decode_gemm_pipe<NT, MT, STAGES>(x, w, y, R, N, K, ldy, mode, ws, cnt);                                     \
+    }
+DG_PIPE_ENTRY(1, 1, 8, 4)
+DG_PIPE_ENTRY(2, 1, 8, 4)
+DG_PIPE_ENTRY(3, 2, 4, 4)
+DG_PIPE_ENTRY(4, 2, 4, 3)
+DG_PIPE_ENTRY(5, 2, 4, 3)
+DG_PIPE_ENTRY(6, 2, 4, 2)
+DG_PIPE_ENTRY(7, 2, 4, 2)
+DG_PIPE_ENTRY(8, 2, 4, 2)

@@ -9,7 +9,8 @@
 
 use draftlens::backend::cpu::{CpuBackend, CpuTensor};
 use draftlens::backend::cuda::{
-    decode_attn_chunks, CudaBackend, CudaTensor, DECODE_ATTN_CHUNK, MAX_DECODE_ROWS,
+    decode_attn_chunks, CudaBackend, CudaTensor, DecodeGemmKernel, DECODE_ATTN_CHUNK,
+    MAX_DECODE_ROWS,
 };
 use draftlens::backend::Backend;
 use draftlens::generate::{greedy, greedy_batch, Continuation, StopReason};
@@ -143,6 +144,65 @@ fn decode_gemm_rows_are_bit_identical_for_every_batch_size_and_match_cublas() {
             "[{n}, {k}]: matmul_acc differs from matmul + add_inplace"
         );
     }
+}
+
+/// The pipelined kernel (the default) and the register kernel run the same tensor-core steps on
+/// the same operands in the same order: every row count, shape and epilogue must give the same
+/// bits, and so must the LM head's top-k.
+#[test]
+fn pipelined_decode_gemm_is_bit_identical_to_the_register_kernel() {
+    let Some(be) = gpu() else { return };
+    let run =
+        |kernel, x: &CudaTensor, w: &draftlens::backend::cuda::CudaMatrix, acc0: &CudaTensor| {
+            be.set_decode_gemm_kernel(kernel);
+            let y = bits(&be, &be.matmul(x, w).unwrap());
+            let mut acc = be.clone_tensor(acc0).unwrap();
+            be.matmul_acc(x, w, &mut acc).unwrap();
+            (y, bits(&be, &acc))
+        };
+    for (si, &(n, k)) in SHAPES.iter().enumerate() {
+        let seed = 900 + si as u64;
+        let x64 = be
+            .random_tensor(MAX_DECODE_ROWS, k, 1.0, 0.0, seed)
+            .unwrap();
+        let w = be.random_matrix(n, k, 0.02, seed + 1).unwrap();
+        let acc64 = be
+            .random_tensor(MAX_DECODE_ROWS, n, 0.5, 0.0, seed + 2)
+            .unwrap();
+        for rows in 1..=MAX_DECODE_ROWS {
+            let x = be.slice_rows(&x64, 0, rows).unwrap();
+            let acc = be.slice_rows(&acc64, 0, rows).unwrap();
+            let regs = run(DecodeGemmKernel::Registers, &x, &w, &acc);
+            let pipe = run(DecodeGemmKernel::Pipelined, &x, &w, &acc);
+            assert!(
+                regs.0 == pipe.0,
+                "[{n}, {k}], {rows} rows: matmul bits differ"
+            );
+            assert!(
+                regs.1 == pipe.1,
+                "[{n}, {k}], {rows} rows: matmul_acc bits differ"
+            );
+        }
+    }
+    let x64 = be
+        .random_tensor(MAX_DECODE_ROWS, 4096, 1.0, 0.0, 5)
+        .unwrap();
+    let head = be.random_matrix(151_936, 4096, 0.02, 6).unwrap();
+    for rows in [1, 9, 17, 64] {
+        let x = be.slice_rows(&x64, 0, rows).unwrap();
+        be.set_decode_gemm_kernel(DecodeGemmKernel::Registers);
+        let a = be.lm_head_topk(&x, &head, 8).unwrap();
+        be.set_decode_gemm_kernel(DecodeGemmKernel::Pipelined);
+        let b = be.lm_head_topk(&x, &head, 8).unwrap();
+        assert_eq!(a.ids, b.ids, "LM head ids, {rows} rows");
+        let lp = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            lp(&a.logprobs),
+            lp(&b.logprobs),
+            "LM head log-probs, {rows} rows"
+        );
+    }
+    be.set_decode_gemm_kernel(DecodeGemmKernel::default());
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! The `decode` section of `examples/cuda_bench.rs` (docs/benchmarks-cuda.md): the batch-invariant
-//! decode GEMM's weight bandwidth per Qwen3-8B shape against cuBLAS and the device copy rate, a
+//! decode GEMM's weight bandwidth per Qwen3-8B shape (pipelined kernel, with the register kernel
+//! as an A/B column) against cuBLAS and the device copy rate, a
 //! whole decode step of `TargetModel` (random Qwen3-8B weights through the normal loader) at
 //! batch 1, 8, 32 and 64, and greedy generation of 64 prompts × 128 tokens batched against one
 //! prompt at a time.
@@ -52,6 +53,20 @@ pub fn gemm_bandwidth(be: &CudaBackend, copy_rate: f64) -> Result<Value> {
                 }
                 Ok(())
             })?;
+            // A/B: the register kernel (same bits, docs/cuda.md "Batch-invariant decode").
+            be.set_decode_gemm_kernel(super::DecodeGemmKernel::Registers);
+            let regs = time_median(be, 2, 10, || {
+                for w in &ws {
+                    if n > 100_000 {
+                        be.lm_head_topk(&x, w, 1)?;
+                    } else {
+                        be.matmul(&x, w)?;
+                    }
+                }
+                Ok(())
+            });
+            be.set_decode_gemm_kernel(super::DecodeGemmKernel::default());
+            let regs = regs?;
             let cublas = if n > 100_000 {
                 None
             } else {
@@ -67,12 +82,14 @@ pub fn gemm_bandwidth(be: &CudaBackend, copy_rate: f64) -> Result<Value> {
                 " | {rows}: {gbs:.0} ({:.0}%)",
                 100.0 * gbs * 1e9 / copy_rate
             );
+            line += &format!(" regs {:.0}", bytes / regs / 1e9);
             if let Some(c) = cublas {
                 line += &format!(" cuBLAS {:.0}", bytes / c / 1e9);
             }
             row.insert(
                 rows.to_string(),
-                json!({"gb_s": gbs, "cublas_gb_s": cublas.map(|c| bytes / c / 1e9),
+                json!({"gb_s": gbs, "registers_gb_s": bytes / regs / 1e9,
+                       "cublas_gb_s": cublas.map(|c| bytes / c / 1e9),
                        "us_per_gemm": ours / COPIES as f64 * 1e6}),
             );
         }

@@ -58,6 +58,36 @@ pub fn k_splits(n: usize, k: usize) -> usize {
     s
 }
 
+/// How the decode GEMM's operands reach the tensor cores (`kernels/decode_gemm.cu`). Both run the
+/// same tensor-core steps on the same registers in the same order, so their outputs are
+/// bit-identical (`cuda_decode` checks every row count); only the speed differs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeGemmKernel {
+    /// `decode_gemm_n*_m*`: each warp loads a few chunks of weights into registers, then
+    /// computes them, and reads every row of x itself.
+    Registers,
+    /// `decode_gemm_pipe_n*_m*` (the default): the block copies weights and x into shared
+    /// memory with `cp.async`, several chunks ahead of the one being computed.
+    #[default]
+    Pipelined,
+}
+
+/// Pipeline depth of `decode_gemm_pipe_*` (its `STAGES`): 8 chunks with one 16-feature tile
+/// per warp, 4 with two. Must match the DG_PIPE_ENTRY instances.
+fn pipe_stages(mt: usize) -> usize {
+    if mt == 1 {
+        8
+    } else {
+        4
+    }
+}
+
+/// Dynamic shared memory of `decode_gemm_pipe_*`: per stage the block's weight tile (64·mt
+/// features × 32 values) and x (8·nt rows × 32 values), bf16 (`DgStage` in the kernel).
+fn pipe_shared_bytes(nt: usize, mt: usize) -> usize {
+    pipe_stages(mt) * (WARPS * mt * FEATURES_PER_WARP_TILE * 64 + nt * 8 * 64)
+}
+
 /// Scratch of the split-K launches: fp32 partials and one arrival counter per feature block
 /// (zeroed once; the last block of each feature block resets its counter).
 #[derive(Default)]
@@ -66,6 +96,8 @@ pub(crate) struct DecodeScratch {
     counters: Option<CudaSlice<u32>>,
     /// Benchmarks only ([`CudaBackend::set_decode_splits_override`]).
     splits_override: Option<usize>,
+    /// Benchmarks and tests ([`CudaBackend::set_decode_gemm_kernel`]).
+    kernel: DecodeGemmKernel,
 }
 
 pub(crate) type DecodeState = Mutex<DecodeScratch>;
@@ -102,11 +134,14 @@ impl CudaBackend {
         let nt = rows.div_ceil(8);
         // Two 16-feature tiles per warp above 16 rows: halves the L2 reads of x per weight byte.
         let mt = if rows > 16 { 2 } else { 1 };
-        let func = decode_kernel_name(nt, mt);
         let features_per_block = WARPS * mt * FEATURES_PER_WARP_TILE;
         let feature_blocks = out.div_ceil(features_per_block);
-        let f = self.kernels.get("decode", func)?;
         let mut scratch = self.decode.lock().unwrap_or_else(|e| e.into_inner());
+        let (func, shared) = match scratch.kernel {
+            DecodeGemmKernel::Registers => (decode_kernel_name(nt, mt), 0),
+            DecodeGemmKernel::Pipelined => (pipe_kernel_name(nt, mt), pipe_shared_bytes(nt, mt)),
+        };
+        let f = self.kernels.get("decode", func)?;
         let splits = scratch
             .splits_override
             .unwrap_or_else(|| k_splits(out, inp))
@@ -168,7 +203,7 @@ impl CudaBackend {
             b.launch(LaunchConfig {
                 grid_dim: (feature_blocks as u32, splits as u32, 1),
                 block_dim: ((WARPS * 32) as u32, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes: shared as u32,
             })
         }
         .map_err(derr(func))?;
@@ -185,6 +220,12 @@ impl CudaBackend {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .splits_override = splits;
+    }
+
+    /// Which decode GEMM kernel runs from now on (A/B benchmarks and the bit-identity test; the
+    /// two give the same bits).
+    pub fn set_decode_gemm_kernel(&self, kernel: DecodeGemmKernel) {
+        self.decode.lock().unwrap_or_else(|e| e.into_inner()).kernel = kernel;
     }
 
     /// `x · Wᵀ` through cuBLAS whatever the row count: the reference the decode kernel is
@@ -470,6 +511,24 @@ fn decode_kernel_name(nt: usize, mt: usize) -> &'static str {
     }
 }
 
+/// The pipelined instance for the same (`nt`, `mt`) as [`decode_kernel_name`].
+fn pipe_kernel_name(nt: usize, mt: usize) -> &'static str {
+    const M1: [&str; 2] = ["decode_gemm_pipe_n1_m1", "decode_gemm_pipe_n2_m1"];
+    const M2: [&str; 6] = [
+        "decode_gemm_pipe_n3_m2",
+        "decode_gemm_pipe_n4_m2",
+        "decode_gemm_pipe_n5_m2",
+        "decode_gemm_pipe_n6_m2",
+        "decode_gemm_pipe_n7_m2",
+        "decode_gemm_pipe_n8_m2",
+    ];
+    if mt == 1 && nt <= 2 {
+        M1[nt - 1]
+    } else {
+        M2[nt.clamp(3, 8) - 3]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -505,6 +564,14 @@ mod tests {
             let mt = if rows > 16 { 2 } else { 1 };
             let name = decode_kernel_name(nt, mt);
             assert_eq!(name, format!("decode_gemm_n{nt}_m{mt}"));
+            assert_eq!(
+                pipe_kernel_name(nt, mt),
+                format!("decode_gemm_pipe_n{nt}_m{mt}")
+            );
+            // Launches without opting in to more than 48 KiB of dynamic shared memory.
+            assert!(pipe_shared_bytes(nt, mt) <= 48 * 1024, "{rows} rows");
         }
+        assert_eq!(pipe_shared_bytes(8, 2), 4 * (8192 + 4096));
+        assert_eq!(pipe_shared_bytes(1, 1), 8 * (4096 + 512));
     }
 }

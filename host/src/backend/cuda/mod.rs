@@ -47,7 +47,9 @@ pub mod nvml;
 mod probe;
 mod upload;
 
-pub use decode::{decode_attn_chunks, k_splits, DECODE_ATTN_CHUNK, MAX_DECODE_ROWS};
+pub use decode::{
+    decode_attn_chunks, k_splits, DecodeGemmKernel, DECODE_ATTN_CHUNK, MAX_DECODE_ROWS,
+};
 pub use gemm::{GemmMode, TuneRecord};
 pub use kernels::compile_kernels_offline;
 pub use probe::availability;
