@@ -14,7 +14,7 @@
 #           Gated DeltaNet (`hf_torch`) and with fla's Triton kernels (`hf_fla`: the carried
 #           fla-core / flash-linear-attention 0.6.0 wheels on PYTHONPATH over the system's torch).
 # Usage (carry $B with draftlens, cuda_bench, tok.tar, humaneval.jsonl, fla/ wheels, *.xz ok):
-#   [ARCH=qwen3.6-27b] STEPS="make bench dl long hf_torch hf_fla" bash tools/bench/hybrid_device.sh $B [N prompts]
+#   [ARCH=qwen3.6-27b|qwen3-32b] STEPS="make bench dl long hf_torch hf_fla" bash tools/bench/hybrid_device.sh $B [N prompts]
 set -u
 B=${1:-target-carry/hyb}
 N=${2:-164}
@@ -28,10 +28,15 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 # ARCH=qwen3.6-27b: the whole 64-layer model (one drafter, taps 1,31,61; written where there is
 # room for its 54 GB: /dev/shm when it has it, else /tmp).
 ARCH=${ARCH:-qwen3.6-27b-16l}
+# ARCH=qwen3-32b: the 27B-class dense target of issue 11 (Qwen3-32B's shapes, 65.5 GB; one
+# drafter, taps 1,17,33,49,61; needs /dev/shm).
 if [ "$ARCH" = qwen3.6-27b ]; then
   TAPS=${TAPS:-1,31,61}; DRAFTERS=${DRAFTERS:-1}
   M=/tmp/q27full
   [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -n 1)" -ge 60 ] 2>/dev/null && M=/dev/shm/q27full
+elif [ "$ARCH" = qwen3-32b ]; then
+  TAPS=${TAPS:-1,17,33,49,61}; DRAFTERS=${DRAFTERS:-1}
+  M=/dev/shm/q32
 else
   TAPS=${TAPS:-1,7,14}; DRAFTERS=${DRAFTERS:-3}
   M=/tmp/q27

@@ -3,7 +3,7 @@ machine, for the end-to-end benchmarks (docs/benchmarks-cuda.md). Nothing is dow
 is `from_config` on the GPU in bf16 and written with `save_pretrained` (sharded like the real
 checkpoints); the tokenizer is the Qwen3 one from the prompt-set fixtures (data/tokenizer/qwen3-hf).
 
-usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b|qwen3.6-27b-16l|qwen3.6-27b] [--drafters 3]
+usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b|qwen3-32b|qwen3.6-27b-16l|qwen3.6-27b] [--drafters 3]
            [--taps 1,9,17,25,33]
 
 Drafters are written to OUT-drafters/step-{k} in the z-lab DFlash format draftlens reads
@@ -32,6 +32,10 @@ ARCHS = {
                             rms_norm_eps=1e-6, max_position_embeddings=262144, tie_word_embeddings=False,
                             bos_token_id=151643, eos_token_id=151645),
 }
+# A 27B-class dense target: Qwen3-32B's shapes (64 layers, 32.8 B parameters, 65.5 GB of bf16;
+# write it to /dev/shm on the GPU machine).
+ARCHS["qwen3-32b"] = dict(ARCHS["qwen3-8b"], hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+                          num_attention_heads=64, num_key_value_heads=8)
 # The whole Qwen3.6-27B text model (64 layers, 53.8 GB of bf16): fits the GPU machine's disk with
 # one drafter checkpoint and little else.
 ARCHS["qwen3.6-27b"] = dict(ARCHS["qwen3.6-27b-16l"], num_hidden_layers=64)

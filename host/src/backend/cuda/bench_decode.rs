@@ -43,30 +43,30 @@ pub fn gemm_bandwidth(be: &CudaBackend, copy_rate: f64) -> Result<Value> {
         let mut row = serde_json::Map::new();
         for rows in BATCHES {
             let x = be.random_tensor(rows, k, 1.0, 0.0, 7)?;
-            let ours = time_median(be, 2, 10, || {
-                for w in &ws {
-                    if n > 100_000 {
-                        be.lm_head_topk(&x, w, 1)?;
-                    } else {
-                        be.matmul(&x, w)?;
+            // Both kernels (same bits, docs/cuda.md "Batch-invariant decode"); the product runs
+            // the one `DecodeGemmKernel::Auto` picks for the row count.
+            let mut timed = |kernel| {
+                be.set_decode_gemm_kernel(kernel);
+                let t = time_median(be, 2, 10, || {
+                    for w in &ws {
+                        if n > 100_000 {
+                            be.lm_head_topk(&x, w, 1)?;
+                        } else {
+                            be.matmul(&x, w)?;
+                        }
                     }
-                }
-                Ok(())
-            })?;
-            // A/B: the register kernel (same bits, docs/cuda.md "Batch-invariant decode").
-            be.set_decode_gemm_kernel(super::DecodeGemmKernel::Registers);
-            let regs = time_median(be, 2, 10, || {
-                for w in &ws {
-                    if n > 100_000 {
-                        be.lm_head_topk(&x, w, 1)?;
-                    } else {
-                        be.matmul(&x, w)?;
-                    }
-                }
-                Ok(())
-            });
-            be.set_decode_gemm_kernel(super::DecodeGemmKernel::default());
-            let regs = regs?;
+                    Ok(())
+                });
+                be.set_decode_gemm_kernel(super::DecodeGemmKernel::default());
+                t
+            };
+            let regs = timed(super::DecodeGemmKernel::Registers)?;
+            let pipe = timed(super::DecodeGemmKernel::Pipelined)?;
+            let ours = if rows.div_ceil(8) >= super::decode::PIPE_FROM_ROW_TILES {
+                pipe
+            } else {
+                regs
+            };
             let cublas = if n > 100_000 {
                 None
             } else {
@@ -82,13 +82,17 @@ pub fn gemm_bandwidth(be: &CudaBackend, copy_rate: f64) -> Result<Value> {
                 " | {rows}: {gbs:.0} ({:.0}%)",
                 100.0 * gbs * 1e9 / copy_rate
             );
-            line += &format!(" regs {:.0}", bytes / regs / 1e9);
+            line += &format!(
+                " [regs {:.0} pipe {:.0}]",
+                bytes / regs / 1e9,
+                bytes / pipe / 1e9
+            );
             if let Some(c) = cublas {
                 line += &format!(" cuBLAS {:.0}", bytes / c / 1e9);
             }
             row.insert(
                 rows.to_string(),
-                json!({"gb_s": gbs, "registers_gb_s": bytes / regs / 1e9,
+                json!({"gb_s": gbs, "registers_gb_s": bytes / regs / 1e9, "pipelined_gb_s": bytes / pipe / 1e9,
                        "cublas_gb_s": cublas.map(|c| bytes / c / 1e9),
                        "us_per_gemm": ours / COPIES as f64 * 1e6}),
             );

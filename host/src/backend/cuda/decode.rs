@@ -63,14 +63,23 @@ pub fn k_splits(n: usize, k: usize) -> usize {
 /// bit-identical (`cuda_decode` checks every row count); only the speed differs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DecodeGemmKernel {
+    /// The faster of the two for the row count, as measured on the H200
+    /// (docs/benchmarks-cuda.md, "Decode, pipelined GEMM"): pipelined from
+    /// [`PIPE_FROM_ROW_TILES`] row tiles of 8, registers below.
+    #[default]
+    Auto,
     /// `decode_gemm_n*_m*`: each warp loads a few chunks of weights into registers, then
     /// computes them, and reads every row of x itself.
     Registers,
-    /// `decode_gemm_pipe_n*_m*` (the default): the block copies weights and x into shared
-    /// memory with `cp.async`, several chunks ahead of the one being computed.
-    #[default]
+    /// `decode_gemm_pipe_n*_m*`: the block copies weights and x into shared memory with
+    /// `cp.async`, several chunks ahead of the one being computed.
     Pipelined,
 }
+
+/// Row tiles (of 8 rows) from which [`DecodeGemmKernel::Auto`] takes the pipelined kernel. On
+/// the H200 it was 8–18 % faster at 64 rows (8 tiles) on all five Qwen3-8B shapes and 1–31 %
+/// slower at 1, 8 and 32 rows; 57–63 rows share its 8-tile instance.
+pub const PIPE_FROM_ROW_TILES: usize = 8;
 
 /// Pipeline depth of `decode_gemm_pipe_*` (its `STAGES`): 8 chunks with one 16-feature tile
 /// per warp, 4 with two. Must match the DG_PIPE_ENTRY instances.
@@ -137,11 +146,19 @@ impl CudaBackend {
         let features_per_block = WARPS * mt * FEATURES_PER_WARP_TILE;
         let feature_blocks = out.div_ceil(features_per_block);
         let mut scratch = self.decode.lock().unwrap_or_else(|e| e.into_inner());
-        let (func, shared) = match scratch.kernel {
-            DecodeGemmKernel::Registers => (decode_kernel_name(nt, mt), 0),
-            DecodeGemmKernel::Pipelined => (pipe_kernel_name(nt, mt), pipe_shared_bytes(nt, mt)),
+        let pipelined = match scratch.kernel {
+            DecodeGemmKernel::Auto => nt >= PIPE_FROM_ROW_TILES,
+            DecodeGemmKernel::Registers => false,
+            DecodeGemmKernel::Pipelined => true,
         };
-        let f = self.kernels.get("decode", func)?;
+        let (func, shared) = if pipelined {
+            (pipe_kernel_name(nt, mt), pipe_shared_bytes(nt, mt))
+        } else {
+            (decode_kernel_name(nt, mt), 0)
+        };
+        // 4 stages of 12 KiB at 64 rows plus the static counter flag pass the 48 KiB that needs
+        // no opt-in.
+        let f = self.kernels.get_with_smem("decode", func, shared)?;
         let splits = scratch
             .splits_override
             .unwrap_or_else(|| k_splits(out, inp))
@@ -568,7 +585,7 @@ mod tests {
                 pipe_kernel_name(nt, mt),
                 format!("decode_gemm_pipe_n{nt}_m{mt}")
             );
-            // Launches without opting in to more than 48 KiB of dynamic shared memory.
+            // Far below the 227 KiB a block may opt in to, so that 2–4 blocks share an SM.
             assert!(pipe_shared_bytes(nt, mt) <= 48 * 1024, "{rows} rows");
         }
         assert_eq!(pipe_shared_bytes(8, 2), 4 * (8192 + 4096));
