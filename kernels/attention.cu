@@ -279,7 +279,7 @@ ATT_ENTRY(128)
 ATT_ENTRY(256)
 
 // =============================================================================================
-// Flash attention, version 2 (head dims 64 and 128; every mask of those head dims uses it). Same
+// Flash attention, version 2 (head dims 64, 128 and 256; every mask of those head dims uses it). Same
 // numerics, fragment layouts, swizzle and interval masks as `flash_attention` above; what changes
 // is the work per warp and the pipeline:
 //
@@ -297,6 +297,17 @@ ATT_ENTRY(256)
 //
 // Shared memory: Q 128×HD + 2 × (K, V) 64×HD bf16 = 96 KB at HD 128 (2 blocks per SM, which is
 // also the register limit), 48 KB at HD 64.
+//
+// Head dim 256 (the hybrids' gated attention): 32 rows per warp would need 2 × 32 × 4 = 256 fp32
+// O accumulators per thread, over the 255-register limit, so each warp runs one 16-row m-tile
+// (128 accumulators + 32 S + 16 P registers) and the block has 8 warps: BM stays 128 (the same
+// query blocks, heaviest-first order and GQA packing as HD 64/128; group 6 uses 126 of the 128
+// rows), 256 threads, BN 64. Shared memory is Q 64 KB + double-buffered K, V 128 KB = 192 KB
+// (H100/H200 allow 227 KB per block), so one block per SM — which the registers (256 threads ×
+// up to 255) impose anyway; 8 warps per SM as at HD 128. Each K/V fragment feeds one m-tile, as
+// in FlashAttention-2's own HD-256 forward (64 × 64 tiles, 4 warps × 16 rows); the smaller
+// alternative (BM 64, BN 32, 96 KB, 2 blocks per SM) has the same warps per SM but loads each K/V
+// tile from L2 for half as many query rows. Everything else (numerics, masks, order) is shared.
 #define FA2_BM 128
 #define FA2_BN 64
 #define FA2_THREADS 128
@@ -332,10 +343,10 @@ __device__ __forceinline__ void cp_async16_s(u32 smem, const void* gmem, bool va
 // of 8), so its swizzled destination offset `soff` is fixed and the rows step by RPP·row bytes.
 // (Same destinations as swz(); written with one base pointer and offset so that the compiler
 // keeps few registers live across the main loop.)
-template <int HD>
+template <int HD, int NT>
 __device__ __forceinline__ void fa2_load_kv(u32 tile, const bf16_t* src, long long ld, int row0, int n_rows) {
-    constexpr int CPR = HD / 8;               // 16-byte chunks per row
-    constexpr int RPP = FA2_THREADS / CPR;    // rows per pass (8 at HD 128, 16 at HD 64)
+    constexpr int CPR = HD / 8;      // 16-byte chunks per row
+    constexpr int RPP = NT / CPR;    // rows per pass (8 at HD 128 and 256, 16 at HD 64)
     const int r0 = threadIdx.x / CPR, ch = threadIdx.x % CPR;
     const u32 soff = r0 * (HD * 2) + ((ch ^ (r0 & 7)) << 4);
     const bf16_t* g = src + (long long)(row0 + r0) * ld + ch * 8;
@@ -346,7 +357,7 @@ __device__ __forceinline__ void fa2_load_kv(u32 tile, const bf16_t* src, long lo
     }
 }
 
-template <int HD>
+template <int HD, int MT, int NW>
 __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                  const bf16_t* __restrict__ v, bf16_t* __restrict__ o,
                                  const int4* __restrict__ ranges, const int* __restrict__ order, int tq, int tk,
@@ -356,6 +367,8 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
     bf16_t* Ks = Qs + FA2_BM * HD;      // [2][FA2_BN][HD]
     bf16_t* Vs = Ks + 2 * FA2_BN * HD;  // [2][FA2_BN][HD]
     __shared__ int s_seg[8];
+    constexpr int NT = NW * 32;  // threads
+    static_assert(NW * 16 * MT == FA2_BM, "NW warps x MT m-tiles of 16 rows make the block's M rows");
 
     const int group = heads / kv_heads;
     const int ppb = FA2_BM / group;  // query positions per block
@@ -372,8 +385,8 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
     {
         constexpr int CPR = HD / 8;
 #pragma unroll 4
-        for (int i = 0; i < FA2_BM * CPR / FA2_THREADS; ++i) {
-            int c = tid + i * FA2_THREADS;
+        for (int i = 0; i < FA2_BM * CPR / NT; ++i) {
+            int c = tid + i * NT;
             int r = c / CPR, ch = c % CPR;
             int p = pos0 + r / group;
             bool ok = r < ppb * group && p < tq;
@@ -407,7 +420,7 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
     const int ntiles = na + (b_hi - b_lo + FA2_BN - 1) / FA2_BN;
 
     const int g = lane >> 2, tig = lane & 3;
-    const int wrow = warp * 32;  // this warp's first M row; m-tile mt covers wrow + 16·mt + [0, 16)
+    const int wrow = warp * 16 * MT;  // this warp's first M row; m-tile mt covers wrow + 16·mt + [0, 16)
     // ldmatrix lane addresses (bytes, shared space). Every row a lane addresses has row & 7 ==
     // lane & 7, and a 16-element column block kk covers chunks 2kk and 2kk + 1, so the swizzled
     // chunk (2kk + c) ^ (row & 7) equals 2kk ^ (c ^ (lane & 7)): one lane constant y, XORed with
@@ -419,15 +432,15 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
     const u32 k_lane0 = smem_u32(Ks) + ((lane & 7) + (lane >> 4) * 8) * ROWB;
     const u32 v_lane0 = smem_u32(Vs) + ((lane & 7) + ((lane >> 3) & 1) * 8) * ROWB;
 
-    float acc[2][HD / 8][4];
+    float acc[MT][HD / 8][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int i = 0; i < HD / 8; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
     // Row state [mt][h] belongs to M row wrow + 16·mt + g + 8·h.
-    float m_run[2][2], l_run[2][2];
+    float m_run[MT][2], l_run[MT][2];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < MT; ++mt) {
         m_run[mt][0] = m_run[mt][1] = -DL_INF;
         l_run[mt][0] = l_run[mt][1] = 0.f;
     }
@@ -436,8 +449,8 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
     const bf16_t* vbase = v + (long long)kvh * HD;
     const u32 ks_s = smem_u32(Ks), vs_s = smem_u32(Vs);
     if (ntiles > 0) {
-        fa2_load_kv<HD>(ks_s, kbase, kv_ld, a_lo, tk);
-        fa2_load_kv<HD>(vs_s, vbase, kv_ld, a_lo, tk);
+        fa2_load_kv<HD, NT>(ks_s, kbase, kv_ld, a_lo, tk);
+        fa2_load_kv<HD, NT>(vs_s, vbase, kv_ld, a_lo, tk);
         cp_async_commit();
     }
     for (int t = 0; t < ntiles; ++t) {
@@ -448,31 +461,31 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
         __syncthreads();
         if (t + 1 < ntiles) {
             const int kn = (t + 1) < na ? a_lo + (t + 1) * FA2_BN : b_lo + (t + 1 - na) * FA2_BN;
-            fa2_load_kv<HD>(ks_s + ((t + 1) & 1) * FA2_BN * ROWB, kbase, kv_ld, kn, tk);
-            fa2_load_kv<HD>(vs_s + ((t + 1) & 1) * FA2_BN * ROWB, vbase, kv_ld, kn, tk);
+            fa2_load_kv<HD, NT>(ks_s + ((t + 1) & 1) * FA2_BN * ROWB, kbase, kv_ld, kn, tk);
+            fa2_load_kv<HD, NT>(vs_s + ((t + 1) & 1) * FA2_BN * ROWB, vbase, kv_ld, kn, tk);
             cp_async_commit();
         }
         const u32 k_lane = k_lane0 + (t & 1) * FA2_BN * ROWB;
         const u32 v_lane = v_lane0 + (t & 1) * FA2_BN * ROWB;
 
-        // S = Q · K(t)ᵀ: two m-tiles × 64 keys (8 n-tiles of 8 keys).
-        float s[2][8][4];
+        // S = Q · K(t)ᵀ: MT m-tiles × 64 keys (8 n-tiles of 8 keys).
+        float s[MT][8][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int i = 0; i < 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) {
-            u32 a[2][4];
+            u32 a[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
                 ldsm_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3], q_lane + mt * 16 * ROWB + ((kk << 5) ^ yq));
 #pragma unroll
             for (int np = 0; np < 4; ++np) {
                 u32 b0, b1, b2, b3;
                 ldsm_x4(b0, b1, b2, b3, k_lane + np * 16 * ROWB + ((kk << 5) ^ yk));
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
+                for (int mt = 0; mt < MT; ++mt) {
                     mma_bf16(s[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
                     mma_bf16(s[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
                 }
@@ -488,7 +501,7 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
                           ((kt0 >= fa_lo && kt0 + FA2_BN <= fa_hi) || (kt0 >= fb_lo && kt0 + FA2_BN <= fb_hi));
         if (!full) {
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int r = wrow + mt * 16 + g + 8 * h;
@@ -504,10 +517,10 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
         }
 
         // Online softmax in the log2 domain (the scale folded into the exponent's FMA).
-        float mu[2][2], al[2][2];
+        float mu[MT][2], al[MT][2];
         bool same = true;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 float mx = -DL_INF;
@@ -525,16 +538,16 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
             }
         if (!__all_sync(0xffffffffu, same)) {
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int i = 0; i < HD / 8; ++i) {
                     acc[mt][i][0] *= al[mt][0]; acc[mt][i][1] *= al[mt][0];
                     acc[mt][i][2] *= al[mt][1]; acc[mt][i][3] *= al[mt][1];
                 }
         }
-        u32 pa[2][4][4];  // P as bf16 A fragments: [m-tile][16-key slice][register]
+        u32 pa[MT][4][4];  // P as bf16 A fragments: [m-tile][16-key slice][register]
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
                 const float p0 = ex2_ftz(s[mt][nt][0] * scale_log2 - mu[mt][0]);
@@ -555,7 +568,7 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
                 u32 b0, b1, b2, b3;
                 ldsm_x4_trans(b0, b1, b2, b3, v_lane + sl * 16 * ROWB + ((dp << 5) ^ yq));
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
+                for (int mt = 0; mt < MT; ++mt) {
                     mma_bf16(acc[mt][2 * dp], pa[mt][sl][0], pa[mt][sl][1], pa[mt][sl][2], pa[mt][sl][3], b0, b1);
                     mma_bf16(acc[mt][2 * dp + 1], pa[mt][sl][0], pa[mt][sl][1], pa[mt][sl][2], pa[mt][sl][3], b2, b3);
                 }
@@ -566,7 +579,7 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
 
     // Row sums across the 4 threads that share a row, normalise, store bf16.
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = l_run[mt][h];
@@ -584,14 +597,18 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
         }
 }
 
-#define ATT2_ENTRY(HD)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(FA2_THREADS, 2) flash_attention2_hd##HD(                     \
+// MT m-tiles per warp, NW warps (NW·32 threads), BLOCKS blocks per SM (the register budget).
+#define ATT2_ENTRY(HD, MT, NW, BLOCKS)                                                                       \
+    extern "C" __global__ void __launch_bounds__(NW * 32, BLOCKS) flash_attention2_hd##HD(                   \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, bf16_t* o, const int4* ranges, const int* order,  \
         int tq, int tk, int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2) {        \
-        flash_attention2<HD>(q, k, v, o, ranges, order, tq, tk, heads, kv_heads, q_ld, kv_ld, scale_log2);   \
+        flash_attention2<HD, MT, NW>(q, k, v, o, ranges, order, tq, tk, heads, kv_heads, q_ld, kv_ld,        \
+                                     scale_log2);                                                            \
     }
-ATT2_ENTRY(64)
-ATT2_ENTRY(128)
+ATT2_ENTRY(64, 2, 4, 2)
+ATT2_ENTRY(128, 2, 4, 2)
+// Head dim 256: 8 warps × one 16-row m-tile (see the section comment above).
+ATT2_ENTRY(256, 1, 8, 1)
 
 // =============================================================================================
 // Attention input preparation for a fused QKV projection output: per-head RMSNorm of the q and k

@@ -7,8 +7,9 @@
 //!
 //! cargo build --release -p draftlens --example cuda_bench
 //! cuda_bench [--out results.json] [--mix lengths.txt] [--forwards N] [--quick]
-//!            [--only ceilings,attention,gemm,extract,mix,drafter,decode]
-//! (every section but `decode` by default; `--only decode` runs host/src/backend/cuda/bench_decode.rs)
+//!            [--only ceilings,attention,attention256,gemm,extract,mix,drafter,decode,target]
+//! (every section but `decode`, `target` and `attention256` by default; `--only decode` runs
+//! host/src/backend/cuda/bench_decode.rs; `attention256` is the A/B at the hybrids' head dim 256)
 
 use anyhow::{bail, Context, Result};
 use draftlens::backend::cuda::bench::{copy_bandwidth, gemm_tflops, time_median};
@@ -22,10 +23,11 @@ use draftlens::model::{Capture, ModelSpec, TargetModel};
 use serde_json::json;
 use std::time::Instant;
 
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "target",
     "ceilings",
     "attention",
+    "attention256",
     "gemm",
     "extract",
     "mix",
@@ -53,11 +55,11 @@ fn args() -> Result<Args> {
         mix: None,
         reps: 5,
         quick: false,
-        // `decode` (≈ 3 min: a 36-layer model load and 64 × 128 tokens one at a time) and
-        // `target` (needs --target) only on request.
+        // `decode` (≈ 3 min: a 36-layer model load and 64 × 128 tokens one at a time),
+        // `target` (needs --target) and `attention256` only on request.
         only: SECTIONS
             .iter()
-            .filter(|s| **s != "decode" && **s != "target")
+            .filter(|s| !matches!(**s, "decode" | "target" | "attention256"))
             .map(|s| s.to_string())
             .collect(),
     };
@@ -187,48 +189,19 @@ fn main() -> Result<()> {
 
     // ---- attention kernels A/B at the extraction shape (one launch per layer = one forward's attention)
     if has("attention") {
-        let (qd, kvd) = (
-            spec.num_heads * spec.head_dim,
-            spec.num_kv_heads * spec.head_dim,
-        );
-        let q = be.random_tensor(n, qd, 1.0, 0.0, 5)?;
-        let k = be.random_tensor(n, kvd, 1.0, 0.0, 6)?;
-        let v = be.random_tensor(n, kvd, 1.0, 0.0, 16)?;
-        let qkv = be.concat_cols(&[&q, &k, &v])?;
-        let time_attn = |v1: bool, packed: bool| -> Result<f64> {
-            be.set_attention_v1(v1);
-            time_median(&be, 1, 5, || {
-                for _ in 0..layers {
-                    if packed {
-                        be.attention_varlen_packed(&qkv, attn_shape, &starts)?;
-                    } else {
-                        be.attention_varlen(&q, &k, &v, attn_shape, &starts)?;
-                    }
-                }
-                Ok(())
-            })
+        results.insert("attention".into(), attention_ab(&be, &spec, nseq, seq)?);
+    }
+    // ---- the same at the hybrids' gated-attention shape: Qwen3.6-27B's 16 full-attention layers
+    // (24 query / 4 KV heads of head dim 256), flash_attention_hd256 against flash_attention2_hd256.
+    if has("attention256") {
+        let gated = ModelSpec {
+            num_layers: if a.quick { 4 } else { 16 },
+            num_heads: 24,
+            num_kv_heads: 4,
+            head_dim: 256,
+            ..qwen3_8b_spec()
         };
-        let t_v1 = time_attn(true, false)?;
-        let t_v2 = time_attn(false, false)?;
-        let t_pk = time_attn(false, true)?;
-        be.set_attention_v1(true);
-        let o1 = be.to_host(&be.attention_varlen(&q, &k, &v, attn_shape, &starts)?)?;
-        be.set_attention_v1(false);
-        let o2 = be.to_host(&be.attention_varlen(&q, &k, &v, attn_shape, &starts)?)?;
-        let op = be.to_host(&be.attention_varlen_packed(&qkv, attn_shape, &starts)?)?;
-        let d12 = draftlens::parity::diff(&o1, &o2);
-        let d2p = draftlens::parity::diff(&o2, &op);
-        let per = attn_flops;
-        println!(
-            "attention ({layers} varlen causal launches, {nseq}x{seq}, hd {}, {}/{} heads): v1 {:.4} s ({:.0} TFLOP/s), v2 {:.4} s ({:.0}), v2 on packed qkv {:.4} s ({:.0}); v2 vs v1 rel {:.2e} max {:.2e}; packed vs v2 rel {:.2e}",
-            spec.head_dim, spec.num_heads, spec.num_kv_heads,
-            t_v1, per / t_v1 / 1e12, t_v2, per / t_v2 / 1e12, t_pk, per / t_pk / 1e12,
-            d12.rel_l2, d12.max_abs, d2p.rel_l2
-        );
-        results.insert("attention".into(), json!({"v1_s": t_v1, "v2_s": t_v2, "v2_packed_s": t_pk,
-            "v1_tflops": per / t_v1 / 1e12, "v2_tflops": per / t_v2 / 1e12, "v2_packed_tflops": per / t_pk / 1e12,
-            "v2_vs_v1": d12, "packed_vs_v2": d2p}));
-        drop((q, k, v, qkv));
+        results.insert("attention256".into(), attention_ab(&be, &gated, nseq, seq)?);
     }
 
     // ---- GEMM rate per projection shape at 16 384 rows, each path
@@ -654,6 +627,69 @@ fn main() -> Result<()> {
 /// Packed prefill of `nseq` sequences of `seq` random tokens through the folder's model
 /// (`TargetModel::forward_packed`, DFlash-like taps at three depths, weights loaded the way every
 /// command loads them), timed as a median of `reps` forwards after a warm-up.
+/// Attention kernels A/B: `spec.num_layers` causal varlen launches over `nseq` packed sequences
+/// of `seq` tokens at the spec's head shape (one forward's attention), with the first kernel
+/// (v1), flash_attention2 (v2) and v2 reading q/k/v from a fused QKV output; plus how far the
+/// outputs differ. Useful FLOPs: the attention part of [`ModelSpec::prefill_flops_per_token`].
+fn attention_ab(
+    be: &CudaBackend,
+    spec: &ModelSpec,
+    nseq: usize,
+    seq: usize,
+) -> Result<serde_json::Value> {
+    let layers = spec.num_layers;
+    let attn_shape = AttnShape {
+        heads: spec.num_heads,
+        kv_heads: spec.num_kv_heads,
+        head_dim: spec.head_dim,
+    };
+    let starts: Vec<usize> = (0..=nseq).map(|i| i * seq).collect();
+    let n = seq * nseq;
+    let per = spec.prefill_flops_per_token(seq) * n as f64
+        - 2.0 * (spec.layer_linear_params() * layers * n) as f64;
+    let (qd, kvd) = (
+        spec.num_heads * spec.head_dim,
+        spec.num_kv_heads * spec.head_dim,
+    );
+    let q = be.random_tensor(n, qd, 1.0, 0.0, 5)?;
+    let k = be.random_tensor(n, kvd, 1.0, 0.0, 6)?;
+    let v = be.random_tensor(n, kvd, 1.0, 0.0, 16)?;
+    let qkv = be.concat_cols(&[&q, &k, &v])?;
+    let time_attn = |v1: bool, packed: bool| -> Result<f64> {
+        be.set_attention_v1(v1);
+        time_median(be, 1, 5, || {
+            for _ in 0..layers {
+                if packed {
+                    be.attention_varlen_packed(&qkv, attn_shape, &starts)?;
+                } else {
+                    be.attention_varlen(&q, &k, &v, attn_shape, &starts)?;
+                }
+            }
+            Ok(())
+        })
+    };
+    let t_v1 = time_attn(true, false)?;
+    let t_v2 = time_attn(false, false)?;
+    let t_pk = time_attn(false, true)?;
+    be.set_attention_v1(true);
+    let o1 = be.to_host(&be.attention_varlen(&q, &k, &v, attn_shape, &starts)?)?;
+    be.set_attention_v1(false);
+    let o2 = be.to_host(&be.attention_varlen(&q, &k, &v, attn_shape, &starts)?)?;
+    let op = be.to_host(&be.attention_varlen_packed(&qkv, attn_shape, &starts)?)?;
+    let d12 = draftlens::parity::diff(&o1, &o2);
+    let d2p = draftlens::parity::diff(&o2, &op);
+    println!(
+        "attention ({layers} varlen causal launches, {nseq}x{seq}, hd {}, {}/{} heads): v1 {:.4} s ({:.0} TFLOP/s), v2 {:.4} s ({:.0}), v2 on packed qkv {:.4} s ({:.0}); v2 vs v1 rel {:.2e} max {:.2e}; packed vs v2 rel {:.2e}",
+        spec.head_dim, spec.num_heads, spec.num_kv_heads,
+        t_v1, per / t_v1 / 1e12, t_v2, per / t_v2 / 1e12, t_pk, per / t_pk / 1e12,
+        d12.rel_l2, d12.max_abs, d2p.rel_l2
+    );
+    Ok(json!({"v1_s": t_v1, "v2_s": t_v2, "v2_packed_s": t_pk,
+        "v1_tflops": per / t_v1 / 1e12, "v2_tflops": per / t_v2 / 1e12, "v2_packed_tflops": per / t_pk / 1e12,
+        "v2_vs_v1": d12, "packed_vs_v2": d2p, "head_dim": spec.head_dim, "heads": spec.num_heads,
+        "kv_heads": spec.num_kv_heads, "layers": layers}))
+}
+
 fn bench_target(
     be: &CudaBackend,
     dir: &std::path::Path,
@@ -690,18 +726,28 @@ fn bench_target(
         &[None]
     };
     let mut rows = Vec::new();
-    for p in profiles {
+    // Every profile with the default attention kernels, then the first profile again with the
+    // first attention kernel (`set_attention_v1`): the attention A/B of the whole forward.
+    let runs = profiles
+        .iter()
+        .map(|p| (*p, false))
+        .chain(std::iter::once((profiles[0], true)));
+    for (p, v1) in runs {
         if let Some(p) = p {
-            model.set_gdn_profile(*p);
+            model.set_gdn_profile(p);
         }
+        be.set_attention_v1(v1);
         let t = time_median(be, 1, reps, || {
             model
                 .forward_packed(be, &toks, &starts, &capture)
                 .map(|_| ())
-        })?;
+        });
+        be.set_attention_v1(false);
+        let t = t?;
         let label = p
             .map(|p| format!("{p:?}"))
-            .unwrap_or_else(|| "dense".into());
+            .unwrap_or_else(|| "dense".into())
+            + if v1 { ", first attention kernel" } else { "" };
         println!(
             "target forward_packed [{label}]: {t:.3} s/forward, {:.0} tok/s, {:.1} s per 1M tokens, {:.0} TFLOP/s = {:.1}% of the compute floor",
             n as f64 / t,

@@ -135,7 +135,8 @@ fn upload<B: Backend>(be: &B, v: &[f32], rows: usize, cols: usize) -> Result<B::
 
 /// Runs every backend operation on both backends with identical inputs and compares the test
 /// backend's outputs with the reference's. Shapes are Qwen3-like (head_dim 128 and 64, GQA 4:1
-/// and 3:1) but small enough for a CPU reference.
+/// and 3:1; attention also at head_dim 256, GQA 6:1, as in the hybrids) but small enough for a
+/// CPU reference.
 pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> Result<Vec<Check>> {
     // Tolerances (rel L2, min cosine); see docs/cuda.md for the derivation.
     let one_rounding = OpTolerance {
@@ -320,8 +321,9 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
     )?;
 
     // Attention: causal prefill (with a KV-cache offset), decode (1 query), packed varlen, and
-    // the drafter's block mask in every option, for head_dim 128 (GQA 4:1) and 64 (GQA 3:1).
-    for (hd, heads, kvh) in [(128usize, 8usize, 2usize), (64, 9, 3)] {
+    // the drafter's block mask in every option, for head_dim 128 (GQA 4:1), 64 (GQA 3:1) and 256
+    // with GQA 6:1 (the hybrids' gated attention: 24 query / 4 KV heads).
+    for (hd, heads, kvh) in [(128usize, 8usize, 2usize), (64, 9, 3), (256, 24, 4)] {
         let shape = AttnShape {
             heads,
             kv_heads: kvh,

@@ -459,9 +459,9 @@ fn cuda_fused_trait_ops_match_cpu() {
         gu: bf16_random(t * 640, 44, 3.0, 0.0),
         hidden: bf16_random(t * 512, 45, 2.0, 0.0),
         norm_w: bf16_random(512, 46, 0.3, 1.0),
-        qkv: bf16_random(t * 12 * 128, 47, 2.0, 0.0),
-        qn: bf16_random(128, 48, 0.3, 1.0),
-        kn: bf16_random(128, 49, 0.3, 1.0),
+        qkv: bf16_random(t * 8 * 256, 47, 2.0, 0.0),
+        qn: bf16_random(256, 48, 0.3, 1.0),
+        kn: bf16_random(256, 49, 0.3, 1.0),
     };
     let one_rounding = OpTolerance {
         max_rel_l2: 4e-3,
@@ -482,8 +482,8 @@ fn cuda_fused_trait_ops_match_cpu() {
         ("attention_varlen_qkv no norm", attn),
     ];
     let mut checks = Vec::new();
-    // Head dim 128 (Qwen3, GQA 4:1) and 64 (GQA 3:1): the fused path with q/k norms, the unfused
-    // fallback without.
+    // Head dim 128 (Qwen3, GQA 4:1), 64 (GQA 3:1) and 256 (GQA 6:1, flash_attention2_hd256): the
+    // fused path with q/k norms, the unfused fallback without.
     for shape in [
         AttnShape {
             heads: 8,
@@ -494,6 +494,11 @@ fn cuda_fused_trait_ops_match_cpu() {
             heads: 6,
             kv_heads: 2,
             head_dim: 64,
+        },
+        AttnShape {
+            heads: 6,
+            kv_heads: 1,
+            head_dim: 256,
         },
     ] {
         let a = fused_trait_ops(&cpu, &inputs, shape);

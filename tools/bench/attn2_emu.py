@@ -3,11 +3,13 @@
 # the build machine before any device call (docs/cuda.md): byte-addressed shared memory, the kernel's
 # own ldmatrix address formulas (asserted equal to the swizzle), mma.sync m16n8k16 fragment layouts
 # per the PTX ISA, the heaviest-first block order, double-buffer indices, the skipped rescale.
-# Usage: python3 tools/bench/attn2_emu.py [seed] [a|b|c|all]   (numpy; ~20 s for all cases)
+# Usage: python3 tools/bench/attn2_emu.py [seed] [a|b|c|d|all]   (numpy; d: head dim 256)
 # Lane-level emulation of flash_attention2 (kernels/attention.cu, v2): byte-addressed shared
 # memory, ldmatrix addresses computed exactly as in the kernel, mma fragment layouts per PTX ISA.
 import numpy as np, sys
-BM=128; BN=64; NT=128
+BM=128; BN=64
+# Warp layout per head dim (ATT2_ENTRY): MT m16-tiles per warp, NW warps; MT*NW*16 = BM.
+def layout(HD): return (1,8) if HD==256 else (2,4)
 def rb(x):
     x=np.asarray(x,dtype=np.float32); u=x.view(np.uint32).astype(np.uint64)
     u=(u+0x7fff+((u>>16)&1))&0xffff0000
@@ -51,6 +53,7 @@ def block_order(ranges, tq, ppb):
 
 def run(q,k,v,ranges,heads,kvh,HD, q_ld=None, kv_ld=None):
     tq=q.shape[0]; tk=k.shape[0]; group=heads//kvh; ppb=BM//group
+    MT,NW=layout(HD); assert MT*NW*16==BM
     o=np.full((tq,heads*HD),np.nan,np.float32)
     scale_log2=np.float32(np.log2(np.e)/np.sqrt(HD))
     nqb=(tq+ppb-1)//ppb
@@ -66,7 +69,7 @@ def run(q,k,v,ranges,heads,kvh,HD, q_ld=None, kv_ld=None):
             a=QS+swz(HD,r,ch*8)
             SM[a:a+8]= q[p,(kv*group+r%group)*HD+ch*8:(kv*group+r%group)*HD+ch*8+8] if ok else 0
         seg=[2**31-1,-(2**31-1)]*4
-        for tid in range(min(ppb,NT)):
+        for tid in range(min(ppb,NW*32)):
             p=pos0+tid
             if p<tq:
                 x,y,z,w=ranges[p]
@@ -80,16 +83,23 @@ def run(q,k,v,ranges,heads,kvh,HD, q_ld=None, kv_ld=None):
         if b_lo>=b_hi: b_lo=b_hi=0
         na=(a_hi-a_lo+BN-1)//BN; ntiles=na+(b_hi-b_lo+BN-1)//BN
         def load_kv(base,src,row0):
-            for c in range(BN*HD//8):
-                r=c//(HD//8); ch=c%(HD//8); gr=row0+r; ok=0<=gr<tk
-                a=base+swz(HD,r,ch*8)
-                SM[a:a+8]= src[gr,kv*HD+ch*8:kv*HD+ch*8+8] if ok else 0
+            # fa2_load_kv<HD, NT>'s thread mapping: thread tid copies chunk tid % CPR of rows
+            # tid / CPR + i*RPP at the fixed swizzled offset soff (asserted equal to swz()).
+            CPR=HD//8; NTh=NW*32; RPP=NTh//CPR; seen=set()
+            for tid in range(NTh):
+                r0=tid//CPR; ch=tid%CPR; soff=r0*(HD*2)+((ch^(r0&7))<<4)
+                for i in range(BN//RPP):
+                    r=r0+i*RPP; gr=row0+r; ok=gr<tk
+                    a=(base*2+soff+i*RPP*(HD*2))//2
+                    assert a==base+swz(HD,r,ch*8); seen.add((r,ch))
+                    SM[a:a+8]= src[gr,kv*HD+ch*8:kv*HD+ch*8+8] if ok else 0
+            assert len(seen)==BN*CPR
         # warps run sequentially per tile; state per warp
         W=[]
-        for warp in range(4):
-            W.append(dict(acc=[[[np.zeros(4) for _ in range(HD//8)] for _ in range(2)] for _ in range(32)],
-                          m=[[[-np.inf,-np.inf] for _ in range(2)] for _ in range(32)],
-                          l=[[[0.,0.] for _ in range(2)] for _ in range(32)]))
+        for warp in range(NW):
+            W.append(dict(acc=[[[np.zeros(4) for _ in range(HD//8)] for _ in range(MT)] for _ in range(32)],
+                          m=[[[-np.inf,-np.inf] for _ in range(MT)] for _ in range(32)],
+                          l=[[[0.,0.] for _ in range(MT)] for _ in range(32)]))
         if ntiles>0: load_kv(KS,k,a_lo); load_kv(VS,v,a_lo)
         tile_in_buf={0:a_lo}
         for t in range(ntiles):
@@ -97,22 +107,22 @@ def run(q,k,v,ranges,heads,kvh,HD, q_ld=None, kv_ld=None):
             if t+1<ntiles:
                 kn=a_lo+(t+1)*BN if t+1<na else b_lo+(t+1-na)*BN
                 load_kv(KS+((t+1)&1)*BN*HD,k,kn); load_kv(VS+((t+1)&1)*BN*HD,v,kn)
-            for warp in range(4):
-                st=W[warp]; wrow=warp*32
+            for warp in range(NW):
+                st=W[warp]; wrow=warp*16*MT
                 yq=[(((l>>4)^(l&7))<<4) for l in range(32)]
                 yk=[((((l>>3)&1)^(l&7))<<4) for l in range(32)]
                 q_lane=[QS*2+(wrow+(l&15))*ROWB for l in range(32)]
                 k_lane=[KS*2+((l&7)+(l>>4)*8)*ROWB + (t&1)*BN*ROWB for l in range(32)]
                 v_lane=[VS*2+((l&7)+((l>>3)&1)*8)*ROWB + (t&1)*BN*ROWB for l in range(32)]
-                s=[[[np.zeros(4) for _ in range(8)] for _ in range(2)] for _ in range(32)]
+                s=[[[np.zeros(4) for _ in range(8)] for _ in range(MT)] for _ in range(32)]
                 for kk in range(HD//16):
-                    A=[ldsm(SM,[q_lane[l]+mt*16*ROWB+((kk<<5)^yq[l]) for l in range(32)]) for mt in range(2)]
+                    A=[ldsm(SM,[q_lane[l]+mt*16*ROWB+((kk<<5)^yq[l]) for l in range(32)]) for mt in range(MT)]
                     # check against swz formula
                     for l in range(32):
                         assert q_lane[l]+16*ROWB+((kk<<5)^yq[l]) == 2*(QS+swz(HD,wrow+16+(l&15),kk*16+(l>>4)*8))
                     for np_ in range(4):
                         Bm=ldsm(SM,[k_lane[l]+np_*16*ROWB+((kk<<5)^yk[l]) for l in range(32)])
-                        for mt in range(2):
+                        for mt in range(MT):
                             d0=[s[l][mt][2*np_] for l in range(32)]; mma(d0,A[mt],[Bm[0],Bm[1]])
                             d1=[s[l][mt][2*np_+1] for l in range(32)]; mma(d1,A[mt],[Bm[2],Bm[3]])
                 seg_hi=a_hi if t<na else b_hi
@@ -120,7 +130,7 @@ def run(q,k,v,ranges,heads,kvh,HD, q_ld=None, kv_ld=None):
                 if not full:
                     for l in range(32):
                         g=l>>2; tig=l&3
-                        for mt in range(2):
+                        for mt in range(MT):
                             for h in range(2):
                                 r=wrow+mt*16+g+8*h; p=pos0+r//group
                                 rg=ranges[p] if (r<ppb*group and p<tq) else (0,0,0,0)
@@ -129,10 +139,10 @@ def run(q,k,v,ranges,heads,kvh,HD, q_ld=None, kv_ld=None):
                                     j=kt0+nt*8+tig*2
                                     if not inr(j): s[l][mt][nt][2*h]=-np.inf
                                     if not inr(j+1): s[l][mt][nt][2*h+1]=-np.inf
-                mu=[[[0,0],[0,0]] for _ in range(32)]; al=[[[0,0],[0,0]] for _ in range(32)]; same=[True]*32
+                mu=[[[0,0] for _ in range(MT)] for _ in range(32)]; al=[[[0,0] for _ in range(MT)] for _ in range(32)]; same=[True]*32
                 for l in range(32):
                     base=l&~3
-                    for mt in range(2):
+                    for mt in range(MT):
                         for h in range(2):
                             mx=max(max(max(s[b][mt][nt][2*h],s[b][mt][nt][2*h+1]) for nt in range(8)) for b in range(base,base+4))
                             mn=max(st['m'][l][mt][h], np.float32(mx)*scale_log2)
@@ -141,23 +151,23 @@ def run(q,k,v,ranges,heads,kvh,HD, q_ld=None, kv_ld=None):
                             same[l]= same[l] and (mn==st['m'][l][mt][h])
                 for l in range(32):
                     base=l&~3
-                    for mt in range(2):
+                    for mt in range(MT):
                         for h in range(2):
                             mx=max(max(max(s[b][mt][nt][2*h],s[b][mt][nt][2*h+1]) for nt in range(8)) for b in range(base,base+4))
                             st['m'][l][mt][h]=max(st['m'][l][mt][h], np.float32(mx)*scale_log2)
                             st['l'][l][mt][h]*=al[l][mt][h]
                 if not all(same):
                     for l in range(32):
-                        for mt in range(2):
+                        for mt in range(MT):
                             for i in range(HD//8):
                                 st['acc'][l][mt][i][0:2]*=al[l][mt][0]; st['acc'][l][mt][i][2:4]*=al[l][mt][1]
                 else:
                     for l in range(32):
-                        for mt in range(2):
+                        for mt in range(MT):
                             for h in range(2): assert al[l][mt][h] in (0.0,1.0)
-                pa=[[[[None]*4 for _ in range(4)] for _ in range(2)] for _ in range(32)]
+                pa=[[[[None]*4 for _ in range(4)] for _ in range(MT)] for _ in range(32)]
                 for l in range(32):
-                    for mt in range(2):
+                    for mt in range(MT):
                         for nt in range(8):
                             p=[2.0**(s[l][mt][nt][e]*scale_log2-mu[l][mt][e//2]) for e in range(4)]
                             st['l'][l][mt][0]+=p[0]+p[1]; st['l'][l][mt][1]+=p[2]+p[3]
@@ -168,15 +178,15 @@ def run(q,k,v,ranges,heads,kvh,HD, q_ld=None, kv_ld=None):
                         for l in range(32):
                             assert v_lane[l]+sl*16*ROWB+((dp<<5)^yq[l]) == 2*(VS+(t&1)*BN*HD+swz(HD,sl*16+(l&7)+((l>>3)&1)*8,dp*16+(l>>4)*8))
                             assert k_lane[l]+sl*16*ROWB+((dp<<5)^yk[l]) == 2*(KS+(t&1)*BN*HD+swz(HD,sl*16+(l&7)+(l>>4)*8,dp*16+((l>>3)&1)*8))
-                        for mt in range(2):
+                        for mt in range(MT):
                             Areg=[[pa[l][mt][sl][i] for l in range(32)] for i in range(4)]
                             d0=[st['acc'][l][mt][2*dp] for l in range(32)]; mma(d0,Areg,[Bm[0],Bm[1]])
                             d1=[st['acc'][l][mt][2*dp+1] for l in range(32)]; mma(d1,Areg,[Bm[2],Bm[3]])
-        for warp in range(4):
-            st=W[warp]; wrow=warp*32
+        for warp in range(NW):
+            st=W[warp]; wrow=warp*16*MT
             for l in range(32):
                 base=l&~3; g=l>>2; tig=l&3
-                for mt in range(2):
+                for mt in range(MT):
                     for h in range(2):
                         L=sum(W[warp]['l'][b][mt][h] for b in range(base,base+4))
                         inv=1/L if L>0 else 0.
@@ -233,3 +243,10 @@ if which in('all','c'):
     st=[0,100,101,250,300]; rr=[]
     for a,b in zip(st,st[1:]): rr+= [(a,i+1,0,0) for i in range(a,b)]
     case("varlen G1 hd64",300,300,1,1,64,rr)
+if which in('all','d'):
+    # head dim 256 (8 warps x 16 rows): packed ragged lengths 1, 63, 1, 70 at GQA 6:1, and a
+    # causal prefill with a cache offset (two key tiles) at GQA 2:1
+    st=[0,1,64,65,135]; rr=[]
+    for a,b in zip(st,st[1:]): rr+= [(a,i+1,0,0) for i in range(a,b)]
+    case("varlen G6 hd256",135,135,6,1,256,rr)
+    case("causal offset 60+40 G2 hd256",40,100,2,1,256,[(0,60+i+1,0,0) for i in range(40)])

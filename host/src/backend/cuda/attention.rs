@@ -55,10 +55,20 @@ fn heaviest_first(iv: &[i32], ppb: usize) -> Vec<i32> {
     work.into_iter().map(|(_, b)| b as i32).collect()
 }
 
+/// Threads per block of `flash_attention2_hd{hd}` (ATT2_ENTRY in kernels/attention.cu: 4 warps ×
+/// 32 rows at head dims 64 and 128, 8 warps × 16 rows at 256), `None` for head dims it lacks.
+fn fa2_threads(hd: usize) -> Option<u32> {
+    match hd {
+        64 | 128 => Some(128),
+        256 => Some(256),
+        _ => None,
+    }
+}
+
 impl CudaBackend {
     /// Causal attention over packed sequences (as [`Backend::attention_varlen`]) reading q, k and
     /// v straight from the columns of a fused QKV output `[T, (H + 2·Hkv)·hd]` (no split copies).
-    /// Head dims 64 and 128.
+    /// Head dims 64, 128 and 256 (the `flash_attention2` head dims).
     pub fn attention_varlen_packed(
         &self,
         qkv: &CudaTensor,
@@ -76,8 +86,8 @@ impl CudaBackend {
             qkv.cols
         );
         ensure!(
-            matches!(hd, 64 | 128) && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed),
-            "attention_varlen_packed: needs flash_attention2 (head_dim 64 or 128), got {hd}"
+            self.uses_fa2(hd),
+            "attention_varlen_packed: needs flash_attention2 (head_dim 64, 128 or 256), got {hd}"
         );
         let base = self.ptr(&qkv.buf);
         let rows = qkv.rows;
@@ -93,10 +103,17 @@ impl CudaBackend {
         self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.to_vec()))
     }
 
-    /// Selects the attention kernel for head dims 64 and 128: `flash_attention2` (the default) or,
-    /// with `v1 = true`, the first kernel (64-row blocks, single-buffered) — for A/B benchmarks.
+    /// Selects the attention kernel for head dims 64, 128 and 256: `flash_attention2` (the
+    /// default) or, with `v1 = true`, the first kernel (64-row blocks, single-buffered) — for A/B
+    /// benchmarks.
     pub fn set_attention_v1(&self, v1: bool) {
         self.attn_v1.store(v1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether prefill attention at head dim `hd` runs `flash_attention2` (which also reads
+    /// strided q/k/v, so the fused QKV paths need it).
+    pub(super) fn uses_fa2(&self, hd: usize) -> bool {
+        fa2_threads(hd).is_some() && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Attention of contiguous q, k, v under `key`'s mask.
@@ -145,20 +162,21 @@ impl CudaBackend {
             io.tk < i32::MAX as usize && io.tq < i32::MAX as usize,
             "attention: too many rows"
         );
-        let v2 = matches!(hd, 64 | 128) && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed);
+        let v2 = self.uses_fa2(hd);
         let func = match (hd, v2) {
             (64, true) => "flash_attention2_hd64",
             (128, true) => "flash_attention2_hd128",
+            (256, true) => "flash_attention2_hd256",
             (64, false) => "flash_attention_hd64",
             (128, false) => "flash_attention_hd128",
-            (256, _) => "flash_attention_hd256",
+            (256, false) => "flash_attention_hd256",
             _ => {
                 bail!("attention: head_dim {hd} is not supported by the CUDA kernel (64, 128, 256)")
             }
         };
         ensure!(
             v2 || (io.q_ld == heads * hd && io.kv_ld == kv_heads * hd),
-            "attention: strided q/k/v need head_dim 64 or 128"
+            "attention: strided q/k/v need flash_attention2 (head_dim 64, 128 or 256)"
         );
         let mut out = self.new_tensor(io.tq, heads * hd)?;
         if io.tq == 0 {
@@ -197,7 +215,9 @@ impl CudaBackend {
                 .find(|(p, _)| *p == ppb)
                 .expect("inserted above")
                 .1;
+            // Q (FA2_BM 128 rows) + double-buffered K and V (FA2_BN 64 rows each), bf16.
             let smem = (128 + 4 * 64) * hd * 2;
+            let threads = fa2_threads(hd).expect("v2 implies a flash_attention2 head dim");
             let f = self.kernels.get_with_smem("attention", func, smem)?;
             let grid = io.tq.div_ceil(ppb) * kv_heads;
             ensure!(grid < i32::MAX as usize, "attention: grid too large");
@@ -222,7 +242,7 @@ impl CudaBackend {
             unsafe {
                 b.launch(LaunchConfig {
                     grid_dim: (grid as u32, 1, 1),
-                    block_dim: (128, 1, 1),
+                    block_dim: (threads, 1, 1),
                     shared_mem_bytes: smem as u32,
                 })
             }

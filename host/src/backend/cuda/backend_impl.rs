@@ -185,7 +185,7 @@ impl Backend for CudaBackend {
 
     /// Fused path ([`CudaBackend::qk_norm_rope_packed`] in place, then
     /// [`CudaBackend::attention_varlen_packed`] reading q/k/v from the QKV columns) when the
-    /// model has q/k norms and flash_attention2 covers the head dim (64, 128); else the unfused
+    /// model has q/k norms and flash_attention2 covers the head dim (64, 128, 256); else the unfused
     /// composition.
     fn attention_varlen_qkv(
         &self,
@@ -196,8 +196,7 @@ impl Backend for CudaBackend {
         rope: &Rope,
         seq_starts: &[usize],
     ) -> Result<CudaTensor> {
-        let fused_attention = matches!(shape.head_dim, 64 | 128)
-            && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed);
+        let fused_attention = self.uses_fa2(shape.head_dim);
         match qk_norm {
             Some(n) if fused_attention => {
                 self.qk_norm_rope_packed(&mut qkv, shape, n, positions, rope)?;

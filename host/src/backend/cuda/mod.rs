@@ -107,7 +107,7 @@ pub struct CudaBackend {
     /// mask, so it is uploaded once per forward.
     mask_cache: Mutex<Option<MaskUpload>>,
     /// Use the first attention kernel (`flash_attention_hd*`, 64-row blocks) for every head dim
-    /// instead of `flash_attention2_hd{64,128}`: for A/B benchmarks only.
+    /// instead of `flash_attention2_hd{64,128,256}`: for A/B benchmarks only.
     attn_v1: std::sync::atomic::AtomicBool,
     /// GEMM path and per-shape algorithm cache (`gemm.rs`).
     gemm: gemm::Gemms,
