@@ -606,6 +606,299 @@ GDN_WALK_KERNEL(gdn_walk_engine_fma, true, false, 64)
 GDN_WALK_KERNEL(gdn_walk_engine_mma, true, true, 64)
 
 // ---------------------------------------------------------------------------------------------
+// Three-phase chunked delta rule (fla's layout; docs/gdn-cuda.md, "Three-phase kernels"):
+//   1. gdn_prep_* (above): every chunk's W, U, decayed scores A and gam at once;
+//   2. gdn_hwalk_*: per sequence, only the two products that carry the state from chunk to chunk,
+//      V' = U - W S and S <- e^gam_C S + K^T (e^(gam_C - gam) o V'), over a slice of just 16 value
+//      columns per block (8 blocks per head: the columns of S are independent), storing the state
+//      at every chunk start (h_c) and V';
+//   3. gdn_hout_*: O = e^gam o (Q h_c) + A V' for every chunk at once.
+// Same products, operands, roundings and fp32 summation orders as gdn_walk_* (each output element
+// an fmaf chain over k in ascending order on the FMA path), so the Reference profile's results
+// equal SplitReference's; the Engine variant's phase 3 runs on the tensor cores.
+//
+// Scratch beyond the prep's: Vg [T][Hv][128] V' (f32; Engine rounds it to bf16 where it is read)
+// and Hg [chunks][Hv][128][128] the f32 state at every chunk start (Engine rounds it where read).
+
+#define GDN_HW_DVS 16  // value columns per phase-2 block
+#define GDN_LDW 132    // row stride (floats) of the phase-2 W and K tiles: float4-aligned, and the
+                       // 8 rows a warp reads at once fall on 8 disjoint groups of 4 banks
+
+__device__ __forceinline__ u32 gdn_smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void gdn_cp_async16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(gdn_smem_u32(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void gdn_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void gdn_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// Phase 2. One block of 256 threads per (slice of 16 value columns, value head, sequence). Per
+// chunk two phases separated by barriers:
+//   b. thread (m = tid/4, 4 columns): V'[m] = U[m] - W[m] . S_op (W tile in shared memory, S_op
+//      the bf16-rounded (Engine) or plain state copy in shared memory); writes V' to Vg and the
+//      decayed e^(gam_C - gam_m) V'[m] (Engine: bf16) to Vd. Meanwhile the chunk's k rows are
+//      loaded and L2-normalised into Ks (exactly load_qk_rows' arithmetic).
+//   c. thread (r = tid/2, 8 columns), state in registers: S[r] <- e^gam_C S[r] + sum_m K[m][r] Vd[m];
+//      meanwhile the next chunk's W tile and gam arrive by cp.async / plain loads.
+// The state at each chunk start goes to Hg from the registers before phase b.
+// Shared memory: 2*64*132 + 128*16 + 64*16 + 64 floats (80,128 bytes): two blocks per SM.
+template <bool ENGINE>
+__device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, long long ld_qk,
+                                               const float* __restrict__ Wg, const float* __restrict__ Ug,
+                                               const float* __restrict__ Gg, const long long* __restrict__ seq_rows,
+                                               const long long* __restrict__ seq_chunk0, float* __restrict__ Hg,
+                                               float* __restrict__ Vg, const u64* __restrict__ states, int hv_heads,
+                                               int ratio) {
+    constexpr int DVS = GDN_HW_DVS;
+    extern __shared__ float smem[];
+    float* Ws = smem;                  // [64][132] W of the current chunk
+    float* Ks = Ws + GDN_C * GDN_LDW;  // [64][132] normalised K of the current chunk
+    float* Ss = Ks + GDN_C * GDN_LDW;  // [128][16] the state as the products read it
+    float* Vd = Ss + GDN_DK * DVS;     // [64][16]  e^(gam_C - gam) V'
+    float* gam = Vd + GDN_C * DVS;     // [64] gam of the current chunk (rows past its end: last row's)
+    const int iv = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, hk = hv / ratio;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const long long seq0 = seq_rows[2 * n], seq1 = seq_rows[2 * n + 1];
+    const long long HV = hv_heads, ch0 = seq_chunk0[n];
+    const int col0 = iv * DVS;
+    // Phase b's element: row bm, columns bc .. bc+3; phase c's: state row cr, columns cc .. cc+7.
+    const int bm = tid >> 2, bc = (tid & 3) * 4;
+    const int cr = tid >> 1, cc = (tid & 1) * 8;
+    float* state = (float*)states[n] + (long long)hv * GDN_DK * GDN_DV + cr * GDN_DV + col0 + cc;
+    float s[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[j] = state[j];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) Ss[cr * DVS + cc + j] = ENGINE ? rb(s[j]) : s[j];
+
+    // The W tile and gam of the chunk at row0 (rows past its end are not loaded: phase b skips them).
+    auto load_w = [&](long long row0) {
+        const int nc = (int)min((long long)GDN_C, seq1 - row0);
+        for (int i = tid; i < GDN_C * (GDN_DK / 4); i += GDN_THREADS) {
+            const int r = i / (GDN_DK / 4), c = (i % (GDN_DK / 4)) * 4;
+            if (r < nc) gdn_cp_async16(Ws + r * GDN_LDW + c, Wg + ((row0 + r) * HV + hv) * GDN_DK + c);
+        }
+        gdn_cp_async_commit();
+        if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+    };
+    if (seq0 < seq1) load_w(seq0);
+    gdn_cp_async_wait_all();
+    __syncthreads();
+
+    for (long long row0 = seq0, ci = ch0; row0 < seq1; row0 += GDN_C, ++ci) {
+        const int nc = (int)min((long long)GDN_C, seq1 - row0);
+        // h_c: the state at the chunk start, f32.
+        {
+            float* h = Hg + ((ci * HV + hv) * GDN_DK + cr) * GDN_DV + col0 + cc;
+            *(float4*)h = make_float4(s[0], s[1], s[2], s[3]);
+            *(float4*)(h + 4) = make_float4(s[4], s[5], s[6], s[7]);
+        }
+        // --- b. the chunk's k rows in flight (warp w: rows w, w+8, ...), then V' = U - W S_op.
+        constexpr int PER = GDN_C / (GDN_THREADS / 32);
+        uint2 kw[PER];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int r = warp + 8 * i;
+            kw[i] = make_uint2(0u, 0u);
+            if (r < nc) kw[i] = *(const uint2*)(k + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
+        }
+        const float gC = gam[GDN_C - 1];
+        float vd[4] = {0.f, 0.f, 0.f, 0.f};
+        if (bm < nc) {
+            const long long vrow = ((row0 + bm) * HV + hv) * GDN_DV + col0 + bc;
+            const float4 u4 = *(const float4*)(Ug + vrow);
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            const float* wrow = Ws + bm * GDN_LDW;
+#pragma unroll 2
+            for (int kk = 0; kk < GDN_DK; kk += 4) {
+                const float4 w4 = *(const float4*)(wrow + kk);
+                const float wv[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float4 s4 = *(const float4*)(Ss + (kk + e) * DVS + bc);
+                    acc[0] = fmaf(wv[e], s4.x, acc[0]);
+                    acc[1] = fmaf(wv[e], s4.y, acc[1]);
+                    acc[2] = fmaf(wv[e], s4.z, acc[2]);
+                    acc[3] = fmaf(wv[e], s4.w, acc[3]);
+                }
+            }
+            const float uv[4] = {u4.x, u4.y, u4.z, u4.w};
+            float vp[4];
+            const float dec = expf(gC - gam[bm]);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                vp[j] = uv[j] - acc[j];
+                const float x = vp[j] * dec;
+                vd[j] = ENGINE ? rb(x) : x;
+            }
+            *(float4*)(Vg + vrow) = make_float4(vp[0], vp[1], vp[2], vp[3]);
+        }
+        *(float4*)(Vd + bm * DVS + bc) = make_float4(vd[0], vd[1], vd[2], vd[3]);
+        // The k rows, L2-normalised as load_qk_rows does (Engine: rounded to bf16).
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int r = warp + 8 * i;
+            const float kf[4] = {lo_bf(kw[i].x), hi_bf(kw[i].x), lo_bf(kw[i].y), hi_bf(kw[i].y)};
+            const float kn = 1.f / sqrtf(warp_sum(kf[0] * kf[0] + kf[1] * kf[1] + kf[2] * kf[2] + kf[3] * kf[3]) + 1e-6f);
+            float kv[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) kv[j] = ENGINE ? rb(kf[j] * kn) : kf[j] * kn;
+            *(float4*)(Ks + r * GDN_LDW + lane * 4) = make_float4(kv[0], kv[1], kv[2], kv[3]);
+        }
+        __syncthreads();
+
+        // --- c. the next chunk's W and gam in flight; the state update from registers.
+        const long long next = row0 + GDN_C;
+        if (next < seq1) load_w(next);
+        {
+            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+            for (int m = 0; m < GDN_C; ++m) {
+                const float kv = Ks[m * GDN_LDW + cr];
+                const float4 d0 = *(const float4*)(Vd + m * DVS + cc);
+                const float4 d1 = *(const float4*)(Vd + m * DVS + cc + 4);
+                acc[0] = fmaf(kv, d0.x, acc[0]);
+                acc[1] = fmaf(kv, d0.y, acc[1]);
+                acc[2] = fmaf(kv, d0.z, acc[2]);
+                acc[3] = fmaf(kv, d0.w, acc[3]);
+                acc[4] = fmaf(kv, d1.x, acc[4]);
+                acc[5] = fmaf(kv, d1.y, acc[5]);
+                acc[6] = fmaf(kv, d1.z, acc[6]);
+                acc[7] = fmaf(kv, d1.w, acc[7]);
+            }
+            const float eC = expf(gC);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                s[j] = s[j] * eC + acc[j];
+                Ss[cr * DVS + cc + j] = ENGINE ? rb(s[j]) : s[j];
+            }
+        }
+        gdn_cp_async_wait_all();
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) state[j] = s[j];
+}
+
+// Rows row0 .. row0+63 of q (head hk), L2-normalised into Qs ([64][129]) exactly as
+// load_qk_rows does; rows past nc are zero.
+template <bool ENGINE>
+__device__ __forceinline__ void load_q_rows(float* Qs, const bf16_t* __restrict__ q, long long ld_qk, int hk,
+                                            long long row0, int nc, float scale) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int PER = GDN_C / (GDN_THREADS / 32);
+    uint2 qw[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int r = warp + 8 * i;
+        qw[i] = make_uint2(0u, 0u);
+        if (r < nc) qw[i] = *(const uint2*)(q + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int r = warp + 8 * i;
+        const float qf[4] = {lo_bf(qw[i].x), hi_bf(qw[i].x), lo_bf(qw[i].y), hi_bf(qw[i].y)};
+        const float qn = 1.f / sqrtf(warp_sum(qf[0] * qf[0] + qf[1] * qf[1] + qf[2] * qf[2] + qf[3] * qf[3]) + 1e-6f);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float qv = qf[j] * qn;
+            qv = ENGINE ? rb(qv) : qv * scale;
+            Qs[r * LD128 + lane * 4 + j] = qv;
+        }
+    }
+}
+
+// Phase 3. One block of 256 threads per (chunk, value head, slice of 32 value columns):
+//   O = e^gam o (Q h_c) + A V' (Engine: both terms times the scale, h_c and V' bf16-rounded),
+// the same products and epilogue as gdn_walk_impl's. chunk_rows: (start, end) pairs in the order
+// the chunks' states were stored (gdn_hwalk's seq_chunk0).
+// Shared memory: 64*129 + 128*33 + 64*65 + 2*64*33 + 64 floats (83,712 bytes).
+#define GDN_HO_DVS 32
+template <bool ENGINE, bool MMA>
+__device__ __forceinline__ void gdn_hout_impl(const bf16_t* __restrict__ q, long long ld_qk,
+                                              const float* __restrict__ Hg, const float* __restrict__ Vg,
+                                              const float* __restrict__ Ag, const float* __restrict__ Gg,
+                                              const long long* __restrict__ chunk_rows, bf16_t* __restrict__ out,
+                                              int hv_heads, int ratio, float scale) {
+    constexpr int DVS = GDN_HO_DVS, LDV = DVS + 1;
+    extern __shared__ float smem[];
+    float* Qs = smem;                // [64][129] normalised Q
+    float* Hs = Qs + GDN_C * LD128;  // [128][33] h_c slice (Engine: bf16-rounded)
+    float* As = Hs + GDN_DK * LDV;   // [64][65]  decayed scores
+    float* Vs = As + GDN_C * LD64;   // [64][33]  V' slice (Engine: bf16-rounded)
+    float* Op = Vs + GDN_C * LDV;    // [64][33]  Q h_c
+    float* gam = Op + GDN_C * LDV;   // [64]
+    const long long ch = blockIdx.x;
+    const int hv = blockIdx.y, iv = blockIdx.z, hk = hv / ratio, tid = threadIdx.x;
+    const long long row0 = chunk_rows[2 * ch];
+    const int nc = (int)(chunk_rows[2 * ch + 1] - row0);
+    const long long HV = hv_heads, ld_o = HV * GDN_DV;
+    const int col0 = iv * DVS;
+
+    const float* h = Hg + (ch * HV + hv) * GDN_DK * GDN_DV + col0;
+    for (int i = tid; i < GDN_DK * (DVS / 4); i += GDN_THREADS) {
+        const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
+        const float4 x = *(const float4*)(h + r * GDN_DV + c);
+        Hs[r * LDV + c] = ENGINE ? rb(x.x) : x.x;
+        Hs[r * LDV + c + 1] = ENGINE ? rb(x.y) : x.y;
+        Hs[r * LDV + c + 2] = ENGINE ? rb(x.z) : x.z;
+        Hs[r * LDV + c + 3] = ENGINE ? rb(x.w) : x.w;
+    }
+    for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
+        const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nc) x = *(const float4*)(Vg + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
+        Vs[r * LDV + c] = ENGINE ? rb(x.x) : x.x;
+        Vs[r * LDV + c + 1] = ENGINE ? rb(x.y) : x.y;
+        Vs[r * LDV + c + 2] = ENGINE ? rb(x.z) : x.z;
+        Vs[r * LDV + c + 3] = ENGINE ? rb(x.w) : x.w;
+    }
+    for (int i = tid; i < GDN_C * (GDN_C / 4); i += GDN_THREADS) {
+        const int r = i / (GDN_C / 4), c = (i % (GDN_C / 4)) * 4;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nc) x = *(const float4*)(Ag + ((row0 + r) * HV + hv) * GDN_C + c);
+        As[r * LD64 + c] = x.x;
+        As[r * LD64 + c + 1] = x.y;
+        As[r * LD64 + c + 2] = x.z;
+        As[r * LD64 + c + 3] = x.w;
+    }
+    if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+    load_q_rows<ENGINE>(Qs, q, ld_qk, hk, row0, nc, scale);
+    __syncthreads();
+
+    mm<MMA, GDN_C, DVS, GDN_DK, 2, 4>(
+        [&](int m, int kk) { return Qs[m * LD128 + kk]; }, [&](int kk, int c) { return Hs[kk * LDV + c]; },
+        [&](int m, int c, float x) { Op[m * LDV + c] = x; });
+    __syncthreads();
+    mm<MMA, GDN_C, DVS, GDN_C, 2, 4>(
+        [&](int m, int kk) { return As[m * LD64 + kk]; }, [&](int kk, int c) { return Vs[kk * LDV + c]; },
+        [&](int m, int c, float x) {
+            if (m < nc) {
+                const float inter = Op[m * LDV + c] * expf(gam[m]);
+                const float o = ENGINE ? inter * scale + x * scale : inter + x;
+                out[(row0 + m) * ld_o + hv * GDN_DV + col0 + c] = f2bf(o);
+            }
+        });
+}
+
+#define GDN_HWALK_KERNEL(NAME, ENGINE)                                                                           \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)                                                 \
+        NAME(const bf16_t* k, long long ld_qk, const float* Wg, const float* Ug, const float* Gg,                 \
+             const long long* seq_rows, const long long* seq_chunk0, float* Hg, float* Vg, const u64* states,     \
+             int hv_heads, int ratio) {                                                                          \
+        gdn_hwalk_impl<ENGINE>(k, ld_qk, Wg, Ug, Gg, seq_rows, seq_chunk0, Hg, Vg, states, hv_heads, ratio);    \
+    }
+#define GDN_HOUT_KERNEL(NAME, ENGINE, MMA)                                                                       \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)                                                 \
+        NAME(const bf16_t* q, long long ld_qk, const float* Hg, const float* Vg, const float* Ag, const float* Gg, \
+             const long long* chunk_rows, bf16_t* out, int hv_heads, int ratio, float scale) {                   \
+        gdn_hout_impl<ENGINE, MMA>(q, ld_qk, Hg, Vg, Ag, Gg, chunk_rows, out, hv_heads, ratio, scale);          \
+    }
+GDN_HWALK_KERNEL(gdn_hwalk_reference, false)
+GDN_HWALK_KERNEL(gdn_hwalk_engine, true)
+GDN_HOUT_KERNEL(gdn_hout_reference, false, false)
+GDN_HOUT_KERNEL(gdn_hout_engine_mma, true, true)
+
+// ---------------------------------------------------------------------------------------------
 // Recurrent gated delta rule: one block of 256 threads per (value head, sequence); the thread
 // pair (2j, 2j+1) owns column j of the state, each thread 64 of its 128 rows in registers (one
 // thread per column needs more than 255 registers), and the block walks the sequence's rows:
