@@ -620,9 +620,8 @@ GDN_WALK_KERNEL(gdn_walk_engine_mma, true, true, 64)
 // Scratch beyond the prep's: Vg [T][Hv][128] V' (f32; Engine rounds it to bf16 where it is read)
 // and Hg [chunks][Hv][128][128] the f32 state at every chunk start (Engine rounds it where read).
 
-#define GDN_HW_DVS 16  // value columns per phase-2 block
-#define GDN_LDW 132    // row stride (floats) of the phase-2 W and K tiles: float4-aligned, and the
-                       // 8 rows a warp reads at once fall on 8 disjoint groups of 4 banks
+#define GDN_LDW 132  // row stride (floats) of the float4-read tiles: 16-byte aligned rows, and the
+                     // rows a warp reads at once fall on disjoint groups of 4 banks
 
 __device__ __forceinline__ u32 gdn_smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void gdn_cp_async16(void* smem, const void* gmem) {
@@ -631,44 +630,96 @@ __device__ __forceinline__ void gdn_cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void gdn_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void gdn_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
-// Phase 2. One block of 256 threads per (slice of 16 value columns, value head, sequence). Per
-// chunk two phases separated by barriers:
-//   b. thread (m = tid/4, 4 columns): V'[m] = U[m] - W[m] . S_op (W tile in shared memory, S_op
-//      the bf16-rounded (Engine) or plain state copy in shared memory); writes V' to Vg and the
-//      decayed e^(gam_C - gam_m) V'[m] (Engine: bf16) to Vd. Meanwhile the chunk's k rows are
-//      loaded and L2-normalised into Ks (exactly load_qk_rows' arithmetic).
-//   c. thread (r = tid/2, 8 columns), state in registers: S[r] <- e^gam_C S[r] + sum_m K[m][r] Vd[m];
-//      meanwhile the next chunk's W tile and gam arrive by cp.async / plain loads.
+// fp32 FMA product on shared-memory tiles with 16-byte loads, 256 threads:
+// out(m, n) = sum_k A[m][k] B[k][n] for m < M, n < N, each element an fmaf chain over k ascending
+// from 0 (mm_fma's order, so the results are the same bits). Thread: R = M*N/1024 rows
+// (m0 + i*M/R) x 4 adjacent columns; per 4 k it reads one float4 of A per row and 4 of B.
+// A row-major with stride lda, B with ldb, both multiples of 4 floats; epi(m, n, value).
+template <int M, int N, int K, class FE>
+__device__ __forceinline__ void mm_rows4(const float* A, int lda, const float* B, int ldb, FE epi) {
+    constexpr int TPR = N / 4;             // threads per row
+    constexpr int RG = GDN_THREADS / TPR;  // rows per pass
+    constexpr int R = M / RG;              // rows per thread
+    static_assert(RG * TPR == GDN_THREADS && R * RG == M && K % 4 == 0, "mm_rows4: shape");
+    const int m0 = threadIdx.x / TPR, c = (threadIdx.x % TPR) * 4;
+    float acc[R][4];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+#pragma unroll 2
+    for (int k = 0; k < K; k += 4) {
+        float a[R][4];
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const float4 a4 = *(const float4*)(A + (m0 + i * RG) * lda + k);
+            a[i][0] = a4.x;
+            a[i][1] = a4.y;
+            a[i][2] = a4.z;
+            a[i][3] = a4.w;
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float4 b4 = *(const float4*)(B + (k + e) * ldb + c);
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                acc[i][0] = fmaf(a[i][e], b4.x, acc[i][0]);
+                acc[i][1] = fmaf(a[i][e], b4.y, acc[i][1]);
+                acc[i][2] = fmaf(a[i][e], b4.z, acc[i][2]);
+                acc[i][3] = fmaf(a[i][e], b4.w, acc[i][3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) epi(m0 + i * RG, c + j, acc[i][j]);
+}
+
+// Phase 2. One block of 256 threads per (slice of DVS value columns, value head, sequence), DVS =
+// 16 or 32 (128/DVS blocks per head). Per chunk two phases separated by barriers:
+//   b. V' = U - W S_op (mm_rows4: W tile and S_op, the bf16-rounded (Engine) or plain state, in
+//      shared memory); V' to Vg, the decayed e^(gam_C - gam_m) V'[m] (Engine: bf16) to Vd. Rows
+//      past the chunk's end give Vd = 0. Meanwhile the chunk's k rows are loaded and
+//      L2-normalised into Ks (exactly load_qk_rows' arithmetic).
+//   c. thread: CR = DVS/16 state rows (cr + i*128/CR) x 8 columns in registers,
+//      S <- e^gam_C S + sum_m K[m][r] Vd[m]; meanwhile the next chunk's W tile and gam arrive
+//      (cp.async / plain loads).
 // The state at each chunk start goes to Hg from the registers before phase b.
-// Shared memory: 2*64*132 + 128*16 + 64*16 + 64 floats (80,128 bytes): two blocks per SM.
-template <bool ENGINE>
+// Shared memory: 2*64*132 + 128*DVS + 64*DVS + 64 floats (80,128 bytes for DVS = 16, 92,416 for
+// 32): two blocks per SM.
+template <bool ENGINE, int DVS>
 __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, long long ld_qk,
                                                const float* __restrict__ Wg, const float* __restrict__ Ug,
                                                const float* __restrict__ Gg, const long long* __restrict__ seq_rows,
                                                const long long* __restrict__ seq_chunk0, float* __restrict__ Hg,
                                                float* __restrict__ Vg, const u64* __restrict__ states, int hv_heads,
                                                int ratio) {
-    constexpr int DVS = GDN_HW_DVS;
+    constexpr int CTPR = DVS / 8;               // phase c: threads per state row
+    constexpr int CRG = GDN_THREADS / CTPR;     // state rows per pass
+    constexpr int CR = GDN_DK / CRG;            // state rows per thread
+    static_assert(CR * CRG == GDN_DK, "gdn_hwalk: DVS");
     extern __shared__ float smem[];
     float* Ws = smem;                  // [64][132] W of the current chunk
     float* Ks = Ws + GDN_C * GDN_LDW;  // [64][132] normalised K of the current chunk
-    float* Ss = Ks + GDN_C * GDN_LDW;  // [128][16] the state as the products read it
-    float* Vd = Ss + GDN_DK * DVS;     // [64][16]  e^(gam_C - gam) V'
+    float* Ss = Ks + GDN_C * GDN_LDW;  // [128][DVS] the state as the products read it
+    float* Vd = Ss + GDN_DK * DVS;     // [64][DVS]  e^(gam_C - gam) V'
     float* gam = Vd + GDN_C * DVS;     // [64] gam of the current chunk (rows past its end: last row's)
     const int iv = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, hk = hv / ratio;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const long long seq0 = seq_rows[2 * n], seq1 = seq_rows[2 * n + 1];
     const long long HV = hv_heads, ch0 = seq_chunk0[n];
     const int col0 = iv * DVS;
-    // Phase b's element: row bm, columns bc .. bc+3; phase c's: state row cr, columns cc .. cc+7.
-    const int bm = tid >> 2, bc = (tid & 3) * 4;
-    const int cr = tid >> 1, cc = (tid & 1) * 8;
-    float* state = (float*)states[n] + (long long)hv * GDN_DK * GDN_DV + cr * GDN_DV + col0 + cc;
-    float s[8];
+    const int cr = tid / CTPR, cc = (tid % CTPR) * 8;  // phase c: rows cr + i*CRG, columns cc..cc+7
+    float* state = (float*)states[n] + (long long)hv * GDN_DK * GDN_DV + col0 + cc;
+    float s[CR][8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) s[j] = state[j];
+    for (int i = 0; i < CR; ++i)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) Ss[cr * DVS + cc + j] = ENGINE ? rb(s[j]) : s[j];
+        for (int j = 0; j < 8; ++j) {
+            s[i][j] = state[(cr + i * CRG) * GDN_DV + j];
+            Ss[(cr + i * CRG) * DVS + cc + j] = ENGINE ? rb(s[i][j]) : s[i][j];
+        }
 
     // The W tile and gam of the chunk at row0 (rows past its end are not loaded: phase b skips them).
     auto load_w = [&](long long row0) {
@@ -680,7 +731,7 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
         gdn_cp_async_commit();
         if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
     };
-    if (seq0 < seq1) load_w(seq0);
+    load_w(seq0);  // every sequence here has rows
     gdn_cp_async_wait_all();
     __syncthreads();
 
@@ -689,8 +740,11 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
         // h_c: the state at the chunk start, f32.
         {
             float* h = Hg + ((ci * HV + hv) * GDN_DK + cr) * GDN_DV + col0 + cc;
-            *(float4*)h = make_float4(s[0], s[1], s[2], s[3]);
-            *(float4*)(h + 4) = make_float4(s[4], s[5], s[6], s[7]);
+#pragma unroll
+            for (int i = 0; i < CR; ++i) {
+                *(float4*)(h + i * CRG * GDN_DV) = make_float4(s[i][0], s[i][1], s[i][2], s[i][3]);
+                *(float4*)(h + i * CRG * GDN_DV + 4) = make_float4(s[i][4], s[i][5], s[i][6], s[i][7]);
+            }
         }
         // --- b. the chunk's k rows in flight (warp w: rows w, w+8, ...), then V' = U - W S_op.
         constexpr int PER = GDN_C / (GDN_THREADS / 32);
@@ -702,37 +756,17 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
             if (r < nc) kw[i] = *(const uint2*)(k + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
         }
         const float gC = gam[GDN_C - 1];
-        float vd[4] = {0.f, 0.f, 0.f, 0.f};
-        if (bm < nc) {
-            const long long vrow = ((row0 + bm) * HV + hv) * GDN_DV + col0 + bc;
-            const float4 u4 = *(const float4*)(Ug + vrow);
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-            const float* wrow = Ws + bm * GDN_LDW;
-#pragma unroll 2
-            for (int kk = 0; kk < GDN_DK; kk += 4) {
-                const float4 w4 = *(const float4*)(wrow + kk);
-                const float wv[4] = {w4.x, w4.y, w4.z, w4.w};
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float4 s4 = *(const float4*)(Ss + (kk + e) * DVS + bc);
-                    acc[0] = fmaf(wv[e], s4.x, acc[0]);
-                    acc[1] = fmaf(wv[e], s4.y, acc[1]);
-                    acc[2] = fmaf(wv[e], s4.z, acc[2]);
-                    acc[3] = fmaf(wv[e], s4.w, acc[3]);
-                }
+        mm_rows4<GDN_C, DVS, GDN_DK>(Ws, GDN_LDW, Ss, DVS, [&](int m, int c, float x) {
+            float vd = 0.f;
+            if (m < nc) {
+                const long long vi = ((row0 + m) * HV + hv) * GDN_DV + col0 + c;
+                const float vp = Ug[vi] - x;
+                Vg[vi] = vp;
+                const float d = vp * expf(gC - gam[m]);
+                vd = ENGINE ? rb(d) : d;
             }
-            const float uv[4] = {u4.x, u4.y, u4.z, u4.w};
-            float vp[4];
-            const float dec = expf(gC - gam[bm]);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                vp[j] = uv[j] - acc[j];
-                const float x = vp[j] * dec;
-                vd[j] = ENGINE ? rb(x) : x;
-            }
-            *(float4*)(Vg + vrow) = make_float4(vp[0], vp[1], vp[2], vp[3]);
-        }
-        *(float4*)(Vd + bm * DVS + bc) = make_float4(vd[0], vd[1], vd[2], vd[3]);
+            Vd[m * DVS + c] = vd;
+        });
         // The k rows, L2-normalised as load_qk_rows does (Engine: rounded to bf16).
 #pragma unroll
         for (int i = 0; i < PER; ++i) {
@@ -750,40 +784,46 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
         const long long next = row0 + GDN_C;
         if (next < seq1) load_w(next);
         {
-            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
+            float acc[CR][8];
+#pragma unroll
+            for (int i = 0; i < CR; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+#pragma unroll 2
             for (int m = 0; m < GDN_C; ++m) {
-                const float kv = Ks[m * GDN_LDW + cr];
                 const float4 d0 = *(const float4*)(Vd + m * DVS + cc);
                 const float4 d1 = *(const float4*)(Vd + m * DVS + cc + 4);
-                acc[0] = fmaf(kv, d0.x, acc[0]);
-                acc[1] = fmaf(kv, d0.y, acc[1]);
-                acc[2] = fmaf(kv, d0.z, acc[2]);
-                acc[3] = fmaf(kv, d0.w, acc[3]);
-                acc[4] = fmaf(kv, d1.x, acc[4]);
-                acc[5] = fmaf(kv, d1.y, acc[5]);
-                acc[6] = fmaf(kv, d1.z, acc[6]);
-                acc[7] = fmaf(kv, d1.w, acc[7]);
+                const float d[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
+#pragma unroll
+                for (int i = 0; i < CR; ++i) {
+                    const float kv = Ks[m * GDN_LDW + cr + i * CRG];
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(kv, d[j], acc[i][j]);
+                }
             }
             const float eC = expf(gC);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                s[j] = s[j] * eC + acc[j];
-                Ss[cr * DVS + cc + j] = ENGINE ? rb(s[j]) : s[j];
-            }
+            for (int i = 0; i < CR; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    s[i][j] = s[i][j] * eC + acc[i][j];
+                    Ss[(cr + i * CRG) * DVS + cc + j] = ENGINE ? rb(s[i][j]) : s[i][j];
+                }
         }
         gdn_cp_async_wait_all();
         __syncthreads();
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) state[j] = s[j];
+    for (int i = 0; i < CR; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) state[(cr + i * CRG) * GDN_DV + j] = s[i][j];
 }
 
-// Rows row0 .. row0+63 of q (head hk), L2-normalised into Qs ([64][129]) exactly as
+// Rows row0 .. row0+63 of q (head hk), L2-normalised into Qs (row stride ldq) exactly as
 // load_qk_rows does; rows past nc are zero.
 template <bool ENGINE>
-__device__ __forceinline__ void load_q_rows(float* Qs, const bf16_t* __restrict__ q, long long ld_qk, int hk,
-                                            long long row0, int nc, float scale) {
+__device__ __forceinline__ void load_q_rows(float* Qs, int ldq, const bf16_t* __restrict__ q, long long ld_qk,
+                                            int hk, long long row0, int nc, float scale) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     constexpr int PER = GDN_C / (GDN_THREADS / 32);
     uint2 qw[PER];
@@ -802,16 +842,17 @@ __device__ __forceinline__ void load_q_rows(float* Qs, const bf16_t* __restrict_
         for (int j = 0; j < 4; ++j) {
             float qv = qf[j] * qn;
             qv = ENGINE ? rb(qv) : qv * scale;
-            Qs[r * LD128 + lane * 4 + j] = qv;
+            Qs[r * ldq + lane * 4 + j] = qv;
         }
     }
 }
 
 // Phase 3. One block of 256 threads per (chunk, value head, slice of 32 value columns):
 //   O = e^gam o (Q h_c) + A V' (Engine: both terms times the scale, h_c and V' bf16-rounded),
-// the same products and epilogue as gdn_walk_impl's. chunk_rows: (start, end) pairs in the order
-// the chunks' states were stored (gdn_hwalk's seq_chunk0).
-// Shared memory: 64*129 + 128*33 + 64*65 + 2*64*33 + 64 floats (83,712 bytes).
+// the same products and epilogue as gdn_walk_impl's: on the tensor cores (MMA; odd strides for
+// the fragments' column walks) or by mm_rows4 (16-byte loads, strides multiples of 4).
+// chunk_rows: (start, end) pairs in the order gdn_hwalk numbered the chunks' states.
+// Shared memory: at most 64*132 + 128*32 + 64*68 + 2*64*33 + 64 floats (84,480 bytes).
 #define GDN_HO_DVS 32
 template <bool ENGINE, bool MMA>
 __device__ __forceinline__ void gdn_hout_impl(const bf16_t* __restrict__ q, long long ld_qk,
@@ -819,14 +860,18 @@ __device__ __forceinline__ void gdn_hout_impl(const bf16_t* __restrict__ q, long
                                               const float* __restrict__ Ag, const float* __restrict__ Gg,
                                               const long long* __restrict__ chunk_rows, bf16_t* __restrict__ out,
                                               int hv_heads, int ratio, float scale) {
-    constexpr int DVS = GDN_HO_DVS, LDV = DVS + 1;
+    constexpr int DVS = GDN_HO_DVS;
+    constexpr int LDQ = MMA ? LD128 : GDN_LDW;  // Q [64][LDQ]
+    constexpr int LDH = MMA ? DVS + 1 : DVS;    // h_c [128][LDH], V' [64][LDH]
+    constexpr int LDA = MMA ? LD64 : 68;        // scores [64][LDA]
+    constexpr int LDO = DVS + 1;                // Q h_c [64][LDO]
     extern __shared__ float smem[];
-    float* Qs = smem;                // [64][129] normalised Q
-    float* Hs = Qs + GDN_C * LD128;  // [128][33] h_c slice (Engine: bf16-rounded)
-    float* As = Hs + GDN_DK * LDV;   // [64][65]  decayed scores
-    float* Vs = As + GDN_C * LD64;   // [64][33]  V' slice (Engine: bf16-rounded)
-    float* Op = Vs + GDN_C * LDV;    // [64][33]  Q h_c
-    float* gam = Op + GDN_C * LDV;   // [64]
+    float* Qs = smem;
+    float* Hs = Qs + GDN_C * LDQ;
+    float* As = Hs + GDN_DK * LDH;
+    float* Vs = As + GDN_C * LDA;
+    float* Op = Vs + GDN_C * LDH;
+    float* gam = Op + GDN_C * LDO;
     const long long ch = blockIdx.x;
     const int hv = blockIdx.y, iv = blockIdx.z, hk = hv / ratio, tid = threadIdx.x;
     const long long row0 = chunk_rows[2 * ch];
@@ -838,54 +883,61 @@ __device__ __forceinline__ void gdn_hout_impl(const bf16_t* __restrict__ q, long
     for (int i = tid; i < GDN_DK * (DVS / 4); i += GDN_THREADS) {
         const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
         const float4 x = *(const float4*)(h + r * GDN_DV + c);
-        Hs[r * LDV + c] = ENGINE ? rb(x.x) : x.x;
-        Hs[r * LDV + c + 1] = ENGINE ? rb(x.y) : x.y;
-        Hs[r * LDV + c + 2] = ENGINE ? rb(x.z) : x.z;
-        Hs[r * LDV + c + 3] = ENGINE ? rb(x.w) : x.w;
+        Hs[r * LDH + c] = ENGINE ? rb(x.x) : x.x;
+        Hs[r * LDH + c + 1] = ENGINE ? rb(x.y) : x.y;
+        Hs[r * LDH + c + 2] = ENGINE ? rb(x.z) : x.z;
+        Hs[r * LDH + c + 3] = ENGINE ? rb(x.w) : x.w;
     }
     for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
         const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
         float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
         if (r < nc) x = *(const float4*)(Vg + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
-        Vs[r * LDV + c] = ENGINE ? rb(x.x) : x.x;
-        Vs[r * LDV + c + 1] = ENGINE ? rb(x.y) : x.y;
-        Vs[r * LDV + c + 2] = ENGINE ? rb(x.z) : x.z;
-        Vs[r * LDV + c + 3] = ENGINE ? rb(x.w) : x.w;
+        Vs[r * LDH + c] = ENGINE ? rb(x.x) : x.x;
+        Vs[r * LDH + c + 1] = ENGINE ? rb(x.y) : x.y;
+        Vs[r * LDH + c + 2] = ENGINE ? rb(x.z) : x.z;
+        Vs[r * LDH + c + 3] = ENGINE ? rb(x.w) : x.w;
     }
     for (int i = tid; i < GDN_C * (GDN_C / 4); i += GDN_THREADS) {
         const int r = i / (GDN_C / 4), c = (i % (GDN_C / 4)) * 4;
         float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
         if (r < nc) x = *(const float4*)(Ag + ((row0 + r) * HV + hv) * GDN_C + c);
-        As[r * LD64 + c] = x.x;
-        As[r * LD64 + c + 1] = x.y;
-        As[r * LD64 + c + 2] = x.z;
-        As[r * LD64 + c + 3] = x.w;
+        As[r * LDA + c] = x.x;
+        As[r * LDA + c + 1] = x.y;
+        As[r * LDA + c + 2] = x.z;
+        As[r * LDA + c + 3] = x.w;
     }
     if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
-    load_q_rows<ENGINE>(Qs, q, ld_qk, hk, row0, nc, scale);
+    load_q_rows<ENGINE>(Qs, LDQ, q, ld_qk, hk, row0, nc, scale);
     __syncthreads();
 
-    mm<MMA, GDN_C, DVS, GDN_DK, 2, 4>(
-        [&](int m, int kk) { return Qs[m * LD128 + kk]; }, [&](int kk, int c) { return Hs[kk * LDV + c]; },
-        [&](int m, int c, float x) { Op[m * LDV + c] = x; });
-    __syncthreads();
-    mm<MMA, GDN_C, DVS, GDN_C, 2, 4>(
-        [&](int m, int kk) { return As[m * LD64 + kk]; }, [&](int kk, int c) { return Vs[kk * LDV + c]; },
-        [&](int m, int c, float x) {
-            if (m < nc) {
-                const float inter = Op[m * LDV + c] * expf(gam[m]);
-                const float o = ENGINE ? inter * scale + x * scale : inter + x;
-                out[(row0 + m) * ld_o + hv * GDN_DV + col0 + c] = f2bf(o);
-            }
-        });
+    auto to_op = [&](int m, int c, float x) { Op[m * LDO + c] = x; };
+    auto to_out = [&](int m, int c, float x) {
+        if (m < nc) {
+            const float inter = Op[m * LDO + c] * expf(gam[m]);
+            const float o = ENGINE ? inter * scale + x * scale : inter + x;
+            out[(row0 + m) * ld_o + hv * GDN_DV + col0 + c] = f2bf(o);
+        }
+    };
+    if constexpr (MMA) {
+        mm_mma<GDN_C, DVS, GDN_DK>([&](int m, int kk) { return Qs[m * LDQ + kk]; },
+                                   [&](int kk, int c) { return Hs[kk * LDH + c]; }, to_op);
+        __syncthreads();
+        mm_mma<GDN_C, DVS, GDN_C>([&](int m, int kk) { return As[m * LDA + kk]; },
+                                  [&](int kk, int c) { return Vs[kk * LDH + c]; }, to_out);
+    } else {
+        mm_rows4<GDN_C, DVS, GDN_DK>(Qs, LDQ, Hs, LDH, to_op);
+        __syncthreads();
+        mm_rows4<GDN_C, DVS, GDN_C>(As, LDA, Vs, LDH, to_out);
+    }
 }
 
-#define GDN_HWALK_KERNEL(NAME, ENGINE)                                                                           \
+#define GDN_HWALK_KERNEL(NAME, ENGINE, DVS)                                                                      \
     extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)                                                 \
         NAME(const bf16_t* k, long long ld_qk, const float* Wg, const float* Ug, const float* Gg,                 \
              const long long* seq_rows, const long long* seq_chunk0, float* Hg, float* Vg, const u64* states,     \
              int hv_heads, int ratio) {                                                                          \
-        gdn_hwalk_impl<ENGINE>(k, ld_qk, Wg, Ug, Gg, seq_rows, seq_chunk0, Hg, Vg, states, hv_heads, ratio);    \
+        gdn_hwalk_impl<ENGINE, DVS>(k, ld_qk, Wg, Ug, Gg, seq_rows, seq_chunk0, Hg, Vg, states, hv_heads,       \
+                                    ratio);                                                                      \
     }
 #define GDN_HOUT_KERNEL(NAME, ENGINE, MMA)                                                                       \
     extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)                                                 \
@@ -893,8 +945,10 @@ __device__ __forceinline__ void gdn_hout_impl(const bf16_t* __restrict__ q, long
              const long long* chunk_rows, bf16_t* out, int hv_heads, int ratio, float scale) {                   \
         gdn_hout_impl<ENGINE, MMA>(q, ld_qk, Hg, Vg, Ag, Gg, chunk_rows, out, hv_heads, ratio, scale);          \
     }
-GDN_HWALK_KERNEL(gdn_hwalk_reference, false)
-GDN_HWALK_KERNEL(gdn_hwalk_engine, true)
+GDN_HWALK_KERNEL(gdn_hwalk_reference, false, 32)
+GDN_HWALK_KERNEL(gdn_hwalk_engine, true, 32)
+GDN_HWALK_KERNEL(gdn_hwalk_reference_v16, false, 16)
+GDN_HWALK_KERNEL(gdn_hwalk_engine_v16, true, 16)
 GDN_HOUT_KERNEL(gdn_hout_reference, false, false)
 GDN_HOUT_KERNEL(gdn_hout_engine_mma, true, true)
 

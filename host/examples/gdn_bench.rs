@@ -113,6 +113,8 @@ fn main() -> Result<()> {
         ChunkKernel::SplitEngineMma,
         ChunkKernel::ThreePhaseReference,
         ChunkKernel::ThreePhaseEngine,
+        ChunkKernel::ThreePhaseReferenceV16,
+        ChunkKernel::ThreePhaseEngineV16,
     ] {
         let name = format!("{kernel:?}");
         if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {

@@ -195,6 +195,7 @@ fn cuda_gdn_reference_profile_matches_cpu() {
             ChunkKernel::ReferenceFmaV64,
             ChunkKernel::SplitReference,
             ChunkKernel::ThreePhaseReference,
+            ChunkKernel::ThreePhaseReferenceV16,
         ] {
             let (got, got_st) = run_gpu(&be, &x, &init, kernel);
             let (e, es) = (rel(&got, &want), state_rel(&got_st, &want_st));
@@ -251,12 +252,14 @@ fn cuda_gdn_engine_profile_matches_cpu_emulation_and_tensor_cores_match_fma() {
     // The three-phase kernel: the same roundings; its walk sums in SplitEngineFma's order, its
     // output phase on the tensor cores.
     let (split, split_st) = run_gpu(&be, &x, &init, ChunkKernel::SplitEngineFma);
-    let (o, st) = run_gpu(&be, &x, &init, ChunkKernel::ThreePhaseEngine);
-    let (e, es) = (rel(&o, &split), state_rel(&st, &split_st));
-    let (ec, esc) = (rel(&o, &want), state_rel(&st, &want_st));
-    println!("engine: ThreePhaseEngine vs SplitEngineFma {e:.2e} (states {es:.2e}); vs CPU emulation {ec:.2e} (states {esc:.2e})");
-    assert!(e < 2e-3 && es < 2e-3, "ThreePhaseEngine vs SplitEngineFma: {e} / {es}");
-    assert!(ec < 1e-2 && esc < 1e-2, "ThreePhaseEngine vs CPU emulation: {ec} / {esc}");
+    for kernel in [ChunkKernel::ThreePhaseEngine, ChunkKernel::ThreePhaseEngineV16] {
+        let (o, st) = run_gpu(&be, &x, &init, kernel);
+        let (e, es) = (rel(&o, &split), state_rel(&st, &split_st));
+        let (ec, esc) = (rel(&o, &want), state_rel(&st, &want_st));
+        println!("engine: {kernel:?} vs SplitEngineFma {e:.2e} (states {es:.2e}); vs CPU emulation {ec:.2e} (states {esc:.2e})");
+        assert!(e < 2e-3 && es < 2e-3, "{kernel:?} vs SplitEngineFma: {e} / {es}");
+        assert!(ec < 1e-2 && esc < 1e-2, "{kernel:?} vs CPU emulation: {ec} / {esc}");
+    }
 }
 
 /// The three-phase kernels on a long packed batch (a 2048-token sequence among short ones, carried
@@ -271,28 +274,33 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
     let init = states(lens.len(), 160, false);
     let (cpu, cpu_st) = run_cpu(&x, &init, GdnProfile::Reference);
     let (split, split_st) = run_gpu(&be, &x, &init, ChunkKernel::SplitReference);
-    let (three, three_st) = run_gpu(&be, &x, &init, ChunkKernel::ThreePhaseReference);
-    let (e, es) = (rel(&three, &cpu), state_rel(&three_st, &cpu_st));
-    let (d, ds) = (rel(&three, &split), state_rel(&three_st, &split_st));
-    let same = three == split && three_st == split_st;
-    println!("2048 packed: ThreePhaseReference vs CPU {e:.2e} (states {es:.2e}); vs SplitReference {d:.2e} (states {ds:.2e}), bit-identical: {same}");
-    assert!(e < 2e-3 && es < 1e-4, "ThreePhaseReference vs CPU: {e} / {es}");
-    assert!(d < 1e-4 && ds < 1e-5, "ThreePhaseReference vs SplitReference: {d} / {ds}");
+    for kernel in [
+        ChunkKernel::ThreePhaseReference,
+        ChunkKernel::ThreePhaseReferenceV16,
+    ] {
+        let (three, three_st) = run_gpu(&be, &x, &init, kernel);
+        let (e, es) = (rel(&three, &cpu), state_rel(&three_st, &cpu_st));
+        let (d, ds) = (rel(&three, &split), state_rel(&three_st, &split_st));
+        let same = three == split && three_st == split_st;
+        println!("2048 packed: {kernel:?} vs CPU {e:.2e} (states {es:.2e}); vs SplitReference {d:.2e} (states {ds:.2e}), bit-identical: {same}");
+        assert!(e < 2e-3 && es < 1e-4, "{kernel:?} vs CPU: {e} / {es}");
+        assert!(d < 1e-4 && ds < 1e-5, "{kernel:?} vs SplitReference: {d} / {ds}");
+    }
     let (split, split_st) = run_gpu(&be, &x, &init, ChunkKernel::SplitEngineFma);
-    let (three, three_st) = run_gpu(&be, &x, &init, ChunkKernel::ThreePhaseEngine);
-    let (d, ds) = (rel(&three, &split), state_rel(&three_st, &split_st));
-    println!("2048 packed: ThreePhaseEngine vs SplitEngineFma {d:.2e} (states {ds:.2e})");
-    // The states see the output phase not at all: the walk is SplitEngineFma's, in its order.
-    assert!(d < 2e-3 && ds < 1e-5, "ThreePhaseEngine vs SplitEngineFma: {d} / {ds}");
+    for kernel in [ChunkKernel::ThreePhaseEngine, ChunkKernel::ThreePhaseEngineV16] {
+        let (three, three_st) = run_gpu(&be, &x, &init, kernel);
+        let (d, ds) = (rel(&three, &split), state_rel(&three_st, &split_st));
+        println!("2048 packed: {kernel:?} vs SplitEngineFma {d:.2e} (states {ds:.2e})");
+        // The states never see the output phase: the walk is SplitEngineFma's, in its order.
+        assert!(d < 2e-3 && ds < 1e-5, "{kernel:?} vs SplitEngineFma: {d} / {ds}");
+    }
 }
 
 /// Launch geometry of the three-phase kernels, checked without a GPU: the chunk plan of a packed
 /// batch, the scratch sizes, and the shared memory that lets two blocks share an SM.
 #[test]
 fn three_phase_plan_and_shared_memory() {
-    use draftlens::backend::cuda::gdn::{
-        ChunkPlan, HOUT_COLUMNS, HOUT_SMEM_BYTES, HWALK_COLUMNS, HWALK_SMEM_BYTES,
-    };
+    use draftlens::backend::cuda::gdn::{hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_SMEM_BYTES};
     // Lengths 1, 17, 64, 128, 200, 0, 65 from row 0; the multi-row sequences are 1..=4 and 6.
     let starts = [0, 1, 18, 82, 210, 410, 410, 475];
     let plan = ChunkPlan::new(&starts, &[1, 2, 3, 4, 6]);
@@ -308,15 +316,17 @@ fn three_phase_plan_and_shared_memory() {
     assert_eq!(plan.len(), 10);
     assert_eq!(plan.three_phase_scratch(475, 6), (475 * 6 * 128, 10 * 6 * 128 * 128));
     assert!(ChunkPlan::new(&starts, &[]).is_empty());
-    // The slices tile a 128-column head.
-    assert_eq!(128 % HWALK_COLUMNS, 0);
+    // The output slices tile a 128-column head.
     assert_eq!(128 % HOUT_COLUMNS, 0);
-    // Two blocks per SM on sm_90 (228 KB of shared memory, 1 KB reserved per block).
-    for (name, bytes) in [("hwalk", HWALK_SMEM_BYTES), ("hout", HOUT_SMEM_BYTES)] {
-        assert!(2 * (bytes + 1024) <= 228 * 1024, "{name}: {bytes} B");
+    // Two blocks per SM on sm_90 (228 KB of shared memory, 1 KB reserved per block), as the
+    // kernels' __launch_bounds__(256, 2) assume.
+    let walks = [hwalk_smem_bytes(16), hwalk_smem_bytes(32)];
+    for bytes in walks.into_iter().chain([HOUT_SMEM_BYTES]) {
+        assert!(2 * (bytes + 1024) <= 228 * 1024, "{bytes} B");
     }
-    assert_eq!(HWALK_SMEM_BYTES, 80_128);
-    assert_eq!(HOUT_SMEM_BYTES, 83_712);
+    // The layouts' sums as kernels/gdn.cu documents them.
+    assert_eq!(walks, [80_128, 92_416]);
+    assert_eq!(HOUT_SMEM_BYTES, 84_480);
 }
 
 #[test]

@@ -22,7 +22,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 mod split;
 use split::SplitDeltaInputs;
-pub use split::{ChunkPlan, HOUT_COLUMNS, HOUT_SMEM_BYTES, HWALK_COLUMNS, HWALK_SMEM_BYTES};
+pub use split::{hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_SMEM_BYTES};
 
 /// Head dims the delta-rule kernels are written for (`GDN_DK`, `GDN_DV` in kernels/gdn.cu).
 const HEAD_DIM: usize = 128;
@@ -52,9 +52,9 @@ impl CudaF32 {
 ///   blocks per head, each recomputing the head-wide products); `…V64`: 64 columns, two blocks.
 /// - `Split…`: two launches: every chunk's state-independent work (L, M, W, U, the decayed
 ///   scores) at once, then the per-sequence walk over the chunks (64 value columns per block).
-/// - `ThreePhase…`: the same first launch; then a walk that only carries the state (16 value
-///   columns per block, 8 blocks per head), storing every chunk's start state and V′; then the
-///   output of every chunk at once (`ThreePhaseEngine` on the tensor cores).
+/// - `ThreePhase…`: the same first launch; then a walk that only carries the state (32 value
+///   columns per block, 4 blocks per head; `…V16`: 16 columns, 8 blocks), storing every chunk's
+///   start state and V′; then the output of every chunk at once (Engine on the tensor cores).
 ///
 /// [`crate::backend::Backend::gated_delta_rule`] uses [`ChunkKernel::for_profile`]; the others
 /// exist so that tests check them against each other and benchmarks compare them.
@@ -70,6 +70,8 @@ pub enum ChunkKernel {
     SplitEngineMma,
     ThreePhaseReference,
     ThreePhaseEngine,
+    ThreePhaseReferenceV16,
+    ThreePhaseEngineV16,
 }
 
 /// Whether [`ChunkKernel::for_profile`] picks the three-phase kernels. The one line to flip once
@@ -81,7 +83,7 @@ const THREE_PHASE_DEFAULT: bool = false;
 /// Suffix of the CUDA engine profile's cache keys (host/src/session): names the default engine
 /// kernel's summation order, so cached results of one never pass for the other's.
 pub fn engine_cache_tag() -> &'static str {
-    if ChunkKernel::for_profile(GdnProfile::Engine) == ChunkKernel::ThreePhaseEngine {
+    if ChunkKernel::for_profile(GdnProfile::Engine).three_phase() {
         "-3p"
     } else {
         ""
@@ -114,30 +116,42 @@ impl ChunkKernel {
             ChunkKernel::SplitEngineMma => "gdn_walk_engine_mma",
             ChunkKernel::ThreePhaseReference => "gdn_hwalk_reference",
             ChunkKernel::ThreePhaseEngine => "gdn_hwalk_engine",
+            ChunkKernel::ThreePhaseReferenceV16 => "gdn_hwalk_reference_v16",
+            ChunkKernel::ThreePhaseEngineV16 => "gdn_hwalk_engine_v16",
         }
     }
     /// The state-independent first launch of a split kernel.
     fn prep_name(self) -> Option<&'static str> {
         match self {
-            ChunkKernel::SplitReference | ChunkKernel::ThreePhaseReference => {
-                Some("gdn_prep_reference")
-            }
+            ChunkKernel::SplitReference
+            | ChunkKernel::ThreePhaseReference
+            | ChunkKernel::ThreePhaseReferenceV16 => Some("gdn_prep_reference"),
             ChunkKernel::SplitEngineFma
             | ChunkKernel::SplitEngineMma
-            | ChunkKernel::ThreePhaseEngine => Some("gdn_prep_engine_mma"),
+            | ChunkKernel::ThreePhaseEngine
+            | ChunkKernel::ThreePhaseEngineV16 => Some("gdn_prep_engine_mma"),
             _ => None,
         }
     }
-    /// The state walk and the output launch of a three-phase kernel.
-    fn three_phase_names(self) -> Option<(&'static str, &'static str)> {
+    /// The state walk, its value columns per block, and the output launch of a three-phase kernel.
+    fn three_phase_launches(self) -> Option<(&'static str, usize, &'static str)> {
+        let output = if self.engine() {
+            "gdn_hout_engine_mma"
+        } else {
+            "gdn_hout_reference"
+        };
         match self {
-            ChunkKernel::ThreePhaseReference => Some(("gdn_hwalk_reference", "gdn_hout_reference")),
-            ChunkKernel::ThreePhaseEngine => Some(("gdn_hwalk_engine", "gdn_hout_engine_mma")),
+            ChunkKernel::ThreePhaseReference | ChunkKernel::ThreePhaseEngine => {
+                Some((self.name(), 32, output))
+            }
+            ChunkKernel::ThreePhaseReferenceV16 | ChunkKernel::ThreePhaseEngineV16 => {
+                Some((self.name(), 16, output))
+            }
             _ => None,
         }
     }
     fn three_phase(self) -> bool {
-        self.three_phase_names().is_some()
+        self.three_phase_launches().is_some()
     }
     pub fn engine(self) -> bool {
         !matches!(
@@ -146,10 +160,11 @@ impl ChunkKernel {
                 | ChunkKernel::ReferenceFmaV64
                 | ChunkKernel::SplitReference
                 | ChunkKernel::ThreePhaseReference
+                | ChunkKernel::ThreePhaseReferenceV16
         )
     }
     /// Value columns per block (`DVS` in kernels/gdn.cu) of the fused and split kernels (the
-    /// three-phase kernels' are [`HWALK_COLUMNS`] and [`HOUT_COLUMNS`]).
+    /// three-phase kernels' are in [`ChunkKernel::three_phase_launches`] and [`HOUT_COLUMNS`]).
     fn dv_slice(self) -> usize {
         match self {
             ChunkKernel::ReferenceFma | ChunkKernel::EngineFma | ChunkKernel::EngineMma => 32,
@@ -706,6 +721,8 @@ pub const KERNELS: &[&str] = &[
     "gdn_walk_engine_mma",
     "gdn_hwalk_reference",
     "gdn_hwalk_engine",
+    "gdn_hwalk_reference_v16",
+    "gdn_hwalk_engine_v16",
     "gdn_hout_reference",
     "gdn_hout_engine_mma",
     "gdn_recurrent",

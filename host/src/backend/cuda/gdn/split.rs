@@ -1,7 +1,7 @@
 //! The split and three-phase chunked delta rule (docs/gdn-cuda.md, "Kernel variants" and
 //! "Three-phase kernels"): `gdn_prep_*` computes every chunk's state-independent work at once;
 //! then either `gdn_walk_*` (split: the per-sequence walk also writes the output) or `gdn_hwalk_*`
-//! (the walk carries only the state, over 16-column slices, storing every chunk's start state
+//! (the walk carries only the state, over 32- or 16-column slices, storing every chunk's start state
 //! and V′) followed by `gdn_hout_*` (the output of every chunk at once).
 
 use super::{ChunkKernel, CHUNK, HEAD_DIM, PREP_SMEM_BYTES};
@@ -10,17 +10,17 @@ use crate::backend::gdn::GdnShape;
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-/// Value columns per `gdn_hwalk_*` block (`GDN_HW_DVS` in kernels/gdn.cu).
-pub const HWALK_COLUMNS: usize = 16;
 /// Value columns per `gdn_hout_*` block (`GDN_HO_DVS`).
 pub const HOUT_COLUMNS: usize = 32;
-/// Dynamic shared memory of `gdn_hwalk_*`: the W and K tiles (64 × 132), the state slice
-/// (128 × 16), the decayed V′ (64 × 16), γ.
-pub const HWALK_SMEM_BYTES: usize = (2 * 64 * 132 + 128 * HWALK_COLUMNS + 64 * HWALK_COLUMNS + 64) * 4;
-/// Dynamic shared memory of `gdn_hout_*`: Q (64 × 129), h_c (128 × 33), the scores (64 × 65),
-/// V′ and Q·h_c (64 × 33 each), γ.
+/// Dynamic shared memory of a `gdn_hwalk_*` block of `columns` value columns (16 or 32): the W
+/// and K tiles (64 × 132), the state slice (128 × columns), the decayed V′ (64 × columns), γ.
+pub const fn hwalk_smem_bytes(columns: usize) -> usize {
+    (2 * 64 * 132 + 128 * columns + 64 * columns + 64) * 4
+}
+/// Dynamic shared memory of `gdn_hout_*`, the larger of its two layouts (the FMA one's): Q
+/// (64 × 132), h_c (128 × 32), the scores (64 × 68), V′ (64 × 32), Q·h_c (64 × 33), γ.
 pub const HOUT_SMEM_BYTES: usize =
-    (64 * 129 + 128 * (HOUT_COLUMNS + 1) + 64 * 65 + 2 * 64 * (HOUT_COLUMNS + 1) + 64) * 4;
+    (64 * 132 + 128 * HOUT_COLUMNS + 64 * 68 + 64 * HOUT_COLUMNS + 64 * (HOUT_COLUMNS + 1) + 64) * 4;
 
 /// Where the chunked kernels find their chunks: every multi-row sequence of a call cut into
 /// chunks of [`CHUNK`] rows (the last one shorter), in sequence order.
@@ -193,8 +193,8 @@ struct PrepScratch<'a> {
 }
 
 impl CudaBackend {
-    /// Phases 2 and 3 of the three-phase kernels, after `gdn_prep_*`: `gdn_hwalk_*` (grid: 8
-    /// slices of 16 value columns × value heads × sequences) stores V′ and every chunk's start
+    /// Phases 2 and 3 of the three-phase kernels, after `gdn_prep_*`: `gdn_hwalk_*` (grid:
+    /// slices of 32 or 16 value columns × value heads × sequences) stores V′ and every chunk's start
     /// state h and carries the states to the end; `gdn_hout_*` (grid: chunks × value heads × 4
     /// slices of 32 value columns) writes the output. Scratch f32 beyond the prep's: V′ 512 B per
     /// token and value head, h 64 KB per chunk and value head (800 MB for 16k tokens at Hv = 48).
@@ -222,10 +222,11 @@ impl CudaBackend {
         let mut vg = self.alloc::<f32>(v_len)?;
         let mut hg = self.alloc::<f32>(h_len)?;
         let chunk0 = self.upload(&plan.seq_chunk0)?;
-        let (walk, output) = kernel
-            .three_phase_names()
+        let (walk, columns, output) = kernel
+            .three_phase_launches()
             .expect("three_phase_rest runs three-phase kernels only");
-        let f = self.kernels.get_with_smem("gdn", walk, HWALK_SMEM_BYTES)?;
+        let walk_smem = hwalk_smem_bytes(columns);
+        let f = self.kernels.get_with_smem("gdn", walk, walk_smem)?;
         let mut lb = self.stream.launch_builder(&f);
         lb.arg(&k)
             .arg(&ld)
@@ -246,12 +247,12 @@ impl CudaBackend {
         unsafe {
             lb.launch(LaunchConfig {
                 grid_dim: (
-                    (HEAD_DIM / HWALK_COLUMNS) as u32,
+                    (HEAD_DIM / columns) as u32,
                     hv as u32,
                     which.len() as u32,
                 ),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: HWALK_SMEM_BYTES as u32,
+                shared_mem_bytes: walk_smem as u32,
             })
         }
         .map_err(derr(walk))?;
