@@ -420,8 +420,10 @@ GDN_CHUNK_KERNEL(gdn_chunk_engine_mma_v64, true, true, 64)
 //   its chunk's rows), Gg [T][Hv] gam (chunk-local cumsum of g).
 
 // One block per (chunk, value head); chunk_rows: (start, end) pairs. Shared memory: 3*64*129 +
-// 2*64*65 + 128 floats (132,864 bytes).
-template <bool ENGINE, bool MMA>
+// 2*64*65 + 128 floats (132,864 bytes); LATE_V (the three-phase kernels' prep, gdn_prep2_*): V
+// is read only once K is done with and takes K's place, 2*64*129 + 2*64*65 + 128 floats (99,840
+// bytes, two blocks per SM), same arithmetic.
+template <bool ENGINE, bool MMA, bool LATE_V>
 __device__ __forceinline__ void gdn_prep_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                               const bf16_t* __restrict__ v, long long ld_qk, long long ld_v,
                                               const float* __restrict__ g_in, const float* __restrict__ beta_in,
@@ -431,8 +433,9 @@ __device__ __forceinline__ void gdn_prep_impl(const bf16_t* __restrict__ q, cons
     extern __shared__ float smem[];
     float* Ks = smem;                // [64][129] K
     float* Qs = Ks + GDN_C * LD128;  // [64][129] Q, then K diag(beta e^gam)
-    float* Vs = Qs + GDN_C * LD128;  // [64][129] V, then diag(beta) V
-    float* Ls = Vs + GDN_C * LD128;  // [64][65]  L
+    // [64][129] V, then diag(beta) V; LATE_V: diag(beta) V only, in Ks once K is no longer read
+    float* Vs = LATE_V ? Ks : Qs + GDN_C * LD128;
+    float* Ls = LATE_V ? Qs + GDN_C * LD128 : Vs + GDN_C * LD128;  // [64][65]  L
     float* Ms = Ls + GDN_C * LD64;   // [64][65]  M
     float* bet = Ms + GDN_C * LD64;
     float* gam = bet + GDN_C;
@@ -442,10 +445,11 @@ __device__ __forceinline__ void gdn_prep_impl(const bf16_t* __restrict__ q, cons
     const long long HV = hv_heads;
 
     load_qk_rows<ENGINE>(Ks, Qs, q, k, ld_qk, hk, row0, nc, scale);
-    for (int i = tid; i < GDN_C * GDN_DV; i += GDN_THREADS) {
-        const int r = i / GDN_DV, c = i % GDN_DV;
-        Vs[r * LD128 + c] = r < nc ? bf2f(v[(row0 + r) * ld_v + hv * GDN_DV + c]) : 0.f;
-    }
+    if (!LATE_V)
+        for (int i = tid; i < GDN_C * GDN_DV; i += GDN_THREADS) {
+            const int r = i / GDN_DV, c = i % GDN_DV;
+            Vs[r * LD128 + c] = r < nc ? bf2f(v[(row0 + r) * ld_v + hv * GDN_DV + c]) : 0.f;
+        }
     if ((tid >> 5) == 0) load_chunk_gates(gam, bet, g_in, beta_in, row0, nc, hv_heads, hv);
     __syncthreads();
     if (tid < nc) Gg[(row0 + tid) * HV + hv] = gam[tid];
@@ -468,8 +472,18 @@ __device__ __forceinline__ void gdn_prep_impl(const bf16_t* __restrict__ q, cons
         const int r = i / GDN_DK, c = i % GDN_DK;
         const float x = Ks[r * LD128 + c] * bet[r] * expf(gam[r]);
         Qs[r * LD128 + c] = ENGINE ? rb(x) : x;
-        const float y = Vs[r * LD128 + c] * bet[r];
-        Vs[r * LD128 + c] = ENGINE ? rb(y) : y;
+        if (!LATE_V) {
+            const float y = Vs[r * LD128 + c] * bet[r];
+            Vs[r * LD128 + c] = ENGINE ? rb(y) : y;
+        }
+    }
+    if (LATE_V) {
+        __syncthreads();  // K read: diag(beta) V replaces it, the same values as above
+        for (int i = tid; i < GDN_C * GDN_DV; i += GDN_THREADS) {
+            const int r = i / GDN_DV, c = i % GDN_DV;
+            const float y = (r < nc ? bf2f(v[(row0 + r) * ld_v + hv * GDN_DV + c]) : 0.f) * bet[r];
+            Vs[r * LD128 + c] = ENGINE ? rb(y) : y;
+        }
     }
     if (ENGINE)
         for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) {
@@ -583,13 +597,13 @@ __device__ __forceinline__ void gdn_walk_impl(const bf16_t* __restrict__ q, cons
     }
 }
 
-#define GDN_PREP_KERNEL(NAME, ENGINE, MMA)                                                                        \
-    extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)                                                  \
+#define GDN_PREP_KERNEL(NAME, ENGINE, MMA, LATE_V, BLOCKS)                                                      \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS, BLOCKS)                                             \
         NAME(const bf16_t* q, const bf16_t* k, const bf16_t* v, long long ld_qk, long long ld_v, const float* g,   \
              const float* beta, const long long* chunk_rows, float* Wg, float* Ug, float* Ag, float* Gg,           \
              int hv_heads, int ratio, float scale) {                                                              \
-        gdn_prep_impl<ENGINE, MMA>(q, k, v, ld_qk, ld_v, g, beta, chunk_rows, Wg, Ug, Ag, Gg, hv_heads, ratio,    \
-                                   scale);                                                                        \
+        gdn_prep_impl<ENGINE, MMA, LATE_V>(q, k, v, ld_qk, ld_v, g, beta, chunk_rows, Wg, Ug, Ag, Gg, hv_heads,   \
+                                           ratio, scale);                                                         \
     }
 #define GDN_WALK_KERNEL(NAME, ENGINE, MMA, DVS)                                                                   \
     extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)                                                  \
@@ -599,8 +613,10 @@ __device__ __forceinline__ void gdn_walk_impl(const bf16_t* __restrict__ q, cons
         gdn_walk_impl<ENGINE, MMA, DVS>(q, k, ld_qk, Wg, Ug, Ag, Gg, seq_rows, out, states, hv_heads, ratio,      \
                                         scale);                                                                   \
     }
-GDN_PREP_KERNEL(gdn_prep_reference, false, false)
-GDN_PREP_KERNEL(gdn_prep_engine_mma, true, true)
+GDN_PREP_KERNEL(gdn_prep_reference, false, false, false, 1)
+GDN_PREP_KERNEL(gdn_prep_engine_mma, true, true, false, 1)
+GDN_PREP_KERNEL(gdn_prep2_reference, false, false, true, 2)
+GDN_PREP_KERNEL(gdn_prep2_engine_mma, true, true, true, 2)
 GDN_WALK_KERNEL(gdn_walk_reference, false, false, 64)
 GDN_WALK_KERNEL(gdn_walk_engine_fma, true, false, 64)
 GDN_WALK_KERNEL(gdn_walk_engine_mma, true, true, 64)

@@ -300,7 +300,9 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
 /// batch, the scratch sizes, and the shared memory that lets two blocks share an SM.
 #[test]
 fn three_phase_plan_and_shared_memory() {
-    use draftlens::backend::cuda::gdn::{hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_SMEM_BYTES};
+    use draftlens::backend::cuda::gdn::{
+        hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_SMEM_BYTES, PREP2_SMEM_BYTES,
+    };
     // Lengths 1, 17, 64, 128, 200, 0, 65 from row 0; the multi-row sequences are 1..=4 and 6.
     let starts = [0, 1, 18, 82, 210, 410, 410, 475];
     let plan = ChunkPlan::new(&starts, &[1, 2, 3, 4, 6]);
@@ -321,12 +323,13 @@ fn three_phase_plan_and_shared_memory() {
     // Two blocks per SM on sm_90 (228 KB of shared memory, 1 KB reserved per block), as the
     // kernels' __launch_bounds__(256, 2) assume.
     let walks = [hwalk_smem_bytes(16), hwalk_smem_bytes(32)];
-    for bytes in walks.into_iter().chain([HOUT_SMEM_BYTES]) {
+    for bytes in walks.into_iter().chain([HOUT_SMEM_BYTES, PREP2_SMEM_BYTES]) {
         assert!(2 * (bytes + 1024) <= 228 * 1024, "{bytes} B");
     }
     // The layouts' sums as kernels/gdn.cu documents them.
     assert_eq!(walks, [80_128, 92_416]);
     assert_eq!(HOUT_SMEM_BYTES, 84_480);
+    assert_eq!(PREP2_SMEM_BYTES, 99_840);
 }
 
 #[test]

@@ -123,13 +123,17 @@ impl ChunkKernel {
     /// The state-independent first launch of a split kernel.
     fn prep_name(self) -> Option<&'static str> {
         match self {
-            ChunkKernel::SplitReference
-            | ChunkKernel::ThreePhaseReference
-            | ChunkKernel::ThreePhaseReferenceV16 => Some("gdn_prep_reference"),
-            ChunkKernel::SplitEngineFma
-            | ChunkKernel::SplitEngineMma
-            | ChunkKernel::ThreePhaseEngine
-            | ChunkKernel::ThreePhaseEngineV16 => Some("gdn_prep_engine_mma"),
+            ChunkKernel::SplitReference => Some("gdn_prep_reference"),
+            ChunkKernel::SplitEngineFma | ChunkKernel::SplitEngineMma => {
+                Some("gdn_prep_engine_mma")
+            }
+            // The same arithmetic with V read late, in less shared memory (two blocks per SM).
+            ChunkKernel::ThreePhaseReference | ChunkKernel::ThreePhaseReferenceV16 => {
+                Some("gdn_prep2_reference")
+            }
+            ChunkKernel::ThreePhaseEngine | ChunkKernel::ThreePhaseEngineV16 => {
+                Some("gdn_prep2_engine_mma")
+            }
             _ => None,
         }
     }
@@ -187,6 +191,8 @@ impl ChunkKernel {
 
 /// Dynamic shared memory of `gdn_prep_*`: K, Q, V, L, M, beta, gam.
 const PREP_SMEM_BYTES: usize = (3 * 64 * 129 + 2 * 64 * 65 + 2 * 64) * 4;
+/// Dynamic shared memory of `gdn_prep2_*`: V takes K's place once K is read.
+pub const PREP2_SMEM_BYTES: usize = (2 * 64 * 129 + 2 * 64 * 65 + 2 * 64) * 4;
 /// Chunk length of the chunked kernels (`GDN_C`).
 const CHUNK: usize = 64;
 
@@ -716,6 +722,8 @@ pub const KERNELS: &[&str] = &[
     "gdn_chunk_engine_mma_v64",
     "gdn_prep_reference",
     "gdn_prep_engine_mma",
+    "gdn_prep2_reference",
+    "gdn_prep2_engine_mma",
     "gdn_walk_reference",
     "gdn_walk_engine_fma",
     "gdn_walk_engine_mma",

@@ -4,7 +4,7 @@
 //! (the walk carries only the state, over 32- or 16-column slices, storing every chunk's start state
 //! and V′) followed by `gdn_hout_*` (the output of every chunk at once).
 
-use super::{ChunkKernel, CHUNK, HEAD_DIM, PREP_SMEM_BYTES};
+use super::{ChunkKernel, CHUNK, HEAD_DIM, PREP2_SMEM_BYTES, PREP_SMEM_BYTES};
 use crate::backend::cuda::{derr, CudaBackend, CudaTensor};
 use crate::backend::gdn::GdnShape;
 use anyhow::{ensure, Result};
@@ -111,7 +111,12 @@ impl CudaBackend {
         let (hv32, ratio) = (hv as i32, shape.group() as i32);
         let scale = (shape.k_dim as f32).powf(-0.5);
         let prep = kernel.prep_name().unwrap_or("gdn_prep_reference");
-        let f = self.kernels.get_with_smem("gdn", prep, PREP_SMEM_BYTES)?;
+        let prep_smem = if kernel.three_phase() {
+            PREP2_SMEM_BYTES
+        } else {
+            PREP_SMEM_BYTES
+        };
+        let f = self.kernels.get_with_smem("gdn", prep, prep_smem)?;
         let mut lb = self.stream.launch_builder(&f);
         lb.arg(&q)
             .arg(&k)
@@ -135,7 +140,7 @@ impl CudaBackend {
             lb.launch(LaunchConfig {
                 grid_dim: (n_chunks as u32, hv as u32, 1),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: PREP_SMEM_BYTES as u32,
+                shared_mem_bytes: prep_smem as u32,
             })
         }
         .map_err(derr(prep))?;
