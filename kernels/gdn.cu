@@ -15,6 +15,10 @@
 // In Engine every product has bf16-valued operands, so it can run on the tensor cores
 // (mma.sync m16n8k16 bf16 -> fp32, template flag MMA) with the same result up to fp32
 // summation order; the FMA variant of the Engine profile exists to test exactly that.
+//
+// The chunked delta rule exists in three layouts kept side by side for A/B measurements (fused,
+// split, three-phase; docs/gdn-cuda.md "Kernel variants"), which share this file's product and
+// load helpers: hence one module of more than 800 lines.
 
 #define GDN_C 64          // chunk length (HF and fla)
 #define GDN_DK 128        // key head dim
@@ -699,11 +703,11 @@ __device__ __forceinline__ void mm_rows4(const float* A, int lda, const float* B
 //      past the chunk's end give Vd = 0. Meanwhile the chunk's k rows are loaded and
 //      L2-normalised into Ks (exactly load_qk_rows' arithmetic).
 //   c. thread: CR = DVS/16 state rows (cr + i*128/CR) x 8 columns in registers,
-//      S <- e^gam_C S + sum_m K[m][r] Vd[m]; meanwhile the next chunk's W tile and gam arrive
-//      (cp.async / plain loads).
+//      S <- e^gam_C S + sum_m K[m][r] Vd[m]; meanwhile the next chunk's W tile,
+//      U slice and gam arrive (cp.async / plain loads).
 // The state at each chunk start goes to Hg from the registers before phase b.
-// Shared memory: 2*64*132 + 128*DVS + 64*DVS + 64 floats (80,128 bytes for DVS = 16, 92,416 for
-// 32): two blocks per SM.
+// Shared memory: 2*64*132 + 128*DVS + 2*64*DVS + 64 floats (84,224 bytes for DVS = 16, 100,608
+// for 32): two blocks per SM.
 template <bool ENGINE, int DVS>
 __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, long long ld_qk,
                                                const float* __restrict__ Wg, const float* __restrict__ Ug,
@@ -720,7 +724,8 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
     float* Ks = Ws + GDN_C * GDN_LDW;  // [64][132] normalised K of the current chunk
     float* Ss = Ks + GDN_C * GDN_LDW;  // [128][DVS] the state as the products read it
     float* Vd = Ss + GDN_DK * DVS;     // [64][DVS]  e^(gam_C - gam) V'
-    float* gam = Vd + GDN_C * DVS;     // [64] gam of the current chunk (rows past its end: last row's)
+    float* Us = Vd + GDN_C * DVS;      // [64][DVS]  U slice of the current chunk
+    float* gam = Us + GDN_C * DVS;     // [64] gam of the current chunk (rows past its end: last row's)
     const int iv = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, hk = hv / ratio;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const long long seq0 = seq_rows[2 * n], seq1 = seq_rows[2 * n + 1];
@@ -737,12 +742,17 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
             Ss[(cr + i * CRG) * DVS + cc + j] = ENGINE ? rb(s[i][j]) : s[i][j];
         }
 
-    // The W tile and gam of the chunk at row0 (rows past its end are not loaded: phase b skips them).
+    // The W tile, U slice and gam of the chunk at row0 (rows past its end are not loaded: phase b
+    // skips them).
     auto load_w = [&](long long row0) {
         const int nc = (int)min((long long)GDN_C, seq1 - row0);
         for (int i = tid; i < GDN_C * (GDN_DK / 4); i += GDN_THREADS) {
             const int r = i / (GDN_DK / 4), c = (i % (GDN_DK / 4)) * 4;
             if (r < nc) gdn_cp_async16(Ws + r * GDN_LDW + c, Wg + ((row0 + r) * HV + hv) * GDN_DK + c);
+        }
+        for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
+            const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
+            if (r < nc) gdn_cp_async16(Us + r * DVS + c, Ug + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
         }
         gdn_cp_async_commit();
         if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
@@ -776,7 +786,7 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
             float vd = 0.f;
             if (m < nc) {
                 const long long vi = ((row0 + m) * HV + hv) * GDN_DV + col0 + c;
-                const float vp = Ug[vi] - x;
+                const float vp = Us[m * DVS + c] - x;
                 Vg[vi] = vp;
                 const float d = vp * expf(gC - gam[m]);
                 vd = ENGINE ? rb(d) : d;

@@ -13,9 +13,10 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 /// Value columns per `gdn_hout_*` block (`GDN_HO_DVS`).
 pub const HOUT_COLUMNS: usize = 32;
 /// Dynamic shared memory of a `gdn_hwalk_*` block of `columns` value columns (16 or 32): the W
-/// and K tiles (64 × 132), the state slice (128 × columns), the decayed V′ (64 × columns), γ.
+/// and K tiles (64 × 132), the state slice (128 × columns), the decayed V′ and U (64 × columns
+/// each), γ.
 pub const fn hwalk_smem_bytes(columns: usize) -> usize {
-    (2 * 64 * 132 + 128 * columns + 64 * columns + 64) * 4
+    (2 * 64 * 132 + 128 * columns + 2 * 64 * columns + 64) * 4
 }
 /// Dynamic shared memory of `gdn_hout_*`, the larger of its two layouts (the FMA one's): Q
 /// (64 × 132), h_c (128 × 32), the scores (64 × 68), V′ (64 × 32), Q·h_c (64 × 33), γ.
