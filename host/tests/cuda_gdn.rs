@@ -252,13 +252,22 @@ fn cuda_gdn_engine_profile_matches_cpu_emulation_and_tensor_cores_match_fma() {
     // The three-phase kernel: the same roundings; its walk sums in SplitEngineFma's order, its
     // output phase on the tensor cores.
     let (split, split_st) = run_gpu(&be, &x, &init, ChunkKernel::SplitEngineFma);
-    for kernel in [ChunkKernel::ThreePhaseEngine, ChunkKernel::ThreePhaseEngineV16] {
+    for kernel in [
+        ChunkKernel::ThreePhaseEngine,
+        ChunkKernel::ThreePhaseEngineV16,
+    ] {
         let (o, st) = run_gpu(&be, &x, &init, kernel);
         let (e, es) = (rel(&o, &split), state_rel(&st, &split_st));
         let (ec, esc) = (rel(&o, &want), state_rel(&st, &want_st));
         println!("engine: {kernel:?} vs SplitEngineFma {e:.2e} (states {es:.2e}); vs CPU emulation {ec:.2e} (states {esc:.2e})");
-        assert!(e < 2e-3 && es < 2e-3, "{kernel:?} vs SplitEngineFma: {e} / {es}");
-        assert!(ec < 1e-2 && esc < 1e-2, "{kernel:?} vs CPU emulation: {ec} / {esc}");
+        assert!(
+            e < 2e-3 && es < 2e-3,
+            "{kernel:?} vs SplitEngineFma: {e} / {es}"
+        );
+        assert!(
+            ec < 1e-2 && esc < 1e-2,
+            "{kernel:?} vs CPU emulation: {ec} / {esc}"
+        );
     }
 }
 
@@ -284,15 +293,24 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
         let same = three == split && three_st == split_st;
         println!("2048 packed: {kernel:?} vs CPU {e:.2e} (states {es:.2e}); vs SplitReference {d:.2e} (states {ds:.2e}), bit-identical: {same}");
         assert!(e < 2e-3 && es < 1e-4, "{kernel:?} vs CPU: {e} / {es}");
-        assert!(d < 1e-4 && ds < 1e-5, "{kernel:?} vs SplitReference: {d} / {ds}");
+        assert!(
+            d < 1e-4 && ds < 1e-5,
+            "{kernel:?} vs SplitReference: {d} / {ds}"
+        );
     }
     let (split, split_st) = run_gpu(&be, &x, &init, ChunkKernel::SplitEngineFma);
-    for kernel in [ChunkKernel::ThreePhaseEngine, ChunkKernel::ThreePhaseEngineV16] {
+    for kernel in [
+        ChunkKernel::ThreePhaseEngine,
+        ChunkKernel::ThreePhaseEngineV16,
+    ] {
         let (three, three_st) = run_gpu(&be, &x, &init, kernel);
         let (d, ds) = (rel(&three, &split), state_rel(&three_st, &split_st));
         println!("2048 packed: {kernel:?} vs SplitEngineFma {d:.2e} (states {ds:.2e})");
         // The states never see the output phase: the walk is SplitEngineFma's, in its order.
-        assert!(d < 2e-3 && ds < 1e-5, "{kernel:?} vs SplitEngineFma: {d} / {ds}");
+        assert!(
+            d < 2e-3 && ds < 1e-5,
+            "{kernel:?} vs SplitEngineFma: {d} / {ds}"
+        );
     }
 }
 
@@ -316,7 +334,10 @@ fn three_phase_plan_and_shared_memory() {
     assert_eq!(plan.rows, want);
     assert_eq!(plan.seq_chunk0, vec![0, 1, 2, 4, 8]);
     assert_eq!(plan.len(), 10);
-    assert_eq!(plan.three_phase_scratch(475, 6), (475 * 6 * 128, 10 * 6 * 128 * 128));
+    assert_eq!(
+        plan.three_phase_scratch(475, 6),
+        (475 * 6 * 128, 10 * 6 * 128 * 128)
+    );
     assert!(ChunkPlan::new(&starts, &[]).is_empty());
     // The output slices tile a 128-column head.
     assert_eq!(128 % HOUT_COLUMNS, 0);

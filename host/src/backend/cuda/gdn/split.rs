@@ -21,7 +21,8 @@ pub const fn hwalk_smem_bytes(columns: usize) -> usize {
 /// Dynamic shared memory of `gdn_hout_*`, the larger of its two layouts (the FMA one's): Q
 /// (64 × 132), h_c (128 × 32), the scores (64 × 68), V′ (64 × 32), Q·h_c (64 × 33), γ.
 pub const HOUT_SMEM_BYTES: usize =
-    (64 * 132 + 128 * HOUT_COLUMNS + 64 * 68 + 64 * HOUT_COLUMNS + 64 * (HOUT_COLUMNS + 1) + 64) * 4;
+    (64 * 132 + 128 * HOUT_COLUMNS + 64 * 68 + 64 * HOUT_COLUMNS + 64 * (HOUT_COLUMNS + 1) + 64)
+        * 4;
 
 /// Where the chunked kernels find their chunks: every multi-row sequence of a call cut into
 /// chunks of [`CHUNK`] rows (the last one shorter), in sequence order.
@@ -252,11 +253,7 @@ impl CudaBackend {
         // V′ holds rows·hv·128, every state hv·128·128 f32.
         unsafe {
             lb.launch(LaunchConfig {
-                grid_dim: (
-                    (HEAD_DIM / columns) as u32,
-                    hv as u32,
-                    which.len() as u32,
-                ),
+                grid_dim: ((HEAD_DIM / columns) as u32, hv as u32, which.len() as u32),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: walk_smem as u32,
             })
