@@ -638,7 +638,8 @@ GDN_WALK_KERNEL(gdn_walk_engine_mma, true, true, 64)
 // equal SplitReference's; the Engine variant's phase 3 runs on the tensor cores.
 //
 // Scratch beyond the prep's: Vg [T][Hv][128] V' (f32; Engine rounds it to bf16 where it is read)
-// and Hg [chunks][Hv][128][128] the f32 state at every chunk start (Engine rounds it where read).
+// and Hg [chunks][Hv][128][128] the state at every chunk start (f32; Engine: bf16, the rounding
+// its only reader applies, as fla stores h).
 
 #define GDN_LDW 132  // row stride (floats) of the float4-read tiles: 16-byte aligned rows, and the
                      // rows a warp reads at once fall on disjoint groups of 4 banks
@@ -763,13 +764,19 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
 
     for (long long row0 = seq0, ci = ch0; row0 < seq1; row0 += GDN_C, ++ci) {
         const int nc = (int)min((long long)GDN_C, seq1 - row0);
-        // h_c: the state at the chunk start, f32.
+        // h_c: the state at the chunk start; f32, Engine bf16 (the rounding its readers apply, and
+        // where fla stores h).
         {
-            float* h = Hg + ((ci * HV + hv) * GDN_DK + cr) * GDN_DV + col0 + cc;
+            const long long h0 = ((ci * HV + hv) * GDN_DK + cr) * GDN_DV + col0 + cc;
 #pragma unroll
             for (int i = 0; i < CR; ++i) {
-                *(float4*)(h + i * CRG * GDN_DV) = make_float4(s[i][0], s[i][1], s[i][2], s[i][3]);
-                *(float4*)(h + i * CRG * GDN_DV + 4) = make_float4(s[i][4], s[i][5], s[i][6], s[i][7]);
+                if (ENGINE) {
+                    *(uint4*)((bf16_t*)Hg + h0 + i * CRG * GDN_DV) = pack8(s[i]);
+                } else {
+                    float* h = Hg + h0 + i * CRG * GDN_DV;
+                    *(float4*)h = make_float4(s[i][0], s[i][1], s[i][2], s[i][3]);
+                    *(float4*)(h + 4) = make_float4(s[i][4], s[i][5], s[i][6], s[i][7]);
+                }
             }
         }
         // --- b. the chunk's k rows in flight (warp w: rows w, w+8, ...), then V' = U - W S_op.
@@ -905,14 +912,24 @@ __device__ __forceinline__ void gdn_hout_impl(const bf16_t* __restrict__ q, long
     const long long HV = hv_heads, ld_o = HV * GDN_DV;
     const int col0 = iv * DVS;
 
-    const float* h = Hg + (ch * HV + hv) * GDN_DK * GDN_DV + col0;
-    for (int i = tid; i < GDN_DK * (DVS / 4); i += GDN_THREADS) {
-        const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
-        const float4 x = *(const float4*)(h + r * GDN_DV + c);
-        Hs[r * LDH + c] = ENGINE ? rb(x.x) : x.x;
-        Hs[r * LDH + c + 1] = ENGINE ? rb(x.y) : x.y;
-        Hs[r * LDH + c + 2] = ENGINE ? rb(x.z) : x.z;
-        Hs[r * LDH + c + 3] = ENGINE ? rb(x.w) : x.w;
+    const long long h0 = (ch * HV + hv) * GDN_DK * GDN_DV + col0;
+    if (ENGINE) {  // bf16 h (gdn_hwalk stores the rounded state)
+        for (int i = tid; i < GDN_DK * (DVS / 8); i += GDN_THREADS) {
+            const int r = i / (DVS / 8), c = (i % (DVS / 8)) * 8;
+            float x[8];
+            unpack8(*(const uint4*)((const bf16_t*)Hg + h0 + r * GDN_DV + c), x);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) Hs[r * LDH + c + j] = x[j];
+        }
+    } else {
+        for (int i = tid; i < GDN_DK * (DVS / 4); i += GDN_THREADS) {
+            const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
+            const float4 x = *(const float4*)(Hg + h0 + r * GDN_DV + c);
+            Hs[r * LDH + c] = x.x;
+            Hs[r * LDH + c + 1] = x.y;
+            Hs[r * LDH + c + 2] = x.z;
+            Hs[r * LDH + c + 3] = x.w;
+        }
     }
     for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
         const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;

@@ -335,8 +335,13 @@ fn three_phase_plan_and_shared_memory() {
     assert_eq!(plan.seq_chunk0, vec![0, 1, 2, 4, 8]);
     assert_eq!(plan.len(), 10);
     assert_eq!(
-        plan.three_phase_scratch(475, 6),
+        plan.three_phase_scratch(475, 6, false),
         (475 * 6 * 128, 10 * 6 * 128 * 128)
+    );
+    // The engine kernels store h in bf16: half the words.
+    assert_eq!(
+        plan.three_phase_scratch(475, 6, true),
+        (475 * 6 * 128, 10 * 6 * 128 * 64)
     );
     assert!(ChunkPlan::new(&starts, &[]).is_empty());
     // The output slices tile a 128-column head.

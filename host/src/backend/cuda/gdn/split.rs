@@ -55,10 +55,11 @@ impl ChunkPlan {
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
-    /// f32 values of the three-phase scratch beyond the prep's: V′ `[T, Hv, 128]` and the state
-    /// at every chunk start `[chunks, Hv, 128, 128]`.
-    pub fn three_phase_scratch(&self, rows: usize, hv: usize) -> (usize, usize) {
-        (rows * hv * HEAD_DIM, self.len() * hv * HEAD_DIM * HEAD_DIM)
+    /// f32 words of the three-phase scratch beyond the prep's: V′ `[T, Hv, 128]` (f32) and the
+    /// state at every chunk start `[chunks, Hv, 128, 128]` (f32; `engine`: bf16, two per word).
+    pub fn three_phase_scratch(&self, rows: usize, hv: usize, engine: bool) -> (usize, usize) {
+        let h = self.len() * hv * HEAD_DIM * HEAD_DIM;
+        (rows * hv * HEAD_DIM, if engine { h / 2 } else { h })
     }
 }
 
@@ -204,7 +205,8 @@ impl CudaBackend {
     /// slices of 32 or 16 value columns × value heads × sequences) stores V′ and every chunk's start
     /// state h and carries the states to the end; `gdn_hout_*` (grid: chunks × value heads × 4
     /// slices of 32 value columns) writes the output. Scratch f32 beyond the prep's: V′ 512 B per
-    /// token and value head, h 64 KB per chunk and value head (800 MB for 16k tokens at Hv = 48).
+    /// token and value head, h 64 KB (engine: 32 KB) per chunk and value head (800 / 400 MB for
+    /// 16k tokens at Hv = 48).
     fn three_phase_rest(
         &self,
         kernel: ChunkKernel,
@@ -225,7 +227,7 @@ impl CudaBackend {
         let (rows, hv) = (out.rows, shape.v_heads);
         let (hv32, ratio) = (hv as i32, shape.group() as i32);
         let scale = (shape.k_dim as f32).powf(-0.5);
-        let (v_len, h_len) = plan.three_phase_scratch(rows, hv);
+        let (v_len, h_len) = plan.three_phase_scratch(rows, hv, kernel.engine());
         let mut vg = self.alloc::<f32>(v_len)?;
         let mut hg = self.alloc::<f32>(h_len)?;
         let chunk0 = self.upload(&plan.seq_chunk0)?;
@@ -249,7 +251,8 @@ impl CudaBackend {
             .arg(&ratio);
         // SAFETY: (const bf16* k, ll, const float* W, U, G, const ll* rows, const ll* chunk0,
         // float* H, V, const u64* states, int, int); the row pairs lie inside 0..rows, the
-        // sequences' chunks are numbered chunk0[n] .. as in `plan` (H holds plan.len()·hv·128·128),
+        // sequences' chunks are numbered chunk0[n] .. as in `plan` (H holds plan.len()·hv·128·128
+        // f32, or bf16 for the engine kernels),
         // V′ holds rows·hv·128, every state hv·128·128 f32.
         unsafe {
             lb.launch(LaunchConfig {
