@@ -15,6 +15,10 @@
 // In Engine every product has bf16-valued operands, so it can run on the tensor cores
 // (mma.sync m16n8k16 bf16 -> fp32, template flag MMA) with the same result up to fp32
 // summation order; the FMA variant of the Engine profile exists to test exactly that.
+//
+// The chunked delta rule exists in three layouts kept side by side for A/B measurements (fused,
+// split, three-phase; docs/gdn-cuda.md "Kernel variants"), which share this file's product and
+// load helpers: hence one module of more than 800 lines.
 
 #define GDN_C 64          // chunk length (HF and fla)
 #define GDN_DK 128        // key head dim
@@ -420,8 +424,10 @@ GDN_CHUNK_KERNEL(gdn_chunk_engine_mma_v64, true, true, 64)
 //   its chunk's rows), Gg [T][Hv] gam (chunk-local cumsum of g).
 
 // One block per (chunk, value head); chunk_rows: (start, end) pairs. Shared memory: 3*64*129 +
-// 2*64*65 + 128 floats (132,864 bytes).
-template <bool ENGINE, bool MMA>
+// 2*64*65 + 128 floats (132,864 bytes); LATE_V (the three-phase kernels' prep, gdn_prep2_*): V
+// is read only once K is done with and takes K's place, 2*64*129 + 2*64*65 + 128 floats (99,840
+// bytes, two blocks per SM), same arithmetic.
+template <bool ENGINE, bool MMA, bool LATE_V>
 __device__ __forceinline__ void gdn_prep_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                               const bf16_t* __restrict__ v, long long ld_qk, long long ld_v,
                                               const float* __restrict__ g_in, const float* __restrict__ beta_in,
@@ -431,8 +437,9 @@ __device__ __forceinline__ void gdn_prep_impl(const bf16_t* __restrict__ q, cons
     extern __shared__ float smem[];
     float* Ks = smem;                // [64][129] K
     float* Qs = Ks + GDN_C * LD128;  // [64][129] Q, then K diag(beta e^gam)
-    float* Vs = Qs + GDN_C * LD128;  // [64][129] V, then diag(beta) V
-    float* Ls = Vs + GDN_C * LD128;  // [64][65]  L
+    // [64][129] V, then diag(beta) V; LATE_V: diag(beta) V only, in Ks once K is no longer read
+    float* Vs = LATE_V ? Ks : Qs + GDN_C * LD128;
+    float* Ls = LATE_V ? Qs + GDN_C * LD128 : Vs + GDN_C * LD128;  // [64][65]  L
     float* Ms = Ls + GDN_C * LD64;   // [64][65]  M
     float* bet = Ms + GDN_C * LD64;
     float* gam = bet + GDN_C;
@@ -442,10 +449,11 @@ __device__ __forceinline__ void gdn_prep_impl(const bf16_t* __restrict__ q, cons
     const long long HV = hv_heads;
 
     load_qk_rows<ENGINE>(Ks, Qs, q, k, ld_qk, hk, row0, nc, scale);
-    for (int i = tid; i < GDN_C * GDN_DV; i += GDN_THREADS) {
-        const int r = i / GDN_DV, c = i % GDN_DV;
-        Vs[r * LD128 + c] = r < nc ? bf2f(v[(row0 + r) * ld_v + hv * GDN_DV + c]) : 0.f;
-    }
+    if (!LATE_V)
+        for (int i = tid; i < GDN_C * GDN_DV; i += GDN_THREADS) {
+            const int r = i / GDN_DV, c = i % GDN_DV;
+            Vs[r * LD128 + c] = r < nc ? bf2f(v[(row0 + r) * ld_v + hv * GDN_DV + c]) : 0.f;
+        }
     if ((tid >> 5) == 0) load_chunk_gates(gam, bet, g_in, beta_in, row0, nc, hv_heads, hv);
     __syncthreads();
     if (tid < nc) Gg[(row0 + tid) * HV + hv] = gam[tid];
@@ -468,8 +476,18 @@ __device__ __forceinline__ void gdn_prep_impl(const bf16_t* __restrict__ q, cons
         const int r = i / GDN_DK, c = i % GDN_DK;
         const float x = Ks[r * LD128 + c] * bet[r] * expf(gam[r]);
         Qs[r * LD128 + c] = ENGINE ? rb(x) : x;
-        const float y = Vs[r * LD128 + c] * bet[r];
-        Vs[r * LD128 + c] = ENGINE ? rb(y) : y;
+        if (!LATE_V) {
+            const float y = Vs[r * LD128 + c] * bet[r];
+            Vs[r * LD128 + c] = ENGINE ? rb(y) : y;
+        }
+    }
+    if (LATE_V) {
+        __syncthreads();  // K read: diag(beta) V replaces it, the same values as above
+        for (int i = tid; i < GDN_C * GDN_DV; i += GDN_THREADS) {
+            const int r = i / GDN_DV, c = i % GDN_DV;
+            const float y = (r < nc ? bf2f(v[(row0 + r) * ld_v + hv * GDN_DV + c]) : 0.f) * bet[r];
+            Vs[r * LD128 + c] = ENGINE ? rb(y) : y;
+        }
     }
     if (ENGINE)
         for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) {
@@ -583,13 +601,13 @@ __device__ __forceinline__ void gdn_walk_impl(const bf16_t* __restrict__ q, cons
     }
 }
 
-#define GDN_PREP_KERNEL(NAME, ENGINE, MMA)                                                                        \
-    extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)                                                  \
+#define GDN_PREP_KERNEL(NAME, ENGINE, MMA, LATE_V, BLOCKS)                                                      \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS, BLOCKS)                                             \
         NAME(const bf16_t* q, const bf16_t* k, const bf16_t* v, long long ld_qk, long long ld_v, const float* g,   \
              const float* beta, const long long* chunk_rows, float* Wg, float* Ug, float* Ag, float* Gg,           \
              int hv_heads, int ratio, float scale) {                                                              \
-        gdn_prep_impl<ENGINE, MMA>(q, k, v, ld_qk, ld_v, g, beta, chunk_rows, Wg, Ug, Ag, Gg, hv_heads, ratio,    \
-                                   scale);                                                                        \
+        gdn_prep_impl<ENGINE, MMA, LATE_V>(q, k, v, ld_qk, ld_v, g, beta, chunk_rows, Wg, Ug, Ag, Gg, hv_heads,   \
+                                           ratio, scale);                                                         \
     }
 #define GDN_WALK_KERNEL(NAME, ENGINE, MMA, DVS)                                                                   \
     extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)                                                  \
@@ -599,11 +617,383 @@ __device__ __forceinline__ void gdn_walk_impl(const bf16_t* __restrict__ q, cons
         gdn_walk_impl<ENGINE, MMA, DVS>(q, k, ld_qk, Wg, Ug, Ag, Gg, seq_rows, out, states, hv_heads, ratio,      \
                                         scale);                                                                   \
     }
-GDN_PREP_KERNEL(gdn_prep_reference, false, false)
-GDN_PREP_KERNEL(gdn_prep_engine_mma, true, true)
+GDN_PREP_KERNEL(gdn_prep_reference, false, false, false, 1)
+GDN_PREP_KERNEL(gdn_prep_engine_mma, true, true, false, 1)
+GDN_PREP_KERNEL(gdn_prep2_reference, false, false, true, 2)
+GDN_PREP_KERNEL(gdn_prep2_engine_mma, true, true, true, 2)
 GDN_WALK_KERNEL(gdn_walk_reference, false, false, 64)
 GDN_WALK_KERNEL(gdn_walk_engine_fma, true, false, 64)
 GDN_WALK_KERNEL(gdn_walk_engine_mma, true, true, 64)
+
+// ---------------------------------------------------------------------------------------------
+// Three-phase chunked delta rule (fla's layout; docs/gdn-cuda.md, "Three-phase kernels"):
+//   1. gdn_prep_* (above): every chunk's W, U, decayed scores A and gam at once;
+//   2. gdn_hwalk_*: per sequence, only the two products that carry the state from chunk to chunk,
+//      V' = U - W S and S <- e^gam_C S + K^T (e^(gam_C - gam) o V'), over a slice of just 16 value
+//      columns per block (8 blocks per head: the columns of S are independent), storing the state
+//      at every chunk start (h_c) and V';
+//   3. gdn_hout_*: O = e^gam o (Q h_c) + A V' for every chunk at once.
+// Same products, operands, roundings and fp32 summation orders as gdn_walk_* (each output element
+// an fmaf chain over k in ascending order on the FMA path), so the Reference profile's results
+// equal SplitReference's; the Engine variant's phase 3 runs on the tensor cores.
+//
+// Scratch beyond the prep's: Vg [T][Hv][128] V' (f32; Engine rounds it to bf16 where it is read)
+// and Hg [chunks][Hv][128][128] the state at every chunk start (f32; Engine: bf16, the rounding
+// its only reader applies, as fla stores h).
+
+#define GDN_LDW 132  // row stride (floats) of the float4-read tiles: 16-byte aligned rows, and the
+                     // rows a warp reads at once fall on disjoint groups of 4 banks
+
+__device__ __forceinline__ u32 gdn_smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void gdn_cp_async16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(gdn_smem_u32(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void gdn_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void gdn_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// fp32 FMA product on shared-memory tiles with 16-byte loads, 256 threads:
+// out(m, n) = sum_k A[m][k] B[k][n] for m < M, n < N, each element an fmaf chain over k ascending
+// from 0 (mm_fma's order, so the results are the same bits). Thread: R = M*N/1024 rows
+// (m0 + i*M/R) x 4 adjacent columns; per 4 k it reads one float4 of A per row and 4 of B.
+// A row-major with stride lda, B with ldb, both multiples of 4 floats; epi(m, n, value).
+template <int M, int N, int K, class FE>
+__device__ __forceinline__ void mm_rows4(const float* A, int lda, const float* B, int ldb, FE epi) {
+    constexpr int TPR = N / 4;             // threads per row
+    constexpr int RG = GDN_THREADS / TPR;  // rows per pass
+    constexpr int R = M / RG;              // rows per thread
+    static_assert(RG * TPR == GDN_THREADS && R * RG == M && K % 4 == 0, "mm_rows4: shape");
+    const int m0 = threadIdx.x / TPR, c = (threadIdx.x % TPR) * 4;
+    float acc[R][4];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+#pragma unroll 2
+    for (int k = 0; k < K; k += 4) {
+        float a[R][4];
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const float4 a4 = *(const float4*)(A + (m0 + i * RG) * lda + k);
+            a[i][0] = a4.x;
+            a[i][1] = a4.y;
+            a[i][2] = a4.z;
+            a[i][3] = a4.w;
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float4 b4 = *(const float4*)(B + (k + e) * ldb + c);
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                acc[i][0] = fmaf(a[i][e], b4.x, acc[i][0]);
+                acc[i][1] = fmaf(a[i][e], b4.y, acc[i][1]);
+                acc[i][2] = fmaf(a[i][e], b4.z, acc[i][2]);
+                acc[i][3] = fmaf(a[i][e], b4.w, acc[i][3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) epi(m0 + i * RG, c + j, acc[i][j]);
+}
+
+// Phase 2. One block of 256 threads per (slice of DVS value columns, value head, sequence), DVS =
+// 16 or 32 (128/DVS blocks per head). Per chunk two phases separated by barriers:
+//   b. V' = U - W S_op (mm_rows4: W tile and S_op, the bf16-rounded (Engine) or plain state, in
+//      shared memory); V' to Vg, the decayed e^(gam_C - gam_m) V'[m] (Engine: bf16) to Vd. Rows
+//      past the chunk's end give Vd = 0. Meanwhile the chunk's k rows are loaded and
+//      L2-normalised into Ks (exactly load_qk_rows' arithmetic).
+//   c. thread: CR = DVS/16 state rows (cr + i*128/CR) x 8 columns in registers,
+//      S <- e^gam_C S + sum_m K[m][r] Vd[m]; meanwhile the next chunk's W tile,
+//      U slice and gam arrive (cp.async / plain loads).
+// The state at each chunk start goes to Hg from the registers before phase b.
+// Shared memory: 2*64*132 + 128*DVS + 2*64*DVS + 64 floats (84,224 bytes for DVS = 16, 100,608
+// for 32): two blocks per SM.
+template <bool ENGINE, int DVS>
+__device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, long long ld_qk,
+                                               const float* __restrict__ Wg, const float* __restrict__ Ug,
+                                               const float* __restrict__ Gg, const long long* __restrict__ seq_rows,
+                                               const long long* __restrict__ seq_chunk0, float* __restrict__ Hg,
+                                               float* __restrict__ Vg, const u64* __restrict__ states, int hv_heads,
+                                               int ratio) {
+    constexpr int CTPR = DVS / 8;               // phase c: threads per state row
+    constexpr int CRG = GDN_THREADS / CTPR;     // state rows per pass
+    constexpr int CR = GDN_DK / CRG;            // state rows per thread
+    static_assert(CR * CRG == GDN_DK, "gdn_hwalk: DVS");
+    extern __shared__ float smem[];
+    float* Ws = smem;                  // [64][132] W of the current chunk
+    float* Ks = Ws + GDN_C * GDN_LDW;  // [64][132] normalised K of the current chunk
+    float* Ss = Ks + GDN_C * GDN_LDW;  // [128][DVS] the state as the products read it
+    float* Vd = Ss + GDN_DK * DVS;     // [64][DVS]  e^(gam_C - gam) V'
+    float* Us = Vd + GDN_C * DVS;      // [64][DVS]  U slice of the current chunk
+    float* gam = Us + GDN_C * DVS;     // [64] gam of the current chunk (rows past its end: last row's)
+    const int iv = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, hk = hv / ratio;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const long long seq0 = seq_rows[2 * n], seq1 = seq_rows[2 * n + 1];
+    const long long HV = hv_heads, ch0 = seq_chunk0[n];
+    const int col0 = iv * DVS;
+    const int cr = tid / CTPR, cc = (tid % CTPR) * 8;  // phase c: rows cr + i*CRG, columns cc..cc+7
+    float* state = (float*)states[n] + (long long)hv * GDN_DK * GDN_DV + col0 + cc;
+    float s[CR][8];
+#pragma unroll
+    for (int i = 0; i < CR; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s[i][j] = state[(cr + i * CRG) * GDN_DV + j];
+            Ss[(cr + i * CRG) * DVS + cc + j] = ENGINE ? rb(s[i][j]) : s[i][j];
+        }
+
+    // The W tile, U slice and gam of the chunk at row0 (rows past its end are not loaded: phase b
+    // skips them).
+    auto load_w = [&](long long row0) {
+        const int nc = (int)min((long long)GDN_C, seq1 - row0);
+        for (int i = tid; i < GDN_C * (GDN_DK / 4); i += GDN_THREADS) {
+            const int r = i / (GDN_DK / 4), c = (i % (GDN_DK / 4)) * 4;
+            if (r < nc) gdn_cp_async16(Ws + r * GDN_LDW + c, Wg + ((row0 + r) * HV + hv) * GDN_DK + c);
+        }
+        for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
+            const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
+            if (r < nc) gdn_cp_async16(Us + r * DVS + c, Ug + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
+        }
+        gdn_cp_async_commit();
+        if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+    };
+    load_w(seq0);  // every sequence here has rows
+    gdn_cp_async_wait_all();
+    __syncthreads();
+
+    for (long long row0 = seq0, ci = ch0; row0 < seq1; row0 += GDN_C, ++ci) {
+        const int nc = (int)min((long long)GDN_C, seq1 - row0);
+        // h_c: the state at the chunk start; f32, Engine bf16 (the rounding its readers apply, and
+        // where fla stores h).
+        {
+            const long long h0 = ((ci * HV + hv) * GDN_DK + cr) * GDN_DV + col0 + cc;
+#pragma unroll
+            for (int i = 0; i < CR; ++i) {
+                if (ENGINE) {
+                    *(uint4*)((bf16_t*)Hg + h0 + i * CRG * GDN_DV) = pack8(s[i]);
+                } else {
+                    float* h = Hg + h0 + i * CRG * GDN_DV;
+                    *(float4*)h = make_float4(s[i][0], s[i][1], s[i][2], s[i][3]);
+                    *(float4*)(h + 4) = make_float4(s[i][4], s[i][5], s[i][6], s[i][7]);
+                }
+            }
+        }
+        // --- b. the chunk's k rows in flight (warp w: rows w, w+8, ...), then V' = U - W S_op.
+        constexpr int PER = GDN_C / (GDN_THREADS / 32);
+        uint2 kw[PER];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int r = warp + 8 * i;
+            kw[i] = make_uint2(0u, 0u);
+            if (r < nc) kw[i] = *(const uint2*)(k + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
+        }
+        const float gC = gam[GDN_C - 1];
+        mm_rows4<GDN_C, DVS, GDN_DK>(Ws, GDN_LDW, Ss, DVS, [&](int m, int c, float x) {
+            float vd = 0.f;
+            if (m < nc) {
+                const long long vi = ((row0 + m) * HV + hv) * GDN_DV + col0 + c;
+                const float vp = Us[m * DVS + c] - x;
+                Vg[vi] = vp;
+                const float d = vp * expf(gC - gam[m]);
+                vd = ENGINE ? rb(d) : d;
+            }
+            Vd[m * DVS + c] = vd;
+        });
+        // The k rows, L2-normalised as load_qk_rows does (Engine: rounded to bf16).
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int r = warp + 8 * i;
+            const float kf[4] = {lo_bf(kw[i].x), hi_bf(kw[i].x), lo_bf(kw[i].y), hi_bf(kw[i].y)};
+            const float kn = 1.f / sqrtf(warp_sum(kf[0] * kf[0] + kf[1] * kf[1] + kf[2] * kf[2] + kf[3] * kf[3]) + 1e-6f);
+            float kv[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) kv[j] = ENGINE ? rb(kf[j] * kn) : kf[j] * kn;
+            *(float4*)(Ks + r * GDN_LDW + lane * 4) = make_float4(kv[0], kv[1], kv[2], kv[3]);
+        }
+        __syncthreads();
+
+        // --- c. the next chunk's W and gam in flight; the state update from registers.
+        const long long next = row0 + GDN_C;
+        if (next < seq1) load_w(next);
+        {
+            float acc[CR][8];
+#pragma unroll
+            for (int i = 0; i < CR; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+#pragma unroll 2
+            for (int m = 0; m < GDN_C; ++m) {
+                const float4 d0 = *(const float4*)(Vd + m * DVS + cc);
+                const float4 d1 = *(const float4*)(Vd + m * DVS + cc + 4);
+                const float d[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
+#pragma unroll
+                for (int i = 0; i < CR; ++i) {
+                    const float kv = Ks[m * GDN_LDW + cr + i * CRG];
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(kv, d[j], acc[i][j]);
+                }
+            }
+            const float eC = expf(gC);
+#pragma unroll
+            for (int i = 0; i < CR; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    s[i][j] = s[i][j] * eC + acc[i][j];
+                    Ss[(cr + i * CRG) * DVS + cc + j] = ENGINE ? rb(s[i][j]) : s[i][j];
+                }
+        }
+        gdn_cp_async_wait_all();
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < CR; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) state[(cr + i * CRG) * GDN_DV + j] = s[i][j];
+}
+
+// Rows row0 .. row0+63 of q (head hk), L2-normalised into Qs (row stride ldq) exactly as
+// load_qk_rows does; rows past nc are zero.
+template <bool ENGINE>
+__device__ __forceinline__ void load_q_rows(float* Qs, int ldq, const bf16_t* __restrict__ q, long long ld_qk,
+                                            int hk, long long row0, int nc, float scale) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int PER = GDN_C / (GDN_THREADS / 32);
+    uint2 qw[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int r = warp + 8 * i;
+        qw[i] = make_uint2(0u, 0u);
+        if (r < nc) qw[i] = *(const uint2*)(q + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int r = warp + 8 * i;
+        const float qf[4] = {lo_bf(qw[i].x), hi_bf(qw[i].x), lo_bf(qw[i].y), hi_bf(qw[i].y)};
+        const float qn = 1.f / sqrtf(warp_sum(qf[0] * qf[0] + qf[1] * qf[1] + qf[2] * qf[2] + qf[3] * qf[3]) + 1e-6f);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float qv = qf[j] * qn;
+            qv = ENGINE ? rb(qv) : qv * scale;
+            Qs[r * ldq + lane * 4 + j] = qv;
+        }
+    }
+}
+
+// Phase 3. One block of 256 threads per (chunk, value head, slice of 32 value columns):
+//   O = e^gam o (Q h_c) + A V' (Engine: both terms times the scale, h_c and V' bf16-rounded),
+// the same products and epilogue as gdn_walk_impl's: on the tensor cores (MMA; odd strides for
+// the fragments' column walks) or by mm_rows4 (16-byte loads, strides multiples of 4).
+// chunk_rows: (start, end) pairs in the order gdn_hwalk numbered the chunks' states.
+// Shared memory: at most 64*132 + 128*32 + 64*68 + 2*64*33 + 64 floats (84,480 bytes).
+#define GDN_HO_DVS 32
+template <bool ENGINE, bool MMA>
+__device__ __forceinline__ void gdn_hout_impl(const bf16_t* __restrict__ q, long long ld_qk,
+                                              const float* __restrict__ Hg, const float* __restrict__ Vg,
+                                              const float* __restrict__ Ag, const float* __restrict__ Gg,
+                                              const long long* __restrict__ chunk_rows, bf16_t* __restrict__ out,
+                                              int hv_heads, int ratio, float scale) {
+    constexpr int DVS = GDN_HO_DVS;
+    constexpr int LDQ = MMA ? LD128 : GDN_LDW;  // Q [64][LDQ]
+    constexpr int LDH = MMA ? DVS + 1 : DVS;    // h_c [128][LDH], V' [64][LDH]
+    constexpr int LDA = MMA ? LD64 : 68;        // scores [64][LDA]
+    constexpr int LDO = DVS + 1;                // Q h_c [64][LDO]
+    extern __shared__ float smem[];
+    float* Qs = smem;
+    float* Hs = Qs + GDN_C * LDQ;
+    float* As = Hs + GDN_DK * LDH;
+    float* Vs = As + GDN_C * LDA;
+    float* Op = Vs + GDN_C * LDH;
+    float* gam = Op + GDN_C * LDO;
+    const long long ch = blockIdx.x;
+    const int hv = blockIdx.y, iv = blockIdx.z, hk = hv / ratio, tid = threadIdx.x;
+    const long long row0 = chunk_rows[2 * ch];
+    const int nc = (int)(chunk_rows[2 * ch + 1] - row0);
+    const long long HV = hv_heads, ld_o = HV * GDN_DV;
+    const int col0 = iv * DVS;
+
+    const long long h0 = (ch * HV + hv) * GDN_DK * GDN_DV + col0;
+    if (ENGINE) {  // bf16 h (gdn_hwalk stores the rounded state)
+        for (int i = tid; i < GDN_DK * (DVS / 8); i += GDN_THREADS) {
+            const int r = i / (DVS / 8), c = (i % (DVS / 8)) * 8;
+            float x[8];
+            unpack8(*(const uint4*)((const bf16_t*)Hg + h0 + r * GDN_DV + c), x);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) Hs[r * LDH + c + j] = x[j];
+        }
+    } else {
+        for (int i = tid; i < GDN_DK * (DVS / 4); i += GDN_THREADS) {
+            const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
+            const float4 x = *(const float4*)(Hg + h0 + r * GDN_DV + c);
+            Hs[r * LDH + c] = x.x;
+            Hs[r * LDH + c + 1] = x.y;
+            Hs[r * LDH + c + 2] = x.z;
+            Hs[r * LDH + c + 3] = x.w;
+        }
+    }
+    for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
+        const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nc) x = *(const float4*)(Vg + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
+        Vs[r * LDH + c] = ENGINE ? rb(x.x) : x.x;
+        Vs[r * LDH + c + 1] = ENGINE ? rb(x.y) : x.y;
+        Vs[r * LDH + c + 2] = ENGINE ? rb(x.z) : x.z;
+        Vs[r * LDH + c + 3] = ENGINE ? rb(x.w) : x.w;
+    }
+    for (int i = tid; i < GDN_C * (GDN_C / 4); i += GDN_THREADS) {
+        const int r = i / (GDN_C / 4), c = (i % (GDN_C / 4)) * 4;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nc) x = *(const float4*)(Ag + ((row0 + r) * HV + hv) * GDN_C + c);
+        As[r * LDA + c] = x.x;
+        As[r * LDA + c + 1] = x.y;
+        As[r * LDA + c + 2] = x.z;
+        As[r * LDA + c + 3] = x.w;
+    }
+    if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+    load_q_rows<ENGINE>(Qs, LDQ, q, ld_qk, hk, row0, nc, scale);
+    __syncthreads();
+
+    auto to_op = [&](int m, int c, float x) { Op[m * LDO + c] = x; };
+    auto to_out = [&](int m, int c, float x) {
+        if (m < nc) {
+            const float inter = Op[m * LDO + c] * expf(gam[m]);
+            const float o = ENGINE ? inter * scale + x * scale : inter + x;
+            out[(row0 + m) * ld_o + hv * GDN_DV + col0 + c] = f2bf(o);
+        }
+    };
+    if constexpr (MMA) {
+        mm_mma<GDN_C, DVS, GDN_DK>([&](int m, int kk) { return Qs[m * LDQ + kk]; },
+                                   [&](int kk, int c) { return Hs[kk * LDH + c]; }, to_op);
+        __syncthreads();
+        mm_mma<GDN_C, DVS, GDN_C>([&](int m, int kk) { return As[m * LDA + kk]; },
+                                  [&](int kk, int c) { return Vs[kk * LDH + c]; }, to_out);
+    } else {
+        mm_rows4<GDN_C, DVS, GDN_DK>(Qs, LDQ, Hs, LDH, to_op);
+        __syncthreads();
+        mm_rows4<GDN_C, DVS, GDN_C>(As, LDA, Vs, LDH, to_out);
+    }
+}
+
+#define GDN_HWALK_KERNEL(NAME, ENGINE, DVS)                                                                      \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)                                                 \
+        NAME(const bf16_t* k, long long ld_qk, const float* Wg, const float* Ug, const float* Gg,                 \
+             const long long* seq_rows, const long long* seq_chunk0, float* Hg, float* Vg, const u64* states,     \
+             int hv_heads, int ratio) {                                                                          \
+        gdn_hwalk_impl<ENGINE, DVS>(k, ld_qk, Wg, Ug, Gg, seq_rows, seq_chunk0, Hg, Vg, states, hv_heads,       \
+                                    ratio);                                                                      \
+    }
+#define GDN_HOUT_KERNEL(NAME, ENGINE, MMA)                                                                       \
+    extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)                                                 \
+        NAME(const bf16_t* q, long long ld_qk, const float* Hg, const float* Vg, const float* Ag, const float* Gg, \
+             const long long* chunk_rows, bf16_t* out, int hv_heads, int ratio, float scale) {                   \
+        gdn_hout_impl<ENGINE, MMA>(q, ld_qk, Hg, Vg, Ag, Gg, chunk_rows, out, hv_heads, ratio, scale);          \
+    }
+GDN_HWALK_KERNEL(gdn_hwalk_reference, false, 32)
+GDN_HWALK_KERNEL(gdn_hwalk_engine, true, 32)
+GDN_HWALK_KERNEL(gdn_hwalk_reference_v16, false, 16)
+GDN_HWALK_KERNEL(gdn_hwalk_engine_v16, true, 16)
+GDN_HOUT_KERNEL(gdn_hout_reference, false, false)
+GDN_HOUT_KERNEL(gdn_hout_engine_mma, true, true)
 
 // ---------------------------------------------------------------------------------------------
 // Recurrent gated delta rule: one block of 256 threads per (value head, sequence); the thread

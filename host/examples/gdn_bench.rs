@@ -5,7 +5,10 @@
 //! docs/benchmarks-cuda.md.
 //!
 //! cargo build --release -p draftlens --example gdn_bench
-//! gdn_bench [--tokens N] [--seqs N] [--reps N]
+//! gdn_bench [--tokens N] [--seqs N] [--reps N] [--only NAME,NAME,...]
+//!
+//! `--only` times just the chunked kernels whose names contain one of the given strings
+//! (`--only Split,ThreePhase`: the split kernels against the three-phase ones).
 
 use anyhow::{bail, Context, Result};
 use draftlens::backend::cuda::bench::time_median;
@@ -36,6 +39,7 @@ fn core_flops_per_token() -> f64 {
 
 fn main() -> Result<()> {
     let (mut tokens, mut seqs, mut reps) = (16384usize, 4usize, 10usize);
+    let mut only: Vec<String> = Vec::new();
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut num = || -> Result<usize> { Ok(it.next().context("missing number")?.parse()?) };
@@ -43,6 +47,14 @@ fn main() -> Result<()> {
             "--tokens" => tokens = num()?,
             "--seqs" => seqs = num()?,
             "--reps" => reps = num()?,
+            "--only" => {
+                only = it
+                    .next()
+                    .context("--only needs a comma-separated list of kernel names")?
+                    .split(',')
+                    .map(String::from)
+                    .collect()
+            }
             other => bail!("unknown argument {other}"),
         }
     }
@@ -99,7 +111,15 @@ fn main() -> Result<()> {
         ChunkKernel::SplitReference,
         ChunkKernel::SplitEngineFma,
         ChunkKernel::SplitEngineMma,
+        ChunkKernel::ThreePhaseReference,
+        ChunkKernel::ThreePhaseEngine,
+        ChunkKernel::ThreePhaseReferenceV16,
+        ChunkKernel::ThreePhaseEngineV16,
     ] {
+        let name = format!("{kernel:?}");
+        if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
+            continue;
+        }
         let params = GdnParams::<CudaBackend> {
             a_log: &a_log,
             dt_bias: &dt_bias,

@@ -362,9 +362,19 @@ impl<B: Backend> Session<B> {
         );
         // Dense targets and the reference profile keep the keys they always had.
         match (self.files.spec.hybrid.is_some(), self.gdn_profile) {
-            (true, GdnProfile::Engine) => format!("{v}-gdn-engine"),
+            (true, GdnProfile::Engine) => format!("{v}-gdn-engine{}", self.gdn_engine_tag()),
             _ => v,
         }
+    }
+
+    /// Which kernels compute the engine profile on this backend, where that changes its bits
+    /// (the CUDA default engine kernel: crate::backend::cuda::gdn::engine_cache_tag).
+    fn gdn_engine_tag(&self) -> &'static str {
+        #[cfg(feature = "cuda")]
+        if self.be.name() == "cuda" {
+            return crate::backend::cuda::gdn::engine_cache_tag();
+        }
+        ""
     }
 
     /// The GDN profile's name as runs record it (`None` for a dense target, which has no GDN).

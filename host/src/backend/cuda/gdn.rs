@@ -20,6 +20,10 @@ use crate::backend::{Backend, GdnParams};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+mod split;
+use split::SplitDeltaInputs;
+pub use split::{hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_SMEM_BYTES};
+
 /// Head dims the delta-rule kernels are written for (`GDN_DK`, `GDN_DV` in kernels/gdn.cu).
 const HEAD_DIM: usize = 128;
 /// Longest conv history the conv-state kernel keeps in registers (`GDN_MAX_HIST`).
@@ -48,6 +52,9 @@ impl CudaF32 {
 ///   blocks per head, each recomputing the head-wide products); `…V64`: 64 columns, two blocks.
 /// - `Split…`: two launches: every chunk's state-independent work (L, M, W, U, the decayed
 ///   scores) at once, then the per-sequence walk over the chunks (64 value columns per block).
+/// - `ThreePhase…`: the same first launch; then a walk that only carries the state (32 value
+///   columns per block, 4 blocks per head; `…V16`: 16 columns, 8 blocks), storing every chunk's
+///   start state and V′; then the output of every chunk at once (Engine on the tensor cores).
 ///
 /// [`crate::backend::Backend::gated_delta_rule`] uses [`ChunkKernel::for_profile`]; the others
 /// exist so that tests check them against each other and benchmarks compare them.
@@ -61,17 +68,40 @@ pub enum ChunkKernel {
     SplitReference,
     SplitEngineFma,
     SplitEngineMma,
+    ThreePhaseReference,
+    ThreePhaseEngine,
+    ThreePhaseReferenceV16,
+    ThreePhaseEngineV16,
+}
+
+/// Whether [`ChunkKernel::for_profile`] picks the three-phase kernels. The one line to flip once
+/// they have passed `cuda_gdn` on a GPU; the CUDA engine profile's cache keys follow it
+/// ([`engine_cache_tag`]), since its tensor-core output phase sums in another order than
+/// `SplitEngineFma`.
+const THREE_PHASE_DEFAULT: bool = false;
+
+/// Suffix of the CUDA engine profile's cache keys (host/src/session): names the default engine
+/// kernel's summation order, so cached results of one never pass for the other's.
+pub fn engine_cache_tag() -> &'static str {
+    if ChunkKernel::for_profile(GdnProfile::Engine).three_phase() {
+        "-3p"
+    } else {
+        ""
+    }
 }
 
 impl ChunkKernel {
     pub fn for_profile(p: GdnProfile) -> Self {
-        match p {
+        match (p, THREE_PHASE_DEFAULT) {
             // The split kernels (state-independent work over all chunks at once, then the
             // sequential walk) passed cuda_gdn on the H200 and ran 9.6 ms / 12.1 ms against the
             // fused kernels' 12.3 ms / 16.4 ms at 4 × 4096 tokens, Qwen3.6-27B shapes
             // (docs/benchmarks-cuda.md, "Gated DeltaNet").
-            GdnProfile::Reference => ChunkKernel::SplitReference,
-            GdnProfile::Engine => ChunkKernel::SplitEngineFma,
+            (GdnProfile::Reference, false) => ChunkKernel::SplitReference,
+            (GdnProfile::Engine, false) => ChunkKernel::SplitEngineFma,
+            // docs/gdn-cuda.md, "Three-phase kernels".
+            (GdnProfile::Reference, true) => ChunkKernel::ThreePhaseReference,
+            (GdnProfile::Engine, true) => ChunkKernel::ThreePhaseEngine,
         }
     }
     fn name(self) -> &'static str {
@@ -84,6 +114,10 @@ impl ChunkKernel {
             ChunkKernel::SplitReference => "gdn_walk_reference",
             ChunkKernel::SplitEngineFma => "gdn_walk_engine_fma",
             ChunkKernel::SplitEngineMma => "gdn_walk_engine_mma",
+            ChunkKernel::ThreePhaseReference => "gdn_hwalk_reference",
+            ChunkKernel::ThreePhaseEngine => "gdn_hwalk_engine",
+            ChunkKernel::ThreePhaseReferenceV16 => "gdn_hwalk_reference_v16",
+            ChunkKernel::ThreePhaseEngineV16 => "gdn_hwalk_engine_v16",
         }
     }
     /// The state-independent first launch of a split kernel.
@@ -93,16 +127,48 @@ impl ChunkKernel {
             ChunkKernel::SplitEngineFma | ChunkKernel::SplitEngineMma => {
                 Some("gdn_prep_engine_mma")
             }
+            // The same arithmetic with V read late, in less shared memory (two blocks per SM).
+            ChunkKernel::ThreePhaseReference | ChunkKernel::ThreePhaseReferenceV16 => {
+                Some("gdn_prep2_reference")
+            }
+            ChunkKernel::ThreePhaseEngine | ChunkKernel::ThreePhaseEngineV16 => {
+                Some("gdn_prep2_engine_mma")
+            }
             _ => None,
         }
+    }
+    /// The state walk, its value columns per block, and the output launch of a three-phase kernel.
+    fn three_phase_launches(self) -> Option<(&'static str, usize, &'static str)> {
+        let output = if self.engine() {
+            "gdn_hout_engine_mma"
+        } else {
+            "gdn_hout_reference"
+        };
+        match self {
+            ChunkKernel::ThreePhaseReference | ChunkKernel::ThreePhaseEngine => {
+                Some((self.name(), 32, output))
+            }
+            ChunkKernel::ThreePhaseReferenceV16 | ChunkKernel::ThreePhaseEngineV16 => {
+                Some((self.name(), 16, output))
+            }
+            _ => None,
+        }
+    }
+    fn three_phase(self) -> bool {
+        self.three_phase_launches().is_some()
     }
     pub fn engine(self) -> bool {
         !matches!(
             self,
-            ChunkKernel::ReferenceFma | ChunkKernel::ReferenceFmaV64 | ChunkKernel::SplitReference
+            ChunkKernel::ReferenceFma
+                | ChunkKernel::ReferenceFmaV64
+                | ChunkKernel::SplitReference
+                | ChunkKernel::ThreePhaseReference
+                | ChunkKernel::ThreePhaseReferenceV16
         )
     }
-    /// Value columns per block (`DVS` in kernels/gdn.cu).
+    /// Value columns per block (`DVS` in kernels/gdn.cu) of the fused and split kernels (the
+    /// three-phase kernels' are in [`ChunkKernel::three_phase_launches`] and [`HOUT_COLUMNS`]).
     fn dv_slice(self) -> usize {
         match self {
             ChunkKernel::ReferenceFma | ChunkKernel::EngineFma | ChunkKernel::EngineMma => 32,
@@ -125,6 +191,8 @@ impl ChunkKernel {
 
 /// Dynamic shared memory of `gdn_prep_*`: K, Q, V, L, M, beta, gam.
 const PREP_SMEM_BYTES: usize = (3 * 64 * 129 + 2 * 64 * 65 + 2 * 64) * 4;
+/// Dynamic shared memory of `gdn_prep2_*`: V takes K's place once K is read.
+pub const PREP2_SMEM_BYTES: usize = (2 * 64 * 129 + 2 * 64 * 65 + 2 * 64) * 4;
 /// Chunk length of the chunked kernels (`GDN_C`).
 const CHUNK: usize = 64;
 
@@ -557,127 +625,7 @@ impl CudaBackend {
     }
 }
 
-/// What [`CudaBackend::split_delta_rule`] reads for one group of multi-row sequences.
-struct SplitDeltaInputs<'a> {
-    /// Device addresses of the q, k and v columns of `qkv`, and its row stride `ld` (elements).
-    qkv: (u64, u64, u64),
-    ld: i64,
-    /// The gates g and β, f32 `[T, Hv]`.
-    gates: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
-    /// Row boundaries of every sequence of the call, and the sequences this group covers.
-    seq_starts: &'a [usize],
-    which: &'a [usize],
-    /// The uploaded (start, end) row pairs and state pointers of `which`.
-    per_seq: (&'a CudaSlice<i64>, &'a CudaSlice<u64>),
-    shape: GdnShape,
-}
-
 impl CudaBackend {
-    /// The split chunked delta rule over the multi-row sequences `which`: `gdn_prep_*` over every
-    /// chunk of them (grid: chunks × value heads), then `gdn_walk_*` per sequence (grid: value
-    /// column slices × value heads × sequences). Scratch f32: W and U `[T, Hv, 128]`, the decayed
-    /// scores `[T, Hv, 64]`, γ `[T, Hv]`: 1.3 KB per token and value head (62 KB per token at
-    /// Hv = 48, 1 GB for 16k tokens).
-    fn split_delta_rule(
-        &self,
-        kernel: ChunkKernel,
-        inputs: &SplitDeltaInputs<'_>,
-        out: &mut CudaTensor,
-    ) -> Result<()> {
-        let &SplitDeltaInputs {
-            qkv: (q, k, v),
-            ld,
-            gates: (g, beta),
-            seq_starts,
-            which,
-            per_seq: (pairs, ptrs),
-            shape,
-        } = inputs;
-        let (rows, hv) = (out.rows, shape.v_heads);
-        let chunks: Vec<i64> = which
-            .iter()
-            .flat_map(|&i| {
-                let (s, e) = (seq_starts[i], seq_starts[i + 1]);
-                (s..e)
-                    .step_by(CHUNK)
-                    .flat_map(move |c| [c as i64, (c + CHUNK).min(e) as i64])
-            })
-            .collect();
-        let n_chunks = chunks.len() / 2;
-        ensure!(
-            n_chunks <= i32::MAX as usize,
-            "gated_delta_rule: {n_chunks} chunks in one call"
-        );
-        let chunks = self.upload(&chunks)?;
-        let mut wg = self.alloc::<f32>(rows * hv * HEAD_DIM)?;
-        let mut ug = self.alloc::<f32>(rows * hv * HEAD_DIM)?;
-        let mut ag = self.alloc::<f32>(rows * hv * CHUNK)?;
-        let mut gg = self.alloc::<f32>(rows * hv)?;
-        let (hv32, ratio) = (hv as i32, shape.group() as i32);
-        let scale = (shape.k_dim as f32).powf(-0.5);
-        let prep = kernel.prep_name().unwrap_or("gdn_prep_reference");
-        let f = self.kernels.get_with_smem("gdn", prep, PREP_SMEM_BYTES)?;
-        let mut lb = self.stream.launch_builder(&f);
-        lb.arg(&q)
-            .arg(&k)
-            .arg(&v)
-            .arg(&ld)
-            .arg(&ld)
-            .arg(g)
-            .arg(beta)
-            .arg(&chunks)
-            .arg(&mut wg)
-            .arg(&mut ug)
-            .arg(&mut ag)
-            .arg(&mut gg)
-            .arg(&hv32)
-            .arg(&ratio)
-            .arg(&scale);
-        // SAFETY: (const bf16* q, k, v, ll, ll, const float* g, beta, const ll* chunk rows,
-        // float* W, U, A, G, int, int, float); the chunks lie inside 0..rows, the scratch holds
-        // rows·hv·{128, 128, 64, 1} f32.
-        unsafe {
-            lb.launch(LaunchConfig {
-                grid_dim: (n_chunks as u32, hv as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: PREP_SMEM_BYTES as u32,
-            })
-        }
-        .map_err(derr(prep))?;
-        let f = self
-            .kernels
-            .get_with_smem("gdn", kernel.name(), kernel.smem_bytes())?;
-        let mut lb = self.stream.launch_builder(&f);
-        lb.arg(&q)
-            .arg(&k)
-            .arg(&ld)
-            .arg(&wg)
-            .arg(&ug)
-            .arg(&ag)
-            .arg(&gg)
-            .arg(pairs)
-            .arg(&mut out.buf)
-            .arg(ptrs)
-            .arg(&hv32)
-            .arg(&ratio)
-            .arg(&scale);
-        // SAFETY: (const bf16* q, k, ll, const float* W, U, A, G, const ll* rows, bf16* out,
-        // const u64* states, int, int, float); as above, every state holds Hv·128·128 f32.
-        unsafe {
-            lb.launch(LaunchConfig {
-                grid_dim: (
-                    (HEAD_DIM / kernel.dv_slice()) as u32,
-                    hv as u32,
-                    which.len() as u32,
-                ),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: kernel.smem_bytes() as u32,
-            })
-        }
-        .map_err(derr(kernel.name()))?;
-        Ok(())
-    }
-
     /// The delta rule through the host reference (shapes checked by the caller): the trait's
     /// default, for head dims the kernels are not written for.
     fn host_delta_rule(
@@ -774,9 +722,17 @@ pub const KERNELS: &[&str] = &[
     "gdn_chunk_engine_mma_v64",
     "gdn_prep_reference",
     "gdn_prep_engine_mma",
+    "gdn_prep2_reference",
+    "gdn_prep2_engine_mma",
     "gdn_walk_reference",
     "gdn_walk_engine_fma",
     "gdn_walk_engine_mma",
+    "gdn_hwalk_reference",
+    "gdn_hwalk_engine",
+    "gdn_hwalk_reference_v16",
+    "gdn_hwalk_engine_v16",
+    "gdn_hout_reference",
+    "gdn_hout_engine_mma",
     "gdn_recurrent",
     "gdn_conv_silu",
     "gdn_conv_state",
