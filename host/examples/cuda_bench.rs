@@ -726,28 +726,43 @@ fn bench_target(
         &[None]
     };
     let mut rows = Vec::new();
-    // Every profile with the default attention kernels, then the first profile again with the
-    // first attention kernel (`set_attention_v1`): the attention A/B of the whole forward.
-    let runs = profiles
+    // Every profile with the default kernels; for a hybrid every profile again with the other
+    // Gated DeltaNet chunk kernels (split / three-phase, docs/gdn-cuda.md); then the first
+    // profile again with the first attention kernel (`set_attention_v1`): the A/Bs of the whole
+    // forward.
+    use draftlens::backend::cuda::gdn::set_three_phase_override;
+    let gdn_ab: &[Option<bool>] = if spec.hybrid.is_some() {
+        &[None, Some(false), Some(true)]
+    } else {
+        &[None]
+    };
+    let runs = gdn_ab
         .iter()
-        .map(|p| (*p, false))
-        .chain(std::iter::once((profiles[0], true)));
-    for (p, v1) in runs {
+        .flat_map(|tp| profiles.iter().map(move |p| (*p, false, *tp)))
+        .chain(std::iter::once((profiles[0], true, None)));
+    for (p, v1, tp) in runs {
         if let Some(p) = p {
             model.set_gdn_profile(p);
         }
         be.set_attention_v1(v1);
+        set_three_phase_override(tp);
         let t = time_median(be, 1, reps, || {
             model
                 .forward_packed(be, &toks, &starts, &capture)
                 .map(|_| ())
         });
         be.set_attention_v1(false);
+        set_three_phase_override(None);
         let t = t?;
         let label = p
             .map(|p| format!("{p:?}"))
             .unwrap_or_else(|| "dense".into())
-            + if v1 { ", first attention kernel" } else { "" };
+            + if v1 { ", first attention kernel" } else { "" }
+            + match tp {
+                None => "",
+                Some(false) => ", split GDN kernels",
+                Some(true) => ", three-phase GDN kernels",
+            };
         println!(
             "target forward_packed [{label}]: {t:.3} s/forward, {:.0} tok/s, {:.1} s per 1M tokens, {:.0} TFLOP/s = {:.1}% of the compute floor",
             n as f64 / t,

@@ -45,7 +45,7 @@ pub fn gemm_bandwidth(be: &CudaBackend, copy_rate: f64) -> Result<Value> {
             let x = be.random_tensor(rows, k, 1.0, 0.0, 7)?;
             // Both kernels (same bits, docs/cuda.md "Batch-invariant decode"); the product runs
             // the one `DecodeGemmKernel::Auto` picks for the row count.
-            let mut timed = |kernel| {
+            let timed = |kernel| {
                 be.set_decode_gemm_kernel(kernel);
                 let t = time_median(be, 2, 10, || {
                     for w in &ws {

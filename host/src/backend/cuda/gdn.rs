@@ -80,6 +80,30 @@ pub enum ChunkKernel {
 /// `SplitEngineFma`.
 const THREE_PHASE_DEFAULT: bool = false;
 
+/// Benchmark override of [`THREE_PHASE_DEFAULT`] for the whole process: 0 = none, 1 = split,
+/// 2 = three-phase ([`set_three_phase_override`]).
+static THREE_PHASE_OVERRIDE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// For A/B benchmarks of the whole forward (`cuda_bench --only target`): makes
+/// [`ChunkKernel::for_profile`] pick the three-phase (`Some(true)`) or split (`Some(false)`)
+/// kernels, or the built-in default (`None`). Cache keys follow ([`engine_cache_tag`]).
+pub fn set_three_phase_override(on: Option<bool>) {
+    let v = match on {
+        None => 0,
+        Some(false) => 1,
+        Some(true) => 2,
+    };
+    THREE_PHASE_OVERRIDE.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn three_phase_default() -> bool {
+    match THREE_PHASE_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => THREE_PHASE_DEFAULT,
+    }
+}
+
 /// Suffix of the CUDA engine profile's cache keys (host/src/session): names the default engine
 /// kernel's summation order, so cached results of one never pass for the other's.
 pub fn engine_cache_tag() -> &'static str {
@@ -92,7 +116,7 @@ pub fn engine_cache_tag() -> &'static str {
 
 impl ChunkKernel {
     pub fn for_profile(p: GdnProfile) -> Self {
-        match (p, THREE_PHASE_DEFAULT) {
+        match (p, three_phase_default()) {
             // The split kernels (state-independent work over all chunks at once, then the
             // sequential walk) passed cuda_gdn on the H200 and ran 9.6 ms / 12.1 ms against the
             // fused kernels' 12.3 ms / 16.4 ms at 4 × 4096 tokens, Qwen3.6-27B shapes
