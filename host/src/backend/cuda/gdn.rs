@@ -74,11 +74,13 @@ pub enum ChunkKernel {
     ThreePhaseEngineV16,
 }
 
-/// Whether [`ChunkKernel::for_profile`] picks the three-phase kernels. The one line to flip once
-/// they have passed `cuda_gdn` on a GPU; the CUDA engine profile's cache keys follow it
-/// ([`engine_cache_tag`]), since its tensor-core output phase sums in another order than
-/// `SplitEngineFma`.
-const THREE_PHASE_DEFAULT: bool = false;
+/// Whether [`ChunkKernel::for_profile`] picks the three-phase kernels. They passed `cuda_gdn` on
+/// the H200 (Reference bit-identical to `SplitReference`; Engine states bit-identical to
+/// `SplitEngineFma`) and ran 8.2 / 10.3 ms against the split kernels' 9.6 / 12.1 ms at 4 × 4096
+/// tokens, Qwen3.6-27B shapes (docs/benchmarks-cuda.md, "Gated DeltaNet"). The CUDA engine
+/// profile's cache keys follow it ([`engine_cache_tag`]), since its tensor-core output phase sums
+/// in another order than `SplitEngineFma`.
+const THREE_PHASE_DEFAULT: bool = true;
 
 /// Benchmark override of [`THREE_PHASE_DEFAULT`] for the whole process: 0 = none, 1 = split,
 /// 2 = three-phase ([`set_three_phase_override`]).
