@@ -97,6 +97,71 @@ __device__ __forceinline__ void dg_chunk(float (&acc)[MT][NT][4], const uint4 (&
     }
 }
 
+// The K range of this block's split: chunks [c0, c1); chunks before full_end hold 32 values of K;
+// vec: K % 8 == 0 (16-byte loads possible). A function of (K, S, s) only.
+struct DgRange {
+    int c0, c1, full_end;
+    bool vec;
+};
+__device__ __forceinline__ DgRange dg_range(int K) {
+    const int S = gridDim.y, s = blockIdx.y;
+    const int chunks = (K + 31) >> 5;
+    const int per = (chunks + S - 1) / S;
+    DgRange r;
+    r.c0 = min(s * per, chunks);
+    r.c1 = min(r.c0 + per, chunks);
+    r.full_end = min(r.c1, K >> 5);
+    r.vec = (K & 7) == 0;
+    return r;
+}
+
+// W rows of this lane: feature tile mt covers n0 + 16·mt .. +16; rows past N are clamped (their
+// outputs are never written).
+template <int MT>
+__device__ __forceinline__ void dg_rows(const bf16_t* (&wra)[MT], const bf16_t* (&wrb)[MT], const bf16_t* w, int N,
+                                        int K, long long n0, int g) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        long long na = min(n0 + mt * 16 + g, (long long)N - 1), nb = min(n0 + mt * 16 + g + 8, (long long)N - 1);
+        wra[mt] = w + na * K;
+        wrb[mt] = w + nb * K;
+    }
+}
+
+template <int NT, int MT>
+__device__ __forceinline__ void dg_zero(float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+}
+
+// Chunks [c, c1) one at a time, in order, straight from global memory: bounds-checked past
+// full_end or when K % 8 != 0 (both kernels' tail).
+template <int NT, int MT>
+__device__ __forceinline__ void dg_tail(float (&acc)[MT][NT][4], const bf16_t* const (&wra)[MT],
+                                        const bf16_t* const (&wrb)[MT], const bf16_t* __restrict__ x, int R, int K,
+                                        int g, int t, int c, const DgRange& rg) {
+    for (; c < rg.c1; ++c) {
+        const bool full = rg.vec && c < rg.full_end;
+        const int kk = c * 32 + 8 * t;
+        uint4 wa[MT], wb[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            if (full) {
+                wa[mt] = dg_ld_stream(wra[mt] + kk);
+                wb[mt] = dg_ld_stream(wrb[mt] + kk);
+            } else {
+                wa[mt] = dg_ld_checked(wra[mt], kk, K);
+                wb[mt] = dg_ld_checked(wrb[mt], kk, K);
+            }
+        }
+        dg_chunk<NT, MT>(acc, wa, wb, x, R, K, kk, g, full);
+    }
+}
+
 // Split-K reduction (S > 1: write this block's partial; the last block of the feature tile to
 // arrive sums all partials in split order) and the epilogue. Shared by both kernel variants, so
 // that they differ only in how the operands reach the registers.
@@ -205,37 +270,18 @@ __device__ void decode_gemm(const bf16_t* __restrict__ x, const bf16_t* __restri
                             int K, long long ldy, int mode, float* __restrict__ ws, u32* __restrict__ cnt) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int S = gridDim.y, s = blockIdx.y;
-    const int chunks = (K + 31) >> 5;
-    const int per = (chunks + S - 1) / S;
-    const int c0 = min(s * per, chunks), c1 = min(c0 + per, chunks);
-    const int full_end = min(c1, K >> 5);  // chunks before this one hold 32 values of K
-    const bool vec = (K & 7) == 0;
-
-    // W rows of this lane: feature tile mt covers n0 + 16·mt .. +16; rows past N are clamped
-    // (their outputs are never written).
+    const DgRange rg = dg_range(K);
     const long long n0 = ((long long)blockIdx.x * DG_WARPS + warp) * MT * 16;
     const bf16_t* wra[MT];
     const bf16_t* wrb[MT];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        long long na = min(n0 + mt * 16 + g, (long long)N - 1), nb = min(n0 + mt * 16 + g + 8, (long long)N - 1);
-        wra[mt] = w + na * K;
-        wrb[mt] = w + nb * K;
-    }
-
+    dg_rows<MT>(wra, wrb, w, N, K, n0, g);
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+    dg_zero<NT, MT>(acc);
 
-    int c = c0;
-    if (vec) {
+    int c = rg.c0;
+    if (rg.vec) {
         // Main loop: the W loads of DG_UNROLL chunks in flight before the first is used.
-        for (; c + DG_UNROLL <= full_end; c += DG_UNROLL) {
+        for (; c + DG_UNROLL <= rg.full_end; c += DG_UNROLL) {
             uint4 wa[DG_UNROLL][MT], wb[DG_UNROLL][MT];
 #pragma unroll
             for (int u = 0; u < DG_UNROLL; ++u)
@@ -249,24 +295,8 @@ __device__ void decode_gemm(const bf16_t* __restrict__ x, const bf16_t* __restri
                 dg_chunk<NT, MT>(acc, wa[u], wb[u], x, R, K, (c + u) * 32 + 8 * t, g, true);
         }
     }
-    // Remaining chunks one at a time (same order), bounds-checked past full_end or when K % 8 != 0.
-    for (; c < c1; ++c) {
-        const bool full = vec && c < full_end;
-        const int kk = c * 32 + 8 * t;
-        uint4 wa[MT], wb[MT];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            if (full) {
-                wa[mt] = dg_ld_stream(wra[mt] + kk);
-                wb[mt] = dg_ld_stream(wrb[mt] + kk);
-            } else {
-                wa[mt] = dg_ld_checked(wra[mt], kk, K);
-                wb[mt] = dg_ld_checked(wrb[mt], kk, K);
-            }
-        }
-        dg_chunk<NT, MT>(acc, wa, wb, x, R, K, kk, g, full);
-    }
-
+    // Remaining chunks one at a time (same order).
+    dg_tail<NT, MT>(acc, wra, wrb, x, R, K, g, t, c, rg);
     dg_finish<NT, MT>(acc, y, R, N, ldy, mode, ws, cnt, n0, warp, lane, g, t);
 }
 
@@ -338,26 +368,16 @@ __device__ void decode_gemm_pipe(const bf16_t* __restrict__ x, const bf16_t* __r
     extern __shared__ __align__(128) unsigned char dg_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int S = gridDim.y, s = blockIdx.y;
-    const int chunks = (K + 31) >> 5;
-    const int per = (chunks + S - 1) / S;
-    const int c0 = min(s * per, chunks), c1 = min(c0 + per, chunks);
-    const int full_end = min(c1, K >> 5);
-    const bool vec = (K & 7) == 0;
+    const DgRange rg = dg_range(K);
+    const int c0 = rg.c0;
     const long long nblk = (long long)blockIdx.x * DG_WARPS * MT * 16;
     const long long n0 = nblk + (long long)warp * MT * 16;
-
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+    dg_zero<NT, MT>(acc);
 
     // Chunks [c0, pe) go through shared memory; [pe, c1) (the tail, or all of them when K % 8 != 0)
     // through decode_gemm's bounds-checked path, in the same increasing order.
-    const int pe = vec ? max(full_end, c0) : c0;
+    const int pe = rg.vec ? max(rg.full_end, c0) : c0;
     const int np = pe - c0;
     const u32 base = dg_smem_u32(dg_smem);
     constexpr int SB = DgStage<NT, MT>::BYTES;
@@ -394,26 +414,11 @@ __device__ void decode_gemm_pipe(const bf16_t* __restrict__ x, const bf16_t* __r
     }
     dg_cp_wait<0>();
 
-    if (pe < c1) {
+    if (pe < rg.c1) {
         const bf16_t* wra[MT];
         const bf16_t* wrb[MT];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            long long na = min(n0 + mt * 16 + g, (long long)N - 1), nb = min(n0 + mt * 16 + g + 8, (long long)N - 1);
-            wra[mt] = w + na * K;
-            wrb[mt] = w + nb * K;
-        }
-        for (int c = pe; c < c1; ++c) {
-            const bool full = vec && c < full_end;
-            const int kk = c * 32 + 8 * t;
-            uint4 wa[MT], wb[MT];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                wa[mt] = full ? dg_ld_stream(wra[mt] + kk) : dg_ld_checked(wra[mt], kk, K);
-                wb[mt] = full ? dg_ld_stream(wrb[mt] + kk) : dg_ld_checked(wrb[mt], kk, K);
-            }
-            dg_chunk<NT, MT>(acc, wa, wb, x, R, K, kk, g, full);
-        }
+        dg_rows<MT>(wra, wrb, w, N, K, n0, g);
+        dg_tail<NT, MT>(acc, wra, wrb, x, R, K, g, t, pe, rg);
     }
     dg_finish<NT, MT>(acc, y, R, N, ldy, mode, ws, cnt, n0, warp, lane, g, t);
 }
