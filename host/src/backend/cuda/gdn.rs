@@ -106,6 +106,51 @@ fn three_phase_default() -> bool {
     }
 }
 
+/// Per-launch times of the chunked delta rule, for `gdn_bench`'s per-phase table: while on
+/// ([`set_phase_timing`]), [`CudaBackend::gated_delta_rule_with`] synchronises the device before
+/// its first launch and after each launch, recording the wall time since the previous mark under
+/// the phase's name ("gates", "setup" (uploads, scratch), "prep", "walk", "output", or the fused
+/// kernel's "chunk"). Off (the default) it costs one relaxed atomic load per mark.
+static PHASE_TIMING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static PHASE_TIMES: std::sync::Mutex<Vec<(&'static str, f64)>> = std::sync::Mutex::new(Vec::new());
+
+/// Turns the per-phase timing on or off (benchmarks only: it synchronises after every launch).
+pub fn set_phase_timing(on: bool) {
+    PHASE_TIMING.store(on, std::sync::atomic::Ordering::Relaxed);
+    take_phase_times();
+}
+
+/// The (phase, seconds) marks recorded since the last call, in launch order.
+pub fn take_phase_times() -> Vec<(&'static str, f64)> {
+    std::mem::take(&mut *PHASE_TIMES.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// One call's clock for [`set_phase_timing`].
+pub(super) struct PhaseClock(Option<std::time::Instant>);
+
+impl PhaseClock {
+    pub(super) fn start(be: &CudaBackend) -> Result<Self> {
+        if !PHASE_TIMING.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(PhaseClock(None));
+        }
+        be.synchronize()?;
+        Ok(PhaseClock(Some(std::time::Instant::now())))
+    }
+    /// Records the time since the previous mark under `phase` (device synchronised first).
+    pub(super) fn mark(&mut self, be: &CudaBackend, phase: &'static str) -> Result<()> {
+        if let Some(t0) = self.0 {
+            be.synchronize()?;
+            let now = std::time::Instant::now();
+            PHASE_TIMES
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((phase, (now - t0).as_secs_f64()));
+            self.0 = Some(now);
+        }
+        Ok(())
+    }
+}
+
 /// Suffix of the CUDA engine profile's cache keys (host/src/session): names the default engine
 /// kernel's summation order, so cached results of one never pass for the other's.
 pub fn engine_cache_tag() -> &'static str {
@@ -533,6 +578,7 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(out);
         }
+        let mut clock = PhaseClock::start(self)?;
         // Gates, f32 [T, Hv].
         let mut g = self.alloc::<f32>(rows * hv)?;
         let mut beta = self.alloc::<f32>(rows * hv)?;
@@ -563,6 +609,7 @@ impl CudaBackend {
             }
             .map_err(derr("gdn_gates"))?;
         }
+        clock.mark(self, "gates")?;
         let (single, multi): (Vec<usize>, Vec<usize>) = (0..states.len())
             .filter(|&i| seq_starts[i + 1] > seq_starts[i])
             .partition(|&i| seq_starts[i + 1] - seq_starts[i] == 1);
@@ -596,7 +643,7 @@ impl CudaBackend {
                     per_seq: (&pairs, &ptrs),
                     shape,
                 };
-                self.split_delta_rule(kernel, &inputs, &mut out)?;
+                self.split_delta_rule(kernel, &inputs, &mut out, &mut clock)?;
                 continue;
             }
             let (f, cfg) = if chunked {
@@ -646,6 +693,7 @@ impl CudaBackend {
             } else {
                 "gdn_recurrent"
             }))?;
+            clock.mark(self, if chunked { "chunk" } else { "recurrent" })?;
         }
         Ok(out)
     }

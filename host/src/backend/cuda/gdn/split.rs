@@ -4,7 +4,7 @@
 //! (the walk carries only the state, over 32- or 16-column slices, storing every chunk's start state
 //! and V′) followed by `gdn_hout_*` (the output of every chunk at once).
 
-use super::{ChunkKernel, CHUNK, HEAD_DIM, PREP2_SMEM_BYTES, PREP_SMEM_BYTES};
+use super::{ChunkKernel, PhaseClock, CHUNK, HEAD_DIM, PREP2_SMEM_BYTES, PREP_SMEM_BYTES};
 use crate::backend::cuda::{derr, CudaBackend, CudaTensor};
 use crate::backend::gdn::GdnShape;
 use anyhow::{ensure, Result};
@@ -89,6 +89,7 @@ impl CudaBackend {
         kernel: ChunkKernel,
         inputs: &SplitDeltaInputs<'_>,
         out: &mut CudaTensor,
+        clock: &mut PhaseClock,
     ) -> Result<()> {
         let &SplitDeltaInputs {
             qkv: (q, k, v),
@@ -120,6 +121,7 @@ impl CudaBackend {
             PREP_SMEM_BYTES
         };
         let f = self.kernels.get_with_smem("gdn", prep, prep_smem)?;
+        clock.mark(self, "setup")?;
         let mut lb = self.stream.launch_builder(&f);
         lb.arg(&q)
             .arg(&k)
@@ -147,13 +149,14 @@ impl CudaBackend {
             })
         }
         .map_err(derr(prep))?;
+        clock.mark(self, "prep")?;
         if kernel.three_phase() {
             let scratch = PrepScratch {
                 wu: (&wg, &ug),
                 ag: &ag,
                 gg: &gg,
             };
-            return self.three_phase_rest(kernel, inputs, &plan, &chunks, scratch, out);
+            return self.three_phase_rest(kernel, inputs, &plan, &chunks, scratch, out, clock);
         }
         let f = self
             .kernels
@@ -186,6 +189,7 @@ impl CudaBackend {
             })
         }
         .map_err(derr(kernel.name()))?;
+        clock.mark(self, "walk")?;
         Ok(())
     }
 }
@@ -207,6 +211,8 @@ impl CudaBackend {
     /// slices of 32 value columns) writes the output. Scratch f32 beyond the prep's: V′ 512 B per
     /// token and value head, h 64 KB (engine: 32 KB) per chunk and value head (800 / 400 MB for
     /// 16k tokens at Hv = 48).
+    // One more than clippy's limit: the clock threads the benchmark's phase marks through.
+    #[allow(clippy::too_many_arguments)]
     fn three_phase_rest(
         &self,
         kernel: ChunkKernel,
@@ -215,6 +221,7 @@ impl CudaBackend {
         chunks: &CudaSlice<i64>,
         prep: PrepScratch<'_>,
         out: &mut CudaTensor,
+        clock: &mut PhaseClock,
     ) -> Result<()> {
         let &SplitDeltaInputs {
             qkv: (q, k, _),
@@ -236,6 +243,7 @@ impl CudaBackend {
             .expect("three_phase_rest runs three-phase kernels only");
         let walk_smem = hwalk_smem_bytes(columns);
         let f = self.kernels.get_with_smem("gdn", walk, walk_smem)?;
+        clock.mark(self, "setup")?;
         let mut lb = self.stream.launch_builder(&f);
         lb.arg(&k)
             .arg(&ld)
@@ -262,6 +270,7 @@ impl CudaBackend {
             })
         }
         .map_err(derr(walk))?;
+        clock.mark(self, "walk")?;
         let f = self.kernels.get_with_smem("gdn", output, HOUT_SMEM_BYTES)?;
         let mut lb = self.stream.launch_builder(&f);
         lb.arg(&q)
@@ -289,6 +298,7 @@ impl CudaBackend {
             })
         }
         .map_err(derr(output))?;
+        clock.mark(self, "output")?;
         Ok(())
     }
 }
