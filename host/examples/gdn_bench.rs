@@ -75,7 +75,9 @@ fn main() -> Result<()> {
             std::process::exit(2);
         }
     };
-    println!("device: {}", be.info().name);
+    if !breakdown {
+        println!("device: {}", be.info().name);
+    }
     if report {
         for l in be.gdn_kernel_report()? {
             println!("  {l}");
@@ -141,6 +143,8 @@ fn main() -> Result<()> {
         ChunkKernel::ThreePhaseEngine,
         ChunkKernel::ThreePhaseReferenceV16,
         ChunkKernel::ThreePhaseEngineV16,
+        ChunkKernel::ThreePhaseEngineLdm,
+        ChunkKernel::ThreePhaseReferenceRt,
     ] {
         let name = format!("{kernel:?}");
         if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
@@ -293,7 +297,8 @@ fn phase_table(
 ) -> Result<()> {
     let t = *d.seq_starts.last().unwrap_or(&0);
     println!(
-        "delta rule per phase, {} x {} tokens (ms, median of {reps}; device synchronised after each launch)",
+        "delta rule per phase on {}, {} x {} tokens (ms, median of {reps}; device synchronised after each launch)",
+        be.info().name,
         d.seq_starts.len() - 1,
         t / (d.seq_starts.len() - 1).max(1)
     );
@@ -355,7 +360,9 @@ fn phase_table(
 /// The kernels of the per-phase table: the defaults of the two profiles and the candidates.
 const PHASE_KERNELS: &[ChunkKernel] = &[
     ChunkKernel::ThreePhaseReference,
+    ChunkKernel::ThreePhaseReferenceRt,
     ChunkKernel::ThreePhaseEngine,
+    ChunkKernel::ThreePhaseEngineLdm,
     ChunkKernel::SplitReference,
     ChunkKernel::SplitEngineFma,
 ];

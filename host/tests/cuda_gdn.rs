@@ -260,6 +260,7 @@ fn cuda_gdn_engine_profile_matches_cpu_emulation_and_tensor_cores_match_fma() {
     for kernel in [
         ChunkKernel::ThreePhaseEngine,
         ChunkKernel::ThreePhaseEngineV16,
+        ChunkKernel::ThreePhaseEngineLdm,
     ] {
         let (o, st) = run_gpu(&be, &x, &init, kernel);
         let (e, es) = (rel(&o, &split), state_rel(&st, &split_st));
@@ -307,6 +308,7 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
     for kernel in [
         ChunkKernel::ThreePhaseEngine,
         ChunkKernel::ThreePhaseEngineV16,
+        ChunkKernel::ThreePhaseEngineLdm,
     ] {
         let (three, three_st) = run_gpu(&be, &x, &init, kernel);
         let (d, ds) = (rel(&three, &split), state_rel(&three_st, &split_st));
@@ -324,12 +326,52 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
     }
 }
 
+/// The ldmatrix-fed engine kernels (`ThreePhaseEngineLdm`: `gdn_prep2_engine_ldm`,
+/// `gdn_hout_engine_ldm`) feed the tensor cores the same bf16 operands in the same per-tile mma
+/// chains as `ThreePhaseEngine`'s `mm_mma` (docs/gdn-cuda.md, "Round 2"): outputs and states
+/// must be the same bits, on the packed lengths of every chunk case (fresh and carried states)
+/// and on a 2048-token sequence among short ones.
+#[test]
+fn cuda_gdn_ldm_engine_kernels_equal_mma_kernels_bit_for_bit() {
+    let Some(be) = gpu() else { return };
+    let cases: [(&[usize], u64, bool); 3] = [
+        (&LENS, 70, true),
+        (&LENS, 80, false),
+        (&[2048, 65, 0, 1, 200, 64], 90, false),
+    ];
+    for (lens, seed, fresh) in cases {
+        let x = batch(lens, seed);
+        let init = states(lens.len(), seed + 100, fresh);
+        let (want, want_st) = run_gpu(&be, &x, &init, ChunkKernel::ThreePhaseEngine);
+        let (got, got_st) = run_gpu(&be, &x, &init, ChunkKernel::ThreePhaseEngineLdm);
+        let (e, es) = (rel(&got, &want), state_rel(&got_st, &want_st));
+        let diff = got
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        println!(
+            "ldm vs mma, lengths {lens:?}, fresh={fresh}: {diff} of {} outputs differ (rel {e:.2e}), states rel {es:.2e}",
+            want.len()
+        );
+        assert_eq!(
+            diff, 0,
+            "ThreePhaseEngineLdm output differs from ThreePhaseEngine (rel {e})"
+        );
+        assert!(
+            st_bits(&got_st) == st_bits(&want_st),
+            "ThreePhaseEngineLdm states differ from ThreePhaseEngine (rel {es})"
+        );
+    }
+}
+
 /// Launch geometry of the three-phase kernels, checked without a GPU: the chunk plan of a packed
 /// batch, the scratch sizes, and the shared memory that lets two blocks share an SM.
 #[test]
 fn three_phase_plan_and_shared_memory() {
     use draftlens::backend::cuda::gdn::{
-        hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_SMEM_BYTES, PREP2_SMEM_BYTES,
+        hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES,
+        PREP2_SMEM_BYTES, PREP_LDM_SMEM_BYTES,
     };
     // Lengths 1, 17, 64, 128, 200, 0, 65 from row 0; the multi-row sequences are 1..=4 and 6.
     let starts = [0, 1, 18, 82, 210, 410, 410, 475];
@@ -359,13 +401,21 @@ fn three_phase_plan_and_shared_memory() {
     // Two blocks per SM on sm_90 (228 KB of shared memory, 1 KB reserved per block), as the
     // kernels' __launch_bounds__(256, 2) assume.
     let walks = [hwalk_smem_bytes(16), hwalk_smem_bytes(32)];
-    for bytes in walks.into_iter().chain([HOUT_SMEM_BYTES, PREP2_SMEM_BYTES]) {
+    let others = [
+        HOUT_SMEM_BYTES,
+        PREP2_SMEM_BYTES,
+        HOUT_LDM_SMEM_BYTES,
+        PREP_LDM_SMEM_BYTES,
+    ];
+    for bytes in walks.into_iter().chain(others) {
         assert!(2 * (bytes + 1024) <= 228 * 1024, "{bytes} B");
     }
     // The layouts' sums as kernels/gdn.cu documents them.
     assert_eq!(walks, [84_224, 100_608]);
     assert_eq!(HOUT_SMEM_BYTES, 84_480);
     assert_eq!(PREP2_SMEM_BYTES, 99_840);
+    assert_eq!(HOUT_LDM_SMEM_BYTES, 50_688);
+    assert_eq!(PREP_LDM_SMEM_BYTES, 95_232);
 }
 
 #[test]

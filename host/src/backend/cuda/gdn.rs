@@ -22,7 +22,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 mod split;
 use split::SplitDeltaInputs;
-pub use split::{hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_SMEM_BYTES};
+pub use split::{hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES};
 
 /// Head dims the delta-rule kernels are written for (`GDN_DK`, `GDN_DV` in kernels/gdn.cu).
 const HEAD_DIM: usize = 128;
@@ -72,6 +72,13 @@ pub enum ChunkKernel {
     ThreePhaseEngine,
     ThreePhaseReferenceV16,
     ThreePhaseEngineV16,
+    /// `ThreePhaseEngine` with its prep and output products on ldmatrix-fed tensor-core fragments
+    /// (`gdn_prep2_engine_ldm`, `gdn_hout_engine_ldm`): the same operands and per-tile mma
+    /// chains, so the same bits, with a fraction of the shared-memory traffic.
+    ThreePhaseEngineLdm,
+    /// `ThreePhaseReference` with its prep's products register-tiled on 16-byte shared loads
+    /// (`gdn_prep2_reference_rt`): the same fmaf chains, so the same bits.
+    ThreePhaseReferenceRt,
 }
 
 /// Whether [`ChunkKernel::for_profile`] picks the three-phase kernels. They passed `cuda_gdn` on
@@ -189,6 +196,8 @@ impl ChunkKernel {
             ChunkKernel::ThreePhaseEngine => "gdn_hwalk_engine",
             ChunkKernel::ThreePhaseReferenceV16 => "gdn_hwalk_reference_v16",
             ChunkKernel::ThreePhaseEngineV16 => "gdn_hwalk_engine_v16",
+            ChunkKernel::ThreePhaseEngineLdm => "gdn_hwalk_engine",
+            ChunkKernel::ThreePhaseReferenceRt => "gdn_hwalk_reference",
         }
     }
     /// The state-independent first launch of a split kernel.
@@ -205,20 +214,23 @@ impl ChunkKernel {
             ChunkKernel::ThreePhaseEngine | ChunkKernel::ThreePhaseEngineV16 => {
                 Some("gdn_prep2_engine_mma")
             }
+            ChunkKernel::ThreePhaseEngineLdm => Some("gdn_prep2_engine_ldm"),
+            ChunkKernel::ThreePhaseReferenceRt => Some("gdn_prep2_reference_rt"),
             _ => None,
         }
     }
     /// The state walk, its value columns per block, and the output launch of a three-phase kernel.
     fn three_phase_launches(self) -> Option<(&'static str, usize, &'static str)> {
-        let output = if self.engine() {
-            "gdn_hout_engine_mma"
-        } else {
-            "gdn_hout_reference"
+        let output = match self {
+            ChunkKernel::ThreePhaseEngineLdm => "gdn_hout_engine_ldm",
+            _ if self.engine() => "gdn_hout_engine_mma",
+            _ => "gdn_hout_reference",
         };
         match self {
-            ChunkKernel::ThreePhaseReference | ChunkKernel::ThreePhaseEngine => {
-                Some((self.name(), 32, output))
-            }
+            ChunkKernel::ThreePhaseReference
+            | ChunkKernel::ThreePhaseEngine
+            | ChunkKernel::ThreePhaseEngineLdm
+            | ChunkKernel::ThreePhaseReferenceRt => Some((self.name(), 32, output)),
             ChunkKernel::ThreePhaseReferenceV16 | ChunkKernel::ThreePhaseEngineV16 => {
                 Some((self.name(), 16, output))
             }
@@ -236,6 +248,7 @@ impl ChunkKernel {
                 | ChunkKernel::SplitReference
                 | ChunkKernel::ThreePhaseReference
                 | ChunkKernel::ThreePhaseReferenceV16
+                | ChunkKernel::ThreePhaseReferenceRt
         )
     }
     /// Value columns per block (`DVS` in kernels/gdn.cu) of the fused and split kernels (the
@@ -264,6 +277,13 @@ impl ChunkKernel {
 const PREP_SMEM_BYTES: usize = (3 * 64 * 129 + 2 * 64 * 65 + 2 * 64) * 4;
 /// Dynamic shared memory of `gdn_prep2_*`: V takes K's place once K is read.
 pub const PREP2_SMEM_BYTES: usize = (2 * 64 * 129 + 2 * 64 * 65 + 2 * 64) * 4;
+/// Dynamic shared memory of `gdn_prep2_engine_ldm`: three bf16 tiles of 64 × 136 (Q then
+/// K diag(βe^γ), K, V), L and M f32 (64 × 65), M bf16 (64 × 72), β, γ.
+pub const PREP_LDM_SMEM_BYTES: usize =
+    3 * 64 * 136 * 2 + 2 * 64 * 65 * 4 + 64 * 72 * 2 + 2 * 64 * 4;
+/// Dynamic shared memory of `gdn_prep2_reference_rt`: K then diag(β) V and Q then K diag(βe^γ)
+/// (64 × 132 f32 each), L and M (64 × 68 f32 each), β, γ.
+pub const PREP_RT_SMEM_BYTES: usize = (2 * 64 * 132 + 2 * 64 * 68 + 2 * 64) * 4;
 /// Chunk length of the chunked kernels (`GDN_C`).
 const CHUNK: usize = 64;
 
@@ -807,6 +827,9 @@ pub const KERNELS: &[&str] = &[
     "gdn_hwalk_engine_v16",
     "gdn_hout_reference",
     "gdn_hout_engine_mma",
+    "gdn_prep2_engine_ldm",
+    "gdn_prep2_reference_rt",
+    "gdn_hout_engine_ldm",
     "gdn_recurrent",
     "gdn_conv_silu",
     "gdn_conv_state",

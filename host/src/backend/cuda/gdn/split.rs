@@ -4,7 +4,10 @@
 //! (the walk carries only the state, over 32- or 16-column slices, storing every chunk's start state
 //! and V′) followed by `gdn_hout_*` (the output of every chunk at once).
 
-use super::{ChunkKernel, PhaseClock, CHUNK, HEAD_DIM, PREP2_SMEM_BYTES, PREP_SMEM_BYTES};
+use super::{
+    ChunkKernel, PhaseClock, CHUNK, HEAD_DIM, PREP2_SMEM_BYTES, PREP_LDM_SMEM_BYTES,
+    PREP_RT_SMEM_BYTES, PREP_SMEM_BYTES,
+};
 use crate::backend::cuda::{derr, CudaBackend, CudaTensor};
 use crate::backend::gdn::GdnShape;
 use anyhow::{ensure, Result};
@@ -23,6 +26,10 @@ pub const fn hwalk_smem_bytes(columns: usize) -> usize {
 pub const HOUT_SMEM_BYTES: usize =
     (64 * 132 + 128 * HOUT_COLUMNS + 64 * 68 + 64 * HOUT_COLUMNS + 64 * (HOUT_COLUMNS + 1) + 64)
         * 4;
+/// Dynamic shared memory of `gdn_hout_engine_ldm`: bf16 Q (64 × 136), h_c (128 × 40), the scores
+/// (64 × 72), V′ (64 × 40); f32 Q·h_c (64 × 33), γ.
+pub const HOUT_LDM_SMEM_BYTES: usize =
+    (64 * 136 + 128 * 40 + 64 * 72 + 64 * 40) * 2 + (64 * (HOUT_COLUMNS + 1) + 64) * 4;
 
 /// Where the chunked kernels find their chunks: every multi-row sequence of a call cut into
 /// chunks of [`CHUNK`] rows (the last one shorter), in sequence order.
@@ -115,7 +122,11 @@ impl CudaBackend {
         let (hv32, ratio) = (hv as i32, shape.group() as i32);
         let scale = (shape.k_dim as f32).powf(-0.5);
         let prep = kernel.prep_name().unwrap_or("gdn_prep_reference");
-        let prep_smem = if kernel.three_phase() {
+        let prep_smem = if prep == "gdn_prep2_engine_ldm" {
+            PREP_LDM_SMEM_BYTES
+        } else if prep == "gdn_prep2_reference_rt" {
+            PREP_RT_SMEM_BYTES
+        } else if kernel.three_phase() {
             PREP2_SMEM_BYTES
         } else {
             PREP_SMEM_BYTES
@@ -271,7 +282,12 @@ impl CudaBackend {
         }
         .map_err(derr(walk))?;
         clock.mark(self, "walk")?;
-        let f = self.kernels.get_with_smem("gdn", output, HOUT_SMEM_BYTES)?;
+        let out_smem = if output == "gdn_hout_engine_ldm" {
+            HOUT_LDM_SMEM_BYTES
+        } else {
+            HOUT_SMEM_BYTES
+        };
+        let f = self.kernels.get_with_smem("gdn", output, out_smem)?;
         let mut lb = self.stream.launch_builder(&f);
         lb.arg(&q)
             .arg(&ld)
@@ -294,7 +310,7 @@ impl CudaBackend {
                     (HEAD_DIM / HOUT_COLUMNS) as u32,
                 ),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: HOUT_SMEM_BYTES as u32,
+                shared_mem_bytes: out_smem as u32,
             })
         }
         .map_err(derr(output))?;
