@@ -201,6 +201,7 @@ fn cuda_gdn_reference_profile_matches_cpu() {
             ChunkKernel::SplitReference,
             ChunkKernel::ThreePhaseReference,
             ChunkKernel::ThreePhaseReferenceV16,
+            ChunkKernel::ThreePhaseReferenceRt,
         ] {
             let (got, got_st) = run_gpu(&be, &x, &init, kernel);
             let (e, es) = (rel(&got, &want), state_rel(&got_st, &want_st));
@@ -292,6 +293,7 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
     for kernel in [
         ChunkKernel::ThreePhaseReference,
         ChunkKernel::ThreePhaseReferenceV16,
+        ChunkKernel::ThreePhaseReferenceRt,
     ] {
         let (three, three_st) = run_gpu(&be, &x, &init, kernel);
         let (e, es) = (rel(&three, &cpu), state_rel(&three_st, &cpu_st));
@@ -326,13 +328,14 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
     }
 }
 
-/// The ldmatrix-fed engine kernels (`ThreePhaseEngineLdm`: `gdn_prep2_engine_ldm`,
-/// `gdn_hout_engine_ldm`) feed the tensor cores the same bf16 operands in the same per-tile mma
-/// chains as `ThreePhaseEngine`'s `mm_mma` (docs/gdn-cuda.md, "Round 2"): outputs and states
-/// must be the same bits, on the packed lengths of every chunk case (fresh and carried states)
-/// and on a 2048-token sequence among short ones.
+/// The round-2 kernels change how products are fed, not what they sum: `ThreePhaseEngineLdm`
+/// (`gdn_prep2_engine_ldm`, `gdn_hout_engine_ldm`) feeds the tensor cores the same bf16 operands
+/// in the same per-tile mma chains as `ThreePhaseEngine`'s `mm_mma`; `ThreePhaseReferenceRt`
+/// (`gdn_prep2_reference_rt`) runs `gdn_prep2_reference`'s fmaf chains from 16-byte loads
+/// (docs/gdn-cuda.md, "Round 2"). Outputs and states must be the same bits, on the packed lengths
+/// of every chunk case (fresh and carried states) and on a 2048-token sequence among short ones.
 #[test]
-fn cuda_gdn_ldm_engine_kernels_equal_mma_kernels_bit_for_bit() {
+fn cuda_gdn_round2_kernels_equal_their_originals_bit_for_bit() {
     let Some(be) = gpu() else { return };
     let cases: [(&[usize], u64, bool); 3] = [
         (&LENS, 70, true),
@@ -342,26 +345,34 @@ fn cuda_gdn_ldm_engine_kernels_equal_mma_kernels_bit_for_bit() {
     for (lens, seed, fresh) in cases {
         let x = batch(lens, seed);
         let init = states(lens.len(), seed + 100, fresh);
-        let (want, want_st) = run_gpu(&be, &x, &init, ChunkKernel::ThreePhaseEngine);
-        let (got, got_st) = run_gpu(&be, &x, &init, ChunkKernel::ThreePhaseEngineLdm);
-        let (e, es) = (rel(&got, &want), state_rel(&got_st, &want_st));
-        let diff = got
-            .iter()
-            .zip(&want)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        println!(
-            "ldm vs mma, lengths {lens:?}, fresh={fresh}: {diff} of {} outputs differ (rel {e:.2e}), states rel {es:.2e}",
-            want.len()
-        );
-        assert_eq!(
-            diff, 0,
-            "ThreePhaseEngineLdm output differs from ThreePhaseEngine (rel {e})"
-        );
-        assert!(
-            st_bits(&got_st) == st_bits(&want_st),
-            "ThreePhaseEngineLdm states differ from ThreePhaseEngine (rel {es})"
-        );
+        for (old, new) in [
+            (
+                ChunkKernel::ThreePhaseEngine,
+                ChunkKernel::ThreePhaseEngineLdm,
+            ),
+            (
+                ChunkKernel::ThreePhaseReference,
+                ChunkKernel::ThreePhaseReferenceRt,
+            ),
+        ] {
+            let (want, want_st) = run_gpu(&be, &x, &init, old);
+            let (got, got_st) = run_gpu(&be, &x, &init, new);
+            let (e, es) = (rel(&got, &want), state_rel(&got_st, &want_st));
+            let diff = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            println!(
+                "{new:?} vs {old:?}, lengths {lens:?}, fresh={fresh}: {diff} of {} outputs differ (rel {e:.2e}), states rel {es:.2e}",
+                want.len()
+            );
+            assert_eq!(diff, 0, "{new:?} output differs from {old:?} (rel {e})");
+            assert!(
+                st_bits(&got_st) == st_bits(&want_st),
+                "{new:?} states differ from {old:?} (rel {es})"
+            );
+        }
     }
 }
 
@@ -371,7 +382,7 @@ fn cuda_gdn_ldm_engine_kernels_equal_mma_kernels_bit_for_bit() {
 fn three_phase_plan_and_shared_memory() {
     use draftlens::backend::cuda::gdn::{
         hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES,
-        PREP2_SMEM_BYTES, PREP_LDM_SMEM_BYTES,
+        PREP2_SMEM_BYTES, PREP_LDM_SMEM_BYTES, PREP_RT_SMEM_BYTES,
     };
     // Lengths 1, 17, 64, 128, 200, 0, 65 from row 0; the multi-row sequences are 1..=4 and 6.
     let starts = [0, 1, 18, 82, 210, 410, 410, 475];
@@ -406,6 +417,7 @@ fn three_phase_plan_and_shared_memory() {
         PREP2_SMEM_BYTES,
         HOUT_LDM_SMEM_BYTES,
         PREP_LDM_SMEM_BYTES,
+        PREP_RT_SMEM_BYTES,
     ];
     for bytes in walks.into_iter().chain(others) {
         assert!(2 * (bytes + 1024) <= 228 * 1024, "{bytes} B");
@@ -416,6 +428,7 @@ fn three_phase_plan_and_shared_memory() {
     assert_eq!(PREP2_SMEM_BYTES, 99_840);
     assert_eq!(HOUT_LDM_SMEM_BYTES, 50_688);
     assert_eq!(PREP_LDM_SMEM_BYTES, 95_232);
+    assert_eq!(PREP_RT_SMEM_BYTES, 102_912);
 }
 
 #[test]
