@@ -376,6 +376,35 @@ fn cuda_gdn_round2_kernels_equal_their_originals_bit_for_bit() {
     }
 }
 
+/// `gdn_bench --breakdown`'s per-phase timing: with it on, a three-phase call records its launches
+/// in order (gates, setup, prep, setup, walk, output) with positive times, and computes the same
+/// bits as with it off. (The switch is process-wide: other tests' calls may add marks meanwhile,
+/// hence a subsequence check.)
+#[test]
+fn cuda_gdn_phase_timing_marks_every_launch() {
+    use draftlens::backend::cuda::gdn::{set_phase_timing, take_phase_times};
+    let Some(be) = gpu() else { return };
+    let lens = [200, 65];
+    let x = batch(&lens, 95);
+    let init = states(lens.len(), 195, false);
+    let (plain, plain_st) = run_gpu(&be, &x, &init, ChunkKernel::ThreePhaseReference);
+    set_phase_timing(true);
+    let (timed, timed_st) = run_gpu(&be, &x, &init, ChunkKernel::ThreePhaseReference);
+    let marks = take_phase_times();
+    set_phase_timing(false);
+    println!("phase marks: {marks:?}");
+    assert!(timed == plain && st_bits(&timed_st) == st_bits(&plain_st));
+    let want = ["gates", "setup", "prep", "setup", "walk", "output"];
+    let mut it = marks.iter();
+    for w in want {
+        let found = it.by_ref().find(|(p, _)| *p == w);
+        assert!(
+            matches!(found, Some((_, secs)) if *secs > 0.0),
+            "phase {w} missing or not timed in {marks:?}"
+        );
+    }
+}
+
 /// Launch geometry of the three-phase kernels, checked without a GPU: the chunk plan of a packed
 /// batch, the scratch sizes, and the shared memory that lets two blocks share an SM.
 #[test]
