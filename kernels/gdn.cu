@@ -1442,6 +1442,50 @@ extern "C" __global__ void gdn_conv_silu(const bf16_t* __restrict__ x, long long
     }
 }
 
+// gdn_conv_silu_v8: gdn_conv_silu with 8 channels per thread (16-byte loads and stores instead of
+// 2-byte ones, the weights in registers): the same fmaf chain over the taps per channel and the
+// same rounding, so the same bits (docs/gdn-cuda.md, "Round 2"). Needs ch and ld_x multiples of 8
+// and kc <= 4 (the host checks; otherwise gdn_conv_silu runs).
+#define GDN_CONV_V8_MAX_K 4
+extern "C" __global__ void gdn_conv_silu_v8(const bf16_t* __restrict__ x, long long ld_x, const bf16_t* __restrict__ w,
+                                            bf16_t* __restrict__ y, const int* __restrict__ row_seq,
+                                            const long long* __restrict__ seq_rows, const u64* __restrict__ states,
+                                            long long rows, int ch, int kc) {
+    const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (c0 >= ch) return;
+    const int hist = kc - 1;
+    float wv[8][GDN_CONV_V8_MAX_K];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < GDN_CONV_V8_MAX_K; ++j) wv[i][j] = j < kc ? bf2f(w[(c0 + i) * kc + j]) : 0.f;
+    for (long long t = blockIdx.y; t < rows; t += gridDim.y) {
+        const int n = row_seq[t];
+        const long long start = seq_rows[2 * n];
+        const bf16_t* st = (const bf16_t*)states[n];
+        float acc[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < GDN_CONV_V8_MAX_K; ++j) {
+            if (j < kc) {
+                const long long src = t - hist + j;
+                const uint4 raw = src >= start ? *(const uint4*)(x + src * ld_x + c0)
+                                               : *(const uint4*)(st + (hist - (start - src)) * ch + c0);
+                float xv[8];
+                unpack8(raw, xv);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[i] = fmaf(wv[i][j], xv[i], acc[i]);
+            }
+        }
+        u32 o[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            o[i] = (u32)f2bf(siluf_(acc[2 * i])) | ((u32)f2bf(siluf_(acc[2 * i + 1])) << 16);
+        *(uint4*)(y + t * ch + c0) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
 // The conv states after gdn_conv_silu (same stream, so after it): per (sequence, channel) the last
 // kc-1 entries of state ++ rows. Each thread reads its whole column before writing it, in place.
 #define GDN_MAX_HIST 8

@@ -452,6 +452,11 @@ fn layer_breakdown(
                 .map(|_| ())
         })?,
     ));
+    let conv_v8 = time(&mut || {
+        let mut cs: Vec<_> = conv_states.iter_mut().collect();
+        be.causal_conv1d_silu_with(mixed, &conv_w, d.seq_starts, &mut cs, true)
+            .map(|_| ())
+    })?;
     rows.push((
         "delta rule (Reference, default kernel; gates + l2norm inside)",
         time(&mut || {
@@ -551,6 +556,11 @@ fn layer_breakdown(
         "| (delta rule, Engine profile instead, default kernel) | {:.3} | {:.1} |",
         engine_rule * 1e3,
         pct(engine_rule)
+    );
+    println!(
+        "| (conv1d + SiLU, 8-channel kernel gdn_conv_silu_v8 instead) | {:.3} | {:.1} |",
+        conv_v8 * 1e3,
+        pct(conv_v8)
     );
     Ok(())
 }

@@ -639,6 +639,31 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
     }
     // States are copies of inputs: exact.
     assert_eq!(got_st, want_st, "conv states");
+    // The 8-channel kernel (gdn_conv_silu_v8): the same fmaf chains and rounding, the same bits.
+    let (xt, wt) = (
+        be.from_host(&x, t, c).unwrap(),
+        be.from_host(&w, c, k).unwrap(),
+    );
+    let mut st: Vec<_> = init
+        .iter()
+        .map(|s| be.from_host(s, k - 1, c).unwrap())
+        .collect();
+    let mut refs: Vec<_> = st.iter_mut().collect();
+    let y8 = be
+        .causal_conv1d_silu_with(&xt, &wt, &seq_starts, &mut refs, true)
+        .unwrap();
+    let got8 = be.to_host(&y8).unwrap();
+    let diff = got8
+        .iter()
+        .zip(&got)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(
+        diff, 0,
+        "gdn_conv_silu_v8 differs from gdn_conv_silu in {diff} values"
+    );
+    let st8: Vec<_> = st.iter().map(|s| be.to_host(s).unwrap()).collect();
+    assert_eq!(st8, want_st, "conv states after gdn_conv_silu_v8");
 }
 
 #[test]

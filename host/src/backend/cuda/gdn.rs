@@ -465,6 +465,20 @@ impl CudaBackend {
         seq_starts: &[usize],
         states: &mut [&mut CudaTensor],
     ) -> Result<CudaTensor> {
+        self.causal_conv1d_silu_with(x, weight, seq_starts, states, false)
+    }
+
+    /// [`crate::backend::Backend::causal_conv1d_silu`] with the output kernel picked: `vectorised`
+    /// runs `gdn_conv_silu_v8` (8 channels per thread, the same bits; docs/gdn-cuda.md, "Round 2")
+    /// where the shape allows it (channels a multiple of 8, at most 4 taps), else `gdn_conv_silu`.
+    pub fn causal_conv1d_silu_with(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        seq_starts: &[usize],
+        states: &mut [&mut CudaTensor],
+        vectorised: bool,
+    ) -> Result<CudaTensor> {
         let (rows, c) = (x.rows, x.cols);
         let (wc, k) = (weight.rows, weight.cols);
         ensure!(
@@ -500,7 +514,13 @@ impl CudaBackend {
                 row_seq.extend(std::iter::repeat_n(i as i32, w[1] - w[0]));
             }
             let row_seq = self.upload(&row_seq)?;
-            let f = self.kernels.get("gdn", "gdn_conv_silu")?;
+            let v8 = vectorised && c.is_multiple_of(8) && k <= 4;
+            let name = if v8 {
+                "gdn_conv_silu_v8"
+            } else {
+                "gdn_conv_silu"
+            };
+            let f = self.kernels.get("gdn", name)?;
             let rows64 = rows as i64;
             let mut b = self.stream.launch_builder(&f);
             b.arg(&x.buf)
@@ -515,14 +535,20 @@ impl CudaBackend {
                 .arg(&k32);
             // SAFETY: (const bf16* x, ll, const bf16* w, bf16* y, const int*, const ll*, const u64*,
             // ll, int, int); every state holds (k−1)·c values (checked above).
+            // (v8: x is [rows, c], ld = c a multiple of 8, so every 8-channel group is 16-byte
+            // aligned in x, y and the states.)
             unsafe {
                 b.launch(LaunchConfig {
-                    grid_dim: (blocks(c, 128), rows.min(65535) as u32, 1),
+                    grid_dim: (
+                        blocks(if v8 { c / 8 } else { c }, 128),
+                        rows.min(65535) as u32,
+                        1,
+                    ),
                     block_dim: (128, 1, 1),
                     shared_mem_bytes: 0,
                 })
             }
-            .map_err(derr("gdn_conv_silu"))?;
+            .map_err(derr(name))?;
         }
         if k > 1 && nseq > 0 {
             let f = self.kernels.get("gdn", "gdn_conv_state")?;
@@ -832,6 +858,7 @@ pub const KERNELS: &[&str] = &[
     "gdn_hout_engine_ldm",
     "gdn_recurrent",
     "gdn_conv_silu",
+    "gdn_conv_silu_v8",
     "gdn_conv_state",
     "gdn_gates",
     "gdn_gated_rms_norm",
