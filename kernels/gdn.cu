@@ -1040,8 +1040,10 @@ __device__ __forceinline__ void mm_nt4(const float* A, int lda, const float* B, 
         for (int j = 0; j < 4; ++j) epi(4 * rg + i, cg + 16 * j, acc[i][j]);
 }
 
-// M = (I + L)^-1 as invert_unit_lower, with row strides LDL (L) and LDM (M): the same fmaf
-// sequence per element, so the same bits.
+// M = (I + L)^-1 as invert_unit_lower, with row strides LDL (L) and LDM (M) and the inner loop
+// unrolled (its loads do not depend on the running sum, so unrolled they issue ahead of the fmaf
+// chain instead of one shared-load latency per step): the same fmaf sequence per element, so the
+// same bits. The 63 steps are the prep's critical path once its products are fast.
 template <int LDL, int LDM>
 __device__ __forceinline__ void invert_unit_lower_ld(const float* Ls, float* Ms) {
     const int c = threadIdx.x >> 2, p = threadIdx.x & 3;
@@ -1050,6 +1052,7 @@ __device__ __forceinline__ void invert_unit_lower_ld(const float* Ls, float* Ms)
     for (int r = 1; r < GDN_C; ++r) {
         float part = 0.f;
         if (r > c)
+#pragma unroll 4
             for (int s = c + 1 + p; s < r; s += 4) part = fmaf(Ls[r * LDL + s], Ms[s * LDM + c], part);
         part += __shfl_xor_sync(0xffffffffu, part, 1);
         part += __shfl_xor_sync(0xffffffffu, part, 2);
@@ -1265,8 +1268,7 @@ __device__ __forceinline__ void gdn_prep_ldm_impl(const bf16_t* __restrict__ q, 
         Ls[m * LD64 + c] = m > c ? bet[m] * x * expf(gam[m] - gam[c]) : 0.f;
     });
     __syncthreads();
-    invert_unit_lower(Ls, Ms);
-    // Meanwhile nothing else: the warps of invert_unit_lower own disjoint columns of Ms.
+    invert_unit_lower_ld<LD64, LD64>(Ls, Ms);  // invert_unit_lower's bits, loads issued ahead
     __syncthreads();
     for (int i = tid; i < GDN_C * GDN_DK; i += GDN_THREADS) {
         const int r = i / GDN_DK, c = i % GDN_DK;
