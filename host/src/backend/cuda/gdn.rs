@@ -5,6 +5,9 @@
 //!
 //! [`Backend`]: crate::backend::Backend
 //!
+//! Submodules: `conv` (causal conv1d + SiLU), `split` (the split and three-phase chunked delta
+//! rule), `phases` (per-launch timing for `gdn_bench --breakdown`).
+//!
 //! Kernels: `kernels/gdn.cu`. What each computes, in which precision, and how the two numeric
 //! profiles of the delta rule differ: docs/gdn-cuda.md. The reference they must agree with is
 //! [`crate::backend::gdn`].
@@ -20,7 +23,11 @@ use crate::backend::{Backend, GdnParams};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+mod conv;
+mod phases;
 mod split;
+use phases::PhaseClock;
+pub use phases::{set_phase_timing, take_phase_times};
 use split::SplitDeltaInputs;
 pub use split::{hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES};
 
@@ -110,51 +117,6 @@ fn three_phase_default() -> bool {
         1 => false,
         2 => true,
         _ => THREE_PHASE_DEFAULT,
-    }
-}
-
-/// Per-launch times of the chunked delta rule, for `gdn_bench`'s per-phase table: while on
-/// ([`set_phase_timing`]), [`CudaBackend::gated_delta_rule_with`] synchronises the device before
-/// its first launch and after each launch, recording the wall time since the previous mark under
-/// the phase's name ("gates", "setup" (uploads, scratch), "prep", "walk", "output", or the fused
-/// kernel's "chunk"). Off (the default) it costs one relaxed atomic load per mark.
-static PHASE_TIMING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-static PHASE_TIMES: std::sync::Mutex<Vec<(&'static str, f64)>> = std::sync::Mutex::new(Vec::new());
-
-/// Turns the per-phase timing on or off (benchmarks only: it synchronises after every launch).
-pub fn set_phase_timing(on: bool) {
-    PHASE_TIMING.store(on, std::sync::atomic::Ordering::Relaxed);
-    take_phase_times();
-}
-
-/// The (phase, seconds) marks recorded since the last call, in launch order.
-pub fn take_phase_times() -> Vec<(&'static str, f64)> {
-    std::mem::take(&mut *PHASE_TIMES.lock().unwrap_or_else(|e| e.into_inner()))
-}
-
-/// One call's clock for [`set_phase_timing`].
-pub(super) struct PhaseClock(Option<std::time::Instant>);
-
-impl PhaseClock {
-    pub(super) fn start(be: &CudaBackend) -> Result<Self> {
-        if !PHASE_TIMING.load(std::sync::atomic::Ordering::Relaxed) {
-            return Ok(PhaseClock(None));
-        }
-        be.synchronize()?;
-        Ok(PhaseClock(Some(std::time::Instant::now())))
-    }
-    /// Records the time since the previous mark under `phase` (device synchronised first).
-    pub(super) fn mark(&mut self, be: &CudaBackend, phase: &'static str) -> Result<()> {
-        if let Some(t0) = self.0 {
-            be.synchronize()?;
-            let now = std::time::Instant::now();
-            PHASE_TIMES
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push((phase, (now - t0).as_secs_f64()));
-            self.0 = Some(now);
-        }
-        Ok(())
     }
 }
 
@@ -456,124 +418,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// [`crate::backend::Backend::causal_conv1d_silu`]: every sequence in two launches (the outputs, then the
-    /// states), whatever its length (one-token decode included).
-    pub(super) fn gdn_conv1d_silu(
-        &self,
-        x: &CudaTensor,
-        weight: &CudaTensor,
-        seq_starts: &[usize],
-        states: &mut [&mut CudaTensor],
-    ) -> Result<CudaTensor> {
-        self.causal_conv1d_silu_with(x, weight, seq_starts, states, false)
-    }
-
-    /// [`crate::backend::Backend::causal_conv1d_silu`] with the output kernel picked: `vectorised`
-    /// runs `gdn_conv_silu_v8` (8 channels per thread, the same bits; docs/gdn-cuda.md, "Round 2")
-    /// where the shape allows it (channels a multiple of 8, at most 4 taps), else `gdn_conv_silu`.
-    pub fn causal_conv1d_silu_with(
-        &self,
-        x: &CudaTensor,
-        weight: &CudaTensor,
-        seq_starts: &[usize],
-        states: &mut [&mut CudaTensor],
-        vectorised: bool,
-    ) -> Result<CudaTensor> {
-        let (rows, c) = (x.rows, x.cols);
-        let (wc, k) = (weight.rows, weight.cols);
-        ensure!(
-            wc == c && k >= 1,
-            "causal_conv1d: weight is [{wc}, {k}] for {c} channels"
-        );
-        check_seq_starts("causal_conv1d", seq_starts, rows, states.len())?;
-        for st in states.iter() {
-            ensure!(
-                (st.rows, st.cols) == (k - 1, c),
-                "causal_conv1d: state is [{}, {}], expected [{}, {c}]",
-                st.rows,
-                st.cols,
-                k - 1
-            );
-        }
-        if k - 1 > MAX_CONV_HIST {
-            return self.host_conv1d_silu(x, weight, seq_starts, states);
-        }
-        let mut y = self.new_tensor(rows, c)?;
-        // No rows: every state is already the last k−1 inputs.
-        if c == 0 || rows == 0 {
-            return Ok(y);
-        }
-        let nseq = states.len();
-        let pairs = self.upload(&row_pairs(seq_starts, &(0..nseq).collect::<Vec<_>>()))?;
-        let ptrs: Vec<u64> = states.iter().map(|s| self.ptr(&s.buf)).collect();
-        let ptrs = self.upload(&ptrs)?;
-        let (ld, c32, k32) = (c as i64, c as i32, k as i32);
-        {
-            let mut row_seq = Vec::with_capacity(rows);
-            for (i, w) in seq_starts.windows(2).enumerate() {
-                row_seq.extend(std::iter::repeat_n(i as i32, w[1] - w[0]));
-            }
-            let row_seq = self.upload(&row_seq)?;
-            let v8 = vectorised && c.is_multiple_of(8) && k <= 4;
-            let name = if v8 {
-                "gdn_conv_silu_v8"
-            } else {
-                "gdn_conv_silu"
-            };
-            let f = self.kernels.get("gdn", name)?;
-            let rows64 = rows as i64;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&x.buf)
-                .arg(&ld)
-                .arg(&weight.buf)
-                .arg(&mut y.buf)
-                .arg(&row_seq)
-                .arg(&pairs)
-                .arg(&ptrs)
-                .arg(&rows64)
-                .arg(&c32)
-                .arg(&k32);
-            // SAFETY: (const bf16* x, ll, const bf16* w, bf16* y, const int*, const ll*, const u64*,
-            // ll, int, int); every state holds (k−1)·c values (checked above).
-            // (v8: x is [rows, c], ld = c a multiple of 8, so every 8-channel group is 16-byte
-            // aligned in x, y and the states.)
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (
-                        blocks(if v8 { c / 8 } else { c }, 128),
-                        rows.min(65535) as u32,
-                        1,
-                    ),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(derr(name))?;
-        }
-        if k > 1 && nseq > 0 {
-            let f = self.kernels.get("gdn", "gdn_conv_state")?;
-            let n32 = nseq as i32;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&x.buf)
-                .arg(&ld)
-                .arg(&pairs)
-                .arg(&ptrs)
-                .arg(&n32)
-                .arg(&c32)
-                .arg(&k32);
-            // SAFETY: (const bf16*, ll, const ll*, const u64*, int, int, int), as above.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (blocks(c, 128), nseq as u32, 1),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(derr("gdn_conv_state"))?;
-        }
-        Ok(y)
-    }
-
     /// [`crate::backend::Backend::gated_delta_rule`] with an explicit chunked kernel (tests and benchmarks pick
     /// the engine profile's FMA or tensor-core variant; the trait method picks by profile).
     /// Sequences of one row run the recurrent kernel, longer ones the chunked kernel.
@@ -787,35 +631,6 @@ impl CudaBackend {
             **st = self.gdn_f32_from_host(&sh)?;
         }
         self.from_host(&out, rows, shape.value_dim())
-    }
-
-    /// The conv through the host reference (shapes checked by the caller), for kernels of more
-    /// taps than the state kernel keeps in registers.
-    fn host_conv1d_silu(
-        &self,
-        x: &CudaTensor,
-        weight: &CudaTensor,
-        seq_starts: &[usize],
-        states: &mut [&mut CudaTensor],
-    ) -> Result<CudaTensor> {
-        let (c, k) = (x.cols, weight.cols);
-        let (xh, wh) = (self.to_host(x)?, self.to_host(weight)?);
-        let mut out = Vec::with_capacity(x.rows * c);
-        for (w, st) in seq_starts.windows(2).zip(states.iter_mut()) {
-            if w[0] == w[1] {
-                continue;
-            }
-            let mut sh = self.to_host(st)?;
-            out.extend(reference::causal_conv1d_silu(
-                &xh[w[0] * c..w[1] * c],
-                c,
-                &wh,
-                k,
-                &mut sh,
-            ));
-            **st = self.from_host(&sh, k - 1, c)?;
-        }
-        self.from_host(&out, x.rows, c)
     }
 }
 
