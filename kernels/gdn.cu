@@ -996,6 +996,366 @@ GDN_HOUT_KERNEL(gdn_hout_reference, false, false)
 GDN_HOUT_KERNEL(gdn_hout_engine_mma, true, true)
 
 // ---------------------------------------------------------------------------------------------
+// Reference profile: the prep with register-tiled FMA products (docs/gdn-cuda.md, "Round 2").
+// gdn_prep2_reference's products run mm_fma, one scalar shared load per 2 FMAs (Q Kᵀ, K Kᵀ) or
+// 12 per 32 (W, U): shared-memory bound at about half the FMA rate. Here every product reads
+// 16-byte vectors: Q Kᵀ and K Kᵀ by mm_nt4 (both operands row-major along k), W and U by
+// mm_rows4 (M row-major along k, K diag(βe^γ) and diag(β) V along n), 8–12 vector loads per 64–128
+// FMAs. Every output element is still an fmaf chain over k ascending from 0 (mm_fma's order), and
+// the loads, roundings and epilogues are gdn_prep_impl's: the same bits as gdn_prep2_reference.
+
+// out(m, n) = sum_k A[m][k] B[n][k], 256 threads, M = N = 64: thread (rg, cg) = (tid / 16,
+// tid % 16) owns rows 4rg .. 4rg+3 and columns cg + 16j (neighbouring threads read neighbouring B
+// rows: with a row stride of 4 mod 32 floats, 8 threads' 16-byte loads hit distinct bank quads).
+// lda, ldb multiples of 4 floats; epi(m, n, value).
+template <int K, class FE>
+__device__ __forceinline__ void mm_nt4(const float* A, int lda, const float* B, int ldb, FE epi) {
+    static_assert(K % 4 == 0, "mm_nt4: K");
+    const int rg = threadIdx.x >> 4, cg = threadIdx.x & 15;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+#pragma unroll 2
+    for (int k = 0; k < K; k += 4) {
+        float4 a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = *(const float4*)(A + (4 * rg + i) * lda + k);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) b[j] = *(const float4*)(B + (cg + 16 * j) * ldb + k);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                acc[i][j] = fmaf(a[i].x, b[j].x, acc[i][j]);
+                acc[i][j] = fmaf(a[i].y, b[j].y, acc[i][j]);
+                acc[i][j] = fmaf(a[i].z, b[j].z, acc[i][j]);
+                acc[i][j] = fmaf(a[i].w, b[j].w, acc[i][j]);
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) epi(4 * rg + i, cg + 16 * j, acc[i][j]);
+}
+
+// M = (I + L)^-1 as invert_unit_lower, with row strides LDL (L) and LDM (M) and the inner loop
+// unrolled (its loads do not depend on the running sum, so unrolled they issue ahead of the fmaf
+// chain instead of one shared-load latency per step): the same fmaf sequence per element, so the
+// same bits. The 63 steps are the prep's critical path once its products are fast.
+template <int LDL, int LDM>
+__device__ __forceinline__ void invert_unit_lower_ld(const float* Ls, float* Ms) {
+    const int c = threadIdx.x >> 2, p = threadIdx.x & 3;
+    for (int r = p; r < GDN_C; r += 4) Ms[r * LDM + c] = r == c ? 1.f : 0.f;
+    __syncwarp();
+    for (int r = 1; r < GDN_C; ++r) {
+        float part = 0.f;
+        if (r > c)
+#pragma unroll 4
+            for (int s = c + 1 + p; s < r; s += 4) part = fmaf(Ls[r * LDL + s], Ms[s * LDM + c], part);
+        part += __shfl_xor_sync(0xffffffffu, part, 1);
+        part += __shfl_xor_sync(0xffffffffu, part, 2);
+        if (r > c && p == 0) Ms[r * LDM + c] = -(Ls[r * LDL + c] + part);
+        __syncwarp();
+    }
+}
+
+// gdn_prep2_reference_rt: one block per (chunk, value head), 256 threads. Shared memory: K then
+// diag(β) V [64][132], Q then K diag(βe^γ) [64][132], L and M [64][68], β, γ: 2·33,792 +
+// 2·17,408 + 512 = 102,912 bytes (two blocks per SM; PREP_RT_SMEM_BYTES in
+// host/src/backend/cuda/gdn.rs).
+#define GDN_LD68 68
+extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
+    gdn_prep2_reference_rt(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                           const bf16_t* __restrict__ v, long long ld_qk, long long ld_v,
+                           const float* __restrict__ g_in, const float* __restrict__ beta_in,
+                           const long long* __restrict__ chunk_rows, float* __restrict__ Wg, float* __restrict__ Ug,
+                           float* __restrict__ Ag, float* __restrict__ Gg, int hv_heads, int ratio, float scale) {
+    extern __shared__ float smem[];
+    float* Ks = smem;                   // [64][132] K, then diag(β) V
+    float* Qs = Ks + GDN_C * GDN_LDW;   // [64][132] Q, then K diag(β e^γ)
+    float* Ls = Qs + GDN_C * GDN_LDW;   // [64][68] L
+    float* Ms = Ls + GDN_C * GDN_LD68;  // [64][68] M
+    float* bet = Ms + GDN_C * GDN_LD68;
+    float* gam = bet + GDN_C;
+    const int ch = blockIdx.x, hv = blockIdx.y, hk = hv / ratio, tid = threadIdx.x;
+    const long long row0 = chunk_rows[2 * ch];
+    const int nc = (int)(chunk_rows[2 * ch + 1] - row0);
+    const long long HV = hv_heads;
+
+    // k̂ and q̂·scale exactly as load_qk_rows<false> (k times 1.0f: the same value).
+    load_q_rows<false>(Ks, GDN_LDW, k, ld_qk, hk, row0, nc, 1.f);
+    load_q_rows<false>(Qs, GDN_LDW, q, ld_qk, hk, row0, nc, scale);
+    if ((tid >> 5) == 0) load_chunk_gates(gam, bet, g_in, beta_in, row0, nc, hv_heads, hv);
+    __syncthreads();
+    if (tid < nc) Gg[(row0 + tid) * HV + hv] = gam[tid];
+
+    mm_nt4<GDN_DK>(Qs, GDN_LDW, Ks, GDN_LDW, [&](int m, int c, float x) {
+        if (m < nc) Ag[((row0 + m) * HV + hv) * GDN_C + c] = m >= c ? x * expf(gam[m] - gam[c]) : 0.f;
+    });
+    mm_nt4<GDN_DK>(Ks, GDN_LDW, Ks, GDN_LDW, [&](int m, int c, float x) {
+        Ls[m * GDN_LD68 + c] = m > c ? bet[m] * x * expf(gam[m] - gam[c]) : 0.f;
+    });
+    __syncthreads();
+    invert_unit_lower_ld<GDN_LD68, GDN_LD68>(Ls, Ms);
+    __syncthreads();
+    for (int i = tid; i < GDN_C * GDN_DK; i += GDN_THREADS) {
+        const int r = i / GDN_DK, c = i % GDN_DK;
+        Qs[r * GDN_LDW + c] = Ks[r * GDN_LDW + c] * bet[r] * expf(gam[r]);
+    }
+    __syncthreads();  // K read: diag(β) V replaces it
+    for (int i = tid; i < GDN_C * GDN_DV; i += GDN_THREADS) {
+        const int r = i / GDN_DV, c = i % GDN_DV;
+        Ks[r * GDN_LDW + c] = (r < nc ? bf2f(v[(row0 + r) * ld_v + hv * GDN_DV + c]) : 0.f) * bet[r];
+    }
+    __syncthreads();
+    mm_rows4<GDN_C, GDN_DK, GDN_C>(Ms, GDN_LD68, Qs, GDN_LDW, [&](int m, int c, float x) {
+        if (m < nc) Wg[((row0 + m) * HV + hv) * GDN_DK + c] = x;
+    });
+    mm_rows4<GDN_C, GDN_DV, GDN_C>(Ms, GDN_LD68, Ks, GDN_LDW, [&](int m, int c, float x) {
+        if (m < nc) Ug[((row0 + m) * HV + hv) * GDN_DV + c] = x;
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine profile on the tensor cores with ldmatrix-fed fragments (docs/gdn-cuda.md, "Variants of
+// round 2"). mm_mma above builds every fragment from 12 scalar shared loads of f32 tiles (odd
+// strides: 2-3-way bank conflicts) and 6 conversions per mma, and runs one accumulator chain per
+// warp: its products measured no faster than the FMA ones (EngineMma 26.4 ms vs EngineFma 24.4 ms,
+// SplitEngineMma 13.3 vs SplitEngineFma 12.1). Here the operands sit in shared memory as bf16
+// (rows padded by 8 elements: 16-byte aligned, and the 8 rows of an ldmatrix phase fall on
+// distinct 16-byte bank groups), each warp owns a 16 x 16 output block (two 16 x 8 tiles sharing
+// the A fragment), and one ldmatrix.x4 loads a whole A fragment, another the two B fragments.
+//
+// Same numerics, same bits: every 16 x 8 output tile is one mma chain over k ascending from a
+// zero accumulator with the same bf16 operand values as mm_mma's, so the results equal mm_mma's
+// bit for bit (the operands were bf16-valued there too: mm_mma's packing only re-rounds exact
+// values).
+
+__device__ __forceinline__ void gdn_ldm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const bf16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(gdn_smem_u32(p)));
+}
+__device__ __forceinline__ void gdn_ldm_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3, const bf16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(gdn_smem_u32(p)));
+}
+__device__ __forceinline__ void gdn_mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// out(m, n) = sum_k A[m][k] B(k, n) on bf16 shared tiles, 256 threads (8 warps), each warp
+// 16 x 16 output blocks (blocks warp, warp + 8, ...). A row-major [M][lda]; B_NMAJOR: B stored
+// [N][ldb] (B(k, n) = B[n][k], e.g. K rows for Q Kᵀ), else [K][ldb] (B(k, n) = B[k][n]).
+// lda, ldb: elements, multiples of 8. epi(m, n, value) once per element (mm_mma's order of
+// fragments: rows g, g+8, columns 2t, 2t+1 of each 16 x 8 tile).
+template <int M, int N, int K, bool B_NMAJOR, class FE>
+__device__ __forceinline__ void mm_ldm(const bf16_t* A, int lda, const bf16_t* B, int ldb, FE epi) {
+    constexpr int NB = N / 16, BLOCKS = (M / 16) * NB;
+    static_assert(BLOCKS % 8 == 0 && K % 16 == 0, "mm_ldm: shape");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int w = 0; w < BLOCKS / 8; ++w) {
+        const int blk = warp + 8 * w;
+        const int tm = (blk / NB) * 16, tn = (blk % NB) * 16;
+        float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        // A: lanes 0-15 rows tm + lane at k0, lanes 16-31 the same rows at k0 + 8.
+        const bf16_t* pa = A + (tm + (lane & 15)) * lda + (lane >> 4) * 8;
+        // B: matrices (tile 0, k0), (tile 0, k0 + 8), (tile 1, k0), (tile 1, k0 + 8).
+        const bf16_t* pb = B_NMAJOR ? B + (tn + (lane & 7) + (lane >> 4) * 8) * ldb + ((lane >> 3) & 1) * 8
+                                    : B + ((lane & 7) + ((lane >> 3) & 1) * 8) * ldb + tn + (lane >> 4) * 8;
+#pragma unroll 4
+        for (int k0 = 0; k0 < K; k0 += 16) {
+            u32 a0, a1, a2, a3, b0, b1, b2, b3;
+            gdn_ldm_x4(a0, a1, a2, a3, pa + k0);
+            if (B_NMAJOR)
+                gdn_ldm_x4(b0, b1, b2, b3, pb + k0);
+            else
+                gdn_ldm_x4_trans(b0, b1, b2, b3, pb + k0 * ldb);
+            gdn_mma_bf16(c[0], a0, a1, a2, a3, b0, b1);
+            gdn_mma_bf16(c[1], a0, a1, a2, a3, b2, b3);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int n = tn + 8 * j + 2 * t;
+            epi(tm + g, n, c[j][0]);
+            epi(tm + g, n + 1, c[j][1]);
+            epi(tm + g + 8, n, c[j][2]);
+            epi(tm + g + 8, n + 1, c[j][3]);
+        }
+    }
+}
+
+// Rows row0 .. row0+63 of x (head hk), L2-normalised and rounded to bf16 into Xb (row stride ldx
+// elements) exactly as load_qk_rows<true> does (rb(x · 1/sqrt(Σx² + 1e-6))); rows past nc are 0.
+__device__ __forceinline__ void load_rows_bf16(bf16_t* Xb, int ldx, const bf16_t* __restrict__ x, long long ld_qk,
+                                               int hk, long long row0, int nc) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int PER = GDN_C / (GDN_THREADS / 32);
+    uint2 xw[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int r = warp + 8 * i;
+        xw[i] = make_uint2(0u, 0u);
+        if (r < nc) xw[i] = *(const uint2*)(x + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int r = warp + 8 * i;
+        const float xf[4] = {lo_bf(xw[i].x), hi_bf(xw[i].x), lo_bf(xw[i].y), hi_bf(xw[i].y)};
+        const float xn = 1.f / sqrtf(warp_sum(xf[0] * xf[0] + xf[1] * xf[1] + xf[2] * xf[2] + xf[3] * xf[3]) + 1e-6f);
+        *(uint2*)(Xb + r * ldx + lane * 4) =
+            make_uint2(pack_bf16x2(xf[0] * xn, xf[1] * xn), pack_bf16x2(xf[2] * xn, xf[3] * xn));
+    }
+}
+
+#define GDN_LDB128 136  // bf16 row strides of the ldmatrix tiles (elements): 272 / 144 / 80 bytes,
+#define GDN_LDB64 72    // 16 mod 128 or an odd multiple of 16, so an ldmatrix phase's 8 rows hit
+#define GDN_LDB32 40    // distinct 16-byte bank groups
+
+// gdn_prep2_engine_ldm: gdn_prep_impl<ENGINE = true, MMA = true>'s arithmetic, operands and
+// epilogues, with the four products on mm_ldm. One block per (chunk, value head), 256 threads.
+// Shared memory: three bf16 [64][136] tiles (Q, then K diag(βe^γ) once Q Kᵀ is done; K; V, then
+// diag(β) V), L and M f32 [64][65], M bf16 [64][72], β, γ: 3·17,408 + 2·16,640 + 9,216 + 512 =
+// 95,232 bytes (two blocks per SM; PREP_LDM_SMEM_BYTES in host/src/backend/cuda/gdn.rs).
+__device__ __forceinline__ void gdn_prep_ldm_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                                  const bf16_t* __restrict__ v, long long ld_qk, long long ld_v,
+                                                  const float* __restrict__ g_in, const float* __restrict__ beta_in,
+                                                  const long long* __restrict__ chunk_rows, float* __restrict__ Wg,
+                                                  float* __restrict__ Ug, float* __restrict__ Ag,
+                                                  float* __restrict__ Gg, int hv_heads, int ratio) {
+    extern __shared__ __align__(16) unsigned char smem_ldm[];
+    bf16_t* Qb = (bf16_t*)smem_ldm;          // [64][136] Q, then K diag(β e^γ)
+    bf16_t* Kb = Qb + GDN_C * GDN_LDB128;    // [64][136] K
+    bf16_t* Vb = Kb + GDN_C * GDN_LDB128;    // [64][136] V, then diag(β) V
+    float* Ls = (float*)(Vb + GDN_C * GDN_LDB128);  // [64][65] L
+    float* Ms = Ls + GDN_C * LD64;           // [64][65] M (f32)
+    bf16_t* Mb = (bf16_t*)(Ms + GDN_C * LD64);  // [64][72] M (bf16)
+    float* bet = (float*)(Mb + GDN_C * GDN_LDB64);
+    float* gam = bet + GDN_C;
+    const int ch = blockIdx.x, hv = blockIdx.y, hk = hv / ratio, tid = threadIdx.x;
+    const long long row0 = chunk_rows[2 * ch];
+    const int nc = (int)(chunk_rows[2 * ch + 1] - row0);
+    const long long HV = hv_heads;
+
+    load_rows_bf16(Kb, GDN_LDB128, k, ld_qk, hk, row0, nc);
+    load_rows_bf16(Qb, GDN_LDB128, q, ld_qk, hk, row0, nc);
+    // V as read (bf16, exact); scaled by β once β is known.
+    for (int i = tid; i < GDN_C * (GDN_DV / 8); i += GDN_THREADS) {
+        const int r = i / (GDN_DV / 8), c = (i % (GDN_DV / 8)) * 8;
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
+        if (r < nc) x = *(const uint4*)(v + (row0 + r) * ld_v + hv * GDN_DV + c);
+        *(uint4*)(Vb + r * GDN_LDB128 + c) = x;
+    }
+    if ((tid >> 5) == 0) load_chunk_gates(gam, bet, g_in, beta_in, row0, nc, hv_heads, hv);
+    __syncthreads();
+    if (tid < nc) Gg[(row0 + tid) * HV + hv] = gam[tid];
+
+    mm_ldm<GDN_C, GDN_C, GDN_DK, true>(Qb, GDN_LDB128, Kb, GDN_LDB128, [&](int m, int c, float x) {
+        if (m < nc) {
+            const float val = m >= c ? x * expf(gam[m] - gam[c]) : 0.f;
+            Ag[((row0 + m) * HV + hv) * GDN_C + c] = rb(val);
+        }
+    });
+    mm_ldm<GDN_C, GDN_C, GDN_DK, true>(Kb, GDN_LDB128, Kb, GDN_LDB128, [&](int m, int c, float x) {
+        Ls[m * LD64 + c] = m > c ? bet[m] * x * expf(gam[m] - gam[c]) : 0.f;
+    });
+    __syncthreads();
+    invert_unit_lower_ld<LD64, LD64>(Ls, Ms);  // invert_unit_lower's bits, loads issued ahead
+    __syncthreads();
+    for (int i = tid; i < GDN_C * GDN_DK; i += GDN_THREADS) {
+        const int r = i / GDN_DK, c = i % GDN_DK;
+        const float x = bf2f(Kb[r * GDN_LDB128 + c]) * bet[r] * expf(gam[r]);
+        Qb[r * GDN_LDB128 + c] = f2bf(x);
+        Vb[r * GDN_LDB128 + c] = f2bf(bf2f(Vb[r * GDN_LDB128 + c]) * bet[r]);
+    }
+    for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) {
+        const int r = i / GDN_C, c = i % GDN_C;
+        Mb[r * GDN_LDB64 + c] = f2bf(Ms[r * LD64 + c]);
+    }
+    __syncthreads();
+    mm_ldm<GDN_C, GDN_DK, GDN_C, false>(Mb, GDN_LDB64, Qb, GDN_LDB128, [&](int m, int c, float x) {
+        if (m < nc) Wg[((row0 + m) * HV + hv) * GDN_DK + c] = rb(x);
+    });
+    mm_ldm<GDN_C, GDN_DV, GDN_C, false>(Mb, GDN_LDB64, Vb, GDN_LDB128, [&](int m, int c, float x) {
+        if (m < nc) Ug[((row0 + m) * HV + hv) * GDN_DV + c] = rb(x);
+    });
+}
+extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
+    gdn_prep2_engine_ldm(const bf16_t* q, const bf16_t* k, const bf16_t* v, long long ld_qk, long long ld_v,
+                         const float* g, const float* beta, const long long* chunk_rows, float* Wg, float* Ug,
+                         float* Ag, float* Gg, int hv_heads, int ratio, float scale) {
+    (void)scale;  // the engine profile scales the output (gdn_hout_*), as fla does
+    gdn_prep_ldm_impl(q, k, v, ld_qk, ld_v, g, beta, chunk_rows, Wg, Ug, Ag, Gg, hv_heads, ratio);
+}
+
+// gdn_hout_engine_ldm: gdn_hout_impl<ENGINE = true, MMA = true> with the operands in bf16 tiles
+// and the two products on mm_ldm (same values, same bits). One block per (chunk, value head,
+// slice of 32 value columns). Shared memory: Q [64][136], h_c [128][40], A [64][72], V′ [64][40]
+// bf16, Q·h_c f32 [64][33], γ: 17,408 + 10,240 + 9,216 + 5,120 + 8,448 + 256 = 50,688 bytes
+// (HOUT_LDM_SMEM_BYTES in host/src/backend/cuda/gdn/split.rs).
+extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
+    gdn_hout_engine_ldm(const bf16_t* __restrict__ q, long long ld_qk, const float* __restrict__ Hg,
+                        const float* __restrict__ Vg, const float* __restrict__ Ag, const float* __restrict__ Gg,
+                        const long long* __restrict__ chunk_rows, bf16_t* __restrict__ out, int hv_heads, int ratio,
+                        float scale) {
+    constexpr int DVS = GDN_HO_DVS, LDO = DVS + 1;
+    extern __shared__ __align__(16) unsigned char smem_ldm[];
+    bf16_t* Qb = (bf16_t*)smem_ldm;         // [64][136]
+    bf16_t* Hb = Qb + GDN_C * GDN_LDB128;   // [128][40]
+    bf16_t* Ab = Hb + GDN_DK * GDN_LDB32;   // [64][72]
+    bf16_t* Vb = Ab + GDN_C * GDN_LDB64;    // [64][40]
+    float* Op = (float*)(Vb + GDN_C * GDN_LDB32);  // [64][33]
+    float* gam = Op + GDN_C * LDO;
+    const long long ch = blockIdx.x;
+    const int hv = blockIdx.y, iv = blockIdx.z, hk = hv / ratio, tid = threadIdx.x;
+    const long long row0 = chunk_rows[2 * ch];
+    const int nc = (int)(chunk_rows[2 * ch + 1] - row0);
+    const long long HV = hv_heads, ld_o = HV * GDN_DV;
+    const int col0 = iv * DVS;
+
+    // h_c: bf16 as gdn_hwalk_engine stored it, 8 values per 16-byte copy.
+    const long long h0 = (ch * HV + hv) * GDN_DK * GDN_DV + col0;
+    for (int i = tid; i < GDN_DK * (DVS / 8); i += GDN_THREADS) {
+        const int r = i / (DVS / 8), c = (i % (DVS / 8)) * 8;
+        *(uint4*)(Hb + r * GDN_LDB32 + c) = *(const uint4*)((const bf16_t*)Hg + h0 + r * GDN_DV + c);
+    }
+    // V′ (f32) and the scores (f32, already bf16-valued), rounded / packed to bf16.
+    for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
+        const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nc) x = *(const float4*)(Vg + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
+        *(uint2*)(Vb + r * GDN_LDB32 + c) = make_uint2(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w));
+    }
+    for (int i = tid; i < GDN_C * (GDN_C / 4); i += GDN_THREADS) {
+        const int r = i / (GDN_C / 4), c = (i % (GDN_C / 4)) * 4;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nc) x = *(const float4*)(Ag + ((row0 + r) * HV + hv) * GDN_C + c);
+        *(uint2*)(Ab + r * GDN_LDB64 + c) = make_uint2(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w));
+    }
+    if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+    load_rows_bf16(Qb, GDN_LDB128, q, ld_qk, hk, row0, nc);
+    __syncthreads();
+
+    mm_ldm<GDN_C, DVS, GDN_DK, false>(Qb, GDN_LDB128, Hb, GDN_LDB32,
+                                      [&](int m, int c, float x) { Op[m * LDO + c] = x; });
+    __syncthreads();
+    mm_ldm<GDN_C, DVS, GDN_C, false>(Ab, GDN_LDB64, Vb, GDN_LDB32, [&](int m, int c, float x) {
+        if (m < nc) {
+            const float inter = Op[m * LDO + c] * expf(gam[m]);
+            out[(row0 + m) * ld_o + hv * GDN_DV + col0 + c] = f2bf(inter * scale + x * scale);
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
 // Recurrent gated delta rule: one block of 256 threads per (value head, sequence); the thread
 // pair (2j, 2j+1) owns column j of the state, each thread 64 of its 128 rows in registers (one
 // thread per column needs more than 255 registers), and the block walks the sequence's rows:
@@ -1081,6 +1441,50 @@ extern "C" __global__ void gdn_conv_silu(const bf16_t* __restrict__ x, long long
             acc = fmaf(bf2f(w[c * kc + j]), xv, acc);
         }
         y[t * ch + c] = f2bf(siluf_(acc));
+    }
+}
+
+// gdn_conv_silu_v8: gdn_conv_silu with 8 channels per thread (16-byte loads and stores instead of
+// 2-byte ones, the weights in registers): the same fmaf chain over the taps per channel and the
+// same rounding, so the same bits (docs/gdn-cuda.md, "Round 2"). Needs ch and ld_x multiples of 8
+// and kc <= 4 (the host checks; otherwise gdn_conv_silu runs).
+#define GDN_CONV_V8_MAX_K 4
+extern "C" __global__ void gdn_conv_silu_v8(const bf16_t* __restrict__ x, long long ld_x, const bf16_t* __restrict__ w,
+                                            bf16_t* __restrict__ y, const int* __restrict__ row_seq,
+                                            const long long* __restrict__ seq_rows, const u64* __restrict__ states,
+                                            long long rows, int ch, int kc) {
+    const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (c0 >= ch) return;
+    const int hist = kc - 1;
+    float wv[8][GDN_CONV_V8_MAX_K];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < GDN_CONV_V8_MAX_K; ++j) wv[i][j] = j < kc ? bf2f(w[(c0 + i) * kc + j]) : 0.f;
+    for (long long t = blockIdx.y; t < rows; t += gridDim.y) {
+        const int n = row_seq[t];
+        const long long start = seq_rows[2 * n];
+        const bf16_t* st = (const bf16_t*)states[n];
+        float acc[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < GDN_CONV_V8_MAX_K; ++j) {
+            if (j < kc) {
+                const long long src = t - hist + j;
+                const uint4 raw = src >= start ? *(const uint4*)(x + src * ld_x + c0)
+                                               : *(const uint4*)(st + (hist - (start - src)) * ch + c0);
+                float xv[8];
+                unpack8(raw, xv);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[i] = fmaf(wv[i][j], xv[i], acc[i]);
+            }
+        }
+        u32 o[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            o[i] = (u32)f2bf(siluf_(acc[2 * i])) | ((u32)f2bf(siluf_(acc[2 * i + 1])) << 16);
+        *(uint4*)(y + t * ch + c0) = make_uint4(o[0], o[1], o[2], o[3]);
     }
 }
 

@@ -5,15 +5,22 @@
 //! docs/benchmarks-cuda.md.
 //!
 //! cargo build --release -p draftlens --example gdn_bench
-//! gdn_bench [--tokens N] [--seqs N] [--reps N] [--only NAME,NAME,...]
+//! gdn_bench [--tokens N] [--seqs N] [--reps N] [--only NAME,NAME,...] [--breakdown] [--report]
+//!
+//! `--breakdown` prints only the two tables the tuning starts from (docs/gdn-cuda.md, "Where the
+//! time goes"), in a few seconds: the delta rule per phase (every launch of the default and the
+//! candidate kernels timed apart, the device synchronised after each) and the hybrid GDN layer per
+//! op (each op timed alone, as a share of the whole layer). `--report` prints the kernels'
+//! registers and spills.
 //!
 //! `--only` times just the chunked kernels whose names contain one of the given strings
 //! (`--only Split,ThreePhase`: the split kernels against the three-phase ones).
 
 use anyhow::{bail, Context, Result};
 use draftlens::backend::cuda::bench::time_median;
-use draftlens::backend::cuda::gdn::{ChunkKernel, CudaF32};
+use draftlens::backend::cuda::gdn::{set_phase_timing, take_phase_times, ChunkKernel, CudaF32};
 use draftlens::backend::cuda::CudaBackend;
+use draftlens::backend::cuda::CudaTensor;
 use draftlens::backend::gdn::{GdnProfile, GdnShape};
 use draftlens::backend::{Backend, GdnParams};
 
@@ -40,6 +47,7 @@ fn core_flops_per_token() -> f64 {
 fn main() -> Result<()> {
     let (mut tokens, mut seqs, mut reps) = (16384usize, 4usize, 10usize);
     let mut only: Vec<String> = Vec::new();
+    let (mut breakdown, mut report) = (false, false);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut num = || -> Result<usize> { Ok(it.next().context("missing number")?.parse()?) };
@@ -47,6 +55,8 @@ fn main() -> Result<()> {
             "--tokens" => tokens = num()?,
             "--seqs" => seqs = num()?,
             "--reps" => reps = num()?,
+            "--breakdown" => breakdown = true,
+            "--report" => report = true,
             "--only" => {
                 only = it
                     .next()
@@ -65,9 +75,13 @@ fn main() -> Result<()> {
             std::process::exit(2);
         }
     };
-    println!("device: {}", be.info().name);
-    for l in be.gdn_kernel_report()? {
-        println!("  {l}");
+    if !breakdown {
+        println!("device: {}", be.info().name);
+    }
+    if report {
+        for l in be.gdn_kernel_report()? {
+            println!("  {l}");
+        }
     }
     let hv = SHAPE.v_heads;
     let per = tokens / seqs;
@@ -85,6 +99,20 @@ fn main() -> Result<()> {
     let mut states: Vec<CudaF32> = (0..seqs)
         .map(|_| be.f32_from_host(&vec![0.0; SHAPE.state_len()]))
         .collect::<Result<_>>()?;
+
+    if breakdown {
+        let inputs = DeltaInputs {
+            qkv: &qkv,
+            a: &a,
+            b: &b,
+            a_log: &a_log,
+            dt_bias: &dt_bias,
+            seq_starts: &seq_starts,
+        };
+        phase_table(&be, &inputs, &mut states, reps, &only)?;
+        layer_breakdown(&be, &inputs, &mut states, reps)?;
+        return Ok(());
+    }
 
     // ---- chunked core per kernel variant
     let flops = core_flops_per_token() * t as f64;
@@ -115,6 +143,8 @@ fn main() -> Result<()> {
         ChunkKernel::ThreePhaseEngine,
         ChunkKernel::ThreePhaseReferenceV16,
         ChunkKernel::ThreePhaseEngineV16,
+        ChunkKernel::ThreePhaseEngineLdm,
+        ChunkKernel::ThreePhaseReferenceRt,
     ] {
         let name = format!("{kernel:?}");
         if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
@@ -239,6 +269,298 @@ fn main() -> Result<()> {
         layer_flops / 1e12,
         layer_flops / PEAK_FLOPS * 1e3,
         mixer_secs * 1e3
+    );
+    Ok(())
+}
+
+/// The delta rule's inputs at the benchmark's shapes.
+struct DeltaInputs<'a> {
+    qkv: &'a CudaTensor,
+    a: &'a CudaTensor,
+    b: &'a CudaTensor,
+    a_log: &'a CudaF32,
+    dt_bias: &'a CudaF32,
+    seq_starts: &'a [usize],
+}
+
+/// Phases in the order the delta rule launches them (`set_phase_timing`'s names).
+const PHASES: [&str; 6] = ["gates", "setup", "prep", "walk", "output", "chunk"];
+
+/// The chunked delta rule per launch: median over `reps` calls of each phase's time (device
+/// synchronised after every launch, so the sum is a little above the unsynchronised total).
+fn phase_table(
+    be: &CudaBackend,
+    d: &DeltaInputs<'_>,
+    states: &mut [CudaF32],
+    reps: usize,
+    only: &[String],
+) -> Result<()> {
+    let t = *d.seq_starts.last().unwrap_or(&0);
+    println!(
+        "delta rule per phase on {}, {} x {} tokens (ms, median of {reps}; device synchronised after each launch)",
+        be.info().name,
+        d.seq_starts.len() - 1,
+        t / (d.seq_starts.len() - 1).max(1)
+    );
+    println!("| kernel | gates | setup | prep | walk | output | sum | unsynchronised total |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for kernel in PHASE_KERNELS {
+        let name = format!("{kernel:?}");
+        if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
+            continue;
+        }
+        let params = GdnParams::<CudaBackend> {
+            a_log: d.a_log,
+            dt_bias: d.dt_bias,
+            shape: SHAPE,
+            profile: if kernel.engine() {
+                GdnProfile::Engine
+            } else {
+                GdnProfile::Reference
+            },
+        };
+        let mut run = || -> Result<()> {
+            let mut refs: Vec<&mut CudaF32> = states.iter_mut().collect();
+            be.gated_delta_rule_with((d.qkv, d.a, d.b), &params, d.seq_starts, &mut refs, *kernel)
+                .map(|_| ())
+        };
+        let total = time_median(be, 1, reps, &mut run)?;
+        set_phase_timing(true);
+        let mut per: Vec<Vec<f64>> = vec![Vec::new(); PHASES.len()];
+        for _ in 0..reps {
+            run()?;
+            let mut sums = [0.0; PHASES.len()];
+            for (phase, secs) in take_phase_times() {
+                if let Some(i) = PHASES.iter().position(|p| *p == phase) {
+                    sums[i] += secs;
+                }
+            }
+            for (v, s) in per.iter_mut().zip(sums) {
+                v.push(s);
+            }
+        }
+        set_phase_timing(false);
+        let med: Vec<f64> = per.iter_mut().map(|v| median(v)).collect();
+        // The fused kernels' single launch counts as their walk.
+        let walk = med[3] + med[5];
+        println!(
+            "| {kernel:?} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            med[0] * 1e3,
+            med[1] * 1e3,
+            med[2] * 1e3,
+            walk * 1e3,
+            med[4] * 1e3,
+            med.iter().sum::<f64>() * 1e3,
+            total * 1e3
+        );
+    }
+    Ok(())
+}
+
+/// The kernels of the per-phase table: the defaults of the two profiles and the candidates.
+const PHASE_KERNELS: &[ChunkKernel] = &[
+    ChunkKernel::ThreePhaseReference,
+    ChunkKernel::ThreePhaseReferenceRt,
+    ChunkKernel::ThreePhaseEngine,
+    ChunkKernel::ThreePhaseEngineLdm,
+    ChunkKernel::SplitReference,
+    ChunkKernel::SplitEngineFma,
+];
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// One hybrid GDN decoder layer as `host/src/model/gated_deltanet.rs` runs it (one fused in_proj
+/// GEMM, then split_cols), each op timed alone (median of `reps`, device synchronised), as a
+/// share of the whole layer timed the same way.
+fn layer_breakdown(
+    be: &CudaBackend,
+    d: &DeltaInputs<'_>,
+    states: &mut [CudaF32],
+    reps: usize,
+) -> Result<()> {
+    let t = *d.seq_starts.last().unwrap_or(&0);
+    let hv = SHAPE.v_heads;
+    let seqs = d.seq_starts.len() - 1;
+    let in_cols = SHAPE.conv_dim() + SHAPE.value_dim() + 2 * hv;
+    let w_in = be.random_matrix(in_cols, HIDDEN, 0.02, 10)?;
+    let w_out = be.random_matrix(HIDDEN, SHAPE.value_dim(), 0.02, 14)?;
+    let w_gu = be.random_matrix(2 * INTER, HIDDEN, 0.02, 15)?;
+    let w_down = be.random_matrix(HIDDEN, INTER, 0.02, 16)?;
+    let conv_w = be.random_tensor(SHAPE.conv_dim(), CONV_K, 0.3, 0.0, 17)?;
+    let n_in = be.random_tensor(1, HIDDEN, 0.1, 0.0, 18)?;
+    let n_post = be.random_tensor(1, HIDDEN, 0.1, 0.0, 19)?;
+    let n_gate = be.random_tensor(1, SHAPE.v_dim, 0.1, 1.0, 20)?;
+    let mut h = be.random_tensor(t, HIDDEN, 1.0, 0.0, 21)?;
+    let mut conv_states: Vec<_> = (0..seqs)
+        .map(|_| be.random_tensor(CONV_K - 1, SHAPE.conv_dim(), 0.5, 0.0, 22))
+        .collect::<Result<_>>()?;
+    // The model's default profile (gated_deltanet.rs) and the engine one, each with its default kernel.
+    let params = |profile| GdnParams::<CudaBackend> {
+        a_log: d.a_log,
+        dt_bias: d.dt_bias,
+        shape: SHAPE,
+        profile,
+    };
+    let (p_ref, p_eng) = (params(GdnProfile::Reference), params(GdnProfile::Engine));
+
+    // Intermediates, computed once, for the ops timed alone.
+    let x = be.rms_norm_zero_centred(&h, &n_in, 1e-6, HIDDEN)?;
+    let proj = be.matmul(&x, &w_in)?;
+    let parts = be.split_cols(&proj, &[SHAPE.conv_dim(), SHAPE.value_dim(), hv, hv])?;
+    let (mixed, z, bb, aa) = (&parts[0], &parts[1], &parts[2], &parts[3]);
+    let y = {
+        let mut cs: Vec<_> = conv_states.iter_mut().collect();
+        be.causal_conv1d_silu(mixed, &conv_w, d.seq_starts, &mut cs)?
+    };
+    let o = {
+        let mut refs: Vec<&mut CudaF32> = states.iter_mut().collect();
+        be.gated_delta_rule(&y, aa, bb, &p_ref, d.seq_starts, &mut refs)?
+    };
+    let on = be.gated_rms_norm(&o, z, &n_gate, 1e-6, SHAPE.v_dim)?;
+    let x2 = be.rms_norm_zero_centred(&h, &n_post, 1e-6, HIDDEN)?;
+    let gu = be.matmul(&x2, &w_gu)?;
+    let act = be.swiglu_packed(&gu)?;
+
+    let time = |f: &mut dyn FnMut() -> Result<()>| time_median(be, 1, reps, f);
+    let mut rows: Vec<(&str, f64)> = Vec::new();
+    rows.push((
+        "input norm (zero-centred RMSNorm)",
+        time(&mut || {
+            be.rms_norm_zero_centred(&h, &n_in, 1e-6, HIDDEN)
+                .map(|_| ())
+        })?,
+    ));
+    rows.push((
+        "in_proj GEMM (qkv, z, b, a)",
+        time(&mut || be.matmul(&x, &w_in).map(|_| ()))?,
+    ));
+    rows.push((
+        "split_cols (copies)",
+        time(&mut || {
+            be.split_cols(&proj, &[SHAPE.conv_dim(), SHAPE.value_dim(), hv, hv])
+                .map(|_| ())
+        })?,
+    ));
+    rows.push((
+        "conv1d + SiLU (+ conv states)",
+        time(&mut || {
+            let mut cs: Vec<_> = conv_states.iter_mut().collect();
+            be.causal_conv1d_silu(mixed, &conv_w, d.seq_starts, &mut cs)
+                .map(|_| ())
+        })?,
+    ));
+    let conv_v8 = time(&mut || {
+        let mut cs: Vec<_> = conv_states.iter_mut().collect();
+        be.causal_conv1d_silu_with(mixed, &conv_w, d.seq_starts, &mut cs, true)
+            .map(|_| ())
+    })?;
+    rows.push((
+        "delta rule (Reference, default kernel; gates + l2norm inside)",
+        time(&mut || {
+            let mut refs: Vec<&mut CudaF32> = states.iter_mut().collect();
+            be.gated_delta_rule(&y, aa, bb, &p_ref, d.seq_starts, &mut refs)
+                .map(|_| ())
+        })?,
+    ));
+    let engine_rule = time(&mut || {
+        let mut refs: Vec<&mut CudaF32> = states.iter_mut().collect();
+        be.gated_delta_rule(&y, aa, bb, &p_eng, d.seq_starts, &mut refs)
+            .map(|_| ())
+    })?;
+    rows.push((
+        "gated RMSNorm (z)",
+        time(&mut || {
+            be.gated_rms_norm(&o, z, &n_gate, 1e-6, SHAPE.v_dim)
+                .map(|_| ())
+        })?,
+    ));
+    rows.push((
+        "out_proj GEMM (+= h)",
+        time(&mut || be.matmul_acc(&on, &w_out, &mut h))?,
+    ));
+    let mixer_rows = rows.len();
+    rows.push((
+        "post norm (zero-centred RMSNorm)",
+        time(&mut || {
+            be.rms_norm_zero_centred(&h, &n_post, 1e-6, HIDDEN)
+                .map(|_| ())
+        })?,
+    ));
+    rows.push((
+        "gate_up GEMM",
+        time(&mut || be.matmul(&x2, &w_gu).map(|_| ()))?,
+    ));
+    rows.push(("SwiGLU", time(&mut || be.swiglu_packed(&gu).map(|_| ()))?));
+    rows.push((
+        "down GEMM (+= h)",
+        time(&mut || be.matmul_acc(&act, &w_down, &mut h))?,
+    ));
+    drop((x, proj, parts, y, o, on, x2, gu, act));
+
+    let layer = time(&mut || {
+        let x = be.rms_norm_zero_centred(&h, &n_in, 1e-6, HIDDEN)?;
+        let proj = be.matmul(&x, &w_in)?;
+        let parts = be.split_cols(&proj, &[SHAPE.conv_dim(), SHAPE.value_dim(), hv, hv])?;
+        drop(proj);
+        let mut cs: Vec<_> = conv_states.iter_mut().collect();
+        let y = be.causal_conv1d_silu(&parts[0], &conv_w, d.seq_starts, &mut cs)?;
+        let mut refs: Vec<&mut CudaF32> = states.iter_mut().collect();
+        let o = be.gated_delta_rule(&y, &parts[3], &parts[2], &p_ref, d.seq_starts, &mut refs)?;
+        let o = be.gated_rms_norm(&o, &parts[1], &n_gate, 1e-6, SHAPE.v_dim)?;
+        be.matmul_acc(&o, &w_out, &mut h)?;
+        let x = be.rms_norm_zero_centred(&h, &n_post, 1e-6, HIDDEN)?;
+        let gu = be.matmul(&x, &w_gu)?;
+        let act = be.swiglu_packed(&gu)?;
+        be.matmul_acc(&act, &w_down, &mut h)
+    })?;
+    let lin = 2.0
+        * t as f64
+        * (HIDDEN * in_cols + SHAPE.value_dim() * HIDDEN + 3 * HIDDEN * INTER) as f64;
+    let floor = (lin + core_flops_per_token() * t as f64) / PEAK_FLOPS;
+    println!(
+        "\nhybrid GDN layer per op, {t} tokens ({seqs} sequences), Reference profile: whole layer {:.2} ms, floor {:.2} ms",
+        layer * 1e3,
+        floor * 1e3
+    );
+    println!("| op | ms | % of layer |");
+    println!("|---|---|---|");
+    let pct = |s: f64| 100.0 * s / layer;
+    for (i, (name, s)) in rows.iter().enumerate() {
+        println!("| {name} | {:.3} | {:.1} |", s * 1e3, pct(*s));
+        if i + 1 == mixer_rows {
+            let m: f64 = rows[..mixer_rows].iter().map(|r| r.1).sum();
+            let gemm = rows[1].1 + rows[mixer_rows - 1].1;
+            let rule = rows[4].1;
+            println!(
+                "| **mixer (sum of the rows above)** | {:.3} | {:.1} |",
+                m * 1e3,
+                pct(m)
+            );
+            println!(
+                "| **mixer, neither GEMM nor delta rule** | {:.3} | {:.1} |",
+                (m - gemm - rule) * 1e3,
+                pct(m - gemm - rule)
+            );
+        }
+    }
+    let all: f64 = rows.iter().map(|r| r.1).sum();
+    println!(
+        "| **sum of the ops** | {:.3} | {:.1} |",
+        all * 1e3,
+        pct(all)
+    );
+    println!(
+        "| (delta rule, Engine profile instead, default kernel) | {:.3} | {:.1} |",
+        engine_rule * 1e3,
+        pct(engine_rule)
+    );
+    println!(
+        "| (conv1d + SiLU, 8-channel kernel gdn_conv_silu_v8 instead) | {:.3} | {:.1} |",
+        conv_v8 * 1e3,
+        pct(conv_v8)
     );
     Ok(())
 }

@@ -201,6 +201,7 @@ fn cuda_gdn_reference_profile_matches_cpu() {
             ChunkKernel::SplitReference,
             ChunkKernel::ThreePhaseReference,
             ChunkKernel::ThreePhaseReferenceV16,
+            ChunkKernel::ThreePhaseReferenceRt,
         ] {
             let (got, got_st) = run_gpu(&be, &x, &init, kernel);
             let (e, es) = (rel(&got, &want), state_rel(&got_st, &want_st));
@@ -260,6 +261,7 @@ fn cuda_gdn_engine_profile_matches_cpu_emulation_and_tensor_cores_match_fma() {
     for kernel in [
         ChunkKernel::ThreePhaseEngine,
         ChunkKernel::ThreePhaseEngineV16,
+        ChunkKernel::ThreePhaseEngineLdm,
     ] {
         let (o, st) = run_gpu(&be, &x, &init, kernel);
         let (e, es) = (rel(&o, &split), state_rel(&st, &split_st));
@@ -291,6 +293,7 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
     for kernel in [
         ChunkKernel::ThreePhaseReference,
         ChunkKernel::ThreePhaseReferenceV16,
+        ChunkKernel::ThreePhaseReferenceRt,
     ] {
         let (three, three_st) = run_gpu(&be, &x, &init, kernel);
         let (e, es) = (rel(&three, &cpu), state_rel(&three_st, &cpu_st));
@@ -307,6 +310,7 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
     for kernel in [
         ChunkKernel::ThreePhaseEngine,
         ChunkKernel::ThreePhaseEngineV16,
+        ChunkKernel::ThreePhaseEngineLdm,
     ] {
         let (three, three_st) = run_gpu(&be, &x, &init, kernel);
         let (d, ds) = (rel(&three, &split), state_rel(&three_st, &split_st));
@@ -324,12 +328,90 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
     }
 }
 
+/// The round-2 kernels change how products are fed, not what they sum: `ThreePhaseEngineLdm`
+/// (`gdn_prep2_engine_ldm`, `gdn_hout_engine_ldm`) feeds the tensor cores the same bf16 operands
+/// in the same per-tile mma chains as `ThreePhaseEngine`'s `mm_mma`; `ThreePhaseReferenceRt`
+/// (`gdn_prep2_reference_rt`) runs `gdn_prep2_reference`'s fmaf chains from 16-byte loads
+/// (docs/gdn-cuda.md, "Round 2"). Outputs and states must be the same bits, on the packed lengths
+/// of every chunk case (fresh and carried states) and on a 2048-token sequence among short ones.
+#[test]
+fn cuda_gdn_round2_kernels_equal_their_originals_bit_for_bit() {
+    let Some(be) = gpu() else { return };
+    let cases: [(&[usize], u64, bool); 3] = [
+        (&LENS, 70, true),
+        (&LENS, 80, false),
+        (&[2048, 65, 0, 1, 200, 64], 90, false),
+    ];
+    for (lens, seed, fresh) in cases {
+        let x = batch(lens, seed);
+        let init = states(lens.len(), seed + 100, fresh);
+        for (old, new) in [
+            (
+                ChunkKernel::ThreePhaseEngine,
+                ChunkKernel::ThreePhaseEngineLdm,
+            ),
+            (
+                ChunkKernel::ThreePhaseReference,
+                ChunkKernel::ThreePhaseReferenceRt,
+            ),
+        ] {
+            let (want, want_st) = run_gpu(&be, &x, &init, old);
+            let (got, got_st) = run_gpu(&be, &x, &init, new);
+            let (e, es) = (rel(&got, &want), state_rel(&got_st, &want_st));
+            let diff = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            println!(
+                "{new:?} vs {old:?}, lengths {lens:?}, fresh={fresh}: {diff} of {} outputs differ (rel {e:.2e}), states rel {es:.2e}",
+                want.len()
+            );
+            assert_eq!(diff, 0, "{new:?} output differs from {old:?} (rel {e})");
+            assert!(
+                st_bits(&got_st) == st_bits(&want_st),
+                "{new:?} states differ from {old:?} (rel {es})"
+            );
+        }
+    }
+}
+
+/// `gdn_bench --breakdown`'s per-phase timing: with it on, a three-phase call records its launches
+/// in order (gates, setup, prep, setup, walk, output) with positive times, and computes the same
+/// bits as with it off. (The switch is process-wide: other tests' calls may add marks meanwhile,
+/// hence a subsequence check.)
+#[test]
+fn cuda_gdn_phase_timing_marks_every_launch() {
+    use draftlens::backend::cuda::gdn::{set_phase_timing, take_phase_times};
+    let Some(be) = gpu() else { return };
+    let lens = [200, 65];
+    let x = batch(&lens, 95);
+    let init = states(lens.len(), 195, false);
+    let (plain, plain_st) = run_gpu(&be, &x, &init, ChunkKernel::ThreePhaseReference);
+    set_phase_timing(true);
+    let (timed, timed_st) = run_gpu(&be, &x, &init, ChunkKernel::ThreePhaseReference);
+    let marks = take_phase_times();
+    set_phase_timing(false);
+    println!("phase marks: {marks:?}");
+    assert!(timed == plain && st_bits(&timed_st) == st_bits(&plain_st));
+    let want = ["gates", "setup", "prep", "setup", "walk", "output"];
+    let mut it = marks.iter();
+    for w in want {
+        let found = it.by_ref().find(|(p, _)| *p == w);
+        assert!(
+            matches!(found, Some((_, secs)) if *secs > 0.0),
+            "phase {w} missing or not timed in {marks:?}"
+        );
+    }
+}
+
 /// Launch geometry of the three-phase kernels, checked without a GPU: the chunk plan of a packed
 /// batch, the scratch sizes, and the shared memory that lets two blocks share an SM.
 #[test]
 fn three_phase_plan_and_shared_memory() {
     use draftlens::backend::cuda::gdn::{
-        hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_SMEM_BYTES, PREP2_SMEM_BYTES,
+        hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES,
+        PREP2_SMEM_BYTES, PREP_LDM_SMEM_BYTES, PREP_RT_SMEM_BYTES,
     };
     // Lengths 1, 17, 64, 128, 200, 0, 65 from row 0; the multi-row sequences are 1..=4 and 6.
     let starts = [0, 1, 18, 82, 210, 410, 410, 475];
@@ -359,13 +441,23 @@ fn three_phase_plan_and_shared_memory() {
     // Two blocks per SM on sm_90 (228 KB of shared memory, 1 KB reserved per block), as the
     // kernels' __launch_bounds__(256, 2) assume.
     let walks = [hwalk_smem_bytes(16), hwalk_smem_bytes(32)];
-    for bytes in walks.into_iter().chain([HOUT_SMEM_BYTES, PREP2_SMEM_BYTES]) {
+    let others = [
+        HOUT_SMEM_BYTES,
+        PREP2_SMEM_BYTES,
+        HOUT_LDM_SMEM_BYTES,
+        PREP_LDM_SMEM_BYTES,
+        PREP_RT_SMEM_BYTES,
+    ];
+    for bytes in walks.into_iter().chain(others) {
         assert!(2 * (bytes + 1024) <= 228 * 1024, "{bytes} B");
     }
     // The layouts' sums as kernels/gdn.cu documents them.
     assert_eq!(walks, [84_224, 100_608]);
     assert_eq!(HOUT_SMEM_BYTES, 84_480);
     assert_eq!(PREP2_SMEM_BYTES, 99_840);
+    assert_eq!(HOUT_LDM_SMEM_BYTES, 50_688);
+    assert_eq!(PREP_LDM_SMEM_BYTES, 95_232);
+    assert_eq!(PREP_RT_SMEM_BYTES, 102_912);
 }
 
 #[test]
@@ -547,6 +639,31 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
     }
     // States are copies of inputs: exact.
     assert_eq!(got_st, want_st, "conv states");
+    // The 8-channel kernel (gdn_conv_silu_v8): the same fmaf chains and rounding, the same bits.
+    let (xt, wt) = (
+        be.from_host(&x, t, c).unwrap(),
+        be.from_host(&w, c, k).unwrap(),
+    );
+    let mut st: Vec<_> = init
+        .iter()
+        .map(|s| be.from_host(s, k - 1, c).unwrap())
+        .collect();
+    let mut refs: Vec<_> = st.iter_mut().collect();
+    let y8 = be
+        .causal_conv1d_silu_with(&xt, &wt, &seq_starts, &mut refs, true)
+        .unwrap();
+    let got8 = be.to_host(&y8).unwrap();
+    let diff = got8
+        .iter()
+        .zip(&got)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(
+        diff, 0,
+        "gdn_conv_silu_v8 differs from gdn_conv_silu in {diff} values"
+    );
+    let st8: Vec<_> = st.iter().map(|s| be.to_host(s).unwrap()).collect();
+    assert_eq!(st8, want_st, "conv states after gdn_conv_silu_v8");
 }
 
 #[test]

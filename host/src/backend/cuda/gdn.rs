@@ -5,6 +5,9 @@
 //!
 //! [`Backend`]: crate::backend::Backend
 //!
+//! Submodules: `conv` (causal conv1d + SiLU), `split` (the split and three-phase chunked delta
+//! rule), `phases` (per-launch timing for `gdn_bench --breakdown`).
+//!
 //! Kernels: `kernels/gdn.cu`. What each computes, in which precision, and how the two numeric
 //! profiles of the delta rule differ: docs/gdn-cuda.md. The reference they must agree with is
 //! [`crate::backend::gdn`].
@@ -20,9 +23,13 @@ use crate::backend::{Backend, GdnParams};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+mod conv;
+mod phases;
 mod split;
+use phases::PhaseClock;
+pub use phases::{set_phase_timing, take_phase_times};
 use split::SplitDeltaInputs;
-pub use split::{hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_SMEM_BYTES};
+pub use split::{hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES};
 
 /// Head dims the delta-rule kernels are written for (`GDN_DK`, `GDN_DV` in kernels/gdn.cu).
 const HEAD_DIM: usize = 128;
@@ -72,6 +79,13 @@ pub enum ChunkKernel {
     ThreePhaseEngine,
     ThreePhaseReferenceV16,
     ThreePhaseEngineV16,
+    /// `ThreePhaseEngine` with its prep and output products on ldmatrix-fed tensor-core fragments
+    /// (`gdn_prep2_engine_ldm`, `gdn_hout_engine_ldm`): the same operands and per-tile mma
+    /// chains, so the same bits, with a fraction of the shared-memory traffic.
+    ThreePhaseEngineLdm,
+    /// `ThreePhaseReference` with its prep's products register-tiled on 16-byte shared loads
+    /// (`gdn_prep2_reference_rt`): the same fmaf chains, so the same bits.
+    ThreePhaseReferenceRt,
 }
 
 /// Whether [`ChunkKernel::for_profile`] picks the three-phase kernels. They passed `cuda_gdn` on
@@ -144,6 +158,8 @@ impl ChunkKernel {
             ChunkKernel::ThreePhaseEngine => "gdn_hwalk_engine",
             ChunkKernel::ThreePhaseReferenceV16 => "gdn_hwalk_reference_v16",
             ChunkKernel::ThreePhaseEngineV16 => "gdn_hwalk_engine_v16",
+            ChunkKernel::ThreePhaseEngineLdm => "gdn_hwalk_engine",
+            ChunkKernel::ThreePhaseReferenceRt => "gdn_hwalk_reference",
         }
     }
     /// The state-independent first launch of a split kernel.
@@ -160,20 +176,23 @@ impl ChunkKernel {
             ChunkKernel::ThreePhaseEngine | ChunkKernel::ThreePhaseEngineV16 => {
                 Some("gdn_prep2_engine_mma")
             }
+            ChunkKernel::ThreePhaseEngineLdm => Some("gdn_prep2_engine_ldm"),
+            ChunkKernel::ThreePhaseReferenceRt => Some("gdn_prep2_reference_rt"),
             _ => None,
         }
     }
     /// The state walk, its value columns per block, and the output launch of a three-phase kernel.
     fn three_phase_launches(self) -> Option<(&'static str, usize, &'static str)> {
-        let output = if self.engine() {
-            "gdn_hout_engine_mma"
-        } else {
-            "gdn_hout_reference"
+        let output = match self {
+            ChunkKernel::ThreePhaseEngineLdm => "gdn_hout_engine_ldm",
+            _ if self.engine() => "gdn_hout_engine_mma",
+            _ => "gdn_hout_reference",
         };
         match self {
-            ChunkKernel::ThreePhaseReference | ChunkKernel::ThreePhaseEngine => {
-                Some((self.name(), 32, output))
-            }
+            ChunkKernel::ThreePhaseReference
+            | ChunkKernel::ThreePhaseEngine
+            | ChunkKernel::ThreePhaseEngineLdm
+            | ChunkKernel::ThreePhaseReferenceRt => Some((self.name(), 32, output)),
             ChunkKernel::ThreePhaseReferenceV16 | ChunkKernel::ThreePhaseEngineV16 => {
                 Some((self.name(), 16, output))
             }
@@ -191,6 +210,7 @@ impl ChunkKernel {
                 | ChunkKernel::SplitReference
                 | ChunkKernel::ThreePhaseReference
                 | ChunkKernel::ThreePhaseReferenceV16
+                | ChunkKernel::ThreePhaseReferenceRt
         )
     }
     /// Value columns per block (`DVS` in kernels/gdn.cu) of the fused and split kernels (the
@@ -219,6 +239,13 @@ impl ChunkKernel {
 const PREP_SMEM_BYTES: usize = (3 * 64 * 129 + 2 * 64 * 65 + 2 * 64) * 4;
 /// Dynamic shared memory of `gdn_prep2_*`: V takes K's place once K is read.
 pub const PREP2_SMEM_BYTES: usize = (2 * 64 * 129 + 2 * 64 * 65 + 2 * 64) * 4;
+/// Dynamic shared memory of `gdn_prep2_engine_ldm`: three bf16 tiles of 64 × 136 (Q then
+/// K diag(βe^γ), K, V), L and M f32 (64 × 65), M bf16 (64 × 72), β, γ.
+pub const PREP_LDM_SMEM_BYTES: usize =
+    3 * 64 * 136 * 2 + 2 * 64 * 65 * 4 + 64 * 72 * 2 + 2 * 64 * 4;
+/// Dynamic shared memory of `gdn_prep2_reference_rt`: K then diag(β) V and Q then K diag(βe^γ)
+/// (64 × 132 f32 each), L and M (64 × 68 f32 each), β, γ.
+pub const PREP_RT_SMEM_BYTES: usize = (2 * 64 * 132 + 2 * 64 * 68 + 2 * 64) * 4;
 /// Chunk length of the chunked kernels (`GDN_C`).
 const CHUNK: usize = 64;
 
@@ -391,98 +418,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// [`crate::backend::Backend::causal_conv1d_silu`]: every sequence in two launches (the outputs, then the
-    /// states), whatever its length (one-token decode included).
-    pub(super) fn gdn_conv1d_silu(
-        &self,
-        x: &CudaTensor,
-        weight: &CudaTensor,
-        seq_starts: &[usize],
-        states: &mut [&mut CudaTensor],
-    ) -> Result<CudaTensor> {
-        let (rows, c) = (x.rows, x.cols);
-        let (wc, k) = (weight.rows, weight.cols);
-        ensure!(
-            wc == c && k >= 1,
-            "causal_conv1d: weight is [{wc}, {k}] for {c} channels"
-        );
-        check_seq_starts("causal_conv1d", seq_starts, rows, states.len())?;
-        for st in states.iter() {
-            ensure!(
-                (st.rows, st.cols) == (k - 1, c),
-                "causal_conv1d: state is [{}, {}], expected [{}, {c}]",
-                st.rows,
-                st.cols,
-                k - 1
-            );
-        }
-        if k - 1 > MAX_CONV_HIST {
-            return self.host_conv1d_silu(x, weight, seq_starts, states);
-        }
-        let mut y = self.new_tensor(rows, c)?;
-        // No rows: every state is already the last k−1 inputs.
-        if c == 0 || rows == 0 {
-            return Ok(y);
-        }
-        let nseq = states.len();
-        let pairs = self.upload(&row_pairs(seq_starts, &(0..nseq).collect::<Vec<_>>()))?;
-        let ptrs: Vec<u64> = states.iter().map(|s| self.ptr(&s.buf)).collect();
-        let ptrs = self.upload(&ptrs)?;
-        let (ld, c32, k32) = (c as i64, c as i32, k as i32);
-        {
-            let mut row_seq = Vec::with_capacity(rows);
-            for (i, w) in seq_starts.windows(2).enumerate() {
-                row_seq.extend(std::iter::repeat_n(i as i32, w[1] - w[0]));
-            }
-            let row_seq = self.upload(&row_seq)?;
-            let f = self.kernels.get("gdn", "gdn_conv_silu")?;
-            let rows64 = rows as i64;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&x.buf)
-                .arg(&ld)
-                .arg(&weight.buf)
-                .arg(&mut y.buf)
-                .arg(&row_seq)
-                .arg(&pairs)
-                .arg(&ptrs)
-                .arg(&rows64)
-                .arg(&c32)
-                .arg(&k32);
-            // SAFETY: (const bf16* x, ll, const bf16* w, bf16* y, const int*, const ll*, const u64*,
-            // ll, int, int); every state holds (k−1)·c values (checked above).
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (blocks(c, 128), rows.min(65535) as u32, 1),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(derr("gdn_conv_silu"))?;
-        }
-        if k > 1 && nseq > 0 {
-            let f = self.kernels.get("gdn", "gdn_conv_state")?;
-            let n32 = nseq as i32;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&x.buf)
-                .arg(&ld)
-                .arg(&pairs)
-                .arg(&ptrs)
-                .arg(&n32)
-                .arg(&c32)
-                .arg(&k32);
-            // SAFETY: (const bf16*, ll, const ll*, const u64*, int, int, int), as above.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (blocks(c, 128), nseq as u32, 1),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(derr("gdn_conv_state"))?;
-        }
-        Ok(y)
-    }
-
     /// [`crate::backend::Backend::gated_delta_rule`] with an explicit chunked kernel (tests and benchmarks pick
     /// the engine profile's FMA or tensor-core variant; the trait method picks by profile).
     /// Sequences of one row run the recurrent kernel, longer ones the chunked kernel.
@@ -533,6 +468,7 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(out);
         }
+        let mut clock = PhaseClock::start(self)?;
         // Gates, f32 [T, Hv].
         let mut g = self.alloc::<f32>(rows * hv)?;
         let mut beta = self.alloc::<f32>(rows * hv)?;
@@ -563,6 +499,7 @@ impl CudaBackend {
             }
             .map_err(derr("gdn_gates"))?;
         }
+        clock.mark(self, "gates")?;
         let (single, multi): (Vec<usize>, Vec<usize>) = (0..states.len())
             .filter(|&i| seq_starts[i + 1] > seq_starts[i])
             .partition(|&i| seq_starts[i + 1] - seq_starts[i] == 1);
@@ -596,7 +533,7 @@ impl CudaBackend {
                     per_seq: (&pairs, &ptrs),
                     shape,
                 };
-                self.split_delta_rule(kernel, &inputs, &mut out)?;
+                self.split_delta_rule(kernel, &inputs, &mut out, &mut clock)?;
                 continue;
             }
             let (f, cfg) = if chunked {
@@ -646,6 +583,7 @@ impl CudaBackend {
             } else {
                 "gdn_recurrent"
             }))?;
+            clock.mark(self, if chunked { "chunk" } else { "recurrent" })?;
         }
         Ok(out)
     }
@@ -694,35 +632,6 @@ impl CudaBackend {
         }
         self.from_host(&out, rows, shape.value_dim())
     }
-
-    /// The conv through the host reference (shapes checked by the caller), for kernels of more
-    /// taps than the state kernel keeps in registers.
-    fn host_conv1d_silu(
-        &self,
-        x: &CudaTensor,
-        weight: &CudaTensor,
-        seq_starts: &[usize],
-        states: &mut [&mut CudaTensor],
-    ) -> Result<CudaTensor> {
-        let (c, k) = (x.cols, weight.cols);
-        let (xh, wh) = (self.to_host(x)?, self.to_host(weight)?);
-        let mut out = Vec::with_capacity(x.rows * c);
-        for (w, st) in seq_starts.windows(2).zip(states.iter_mut()) {
-            if w[0] == w[1] {
-                continue;
-            }
-            let mut sh = self.to_host(st)?;
-            out.extend(reference::causal_conv1d_silu(
-                &xh[w[0] * c..w[1] * c],
-                c,
-                &wh,
-                k,
-                &mut sh,
-            ));
-            **st = self.from_host(&sh, k - 1, c)?;
-        }
-        self.from_host(&out, x.rows, c)
-    }
 }
 
 /// `Backend::gated_delta_rule` of the CUDA backend (the trait method forwards here).
@@ -759,8 +668,12 @@ pub const KERNELS: &[&str] = &[
     "gdn_hwalk_engine_v16",
     "gdn_hout_reference",
     "gdn_hout_engine_mma",
+    "gdn_prep2_engine_ldm",
+    "gdn_prep2_reference_rt",
+    "gdn_hout_engine_ldm",
     "gdn_recurrent",
     "gdn_conv_silu",
+    "gdn_conv_silu_v8",
     "gdn_conv_state",
     "gdn_gates",
     "gdn_gated_rms_norm",
