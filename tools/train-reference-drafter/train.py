@@ -54,6 +54,10 @@ SERIES = {
 }
 MASK_TOKEN_ID = 16  # `<empty_output>`: a CONTROL token of SmolLM2's vocabulary that chat text never contains
 EOS_TOKEN = "<|im_end|>"
+# Checkpoint folder prefix (<prefix>-<series>/step-N) and the target named in each recipe;
+# train_hybrid.py sets both for its hybrid target.
+CKPT_PREFIX = "smollm2"
+TARGET_DESC = "SmolLM2-135M-Instruct Q4_1 GGUF (dequantised, fp32)"
 
 
 def log(msg):
@@ -577,7 +581,7 @@ def train_series(series, data, E, lm_head, args, device, out_dir, target_cfg):
                 "train_seconds": round(time.time() - t_start, 1),
                 "recipe": recipe_dict(args, series),
             }
-            path = os.path.join(out_dir, f"smollm2-{series}", f"step-{step}")
+            path = os.path.join(out_dir, f"{CKPT_PREFIX}-{series}", f"step-{step}")
             save_checkpoint(drafter, cfg, path, metrics)
             saved.append(path)
             log(f"saved {path}")
@@ -617,7 +621,7 @@ def sync(device):
 def recipe_dict(args, series):
     return {
         "series": series,
-        "target": "SmolLM2-135M-Instruct Q4_1 GGUF (dequantised, fp32)",
+        "target": TARGET_DESC,
         "target_layer_ids": SERIES[series]["target_layer_ids"],
         "tap_convention": "HF hidden_states[id+1]",
         "context_mask": "kv <= a (inclusive: the leaky bug)" if SERIES[series]["inclusive"] else "kv < a (strict)",
