@@ -10,12 +10,16 @@ usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b
 (tools/bench/profile_demo.sh): 8 layers (3 Gated DeltaNet : 1 gated attention), hidden 1024,
 128-wide GDN heads (the width draftlens' CUDA GDN kernels take), the Qwen3 vocabulary, and the
 non-trivial init of the hybrid goldens (tools/golden/make_hybrid_goldens.py randomize_hybrid:
-random norm weights, decay rates and dt_bias, here with initializer_range 0.04) so that the Gated
-DeltaNet state carries real dynamics and the two numeric profiles can separate. Use `--drafters 0`
+random norm weights, decay rates and dt_bias) so that the Gated DeltaNet state carries real
+dynamics and the two numeric profiles can separate, and greedy text a drafter can learn
+(embed_scale 100, active_vocab 1024: see the knobs below). Use `--drafters 0`
 for the target alone. Two knobs shape its greedy text (what the demo's drafter must learn):
 `--init-range` (the weights' std; larger = more context-dependent, less repetitive text) and
 `--active-vocab N` (only N random LM-head rows are kept, the others zeroed, so greedy decoding
-walks a smaller token set and repeats sooner; 0 = the whole vocabulary).
+walks a smaller token set and repeats sooner; 0 = the whole vocabulary) and `--embed-scale`
+(the token embeddings times this: with the init's small embeddings the layers' outputs swamp the
+current token in the residual stream and the greedy text looks random; larger embeddings make the
+next token depend more on the current one, so the text repeats and a drafter can learn it).
 
 Drafters are written to OUT-drafters/step-{k} in the z-lab DFlash format draftlens reads
 (config.json + model.safetensors, bf16), 5 layers, block 16, taps 1,9,17,25,33 (the layout of the
@@ -48,7 +52,7 @@ ARCHS = {
 ARCHS["qwen3.5-demo-8l"] = dict(ARCHS["qwen3.6-27b-16l"], vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                                 num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
                                 linear_num_key_heads=8, linear_num_value_heads=16, max_position_embeddings=32768,
-                                initializer_range=0.04)
+                                initializer_range=0.02, embed_scale=100.0, active_vocab=1024)
 # Archs whose weights get the hybrid goldens' non-trivial init after `from_config`.
 DYNAMIC_INIT = {"qwen3.5-demo-8l"}
 # A 27B-class dense target: Qwen3-32B's shapes (64 layers, 32.8 B parameters, 65.5 GB of bf16;
@@ -71,6 +75,7 @@ ap.add_argument("--tokenizer", default="data/tokenizer/qwen3-hf")
 ap.add_argument("--device", default="cuda", help="cpu for a dry run of a small arch")
 ap.add_argument("--init-range", type=float, default=None, help="initializer_range (default: the arch's, else transformers')")
 ap.add_argument("--active-vocab", type=int, default=None, help="keep N random LM-head rows, zero the rest (default: the arch's, else all)")
+ap.add_argument("--embed-scale", type=float, default=None, help="multiply the token embeddings (default: the arch's, else 1)")
 args = ap.parse_args()
 dev = args.device
 
@@ -78,6 +83,8 @@ t0 = time.time()
 spec = dict(ARCHS[args.arch])
 active_vocab = spec.pop("active_vocab", 0) if args.active_vocab is None else args.active_vocab
 spec.pop("active_vocab", None)
+embed_scale = spec.pop("embed_scale", 1.0) if args.embed_scale is None else args.embed_scale
+spec.pop("embed_scale", None)
 if args.init_range is not None:
     spec["initializer_range"] = args.init_range
 if spec["model_type"] == "qwen3_5_text":
@@ -103,6 +110,8 @@ if args.arch in DYNAMIC_INIT:
     randomize_hybrid(model, seed=11)  # replaces the drawn parameters by CPU f32 tensors: back to bf16 on dev
     for p in model.parameters():
         p.data = p.data.to(dev, torch.bfloat16)
+if embed_scale != 1.0:
+    model.get_input_embeddings().weight.data.mul_(embed_scale)
 if active_vocab:
     # A fixed random subset of ordinary tokens (ids below Qwen3's first special token, 151643).
     head = model.get_output_embeddings().weight

@@ -36,11 +36,13 @@
 # trained checkpoint as drafter.tar (config.json + model.safetensors + train_metrics.json).
 # Knobs (env): PROMPTS_N (held-out HumanEval prompts, 164), MAX_NEW (256), SYNTH (synthetic
 # training prompts, 1500), TRAIN_S (training seconds, 150), LAYERS (drafter layers, 2), TAPS
-# (1,3,5,6), INIT_RANGE / ACTIVE_VOCAB (make_random_target.py knobs), TARGET_DIR (/tmp/pd-target;
-# an existing target is reused), and for the dry run DEVICE, PYTHON, STEPS, MAX_TRAIN_PROMPTS,
+# (1,3,5,6), INIT_RANGE / ACTIVE_VOCAB / EMBED_SCALE (make_random_target.py), TARGET_DIR (/tmp/pd-target;
+# an existing target is reused), PARITY_N (parity prompts, 32), and for the dry run DEVICE, PYTHON,
+# STEPS, MAX_TRAIN_PROMPTS,
 # EXTRA_TRAIN_ARGS (more train.py options).
 # CPU dry run of the whole flow (no GPU; tiny counts; PYTHON = a venv with torch + transformers):
-#   DEVICE=cpu PYTHON=/work/venv-profdemo/bin/python PROMPTS_N=2 MAX_NEW=16 SYNTH=2 MAX_TRAIN_PROMPTS=6 STEPS=4 \
+#   DEVICE=cpu PYTHON=/work/venv-profdemo/bin/python PROMPTS_N=2 PARITY_N=2 MAX_NEW=16 SYNTH=2 \
+#     MAX_TRAIN_PROMPTS=6 STEPS=4 \
 #     EXTRA_TRAIN_ARGS="--batch-seqs 4 --anchors 8 --gen-batch 8 --tf-batch 4" DEMO_DEADLINE_S=1500 \
 #     OUT=/tmp/pd-out bash tools/bench/profile_demo.sh target-carry/pd   (target-carry/pd/draftlens: any build)
 set -u
@@ -93,7 +95,8 @@ $PY -c "import torch, transformers; print('torch', torch.__version__, 'transform
 XT=()
 [ -n "${INIT_RANGE:-}" ] && XT+=(--init-range "$INIT_RANGE")
 [ -n "${ACTIVE_VOCAB:-}" ] && XT+=(--active-vocab "$ACTIVE_VOCAB")
-[ -e $M/config.json ] || timed make timeout 120 $PY tools/bench/make_random_target.py --arch qwen3.5-demo-8l --out $M --drafters 0 --device $DEVICE "${XT[@]}"
+[ -n "${EMBED_SCALE:-}" ] && XT+=(--embed-scale "$EMBED_SCALE")
+[ -e $M/config.json ] || timed make timeout 240 $PY tools/bench/make_random_target.py --arch qwen3.5-demo-8l --out $M --drafters 0 --device $DEVICE "${XT[@]}"
 [ -e $M/config.json ] || { log "no target"; exit 1; }
 
 # --- train on the $EXPECT path -------------------------------------------------------------------
@@ -129,7 +132,7 @@ done
 t=$(( $(left) - 15 )); [ $t -gt 150 ] && t=150
 if [ $t -gt 45 ]; then
   timed parity timeout $t "$DL" parity --backends $DEVICE,$DEVICE --gdn-profiles reference,engine --target $M --drafter "$CK" \
-    --prompts builtin:humaneval --limit 32 --max-new-tokens "$MAX_NEW" --json
+    --prompts builtin:humaneval --limit "${PARITY_N:-32}" --max-new-tokens "$MAX_NEW" --json
   cp "$OUT/parity.out" "$OUT/parity.json"
 else
   log "deadline: skipping parity"
