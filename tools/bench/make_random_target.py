@@ -12,7 +12,7 @@ usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b
 non-trivial init of the hybrid goldens (tools/golden/make_hybrid_goldens.py randomize_hybrid:
 random norm weights, decay rates and dt_bias) so that the Gated DeltaNet state carries real
 dynamics and the two numeric profiles can separate, and greedy text a drafter can learn
-(embed_scale 100, active_vocab 1024: see the knobs below). Use `--drafters 0`
+(embed_scale 50, active_vocab 1024: see the knobs below). Use `--drafters 0`
 for the target alone. Two knobs shape its greedy text (what the demo's drafter must learn):
 `--init-range` (the weights' std; larger = more context-dependent, less repetitive text) and
 `--active-vocab N` (only N random LM-head rows are kept, the others zeroed, so greedy decoding
@@ -52,7 +52,7 @@ ARCHS = {
 ARCHS["qwen3.5-demo-8l"] = dict(ARCHS["qwen3.6-27b-16l"], vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                                 num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
                                 linear_num_key_heads=8, linear_num_value_heads=16, max_position_embeddings=32768,
-                                initializer_range=0.02, embed_scale=100.0, active_vocab=1024)
+                                initializer_range=0.02, embed_scale=50.0, active_vocab=1024)
 # Archs whose weights get the hybrid goldens' non-trivial init after `from_config`.
 DYNAMIC_INIT = {"qwen3.5-demo-8l"}
 # A 27B-class dense target: Qwen3-32B's shapes (64 layers, 32.8 B parameters, 65.5 GB of bf16;

@@ -35,7 +35,7 @@
 # (training + the trainer's evaluation, `target_numerics`), run_<profile>.json, parity.json, and the
 # trained checkpoint as drafter.tar (config.json + model.safetensors + train_metrics.json).
 # Knobs (env): PROMPTS_N (held-out HumanEval prompts, 164), MAX_NEW (256), SYNTH (synthetic
-# training prompts, 1500), TRAIN_S (training seconds, 150), LAYERS (drafter layers, 2), TAPS
+# training prompts, 1500), TRAIN_S (training seconds, 120), LAYERS (drafter layers, 2), TAPS
 # (1,3,5,6), INIT_RANGE / ACTIVE_VOCAB / EMBED_SCALE (make_random_target.py), TARGET_DIR (/tmp/pd-target;
 # an existing target is reused), PARITY_N (parity prompts, 32), and for the dry run DEVICE, PYTHON,
 # STEPS, MAX_TRAIN_PROMPTS,
@@ -50,7 +50,7 @@ B=${1:-target-carry/pd}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
 DEADLINE=$((T0 + ${DEMO_DEADLINE_S:-540}))
-PROMPTS_N=${PROMPTS_N:-164}; MAX_NEW=${MAX_NEW:-256}; SYNTH=${SYNTH:-1500}; TRAIN_S=${TRAIN_S:-150}
+PROMPTS_N=${PROMPTS_N:-164}; MAX_NEW=${MAX_NEW:-256}; SYNTH=${SYNTH:-1500}; TRAIN_S=${TRAIN_S:-120}
 LAYERS=${LAYERS:-2}; TAPS=${TAPS:-1,3,5,6}
 DEVICE=${DEVICE:-cuda}; PY=${PYTHON:-python3}
 M=${TARGET_DIR:-/tmp/pd-target}; TR=/tmp/pd-train
