@@ -890,9 +890,9 @@ def main():
             m = json.load(open(mpath))
             m["gpu_eval"] = {
                 "what": "tools/train-reference-drafter/train.py evaluate(): held-out prompts, target greedy continuation "
-                "(fp32, max %d new tokens), drafter top-1 per anchor with context kv < a (deployment) unless the key says "
+                "(%s, max %d new tokens), drafter top-1 per anchor with context kv < a (deployment) unless the key says "
                 "train_style (kv <= a); replayed tau = tokens/rounds of the online chain a0 = P, a_{i+1} = a_i + A + 1 "
-                "(macro = mean of per-prompt values, pooled = sum tokens / sum rounds, bonus included)" % args.eval_max_new,
+                "(macro = mean of per-prompt values, pooled = sum tokens / sum rounds, bonus included)" % (TARGET_DESC, args.eval_max_new),
                 **ev,
             }
             write_json(mpath, m)
