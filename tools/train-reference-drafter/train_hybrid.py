@@ -19,7 +19,7 @@ with draftlens under both `--gdn-profile`s. This script is train.py with a diffe
 - one series (`--series-name`, default `demo`) with the taps `--taps` (HF hidden_states[id+1]),
   strict mask, mask token `--mask-token-id`;
 - training prompts: the given JSONL sets plus `--synthetic-prompts` N chat prompts of random
-  vocabulary tokens (seeded): a random-weight target's greedy text depends little on the prompt,
+  vocabulary tokens (seeded): any prompt shows the drafter the random target's own dynamics,
   and the few hundred prompt-set prompts alone are little data.
 
 Every other argument goes to train.py unchanged (--eval, --steps, --layers, --intermediate,
