@@ -33,7 +33,8 @@
 # (train.py --deadline-epoch), the whole script stops starting steps at DEMO_DEADLINE_S (540 s).
 # Results under $OUT: demo.log (everything), summary.json (the τ table), results.json
 # (training + the trainer's evaluation, `target_numerics`), run_<profile>.json, parity.json, and the
-# trained checkpoint as drafter.tar (config.json + model.safetensors + train_metrics.json).
+# trained checkpoint (config.json + model.safetensors + train_metrics.json) as a tar split into
+# drafter.tar.part{aa,ab,...} (`cat drafter.tar.part* | tar x`).
 # Knobs (env): PROMPTS_N (held-out HumanEval prompts, 164), MAX_NEW (256), SYNTH (synthetic
 # training prompts, 1500), TRAIN_S (training seconds, 120), LAYERS (drafter layers, 2), TAPS
 # (1,3,5,6), INIT_RANGE / ACTIVE_VOCAB / EMBED_SCALE (make_random_target.py), TARGET_DIR (/tmp/pd-target;
@@ -116,7 +117,8 @@ timed train timeout $((TRAIN_DEADLINE - $(date +%s) + 30)) $PY tools/train-refer
 cp $TR/results.json $TR/target_numerics.json "$OUT/" 2>/dev/null
 CK=$(ls -d $TR/hybrid-demo/step-* 2>/dev/null | sort -V | tail -n 1)
 [ -n "$CK" ] || { log "no checkpoint trained"; exit 1; }
-tar -C $TR -cf "$OUT/drafter.tar" "${CK#$TR/}"
+# ~44 MB of bf16: in 15 MiB parts (the device tool returns files up to 16 MiB); cat them to untar.
+tar -C $TR -cf - "${CK#$TR/}" | split -b 15m - "$OUT/drafter.tar.part"
 PATH_USED=$($PY -c "import json; print(json.load(open('$TR/target_numerics.json'))['path'])")
 if [ "$PATH_USED" = fla ]; then MATCH=engine; OTHER=reference; else MATCH=reference; OTHER=engine; fi
 log "trained on the $PATH_USED path: matching profile $MATCH, other profile $OTHER"
