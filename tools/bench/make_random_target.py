@@ -76,6 +76,7 @@ ap.add_argument("--device", default="cuda", help="cpu for a dry run of a small a
 ap.add_argument("--init-range", type=float, default=None, help="initializer_range (default: the arch's, else transformers')")
 ap.add_argument("--active-vocab", type=int, default=None, help="keep N random LM-head rows, zero the rest (default: the arch's, else all)")
 ap.add_argument("--embed-scale", type=float, default=None, help="multiply the token embeddings (default: the arch's, else 1)")
+ap.add_argument("--gdn-out-scale", type=float, default=None, help="multiply the Gated DeltaNet layers' out_proj (default: the arch's, else 1)")
 args = ap.parse_args()
 dev = args.device
 
@@ -85,6 +86,8 @@ active_vocab = spec.pop("active_vocab", 0) if args.active_vocab is None else arg
 spec.pop("active_vocab", None)
 embed_scale = spec.pop("embed_scale", 1.0) if args.embed_scale is None else args.embed_scale
 spec.pop("embed_scale", None)
+gdn_out_scale = spec.pop("gdn_out_scale", 1.0) if args.gdn_out_scale is None else args.gdn_out_scale
+spec.pop("gdn_out_scale", None)
 if args.init_range is not None:
     spec["initializer_range"] = args.init_range
 if spec["model_type"] == "qwen3_5_text":
@@ -112,6 +115,10 @@ if args.arch in DYNAMIC_INIT:
         p.data = p.data.to(dev, torch.bfloat16)
 if embed_scale != 1.0:
     model.get_input_embeddings().weight.data.mul_(embed_scale)
+if gdn_out_scale != 1.0:
+    for name, p in model.named_parameters():
+        if name.endswith("linear_attn.out_proj.weight"):
+            p.data.mul_(gdn_out_scale)
 if active_vocab:
     # A fixed random subset of ordinary tokens (ids below Qwen3's first special token, 151643).
     head = model.get_output_embeddings().weight

@@ -37,7 +37,8 @@
 # drafter.tar.part{aa,ab,...} (`cat drafter.tar.part* | tar x`).
 # Knobs (env): PROMPTS_N (held-out HumanEval prompts, 164), MAX_NEW (256), SYNTH (synthetic
 # training prompts, 1500), TRAIN_S (training seconds, 120), LAYERS (drafter layers, 2), TAPS
-# (1,3,5,6), INIT_RANGE / ACTIVE_VOCAB / EMBED_SCALE (make_random_target.py), TARGET_DIR (/tmp/pd-target;
+# (1,3,5,6), INIT_RANGE / ACTIVE_VOCAB / EMBED_SCALE / GDN_OUT_SCALE
+# (make_random_target.py), TARGET_DIR (/tmp/pd-target;
 # an existing target is reused), PARITY_N (parity prompts, 32), and for the dry run DEVICE, PYTHON,
 # STEPS, MAX_TRAIN_PROMPTS,
 # EXTRA_TRAIN_ARGS (more train.py options).
@@ -97,6 +98,7 @@ XT=()
 [ -n "${INIT_RANGE:-}" ] && XT+=(--init-range "$INIT_RANGE")
 [ -n "${ACTIVE_VOCAB:-}" ] && XT+=(--active-vocab "$ACTIVE_VOCAB")
 [ -n "${EMBED_SCALE:-}" ] && XT+=(--embed-scale "$EMBED_SCALE")
+[ -n "${GDN_OUT_SCALE:-}" ] && XT+=(--gdn-out-scale "$GDN_OUT_SCALE")
 [ -e $M/config.json ] || timed make timeout 240 $PY tools/bench/make_random_target.py --arch qwen3.5-demo-8l --out $M --drafters 0 --device $DEVICE "${XT[@]}"
 [ -e $M/config.json ] || { log "no target"; exit 1; }
 
