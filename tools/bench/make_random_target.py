@@ -10,16 +10,15 @@ usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b
 (tools/bench/profile_demo.sh): 8 layers (3 Gated DeltaNet : 1 gated attention), hidden 1024,
 128-wide GDN heads (the width draftlens' CUDA GDN kernels take), the Qwen3 vocabulary, and the
 non-trivial init of the hybrid goldens (tools/golden/make_hybrid_goldens.py randomize_hybrid:
-random norm weights, decay rates and dt_bias) so that the Gated DeltaNet state carries real
-dynamics and the two numeric profiles can separate, and greedy text a drafter can learn
-(embed_scale 50, active_vocab 1024: see the knobs below). Use `--drafters 0`
-for the target alone. Two knobs shape its greedy text (what the demo's drafter must learn):
-`--init-range` (the weights' std; larger = more context-dependent, less repetitive text) and
-`--active-vocab N` (only N random LM-head rows are kept, the others zeroed, so greedy decoding
-walks a smaller token set and repeats sooner; 0 = the whole vocabulary) and `--embed-scale`
-(the token embeddings times this: with the init's small embeddings the layers' outputs swamp the
-current token in the residual stream and the greedy text looks random; larger embeddings make the
-next token depend more on the current one, so the text repeats and a drafter can learn it).
+random norm weights, decay rates and dt_bias), then knobs that trade learnable greedy text
+against a Gated DeltaNet that matters (defaults embed_scale 50, gdn_out_scale 20, active_vocab
+1024; tools/train-reference-drafter/README.md, "Numeric-profile demo", has the CPU measurements):
+`--embed-scale` (token embeddings times this: with the init's small embeddings the layers'
+outputs swamp the current token and the greedy text looks random; larger embeddings make it
+repeat), `--gdn-out-scale` (the GDN layers' out_proj times this: their share of the residual
+stream, and with it how far the two numeric profiles separate), `--active-vocab N` (only N random
+LM-head rows kept, the others zeroed: greedy decoding walks N tokens; 0 = all), and
+`--init-range` (the weights' std). Use `--drafters 0` for the target alone.
 
 Drafters are written to OUT-drafters/step-{k} in the z-lab DFlash format draftlens reads
 (config.json + model.safetensors, bf16), 5 layers, block 16, taps 1,9,17,25,33 (the layout of the
@@ -52,7 +51,7 @@ ARCHS = {
 ARCHS["qwen3.5-demo-8l"] = dict(ARCHS["qwen3.6-27b-16l"], vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                                 num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
                                 linear_num_key_heads=8, linear_num_value_heads=16, max_position_embeddings=32768,
-                                initializer_range=0.02, embed_scale=50.0, active_vocab=1024)
+                                initializer_range=0.02, embed_scale=50.0, gdn_out_scale=20.0, active_vocab=1024)
 # Archs whose weights get the hybrid goldens' non-trivial init after `from_config`.
 DYNAMIC_INIT = {"qwen3.5-demo-8l"}
 # A 27B-class dense target: Qwen3-32B's shapes (64 layers, 32.8 B parameters, 65.5 GB of bf16;
