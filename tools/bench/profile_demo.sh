@@ -114,7 +114,7 @@ XTR+=(${EXTRA_TRAIN_ARGS:-})
 timed train timeout $((TRAIN_DEADLINE - $(date +%s) + 30)) $PY tools/train-reference-drafter/train_hybrid.py \
   --target $M --out $TR --train-sets "$SETS" --synthetic-prompts "$SYNTH" --taps "$TAPS" --expect-path $EXPECT \
   --eval humaneval=data/prompts/humaneval.jsonl --eval-limit "$PROMPTS_N" --max-new "$MAX_NEW" --eval-max-new "$MAX_NEW" \
-  --layers "$LAYERS" --intermediate 2048 --gen-batch 512 --tf-batch 64 --save-fracs 1.0 \
+  --layers "$LAYERS" --intermediate 2048 --gen-batch 512 --tf-batch 32 --save-fracs 1.0 \
   --eval-reserve 40 --log-every 100 --device $DEVICE "${XTR[@]}"
 cp $TR/results.json $TR/target_numerics.json "$OUT/" 2>/dev/null
 CK=$(ls -d $TR/hybrid-demo/step-* 2>/dev/null | sort -V | tail -n 1)
