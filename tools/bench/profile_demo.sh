@@ -20,11 +20,11 @@
 # gdn_numerics()) and printed; the summary names the matching and the other profile accordingly.
 #
 # Build and carry (from the repository root of a checkout, on this side):
-#   cargo build --release -p draftlens-cli          # (the lead's stripped release binary)
-#   mkdir -p target-carry/pd && strip -o target-carry/pd/draftlens target-rel/release/draftlens \
+#   (any current release build of draftlens; no Rust change is needed for this demo)
+#   mkdir -p target-carry/pd && strip -o target-carry/pd/draftlens <release dir>/draftlens \
 #     && xz -T2 target-carry/pd/draftlens           # -> target-carry/pd/draftlens.xz
-#   tar -C /tmp -cf target-carry/pd/tok.tar tokmin  # tokmin/ = data/tokenizer/qwen3-hf's 2 files,
-#                                                   #   as hybrid_device.sh expects
+#   rm -rf /tmp/tokmin && cp -r data/tokenizer/qwen3-hf /tmp/tokmin \
+#     && tar -C /tmp -cf target-carry/pd/tok.tar tokmin   # as hybrid_device.sh expects
 #   cp data/prompts/{humaneval,gsm8k,mtbench}.jsonl target-carry/pd/
 #   cp -r <the fla wheels dir> target-carry/pd/fla  # fla_core-0.6.0 + flash_linear_attention-0.6.0
 # then one device call (carry target-carry/pd), well under its 10-minute limit:
