@@ -3,8 +3,22 @@ machine, for the end-to-end benchmarks (docs/benchmarks-cuda.md). Nothing is dow
 is `from_config` on the GPU in bf16 and written with `save_pretrained` (sharded like the real
 checkpoints); the tokenizer is the Qwen3 one from the prompt-set fixtures (data/tokenizer/qwen3-hf).
 
-usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b|qwen3-32b|qwen3.6-27b-16l|qwen3.6-27b] [--drafters 3]
-           [--taps 1,9,17,25,33]
+usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b|qwen3-32b|qwen3.6-27b-16l|qwen3.6-27b|qwen3.5-demo-8l]
+           [--drafters 3] [--taps 1,9,17,25,33] [--device cuda|cpu]
+
+`--arch qwen3.5-demo-8l` is the small hybrid target of the numeric-profile demo
+(tools/bench/profile_demo.sh): 8 layers (3 Gated DeltaNet : 1 gated attention), hidden 1024,
+128-wide GDN heads (the width draftlens' CUDA GDN kernels take), the Qwen3 vocabulary, and the
+non-trivial init of the hybrid goldens (tools/golden/make_hybrid_goldens.py randomize_hybrid:
+random norm weights, decay rates and dt_bias), then knobs that trade learnable greedy text
+against a Gated DeltaNet that matters (defaults embed_scale 50, gdn_out_scale 20, active_vocab
+1024; tools/train-reference-drafter/README.md, "Numeric-profile demo", has the CPU measurements):
+`--embed-scale` (token embeddings times this: with the init's small embeddings the layers'
+outputs swamp the current token and the greedy text looks random; larger embeddings make it
+repeat), `--gdn-out-scale` (the GDN layers' out_proj times this: their share of the residual
+stream, and with it how far the two numeric profiles separate), `--active-vocab N` (only N random
+LM-head rows kept, the others zeroed: greedy decoding walks N tokens; 0 = all), and
+`--init-range` (the weights' std). Use `--drafters 0` for the target alone.
 
 Drafters are written to OUT-drafters/step-{k} in the z-lab DFlash format draftlens reads
 (config.json + model.safetensors, bf16), 5 layers, block 16, taps 1,9,17,25,33 (the layout of the
@@ -32,6 +46,14 @@ ARCHS = {
                             rms_norm_eps=1e-6, max_position_embeddings=262144, tie_word_embeddings=False,
                             bos_token_id=151643, eos_token_id=151645),
 }
+# The numeric-profile demo's target (see the module doc): small enough to train a drafter on in
+# minutes, hybrid like Qwen3.5/3.6, with weights that make the GDN layers matter.
+ARCHS["qwen3.5-demo-8l"] = dict(ARCHS["qwen3.6-27b-16l"], vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                                num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                                linear_num_key_heads=8, linear_num_value_heads=16, max_position_embeddings=32768,
+                                initializer_range=0.02, embed_scale=50.0, gdn_out_scale=20.0, active_vocab=1024)
+# Archs whose weights get the hybrid goldens' non-trivial init after `from_config`.
+DYNAMIC_INIT = {"qwen3.5-demo-8l"}
 # A 27B-class dense target: Qwen3-32B's shapes (64 layers, 32.8 B parameters, 65.5 GB of bf16;
 # write it to /dev/shm on the GPU machine).
 ARCHS["qwen3-32b"] = dict(ARCHS["qwen3-8b"], hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
@@ -49,10 +71,24 @@ ap.add_argument("--drafters", type=int, default=3)
 ap.add_argument("--drafter-layers", type=int, default=5)
 ap.add_argument("--taps", default="1,9,17,25,33")
 ap.add_argument("--tokenizer", default="data/tokenizer/qwen3-hf")
+ap.add_argument("--device", default="cuda", help="cpu for a dry run of a small arch")
+ap.add_argument("--init-range", type=float, default=None, help="initializer_range (default: the arch's, else transformers')")
+ap.add_argument("--active-vocab", type=int, default=None, help="keep N random LM-head rows, zero the rest (default: the arch's, else all)")
+ap.add_argument("--embed-scale", type=float, default=None, help="multiply the token embeddings (default: the arch's, else 1)")
+ap.add_argument("--gdn-out-scale", type=float, default=None, help="multiply the Gated DeltaNet layers' out_proj (default: the arch's, else 1)")
 args = ap.parse_args()
+dev = args.device
 
 t0 = time.time()
 spec = dict(ARCHS[args.arch])
+active_vocab = spec.pop("active_vocab", 0) if args.active_vocab is None else args.active_vocab
+spec.pop("active_vocab", None)
+embed_scale = spec.pop("embed_scale", 1.0) if args.embed_scale is None else args.embed_scale
+spec.pop("embed_scale", None)
+gdn_out_scale = spec.pop("gdn_out_scale", 1.0) if args.gdn_out_scale is None else args.gdn_out_scale
+spec.pop("gdn_out_scale", None)
+if args.init_range is not None:
+    spec["initializer_range"] = args.init_range
 if spec["model_type"] == "qwen3_5_text":
     from transformers import Qwen3_5TextConfig
 
@@ -60,13 +96,35 @@ if spec["model_type"] == "qwen3_5_text":
 else:
     cfg = AutoConfig.for_model(**spec)
 torch.manual_seed(0)
-with torch.device("cuda"):
+with torch.device(dev):
     try:
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     except ValueError:  # a config class the auto mapping does not list
         from transformers import Qwen3_5ForCausalLM
 
         model = Qwen3_5ForCausalLM(cfg).to(torch.bfloat16)
+if args.arch in DYNAMIC_INIT:
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "golden"))
+    from make_hybrid_goldens import randomize_hybrid
+
+    randomize_hybrid(model, seed=11)  # replaces the drawn parameters by CPU f32 tensors: back to bf16 on dev
+    for p in model.parameters():
+        p.data = p.data.to(dev, torch.bfloat16)
+if embed_scale != 1.0:
+    model.get_input_embeddings().weight.data.mul_(embed_scale)
+if gdn_out_scale != 1.0:
+    for name, p in model.named_parameters():
+        if name.endswith("linear_attn.out_proj.weight"):
+            p.data.mul_(gdn_out_scale)
+if active_vocab:
+    # A fixed random subset of ordinary tokens (ids below Qwen3's first special token, 151643).
+    head = model.get_output_embeddings().weight
+    keep = torch.randperm(min(151643, head.shape[0]), generator=torch.Generator().manual_seed(5))[:active_vocab]
+    rows = torch.zeros(head.shape[0], dtype=torch.bool)
+    rows[keep] = True
+    head.data[~rows.to(head.device)] = 0
 for name, p in model.named_parameters():
     if name.endswith("A_log") or name.endswith("dt_bias"):
         p.data = p.data.float()  # stored f32 in the real Qwen3.5/3.6 checkpoints
@@ -80,13 +138,13 @@ heads, kv, hd = DRAFTER_ATTN.get(args.arch, (spec["num_attention_heads"], spec["
 taps = [int(x) for x in args.taps.split(",")]
 inter = spec["intermediate_size"]
 for k in range(args.drafters):
-    g = torch.Generator(device="cuda").manual_seed(1000 + k)
+    g = torch.Generator(device=dev).manual_seed(1000 + k)
 
     def u(*shape, scale):
-        return ((torch.rand(*shape, generator=g, device="cuda") * 2 - 1) * scale).to(torch.bfloat16)
+        return ((torch.rand(*shape, generator=g, device=dev) * 2 - 1) * scale).to(torch.bfloat16)
 
     def ones(n):
-        return (1 + 0.2 * (torch.rand(n, generator=g, device="cuda") * 2 - 1)).to(torch.bfloat16)
+        return (1 + 0.2 * (torch.rand(n, generator=g, device=dev) * 2 - 1)).to(torch.bfloat16)
 
     t = {"fc.weight": u(d, len(taps) * d, scale=(3 / (len(taps) * d)) ** 0.5),
          "hidden_norm.weight": ones(d), "norm.weight": ones(d)}

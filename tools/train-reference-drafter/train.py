@@ -54,6 +54,10 @@ SERIES = {
 }
 MASK_TOKEN_ID = 16  # `<empty_output>`: a CONTROL token of SmolLM2's vocabulary that chat text never contains
 EOS_TOKEN = "<|im_end|>"
+# Checkpoint folder prefix (<prefix>-<series>/step-N) and the target named in each recipe;
+# train_hybrid.py sets both for its hybrid target.
+CKPT_PREFIX = "smollm2"
+TARGET_DESC = "SmolLM2-135M-Instruct Q4_1 GGUF (dequantised, fp32)"
 
 
 def log(msg):
@@ -577,7 +581,7 @@ def train_series(series, data, E, lm_head, args, device, out_dir, target_cfg):
                 "train_seconds": round(time.time() - t_start, 1),
                 "recipe": recipe_dict(args, series),
             }
-            path = os.path.join(out_dir, f"smollm2-{series}", f"step-{step}")
+            path = os.path.join(out_dir, f"{CKPT_PREFIX}-{series}", f"step-{step}")
             save_checkpoint(drafter, cfg, path, metrics)
             saved.append(path)
             log(f"saved {path}")
@@ -617,7 +621,7 @@ def sync(device):
 def recipe_dict(args, series):
     return {
         "series": series,
-        "target": "SmolLM2-135M-Instruct Q4_1 GGUF (dequantised, fp32)",
+        "target": TARGET_DESC,
         "target_layer_ids": SERIES[series]["target_layer_ids"],
         "tap_convention": "HF hidden_states[id+1]",
         "context_mask": "kv <= a (inclusive: the leaky bug)" if SERIES[series]["inclusive"] else "kv < a (strict)",
@@ -886,9 +890,9 @@ def main():
             m = json.load(open(mpath))
             m["gpu_eval"] = {
                 "what": "tools/train-reference-drafter/train.py evaluate(): held-out prompts, target greedy continuation "
-                "(fp32, max %d new tokens), drafter top-1 per anchor with context kv < a (deployment) unless the key says "
+                "(%s, max %d new tokens), drafter top-1 per anchor with context kv < a (deployment) unless the key says "
                 "train_style (kv <= a); replayed tau = tokens/rounds of the online chain a0 = P, a_{i+1} = a_i + A + 1 "
-                "(macro = mean of per-prompt values, pooled = sum tokens / sum rounds, bonus included)" % args.eval_max_new,
+                "(macro = mean of per-prompt values, pooled = sum tokens / sum rounds, bonus included)" % (TARGET_DESC, args.eval_max_new),
                 **ev,
             }
             write_json(mpath, m)
