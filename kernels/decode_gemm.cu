@@ -316,15 +316,7 @@ __device__ void decode_gemm(const bf16_t* __restrict__ x, const bf16_t* __restri
 // padding: a 16-byte load of lane (g, t) reads row g (or g + 8, or 8j + g) at byte 16t, so the
 // eight lanes of each quarter-warp read two whole consecutive rows, 128 contiguous bytes: no bank
 // conflicts.
-__device__ __forceinline__ u32 dg_smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
-__device__ __forceinline__ void dg_cp_async16(u32 dst, const void* src, bool valid) {
-    const int n = valid ? 16 : 0;  // 0 source bytes: the 16 destination bytes are zero-filled
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void dg_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void dg_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ uint4 dg_lds(u32 addr) {
     uint4 v;
@@ -350,14 +342,14 @@ __device__ __forceinline__ void dg_load_stage(u32 st, const bf16_t* __restrict__
         const int p = threadIdx.x + i * DG_WARPS * 32;
         const int row = p >> 2, q = p & 3;
         const long long n = min(nblk + row, (long long)N - 1);
-        dg_cp_async16(st + p * 16, w + n * K + c * 32 + q * 8, true);
+        cp_async16_s(st + p * 16, w + n * K + c * 32 + q * 8, true);
     }
     constexpr int X_PIECES = NT * 8 * 4;  // up to 256: two per thread at 64 rows
 #pragma unroll
     for (int p = threadIdx.x; p < X_PIECES; p += DG_WARPS * 32) {
         const int row = p >> 2, q = p & 3;
         const bool ok = row < R;
-        dg_cp_async16(st + DgStage<NT, MT>::W_BYTES + p * 16,
+        cp_async16_s(st + DgStage<NT, MT>::W_BYTES + p * 16,
                       ok ? (const void*)(x + (long long)row * K + c * 32 + q * 8) : (const void*)x, ok);
     }
 }
@@ -379,22 +371,22 @@ __device__ void decode_gemm_pipe(const bf16_t* __restrict__ x, const bf16_t* __r
     // through decode_gemm's bounds-checked path, in the same increasing order.
     const int pe = rg.vec ? max(rg.full_end, c0) : c0;
     const int np = pe - c0;
-    const u32 base = dg_smem_u32(dg_smem);
+    const u32 base = smem_u32(dg_smem);
     constexpr int SB = DgStage<NT, MT>::BYTES;
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         if (i < np) dg_load_stage<NT, MT>(base + i * SB, w, x, nblk, N, R, K, c0 + i);
-        dg_cp_commit();
+        cp_async_commit();
     }
     // This lane's byte offsets inside a stage.
     const u32 wa_off = (u32)((warp * MT * 16 + g) * 64 + t * 16);
     const u32 x_off = (u32)(DgStage<NT, MT>::W_BYTES + g * 64 + t * 16);
     for (int i = 0; i < np; ++i) {
-        dg_cp_wait<STAGES - 2>();  // this thread's copies of chunk i have landed
+        cp_async_wait<STAGES - 2>();  // this thread's copies of chunk i have landed
         __syncthreads();           // everyone's have; and everyone is done with chunk i − 1's stage
         const int nx = i + STAGES - 1;
         if (nx < np) dg_load_stage<NT, MT>(base + (nx % STAGES) * SB, w, x, nblk, N, R, K, c0 + nx);
-        dg_cp_commit();
+        cp_async_commit();
         const u32 st = base + (i % STAGES) * SB;
         uint4 wa[MT], wb[MT];
 #pragma unroll
@@ -412,7 +404,7 @@ __device__ void decode_gemm_pipe(const bf16_t* __restrict__ x, const bf16_t* __r
             }
         }
     }
-    dg_cp_wait<0>();
+    cp_async_wait<0>();
 
     if (pe < rg.c1) {
         const bf16_t* wra[MT];

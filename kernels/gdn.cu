@@ -644,12 +644,6 @@ GDN_WALK_KERNEL(gdn_walk_engine_mma, true, true, 64)
 #define GDN_LDW 132  // row stride (floats) of the float4-read tiles: 16-byte aligned rows, and the
                      // rows a warp reads at once fall on disjoint groups of 4 banks
 
-__device__ __forceinline__ u32 gdn_smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void gdn_cp_async16(void* smem, const void* gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(gdn_smem_u32(smem)), "l"(gmem));
-}
-__device__ __forceinline__ void gdn_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void gdn_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 // fp32 FMA product on shared-memory tiles with 16-byte loads, 256 threads:
 // out(m, n) = sum_k A[m][k] B[k][n] for m < M, n < N, each element an fmaf chain over k ascending
@@ -749,17 +743,17 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
         const int nc = (int)min((long long)GDN_C, seq1 - row0);
         for (int i = tid; i < GDN_C * (GDN_DK / 4); i += GDN_THREADS) {
             const int r = i / (GDN_DK / 4), c = (i % (GDN_DK / 4)) * 4;
-            if (r < nc) gdn_cp_async16(Ws + r * GDN_LDW + c, Wg + ((row0 + r) * HV + hv) * GDN_DK + c);
+            if (r < nc) cp_async16(Ws + r * GDN_LDW + c, Wg + ((row0 + r) * HV + hv) * GDN_DK + c);
         }
         for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
             const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
-            if (r < nc) gdn_cp_async16(Us + r * DVS + c, Ug + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
+            if (r < nc) cp_async16(Us + r * DVS + c, Ug + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
         }
-        gdn_cp_async_commit();
+        cp_async_commit();
         if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
     };
     load_w(seq0);  // every sequence here has rows
-    gdn_cp_async_wait_all();
+    cp_async_wait_all();
     __syncthreads();
 
     for (long long row0 = seq0, ci = ch0; row0 < seq1; row0 += GDN_C, ++ci) {
@@ -843,7 +837,7 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
                     Ss[(cr + i * CRG) * DVS + cc + j] = ENGINE ? rb(s[i][j]) : s[i][j];
                 }
         }
-        gdn_cp_async_wait_all();
+        cp_async_wait_all();
         __syncthreads();
     }
 #pragma unroll
@@ -1133,23 +1127,6 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
 // bit for bit (the operands were bf16-valued there too: mm_mma's packing only re-rounds exact
 // values).
 
-__device__ __forceinline__ void gdn_ldm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const bf16_t* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(gdn_smem_u32(p)));
-}
-__device__ __forceinline__ void gdn_ldm_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3, const bf16_t* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(gdn_smem_u32(p)));
-}
-__device__ __forceinline__ void gdn_mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // out(m, n) = sum_k A[m][k] B(k, n) on bf16 shared tiles, 256 threads (8 warps), each warp
 // 16 x 16 output blocks (blocks warp, warp + 8, ...). A row-major [M][lda]; B_NMAJOR: B stored
@@ -1174,13 +1151,13 @@ __device__ __forceinline__ void mm_ldm(const bf16_t* A, int lda, const bf16_t* B
 #pragma unroll 4
         for (int k0 = 0; k0 < K; k0 += 16) {
             u32 a0, a1, a2, a3, b0, b1, b2, b3;
-            gdn_ldm_x4(a0, a1, a2, a3, pa + k0);
+            ldmatrix_x4(a0, a1, a2, a3, pa + k0);
             if (B_NMAJOR)
-                gdn_ldm_x4(b0, b1, b2, b3, pb + k0);
+                ldmatrix_x4(b0, b1, b2, b3, pb + k0);
             else
-                gdn_ldm_x4_trans(b0, b1, b2, b3, pb + k0 * ldb);
-            gdn_mma_bf16(c[0], a0, a1, a2, a3, b0, b1);
-            gdn_mma_bf16(c[1], a0, a1, a2, a3, b2, b3);
+                ldmatrix_x4_trans(b0, b1, b2, b3, pb + k0 * ldb);
+            mma_bf16(c[0], a0, a1, a2, a3, b0, b1);
+            mma_bf16(c[1], a0, a1, a2, a3, b2, b3);
         }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
