@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh clone: the built-in prompt sets against their pinned source,
-# the test build, fixtures (installed by the built binary's own `draftlens setup`), wasm plugins,
-# every cargo test, then the wheel installed into a fresh virtual environment (scripts/test-wheel.sh).
+# an offline compile of the CUDA kernels, the test build, fixtures (installed by the built binary's
+# own `draftlens setup`), wasm plugins, every cargo test, then the wheel installed into a fresh virtual environment (scripts/test-wheel.sh).
 # CUDA tests skip themselves (with a message) on machines without an NVIDIA driver; browser tests
 # need Debian's chromium + chromium-driver (.ci/run installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/check-builtin-prompts.sh
+# Every CUDA kernel compiles (NVRTC) without new register spills (ptxas): no GPU needed, so CI
+# checks the kernels even when no GPU machine is lent (NVRTC + ptxas wheels pinned by hash).
+bash scripts/check-kernels.sh
 # The plugin host embeds the built-in plugins, built for wasm32 by its build script.
 rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
 # The deny-all WASI tests build a probe plugin for wasm32-wasip2 (host/plugin-host/tests/wasi.rs).

@@ -12,6 +12,8 @@ Needs only two PyPI wheels, no CUDA installation (docs/cuda.md, "Checking kernel
     python3 tools/check_kernels.py --nvrtc DIR/libnvrtc.so.12 --ptxas DIR/ptxas [--only gdn] [--filter gdn_]
 
 Usage: python3 tools/check_kernels.py [--arch 90] [--only MODULE ...] [--filter SUBSTRING]
+                                     [--allow-spill KERNEL ...]
+CI runs it through scripts/check-kernels.sh, which fetches the two wheels pinned by hash.
 """
 import argparse
 import ctypes
@@ -23,15 +25,29 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Module name -> files, in the order kernels.rs concatenates them.
-MODULES = {
-    "elementwise": ["elementwise.cu", "fused.cu"],
-    "attention": ["attention.cu"],
-    "topk": ["topk.cu"],
-    "gdn": ["gdn.cu"],
-    "convert": ["convert.cu"],
-    "decode": ["decode_gemm.cu", "decode_attention.cu"],
-}
+KERNELS_RS = ROOT / "host/src/backend/cuda/kernels.rs"
+
+
+def modules():
+    """Module name -> its files, in the order `SOURCES` in kernels.rs concatenates them (read from
+    kernels.rs itself, so that this tool cannot drift from what the backend compiles)."""
+    src = KERNELS_RS.read_text()
+    table = src[src.index("const SOURCES"):]
+    table = table[: table.index("];")]
+    out, current = {}, None
+    # In order: a module's name ("elementwise",) then the files it includes.
+    for tok in re.finditer(r'"(\w+)"\s*,|include_str!\("[./]*kernels/([\w.]+)"\)', table):
+        if tok.group(1):
+            current = tok.group(1)
+            out[current] = []
+        elif current:
+            out[current].append(tok.group(2))
+    if not out:
+        sys.exit(f"{KERNELS_RS}: no kernel modules found in SOURCES")
+    return out
+
+
+MODULES = modules()
 
 
 def module_source(name):
@@ -70,6 +86,8 @@ def main():
     ap.add_argument("--filter", default="", help="print only kernels whose name contains this")
     ap.add_argument("--nvrtc", default=os.environ.get("NVRTC_LIB", "libnvrtc.so.12"))
     ap.add_argument("--ptxas", default=os.environ.get("PTXAS", "ptxas"))
+    ap.add_argument("--allow-spill", action="append", default=[], metavar="KERNEL",
+                    help="a kernel whose spills are known and documented (repeatable)")
     a = ap.parse_args()
     lib = ctypes.CDLL(a.nvrtc)
     bad = False
@@ -94,8 +112,9 @@ def main():
                 kernel = m.group(1)
             spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
             if spill and kernel and (int(spill.group(1)) or int(spill.group(2))):
-                print(f"SPILL {name}/{kernel}: {line.strip()}")
-                bad = True
+                known = kernel in a.allow_spill
+                print(f"SPILL{' (allowed)' if known else ''} {name}/{kernel}: {line.strip()}")
+                bad = bad or not known
             used = re.search(r"Used (\d+) registers(.*)", line)
             if used and kernel and a.filter in kernel:
                 print(f"{name}/{kernel}: {used.group(1)} registers{used.group(2)}")
