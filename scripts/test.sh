@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh clone: the built-in prompt sets against their pinned source,
 # an offline compile of the CUDA kernels, the test build, fixtures (installed by the built binary's
-# own `draftlens setup`), wasm plugins, every cargo test, then the wheel installed into a fresh virtual environment (scripts/test-wheel.sh).
+# own `draftlens setup`), wasm plugins, every cargo test, then the wheel installed into a fresh
+# virtual environment (scripts/test-wheel.sh).
 # CUDA tests skip themselves (with a message) on machines without an NVIDIA driver; browser tests
 # need Debian's chromium + chromium-driver (.ci/run installs them).
 set -euo pipefail
