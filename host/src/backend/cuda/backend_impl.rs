@@ -463,7 +463,7 @@ impl Backend for CudaBackend {
         seq_starts: &[usize],
         states: &mut [&mut CudaTensor],
     ) -> Result<CudaTensor> {
-        self.gdn_conv1d_silu(x, weight, seq_starts, states)
+        self.causal_conv1d_silu_with(x, weight, seq_starts, states, false)
     }
     fn gated_delta_rule(
         &self,

@@ -62,7 +62,7 @@ pub fn gemm_bandwidth(be: &CudaBackend, copy_rate: f64) -> Result<Value> {
             };
             let regs = timed(super::DecodeGemmKernel::Registers)?;
             let pipe = timed(super::DecodeGemmKernel::Pipelined)?;
-            let ours = if rows.div_ceil(8) >= super::decode::PIPE_FROM_ROW_TILES {
+            let ours = if super::DecodeGemmKernel::Auto.pipelined_for(rows) {
                 pipe
             } else {
                 regs

@@ -81,6 +81,17 @@ pub enum DecodeGemmKernel {
 /// slower at 1, 8 and 32 rows; 57–63 rows share its 8-tile instance.
 pub const PIPE_FROM_ROW_TILES: usize = 8;
 
+impl DecodeGemmKernel {
+    /// Whether this choice runs the pipelined kernel for `rows` rows.
+    pub fn pipelined_for(self, rows: usize) -> bool {
+        match self {
+            DecodeGemmKernel::Auto => rows.div_ceil(8) >= PIPE_FROM_ROW_TILES,
+            DecodeGemmKernel::Registers => false,
+            DecodeGemmKernel::Pipelined => true,
+        }
+    }
+}
+
 /// Pipeline depth of `decode_gemm_pipe_*` (its `STAGES`): 8 chunks with one 16-feature tile
 /// per warp, 4 with two. Must match the DG_PIPE_ENTRY instances.
 fn pipe_stages(mt: usize) -> usize {
@@ -146,11 +157,7 @@ impl CudaBackend {
         let features_per_block = WARPS * mt * FEATURES_PER_WARP_TILE;
         let feature_blocks = out.div_ceil(features_per_block);
         let mut scratch = self.decode.lock().unwrap_or_else(|e| e.into_inner());
-        let pipelined = match scratch.kernel {
-            DecodeGemmKernel::Auto => nt >= PIPE_FROM_ROW_TILES,
-            DecodeGemmKernel::Registers => false,
-            DecodeGemmKernel::Pipelined => true,
-        };
+        let pipelined = scratch.kernel.pipelined_for(rows);
         let (func, shared) = if pipelined {
             (pipe_kernel_name(nt, mt), pipe_shared_bytes(nt, mt))
         } else {

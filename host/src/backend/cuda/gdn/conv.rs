@@ -10,21 +10,11 @@ use anyhow::{ensure, Result};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 impl CudaBackend {
-    /// [`crate::backend::Backend::causal_conv1d_silu`]: every sequence in two launches (the outputs, then the
-    /// states), whatever its length (one-token decode included).
-    pub(in crate::backend::cuda) fn gdn_conv1d_silu(
-        &self,
-        x: &CudaTensor,
-        weight: &CudaTensor,
-        seq_starts: &[usize],
-        states: &mut [&mut CudaTensor],
-    ) -> Result<CudaTensor> {
-        self.causal_conv1d_silu_with(x, weight, seq_starts, states, false)
-    }
-
     /// [`crate::backend::Backend::causal_conv1d_silu`] with the output kernel picked: `vectorised`
     /// runs `gdn_conv_silu_v8` (8 channels per thread, the same bits; docs/gdn-cuda.md, "Round 2")
     /// where the shape allows it (channels a multiple of 8, at most 4 taps), else `gdn_conv_silu`.
+    /// Every sequence in two launches (the outputs, then the states), whatever its length
+    /// (one-token decode included); the trait method passes `vectorised = false`.
     pub fn causal_conv1d_silu_with(
         &self,
         x: &CudaTensor,
