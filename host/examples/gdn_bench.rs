@@ -445,7 +445,7 @@ fn layer_breakdown(
         })?,
     ));
     rows.push((
-        "conv1d + SiLU (+ conv states)",
+        "conv1d + SiLU (+ conv states; default kernel)",
         time(&mut || {
             let mut cs: Vec<_> = conv_states.iter_mut().collect();
             be.causal_conv1d_silu(mixed, &conv_w, d.seq_starts, &mut cs)
@@ -558,7 +558,7 @@ fn layer_breakdown(
         pct(engine_rule)
     );
     println!(
-        "| (conv1d + SiLU, 8-channel kernel gdn_conv_silu_v8 instead) | {:.3} | {:.1} |",
+        "| (conv1d + SiLU, 8-channel kernel gdn_conv_silu_v8 instead; timed second) | {:.3} | {:.1} |",
         conv_v8 * 1e3,
         pct(conv_v8)
     );

@@ -41,6 +41,7 @@
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -155,13 +156,23 @@ impl CachedData {
         }
     }
 
-    fn to_le_bytes(&self) -> Vec<u8> {
-        match self {
+    /// The values as little-endian bytes: borrowed on a little-endian machine (no copy of
+    /// gigabytes of hidden states while an entry is written), converted otherwise.
+    fn le_bytes(&self) -> Cow<'_, [u8]> {
+        if cfg!(target_endian = "little") {
+            return Cow::Borrowed(match self {
+                CachedData::F32(v) => bytemuck::cast_slice(v),
+                CachedData::F16(v) => bytemuck::cast_slice(v),
+                CachedData::BF16(v) => bytemuck::cast_slice(v),
+                CachedData::U32(v) => bytemuck::cast_slice(v),
+            });
+        }
+        Cow::Owned(match self {
             CachedData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             CachedData::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
             CachedData::BF16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
             CachedData::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        }
+        })
     }
 
     fn from_le_bytes(
@@ -401,12 +412,12 @@ impl HiddenCache {
             }
         }
 
-        let bytes = encode_entry(&digest, key, tensors)
+        let entry = EntryWriter::new(&digest, key, tensors)
             .with_context(|| format!("{}: cannot encode entry", path.display()))?;
         let dir = path.parent().expect("entry paths have a shard directory");
         let mut retries = 0;
         loop {
-            match publish(dir, &path, &digest, &bytes) {
+            match publish(dir, &path, &digest, |tmp| entry.write(tmp)) {
                 Ok(published) => {
                     return Ok(PutOutcome {
                         path,
@@ -578,18 +589,6 @@ fn is_hex(s: &str) -> bool {
 }
 
 /// Writes `bytes` to a new file at `path` and fsyncs it.
-pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .with_context(|| format!("{}: cannot create cache temp file", path.display()))?;
-    f.write_all(bytes)
-        .with_context(|| format!("{}: cannot write cache temp file", path.display()))?;
-    f.sync_all()
-        .with_context(|| format!("{}: cannot fsync cache temp file", path.display()))
-}
-
 /// sha256 over the tensors in name order; for each: name, dtype, shape and the little-endian data,
 /// each length-prefixed so that no two different tensor lists hash the same byte stream. Defined
 /// on the tensors rather than on the file's byte layout, so it does not depend on how the
@@ -614,62 +613,112 @@ pub fn tensors_checksum(tensors: &[(&str, safetensors::Dtype, &[usize], &[u8])])
     format!("sha256:{}", hex::encode(h.finalize()))
 }
 
-fn encode_entry(digest: &str, key: &CacheKey, tensors: &[CachedTensor]) -> Result<Vec<u8>> {
-    let mut names = std::collections::HashSet::new();
-    for t in tensors {
-        if t.name.is_empty() || t.name.starts_with("__") {
-            bail!("tensor name {:?} is not allowed", t.name);
+/// An entry ready to be written: its tensors checked and checksummed, their bytes borrowed (on a
+/// little-endian machine), so that writing a multi-gigabyte entry does not hold two more copies
+/// of it in memory (the bytes and the serialised file).
+struct EntryWriter<'a> {
+    tensors: &'a [CachedTensor],
+    bytes: Vec<Cow<'a, [u8]>>,
+    metadata: HashMap<String, String>,
+}
+
+impl<'a> EntryWriter<'a> {
+    fn new(digest: &str, key: &CacheKey, tensors: &'a [CachedTensor]) -> Result<Self> {
+        let mut names = std::collections::HashSet::new();
+        for t in tensors {
+            if t.name.is_empty() || t.name.starts_with("__") {
+                bail!("tensor name {:?} is not allowed", t.name);
+            }
+            if !names.insert(t.name.as_str()) {
+                bail!("tensor {:?} given twice", t.name);
+            }
+            let elems: usize = t.shape.iter().product();
+            if elems != t.data.len() {
+                bail!(
+                    "tensor {:?}: shape {:?} has {elems} elements but the data has {}",
+                    t.name,
+                    t.shape,
+                    t.data.len()
+                );
+            }
         }
-        if !names.insert(t.name.as_str()) {
-            bail!("tensor {:?} given twice", t.name);
-        }
-        let elems: usize = t.shape.iter().product();
-        if elems != t.data.len() {
-            bail!(
-                "tensor {:?}: shape {:?} has {elems} elements but the data has {}",
-                t.name,
-                t.shape,
-                t.data.len()
-            );
-        }
-    }
-    let bytes: Vec<Vec<u8>> = tensors.iter().map(|t| t.data.to_le_bytes()).collect();
-    let checksum = tensors_checksum(
-        &tensors
-            .iter()
-            .zip(&bytes)
-            .map(|(t, b)| {
-                (
-                    t.name.as_str(),
-                    t.data.dtype(),
-                    t.shape.as_slice(),
-                    b.as_slice(),
-                )
-            })
-            .collect::<Vec<_>>(),
-    );
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let metadata = HashMap::from([
-        ("draftlens.cache".to_string(), FORMAT_VERSION.to_string()),
-        ("key".to_string(), serde_json::to_string(key)?),
-        ("digest".to_string(), digest.to_string()),
-        ("checksum".to_string(), checksum),
-        ("created".to_string(), created.to_string()),
-    ]);
-    let views = tensors
-        .iter()
-        .zip(&bytes)
-        .map(|(t, b)| {
-            Ok((
-                t.name.clone(),
-                safetensors::tensor::TensorView::new(t.data.dtype(), t.shape.clone(), b)?,
-            ))
+        let bytes: Vec<Cow<[u8]>> = tensors.iter().map(|t| t.data.le_bytes()).collect();
+        let checksum = tensors_checksum(
+            &tensors
+                .iter()
+                .zip(&bytes)
+                .map(|(t, b)| (t.name.as_str(), t.data.dtype(), t.shape.as_slice(), &**b))
+                .collect::<Vec<_>>(),
+        );
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let metadata = HashMap::from([
+            ("draftlens.cache".to_string(), FORMAT_VERSION.to_string()),
+            ("key".to_string(), serde_json::to_string(key)?),
+            ("digest".to_string(), digest.to_string()),
+            ("checksum".to_string(), checksum),
+            ("created".to_string(), created.to_string()),
+        ]);
+        Ok(EntryWriter {
+            tensors,
+            bytes,
+            metadata,
         })
-        .collect::<std::result::Result<Vec<_>, safetensors::SafeTensorError>>()?;
-    Ok(safetensors::serialize(views, Some(metadata))?)
+    }
+
+    /// Streams the entry into the new file `path` and fsyncs it: the same bytes as
+    /// `safetensors::serialize` (tensors by descending dtype, then name; the JSON header padded
+    /// with spaces to 8 bytes), which needs the whole file in one buffer. (`serialize_to_file`
+    /// streams, but through a temp file of its own naming that `cache gc` would not recognise.)
+    fn write(&self, path: &Path) -> Result<()> {
+        let mut order: Vec<usize> = (0..self.tensors.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (ta, tb) = (&self.tensors[a], &self.tensors[b]);
+            tb.data
+                .dtype()
+                .cmp(&ta.data.dtype())
+                .then(ta.name.cmp(&tb.name))
+        });
+        let mut offset = 0;
+        let infos = order
+            .iter()
+            .map(|&i| {
+                let t = &self.tensors[i];
+                let n = self.bytes[i].len();
+                offset += n;
+                let info = safetensors::tensor::TensorInfo {
+                    dtype: t.data.dtype(),
+                    shape: t.shape.clone(),
+                    data_offsets: (offset - n, offset),
+                };
+                (t.name.clone(), info)
+            })
+            .collect();
+        let header = safetensors::tensor::Metadata::new(Some(self.metadata.clone()), infos)?;
+        let mut header = serde_json::to_string(&header)?.into_bytes();
+        header.resize(header.len().next_multiple_of(8), b' ');
+        let io = |e: std::io::Error| {
+            anyhow::Error::from(e)
+                .context(format!("{}: cannot write cache temp file", path.display()))
+        };
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .with_context(|| format!("{}: cannot create cache temp file", path.display()))?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+        w.write_all(&(header.len() as u64).to_le_bytes())
+            .map_err(io)?;
+        w.write_all(&header).map_err(io)?;
+        for &i in &order {
+            w.write_all(&self.bytes[i]).map_err(io)?;
+        }
+        let f = w.into_inner().map_err(|e| io(e.into_error()))?;
+        f.sync_all()
+            .with_context(|| format!("{}: cannot fsync cache temp file", path.display()))
+    }
 }
 
 /// Parses and checks a whole entry: safetensors structure, format version, checksum, and when

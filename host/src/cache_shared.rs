@@ -4,7 +4,7 @@
 //! modification time, refreshed at most once per [`TOUCH_INTERVAL`]) and size-budget eviction
 //! ([`HiddenCache::gc`]). The design and its measurements: docs/scale-out.md, "Shared cache".
 
-use crate::cache::{write_synced, HiddenCache, STALE_TEMP_AGE, TOUCH_INTERVAL};
+use crate::cache::{HiddenCache, STALE_TEMP_AGE, TOUCH_INTERVAL};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::fs::{self, File};
@@ -56,13 +56,18 @@ pub(crate) fn unique_temp_name(stem: &str) -> String {
     )
 }
 
-/// Writes `bytes` to a fresh temp file in `dir` and publishes it as `path` without replacing an
+/// Has `write` create and fsync a fresh temp file in `dir`, and publishes it as `path` without replacing an
 /// existing entry. `Ok(false)`: an entry was already there (our copy is discarded).
-pub(crate) fn publish(dir: &Path, path: &Path, digest: &str, bytes: &[u8]) -> Result<bool> {
+pub(crate) fn publish(
+    dir: &Path,
+    path: &Path,
+    digest: &str,
+    write: impl FnOnce(&Path) -> Result<()>,
+) -> Result<bool> {
     fs::create_dir_all(dir)
         .with_context(|| format!("{}: cannot create cache directory", dir.display()))?;
     let tmp = dir.join(unique_temp_name(digest));
-    let result = write_synced(&tmp, bytes).and_then(|()| match fs::hard_link(&tmp, path) {
+    let result = write(&tmp).and_then(|()| match fs::hard_link(&tmp, path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(anyhow::Error::from(e)

@@ -145,6 +145,19 @@ fn round_trip_and_layout() {
             .collect::<Vec<_>>()
     );
 
+    // The entry is streamed to disk tensor by tensor (no copy of it in memory): it is what the
+    // safetensors crate's own serialiser gives for the same tensors and metadata: the same header
+    // (as JSON: the metadata map's key order is a hash map's), padded the same way, and the same
+    // data section (tensor order and offsets).
+    let canonical = safetensors::serialize(st.tensors(), Some(md.clone())).unwrap();
+    assert_eq!(canonical.len(), bytes.len());
+    let header_len = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let (n, cn) = (header_len(&bytes), header_len(&canonical));
+    assert_eq!(n, cn, "header length (padding)");
+    let json = |b: &[u8]| serde_json::from_slice::<serde_json::Value>(&b[8..8 + n]).unwrap();
+    assert_eq!(json(&bytes), json(&canonical));
+    assert_eq!(bytes[8 + n..], canonical[8 + n..], "data section");
+
     // Only the entry is on disk: no temp files left behind.
     assert_eq!(
         all_files(cache.root()),

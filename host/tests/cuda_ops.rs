@@ -694,3 +694,64 @@ fn cuda_raw_upload_matches_matrix_bit_for_bit() {
     let free = gpu.free_memory().expect("CUDA reports free memory");
     assert!(free > 0 && free <= gpu.info().total_mem_bytes as u64 + (1 << 30));
 }
+
+/// A `WeightSource` without raw views: the loader takes its f32 path (`WeightSource::tensor`).
+struct F32Only<'a>(&'a dyn draftlens::formats::WeightSource);
+
+impl draftlens::formats::WeightSource for F32Only<'_> {
+    fn path(&self) -> &std::path::Path {
+        self.0.path()
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.0.contains(name)
+    }
+    fn tensors(&self) -> Vec<draftlens::formats::TensorInfo> {
+        self.0.tensors()
+    }
+    fn tensor(&self, name: &str) -> anyhow::Result<draftlens::formats::HostTensor> {
+        self.0.tensor(name)
+    }
+}
+
+/// A hybrid's gated attention on the GPU: `q_proj`'s per-head query and gate rows uploaded as row
+/// views of the stored bytes (`load_gated_qkv`) give the same device matrices, bit for bit, as
+/// the f32 path that splits them on the host (the committed Qwen3.5 / Qwen3-Next goldens).
+#[test]
+fn hybrid_gated_attention_loads_raw_as_from_f32_on_the_gpu() {
+    use draftlens::model::config::LayerType;
+    use draftlens::model::transformer::Attention;
+    use draftlens::model::TargetFiles;
+    let Some(gpu) = gpu() else { return };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/golden");
+    for name in ["qwen3_5", "qwen3_next"] {
+        let files = TargetFiles::open(&root.join(name)).unwrap();
+        let spec = &files.spec;
+        let layer = spec
+            .hybrid
+            .as_ref()
+            .unwrap()
+            .layer_types
+            .iter()
+            .position(|t| *t == LayerType::FullAttention);
+        let prefix = format!(
+            "model.layers.{}.self_attn",
+            layer.expect("an attention layer")
+        );
+        let w = files.weights.as_ref();
+        assert!(
+            w.raw(&format!("{prefix}.q_proj.weight")).unwrap().is_some(),
+            "{name}: q_proj has no raw view"
+        );
+        let raw = Attention::load(&gpu, w, &prefix, spec).unwrap();
+        let f32s = Attention::load(&gpu, &F32Only(w), &prefix, spec).unwrap();
+        assert_eq!(
+            matrix_bits(&gpu, &raw.qkv_proj),
+            matrix_bits(&gpu, &f32s.qkv_proj),
+            "{name}: q|k|v"
+        );
+        let (Some(a), Some(b)) = (&raw.gate_proj, &f32s.gate_proj) else {
+            panic!("{name}: a gated attention layer without its gate");
+        };
+        assert_eq!(matrix_bits(&gpu, a), matrix_bits(&gpu, b), "{name}: gate");
+    }
+}

@@ -74,6 +74,16 @@ impl<'a> RawPart<'a> {
         self.len() == 0
     }
 
+    /// Rows `r0 .. r0 + n` of this part (a row-major slice of its bytes).
+    pub fn row_range(&self, r0: usize, n: usize) -> RawPart<'a> {
+        let row = self.cols * self.dtype.size();
+        RawPart {
+            rows: n,
+            bytes: &self.bytes[r0 * row..(r0 + n) * row],
+            ..*self
+        }
+    }
+
     /// The byte count must match the shape.
     pub fn check(&self) -> Result<()> {
         let want = self.len() * self.dtype.size();

@@ -236,29 +236,63 @@ pub struct Attention<B: Backend> {
     pub rope: Rope,
 }
 
-/// A hybrid's `q_proj` `[H · 2·hd, D]` split into its query rows and its gate rows (each
-/// `[H·hd, D]`, heads in order): exact row copies.
-fn split_gated_q_proj(
+/// The fused `[q | k | v]` and the gate matrices of a gated attention layer (Qwen3.5 / Qwen3-Next,
+/// `modeling_qwen3_5.py`): `q_proj` stores per head `hd` query rows then `hd` gate rows. Stored
+/// F32/F16/BF16 weights go to the backend as row views of their bytes (no host copy, as
+/// [`load_stacked_matrix`]); quantised GGUF tensors are dequantised and split on the host.
+fn load_gated_qkv<B: Backend>(
+    be: &B,
     src: &dyn WeightSource,
-    name: &str,
-    heads: usize,
-    hd: usize,
-    d: usize,
-) -> Result<(Vec<f32>, Vec<f32>)> {
-    let t = src.tensor(name)?;
-    if t.shape != [2 * heads * hd, d] {
-        bail!(
-            "{}: tensor {name} has shape {:?}, the config implies [{}, {d}] (query and gate rows per head)",
-            src.path().display(),
-            t.shape,
-            2 * heads * hd
-        );
+    prefix: &str,
+    spec: &ModelSpec,
+) -> Result<(B::Matrix, B::Matrix)> {
+    let (d, hd, heads) = (spec.hidden_size, spec.head_dim, spec.num_heads);
+    let kvd = spec.num_kv_heads * hd;
+    let q_name = format!("{prefix}.q_proj.weight");
+    let kv = [
+        (format!("{prefix}.k_proj.weight"), kvd),
+        (format!("{prefix}.v_proj.weight"), kvd),
+    ];
+    let p = src.path().display();
+    let check = |name: &str, shape: &[usize], rows: usize, what: &str| -> Result<()> {
+        if shape != [rows, d] {
+            bail!("{p}: tensor {name} has shape {shape:?}, the config implies [{rows}, {d}]{what}");
+        }
+        Ok(())
+    };
+    let q_rows = 2 * heads * hd;
+    let per_head = " (query and gate rows per head)";
+    let raws = (src.raw(&q_name)?, src.raw(&kv[0].0)?, src.raw(&kv[1].0)?);
+    let (qkv, gate) = if let (Some(q), Some(k), Some(v)) = raws {
+        check(&q_name, &[q.rows, q.cols], q_rows, per_head)?;
+        check(&kv[0].0, &[k.rows, k.cols], kvd, "")?;
+        check(&kv[1].0, &[v.rows, v.cols], kvd, "")?;
+        let rows_of = |first: usize| (0..heads).map(move |h| q.row_range((2 * h + first) * hd, hd));
+        let qkv: Vec<RawPart<'_>> = rows_of(0).chain([k, v]).collect();
+        let gate: Vec<RawPart<'_>> = rows_of(1).collect();
+        (be.matrix_stacked_raw(&qkv), be.matrix_stacked_raw(&gate))
+    } else {
+        let qt = src.tensor(&q_name)?;
+        check(&q_name, &qt.shape, q_rows, per_head)?;
+        let (mut q, mut gate) = (Vec::new(), Vec::new());
+        for (i, rows) in qt.data.chunks(hd * d).enumerate() {
+            if i % 2 == 0 { &mut q } else { &mut gate }.extend_from_slice(rows);
+        }
+        for (n, rows) in &kv {
+            let t = src.tensor(n)?;
+            check(n, &t.shape, *rows, "")?;
+            q.extend_from_slice(&t.data);
+        }
+        let qkv_rows = heads * hd + 2 * kvd;
+        (be.matrix(&q, qkv_rows, d), be.matrix(&gate, heads * hd, d))
+    };
+    let ctx =
+        || format!("{p}: uploading {q_name} (split into query and gate rows) + k_proj + v_proj");
+    let (qkv, gate) = (qkv.with_context(ctx)?, gate.with_context(ctx)?);
+    for n in [&q_name, &kv[0].0, &kv[1].0] {
+        src.release(n);
     }
-    let (mut q, mut gate) = (Vec::new(), Vec::new());
-    for (i, rows) in t.data.chunks(hd * d).enumerate() {
-        if i % 2 == 0 { &mut q } else { &mut gate }.extend_from_slice(rows);
-    }
-    Ok((q, gate))
+    Ok((qkv, gate))
 }
 
 impl<B: Backend> Attention<B> {
@@ -298,23 +332,8 @@ impl<B: Backend> Attention<B> {
             (None, None)
         };
         let (qkv_proj, gate_proj) = if spec.arch.is_hybrid() {
-            let name = format!("{prefix}.q_proj.weight");
-            let (mut qkv, gate) = split_gated_q_proj(src, &name, spec.num_heads, hd, d)?;
-            for (n, rows) in &stacked("weight")[1..] {
-                let t = src.tensor(n)?;
-                if t.shape != [*rows, d] {
-                    bail!(
-                        "{}: tensor {n} has shape {:?}, the config implies [{rows}, {d}]",
-                        src.path().display(),
-                        t.shape
-                    );
-                }
-                qkv.extend_from_slice(&t.data);
-            }
-            (
-                be.matrix(&qkv, qd + 2 * kvd, d)?,
-                Some(be.matrix(&gate, qd, d)?),
-            )
+            let (qkv, gate) = load_gated_qkv(be, src, prefix, spec)?;
+            (qkv, Some(gate))
         } else {
             (load_stacked_matrix(be, src, &stacked("weight"), d)?, None)
         };

@@ -720,38 +720,47 @@ impl<B: Backend> Session<B> {
         drop(forward);
         let kk = topk.k;
         // One download per tap for the whole pack (not one per sequence and tap: each is a
-        // synchronising copy), split into sequences on the host.
+        // synchronising copy), split into sequences on the host tap by tap, so that host memory
+        // holds the pack's hidden states once plus one tap (a 32k-token prompt of a 32B target is
+        // 1.6 GB of taps); a pack of one sequence keeps the download as it is.
         let _download = crate::timeline::phase("tap download");
-        let taps = capture
-            .indices
-            .iter()
-            .map(|&i| {
-                let t = out.captured.get(i).context("captured state missing")?;
-                Ok((i, self.be.to_host_rows(t)?))
-            })
-            .collect::<Result<Vec<_>>>()?;
         use rayon::prelude::*;
-        seqs.par_iter()
-            .zip(starts.par_windows(2))
-            .map(|(s, w)| {
-                let hidden = taps
-                    .iter()
-                    .map(|(i, all)| (*i, all.view().slice(w[0] * d..w[1] * d).to_owned()))
-                    .collect();
-                Ok(TargetPass {
-                    ids: s.to_vec(),
-                    hidden,
-                    hidden_size: d,
-                    topk: TopK {
-                        rows: s.len(),
-                        k: kk,
-                        ids: topk.ids[w[0] * kk..w[1] * kk].to_vec(),
-                        logprobs: topk.logprobs[w[0] * kk..w[1] * kk].to_vec(),
-                    },
-                    cached: false,
-                })
+        let mut hidden: Vec<Vec<(usize, HostRows)>> = seqs
+            .iter()
+            .map(|_| Vec::with_capacity(capture.indices.len()))
+            .collect();
+        for &i in &capture.indices {
+            let t = out.captured.get(i).context("captured state missing")?;
+            let all = self.be.to_host_rows(t)?;
+            if let [only] = hidden.as_mut_slice() {
+                only.push((i, all));
+                continue;
+            }
+            let parts: Vec<HostRows> = starts
+                .par_windows(2)
+                .map(|w| all.view().slice(w[0] * d..w[1] * d).to_owned())
+                .collect();
+            for (h, part) in hidden.iter_mut().zip(parts) {
+                h.push((i, part));
+            }
+        }
+        Ok(seqs
+            .iter()
+            .zip(starts.windows(2))
+            .zip(hidden)
+            .map(|((s, w), hidden)| TargetPass {
+                ids: s.to_vec(),
+                hidden,
+                hidden_size: d,
+                topk: TopK {
+                    rows: s.len(),
+                    k: kk,
+                    ids: topk.ids[w[0] * kk..w[1] * kk].to_vec(),
+                    logprobs: topk.logprobs[w[0] * kk..w[1] * kk].to_vec(),
+                },
+                cached: false,
             })
-            .collect()
+            .collect())
     }
 }
 

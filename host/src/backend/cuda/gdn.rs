@@ -139,9 +139,12 @@ impl ChunkKernel {
             // (docs/benchmarks-cuda.md, "Gated DeltaNet").
             (GdnProfile::Reference, false) => ChunkKernel::SplitReference,
             (GdnProfile::Engine, false) => ChunkKernel::SplitEngineFma,
-            // docs/gdn-cuda.md, "Three-phase kernels".
-            (GdnProfile::Reference, true) => ChunkKernel::ThreePhaseReference,
-            (GdnProfile::Engine, true) => ChunkKernel::ThreePhaseEngine,
+            // docs/gdn-cuda.md, "Three-phase kernels" and "Round 2": the round-2 variants give
+            // the same bits as ThreePhaseReference / ThreePhaseEngine (cuda_gdn, H200) and ran
+            // 7.9 / 5.9 ms against their 8.2 / 10.3 ms at 4 × 4096 tokens (docs/benchmarks-cuda.md,
+            // "Session 9"), so the engine cache tag stays "-3p".
+            (GdnProfile::Reference, true) => ChunkKernel::ThreePhaseReferenceRt,
+            (GdnProfile::Engine, true) => ChunkKernel::ThreePhaseEngineLdm,
         }
     }
     fn name(self) -> &'static str {
