@@ -14,6 +14,9 @@ use draftlens::model::{Arch, Capture, ModelSpec, TargetModel};
 use draftlens::parity::{format_checks, forward_parity, op_parity};
 use draftlens::util::{host_random, packed_positions, round_bf16};
 
+mod f32_only;
+use f32_only::F32Only;
+
 /// A small dense model of `arch` (Qwen3 by default: q/k norms, untied head).
 fn small_spec(
     vocab: usize,
@@ -693,24 +696,6 @@ fn cuda_raw_upload_matches_matrix_bit_for_bit() {
     // Free memory is known on CUDA and below the card's size.
     let free = gpu.free_memory().expect("CUDA reports free memory");
     assert!(free > 0 && free <= gpu.info().total_mem_bytes as u64 + (1 << 30));
-}
-
-/// A `WeightSource` without raw views: the loader takes its f32 path (`WeightSource::tensor`).
-struct F32Only<'a>(&'a dyn draftlens::formats::WeightSource);
-
-impl draftlens::formats::WeightSource for F32Only<'_> {
-    fn path(&self) -> &std::path::Path {
-        self.0.path()
-    }
-    fn contains(&self, name: &str) -> bool {
-        self.0.contains(name)
-    }
-    fn tensors(&self) -> Vec<draftlens::formats::TensorInfo> {
-        self.0.tensors()
-    }
-    fn tensor(&self, name: &str) -> anyhow::Result<draftlens::formats::HostTensor> {
-        self.0.tensor(name)
-    }
 }
 
 /// A hybrid's gated attention on the GPU: `q_proj`'s per-head query and gate rows uploaded as row

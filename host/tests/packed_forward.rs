@@ -366,6 +366,45 @@ fn extraction_caches_the_same_entries_packed_and_one_by_one() {
     }
 }
 
+/// `extract` without `--out` only caches the hidden states: `target_passes_keeping(.., false)`
+/// moves them into the cache entries (no copy) and returns the passes without them. What is
+/// cached is the same as when they are kept: read back, every entry equals the kept passes.
+#[test]
+fn passes_that_give_up_their_hidden_states_cache_the_same_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kept = session(&tmp.path().join("kept"), DEFAULT_PACK_TOKENS);
+    let moved = session(&tmp.path().join("moved"), DEFAULT_PACK_TOKENS);
+    let tok = kept.files.tokenizer().unwrap();
+    let seqs: Vec<Vec<u32>> = ["Name two rivers.", "Count to five, slowly.", "Hi"]
+        .iter()
+        .map(|t| tok.encode(t, true).unwrap())
+        .collect();
+    let refs: Vec<&[u32]> = seqs.iter().map(|s| s.as_slice()).collect();
+    let capture = Capture::for_layer_ids(&[1, 15, 27], kept.files.spec.num_layers).unwrap();
+    let k = kept
+        .target_passes_keeping(&refs, &capture, 8, true)
+        .unwrap();
+    let m = moved
+        .target_passes_keeping(&refs, &capture, 8, false)
+        .unwrap();
+    for (n, (a, b)) in k.iter().zip(&m).enumerate() {
+        assert_eq!(a.hidden.len(), 3, "seq {n}: kept");
+        assert!(
+            b.hidden.is_empty(),
+            "seq {n}: the moved pass still holds its hidden states"
+        );
+        assert_eq!((&a.ids, &a.topk), (&b.ids, &b.topk), "seq {n}");
+    }
+    kept.flush_cache().unwrap();
+    moved.flush_cache().unwrap();
+    assert_eq!(entries(&kept.cache), entries(&moved.cache));
+    let back = moved.target_passes(&refs, &capture, 8).unwrap();
+    for (n, (a, b)) in k.iter().zip(&back).enumerate() {
+        assert!(b.cached, "seq {n} not read from the cache");
+        assert_eq!(a.hidden, b.hidden, "seq {n}: cached hidden states");
+    }
+}
+
 #[test]
 fn target_passes_refuse_an_empty_sequence() {
     let tmp = tempfile::tempdir().unwrap();

@@ -15,6 +15,9 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use std::path::{Path, PathBuf};
 
+mod f32_only;
+use f32_only::F32Only;
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -201,25 +204,6 @@ fn run_model(be: &CpuBackend, m: &TargetModel<CpuBackend>) -> (Vec<u32>, Vec<u32
     let h = be.to_host(&out.last_hidden).unwrap();
     let top = m.logits_topk(be, &out.last_hidden, 8).unwrap();
     (h.iter().map(|x| x.to_bits()).collect(), top.ids)
-}
-
-/// A WeightSource that hides raw access: the model loads through `tensor` + f32 stacking, the
-/// path every backend took before `matrix_stacked_raw`.
-struct F32Only<'a>(&'a dyn WeightSource);
-
-impl WeightSource for F32Only<'_> {
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-    fn contains(&self, name: &str) -> bool {
-        self.0.contains(name)
-    }
-    fn tensors(&self) -> Vec<draftlens::formats::TensorInfo> {
-        self.0.tensors()
-    }
-    fn tensor(&self, name: &str) -> anyhow::Result<draftlens::formats::HostTensor> {
-        self.0.tensor(name)
-    }
 }
 
 #[test]

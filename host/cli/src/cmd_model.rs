@@ -397,7 +397,9 @@ impl BackendJob for ExtractJob<'_> {
             }
             let t0 = Instant::now();
             let seqs: Vec<&[u32]> = window.iter().map(|w| w.ids.as_slice()).collect();
-            let passes = s.target_passes(&seqs, &capture, 8)?;
+            // Without --out the hidden states are only cached: they move into the cache
+            // entries rather than being copied (host memory holds a long prompt's taps once).
+            let passes = s.target_passes_keeping(&seqs, &capture, 8, self.a.out.is_some())?;
             let per_token =
                 t0.elapsed().as_secs_f64() / seqs.iter().map(|q| q.len()).sum::<usize>() as f64;
             for (w, pass) in window.into_iter().zip(passes) {

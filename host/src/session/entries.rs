@@ -56,14 +56,22 @@ impl PassEntry {
         let hidden = p
             .hidden
             .iter()
-            .map(|(i, h)| {
-                let data = match h {
-                    HostRows::BF16(v) => CachedData::BF16(v.clone()),
-                    HostRows::F32(v) => CachedData::F32(v.clone()),
-                };
-                (*i, data)
-            })
+            .map(|(i, h)| (*i, data_of(h.clone())))
             .collect();
+        PassEntry::with_hidden(p, hidden)
+    }
+
+    /// [`PassEntry::of`] without copying the hidden states: they move into the entry and the
+    /// pass is left without them (`extract` without `--out` needs only that they are cached).
+    pub(super) fn take(p: &mut TargetPass) -> PassEntry {
+        let hidden = std::mem::take(&mut p.hidden)
+            .into_iter()
+            .map(|(i, h)| (i, data_of(h)))
+            .collect();
+        PassEntry::with_hidden(p, hidden)
+    }
+
+    fn with_hidden(p: &TargetPass, hidden: Vec<(usize, CachedData)>) -> PassEntry {
         PassEntry {
             rows: p.ids.len(),
             hidden_size: p.hidden_size,
@@ -95,6 +103,13 @@ impl PassEntry {
             data: CachedData::F32(self.topk.logprobs),
         });
         tensors
+    }
+}
+
+fn data_of(h: HostRows) -> CachedData {
+    match h {
+        HostRows::BF16(v) => CachedData::BF16(v),
+        HostRows::F32(v) => CachedData::F32(v),
     }
 }
 

@@ -631,6 +631,19 @@ impl<B: Backend> Session<B> {
         capture: &Capture,
         k: usize,
     ) -> Result<Vec<TargetPass>> {
+        self.target_passes_keeping(seqs, capture, k, true)
+    }
+
+    /// [`Session::target_passes`]; with `keep_hidden` false the computed passes come back
+    /// without their hidden states, which move into their cache entries instead of being copied
+    /// (a caller that only caches them, like `extract`, then holds them once).
+    pub fn target_passes_keeping(
+        &self,
+        seqs: &[&[u32]],
+        capture: &Capture,
+        k: usize,
+        keep_hidden: bool,
+    ) -> Result<Vec<TargetPass>> {
         let d = self.files.spec.hidden_size;
         let mut passes: Vec<Option<TargetPass>> = Vec::with_capacity(seqs.len());
         let budget = self.pack_budget(capture.indices.len());
@@ -687,11 +700,15 @@ impl<B: Backend> Session<B> {
         }
         for pack in packs.iter().filter(|p| !p.is_empty()) {
             let seq_ids: Vec<&[u32]> = pack.iter().map(|(n, _)| seqs[*n]).collect();
-            let computed = self.packed_pass(&seq_ids, capture, k)?;
+            let mut computed = self.packed_pass(&seq_ids, capture, k)?;
             // Cache entries hold the hidden states in the backend's compute dtype: bf16 on CUDA
-            // (exact, half the bytes of f32), f32 on the CPU. Copied on all cores.
+            // (exact, half the bytes of f32), f32 on the CPU. Copied on all cores, or moved.
             use rayon::prelude::*;
-            let entries: Vec<PassEntry> = computed.par_iter().map(PassEntry::of).collect();
+            let entries: Vec<PassEntry> = if keep_hidden {
+                computed.par_iter().map(PassEntry::of).collect()
+            } else {
+                computed.iter_mut().map(PassEntry::take).collect()
+            };
             for (((n, key), pass), entry) in pack.iter().zip(computed).zip(entries) {
                 self.writer
                     .put(&self.cache, key.clone(), move || entry.tensors())?;
