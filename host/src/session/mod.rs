@@ -750,8 +750,10 @@ impl<B: Backend> Session<B> {
             let t = out.captured.get(i).context("captured state missing")?;
             let all = self.be.to_host_rows(t)?;
             if let [only] = hidden.as_mut_slice() {
-                only.push((i, all));
-                continue;
+                if all.len() == ids.len() * d {
+                    only.push((i, all));
+                    continue;
+                }
             }
             let parts: Vec<HostRows> = starts
                 .par_windows(2)
