@@ -456,19 +456,18 @@ fn layer_breakdown(
     let _ = (conv(false)?, conv(true)?);
     let (conv_v1, conv_v8) = (conv(false)?, conv(true)?);
     rows.push(("conv1d + SiLU (+ conv states; default kernel)", conv_v1));
-    rows.push((
-        "delta rule (Reference, default kernel; gates + l2norm inside)",
+    let mut rule = |p| {
         time(&mut || {
             let mut refs: Vec<&mut CudaF32> = states.iter_mut().collect();
-            be.gated_delta_rule(&y, aa, bb, &p_ref, d.seq_starts, &mut refs)
+            be.gated_delta_rule(&y, aa, bb, p, d.seq_starts, &mut refs)
                 .map(|_| ())
-        })?,
+        })
+    };
+    rows.push((
+        "delta rule (Reference, default kernel; gates + l2norm inside)",
+        rule(&p_ref)?,
     ));
-    let engine_rule = time(&mut || {
-        let mut refs: Vec<&mut CudaF32> = states.iter_mut().collect();
-        be.gated_delta_rule(&y, aa, bb, &p_eng, d.seq_starts, &mut refs)
-            .map(|_| ())
-    })?;
+    let engine_rule = rule(&p_eng)?;
     rows.push((
         "gated RMSNorm (z)",
         time(&mut || {

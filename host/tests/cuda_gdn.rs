@@ -605,7 +605,8 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
                 .collect::<Vec<_>>(),
         )
     };
-    let on_gpu = |x: &[f32], init: &[Vec<f32>]| {
+    // `v8`: the 8-channel kernel instead of the trait's default one.
+    let on_gpu = |x: &[f32], init: &[Vec<f32>], v8: bool| {
         let (xt, wt) = (
             be.from_host(x, t, c).unwrap(),
             be.from_host(&w, c, k).unwrap(),
@@ -615,9 +616,12 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
             .map(|s| be.from_host(s, k - 1, c).unwrap())
             .collect();
         let mut refs: Vec<_> = st.iter_mut().collect();
-        let y = be
-            .causal_conv1d_silu(&xt, &wt, &seq_starts, &mut refs)
-            .unwrap();
+        let y = if v8 {
+            be.causal_conv1d_silu_with(&xt, &wt, &seq_starts, &mut refs, true)
+        } else {
+            be.causal_conv1d_silu(&xt, &wt, &seq_starts, &mut refs)
+        }
+        .unwrap();
         (
             be.to_host(&y).unwrap(),
             st.iter()
@@ -626,7 +630,7 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
         )
     };
     let (want, want_st) = on_cpu(&x, &init);
-    let (got, got_st) = on_gpu(&x, &init);
+    let (got, got_st) = on_gpu(&x, &init, false);
     // Same f32 sum of the same bf16 inputs (4 terms, order identical), then one bf16 rounding
     // of the SiLU: each value within one bf16 step (2⁻⁸ relative) of the CPU's.
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -640,19 +644,7 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
     // States are copies of inputs: exact.
     assert_eq!(got_st, want_st, "conv states");
     // The 8-channel kernel (gdn_conv_silu_v8): the same fmaf chains and rounding, the same bits.
-    let (xt, wt) = (
-        be.from_host(&x, t, c).unwrap(),
-        be.from_host(&w, c, k).unwrap(),
-    );
-    let mut st: Vec<_> = init
-        .iter()
-        .map(|s| be.from_host(s, k - 1, c).unwrap())
-        .collect();
-    let mut refs: Vec<_> = st.iter_mut().collect();
-    let y8 = be
-        .causal_conv1d_silu_with(&xt, &wt, &seq_starts, &mut refs, true)
-        .unwrap();
-    let got8 = be.to_host(&y8).unwrap();
+    let (got8, st8) = on_gpu(&x, &init, true);
     let diff = got8
         .iter()
         .zip(&got)
@@ -662,7 +654,6 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
         diff, 0,
         "gdn_conv_silu_v8 differs from gdn_conv_silu in {diff} values"
     );
-    let st8: Vec<_> = st.iter().map(|s| be.to_host(s).unwrap()).collect();
     assert_eq!(st8, want_st, "conv states after gdn_conv_silu_v8");
 }
 

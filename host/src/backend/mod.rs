@@ -570,29 +570,15 @@ pub trait Backend: Send + Sync + 'static {
             "causal_conv1d: weight is [{wc}, {k}] for {c} channels"
         );
         gdn::check_seq_starts("causal_conv1d", seq_starts, rows, states.len())?;
-        let (xh, wh) = (self.to_host(x)?, self.to_host(weight)?);
-        let mut out = Vec::with_capacity(rows * c);
-        for (w, st) in seq_starts.windows(2).zip(states.iter_mut()) {
+        for st in states.iter() {
             ensure!(
                 self.dims(st) == (k - 1, c),
                 "causal_conv1d: state is {:?}, expected [{}, {c}]",
                 self.dims(st),
                 k - 1
             );
-            if w[0] == w[1] {
-                continue;
-            }
-            let mut sh = self.to_host(st)?;
-            out.extend(gdn::causal_conv1d_silu(
-                &xh[w[0] * c..w[1] * c],
-                c,
-                &wh,
-                k,
-                &mut sh,
-            ));
-            **st = self.from_host(&sh, k - 1, c)?;
         }
-        self.from_host(&out, rows, c)
+        host_causal_conv1d_silu(self, x, weight, seq_starts, states)
     }
 
     /// The gated delta rule of a Gated DeltaNet layer over sequences packed row-wise.
@@ -708,3 +694,33 @@ pub trait Backend: Send + Sync + 'static {
 #[cfg(test)]
 #[path = "checks_tests.rs"]
 mod checks_tests;
+
+/// [`Backend::causal_conv1d_silu`] through the host reference ([`gdn::causal_conv1d_silu`]):
+/// download, one sequence at a time, upload. Shapes are checked by the caller. The trait's
+/// default, and a backend's fallback for shapes its kernels do not take.
+pub(crate) fn host_causal_conv1d_silu<B: Backend + ?Sized>(
+    be: &B,
+    x: &B::Tensor,
+    weight: &B::Tensor,
+    seq_starts: &[usize],
+    states: &mut [&mut B::Tensor],
+) -> Result<B::Tensor> {
+    let ((rows, c), (_, k)) = (be.dims(x), be.dims(weight));
+    let (xh, wh) = (be.to_host(x)?, be.to_host(weight)?);
+    let mut out = Vec::with_capacity(rows * c);
+    for (w, st) in seq_starts.windows(2).zip(states.iter_mut()) {
+        if w[0] == w[1] {
+            continue;
+        }
+        let mut sh = be.to_host(st)?;
+        out.extend(gdn::causal_conv1d_silu(
+            &xh[w[0] * c..w[1] * c],
+            c,
+            &wh,
+            k,
+            &mut sh,
+        ));
+        **st = be.from_host(&sh, k - 1, c)?;
+    }
+    be.from_host(&out, rows, c)
+}

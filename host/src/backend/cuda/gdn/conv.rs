@@ -4,8 +4,7 @@
 
 use super::{row_pairs, MAX_CONV_HIST};
 use crate::backend::cuda::{blocks, derr, CudaBackend, CudaTensor};
-use crate::backend::gdn::{self as reference, check_seq_starts};
-use crate::backend::Backend;
+use crate::backend::gdn::check_seq_starts;
 use anyhow::{ensure, Result};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -40,7 +39,7 @@ impl CudaBackend {
             );
         }
         if k - 1 > MAX_CONV_HIST {
-            return self.host_conv1d_silu(x, weight, seq_starts, states);
+            return crate::backend::host_causal_conv1d_silu(self, x, weight, seq_starts, states);
         }
         let mut y = self.new_tensor(rows, c)?;
         // No rows: every state is already the last k−1 inputs.
@@ -116,34 +115,5 @@ impl CudaBackend {
             .map_err(derr("gdn_conv_state"))?;
         }
         Ok(y)
-    }
-
-    /// The conv through the host reference (shapes checked by the caller), for kernels of more
-    /// taps than the state kernel keeps in registers.
-    fn host_conv1d_silu(
-        &self,
-        x: &CudaTensor,
-        weight: &CudaTensor,
-        seq_starts: &[usize],
-        states: &mut [&mut CudaTensor],
-    ) -> Result<CudaTensor> {
-        let (c, k) = (x.cols, weight.cols);
-        let (xh, wh) = (self.to_host(x)?, self.to_host(weight)?);
-        let mut out = Vec::with_capacity(x.rows * c);
-        for (w, st) in seq_starts.windows(2).zip(states.iter_mut()) {
-            if w[0] == w[1] {
-                continue;
-            }
-            let mut sh = self.to_host(st)?;
-            out.extend(reference::causal_conv1d_silu(
-                &xh[w[0] * c..w[1] * c],
-                c,
-                &wh,
-                k,
-                &mut sh,
-            ));
-            **st = self.from_host(&sh, k - 1, c)?;
-        }
-        self.from_host(&out, x.rows, c)
     }
 }
