@@ -1133,6 +1133,44 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
 // [N][ldb] (B(k, n) = B[n][k], e.g. K rows for Q Kᵀ), else [K][ldb] (B(k, n) = B[k][n]).
 // lda, ldb: elements, multiples of 8. epi(m, n, value) once per element (mm_mma's order of
 // fragments: rows g, g+8, columns 2t, 2t+1 of each 16 x 8 tile).
+// One warp's 16 x 16 output block (rows tm.., columns tn..) of A·B on bf16 shared tiles: two
+// 16 x 8 tiles sharing the A fragment, each one mma chain over k ascending, accumulated into c
+// (c[j] = tile j's fragment: rows g, g+8, columns 2t, 2t+1). A_KMAJOR: A stored [K][lda]
+// (A(m, k) = A[k][m], e.g. K rows for Kᵀ V), else [M][lda]. B_NMAJOR: B stored [N][ldb]
+// (B(k, n) = B[n][k]), else [K][ldb]. lda, ldb: elements, multiples of 8.
+template <int K, bool A_KMAJOR, bool B_NMAJOR>
+__device__ __forceinline__ void mm_ldm_block(const bf16_t* A, int lda, const bf16_t* B, int ldb, int tm, int tn,
+                                             float (&c)[2][4]) {
+    const int lane = threadIdx.x & 31;
+    // A: matrices (rows tm.., k0), (rows tm+8.., k0), (rows tm.., k0+8), (rows tm+8.., k0+8); row
+    // major: lanes 0-15 rows tm + lane at k0, lanes 16-31 the same rows at k0 + 8; k-major: each
+    // lane one k row of its matrix, transposed on the way in.
+    const bf16_t* pa = A_KMAJOR ? A + ((lane & 7) + (lane >> 4) * 8) * lda + tm + ((lane >> 3) & 1) * 8
+                                : A + (tm + (lane & 15)) * lda + (lane >> 4) * 8;
+    // B: matrices (tile 0, k0), (tile 0, k0 + 8), (tile 1, k0), (tile 1, k0 + 8).
+    const bf16_t* pb = B_NMAJOR ? B + (tn + (lane & 7) + (lane >> 4) * 8) * ldb + ((lane >> 3) & 1) * 8
+                                : B + ((lane & 7) + ((lane >> 3) & 1) * 8) * ldb + tn + (lane >> 4) * 8;
+#pragma unroll 4
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        u32 a0, a1, a2, a3, b0, b1, b2, b3;
+        if (A_KMAJOR)
+            ldmatrix_x4_trans(a0, a1, a2, a3, pa + k0 * lda);
+        else
+            ldmatrix_x4(a0, a1, a2, a3, pa + k0);
+        if (B_NMAJOR)
+            ldmatrix_x4(b0, b1, b2, b3, pb + k0);
+        else
+            ldmatrix_x4_trans(b0, b1, b2, b3, pb + k0 * ldb);
+        mma_bf16(c[0], a0, a1, a2, a3, b0, b1);
+        mma_bf16(c[1], a0, a1, a2, a3, b2, b3);
+    }
+}
+
+// out(m, n) = sum_k A[m][k] B(k, n) on bf16 shared tiles, 256 threads (8 warps), each warp
+// 16 x 16 output blocks (blocks warp, warp + 8, ...) by mm_ldm_block. A row-major [M][lda];
+// B_NMAJOR: B stored [N][ldb] (B(k, n) = B[n][k], e.g. K rows for Q Kᵀ), else [K][ldb]
+// (B(k, n) = B[k][n]). lda, ldb: elements, multiples of 8. epi(m, n, value) once per element
+// (mm_mma's order of fragments: rows g, g+8, columns 2t, 2t+1 of each 16 x 8 tile).
 template <int M, int N, int K, bool B_NMAJOR, class FE>
 __device__ __forceinline__ void mm_ldm(const bf16_t* A, int lda, const bf16_t* B, int ldb, FE epi) {
     constexpr int NB = N / 16, BLOCKS = (M / 16) * NB;
@@ -1143,22 +1181,7 @@ __device__ __forceinline__ void mm_ldm(const bf16_t* A, int lda, const bf16_t* B
         const int blk = warp + 8 * w;
         const int tm = (blk / NB) * 16, tn = (blk % NB) * 16;
         float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        // A: lanes 0-15 rows tm + lane at k0, lanes 16-31 the same rows at k0 + 8.
-        const bf16_t* pa = A + (tm + (lane & 15)) * lda + (lane >> 4) * 8;
-        // B: matrices (tile 0, k0), (tile 0, k0 + 8), (tile 1, k0), (tile 1, k0 + 8).
-        const bf16_t* pb = B_NMAJOR ? B + (tn + (lane & 7) + (lane >> 4) * 8) * ldb + ((lane >> 3) & 1) * 8
-                                    : B + ((lane & 7) + ((lane >> 3) & 1) * 8) * ldb + tn + (lane >> 4) * 8;
-#pragma unroll 4
-        for (int k0 = 0; k0 < K; k0 += 16) {
-            u32 a0, a1, a2, a3, b0, b1, b2, b3;
-            ldmatrix_x4(a0, a1, a2, a3, pa + k0);
-            if (B_NMAJOR)
-                ldmatrix_x4(b0, b1, b2, b3, pb + k0);
-            else
-                ldmatrix_x4_trans(b0, b1, b2, b3, pb + k0 * ldb);
-            mma_bf16(c[0], a0, a1, a2, a3, b0, b1);
-            mma_bf16(c[1], a0, a1, a2, a3, b2, b3);
-        }
+        mm_ldm_block<K, false, B_NMAJOR>(A, lda, B, ldb, tm, tn, c);
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const int n = tn + 8 * j + 2 * t;
@@ -1332,6 +1355,173 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     });
 }
 
+// gdn_hwalk_engine_tc: gdn_hwalk_engine's walk (same operands and roundings, same scratch in and
+// out) with both products on the tensor cores (docs/gdn-cuda.md, "Round 3"): the sequential walk
+// was the largest phase of the engine delta rule (2.85 of 5.9 ms at 4 x 4096 tokens, f32 FMA at
+// ~27 % of the FMA rate, bound by shared loads). Per chunk, one block of 256 threads per (slice of
+// 32 value columns, value head, sequence):
+//   b. V' = U - W S_op: mm_ldm on W (bf16 copy of the prep's bf16-valued f32 W) and S_op (the
+//      state rounded to bf16), V' to Vg (f32), e^(gam_C - gam) V' rounded to bf16 into Vdb;
+//      meanwhile the chunk's k rows, L2-normalised and rounded as gdn_hwalk_engine does, into Kb;
+//   c. S <- e^gam_C S + Kᵀ Vd: each warp two 16 x 16 blocks of the state (rows (w/2)*16 and
+//      64 + (w/2)*16, columns (w%2)*16), f32 in mma fragments, Kᵀ read k-major (ldmatrix .trans);
+//      meanwhile the next chunk's W and U arrive by cp.async.
+// Only the f32 summation order differs from gdn_hwalk_engine (tensor-core chains instead of fmaf
+// chains; products of bf16 operands are exact either way): engine-profile noise, so its own cache
+// tag. h_c (bf16, as fla stores h) is copied from S_op's tile with 16-byte stores.
+// Shared memory: W f32 staging [64][132], U [64][32] f32, gam, then bf16 W [64][136], K [64][136],
+// S_op [128][40], Vd [64][40]: 33,792 + 8,192 + 256 + 17,408 + 17,408 + 10,240 + 5,120 =
+// 92,416 bytes (HWALK_TC_SMEM_BYTES in host/src/backend/cuda/gdn/split.rs): two blocks per SM.
+extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
+    gdn_hwalk_engine_tc(const bf16_t* __restrict__ k, long long ld_qk, const float* __restrict__ Wg,
+                        const float* __restrict__ Ug, const float* __restrict__ Gg,
+                        const long long* __restrict__ seq_rows, const long long* __restrict__ seq_chunk0,
+                        float* __restrict__ Hg, float* __restrict__ Vg, const u64* __restrict__ states,
+                        int hv_heads, int ratio) {
+    constexpr int DVS = 32;
+    extern __shared__ __align__(16) unsigned char smem_tc[];
+    float* Ws = (float*)smem_tc;                // [64][132] W of the next chunk, as cp.async lands it
+    float* Us = Ws + GDN_C * GDN_LDW;           // [64][32]  U slice of the current chunk
+    float* gam = Us + GDN_C * DVS;              // [64]
+    bf16_t* Wb = (bf16_t*)(gam + GDN_C);        // [64][136] W of the current chunk
+    bf16_t* Kb = Wb + GDN_C * GDN_LDB128;       // [64][136] normalised K of the current chunk
+    bf16_t* Sb = Kb + GDN_C * GDN_LDB128;       // [128][40] S_op
+    bf16_t* Vdb = Sb + GDN_DK * GDN_LDB32;      // [64][40]  e^(gam_C - gam) V'
+    const int iv = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, hk = hv / ratio;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const long long seq0 = seq_rows[2 * n], seq1 = seq_rows[2 * n + 1];
+    const long long HV = hv_heads, ch0 = seq_chunk0[n];
+    const int col0 = iv * DVS;
+    float* state = (float*)states[n] + (long long)hv * GDN_DK * GDN_DV + col0;
+    // The state fragments: block b (0, 1) of this warp covers rows tm(b) .. +15, columns tn .. +15.
+    const int tn = (warp & 1) * 16;
+    auto tm = [&](int b) { return b * 64 + (warp >> 1) * 16; };
+    float s[2][2][4];
+    // Element (b, j, e) of the fragments sits at row tm(b) + g + 8*(e/2), column tn + 8j + 2*t4 + e%2.
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                s[b][j][e] = state[(tm(b) + g + 8 * (e >> 1)) * GDN_DV + tn + 8 * j + 2 * t4 + (e & 1)];
+    auto store_sop = [&]() {
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    *(u32*)(Sb + (tm(b) + g + 8 * h) * GDN_LDB32 + tn + 8 * j + 2 * t4) =
+                        pack_bf16x2(s[b][j][2 * h], s[b][j][2 * h + 1]);
+    };
+    store_sop();
+
+    // The W tile (f32 staging), U slice and gam of the chunk at row0 (rows past its end are not
+    // loaded: phase b skips them).
+    auto load_w = [&](long long row0) {
+        const int nc = (int)min((long long)GDN_C, seq1 - row0);
+        for (int i = tid; i < GDN_C * (GDN_DK / 4); i += GDN_THREADS) {
+            const int r = i / (GDN_DK / 4), c = (i % (GDN_DK / 4)) * 4;
+            if (r < nc) cp_async16(Ws + r * GDN_LDW + c, Wg + ((row0 + r) * HV + hv) * GDN_DK + c);
+        }
+        for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
+            const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
+            if (r < nc) cp_async16(Us + r * DVS + c, Ug + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
+        }
+        cp_async_commit();
+        if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+    };
+    // W as bf16 (its values are bf16 already: exact); rows past the chunk's end are never read
+    // into a kept result (phase b masks them), but are zeroed so no NaN pattern enters an mma.
+    auto convert_w = [&](long long row0) {
+        const int nc = (int)min((long long)GDN_C, seq1 - row0);
+        for (int i = tid; i < GDN_C * (GDN_DK / 4); i += GDN_THREADS) {
+            const int r = i / (GDN_DK / 4), c = (i % (GDN_DK / 4)) * 4;
+            float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < nc) x = *(const float4*)(Ws + r * GDN_LDW + c);
+            *(uint2*)(Wb + r * GDN_LDB128 + c) = make_uint2(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w));
+        }
+    };
+    load_w(seq0);  // every sequence here has rows
+    cp_async_wait_all();
+    __syncthreads();
+    convert_w(seq0);
+    __syncthreads();
+
+    for (long long row0 = seq0, ci = ch0; row0 < seq1; row0 += GDN_C, ++ci) {
+        const int nc = (int)min((long long)GDN_C, seq1 - row0);
+        // h_c: S_op's tile is exactly the bf16 state gdn_hwalk_engine stores.
+        {
+            const long long h0 = (ci * HV + hv) * GDN_DK * GDN_DV + col0;
+            for (int i = tid; i < GDN_DK * (DVS / 8); i += GDN_THREADS) {
+                const int r = i / (DVS / 8), c = (i % (DVS / 8)) * 8;
+                *(uint4*)((bf16_t*)Hg + h0 + r * GDN_DV + c) = *(const uint4*)(Sb + r * GDN_LDB32 + c);
+            }
+        }
+        // --- b. the chunk's k rows in flight (warp w: rows w, w+8, ...), then V' = U - W S_op.
+        constexpr int PER = GDN_C / (GDN_THREADS / 32);
+        uint2 kw[PER];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int r = warp + 8 * i;
+            kw[i] = make_uint2(0u, 0u);
+            if (r < nc) kw[i] = *(const uint2*)(k + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
+        }
+        const float gC = gam[GDN_C - 1];
+        mm_ldm<GDN_C, DVS, GDN_DK, false>(Wb, GDN_LDB128, Sb, GDN_LDB32, [&](int m, int c, float x) {
+            float vd = 0.f;
+            if (m < nc) {
+                const long long vi = ((row0 + m) * HV + hv) * GDN_DV + col0 + c;
+                const float vp = Us[m * DVS + c] - x;
+                Vg[vi] = vp;
+                vd = vp * expf(gC - gam[m]);
+            }
+            Vdb[m * GDN_LDB32 + c] = f2bf(vd);
+        });
+        // The k rows, L2-normalised and rounded as gdn_hwalk_engine does (rows past nc: zero).
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int r = warp + 8 * i;
+            const float kf[4] = {lo_bf(kw[i].x), hi_bf(kw[i].x), lo_bf(kw[i].y), hi_bf(kw[i].y)};
+            const float kn = 1.f / sqrtf(warp_sum(kf[0] * kf[0] + kf[1] * kf[1] + kf[2] * kf[2] + kf[3] * kf[3]) + 1e-6f);
+            *(uint2*)(Kb + r * GDN_LDB128 + lane * 4) =
+                make_uint2(pack_bf16x2(kf[0] * kn, kf[1] * kn), pack_bf16x2(kf[2] * kn, kf[3] * kn));
+        }
+        __syncthreads();
+
+        // --- c. the next chunk's W and U in flight; S <- e^gam_C S + Kᵀ Vd on the fragments.
+        const long long next = row0 + GDN_C;
+        if (next < seq1) load_w(next);
+        {
+            const float eC = expf(gC);
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+                float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+                mm_ldm_block<GDN_C, true, false>(Kb, GDN_LDB128, Vdb, GDN_LDB32, tm(b), tn, acc);
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[b][j][e] = s[b][j][e] * eC + acc[j][e];
+            }
+        }
+        store_sop();  // Sb's readers (the h_c copy, phase b) are behind the barrier above
+        cp_async_wait_all();
+        __syncthreads();
+        if (next < seq1) {
+            convert_w(next);
+            __syncthreads();
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                state[(tm(b) + g + 8 * (e >> 1)) * GDN_DV + tn + 8 * j + 2 * t4 + (e & 1)] = s[b][j][e];
+}
+
 // ---------------------------------------------------------------------------------------------
 // Recurrent gated delta rule: one block of 256 threads per (value head, sequence); the thread
 // pair (2j, 2j+1) owns column j of the state, each thread 64 of its 128 rows in registers (one
@@ -1462,6 +1652,86 @@ extern "C" __global__ void gdn_conv_silu_v8(const bf16_t* __restrict__ x, long l
         for (int i = 0; i < 4; ++i)
             o[i] = (u32)f2bf(siluf_(acc[2 * i])) | ((u32)f2bf(siluf_(acc[2 * i + 1])) << 16);
         *(uint4*)(y + t * ch + c0) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
+// gdn_conv_silu_rows4: gdn_conv_silu_v8's 8 channels per thread, for kc = 4 taps (every released
+// checkpoint), over a run of GDN_CONV_ROWS consecutive rows per thread with the last 3 inputs kept
+// in registers (a sliding window): every input row is read once instead of 4 times, and a block
+// writes GDN_CONV_ROWS rows instead of one (session 9 measured both one-row kernels at ~1.8 ms for
+// a [16 k, 10240] conv, ~10x its memory floor: a million tiny blocks, each behind a chain of
+// dependent index loads). Per output: the same fmaf chain over the taps (oldest first, from zero)
+// and the same rounding as gdn_conv_silu, so the same bits. Needs ch and ld_x multiples of 8 (the
+// host checks). A sequence starting inside a run resets the window from that sequence's state.
+#define GDN_CONV_ROWS 16
+extern "C" __global__ void gdn_conv_silu_rows4(const bf16_t* __restrict__ x, long long ld_x,
+                                               const bf16_t* __restrict__ w, bf16_t* __restrict__ y,
+                                               const int* __restrict__ row_seq,
+                                               const long long* __restrict__ seq_rows,
+                                               const u64* __restrict__ states, long long rows, int ch) {
+    constexpr int KC = 4, HIST = KC - 1;
+    const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (c0 >= ch) return;
+    const long long t0 = (long long)blockIdx.y * GDN_CONV_ROWS;
+    if (t0 >= rows) return;
+    const long long t1 = t0 + GDN_CONV_ROWS < rows ? t0 + GDN_CONV_ROWS : rows;
+    float wv[KC][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < KC; ++j) wv[j][i] = bf2f(w[(c0 + i) * KC + j]);
+    // win[j] = in(t - HIST + j) for the row t about to be computed.
+    float win[HIST][8];
+    int n = row_seq[t0];
+    {
+        const long long start = seq_rows[2 * n];
+        const bf16_t* st = (const bf16_t*)states[n];
+#pragma unroll
+        for (int j = 0; j < HIST; ++j) {
+            const long long src = t0 - HIST + j;
+            const uint4 raw = src >= start ? *(const uint4*)(x + src * ld_x + c0)
+                                           : *(const uint4*)(st + (HIST - (start - src)) * ch + c0);
+            unpack8(raw, win[j]);
+        }
+    }
+    // Two rows in flight ahead of the one being computed (bandwidth needs loads in flight).
+    uint4 next = *(const uint4*)(x + t0 * ld_x + c0), next2 = next;
+    if (t0 + 1 < t1) next2 = *(const uint4*)(x + (t0 + 1) * ld_x + c0);
+    for (long long t = t0; t < t1; ++t) {
+        const uint4 raw = next;
+        next = next2;
+        if (t + 2 < t1) next2 = *(const uint4*)(x + (t + 2) * ld_x + c0);
+        const int m = row_seq[t];
+        if (m != n) {
+            // Row t starts sequence m (sequences are contiguous): its window is its state.
+            n = m;
+            const bf16_t* st = (const bf16_t*)states[n];
+#pragma unroll
+            for (int j = 0; j < HIST; ++j) unpack8(*(const uint4*)(st + j * ch + c0), win[j]);
+        }
+        float cur[8];
+        unpack8(raw, cur);
+        u32 o[4];
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+            float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+            for (int j = 0; j < HIST; ++j) {
+                acc0 = fmaf(wv[j][i], win[j][i], acc0);
+                acc1 = fmaf(wv[j][i + 1], win[j][i + 1], acc1);
+            }
+            acc0 = fmaf(wv[HIST][i], cur[i], acc0);
+            acc1 = fmaf(wv[HIST][i + 1], cur[i + 1], acc1);
+            o[i / 2] = (u32)f2bf(siluf_(acc0)) | ((u32)f2bf(siluf_(acc1)) << 16);
+        }
+        *(uint4*)(y + t * ch + c0) = make_uint4(o[0], o[1], o[2], o[3]);
+        // Slide: the oldest input leaves, row t enters.
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+            for (int j = 0; j + 1 < HIST; ++j) win[j][i] = win[j + 1][i];
+            win[HIST - 1][i] = cur[i];
+        }
     }
 }
 

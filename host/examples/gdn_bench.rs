@@ -18,7 +18,9 @@
 
 use anyhow::{bail, Context, Result};
 use draftlens::backend::cuda::bench::time_median;
-use draftlens::backend::cuda::gdn::{set_phase_timing, take_phase_times, ChunkKernel, CudaF32};
+use draftlens::backend::cuda::gdn::{
+    set_phase_timing, take_phase_times, ChunkKernel, ConvKernel, CudaF32,
+};
 use draftlens::backend::cuda::CudaBackend;
 use draftlens::backend::cuda::CudaTensor;
 use draftlens::backend::gdn::{GdnProfile, GdnShape};
@@ -145,6 +147,7 @@ fn main() -> Result<()> {
         ChunkKernel::ThreePhaseEngineV16,
         ChunkKernel::ThreePhaseEngineLdm,
         ChunkKernel::ThreePhaseReferenceRt,
+        ChunkKernel::ThreePhaseEngineTc,
     ] {
         let name = format!("{kernel:?}");
         if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
@@ -363,6 +366,7 @@ const PHASE_KERNELS: &[ChunkKernel] = &[
     ChunkKernel::ThreePhaseReferenceRt,
     ChunkKernel::ThreePhaseEngine,
     ChunkKernel::ThreePhaseEngineLdm,
+    ChunkKernel::ThreePhaseEngineTc,
     ChunkKernel::SplitReference,
     ChunkKernel::SplitEngineFma,
 ];
@@ -444,18 +448,27 @@ fn layer_breakdown(
                 .map(|_| ())
         })?,
     ));
-    // The two conv kernels (the same bits) timed in turn twice, the second round counting: in
+    // The three conv kernels (the same bits) timed in turn twice, the second round counting: in
     // session 9 whichever was timed first ran 4-10 % slower, which decided nothing.
-    let mut conv = |v8: bool| {
+    let mut conv = |kernel: ConvKernel| {
         time(&mut || {
             let mut cs: Vec<_> = conv_states.iter_mut().collect();
-            be.causal_conv1d_silu_with(mixed, &conv_w, d.seq_starts, &mut cs, v8)
+            be.causal_conv1d_silu_with(mixed, &conv_w, d.seq_starts, &mut cs, kernel)
                 .map(|_| ())
         })
     };
-    let _ = (conv(false)?, conv(true)?);
-    let (conv_v1, conv_v8) = (conv(false)?, conv(true)?);
-    rows.push(("conv1d + SiLU (+ conv states; default kernel)", conv_v1));
+    let kernels = [ConvKernel::Rows, ConvKernel::OneChannel, ConvKernel::V8];
+    for k in kernels {
+        conv(k)?;
+    }
+    let conv_times = kernels
+        .iter()
+        .map(|&k| conv(k).map(|t| (k, t)))
+        .collect::<Result<Vec<_>>>()?;
+    rows.push((
+        "conv1d + SiLU (+ conv states; default kernel Rows)",
+        conv_times[0].1,
+    ));
     let mut rule = |p| {
         time(&mut || {
             let mut refs: Vec<&mut CudaF32> = states.iter_mut().collect();
@@ -555,10 +568,12 @@ fn layer_breakdown(
         engine_rule * 1e3,
         pct(engine_rule)
     );
-    println!(
-        "| (conv1d + SiLU, 8-channel kernel gdn_conv_silu_v8 instead) | {:.3} | {:.1} |",
-        conv_v8 * 1e3,
-        pct(conv_v8)
-    );
+    for (k, t) in &conv_times[1..] {
+        println!(
+            "| (conv1d + SiLU, kernel {k:?} instead) | {:.3} | {:.1} |",
+            t * 1e3,
+            pct(*t)
+        );
+    }
     Ok(())
 }

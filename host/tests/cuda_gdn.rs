@@ -14,7 +14,7 @@
 #![cfg(feature = "cuda")]
 
 use draftlens::backend::cpu::CpuBackend;
-use draftlens::backend::cuda::gdn::{ChunkKernel, CudaF32};
+use draftlens::backend::cuda::gdn::{ChunkKernel, ConvKernel, CudaF32};
 use draftlens::backend::cuda::CudaBackend;
 use draftlens::backend::gdn::{bf16_round, GdnProfile, GdnShape, HostF32};
 use draftlens::backend::{Backend, GdnParams};
@@ -262,6 +262,7 @@ fn cuda_gdn_engine_profile_matches_cpu_emulation_and_tensor_cores_match_fma() {
         ChunkKernel::ThreePhaseEngine,
         ChunkKernel::ThreePhaseEngineV16,
         ChunkKernel::ThreePhaseEngineLdm,
+        ChunkKernel::ThreePhaseEngineTc,
     ] {
         let (o, st) = run_gpu(&be, &x, &init, kernel);
         let (e, es) = (rel(&o, &split), state_rel(&st, &split_st));
@@ -311,6 +312,7 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
         ChunkKernel::ThreePhaseEngine,
         ChunkKernel::ThreePhaseEngineV16,
         ChunkKernel::ThreePhaseEngineLdm,
+        ChunkKernel::ThreePhaseEngineTc,
     ] {
         let (three, three_st) = run_gpu(&be, &x, &init, kernel);
         let (d, ds) = (rel(&three, &split), state_rel(&three_st, &split_st));
@@ -411,7 +413,7 @@ fn cuda_gdn_phase_timing_marks_every_launch() {
 fn three_phase_plan_and_shared_memory() {
     use draftlens::backend::cuda::gdn::{
         hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES,
-        PREP2_SMEM_BYTES, PREP_LDM_SMEM_BYTES, PREP_RT_SMEM_BYTES,
+        HWALK_TC_SMEM_BYTES, PREP2_SMEM_BYTES, PREP_LDM_SMEM_BYTES, PREP_RT_SMEM_BYTES,
     };
     // Lengths 1, 17, 64, 128, 200, 0, 65 from row 0; the multi-row sequences are 1..=4 and 6.
     let starts = [0, 1, 18, 82, 210, 410, 410, 475];
@@ -447,6 +449,7 @@ fn three_phase_plan_and_shared_memory() {
         HOUT_LDM_SMEM_BYTES,
         PREP_LDM_SMEM_BYTES,
         PREP_RT_SMEM_BYTES,
+        HWALK_TC_SMEM_BYTES,
     ];
     for bytes in walks.into_iter().chain(others) {
         assert!(2 * (bytes + 1024) <= 228 * 1024, "{bytes} B");
@@ -458,6 +461,7 @@ fn three_phase_plan_and_shared_memory() {
     assert_eq!(HOUT_LDM_SMEM_BYTES, 50_688);
     assert_eq!(PREP_LDM_SMEM_BYTES, 95_232);
     assert_eq!(PREP_RT_SMEM_BYTES, 102_912);
+    assert_eq!(HWALK_TC_SMEM_BYTES, 92_416);
 }
 
 #[test]
@@ -605,8 +609,8 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
                 .collect::<Vec<_>>(),
         )
     };
-    // `v8`: the 8-channel kernel instead of the trait's default one.
-    let on_gpu = |x: &[f32], init: &[Vec<f32>], v8: bool| {
+    // `kernel`: the conv output kernel (the trait's default is `ConvKernel::Rows`).
+    let on_gpu = |x: &[f32], init: &[Vec<f32>], kernel: Option<ConvKernel>| {
         let (xt, wt) = (
             be.from_host(x, t, c).unwrap(),
             be.from_host(&w, c, k).unwrap(),
@@ -616,10 +620,9 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
             .map(|s| be.from_host(s, k - 1, c).unwrap())
             .collect();
         let mut refs: Vec<_> = st.iter_mut().collect();
-        let y = if v8 {
-            be.causal_conv1d_silu_with(&xt, &wt, &seq_starts, &mut refs, true)
-        } else {
-            be.causal_conv1d_silu(&xt, &wt, &seq_starts, &mut refs)
+        let y = match kernel {
+            Some(kernel) => be.causal_conv1d_silu_with(&xt, &wt, &seq_starts, &mut refs, kernel),
+            None => be.causal_conv1d_silu(&xt, &wt, &seq_starts, &mut refs),
         }
         .unwrap();
         (
@@ -630,7 +633,7 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
         )
     };
     let (want, want_st) = on_cpu(&x, &init);
-    let (got, got_st) = on_gpu(&x, &init, false);
+    let (got, got_st) = on_gpu(&x, &init, None);
     // Same f32 sum of the same bf16 inputs (4 terms, order identical), then one bf16 rounding
     // of the SiLU: each value within one bf16 step (2⁻⁸ relative) of the CPU's.
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -643,18 +646,23 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
     }
     // States are copies of inputs: exact.
     assert_eq!(got_st, want_st, "conv states");
-    // The 8-channel kernel (gdn_conv_silu_v8): the same fmaf chains and rounding, the same bits.
-    let (got8, st8) = on_gpu(&x, &init, true);
-    let diff = got8
-        .iter()
-        .zip(&got)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
-    assert_eq!(
-        diff, 0,
-        "gdn_conv_silu_v8 differs from gdn_conv_silu in {diff} values"
-    );
-    assert_eq!(st8, want_st, "conv states after gdn_conv_silu_v8");
+    // Every output kernel runs the same fmaf chains and rounding: the same bits as the
+    // one-channel kernel, and the same states. `lens` puts sequence starts inside the rows kernel's
+    // 16-row runs (rows 1, 6, 76, 79) and one sequence across several runs.
+    let (one, _) = on_gpu(&x, &init, Some(ConvKernel::OneChannel));
+    for kernel in [ConvKernel::V8, ConvKernel::Rows] {
+        let (y, st) = on_gpu(&x, &init, Some(kernel));
+        let diff = y
+            .iter()
+            .zip(&one)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            diff, 0,
+            "{kernel:?} differs from OneChannel in {diff} values"
+        );
+        assert_eq!(st, want_st, "conv states after {kernel:?}");
+    }
 }
 
 #[test]

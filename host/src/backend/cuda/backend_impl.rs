@@ -463,10 +463,7 @@ impl Backend for CudaBackend {
         seq_starts: &[usize],
         states: &mut [&mut CudaTensor],
     ) -> Result<CudaTensor> {
-        // The one-channel kernel: gdn_conv_silu_v8 gives the same bits (cuda_gdn, H200) but
-        // no measured gain: in gdn_bench --breakdown whichever of the two is timed second is
-        // 4-10 % faster (docs/benchmarks-cuda.md, "Session 9").
-        self.causal_conv1d_silu_with(x, weight, seq_starts, states, false)
+        self.causal_conv1d_silu_with(x, weight, seq_starts, states, gdn::ConvKernel::Rows)
     }
     fn gated_delta_rule(
         &self,

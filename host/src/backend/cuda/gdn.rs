@@ -24,12 +24,16 @@ use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 mod conv;
+pub use conv::ConvKernel;
 mod phases;
 mod split;
 use phases::PhaseClock;
 pub use phases::{set_phase_timing, take_phase_times};
 use split::SplitDeltaInputs;
-pub use split::{hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES};
+pub use split::{
+    hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES,
+    HWALK_TC_SMEM_BYTES,
+};
 
 /// Head dims the delta-rule kernels are written for (`GDN_DK`, `GDN_DV` in kernels/gdn.cu).
 const HEAD_DIM: usize = 128;
@@ -86,6 +90,9 @@ pub enum ChunkKernel {
     /// `ThreePhaseReference` with its prep's products register-tiled on 16-byte shared loads
     /// (`gdn_prep2_reference_rt`): the same fmaf chains, so the same bits.
     ThreePhaseReferenceRt,
+    /// `ThreePhaseEngineLdm` with its state walk on the tensor cores too (`gdn_hwalk_engine_tc`):
+    /// the same operands and roundings, tensor-core summation order in the walk's two products.
+    ThreePhaseEngineTc,
 }
 
 /// Whether [`ChunkKernel::for_profile`] picks the three-phase kernels. They passed `cuda_gdn` on
@@ -123,10 +130,11 @@ fn three_phase_default() -> bool {
 /// Suffix of the CUDA engine profile's cache keys (host/src/session): names the default engine
 /// kernel's summation order, so cached results of one never pass for the other's.
 pub fn engine_cache_tag() -> &'static str {
-    if ChunkKernel::for_profile(GdnProfile::Engine).three_phase() {
-        "-3p"
-    } else {
-        ""
+    match ChunkKernel::for_profile(GdnProfile::Engine) {
+        // The walk's products on the tensor cores: another summation order than gdn_hwalk_engine.
+        ChunkKernel::ThreePhaseEngineTc => "-3p-tc",
+        k if k.three_phase() => "-3p",
+        _ => "",
     }
 }
 
@@ -142,9 +150,10 @@ impl ChunkKernel {
             // docs/gdn-cuda.md, "Three-phase kernels" and "Round 2": the round-2 variants give
             // the same bits as ThreePhaseReference / ThreePhaseEngine (cuda_gdn, H200) and ran
             // 7.9 / 5.9 ms against their 8.2 / 10.3 ms at 4 × 4096 tokens (docs/benchmarks-cuda.md,
-            // "Session 9"), so the engine cache tag stays "-3p".
+            // "Session 9"). Round 3 moves the engine walk to the tensor cores
+            // (ThreePhaseEngineTc: another summation order, so the engine cache tag "-3p-tc").
             (GdnProfile::Reference, true) => ChunkKernel::ThreePhaseReferenceRt,
-            (GdnProfile::Engine, true) => ChunkKernel::ThreePhaseEngineLdm,
+            (GdnProfile::Engine, true) => ChunkKernel::ThreePhaseEngineTc,
         }
     }
     fn name(self) -> &'static str {
@@ -163,6 +172,7 @@ impl ChunkKernel {
             ChunkKernel::ThreePhaseEngineV16 => "gdn_hwalk_engine_v16",
             ChunkKernel::ThreePhaseEngineLdm => "gdn_hwalk_engine",
             ChunkKernel::ThreePhaseReferenceRt => "gdn_hwalk_reference",
+            ChunkKernel::ThreePhaseEngineTc => "gdn_hwalk_engine_tc",
         }
     }
     /// The state-independent first launch of a split kernel.
@@ -179,7 +189,9 @@ impl ChunkKernel {
             ChunkKernel::ThreePhaseEngine | ChunkKernel::ThreePhaseEngineV16 => {
                 Some("gdn_prep2_engine_mma")
             }
-            ChunkKernel::ThreePhaseEngineLdm => Some("gdn_prep2_engine_ldm"),
+            ChunkKernel::ThreePhaseEngineLdm | ChunkKernel::ThreePhaseEngineTc => {
+                Some("gdn_prep2_engine_ldm")
+            }
             ChunkKernel::ThreePhaseReferenceRt => Some("gdn_prep2_reference_rt"),
             _ => None,
         }
@@ -187,7 +199,9 @@ impl ChunkKernel {
     /// The state walk, its value columns per block, and the output launch of a three-phase kernel.
     fn three_phase_launches(self) -> Option<(&'static str, usize, &'static str)> {
         let output = match self {
-            ChunkKernel::ThreePhaseEngineLdm => "gdn_hout_engine_ldm",
+            ChunkKernel::ThreePhaseEngineLdm | ChunkKernel::ThreePhaseEngineTc => {
+                "gdn_hout_engine_ldm"
+            }
             _ if self.engine() => "gdn_hout_engine_mma",
             _ => "gdn_hout_reference",
         };
@@ -195,6 +209,7 @@ impl ChunkKernel {
             ChunkKernel::ThreePhaseReference
             | ChunkKernel::ThreePhaseEngine
             | ChunkKernel::ThreePhaseEngineLdm
+            | ChunkKernel::ThreePhaseEngineTc
             | ChunkKernel::ThreePhaseReferenceRt => Some((self.name(), 32, output)),
             ChunkKernel::ThreePhaseReferenceV16 | ChunkKernel::ThreePhaseEngineV16 => {
                 Some((self.name(), 16, output))
@@ -674,9 +689,11 @@ pub const KERNELS: &[&str] = &[
     "gdn_prep2_engine_ldm",
     "gdn_prep2_reference_rt",
     "gdn_hout_engine_ldm",
+    "gdn_hwalk_engine_tc",
     "gdn_recurrent",
     "gdn_conv_silu",
     "gdn_conv_silu_v8",
+    "gdn_conv_silu_rows4",
     "gdn_conv_state",
     "gdn_gates",
     "gdn_gated_rms_norm",

@@ -21,6 +21,11 @@ pub const HOUT_COLUMNS: usize = 32;
 pub const fn hwalk_smem_bytes(columns: usize) -> usize {
     (2 * 64 * 132 + 128 * columns + 2 * 64 * columns + 64) * 4
 }
+/// Dynamic shared memory of `gdn_hwalk_engine_tc`: the f32 W staging tile (64 × 132), U (64 × 32)
+/// and γ, then bf16 W and K (64 × 136 each), the state as the products read it (128 × 40) and the
+/// decayed V′ (64 × 40).
+pub const HWALK_TC_SMEM_BYTES: usize =
+    (64 * 132 + 64 * 32 + 64) * 4 + (2 * 64 * 136 + 128 * 40 + 64 * 40) * 2;
 /// Dynamic shared memory of `gdn_hout_*`, the larger of its two layouts (the FMA one's): Q
 /// (64 × 132), h_c (128 × 32), the scores (64 × 68), V′ (64 × 32), Q·h_c (64 × 33), γ.
 pub const HOUT_SMEM_BYTES: usize =
@@ -252,7 +257,11 @@ impl CudaBackend {
         let (walk, columns, output) = kernel
             .three_phase_launches()
             .expect("three_phase_rest runs three-phase kernels only");
-        let walk_smem = hwalk_smem_bytes(columns);
+        let walk_smem = if kernel == ChunkKernel::ThreePhaseEngineTc {
+            HWALK_TC_SMEM_BYTES
+        } else {
+            hwalk_smem_bytes(columns)
+        };
         let f = self.kernels.get_with_smem("gdn", walk, walk_smem)?;
         clock.mark(self, "setup")?;
         let mut lb = self.stream.launch_builder(&f);
