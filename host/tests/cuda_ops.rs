@@ -740,3 +740,61 @@ fn hybrid_gated_attention_loads_raw_as_from_f32_on_the_gpu() {
         assert_eq!(matrix_bits(&gpu, a), matrix_bits(&gpu, b), "{name}: gate");
     }
 }
+
+/// A tuned GEMM's algorithm is remembered for the next process (docs/cuda.md, "GEMM modes and
+/// tuning"): with its plans forgotten and the choices file read again (what a new process starts
+/// from) the backend runs the shape without timing and gives the same bits; a remembered
+/// `cublasGemmEx` choice is taken as such. One backend throughout: a second one in the same
+/// process segfaulted at exit on the H200 (session 10), after all tests had passed.
+#[test]
+fn cuda_tuned_gemm_choice_is_remembered_by_the_next_backend() {
+    let Some(be) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir
+        .path()
+        .join(draftlens::backend::cuda::gemm_choices::FILE_NAME);
+    // Large enough to be tuned: ≥ 2048 rows and ≥ 1e10 FLOPs.
+    let (rows, out, inp) = (2048, 2048, 4096);
+    let x = be.random_tensor(rows, inp, 1.0, 0.0, 5).unwrap();
+    let w = be.random_matrix(out, inp, 0.02, 6).unwrap();
+    let run = || -> Vec<f32> {
+        // As a new process: no plans, the choices as the file holds them.
+        be.forget_gemm_plans();
+        be.set_gemm_choices_file(Some(file.clone()));
+        be.to_host(&be.matmul(&x, &w).unwrap()).unwrap()
+    };
+    let first = run();
+    assert_eq!(be.gemm_tune_records().len(), 1, "{}", be.gemm_status());
+    assert_eq!(be.gemm_reused_choices(), 0);
+    let text = std::fs::read_to_string(&file).unwrap();
+    println!("{text}");
+    assert!(text.contains(&be.info().name), "{text}");
+    let second = run();
+    println!("{}", be.gemm_status());
+    assert_eq!(be.gemm_tune_records().len(), 1, "timed again");
+    assert_eq!(be.gemm_reused_choices(), 1);
+    assert!(
+        first
+            .iter()
+            .zip(&second)
+            .all(|(p, q)| p.to_bits() == q.to_bits()),
+        "the remembered algorithm gave other bits"
+    );
+    // The choice rewritten to cublasGemmEx: taken without timing, and the result still a GEMM.
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for entries in json["machines"].as_object_mut().unwrap().values_mut() {
+        for v in entries.as_object_mut().unwrap().values_mut() {
+            *v = serde_json::Value::String("gemm_ex".into());
+        }
+    }
+    std::fs::write(&file, serde_json::to_string(&json).unwrap()).unwrap();
+    let third = run();
+    assert_eq!(be.gemm_tune_records().len(), 1);
+    assert_eq!(be.gemm_reused_choices(), 2);
+    let err = third
+        .iter()
+        .zip(&first)
+        .map(|(p, q)| (p - q).abs() / (q.abs() + 1e-2))
+        .fold(0f32, f32::max);
+    assert!(err < 2e-2, "cublasGemmEx vs cuBLASLt: {err}");
+}

@@ -13,10 +13,13 @@
 //! round counts, and the fastest is kept for that shape; interleaving and the best-of-rounds keep
 //! the choice from following the card's power-limited clock swings). Small GEMMs (under
 //! [`TUNE_MIN_FLOPS`]) take the first heuristic answer: timing them costs more than it saves.
-//! Different algorithms sum in different orders, so results may differ between modes (and between
-//! processes in `LtTuned`) by fp32 rounding of the accumulation, never by bf16 rounding.
+//! Different algorithms sum in different orders, so results may differ between modes by fp32
+//! rounding of the accumulation, never by bf16 rounding. A tuned choice is remembered on disk per
+//! machine and shape ([`super::gemm_choices`]): later processes on the machine run the same
+//! algorithm (the same bits) without timing again.
 
 use super::decode::{self, MAX_DECODE_ROWS};
+use super::gemm_choices::{Choice, ChoiceStore, FILE_NAME};
 use super::{blas_err, CudaBackend, CudaMatrix, CudaTensor};
 use anyhow::{anyhow, ensure, Result};
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
@@ -24,7 +27,8 @@ use cudarc::cublaslt::sys as lt;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// How [`super::CudaBackend`] runs its GEMMs.
@@ -99,6 +103,16 @@ struct PlanKey {
     tuned: bool,
 }
 
+impl PlanKey {
+    /// The shape's key in the remembered choices ([`ChoiceStore`]).
+    fn choice_key(&self) -> String {
+        format!(
+            "rows {} out {} in {} acc {} {:?} align {}",
+            self.rows, self.out, self.inp, self.accumulate as u8, self.out_type, self.align
+        )
+    }
+}
+
 /// Descriptors and the chosen algorithm of one GEMM shape.
 struct Plan {
     desc: lt::cublasLtMatmulDesc_t,
@@ -152,8 +166,23 @@ struct LtState {
     /// None: planning failed for this shape (the GEMM then runs on `cublasGemmEx`).
     plans: Mutex<HashMap<PlanKey, Option<Arc<Plan>>>>,
     tuned: Mutex<Vec<TuneRecord>>,
+    /// Tuned choices remembered across processes; `Arc` so a test can point it elsewhere.
+    choices: Mutex<Arc<ChoiceStore>>,
+    /// This machine's name in `choices` (device, driver, cuBLASLt version).
+    machine: String,
+    /// Tuned shapes planned from a remembered choice instead of timing.
+    reused: AtomicUsize,
     /// The first planning error, for diagnostics.
     plan_error: Mutex<Option<String>>,
+}
+
+impl LtState {
+    fn choices(&self) -> Arc<ChoiceStore> {
+        self.choices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 impl Drop for LtState {
@@ -193,7 +222,9 @@ fn check(what: &str, s: lt::cublasStatus_t) -> Result<()> {
 
 impl Gemms {
     /// cuBLASLt handle and workspace; when either fails, every GEMM stays on `cublasGemmEx`.
-    pub(crate) fn new(stream: &Arc<CudaStream>) -> Gemms {
+    /// `device` names the GPU and driver for the remembered choices, kept in `cache_dir` (none:
+    /// not remembered beyond the process).
+    pub(crate) fn new(stream: &Arc<CudaStream>, device: &str, cache_dir: Option<PathBuf>) -> Gemms {
         let make = || -> Result<LtState> {
             let mut handle: lt::cublasLtHandle_t = std::ptr::null_mut();
             // SAFETY: out-pointer to a local.
@@ -203,11 +234,17 @@ impl Gemms {
             // SAFETY: the workspace is only handed to cuBLASLt, which writes before reading.
             let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
                 .map_err(|e| anyhow!("cuBLASLt workspace: {e}"))?;
+            // SAFETY: no arguments; the library is loaded (the handle exists).
+            let machine = format!("{device} cublasLt {}", unsafe { lt::cublasLtGetVersion() });
+            let store = ChoiceStore::open(cache_dir.map(|d| d.join(FILE_NAME)), machine.clone());
             Ok(LtState {
                 handle,
                 workspace,
                 plans: Mutex::new(HashMap::new()),
                 tuned: Mutex::new(Vec::new()),
+                choices: Mutex::new(Arc::new(store)),
+                machine,
+                reused: AtomicUsize::new(0),
                 plan_error: Mutex::new(None),
             })
         };
@@ -262,12 +299,36 @@ impl Gemms {
             .count();
         let err = st.plan_error.lock().unwrap_or_else(|e| e.into_inner());
         format!(
-            "cuBLASLt: {} shapes planned, {fallback} of them on cublasGemmEx (timed faster, or no cuBLASLt algorithm){}",
+            "cuBLASLt: {} shapes planned, {fallback} of them on cublasGemmEx (timed faster, or no cuBLASLt algorithm), {} tuned shapes from remembered choices{}",
             plans.len(),
+            st.reused.load(Ordering::Relaxed),
             err.as_ref()
                 .map(|e| format!(" (first planning error: {e})"))
                 .unwrap_or_default()
         )
+    }
+
+    /// Tuned shapes planned from a remembered choice, not timed.
+    pub(crate) fn reused_choices(&self) -> usize {
+        self.lt
+            .as_ref()
+            .map_or(0, |s| s.reused.load(Ordering::Relaxed))
+    }
+
+    /// Drops every plan (descriptors and choices in memory), as a new process starts.
+    pub(crate) fn forget_plans(&self) {
+        if let Some(st) = self.lt.as_ref() {
+            st.plans.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+    }
+
+    /// Where tuned choices are remembered from now on (None: nowhere beyond this process);
+    /// shapes already planned keep their plans.
+    pub(crate) fn set_choices_file(&self, path: Option<PathBuf>) {
+        if let Some(st) = self.lt.as_ref() {
+            let store = ChoiceStore::open(path, st.machine.clone());
+            *st.choices.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(store);
+        }
     }
 
     pub(crate) fn tune_records(&self) -> Vec<TuneRecord> {
@@ -408,6 +469,27 @@ impl Gemms {
                 4,
             )
         })?;
+        // A tuned shape this machine has timed before runs what was chosen then (checked by
+        // cuBLASLt against these descriptors; a choice that no longer fits is timed again).
+        let mut plan = plan;
+        let choice_key = key.choice_key();
+        if key.tuned {
+            match st.choices().get(&choice_key) {
+                Some(Choice::GemmEx) => {
+                    st.reused.fetch_add(1, Ordering::Relaxed);
+                    return Ok(plan);
+                }
+                Some(Choice::Lt(data)) => {
+                    let algo = lt::cublasLtMatmulAlgo_t { data };
+                    if algo_fits(st, &plan, &algo) {
+                        plan.algo = Some(algo);
+                        st.reused.fetch_add(1, Ordering::Relaxed);
+                        return Ok(plan);
+                    }
+                }
+                None => {}
+            }
+        }
         let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
         check("creating a preference", unsafe {
@@ -487,7 +569,6 @@ impl Gemms {
         } else {
             Vec::new()
         };
-        let mut plan = plan;
         if cands.is_empty() {
             return Ok(plan);
         }
@@ -552,6 +633,10 @@ impl Gemms {
             return Ok(plan);
         }
         plan.algo = cands.get(best).copied();
+        st.choices().remember(
+            &choice_key,
+            plan.algo.map_or(Choice::GemmEx, |a| Choice::Lt(a.data)),
+        );
         st.tuned
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -568,6 +653,48 @@ impl Gemms {
             });
         Ok(plan)
     }
+}
+
+/// Whether cuBLASLt accepts `algo` for `plan`'s descriptors within the workspace, with split-K
+/// partial sums reduced in fp32 only (what the tuner's preference asks of fresh answers).
+fn algo_fits(st: &LtState, plan: &Plan, algo: &lt::cublasLtMatmulAlgo_t) -> bool {
+    // SAFETY: zeroed plain-data struct as an out-parameter.
+    let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+    // SAFETY: live handle and descriptors; `algo` and `result` are live locals.
+    let s = unsafe {
+        lt::cublasLtMatmulAlgoCheck(
+            st.handle,
+            plan.desc,
+            plan.a,
+            plan.b,
+            plan.c,
+            plan.c,
+            algo,
+            &mut result,
+        )
+    };
+    if s != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS || result.workspaceSize > WORKSPACE_BYTES {
+        return false;
+    }
+    let attr = |a: lt::cublasLtMatmulAlgoConfigAttributes_t| -> Option<u32> {
+        let (mut v, mut written) = (0u32, 0usize);
+        // SAFETY: a 4-byte buffer for a 4-byte attribute.
+        let s = unsafe {
+            lt::cublasLtMatmulAlgoConfigGetAttribute(
+                algo,
+                a,
+                &mut v as *mut u32 as *mut c_void,
+                4,
+                &mut written,
+            )
+        };
+        (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && written == 4).then_some(v)
+    };
+    use lt::cublasLtMatmulAlgoConfigAttributes_t as A;
+    let splits = attr(A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+    let scheme = attr(A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
+    let compute = lt::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+    matches!(splits, Some(n) if n <= 1) || scheme == Some(compute)
 }
 
 /// One `cublasLtMatmul` of `plan` with `algo` (the plan fixes the shapes; `g`'s pointers are used).
@@ -630,6 +757,23 @@ impl CudaBackend {
     /// The shapes tuned so far in [`GemmMode::LtTuned`] (first heuristic answer vs the chosen one).
     pub fn gemm_tune_records(&self) -> Vec<TuneRecord> {
         self.gemm.tune_records()
+    }
+
+    /// Tuned shapes that ran a choice remembered from an earlier process instead of timing.
+    pub fn gemm_reused_choices(&self) -> usize {
+        self.gemm.reused_choices()
+    }
+
+    /// Forgets every GEMM plan, so the next GEMM of each shape is planned again (from a
+    /// remembered choice, or timed), as in a new process. For tests.
+    pub fn forget_gemm_plans(&self) {
+        self.gemm.forget_plans()
+    }
+
+    /// Where tuned GEMM choices are remembered from now on (default: `gemm-choices-v1.json` in
+    /// the kernel cache folder; None: nowhere beyond this process). For tests and benchmarks.
+    pub fn set_gemm_choices_file(&self, path: Option<PathBuf>) {
+        self.gemm.set_choices_file(path)
     }
 
     /// The operands of `x · Wᵀ` written to `y`.

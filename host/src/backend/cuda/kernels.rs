@@ -84,7 +84,9 @@ fn options(arch: &str) -> Vec<String> {
     ]
 }
 
-fn disk_cache_dir() -> Option<PathBuf> {
+/// The kernel cache folder (`$DRAFTLENS_KERNEL_CACHE`; empty: none), also home of the
+/// remembered GEMM choices (`gemm_choices`).
+pub(super) fn disk_cache_dir() -> Option<PathBuf> {
     if let Ok(d) = std::env::var("DRAFTLENS_KERNEL_CACHE") {
         return if d.is_empty() {
             None

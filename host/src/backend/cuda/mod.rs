@@ -40,6 +40,7 @@ mod decode;
 mod elementwise;
 pub mod gdn;
 mod gemm;
+pub mod gemm_choices;
 mod kernels;
 mod mask;
 mod memory;

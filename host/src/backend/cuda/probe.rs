@@ -174,7 +174,11 @@ impl CudaBackend {
             driver_version,
         };
         let kernels = Kernels::new(ctx.clone())?;
-        let gemm = Gemms::new(&stream);
+        let machine = format!(
+            "{} sm_{}{} driver {}",
+            info.name, info.compute_capability.0, info.compute_capability.1, info.driver_version
+        );
+        let gemm = Gemms::new(&stream, &machine, super::kernels::disk_cache_dir());
         Ok(CudaBackend {
             ctx,
             stream,
