@@ -691,6 +691,28 @@ __device__ __forceinline__ void mm_rows4(const float* A, int lda, const float* B
         for (int j = 0; j < 4; ++j) epi(m0 + i * RG, c + j, acc[i][j]);
 }
 
+// The state walks' chunk loads (gdn_hwalk_impl, gdn_hwalk_engine_tc): the W tile (f32, row
+// stride GDN_LDW) and the block's U slice (DVS columns from col0) of the chunk starting at row0 by
+// cp.async (committed, not waited for), and its gam by plain loads (rows past the sequence's end
+// seq1 take the last row's). Rows past the end are not loaded: phase b never keeps them.
+template <int DVS>
+__device__ __forceinline__ void hwalk_load_chunk(float* Ws, float* Us, float* gam, const float* __restrict__ Wg,
+                                                 const float* __restrict__ Ug, const float* __restrict__ Gg,
+                                                 long long row0, long long seq1, long long HV, int hv, int col0) {
+    const int tid = threadIdx.x;
+    const int nc = (int)min((long long)GDN_C, seq1 - row0);
+    for (int i = tid; i < GDN_C * (GDN_DK / 4); i += GDN_THREADS) {
+        const int r = i / (GDN_DK / 4), c = (i % (GDN_DK / 4)) * 4;
+        if (r < nc) cp_async16(Ws + r * GDN_LDW + c, Wg + ((row0 + r) * HV + hv) * GDN_DK + c);
+    }
+    for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
+        const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
+        if (r < nc) cp_async16(Us + r * DVS + c, Ug + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
+    }
+    cp_async_commit();
+    if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+}
+
 // Phase 2. One block of 256 threads per (slice of DVS value columns, value head, sequence), DVS =
 // 16 or 32 (128/DVS blocks per head). Per chunk two phases separated by barriers:
 //   b. V' = U - W S_op (mm_rows4: W tile and S_op, the bf16-rounded (Engine) or plain state, in
@@ -737,20 +759,8 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
             Ss[(cr + i * CRG) * DVS + cc + j] = ENGINE ? rb(s[i][j]) : s[i][j];
         }
 
-    // The W tile, U slice and gam of the chunk at row0 (rows past its end are not loaded: phase b
-    // skips them).
     auto load_w = [&](long long row0) {
-        const int nc = (int)min((long long)GDN_C, seq1 - row0);
-        for (int i = tid; i < GDN_C * (GDN_DK / 4); i += GDN_THREADS) {
-            const int r = i / (GDN_DK / 4), c = (i % (GDN_DK / 4)) * 4;
-            if (r < nc) cp_async16(Ws + r * GDN_LDW + c, Wg + ((row0 + r) * HV + hv) * GDN_DK + c);
-        }
-        for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
-            const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
-            if (r < nc) cp_async16(Us + r * DVS + c, Ug + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
-        }
-        cp_async_commit();
-        if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+        hwalk_load_chunk<DVS>(Ws, Us, gam, Wg, Ug, Gg, row0, seq1, HV, hv, col0);
     };
     load_w(seq0);  // every sequence here has rows
     cp_async_wait_all();
@@ -1417,20 +1427,9 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     };
     store_sop();
 
-    // The W tile (f32 staging), U slice and gam of the chunk at row0 (rows past its end are not
-    // loaded: phase b skips them).
+    // The W tile (into its f32 staging), U slice and gam of the chunk at row0.
     auto load_w = [&](long long row0) {
-        const int nc = (int)min((long long)GDN_C, seq1 - row0);
-        for (int i = tid; i < GDN_C * (GDN_DK / 4); i += GDN_THREADS) {
-            const int r = i / (GDN_DK / 4), c = (i % (GDN_DK / 4)) * 4;
-            if (r < nc) cp_async16(Ws + r * GDN_LDW + c, Wg + ((row0 + r) * HV + hv) * GDN_DK + c);
-        }
-        for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
-            const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
-            if (r < nc) cp_async16(Us + r * DVS + c, Ug + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
-        }
-        cp_async_commit();
-        if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+        hwalk_load_chunk<DVS>(Ws, Us, gam, Wg, Ug, Gg, row0, seq1, HV, hv, col0);
     };
     // W as bf16 (its values are bf16 already: exact); rows past the chunk's end are never read
     // into a kept result (phase b masks them), but are zeroed so no NaN pattern enters an mma.
