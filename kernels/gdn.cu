@@ -125,6 +125,25 @@ __device__ __forceinline__ void mm(FA a, FB b, FE epi) {
 // rows past nc are zero. Reference: f32, q scaled by `scale` (HF: l2norm(q) * scale); Engine:
 // both rounded to bf16, q unscaled (fla scales the output). Warp w handles rows w, w+8, ...; all
 // its loads are issued before the first reduction.
+// The L2 norm's factor of a 128-wide q or k head row held 4 values per lane of a warp
+// (transformers' l2norm: x · 1/sqrt(Σx² + 1e-6)).
+__device__ __forceinline__ float head_inv_norm(const float (&f)[4]) {
+    return 1.f / sqrtf(warp_sum(f[0] * f[0] + f[1] * f[1] + f[2] * f[2] + f[3] * f[3]) + 1e-6f);
+}
+
+// Rows row0 + warp + 8i (i < GDN_C / 8) of head `head` of x (row stride ld), the lane's 4 values
+// each as raw bf16 pairs; zeros past the chunk's nc rows. All loads issue before any is used.
+__device__ __forceinline__ void fetch_head_rows(uint2 (&w)[GDN_C / (GDN_THREADS / 32)], const bf16_t* __restrict__ x,
+                                                long long ld, int head, long long row0, int nc) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < GDN_C / (GDN_THREADS / 32); ++i) {
+        const int r = warp + 8 * i;
+        w[i] = make_uint2(0u, 0u);
+        if (r < nc) w[i] = *(const uint2*)(x + (row0 + r) * ld + head * GDN_DK + lane * 4);
+    }
+}
+
 template <bool ENGINE>
 __device__ __forceinline__ void load_qk_rows(float* Ks, float* Qs, const bf16_t* __restrict__ q,
                                              const bf16_t* __restrict__ k, long long ld_qk, int hk,
@@ -147,8 +166,8 @@ __device__ __forceinline__ void load_qk_rows(float* Ks, float* Qs, const bf16_t*
         const int r = warp + 8 * i;
         const float kf[4] = {lo_bf(kw[i].x), hi_bf(kw[i].x), lo_bf(kw[i].y), hi_bf(kw[i].y)};
         const float qf[4] = {lo_bf(qw[i].x), hi_bf(qw[i].x), lo_bf(qw[i].y), hi_bf(qw[i].y)};
-        const float kn = 1.f / sqrtf(warp_sum(kf[0] * kf[0] + kf[1] * kf[1] + kf[2] * kf[2] + kf[3] * kf[3]) + 1e-6f);
-        const float qn = 1.f / sqrtf(warp_sum(qf[0] * qf[0] + qf[1] * qf[1] + qf[2] * qf[2] + qf[3] * qf[3]) + 1e-6f);
+        const float kn = head_inv_norm(kf);
+        const float qn = head_inv_norm(qf);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             float kv = kf[j] * kn, qv = qf[j] * qn;
@@ -269,8 +288,8 @@ __device__ __forceinline__ void gdn_chunk_impl(const bf16_t* __restrict__ q, con
                 kf[0] = lo_bf(kw.x); kf[1] = hi_bf(kw.x); kf[2] = lo_bf(kw.y); kf[3] = hi_bf(kw.y);
                 qf[0] = lo_bf(qw.x); qf[1] = hi_bf(qw.x); qf[2] = lo_bf(qw.y); qf[3] = hi_bf(qw.y);
             }
-            const float kn = 1.f / sqrtf(warp_sum(kf[0] * kf[0] + kf[1] * kf[1] + kf[2] * kf[2] + kf[3] * kf[3]) + 1e-6f);
-            const float qn = 1.f / sqrtf(warp_sum(qf[0] * qf[0] + qf[1] * qf[1] + qf[2] * qf[2] + qf[3] * qf[3]) + 1e-6f);
+            const float kn = head_inv_norm(kf);
+            const float qn = head_inv_norm(qf);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 float kv = kf[j] * kn, qv = qf[j] * qn;
@@ -786,12 +805,7 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
         // --- b. the chunk's k rows in flight (warp w: rows w, w+8, ...), then V' = U - W S_op.
         constexpr int PER = GDN_C / (GDN_THREADS / 32);
         uint2 kw[PER];
-#pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            const int r = warp + 8 * i;
-            kw[i] = make_uint2(0u, 0u);
-            if (r < nc) kw[i] = *(const uint2*)(k + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
-        }
+        fetch_head_rows(kw, k, ld_qk, hk, row0, nc);
         const float gC = gam[GDN_C - 1];
         mm_rows4<GDN_C, DVS, GDN_DK>(Ws, GDN_LDW, Ss, DVS, [&](int m, int c, float x) {
             float vd = 0.f;
@@ -809,7 +823,7 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
         for (int i = 0; i < PER; ++i) {
             const int r = warp + 8 * i;
             const float kf[4] = {lo_bf(kw[i].x), hi_bf(kw[i].x), lo_bf(kw[i].y), hi_bf(kw[i].y)};
-            const float kn = 1.f / sqrtf(warp_sum(kf[0] * kf[0] + kf[1] * kf[1] + kf[2] * kf[2] + kf[3] * kf[3]) + 1e-6f);
+            const float kn = head_inv_norm(kf);
             float kv[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j) kv[j] = ENGINE ? rb(kf[j] * kn) : kf[j] * kn;
@@ -864,17 +878,12 @@ __device__ __forceinline__ void load_q_rows(float* Qs, int ldq, const bf16_t* __
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     constexpr int PER = GDN_C / (GDN_THREADS / 32);
     uint2 qw[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int r = warp + 8 * i;
-        qw[i] = make_uint2(0u, 0u);
-        if (r < nc) qw[i] = *(const uint2*)(q + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
-    }
+    fetch_head_rows(qw, q, ld_qk, hk, row0, nc);
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         const int r = warp + 8 * i;
         const float qf[4] = {lo_bf(qw[i].x), hi_bf(qw[i].x), lo_bf(qw[i].y), hi_bf(qw[i].y)};
-        const float qn = 1.f / sqrtf(warp_sum(qf[0] * qf[0] + qf[1] * qf[1] + qf[2] * qf[2] + qf[3] * qf[3]) + 1e-6f);
+        const float qn = head_inv_norm(qf);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             float qv = qf[j] * qn;
@@ -1210,17 +1219,12 @@ __device__ __forceinline__ void load_rows_bf16(bf16_t* Xb, int ldx, const bf16_t
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     constexpr int PER = GDN_C / (GDN_THREADS / 32);
     uint2 xw[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int r = warp + 8 * i;
-        xw[i] = make_uint2(0u, 0u);
-        if (r < nc) xw[i] = *(const uint2*)(x + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
-    }
+    fetch_head_rows(xw, x, ld_qk, hk, row0, nc);
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         const int r = warp + 8 * i;
         const float xf[4] = {lo_bf(xw[i].x), hi_bf(xw[i].x), lo_bf(xw[i].y), hi_bf(xw[i].y)};
-        const float xn = 1.f / sqrtf(warp_sum(xf[0] * xf[0] + xf[1] * xf[1] + xf[2] * xf[2] + xf[3] * xf[3]) + 1e-6f);
+        const float xn = head_inv_norm(xf);
         *(uint2*)(Xb + r * ldx + lane * 4) =
             make_uint2(pack_bf16x2(xf[0] * xn, xf[1] * xn), pack_bf16x2(xf[2] * xn, xf[3] * xn));
     }
@@ -1461,12 +1465,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         // --- b. the chunk's k rows in flight (warp w: rows w, w+8, ...), then V' = U - W S_op.
         constexpr int PER = GDN_C / (GDN_THREADS / 32);
         uint2 kw[PER];
-#pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            const int r = warp + 8 * i;
-            kw[i] = make_uint2(0u, 0u);
-            if (r < nc) kw[i] = *(const uint2*)(k + (row0 + r) * ld_qk + hk * GDN_DK + lane * 4);
-        }
+        fetch_head_rows(kw, k, ld_qk, hk, row0, nc);
         const float gC = gam[GDN_C - 1];
         mm_ldm<GDN_C, DVS, GDN_DK, false>(Wb, GDN_LDB128, Sb, GDN_LDB32, [&](int m, int c, float x) {
             float vd = 0.f;
@@ -1483,7 +1482,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         for (int i = 0; i < PER; ++i) {
             const int r = warp + 8 * i;
             const float kf[4] = {lo_bf(kw[i].x), hi_bf(kw[i].x), lo_bf(kw[i].y), hi_bf(kw[i].y)};
-            const float kn = 1.f / sqrtf(warp_sum(kf[0] * kf[0] + kf[1] * kf[1] + kf[2] * kf[2] + kf[3] * kf[3]) + 1e-6f);
+            const float kn = head_inv_norm(kf);
             *(uint2*)(Kb + r * GDN_LDB128 + lane * 4) =
                 make_uint2(pack_bf16x2(kf[0] * kn, kf[1] * kn), pack_bf16x2(kf[2] * kn, kf[3] * kn));
         }
