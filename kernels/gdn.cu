@@ -1212,22 +1212,27 @@ __device__ __forceinline__ void mm_ldm(const bf16_t* A, int lda, const bf16_t* B
     }
 }
 
-// Rows row0 .. row0+63 of x (head hk), L2-normalised and rounded to bf16 into Xb (row stride ldx
-// elements) exactly as load_qk_rows<true> does (rb(x · 1/sqrt(Σx² + 1e-6))); rows past nc are 0.
-__device__ __forceinline__ void load_rows_bf16(bf16_t* Xb, int ldx, const bf16_t* __restrict__ x, long long ld_qk,
-                                               int hk, long long row0, int nc) {
+// Rows fetched by fetch_head_rows, L2-normalised and rounded to bf16 into Xb (row stride ldx
+// elements): rb(x · 1/sqrt(Σx² + 1e-6)), as load_qk_rows<true> rounds them; zero rows stay zero.
+__device__ __forceinline__ void store_rows_bf16(bf16_t* Xb, int ldx, const uint2 (&xw)[GDN_C / (GDN_THREADS / 32)]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    constexpr int PER = GDN_C / (GDN_THREADS / 32);
-    uint2 xw[PER];
-    fetch_head_rows(xw, x, ld_qk, hk, row0, nc);
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {
+    for (int i = 0; i < GDN_C / (GDN_THREADS / 32); ++i) {
         const int r = warp + 8 * i;
         const float xf[4] = {lo_bf(xw[i].x), hi_bf(xw[i].x), lo_bf(xw[i].y), hi_bf(xw[i].y)};
         const float xn = head_inv_norm(xf);
         *(uint2*)(Xb + r * ldx + lane * 4) =
             make_uint2(pack_bf16x2(xf[0] * xn, xf[1] * xn), pack_bf16x2(xf[2] * xn, xf[3] * xn));
     }
+}
+
+// Rows row0 .. row0+63 of x (head hk), L2-normalised and rounded to bf16 into Xb (row stride ldx
+// elements) exactly as load_qk_rows<true> does (rb(x · 1/sqrt(Σx² + 1e-6))); rows past nc are 0.
+__device__ __forceinline__ void load_rows_bf16(bf16_t* Xb, int ldx, const bf16_t* __restrict__ x, long long ld_qk,
+                                               int hk, long long row0, int nc) {
+    uint2 xw[GDN_C / (GDN_THREADS / 32)];
+    fetch_head_rows(xw, x, ld_qk, hk, row0, nc);
+    store_rows_bf16(Xb, ldx, xw);
 }
 
 #define GDN_LDB128 136  // bf16 row strides of the ldmatrix tiles (elements): 272 / 144 / 80 bytes,
@@ -1478,14 +1483,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
             Vdb[m * GDN_LDB32 + c] = f2bf(vd);
         });
         // The k rows, L2-normalised and rounded as gdn_hwalk_engine does (rows past nc: zero).
-#pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            const int r = warp + 8 * i;
-            const float kf[4] = {lo_bf(kw[i].x), hi_bf(kw[i].x), lo_bf(kw[i].y), hi_bf(kw[i].y)};
-            const float kn = head_inv_norm(kf);
-            *(uint2*)(Kb + r * GDN_LDB128 + lane * 4) =
-                make_uint2(pack_bf16x2(kf[0] * kn, kf[1] * kn), pack_bf16x2(kf[2] * kn, kf[3] * kn));
-        }
+        store_rows_bf16(Kb, GDN_LDB128, kw);
         __syncthreads();
 
         // --- c. the next chunk's W and U in flight; S <- e^gam_C S + Kᵀ Vd on the fragments.
