@@ -1416,14 +1416,13 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     const int tn = (warp & 1) * 16;
     auto tm = [&](int b) { return b * 64 + (warp >> 1) * 16; };
     float s[2][2][4];
-    // Element (b, j, e) of the fragments sits at row tm(b) + g + 8*(e/2), column tn + 8j + 2*t4 + e%2.
+    // Element (b, j, e) of the fragments sits at row tm(b) + g + 8*(e/2), column tn + 8j + 2*t4 + e%2
+    // of the block's state slice (row stride GDN_DV).
+    auto frag_at = [&](int b, int j, int e) {
+        return (tm(b) + g + 8 * (e >> 1)) * GDN_DV + tn + 8 * j + 2 * t4 + (e & 1);
+    };
 #pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                s[b][j][e] = state[(tm(b) + g + 8 * (e >> 1)) * GDN_DV + tn + 8 * j + 2 * t4 + (e & 1)];
+    for (int f = 0; f < 16; ++f) s[f >> 3][(f >> 2) & 1][f & 3] = state[frag_at(f >> 3, (f >> 2) & 1, f & 3)];
     auto store_sop = [&]() {
 #pragma unroll
         for (int b = 0; b < 2; ++b)
@@ -1510,12 +1509,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
         }
     }
 #pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                state[(tm(b) + g + 8 * (e >> 1)) * GDN_DV + tn + 8 * j + 2 * t4 + (e & 1)] = s[b][j][e];
+    for (int f = 0; f < 16; ++f) state[frag_at(f >> 3, (f >> 2) & 1, f & 3)] = s[f >> 3][(f >> 2) & 1][f & 3];
 }
 
 // ---------------------------------------------------------------------------------------------
