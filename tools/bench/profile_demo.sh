@@ -118,6 +118,7 @@ timed train timeout $((TRAIN_DEADLINE - $(date +%s) + 30)) $PY tools/train-refer
   --target $M --out $TR --train-sets "$SETS" --synthetic-prompts "$SYNTH" --taps "$TAPS" --expect-path $EXPECT \
   --eval humaneval=data/prompts/humaneval.jsonl --eval-limit "$PROMPTS_N" --max-new "$MAX_NEW" --eval-max-new "$MAX_NEW" \
   --layers "$LAYERS" --intermediate 2048 --gen-batch 512 --tf-batch 32 --save-fracs 1.0 \
+  --heldout-frac 0.1 --train-sample 64 \
   --eval-reserve 40 --log-every 100 --device $DEVICE "${XTR[@]}"
 cp $TR/results.json $TR/target_numerics.json "$OUT/" 2>/dev/null
 CK=$(ls -d $TR/hybrid-demo/step-* 2>/dev/null | sort -V | tail -n 1)
@@ -162,6 +163,10 @@ if ev:
     s["training_time"] = {"tau_replayed_macro": ev["replayed_tau_macro"], "tau_replayed_pooled": ev["replayed_tau_pooled"], "prompts": ev["prompts"],
                           "what": "train.py evaluate(): transformers bf16 on the training path, its own greedy continuations"}
 s["train_style"] = ck.get("train_style")
+# The memorisation check (train.py --heldout-frac, --train-sample): the same evaluation on held-out
+# prompts of the training sets and on training sequences. Far apart: the drafter memorised.
+s["memorisation_check"] = {k: {"tau_replayed_macro": v["replayed_tau_macro"], "flat_accuracy": v["flat_accuracy"], "prompts": v["prompts"]}
+                           for k, v in (ck.get("gpu_eval") or {}).items() if k in ("heldout", "train-sample")}
 for prof in (match, other):
     r = load(f"run_{prof}.json")
     if r:

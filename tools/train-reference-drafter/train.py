@@ -766,6 +766,8 @@ def main():
     ap.add_argument("--eval", action="append", default=[], metavar="NAME=PATH", help="held-out prompt set (draftlens JSONL), repeatable")
     ap.add_argument("--out", required=True, help="output folder (checkpoints under smollm2-<series>/step-<N>/, results.json)")
     ap.add_argument("--eval-limit", type=int, default=None, help="first N prompts of each eval set (dry runs)")
+    ap.add_argument("--heldout-frac", type=float, default=0.0, help="hold back this fraction of the training prompts (every k-th) as the eval set `heldout`: the training sets' own distribution, never trained on")
+    ap.add_argument("--train-sample", type=int, default=0, help="also evaluate on the first N training sequences (eval set `train-sample`): far above `heldout`, the drafter memorised its training data")
     ap.add_argument("--series", default="reference,leaky")
     ap.add_argument("--max-train-prompts", type=int, default=None)
     ap.add_argument("--max-prompt-tokens", type=int, default=512)
@@ -827,7 +829,14 @@ def main():
         log(f"token ids reloaded from {args.ids_in} (no regeneration)")
     else:
         rows = read_prompts(args.train_prompts, args.max_train_prompts)
+        held = []
+        if args.heldout_frac > 0:
+            k = max(2, round(1 / args.heldout_frac))
+            held = rows[k - 1 :: k]
+            rows = [r for i, r in enumerate(rows) if i % k != k - 1]
         all_ids = {"train": regenerate(target, tok, rows, args.max_prompt_tokens, args.max_new, args.gen_batch, device), "eval": {}}
+        if held:
+            all_ids["eval"]["heldout"] = regenerate(target, tok, held, args.max_prompt_tokens, args.eval_max_new, args.gen_batch, device)
         for spec in args.eval:
             name, path = spec.split("=", 1)
             erows = read_prompts(path, args.eval_limit)
@@ -844,9 +853,16 @@ def main():
     train_data, info = build_data(target, all_ids["train"], args.tf_batch, hs_indices, device, "train")
     results["train_data"] = info
     evals = {}
-    for spec in args.eval:
-        name = spec.split("=", 1)[0]
-        d, einfo = build_data(target, all_ids["eval"][name], 16, hs_indices, device, f"eval:{name}")
+    # The named eval sets, then the memorisation check: held-out training prompts and a sample of
+    # the training sequences themselves, scored the same way.
+    eval_ids = {spec.split("=", 1)[0]: all_ids["eval"][spec.split("=", 1)[0]] for spec in args.eval}
+    if "heldout" in all_ids["eval"]:
+        eval_ids["heldout"] = all_ids["eval"]["heldout"]
+    if args.train_sample:
+        n = min(args.train_sample, len(all_ids["train"]["names"]))
+        eval_ids["train-sample"] = {k: (v[:n] if isinstance(v, list) else v) for k, v in all_ids["train"].items()}
+    for name, ids in eval_ids.items():
+        d, einfo = build_data(target, ids, 16, hs_indices, device, f"eval:{name}")
         evals[name] = d
         results.setdefault("eval_data", {})[name] = einfo
         results.setdefault("eval_continuations", {})[name] = {n: s[len(s) - (int(d.T[i]) - int(d.P[i])) :] for i, (n, s) in enumerate(zip(d.names, d.seqs))}
