@@ -166,10 +166,9 @@ struct LtState {
     /// None: planning failed for this shape (the GEMM then runs on `cublasGemmEx`).
     plans: Mutex<HashMap<PlanKey, Option<Arc<Plan>>>>,
     tuned: Mutex<Vec<TuneRecord>>,
-    /// Tuned choices remembered across processes; `Arc` so a test can point it elsewhere.
+    /// Tuned choices remembered across processes, under this machine's name (device, driver,
+    /// cuBLASLt version); `Arc` so a test can point it elsewhere.
     choices: Mutex<Arc<ChoiceStore>>,
-    /// This machine's name in `choices` (device, driver, cuBLASLt version).
-    machine: String,
     /// Tuned shapes planned from a remembered choice instead of timing.
     reused: AtomicUsize,
     /// The first planning error, for diagnostics.
@@ -236,14 +235,13 @@ impl Gemms {
                 .map_err(|e| anyhow!("cuBLASLt workspace: {e}"))?;
             // SAFETY: no arguments; the library is loaded (the handle exists).
             let machine = format!("{device} cublasLt {}", unsafe { lt::cublasLtGetVersion() });
-            let store = ChoiceStore::open(cache_dir.map(|d| d.join(FILE_NAME)), machine.clone());
+            let store = ChoiceStore::open(cache_dir.map(|d| d.join(FILE_NAME)), machine);
             Ok(LtState {
                 handle,
                 workspace,
                 plans: Mutex::new(HashMap::new()),
                 tuned: Mutex::new(Vec::new()),
                 choices: Mutex::new(Arc::new(store)),
-                machine,
                 reused: AtomicUsize::new(0),
                 plan_error: Mutex::new(None),
             })
@@ -326,7 +324,7 @@ impl Gemms {
     /// shapes already planned keep their plans.
     pub(crate) fn set_choices_file(&self, path: Option<PathBuf>) {
         if let Some(st) = self.lt.as_ref() {
-            let store = ChoiceStore::open(path, st.machine.clone());
+            let store = st.choices().reopen(path);
             *st.choices.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(store);
         }
     }
@@ -472,22 +470,19 @@ impl Gemms {
         // A tuned shape this machine has timed before runs what was chosen then (checked by
         // cuBLASLt against these descriptors; a choice that no longer fits is timed again).
         let mut plan = plan;
-        let choice_key = key.choice_key();
         if key.tuned {
-            match st.choices().get(&choice_key) {
-                Some(Choice::GemmEx) => {
-                    st.reused.fetch_add(1, Ordering::Relaxed);
-                    return Ok(plan);
-                }
-                Some(Choice::Lt(data)) => {
-                    let algo = lt::cublasLtMatmulAlgo_t { data };
-                    if algo_fits(st, &plan, &algo) {
-                        plan.algo = Some(algo);
-                        st.reused.fetch_add(1, Ordering::Relaxed);
-                        return Ok(plan);
-                    }
-                }
-                None => {}
+            // Some(None): cublasGemmEx was chosen.
+            let remembered = match st.choices().get(&key.choice_key()) {
+                Some(Choice::GemmEx) => Some(None),
+                Some(Choice::Lt(data)) => Some(lt::cublasLtMatmulAlgo_t { data })
+                    .filter(|a| algo_fits(st, &plan, a))
+                    .map(Some),
+                None => None,
+            };
+            if let Some(algo) = remembered {
+                plan.algo = algo;
+                st.reused.fetch_add(1, Ordering::Relaxed);
+                return Ok(plan);
             }
         }
         let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
@@ -634,7 +629,7 @@ impl Gemms {
         }
         plan.algo = cands.get(best).copied();
         st.choices().remember(
-            &choice_key,
+            &key.choice_key(),
             plan.algo.map_or(Choice::GemmEx, |a| Choice::Lt(a.data)),
         );
         st.tuned

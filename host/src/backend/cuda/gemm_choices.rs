@@ -102,6 +102,11 @@ impl ChoiceStore {
         }
     }
 
+    /// The same machine's store at `path` instead (what the file there holds for it).
+    pub fn reopen(&self, path: Option<PathBuf>) -> ChoiceStore {
+        ChoiceStore::open(path, self.machine.clone())
+    }
+
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
