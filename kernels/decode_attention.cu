@@ -1,7 +1,8 @@
 // Attention of one decode step for many sequences at once, each over its own KV cache
 // (host/src/backend/cuda/decode.rs `attention_decode`), compiled with decode_gemm.cu.
 //
-// Row r of q [R, H·hd] and of the new k/v [R, Hkv·hd] is the next token of sequence r, whose
+// Row r of q [R, H·hd] and of the new k/v [R, Hkv·hd] (row strides ldq and ldkv elements, so they
+// may be the q | k | v columns of one fused projection) is the next token of sequence r, whose
 // cache holds positions 0..len_r (`tab` = k cache, v cache and len_r per sequence, caches
 // [capacity ≥ len_r + 1, Hkv·hd] bf16). The table is a kernel parameter (R ≤ DA_MAX_ROWS per
 // launch), not a device buffer: uploading one per layer from pageable host memory could make the
@@ -9,12 +10,17 @@
 // attends q over positions 0..=len_r. One warp per query head of a KV head's group.
 //
 // Split-KV (flash-decoding): the len_r + 1 keys of sequence r are cut into S_r = ⌈(len_r + 1) /
-// chunk⌉ chunks of `chunk` keys (the last one shorter), `chunk` a constant of decode.rs
-// (DECODE_ATTN_CHUNK), one block per (chunk c, KV head h, sequence r). With S_r = 1 the block
+// C_r⌉ chunks of C_r keys (the last one shorter), C_r = da_chunk_len(len_r): the smallest
+// DA_CHUNK_MIN · 2^i that makes at most DA_CHUNKS_MAX chunks (32 keys up to 4 096, 256 keys at
+// 32 k; host/src/backend/cuda/decode.rs decode_attn_chunk_len). One block per (chunk c, KV head h,
+// sequence r): a block walks its keys in groups of UNR (8; 4 at hd 256), each group waiting on
+// its loads, so short chunks keep that walk short and spread even one sequence's step over many
+// blocks. (A larger UNR needs more registers: at 16, two blocks fit an SM instead of five, and a
+// step of 64 sequences ran 3.5× slower on the H200.) With S_r = 1 the block
 // normalises and writes the bf16 output itself: exactly the arithmetic of the unsplit kernel.
 // With S_r > 1 every block writes its partial (running max m_c, sum l_c, unnormalised fp32 O_c)
 // to the scratch, and decode_attention_combine merges the partials in chunk order 0, 1, …,
-// S_r − 1. Batch invariance: S_r and the chunk boundaries are a function of len_r alone, the key
+// S_r − 1. Batch invariance: S_r, C_r and the chunk boundaries are a function of len_r alone, the key
 // order inside a chunk and the combine order are fixed, and `nchunks` (the launch's largest S,
 // which does depend on the batch) only places the partials in the scratch. So a sequence's result
 // never depends on which or how many sequences share the launch.
@@ -63,8 +69,16 @@ __device__ __forceinline__ void da_copy(bf16_t* d, const bf16_t* s) {
     }
 }
 
-/// Number of key chunks of a sequence whose cache holds `len` keys (len + 1 with the new one).
-__device__ __forceinline__ int da_chunks(int len, int chunk) { return len / chunk + 1; }
+#define DA_CHUNK_MIN 32
+#define DA_CHUNKS_MAX 128
+/// Keys per chunk of a sequence whose cache holds `len` keys (len + 1 with the new one).
+__device__ __forceinline__ int da_chunk_len(int len) {
+    long long c = DA_CHUNK_MIN;
+    while ((long long)len + 1 > DA_CHUNKS_MAX * c) c *= 2;
+    return (int)c;
+}
+/// Number of key chunks of that sequence: ⌈(len + 1) / da_chunk_len(len)⌉.
+__device__ __forceinline__ int da_chunks(int len) { return len / da_chunk_len(len) + 1; }
 
 template <int DPL>
 __device__ __forceinline__ void da_store_bf16(bf16_t* op, const float* res) {
@@ -80,13 +94,15 @@ __device__ __forceinline__ void da_store_bf16(bf16_t* op, const float* res) {
 // Partials: po [R, heads, nchunks, HD] fp32 (unnormalised O), pml [R, heads, nchunks] (m, l).
 template <int HD, int UNR>
 __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew,
-                                 const bf16_t* __restrict__ vnew, bf16_t* __restrict__ out, const DaTable& tab,
-                                 int heads, int kv_heads, float scale_log2, int chunk, int nchunks,
-                                 float* __restrict__ po, float2* __restrict__ pml) {
+                                 const bf16_t* __restrict__ vnew, long long ldq, long long ldkv,
+                                 bf16_t* __restrict__ out, const DaTable& tab, int heads, int kv_heads,
+                                 float scale_log2, int nchunks, float* __restrict__ po,
+                                 float2* __restrict__ pml) {
     constexpr int DPL = HD / 32;
     const int c = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
     const int len = tab.len[r];
-    const int nc = da_chunks(len, chunk);
+    const int chunk = da_chunk_len(len);
+    const int nc = len / chunk + 1;
     if (c >= nc) return;  // a shorter sequence than the launch's longest
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int group = heads / kv_heads;
@@ -95,8 +111,8 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
     bf16_t* kc = (bf16_t*)tab.k[r];
     bf16_t* vc = (bf16_t*)tab.v[r];
     const int d0 = lane * DPL;
-    const bf16_t* kn = knew + r * kvd + h * HD + d0;
-    const bf16_t* vn = vnew + r * kvd + h * HD + d0;
+    const bf16_t* kn = knew + r * ldkv + h * HD + d0;
+    const bf16_t* vn = vnew + r * ldkv + h * HD + d0;
     if (c == 0 && w == 0) {
         // Append (positions < len are only read, the new one is read from knew/vnew).
         da_copy<DPL>(kc + len * kvd + h * HD + d0, kn);
@@ -106,7 +122,7 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
     const int jb = c * chunk;
     const int je = min(len, jb + chunk - 1);
     float qf[DPL];
-    da_load<DPL>(q + r * qd + qh * HD + d0, qf);
+    da_load<DPL>(q + r * ldq + qh * HD + d0, qf);
     float m = -DL_INF, l = 0.f, o[DPL];
 #pragma unroll
     for (int d = 0; d < DPL; ++d) o[d] = 0.f;
@@ -173,12 +189,11 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
 // Merges the partials of every sequence with S_r > 1 (the others were written by
 // decode_attention): one warp per (query head, sequence), chunks in order 0..S_r−1.
 template <int HD>
-__device__ void decode_attention_combine(bf16_t* __restrict__ out, const DaTable& tab, int heads, int chunk,
-                                         int nchunks, const float* __restrict__ po,
+__device__ void decode_attention_combine(bf16_t* __restrict__ out, const DaTable& tab, int heads, int nchunks, const float* __restrict__ po,
                                          const float2* __restrict__ pml) {
     constexpr int DPL = HD / 32;
     const int qh = blockIdx.x, r = blockIdx.y;
-    const int nc = da_chunks(tab.len[r], chunk);
+    const int nc = da_chunks(tab.len[r]);
     if (nc == 1) return;
     const int d0 = (threadIdx.x & 31) * DPL;
     const long long p0 = ((long long)r * heads + qh) * nchunks;
@@ -209,15 +224,16 @@ __device__ void decode_attention_combine(bf16_t* __restrict__ out, const DaTable
 #define DA_ENTRY(HD, UNR)                                                                                     \
     extern "C" __global__ void __launch_bounds__(256) decode_attention_hd##HD(                               \
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew, const bf16_t* __restrict__ vnew,       \
-        bf16_t* __restrict__ out, const __grid_constant__ DaTable tab, int heads, int kv_heads,               \
-        float scale_log2, int chunk, int nchunks, float* __restrict__ po, float2* __restrict__ pml) {         \
-        decode_attention<HD, UNR>(q, knew, vnew, out, tab, heads, kv_heads, scale_log2, chunk, nchunks, po,   \
-                                  pml);                                                                       \
+        long long ldq, long long ldkv, bf16_t* __restrict__ out, const __grid_constant__ DaTable tab,         \
+        int heads, int kv_heads, float scale_log2, int nchunks, float* __restrict__ po,                       \
+        float2* __restrict__ pml) {                                                                           \
+        decode_attention<HD, UNR>(q, knew, vnew, ldq, ldkv, out, tab, heads, kv_heads, scale_log2, nchunks,   \
+                                  po, pml);                                                                   \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(32) decode_attention_combine_hd##HD(                        \
-        bf16_t* __restrict__ out, const __grid_constant__ DaTable tab, int heads, int chunk, int nchunks,     \
+        bf16_t* __restrict__ out, const __grid_constant__ DaTable tab, int heads, int nchunks,                \
         const float* __restrict__ po, const float2* __restrict__ pml) {                                      \
-        decode_attention_combine<HD>(out, tab, heads, chunk, nchunks, po, pml);                               \
+        decode_attention_combine<HD>(out, tab, heads, nchunks, po, pml);                                      \
     }
 
 DA_ENTRY(64, 8)

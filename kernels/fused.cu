@@ -39,6 +39,7 @@ extern "C" __global__ void swiglu_packed_rows_bf16(const bf16_t* __restrict__ gu
 // normalisation reuses the loaded values instead of reading the row again: one pass over x with
 // all of a warp's loads in flight, where rms_norm_bf16's loop waits on one load at a time.
 #define RMS_MAX_CHUNKS 16
+#define RMS_W_GROUP 4
 extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
                                               bf16_t* __restrict__ y, long long rows, int cols, float eps) {
     const long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -63,16 +64,27 @@ extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, cons
     }
     ss = warp_sum(ss);
     const float r = rsqrtf(ss / (float)cols + eps);
+    // The weights are loaded RMS_W_GROUP chunks at a time, all before the group's first store:
+    // loaded next to each use, every chunk waited on its own load (~7 µs for one row of 4096 on
+    // the H200, as long as a decode step's o_proj GEMM).
 #pragma unroll
-    for (int c = 0; c < RMS_MAX_CHUNKS; ++c) {
-        if (c < k) {
-            const int i = lane * 8 + c * 256;
-            float f[8], wf[8];
-            unpack8(v[c], f);
-            unpack8(*(const uint4*)(w + i), wf);
+    for (int c0 = 0; c0 < RMS_MAX_CHUNKS; c0 += RMS_W_GROUP) {
+        uint4 wv[RMS_W_GROUP];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) f[j] = rb(f[j] * r) * wf[j];
-            *(uint4*)(ys + i) = pack8(f);
+        for (int u = 0; u < RMS_W_GROUP; ++u)
+            if (c0 + u < k) wv[u] = *(const uint4*)(w + lane * 8 + (c0 + u) * 256);
+#pragma unroll
+        for (int u = 0; u < RMS_W_GROUP; ++u) {
+            const int c = c0 + u;
+            if (c < k) {
+                const int i = lane * 8 + c * 256;
+                float f[8], wf[8];
+                unpack8(v[c], f);
+                unpack8(wv[u], wf);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) f[j] = rb(f[j] * r) * wf[j];
+                *(uint4*)(ys + i) = pack8(f);
+            }
         }
     }
 }

@@ -9,7 +9,7 @@
 
 use draftlens::backend::cpu::{CpuBackend, CpuTensor};
 use draftlens::backend::cuda::{
-    decode_attn_chunks, CudaBackend, CudaTensor, DecodeGemmKernel, DECODE_ATTN_CHUNK,
+    decode_attn_chunk_len, decode_attn_chunks, CudaBackend, CudaTensor, DecodeGemmKernel,
     MAX_DECODE_ROWS,
 };
 use draftlens::backend::Backend;
@@ -135,13 +135,18 @@ fn decode_gemm_rows_are_bit_identical_for_every_batch_size_and_match_cublas() {
         let err = rel_l2(&got, &want);
         println!("[{n}, {k}]: rel L2 vs reference {err:.2e}");
         assert!(err < 4e-3, "[{n}, {k}]: rel L2 {err} vs reference");
-        // The epilogue add is exactly matmul followed by add_inplace.
+        // The own kernel's epilogue add is exactly matmul followed by add_inplace (a pinned
+        // cuBLASLt route may round the sum once instead: checked in the pinned test).
+        be.set_decode_gemm_kernel(DecodeGemmKernel::Own);
+        let mut own_acc = be.clone_tensor(&acc64).unwrap();
+        be.matmul_acc(&x64, &w, &mut own_acc).unwrap();
         let mut sum = be.clone_tensor(&acc64).unwrap();
         be.add_inplace(&mut sum, &be.matmul(&x64, &w).unwrap())
             .unwrap();
+        be.set_decode_gemm_kernel(DecodeGemmKernel::default());
         assert!(
-            bits(&be, &sum) == full_acc,
-            "[{n}, {k}]: matmul_acc differs from matmul + add_inplace"
+            bits(&be, &sum) == bits(&be, &own_acc),
+            "[{n}, {k}]: the own kernel's matmul_acc differs from matmul + add_inplace"
         );
     }
 }
@@ -396,12 +401,27 @@ fn batched_decode_attention_matches_attention_per_sequence() {
     }
 }
 
-/// Cache lengths around the split-KV chunk (DECODE_ATTN_CHUNK keys per block): one chunk
-/// exactly full, a second chunk holding only the new key, two and three chunks, a long
-/// sequence (5 000 keys, 10 chunks), and short ones that take the single-block path.
+/// Cache lengths around the split-KV chunks (`decode_attn_chunk_len`: 32 keys per block up to
+/// 4 096 keys, then doubling): one chunk exactly full, a second chunk holding only the new key,
+/// two and three chunks, the last length of 32-key chunks (128 of them) and the first of 64-key
+/// ones, a long sequence (5 000 keys, 79 chunks of 64), and short ones that take the
+/// single-block path.
 fn split_lengths() -> Vec<usize> {
-    let c = DECODE_ATTN_CHUNK;
-    vec![3, 5000, 0, c - 1, c, 2 * c + 100, 40, 2 * c - 1, 5000 - 7]
+    let c = decode_attn_chunk_len(0);
+    vec![
+        3,
+        5000,
+        0,
+        c - 1,
+        c,
+        2 * c + 10,
+        20,
+        2 * c - 1,
+        4095,
+        4096,
+        5000 - 7,
+        300,
+    ]
 }
 
 /// Decode-attention caches `(k, v)` of the given lengths (None for 0), from `seed`.
@@ -425,14 +445,14 @@ fn split_caches(be: &CudaBackend, lens: &[usize], kvd: usize, seed: u64) -> Cach
 const SPLIT_SHAPES: [(usize, usize, usize); 3] = [(32, 8, 128), (6, 3, 64), (4, 4, 256)];
 
 /// Split-KV batch invariance: each sequence decoded alone (so its launch has as many chunks as
-/// it needs, or one) gives the bits it gets in a batch whose longest sequence has 10 chunks, for
+/// it needs, or one) gives the bits it gets in a batch whose longest sequence has 128 chunks, for
 /// the output row and the grown caches.
 #[test]
 fn split_kv_decode_attention_rows_do_not_depend_on_the_batch() {
     use draftlens::backend::AttnShape;
     let Some(be) = gpu() else { return };
     let lens = split_lengths();
-    assert!(decode_attn_chunks(5000) >= 8 && decode_attn_chunks(DECODE_ATTN_CHUNK - 1) == 1);
+    assert!(decode_attn_chunks(5000) >= 8 && decode_attn_chunks(decode_attn_chunk_len(0) - 2) == 1);
     for (heads, kv_heads, hd) in SPLIT_SHAPES {
         let shape = AttnShape {
             heads,
@@ -569,4 +589,177 @@ fn split_kv_decode_attention_of_one_long_sequence_is_fast() {
         bytes / per / 1e9
     );
     assert!(per < 1e-3, "{:.2} ms per decode attention call", per * 1e3);
+}
+
+/// The fused decode path (`attention_decode_qkv`: q/k norm and RoPE in place on the QKV output,
+/// the attention reading q, k and v from its columns) gives exactly the bits of the unfused
+/// composition (split, norms, RoPE, `attention_decode`), for the output and the grown caches,
+/// at every split-KV length of `split_lengths` and at positions that differ per row.
+#[test]
+fn fused_decode_qkv_attention_is_bit_identical_to_the_unfused_composition() {
+    use draftlens::backend::{attention_decode_qkv_unfused, AttnShape, QkNorm, Rope, RopeStyle};
+    let Some(be) = gpu() else { return };
+    let lens = split_lengths();
+    for (heads, kv_heads, hd) in SPLIT_SHAPES {
+        let shape = AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        };
+        let rows = lens.len();
+        let (kvd, cols) = (kv_heads * hd, (heads + 2 * kv_heads) * hd);
+        let qkv = be.random_tensor(rows, cols, 2.0, 0.0, 61).unwrap();
+        let (qn, kn) = (
+            be.random_tensor(1, hd, 0.3, 1.0, 62).unwrap(),
+            be.random_tensor(1, hd, 0.3, 1.0, 63).unwrap(),
+        );
+        let rope = Rope {
+            theta: 1e6,
+            head_dim: hd,
+            rotary_dim: hd,
+            style: RopeStyle::RotateHalf,
+        };
+        let positions: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
+        let norm = || {
+            Some(QkNorm {
+                q: &qn,
+                k: &kn,
+                eps: 1e-6,
+            })
+        };
+        let copy = |t: &CudaTensor| be.slice_rows(t, 0, be.dims(t).0).unwrap();
+        let mut fused_caches = split_caches(&be, &lens, kvd, 900);
+        let mut plain_caches = split_caches(&be, &lens, kvd, 900);
+        let fused = be
+            .attention_decode_qkv(
+                copy(&qkv),
+                shape,
+                norm(),
+                &positions,
+                &rope,
+                &mut slots(&mut fused_caches),
+            )
+            .unwrap();
+        let plain = attention_decode_qkv_unfused(
+            &be,
+            copy(&qkv),
+            shape,
+            norm(),
+            &positions,
+            &rope,
+            &mut slots(&mut plain_caches),
+        )
+        .unwrap();
+        assert!(
+            bits(&be, &fused) == bits(&be, &plain),
+            "{heads}/{kv_heads}×{hd}: fused decode attention differs from the composition"
+        );
+        for (r, (x, y)) in fused_caches.iter().zip(&plain_caches).enumerate() {
+            for (cx, cy) in [(&x.0, &y.0), (&x.1, &y.1)] {
+                let (cx, cy) = (cx.as_ref().unwrap(), cy.as_ref().unwrap());
+                assert_eq!(be.dims(cx), (lens[r] + 1, kvd), "cache {r} shape");
+                assert!(bits(&be, cx) == bits(&be, cy), "cache {r} contents");
+            }
+        }
+        println!("fused decode qkv {heads}/{kv_heads}×{hd}: {rows} sequences bit-identical to the composition");
+    }
+}
+
+/// The pinned cuBLASLt route (`decode_lt.rs`), forced with `DecodeGemmKernel::PinnedLt`: for
+/// Qwen3-8B's four projection shapes and its LM head, the rows of every row count 1..=64 equal
+/// the same rows of a 64-row product bit for bit (matmul, matmul_acc, LM-head top-k), and the
+/// products stay within bf16 rounding of cuBLAS's free choice. The route is planned on the real
+/// weights first (timed against the own kernel, its candidate proven at the row-tile
+/// boundaries); this checks every row count, beyond the proof's thirteen.
+#[test]
+fn pinned_cublaslt_decode_gemm_rows_are_bit_identical_for_every_batch_size() {
+    let Some(be) = gpu() else { return };
+    // Plan from scratch, without reading or writing the machine's remembered choices.
+    be.set_gemm_choices_file(None);
+    be.set_decode_gemm_kernel(DecodeGemmKernel::PinnedLt);
+    for (si, &(n, k)) in SHAPES[..4].iter().enumerate() {
+        let seed = 1300 + si as u64;
+        let x64 = be
+            .random_tensor(MAX_DECODE_ROWS, k, 1.0, 0.0, seed)
+            .unwrap();
+        let w = be.random_matrix(n, k, 0.02, seed + 1).unwrap();
+        let acc64 = be
+            .random_tensor(MAX_DECODE_ROWS, n, 0.5, 0.0, seed + 2)
+            .unwrap();
+        let full = bits(&be, &be.matmul(&x64, &w).unwrap());
+        let mut full_acc = be.clone_tensor(&acc64).unwrap();
+        be.matmul_acc(&x64, &w, &mut full_acc).unwrap();
+        let full_acc = bits(&be, &full_acc);
+        for rows in 1..=MAX_DECODE_ROWS {
+            let x = be.slice_rows(&x64, 0, rows).unwrap();
+            assert!(
+                bits(&be, &be.matmul(&x, &w).unwrap()) == full[..rows * n],
+                "[{n}, {k}]: pinned matmul of {rows} rows differs from the same rows among 64"
+            );
+            let mut acc = be.slice_rows(&acc64, 0, rows).unwrap();
+            be.matmul_acc(&x, &w, &mut acc).unwrap();
+            assert!(
+                bits(&be, &acc) == full_acc[..rows * n],
+                "[{n}, {k}]: pinned matmul_acc of {rows} rows differs from the same rows among 64"
+            );
+        }
+        let got = be.to_host(&be.matmul(&x64, &w).unwrap()).unwrap();
+        let want = be.to_host(&be.matmul_cublas(&x64, &w).unwrap()).unwrap();
+        let err = rel_l2(&got, &want);
+        assert!(err < 4e-3, "[{n}, {k}]: rel L2 {err} vs cuBLAS");
+        // The residual add in cuBLASLt's epilogue rounds acc + fp32 product once; matmul then
+        // add_inplace rounds twice: within one bf16 rounding of each other.
+        let mut sum = be.clone_tensor(&acc64).unwrap();
+        be.add_inplace(&mut sum, &be.matmul(&x64, &w).unwrap())
+            .unwrap();
+        let mut acc = be.clone_tensor(&acc64).unwrap();
+        be.matmul_acc(&x64, &w, &mut acc).unwrap();
+        let err = rel_l2(&be.to_host(&acc).unwrap(), &be.to_host(&sum).unwrap());
+        assert!(
+            err < 4e-3,
+            "[{n}, {k}]: matmul_acc vs matmul + add: rel L2 {err}"
+        );
+    }
+    let x64 = be
+        .random_tensor(MAX_DECODE_ROWS, 4096, 1.0, 0.0, 1350)
+        .unwrap();
+    let head = be.random_matrix(151_936, 4096, 0.02, 1351).unwrap();
+    let full = be.lm_head_topk(&x64, &head, 8).unwrap();
+    for &rows in &ROW_COUNTS {
+        let x = be.slice_rows(&x64, 0, rows).unwrap();
+        let t = be.lm_head_topk(&x, &head, 8).unwrap();
+        assert_eq!(
+            t.ids,
+            full.ids[..rows * 8],
+            "pinned LM head ids, {rows} rows"
+        );
+        let lp = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            lp(&t.logprobs),
+            lp(&full.logprobs[..rows * 8]),
+            "pinned LM head log-probs, {rows} rows"
+        );
+    }
+    be.set_decode_gemm_kernel(DecodeGemmKernel::default());
+    let records = be.decode_gemm_records();
+    for r in &records {
+        println!(
+            "decode route [{}, {}]{}: {} ({} candidates fit every row count, {} failed the proof); own µs {:?}, best cuBLASLt µs {:?}",
+            r.out,
+            r.inp,
+            if r.f32_out { " f32" } else { "" },
+            r.chosen,
+            r.candidates,
+            r.proofs_failed,
+            r.own_us,
+            r.lt_us
+        );
+    }
+    // Every shape above was planned (a route exists even where no candidate was proven; those
+    // shapes ran the own kernel, which the assertions above then checked).
+    assert!(
+        records.len() >= 5,
+        "{} decode routes planned",
+        records.len()
+    );
 }

@@ -4,9 +4,9 @@
 use super::{AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope};
 use anyhow::{ensure, Result};
 
-/// [`Backend::attention_varlen_qkv`] as separate ops: split q | k | v, per-head norms
-/// (group = head_dim), RoPE of q and k, [`Backend::attention_varlen`]. The trait's default, and
-/// the fallback of backends whose fused path does not cover a shape.
+/// [`Backend::attention_varlen_qkv`] as separate ops: [`split_norm_rope`], then
+/// [`Backend::attention_varlen`]. The trait's default, and the fallback of backends whose fused
+/// path does not cover a shape.
 pub fn attention_varlen_qkv_unfused<B: Backend + ?Sized>(
     be: &B,
     qkv: B::Tensor,
@@ -16,6 +16,36 @@ pub fn attention_varlen_qkv_unfused<B: Backend + ?Sized>(
     rope: &Rope,
     seq_starts: &[usize],
 ) -> Result<B::Tensor> {
+    let (q, k, v) = split_norm_rope(be, qkv, shape, qk_norm, positions, rope)?;
+    be.attention_varlen(&q, &k, &v, shape, seq_starts)
+}
+
+/// [`Backend::attention_decode_qkv`] as separate ops: [`split_norm_rope`], then
+/// [`Backend::attention_decode`]. The trait's default, and the fallback of backends whose fused
+/// path does not cover a shape.
+pub fn attention_decode_qkv_unfused<B: Backend + ?Sized>(
+    be: &B,
+    qkv: B::Tensor,
+    shape: AttnShape,
+    qk_norm: Option<QkNorm<'_, B::Tensor>>,
+    positions: &[u32],
+    rope: &Rope,
+    caches: &mut [KvSlot<'_, B::Tensor>],
+) -> Result<B::Tensor> {
+    let (q, k, v) = split_norm_rope(be, qkv, shape, qk_norm, positions, rope)?;
+    be.attention_decode(&q, &k, &v, shape, caches)
+}
+
+/// The q, k and v of a fused QKV output `[T, (H + 2·Hkv)·hd]`: split into columns, per-head
+/// norms of q and k (group = head_dim) if the model has them, RoPE of q and k at `positions`.
+fn split_norm_rope<B: Backend + ?Sized>(
+    be: &B,
+    qkv: B::Tensor,
+    shape: AttnShape,
+    qk_norm: Option<QkNorm<'_, B::Tensor>>,
+    positions: &[u32],
+    rope: &Rope,
+) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
     let (qd, kvd) = (
         shape.heads * shape.head_dim,
         shape.kv_heads * shape.head_dim,
@@ -24,7 +54,7 @@ pub fn attention_varlen_qkv_unfused<B: Backend + ?Sized>(
     drop(qkv);
     let (mut q, mut k, v) = match (parts.next(), parts.next(), parts.next()) {
         (Some(q), Some(k), Some(v)) => (q, k, v),
-        _ => anyhow::bail!("attention_varlen_qkv: split_cols did not return q, k and v"),
+        _ => anyhow::bail!("attention: split_cols did not return q, k and v"),
     };
     if let Some(n) = qk_norm {
         q = be.rms_norm(&q, n.q, n.eps, shape.head_dim)?;
@@ -32,7 +62,7 @@ pub fn attention_varlen_qkv_unfused<B: Backend + ?Sized>(
     }
     be.rope_inplace(&mut q, positions, rope)?;
     be.rope_inplace(&mut k, positions, rope)?;
-    be.attention_varlen(&q, &k, &v, shape, seq_starts)
+    Ok((q, k, v))
 }
 
 /// [`Backend::attention_decode`] one sequence at a time: append row r of k/v to cache r

@@ -24,7 +24,9 @@ pub mod memory;
 pub mod raw;
 mod types;
 
-pub use compose::{attention_decode_per_row, attention_varlen_qkv_unfused};
+pub use compose::{
+    attention_decode_per_row, attention_decode_qkv_unfused, attention_varlen_qkv_unfused,
+};
 pub use gdn::{GdnLayerHost, GdnProfile, GdnShape, HostF32};
 pub use host_rows::{HostRows, HostRowsRef};
 pub use mask::{varlen_key_intervals, AttnMask, KeyIntervals};
@@ -280,6 +282,26 @@ pub trait Backend: Send + Sync + 'static {
         caches: &mut [KvSlot<'_, Self::Tensor>],
     ) -> Result<Self::Tensor> {
         attention_decode_per_row(self, q, k, v, shape, caches)
+    }
+    /// One decode step's attention ([`Backend::attention_decode`]) from a fused QKV projection
+    /// output `[R, (H + 2·Hkv)·hd]` (q | k | v columns): optional per-head q/k RMSNorm and RoPE
+    /// of q and k at `positions` (row r's position), then the attention of each row over its
+    /// own cache. Consumes `qkv` because a backend may normalise and rotate it in place.
+    ///
+    /// Why: at one to 64 rows a decode step's small launches cost as much as its GEMMs; the
+    /// CUDA backend does norm + RoPE in one in-place pass and lets the attention read q/k/v
+    /// straight from the projection (two launches instead of eight per layer). The default is
+    /// exactly the unfused composition ([`attention_decode_qkv_unfused`]).
+    fn attention_decode_qkv(
+        &self,
+        qkv: Self::Tensor,
+        shape: AttnShape,
+        qk_norm: Option<QkNorm<'_, Self::Tensor>>,
+        positions: &[u32],
+        rope: &Rope,
+        caches: &mut [KvSlot<'_, Self::Tensor>],
+    ) -> Result<Self::Tensor> {
+        attention_decode_qkv_unfused(self, qkv, shape, qk_norm, positions, rope, caches)
     }
     /// Rows `ids` of an embedding table `[vocab, dim]` → `[ids.len(), dim]`.
     fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor> {

@@ -417,8 +417,9 @@ impl<B: Backend> Attention<B> {
     /// One decode step of several sequences: row r of `x` is the next token of the sequence whose
     /// cache is `caches[r]`, at position `caches[r]`'s length. The projections run over all rows
     /// at once; each row then attends over its own cache (appending its K/V) through
-    /// [`Backend::attention_decode`], whose default is exactly [`Attention::forward`]'s
-    /// append-then-attend for that row alone.
+    /// [`Backend::attention_decode_qkv`] (dense models: q/k norm and RoPE fused on the QKV
+    /// output) or [`Backend::attention_decode`] (hybrids), whose defaults are exactly
+    /// [`Attention::forward`]'s append-then-attend for that row alone.
     pub fn forward_decode(
         &self,
         be: &B,
@@ -428,7 +429,6 @@ impl<B: Backend> Attention<B> {
         h: &mut B::Tensor,
     ) -> Result<()> {
         let positions: Vec<u32> = starts.iter().map(|&s| s as u32).collect();
-        let (q, k, v) = self.qkv(be, x, &positions)?;
         let mut slots: Vec<KvSlot<'_, B::Tensor>> = caches
             .iter_mut()
             .map(|c| KvSlot {
@@ -436,8 +436,22 @@ impl<B: Backend> Attention<B> {
                 v: &mut c.v,
             })
             .collect();
-        let o = be.attention_decode(&q, &k, &v, self.shape, &mut slots)?;
-        self.output(be, x, o, h)
+        if self.gate_proj.is_some() {
+            // Hybrid: zero-centred q/k norms, which the fused QKV path does not cover.
+            let (q, k, v) = self.qkv(be, x, &positions)?;
+            let o = be.attention_decode(&q, &k, &v, self.shape, &mut slots)?;
+            return self.output(be, x, o, h);
+        }
+        let qkv = self.project_qkv(be, x)?;
+        let o = be.attention_decode_qkv(
+            qkv,
+            self.shape,
+            self.qk_norm(),
+            &positions,
+            &self.rope,
+            &mut slots,
+        )?;
+        be.matmul_acc(&o, &self.o_proj, h)
     }
 
     /// Attend several whole sequences packed row-wise (`seq_starts`, see
@@ -460,17 +474,28 @@ impl<B: Backend> Attention<B> {
             return self.output(be, x, o, h);
         }
         let qkv = self.project_qkv(be, x)?;
-        let qk_norm = match (&self.q_norm, &self.k_norm) {
+        let o = be.attention_varlen_qkv(
+            qkv,
+            self.shape,
+            self.qk_norm(),
+            positions,
+            &self.rope,
+            seq_starts,
+        )?;
+        be.matmul_acc(&o, &self.o_proj, h)
+    }
+
+    /// The per-head q/k norms as the fused QKV paths take them (dense models; the hybrids'
+    /// zero-centred norms go through [`Attention::qkv`]).
+    fn qk_norm(&self) -> Option<QkNorm<'_, B::Tensor>> {
+        match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => Some(QkNorm {
                 q: &qn.weight,
                 k: &kn.weight,
                 eps: qn.eps,
             }),
             _ => None,
-        };
-        let o =
-            be.attention_varlen_qkv(qkv, self.shape, qk_norm, positions, &self.rope, seq_starts)?;
-        be.matmul_acc(&o, &self.o_proj, h)
+        }
     }
 }
 

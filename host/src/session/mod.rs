@@ -29,7 +29,8 @@ use std::time::Instant;
 /// Bumped whenever model code or kernels change numerics, so cached entries are recomputed.
 /// 3: CUDA GEMMs of ≤ 64 rows and decode attention on the batch-invariant decode kernels.
 /// 4: CUDA decode attention splits caches of ≥ 512 keys into chunks (split-KV, another order).
-pub const MODEL_CODE_VERSION: &str = "4";
+/// 5: CUDA decode attention splits caches of ≥ 64 keys into chunks of 64 (doubling from 4 096).
+pub const MODEL_CODE_VERSION: &str = "5";
 
 /// Default token budget of one packed target forward ([`Session::pack_tokens`]): 16k rows fill
 /// an H200 (docs/cuda.md) and keep the CPU's activations small.

@@ -6,8 +6,8 @@ use super::mask::MaskKey;
 use super::memory::Cols;
 use super::{blocks, decode, derr, gdn, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
 use crate::backend::{
-    attention_varlen_qkv_unfused, host_rows, AttnMask, AttnShape, Backend, HostRows, KvSlot,
-    QkNorm, Rope, RopeStyle, TopK,
+    attention_decode_qkv_unfused, attention_varlen_qkv_unfused, host_rows, AttnMask, AttnShape,
+    Backend, HostRows, KvSlot, QkNorm, Rope, RopeStyle, TopK,
 };
 use anyhow::{bail, ensure, Result};
 use cudarc::cublas::sys as blas_sys;
@@ -317,6 +317,26 @@ impl Backend for CudaBackend {
         caches: &mut [KvSlot<'_, CudaTensor>],
     ) -> Result<CudaTensor> {
         self.attention_decode_batched(q, k, v, shape, caches)
+    }
+
+    /// Fused path ([`CudaBackend::attention_decode_packed`]: norm + RoPE in place, the attention
+    /// reading q/k/v from the QKV columns) when the model has q/k norms and the decode kernel
+    /// covers the shape; else the unfused composition.
+    fn attention_decode_qkv(
+        &self,
+        qkv: CudaTensor,
+        shape: AttnShape,
+        qk_norm: Option<QkNorm<'_, CudaTensor>>,
+        positions: &[u32],
+        rope: &Rope,
+        caches: &mut [KvSlot<'_, CudaTensor>],
+    ) -> Result<CudaTensor> {
+        match qk_norm {
+            Some(n) if Self::decode_attention_fits(shape) => {
+                self.attention_decode_packed(qkv, shape, n, positions, rope, caches)
+            }
+            _ => attention_decode_qkv_unfused(self, qkv, shape, qk_norm, positions, rope, caches),
+        }
     }
 
     fn slice_rows_impl(&self, x: &CudaTensor, start: usize, end: usize) -> Result<CudaTensor> {

@@ -6,8 +6,8 @@
 //! prompt at a time.
 
 use super::bench::{copy_bandwidth, time_median};
-use super::{CudaBackend, CudaMatrix, MAX_DECODE_ROWS};
-use crate::backend::Backend;
+use super::{CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
+use crate::backend::{AttnShape, Backend, KvSlot};
 use crate::generate::{greedy, greedy_batch};
 use crate::model::random::{qwen3_8b_spec, RandomWeights};
 use crate::model::{Capture, KvCache, ModelSpec, TargetModel};
@@ -43,8 +43,9 @@ pub fn gemm_bandwidth(be: &CudaBackend, copy_rate: f64) -> Result<Value> {
         let mut row = serde_json::Map::new();
         for rows in BATCHES {
             let x = be.random_tensor(rows, k, 1.0, 0.0, 7)?;
-            // Both kernels (same bits, docs/cuda.md "Batch-invariant decode"); the product runs
-            // the one `DecodeGemmKernel::Auto` picks for the row count.
+            // Both own kernels (same bits, docs/cuda.md "Batch-invariant decode"), and what the
+            // product runs (`DecodeGemmKernel::Auto`: the shape's proven cuBLASLt algorithm when
+            // it timed faster than the own kernel, decode_lt.rs).
             let timed = |kernel| {
                 be.set_decode_gemm_kernel(kernel);
                 let t = time_median(be, 2, 10, || {
@@ -62,11 +63,7 @@ pub fn gemm_bandwidth(be: &CudaBackend, copy_rate: f64) -> Result<Value> {
             };
             let regs = timed(super::DecodeGemmKernel::Registers)?;
             let pipe = timed(super::DecodeGemmKernel::Pipelined)?;
-            let ours = if super::DecodeGemmKernel::Auto.pipelined_for(rows) {
-                pipe
-            } else {
-                regs
-            };
+            let ours = timed(super::DecodeGemmKernel::Auto)?;
             let cublas = if n > 100_000 {
                 None
             } else {
@@ -83,7 +80,7 @@ pub fn gemm_bandwidth(be: &CudaBackend, copy_rate: f64) -> Result<Value> {
                 100.0 * gbs * 1e9 / copy_rate
             );
             line += &format!(
-                " [regs {:.0} pipe {:.0}]",
+                " [own: regs {:.0} pipe {:.0}]",
                 bytes / regs / 1e9,
                 bytes / pipe / 1e9
             );
@@ -117,6 +114,8 @@ pub fn split_sweep(be: &CudaBackend) -> Result<Value> {
             .collect::<Result<_>>()?;
         let bytes = (COPIES * n * k * 2) as f64;
         let mut line = format!("  split sweep [{n} x {k}] {name}: GB/s at rows 1 / 64 per split");
+        // The own kernel's splits (the pinned cuBLASLt route has its own).
+        be.set_decode_gemm_kernel(super::DecodeGemmKernel::Own);
         for s in [1, 2, 4, 8, 16] {
             be.set_decode_splits_override(Some(s));
             let mut r = Vec::new();
@@ -134,6 +133,7 @@ pub fn split_sweep(be: &CudaBackend) -> Result<Value> {
             out.insert(format!("{name}_s{s}"), json!(r));
         }
         be.set_decode_splits_override(None);
+        be.set_decode_gemm_kernel(super::DecodeGemmKernel::default());
         println!("{line}");
     }
     Ok(Value::Object(out))
@@ -212,6 +212,7 @@ pub fn model_decode(
         );
     }
     out.insert("step".into(), Value::Object(steps));
+    out.insert("small_ops_us".into(), small_ops(be, spec.hidden_size)?);
 
     // Greedy generation, 64 prompts × 128 tokens, no EOS (every prompt runs the full length).
     let refs: Vec<&[u32]> = all.iter().map(Vec::as_slice).collect();
@@ -244,6 +245,64 @@ pub fn model_decode(
     Ok(Value::Object(out))
 }
 
+/// Microseconds per call of a decode step's row norm (`rms_norm_rows`, twice per layer) at 1 and
+/// 64 rows of `d` values, 200 calls back to back: its launch and latency cost, which the
+/// per-layer trace of the step showed as large as a small GEMM's (docs/benchmarks-cuda.md,
+/// "Session 11").
+fn small_ops(be: &CudaBackend, d: usize) -> Result<Value> {
+    let mut out = serde_json::Map::new();
+    let w = be.random_tensor(1, d, 0.3, 1.0, 7)?;
+    for rows in [1usize, 64] {
+        let x = be.random_tensor(rows, d, 1.0, 0.0, 8)?;
+        let calls = 200;
+        let t = time_median(be, 1, 5, || {
+            for _ in 0..calls {
+                be.rms_norm_rows(&x, &w, 1e-6)?;
+            }
+            Ok(())
+        })? / calls as f64;
+        println!("  rms_norm_rows [{rows}, {d}]: {:.2} us per call", t * 1e6);
+        out.insert(format!("rms_norm_rows_{rows}"), json!(t * 1e6));
+    }
+    // The decode attention at Qwen3-8B's shape (32 query heads, 8 KV heads of 128) for 1 and 64
+    // sequences whose caches hold `len` keys; every call appends one key, as a step does.
+    let shape = AttnShape {
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+    };
+    for (rows, len) in [(1usize, 64usize), (1, 256), (1, 1024), (1, 4096), (64, 256)] {
+        let kvd = shape.kv_heads * shape.head_dim;
+        let q = be.random_tensor(rows, shape.heads * shape.head_dim, 1.0, 0.0, 9)?;
+        let k = be.random_tensor(rows, kvd, 1.0, 0.0, 10)?;
+        let v = be.random_tensor(rows, kvd, 1.0, 0.0, 11)?;
+        let mut caches: Vec<(Option<CudaTensor>, Option<CudaTensor>)> = (0..rows)
+            .map(|r| {
+                Ok((
+                    Some(be.random_tensor(len, kvd, 1.0, 0.0, 100 + r as u64)?),
+                    Some(be.random_tensor(len, kvd, 1.0, 0.0, 200 + r as u64)?),
+                ))
+            })
+            .collect::<Result<_>>()?;
+        let calls = 20;
+        let t = time_median(be, 1, 5, || {
+            for _ in 0..calls {
+                let mut slots: Vec<KvSlot<'_, CudaTensor>> =
+                    caches.iter_mut().map(|(k, v)| KvSlot { k, v }).collect();
+                be.attention_decode(&q, &k, &v, shape, &mut slots)?;
+            }
+            Ok(())
+        })? / calls as f64;
+        println!(
+            "  decode attention, {rows} sequence(s) of ~{len} keys, 32/8 heads of 128 ({} chunks): {:.1} us per call",
+            super::decode_attn_chunks(len),
+            t * 1e6
+        );
+        out.insert(format!("attention_{rows}x{len}"), json!(t * 1e6));
+    }
+    Ok(Value::Object(out))
+}
+
 /// The whole section: copy rate, GEMM bandwidth, model decode. `DECODE_ALONE=N` (default 64)
 /// decodes only the first N of the 64 prompts one at a time and extrapolates (device time).
 pub fn run(be: &CudaBackend, quick: bool) -> Result<Value> {
@@ -261,5 +320,23 @@ pub fn run(be: &CudaBackend, quick: bool) -> Result<Value> {
         .unwrap_or(alone)
         .min(64);
     let model = model_decode(be, copy_rate, layers, alone)?;
-    Ok(json!({"copy_tb_s": copy_rate / 1e12, "gemm": gemm, "split_sweep": sweep, "model": model}))
+    let routes = be.decode_gemm_records();
+    for r in &routes {
+        println!(
+            "  decode route [{} x {}]{}: {}{} (µs at rows {:?}: own {:?}, best cuBLASLt {:?}; {} candidates, {} failed the row-invariance proof)",
+            r.out,
+            r.inp,
+            if r.f32_out { " f32" } else { "" },
+            r.chosen,
+            if r.remembered { ", remembered" } else { "" },
+            super::decode_lt::TIMED_ROWS,
+            r.own_us,
+            r.lt_us,
+            r.candidates,
+            r.proofs_failed
+        );
+    }
+    Ok(
+        json!({"copy_tb_s": copy_rate / 1e12, "gemm": gemm, "split_sweep": sweep, "model": model, "routes": routes}),
+    )
 }

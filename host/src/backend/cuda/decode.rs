@@ -13,7 +13,7 @@
 
 use super::gemm::GemmOperands;
 use super::{derr, CudaBackend, CudaMatrix, CudaTensor};
-use crate::backend::{attention_decode_per_row, AttnShape, KvSlot};
+use crate::backend::{attention_decode_per_row, AttnShape, KvSlot, QkNorm, Rope};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
@@ -58,22 +58,29 @@ pub fn k_splits(n: usize, k: usize) -> usize {
     s
 }
 
-/// How the decode GEMM's operands reach the tensor cores (`kernels/decode_gemm.cu`). Both run the
+/// Which kernel runs the decode GEMMs. The backend's own two (`kernels/decode_gemm.cu`) run the
 /// same tensor-core steps on the same registers in the same order, so their outputs are
-/// bit-identical (`cuda_decode` checks every row count); only the speed differs.
+/// bit-identical (`cuda_decode` checks every row count); only the speed differs. A pinned
+/// cuBLASLt algorithm sums in its own order, the same for every row count.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DecodeGemmKernel {
-    /// The faster of the two for the row count, as measured on the H200
-    /// (docs/benchmarks-cuda.md, "Decode, pipelined GEMM"): pipelined from
-    /// [`PIPE_FROM_ROW_TILES`] row tiles of 8, registers below.
+    /// Per weight shape, the faster of a pinned cuBLASLt algorithm proven row-invariant on this
+    /// GPU (`decode_lt.rs`; only in [`super::GemmMode::LtTuned`]) and [`DecodeGemmKernel::Own`].
     #[default]
     Auto,
+    /// The backend's own kernels only, the faster of the two for the row count as measured on
+    /// the H200 (docs/benchmarks-cuda.md, "Decode, pipelined GEMM"): pipelined from
+    /// [`PIPE_FROM_ROW_TILES`] row tiles of 8, registers below.
+    Own,
     /// `decode_gemm_n*_m*`: each warp loads a few chunks of weights into registers, then
     /// computes them, and reads every row of x itself.
     Registers,
     /// `decode_gemm_pipe_n*_m*`: the block copies weights and x into shared memory with
     /// `cp.async`, several chunks ahead of the one being computed.
     Pipelined,
+    /// The pinned cuBLASLt algorithm wherever one was proven row-invariant, even when the own
+    /// kernel timed faster (tests of that path); the own kernels elsewhere.
+    PinnedLt,
 }
 
 /// Row tiles (of 8 rows) from which [`DecodeGemmKernel::Auto`] takes the pipelined kernel. On
@@ -85,7 +92,9 @@ impl DecodeGemmKernel {
     /// Whether this choice runs the pipelined kernel for `rows` rows.
     pub fn pipelined_for(self, rows: usize) -> bool {
         match self {
-            DecodeGemmKernel::Auto => rows.div_ceil(8) >= PIPE_FROM_ROW_TILES,
+            DecodeGemmKernel::Auto | DecodeGemmKernel::Own | DecodeGemmKernel::PinnedLt => {
+                rows.div_ceil(8) >= PIPE_FROM_ROW_TILES
+            }
             DecodeGemmKernel::Registers => false,
             DecodeGemmKernel::Pipelined => true,
         }
@@ -123,10 +132,33 @@ pub(crate) struct DecodeScratch {
 pub(crate) type DecodeState = Mutex<DecodeScratch>;
 
 impl CudaBackend {
-    /// `y = x · Wᵀ` (see [`Epilogue`]) for `rows ≤ MAX_DECODE_ROWS` rows through the
-    /// batch-invariant kernel. `x` is `[rows, inp]` contiguous, `w` `[out, inp]`, `y` has row
-    /// stride `ldy` elements. Raw pointers so the LM head can write fp32 logits.
+    /// `y = x · Wᵀ` (see [`Epilogue`]) for `rows ≤ MAX_DECODE_ROWS` rows, batch-invariantly:
+    /// through the weight shape's pinned cuBLASLt algorithm when one was proven row-invariant on
+    /// this GPU and timed faster than the backend's own kernel (`decode_lt.rs`, only with
+    /// [`DecodeGemmKernel::Auto`]), else through the own kernel. `x` is `[rows, inp]`
+    /// contiguous, `w` `[out, inp]`, `y` has row stride `ldy` elements. Raw pointers so the LM
+    /// head can write fp32 logits.
     pub(crate) fn decode_gemm_raw(
+        &self,
+        g: GemmOperands,
+        ldy: usize,
+        epilogue: Epilogue,
+    ) -> Result<()> {
+        let kernel = self.decode.lock().unwrap_or_else(|e| e.into_inner()).kernel;
+        let lt = matches!(kernel, DecodeGemmKernel::Auto | DecodeGemmKernel::PinnedLt);
+        if lt
+            && ldy == g.out
+            && g.rows > 0
+            && self.decode_gemm_lt(g, epilogue, kernel == DecodeGemmKernel::PinnedLt)?
+        {
+            return Ok(());
+        }
+        self.decode_gemm_own(g, ldy, epilogue)
+    }
+
+    /// [`CudaBackend::decode_gemm_raw`] on the backend's own kernel (`kernels/decode_gemm.cu`),
+    /// whose order of summation is fixed by the weight's shape ([`k_splits`]).
+    pub(crate) fn decode_gemm_own(
         &self,
         g: GemmOperands,
         ldy: usize,
@@ -304,16 +336,86 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Whether [`CudaBackend::attention_decode_rows`] covers `shape`: head dims 64, 128 and 256
+    /// with at most 8 query heads per KV head (one warp per query head, 256 threads, the
+    /// kernel's launch bound, which leaves it the registers of its unrolled key loop).
+    pub(crate) fn decode_attention_fits(shape: AttnShape) -> bool {
+        matches!(shape.head_dim, 64 | 128 | 256)
+            && shape.kv_heads > 0
+            && shape.heads.is_multiple_of(shape.kv_heads)
+            && shape.heads / shape.kv_heads <= 8
+    }
+
     /// [`Backend::attention_decode`] in one launch (`kernels/decode_attention.cu`): blocks per
-    /// (key chunk of [`DECODE_ATTN_CHUNK`], sequence, KV head), so a row's result does not depend
-    /// on the others; sequences longer than one chunk are merged by a second, small launch. Head
-    /// dims 64, 128 and 256 with at most 8 query heads per KV head; other shapes go one sequence
-    /// at a time.
+    /// (key chunk, sequence, KV head), so a row's result does not depend on the others;
+    /// sequences longer than one chunk ([`decode_attn_chunk_len`]) are merged by a second, small
+    /// launch. Shapes [`CudaBackend::decode_attention_fits`] does not cover go one sequence at a
+    /// time.
     pub(crate) fn attention_decode_batched(
         &self,
         q: &CudaTensor,
         k: &CudaTensor,
         v: &CudaTensor,
+        shape: AttnShape,
+        caches: &mut [KvSlot<'_, CudaTensor>],
+    ) -> Result<CudaTensor> {
+        if !Self::decode_attention_fits(shape) {
+            return attention_decode_per_row(self, q, k, v, shape, caches);
+        }
+        shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
+        ensure!(
+            k.rows == q.rows && v.rows == q.rows,
+            "attention_decode: {} query rows, {} k rows, {} v rows",
+            q.rows,
+            k.rows,
+            v.rows
+        );
+        let rows = DecodeRows {
+            rows: q.rows,
+            q: self.ptr(&q.buf),
+            k: self.ptr(&k.buf),
+            v: self.ptr(&v.buf),
+            ldq: q.cols,
+            ldkv: k.cols,
+        };
+        self.attention_decode_rows(rows, shape, caches)
+    }
+
+    /// [`Backend::attention_decode_qkv`]: per-head q/k norm and RoPE in place on the fused QKV
+    /// output ([`CudaBackend::qk_norm_rope_packed`]), then the decode attention reading q, k and v
+    /// straight from its columns — the same arithmetic as the unfused composition, in two
+    /// launches instead of eight (three split copies, two norms, two RoPEs, the attention).
+    pub(crate) fn attention_decode_packed(
+        &self,
+        mut qkv: CudaTensor,
+        shape: AttnShape,
+        norm: QkNorm<'_, CudaTensor>,
+        positions: &[u32],
+        rope: &Rope,
+        caches: &mut [KvSlot<'_, CudaTensor>],
+    ) -> Result<CudaTensor> {
+        self.qk_norm_rope_packed(&mut qkv, shape, norm, positions, rope)?;
+        let (qd, kvd) = (
+            shape.heads * shape.head_dim,
+            shape.kv_heads * shape.head_dim,
+        );
+        let base = self.ptr(&qkv.buf);
+        let rows = DecodeRows {
+            rows: qkv.rows,
+            q: base,
+            k: base + (qd * 2) as u64,
+            v: base + ((qd + kvd) * 2) as u64,
+            ldq: qkv.cols,
+            ldkv: qkv.cols,
+        };
+        self.attention_decode_rows(rows, shape, caches)
+    }
+
+    /// The decode attention over `rows` (see [`DecodeRows`]); `shape` must be covered
+    /// ([`CudaBackend::decode_attention_fits`]).
+    fn attention_decode_rows(
+        &self,
+        src: DecodeRows,
         shape: AttnShape,
         caches: &mut [KvSlot<'_, CudaTensor>],
     ) -> Result<CudaTensor> {
@@ -325,22 +427,13 @@ impl CudaBackend {
         let func = match hd {
             64 => "decode_attention_hd64",
             128 => "decode_attention_hd128",
-            256 => "decode_attention_hd256",
-            _ => return attention_decode_per_row(self, q, k, v, shape, caches),
+            _ => "decode_attention_hd256",
         };
-        shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
         let group = heads / kv_heads;
-        // The kernel's blocks are one warp per query head, at most 8 (256 threads, its launch
-        // bound, which leaves it the registers of its unrolled key loop).
-        if group > 8 {
-            return attention_decode_per_row(self, q, k, v, shape, caches);
-        }
-        let rows = q.rows;
+        let rows = src.rows;
         ensure!(
-            rows == caches.len() && k.rows == rows && v.rows == rows,
-            "attention_decode: {rows} query rows, {} k rows, {} v rows for {} caches",
-            k.rows,
-            v.rows,
+            rows == caches.len(),
+            "attention_decode: {rows} query rows for {} caches",
             caches.len()
         );
         let kvd = kv_heads * hd;
@@ -354,12 +447,12 @@ impl CudaBackend {
             len: [0; DA_MAX_ROWS],
         };
         let f = self.kernels.get("decode", func)?;
-        let (h32, hk32, scale_log2, chunk32) = (
+        let (h32, hk32, scale_log2) = (
             heads as i32,
             kv_heads as i32,
             std::f32::consts::LOG2_E / (hd as f32).sqrt(),
-            DECODE_ATTN_CHUNK as i32,
         );
+        let (ldq, ldkv) = (src.ldq as i64, src.ldkv as i64);
         // The most key chunks of any sequence in the current launch (sizes its scratch only).
         let mut nchunks = 1usize;
         for (r, slot) in caches.iter_mut().enumerate() {
@@ -381,7 +474,7 @@ impl CudaBackend {
                 vc.cols
             );
             ensure!(
-                kc.rows < (i32::MAX as usize) - DECODE_ATTN_CHUNK,
+                kc.rows < (i32::MAX as usize) / 2,
                 "attention_decode: cache {r} too long"
             );
             nchunks = nchunks.max(decode_attn_chunks(kc.rows));
@@ -394,16 +487,11 @@ impl CudaBackend {
             // One launch per DA_MAX_ROWS sequences (the table travels as a kernel parameter).
             if i + 1 == DA_MAX_ROWS || r + 1 == rows {
                 let r0 = r - i;
-                let (qo, ko, oo) = (
-                    (r0 * heads * hd * 2) as u64,
-                    (r0 * kvd * 2) as u64,
-                    (r0 * heads * hd * 2) as u64,
-                );
                 let (qp, kp, vp, op) = (
-                    self.ptr(&q.buf) + qo,
-                    self.ptr(&k.buf) + ko,
-                    self.ptr(&v.buf) + ko,
-                    self.ptr(&out.buf) + oo,
+                    src.q + (r0 * src.ldq * 2) as u64,
+                    src.k + (r0 * src.ldkv * 2) as u64,
+                    src.v + (r0 * src.ldkv * 2) as u64,
+                    self.ptr(&out.buf) + (r0 * heads * hd * 2) as u64,
                 );
                 // Split-KV partials, freed (stream-ordered) after the combine has read them.
                 let scratch = if nchunks > 1 {
@@ -421,19 +509,20 @@ impl CudaBackend {
                 b.arg(&qp)
                     .arg(&kp)
                     .arg(&vp)
+                    .arg(&ldq)
+                    .arg(&ldkv)
                     .arg(&op)
                     .arg(&table)
                     .arg(&h32)
                     .arg(&hk32)
                     .arg(&scale_log2)
-                    .arg(&chunk32)
                     .arg(&nc32)
                     .arg(&po)
                     .arg(&pml);
                 // SAFETY: signature of DA_ENTRY in kernels/decode_attention.cu (const bf16* ×3,
-                // bf16*, DaTable by value, int, int, float, int, int, float*, float2*); shapes
-                // checked above; rows r0..=r of q/k/v/out exist; every cache has room for one
-                // more row (reserve_rows) and the table holds (k, v, len) of those rows; with
+                // ll, ll, bf16*, DaTable by value, int, int, float, int, float*, float2*); rows
+                // r0..=r of q/k/v (row strides ldq/ldkv) and out exist; every cache has room for
+                // one more row (reserve_rows) and the table holds (k, v, len) of those rows; with
                 // nchunks > 1 the partials hold (i + 1) × heads × nchunks × (hd + 2) floats and
                 // no sequence has more than nchunks chunks.
                 unsafe {
@@ -451,11 +540,10 @@ impl CudaBackend {
                     b.arg(&op)
                         .arg(&table)
                         .arg(&h32)
-                        .arg(&chunk32)
                         .arg(&nc32)
                         .arg(&po)
                         .arg(&pml);
-                    // SAFETY: signature (bf16*, DaTable by value, int, int, int, const float*,
+                    // SAFETY: signature (bf16*, DaTable by value, int, int, const float*,
                     // const float2*) of decode_attention_combine_hd* in the same file; it reads
                     // the partials the launch above wrote for sequences of more than one chunk.
                     unsafe {
@@ -479,17 +567,47 @@ impl CudaBackend {
     }
 }
 
-/// Keys per block of the decode attention (split-KV): a sequence whose cache holds `len` keys is
-/// cut into [`decode_attn_chunks`]`(len)` chunks, a function of its own length only, so the
-/// split keeps decoding batch-invariant (docs/cuda.md, "Batch-invariant decode"). 512 keys give
-/// a 32k-token sequence 64 chunks × 8 KV heads = 512 blocks on 132 multiprocessors; a multiple of
-/// the kernel's key unroll (8, 4 at hd 256).
-pub const DECODE_ATTN_CHUNK: usize = 512;
+/// Where a decode step's q, k and v rows live: device addresses of row 0 and row strides in
+/// elements (separate tensors, or the columns of one fused QKV output).
+#[derive(Clone, Copy)]
+struct DecodeRows {
+    rows: usize,
+    q: u64,
+    k: u64,
+    v: u64,
+    ldq: usize,
+    ldkv: usize,
+}
 
-/// Key chunks of a sequence whose cache holds `len` keys before the step: ⌈(len + 1) / chunk⌉
-/// (`da_chunks` in kernels/decode_attention.cu).
+/// Fewest keys per block of the decode attention (split-KV), and the most chunks a sequence is
+/// cut into: a sequence whose cache holds `len` keys (len + 1 with the new one) is cut into chunks
+/// of [`decode_attn_chunk_len`]`(len)` keys, a function of its own length only, so the split
+/// keeps decoding batch-invariant (docs/cuda.md, "Batch-invariant decode"). A block walks its
+/// keys in groups of the kernel's unroll (8; 4 at head dim 256), each group waiting on its loads:
+/// one sequence of 250 keys in 8 blocks of 250 took 34 µs per layer on the H200, so a step of few
+/// sequences needs short chunks to spread over many blocks; with many sequences the blocks fill
+/// the GPU anyway and the total work is the same (docs/benchmarks-cuda.md, "Session 11"). From
+/// 4 096 keys the chunk doubles so that a sequence never has more than 128 chunks (256 keys at
+/// 32 k: 128 × 8 KV heads = 1 024 blocks), which bounds the partials' scratch. `DA_CHUNK_MIN`
+/// and `DA_CHUNKS_MAX` in kernels/decode_attention.cu.
+pub const DECODE_ATTN_CHUNK_MIN: usize = 32;
+pub const DECODE_ATTN_MAX_CHUNKS: usize = 128;
+
+/// Keys per chunk of a sequence whose cache holds `len` keys: the smallest
+/// [`DECODE_ATTN_CHUNK_MIN`]` · 2^i` that cuts its `len + 1` keys into at most
+/// [`DECODE_ATTN_MAX_CHUNKS`] chunks (`da_chunk_len` in kernels/decode_attention.cu).
+pub fn decode_attn_chunk_len(len: usize) -> usize {
+    let mut c = DECODE_ATTN_CHUNK_MIN;
+    while len + 1 > DECODE_ATTN_MAX_CHUNKS * c {
+        c *= 2;
+    }
+    c
+}
+
+/// Key chunks of a sequence whose cache holds `len` keys before the step:
+/// ⌈(len + 1) / decode_attn_chunk_len(len)⌉ (`da_chunks` in kernels/decode_attention.cu).
 pub fn decode_attn_chunks(len: usize) -> usize {
-    len / DECODE_ATTN_CHUNK + 1
+    len / decode_attn_chunk_len(len) + 1
 }
 
 fn combine_kernel_name(hd: usize) -> &'static str {
@@ -572,13 +690,26 @@ mod tests {
 
     #[test]
     fn attention_chunks_depend_on_the_length_only() {
-        // len cached keys + the new one, DECODE_ATTN_CHUNK keys per chunk.
+        // len cached keys + the new one.
         assert_eq!(decode_attn_chunks(0), 1);
-        assert_eq!(decode_attn_chunks(DECODE_ATTN_CHUNK - 1), 1);
-        assert_eq!(decode_attn_chunks(DECODE_ATTN_CHUNK), 2);
-        assert_eq!(decode_attn_chunks(32_767), 64);
-        // Chunks are whole groups of the kernel's key unroll (8; 4 at head dim 256).
-        assert_eq!(DECODE_ATTN_CHUNK % 8, 0);
+        assert_eq!(decode_attn_chunks(31), 1);
+        assert_eq!(decode_attn_chunks(32), 2);
+        assert_eq!(decode_attn_chunks(249), 8);
+        // 32-key chunks up to 128 chunks (4 096 keys with the new one), then the chunk doubles.
+        assert_eq!(decode_attn_chunk_len(4095), 32);
+        assert_eq!(decode_attn_chunks(4095), 128);
+        assert_eq!(decode_attn_chunk_len(4096), 64);
+        assert_eq!(decode_attn_chunks(4096), 65);
+        assert_eq!(decode_attn_chunk_len(32_767), 256);
+        assert_eq!(decode_attn_chunks(32_767), 128);
+        for len in (0..200_000).step_by(97) {
+            let (c, n) = (decode_attn_chunk_len(len), decode_attn_chunks(len));
+            // Whole groups of the kernel's key unroll (8; 4 at head dim 256), every key in
+            // exactly one chunk, never more than the most chunks.
+            assert_eq!(c % 16, 0);
+            assert!(n * c > len && (n - 1) * c <= len, "len {len}");
+            assert!(n <= DECODE_ATTN_MAX_CHUNKS, "len {len}: {n} chunks");
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! algorithm (the same bits) without timing again.
 
 use super::decode::{self, MAX_DECODE_ROWS};
+use super::decode_lt::{DecodeChoiceRecord, DecodeKey, DecodeRoute};
 use super::gemm_choices::{Choice, ChoiceStore, FILE_NAME};
 use super::{blas_err, CudaBackend, CudaMatrix, CudaTensor};
 use anyhow::{anyhow, ensure, Result};
@@ -71,7 +72,7 @@ impl OutType {
             OutType::F32 => lt::cudaDataType::CUDA_R_32F,
         }
     }
-    fn bytes(self) -> usize {
+    pub(super) fn bytes(self) -> usize {
         match self {
             OutType::Bf16 => 2,
             OutType::F32 => 4,
@@ -114,7 +115,7 @@ impl PlanKey {
 }
 
 /// Descriptors and the chosen algorithm of one GEMM shape.
-struct Plan {
+pub(super) struct Plan {
     desc: lt::cublasLtMatmulDesc_t,
     a: lt::cublasLtMatrixLayout_t,
     b: lt::cublasLtMatrixLayout_t,
@@ -141,6 +142,54 @@ impl Drop for Plan {
     }
 }
 
+impl Plan {
+    /// Descriptors of `y[rows, out] = x[rows, inp] · W[out, inp]ᵀ` (fp32 compute, bf16 operands,
+    /// `out_type` output), no algorithm yet. Column-major view as in `gemm_raw`:
+    /// yᵀ[out, rows] = op_T(W as [inp, out]) · xᵀ[inp, rows].
+    pub(super) fn new(rows: usize, out: usize, inp: usize, out_type: OutType) -> Result<Plan> {
+        let bf = lt::cudaDataType::CUDA_R_16BF;
+        let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        unsafe {
+            check(
+                "creating a matmul descriptor",
+                lt::cublasLtMatmulDescCreate(
+                    &mut desc,
+                    lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    lt::cudaDataType::CUDA_R_32F,
+                ),
+            )?;
+        }
+        let layout = |t: lt::cudaDataType, r: usize, c: usize, ld: usize| -> Result<_> {
+            let mut l: lt::cublasLtMatrixLayout_t = std::ptr::null_mut();
+            // SAFETY: out-pointer to a local.
+            check("creating a matrix layout", unsafe {
+                lt::cublasLtMatrixLayoutCreate(&mut l, t, r as u64, c as u64, ld as i64)
+            })?;
+            Ok(l)
+        };
+        let plan = Plan {
+            desc,
+            a: layout(bf, inp, out, inp)?,
+            b: layout(bf, inp, rows, inp)?,
+            c: layout(out_type.lt(), out, rows, out)?,
+            algo: None,
+        };
+        // op(A) = Aᵀ (CUBLAS_OP_T = 1).
+        let trans_t: i32 = 1;
+        // SAFETY: live descriptor, 4-byte attribute value.
+        check("setting TRANSA", unsafe {
+            lt::cublasLtMatmulDescSetAttribute(
+                plan.desc,
+                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                &trans_t as *const i32 as *const c_void,
+                4,
+            )
+        })?;
+        Ok(plan)
+    }
+}
+
 /// One line per tuned shape, for the benchmarks.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct TuneRecord {
@@ -160,7 +209,7 @@ pub struct TuneRecord {
 
 const TUNE_REPS: usize = 2;
 
-struct LtState {
+pub(super) struct LtState {
     handle: lt::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     /// None: planning failed for this shape (the GEMM then runs on `cublasGemmEx`).
@@ -173,10 +222,14 @@ struct LtState {
     reused: AtomicUsize,
     /// The first planning error, for diagnostics.
     plan_error: Mutex<Option<String>>,
+    /// Decode GEMM routes per weight shape ([`super::decode_lt`]).
+    pub(super) decode: Mutex<HashMap<DecodeKey, Arc<DecodeRoute>>>,
+    /// What choosing each decode route measured, for the benchmarks.
+    pub(super) decode_records: Mutex<Vec<DecodeChoiceRecord>>,
 }
 
 impl LtState {
-    fn choices(&self) -> Arc<ChoiceStore> {
+    pub(super) fn choices(&self) -> Arc<ChoiceStore> {
         self.choices
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -187,6 +240,10 @@ impl LtState {
 impl Drop for LtState {
     fn drop(&mut self) {
         self.plans.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.decode
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         // SAFETY: the handle was created by `Gemms::new` and every plan using it is gone.
         unsafe {
             let _ = lt::cublasLtDestroy(self.handle);
@@ -211,7 +268,7 @@ fn lt_err(what: &str, s: lt::cublasStatus_t) -> anyhow::Error {
     anyhow!("cuBLASLt: {what}: {s:?}")
 }
 
-fn check(what: &str, s: lt::cublasStatus_t) -> Result<()> {
+pub(super) fn check(what: &str, s: lt::cublasStatus_t) -> Result<()> {
     if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         Ok(())
     } else {
@@ -244,6 +301,8 @@ impl Gemms {
                 choices: Mutex::new(Arc::new(store)),
                 reused: AtomicUsize::new(0),
                 plan_error: Mutex::new(None),
+                decode: Mutex::new(HashMap::new()),
+                decode_records: Mutex::new(Vec::new()),
             })
         };
         let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(make))
@@ -317,7 +376,29 @@ impl Gemms {
     pub(crate) fn forget_plans(&self) {
         if let Some(st) = self.lt.as_ref() {
             st.plans.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            st.decode.lock().unwrap_or_else(|e| e.into_inner()).clear();
         }
+    }
+
+    /// The cuBLASLt state when GEMMs are tuned ([`GemmMode::LtTuned`]): decode GEMMs only leave
+    /// the backend's own kernel in that mode.
+    pub(super) fn tuned_lt(&self) -> Option<&LtState> {
+        self.lt
+            .as_ref()
+            .filter(|_| self.mode() == GemmMode::LtTuned)
+    }
+
+    /// What choosing each decode route measured so far.
+    pub(crate) fn decode_records(&self) -> Vec<DecodeChoiceRecord> {
+        self.lt
+            .as_ref()
+            .map(|s| {
+                s.decode_records
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+            })
+            .unwrap_or_default()
     }
 
     /// Where tuned choices are remembered from now on (None: nowhere beyond this process);
@@ -427,53 +508,15 @@ impl Gemms {
         g: &GemmOperands,
         gemm_ex: &dyn Fn(u64, f32) -> Result<()>,
     ) -> Result<Plan> {
-        let bf = lt::cudaDataType::CUDA_R_16BF;
-        let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
-        // SAFETY: out-pointers to locals; attribute buffers are live locals of the right size.
-        unsafe {
-            check(
-                "creating a matmul descriptor",
-                lt::cublasLtMatmulDescCreate(
-                    &mut desc,
-                    lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    lt::cudaDataType::CUDA_R_32F,
-                ),
-            )?;
-        }
-        let layout = |t: lt::cudaDataType, r: usize, c: usize, ld: usize| -> Result<_> {
-            let mut l: lt::cublasLtMatrixLayout_t = std::ptr::null_mut();
-            // SAFETY: out-pointer to a local.
-            check("creating a matrix layout", unsafe {
-                lt::cublasLtMatrixLayoutCreate(&mut l, t, r as u64, c as u64, ld as i64)
-            })?;
-            Ok(l)
-        };
-        // Column-major view as in `gemm_raw`: yᵀ[out, rows] = op_T(W as [inp, out]) · xᵀ[inp, rows].
-        let plan = Plan {
-            desc,
-            a: layout(bf, key.inp, key.out, key.inp)?,
-            b: layout(bf, key.inp, key.rows, key.inp)?,
-            c: layout(key.out_type.lt(), key.out, key.rows, key.out)?,
-            algo: None,
-        };
-        // op(A) = Aᵀ (CUBLAS_OP_T = 1).
-        let trans_t: i32 = 1;
-        // SAFETY: live descriptor, 4-byte attribute value.
-        check("setting TRANSA", unsafe {
-            lt::cublasLtMatmulDescSetAttribute(
-                plan.desc,
-                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                &trans_t as *const i32 as *const c_void,
-                4,
-            )
-        })?;
+        let mut plan = Plan::new(key.rows, key.out, key.inp, key.out_type)?;
         // A tuned shape this machine has timed before runs what was chosen then (checked by
         // cuBLASLt against these descriptors; a choice that no longer fits is timed again).
-        let mut plan = plan;
         if key.tuned {
             // Some(None): cublasGemmEx was chosen.
             let remembered = match st.choices().get(&key.choice_key()) {
                 Some(Choice::GemmEx) => Some(None),
+                // Only decode routes remember the own kernel; a prefill shape times again.
+                Some(Choice::Own) => None,
                 Some(Choice::Lt(data)) => Some(lt::cublasLtMatmulAlgo_t { data })
                     .filter(|a| algo_fits(st, &plan, a))
                     .map(Some),
@@ -485,85 +528,8 @@ impl Gemms {
                 return Ok(plan);
             }
         }
-        let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local.
-        check("creating a preference", unsafe {
-            lt::cublasLtMatmulPreferenceCreate(&mut pref)
-        })?;
-        struct PrefGuard(lt::cublasLtMatmulPreference_t);
-        impl Drop for PrefGuard {
-            fn drop(&mut self) {
-                // SAFETY: created above, destroyed once.
-                unsafe {
-                    let _ = lt::cublasLtMatmulPreferenceDestroy(self.0);
-                }
-            }
-        }
-        let pref = PrefGuard(pref);
-        let ws: u64 = WORKSPACE_BYTES as u64;
-        // fp32 (compute type) split-K reductions only: no in-place or bf16-output reductions.
-        let schemes: u32 =
-            lt::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
-        let align = key.align;
-        // SAFETY: live preference, attribute values of the documented sizes.
-        unsafe {
-            use lt::cublasLtMatmulPreferenceAttributes_t as P;
-            let set = |a: P, v: *const c_void, n: usize| {
-                check(
-                    "setting a preference",
-                    lt::cublasLtMatmulPreferenceSetAttribute(pref.0, a, v, n),
-                )
-            };
-            set(
-                P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                &ws as *const u64 as *const c_void,
-                8,
-            )?;
-            set(
-                P::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                &schemes as *const u32 as *const c_void,
-                4,
-            )?;
-            for a in [
-                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-            ] {
-                set(a, &align as *const u32 as *const c_void, 4)?;
-            }
-        }
         let want = if key.tuned { CANDIDATES } else { 1 };
-        // SAFETY: zeroed plain-data structs are valid inputs for the out-array.
-        let mut results: Vec<lt::cublasLtMatmulHeuristicResult_t> =
-            vec![unsafe { std::mem::zeroed() }; want];
-        let mut n: i32 = 0;
-        // SAFETY: live descriptors; `results` holds `want` entries.
-        let s = unsafe {
-            lt::cublasLtMatmulAlgoGetHeuristic(
-                st.handle,
-                plan.desc,
-                plan.a,
-                plan.b,
-                plan.c,
-                plan.c,
-                pref.0,
-                want as i32,
-                results.as_mut_ptr(),
-                &mut n,
-            )
-        };
-        let cands: Vec<lt::cublasLtMatmulAlgo_t> = if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-        {
-            results[..(n.max(0) as usize).min(want)]
-                .iter()
-                .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-                .filter(|r| r.workspaceSize <= WORKSPACE_BYTES)
-                .map(|r| r.algo)
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let cands = heuristic(st, &plan, key.align, want)?;
         if cands.is_empty() {
             return Ok(plan);
         }
@@ -650,9 +616,95 @@ impl Gemms {
     }
 }
 
+/// Up to `want` of cuBLASLt's heuristic answers for `plan` (best first) within the workspace,
+/// for operands aligned to `align` bytes, with split-K partial sums reduced in fp32 only.
+pub(super) fn heuristic(
+    st: &LtState,
+    plan: &Plan,
+    align: u32,
+    want: usize,
+) -> Result<Vec<lt::cublasLtMatmulAlgo_t>> {
+    let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local.
+    check("creating a preference", unsafe {
+        lt::cublasLtMatmulPreferenceCreate(&mut pref)
+    })?;
+    struct PrefGuard(lt::cublasLtMatmulPreference_t);
+    impl Drop for PrefGuard {
+        fn drop(&mut self) {
+            // SAFETY: created above, destroyed once.
+            unsafe {
+                let _ = lt::cublasLtMatmulPreferenceDestroy(self.0);
+            }
+        }
+    }
+    let pref = PrefGuard(pref);
+    let ws: u64 = WORKSPACE_BYTES as u64;
+    // fp32 (compute type) split-K reductions only: no in-place or bf16-output reductions.
+    let schemes: u32 = lt::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+    // SAFETY: live preference, attribute values of the documented sizes.
+    unsafe {
+        use lt::cublasLtMatmulPreferenceAttributes_t as P;
+        let set = |a: P, v: *const c_void, n: usize| {
+            check(
+                "setting a preference",
+                lt::cublasLtMatmulPreferenceSetAttribute(pref.0, a, v, n),
+            )
+        };
+        set(
+            P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &ws as *const u64 as *const c_void,
+            8,
+        )?;
+        set(
+            P::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+            &schemes as *const u32 as *const c_void,
+            4,
+        )?;
+        for a in [
+            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+        ] {
+            set(a, &align as *const u32 as *const c_void, 4)?;
+        }
+    }
+    // SAFETY: zeroed plain-data structs are valid inputs for the out-array.
+    let mut results: Vec<lt::cublasLtMatmulHeuristicResult_t> =
+        vec![unsafe { std::mem::zeroed() }; want];
+    let mut n: i32 = 0;
+    // SAFETY: live descriptors; `results` holds `want` entries.
+    let s = unsafe {
+        lt::cublasLtMatmulAlgoGetHeuristic(
+            st.handle,
+            plan.desc,
+            plan.a,
+            plan.b,
+            plan.c,
+            plan.c,
+            pref.0,
+            want as i32,
+            results.as_mut_ptr(),
+            &mut n,
+        )
+    };
+    let cands: Vec<lt::cublasLtMatmulAlgo_t> = if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        results[..(n.max(0) as usize).min(want)]
+            .iter()
+            .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .filter(|r| r.workspaceSize <= WORKSPACE_BYTES)
+            .map(|r| r.algo)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Ok(cands)
+}
+
 /// Whether cuBLASLt accepts `algo` for `plan`'s descriptors within the workspace, with split-K
 /// partial sums reduced in fp32 only (what the tuner's preference asks of fresh answers).
-fn algo_fits(st: &LtState, plan: &Plan, algo: &lt::cublasLtMatmulAlgo_t) -> bool {
+pub(super) fn algo_fits(st: &LtState, plan: &Plan, algo: &lt::cublasLtMatmulAlgo_t) -> bool {
     // SAFETY: zeroed plain-data struct as an out-parameter.
     let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
     // SAFETY: live handle and descriptors; `algo` and `result` are live locals.
@@ -693,7 +745,7 @@ fn algo_fits(st: &LtState, plan: &Plan, algo: &lt::cublasLtMatmulAlgo_t) -> bool
 }
 
 /// One `cublasLtMatmul` of `plan` with `algo` (the plan fixes the shapes; `g`'s pointers are used).
-fn launch(
+pub(super) fn launch(
     st: &LtState,
     stream: &Arc<CudaStream>,
     plan: &Plan,

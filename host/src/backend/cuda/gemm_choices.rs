@@ -26,6 +26,8 @@ pub const FILE_NAME: &str = "gemm-choices-v1.json";
 pub enum Choice {
     /// `cublasGemmEx` timed fastest.
     GemmEx,
+    /// The backend's own kernel timed fastest (decode GEMMs, `decode_lt.rs`).
+    Own,
     /// This cuBLASLt algorithm (`cublasLtMatmulAlgo_t`'s eight words, which cuBLASLt documents as
     /// trivially serialisable for reuse with the same library version).
     Lt([u64; 8]),
@@ -36,6 +38,7 @@ impl Choice {
     fn encode(&self) -> String {
         match self {
             Choice::GemmEx => "gemm_ex".into(),
+            Choice::Own => "own".into(),
             Choice::Lt(words) => {
                 let hex: Vec<String> = words.iter().map(|w| format!("{w:x}")).collect();
                 format!("lt:{}", hex.join("."))
@@ -44,12 +47,14 @@ impl Choice {
     }
 
     fn decode(s: &str) -> Result<Choice> {
-        if s == "gemm_ex" {
-            return Ok(Choice::GemmEx);
+        match s {
+            "gemm_ex" => return Ok(Choice::GemmEx),
+            "own" => return Ok(Choice::Own),
+            _ => {}
         }
         let body = s
             .strip_prefix("lt:")
-            .ok_or_else(|| anyhow!("neither `gemm_ex` nor `lt:…`"))?;
+            .ok_or_else(|| anyhow!("neither `gemm_ex`, `own` nor `lt:…`"))?;
         let words: Vec<u64> = body
             .split('.')
             .map(|w| u64::from_str_radix(w, 16).map_err(|e| anyhow!("word `{w}`: {e}")))

@@ -74,6 +74,20 @@ pub(crate) struct Kernels {
     /// Seconds the launching thread spent waiting for images and loading modules (reported by the
     /// benchmarks and tests; the prewarm threads' own work overlaps the model load).
     compile_secs: Mutex<f64>,
+    /// The prewarm threads, joined when the kernels are dropped: a process that exits while one
+    /// of them is inside NVRTC tears the library down under it and dies of a segfault after its
+    /// work is done (`cuda_decode`, whose tests never load the Gated DeltaNet module that takes
+    /// longest to compile, did so on every cold kernel cache).
+    prewarm: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Kernels {
+    fn drop(&mut self) {
+        let threads = std::mem::take(&mut *self.prewarm.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
 }
 
 fn options(arch: &str) -> Vec<String> {
@@ -109,14 +123,16 @@ impl Kernels {
         let arch = format!("sm_{major}{minor}");
         let images: Arc<Vec<ImageSlot>> =
             Arc::new(SOURCES.iter().map(|_| OnceLock::new()).collect());
+        let mut prewarm = Vec::new();
         for (slot, (name, _)) in SOURCES.iter().enumerate() {
             let (images, arch) = (images.clone(), arch.clone());
             // A thread that cannot start only loses the overlap: the first launch compiles.
-            let _ = std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name(format!("nvrtc-{name}"))
                 .spawn(move || {
                     images[slot].get_or_init(|| image_slot(name, &arch));
                 });
+            prewarm.extend(spawned.ok());
         }
         Ok(Kernels {
             ctx,
@@ -126,6 +142,7 @@ impl Kernels {
             funcs: Mutex::new(HashMap::new()),
             smem_set: Mutex::new(Vec::new()),
             compile_secs: Mutex::new(0.0),
+            prewarm: Mutex::new(prewarm),
         })
     }
 

@@ -37,6 +37,7 @@ mod backend_impl;
 pub mod bench;
 pub mod bench_decode;
 mod decode;
+pub mod decode_lt;
 mod elementwise;
 pub mod gdn;
 mod gemm;
@@ -49,8 +50,10 @@ mod probe;
 mod upload;
 
 pub use decode::{
-    decode_attn_chunks, k_splits, DecodeGemmKernel, DECODE_ATTN_CHUNK, MAX_DECODE_ROWS,
+    decode_attn_chunk_len, decode_attn_chunks, k_splits, DecodeGemmKernel, DECODE_ATTN_CHUNK_MIN,
+    DECODE_ATTN_MAX_CHUNKS, MAX_DECODE_ROWS,
 };
+pub use decode_lt::DecodeChoiceRecord;
 pub use gemm::{GemmMode, TuneRecord};
 pub use kernels::compile_kernels_offline;
 pub use probe::availability;
