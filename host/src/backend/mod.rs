@@ -258,9 +258,9 @@ pub trait Backend: Send + Sync + 'static {
     /// `acc += x · Wᵀ` (a projection followed by the residual add).
     ///
     /// Why: the CUDA backend does the add in the GEMM epilogue (beta = 1), saving the product's
-    /// write and re-read and one launch (measured bit-identical to matmul + add on the H200, see
-    /// docs/cuda.md). The default is [`Backend::matmul`] then [`Backend::add_inplace`] (the CPU's
-    /// exact numerics).
+    /// write and re-read and one launch; the epilogue may round `acc + product` once where the
+    /// default rounds the product first (within one bf16 rounding, docs/cuda.md). The default is
+    /// [`Backend::matmul`] then [`Backend::add_inplace`] (the CPU's exact numerics).
     fn matmul_acc(&self, x: &Self::Tensor, w: &Self::Matrix, acc: &mut Self::Tensor) -> Result<()> {
         let y = self.matmul(x, w)?;
         self.add_inplace(acc, &y)

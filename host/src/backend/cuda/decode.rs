@@ -35,7 +35,8 @@ pub(crate) enum Epilogue {
     /// `y = bf16(sum)`.
     Bf16 = 0,
     /// `y = bf16(y + bf16(sum))`: the residual add of `matmul_acc`, bit-identical to `matmul`
-    /// followed by `add_inplace` (and to what cuBLAS's beta = 1 epilogue gave on the H200).
+    /// followed by `add_inplace` (cuBLASLt's beta = 1 epilogue, on the pinned route, rounds
+    /// `y + sum` once instead).
     AddBf16 = 1,
     /// `y = sum` in fp32 (LM-head logits).
     F32 = 2,
