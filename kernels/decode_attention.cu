@@ -13,10 +13,8 @@
 // C_r⌉ chunks of C_r keys (the last one shorter), C_r = da_chunk_len(len_r): the smallest
 // DA_CHUNK_MIN · 2^i that makes at most DA_CHUNKS_MAX chunks (32 keys up to 4 096, 256 keys at
 // 32 k; host/src/backend/cuda/decode.rs decode_attn_chunk_len). One block per (chunk c, KV head h,
-// sequence r): a block walks its keys in groups of UNR (8; 4 at hd 256), each group waiting on
-// its loads, so short chunks keep that walk short and spread even one sequence's step over many
-// blocks. (A larger UNR needs more registers: at 16, two blocks fit an SM instead of five, and a
-// step of 64 sequences ran 3.5× slower on the H200.) With S_r = 1 the block
+// sequence r): a block walks its chunk in tiles of 32 keys staged in shared memory, so short chunks
+// keep that walk short and spread even one sequence's step over many blocks. With S_r = 1 the block
 // normalises and writes the bf16 output itself: exactly the arithmetic of the unsplit kernel.
 // With S_r > 1 every block writes its partial (running max m_c, sum l_c, unnormalised fp32 O_c)
 // to the scratch, and decode_attention_combine merges the partials in chunk order 0, 1, …,
@@ -25,14 +23,13 @@
 // which does depend on the batch) only places the partials in the scratch. So a sequence's result
 // never depends on which or how many sequences share the launch.
 //
-// Numerics (as flash_attention2 in attention.cu): scores q·k in fp32 scaled by log2(e)/√hd; a
-// running max and sum in fp32, updated once per group of DA_UNROLL keys in key order;
-// P = exp2(S − max) in fp32, rounded to bf16 only as the weight of V; the sum uses the fp32 P; O
-// accumulates in fp32, is divided by the sum at the end and rounded once to bf16. The combine
-// rescales each chunk by exp2(m_c − max_c m_c) in fp32 (O and l alike) and sums in chunk order.
-// Every lane holds hd/32 consecutive dimensions; the dot products are reduced with the xor
-// butterfly, whose result is bitwise the same on every lane (fp32 addition is commutative), so m
-// and l are the same on every lane of a warp.
+// Numerics (as flash_attention2 in attention.cu): scores q·k in fp32 (one lane per key, summed in
+// dimension order) scaled by log2(e)/√hd; a running max and sum in fp32, updated once per tile of 32
+// keys (the tile's max and sum by xor butterflies, bitwise the same on every lane); P = exp2(S − max)
+// in fp32, rounded to bf16 only as the weight of V; the sum uses the fp32 P; O accumulates in fp32
+// in key order, each lane holding hd/32 consecutive dimensions, is divided by the sum at the end and
+// rounded once to bf16. The combine rescales each chunk by exp2(m_c − max_c m_c) in fp32 (O and l
+// alike) and sums in chunk order.
 
 #define DA_MAX_ROWS 64
 struct DaTable {
@@ -91,86 +88,118 @@ __device__ __forceinline__ void da_store_bf16(bf16_t* op, const float* res) {
     }
 }
 
+// Keys per tile: a chunk is walked 32 keys at a time, one key per lane for the scores.
+#define DA_TILE 32
+
+// Shared memory of one block: the tile's K rows (padded by 16 bytes, so that lanes reading
+// different rows 16 bytes at a time hit different banks), its V rows, and the group's q vectors in
+// fp32 (read by every lane at the same address: a broadcast). Sized for the largest group (8), one
+// per entry function (at most 41 KiB at hd 256).
+template <int HD>
+struct DaShared {
+    bf16_t k[DA_TILE][HD + 8];
+    bf16_t v[DA_TILE][HD];
+    float q[8][HD];
+};
+
 // Partials: po [R, heads, nchunks, HD] fp32 (unnormalised O), pml [R, heads, nchunks] (m, l).
-template <int HD, int UNR>
+//
+// One block per (chunk c, KV head h, sequence r), one warp per query head of the group (G warps).
+// The chunk's keys go through shared memory DA_TILE at a time, loaded by the whole block with
+// 16-byte loads (the new key from knew/vnew); then each warp
+//   - scores the tile with one key per lane: s = (q · k) · log2(e)/√hd, the dot product summed in
+//     dimension order in fp32;
+//   - updates its running max m (warp max over the tile) and sum l (+ the warp sum of
+//     p = exp2(s − m)), and rescales its fp32 O by exp2(m_old − m);
+//   - adds bf16(p_j) · v_j for j = 0..31 in key order, each lane holding hd/32 dimensions.
+// Every lane ends with the same m and l (butterfly reductions are bitwise the same on all lanes).
+template <int HD, int G>
 __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew,
                                  const bf16_t* __restrict__ vnew, long long ldq, long long ldkv,
                                  bf16_t* __restrict__ out, const DaTable& tab, int heads, int kv_heads,
                                  float scale_log2, int nchunks, float* __restrict__ po,
-                                 float2* __restrict__ pml) {
+                                 float2* __restrict__ pml, DaShared<HD>& sh) {
     constexpr int DPL = HD / 32;
+    constexpr int ROW_CHUNKS = HD / 8;  // 16-byte chunks per K/V row
     const int c = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
     const int len = tab.len[r];
     const int chunk = da_chunk_len(len);
     const int nc = len / chunk + 1;
-    if (c >= nc) return;  // a shorter sequence than the launch's longest
+    if (c >= nc) return;  // a shorter sequence than the launch's longest (block-uniform)
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int group = heads / kv_heads;
-    const int qh = h * group + w;
+    const int qh = h * G + w;
     const long long kvd = (long long)kv_heads * HD, qd = (long long)heads * HD;
     bf16_t* kc = (bf16_t*)tab.k[r];
     bf16_t* vc = (bf16_t*)tab.v[r];
-    const int d0 = lane * DPL;
-    const bf16_t* kn = knew + r * ldkv + h * HD + d0;
-    const bf16_t* vn = vnew + r * ldkv + h * HD + d0;
+    const bf16_t* kn = knew + r * ldkv + h * HD;
+    const bf16_t* vn = vnew + r * ldkv + h * HD;
     if (c == 0 && w == 0) {
         // Append (positions < len are only read, the new one is read from knew/vnew).
-        da_copy<DPL>(kc + len * kvd + h * HD + d0, kn);
-        da_copy<DPL>(vc + len * kvd + h * HD + d0, vn);
+        const int d0 = lane * DPL;
+        da_copy<DPL>(kc + len * kvd + h * HD + d0, kn + d0);
+        da_copy<DPL>(vc + len * kvd + h * HD + d0, vn + d0);
+    }
+    {
+        float f[DPL];
+        da_load<DPL>(q + r * ldq + qh * HD + lane * DPL, f);
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) sh.q[w][lane * DPL + d] = f[d];
     }
     // This block's keys: jb..=je (all of 0..=len when nc = 1).
     const int jb = c * chunk;
     const int je = min(len, jb + chunk - 1);
-    float qf[DPL];
-    da_load<DPL>(q + r * ldq + qh * HD + d0, qf);
     float m = -DL_INF, l = 0.f, o[DPL];
 #pragma unroll
     for (int d = 0; d < DPL; ++d) o[d] = 0.f;
-    const bf16_t* kbase = kc + h * HD + d0;
-    const bf16_t* vbase = vc + h * HD + d0;
-    for (int j0 = jb; j0 <= je; j0 += UNR) {
-        float kf[UNR][DPL], vf[UNR][DPL], s[UNR];
-#pragma unroll
-        for (int u = 0; u < UNR; ++u) {
-            const int j = j0 + u;
+    for (int t0 = jb; t0 <= je; t0 += DA_TILE) {
+        __syncthreads();  // the previous tile is consumed (and q is stored, at the first)
+        for (int i = threadIdx.x; i < DA_TILE * ROW_CHUNKS; i += G * 32) {
+            const int row = i / ROW_CHUNKS, col = (i % ROW_CHUNKS) * 8;
+            const int j = t0 + row;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
             if (j < len && j <= je) {
-                da_load<DPL>(kbase + j * kvd, kf[u]);
-                da_load<DPL>(vbase + j * kvd, vf[u]);
+                kv = *(const uint4*)(kc + j * kvd + h * HD + col);
+                vv = *(const uint4*)(vc + j * kvd + h * HD + col);
             } else if (j == len) {
-                da_load<DPL>(kn, kf[u]);
-                da_load<DPL>(vn, vf[u]);
-            } else {
-#pragma unroll
-                for (int d = 0; d < DPL; ++d) kf[u][d] = vf[u][d] = 0.f;
+                kv = *(const uint4*)(kn + col);
+                vv = *(const uint4*)(vn + col);
             }
+            *(uint4*)&sh.k[row][col] = kv;
+            *(uint4*)&sh.v[row][col] = vv;
         }
+        __syncthreads();
+        // Scores: lane = key.
+        const int j = t0 + lane;
+        float s = -DL_INF;
+        if (j <= je) {
+            float acc = 0.f;
+#pragma unroll 4
+            for (int d = 0; d < HD; d += 8) {
+                float kf[8];
+                unpack8(*(const uint4*)&sh.k[lane][d], kf);
 #pragma unroll
-        for (int u = 0; u < UNR; ++u) {
-            float p = 0.f;
-#pragma unroll
-            for (int d = 0; d < DPL; ++d) p += qf[d] * kf[u][d];
-            s[u] = warp_sum(p) * scale_log2;
+                for (int e = 0; e < 8; ++e) acc += sh.q[w][d + e] * kf[e];
+            }
+            s = acc * scale_log2;
         }
-        float mc = m;
-#pragma unroll
-        for (int u = 0; u < UNR; ++u)
-            if (j0 + u <= je) mc = fmaxf(mc, s[u]);
-        const float corr = exp2f(m - mc);  // 0 at the first chunk (m = -inf)
-        l *= corr;
+        const float mc = fmaxf(m, warp_max(s));
+        const float corr = exp2f(m - mc);  // 0 at the first tile (m = -inf)
+        const float p = j <= je ? exp2f(s - mc) : 0.f;
+        l = l * corr + warp_sum(p);
 #pragma unroll
         for (int d = 0; d < DPL; ++d) o[d] *= corr;
+        const float pb = rb(p);
+        const int keys = min(DA_TILE, je - t0 + 1);
+        for (int jj = 0; jj < keys; ++jj) {
+            const float pj = __shfl_sync(0xffffffffu, pb, jj);
+            float vf[DPL];
+            da_load<DPL>(&sh.v[jj][lane * DPL], vf);
 #pragma unroll
-        for (int u = 0; u < UNR; ++u) {
-            if (j0 + u <= je) {
-                const float p = exp2f(s[u] - mc);
-                l += p;
-                const float pb = rb(p);
-#pragma unroll
-                for (int d = 0; d < DPL; ++d) o[d] += pb * vf[u][d];
-            }
+            for (int d = 0; d < DPL; ++d) o[d] += pj * vf[d];
         }
         m = mc;
     }
+    const int d0 = lane * DPL;
     if (nc == 1) {
         const float inv = 1.f / l;
         float res[DPL];
@@ -179,11 +208,11 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
         da_store_bf16<DPL>(out + r * qd + qh * HD + d0, res);
         return;
     }
-    const long long p = ((long long)r * heads + qh) * nchunks + c;
-    float* dst = po + p * HD + d0;
+    const long long pi = ((long long)r * heads + qh) * nchunks + c;
+    float* dst = po + pi * HD + d0;
 #pragma unroll
     for (int d = 0; d < DPL; d += 2) *(float2*)(dst + d) = make_float2(o[d], o[d + 1]);
-    if (lane == 0) pml[p] = make_float2(m, l);
+    if (lane == 0) pml[pi] = make_float2(m, l);
 }
 
 // Merges the partials of every sequence with S_r > 1 (the others were written by
@@ -221,14 +250,30 @@ __device__ void decode_attention_combine(bf16_t* __restrict__ out, const DaTable
     da_store_bf16<DPL>(out + (long long)r * heads * HD + qh * HD + d0, res);
 }
 
-#define DA_ENTRY(HD, UNR)                                                                                     \
+// One instance per head dim and group size (query heads per KV head, ≤ 8): the group sizes the
+// block and its shared q vectors.
+#define DA_GROUP_CASE(HD, G)                                                                          \
+    case G:                                                                                           \
+        decode_attention<HD, G>(q, knew, vnew, ldq, ldkv, out, tab, heads, kv_heads, scale_log2,       \
+                                nchunks, po, pml, sh);                                                \
+        break;
+#define DA_ENTRY(HD)                                                                                          \
     extern "C" __global__ void __launch_bounds__(256) decode_attention_hd##HD(                               \
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew, const bf16_t* __restrict__ vnew,       \
         long long ldq, long long ldkv, bf16_t* __restrict__ out, const __grid_constant__ DaTable tab,         \
         int heads, int kv_heads, float scale_log2, int nchunks, float* __restrict__ po,                       \
         float2* __restrict__ pml) {                                                                           \
-        decode_attention<HD, UNR>(q, knew, vnew, ldq, ldkv, out, tab, heads, kv_heads, scale_log2, nchunks,   \
-                                  po, pml);                                                                   \
+        __shared__ __align__(16) DaShared<HD> sh;                                                             \
+        switch (heads / kv_heads) {                                                                           \
+            DA_GROUP_CASE(HD, 1)                                                                              \
+            DA_GROUP_CASE(HD, 2)                                                                              \
+            DA_GROUP_CASE(HD, 3)                                                                              \
+            DA_GROUP_CASE(HD, 4)                                                                              \
+            DA_GROUP_CASE(HD, 5)                                                                              \
+            DA_GROUP_CASE(HD, 6)                                                                              \
+            DA_GROUP_CASE(HD, 7)                                                                              \
+            DA_GROUP_CASE(HD, 8)                                                                              \
+        }                                                                                                     \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(32) decode_attention_combine_hd##HD(                        \
         bf16_t* __restrict__ out, const __grid_constant__ DaTable tab, int heads, int nchunks,                \
@@ -236,6 +281,6 @@ __device__ void decode_attention_combine(bf16_t* __restrict__ out, const DaTable
         decode_attention_combine<HD>(out, tab, heads, nchunks, po, pml);                                      \
     }
 
-DA_ENTRY(64, 8)
-DA_ENTRY(128, 8)
-DA_ENTRY(256, 4)
+DA_ENTRY(64)
+DA_ENTRY(128)
+DA_ENTRY(256)

@@ -22,7 +22,9 @@ def read(path):
         if not m:
             continue
         kind, copy, start, end, name = m.groups()
-        out.append((int(start), int(end), name if kind == "CONCURRENT_KERNEL" else kind + (copy or "")))
+        if kind != "CONCURRENT_KERNEL":
+            name = kind + (copy or "")
+        out.append((int(start), int(end), name or "?"))
     return sorted(out)
 
 

@@ -30,7 +30,9 @@ use std::time::Instant;
 /// 3: CUDA GEMMs of ≤ 64 rows and decode attention on the batch-invariant decode kernels.
 /// 4: CUDA decode attention splits caches of ≥ 512 keys into chunks (split-KV, another order).
 /// 5: CUDA decode attention splits caches of ≥ 64 keys into chunks of 64 (doubling from 4 096).
-pub const MODEL_CODE_VERSION: &str = "5";
+/// 6: CUDA decode GEMMs on pinned cuBLASLt algorithms; decode attention in 32-key tiles (another
+///    order of the scores and the softmax sums).
+pub const MODEL_CODE_VERSION: &str = "6";
 
 /// Default token budget of one packed target forward ([`Session::pack_tokens`]): 16k rows fill
 /// an H200 (docs/cuda.md) and keep the CPU's activations small.

@@ -338,8 +338,8 @@ impl CudaBackend {
     }
 
     /// Whether [`CudaBackend::attention_decode_rows`] covers `shape`: head dims 64, 128 and 256
-    /// with at most 8 query heads per KV head (one warp per query head, 256 threads, the
-    /// kernel's launch bound, which leaves it the registers of its unrolled key loop).
+    /// with at most 8 query heads per KV head (one warp per query head: 256 threads, the
+    /// kernel's launch bound, and the 8 q vectors its shared memory holds).
     pub(crate) fn decode_attention_fits(shape: AttnShape) -> bool {
         matches!(shape.head_dim, 64 | 128 | 256)
             && shape.kv_heads > 0
@@ -584,12 +584,11 @@ struct DecodeRows {
 /// cut into: a sequence whose cache holds `len` keys (len + 1 with the new one) is cut into chunks
 /// of [`decode_attn_chunk_len`]`(len)` keys, a function of its own length only, so the split
 /// keeps decoding batch-invariant (docs/cuda.md, "Batch-invariant decode"). A block walks its
-/// keys in groups of the kernel's unroll (8; 4 at head dim 256), each group waiting on its loads:
-/// one sequence of 250 keys in 8 blocks of 250 took 34 µs per layer on the H200, so a step of few
-/// sequences needs short chunks to spread over many blocks; with many sequences the blocks fill
-/// the GPU anyway and the total work is the same (docs/benchmarks-cuda.md, "Session 11"). From
-/// 4 096 keys the chunk doubles so that a sequence never has more than 128 chunks (256 keys at
-/// 32 k: 128 × 8 KV heads = 1 024 blocks), which bounds the partials' scratch. `DA_CHUNK_MIN`
+/// chunk in tiles of 32 keys (one per lane for the scores), each tile waiting on its loads, so a
+/// step of few sequences needs short chunks to spread over many blocks: one sequence of 250 keys
+/// as one 512-key chunk took 34 µs per layer on the H200 (docs/benchmarks-cuda.md, "Session 11").
+/// From 4 096 keys the chunk doubles so that a sequence never has more than 128 chunks (256 keys
+/// at 32 k: 128 × 8 KV heads = 1 024 blocks), which bounds the partials' scratch. `DA_CHUNK_MIN`
 /// and `DA_CHUNKS_MAX` in kernels/decode_attention.cu.
 pub const DECODE_ATTN_CHUNK_MIN: usize = 32;
 pub const DECODE_ATTN_MAX_CHUNKS: usize = 128;
@@ -705,9 +704,9 @@ mod tests {
         assert_eq!(decode_attn_chunks(32_767), 128);
         for len in (0..200_000).step_by(97) {
             let (c, n) = (decode_attn_chunk_len(len), decode_attn_chunks(len));
-            // Whole groups of the kernel's key unroll (8; 4 at head dim 256), every key in
-            // exactly one chunk, never more than the most chunks.
-            assert_eq!(c % 16, 0);
+            // Whole tiles of the kernel (32 keys), every key in exactly one chunk, never more
+            // than the most chunks.
+            assert_eq!(c % 32, 0);
             assert!(n * c > len && (n - 1) * c <= len, "len {len}");
             assert!(n <= DECODE_ATTN_MAX_CHUNKS, "len {len}: {n} chunks");
         }
