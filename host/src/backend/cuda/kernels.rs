@@ -155,6 +155,9 @@ impl Kernels {
     }
 
     fn compile(&self, name: &'static str) -> Result<Arc<CudaModule>> {
+        // Shown apart in `--timeline`: on a cold kernel cache the first forward waits here for
+        // the slowest module's compile (~13 s on the H200's host), not for the GPU.
+        let _phase = crate::timeline::phase("kernel compile (wait)");
         let t0 = std::time::Instant::now();
         let slot = SOURCES
             .iter()
