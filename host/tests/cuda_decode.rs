@@ -30,6 +30,59 @@ fn gpu() -> Option<CudaBackend> {
 /// Row counts that cross every row-tile (8) and feature-tile (16 → 32 rows) boundary.
 const ROW_COUNTS: [usize; 14] = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64];
 
+/// `matmul` and `matmul_acc` (on `acc64`'s first rows) of the first `rows` rows of `x64`, for
+/// every count in `counts`, give bit for bit the same rows as the 64-row products.
+fn assert_gemm_rows_invariant(
+    be: &CudaBackend,
+    x64: &CudaTensor,
+    w: &draftlens::backend::cuda::CudaMatrix,
+    acc64: &CudaTensor,
+    counts: impl IntoIterator<Item = usize>,
+    what: &str,
+) {
+    let n = be.dims(acc64).1;
+    let full = bits(be, &be.matmul(x64, w).unwrap());
+    let mut full_acc = be.clone_tensor(acc64).unwrap();
+    be.matmul_acc(x64, w, &mut full_acc).unwrap();
+    let full_acc = bits(be, &full_acc);
+    for rows in counts {
+        let x = be.slice_rows(x64, 0, rows).unwrap();
+        assert!(
+            bits(be, &be.matmul(&x, w).unwrap()) == full[..rows * n],
+            "{what}: matmul of {rows} rows differs from the same rows among 64"
+        );
+        let mut acc = be.slice_rows(acc64, 0, rows).unwrap();
+        be.matmul_acc(&x, w, &mut acc).unwrap();
+        assert!(
+            bits(be, &acc) == full_acc[..rows * n],
+            "{what}: matmul_acc of {rows} rows differs from the same rows among 64"
+        );
+    }
+}
+
+/// The LM head's top-8 ids and log-probs of the first `rows` rows of `x64`, for every count in
+/// `counts`, are bit for bit those of the 64-row call.
+fn assert_lm_head_rows_invariant(
+    be: &CudaBackend,
+    x64: &CudaTensor,
+    head: &draftlens::backend::cuda::CudaMatrix,
+    counts: &[usize],
+    what: &str,
+) {
+    let full = be.lm_head_topk(x64, head, 8).unwrap();
+    let lp = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for &rows in counts {
+        let x = be.slice_rows(x64, 0, rows).unwrap();
+        let t = be.lm_head_topk(&x, head, 8).unwrap();
+        assert_eq!(t.ids, full.ids[..rows * 8], "{what}: ids of {rows} rows");
+        assert_eq!(
+            lp(&t.logprobs),
+            lp(&full.logprobs[..rows * 8]),
+            "{what}: log-probs of {rows} rows"
+        );
+    }
+}
+
 fn bits(be: &CudaBackend, t: &CudaTensor) -> Vec<u16> {
     be.to_host_bf16(t)
         .unwrap()
@@ -106,24 +159,7 @@ fn decode_gemm_rows_are_bit_identical_for_every_batch_size_and_match_cublas() {
         let acc64 = be
             .random_tensor(MAX_DECODE_ROWS, n, 0.5, 0.0, seed + 70)
             .unwrap();
-        let full = bits(&be, &be.matmul(&x64, &w).unwrap());
-        let mut full_acc = be.clone_tensor(&acc64).unwrap();
-        be.matmul_acc(&x64, &w, &mut full_acc).unwrap();
-        let full_acc = bits(&be, &full_acc);
-        for &rows in &ROW_COUNTS {
-            let x = be.slice_rows(&x64, 0, rows).unwrap();
-            let y = bits(&be, &be.matmul(&x, &w).unwrap());
-            assert!(
-                y == full[..rows * n],
-                "[{n}, {k}]: matmul of {rows} rows differs from the same rows among 64"
-            );
-            let mut acc = be.slice_rows(&acc64, 0, rows).unwrap();
-            be.matmul_acc(&x, &w, &mut acc).unwrap();
-            assert!(
-                bits(&be, &acc) == full_acc[..rows * n],
-                "[{n}, {k}]: matmul_acc of {rows} rows differs from the same rows among 64"
-            );
-        }
+        assert_gemm_rows_invariant(&be, &x64, &w, &acc64, ROW_COUNTS, &format!("[{n}, {k}]"));
         // Against an independent sum: cuBLAS for the large shapes, f64 on the host for the odd
         // ones. Both sides accumulate in fp32 or better and round once to bf16 (≤ 2⁻⁹ relative).
         let got = be.to_host(&be.matmul(&x64, &w).unwrap()).unwrap();
@@ -216,22 +252,8 @@ fn lm_head_top_k_rows_are_bit_identical_for_every_batch_size() {
     for (vocab, k) in [(151_936, 4096), (1003, 200)] {
         let x64 = be.random_tensor(MAX_DECODE_ROWS, k, 1.0, 0.0, 7).unwrap();
         let head = be.random_matrix(vocab, k, 0.02, 8).unwrap();
+        assert_lm_head_rows_invariant(&be, &x64, &head, &ROW_COUNTS, &format!("vocab {vocab}"));
         let full = be.lm_head_topk(&x64, &head, 8).unwrap();
-        for &rows in &ROW_COUNTS {
-            let x = be.slice_rows(&x64, 0, rows).unwrap();
-            let t = be.lm_head_topk(&x, &head, 8).unwrap();
-            assert_eq!(
-                t.ids,
-                full.ids[..rows * 8],
-                "vocab {vocab}: ids of {rows} rows"
-            );
-            let lp = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(
-                lp(&t.logprobs),
-                lp(&full.logprobs[..rows * 8]),
-                "vocab {vocab}: log-probs of {rows} rows"
-            );
-        }
         // More rows than the decode kernel takes go through cuBLAS; the top-1 still agrees.
         let x65 = be
             .concat_rows(&[&x64, &be.slice_rows(&x64, 0, 1).unwrap()])
@@ -686,23 +708,14 @@ fn pinned_cublaslt_decode_gemm_rows_are_bit_identical_for_every_batch_size() {
         let acc64 = be
             .random_tensor(MAX_DECODE_ROWS, n, 0.5, 0.0, seed + 2)
             .unwrap();
-        let full = bits(&be, &be.matmul(&x64, &w).unwrap());
-        let mut full_acc = be.clone_tensor(&acc64).unwrap();
-        be.matmul_acc(&x64, &w, &mut full_acc).unwrap();
-        let full_acc = bits(&be, &full_acc);
-        for rows in 1..=MAX_DECODE_ROWS {
-            let x = be.slice_rows(&x64, 0, rows).unwrap();
-            assert!(
-                bits(&be, &be.matmul(&x, &w).unwrap()) == full[..rows * n],
-                "[{n}, {k}]: pinned matmul of {rows} rows differs from the same rows among 64"
-            );
-            let mut acc = be.slice_rows(&acc64, 0, rows).unwrap();
-            be.matmul_acc(&x, &w, &mut acc).unwrap();
-            assert!(
-                bits(&be, &acc) == full_acc[..rows * n],
-                "[{n}, {k}]: pinned matmul_acc of {rows} rows differs from the same rows among 64"
-            );
-        }
+        assert_gemm_rows_invariant(
+            &be,
+            &x64,
+            &w,
+            &acc64,
+            1..=MAX_DECODE_ROWS,
+            &format!("pinned [{n}, {k}]"),
+        );
         let got = be.to_host(&be.matmul(&x64, &w).unwrap()).unwrap();
         let want = be.to_host(&be.matmul_cublas(&x64, &w).unwrap()).unwrap();
         let err = rel_l2(&got, &want);
@@ -724,22 +737,7 @@ fn pinned_cublaslt_decode_gemm_rows_are_bit_identical_for_every_batch_size() {
         .random_tensor(MAX_DECODE_ROWS, 4096, 1.0, 0.0, 1350)
         .unwrap();
     let head = be.random_matrix(151_936, 4096, 0.02, 1351).unwrap();
-    let full = be.lm_head_topk(&x64, &head, 8).unwrap();
-    for &rows in &ROW_COUNTS {
-        let x = be.slice_rows(&x64, 0, rows).unwrap();
-        let t = be.lm_head_topk(&x, &head, 8).unwrap();
-        assert_eq!(
-            t.ids,
-            full.ids[..rows * 8],
-            "pinned LM head ids, {rows} rows"
-        );
-        let lp = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(
-            lp(&t.logprobs),
-            lp(&full.logprobs[..rows * 8]),
-            "pinned LM head log-probs, {rows} rows"
-        );
-    }
+    assert_lm_head_rows_invariant(&be, &x64, &head, &ROW_COUNTS, "pinned LM head");
     be.set_decode_gemm_kernel(DecodeGemmKernel::default());
     let records = be.decode_gemm_records();
     for r in &records {
