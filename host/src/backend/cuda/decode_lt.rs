@@ -235,9 +235,9 @@ impl CudaBackend {
         }
         // The fastest candidate that proves row-invariant.
         let mut proven = None;
-        for &(_, i) in &order {
+        for &(total, i) in &order {
             if self.proves_row_invariant(&cands[i], &run_lt, out, bytes, yp)? {
-                proven = Some((i, order.iter().find(|o| o.1 == i).map_or(0.0, |o| o.0)));
+                proven = Some((i, total));
                 break;
             }
             record.proofs_failed += 1;
