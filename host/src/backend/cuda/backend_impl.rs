@@ -69,7 +69,7 @@ impl Backend for CudaBackend {
         if x.rows <= MAX_DECODE_ROWS {
             // Batch-invariant: a row's bits do not depend on its batch-mates (decode.rs).
             let g = self.operands(x, w, self.ptr(&y.buf));
-            self.decode_gemm_raw(g, w.out, decode::Epilogue::Bf16)?;
+            self.decode_gemm_raw(g, decode::Epilogue::Bf16)?;
             return Ok(y);
         }
         let g = self.operands(x, w, self.ptr(&y.buf));
@@ -406,7 +406,7 @@ impl Backend for CudaBackend {
             };
             if rows <= MAX_DECODE_ROWS {
                 // Batch-invariant logits (decode.rs): decode steps of any batch size agree.
-                self.decode_gemm_raw(g, vocab, decode::Epilogue::F32)?;
+                self.decode_gemm_raw(g, decode::Epilogue::F32)?;
             } else {
                 self.gemm_raw(g, blas_sys::cudaDataType::CUDA_R_32F, 0.0)?;
             }

@@ -80,7 +80,8 @@ pub enum DecodeGemmKernel {
     /// `cp.async`, several chunks ahead of the one being computed.
     Pipelined,
     /// The pinned cuBLASLt algorithm wherever one was proven row-invariant, even when the own
-    /// kernel timed faster (tests of that path); the own kernels elsewhere.
+    /// kernel timed faster (tests of that path, with no remembered choices); the own kernels
+    /// elsewhere, and for shapes whose remembered choice is the own kernel (nothing is proven).
     PinnedLt,
 }
 
@@ -137,34 +138,23 @@ impl CudaBackend {
     /// through the weight shape's pinned cuBLASLt algorithm when one was proven row-invariant on
     /// this GPU and timed faster than the backend's own kernel (`decode_lt.rs`, only with
     /// [`DecodeGemmKernel::Auto`]), else through the own kernel. `x` is `[rows, inp]`
-    /// contiguous, `w` `[out, inp]`, `y` has row stride `ldy` elements. Raw pointers so the LM
-    /// head can write fp32 logits.
-    pub(crate) fn decode_gemm_raw(
-        &self,
-        g: GemmOperands,
-        ldy: usize,
-        epilogue: Epilogue,
-    ) -> Result<()> {
+    /// contiguous, `w` `[out, inp]`, `y` `[rows, out]` contiguous. Raw pointers so the LM head
+    /// can write fp32 logits.
+    pub(crate) fn decode_gemm_raw(&self, g: GemmOperands, epilogue: Epilogue) -> Result<()> {
         let kernel = self.decode.lock().unwrap_or_else(|e| e.into_inner()).kernel;
         let lt = matches!(kernel, DecodeGemmKernel::Auto | DecodeGemmKernel::PinnedLt);
         if lt
-            && ldy == g.out
             && g.rows > 0
             && self.decode_gemm_lt(g, epilogue, kernel == DecodeGemmKernel::PinnedLt)?
         {
             return Ok(());
         }
-        self.decode_gemm_own(g, ldy, epilogue)
+        self.decode_gemm_own(g, epilogue)
     }
 
     /// [`CudaBackend::decode_gemm_raw`] on the backend's own kernel (`kernels/decode_gemm.cu`),
     /// whose order of summation is fixed by the weight's shape ([`k_splits`]).
-    pub(crate) fn decode_gemm_own(
-        &self,
-        g: GemmOperands,
-        ldy: usize,
-        epilogue: Epilogue,
-    ) -> Result<()> {
+    pub(crate) fn decode_gemm_own(&self, g: GemmOperands, epilogue: Epilogue) -> Result<()> {
         let GemmOperands {
             x,
             rows,
@@ -238,7 +228,7 @@ impl CudaBackend {
             rows as i32,
             out as i32,
             inp as i32,
-            ldy as i64,
+            out as i64,
             epilogue as i32,
         );
         let mut b = self.stream.launch_builder(&f);
@@ -254,7 +244,7 @@ impl CudaBackend {
             .arg(&cnt);
         // SAFETY: signature (const bf16*, const bf16*, void*, int, int, int, ll, int, float*, u32*)
         // of DG_ENTRY in kernels/decode_gemm.cu; x holds rows × inp, w out × inp values, y rows
-        // rows of stride ldy (bf16 or fp32 as the epilogue says); the partials hold
+        // rows of stride out (bf16 or fp32 as the epilogue says); the partials hold
         // feature_blocks × splits tiles and the counters ≥ feature_blocks zeroed words.
         unsafe {
             b.launch(LaunchConfig {

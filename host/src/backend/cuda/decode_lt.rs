@@ -40,8 +40,9 @@ const CANDIDATES: usize = 8;
 const REPS: usize = 4;
 const ROUNDS: usize = 2;
 
-/// A decode GEMM's weight shape and output type (the residual add shares the route: cuBLASLt's
-/// beta = 1 epilogue and the own kernel's both equal the product followed by the add).
+/// A decode GEMM's weight shape and output type. The residual add shares the route of the plain
+/// product: both epilogues are within one bf16 rounding of the product followed by the add
+/// (cuBLASLt's rounds `y + sum` once, the own kernel's rounds the sum first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct DecodeKey {
     out: usize,
@@ -150,29 +151,52 @@ impl CudaBackend {
     fn plan_decode_route(&self, st: &LtState, key: DecodeKey, w: u64) -> Result<DecodeRoute> {
         let _phase = crate::timeline::phase("gemm tuning");
         let DecodeKey { out, inp, out_type } = key;
+        let remembered = st.choices().get(&key.choice_key());
+        let mut record = DecodeChoiceRecord {
+            out,
+            inp,
+            f32_out: out_type == OutType::F32,
+            own_us: Vec::new(),
+            lt_us: None,
+            candidates: 0,
+            proofs_failed: 0,
+            chosen: "own",
+            remembered: remembered.is_some(),
+        };
+        let keep = |record: DecodeChoiceRecord| {
+            st.decode_records
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(record)
+        };
+        if matches!(remembered, Some(Choice::Own) | Some(Choice::GemmEx)) {
+            // The own kernel was chosen on this machine: nothing to plan, time or prove.
+            keep(record);
+            return Ok(DecodeRoute {
+                lt: None,
+                use_lt: false,
+            });
+        }
         let plans: Vec<Plan> = (1..=MAX_DECODE_ROWS)
             .map(|r| Plan::new(r, out, inp, out_type))
             .collect::<Result<_>>()?;
         let fits_all = |a: &lt::cublasLtMatmulAlgo_t| plans.iter().all(|p| algo_fits(st, p, a));
-        let remembered = st.choices().get(&key.choice_key());
         let mut cands: Vec<lt::cublasLtMatmulAlgo_t> = Vec::new();
-        match remembered {
-            Some(Choice::Lt(data)) => {
-                let a = lt::cublasLtMatmulAlgo_t { data };
-                if fits_all(&a) {
-                    cands.push(a);
-                }
+        if let Some(Choice::Lt(data)) = remembered {
+            let a = lt::cublasLtMatmulAlgo_t { data };
+            if fits_all(&a) {
+                cands.push(a);
             }
-            Some(Choice::Own) | Some(Choice::GemmEx) | None => {
-                for rows in [MAX_DECODE_ROWS, 1] {
-                    for a in heuristic(st, &plans[rows - 1], 16, CANDIDATES)? {
-                        if !cands.iter().any(|c| c.data == a.data) && fits_all(&a) {
-                            cands.push(a);
-                        }
+        } else {
+            for rows in [MAX_DECODE_ROWS, 1] {
+                for a in heuristic(st, &plans[rows - 1], 16, CANDIDATES)? {
+                    if !cands.iter().any(|c| c.data == a.data) && fits_all(&a) {
+                        cands.push(a);
                     }
                 }
             }
         }
+        record.candidates = cands.len();
         let epilogue = match out_type {
             OutType::Bf16 => Epilogue::Bf16,
             OutType::F32 => Epilogue::F32,
@@ -195,17 +219,6 @@ impl CudaBackend {
         };
         // A remembered choice is not timed again; a fresh one times every candidate and the
         // own kernel at TIMED_ROWS.
-        let mut record = DecodeChoiceRecord {
-            out,
-            inp,
-            f32_out: out_type == OutType::F32,
-            own_us: Vec::new(),
-            lt_us: None,
-            candidates: cands.len(),
-            proofs_failed: 0,
-            chosen: "own",
-            remembered: remembered.is_some(),
-        };
         let mut order: Vec<(f64, usize)> = (0..cands.len()).map(|i| (0.0, i)).collect();
         let mut own_total = f64::INFINITY;
         if remembered.is_none() {
@@ -213,7 +226,7 @@ impl CudaBackend {
             let mut own_us = vec![f64::INFINITY; TIMED_ROWS.len()];
             for _ in 0..ROUNDS {
                 for (ti, &rows) in TIMED_ROWS.iter().enumerate() {
-                    let t = self.time_us(|| self.decode_gemm_own(op(rows, yp), out, epilogue))?;
+                    let t = self.time_us(|| self.decode_gemm_own(op(rows, yp), epilogue))?;
                     own_us[ti] = own_us[ti].min(t);
                     for (ci, a) in cands.iter().enumerate() {
                         if let Ok(t) = self.time_us(|| run_lt(a, rows, yp, 0.0)) {
@@ -242,11 +255,10 @@ impl CudaBackend {
             }
             record.proofs_failed += 1;
         }
-        let use_lt = match (remembered, proven) {
-            (Some(Choice::Lt(_)), Some(_)) => true,
-            (Some(_), _) => false,
-            (None, Some((_, t))) => t < own_total,
-            (None, None) => false,
+        // Remembered here means remembered as cuBLASLt (the own kernel returned above).
+        let use_lt = match remembered {
+            Some(_) => proven.is_some(),
+            None => proven.is_some_and(|(_, t)| t < own_total),
         };
         record.chosen = if use_lt { "cublaslt" } else { "own" };
         if remembered.is_none() {
@@ -255,15 +267,12 @@ impl CudaBackend {
                 _ => Choice::Own,
             };
             st.choices().remember(&key.choice_key(), choice);
-        } else if remembered.is_some_and(|c| matches!(c, Choice::Lt(_))) && proven.is_none() {
+        } else if proven.is_none() {
             tracing::warn!(
                 "the remembered decode GEMM algorithm for [{out}, {inp}] no longer proves row-invariant; using the own kernel"
             );
         }
-        st.decode_records
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(record);
+        keep(record);
         Ok(DecodeRoute {
             lt: proven.map(|(i, _)| (cands[i], plans)),
             use_lt,

@@ -934,7 +934,7 @@ impl CudaBackend {
         if x.rows <= MAX_DECODE_ROWS {
             // Batch-invariant, the add in the epilogue as below (decode.rs).
             let g = self.operands(x, w, self.ptr(&acc.buf));
-            return self.decode_gemm_raw(g, w.out, decode::Epilogue::AddBf16);
+            return self.decode_gemm_raw(g, decode::Epilogue::AddBf16);
         }
         let g = self.operands(x, w, self.ptr(&acc.buf));
         self.gemm_raw(g, blas_sys::cudaDataType::CUDA_R_16BF, 1.0)
