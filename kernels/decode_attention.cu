@@ -9,6 +9,12 @@
 // host wait for the stream at every layer. The kernel appends the new k/v at position len_r and
 // attends q over positions 0..=len_r. One warp per query head of a KV head's group.
 //
+// With `DaNorm::wq` set (dense models with q/k norms, host `attention_decode_packed`), q and the
+// new k arrive straight from the QKV projection and the kernel applies the per-head RMSNorm and
+// RoPE (at position pos_r) itself, with exactly qk_norm_rope_vec_bf16's arithmetic (attention.cu):
+// each warp normalises its own query head, the block holding the last key chunk normalises the new
+// key once and appends it. One launch instead of two, and no position upload.
+//
 // Split-KV (flash-decoding): the len_r + 1 keys of sequence r are cut into S_r = ⌈(len_r + 1) /
 // C_r⌉ chunks of C_r keys (the last one shorter), C_r = da_chunk_len(len_r): the smallest
 // DA_CHUNK_MIN · 2^i that makes at most DA_CHUNKS_MAX chunks (32 keys up to 4 096, 256 keys at
@@ -17,8 +23,9 @@
 // keep that walk short and spread even one sequence's step over many blocks. With S_r = 1 the block
 // normalises and writes the bf16 output itself: exactly the arithmetic of the unsplit kernel.
 // With S_r > 1 every block writes its partial (running max m_c, sum l_c, unnormalised fp32 O_c)
-// to the scratch, and decode_attention_combine merges the partials in chunk order 0, 1, …,
-// S_r − 1. Batch invariance: S_r, C_r and the chunk boundaries are a function of len_r alone, the key
+// to the scratch and counts itself in the (sequence, KV head)'s arrival counter; the last block to
+// arrive merges the partials in chunk order 0, 1, …, S_r − 1 (the threadfence-reduction pattern,
+// as decode_gemm.cu's split-K) and resets the counter for the next launch. Batch invariance: S_r, C_r and the chunk boundaries are a function of len_r alone, the key
 // order inside a chunk and the combine order are fixed, and `nchunks` (the launch's largest S,
 // which does depend on the batch) only places the partials in the scratch. So a sequence's result
 // never depends on which or how many sequences share the launch.
@@ -36,6 +43,17 @@ struct DaTable {
     u64 k[DA_MAX_ROWS];
     u64 v[DA_MAX_ROWS];
     int len[DA_MAX_ROWS];
+    int pos[DA_MAX_ROWS];  // RoPE position of the new token (with DaNorm::wq only)
+};
+
+// The q/k norm and RoPE to apply (wq == nullptr: q and k are used as given).
+struct DaNorm {
+    const bf16_t* wq;        // q_norm weight [hd]
+    const bf16_t* wk;        // k_norm weight [hd]
+    const float* inv_freq;   // [rotary_dim / 2]
+    float eps;
+    int rotary_dim;
+    int interleaved;
 };
 
 template <int DPL>
@@ -88,25 +106,78 @@ __device__ __forceinline__ void da_store_bf16(bf16_t* op, const float* res) {
     }
 }
 
+// RMSNorm (weight w) then RoPE at position `pos` of one head of HD values at `hx`, the way
+// qk_norm_rope_vec_bf16 (attention.cu) computes it, bit for bit: GT = next_pow2(HD / 8) lanes per
+// head, lane c (mod GT) owning the 16-byte chunk c; the sum of squares per chunk in element order,
+// then butterflies xor GT/2 … 1; y = bf16(bf16(x · r) · w); the rotate-half partner chunk c ^ P by a
+// shuffle; cos/sin rounded to bf16. Every lane of the warp calls it (lanes ≥ GT repeat a chunk);
+// returns the lane's chunk index, its 8 output values (each a bf16 value) in `y`.
+template <int HD>
+__device__ __forceinline__ int da_norm_rope(const bf16_t* hx, const bf16_t* w, int pos, const DaNorm& nm,
+                                            float y[8]) {
+    constexpr int GT = HD / 8;  // HD is 64, 128 or 256: HD / 8 is already a power of two
+    const int c = (threadIdx.x & 31) & (GT - 1);
+    unpack8(*(const uint4*)(hx + c * 8), y);
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += y[j] * y[j];
+    for (int o = GT >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = rsqrtf(ss / (float)HD + nm.eps);
+    {
+        float wf[8];
+        unpack8(*(const uint4*)(w + c * 8), wf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] = rb(rb(y[j] * r) * wf[j]);
+    }
+    const int P = nm.rotary_dim >> 4;
+    const bool rotated = c * 8 < nm.rotary_dim;
+    const float p = (float)pos;
+    // Pairs of elements at a time: the shuffle and both inputs are read before either is rewritten.
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+        const float a0 = y[j], a1 = y[j + 1];
+        const float q0 = nm.interleaved ? 0.f : __shfl_xor_sync(0xffffffffu, a0, P > 0 ? P : 1);
+        const float q1 = nm.interleaved ? 0.f : __shfl_xor_sync(0xffffffffu, a1, P > 0 ? P : 1);
+        if (!rotated) continue;
+        if (nm.interleaved) {
+            const float angle = p * nm.inv_freq[(c * 8 + j) >> 1];
+            const float cs = rb(cosf(angle)), sn = rb(sinf(angle));
+            y[j] = rb(rb(a0 * cs) + rb(-a1 * sn));
+            y[j + 1] = rb(rb(a1 * cs) + rb(a0 * sn));
+        } else {
+            const bool first = (c & P) == 0;  // the chunk holds the "a" halves of its pairs
+            const int i = (c & (P - 1)) * 8 + j;
+            const float an0 = p * nm.inv_freq[i], an1 = p * nm.inv_freq[i + 1];
+            const float cs0 = rb(cosf(an0)), sn0 = rb(sinf(an0));
+            const float cs1 = rb(cosf(an1)), sn1 = rb(sinf(an1));
+            y[j] = rb(first ? rb(a0 * cs0) + rb(-q0 * sn0) : rb(a0 * cs0) + rb(q0 * sn0));
+            y[j + 1] = rb(first ? rb(a1 * cs1) + rb(-q1 * sn1) : rb(a1 * cs1) + rb(q1 * sn1));
+        }
+    }
+    return c;
+}
+
 // Keys per tile: a chunk is walked 32 keys at a time, one key per lane for the scores.
 #define DA_TILE 32
 
 // Shared memory of one block: the tile's K rows (padded by 16 bytes, so that lanes reading
-// different rows 16 bytes at a time hit different banks), its V rows, and the group's q vectors in
-// fp32 (read by every lane at the same address: a broadcast). Sized for the largest group (8), one
-// per entry function (at most 41 KiB at hd 256).
+// different rows 16 bytes at a time hit different banks), its V rows, the group's q vectors in
+// fp32 (read by every lane at the same address: a broadcast) and the new key (after its norm and
+// RoPE). Sized for the largest group (8), one per entry function (at most 42 KiB at hd 256).
 template <int HD>
 struct DaShared {
     bf16_t k[DA_TILE][HD + 8];
     bf16_t v[DA_TILE][HD];
     float q[8][HD];
+    bf16_t knew[HD];
 };
 
-// Partials: po [R, heads, nchunks, HD] fp32 (unnormalised O), pml [R, heads, nchunks] (m, l).
+// Partials: po [R, heads, nchunks, HD] fp32 (unnormalised O), pml [R, heads, nchunks] (m, l);
+// cnt [R, kv_heads] arrival counters, zero between launches.
 //
 // One block per (chunk c, KV head h, sequence r), one warp per query head of the group (G warps).
 // The chunk's keys go through shared memory DA_TILE at a time, loaded by the whole block with
-// 16-byte loads (the new key from knew/vnew); then each warp
+// 16-byte loads (the new key from shared memory, the new value from vnew); then each warp
 //   - scores the tile with one key per lane: s = (q · k) · log2(e)/√hd, the dot product summed in
 //     dimension order in fp32;
 //   - updates its running max m (warp max over the tile) and sum l (+ the warp sum of
@@ -116,11 +187,12 @@ struct DaShared {
 template <int HD, int G>
 __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew,
                                  const bf16_t* __restrict__ vnew, long long ldq, long long ldkv,
-                                 bf16_t* __restrict__ out, const DaTable& tab, int heads, int kv_heads,
-                                 float scale_log2, int nchunks, float* __restrict__ po,
-                                 float2* __restrict__ pml, DaShared<HD>& sh) {
+                                 bf16_t* __restrict__ out, const DaTable& tab, const DaNorm& nm, int heads,
+                                 int kv_heads, float scale_log2, int nchunks, float* __restrict__ po,
+                                 float2* __restrict__ pml, u32* __restrict__ cnt, DaShared<HD>& sh) {
     constexpr int DPL = HD / 32;
     constexpr int ROW_CHUNKS = HD / 8;  // 16-byte chunks per K/V row
+    __shared__ int s_last;
     const int c = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
     const int len = tab.len[r];
     const int chunk = da_chunk_len(len);
@@ -133,13 +205,34 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
     bf16_t* vc = (bf16_t*)tab.v[r];
     const bf16_t* kn = knew + r * ldkv + h * HD;
     const bf16_t* vn = vnew + r * ldkv + h * HD;
-    if (c == 0 && w == 0) {
-        // Append (positions < len are only read, the new one is read from knew/vnew).
+    const bool norm = nm.wq != nullptr;
+    if (c == nc - 1 && w == 0) {
+        // The new key (normalised and rotated with DaNorm) into shared memory for this block's
+        // last tile, and the append (positions < len are only read by the other blocks).
+        if (norm) {
+            float f[8];
+            const int ch = da_norm_rope<HD>(kn, nm.wk, tab.pos[r], nm, f);
+            if (lane < ROW_CHUNKS) {
+                const uint4 packed = pack8(f);
+                *(uint4*)&sh.knew[ch * 8] = packed;
+                *(uint4*)(kc + len * kvd + h * HD + ch * 8) = packed;
+            }
+        } else {
+            const int d0 = lane * DPL;
+            da_copy<DPL>(&sh.knew[d0], kn + d0);
+            da_copy<DPL>(kc + len * kvd + h * HD + d0, kn + d0);
+        }
         const int d0 = lane * DPL;
-        da_copy<DPL>(kc + len * kvd + h * HD + d0, kn + d0);
         da_copy<DPL>(vc + len * kvd + h * HD + d0, vn + d0);
     }
-    {
+    if (norm) {
+        float f[8];
+        const int ch = da_norm_rope<HD>(q + r * ldq + qh * HD, nm.wq, tab.pos[r], nm, f);
+        if (lane < ROW_CHUNKS) {
+#pragma unroll
+            for (int d = 0; d < 8; ++d) sh.q[w][ch * 8 + d] = f[d];
+        }
+    } else {
         float f[DPL];
         da_load<DPL>(q + r * ldq + qh * HD + lane * DPL, f);
 #pragma unroll
@@ -152,7 +245,7 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
 #pragma unroll
     for (int d = 0; d < DPL; ++d) o[d] = 0.f;
     for (int t0 = jb; t0 <= je; t0 += DA_TILE) {
-        __syncthreads();  // the previous tile is consumed (and q is stored, at the first)
+        __syncthreads();  // the previous tile is consumed (and q, the new key are stored, at the first)
         for (int i = threadIdx.x; i < DA_TILE * ROW_CHUNKS; i += G * 32) {
             const int row = i / ROW_CHUNKS, col = (i % ROW_CHUNKS) * 8;
             const int j = t0 + row;
@@ -161,7 +254,7 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
                 kv = *(const uint4*)(kc + j * kvd + h * HD + col);
                 vv = *(const uint4*)(vc + j * kvd + h * HD + col);
             } else if (j == len) {
-                kv = *(const uint4*)(kn + col);
+                kv = *(const uint4*)&sh.knew[col];
                 vv = *(const uint4*)(vn + col);
             }
             *(uint4*)&sh.k[row][col] = kv;
@@ -200,69 +293,70 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
         m = mc;
     }
     const int d0 = lane * DPL;
+    float res[DPL];
     if (nc == 1) {
         const float inv = 1.f / l;
-        float res[DPL];
 #pragma unroll
         for (int d = 0; d < DPL; ++d) res[d] = o[d] * inv;
         da_store_bf16<DPL>(out + r * qd + qh * HD + d0, res);
         return;
     }
-    const long long pi = ((long long)r * heads + qh) * nchunks + c;
-    float* dst = po + pi * HD + d0;
+    const long long p0 = ((long long)r * heads + qh) * nchunks;
+    float* dst = po + (p0 + c) * HD + d0;
 #pragma unroll
     for (int d = 0; d < DPL; d += 2) *(float2*)(dst + d) = make_float2(o[d], o[d + 1]);
-    if (lane == 0) pml[pi] = make_float2(m, l);
-}
-
-// Merges the partials of every sequence with S_r > 1 (the others were written by
-// decode_attention): one warp per (query head, sequence), chunks in order 0..S_r−1.
-template <int HD>
-__device__ void decode_attention_combine(bf16_t* __restrict__ out, const DaTable& tab, int heads, int nchunks, const float* __restrict__ po,
-                                         const float2* __restrict__ pml) {
-    constexpr int DPL = HD / 32;
-    const int qh = blockIdx.x, r = blockIdx.y;
-    const int nc = da_chunks(tab.len[r]);
-    if (nc == 1) return;
-    const int d0 = (threadIdx.x & 31) * DPL;
-    const long long p0 = ((long long)r * heads + qh) * nchunks;
+    if (lane == 0) pml[p0 + c] = make_float2(m, l);
+    // The last of the sequence's nc blocks for this KV head merges every chunk's partial.
+    __threadfence();
+    __syncthreads();
+    u32* count = cnt + (long long)r * kv_heads + h;
+    if (threadIdx.x == 0) s_last = atomicAdd(count, 1u) == (u32)(nc - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    // The merge: each chunk rescaled by exp2(m_c − max_c m_c) in fp32 (O and l alike), summed in
+    // chunk order 0..nc−1 (L2 loads: the other blocks' partials never passed through this L1).
     float mx = -DL_INF;
-    for (int c = 0; c < nc; ++c) mx = fmaxf(mx, pml[p0 + c].x);
-    float l = 0.f, o[DPL];
+    for (int cc = 0; cc < nc; ++cc) mx = fmaxf(mx, __ldcg(&pml[p0 + cc]).x);
+    float lsum = 0.f, acc[DPL];
 #pragma unroll
-    for (int d = 0; d < DPL; ++d) o[d] = 0.f;
-    for (int c = 0; c < nc; ++c) {
-        const float2 ml = pml[p0 + c];
+    for (int d = 0; d < DPL; ++d) acc[d] = 0.f;
+    for (int cc = 0; cc < nc; ++cc) {
+        const float2 ml = __ldcg(&pml[p0 + cc]);
         const float a = exp2f(ml.x - mx);
-        l += ml.y * a;
-        const float* src = po + (p0 + c) * HD + d0;
+        lsum += ml.y * a;
+        const float* src = po + (p0 + cc) * HD + d0;
 #pragma unroll
         for (int d = 0; d < DPL; d += 2) {
-            const float2 v = *(const float2*)(src + d);
-            o[d] += v.x * a;
-            o[d + 1] += v.y * a;
+            const float2 v = __ldcg((const float2*)(src + d));
+            acc[d] += v.x * a;
+            acc[d + 1] += v.y * a;
         }
     }
-    const float inv = 1.f / l;
-    float res[DPL];
+    const float inv = 1.f / lsum;
 #pragma unroll
-    for (int d = 0; d < DPL; ++d) res[d] = o[d] * inv;
-    da_store_bf16<DPL>(out + (long long)r * heads * HD + qh * HD + d0, res);
+    for (int d = 0; d < DPL; ++d) res[d] = acc[d] * inv;
+    da_store_bf16<DPL>(out + r * qd + qh * HD + d0, res);
+    if (threadIdx.x == 0) *count = 0u;  // ready for the next launch
 }
 
 // One instance per head dim and group size (query heads per KV head, ≤ 8): the group sizes the
-// block and its shared q vectors.
+// block and its shared q vectors. The register cap is explicit (MINB blocks of 256 threads per
+// multiprocessor): left to itself ptxas chose 64 for hd 128 and spilled once the norm and the merge
+// joined the kernel, and a looser cap (76 registers: six blocks of a Qwen3-8B group per
+// multiprocessor instead of eight) came with a 64-sequence decode step 6 % slower. hd 256 is held
+// to five blocks by its shared memory anyway and gets the looser cap (no spill).
 #define DA_GROUP_CASE(HD, G)                                                                          \
     case G:                                                                                           \
-        decode_attention<HD, G>(q, knew, vnew, ldq, ldkv, out, tab, heads, kv_heads, scale_log2,       \
-                                nchunks, po, pml, sh);                                                \
+        decode_attention<HD, G>(q, knew, vnew, ldq, ldkv, out, tab, nm, heads, kv_heads, scale_log2,   \
+                                nchunks, po, pml, cnt, sh);                                           \
         break;
-#define DA_ENTRY(HD)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(256) decode_attention_hd##HD(                               \
+#define DA_ENTRY(HD, MINB)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256, MINB) decode_attention_hd##HD(                          \
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew, const bf16_t* __restrict__ vnew,       \
         long long ldq, long long ldkv, bf16_t* __restrict__ out, const __grid_constant__ DaTable tab,         \
-        int heads, int kv_heads, float scale_log2, int nchunks, float* __restrict__ po,                       \
-        float2* __restrict__ pml) {                                                                           \
+        const __grid_constant__ DaNorm nm, int heads, int kv_heads, float scale_log2, int nchunks,            \
+        float* __restrict__ po, float2* __restrict__ pml, u32* __restrict__ cnt) {                            \
         __shared__ __align__(16) DaShared<HD> sh;                                                             \
         switch (heads / kv_heads) {                                                                           \
             DA_GROUP_CASE(HD, 1)                                                                              \
@@ -274,13 +368,8 @@ __device__ void decode_attention_combine(bf16_t* __restrict__ out, const DaTable
             DA_GROUP_CASE(HD, 7)                                                                              \
             DA_GROUP_CASE(HD, 8)                                                                              \
         }                                                                                                     \
-    }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(32) decode_attention_combine_hd##HD(                        \
-        bf16_t* __restrict__ out, const __grid_constant__ DaTable tab, int heads, int nchunks,                \
-        const float* __restrict__ po, const float2* __restrict__ pml) {                                      \
-        decode_attention_combine<HD>(out, tab, heads, nchunks, po, pml);                                      \
     }
 
-DA_ENTRY(64)
-DA_ENTRY(128)
-DA_ENTRY(256)
+DA_ENTRY(64, 4)
+DA_ENTRY(128, 4)
+DA_ENTRY(256, 3)

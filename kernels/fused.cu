@@ -52,6 +52,11 @@ extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, cons
 #pragma unroll
     for (int c = 0; c < RMS_MAX_CHUNKS; ++c)
         if (c < k) v[c] = *(const uint4*)(xs + lane * 8 + c * 256);
+    // The weights are not needed before the sum of squares, but their fetch from memory starts
+    // now (into L2, no registers held), so the loads below wait on L2 instead of on DRAM.
+#pragma unroll
+    for (int c = 0; c < RMS_MAX_CHUNKS; ++c)
+        if (c < k) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + lane * 8 + c * 256));
     float ss = 0.f;
 #pragma unroll
     for (int c = 0; c < RMS_MAX_CHUNKS; ++c) {

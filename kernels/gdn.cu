@@ -1522,7 +1522,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
 // Sequence blockIdx.y covers rows seq_rows[2y] .. seq_rows[2y+1]; its state, fp32
 // [Hv, 128, 128], is at states[y] and updated in place.
 #define GDN_RHALF (GDN_DK / 2)
-extern "C" __global__ void __launch_bounds__(256) gdn_recurrent(
+extern "C" __global__ void __launch_bounds__(256, 2) gdn_recurrent(
     const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, long long ld_qk,
     long long ld_v, const float* __restrict__ g_in, const float* __restrict__ beta_in,
     const long long* __restrict__ seq_rows, bf16_t* __restrict__ out, const u64* __restrict__ states,
@@ -1530,26 +1530,39 @@ extern "C" __global__ void __launch_bounds__(256) gdn_recurrent(
     __shared__ float qs[GDN_DK], ks[GDN_DK], red[8];
     const int hv = blockIdx.x, n = blockIdx.y, tid = threadIdx.x, hk = hv / ratio;
     const int j = tid >> 1, half = tid & 1, warp = tid >> 5, lane = tid & 31;
+    const long long row0 = seq_rows[2 * n], row1 = seq_rows[2 * n + 1];
+    // Warps 0-3 normalise q, warps 4-7 k (one value per thread).
+    const int e = tid & (GDN_DK - 1);
+    const bf16_t* src = tid < GDN_DK ? q : k;
+    // A row's inputs (this thread's q or k value, g, beta, its v value) are requested one row
+    // ahead: the first row's before the state, so that in a decode step (one row) their latency
+    // overlaps the state's load instead of following it.
+    float x = 0.f, g = 0.f, b = 0.f, vv = 0.f;
+    auto fetch = [&](long long row) {
+        x = bf2f(src[row * ld_qk + hk * GDN_DK + e]);
+        g = g_in[row * hv_heads + hv];
+        b = beta_in[row * hv_heads + hv];
+        vv = bf2f(v[row * ld_v + hv * GDN_DV + j]);
+    };
+    if (row0 < row1) fetch(row0);
     float* state = (float*)states[n] + (long long)hv * GDN_DK * GDN_DV + half * GDN_RHALF * GDN_DV + j;
     float s[GDN_RHALF];
 #pragma unroll
     for (int i = 0; i < GDN_RHALF; ++i) s[i] = state[i * GDN_DV];
-    for (long long row = seq_rows[2 * n]; row < seq_rows[2 * n + 1]; ++row) {
-        // Warps 0-3 normalise q, warps 4-7 k (one value per thread).
-        const int e = tid & (GDN_DK - 1);
-        const bf16_t* src = tid < GDN_DK ? q : k;
-        const float x = bf2f(src[row * ld_qk + hk * GDN_DK + e]);
-        const float ss = warp_sum(x * x);
+    for (long long row = row0; row < row1; ++row) {
+        const float xr = x, gr = g, br = b, vr = vv;
+        if (row + 1 < row1) fetch(row + 1);
+        const float ss = warp_sum(xr * xr);
         if (lane == 0) red[warp] = ss;
         __syncthreads();
         const int w0 = tid < GDN_DK ? 0 : 4;
         const float inv = 1.f / sqrtf(red[w0] + red[w0 + 1] + red[w0 + 2] + red[w0 + 3] + 1e-6f);
         if (tid < GDN_DK)
-            qs[e] = x * inv * scale;
+            qs[e] = xr * inv * scale;
         else
-            ks[e] = x * inv;
+            ks[e] = xr * inv;
         __syncthreads();
-        const float alpha = expf(g_in[row * hv_heads + hv]), beta = beta_in[row * hv_heads + hv];
+        const float alpha = expf(gr), beta = br;
         const float* kh = ks + half * GDN_RHALF;
         const float* qh = qs + half * GDN_RHALF;
         float m = 0.f;
@@ -1559,11 +1572,15 @@ extern "C" __global__ void __launch_bounds__(256) gdn_recurrent(
             m = fmaf(s[i], kh[i], m);
         }
         m += __shfl_xor_sync(0xffffffffu, m, 1);
-        const float delta = (bf2f(v[row * ld_v + hv * GDN_DV + j]) - m) * beta;
+        const float delta = (vr - m) * beta;
         float o = 0.f;
+        // k is read from shared memory again (volatile) rather than kept in 64 registers since
+        // the first loop: with it, the kernel needs 169 registers and one block per
+        // multiprocessor, and a decode step waited on each block's state load in turn.
+        const volatile float* kv = kh;
 #pragma unroll
         for (int i = 0; i < GDN_RHALF; ++i) {
-            s[i] = fmaf(kh[i], delta, s[i]);
+            s[i] = fmaf(kv[i], delta, s[i]);
             o = fmaf(s[i], qh[i], o);
         }
         o += __shfl_xor_sync(0xffffffffu, o, 1);

@@ -6,23 +6,24 @@
 // Each thread scans a strided slice of the row keeping (a) an online max / sum of exp in fp32 and
 // (b) its own best K candidates in registers (sorted; ties go to the lower id, as on the CPU). The
 // block then merges: log-sum-exp by a tree reduction, the top k by k rounds of a block-wide argmax
-// over every thread's current best candidate.
+// over every thread's current best candidate. Few rows (decode steps) split each row into slices
+// of TOPK_SLICE logits over many blocks and merge the slices' results in a second launch.
 
 #define TOPK_THREADS 256
 
 __device__ __forceinline__ bool better(float a, u32 ia, float b, u32 ib) { return a > b || (a == b && ia < ib); }
 
-template <int K>
-__device__ void topk_logsoftmax(const float* __restrict__ logits, long long ld, int vocab, int k,
-                                u32* __restrict__ out_ids, float* __restrict__ out_lp) {
+// Scans x[begin, end) with the whole block: thread t takes elements begin + t, begin + t + 256, …
+// (four loads in flight at a time, processed in that order), keeping an online max / sum of exp
+// and its best K candidates. Thread 0 then holds the block's (max, sum) in `ms`, and `win(r, v,
+// i)` is called by thread 0 for the r-th best (value v, id i), r = 0..k−1 (i = 0xffffffff when
+// the range has fewer than k elements).
+template <int K, typename Win>
+__device__ void topk_scan(const float* __restrict__ x, int begin, int end, int k, float2& ms, Win win) {
     __shared__ float s_m[TOPK_THREADS / 32], s_s[TOPK_THREADS / 32];
     __shared__ float s_bv[TOPK_THREADS / 32];
     __shared__ u32 s_bi[TOPK_THREADS / 32];
-    __shared__ float s_lse;
     __shared__ u32 s_win;
-
-    const long long row = blockIdx.x;
-    const float* x = logits + row * ld;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     float vals[K];
@@ -30,8 +31,7 @@ __device__ void topk_logsoftmax(const float* __restrict__ logits, long long ld, 
 #pragma unroll
     for (int j = 0; j < K; ++j) { vals[j] = -DL_INF; ids[j] = 0xffffffffu; }
     float m = -DL_INF, s = 0.f;
-    for (int i = tid; i < vocab; i += TOPK_THREADS) {
-        float v = x[i];
+    auto take = [&](float v, int i) {
         if (v > m) { s = s * expf(m - v) + 1.f; m = v; }
         else if (v != -DL_INF) s += expf(v - m);
         if (better(v, (u32)i, vals[K - 1], ids[K - 1])) {
@@ -45,8 +45,17 @@ __device__ void topk_logsoftmax(const float* __restrict__ logits, long long ld, 
                 }
             }
         }
+    };
+    int i = begin + tid;
+    for (; i + 3 * TOPK_THREADS < end; i += 4 * TOPK_THREADS) {
+        const float v0 = x[i], v1 = x[i + TOPK_THREADS], v2 = x[i + 2 * TOPK_THREADS], v3 = x[i + 3 * TOPK_THREADS];
+        take(v0, i);
+        take(v1, i + TOPK_THREADS);
+        take(v2, i + 2 * TOPK_THREADS);
+        take(v3, i + 3 * TOPK_THREADS);
     }
-    // log-sum-exp: combine (m, s) pairs, first within warps, then across warps.
+    for (; i < end; i += TOPK_THREADS) take(x[i], i);
+    // (max, sum of exp): combine (m, s) pairs, first within warps, then across warps in order.
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
@@ -61,7 +70,7 @@ __device__ void topk_logsoftmax(const float* __restrict__ logits, long long ld, 
         for (int w = 0; w < TOPK_THREADS / 32; ++w) mm = fmaxf(mm, s_m[w]);
         for (int w = 0; w < TOPK_THREADS / 32; ++w)
             if (s_m[w] != -DL_INF) ss += s_s[w] * expf(s_m[w] - mm);
-        s_lse = mm + logf(ss);
+        ms = make_float2(mm, ss);
     }
     // k rounds: block argmax over each thread's head candidate; the winner drops its head.
     for (int r = 0; r < k; ++r) {
@@ -81,8 +90,7 @@ __device__ void topk_logsoftmax(const float* __restrict__ logits, long long ld, 
             for (int w = 1; w < TOPK_THREADS / 32; ++w)
                 if (better(s_bv[w], s_bi[w], wv, wi)) { wv = s_bv[w]; wi = s_bi[w]; }
             s_win = wi;
-            out_ids[row * k + r] = wi;
-            out_lp[row * k + r] = wv - s_lse;
+            win(r, wv, wi);
         }
         __syncthreads();
         if (ids[0] == s_win && s_win != 0xffffffffu) {
@@ -94,10 +102,108 @@ __device__ void topk_logsoftmax(const float* __restrict__ logits, long long ld, 
     }
 }
 
+// The whole row in one block.
+template <int K>
+__device__ void topk_logsoftmax(const float* __restrict__ logits, long long ld, int vocab, int k,
+                                u32* __restrict__ out_ids, float* __restrict__ out_lp) {
+    const long long row = blockIdx.x;
+    float2 ms;
+    float lse = 0.f;
+    topk_scan<K>(logits + row * ld, 0, vocab, k, ms, [&](int r, float v, u32 i) {
+        if (r == 0) lse = ms.x + logf(ms.y);
+        out_ids[row * k + r] = i;
+        out_lp[row * k + r] = v - lse;
+    });
+}
+
+// Few rows (a decode step: at most 64): one block per (slice of TOPK_SLICE logits, row), so that
+// a row's scan is spread over many multiprocessors instead of one block walking 150 k logits with
+// a load latency per step. Each block writes its slice's (max, sum of exp) and its best k (value,
+// id) pairs; topk_merge combines them. The slices are a function of the vocabulary alone, so a
+// row's result does not depend on how many rows share the launch.
+#define TOPK_SLICE 4096
+template <int K>
+__device__ void topk_partial(const float* __restrict__ logits, long long ld, int vocab, int k,
+                             float2* __restrict__ pms, float* __restrict__ pv, u32* __restrict__ pi) {
+    const int sl = blockIdx.x, S = gridDim.x;
+    const long long row = blockIdx.y;
+    const long long at = row * S + sl;
+    const int begin = sl * TOPK_SLICE, end = min(vocab, begin + TOPK_SLICE);
+    float2 ms;
+    topk_scan<K>(logits + row * ld, begin, end, k, ms, [&](int r, float v, u32 i) {
+        if (r == 0) pms[at] = ms;
+        pv[at * k + r] = v;
+        pi[at * k + r] = i;
+    });
+}
+
+#define TOPK_MERGE_MAX_SLICES 256
+// One warp per row: log-sum-exp over the slices in slice order (lane 0), then k rounds of a warp
+// argmax over the slices' heads (lane l owns slices l, l + 32, …; each slice's list is sorted, ties
+// to the lower id, so its head is its best remaining candidate).
+extern "C" __global__ void __launch_bounds__(32) topk_merge(const float2* __restrict__ pms, const float* __restrict__ pv,
+                                                          const u32* __restrict__ pi, int S, int k,
+                                                          u32* __restrict__ out_ids, float* __restrict__ out_lp) {
+    constexpr int OWN = TOPK_MERGE_MAX_SLICES / 32;
+    const long long row = blockIdx.x;
+    const int lane = threadIdx.x;
+    float lse = 0.f;
+    if (lane == 0) {
+        float mm = -DL_INF, ss = 0.f;
+        for (int s = 0; s < S; ++s) mm = fmaxf(mm, pms[row * S + s].x);
+        for (int s = 0; s < S; ++s) {
+            const float2 p = pms[row * S + s];
+            if (p.x != -DL_INF) ss += p.y * expf(p.x - mm);
+        }
+        lse = mm + logf(ss);
+    }
+    lse = __shfl_sync(0xffffffffu, lse, 0);
+    int head[OWN];
+#pragma unroll
+    for (int o = 0; o < OWN; ++o) head[o] = 0;
+    for (int r = 0; r < k; ++r) {
+        float bv = -DL_INF;
+        u32 bi = 0xffffffffu;
+        int bo = -1;
+#pragma unroll
+        for (int o = 0; o < OWN; ++o) {
+            const int s = lane + 32 * o;
+            if (s < S && head[o] < k) {
+                const long long at = (row * S + s) * k + head[o];
+                const float v = pv[at];
+                const u32 i = pi[at];
+                if (i != 0xffffffffu && better(v, i, bv, bi)) { bv = v; bi = i; bo = o; }
+            }
+        }
+        float wv = bv;
+        u32 wi = bi;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float v2 = __shfl_xor_sync(0xffffffffu, wv, o);
+            u32 i2 = __shfl_xor_sync(0xffffffffu, wi, o);
+            if (better(v2, i2, wv, wi)) { wv = v2; wi = i2; }
+        }
+        if (wi == bi && bo >= 0) {
+#pragma unroll
+            for (int o = 0; o < OWN; ++o)
+                if (o == bo) ++head[o];
+        }
+        if (lane == 0) {
+            out_ids[row * k + r] = wi;
+            out_lp[row * k + r] = wv - lse;
+        }
+    }
+}
+
 #define TOPK_ENTRY(K)                                                                                  \
     extern "C" __global__ void __launch_bounds__(TOPK_THREADS)                                         \
         topk_logsoftmax_k##K(const float* logits, long long ld, int vocab, int k, u32* ids, float* lp) { \
         topk_logsoftmax<K>(logits, ld, vocab, k, ids, lp);                                             \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(TOPK_THREADS)                                         \
+        topk_partial_k##K(const float* logits, long long ld, int vocab, int k, float2* pms, float* pv,   \
+                          u32* pi) {                                                                   \
+        topk_partial<K>(logits, ld, vocab, k, pms, pv, pi);                                            \
     }
 TOPK_ENTRY(8)
 TOPK_ENTRY(16)

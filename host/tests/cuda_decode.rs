@@ -269,6 +269,48 @@ fn lm_head_top_k_rows_are_bit_identical_for_every_batch_size() {
     }
 }
 
+/// The decode step's sliced top-K (rows ≤ 64: slices of 4 096 logits over many blocks, then a
+/// merge) picks exactly the CPU backend's ids, ties to the lower id included, with log-probs
+/// within 1e-5 relative, for vocabularies below, at and across slice boundaries and every k bucket. The
+/// logits are small integers (integer inputs and weights), exact in fp32 on both backends, with
+/// many ties.
+#[test]
+fn sliced_decode_top_k_matches_the_cpu_backend_ties_included() {
+    let Some(be) = gpu() else { return };
+    let cpu = CpuBackend::new();
+    let d = 64;
+    for vocab in [1003, 4096, 4097, 12_289, 151_936] {
+        let mut r = draftlens::util::DetRng::new(vocab as u64);
+        let w: Vec<f32> = (0..vocab * d).map(|_| r.below(5) as f32 - 2.0).collect();
+        for rows in [1, 3, 64] {
+            let x: Vec<f32> = (0..rows * d).map(|_| r.below(3) as f32 - 1.0).collect();
+            let (gx, gw) = (
+                be.from_host(&x, rows, d).unwrap(),
+                be.matrix(&w, vocab, d).unwrap(),
+            );
+            let (cx, cw) = (
+                cpu.from_host(&x, rows, d).unwrap(),
+                cpu.matrix(&w, vocab, d).unwrap(),
+            );
+            for k in [1, 5, 8, 20, 64] {
+                let g = be.lm_head_topk(&gx, &gw, k).unwrap();
+                let c = cpu.lm_head_topk(&cx, &cw, k).unwrap();
+                assert_eq!(g.ids, c.ids, "vocab {vocab}, {rows} rows, k {k}: ids");
+                let worst = g
+                    .logprobs
+                    .iter()
+                    .zip(&c.logprobs)
+                    .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst < 1e-5,
+                    "vocab {vocab}, {rows} rows, k {k}: log-probs differ by {worst}"
+                );
+            }
+        }
+    }
+}
+
 /// Qwen3's architecture at a size that decodes fast but exercises every path of the decode
 /// GEMM: N not a multiple of 16 (o_proj/down 200, vocab 1003), K with a tail chunk (200, 1064)
 /// and split-K (down: K 1064 → 4 slices).
@@ -616,7 +658,10 @@ fn split_kv_decode_attention_of_one_long_sequence_is_fast() {
 /// The fused decode path (`attention_decode_qkv`: q/k norm and RoPE in place on the QKV output,
 /// the attention reading q, k and v from its columns) gives exactly the bits of the unfused
 /// composition (split, norms, RoPE, `attention_decode`), for the output and the grown caches,
-/// at every split-KV length of `split_lengths` and at positions that differ per row.
+/// at every split-KV length of `split_lengths`, at positions that differ per row, with full,
+/// partial and interleaved rotary parts: as one batch (several waves of attention blocks: the
+/// norm in its own launch) and each sequence alone (one wave: the attention kernel applies the
+/// norm and RoPE itself).
 #[test]
 fn fused_decode_qkv_attention_is_bit_identical_to_the_unfused_composition() {
     use draftlens::backend::{attention_decode_qkv_unfused, AttnShape, QkNorm, Rope, RopeStyle};
@@ -635,55 +680,74 @@ fn fused_decode_qkv_attention_is_bit_identical_to_the_unfused_composition() {
             be.random_tensor(1, hd, 0.3, 1.0, 62).unwrap(),
             be.random_tensor(1, hd, 0.3, 1.0, 63).unwrap(),
         );
-        let rope = Rope {
-            theta: 1e6,
-            head_dim: hd,
-            rotary_dim: hd,
-            style: RopeStyle::RotateHalf,
-        };
-        let positions: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
-        let norm = || {
-            Some(QkNorm {
-                q: &qn,
-                k: &kn,
-                eps: 1e-6,
-            })
-        };
-        let copy = |t: &CudaTensor| be.slice_rows(t, 0, be.dims(t).0).unwrap();
-        let mut fused_caches = split_caches(&be, &lens, kvd, 900);
-        let mut plain_caches = split_caches(&be, &lens, kvd, 900);
-        let fused = be
-            .attention_decode_qkv(
-                copy(&qkv),
-                shape,
-                norm(),
-                &positions,
-                &rope,
-                &mut slots(&mut fused_caches),
-            )
-            .unwrap();
-        let plain = attention_decode_qkv_unfused(
-            &be,
-            copy(&qkv),
-            shape,
-            norm(),
-            &positions,
-            &rope,
-            &mut slots(&mut plain_caches),
-        )
-        .unwrap();
-        assert!(
-            bits(&be, &fused) == bits(&be, &plain),
-            "{heads}/{kv_heads}×{hd}: fused decode attention differs from the composition"
-        );
-        for (r, (x, y)) in fused_caches.iter().zip(&plain_caches).enumerate() {
-            for (cx, cy) in [(&x.0, &y.0), (&x.1, &y.1)] {
-                let (cx, cy) = (cx.as_ref().unwrap(), cy.as_ref().unwrap());
-                assert_eq!(be.dims(cx), (lens[r] + 1, kvd), "cache {r} shape");
-                assert!(bits(&be, cx) == bits(&be, cy), "cache {r} contents");
+        // Full rotate-half (Qwen3), a partial rotary part and the interleaved pairs.
+        for (rotary_dim, style) in [
+            (hd, RopeStyle::RotateHalf),
+            (hd / 2, RopeStyle::RotateHalf),
+            (hd, RopeStyle::Interleaved),
+            // Pairs 3 · 16 / 2 chunks apart: not a power of two, the two-launch route.
+            (hd * 3 / 4, RopeStyle::RotateHalf),
+        ] {
+            let rope = Rope {
+                theta: 1e6,
+                head_dim: hd,
+                rotary_dim,
+                style,
+            };
+            let positions: Vec<u32> = lens.iter().map(|&l| l as u32 + 7).collect();
+            let norm = || {
+                Some(QkNorm {
+                    q: &qn,
+                    k: &kn,
+                    eps: 1e-6,
+                })
+            };
+            // Rows `range` as one step: the whole batch is several waves of attention blocks
+            // (the separate norm launch), one sequence alone is one wave (the norm inside the
+            // attention kernel); both must give the composition's bits.
+            let check = |range: std::ops::Range<usize>| {
+                let sub = || be.slice_rows(&qkv, range.start, range.end).unwrap();
+                let (l, p) = (&lens[range.clone()], &positions[range.clone()]);
+                let mut fused_caches = split_caches(&be, l, kvd, 900);
+                let mut plain_caches = split_caches(&be, l, kvd, 900);
+                let fused = be
+                    .attention_decode_qkv(
+                        sub(),
+                        shape,
+                        norm(),
+                        p,
+                        &rope,
+                        &mut slots(&mut fused_caches),
+                    )
+                    .unwrap();
+                let plain = attention_decode_qkv_unfused(
+                    &be,
+                    sub(),
+                    shape,
+                    norm(),
+                    p,
+                    &rope,
+                    &mut slots(&mut plain_caches),
+                )
+                .unwrap();
+                assert!(
+                    bits(&be, &fused) == bits(&be, &plain),
+                    "{heads}/{kv_heads}×{hd}, rows {range:?}: fused decode attention differs from the composition"
+                );
+                for (r, (x, y)) in fused_caches.iter().zip(&plain_caches).enumerate() {
+                    for (cx, cy) in [(&x.0, &y.0), (&x.1, &y.1)] {
+                        let (cx, cy) = (cx.as_ref().unwrap(), cy.as_ref().unwrap());
+                        assert_eq!(be.dims(cx), (l[r] + 1, kvd), "cache {r} shape");
+                        assert!(bits(&be, cx) == bits(&be, cy), "cache {r} contents");
+                    }
+                }
+            };
+            check(0..rows);
+            for r in 0..rows {
+                check(r..r + 1);
             }
+            println!("fused decode qkv {heads}/{kv_heads}×{hd}, rotary {rotary_dim} {style:?}: {rows} sequences bit-identical to the composition, batched and alone");
         }
-        println!("fused decode qkv {heads}/{kv_heads}×{hd}: {rows} sequences bit-identical to the composition");
     }
 }
 

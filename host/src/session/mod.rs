@@ -32,7 +32,8 @@ use std::time::Instant;
 /// 5: CUDA decode attention splits caches of ≥ 64 keys into chunks of 64 (doubling from 4 096).
 /// 6: CUDA decode GEMMs on pinned cuBLASLt algorithms; decode attention in 32-key tiles (another
 ///    order of the scores and the softmax sums).
-pub const MODEL_CODE_VERSION: &str = "6";
+/// 7: CUDA top-K of ≤ 64 rows in slices of 4 096 logits (another order of the log-sum-exp).
+pub const MODEL_CODE_VERSION: &str = "7";
 
 /// Default token budget of one packed target forward ([`Session::pack_tokens`]): 16k rows fill
 /// an H200 (docs/cuda.md) and keep the CPU's activations small.

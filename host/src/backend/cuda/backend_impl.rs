@@ -1,6 +1,7 @@
 //! `impl Backend for CudaBackend`: the trait's ops, each a launch or a call into the modules
 //! beside this one.
 
+use super::decode::{TOPK_MERGE_MAX_SLICES, TOPK_SLICE};
 use super::gemm::GemmOperands;
 use super::mask::MaskKey;
 use super::memory::Cols;
@@ -364,11 +365,12 @@ impl Backend for CudaBackend {
             "lm_head: vocabulary of {vocab} rows"
         );
         let k = k.clamp(1, vocab);
-        let func = match k {
-            1..=8 => "topk_logsoftmax_k8",
-            9..=16 => "topk_logsoftmax_k16",
-            17..=32 => "topk_logsoftmax_k32",
-            33..=64 => "topk_logsoftmax_k64",
+        // The kernel instances for k: one block per row, and the sliced first pass.
+        let (func, partial) = match k {
+            1..=8 => ("topk_logsoftmax_k8", "topk_partial_k8"),
+            9..=16 => ("topk_logsoftmax_k16", "topk_partial_k16"),
+            17..=32 => ("topk_logsoftmax_k32", "topk_partial_k32"),
+            33..=64 => ("topk_logsoftmax_k64", "topk_partial_k64"),
             _ => bail!("lm_head_topk: k = {k} is above the CUDA kernel's limit of 64"),
         };
         let rows = x.rows;
@@ -412,18 +414,23 @@ impl Backend for CudaBackend {
             }
             let (ld, v32, k32) = (vocab as i64, vocab as i32, k as i32);
             let (ipo, lpo) = (ip + (start * k * 4) as u64, lp + (start * k * 4) as u64);
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&sp).arg(&ld).arg(&v32).arg(&k32).arg(&ipo).arg(&lpo);
-            // SAFETY: (const float*, ll, int, int, u32*, float*); n rows of `vocab` logits in
-            // scratch, n*k outputs from offset start*k.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (n as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                })
+            let slices = vocab.div_ceil(TOPK_SLICE);
+            if rows <= MAX_DECODE_ROWS && slices <= TOPK_MERGE_MAX_SLICES {
+                self.topk_sliced(sp, ld, vocab, k, n, partial, ipo, lpo)?;
+            } else {
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(&sp).arg(&ld).arg(&v32).arg(&k32).arg(&ipo).arg(&lpo);
+                // SAFETY: (const float*, ll, int, int, u32*, float*); n rows of `vocab` logits in
+                // scratch, n*k outputs from offset start*k.
+                unsafe {
+                    b.launch(LaunchConfig {
+                        grid_dim: (n as u32, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                }
+                .map_err(derr(func))?;
             }
-            .map_err(derr(func))?;
             start += n;
         }
         let mut out_ids = vec![0u32; rows * k];

@@ -13,7 +13,7 @@
 
 use super::gemm::GemmOperands;
 use super::{derr, CudaBackend, CudaMatrix, CudaTensor};
-use crate::backend::{attention_decode_per_row, AttnShape, KvSlot, QkNorm, Rope};
+use crate::backend::{attention_decode_per_row, AttnShape, KvSlot, QkNorm, Rope, RopeStyle};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
@@ -125,6 +125,8 @@ fn pipe_shared_bytes(nt: usize, mt: usize) -> usize {
 pub(crate) struct DecodeScratch {
     partials: Option<CudaSlice<f32>>,
     counters: Option<CudaSlice<u32>>,
+    /// The decode attention's arrival counters (one per sequence and KV head of a launch).
+    attn_counters: Option<CudaSlice<u32>>,
     /// Benchmarks only ([`CudaBackend::set_decode_splits_override`]).
     splits_override: Option<usize>,
     /// Benchmarks and tests ([`CudaBackend::set_decode_gemm_kernel`]).
@@ -337,6 +339,25 @@ impl CudaBackend {
             && shape.heads / shape.kv_heads <= 8
     }
 
+    /// The decode attention's arrival counters, at least `n` zeroed words (allocated once and
+    /// grown on demand; each launch's last blocks leave them zero again).
+    fn decode_attention_counters(&self, n: usize) -> Result<u64> {
+        let mut scratch = self.decode.lock().unwrap_or_else(|e| e.into_inner());
+        if scratch
+            .attn_counters
+            .as_ref()
+            .map(|c| c.len() < n)
+            .unwrap_or(true)
+        {
+            scratch.attn_counters = Some(
+                self.stream
+                    .alloc_zeros::<u32>(n.next_power_of_two().max(1024))
+                    .map_err(derr("allocating decode attention counters"))?,
+            );
+        }
+        Ok(self.ptr(scratch.attn_counters.as_ref().expect("allocated above")))
+    }
+
     /// [`Backend::attention_decode`] in one launch (`kernels/decode_attention.cu`): blocks per
     /// (key chunk, sequence, KV head), so a row's result does not depend on the others;
     /// sequences longer than one chunk ([`decode_attn_chunk_len`]) are merged by a second, small
@@ -369,13 +390,16 @@ impl CudaBackend {
             ldq: q.cols,
             ldkv: k.cols,
         };
-        self.attention_decode_rows(rows, shape, caches)
+        self.attention_decode_rows(rows, shape, caches, None)
     }
 
-    /// [`Backend::attention_decode_qkv`]: per-head q/k norm and RoPE in place on the fused QKV
-    /// output ([`CudaBackend::qk_norm_rope_packed`]), then the decode attention reading q, k and v
-    /// straight from its columns — the same arithmetic as the unfused composition, in two
-    /// launches instead of eight (three split copies, two norms, two RoPEs, the attention).
+    /// [`Backend::attention_decode_qkv`] in one launch: the decode attention reads q, k and v
+    /// straight from the fused QKV output's columns and applies the per-head q/k norm and RoPE
+    /// itself (`DaNorm` in kernels/decode_attention.cu), with the arithmetic of
+    /// [`CudaBackend::qk_norm_rope_packed`], so the result and the caches are bit-identical to the
+    /// unfused composition. Steps of more than one wave of attention blocks, and shapes the
+    /// vectorised norm does not cover, take the two-launch route (norm + RoPE in place, then the
+    /// attention).
     pub(crate) fn attention_decode_packed(
         &self,
         mut qkv: CudaTensor,
@@ -385,11 +409,46 @@ impl CudaBackend {
         rope: &Rope,
         caches: &mut [KvSlot<'_, CudaTensor>],
     ) -> Result<CudaTensor> {
-        self.qk_norm_rope_packed(&mut qkv, shape, norm, positions, rope)?;
-        let (qd, kvd) = (
-            shape.heads * shape.head_dim,
-            shape.kv_heads * shape.head_dim,
-        );
+        let hd = shape.head_dim;
+        let (qd, kvd) = (shape.heads * hd, shape.kv_heads * hd);
+        // The norm costs each attention block two dependent loads before its first tile; one
+        // wave of blocks pays that once, several waves (a 64-sequence step) pay it per wave,
+        // where the separate launch pays it once. On the H200 (docs/benchmarks-cuda.md, "Session
+        // 12") the in-kernel route everywhere made a Qwen3-8B step 0.2 ms faster at batch 1 and
+        // 0.2 ms slower at 64 sequences, although the same build's LM head saved 0.25 ms there.
+        // Both routes give the same bits, so the choice does not touch batch invariance.
+        let longest = caches
+            .iter()
+            .map(|c| c.k.as_ref().map(|t| t.rows).unwrap_or(0))
+            .max()
+            .unwrap_or(0);
+        let blocks = qkv.rows.min(DA_MAX_ROWS) * shape.kv_heads * decode_attn_chunks(longest);
+        let one_wave = blocks <= self.info.multiprocessors.max(1) as usize * DA_BLOCKS_PER_SM;
+        let in_kernel = one_wave
+            && Self::qk_norm_rope_vec_fits(hd, qkv.cols, rope)
+            && qkv.cols == qd + 2 * kvd
+            && rope.head_dim == hd
+            && rope.rotary_dim <= hd
+            && norm.q.rows * norm.q.cols == hd
+            && norm.k.rows * norm.k.cols == hd
+            && positions.len() == qkv.rows;
+        let norm_args = if in_kernel {
+            Some(DecodeNorm {
+                args: DecodeNormArgs {
+                    wq: self.ptr(&norm.q.buf),
+                    wk: self.ptr(&norm.k.buf),
+                    inv_freq: self.rope_inv_freq(rope)?,
+                    eps: norm.eps,
+                    rotary_dim: rope.rotary_dim as i32,
+                    interleaved: matches!(rope.style, RopeStyle::Interleaved) as i32,
+                },
+                positions,
+            })
+        } else {
+            // Checks every argument and reports what does not fit.
+            self.qk_norm_rope_packed(&mut qkv, shape, norm, positions, rope)?;
+            None
+        };
         let base = self.ptr(&qkv.buf);
         let rows = DecodeRows {
             rows: qkv.rows,
@@ -399,7 +458,8 @@ impl CudaBackend {
             ldq: qkv.cols,
             ldkv: qkv.cols,
         };
-        self.attention_decode_rows(rows, shape, caches)
+        // `qkv` lives until the launch is queued; the stream orders its reuse after the kernel.
+        self.attention_decode_rows(rows, shape, caches, norm_args)
     }
 
     /// The decode attention over `rows` (see [`DecodeRows`]); `shape` must be covered
@@ -409,6 +469,7 @@ impl CudaBackend {
         src: DecodeRows,
         shape: AttnShape,
         caches: &mut [KvSlot<'_, CudaTensor>],
+        norm: Option<DecodeNorm<'_>>,
     ) -> Result<CudaTensor> {
         let AttnShape {
             heads,
@@ -436,7 +497,20 @@ impl CudaBackend {
             k: [0; DA_MAX_ROWS],
             v: [0; DA_MAX_ROWS],
             len: [0; DA_MAX_ROWS],
+            pos: [0; DA_MAX_ROWS],
         };
+        let norm_args = norm.as_ref().map(|n| n.args).unwrap_or_default();
+        if let Some(n) = &norm {
+            ensure!(
+                n.positions.len() == rows,
+                "attention_decode: {} positions for {rows} rows",
+                n.positions.len()
+            );
+            ensure!(
+                n.positions.iter().all(|&p| p <= i32::MAX as u32),
+                "attention_decode: position beyond 2^31"
+            );
+        }
         let f = self.kernels.get("decode", func)?;
         let (h32, hk32, scale_log2) = (
             heads as i32,
@@ -475,6 +549,7 @@ impl CudaBackend {
             table.k[i] = self.ptr(&kc.buf);
             table.v[i] = self.ptr(&vc.buf);
             table.len[i] = kc.rows as i32;
+            table.pos[i] = norm.as_ref().map(|n| n.positions[r] as i32).unwrap_or(0);
             // One launch per DA_MAX_ROWS sequences (the table travels as a kernel parameter).
             if i + 1 == DA_MAX_ROWS || r + 1 == rows {
                 let r0 = r - i;
@@ -484,7 +559,8 @@ impl CudaBackend {
                     src.v + (r0 * src.ldkv * 2) as u64,
                     self.ptr(&out.buf) + (r0 * heads * hd * 2) as u64,
                 );
-                // Split-KV partials, freed (stream-ordered) after the combine has read them.
+                // Split-KV partials, freed (stream-ordered) after the launch has merged them,
+                // and the arrival counters (one per sequence and KV head, zero between launches).
                 let scratch = if nchunks > 1 {
                     let n = (i + 1) * heads * nchunks;
                     Some((self.alloc::<f32>(n * hd)?, self.alloc::<f32>(n * 2)?))
@@ -495,6 +571,11 @@ impl CudaBackend {
                     .as_ref()
                     .map(|(o, ml)| (self.ptr(o), self.ptr(ml)))
                     .unwrap_or((0, 0));
+                let cnt = if nchunks > 1 {
+                    self.decode_attention_counters((i + 1) * kv_heads)?
+                } else {
+                    0
+                };
                 let nc32 = nchunks as i32;
                 let mut b = self.stream.launch_builder(&f);
                 b.arg(&qp)
@@ -504,18 +585,22 @@ impl CudaBackend {
                     .arg(&ldkv)
                     .arg(&op)
                     .arg(&table)
+                    .arg(&norm_args)
                     .arg(&h32)
                     .arg(&hk32)
                     .arg(&scale_log2)
                     .arg(&nc32)
                     .arg(&po)
-                    .arg(&pml);
+                    .arg(&pml)
+                    .arg(&cnt);
                 // SAFETY: signature of DA_ENTRY in kernels/decode_attention.cu (const bf16* ×3,
-                // ll, ll, bf16*, DaTable by value, int, int, float, int, float*, float2*); rows
-                // r0..=r of q/k/v (row strides ldq/ldkv) and out exist; every cache has room for
-                // one more row (reserve_rows) and the table holds (k, v, len) of those rows; with
-                // nchunks > 1 the partials hold (i + 1) × heads × nchunks × (hd + 2) floats and
-                // no sequence has more than nchunks chunks.
+                // ll, ll, bf16*, DaTable by value, DaNorm by value, int, int, float, int, float*,
+                // float2*, u32*); rows r0..=r of q/k/v (row strides ldq/ldkv) and out exist; every
+                // cache has room for one more row (reserve_rows) and the table holds (k, v, len,
+                // pos) of those rows; DaNorm's pointers are null or the norm weights (hd values
+                // each) and the RoPE table (rotary_dim / 2 values); with nchunks > 1 the partials
+                // hold (i + 1) × heads × nchunks × (hd + 2) floats, the counters (i + 1) ×
+                // kv_heads zeroed words, and no sequence has more than nchunks chunks.
                 unsafe {
                     b.launch(LaunchConfig {
                         grid_dim: (nchunks as u32, kv_heads as u32, (i + 1) as u32),
@@ -524,28 +609,6 @@ impl CudaBackend {
                     })
                 }
                 .map_err(derr(func))?;
-                if nchunks > 1 {
-                    let cname = combine_kernel_name(hd);
-                    let fc = self.kernels.get("decode", cname)?;
-                    let mut b = self.stream.launch_builder(&fc);
-                    b.arg(&op)
-                        .arg(&table)
-                        .arg(&h32)
-                        .arg(&nc32)
-                        .arg(&po)
-                        .arg(&pml);
-                    // SAFETY: signature (bf16*, DaTable by value, int, int, const float*,
-                    // const float2*) of decode_attention_combine_hd* in the same file; it reads
-                    // the partials the launch above wrote for sequences of more than one chunk.
-                    unsafe {
-                        b.launch(LaunchConfig {
-                            grid_dim: (heads as u32, (i + 1) as u32, 1),
-                            block_dim: (32, 1, 1),
-                            shared_mem_bytes: 0,
-                        })
-                    }
-                    .map_err(derr(cname))?;
-                }
                 nchunks = 1;
             }
         }
@@ -556,6 +619,12 @@ impl CudaBackend {
         }
         Ok(out)
     }
+}
+
+/// The q/k norm and RoPE the decode attention applies itself, with each row's position.
+struct DecodeNorm<'a> {
+    args: DecodeNormArgs,
+    positions: &'a [u32],
 }
 
 /// Where a decode step's q, k and v rows live: device addresses of row 0 and row strides in
@@ -600,30 +669,44 @@ pub fn decode_attn_chunks(len: usize) -> usize {
     len / decode_attn_chunk_len(len) + 1
 }
 
-fn combine_kernel_name(hd: usize) -> &'static str {
-    match hd {
-        64 => "decode_attention_combine_hd64",
-        128 => "decode_attention_combine_hd128",
-        _ => "decode_attention_combine_hd256",
-    }
-}
-
 /// Sequences per decode-attention launch: the table is a kernel parameter (DA_MAX_ROWS in
 /// kernels/decode_attention.cu).
 const DA_MAX_ROWS: usize = 64;
 
-/// `DaTable` of kernels/decode_attention.cu: per sequence the K and V cache addresses and the
-/// cached length, passed by value (1280 bytes of the 4 KiB parameter space).
+/// Blocks of the decode attention resident per multiprocessor (hd 128, a group of 4 query heads:
+/// 128 threads × 64 registers, 21 KiB of shared memory): what one wave of blocks holds.
+const DA_BLOCKS_PER_SM: usize = 8;
+
+/// `DaTable` of kernels/decode_attention.cu: per sequence the K and V cache addresses, the
+/// cached length and the new token's RoPE position, passed by value (1536 bytes of the 4 KiB
+/// parameter space).
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct DecodeKvTable {
     k: [u64; DA_MAX_ROWS],
     v: [u64; DA_MAX_ROWS],
     len: [i32; DA_MAX_ROWS],
+    pos: [i32; DA_MAX_ROWS],
 }
 
-// SAFETY: plain-old-data with the C layout of DaTable (u64[64], u64[64], int[64]).
+// SAFETY: plain-old-data with the C layout of DaTable (u64[64], u64[64], int[64], int[64]).
 unsafe impl cudarc::driver::DeviceRepr for DecodeKvTable {}
+
+/// `DaNorm` of kernels/decode_attention.cu: the q/k norm weights, RoPE table and settings the
+/// kernel applies to q and the new k (`wq == 0`: none).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct DecodeNormArgs {
+    wq: u64,
+    wk: u64,
+    inv_freq: u64,
+    eps: f32,
+    rotary_dim: i32,
+    interleaved: i32,
+}
+
+// SAFETY: plain-old-data with the C layout of DaNorm (three pointers, float, int, int).
+unsafe impl cudarc::driver::DeviceRepr for DecodeNormArgs {}
 
 /// The kernel instance for `nt` row tiles of 8 and `mt` 16-feature tiles per warp.
 fn decode_kernel_name(nt: usize, mt: usize) -> &'static str {
@@ -718,5 +801,83 @@ mod tests {
         }
         assert_eq!(pipe_shared_bytes(8, 2), 4 * (8192 + 4096));
         assert_eq!(pipe_shared_bytes(1, 1), 8 * (4096 + 512));
+    }
+}
+
+/// Logits per block of the sliced top-K (`TOPK_SLICE` in kernels/topk.cu) and the most slices
+/// `topk_merge` takes (`TOPK_MERGE_MAX_SLICES`): vocabularies up to 1 048 576 ids.
+pub(super) const TOPK_SLICE: usize = 4096;
+pub(super) const TOPK_MERGE_MAX_SLICES: usize = 256;
+
+impl CudaBackend {
+    /// Log-softmax + top-`k` of `n` rows of fp32 logits (row stride `ld`) for a decode step: one
+    /// block per slice of [`TOPK_SLICE`] logits and row (`topk_partial_k*`), then one warp per row
+    /// merging the slices (`topk_merge`). A single block per row waits on a load latency every 256
+    /// logits; the slices put a step's few rows on many multiprocessors. The slicing depends on
+    /// the vocabulary only, so each row's result is the same at any row count. `partial` names
+    /// the first pass's instance for k (`topk_partial_k*`); ids to `ids`, log-probs to `lps`
+    /// (`n × k` each).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn topk_sliced(
+        &self,
+        logits: u64,
+        ld: i64,
+        vocab: usize,
+        k: usize,
+        n: usize,
+        partial: &'static str,
+        ids: u64,
+        lps: u64,
+    ) -> Result<()> {
+        let slices = vocab.div_ceil(TOPK_SLICE);
+        ensure!(
+            slices <= TOPK_MERGE_MAX_SLICES && n > 0,
+            "topk: {slices} slices of {n} rows"
+        );
+        let fp = self.kernels.get("topk", partial)?;
+        let fm = self.kernels.get("topk", "topk_merge")?;
+        let pms = self.alloc::<f32>(n * slices * 2)?;
+        let pv = self.alloc::<f32>(n * slices * k)?;
+        let pi = self.alloc::<u32>(n * slices * k)?;
+        let (pmsp, pvp, pip) = (self.ptr(&pms), self.ptr(&pv), self.ptr(&pi));
+        let (v32, k32, s32) = (vocab as i32, k as i32, slices as i32);
+        let mut b = self.stream.launch_builder(&fp);
+        b.arg(&logits)
+            .arg(&ld)
+            .arg(&v32)
+            .arg(&k32)
+            .arg(&pmsp)
+            .arg(&pvp)
+            .arg(&pip);
+        // SAFETY: topk_partial_k* (const float*, ll, int, int, float2*, float*, u32*): n rows of
+        // `vocab` logits at stride ld; the partials hold n × slices (max, sum) pairs and
+        // n × slices × k values and ids; k ≤ K of the instance (`partial` was chosen for k).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (slices as u32, n as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("topk_partial"))?;
+        let mut b = self.stream.launch_builder(&fm);
+        b.arg(&pmsp)
+            .arg(&pvp)
+            .arg(&pip)
+            .arg(&s32)
+            .arg(&k32)
+            .arg(&ids)
+            .arg(&lps);
+        // SAFETY: topk_merge (const float2*, const float*, const u32*, int, int, u32*, float*):
+        // the partials written above (slices ≤ TOPK_MERGE_MAX_SLICES); n × k outputs each.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (n as u32, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("topk_merge"))?;
+        Ok(())
     }
 }

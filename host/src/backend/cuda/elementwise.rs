@@ -7,30 +7,17 @@ use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 impl CudaBackend {
-    /// Runs `f` with the device tables RoPE needs — positions (u32) and the inverse frequencies
-    /// of `rope` (f32, HF's `1 / θ^(2i / rotary_dim)`) — uploading each only when it changed
-    /// (every layer of a forward shares them). The caches stay locked while `f` queues its launch.
+    /// Runs `f` with the device tables RoPE needs — positions (u32) and the address of the
+    /// inverse frequencies of `rope` (f32, HF's `1 / θ^(2i / rotary_dim)`) — uploading each only
+    /// when it changed (every layer of a forward shares them). The position cache stays locked
+    /// while `f` queues its launch.
     pub(super) fn with_rope_tables<R>(
         &self,
         positions: &[u32],
         rope: &Rope,
-        f: impl FnOnce(&CudaSlice<u32>, &CudaSlice<f32>) -> Result<R>,
+        f: impl FnOnce(&CudaSlice<u32>, &u64) -> Result<R>,
     ) -> Result<R> {
-        let half = rope.rotary_dim / 2;
-        let mut fc = self.freq_cache.lock().unwrap_or_else(|e| e.into_inner());
-        let fkey = (rope.theta.to_bits(), rope.rotary_dim);
-        if !fc.iter().any(|(k, _)| *k == fkey) {
-            // HF: inv_freq = 1 / theta^(2i / rotary_dim), in f32.
-            let inv: Vec<f32> = (0..half)
-                .map(|i| 1.0 / rope.theta.powf((2 * i) as f32 / rope.rotary_dim as f32))
-                .collect();
-            fc.push((fkey, self.upload(&inv)?));
-        }
-        let freqs = &fc
-            .iter()
-            .find(|(k, _)| *k == fkey)
-            .expect("inserted above")
-            .1;
+        let freqs = self.rope_inv_freq(rope)?;
         let mut pc = self.pos_cache.lock().unwrap_or_else(|e| e.into_inner());
         if pc
             .as_ref()
@@ -40,7 +27,42 @@ impl CudaBackend {
             *pc = Some((positions.to_vec(), self.upload(positions)?));
         }
         let pos = &pc.as_ref().expect("filled above").1;
-        f(pos, freqs)
+        f(pos, &freqs)
+    }
+
+    /// Whether the vectorised q/k norm + RoPE (`qk_norm_rope_vec_bf16`, and the same arithmetic
+    /// inside the decode attention) covers heads of `hd` values in rows of `cols`: whole 16-byte
+    /// chunks, and a rotary part that whole chunks cover (rotate-half: pairs a power-of-two number
+    /// of chunks apart).
+    pub(super) fn qk_norm_rope_vec_fits(hd: usize, cols: usize, rope: &Rope) -> bool {
+        let rd = rope.rotary_dim;
+        hd.is_multiple_of(8)
+            && cols.is_multiple_of(8)
+            && match rope.style {
+                RopeStyle::Interleaved => rd.is_multiple_of(8),
+                RopeStyle::RotateHalf => {
+                    rd.is_multiple_of(16) && (rd == 0 || (rd / 16).is_power_of_two())
+                }
+            }
+    }
+
+    /// The device address of the RoPE inverse-frequency table of `rope` (uploaded once per
+    /// (theta, rotary_dim); entries live as long as the backend).
+    pub(super) fn rope_inv_freq(&self, rope: &Rope) -> Result<u64> {
+        let half = rope.rotary_dim / 2;
+        let mut fc = self.freq_cache.lock().unwrap_or_else(|e| e.into_inner());
+        let fkey = (rope.theta.to_bits(), rope.rotary_dim);
+        if let Some((_, t)) = fc.iter().find(|(k, _)| *k == fkey) {
+            return Ok(self.ptr(t));
+        }
+        // HF: inv_freq = 1 / theta^(2i / rotary_dim), in f32.
+        let inv: Vec<f32> = (0..half)
+            .map(|i| 1.0 / rope.theta.powf((2 * i) as f32 / rope.rotary_dim as f32))
+            .collect();
+        let t = self.upload(&inv)?;
+        let p = self.ptr(&t);
+        fc.push((fkey, t));
+        Ok(p)
     }
 
     /// Per-head RMSNorm (q heads with `q_norm`, k heads with `k_norm`) and RoPE of the q and k
@@ -96,16 +118,7 @@ impl CudaBackend {
         }
         // The vectorised kernel covers head dims that are whole 16-byte chunks and rotary parts
         // that whole chunks cover (rotate-half: pairs a power-of-two number of chunks apart).
-        let rd = rope.rotary_dim;
-        let vec_ok = hd.is_multiple_of(8)
-            && qkv.cols.is_multiple_of(8)
-            && match rope.style {
-                RopeStyle::Interleaved => rd.is_multiple_of(8),
-                RopeStyle::RotateHalf => {
-                    rd.is_multiple_of(16) && (rd == 0 || (rd / 16).is_power_of_two())
-                }
-            };
-        let func = if vec_ok {
+        let func = if Self::qk_norm_rope_vec_fits(hd, qkv.cols, rope) {
             "qk_norm_rope_vec_bf16"
         } else {
             "qk_norm_rope_bf16"
