@@ -112,6 +112,12 @@ __device__ __forceinline__ void da_store_bf16(bf16_t* op, const float* res) {
 // then butterflies xor GT/2 … 1; y = bf16(bf16(x · r) · w); the rotate-half partner chunk c ^ P by a
 // shuffle; cos/sin rounded to bf16. Every lane of the warp calls it (lanes ≥ GT repeat a chunk);
 // returns the lane's chunk index, its 8 output values (each a bf16 value) in `y`.
+// bf16-rounded cos and sin of a RoPE angle, as qk_norm_rope_vec_bf16 tabulates them. Not inlined:
+// cosf and sinf carry a large slow path for big arguments, and inlined at every call of every
+// instance they made this module take ~4× as long to compile (an empty kernel cache's first run
+// waited ~80 s for it on the GPU machine).
+__device__ __noinline__ float2 da_cos_sin(float angle) { return make_float2(rb(cosf(angle)), rb(sinf(angle))); }
+
 template <int HD>
 __device__ __forceinline__ int da_norm_rope(const bf16_t* hx, const bf16_t* w, int pos, const DaNorm& nm,
                                             float y[8]) {
@@ -140,16 +146,15 @@ __device__ __forceinline__ int da_norm_rope(const bf16_t* hx, const bf16_t* w, i
         const float q1 = nm.interleaved ? 0.f : __shfl_xor_sync(0xffffffffu, a1, P > 0 ? P : 1);
         if (!rotated) continue;
         if (nm.interleaved) {
-            const float angle = p * nm.inv_freq[(c * 8 + j) >> 1];
-            const float cs = rb(cosf(angle)), sn = rb(sinf(angle));
+            const float2 t = da_cos_sin(p * nm.inv_freq[(c * 8 + j) >> 1]);
+            const float cs = t.x, sn = t.y;
             y[j] = rb(rb(a0 * cs) + rb(-a1 * sn));
             y[j + 1] = rb(rb(a1 * cs) + rb(a0 * sn));
         } else {
             const bool first = (c & P) == 0;  // the chunk holds the "a" halves of its pairs
             const int i = (c & (P - 1)) * 8 + j;
-            const float an0 = p * nm.inv_freq[i], an1 = p * nm.inv_freq[i + 1];
-            const float cs0 = rb(cosf(an0)), sn0 = rb(sinf(an0));
-            const float cs1 = rb(cosf(an1)), sn1 = rb(sinf(an1));
+            const float2 t0 = da_cos_sin(p * nm.inv_freq[i]), t1 = da_cos_sin(p * nm.inv_freq[i + 1]);
+            const float cs0 = t0.x, sn0 = t0.y, cs1 = t1.x, sn1 = t1.y;
             y[j] = rb(first ? rb(a0 * cs0) + rb(-q0 * sn0) : rb(a0 * cs0) + rb(q0 * sn0));
             y[j + 1] = rb(first ? rb(a1 * cs1) + rb(-q1 * sn1) : rb(a1 * cs1) + rb(q1 * sn1));
         }
