@@ -1,5 +1,5 @@
 // Attention of one decode step for many sequences at once, each over its own KV cache
-// (host/src/backend/cuda/decode.rs `attention_decode`), compiled with decode_gemm.cu.
+// (host/src/backend/cuda/decode.rs `attention_decode`), module `decode_attention`.
 //
 // Row r of q [R, H·hd] and of the new k/v [R, Hkv·hd] (row strides ldq and ldkv elements, so they
 // may be the q | k | v columns of one fused projection) is the next token of sequence r, whose

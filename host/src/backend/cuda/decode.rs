@@ -511,7 +511,7 @@ impl CudaBackend {
                 "attention_decode: position beyond 2^31"
             );
         }
-        let f = self.kernels.get("decode", func)?;
+        let f = self.kernels.get("decode_attention", func)?;
         let (h32, hk32, scale_log2) = (
             heads as i32,
             kv_heads as i32,
