@@ -360,8 +360,8 @@ impl CudaBackend {
 
     /// [`Backend::attention_decode`] in one launch (`kernels/decode_attention.cu`): blocks per
     /// (key chunk, sequence, KV head), so a row's result does not depend on the others;
-    /// sequences longer than one chunk ([`decode_attn_chunk_len`]) are merged by a second, small
-    /// launch. Shapes [`CudaBackend::decode_attention_fits`] does not cover go one sequence at a
+    /// the chunks of sequences longer than one ([`decode_attn_chunk_len`]) are merged by the last
+    /// of their blocks to finish. Shapes [`CudaBackend::decode_attention_fits`] does not cover go one sequence at a
     /// time.
     pub(crate) fn attention_decode_batched(
         &self,
