@@ -12,6 +12,12 @@
 //! NVML's utilisation is "the fraction of the last sample period (1/6 s to 1 s, by product) during
 //! which a kernel was running", so phases shorter than a second get a coarse figure; the overall
 //! fraction is reliable for a run of tens of seconds.
+//!
+//! Host memory likewise: with `--timeline` a host sampler ([`start_host_sampler`]) reads the
+//! process's resident set every [`SAMPLE_PERIOD`] and each phase keeps the largest reading taken
+//! in it, so the table says which phase holds the peak (issue 11: host memory below 2 GB plus the
+//! cache being written). A peak shorter than the period can be missed; the kernel's own high-water
+//! mark (`VmHWM`, `/usr/bin/time -v`) cannot, but names no phase.
 
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +34,8 @@ struct Totals {
     /// Sum of utilisation readings (0..1) and number of readings charged to this phase.
     busy_sum: f64,
     busy_n: u64,
+    /// Largest resident-set reading taken in this phase, bytes (0: none).
+    rss_peak: u64,
 }
 
 struct State {
@@ -39,6 +47,7 @@ struct State {
     background: Vec<(&'static str, Totals)>,
     busy_sum: f64,
     busy_n: u64,
+    rss_peak: u64,
 }
 
 fn state() -> &'static Mutex<State> {
@@ -53,6 +62,7 @@ fn state() -> &'static Mutex<State> {
             background: Vec::new(),
             busy_sum: 0.0,
             busy_n: 0,
+            rss_peak: 0,
         })
     })
 }
@@ -150,6 +160,48 @@ pub fn record_gpu_busy(fraction: f64) {
     s.busy_n += 1;
 }
 
+/// Record one reading of the process's resident set (bytes), charged to the current phase.
+pub fn record_host_rss(bytes: u64) {
+    let mut s = lock();
+    let name = s.stack.last().copied().unwrap_or(OTHER);
+    let t = totals(&mut s.phases, name);
+    t.rss_peak = t.rss_peak.max(bytes);
+    s.rss_peak = s.rss_peak.max(bytes);
+}
+
+/// The process's resident set now, bytes (`/proc/self/statm`; `None` where there is none).
+pub fn host_rss() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf reads a constant of the system; no pointers involved.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    (page > 0).then(|| pages * page as u64)
+}
+
+static HOST_SAMPLING: AtomicBool = AtomicBool::new(false);
+
+/// Starts a thread that records [`host_rss`] every [`SAMPLE_PERIOD`] for the rest of the process
+/// (nothing where it cannot be read). Only the first call starts one.
+pub fn start_host_sampler() {
+    let Some(now) = host_rss() else { return };
+    if HOST_SAMPLING.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    // The first reading now, so that even a command shorter than a period has one.
+    record_host_rss(now);
+    let spawned = std::thread::Builder::new()
+        .name("host-sampler".into())
+        .spawn(|| loop {
+            if let Some(b) = host_rss() {
+                record_host_rss(b);
+            }
+            std::thread::sleep(SAMPLE_PERIOD);
+        });
+    if spawned.is_err() {
+        HOST_SAMPLING.store(false, Ordering::SeqCst);
+    }
+}
+
 static SAMPLING: AtomicBool = AtomicBool::new(false);
 
 /// Starts a thread that calls `read` (a utilisation reading in 0..1, `None` when unavailable)
@@ -182,6 +234,8 @@ pub struct PhaseReport {
     pub count: u64,
     /// Mean GPU utilisation while in this phase, when a sampler ran and took readings in it.
     pub gpu_busy: Option<f64>,
+    /// Largest host resident set sampled in this phase, bytes (with the host sampler).
+    pub host_rss_peak_bytes: Option<u64>,
 }
 
 /// The timeline of the process so far.
@@ -194,10 +248,18 @@ pub struct Report {
     pub background: Vec<PhaseReport>,
     /// Mean GPU utilisation over the whole command (`None` without a sampler).
     pub gpu_busy: Option<f64>,
+    /// Largest host resident set sampled over the whole command, bytes.
+    pub host_rss_peak_bytes: Option<u64>,
 }
 
-/// The timeline so far (the current phase is charged up to now).
+/// The timeline so far (the current phase is charged up to now; with the host sampler running,
+/// a last host reading is taken first).
 pub fn report() -> Report {
+    if HOST_SAMPLING.load(Ordering::SeqCst) {
+        if let Some(b) = host_rss() {
+            record_host_rss(b);
+        }
+    }
     let mut s = lock();
     let now = Instant::now();
     s.charge(now);
@@ -208,6 +270,7 @@ pub fn report() -> Report {
         share: if wall > 0.0 { t.seconds / wall } else { 0.0 },
         count: t.count,
         gpu_busy: (t.busy_n > 0).then(|| t.busy_sum / t.busy_n as f64),
+        host_rss_peak_bytes: (t.rss_peak > 0).then_some(t.rss_peak),
     };
     Report {
         wall_seconds: wall,
@@ -219,6 +282,7 @@ pub fn report() -> Report {
             .collect(),
         background: s.background.iter().map(line).collect(),
         gpu_busy: (s.busy_n > 0).then(|| s.busy_sum / s.busy_n as f64),
+        host_rss_peak_bytes: (s.rss_peak > 0).then_some(s.rss_peak),
     }
 }
 
@@ -229,10 +293,17 @@ impl Report {
         if let Some(b) = self.gpu_busy {
             out += &format!(", GPU busy {:.0} %", b * 100.0);
         }
-        out += "\n  phase                   seconds   share  count  GPU busy\n";
+        if let Some(b) = self.host_rss_peak_bytes {
+            out += &format!(", host RSS peak {:.2} GB (sampled)", b as f64 / 1e9);
+        }
+        out += "\n  phase                   seconds   share  count  GPU busy  host RSS peak\n";
+        let gb = |b: Option<u64>| {
+            b.map(|b| format!("{:.2} GB", b as f64 / 1e9))
+                .unwrap_or_else(|| "-".into())
+        };
         let row = |p: &PhaseReport, share: bool| {
             format!(
-                "  {:<22} {:>8.2} {:>7} {:>6}  {}\n",
+                "  {:<22} {:>8.2} {:>7} {:>6}  {:>8}  {:>8}\n",
                 p.name,
                 p.seconds,
                 if share {
@@ -243,7 +314,8 @@ impl Report {
                 p.count,
                 p.gpu_busy
                     .map(|b| format!("{:.0} %", b * 100.0))
-                    .unwrap_or_else(|| "-".into())
+                    .unwrap_or_else(|| "-".into()),
+                gb(p.host_rss_peak_bytes)
             )
         };
         for p in &self.phases {

@@ -1,7 +1,7 @@
 //! The timeline's accounting (its own test binary: the timeline is process-wide state, and the
 //! library's other tests enter phases from many threads at once).
 
-use draftlens::timeline::{background, phase, record_gpu_busy, report};
+use draftlens::timeline::{background, host_rss, phase, record_gpu_busy, record_host_rss, report};
 use std::time::Duration;
 
 #[test]
@@ -14,6 +14,8 @@ fn nested_phases_charge_exclusive_time_and_add_up_to_the_wall() {
             std::thread::sleep(Duration::from_millis(40));
             record_gpu_busy(1.0);
             record_gpu_busy(0.5);
+            record_host_rss(3_000_000_000);
+            record_host_rss(2_000_000_000);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -34,6 +36,10 @@ fn nested_phases_charge_exclusive_time_and_add_up_to_the_wall() {
     assert_eq!((outer.count, inner.count), (1, 1));
     assert_eq!(inner.gpu_busy, Some(0.75));
     assert_eq!(outer.gpu_busy, None);
+    // A phase keeps its largest host-memory reading; one without readings shows none.
+    assert_eq!(inner.host_rss_peak_bytes, Some(3_000_000_000));
+    assert_eq!(outer.host_rss_peak_bytes, None);
+    assert_eq!(r.host_rss_peak_bytes, Some(3_000_000_000));
     let sum: f64 = r.phases.iter().map(|p| p.seconds).sum();
     assert!(
         (sum - r.wall_seconds).abs() < 1e-6,
@@ -42,5 +48,25 @@ fn nested_phases_charge_exclusive_time_and_add_up_to_the_wall() {
     );
     let bgr = r.background.iter().find(|p| p.name == "t-bg").unwrap();
     assert!(bgr.seconds >= 0.020 && bgr.count == 1);
-    assert!(r.render().contains("t-inner"));
+    let table = r.render();
+    assert!(table.contains("t-inner"), "{table}");
+    assert!(table.contains("host RSS peak 3.00 GB"), "{table}");
+}
+
+/// The host reading is the process's resident set: it grows by at least what the process
+/// touches (64 MiB here), and is far below the machine's memory.
+#[test]
+fn host_rss_sees_memory_the_process_touches() {
+    let Some(before) = host_rss() else {
+        println!("SKIP: no /proc/self/statm");
+        return;
+    };
+    let block = vec![1u8; 64 << 20];
+    let after = host_rss().unwrap();
+    assert!(
+        after >= before + (60 << 20),
+        "resident set {before} → {after} bytes after touching 64 MiB"
+    );
+    assert!(after < 1 << 40);
+    drop(std::hint::black_box(block));
 }

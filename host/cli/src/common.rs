@@ -19,13 +19,21 @@ pub struct Global {
     /// Hidden-state cache folder [default: $DRAFTLENS_CACHE or ~/.cache/draftlens].
     #[arg(long, global = true)]
     pub cache_dir: Option<PathBuf>,
-    /// Where the wall time went: per-phase seconds and GPU busy fraction, printed on stderr at
-    /// the end (`--timeline`), or written as JSON to a file (`--timeline=FILE`).
+    /// Where the wall time went: per-phase seconds, GPU busy fraction and peak host RSS, printed
+    /// on stderr at the end (`--timeline`), or written as JSON to a file (`--timeline=FILE`).
     #[arg(long, global = true, num_args = 0..=1, default_missing_value = "-", value_name = "FILE")]
     pub timeline: Option<PathBuf>,
 }
 
 impl Global {
+    /// With `--timeline`, sample the host's resident set per phase from now on (the GPU sampler
+    /// starts with the CUDA backend).
+    pub fn start_timeline(&self) {
+        if self.timeline.is_some() {
+            draftlens::timeline::start_host_sampler();
+        }
+    }
+
     /// Print or write the timeline if `--timeline` asked for it (called once the command is done,
     /// whether it succeeded or not: a failed run's timeline says where it was).
     pub fn finish_timeline(&self) {

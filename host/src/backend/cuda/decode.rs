@@ -744,66 +744,6 @@ fn pipe_kernel_name(nt: usize, mt: usize) -> &'static str {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn k_splits_depend_on_the_shape_only_and_fit_qwen3_8b() {
-        assert_eq!(k_splits(6144, 4096), 8);
-        assert_eq!(k_splits(4096, 4096), 8);
-        assert_eq!(k_splits(4096, 12288), 8);
-        assert_eq!(k_splits(24576, 4096), 2);
-        assert_eq!(k_splits(151_936, 4096), 1);
-        // Short reductions are not cut below 8 chunks of 32.
-        assert_eq!(k_splits(64, 256), 1);
-        assert_eq!(k_splits(64, 512), 2);
-        assert_eq!(k_splits(64, 100_000), 16);
-    }
-
-    #[test]
-    fn attention_chunks_depend_on_the_length_only() {
-        // len cached keys + the new one.
-        assert_eq!(decode_attn_chunks(0), 1);
-        assert_eq!(decode_attn_chunks(31), 1);
-        assert_eq!(decode_attn_chunks(32), 2);
-        assert_eq!(decode_attn_chunks(249), 8);
-        // 32-key chunks up to 128 chunks (4 096 keys with the new one), then the chunk doubles.
-        assert_eq!(decode_attn_chunk_len(4095), 32);
-        assert_eq!(decode_attn_chunks(4095), 128);
-        assert_eq!(decode_attn_chunk_len(4096), 64);
-        assert_eq!(decode_attn_chunks(4096), 65);
-        assert_eq!(decode_attn_chunk_len(32_767), 256);
-        assert_eq!(decode_attn_chunks(32_767), 128);
-        for len in (0..200_000).step_by(97) {
-            let (c, n) = (decode_attn_chunk_len(len), decode_attn_chunks(len));
-            // Whole tiles of the kernel (32 keys), every key in exactly one chunk, never more
-            // than the most chunks.
-            assert_eq!(c % 32, 0);
-            assert!(n * c > len && (n - 1) * c <= len, "len {len}");
-            assert!(n <= DECODE_ATTN_MAX_CHUNKS, "len {len}: {n} chunks");
-        }
-    }
-
-    #[test]
-    fn every_row_count_has_a_kernel() {
-        for rows in 1..=MAX_DECODE_ROWS {
-            let nt = rows.div_ceil(8);
-            let mt = if rows > 16 { 2 } else { 1 };
-            let name = decode_kernel_name(nt, mt);
-            assert_eq!(name, format!("decode_gemm_n{nt}_m{mt}"));
-            assert_eq!(
-                pipe_kernel_name(nt, mt),
-                format!("decode_gemm_pipe_n{nt}_m{mt}")
-            );
-            // Far below the 227 KiB a block may opt in to, so that 2–4 blocks share an SM.
-            assert!(pipe_shared_bytes(nt, mt) <= 48 * 1024, "{rows} rows");
-        }
-        assert_eq!(pipe_shared_bytes(8, 2), 4 * (8192 + 4096));
-        assert_eq!(pipe_shared_bytes(1, 1), 8 * (4096 + 512));
-    }
-}
-
 /// Logits per block of the sliced top-K (`TOPK_SLICE` in kernels/topk.cu) and the most slices
 /// `topk_merge` takes (`TOPK_MERGE_MAX_SLICES`): vocabularies up to 1 048 576 ids.
 pub(super) const TOPK_SLICE: usize = 4096;
@@ -879,5 +819,65 @@ impl CudaBackend {
         }
         .map_err(derr("topk_merge"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k_splits_depend_on_the_shape_only_and_fit_qwen3_8b() {
+        assert_eq!(k_splits(6144, 4096), 8);
+        assert_eq!(k_splits(4096, 4096), 8);
+        assert_eq!(k_splits(4096, 12288), 8);
+        assert_eq!(k_splits(24576, 4096), 2);
+        assert_eq!(k_splits(151_936, 4096), 1);
+        // Short reductions are not cut below 8 chunks of 32.
+        assert_eq!(k_splits(64, 256), 1);
+        assert_eq!(k_splits(64, 512), 2);
+        assert_eq!(k_splits(64, 100_000), 16);
+    }
+
+    #[test]
+    fn attention_chunks_depend_on_the_length_only() {
+        // len cached keys + the new one.
+        assert_eq!(decode_attn_chunks(0), 1);
+        assert_eq!(decode_attn_chunks(31), 1);
+        assert_eq!(decode_attn_chunks(32), 2);
+        assert_eq!(decode_attn_chunks(249), 8);
+        // 32-key chunks up to 128 chunks (4 096 keys with the new one), then the chunk doubles.
+        assert_eq!(decode_attn_chunk_len(4095), 32);
+        assert_eq!(decode_attn_chunks(4095), 128);
+        assert_eq!(decode_attn_chunk_len(4096), 64);
+        assert_eq!(decode_attn_chunks(4096), 65);
+        assert_eq!(decode_attn_chunk_len(32_767), 256);
+        assert_eq!(decode_attn_chunks(32_767), 128);
+        for len in (0..200_000).step_by(97) {
+            let (c, n) = (decode_attn_chunk_len(len), decode_attn_chunks(len));
+            // Whole tiles of the kernel (32 keys), every key in exactly one chunk, never more
+            // than the most chunks.
+            assert_eq!(c % 32, 0);
+            assert!(n * c > len && (n - 1) * c <= len, "len {len}");
+            assert!(n <= DECODE_ATTN_MAX_CHUNKS, "len {len}: {n} chunks");
+        }
+    }
+
+    #[test]
+    fn every_row_count_has_a_kernel() {
+        for rows in 1..=MAX_DECODE_ROWS {
+            let nt = rows.div_ceil(8);
+            let mt = if rows > 16 { 2 } else { 1 };
+            let name = decode_kernel_name(nt, mt);
+            assert_eq!(name, format!("decode_gemm_n{nt}_m{mt}"));
+            assert_eq!(
+                pipe_kernel_name(nt, mt),
+                format!("decode_gemm_pipe_n{nt}_m{mt}")
+            );
+            // Far below the 227 KiB a block may opt in to, so that 2–4 blocks share an SM.
+            assert!(pipe_shared_bytes(nt, mt) <= 48 * 1024, "{rows} rows");
+        }
+        assert_eq!(pipe_shared_bytes(8, 2), 4 * (8192 + 4096));
+        assert_eq!(pipe_shared_bytes(1, 1), 8 * (4096 + 512));
     }
 }
