@@ -206,22 +206,14 @@ impl CudaBackend {
             {
                 scratch.partials = Some(self.alloc::<f32>(need)?);
             }
-            if scratch
-                .counters
-                .as_ref()
-                .map(|c| c.len() < feature_blocks)
-                .unwrap_or(true)
-            {
-                let n = feature_blocks.next_power_of_two().max(1024);
-                scratch.counters = Some(
-                    self.stream
-                        .alloc_zeros::<u32>(n)
-                        .map_err(derr("allocating decode GEMM counters"))?,
-                );
-            }
+            let cnt = self.zeroed_counters(
+                &mut scratch.counters,
+                feature_blocks,
+                "decode GEMM counters",
+            )?;
             (
                 self.ptr(scratch.partials.as_ref().expect("allocated above")),
-                self.ptr(scratch.counters.as_ref().expect("allocated above")),
+                cnt,
             )
         } else {
             (0u64, 0u64)
@@ -339,23 +331,28 @@ impl CudaBackend {
             && shape.heads / shape.kv_heads <= 8
     }
 
-    /// The decode attention's arrival counters, at least `n` zeroed words (allocated once and
-    /// grown on demand; each launch's last blocks leave them zero again).
-    fn decode_attention_counters(&self, n: usize) -> Result<u64> {
-        let mut scratch = self.decode.lock().unwrap_or_else(|e| e.into_inner());
-        if scratch
-            .attn_counters
-            .as_ref()
-            .map(|c| c.len() < n)
-            .unwrap_or(true)
-        {
-            scratch.attn_counters = Some(
+    /// The device address of at least `n` zeroed arrival counters in `slot` (allocated once and
+    /// grown on demand; the last block of each launch that uses one leaves it zero again).
+    fn zeroed_counters(
+        &self,
+        slot: &mut Option<CudaSlice<u32>>,
+        n: usize,
+        what: &str,
+    ) -> Result<u64> {
+        if slot.as_ref().map(|c| c.len() < n).unwrap_or(true) {
+            *slot = Some(
                 self.stream
                     .alloc_zeros::<u32>(n.next_power_of_two().max(1024))
-                    .map_err(derr("allocating decode attention counters"))?,
+                    .map_err(|e| anyhow::anyhow!("cuda: allocating {what}: {e}"))?,
             );
         }
-        Ok(self.ptr(scratch.attn_counters.as_ref().expect("allocated above")))
+        Ok(self.ptr(slot.as_ref().expect("allocated above")))
+    }
+
+    /// The decode attention's arrival counters, at least `n` zeroed words.
+    fn decode_attention_counters(&self, n: usize) -> Result<u64> {
+        let mut scratch = self.decode.lock().unwrap_or_else(|e| e.into_inner());
+        self.zeroed_counters(&mut scratch.attn_counters, n, "decode attention counters")
     }
 
     /// [`Backend::attention_decode`] in one launch (`kernels/decode_attention.cu`): blocks per
