@@ -3,11 +3,15 @@
 
     python3 tools/bench/kernel_trace.py TRACE.txt around NAME [--nth N] [--before 14] [--after 30]
     python3 tools/bench/kernel_trace.py TRACE.txt durations NAME
+    python3 tools/bench/kernel_trace.py TRACE.txt gaps - [--top 25] [--min-us 50]
 
 `around` prints the kernels (start offset, duration, gap since the previous one ended, name)
 around the N-th launch of the first kernel whose name starts with NAME: one decode step's layer,
 say. `durations` prints every launch of NAME in order, 20 per line, in microseconds: how a
 kernel's time moves through a benchmark's phases (steps at batch 1..64, greedy batched, alone).
+`gaps` finds where the GPU sat idle: the total busy and idle time between the first and the last
+record, idle time by gap size, and the largest gaps with the records on either side (a host-side
+wait shows as a long gap after a device-to-host copy).
 """
 import argparse
 import re
@@ -31,13 +35,18 @@ def read(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
-    ap.add_argument("what", choices=["around", "durations"])
+    ap.add_argument("what", choices=["around", "durations", "gaps"])
     ap.add_argument("name")
     ap.add_argument("--nth", type=int, default=0)
     ap.add_argument("--before", type=int, default=14)
     ap.add_argument("--after", type=int, default=30)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--min-us", type=float, default=50.0)
     a = ap.parse_args()
     k = read(a.trace)
+    if a.what == "gaps":
+        gaps(k, a.top, a.min_us)
+        return
     hits = [i for i, (_, _, n) in enumerate(k) if n.startswith(a.name)]
     if not hits:
         raise SystemExit(f"no launch of {a.name}")
@@ -51,6 +60,35 @@ def main():
     for s, e, n in k[max(i0 - a.before, 0):i0 + a.after]:
         print(f"{(s - k[i0][0]) / 1e3:9.1f} us  {(e - s) / 1e3:7.1f} us  gap {(s - prev) / 1e3:6.1f}  {n[:80]}")
         prev = e
+
+
+def gaps(k, top, min_us):
+    """Idle time between records (overlapping records merged), by size, and the largest gaps."""
+    if not k:
+        raise SystemExit("no records")
+    busy, idle, end, found = 0, 0, k[0][0], []
+    bins = {10: 0, 100: 0, 1000: 0, 10000: 0, float("inf"): 0}
+    for i, (s, e, n) in enumerate(k):
+        if s > end:
+            g = s - end
+            idle += g
+            for b in bins:
+                if g / 1e3 < b:
+                    bins[b] += g
+                    break
+            if g / 1e3 >= min_us:
+                found.append((g, i))
+        busy += max(0, e - max(s, end))
+        end = max(end, e)
+    span = end - k[0][0]
+    print(f"span {span / 1e6:.3f} s, busy {busy / 1e6:.3f} s ({100 * busy / span:.1f} %), idle {idle / 1e6:.3f} s")
+    lo = 0
+    for b, t in bins.items():
+        print(f"  gaps {lo:>6} .. {b:>6} us: {t / 1e6:8.3f} s")
+        lo = b
+    print(f"largest gaps (>= {min_us} us):")
+    for g, i in sorted(found, reverse=True)[:top]:
+        print(f"  {g / 1e3:10.1f} us at {(k[i][0] - k[0][0]) / 1e6:8.3f} s  after {k[i - 1][2][:50]}  before {k[i][2][:50]}")
 
 
 if __name__ == "__main__":

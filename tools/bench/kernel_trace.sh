@@ -13,6 +13,10 @@ if [ ! -e $W/cupti_trace_injection/libcupti_trace_injection.so ]; then
   mkdir -p $W && cp -r $S/cupti_trace_injection $S/common $W/
   (cd $W/cupti_trace_injection && make CUDA_INSTALL_PATH=/usr/local/cuda > /dev/null)
 fi
-CUDA_INJECTION64_PATH=$W/cupti_trace_injection/libcupti_trace_injection.so "$@" 2> /dev/null \
-  | grep -E "^(CONCURRENT_KERNEL|MEMCPY|MEMSET)" > "$out" || true
+# The command's own output is kept beside the trace: stdout without the records in OUT.stdout,
+# stderr (a --timeline table, say) in OUT.stderr.
+CUDA_INJECTION64_PATH=$W/cupti_trace_injection/libcupti_trace_injection.so "$@" > "$out.all" 2> "$out.stderr" || true
+grep -E "^(CONCURRENT_KERNEL|MEMCPY|MEMSET)" "$out.all" > "$out" || true
+grep -vE "^(CONCURRENT_KERNEL|MEMCPY|MEMSET|DEVICE|CONTEXT|RUNTIME|DRIVER)" "$out.all" > "$out.stdout" || true
+rm -f "$out.all"
 wc -l "$out"
