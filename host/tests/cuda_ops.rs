@@ -6,7 +6,7 @@
 
 use draftlens::backend::cpu::CpuBackend;
 use draftlens::backend::cuda::{compile_kernels_offline, CudaBackend};
-use draftlens::backend::{AttnMask, AttnShape, Backend, BackendError};
+use draftlens::backend::{AttnMask, AttnShape, Backend, BackendError, HostRows, HostRowsRef};
 use draftlens::drafter::random::{write_random_checkpoint, RandomDrafter};
 use draftlens::drafter::{DFlashDrafter, DraftOptions};
 use draftlens::model::random::{qwen3_8b_spec, RandomWeights};
@@ -797,4 +797,42 @@ fn cuda_tuned_gemm_choice_is_remembered_by_the_next_backend() {
         .map(|(p, q)| (p - q).abs() / (q.abs() + 1e-2))
         .fold(0f32, f32::max);
     assert!(err < 2e-2, "cublasGemmEx vs cuBLASLt: {err}");
+}
+
+/// Tap downloads cut into sequences (`to_host_rows_split`, staged in page-locked memory above 2 MiB)
+/// equal the plain download's rows, bit for bit, for parts of every size including empty ones,
+/// through a staging buffer that grows and is reused; bf16 uploads (staged above 1 MiB) round-trip
+/// exactly.
+#[test]
+fn cuda_split_tap_download_equals_the_whole_download() {
+    let Some(be) = gpu() else { return };
+    for (rows, cols, starts) in [
+        (9usize, 64usize, vec![0usize, 4, 4, 9]), // below the staging size
+        (3000, 1024, vec![0, 1, 1000, 1000, 2999, 3000]),
+        (5000, 1024, vec![0, 5000]),
+        (5000, 1024, vec![0, 17, 2500, 5000]), // the buffer reused
+        (2000, 4096, vec![0, 1, 2, 1999, 2000]), // grown
+    ] {
+        // bf16 values uploaded as they are: above 1 MiB through the page-locked staging.
+        let values: Vec<half::bf16> = host_random(rows * cols, rows as u64)
+            .into_iter()
+            .map(half::bf16::from_f32)
+            .collect();
+        let x = be
+            .from_host_rows(HostRowsRef::BF16(&values), rows, cols)
+            .unwrap();
+        let whole = be.to_host_rows(&x).unwrap();
+        assert!(whole == HostRows::BF16(values), "{rows}x{cols}: upload round trip");
+        let parts = be.to_host_rows_split(&x, &starts).unwrap();
+        assert_eq!(parts.len(), starts.len() - 1);
+        for (p, w) in parts.iter().zip(starts.windows(2)) {
+            assert_eq!(
+                p.view().to_f32(),
+                whole.view().slice(w[0] * cols..w[1] * cols).to_f32(),
+                "{rows}x{cols} part {w:?}"
+            );
+        }
+    }
+    let x = be.from_host(&host_random(64, 1), 8, 8).unwrap();
+    assert!(be.to_host_rows_split(&x, &[0, 9]).is_err());
 }

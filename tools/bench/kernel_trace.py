@@ -62,12 +62,24 @@ def main():
         prev = e
 
 
+def short(name):
+    """A record's name with cuBLAS's kernel names folded (nvjet_*/cutlass*/sm90_* -> gemm)."""
+    if name.startswith(("nvjet", "cutlass", "sm90_", "sm80_", "ampere_")) or "gemm" in name.lower():
+        return "gemm"
+    if "splitKreduce" in name:
+        return "splitK-reduce"
+    return name[:40]
+
+
 def gaps(k, top, min_us):
-    """Idle time between records (overlapping records merged), by size, and the largest gaps."""
+    """Idle time between records (overlapping records merged), by size; the largest gaps; the
+    idle time summed by the pair of records around it (which transitions hold the idle)."""
     if not k:
         raise SystemExit("no records")
-    busy, idle, end, found = 0, 0, k[0][0], []
+    busy, idle, end, found, prev = 0, 0, k[0][0], [], k[0][2]
+    found_all = []
     bins = {10: 0, 100: 0, 1000: 0, 10000: 0, float("inf"): 0}
+    pairs = {}
     for i, (s, e, n) in enumerate(k):
         if s > end:
             g = s - end
@@ -77,19 +89,45 @@ def gaps(k, top, min_us):
                     bins[b] += g
                     break
             if g / 1e3 >= min_us:
-                found.append((g, i))
+                found.append((g, i, prev))
+            found_all.append((g, i, prev))
+            key = (short(prev), short(n))
+            t, c = pairs.get(key, (0, 0))
+            pairs[key] = (t + g, c + 1)
         busy += max(0, e - max(s, end))
-        end = max(end, e)
+        if e >= end:
+            end, prev = e, n
     span = end - k[0][0]
-    print(f"span {span / 1e6:.3f} s, busy {busy / 1e6:.3f} s ({100 * busy / span:.1f} %), idle {idle / 1e6:.3f} s")
+    print(f"span {span / 1e9:.3f} s, busy {busy / 1e9:.3f} s ({100 * busy / span:.1f} %), idle {idle / 1e9:.3f} s")
     lo = 0
     for b, t in bins.items():
-        print(f"  gaps {lo:>6} .. {b:>6} us: {t / 1e6:8.3f} s")
+        print(f"  gaps {lo:>6} .. {b:>6} us: {t / 1e9:8.3f} s")
         lo = b
+    print(f"idle by transition (top {top}): seconds, count, mean us, after -> before")
+    for (a, b), (t, c) in sorted(pairs.items(), key=lambda x: -x[1][0])[:top]:
+        print(f"  {t / 1e9:8.3f} s {c:8d} {t / c / 1e3:10.1f}  {a} -> {b}")
+    # The worst transitions in detail: what ran next (the next three records name the code path
+    # the host was about to start) and how the gaps spread.
+    for (a, b), _ in sorted(pairs.items(), key=lambda x: -x[1][0])[:3]:
+        sig = {}
+        sizes = []
+        for g, i, p in found_all:
+            if (short(p), short(k[i][2])) != (a, b):
+                continue
+            sizes.append(g)
+            key = " | ".join(short(x[2]) for x in k[i:i + 3])
+            t, c = sig.get(key, (0, 0))
+            sig[key] = (t + g, c + 1)
+        if not sizes:
+            continue
+        sizes.sort()
+        q = lambda f: sizes[min(len(sizes) - 1, int(f * len(sizes)))] / 1e3
+        print(f"{a} -> {b}: {len(sizes)} gaps, us p10 {q(0.1):.0f} p50 {q(0.5):.0f} p90 {q(0.9):.0f} max {q(1.0):.0f}; by what ran next:")
+        for key, (t, c) in sorted(sig.items(), key=lambda x: -x[1][0])[:6]:
+            print(f"  {t / 1e9:8.3f} s {c:6d} {t / c / 1e3:9.1f} us  {key}")
     print(f"largest gaps (>= {min_us} us):")
-    for g, i in sorted(found, reverse=True)[:top]:
-        print(f"  {g / 1e3:10.1f} us at {(k[i][0] - k[0][0]) / 1e6:8.3f} s  after {k[i - 1][2][:50]}  before {k[i][2][:50]}")
-
+    for g, i, p in sorted(found, reverse=True)[:top]:
+        print(f"  {g / 1e3:10.1f} us at {(k[i][0] - k[0][0]) / 1e9:8.3f} s  after {p[:50]}  before {k[i][2][:50]}")
 
 if __name__ == "__main__":
     main()

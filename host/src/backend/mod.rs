@@ -93,6 +93,23 @@ pub trait Backend: Send + Sync + 'static {
     fn to_host_rows(&self, t: &Self::Tensor) -> Result<HostRows> {
         Ok(HostRows::F32(self.to_host(t)?))
     }
+    /// [`Backend::to_host_rows`] cut into parts by rows: part i holds rows
+    /// `row_starts[i]..row_starts[i + 1]` (`row_starts` ascending from 0 to the row count). The
+    /// default downloads the whole tensor and copies the parts out; the CUDA backend stages it
+    /// in page-locked memory it keeps, so the whole never exists as a second host copy.
+    fn to_host_rows_split(&self, t: &Self::Tensor, row_starts: &[usize]) -> Result<Vec<HostRows>> {
+        let (rows, cols) = self.dims(t);
+        check_row_starts(row_starts, rows)?;
+        let all = self.to_host_rows(t)?;
+        if row_starts.len() == 2 {
+            return Ok(vec![all]);
+        }
+        use rayon::prelude::*;
+        Ok(row_starts
+            .par_windows(2)
+            .map(|w| all.view().slice(w[0] * cols..w[1] * cols).to_owned())
+            .collect())
+    }
     fn dims(&self, t: &Self::Tensor) -> (usize, usize);
     fn matrix(&self, data: &[f32], out: usize, inp: usize) -> Result<Self::Matrix> {
         ensure!(
@@ -745,4 +762,16 @@ pub(crate) fn host_causal_conv1d_silu<B: Backend + ?Sized>(
         **st = be.from_host(&sh, k - 1, c)?;
     }
     be.from_host(&out, rows, c)
+}
+
+/// `row_starts` of [`Backend::to_host_rows_split`]: ascending, from 0 to `rows`.
+pub(crate) fn check_row_starts(row_starts: &[usize], rows: usize) -> Result<()> {
+    ensure!(
+        row_starts.len() >= 2
+            && row_starts[0] == 0
+            && row_starts[row_starts.len() - 1] == rows
+            && row_starts.windows(2).all(|w| w[0] <= w[1]),
+        "row parts {row_starts:?} do not cover rows 0..{rows} in order"
+    );
+    Ok(())
 }

@@ -471,14 +471,40 @@ fn evaluate_prompts<B: Backend>(
     run_id: i64,
     records_sha: Option<String>,
 ) -> Result<Evaluated> {
+    std::thread::scope(|scope| {
+        let sink = RecordSink::start(scope, store, run_id);
+        let mut ev = evaluation(s, drafter, set, selected, opts, sink, records_sha)?;
+        let result = evaluate_into(&mut ev, selected);
+        // The records of every prompt drafted so far are stored before returning, whether the
+        // loop finished or stopped (`--fail-after`, an interrupt, an error).
+        let stored = ev.sink.finish();
+        result?;
+        stored?;
+        ev.pb.finish_and_clear();
+        Ok((
+            ev.infos,
+            ev.all,
+            (ev.target_s, ev.draft_s, ev.records_cached),
+        ))
+    })
+}
+
+fn evaluation<'a, 's, B: Backend>(
+    s: &'a Session<B>,
+    drafter: &'a RunDrafter<'a, B>,
+    set: &'a PromptSet,
+    selected: &[usize],
+    opts: &'a RunOptions,
+    sink: RecordSink<'s>,
+    records_sha: Option<String>,
+) -> Result<Evaluation<'a, 's, B>> {
     let layer_ids = drafter.target_layer_ids.clone();
     let mut ev = Evaluation {
         s,
         drafter,
         set,
         opts,
-        store,
-        run_id,
+        sink,
         capture: Capture::for_layer_ids(&layer_ids, s.files.spec.num_layers)?,
         tap_idx: layer_ids.iter().map(|i| i + 1).collect(),
         all: RecordBatch::new(drafter.block_size as u32, opts.eval.top_k as u32),
@@ -492,6 +518,12 @@ fn evaluate_prompts<B: Backend>(
     };
     ev.all.target_ids = Some(Vec::new());
     ev.all.target_logprobs = Some(Vec::new());
+    Ok(ev)
+}
+
+/// The prompt loop of [`evaluate_prompts`].
+fn evaluate_into<B: Backend>(ev: &mut Evaluation<'_, '_, B>, selected: &[usize]) -> Result<()> {
+    let (s, set, opts) = (ev.s, ev.set, ev.opts);
     let mut window = Packer::new(s.pack_tokens);
     let batch = s.gen_batch();
     for (c, chunk_idx) in selected.chunks(batch).enumerate() {
@@ -522,13 +554,61 @@ fn evaluate_prompts<B: Backend>(
             }
         }
     }
-    ev.flush(window.finish())?;
-    ev.pb.finish_and_clear();
-    Ok((
-        ev.infos,
-        ev.all,
-        (ev.target_s, ev.draft_s, ev.records_cached),
-    ))
+    ev.flush(window.finish())
+}
+
+/// Stores each prompt's records on a thread of its own: SQLite's commit of one prompt (~2 ms)
+/// then overlaps the drafting of the next instead of leaving the GPU idle. Prompts are stored in
+/// the order they are sent; the first error stops the writer, and the next [`RecordSink::send`]
+/// or [`RecordSink::finish`] returns it.
+struct RecordSink<'s> {
+    tx: Option<std::sync::mpsc::SyncSender<(RunPrompt, RecordBatch)>>,
+    writer: Option<std::thread::ScopedJoinHandle<'s, Result<()>>>,
+}
+
+impl<'s> RecordSink<'s> {
+    /// A few prompts may wait (each ~250 KB of records): enough to ride out one slow commit.
+    const QUEUE: usize = 4;
+
+    fn start<'e>(
+        scope: &'s std::thread::Scope<'s, 'e>,
+        store: &'s Store,
+        run_id: i64,
+    ) -> RecordSink<'s> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(RunPrompt, RecordBatch)>(Self::QUEUE);
+        let writer = scope.spawn(move || -> Result<()> {
+            for (prompt, records) in rx {
+                let _work = crate::timeline::background("store records");
+                store.add_prompt_records(run_id, &prompt, &records)?;
+            }
+            Ok(())
+        });
+        RecordSink {
+            tx: Some(tx),
+            writer: Some(writer),
+        }
+    }
+
+    fn send(&mut self, prompt: RunPrompt, records: RecordBatch) -> Result<()> {
+        let tx = self.tx.as_ref().context("the record writer has finished")?;
+        if tx.send((prompt, records)).is_err() {
+            // The writer stopped on an error: report it.
+            self.finish()?;
+            bail!("the record writer stopped");
+        }
+        Ok(())
+    }
+
+    /// Waits until everything sent is stored; the writer's first error, if any.
+    fn finish(&mut self) -> Result<()> {
+        drop(self.tx.take());
+        match self.writer.take() {
+            Some(w) => w
+                .join()
+                .map_err(|_| anyhow::anyhow!("the record writer panicked"))?,
+            None => Ok(()),
+        }
+    }
 }
 
 /// Each prompt of `chunk` as (prompt + labels, prompt length): the labels are the target's greedy
@@ -573,13 +653,13 @@ fn chunk_sequences<B: Backend>(
 }
 
 /// The state of [`evaluate_prompts`]: what every prompt needs and what the run accumulates.
-struct Evaluation<'a, B: Backend> {
+struct Evaluation<'a, 's, B: Backend> {
     s: &'a Session<B>,
     drafter: &'a RunDrafter<'a, B>,
     set: &'a PromptSet,
     opts: &'a RunOptions,
-    store: &'a Store,
-    run_id: i64,
+    /// Where each prompt's records go (stored in order on the sink's thread).
+    sink: RecordSink<'s>,
     capture: Capture,
     /// HF hidden-state indices of the drafter's taps.
     tap_idx: Vec<usize>,
@@ -596,7 +676,7 @@ struct Evaluation<'a, B: Backend> {
     total: usize,
 }
 
-impl<B: Backend> Evaluation<'_, B> {
+impl<B: Backend> Evaluation<'_, '_, B> {
     fn check_interrupted(&self) -> Result<()> {
         if INTERRUPTED.load(Ordering::Relaxed) {
             bail!(
@@ -672,21 +752,17 @@ impl<B: Backend> Evaluation<'_, B> {
                     rec
                 }
             };
-            let _phase = crate::timeline::phase("store records");
-            self.store.add_prompt_records(
-                self.run_id,
-                &RunPrompt {
-                    index: i as u32,
-                    id: p.id.clone(),
-                    sha256: p.hash(),
-                    category: p.category.clone(),
-                    prompt_len: w.prompt_len as u32,
-                    token_ids: ids.clone(),
-                    text: tok.decode(ids)?,
-                },
-                &rec,
-            )?;
             self.all.extend(&rec);
+            let prompt = RunPrompt {
+                index: i as u32,
+                id: p.id.clone(),
+                sha256: p.hash(),
+                category: p.category.clone(),
+                prompt_len: w.prompt_len as u32,
+                token_ids: ids.clone(),
+                text: tok.decode(ids)?,
+            };
+            self.sink.send(prompt, rec)?;
             self.infos.push(PromptInfo {
                 index: i as u32,
                 prompt_len: w.prompt_len,
@@ -699,7 +775,7 @@ impl<B: Backend> Evaluation<'_, B> {
     }
 }
 
-impl<B: Backend> Evaluation<'_, B> {
+impl<B: Backend> Evaluation<'_, '_, B> {
     /// The records of one prompt from its target pass: the drafter's context, then every anchor.
     fn draft(&mut self, w: &Pending, pass: &crate::session::TargetPass) -> Result<RecordBatch> {
         let (s, opts) = (self.s, self.opts);

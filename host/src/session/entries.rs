@@ -7,6 +7,7 @@ use crate::backend::{HostRows, TopK};
 use crate::cache::{CachedData, CachedTensor};
 use crate::generate::{Continuation, StopReason};
 use crate::model::Capture;
+use std::sync::Arc;
 
 /// Groups consecutive items into packs of at most `budget` tokens; an item longer than the
 /// budget forms a pack of its own. Order is kept, so packs are deterministic.
@@ -46,7 +47,8 @@ impl<T> Packer<T> {
 pub(super) struct PassEntry {
     rows: usize,
     hidden_size: usize,
-    hidden: Vec<(usize, CachedData)>,
+    /// Shared with the pass until [`PassEntry::tensors`] runs (on the cache writer's thread).
+    hidden: Vec<(usize, Arc<HostRows>)>,
     topk: TopK,
 }
 
@@ -56,7 +58,7 @@ impl PassEntry {
         let hidden = p
             .hidden
             .iter()
-            .map(|(i, h)| (*i, data_of(h.clone())))
+            .map(|(i, h)| (*i, Arc::clone(h)))
             .collect();
         PassEntry::with_hidden(p, hidden)
     }
@@ -64,14 +66,11 @@ impl PassEntry {
     /// [`PassEntry::of`] without copying the hidden states: they move into the entry and the
     /// pass is left without them (`extract` without `--out` needs only that they are cached).
     pub(super) fn take(p: &mut TargetPass) -> PassEntry {
-        let hidden = std::mem::take(&mut p.hidden)
-            .into_iter()
-            .map(|(i, h)| (i, data_of(h)))
-            .collect();
+        let hidden = std::mem::take(&mut p.hidden);
         PassEntry::with_hidden(p, hidden)
     }
 
-    fn with_hidden(p: &TargetPass, hidden: Vec<(usize, CachedData)>) -> PassEntry {
+    fn with_hidden(p: &TargetPass, hidden: Vec<(usize, Arc<HostRows>)>) -> PassEntry {
         PassEntry {
             rows: p.ids.len(),
             hidden_size: p.hidden_size,
@@ -86,10 +85,11 @@ impl PassEntry {
         let mut tensors: Vec<CachedTensor> = self
             .hidden
             .into_iter()
-            .map(|(i, data)| CachedTensor {
+            .map(|(i, h)| CachedTensor {
                 name: format!("hs.{i}"),
                 shape: vec![t, d],
-                data,
+                // Moved when the pass is gone, copied (here, off the main thread) while it lives.
+                data: data_of(Arc::try_unwrap(h).unwrap_or_else(|shared| (*shared).clone())),
             })
             .collect();
         tensors.push(CachedTensor {
@@ -167,8 +167,12 @@ pub(super) fn decode_pass(
     let mut hidden = Vec::new();
     for &i in &capture.indices {
         match by_name.remove(&format!("hs.{i}"))? {
-            CachedData::F32(v) if v.len() == ids.len() * d => hidden.push((i, HostRows::F32(v))),
-            CachedData::BF16(v) if v.len() == ids.len() * d => hidden.push((i, HostRows::BF16(v))),
+            CachedData::F32(v) if v.len() == ids.len() * d => {
+                hidden.push((i, Arc::new(HostRows::F32(v))))
+            }
+            CachedData::BF16(v) if v.len() == ids.len() * d => {
+                hidden.push((i, Arc::new(HostRows::BF16(v))))
+            }
             _ => return None,
         }
     }

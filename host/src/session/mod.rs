@@ -23,7 +23,7 @@ use crate::model::{Capture, EmbedHead, TargetFiles, TargetHead, TargetModel};
 use crate::prompts::Prompt;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// Bumped whenever model code or kernels change numerics, so cached entries are recomputed.
@@ -116,7 +116,8 @@ pub struct TargetPass {
     pub ids: Vec<u32>,
     /// Captured hidden states, `(HF index, [T × D] row-major)`, in the order asked for, in the
     /// backend's compute dtype (bf16 on CUDA: taps are never widened on their way to the drafter).
-    pub hidden: Vec<(usize, HostRows)>,
+    /// Shared with the cache entry being written ([`PassEntry`]) instead of copied for it.
+    pub hidden: Vec<(usize, Arc<HostRows>)>,
     pub hidden_size: usize,
     /// The target's own top-K next-token prediction at every position (row t predicts t+1).
     pub topk: TopK,
@@ -129,7 +130,7 @@ impl TargetPass {
         self.hidden
             .iter()
             .find(|(i, _)| *i == index)
-            .map(|(_, h)| h)
+            .map(|(_, h)| h.as_ref())
     }
 }
 
@@ -706,10 +707,11 @@ impl<B: Backend> Session<B> {
             let seq_ids: Vec<&[u32]> = pack.iter().map(|(n, _)| seqs[*n]).collect();
             let mut computed = self.packed_pass(&seq_ids, capture, k)?;
             // Cache entries hold the hidden states in the backend's compute dtype: bf16 on CUDA
-            // (exact, half the bytes of f32), f32 on the CPU. Copied on all cores, or moved.
-            use rayon::prelude::*;
+            // (exact, half the bytes of f32), f32 on the CPU. Shared with the pass, or moved:
+            // never copied here, where the GPU would wait (PassEntry::tensors, on the writer's
+            // thread, copies what the pass still holds).
             let entries: Vec<PassEntry> = if keep_hidden {
-                computed.par_iter().map(PassEntry::of).collect()
+                computed.iter().map(PassEntry::of).collect()
             } else {
                 computed.iter_mut().map(PassEntry::take).collect()
             };
@@ -741,30 +743,18 @@ impl<B: Backend> Session<B> {
         drop(forward);
         let kk = topk.k;
         // One download per tap for the whole pack (not one per sequence and tap: each is a
-        // synchronising copy), split into sequences on the host tap by tap, so that host memory
-        // holds the pack's hidden states once plus one tap (a 32k-token prompt of a 32B target is
-        // 1.6 GB of taps); a pack of one sequence keeps the download as it is.
+        // synchronising copy), cut into sequences by the backend (Backend::to_host_rows_split),
+        // so that host memory holds the pack's hidden states once.
         let _download = crate::timeline::phase("tap download");
-        use rayon::prelude::*;
-        let mut hidden: Vec<Vec<(usize, HostRows)>> = seqs
+        let mut hidden: Vec<Vec<(usize, Arc<HostRows>)>> = seqs
             .iter()
             .map(|_| Vec::with_capacity(capture.indices.len()))
             .collect();
         for &i in &capture.indices {
             let t = out.captured.get(i).context("captured state missing")?;
-            let all = self.be.to_host_rows(t)?;
-            if let [only] = hidden.as_mut_slice() {
-                if all.len() == ids.len() * d {
-                    only.push((i, all));
-                    continue;
-                }
-            }
-            let parts: Vec<HostRows> = starts
-                .par_windows(2)
-                .map(|w| all.view().slice(w[0] * d..w[1] * d).to_owned())
-                .collect();
+            let parts = self.be.to_host_rows_split(t, &starts)?;
             for (h, part) in hidden.iter_mut().zip(parts) {
-                h.push((i, part));
+                h.push((i, Arc::new(part)));
             }
         }
         Ok(seqs

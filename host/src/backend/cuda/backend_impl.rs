@@ -15,6 +15,9 @@ use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
+/// Host-to-device copies of bf16 activations from this size on use the page-locked staging.
+const STAGED_UPLOAD_MIN_BYTES: usize = 1 << 20;
+
 impl Backend for CudaBackend {
     type Tensor = CudaTensor;
     type Matrix = CudaMatrix;
@@ -31,11 +34,25 @@ impl Backend for CudaBackend {
         self.from_host_bf16_impl(&host_rows::f32_to_bf16(data), rows, cols)
     }
     fn from_host_bf16_impl(&self, data: &[bf16], rows: usize, cols: usize) -> Result<CudaTensor> {
-        Ok(CudaTensor {
-            buf: self.upload(data)?,
-            rows,
-            cols,
-        })
+        // Megabytes (a drafter's context taps, once per prompt and checkpoint) go through the
+        // weights' page-locked staging (upload.rs): an asynchronous copy instead of a pageable
+        // one the host waits for while the GPU sits idle.
+        let buf = if std::mem::size_of_val(data) >= STAGED_UPLOAD_MIN_BYTES {
+            // SAFETY: a bf16 is 2 initialised bytes; u8 has no alignment requirement.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data))
+            };
+            let part = crate::backend::raw::RawPart {
+                dtype: crate::backend::raw::RawDtype::BF16,
+                rows,
+                cols,
+                bytes,
+            };
+            self.upload_stacked(&[part])?.buf
+        } else {
+            self.upload(data)?
+        };
+        Ok(CudaTensor { buf, rows, cols })
     }
     fn to_host(&self, t: &CudaTensor) -> Result<Vec<f32>> {
         // Widened on all cores: a packed forward's taps are hundreds of millions of values.
@@ -43,6 +60,14 @@ impl Backend for CudaBackend {
     }
     fn to_host_rows(&self, t: &CudaTensor) -> Result<HostRows> {
         Ok(HostRows::BF16(self.to_host_bf16(t)?))
+    }
+    fn to_host_rows_split(&self, t: &CudaTensor, row_starts: &[usize]) -> Result<Vec<HostRows>> {
+        crate::backend::check_row_starts(row_starts, t.rows)?;
+        Ok(self
+            .to_host_bf16_split(t, row_starts)?
+            .into_iter()
+            .map(HostRows::BF16)
+            .collect())
     }
     fn dims(&self, t: &CudaTensor) -> (usize, usize) {
         (t.rows, t.cols)

@@ -7,6 +7,9 @@ use anyhow::{anyhow, ensure, Result};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use half::bf16;
 
+/// Downloads of fewer values than this in one part skip the staging buffer (2 MiB of bf16).
+const STAGE_MIN: usize = 1 << 20;
+
 /// Where a block of columns sits in a row-major buffer: rows `ld` elements apart, starting at
 /// column `col0`.
 #[derive(Clone, Copy, Debug)]
@@ -122,6 +125,45 @@ impl CudaBackend {
         }
         self.synchronize()?;
         Ok(out)
+    }
+
+    /// `t`'s rows cut at `row_starts` (checked by the caller), each part its own vector: one
+    /// copy into the page-locked staging buffer this backend keeps (grown as needed, at the host
+    /// link's speed instead of a pageable copy's), then the parts copied out on all cores. A
+    /// pageable download of the whole and a split after it cost two passes over fresh host
+    /// memory on one core: ~70 ms per tap of a 16k-token pack of Qwen3-8B (docs/benchmarks-cuda.md,
+    /// "Session 13").
+    pub fn to_host_bf16_split(&self, t: &CudaTensor, row_starts: &[usize]) -> Result<Vec<Vec<bf16>>> {
+        let n = t.rows * t.cols;
+        if n == 0 || row_starts.len() == 2 && n < STAGE_MIN {
+            // Small or one part: a plain download (no staging buffer kept for it).
+            let all = self.to_host_bf16(t)?;
+            if row_starts.len() == 2 {
+                return Ok(vec![all]);
+            }
+            return Ok(row_starts
+                .windows(2)
+                .map(|w| all[w[0] * t.cols..w[1] * t.cols].to_vec())
+                .collect());
+        }
+        let mut guard = self
+            .tap_staging
+            .lock()
+            .map_err(|_| anyhow!("tap staging buffer poisoned"))?;
+        if guard.as_ref().is_none_or(|b| b.len() < n) {
+            *guard = None; // free the old one first
+            *guard = Some(self.alloc_pinned_bf16(n)?);
+        }
+        let stage = guard.as_mut().expect("allocated above");
+        self.copy_to_pinned(t, stage, 0)?;
+        self.synchronize()?;
+        let host = stage.as_slice().map_err(derr("pinned buffer"))?;
+        let cols = t.cols;
+        use rayon::prelude::*;
+        Ok(row_starts
+            .par_windows(2)
+            .map(|w| host[w[0] * cols..w[1] * cols].to_vec())
+            .collect())
     }
 
     /// Page-locked host memory for `n` bf16 values (fast device-to-host copies of taps).

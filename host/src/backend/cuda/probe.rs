@@ -191,6 +191,7 @@ impl CudaBackend {
             pos_cache: Mutex::new(None),
             freq_cache: Mutex::new(Vec::new()),
             decode: Default::default(),
+            tap_staging: Mutex::new(None),
         })
     }
 
