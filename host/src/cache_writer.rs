@@ -6,12 +6,17 @@
 //! recomputes what is missing. Errors are kept and returned by the next [`CacheWriter::put`] or by
 //! [`CacheWriter::flush`], which a command calls before it reports success.
 //!
-//! The queue is bounded ([`CacheWriter::DEPTH`] entries), so a disk slower than the GPU slows the
-//! producer instead of holding every pending hidden state in host memory.
+//! The queue is bounded by bytes ([`CacheWriter::QUEUE_BYTES`] of entries announced with
+//! [`CacheWriter::put_sized`]) and by count ([`CacheWriter::DEPTH`]), so a disk slower than the
+//! GPU slows the producer instead of holding every pending hidden state in host memory. A bound
+//! by count alone stalled the producer behind a pack's hidden states: a `run` queues one entry
+//! per prompt of a pack (~12 MB each for an 8B target), then one small records entry per prompt
+//! drafted, and with 32 slots each records entry waited ~5 ms for a slot, the GPU idle
+//! (docs/benchmarks-cuda.md, "Session 13").
 
 use crate::cache::{CacheKey, CachedTensor, HiddenCache};
 use anyhow::{anyhow, Result};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -22,28 +27,40 @@ type Job = (CacheKey, Box<dyn FnOnce() -> Vec<CachedTensor> + Send>);
 /// What the writers share with the producer.
 #[derive(Default)]
 struct Shared {
-    /// Entries queued or being written, and the first error not yet reported.
-    state: Mutex<(usize, Option<anyhow::Error>)>,
-    /// Signalled when the pending count reaches zero.
+    state: Mutex<State>,
+    /// Signalled whenever an entry is done (the pending count or bytes went down).
     idle: Condvar,
 }
 
+#[derive(Default)]
+struct State {
+    /// Entries queued or being written.
+    pending: usize,
+    /// Their announced bytes.
+    bytes: usize,
+    /// The first error not yet reported.
+    error: Option<anyhow::Error>,
+}
+
 pub struct CacheWriter {
-    tx: Option<SyncSender<Job>>,
+    tx: Option<Sender<(Job, usize)>>,
     threads: Vec<JoinHandle<()>>,
     shared: Arc<Shared>,
 }
 
 impl CacheWriter {
-    /// Entries queued before [`CacheWriter::put`] blocks (an 8B target's entry with 5 taps of a
-    /// 300-token sequence is about 12 MB in bf16).
-    pub const DEPTH: usize = 32;
+    /// Entries queued before a put blocks.
+    pub const DEPTH: usize = 1024;
+    /// Announced bytes queued before [`CacheWriter::put_sized`] blocks (an 8B target's entry with
+    /// 5 taps of a 300-token sequence is about 12 MB in bf16); one larger entry is still taken
+    /// when nothing else is queued.
+    pub const QUEUE_BYTES: usize = 1 << 30;
     /// Writer threads: each entry ends with two fsyncs, which a single thread waits for one
     /// after another (the H200 host's disk left a 1–2 s tail after the GPU work with one).
     pub const THREADS: usize = 4;
 
     pub fn new(cache: HiddenCache) -> CacheWriter {
-        let (tx, rx) = sync_channel::<Job>(Self::DEPTH);
+        let (tx, rx) = channel::<(Job, usize)>();
         let rx = Arc::new(Mutex::new(rx));
         let shared = Arc::new(Shared::default());
         let threads: Vec<JoinHandle<()>> = (0..Self::THREADS)
@@ -63,36 +80,55 @@ impl CacheWriter {
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn take_error(&self) -> Result<()> {
-        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-        match st.1.take() {
+        match self.lock().error.take() {
             Some(e) => Err(e),
             None => Ok(()),
         }
     }
 
-    /// Queue the entry `tensors()` under `key`. Returns an earlier write's error, if any.
+    /// Queue the small entry `tensors()` under `key` (continuations, drafter records). Returns
+    /// an earlier write's error, if any.
     pub fn put(
         &self,
         cache: &HiddenCache,
         key: CacheKey,
         tensors: impl FnOnce() -> Vec<CachedTensor> + Send + 'static,
     ) -> Result<()> {
+        self.put_sized(cache, key, 0, tensors)
+    }
+
+    /// Queue an entry of about `bytes` (hidden states), waiting while the queue holds more than
+    /// [`CacheWriter::QUEUE_BYTES`] with it.
+    pub fn put_sized(
+        &self,
+        cache: &HiddenCache,
+        key: CacheKey,
+        bytes: usize,
+        tensors: impl FnOnce() -> Vec<CachedTensor> + Send + 'static,
+    ) -> Result<()> {
         self.take_error()?;
         let Some(tx) = &self.tx else {
             return cache.put(&key, &tensors()).map(|_| ());
         };
-        self.shared
-            .state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .0 += 1;
-        tx.send((key, Box::new(tensors))).map_err(|_| {
-            self.shared
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .0 -= 1;
+        {
+            let mut st = self.lock();
+            while st.pending > 0
+                && (st.pending >= Self::DEPTH || st.bytes + bytes > Self::QUEUE_BYTES)
+            {
+                st = self.shared.idle.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            st.pending += 1;
+            st.bytes += bytes;
+        }
+        tx.send(((key, Box::new(tensors)), bytes)).map_err(|_| {
+            let mut st = self.lock();
+            st.pending -= 1;
+            st.bytes -= bytes;
             anyhow!("the cache writer threads stopped")
         })
     }
@@ -100,8 +136,8 @@ impl CacheWriter {
     /// Wait until every queued entry is written (or failed), leaving any error for
     /// [`CacheWriter::flush`]: a lookup after this sees every entry queued before it.
     pub fn wait(&self) {
-        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-        while st.0 > 0 {
+        let mut st = self.lock();
+        while st.pending > 0 {
             st = self.shared.idle.wait(st).unwrap_or_else(|e| e.into_inner());
         }
     }
@@ -113,11 +149,13 @@ impl CacheWriter {
     }
 }
 
-fn work(cache: HiddenCache, rx: Arc<Mutex<Receiver<Job>>>, shared: Arc<Shared>) {
+fn work(cache: HiddenCache, rx: Arc<Mutex<Receiver<(Job, usize)>>>, shared: Arc<Shared>) {
     loop {
         // The lock is held only to take the next job, not while writing it.
         let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-        let Ok((key, tensors)) = job else { return };
+        let Ok(((key, tensors), bytes)) = job else {
+            return;
+        };
         let result = {
             let _t = crate::timeline::background("cache write");
             cache.put(&key, &tensors())
@@ -125,12 +163,12 @@ fn work(cache: HiddenCache, rx: Arc<Mutex<Receiver<Job>>>, shared: Arc<Shared>) 
         let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = result {
             // Keep the first error; later ones are usually the same disk problem.
-            st.1.get_or_insert(e);
+            st.error.get_or_insert(e);
         }
-        st.0 -= 1;
-        if st.0 == 0 {
-            shared.idle.notify_all();
-        }
+        st.pending -= 1;
+        st.bytes -= bytes;
+        // Both a producer waiting for room and `wait` (for zero) listen.
+        shared.idle.notify_all();
     }
 }
 
@@ -172,7 +210,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = HiddenCache::open(dir.path()).unwrap();
         let w = CacheWriter::new(cache.clone());
-        for n in 0..(CacheWriter::DEPTH as u32 * 2) {
+        for n in 0..64 {
             w.put(&cache, key(n), move || {
                 vec![CachedTensor {
                     name: "x".into(),
@@ -183,9 +221,42 @@ mod tests {
             .unwrap();
         }
         w.flush().unwrap();
-        for n in 0..(CacheWriter::DEPTH as u32 * 2) {
+        for n in 0..64 {
             let t = cache.get(&key(n)).unwrap().expect("stored");
             assert_eq!(t[0].data, CachedData::F32(vec![n as f32, -1.5]));
+        }
+    }
+
+    /// Entries announced larger than the byte bound are taken one at a time (each waits for the
+    /// queue to empty), never refused or deadlocked, and all are stored.
+    #[test]
+    fn entries_over_the_byte_bound_wait_their_turn_and_are_all_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = HiddenCache::open(dir.path()).unwrap();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let c = cache.clone();
+        std::thread::spawn(move || {
+            let w = CacheWriter::new(c.clone());
+            let sizes = [CacheWriter::QUEUE_BYTES, CacheWriter::QUEUE_BYTES / 2, 3 << 29, 0];
+            for (n, bytes) in sizes.into_iter().enumerate() {
+                w.put_sized(&c, key(n as u32), bytes, move || {
+                    vec![CachedTensor {
+                        name: "x".into(),
+                        shape: vec![1],
+                        data: CachedData::F32(vec![n as f32]),
+                    }]
+                })
+                .unwrap();
+            }
+            w.flush().unwrap();
+            done_tx.send(()).unwrap();
+        });
+        done_rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the puts finished (no deadlock)");
+        for n in 0..4 {
+            let t = cache.get(&key(n)).unwrap().expect("stored");
+            assert_eq!(t[0].data, CachedData::F32(vec![n as f32]));
         }
     }
 

@@ -32,6 +32,14 @@ impl HostRows {
         self.len() == 0
     }
 
+    /// Bytes of the values (4 per f32, 2 per bf16).
+    pub fn byte_len(&self) -> usize {
+        match self {
+            HostRows::F32(v) => std::mem::size_of_val(v.as_slice()),
+            HostRows::BF16(v) => std::mem::size_of_val(v.as_slice()),
+        }
+    }
+
     pub fn view(&self) -> HostRowsRef<'_> {
         match self {
             HostRows::F32(v) => HostRowsRef::F32(v),

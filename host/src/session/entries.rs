@@ -79,6 +79,11 @@ impl PassEntry {
         }
     }
 
+    /// The hidden states' bytes (what the entry holds in memory while it is queued).
+    pub(super) fn bytes(&self) -> usize {
+        self.hidden.iter().map(|(_, h)| h.byte_len()).sum()
+    }
+
     /// The entry's tensors (the layout [`decode_pass`] reads).
     pub(super) fn tensors(self) -> Vec<CachedTensor> {
         let (t, d, k) = (self.rows, self.hidden_size, self.topk.k);

@@ -717,7 +717,9 @@ impl<B: Backend> Session<B> {
             };
             for (((n, key), pass), entry) in pack.iter().zip(computed).zip(entries) {
                 self.writer
-                    .put(&self.cache, key.clone(), move || entry.tensors())?;
+                    .put_sized(&self.cache, key.clone(), entry.bytes(), move || {
+                        entry.tensors()
+                    })?;
                 passes[*n] = Some(pass);
             }
         }
