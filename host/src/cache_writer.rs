@@ -24,6 +24,9 @@ use std::thread::JoinHandle;
 /// converting and copying them is part of the work moved off the main thread).
 type Job = (CacheKey, Box<dyn FnOnce() -> Vec<CachedTensor> + Send>);
 
+/// A job with its announced bytes and its key's digest.
+type Queued = (Job, usize, String);
+
 /// What the writers share with the producer.
 #[derive(Default)]
 struct Shared {
@@ -38,12 +41,14 @@ struct State {
     pending: usize,
     /// Their announced bytes.
     bytes: usize,
+    /// Their keys ([`CacheKey::digest`]), counted: a lookup waits only for its own keys.
+    keys: std::collections::HashMap<String, usize>,
     /// The first error not yet reported.
     error: Option<anyhow::Error>,
 }
 
 pub struct CacheWriter {
-    tx: Option<Sender<(Job, usize)>>,
+    tx: Option<Sender<Queued>>,
     threads: Vec<JoinHandle<()>>,
     shared: Arc<Shared>,
 }
@@ -60,7 +65,7 @@ impl CacheWriter {
     pub const THREADS: usize = 4;
 
     pub fn new(cache: HiddenCache) -> CacheWriter {
-        let (tx, rx) = channel::<(Job, usize)>();
+        let (tx, rx) = channel::<Queued>();
         let rx = Arc::new(Mutex::new(rx));
         let shared = Arc::new(Shared::default());
         let threads: Vec<JoinHandle<()>> = (0..Self::THREADS)
@@ -115,6 +120,7 @@ impl CacheWriter {
         let Some(tx) = &self.tx else {
             return cache.put(&key, &tensors()).map(|_| ());
         };
+        let digest = key.digest();
         {
             let mut st = self.lock();
             while st.pending > 0
@@ -124,13 +130,26 @@ impl CacheWriter {
             }
             st.pending += 1;
             st.bytes += bytes;
+            *st.keys.entry(digest.clone()).or_insert(0) += 1;
         }
-        tx.send(((key, Box::new(tensors)), bytes)).map_err(|_| {
-            let mut st = self.lock();
-            st.pending -= 1;
-            st.bytes -= bytes;
-            anyhow!("the cache writer threads stopped")
-        })
+        tx.send(((key, Box::new(tensors)), bytes, digest.clone()))
+            .map_err(|_| {
+                let mut st = self.lock();
+                st.pending -= 1;
+                st.bytes -= bytes;
+                forget_key(&mut st, &digest);
+                anyhow!("the cache writer threads stopped")
+            })
+    }
+
+    /// Wait until none of `keys` is queued or being written (entries of other keys may still
+    /// be): a lookup of `keys` after this sees what this session queued for them.
+    pub fn wait_for(&self, keys: &[CacheKey]) {
+        let digests: Vec<String> = keys.iter().map(CacheKey::digest).collect();
+        let mut st = self.lock();
+        while digests.iter().any(|d| st.keys.contains_key(d)) {
+            st = self.shared.idle.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// Wait until every queued entry is written (or failed), leaving any error for
@@ -149,11 +168,20 @@ impl CacheWriter {
     }
 }
 
-fn work(cache: HiddenCache, rx: Arc<Mutex<Receiver<(Job, usize)>>>, shared: Arc<Shared>) {
+fn forget_key(st: &mut State, digest: &str) {
+    if let Some(n) = st.keys.get_mut(digest) {
+        *n -= 1;
+        if *n == 0 {
+            st.keys.remove(digest);
+        }
+    }
+}
+
+fn work(cache: HiddenCache, rx: Arc<Mutex<Receiver<Queued>>>, shared: Arc<Shared>) {
     loop {
         // The lock is held only to take the next job, not while writing it.
         let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-        let Ok(((key, tensors), bytes)) = job else {
+        let Ok(((key, tensors), bytes, digest)) = job else {
             return;
         };
         let result = {
@@ -167,7 +195,8 @@ fn work(cache: HiddenCache, rx: Arc<Mutex<Receiver<(Job, usize)>>>, shared: Arc<
         }
         st.pending -= 1;
         st.bytes -= bytes;
-        // Both a producer waiting for room and `wait` (for zero) listen.
+        forget_key(&mut st, &digest);
+        // A producer waiting for room, `wait` (for zero) and `wait_for` (for keys) listen.
         shared.idle.notify_all();
     }
 }
@@ -258,6 +287,43 @@ mod tests {
             let t = cache.get(&key(n)).unwrap().expect("stored");
             assert_eq!(t[0].data, CachedData::F32(vec![n as f32]));
         }
+    }
+
+    /// `wait_for` waits for its own keys only: another key's slow write does not hold it, and
+    /// after it returns its key's entry is readable.
+    #[test]
+    fn wait_for_waits_for_its_own_keys_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = HiddenCache::open(dir.path()).unwrap();
+        let w = CacheWriter::new(cache.clone());
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        // Entry 1 is written only once the test releases it.
+        w.put(&cache, key(1), move || {
+            release_rx.recv().unwrap();
+            vec![CachedTensor {
+                name: "x".into(),
+                shape: vec![1],
+                data: CachedData::F32(vec![1.0]),
+            }]
+        })
+        .unwrap();
+        w.put(&cache, key(2), || {
+            vec![CachedTensor {
+                name: "x".into(),
+                shape: vec![1],
+                data: CachedData::F32(vec![2.0]),
+            }]
+        })
+        .unwrap();
+        // Returns while entry 1 is still held back (it would hang here if it waited for all).
+        w.wait_for(&[key(2), key(3)]);
+        assert!(cache.get(&key(2)).unwrap().is_some(), "entry 2 readable after wait_for");
+        assert!(cache.get(&key(1)).unwrap().is_none(), "entry 1 still held back");
+        release_tx.send(()).unwrap();
+        w.wait_for(&[key(1)]);
+        let t = cache.get(&key(1)).unwrap().expect("entry 1 readable after wait_for");
+        assert_eq!(t[0].data, CachedData::F32(vec![1.0]));
+        w.flush().unwrap();
     }
 
     #[test]

@@ -426,10 +426,11 @@ impl<B: Backend> Session<B> {
         self.key(kind, ids, layers, extra)
     }
 
-    /// Look up many entries at once, on all cores (after this session's queued writes).
+    /// Look up many entries at once, on all cores (after this session's queued writes of
+    /// these keys; other queued writes go on).
     pub fn cache_get_many(&self, keys: &[CacheKey]) -> Result<Vec<Option<Vec<CachedTensor>>>> {
         use rayon::prelude::*;
-        self.writer.wait();
+        self.writer.wait_for(keys);
         keys.par_iter().map(|k| self.cache.get(k)).collect()
     }
 
@@ -655,10 +656,6 @@ impl<B: Backend> Session<B> {
         let mut packer = Packer::new(budget);
         let mut packs = Vec::new();
         let lookups = crate::timeline::phase("cache read");
-        // Entries this session queued earlier must be visible to these lookups (a sequence passed
-        // twice, or again in a later window). By now the writers have usually finished: the GPU
-        // decoded the next chunk meanwhile.
-        self.writer.wait();
         if let Some(n) = seqs.iter().position(|ids| ids.is_empty()) {
             bail!("target pass: sequence {n} has no tokens");
         }
@@ -669,6 +666,11 @@ impl<B: Backend> Session<B> {
             .iter()
             .map(|ids| self.pass_key(ids, capture, k))
             .collect::<Result<Vec<_>>>()?;
+        // Entries this session queued earlier for these keys must be visible to these lookups
+        // (a sequence passed twice, or again for the next checkpoint); the writes of other
+        // entries go on (waiting for all of them made a run's second checkpoint wait ~2.5 s for
+        // the first one's hidden states to reach the disk).
+        self.writer.wait_for(&keys);
         let cache = &self.cache;
         let found = seqs
             .par_iter()
