@@ -4,30 +4,20 @@
 # long idle), then the same job untraced with only the hidden-state and record caches emptied
 # (kernels and GEMM choices warm), then the cached rerun.
 set -u
-B=target-carry/s13
-O=/tmp/o; rm -rf $O; mkdir -p $O
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64 DRAFTLENS_KERNEL_CACHE=/tmp/dk
-for f in $B/*.xz; do [ -e "${f%.xz}" ] || xz -dk "$f"; done
-chmod +x $B/* 2>/dev/null
-tar -xJf $B/tok.tar.xz -C /tmp && mkdir -p data/tokenizer && rm -rf data/tokenizer/qwen3-hf && mv /tmp/tokmin data/tokenizer/qwen3-hf
-run() {  # name target drafters [wrapper...]
-  local n=$1 t=$2 d=$3; shift 3
-  /usr/bin/time -v timeout 300 "$@" $B/draftlens run --backend cuda --target $t --drafter $d \
-    --prompts builtin:humaneval --limit 164 --json --timeline > $O/$n.json 2> $O/$n.err
-  echo "$n rc=$?"; grep -E "Maximum resident|Elapsed" $O/$n.err
-}
+B=target-carry/s13 DL_SHOW="Maximum resident|Elapsed"
+source tools/bench/device_env.sh
 timeout 120 $B/cuda_ops --test-threads=1 cuda_split_tap_download > $O/cuda_ops.log 2>&1; echo "cuda_ops rc=$?"; tail -n 4 $O/cuda_ops.log
 export DRAFTLENS_CACHE=/tmp/dlc8
 timeout 150 python3 tools/bench/make_random_target.py --out /tmp/q8b > $O/make8.log 2>&1; echo "make8 rc=$?"
-run q8b_traced /tmp/q8b /tmp/q8b-drafters bash tools/bench/kernel_trace.sh $O/q8b_trace.txt
+dl_run q8b_traced /tmp/q8b /tmp/q8b-drafters bash tools/bench/kernel_trace.sh $O/q8b_trace.txt
 python3 tools/bench/kernel_trace.py $O/q8b_trace.txt gaps - --top 30 > $O/q8b_gaps.txt
 sed -n '/by transition/,/largest gaps/p' $O/q8b_gaps.txt | head -60
 rm -f $O/q8b_trace.txt
 mkdir -p /tmp/dlc8b && cp -r /tmp/dlc8/identity /tmp/dlc8b/
-DRAFTLENS_CACHE=/tmp/dlc8b run q8b_warm /tmp/q8b /tmp/q8b-drafters
+DRAFTLENS_CACHE=/tmp/dlc8b dl_run q8b_warm /tmp/q8b /tmp/q8b-drafters
 sed -n '/timeline:/,/Command being/p' $O/q8b_warm.err | head -45
 sync; sleep 2
-DRAFTLENS_CACHE=/tmp/dlc8b run q8b_cached /tmp/q8b /tmp/q8b-drafters
+DRAFTLENS_CACHE=/tmp/dlc8b dl_run q8b_cached /tmp/q8b /tmp/q8b-drafters
 grep "timeline:" $O/q8b_cached.err
 find $O -size +3M -delete; rm -f $O/*.json
 tar czf $OUT/all.tgz -C $O .
