@@ -135,16 +135,19 @@ impl CudaBackend {
     /// "Session 13").
     pub fn to_host_bf16_split(&self, t: &CudaTensor, row_starts: &[usize]) -> Result<Vec<Vec<bf16>>> {
         let n = t.rows * t.cols;
-        if n == 0 || row_starts.len() == 2 && n < STAGE_MIN {
-            // Small or one part: a plain download (no staging buffer kept for it).
-            let all = self.to_host_bf16(t)?;
+        // Small or one part: a plain download (no staging buffer kept for it).
+        let plain = |be: &Self| -> Result<Vec<Vec<bf16>>> {
+            let all = be.to_host_bf16(t)?;
             if row_starts.len() == 2 {
                 return Ok(vec![all]);
             }
-            return Ok(row_starts
+            Ok(row_starts
                 .windows(2)
                 .map(|w| all[w[0] * t.cols..w[1] * t.cols].to_vec())
-                .collect());
+                .collect())
+        };
+        if n == 0 || row_starts.len() == 2 && n < STAGE_MIN {
+            return plain(self);
         }
         let mut guard = self
             .tap_staging
@@ -152,7 +155,15 @@ impl CudaBackend {
             .map_err(|_| anyhow!("tap staging buffer poisoned"))?;
         if guard.as_ref().is_none_or(|b| b.len() < n) {
             *guard = None; // free the old one first
-            *guard = Some(self.alloc_pinned_bf16(n)?);
+            match self.alloc_pinned_bf16(n) {
+                Ok(b) => *guard = Some(b),
+                Err(e) => {
+                    // Page-locked memory is a limited resource: without it, the plain download.
+                    tracing::warn!("tap download without a staging buffer: {e:#}");
+                    drop(guard);
+                    return plain(self);
+                }
+            }
         }
         let stage = guard.as_mut().expect("allocated above");
         self.copy_to_pinned(t, stage, 0)?;
