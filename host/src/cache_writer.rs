@@ -234,6 +234,15 @@ mod tests {
         }
     }
 
+    /// An entry of one tensor "x" of `shape` holding `values`.
+    fn entry(shape: usize, values: Vec<f32>) -> Vec<CachedTensor> {
+        vec![CachedTensor {
+            name: "x".into(),
+            shape: vec![shape],
+            data: CachedData::F32(values),
+        }]
+    }
+
     #[test]
     fn queued_entries_are_all_stored_by_flush_and_read_back_equal() {
         let dir = tempfile::tempdir().unwrap();
@@ -241,11 +250,7 @@ mod tests {
         let w = CacheWriter::new(cache.clone());
         for n in 0..64 {
             w.put(&cache, key(n), move || {
-                vec![CachedTensor {
-                    name: "x".into(),
-                    shape: vec![2],
-                    data: CachedData::F32(vec![n as f32, -1.5]),
-                }]
+                entry(2, vec![n as f32, -1.5])
             })
             .unwrap();
         }
@@ -269,11 +274,7 @@ mod tests {
             let sizes = [CacheWriter::QUEUE_BYTES, CacheWriter::QUEUE_BYTES / 2, 3 << 29, 0];
             for (n, bytes) in sizes.into_iter().enumerate() {
                 w.put_sized(&c, key(n as u32), bytes, move || {
-                    vec![CachedTensor {
-                        name: "x".into(),
-                        shape: vec![1],
-                        data: CachedData::F32(vec![n as f32]),
-                    }]
+                    entry(1, vec![n as f32])
                 })
                 .unwrap();
             }
@@ -300,19 +301,11 @@ mod tests {
         // Entry 1 is written only once the test releases it.
         w.put(&cache, key(1), move || {
             release_rx.recv().unwrap();
-            vec![CachedTensor {
-                name: "x".into(),
-                shape: vec![1],
-                data: CachedData::F32(vec![1.0]),
-            }]
+            entry(1, vec![1.0])
         })
         .unwrap();
         w.put(&cache, key(2), || {
-            vec![CachedTensor {
-                name: "x".into(),
-                shape: vec![1],
-                data: CachedData::F32(vec![2.0]),
-            }]
+            entry(1, vec![2.0])
         })
         .unwrap();
         // Returns while entry 1 is still held back (it would hang here if it waited for all).
@@ -333,11 +326,7 @@ mod tests {
         let w = CacheWriter::new(cache.clone());
         // A tensor whose data does not match its shape cannot be encoded.
         w.put(&cache, key(1), || {
-            vec![CachedTensor {
-                name: "x".into(),
-                shape: vec![3],
-                data: CachedData::F32(vec![1.0]),
-            }]
+            entry(3, vec![1.0])
         })
         .unwrap();
         let err = w.flush().unwrap_err();
