@@ -249,10 +249,8 @@ mod tests {
         let cache = HiddenCache::open(dir.path()).unwrap();
         let w = CacheWriter::new(cache.clone());
         for n in 0..64 {
-            w.put(&cache, key(n), move || {
-                entry(2, vec![n as f32, -1.5])
-            })
-            .unwrap();
+            w.put(&cache, key(n), move || entry(2, vec![n as f32, -1.5]))
+                .unwrap();
         }
         w.flush().unwrap();
         for n in 0..64 {
@@ -271,12 +269,15 @@ mod tests {
         let c = cache.clone();
         std::thread::spawn(move || {
             let w = CacheWriter::new(c.clone());
-            let sizes = [CacheWriter::QUEUE_BYTES, CacheWriter::QUEUE_BYTES / 2, 3 << 29, 0];
+            let sizes = [
+                CacheWriter::QUEUE_BYTES,
+                CacheWriter::QUEUE_BYTES / 2,
+                3 << 29,
+                0,
+            ];
             for (n, bytes) in sizes.into_iter().enumerate() {
-                w.put_sized(&c, key(n as u32), bytes, move || {
-                    entry(1, vec![n as f32])
-                })
-                .unwrap();
+                w.put_sized(&c, key(n as u32), bytes, move || entry(1, vec![n as f32]))
+                    .unwrap();
             }
             w.flush().unwrap();
             done_tx.send(()).unwrap();
@@ -304,17 +305,23 @@ mod tests {
             entry(1, vec![1.0])
         })
         .unwrap();
-        w.put(&cache, key(2), || {
-            entry(1, vec![2.0])
-        })
-        .unwrap();
+        w.put(&cache, key(2), || entry(1, vec![2.0])).unwrap();
         // Returns while entry 1 is still held back (it would hang here if it waited for all).
         w.wait_for(&[key(2), key(3)]);
-        assert!(cache.get(&key(2)).unwrap().is_some(), "entry 2 readable after wait_for");
-        assert!(cache.get(&key(1)).unwrap().is_none(), "entry 1 still held back");
+        assert!(
+            cache.get(&key(2)).unwrap().is_some(),
+            "entry 2 readable after wait_for"
+        );
+        assert!(
+            cache.get(&key(1)).unwrap().is_none(),
+            "entry 1 still held back"
+        );
         release_tx.send(()).unwrap();
         w.wait_for(&[key(1)]);
-        let t = cache.get(&key(1)).unwrap().expect("entry 1 readable after wait_for");
+        let t = cache
+            .get(&key(1))
+            .unwrap()
+            .expect("entry 1 readable after wait_for");
         assert_eq!(t[0].data, CachedData::F32(vec![1.0]));
         w.flush().unwrap();
     }
@@ -325,10 +332,7 @@ mod tests {
         let cache = HiddenCache::open(dir.path()).unwrap();
         let w = CacheWriter::new(cache.clone());
         // A tensor whose data does not match its shape cannot be encoded.
-        w.put(&cache, key(1), || {
-            entry(3, vec![1.0])
-        })
-        .unwrap();
+        w.put(&cache, key(1), || entry(3, vec![1.0])).unwrap();
         let err = w.flush().unwrap_err();
         assert!(format!("{err:#}").contains("cannot encode"), "{err:#}");
         assert!(cache.get(&key(1)).unwrap().is_none());

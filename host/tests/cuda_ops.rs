@@ -822,7 +822,10 @@ fn cuda_split_tap_download_equals_the_whole_download() {
             .from_host_rows(HostRowsRef::BF16(&values), rows, cols)
             .unwrap();
         let whole = be.to_host_rows(&x).unwrap();
-        assert!(whole == HostRows::BF16(values), "{rows}x{cols}: upload round trip");
+        assert!(
+            whole == HostRows::BF16(values),
+            "{rows}x{cols}: upload round trip"
+        );
         let parts = be.to_host_rows_split(&x, &starts).unwrap();
         assert_eq!(parts.len(), starts.len() - 1);
         for (p, w) in parts.iter().zip(starts.windows(2)) {

@@ -46,7 +46,10 @@ fn prompt_ids(s: &Session<CpuBackend>) -> Vec<Vec<u32>> {
 /// Continuations (4 tokens) and target passes (taps 2 and 9, top-8) of [`TEXTS`], as plain data.
 type Outcome = (
     Vec<Vec<u32>>,
-    Vec<(Vec<(usize, std::sync::Arc<draftlens::backend::HostRows>)>, Vec<u32>)>,
+    Vec<(
+        Vec<(usize, std::sync::Arc<draftlens::backend::HostRows>)>,
+        Vec<u32>,
+    )>,
     Vec<bool>,
 );
 

@@ -55,11 +55,7 @@ pub(super) struct PassEntry {
 impl PassEntry {
     /// The hidden states in the dtype they were computed in (nothing is rounded).
     pub(super) fn of(p: &TargetPass) -> PassEntry {
-        let hidden = p
-            .hidden
-            .iter()
-            .map(|(i, h)| (*i, Arc::clone(h)))
-            .collect();
+        let hidden = p.hidden.iter().map(|(i, h)| (*i, Arc::clone(h))).collect();
         PassEntry::with_hidden(p, hidden)
     }
 

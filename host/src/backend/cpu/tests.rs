@@ -464,11 +464,19 @@ fn host_rows_split_gives_each_part_its_rows_and_refuses_bad_parts() {
     let x = t(7, 3, 5);
     let whole = be.to_host_rows(&x).unwrap();
     // Empty parts, a part of one row, the whole in one part.
-    for starts in [vec![0, 2, 2, 3, 7], vec![0, 7], vec![0, 0, 7], vec![0, 6, 7]] {
+    for starts in [
+        vec![0, 2, 2, 3, 7],
+        vec![0, 7],
+        vec![0, 0, 7],
+        vec![0, 6, 7],
+    ] {
         let parts = be.to_host_rows_split(&x, &starts).unwrap();
         assert_eq!(parts.len(), starts.len() - 1);
         for (p, w) in parts.iter().zip(starts.windows(2)) {
-            assert_eq!(p.view().to_f32(), whole.view().slice(w[0] * 3..w[1] * 3).to_f32());
+            assert_eq!(
+                p.view().to_f32(),
+                whole.view().slice(w[0] * 3..w[1] * 3).to_f32()
+            );
         }
     }
     for bad in [vec![0, 8], vec![1, 7], vec![0, 4, 2, 7], vec![0], vec![]] {

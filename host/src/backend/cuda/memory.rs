@@ -133,7 +133,11 @@ impl CudaBackend {
     /// pageable download of the whole and a split after it cost two passes over fresh host
     /// memory on one core: ~70 ms per tap of a 16k-token pack of Qwen3-8B (docs/benchmarks-cuda.md,
     /// "Session 13").
-    pub fn to_host_bf16_split(&self, t: &CudaTensor, row_starts: &[usize]) -> Result<Vec<Vec<bf16>>> {
+    pub fn to_host_bf16_split(
+        &self,
+        t: &CudaTensor,
+        row_starts: &[usize],
+    ) -> Result<Vec<Vec<bf16>>> {
         let n = t.rows * t.cols;
         // Small or one part: a plain download (no staging buffer kept for it).
         let plain = |be: &Self| -> Result<Vec<Vec<bf16>>> {
