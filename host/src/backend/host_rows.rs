@@ -153,3 +153,16 @@ mod tests {
         );
     }
 }
+
+/// `all` (`[rows, cols]`) cut into parts by rows at `row_starts` (checked by the caller: ascending
+/// from 0 to the row count); one part is `all` itself, several are copied out on all cores.
+pub fn split_rows(all: HostRows, cols: usize, row_starts: &[usize]) -> Vec<HostRows> {
+    if row_starts.len() == 2 {
+        return vec![all];
+    }
+    use rayon::prelude::*;
+    row_starts
+        .par_windows(2)
+        .map(|w| all.view().slice(w[0] * cols..w[1] * cols).to_owned())
+        .collect()
+}

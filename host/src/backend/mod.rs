@@ -100,15 +100,11 @@ pub trait Backend: Send + Sync + 'static {
     fn to_host_rows_split(&self, t: &Self::Tensor, row_starts: &[usize]) -> Result<Vec<HostRows>> {
         let (rows, cols) = self.dims(t);
         check_row_starts(row_starts, rows)?;
-        let all = self.to_host_rows(t)?;
-        if row_starts.len() == 2 {
-            return Ok(vec![all]);
-        }
-        use rayon::prelude::*;
-        Ok(row_starts
-            .par_windows(2)
-            .map(|w| all.view().slice(w[0] * cols..w[1] * cols).to_owned())
-            .collect())
+        Ok(host_rows::split_rows(
+            self.to_host_rows(t)?,
+            cols,
+            row_starts,
+        ))
     }
     fn dims(&self, t: &Self::Tensor) -> (usize, usize);
     fn matrix(&self, data: &[f32], out: usize, inp: usize) -> Result<Self::Matrix> {

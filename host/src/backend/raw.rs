@@ -66,6 +66,21 @@ impl<'a> RawPart<'a> {
         }
     }
 
+    /// A part over bf16 values already on the host (a drafter context's taps).
+    pub fn from_bf16(data: &'a [half::bf16], rows: usize, cols: usize) -> RawPart<'a> {
+        // SAFETY: any bf16 is 2 initialised bytes; u8 has no alignment requirement (byte order
+        // as in `from_f32`).
+        let bytes = unsafe {
+            std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data))
+        };
+        RawPart {
+            dtype: RawDtype::BF16,
+            rows,
+            cols,
+            bytes,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.rows * self.cols
     }

@@ -38,16 +38,7 @@ impl Backend for CudaBackend {
         // weights' page-locked staging (upload.rs): an asynchronous copy instead of a pageable
         // one the host waits for while the GPU sits idle.
         let buf = if std::mem::size_of_val(data) >= STAGED_UPLOAD_MIN_BYTES {
-            // SAFETY: a bf16 is 2 initialised bytes; u8 has no alignment requirement.
-            let bytes = unsafe {
-                std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data))
-            };
-            let part = crate::backend::raw::RawPart {
-                dtype: crate::backend::raw::RawDtype::BF16,
-                rows,
-                cols,
-                bytes,
-            };
+            let part = crate::backend::raw::RawPart::from_bf16(data, rows, cols);
             self.upload_stacked(&[part])?.buf
         } else {
             self.upload(data)?
@@ -63,11 +54,10 @@ impl Backend for CudaBackend {
     }
     fn to_host_rows_split(&self, t: &CudaTensor, row_starts: &[usize]) -> Result<Vec<HostRows>> {
         crate::backend::check_row_starts(row_starts, t.rows)?;
-        Ok(self
-            .to_host_bf16_split(t, row_starts)?
-            .into_iter()
-            .map(HostRows::BF16)
-            .collect())
+        Ok(match self.to_host_bf16_staged(t, row_starts)? {
+            Some(parts) => parts.into_iter().map(HostRows::BF16).collect(),
+            None => host_rows::split_rows(self.to_host_rows(t)?, t.cols, row_starts),
+        })
     }
     fn dims(&self, t: &CudaTensor) -> (usize, usize) {
         (t.rows, t.cols)

@@ -132,26 +132,16 @@ impl CudaBackend {
     /// link's speed instead of a pageable copy's), then the parts copied out on all cores. A
     /// pageable download of the whole and a split after it cost two passes over fresh host
     /// memory on one core: ~70 ms per tap of a 16k-token pack of Qwen3-8B (docs/benchmarks-cuda.md,
-    /// "Session 13").
-    pub fn to_host_bf16_split(
+    /// "Session 13"). `None`: not worth staging (small, or one part) or no page-locked memory
+    /// to be had; the caller downloads plainly.
+    pub fn to_host_bf16_staged(
         &self,
         t: &CudaTensor,
         row_starts: &[usize],
-    ) -> Result<Vec<Vec<bf16>>> {
+    ) -> Result<Option<Vec<Vec<bf16>>>> {
         let n = t.rows * t.cols;
-        // Small or one part: a plain download (no staging buffer kept for it).
-        let plain = |be: &Self| -> Result<Vec<Vec<bf16>>> {
-            let all = be.to_host_bf16(t)?;
-            if row_starts.len() == 2 {
-                return Ok(vec![all]);
-            }
-            Ok(row_starts
-                .windows(2)
-                .map(|w| all[w[0] * t.cols..w[1] * t.cols].to_vec())
-                .collect())
-        };
         if n == 0 || row_starts.len() == 2 && n < STAGE_MIN {
-            return plain(self);
+            return Ok(None);
         }
         let mut guard = self
             .tap_staging
@@ -164,8 +154,7 @@ impl CudaBackend {
                 Err(e) => {
                     // Page-locked memory is a limited resource: without it, the plain download.
                     tracing::warn!("tap download without a staging buffer: {e:#}");
-                    drop(guard);
-                    return plain(self);
+                    return Ok(None);
                 }
             }
         }
@@ -175,10 +164,12 @@ impl CudaBackend {
         let host = stage.as_slice().map_err(derr("pinned buffer"))?;
         let cols = t.cols;
         use rayon::prelude::*;
-        Ok(row_starts
-            .par_windows(2)
-            .map(|w| host[w[0] * cols..w[1] * cols].to_vec())
-            .collect())
+        Ok(Some(
+            row_starts
+                .par_windows(2)
+                .map(|w| host[w[0] * cols..w[1] * cols].to_vec())
+                .collect(),
+        ))
     }
 
     /// Page-locked host memory for `n` bf16 values (fast device-to-host copies of taps).

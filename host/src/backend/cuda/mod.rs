@@ -121,7 +121,7 @@ pub struct CudaBackend {
     freq_cache: Mutex<Vec<(FreqKey, CudaSlice<f32>)>>,
     /// Split-K scratch of the batch-invariant decode GEMM (`decode.rs`).
     decode: decode::DecodeState,
-    /// Page-locked staging of tap downloads ([`CudaBackend::to_host_bf16_split`]), kept and
+    /// Page-locked staging of tap downloads ([`CudaBackend::to_host_bf16_staged`]), kept and
     /// grown to the largest tap seen (one pack's rows × hidden size).
     tap_staging: Mutex<Option<cudarc::driver::PinnedHostSlice<half::bf16>>>,
 }
