@@ -130,6 +130,7 @@ impl CacheWriter {
             }
             st.pending += 1;
             st.bytes += bytes;
+            crate::timeline::queued_cache_bytes(bytes as i64);
             *st.keys.entry(digest.clone()).or_insert(0) += 1;
         }
         tx.send(((key, Box::new(tensors)), bytes, digest.clone()))
@@ -137,6 +138,7 @@ impl CacheWriter {
                 let mut st = self.lock();
                 st.pending -= 1;
                 st.bytes -= bytes;
+                crate::timeline::queued_cache_bytes(-(bytes as i64));
                 forget_key(&mut st, &digest);
                 anyhow!("the cache writer threads stopped")
             })
@@ -195,6 +197,7 @@ fn work(cache: HiddenCache, rx: Arc<Mutex<Receiver<Queued>>>, shared: Arc<Shared
         }
         st.pending -= 1;
         st.bytes -= bytes;
+        crate::timeline::queued_cache_bytes(-(bytes as i64));
         forget_key(&mut st, &digest);
         // A producer waiting for room, `wait` (for zero) and `wait_for` (for keys) listen.
         shared.idle.notify_all();

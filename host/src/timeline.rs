@@ -20,7 +20,7 @@
 //! mark (`VmHWM`, `/usr/bin/time -v`) cannot, but names no phase.
 
 use serde::Serialize;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,8 @@ struct State {
     busy_sum: f64,
     busy_n: u64,
     rss_peak: u64,
+    /// Largest reading less the cache entries queued for writing at that moment.
+    rss_besides_cache_peak: u64,
 }
 
 fn state() -> &'static Mutex<State> {
@@ -63,6 +65,7 @@ fn state() -> &'static Mutex<State> {
             busy_sum: 0.0,
             busy_n: 0,
             rss_peak: 0,
+            rss_besides_cache_peak: 0,
         })
     })
 }
@@ -160,13 +163,25 @@ pub fn record_gpu_busy(fraction: f64) {
     s.busy_n += 1;
 }
 
+/// Bytes of cache entries queued for writing (announced by the cache writer), process-wide.
+static QUEUED_CACHE_BYTES: AtomicI64 = AtomicI64::new(0);
+
+/// The cache writer's queue grew (`delta` > 0) or shrank by `delta` announced bytes. Host memory
+/// is reported with and without them: issue 11 bounds the host's memory "besides the cache being
+/// written", whose entries wait in memory until a writer thread stores them.
+pub fn queued_cache_bytes(delta: i64) {
+    QUEUED_CACHE_BYTES.fetch_add(delta, Ordering::SeqCst);
+}
+
 /// Record one reading of the process's resident set (bytes), charged to the current phase.
 pub fn record_host_rss(bytes: u64) {
+    let queued = QUEUED_CACHE_BYTES.load(Ordering::SeqCst).max(0) as u64;
     let mut s = lock();
     let name = s.stack.last().copied().unwrap_or(OTHER);
     let t = totals(&mut s.phases, name);
     t.rss_peak = t.rss_peak.max(bytes);
     s.rss_peak = s.rss_peak.max(bytes);
+    s.rss_besides_cache_peak = s.rss_besides_cache_peak.max(bytes.saturating_sub(queued));
 }
 
 /// The process's resident set now, bytes (`/proc/self/statm`; `None` where there is none).
@@ -250,6 +265,8 @@ pub struct Report {
     pub gpu_busy: Option<f64>,
     /// Largest host resident set sampled over the whole command, bytes.
     pub host_rss_peak_bytes: Option<u64>,
+    /// Largest sample less the cache entries queued for writing when it was taken, bytes.
+    pub host_rss_besides_cache_peak_bytes: Option<u64>,
 }
 
 /// The timeline so far (the current phase is charged up to now; with the host sampler running,
@@ -283,6 +300,7 @@ pub fn report() -> Report {
         background: s.background.iter().map(line).collect(),
         gpu_busy: (s.busy_n > 0).then(|| s.busy_sum / s.busy_n as f64),
         host_rss_peak_bytes: (s.rss_peak > 0).then_some(s.rss_peak),
+        host_rss_besides_cache_peak_bytes: (s.rss_peak > 0).then_some(s.rss_besides_cache_peak),
     }
 }
 
@@ -295,6 +313,9 @@ impl Report {
         }
         if let Some(b) = self.host_rss_peak_bytes {
             out += &format!(", host RSS peak {:.2} GB (sampled)", b as f64 / 1e9);
+        }
+        if let Some(b) = self.host_rss_besides_cache_peak_bytes {
+            out += &format!(", {:.2} GB besides queued cache writes", b as f64 / 1e9);
         }
         out += "\n  phase                   seconds   share  count  GPU busy  host RSS peak\n";
         let gb = |b: Option<u64>| {
@@ -328,5 +349,31 @@ impl Report {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_memory_besides_the_cache_queue_subtracts_what_is_queued_when_sampled() {
+        // Readings far above any real process's, so that other tests' readings cannot be the
+        // peaks asserted on (the timeline is process-wide).
+        let big: u64 = 1 << 44;
+        queued_cache_bytes((big - 7) as i64);
+        record_host_rss(big);
+        queued_cache_bytes(-((big - 7) as i64));
+        let r = report();
+        assert_eq!(r.host_rss_peak_bytes, Some(big));
+        let besides = r.host_rss_besides_cache_peak_bytes.unwrap();
+        assert!(besides < big / 2, "queued bytes not subtracted: {besides}");
+        // With nothing queued a reading counts whole.
+        record_host_rss(big / 2 + 1);
+        assert_eq!(
+            report().host_rss_besides_cache_peak_bytes,
+            Some(big / 2 + 1)
+        );
+        assert!(report().render().contains("besides queued cache writes"));
     }
 }

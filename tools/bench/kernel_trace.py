@@ -4,6 +4,7 @@
     python3 tools/bench/kernel_trace.py TRACE.txt around NAME [--nth N] [--before 14] [--after 30]
     python3 tools/bench/kernel_trace.py TRACE.txt durations NAME
     python3 tools/bench/kernel_trace.py TRACE.txt gaps - [--top 25] [--min-us 50]
+    python3 tools/bench/kernel_trace.py TRACE.txt kernels - [--top 25]
 
 `around` prints the kernels (start offset, duration, gap since the previous one ended, name)
 around the N-th launch of the first kernel whose name starts with NAME: one decode step's layer,
@@ -11,7 +12,8 @@ say. `durations` prints every launch of NAME in order, 20 per line, in microseco
 kernel's time moves through a benchmark's phases (steps at batch 1..64, greedy batched, alone).
 `gaps` finds where the GPU sat idle: the total busy and idle time between the first and the last
 record, idle time by gap size, and the largest gaps with the records on either side (a host-side
-wait shows as a long gap after a device-to-host copy).
+wait shows as a long gap after a device-to-host copy). `kernels` sums the GPU time by record name
+(cuBLAS's GEMMs folded into `gemm`): where the busy time goes.
 """
 import argparse
 import re
@@ -35,7 +37,7 @@ def read(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
-    ap.add_argument("what", choices=["around", "durations", "gaps"])
+    ap.add_argument("what", choices=["around", "durations", "gaps", "kernels"])
     ap.add_argument("name")
     ap.add_argument("--nth", type=int, default=0)
     ap.add_argument("--before", type=int, default=14)
@@ -46,6 +48,9 @@ def main():
     k = read(a.trace)
     if a.what == "gaps":
         gaps(k, a.top, a.min_us)
+        return
+    if a.what == "kernels":
+        kernels(k, a.top)
         return
     hits = [i for i, (_, _, n) in enumerate(k) if n.startswith(a.name)]
     if not hits:
@@ -69,6 +74,18 @@ def short(name):
     if "splitKreduce" in name:
         return "splitK-reduce"
     return name[:40]
+
+
+def kernels(k, top):
+    """GPU time by record name (GEMMs folded), largest first, with the share of the busy sum."""
+    tot = {}
+    for s, e, n in k:
+        t, c = tot.get(short(n), (0, 0))
+        tot[short(n)] = (t + e - s, c + 1)
+    busy = sum(t for t, _ in tot.values())
+    print(f"summed record time {busy / 1e9:.3f} s (overlapping records counted twice)")
+    for n, (t, c) in sorted(tot.items(), key=lambda x: -x[1][0])[:top]:
+        print(f"  {t / 1e9:8.3f} s {100 * t / busy:5.1f} % {c:8d} {t / c / 1e3:10.1f} us  {n}")
 
 
 def gaps(k, top, min_us):

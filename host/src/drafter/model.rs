@@ -216,10 +216,12 @@ impl<B: Backend> DFlashDrafter<B> {
             return Ok(());
         }
         // bf16 taps (the CUDA backend's) are uploaded as they are: no conversion on the host.
+        let upload = crate::timeline::phase("drafter context: tap upload");
         let parts: Vec<B::Tensor> = taps
             .iter()
             .map(|&t| be.from_host_rows(t, n, target_hidden))
             .collect::<Result<_>>()?;
+        drop(upload);
         let refs: Vec<&B::Tensor> = parts.iter().collect();
         let fused = be.concat_cols(&refs)?;
         let c = self

@@ -745,6 +745,7 @@ impl<B: Backend> Evaluation<'_, '_, B> {
                 None => {
                     let pass = passes.next().context("target pass missing")?;
                     let rec = self.draft(w, &pass)?;
+                    let _phase = crate::timeline::phase("records: cache");
                     if let Some(key) = key {
                         let entry = records_cache::to_tensors(&rec);
                         s.cache_put(key, move || entry)?;
@@ -752,6 +753,7 @@ impl<B: Backend> Evaluation<'_, '_, B> {
                     rec
                 }
             };
+            let _phase = crate::timeline::phase("records: store");
             self.all.extend(&rec);
             let prompt = RunPrompt {
                 index: i as u32,

@@ -33,7 +33,8 @@ use std::time::Instant;
 /// 6: CUDA decode GEMMs on pinned cuBLASLt algorithms; decode attention in 32-key tiles (another
 ///    order of the scores and the softmax sums).
 /// 7: CUDA top-K of ≤ 64 rows in slices of 4 096 logits (another order of the log-sum-exp).
-pub const MODEL_CODE_VERSION: &str = "7";
+/// 8: CUDA top-K scans its logits in float4 groups of 16 (another order of the log-sum-exp).
+pub const MODEL_CODE_VERSION: &str = "8";
 
 /// Default token budget of one packed target forward ([`Session::pack_tokens`]): 16k rows fill
 /// an H200 (docs/cuda.md) and keep the CPU's activations small.
