@@ -99,7 +99,7 @@ pub struct AnchorArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Anchors per drafter forward.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = draftlens::drafter::eval::DEFAULT_ANCHOR_BATCH)]
     pub anchor_batch: usize,
 }
 

@@ -427,7 +427,7 @@ mod tests {
             exec '/bin/draftlens' --cache-dir '/c' run --drafter '/ckpts/step 258' --drafter-series 'my run' \
             --db '/j/step_258-abababababab.sqlite' '--target' '/m/t.gguf' '--prompts' 'builtin:mtbench' \
             '--max-new-tokens' '8' '--backend' 'cpu' '--gen-batch' '64' '--gdn-profile' 'reference' \
-            '--top-k' '8' '--stride' '4' '--seed' '0' '--anchor-batch' '32' '--plugin' 'accept-length' \
+            '--top-k' '8' '--stride' '4' '--seed' '0' '--anchor-batch' '256' '--plugin' 'accept-length' \
             '--plugin-time-limit' '60' '--plugin-memory-mib' '256'\n";
         assert_eq!(s, want);
         // A GPU job asks for its GPUs.

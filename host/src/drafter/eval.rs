@@ -38,6 +38,13 @@ pub enum Labels {
     Data,
 }
 
+/// Anchors per drafter forward by default: all of a 128-token continuation's anchors (and up to
+/// 256) in one forward. Why: each forward ends in a synchronising top-K download; on the H200 an
+/// 8B target's 3-checkpoint `run` spent ~1 s more in the drafter at 32 anchors per forward
+/// (docs/benchmarks-cuda.md, "Session 14"). Records depend on it only through float noise (the
+/// GEMMs' row count), but it is an evaluation option and so part of the records' cache key.
+pub const DEFAULT_ANCHOR_BATCH: usize = 256;
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EvalOptions {
     pub top_k: usize,
@@ -59,7 +66,7 @@ impl Default for EvalOptions {
             prompt_anchors: false,
             ctx_inclusive: false,
             labels: Labels::Target,
-            anchor_batch: 32,
+            anchor_batch: DEFAULT_ANCHOR_BATCH,
         }
     }
 }

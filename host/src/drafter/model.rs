@@ -223,7 +223,42 @@ impl<B: Backend> DFlashDrafter<B> {
             .collect::<Result<_>>()?;
         drop(upload);
         let refs: Vec<&B::Tensor> = parts.iter().collect();
-        let fused = be.concat_cols(&refs)?;
+        self.extend_context_tensors(be, ctx, &refs)
+    }
+
+    /// Context K/V for positions `0..S` from taps already on the device (`taps[j]` is `[S, Dt]`,
+    /// in `target_layer_ids` order): what [`DFlashDrafter::context`] computes after its upload.
+    pub fn context_from_tensors(&self, be: &B, taps: &[&B::Tensor]) -> Result<DraftContext<B>> {
+        let mut ctx = DraftContext {
+            k: Vec::new(),
+            v: Vec::new(),
+            len: 0,
+        };
+        self.extend_context_tensors(be, &mut ctx, taps)?;
+        Ok(ctx)
+    }
+
+    /// [`DFlashDrafter::extend_context`] from device tensors: `fc` over the taps side by side,
+    /// `hidden_norm`, then each layer's K (normed, rotated) and V appended to `ctx`.
+    fn extend_context_tensors(
+        &self,
+        be: &B,
+        ctx: &mut DraftContext<B>,
+        taps: &[&B::Tensor],
+    ) -> Result<()> {
+        if taps.len() != self.cfg.target_layer_ids.len() {
+            bail!(
+                "drafter expects {} taps, got {}",
+                self.cfg.target_layer_ids.len(),
+                taps.len()
+            );
+        }
+        // concat_cols refuses taps of different row counts.
+        let n = be.dims(taps[0]).0;
+        if n == 0 {
+            return Ok(());
+        }
+        let fused = be.concat_cols(taps)?;
         let c = self
             .hidden_norm
             .forward(be, &be.matmul(&fused, &self.fc)?)?;

@@ -13,7 +13,7 @@ use crate::backend::{Backend, HostRows};
 use crate::model::Capture;
 use crate::prompts::{Prompt, PromptSet};
 use crate::records::RecordBatch;
-use crate::session::{Packer, Session};
+use crate::session::{Packer, ResidentPass, Session};
 use crate::shard::{EvalIdentity, Shard};
 use crate::store::{NewRun, RunEval, RunMode, RunPrompt, RunStatus, Store, TrainStyle};
 use anyhow::{bail, Context, Result};
@@ -402,7 +402,7 @@ pub fn run_eval_shard<B: Backend>(
             let metrics = summarize(&all, &infos);
             store.add_metrics(run_id, &metrics)?;
             let metrics_s = tm.elapsed().as_secs_f64();
-            let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": metrics_s, "records_cached": timings.2, "drafter_loaded": drafter_loaded });
+            let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": metrics_s, "records_cached": timings.2, "contexts_from_device": timings.3, "drafter_loaded": drafter_loaded });
             store.finish_run(run_id, RunStatus::Complete, None, &timings)?;
             let mut run_metrics: BTreeMap<String, BTreeMap<String, MetricSummary>> =
                 BTreeMap::new();
@@ -447,8 +447,8 @@ pub fn run_eval_shard<B: Backend>(
 }
 
 /// Prompt infos, all records, and (target seconds, drafter seconds, prompts whose records came
-/// from the cache).
-type Evaluated = (Vec<PromptInfo>, RecordBatch, (f64, f64, usize));
+/// from the cache, prompts whose drafter context came from taps on the device).
+type Evaluated = (Vec<PromptInfo>, RecordBatch, (f64, f64, usize, usize));
 
 /// A prompt whose sequence is known and whose target pass waits for its pack.
 struct Pending {
@@ -484,7 +484,12 @@ fn evaluate_prompts<B: Backend>(
         Ok((
             ev.infos,
             ev.all,
-            (ev.target_s, ev.draft_s, ev.records_cached),
+            (
+                ev.target_s,
+                ev.draft_s,
+                ev.records_cached,
+                ev.contexts_from_device,
+            ),
         ))
     })
 }
@@ -513,6 +518,7 @@ fn evaluation<'a, 's, B: Backend>(
         draft_s: 0.0,
         records_sha,
         records_cached: 0,
+        contexts_from_device: 0,
         pb: crate::progress::bar(selected.len() as u64, "evaluate"),
         total: selected.len(),
     };
@@ -567,8 +573,9 @@ struct RecordSink<'s> {
 }
 
 impl<'s> RecordSink<'s> {
-    /// A few prompts may wait (each ~250 KB of records): enough to ride out one slow commit.
-    const QUEUE: usize = 4;
+    /// Prompts that may wait (each ~250 KB of records): a prompt is drafted in ~10 ms on an
+    /// H200 while one commit behind the cache writer's fsyncs can take ~100 ms.
+    const QUEUE: usize = 32;
 
     fn start<'e>(
         scope: &'s std::thread::Scope<'s, 'e>,
@@ -671,6 +678,9 @@ struct Evaluation<'a, 's, B: Backend> {
     /// known-answer drafters, which are not cached).
     records_sha: Option<String>,
     records_cached: usize,
+    /// Prompts whose drafter context was built from taps still on the device
+    /// (`Session::target_passes_for_drafting`), not uploaded from host copies.
+    contexts_from_device: usize,
     pb: indicatif::ProgressBar,
     /// Prompts this run evaluates.
     total: usize,
@@ -731,7 +741,7 @@ impl<B: Backend> Evaluation<'_, '_, B> {
         let mut passes = if todo.is_empty() {
             Vec::new()
         } else {
-            s.target_passes(&todo, &self.capture, opts.eval.top_k)?
+            s.target_passes_for_drafting(&todo, &self.capture, opts.eval.top_k)?
         }
         .into_iter();
         self.target_s += t.elapsed().as_secs_f64();
@@ -743,8 +753,8 @@ impl<B: Backend> Evaluation<'_, '_, B> {
             let rec = match hit.take() {
                 Some(rec) => rec,
                 None => {
-                    let pass = passes.next().context("target pass missing")?;
-                    let rec = self.draft(w, &pass)?;
+                    let (pass, device) = passes.next().context("target pass missing")?;
+                    let rec = self.draft(w, &pass, device.as_deref())?;
                     let _phase = crate::timeline::phase("records: cache");
                     if let Some(key) = key {
                         let entry = records_cache::to_tensors(&rec);
@@ -778,8 +788,15 @@ impl<B: Backend> Evaluation<'_, '_, B> {
 }
 
 impl<B: Backend> Evaluation<'_, '_, B> {
-    /// The records of one prompt from its target pass: the drafter's context, then every anchor.
-    fn draft(&mut self, w: &Pending, pass: &crate::session::TargetPass) -> Result<RecordBatch> {
+    /// The records of one prompt from its target pass: the drafter's context (from the taps
+    /// still on the device when `device` has them, else uploaded from the pass), then every
+    /// anchor.
+    fn draft(
+        &mut self,
+        w: &Pending,
+        pass: &crate::session::TargetPass,
+        device: Option<&ResidentPass<B::Tensor>>,
+    ) -> Result<RecordBatch> {
         let (s, opts) = (self.s, self.opts);
         let _drafting = crate::timeline::phase("drafter");
         let t = Instant::now();
@@ -792,13 +809,27 @@ impl<B: Backend> Evaluation<'_, '_, B> {
         );
         let drafter = self.drafter.get()?;
         if let Drafter::DFlash(d) = drafter {
-            let taps: Vec<&HostRows> = self
-                .tap_idx
-                .iter()
-                .map(|&x| pass.hidden(x).context("tap not captured"))
-                .collect::<Result<_>>()?;
-            let _phase = crate::timeline::phase("drafter context");
-            seq.ctx = Some(d.context(&s.be, &taps, pass.hidden_size)?);
+            seq.ctx = Some(match device {
+                Some(dev) => {
+                    let taps: Vec<&B::Tensor> = self
+                        .tap_idx
+                        .iter()
+                        .map(|&x| dev.tap(x).context("tap not captured"))
+                        .collect::<Result<_>>()?;
+                    let _phase = crate::timeline::phase("drafter context");
+                    self.contexts_from_device += 1;
+                    d.context_from_tensors(&s.be, &taps)?
+                }
+                None => {
+                    let taps: Vec<&HostRows> = self
+                        .tap_idx
+                        .iter()
+                        .map(|&x| pass.hidden(x).context("tap not captured"))
+                        .collect::<Result<_>>()?;
+                    let _phase = crate::timeline::phase("drafter context");
+                    d.context(&s.be, &taps, pass.hidden_size)?
+                }
+            });
         }
         // Only a DFlash drafter needs target weights (embedding and LM head).
         let target = match drafter {

@@ -8,9 +8,12 @@
 //! drafter then needs only the embedding and LM head ([`Session::draft_target`]).
 
 mod entries;
+mod resident;
 
 pub use entries::Packer;
 use entries::{continuation_tensors, decode_continuation, decode_pass, PassEntry};
+pub use resident::ResidentPass;
+use resident::ResidentTaps;
 
 use crate::backend::memory::{gib, MemoryModel};
 use crate::backend::{Backend, GdnProfile, HostRows, TopK};
@@ -169,7 +172,16 @@ pub struct Session<B: Backend> {
     /// Continuations decoded by this session, by cache-key digest: their entries go to the disk
     /// through the background writer, and a later lookup must not miss one still queued.
     recent_continuations: Mutex<std::collections::HashMap<String, Continuation>>,
+    /// Bytes of device memory for taps kept between a target pass and the drafters that read
+    /// them ([`Session::target_passes_for_drafting`]). None: an eighth of the device's free
+    /// memory once the model is loaded, where the backend reports device memory (CUDA); nothing
+    /// on the CPU, whose "device" memory is the host's.
+    pub resident_tap_bytes: Option<usize>,
+    resident: Mutex<ResidentTaps<B::Tensor>>,
 }
+
+/// A target pass and, when its taps are still on the device, those taps.
+pub type DraftingPass<T> = (TargetPass, Option<Arc<ResidentPass<T>>>);
 
 impl<B: Backend> Session<B> {
     /// Open `target` (headers and tokenizer; no weights are read or uploaded yet). Weight hashes
@@ -192,6 +204,8 @@ impl<B: Backend> Session<B> {
             cache,
             prompt_ids_memo: Mutex::new(Default::default()),
             recent_continuations: Mutex::new(Default::default()),
+            resident_tap_bytes: None,
+            resident: Mutex::new(ResidentTaps::default()),
         })
     }
 
@@ -651,9 +665,47 @@ impl<B: Backend> Session<B> {
         k: usize,
         keep_hidden: bool,
     ) -> Result<Vec<TargetPass>> {
+        Ok(self
+            .passes(seqs, capture, k, keep_hidden, false)?
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect())
+    }
+
+    /// [`Session::target_passes`] for a drafter: a pass whose taps are still on the device
+    /// (computed by this session for an earlier checkpoint, see `session/resident.rs`) comes
+    /// with them and without host copies (`hidden` empty), read neither from the disk nor
+    /// uploaded again; computed passes keep device copies of their taps for the next drafter
+    /// while the budget allows ([`Session::resident_tap_bytes`]).
+    pub fn target_passes_for_drafting(
+        &self,
+        seqs: &[&[u32]],
+        capture: &Capture,
+        k: usize,
+    ) -> Result<Vec<DraftingPass<B::Tensor>>> {
+        self.passes(seqs, capture, k, true, true)
+    }
+
+    fn resident(&self) -> std::sync::MutexGuard<'_, ResidentTaps<B::Tensor>> {
+        self.resident.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn passes(
+        &self,
+        seqs: &[&[u32]],
+        capture: &Capture,
+        k: usize,
+        keep_hidden: bool,
+        resident: bool,
+    ) -> Result<Vec<DraftingPass<B::Tensor>>> {
         let d = self.files.spec.hidden_size;
-        let mut passes: Vec<Option<TargetPass>> = Vec::with_capacity(seqs.len());
-        let budget = self.pack_budget(capture.indices.len());
+        let mut passes: Vec<Option<DraftingPass<B::Tensor>>> = Vec::with_capacity(seqs.len());
+        let mut budget = self.pack_budget(capture.indices.len());
+        if budget < self.pack_tokens && self.resident().used() > 0 {
+            // Device memory is short: the forward comes before taps kept for later drafters.
+            self.resident().clear();
+            budget = self.pack_budget(capture.indices.len());
+        }
         let mut packer = Packer::new(budget);
         let mut packs = Vec::new();
         let lookups = crate::timeline::phase("cache read");
@@ -667,19 +719,45 @@ impl<B: Backend> Session<B> {
             .iter()
             .map(|ids| self.pass_key(ids, capture, k))
             .collect::<Result<Vec<_>>>()?;
+        let held: Vec<Option<Arc<ResidentPass<B::Tensor>>>> = if resident {
+            let r = self.resident();
+            keys.iter().map(|key| r.get(&key.digest())).collect()
+        } else {
+            vec![None; seqs.len()]
+        };
         // Entries this session queued earlier for these keys must be visible to these lookups
         // (a sequence passed twice, or again for the next checkpoint); the writes of other
         // entries go on (waiting for all of them made a run's second checkpoint wait ~2.5 s for
         // the first one's hidden states to reach the disk).
-        self.writer.wait_for(&keys);
+        let on_disk: Vec<CacheKey> = keys
+            .iter()
+            .zip(&held)
+            .filter(|(_, h)| h.is_none())
+            .map(|(key, _)| key.clone())
+            .collect();
+        self.writer.wait_for(&on_disk);
         let cache = &self.cache;
         let found = seqs
             .par_iter()
             .zip(keys)
-            .map(|(ids, key)| {
-                let hit = match cache.lookup(&key)? {
-                    Lookup::Hit(t) => decode_pass(t, ids, capture, d, k),
-                    _ => None,
+            .zip(held)
+            .map(|((ids, key), held)| {
+                let hit = match held {
+                    // Still on the device: no disk read, no host copy of the taps.
+                    Some(r) => Some((
+                        TargetPass {
+                            ids: ids.to_vec(),
+                            hidden: Vec::new(),
+                            hidden_size: d,
+                            topk: r.topk.clone(),
+                            cached: true,
+                        },
+                        Some(r),
+                    )),
+                    None => match cache.lookup(&key)? {
+                        Lookup::Hit(t) => decode_pass(t, ids, capture, d, k).map(|p| (p, None)),
+                        _ => None,
+                    },
                 };
                 Ok((key, hit))
             })
@@ -708,22 +786,31 @@ impl<B: Backend> Session<B> {
         }
         for pack in packs.iter().filter(|p| !p.is_empty()) {
             let seq_ids: Vec<&[u32]> = pack.iter().map(|(n, _)| seqs[*n]).collect();
-            let mut computed = self.packed_pass(&seq_ids, capture, k)?;
+            let mut computed = self.packed_pass(&seq_ids, capture, k, resident)?;
             // Cache entries hold the hidden states in the backend's compute dtype: bf16 on CUDA
             // (exact, half the bytes of f32), f32 on the CPU. Shared with the pass, or moved:
             // never copied here, where the GPU would wait (PassEntry::tensors, on the writer's
             // thread, copies what the pass still holds).
             let entries: Vec<PassEntry> = if keep_hidden {
-                computed.iter().map(PassEntry::of).collect()
+                computed.iter().map(|(p, _)| PassEntry::of(p)).collect()
             } else {
-                computed.iter_mut().map(PassEntry::take).collect()
+                computed
+                    .iter_mut()
+                    .map(|(p, _)| PassEntry::take(p))
+                    .collect()
             };
-            for (((n, key), pass), entry) in pack.iter().zip(computed).zip(entries) {
+            for (((n, key), (pass, device)), entry) in pack.iter().zip(computed).zip(entries) {
+                let digest = key.digest();
                 self.writer
                     .put_sized(&self.cache, key.clone(), entry.bytes(), move || {
                         entry.tensors()
                     })?;
-                passes[*n] = Some(pass);
+                let device = device.and_then(|taps| {
+                    let mut r = self.resident();
+                    r.insert(digest.clone(), taps);
+                    r.get(&digest)
+                });
+                passes[*n] = Some((pass, device));
             }
         }
         passes
@@ -732,8 +819,29 @@ impl<B: Backend> Session<B> {
             .context("target pass missing")
     }
 
-    /// One packed forward over `seqs`, split back into one pass per sequence.
-    fn packed_pass(&self, seqs: &[&[u32]], capture: &Capture, k: usize) -> Result<Vec<TargetPass>> {
+    /// Bytes the resident store may hold, decided at its first use (after the model is loaded,
+    /// so that the device's free memory is what is left beside the weights).
+    fn resident_budget(&self) -> usize {
+        let mut r = self.resident();
+        *r.budget.get_or_insert_with(|| {
+            self.resident_tap_bytes.unwrap_or_else(|| {
+                self.be
+                    .free_memory()
+                    .map(|free| (free / 8) as usize)
+                    .unwrap_or(0)
+            })
+        })
+    }
+
+    /// One packed forward over `seqs`, split back into one pass per sequence; with `keep_device`
+    /// (and room in the resident store) each pass also comes with device copies of its taps.
+    fn packed_pass(
+        &self,
+        seqs: &[&[u32]],
+        capture: &Capture,
+        k: usize,
+        keep_device: bool,
+    ) -> Result<Vec<(TargetPass, Option<ResidentPass<B::Tensor>>)>> {
         let d = self.files.spec.hidden_size;
         let mut ids = Vec::new();
         let mut starts = vec![0];
@@ -747,6 +855,30 @@ impl<B: Backend> Session<B> {
         let topk = model.logits_topk(&self.be, &out.last_hidden, k)?;
         drop(forward);
         let kk = topk.k;
+        let seq_topk = |w: &[usize], rows: usize| TopK {
+            rows,
+            k: kk,
+            ids: topk.ids[w[0] * kk..w[1] * kk].to_vec(),
+            logprobs: topk.logprobs[w[0] * kk..w[1] * kk].to_vec(),
+        };
+        // Device copies of each sequence's taps for the drafters that read them next (queued
+        // before the download below, which waits for them).
+        let mut device: Vec<Option<ResidentPass<B::Tensor>>> = seqs.iter().map(|_| None).collect();
+        if keep_device && self.resident_budget() > 0 {
+            let elem = if self.be.dtype() == "f32" { 4 } else { 2 };
+            for ((slot, s), w) in device.iter_mut().zip(seqs).zip(starts.windows(2)) {
+                let mut taps = Vec::with_capacity(capture.indices.len());
+                for &i in &capture.indices {
+                    let t = out.captured.get(i).context("captured state missing")?;
+                    taps.push((i, self.be.slice_rows(t, w[0], w[1])?));
+                }
+                *slot = Some(ResidentPass {
+                    bytes: taps.len() * s.len() * d * elem,
+                    taps,
+                    topk: seq_topk(w, s.len()),
+                });
+            }
+        }
         // One download per tap for the whole pack (not one per sequence and tap: each is a
         // synchronising copy), cut into sequences by the backend (Backend::to_host_rows_split),
         // so that host memory holds the pack's hidden states once.
@@ -766,17 +898,16 @@ impl<B: Backend> Session<B> {
             .iter()
             .zip(starts.windows(2))
             .zip(hidden)
-            .map(|((s, w), hidden)| TargetPass {
-                ids: s.to_vec(),
-                hidden,
-                hidden_size: d,
-                topk: TopK {
-                    rows: s.len(),
-                    k: kk,
-                    ids: topk.ids[w[0] * kk..w[1] * kk].to_vec(),
-                    logprobs: topk.logprobs[w[0] * kk..w[1] * kk].to_vec(),
-                },
-                cached: false,
+            .zip(device)
+            .map(|(((s, w), hidden), device)| {
+                let pass = TargetPass {
+                    ids: s.to_vec(),
+                    hidden,
+                    hidden_size: d,
+                    topk: seq_topk(w, s.len()),
+                    cached: false,
+                };
+                (pass, device)
             })
             .collect())
     }

@@ -706,3 +706,74 @@ fn tensor_plan_is_exactly_the_shipped_checkpoints_tensors() {
         DFlashDrafter::load(&smol().be, &dir, hidden).unwrap();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// (e) taps kept on the device between a run's checkpoints
+// ---------------------------------------------------------------------------------------------
+
+/// `run` over two checkpoints of a series with the session's resident tap store on (a budget on
+/// the CPU, where it is off by default) drafts every context from the taps the target pass left
+/// on the device — also the second checkpoint's, whose passes then come neither from the disk
+/// nor from a new forward — and gives exactly the records' metrics of the same runs with the
+/// store off (contexts uploaded from host copies, the second checkpoint's passes read back from
+/// the disk cache).
+#[test]
+fn taps_kept_on_the_device_give_the_records_of_host_copies() {
+    use draftlens::drafter::run::{run_eval, DrafterSpec, RunOptions};
+    use draftlens::prompts::PromptSet;
+    use draftlens::store::{RunMode, Store};
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("p.jsonl");
+    let lines: Vec<String> = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Once upon a time",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, t)| serde_json::json!({"id": format!("p{i}"), "prompt": t}).to_string())
+    .collect();
+    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    let set = PromptSet::load_path(&prompts).unwrap();
+    let opts = RunOptions {
+        name: None,
+        mode: RunMode::Deployment,
+        eval: Default::default(),
+        max_new_tokens: 8,
+        fail_after: None,
+    };
+    let checkpoints: Vec<DrafterSpec> = ["step-258", "step-2581"]
+        .iter()
+        .map(|step| DrafterSpec::Checkpoint {
+            dir: repo_root().join("drafters/smollm2-reference").join(step),
+            step: None,
+            series: "smollm2-reference".into(),
+        })
+        .collect();
+    let runs = |budget: usize, name: &str| {
+        let dir = tmp.path().join(name);
+        let mut s = Session::load(
+            CpuBackend::new(),
+            &default_model(),
+            HiddenCache::open(&dir.join("cache")).unwrap(),
+        )
+        .unwrap();
+        s.resident_tap_bytes = Some(budget);
+        let store = Store::open(&dir.join("runs.sqlite")).unwrap();
+        checkpoints
+            .iter()
+            .map(|c| run_eval(&s, c, &set, &opts, &store).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let on_device = runs(1 << 30, "device");
+    let from_host = runs(0, "host");
+    for (i, (d, h)) in on_device.iter().zip(&from_host).enumerate() {
+        assert_eq!(d.timings["contexts_from_device"], 3, "checkpoint {i}");
+        assert_eq!(h.timings["contexts_from_device"], 0, "checkpoint {i}");
+        assert_eq!(d.blocks, h.blocks, "checkpoint {i}");
+        assert!(d.blocks > 0);
+        assert_eq!(d.metrics, h.metrics, "checkpoint {i}: records differ");
+    }
+    // The two checkpoints are different drafters: equal metrics would hide a context mix-up.
+    assert_ne!(on_device[0].metrics, on_device[1].metrics);
+}

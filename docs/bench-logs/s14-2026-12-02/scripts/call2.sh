@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 14, call 2 (target-carry/s14: the top-K scan in float4 groups, the timeline's new
-# sub-phases and host memory besides queued cache writes): the top-K and decode tests, the
+# sub-phases and host memory besides queued cache writes, taps kept on the device between a
+# run's target pass and its checkpoints' drafters): the top-K and decode tests, the
 # product's packed prefill, drafter scoring and decode step in cuda_bench (Qwen3-8B shapes), where
 # the prefill's GPU time goes (kernel_trace kernels), then the 8B `run` of 3 checkpoints from
 # nothing and again with kernels warm (164 HumanEval prompts, 128 new tokens).
@@ -22,5 +23,6 @@ dl_run q8b_cold /tmp/q8b /tmp/q8b-drafters
 mkdir -p /tmp/dlc8b && cp -r /tmp/dlc8/identity /tmp/dlc8b/
 DRAFTLENS_CACHE=/tmp/dlc8b dl_run q8b_warm /tmp/q8b /tmp/q8b-drafters
 sed -n '/timeline:/,/Command being/p' $O/q8b_warm.err | sed -n '2,36p'
+grep -o '"contexts_from_device": *[0-9]*' $O/q8b_warm.json
 rm -f $O/*.json; find $O -size +3M -delete
 tar czf $OUT/all.tgz -C $O .
