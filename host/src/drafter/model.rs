@@ -44,6 +44,17 @@ pub struct DraftContext<B: Backend> {
     pub len: usize,
 }
 
+impl<B: Backend> DraftContext<B> {
+    /// A context of no positions yet.
+    pub fn empty() -> Self {
+        DraftContext {
+            k: Vec::new(),
+            v: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
 /// How [`DFlashDrafter::draft`] drafts its blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DraftOptions {
@@ -177,6 +188,14 @@ impl<B: Backend> DFlashDrafter<B> {
         })
     }
 
+    fn check_tap_count(&self, taps: usize) -> Result<()> {
+        let want = self.cfg.target_layer_ids.len();
+        if taps != want {
+            bail!("drafter expects {want} taps, got {taps}");
+        }
+        Ok(())
+    }
+
     /// Context K/V for positions `0..S` from the taps (`taps[j]` is `[S, Dt]` row-major, in
     /// `target_layer_ids` order, f32 or bf16: see [`HostRowsRef`]).
     pub fn context<'t, T: Into<HostRowsRef<'t>> + Copy>(
@@ -185,11 +204,7 @@ impl<B: Backend> DFlashDrafter<B> {
         taps: &[T],
         target_hidden: usize,
     ) -> Result<DraftContext<B>> {
-        let mut ctx = DraftContext {
-            k: Vec::new(),
-            v: Vec::new(),
-            len: 0,
-        };
+        let mut ctx = DraftContext::empty();
         self.extend_context(be, &mut ctx, taps, target_hidden)?;
         Ok(ctx)
     }
@@ -203,13 +218,7 @@ impl<B: Backend> DFlashDrafter<B> {
         taps: &[T],
         target_hidden: usize,
     ) -> Result<()> {
-        if taps.len() != self.cfg.target_layer_ids.len() {
-            bail!(
-                "drafter expects {} taps, got {}",
-                self.cfg.target_layer_ids.len(),
-                taps.len()
-            );
-        }
+        self.check_tap_count(taps.len())?;
         let taps: Vec<HostRowsRef> = taps.iter().map(|&t| t.into()).collect();
         let n = taps[0].len() / target_hidden;
         if n == 0 {
@@ -229,11 +238,7 @@ impl<B: Backend> DFlashDrafter<B> {
     /// Context K/V for positions `0..S` from taps already on the device (`taps[j]` is `[S, Dt]`,
     /// in `target_layer_ids` order): what [`DFlashDrafter::context`] computes after its upload.
     pub fn context_from_tensors(&self, be: &B, taps: &[&B::Tensor]) -> Result<DraftContext<B>> {
-        let mut ctx = DraftContext {
-            k: Vec::new(),
-            v: Vec::new(),
-            len: 0,
-        };
+        let mut ctx = DraftContext::empty();
         self.extend_context_tensors(be, &mut ctx, taps)?;
         Ok(ctx)
     }
@@ -246,13 +251,7 @@ impl<B: Backend> DFlashDrafter<B> {
         ctx: &mut DraftContext<B>,
         taps: &[&B::Tensor],
     ) -> Result<()> {
-        if taps.len() != self.cfg.target_layer_ids.len() {
-            bail!(
-                "drafter expects {} taps, got {}",
-                self.cfg.target_layer_ids.len(),
-                taps.len()
-            );
-        }
+        self.check_tap_count(taps.len())?;
         // concat_cols refuses taps of different row counts.
         let n = be.dims(taps[0]).0;
         if n == 0 {
