@@ -47,6 +47,19 @@ struct State {
     error: Option<anyhow::Error>,
 }
 
+impl State {
+    /// Grow (`delta` > 0) or shrink the announced bytes, and the process-wide figure the
+    /// timeline subtracts from host memory (`timeline::queued_cache_bytes`).
+    fn queued_bytes(&mut self, delta: i64) {
+        if delta >= 0 {
+            self.bytes += delta as usize;
+        } else {
+            self.bytes -= delta.unsigned_abs() as usize;
+        }
+        crate::timeline::queued_cache_bytes(delta);
+    }
+}
+
 pub struct CacheWriter {
     tx: Option<Sender<Queued>>,
     threads: Vec<JoinHandle<()>>,
@@ -129,16 +142,14 @@ impl CacheWriter {
                 st = self.shared.idle.wait(st).unwrap_or_else(|e| e.into_inner());
             }
             st.pending += 1;
-            st.bytes += bytes;
-            crate::timeline::queued_cache_bytes(bytes as i64);
+            st.queued_bytes(bytes as i64);
             *st.keys.entry(digest.clone()).or_insert(0) += 1;
         }
         tx.send(((key, Box::new(tensors)), bytes, digest.clone()))
             .map_err(|_| {
                 let mut st = self.lock();
                 st.pending -= 1;
-                st.bytes -= bytes;
-                crate::timeline::queued_cache_bytes(-(bytes as i64));
+                st.queued_bytes(-(bytes as i64));
                 forget_key(&mut st, &digest);
                 anyhow!("the cache writer threads stopped")
             })
@@ -196,8 +207,7 @@ fn work(cache: HiddenCache, rx: Arc<Mutex<Receiver<Queued>>>, shared: Arc<Shared
             st.error.get_or_insert(e);
         }
         st.pending -= 1;
-        st.bytes -= bytes;
-        crate::timeline::queued_cache_bytes(-(bytes as i64));
+        st.queued_bytes(-(bytes as i64));
         forget_key(&mut st, &digest);
         // A producer waiting for room, `wait` (for zero) and `wait_for` (for keys) listen.
         shared.idle.notify_all();

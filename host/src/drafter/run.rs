@@ -9,7 +9,7 @@ use super::lint::{lint, Severity};
 use super::metrics::{summarize, PromptInfo};
 use super::model::DFlashDrafter;
 use super::records_cache;
-use crate::backend::{Backend, HostRows};
+use crate::backend::Backend;
 use crate::model::Capture;
 use crate::prompts::{Prompt, PromptSet};
 use crate::records::RecordBatch;
@@ -788,6 +788,14 @@ impl<B: Backend> Evaluation<'_, '_, B> {
 }
 
 impl<B: Backend> Evaluation<'_, '_, B> {
+    /// The drafter's taps, in its `target_layer_ids` order, from `get` (HF index → tap).
+    fn drafter_taps<'p, T>(&self, get: impl Fn(usize) -> Option<&'p T>) -> Result<Vec<&'p T>> {
+        self.tap_idx
+            .iter()
+            .map(|&x| get(x).context("tap not captured"))
+            .collect()
+    }
+
     /// The records of one prompt from its target pass: the drafter's context (from the taps
     /// still on the device when `device` has them, else uploaded from the pass), then every
     /// anchor.
@@ -809,27 +817,20 @@ impl<B: Backend> Evaluation<'_, '_, B> {
         );
         let drafter = self.drafter.get()?;
         if let Drafter::DFlash(d) = drafter {
-            seq.ctx = Some(match device {
+            let ctx = match device {
                 Some(dev) => {
-                    let taps: Vec<&B::Tensor> = self
-                        .tap_idx
-                        .iter()
-                        .map(|&x| dev.tap(x).context("tap not captured"))
-                        .collect::<Result<_>>()?;
+                    let taps = self.drafter_taps(|x| dev.tap(x))?;
                     let _phase = crate::timeline::phase("drafter context");
                     self.contexts_from_device += 1;
                     d.context_from_tensors(&s.be, &taps)?
                 }
                 None => {
-                    let taps: Vec<&HostRows> = self
-                        .tap_idx
-                        .iter()
-                        .map(|&x| pass.hidden(x).context("tap not captured"))
-                        .collect::<Result<_>>()?;
+                    let taps = self.drafter_taps(|x| pass.hidden(x))?;
                     let _phase = crate::timeline::phase("drafter context");
                     d.context(&s.be, &taps, pass.hidden_size)?
                 }
-            });
+            };
+            seq.ctx = Some(ctx);
         }
         // Only a DFlash drafter needs target weights (embedding and LM head).
         let target = match drafter {

@@ -800,16 +800,11 @@ impl<B: Backend> Session<B> {
                     .collect()
             };
             for (((n, key), (pass, device)), entry) in pack.iter().zip(computed).zip(entries) {
-                let digest = key.digest();
                 self.writer
                     .put_sized(&self.cache, key.clone(), entry.bytes(), move || {
                         entry.tensors()
                     })?;
-                let device = device.and_then(|taps| {
-                    let mut r = self.resident();
-                    r.insert(digest.clone(), taps);
-                    r.get(&digest)
-                });
+                let device = device.and_then(|taps| self.resident().insert(key.digest(), taps));
                 passes[*n] = Some((pass, device));
             }
         }
@@ -863,20 +858,15 @@ impl<B: Backend> Session<B> {
         };
         // Device copies of each sequence's taps for the drafters that read them next (queued
         // before the download below, which waits for them).
-        let mut device: Vec<Option<ResidentPass<B::Tensor>>> = seqs.iter().map(|_| None).collect();
+        let mut device: Vec<Option<Vec<(usize, B::Tensor)>>> = seqs.iter().map(|_| None).collect();
         if keep_device && self.resident_budget() > 0 {
-            let elem = if self.be.dtype() == "f32" { 4 } else { 2 };
-            for ((slot, s), w) in device.iter_mut().zip(seqs).zip(starts.windows(2)) {
+            for (slot, w) in device.iter_mut().zip(starts.windows(2)) {
                 let mut taps = Vec::with_capacity(capture.indices.len());
                 for &i in &capture.indices {
                     let t = out.captured.get(i).context("captured state missing")?;
                     taps.push((i, self.be.slice_rows(t, w[0], w[1])?));
                 }
-                *slot = Some(ResidentPass {
-                    bytes: taps.len() * s.len() * d * elem,
-                    taps,
-                    topk: seq_topk(w, s.len()),
-                });
+                *slot = Some(taps);
             }
         }
         // One download per tap for the whole pack (not one per sequence and tap: each is a
@@ -907,6 +897,12 @@ impl<B: Backend> Session<B> {
                     topk: seq_topk(w, s.len()),
                     cached: false,
                 };
+                // The device copies hold what the host copies were downloaded from: as many bytes.
+                let device = device.map(|taps| ResidentPass {
+                    taps,
+                    topk: pass.topk.clone(),
+                    bytes: pass.hidden.iter().map(|(_, h)| h.byte_len()).sum(),
+                });
                 (pass, device)
             })
             .collect())

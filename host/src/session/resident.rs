@@ -59,12 +59,20 @@ impl<T> ResidentTaps<T> {
             .map(|(_, p)| p.clone())
     }
 
-    /// Keep `pass` under `digest`, dropping the oldest passes until it fits; a pass larger than
-    /// the whole budget is not kept. A pass already held keeps its place.
-    pub(super) fn insert(&mut self, digest: String, pass: ResidentPass<T>) {
+    /// Keep `pass` under `digest`, dropping the oldest passes until it fits, and return what is
+    /// held under `digest`: a pass larger than the whole budget is not kept (None), and a pass
+    /// already held keeps its place (that one is returned).
+    pub(super) fn insert(
+        &mut self,
+        digest: String,
+        pass: ResidentPass<T>,
+    ) -> Option<Arc<ResidentPass<T>>> {
         let budget = self.budget.unwrap_or(0);
-        if pass.bytes > budget || self.entries.iter().any(|(d, _)| *d == digest) {
-            return;
+        if let Some(held) = self.get(&digest) {
+            return Some(held);
+        }
+        if pass.bytes > budget {
+            return None;
         }
         while self.used + pass.bytes > budget {
             match self.entries.pop_front() {
@@ -73,7 +81,9 @@ impl<T> ResidentTaps<T> {
             }
         }
         self.used += pass.bytes;
-        self.entries.push_back((digest, Arc::new(pass)));
+        let pass = Arc::new(pass);
+        self.entries.push_back((digest, pass.clone()));
+        Some(pass)
     }
 
     pub(super) fn used(&self) -> usize {

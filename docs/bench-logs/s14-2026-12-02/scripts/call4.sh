@@ -3,8 +3,9 @@
 # __expf, malloc_trim after each NVRTC compile, a record queue of 32 prompts): the top-K tests,
 # then the 8B `run` of 3 checkpoints on a fresh machine, again with kernels warm (only the
 # hidden-state and record caches emptied), and that again under the kernel trace.
+# Call 6 is this script with B=target-carry/s14d (call6.sh).
 set -u
-B=target-carry/s14c DL_SHOW="timeline:|Maximum resident"
+B=${B:-target-carry/s14c} DL_SHOW="timeline:|Maximum resident"
 source tools/bench/device_env.sh
 timeout 120 $B/cuda_decode --test-threads=1 top_k > $O/decode_tests.log 2>&1; echo "cuda_decode rc=$?"
 grep -E "test result|panicked" $O/decode_tests.log | tail -3
