@@ -36,8 +36,8 @@
 # trained checkpoint (config.json + model.safetensors + train_metrics.json) as a tar split into
 # drafter.tar.part{aa,ab,...} (`cat drafter.tar.part* | tar x`).
 # Knobs (env): PROMPTS_N (held-out HumanEval prompts, 164), MAX_NEW (256), SYNTH (synthetic
-# training prompts, 400), TRAIN_S (training seconds at most, 400; the deadline shrinks it), LAYERS (drafter layers, 2), TAPS
-# (1,3,5,6), INIT_RANGE / ACTIVE_VOCAB / EMBED_SCALE / GDN_OUT_SCALE
+# training prompts, 700), TRAIN_S (training seconds at most, 400; the deadline shrinks it), LAYERS (drafter layers, 2), TAPS
+# (1,3,5,6), INIT_RANGE / ACTIVE_VOCAB (256) / EMBED_SCALE (100) / GDN_OUT_SCALE (10)
 # (make_random_target.py), TARGET_DIR (/tmp/pd-target;
 # an existing target is reused), PARITY_N (parity prompts, 32), and for the dry run DEVICE, PYTHON,
 # STEPS, MAX_TRAIN_PROMPTS,
@@ -52,7 +52,7 @@ B=${1:-target-carry/pd}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
 DEADLINE=$((T0 + ${DEMO_DEADLINE_S:-540}))
-PROMPTS_N=${PROMPTS_N:-164}; MAX_NEW=${MAX_NEW:-256}; SYNTH=${SYNTH:-400}; TRAIN_S=${TRAIN_S:-400}
+PROMPTS_N=${PROMPTS_N:-164}; MAX_NEW=${MAX_NEW:-256}; SYNTH=${SYNTH:-700}; TRAIN_S=${TRAIN_S:-400}
 LAYERS=${LAYERS:-2}; TAPS=${TAPS:-1,3,5,6}
 DEVICE=${DEVICE:-cuda}; PY=${PYTHON:-python3}
 M=${TARGET_DIR:-/tmp/pd-target}; TR=/tmp/pd-train
@@ -96,9 +96,13 @@ $PY -c "import torch, transformers; print('torch', torch.__version__, 'transform
 # --- target --------------------------------------------------------------------------------------
 XT=()
 [ -n "${INIT_RANGE:-}" ] && XT+=(--init-range "$INIT_RANGE")
-[ -n "${ACTIVE_VOCAB:-}" ] && XT+=(--active-vocab "$ACTIVE_VOCAB")
-[ -n "${EMBED_SCALE:-}" ] && XT+=(--embed-scale "$EMBED_SCALE")
-[ -n "${GDN_OUT_SCALE:-}" ] && XT+=(--gdn-out-scale "$GDN_OUT_SCALE")
+# Session 15's knobs (the first run that showed the loss; README.md): text a 2-layer drafter can
+# learn (embeddings x100, 256 live LM-head rows) with Gated DeltaNet outputs large enough (x10)
+# for the profiles to move the taps. An empty value keeps make_random_target.py's default.
+ACTIVE_VOCAB=${ACTIVE_VOCAB-256}; EMBED_SCALE=${EMBED_SCALE-100}; GDN_OUT_SCALE=${GDN_OUT_SCALE-10}
+[ -n "$ACTIVE_VOCAB" ] && XT+=(--active-vocab "$ACTIVE_VOCAB")
+[ -n "$EMBED_SCALE" ] && XT+=(--embed-scale "$EMBED_SCALE")
+[ -n "$GDN_OUT_SCALE" ] && XT+=(--gdn-out-scale "$GDN_OUT_SCALE")
 [ -e $M/config.json ] || timed make timeout 240 $PY tools/bench/make_random_target.py --arch qwen3.5-demo-8l --out $M --drafters 0 --device $DEVICE "${XT[@]}"
 [ -e $M/config.json ] || { log "no target"; exit 1; }
 
