@@ -668,6 +668,7 @@ fn cuda_raw_upload_matches_matrix_bit_for_bit() {
             rows,
             cols,
             bytes: &bytes,
+            mapped: false,
         };
         let got = gpu.matrix_raw(part).unwrap();
         assert_eq!(
@@ -685,6 +686,7 @@ fn cuda_raw_upload_matches_matrix_bit_for_bit() {
             rows: *rows,
             cols,
             bytes,
+            mapped: false,
         })
         .collect();
     let values: Vec<f32> = all.iter().flat_map(|a| a.3.iter().copied()).collect();
@@ -693,6 +695,35 @@ fn cuda_raw_upload_matches_matrix_bit_for_bit() {
     let got = gpu.matrix_stacked_raw(&parts).unwrap();
     assert_eq!(gpu.matrix_dims(&got), (rows, cols));
     assert_eq!(matrix_bits(&gpu, &got), matrix_bits(&gpu, &want), "stacked");
+    // The same parts read from a file mapping: the upload drops each chunk's pages once copied
+    // (`release_mapped_pages`), which must not change a bit, and leaves fewer of them resident.
+    let mut file = tempfile::tempfile().unwrap();
+    for (_, _, bytes, _) in &all {
+        std::io::Write::write_all(&mut file, bytes).unwrap();
+    }
+    // SAFETY: a private temporary file nothing else writes while it is mapped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+    let mut at = 0;
+    let mapped: Vec<RawPart> = all
+        .iter()
+        .map(|(dtype, rows, bytes, _)| {
+            let part = RawPart {
+                dtype: *dtype,
+                rows: *rows,
+                cols,
+                bytes: &map[at..at + bytes.len()],
+                mapped: true,
+            };
+            at += bytes.len();
+            part
+        })
+        .collect();
+    let from_map = gpu.matrix_stacked_raw(&mapped).unwrap();
+    assert_eq!(
+        matrix_bits(&gpu, &from_map),
+        matrix_bits(&gpu, &want),
+        "stacked, from a file mapping"
+    );
     // Free memory is known on CUDA and below the card's size.
     let free = gpu.free_memory().expect("CUDA reports free memory");
     assert!(free > 0 && free <= gpu.info().total_mem_bytes as u64 + (1 << 30));

@@ -169,6 +169,7 @@ fn raw_parts_with_wrong_sizes_or_widths_are_clean_errors() {
         rows: 2,
         cols: 3,
         bytes: &bytes,
+        mapped: false,
     };
     let e = be.matrix_raw(short).err().unwrap().to_string();
     assert!(
@@ -180,12 +181,14 @@ fn raw_parts_with_wrong_sizes_or_widths_are_clean_errors() {
         rows: 1,
         cols: 5,
         bytes: &bytes,
+        mapped: false,
     };
     let other = RawPart {
         dtype: RawDtype::F16,
         rows: 5,
         cols: 1,
         bytes: &bytes,
+        mapped: false,
     };
     let e = be
         .matrix_stacked_raw(&[ok, other])

@@ -47,6 +47,10 @@ pub struct RawPart<'a> {
     pub cols: usize,
     /// `rows · cols · dtype.size()` little-endian bytes.
     pub bytes: &'a [u8],
+    /// Whether `bytes` view a read-only file mapping, whose pages an upload may drop from this
+    /// process once it has copied them ([`release_mapped_pages`]); never for host memory, where
+    /// dropping pages would zero them.
+    pub mapped: bool,
 }
 
 impl<'a> RawPart<'a> {
@@ -63,6 +67,7 @@ impl<'a> RawPart<'a> {
             rows,
             cols,
             bytes,
+            mapped: false,
         }
     }
 
@@ -78,6 +83,7 @@ impl<'a> RawPart<'a> {
             rows,
             cols,
             bytes,
+            mapped: false,
         }
     }
 
@@ -112,6 +118,35 @@ impl<'a> RawPart<'a> {
         );
         Ok(())
     }
+}
+
+/// Drops this process's pages of `bytes`, a range of a read-only file mapping that has been
+/// copied (the whole pages inside it; the page cache keeps them, and a later read faults them
+/// back in with the same content). A large tensor's upload calls it chunk by chunk, so its
+/// resident pages never add up to the tensor: the 27B's 2.5 GB embedding alone used to raise the
+/// host's peak RSS by its size while it was copied. The loader's per-tensor
+/// `WeightSource::release` covers what this leaves (the partial pages at the ends).
+///
+/// # Safety
+/// `bytes` must lie in a file mapping (`MAP_SHARED` or `MAP_PRIVATE`) that nothing has written
+/// to: for anonymous or written private memory, dropping pages replaces the content with zeros.
+pub unsafe fn release_mapped_pages(bytes: &[u8]) {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+        let start = (bytes.as_ptr() as usize).next_multiple_of(page);
+        let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+        if end > start {
+            // SAFETY: [start, end) is whole pages inside `bytes`, of a clean file mapping (the
+            // caller's contract); MADV_DONTNEED only unmaps this process's copies of them.
+            let _ = unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED)
+            };
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = bytes;
 }
 
 #[cfg(target_endian = "big")]
@@ -172,4 +207,43 @@ pub fn stacked_to_f32(parts: &[RawPart<'_>], cols: usize) -> Result<Vec<f32>> {
         off += p.len();
     }
     Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    /// This process's resident pages of file mappings (kB), or None off Linux.
+    fn rss_file_kb() -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("RssFile:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// Dropping a copied range's pages frees this process's resident memory for it, and the
+    /// bytes read back unchanged (faulted in again from the file).
+    #[test]
+    fn released_mapped_pages_leave_the_process_and_keep_their_content() {
+        use std::io::Write;
+        const N: usize = 64 << 20;
+        let content: Vec<u8> = (0..N)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&content).unwrap();
+        // SAFETY: a private temporary file nothing writes while it is mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        assert!(map[..] == content[..], "mapping reads the file");
+        let Some(before) = rss_file_kb() else { return };
+        // SAFETY: `map` is a clean read-only file mapping.
+        unsafe { super::release_mapped_pages(&map[..]) };
+        let after = rss_file_kb().unwrap();
+        assert!(
+            before >= after + (48 << 10),
+            "RssFile {before} kB → {after} kB: the 64 MiB range was not dropped"
+        );
+        assert!(map[..] == content[..], "content after the release");
+        // An unaligned sub-range drops only whole pages inside it: its neighbours stay intact.
+        // SAFETY: as above.
+        unsafe { super::release_mapped_pages(&map[1000..N - 1000]) };
+        assert!(map[..] == content[..], "content after an unaligned release");
+    }
 }

@@ -240,6 +240,7 @@ impl WeightSource for SafetensorsWeights {
             rows,
             cols,
             bytes: &shard.mmap[begin..begin + len],
+            mapped: true,
         }))
     }
 

@@ -37,7 +37,9 @@ use std::time::Instant;
 ///    order of the scores and the softmax sums).
 /// 7: CUDA top-K of ≤ 64 rows in slices of 4 096 logits (another order of the log-sum-exp).
 /// 8: CUDA top-K scans its logits in float4 groups of 16 (another order of the log-sum-exp).
-pub const MODEL_CODE_VERSION: &str = "8";
+/// 9: CUDA top-K's float4 groups end at a warp-uniform count (a row's last groups fold one value
+///    at a time: another order of the log-sum-exp near the end of a row).
+pub const MODEL_CODE_VERSION: &str = "9";
 
 /// Default token budget of one packed target forward ([`Session::pack_tokens`]): 16k rows fill
 /// an H200 (docs/cuda.md) and keep the CPU's activations small.

@@ -17,7 +17,8 @@
 //!    the third, across tensor and shard boundaries.
 //!
 //! Host memory: the staging buffers (3 × 32 MiB pinned + 3 × 32 MiB device scratch), whatever
-//! pages of the mmap are resident (the loader drops them after each tensor,
+//! pages of the mmap are resident (a part's pages are dropped every 256 MiB copied,
+//! `raw::release_mapped_pages`, and the loader drops the rest after each tensor,
 //! `WeightSource::release`), nothing else. The staging buffers are allocated once per CUDA
 //! context and kept for the process (allocating pinned memory costs milliseconds per call; a
 //! model has hundreds of matrices). They live in a process-wide table because the backend struct
@@ -70,7 +71,17 @@ struct Chunk<'a> {
     dtype: RawDtype,
     bytes: &'a [u8],
     dst_elem: usize,
+    /// Mapped bytes of the part ([`RawPart::mapped`]) to drop from the process once this chunk
+    /// is copied: the chunks since the last drop, every [`RELEASE_CHUNKS`] chunks and at the
+    /// part's end.
+    release: Option<&'a [u8]>,
 }
+
+/// Chunks (of [`STAGE_BYTES`]) between two drops of a mapped part's pages: each drop flushes
+/// every core's TLB for the process, and one per 32 MiB chunk made the whole Qwen3.6-27B load
+/// 2.5 s slower on the H200 (docs/benchmarks-cuda.md, "Session 15"); one per 256 MiB keeps the
+/// resident pages of a tensor that large at most.
+const RELEASE_CHUNKS: usize = 8;
 
 impl CudaBackend {
     /// `Backend::matrix_stacked_raw` on CUDA: see the module doc.
@@ -90,11 +101,18 @@ impl CudaBackend {
         let mut chunks = Vec::new();
         let mut elem = 0;
         for p in parts {
+            let n = p.bytes.len().div_ceil(STAGE_BYTES);
             for (i, bytes) in p.bytes.chunks(STAGE_BYTES).enumerate() {
+                let release =
+                    (p.mapped && ((i + 1) % RELEASE_CHUNKS == 0 || i + 1 == n)).then(|| {
+                        let from = (i - i % RELEASE_CHUNKS) * STAGE_BYTES;
+                        &p.bytes[from..((i + 1) * STAGE_BYTES).min(p.bytes.len())]
+                    });
                 chunks.push(Chunk {
                     dtype: p.dtype,
                     bytes,
                     dst_elem: elem + i * STAGE_BYTES / p.dtype.size(),
+                    release,
                 });
             }
             elem += p.len();
@@ -178,6 +196,11 @@ impl CudaBackend {
                     )
                 };
             });
+        if let Some(copied) = c.release {
+            // SAFETY: a mapped part's bytes are a clean read-only file mapping (RawPart::mapped),
+            // and this range's chunks have all been copied into staging buffers.
+            unsafe { crate::backend::raw::release_mapped_pages(copied) };
+        }
         let elems = n / c.dtype.size();
         let dst = base + (c.dst_elem * 2) as u64;
         let stream = self.stream.cu_stream();
