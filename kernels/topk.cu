@@ -13,6 +13,94 @@
 
 __device__ __forceinline__ bool better(float a, u32 ia, float b, u32 ib) { return a > b || (a == b && ia < ib); }
 
+#define TOPK_UNROLL 4
+
+// Folds a group of TOPK_UNROLL float4s into the online (max m, sum of exp s): one rescale for the
+// group's max, then the group's exps independently (the old one-value-at-a-time update made
+// every exp wait for the previous one). Returns the group's max.
+// __expf (ex2.approx): the sum's terms are ≤ 1 and its relative error stays ~1e-6, far inside
+// what the log-probs are checked to (1e-5 relative against the CPU).
+__device__ __forceinline__ float fold_group(const float4 (&q)[TOPK_UNROLL], float& m, float& s) {
+    float gm = -DL_INF;
+#pragma unroll
+    for (int u = 0; u < TOPK_UNROLL; ++u) gm = fmaxf(gm, fmaxf(fmaxf(q[u].x, q[u].y), fmaxf(q[u].z, q[u].w)));
+    if (gm != -DL_INF) {
+        if (gm > m) {
+            s = m == -DL_INF ? 0.f : s * expf(m - gm);
+            m = gm;
+        }
+        float t = 0.f;
+#pragma unroll
+        for (int u = 0; u < TOPK_UNROLL; ++u)
+            t += (__expf(q[u].x - m) + __expf(q[u].y - m)) + (__expf(q[u].z - m) + __expf(q[u].w - m));
+        s += t;
+    }
+    return gm;
+}
+
+// Folds one value into (m, s) (the few values outside the float4 body).
+__device__ __forceinline__ void fold_one(float v, float& m, float& s) {
+    if (v > m) { s = s * expf(m - v) + 1.f; m = v; }
+    else if (v != -DL_INF) s += expf(v - m);
+}
+
+// The block's (max, sum of exp) from every thread's (m, s), combined first within warps, then
+// across warps in order; thread 0 gets it in `ms`.
+__device__ __forceinline__ void block_max_sum(float m, float s, float2& ms) {
+    __shared__ float s_m[TOPK_THREADS / 32], s_s[TOPK_THREADS / 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        float mm = fmaxf(m, m2);
+        s = (m == -DL_INF ? 0.f : s * expf(m - mm)) + (m2 == -DL_INF ? 0.f : s2 * expf(m2 - mm));
+        m = mm;
+    }
+    if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
+    __syncthreads();
+    if (tid == 0) {
+        float mm = -DL_INF, ss = 0.f;
+        for (int w = 0; w < TOPK_THREADS / 32; ++w) mm = fmaxf(mm, s_m[w]);
+        for (int w = 0; w < TOPK_THREADS / 32; ++w)
+            if (s_m[w] != -DL_INF) ss += s_s[w] * expf(s_m[w] - mm);
+        ms = make_float2(mm, ss);
+    }
+}
+
+// k rounds of a block-wide argmax over every thread's head candidate (`head(v, i)`); thread 0
+// calls `win(r, v, i)` for the r-th winner, and the thread whose head won calls `pop()`.
+template <typename Head, typename Pop, typename Win>
+__device__ __forceinline__ void block_k_rounds(int k, Head head, Pop pop, Win win) {
+    __shared__ float s_bv[TOPK_THREADS / 32];
+    __shared__ u32 s_bi[TOPK_THREADS / 32];
+    __shared__ u32 s_win;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int r = 0; r < k; ++r) {
+        float bv;
+        u32 bi;
+        head(bv, bi);
+        const u32 mine = bi;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+            u32 i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (better(v2, i2, bv, bi)) { bv = v2; bi = i2; }
+        }
+        if (lane == 0) { s_bv[warp] = bv; s_bi[warp] = bi; }
+        __syncthreads();
+        if (tid == 0) {
+            float wv = s_bv[0];
+            u32 wi = s_bi[0];
+            for (int w = 1; w < TOPK_THREADS / 32; ++w)
+                if (better(s_bv[w], s_bi[w], wv, wi)) { wv = s_bv[w]; wi = s_bi[w]; }
+            s_win = wi;
+            win(r, wv, wi);
+        }
+        __syncthreads();
+        if (mine == s_win && s_win != 0xffffffffu) pop();
+    }
+}
+
 // Scans x[begin, end) with the whole block: thread t takes the float4s t, t + 256, … of the
 // 16-byte-aligned body (four in flight at a time), keeping an online max / sum of exp and its
 // best K candidates. Thread 0 then holds the block's (max, sum) in `ms`, and `win(r, v,
@@ -20,11 +108,7 @@ __device__ __forceinline__ bool better(float a, u32 ia, float b, u32 ib) { retur
 // the range has fewer than k elements).
 template <int K, typename Win>
 __device__ void topk_scan_lists(const float* __restrict__ x, int begin, int end, int k, float2& ms, Win win) {
-    __shared__ float s_m[TOPK_THREADS / 32], s_s[TOPK_THREADS / 32];
-    __shared__ float s_bv[TOPK_THREADS / 32];
-    __shared__ u32 s_bi[TOPK_THREADS / 32];
-    __shared__ u32 s_win;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31;
 
     float vals[K];
     u32 ids[K];
@@ -48,8 +132,7 @@ __device__ void topk_scan_lists(const float* __restrict__ x, int begin, int end,
     };
     // One value at a time: the online max / sum update (the few elements outside the float4 body).
     auto take = [&](float v, int i) {
-        if (v > m) { s = s * expf(m - v) + 1.f; m = v; }
-        else if (v != -DL_INF) s += expf(v - m);
+        fold_one(v, m, s);
         consider(v, (u32)i);
     };
     // The body in float4 loads, TOPK_UNROLL of them in flight per thread, each group of 4·UNROLL
@@ -57,7 +140,6 @@ __device__ void topk_scan_lists(const float* __restrict__ x, int begin, int end,
     // (the old one-value-at-a-time update made every exp wait for the previous one, and the scan
     // read its logits at ~0.9 TB/s). The elements before the first 16-byte boundary and after
     // the last whole float4 (fewer than 4 each) go through `take`.
-    constexpr int TOPK_UNROLL = 4;
     const int mis = (int)((reinterpret_cast<size_t>(x + begin) >> 2) & 3);
     const int a0 = min(end, begin + ((4 - mis) & 3));
     const int nvec = (end - a0) >> 2;
@@ -79,22 +161,7 @@ __device__ void topk_scan_lists(const float* __restrict__ x, int begin, int end,
         float4 q[TOPK_UNROLL];
 #pragma unroll
         for (int u = 0; u < TOPK_UNROLL; ++u) q[u] = xv[j + u * TOPK_THREADS];
-        float gm = -DL_INF;
-#pragma unroll
-        for (int u = 0; u < TOPK_UNROLL; ++u) gm = fmaxf(gm, fmaxf(fmaxf(q[u].x, q[u].y), fmaxf(q[u].z, q[u].w)));
-        if (gm != -DL_INF) {
-            if (gm > m) {
-                s = m == -DL_INF ? 0.f : s * expf(m - gm);
-                m = gm;
-            }
-            // __expf (ex2.approx): the sum's terms are ≤ 1 and its relative error stays ~1e-6,
-            // far inside what the log-probs are checked to (1e-5 relative against the CPU).
-            float t = 0.f;
-#pragma unroll
-            for (int u = 0; u < TOPK_UNROLL; ++u)
-                t += (__expf(q[u].x - m) + __expf(q[u].y - m)) + (__expf(q[u].z - m) + __expf(q[u].w - m));
-            s += t;
-        }
+        const float gm = fold_group(q, m, s);
         // A group whose largest value is below the bound or the list's tail cannot enter the
         // list (after the first groups, almost every group): the scan is then loads, a max and
         // the exps.
@@ -121,51 +188,16 @@ __device__ void topk_scan_lists(const float* __restrict__ x, int begin, int end,
         take(q.z, e + 2);
         take(q.w, e + 3);
     }
-    // (max, sum of exp): combine (m, s) pairs, first within warps, then across warps in order.
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        float mm = fmaxf(m, m2);
-        s = (m == -DL_INF ? 0.f : s * expf(m - mm)) + (m2 == -DL_INF ? 0.f : s2 * expf(m2 - mm));
-        m = mm;
-    }
-    if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
-    __syncthreads();
-    if (tid == 0) {
-        float mm = -DL_INF, ss = 0.f;
-        for (int w = 0; w < TOPK_THREADS / 32; ++w) mm = fmaxf(mm, s_m[w]);
-        for (int w = 0; w < TOPK_THREADS / 32; ++w)
-            if (s_m[w] != -DL_INF) ss += s_s[w] * expf(s_m[w] - mm);
-        ms = make_float2(mm, ss);
-    }
-    // k rounds: block argmax over each thread's head candidate; the winner drops its head.
-    for (int r = 0; r < k; ++r) {
-        float bv = vals[0];
-        u32 bi = ids[0];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
-            u32 i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (better(v2, i2, bv, bi)) { bv = v2; bi = i2; }
-        }
-        if (lane == 0) { s_bv[warp] = bv; s_bi[warp] = bi; }
-        __syncthreads();
-        if (tid == 0) {
-            float wv = s_bv[0];
-            u32 wi = s_bi[0];
-            for (int w = 1; w < TOPK_THREADS / 32; ++w)
-                if (better(s_bv[w], s_bi[w], wv, wi)) { wv = s_bv[w]; wi = s_bi[w]; }
-            s_win = wi;
-            win(r, wv, wi);
-        }
-        __syncthreads();
-        if (ids[0] == s_win && s_win != 0xffffffffu) {
+    block_max_sum(m, s, ms);
+    block_k_rounds(
+        k, [&](float& v, u32& i) { v = vals[0]; i = ids[0]; },
+        [&] {
 #pragma unroll
             for (int j = 0; j < K - 1; ++j) { vals[j] = vals[j + 1]; ids[j] = ids[j + 1]; }
             vals[K - 1] = -DL_INF;
             ids[K - 1] = 0xffffffffu;
-        }
-    }
+        },
+        win);
 }
 
 // topk_scan_lists' contract with one list per warp instead of one per thread (K ≤ 32): lane l of
@@ -181,12 +213,8 @@ __device__ void topk_scan_lists(const float* __restrict__ x, int begin, int end,
 template <int K, typename Win>
 __device__ void topk_scan_warps(const float* __restrict__ x, int begin, int end, int k, float2& ms, Win win) {
     static_assert(K <= 32, "one list entry per lane");
-    __shared__ float s_m[TOPK_THREADS / 32], s_s[TOPK_THREADS / 32];
-    __shared__ float s_bv[TOPK_THREADS / 32];
-    __shared__ u32 s_bi[TOPK_THREADS / 32];
-    __shared__ u32 s_win;
     const unsigned FULL = 0xffffffffu;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31;
     float lv = -DL_INF;  // this lane's entry of the warp's sorted list (lanes < K)
     u32 li = 0xffffffffu;
     float tv = -DL_INF;  // the list's tail (lane K − 1's entry), the same in every lane
@@ -215,12 +243,6 @@ __device__ void topk_scan_warps(const float* __restrict__ x, int begin, int end,
             ti = __shfl_sync(FULL, li, K - 1);
         }
     };
-    // One value's online max / sum update (topk_scan_lists' `take`).
-    auto fold = [&](float v) {
-        if (v > m) { s = s * expf(m - v) + 1.f; m = v; }
-        else if (v != -DL_INF) s += expf(v - m);
-    };
-    constexpr int TOPK_UNROLL = 4;
     const int mis = (int)((reinterpret_cast<size_t>(x + begin) >> 2) & 3);
     const int a0 = min(end, begin + ((4 - mis) & 3));
     const int nvec = (end - a0) >> 2;
@@ -230,8 +252,8 @@ __device__ void topk_scan_warps(const float* __restrict__ x, int begin, int end,
         // than 4 each), folded first as topk_scan_lists does.
         const bool h = tid < a0 - begin, t = tid < end - a1;
         const float hv = h ? x[begin + tid] : -DL_INF, tv2 = t ? x[a1 + tid] : -DL_INF;
-        if (h) fold(hv);
-        if (t) fold(tv2);
+        if (h) fold_one(hv, m, s);
+        if (t) fold_one(tv2, m, s);
         offer(h, hv, (u32)(begin + tid));
         offer(t, tv2, (u32)(a1 + tid));
     }
@@ -241,20 +263,7 @@ __device__ void topk_scan_warps(const float* __restrict__ x, int begin, int end,
         float4 q[TOPK_UNROLL];
 #pragma unroll
         for (int u = 0; u < TOPK_UNROLL; ++u) q[u] = xv[j + u * TOPK_THREADS];
-        float gm = -DL_INF;
-#pragma unroll
-        for (int u = 0; u < TOPK_UNROLL; ++u) gm = fmaxf(gm, fmaxf(fmaxf(q[u].x, q[u].y), fmaxf(q[u].z, q[u].w)));
-        if (gm != -DL_INF) {
-            if (gm > m) {
-                s = m == -DL_INF ? 0.f : s * expf(m - gm);
-                m = gm;
-            }
-            float t = 0.f;
-#pragma unroll
-            for (int u = 0; u < TOPK_UNROLL; ++u)
-                t += (__expf(q[u].x - m) + __expf(q[u].y - m)) + (__expf(q[u].z - m) + __expf(q[u].w - m));
-            s += t;
-        }
+        const float gm = fold_group(q, m, s);
         // No lane's group reaches the tail (after the first groups, nearly always): skip the
         // ballots. A value equal to the tail may still win on its id, so equality does not skip.
         if (__any_sync(FULL, !(gm < tv))) {
@@ -273,59 +282,25 @@ __device__ void topk_scan_warps(const float* __restrict__ x, int begin, int end,
         const float4 q = has ? xv[j] : make_float4(-DL_INF, -DL_INF, -DL_INF, -DL_INF);
         const u32 e = (u32)(a0 + 4 * j);
         if (has) {
-            fold(q.x);
-            fold(q.y);
-            fold(q.z);
-            fold(q.w);
+            fold_one(q.x, m, s);
+            fold_one(q.y, m, s);
+            fold_one(q.z, m, s);
+            fold_one(q.w, m, s);
         }
         offer(has, q.x, e);
         offer(has, q.y, e + 1);
         offer(has, q.z, e + 2);
         offer(has, q.w, e + 3);
     }
-    // (max, sum of exp): combine (m, s) pairs, first within warps, then across warps in order.
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float m2 = __shfl_xor_sync(FULL, m, o), s2 = __shfl_xor_sync(FULL, s, o);
-        float mm = fmaxf(m, m2);
-        s = (m == -DL_INF ? 0.f : s * expf(m - mm)) + (m2 == -DL_INF ? 0.f : s2 * expf(m2 - mm));
-        m = mm;
-    }
-    if (lane == 0) { s_m[warp] = m; s_s[warp] = s; }
-    __syncthreads();
-    if (tid == 0) {
-        float mm = -DL_INF, ss = 0.f;
-        for (int w = 0; w < TOPK_THREADS / 32; ++w) mm = fmaxf(mm, s_m[w]);
-        for (int w = 0; w < TOPK_THREADS / 32; ++w)
-            if (s_m[w] != -DL_INF) ss += s_s[w] * expf(s_m[w] - mm);
-        ms = make_float2(mm, ss);
-    }
-    // k rounds: block argmax over every lane's entry; the winner's entry empties.
-    for (int r = 0; r < k; ++r) {
-        float bv = lv;
-        u32 bi = li;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float v2 = __shfl_xor_sync(FULL, bv, o);
-            u32 i2 = __shfl_xor_sync(FULL, bi, o);
-            if (better(v2, i2, bv, bi)) { bv = v2; bi = i2; }
-        }
-        if (lane == 0) { s_bv[warp] = bv; s_bi[warp] = bi; }
-        __syncthreads();
-        if (tid == 0) {
-            float wv = s_bv[0];
-            u32 wi = s_bi[0];
-            for (int w = 1; w < TOPK_THREADS / 32; ++w)
-                if (better(s_bv[w], s_bi[w], wv, wi)) { wv = s_bv[w]; wi = s_bi[w]; }
-            s_win = wi;
-            win(r, wv, wi);
-        }
-        __syncthreads();
-        if (li == s_win && s_win != 0xffffffffu) {
+    block_max_sum(m, s, ms);
+    // Each lane's entry is a one-element list: a won entry empties.
+    block_k_rounds(
+        k, [&](float& v, u32& i) { v = lv; i = li; },
+        [&] {
             lv = -DL_INF;
             li = 0xffffffffu;
-        }
-    }
+        },
+        win);
 }
 
 // The scan for K: one list per warp up to 32 entries, else one per thread.

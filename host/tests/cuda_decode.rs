@@ -270,19 +270,20 @@ fn lm_head_top_k_rows_are_bit_identical_for_every_batch_size() {
 }
 
 /// The decode step's sliced top-K (rows ≤ 64: slices of 4 096 logits over many blocks, then a
-/// merge) picks exactly the CPU backend's ids, ties to the lower id included, with log-probs
-/// within 1e-5 relative, for vocabularies below, at and across slice boundaries and every k bucket. The
-/// logits are small integers (integer inputs and weights), exact in fp32 on both backends, with
-/// many ties.
+/// merge) and the one-block-per-row top-K (more rows: 65 and 300) pick exactly the CPU backend's
+/// ids, ties to the lower id included, with log-probs within 1e-5 relative, for vocabularies
+/// below, at and across slice boundaries and every k bucket (k ≤ 32 on the per-warp lists, 64 on
+/// the per-thread ones). The logits are small integers (integer inputs and weights), exact in
+/// fp32 on both backends, with many ties.
 #[test]
-fn sliced_decode_top_k_matches_the_cpu_backend_ties_included() {
+fn top_k_of_few_and_many_rows_matches_the_cpu_backend_ties_included() {
     let Some(be) = gpu() else { return };
     let cpu = CpuBackend::new();
     let d = 64;
     for vocab in [1003, 4096, 4097, 12_289, 151_936] {
         let mut r = draftlens::util::DetRng::new(vocab as u64);
         let w: Vec<f32> = (0..vocab * d).map(|_| r.below(5) as f32 - 2.0).collect();
-        for rows in [1, 3, 64] {
+        for rows in [1, 3, 64, 65, 300] {
             let x: Vec<f32> = (0..rows * d).map(|_| r.below(3) as f32 - 1.0).collect();
             let (gx, gw) = (
                 be.from_host(&x, rows, d).unwrap(),
