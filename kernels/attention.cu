@@ -318,11 +318,95 @@ __device__ __forceinline__ void fa2_load_kv(u32 tile, const bf16_t* src, long lo
     }
 }
 
+// The q norm and RoPE flash_attention2 applies to its Q tile itself (wq == nullptr: q is used
+// as given). `cs` holds, per query row, rotary_dim / 2 (cos, sin) pairs: bf16 values in f32, as
+// rope_cs_table_f32 writes them (rb(cosf(p · inv_freq[i]))).
+struct FaQNorm {
+    const bf16_t* wq;
+    const float2* cs;
+    float eps;
+    int rotary_dim;
+    int interleaved;
+};
+
+// RMSNorm + RoPE of the Q tile's rows in shared memory, in place, with exactly
+// qk_norm_rope_vec_bf16's arithmetic (below): each thread takes whole rows; a row's sum of
+// squares is summed per 8-element chunk in element order and the chunk sums combined in the
+// vec kernel's butterfly order (offsets CPR/2, …, 1: the lanes' values are equal at every step,
+// since a + b == b + a), then y = bf16(bf16(x·r)·w) and RoPE on y. Moving the q heads' norm here
+// (K's stays a separate pass) takes four fifths of the separate pass's work off a Qwen3-8B layer
+// and puts its bf16 conversions next to the other block's tensor-core work on the multiprocessor.
+template <int HD, int NT>
+__device__ void fa2_q_norm_rope(bf16_t* Qs, const FaQNorm& qn, int pos0, int group, int ppb, int tq) {
+    constexpr int CPR = HD / 8;  // 16-byte chunks per row (a power of two)
+    const int half = qn.rotary_dim >> 1;
+    const int P = qn.rotary_dim >> 4;  // rotate-half: chunk distance of a pair
+    for (int r = threadIdx.x; r < FA2_BM; r += NT) {
+        const int p = pos0 + r / group;
+        if (r >= ppb * group || p >= tq) continue;
+        float s[CPR];
+#pragma unroll
+        for (int c = 0; c < CPR; ++c) {
+            float f[8];
+            unpack8(*(const uint4*)swz<HD>(Qs, r, c * 8), f);
+            s[c] = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) s[c] += f[j] * f[j];
+        }
+#pragma unroll
+        for (int o = CPR / 2; o > 0; o >>= 1)
+#pragma unroll
+            for (int i = 0; i < o; ++i) s[i] += s[i + o];
+        const float rr = rsqrtf(s[0] / (float)HD + qn.eps);
+        const float2* cs = qn.cs + (long long)p * half;
+        // y of chunk c: bf16(bf16(x·r)·w).
+        auto norm_chunk = [&](int c, float* y) {
+            float f[8], wf[8];
+            unpack8(*(const uint4*)swz<HD>(Qs, r, c * 8), f);
+            unpack8(*(const uint4*)(qn.wq + c * 8), wf);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) y[j] = rb(rb(f[j] * rr) * wf[j]);
+        };
+#pragma unroll 1
+        for (int c = 0; c < CPR; ++c) {
+            float ya[8], out[8];
+            if (c * 8 >= qn.rotary_dim) {
+                norm_chunk(c, out);
+            } else if (qn.interleaved) {
+                norm_chunk(c, ya);
+#pragma unroll
+                for (int j = 0; j < 8; j += 2) {
+                    const float2 t = cs[(c * 8 + j) >> 1];
+                    const float a = ya[j], b = ya[j + 1];
+                    out[j] = rb(a * t.x) + rb(-b * t.y);
+                    out[j + 1] = rb(b * t.x) + rb(a * t.y);
+                }
+            } else if ((c & P) == 0) {
+                // Chunk c holds the "a" halves of its pairs, chunk c | P the "b" halves.
+                float yb[8], outb[8];
+                norm_chunk(c, ya);
+                norm_chunk(c | P, yb);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const float2 t = cs[(c & (P - 1)) * 8 + j];
+                    out[j] = rb(ya[j] * t.x) + rb(-yb[j] * t.y);
+                    outb[j] = rb(yb[j] * t.x) + rb(ya[j] * t.y);
+                }
+                *(uint4*)swz<HD>(Qs, r, (c | P) * 8) = pack8(outb);
+            } else {
+                continue;  // written with its pair
+            }
+            *(uint4*)swz<HD>(Qs, r, c * 8) = pack8(out);
+        }
+    }
+}
+
 template <int HD, int MT, int NW>
 __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                  const bf16_t* __restrict__ v, bf16_t* __restrict__ o,
                                  const int4* __restrict__ ranges, const int* __restrict__ order, int tq, int tk,
-                                 int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2) {
+                                 int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2,
+                                 const FaQNorm& qn) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16_t* Qs = (bf16_t*)smem_raw;     // [FA2_BM][HD]
     bf16_t* Ks = Qs + FA2_BM * HD;      // [2][FA2_BN][HD]
@@ -413,6 +497,13 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
         fa2_load_kv<HD, NT>(ks_s, kbase, kv_ld, a_lo, tk);
         fa2_load_kv<HD, NT>(vs_s, vbase, kv_ld, a_lo, tk);
         cp_async_commit();
+    }
+    if (qn.wq != nullptr && ntiles > 0) {
+        // Q's copies have landed (tile 0's may still be in flight) and are visible to every
+        // thread; the loop's first barrier orders the normalised rows before any ldmatrix.
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        __syncthreads();
+        fa2_q_norm_rope<HD, NT>(Qs, qn, pos0, group, ppb, tq);
     }
     for (int t = 0; t < ntiles; ++t) {
         const int kt0 = t < na ? a_lo + t * FA2_BN : b_lo + (t - na) * FA2_BN;
@@ -562,9 +653,10 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
 #define ATT2_ENTRY(HD, MT, NW, BLOCKS)                                                                       \
     extern "C" __global__ void __launch_bounds__(NW * 32, BLOCKS) flash_attention2_hd##HD(                   \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, bf16_t* o, const int4* ranges, const int* order,  \
-        int tq, int tk, int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2) {        \
+        int tq, int tk, int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2,          \
+        FaQNorm qn) {                                                                                        \
         flash_attention2<HD, MT, NW>(q, k, v, o, ranges, order, tq, tk, heads, kv_heads, q_ld, kv_ld,        \
-                                     scale_log2);                                                            \
+                                     scale_log2, qn);                                                        \
     }
 ATT2_ENTRY(64, 2, 4, 2)
 ATT2_ENTRY(128, 2, 4, 2)
@@ -675,10 +767,73 @@ extern "C" __global__ void __launch_bounds__(QKN_WARPS * 32) qk_norm_rope_bf16(
 //   lanes < G, so the butterfly xor G/2 … 1 within the G-thread group gives the same bits.
 //   RoPE: rotate-half pairs element i of chunk c with element i of chunk c ^ P (one shuffle of the
 //   normalised values); interleaved pairs are inside a chunk.
+// One head of qk_norm_rope_vec_bf16: thread c of a G-thread group owns chunk c of the head at
+// `hx` (inactive threads shuffle zeros). `cs(i)` gives the (cos, sin) of rotary pair i.
+template <class CosSin>
+__device__ __forceinline__ void qkn_vec_head(bf16_t* hx, bool active, const bf16_t* w, int c, int G,
+                                             int head_dim, float eps, int rotary_dim, int interleaved,
+                                             CosSin cs) {
+    const int P = rotary_dim >> 4;  // rotate-half: chunk distance of a pair
+    float f[8];
+    if (active) {
+        unpack8(*(const uint4*)hx, f);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) f[j] = 0.f;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+    for (int o = G >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = rsqrtf(ss / (float)head_dim + eps);
+    float y[8];
+    if (active) {
+        float wf[8];
+        unpack8(*(const uint4*)(w + c * 8), wf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] = rb(rb(f[j] * r) * wf[j]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] = 0.f;
+    }
+    // Rotate-half partner chunk's normalised values (every lane shuffles: P < G).
+    float q[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q[j] = interleaved ? 0.f : __shfl_xor_sync(0xffffffffu, y[j], P > 0 ? P : 1);
+    float out[8];
+    if (c * 8 < rotary_dim) {
+        if (interleaved) {
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                const float2 t = cs((c * 8 + j) >> 1);
+                const float a = y[j], b = y[j + 1];
+                out[j] = rb(a * t.x) + rb(-b * t.y);
+                out[j + 1] = rb(b * t.x) + rb(a * t.y);
+            }
+        } else {
+            const bool first = (c & P) == 0;  // chunk holds the "a" halves of its pairs
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float2 t = cs((c & (P - 1)) * 8 + j);
+                out[j] = first ? rb(y[j] * t.x) + rb(-q[j] * t.y) : rb(y[j] * t.x) + rb(q[j] * t.y);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) out[j] = y[j];
+    }
+    if (active) *(uint4*)hx = pack8(out);
+}
+
+// Two walks over the (row, head) pairs. Without `cs`: one row per block at a time, its
+// (cos, sin) computed into shared memory first (two barriers per row). With `cs`
+// (rope_cs_table_f32's table, the same values): the block's 256 / G groups take consecutive
+// (row, head) pairs grid-stride, each reading its row's pairs from the table, with no barrier — the
+// k-only pass of the fused prefill, where a row has few heads.
 extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_vec_bf16(
     bf16_t* __restrict__ x, long long ld, long long rows, int hq, int hk, int head_dim,
     const bf16_t* __restrict__ wq, const bf16_t* __restrict__ wk, float eps, const u32* __restrict__ pos,
-    const float* __restrict__ inv_freq, int rotary_dim, int interleaved) {
+    const float* __restrict__ inv_freq, int rotary_dim, int interleaved, const float2* __restrict__ cs) {
     __shared__ float s_cos[128], s_sin[128];
     const int tid = threadIdx.x;
     const int nh = hq + hk;
@@ -688,7 +843,20 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_vec_bf16(
     while (G < cph) G <<= 1;
     const int hpi = 256 / G;         // heads per pass
     const int c = tid & (G - 1);     // this thread's chunk in its head
-    const int P = rotary_dim >> 4;   // rotate-half: chunk distance of a pair
+    if (cs != nullptr) {
+        const long long items = rows * nh;
+        // Uniform across the block (every lane reaches every shuffle): the block's first item.
+        for (long long i0 = (long long)blockIdx.x * hpi; i0 < items; i0 += (long long)gridDim.x * hpi) {
+            const long long item = i0 + tid / G;
+            const long long row = item / nh;
+            const int head = (int)(item - row * nh);
+            const bool active = item < items && c < cph;
+            const float2* rcs = cs + row * half;
+            qkn_vec_head(x + row * ld + (long long)head * head_dim + c * 8, active, head < hq ? wq : wk, c, G,
+                         head_dim, eps, rotary_dim, interleaved, [&](int i) { return rcs[i]; });
+        }
+        return;
+    }
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const float p = (float)pos[row];
         for (int i = tid; i < half; i += 256) {
@@ -699,59 +867,25 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_vec_bf16(
         __syncthreads();
         for (int h0 = 0; h0 < nh; h0 += hpi) {
             const int head = h0 + tid / G;
-            const bool active = head < nh && c < cph;
-            bf16_t* hx = x + row * ld + (long long)head * head_dim + c * 8;
-            float f[8];
-            if (active) {
-                unpack8(*(const uint4*)hx, f);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) f[j] = 0.f;
-            }
-            float ss = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
-            for (int o = G >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            const float r = rsqrtf(ss / (float)head_dim + eps);
-            float y[8];
-            if (active) {
-                float wf[8];
-                unpack8(*(const uint4*)((head < hq ? wq : wk) + c * 8), wf);
-#pragma unroll
-                for (int j = 0; j < 8; ++j) y[j] = rb(rb(f[j] * r) * wf[j]);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) y[j] = 0.f;
-            }
-            // Rotate-half partner chunk's normalised values (every lane shuffles: P < G).
-            float q[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) q[j] = interleaved ? 0.f : __shfl_xor_sync(0xffffffffu, y[j], P > 0 ? P : 1);
-            float out[8];
-            if (c * 8 < rotary_dim) {
-                if (interleaved) {
-#pragma unroll
-                    for (int j = 0; j < 8; j += 2) {
-                        const int i = (c * 8 + j) >> 1;
-                        const float a = y[j], b = y[j + 1];
-                        out[j] = rb(a * s_cos[i]) + rb(-b * s_sin[i]);
-                        out[j + 1] = rb(b * s_cos[i]) + rb(a * s_sin[i]);
-                    }
-                } else {
-                    const bool first = (c & P) == 0;  // chunk holds the "a" halves of its pairs
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        const int i = (c & (P - 1)) * 8 + j;
-                        const float cs = s_cos[i], sn = s_sin[i];
-                        out[j] = first ? rb(y[j] * cs) + rb(-q[j] * sn) : rb(y[j] * cs) + rb(q[j] * sn);
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) out[j] = y[j];
-            }
-            if (active) *(uint4*)hx = pack8(out);
+            qkn_vec_head(x + row * ld + (long long)head * head_dim + c * 8, head < nh && c < cph,
+                         head < hq ? wq : wk, c, G, head_dim, eps, rotary_dim, interleaved,
+                         [&](int i) { return make_float2(s_cos[i], s_sin[i]); });
         }
         __syncthreads();  // the table is rewritten for the next row
+    }
+}
+
+// The (cos, sin) table of RoPE at `rows` positions: out[r · half + i] = (bf16(cos a), bf16(sin a))
+// with a = f32(pos[r]) · inv_freq[i], in f32 — the values qk_norm_rope_vec_bf16 computes for its
+// shared table, computed once per forward (every layer shares the positions) for the kernels that
+// take the table instead: flash_attention2's q norm and the k-only norm pass.
+extern "C" __global__ void rope_cs_table_f32(const u32* __restrict__ pos, const float* __restrict__ inv_freq,
+                                             long long rows, int half, float2* __restrict__ out) {
+    const long long n = rows * half;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
+        const long long r = e / half;
+        const int i = (int)(e - r * half);
+        const float angle = (float)pos[r] * inv_freq[i];
+        out[e] = make_float2(rb(cosf(angle)), rb(sinf(angle)));
     }
 }

@@ -9,25 +9,48 @@
 // swiglu_bf16's) arithmetic. A 2-D grid (y = row, x = 8-column chunks) replaces that kernel's
 // 64-bit division per thread, which costs about as many instructions as the arithmetic itself on
 // this memory-bound pass (1.2 GB per Qwen3-8B layer at 16k tokens).
+// Rows are walked grid-stride, SWIGLU_ROWS at a time with all their loads issued first: one row per
+// thread and 16 384 rows made ~98 000 blocks of one 16-byte chunk each, whose launches and single
+// round trips held a Qwen3-8B layer's pass at ~3.4 TB/s (docs/benchmarks-cuda.md, "Session 16").
+#define SWIGLU_ROWS 4
 extern "C" __global__ void swiglu_packed_rows_bf16(const bf16_t* __restrict__ gu, bf16_t* __restrict__ out,
                                                    long long rows, int inter) {
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (c >= inter) return;
+    if ((inter & 7) == 0) {
+        const long long step = gridDim.y;
+        for (long long r0 = blockIdx.y; r0 < rows; r0 += step * SWIGLU_ROWS) {
+            uint4 gv[SWIGLU_ROWS], uv[SWIGLU_ROWS];
+#pragma unroll
+            for (int k = 0; k < SWIGLU_ROWS; ++k) {
+                const long long r = r0 + k * step;
+                if (r < rows) {
+                    const bf16_t* g = gu + r * 2 * inter + c;
+                    gv[k] = *(const uint4*)g;
+                    uv[k] = *(const uint4*)(g + inter);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < SWIGLU_ROWS; ++k) {
+                const long long r = r0 + k * step;
+                if (r < rows) {
+                    float gf[8], uf[8];
+                    unpack8(gv[k], gf);
+                    unpack8(uv[k], uf);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) gf[j] = rb(gf[j] / (1.f + expf(-gf[j]))) * uf[j];
+                    *(uint4*)(out + r * inter + c) = pack8(gf);
+                }
+            }
+        }
+        return;
+    }
     for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
         const bf16_t* g = gu + r * 2 * inter + c;
         bf16_t* o = out + r * inter + c;
-        if ((inter & 7) == 0) {
-            float gf[8], uf[8];
-            unpack8(*(const uint4*)g, gf);
-            unpack8(*(const uint4*)(g + inter), uf);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) gf[j] = rb(gf[j] / (1.f + expf(-gf[j]))) * uf[j];
-            *(uint4*)o = pack8(gf);
-        } else {
-            for (int j = 0; j < 8 && c + j < inter; ++j) {
-                float gv = bf2f(g[j]);
-                o[j] = f2bf(rb(gv / (1.f + expf(-gv))) * bf2f(g[inter + j]));
-            }
+        for (int j = 0; j < 8 && c + j < inter; ++j) {
+            float gv = bf2f(g[j]);
+            o[j] = f2bf(rb(gv / (1.f + expf(-gv))) * bf2f(g[inter + j]));
         }
     }
 }
@@ -86,6 +109,54 @@ extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, cons
                 float f[8], wf[8];
                 unpack8(v[c], f);
                 unpack8(wv[u], wf);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) f[j] = rb(f[j] * r) * wf[j];
+                *(uint4*)(ys + i) = pack8(f);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// rms_norm_rows_bf16 for many rows (a packed prefill's 16 384): the same arithmetic in the same
+// order, bit for bit, but the block stages the weights in shared memory once and its warps walk
+// rows grid-stride. One row per block-warp as above read the row's weights again from L2 for
+// every row — as many bytes as the row itself — and the pass ran at ~2.3 TB/s of x read and y
+// written on the H200 (docs/benchmarks-cuda.md, "Session 16").
+extern "C" __global__ void __launch_bounds__(256) rms_norm_many_rows_bf16(
+    const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ y, long long rows,
+    int cols, float eps) {
+    __shared__ __align__(16) bf16_t ws[256 * RMS_MAX_CHUNKS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int k = cols >> 8;  // chunks per lane
+    for (int i = threadIdx.x; i < (cols >> 3); i += blockDim.x) *(uint4*)(ws + i * 8) = *(const uint4*)(w + i * 8);
+    __syncthreads();
+    for (long long row = (long long)blockIdx.x * 8 + warp; row < rows; row += (long long)gridDim.x * 8) {
+        const bf16_t* xs = x + row * cols;
+        bf16_t* ys = y + row * cols;
+        uint4 v[RMS_MAX_CHUNKS];
+#pragma unroll
+        for (int c = 0; c < RMS_MAX_CHUNKS; ++c)
+            if (c < k) v[c] = *(const uint4*)(xs + lane * 8 + c * 256);
+        float ss = 0.f;
+#pragma unroll
+        for (int c = 0; c < RMS_MAX_CHUNKS; ++c) {
+            if (c < k) {
+                float f[8];
+                unpack8(v[c], f);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+            }
+        }
+        ss = warp_sum(ss);
+        const float r = rsqrtf(ss / (float)cols + eps);
+#pragma unroll
+        for (int c = 0; c < RMS_MAX_CHUNKS; ++c) {
+            if (c < k) {
+                const int i = lane * 8 + c * 256;
+                float f[8], wf[8];
+                unpack8(v[c], f);
+                unpack8(*(const uint4*)(ws + i), wf);
 #pragma unroll
                 for (int j = 0; j < 8; ++j) f[j] = rb(f[j] * r) * wf[j];
                 *(uint4*)(ys + i) = pack8(f);

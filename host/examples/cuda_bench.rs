@@ -12,7 +12,9 @@
 //! host/src/backend/cuda/bench_decode.rs; `attention256` is the A/B at the hybrids' head dim 256)
 
 use anyhow::{bail, Context, Result};
-use draftlens::backend::cuda::bench::{copy_bandwidth, gemm_tflops, time_median};
+use draftlens::backend::cuda::bench::{
+    copy_bandwidth, gemm_tflops, time_median, with_clock_samples,
+};
 use draftlens::backend::cuda::{CudaBackend, GemmMode};
 use draftlens::backend::{AttnShape, Backend, QkNorm};
 use draftlens::drafter::random::{write_random_checkpoint, RandomDrafter};
@@ -23,8 +25,9 @@ use draftlens::model::{Capture, ModelSpec, TargetModel};
 use serde_json::json;
 use std::time::Instant;
 
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 10] = [
     "target",
+    "gemm-sustained",
     "ceilings",
     "attention",
     "attention256",
@@ -56,10 +59,10 @@ fn args() -> Result<Args> {
         reps: 5,
         quick: false,
         // `decode` (≈ 3 min: a 36-layer model load and 64 × 128 tokens one at a time),
-        // `target` (needs --target) and `attention256` only on request.
+        // `target` (needs --target), `attention256` and `gemm-sustained` only on request.
         only: SECTIONS
             .iter()
-            .filter(|s| !matches!(**s, "decode" | "target" | "attention256"))
+            .filter(|s| !matches!(**s, "decode" | "target" | "attention256" | "gemm-sustained"))
             .map(|s| s.to_string())
             .collect(),
     };
@@ -168,6 +171,12 @@ fn main() -> Result<()> {
             .context("the target section needs --target DIR")?;
         let r = bench_target(&be, std::path::Path::new(dir), a.target_seqs, a.reps, peak)?;
         results.insert("target".into(), r);
+    }
+
+    // ---- gemm-sustained: does the tuner's burst ranking of cuBLASLt candidates hold under the
+    // sustained load of a forward (the card runs at its power limit there)?
+    if has("gemm-sustained") {
+        results.insert("gemm_sustained".into(), gemm_sustained(&be)?);
     }
 
     let spec = ModelSpec {
@@ -657,16 +666,20 @@ fn attention_ab(
     let qkv = be.concat_cols(&[&q, &k, &v])?;
     let time_attn = |v1: bool, packed: bool| -> Result<f64> {
         be.set_attention_v1(v1);
-        time_median(be, 1, 5, || {
-            for _ in 0..layers {
-                if packed {
-                    be.attention_varlen_packed(&qkv, attn_shape, &starts)?;
-                } else {
-                    be.attention_varlen(&q, &k, &v, attn_shape, &starts)?;
+        let (t, clock) = with_clock_samples(be.info().ordinal, || {
+            time_median(be, 1, 5, || {
+                for _ in 0..layers {
+                    if packed {
+                        be.attention_varlen_packed(&qkv, attn_shape, &starts)?;
+                    } else {
+                        be.attention_varlen(&q, &k, &v, attn_shape, &starts)?;
+                    }
                 }
-            }
-            Ok(())
-        })
+                Ok(())
+            })
+        });
+        println!("  attention (v1 {v1}, packed {packed}): {clock}");
+        t
     };
     let t_v1 = time_attn(true, false)?;
     let t_v2 = time_attn(false, false)?;
@@ -736,28 +749,40 @@ fn bench_target(
     } else {
         &[None]
     };
+    // A dense model also runs with the q norm in the separate pass instead of inside the
+    // attention (`set_q_norm_in_attention`).
     let runs = gdn_ab
         .iter()
-        .flat_map(|tp| profiles.iter().map(move |p| (*p, false, *tp)))
-        .chain(std::iter::once((profiles[0], true, None)));
-    for (p, v1, tp) in runs {
+        .flat_map(|tp| profiles.iter().map(move |p| (*p, false, *tp, false)))
+        .chain(std::iter::once((profiles[0], true, None, false)))
+        .chain(spec.hybrid.is_none().then_some((None, false, None, true)));
+    for (p, v1, tp, q_sep) in runs {
         if let Some(p) = p {
             model.set_gdn_profile(p);
         }
         be.set_attention_v1(v1);
+        be.set_q_norm_in_attention(!q_sep);
         set_three_phase_override(tp);
-        let t = time_median(be, 1, reps, || {
-            model
-                .forward_packed(be, &toks, &starts, &capture)
-                .map(|_| ())
+        let (t, clock) = with_clock_samples(be.info().ordinal, || {
+            time_median(be, 1, reps, || {
+                model
+                    .forward_packed(be, &toks, &starts, &capture)
+                    .map(|_| ())
+            })
         });
         be.set_attention_v1(false);
+        be.set_q_norm_in_attention(true);
         set_three_phase_override(None);
         let t = t?;
         let label = p
             .map(|p| format!("{p:?}"))
             .unwrap_or_else(|| "dense".into())
             + if v1 { ", first attention kernel" } else { "" }
+            + if q_sep {
+                ", q norm in the separate pass"
+            } else {
+                ""
+            }
             + match tp {
                 None => "",
                 Some(false) => ", split GDN kernels",
@@ -770,13 +795,75 @@ fn bench_target(
             flops / t / 1e12,
             100.0 * floor_s / t
         );
+        println!("  during the forwards: {clock}");
         rows.push(json!({"profile": label, "s_per_forward": t, "tok_per_s": n as f64 / t,
-            "s_per_1m_tokens": 1e6 * t / n as f64, "tflops": flops / t / 1e12, "pct_of_floor": 100.0 * floor_s / t}));
+            "s_per_1m_tokens": 1e6 * t / n as f64, "tflops": flops / t / 1e12, "pct_of_floor": 100.0 * floor_s / t,
+            "clock": clock}));
     }
     Ok(
         json!({"dir": dir.display().to_string(), "arch": spec.arch.as_str(), "layers": layers, "load_s": load_s,
         "tokens_per_forward": n, "seq": seq, "gflop_per_token": flops / n as f64 / 1e9, "floor_s": floor_s, "runs": rows}),
     )
+}
+
+/// The four projection GEMMs of a Qwen3-8B packed prefill (16 384 rows): the candidate the tuner
+/// picks from bursts against every candidate's time under sustained load.
+fn gemm_sustained(be: &CudaBackend) -> Result<serde_json::Value> {
+    be.set_gemm_choices_file(None);
+    be.forget_gemm_plans();
+    let rows = 16384;
+    let mut out = serde_json::Map::new();
+    for (name, nout, kin, acc) in [
+        ("qkv", 6144, 4096, false),
+        ("o_proj (+=)", 4096, 4096, true),
+        ("gate|up", 24576, 4096, false),
+        ("down (+=)", 4096, 12288, true),
+    ] {
+        let x = be.random_tensor(rows, kin, 1.0, 0.0, 21)?;
+        let w = be.random_matrix(nout, kin, 0.02, 22)?;
+        let n_before = be.gemm_tune_records().len();
+        if acc {
+            let mut y = be.random_tensor(rows, nout, 1.0, 0.0, 23)?;
+            be.matmul_acc(&x, &w, &mut y)?;
+        } else {
+            be.matmul(&x, &w)?;
+        }
+        let burst = be
+            .gemm_tune_records()
+            .get(n_before)
+            .and_then(|r| r.best_index);
+        let times = be.gemm_candidates_sustained(&x, &w, acc as u8 as f32, 1500.0, 3, 8)?;
+        let flops = 2.0 * (rows * nout * kin) as f64;
+        let best = (0..times.len())
+            .filter(|&i| times[i].1.is_finite())
+            .min_by(|&a, &b| times[a].1.total_cmp(&times[b].1));
+        let mut line =
+            format!("  {name} [{rows} x {kin}] x [{nout} x {kin}]^T, sustained ms (TFLOP/s):");
+        for (i, (id, ms)) in times.iter().enumerate() {
+            let mark = match (Some(i) == burst, Some(i) == best) {
+                (true, true) => " <burst, best>",
+                (true, false) => " <burst>",
+                (false, true) => " <best>",
+                _ => "",
+            };
+            line += &format!(" #{i} id {id}: {ms:.3} ({:.0}){mark};", flops / ms / 1e9);
+        }
+        println!("{line}");
+        let gain = match (burst, best) {
+            (Some(b), Some(s)) => times[b].1 / times[s].1 - 1.0,
+            _ => f64::NAN,
+        };
+        println!(
+            "    burst choice {burst:?}, sustained best {best:?}: the best is {:.1} % faster",
+            100.0 * gain
+        );
+        out.insert(
+            name.into(),
+            json!({"burst_index": burst, "best_index": best, "ms": times.iter().map(|t| t.1).collect::<Vec<_>>(),
+                   "ids": times.iter().map(|t| t.0).collect::<Vec<_>>(), "gain": gain}),
+        );
+    }
+    Ok(serde_json::Value::Object(out))
 }
 
 fn finish(

@@ -448,6 +448,138 @@ fn fused_trait_ops<B: Backend>(be: &B, i: &FusedInputs, shape: AttnShape) -> Vec
     out
 }
 
+/// Both whole-row norm kernels (one block per 8 rows below `MANY_ROWS` rows, the weights staged in
+/// shared memory and rows walked grid-stride from there) give exactly the grouped kernel's bits,
+/// on either side of the switch and for every row width they take.
+#[test]
+fn cuda_row_norm_kernels_match_the_grouped_kernel_bit_for_bit() {
+    use draftlens::backend::cuda::elementwise::MANY_ROWS;
+    let Some(gpu) = gpu() else { return };
+    for cols in [256, 1024, 4096] {
+        for rows in [1, 64, MANY_ROWS - 1, MANY_ROWS, 2 * MANY_ROWS + 37] {
+            let x = gpu
+                .from_host(&bf16_random(rows * cols, 61, 2.0, 0.0), rows, cols)
+                .unwrap();
+            let w = gpu
+                .from_host(&bf16_random(cols, 62, 0.3, 1.0), 1, cols)
+                .unwrap();
+            let fast = gpu
+                .to_host(&gpu.rms_norm_rows(&x, &w, 1e-6).unwrap())
+                .unwrap();
+            let seam = gpu
+                .to_host(&gpu.rms_norm_groups(&x, &w, 1e-6, cols).unwrap())
+                .unwrap();
+            let differ = fast
+                .iter()
+                .zip(&seam)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differ, 0,
+                "{rows} rows of {cols}: {differ} values differ from the grouped kernel"
+            );
+        }
+    }
+}
+
+/// SwiGLU on a fused gate|up output (`swiglu_packed_rows_bf16`: rows grid-stride, four rows'
+/// loads at a time) gives exactly the bits of the seam kernel on separate gate and up tensors, for
+/// row counts around the kernel's row steps and widths with and without whole 8-value chunks.
+#[test]
+fn cuda_swiglu_rows_kernel_matches_the_seam_kernel_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    for inter in [12288, 320, 100] {
+        for rows in [1, 7, 1000, 4099] {
+            let gu = bf16_random(rows * 2 * inter, 81, 3.0, 0.0);
+            let (mut gate, mut up) = (Vec::new(), Vec::new());
+            for r in gu.chunks(2 * inter) {
+                gate.extend_from_slice(&r[..inter]);
+                up.extend_from_slice(&r[inter..]);
+            }
+            let packed = gpu.from_host(&gu, rows, 2 * inter).unwrap();
+            let fast = gpu.to_host(&gpu.swiglu_packed(&packed).unwrap()).unwrap();
+            let g = gpu.from_host(&gate, rows, inter).unwrap();
+            let u = gpu.from_host(&up, rows, inter).unwrap();
+            let seam = gpu.to_host(&gpu.swiglu(&g, &u).unwrap()).unwrap();
+            let differ = fast
+                .iter()
+                .zip(&seam)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differ, 0,
+                "{rows} rows of {inter}: {differ} values differ from the seam kernel"
+            );
+        }
+    }
+}
+
+/// flash_attention2 normalising and rotating q itself (after a k-only pass) gives exactly the
+/// bits of the separate q/k pass followed by the attention: head dims 64, 128 and 256, grouped
+/// query heads, full and partial rotate-half and interleaved RoPE, packed sequences (one of one
+/// token) with positions restarting per sequence, and 130-row blocks that span sequences.
+#[test]
+fn cuda_q_norm_inside_flash_attention_matches_the_separate_pass_bit_for_bit() {
+    use draftlens::backend::{QkNorm, Rope, RopeStyle};
+    let Some(gpu) = gpu() else { return };
+    let starts = [0usize, 300, 301, 777];
+    let t = *starts.last().unwrap();
+    let positions = packed_positions(&starts);
+    for (heads, kv_heads, hd, rotary_dim, style) in [
+        (8, 2, 128, 128, RopeStyle::RotateHalf),
+        (8, 2, 128, 64, RopeStyle::RotateHalf),
+        (6, 2, 64, 64, RopeStyle::Interleaved),
+        (12, 2, 256, 64, RopeStyle::RotateHalf),
+        (4, 4, 128, 0, RopeStyle::RotateHalf),
+    ] {
+        let shape = AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        };
+        let cols = (heads + 2 * kv_heads) * hd;
+        let qkv = bf16_random(t * cols, 71, 2.0, 0.0);
+        let qn = gpu
+            .from_host(&bf16_random(hd, 72, 0.3, 1.0), 1, hd)
+            .unwrap();
+        let kn = gpu
+            .from_host(&bf16_random(hd, 73, 0.3, 1.0), 1, hd)
+            .unwrap();
+        let rope = Rope {
+            theta: 1e6,
+            head_dim: hd,
+            rotary_dim,
+            style,
+        };
+        let run = |inside: bool| {
+            gpu.set_q_norm_in_attention(inside);
+            let x = gpu.from_host(&qkv, t, cols).unwrap();
+            let norm = QkNorm {
+                q: &qn,
+                k: &kn,
+                eps: 1e-6,
+            };
+            let o = gpu
+                .attention_varlen_qkv(x, shape, Some(norm), &positions, &rope, &starts)
+                .unwrap();
+            gpu.to_host(&o).unwrap()
+        };
+        let (inside, separate) = (run(true), run(false));
+        gpu.set_q_norm_in_attention(true);
+        let differ = inside
+            .iter()
+            .zip(&separate)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert!(separate.iter().all(|v| v.is_finite()));
+        assert_eq!(
+            differ, 0,
+            "hd {hd}, {heads}/{kv_heads} heads, rotary {rotary_dim} {style:?}: {differ} of {} outputs differ",
+            inside.len()
+        );
+    }
+}
+
 #[test]
 fn cuda_fused_trait_ops_match_cpu() {
     use draftlens::backend::{attention_varlen_qkv_unfused, QkNorm, Rope, RopeStyle};

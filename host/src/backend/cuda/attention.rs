@@ -1,9 +1,10 @@
 //! Prefill attention: the flash-attention kernels of `kernels/attention.cu` over per-query key
 //! intervals (`mask.rs`), the uploaded mask cached across the layers of a forward.
 
+use super::elementwise::QkHeads;
 use super::mask::MaskKey;
 use super::{derr, CudaBackend, CudaTensor};
-use crate::backend::AttnShape;
+use crate::backend::{AttnShape, QkNorm, Rope, RopeStyle};
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -16,7 +17,24 @@ pub(super) struct AttnIo {
     kv_ld: usize,
     tq: usize,
     tk: usize,
+    /// The q norm + RoPE flash_attention2 applies to q itself (`wq == 0`: none).
+    q_norm: FaQNormArgs,
 }
+
+/// `FaQNorm` of kernels/attention.cu: q_norm's weight, the (cos, sin) table per query row
+/// ([`CudaBackend::with_rope_cs_table`]) and the RoPE settings (`wq == 0`: q used as given).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(super) struct FaQNormArgs {
+    wq: u64,
+    cs: u64,
+    eps: f32,
+    rotary_dim: i32,
+    interleaved: i32,
+}
+
+// SAFETY: plain-old-data with the C layout of FaQNorm (two pointers, float, int, int).
+unsafe impl cudarc::driver::DeviceRepr for FaQNormArgs {}
 
 /// An uploaded attention mask: per-query key intervals (host copy and device copy) and, per query
 /// block height (positions per block), the order in which the blocks are launched.
@@ -99,8 +117,88 @@ impl CudaBackend {
             kv_ld: qkv.cols,
             tq: rows,
             tk: rows,
+            q_norm: FaQNormArgs::default(),
         };
         self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.to_vec()))
+    }
+
+    /// Whether [`CudaBackend::attention_varlen_qkv_norm_in_kernel`] covers this call: the
+    /// vectorised norm's shapes, flash_attention2 at this head dim, and the route switched on.
+    pub(super) fn q_norm_in_attention_fits(
+        &self,
+        qkv: &CudaTensor,
+        shape: AttnShape,
+        norm: &QkNorm<'_, CudaTensor>,
+        rope: &Rope,
+    ) -> bool {
+        let hd = shape.head_dim;
+        self.q_norm_in_attention
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && self.uses_fa2(hd)
+            && Self::qk_norm_rope_vec_fits(hd, qkv.cols, rope)
+            && rope.head_dim == hd
+            && rope.rotary_dim <= hd
+            && norm.q.rows * norm.q.cols == hd
+            && norm.k.rows * norm.k.cols == hd
+    }
+
+    /// Switches flash_attention2's own q norm + RoPE on (the default) or off (the separate pass
+    /// normalises q and k): for A/B benchmarks and the tests that compare the two.
+    pub fn set_q_norm_in_attention(&self, on: bool) {
+        self.q_norm_in_attention
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// [`Backend::attention_varlen_qkv`] with q/k norms, two launches: the k heads' norm + RoPE
+    /// in place (`qk_norm_rope_vec_bf16` on the k columns), then flash_attention2, which
+    /// normalises and rotates its Q tile in shared memory before its first key tile
+    /// (`fa2_q_norm_rope`). Both read RoPE's (cos, sin) from one table per forward. The same
+    /// arithmetic as the norm pass over q and k followed by the attention, so the same bits
+    /// (`host/tests/cuda_ops.rs`); the q columns of `qkv` stay unnormalised.
+    pub(super) fn attention_varlen_qkv_norm_in_kernel(
+        &self,
+        mut qkv: CudaTensor,
+        shape: AttnShape,
+        norm: QkNorm<'_, CudaTensor>,
+        positions: &[u32],
+        rope: &Rope,
+        seq_starts: &[usize],
+    ) -> Result<CudaTensor> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        ensure!(
+            qkv.cols == (heads + 2 * kv_heads) * hd && positions.len() == qkv.rows,
+            "attention_varlen_qkv: {} columns and {} positions for {} rows, expected (heads {heads} + 2 × {kv_heads}) × {hd} columns",
+            qkv.cols,
+            positions.len(),
+            qkv.rows
+        );
+        let wq = self.ptr(&norm.q.buf);
+        let eps = norm.eps;
+        self.with_rope_cs_table(positions, rope, |cs| {
+            self.qk_norm_rope_launch(&mut qkv, shape, norm, positions, rope, QkHeads::KOnly, cs)?;
+            let base = self.ptr(&qkv.buf);
+            let io = AttnIo {
+                q: base,
+                q_ld: qkv.cols,
+                k: base + (heads * hd * 2) as u64,
+                v: base + ((heads + kv_heads) * hd * 2) as u64,
+                kv_ld: qkv.cols,
+                tq: qkv.rows,
+                tk: qkv.rows,
+                q_norm: FaQNormArgs {
+                    wq,
+                    cs,
+                    eps,
+                    rotary_dim: rope.rotary_dim as i32,
+                    interleaved: matches!(rope.style, RopeStyle::Interleaved) as i32,
+                },
+            };
+            self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.to_vec()))
+        })
     }
 
     /// Selects the attention kernel for head dims 64, 128 and 256: `flash_attention2` (the
@@ -131,6 +229,7 @@ impl CudaBackend {
             kv_ld: k.cols,
             tq: q.rows,
             tk: k.rows,
+            q_norm: FaQNormArgs::default(),
         };
         self.attention_raw(io, shape, key)
     }
@@ -235,10 +334,12 @@ impl CudaBackend {
                 .arg(&hkv)
                 .arg(&q_ld)
                 .arg(&kv_ld)
-                .arg(&scale_log2);
+                .arg(&scale_log2)
+                .arg(&io.q_norm);
             // SAFETY: signature matches ATT2_ENTRY in kernels/attention.cu; q/k/v address tq/tk
             // rows of the given strides (checked by the callers); the intervals are clipped to
-            // [0, tk]; `order` is a permutation of the tq.div_ceil(ppb) query blocks.
+            // [0, tk]; `order` is a permutation of the tq.div_ceil(ppb) query blocks; FaQNorm's
+            // pointers are null or q_norm's hd weights and tq × rotary_dim / 2 (cos, sin) pairs.
             unsafe {
                 b.launch(LaunchConfig {
                     grid_dim: (grid as u32, 1, 1),
@@ -249,6 +350,10 @@ impl CudaBackend {
             .map_err(derr(func))?;
             return Ok(out);
         }
+        ensure!(
+            io.q_norm.wq == 0,
+            "attention: the first kernel has no q norm (set_attention_v1 with q norms in the attention)"
+        );
         let smem = 3 * 64 * hd * 2;
         let f = self.kernels.get_with_smem("attention", func, smem)?;
         let ppb = 64 / group;

@@ -199,10 +199,12 @@ impl Backend for CudaBackend {
         self.attention_with((q, k, v), shape, MaskKey::Varlen(seq_starts.to_vec()))
     }
 
-    /// Fused path ([`CudaBackend::qk_norm_rope_packed`] in place, then
-    /// [`CudaBackend::attention_varlen_packed`] reading q/k/v from the QKV columns) when the
-    /// model has q/k norms and flash_attention2 covers the head dim (64, 128, 256); else the unfused
-    /// composition.
+    /// Fused path when the model has q/k norms and flash_attention2 covers the head dim (64,
+    /// 128, 256): the k heads' norm + RoPE in place, then flash_attention2 normalising q itself
+    /// ([`CudaBackend::attention_varlen_qkv_norm_in_kernel`]), or where that does not fit
+    /// [`CudaBackend::qk_norm_rope_packed`] over q and k, then
+    /// [`CudaBackend::attention_varlen_packed`] reading q/k/v from the QKV columns; else the
+    /// unfused composition.
     fn attention_varlen_qkv(
         &self,
         mut qkv: CudaTensor,
@@ -215,6 +217,11 @@ impl Backend for CudaBackend {
         let fused_attention = self.uses_fa2(shape.head_dim);
         match qk_norm {
             Some(n) if fused_attention => {
+                if self.q_norm_in_attention_fits(&qkv, shape, &n, rope) {
+                    return self.attention_varlen_qkv_norm_in_kernel(
+                        qkv, shape, n, positions, rope, seq_starts,
+                    );
+                }
                 self.qk_norm_rope_packed(&mut qkv, shape, n, positions, rope)?;
                 self.attention_varlen_packed(&qkv, shape, seq_starts)
             }

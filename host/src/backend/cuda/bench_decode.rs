@@ -200,15 +200,38 @@ pub fn model_decode(
             Ok(())
         })?;
         let gbs = step_bytes / t / 1e9;
+        // Whether the host keeps up: how long `forward_decode` takes to return (the launches
+        // queued, nothing waited for), and the step's time when 5 steps are queued back to back
+        // (no top-K download between them, so the host runs ahead and the GPU never waits).
+        let mut issue = Vec::new();
+        for _ in 0..5 {
+            let mut refs: Vec<&mut KvCache<CudaBackend>> = caches.iter_mut().collect();
+            let t0 = Instant::now();
+            let h = model.forward_decode(be, &ids, &mut refs)?;
+            issue.push(t0.elapsed().as_secs_f64());
+            model.logits_topk(be, &h, 1)?;
+        }
+        issue.sort_by(f64::total_cmp);
+        let issue = issue[2];
+        let queued = time_median(be, 1, 3, || {
+            for _ in 0..5 {
+                let mut refs: Vec<&mut KvCache<CudaBackend>> = caches.iter_mut().collect();
+                model.forward_decode(be, &ids, &mut refs)?;
+            }
+            Ok(())
+        })? / 5.0;
         println!(
-            "  decode step, batch {rows}: {:.2} ms, weights {gbs:.0} GB/s ({:.0}% of copy), {:.0} tokens/s",
+            "  decode step, batch {rows}: {:.2} ms, weights {gbs:.0} GB/s ({:.0}% of copy), {:.0} tokens/s; layers issued by the host in {:.2} ms, queued back to back {:.2} ms per step",
             t * 1e3,
             100.0 * gbs * 1e9 / copy_rate,
-            rows as f64 / t
+            rows as f64 / t,
+            issue * 1e3,
+            queued * 1e3
         );
         steps.insert(
             rows.to_string(),
-            json!({"ms": t * 1e3, "weights_gb_s": gbs, "tokens_s": rows as f64 / t}),
+            json!({"ms": t * 1e3, "weights_gb_s": gbs, "tokens_s": rows as f64 / t,
+                   "host_issue_ms": issue * 1e3, "queued_layers_ms": queued * 1e3}),
         );
     }
     out.insert("step".into(), Value::Object(steps));
@@ -311,8 +334,14 @@ pub fn run(be: &CudaBackend, quick: bool) -> Result<Value> {
         "decode: device copy {:.2} TB/s (read + write)",
         copy_rate / 1e12
     );
-    let gemm = gemm_bandwidth(be, copy_rate)?;
-    let sweep = split_sweep(be)?;
+    // `DECODE_SECTIONS=model` skips the per-shape GEMM bandwidth and split sweep (a kernel trace
+    // of the model's steps alone).
+    let model_only = std::env::var("DECODE_SECTIONS").is_ok_and(|v| v == "model");
+    let (gemm, sweep) = if model_only {
+        (Value::Null, Value::Null)
+    } else {
+        (gemm_bandwidth(be, copy_rate)?, split_sweep(be)?)
+    };
     let (layers, alone) = if quick { (4, 4) } else { (36, 64) };
     let alone = std::env::var("DECODE_ALONE")
         .ok()

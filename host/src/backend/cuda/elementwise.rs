@@ -6,6 +6,17 @@ use crate::backend::{AttnShape, Backend, QkNorm, Rope, RopeStyle};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+/// Rows from which [`CudaBackend::rms_norm_rows`] takes `rms_norm_many_rows_bf16` (packed
+/// prefills) instead of one block per 8 rows (decode steps, drafter blocks).
+pub const MANY_ROWS: usize = 1024;
+
+/// Which heads of a fused QKV row [`CudaBackend::qk_norm_rope_launch`] normalises.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum QkHeads {
+    QAndK,
+    KOnly,
+}
+
 impl CudaBackend {
     /// Runs `f` with the device tables RoPE needs — positions (u32) and the address of the
     /// inverse frequencies of `rope` (f32, HF's `1 / θ^(2i / rotary_dim)`) — uploading each only
@@ -28,6 +39,51 @@ impl CudaBackend {
         }
         let pos = &pc.as_ref().expect("filled above").1;
         f(pos, &freqs)
+    }
+
+    /// Runs `f` with the address of RoPE's (cos, sin) table at `positions` (`rope_cs_table_f32`
+    /// in kernels/attention.cu: per row, rotary_dim / 2 pairs of f32 holding bf16 values, the
+    /// values `qk_norm_rope_vec_bf16` computes for itself), computed on the device when the
+    /// positions or the rope changed: every layer of a forward shares it. The table stays locked
+    /// while `f` queues its launches.
+    pub(super) fn with_rope_cs_table<R>(
+        &self,
+        positions: &[u32],
+        rope: &Rope,
+        f: impl FnOnce(u64) -> Result<R>,
+    ) -> Result<R> {
+        let half = rope.rotary_dim / 2;
+        let key = (rope.theta.to_bits(), rope.rotary_dim);
+        let mut cc = self.cs_cache.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = cc
+            .as_ref()
+            .is_some_and(|(p, k, _)| *k == key && p.as_slice() == positions);
+        if !fresh {
+            *cc = None;
+            let n = positions.len() * half;
+            let mut table = self.alloc::<f32>((2 * n).max(2))?;
+            if n > 0 {
+                self.with_rope_tables(positions, rope, |pos, freqs| {
+                    let f = self.kernels.get("attention", "rope_cs_table_f32")?;
+                    let (rows, h32) = (positions.len() as i64, half as i32);
+                    let mut b = self.stream.launch_builder(&f);
+                    b.arg(pos).arg(freqs).arg(&rows).arg(&h32).arg(&mut table);
+                    // SAFETY: (const u32*, const float*, ll, int, float2*); `pos` holds `rows`
+                    // positions, `freqs` half values, `table` 2 · rows · half floats.
+                    unsafe {
+                        b.launch(LaunchConfig {
+                            grid_dim: (blocks(n, 256).min(4096), 1, 1),
+                            block_dim: (256, 1, 1),
+                            shared_mem_bytes: 0,
+                        })
+                    }
+                    .map_err(derr("rope_cs_table_f32"))
+                })?;
+            }
+            *cc = Some((positions.to_vec(), key, table));
+        }
+        let table = &cc.as_ref().expect("filled above").2;
+        f(self.ptr(table))
     }
 
     /// Whether the vectorised q/k norm + RoPE (`qk_norm_rope_vec_bf16`, and the same arithmetic
@@ -80,7 +136,7 @@ impl CudaBackend {
         let QkNorm {
             q: q_norm,
             k: k_norm,
-            eps,
+            ..
         } = norm;
         let AttnShape {
             heads,
@@ -112,6 +168,38 @@ impl CudaBackend {
             "qk_norm_rope_packed: bad rotary_dim {}",
             rope.rotary_dim
         );
+        self.qk_norm_rope_launch(qkv, shape, norm, positions, rope, QkHeads::QAndK, 0)
+    }
+
+    /// `qk_norm_rope_*_bf16` over the q and k heads of `qkv`, or over its k heads only (q's are
+    /// normalised inside flash_attention2), with the (cos, sin) table at `cs` when non-zero
+    /// ([`CudaBackend::with_rope_cs_table`]; the vectorised kernel only). Arguments checked by
+    /// [`CudaBackend::qk_norm_rope_packed`].
+    pub(super) fn qk_norm_rope_launch(
+        &self,
+        qkv: &mut CudaTensor,
+        shape: AttnShape,
+        norm: QkNorm<'_, CudaTensor>,
+        positions: &[u32],
+        rope: &Rope,
+        which: QkHeads,
+        cs: u64,
+    ) -> Result<()> {
+        let QkNorm {
+            q: q_norm,
+            k: k_norm,
+            eps,
+        } = norm;
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        // k heads only: the kernel sees the row from the first k column on, with no q heads.
+        let (first_col, heads) = match which {
+            QkHeads::QAndK => (0, heads),
+            QkHeads::KOnly => (heads * hd, 0),
+        };
         let warps = qkv.rows * (heads + kv_heads);
         if warps == 0 {
             return Ok(());
@@ -123,7 +211,12 @@ impl CudaBackend {
         } else {
             "qk_norm_rope_bf16"
         };
+        ensure!(
+            cs == 0 || func == "qk_norm_rope_vec_bf16",
+            "qk_norm_rope: a (cos, sin) table needs the vectorised kernel"
+        );
         let f = self.kernels.get("attention", func)?;
+        let x = self.ptr(&qkv.buf) + (first_col * 2) as u64;
         let (ld, rows) = (qkv.cols as i64, qkv.rows as i64);
         let (hq, hk, hd32, rd) = (
             heads as i32,
@@ -134,7 +227,7 @@ impl CudaBackend {
         let inter = matches!(rope.style, RopeStyle::Interleaved) as i32;
         self.with_rope_tables(positions, rope, |pos, freqs| {
             let mut b = self.stream.launch_builder(&f);
-            b.arg(&mut qkv.buf)
+            b.arg(&x)
                 .arg(&ld)
                 .arg(&rows)
                 .arg(&hq)
@@ -147,12 +240,27 @@ impl CudaBackend {
                 .arg(freqs)
                 .arg(&rd)
                 .arg(&inter);
+            if func == "qk_norm_rope_vec_bf16" {
+                b.arg(&cs);
+            }
             // SAFETY: (bf16*, ll, ll, int, int, int, const bf16*, const bf16*, float, const u32*,
-            // const float*, int, int); shapes checked above.
-            // One block per row (grid-stride past 65 535 rows).
+            // const float*, int, int[, const float2*]); shapes checked by qk_norm_rope_packed; `x`
+            // is the row's first normalised column (the first k column with `KOnly`, rows keep
+            // their stride `ld`); `cs` is null or holds rows × rotary_dim / 2 pairs.
+            // Without a table one block per row (grid-stride past 65 535 rows); with one, blocks
+            // of 256 / G (row, head) pairs, G = the head's 16-byte chunks rounded up to a power
+            // of two, grid-stride from 8 blocks per multiprocessor.
+            let grid = if cs == 0 {
+                qkv.rows.min(65535)
+            } else {
+                let per_block = 256 / (hd / 8).next_power_of_two().max(1);
+                (qkv.rows * (heads + kv_heads))
+                    .div_ceil(per_block)
+                    .min(8 * self.info.multiprocessors.max(1) as usize)
+            };
             unsafe {
                 b.launch(LaunchConfig {
-                    grid_dim: (qkv.rows.min(65535) as u32, 1, 1),
+                    grid_dim: (grid as u32, 1, 1),
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 })
@@ -162,7 +270,7 @@ impl CudaBackend {
         })
     }
 
-    /// Whether `rms_norm_rows_bf16` covers rows of `cols` values: a multiple of 256 up to 4096
+    /// Whether `rms_norm_rows_bf16` (and `rms_norm_many_rows_bf16`) covers rows of `cols` values: a multiple of 256 up to 4096
     /// (the kernel's RMS_MAX_CHUNKS = 16 chunks of 8 values per lane of a warp).
     pub(super) fn rows_kernel_fits(cols: usize) -> bool {
         cols.is_multiple_of(256) && cols > 0 && cols <= 256 * 16
@@ -191,7 +299,21 @@ impl CudaBackend {
         if x.rows == 0 {
             return Ok(y);
         }
-        let f = self.kernels.get("elementwise", "rms_norm_rows_bf16")?;
+        // Many rows (a packed prefill): the weights staged in shared memory once per block, two
+        // blocks per multiprocessor walking the rows; few rows (decode steps): one block per 8
+        // rows, every warp fetching the weights itself. The same bits either way.
+        let many = x.rows >= MANY_ROWS;
+        let func = if many {
+            "rms_norm_many_rows_bf16"
+        } else {
+            "rms_norm_rows_bf16"
+        };
+        let f = self.kernels.get("elementwise", func)?;
+        let grid = if many {
+            blocks(x.rows, 8).min(2 * self.info.multiprocessors.max(1) as u32)
+        } else {
+            blocks(x.rows, 8)
+        };
         let (rows, c32) = (x.rows as i64, cols as i32);
         let mut b = self.stream.launch_builder(&f);
         b.arg(&x.buf)
@@ -200,16 +322,17 @@ impl CudaBackend {
             .arg(&rows)
             .arg(&c32)
             .arg(&eps);
-        // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float); one warp per row, 8 per block;
-        // cols is a multiple of 256 up to 4096 (the kernel's RMS_MAX_CHUNKS = 16 chunks per lane).
+        // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float) for both kernels; one warp
+        // per row (grid-stride in the many-rows kernel), 8 per block; cols is a multiple of 256 up
+        // to 4096 (RMS_MAX_CHUNKS = 16 chunks per lane; the many-rows kernel's 8 KiB of weights).
         unsafe {
             b.launch(LaunchConfig {
-                grid_dim: (blocks(x.rows, 8), 1, 1),
+                grid_dim: (grid, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             })
         }
-        .map_err(derr("rms_norm_rows_bf16"))?;
+        .map_err(derr(func))?;
         Ok(y)
     }
 
@@ -227,10 +350,21 @@ impl CudaBackend {
         if n == 0 {
             return Ok(y);
         }
-        // kernels/fused.cu: 2-D grid, rows on y (grid-stride past 65 535), 8 columns per thread.
+        // kernels/fused.cu: 2-D grid, 8 columns per thread on x, rows grid-stride on y.
         let f = self.kernels.get("elementwise", "swiglu_packed_rows_bf16")?;
+        let x_blocks = blocks(inter.div_ceil(8), 256);
         let cfg = LaunchConfig {
-            grid_dim: (blocks(inter.div_ceil(8), 256), gu.rows.min(65535) as u32, 1),
+            // Enough row strides for 8 blocks of 256 threads per multiprocessor; each thread
+            // walks its column chunk down the rows, 4 rows' loads at a time.
+            grid_dim: (
+                x_blocks,
+                gu.rows
+                    .min(
+                        (8 * self.info.multiprocessors.max(1) as usize).div_ceil(x_blocks as usize),
+                    )
+                    .max(1) as u32,
+                1,
+            ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -242,9 +376,10 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// [`Backend::rms_norm`] with the grouped kernel (one warp per group of any width); shapes
+    /// [`Backend::rms_norm`] with the grouped kernel (one warp per group of any width): the
+    /// reference the row kernels must match bit for bit (`host/tests/cuda_ops.rs`). Shapes are
     /// checked by the trait method.
-    pub(super) fn rms_norm_groups(
+    pub fn rms_norm_groups(
         &self,
         x: &CudaTensor,
         weight: &CudaTensor,

@@ -940,3 +940,91 @@ impl CudaBackend {
         self.gemm_raw(g, blas_sys::cudaDataType::CUDA_R_16BF, 1.0)
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Candidates under sustained load (benchmarks)
+
+impl CudaBackend {
+    /// Milliseconds per GEMM of every heuristic candidate for `x · Wᵀ` (bf16 out, `beta` 0 or 1)
+    /// under sustained load: `heat_ms` of the first candidate back to back first (the H200 is
+    /// power-limited, and a cold card runs a short burst at a higher clock than a forward keeps),
+    /// then `rounds` interleaved rounds of `reps` launches per candidate, each candidate's mean
+    /// over the rounds. The tuner ([`Gemms::plan`]) times bursts instead; this measures whether
+    /// its ranking survives. Also returns the candidates' cuBLASLt algorithm ids.
+    pub fn gemm_candidates_sustained(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        beta: f32,
+        heat_ms: f64,
+        rounds: usize,
+        reps: usize,
+    ) -> Result<Vec<(i32, f64)>> {
+        let st = self
+            .gemm
+            .lt
+            .as_ref()
+            .ok_or_else(|| anyhow!("cuBLASLt is not in use"))?;
+        let y = self.alloc::<half::bf16>(x.rows * w.out)?;
+        let g = self.operands(x, w, self.ptr(&y));
+        let plan = Plan::new(g.rows, g.out, g.inp, OutType::Bf16)?;
+        let align = [g.x, g.w, g.y]
+            .iter()
+            .map(|p| 1u32 << p.trailing_zeros().min(8))
+            .min()
+            .unwrap_or(256);
+        let cands = heuristic(st, &plan, align, CANDIDATES)?;
+        ensure!(!cands.is_empty(), "no cuBLASLt candidate");
+        let ev = || {
+            self.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| anyhow!("event: {e}"))
+        };
+        let (e0, e1) = (ev()?, ev()?);
+        let time = |i: usize, n: usize| -> Result<f64> {
+            e0.record(&self.stream)
+                .map_err(|e| anyhow!("record: {e}"))?;
+            for _ in 0..n {
+                launch(st, &self.stream, &plan, &cands[i], &g, beta)?;
+            }
+            e1.record(&self.stream)
+                .map_err(|e| anyhow!("record: {e}"))?;
+            Ok(e0.elapsed_ms(&e1).map_err(|e| anyhow!("elapsed: {e}"))? as f64 / n as f64)
+        };
+        let one = time(0, 2)?;
+        time(0, ((heat_ms / one) as usize).max(1))?;
+        let usable: Vec<bool> = (0..cands.len()).map(|i| time(i, 1).is_ok()).collect();
+        let mut sum = vec![0.0; cands.len()];
+        for _ in 0..rounds {
+            for i in (0..cands.len()).filter(|&i| usable[i]) {
+                sum[i] += time(i, reps)?;
+            }
+        }
+        Ok(cands
+            .iter()
+            .zip(&sum)
+            .zip(&usable)
+            .map(|((c, s), u)| {
+                let id = algo_id(c);
+                (id, if *u { s / rounds as f64 } else { f64::NAN })
+            })
+            .collect())
+    }
+}
+
+/// cuBLASLt's id of an algorithm (`CUBLASLT_ALGO_CONFIG_ID`), -1 if it cannot be read.
+fn algo_id(a: &lt::cublasLtMatmulAlgo_t) -> i32 {
+    let mut id: i32 = -1;
+    let mut written = 0usize;
+    // SAFETY: a valid algorithm struct; 4-byte attribute into a local.
+    unsafe {
+        let _ = lt::cublasLtMatmulAlgoConfigGetAttribute(
+            a,
+            lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_ID,
+            &mut id as *mut i32 as *mut c_void,
+            4,
+            &mut written,
+        );
+    }
+    id
+}

@@ -439,6 +439,7 @@ impl CudaBackend {
             ("attention", "qk_norm_rope_bf16"),
             ("attention", "qk_norm_rope_vec_bf16"),
             ("elementwise", "rms_norm_rows_bf16"),
+            ("elementwise", "rms_norm_many_rows_bf16"),
             ("elementwise", "swiglu_packed_rows_bf16"),
             ("topk", "topk_logsoftmax_k8"),
             ("topk", "topk_logsoftmax_k64"),

@@ -38,7 +38,7 @@ pub mod bench;
 pub mod bench_decode;
 mod decode;
 pub mod decode_lt;
-mod elementwise;
+pub mod elementwise;
 pub mod gdn;
 mod gemm;
 pub mod gemm_choices;
@@ -119,6 +119,11 @@ pub struct CudaBackend {
     pos_cache: Mutex<Option<(Vec<u32>, CudaSlice<u32>)>>,
     /// Inverse frequencies per (theta bits, rotary_dim).
     freq_cache: Mutex<Vec<(FreqKey, CudaSlice<f32>)>>,
+    /// RoPE's (cos, sin) table at the last positions (`with_rope_cs_table`).
+    cs_cache: Mutex<Option<(Vec<u32>, FreqKey, CudaSlice<f32>)>>,
+    /// flash_attention2 normalises and rotates q itself in the fused QKV prefill (default); off:
+    /// the separate q/k pass does, for A/B benchmarks and tests.
+    q_norm_in_attention: std::sync::atomic::AtomicBool,
     /// Split-K scratch of the batch-invariant decode GEMM (`decode.rs`).
     decode: decode::DecodeState,
     /// Page-locked staging of tap downloads ([`CudaBackend::to_host_bf16_staged`]), kept and

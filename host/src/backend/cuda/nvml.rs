@@ -21,12 +21,21 @@ struct Utilization {
 type InitFn = unsafe extern "C" fn() -> c_int;
 type ByPciFn = unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> c_int;
 type UtilFn = unsafe extern "C" fn(NvmlDevice, *mut Utilization) -> c_int;
+/// `nvmlDeviceGetClockInfo(device, type, *mhz)` and `nvmlDeviceGetMaxClockInfo` (same signature).
+type ClockFn = unsafe extern "C" fn(NvmlDevice, c_uint, *mut c_uint) -> c_int;
+/// `nvmlDeviceGetPowerUsage(device, *milliwatts)` and `nvmlDeviceGetEnforcedPowerLimit`.
+type PowerFn = unsafe extern "C" fn(NvmlDevice, *mut c_uint) -> c_int;
+/// `NVML_CLOCK_SM`.
+const CLOCK_SM: c_uint = 1;
 
 /// An open NVML device handle.
 pub struct Nvml {
     _lib: libloading::Library,
     device: NvmlDevice,
     utilization: UtilFn,
+    /// Clock and power queries (benchmarks only; absent from old drivers).
+    clock: Option<(ClockFn, ClockFn)>,
+    power: Option<(PowerFn, PowerFn)>,
 }
 
 // SAFETY: NVML is thread-safe (documented: "all NVML functions are thread-safe"); the handle is
@@ -54,6 +63,15 @@ impl Nvml {
                 .map_err(|e| anyhow!("nvmlDeviceGetUtilizationRates: {e}"))?;
             (init, by_pci, util)
         };
+        // SAFETY: as above; optional symbols.
+        let (clock, power) = unsafe {
+            let f = |name: &[u8]| lib.get::<ClockFn>(name).ok().map(|s| *s);
+            let g = |name: &[u8]| lib.get::<PowerFn>(name).ok().map(|s| *s);
+            (
+                f(b"nvmlDeviceGetClockInfo\0").zip(f(b"nvmlDeviceGetMaxClockInfo\0")),
+                g(b"nvmlDeviceGetPowerUsage\0").zip(g(b"nvmlDeviceGetEnforcedPowerLimit\0")),
+            )
+        };
         // SAFETY: plain C calls with valid out-pointers.
         let rc = unsafe { init() };
         if rc != 0 {
@@ -72,6 +90,8 @@ impl Nvml {
             _lib: lib,
             device,
             utilization,
+            clock,
+            power,
         })
     }
 
@@ -81,6 +101,33 @@ impl Nvml {
         // SAFETY: `device` came from NVML and `u` is a valid out-pointer.
         let rc = unsafe { (self.utilization)(self.device, &mut u) };
         (rc == 0).then(|| f64::from(u.gpu.min(100)) / 100.0)
+    }
+}
+
+impl Nvml {
+    /// The device's NVML handle for CUDA device `ordinal`.
+    pub fn for_ordinal(ordinal: usize) -> Result<Nvml> {
+        Nvml::open(&pci_bus_id(ordinal)?)
+    }
+
+    /// (current, maximum) SM clock in MHz.
+    pub fn sm_clock_mhz(&self) -> Option<(u32, u32)> {
+        let (cur, max) = self.clock?;
+        let (mut c, mut m) = (0, 0);
+        // SAFETY: `device` came from NVML; valid out-pointers.
+        let ok = unsafe {
+            cur(self.device, CLOCK_SM, &mut c) == 0 && max(self.device, CLOCK_SM, &mut m) == 0
+        };
+        ok.then_some((c, m))
+    }
+
+    /// (current draw, enforced limit) in watts.
+    pub fn power_w(&self) -> Option<(f64, f64)> {
+        let (usage, limit) = self.power?;
+        let (mut u, mut l) = (0, 0);
+        // SAFETY: `device` came from NVML; valid out-pointers.
+        let ok = unsafe { usage(self.device, &mut u) == 0 && limit(self.device, &mut l) == 0 };
+        ok.then(|| (f64::from(u) / 1e3, f64::from(l) / 1e3))
     }
 }
 

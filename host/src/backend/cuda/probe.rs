@@ -189,6 +189,8 @@ impl CudaBackend {
             attn_v1: std::sync::atomic::AtomicBool::new(false),
             gemm,
             pos_cache: Mutex::new(None),
+            cs_cache: Mutex::new(None),
+            q_norm_in_attention: std::sync::atomic::AtomicBool::new(true),
             freq_cache: Mutex::new(Vec::new()),
             decode: Default::default(),
             tap_staging: Mutex::new(None),
