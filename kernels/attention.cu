@@ -337,7 +337,8 @@ struct FaQNorm {
 // (K's stays a separate pass) takes four fifths of the separate pass's work off a Qwen3-8B layer
 // and puts its bf16 conversions next to the other block's tensor-core work on the multiprocessor.
 template <int HD, int NT>
-__device__ void fa2_q_norm_rope(bf16_t* Qs, const FaQNorm& qn, int pos0, int group, int ppb, int tq) {
+__device__ void fa2_q_norm_rope(bf16_t* Qs, const float2* cs_s, const FaQNorm& qn, int pos0, int group, int ppb,
+                                int tq) {
     constexpr int CPR = HD / 8;  // 16-byte chunks per row (a power of two)
     const int half = qn.rotary_dim >> 1;
     const int P = qn.rotary_dim >> 4;  // rotate-half: chunk distance of a pair
@@ -358,7 +359,7 @@ __device__ void fa2_q_norm_rope(bf16_t* Qs, const FaQNorm& qn, int pos0, int gro
 #pragma unroll
             for (int i = 0; i < o; ++i) s[i] += s[i + o];
         const float rr = rsqrtf(s[0] / (float)HD + qn.eps);
-        const float2* cs = qn.cs + (long long)p * half;
+        const float2* cs = cs_s + (r / group) * half;  // the block's table rows in shared memory
         // y of chunk c: bf16(bf16(x·r)·w).
         auto norm_chunk = [&](int c, float* y) {
             float f[8], wf[8];
@@ -440,6 +441,18 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
         }
         cp_async_commit();
     }
+    // With the q norm inside: the block's rows of RoPE's (cos, sin) table into K's second buffer,
+    // which stays free until the loop prefetches tile 1 (ppb · rotary_dim / 2 pairs of 8 bytes fit
+    // its FA2_BN · HD bf16 from 4 query heads per KV head on: the host's condition). Read from
+    // global memory instead, every chunk of the norm waited on its own L2 round trip.
+    float2* cs_s = (float2*)(Qs + FA2_BM * HD + FA2_BN * HD);
+    if (qn.wq != nullptr) {
+        const int half = qn.rotary_dim >> 1;
+        const int bytes = min(ppb, tq - pos0) * half * 8;  // a multiple of 32: half % 4 == 0
+        const char* src = (const char*)(qn.cs + (long long)pos0 * half);
+        for (int i = tid * 16; i < bytes; i += NT * 16) cp_async16((char*)cs_s + i, src + i);
+        cp_async_commit();
+    }
     // Block-wide key segments: union of the rows' intervals (which tiles to visit) and their
     // intersection (tiles inside it need no per-element mask), as in flash_attention above.
     if (tid < ppb) {
@@ -499,11 +512,12 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
         cp_async_commit();
     }
     if (qn.wq != nullptr && ntiles > 0) {
-        // Q's copies have landed (tile 0's may still be in flight) and are visible to every
-        // thread; the loop's first barrier orders the normalised rows before any ldmatrix.
+        // Q's and the table's copies have landed (tile 0's may still be in flight) and are
+        // visible to every thread; the loop's first barrier orders the normalised rows before
+        // any ldmatrix, and the table's reads before tile 1's copies into the same buffer.
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         __syncthreads();
-        fa2_q_norm_rope<HD, NT>(Qs, qn, pos0, group, ppb, tq);
+        fa2_q_norm_rope<HD, NT>(Qs, cs_s, qn, pos0, group, ppb, tq);
     }
     for (int t = 0; t < ntiles; ++t) {
         const int kt0 = t < na ? a_lo + t * FA2_BN : b_lo + (t - na) * FA2_BN;

@@ -515,9 +515,10 @@ fn cuda_swiglu_rows_kernel_matches_the_seam_kernel_bit_for_bit() {
 }
 
 /// flash_attention2 normalising and rotating q itself (after a k-only pass) gives exactly the
-/// bits of the separate q/k pass followed by the attention: head dims 64, 128 and 256, grouped
-/// query heads, full and partial rotate-half and interleaved RoPE, packed sequences (one of one
-/// token) with positions restarting per sequence, and 130-row blocks that span sequences.
+/// bits of the separate q/k pass followed by the attention: head dims 64, 128 and 256, 4 and 6
+/// query heads per KV head, full and partial rotate-half and interleaved RoPE, packed sequences
+/// (one of one token) with positions restarting per sequence, and blocks that span sequences.
+/// (The last shape, one query head per KV head, takes the separate pass either way.)
 #[test]
 fn cuda_q_norm_inside_flash_attention_matches_the_separate_pass_bit_for_bit() {
     use draftlens::backend::{QkNorm, Rope, RopeStyle};
@@ -528,9 +529,11 @@ fn cuda_q_norm_inside_flash_attention_matches_the_separate_pass_bit_for_bit() {
     for (heads, kv_heads, hd, rotary_dim, style) in [
         (8, 2, 128, 128, RopeStyle::RotateHalf),
         (8, 2, 128, 64, RopeStyle::RotateHalf),
-        (6, 2, 64, 64, RopeStyle::Interleaved),
+        (8, 2, 64, 64, RopeStyle::Interleaved),
+        (16, 4, 128, 128, RopeStyle::Interleaved),
         (12, 2, 256, 64, RopeStyle::RotateHalf),
-        (4, 4, 128, 0, RopeStyle::RotateHalf),
+        (8, 2, 128, 0, RopeStyle::RotateHalf),
+        (4, 4, 128, 128, RopeStyle::RotateHalf),
     ] {
         let shape = AttnShape {
             heads,

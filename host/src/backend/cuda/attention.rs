@@ -123,7 +123,9 @@ impl CudaBackend {
     }
 
     /// Whether [`CudaBackend::attention_varlen_qkv_norm_in_kernel`] covers this call: the
-    /// vectorised norm's shapes, flash_attention2 at this head dim, and the route switched on.
+    /// vectorised norm's shapes, flash_attention2 at this head dim, at least 4 query heads per KV
+    /// head (a block's rows of the (cos, sin) table then fit the shared-memory buffer the kernel
+    /// stages them in), and the route switched on.
     pub(super) fn q_norm_in_attention_fits(
         &self,
         qkv: &CudaTensor,
@@ -135,6 +137,8 @@ impl CudaBackend {
         self.q_norm_in_attention
             .load(std::sync::atomic::Ordering::Relaxed)
             && self.uses_fa2(hd)
+            && shape.kv_heads > 0
+            && shape.heads / shape.kv_heads >= 4
             && Self::qk_norm_rope_vec_fits(hd, qkv.cols, rope)
             && rope.head_dim == hd
             && rope.rotary_dim <= hd
