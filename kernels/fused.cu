@@ -63,23 +63,17 @@ extern "C" __global__ void swiglu_packed_rows_bf16(const bf16_t* __restrict__ gu
 // all of a warp's loads in flight, where rms_norm_bf16's loop waits on one load at a time.
 #define RMS_MAX_CHUNKS 16
 #define RMS_W_GROUP 4
-extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
-                                              bf16_t* __restrict__ y, long long rows, int cols, float eps) {
-    const long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (row >= rows) return;  // warp-uniform
-    const int k = cols >> 8;  // chunks per lane
-    const bf16_t* xs = x + row * cols;
-    bf16_t* ys = y + row * cols;
-    uint4 v[RMS_MAX_CHUNKS];
+
+// A lane's k 16-byte chunks of a row (chunks lane, lane + 32, …), every load issued at once.
+__device__ __forceinline__ void rms_load_row(const bf16_t* xs, int lane, int k, uint4* v) {
 #pragma unroll
     for (int c = 0; c < RMS_MAX_CHUNKS; ++c)
         if (c < k) v[c] = *(const uint4*)(xs + lane * 8 + c * 256);
-    // The weights are not needed before the sum of squares, but their fetch from memory starts
-    // now (into L2, no registers held), so the loads below wait on L2 instead of on DRAM.
-#pragma unroll
-    for (int c = 0; c < RMS_MAX_CHUNKS; ++c)
-        if (c < k) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + lane * 8 + c * 256));
+}
+
+// rsqrt(mean(x²) + eps) of the row whose chunks the warp's lanes hold: each lane sums its chunks
+// in order, then the warp butterfly (rms_norm_bf16's order).
+__device__ __forceinline__ float rms_row_scale(const uint4* v, int k, int cols, float eps) {
     float ss = 0.f;
 #pragma unroll
     for (int c = 0; c < RMS_MAX_CHUNKS; ++c) {
@@ -91,7 +85,24 @@ extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, cons
         }
     }
     ss = warp_sum(ss);
-    const float r = rsqrtf(ss / (float)cols + eps);
+    return rsqrtf(ss / (float)cols + eps);
+}
+extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
+                                              bf16_t* __restrict__ y, long long rows, int cols, float eps) {
+    const long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;  // warp-uniform
+    const int k = cols >> 8;  // chunks per lane
+    const bf16_t* xs = x + row * cols;
+    bf16_t* ys = y + row * cols;
+    uint4 v[RMS_MAX_CHUNKS];
+    rms_load_row(xs, lane, k, v);
+    // The weights are not needed before the sum of squares, but their fetch from memory starts
+    // now (into L2, no registers held), so the loads below wait on L2 instead of on DRAM.
+#pragma unroll
+    for (int c = 0; c < RMS_MAX_CHUNKS; ++c)
+        if (c < k) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + lane * 8 + c * 256));
+    const float r = rms_row_scale(v, k, cols, eps);
     // The weights are loaded RMS_W_GROUP chunks at a time, all before the group's first store:
     // loaded next to each use, every chunk waited on its own load (~7 µs for one row of 4096 on
     // the H200, as long as a decode step's o_proj GEMM).
@@ -135,21 +146,8 @@ extern "C" __global__ void __launch_bounds__(256) rms_norm_many_rows_bf16(
         const bf16_t* xs = x + row * cols;
         bf16_t* ys = y + row * cols;
         uint4 v[RMS_MAX_CHUNKS];
-#pragma unroll
-        for (int c = 0; c < RMS_MAX_CHUNKS; ++c)
-            if (c < k) v[c] = *(const uint4*)(xs + lane * 8 + c * 256);
-        float ss = 0.f;
-#pragma unroll
-        for (int c = 0; c < RMS_MAX_CHUNKS; ++c) {
-            if (c < k) {
-                float f[8];
-                unpack8(v[c], f);
-#pragma unroll
-                for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
-            }
-        }
-        ss = warp_sum(ss);
-        const float r = rsqrtf(ss / (float)cols + eps);
+        rms_load_row(xs, lane, k, v);
+        const float r = rms_row_scale(v, k, cols, eps);
 #pragma unroll
         for (int c = 0; c < RMS_MAX_CHUNKS; ++c) {
             if (c < k) {

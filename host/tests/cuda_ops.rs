@@ -448,6 +448,17 @@ fn fused_trait_ops<B: Backend>(be: &B, i: &FusedInputs, shape: AttnShape) -> Vec
     out
 }
 
+/// Fails with how many of the values differ bitwise between `a` and `b` (same lengths).
+fn assert_same_bits(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let differ = a
+        .iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    assert_eq!(differ, 0, "{what}: {differ} of {} values differ", a.len());
+}
+
 /// Both whole-row norm kernels (one block per 8 rows below `MANY_ROWS` rows, the weights staged in
 /// shared memory and rows walked grid-stride from there) give exactly the grouped kernel's bits,
 /// on either side of the switch and for every row width they take.
@@ -469,14 +480,10 @@ fn cuda_row_norm_kernels_match_the_grouped_kernel_bit_for_bit() {
             let seam = gpu
                 .to_host(&gpu.rms_norm_groups(&x, &w, 1e-6, cols).unwrap())
                 .unwrap();
-            let differ = fast
-                .iter()
-                .zip(&seam)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            assert_eq!(
-                differ, 0,
-                "{rows} rows of {cols}: {differ} values differ from the grouped kernel"
+            assert_same_bits(
+                &fast,
+                &seam,
+                &format!("{rows} rows of {cols}, grouped kernel"),
             );
         }
     }
@@ -501,14 +508,10 @@ fn cuda_swiglu_rows_kernel_matches_the_seam_kernel_bit_for_bit() {
             let g = gpu.from_host(&gate, rows, inter).unwrap();
             let u = gpu.from_host(&up, rows, inter).unwrap();
             let seam = gpu.to_host(&gpu.swiglu(&g, &u).unwrap()).unwrap();
-            let differ = fast
-                .iter()
-                .zip(&seam)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            assert_eq!(
-                differ, 0,
-                "{rows} rows of {inter}: {differ} values differ from the seam kernel"
+            assert_same_bits(
+                &fast,
+                &seam,
+                &format!("{rows} rows of {inter}, seam kernel"),
             );
         }
     }
@@ -569,16 +572,11 @@ fn cuda_q_norm_inside_flash_attention_matches_the_separate_pass_bit_for_bit() {
         };
         let (inside, separate) = (run(true), run(false));
         gpu.set_q_norm_in_attention(true);
-        let differ = inside
-            .iter()
-            .zip(&separate)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
         assert!(separate.iter().all(|v| v.is_finite()));
-        assert_eq!(
-            differ, 0,
-            "hd {hd}, {heads}/{kv_heads} heads, rotary {rotary_dim} {style:?}: {differ} of {} outputs differ",
-            inside.len()
+        assert_same_bits(
+            &inside,
+            &separate,
+            &format!("hd {hd}, {heads}/{kv_heads} heads, rotary {rotary_dim} {style:?}"),
         );
     }
 }

@@ -107,19 +107,27 @@ impl CudaBackend {
             self.uses_fa2(hd),
             "attention_varlen_packed: needs flash_attention2 (head_dim 64, 128 or 256), got {hd}"
         );
+        let io = self.packed_io(qkv, shape, FaQNormArgs::default());
+        self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.to_vec()))
+    }
+
+    /// q, k and v of a packed prefill as the q | k | v columns of the fused QKV output.
+    fn packed_io(&self, qkv: &CudaTensor, shape: AttnShape, q_norm: FaQNormArgs) -> AttnIo {
         let base = self.ptr(&qkv.buf);
-        let rows = qkv.rows;
-        let io = AttnIo {
+        let (q_cols, k_cols) = (
+            shape.heads * shape.head_dim,
+            shape.kv_heads * shape.head_dim,
+        );
+        AttnIo {
             q: base,
             q_ld: qkv.cols,
-            k: base + (heads * hd * 2) as u64,
-            v: base + ((heads + kv_heads) * hd * 2) as u64,
+            k: base + (q_cols * 2) as u64,
+            v: base + ((q_cols + k_cols) * 2) as u64,
             kv_ld: qkv.cols,
-            tq: rows,
-            tk: rows,
-            q_norm: FaQNormArgs::default(),
-        };
-        self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.to_vec()))
+            tq: qkv.rows,
+            tk: qkv.rows,
+            q_norm,
+        }
     }
 
     /// Whether [`CudaBackend::attention_varlen_qkv_norm_in_kernel`] covers this call: the
@@ -131,19 +139,15 @@ impl CudaBackend {
         qkv: &CudaTensor,
         shape: AttnShape,
         norm: &QkNorm<'_, CudaTensor>,
+        positions: &[u32],
         rope: &Rope,
     ) -> bool {
-        let hd = shape.head_dim;
         self.q_norm_in_attention
             .load(std::sync::atomic::Ordering::Relaxed)
-            && self.uses_fa2(hd)
+            && self.uses_fa2(shape.head_dim)
             && shape.kv_heads > 0
             && shape.heads / shape.kv_heads >= 4
-            && Self::qk_norm_rope_vec_fits(hd, qkv.cols, rope)
-            && rope.head_dim == hd
-            && rope.rotary_dim <= hd
-            && norm.q.rows * norm.q.cols == hd
-            && norm.k.rows * norm.k.cols == hd
+            && Self::qk_norm_in_kernel_fits(qkv, shape, norm, positions, rope)
     }
 
     /// Switches flash_attention2's own q norm + RoPE on (the default) or off (the separate pass
@@ -168,39 +172,17 @@ impl CudaBackend {
         rope: &Rope,
         seq_starts: &[usize],
     ) -> Result<CudaTensor> {
-        let AttnShape {
-            heads,
-            kv_heads,
-            head_dim: hd,
-        } = shape;
-        ensure!(
-            qkv.cols == (heads + 2 * kv_heads) * hd && positions.len() == qkv.rows,
-            "attention_varlen_qkv: {} columns and {} positions for {} rows, expected (heads {heads} + 2 × {kv_heads}) × {hd} columns",
-            qkv.cols,
-            positions.len(),
-            qkv.rows
-        );
-        let wq = self.ptr(&norm.q.buf);
-        let eps = norm.eps;
+        Self::check_qk_norm_rope(&qkv, shape, &norm, positions, rope)?;
+        let q_norm = FaQNormArgs {
+            wq: self.ptr(&norm.q.buf),
+            cs: 0,
+            eps: norm.eps,
+            rotary_dim: rope.rotary_dim as i32,
+            interleaved: matches!(rope.style, RopeStyle::Interleaved) as i32,
+        };
         self.with_rope_cs_table(positions, rope, |cs| {
             self.qk_norm_rope_launch(&mut qkv, shape, norm, positions, rope, QkHeads::KOnly, cs)?;
-            let base = self.ptr(&qkv.buf);
-            let io = AttnIo {
-                q: base,
-                q_ld: qkv.cols,
-                k: base + (heads * hd * 2) as u64,
-                v: base + ((heads + kv_heads) * hd * 2) as u64,
-                kv_ld: qkv.cols,
-                tq: qkv.rows,
-                tk: qkv.rows,
-                q_norm: FaQNormArgs {
-                    wq,
-                    cs,
-                    eps,
-                    rotary_dim: rope.rotary_dim as i32,
-                    interleaved: matches!(rope.style, RopeStyle::Interleaved) as i32,
-                },
-            };
+            let io = self.packed_io(&qkv, shape, FaQNormArgs { cs, ..q_norm });
             self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.to_vec()))
         })
     }

@@ -217,7 +217,7 @@ impl Backend for CudaBackend {
         let fused_attention = self.uses_fa2(shape.head_dim);
         match qk_norm {
             Some(n) if fused_attention => {
-                if self.q_norm_in_attention_fits(&qkv, shape, &n, rope) {
+                if self.q_norm_in_attention_fits(&qkv, shape, &n, positions, rope) {
                     return self.attention_varlen_qkv_norm_in_kernel(
                         qkv, shape, n, positions, rope, seq_starts,
                     );

@@ -421,14 +421,8 @@ impl CudaBackend {
             .unwrap_or(0);
         let blocks = qkv.rows.min(DA_MAX_ROWS) * shape.kv_heads * decode_attn_chunks(longest);
         let one_wave = blocks <= self.info.multiprocessors.max(1) as usize * DA_BLOCKS_PER_SM;
-        let in_kernel = one_wave
-            && Self::qk_norm_rope_vec_fits(hd, qkv.cols, rope)
-            && qkv.cols == qd + 2 * kvd
-            && rope.head_dim == hd
-            && rope.rotary_dim <= hd
-            && norm.q.rows * norm.q.cols == hd
-            && norm.k.rows * norm.k.cols == hd
-            && positions.len() == qkv.rows;
+        let in_kernel =
+            one_wave && Self::qk_norm_in_kernel_fits(&qkv, shape, &norm, positions, rope);
         let norm_args = if in_kernel {
             Some(DecodeNorm {
                 args: DecodeNormArgs {

@@ -102,6 +102,68 @@ impl CudaBackend {
             }
     }
 
+    /// Whether q/k norms of this call can be applied inside another kernel with
+    /// `qk_norm_rope_vec_bf16`'s arithmetic (the decode attention, flash_attention2): the
+    /// vectorised shapes, a fused QKV row, RoPE of this head dim, norm weights of hd values, and
+    /// one position per row.
+    pub(super) fn qk_norm_in_kernel_fits(
+        qkv: &CudaTensor,
+        shape: AttnShape,
+        norm: &QkNorm<'_, CudaTensor>,
+        positions: &[u32],
+        rope: &Rope,
+    ) -> bool {
+        let hd = shape.head_dim;
+        Self::qk_norm_rope_vec_fits(hd, qkv.cols, rope)
+            && qkv.cols == (shape.heads + 2 * shape.kv_heads) * hd
+            && rope.head_dim == hd
+            && rope.rotary_dim <= hd
+            && norm.q.rows * norm.q.cols == hd
+            && norm.k.rows * norm.k.cols == hd
+            && positions.len() == qkv.rows
+    }
+
+    /// The checks of a q/k norm + RoPE over a fused QKV output, with the offending values.
+    pub(super) fn check_qk_norm_rope(
+        qkv: &CudaTensor,
+        shape: AttnShape,
+        norm: &QkNorm<'_, CudaTensor>,
+        positions: &[u32],
+        rope: &Rope,
+    ) -> Result<()> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        ensure!(
+            qkv.cols == (heads + 2 * kv_heads) * hd,
+            "qk_norm_rope_packed: {} columns, expected (heads {heads} + 2 × {kv_heads}) × {hd}",
+            qkv.cols
+        );
+        ensure!(
+            norm.q.rows * norm.q.cols == hd && norm.k.rows * norm.k.cols == hd,
+            "qk_norm_rope_packed: norm weights must have head_dim = {hd} values"
+        );
+        ensure!(
+            positions.len() == qkv.rows,
+            "qk_norm_rope_packed: {} positions for {} rows",
+            positions.len(),
+            qkv.rows
+        );
+        ensure!(
+            hd > 0 && hd <= 256 && rope.head_dim == hd,
+            "qk_norm_rope_packed: head_dim {hd} (rope's {}) must be 1..=256",
+            rope.head_dim
+        );
+        ensure!(
+            rope.rotary_dim <= hd && rope.rotary_dim.is_multiple_of(2),
+            "qk_norm_rope_packed: bad rotary_dim {}",
+            rope.rotary_dim
+        );
+        Ok(())
+    }
+
     /// The device address of the RoPE inverse-frequency table of `rope` (uploaded once per
     /// (theta, rotary_dim); entries live as long as the backend).
     pub(super) fn rope_inv_freq(&self, rope: &Rope) -> Result<u64> {
@@ -133,48 +195,14 @@ impl CudaBackend {
         positions: &[u32],
         rope: &Rope,
     ) -> Result<()> {
-        let QkNorm {
-            q: q_norm,
-            k: k_norm,
-            ..
-        } = norm;
-        let AttnShape {
-            heads,
-            kv_heads,
-            head_dim: hd,
-        } = shape;
-        ensure!(
-            qkv.cols == (heads + 2 * kv_heads) * hd,
-            "qk_norm_rope_packed: {} columns, expected (heads {heads} + 2 × {kv_heads}) × {hd}",
-            qkv.cols
-        );
-        ensure!(
-            q_norm.rows * q_norm.cols == hd && k_norm.rows * k_norm.cols == hd,
-            "qk_norm_rope_packed: norm weights must have head_dim = {hd} values"
-        );
-        ensure!(
-            positions.len() == qkv.rows,
-            "qk_norm_rope_packed: {} positions for {} rows",
-            positions.len(),
-            qkv.rows
-        );
-        ensure!(
-            hd > 0 && hd <= 256 && rope.head_dim == hd,
-            "qk_norm_rope_packed: head_dim {hd} (rope's {}) must be 1..=256",
-            rope.head_dim
-        );
-        ensure!(
-            rope.rotary_dim <= hd && rope.rotary_dim.is_multiple_of(2),
-            "qk_norm_rope_packed: bad rotary_dim {}",
-            rope.rotary_dim
-        );
+        Self::check_qk_norm_rope(qkv, shape, &norm, positions, rope)?;
         self.qk_norm_rope_launch(qkv, shape, norm, positions, rope, QkHeads::QAndK, 0)
     }
 
     /// `qk_norm_rope_*_bf16` over the q and k heads of `qkv`, or over its k heads only (q's are
     /// normalised inside flash_attention2), with the (cos, sin) table at `cs` when non-zero
     /// ([`CudaBackend::with_rope_cs_table`]; the vectorised kernel only). Arguments checked by
-    /// [`CudaBackend::qk_norm_rope_packed`].
+    /// the caller ([`CudaBackend::check_qk_norm_rope`]).
     pub(super) fn qk_norm_rope_launch(
         &self,
         qkv: &mut CudaTensor,
