@@ -339,7 +339,9 @@ struct FaQNorm {
 template <int HD, int NT>
 __device__ void fa2_q_norm_rope(bf16_t* Qs, const float2* cs_s, const FaQNorm& qn, int pos0, int group, int ppb,
                                 int tq) {
-    constexpr int CPR = HD / 8;  // 16-byte chunks per row (a power of two)
+    constexpr int CPR = HD / 8;  // 16-byte chunks per row
+    // The vec kernel pads a head to a power of two of lanes with zeros; the tree below skips them.
+    static_assert((CPR & (CPR - 1)) == 0, "flash_attention2's head dims have a power of two of chunks");
     const int half = qn.rotary_dim >> 1;
     const int P = qn.rotary_dim >> 4;  // rotate-half: chunk distance of a pair
     for (int r = threadIdx.x; r < FA2_BM; r += NT) {
