@@ -835,22 +835,22 @@ fn gemm_sustained(be: &CudaBackend) -> Result<serde_json::Value> {
         let times = be.gemm_candidates_sustained(&x, &w, acc as u8 as f32, 1500.0, 3, 8)?;
         let flops = 2.0 * (rows * nout * kin) as f64;
         let best = (0..times.len())
-            .filter(|&i| times[i].1.is_finite())
-            .min_by(|&a, &b| times[a].1.total_cmp(&times[b].1));
+            .filter(|&i| times[i].is_finite())
+            .min_by(|&a, &b| times[a].total_cmp(&times[b]));
         let mut line =
             format!("  {name} [{rows} x {kin}] x [{nout} x {kin}]^T, sustained ms (TFLOP/s):");
-        for (i, (id, ms)) in times.iter().enumerate() {
+        for (i, ms) in times.iter().enumerate() {
             let mark = match (Some(i) == burst, Some(i) == best) {
                 (true, true) => " <burst, best>",
                 (true, false) => " <burst>",
                 (false, true) => " <best>",
                 _ => "",
             };
-            line += &format!(" #{i} id {id}: {ms:.3} ({:.0}){mark};", flops / ms / 1e9);
+            line += &format!(" #{i}: {ms:.3} ({:.0}){mark};", flops / ms / 1e9);
         }
         println!("{line}");
         let gain = match (burst, best) {
-            (Some(b), Some(s)) => times[b].1 / times[s].1 - 1.0,
+            (Some(b), Some(s)) => times[b] / times[s] - 1.0,
             _ => f64::NAN,
         };
         println!(
@@ -859,8 +859,7 @@ fn gemm_sustained(be: &CudaBackend) -> Result<serde_json::Value> {
         );
         out.insert(
             name.into(),
-            json!({"burst_index": burst, "best_index": best, "ms": times.iter().map(|t| t.1).collect::<Vec<_>>(),
-                   "ids": times.iter().map(|t| t.0).collect::<Vec<_>>(), "gain": gain}),
+            json!({"burst_index": burst, "best_index": best, "ms": times, "gain": gain}),
         );
     }
     Ok(serde_json::Value::Object(out))

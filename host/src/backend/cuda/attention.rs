@@ -93,16 +93,8 @@ impl CudaBackend {
         shape: AttnShape,
         seq_starts: &[usize],
     ) -> Result<CudaTensor> {
-        let AttnShape {
-            heads,
-            kv_heads,
-            head_dim: hd,
-        } = shape;
-        ensure!(
-            qkv.cols == (heads + 2 * kv_heads) * hd,
-            "attention_varlen_packed: {} columns, expected (heads {heads} + 2 × {kv_heads}) × {hd}",
-            qkv.cols
-        );
+        let hd = shape.head_dim;
+        Self::check_qkv_cols("attention_varlen_packed", qkv, shape)?;
         ensure!(
             self.uses_fa2(hd),
             "attention_varlen_packed: needs flash_attention2 (head_dim 64, 128 or 256), got {hd}"
@@ -181,7 +173,8 @@ impl CudaBackend {
             interleaved: matches!(rope.style, RopeStyle::Interleaved) as i32,
         };
         self.with_rope_cs_table(positions, rope, |cs| {
-            self.qk_norm_rope_launch(&mut qkv, shape, norm, positions, rope, QkHeads::KOnly, cs)?;
+            let k_only = QkHeads::KOnly { cs };
+            self.qk_norm_rope_launch(&mut qkv, shape, norm, positions, rope, k_only)?;
             let io = self.packed_io(&qkv, shape, FaQNormArgs { cs, ..q_norm });
             self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.to_vec()))
         })

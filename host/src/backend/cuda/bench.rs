@@ -81,11 +81,9 @@ pub fn with_clock_samples<T>(ordinal: usize, f: impl FnOnce() -> T) -> (T, Clock
     let Ok(nvml) = super::nvml::Nvml::for_ordinal(ordinal) else {
         return (f(), ClockStats::default());
     };
-    let stop = AtomicBool::new(false);
-    let stop_ref = &stop;
+    let stop = &AtomicBool::new(false);
     std::thread::scope(|s| {
         let sampler = s.spawn(move || {
-            let stop = stop_ref;
             let mut st = ClockStats::default();
             while !stop.load(Ordering::Relaxed) {
                 if let (Some((c, m)), Some((p, l))) = (nvml.sm_clock_mhz(), nvml.power_w()) {
@@ -104,7 +102,7 @@ pub fn with_clock_samples<T>(ordinal: usize, f: impl FnOnce() -> T) -> (T, Clock
             st
         });
         let out = f();
-        stop_ref.store(true, Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
         (out, sampler.join().unwrap_or_default())
     })
 }

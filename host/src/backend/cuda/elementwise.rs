@@ -13,8 +13,11 @@ pub const MANY_ROWS: usize = 1024;
 /// Which heads of a fused QKV row [`CudaBackend::qk_norm_rope_launch`] normalises.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum QkHeads {
+    /// q and k, the (cos, sin) computed in the kernel.
     QAndK,
-    KOnly,
+    /// k only (q's are normalised inside flash_attention2), reading the (cos, sin) table at `cs`
+    /// ([`CudaBackend::with_rope_cs_table`]; the vectorised kernel only).
+    KOnly { cs: u64 },
 }
 
 impl CudaBackend {
@@ -104,8 +107,7 @@ impl CudaBackend {
 
     /// Whether q/k norms of this call can be applied inside another kernel with
     /// `qk_norm_rope_vec_bf16`'s arithmetic (the decode attention, flash_attention2): the
-    /// vectorised shapes, a fused QKV row, RoPE of this head dim, norm weights of hd values, and
-    /// one position per row.
+    /// vectorised shapes, and arguments that pass [`CudaBackend::check_qk_norm_rope`].
     pub(super) fn qk_norm_in_kernel_fits(
         qkv: &CudaTensor,
         shape: AttnShape,
@@ -113,14 +115,23 @@ impl CudaBackend {
         positions: &[u32],
         rope: &Rope,
     ) -> bool {
-        let hd = shape.head_dim;
-        Self::qk_norm_rope_vec_fits(hd, qkv.cols, rope)
-            && qkv.cols == (shape.heads + 2 * shape.kv_heads) * hd
-            && rope.head_dim == hd
-            && rope.rotary_dim <= hd
-            && norm.q.rows * norm.q.cols == hd
-            && norm.k.rows * norm.k.cols == hd
-            && positions.len() == qkv.rows
+        Self::qk_norm_rope_vec_fits(shape.head_dim, qkv.cols, rope)
+            && Self::check_qk_norm_rope(qkv, shape, norm, positions, rope).is_ok()
+    }
+
+    /// That `qkv` is a fused QKV output of `shape`: (heads + 2 · kv_heads) · head_dim columns.
+    pub(super) fn check_qkv_cols(what: &str, qkv: &CudaTensor, shape: AttnShape) -> Result<()> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        ensure!(
+            qkv.cols == (heads + 2 * kv_heads) * hd,
+            "{what}: {} columns, expected (heads {heads} + 2 × {kv_heads}) × {hd}",
+            qkv.cols
+        );
+        Ok(())
     }
 
     /// The checks of a q/k norm + RoPE over a fused QKV output, with the offending values.
@@ -131,16 +142,8 @@ impl CudaBackend {
         positions: &[u32],
         rope: &Rope,
     ) -> Result<()> {
-        let AttnShape {
-            heads,
-            kv_heads,
-            head_dim: hd,
-        } = shape;
-        ensure!(
-            qkv.cols == (heads + 2 * kv_heads) * hd,
-            "qk_norm_rope_packed: {} columns, expected (heads {heads} + 2 × {kv_heads}) × {hd}",
-            qkv.cols
-        );
+        let hd = shape.head_dim;
+        Self::check_qkv_cols("qk_norm_rope_packed", qkv, shape)?;
         ensure!(
             norm.q.rows * norm.q.cols == hd && norm.k.rows * norm.k.cols == hd,
             "qk_norm_rope_packed: norm weights must have head_dim = {hd} values"
@@ -196,12 +199,10 @@ impl CudaBackend {
         rope: &Rope,
     ) -> Result<()> {
         Self::check_qk_norm_rope(qkv, shape, &norm, positions, rope)?;
-        self.qk_norm_rope_launch(qkv, shape, norm, positions, rope, QkHeads::QAndK, 0)
+        self.qk_norm_rope_launch(qkv, shape, norm, positions, rope, QkHeads::QAndK)
     }
 
-    /// `qk_norm_rope_*_bf16` over the q and k heads of `qkv`, or over its k heads only (q's are
-    /// normalised inside flash_attention2), with the (cos, sin) table at `cs` when non-zero
-    /// ([`CudaBackend::with_rope_cs_table`]; the vectorised kernel only). Arguments checked by
+    /// `qk_norm_rope_*_bf16` over the heads of `qkv` that `which` names. Arguments checked by
     /// the caller ([`CudaBackend::check_qk_norm_rope`]).
     pub(super) fn qk_norm_rope_launch(
         &self,
@@ -211,7 +212,6 @@ impl CudaBackend {
         positions: &[u32],
         rope: &Rope,
         which: QkHeads,
-        cs: u64,
     ) -> Result<()> {
         let QkNorm {
             q: q_norm,
@@ -224,9 +224,9 @@ impl CudaBackend {
             head_dim: hd,
         } = shape;
         // k heads only: the kernel sees the row from the first k column on, with no q heads.
-        let (first_col, heads) = match which {
-            QkHeads::QAndK => (0, heads),
-            QkHeads::KOnly => (heads * hd, 0),
+        let (first_col, heads, cs) = match which {
+            QkHeads::QAndK => (0, heads, 0),
+            QkHeads::KOnly { cs } => (heads * hd, 0, cs),
         };
         let warps = qkv.rows * (heads + kv_heads);
         if warps == 0 {
@@ -234,13 +234,14 @@ impl CudaBackend {
         }
         // The vectorised kernel covers head dims that are whole 16-byte chunks and rotary parts
         // that whole chunks cover (rotate-half: pairs a power-of-two number of chunks apart).
-        let func = if Self::qk_norm_rope_vec_fits(hd, qkv.cols, rope) {
+        let vec = Self::qk_norm_rope_vec_fits(hd, qkv.cols, rope);
+        let func = if vec {
             "qk_norm_rope_vec_bf16"
         } else {
             "qk_norm_rope_bf16"
         };
         ensure!(
-            cs == 0 || func == "qk_norm_rope_vec_bf16",
+            cs == 0 || vec,
             "qk_norm_rope: a (cos, sin) table needs the vectorised kernel"
         );
         let f = self.kernels.get("attention", func)?;
@@ -268,7 +269,7 @@ impl CudaBackend {
                 .arg(freqs)
                 .arg(&rd)
                 .arg(&inter);
-            if func == "qk_norm_rope_vec_bf16" {
+            if vec {
                 b.arg(&cs);
             }
             // SAFETY: (bf16*, ll, ll, int, int, int, const bf16*, const bf16*, float, const u32*,
@@ -386,11 +387,9 @@ impl CudaBackend {
             // walks its column chunk down the rows, 4 rows' loads at a time.
             grid_dim: (
                 x_blocks,
-                gu.rows
-                    .min(
-                        (8 * self.info.multiprocessors.max(1) as usize).div_ceil(x_blocks as usize),
-                    )
-                    .max(1) as u32,
+                gu.rows.min(
+                    (8 * self.info.multiprocessors.max(1) as usize).div_ceil(x_blocks as usize),
+                ) as u32,
                 1,
             ),
             block_dim: (256, 1, 1),

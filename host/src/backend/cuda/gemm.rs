@@ -92,6 +92,17 @@ pub(crate) struct GemmOperands {
     pub y: u64,
 }
 
+impl GemmOperands {
+    /// Alignment (bytes, ≤ 256) that every operand pointer has: algorithms are chosen for it.
+    fn align(&self) -> u32 {
+        [self.x, self.w, self.y]
+            .iter()
+            .map(|p| 1u32 << p.trailing_zeros().min(8))
+            .min()
+            .unwrap_or(256)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct PlanKey {
     rows: usize,
@@ -428,14 +439,7 @@ impl Gemms {
         beta: f32,
         gemm_ex: &dyn Fn(u64, f32) -> Result<()>,
     ) -> Result<bool> {
-        let GemmOperands {
-            x,
-            rows,
-            w,
-            out,
-            inp,
-            y,
-        } = g;
+        let GemmOperands { rows, out, inp, .. } = g;
         let mode = self.mode();
         let Some(st) = self.lt.as_ref() else {
             return Ok(false);
@@ -444,11 +448,7 @@ impl Gemms {
             return Ok(false);
         }
         let flops = 2.0 * rows as f64 * out as f64 * inp as f64;
-        let align = [x, w, y]
-            .iter()
-            .map(|p| 1u32 << p.trailing_zeros().min(8))
-            .min()
-            .unwrap_or(256);
+        let align = g.align();
         let key = PlanKey {
             rows,
             out,
@@ -950,7 +950,7 @@ impl CudaBackend {
     /// power-limited, and a cold card runs a short burst at a higher clock than a forward keeps),
     /// then `rounds` interleaved rounds of `reps` launches per candidate, each candidate's mean
     /// over the rounds. The tuner ([`Gemms::plan`]) times bursts instead; this measures whether
-    /// its ranking survives. Also returns the candidates' cuBLASLt algorithm ids.
+    /// its ranking survives; candidate i is the tuner's candidate i (`TuneRecord::best_index`).
     pub fn gemm_candidates_sustained(
         &self,
         x: &CudaTensor,
@@ -959,7 +959,7 @@ impl CudaBackend {
         heat_ms: f64,
         rounds: usize,
         reps: usize,
-    ) -> Result<Vec<(i32, f64)>> {
+    ) -> Result<Vec<f64>> {
         let st = self
             .gemm
             .lt
@@ -968,12 +968,7 @@ impl CudaBackend {
         let y = self.alloc::<half::bf16>(x.rows * w.out)?;
         let g = self.operands(x, w, self.ptr(&y));
         let plan = Plan::new(g.rows, g.out, g.inp, OutType::Bf16)?;
-        let align = [g.x, g.w, g.y]
-            .iter()
-            .map(|p| 1u32 << p.trailing_zeros().min(8))
-            .min()
-            .unwrap_or(256);
-        let cands = heuristic(st, &plan, align, CANDIDATES)?;
+        let cands = heuristic(st, &plan, g.align(), CANDIDATES)?;
         ensure!(!cands.is_empty(), "no cuBLASLt candidate");
         let ev = || {
             self.ctx
@@ -1000,31 +995,10 @@ impl CudaBackend {
                 sum[i] += time(i, reps)?;
             }
         }
-        Ok(cands
+        Ok(sum
             .iter()
-            .zip(&sum)
             .zip(&usable)
-            .map(|((c, s), u)| {
-                let id = algo_id(c);
-                (id, if *u { s / rounds as f64 } else { f64::NAN })
-            })
+            .map(|(s, u)| if *u { s / rounds as f64 } else { f64::NAN })
             .collect())
     }
-}
-
-/// cuBLASLt's id of an algorithm (`CUBLASLT_ALGO_CONFIG_ID`), -1 if it cannot be read.
-fn algo_id(a: &lt::cublasLtMatmulAlgo_t) -> i32 {
-    let mut id: i32 = -1;
-    let mut written = 0usize;
-    // SAFETY: a valid algorithm struct; 4-byte attribute into a local.
-    unsafe {
-        let _ = lt::cublasLtMatmulAlgoConfigGetAttribute(
-            a,
-            lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_ID,
-            &mut id as *mut i32 as *mut c_void,
-            4,
-            &mut written,
-        );
-    }
-    id
 }

@@ -102,9 +102,7 @@ impl Nvml {
         let rc = unsafe { (self.utilization)(self.device, &mut u) };
         (rc == 0).then(|| f64::from(u.gpu.min(100)) / 100.0)
     }
-}
 
-impl Nvml {
     /// The device's NVML handle for CUDA device `ordinal`.
     pub fn for_ordinal(ordinal: usize) -> Result<Nvml> {
         Nvml::open(&pci_bus_id(ordinal)?)
@@ -151,7 +149,7 @@ fn pci_bus_id(ordinal: usize) -> Result<String> {
 /// Feeds the timeline with this device's utilisation for the rest of the process, when NVML is
 /// there (else the timeline shows no GPU figure, and says nothing more: it is a diagnostic).
 pub fn start_timeline_sampler(ordinal: usize) {
-    match pci_bus_id(ordinal).and_then(|id| Nvml::open(&id)) {
+    match Nvml::for_ordinal(ordinal) {
         Ok(nvml) => crate::timeline::start_gpu_sampler(move || nvml.gpu_busy()),
         Err(e) => tracing::debug!("no GPU utilisation for the timeline: {e:#}"),
     }
