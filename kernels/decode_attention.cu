@@ -18,17 +18,21 @@
 // Split-KV (flash-decoding): the len_r + 1 keys of sequence r are cut into S_r = ⌈(len_r + 1) /
 // C_r⌉ chunks of C_r keys (the last one shorter), C_r = da_chunk_len(len_r): the smallest
 // DA_CHUNK_MIN · 2^i that makes at most DA_CHUNKS_MAX chunks (32 keys up to 4 096, 256 keys at
-// 32 k; host/src/backend/cuda/decode.rs decode_attn_chunk_len). One block per (chunk c, KV head h,
-// sequence r): a block walks its chunk in tiles of 32 keys staged in shared memory, so short chunks
-// keep that walk short and spread even one sequence's step over many blocks. With S_r = 1 the block
-// normalises and writes the bf16 output itself: exactly the arithmetic of the unsplit kernel.
-// With S_r > 1 every block writes its partial (running max m_c, sum l_c, unnormalised fp32 O_c)
-// to the scratch and counts itself in the (sequence, KV head)'s arrival counter; the last block to
-// arrive merges the partials in chunk order 0, 1, …, S_r − 1 (the threadfence-reduction pattern,
-// as decode_gemm.cu's split-K) and resets the counter for the next launch. Batch invariance: S_r, C_r and the chunk boundaries are a function of len_r alone, the key
-// order inside a chunk and the combine order are fixed, and `nchunks` (the launch's largest S,
-// which does depend on the batch) only places the partials in the scratch. So a sequence's result
-// never depends on which or how many sequences share the launch.
+// 32 k; host/src/backend/cuda/decode.rs decode_attn_chunk_len). Each chunk is walked in tiles of 32
+// keys staged in shared memory from a fresh running max and sum, so short chunks spread even one
+// sequence's step over many blocks. The launch gives each (sequence, KV head) up to `bps` blocks,
+// each walking a run of consecutive chunks (one chunk per block when a step has few sequences,
+// several when it has many, so that the launch stays one wave). With S_r = 1 the block normalises
+// and writes the bf16 output itself: exactly the arithmetic of the unsplit kernel. With S_r > 1
+// every chunk's partial (running max m_c, sum l_c, unnormalised fp32 O_c) goes to the scratch; when
+// several blocks share the sequence, each counts itself in the (sequence, KV head)'s arrival
+// counter and the last to arrive merges the partials in chunk order 0, 1, …, S_r − 1 (the
+// threadfence-reduction pattern, as decode_gemm.cu's split-K) and resets the counter for the next
+// launch; a block that walked every chunk merges them itself. Batch invariance: S_r, C_r and the
+// chunk boundaries are a function of len_r alone, the key order inside a chunk and the combine
+// order are fixed, and `nchunks` (the launch's largest S) and `bps` (which do depend on the batch)
+// only place the partials in the scratch and decide which block walks a chunk. So a sequence's
+// result never depends on which or how many sequences share the launch.
 //
 // Numerics (as flash_attention2 in attention.cu): scores q·k in fp32 (one lane per key, summed in
 // dimension order) scaled by log2(e)/√hd; a running max and sum in fp32, updated once per tile of 32
@@ -180,29 +184,72 @@ struct DaShared {
 // Partials: po [R, heads, nchunks, HD] fp32 (unnormalised O), pml [R, heads, nchunks] (m, l);
 // cnt [R, kv_heads] arrival counters, zero between launches.
 //
-// One block per (chunk c, KV head h, sequence r), one warp per query head of the group (G warps).
-// The chunk's keys go through shared memory DA_TILE at a time, loaded by the whole block with
-// 16-byte loads (the new key from shared memory, the new value from vnew); then each warp
+// Blocks per (KV head h, sequence r): nb = min(bps, S_r), block b walking the chunks
+// [b·S_r/nb, (b+1)·S_r/nb) one after another, each from a fresh (m, l, O) exactly as if it had a
+// block of its own. `bps` is the launch's blocks per sequence (the host sizes it so one launch is
+// one wave of blocks: a step of one sequence gets a block per chunk, a 64-sequence step one or two
+// blocks per (sequence, KV head) instead of ~6 waves of one-tile blocks). Which block walks a chunk
+// changes no arithmetic, so `bps` does not touch a row's bits (cuda_decode asserts it).
+//
+// Per block, one warp per query head of the group (G warps). The chunk's keys go through shared
+// memory DA_TILE at a time, copied by the whole block with cp.async (the next tile's copies are
+// issued as soon as the current tile is consumed, the first tile's before the q norm); the new key
+// comes from shared memory and the new value from vnew, written by plain stores. Then each warp
 //   - scores the tile with one key per lane: s = (q · k) · log2(e)/√hd, the dot product summed in
 //     dimension order in fp32;
 //   - updates its running max m (warp max over the tile) and sum l (+ the warp sum of
 //     p = exp2(s − m)), and rescales its fp32 O by exp2(m_old − m);
 //   - adds bf16(p_j) · v_j for j = 0..31 in key order, each lane holding hd/32 dimensions.
 // Every lane ends with the same m and l (butterfly reductions are bitwise the same on all lanes).
+
+// The block's copies of keys t0..=min(t0 + DA_TILE − 1, je) of KV head h into the tile (rows past
+// je are never read; the new key at position len is stored by da_tile_new_row).
+template <int HD, int G>
+__device__ __forceinline__ void da_tile_copy(DaShared<HD>& sh, const bf16_t* kc, const bf16_t* vc, long long kvd,
+                                             int h, int len, int t0, int je) {
+    constexpr int ROW_CHUNKS = HD / 8;
+    for (int i = threadIdx.x; i < DA_TILE * ROW_CHUNKS; i += G * 32) {
+        const int row = i / ROW_CHUNKS, col = (i % ROW_CHUNKS) * 8;
+        const int j = t0 + row;
+        if (j < len && j <= je) {
+            cp_async16(&sh.k[row][col], kc + j * kvd + h * HD + col);
+            cp_async16(&sh.v[row][col], vc + j * kvd + h * HD + col);
+        }
+    }
+    cp_async_commit();
+}
+
+// The new key (normalised, from shared memory) and value as row len − t0 of the tile, when this
+// tile holds position len: by the threads that would have copied that row.
+template <int HD, int G>
+__device__ __forceinline__ void da_tile_new_row(DaShared<HD>& sh, const bf16_t* vn, int len, int t0, int je) {
+    constexpr int ROW_CHUNKS = HD / 8;
+    if (je != len || len - t0 >= DA_TILE) return;
+    const int row = len - t0;
+    for (int i = threadIdx.x; i < DA_TILE * ROW_CHUNKS; i += G * 32) {
+        if (i / ROW_CHUNKS != row) continue;
+        const int col = (i % ROW_CHUNKS) * 8;
+        *(uint4*)&sh.k[row][col] = *(const uint4*)&sh.knew[col];
+        *(uint4*)&sh.v[row][col] = *(const uint4*)(vn + col);
+    }
+}
+
 template <int HD, int G>
 __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew,
                                  const bf16_t* __restrict__ vnew, long long ldq, long long ldkv,
                                  bf16_t* __restrict__ out, const DaTable& tab, const DaNorm& nm, int heads,
-                                 int kv_heads, float scale_log2, int nchunks, float* __restrict__ po,
+                                 int kv_heads, float scale_log2, int nchunks, int bps, float* __restrict__ po,
                                  float2* __restrict__ pml, u32* __restrict__ cnt, DaShared<HD>& sh) {
     constexpr int DPL = HD / 32;
     constexpr int ROW_CHUNKS = HD / 8;  // 16-byte chunks per K/V row
     __shared__ int s_last;
-    const int c = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
+    const int b = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
     const int len = tab.len[r];
     const int chunk = da_chunk_len(len);
     const int nc = len / chunk + 1;
-    if (c >= nc) return;  // a shorter sequence than the launch's longest (block-uniform)
+    const int nb = min(bps, nc);
+    if (b >= nb) return;  // a shorter sequence than the launch's longest (block-uniform)
+    const int cb = b * nc / nb, ce = (b + 1) * nc / nb;  // this block's chunks [cb, ce)
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int qh = h * G + w;
     const long long kvd = (long long)kv_heads * HD, qd = (long long)heads * HD;
@@ -211,9 +258,11 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
     const bf16_t* kn = knew + r * ldkv + h * HD;
     const bf16_t* vn = vnew + r * ldkv + h * HD;
     const bool norm = nm.wq != nullptr;
-    if (c == nc - 1 && w == 0) {
-        // The new key (normalised and rotated with DaNorm) into shared memory for this block's
-        // last tile, and the append (positions < len are only read by the other blocks).
+    // The first tile's copies fly while q and the new key are normalised.
+    da_tile_copy<HD, G>(sh, kc, vc, kvd, h, len, cb * chunk, min(len, cb * chunk + chunk - 1));
+    if (ce == nc && w == 0) {
+        // The new key (normalised and rotated with DaNorm) into shared memory for the last tile,
+        // and the append (positions < len are only read by the other blocks).
         if (norm) {
             float f[8];
             const int ch = da_norm_rope<HD>(kn, nm.wk, tab.pos[r], nm, f);
@@ -243,29 +292,24 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
 #pragma unroll
         for (int d = 0; d < DPL; ++d) sh.q[w][lane * DPL + d] = f[d];
     }
-    // This block's keys: jb..=je (all of 0..=len when nc = 1).
-    const int jb = c * chunk;
-    const int je = min(len, jb + chunk - 1);
-    float m = -DL_INF, l = 0.f, o[DPL];
+    __syncthreads();  // q and the new key are in shared memory
+    // The block's keys kb..=ke are whole 32-key tiles of consecutive chunks (a chunk is a multiple
+    // of 32 keys): one walk over them, a chunk's state started at its first tile and its partial
+    // written after its last.
+    const int kb = cb * chunk, ke = min(len, ce * chunk - 1);
+    float m = -DL_INF, l = 0.f, o[DPL] = {};
+    for (int t0 = kb; t0 <= ke; t0 += DA_TILE) {
+        const int jb = t0 - t0 % chunk;        // this tile's chunk: keys jb..=je
+        const int je = min(len, jb + chunk - 1);
+        if (t0 == jb) {
+            m = -DL_INF;
+            l = 0.f;
 #pragma unroll
-    for (int d = 0; d < DPL; ++d) o[d] = 0.f;
-    for (int t0 = jb; t0 <= je; t0 += DA_TILE) {
-        __syncthreads();  // the previous tile is consumed (and q, the new key are stored, at the first)
-        for (int i = threadIdx.x; i < DA_TILE * ROW_CHUNKS; i += G * 32) {
-            const int row = i / ROW_CHUNKS, col = (i % ROW_CHUNKS) * 8;
-            const int j = t0 + row;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (j < len && j <= je) {
-                kv = *(const uint4*)(kc + j * kvd + h * HD + col);
-                vv = *(const uint4*)(vc + j * kvd + h * HD + col);
-            } else if (j == len) {
-                kv = *(const uint4*)&sh.knew[col];
-                vv = *(const uint4*)(vn + col);
-            }
-            *(uint4*)&sh.k[row][col] = kv;
-            *(uint4*)&sh.v[row][col] = vv;
+            for (int d = 0; d < DPL; ++d) o[d] = 0.f;
         }
-        __syncthreads();
+        da_tile_new_row<HD, G>(sh, vn, len, t0, je);
+        cp_async_wait_all();
+        __syncthreads();  // the tile has landed
         // Scores: lane = key.
         const int j = t0 + lane;
         float s = -DL_INF;
@@ -281,7 +325,7 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
             s = acc * scale_log2;
         }
         const float mc = fmaxf(m, warp_max(s));
-        const float corr = exp2f(m - mc);  // 0 at the first tile (m = -inf)
+        const float corr = exp2f(m - mc);  // 0 at the chunk's first tile (m = -inf)
         const float p = j <= je ? exp2f(s - mc) : 0.f;
         l = l * corr + warp_sum(p);
 #pragma unroll
@@ -296,53 +340,82 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
             for (int d = 0; d < DPL; ++d) o[d] += pj * vf[d];
         }
         m = mc;
-    }
-    const int d0 = lane * DPL;
-    float res[DPL];
-    if (nc == 1) {
-        const float inv = 1.f / l;
+        __syncthreads();  // the tile is consumed: the next one may be copied in
+        const int tn = t0 + DA_TILE;
+        if (tn <= ke) da_tile_copy<HD, G>(sh, kc, vc, kvd, h, len, tn, min(len, tn - tn % chunk + chunk - 1));
+        if (tn <= je) continue;
+        // The chunk's last tile.
+        const int d0 = lane * DPL;
+        if (nc == 1) {
+            const float inv = 1.f / l;
+            float res[DPL];
 #pragma unroll
-        for (int d = 0; d < DPL; ++d) res[d] = o[d] * inv;
-        da_store_bf16<DPL>(out + r * qd + qh * HD + d0, res);
-        return;
+            for (int d = 0; d < DPL; ++d) res[d] = o[d] * inv;
+            da_store_bf16<DPL>(out + r * qd + qh * HD + d0, res);
+            return;
+        }
+        const long long pc = ((long long)r * heads + qh) * nchunks + t0 / chunk;
+        float* dst = po + pc * HD + d0;
+#pragma unroll
+        for (int d = 0; d < DPL; d += 2) *(float2*)(dst + d) = make_float2(o[d], o[d + 1]);
+        if (lane == 0) pml[pc] = make_float2(m, l);
+    }
+    if (nb > 1) {
+        // The last of the (sequence, KV head)'s nb blocks merges every chunk's partial.
+        __threadfence();
+        __syncthreads();
+        u32* count = cnt + (long long)r * kv_heads + h;
+        if (threadIdx.x == 0) s_last = atomicAdd(count, 1u) == (u32)(nb - 1);
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+        if (threadIdx.x == 0) *count = 0u;  // ready for the next launch
+    } else {
+        // One block walked every chunk: each warp reads back its own partials (lane 0's (m, l)
+        // through L2, as the other blocks' would be).
+        __threadfence();
+        __syncwarp();
     }
     const long long p0 = ((long long)r * heads + qh) * nchunks;
-    float* dst = po + (p0 + c) * HD + d0;
-#pragma unroll
-    for (int d = 0; d < DPL; d += 2) *(float2*)(dst + d) = make_float2(o[d], o[d + 1]);
-    if (lane == 0) pml[p0 + c] = make_float2(m, l);
-    // The last of the sequence's nc blocks for this KV head merges every chunk's partial.
-    __threadfence();
-    __syncthreads();
-    u32* count = cnt + (long long)r * kv_heads + h;
-    if (threadIdx.x == 0) s_last = atomicAdd(count, 1u) == (u32)(nc - 1);
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
+    const int d0 = lane * DPL;
     // The merge: each chunk rescaled by exp2(m_c − max_c m_c) in fp32 (O and l alike), summed in
     // chunk order 0..nc−1 (L2 loads: the other blocks' partials never passed through this L1).
+    // The maximum is exact in any order, so the lanes take a chunk each; the sums keep chunk
+    // order, with MB chunks' loads in flight before the first is added.
     float mx = -DL_INF;
-    for (int cc = 0; cc < nc; ++cc) mx = fmaxf(mx, __ldcg(&pml[p0 + cc]).x);
+    for (int cc = lane; cc < nc; cc += 32) mx = fmaxf(mx, __ldcg(&pml[p0 + cc]).x);
+    mx = warp_max(mx);
+    constexpr int MB = DPL <= 4 ? 4 : 2;
     float lsum = 0.f, acc[DPL];
 #pragma unroll
     for (int d = 0; d < DPL; ++d) acc[d] = 0.f;
-    for (int cc = 0; cc < nc; ++cc) {
-        const float2 ml = __ldcg(&pml[p0 + cc]);
-        const float a = exp2f(ml.x - mx);
-        lsum += ml.y * a;
-        const float* src = po + (p0 + cc) * HD + d0;
+    for (int c0 = 0; c0 < nc; c0 += MB) {
+        float2 ml[MB], v[MB][DPL / 2];
 #pragma unroll
-        for (int d = 0; d < DPL; d += 2) {
-            const float2 v = __ldcg((const float2*)(src + d));
-            acc[d] += v.x * a;
-            acc[d + 1] += v.y * a;
+        for (int u = 0; u < MB; ++u) {
+            if (c0 + u >= nc) break;
+            ml[u] = __ldcg(&pml[p0 + c0 + u]);
+            const float* src = po + (p0 + c0 + u) * HD + d0;
+#pragma unroll
+            for (int d = 0; d < DPL; d += 2) v[u][d / 2] = __ldcg((const float2*)(src + d));
+        }
+#pragma unroll
+        for (int u = 0; u < MB; ++u) {
+            if (c0 + u >= nc) break;
+            const float a = exp2f(ml[u].x - mx);
+            lsum += ml[u].y * a;
+#pragma unroll
+            for (int d = 0; d < DPL; d += 2) {
+                acc[d] += v[u][d / 2].x * a;
+                acc[d + 1] += v[u][d / 2].y * a;
+            }
         }
     }
     const float inv = 1.f / lsum;
+    float res[DPL];
 #pragma unroll
     for (int d = 0; d < DPL; ++d) res[d] = acc[d] * inv;
     da_store_bf16<DPL>(out + r * qd + qh * HD + d0, res);
-    if (threadIdx.x == 0) *count = 0u;  // ready for the next launch
 }
 
 // One instance per head dim and group size (query heads per KV head, ≤ 8): the group sizes the
@@ -354,13 +427,13 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
 #define DA_GROUP_CASE(HD, G)                                                                          \
     case G:                                                                                           \
         decode_attention<HD, G>(q, knew, vnew, ldq, ldkv, out, tab, nm, heads, kv_heads, scale_log2,   \
-                                nchunks, po, pml, cnt, sh);                                           \
+                                nchunks, bps, po, pml, cnt, sh);                                           \
         break;
 #define DA_ENTRY(HD, MINB)                                                                                    \
     extern "C" __global__ void __launch_bounds__(256, MINB) decode_attention_hd##HD(                          \
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew, const bf16_t* __restrict__ vnew,       \
         long long ldq, long long ldkv, bf16_t* __restrict__ out, const __grid_constant__ DaTable tab,         \
-        const __grid_constant__ DaNorm nm, int heads, int kv_heads, float scale_log2, int nchunks,            \
+        const __grid_constant__ DaNorm nm, int heads, int kv_heads, float scale_log2, int nchunks, int bps,   \
         float* __restrict__ po, float2* __restrict__ pml, u32* __restrict__ cnt) {                            \
         __shared__ __align__(16) DaShared<HD> sh;                                                             \
         switch (heads / kv_heads) {                                                                           \

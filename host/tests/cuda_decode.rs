@@ -10,7 +10,7 @@
 use draftlens::backend::cpu::{CpuBackend, CpuTensor};
 use draftlens::backend::cuda::{
     decode_attn_chunk_len, decode_attn_chunks, CudaBackend, CudaTensor, DecodeGemmKernel,
-    MAX_DECODE_ROWS,
+    DECODE_ATTN_MAX_CHUNKS, MAX_DECODE_ROWS,
 };
 use draftlens::backend::Backend;
 use draftlens::generate::{greedy, greedy_batch, Continuation, StopReason};
@@ -554,8 +554,32 @@ fn split_kv_decode_attention_rows_do_not_depend_on_the_batch() {
                 assert!(bits(&be, cx) == bits(&be, cy), "cache {r} contents");
             }
         }
+        // However many blocks share a sequence's chunks (one walking them all, two or three
+        // runs of them), the bits are those of one block per chunk.
+        for blocks in [1, 2, 3] {
+            be.set_decode_attention_blocks(Some(blocks));
+            let mut again = split_caches(&be, &lens, kvd, 500);
+            let out = be
+                .attention_decode(&q, &k, &v, shape, &mut slots(&mut again))
+                .unwrap();
+            be.set_decode_attention_blocks(None);
+            for r in 0..rows {
+                assert!(
+                    bits(&be, &out)[r * width..(r + 1) * width] == got[r * width..(r + 1) * width],
+                    "{heads}/{kv_heads}×{hd}: sequence {r} ({} chunks) differs with {blocks} block(s) per sequence",
+                    decode_attn_chunks(lens[r])
+                );
+                for (cx, cy) in [(&again[r].0, &batch[r].0), (&again[r].1, &batch[r].1)] {
+                    let (cx, cy) = (cx.as_ref().unwrap(), cy.as_ref().unwrap());
+                    assert!(
+                        bits(&be, cx) == bits(&be, cy),
+                        "cache {r} contents, {blocks} block(s)"
+                    );
+                }
+            }
+        }
         println!(
-            "split-KV {heads}/{kv_heads}×{hd}: {rows} sequences bit-identical alone and batched"
+            "split-KV {heads}/{kv_heads}×{hd}: {rows} sequences bit-identical alone, batched and with 1–3 blocks per sequence"
         );
     }
 }
@@ -703,14 +727,16 @@ fn fused_decode_qkv_attention_is_bit_identical_to_the_unfused_composition() {
                     eps: 1e-6,
                 })
             };
-            // Rows `range` as one step: the whole batch is several waves of attention blocks
-            // (the separate norm launch), one sequence alone is one wave (the norm inside the
-            // attention kernel); both must give the composition's bits.
-            let check = |range: std::ops::Range<usize>| {
+            // Rows `range` as one step, with the launch's blocks per sequence as the backend
+            // sizes them (one wave: the norm inside the attention kernel), forced to one (one
+            // block walks every chunk of a sequence) and to one per chunk (several waves of
+            // blocks: the separate norm launch); all must give the composition's bits.
+            let check = |range: std::ops::Range<usize>, blocks: Option<usize>| {
                 let sub = || be.slice_rows(&qkv, range.start, range.end).unwrap();
                 let (l, p) = (&lens[range.clone()], &positions[range.clone()]);
                 let mut fused_caches = split_caches(&be, l, kvd, 900);
                 let mut plain_caches = split_caches(&be, l, kvd, 900);
+                be.set_decode_attention_blocks(blocks);
                 let fused = be
                     .attention_decode_qkv(
                         sub(),
@@ -721,6 +747,7 @@ fn fused_decode_qkv_attention_is_bit_identical_to_the_unfused_composition() {
                         &mut slots(&mut fused_caches),
                     )
                     .unwrap();
+                be.set_decode_attention_blocks(None);
                 let plain = attention_decode_qkv_unfused(
                     &be,
                     sub(),
@@ -733,7 +760,7 @@ fn fused_decode_qkv_attention_is_bit_identical_to_the_unfused_composition() {
                 .unwrap();
                 assert!(
                     bits(&be, &fused) == bits(&be, &plain),
-                    "{heads}/{kv_heads}×{hd}, rows {range:?}: fused decode attention differs from the composition"
+                    "{heads}/{kv_heads}×{hd}, rows {range:?}, blocks {blocks:?}: fused decode attention differs from the composition"
                 );
                 for (r, (x, y)) in fused_caches.iter().zip(&plain_caches).enumerate() {
                     for (cx, cy) in [(&x.0, &y.0), (&x.1, &y.1)] {
@@ -743,9 +770,11 @@ fn fused_decode_qkv_attention_is_bit_identical_to_the_unfused_composition() {
                     }
                 }
             };
-            check(0..rows);
+            for blocks in [None, Some(1), Some(DECODE_ATTN_MAX_CHUNKS)] {
+                check(0..rows, blocks);
+            }
             for r in 0..rows {
-                check(r..r + 1);
+                check(r..r + 1, None);
             }
             println!("fused decode qkv {heads}/{kv_heads}×{hd}, rotary {rotary_dim} {style:?}: {rows} sequences bit-identical to the composition, batched and alone");
         }

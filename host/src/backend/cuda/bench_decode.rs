@@ -294,7 +294,14 @@ fn small_ops(be: &CudaBackend, d: usize) -> Result<Value> {
         kv_heads: 8,
         head_dim: 128,
     };
-    for (rows, len) in [(1usize, 64usize), (1, 256), (1, 1024), (1, 4096), (64, 256)] {
+    for (rows, len) in [
+        (1usize, 64usize),
+        (1, 256),
+        (1, 1024),
+        (1, 4096),
+        (64, 256),
+        (64, 1024),
+    ] {
         let kvd = shape.kv_heads * shape.head_dim;
         let q = be.random_tensor(rows, shape.heads * shape.head_dim, 1.0, 0.0, 9)?;
         let k = be.random_tensor(rows, kvd, 1.0, 0.0, 10)?;
@@ -308,20 +315,34 @@ fn small_ops(be: &CudaBackend, d: usize) -> Result<Value> {
             })
             .collect::<Result<_>>()?;
         let calls = 20;
-        let t = time_median(be, 1, 5, || {
-            for _ in 0..calls {
-                let mut slots: Vec<KvSlot<'_, CudaTensor>> =
-                    caches.iter_mut().map(|(k, v)| KvSlot { k, v }).collect();
-                be.attention_decode(&q, &k, &v, shape, &mut slots)?;
-            }
-            Ok(())
-        })? / calls as f64;
+        // As the backend sizes the launch (one wave), then with one block per key chunk (the
+        // kernel's scheduling before session 17): the same bits, so only the time differs.
+        let mut time = |blocks: Option<usize>| -> Result<f64> {
+            be.set_decode_attention_blocks(blocks);
+            let t = time_median(be, 1, 5, || {
+                for _ in 0..calls {
+                    let mut slots: Vec<KvSlot<'_, CudaTensor>> =
+                        caches.iter_mut().map(|(k, v)| KvSlot { k, v }).collect();
+                    be.attention_decode(&q, &k, &v, shape, &mut slots)?;
+                }
+                Ok(())
+            });
+            be.set_decode_attention_blocks(None);
+            Ok(t? / calls as f64)
+        };
+        let t = time(None)?;
+        let per_chunk = time(Some(super::DECODE_ATTN_MAX_CHUNKS))?;
         println!(
-            "  decode attention, {rows} sequence(s) of ~{len} keys, 32/8 heads of 128 ({} chunks): {:.1} us per call",
+            "  decode attention, {rows} sequence(s) of ~{len} keys, 32/8 heads of 128 ({} chunks): {:.1} us per call (one block per chunk: {:.1} us)",
             super::decode_attn_chunks(len),
-            t * 1e6
+            t * 1e6,
+            per_chunk * 1e6
         );
         out.insert(format!("attention_{rows}x{len}"), json!(t * 1e6));
+        out.insert(
+            format!("attention_{rows}x{len}_block_per_chunk"),
+            json!(per_chunk * 1e6),
+        );
     }
     Ok(Value::Object(out))
 }
@@ -329,6 +350,14 @@ fn small_ops(be: &CudaBackend, d: usize) -> Result<Value> {
 /// The whole section: copy rate, GEMM bandwidth, model decode. `DECODE_ALONE=N` (default 64)
 /// decodes only the first N of the 64 prompts one at a time and extrapolates (device time).
 pub fn run(be: &CudaBackend, quick: bool) -> Result<Value> {
+    // `DECODE_ATTN_BLOCKS=N`: every decode attention with N blocks per (sequence, KV head), for
+    // an A/B of whole steps (128: one block per key chunk, the scheduling before session 17).
+    if let Ok(v) = std::env::var("DECODE_ATTN_BLOCKS") {
+        let n: usize = v
+            .parse()
+            .map_err(|e| anyhow::anyhow!("DECODE_ATTN_BLOCKS={v}: {e}"))?;
+        be.set_decode_attention_blocks(Some(n));
+    }
     let copy_rate = copy_bandwidth(be, 4 << 30)?;
     println!(
         "decode: device copy {:.2} TB/s (read + write)",

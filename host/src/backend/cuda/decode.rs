@@ -17,6 +17,7 @@ use crate::backend::{attention_decode_per_row, AttnShape, KvSlot, QkNorm, Rope, 
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// Most rows whose GEMMs go through the batch-invariant kernel: its n8 row tiles cover at most
@@ -131,6 +132,10 @@ pub(crate) struct DecodeScratch {
     splits_override: Option<usize>,
     /// Benchmarks and tests ([`CudaBackend::set_decode_gemm_kernel`]).
     kernel: DecodeGemmKernel,
+    /// Benchmarks and tests ([`CudaBackend::set_decode_attention_blocks`]).
+    attn_blocks_override: Option<usize>,
+    /// Decode-attention blocks resident per multiprocessor, by (entry function, group size).
+    attn_resident: HashMap<(&'static str, usize), usize>,
 }
 
 pub(crate) type DecodeState = Mutex<DecodeScratch>;
@@ -267,6 +272,45 @@ impl CudaBackend {
     /// two give the same bits).
     pub fn set_decode_gemm_kernel(&self, kernel: DecodeGemmKernel) {
         self.decode.lock().unwrap_or_else(|e| e.into_inner()).kernel = kernel;
+    }
+
+    /// Blocks per (sequence, KV head) of every decode-attention launch from now on (None: as many
+    /// as fill one wave, [`CudaBackend::decode_attention_blocks`]). Tests and A/B benchmarks only:
+    /// which block walks a key chunk changes no arithmetic, so every setting gives the same bits.
+    pub fn set_decode_attention_blocks(&self, blocks: Option<usize>) {
+        self.decode
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .attn_blocks_override = blocks.map(|b| b.max(1));
+    }
+
+    /// Blocks per (sequence, KV head) of a decode-attention launch of `rows` sequences: as many
+    /// as keep the launch within one wave of resident blocks (a one-sequence step gets a block
+    /// per key chunk, a 64-sequence step of Qwen3-8B two), at least one. More would run one-tile
+    /// blocks in several waves, each paying its loads and merge; fewer would leave
+    /// multiprocessors idle.
+    /// Also returns the wave: how many blocks of the launch are resident at once.
+    fn decode_attention_blocks(&self, shape: AttnShape, rows: usize) -> Result<(usize, usize)> {
+        let func = decode_attention_func(shape.head_dim);
+        let group = shape.heads / shape.kv_heads;
+        let mut st = self.decode.lock().unwrap_or_else(|e| e.into_inner());
+        let resident = match st.attn_resident.get(&(func, group)) {
+            Some(&n) => n,
+            None => {
+                let f = self.kernels.get("decode_attention", func)?;
+                let n = f
+                    .occupancy_max_active_blocks_per_multiprocessor((group * 32) as u32, 0, None)
+                    .map_err(derr(func))?
+                    .max(1) as usize;
+                st.attn_resident.insert((func, group), n);
+                n
+            }
+        };
+        let wave = self.info.multiprocessors.max(1) as usize * resident;
+        let blocks = st
+            .attn_blocks_override
+            .unwrap_or((wave / (rows * shape.kv_heads).max(1)).max(1));
+        Ok((blocks, wave))
     }
 
     /// `x · Wᵀ` through cuBLAS whatever the row count: the reference the decode kernel is
@@ -408,19 +452,22 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         let hd = shape.head_dim;
         let (qd, kvd) = (shape.heads * hd, shape.kv_heads * hd);
-        // The norm costs each attention block two dependent loads before its first tile; one
-        // wave of blocks pays that once, several waves (a 64-sequence step) pay it per wave,
-        // where the separate launch pays it once. On the H200 (docs/benchmarks-cuda.md, "Session
-        // 12") the in-kernel route everywhere made a Qwen3-8B step 0.2 ms faster at batch 1 and
-        // 0.2 ms slower at 64 sequences, although the same build's LM head saved 0.25 ms there.
-        // Both routes give the same bits, so the choice does not touch batch invariance.
+        // The norm costs each attention block two dependent loads (overlapping its first tile's
+        // copies); one wave of blocks pays that once, several waves pay it per wave, where the
+        // separate launch pays it once. On the H200 (docs/benchmarks-cuda.md, "Session 12") the
+        // in-kernel route everywhere made a Qwen3-8B step 0.2 ms faster at batch 1 and 0.2 ms
+        // slower at 64 sequences, when that step's attention ran ~6 waves of one-chunk blocks; it
+        // now runs one wave (`decode_attention_blocks`) wherever the sequences times KV heads fit
+        // in one. Both routes give the same bits, so the choice does not touch batch invariance.
         let longest = caches
             .iter()
             .map(|c| c.k.as_ref().map(|t| t.rows).unwrap_or(0))
             .max()
             .unwrap_or(0);
-        let blocks = qkv.rows.min(DA_MAX_ROWS) * shape.kv_heads * decode_attn_chunks(longest);
-        let one_wave = blocks <= self.info.multiprocessors.max(1) as usize * DA_BLOCKS_PER_SM;
+        let launch_rows = qkv.rows.min(DA_MAX_ROWS);
+        let (per_sequence, wave) = self.decode_attention_blocks(shape, launch_rows)?;
+        let blocks = launch_rows * shape.kv_heads * per_sequence.min(decode_attn_chunks(longest));
+        let one_wave = blocks <= wave;
         let in_kernel =
             one_wave && Self::qk_norm_in_kernel_fits(&qkv, shape, &norm, positions, rope);
         let norm_args = if in_kernel {
@@ -467,11 +514,7 @@ impl CudaBackend {
             kv_heads,
             head_dim: hd,
         } = shape;
-        let func = match hd {
-            64 => "decode_attention_hd64",
-            128 => "decode_attention_hd128",
-            _ => "decode_attention_hd256",
-        };
+        let func = decode_attention_func(hd);
         let group = heads / kv_heads;
         let rows = src.rows;
         ensure!(
@@ -568,6 +611,8 @@ impl CudaBackend {
                     0
                 };
                 let nc32 = nchunks as i32;
+                let bps = self.decode_attention_blocks(shape, i + 1)?.0.min(nchunks);
+                let bps32 = bps as i32;
                 let mut b = self.stream.launch_builder(&f);
                 b.arg(&qp)
                     .arg(&kp)
@@ -581,12 +626,13 @@ impl CudaBackend {
                     .arg(&hk32)
                     .arg(&scale_log2)
                     .arg(&nc32)
+                    .arg(&bps32)
                     .arg(&po)
                     .arg(&pml)
                     .arg(&cnt);
                 // SAFETY: signature of DA_ENTRY in kernels/decode_attention.cu (const bf16* ×3,
-                // ll, ll, bf16*, DaTable by value, DaNorm by value, int, int, float, int, float*,
-                // float2*, u32*); rows r0..=r of q/k/v (row strides ldq/ldkv) and out exist; every
+                // ll, ll, bf16*, DaTable by value, DaNorm by value, int, int, float, int, int,
+                // float*, float2*, u32*); rows r0..=r of q/k/v (row strides ldq/ldkv) and out exist; every
                 // cache has room for one more row (reserve_rows) and the table holds (k, v, len,
                 // pos) of those rows; DaNorm's pointers are null or the norm weights (hd values
                 // each) and the RoPE table (rotary_dim / 2 values); with nchunks > 1 the partials
@@ -594,7 +640,7 @@ impl CudaBackend {
                 // kv_heads zeroed words, and no sequence has more than nchunks chunks.
                 unsafe {
                     b.launch(LaunchConfig {
-                        grid_dim: (nchunks as u32, kv_heads as u32, (i + 1) as u32),
+                        grid_dim: (bps as u32, kv_heads as u32, (i + 1) as u32),
                         block_dim: ((group * 32) as u32, 1, 1),
                         shared_mem_bytes: 0,
                     })
@@ -660,13 +706,19 @@ pub fn decode_attn_chunks(len: usize) -> usize {
     len / decode_attn_chunk_len(len) + 1
 }
 
+/// The decode attention's entry function for head dim `hd` (64, 128 or 256:
+/// [`CudaBackend::decode_attention_fits`]).
+fn decode_attention_func(hd: usize) -> &'static str {
+    match hd {
+        64 => "decode_attention_hd64",
+        128 => "decode_attention_hd128",
+        _ => "decode_attention_hd256",
+    }
+}
+
 /// Sequences per decode-attention launch: the table is a kernel parameter (DA_MAX_ROWS in
 /// kernels/decode_attention.cu).
 const DA_MAX_ROWS: usize = 64;
-
-/// Blocks of the decode attention resident per multiprocessor (hd 128, a group of 4 query heads:
-/// 128 threads × 64 registers, 21 KiB of shared memory): what one wave of blocks holds.
-const DA_BLOCKS_PER_SM: usize = 8;
 
 /// `DaTable` of kernels/decode_attention.cu: per sequence the K and V cache addresses, the
 /// cached length and the new token's RoPE position, passed by value (1536 bytes of the 4 KiB

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Session 17, call 2 (target-carry/s17b: session 15's draftlens, right after call 1 while the machine
+# is warm): the same `generate` as call 1 with the binary from before this session's decode
+# attention, on the same model; the texts must be identical (the arithmetic is unchanged).
+set -u
+B=${B:-target-carry/s17b}
+O=/tmp/o2 source tools/bench/device_env.sh
+DRAFTLENS_DATA=/tmp/data-s15 DRAFTLENS_CACHE=/tmp/cache-s15 /usr/bin/time -f "%e s %M KB" timeout 300 $B/draftlens_s15 generate --backend cuda \
+  --target /tmp/q8b --prompts builtin:humaneval --limit 64 --max-new-tokens 128 --json > $O/gen_s15.json 2> $O/gen_s15.err
+echo "generate s15 rc=$?"; tail -1 $O/gen_s15.err
+python3 - "$O" <<'PY'
+import json, sys
+o = sys.argv[1]
+a, b = json.load(open(f"{o}/gen_s15.json")), json.load(open("/tmp/gen_new.json"))
+same = sum(x["text"] == y["text"] and x["new_tokens"] == y["new_tokens"] for x, y in zip(a, b))
+print(f"generate: {same} of {len(a)} continuations identical (session 15 binary vs new), {sum(x['new_tokens'] for x in b)} new tokens")
+PY
+tar czf $OUT/all.tgz -C $O .
