@@ -368,7 +368,7 @@ __device__ void fa2_q_norm_rope(bf16_t* Qs, const float2* cs_s, const FaQNorm& q
             unpack8(*(const uint4*)swz<HD>(Qs, r, c * 8), f);
             unpack8(*(const uint4*)(qn.wq + c * 8), wf);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) y[j] = rb(rb(f[j] * rr) * wf[j]);
+            for (int j = 0; j < 8; ++j) y[j] = rb(qk_norm_value(f[j], rr, wf[j]));
         };
 #pragma unroll 1
         for (int c = 0; c < CPR; ++c) {
@@ -381,8 +381,8 @@ __device__ void fa2_q_norm_rope(bf16_t* Qs, const float2* cs_s, const FaQNorm& q
                 for (int j = 0; j < 8; j += 2) {
                     const float2 t = cs[(c * 8 + j) >> 1];
                     const float a = ya[j], b = ya[j + 1];
-                    out[j] = rb(a * t.x) + rb(-b * t.y);
-                    out[j + 1] = rb(b * t.x) + rb(a * t.y);
+                    out[j] = rope_pair_a(a, b, t.x, t.y);
+                    out[j + 1] = rope_pair_b(a, b, t.x, t.y);
                 }
             } else if ((c & P) == 0) {
                 // Chunk c holds the "a" halves of its pairs, chunk c | P the "b" halves.
@@ -392,8 +392,8 @@ __device__ void fa2_q_norm_rope(bf16_t* Qs, const float2* cs_s, const FaQNorm& q
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
                     const float2 t = cs[(c & (P - 1)) * 8 + j];
-                    out[j] = rb(ya[j] * t.x) + rb(-yb[j] * t.y);
-                    outb[j] = rb(yb[j] * t.x) + rb(ya[j] * t.y);
+                    out[j] = rope_pair_a(ya[j], yb[j], t.x, t.y);
+                    outb[j] = rope_pair_b(ya[j], yb[j], t.x, t.y);
                 }
                 *(uint4*)swz<HD>(Qs, r, (c | P) * 8) = pack8(outb);
             } else {
@@ -748,10 +748,10 @@ extern "C" __global__ void __launch_bounds__(QKN_WARPS * 32) qk_norm_rope_bf16(
                     }
                     unpack8(*(const uint4*)(w + i), wf);
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) hs[i + j] = f2bf(rb(f[j] * r) * wf[j]);
+                    for (int j = 0; j < 8; ++j) hs[i + j] = f2bf(qk_norm_value(f[j], r, wf[j]));
                 }
             } else {
-                for (int i = lane; i < head_dim; i += 32) hs[i] = f2bf(rb(bf2f(hx[i]) * r) * bf2f(w[i]));
+                for (int i = lane; i < head_dim; i += 32) hs[i] = f2bf(qk_norm_value(bf2f(hx[i]), r, bf2f(w[i])));
             }
             __syncwarp();
             // RoPE (rope_bf16's arithmetic) on the normalised values; dimensions past rotary_dim
@@ -762,8 +762,8 @@ extern "C" __global__ void __launch_bounds__(QKN_WARPS * 32) qk_norm_rope_bf16(
                 const int ib = interleaved ? 2 * i + 1 : i + half;
                 const float a = bf2f(hs[ia]);
                 const float b = bf2f(hs[ib]);
-                hx[ia] = f2bf(rb(a * c) + rb(-b * sn));
-                hx[ib] = f2bf(rb(b * c) + rb(a * sn));
+                hx[ia] = f2bf(rope_pair_a(a, b, c, sn));
+                hx[ib] = f2bf(rope_pair_b(a, b, c, sn));
             }
             for (int i = rotary_dim + lane; i < head_dim; i += 32) hx[i] = hs[i];
             __syncwarp();  // hs is rewritten by this warp's next head
@@ -807,7 +807,7 @@ __device__ __forceinline__ void qkn_vec_head(bf16_t* hx, bool active, const bf16
         float wf[8];
         unpack8(*(const uint4*)(w + c * 8), wf);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) y[j] = rb(rb(f[j] * r) * wf[j]);
+        for (int j = 0; j < 8; ++j) y[j] = rb(qk_norm_value(f[j], r, wf[j]));
     } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) y[j] = 0.f;
@@ -823,15 +823,16 @@ __device__ __forceinline__ void qkn_vec_head(bf16_t* hx, bool active, const bf16
             for (int j = 0; j < 8; j += 2) {
                 const float2 t = cs((c * 8 + j) >> 1);
                 const float a = y[j], b = y[j + 1];
-                out[j] = rb(a * t.x) + rb(-b * t.y);
-                out[j + 1] = rb(b * t.x) + rb(a * t.y);
+                out[j] = rope_pair_a(a, b, t.x, t.y);
+                out[j + 1] = rope_pair_b(a, b, t.x, t.y);
             }
         } else {
             const bool first = (c & P) == 0;  // chunk holds the "a" halves of its pairs
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const float2 t = cs((c & (P - 1)) * 8 + j);
-                out[j] = first ? rb(y[j] * t.x) + rb(-q[j] * t.y) : rb(y[j] * t.x) + rb(q[j] * t.y);
+                // Chunk c holds a, its partner chunk c ^ P holds b (or the other way round).
+                out[j] = first ? rope_pair_a(y[j], q[j], t.x, t.y) : rope_pair_b(q[j], y[j], t.x, t.y);
             }
         }
     } else {

@@ -24,6 +24,19 @@ __device__ __forceinline__ bf16_t f2bf(float f) {
 // Round an f32 to the nearest bf16 value and return it as f32 (one "bf16 op" of PyTorch).
 __device__ __forceinline__ float rb(float f) { return bf2f(f2bf(f)); }
 
+// The q/k norm's and RoPE's arithmetic, one definition for every kernel that applies them
+// (elementwise.cu rope_bf16; attention.cu qk_norm_rope_bf16, qk_norm_rope_vec_bf16 and
+// flash_attention2's q prologue; decode_attention.cu), so that they give the same bits as each
+// other and as the CPU backend (docs/numerics.md):
+//   the RMSNorm's output value: bf16(bf16(x · r) · w), r = 1/√(mean(x²) + eps) (qk_norm_value is
+//   the fp32 product; the caller rounds it, by rb or by its bf16 store);
+//   a RoPE pair (a, b) at an angle with bf16-rounded (cos, sin) = (c, s): each product rounded to
+//   bf16, the two summed in fp32 (the caller's store rounds the sum):
+//     a' = bf16(a·c) + bf16(−b·s),   b' = bf16(b·c) + bf16(a·s).
+__device__ __forceinline__ float qk_norm_value(float x, float r, float w) { return rb(x * r) * w; }
+__device__ __forceinline__ float rope_pair_a(float a, float b, float c, float s) { return rb(a * c) + rb(-b * s); }
+__device__ __forceinline__ float rope_pair_b(float a, float b, float c, float s) { return rb(b * c) + rb(a * s); }
+
 // Two f32 -> one 32-bit word of two bf16: `lo` in bits 0..15 (lower column), `hi` in 16..31.
 __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     u32 r;

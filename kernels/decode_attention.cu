@@ -137,7 +137,7 @@ __device__ __forceinline__ int da_norm_rope(const bf16_t* hx, const bf16_t* w, i
         float wf[8];
         unpack8(*(const uint4*)(w + c * 8), wf);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) y[j] = rb(rb(y[j] * r) * wf[j]);
+        for (int j = 0; j < 8; ++j) y[j] = rb(qk_norm_value(y[j], r, wf[j]));
     }
     const int P = nm.rotary_dim >> 4;
     const bool rotated = c * 8 < nm.rotary_dim;
@@ -152,15 +152,15 @@ __device__ __forceinline__ int da_norm_rope(const bf16_t* hx, const bf16_t* w, i
         if (nm.interleaved) {
             const float2 t = da_cos_sin(p * nm.inv_freq[(c * 8 + j) >> 1]);
             const float cs = t.x, sn = t.y;
-            y[j] = rb(rb(a0 * cs) + rb(-a1 * sn));
-            y[j + 1] = rb(rb(a1 * cs) + rb(a0 * sn));
+            y[j] = rb(rope_pair_a(a0, a1, cs, sn));
+            y[j + 1] = rb(rope_pair_b(a0, a1, cs, sn));
         } else {
             const bool first = (c & P) == 0;  // the chunk holds the "a" halves of its pairs
             const int i = (c & (P - 1)) * 8 + j;
             const float2 t0 = da_cos_sin(p * nm.inv_freq[i]), t1 = da_cos_sin(p * nm.inv_freq[i + 1]);
             const float cs0 = t0.x, sn0 = t0.y, cs1 = t1.x, sn1 = t1.y;
-            y[j] = rb(first ? rb(a0 * cs0) + rb(-q0 * sn0) : rb(a0 * cs0) + rb(q0 * sn0));
-            y[j + 1] = rb(first ? rb(a1 * cs1) + rb(-q1 * sn1) : rb(a1 * cs1) + rb(q1 * sn1));
+            y[j] = rb(first ? rope_pair_a(a0, q0, cs0, sn0) : rope_pair_b(q0, a0, cs0, sn0));
+            y[j + 1] = rb(first ? rope_pair_a(a1, q1, cs1, sn1) : rope_pair_b(q1, a1, cs1, sn1));
         }
     }
     return c;

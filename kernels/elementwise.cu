@@ -69,8 +69,8 @@ extern "C" __global__ void rope_bf16(bf16_t* __restrict__ x, const u32* __restri
     int ib = interleaved ? 2 * i + 1 : i + half;
     float a = bf2f(hx[ia]);
     float b = bf2f(hx[ib]);
-    hx[ia] = f2bf(rb(a * c) + rb(-b * s));
-    hx[ib] = f2bf(rb(b * c) + rb(a * s));
+    hx[ia] = f2bf(rope_pair_a(a, b, c, s));
+    hx[ib] = f2bf(rope_pair_b(a, b, c, s));
 }
 
 // ---------------------------------------------------------------------------------------------

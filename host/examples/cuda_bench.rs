@@ -10,6 +10,9 @@
 //!            [--only ceilings,attention,attention256,gemm,extract,mix,drafter,decode,target]
 //! (every section but `decode`, `target` and `attention256` by default; `--only decode` runs
 //! host/src/backend/cuda/bench_decode.rs; `attention256` is the A/B at the hybrids' head dim 256)
+//! Environment: `TARGET_DEFAULTS_ONLY=1` runs `--only target` with the default kernels only (no
+//! A/B rows); `DECODE_SECTIONS`, `DECODE_ALONE` and `DECODE_ATTN_BLOCKS` shape `--only decode`
+//! (bench_decode.rs).
 
 use anyhow::{bail, Context, Result};
 use draftlens::backend::cuda::bench::{
@@ -751,11 +754,16 @@ fn bench_target(
     };
     // A dense model also runs with the q norm in the separate pass instead of inside the
     // attention (`set_q_norm_in_attention`).
-    let runs = gdn_ab
+    // `TARGET_DEFAULTS_ONLY=1`: only the default kernels, each profile once (a kernel trace of
+    // the product's forward alone).
+    let defaults_only = std::env::var("TARGET_DEFAULTS_ONLY").is_ok_and(|v| v == "1");
+    let runs: Vec<_> = gdn_ab
         .iter()
         .flat_map(|tp| profiles.iter().map(move |p| (*p, false, *tp, false)))
         .chain(std::iter::once((profiles[0], true, None, false)))
-        .chain(spec.hybrid.is_none().then_some((None, false, None, true)));
+        .chain(spec.hybrid.is_none().then_some((None, false, None, true)))
+        .filter(|&(_, v1, tp, q_sep)| !defaults_only || (!v1 && tp.is_none() && !q_sep))
+        .collect();
     for (p, v1, tp, q_sep) in runs {
         if let Some(p) = p {
             model.set_gdn_profile(p);

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Session 17, call 1 (target-carry/s17a): the decode attention with one wave of blocks (several key
 # chunks per block when a step has many sequences) and cp.async tile copies.
+#  0. cuda_ops (the q/k norm + RoPE arithmetic now one definition in common.cuh: the kernels that
+#     must agree bit for bit are compared against each other and the CPU);
 #  1. cuda_decode: batch invariance, 1–3 blocks per sequence, the fused q/k norm route;
 #  2. cuda_bench --only decode (model steps) as built, then with one block per chunk (the old
 #     scheduling, DECODE_ATTN_BLOCKS=128) for the A/B of whole steps;
@@ -10,6 +12,8 @@
 set -u
 B=${B:-target-carry/s17a}
 source tools/bench/device_env.sh
+timeout 240 $B/cuda_ops --test-threads=1 > $O/cuda_ops.log 2>&1; echo "cuda_ops rc=$?"
+grep -E "test result|FAILED|panicked" $O/cuda_ops.log | head
 timeout 200 $B/cuda_decode --test-threads=1 > $O/cuda_decode.log 2>&1; echo "cuda_decode rc=$?"
 grep -E "test result|FAILED|panicked|split-KV|fused decode qkv .*×128, rotary 128" $O/cuda_decode.log | head -20
 DECODE_SECTIONS=model DECODE_ALONE=2 timeout 150 $B/cuda_bench --only decode > $O/decode.log 2>&1; echo "decode rc=$?"

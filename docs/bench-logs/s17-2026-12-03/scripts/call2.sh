@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Session 17, call 2 (target-carry/s17b: session 15's draftlens, right after call 1 while the machine
 # is warm): the same `generate` as call 1 with the binary from before this session's decode
-# attention, on the same model; the texts must be identical (the arithmetic is unchanged).
+# attention, on the same model; the texts must be identical (the arithmetic is unchanged). Then
+# where a hybrid forward's time goes: a kernel trace of the 16-layer random Qwen3.6-27B's packed
+# prefill (4 x 4096 tokens), default kernels, both profiles (issue 12's 70 %).
 set -u
 B=${B:-target-carry/s17b}
 O=/tmp/o2 source tools/bench/device_env.sh
@@ -15,4 +17,9 @@ a, b = json.load(open(f"{o}/gen_s15.json")), json.load(open("/tmp/gen_new.json")
 same = sum(x["text"] == y["text"] and x["new_tokens"] == y["new_tokens"] for x, y in zip(a, b))
 print(f"generate: {same} of {len(a)} continuations identical (session 15 binary vs new), {sum(x['new_tokens'] for x in b)} new tokens")
 PY
+timeout 120 python3 tools/bench/make_random_target.py --arch qwen3.6-27b-16l --out /tmp/q27 --taps 1,9,15 --drafters 0 > $O/make27.log 2>&1; echo "make27 rc=$?"
+TARGET_DEFAULTS_ONLY=1 timeout 200 bash tools/bench/kernel_trace.sh $O/ht.txt $B/cuda_bench --only target --target /tmp/q27 --forwards 3; echo "trace rc=$?"
+cp $O/ht.txt.stdout $O/target27.log; grep -E "forward_packed|during" $O/target27.log
+python3 tools/bench/kernel_trace.py $O/ht.txt kernels - --top 40 > $O/hybrid_kernels.txt; cat $O/hybrid_kernels.txt
+rm -f $O/ht.txt $O/ht.txt.stdout
 tar czf $OUT/all.tgz -C $O .
