@@ -27,7 +27,7 @@ __device__ __forceinline__ float rb(float f) { return bf2f(f2bf(f)); }
 // The q/k norm's and RoPE's arithmetic, one definition for every kernel that applies them
 // (elementwise.cu rope_bf16; attention.cu qk_norm_rope_bf16, qk_norm_rope_vec_bf16 and
 // flash_attention2's q prologue; decode_attention.cu), so that they give the same bits as each
-// other and as the CPU backend (docs/numerics.md):
+// other and as the CPU backend (docs/cuda.md, "Operations and the precision of every intermediate"):
 //   the RMSNorm's output value: bf16(bf16(x · r) · w), r = 1/√(mean(x²) + eps) (qk_norm_value is
 //   the fp32 product; the caller rounds it, by rb or by its bf16 store);
 //   a RoPE pair (a, b) at an angle with bf16-rounded (cos, sin) = (c, s): each product rounded to
