@@ -24,6 +24,7 @@ python3 tools/bench/make_random_target.py --out /tmp/q8b --drafters 0 > $O/make.
 DRAFTLENS_DATA=/tmp/data-new DRAFTLENS_CACHE=/tmp/cache-new /usr/bin/time -f "%e s %M KB" timeout 200 $B/draftlens generate --backend cuda \
   --target /tmp/q8b --prompts builtin:humaneval --limit 64 --max-new-tokens 128 --json > /tmp/gen_new.json 2> $O/gen_new.err
 echo "generate new rc=$?"; tail -1 $O/gen_new.err; cp /tmp/gen_new.json $O/
+python3 -c 'import json, hashlib; a = json.load(open("/tmp/gen_new.json")); print("texts sha256 (new):", hashlib.sha256("\x00".join(x["text"] for x in a).encode()).hexdigest(), sum(x["new_tokens"] for x in a), "new tokens")' 
 DECODE_SECTIONS=model DECODE_ALONE=1 timeout 200 bash tools/bench/kernel_trace.sh $O/dt.txt $B/cuda_bench --only decode > /dev/null 2>&1
 for n in 3 36; do python3 tools/bench/kernel_trace.py $O/dt.txt around topk_partial --nth $n --before 44 --after 3 > $O/step_$n.txt; head -12 $O/step_$n.txt; done
 rm -f $O/dt.txt $O/dt.txt.stdout

@@ -7,16 +7,24 @@
 set -u
 B=${B:-target-carry/s17b}
 O=/tmp/o2 source tools/bench/device_env.sh
+# A fresh machine (call 1's /tmp gone): the same seeded model again; compare the printed hashes.
+[ -e /tmp/q8b/config.json ] || { python3 tools/bench/make_random_target.py --out /tmp/q8b --drafters 0 > $O/make.log 2>&1; echo "make rc=$?"; }
 DRAFTLENS_DATA=/tmp/data-s15 DRAFTLENS_CACHE=/tmp/cache-s15 /usr/bin/time -f "%e s %M KB" timeout 300 $B/draftlens_s15 generate --backend cuda \
   --target /tmp/q8b --prompts builtin:humaneval --limit 64 --max-new-tokens 128 --json > $O/gen_s15.json 2> $O/gen_s15.err
 echo "generate s15 rc=$?"; tail -1 $O/gen_s15.err
 python3 - "$O" <<'PY'
 import json, sys
 o = sys.argv[1]
-a, b = json.load(open(f"{o}/gen_s15.json")), json.load(open("/tmp/gen_new.json"))
+import hashlib, os
+a = json.load(open(f"{o}/gen_s15.json"))
+print("texts sha256 (session 15 binary):", hashlib.sha256("\x00".join(x["text"] for x in a).encode()).hexdigest())
+if not os.path.exists("/tmp/gen_new.json"): sys.exit(0)
+b = json.load(open("/tmp/gen_new.json"))
 same = sum(x["text"] == y["text"] and x["new_tokens"] == y["new_tokens"] for x, y in zip(a, b))
 print(f"generate: {same} of {len(a)} continuations identical (session 15 binary vs new), {sum(x['new_tokens'] for x in b)} new tokens")
 PY
+timeout 60 $B/gdn_bench --seqs 4 --reps 5 --breakdown > $O/gdn_breakdown.log 2>&1; echo "gdn_bench rc=$?"
+cat $O/gdn_breakdown.log | grep -E "\||layer|phase" | head -50
 timeout 120 python3 tools/bench/make_random_target.py --arch qwen3.6-27b-16l --out /tmp/q27 --taps 1,9,15 --drafters 0 > $O/make27.log 2>&1; echo "make27 rc=$?"
 TARGET_DEFAULTS_ONLY=1 timeout 200 bash tools/bench/kernel_trace.sh $O/ht.txt $B/cuda_bench --only target --target /tmp/q27 --forwards 3; echo "trace rc=$?"
 cp $O/ht.txt.stdout $O/target27.log; grep -E "forward_packed|during" $O/target27.log
