@@ -870,13 +870,15 @@ __device__ __forceinline__ void gdn_hwalk_impl(const bf16_t* __restrict__ k, lon
         for (int j = 0; j < 8; ++j) state[(cr + i * CRG) * GDN_DV + j] = s[i][j];
 }
 
-// Rows row0 .. row0+63 of q (head hk, fetched by fetch_head_rows), L2-normalised into Qs (row
-// stride ldq) exactly as load_qk_rows does; rows past nc are zero.
+// Rows row0 .. row0+63 of q (head hk), L2-normalised into Qs (row stride ldq) exactly as
+// load_qk_rows does; rows past nc are zero.
 template <bool ENGINE>
-__device__ __forceinline__ void store_q_rows(float* Qs, int ldq, const uint2 (&qw)[GDN_C / (GDN_THREADS / 32)],
-                                             float scale) {
+__device__ __forceinline__ void load_q_rows(float* Qs, int ldq, const bf16_t* __restrict__ q, long long ld_qk,
+                                            int hk, long long row0, int nc, float scale) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     constexpr int PER = GDN_C / (GDN_THREADS / 32);
+    uint2 qw[PER];
+    fetch_head_rows(qw, q, ld_qk, hk, row0, nc);
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         const int r = warp + 8 * i;
@@ -923,80 +925,45 @@ __device__ __forceinline__ void gdn_hout_impl(const bf16_t* __restrict__ q, long
     const long long HV = hv_heads, ld_o = HV * GDN_DV;
     const int col0 = iv * DVS;
 
-    // Every global load of the block is issued before the first shared store (h_c, V′, the
-    // scores, γ, the q rows): loaded tile by tile, each tile's stores waited on its own loads.
-    // h_c is bf16 in the engine profile (gdn_hwalk stores the rounded state), f32 otherwise.
-    constexpr int HP = GDN_DK * (DVS / (ENGINE ? 8 : 4)) / GDN_THREADS, VP = GDN_C * (DVS / 4) / GDN_THREADS,
-                  AP = GDN_C * (GDN_C / 4) / GDN_THREADS;
-    static_assert(HP * GDN_THREADS == GDN_DK * (DVS / (ENGINE ? 8 : 4)) && VP * GDN_THREADS == GDN_C * (DVS / 4) &&
-                      AP * GDN_THREADS == GDN_C * (GDN_C / 4),
-                  "whole tiles per thread");
     const long long h0 = (ch * HV + hv) * GDN_DK * GDN_DV + col0;
-    uint4 hw[HP];
-    float4 vw[VP], aw[AP];
-#pragma unroll
-    for (int u = 0; u < HP; ++u) {
-        const int i = tid + u * GDN_THREADS;
-        if (ENGINE) {
-            const int r = i / (DVS / 8), c = (i % (DVS / 8)) * 8;
-            hw[u] = *(const uint4*)((const bf16_t*)Hg + h0 + r * GDN_DV + c);
-        } else {
-            const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
-            hw[u] = *(const uint4*)(Hg + h0 + r * GDN_DV + c);
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < VP; ++u) {
-        const int i = tid + u * GDN_THREADS, r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
-        vw[u] = r < nc ? *(const float4*)(Vg + ((row0 + r) * HV + hv) * GDN_DV + col0 + c)
-                       : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int u = 0; u < AP; ++u) {
-        const int i = tid + u * GDN_THREADS, r = i / (GDN_C / 4), c = (i % (GDN_C / 4)) * 4;
-        aw[u] = r < nc ? *(const float4*)(Ag + ((row0 + r) * HV + hv) * GDN_C + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    const float g = tid < GDN_C ? Gg[(row0 + min(tid, nc - 1)) * HV + hv] : 0.f;
-    uint2 qw[GDN_C / (GDN_THREADS / 32)];
-    fetch_head_rows(qw, q, ld_qk, hk, row0, nc);
-#pragma unroll
-    for (int u = 0; u < HP; ++u) {
-        const int i = tid + u * GDN_THREADS;
-        if (ENGINE) {
+    if (ENGINE) {  // bf16 h (gdn_hwalk stores the rounded state)
+        for (int i = tid; i < GDN_DK * (DVS / 8); i += GDN_THREADS) {
             const int r = i / (DVS / 8), c = (i % (DVS / 8)) * 8;
             float x[8];
-            unpack8(hw[u], x);
+            unpack8(*(const uint4*)((const bf16_t*)Hg + h0 + r * GDN_DV + c), x);
 #pragma unroll
             for (int j = 0; j < 8; ++j) Hs[r * LDH + c + j] = x[j];
-        } else {
+        }
+    } else {
+        for (int i = tid; i < GDN_DK * (DVS / 4); i += GDN_THREADS) {
             const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
-            const float4 x = *(const float4*)&hw[u];
+            const float4 x = *(const float4*)(Hg + h0 + r * GDN_DV + c);
             Hs[r * LDH + c] = x.x;
             Hs[r * LDH + c + 1] = x.y;
             Hs[r * LDH + c + 2] = x.z;
             Hs[r * LDH + c + 3] = x.w;
         }
     }
-#pragma unroll
-    for (int u = 0; u < VP; ++u) {
-        const int i = tid + u * GDN_THREADS, r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
-        const float4 x = vw[u];
+    for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
+        const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nc) x = *(const float4*)(Vg + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
         Vs[r * LDH + c] = ENGINE ? rb(x.x) : x.x;
         Vs[r * LDH + c + 1] = ENGINE ? rb(x.y) : x.y;
         Vs[r * LDH + c + 2] = ENGINE ? rb(x.z) : x.z;
         Vs[r * LDH + c + 3] = ENGINE ? rb(x.w) : x.w;
     }
-#pragma unroll
-    for (int u = 0; u < AP; ++u) {
-        const int i = tid + u * GDN_THREADS, r = i / (GDN_C / 4), c = (i % (GDN_C / 4)) * 4;
-        const float4 x = aw[u];
+    for (int i = tid; i < GDN_C * (GDN_C / 4); i += GDN_THREADS) {
+        const int r = i / (GDN_C / 4), c = (i % (GDN_C / 4)) * 4;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nc) x = *(const float4*)(Ag + ((row0 + r) * HV + hv) * GDN_C + c);
         As[r * LDA + c] = x.x;
         As[r * LDA + c + 1] = x.y;
         As[r * LDA + c + 2] = x.z;
         As[r * LDA + c + 3] = x.w;
     }
-    if (tid < GDN_C) gam[tid] = g;
-    store_q_rows<ENGINE>(Qs, LDQ, qw, scale);
+    if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+    load_q_rows<ENGINE>(Qs, LDQ, q, ld_qk, hk, row0, nc, scale);
     __syncthreads();
 
     auto to_op = [&](int m, int c, float x) { Op[m * LDO + c] = x; };
@@ -1130,14 +1097,10 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     const int nc = (int)(chunk_rows[2 * ch + 1] - row0);
     const long long HV = hv_heads;
 
-    // k̂ and q̂·scale exactly as load_qk_rows<false> (k times 1.0f: the same value); both rows'
-    // loads (and warp 0's gates) in flight before the first is stored.
-    uint2 kw[GDN_C / (GDN_THREADS / 32)], qw[GDN_C / (GDN_THREADS / 32)];
-    fetch_head_rows(kw, k, ld_qk, hk, row0, nc);
-    fetch_head_rows(qw, q, ld_qk, hk, row0, nc);
+    // k̂ and q̂·scale exactly as load_qk_rows<false> (k times 1.0f: the same value).
+    load_q_rows<false>(Ks, GDN_LDW, k, ld_qk, hk, row0, nc, 1.f);
+    load_q_rows<false>(Qs, GDN_LDW, q, ld_qk, hk, row0, nc, scale);
     if ((tid >> 5) == 0) load_chunk_gates(gam, bet, g_in, beta_in, row0, nc, hv_heads, hv);
-    store_q_rows<false>(Ks, GDN_LDW, kw, 1.f);
-    store_q_rows<false>(Qs, GDN_LDW, qw, scale);
     __syncthreads();
     if (tid < nc) Gg[(row0 + tid) * HV + hv] = gam[tid];
 
@@ -1263,6 +1226,15 @@ __device__ __forceinline__ void store_rows_bf16(bf16_t* Xb, int ldx, const uint2
     }
 }
 
+// Rows row0 .. row0+63 of x (head hk), L2-normalised and rounded to bf16 into Xb (row stride ldx
+// elements) exactly as load_qk_rows<true> does (rb(x · 1/sqrt(Σx² + 1e-6))); rows past nc are 0.
+__device__ __forceinline__ void load_rows_bf16(bf16_t* Xb, int ldx, const bf16_t* __restrict__ x, long long ld_qk,
+                                               int hk, long long row0, int nc) {
+    uint2 xw[GDN_C / (GDN_THREADS / 32)];
+    fetch_head_rows(xw, x, ld_qk, hk, row0, nc);
+    store_rows_bf16(Xb, ldx, xw);
+}
+
 #define GDN_LDB128 136  // bf16 row strides of the ldmatrix tiles (elements): 272 / 144 / 80 bytes,
 #define GDN_LDB64 72    // 16 mod 128 or an odd multiple of 16, so an ldmatrix phase's 8 rows hit
 #define GDN_LDB32 40    // distinct 16-byte bank groups
@@ -1292,28 +1264,16 @@ __device__ __forceinline__ void gdn_prep_ldm_impl(const bf16_t* __restrict__ q, 
     const int nc = (int)(chunk_rows[2 * ch + 1] - row0);
     const long long HV = hv_heads;
 
-    // The k, q and v rows are all requested before the first is stored (tile by tile, each
-    // tile's stores waited on its own loads), the gates meanwhile by warp 0.
-    constexpr int VP = GDN_C * (GDN_DV / 8) / GDN_THREADS;
-    static_assert(VP * GDN_THREADS == GDN_C * (GDN_DV / 8), "whole V tiles per thread");
-    uint2 kw[GDN_C / (GDN_THREADS / 32)], qw[GDN_C / (GDN_THREADS / 32)];
-    fetch_head_rows(kw, k, ld_qk, hk, row0, nc);
-    fetch_head_rows(qw, q, ld_qk, hk, row0, nc);
-    uint4 vw[VP];
-#pragma unroll
-    for (int u = 0; u < VP; ++u) {
-        const int i = tid + u * GDN_THREADS, r = i / (GDN_DV / 8), c = (i % (GDN_DV / 8)) * 8;
-        vw[u] = r < nc ? *(const uint4*)(v + (row0 + r) * ld_v + hv * GDN_DV + c) : make_uint4(0u, 0u, 0u, 0u);
+    load_rows_bf16(Kb, GDN_LDB128, k, ld_qk, hk, row0, nc);
+    load_rows_bf16(Qb, GDN_LDB128, q, ld_qk, hk, row0, nc);
+    // V as read (bf16, exact); scaled by β once β is known.
+    for (int i = tid; i < GDN_C * (GDN_DV / 8); i += GDN_THREADS) {
+        const int r = i / (GDN_DV / 8), c = (i % (GDN_DV / 8)) * 8;
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
+        if (r < nc) x = *(const uint4*)(v + (row0 + r) * ld_v + hv * GDN_DV + c);
+        *(uint4*)(Vb + r * GDN_LDB128 + c) = x;
     }
     if ((tid >> 5) == 0) load_chunk_gates(gam, bet, g_in, beta_in, row0, nc, hv_heads, hv);
-    store_rows_bf16(Kb, GDN_LDB128, kw);
-    store_rows_bf16(Qb, GDN_LDB128, qw);
-    // V as read (bf16, exact); scaled by β once β is known.
-#pragma unroll
-    for (int u = 0; u < VP; ++u) {
-        const int i = tid + u * GDN_THREADS, r = i / (GDN_DV / 8), c = (i % (GDN_DV / 8)) * 8;
-        *(uint4*)(Vb + r * GDN_LDB128 + c) = vw[u];
-    }
     __syncthreads();
     if (tid < nc) Gg[(row0 + tid) * HV + hv] = gam[tid];
 
@@ -1380,54 +1340,27 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     const long long HV = hv_heads, ld_o = HV * GDN_DV;
     const int col0 = iv * DVS;
 
-    // Every global load of the block is issued before the first shared store: h_c (bf16 as
-    // gdn_hwalk_engine stored it, 8 values per 16-byte load), V′ and the scores (f32, already
-    // bf16-valued, packed to bf16 below), γ and the q rows. Loaded tile by tile, each tile's
-    // stores waited on its own loads: five round trips per block instead of one.
-    constexpr int HP = GDN_DK * (DVS / 8) / GDN_THREADS, VP = GDN_C * (DVS / 4) / GDN_THREADS,
-                  AP = GDN_C * (GDN_C / 4) / GDN_THREADS;
-    static_assert(HP * GDN_THREADS == GDN_DK * (DVS / 8) && VP * GDN_THREADS == GDN_C * (DVS / 4) &&
-                      AP * GDN_THREADS == GDN_C * (GDN_C / 4),
-                  "whole tiles per thread");
+    // h_c: bf16 as gdn_hwalk_engine stored it, 8 values per 16-byte copy.
     const long long h0 = (ch * HV + hv) * GDN_DK * GDN_DV + col0;
-    uint4 hw[HP];
-    float4 vw[VP], aw[AP];
-#pragma unroll
-    for (int u = 0; u < HP; ++u) {
-        const int i = tid + u * GDN_THREADS, r = i / (DVS / 8), c = (i % (DVS / 8)) * 8;
-        hw[u] = *(const uint4*)((const bf16_t*)Hg + h0 + r * GDN_DV + c);
+    for (int i = tid; i < GDN_DK * (DVS / 8); i += GDN_THREADS) {
+        const int r = i / (DVS / 8), c = (i % (DVS / 8)) * 8;
+        *(uint4*)(Hb + r * GDN_LDB32 + c) = *(const uint4*)((const bf16_t*)Hg + h0 + r * GDN_DV + c);
     }
-#pragma unroll
-    for (int u = 0; u < VP; ++u) {
-        const int i = tid + u * GDN_THREADS, r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
-        vw[u] = r < nc ? *(const float4*)(Vg + ((row0 + r) * HV + hv) * GDN_DV + col0 + c)
-                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    // V′ (f32) and the scores (f32, already bf16-valued), rounded / packed to bf16.
+    for (int i = tid; i < GDN_C * (DVS / 4); i += GDN_THREADS) {
+        const int r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nc) x = *(const float4*)(Vg + ((row0 + r) * HV + hv) * GDN_DV + col0 + c);
+        *(uint2*)(Vb + r * GDN_LDB32 + c) = make_uint2(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w));
     }
-#pragma unroll
-    for (int u = 0; u < AP; ++u) {
-        const int i = tid + u * GDN_THREADS, r = i / (GDN_C / 4), c = (i % (GDN_C / 4)) * 4;
-        aw[u] = r < nc ? *(const float4*)(Ag + ((row0 + r) * HV + hv) * GDN_C + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = tid; i < GDN_C * (GDN_C / 4); i += GDN_THREADS) {
+        const int r = i / (GDN_C / 4), c = (i % (GDN_C / 4)) * 4;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nc) x = *(const float4*)(Ag + ((row0 + r) * HV + hv) * GDN_C + c);
+        *(uint2*)(Ab + r * GDN_LDB64 + c) = make_uint2(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w));
     }
-    const float g = tid < GDN_C ? Gg[(row0 + min(tid, nc - 1)) * HV + hv] : 0.f;
-    uint2 qw[GDN_C / (GDN_THREADS / 32)];
-    fetch_head_rows(qw, q, ld_qk, hk, row0, nc);
-#pragma unroll
-    for (int u = 0; u < HP; ++u) {
-        const int i = tid + u * GDN_THREADS, r = i / (DVS / 8), c = (i % (DVS / 8)) * 8;
-        *(uint4*)(Hb + r * GDN_LDB32 + c) = hw[u];
-    }
-#pragma unroll
-    for (int u = 0; u < VP; ++u) {
-        const int i = tid + u * GDN_THREADS, r = i / (DVS / 4), c = (i % (DVS / 4)) * 4;
-        *(uint2*)(Vb + r * GDN_LDB32 + c) = make_uint2(pack_bf16x2(vw[u].x, vw[u].y), pack_bf16x2(vw[u].z, vw[u].w));
-    }
-#pragma unroll
-    for (int u = 0; u < AP; ++u) {
-        const int i = tid + u * GDN_THREADS, r = i / (GDN_C / 4), c = (i % (GDN_C / 4)) * 4;
-        *(uint2*)(Ab + r * GDN_LDB64 + c) = make_uint2(pack_bf16x2(aw[u].x, aw[u].y), pack_bf16x2(aw[u].z, aw[u].w));
-    }
-    if (tid < GDN_C) gam[tid] = g;
-    store_rows_bf16(Qb, GDN_LDB128, qw);
+    if (tid < GDN_C) gam[tid] = Gg[(row0 + min(tid, nc - 1)) * HV + hv];
+    load_rows_bf16(Qb, GDN_LDB128, q, ld_qk, hk, row0, nc);
     __syncthreads();
 
     mm_ldm<GDN_C, DVS, GDN_DK, false>(Qb, GDN_LDB128, Hb, GDN_LDB32,

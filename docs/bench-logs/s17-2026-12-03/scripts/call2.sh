@@ -9,7 +9,7 @@
 # the bits).
 set -u
 B=${B:-target-carry/s17b}
-O=/tmp/o2 source tools/bench/device_env.sh
+O=/tmp/o2; source tools/bench/device_env.sh
 # A fresh machine (call 1's /tmp gone): the same seeded model again; compare the printed hashes.
 [ -e /tmp/q8b/config.json ] || { python3 tools/bench/make_random_target.py --out /tmp/q8b --drafters 0 > $O/make.log 2>&1; echo "make rc=$?"; }
 DRAFTLENS_DATA=/tmp/data-s15 DRAFTLENS_CACHE=/tmp/cache-s15 /usr/bin/time -f "%e s %M KB" timeout 300 $B/draftlens_s15 generate --backend cuda \
