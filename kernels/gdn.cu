@@ -1794,32 +1794,41 @@ extern "C" __global__ void gdn_gated_rms_norm(const bf16_t* __restrict__ x, cons
     if (wid >= rows * heads) return;  // warp-uniform
     const long long base = wid * hd;  // row r, head h start at r*cols + h*hd = wid*hd
     const int per = hd / 32;
-    float f[8], ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-        if (i < per) {
-            f[i] = bf2f(x[base + lane + 32 * i]);
-            ss += f[i] * f[i];
-        }
-    const float rs = 1.f / sqrtf(warp_sum(ss) / (float)hd + eps);
+    // x, z and w are all requested before the sum of squares waits on x.
+    float f[8], zf[8], wf[8], ss = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i)
         if (i < per) {
             const int c = lane + 32 * i;
-            const float gate = siluf_(bf2f(z[base + c]));
-            y[base + c] = f2bf(bf2f(w[c]) * (f[i] * rs) * gate);
+            f[i] = bf2f(x[base + c]);
+            zf[i] = bf2f(z[base + c]);
+            wf[i] = bf2f(w[c]);
+        }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (i < per) ss += f[i] * f[i];
+    const float rs = 1.f / sqrtf(warp_sum(ss) / (float)hd + eps);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (i < per) {
+            const float gate = siluf_(zf[i]);
+            y[base + lane + 32 * i] = f2bf(wf[i] * (f[i] * rs) * gate);
         }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Zero-centred RMSNorm (Qwen3_5RMSNorm) over groups of `group` columns:
 //   y = x rsqrt(mean(x^2) + eps) (1 + w), statistic and 1 + w in fp32, one rounding.
-// One block of 256 threads per (row, group); any group size.
+// One block of 256 threads per (row, group); any group size (groups of at most 256 columns go to
+// gdn_rms_norm_zc_heads, the same sums per warp). The loops are unrolled so that a thread's loads
+// are in flight together (a row of 5 120 columns is 20 values per thread); the order of each
+// thread's sum is unchanged.
 extern "C" __global__ void gdn_rms_norm_zc(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
                                            bf16_t* __restrict__ y, long long groups, int group, float eps) {
     __shared__ float red[8];
     const long long base = (long long)blockIdx.x * group;
     float ss = 0.f;
+#pragma unroll 4
     for (int c = threadIdx.x; c < group; c += blockDim.x) {
         const float v = bf2f(x[base + c]);
         ss += v * v;
@@ -1831,13 +1840,60 @@ extern "C" __global__ void gdn_rms_norm_zc(const bf16_t* __restrict__ x, const b
 #pragma unroll
     for (int i = 0; i < 8; ++i) ss += red[i];
     const float rs = 1.f / sqrtf(ss / (float)group + eps);
+#pragma unroll 4
     for (int c = threadIdx.x; c < group; c += blockDim.x)
         y[base + c] = f2bf(bf2f(x[base + c]) * rs * (1.f + bf2f(w[c])));
 }
 
+// gdn_rms_norm_zc for groups of at most 256 columns (the gated attention's per-head q/k norms:
+// 24 heads of 256 per row, hundreds of thousands of groups), one warp per group instead of a block
+// of 256 threads holding one value each, bit for bit the same: lane l stands for the block's
+// threads l, 32 + l, …, 224 + l (virtual warp k = the block's warp k), each holding the square of
+// its one value (0 past the group), each virtual warp's butterfly is the block's warp_sum, and the
+// eight warp sums are added in warp order from 0, as the block adds its shared red[0..7].
+extern "C" __global__ void gdn_rms_norm_zc_heads(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
+                                                 bf16_t* __restrict__ y, long long groups, int group, float eps) {
+    const long long gi = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (gi >= groups) return;  // warp-uniform
+    const long long base = gi * group;
+    float v[8], wf[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int c = 32 * k + lane;
+        v[k] = c < group ? bf2f(x[base + c]) : 0.f;
+        wf[k] = c < group ? bf2f(w[c]) : 0.f;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        float part = 0.f;
+        part += v[k] * v[k];  // the block thread's sum of its one value
+        ss += warp_sum(part);
+    }
+    const float rs = 1.f / sqrtf(ss / (float)group + eps);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int c = 32 * k + lane;
+        if (c < group) y[base + c] = f2bf(v[k] * rs * (1.f + wf[k]));
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // x <- x * sigmoid(gate) elementwise (the gated attention's output gate), fp32, one rounding.
+__device__ __forceinline__ float gdn_sigmoid_gate_value(float x, float gate) { return x * sigmoidf_(gate); }
 extern "C" __global__ void gdn_sigmoid_gate(bf16_t* x, const bf16_t* __restrict__ gate, long long n) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = f2bf(bf2f(x[i]) * sigmoidf_(bf2f(gate[i])));
+    if (i < n) x[i] = f2bf(gdn_sigmoid_gate_value(bf2f(x[i]), bf2f(gate[i])));
+}
+// The same, 8 values per thread with 16-byte loads and stores (n a multiple of 8; the host checks).
+extern "C" __global__ void gdn_sigmoid_gate_v8(bf16_t* x, const bf16_t* __restrict__ gate, long long n8) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n8) return;
+    float xf[8], gf[8];
+    unpack8(((const uint4*)x)[i], xf);
+    unpack8(((const uint4*)gate)[i], gf);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) xf[j] = gdn_sigmoid_gate_value(xf[j], gf[j]);
+    ((uint4*)x)[i] = pack8(xf);
 }

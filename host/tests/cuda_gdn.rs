@@ -937,3 +937,52 @@ fn cuda_hybrid_model_prefill_and_decode_match_cpu() {
         assert!(e < 5e-2, "call {i}: rel {e}");
     }
 }
+
+/// The hybrids' elementwise and per-group kernels that have a faster form give their slower form's
+/// bits: the zero-centred RMSNorm of groups of at most 256 columns one warp per group
+/// (`gdn_rms_norm_zc_heads`, the gated attention's q/k heads) against one block per group, for
+/// group sizes with and without whole warps, and the sigmoid output gate 8 values per thread
+/// against one per thread (the same values in a tensor of one more column, which takes the
+/// one-value kernel).
+#[test]
+fn cuda_hybrid_norm_and_gate_kernels_match_their_one_value_per_thread_forms_bit_for_bit() {
+    let Some(be) = gpu() else { return };
+    let bits = |t: &<CudaBackend as Backend>::Tensor| -> Vec<u32> {
+        be.to_host(t).unwrap().iter().map(|v| v.to_bits()).collect()
+    };
+    for (group, heads, rows) in [(256, 24, 37), (128, 4, 5), (48, 3, 9), (16, 8, 200)] {
+        let cols = group * heads;
+        let x = be
+            .from_host(&rand(rows * cols, 7, -3.0, 3.0), rows, cols)
+            .unwrap();
+        let w = be.from_host(&rand(group, 8, -0.5, 0.5), 1, group).unwrap();
+        let warp = be
+            .rms_norm_zero_centred_with(&x, &w, 1e-6, group, true)
+            .unwrap();
+        let block = be
+            .rms_norm_zero_centred_with(&x, &w, 1e-6, group, false)
+            .unwrap();
+        assert!(
+            bits(&warp) == bits(&block),
+            "zero-centred norm, groups of {group}: the per-warp kernel differs from the per-block one"
+        );
+        // The trait method takes the per-warp kernel for these groups.
+        let default = be.rms_norm_zero_centred(&x, &w, 1e-6, group).unwrap();
+        assert!(
+            bits(&default) == bits(&block),
+            "groups of {group}: trait method"
+        );
+    }
+    let n = 6144 * 5;
+    let (xv, gv) = (rand(n + 1, 9, -4.0, 4.0), rand(n + 1, 10, -6.0, 6.0));
+    let mut wide = be.from_host(&xv[..n], 5, 6144).unwrap();
+    be.sigmoid_gate_inplace(&mut wide, &be.from_host(&gv[..n], 5, 6144).unwrap())
+        .unwrap();
+    let mut odd = be.from_host(&xv, 1, n + 1).unwrap();
+    be.sigmoid_gate_inplace(&mut odd, &be.from_host(&gv, 1, n + 1).unwrap())
+        .unwrap();
+    assert!(
+        bits(&wide)[..] == bits(&odd)[..n],
+        "sigmoid gate: the 8-per-thread kernel differs from the one-per-thread kernel"
+    );
+}

@@ -275,6 +275,9 @@ fn row_pairs(seq_starts: &[usize], which: &[usize]) -> Vec<i64> {
         .collect()
 }
 
+/// Largest group of `rms_norm_zero_centred` that one warp normalises (`gdn_rms_norm_zc_heads`).
+const ZC_WARP_GROUP: usize = 256;
+
 impl CudaBackend {
     pub(super) fn gdn_f32_from_host(&self, data: &[f32]) -> Result<CudaF32> {
         Ok(CudaF32 {
@@ -305,13 +308,29 @@ impl CudaBackend {
         Ok(CudaF32 { buf, len: b.len })
     }
 
-    /// [`crate::backend::Backend::rms_norm_zero_centred`]: one block per (row, group), f32 statistic and `1 + w`.
+    /// [`crate::backend::Backend::rms_norm_zero_centred`]: f32 statistic and `1 + w`; groups of at
+    /// most 256 columns one warp each (`gdn_rms_norm_zc_heads`), larger ones one block each
+    /// (`gdn_rms_norm_zc`), the same sums in the same order.
     pub(super) fn gdn_rms_norm_zc(
         &self,
         x: &CudaTensor,
         w: &CudaTensor,
         eps: f32,
         group: usize,
+    ) -> Result<CudaTensor> {
+        self.rms_norm_zero_centred_with(x, w, eps, group, group <= ZC_WARP_GROUP)
+    }
+
+    /// [`CudaBackend::gdn_rms_norm_zc`] with the kernel chosen: `per_warp` (groups of at most
+    /// 256 columns) or one block per group (any size). Public for the test that holds the two to
+    /// the same bits.
+    pub fn rms_norm_zero_centred_with(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+        group: usize,
+        per_warp: bool,
     ) -> Result<CudaTensor> {
         ensure!(
             group > 0 && x.cols.is_multiple_of(group) && w.rows * w.cols == group,
@@ -328,7 +347,16 @@ impl CudaBackend {
             groups < i32::MAX as i64,
             "rms_norm_zero_centred: too many rows"
         );
-        let f = self.kernels.get("gdn", "gdn_rms_norm_zc")?;
+        ensure!(
+            !per_warp || group <= ZC_WARP_GROUP,
+            "rms_norm_zero_centred: the per-warp kernel takes groups of at most {ZC_WARP_GROUP} columns, not {group}"
+        );
+        let name = if per_warp {
+            "gdn_rms_norm_zc_heads"
+        } else {
+            "gdn_rms_norm_zc"
+        };
+        let f = self.kernels.get("gdn", name)?;
         let g32 = group as i32;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&x.buf)
@@ -337,15 +365,21 @@ impl CudaBackend {
             .arg(&groups)
             .arg(&g32)
             .arg(&eps);
-        // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float); x and y hold groups·group values.
+        let grid = if per_warp {
+            blocks(groups as usize * 32, 256)
+        } else {
+            groups as u32
+        };
+        // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float) for both kernels; x and y
+        // hold groups·group values; one warp (≤ 256 columns) or one block per group.
         unsafe {
             b.launch(LaunchConfig {
-                grid_dim: (groups as u32, 1, 1),
+                grid_dim: (grid, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             })
         }
-        .map_err(derr("gdn_rms_norm_zc"))?;
+        .map_err(derr(name))?;
         Ok(y)
     }
 
@@ -420,19 +454,28 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.kernels.get("gdn", "gdn_sigmoid_gate")?;
-        let n64 = n as i64;
+        // Whole 16-byte groups of 8 values (every hybrid's heads): 8 per thread, same arithmetic.
+        let v8 = n.is_multiple_of(8);
+        let name = if v8 {
+            "gdn_sigmoid_gate_v8"
+        } else {
+            "gdn_sigmoid_gate"
+        };
+        let f = self.kernels.get("gdn", name)?;
+        let items = if v8 { n / 8 } else { n };
+        let n64 = items as i64;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&mut x.buf).arg(&gate.buf).arg(&n64);
-        // SAFETY: (bf16*, const bf16*, ll); both hold n values.
+        // SAFETY: (bf16*, const bf16*, ll); both hold n values, `items` = n (or n / 8 groups of 8
+        // values for the 16-byte kernel; device allocations are 16-byte aligned).
         unsafe {
             b.launch(LaunchConfig {
-                grid_dim: (blocks(n, 256), 1, 1),
+                grid_dim: (blocks(items, 256), 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             })
         }
-        .map_err(derr("gdn_sigmoid_gate"))?;
+        .map_err(derr(name))?;
         Ok(())
     }
 
