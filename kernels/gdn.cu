@@ -1794,25 +1794,20 @@ extern "C" __global__ void gdn_gated_rms_norm(const bf16_t* __restrict__ x, cons
     if (wid >= rows * heads) return;  // warp-uniform
     const long long base = wid * hd;  // row r, head h start at r*cols + h*hd = wid*hd
     const int per = hd / 32;
-    // x, z and w are all requested before the sum of squares waits on x.
-    float f[8], zf[8], wf[8], ss = 0.f;
+    float f[8], ss = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i)
         if (i < per) {
-            const int c = lane + 32 * i;
-            f[i] = bf2f(x[base + c]);
-            zf[i] = bf2f(z[base + c]);
-            wf[i] = bf2f(w[c]);
+            f[i] = bf2f(x[base + lane + 32 * i]);
+            ss += f[i] * f[i];
         }
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-        if (i < per) ss += f[i] * f[i];
     const float rs = 1.f / sqrtf(warp_sum(ss) / (float)hd + eps);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
         if (i < per) {
-            const float gate = siluf_(zf[i]);
-            y[base + lane + 32 * i] = f2bf(wf[i] * (f[i] * rs) * gate);
+            const int c = lane + 32 * i;
+            const float gate = siluf_(bf2f(z[base + c]));
+            y[base + c] = f2bf(bf2f(w[c]) * (f[i] * rs) * gate);
         }
 }
 
