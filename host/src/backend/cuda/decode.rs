@@ -284,12 +284,12 @@ impl CudaBackend {
             .attn_blocks_override = blocks.map(|b| b.max(1));
     }
 
-    /// Blocks per (sequence, KV head) of a decode-attention launch of `rows` sequences: as many
-    /// as keep the launch within one wave of resident blocks (a one-sequence step gets a block
-    /// per key chunk, a 64-sequence step of Qwen3-8B two), at least one. More would run one-tile
-    /// blocks in several waves, each paying its loads and merge; fewer would leave
-    /// multiprocessors idle.
-    /// Also returns the wave: how many blocks of the launch are resident at once.
+    /// (Blocks per (sequence, KV head), wave) of a decode-attention launch of `rows` sequences.
+    /// The wave is how many of the kernel's blocks are resident at once (the driver's occupancy
+    /// times the multiprocessors); the blocks per (sequence, KV head) are as many as keep the
+    /// launch within one wave, at least one (a one-sequence step gets a block per key chunk, a
+    /// 64-sequence step of Qwen3-8B two). More would run one-tile blocks in several waves, each
+    /// paying its loads and merge; fewer would leave multiprocessors idle.
     fn decode_attention_blocks(&self, shape: AttnShape, rows: usize) -> Result<(usize, usize)> {
         let func = decode_attention_func(shape.head_dim);
         let group = shape.heads / shape.kv_heads;
