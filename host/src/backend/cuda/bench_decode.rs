@@ -316,9 +316,10 @@ fn small_ops(be: &CudaBackend, d: usize) -> Result<Value> {
             .collect::<Result<_>>()?;
         let calls = 20;
         // As the backend sizes the launch (one wave), then with one block per key chunk (the
-        // kernel's scheduling before session 17): the same bits, so only the time differs.
+        // kernel's scheduling before session 17): the same bits, so only the time differs. The
+        // setting in force before (`DECODE_ATTN_BLOCKS`) is restored for the sections after.
         let mut time = |blocks: Option<usize>| -> Result<f64> {
-            be.set_decode_attention_blocks(blocks);
+            let before = be.set_decode_attention_blocks(blocks);
             let t = time_median(be, 1, 5, || {
                 for _ in 0..calls {
                     let mut slots: Vec<KvSlot<'_, CudaTensor>> =
@@ -327,7 +328,7 @@ fn small_ops(be: &CudaBackend, d: usize) -> Result<Value> {
                 }
                 Ok(())
             });
-            be.set_decode_attention_blocks(None);
+            be.set_decode_attention_blocks(before);
             Ok(t? / calls as f64)
         };
         let t = time(None)?;

@@ -275,13 +275,12 @@ impl CudaBackend {
     }
 
     /// Blocks per (sequence, KV head) of every decode-attention launch from now on (None: as many
-    /// as fill one wave, [`CudaBackend::decode_attention_blocks`]). Tests and A/B benchmarks only:
-    /// which block walks a key chunk changes no arithmetic, so every setting gives the same bits.
-    pub fn set_decode_attention_blocks(&self, blocks: Option<usize>) {
-        self.decode
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .attn_blocks_override = blocks.map(|b| b.max(1));
+    /// as fill one wave, [`CudaBackend::decode_attention_blocks`]); returns the previous setting.
+    /// Tests and A/B benchmarks only: which block walks a key chunk changes no arithmetic, so
+    /// every setting gives the same bits.
+    pub fn set_decode_attention_blocks(&self, blocks: Option<usize>) -> Option<usize> {
+        let mut st = self.decode.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut st.attn_blocks_override, blocks.map(|b| b.max(1)))
     }
 
     /// (Blocks per (sequence, KV head), wave) of a decode-attention launch of `rows` sequences.
