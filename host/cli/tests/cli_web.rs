@@ -100,6 +100,41 @@ fn serve_stops_cleanly_on_sigterm_and_sigint() {
     }
 }
 
+/// The handlers are installed before the listener: a signal sent the moment the server says it
+/// is serving (before any request) still ends in the clean stop, never the default action's
+/// kill. Repeated because the window it guards against is short.
+#[test]
+fn a_signal_as_soon_as_the_server_is_up_still_stops_cleanly() {
+    for round in 0..8 {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = tmp.path().join("runs.sqlite");
+        Store::open(&db).unwrap();
+        let mut child = spawn_serve(&db, free_addr(), false);
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut seen = String::new();
+        loop {
+            let mut line = String::new();
+            if err.read_line(&mut line).unwrap() == 0 {
+                panic!("round {round}: serve ended before it said it was serving:\n{seen}");
+            }
+            seen.push_str(&line);
+            if line.contains("serving") {
+                break;
+            }
+        }
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let st = wait_exit(&mut child, Duration::from_secs(10));
+        err.read_to_string(&mut seen).unwrap();
+        assert!(st.success(), "round {round}: exit {st:?}\n{seen}");
+        assert!(
+            seen.contains("stopped"),
+            "round {round}: no clean stop:\n{seen}"
+        );
+    }
+}
+
 /// Runs a printed `draftlens …` hint as written (words split on spaces; NAME and other
 /// placeholders filled in by the caller).
 fn run_hint(hint: &str, cwd: &std::path::Path) -> std::process::Output {

@@ -87,6 +87,10 @@ pub async fn serve_with(
             tokens_hint(&opts.db)
         );
     }
+    // Installed before the listener exists: a signal that arrives once the server can answer
+    // must reach this handler, not the default action (which ends the process without the
+    // checkpoint below).
+    let shutdown = shutdown_signal()?;
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
         .with_context(|| format!("cannot listen on {}", opts.addr))?;
@@ -102,7 +106,7 @@ pub async fn serve_with(
     );
     let app = app_with(store, opts.team, opts.max_upload_bytes, Some(addr), scorer);
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(shutdown)
         .await
         .context("server failed")?;
     // In-flight requests have finished and every connection of the app is closed: fold the
@@ -112,28 +116,31 @@ pub async fn serve_with(
     Ok(())
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM (`kill`, `systemctl stop`, `docker stop`): axum then
-/// stops accepting connections and lets in-flight requests finish.
-async fn shutdown_signal() {
-    let int = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Installs the SIGINT (Ctrl-C) and SIGTERM (`kill`, `systemctl stop`, `docker stop`)
+/// handlers now and returns the future that resolves on either: axum then stops accepting
+/// connections and lets in-flight requests finish. (Registering inside the future would leave a
+/// window after the listener is up in which a signal still kills the process.)
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    let stop = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+        let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+        async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
             }
-            Err(_) => std::future::pending::<()>().await,
         }
     };
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = int => {}
-        _ = term => {}
-    }
-    eprintln!("draftlens: shutting down (finishing requests in flight)");
+    let stop = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    Ok(async move {
+        stop.await;
+        eprintln!("draftlens: shutting down (finishing requests in flight)");
+    })
 }
 
 /// The command that creates a write token for `db`, as printed (tested by running it).
