@@ -52,6 +52,22 @@ fn wait_up(addr: SocketAddr) {
     panic!("serve did not come up on {addr}");
 }
 
+/// `serve`'s stderr up to and including the line that says it is serving (the warnings come
+/// before it); panics if the process ends first.
+fn stderr_through_serving(err: &mut impl BufRead) -> String {
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            panic!("serve ended before it said it was serving:\n{seen}");
+        }
+        seen.push_str(&line);
+        if line.contains("serving") {
+            return seen;
+        }
+    }
+}
+
 fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
     let t = Instant::now();
     loop {
@@ -111,17 +127,7 @@ fn a_signal_as_soon_as_the_server_is_up_still_stops_cleanly() {
         Store::open(&db).unwrap();
         let mut child = spawn_serve(&db, free_addr(), false);
         let mut err = BufReader::new(child.stderr.take().unwrap());
-        let mut seen = String::new();
-        loop {
-            let mut line = String::new();
-            if err.read_line(&mut line).unwrap() == 0 {
-                panic!("round {round}: serve ended before it said it was serving:\n{seen}");
-            }
-            seen.push_str(&line);
-            if line.contains("serving") {
-                break;
-            }
-        }
+        let mut seen = stderr_through_serving(&mut err);
         unsafe {
             libc::kill(child.id() as i32, libc::SIGTERM);
         }
@@ -157,17 +163,10 @@ fn printed_hints_work_as_written() {
     let addr = free_addr();
     let mut child = spawn_serve(&db, addr, true);
     let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut hint = None;
-    for _ in 0..5 {
-        let mut line = String::new();
-        if err.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        if let Some((_, h)) = line.split_once("create one with `") {
-            hint = Some(h.trim_end().trim_end_matches('`').to_string());
-            break;
-        }
-    }
+    let hint = stderr_through_serving(&mut err).lines().find_map(|line| {
+        let (_, h) = line.split_once("create one with `")?;
+        Some(h.trim_end().trim_end_matches('`').to_string())
+    });
     // The warning comes before the listener is up: stop the server once it answers.
     wait_up(addr);
     unsafe {
