@@ -1,4 +1,4 @@
-// Weight dtype conversion on the GPU for the raw upload path (host/src/backend/cuda/upload.rs):
+// Weight dtype conversion on the GPU for the raw upload path (crates/engine/src/backend/cuda/upload.rs):
 // the bytes of an f16 or f32 checkpoint tensor are copied to the device as stored and turned into
 // bf16 here, instead of converting (and holding) them on the host. `common.cuh` is prepended.
 //

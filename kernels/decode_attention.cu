@@ -1,5 +1,5 @@
 // Attention of one decode step for many sequences at once, each over its own KV cache
-// (host/src/backend/cuda/decode.rs `attention_decode`), module `decode_attention`.
+// (crates/engine/src/backend/cuda/decode.rs `attention_decode`), module `decode_attention`.
 //
 // Row r of q [R, H·hd] and of the new k/v [R, Hkv·hd] (row strides ldq and ldkv elements, so they
 // may be the q | k | v columns of one fused projection) is the next token of sequence r, whose
@@ -18,7 +18,7 @@
 // Split-KV (flash-decoding): the len_r + 1 keys of sequence r are cut into S_r = ⌈(len_r + 1) /
 // C_r⌉ chunks of C_r keys (the last one shorter), C_r = da_chunk_len(len_r): the smallest
 // DA_CHUNK_MIN · 2^i that makes at most DA_CHUNKS_MAX chunks (32 keys up to 4 096, 256 keys at
-// 32 k; host/src/backend/cuda/decode.rs decode_attn_chunk_len). Each chunk is walked in tiles of 32
+// 32 k; crates/engine/src/backend/cuda/decode.rs decode_attn_chunk_len). Each chunk is walked in tiles of 32
 // keys staged in shared memory from a fresh running max and sum, so short chunks spread even one
 // sequence's step over many blocks. The launch gives each (sequence, KV head) up to `bps` blocks,
 // each walking a run of consecutive chunks (one chunk per block when a step has few sequences,

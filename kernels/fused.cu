@@ -1,5 +1,5 @@
-// Kernels of the fused CUDA forward (host/src/backend/cuda/bench.rs `Decoder::forward_fused`),
-// compiled as part of the `elementwise` module (host/src/backend/cuda/kernels.rs). Each computes
+// Kernels of the fused CUDA forward (crates/engine/src/backend/cuda/bench.rs `Decoder::forward_fused`),
+// compiled as part of the `elementwise` module (crates/engine/src/backend/cuda/kernels.rs). Each computes
 // exactly what its counterpart in elementwise.cu computes, bit for bit, with fewer instructions or
 // more loads in flight.
 

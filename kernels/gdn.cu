@@ -1077,7 +1077,7 @@ __device__ __forceinline__ void invert_unit_lower_ld(const float* Ls, float* Ms)
 // gdn_prep2_reference_rt: one block per (chunk, value head), 256 threads. Shared memory: K then
 // diag(β) V [64][132], Q then K diag(βe^γ) [64][132], L and M [64][68], β, γ: 2·33,792 +
 // 2·17,408 + 512 = 102,912 bytes (two blocks per SM; PREP_RT_SMEM_BYTES in
-// host/src/backend/cuda/gdn.rs).
+// crates/engine/src/backend/cuda/gdn.rs).
 #define GDN_LD68 68
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     gdn_prep2_reference_rt(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
@@ -1243,7 +1243,7 @@ __device__ __forceinline__ void load_rows_bf16(bf16_t* Xb, int ldx, const bf16_t
 // epilogues, with the four products on mm_ldm. One block per (chunk, value head), 256 threads.
 // Shared memory: three bf16 [64][136] tiles (Q, then K diag(βe^γ) once Q Kᵀ is done; K; V, then
 // diag(β) V), L and M f32 [64][65], M bf16 [64][72], β, γ: 3·17,408 + 2·16,640 + 9,216 + 512 =
-// 95,232 bytes (two blocks per SM; PREP_LDM_SMEM_BYTES in host/src/backend/cuda/gdn.rs).
+// 95,232 bytes (two blocks per SM; PREP_LDM_SMEM_BYTES in crates/engine/src/backend/cuda/gdn.rs).
 __device__ __forceinline__ void gdn_prep_ldm_impl(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                                   const bf16_t* __restrict__ v, long long ld_qk, long long ld_v,
                                                   const float* __restrict__ g_in, const float* __restrict__ beta_in,
@@ -1319,7 +1319,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
 // and the two products on mm_ldm (same values, same bits). One block per (chunk, value head,
 // slice of 32 value columns). Shared memory: Q [64][136], h_c [128][40], A [64][72], V′ [64][40]
 // bf16, Q·h_c f32 [64][33], γ: 17,408 + 10,240 + 9,216 + 5,120 + 8,448 + 256 = 50,688 bytes
-// (HOUT_LDM_SMEM_BYTES in host/src/backend/cuda/gdn/split.rs).
+// (HOUT_LDM_SMEM_BYTES in crates/engine/src/backend/cuda/gdn/split.rs).
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     gdn_hout_engine_ldm(const bf16_t* __restrict__ q, long long ld_qk, const float* __restrict__ Hg,
                         const float* __restrict__ Vg, const float* __restrict__ Ag, const float* __restrict__ Gg,
@@ -1390,7 +1390,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
 // tag. h_c (bf16, as fla stores h) is copied from S_op's tile with 16-byte stores.
 // Shared memory: W f32 staging [64][132], U [64][32] f32, gam, then bf16 W [64][136], K [64][136],
 // S_op [128][40], Vd [64][40]: 33,792 + 8,192 + 256 + 17,408 + 17,408 + 10,240 + 5,120 =
-// 92,416 bytes (HWALK_TC_SMEM_BYTES in host/src/backend/cuda/gdn/split.rs): two blocks per SM.
+// 92,416 bytes (HWALK_TC_SMEM_BYTES in crates/engine/src/backend/cuda/gdn/split.rs): two blocks per SM.
 extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     gdn_hwalk_engine_tc(const bf16_t* __restrict__ k, long long ld_qk, const float* __restrict__ Wg,
                         const float* __restrict__ Ug, const float* __restrict__ Gg,

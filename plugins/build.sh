@@ -5,7 +5,7 @@
 # ships with the toolchain, so the components import nothing but draftlens:metric/host (no WASI).
 # Usage: plugins/build.sh [--out DIR]
 #
-# draftlens itself does not need this: host/plugin-host/build.rs builds the same plugins into the
+# draftlens itself does not need this: crates/plugin-host/build.rs builds the same plugins into the
 # same folder (<target>/wasm-builtins) and embeds them in the binary. plugins/dist is for
 # developers (e.g. to pass a plugin by path); its files are byte for byte the embedded ones.
 set -euo pipefail
@@ -28,7 +28,7 @@ if [[ ! -x "$LD" ]]; then
   exit 1
 fi
 
-# The folder host/plugin-host/build.rs uses, with the same settings: each reuses the other's work.
+# The folder crates/plugin-host/build.rs uses, with the same settings: each reuses the other's work.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/wasm-builtins"
 export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER="$LD"
 # Size/speed settings for plugins only (the workspace's release profile stays as it is).

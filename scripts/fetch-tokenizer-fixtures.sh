@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch the tokenizer golden vectors used by host/tests/tokenizer_*.rs.
+# Fetch the tokenizer golden vectors used by crates/engine/tests/tokenizer_*.rs.
 #
 # Source: the PyPI sdist of llama-cpp-python 0.3.36 (MIT), which vendors llama.cpp's vocab-only
 # GGUF files (`vendor/llama.cpp/models/ggml-vocab-*.gguf`) with their test inputs (`.gguf.inp`)
@@ -118,7 +118,7 @@ import transformers.utils.chat_template_utils as ctu
 from transformers.utils.chat_template_utils import render_jinja_template
 from datetime import datetime
 
-# draftlens pins strftime_now to 2024-07-26 00:00 (host/src/chat.rs, PINNED_DATE): do the same here.
+# draftlens pins strftime_now to 2024-07-26 00:00 (crates/engine/src/chat.rs, PINNED_DATE): do the same here.
 class PinnedDatetime(datetime):
     @classmethod
     def now(cls, tz=None):

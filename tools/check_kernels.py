@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile the CUDA kernels offline (no GPU, no driver) and report each kernel's resources.
 
-Builds every module exactly as `host/src/backend/cuda/kernels.rs` does (kernels/common.cuh, a
+Builds every module exactly as `crates/engine/src/backend/cuda/kernels.rs` does (kernels/common.cuh, a
 `#line` directive, the module's files in the same order, the same NVRTC options), compiles it to
 PTX with NVRTC through ctypes, then runs `ptxas -v` for the real architecture and prints registers,
 shared memory and spills per kernel. Spills or a compile error make the exit status non-zero.
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNELS_RS = ROOT / "host/src/backend/cuda/kernels.rs"
+KERNELS_RS = ROOT / "crates/engine/src/backend/cuda/kernels.rs"
 
 
 def modules():

@@ -3,7 +3,7 @@
 converter (`convert_hf_to_gguf.py`, classes Qwen3NextModel and Qwen3_5TextModel) writes them, with
 an independent writer: gguf-py (`gguf` 0.19.0 on PyPI, the package that converter uses) and numpy;
 no draftlens code, no torch. draftlens' GGUF reader is tested against these files
-(host/tests/golden_hybrid_gguf.rs): each must give the golden's hidden states and greedy tokens.
+(crates/engine/tests/golden_hybrid_gguf.rs): each must give the golden's hidden states and greedy tokens.
 
     python3 -m venv /tmp/gguf-venv
     /tmp/gguf-venv/bin/pip install --no-deps --require-hashes -r tools/golden/requirements-gguf.txt

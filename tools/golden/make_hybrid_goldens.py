@@ -33,7 +33,7 @@ in bf16 on CUDA with fla's Triton kernels in place of the torch fallback, and wr
 golden-fla.safetensors + manifest-fla.json next to the Reference files (the models are not
 regenerated), and makes a third model, qwen3_5_d128 (128-wide GDN heads: the shape draftlens' CUDA
 GDN kernels take), with its fla golden only. tools/golden/fla_device.sh runs this on the GPU
-machine and then host/tests/cuda_fla_golden.rs against the result. Usage:
+machine and then crates/engine/tests/cuda_fla_golden.rs against the result. Usage:
     python3 tools/golden/make_hybrid_goldens.py --out tests/fixtures/golden            # CPU, reference
     python3 tools/golden/make_hybrid_goldens.py --out tests/fixtures/golden --fla      # GPU + fla-core
 """

@@ -1,6 +1,6 @@
 """top1-accuracy in Python: the built-in top1-accuracy metric (plugins/top1-accuracy), written
 with the Python SDK (plugins/python/sdk), to show and measure Python plugins. Same metric
-name, same values (host/plugin-host/tests/python.rs checks them against the Rust plugin)."""
+name, same values (crates/plugin-host/tests/python.rs checks them against the Rust plugin)."""
 
 import draftlens_metric as dm
 

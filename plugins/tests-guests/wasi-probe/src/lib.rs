@@ -1,6 +1,6 @@
 //! A plugin built for `wasm32-wasip2` (so Rust std imports WASI) that tries what a plugin must
 //! not get: files, environment, clocks, randomness and the network. The host's deny-all WASI
-//! must let it load and run, and give it nothing (host/plugin-host/tests/wasi.rs).
+//! must let it load and run, and give it nothing (crates/plugin-host/tests/wasi.rs).
 //!
 //! Mode `probe` reports in `finish` as metric values (counts, 0/1 flags, clock readings, random
 //! bytes) and logs what each attempt returned; `sleep` sleeps an hour; `spin` busy-waits for a

@@ -1,0 +1,499 @@
+//! `run`, `live`, `lint`, `runs`: drafter evaluation.
+
+use crate::cmd_model::TargetArgs;
+use crate::common::Global;
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use draftlens_engine::backend::Backend;
+use draftlens_engine::drafter::eval::{AnchorPolicy, EvalOptions, Labels};
+use draftlens_engine::drafter::lint::{lint, Severity};
+use draftlens_engine::drafter::live::live_decode;
+use draftlens_engine::drafter::run::{run_eval_shard, DrafterSpec, RunOptions};
+use draftlens_engine::drafter::{DFlashDrafter, DrafterCheckpoint};
+use draftlens_engine::model::TargetFiles;
+use draftlens_engine::session::{dispatch, BackendJob};
+use draftlens_results::store::{RunFilter, RunMode, Store};
+use serde::Serialize;
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ModeArg {
+    /// Isolated per-anchor drafting: what deployment sees.
+    Deployment,
+    /// Reproduce training-time metrics: shared forward, training mask, optional data labels.
+    TrainStyle,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum MaskArg {
+    /// Context strictly before the anchor (correct).
+    Strict,
+    /// Context up to and including the anchor (the known training leak).
+    Inclusive,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LabelsArg {
+    Target,
+    Data,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Drafter checkpoint folder, a folder of checkpoints (every one is run, step from the
+    /// name), or builtin:oracle / builtin:anti-oracle (known-answer drafters).
+    #[arg(long)]
+    pub drafter: String,
+    /// Series the checkpoint runs belong to [default: the checkpoints' folder's name] (what
+    /// `watch --drafter-series` names; `watch --slurm` passes it on).
+    #[arg(long)]
+    pub drafter_series: Option<String>,
+    /// Block size of the built-in drafters.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// SQLite database of runs.
+    #[arg(long, default_value = "runs.sqlite")]
+    pub db: PathBuf,
+    /// Evaluate only shard I of N (0-based) of the prompt set, prompts assigned by content
+    /// hash; `draftlens merge` puts the shard runs together (docs/scale-out.md).
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<draftlens_results::shard::Shard>,
+    /// Run name (default: series/checkpoint · prompt set · mode).
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(long, value_enum, default_value_t = ModeArg::Deployment)]
+    pub mode: ModeArg,
+    /// Train-style mask rule.
+    #[arg(long, value_enum, default_value_t = MaskArg::Strict)]
+    pub mask: MaskArg,
+    /// Train-style labels: the target's greedy tokens or the prompt line's reference `completion`.
+    #[arg(long, value_enum, default_value_t = LabelsArg::Target)]
+    pub labels: LabelsArg,
+    #[command(flatten)]
+    pub anchors: AnchorArgs,
+    /// Also evaluate anchors inside the prompt.
+    #[arg(long)]
+    pub prompt_anchors: bool,
+    /// Stop with an error after N prompts (for testing interruption).
+    #[arg(long, hide = true)]
+    pub fail_after: Option<usize>,
+    /// Metric plugins scored over the stored records once the evaluation is done.
+    #[command(flatten)]
+    pub plugins: crate::cmd_plugins::PluginArgs,
+}
+
+/// Which completion anchors are drafted and how (shared by `run` and `watch`).
+#[derive(Args, Clone, Debug)]
+pub struct AnchorArgs {
+    /// Drafter candidates kept per position.
+    #[arg(long, default_value_t = 8)]
+    pub top_k: usize,
+    /// Evaluate every N-th completion anchor (default: every anchor).
+    #[arg(long, conflicts_with = "sample")]
+    pub stride: Option<usize>,
+    /// Evaluate N randomly sampled completion anchors per prompt (with --seed).
+    #[arg(long)]
+    pub sample: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Anchors per drafter forward.
+    #[arg(long, default_value_t = draftlens_engine::drafter::eval::DEFAULT_ANCHOR_BATCH)]
+    pub anchor_batch: usize,
+}
+
+impl AnchorArgs {
+    /// `--stride` / `--sample` as the evaluation's anchor policy.
+    pub fn policy(&self) -> AnchorPolicy {
+        match (self.stride, self.sample) {
+            (Some(n), _) => AnchorPolicy::Stride(n),
+            (_, Some(n)) => AnchorPolicy::Random { n, seed: self.seed },
+            _ => AnchorPolicy::Every,
+        }
+    }
+}
+
+struct RunJob<'a> {
+    g: &'a Global,
+    a: &'a RunArgs,
+}
+
+impl BackendJob for RunJob<'_> {
+    type Output = Vec<draftlens_engine::drafter::run::RunOutcome>;
+    fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
+        let a = self.a;
+        let set = a.target.prompt_set()?;
+        let specs: Vec<DrafterSpec> = match a.drafter.as_str() {
+            "builtin:oracle" => vec![DrafterSpec::Oracle {
+                block_size: a.block_size,
+            }],
+            "builtin:anti-oracle" => vec![DrafterSpec::AntiOracle {
+                block_size: a.block_size,
+            }],
+            d => {
+                let path = PathBuf::from(d);
+                let series = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().to_string())
+                    .unwrap_or_default();
+                let cks = DrafterCheckpoint::discover(&path)?;
+                let single = cks.len() == 1 && cks[0].dir == path;
+                cks.into_iter()
+                    .map(|c| {
+                        let series = if single {
+                            c.dir
+                                .parent()
+                                .and_then(|p| p.file_name())
+                                .map(|n| n.to_string_lossy().to_string())
+                                .unwrap_or(series.clone())
+                        } else {
+                            series.clone()
+                        };
+                        DrafterSpec::Checkpoint {
+                            dir: c.dir,
+                            step: c.step,
+                            series: a.drafter_series.clone().unwrap_or(series),
+                        }
+                    })
+                    .collect()
+            }
+        };
+        let s = a.target.session(be, self.g)?;
+        draftlens_engine::drafter::run::prewarm_identities(&s, &specs);
+        let store = Store::open(&a.db)?;
+        let mode = match a.mode {
+            ModeArg::Deployment => RunMode::Deployment,
+            ModeArg::TrainStyle => RunMode::TrainStyle,
+        };
+        if !matches!(mode, RunMode::TrainStyle)
+            && (matches!(a.mask, MaskArg::Inclusive) || matches!(a.labels, LabelsArg::Data))
+        {
+            bail!("--mask inclusive and --labels data reproduce training bugs: use them with --mode train-style");
+        }
+        let eval = EvalOptions {
+            top_k: a.anchors.top_k,
+            anchors: a.anchors.policy(),
+            prompt_anchors: a.prompt_anchors,
+            ctx_inclusive: matches!(a.mask, MaskArg::Inclusive),
+            labels: match a.labels {
+                LabelsArg::Target => Labels::Target,
+                LabelsArg::Data => Labels::Data,
+            },
+            anchor_batch: a.anchors.anchor_batch,
+        };
+        let mut outs = Vec::new();
+        for spec in &specs {
+            let opts = RunOptions {
+                name: a.name.clone(),
+                mode,
+                eval: eval.clone(),
+                max_new_tokens: a.target.max_new_tokens,
+                fail_after: a.fail_after,
+            };
+            outs.push(run_eval_shard(&s, spec, &set, &opts, a.shard, &store)?);
+        }
+        Ok(outs)
+    }
+}
+
+pub fn run(g: &Global, a: RunArgs) -> Result<()> {
+    // Plugins are found and their parameters checked before any model runs.
+    let plugins = crate::cmd_rescore::Prepared::new(&a.plugins)?;
+    let outs = dispatch(a.target.backend.select(g), RunJob { g, a: &a })?;
+    // A failing plugin is a warning (recorded with the run), never a failed run.
+    let scored = {
+        let _phase = draftlens_engine::timeline::phase("plugins");
+        // A shard that owns no prompt has no records to score (docs/scale-out.md).
+        let scorable = outs.iter().filter(|r| a.shard.is_none() || r.blocks > 0);
+        crate::cmd_rescore::score_runs(plugins.as_ref(), &a.db, scorable.map(|r| r.run_id))?
+    };
+    g.emit(&crate::cmd_rescore::with_plugins(&outs, &scored), || {
+        let mut o = String::new();
+        for r in &outs {
+            o += &format!(
+                "run {} · {} · {} prompts, {} blocks, {:.1}s\n",
+                r.run_id, r.name, r.prompts, r.blocks, r.seconds
+            );
+            // A histogram's scalar is only its count (the blocks above): its bins are in
+            // `runs show --json` and the web UI.
+            for (name, m) in r.metrics.values().flatten() {
+                if name != "accept_hist" {
+                    o += &format!("  {name:<22} {:.4}\n", m.value);
+                }
+            }
+            if let Some(s) = scored.iter().find(|s| s.run == r.run_id) {
+                o += &crate::cmd_plugins::render_stored(s);
+            }
+        }
+        o += &format!(
+            "stored in {} — browse with: draftlens serve --db {}\n",
+            a.db.display(),
+            a.db.display()
+        );
+        o
+    })
+}
+
+#[derive(Args)]
+pub struct LiveArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Drafter checkpoint folder.
+    #[arg(long)]
+    pub drafter: PathBuf,
+}
+
+#[derive(Serialize)]
+pub struct LiveRow {
+    pub id: String,
+    pub tau: f64,
+    pub rounds: usize,
+    pub new_tokens: usize,
+    /// Output equals plain greedy decoding token for token.
+    pub lossless: bool,
+    pub text: String,
+}
+
+struct LiveJob<'a> {
+    g: &'a Global,
+    a: &'a LiveArgs,
+}
+
+impl BackendJob for LiveJob<'_> {
+    type Output = Vec<LiveRow>;
+    fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
+        let a = self.a;
+        let set = a.target.prompt_set()?;
+        let s = a.target.session(be, self.g)?;
+        let findings = lint(&s.files, &a.drafter)?;
+        if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
+            bail!(
+                "{}: drafter is incompatible with the target: {}",
+                a.drafter.display(),
+                f.message
+            );
+        }
+        let d = DFlashDrafter::load(&s.be, &a.drafter, s.files.spec.hidden_size)?;
+        let eos = s.eos_ids();
+        let pb = draftlens_engine::progress::bar(set.prompts.len() as u64, "live");
+        let mut rows = Vec::new();
+        for p in &set.prompts {
+            let ids = s.prompt_ids(p)?;
+            let live = live_decode(&s.be, s.model()?, &d, &ids, a.target.max_new_tokens, &eos)?;
+            let greedy = s.continuation(&ids, a.target.max_new_tokens)?;
+            rows.push(LiveRow {
+                id: p.id.clone(),
+                tau: live.tau(),
+                rounds: live.round_tokens.len(),
+                new_tokens: live.ids.len(),
+                lossless: live.ids == greedy.ids,
+                text: s.files.tokenizer()?.decode(&live.ids)?,
+            });
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        Ok(rows)
+    }
+}
+
+pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
+    let rows = dispatch(a.target.backend.select(g), LiveJob { g, a: &a })?;
+    let bad = rows.iter().filter(|r| !r.lossless).count();
+    g.emit(&rows, || {
+        let mut o: String = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{:<24} τ {:.3}  {} rounds  {} tokens  {}\n",
+                    r.id,
+                    r.tau,
+                    r.rounds,
+                    r.new_tokens,
+                    if r.lossless {
+                        "lossless"
+                    } else {
+                        "DIFFERS FROM GREEDY"
+                    }
+                )
+            })
+            .collect();
+        let macro_tau = rows.iter().map(|r| r.tau).sum::<f64>() / rows.len().max(1) as f64;
+        o += &format!(
+            "live τ (macro over {} prompts): {:.3}\n",
+            rows.len(),
+            macro_tau
+        );
+        o
+    })?;
+    if bad > 0 {
+        bail!("{bad} prompts differ from plain greedy decoding: speculative decoding was not lossless");
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct LintArgs {
+    /// Target model (.gguf or Hugging Face folder)
+    /// [default: the model `draftlens setup` installs in the data folder]
+    #[arg(long)]
+    pub target: Option<PathBuf>,
+    /// Drafter checkpoint folder.
+    #[arg(long)]
+    pub drafter: PathBuf,
+}
+
+pub fn lint_cmd(g: &Global, a: LintArgs) -> Result<()> {
+    let target = g.target(&a.target)?;
+    let t = TargetFiles::open(&target)?;
+    let findings = lint(&t, &a.drafter)?;
+    let errors = findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .count();
+    g.emit(&findings, || {
+        let mut o: String = findings
+            .iter()
+            .map(|f| {
+                format!(
+                    "{:<8} {:<18} {}\n",
+                    format!("{:?}", f.severity).to_lowercase(),
+                    f.code,
+                    f.message
+                )
+            })
+            .collect();
+        o += &format!("{} findings, {} errors\n", findings.len(), errors);
+        o
+    })?;
+    if errors > 0 {
+        bail!(
+            "{}: {errors} incompatibilities with {}",
+            a.drafter.display(),
+            target.display()
+        );
+    }
+    Ok(())
+}
+
+#[derive(Subcommand)]
+pub enum RunsCmd {
+    /// List runs (newest first).
+    Ls {
+        #[arg(long, default_value = "runs.sqlite")]
+        db: PathBuf,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Show one run: configuration, status and run-level metrics.
+    Show {
+        /// Run id, uid or a unique uid prefix (≥ 6 hex characters).
+        run: String,
+        #[arg(long, default_value = "runs.sqlite")]
+        db: PathBuf,
+    },
+}
+
+pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
+    match c {
+        RunsCmd::Ls { db, limit } => {
+            let store = Store::open(&db)?;
+            let (rows, total) = store.runs(&RunFilter {
+                limit,
+                descending: true,
+                ..Default::default()
+            })?;
+            let infos: Vec<_> = rows.iter().map(|r| &r.run).collect();
+            g.emit(&infos, || {
+                let mut o: String = infos
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "{:>5}  {:<9} {:<12} {:<6} {}\n",
+                            r.id,
+                            r.status.as_str(),
+                            r.mode.as_str(),
+                            r.backend,
+                            r.name
+                        )
+                    })
+                    .collect();
+                o += &format!("{} of {total} runs\n", infos.len());
+                o
+            })
+        }
+        RunsCmd::Show { run, db } => {
+            // Store::open would create a missing database: say it is missing instead.
+            if !db.is_file() {
+                bail!("{}: no such run database", db.display());
+            }
+            let store = Store::open(&db)?;
+            let id = draftlens_web::compare::resolve_run(&store, &run)?;
+            let Some(d) = store.run(id)? else {
+                bail!("{}: no run {run}", db.display())
+            };
+            let metrics = store.metrics(id)?;
+            let plugins = store.plugin_runs(id)?;
+            let eval = store.run_eval(id)?;
+            #[derive(Serialize)]
+            struct Show<'a> {
+                run: &'a draftlens_results::store::RunDetail,
+                metrics: &'a [draftlens_results::store::MetricRow],
+                /// Which plugin file (sha256) produced each plugin source's rows.
+                plugins: &'a [draftlens_results::store::PluginProvenance],
+                /// The evaluation identity and shard (docs/scale-out.md §2); null for older runs.
+                eval: &'a Option<draftlens_results::store::RunEval>,
+            }
+            g.emit(&Show { run: &d, metrics: &metrics, plugins: &plugins, eval: &eval }, || {
+                let r = &d.run;
+                let mut o = format!(
+                    "run {} · {}\n  status {}{}\n  mode {}  backend {} ({})  B {}  top-K {}\n  target {} ({})\n  drafter {} step {:?}\n  prompts {} ({} prompts, {} blocks)\n",
+                    r.id,
+                    r.name,
+                    r.status.as_str(),
+                    r.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default(),
+                    r.mode.as_str(),
+                    r.backend,
+                    r.dtype,
+                    r.block_size,
+                    r.top_k,
+                    r.target_path,
+                    r.target_arch,
+                    r.drafter_path,
+                    r.drafter_step,
+                    r.prompt_set_name,
+                    r.num_prompts,
+                    r.num_blocks
+                );
+                if let Some(e) = &eval {
+                    o += &format!(
+                        "  evaluation {}{}{}\n",
+                        e.identity,
+                        e.shard.map(|s| format!("  shard {s} ({} of {} prompts)", e.run_prompts, e.set_prompts)).unwrap_or_default(),
+                        e.merged_from.as_ref().map(|m| format!("  merged from {} shards", m.len())).unwrap_or_default()
+                    );
+                }
+                for m in metrics.iter().filter(|m| m.scope == draftlens_results::store::MetricScope::Run) {
+                    o += &format!("  {:<16} {:<26} {:>9.4}  (n={})  {}\n", m.source, m.name, m.value, m.count, m.description);
+                }
+                for p in &plugins {
+                    o += &format!(
+                        "  plugin {} {} sha256 {} ({}){}\n",
+                        p.source,
+                        p.version,
+                        if p.sha256.is_empty() { "unknown" } else { &p.sha256 },
+                        if p.builtin { "built-in".to_string() } else { p.file.clone() },
+                        p.stale_since
+                            .as_deref()
+                            .map(|t| format!(" — STALE since {t}: a later scoring failed"))
+                            .unwrap_or_default()
+                    );
+                }
+                for f in &d.failures {
+                    o += &format!("  plugin {} failed ({}): {}\n", f.plugin, f.kind, f.message);
+                }
+                o
+            })
+        }
+    }
+}

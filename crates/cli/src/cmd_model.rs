@@ -1,0 +1,466 @@
+//! `inspect`, `generate`, `extract`: the target model on its own.
+
+use crate::common::Global;
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use draftlens_engine::backend::Backend;
+use draftlens_engine::model::{Capture, TargetFiles};
+use draftlens_engine::prompts::PromptSet;
+use draftlens_engine::session::{dispatch, BackendJob, BackendKind, Packer, Session};
+use draftlens_results::shard::Shard;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// CUDA when a usable GPU is present, else the CPU.
+    Auto,
+    /// The f32 reference.
+    Cpu,
+    /// bf16 with fp32 accumulation, kernels compiled at run time by NVRTC (docs/cuda.md).
+    Cuda,
+}
+
+impl BackendArg {
+    /// The backend this choice runs on, and why (`auto` asks the CUDA probe).
+    pub fn resolve(self) -> (BackendKind, String) {
+        match self {
+            BackendArg::Cpu => (BackendKind::Cpu, "--backend cpu".into()),
+            BackendArg::Cuda => (BackendKind::Cuda, "--backend cuda".into()),
+            BackendArg::Auto => match draftlens_engine::session::cuda_availability(0) {
+                Ok(()) => (
+                    BackendKind::Cuda,
+                    "auto: a usable CUDA GPU was found".into(),
+                ),
+                Err(why) => (BackendKind::Cpu, format!("auto: CUDA unavailable: {why}")),
+            },
+        }
+    }
+
+    /// [`BackendArg::resolve`], announced: the first line of the command's output says which
+    /// backend runs and why (on stderr with `--json`, so stdout stays one JSON document).
+    pub fn select(self, g: &Global) -> BackendKind {
+        let (kind, why) = self.resolve();
+        let line = format!("backend {} ({why})", kind.as_str());
+        if g.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+        kind
+    }
+}
+
+impl From<BackendArg> for BackendKind {
+    fn from(b: BackendArg) -> Self {
+        b.resolve().0
+    }
+}
+
+/// Numeric profile of a hybrid target's Gated DeltaNet layers (docs/hybrid-models.md).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum GdnProfileArg {
+    /// f32 state and intermediates, as transformers' PyTorch fallback.
+    Reference,
+    /// bf16 intermediates where the fla Triton kernels (vLLM, SGLang) keep them.
+    Engine,
+}
+
+/// Options shared by every command that runs the target over a prompt set.
+#[derive(Args, Clone, Debug)]
+pub struct TargetArgs {
+    /// Target model: a .gguf file or a Hugging Face folder (config.json + safetensors)
+    /// [default: the model `draftlens setup` installs in the data folder].
+    #[arg(long)]
+    pub target: Option<PathBuf>,
+    /// Prompt set: builtin:humaneval|mtbench|gsm8k or a JSONL file.
+    #[arg(long, default_value = "builtin:humaneval")]
+    pub prompts: String,
+    /// Use only the first N prompts.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Tokens the target generates per prompt (greedy).
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+    /// Numeric backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// Prompts whose greedy continuations are decoded together (one weight read per step for
+    /// all of them). Continuations are bit-identical to decoding each prompt alone; a backend
+    /// caps the batch at the rows it can promise that for (CUDA: 64, CPU: no cap).
+    #[arg(long, default_value_t = draftlens_engine::session::DEFAULT_GEN_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub gen_batch: usize,
+    /// Gated DeltaNet numeric profile of a hybrid target (Qwen3.5/3.6/Next); part of the cache
+    /// key and recorded with every run. Dense targets ignore it.
+    #[arg(long, value_enum, default_value_t = GdnProfileArg::Reference)]
+    pub gdn_profile: GdnProfileArg,
+}
+
+impl TargetArgs {
+    /// The target loaded on `be` with these options.
+    pub fn session<B: Backend>(&self, be: B, g: &Global) -> Result<Session<B>> {
+        let mut s = Session::load(be, &g.target(&self.target)?, g.cache()?)?;
+        s.gen_batch = self.gen_batch;
+        s.gdn_profile = match self.gdn_profile {
+            GdnProfileArg::Reference => draftlens_engine::backend::GdnProfile::Reference,
+            GdnProfileArg::Engine => draftlens_engine::backend::GdnProfile::Engine,
+        };
+        Ok(s)
+    }
+
+    pub fn prompt_set(&self) -> Result<PromptSet> {
+        let mut set = PromptSet::load(&self.prompts)?;
+        if let Some(n) = self.limit {
+            set.truncate(n);
+        }
+        if set.prompts.is_empty() {
+            bail!("{}: the prompt set is empty", set.source.display());
+        }
+        Ok(set)
+    }
+
+    /// [`TargetArgs::prompt_set`], only the prompts of `shard` when given (possibly none).
+    pub fn shard_prompt_set(&self, shard: Option<Shard>) -> Result<PromptSet> {
+        let mut set = self.prompt_set()?;
+        if let Some(sh) = shard {
+            set.prompts = draftlens_engine::shard::prompts_of_shard(&sh, &set.prompts)
+                .into_iter()
+                .map(|i| set.prompts[i].clone())
+                .collect();
+        }
+        Ok(set)
+    }
+}
+
+#[derive(Args)]
+pub struct InspectArgs {
+    /// A .gguf file or a Hugging Face model folder.
+    pub model: PathBuf,
+    /// List every tensor.
+    #[arg(long)]
+    pub tensors: bool,
+    /// Also compute the weights' sha256 (the model's identity) when the identity store does not
+    /// remember it yet: reads every weight byte once (~40 s for 16 GB), then remembered.
+    #[arg(long)]
+    pub hash: bool,
+}
+
+#[derive(Serialize)]
+struct InspectOut {
+    path: PathBuf,
+    format: &'static str,
+    /// The identity when the identity store remembers every weight file's hash (inspect reads
+    /// headers only and never hashes); `null` until a command that needs it has run.
+    weights_sha256: Option<String>,
+    spec: draftlens_engine::model::ModelSpec,
+    parameters: u64,
+    dtypes: std::collections::BTreeMap<String, (usize, u64)>,
+    loaded_as: &'static str,
+    tokenizer: Option<TokInfo>,
+    tensors: Option<Vec<draftlens_engine::formats::TensorInfo>>,
+}
+
+#[derive(Serialize)]
+struct TokInfo {
+    vocab: usize,
+    bos: Option<u32>,
+    eos: Vec<u32>,
+    chat_template_chars: Option<usize>,
+}
+
+pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
+    // Headers only: no weight byte is read (the hash is shown when already remembered).
+    let f = TargetFiles::open(&a.model)?
+        .with_identity_store(draftlens_engine::identity::IdentityStore::new(g.cache()?.root()));
+    let infos = f.weights.tensors();
+    let mut dtypes = std::collections::BTreeMap::new();
+    let mut params = 0u64;
+    for t in &infos {
+        let n: u64 = t.shape.iter().map(|&d| d as u64).product();
+        params += n;
+        let e = dtypes.entry(t.dtype.clone()).or_insert((0usize, 0u64));
+        e.0 += 1;
+        e.1 += t.bytes;
+    }
+    let out = InspectOut {
+        path: a.model.clone(),
+        format: f.identity.format,
+        weights_sha256: if a.hash {
+            Some(f.identity.weights_sha256()?)
+        } else {
+            f.identity.remembered_sha256()
+        },
+        spec: f.spec.clone(),
+        parameters: params,
+        dtypes,
+        loaded_as: "f32 on cpu (dequantised at load); bf16 on cuda",
+        tokenizer: f.tokenizer.as_ref().map(|t| TokInfo {
+            vocab: t.vocab_size(),
+            bos: t.bos_id(),
+            eos: t.eos_ids(),
+            chat_template_chars: t.chat_template().map(|s| s.chars().count()),
+        }),
+        tensors: a.tensors.then(|| infos.clone()),
+    };
+    g.emit(&out, || {
+        let s = &out.spec;
+        let mut o = format!(
+            "{}\n  format        {} ({})\n  architecture  {}\n  layers        {}   hidden {}   ffn {}   heads {}/{} kv   head_dim {}\n  vocab         {}   rope θ {}   rms eps {}   context {}   tied embeddings {}\n  parameters    {}\n  stored dtypes ",
+            out.path.display(),
+            out.format,
+            out.weights_sha256.as_deref().map_or("sha256 not computed yet: --hash".to_string(), |h| format!("sha256 {}", &h[..16])),
+            s.arch.as_str(),
+            s.num_layers,
+            s.hidden_size,
+            s.intermediate_size,
+            s.num_heads,
+            s.num_kv_heads,
+            s.head_dim,
+            s.vocab_size,
+            s.rope_theta,
+            s.rms_norm_eps,
+            s.max_position_embeddings,
+            s.tie_word_embeddings,
+            out.parameters,
+        );
+        let parts: Vec<String> = out.dtypes.iter().map(|(k, (n, b))| format!("{k}: {n} tensors, {:.1} MiB", *b as f64 / 1048576.0)).collect();
+        o += &parts.join("; ");
+        o += &format!("\n  loaded as     {}\n", out.loaded_as);
+        if let Some(t) = &out.tokenizer {
+            o += &format!("  tokenizer     {} ids, bos {:?}, end-of-generation {:?}, chat template {}\n", t.vocab, t.bos, t.eos, t.chat_template_chars.map_or("none".to_string(), |c| format!("{c} chars")));
+        }
+        if let Some(ts) = &out.tensors {
+            for t in ts {
+                o += &format!("  {:<48} {:<6} {:?}\n", t.name, t.dtype, t.shape);
+            }
+        }
+        o
+    })
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Only shard I of N (0-based) of the prompt set, by content hash (docs/scale-out.md).
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<Shard>,
+}
+
+#[derive(Serialize)]
+pub struct GeneratedPrompt {
+    pub id: String,
+    pub prompt_tokens: usize,
+    pub new_tokens: usize,
+    pub stop: draftlens_engine::generate::StopReason,
+    pub text: String,
+    pub seconds: f64,
+}
+
+struct GenerateJob<'a> {
+    g: &'a Global,
+    a: &'a TargetArgs,
+    shard: Option<Shard>,
+}
+
+impl BackendJob for GenerateJob<'_> {
+    type Output = Vec<GeneratedPrompt>;
+    fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
+        let set = self.a.shard_prompt_set(self.shard)?;
+        let s = self.a.session(be, self.g)?;
+        s.check_prompts_fit(&set.prompts, self.a.max_new_tokens, 0)?;
+        let pb = draftlens_engine::progress::bar(set.prompts.len() as u64, "generate");
+        let mut out = Vec::new();
+        // Prompts are decoded a batch at a time (Session::continuations); each reports its
+        // share of its batch's time.
+        for chunk in set.prompts.chunks(s.gen_batch()) {
+            let t0 = Instant::now();
+            let done = s.prompts_with_continuations(chunk, self.a.max_new_tokens)?;
+            let seconds = t0.elapsed().as_secs_f64() / chunk.len() as f64;
+            for (p, (ids, c)) in chunk.iter().zip(done) {
+                out.push(GeneratedPrompt {
+                    id: p.id.clone(),
+                    prompt_tokens: ids.len(),
+                    new_tokens: c.ids.len(),
+                    stop: c.stop,
+                    text: s.files.tokenizer()?.decode(&c.ids)?,
+                    seconds,
+                });
+                pb.inc(1);
+            }
+        }
+        pb.finish_and_clear();
+        // The continuations' cache entries are written in the background: a failure to store
+        // one is this command's error, as it was when they were written inline.
+        s.flush_cache()?;
+        log_loaded(&s);
+        Ok(out)
+    }
+}
+
+/// `-v`: whether the command needed the target's weights (a fully cached rerun does not).
+fn log_loaded<B: Backend>(s: &Session<B>) {
+    tracing::info!(
+        "target weights uploaded: {}",
+        if s.model_loaded() {
+            "yes"
+        } else {
+            "no (everything came from the cache)"
+        }
+    );
+}
+
+pub fn generate(g: &Global, a: GenerateArgs) -> Result<()> {
+    let job = GenerateJob {
+        g,
+        a: &a.target,
+        shard: a.shard,
+    };
+    let out = dispatch(a.target.backend.select(g), job)?;
+    g.emit(&out, || {
+        out.iter()
+            .map(|r| {
+                format!(
+                    "=== {} ({} prompt tokens, {} new, stop: {:?}, {:.2}s)\n{}\n",
+                    r.id, r.prompt_tokens, r.new_tokens, r.stop, r.seconds, r.text
+                )
+            })
+            .collect()
+    })
+}
+
+#[derive(Args)]
+pub struct ExtractArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Decoder-layer output ids to capture (0-based; id i = Hugging Face hidden_states[i+1],
+    /// the convention of DFlash target_layer_ids). See docs/hidden-states.md.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,15,22,27")]
+    pub layers: Vec<usize>,
+    /// Write the captured states of every prompt to this safetensors file as well.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Most tokens (prompt + continuation, summed over prompts) per packed target forward: the
+    /// hidden states of consecutive prompts are computed in one forward of up to N tokens (a
+    /// longer sequence runs alone). Larger fills a GPU better and needs more memory; the
+    /// results and the cache entries do not depend on it beyond f32 summation order.
+    #[arg(long, value_name = "N", default_value_t = draftlens_engine::session::DEFAULT_PACK_TOKENS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub pack_tokens: usize,
+    /// Only shard I of N (0-based) of the prompt set, by content hash (docs/scale-out.md).
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<Shard>,
+}
+
+#[derive(Serialize)]
+pub struct Extracted {
+    pub id: String,
+    pub tokens: usize,
+    pub cached: bool,
+    /// The prompt's continuation plus its token share of its pack's target forward.
+    pub seconds: f64,
+}
+
+/// A prompt whose sequence is known and whose target pass waits for its pack.
+struct PendingExtract {
+    id: String,
+    ids: Vec<u32>,
+    seconds: f64,
+}
+
+struct ExtractJob<'a> {
+    g: &'a Global,
+    a: &'a ExtractArgs,
+}
+
+impl BackendJob for ExtractJob<'_> {
+    type Output = Vec<Extracted>;
+    fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
+        let set = self.a.target.shard_prompt_set(self.a.shard)?;
+        let mut s = self.a.target.session(be, self.g)?;
+        s.pack_tokens = self.a.pack_tokens;
+        let capture = Capture::for_layer_ids(&self.a.layers, s.files.spec.num_layers)?;
+        s.check_prompts_fit(
+            &set.prompts,
+            self.a.target.max_new_tokens,
+            capture.indices.len(),
+        )?;
+        let pb = draftlens_engine::progress::bar(set.prompts.len() as u64, "extract");
+        let mut out = Vec::new();
+        let mut dump: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+        // Consecutive prompts' target passes run packed, one window of ≤ pack_tokens at a time.
+        let mut flush = |window: Vec<PendingExtract>| -> Result<()> {
+            if window.is_empty() {
+                return Ok(());
+            }
+            let t0 = Instant::now();
+            let seqs: Vec<&[u32]> = window.iter().map(|w| w.ids.as_slice()).collect();
+            // Without --out the hidden states are only cached: they move into the cache
+            // entries rather than being copied (host memory holds a long prompt's taps once).
+            let passes = s.target_passes_keeping(&seqs, &capture, 8, self.a.out.is_some())?;
+            let per_token =
+                t0.elapsed().as_secs_f64() / seqs.iter().map(|q| q.len()).sum::<usize>() as f64;
+            for (w, pass) in window.into_iter().zip(passes) {
+                if self.a.out.is_some() {
+                    for (i, h) in pass.hidden {
+                        dump.push((
+                            format!("{}.hs{}", w.id, i),
+                            vec![w.ids.len(), pass.hidden_size],
+                            h.to_f32().into_owned(),
+                        ));
+                    }
+                }
+                out.push(Extracted {
+                    id: w.id,
+                    tokens: w.ids.len(),
+                    cached: pass.cached,
+                    seconds: w.seconds + per_token * w.ids.len() as f64,
+                });
+                pb.inc(1);
+            }
+            Ok(())
+        };
+        let mut window = Packer::new(self.a.pack_tokens);
+        for chunk in set.prompts.chunks(s.gen_batch()) {
+            let t0 = Instant::now();
+            let done = s.prompts_with_continuations(chunk, self.a.target.max_new_tokens)?;
+            let seconds = t0.elapsed().as_secs_f64() / chunk.len() as f64;
+            for (p, (mut ids, c)) in chunk.iter().zip(done) {
+                ids.extend(&c.ids);
+                let len = ids.len();
+                let pending = PendingExtract {
+                    id: p.id.clone(),
+                    ids,
+                    seconds,
+                };
+                if let Some(full) = window.push(pending, len) {
+                    flush(full)?;
+                }
+            }
+        }
+        flush(window.finish())?;
+        s.flush_cache()?;
+        pb.finish_and_clear();
+        log_loaded(&s);
+        if let Some(path) = &self.a.out {
+            draftlens_engine::util::write_f32_safetensors(path, &dump)?;
+        }
+        Ok(out)
+    }
+}
+
+pub fn extract(g: &Global, a: ExtractArgs) -> Result<()> {
+    let out = dispatch(a.target.backend.select(g), ExtractJob { g, a: &a })?;
+    g.emit(&out, || {
+        let cached = out.iter().filter(|e| e.cached).count();
+        let tokens: usize = out.iter().map(|e| e.tokens).sum();
+        format!(
+            "extracted {} prompts ({} tokens; {} from cache) at layers {:?}\n",
+            out.len(),
+            tokens,
+            cached,
+            a.layers
+        )
+    })
+}

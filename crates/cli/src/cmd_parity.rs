@@ -1,0 +1,134 @@
+//! `parity`: the same target (and drafter) on a reference backend and on a second backend under
+//! each Gated DeltaNet profile — per-layer hidden-state errors (GDN and attention layers marked),
+//! greedy agreement, and the change of every drafter metric, per-position acceptance included
+//! (`draftlens_engine::parity_report`, docs/hybrid-models.md).
+
+use crate::cmd_model::{BackendArg, GdnProfileArg};
+use crate::common::Global;
+use anyhow::{bail, Result};
+use clap::Args;
+use draftlens_engine::backend::{Backend, GdnProfile};
+use draftlens_engine::drafter::run::DrafterSpec;
+use draftlens_engine::parity_report::{format_report, parity_report, ParityOptions, ParityReport};
+use draftlens_engine::prompts::PromptSet;
+use draftlens_engine::session::{dispatch, BackendJob, Session};
+use draftlens_results::store::Store;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct ParityArgs {
+    /// [default: the model `draftlens setup` installs in the data folder]
+    #[arg(long)]
+    pub target: Option<PathBuf>,
+    /// Also compare a drafter's metrics when fed each configuration's hidden states.
+    #[arg(long)]
+    pub drafter: Option<PathBuf>,
+    /// Reference backend first (it runs the reference GDN profile).
+    #[arg(long, value_delimiter = ',', default_value = "cpu,cuda")]
+    pub backends: Vec<BackendArg>,
+    /// GDN profiles the second backend runs a hybrid target under, each compared with the
+    /// reference (dense targets: ignored).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "reference,engine"
+    )]
+    pub gdn_profiles: Vec<GdnProfileArg>,
+    #[arg(long, default_value = "builtin:humaneval")]
+    pub prompts: String,
+    #[arg(long, default_value_t = 4)]
+    pub limit: usize,
+    /// Continuation length for the drafter comparison.
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+}
+
+struct Outer<'a> {
+    g: &'a Global,
+    a: &'a ParityArgs,
+}
+struct Inner<'a, A: Backend> {
+    g: &'a Global,
+    a: &'a ParityArgs,
+    first: A,
+}
+
+impl<'a> BackendJob for Outer<'a> {
+    type Output = ParityReport;
+    fn run<A: Backend>(self, first: A) -> Result<ParityReport> {
+        dispatch(
+            self.a.backends[1].into(),
+            Inner {
+                g: self.g,
+                a: self.a,
+                first,
+            },
+        )
+    }
+}
+
+impl<'a, A: Backend> BackendJob for Inner<'a, A> {
+    type Output = ParityReport;
+    fn run<B: Backend>(self, second: B) -> Result<ParityReport> {
+        let (g, a) = (self.g, self.a);
+        let mut set = PromptSet::load(&a.prompts)?;
+        set.truncate(a.limit);
+        let mut sa = Session::load(self.first, a.target(), g.cache()?)?;
+        let mut sb = Session::load(second, a.target(), g.cache()?)?;
+        let opts = ParityOptions {
+            profiles: a
+                .gdn_profiles
+                .iter()
+                .map(|p| match p {
+                    GdnProfileArg::Reference => GdnProfile::Reference,
+                    GdnProfileArg::Engine => GdnProfile::Engine,
+                })
+                .collect(),
+            drafter: a.drafter.as_ref().map(|dir| DrafterSpec::Checkpoint {
+                dir: dir.clone(),
+                step: None,
+                series: "parity".into(),
+            }),
+            max_new_tokens: a.max_new_tokens,
+        };
+        // The drafter runs are scaffolding for the comparison: a throw-away store.
+        let path =
+            std::env::temp_dir().join(format!("draftlens-parity-{}.sqlite", std::process::id()));
+        let store = Store::open(&path)?;
+        let report = parity_report(&mut sa, &mut sb, &set, &opts, &store);
+        drop(store);
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        report
+    }
+}
+
+impl ParityArgs {
+    /// The target, resolved by [`run`] (`--target` or the installed default).
+    fn target(&self) -> &std::path::Path {
+        self.target
+            .as_deref()
+            .expect("resolved at the start of `run`")
+    }
+}
+
+pub fn run(g: &Global, a: ParityArgs) -> Result<()> {
+    let a = ParityArgs {
+        target: Some(g.target(&a.target)?),
+        ..a
+    };
+    if a.backends.len() != 2 {
+        bail!("--backends takes exactly two backends, e.g. cpu,cuda (cpu,cpu compares the GDN profiles on the CPU)");
+    }
+    if a.gdn_profiles.is_empty() {
+        bail!("--gdn-profiles needs at least one profile (reference, engine)");
+    }
+    let out = dispatch(a.backends[0].into(), Outer { g, a: &a })?;
+    g.emit(&out, || format_report(&out))?;
+    if !out.pass {
+        bail!("hidden states differ beyond the stated tolerances (docs/cuda.md)");
+    }
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! Live greedy speculative decoding: the real draft → verify loop with the target's KV cache,
+//! cropping after each round, and the bonus token. Lossless: the output equals plain greedy
+//! decoding; its τ must equal the replayed τ of the per-anchor evaluation.
+//!
+//! Round at anchor a (the last committed token, not yet in the target's cache):
+//! draft d_1..d_{B−1} from the taps of positions < a; verify `[y_a, d_1..d_{B−1}]` in one target
+//! pass; A = leading i with d_i = argmax(row i−1); commit d_1..d_A and the bonus argmax(row A);
+//! crop the cache to a+A+1; append the verify pass's taps of positions a..a+A to the drafter
+//! context. Tokens counted per round = tokens committed (the bonus is not counted when the
+//! budget or an EOS ends the sequence first), the same convention as [`draftlens_results::metrics::replay`].
+
+use super::model::{DFlashDrafter, DraftOptions};
+use crate::backend::{Backend, HostRows};
+use crate::model::{Capture, TargetModel};
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LiveResult {
+    /// Generated ids (the prefill's first token included), EOS included if reached.
+    pub ids: Vec<u32>,
+    /// Tokens committed by each verify round.
+    pub round_tokens: Vec<u32>,
+    /// Accepted drafted tokens A of each round.
+    pub accepted: Vec<u32>,
+}
+
+impl LiveResult {
+    /// Mean tokens per verify round (bonus included).
+    pub fn tau(&self) -> f64 {
+        if self.round_tokens.is_empty() {
+            return 0.0;
+        }
+        self.round_tokens.iter().map(|&t| t as f64).sum::<f64>() / self.round_tokens.len() as f64
+    }
+}
+
+/// Captured taps of `out` rows `0..n` as host vectors, in the drafter's tap order.
+fn taps_rows<B: Backend>(
+    be: &B,
+    cap: &crate::model::Captured<B>,
+    indices: &[usize],
+    n: usize,
+) -> Result<Vec<HostRows>> {
+    indices
+        .iter()
+        .map(|&i| {
+            let t = cap
+                .get(i)
+                .ok_or_else(|| anyhow::anyhow!("tap hidden_states[{i}] was not captured"))?;
+            be.to_host_rows(&be.slice_rows(t, 0, n)?)
+        })
+        .collect()
+}
+
+pub fn live_decode<B: Backend>(
+    be: &B,
+    target: &TargetModel<B>,
+    drafter: &DFlashDrafter<B>,
+    prompt: &[u32],
+    max_new: usize,
+    eos: &[u32],
+) -> Result<LiveResult> {
+    if prompt.is_empty() {
+        bail!("empty prompt");
+    }
+    let d_t = target.spec.hidden_size;
+    let tap_idx: Vec<usize> = drafter.cfg.target_layer_ids.iter().map(|i| i + 1).collect();
+    let capture = Capture::for_layer_ids(&drafter.cfg.target_layer_ids, target.spec.num_layers)?;
+    let b = drafter.cfg.block_size;
+    let mut cache = target.new_cache();
+    let out = target.forward(be, prompt, &mut cache, &capture)?;
+    let p = prompt.len();
+    let first = target
+        .logits_topk(be, &be.slice_rows(&out.last_hidden, p - 1, p)?, 1)?
+        .ids[0];
+    let mut res = LiveResult {
+        ids: vec![first],
+        round_tokens: vec![],
+        accepted: vec![],
+    };
+    if max_new == 0 {
+        res.ids.clear();
+        return Ok(res);
+    }
+    let taps = taps_rows(be, &out.captured, &tap_idx, p)?;
+    let mut ctx = drafter.context(be, &taps.iter().collect::<Vec<_>>(), d_t)?;
+    while !eos.contains(res.ids.last().expect("non-empty")) && res.ids.len() < max_new {
+        let a = p + res.ids.len() - 1;
+        let y_a = *res.ids.last().expect("non-empty");
+        let remaining = max_new - res.ids.len();
+        let top = drafter.draft(
+            be,
+            target,
+            &ctx,
+            &[a],
+            &[y_a],
+            DraftOptions {
+                ctx_inclusive: false,
+                top_k: 1,
+            },
+        )?;
+        let drafts = top.argmax();
+        let mut block = vec![y_a];
+        block.extend(&drafts);
+        if cache.len + block.len() > target.spec.max_position_embeddings {
+            break;
+        }
+        let v = target.forward(be, &block, &mut cache, &capture)?;
+        let post = target.logits_topk(be, &v.last_hidden, 1)?.argmax();
+        let mut acc = 0;
+        while acc < b - 1 && acc < remaining && drafts[acc] == post[acc] {
+            acc += 1;
+            if eos.contains(&drafts[acc - 1]) {
+                break;
+            }
+        }
+        res.ids.extend_from_slice(&drafts[..acc]);
+        let mut committed = acc;
+        let ended = acc > 0 && eos.contains(&drafts[acc - 1]);
+        if !ended && res.ids.len() < max_new {
+            res.ids.push(post[acc]);
+            committed += 1;
+        }
+        res.round_tokens.push(committed as u32);
+        res.accepted.push(acc as u32);
+        // Keep y_a and the accepted drafts in the cache; the bonus enters with the next verify.
+        target.crop(be, &mut cache, a + acc + 1)?;
+        let new_taps = taps_rows(be, &v.captured, &tap_idx, acc + 1)?;
+        drafter.extend_context(be, &mut ctx, &new_taps.iter().collect::<Vec<_>>(), d_t)?;
+    }
+    Ok(res)
+}

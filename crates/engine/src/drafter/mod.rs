@@ -1,0 +1,15 @@
+//! DFlash drafters: checkpoint loading, the forward pass, exact per-anchor evaluation, live
+//! speculative decoding (the native metrics over its records are in `draftlens-results`).
+
+pub mod config;
+pub mod eval;
+pub mod model;
+
+pub use config::{DrafterCheckpoint, DrafterConfig};
+pub use eval::{AnchorPolicy, Drafter, EvalOptions, Labels};
+pub use model::{DFlashDrafter, DraftOptions};
+pub mod lint;
+pub mod live;
+pub mod random;
+pub mod records_cache;
+pub mod run;

@@ -1,0 +1,847 @@
+//! One evaluation run end to end: check compatibility, create the run in the store, then per
+//! prompt: greedy continuation (cached) → target pass with taps (cached; consecutive prompts'
+//! passes run packed into one forward) → drafter over anchors → records stored in one
+//! transaction per prompt; finally the summary metrics. An interruption
+//! (error, Ctrl-C, SIGTERM) marks the run failed; caches stay valid so re-running resumes.
+
+use super::eval::{evaluate_sequence, DraftTarget, Drafter, EvalOptions, Labels, Sequence};
+use super::lint::{lint, Severity};
+use draftlens_results::metrics::{summarize, PromptInfo};
+use super::model::DFlashDrafter;
+use super::records_cache;
+use crate::backend::Backend;
+use crate::model::Capture;
+use crate::prompts::{Prompt, PromptSet};
+use crate::records::RecordBatch;
+use crate::session::{Packer, ResidentPass, Session};
+use draftlens_results::shard::{EvalIdentity, Shard};
+use draftlens_results::store::{NewRun, RunEval, RunMode, RunPrompt, RunStatus, Store, TrainStyle};
+use anyhow::{bail, Context, Result};
+use draftlens_results::shard::SHARD_NAME_SEP;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// Set by the CLI's signal handler; checked between prompts.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// What to evaluate.
+#[derive(Clone, Debug)]
+pub enum DrafterSpec {
+    Checkpoint {
+        dir: PathBuf,
+        step: Option<u64>,
+        series: String,
+    },
+    Oracle {
+        block_size: usize,
+    },
+    AntiOracle {
+        block_size: usize,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub name: Option<String>,
+    pub mode: RunMode,
+    pub eval: EvalOptions,
+    pub max_new_tokens: usize,
+    /// Stop after this many prompts (used by tests that interrupt a run part-way).
+    pub fail_after: Option<usize>,
+}
+
+/// A run-level metric as `run --json` reports it: the value with its unit and convention.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct MetricSummary {
+    /// The value; `null` in JSON when undefined.
+    pub value: f64,
+    pub unit: String,
+    /// What is counted: macro or pooled, bonus included or not, which anchors
+    /// (`docs/metrics.md`).
+    pub description: String,
+    /// The denominator behind the value (prompts, rounds, blocks or positions).
+    pub count: u64,
+    pub higher_is_better: bool,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RunOutcome {
+    pub run_id: i64,
+    pub name: String,
+    pub prompts: usize,
+    pub blocks: usize,
+    /// Run-level metrics: source → metric name → value with unit and convention.
+    pub metrics: BTreeMap<String, BTreeMap<String, MetricSummary>>,
+    pub seconds: f64,
+    pub timings: serde_json::Value,
+}
+
+/// The drafter of a run. Its shape (block size, taps) is known from `config.json` at once; its
+/// weights are read and uploaded by the first prompt that needs a drafter forward, so a rerun
+/// whose records all come from the cache never loads them.
+struct RunDrafter<'s, B: Backend> {
+    s: &'s Session<B>,
+    spec: &'s DrafterSpec,
+    block_size: usize,
+    /// The target layers whose outputs the drafter reads (empty for the known-answer drafters).
+    target_layer_ids: Vec<usize>,
+    loaded: std::cell::OnceCell<Drafter<B>>,
+}
+
+impl<'s, B: Backend> RunDrafter<'s, B> {
+    /// Checks the checkpoint against the target (`lint`: config and headers only) and reads its
+    /// shape; an incompatible checkpoint is an error here, before the run exists.
+    fn open(s: &'s Session<B>, spec: &'s DrafterSpec) -> Result<Self> {
+        let (block_size, target_layer_ids) = match spec {
+            DrafterSpec::Checkpoint { dir, .. } => {
+                let findings = lint(&s.files, dir)?;
+                if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
+                    bail!(
+                        "{}: drafter is incompatible with the target {}: {}",
+                        dir.display(),
+                        s.files.identity.path.display(),
+                        f.message
+                    );
+                }
+                let cfg = super::config::DrafterConfig::load(dir)?;
+                (cfg.block_size, cfg.target_layer_ids)
+            }
+            DrafterSpec::Oracle { block_size } | DrafterSpec::AntiOracle { block_size } => {
+                (*block_size, Vec::new())
+            }
+        };
+        Ok(RunDrafter {
+            s,
+            spec,
+            block_size,
+            target_layer_ids,
+            loaded: std::cell::OnceCell::new(),
+        })
+    }
+
+    /// The drafter, loaded on first use.
+    fn get(&self) -> Result<&Drafter<B>> {
+        if let Some(d) = self.loaded.get() {
+            return Ok(d);
+        }
+        let d = {
+            let _phase = crate::timeline::phase("load drafter");
+            match self.spec {
+                DrafterSpec::Checkpoint { dir, .. } => Drafter::DFlash(DFlashDrafter::load(
+                    &self.s.be,
+                    dir,
+                    self.s.files.spec.hidden_size,
+                )?),
+                DrafterSpec::Oracle { block_size } => Drafter::Oracle {
+                    block_size: *block_size,
+                },
+                DrafterSpec::AntiOracle { block_size } => Drafter::AntiOracle {
+                    block_size: *block_size,
+                },
+            }
+        };
+        Ok(self.loaded.get_or_init(|| d))
+    }
+}
+
+/// (path, weights sha256, series, step) of the drafter; a checkpoint's hash comes from the
+/// identity store (hashed once per file version, like the target's).
+/// Hashes (or finds remembered) the target's weight files and every checkpoint's weights at once,
+/// in parallel, so that the runs of a series do not each stop to hash their checkpoint (an 8B
+/// target's 5-layer drafter is 2 GB, about 2 s of sha256 per checkpoint, one after another) and
+/// the target's identity is ready for the first cache key. Errors are left for the step that
+/// needs the hash, which reports them with its own context.
+pub fn prewarm_identities<B: Backend>(s: &Session<B>, specs: &[DrafterSpec]) {
+    use rayon::prelude::*;
+    let _phase = crate::timeline::phase("identity hashing");
+    let store = crate::identity::IdentityStore::new(s.cache.root());
+    let files: Vec<std::path::PathBuf> = specs
+        .iter()
+        .filter_map(|spec| match spec {
+            DrafterSpec::Checkpoint { dir, .. } => Some(dir.join("model.safetensors")),
+            _ => None,
+        })
+        .filter(|w| w.exists())
+        .collect();
+    let target = &s.files.identity;
+    rayon::join(
+        || {
+            let _ = target.weights_sha256();
+        },
+        || {
+            files.par_iter().for_each(|w| {
+                let _ = store.file_sha256(w);
+            })
+        },
+    );
+}
+
+fn drafter_identity(
+    spec: &DrafterSpec,
+    store: &crate::identity::IdentityStore,
+) -> Result<(String, String, String, Option<i64>)> {
+    Ok(match spec {
+        DrafterSpec::Checkpoint { dir, step, series } => {
+            let w = dir.join("model.safetensors");
+            let sha = if w.exists() {
+                store.file_sha256(&w)?
+            } else {
+                String::new()
+            };
+            (
+                dir.display().to_string(),
+                sha,
+                series.clone(),
+                step.map(|s| s as i64),
+            )
+        }
+        DrafterSpec::Oracle { .. } => (
+            "builtin:oracle".into(),
+            String::new(),
+            "oracle".into(),
+            None,
+        ),
+        DrafterSpec::AntiOracle { .. } => (
+            "builtin:anti-oracle".into(),
+            String::new(),
+            "anti-oracle".into(),
+            None,
+        ),
+    })
+}
+
+/// Evaluate `spec` on `set` and store everything in `store`.
+pub fn run_eval<B: Backend>(
+    s: &Session<B>,
+    spec: &DrafterSpec,
+    set: &PromptSet,
+    opts: &RunOptions,
+    store: &Store,
+) -> Result<RunOutcome> {
+    run_eval_shard(s, spec, set, opts, None, store)
+}
+
+/// [`run_eval`] of one shard of `set` (docs/scale-out.md): only the prompts the shard owns are
+/// evaluated, under their indices in the whole set, and the run records the shard and the
+/// evaluation identity (`run_eval`), so that `draftlens merge` can put the shards together.
+/// A shard that owns no prompt is a valid, complete run with no records.
+pub fn run_eval_shard<B: Backend>(
+    s: &Session<B>,
+    spec: &DrafterSpec,
+    set: &PromptSet,
+    opts: &RunOptions,
+    shard: Option<Shard>,
+    store: &Store,
+) -> Result<RunOutcome> {
+    let t0 = Instant::now();
+    let selected: Vec<usize> = match shard {
+        Some(sh) => crate::shard::prompts_of_shard(&sh, &set.prompts),
+        None => (0..set.prompts.len()).collect(),
+    };
+    let chosen: Vec<Prompt> = selected.iter().map(|&i| set.prompts[i].clone()).collect();
+    let drafter = RunDrafter::open(s, spec)?;
+    let taps = drafter.target_layer_ids.len();
+    // Before the run is created or anything computed: every prompt must fit on the device.
+    s.check_prompts_fit(&chosen, opts.max_new_tokens, taps)?;
+    let (dpath, dsha, series, step) =
+        drafter_identity(spec, &crate::identity::IdentityStore::new(s.cache.root()))?;
+    let b = drafter.block_size;
+    let tok = s.files.tokenizer()?;
+    let name = opts.name.clone().unwrap_or_else(|| {
+        let d = Path::new(&dpath)
+            .file_name()
+            .map(|x| x.to_string_lossy().to_string())
+            .unwrap_or(dpath.clone());
+        format!("{series}/{d} · {} · {}", set.name, opts.mode.as_str())
+    });
+    let name = match shard {
+        Some(sh) => format!("{name}{SHARD_NAME_SEP}{sh}"),
+        None => name,
+    };
+    let train_style = (opts.mode == RunMode::TrainStyle).then(|| TrainStyle {
+        labels: match opts.eval.labels {
+            Labels::Target => "target".into(),
+            Labels::Data => "data".into(),
+        },
+        mask_rule: if opts.eval.ctx_inclusive {
+            "inclusive".into()
+        } else {
+            "strict".into()
+        },
+    });
+    let _setup = crate::timeline::phase("run setup");
+    let mut config = serde_json::json!({
+        "eval": opts.eval, "max_new_tokens": opts.max_new_tokens, "mode": opts.mode.as_str(),
+        "target": s.files.identity.to_json()?, "drafter": dpath, "prompts": set.source, "backend": s.be.name(), "gdn_profile": s.gdn_profile_name(),
+    });
+    if let Some(sh) = shard {
+        config["shard"] = serde_json::json!(sh.to_string());
+    }
+    // sha256 of a checkpoint's config.json: part of the evaluation's identity and of the key its
+    // records are cached under.
+    let config_sha = match spec {
+        DrafterSpec::Checkpoint { dir, .. } => {
+            let cfg = dir.join("config.json");
+            let bytes =
+                std::fs::read(&cfg).with_context(|| format!("{}: cannot read", cfg.display()))?;
+            crate::util::sha256_bytes(&bytes)
+        }
+        _ => String::new(),
+    };
+    let identity = EvalIdentity {
+        target_sha256: s.files.identity.weights_sha256()?,
+        target_arch: s.files.identity.arch.clone(),
+        tokenizer: tok.fingerprint(),
+        drafter_kind: match spec {
+            DrafterSpec::Checkpoint { .. } => "checkpoint".into(),
+            DrafterSpec::Oracle { .. } => "builtin:oracle".into(),
+            DrafterSpec::AntiOracle { .. } => "builtin:anti-oracle".into(),
+        },
+        drafter_sha256: dsha.clone(),
+        drafter_config_sha256: config_sha.clone(),
+        block_size: b as u32,
+        prompt_set_sha256: set.sha256.clone(),
+        prompts: set.prompts.len() as u32,
+        mode: opts.mode.as_str().into(),
+        eval: serde_json::to_value(&opts.eval)?,
+        max_new_tokens: opts.max_new_tokens as u32,
+        backend: s.be.name().into(),
+        dtype: s.be.dtype().into(),
+        gdn_profile: s.gdn_profile_name().map(String::from),
+        code_version: draftlens_results::shard::code_version(),
+    };
+    let eval = RunEval {
+        identity: identity.sha256(),
+        identity_json: serde_json::to_value(&identity)?,
+        shard,
+        set_prompts: set.prompts.len() as u32,
+        run_prompts: selected.len() as u32,
+        merged_from: None,
+    };
+    // Token pieces as text, so the UI's drill-down shows words instead of ids (once per
+    // tokenizer and database: decoding 150k pieces takes a while). A token that is only part of
+    // a character (byte-level BPE, byte fallback) is stored as its bytes, marked with U+E000 and
+    // written in hex, so the UI can merge it with its neighbours (docs/ui.md §4).
+    if !store.has_vocab(&tok.fingerprint())? {
+        use rayon::prelude::*;
+        let pieces: Vec<String> = (0..tok.vocab_size() as u32)
+            .into_par_iter()
+            .map(|i| {
+                let text = tok.decode(&[i]).unwrap_or_default();
+                match tok.token_bytes(i) {
+                    Some(b) if text.contains('\u{FFFD}') && std::str::from_utf8(&b).is_err() => {
+                        format!("\u{E000}{}", hex_bytes(&b))
+                    }
+                    _ => text,
+                }
+            })
+            .collect();
+        store.put_vocab(
+            &tok.fingerprint(),
+            &s.files.identity.path.display().to_string(),
+            &pieces,
+        )?;
+    }
+    let run_id = store.create_eval_run(
+        &NewRun {
+            name: name.clone(),
+            mode: opts.mode,
+            config,
+            target_path: s.files.identity.path.display().to_string(),
+            target_sha256: s.files.identity.weights_sha256()?,
+            target_arch: s.files.identity.arch.clone(),
+            drafter_path: dpath,
+            drafter_sha256: dsha.clone(),
+            drafter_series: series,
+            drafter_step: step,
+            prompt_set_name: set.name.clone(),
+            prompt_set_sha256: set.sha256.clone(),
+            backend: s.be.name().into(),
+            dtype: s.be.dtype().into(),
+            block_size: b as u32,
+            top_k: opts.eval.top_k as u32,
+            train_style,
+            tokenizer_sha256: Some(tok.fingerprint()),
+        },
+        &eval,
+    )?;
+    drop(_setup);
+    // A DFlash checkpoint's records are cached under the hash of its weights and config.
+    let records_sha = match spec {
+        DrafterSpec::Checkpoint { .. } if !dsha.is_empty() => {
+            Some(format!("{dsha}+config:{config_sha}"))
+        }
+        _ => None,
+    };
+    let result = evaluate_prompts(
+        s,
+        &drafter,
+        set,
+        &selected,
+        opts,
+        store,
+        run_id,
+        records_sha,
+    );
+    // False when every prompt's records came from the cache: the weights were never read.
+    let drafter_loaded = drafter.loaded.get().is_some();
+    // The records do not depend on the cache: an entry that could not be written costs only a
+    // recomputation next time, so it is a warning here (`extract`, whose product is the cache,
+    // fails on it).
+    if let Err(e) = s.flush_cache() {
+        tracing::warn!("some cache entries were not written: {e:#}");
+    }
+    match result {
+        Ok((infos, all, timings)) => {
+            let _phase = crate::timeline::phase("metrics");
+            let tm = Instant::now();
+            let metrics = summarize(&all, &infos);
+            store.add_metrics(run_id, &metrics)?;
+            let metrics_s = tm.elapsed().as_secs_f64();
+            let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": metrics_s, "records_cached": timings.2, "contexts_from_device": timings.3, "drafter_loaded": drafter_loaded });
+            store.finish_run(run_id, RunStatus::Complete, None, &timings)?;
+            let mut run_metrics: BTreeMap<String, BTreeMap<String, MetricSummary>> =
+                BTreeMap::new();
+            for m in metrics
+                .iter()
+                .filter(|m| m.scope == draftlens_results::store::MetricScope::Run)
+            {
+                run_metrics.entry(m.source.clone()).or_default().insert(
+                    m.name.clone(),
+                    MetricSummary {
+                        value: m.value,
+                        unit: m.unit.clone(),
+                        description: m.description.clone(),
+                        count: m.count,
+                        higher_is_better: m.higher_is_better,
+                    },
+                );
+            }
+            Ok(RunOutcome {
+                run_id,
+                name,
+                prompts: infos.len(),
+                blocks: all.num_blocks(),
+                metrics: run_metrics,
+                seconds: t0.elapsed().as_secs_f64(),
+                timings,
+            })
+        }
+        Err(e) => {
+            let msg = format!("{e:#}");
+            store.finish_run(
+                run_id,
+                RunStatus::Failed,
+                Some(&msg),
+                &serde_json::json!({ "total_s": t0.elapsed().as_secs_f64() }),
+            )?;
+            Err(e.context(format!(
+                "run {run_id} ({name}) failed and is marked failed in the store"
+            )))
+        }
+    }
+}
+
+/// Prompt infos, all records, and (target seconds, drafter seconds, prompts whose records came
+/// from the cache, prompts whose drafter context came from taps on the device).
+type Evaluated = (Vec<PromptInfo>, RecordBatch, (f64, f64, usize, usize));
+
+/// A prompt whose sequence is known and whose target pass waits for its pack.
+struct Pending {
+    index: usize,
+    ids: Vec<u32>,
+    prompt_len: usize,
+}
+
+/// Per prompt: sequence (prompt + labels) → target pass → drafter → records stored. The target
+/// passes of consecutive prompts run packed ([`Session::target_passes`], at most
+/// `s.pack_tokens` tokens per window), then each prompt is drafted and stored in order.
+/// `selected`: the indices (into `set.prompts`, ascending) of the prompts to evaluate.
+fn evaluate_prompts<B: Backend>(
+    s: &Session<B>,
+    drafter: &RunDrafter<'_, B>,
+    set: &PromptSet,
+    selected: &[usize],
+    opts: &RunOptions,
+    store: &Store,
+    run_id: i64,
+    records_sha: Option<String>,
+) -> Result<Evaluated> {
+    std::thread::scope(|scope| {
+        let sink = RecordSink::start(scope, store, run_id);
+        let mut ev = evaluation(s, drafter, set, selected, opts, sink, records_sha)?;
+        let result = evaluate_into(&mut ev, selected);
+        // The records of every prompt drafted so far are stored before returning, whether the
+        // loop finished or stopped (`--fail-after`, an interrupt, an error).
+        let stored = ev.sink.finish();
+        result?;
+        stored?;
+        ev.pb.finish_and_clear();
+        Ok((
+            ev.infos,
+            ev.all,
+            (
+                ev.target_s,
+                ev.draft_s,
+                ev.records_cached,
+                ev.contexts_from_device,
+            ),
+        ))
+    })
+}
+
+fn evaluation<'a, 's, B: Backend>(
+    s: &'a Session<B>,
+    drafter: &'a RunDrafter<'a, B>,
+    set: &'a PromptSet,
+    selected: &[usize],
+    opts: &'a RunOptions,
+    sink: RecordSink<'s>,
+    records_sha: Option<String>,
+) -> Result<Evaluation<'a, 's, B>> {
+    let layer_ids = drafter.target_layer_ids.clone();
+    let mut ev = Evaluation {
+        s,
+        drafter,
+        set,
+        opts,
+        sink,
+        capture: Capture::for_layer_ids(&layer_ids, s.files.spec.num_layers)?,
+        tap_idx: layer_ids.iter().map(|i| i + 1).collect(),
+        all: RecordBatch::new(drafter.block_size as u32, opts.eval.top_k as u32),
+        infos: Vec::new(),
+        target_s: 0.0,
+        draft_s: 0.0,
+        records_sha,
+        records_cached: 0,
+        contexts_from_device: 0,
+        pb: crate::progress::bar(selected.len() as u64, "evaluate"),
+        total: selected.len(),
+    };
+    ev.all.target_ids = Some(Vec::new());
+    ev.all.target_logprobs = Some(Vec::new());
+    Ok(ev)
+}
+
+/// The prompt loop of [`evaluate_prompts`].
+fn evaluate_into<B: Backend>(ev: &mut Evaluation<'_, '_, B>, selected: &[usize]) -> Result<()> {
+    let (s, set, opts) = (ev.s, ev.set, ev.opts);
+    let mut window = Packer::new(s.pack_tokens);
+    let batch = s.gen_batch();
+    for (c, chunk_idx) in selected.chunks(batch).enumerate() {
+        ev.check_interrupted()?;
+        // The target's continuations of a chunk of prompts are decoded together
+        // (Session::continuations); everything after runs prompt by prompt.
+        let t = Instant::now();
+        let chunk: Vec<Prompt> = chunk_idx.iter().map(|&i| set.prompts[i].clone()).collect();
+        let seqs = chunk_sequences(s, set, opts, &chunk)?;
+        ev.target_s += t.elapsed().as_secs_f64();
+        for (j, (ids, prompt_len)) in seqs.into_iter().enumerate() {
+            // k: position among the evaluated prompts; index: the prompt's index in the set.
+            let k = c * batch + j;
+            ev.check_interrupted()?;
+            if opts.fail_after == Some(k) {
+                // The prompts before k are stored, as the option promises.
+                ev.flush(window.finish())?;
+                bail!("stopped after {k} prompts (--fail-after)");
+            }
+            let len = ids.len();
+            let pending = Pending {
+                index: chunk_idx[j],
+                ids,
+                prompt_len,
+            };
+            if let Some(full) = window.push(pending, len) {
+                ev.flush(full)?;
+            }
+        }
+    }
+    ev.flush(window.finish())
+}
+
+/// Stores each prompt's records on a thread of its own: SQLite's commit of one prompt (~2 ms)
+/// then overlaps the drafting of the next instead of leaving the GPU idle. Prompts are stored in
+/// the order they are sent; the first error stops the writer, and the next [`RecordSink::send`]
+/// or [`RecordSink::finish`] returns it.
+struct RecordSink<'s> {
+    tx: Option<std::sync::mpsc::SyncSender<(RunPrompt, RecordBatch)>>,
+    writer: Option<std::thread::ScopedJoinHandle<'s, Result<()>>>,
+}
+
+impl<'s> RecordSink<'s> {
+    /// Prompts that may wait (each ~250 KB of records): a prompt is drafted in ~10 ms on an
+    /// H200 while one commit behind the cache writer's fsyncs can take ~100 ms.
+    const QUEUE: usize = 32;
+
+    fn start<'e>(
+        scope: &'s std::thread::Scope<'s, 'e>,
+        store: &'s Store,
+        run_id: i64,
+    ) -> RecordSink<'s> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(RunPrompt, RecordBatch)>(Self::QUEUE);
+        let writer = scope.spawn(move || -> Result<()> {
+            for (prompt, records) in rx {
+                let _work = crate::timeline::background("store records");
+                store.add_prompt_records(run_id, &prompt, &records)?;
+            }
+            Ok(())
+        });
+        RecordSink {
+            tx: Some(tx),
+            writer: Some(writer),
+        }
+    }
+
+    fn send(&mut self, prompt: RunPrompt, records: RecordBatch) -> Result<()> {
+        let tx = self.tx.as_ref().context("the record writer has finished")?;
+        if tx.send((prompt, records)).is_err() {
+            // The writer stopped on an error: report it.
+            self.finish()?;
+            bail!("the record writer stopped");
+        }
+        Ok(())
+    }
+
+    /// Waits until everything sent is stored; the writer's first error, if any.
+    fn finish(&mut self) -> Result<()> {
+        drop(self.tx.take());
+        match self.writer.take() {
+            Some(w) => w
+                .join()
+                .map_err(|_| anyhow::anyhow!("the record writer panicked"))?,
+            None => Ok(()),
+        }
+    }
+}
+
+/// Each prompt of `chunk` as (prompt + labels, prompt length): the labels are the target's greedy
+/// continuation (decoded for the whole chunk at once) or, with `--labels data`, the prompt's
+/// reference completion.
+fn chunk_sequences<B: Backend>(
+    s: &Session<B>,
+    set: &PromptSet,
+    opts: &RunOptions,
+    chunk: &[Prompt],
+) -> Result<Vec<(Vec<u32>, usize)>> {
+    let with_labels = |mut ids: Vec<u32>, labels: &[u32]| {
+        let prompt_len = ids.len();
+        ids.extend(labels);
+        (ids, prompt_len)
+    };
+    match opts.eval.labels {
+        Labels::Target => Ok(s
+            .prompts_with_continuations(chunk, opts.max_new_tokens)?
+            .into_iter()
+            .map(|(ids, c)| with_labels(ids, &c.ids))
+            .collect()),
+        Labels::Data => {
+            let tok = s.files.tokenizer()?;
+            chunk
+                .iter()
+                .map(|p| {
+                    let c = p.completion.as_deref().with_context(|| {
+                        format!(
+                            "{}: prompt {} has no reference `completion` (needed for --labels data)",
+                            set.source.display(),
+                            p.id
+                        )
+                    })?;
+                    let mut labels = tok.encode(c, false)?;
+                    labels.truncate(opts.max_new_tokens);
+                    Ok(with_labels(s.prompt_ids(p)?, &labels))
+                })
+                .collect()
+        }
+    }
+}
+
+/// The state of [`evaluate_prompts`]: what every prompt needs and what the run accumulates.
+struct Evaluation<'a, 's, B: Backend> {
+    s: &'a Session<B>,
+    drafter: &'a RunDrafter<'a, B>,
+    set: &'a PromptSet,
+    opts: &'a RunOptions,
+    /// Where each prompt's records go (stored in order on the sink's thread).
+    sink: RecordSink<'s>,
+    capture: Capture,
+    /// HF hidden-state indices of the drafter's taps.
+    tap_idx: Vec<usize>,
+    all: RecordBatch,
+    infos: Vec<PromptInfo>,
+    target_s: f64,
+    draft_s: f64,
+    /// The DFlash checkpoint's files hash, under which its records are cached (`None`: the
+    /// known-answer drafters, which are not cached).
+    records_sha: Option<String>,
+    records_cached: usize,
+    /// Prompts whose drafter context was built from taps still on the device
+    /// (`Session::target_passes_for_drafting`), not uploaded from host copies.
+    contexts_from_device: usize,
+    pb: indicatif::ProgressBar,
+    /// Prompts this run evaluates.
+    total: usize,
+}
+
+impl<B: Backend> Evaluation<'_, '_, B> {
+    fn check_interrupted(&self) -> Result<()> {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            bail!(
+                "interrupted after {} of {} prompts",
+                self.infos.len(),
+                self.total
+            );
+        }
+        Ok(())
+    }
+
+    /// The target passes of `window` (packed), then each prompt drafted and stored in order.
+    /// Prompts whose records this checkpoint produced before come from the cache and need
+    /// neither a target pass nor a drafter forward.
+    fn flush(&mut self, window: Vec<Pending>) -> Result<()> {
+        if window.is_empty() {
+            return Ok(());
+        }
+        let (s, opts) = (self.s, self.opts);
+        let (b, k) = (self.drafter.block_size as u32, opts.eval.top_k as u32);
+        let keys = match &self.records_sha {
+            Some(sha) => window
+                .iter()
+                .map(|w| {
+                    records_cache::key(s, &w.ids, w.prompt_len, &self.tap_idx, sha, &opts.eval)
+                        .map(Some)
+                })
+                .collect::<Result<Vec<_>>>()?,
+            None => vec![None; window.len()],
+        };
+        let mut cached: Vec<Option<RecordBatch>> = if self.records_sha.is_some() {
+            let _phase = crate::timeline::phase("cache read (records)");
+            let keys: Vec<_> = keys.iter().flatten().cloned().collect();
+            s.cache_get_many(&keys)?
+                .into_iter()
+                .zip(&window)
+                .map(|(hit, w)| {
+                    hit.and_then(|t| records_cache::from_tensors(t, b, k, w.index as u32))
+                })
+                .collect()
+        } else {
+            vec![None; window.len()]
+        };
+        self.records_cached += cached.iter().flatten().count();
+        let t = Instant::now();
+        let todo: Vec<&[u32]> = window
+            .iter()
+            .zip(&cached)
+            .filter(|(_, c)| c.is_none())
+            .map(|(w, _)| w.ids.as_slice())
+            .collect();
+        let mut passes = if todo.is_empty() {
+            Vec::new()
+        } else {
+            s.target_passes_for_drafting(&todo, &self.capture, opts.eval.top_k)?
+        }
+        .into_iter();
+        self.target_s += t.elapsed().as_secs_f64();
+        let tok = s.files.tokenizer()?;
+        for ((w, hit), key) in window.iter().zip(cached.iter_mut()).zip(keys) {
+            self.check_interrupted()?;
+            let (i, ids) = (w.index, &w.ids);
+            let p = &self.set.prompts[i];
+            let rec = match hit.take() {
+                Some(rec) => rec,
+                None => {
+                    let (pass, device) = passes.next().context("target pass missing")?;
+                    let rec = self.draft(w, &pass, device.as_deref())?;
+                    let _phase = crate::timeline::phase("records: cache");
+                    if let Some(key) = key {
+                        let entry = records_cache::to_tensors(&rec);
+                        s.cache_put(key, move || entry)?;
+                    }
+                    rec
+                }
+            };
+            let _phase = crate::timeline::phase("records: store");
+            self.all.extend(&rec);
+            let prompt = RunPrompt {
+                index: i as u32,
+                id: p.id.clone(),
+                sha256: p.hash(),
+                category: p.category.clone(),
+                prompt_len: w.prompt_len as u32,
+                token_ids: ids.clone(),
+                text: tok.decode(ids)?,
+            };
+            self.sink.send(prompt, rec)?;
+            self.infos.push(PromptInfo {
+                index: i as u32,
+                prompt_len: w.prompt_len,
+                seq_len: ids.len(),
+                category: p.category.clone(),
+            });
+            self.pb.inc(1);
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> Evaluation<'_, '_, B> {
+    /// The drafter's taps, in its `target_layer_ids` order, from `get` (HF index → tap).
+    fn drafter_taps<'p, T>(&self, get: impl Fn(usize) -> Option<&'p T>) -> Result<Vec<&'p T>> {
+        self.tap_idx
+            .iter()
+            .map(|&x| get(x).context("tap not captured"))
+            .collect()
+    }
+
+    /// The records of one prompt from its target pass: the drafter's context (from the taps
+    /// still on the device when `device` has them, else uploaded from the pass), then every
+    /// anchor.
+    fn draft(
+        &mut self,
+        w: &Pending,
+        pass: &crate::session::TargetPass,
+        device: Option<&ResidentPass<B::Tensor>>,
+    ) -> Result<RecordBatch> {
+        let (s, opts) = (self.s, self.opts);
+        let _drafting = crate::timeline::phase("drafter");
+        let t = Instant::now();
+        let mut seq = Sequence::new(
+            w.index as u32,
+            &w.ids,
+            w.prompt_len,
+            &pass.topk,
+            opts.eval.labels,
+        );
+        let drafter = self.drafter.get()?;
+        if let Drafter::DFlash(d) = drafter {
+            let ctx = match device {
+                Some(dev) => {
+                    let taps = self.drafter_taps(|x| dev.tap(x))?;
+                    let _phase = crate::timeline::phase("drafter context");
+                    self.contexts_from_device += 1;
+                    d.context_from_tensors(&s.be, &taps)?
+                }
+                None => {
+                    let taps = self.drafter_taps(|x| pass.hidden(x))?;
+                    let _phase = crate::timeline::phase("drafter context");
+                    d.context(&s.be, &taps, pass.hidden_size)?
+                }
+            };
+            seq.ctx = Some(ctx);
+        }
+        // Only a DFlash drafter needs target weights (embedding and LM head).
+        let target = match drafter {
+            Drafter::DFlash(_) => DraftTarget::Head(s.draft_target()?),
+            _ => DraftTarget::Vocab(s.files.spec.vocab_size),
+        };
+        let rec = evaluate_sequence(&s.be, target, drafter, &seq, &opts.eval)?;
+        self.draft_s += t.elapsed().as_secs_f64();
+        Ok(rec)
+    }
+}
+
+/// Lowercase hex of `b` (the stored form of a partial-character token piece).
+fn hex_bytes(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -1,0 +1,25 @@
+//! draftlens engine: model formats, numeric backends, target models, hidden-state cache and
+//! drafter evaluation. What it produces (records, metrics, runs) goes into `draftlens-results`;
+//! the `draftlens` CLI (crates/cli) drives it.
+
+pub mod backend;
+pub mod cache;
+pub mod cache_shared;
+pub mod cache_writer;
+pub mod chat;
+pub mod drafter;
+pub mod formats;
+pub mod generate;
+pub mod identity;
+pub mod model;
+pub mod parity;
+pub mod parity_report;
+pub mod progress;
+pub mod prompts;
+pub mod records;
+pub mod session;
+pub mod shard;
+pub mod timeline;
+pub mod tokenizer;
+pub mod util;
+pub mod watch;

@@ -1,0 +1,20 @@
+//! draftlens results: what is about runs, not about models.
+//!
+//! - [`store`]: the SQLite run store (runs, prompts, records, metrics, vocabularies, sharing);
+//! - [`metrics`]: the native metrics of a run, every run-level row a fold of [`metrics::PromptStats`];
+//! - [`shard`]: the shard rule and the evaluation identity that every shard of one evaluation carries;
+//! - [`merge`]: the exact merge of shards (`draftlens merge`, pushes to a team server).
+//!
+//! The engine (models, backends, drafters) writes into this crate; the web UI and the plugin host
+//! read from it and never depend on the engine (ARCHITECTURE.md).
+
+pub mod merge;
+pub mod metrics;
+pub mod shard;
+pub mod store;
+
+/// Lowercase hex sha256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}

@@ -1,0 +1,582 @@
+//! The versioned JSON bundle: what a report embeds and what `import` accepts.
+//!
+//! Format `draftlens-bundle` version 2 (1 when no run carries `eval` or `plugins`):
+//! ```text
+//! { "format": "draftlens-bundle", "version": 2, "created_at": "...", "generator": "draftlens-web 0.1.0",
+//!   "runs": [ { "run": RunInfo, "prompts": [..], "metrics": [MetricRow], "failures": [..],
+//!               "stats": RunStats | null, "records": Records | null, "vocab": {name, pieces} | null,
+//!               "eval": RunEval (optional), "plugins": [PluginProvenance] (optional) } ] }
+//! ```
+//! `eval` is the run's evaluation identity and shard (`run_eval`, docs/scale-out.md §2) and
+//! `plugins` which plugins produced its plugin rows: with them an imported or pushed shard run
+//! is a shard that `merge` and a team server can merge. Version 1 bundles (written before they
+//! travelled) import as runs of no evaluation. A bundle without either field is still written
+//! as version 1, so that older draftlens releases keep reading it.
+//! Binary columns (token ids, record columns) are base64 of little-endian arrays. Uploaded
+//! bundles are hostile until checked: size limit first, then strict parsing (unknown fields are
+//! errors), then validation of every count and length, then one transaction.
+
+use crate::analysis::{load_stats, RunStats, STATS_KIND, STATS_VERSION};
+use anyhow::{anyhow, bail, Context, Result};
+use base64::Engine;
+use draftlens_records::RecordBatch;
+use draftlens_results::store::{
+    f32s_to_le, le_to_f32s, le_to_u32s, u32s_to_le, Derived, ImportOutcome, MetricRow,
+    PluginFailure, PluginProvenance, RunEval, RunExport, RunInfo, RunPrompt, Store,
+};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+
+pub const FORMAT: &str = "draftlens-bundle";
+pub const VERSION: u32 = 2;
+/// Default largest file `import` reads.
+pub const DEFAULT_MAX_IMPORT_BYTES: usize = 256 << 20;
+/// Element id of the bundle inside a report.
+pub const SCRIPT_ID: &str = "draftlens-bundle";
+
+const MAX_RUNS: usize = 10_000;
+const MAX_PROMPTS: usize = 1_000_000;
+const MAX_TEXT: usize = 1 << 20;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bundle {
+    pub format: String,
+    pub version: u32,
+    pub created_at: String,
+    pub generator: String,
+    pub runs: Vec<BundleRun>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleRun {
+    pub run: RunInfo,
+    pub prompts: Vec<BundlePrompt>,
+    pub metrics: Vec<MetricRow>,
+    pub failures: Vec<PluginFailure>,
+    pub stats: Option<RunStats>,
+    pub records: Option<BundleRecords>,
+    pub vocab: Option<BundleVocab>,
+    /// The run's evaluation (`run_eval`); absent in version 1 bundles and for runs of none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval: Option<RunEval>,
+    /// Provenance of the plugin metric rows (`plugin_run`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plugins: Vec<PluginProvenance>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundlePrompt {
+    pub index: u32,
+    pub id: String,
+    pub sha256: String,
+    pub category: Option<String>,
+    pub prompt_len: u32,
+    /// base64 of u32 LE token ids (prompt + continuation).
+    pub token_ids: String,
+    pub text: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleVocab {
+    pub name: String,
+    pub pieces: Vec<String>,
+}
+
+/// RecordBatch columns, base64 of little-endian arrays.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleRecords {
+    pub block_size: u32,
+    pub top_k: u32,
+    pub prompt_index: String,
+    pub anchor: String,
+    pub region: String,
+    pub target: String,
+    pub valid: String,
+    pub loss_mask: String,
+    pub draft_ids: String,
+    pub draft_logprobs: String,
+    pub target_ids: Option<String>,
+    pub target_logprobs: Option<String>,
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn unb64(s: &str, what: &str) -> Result<Vec<u8>> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .map_err(|e| anyhow!("{what}: not valid base64 ({e})"))
+}
+
+impl BundleRecords {
+    pub fn from_batch(b: &RecordBatch) -> Self {
+        BundleRecords {
+            block_size: b.block_size,
+            top_k: b.top_k,
+            prompt_index: b64(&u32s_to_le(&b.prompt_index)),
+            anchor: b64(&u32s_to_le(&b.anchor)),
+            region: b64(&b.region),
+            target: b64(&u32s_to_le(&b.target)),
+            valid: b64(&b.valid),
+            loss_mask: b64(&b.loss_mask),
+            draft_ids: b64(&u32s_to_le(&b.draft_ids)),
+            draft_logprobs: b64(&f32s_to_le(&b.draft_logprobs)),
+            target_ids: b.target_ids.as_ref().map(|v| b64(&u32s_to_le(v))),
+            target_logprobs: b.target_logprobs.as_ref().map(|v| b64(&f32s_to_le(v))),
+        }
+    }
+    pub fn to_batch(&self, what: &str) -> Result<RecordBatch> {
+        let u = |s: &str, col: &str| -> Result<Vec<u32>> {
+            let c = format!("{what}.records.{col}");
+            le_to_u32s(&unb64(s, &c)?, &c)
+        };
+        let f = |s: &str, col: &str| -> Result<Vec<f32>> {
+            let c = format!("{what}.records.{col}");
+            le_to_f32s(&unb64(s, &c)?, &c)
+        };
+        let b = RecordBatch {
+            block_size: self.block_size,
+            top_k: self.top_k,
+            prompt_index: u(&self.prompt_index, "prompt_index")?,
+            anchor: u(&self.anchor, "anchor")?,
+            region: unb64(&self.region, &format!("{what}.records.region"))?,
+            target: u(&self.target, "target")?,
+            valid: unb64(&self.valid, &format!("{what}.records.valid"))?,
+            loss_mask: unb64(&self.loss_mask, &format!("{what}.records.loss_mask"))?,
+            draft_ids: u(&self.draft_ids, "draft_ids")?,
+            draft_logprobs: f(&self.draft_logprobs, "draft_logprobs")?,
+            target_ids: self
+                .target_ids
+                .as_deref()
+                .map(|s| u(s, "target_ids"))
+                .transpose()?,
+            target_logprobs: self
+                .target_logprobs
+                .as_deref()
+                .map(|s| f(s, "target_logprobs"))
+                .transpose()?,
+        };
+        b.check().map_err(|e| anyhow!("{what}.records: {e}"))?;
+        Ok(b)
+    }
+}
+
+/// Builds a bundle of runs (records only when `with_records`; statistics always, so charts
+/// work after import).
+pub fn export_bundle(store: &Store, ids: &[i64], with_records: bool) -> Result<Bundle> {
+    let mut runs = Vec::new();
+    for &id in ids {
+        let ex = store
+            .export_run(id, with_records)?
+            .with_context(|| format!("{}: run {id} does not exist", store.path().display()))?;
+        let stats = load_stats(store, &ex.run)?;
+        runs.push(BundleRun {
+            prompts: ex
+                .prompts
+                .iter()
+                .map(|p| BundlePrompt {
+                    index: p.index,
+                    id: p.id.clone(),
+                    sha256: p.sha256.clone(),
+                    category: p.category.clone(),
+                    prompt_len: p.prompt_len,
+                    token_ids: b64(&u32s_to_le(&p.token_ids)),
+                    text: p.text.clone(),
+                })
+                .collect(),
+            metrics: ex.metrics,
+            failures: ex.failures,
+            stats,
+            records: ex.records.as_ref().map(BundleRecords::from_batch),
+            vocab: ex.vocab.map(|(name, pieces)| BundleVocab { name, pieces }),
+            eval: ex.eval,
+            plugins: ex.plugins,
+            run: ex.run,
+        });
+    }
+    let v2 = runs
+        .iter()
+        .any(|r| r.eval.is_some() || !r.plugins.is_empty());
+    Ok(Bundle {
+        format: FORMAT.into(),
+        version: if v2 { VERSION } else { 1 },
+        created_at: draftlens_results::store::now_rfc3339(),
+        generator: format!("draftlens-web {}", env!("CARGO_PKG_VERSION")),
+        runs,
+    })
+}
+
+/// What an import did.
+#[derive(Clone, Debug, Serialize)]
+pub struct ImportSummary {
+    pub source: String,
+    pub bundle_sha256: String,
+    pub imported: Vec<String>,
+    pub skipped: Vec<String>,
+}
+
+impl std::fmt::Display for ImportSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: imported {} run{}, {} already present (unchanged)",
+            self.source,
+            self.imported.len(),
+            if self.imported.len() == 1 { "" } else { "s" },
+            self.skipped.len()
+        )
+    }
+}
+
+/// Imports a report (.html) or bundle (.json) file, refusing files over `max_bytes`.
+pub fn import_file(store: &Store, path: &Path, max_bytes: usize) -> Result<ImportSummary> {
+    let what = path.display().to_string();
+    let meta = std::fs::metadata(path).with_context(|| format!("{what}: cannot read"))?;
+    if meta.len() as usize > max_bytes {
+        bail!(
+            "{what}: file is {} bytes, over the import limit of {} bytes",
+            meta.len(),
+            max_bytes
+        );
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("{what}: cannot read"))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or(what.clone());
+    import_bytes(store, &name, &what, &bytes, max_bytes)
+}
+
+/// Imports bytes of a report or bundle. `name` is recorded as the origin, `what` names the
+/// input in errors.
+pub fn import_bytes(
+    store: &Store,
+    name: &str,
+    what: &str,
+    bytes: &[u8],
+    max_bytes: usize,
+) -> Result<ImportSummary> {
+    if bytes.len() > max_bytes {
+        bail!(
+            "{what}: {} bytes, over the import limit of {} bytes",
+            bytes.len(),
+            max_bytes
+        );
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| anyhow!("{what}: not UTF-8 text ({e})"))?;
+    let json = extract_json(text, what)?;
+    let bundle: Bundle = serde_json::from_str(json)
+        .map_err(|e| anyhow!("{what}: not a valid draftlens bundle: {e}"))?;
+    let exports = validate(&bundle, what)?;
+    let sha = hex::encode(Sha256::digest(bytes));
+    let ImportOutcome { imported, skipped } = store
+        .import_runs(name, &sha, &exports)
+        .with_context(|| format!("{what}: import failed, nothing was imported"))?;
+    Ok(ImportSummary {
+        source: name.into(),
+        bundle_sha256: sha,
+        imported,
+        skipped,
+    })
+}
+
+/// The bundle JSON: the whole text for .json, the embedded script element for a report.
+fn extract_json<'a>(text: &'a str, what: &str) -> Result<&'a str> {
+    let t = text.trim_start_matches('\u{feff}').trim_start();
+    if t.starts_with('{') {
+        return Ok(t);
+    }
+    if !t.starts_with('<') {
+        bail!("{what}: neither a JSON bundle nor an HTML report");
+    }
+    let marker = format!("id=\"{SCRIPT_ID}\"");
+    let at = text.rfind(&marker).ok_or_else(|| anyhow!("{what}: an HTML file without an embedded draftlens bundle (no element id \"{SCRIPT_ID}\")"))?;
+    let open_end = text[at..]
+        .find('>')
+        .ok_or_else(|| anyhow!("{what}: truncated bundle element"))?
+        + at
+        + 1;
+    let close = text[open_end..]
+        .find("</script>")
+        .ok_or_else(|| anyhow!("{what}: bundle element is not closed"))?
+        + open_end;
+    Ok(&text[open_end..close])
+}
+
+fn check_len(s: &str, max: usize, what: &str) -> Result<()> {
+    if s.len() > max {
+        bail!("{what}: {} bytes long, over the limit of {max}", s.len());
+    }
+    Ok(())
+}
+
+/// A run's evaluation as a hostile file could get it wrong: the identity a sha256, a possible
+/// shard, no more prompts than its shard, merged-from uids like run uids.
+fn check_eval(e: &RunEval, prompts: usize, w: &str) -> Result<()> {
+    if e.identity.len() != 64 || !e.identity.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("{w}: eval.identity must be 64 hex digits (a sha256)");
+    }
+    check_len(
+        &e.identity_json.to_string(),
+        MAX_TEXT,
+        &format!("{w}: eval.identity_json"),
+    )?;
+    if let Some(s) = e.shard {
+        if s.count == 0 || s.index >= s.count {
+            bail!("{w}: eval.shard {}/{} is not a shard", s.index, s.count);
+        }
+    }
+    if e.run_prompts > e.set_prompts || prompts > e.run_prompts as usize {
+        bail!(
+            "{w}: eval says {} of {} prompts, the run holds {prompts}",
+            e.run_prompts,
+            e.set_prompts
+        );
+    }
+    if let Some(m) = &e.merged_from {
+        if m.len() > MAX_RUNS
+            || m.iter().any(|u| {
+                u.is_empty()
+                    || u.len() > 64
+                    || !u
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            })
+        {
+            bail!("{w}: eval.merged_from must list run uids");
+        }
+    }
+    Ok(())
+}
+
+/// Checks every field a hostile file could get wrong; returns what the store imports.
+pub fn validate(b: &Bundle, what: &str) -> Result<Vec<RunExport>> {
+    if b.format != FORMAT {
+        bail!("{what}: format is {:?}, expected {FORMAT:?}", b.format);
+    }
+    if b.version == 0 || b.version > VERSION {
+        bail!("{what}: bundle version {} is not supported (this draftlens reads version {VERSION}); upgrade draftlens", b.version);
+    }
+    if b.runs.is_empty() {
+        bail!("{what}: the bundle contains no runs");
+    }
+    if b.runs.len() > MAX_RUNS {
+        bail!(
+            "{what}: {} runs, over the limit of {MAX_RUNS}",
+            b.runs.len()
+        );
+    }
+    let mut uids = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (i, br) in b.runs.iter().enumerate() {
+        let r = &br.run;
+        let w = format!("{what}: runs[{i}]");
+        if r.uid.is_empty()
+            || r.uid.len() > 64
+            || !r
+                .uid
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            bail!(
+                "{w}: uid {:?} must be 1-64 characters of [A-Za-z0-9_-]",
+                r.uid.chars().take(80).collect::<String>()
+            );
+        }
+        if !uids.insert(r.uid.clone()) {
+            bail!("{w}: uid {} appears twice in the bundle", r.uid);
+        }
+        let w = format!("{what}: run {}", r.uid);
+        check_len(&r.name, 1000, &format!("{w}: name"))?;
+        for (f, s) in [
+            ("target_path", &r.target_path),
+            ("drafter_path", &r.drafter_path),
+            ("prompt_set_name", &r.prompt_set_name),
+            ("backend", &r.backend),
+            ("dtype", &r.dtype),
+            ("drafter_series", &r.drafter_series),
+        ] {
+            check_len(s, 4096, &format!("{w}: {f}"))?;
+        }
+        if !(2..=1024).contains(&r.block_size) {
+            bail!("{w}: block_size {} is outside 2..=1024", r.block_size);
+        }
+        if !(1..=1024).contains(&r.top_k) {
+            bail!("{w}: top_k {} is outside 1..=1024", r.top_k);
+        }
+        check_len(&r.config.to_string(), MAX_TEXT, &format!("{w}: config"))?;
+        if br.prompts.len() > MAX_PROMPTS {
+            bail!(
+                "{w}: {} prompts, over the limit of {MAX_PROMPTS}",
+                br.prompts.len()
+            );
+        }
+        let mut prompts = Vec::with_capacity(br.prompts.len());
+        let mut seen = std::collections::HashSet::new();
+        for (j, p) in br.prompts.iter().enumerate() {
+            let pw = format!("{w}: prompts[{j}]");
+            if !seen.insert(p.index) {
+                bail!("{pw}: prompt index {} appears twice", p.index);
+            }
+            if p.sha256.is_empty() || p.sha256.len() > 128 {
+                bail!("{pw}: sha256 must be 1-128 characters");
+            }
+            check_len(&p.id, 4096, &format!("{pw}: id"))?;
+            check_len(&p.text, 16 * MAX_TEXT, &format!("{pw}: text"))?;
+            let ids = le_to_u32s(
+                &unb64(&p.token_ids, &format!("{pw}.token_ids"))?,
+                &format!("{pw}.token_ids"),
+            )?;
+            if p.prompt_len as usize > ids.len() {
+                bail!(
+                    "{pw}: prompt_len {} exceeds its {} tokens",
+                    p.prompt_len,
+                    ids.len()
+                );
+            }
+            prompts.push(RunPrompt {
+                index: p.index,
+                id: p.id.clone(),
+                sha256: p.sha256.clone(),
+                category: p.category.clone(),
+                prompt_len: p.prompt_len,
+                token_ids: ids,
+                text: p.text.clone(),
+            });
+        }
+        for (j, m) in br.metrics.iter().enumerate() {
+            if m.source.is_empty()
+                || m.name.is_empty()
+                || m.source.contains('/')
+                || m.source.len() > 200
+                || m.name.len() > 200
+            {
+                bail!("{w}: metrics[{j}]: source and name must be 1-200 characters (no '/' in the source)");
+            }
+            check_len(
+                &m.description,
+                4096,
+                &format!("{w}: metrics[{j}].description"),
+            )?;
+        }
+        let g = r.block_size as usize - 1;
+        let mut derived = Vec::new();
+        if let Some(st) = &br.stats {
+            if st.positions != g || st.top_k != r.top_k {
+                bail!("{w}: stats have {} positions and top-k {}, but the run has block size {} and top-k {}", st.positions, st.top_k, r.block_size, r.top_k);
+            }
+            for (j, p) in st.prompts.iter().enumerate() {
+                let sw = format!("{w}: stats.prompts[{j}]");
+                for (name, v) in [
+                    ("valid", &p.valid),
+                    ("correct", &p.correct),
+                    ("topk_correct", &p.topk_correct),
+                    ("reached", &p.reached),
+                    ("accepted", &p.accepted),
+                ] {
+                    if v.len() != g {
+                        bail!("{sw}.{name}: {} entries, expected {g}", v.len());
+                    }
+                }
+                if p.hist.len() != g + 1 {
+                    bail!("{sw}.hist: {} entries, expected {}", p.hist.len(), g + 1);
+                }
+                if p.rounds.iter().any(|&a| a as usize > g) {
+                    bail!("{sw}.rounds: an accepted length exceeds {g}");
+                }
+                // Σ A+1, less at most the last round's bonus token (docs/metrics.md §2).
+                let full: u64 = p.rounds.iter().map(|&a| a as u64 + 1).sum();
+                if p.replay_tokens.is_some_and(|t| t > full || t + 1 < full) {
+                    bail!(
+                        "{sw}.replay_tokens: {} does not match its rounds (Σ A+1 = {full})",
+                        p.replay_tokens.unwrap_or_default()
+                    );
+                }
+                if p.hist.iter().map(|&x| x as u64).sum::<u64>() != p.blocks as u64 {
+                    bail!("{sw}: histogram total differs from blocks");
+                }
+            }
+            derived.push(Derived {
+                kind: STATS_KIND.into(),
+                // Statistics of bundles written before `replay_tokens` existed follow the old
+                // end-of-sequence rule: version 1, so runs with records recompute them.
+                version: if st.prompts.iter().all(|p| p.replay_tokens.is_some()) {
+                    STATS_VERSION
+                } else {
+                    1
+                },
+                data: serde_json::to_vec(st)?,
+            });
+        }
+        let records = br.records.as_ref().map(|rec| {
+            let batch = rec.to_batch(&w)?;
+            if (batch.block_size, batch.top_k) != (r.block_size, r.top_k) {
+                bail!(
+                    "{w}: records have block size {} and top-k {}, the run {} and {}",
+                    batch.block_size,
+                    batch.top_k,
+                    r.block_size,
+                    r.top_k
+                );
+            }
+            if batch.region.iter().any(|&x| x > 1) {
+                bail!("{w}: records.region values must be 0 or 1");
+            }
+            Ok(batch)
+        });
+        let records = records.transpose()?;
+        if let (Some(v), None) = (&br.vocab, &r.tokenizer_sha256) {
+            bail!(
+                "{w}: a vocabulary ({}) without a tokenizer_sha256 on the run",
+                v.name
+            );
+        }
+        if let Some(v) = &br.vocab {
+            if v.pieces.len() > 4_000_000 {
+                bail!(
+                    "{w}: vocabulary of {} pieces is over the limit",
+                    v.pieces.len()
+                );
+            }
+        }
+        if let Some(e) = &br.eval {
+            check_eval(e, br.prompts.len(), &w)?;
+        }
+        for (j, p) in br.plugins.iter().enumerate() {
+            let pw = format!("{w}: plugins[{j}]");
+            if p.source.is_empty() || p.source.contains('/') || p.source.len() > 200 {
+                bail!("{pw}: source must be 1-200 characters without '/'");
+            }
+            check_len(&p.sha256, 128, &format!("{pw}.sha256"))?;
+            check_len(&p.version, 200, &format!("{pw}.version"))?;
+            check_len(&p.file, 4096, &format!("{pw}.file"))?;
+            check_len(&p.scored_at, 64, &format!("{pw}.scored_at"))?;
+            check_len(&p.params_json, MAX_TEXT, &format!("{pw}.params_json"))?;
+            if serde_json::from_str::<serde_json::Value>(&p.params_json).is_err() {
+                bail!("{pw}.params_json: not JSON");
+            }
+        }
+        out.push(RunExport {
+            eval: br.eval.clone(),
+            plugins: br.plugins.clone(),
+            run: r.clone(),
+            prompts,
+            metrics: br.metrics.clone(),
+            failures: br.failures.clone(),
+            records,
+            derived,
+            vocab: br
+                .vocab
+                .as_ref()
+                .map(|v| (v.name.clone(), v.pieces.clone())),
+        });
+    }
+    Ok(out)
+}
