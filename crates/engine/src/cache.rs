@@ -82,7 +82,7 @@ pub struct CacheKey {
     pub backend: String,
     /// Compute dtype, e.g. `"f32"`, `"bf16"`.
     pub dtype: String,
-    /// Version of the kernels/model code that produced the entry, so a numerics fix invalidates it.
+    /// Version of the kernel and model code that produced the entry, so a numerics fix invalidates it.
     pub kernel_version: String,
     /// Anything else that matters to this kind (e.g. max new tokens for `greedy`); free-form.
     pub extra: String,

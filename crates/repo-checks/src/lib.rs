@@ -276,3 +276,76 @@ pub fn check_tree(root: &Path, skip: &[&str]) -> Vec<Finding> {
     }
     out
 }
+
+/// Top-level folders whose paths, when cited in text (`crates/engine/src/cache.rs`), must exist.
+/// `docs/` is checked with its sections by [`check_text`].
+const PATH_ROOTS: &[&str] = &[
+    "crates/", "plugins/", "scripts/", "tools/", "kernels/", "python/", "drafters/",
+];
+
+/// Cited paths that are build outputs, not sources: they exist only after a build.
+const BUILD_OUTPUTS: &[&str] = &["plugins/dist"];
+
+/// Repository paths cited in `text` (1-based line, path), as written: a path starts at a word
+/// boundary with one of [`PATH_ROOTS`] and runs over `[A-Za-z0-9_./-]`. Templates are left out: a
+/// path followed by `$`, `{`, `<`, `*` or `[`, or with an upper-case placeholder component (`NAME`).
+pub fn repo_paths(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let b = line.as_bytes();
+        let mut at = 0;
+        while at < b.len() {
+            let starts = PATH_ROOTS.iter().find(|r| line[at..].starts_with(*r));
+            let boundary = at == 0 || !(is_name_char(b[at - 1]) || b[at - 1] == b'/' || b[at - 1] == b'.');
+            let (Some(_), true) = (starts, boundary) else {
+                at += line[at..].chars().next().map_or(1, char::len_utf8);
+                continue;
+            };
+            let mut end = at;
+            while end < b.len() && (is_name_char(b[end]) || b[end] == b'/' || b[end] == b'.') {
+                end += 1;
+            }
+            let templated = b.get(end).is_some_and(|c| b"${<*[".contains(c));
+            let path = line[at..end].trim_end_matches(['.', '-', '/']);
+            let placeholder = path
+                .split('/')
+                .any(|c| c.len() > 1 && c.bytes().all(|x| x.is_ascii_uppercase() || x == b'_'));
+            if !templated && !placeholder && path.contains('/') && !path.ends_with('/') {
+                out.push((i + 1, path.to_string()));
+            }
+            at = end.max(at + 1);
+        }
+    }
+    out
+}
+
+/// Every cited repository path of every scanned file under `root` that does not exist (files in
+/// `skip` as for [`check_tree`]).
+pub fn check_paths_tree(root: &Path, skip: &[&str]) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for rel in source_files(root) {
+        let rel_s = rel.to_string_lossy().replace('\\', "/");
+        if skip
+            .iter()
+            .any(|s| *s == rel_s || (s.ends_with('/') && rel_s.starts_with(s)))
+        {
+            continue;
+        }
+        let Ok(text) = fs::read_to_string(root.join(&rel)) else {
+            continue;
+        };
+        for (line, path) in repo_paths(&text) {
+            if BUILD_OUTPUTS.iter().any(|o| path == *o || path.starts_with(&format!("{o}/"))) {
+                continue;
+            }
+            if !root.join(&path).exists() {
+                out.push(Finding {
+                    file: rel_s.clone(),
+                    line,
+                    problem: format!("{path}: no such file or folder in the repository"),
+                });
+            }
+        }
+    }
+    out
+}
