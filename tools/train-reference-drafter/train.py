@@ -110,7 +110,8 @@ def chat_ids(tok, messages):
 
 def read_prompts(path, limit=None):
     rows = []
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -131,57 +132,80 @@ def read_prompts(path, limit=None):
 
 
 @torch.no_grad()
-def generate_greedy(model, prompts, max_new, eos_id, batch_size, device):
+def generate_greedy(model, prompts, max_new, eos_id, batch_size, device, tokens_per_batch=None):
     """Greedy continuations, batched with left padding. Returns a list of (ids, eos_hit).
 
     Prompts are sorted by length so a batch holds similar lengths (less padding); the result is
-    returned in input order."""
+    returned in input order. A batch holds at most `batch_size` prompts and, with
+    `tokens_per_batch`, at most that many KV-cache rows (prompts x (longest prompt + max_new)),
+    so long prompts come in smaller batches. A batch that runs out of GPU memory is split in two
+    and retried (recorded in the log)."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out = [None] * len(prompts)
-    for s in range(0, len(order), batch_size):
-        idx = order[s : s + batch_size]
-        L = max(len(prompts[i]) for i in idx)
-        ids = torch.full((len(idx), L), eos_id, dtype=torch.long)
-        att = torch.zeros((len(idx), L), dtype=torch.long)
-        for r, i in enumerate(idx):
-            p = prompts[i]
-            ids[r, L - len(p) :] = torch.tensor(p)
-            att[r, L - len(p) :] = 1
-        gen = model.generate(
-            input_ids=ids.to(device),
-            attention_mask=att.to(device),
-            max_new_tokens=max_new,
-            do_sample=False,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-            eos_token_id=eos_id,
-            pad_token_id=eos_id,
-        )
-        new = gen[:, L:].cpu().tolist()
-        for r, i in enumerate(idx):
-            seq = new[r]
+    batches, s = [], 0
+    while s < len(order):
+        n = batch_size
+        if tokens_per_batch:
+            L = len(prompts[order[min(s + n, len(order)) - 1]])
+            n = max(1, min(n, tokens_per_batch // (L + max_new)))
+        batches.append(order[s : s + n])
+        s += n
+    while batches:
+        idx = batches.pop(0)
+        try:
+            new = _generate_batch(model, [prompts[i] for i in idx], max_new, eos_id, device)
+        except torch.OutOfMemoryError:
+            if len(idx) == 1:
+                raise
+            torch.cuda.empty_cache()
+            log(f"generate: out of GPU memory at batch {len(idx)}: splitting it in two")
+            batches[:0] = [idx[: len(idx) // 2], idx[len(idx) // 2 :]]
+            continue
+        for i, seq in zip(idx, new):
             if eos_id in seq:
-                seq = seq[: seq.index(eos_id) + 1]
-                out[i] = (seq, True)
+                out[i] = (seq[: seq.index(eos_id) + 1], True)
             else:
                 out[i] = (seq, False)
     return out
+
+
+def _generate_batch(model, prompts, max_new, eos_id, device):
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), eos_id, dtype=torch.long)
+    att = torch.zeros((len(prompts), L), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, L - len(p) :] = torch.tensor(p)
+        att[r, L - len(p) :] = 1
+    gen = model.generate(
+        input_ids=ids.to(device),
+        attention_mask=att.to(device),
+        max_new_tokens=max_new,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
+    return gen[:, L:].cpu().tolist()
 
 
 @torch.no_grad()
 def extract_taps(model, seqs, hs_indices, batch_size, device):
     """One teacher-forced target pass per batch (right padding, causal so padding never leaks).
 
-    Returns taps [N, Smax, U, H] bf16 on the device (U = len(hs_indices), HF hidden-state indices)
-    and the target's argmax [N, Smax] (its prediction of the NEXT token at every position)."""
-    N = len(seqs)
-    Smax = max(len(s) for s in seqs)
+    Returns the taps packed sequence after sequence, without padding: [sum of lengths, U, H] bf16
+    on the device (U = len(hs_indices), HF hidden-state indices; sequence i starts at row
+    offsets[i]), the target's argmax packed the same way [sum of lengths] (its prediction of the
+    NEXT token at every position), and the offsets."""
+    lens = torch.tensor([len(s) for s in seqs])
+    offsets = torch.cumsum(lens, 0) - lens
     H = model.config.hidden_size
-    taps = torch.zeros((N, Smax, len(hs_indices), H), dtype=torch.bfloat16, device=device)
-    argmax = torch.zeros((N, Smax), dtype=torch.long, device=device)
-    order = sorted(range(N), key=lambda i: len(seqs[i]))
-    for s in range(0, N, batch_size):
+    taps = torch.empty((int(lens.sum()), len(hs_indices), H), dtype=torch.bfloat16, device=device)
+    argmax = torch.empty((int(lens.sum()),), dtype=torch.long, device=device)
+    head = model.get_output_embeddings().weight
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    for s in range(0, len(seqs), batch_size):
         idx = order[s : s + batch_size]
         L = max(len(seqs[i]) for i in idx)
         ids = torch.zeros((len(idx), L), dtype=torch.long)
@@ -189,28 +213,45 @@ def extract_taps(model, seqs, hs_indices, batch_size, device):
         for r, i in enumerate(idx):
             ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
             att[r, : len(seqs[i])] = 1
-        o = model(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True, use_cache=False)
-        hs = torch.stack([o.hidden_states[k] for k in hs_indices], dim=2)  # [b, L, U, H]
-        it = torch.tensor(idx, device=device)
-        taps[it, :L] = hs.to(torch.bfloat16)
-        argmax[it, :L] = o.logits.argmax(-1)
-        del o, hs
-    return taps, argmax
+        # The base model only: the full-vocabulary logits of every position are never materialised
+        # (the argmax comes from the last hidden state, chunked).
+        o = model.model(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True, use_cache=False)
+        att = att.to(device).bool()
+        rows = (offsets[idx].to(device)[:, None] + torch.arange(L, device=device)[None])[att]
+        taps[rows] = torch.stack([o.hidden_states[k][att] for k in hs_indices], dim=1).to(torch.bfloat16)
+        argmax[rows] = chunked_argmax(o.last_hidden_state[att], head)
+        del o
+    return taps, argmax, offsets.to(device)
+
+
+def chunked_argmax(h, head, chunk=8192):
+    """argmax over the vocabulary of h @ head.T, a chunk of rows at a time."""
+    out = torch.empty(h.shape[:-1], dtype=torch.long, device=h.device)
+    hf, of = h.reshape(-1, h.shape[-1]), out.view(-1)
+    for c in range(0, hf.shape[0], chunk):
+        of[c : c + chunk] = (hf[c : c + chunk].to(head.dtype) @ head.T).argmax(-1)
+    return out
 
 
 class SeqData:
-    """Prompt+continuation sequences with their taps, all on the device."""
+    """Prompt+continuation sequences with their taps, all on the device.
 
-    def __init__(self, names, prompt_ids, conts, taps, tf_argmax, hs_indices, device):
+    `taps` is either packed [sum of lengths, U, H] with `offsets` (what build_data makes) or
+    padded [N, Smax, U, H] with offsets None (tools/bench/hf_e2e.py builds it that way);
+    `tf_argmax` follows the same layout (or is None)."""
+
+    def __init__(self, names, prompt_ids, conts, taps, tf_argmax, hs_indices, device, offsets=None):
         self.names = names
         self.seqs = [p + c for p, c in zip(prompt_ids, conts)]
         N, Smax = len(self.seqs), max(len(s) for s in self.seqs)
-        self.tokens = torch.zeros((N, Smax), dtype=torch.long, device=device)
+        tokens = torch.zeros((N, Smax), dtype=torch.long)
         for i, s in enumerate(self.seqs):
-            self.tokens[i, : len(s)] = torch.tensor(s, device=device)
+            tokens[i, : len(s)] = torch.tensor(s)
+        self.tokens = tokens.to(device)
         self.P = torch.tensor([len(p) for p in prompt_ids], device=device)
         self.T = torch.tensor([len(s) for s in self.seqs], device=device)
         self.taps = taps
+        self.offsets = offsets
         self.tf_argmax = tf_argmax
         self.hs_indices = hs_indices
         self.N = N
@@ -218,34 +259,68 @@ class SeqData:
     def tap_slots(self, target_layer_ids):
         return [self.hs_indices.index(i + 1) for i in target_layer_ids]
 
+    def rows(self, idx, pos):
+        """Packed-row index of positions pos [b, ...] of sequences idx [b] (clamped into each
+        sequence: positions past its end read its last row, which callers mask out)."""
+        shape = (-1,) + (1,) * (pos.dim() - 1)
+        last = (self.T[idx] - 1).view(shape)
+        return self.offsets[idx].view(shape) + torch.minimum(pos, last)
+
+    def gather_taps(self, idx, S, slots):
+        """Taps of sequences idx for positions 0..S-1: [b, S, len(slots) * H], slots in order."""
+        if self.offsets is None:
+            return self.taps[idx, :S][:, :, slots].flatten(2)
+        pos = torch.arange(S, device=idx.device)[None].expand(len(idx), S)
+        return self.taps[self.rows(idx, pos)][:, :, slots].flatten(2)
+
+    def tap_at(self, idx, pos, slot):
+        """One tap (slot) at positions pos [b, ...] of sequences idx [b] (clamped as in rows())."""
+        if self.offsets is None:
+            shape = (-1,) + (1,) * (pos.dim() - 1)
+            p = torch.minimum(pos, (self.T[idx] - 1).view(shape))
+            return self.taps[idx.view(shape).expand_as(p), p, slot]
+        return self.taps[self.rows(idx, pos), slot]
+
     def greedy_consistency(self):
         """Fraction of continuation tokens that the teacher-forced pass's argmax reproduces."""
-        ok = tot = 0
-        for i in range(self.N):
-            P, T = int(self.P[i]), int(self.T[i])
-            if T - P < 1:
-                continue
-            ok += int((self.tf_argmax[i, P - 1 : T - 1] == self.tokens[i, P:T]).sum())
-            tot += T - P
-        return ok / max(tot, 1)
+        Smax = self.tokens.shape[1]
+        pos = torch.arange(Smax, device=self.tokens.device)[None].expand(self.N, Smax)
+        if self.offsets is None:
+            am = self.tf_argmax[:, :Smax]
+        else:
+            am = self.tf_argmax[self.rows(torch.arange(self.N, device=pos.device), pos)]
+        # the argmax at p predicts the token at p + 1; continuation tokens are P..T-1
+        want = (pos >= self.P[:, None] - 1) & (pos <= self.T[:, None] - 2)
+        ok = ((am[:, :-1] == self.tokens[:, 1:]) & want[:, :-1]).sum()
+        return int(ok) / max(int(want.sum()), 1)
 
 
-def regenerate(model, tok, prompt_rows, max_prompt, max_new, gen_batch, device):
+def regenerate(model, tok, prompt_rows, max_prompt, max_new, gen_batch, device, tokens_per_batch=None, deadline=None, round_prompts=None):
     """Chat-templated prompt ids and the target's greedy continuations (the training labels).
 
     Returns a plain dict of token ids that `--ids-out` stores and `--ids-in` reuses, so a later run
-    (or the second series trained in parallel) skips the generation."""
+    (or the second series trained in parallel) skips the generation. With `deadline` (unix time),
+    the prompts are taken in file order, `round_prompts` at a time, and no round starts after the
+    deadline: the prompts done are a prefix of the file (`prompts_in` counts only those)."""
     eos = tok.convert_tokens_to_ids(EOS_TOKEN)
-    names, pids, dropped = [], [], 0
-    for r in prompt_rows:
-        ids = chat_ids(tok, r["messages"]) if r["messages"] is not None else tok(r["prompt"], add_special_tokens=False)["input_ids"]
-        if len(ids) > max_prompt:
-            dropped += 1
-            continue
-        names.append(r["id"])
-        pids.append(ids)
+    step = round_prompts if deadline is not None and round_prompts else max(len(prompt_rows), 1)
+    names, pids, gens, dropped, taken = [], [], [], 0, 0
     t = time.time()
-    gens = generate_greedy(model, pids, max_new, eos, gen_batch, device)
+    while taken < len(prompt_rows) and (deadline is None or time.time() < deadline):
+        rn, rp = [], []
+        for r in prompt_rows[taken : taken + step]:
+            ids = chat_ids(tok, r["messages"]) if r["messages"] is not None else tok(r["prompt"], add_special_tokens=False)["input_ids"]
+            if len(ids) > max_prompt:
+                dropped += 1
+                continue
+            rn.append(r["id"])
+            rp.append(ids)
+        taken += len(prompt_rows[taken : taken + step])
+        gens += generate_greedy(model, rp, max_new, eos, gen_batch, device, tokens_per_batch)
+        names += rn
+        pids += rp
+        if deadline is not None:
+            log(f"generated {len(pids)} of {len(prompt_rows)} prompts ({time.time() - t:.0f} s)")
     tg = time.time() - t
     conts = [g[0] for g in gens]
     keep = [i for i, c in enumerate(conts) if len(c) >= 2]  # need at least one anchor with a next token
@@ -253,7 +328,8 @@ def regenerate(model, tok, prompt_rows, max_prompt, max_new, gen_batch, device):
         "names": [names[i] for i in keep],
         "prompt_ids": [pids[i] for i in keep],
         "continuations": [conts[i] for i in keep],
-        "prompts_in": len(prompt_rows),
+        "prompts_in": taken,
+        "prompts_offered": len(prompt_rows),
         "dropped_prompt_too_long": dropped,
         "dropped_short_continuation": len(gens) - len(keep),
         "eos_hit": sum(1 for i in keep if gens[i][1]),
@@ -262,25 +338,50 @@ def regenerate(model, tok, prompt_rows, max_prompt, max_new, gen_batch, device):
     }
 
 
-def build_data(model, ids, tf_batch, hs_indices, device, label):
-    """Teacher-forced taps for regenerated (or reloaded) sequences."""
+def build_data(model, ids, tf_batch, hs_indices, device, label, max_rows=None):
+    """Teacher-forced taps for regenerated (or reloaded) sequences. With `max_rows`, only the
+    leading sequences whose prompt+continuation rows fit in it are kept (the taps live on the GPU:
+    ~6.9 KB per row for 6 taps), and the rest are counted as `dropped_for_memory`."""
     names, pids, conts = ids["names"], ids["prompt_ids"], ids["continuations"]
+    n = len(names)
+    if max_rows is not None:
+        rows, n = 0, 0
+        while n < len(names) and rows + len(pids[n]) + len(conts[n]) <= max_rows:
+            rows += len(pids[n]) + len(conts[n])
+            n += 1
+        names, pids, conts = names[:n], pids[:n], conts[:n]
     t = time.time()
-    taps, am = extract_taps(model, [p + c for p, c in zip(pids, conts)], hs_indices, tf_batch, device)
+    taps, am, offsets = extract_taps(model, [p + c for p, c in zip(pids, conts)], hs_indices, tf_batch, device)
     tt = time.time() - t
-    data = SeqData(names, pids, conts, taps, am, hs_indices, device)
+    data = SeqData(names, pids, conts, taps, am, hs_indices, device, offsets=offsets)
     ntok = sum(len(c) for c in conts)
     info = {
-        **{k: ids[k] for k in ("prompts_in", "dropped_prompt_too_long", "dropped_short_continuation", "eos_hit", "generate_s")},
+        **{k: ids[k] for k in ("prompts_in", "dropped_prompt_too_long", "dropped_short_continuation", "eos_hit", "generate_s") if k in ids},
+        "dropped_for_memory": len(ids["names"]) - n,
         "sequences": data.N,
         "continuation_tokens": ntok,
         "mean_prompt_tokens": sum(len(p) for p in pids) / max(len(pids), 1),
         "mean_continuation_tokens": ntok / max(len(conts), 1),
+        "tap_rows": int(taps.shape[0]),
         "taps_s": round(tt, 1),
         "teacher_forced_argmax_agreement": round(data.greedy_consistency(), 5),
     }
     log(f"{label}: {json.dumps(info)}")
     return data, info
+
+
+def merge_ids(parts):
+    """One training set from several regenerated sets (e.g. the reused ids of an earlier run and
+    the continuations generated in this one), in order; the counters are summed."""
+    out = {"names": [], "prompt_ids": [], "continuations": []}
+    for p in parts:
+        for k, v in p.items():
+            if isinstance(v, list):
+                out[k] = out.get(k, []) + v
+            elif isinstance(v, (int, float)) and k != "max_new":
+                out[k] = round(out.get(k, 0) + v, 1)
+    out["parts"] = [len(p["names"]) for p in parts]
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -464,7 +565,8 @@ def write_json(path, obj):
 
 
 def block_inputs(data, seq_idx, anchors, B, E):
-    """Block tokens [y_a, MASK x (B-1)] embedded by the target; labels y_{a+k}; in-bounds mask."""
+    """Block tokens [y_a, MASK x (B-1)] embedded by the target; labels y_{a+k}; in-bounds mask;
+    and the label positions a+k [b,n,B-1]."""
     tok = data.tokens[seq_idx]  # [b, Smax]
     first = torch.gather(tok, 1, anchors)
     blk = torch.full(anchors.shape + (B,), MASK_TOKEN_ID, dtype=torch.long, device=tok.device)
@@ -474,7 +576,7 @@ def block_inputs(data, seq_idx, anchors, B, E):
     T = data.T[seq_idx][:, None, None]
     inb = pos < T
     labels = torch.gather(tok, 1, pos.clamp(max=tok.shape[1] - 1).flatten(1)).view(pos.shape)
-    return E[blk], labels, inb
+    return E[blk], labels, inb, pos
 
 
 def streaks(correct):
@@ -482,17 +584,89 @@ def streaks(correct):
     return torch.cumprod(correct.int(), dim=-1).sum(-1)
 
 
-def train_series(series, data, E, lm_head, args, device, out_dir, target_cfg):
-    torch.manual_seed(args.seed)
-    random.seed(args.seed)
-    spec = SERIES[series]
-    cfg = drafter_config(target_cfg, series, args.block_size, args.layers, args.intermediate, args.rope_theta)
-    drafter = Drafter(cfg).to(device)
-    nparams = sum(p.numel() for p in drafter.parameters())
-    slots = data.tap_slots(spec["target_layer_ids"])
+class BlockLoss(torch.autograd.Function):
+    """The drafted rows' loss through the frozen LM head, a chunk of rows at a time, for one or
+    more drafters trained on the same rows (the series trained together).
+
+    Per row: cross-entropy against q = kd * softmax(teacher logits) + (1 - kd) * onehot(label),
+    weighted by `weights` (normalised by the caller: the loss is sum(w * ce)). kd = 0 is the
+    hard-label loss of the earlier runs. Since q's argmax is the label whenever kd <= 0.5, the
+    soft part never asks for another top-1 than the target's greedy token. The full
+    [rows, vocab] logits never exist at once: each chunk's gradient w.r.t. h is computed in the
+    forward pass (softmax(z) - q) and kept for backward.
+
+    forward(head [V,D], labels [R], weights [R], teacher [R,D] or None, kd, chunk, *hs [R,D])
+    returns, per drafter: the loss, the hard-label CE (weighted sum, not differentiable) and the
+    top-1 == label mask [R] (not differentiable)."""
+
+    @staticmethod
+    def forward(ctx, head, labels, weights, teacher, kd, chunk, *hs):
+        R = labels.shape[0]
+        n = len(hs)
+        grads = [torch.empty_like(h) for h in hs]
+        loss = [torch.zeros((), dtype=torch.float32, device=head.device) for _ in hs]
+        hard = [torch.zeros((), dtype=torch.float32, device=head.device) for _ in hs]
+        correct = [torch.empty(R, dtype=torch.bool, device=head.device) for _ in hs]
+        for c in range(0, R, chunk):
+            y = labels[c : c + chunk, None]
+            w = weights[c : c + chunk, None].float()
+            pt = None
+            if kd > 0:
+                pt = torch.softmax((teacher[c : c + chunk].to(head.dtype) @ head.T).float(), dim=-1)
+            for j in range(n):
+                z = (hs[j][c : c + chunk].to(head.dtype) @ head.T).float()  # [c, V]
+                correct[j][c : c + chunk] = z.argmax(-1) == y[:, 0]
+                lse = torch.logsumexp(z, dim=-1, keepdim=True)
+                zy = z.gather(1, y)
+                hard[j] += (w * (lse - zy)).sum()
+                ce = lse - (1 - kd) * zy
+                if pt is not None:
+                    ce = ce - kd * (pt * z).sum(-1, keepdim=True)
+                loss[j] += (w * ce).sum()
+                g = z.sub_(lse).exp_()  # softmax, in place of z
+                if pt is not None:
+                    g.sub_(kd * pt)
+                g.scatter_add_(1, y, torch.full_like(zy, -(1 - kd)))
+                g.mul_(w)
+                grads[j][c : c + chunk] = (g.to(head.dtype) @ head).to(grads[j].dtype)
+                del z, g
+        ctx.save_for_backward(*grads)
+        ctx.mark_non_differentiable(*hard, *correct)
+        return (*loss, *hard, *correct)
+
+    @staticmethod
+    def backward(ctx, *grad_out):
+        n = len(ctx.saved_tensors)
+        return (None, None, None, None, None, None) + tuple(g * go for g, go in zip(ctx.saved_tensors, grad_out[:n]))
+
+
+def block_loss(hs, head, labels, weights, teacher=None, kd=0.0, chunk=8192):
+    """BlockLoss.apply with lists: returns (losses, hard_ces, corrects), one entry per drafter."""
+    out = BlockLoss.apply(head, labels, weights, teacher, float(kd), int(chunk), *hs)
+    n = len(hs)
+    return list(out[:n]), list(out[n : 2 * n]), list(out[2 * n :])
+
+
+def train_series(series_list, data, E, lm_head, args, device, out_dir, target_cfg):
+    """Train one drafter per series in `series_list` (a name or a list) in ONE loop: every series
+    sees exactly the same batches and anchors (and the same initial weights: each drafter is built
+    after re-seeding), and the shared work (batch, anchors, labels, the KD teacher's softmax) is
+    done once per step. Returns ({series: [checkpoint paths]}, info)."""
+    if isinstance(series_list, str):
+        series_list = [series_list]
+    drafters, cfgs, opts, slots = {}, {}, {}, {}
+    for s in series_list:
+        torch.manual_seed(args.seed)
+        random.seed(args.seed)
+        cfgs[s] = drafter_config(target_cfg, s, args.block_size, args.layers, args.intermediate, args.rope_theta)
+        drafters[s] = Drafter(cfgs[s]).to(device)
+        opts[s] = torch.optim.AdamW(drafters[s].parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+        slots[s] = data.tap_slots(SERIES[s]["target_layer_ids"])
+    nparams = sum(p.numel() for p in drafters[series_list[0]].parameters())
+    kd = args.kd_weight
+    kd_slot = data.hs_indices.index(target_cfg.num_hidden_layers) if kd > 0 else None
     B, nA, bs = args.block_size, args.anchors, args.batch_seqs
     wk = torch.exp(-torch.arange(B - 1, device=device, dtype=torch.float32) / args.gamma)  # k=1..B-1
-    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     steps = args.steps
     warm = max(1, int(args.warmup_ratio * steps))
 
@@ -500,7 +674,7 @@ def train_series(series, data, E, lm_head, args, device, out_dir, target_cfg):
         if step < warm:
             return args.lr * (step + 1) / warm
         pr = (step - warm) / max(1, steps - warm)
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * pr)))
+        return args.lr * (args.lr_min_ratio + (1 - args.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * pr)))
 
     save_at = sorted(set(int(round(f * steps)) for f in args.save_fracs))
     gen = torch.Generator(device=device).manual_seed(args.seed)
@@ -508,11 +682,17 @@ def train_series(series, data, E, lm_head, args, device, out_dir, target_cfg):
     T_cpu = data.T.cpu()
     # batches are drawn on the CPU so that the loop never waits on the GPU to size a batch
     perm, pp = torch.randperm(data.N, generator=cpu_gen), 0
-    window = []
-    saved = []
+    window = {s: [] for s in series_list}
+    saved = {s: [] for s in series_list}
+    gn = {}
     t_start = time.time()
-    log(f"{series}: {nparams} params, taps {spec['target_layer_ids']} (hs {[data.hs_indices[s] for s in slots]}), inclusive={spec['inclusive']}, {steps} steps, saves at {save_at}")
+    for s in series_list:
+        log(
+            f"{s}: {nparams} params ({args.layers} layers, MLP {args.intermediate}), taps {SERIES[s]['target_layer_ids']} "
+            f"(hs {[data.hs_indices[i] for i in slots[s]]}), inclusive={SERIES[s]['inclusive']}, kd {kd}, {steps} steps, saves at {save_at}"
+        )
     t_warm = None
+    stop_epoch = getattr(args, "train_stop_epoch", None)
     for step in range(1, steps + 1):
         if step == 11:  # steady-state timing starts after 10 warm-up steps (allocator, cuBLAS plans)
             sync(device)
@@ -523,7 +703,6 @@ def train_series(series, data, E, lm_head, args, device, out_dir, target_cfg):
         pp += bs
         S = int(T_cpu[idx_cpu].max())
         idx = idx_cpu.to(device, non_blocking=True)
-        taps = data.taps[idx, :S][:, :, slots].flatten(2)  # [b,S,n_taps*H], target_layer_ids order
         # anchors: uniform without replacement over completion positions a in [P, T-2]
         pos = torch.arange(S, device=device)[None]
         valid = (pos >= data.P[idx][:, None]) & (pos <= data.T[idx][:, None] - 2)
@@ -532,62 +711,78 @@ def train_series(series, data, E, lm_head, args, device, out_dir, target_cfg):
         vals, anchors = r.topk(n_take, dim=1)
         keep = vals >= 0
         anchors = torch.where(keep, anchors, data.P[idx][:, None].expand_as(anchors))
-        emb, labels, inb = block_inputs(data, idx, anchors, B, E)
+        emb, labels, inb, lpos = block_inputs(data, idx, anchors, B, E)
         valid_k = inb & keep[..., None]
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step - 1)
-        with torch.autocast(device, dtype=torch.bfloat16):
-            h = drafter(taps, emb.to(torch.bfloat16), anchors, spec["inclusive"])[:, :, 1:]
-            logits = F.linear(h, lm_head)
-            ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), reduction="none").view(labels.shape)
         w = wk * valid_k
-        loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        with torch.no_grad():
-            correct = (logits.argmax(-1) == labels) & valid_k
-            A = streaks(correct)
-            window.append(
-                torch.stack(
-                    [loss.detach(), correct.sum().float(), valid_k.sum().float(), (A * keep).sum().float(), keep.sum().float()]
+        wn = (w / w.sum().clamp(min=1e-6)).flatten()
+        # KD teacher: the target's final-normed last hidden state at a+k-1 (its logits there
+        # predict the label y_{a+k}); rows out of bounds have weight 0.
+        teacher = data.tap_at(idx, lpos - 1, kd_slot).flatten(0, 2) if kd > 0 else None
+        hs = []
+        for s in series_list:
+            taps = data.gather_taps(idx, S, slots[s])  # [b,S,n_taps*H], target_layer_ids order
+            with torch.autocast(device, dtype=torch.bfloat16):
+                hs.append(drafters[s](taps, emb.to(torch.bfloat16), anchors, SERIES[s]["inclusive"])[:, :, 1:].flatten(0, 2))
+        losses, hards, corrects = block_loss(hs, lm_head, labels.flatten(), wn, teacher, kd, args.loss_chunk)
+        for s in series_list:
+            for g in opts[s].param_groups:
+                g["lr"] = lr_at(step - 1)
+            opts[s].zero_grad(set_to_none=True)
+        sum(losses).backward()
+        for j, s in enumerate(series_list):
+            gn[s] = torch.nn.utils.clip_grad_norm_(drafters[s].parameters(), 1.0)
+            opts[s].step()
+            with torch.no_grad():
+                correct = corrects[j].view(labels.shape) & valid_k
+                A = streaks(correct)
+                window[s].append(
+                    torch.stack(
+                        [hards[j].detach(), correct.sum().float(), valid_k.sum().float(), (A * keep).sum().float(), keep.sum().float(), losses[j].detach()]
+                    )
                 )
-            )
-            window = window[-args.metric_window :]
-        if step % args.log_every == 0 or step in save_at or step == 1:
-            m = torch.stack(window).sum(0).tolist()
-            log(
-                f"{series} step {step}/{steps} loss {m[0] / len(window):.4f} flat_acc {m[1] / max(m[2], 1):.4f} "
-                f"streak {m[3] / max(m[4], 1):.3f} lr {lr_at(step - 1):.2e} gnorm {float(gn):.2f} ({time.time() - t_start:.0f}s)"
-            )
-        if step in save_at:
-            m = torch.stack(window).sum(0).tolist()
-            metrics = {
-                "series": series,
-                "step": step,
-                "steps_total": steps,
-                "train_style": {
-                    "what": "averages over the last %d training batches, measured the way training sees blocks: "
-                    "uniform anchors over completion positions, context %s, labels = target greedy tokens"
-                    % (len(window), "kv <= a (inclusive, the leaky mask)" if spec["inclusive"] else "kv < a (strict)"),
-                    "loss": m[0] / len(window),
-                    "flat_accuracy": m[1] / max(m[2], 1),
-                    "mean_streak": m[3] / max(m[4], 1),
-                    "mean_streak_plus_bonus": 1 + m[3] / max(m[4], 1),
-                },
-                "blocks_seen": step * bs * nA,
-                "sequences_seen": step * bs,
-                "train_seconds": round(time.time() - t_start, 1),
-                "recipe": recipe_dict(args, series),
-            }
-            path = os.path.join(out_dir, f"{CKPT_PREFIX}-{series}", f"step-{step}")
-            save_checkpoint(drafter, cfg, path, metrics)
-            saved.append(path)
-            log(f"saved {path}")
+                window[s] = window[s][-args.metric_window :]
+        last = step == steps or (stop_epoch is not None and time.time() > stop_epoch)
+        if step % args.log_every == 0 or step in save_at or step == 1 or last:
+            for s in series_list:
+                m = torch.stack(window[s]).sum(0).tolist()
+                log(
+                    f"{s} step {step}/{steps} loss {m[0] / len(window[s]):.4f} flat_acc {m[1] / max(m[2], 1):.4f} "
+                    f"streak {m[3] / max(m[4], 1):.3f}" + (f" kd_objective {m[5] / len(window[s]):.4f}" if kd > 0 else "")
+                    + f" lr {lr_at(step - 1):.2e} gnorm {float(gn[s]):.2f} ({time.time() - t_start:.0f}s)"
+                )
+        if step in save_at or last:
+            if step not in save_at:
+                log(f"train: past the training deadline at step {step} of {steps}: saving this step as the last checkpoint")
+            for s in series_list:
+                m = torch.stack(window[s]).sum(0).tolist()
+                metrics = {
+                    "series": s,
+                    "step": step,
+                    "steps_total": steps,
+                    "train_style": {
+                        "what": "averages over the last %d training batches, measured the way training sees blocks: "
+                        "uniform anchors over completion positions, context %s, labels = target greedy tokens; loss = hard-label CE"
+                        % (len(window[s]), "kv <= a (inclusive, the leaky mask)" if SERIES[s]["inclusive"] else "kv < a (strict)"),
+                        "loss": m[0] / len(window[s]),
+                        "flat_accuracy": m[1] / max(m[2], 1),
+                        "mean_streak": m[3] / max(m[4], 1),
+                        "mean_streak_plus_bonus": 1 + m[3] / max(m[4], 1),
+                        **({"kd_objective": m[5] / len(window[s])} if kd > 0 else {}),
+                    },
+                    "blocks_seen": step * bs * nA,
+                    "sequences_seen": step * bs,
+                    "train_seconds": round(time.time() - t_start, 1),
+                    "recipe": recipe_dict(args, s),
+                }
+                path = os.path.join(out_dir, f"{CKPT_PREFIX}-{s}", f"step-{step}")
+                save_checkpoint(drafters[s], cfgs[s], path, metrics)
+                saved[s].append(path)
+                log(f"saved {path}")
+        if last:
+            break
     sync(device)
-    steady = (time.time() - t_warm) / (steps - 10) if t_warm is not None and steps > 10 else None
-    return saved, {"params": nparams, "train_seconds": round(time.time() - t_start, 1), "steps": steps, "steady_step_s": steady}
+    steady = (time.time() - t_warm) / (step - 10) if t_warm is not None and step > 10 else None
+    return saved, {"params": nparams, "train_seconds": round(time.time() - t_start, 1), "steps": step, "steps_planned": steps, "steady_step_s": steady}
 
 
 def rendezvous_step_time(spec, series_list, mine):
@@ -631,7 +826,12 @@ def recipe_dict(args, series):
         "sequences_per_step": args.batch_seqs,
         "lr": args.lr,
         "warmup_ratio": args.warmup_ratio,
-        "schedule": "linear warm-up, cosine to 0.1 x lr",
+        "schedule": f"linear warm-up, cosine to {args.lr_min_ratio} x lr",
+        "drafter_layers": args.layers,
+        "intermediate_size": args.intermediate,
+        "loss": "cross-entropy against q = kd * softmax(target logits at a+k-1) + (1 - kd) * onehot(y_{a+k}), kd = %g" % args.kd_weight
+        if args.kd_weight > 0
+        else "hard-label cross-entropy",
         "weight_decay": args.weight_decay,
         "grad_clip": 1.0,
         "precision": "bf16 autocast, fp32 master weights, fp32 softmax/CE",
@@ -668,15 +868,15 @@ def draft_all_anchors(drafter, cfg, data, E, lm_head, inclusive, device, max_blo
             i += 1
         idx = torch.tensor(grp, device=device)
         S = int(data.T[idx].max())
-        taps = data.taps[idx, :S][:, :, slots].flatten(2)
+        taps = data.gather_taps(idx, S, slots)
         ar = torch.arange(nmax, device=device)[None]
         anchors = data.P[idx][:, None] + ar
         keep = anchors <= data.T[idx][:, None] - 2
         anchors = torch.where(keep, anchors, data.P[idx][:, None].expand_as(anchors))
-        emb, labels, inb = block_inputs(data, idx, anchors, B, E)
+        emb, labels, inb, _ = block_inputs(data, idx, anchors, B, E)
         with torch.autocast(device, dtype=torch.bfloat16):
             h = drafter(taps, emb.to(torch.bfloat16), anchors, inclusive)[:, :, 1:]
-            top1 = F.linear(h, lm_head).argmax(-1)
+        top1 = chunked_argmax(h, lm_head)
         match = (top1 == labels) & inb
         for r, j in enumerate(grp):
             na = int(data.T[j] - 1 - data.P[j])
@@ -786,22 +986,33 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup-ratio", type=float, default=0.04)
     ap.add_argument("--weight-decay", type=float, default=0.01)
-    ap.add_argument("--steps", type=int, default=3000, help="training steps per series (upper bound when --time-budget is set)")
-    ap.add_argument("--time-budget", type=float, default=None, help="seconds per series: the step count is lowered to fit, from the steady-state timing of a 30-step probe")
+    ap.add_argument("--steps", type=int, default=3000, help="training steps (upper bound when --time-budget is set); all series train together, one step of each per step")
+    ap.add_argument("--time-budget", type=float, default=None, help="training seconds (all series together): the step count is lowered to fit, from the steady-state timing of a 30-step probe")
     ap.add_argument("--save-fracs", default="0.1,0.35,1.0", help="checkpoints at these fractions of the steps")
     ap.add_argument("--metric-window", type=int, default=50)
     ap.add_argument("--eval-blocks", type=int, default=4096, help="blocks per evaluation forward")
-    ap.add_argument("--deadline-epoch", type=float, default=None, help="unix time by which everything must be written; the per-series time budget shrinks to fit (keeps --eval-reserve seconds)")
+    ap.add_argument("--deadline-epoch", type=float, default=None, help="unix time by which everything must be written; the training time budget shrinks to fit (keeps --eval-reserve seconds), and training stops early, saving its last step, if it runs into half of that reserve")
     ap.add_argument("--eval-reserve", type=float, default=60.0)
     ap.add_argument("--log-every", type=int, default=250)
     ap.add_argument("--ids-out", default=None, help="write the regenerated token ids (train + eval) as .json.gz")
     ap.add_argument("--ids-in", default=None, help="reuse token ids written by --ids-out instead of regenerating")
     ap.add_argument("--rendezvous", default=None, metavar="DIR:N", help="N processes training series in parallel agree on one step count through DIR")
+    ap.add_argument("--extra-prompts", default=None, help="more training prompts (JSONL, .gz allowed) whose responses this run generates, in file order, until --extra-gen-seconds; added to the training set after the --ids-in / regenerated one (skipped when --ids-in already holds them)")
+    ap.add_argument("--extra-limit", type=int, default=None, help="first N prompts of --extra-prompts")
+    ap.add_argument("--extra-gen-seconds", type=float, default=150.0, help="no new generation round starts after this many seconds of generating --extra-prompts")
+    ap.add_argument("--gen-round", type=int, default=4096, help="prompts per generation round under --extra-gen-seconds")
+    ap.add_argument("--gen-tokens", type=int, default=None, help="KV-cache rows per generation batch (prompts x (longest prompt + max new)): long prompts come in smaller batches")
+    ap.add_argument("--gpu-reserve-gb", type=float, default=32.0, help="GPU memory kept free beside the training taps (step buffers, evaluation); training sequences that do not fit are dropped, last first, and counted")
+    ap.add_argument("--kd-weight", type=float, default=0.0, help="weight of the target's soft labels (KD) in the loss, 0..0.5 (0: hard labels only)")
+    ap.add_argument("--loss-chunk", type=int, default=8192, help="rows per chunk of the LM-head loss")
+    ap.add_argument("--lr-min-ratio", type=float, default=0.1, help="the cosine schedule ends at this fraction of --lr")
     ap.add_argument("--results", default="results.json", help="name of the results file in --out")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     args.save_fracs = [float(x) for x in args.save_fracs.split(",")]
+    if not 0 <= args.kd_weight <= 0.5:
+        raise SystemExit(f"train.py: --kd-weight {args.kd_weight}: must be in [0, 0.5] (above 0.5 the soft label could outvote the greedy token)")
     device = args.device
     if device == "cuda":
         if not torch.cuda.is_available():
@@ -821,7 +1032,11 @@ def main():
     log(f"target loaded: {target.config.num_hidden_layers} layers, vocab {target.config.vocab_size}")
 
     series_list = [s for s in args.series.split(",") if s]
-    hs_indices = sorted({i + 1 for s in series_list for i in SERIES[s]["target_layer_ids"]})
+    hs_indices = {i + 1 for s in series_list for i in SERIES[s]["target_layer_ids"]}
+    if args.kd_weight > 0:
+        # the KD teacher: the final-normed last hidden state (hs[num_layers]); logits = it @ LM head
+        hs_indices.add(target.config.num_hidden_layers)
+    hs_indices = sorted(hs_indices)
     # Token ids first (regenerated by the target, or reloaded from --ids-in), taps second.
     if args.ids_in:
         with gzip.open(args.ids_in, "rt") as f:
@@ -834,13 +1049,24 @@ def main():
             k = max(2, round(1 / args.heldout_frac))
             held = rows[k - 1 :: k]
             rows = [r for i, r in enumerate(rows) if i % k != k - 1]
-        all_ids = {"train": regenerate(target, tok, rows, args.max_prompt_tokens, args.max_new, args.gen_batch, device), "eval": {}}
+        all_ids = {"train": regenerate(target, tok, rows, args.max_prompt_tokens, args.max_new, args.gen_batch, device, args.gen_tokens), "eval": {}}
         if held:
-            all_ids["eval"]["heldout"] = regenerate(target, tok, held, args.max_prompt_tokens, args.eval_max_new, args.gen_batch, device)
+            all_ids["eval"]["heldout"] = regenerate(target, tok, held, args.max_prompt_tokens, args.eval_max_new, args.gen_batch, device, args.gen_tokens)
         for spec in args.eval:
             name, path = spec.split("=", 1)
             erows = read_prompts(path, args.eval_limit)
-            all_ids["eval"][name] = regenerate(target, tok, erows, 4096, args.eval_max_new, args.gen_batch, device)
+            all_ids["eval"][name] = regenerate(target, tok, erows, 4096, args.eval_max_new, args.gen_batch, device, args.gen_tokens)
+    if args.extra_prompts and "train_extra" in all_ids:
+        log(f"--extra-prompts: the --ids-in file already holds {len(all_ids['train_extra']['names'])} extra sequences: reused, none generated")
+    elif args.extra_prompts:
+        t = time.time()
+        deadline = t + args.extra_gen_seconds
+        rows = read_prompts(args.extra_prompts, args.extra_limit)
+        log(f"generating the responses of up to {len(rows)} extra prompts for {args.extra_gen_seconds:.0f} s")
+        all_ids["train_extra"] = regenerate(target, tok, rows, args.max_prompt_tokens, args.max_new, args.gen_batch, device, args.gen_tokens, deadline=deadline, round_prompts=args.gen_round)
+        results["stages"]["extra_generation_s"] = round(time.time() - t, 1)
+        if device == "cuda":
+            torch.cuda.empty_cache()
     if args.ids_out:
         tmp = args.ids_out + ".tmp"
         with gzip.open(tmp, "wt") as f:
@@ -850,7 +1076,15 @@ def main():
     if not series_list:
         log("no series asked: stopping after the data")
         return
-    train_data, info = build_data(target, all_ids["train"], args.tf_batch, hs_indices, device, "train")
+    train_ids = merge_ids([all_ids["train"]] + ([all_ids["train_extra"]] if "train_extra" in all_ids else []))
+    max_rows = None
+    if device == "cuda":
+        row_bytes = len(hs_indices) * target.config.hidden_size * 2
+        max_rows = int((torch.cuda.get_device_properties(0).total_memory - args.gpu_reserve_gb * 2**30) / row_bytes)
+        log(f"training taps: at most {max_rows} rows ({row_bytes} bytes each, {args.gpu_reserve_gb:.0f} GiB kept free)")
+    t = time.time()
+    train_data, info = build_data(target, train_ids, args.tf_batch, hs_indices, device, "train", max_rows)
+    info["sources"] = {"ids": train_ids["parts"]}
     results["train_data"] = info
     evals = {}
     # The named eval sets, then the memorisation check: held-out training prompts and a sample of
@@ -862,36 +1096,46 @@ def main():
         n = min(args.train_sample, len(all_ids["train"]["names"]))
         eval_ids["train-sample"] = {k: (v[:n] if isinstance(v, list) else v) for k, v in all_ids["train"].items()}
     for name, ids in eval_ids.items():
+        if args.eval_limit:
+            ids = {k: (v[: args.eval_limit] if isinstance(v, list) else v) for k, v in ids.items()}
         d, einfo = build_data(target, ids, 16, hs_indices, device, f"eval:{name}")
         evals[name] = d
         results.setdefault("eval_data", {})[name] = einfo
         results.setdefault("eval_continuations", {})[name] = {n: s[len(s) - (int(d.T[i]) - int(d.P[i])) :] for i, (n, s) in enumerate(zip(d.names, d.seqs))}
+    results["stages"]["taps_s"] = round(time.time() - t, 1)
     write_json(res_path, results)
 
     if args.deadline_epoch:
-        left = (args.deadline_epoch - time.time() - args.eval_reserve) / len(series_list)
+        left = args.deadline_epoch - time.time() - args.eval_reserve
         if args.time_budget is None or left < args.time_budget:
-            log(f"deadline: {left:.0f} s per series left for training (asked {args.time_budget})")
+            log(f"deadline: {left:.0f} s left for training (asked {args.time_budget})")
             args.time_budget = max(10.0, left)
-        results["time_budget_per_series"] = args.time_budget
+        args.train_stop_epoch = args.deadline_epoch - args.eval_reserve / 2
+        results["time_budget"] = args.time_budget
     if args.time_budget:
         # Probe: time a few steps of the real loop, then fix the step count (recorded in results).
         probe = argparse.Namespace(**vars(args))
-        probe.steps, probe.save_fracs, probe.log_every = 30, [], 10**9
-        _, pinfo = train_series(series_list[0], train_data, E, lm_head, probe, device, os.path.join(args.out, "probe"), target.config)
+        probe.steps, probe.save_fracs, probe.log_every, probe.train_stop_epoch = 30, [], 10**9, None
+        _, pinfo = train_series(series_list, train_data, E, lm_head, probe, device, os.path.join(args.out, "probe"), target.config)
         per_step = pinfo["steady_step_s"]
         if args.rendezvous:
             per_step = rendezvous_step_time(args.rendezvous, series_list, per_step)
-        args.steps = max(50, min(args.steps, int(args.time_budget / per_step)))
+        budget = args.time_budget
+        if args.deadline_epoch:  # what is left after the probe
+            budget = min(budget, args.deadline_epoch - time.time() - args.eval_reserve)
+        args.steps = max(50, min(args.steps, int(budget / per_step)))
         results["step_seconds_probe"] = per_step
-        log(f"probe: {per_step * 1000:.1f} ms/step -> {args.steps} steps per series")
+        log(f"probe: {per_step * 1000:.1f} ms/step ({'+'.join(series_list)}) -> {args.steps} steps")
     results["steps"] = args.steps
 
+    t = time.time()
+    saved_all, tinfo = train_series(series_list, train_data, E, lm_head, args, device, args.out, target.config)
+    results["stages"]["train_s"] = round(time.time() - t, 1)
     results["series"] = {}
+    t = time.time()
     for s in series_list:
-        saved, tinfo = train_series(s, train_data, E, lm_head, args, device, args.out, target.config)
         results["series"][s] = {"train": tinfo, "checkpoints": {}}
-        for path in saved:
+        for path in saved_all[s]:
             drafter, cfg = load_checkpoint(path, device)
             ev = {}
             for name, d in evals.items():
@@ -916,6 +1160,7 @@ def main():
             summary = ", ".join(f"{k}: tau {v['replayed_tau_macro']:.3f} flat {v['flat_accuracy']:.3f}" for k, v in ev.items())
             log(f"eval {path}: {summary}")
         write_json(res_path, results)
+    results["stages"]["eval_s"] = round(time.time() - t, 1)
     results["total_s"] = round(time.time() - T0, 1)
     write_json(res_path, results)
     log("done")
