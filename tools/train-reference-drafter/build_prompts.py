@@ -26,6 +26,7 @@ a given Python standard library; the README records the interpreter that built t
 
 import argparse
 import ast
+import gzip
 import hashlib
 import json
 import os
@@ -57,6 +58,43 @@ EVAL_NAMES_FORBIDDEN = ("gsm", "humaneval", "human_eval", "mt_bench", "mtbench")
 MAX_CHARS = 2400  # longer prompts are dropped (the trainer also drops prompts over its token cap)
 
 
+def function_prompts(src, rel, source, id_prefix):
+    """Top-level functions (and public methods, shown inside a one-line `class Name:` header) of one
+    Python source file that have a docstring, as HumanEval-style completion prompts: the signature
+    and the docstring, never the body."""
+    out = []
+    try:
+        tree = ast.parse(src)
+    except (SyntaxError, ValueError):
+        return out
+    lines = src.splitlines()
+    cands = [(node, None) for node in tree.body]
+    for cls in tree.body:
+        if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
+            cands += [(node, cls) for node in cls.body]
+    for node, cls in cands:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if node.name.startswith("_") or node.decorator_list:
+            continue
+        doc = ast.get_docstring(node)
+        if not doc or len(doc) < 30:
+            continue
+        first = node.body[0]
+        body_lines = node.end_lineno - first.end_lineno
+        if body_lines < 2 or body_lines > 60:
+            continue
+        head = "\n".join(lines[node.lineno - 1 : first.end_lineno])
+        if cls is not None:
+            head = f"class {cls.name}:\n" + head
+        if len(head) > 1500:
+            continue
+        name = node.name if cls is None else f"{cls.name}.{node.name}"
+        content = "Complete the following Python function:\n```python\n" + head + "\n```"
+        out.append({"id": f"{id_prefix}{rel}:{name}", "source": source, "content": content})
+    return out
+
+
 def stdlib_prompts(root, limit, rng):
     """Top-level functions with a docstring, as HumanEval-style completion prompts."""
     out = []
@@ -69,36 +107,32 @@ def stdlib_prompts(root, limit, rng):
             path = os.path.join(dirpath, fn)
             try:
                 src = open(path, encoding="utf-8").read()
-                tree = ast.parse(src)
-            except (SyntaxError, UnicodeDecodeError, ValueError):
+            except (UnicodeDecodeError, ValueError):
                 continue
-            lines = src.splitlines()
-            rel = os.path.relpath(path, root)
-            # Top-level functions, and methods shown inside a one-line `class Name:` header.
-            cands = [(node, None) for node in tree.body]
-            for cls in tree.body:
-                if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
-                    cands += [(node, cls) for node in cls.body]
-            for node, cls in cands:
-                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    continue
-                if node.name.startswith("_") or node.decorator_list:
-                    continue
-                doc = ast.get_docstring(node)
-                if not doc or len(doc) < 30:
-                    continue
-                first = node.body[0]
-                body_lines = node.end_lineno - first.end_lineno
-                if body_lines < 2 or body_lines > 60:
-                    continue
-                head = "\n".join(lines[node.lineno - 1 : first.end_lineno])
-                if cls is not None:
-                    head = f"class {cls.name}:\n" + head
-                if len(head) > 1500:
-                    continue
-                name = node.name if cls is None else f"{cls.name}.{node.name}"
-                content = "Complete the following Python function:\n```python\n" + head + "\n```"
-                out.append({"id": f"stdlib/{rel}:{name}", "source": "stdlib", "content": content})
+            out += function_prompts(src, os.path.relpath(path, root), "stdlib", "stdlib/")
+    rng.shuffle(out)
+    return out[:limit]
+
+
+# Parts of a wheel never read for prompts: tests, vendored copies of other projects, benchmarks.
+WHEEL_SKIP = ("/tests/", "/test/", "/testing/", "/_vendor/", "/vendor/", "/externals/", "/benchmarks/", "/conftest.py")
+
+
+def wheel_prompts(wheel, limit, rng):
+    """stdlib_prompts() over the Python files of one wheel (a pinned PyPI release): the same
+    HumanEval-style prompts from a third-party library's functions."""
+    dist = os.path.basename(wheel).split("-")[0]
+    out = []
+    with zipfile.ZipFile(wheel) as z:
+        for name in sorted(z.namelist()):
+            base = os.path.basename(name)
+            if not name.endswith(".py") or any(s in "/" + name for s in WHEEL_SKIP) or base.startswith("test_"):
+                continue
+            try:
+                src = z.read(name).decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            out += function_prompts(src, name, f"code:{dist}", f"wheel/{dist}/")
     rng.shuffle(out)
     return out[:limit]
 
@@ -115,11 +149,11 @@ def dataframebench_prompts(wheel):
     return out
 
 
-def evals_prompts(wheel, rng):
+def evals_prompts(wheel, rng, sets=EVALS_SETS):
     out = []
     with zipfile.ZipFile(wheel) as z:
         names = sorted(z.namelist())
-        for folder, cap in EVALS_SETS:
+        for folder, cap in sets:
             assert not any(f in folder.lower() for f in EVAL_NAMES_FORBIDDEN), folder
             prefix = f"evals/registry/data/{folder}/"
             members = [n for n in names if n.startswith(prefix) and n.endswith(".jsonl") and "few_shot" not in n]
@@ -149,34 +183,77 @@ def evals_prompts(wheel, rng):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stdlib", required=True, help="the Python standard library folder (e.g. /usr/lib/python3.12)")
+    ap.add_argument("--stdlib", default=None, help="the Python standard library folder (e.g. /usr/lib/python3.12)")
     ap.add_argument("--stdlib-limit", type=int, default=3500)
-    ap.add_argument("--dataframebench-wheel", required=True)
-    ap.add_argument("--evals-wheel", required=True)
+    ap.add_argument("--dataframebench-wheel", default=None)
+    ap.add_argument("--evals-wheel", default=None)
+    ap.add_argument("--evals-sets", default=None, help="NAME:CAP,... of evals/registry/data sets (default: the 17 sets of the first prompt set)")
+    ap.add_argument("--code-wheel", action="append", default=[], help="a wheel whose functions become HumanEval-style prompts (repeatable)")
+    ap.add_argument("--code-per-wheel", type=int, default=1200, help="at most this many prompts from one --code-wheel")
+    ap.add_argument("--exclude-prompts", action="append", default=[], help="a prompt file (JSONL or .gz) whose prompts are left out (repeatable): a second set disjoint from the first")
+    ap.add_argument("--disjoint-from", action="append", default=[], help="an evaluation set (JSONL): prompts sharing a word N-gram with any of its prompts or completions are left out (repeatable)")
+    ap.add_argument("--ngram", type=int, default=13)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, help="output JSONL (gzip-compressed, reproducibly, if it ends in .gz)")
     a = ap.parse_args()
+    if not (a.stdlib or a.dataframebench_wheel or a.evals_wheel or a.code_wheel):
+        raise SystemExit("build_prompts.py: no source: give --stdlib, --dataframebench-wheel, --evals-wheel or --code-wheel")
     rng = random.Random(a.seed)
-    rows = stdlib_prompts(a.stdlib, a.stdlib_limit, rng) + dataframebench_prompts(a.dataframebench_wheel) + evals_prompts(a.evals_wheel, rng)
-    seen, uniq = set(), []
+    rows = []
+    if a.stdlib:
+        rows += stdlib_prompts(a.stdlib, a.stdlib_limit, rng)
+    if a.dataframebench_wheel:
+        rows += dataframebench_prompts(a.dataframebench_wheel)
+    if a.evals_wheel:
+        sets = EVALS_SETS
+        if a.evals_sets:
+            sets = [(x.rsplit(":", 1)[0], int(x.rsplit(":", 1)[1])) for x in a.evals_sets.split(",")]
+        rows += evals_prompts(a.evals_wheel, rng, sets)
+    for wheel in a.code_wheel:
+        rows += wheel_prompts(wheel, a.code_per_wheel, rng)
+    excluded = set()
+    for path in a.exclude_prompts:
+        from check_disjoint import prompt_text, read_rows
+
+        excluded |= {prompt_text(r) for r in read_rows(path)}
+    index = None
+    if a.disjoint_from:
+        from check_disjoint import EvalIndex
+
+        index = EvalIndex(a.disjoint_from, a.ngram)
+    seen, uniq, dropped = set(), [], {"excluded": 0, "ngram_overlap": 0}
     for r in rows:
         if len(r["content"]) > MAX_CHARS or r["content"] in seen:
             continue
         seen.add(r["content"])
+        if r["content"] in excluded:
+            dropped["excluded"] += 1
+            continue
+        if index is not None and any(exact or hit for exact, hit, _ in index.overlaps(r["content"]).values()):
+            dropped["ngram_overlap"] += 1
+            continue
         uniq.append(r)
     rng.shuffle(uniq)
     tmp = a.out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in uniq:
-            rec = {"id": r["id"], "source": r["source"], "messages": [{"role": "user", "content": r["content"]}]}
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    lines = "".join(
+        json.dumps({"id": r["id"], "source": r["source"], "messages": [{"role": "user", "content": r["content"]}]}, ensure_ascii=False) + "\n"
+        for r in uniq
+    ).encode("utf-8")
+    with open(tmp, "wb") as f:
+        if a.out.endswith(".gz"):
+            # mtime 0 and no file name in the header: the same prompts give the same bytes
+            with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=9) as g:
+                g.write(lines)
+        else:
+            f.write(lines)
     os.replace(tmp, a.out)
     counts = {}
     for r in uniq:
         key = r["source"].split(":")[0]
         counts[key] = counts.get(key, 0) + 1
     sha = hashlib.sha256(open(a.out, "rb").read()).hexdigest()
-    print(f"{a.out}: {len(uniq)} prompts {counts} sha256 {sha} (python {sys.version.split()[0]})")
+    left = f" left out: {dropped}" if a.exclude_prompts or index is not None else ""
+    print(f"{a.out}: {len(uniq)} prompts {counts}{left} sha256 {sha} (python {sys.version.split()[0]})")
 
 
 if __name__ == "__main__":
