@@ -18,6 +18,7 @@ rustup target add wasm32-wasip2 >/dev/null 2>&1 || true
 # Build every test target first: the `draftlens` binary among them is the one that installs the
 # fixtures below and the one packed into the wheel (no second build).
 cargo test --workspace --no-run "$@"
+bash scripts/check-first-command.sh  # the README's first command on a toolchain without the wasm target
 DRAFTLENS_BIN=target/debug/draftlens bash scripts/setup-fixtures.sh
 bash scripts/fetch-tokenizer-fixtures.sh
 # componentize-py for the Python plugin tests (crates/plugin-host/tests/python.rs), pinned by hash.

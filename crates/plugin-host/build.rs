@@ -68,9 +68,14 @@ fn main() {
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
         .unwrap_or_default();
+    // A missing prerequisite is one `error:` line saying what to do, never a panic: cargo shows
+    // a `cargo::error=` line as "error: draftlens-plugin-host@…: MESSAGE" and then fails the build
+    // with "build script logged errors" (a non-zero exit or a panic would add cargo's "Caused by:
+    // process didn't exit successfully" block, the script's whole output and a note about
+    // backtraces). scripts/check-first-command.sh runs this script without the target to check it.
     let fail = |msg: String| -> ! {
-        eprintln!("error: {msg}");
-        panic!("{msg}");
+        println!("cargo::error={msg}");
+        std::process::exit(0);
     };
     if !Path::new(&sysroot)
         .join("lib/rustlib/wasm32-unknown-unknown")
