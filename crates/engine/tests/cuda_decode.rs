@@ -3,15 +3,18 @@
 //! rounding; greedy continuations decoded in batches of 1, 3, 8, 32 and 64 are bit-identical to
 //! each prompt decoded alone, with prompts leaving the batch on EOS and at batch boundaries; the
 //! split-KV decode attention (sequences longer than one key chunk) gives a sequence the same bits
-//! in any batch and agrees with the CPU backend.
+//! in any batch and agrees with the CPU backend. Built with `--features kernel-lab`, the decode
+//! attention is also checked with its blocks per sequence forced (`set_decode_attention_blocks`).
 //! Without a GPU every test prints "SKIP: CUDA unavailable: <reason>" and passes (CI).
 #![cfg(feature = "cuda")]
 
 use draftlens_engine::backend::cpu::{CpuBackend, CpuTensor};
 use draftlens_engine::backend::cuda::{
     decode_attn_chunk_len, decode_attn_chunks, CudaBackend, CudaTensor, DecodeGemmKernel,
-    DECODE_ATTN_MAX_CHUNKS, MAX_DECODE_ROWS,
+    MAX_DECODE_ROWS,
 };
+#[cfg(feature = "kernel-lab")]
+use draftlens_engine::backend::cuda::DECODE_ATTN_MAX_CHUNKS;
 use draftlens_engine::backend::Backend;
 use draftlens_engine::generate::{greedy, greedy_batch, Continuation, StopReason};
 use draftlens_engine::model::random::{qwen3_8b_spec, RandomWeights};
@@ -555,7 +558,9 @@ fn split_kv_decode_attention_rows_do_not_depend_on_the_batch() {
             }
         }
         // However many blocks share a sequence's chunks (one walking them all, two or three
-        // runs of them), the bits are those of one block per chunk.
+        // runs of them), the bits are those of one block per chunk (the kernel lab's
+        // `set_decode_attention_blocks` forces the count).
+        #[cfg(feature = "kernel-lab")]
         for blocks in [1, 2, 3] {
             be.set_decode_attention_blocks(Some(blocks));
             let mut again = split_caches(&be, &lens, kvd, 500);
@@ -579,7 +584,12 @@ fn split_kv_decode_attention_rows_do_not_depend_on_the_batch() {
             }
         }
         println!(
-            "split-KV {heads}/{kv_heads}×{hd}: {rows} sequences bit-identical alone, batched and with 1–3 blocks per sequence"
+            "split-KV {heads}/{kv_heads}×{hd}: {rows} sequences bit-identical alone and batched{}",
+            if cfg!(feature = "kernel-lab") {
+                ", and with 1–3 blocks per sequence"
+            } else {
+                ""
+            }
         );
     }
 }
@@ -728,14 +738,16 @@ fn fused_decode_qkv_attention_is_bit_identical_to_the_unfused_composition() {
                 })
             };
             // Rows `range` as one step, with the launch's blocks per sequence as the backend
-            // sizes them (one wave: the norm inside the attention kernel), forced to one (one
-            // block walks every chunk of a sequence) and to one per chunk (several waves of
-            // blocks: the separate norm launch); all must give the composition's bits.
+            // sizes them (one wave: the norm inside the attention kernel) and, with the kernel
+            // lab's `set_decode_attention_blocks`, forced to one (one block walks every chunk of
+            // a sequence) and to one per chunk (several waves of blocks: the separate norm
+            // launch); all must give the composition's bits.
             let check = |range: std::ops::Range<usize>, blocks: Option<usize>| {
                 let sub = || be.slice_rows(&qkv, range.start, range.end).unwrap();
                 let (l, p) = (&lens[range.clone()], &positions[range.clone()]);
                 let mut fused_caches = split_caches(&be, l, kvd, 900);
                 let mut plain_caches = split_caches(&be, l, kvd, 900);
+                #[cfg(feature = "kernel-lab")]
                 be.set_decode_attention_blocks(blocks);
                 let fused = be
                     .attention_decode_qkv(
@@ -747,6 +759,7 @@ fn fused_decode_qkv_attention_is_bit_identical_to_the_unfused_composition() {
                         &mut slots(&mut fused_caches),
                     )
                     .unwrap();
+                #[cfg(feature = "kernel-lab")]
                 be.set_decode_attention_blocks(None);
                 let plain = attention_decode_qkv_unfused(
                     &be,
@@ -770,7 +783,13 @@ fn fused_decode_qkv_attention_is_bit_identical_to_the_unfused_composition() {
                     }
                 }
             };
-            for blocks in [None, Some(1), Some(DECODE_ATTN_MAX_CHUNKS)] {
+            for blocks in [
+                None,
+                #[cfg(feature = "kernel-lab")]
+                Some(1),
+                #[cfg(feature = "kernel-lab")]
+                Some(DECODE_ATTN_MAX_CHUNKS),
+            ] {
                 check(0..rows, blocks);
             }
             for r in 0..rows {

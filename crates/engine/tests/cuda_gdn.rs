@@ -4,9 +4,14 @@
 //! sequences (chunk boundaries, T = 1, T < 64, T = 64, T not a multiple of 64), decode steps
 //! against prefill, and the gap between the two profiles on a long sequence.
 //!
+//! The chunked delta rule's defaults are checked against the CPU and against their split
+//! references; the kernel lab's variants (`--features kernel-lab`) against those too, and the
+//! round-2 kernels against the ones they replaced bit for bit.
+//!
 //! Without CUDA every test prints "SKIP: CUDA unavailable: <reason>" and returns (CI has no GPU).
 //! On the GPU machine: the test binary built with
-//! `cargo test --release -p draftlens --test cuda_gdn --no-run`, run with `--test-threads=1`.
+//! `cargo test -p draftlens-engine [--features kernel-lab] --test cuda_gdn --no-run`, run with
+//! `--test-threads=1` (docs/gdn-cuda.md, "Tests and benchmark").
 //!
 //! Inputs are random and rounded to bf16 on the host, so the CPU (f32) and the GPU (bf16
 //! storage) start from identical values; every comparison is ‖gpu − cpu‖ / ‖cpu‖ over the whole
@@ -196,10 +201,14 @@ fn cuda_gdn_reference_profile_matches_cpu() {
         let init = states(LENS.len(), seed + 100, fresh);
         let (want, want_st) = run_cpu(&x, &init, GdnProfile::Reference);
         for kernel in [
+            #[cfg(feature = "kernel-lab")]
             ChunkKernel::ReferenceFma,
+            #[cfg(feature = "kernel-lab")]
             ChunkKernel::ReferenceFmaV64,
             ChunkKernel::SplitReference,
+            #[cfg(feature = "kernel-lab")]
             ChunkKernel::ThreePhaseReference,
+            #[cfg(feature = "kernel-lab")]
             ChunkKernel::ThreePhaseReferenceV16,
             ChunkKernel::ThreePhaseReferenceRt,
         ] {
@@ -219,8 +228,56 @@ fn cuda_gdn_reference_profile_matches_cpu() {
     }
 }
 
+/// The engine profile's split reference and three-phase kernels against the CPU emulation, and
+/// the three-phase kernels against the split reference.
 #[test]
-fn cuda_gdn_engine_profile_matches_cpu_emulation_and_tensor_cores_match_fma() {
+fn cuda_gdn_engine_profile_matches_cpu_emulation() {
+    let Some(be) = gpu() else { return };
+    let x = batch(&LENS, 30);
+    let init = states(LENS.len(), 130, false);
+    let (want, want_st) = run_cpu(&x, &init, GdnProfile::Engine);
+    // The CPU emulation rounds at fla's main points (q̂, k̂, β, M, U, W, V′, S for the products)
+    // but not at all of the kernel's (fla also rounds v·β, k·β·e^γ, the decayed scores and the
+    // decayed V′ of the state update before its products; docs/gdn-cuda.md): bf16-level noise,
+    // a few 2⁻⁹ roundings in series, ≤ 1e-2.
+    let (split, split_st) = run_gpu(&be, &x, &init, ChunkKernel::SplitEngineFma);
+    let (e_cpu, es_cpu) = (rel(&split, &want), state_rel(&split_st, &want_st));
+    println!("engine: SplitEngineFma vs CPU emulation {e_cpu:.2e} (states {es_cpu:.2e})");
+    assert!(
+        e_cpu < 1e-2 && es_cpu < 1e-2,
+        "SplitEngineFma vs CPU emulation: {e_cpu} / {es_cpu}"
+    );
+    // The three-phase kernels: the same roundings; their walk sums in SplitEngineFma's order
+    // (`…Tc`: on the tensor cores), their output phase on the tensor cores.
+    for kernel in [
+        #[cfg(feature = "kernel-lab")]
+        ChunkKernel::ThreePhaseEngine,
+        #[cfg(feature = "kernel-lab")]
+        ChunkKernel::ThreePhaseEngineV16,
+        #[cfg(feature = "kernel-lab")]
+        ChunkKernel::ThreePhaseEngineLdm,
+        ChunkKernel::ThreePhaseEngineTc,
+    ] {
+        let (o, st) = run_gpu(&be, &x, &init, kernel);
+        let (e, es) = (rel(&o, &split), state_rel(&st, &split_st));
+        let (ec, esc) = (rel(&o, &want), state_rel(&st, &want_st));
+        println!("engine: {kernel:?} vs SplitEngineFma {e:.2e} (states {es:.2e}); vs CPU emulation {ec:.2e} (states {esc:.2e})");
+        assert!(
+            e < 2e-3 && es < 2e-3,
+            "{kernel:?} vs SplitEngineFma: {e} / {es}"
+        );
+        assert!(
+            ec < 1e-2 && esc < 1e-2,
+            "{kernel:?} vs CPU emulation: {ec} / {esc}"
+        );
+    }
+}
+
+/// The kernel lab's fused engine kernels: against the CPU emulation, tensor cores against FMA,
+/// 64 value columns per block against 32, and the split kernels against the fused one.
+#[cfg(feature = "kernel-lab")]
+#[test]
+fn cuda_gdn_engine_fused_kernels_match_cpu_emulation_and_tensor_cores_match_fma() {
     let Some(be) = gpu() else { return };
     let x = batch(&LENS, 30);
     let init = states(LENS.len(), 130, false);
@@ -231,10 +288,7 @@ fn cuda_gdn_engine_profile_matches_cpu_emulation_and_tensor_cores_match_fma() {
     let (e_cpu, es_cpu) = (rel(&mma, &want), state_rel(&mma_st, &want_st));
     let (e_fma, es_fma) = (rel(&mma, &fma), state_rel(&mma_st, &fma_st));
     println!("engine: mma vs CPU emulation {e_cpu:.2e} (states {es_cpu:.2e}); mma vs fma {e_fma:.2e} (states {es_fma:.2e})");
-    // The CPU emulation rounds at fla's main points (q̂, k̂, β, M, U, W, V′, S for the products)
-    // but not at all of the kernel's (fla also rounds v·β, k·β·e^γ, the decayed scores and the
-    // decayed V′ of the state update before its products; docs/gdn-cuda.md): bf16-level noise,
-    // a few 2⁻⁹ roundings in series, ≤ 1e-2.
+    // The CPU emulation's bound: cuda_gdn_engine_profile_matches_cpu_emulation.
     assert!(e_cpu < 1e-2, "engine vs CPU emulation: output rel {e_cpu}");
     assert!(
         es_cpu < 1e-2,
@@ -255,28 +309,6 @@ fn cuda_gdn_engine_profile_matches_cpu_emulation_and_tensor_cores_match_fma() {
         println!("engine: {kernel:?} vs fused mma {e:.2e} (states {es:.2e})");
         assert!(e < 2e-3 && es < 2e-3, "{kernel:?} vs fused mma: {e} / {es}");
     }
-    // The three-phase kernel: the same roundings; its walk sums in SplitEngineFma's order, its
-    // output phase on the tensor cores.
-    let (split, split_st) = run_gpu(&be, &x, &init, ChunkKernel::SplitEngineFma);
-    for kernel in [
-        ChunkKernel::ThreePhaseEngine,
-        ChunkKernel::ThreePhaseEngineV16,
-        ChunkKernel::ThreePhaseEngineLdm,
-        ChunkKernel::ThreePhaseEngineTc,
-    ] {
-        let (o, st) = run_gpu(&be, &x, &init, kernel);
-        let (e, es) = (rel(&o, &split), state_rel(&st, &split_st));
-        let (ec, esc) = (rel(&o, &want), state_rel(&st, &want_st));
-        println!("engine: {kernel:?} vs SplitEngineFma {e:.2e} (states {es:.2e}); vs CPU emulation {ec:.2e} (states {esc:.2e})");
-        assert!(
-            e < 2e-3 && es < 2e-3,
-            "{kernel:?} vs SplitEngineFma: {e} / {es}"
-        );
-        assert!(
-            ec < 1e-2 && esc < 1e-2,
-            "{kernel:?} vs CPU emulation: {ec} / {esc}"
-        );
-    }
 }
 
 /// The three-phase kernels on a long packed batch (a 2048-token sequence among short ones, carried
@@ -292,7 +324,9 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
     let (cpu, cpu_st) = run_cpu(&x, &init, GdnProfile::Reference);
     let (split, split_st) = run_gpu(&be, &x, &init, ChunkKernel::SplitReference);
     for kernel in [
+        #[cfg(feature = "kernel-lab")]
         ChunkKernel::ThreePhaseReference,
+        #[cfg(feature = "kernel-lab")]
         ChunkKernel::ThreePhaseReferenceV16,
         ChunkKernel::ThreePhaseReferenceRt,
     ] {
@@ -309,8 +343,11 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
     }
     let (split, split_st) = run_gpu(&be, &x, &init, ChunkKernel::SplitEngineFma);
     for kernel in [
+        #[cfg(feature = "kernel-lab")]
         ChunkKernel::ThreePhaseEngine,
+        #[cfg(feature = "kernel-lab")]
         ChunkKernel::ThreePhaseEngineV16,
+        #[cfg(feature = "kernel-lab")]
         ChunkKernel::ThreePhaseEngineLdm,
         ChunkKernel::ThreePhaseEngineTc,
     ] {
@@ -336,6 +373,7 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
 /// (`gdn_prep2_reference_rt`) runs `gdn_prep2_reference`'s fmaf chains from 16-byte loads
 /// (docs/gdn-cuda.md, "Round 2"). Outputs and states must be the same bits, on the packed lengths
 /// of every chunk case (fresh and carried states) and on a 2048-token sequence among short ones.
+#[cfg(feature = "kernel-lab")]
 #[test]
 fn cuda_gdn_round2_kernels_equal_their_originals_bit_for_bit() {
     let Some(be) = gpu() else { return };
@@ -382,6 +420,7 @@ fn cuda_gdn_round2_kernels_equal_their_originals_bit_for_bit() {
 /// in order (gates, setup, prep, setup, walk, output) with positive times, and computes the same
 /// bits as with it off. (The switch is process-wide: other tests' calls may add marks meanwhile,
 /// hence a subsequence check.)
+#[cfg(feature = "kernel-lab")]
 #[test]
 fn cuda_gdn_phase_timing_marks_every_launch() {
     use draftlens_engine::backend::cuda::gdn::{set_phase_timing, take_phase_times};
@@ -413,8 +452,10 @@ fn cuda_gdn_phase_timing_marks_every_launch() {
 fn three_phase_plan_and_shared_memory() {
     use draftlens_engine::backend::cuda::gdn::{
         hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES,
-        HWALK_TC_SMEM_BYTES, PREP2_SMEM_BYTES, PREP_LDM_SMEM_BYTES, PREP_RT_SMEM_BYTES,
+        HWALK_TC_SMEM_BYTES, PREP_LDM_SMEM_BYTES, PREP_RT_SMEM_BYTES,
     };
+    #[cfg(feature = "kernel-lab")]
+    use draftlens_engine::backend::cuda::gdn::PREP2_SMEM_BYTES;
     // Lengths 1, 17, 64, 128, 200, 0, 65 from row 0; the multi-row sequences are 1..=4 and 6.
     let starts = [0, 1, 18, 82, 210, 410, 410, 475];
     let plan = ChunkPlan::new(&starts, &[1, 2, 3, 4, 6]);
@@ -445,6 +486,7 @@ fn three_phase_plan_and_shared_memory() {
     let walks = [hwalk_smem_bytes(16), hwalk_smem_bytes(32)];
     let others = [
         HOUT_SMEM_BYTES,
+        #[cfg(feature = "kernel-lab")]
         PREP2_SMEM_BYTES,
         HOUT_LDM_SMEM_BYTES,
         PREP_LDM_SMEM_BYTES,
@@ -457,6 +499,7 @@ fn three_phase_plan_and_shared_memory() {
     // The layouts' sums as kernels/gdn.cu documents them.
     assert_eq!(walks, [84_224, 100_608]);
     assert_eq!(HOUT_SMEM_BYTES, 84_480);
+    #[cfg(feature = "kernel-lab")]
     assert_eq!(PREP2_SMEM_BYTES, 99_840);
     assert_eq!(HOUT_LDM_SMEM_BYTES, 50_688);
     assert_eq!(PREP_LDM_SMEM_BYTES, 95_232);
@@ -470,9 +513,11 @@ fn cuda_gdn_decode_steps_equal_prefill() {
     // Three sequences of 100 tokens: prefill 70 (chunked: one full chunk and 6 rows), then 30
     // batched decode steps (one token per sequence per call, recurrent kernel).
     let (n, t, pre) = (3usize, 100usize, 70usize);
+    // The reference profile's chunked kernel, as the model runs it.
+    let kernel = ChunkKernel::for_profile(GdnProfile::Reference);
     let whole = batch(&[t; 3], 40);
     let init = states(n, 140, true);
-    let (want, want_st) = run_gpu(&be, &whole, &init, ChunkKernel::ReferenceFma);
+    let (want, want_st) = run_gpu(&be, &whole, &init, kernel);
     let cd = SHAPE.conv_dim();
     let hv = SHAPE.v_heads;
     let vd = SHAPE.value_dim();
@@ -490,7 +535,7 @@ fn cuda_gdn_decode_steps_equal_prefill() {
         a_log: whole.a_log.clone(),
         dt_bias: whole.dt_bias.clone(),
     };
-    let (pre_out, mut st) = run_gpu(&be, &pre_batch, &init, ChunkKernel::ReferenceFma);
+    let (pre_out, mut st) = run_gpu(&be, &pre_batch, &init, kernel);
     let mut got = vec![0f32; n * t * vd];
     for s in 0..n {
         got[s * t * vd..(s * t + pre) * vd]
@@ -511,7 +556,7 @@ fn cuda_gdn_decode_steps_equal_prefill() {
             a_log: whole.a_log.clone(),
             dt_bias: whole.dt_bias.clone(),
         };
-        let (o, st2) = run_gpu(&be, &step, &st, ChunkKernel::ReferenceFma);
+        let (o, st2) = run_gpu(&be, &step, &st, kernel);
         st = st2;
         for s in 0..n {
             got[(s * t + i) * vd..(s * t + i + 1) * vd].copy_from_slice(&o[s * vd..(s + 1) * vd]);
@@ -540,7 +585,7 @@ fn cuda_gdn_decode_steps_equal_prefill() {
     };
     let init2 = states(n, 240, false);
     let (cpu_o, cpu_st) = run_cpu(&last, &init2, GdnProfile::Reference);
-    let (gpu_o, gpu_st) = run_gpu(&be, &last, &init2, ChunkKernel::ReferenceFma);
+    let (gpu_o, gpu_st) = run_gpu(&be, &last, &init2, kernel);
     let (e, es) = (rel(&gpu_o, &cpu_o), state_rel(&gpu_st, &cpu_st));
     println!("one batched decode step vs CPU: output rel {e:.2e}, states rel {es:.2e}");
     assert!(e < 2e-3 && es < 1e-5, "decode step vs CPU: {e} / {es}");

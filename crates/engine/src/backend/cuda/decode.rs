@@ -128,11 +128,14 @@ pub(crate) struct DecodeScratch {
     counters: Option<CudaSlice<u32>>,
     /// The decode attention's arrival counters (one per sequence and KV head of a launch).
     attn_counters: Option<CudaSlice<u32>>,
-    /// Benchmarks only ([`CudaBackend::set_decode_splits_override`]).
+    /// The kernel lab's K split of every decode GEMM (`set_decode_splits_override`).
+    #[cfg(feature = "kernel-lab")]
     splits_override: Option<usize>,
     /// Benchmarks and tests ([`CudaBackend::set_decode_gemm_kernel`]).
     kernel: DecodeGemmKernel,
-    /// Benchmarks and tests ([`CudaBackend::set_decode_attention_blocks`]).
+    /// The kernel lab's blocks per (sequence, KV head) of every decode-attention launch
+    /// (`set_decode_attention_blocks`).
+    #[cfg(feature = "kernel-lab")]
     attn_blocks_override: Option<usize>,
     /// Decode-attention blocks resident per multiprocessor, by (entry function, group size).
     attn_resident: HashMap<(&'static str, usize), usize>,
@@ -196,10 +199,10 @@ impl CudaBackend {
         // 4 stages of 12 KiB at 64 rows plus the static counter flag pass the 48 KiB that needs
         // no opt-in.
         let f = self.kernels.get_with_smem("decode", func, shared)?;
-        let splits = scratch
-            .splits_override
-            .unwrap_or_else(|| k_splits(out, inp))
-            .clamp(1, 64);
+        let splits = k_splits(out, inp);
+        #[cfg(feature = "kernel-lab")]
+        let splits = scratch.splits_override.unwrap_or(splits);
+        let splits = splits.clamp(1, 64);
         let (ws, cnt) = if splits > 1 {
             // One float4 per (warp, feature tile, row tile, lane) and split.
             let need = feature_blocks * splits * WARPS * mt * nt * 32 * 4;
@@ -257,6 +260,9 @@ impl CudaBackend {
     }
 }
 
+/// The kernel lab's knobs of the decode path (`kernel-lab` feature): benchmarks and the tests that
+/// force a scheduling the device would not pick.
+#[cfg(feature = "kernel-lab")]
 impl CudaBackend {
     /// For benchmarks of the K split only: every decode GEMM uses `splits` K slices instead of
     /// [`k_splits`] (None restores it). The split fixes the order of summation, so results are
@@ -268,12 +274,6 @@ impl CudaBackend {
             .splits_override = splits;
     }
 
-    /// Which decode GEMM kernel runs from now on (A/B benchmarks and the bit-identity test; the
-    /// two give the same bits).
-    pub fn set_decode_gemm_kernel(&self, kernel: DecodeGemmKernel) {
-        self.decode.lock().unwrap_or_else(|e| e.into_inner()).kernel = kernel;
-    }
-
     /// Blocks per (sequence, KV head) of every decode-attention launch from now on (None: as many
     /// as fill one wave, [`CudaBackend::decode_attention_blocks`]); returns the previous setting.
     /// Tests and A/B benchmarks only: which block walks a key chunk changes no arithmetic, so
@@ -281,6 +281,14 @@ impl CudaBackend {
     pub fn set_decode_attention_blocks(&self, blocks: Option<usize>) -> Option<usize> {
         let mut st = self.decode.lock().unwrap_or_else(|e| e.into_inner());
         std::mem::replace(&mut st.attn_blocks_override, blocks.map(|b| b.max(1)))
+    }
+}
+
+impl CudaBackend {
+    /// Which decode GEMM kernel runs from now on (A/B benchmarks and the bit-identity test; the
+    /// two give the same bits).
+    pub fn set_decode_gemm_kernel(&self, kernel: DecodeGemmKernel) {
+        self.decode.lock().unwrap_or_else(|e| e.into_inner()).kernel = kernel;
     }
 
     /// (Blocks per (sequence, KV head), wave) of a decode-attention launch of `rows` sequences.
@@ -306,9 +314,9 @@ impl CudaBackend {
             }
         };
         let wave = self.info.multiprocessors.max(1) as usize * resident;
-        let blocks = st
-            .attn_blocks_override
-            .unwrap_or((wave / (rows * shape.kv_heads).max(1)).max(1));
+        let blocks = (wave / (rows * shape.kv_heads).max(1)).max(1);
+        #[cfg(feature = "kernel-lab")]
+        let blocks = st.attn_blocks_override.unwrap_or(blocks);
         Ok((blocks, wave))
     }
 

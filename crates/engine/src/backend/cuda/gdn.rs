@@ -6,7 +6,9 @@
 //! [`Backend`]: crate::backend::Backend
 //!
 //! Submodules: `conv` (causal conv1d + SiLU), `split` (the split and three-phase chunked delta
-//! rule), `phases` (per-launch timing for `gdn_bench --breakdown`).
+//! rule); with the `kernel-lab` feature also `lab` (the chunked-kernel variants beyond the
+//! defaults and their references, the three-phase override of benchmarks) and `phases`
+//! (per-launch timing for `gdn_bench --breakdown`).
 //!
 //! Kernels: `kernels/gdn.cu`. What each computes, in which precision, and how the two numeric
 //! profiles of the delta rule differ: docs/gdn-cuda.md. The reference they must agree with is
@@ -21,15 +23,21 @@ use super::{blocks, derr, CudaBackend, CudaTensor};
 use crate::backend::gdn::{self as reference, check_seq_starts, GdnProfile, GdnShape};
 use crate::backend::{Backend, GdnParams};
 use anyhow::{ensure, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 mod conv;
 pub use conv::ConvKernel;
+#[cfg(feature = "kernel-lab")]
+mod lab;
+#[cfg(feature = "kernel-lab")]
+pub use lab::{set_three_phase_override, PREP2_SMEM_BYTES};
+#[cfg(feature = "kernel-lab")]
 mod phases;
-mod split;
+#[cfg(feature = "kernel-lab")]
 use phases::PhaseClock;
+#[cfg(feature = "kernel-lab")]
 pub use phases::{set_phase_timing, take_phase_times};
-use split::SplitDeltaInputs;
+mod split;
 pub use split::{
     hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES,
     HWALK_TC_SMEM_BYTES,
@@ -56,75 +64,74 @@ impl CudaF32 {
     }
 }
 
-/// Which kernel runs the chunked delta rule: the numeric profile, for the engine profile whether
-/// the products use the tensor cores, and how the work is laid out.
+/// Which kernel runs the chunked delta rule (sequences of more than one row): the numeric
+/// profile and how the work is laid out (docs/gdn-cuda.md, "Kernel variants").
 ///
-/// - `ReferenceFma`, `EngineFma`, `EngineMma`: one fused launch, 32 value columns per block (four
-///   blocks per head, each recomputing the head-wide products); `…V64`: 64 columns, two blocks.
-/// - `Split…`: two launches: every chunk's state-independent work (L, M, W, U, the decayed
-///   scores) at once, then the per-sequence walk over the chunks (64 value columns per block).
-/// - `ThreePhase…`: the same first launch; then a walk that only carries the state (32 value
-///   columns per block, 4 blocks per head; `…V16`: 16 columns, 8 blocks), storing every chunk's
-///   start state and V′; then the output of every chunk at once (Engine on the tensor cores).
+/// - `ThreePhase…`, the defaults ([`ChunkKernel::for_profile`]): every chunk's state-independent
+///   work (L, M, W, U, the decayed scores) in one launch; then a walk that only carries the
+///   state (32 value columns per block, 4 blocks per head), storing every chunk's start state and
+///   V′; then the output of every chunk at once.
+/// - `Split…`, one reference per profile: the same first launch, then one walk per sequence that
+///   also writes the output (64 value columns per block). Their products have the operands,
+///   roundings and summation order of the three-phase kernels' (up to the engine output phase's
+///   tensor-core order), so `cuda_gdn` checks the defaults against them as well as against the
+///   CPU.
 ///
-/// [`crate::backend::Backend::gated_delta_rule`] uses [`ChunkKernel::for_profile`]; the others
-/// exist so that tests check them against each other and benchmarks compare them.
+/// With the `kernel-lab` feature, the variants that tests compare and benchmarks time
+/// (`gdn/lab.rs`): the fused one-launch kernels and the other split and three-phase kernels.
+/// [`crate::backend::Backend::gated_delta_rule`] uses [`ChunkKernel::for_profile`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChunkKernel {
-    ReferenceFma,
-    EngineFma,
-    EngineMma,
-    ReferenceFmaV64,
-    EngineMmaV64,
-    SplitReference,
-    SplitEngineFma,
-    SplitEngineMma,
-    ThreePhaseReference,
-    ThreePhaseEngine,
-    ThreePhaseReferenceV16,
-    ThreePhaseEngineV16,
-    /// `ThreePhaseEngine` with its prep and output products on ldmatrix-fed tensor-core fragments
-    /// (`gdn_prep2_engine_ldm`, `gdn_hout_engine_ldm`): the same operands and per-tile mma
-    /// chains, so the same bits, with a fraction of the shared-memory traffic.
-    ThreePhaseEngineLdm,
-    /// `ThreePhaseReference` with its prep's products register-tiled on 16-byte shared loads
-    /// (`gdn_prep2_reference_rt`): the same fmaf chains, so the same bits.
+    /// The reference profile's default: `gdn_prep2_reference_rt` (the prep's products
+    /// register-tiled on 16-byte shared loads), `gdn_hwalk_reference`, `gdn_hout_reference`.
     ThreePhaseReferenceRt,
-    /// `ThreePhaseEngineLdm` with its state walk on the tensor cores too (`gdn_hwalk_engine_tc`):
-    /// the same operands and roundings, tensor-core summation order in the walk's two products.
+    /// The engine profile's default: `gdn_prep2_engine_ldm` and `gdn_hout_engine_ldm` (products on
+    /// ldmatrix-fed tensor-core fragments) around `gdn_hwalk_engine_tc` (the state walk on the
+    /// tensor cores too).
     ThreePhaseEngineTc,
+    /// The reference profile's split kernels: `gdn_prep_reference`, `gdn_walk_reference`.
+    SplitReference,
+    /// The engine profile's split kernels: `gdn_prep_engine_mma`, `gdn_walk_engine_fma` (the walk's
+    /// products as f32 FMA on the bf16 operands).
+    SplitEngineFma,
+    #[cfg(feature = "kernel-lab")]
+    ReferenceFma,
+    #[cfg(feature = "kernel-lab")]
+    EngineFma,
+    #[cfg(feature = "kernel-lab")]
+    EngineMma,
+    #[cfg(feature = "kernel-lab")]
+    ReferenceFmaV64,
+    #[cfg(feature = "kernel-lab")]
+    EngineMmaV64,
+    #[cfg(feature = "kernel-lab")]
+    SplitEngineMma,
+    #[cfg(feature = "kernel-lab")]
+    ThreePhaseReference,
+    #[cfg(feature = "kernel-lab")]
+    ThreePhaseEngine,
+    #[cfg(feature = "kernel-lab")]
+    ThreePhaseReferenceV16,
+    #[cfg(feature = "kernel-lab")]
+    ThreePhaseEngineV16,
+    #[cfg(feature = "kernel-lab")]
+    ThreePhaseEngineLdm,
 }
 
-/// Whether [`ChunkKernel::for_profile`] picks the three-phase kernels. They passed `cuda_gdn` on
-/// the H200 (Reference bit-identical to `SplitReference`; Engine states bit-identical to
-/// `SplitEngineFma`) and ran 8.2 / 10.3 ms against the split kernels' 9.6 / 12.1 ms at 4 × 4096
-/// tokens, Qwen3.6-27B shapes (docs/benchmarks-cuda.md, "Gated DeltaNet"). The CUDA engine
-/// profile's cache keys follow it ([`engine_cache_tag`]), since its tensor-core output phase sums
-/// in another order than `SplitEngineFma`.
+/// Whether [`ChunkKernel::for_profile`] picks the three-phase kernels rather than the split ones:
+/// the same bits in the reference profile, the same states in the engine profile, and faster on
+/// the H200 (docs/gdn-cuda.md, "Kernel variants"; docs/benchmarks-cuda.md, "Gated DeltaNet").
+/// The CUDA engine profile's cache keys follow it ([`engine_cache_tag`]), since its tensor-core
+/// output phase sums in another order than `SplitEngineFma`. The kernel lab can override it for
+/// a whole process (`set_three_phase_override`, for A/B benchmarks of the whole forward).
 const THREE_PHASE_DEFAULT: bool = true;
 
-/// Benchmark override of [`THREE_PHASE_DEFAULT`] for the whole process: 0 = none, 1 = split,
-/// 2 = three-phase ([`set_three_phase_override`]).
-static THREE_PHASE_OVERRIDE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// For A/B benchmarks of the whole forward (`cuda_bench --only target`): makes
-/// [`ChunkKernel::for_profile`] pick the three-phase (`Some(true)`) or split (`Some(false)`)
-/// kernels, or the built-in default (`None`). Cache keys follow ([`engine_cache_tag`]).
-pub fn set_three_phase_override(on: Option<bool>) {
-    let v = match on {
-        None => 0,
-        Some(false) => 1,
-        Some(true) => 2,
-    };
-    THREE_PHASE_OVERRIDE.store(v, std::sync::atomic::Ordering::Relaxed);
-}
-
 fn three_phase_default() -> bool {
-    match THREE_PHASE_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => THREE_PHASE_DEFAULT,
+    #[cfg(feature = "kernel-lab")]
+    if let Some(on) = lab::three_phase_override() {
+        return on;
     }
+    THREE_PHASE_DEFAULT
 }
 
 /// Suffix of the CUDA engine profile's cache keys (crates/engine/src/session): names the default engine
@@ -138,125 +145,129 @@ pub fn engine_cache_tag() -> &'static str {
     }
 }
 
+/// (Kernel name in kernels/gdn.cu, dynamic shared memory in bytes) of one launch.
+type Launch = (&'static str, usize);
+
+/// The launches of a [`ChunkKernel`], with the shared memory kernels/gdn.cu lays out for each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChunkLaunches {
+    /// One launch: each block walks its sequence's chunks over `columns` value columns and writes
+    /// the output (`gdn_chunk_*`).
+    #[cfg(feature = "kernel-lab")]
+    Fused { kernel: Launch, columns: usize },
+    /// `prep` (every chunk's state-independent work at once, grid chunks × value heads), then the
+    /// walk.
+    Prepped { prep: Launch, walk: Walk },
+}
+
+/// What follows the prep of a split or three-phase kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Walk {
+    /// Split: a walk per sequence over [`SPLIT_COLUMNS`] value columns per block that also writes
+    /// the output.
+    WithOutput(Launch),
+    /// Three-phase: a walk that only carries the state over `columns` value columns per block,
+    /// storing every chunk's start state and V′, then `output` for every chunk at once.
+    StateOnly {
+        walk: Launch,
+        columns: usize,
+        output: Launch,
+    },
+}
+
 impl ChunkKernel {
     pub fn for_profile(p: GdnProfile) -> Self {
         match (p, three_phase_default()) {
-            // The split kernels (state-independent work over all chunks at once, then the
-            // sequential walk) passed cuda_gdn on the H200 and ran 9.6 ms / 12.1 ms against the
-            // fused kernels' 12.3 ms / 16.4 ms at 4 × 4096 tokens, Qwen3.6-27B shapes
-            // (docs/benchmarks-cuda.md, "Gated DeltaNet").
+            // The split kernels: the defaults before the three-phase ones (docs/gdn-cuda.md,
+            // "Kernel variants").
             (GdnProfile::Reference, false) => ChunkKernel::SplitReference,
             (GdnProfile::Engine, false) => ChunkKernel::SplitEngineFma,
-            // docs/gdn-cuda.md, "Three-phase kernels" and "Round 2": the round-2 variants give
-            // the same bits as ThreePhaseReference / ThreePhaseEngine (cuda_gdn, H200) and ran
-            // 7.9 / 5.9 ms against their 8.2 / 10.3 ms at 4 × 4096 tokens (docs/benchmarks-cuda.md,
-            // "Session 9"). Round 3 moves the engine walk to the tensor cores
-            // (ThreePhaseEngineTc: another summation order, so the engine cache tag "-3p-tc").
+            // docs/gdn-cuda.md, "Three-phase kernels", "Round 2" and "Round 3": the round-2 prep
+            // and output give the same bits as the kernels they replace (cuda_gdn, H200); round 3
+            // moves the engine walk to the tensor cores (another summation order, so the engine
+            // cache tag "-3p-tc"). Timings: docs/benchmarks-cuda.md, "Session 9" and "Session 10".
             (GdnProfile::Reference, true) => ChunkKernel::ThreePhaseReferenceRt,
             (GdnProfile::Engine, true) => ChunkKernel::ThreePhaseEngineTc,
         }
     }
-    fn name(self) -> &'static str {
+
+    /// The kernel's numeric profile and launches.
+    fn spec(self) -> (GdnProfile, ChunkLaunches) {
         match self {
-            ChunkKernel::ReferenceFma => "gdn_chunk_reference",
-            ChunkKernel::EngineFma => "gdn_chunk_engine_fma",
-            ChunkKernel::EngineMma => "gdn_chunk_engine_mma",
-            ChunkKernel::ReferenceFmaV64 => "gdn_chunk_reference_v64",
-            ChunkKernel::EngineMmaV64 => "gdn_chunk_engine_mma_v64",
-            ChunkKernel::SplitReference => "gdn_walk_reference",
-            ChunkKernel::SplitEngineFma => "gdn_walk_engine_fma",
-            ChunkKernel::SplitEngineMma => "gdn_walk_engine_mma",
-            ChunkKernel::ThreePhaseReference => "gdn_hwalk_reference",
-            ChunkKernel::ThreePhaseEngine => "gdn_hwalk_engine",
-            ChunkKernel::ThreePhaseReferenceV16 => "gdn_hwalk_reference_v16",
-            ChunkKernel::ThreePhaseEngineV16 => "gdn_hwalk_engine_v16",
-            ChunkKernel::ThreePhaseEngineLdm => "gdn_hwalk_engine",
-            ChunkKernel::ThreePhaseReferenceRt => "gdn_hwalk_reference",
-            ChunkKernel::ThreePhaseEngineTc => "gdn_hwalk_engine_tc",
+            ChunkKernel::ThreePhaseReferenceRt => (
+                GdnProfile::Reference,
+                three_phase_launches(
+                    ("gdn_prep2_reference_rt", PREP_RT_SMEM_BYTES),
+                    ("gdn_hwalk_reference", hwalk_smem_bytes(32)),
+                    32,
+                    ("gdn_hout_reference", HOUT_SMEM_BYTES),
+                ),
+            ),
+            ChunkKernel::ThreePhaseEngineTc => (
+                GdnProfile::Engine,
+                three_phase_launches(
+                    ("gdn_prep2_engine_ldm", PREP_LDM_SMEM_BYTES),
+                    ("gdn_hwalk_engine_tc", HWALK_TC_SMEM_BYTES),
+                    32,
+                    ("gdn_hout_engine_ldm", HOUT_LDM_SMEM_BYTES),
+                ),
+            ),
+            ChunkKernel::SplitReference => (
+                GdnProfile::Reference,
+                split_launches("gdn_prep_reference", "gdn_walk_reference"),
+            ),
+            ChunkKernel::SplitEngineFma => (
+                GdnProfile::Engine,
+                split_launches("gdn_prep_engine_mma", "gdn_walk_engine_fma"),
+            ),
+            #[cfg(feature = "kernel-lab")]
+            lab_kernel => lab::spec(lab_kernel),
         }
     }
-    /// The state-independent first launch of a split kernel.
-    fn prep_name(self) -> Option<&'static str> {
-        match self {
-            ChunkKernel::SplitReference => Some("gdn_prep_reference"),
-            ChunkKernel::SplitEngineFma | ChunkKernel::SplitEngineMma => {
-                Some("gdn_prep_engine_mma")
-            }
-            // The same arithmetic with V read late, in less shared memory (two blocks per SM).
-            ChunkKernel::ThreePhaseReference | ChunkKernel::ThreePhaseReferenceV16 => {
-                Some("gdn_prep2_reference")
-            }
-            ChunkKernel::ThreePhaseEngine | ChunkKernel::ThreePhaseEngineV16 => {
-                Some("gdn_prep2_engine_mma")
-            }
-            ChunkKernel::ThreePhaseEngineLdm | ChunkKernel::ThreePhaseEngineTc => {
-                Some("gdn_prep2_engine_ldm")
-            }
-            ChunkKernel::ThreePhaseReferenceRt => Some("gdn_prep2_reference_rt"),
-            _ => None,
-        }
-    }
-    /// The state walk, its value columns per block, and the output launch of a three-phase kernel.
-    fn three_phase_launches(self) -> Option<(&'static str, usize, &'static str)> {
-        let output = match self {
-            ChunkKernel::ThreePhaseEngineLdm | ChunkKernel::ThreePhaseEngineTc => {
-                "gdn_hout_engine_ldm"
-            }
-            _ if self.engine() => "gdn_hout_engine_mma",
-            _ => "gdn_hout_reference",
-        };
-        match self {
-            ChunkKernel::ThreePhaseReference
-            | ChunkKernel::ThreePhaseEngine
-            | ChunkKernel::ThreePhaseEngineLdm
-            | ChunkKernel::ThreePhaseEngineTc
-            | ChunkKernel::ThreePhaseReferenceRt => Some((self.name(), 32, output)),
-            ChunkKernel::ThreePhaseReferenceV16 | ChunkKernel::ThreePhaseEngineV16 => {
-                Some((self.name(), 16, output))
-            }
-            _ => None,
-        }
-    }
+
     fn three_phase(self) -> bool {
-        self.three_phase_launches().is_some()
-    }
-    pub fn engine(self) -> bool {
-        !matches!(
-            self,
-            ChunkKernel::ReferenceFma
-                | ChunkKernel::ReferenceFmaV64
-                | ChunkKernel::SplitReference
-                | ChunkKernel::ThreePhaseReference
-                | ChunkKernel::ThreePhaseReferenceV16
-                | ChunkKernel::ThreePhaseReferenceRt
+        matches!(
+            self.spec().1,
+            ChunkLaunches::Prepped {
+                walk: Walk::StateOnly { .. },
+                ..
+            }
         )
     }
-    /// Value columns per block (`DVS` in kernels/gdn.cu) of the fused and split kernels (the
-    /// three-phase kernels' are in [`ChunkKernel::three_phase_launches`] and [`HOUT_COLUMNS`]).
-    fn dv_slice(self) -> usize {
-        match self {
-            ChunkKernel::ReferenceFma | ChunkKernel::EngineFma | ChunkKernel::EngineMma => 32,
-            _ => 64,
-        }
+
+    /// Whether the kernel computes the engine profile (else the reference profile).
+    pub fn engine(self) -> bool {
+        self.spec().0 == GdnProfile::Engine
     }
-    /// Dynamic shared memory (bytes) of the fused or walk kernel, as kernels/gdn.cu lays it out.
-    fn smem_bytes(self) -> usize {
-        let ldv = self.dv_slice() + 1;
-        let floats = if self.prep_name().is_some() {
-            // gdn_walk_impl: K, Q, W, the scores, U, V', Q S, S, gam.
-            3 * 64 * 129 + 64 * 65 + 3 * 64 * ldv + 128 * ldv + 64
-        } else {
-            // gdn_chunk_impl: K, Q, W, V, Q S, S, L, M, the scores, beta, gam.
-            3 * 64 * 129 + 2 * 64 * ldv + 128 * ldv + 3 * 64 * 65 + 2 * 64
-        };
-        floats * 4
+}
+
+/// A split kernel's launches: `prep` (`gdn_prep_*`), then `walk` (`gdn_walk_*`).
+fn split_launches(prep: &'static str, walk: &'static str) -> ChunkLaunches {
+    ChunkLaunches::Prepped {
+        prep: (prep, PREP_SMEM_BYTES),
+        walk: Walk::WithOutput((walk, SPLIT_WALK_SMEM_BYTES)),
+    }
+}
+
+/// A three-phase kernel's launches: `prep`, `walk` over `columns` value columns, `output`.
+fn three_phase_launches(
+    prep: Launch,
+    walk: Launch,
+    columns: usize,
+    output: Launch,
+) -> ChunkLaunches {
+    ChunkLaunches::Prepped {
+        prep,
+        walk: Walk::StateOnly {
+            walk,
+            columns,
+            output,
+        },
     }
 }
 
 /// Dynamic shared memory of `gdn_prep_*`: K, Q, V, L, M, beta, gam.
 const PREP_SMEM_BYTES: usize = (3 * 64 * 129 + 2 * 64 * 65 + 2 * 64) * 4;
-/// Dynamic shared memory of `gdn_prep2_*`: V takes K's place once K is read.
-pub const PREP2_SMEM_BYTES: usize = (2 * 64 * 129 + 2 * 64 * 65 + 2 * 64) * 4;
 /// Dynamic shared memory of `gdn_prep2_engine_ldm`: three bf16 tiles of 64 × 136 (Q then
 /// K diag(βe^γ), K, V), L and M f32 (64 × 65), M bf16 (64 × 72), β, γ.
 pub const PREP_LDM_SMEM_BYTES: usize =
@@ -264,6 +275,14 @@ pub const PREP_LDM_SMEM_BYTES: usize =
 /// Dynamic shared memory of `gdn_prep2_reference_rt`: K then diag(β) V and Q then K diag(βe^γ)
 /// (64 × 132 f32 each), L and M (64 × 68 f32 each), β, γ.
 pub const PREP_RT_SMEM_BYTES: usize = (2 * 64 * 132 + 2 * 64 * 68 + 2 * 64) * 4;
+/// Value columns per block of the split walk (`gdn_walk_*`'s `DVS`).
+const SPLIT_COLUMNS: usize = 64;
+/// Dynamic shared memory of `gdn_walk_*` (`gdn_walk_impl`): K, Q, W, the scores, U, V′, Q S, S,
+/// gam, the value-column tiles with a row stride of [`SPLIT_COLUMNS`] + 1.
+const SPLIT_WALK_SMEM_BYTES: usize = {
+    let ldv = SPLIT_COLUMNS + 1;
+    (3 * 64 * 129 + 64 * 65 + 3 * 64 * ldv + 128 * ldv + 64) * 4
+};
 /// Chunk length of the chunked kernels (`GDN_C`).
 const CHUNK: usize = 64;
 
@@ -274,6 +293,37 @@ fn row_pairs(seq_starts: &[usize], which: &[usize]) -> Vec<i64> {
         .flat_map(|&i| [seq_starts[i] as i64, seq_starts[i + 1] as i64])
         .collect()
 }
+
+/// Without the kernel lab the delta rule's phase marks (`gdn/phases.rs`) cost nothing.
+#[cfg(not(feature = "kernel-lab"))]
+struct PhaseClock;
+
+#[cfg(not(feature = "kernel-lab"))]
+impl PhaseClock {
+    fn start(_: &CudaBackend) -> Result<Self> {
+        Ok(PhaseClock)
+    }
+    fn mark(&mut self, _: &CudaBackend, _: &'static str) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// What the delta-rule launches read for one group of sequences (the one-row sequences, or the
+/// longer ones).
+struct DeltaInputs<'a> {
+    /// Device addresses of the q, k and v columns of `qkv`, and its row stride `ld` (elements).
+    qkv: (u64, u64, u64),
+    ld: i64,
+    /// The gates g and β, f32 `[T, Hv]`.
+    gates: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+    /// Row boundaries of every sequence of the call, and the sequences this group covers.
+    seq_starts: &'a [usize],
+    which: &'a [usize],
+    /// The uploaded (start, end) row pairs and state pointers of `which`.
+    per_seq: (&'a CudaSlice<i64>, &'a CudaSlice<u64>),
+    shape: GdnShape,
+}
+
 
 /// Largest group of `rms_norm_zero_centred` that one warp normalises (`gdn_rms_norm_zc_heads`).
 const ZC_WARP_GROUP: usize = 256;
@@ -479,9 +529,10 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// [`crate::backend::Backend::gated_delta_rule`] with an explicit chunked kernel (tests and benchmarks pick
-    /// the engine profile's FMA or tensor-core variant; the trait method picks by profile).
-    /// Sequences of one row run the recurrent kernel, longer ones the chunked kernel.
+    /// [`crate::backend::Backend::gated_delta_rule`] with an explicit chunked kernel (tests check
+    /// the defaults against their split references, and benchmarks time the variants; the trait
+    /// method picks by profile, [`ChunkKernel::for_profile`]). Sequences of one row run the
+    /// recurrent kernel, longer ones the chunked kernel.
     pub fn gated_delta_rule_with(
         &self,
         (qkv, a, b): (&CudaTensor, &CudaTensor, &CudaTensor),
@@ -570,8 +621,7 @@ impl CudaBackend {
             base + 2 * shape.key_dim() as u64,
             base + 4 * shape.key_dim() as u64,
         );
-        let (ld, hv32, ratio) = (cd as i64, hv as i32, shape.group() as i32);
-        let scale = (shape.k_dim as f32).powf(-0.5);
+        let ld = cd as i64;
         for (which, chunked) in [(single, false), (multi, true)] {
             if which.is_empty() {
                 continue;
@@ -584,69 +634,89 @@ impl CudaBackend {
             let pairs = self.upload(&row_pairs(seq_starts, &which))?;
             let ptrs: Vec<u64> = which.iter().map(|&i| self.ptr(&states[i].buf)).collect();
             let ptrs = self.upload(&ptrs)?;
-            if chunked && kernel.prep_name().is_some() {
-                let inputs = SplitDeltaInputs {
-                    qkv: (q, k, v),
-                    ld,
-                    gates: (&g, &beta),
-                    seq_starts,
-                    which: &which,
-                    per_seq: (&pairs, &ptrs),
-                    shape,
-                };
-                self.split_delta_rule(kernel, &inputs, &mut out, &mut clock)?;
+            let inputs = DeltaInputs {
+                qkv: (q, k, v),
+                ld,
+                gates: (&g, &beta),
+                seq_starts,
+                which: &which,
+                per_seq: (&pairs, &ptrs),
+                shape,
+            };
+            if !chunked {
+                let f = self.kernels.get("gdn", "gdn_recurrent")?;
+                let grid = (hv as u32, which.len() as u32, 1);
+                self.launch_per_sequence(&f, ("gdn_recurrent", 0), grid, &inputs, &mut out)?;
+                clock.mark(self, "recurrent")?;
                 continue;
             }
-            let (f, cfg) = if chunked {
-                (
-                    self.kernels
-                        .get_with_smem("gdn", kernel.name(), kernel.smem_bytes())?,
-                    LaunchConfig {
-                        grid_dim: (
-                            (HEAD_DIM / kernel.dv_slice()) as u32,
-                            hv as u32,
-                            which.len() as u32,
-                        ),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: kernel.smem_bytes() as u32,
-                    },
-                )
-            } else {
-                (
-                    self.kernels.get("gdn", "gdn_recurrent")?,
-                    LaunchConfig {
-                        grid_dim: (hv as u32, which.len() as u32, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    },
-                )
-            };
-            let mut lb = self.stream.launch_builder(&f);
-            lb.arg(&q)
-                .arg(&k)
-                .arg(&v)
-                .arg(&ld)
-                .arg(&ld)
-                .arg(&g)
-                .arg(&beta)
-                .arg(&pairs)
-                .arg(&mut out.buf)
-                .arg(&ptrs)
-                .arg(&hv32)
-                .arg(&ratio)
-                .arg(&scale);
-            // SAFETY: (const bf16* q, k, v, ll, ll, const float* g, beta, const ll* rows,
-            // bf16* out, const u64* states, int, int, float); q/k/v address columns of qkv
-            // ([rows, conv_dim], checked), every state holds Hv·128·128 f32 (checked), out holds
-            // rows·Hv·128; the row pairs lie inside 0..rows (check_seq_starts).
-            unsafe { lb.launch(cfg) }.map_err(derr(if chunked {
-                kernel.name()
-            } else {
-                "gdn_recurrent"
-            }))?;
-            clock.mark(self, if chunked { "chunk" } else { "recurrent" })?;
+            match kernel.spec().1 {
+                #[cfg(feature = "kernel-lab")]
+                ChunkLaunches::Fused { kernel, columns } => {
+                    let f = self.kernels.get_with_smem("gdn", kernel.0, kernel.1)?;
+                    let grid = ((HEAD_DIM / columns) as u32, hv as u32, which.len() as u32);
+                    self.launch_per_sequence(&f, kernel, grid, &inputs, &mut out)?;
+                    clock.mark(self, "chunk")?;
+                }
+                ChunkLaunches::Prepped { prep, walk } => {
+                    let engine = kernel.engine();
+                    self.split_delta_rule(prep, walk, engine, &inputs, &mut out, &mut clock)?
+                }
+            }
         }
         Ok(out)
+    }
+}
+
+impl CudaBackend {
+    /// One launch of a kernel that walks each sequence of `inputs` and writes its output
+    /// (`gdn_recurrent`, the fused `gdn_chunk_*`): `launch` is its (name, dynamic shared memory),
+    /// `grid` its blocks; 256 threads per block.
+    fn launch_per_sequence(
+        &self,
+        f: &CudaFunction,
+        launch: Launch,
+        grid: (u32, u32, u32),
+        inputs: &DeltaInputs<'_>,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let &DeltaInputs {
+            qkv: (q, k, v),
+            ld,
+            gates: (g, beta),
+            per_seq: (pairs, ptrs),
+            shape,
+            ..
+        } = inputs;
+        let (hv32, ratio) = (shape.v_heads as i32, shape.group() as i32);
+        let scale = (shape.k_dim as f32).powf(-0.5);
+        let mut lb = self.stream.launch_builder(f);
+        lb.arg(&q)
+            .arg(&k)
+            .arg(&v)
+            .arg(&ld)
+            .arg(&ld)
+            .arg(g)
+            .arg(beta)
+            .arg(pairs)
+            .arg(&mut out.buf)
+            .arg(ptrs)
+            .arg(&hv32)
+            .arg(&ratio)
+            .arg(&scale);
+        // SAFETY: (const bf16* q, k, v, ll, ll, const float* g, beta, const ll* rows,
+        // bf16* out, const u64* states, int, int, float); q/k/v address columns of qkv
+        // ([rows, conv_dim], checked), every state holds Hv·128·128 f32 (checked), out holds
+        // rows·Hv·128; the row pairs lie inside 0..rows (check_seq_starts).
+        unsafe {
+            lb.launch(LaunchConfig {
+                grid_dim: grid,
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: launch.1 as u32,
+            })
+        }
+        .map_err(derr(launch.0))?;
+        Ok(())
     }
 }
 

@@ -30,11 +30,13 @@
 //! | `attention.rs` | prefill attention launches |
 //! | `gdn.rs` | the hybrid (Gated DeltaNet) layer ops |
 //! | `backend_impl.rs` | `impl Backend for CudaBackend` |
-//! | `bench.rs`, `bench_decode.rs` | benchmark helpers |
+//! | `bench.rs`, `bench_decode.rs` | benchmark helpers (`kernel-lab` feature: docs/cuda.md, "The kernel lab") |
 
 mod attention;
 mod backend_impl;
+#[cfg(feature = "kernel-lab")]
 pub mod bench;
+#[cfg(feature = "kernel-lab")]
 pub mod bench_decode;
 mod decode;
 pub mod decode_lt;

@@ -4,12 +4,8 @@
 //! (the walk carries only the state, over 32- or 16-column slices, storing every chunk's start state
 //! and V′) followed by `gdn_hout_*` (the output of every chunk at once).
 
-use super::{
-    ChunkKernel, PhaseClock, CHUNK, HEAD_DIM, PREP2_SMEM_BYTES, PREP_LDM_SMEM_BYTES,
-    PREP_RT_SMEM_BYTES, PREP_SMEM_BYTES,
-};
+use super::{DeltaInputs, Launch, PhaseClock, Walk, CHUNK, HEAD_DIM, SPLIT_COLUMNS};
 use crate::backend::cuda::{derr, CudaBackend, CudaTensor};
-use crate::backend::gdn::GdnShape;
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -75,35 +71,24 @@ impl ChunkPlan {
     }
 }
 
-/// What [`CudaBackend::split_delta_rule`] reads for one group of multi-row sequences.
-pub(super) struct SplitDeltaInputs<'a> {
-    /// Device addresses of the q, k and v columns of `qkv`, and its row stride `ld` (elements).
-    pub(super) qkv: (u64, u64, u64),
-    pub(super) ld: i64,
-    /// The gates g and β, f32 `[T, Hv]`.
-    pub(super) gates: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
-    /// Row boundaries of every sequence of the call, and the sequences this group covers.
-    pub(super) seq_starts: &'a [usize],
-    pub(super) which: &'a [usize],
-    /// The uploaded (start, end) row pairs and state pointers of `which`.
-    pub(super) per_seq: (&'a CudaSlice<i64>, &'a CudaSlice<u64>),
-    pub(super) shape: GdnShape,
-}
-
 impl CudaBackend {
-    /// The split chunked delta rule over the multi-row sequences `which`: `gdn_prep_*` over every
-    /// chunk of them (grid: chunks × value heads), then `gdn_walk_*` per sequence (grid: value
-    /// column slices × value heads × sequences). Scratch f32: W and U `[T, Hv, 128]`, the decayed
+    /// The split or three-phase chunked delta rule over the multi-row sequences `which`: `prep`
+    /// (`gdn_prep_*`) over every chunk of them (grid: chunks × value heads), then the `walk`:
+    /// `gdn_walk_*` per sequence (grid: value column slices × value heads × sequences), or the
+    /// three-phase kernels' state walk and output ([`CudaBackend::three_phase_rest`]). `engine`:
+    /// the kernel computes the engine profile. Scratch f32: W and U `[T, Hv, 128]`, the decayed
     /// scores `[T, Hv, 64]`, γ `[T, Hv]`: 1.3 KB per token and value head (62 KB per token at
     /// Hv = 48, 1 GB for 16k tokens).
     pub(super) fn split_delta_rule(
         &self,
-        kernel: ChunkKernel,
-        inputs: &SplitDeltaInputs<'_>,
+        prep: Launch,
+        walk: Walk,
+        engine: bool,
+        inputs: &DeltaInputs<'_>,
         out: &mut CudaTensor,
         clock: &mut PhaseClock,
     ) -> Result<()> {
-        let &SplitDeltaInputs {
+        let &DeltaInputs {
             qkv: (q, k, v),
             ld,
             gates: (g, beta),
@@ -126,16 +111,7 @@ impl CudaBackend {
         let mut gg = self.alloc::<f32>(rows * hv)?;
         let (hv32, ratio) = (hv as i32, shape.group() as i32);
         let scale = (shape.k_dim as f32).powf(-0.5);
-        let prep = kernel.prep_name().unwrap_or("gdn_prep_reference");
-        let prep_smem = if prep == "gdn_prep2_engine_ldm" {
-            PREP_LDM_SMEM_BYTES
-        } else if prep == "gdn_prep2_reference_rt" {
-            PREP_RT_SMEM_BYTES
-        } else if kernel.three_phase() {
-            PREP2_SMEM_BYTES
-        } else {
-            PREP_SMEM_BYTES
-        };
+        let (prep, prep_smem) = prep;
         let f = self.kernels.get_with_smem("gdn", prep, prep_smem)?;
         clock.mark(self, "setup")?;
         let mut lb = self.stream.launch_builder(&f);
@@ -166,17 +142,28 @@ impl CudaBackend {
         }
         .map_err(derr(prep))?;
         clock.mark(self, "prep")?;
-        if kernel.three_phase() {
-            let scratch = PrepScratch {
-                wu: (&wg, &ug),
-                ag: &ag,
-                gg: &gg,
-            };
-            return self.three_phase_rest(kernel, inputs, &plan, &chunks, scratch, out, clock);
-        }
-        let f = self
-            .kernels
-            .get_with_smem("gdn", kernel.name(), kernel.smem_bytes())?;
+        let (walk, walk_smem) = match walk {
+            Walk::WithOutput(walk) => walk,
+            Walk::StateOnly {
+                walk,
+                columns,
+                output,
+            } => {
+                let scratch = PrepScratch {
+                    wu: (&wg, &ug),
+                    ag: &ag,
+                    gg: &gg,
+                };
+                let phases = ThreePhaseRest {
+                    walk,
+                    columns,
+                    output,
+                    engine,
+                };
+                return self.three_phase_rest(phases, inputs, &plan, &chunks, scratch, out, clock);
+            }
+        };
+        let f = self.kernels.get_with_smem("gdn", walk, walk_smem)?;
         let mut lb = self.stream.launch_builder(&f);
         lb.arg(&q)
             .arg(&k)
@@ -196,18 +183,26 @@ impl CudaBackend {
         unsafe {
             lb.launch(LaunchConfig {
                 grid_dim: (
-                    (HEAD_DIM / kernel.dv_slice()) as u32,
+                    (HEAD_DIM / SPLIT_COLUMNS) as u32,
                     hv as u32,
                     which.len() as u32,
                 ),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: kernel.smem_bytes() as u32,
+                shared_mem_bytes: walk_smem as u32,
             })
         }
-        .map_err(derr(kernel.name()))?;
+        .map_err(derr(walk))?;
         clock.mark(self, "walk")?;
         Ok(())
     }
+}
+
+/// The last two launches of a three-phase kernel ([`Walk::StateOnly`]) and its profile.
+struct ThreePhaseRest {
+    walk: Launch,
+    columns: usize,
+    output: Launch,
+    engine: bool,
 }
 
 /// The prep's outputs, as the later phases read them.
@@ -231,15 +226,15 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn three_phase_rest(
         &self,
-        kernel: ChunkKernel,
-        inputs: &SplitDeltaInputs<'_>,
+        phases: ThreePhaseRest,
+        inputs: &DeltaInputs<'_>,
         plan: &ChunkPlan,
         chunks: &CudaSlice<i64>,
         prep: PrepScratch<'_>,
         out: &mut CudaTensor,
         clock: &mut PhaseClock,
     ) -> Result<()> {
-        let &SplitDeltaInputs {
+        let &DeltaInputs {
             qkv: (q, k, _),
             ld,
             which,
@@ -250,18 +245,16 @@ impl CudaBackend {
         let (rows, hv) = (out.rows, shape.v_heads);
         let (hv32, ratio) = (hv as i32, shape.group() as i32);
         let scale = (shape.k_dim as f32).powf(-0.5);
-        let (v_len, h_len) = plan.three_phase_scratch(rows, hv, kernel.engine());
+        let ThreePhaseRest {
+            walk: (walk, walk_smem),
+            columns,
+            output: (output, out_smem),
+            engine,
+        } = phases;
+        let (v_len, h_len) = plan.three_phase_scratch(rows, hv, engine);
         let mut vg = self.alloc::<f32>(v_len)?;
         let mut hg = self.alloc::<f32>(h_len)?;
         let chunk0 = self.upload(&plan.seq_chunk0)?;
-        let (walk, columns, output) = kernel
-            .three_phase_launches()
-            .expect("three_phase_rest runs three-phase kernels only");
-        let walk_smem = if kernel == ChunkKernel::ThreePhaseEngineTc {
-            HWALK_TC_SMEM_BYTES
-        } else {
-            hwalk_smem_bytes(columns)
-        };
         let f = self.kernels.get_with_smem("gdn", walk, walk_smem)?;
         clock.mark(self, "setup")?;
         let mut lb = self.stream.launch_builder(&f);
@@ -291,11 +284,6 @@ impl CudaBackend {
         }
         .map_err(derr(walk))?;
         clock.mark(self, "walk")?;
-        let out_smem = if output == "gdn_hout_engine_ldm" {
-            HOUT_LDM_SMEM_BYTES
-        } else {
-            HOUT_SMEM_BYTES
-        };
         let f = self.kernels.get_with_smem("gdn", output, out_smem)?;
         let mut lb = self.stream.launch_builder(&f);
         lb.arg(&q)
