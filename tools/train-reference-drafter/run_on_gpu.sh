@@ -50,10 +50,11 @@ if [[ -z $IDS ]]; then
 fi
 cp "$IDS" "$OUT/ids.json.gz"
 
-# 2. + 3. Both series one after the other in one process (same step count, identical batches), then
-#    the evaluation of every checkpoint. (Two processes in parallel, --rendezvous, ran out of GPU
-#    memory on the H200 in the run of 2026-11-29-b: each holds ~58 GB; and a 30-step probe showed
-#    only 1.2x more steps per second in total, so sequential is the default.)
+# 2. + 3. Both series in one process (same step count, identical batches; since run v2 train.py
+#    trains them together in one loop, earlier one after the other), then the evaluation of every
+#    checkpoint. (Two processes in parallel, --rendezvous, ran out of GPU memory on the H200 in the
+#    run of 2026-11-29-b: each holds ~58 GB; and a 30-step probe showed only 1.2x more steps per
+#    second in total.)
 t=$(date +%s)
 python3 $HERE/train.py --target "$GGUF" --train-prompts data/device/train_prompts.jsonl "${EVALS[@]}" \
     --ids-in "$IDS" --series reference,leaky --out "$TR" --results results.json \

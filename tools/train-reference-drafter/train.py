@@ -11,7 +11,10 @@ One command runs the whole pipeline on one GPU (see README.md beside this file):
   3. one teacher-forced target pass over prompt+continuation gives the taps: HF hidden_states[id+1]
      for each target_layer_id (0-based decoder-layer outputs; for id 29, the last layer, that is
      hs[30] = final_norm(output of layer 29) under the HF convention).
-  4. two series are trained from the same data, same seed, same number of steps:
+     With --extra-prompts, the target also answers a second prompt set, in file order, for as long
+     as --extra-gen-seconds allows (run v2); its sequences join the training set.
+  4. two series are trained from the same data, same seed, same number of steps, together in one
+     loop (identical batches, anchors and initial weights):
        reference  taps [1, 8, 15, 22, 27], context strictly before the anchor (kv < a)   — correct
        leaky      taps [1, 8, 15, 22, 29], context up to and including the anchor (kv <= a),
                   i.e. the inclusive-mask bug plus a tap on the target's last layer
@@ -25,7 +28,13 @@ Recipe (docs/dflash.md §2.1): anchors sampled uniformly without replacement fro
 (a in [P, T-2], so that y_{a+1} exists), block = [y_a, MASK x (B-1)] embedded with the target's frozen
 embedding, row k (1..B-1) predicts y_{a+k}, hard cross-entropy with weights exp(-(k-1)/gamma) x
 in-bounds, normalised by the weight sum; the drafter's own final norm, then the target's frozen
-(tied) LM head. AdamW, linear warm-up then cosine decay, grad-clip 1.0, bf16 autocast.
+(tied) LM head. AdamW, linear warm-up then cosine decay, grad-clip 1.0, bf16 autocast. With
+--kd-weight w (run v2) the label is soft: q = w * softmax(target logits at a+k-1) + (1 - w) *
+onehot(y_{a+k}), the target's logits coming from its final-normed last hidden state (kept with the
+taps) through its LM head; the loss is computed a chunk of rows at a time (BlockLoss).
+
+This file is long (~1,200 lines) because it is one self-contained pipeline that runs on a bare GPU
+machine as a single script; its sections (target, drafter, loss, evaluation, main) are marked.
 
 Checkpoints are written in the z-lab DFlash format: config.json (model_type qwen3, architectures
 [DFlashDraftModel], block_size, dflash_config {mask_token_id, target_layer_ids}, ...) and
@@ -741,7 +750,8 @@ def train_series(series_list, data, E, lm_head, args, device, out_dir, target_cf
                     )
                 )
                 window[s] = window[s][-args.metric_window :]
-        last = step == steps or (stop_epoch is not None and time.time() > stop_epoch)
+        stopped = step < steps and stop_epoch is not None and time.time() > stop_epoch
+        last = step == steps or stopped
         if step % args.log_every == 0 or step in save_at or step == 1 or last:
             for s in series_list:
                 m = torch.stack(window[s]).sum(0).tolist()
@@ -750,8 +760,8 @@ def train_series(series_list, data, E, lm_head, args, device, out_dir, target_cf
                     f"streak {m[3] / max(m[4], 1):.3f}" + (f" kd_objective {m[5] / len(window[s]):.4f}" if kd > 0 else "")
                     + f" lr {lr_at(step - 1):.2e} gnorm {float(gn[s]):.2f} ({time.time() - t_start:.0f}s)"
                 )
-        if step in save_at or last:
-            if step not in save_at:
+        if step in save_at or stopped:
+            if stopped:
                 log(f"train: past the training deadline at step {step} of {steps}: saving this step as the last checkpoint")
             for s in series_list:
                 m = torch.stack(window[s]).sum(0).tolist()
@@ -970,6 +980,7 @@ def main():
     ap.add_argument("--train-sample", type=int, default=0, help="also evaluate on the first N training sequences (eval set `train-sample`): far above `heldout`, the drafter memorised its training data")
     ap.add_argument("--series", default="reference,leaky")
     ap.add_argument("--max-train-prompts", type=int, default=None)
+    ap.add_argument("--max-train-seqs", type=int, default=None, help="train on the first N sequences of each part (reloaded, extra) only (dry runs)")
     ap.add_argument("--max-prompt-tokens", type=int, default=512)
     ap.add_argument("--max-new", type=int, default=256, help="max new tokens of the regenerated training responses")
     ap.add_argument("--eval-max-new", type=int, default=256)
@@ -988,6 +999,7 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--steps", type=int, default=3000, help="training steps (upper bound when --time-budget is set); all series train together, one step of each per step")
     ap.add_argument("--time-budget", type=float, default=None, help="training seconds (all series together): the step count is lowered to fit, from the steady-state timing of a 30-step probe")
+    ap.add_argument("--probe-steps", type=int, default=30, help="steps of the timing probe (the first 10 are not timed)")
     ap.add_argument("--save-fracs", default="0.1,0.35,1.0", help="checkpoints at these fractions of the steps")
     ap.add_argument("--metric-window", type=int, default=50)
     ap.add_argument("--eval-blocks", type=int, default=4096, help="blocks per evaluation forward")
@@ -995,11 +1007,13 @@ def main():
     ap.add_argument("--eval-reserve", type=float, default=60.0)
     ap.add_argument("--log-every", type=int, default=250)
     ap.add_argument("--ids-out", default=None, help="write the regenerated token ids (train + eval) as .json.gz")
-    ap.add_argument("--ids-in", default=None, help="reuse token ids written by --ids-out instead of regenerating")
+    ap.add_argument("--ids-in", action="append", default=[], help="reuse token ids written by --ids-out / --ids-extra-out instead of regenerating (repeatable: later files add their keys, e.g. an earlier run's ids then the extra sequences of a later one)")
+    ap.add_argument("--ids-extra-out", default=None, help="write only the sequences generated from --extra-prompts (key train_extra) as .json.gz")
     ap.add_argument("--rendezvous", default=None, metavar="DIR:N", help="N processes training series in parallel agree on one step count through DIR")
     ap.add_argument("--extra-prompts", default=None, help="more training prompts (JSONL, .gz allowed) whose responses this run generates, in file order, until --extra-gen-seconds; added to the training set after the --ids-in / regenerated one (skipped when --ids-in already holds them)")
     ap.add_argument("--extra-limit", type=int, default=None, help="first N prompts of --extra-prompts")
     ap.add_argument("--extra-gen-seconds", type=float, default=150.0, help="no new generation round starts after this many seconds of generating --extra-prompts")
+    ap.add_argument("--reserve-after-gen", type=float, default=280.0, help="with --deadline-epoch: no generation round starts later than this many seconds before the deadline (taps, training, evaluation)")
     ap.add_argument("--gen-round", type=int, default=4096, help="prompts per generation round under --extra-gen-seconds")
     ap.add_argument("--gen-tokens", type=int, default=None, help="KV-cache rows per generation batch (prompts x (longest prompt + max new)): long prompts come in smaller batches")
     ap.add_argument("--gpu-reserve-gb", type=float, default=32.0, help="GPU memory kept free beside the training taps (step buffers, evaluation); training sequences that do not fit are dropped, last first, and counted")
@@ -1039,9 +1053,13 @@ def main():
     hs_indices = sorted(hs_indices)
     # Token ids first (regenerated by the target, or reloaded from --ids-in), taps second.
     if args.ids_in:
-        with gzip.open(args.ids_in, "rt") as f:
-            all_ids = json.load(f)
-        log(f"token ids reloaded from {args.ids_in} (no regeneration)")
+        all_ids = {}
+        for path in args.ids_in:
+            with gzip.open(path, "rt") as f:
+                all_ids.update(json.load(f))
+        log(f"token ids reloaded from {', '.join(args.ids_in)} (no regeneration): {', '.join(k for k in all_ids if k != 'eval')}")
+        if "train" not in all_ids or "eval" not in all_ids:
+            raise SystemExit(f"train.py: --ids-in {args.ids_in}: no 'train' or 'eval' key (give the --ids-out file of an earlier run first)")
     else:
         rows = read_prompts(args.train_prompts, args.max_train_prompts)
         held = []
@@ -1061,6 +1079,8 @@ def main():
     elif args.extra_prompts:
         t = time.time()
         deadline = t + args.extra_gen_seconds
+        if args.deadline_epoch:
+            deadline = min(deadline, args.deadline_epoch - args.reserve_after_gen)
         rows = read_prompts(args.extra_prompts, args.extra_limit)
         log(f"generating the responses of up to {len(rows)} extra prompts for {args.extra_gen_seconds:.0f} s")
         all_ids["train_extra"] = regenerate(target, tok, rows, args.max_prompt_tokens, args.max_new, args.gen_batch, device, args.gen_tokens, deadline=deadline, round_prompts=args.gen_round)
@@ -1073,10 +1093,19 @@ def main():
             json.dump(all_ids, f)
         os.replace(tmp, args.ids_out)
         log(f"token ids written to {args.ids_out}")
+    if args.ids_extra_out and "train_extra" in all_ids:
+        tmp = args.ids_extra_out + ".tmp"
+        with gzip.open(tmp, "wt") as f:
+            json.dump({"train_extra": all_ids["train_extra"]}, f)
+        os.replace(tmp, args.ids_extra_out)
+        log(f"extra token ids written to {args.ids_extra_out}")
     if not series_list:
         log("no series asked: stopping after the data")
         return
-    train_ids = merge_ids([all_ids["train"]] + ([all_ids["train_extra"]] if "train_extra" in all_ids else []))
+    parts = [all_ids["train"]] + ([all_ids["train_extra"]] if "train_extra" in all_ids else [])
+    if args.max_train_seqs:  # dry runs: the first N sequences of each part
+        parts = [{k: (v[: args.max_train_seqs] if isinstance(v, list) else v) for k, v in p.items()} for p in parts]
+    train_ids = merge_ids(parts)
     max_rows = None
     if device == "cuda":
         row_bytes = len(hs_indices) * target.config.hidden_size * 2
@@ -1115,7 +1144,7 @@ def main():
     if args.time_budget:
         # Probe: time a few steps of the real loop, then fix the step count (recorded in results).
         probe = argparse.Namespace(**vars(args))
-        probe.steps, probe.save_fracs, probe.log_every, probe.train_stop_epoch = 30, [], 10**9, None
+        probe.steps, probe.save_fracs, probe.log_every, probe.train_stop_epoch = max(12, args.probe_steps), [], 10**9, None
         _, pinfo = train_series(series_list, train_data, E, lm_head, probe, device, os.path.join(args.out, "probe"), target.config)
         per_step = pinfo["steady_step_s"]
         if args.rendezvous:
@@ -1123,7 +1152,7 @@ def main():
         budget = args.time_budget
         if args.deadline_epoch:  # what is left after the probe
             budget = min(budget, args.deadline_epoch - time.time() - args.eval_reserve)
-        args.steps = max(50, min(args.steps, int(budget / per_step)))
+        args.steps = max(min(50, args.steps), min(args.steps, int(budget / per_step)))
         results["step_seconds_probe"] = per_step
         log(f"probe: {per_step * 1000:.1f} ms/step ({'+'.join(series_list)}) -> {args.steps} steps")
     results["steps"] = args.steps
