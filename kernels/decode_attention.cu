@@ -118,8 +118,8 @@ __device__ __forceinline__ void da_store_bf16(bf16_t* op, const float* res) {
 // returns the lane's chunk index, its 8 output values (each a bf16 value) in `y`.
 // bf16-rounded cos and sin of a RoPE angle, as qk_norm_rope_vec_bf16 tabulates them. Not inlined:
 // cosf and sinf carry a large slow path for big arguments, and inlined at every call of every
-// instance they made this module take ~4× as long to compile (an empty kernel cache's first run
-// waited ~80 s for it on the GPU machine).
+// instance they made this module several times as slow to compile (docs/benchmarks-cuda.md,
+// "Session 12").
 __device__ __noinline__ float2 da_cos_sin(float angle) { return make_float2(rb(cosf(angle)), rb(sinf(angle))); }
 
 template <int HD>
@@ -422,7 +422,8 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
 // block and its shared q vectors. The register cap is explicit (MINB blocks of 256 threads per
 // multiprocessor): left to itself ptxas chose 64 for hd 128 and spilled once the norm and the merge
 // joined the kernel, and a looser cap (76 registers: six blocks of a Qwen3-8B group per
-// multiprocessor instead of eight) came with a 64-sequence decode step 6 % slower. hd 256 is held
+// multiprocessor instead of eight) came with a slower 64-sequence decode step
+// (docs/benchmarks-cuda.md, "Session 12"). hd 256 is held
 // to five blocks by its shared memory anyway and gets the looser cap (no spill).
 #define DA_GROUP_CASE(HD, G)                                                                          \
     case G:                                                                                           \

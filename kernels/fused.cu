@@ -11,7 +11,7 @@
 // this memory-bound pass (1.2 GB per Qwen3-8B layer at 16k tokens).
 // Rows are walked grid-stride, SWIGLU_ROWS at a time with all their loads issued first: one row per
 // thread and 16 384 rows made ~98 000 blocks of one 16-byte chunk each, whose launches and single
-// round trips held a Qwen3-8B layer's pass at ~3.4 TB/s (docs/benchmarks-cuda.md, "Session 16").
+// round trips held a Qwen3-8B layer's pass back (docs/benchmarks-cuda.md, "Session 16").
 #define SWIGLU_ROWS 4
 extern "C" __global__ void swiglu_packed_rows_bf16(const bf16_t* __restrict__ gu, bf16_t* __restrict__ out,
                                                    long long rows, int inter) {
@@ -104,8 +104,8 @@ extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, cons
         if (c < k) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + lane * 8 + c * 256));
     const float r = rms_row_scale(v, k, cols, eps);
     // The weights are loaded RMS_W_GROUP chunks at a time, all before the group's first store:
-    // loaded next to each use, every chunk waited on its own load (~7 µs for one row of 4096 on
-    // the H200, as long as a decode step's o_proj GEMM).
+    // loaded next to each use, every chunk waited on its own load (docs/benchmarks-cuda.md,
+    // "Session 11", item 4).
 #pragma unroll
     for (int c0 = 0; c0 < RMS_MAX_CHUNKS; c0 += RMS_W_GROUP) {
         uint4 wv[RMS_W_GROUP];
@@ -132,8 +132,7 @@ extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, cons
 // rms_norm_rows_bf16 for many rows (a packed prefill's 16 384): the same arithmetic in the same
 // order, bit for bit, but the block stages the weights in shared memory once and its warps walk
 // rows grid-stride. One row per block-warp as above read the row's weights again from L2 for
-// every row — as many bytes as the row itself — and the pass ran at ~2.3 TB/s of x read and y
-// written on the H200 (docs/benchmarks-cuda.md, "Session 16").
+// every row — as many bytes as the row itself (docs/benchmarks-cuda.md, "Session 16").
 extern "C" __global__ void __launch_bounds__(256) rms_norm_many_rows_bf16(
     const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ y, long long rows,
     int cols, float eps) {

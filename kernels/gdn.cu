@@ -118,8 +118,8 @@ __device__ __forceinline__ void mm(FA a, FB b, FE epi) {
 // ---------------------------------------------------------------------------------------------
 // Chunk loads of the split kernels below (256 threads): the same arithmetic as gdn_chunk_impl's
 // phases a and c, with every global load of a warp issued before its first reduction.
-// (gdn_chunk_impl keeps its own copy: it is the code measured on the H200, see
-// docs/benchmarks-cuda.md; the split kernels have not run on a GPU yet.)
+// (gdn_chunk_impl keeps its own copy, the code the fused kernels' timings in
+// docs/benchmarks-cuda.md, "Gated DeltaNet", were taken with.)
 //
 // Rows row0 .. row0+63 of q and k (head hk), L2-normalised per row into Qs / Ks ([64][129]);
 // rows past nc are zero. Reference: f32, q scaled by `scale` (HF: l2norm(q) * scale); Engine:
@@ -427,6 +427,8 @@ __device__ __forceinline__ void gdn_chunk_impl(const bf16_t* __restrict__ q, con
         gdn_chunk_impl<ENGINE, MMA, DVS>(q, k, v, ld_qk, ld_v, g, beta, seq_rows, out, states, hv_heads, ratio, \
                                          scale);                                                                \
     }
+// Kernel lab only (the fused ChunkKernel variants, crates/engine/src/backend/cuda/gdn/lab.rs):
+// the product never launches a gdn_chunk_* kernel.
 GDN_CHUNK_KERNEL(gdn_chunk_reference, false, false, 32)
 GDN_CHUNK_KERNEL(gdn_chunk_engine_fma, true, false, 32)
 GDN_CHUNK_KERNEL(gdn_chunk_engine_mma, true, true, 32)
@@ -636,13 +638,17 @@ __device__ __forceinline__ void gdn_walk_impl(const bf16_t* __restrict__ q, cons
         gdn_walk_impl<ENGINE, MMA, DVS>(q, k, ld_qk, Wg, Ug, Ag, Gg, seq_rows, out, states, hv_heads, ratio,      \
                                         scale);                                                                   \
     }
+// gdn_prep_reference / gdn_walk_reference and gdn_prep_engine_mma / gdn_walk_engine_fma are the
+// split kernels SplitReference and SplitEngineFma, the tests' references of the three-phase
+// defaults (crates/engine/src/backend/cuda/gdn.rs). The entries marked "kernel lab only" run only
+// for the variants of crates/engine/src/backend/cuda/gdn/lab.rs (the kernel-lab feature).
 GDN_PREP_KERNEL(gdn_prep_reference, false, false, false, 1)
 GDN_PREP_KERNEL(gdn_prep_engine_mma, true, true, false, 1)
-GDN_PREP_KERNEL(gdn_prep2_reference, false, false, true, 2)
-GDN_PREP_KERNEL(gdn_prep2_engine_mma, true, true, true, 2)
+GDN_PREP_KERNEL(gdn_prep2_reference, false, false, true, 2)   // kernel lab only
+GDN_PREP_KERNEL(gdn_prep2_engine_mma, true, true, true, 2)    // kernel lab only
 GDN_WALK_KERNEL(gdn_walk_reference, false, false, 64)
 GDN_WALK_KERNEL(gdn_walk_engine_fma, true, false, 64)
-GDN_WALK_KERNEL(gdn_walk_engine_mma, true, true, 64)
+GDN_WALK_KERNEL(gdn_walk_engine_mma, true, true, 64)          // kernel lab only
 
 // ---------------------------------------------------------------------------------------------
 // Three-phase chunked delta rule (fla's layout; docs/gdn-cuda.md, "Three-phase kernels"):
@@ -1001,12 +1007,15 @@ __device__ __forceinline__ void gdn_hout_impl(const bf16_t* __restrict__ q, long
              const long long* chunk_rows, bf16_t* out, int hv_heads, int ratio, float scale) {                   \
         gdn_hout_impl<ENGINE, MMA>(q, ld_qk, Hg, Vg, Ag, Gg, chunk_rows, out, hv_heads, ratio, scale);          \
     }
+// The reference profile's default (ThreePhaseReferenceRt) walks with gdn_hwalk_reference and
+// writes with gdn_hout_reference; the entries marked "kernel lab only" run only for the variants of
+// crates/engine/src/backend/cuda/gdn/lab.rs (the kernel-lab feature).
 GDN_HWALK_KERNEL(gdn_hwalk_reference, false, 32)
-GDN_HWALK_KERNEL(gdn_hwalk_engine, true, 32)
-GDN_HWALK_KERNEL(gdn_hwalk_reference_v16, false, 16)
-GDN_HWALK_KERNEL(gdn_hwalk_engine_v16, true, 16)
+GDN_HWALK_KERNEL(gdn_hwalk_engine, true, 32)          // kernel lab only
+GDN_HWALK_KERNEL(gdn_hwalk_reference_v16, false, 16)  // kernel lab only
+GDN_HWALK_KERNEL(gdn_hwalk_engine_v16, true, 16)      // kernel lab only
 GDN_HOUT_KERNEL(gdn_hout_reference, false, false)
-GDN_HOUT_KERNEL(gdn_hout_engine_mma, true, true)
+GDN_HOUT_KERNEL(gdn_hout_engine_mma, true, true)      // kernel lab only
 
 // ---------------------------------------------------------------------------------------------
 // Reference profile: the prep with register-tiled FMA products (docs/gdn-cuda.md, "Round 2").
@@ -1132,11 +1141,11 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Engine profile on the tensor cores with ldmatrix-fed fragments (docs/gdn-cuda.md, "Variants of
-// round 2"). mm_mma above builds every fragment from 12 scalar shared loads of f32 tiles (odd
-// strides: 2-3-way bank conflicts) and 6 conversions per mma, and runs one accumulator chain per
-// warp: its products measured no faster than the FMA ones (EngineMma 26.4 ms vs EngineFma 24.4 ms,
-// SplitEngineMma 13.3 vs SplitEngineFma 12.1). Here the operands sit in shared memory as bf16
+// Engine profile on the tensor cores with ldmatrix-fed fragments (docs/gdn-cuda.md, "Round 2:
+// feeding the products"). mm_mma above builds every fragment from 12 scalar shared loads of f32
+// tiles (odd strides: 2-3-way bank conflicts) and 6 conversions per mma, and runs one accumulator
+// chain per warp: its products ran no faster than the FMA ones (EngineMma against EngineFma,
+// SplitEngineMma against SplitEngineFma: timings in docs/gdn-cuda.md, "Round 2"). Here the operands sit in shared memory as bf16
 // (rows padded by 8 elements: 16-byte aligned, and the 8 rows of an ldmatrix phase fall on
 // distinct 16-byte bank groups), each warp owns a 16 x 16 output block (two 16 x 8 tiles sharing
 // the A fragment), and one ldmatrix.x4 loads a whole A fragment, another the two B fragments.
@@ -1376,8 +1385,8 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
 
 // gdn_hwalk_engine_tc: gdn_hwalk_engine's walk (same operands and roundings, same scratch in and
 // out) with both products on the tensor cores (docs/gdn-cuda.md, "Round 3"): the sequential walk
-// was the largest phase of the engine delta rule (2.85 of 5.9 ms at 4 x 4096 tokens, f32 FMA at
-// ~27 % of the FMA rate, bound by shared loads). Per chunk, one block of 256 threads per (slice of
+// was the largest phase of the engine delta rule, f32 FMA bound by shared loads (timings in
+// docs/gdn-cuda.md, "Round 3"). Per chunk, one block of 256 threads per (slice of
 // 32 value columns, value head, sequence):
 //   b. V' = U - W S_op: mm_ldm on W (bf16 copy of the prep's bf16-valued f32 W) and S_op (the
 //      state rounded to bf16), V' to Vg (f32), e^(gam_C - gam) V' rounded to bf16 into Vdb;
@@ -1665,9 +1674,9 @@ extern "C" __global__ void gdn_conv_silu_v8(const bf16_t* __restrict__ x, long l
 // gdn_conv_silu_rows4: gdn_conv_silu_v8's 8 channels per thread, for kc = 4 taps (every released
 // checkpoint), over a run of GDN_CONV_ROWS consecutive rows per thread with the last 3 inputs kept
 // in registers (a sliding window): every input row is read once instead of 4 times, and a block
-// writes GDN_CONV_ROWS rows instead of one (session 9 measured both one-row kernels at ~1.8 ms for
-// a [16 k, 10240] conv, ~10x its memory floor: a million tiny blocks, each behind a chain of
-// dependent index loads). Per output: the same fmaf chain over the taps (oldest first, from zero)
+// writes GDN_CONV_ROWS rows instead of one (the one-row kernels ran a [16 k, 10240] conv far from
+// its memory floor: a million tiny blocks, each behind a chain of dependent index loads; timings
+// in docs/gdn-cuda.md, "Round 3", and docs/benchmarks-cuda.md, "Session 9"). Per output: the same fmaf chain over the taps (oldest first, from zero)
 // and the same rounding as gdn_conv_silu, so the same bits. Needs ch and ld_x multiples of 8 (the
 // host checks). A sequence starting inside a run resets the window from that sequence's state.
 #define GDN_CONV_ROWS 16

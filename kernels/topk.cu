@@ -138,7 +138,7 @@ __device__ void topk_scan_lists(const float* __restrict__ x, int begin, int end,
     // The body in float4 loads, TOPK_UNROLL of them in flight per thread, each group of 4·UNROLL
     // values folded into (m, s) at once: one rescale for the group's max, then independent exps
     // (the old one-value-at-a-time update made every exp wait for the previous one, and the scan
-    // read its logits at ~0.9 TB/s). The elements before the first 16-byte boundary and after
+    // read its logits far below the copy rate: docs/benchmarks-cuda.md, "Session 14"). The elements before the first 16-byte boundary and after
     // the last whole float4 (fewer than 4 each) go through `take`.
     const int mis = (int)((reinterpret_cast<size_t>(x + begin) >> 2) & 3);
     const int a0 = min(end, begin + ((4 - mis) & 3));
@@ -153,7 +153,8 @@ __device__ void topk_scan_lists(const float* __restrict__ x, int begin, int end,
     // can, by a lower id, so only values strictly below are dropped). A lane's own tail is a weak
     // bound (it has seen ~1/256 of the row), so nearly every group used to go through the
     // insertion checks, divergent across the warp: the scan was bound by those instructions,
-    // not by its loads (~1.2 TB/s on the drafter's LM head). The results are unchanged.
+    // not by its loads (docs/benchmarks-cuda.md, "Session 14" and "Session 15"). The results are
+    // unchanged.
     float bound = -DL_INF;
     int j = tid;
     // Warp-uniform trip count (the bound's shuffles need every lane); the rest goes below.
@@ -206,10 +207,11 @@ __device__ void topk_scan_lists(const float* __restrict__ x, int begin, int end,
 // the few that beat the tail are inserted one after another (a shuffle up of the entries behind
 // the insertion point). The tail is the warp's k-th best of everything it has seen, so after the
 // first groups almost nothing passes: Nsight Compute showed the per-thread lists' divergent
-// insertions keeping topk_scan_lists compute-bound (80 % SM throughput, 12.5 of 32 lanes active,
-// 1.54 TB/s of logits). The online max / sum of exp is topk_scan_lists', value for value in the
-// same order, and the block's k rounds then treat each lane's entry as a one-element list: the
-// same log-sum-exp bits and the same (value, id) results, ties to the lower id.
+// insertions keeping topk_scan_lists compute-bound, most of each warp's lanes idle
+// (docs/benchmarks-cuda.md, "Session 15", call 3). The online max / sum of exp is
+// topk_scan_lists', value for value in the same order, and the block's k rounds then treat each
+// lane's entry as a one-element list: the same log-sum-exp bits and the same (value, id) results,
+// ties to the lower id.
 template <int K, typename Win>
 __device__ void topk_scan_warps(const float* __restrict__ x, int begin, int end, int k, float2& ms, Win win) {
     static_assert(K <= 32, "one list entry per lane");

@@ -5,8 +5,8 @@
 //! depend on its batch-mates. For at most [`MAX_DECODE_ROWS`] rows the backend instead runs its
 //! own tensor-core kernel whose order of summation for every output element is fixed by the
 //! weight's shape alone ([`k_splits`]): batched greedy decoding is then bit-identical to decoding
-//! each prompt alone (`crates/engine/tests/cuda_decode.rs`). The design and its measured bandwidth are in
-//! docs/cuda.md ("Batch-invariant decode").
+//! each prompt alone (`crates/engine/tests/cuda_decode.rs`). The design is in docs/cuda.md
+//! ("Batch-invariant decode"), its measured bandwidth in docs/benchmarks-cuda.md.
 //!
 //! The attention of a decode step is batched too ([`CudaBackend::attention_decode_batched`]):
 //! one launch for all sequences, each over its own KV cache, which grows in place.
@@ -70,9 +70,9 @@ pub enum DecodeGemmKernel {
     /// GPU (`decode_lt.rs`; only in [`super::GemmMode::LtTuned`]) and [`DecodeGemmKernel::Own`].
     #[default]
     Auto,
-    /// The backend's own kernels only, the faster of the two for the row count as measured on
-    /// the H200 (docs/benchmarks-cuda.md, "Decode, pipelined GEMM"): pipelined from
-    /// [`PIPE_FROM_ROW_TILES`] row tiles of 8, registers below.
+    /// The backend's own kernels only, the faster of the two for the row count
+    /// (docs/benchmarks-cuda.md, "Session 8"): pipelined from [`PIPE_FROM_ROW_TILES`] row tiles
+    /// of 8, registers below.
     Own,
     /// `decode_gemm_n*_m*`: each warp loads a few chunks of weights into registers, then
     /// computes them, and reads every row of x itself.
@@ -86,9 +86,9 @@ pub enum DecodeGemmKernel {
     PinnedLt,
 }
 
-/// Row tiles (of 8 rows) from which [`DecodeGemmKernel::Auto`] takes the pipelined kernel. On
-/// the H200 it was 8–18 % faster at 64 rows (8 tiles) on all five Qwen3-8B shapes and 1–31 %
-/// slower at 1, 8 and 32 rows; 57–63 rows share its 8-tile instance.
+/// Row tiles (of 8 rows) from which [`DecodeGemmKernel::Auto`] takes the pipelined kernel: faster
+/// than the register kernel at 64 rows (8 tiles) on all five Qwen3-8B shapes, slower at 1, 8 and
+/// 32 rows (docs/benchmarks-cuda.md, "Session 8"); 57–63 rows share its 8-tile instance.
 pub const PIPE_FROM_ROW_TILES: usize = 8;
 
 impl DecodeGemmKernel {
@@ -461,11 +461,10 @@ impl CudaBackend {
         let (qd, kvd) = (shape.heads * hd, shape.kv_heads * hd);
         // The norm costs each attention block two dependent loads (overlapping its first tile's
         // copies); one wave of blocks pays that once, several waves pay it per wave, where the
-        // separate launch pays it once. On the H200 (docs/benchmarks-cuda.md, "Session 12") the
-        // in-kernel route everywhere made a Qwen3-8B step 0.2 ms faster at batch 1 and 0.2 ms
-        // slower at 64 sequences, when that step's attention ran ~6 waves of one-chunk blocks; it
-        // now runs one wave (`decode_attention_blocks`) wherever the sequences times KV heads fit
-        // in one. Both routes give the same bits, so the choice does not touch batch invariance.
+        // separate launch pays it once. The in-kernel route everywhere made a Qwen3-8B step
+        // faster at batch 1 and slower at 64 sequences, when that step's attention ran ~6 waves of
+        // one-chunk blocks (docs/benchmarks-cuda.md, "Session 12"); it now runs one wave
+        // (`decode_attention_blocks`) wherever the sequences times KV heads fit in one. Both routes give the same bits, so the choice does not touch batch invariance.
         let longest = caches
             .iter()
             .map(|c| c.k.as_ref().map(|t| t.rows).unwrap_or(0))
@@ -689,7 +688,7 @@ struct DecodeRows {
 /// keeps decoding batch-invariant (docs/cuda.md, "Batch-invariant decode"). A block walks its
 /// chunk in tiles of 32 keys (one per lane for the scores), each tile waiting on its loads, so a
 /// step of few sequences needs short chunks to spread over many blocks: one sequence of 250 keys
-/// as one 512-key chunk took 34 µs per layer on the H200 (docs/benchmarks-cuda.md, "Session 11").
+/// as one 512-key chunk was several times slower (docs/benchmarks-cuda.md, "Session 11").
 /// From 4 096 keys the chunk doubles so that a sequence never has more than 128 chunks (256 keys
 /// at 32 k: 128 × 8 KV heads = 1 024 blocks), which bounds the partials' scratch. `DA_CHUNK_MIN`
 /// and `DA_CHUNKS_MAX` in kernels/decode_attention.cu.

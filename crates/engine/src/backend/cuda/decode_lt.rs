@@ -1,8 +1,9 @@
 //! Decode GEMMs through cuBLASLt with one algorithm per weight shape for every row count, used
 //! only where it is proven row-invariant on this GPU (docs/cuda.md, "Batch-invariant decode").
 //!
-//! Why: cuBLAS streams a decode step's weights at 2.2–3.8 TB/s at 64 rows where the backend's own
-//! kernel reaches 1.2–1.8 (docs/benchmarks-cuda.md, "Decode"), but left to itself cuBLAS picks its
+//! Why: cuBLAS streams a decode step's weights faster at 64 rows than the backend's own kernel
+//! (docs/cuda.md, "Batch-invariant decode"; docs/benchmarks-cuda.md, "Session 11"), but left to
+//! itself cuBLAS picks its
 //! algorithm (tile, split-K) by the row count, so a row's bits would depend on its batch-mates.
 //! A fixed algorithm fixes every output element's order of summation: its tile covers the row
 //! dimension, but the reduction over K (and the split-K partials, reduced in fp32 in a fixed

@@ -52,9 +52,9 @@ pub const TUNE_MIN_FLOPS: f64 = 1e10;
 /// Fewest rows whose shapes are tuned. Plans are keyed by the exact row count, and a prompt's own
 /// prefill (`generate`'s first forward) has a new row count for almost every prompt: timing 12
 /// candidates × 2 rounds for each of its four projection shapes cost more than the prefill itself
-/// (the first 32 prompts of an 8B `extract` took 36.6 s against 5.8 s for each later 32,
-/// docs/benchmarks-cuda.md "End to end"). Packed forwards (thousands of rows, where tuning
-/// pays) are still tuned.
+/// (the first 32 prompts of an 8B `extract` took several times as long as each later 32:
+/// docs/benchmarks-cuda.md, "End to end, first round"). Packed forwards (thousands of rows, where
+/// tuning pays) are still tuned.
 pub const TUNE_MIN_ROWS: usize = 2048;
 const WORKSPACE_BYTES: usize = 32 << 20;
 
@@ -942,8 +942,9 @@ impl CudaBackend {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Candidates under sustained load (benchmarks)
+// Candidates under sustained load (benchmarks; the kernel lab)
 
+#[cfg(feature = "kernel-lab")]
 impl CudaBackend {
     /// Milliseconds per GEMM of every heuristic candidate for `x · Wᵀ` (bf16 out, `beta` 0 or 1)
     /// under sustained load: `heat_ms` of the first candidate back to back first (the H200 is

@@ -3,8 +3,8 @@
 //! In [`super::GemmMode::LtTuned`] the first GEMM of each large shape times a dozen cuBLASLt
 //! algorithms and keeps the fastest. Timing is noisy, so two processes could keep different
 //! algorithms, whose fp32 summation orders differ: the same prompt's hidden states would then
-//! differ in their last bits between runs, and every process paid the timing again (~3 s for a 27B
-//! `run`). The choice is therefore written to `gemm-choices-v1.json` in the kernel cache folder
+//! differ in their last bits between runs, and every process paid the timing again (seconds for a
+//! 27B `run`: docs/benchmarks-cuda.md, "Session 10"). The choice is therefore written to `gemm-choices-v1.json` in the kernel cache folder
 //! (`$DRAFTLENS_KERNEL_CACHE`, default `~/.cache/draftlens/kernels`), per machine (GPU, compute
 //! capability, driver and cuBLASLt versions: an algorithm is only valid for the library that
 //! offered it) and shape, and later processes on that machine reuse it after cuBLASLt has checked

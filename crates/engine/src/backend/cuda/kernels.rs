@@ -50,9 +50,8 @@ const PREWARM_THREADS: usize = 4;
 
 /// The order the prewarm threads take the modules in: what a model load and the first forward
 /// launch first (dtype conversion, norms, prefill attention), then the longest compiles first
-/// (offline on 2 cores: gdn 10.4 s, decode_attention 8.4, decode 6.4, topk 5.6, attention 2.8;
-/// elementwise and convert < 0.5 s), so four threads finish about when the slowest module alone
-/// would.
+/// (gdn, decode_attention, decode, topk: the offline compile times in docs/benchmarks-cuda.md,
+/// "Session 15", call 2), so four threads finish about when the slowest module alone would.
 const PREWARM_ORDER: &[&str] = &[
     "convert",
     "elementwise",
@@ -131,7 +130,7 @@ impl Kernels {
     /// Starts compiling every module at once, one thread each: NVRTC is single-threaded per
     /// program, the modules are independent, and the model load that follows leaves the CPU
     /// mostly idle, so a cold kernel cache costs the slowest module instead of the sum of all
-    /// seven (about 13 s serially on the H200's host for an 8B `extract` in session 7).
+    /// seven (docs/benchmarks-cuda.md, "End to end, first round" and "End to end, second round").
     pub(crate) fn new(ctx: Arc<CudaContext>) -> Result<Self> {
         let (major, minor) = ctx
             .compute_capability()
@@ -183,7 +182,7 @@ impl Kernels {
 
     fn compile(&self, name: &'static str) -> Result<Arc<CudaModule>> {
         // Shown apart in `--timeline`: on a cold kernel cache the first forward waits here for
-        // the slowest module's compile (~13 s on the H200's host), not for the GPU.
+        // the slowest module's compile, not for the GPU.
         let _phase = crate::timeline::phase("kernel compile (wait)");
         let t0 = std::time::Instant::now();
         let slot = SOURCES

@@ -131,9 +131,9 @@ impl CudaBackend {
     /// copy into the page-locked staging buffer this backend keeps (grown as needed, at the host
     /// link's speed instead of a pageable copy's), then the parts copied out on all cores. A
     /// pageable download of the whole and a split after it cost two passes over fresh host
-    /// memory on one core: ~70 ms per tap of a 16k-token pack of Qwen3-8B (docs/benchmarks-cuda.md,
-    /// "Session 13"). `None`: not worth staging (small, or one part) or no page-locked memory
-    /// to be had; the caller downloads plainly.
+    /// memory on one core, per tap of a 16k-token pack of Qwen3-8B (timings:
+    /// docs/benchmarks-cuda.md, "Session 13"). `None`: not worth staging (small, or one part) or
+    /// no page-locked memory to be had; the caller downloads plainly.
     pub fn to_host_bf16_staged(
         &self,
         t: &CudaTensor,

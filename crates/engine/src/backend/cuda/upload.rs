@@ -79,8 +79,8 @@ struct Chunk<'a> {
 
 /// Chunks (of [`STAGE_BYTES`]) between two drops of a mapped part's pages: each drop flushes
 /// every core's TLB for the process, and one per 32 MiB chunk made the whole Qwen3.6-27B load
-/// 2.5 s slower on the H200 (docs/benchmarks-cuda.md, "Session 15"); one per 256 MiB keeps the
-/// resident pages of a tensor that large at most.
+/// markedly slower (docs/benchmarks-cuda.md, "Session 15", calls 3 and 4); one per 256 MiB keeps
+/// the resident pages of a tensor that large at most.
 const RELEASE_CHUNKS: usize = 8;
 
 impl CudaBackend {
