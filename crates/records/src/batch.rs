@@ -663,6 +663,189 @@ mod tests {
         );
     }
 
+    /// Every message of both checks, in the order they are tried.
+    #[test]
+    fn check_messages_are_pinned() {
+        let owned = |f: &dyn Fn(&mut RecordBatch)| {
+            let mut b = three_blocks();
+            b.target_logprobs = Some(vec![0.5; 12]);
+            f(&mut b);
+            b.check().err()
+        };
+        assert_eq!(owned(&|_| {}), None);
+        let cases: [(&dyn Fn(&mut RecordBatch), &str); 9] = [
+            (
+                &|b| b.prompt_index.push(0),
+                "record column prompt_index has 4 entries, expected 3",
+            ),
+            (
+                &|b| b.region.clear(),
+                "record column region has 0 entries, expected 3",
+            ),
+            (
+                &|b| b.target.push(0),
+                "record column target has 7 entries, expected 6",
+            ),
+            (
+                &|b| {
+                    b.valid.pop();
+                },
+                "record column valid has 5 entries, expected 6",
+            ),
+            (
+                &|b| b.loss_mask.push(0),
+                "record column loss_mask has 7 entries, expected 6",
+            ),
+            (
+                &|b| b.draft_ids.push(0),
+                "record column draft_ids has 13 entries, expected 12",
+            ),
+            (
+                &|b| b.draft_logprobs.clear(),
+                "record column draft_logprobs has 0 entries, expected 12",
+            ),
+            (
+                &|b| b.target_ids = Some(vec![]),
+                "record column target_ids has 0 entries, expected 12",
+            ),
+            (
+                &|b| b.target_logprobs = Some(vec![]),
+                "record column target_logprobs has 0 entries, expected 12",
+            ),
+        ];
+        for (f, want) in cases {
+            assert_eq!(owned(f).as_deref(), Some(want));
+        }
+        // The first failing column is named.
+        assert_eq!(
+            owned(&|b| {
+                b.target.clear();
+                b.region.clear()
+            })
+            .as_deref(),
+            Some("record column region has 0 entries, expected 3")
+        );
+
+        let view = |f: &dyn Fn(&mut RecordBatch)| {
+            let mut b = three_blocks();
+            b.region = vec![0, 1, 0];
+            b.valid = vec![1; 6];
+            b.loss_mask = vec![0; 6];
+            b.target_logprobs = Some(vec![0.5; 12]);
+            f(&mut b);
+            b.view().check().err().map(|e| e.0)
+        };
+        assert_eq!(view(&|_| {}), None);
+        assert_eq!(view(&|b| b.draft_logprobs.clear()), None);
+        assert_eq!(
+            view(&|b| {
+                b.target_ids = None;
+                b.target_logprobs = None;
+            }),
+            None
+        );
+        let cases: [(&dyn Fn(&mut RecordBatch), &str); 14] = [
+            (&|b| b.block_size = 1, "block-size 1 < 2"),
+            (&|b| b.top_k = 0, "top-k is 0"),
+            (
+                &|b| b.prompt_index.push(0),
+                "column prompt-index has 4 entries, expected 3",
+            ),
+            (
+                &|b| b.region.clear(),
+                "column region has 0 entries, expected 3",
+            ),
+            (
+                &|b| b.target.push(0),
+                "column target has 7 entries, expected 6",
+            ),
+            (
+                &|b| b.valid.push(0),
+                "column valid has 7 entries, expected 6",
+            ),
+            (
+                &|b| b.loss_mask.push(0),
+                "column loss-mask has 7 entries, expected 6",
+            ),
+            (
+                &|b| b.draft_ids.push(0),
+                "column draft-ids has 13 entries, expected 12",
+            ),
+            (
+                &|b| b.draft_logprobs.push(0.0),
+                "column draft-logprobs has 13 entries, expected 12 (or none)",
+            ),
+            (
+                &|b| b.target_ids = None,
+                "target-ids and target-logprobs must come together",
+            ),
+            (
+                &|b| b.target_logprobs = None,
+                "target-ids and target-logprobs must come together",
+            ),
+            (
+                &|b| b.target_logprobs = Some(vec![]),
+                "target top-K columns have 12 ids and 0 log-probs, expected 12",
+            ),
+            (
+                &|b| b.region[2] = 2,
+                "region of block 2 is 2, expected 0 or 1",
+            ),
+            (
+                &|b| b.loss_mask[5] = 3,
+                "loss-mask[5] is 3, expected 0 or 1",
+            ),
+        ];
+        for (f, want) in cases {
+            assert_eq!(view(f).as_deref(), Some(want));
+        }
+    }
+
+    #[test]
+    fn extend_and_slice_keep_every_column() {
+        let mut b = three_blocks();
+        b.target_logprobs = Some((0..12).map(|x| x as f32).collect());
+        let mut joined = b.select(&[0]);
+        joined.extend(&b.select(&[1, 2]));
+        assert_eq!(joined, b);
+        // An optional column that one part lacks is dropped; a present one stays.
+        let mut part = b.select(&[1]);
+        part.target_logprobs = None;
+        joined.extend(&part);
+        assert_eq!(joined.target_logprobs, None);
+        assert_eq!(joined.target_ids.as_ref().map(Vec::len), Some(16));
+        assert_eq!(joined.num_blocks(), 4);
+        assert!(joined.check().is_ok());
+
+        let s = b.view().slice(1..3);
+        assert_eq!(
+            (s.prompt_index, s.anchor, s.region),
+            (&[1, 2][..], &[11, 12][..], &[1, 2][..])
+        );
+        assert_eq!(
+            (s.target, s.valid, s.loss_mask),
+            (&[1, 1, 2, 2][..], &[1, 1, 1, 2][..], &[1, 1, 2, 1][..])
+        );
+        assert_eq!(s.draft_ids, &[1, 1, 1, 1, 2, 2, 2, 2][..]);
+        assert_eq!(
+            s.draft_logprobs,
+            &[-1.0, -1.0, -1.0, -1.0, -2.0, -2.0, -2.0, -2.0][..]
+        );
+        assert_eq!(
+            s.target_ids,
+            Some(&[101, 101, 101, 101, 102, 102, 102, 102][..])
+        );
+        assert_eq!(
+            s.target_logprobs,
+            Some(&[4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0][..])
+        );
+        // Log-probs sent empty stay empty.
+        let mut no_lp = b.clone();
+        no_lp.draft_logprobs.clear();
+        assert!(no_lp.view().slice(1..2).draft_logprobs.is_empty());
+        assert_eq!(no_lp.view().slice(1..2).draft_ids, &[1, 1, 1, 1][..]);
+    }
+
     #[test]
     fn accepted_len_stops_at_a_miss_or_the_sequence_end() {
         // B = 4 (P = 3), K = 1.

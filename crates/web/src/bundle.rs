@@ -580,3 +580,90 @@ pub fn validate(b: &Bundle, what: &str) -> Result<Vec<RunExport>> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two blocks (B = 3, K = 2), every value distinct; the target's top-K when `target_topk`.
+    fn fixed_batch(target_topk: bool) -> RecordBatch {
+        RecordBatch {
+            block_size: 3,
+            top_k: 2,
+            prompt_index: vec![7, 8],
+            anchor: vec![4, 0x0102_0304],
+            region: vec![0, 1],
+            target: vec![10, 11, 12, 0],
+            valid: vec![1, 1, 1, 0],
+            loss_mask: vec![1, 0, 1, 0],
+            draft_ids: (20..28).collect(),
+            draft_logprobs: (0..8).map(|x| -(x as f32) / 3.0).collect(),
+            target_ids: target_topk.then(|| (40..48).collect()),
+            target_logprobs: target_topk.then(|| (0..8).map(|x| -0.5 - x as f32).collect()),
+        }
+    }
+
+    /// The records of a bundle are pinned (keys, their order, base64 of little-endian bytes,
+    /// null for an absent target top-K): bundles written by any version import the same.
+    #[test]
+    fn records_json_is_pinned() {
+        let json = |b: &RecordBatch| serde_json::to_string(&BundleRecords::from_batch(b)).unwrap();
+        let with = json(&fixed_batch(true));
+        assert_eq!(
+            with,
+            r#"{"block_size":3,"top_k":2,"prompt_index":"BwAAAAgAAAA=","anchor":"BAAAAAQDAgE=","region":"AAE=","target":"CgAAAAsAAAAMAAAAAAAAAA==","valid":"AQEBAA==","loss_mask":"AQABAA==","draft_ids":"FAAAABUAAAAWAAAAFwAAABgAAAAZAAAAGgAAABsAAAA=","draft_logprobs":"AAAAgKuqqr6rqiq/AACAv6uqqr9VVdW/AAAAwFVVFcA=","target_ids":"KAAAACkAAAAqAAAAKwAAACwAAAAtAAAALgAAAC8AAAA=","target_logprobs":"AAAAvwAAwL8AACDAAABgwAAAkMAAALDAAADQwAAA8MA="}"#
+        );
+        assert_eq!(
+            json(&fixed_batch(false)),
+            r#"{"block_size":3,"top_k":2,"prompt_index":"BwAAAAgAAAA=","anchor":"BAAAAAQDAgE=","region":"AAE=","target":"CgAAAAsAAAAMAAAAAAAAAA==","valid":"AQEBAA==","loss_mask":"AQABAA==","draft_ids":"FAAAABUAAAAWAAAAFwAAABgAAAAZAAAAGgAAABsAAAA=","draft_logprobs":"AAAAgKuqqr6rqiq/AACAv6uqqr9VVdW/AAAAwFVVFcA=","target_ids":null,"target_logprobs":null}"#
+        );
+        for target_topk in [true, false] {
+            let b = fixed_batch(target_topk);
+            let back: BundleRecords = serde_json::from_str(&json(&b)).unwrap();
+            assert_eq!(back.to_batch("b.json").unwrap(), b);
+        }
+        // Optional columns may be left out; anything else is an error naming the key.
+        let cut = with.replace(r#","target_ids":"#, r#","x":"#);
+        let err = serde_json::from_str::<BundleRecords>(&cut).unwrap_err();
+        assert_eq!(err.to_string(), "unknown field `x`, expected one of `block_size`, `top_k`, `prompt_index`, `anchor`, `region`, `target`, `valid`, `loss_mask`, `draft_ids`, `draft_logprobs`, `target_ids`, `target_logprobs` at line 1 column 300");
+        let v: serde_json::Value = serde_json::from_str(&with).unwrap();
+        let mut m = v.as_object().unwrap().clone();
+        m.remove("target_ids");
+        m.remove("target_logprobs");
+        let back: BundleRecords = serde_json::from_value(m.clone().into()).unwrap();
+        assert_eq!(back.to_batch("b.json").unwrap(), fixed_batch(false));
+        m.remove("valid");
+        let err = serde_json::from_value::<BundleRecords>(m.into()).unwrap_err();
+        assert_eq!(err.to_string(), "missing field `valid`");
+        let dup = with.replace(r#","valid":"#, r#","valid":"AQEBAA==","valid":"#);
+        let err = serde_json::from_str::<BundleRecords>(&dup).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "duplicate field `valid` at line 1 column 158"
+        );
+        let err =
+            serde_json::from_str::<BundleRecords>(&with.replace(r#""top_k":2"#, r#""top_k":"2""#))
+                .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"invalid type: string "2", expected u32 at line 1 column 27"#
+        );
+        // A column of the wrong length or bad base64: the error names the column.
+        let short = with.replace(r#""region":"AAE=""#, r#""region":"AA==""#);
+        let err = serde_json::from_str::<BundleRecords>(&short)
+            .unwrap()
+            .to_batch("b.json");
+        assert_eq!(
+            err.unwrap_err().to_string(),
+            "b.json.records: record column region has 1 entries, expected 2"
+        );
+        let bad = with.replace(r#""anchor":""#, r#""anchor":"!"#);
+        let err = serde_json::from_str::<BundleRecords>(&bad)
+            .unwrap()
+            .to_batch("b.json");
+        assert_eq!(
+            err.unwrap_err().to_string(),
+            "b.json.records.anchor: not valid base64 (Invalid symbol 33, offset 0.)"
+        );
+    }
+}

@@ -329,6 +329,75 @@ mod tests {
         assert_eq!(project(&b, Inputs::ALL), b);
     }
 
+    /// FNV-1a (64 bit) over every column of `b`, little-endian, with its length and presence.
+    fn digest(b: &OwnedBatch) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |bytes: &[u8]| {
+            for &x in bytes {
+                h = (h ^ x as u64).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        };
+        eat(&b.block_size.to_le_bytes());
+        eat(&b.top_k.to_le_bytes());
+        let u32s = |v: &[u32]| -> Vec<u8> {
+            let mut out = (v.len() as u64).to_le_bytes().to_vec();
+            out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+            out
+        };
+        let f32s = |v: &[f32]| -> Vec<u8> {
+            let mut out = (v.len() as u64).to_le_bytes().to_vec();
+            out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+            out
+        };
+        let u8s = |v: &[u8]| -> Vec<u8> {
+            let mut out = (v.len() as u64).to_le_bytes().to_vec();
+            out.extend_from_slice(v);
+            out
+        };
+        eat(&u32s(&b.prompt_index));
+        eat(&u32s(&b.anchor));
+        eat(&u8s(&b.region));
+        eat(&u32s(&b.target));
+        eat(&u8s(&b.valid));
+        eat(&u8s(&b.loss_mask));
+        eat(&u32s(&b.draft_ids));
+        eat(&f32s(&b.draft_logprobs));
+        for v in [&b.target_ids] {
+            eat(&v.as_deref().map_or(vec![0xff], u32s));
+        }
+        for v in [&b.target_logprobs] {
+            eat(&v.as_deref().map_or(vec![0xff], f32s));
+        }
+        h
+    }
+
+    /// The test data (random batches, their chunks and projections) is pinned: plugin tests
+    /// that compare against fixed numbers keep seeing the same batches.
+    #[test]
+    fn test_data_is_pinned() {
+        let mut shape = Shape::new(5, 4, 2, 3, 10);
+        shape.target_topk = true;
+        shape.prompt_anchors = true;
+        let b = random(4, &shape, 0.5, 0.3);
+        let two = Inputs {
+            candidates: 2,
+            draft_logprobs: true,
+            target_topk: false,
+        };
+        let got: Vec<u64> = [b.clone(), project(&b, Inputs::TOP1), project(&b, two)]
+            .iter()
+            .chain(&chunks(&b, 4))
+            .map(digest)
+            .collect();
+        assert_eq!(got.len(), 3 + 7);
+        assert_eq!(
+            format!("{got:x?}"),
+            "[f4efcb0547eac8a2, 153eac355444fa39, bee70395847e0eb7, c1191c04432bd455, \
+             29f3364fa5b46d52, aaca601e5ee652dd, 50362c6c82b47ca6, e442fb2af5306b56, \
+             340ecbea5505437f, 61cfa69cda60b357]"
+        );
+    }
+
     #[test]
     fn chunks_cover_the_batch() {
         let b = random(3, &Shape::new(4, 2, 2, 2, 9), 0.5, 0.2);

@@ -157,6 +157,60 @@ mod tests {
         );
     }
 
+    /// The entry's tensors (names, dtypes, shapes, little-endian bytes) are pinned: entries
+    /// written by an earlier build must keep reading as hits under the same key.
+    #[test]
+    fn entry_tensors_are_pinned() {
+        use crate::cache::tensors_checksum;
+        let checksum = |r: &RecordBatch| {
+            let tensors = to_tensors(r);
+            let bytes: Vec<(safetensors::Dtype, Vec<u8>)> = tensors
+                .iter()
+                .map(|t| match &t.data {
+                    CachedData::U32(v) => (
+                        safetensors::Dtype::U32,
+                        v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    ),
+                    CachedData::F32(v) => (
+                        safetensors::Dtype::F32,
+                        v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    ),
+                    other => panic!("{}: unexpected data {other:?}", t.name),
+                })
+                .collect();
+            let names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+            let sum = tensors_checksum(
+                &tensors
+                    .iter()
+                    .zip(&bytes)
+                    .map(|(t, (dt, b))| (t.name.as_str(), *dt, t.shape.as_slice(), b.as_slice()))
+                    .collect::<Vec<_>>(),
+            );
+            (names.join(","), sum)
+        };
+        let mut no_target = batch();
+        no_target.target_ids = None;
+        no_target.target_logprobs = None;
+        assert_eq!(
+            [checksum(&batch()), checksum(&no_target)],
+            [
+                (
+                    "anchor,region,target,valid,loss_mask,draft_ids,draft_logprobs,target_ids,\
+                     target_logprobs"
+                        .to_string(),
+                    "sha256:49a8778ef91341bcc2a84446613c803f0cf1d91aba241970aa652efb96e89f6d"
+                        .to_string()
+                ),
+                (
+                    "anchor,region,target,valid,loss_mask,draft_ids,draft_logprobs".to_string(),
+                    "sha256:f629309f48a0e084ea6c8bd4f43bd19c648b98fad7313a422ca001e5b1ad6f3e"
+                        .to_string()
+                ),
+            ]
+        );
+        assert_eq!(RECORDS_VERSION, "1");
+    }
+
     #[test]
     fn malformed_entries_are_misses() {
         let r = batch();
