@@ -9,12 +9,12 @@
 #![cfg(feature = "cuda")]
 
 use draftlens_engine::backend::cpu::{CpuBackend, CpuTensor};
+#[cfg(feature = "kernel-lab")]
+use draftlens_engine::backend::cuda::DECODE_ATTN_MAX_CHUNKS;
 use draftlens_engine::backend::cuda::{
     decode_attn_chunk_len, decode_attn_chunks, CudaBackend, CudaTensor, DecodeGemmKernel,
     MAX_DECODE_ROWS,
 };
-#[cfg(feature = "kernel-lab")]
-use draftlens_engine::backend::cuda::DECODE_ATTN_MAX_CHUNKS;
 use draftlens_engine::backend::Backend;
 use draftlens_engine::generate::{greedy, greedy_batch, Continuation, StopReason};
 use draftlens_engine::model::random::{qwen3_8b_spec, RandomWeights};
@@ -196,14 +196,16 @@ fn decode_gemm_rows_are_bit_identical_for_every_batch_size_and_match_cublas() {
 #[test]
 fn pipelined_decode_gemm_is_bit_identical_to_the_register_kernel() {
     let Some(be) = gpu() else { return };
-    let run =
-        |kernel, x: &CudaTensor, w: &draftlens_engine::backend::cuda::CudaMatrix, acc0: &CudaTensor| {
-            be.set_decode_gemm_kernel(kernel);
-            let y = bits(&be, &be.matmul(x, w).unwrap());
-            let mut acc = be.clone_tensor(acc0).unwrap();
-            be.matmul_acc(x, w, &mut acc).unwrap();
-            (y, bits(&be, &acc))
-        };
+    let run = |kernel,
+               x: &CudaTensor,
+               w: &draftlens_engine::backend::cuda::CudaMatrix,
+               acc0: &CudaTensor| {
+        be.set_decode_gemm_kernel(kernel);
+        let y = bits(&be, &be.matmul(x, w).unwrap());
+        let mut acc = be.clone_tensor(acc0).unwrap();
+        be.matmul_acc(x, w, &mut acc).unwrap();
+        (y, bits(&be, &acc))
+    };
     for (si, &(n, k)) in SHAPES.iter().enumerate() {
         let seed = 900 + si as u64;
         let x64 = be
@@ -699,7 +701,9 @@ fn split_kv_decode_attention_of_one_long_sequence_is_fast() {
 /// norm and RoPE itself).
 #[test]
 fn fused_decode_qkv_attention_is_bit_identical_to_the_unfused_composition() {
-    use draftlens_engine::backend::{attention_decode_qkv_unfused, AttnShape, QkNorm, Rope, RopeStyle};
+    use draftlens_engine::backend::{
+        attention_decode_qkv_unfused, AttnShape, QkNorm, Rope, RopeStyle,
+    };
     let Some(be) = gpu() else { return };
     let lens = split_lengths();
     for (heads, kv_heads, hd) in SPLIT_SHAPES {
@@ -783,13 +787,16 @@ fn fused_decode_qkv_attention_is_bit_identical_to_the_unfused_composition() {
                     }
                 }
             };
-            for blocks in [
+            // As the backend sizes the launch; with the kernel lab also forced to one block per
+            // sequence and to one per chunk.
+            const BLOCKS: &[Option<usize>] = &[
                 None,
                 #[cfg(feature = "kernel-lab")]
                 Some(1),
                 #[cfg(feature = "kernel-lab")]
                 Some(DECODE_ATTN_MAX_CHUNKS),
-            ] {
+            ];
+            for &blocks in BLOCKS {
                 check(0..rows, blocks);
             }
             for r in 0..rows {

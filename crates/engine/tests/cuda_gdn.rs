@@ -189,6 +189,28 @@ fn state_rel(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     rel(&a.concat(), &b.concat())
 }
 
+/// The reference profile's three-phase kernels checked against the CPU and `SplitReference`: the
+/// default; with the kernel lab also the ones it replaced.
+const REFERENCE_THREE_PHASE: &[ChunkKernel] = &[
+    #[cfg(feature = "kernel-lab")]
+    ChunkKernel::ThreePhaseReference,
+    #[cfg(feature = "kernel-lab")]
+    ChunkKernel::ThreePhaseReferenceV16,
+    ChunkKernel::ThreePhaseReferenceRt,
+];
+
+/// The engine profile's three-phase kernels checked against the CPU emulation and
+/// `SplitEngineFma`: the default; with the kernel lab also the ones it replaced.
+const ENGINE_THREE_PHASE: &[ChunkKernel] = &[
+    #[cfg(feature = "kernel-lab")]
+    ChunkKernel::ThreePhaseEngine,
+    #[cfg(feature = "kernel-lab")]
+    ChunkKernel::ThreePhaseEngineV16,
+    #[cfg(feature = "kernel-lab")]
+    ChunkKernel::ThreePhaseEngineLdm,
+    ChunkKernel::ThreePhaseEngineTc,
+];
+
 /// Packed lengths crossing every chunk case: T = 1 (recurrent kernel), T < 64, T = 64, a
 /// multiple of 64, T not a multiple of 64, an empty sequence.
 const LENS: [usize; 8] = [1, 17, 64, 128, 200, 0, 65, 1];
@@ -249,15 +271,7 @@ fn cuda_gdn_engine_profile_matches_cpu_emulation() {
     );
     // The three-phase kernels: the same roundings; their walk sums in SplitEngineFma's order
     // (`…Tc`: on the tensor cores), their output phase on the tensor cores.
-    for kernel in [
-        #[cfg(feature = "kernel-lab")]
-        ChunkKernel::ThreePhaseEngine,
-        #[cfg(feature = "kernel-lab")]
-        ChunkKernel::ThreePhaseEngineV16,
-        #[cfg(feature = "kernel-lab")]
-        ChunkKernel::ThreePhaseEngineLdm,
-        ChunkKernel::ThreePhaseEngineTc,
-    ] {
+    for &kernel in ENGINE_THREE_PHASE {
         let (o, st) = run_gpu(&be, &x, &init, kernel);
         let (e, es) = (rel(&o, &split), state_rel(&st, &split_st));
         let (ec, esc) = (rel(&o, &want), state_rel(&st, &want_st));
@@ -323,13 +337,7 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
     let init = states(lens.len(), 160, false);
     let (cpu, cpu_st) = run_cpu(&x, &init, GdnProfile::Reference);
     let (split, split_st) = run_gpu(&be, &x, &init, ChunkKernel::SplitReference);
-    for kernel in [
-        #[cfg(feature = "kernel-lab")]
-        ChunkKernel::ThreePhaseReference,
-        #[cfg(feature = "kernel-lab")]
-        ChunkKernel::ThreePhaseReferenceV16,
-        ChunkKernel::ThreePhaseReferenceRt,
-    ] {
+    for &kernel in REFERENCE_THREE_PHASE {
         let (three, three_st) = run_gpu(&be, &x, &init, kernel);
         let (e, es) = (rel(&three, &cpu), state_rel(&three_st, &cpu_st));
         let (d, ds) = (rel(&three, &split), state_rel(&three_st, &split_st));
@@ -342,15 +350,7 @@ fn cuda_gdn_three_phase_matches_split_on_a_long_packed_batch() {
         );
     }
     let (split, split_st) = run_gpu(&be, &x, &init, ChunkKernel::SplitEngineFma);
-    for kernel in [
-        #[cfg(feature = "kernel-lab")]
-        ChunkKernel::ThreePhaseEngine,
-        #[cfg(feature = "kernel-lab")]
-        ChunkKernel::ThreePhaseEngineV16,
-        #[cfg(feature = "kernel-lab")]
-        ChunkKernel::ThreePhaseEngineLdm,
-        ChunkKernel::ThreePhaseEngineTc,
-    ] {
+    for &kernel in ENGINE_THREE_PHASE {
         let (three, three_st) = run_gpu(&be, &x, &init, kernel);
         let (d, ds) = (rel(&three, &split), state_rel(&three_st, &split_st));
         println!("2048 packed: {kernel:?} vs SplitEngineFma {d:.2e} (states {ds:.2e})");
@@ -450,12 +450,12 @@ fn cuda_gdn_phase_timing_marks_every_launch() {
 /// batch, the scratch sizes, and the shared memory that lets two blocks share an SM.
 #[test]
 fn three_phase_plan_and_shared_memory() {
+    #[cfg(feature = "kernel-lab")]
+    use draftlens_engine::backend::cuda::gdn::PREP2_SMEM_BYTES;
     use draftlens_engine::backend::cuda::gdn::{
         hwalk_smem_bytes, ChunkPlan, HOUT_COLUMNS, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES,
         HWALK_TC_SMEM_BYTES, PREP_LDM_SMEM_BYTES, PREP_RT_SMEM_BYTES,
     };
-    #[cfg(feature = "kernel-lab")]
-    use draftlens_engine::backend::cuda::gdn::PREP2_SMEM_BYTES;
     // Lengths 1, 17, 64, 128, 200, 0, 65 from row 0; the multi-row sequences are 1..=4 and 6.
     let starts = [0, 1, 18, 82, 210, 410, 410, 475];
     let plan = ChunkPlan::new(&starts, &[1, 2, 3, 4, 6]);
@@ -954,7 +954,12 @@ fn prefill_then_decode<B: Backend>(
         .iter()
         .map(|part| {
             let o = model
-                .forward(be, part, &mut cache, &draftlens_engine::model::Capture::default())
+                .forward(
+                    be,
+                    part,
+                    &mut cache,
+                    &draftlens_engine::model::Capture::default(),
+                )
                 .unwrap();
             be.to_host(&o.last_hidden).unwrap()
         })

@@ -1,7 +1,8 @@
 //! The kernel lab's chunked delta-rule variants (`kernel-lab` feature): the kernels that
 //! `cuda_gdn` compares with the defaults and `gdn_bench` times against them, and the process-wide
 //! three-phase override of `cuda_bench --only target`. The product never runs any of them
-//! (docs/gdn-cuda.md, "Kernel variants"; the lab: docs/cuda.md, "The kernel lab").
+//! (docs/gdn-cuda.md, "Kernel variants"; the lab: docs/cuda.md, "The kernel lab"). `variants.rs`
+//! describes the default build's kernels.
 //!
 //! - `ReferenceFma`, `EngineFma`, `EngineMma`: one fused launch (`gdn_chunk_*`), 32 value
 //!   columns per block (four blocks per head, each recomputing the head-wide products); `…V64`:
@@ -9,14 +10,14 @@
 //! - `SplitEngineMma`: `SplitEngineFma` with the walk's products on the tensor cores.
 //! - `ThreePhaseReference`, `ThreePhaseEngine`: the three-phase layout with `gdn_prep2_*` (V read
 //!   late, in less shared memory) and the FMA-fed products the round-2 kernels replaced (same
-//!   bits as `ThreePhaseReferenceRt` and `ThreePhaseEngineLdm`); `…V16`: a 16-column walk, 8
-//!   blocks per head.
+//!   bits as `ThreePhaseReferenceRt` and `ThreePhaseEngineLdm` respectively); `…V16`: a 16-column
+//!   walk, 8 blocks per head.
 //! - `ThreePhaseEngineLdm`: `ThreePhaseEngineTc` with `gdn_hwalk_engine`'s FMA walk (the states
 //!   in `SplitEngineFma`'s summation order).
 
+use super::variants::{split_launches, three_phase_launches, ChunkLaunches};
 use super::{
-    hwalk_smem_bytes, split_launches, three_phase_launches, ChunkKernel, ChunkLaunches,
-    HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES, PREP_LDM_SMEM_BYTES,
+    hwalk_smem_bytes, ChunkKernel, HOUT_LDM_SMEM_BYTES, HOUT_SMEM_BYTES, PREP_LDM_SMEM_BYTES,
 };
 use crate::backend::gdn::GdnProfile;
 use std::sync::atomic::{AtomicU8, Ordering};
