@@ -5,7 +5,7 @@
 //! lengths, and `DFlashDrafter` scoring from a random z-lab checkpoint. Prints a table and writes
 //! every figure as JSON.
 //!
-//! cargo build --release -p draftlens --example cuda_bench
+//! cargo build --release -p draftlens-engine --features kernel-lab --example cuda_bench
 //! cuda_bench [--out results.json] [--mix lengths.txt] [--forwards N] [--quick]
 //!            [--only ceilings,attention,attention256,gemm,extract,mix,drafter,decode,target]
 //! (every section but `decode`, `target` and `attention256` by default; `--only decode` runs

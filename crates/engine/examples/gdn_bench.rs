@@ -4,7 +4,7 @@
 //! core, gated norm, out_proj, MLP). Random bf16 inputs generated on the device. Results in
 //! docs/benchmarks-cuda.md.
 //!
-//! cargo build --release -p draftlens --example gdn_bench
+//! cargo build --release -p draftlens-engine --features kernel-lab --example gdn_bench
 //! gdn_bench [--tokens N] [--seqs N] [--reps N] [--only NAME,NAME,...] [--breakdown] [--report]
 //!
 //! `--breakdown` prints only the two tables the tuning starts from (docs/gdn-cuda.md, "Where the
