@@ -4,9 +4,9 @@
 # `decode` benchmark section, each bounded by a timeout and logged under $OUT.
 #
 # Binaries are built on the build machine (no cargo on the GPU machine), stripped and carried in $BIN:
-#   cargo test -p draftlens --test cuda_decode --no-run      # test profile: opt-level 3
-#   cargo test -p draftlens --test cuda_ops --no-run
-#   cargo build --profile test -p draftlens --example cuda_bench
+#   cargo test -p draftlens-engine --test cuda_decode --no-run      # test profile: opt-level 3
+#   cargo test -p draftlens-engine --test cuda_ops --no-run
+#   cargo build --profile test -p draftlens-engine --example cuda_bench --features kernel-lab
 #   cp <exes> $BIN/{cuda_decode,cuda_ops,cuda_bench} && strip $BIN/*
 # Usage on the device: bash tools/bench/decode_run.sh [BIN] [steps...]   steps: decode ops bench
 set -u

@@ -3,8 +3,8 @@
 # the benchmarks, each bounded by a timeout and logged under $OUT.
 #
 # Binaries are built on the build machine (no cargo on the GPU machine) and carried in $BIN:
-#   cargo test --release -p draftlens --test cuda_ops --no-run
-#   cargo build --release -p draftlens --example cuda_bench --example cuda_hf_parity
+#   cargo test --release -p draftlens-engine --test cuda_ops --no-run
+#   cargo build --release -p draftlens-engine --example cuda_bench --features kernel-lab --example cuda_hf_parity
 #   mkdir -p target-carry/cuda && cp <test exe> target-carry/cuda/cuda_ops && cp target/release/examples/cuda_{bench,hf_parity} target-carry/cuda/
 # Usage on the device: bash tools/bench/device_run.sh [target-carry/cuda] [steps...]
 #   steps: tests parity bench hf  (default: all)

@@ -11,7 +11,7 @@
 #             DeltaNet profiles with flash_attention2, then the first profile with the first kernel
 # Build (build machine, CARGO_INCREMENTAL=0), then carry $B:
 #   cargo test --release --workspace --test cuda_ops --test cuda_attention --no-run   # prints both paths
-#   cargo build --release -p draftlens --example cuda_bench
+#   cargo build --release -p draftlens-engine --example cuda_bench --features kernel-lab
 #   mkdir -p target-carry/fa256 && cp <cuda_ops exe> target-carry/fa256/cuda_ops && \
 #     cp <cuda_attention exe> target-carry/fa256/cuda_attention && \
 #     cp $CARGO_TARGET_DIR/release/examples/cuda_bench target-carry/fa256/ && strip target-carry/fa256/*

@@ -4,7 +4,7 @@
 # (gdn_bench --breakdown, ~10 s), then the cuda_gdn tests, then every three-phase and split kernel
 # at 4 x 4096 and 16 x 1024 tokens, then the breakdown at 1 x 16384. Logs under $OUT. Under 2 minutes.
 # Binaries built on the build machine (no cargo on the GPU machine), stripped, carried in $B:
-#   CARGO_INCREMENTAL=0 cargo build --profile test --workspace --test cuda_gdn --example gdn_bench
+#   CARGO_INCREMENTAL=0 cargo build --profile test -p draftlens-engine --features kernel-lab --test cuda_gdn --example gdn_bench
 #   # -> target/debug/deps/cuda_gdn-<hash> (the newest executable one), target/debug/examples/gdn_bench
 #   # (the test profile is optimised)
 #   mkdir -p target-carry/gdncuda && cp <test exe> target-carry/gdncuda/cuda_gdn \

@@ -10,7 +10,7 @@
 #        pip download --no-deps fla-core==0.6.0 flash-linear-attention==0.6.0 einops==0.8.2 \
 #            -d target-carry/fla-wheels
 #   2. the CUDA test binary:
-#        CARGO_INCREMENTAL=0 cargo test --release -p draftlens \
+#        CARGO_INCREMENTAL=0 cargo test --release -p draftlens-engine \
 #            --test cuda_fla_golden --no-run        # prints the path target/release/deps/cuda_fla_golden-<hash>
 #        mkdir -p target-carry/flacuda && cp <that path> target-carry/flacuda/cuda_fla_golden \
 #            && strip target-carry/flacuda/cuda_fla_golden && gzip -9 target-carry/flacuda/cuda_fla_golden
