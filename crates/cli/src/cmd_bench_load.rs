@@ -5,7 +5,7 @@
 //! load / read says how far loading is from the I/O floor. For cold-cache numbers drop the page
 //! cache before the run (`echo 3 > /proc/sys/vm/drop_caches`) and pass `--load-first`.
 
-use crate::cmd_model::BackendArg;
+use crate::args::BackendArg;
 use crate::common::Global;
 use anyhow::{Context, Result};
 use clap::Args;

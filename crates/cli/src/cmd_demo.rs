@@ -21,8 +21,8 @@ pub struct DemoArgs {
     #[arg(long, default_value = "runs.sqlite")]
     pub db: PathBuf,
     /// Numeric backend (auto: CUDA when a usable GPU is present, else the CPU).
-    #[arg(long, value_enum, default_value_t = crate::cmd_model::BackendArg::Auto)]
-    pub backend: crate::cmd_model::BackendArg,
+    #[arg(long, value_enum, default_value_t = crate::args::BackendArg::Auto)]
+    pub backend: crate::args::BackendArg,
 }
 
 /// `run`'s arguments parsed from an argument list.
@@ -43,11 +43,6 @@ pub fn run(g: &Global, a: DemoArgs) -> Result<()> {
             data.display()
         );
     }
-    let backend = match a.backend {
-        crate::cmd_model::BackendArg::Auto => "auto",
-        crate::cmd_model::BackendArg::Cpu => "cpu",
-        crate::cmd_model::BackendArg::Cuda => "cuda",
-    };
     let mut argv: Vec<String> = vec![
         "--target".into(),
         target.display().to_string(),
@@ -58,7 +53,7 @@ pub fn run(g: &Global, a: DemoArgs) -> Result<()> {
         "--max-new-tokens".into(),
         "128".into(),
         "--backend".into(),
-        backend.into(),
+        a.backend.name(),
         "--db".into(),
         a.db.display().to_string(),
     ];

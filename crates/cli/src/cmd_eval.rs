@@ -1,11 +1,11 @@
 //! `run`, `live`, `lint`, `runs`: drafter evaluation.
 
-use crate::cmd_model::TargetArgs;
+use crate::args::{AnchorArgs, TargetArgs};
 use crate::common::Global;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use draftlens_engine::backend::Backend;
-use draftlens_engine::drafter::eval::{AnchorPolicy, EvalOptions, Labels};
+use draftlens_engine::drafter::eval::{EvalOptions, Labels};
 use draftlens_engine::drafter::lint::{lint, Severity};
 use draftlens_engine::drafter::live::live_decode;
 use draftlens_engine::drafter::run::{run_eval_shard, DrafterSpec, RunOptions};
@@ -16,6 +16,8 @@ use draftlens_results::store::{RunFilter, RunMode, Store};
 use serde::Serialize;
 use std::path::PathBuf;
 
+/// `--mode`. The engine's `RunMode` lives in draftlens-results, which has no clap (its
+/// dependencies stay records, rusqlite and serde), so the values are named here.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum ModeArg {
     /// Isolated per-anchor drafting: what deployment sees.
@@ -24,18 +26,14 @@ pub enum ModeArg {
     TrainStyle,
 }
 
+/// `--mask`. The engine holds the rule as `EvalOptions::ctx_inclusive`, a bool that is part of
+/// every stored evaluation identity, so the values are named here.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum MaskArg {
     /// Context strictly before the anchor (correct).
     Strict,
     /// Context up to and including the anchor (the known training leak).
     Inclusive,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum LabelsArg {
-    Target,
-    Data,
 }
 
 #[derive(Args)]
@@ -69,8 +67,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = MaskArg::Strict)]
     pub mask: MaskArg,
     /// Train-style labels: the target's greedy tokens or the prompt line's reference `completion`.
-    #[arg(long, value_enum, default_value_t = LabelsArg::Target)]
-    pub labels: LabelsArg,
+    #[arg(long, value_enum, default_value_t = Labels::Target)]
+    pub labels: Labels,
     #[command(flatten)]
     pub anchors: AnchorArgs,
     /// Also evaluate anchors inside the prompt.
@@ -84,36 +82,6 @@ pub struct RunArgs {
     pub plugins: crate::cmd_plugins::PluginArgs,
 }
 
-/// Which completion anchors are drafted and how (shared by `run` and `watch`).
-#[derive(Args, Clone, Debug)]
-pub struct AnchorArgs {
-    /// Drafter candidates kept per position.
-    #[arg(long, default_value_t = 8)]
-    pub top_k: usize,
-    /// Evaluate every N-th completion anchor (default: every anchor).
-    #[arg(long, conflicts_with = "sample")]
-    pub stride: Option<usize>,
-    /// Evaluate N randomly sampled completion anchors per prompt (with --seed).
-    #[arg(long)]
-    pub sample: Option<usize>,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Anchors per drafter forward.
-    #[arg(long, default_value_t = draftlens_engine::drafter::eval::DEFAULT_ANCHOR_BATCH)]
-    pub anchor_batch: usize,
-}
-
-impl AnchorArgs {
-    /// `--stride` / `--sample` as the evaluation's anchor policy.
-    pub fn policy(&self) -> AnchorPolicy {
-        match (self.stride, self.sample) {
-            (Some(n), _) => AnchorPolicy::Stride(n),
-            (_, Some(n)) => AnchorPolicy::Random { n, seed: self.seed },
-            _ => AnchorPolicy::Every,
-        }
-    }
-}
-
 struct RunJob<'a> {
     g: &'a Global,
     a: &'a RunArgs,
@@ -124,14 +92,10 @@ impl BackendJob for RunJob<'_> {
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
         let a = self.a;
         let set = a.target.prompt_set()?;
-        let specs: Vec<DrafterSpec> = match a.drafter.as_str() {
-            "builtin:oracle" => vec![DrafterSpec::Oracle {
-                block_size: a.block_size,
-            }],
-            "builtin:anti-oracle" => vec![DrafterSpec::AntiOracle {
-                block_size: a.block_size,
-            }],
-            d => {
+        let specs: Vec<DrafterSpec> = match DrafterSpec::builtin(&a.drafter, a.block_size) {
+            Some(builtin) => vec![builtin],
+            None => {
+                let d = a.drafter.as_str();
                 let path = PathBuf::from(d);
                 let series = path
                     .file_name()
@@ -160,14 +124,14 @@ impl BackendJob for RunJob<'_> {
             }
         };
         let s = a.target.session(be, self.g)?;
-        draftlens_engine::drafter::run::prewarm_identities(&s, &specs);
+        draftlens_engine::drafter::run_identity::prewarm_identities(&s, &specs);
         let store = Store::open(&a.db)?;
         let mode = match a.mode {
             ModeArg::Deployment => RunMode::Deployment,
             ModeArg::TrainStyle => RunMode::TrainStyle,
         };
         if !matches!(mode, RunMode::TrainStyle)
-            && (matches!(a.mask, MaskArg::Inclusive) || matches!(a.labels, LabelsArg::Data))
+            && (matches!(a.mask, MaskArg::Inclusive) || a.labels == Labels::Data)
         {
             bail!("--mask inclusive and --labels data reproduce training bugs: use them with --mode train-style");
         }
@@ -176,10 +140,7 @@ impl BackendJob for RunJob<'_> {
             anchors: a.anchors.policy(),
             prompt_anchors: a.prompt_anchors,
             ctx_inclusive: matches!(a.mask, MaskArg::Inclusive),
-            labels: match a.labels {
-                LabelsArg::Target => Labels::Target,
-                LabelsArg::Data => Labels::Data,
-            },
+            labels: a.labels,
             anchor_batch: a.anchors.anchor_batch,
         };
         let mut outs = Vec::new();

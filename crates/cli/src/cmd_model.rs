@@ -1,135 +1,26 @@
 //! `inspect`, `generate`, `extract`: the target model on its own.
 
+use crate::args::TargetArgs;
 use crate::common::Global;
-use anyhow::{bail, Result};
-use clap::{Args, ValueEnum};
+use anyhow::Result;
+use clap::Args;
 use draftlens_engine::backend::Backend;
 use draftlens_engine::model::{Capture, TargetFiles};
-use draftlens_engine::prompts::PromptSet;
-use draftlens_engine::session::{dispatch, BackendJob, BackendKind, Packer, Session};
+use draftlens_engine::session::{dispatch, BackendJob, Packer, Session};
 use draftlens_results::shard::Shard;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendArg {
-    /// CUDA when a usable GPU is present, else the CPU.
-    Auto,
-    /// The f32 reference.
-    Cpu,
-    /// bf16 with fp32 accumulation, kernels compiled at run time by NVRTC (docs/cuda.md).
-    Cuda,
-}
-
-impl BackendArg {
-    /// The backend this choice runs on, and why (`auto` asks the CUDA probe).
-    pub fn resolve(self) -> (BackendKind, String) {
-        match self {
-            BackendArg::Cpu => (BackendKind::Cpu, "--backend cpu".into()),
-            BackendArg::Cuda => (BackendKind::Cuda, "--backend cuda".into()),
-            BackendArg::Auto => match draftlens_engine::session::cuda_availability(0) {
-                Ok(()) => (
-                    BackendKind::Cuda,
-                    "auto: a usable CUDA GPU was found".into(),
-                ),
-                Err(why) => (BackendKind::Cpu, format!("auto: CUDA unavailable: {why}")),
-            },
-        }
-    }
-
-    /// [`BackendArg::resolve`], announced: the first line of the command's output says which
-    /// backend runs and why (on stderr with `--json`, so stdout stays one JSON document).
-    pub fn select(self, g: &Global) -> BackendKind {
-        let (kind, why) = self.resolve();
-        let line = format!("backend {} ({why})", kind.as_str());
-        if g.json {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
-        }
-        kind
-    }
-}
-
-impl From<BackendArg> for BackendKind {
-    fn from(b: BackendArg) -> Self {
-        b.resolve().0
-    }
-}
-
-/// Numeric profile of a hybrid target's Gated DeltaNet layers (docs/hybrid-models.md).
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum GdnProfileArg {
-    /// f32 state and intermediates, as transformers' PyTorch fallback.
-    Reference,
-    /// bf16 intermediates where the fla Triton kernels (vLLM, SGLang) keep them.
-    Engine,
-}
-
-/// Options shared by every command that runs the target over a prompt set.
-#[derive(Args, Clone, Debug)]
-pub struct TargetArgs {
-    /// Target model: a .gguf file or a Hugging Face folder (config.json + safetensors)
-    /// [default: the model `draftlens setup` installs in the data folder].
-    #[arg(long)]
-    pub target: Option<PathBuf>,
-    /// Prompt set: builtin:humaneval|mtbench|gsm8k or a JSONL file.
-    #[arg(long, default_value = "builtin:humaneval")]
-    pub prompts: String,
-    /// Use only the first N prompts.
-    #[arg(long)]
-    pub limit: Option<usize>,
-    /// Tokens the target generates per prompt (greedy).
-    #[arg(long, default_value_t = 128)]
-    pub max_new_tokens: usize,
-    /// Numeric backend.
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    pub backend: BackendArg,
-    /// Prompts whose greedy continuations are decoded together (one weight read per step for
-    /// all of them). Continuations are bit-identical to decoding each prompt alone; a backend
-    /// caps the batch at the rows it can promise that for (CUDA: 64, CPU: no cap).
-    #[arg(long, default_value_t = draftlens_engine::session::DEFAULT_GEN_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    pub gen_batch: usize,
-    /// Gated DeltaNet numeric profile of a hybrid target (Qwen3.5/3.6/Next); part of the cache
-    /// key and recorded with every run. Dense targets ignore it.
-    #[arg(long, value_enum, default_value_t = GdnProfileArg::Reference)]
-    pub gdn_profile: GdnProfileArg,
-}
-
+// The argument group is in args.rs; the session it describes is built here, beside the commands
+// that run the target.
 impl TargetArgs {
     /// The target loaded on `be` with these options.
     pub fn session<B: Backend>(&self, be: B, g: &Global) -> Result<Session<B>> {
         let mut s = Session::load(be, &g.target(&self.target)?, g.cache()?)?;
         s.gen_batch = self.gen_batch;
-        s.gdn_profile = match self.gdn_profile {
-            GdnProfileArg::Reference => draftlens_engine::backend::GdnProfile::Reference,
-            GdnProfileArg::Engine => draftlens_engine::backend::GdnProfile::Engine,
-        };
+        s.gdn_profile = self.gdn_profile;
         Ok(s)
-    }
-
-    pub fn prompt_set(&self) -> Result<PromptSet> {
-        let mut set = PromptSet::load(&self.prompts)?;
-        if let Some(n) = self.limit {
-            set.truncate(n);
-        }
-        if set.prompts.is_empty() {
-            bail!("{}: the prompt set is empty", set.source.display());
-        }
-        Ok(set)
-    }
-
-    /// [`TargetArgs::prompt_set`], only the prompts of `shard` when given (possibly none).
-    pub fn shard_prompt_set(&self, shard: Option<Shard>) -> Result<PromptSet> {
-        let mut set = self.prompt_set()?;
-        if let Some(sh) = shard {
-            set.prompts = draftlens_engine::shard::prompts_of_shard(&sh, &set.prompts)
-                .into_iter()
-                .map(|i| set.prompts[i].clone())
-                .collect();
-        }
-        Ok(set)
     }
 }
 

@@ -3,7 +3,7 @@
 //! greedy agreement, and the change of every drafter metric, per-position acceptance included
 //! (`draftlens_engine::parity_report`, docs/hybrid-models.md).
 
-use crate::cmd_model::{BackendArg, GdnProfileArg};
+use crate::args::BackendArg;
 use crate::common::Global;
 use anyhow::{bail, Result};
 use clap::Args;
@@ -34,7 +34,7 @@ pub struct ParityArgs {
         value_delimiter = ',',
         default_value = "reference,engine"
     )]
-    pub gdn_profiles: Vec<GdnProfileArg>,
+    pub gdn_profiles: Vec<GdnProfile>,
     #[arg(long, default_value = "builtin:humaneval")]
     pub prompts: String,
     #[arg(long, default_value_t = 4)]
@@ -77,14 +77,7 @@ impl<'a, A: Backend> BackendJob for Inner<'a, A> {
         let mut sa = Session::load(self.first, a.target(), g.cache()?)?;
         let mut sb = Session::load(second, a.target(), g.cache()?)?;
         let opts = ParityOptions {
-            profiles: a
-                .gdn_profiles
-                .iter()
-                .map(|p| match p {
-                    GdnProfileArg::Reference => GdnProfile::Reference,
-                    GdnProfileArg::Engine => GdnProfile::Engine,
-                })
-                .collect(),
+            profiles: a.gdn_profiles.clone(),
             drafter: a.drafter.as_ref().map(|dir| DrafterSpec::Checkpoint {
                 dir: dir.clone(),
                 step: None,

@@ -104,9 +104,17 @@ struct Out {
     merge_job: Option<String>,
 }
 
-/// `s` quoted for a POSIX shell: in single quotes, each `'` written as `'\''`.
+/// `s` quoted for a POSIX shell: in single quotes, each `'` written as `'\''`. Every word a
+/// job script takes from the user or from a path goes through it.
 pub fn sh(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The `exec` line of a job script: `dl run`, the options the script sets itself (`own`,
+/// shell words already), then the user's `run` options, each quoted, as given.
+pub fn exec_run(dl: &str, own: &str, user: &[String]) -> String {
+    let user: Vec<String> = user.iter().map(|x| sh(x)).collect();
+    format!("exec {dl} run {own} {}\n", user.join(" "))
 }
 
 pub fn abs(p: &Path) -> Result<PathBuf> {
@@ -192,13 +200,12 @@ pub fn run(g: &Global, a: SlurmArgs) -> Result<()> {
     );
     eval += &a.job.resource_lines();
     eval += &a.job.common_lines(&cwd);
-    let run_args: Vec<String> = a.run.iter().map(|x| sh(x)).collect();
-    let _ = write!(
-        eval,
-        "set -euo pipefail\n\
-         i=\"${{SLURM_ARRAY_TASK_ID:?not a Slurm array task}}\"\n\
-         exec {dl} run --shard \"$i/{n}\" --db {shards_dir}/shard-\"$i\".sqlite {}\n",
-        run_args.join(" ")
+    eval += "set -euo pipefail\n\
+             i=\"${SLURM_ARRAY_TASK_ID:?not a Slurm array task}\"\n";
+    eval += &exec_run(
+        &dl,
+        &format!("--shard \"$i/{n}\" --db {shards_dir}/shard-\"$i\".sqlite"),
+        &a.run,
     );
 
     let mut merge = String::from("#!/bin/bash\n");

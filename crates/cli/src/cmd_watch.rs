@@ -5,7 +5,7 @@
 #[path = "cmd_watch_slurm.rs"]
 mod slurm;
 
-use crate::cmd_model::TargetArgs;
+use crate::args::{AnchorArgs, TargetArgs};
 use crate::common::Global;
 use anyhow::Result;
 use clap::Args;
@@ -44,7 +44,7 @@ pub struct WatchArgs {
     #[arg(long)]
     pub once: bool,
     #[command(flatten)]
-    pub anchors: crate::cmd_eval::AnchorArgs,
+    pub anchors: AnchorArgs,
     /// Also push each run to this team server (token: DRAFTLENS_TOKEN or --token-file).
     #[arg(long)]
     pub server: Option<String>,
@@ -218,7 +218,8 @@ impl BackendJob for Job<'_> {
     }
 }
 
-pub fn run(g: &Global, a: WatchArgs) -> Result<()> {
+/// `matches`: the watch command's own, whose options `--slurm` passes on to its jobs.
+pub fn run(g: &Global, a: WatchArgs, matches: &clap::ArgMatches) -> Result<()> {
     let j = &a.job;
     if !a.slurm
         && (j.gpus != 1
@@ -233,7 +234,7 @@ pub fn run(g: &Global, a: WatchArgs) -> Result<()> {
         );
     }
     let summary = if a.slurm {
-        slurm::watch_slurm(g, &a)?
+        slurm::watch_slurm(g, &a, matches)?
     } else {
         dispatch(a.target.backend.select(g), Job { g, a: &a })?
     };

@@ -2,20 +2,22 @@
 //!
 //! The watcher runs no model. For a checkpoint it writes `SLURM_DIR/NAME.sbatch`, a job that
 //! runs `draftlens run --drafter CHECKPOINT --drafter-series SERIES --db SLURM_DIR/NAME.sqlite`
-//! with the watch's target, anchor and plugin options (resources from the flags `draftlens
-//! slurm` takes, the same `#SBATCH` lines), submits it with `sbatch` and records the job id in
-//! `watch_checkpoint` (status `submitted`). At every scan it asks `squeue` about its jobs; a job
-//! that has ended is judged by its database: a complete run of the checkpoint there is copied
-//! into the watcher's database (the same uid, records, metrics and plugin values) and recorded
-//! as evaluated (and pushed with `--server`); anything else is recorded as failed, with Slurm's
-//! state, the run's error and the job's log. Each job writes its own SQLite file: SQLite's WAL
-//! mode needs one host per database, so the watcher's file is written by the watcher only.
+//! with the watch's target and every other option of the watch command line that `run` takes, as
+//! given (resources from the flags `draftlens slurm` takes, the same `#SBATCH` lines), submits it
+//! with `sbatch` and records the job id in `watch_checkpoint` (status `submitted`). At every scan
+//! it asks `squeue` about its jobs; a job that has ended is judged by its database: a complete
+//! run of the checkpoint there is copied into the watcher's database (the same uid, records,
+//! metrics and plugin values) and recorded as evaluated (and pushed with `--server`); anything
+//! else is recorded as failed, with Slurm's state, the run's error and the job's log. Each job
+//! writes its own SQLite file: SQLite's WAL mode needs one host per database, so the watcher's
+//! file is written by the watcher only.
 
 use super::{eval_options, job_key, push_options, report, watch_options, WatchArgs};
-use crate::cmd_slurm::{abs, draftlens_cmd, sbatch, sh};
+use crate::cmd_slurm::{abs, draftlens_cmd, exec_run, sbatch, sh};
 use crate::common::Global;
 use anyhow::{bail, Context, Result};
-use clap::ValueEnum;
+use clap::parser::ValueSource;
+use clap::{Arg, ArgMatches, Args, ValueHint};
 use draftlens_engine::identity::IdentityStore;
 use draftlens_results::store::{RunStatus, Store, WatchRecord};
 use draftlens_engine::watch::{watch, JobPoll, ReadyCheckpoint, WatchEvent, WatchHooks, WatchSummary};
@@ -23,88 +25,57 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// `draftlens run` options equal to the watch's: the target's (paths made absolute: the job may
-/// start elsewhere), the anchors', the plugins' and their sandbox's.
-pub(crate) fn run_args(a: &WatchArgs, target: &Path) -> Result<Vec<String>> {
-    let t = &a.target;
-    let name = |v: Option<clap::builder::PossibleValue>| {
-        v.map(|v| v.get_name().to_string()).unwrap_or_default()
-    };
-    let path = |p: &str| -> Result<String> {
-        Ok(if p.starts_with("builtin:") {
-            p.to_string()
-        } else {
-            abs(Path::new(p))?.display().to_string()
-        })
-    };
-    let mut v: Vec<String> = vec![
-        "--target".into(),
-        abs(target)?.display().to_string(),
-        "--prompts".into(),
-        path(&t.prompts)?,
-    ];
-    if let Some(n) = t.limit {
-        v.extend(["--limit".into(), n.to_string()]);
-    }
-    v.extend([
-        "--max-new-tokens".into(),
-        t.max_new_tokens.to_string(),
-        "--backend".into(),
-        name(t.backend.to_possible_value()),
-        "--gen-batch".into(),
-        t.gen_batch.to_string(),
-        "--gdn-profile".into(),
-        name(t.gdn_profile.to_possible_value()),
-        "--top-k".into(),
-        a.anchors.top_k.to_string(),
-    ]);
-    if let Some(n) = a.anchors.stride {
-        v.extend(["--stride".into(), n.to_string()]);
-    }
-    if let Some(n) = a.anchors.sample {
-        v.extend(["--sample".into(), n.to_string()]);
-    }
-    v.extend([
-        "--seed".into(),
-        a.anchors.seed.to_string(),
-        "--anchor-batch".into(),
-        a.anchors.anchor_batch.to_string(),
-    ]);
-    let p = &a.plugins;
-    for x in &p.plugins {
-        // A path (not a built-in's or an installed plugin's name) is made absolute.
-        let x = if x.contains('/') || x.ends_with(".wasm") {
-            path(x)?
-        } else {
-            x.clone()
-        };
-        v.extend(["--plugin".into(), x]);
-    }
-    for x in &p.params {
-        v.extend(["--param".into(), x.clone()]);
-    }
-    for d in &p.dirs.plugin_dirs {
-        v.extend(["--plugin-dir".into(), abs(d)?.display().to_string()]);
-    }
-    if !p.plugins.is_empty() {
-        let sb = &p.sandbox;
-        v.extend([
-            "--plugin-time-limit".into(),
-            sb.plugin_time_limit.to_string(),
-            "--plugin-memory-mib".into(),
-            sb.plugin_memory_mib.to_string(),
-        ]);
-        if let Some(f) = sb.plugin_fuel {
-            v.extend(["--plugin-fuel".into(), f.to_string()]);
+/// The watch options each job sets itself rather than taking them from the watch command line.
+const SET_BY_THE_JOB: [&str; 3] = ["target", "drafter_series", "db"];
+
+/// The `draftlens run` options of a job: `--target` (absolute: the job may start elsewhere), then
+/// every option of the watch command line (`watch`: its matches) that `run` takes too, as the
+/// user gave it, paths made absolute. So an option added to a group both commands flatten
+/// reaches the jobs without a line here; one the user left out takes `run`'s default, which is
+/// the watch's own (the same group).
+pub(crate) fn run_args(watch: &ArgMatches, target: &Path) -> Result<Vec<String>> {
+    let run_cmd = crate::cmd_eval::RunArgs::augment_args(clap::Command::new("run"));
+    let watch_cmd = WatchArgs::augment_args(clap::Command::new("watch"));
+    let mut v = vec!["--target".to_string(), abs(target)?.display().to_string()];
+    for arg in watch_cmd.get_arguments() {
+        let id = arg.get_id().as_str();
+        let passed_on = !SET_BY_THE_JOB.contains(&id)
+            && run_cmd.get_arguments().any(|r| r.get_id() == arg.get_id())
+            && watch
+                .value_source(id)
+                .is_some_and(|s| s != ValueSource::DefaultValue);
+        if !passed_on {
+            continue;
         }
-        if let Some(c) = &sb.plugin_cache {
-            v.extend(["--plugin-cache".into(), abs(c)?.display().to_string()]);
+        let flag = format!("--{}", arg.get_long().unwrap_or(id));
+        if !arg.get_action().takes_values() {
+            v.push(flag);
+            continue;
         }
-        if sb.no_plugin_cache {
-            v.push("--no-plugin-cache".into());
+        for value in watch.get_raw(id).into_iter().flatten() {
+            let value = value
+                .to_str()
+                .with_context(|| format!("{flag}: the value is not UTF-8"))?;
+            v.extend([flag.clone(), job_value(arg, value)?]);
         }
     }
     Ok(v)
+}
+
+/// `value` of `arg` for a job: absolute when it names a file, as the job may start elsewhere.
+fn job_value(arg: &Arg, value: &str) -> Result<String> {
+    let is_path = match arg.get_id().as_str() {
+        // `builtin:NAME` or a file.
+        "prompts" => !value.starts_with("builtin:"),
+        // A path, not a built-in's or an installed plugin's name.
+        "plugins" => value.contains('/') || value.ends_with(".wasm"),
+        _ => arg.get_value_hint() == ValueHint::AnyPath,
+    };
+    Ok(if is_path {
+        abs(Path::new(value))?.display().to_string()
+    } else {
+        value.to_string()
+    })
 }
 
 /// The file name (without extension) of a checkpoint version's job: its folder's name and the
@@ -147,15 +118,16 @@ pub(crate) fn job_script(
     let _ = writeln!(o, "#SBATCH --output={}/logs/{name}.%j.out", jobs.display());
     o += &a.job.resource_lines();
     o += &a.job.common_lines(cwd);
-    let args: Vec<String> = run_args.iter().map(|x| sh(x)).collect();
-    let _ = write!(
-        o,
-        "set -euo pipefail\n\
-         exec {dl} run --drafter {} --drafter-series {} --db {} {}\n",
-        sh(&ck_dir.display().to_string()),
-        sh(&a.drafter_series),
-        sh(&jobs.join(format!("{name}.sqlite")).display().to_string()),
-        args.join(" ")
+    o += "set -euo pipefail\n";
+    o += &exec_run(
+        dl,
+        &format!(
+            "--drafter {} --drafter-series {} --db {}",
+            sh(&ck_dir.display().to_string()),
+            sh(&a.drafter_series),
+            sh(&jobs.join(format!("{name}.sqlite")).display().to_string()),
+        ),
+        run_args,
     );
     o
 }
@@ -318,7 +290,7 @@ impl WatchHooks for SlurmHooks<'_> {
 }
 
 /// `watch --slurm`: the watcher of `draftlens_engine::watch` with jobs in place of evaluations.
-pub(crate) fn watch_slurm(g: &Global, a: &WatchArgs) -> Result<WatchSummary> {
+pub(crate) fn watch_slurm(g: &Global, a: &WatchArgs, matches: &ArgMatches) -> Result<WatchSummary> {
     // Bad prompts, a missing target or an unknown plugin fail here, not in every job.
     let set = a.target.prompt_set()?;
     let target = abs(&g.target(&a.target.target)?)?;
@@ -339,7 +311,7 @@ pub(crate) fn watch_slurm(g: &Global, a: &WatchArgs) -> Result<WatchSummary> {
     // The watcher opens no model: its memory is keyed by the target's path, not its weights.
     let job_json = serde_json::json!({
         "target_path": target, "prompts": set.sha256, "max_new_tokens": a.target.max_new_tokens,
-        "eval": eval_options(a), "backend": a.target.backend.to_possible_value().map(|v| v.get_name().to_string()),
+        "eval": eval_options(a), "backend": a.target.backend.name(),
         "series": a.drafter_series, "slurm": true,
     });
     let mut hooks = SlurmHooks {
@@ -349,7 +321,7 @@ pub(crate) fn watch_slurm(g: &Global, a: &WatchArgs) -> Result<WatchSummary> {
         ids: IdentityStore::new(g.cache()?.root()),
         push: push_options(a)?,
         dl: draftlens_cmd(g)?,
-        run_args: run_args(a, &target)?,
+        run_args: run_args(matches, &target)?,
         jobs,
         cwd: std::env::current_dir()?,
     };
@@ -360,7 +332,7 @@ pub(crate) fn watch_slurm(g: &Global, a: &WatchArgs) -> Result<WatchSummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use clap::{CommandFactory, FromArgMatches, Parser};
 
     #[derive(Parser)]
     struct Cli {
@@ -368,11 +340,18 @@ mod tests {
         w: WatchArgs,
     }
 
+    /// A watch command line parsed, with its matches (what `run_args` reads).
+    fn parse<const N: usize>(argv: [&str; N]) -> (WatchArgs, ArgMatches) {
+        let m = Cli::command().get_matches_from(argv);
+        (Cli::from_arg_matches(&m).unwrap().w, m)
+    }
+
     /// The job script of a CPU watch with a plugin: the `#SBATCH` lines of the flags, and a
-    /// `draftlens run` with every option of the watch (quoted, paths absolute).
+    /// `draftlens run` with the target and the watch options the user gave (quoted, paths
+    /// absolute).
     #[test]
     fn job_script_runs_draftlens_run_with_the_watch_options() {
-        let c = Cli::parse_from([
+        let (a, m) = parse([
             "w",
             "/ckpts",
             "--drafter-series",
@@ -400,8 +379,8 @@ mod tests {
             "1:00:00",
             "--sbatch=--account=ml",
         ]);
-        let a = &c.w;
-        let args = run_args(a, Path::new("/m/t.gguf")).unwrap();
+        let a = &a;
+        let args = run_args(&m, Path::new("/m/t.gguf")).unwrap();
         let name = job_name("/ckpts/step 258", &"ab".repeat(32));
         assert_eq!(name, "step_258-abababababab");
         let s = job_script(
@@ -426,9 +405,7 @@ mod tests {
             set -euo pipefail\n\
             exec '/bin/draftlens' --cache-dir '/c' run --drafter '/ckpts/step 258' --drafter-series 'my run' \
             --db '/j/step_258-abababababab.sqlite' '--target' '/m/t.gguf' '--prompts' 'builtin:mtbench' \
-            '--max-new-tokens' '8' '--backend' 'cpu' '--gen-batch' '64' '--gdn-profile' 'reference' \
-            '--top-k' '8' '--stride' '4' '--seed' '0' '--anchor-batch' '256' '--plugin' 'accept-length' \
-            '--plugin-time-limit' '60' '--plugin-memory-mib' '256'\n";
+            '--max-new-tokens' '8' '--backend' 'cpu' '--stride' '4' '--plugin' 'accept-length'\n";
         assert_eq!(s, want);
         // A GPU job asks for its GPUs.
         let c = Cli::parse_from([
@@ -441,6 +418,94 @@ mod tests {
             "2",
         ]);
         assert!(c.w.job.resource_lines().contains("#SBATCH --gpus=2\n"));
+    }
+
+    /// Every option given to the watch that `run` takes too reaches the job's `draftlens run` as
+    /// given (paths made absolute), flags without a value included; the options the job sets
+    /// itself are not passed on a second time.
+    #[test]
+    fn options_given_to_the_watch_reach_the_job() {
+        let (a, m) = parse([
+            "w",
+            "/ckpts",
+            "--drafter-series",
+            "s",
+            "--slurm",
+            "--db",
+            "w.sqlite",
+            "--gen-batch",
+            "7",
+            "--gdn-profile",
+            "engine",
+            "--limit",
+            "3",
+            "--prompts",
+            "p.jsonl",
+            "--top-k",
+            "4",
+            "--sample",
+            "5",
+            "--seed",
+            "9",
+            "--anchor-batch",
+            "32",
+            "--plugin",
+            "plugins/x.wasm",
+            "--plugin",
+            "accept-length",
+            "--param",
+            "accept-length:k=1",
+            "--plugin-dir",
+            "pd",
+            "--plugin-fuel",
+            "100",
+            "--no-plugin-cache",
+        ]);
+        let args = run_args(&m, Path::new("/m/t.gguf")).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        let abs = |p: &str| cwd.join(p).display().to_string();
+        let want = [
+            "--target",
+            "/m/t.gguf",
+            "--prompts",
+            &abs("p.jsonl"),
+            "--limit",
+            "3",
+            "--gen-batch",
+            "7",
+            "--gdn-profile",
+            "engine",
+            "--top-k",
+            "4",
+            "--sample",
+            "5",
+            "--seed",
+            "9",
+            "--anchor-batch",
+            "32",
+            "--plugin",
+            &abs("plugins/x.wasm"),
+            "--plugin",
+            "accept-length",
+            "--param",
+            "accept-length:k=1",
+            "--plugin-dir",
+            &abs("pd"),
+            "--plugin-fuel",
+            "100",
+            "--no-plugin-cache",
+        ];
+        assert_eq!(args, want);
+        let script = job_script("dl", &a, &args, Path::new("/c"), "n", Path::new("/j"), &cwd);
+        assert!(script.contains(" '--gen-batch' '7' "), "{script}");
+        // The options the job sets itself are options of both commands (else the list is stale).
+        let watch = WatchArgs::augment_args(clap::Command::new("watch"));
+        let run = crate::cmd_eval::RunArgs::augment_args(clap::Command::new("run"));
+        for id in SET_BY_THE_JOB {
+            for cmd in [&watch, &run] {
+                assert!(cmd.get_arguments().any(|x| x.get_id() == id), "{id}");
+            }
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `draftlens`: evaluate speculative-decoding drafters the way deployment sees them.
 
+mod args;
 mod cmd_bench;
 mod cmd_bench_load;
 mod cmd_cache;
@@ -17,7 +18,7 @@ mod cmd_watch;
 mod common;
 mod setup;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use common::Global;
 
 #[derive(Parser)]
@@ -108,7 +109,11 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
+    // `Cli::parse()` with the matches kept: `watch --slurm` passes the options its user gave on
+    // to the jobs' `draftlens run` (cmd_watch_slurm.rs).
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches)
+        .unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
     cli.global.init_logging();
     cli.global.start_timeline();
     // Ctrl-C / SIGTERM: finish the current prompt, mark the run failed, keep caches valid.
@@ -132,7 +137,13 @@ fn main() {
         Cmd::Extract(a) => cmd_model::extract(&cli.global, a),
         Cmd::Cache(c) => cmd_cache::run(&cli.global, c),
         Cmd::Run(a) => cmd_eval::run(&cli.global, a),
-        Cmd::Watch(a) => cmd_watch::run(&cli.global, a),
+        Cmd::Watch(a) => cmd_watch::run(
+            &cli.global,
+            a,
+            matches
+                .subcommand_matches("watch")
+                .expect("the matches of the watch command"),
+        ),
         Cmd::Live(a) => cmd_eval::live(&cli.global, a),
         Cmd::Lint(a) => cmd_eval::lint_cmd(&cli.global, a),
         Cmd::Runs(c) => cmd_eval::runs(&cli.global, c),

@@ -19,18 +19,28 @@ pub const CHUNK: usize = 64;
 pub const L2_EPS: f32 = 1e-6;
 
 /// Numeric profile of the Gated DeltaNet core (see docs/hybrid-models.md, "Two numeric profiles").
+/// `--gdn-profile` takes its values, each with a one-line help.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum GdnProfile {
     /// f32 state and f32 intermediates: transformers' torch fallback
     /// (`torch_chunk_gated_delta_rule` / `torch_recurrent_gated_delta_rule`).
     #[default]
+    #[cfg_attr(
+        feature = "cli",
+        value(help = "f32 state and intermediates, as transformers' PyTorch fallback")
+    )]
     Reference,
     /// fla-style (`fla/ops/gated_delta_rule/chunk.py`) bf16 roundings of the chunked path: the
     /// inputs q, k, v, β and the L2-normed q̂/k̂ are bf16; the inverse M = (I + L)⁻¹, W, U and
     /// V′ are stored bf16; the state is cast to bf16 (once per chunk) for the W·S and Q·S
     /// products while its running sum stays f32; the output is bf16. The recurrent (one-token)
     /// path only rounds its inputs and output (fla's `fused_recurrent` keeps f32 inside).
+    #[cfg_attr(
+        feature = "cli",
+        value(help = "bf16 intermediates where the fla Triton kernels (vLLM, SGLang) keep them")
+    )]
     Engine,
 }
 

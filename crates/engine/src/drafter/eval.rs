@@ -28,13 +28,17 @@ pub enum AnchorPolicy {
     Random { n: usize, seed: u64 },
 }
 
-/// Where labels come from (train-style evaluation only).
+/// Where labels come from (train-style evaluation only). `--labels` takes its values (listed
+/// without help, as the command line always did).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Labels {
     /// The target's own greedy tokens (what verification accepts against).
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Target,
     /// Tokens of the data (a reference completion), as training on non-regenerated data does.
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Data,
 }
 

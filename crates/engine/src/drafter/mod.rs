@@ -13,3 +13,5 @@ pub mod live;
 pub mod random;
 pub mod records_cache;
 pub mod run;
+pub mod run_identity;
+mod vocab;

@@ -6,20 +6,20 @@
 
 use super::eval::{evaluate_sequence, DraftTarget, Drafter, EvalOptions, Labels, Sequence};
 use super::lint::{lint, Severity};
-use draftlens_results::metrics::{summarize, PromptInfo};
 use super::model::DFlashDrafter;
 use super::records_cache;
+use super::run_identity::{DrafterIdentity, DrafterKind, RunIdentity};
 use crate::backend::Backend;
 use crate::model::Capture;
 use crate::prompts::{Prompt, PromptSet};
 use crate::records::RecordBatch;
 use crate::session::{Packer, ResidentPass, Session};
-use draftlens_results::shard::{EvalIdentity, Shard};
-use draftlens_results::store::{NewRun, RunEval, RunMode, RunPrompt, RunStatus, Store, TrainStyle};
 use anyhow::{bail, Context, Result};
-use draftlens_results::shard::SHARD_NAME_SEP;
+use draftlens_results::metrics::{summarize, PromptInfo};
+use draftlens_results::shard::Shard;
+use draftlens_results::store::{RunMode, RunPrompt, RunStatus, Store};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -40,6 +40,26 @@ pub enum DrafterSpec {
     AntiOracle {
         block_size: usize,
     },
+}
+
+impl DrafterSpec {
+    pub fn kind(&self) -> DrafterKind {
+        match self {
+            DrafterSpec::Checkpoint { .. } => DrafterKind::Checkpoint,
+            DrafterSpec::Oracle { .. } => DrafterKind::Oracle,
+            DrafterSpec::AntiOracle { .. } => DrafterKind::AntiOracle,
+        }
+    }
+
+    /// The built-in drafter `--drafter NAME` names (`builtin:oracle`, `builtin:anti-oracle`),
+    /// with blocks of `block_size`; `None` when `name` is not one (a checkpoint path).
+    pub fn builtin(name: &str, block_size: usize) -> Option<DrafterSpec> {
+        Some(match DrafterKind::builtin(name)? {
+            DrafterKind::Oracle => DrafterSpec::Oracle { block_size },
+            DrafterKind::AntiOracle => DrafterSpec::AntiOracle { block_size },
+            DrafterKind::Checkpoint => return None,
+        })
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -146,72 +166,6 @@ impl<'s, B: Backend> RunDrafter<'s, B> {
     }
 }
 
-/// (path, weights sha256, series, step) of the drafter; a checkpoint's hash comes from the
-/// identity store (hashed once per file version, like the target's).
-/// Hashes (or finds remembered) the target's weight files and every checkpoint's weights at once,
-/// in parallel, so that the runs of a series do not each stop to hash their checkpoint (an 8B
-/// target's 5-layer drafter is 2 GB, about 2 s of sha256 per checkpoint, one after another) and
-/// the target's identity is ready for the first cache key. Errors are left for the step that
-/// needs the hash, which reports them with its own context.
-pub fn prewarm_identities<B: Backend>(s: &Session<B>, specs: &[DrafterSpec]) {
-    use rayon::prelude::*;
-    let _phase = crate::timeline::phase("identity hashing");
-    let store = crate::identity::IdentityStore::new(s.cache.root());
-    let files: Vec<std::path::PathBuf> = specs
-        .iter()
-        .filter_map(|spec| match spec {
-            DrafterSpec::Checkpoint { dir, .. } => Some(dir.join("model.safetensors")),
-            _ => None,
-        })
-        .filter(|w| w.exists())
-        .collect();
-    let target = &s.files.identity;
-    rayon::join(
-        || {
-            let _ = target.weights_sha256();
-        },
-        || {
-            files.par_iter().for_each(|w| {
-                let _ = store.file_sha256(w);
-            })
-        },
-    );
-}
-
-fn drafter_identity(
-    spec: &DrafterSpec,
-    store: &crate::identity::IdentityStore,
-) -> Result<(String, String, String, Option<i64>)> {
-    Ok(match spec {
-        DrafterSpec::Checkpoint { dir, step, series } => {
-            let w = dir.join("model.safetensors");
-            let sha = if w.exists() {
-                store.file_sha256(&w)?
-            } else {
-                String::new()
-            };
-            (
-                dir.display().to_string(),
-                sha,
-                series.clone(),
-                step.map(|s| s as i64),
-            )
-        }
-        DrafterSpec::Oracle { .. } => (
-            "builtin:oracle".into(),
-            String::new(),
-            "oracle".into(),
-            None,
-        ),
-        DrafterSpec::AntiOracle { .. } => (
-            "builtin:anti-oracle".into(),
-            String::new(),
-            "anti-oracle".into(),
-            None,
-        ),
-    })
-}
-
 /// Evaluate `spec` on `set` and store everything in `store`.
 pub fn run_eval<B: Backend>(
     s: &Session<B>,
@@ -245,136 +199,19 @@ pub fn run_eval_shard<B: Backend>(
     let taps = drafter.target_layer_ids.len();
     // Before the run is created or anything computed: every prompt must fit on the device.
     s.check_prompts_fit(&chosen, opts.max_new_tokens, taps)?;
-    let (dpath, dsha, series, step) =
-        drafter_identity(spec, &crate::identity::IdentityStore::new(s.cache.root()))?;
-    let b = drafter.block_size;
-    let tok = s.files.tokenizer()?;
-    let name = opts.name.clone().unwrap_or_else(|| {
-        let d = Path::new(&dpath)
-            .file_name()
-            .map(|x| x.to_string_lossy().to_string())
-            .unwrap_or(dpath.clone());
-        format!("{series}/{d} · {} · {}", set.name, opts.mode.as_str())
-    });
-    let name = match shard {
-        Some(sh) => format!("{name}{SHARD_NAME_SEP}{sh}"),
-        None => name,
-    };
-    let train_style = (opts.mode == RunMode::TrainStyle).then(|| TrainStyle {
-        labels: match opts.eval.labels {
-            Labels::Target => "target".into(),
-            Labels::Data => "data".into(),
-        },
-        mask_rule: if opts.eval.ctx_inclusive {
-            "inclusive".into()
-        } else {
-            "strict".into()
-        },
-    });
-    let _setup = crate::timeline::phase("run setup");
-    let mut config = serde_json::json!({
-        "eval": opts.eval, "max_new_tokens": opts.max_new_tokens, "mode": opts.mode.as_str(),
-        "target": s.files.identity.to_json()?, "drafter": dpath, "prompts": set.source, "backend": s.be.name(), "gdn_profile": s.gdn_profile_name(),
-    });
-    if let Some(sh) = shard {
-        config["shard"] = serde_json::json!(sh.to_string());
-    }
-    // sha256 of a checkpoint's config.json: part of the evaluation's identity and of the key its
-    // records are cached under.
-    let config_sha = match spec {
-        DrafterSpec::Checkpoint { dir, .. } => {
-            let cfg = dir.join("config.json");
-            let bytes =
-                std::fs::read(&cfg).with_context(|| format!("{}: cannot read", cfg.display()))?;
-            crate::util::sha256_bytes(&bytes)
-        }
-        _ => String::new(),
-    };
-    let identity = EvalIdentity {
-        target_sha256: s.files.identity.weights_sha256()?,
-        target_arch: s.files.identity.arch.clone(),
-        tokenizer: tok.fingerprint(),
-        drafter_kind: match spec {
-            DrafterSpec::Checkpoint { .. } => "checkpoint".into(),
-            DrafterSpec::Oracle { .. } => "builtin:oracle".into(),
-            DrafterSpec::AntiOracle { .. } => "builtin:anti-oracle".into(),
-        },
-        drafter_sha256: dsha.clone(),
-        drafter_config_sha256: config_sha.clone(),
-        block_size: b as u32,
-        prompt_set_sha256: set.sha256.clone(),
-        prompts: set.prompts.len() as u32,
-        mode: opts.mode.as_str().into(),
-        eval: serde_json::to_value(&opts.eval)?,
-        max_new_tokens: opts.max_new_tokens as u32,
-        backend: s.be.name().into(),
-        dtype: s.be.dtype().into(),
-        gdn_profile: s.gdn_profile_name().map(String::from),
-        code_version: draftlens_results::shard::code_version(),
-    };
-    let eval = RunEval {
-        identity: identity.sha256(),
-        identity_json: serde_json::to_value(&identity)?,
-        shard,
-        set_prompts: set.prompts.len() as u32,
-        run_prompts: selected.len() as u32,
-        merged_from: None,
-    };
-    // Token pieces as text, so the UI's drill-down shows words instead of ids (once per
-    // tokenizer and database: decoding 150k pieces takes a while). A token that is only part of
-    // a character (byte-level BPE, byte fallback) is stored as its bytes, marked with U+E000 and
-    // written in hex, so the UI can merge it with its neighbours (docs/ui.md §4).
-    if !store.has_vocab(&tok.fingerprint())? {
-        use rayon::prelude::*;
-        let pieces: Vec<String> = (0..tok.vocab_size() as u32)
-            .into_par_iter()
-            .map(|i| {
-                let text = tok.decode(&[i]).unwrap_or_default();
-                match tok.token_bytes(i) {
-                    Some(b) if text.contains('\u{FFFD}') && std::str::from_utf8(&b).is_err() => {
-                        format!("\u{E000}{}", hex_bytes(&b))
-                    }
-                    _ => text,
-                }
-            })
-            .collect();
-        store.put_vocab(
-            &tok.fingerprint(),
-            &s.files.identity.path.display().to_string(),
-            &pieces,
-        )?;
-    }
-    let run_id = store.create_eval_run(
-        &NewRun {
-            name: name.clone(),
-            mode: opts.mode,
-            config,
-            target_path: s.files.identity.path.display().to_string(),
-            target_sha256: s.files.identity.weights_sha256()?,
-            target_arch: s.files.identity.arch.clone(),
-            drafter_path: dpath,
-            drafter_sha256: dsha.clone(),
-            drafter_series: series,
-            drafter_step: step,
-            prompt_set_name: set.name.clone(),
-            prompt_set_sha256: set.sha256.clone(),
-            backend: s.be.name().into(),
-            dtype: s.be.dtype().into(),
-            block_size: b as u32,
-            top_k: opts.eval.top_k as u32,
-            train_style,
-            tokenizer_sha256: Some(tok.fingerprint()),
-        },
-        &eval,
+    let drafter_identity = DrafterIdentity::of(
+        spec,
+        drafter.block_size,
+        &crate::identity::IdentityStore::new(s.cache.root()),
     )?;
+    let tok = s.files.tokenizer()?;
+    let _setup = crate::timeline::phase("run setup");
+    let identity = RunIdentity::new(s, drafter_identity, set, opts, shard, selected.len())?;
+    super::vocab::store_vocab(store, tok, &s.files.identity.path.display().to_string())?;
+    let run_id = store.create_eval_run(&identity.new_run(), &identity.run_eval()?)?;
     drop(_setup);
-    // A DFlash checkpoint's records are cached under the hash of its weights and config.
-    let records_sha = match spec {
-        DrafterSpec::Checkpoint { .. } if !dsha.is_empty() => {
-            Some(format!("{dsha}+config:{config_sha}"))
-        }
-        _ => None,
-    };
+    let name = identity.name;
+    let records_sha = identity.drafter.records_sha();
     let result = evaluate_prompts(
         s,
         &drafter,
@@ -839,9 +676,4 @@ impl<B: Backend> Evaluation<'_, '_, B> {
         self.draft_s += t.elapsed().as_secs_f64();
         Ok(rec)
     }
-}
-
-/// Lowercase hex of `b` (the stored form of a partial-character token piece).
-fn hex_bytes(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -32,7 +32,7 @@ enum Role {
 }
 
 /// Marks a stored piece that is only part of a character: U+E000 then its bytes in hex
-/// (written by `draftlens run`, crates/engine/src/drafter/run.rs).
+/// (written by `draftlens run`, crates/engine/src/drafter/vocab.rs).
 const BYTES_MARK: char = '\u{E000}';
 
 /// The bytes of a partial-character piece, if `s` is one.

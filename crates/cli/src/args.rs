@@ -1,0 +1,159 @@
+//! The argument groups several commands flatten: the target and its prompts ([`TargetArgs`], with
+//! the backend choice [`BackendArg`]) and which anchors are drafted ([`AnchorArgs`]). A group
+//! whose rules live with one command stays there: the plugin options (`cmd_plugins::PluginArgs`)
+//! and the Slurm job resources (`cmd_slurm::JobArgs`).
+//!
+//! Engine enums parse themselves (`clap::ValueEnum` under the engine's `cli` feature: `Labels`,
+//! `GdnProfile`); the CLI keeps its own enum only where a value has no engine counterpart:
+//! `--backend auto` (decided here, by probing CUDA).
+
+use crate::common::Global;
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use draftlens_engine::backend::GdnProfile;
+use draftlens_engine::drafter::eval::AnchorPolicy;
+use draftlens_engine::prompts::PromptSet;
+use draftlens_engine::session::BackendKind;
+use draftlens_results::shard::Shard;
+use std::path::PathBuf;
+
+/// `--backend`: the engine's backends plus `auto`, which the CLI resolves (`BackendKind` has no
+/// such value: the engine runs on a backend, it does not choose one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// CUDA when a usable GPU is present, else the CPU.
+    Auto,
+    /// The f32 reference.
+    Cpu,
+    /// bf16 with fp32 accumulation, kernels compiled at run time by NVRTC (docs/cuda.md).
+    Cuda,
+}
+
+impl BackendArg {
+    /// The value as the command line writes it (`auto`, `cpu`, `cuda`).
+    pub fn name(self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+
+    /// The backend this choice runs on, and why (`auto` asks the CUDA probe).
+    pub fn resolve(self) -> (BackendKind, String) {
+        match self {
+            BackendArg::Cpu => (BackendKind::Cpu, "--backend cpu".into()),
+            BackendArg::Cuda => (BackendKind::Cuda, "--backend cuda".into()),
+            BackendArg::Auto => match draftlens_engine::session::cuda_availability(0) {
+                Ok(()) => (
+                    BackendKind::Cuda,
+                    "auto: a usable CUDA GPU was found".into(),
+                ),
+                Err(why) => (BackendKind::Cpu, format!("auto: CUDA unavailable: {why}")),
+            },
+        }
+    }
+
+    /// [`BackendArg::resolve`], announced: the first line of the command's output says which
+    /// backend runs and why (on stderr with `--json`, so stdout stays one JSON document).
+    pub fn select(self, g: &Global) -> BackendKind {
+        let (kind, why) = self.resolve();
+        let line = format!("backend {} ({why})", kind.as_str());
+        if g.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+        kind
+    }
+}
+
+impl From<BackendArg> for BackendKind {
+    fn from(b: BackendArg) -> Self {
+        b.resolve().0
+    }
+}
+
+/// Options shared by every command that runs the target over a prompt set. The session they
+/// describe is built by `TargetArgs::session` (cmd_model.rs).
+#[derive(Args, Clone, Debug)]
+pub struct TargetArgs {
+    /// Target model: a .gguf file or a Hugging Face folder (config.json + safetensors)
+    /// [default: the model `draftlens setup` installs in the data folder].
+    #[arg(long)]
+    pub target: Option<PathBuf>,
+    /// Prompt set: builtin:humaneval|mtbench|gsm8k or a JSONL file.
+    #[arg(long, default_value = "builtin:humaneval")]
+    pub prompts: String,
+    /// Use only the first N prompts.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Tokens the target generates per prompt (greedy).
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+    /// Numeric backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// Prompts whose greedy continuations are decoded together (one weight read per step for
+    /// all of them). Continuations are bit-identical to decoding each prompt alone; a backend
+    /// caps the batch at the rows it can promise that for (CUDA: 64, CPU: no cap).
+    #[arg(long, default_value_t = draftlens_engine::session::DEFAULT_GEN_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub gen_batch: usize,
+    /// Gated DeltaNet numeric profile of a hybrid target (Qwen3.5/3.6/Next); part of the cache
+    /// key and recorded with every run. Dense targets ignore it.
+    #[arg(long, value_enum, default_value_t = GdnProfile::Reference)]
+    pub gdn_profile: GdnProfile,
+}
+
+impl TargetArgs {
+    pub fn prompt_set(&self) -> Result<PromptSet> {
+        let mut set = PromptSet::load(&self.prompts)?;
+        if let Some(n) = self.limit {
+            set.truncate(n);
+        }
+        if set.prompts.is_empty() {
+            bail!("{}: the prompt set is empty", set.source.display());
+        }
+        Ok(set)
+    }
+
+    /// [`TargetArgs::prompt_set`], only the prompts of `shard` when given (possibly none).
+    pub fn shard_prompt_set(&self, shard: Option<Shard>) -> Result<PromptSet> {
+        let mut set = self.prompt_set()?;
+        if let Some(sh) = shard {
+            set.prompts = draftlens_engine::shard::prompts_of_shard(&sh, &set.prompts)
+                .into_iter()
+                .map(|i| set.prompts[i].clone())
+                .collect();
+        }
+        Ok(set)
+    }
+}
+
+/// Which completion anchors are drafted and how (shared by `run` and `watch`).
+#[derive(Args, Clone, Debug)]
+pub struct AnchorArgs {
+    /// Drafter candidates kept per position.
+    #[arg(long, default_value_t = 8)]
+    pub top_k: usize,
+    /// Evaluate every N-th completion anchor (default: every anchor).
+    #[arg(long, conflicts_with = "sample")]
+    pub stride: Option<usize>,
+    /// Evaluate N randomly sampled completion anchors per prompt (with --seed).
+    #[arg(long)]
+    pub sample: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Anchors per drafter forward.
+    #[arg(long, default_value_t = draftlens_engine::drafter::eval::DEFAULT_ANCHOR_BATCH)]
+    pub anchor_batch: usize,
+}
+
+impl AnchorArgs {
+    /// `--stride` / `--sample` as the evaluation's anchor policy.
+    pub fn policy(&self) -> AnchorPolicy {
+        match (self.stride, self.sample) {
+            (Some(n), _) => AnchorPolicy::Stride(n),
+            (_, Some(n)) => AnchorPolicy::Random { n, seed: self.seed },
+            _ => AnchorPolicy::Every,
+        }
+    }
+}
