@@ -2,7 +2,8 @@
 //! prompt table and the per-position curves. Shared by the live pages (`server`) and the static
 //! report (`report`).
 
-use crate::analysis::{self, RunStats};
+use crate::analysis;
+use draftlens_results::metrics::{aggregate, derived, PromptStats, RunStats, SOURCE};
 use crate::compare::RunCurves;
 use crate::views;
 use draftlens_results::store::MetricKey;
@@ -21,7 +22,7 @@ pub(crate) fn default_columns(keys: &[(MetricKey, usize, bool)]) -> Vec<MetricKe
     ] {
         if let Some(k) = names.iter().find_map(|n| {
             keys.iter()
-                .find(|k| k.0.source == analysis::SOURCE && k.0.name == *n)
+                .find(|k| k.0.source == SOURCE && k.0.name == *n)
         }) {
             out.push(k.0.clone());
         }
@@ -49,8 +50,8 @@ pub(crate) fn cmp_opt(a: Option<f64>, b: Option<f64>) -> std::cmp::Ordering {
 }
 
 pub(crate) fn headline_of(st: &RunStats) -> views::run::Headline {
-    let all: Vec<&analysis::PromptStats> = st.evaluated().collect();
-    let get = |name: &str| analysis::aggregate(analysis::derived(name), &all);
+    let all: Vec<&PromptStats> = st.evaluated().collect();
+    let get = |name: &str| aggregate(derived(name), &all);
     views::run::Headline {
         tau_replayed: get("tau_replayed_macro"),
         tau_replayed_pooled: get("tau_replayed_pooled"),
@@ -62,15 +63,15 @@ pub(crate) fn headline_of(st: &RunStats) -> views::run::Headline {
 }
 
 pub(crate) fn categories_of(st: &RunStats) -> Vec<views::run::CategoryRow> {
-    let mut by: std::collections::BTreeMap<String, Vec<&analysis::PromptStats>> =
+    let mut by: std::collections::BTreeMap<String, Vec<&PromptStats>> =
         Default::default();
     for p in st.evaluated() {
         if let Some(c) = &p.category {
             by.entry(c.clone()).or_default().push(p);
         }
     }
-    let get = |name: &str, ps: &[&analysis::PromptStats]| {
-        analysis::aggregate(analysis::derived(name), ps)
+    let get = |name: &str, ps: &[&PromptStats]| {
+        aggregate(derived(name), ps)
     };
     by.into_iter()
         .map(|(name, ps)| views::run::CategoryRow {
@@ -87,7 +88,7 @@ pub(crate) fn prompt_rows(
     metas: &[draftlens_results::store::PromptMeta],
     stats: Option<&RunStats>,
 ) -> Vec<views::run::PromptRow> {
-    let by: HashMap<u32, &analysis::PromptStats> = stats
+    let by: HashMap<u32, &PromptStats> = stats
         .map(|s| s.prompts.iter().map(|p| (p.index, p)).collect())
         .unwrap_or_default();
     metas
@@ -103,9 +104,7 @@ pub(crate) fn prompt_rows(
                 blocks: ps.map(|p| p.blocks).unwrap_or(0),
                 tau_replayed: ps.and_then(|p| p.replayed_tau()),
                 tau_uniform: ps.and_then(|p| p.uniform_tau()),
-                flat_accuracy: ps.and_then(|p| {
-                    (p.valid_total() > 0).then(|| p.correct_total() as f64 / p.valid_total() as f64)
-                }),
+                flat_accuracy: ps.and_then(|p| aggregate(derived("flat_accuracy"), &[p])),
             }
         })
         .collect()
@@ -120,10 +119,10 @@ mod tests {
         let k = |s: &str, n: &str| (MetricKey::new(s, n), 1, true);
         let keys = vec![
             k("plugin", "zzz"),
-            k(analysis::SOURCE, "flat_accuracy"),
-            k(analysis::SOURCE, "acc_top1"),
-            k(analysis::SOURCE, "tau_replayed_macro"),
-            k(analysis::SOURCE, "survival"),
+            k(SOURCE, "flat_accuracy"),
+            k(SOURCE, "acc_top1"),
+            k(SOURCE, "tau_replayed_macro"),
+            k(SOURCE, "survival"),
             k("p", "a"),
         ];
         let cols: Vec<String> = default_columns(&keys).into_iter().map(|c| c.name).collect();

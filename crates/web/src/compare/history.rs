@@ -2,7 +2,7 @@
 //! CIs over prompts and the paired Δ of replayed τ against the previous step.
 
 use super::{paired_verdict, StatsCache, Verdict};
-use crate::analysis::{self, Aggregation};
+use draftlens_results::metrics::{aggregate, derived, Aggregation, DerivedMetric, PromptStats};
 use crate::stats::{paired_interval, IntervalMethod, Resamples, Rng};
 use anyhow::{bail, Result};
 use draftlens_results::store::{RunMode, Store};
@@ -80,9 +80,9 @@ pub fn history(
     // Per point: prompt sha → replayed τ (for the paired step-to-step Δs).
     let mut shas: Vec<HashMap<String, f64>> = Vec::new();
     let mut left_out = 0;
-    let tau_r = analysis::derived("tau_replayed_macro");
-    let tau_u = analysis::derived("tau_uniform");
-    let flat = analysis::derived("flat_accuracy");
+    let tau_r = derived("tau_replayed_macro");
+    let tau_u = derived("tau_uniform");
+    let flat = derived("flat_accuracy");
     let mut ps_name = String::new();
     for r in &runs {
         let Some(step) = r.drafter_step else {
@@ -98,12 +98,12 @@ pub fn history(
             continue;
         };
         ps_name = r.prompt_set_name.clone();
-        let evaluated: Vec<&analysis::PromptStats> = st.evaluated().collect();
+        let evaluated: Vec<&PromptStats> = st.evaluated().collect();
         let mut rng = Rng::from_str_seed(&r.uid);
         let rs = Resamples::new(evaluated.len(), 500, &mut rng);
         // CI of the metric's own statistic: per-prompt (numerator, denominator) pairs, so a
         // macro metric's CI is over per-prompt means and a pooled one's over Σ/Σ.
-        let ci_of = |m: &analysis::DerivedMetric| -> Option<(f64, f64)> {
+        let ci_of = |m: &DerivedMetric| -> Option<(f64, f64)> {
             let (num, den): (Vec<f64>, Vec<f64>) = evaluated
                 .iter()
                 .map(|p| match ((m.per_prompt)(p), m.aggregation) {
@@ -129,11 +129,11 @@ pub fn history(
             name: r.name.clone(),
             step,
             status: r.status.to_string(),
-            tau_replayed: analysis::aggregate(tau_r, &evaluated),
+            tau_replayed: aggregate(tau_r, &evaluated),
             tau_replayed_ci: ci_of(tau_r),
-            tau_uniform: analysis::aggregate(tau_u, &evaluated),
+            tau_uniform: aggregate(tau_u, &evaluated),
             tau_uniform_ci: ci_of(tau_u),
-            flat_accuracy: analysis::aggregate(flat, &evaluated),
+            flat_accuracy: aggregate(flat, &evaluated),
             step_delta: None,
         });
     }

@@ -2,7 +2,7 @@
 //! many evaluation mechanisms it turns on, saying what changed from the row above.
 
 use super::InflationRow;
-use crate::analysis::{self, RunStats};
+use draftlens_results::metrics::{aggregate, derived, RunStats};
 use draftlens_results::store::{RunInfo, RunMode};
 use std::sync::Arc;
 
@@ -29,7 +29,7 @@ pub(super) fn inflation_rows(
     order.sort_by_key(|&i| (rank(&runs[i]), i));
     let get = |i: usize, name: &str| -> Option<f64> {
         let st = stats[i].as_ref()?;
-        analysis::aggregate(analysis::derived(name), &st.evaluated().collect::<Vec<_>>())
+        aggregate(derived(name), &st.evaluated().collect::<Vec<_>>())
     };
     let mut rows = Vec::new();
     let mut prev: Option<usize> = None;

@@ -20,9 +20,8 @@ pub use history::{history, History, HistoryPoint, StepDelta};
 use inflation::inflation_rows;
 pub use text::{comparison_text, fmt_delta, fmt_value};
 
-use crate::analysis::{
-    self, accept_histogram, position_curve, Aggregation, Curve, RunStats, DERIVED, SOURCE,
-};
+use crate::analysis::{accept_histogram, position_curve, Curve};
+use draftlens_results::metrics::{aggregate, Aggregation, PromptStats, RunStats, DERIVED, SOURCE};
 use crate::stats::{paired_interval, IntervalMethod, Resamples, Rng, MIN_SHARED_PROMPTS};
 use anyhow::{bail, Context, Result};
 use draftlens_results::store::{MetricKey, MetricScope, RunInfo, Store};
@@ -303,7 +302,7 @@ pub fn compare(
     let mut data: BTreeMap<MetricKey, Vec<Option<MetricData>>> = BTreeMap::new();
     for (ri, (r, st)) in runs.iter().zip(&stats).enumerate() {
         if let Some(st) = st {
-            let all: Vec<&analysis::PromptStats> = st.evaluated().collect();
+            let all: Vec<&PromptStats> = st.evaluated().collect();
             for m in DERIVED {
                 let mut per_prompt = HashMap::new();
                 for p in &all {
@@ -319,7 +318,7 @@ pub fn compare(
                     }
                 }
                 let md = MetricData {
-                    value: analysis::aggregate(m, &all),
+                    value: aggregate(m, &all),
                     per_prompt,
                     unit: m.unit.into(),
                     description: m.description.into(),

@@ -3,7 +3,7 @@
 //! the drafter's top-K per position for any anchor. Token text is untrusted: maud escapes it.
 
 use super::{fmt, link, page, Ctx};
-use crate::analysis::replay_chain;
+use draftlens_results::metrics::replay_chain;
 use draftlens_records::RecordBatch;
 use draftlens_results::store::{RunInfo, RunPrompt};
 use maud::{html, Markup};
