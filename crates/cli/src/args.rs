@@ -10,10 +10,9 @@
 use crate::common::Global;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use draftlens_engine::backend::GdnProfile;
+use draftlens_engine::backend::{BackendKind, GdnProfile};
 use draftlens_engine::drafter::eval::AnchorPolicy;
 use draftlens_engine::prompts::PromptSet;
-use draftlens_engine::session::BackendKind;
 use draftlens_results::shard::Shard;
 use std::path::PathBuf;
 
@@ -42,7 +41,9 @@ impl BackendArg {
         match self {
             BackendArg::Cpu => (BackendKind::Cpu, "--backend cpu".into()),
             BackendArg::Cuda => (BackendKind::Cuda, "--backend cuda".into()),
-            BackendArg::Auto => match draftlens_engine::session::cuda_availability(0) {
+            BackendArg::Auto => match draftlens_engine::backend::cuda_availability(
+                draftlens_engine::backend::DEFAULT_CUDA_DEVICE,
+            ) {
                 Ok(()) => (
                     BackendKind::Cuda,
                     "auto: a usable CUDA GPU was found".into(),

@@ -185,7 +185,12 @@ fn bench_drafters(a: &BenchArgs) -> Result<Vec<DrafterRow>> {
     }
     let tmp = std::env::temp_dir().join(format!("draftlens-bench-{}", std::process::id()));
     let cache = draftlens_engine::cache::HiddenCache::open(&tmp.join("cache"))?;
-    let s = draftlens_engine::session::Session::load(CpuBackend::new(), a.target(), cache)?;
+    let s = draftlens_engine::session::Session::load(
+        CpuBackend::new(),
+        a.target(),
+        cache,
+        Default::default(),
+    )?;
     let mut set = draftlens_engine::prompts::PromptSet::load("builtin:humaneval")?;
     set.truncate(a.drafter_prompts);
     let store = draftlens_results::store::Store::open(&tmp.join("bench.sqlite"))?;

@@ -9,9 +9,8 @@ use crate::args::BackendArg;
 use crate::common::Global;
 use anyhow::{Context, Result};
 use clap::Args;
-use draftlens_engine::backend::Backend;
+use draftlens_engine::backend::{dispatch, Backend, BackendJob, DEFAULT_CUDA_DEVICE};
 use draftlens_engine::model::{TargetFiles, TargetModel};
-use draftlens_engine::session::{dispatch, BackendJob};
 use serde::Serialize;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -138,7 +137,7 @@ impl BackendJob for Job<'_> {
 }
 
 pub fn run(g: &Global, a: BenchLoadArgs) -> Result<()> {
-    let out = dispatch(a.backend.select(g), Job { a: &a })?;
+    let out = dispatch(a.backend.select(g), DEFAULT_CUDA_DEVICE, Job { a: &a })?;
     g.emit(&out, || {
         format!(
             "{} on {} ({}): {} files, {:.2} GiB\n  read (cat floor)  {:>7.2} s  {:>6.2} GiB/s\n  open              {:>7.2} s\n  upload            {:>7.2} s\n  open + upload     {:>7.2} s  {:>6.2} GiB/s   {:.2}× the read floor\n  peak RSS          {}\n",

@@ -2,7 +2,7 @@
 //! (docs/install.md §5).
 //!
 //! Read-only and quick: it never downloads, compiles kernels or writes anything. The CUDA verdict
-//! is the CUDA backend's own probe (`draftlens_engine::session::cuda_availability`, the check that
+//! is the CUDA backend's own probe (`draftlens_engine::backend::cuda_availability`, the check that
 //! `--backend auto` uses), so doctor and the model commands cannot disagree.
 
 use crate::common::Global;
@@ -71,7 +71,9 @@ fn loads(names: &[&str]) -> Option<String> {
 }
 
 fn cuda_checks(out: &mut Vec<Check>) {
-    let verdict = draftlens_engine::session::cuda_availability(0);
+    let verdict = draftlens_engine::backend::cuda_availability(
+        draftlens_engine::backend::DEFAULT_CUDA_DEVICE,
+    );
     for (what, names) in CUDA_LIBS {
         let found = loads(names);
         out.push(optional(

@@ -4,14 +4,13 @@ use crate::args::{AnchorArgs, TargetArgs};
 use crate::common::Global;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use draftlens_engine::backend::Backend;
+use draftlens_engine::backend::{dispatch, Backend, BackendJob, DEFAULT_CUDA_DEVICE};
 use draftlens_engine::drafter::eval::{EvalOptions, Labels};
 use draftlens_engine::drafter::lint::{lint, Severity};
 use draftlens_engine::drafter::live::live_decode;
 use draftlens_engine::drafter::run::{run_eval_shard, DrafterSpec, RunOptions};
 use draftlens_engine::drafter::{DFlashDrafter, DrafterCheckpoint};
 use draftlens_engine::model::TargetFiles;
-use draftlens_engine::session::{dispatch, BackendJob};
 use draftlens_results::store::{RunFilter, RunMode, Store};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -161,7 +160,11 @@ impl BackendJob for RunJob<'_> {
 pub fn run(g: &Global, a: RunArgs) -> Result<()> {
     // Plugins are found and their parameters checked before any model runs.
     let plugins = crate::cmd_rescore::Prepared::new(&a.plugins)?;
-    let outs = dispatch(a.target.backend.select(g), RunJob { g, a: &a })?;
+    let outs = dispatch(
+        a.target.backend.select(g),
+        DEFAULT_CUDA_DEVICE,
+        RunJob { g, a: &a },
+    )?;
     // A failing plugin is a warning (recorded with the run), never a failed run.
     let scored = {
         let _phase = draftlens_engine::timeline::phase("plugins");
@@ -259,7 +262,11 @@ impl BackendJob for LiveJob<'_> {
 }
 
 pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
-    let rows = dispatch(a.target.backend.select(g), LiveJob { g, a: &a })?;
+    let rows = dispatch(
+        a.target.backend.select(g),
+        DEFAULT_CUDA_DEVICE,
+        LiveJob { g, a: &a },
+    )?;
     let bad = rows.iter().filter(|r| !r.lossless).count();
     g.emit(&rows, || {
         let mut o: String = rows

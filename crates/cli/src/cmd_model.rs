@@ -4,9 +4,9 @@ use crate::args::TargetArgs;
 use crate::common::Global;
 use anyhow::Result;
 use clap::Args;
-use draftlens_engine::backend::Backend;
+use draftlens_engine::backend::{dispatch, Backend, BackendJob, DEFAULT_CUDA_DEVICE};
 use draftlens_engine::model::{Capture, TargetFiles};
-use draftlens_engine::session::{dispatch, BackendJob, Packer, Session};
+use draftlens_engine::session::{Packer, Session, SessionOptions};
 use draftlens_results::shard::Shard;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -15,12 +15,29 @@ use std::time::Instant;
 // The argument group is in args.rs; the session it describes is built here, beside the commands
 // that run the target.
 impl TargetArgs {
+    /// The session options these flags set (the others at their defaults).
+    pub fn session_options(&self) -> SessionOptions {
+        SessionOptions {
+            gen_batch: self.gen_batch,
+            gdn_profile: self.gdn_profile,
+            ..Default::default()
+        }
+    }
+
     /// The target loaded on `be` with these options.
     pub fn session<B: Backend>(&self, be: B, g: &Global) -> Result<Session<B>> {
-        let mut s = Session::load(be, &g.target(&self.target)?, g.cache()?)?;
-        s.gen_batch = self.gen_batch;
-        s.gdn_profile = self.gdn_profile;
-        Ok(s)
+        self.session_with(be, g, self.session_options())
+    }
+
+    /// The target loaded on `be` with `opts` (a command's own on top of
+    /// [`TargetArgs::session_options`]).
+    pub fn session_with<B: Backend>(
+        &self,
+        be: B,
+        g: &Global,
+        opts: SessionOptions,
+    ) -> Result<Session<B>> {
+        Session::load(be, &g.target(&self.target)?, g.cache()?, opts)
     }
 }
 
@@ -208,7 +225,7 @@ pub fn generate(g: &Global, a: GenerateArgs) -> Result<()> {
         a: &a.target,
         shard: a.shard,
     };
-    let out = dispatch(a.target.backend.select(g), job)?;
+    let out = dispatch(a.target.backend.select(g), DEFAULT_CUDA_DEVICE, job)?;
     g.emit(&out, || {
         out.iter()
             .map(|r| {
@@ -269,8 +286,11 @@ impl BackendJob for ExtractJob<'_> {
     type Output = Vec<Extracted>;
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
         let set = self.a.target.shard_prompt_set(self.a.shard)?;
-        let mut s = self.a.target.session(be, self.g)?;
-        s.pack_tokens = self.a.pack_tokens;
+        let opts = SessionOptions {
+            pack_tokens: self.a.pack_tokens,
+            ..self.a.target.session_options()
+        };
+        let s = self.a.target.session_with(be, self.g, opts)?;
         let capture = Capture::for_layer_ids(&self.a.layers, s.files.spec.num_layers)?;
         s.check_prompts_fit(
             &set.prompts,
@@ -342,7 +362,11 @@ impl BackendJob for ExtractJob<'_> {
 }
 
 pub fn extract(g: &Global, a: ExtractArgs) -> Result<()> {
-    let out = dispatch(a.target.backend.select(g), ExtractJob { g, a: &a })?;
+    let out = dispatch(
+        a.target.backend.select(g),
+        DEFAULT_CUDA_DEVICE,
+        ExtractJob { g, a: &a },
+    )?;
     g.emit(&out, || {
         let cached = out.iter().filter(|e| e.cached).count();
         let tokens: usize = out.iter().map(|e| e.tokens).sum();

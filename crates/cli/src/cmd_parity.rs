@@ -7,11 +7,11 @@ use crate::args::BackendArg;
 use crate::common::Global;
 use anyhow::{bail, Result};
 use clap::Args;
-use draftlens_engine::backend::{Backend, GdnProfile};
+use draftlens_engine::backend::{dispatch, Backend, BackendJob, GdnProfile, DEFAULT_CUDA_DEVICE};
 use draftlens_engine::drafter::run::DrafterSpec;
 use draftlens_engine::parity_report::{format_report, parity_report, ParityOptions, ParityReport};
 use draftlens_engine::prompts::PromptSet;
-use draftlens_engine::session::{dispatch, BackendJob, Session};
+use draftlens_engine::session::Session;
 use draftlens_results::store::Store;
 use std::path::PathBuf;
 
@@ -59,6 +59,7 @@ impl<'a> BackendJob for Outer<'a> {
     fn run<A: Backend>(self, first: A) -> Result<ParityReport> {
         dispatch(
             self.a.backends[1].into(),
+            DEFAULT_CUDA_DEVICE,
             Inner {
                 g: self.g,
                 a: self.a,
@@ -74,8 +75,8 @@ impl<'a, A: Backend> BackendJob for Inner<'a, A> {
         let (g, a) = (self.g, self.a);
         let mut set = PromptSet::load(&a.prompts)?;
         set.truncate(a.limit);
-        let mut sa = Session::load(self.first, a.target(), g.cache()?)?;
-        let mut sb = Session::load(second, a.target(), g.cache()?)?;
+        let mut sa = Session::load(self.first, a.target(), g.cache()?, Default::default())?;
+        let mut sb = Session::load(second, a.target(), g.cache()?, Default::default())?;
         let opts = ParityOptions {
             profiles: a.gdn_profiles.clone(),
             drafter: a.drafter.as_ref().map(|dir| DrafterSpec::Checkpoint {
@@ -118,7 +119,11 @@ pub fn run(g: &Global, a: ParityArgs) -> Result<()> {
     if a.gdn_profiles.is_empty() {
         bail!("--gdn-profiles needs at least one profile (reference, engine)");
     }
-    let out = dispatch(a.backends[0].into(), Outer { g, a: &a })?;
+    let out = dispatch(
+        a.backends[0].into(),
+        DEFAULT_CUDA_DEVICE,
+        Outer { g, a: &a },
+    )?;
     g.emit(&out, || format_report(&out))?;
     if !out.pass {
         bail!("hidden states differ beyond the stated tolerances (docs/cuda.md)");

@@ -9,12 +9,12 @@ use crate::args::{AnchorArgs, TargetArgs};
 use crate::common::Global;
 use anyhow::Result;
 use clap::Args;
-use draftlens_engine::backend::Backend;
+use draftlens_engine::backend::{dispatch, Backend, BackendJob, DEFAULT_CUDA_DEVICE};
 use draftlens_engine::drafter::eval::{EvalOptions, Labels};
 use draftlens_engine::drafter::run::{run_eval, DrafterSpec, RunOptions};
 use draftlens_engine::identity::IdentityStore;
 use draftlens_engine::prompts::PromptSet;
-use draftlens_engine::session::{dispatch, BackendJob, Session};
+use draftlens_engine::session::Session;
 use draftlens_results::store::{RunMode, Store};
 use draftlens_engine::watch::{watch, ReadyCheckpoint, WatchEvent, WatchHooks, WatchOptions};
 use sha2::{Digest, Sha256};
@@ -236,7 +236,11 @@ pub fn run(g: &Global, a: WatchArgs, matches: &clap::ArgMatches) -> Result<()> {
     let summary = if a.slurm {
         slurm::watch_slurm(g, &a, matches)?
     } else {
-        dispatch(a.target.backend.select(g), Job { g, a: &a })?
+        dispatch(
+            a.target.backend.select(g),
+            DEFAULT_CUDA_DEVICE,
+            Job { g, a: &a },
+        )?
     };
     if !g.json {
         if !summary.submitted.is_empty() {

@@ -11,7 +11,7 @@ use draftlens_engine::backend::GdnProfile;
 use draftlens_engine::cache::HiddenCache;
 use draftlens_engine::drafter::run::{run_eval, DrafterSpec, RunOptions};
 use draftlens_engine::prompts::PromptSet;
-use draftlens_engine::session::Session;
+use draftlens_engine::session::{Session, SessionOptions};
 use draftlens_results::store::{RunMode, Store};
 use std::path::{Path, PathBuf};
 
@@ -20,9 +20,17 @@ fn root() -> PathBuf {
 }
 
 fn session(model: &Path, cache: &Path, profile: GdnProfile) -> Session<CpuBackend> {
-    let mut s = Session::load(CpuBackend::new(), model, HiddenCache::open(cache).unwrap()).unwrap();
-    s.gdn_profile = profile;
-    s
+    let opts = SessionOptions {
+        gdn_profile: profile,
+        ..Default::default()
+    };
+    Session::load(
+        CpuBackend::new(),
+        model,
+        HiddenCache::open(cache).unwrap(),
+        opts,
+    )
+    .unwrap()
 }
 
 fn entries(cache: &Path) -> usize {

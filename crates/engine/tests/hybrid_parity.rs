@@ -27,6 +27,7 @@ fn hybrid_parity_cpu_against_cpu_reports_both_profiles_and_the_drafter() {
             CpuBackend::new(),
             &model,
             HiddenCache::open(&cache).unwrap(),
+            Default::default(),
         )
         .unwrap()
     };

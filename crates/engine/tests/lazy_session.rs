@@ -1,4 +1,4 @@
-//! Lazy target loading (crates/engine/src/session/mod.rs) and the memory checks (crates/engine/src/backend/memory.rs):
+//! Lazy target loading (crates/engine/src/session/mod.rs) and the memory checks (crates/engine/src/session/memory.rs, estimates in crates/engine/src/backend/memory.rs):
 //!
 //! - a cached rerun never uploads the target: `Session::model_loaded` stays false, and the rerun
 //!   still succeeds after the weight file's tensor data were overwritten in place (stamp kept, so
@@ -14,7 +14,7 @@ use draftlens_engine::cache::HiddenCache;
 use draftlens_engine::drafter::run::{run_eval, DrafterSpec, RunOptions};
 use draftlens_engine::model::Capture;
 use draftlens_engine::prompts::PromptSet;
-use draftlens_engine::session::Session;
+use draftlens_engine::session::{Session, SessionOptions};
 use draftlens_results::store::{RunMode, Store};
 use std::fs::{self, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
@@ -35,7 +35,22 @@ const TEXTS: [&str; 3] = [
 ];
 
 fn session(model: &Path, cache: &Path) -> Session<CpuBackend> {
-    Session::load(CpuBackend::new(), model, HiddenCache::open(cache).unwrap()).unwrap()
+    capped(model, cache, None)
+}
+
+/// A session whose memory checks assume `free` bytes of free device memory.
+fn capped(model: &Path, cache: &Path, free: Option<u64>) -> Session<CpuBackend> {
+    let opts = SessionOptions {
+        free_memory_override: free,
+        ..Default::default()
+    };
+    Session::load(
+        CpuBackend::new(),
+        model,
+        HiddenCache::open(cache).unwrap(),
+        opts,
+    )
+    .unwrap()
 }
 
 fn prompt_ids(s: &Session<CpuBackend>) -> Vec<Vec<u32>> {
@@ -151,7 +166,7 @@ fn a_cached_rerun_never_loads_the_target() {
 fn a_prompt_too_long_for_device_memory_is_refused_before_any_work() {
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
-    let mut s = session(&gguf(), &cache);
+    let s = session(&gguf(), &cache);
     let mm = s.memory_model();
     // SmolLM2-135M on the CPU: f32 weights, ~135 M parameters.
     assert_eq!(mm.elem, 4);
@@ -163,7 +178,11 @@ fn a_prompt_too_long_for_device_memory_is_refused_before_any_work() {
     let ids = prompt_ids(&s);
 
     // The weights plus the fixed workspace and 100 KiB: not even a short prompt fits.
-    s.free_memory_override = Some(mm.weights + WORKSPACE_BYTES + (100 << 10));
+    let s = capped(
+        &gguf(),
+        &cache,
+        Some(mm.weights + WORKSPACE_BYTES + (100 << 10)),
+    );
     let lens: Vec<(&str, usize)> = vec![("short", ids[0].len()), ("story", ids[2].len())];
     let e = s.check_memory(&lens, 64, 2).unwrap_err().to_string();
     assert!(e.starts_with("prompt short: "), "{e}");
@@ -195,7 +214,7 @@ fn a_prompt_too_long_for_device_memory_is_refused_before_any_work() {
     let need = mm
         .forward_bytes(longest, 1)
         .max(mm.decode_bytes(1, longest, 0));
-    s.free_memory_override = Some(mm.weights + need + 1);
+    let s = capped(&gguf(), &cache, Some(mm.weights + need + 1));
     assert!(s.check_memory(&[("story", longest as usize)], 0, 1).is_ok());
     let budget = s.pack_budget(1);
     assert!(

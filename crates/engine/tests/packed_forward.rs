@@ -12,7 +12,7 @@ use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::Backend;
 use draftlens_engine::cache::HiddenCache;
 use draftlens_engine::model::{Capture, TargetFiles, TargetModel};
-use draftlens_engine::session::{Packer, Session, TargetPass, DEFAULT_PACK_TOKENS};
+use draftlens_engine::session::{Packer, Session, SessionOptions, TargetPass, DEFAULT_PACK_TOKENS};
 use golden_util::*;
 use std::path::Path;
 
@@ -239,14 +239,17 @@ fn packer_keeps_order_and_budget() {
 }
 
 fn session(cache: &Path, pack_tokens: usize) -> Session<CpuBackend> {
-    let mut s = Session::load(
+    let opts = SessionOptions {
+        pack_tokens,
+        ..Default::default()
+    };
+    Session::load(
         CpuBackend::new(),
         &default_model(),
         HiddenCache::open(cache).unwrap(),
+        opts,
     )
-    .unwrap();
-    s.pack_tokens = pack_tokens;
-    s
+    .unwrap()
 }
 
 /// Sorted (relative entry path, key summary) of every cache entry under `root`.

@@ -22,6 +22,7 @@ pub mod host_rows;
 pub mod mask;
 pub mod memory;
 pub mod raw;
+mod select;
 mod types;
 
 pub use compose::{
@@ -30,6 +31,7 @@ pub use compose::{
 pub use gdn::{GdnLayerHost, GdnProfile, GdnShape, HostF32};
 pub use host_rows::{HostRows, HostRowsRef};
 pub use mask::{varlen_key_intervals, AttnMask, KeyIntervals};
+pub use select::{cuda_availability, dispatch, BackendJob, BackendKind, DEFAULT_CUDA_DEVICE};
 pub use types::{AttnShape, BackendError, GdnParams, KvSlot, QkNorm, Rope, RopeStyle, TopK};
 
 use anyhow::{anyhow, ensure, Result};
@@ -65,6 +67,15 @@ pub trait Backend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// Storage dtype of weights and activations ("f32", "bf16").
     fn dtype(&self) -> &'static str;
+    /// Names the kernels that compute the Gated DeltaNet `profile` on this backend where the
+    /// choice changes the bits, as a suffix of the hybrid targets' cache keys
+    /// (`crate::session`'s `kernel_version`), so that cached results of one kernel never pass
+    /// for another's. "" (the default) where one set of kernels computes each profile (the CPU
+    /// reference). Changing a backend's tag orphans its cached entries of that profile.
+    fn gdn_cache_tag(&self, profile: GdnProfile) -> &'static str {
+        let _ = profile;
+        ""
+    }
 
     fn from_host(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor> {
         ensure!(

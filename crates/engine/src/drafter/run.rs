@@ -365,7 +365,7 @@ fn evaluation<'a, 's, B: Backend>(
 /// The prompt loop of [`evaluate_prompts`].
 fn evaluate_into<B: Backend>(ev: &mut Evaluation<'_, '_, B>, selected: &[usize]) -> Result<()> {
     let (s, set, opts) = (ev.s, ev.set, ev.opts);
-    let mut window = Packer::new(s.pack_tokens);
+    let mut window = Packer::new(s.options().pack_tokens);
     let batch = s.gen_batch();
     for (c, chunk_idx) in selected.chunks(batch).enumerate() {
         ev.check_interrupted()?;

@@ -6,16 +6,24 @@
 //! tokenizer) only, and the first cache miss loads the model ([`Session::model`]). A rerun whose
 //! continuations, hidden states and top-K are all cached never reads a weight byte; a DFlash
 //! drafter then needs only the embedding and LM head ([`Session::draft_target`]).
+//!
+//! How the session runs its work (pack size, decode batch, memory figures, GDN profile) is a
+//! [`SessionOptions`] fixed at [`Session::load`]; memory planning is `memory.rs`, the cache keys
+//! `keys.rs`, the cache entries' layout `entries.rs`, the taps kept on the device `resident.rs`. Which backend runs
+//! is chosen before a session exists (`crate::backend::dispatch`).
 
 mod entries;
+mod keys;
+mod memory;
 mod resident;
 
 pub use entries::Packer;
 use entries::{continuation_tensors, decode_continuation, decode_pass, PassEntry};
+pub use keys::MODEL_CODE_VERSION;
 pub use resident::ResidentPass;
 use resident::ResidentTaps;
 
-use crate::backend::memory::{gib, MemoryModel};
+use crate::backend::memory::gib;
 use crate::backend::{Backend, GdnProfile, HostRows, TopK};
 use crate::cache::{CacheKey, CachedTensor, HiddenCache, Lookup};
 use crate::cache_writer::CacheWriter;
@@ -29,19 +37,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-/// Bumped whenever model code or kernels change numerics, so cached entries are recomputed.
-/// 3: CUDA GEMMs of ≤ 64 rows and decode attention on the batch-invariant decode kernels.
-/// 4: CUDA decode attention splits caches of ≥ 512 keys into chunks (split-KV, another order).
-/// 5: CUDA decode attention splits caches of ≥ 64 keys into chunks of 64 (doubling from 4 096).
-/// 6: CUDA decode GEMMs on pinned cuBLASLt algorithms; decode attention in 32-key tiles (another
-///    order of the scores and the softmax sums).
-/// 7: CUDA top-K of ≤ 64 rows in slices of 4 096 logits (another order of the log-sum-exp).
-/// 8: CUDA top-K scans its logits in float4 groups of 16 (another order of the log-sum-exp).
-/// 9: CUDA top-K's float4 groups end at a warp-uniform count (a row's last groups fold one value
-///    at a time: another order of the log-sum-exp near the end of a row).
-pub const MODEL_CODE_VERSION: &str = "9";
-
-/// Default token budget of one packed target forward ([`Session::pack_tokens`]): 16k rows fill
+/// Default token budget of one packed target forward ([`SessionOptions::pack_tokens`]): 16k rows fill
 /// an H200 (docs/cuda.md) and keep the CPU's activations small.
 pub const DEFAULT_PACK_TOKENS: usize = 16384;
 
@@ -55,64 +51,40 @@ pub const DEFAULT_PACK_TOKENS: usize = 16384;
 /// next to the weights; the memory check lowers the batch where they are not.
 pub const DEFAULT_GEN_BATCH: usize = 64;
 
-/// Which backend to run on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    Cpu,
-    Cuda,
+/// How a session runs its target work, given to [`Session::load`] and read-only afterwards (the
+/// GDN profile aside: [`Session::set_gdn_profile`]). None of them changes a cache key but the
+/// GDN profile.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Most tokens per packed target forward in [`Session::target_passes`] (a longer sequence
+    /// runs alone). Packing changes only f32 summation order, never the cache key.
+    pub pack_tokens: usize,
+    /// Most prompts decoded together by [`Session::continuations`] where the backend allows it
+    /// (see [`Session::gen_batch`]).
+    pub gen_batch: usize,
+    /// Free device memory (bytes) the memory checks assume instead of asking the backend: tests
+    /// on the CPU, or a user capping what a run may take.
+    pub free_memory_override: Option<u64>,
+    /// Numeric profile of the hybrids' Gated DeltaNet core (docs/hybrid-models.md). Part of the
+    /// cache key and recorded with every run, because a drafter evaluated on the other profile
+    /// sees other hidden states.
+    pub gdn_profile: GdnProfile,
+    /// Bytes of device memory for taps kept between a target pass and the drafters that read
+    /// them ([`Session::target_passes_for_drafting`]). None: an eighth of the device's free
+    /// memory once the model is loaded, where the backend reports device memory (CUDA); nothing
+    /// on the CPU, whose "device" memory is the host's.
+    pub resident_tap_bytes: Option<usize>,
 }
 
-impl BackendKind {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            BackendKind::Cpu => "cpu",
-            BackendKind::Cuda => "cuda",
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            pack_tokens: DEFAULT_PACK_TOKENS,
+            gen_batch: DEFAULT_GEN_BATCH,
+            free_memory_override: None,
+            gdn_profile: GdnProfile::Reference,
+            resident_tap_bytes: None,
         }
-    }
-}
-
-/// Work that runs on whichever backend the user picked (static dispatch, no trait objects).
-pub trait BackendJob {
-    type Output;
-    fn run<B: Backend>(self, be: B) -> Result<Self::Output>;
-}
-
-/// Run `job` on the backend `kind`, or explain why that backend is unavailable.
-pub fn dispatch<J: BackendJob>(kind: BackendKind, job: J) -> Result<J::Output> {
-    match kind {
-        BackendKind::Cpu => job.run(crate::backend::cpu::CpuBackend::new()),
-        BackendKind::Cuda => dispatch_cuda(job),
-    }
-}
-
-#[cfg(feature = "cuda")]
-fn dispatch_cuda<J: BackendJob>(job: J) -> Result<J::Output> {
-    let be = {
-        let _phase = crate::timeline::phase("backend init");
-        crate::backend::cuda::CudaBackend::new(0)?
-    };
-    crate::backend::cuda::nvml::start_timeline_sampler(0);
-    job.run(be)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn dispatch_cuda<J: BackendJob>(_job: J) -> Result<J::Output> {
-    Err(crate::backend::BackendError::CudaUnavailable(
-        "this draftlens binary was built without the `cuda` feature".into(),
-    )
-    .into())
-}
-
-/// `Ok(())` when device `ordinal` can be used by the CUDA backend, else why not (without the
-/// "CUDA unavailable" prefix). What `--backend auto` and `draftlens doctor` ask.
-pub fn cuda_availability(ordinal: usize) -> std::result::Result<(), String> {
-    #[cfg(feature = "cuda")]
-    return crate::backend::cuda::availability(ordinal);
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = ordinal;
-        Err("this draftlens binary was built without the `cuda` feature".into())
     }
 }
 
@@ -141,7 +113,9 @@ impl TargetPass {
 }
 
 /// A target opened on a backend, with its tokenizer and the hidden-state cache; the weights are
-/// uploaded on first need.
+/// uploaded on first need. `be`, `files` and `cache` are public for reading (callers run the
+/// drafter on `be`, read the spec and tokenizer from `files`, find the identity store beside
+/// `cache`); nothing assigns them after [`Session::load`].
 pub struct Session<B: Backend> {
     pub be: B,
     pub files: TargetFiles,
@@ -152,19 +126,7 @@ pub struct Session<B: Backend> {
     /// Serialises the two loads above (a `OnceLock` cannot run a fallible initialiser).
     loading: Mutex<()>,
     pub cache: HiddenCache,
-    /// Most tokens per packed target forward in [`Session::target_passes`] (a longer sequence
-    /// runs alone). Packing changes only f32 summation order, never the cache key.
-    pub pack_tokens: usize,
-    /// Most prompts decoded together by [`Session::continuations`] where the backend allows it
-    /// (see [`Session::gen_batch`]).
-    pub gen_batch: usize,
-    /// Free device memory (bytes) the memory checks assume instead of asking the backend: tests
-    /// on the CPU, or a user capping what a run may take.
-    pub free_memory_override: Option<u64>,
-    /// Numeric profile of the hybrids' Gated DeltaNet core (docs/hybrid-models.md): set before
-    /// the first [`Session::model`] call. Part of the cache key and recorded with every run,
-    /// because a drafter evaluated on the other profile sees other hidden states.
-    pub gdn_profile: GdnProfile,
+    opts: SessionOptions,
     /// Stores the target passes' cache entries on a background thread ([`Session::flush_cache`]
     /// reports its errors).
     writer: CacheWriter,
@@ -174,11 +136,7 @@ pub struct Session<B: Backend> {
     /// Continuations decoded by this session, by cache-key digest: their entries go to the disk
     /// through the background writer, and a later lookup must not miss one still queued.
     recent_continuations: Mutex<std::collections::HashMap<String, Continuation>>,
-    /// Bytes of device memory for taps kept between a target pass and the drafters that read
-    /// them ([`Session::target_passes_for_drafting`]). None: an eighth of the device's free
-    /// memory once the model is loaded, where the backend reports device memory (CUDA); nothing
-    /// on the CPU, whose "device" memory is the host's.
-    pub resident_tap_bytes: Option<usize>,
+    /// Taps kept on the device for the next drafter ([`SessionOptions::resident_tap_bytes`]).
     resident: Mutex<ResidentTaps<B::Tensor>>,
 }
 
@@ -186,9 +144,9 @@ pub struct Session<B: Backend> {
 pub type DraftingPass<T> = (TargetPass, Option<Arc<ResidentPass<T>>>);
 
 impl<B: Backend> Session<B> {
-    /// Open `target` (headers and tokenizer; no weights are read or uploaded yet). Weight hashes
-    /// are remembered in `cache`'s identity store.
-    pub fn load(be: B, target: &Path, cache: HiddenCache) -> Result<Self> {
+    /// Open `target` (headers and tokenizer; no weights are read or uploaded yet) to run with
+    /// `opts`. Weight hashes are remembered in `cache`'s identity store.
+    pub fn load(be: B, target: &Path, cache: HiddenCache, opts: SessionOptions) -> Result<Self> {
         let _phase = crate::timeline::phase("open target");
         let files =
             TargetFiles::open(target)?.with_identity_store(IdentityStore::new(cache.root()));
@@ -198,109 +156,18 @@ impl<B: Backend> Session<B> {
             model: OnceLock::new(),
             head: OnceLock::new(),
             loading: Mutex::new(()),
-            pack_tokens: DEFAULT_PACK_TOKENS,
-            gen_batch: DEFAULT_GEN_BATCH,
-            free_memory_override: None,
-            gdn_profile: GdnProfile::Reference,
+            opts,
             writer: CacheWriter::new(cache.clone()),
             cache,
             prompt_ids_memo: Mutex::new(Default::default()),
             recent_continuations: Mutex::new(Default::default()),
-            resident_tap_bytes: None,
             resident: Mutex::new(ResidentTaps::default()),
         })
     }
 
-    /// The memory estimates' view of this target on this backend (`backend/memory.rs`).
-    pub fn memory_model(&self) -> MemoryModel {
-        let params: u64 = self
-            .files
-            .weights
-            .tensors()
-            .iter()
-            .map(|t| t.shape.iter().map(|&d| d as u64).product::<u64>())
-            .sum();
-        MemoryModel::new(&self.files.spec, params, self.be.dtype())
-    }
-
-    /// Device bytes free for activations and KV caches once the weights are uploaded: the
-    /// backend's free memory ([`Session::free_memory_override`] when set) less the weights not
-    /// uploaded yet. `None` when the backend cannot tell (CPU): no check is made.
-    pub fn available_memory(&self) -> Option<u64> {
-        let free = self
-            .free_memory_override
-            .or_else(|| self.be.free_memory())?;
-        let pending = if self.model_loaded() {
-            0
-        } else {
-            self.memory_model().weights
-        };
-        Some(free.saturating_sub(pending))
-    }
-
-    /// Refuse, before any work, prompts whose target work cannot fit in device memory: each
-    /// `(name, prompt tokens)` is decoded by up to `max_new` tokens ([`Session::continuations`])
-    /// and then run through one forward of `prompt + max_new` rows capturing `taps` hidden states
-    /// ([`Session::target_passes`]; packs are split to fit, but one sequence cannot be). The error
-    /// names the prompt and the numbers.
-    pub fn check_memory(
-        &self,
-        prompts: &[(&str, usize)],
-        max_new: usize,
-        taps: usize,
-    ) -> Result<()> {
-        let Some(avail) = self.available_memory() else {
-            return Ok(());
-        };
-        let mm = self.memory_model();
-        for &(name, len) in prompts {
-            let rows = (len + max_new) as u64;
-            let forward = mm.forward_bytes(rows, taps as u64);
-            let decode = mm.decode_bytes(1, len as u64, max_new as u64);
-            let (what, need) = if forward >= decode {
-                ("one target forward over", forward)
-            } else {
-                ("greedy decoding of", decode)
-            };
-            if need > avail {
-                bail!(
-                    "prompt {name}: {what} its {rows} tokens ({len} prompt + up to {max_new} new) needs about {} of device memory, but only {} are free on {} after the weights ({}); nothing was computed. Shorten or drop the prompt, or lower --max-new-tokens (at most about {} tokens fit)",
-                    gib(need),
-                    gib(avail),
-                    self.be.name(),
-                    gib(mm.weights),
-                    mm.max_rows(avail, taps as u64)
-                );
-            }
-        }
-        Ok(())
-    }
-
-    /// [`Session::check_memory`] for a prompt set (tokenized here; nothing to do when the
-    /// backend cannot tell its free memory).
-    pub fn check_prompts_fit(&self, prompts: &[Prompt], max_new: usize, taps: usize) -> Result<()> {
-        if self.available_memory().is_none() {
-            return Ok(());
-        }
-        let ids = self.prompt_ids_many(prompts)?;
-        let lens: Vec<(&str, usize)> = prompts
-            .iter()
-            .zip(&ids)
-            .map(|(p, ids)| (p.id.as_str(), ids.len()))
-            .collect();
-        self.check_memory(&lens, max_new, taps)
-    }
-
-    /// The most tokens one packed forward capturing `taps` states may take: [`Session::pack_tokens`],
-    /// lowered to what fits in [`Session::available_memory`].
-    pub fn pack_budget(&self, taps: usize) -> usize {
-        match self.available_memory() {
-            Some(avail) => {
-                let fit = self.memory_model().max_rows(avail, taps as u64) as usize;
-                self.pack_tokens.min(fit.max(1))
-            }
-            None => self.pack_tokens,
-        }
+    /// The options this session was loaded with (the GDN profile as last set).
+    pub fn options(&self) -> &SessionOptions {
+        &self.opts
     }
 
     /// Wait until every cache entry computed so far is on disk; the first error of any of them.
@@ -322,7 +189,7 @@ impl<B: Backend> Session<B> {
         let _phase = crate::timeline::phase("load target");
         let t = Instant::now();
         let mut m = TargetModel::load(&self.be, &self.files.spec, self.files.weights.as_ref())?;
-        m.set_gdn_profile(self.gdn_profile);
+        m.set_gdn_profile(self.opts.gdn_profile);
         tracing::info!(
             "loaded the target {} on {} in {:.1} s",
             self.files.identity.path.display(),
@@ -368,35 +235,13 @@ impl<B: Backend> Session<B> {
     }
 
     /// Switch the Gated DeltaNet profile, also of an already loaded model, so one upload can
-    /// serve both profiles (`draftlens parity`). Cache keys follow the profile.
+    /// serve both profiles (`draftlens parity`); the one option that changes after
+    /// [`Session::load`]. Cache keys follow the profile.
     pub fn set_gdn_profile(&mut self, profile: GdnProfile) {
-        self.gdn_profile = profile;
+        self.opts.gdn_profile = profile;
         if let Some(m) = self.model.get_mut() {
             m.set_gdn_profile(profile);
         }
-    }
-
-    fn kernel_version(&self) -> String {
-        let v = format!(
-            "{}-{}-v{MODEL_CODE_VERSION}",
-            self.be.name(),
-            self.be.dtype()
-        );
-        // Dense targets and the reference profile keep the keys they always had.
-        match (self.files.spec.hybrid.is_some(), self.gdn_profile) {
-            (true, GdnProfile::Engine) => format!("{v}-gdn-engine{}", self.gdn_engine_tag()),
-            _ => v,
-        }
-    }
-
-    /// Which kernels compute the engine profile on this backend, where that changes its bits
-    /// (the CUDA default engine kernel: crate::backend::cuda::gdn::engine_cache_tag).
-    fn gdn_engine_tag(&self) -> &'static str {
-        #[cfg(feature = "cuda")]
-        if self.be.name() == "cuda" {
-            return crate::backend::cuda::gdn::engine_cache_tag();
-        }
-        ""
     }
 
     /// The GDN profile's name as runs record it (`None` for a dense target, which has no GDN).
@@ -405,42 +250,10 @@ impl<B: Backend> Session<B> {
             .spec
             .hybrid
             .as_ref()
-            .map(|_| match self.gdn_profile {
+            .map(|_| match self.opts.gdn_profile {
                 GdnProfile::Reference => "reference",
                 GdnProfile::Engine => "engine",
             })
-    }
-
-    fn key(
-        &self,
-        kind: &str,
-        token_ids: &[u32],
-        layers: Vec<usize>,
-        extra: String,
-    ) -> Result<CacheKey> {
-        Ok(CacheKey {
-            kind: kind.into(),
-            weights: self.files.identity.weights_sha256()?,
-            tokenizer: self.files.tokenizer()?.fingerprint(),
-            token_ids: token_ids.to_vec(),
-            layers,
-            backend: self.be.name().into(),
-            dtype: self.be.dtype().into(),
-            kernel_version: self.kernel_version(),
-            extra,
-        })
-    }
-
-    /// The cache key of an entry derived from the target's outputs over `ids` (a drafter's
-    /// records): the target's identity, backend and code version, plus `kind` and `extra`.
-    pub fn derived_key(
-        &self,
-        kind: &str,
-        ids: &[u32],
-        layers: Vec<usize>,
-        extra: String,
-    ) -> Result<CacheKey> {
-        self.key(kind, ids, layers, extra)
     }
 
     /// Look up many entries at once, on all cores (after this session's queued writes of
@@ -524,11 +337,12 @@ impl<B: Backend> Session<B> {
         c.pop().context("continuation missing")
     }
 
-    /// How many prompts [`Session::continuations`] decodes together: [`Session::gen_batch`],
+    /// How many prompts [`Session::continuations`] decodes together: [`SessionOptions::gen_batch`],
     /// capped by [`Backend::max_independent_rows`] (up to that many rows a continuation cannot
     /// depend on its batch-mates; CPU: no cap, CUDA: 64).
     pub fn gen_batch(&self) -> usize {
-        self.gen_batch
+        self.opts
+            .gen_batch
             .max(1)
             .min(self.be.max_independent_rows().max(1))
     }
@@ -603,41 +417,6 @@ impl<B: Backend> Session<B> {
             .context("continuation missing")
     }
 
-    /// [`Session::gen_batch`] lowered so that decoding the missed prompts together fits in
-    /// device memory; an error naming the prompt when even one alone does not fit.
-    fn decode_batch(
-        &self,
-        prompts: &[&[u32]],
-        misses: &[(usize, CacheKey)],
-        max_new: usize,
-    ) -> Result<usize> {
-        let batch = self.gen_batch();
-        let (Some(avail), Some(longest)) = (
-            self.available_memory(),
-            misses.iter().map(|(n, _)| prompts[*n].len()).max(),
-        ) else {
-            return Ok(batch);
-        };
-        let mm = self.memory_model();
-        let need = |b: usize| mm.decode_bytes(b as u64, longest as u64, max_new as u64);
-        if need(1) > avail {
-            let n = misses
-                .iter()
-                .find(|(n, _)| prompts[*n].len() == longest)
-                .map_or(0, |(n, _)| *n);
-            bail!(
-                "greedy decoding: prompt {n} ({longest} tokens + up to {max_new} new) needs about {} of device memory, only {} are free after the weights; nothing was computed",
-                gib(need(1)),
-                gib(avail)
-            );
-        }
-        Ok((1..=batch).rev().find(|&b| need(b) <= avail).unwrap_or(1))
-    }
-
-    fn pass_key(&self, ids: &[u32], capture: &Capture, k: usize) -> Result<CacheKey> {
-        self.key("taps", ids, capture.indices.clone(), format!("topk={k}"))
-    }
-
     /// One target pass over `ids` capturing `capture` and the target's top-`k` (cached).
     pub fn target_pass(&self, ids: &[u32], capture: &Capture, k: usize) -> Result<TargetPass> {
         let mut passes = self.target_passes(&[ids], capture, k)?;
@@ -646,7 +425,7 @@ impl<B: Backend> Session<B> {
 
     /// Target passes over many sequences, in order. Each is looked up in the cache under the
     /// same key as [`Session::target_pass`]; the misses run packed, at most
-    /// [`Session::pack_tokens`] tokens per [`TargetModel::forward_packed`], and are stored one
+    /// [`SessionOptions::pack_tokens`] tokens per [`TargetModel::forward_packed`], and are stored one
     /// entry per sequence.
     pub fn target_passes(
         &self,
@@ -678,7 +457,7 @@ impl<B: Backend> Session<B> {
     /// (computed by this session for an earlier checkpoint, see `session/resident.rs`) comes
     /// with them and without host copies (`hidden` empty), read neither from the disk nor
     /// uploaded again; computed passes keep device copies of their taps for the next drafter
-    /// while the budget allows ([`Session::resident_tap_bytes`]).
+    /// while the budget allows ([`SessionOptions::resident_tap_bytes`]).
     pub fn target_passes_for_drafting(
         &self,
         seqs: &[&[u32]],
@@ -703,7 +482,7 @@ impl<B: Backend> Session<B> {
         let d = self.files.spec.hidden_size;
         let mut passes: Vec<Option<DraftingPass<B::Tensor>>> = Vec::with_capacity(seqs.len());
         let mut budget = self.pack_budget(capture.indices.len());
-        if budget < self.pack_tokens && self.resident().used() > 0 {
+        if budget < self.opts.pack_tokens && self.resident().used() > 0 {
             // Device memory is short: the forward comes before taps kept for later drafters.
             self.resident().clear();
             budget = self.pack_budget(capture.indices.len());
@@ -773,7 +552,7 @@ impl<B: Backend> Session<B> {
         packs.push(packer.finish());
         drop(lookups);
         // Before any compute: a sequence longer than what fits cannot be split.
-        if budget < self.pack_tokens {
+        if budget < self.opts.pack_tokens {
             if let Some((n, len)) = seqs
                 .iter()
                 .enumerate()
@@ -814,20 +593,6 @@ impl<B: Backend> Session<B> {
             .into_iter()
             .collect::<Option<Vec<_>>>()
             .context("target pass missing")
-    }
-
-    /// Bytes the resident store may hold, decided at its first use (after the model is loaded,
-    /// so that the device's free memory is what is left beside the weights).
-    fn resident_budget(&self) -> usize {
-        let mut r = self.resident();
-        *r.budget.get_or_insert_with(|| {
-            self.resident_tap_bytes.unwrap_or_else(|| {
-                self.be
-                    .free_memory()
-                    .map(|free| (free / 8) as usize)
-                    .unwrap_or(0)
-            })
-        })
     }
 
     /// One packed forward over `seqs`, split back into one pass per sequence; with `keep_device`

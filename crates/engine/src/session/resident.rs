@@ -10,7 +10,7 @@
 //! depend on which one it reads.
 //!
 //! The store is bounded by bytes and drops its oldest passes first. It is off on backends whose
-//! "device" memory is the host's (the CPU: [`super::Session::resident_tap_bytes`] decides).
+//! "device" memory is the host's (the CPU: [`super::SessionOptions::resident_tap_bytes`] decides).
 
 use crate::backend::TopK;
 use std::collections::VecDeque;

@@ -30,7 +30,7 @@ use draftlens_results::metrics::{replay, summarize, PromptInfo};
 use draftlens_engine::drafter::{DFlashDrafter, DraftOptions};
 use draftlens_engine::model::{Capture, TargetFiles, TargetModel};
 use draftlens_records::RecordBatch;
-use draftlens_engine::session::Session;
+use draftlens_engine::session::{Session, SessionOptions};
 use draftlens_results::store::{MetricRow, MetricScope};
 use golden_util::*;
 use random_drafter::write_random_drafter;
@@ -494,6 +494,7 @@ fn live_decoding_is_lossless_and_its_tau_equals_the_replayed_tau() {
         CpuBackend::new(),
         &default_model(),
         HiddenCache::open(tmp.path()).unwrap(),
+        Default::default(),
     )
     .unwrap();
     let eos = session.eos_ids();
@@ -752,13 +753,17 @@ fn taps_kept_on_the_device_give_the_records_of_host_copies() {
         .collect();
     let runs = |budget: usize, name: &str| {
         let dir = tmp.path().join(name);
-        let mut s = Session::load(
+        let session_opts = SessionOptions {
+            resident_tap_bytes: Some(budget),
+            ..Default::default()
+        };
+        let s = Session::load(
             CpuBackend::new(),
             &default_model(),
             HiddenCache::open(&dir.join("cache")).unwrap(),
+            session_opts,
         )
         .unwrap();
-        s.resident_tap_bytes = Some(budget);
         let store = Store::open(&dir.join("runs.sqlite")).unwrap();
         checkpoints
             .iter()

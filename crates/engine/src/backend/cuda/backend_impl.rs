@@ -29,6 +29,14 @@ impl Backend for CudaBackend {
     fn dtype(&self) -> &'static str {
         "bf16"
     }
+    /// The engine profile's default kernel ([`gdn::engine_cache_tag`]); every reference kernel
+    /// gives the same bits (tests/cuda_gdn.rs), so the reference profile has no tag.
+    fn gdn_cache_tag(&self, profile: crate::backend::GdnProfile) -> &'static str {
+        match profile {
+            crate::backend::GdnProfile::Reference => "",
+            crate::backend::GdnProfile::Engine => gdn::engine_cache_tag(),
+        }
+    }
 
     fn from_host_impl(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor> {
         self.from_host_bf16_impl(&host_rows::f32_to_bf16(data), rows, cols)
