@@ -117,21 +117,38 @@ fn gather<T: Copy>(src: &[T], k: usize, keep: usize, out: &mut Vec<T>) {
     }
 }
 
+/// Field for field: the WIT record is the plugin contract, so its fields are written out (the
+/// test `wit_batch_lists_the_record_columns` checks them against `draftlens_records::COLUMNS`,
+/// and the destructuring below stops compiling when the view gains a field).
 impl<'a> From<::draftlens_records::BatchView<'a>> for BatchRef<'a> {
     fn from(v: ::draftlens_records::BatchView<'a>) -> Self {
+        let ::draftlens_records::BatchView {
+            block_size,
+            top_k,
+            prompt_index,
+            anchor,
+            region,
+            target,
+            valid,
+            loss_mask,
+            draft_ids,
+            draft_logprobs,
+            target_ids,
+            target_logprobs,
+        } = v;
         BatchRef {
-            block_size: v.block_size,
-            top_k: v.top_k,
-            prompt_index: v.prompt_index,
-            anchor: v.anchor,
-            region: v.region,
-            target: v.target,
-            valid: v.valid,
-            loss_mask: v.loss_mask,
-            draft_ids: v.draft_ids,
-            draft_logprobs: v.draft_logprobs,
-            target_ids: v.target_ids,
-            target_logprobs: v.target_logprobs,
+            block_size,
+            top_k,
+            prompt_index,
+            anchor,
+            region,
+            target,
+            valid,
+            loss_mask,
+            draft_ids,
+            draft_logprobs,
+            target_ids,
+            target_logprobs,
         }
     }
 }
@@ -230,6 +247,40 @@ mod tests {
         b.target_logprobs = Some(b.draft_logprobs.clone());
         b.check().unwrap();
         b
+    }
+
+    /// The WIT `record batch` is B, K and then the record columns in the order of the record
+    /// contract's table, each a list of its element type (an option of one when optional).
+    #[test]
+    fn wit_batch_lists_the_record_columns() {
+        use ::draftlens_records::{Element, COLUMNS};
+        let body = WIT_SOURCE
+            .split("record batch {")
+            .nth(1)
+            .and_then(|rest| rest.split('}').next())
+            .expect("metric.wit has a `record batch`");
+        let fields: Vec<String> = body
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("//"))
+            .map(|l| l.trim_end_matches(',').to_string())
+            .collect();
+        let mut want = vec!["block-size: u32".to_string(), "top-k: u32".to_string()];
+        for c in COLUMNS {
+            let element = match c.element {
+                Element::U8 => "u8",
+                Element::U32 => "u32",
+                Element::F32 => "f32",
+            };
+            let list = format!("list<{element}>");
+            let ty = if c.is_optional() {
+                format!("option<{list}>")
+            } else {
+                list
+            };
+            want.push(format!("{}: {ty}", c.wit_name()));
+        }
+        assert_eq!(fields, want);
     }
 
     #[test]

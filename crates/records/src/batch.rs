@@ -7,10 +7,16 @@
 //!
 //! Layout: per-block columns have one entry per block; per-position columns P entries per block,
 //! block after block (index = block · P + (k − 1)); per-candidate columns K entries per position
-//! (index = position index · K + rank).
+//! (index = position index · K + rank). The columns and their levels are listed once, in
+//! `columns.rs` ([`crate::COLUMNS`]); slicing, concatenation and the checks below iterate it.
 
+use crate::columns::{ColumnData, ColumnRef, Level, Presence, COLUMNS};
 use std::fmt;
 use std::ops::Range;
+
+/// The batch's own operations move a column's data within that column, so its element type
+/// always fits (`set_column` and `extend_from` only fail for data of another type).
+const SAME_COLUMN: &str = "a column's own data keeps its element type";
 
 /// Where an anchor lies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,21 +74,6 @@ pub struct BatchView<'a> {
     pub target_logprobs: Option<&'a [f32]>,
 }
 
-/// Expected lengths of the always-present columns: (name, got, want).
-fn column_lengths(v: &BatchView<'_>) -> [(&'static str, usize, usize); 6] {
-    let nb = v.num_blocks();
-    let np = nb * v.positions_per_block();
-    let nc = np * v.top_k();
-    [
-        ("prompt-index", v.prompt_index.len(), nb),
-        ("region", v.region.len(), nb),
-        ("target", v.target.len(), np),
-        ("valid", v.valid.len(), np),
-        ("loss-mask", v.loss_mask.len(), np),
-        ("draft-ids", v.draft_ids.len(), nc),
-    ]
-}
-
 impl<'a> BatchView<'a> {
     /// Positions per block, P = B−1.
     pub fn positions_per_block(&self) -> usize {
@@ -121,17 +112,25 @@ impl<'a> BatchView<'a> {
         if self.top_k == 0 {
             return err("top-k is 0".into());
         }
-        for (name, got, want) in column_lengths(self) {
-            if got != want {
-                return err(format!("column {name} has {got} entries, expected {want}"));
+        let nb = self.num_blocks();
+        let nc = nb * Level::Candidate.per_block(self.block_size, self.top_k);
+        for c in COLUMNS {
+            let Some(got) = self.column(c).map(|col| col.len()) else {
+                continue;
+            };
+            let want = nb * c.level.per_block(self.block_size, self.top_k);
+            let name = c.wit_name();
+            match c.presence {
+                Presence::Required if got != want => {
+                    return err(format!("column {name} has {got} entries, expected {want}"));
+                }
+                Presence::EmptyWhenUnread if got != 0 && got != want => {
+                    return err(format!(
+                        "column {name} has {got} entries, expected {want} (or none)"
+                    ));
+                }
+                _ => {}
             }
-        }
-        let nc = self.draft_ids.len();
-        if !self.draft_logprobs.is_empty() && self.draft_logprobs.len() != nc {
-            return err(format!(
-                "column draft-logprobs has {} entries, expected {nc} (or none)",
-                self.draft_logprobs.len()
-            ));
         }
         match (self.target_ids, self.target_logprobs) {
             (None, None) => {}
@@ -146,15 +145,16 @@ impl<'a> BatchView<'a> {
             }
             _ => return err("target-ids and target-logprobs must come together".into()),
         }
-        if let Some(i) = self.region.iter().position(|&r| r > 1) {
-            return err(format!(
-                "region of block {i} is {}, expected 0 or 1",
-                self.region[i]
-            ));
-        }
-        for (name, col) in [("valid", self.valid), ("loss-mask", self.loss_mask)] {
-            if let Some(i) = col.iter().position(|&v| v > 1) {
-                return err(format!("{name}[{i}] is {}, expected 0 or 1", col[i]));
+        for c in COLUMNS {
+            let Some(ColumnRef::U8(values)) = self.column(c) else {
+                continue;
+            };
+            if let Some(i) = values.iter().position(|&v| v > 1) {
+                let (name, v) = (c.wit_name(), values[i]);
+                return err(match c.level {
+                    Level::Block => format!("{name} of block {i} is {v}, expected 0 or 1"),
+                    _ => format!("{name}[{i}] is {v}, expected 0 or 1"),
+                });
             }
         }
         Ok(())
@@ -202,26 +202,28 @@ impl<'a> BatchView<'a> {
         }
     }
 
-    /// Blocks `range`, every column cut to them (log-probs only when present).
+    /// Blocks `range`, every column cut to them (a column sent empty stays empty).
     pub fn slice(&self, range: Range<usize>) -> BatchView<'a> {
-        let p = self.positions_per_block();
-        let k = self.top_k();
-        let pos = range.start * p..range.end * p;
-        let cand = pos.start * k..pos.end * k;
-        BatchView {
-            block_size: self.block_size,
-            top_k: self.top_k,
-            prompt_index: &self.prompt_index[range.clone()],
-            anchor: &self.anchor[range.clone()],
-            region: &self.region[range],
-            target: &self.target[pos.clone()],
-            valid: &self.valid[pos.clone()],
-            loss_mask: &self.loss_mask[pos],
-            draft_ids: &self.draft_ids[cand.clone()],
-            draft_logprobs: self.draft_logprobs.get(cand.clone()).unwrap_or(&[]),
-            target_ids: self.target_ids.map(|c| &c[cand.clone()]),
-            target_logprobs: self.target_logprobs.map(|c| &c[cand]),
+        let mut out = *self;
+        for c in COLUMNS {
+            let entries = c.level.entries(range.clone(), self.block_size, self.top_k);
+            let cut = self.column(c).map(|col| match c.presence {
+                Presence::EmptyWhenUnread => col.get(entries).unwrap_or(col.slice(0..0)),
+                _ => col.slice(entries),
+            });
+            out.set_column(c, cut).expect(SAME_COLUMN);
         }
+        out
+    }
+
+    /// An owned copy of every column.
+    pub fn to_batch(&self) -> RecordBatch {
+        let mut out = RecordBatch::new(self.block_size, self.top_k);
+        for c in COLUMNS {
+            out.set_column(c, self.column(c).map(|col| col.to_data()))
+                .expect(SAME_COLUMN);
+        }
+        out
     }
 
     /// Block `b` (0-based).
@@ -453,81 +455,76 @@ impl RecordBatch {
     pub fn accepted_len(&self, b: usize) -> usize {
         self.view().accepted_len(b)
     }
-    /// Append all blocks of `other` (same B and K).
+    /// Append all blocks of `other` (same B and K). An optional column that either lacks is
+    /// dropped.
     pub fn extend(&mut self, other: &RecordBatch) {
         debug_assert_eq!(
             (self.block_size, self.top_k),
             (other.block_size, other.top_k)
         );
-        self.prompt_index.extend_from_slice(&other.prompt_index);
-        self.anchor.extend_from_slice(&other.anchor);
-        self.region.extend_from_slice(&other.region);
-        self.target.extend_from_slice(&other.target);
-        self.valid.extend_from_slice(&other.valid);
-        self.loss_mask.extend_from_slice(&other.loss_mask);
-        self.draft_ids.extend_from_slice(&other.draft_ids);
-        self.draft_logprobs.extend_from_slice(&other.draft_logprobs);
-        match (&mut self.target_ids, &other.target_ids) {
-            (Some(a), Some(b)) => a.extend_from_slice(b),
-            (None, None) => {}
-            _ => self.target_ids = None,
-        }
-        match (&mut self.target_logprobs, &other.target_logprobs) {
-            (Some(a), Some(b)) => a.extend_from_slice(b),
-            (None, None) => {}
-            _ => self.target_logprobs = None,
+        for c in COLUMNS {
+            let joined = match (self.take_column(c), other.column(c)) {
+                (Some(mut mine), Some(more)) => {
+                    mine.extend_from(more).expect(SAME_COLUMN);
+                    Some(mine)
+                }
+                _ => None,
+            };
+            self.set_column(c, joined).expect(SAME_COLUMN);
         }
     }
     /// The blocks `order[0], order[1], …` of this batch, in that order (a reordering or a
     /// selection; every column follows its block).
     pub fn select(&self, order: &[usize]) -> RecordBatch {
-        let p = self.positions_per_block();
-        let pk = p * self.top_k as usize;
-        let mut out = RecordBatch::new(self.block_size, self.top_k);
-        out.target_ids = self.target_ids.as_ref().map(|_| Vec::new());
-        out.target_logprobs = self.target_logprobs.as_ref().map(|_| Vec::new());
-        for &i in order {
-            out.prompt_index.push(self.prompt_index[i]);
-            out.anchor.push(self.anchor[i]);
-            out.region.push(self.region[i]);
-            out.target
-                .extend_from_slice(&self.target[i * p..(i + 1) * p]);
-            out.valid.extend_from_slice(&self.valid[i * p..(i + 1) * p]);
-            out.loss_mask
-                .extend_from_slice(&self.loss_mask[i * p..(i + 1) * p]);
-            out.draft_ids
-                .extend_from_slice(&self.draft_ids[i * pk..(i + 1) * pk]);
-            out.draft_logprobs
-                .extend_from_slice(&self.draft_logprobs[i * pk..(i + 1) * pk]);
-            if let (Some(o), Some(s)) = (out.target_ids.as_mut(), self.target_ids.as_ref()) {
-                o.extend_from_slice(&s[i * pk..(i + 1) * pk]);
-            }
-            if let (Some(o), Some(s)) =
-                (out.target_logprobs.as_mut(), self.target_logprobs.as_ref())
-            {
-                o.extend_from_slice(&s[i * pk..(i + 1) * pk]);
-            }
+        let (b, k) = (self.block_size, self.top_k);
+        let mut out = RecordBatch::new(b, k);
+        for c in COLUMNS {
+            let picked = self.column(c).map(|col| {
+                let mut data =
+                    ColumnData::with_capacity(c.element, order.len() * c.level.per_block(b, k));
+                for &i in order {
+                    let block = col.slice(c.level.entries(i..i + 1, b, k));
+                    data.extend_from(block).expect(SAME_COLUMN);
+                }
+                data
+            });
+            out.set_column(c, picked).expect(SAME_COLUMN);
         }
         out
+    }
+    /// Keeps the first `keep` candidates of every position (K becomes `keep`; more than K
+    /// keeps them all): what a plugin that reads fewer candidates receives.
+    pub fn keep_candidates(&mut self, keep: usize) {
+        let k = self.top_k as usize;
+        if keep >= k {
+            return;
+        }
+        for c in COLUMNS.iter().filter(|c| c.level == Level::Candidate) {
+            let Some(col) = self.take_column(c) else {
+                continue;
+            };
+            let mut cut = ColumnData::with_capacity(c.element, col.len() / k * keep);
+            for position in (0..col.len()).step_by(k) {
+                let first = col.as_ref().slice(position..position + keep);
+                cut.extend_from(first).expect(SAME_COLUMN);
+            }
+            self.set_column(c, Some(cut)).expect(SAME_COLUMN);
+        }
+        self.top_k = keep as u32;
     }
     /// Column lengths of stored records (checked before storing or sending to plugins): every
     /// column complete, log-probs included.
     pub fn check(&self) -> Result<(), String> {
-        let v = self.view();
-        let nc = v.num_blocks() * v.positions_per_block() * v.top_k();
-        let mut lens = column_lengths(&v).to_vec();
-        lens.push(("draft-logprobs", self.draft_logprobs.len(), nc));
-        if let Some(c) = &self.target_ids {
-            lens.push(("target-ids", c.len(), nc));
-        }
-        if let Some(c) = &self.target_logprobs {
-            lens.push(("target-logprobs", c.len(), nc));
-        }
-        for (name, got, want) in lens {
+        let nb = self.num_blocks();
+        for c in COLUMNS {
+            let Some(got) = self.column(c).map(|col| col.len()) else {
+                continue;
+            };
+            let want = nb * c.level.per_block(self.block_size, self.top_k);
             if got != want {
                 return Err(format!(
                     "record column {} has {got} entries, expected {want}",
-                    name.replace('-', "_")
+                    c.name
                 ));
             }
         }
@@ -844,6 +841,31 @@ mod tests {
         no_lp.draft_logprobs.clear();
         assert!(no_lp.view().slice(1..2).draft_logprobs.is_empty());
         assert_eq!(no_lp.view().slice(1..2).draft_ids, &[1, 1, 1, 1][..]);
+    }
+
+    #[test]
+    fn keep_candidates_cuts_every_candidate_column() {
+        let mut b = three_blocks();
+        b.draft_ids = (0..12).collect();
+        b.target_logprobs = Some((0..12).map(|x| x as f32).collect());
+        let mut top1 = b.clone();
+        top1.keep_candidates(1);
+        assert_eq!(top1.top_k, 1);
+        assert_eq!(top1.draft_ids, vec![0, 2, 4, 6, 8, 10]);
+        assert_eq!(top1.draft_logprobs, vec![0.0, 0.0, -1.0, -1.0, -2.0, -2.0]);
+        assert_eq!(top1.target_ids, Some(vec![100, 100, 101, 101, 102, 102]));
+        assert_eq!(
+            top1.target_logprobs,
+            Some(vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0])
+        );
+        assert!(top1.check().is_ok());
+        assert_eq!(
+            (top1.target, top1.valid),
+            (b.target.clone(), b.valid.clone())
+        );
+        let mut all = b.clone();
+        all.keep_candidates(5);
+        assert_eq!(all, b);
     }
 
     #[test]

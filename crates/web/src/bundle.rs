@@ -19,9 +19,9 @@
 use crate::analysis::{load_stats, RunStats, STATS_KIND, STATS_VERSION};
 use anyhow::{anyhow, bail, Context, Result};
 use base64::Engine;
-use draftlens_records::RecordBatch;
+use draftlens_records::{RecordBatch, COLUMNS};
 use draftlens_results::store::{
-    f32s_to_le, le_to_f32s, le_to_u32s, u32s_to_le, Derived, ImportOutcome, MetricRow,
+    column_to_le, le_to_column, le_to_u32s, u32s_to_le, Derived, ImportOutcome, MetricRow,
     PluginFailure, PluginProvenance, RunEval, RunExport, RunInfo, RunPrompt, Store,
 };
 use serde::{Deserialize, Serialize};
@@ -87,22 +87,102 @@ pub struct BundleVocab {
     pub pieces: Vec<String>,
 }
 
-/// RecordBatch columns, base64 of little-endian arrays.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// RecordBatch columns, base64 of little-endian arrays: the object
+/// `{"block_size": B, "top_k": K, <column>: "<base64>" | null, …}` with one key per
+/// record column, named and ordered as `draftlens_records::COLUMNS` (null or absent: an optional
+/// column the run did not keep). Read as strictly as the other bundle objects: an unknown,
+/// repeated or missing key is an error.
+#[derive(Debug)]
 pub struct BundleRecords {
     pub block_size: u32,
     pub top_k: u32,
-    pub prompt_index: String,
-    pub anchor: String,
-    pub region: String,
-    pub target: String,
-    pub valid: String,
-    pub loss_mask: String,
-    pub draft_ids: String,
-    pub draft_logprobs: String,
-    pub target_ids: Option<String>,
-    pub target_logprobs: Option<String>,
+    /// One entry per column of `COLUMNS`, in order; `None`: an absent optional column.
+    pub columns: Vec<Option<String>>,
+}
+
+/// The keys of a records object: B, K, then the columns.
+fn records_keys() -> &'static [&'static str] {
+    static KEYS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        ["block_size", "top_k"]
+            .into_iter()
+            .chain(COLUMNS.iter().map(|c| c.name))
+            .collect()
+    })
+}
+
+impl Serialize for BundleRecords {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut m = s.serialize_struct("BundleRecords", 2 + COLUMNS.len())?;
+        m.serialize_field("block_size", &self.block_size)?;
+        m.serialize_field("top_k", &self.top_k)?;
+        for (c, v) in COLUMNS.iter().zip(&self.columns) {
+            m.serialize_field(c.name, v)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for BundleRecords {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Records;
+        impl<'de> serde::de::Visitor<'de> for Records {
+            type Value = BundleRecords;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("struct BundleRecords")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<BundleRecords, A::Error> {
+                use serde::de::Error;
+                let (mut block_size, mut top_k) = (None, None);
+                // Outer Option: whether the key was seen.
+                let mut columns: Vec<Option<Option<String>>> = vec![None; COLUMNS.len()];
+                while let Some(key) = map.next_key::<String>()? {
+                    let dup = |name: &'static str| Err(A::Error::duplicate_field(name));
+                    match key.as_str() {
+                        "block_size" if block_size.is_some() => return dup("block_size"),
+                        "block_size" => block_size = Some(map.next_value()?),
+                        "top_k" if top_k.is_some() => return dup("top_k"),
+                        "top_k" => top_k = Some(map.next_value()?),
+                        name => {
+                            let Some(i) = COLUMNS.iter().position(|c| c.name == name) else {
+                                return Err(A::Error::unknown_field(name, records_keys()));
+                            };
+                            let c = &COLUMNS[i];
+                            if columns[i].is_some() {
+                                return dup(c.name);
+                            }
+                            columns[i] = Some(if c.is_optional() {
+                                map.next_value()?
+                            } else {
+                                Some(map.next_value::<String>()?)
+                            });
+                        }
+                    }
+                }
+                let block_size = block_size.ok_or_else(|| A::Error::missing_field("block_size"))?;
+                let top_k = top_k.ok_or_else(|| A::Error::missing_field("top_k"))?;
+                let columns = COLUMNS
+                    .iter()
+                    .zip(columns)
+                    .map(|(c, v)| match v {
+                        Some(v) => Ok(v),
+                        None if c.is_optional() => Ok(None),
+                        None => Err(A::Error::missing_field(c.name)),
+                    })
+                    .collect::<std::result::Result<_, _>>()?;
+                Ok(BundleRecords {
+                    block_size,
+                    top_k,
+                    columns,
+                })
+            }
+        }
+        d.deserialize_struct("BundleRecords", records_keys(), Records)
+    }
 }
 
 fn b64(bytes: &[u8]) -> String {
@@ -120,49 +200,22 @@ impl BundleRecords {
         BundleRecords {
             block_size: b.block_size,
             top_k: b.top_k,
-            prompt_index: b64(&u32s_to_le(&b.prompt_index)),
-            anchor: b64(&u32s_to_le(&b.anchor)),
-            region: b64(&b.region),
-            target: b64(&u32s_to_le(&b.target)),
-            valid: b64(&b.valid),
-            loss_mask: b64(&b.loss_mask),
-            draft_ids: b64(&u32s_to_le(&b.draft_ids)),
-            draft_logprobs: b64(&f32s_to_le(&b.draft_logprobs)),
-            target_ids: b.target_ids.as_ref().map(|v| b64(&u32s_to_le(v))),
-            target_logprobs: b.target_logprobs.as_ref().map(|v| b64(&f32s_to_le(v))),
+            columns: COLUMNS
+                .iter()
+                .map(|c| b.column(c).map(|col| b64(&column_to_le(col))))
+                .collect(),
         }
     }
     pub fn to_batch(&self, what: &str) -> Result<RecordBatch> {
-        let u = |s: &str, col: &str| -> Result<Vec<u32>> {
-            let c = format!("{what}.records.{col}");
-            le_to_u32s(&unb64(s, &c)?, &c)
-        };
-        let f = |s: &str, col: &str| -> Result<Vec<f32>> {
-            let c = format!("{what}.records.{col}");
-            le_to_f32s(&unb64(s, &c)?, &c)
-        };
-        let b = RecordBatch {
-            block_size: self.block_size,
-            top_k: self.top_k,
-            prompt_index: u(&self.prompt_index, "prompt_index")?,
-            anchor: u(&self.anchor, "anchor")?,
-            region: unb64(&self.region, &format!("{what}.records.region"))?,
-            target: u(&self.target, "target")?,
-            valid: unb64(&self.valid, &format!("{what}.records.valid"))?,
-            loss_mask: unb64(&self.loss_mask, &format!("{what}.records.loss_mask"))?,
-            draft_ids: u(&self.draft_ids, "draft_ids")?,
-            draft_logprobs: f(&self.draft_logprobs, "draft_logprobs")?,
-            target_ids: self
-                .target_ids
-                .as_deref()
-                .map(|s| u(s, "target_ids"))
-                .transpose()?,
-            target_logprobs: self
-                .target_logprobs
-                .as_deref()
-                .map(|s| f(s, "target_logprobs"))
-                .transpose()?,
-        };
+        let mut b = RecordBatch::new(self.block_size, self.top_k);
+        for (c, text) in COLUMNS.iter().zip(&self.columns) {
+            let w = format!("{what}.records.{}", c.name);
+            let data = match text {
+                Some(s) => Some(le_to_column(c.element, &unb64(s, &w)?, &w)?),
+                None => None,
+            };
+            b.set_column(c, data).map_err(|e| anyhow!("{w}: {e}"))?;
+        }
         b.check().map_err(|e| anyhow!("{what}.records: {e}"))?;
         Ok(b)
     }

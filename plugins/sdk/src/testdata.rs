@@ -170,32 +170,12 @@ pub fn oracle(shape: &Shape) -> OwnedBatch {
 
 /// Split an owned batch into owned chunks of at most `n` blocks (for streaming tests).
 pub fn chunks(b: &OwnedBatch, n: usize) -> Vec<OwnedBatch> {
-    let p = b.block_size as usize - 1;
-    let k = b.top_k as usize;
-    let mut out = Vec::new();
-    let nb = b.anchor.len();
-    let mut start = 0;
-    while start < nb {
-        let end = (start + n).min(nb);
-        let (ps, pe) = (start * p, end * p);
-        let (cs, ce) = (ps * k, pe * k);
-        out.push(OwnedBatch {
-            block_size: b.block_size,
-            top_k: b.top_k,
-            prompt_index: b.prompt_index[start..end].to_vec(),
-            anchor: b.anchor[start..end].to_vec(),
-            region: b.region[start..end].to_vec(),
-            target: b.target[ps..pe].to_vec(),
-            valid: b.valid[ps..pe].to_vec(),
-            loss_mask: b.loss_mask[ps..pe].to_vec(),
-            draft_ids: b.draft_ids[cs..ce].to_vec(),
-            draft_logprobs: b.draft_logprobs[cs..ce].to_vec(),
-            target_ids: b.target_ids.as_ref().map(|v| v[cs..ce].to_vec()),
-            target_logprobs: b.target_logprobs.as_ref().map(|v| v[cs..ce].to_vec()),
-        });
-        start = end;
-    }
-    out
+    let view = b.view();
+    let nb = view.num_blocks();
+    (0..nb)
+        .step_by(n.max(1))
+        .map(|start| view.slice(start..(start + n).min(nb)).to_batch())
+        .collect()
 }
 
 /// What the host sends a plugin that declared `inputs`: the first `inputs.candidates`
@@ -208,36 +188,15 @@ pub fn project(b: &OwnedBatch, inputs: Inputs) -> OwnedBatch {
     } else {
         (inputs.candidates as usize).min(k)
     };
-    let cut = |v: &[u32]| -> Vec<u32> {
-        v.chunks(k)
-            .flat_map(|c| c[..keep].iter().copied())
-            .collect()
-    };
-    let cut_f = |v: &[f32]| -> Vec<f32> {
-        v.chunks(k)
-            .flat_map(|c| c[..keep].iter().copied())
-            .collect()
-    };
-    OwnedBatch {
-        top_k: keep as u32,
-        draft_ids: cut(&b.draft_ids),
-        draft_logprobs: if inputs.draft_logprobs {
-            cut_f(&b.draft_logprobs)
-        } else {
-            Vec::new()
-        },
-        target_ids: b
-            .target_ids
-            .as_ref()
-            .filter(|_| inputs.target_topk)
-            .map(|v| cut(v)),
-        target_logprobs: b
-            .target_logprobs
-            .as_ref()
-            .filter(|_| inputs.target_topk)
-            .map(|v| cut_f(v)),
-        ..b.clone()
+    let mut out = b.clone();
+    out.keep_candidates(keep);
+    if !inputs.draft_logprobs {
+        out.draft_logprobs.clear();
     }
+    if !inputs.target_topk {
+        (out.target_ids, out.target_logprobs) = (None, None);
+    }
+    out
 }
 
 /// The value named `name` in a plugin's output (panics with the list of names when missing:
@@ -404,14 +363,7 @@ mod tests {
         let parts = chunks(&b, 4);
         let mut joined = parts[0].clone();
         for c in &parts[1..] {
-            joined.prompt_index.extend(&c.prompt_index);
-            joined.anchor.extend(&c.anchor);
-            joined.region.extend(&c.region);
-            joined.target.extend(&c.target);
-            joined.valid.extend(&c.valid);
-            joined.loss_mask.extend(&c.loss_mask);
-            joined.draft_ids.extend(&c.draft_ids);
-            joined.draft_logprobs.extend(&c.draft_logprobs);
+            joined.extend(c);
         }
         assert_eq!(joined, b);
     }

@@ -7,12 +7,13 @@
 //! cache key), the drafter's files (sha256), where the prompt ends, the evaluation options and the
 //! evaluation code ([`RECORDS_VERSION`]). All of it is in the key, so a hit is bit-identical to
 //! what the drafter would compute again. Entries hold the record columns of
-//! [`RecordBatch`] without the prompt index (a run's own numbering).
+//! [`RecordBatch`] (`draftlens_records::COLUMNS`) without the prompt index (a run's own
+//! numbering), one tensor per column under its name.
 
 use super::eval::EvalOptions;
 use crate::backend::Backend;
 use crate::cache::{CacheKey, CachedData, CachedTensor};
-use crate::records::RecordBatch;
+use crate::records::{columns_per_prompt, ColumnData, ColumnRef, Element, RecordBatch};
 use crate::session::Session;
 use anyhow::Result;
 
@@ -37,31 +38,45 @@ pub fn key<B: Backend>(
     s.derived_key("draft", ids, taps.to_vec(), extra)
 }
 
-fn u8s(v: &[u8]) -> CachedData {
-    CachedData::U32(v.iter().map(|&x| x as u32).collect())
+/// A column as a tensor's data: u8 columns are widened to u32 (safetensors' U8 is not a
+/// dtype the cache writes).
+fn to_cached(col: ColumnRef<'_>) -> CachedData {
+    match col {
+        ColumnRef::U8(v) => CachedData::U32(v.iter().map(|&x| x as u32).collect()),
+        ColumnRef::U32(v) => CachedData::U32(v.to_vec()),
+        ColumnRef::F32(v) => CachedData::F32(v.to_vec()),
+    }
 }
 
-/// The entry of one sequence's records.
-pub fn to_tensors(r: &RecordBatch) -> Vec<CachedTensor> {
-    let t = |name: &str, data: CachedData| CachedTensor {
-        name: name.into(),
-        shape: vec![data.len()],
-        data,
-    };
-    let mut out = vec![
-        t("anchor", CachedData::U32(r.anchor.clone())),
-        t("region", u8s(&r.region)),
-        t("target", CachedData::U32(r.target.clone())),
-        t("valid", u8s(&r.valid)),
-        t("loss_mask", u8s(&r.loss_mask)),
-        t("draft_ids", CachedData::U32(r.draft_ids.clone())),
-        t("draft_logprobs", CachedData::F32(r.draft_logprobs.clone())),
-    ];
-    if let (Some(ids), Some(lps)) = (&r.target_ids, &r.target_logprobs) {
-        out.push(t("target_ids", CachedData::U32(ids.clone())));
-        out.push(t("target_logprobs", CachedData::F32(lps.clone())));
+/// A tensor's data as a column of `element`; `None` when it is another type or a u8 column
+/// holds a value over 255.
+fn from_cached(data: CachedData, element: Element) -> Option<ColumnData> {
+    match (data, element) {
+        (CachedData::U32(v), Element::U8) => v
+            .into_iter()
+            .map(|x| u8::try_from(x).ok())
+            .collect::<Option<Vec<u8>>>()
+            .map(ColumnData::U8),
+        (CachedData::U32(v), Element::U32) => Some(ColumnData::U32(v)),
+        (CachedData::F32(v), Element::F32) => Some(ColumnData::F32(v)),
+        _ => None,
     }
-    out
+}
+
+/// The entry of one sequence's records: one tensor per record column but the prompt index,
+/// named as the column (an optional column only when present).
+pub fn to_tensors(r: &RecordBatch) -> Vec<CachedTensor> {
+    columns_per_prompt()
+        .iter()
+        .filter_map(|c| {
+            let data = to_cached(r.column(c)?);
+            Some(CachedTensor {
+                name: c.name.into(),
+                shape: vec![data.len()],
+                data,
+            })
+        })
+        .collect()
 }
 
 /// The records of an entry, numbered `prompt_index`; `None` when the entry does not hold a
@@ -72,53 +87,28 @@ pub fn from_tensors(
     top_k: u32,
     prompt_index: u32,
 ) -> Option<RecordBatch> {
-    let mut cols: std::collections::HashMap<String, CachedData> =
+    let mut tensors: std::collections::HashMap<String, CachedData> =
         tensors.into_iter().map(|t| (t.name, t.data)).collect();
-    let mut u32s = |name: &str| match cols.remove(name) {
-        Some(CachedData::U32(v)) => Some(v),
-        _ => None,
-    };
-    let anchor = u32s("anchor")?;
-    let narrow = |v: Vec<u32>| {
-        v.into_iter()
-            .map(u8::try_from)
-            .collect::<Result<Vec<u8>, _>>()
-    };
-    let region = narrow(u32s("region")?).ok()?;
-    let target = u32s("target")?;
-    let valid = narrow(u32s("valid")?).ok()?;
-    let loss_mask = narrow(u32s("loss_mask")?).ok()?;
-    let draft_ids = u32s("draft_ids")?;
-    let target_ids = u32s("target_ids");
-    let mut f32s = |name: &str| match cols.remove(name) {
-        Some(CachedData::F32(v)) => Some(v),
-        _ => None,
-    };
-    let draft_logprobs = f32s("draft_logprobs")?;
-    let target_logprobs = f32s("target_logprobs");
-    let n = anchor.len();
-    let positions = n * (block_size as usize).checked_sub(1)?;
-    let candidates = positions * top_k as usize;
-    let ok = region.len() == n
-        && [target.len(), valid.len(), loss_mask.len()] == [positions; 3]
-        && draft_ids.len() == candidates
-        && draft_logprobs.len() == candidates
-        && target_ids.as_ref().map(Vec::len) == target_logprobs.as_ref().map(Vec::len)
-        && target_ids.as_ref().is_none_or(|v| v.len() == candidates);
-    ok.then(|| RecordBatch {
-        block_size,
-        top_k,
-        prompt_index: vec![prompt_index; n],
-        anchor,
-        region,
-        target,
-        valid,
-        loss_mask,
-        draft_ids,
-        draft_logprobs,
-        target_ids,
-        target_logprobs,
-    })
+    if block_size == 0 {
+        return None;
+    }
+    let mut batch = RecordBatch::new(block_size, top_k);
+    for c in columns_per_prompt() {
+        let data = match tensors.remove(c.name) {
+            Some(data) => Some(from_cached(data, c.element)?),
+            None => None,
+        };
+        batch.set_column(c, data).ok()?;
+    }
+    batch.prompt_index = vec![prompt_index; batch.num_blocks()];
+    // Complete columns, and the optional ones (the target's top-K) all present or all absent.
+    let present: Vec<bool> = columns_per_prompt()
+        .iter()
+        .filter(|c| c.is_optional())
+        .map(|c| batch.column(c).is_some())
+        .collect();
+    let together = present.windows(2).all(|w| w[0] == w[1]);
+    (batch.check().is_ok() && together).then_some(batch)
 }
 
 #[cfg(test)]

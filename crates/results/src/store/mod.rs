@@ -35,7 +35,7 @@ mod tests;
 mod vocab;
 mod watch;
 
-pub use codec::{f32s_to_le, le_to_f32s, le_to_u32s, u32s_to_le};
+pub use codec::{column_to_le, f32s_to_le, le_to_column, le_to_f32s, le_to_u32s, u32s_to_le};
 pub use evals::*;
 pub use exchange::*;
 pub use metrics::*;

@@ -2,6 +2,13 @@
 //! columnar `RecordBatch` as little-endian BLOBs, at most `CHUNK_BLOCKS` blocks per row).
 
 use super::*;
+use draftlens_records::columns_per_prompt;
+
+/// The key of a `record_chunk` row: the run, the row's sequence number, the prompt all its
+/// blocks belong to and how many blocks it holds. One BLOB per record column follows (every
+/// column of `draftlens_records::COLUMNS` but the prompt index, under the same name; NULL for an
+/// optional column the run did not keep).
+const CHUNK_KEY: [&str; 4] = ["run_id", "seq", "prompt_index", "n_blocks"];
 
 /// Most blocks stored in one `record_chunk` row (bounds BLOB sizes to a few MB).
 pub const CHUNK_BLOCKS: usize = 4096;
@@ -98,17 +105,22 @@ pub(super) fn insert_records(
     if nb == 0 {
         return Ok(());
     }
-    let p = batch.positions_per_block();
-    let kk = batch.top_k as usize;
     let mut seq: i64 = tx.query_row(
         "SELECT coalesce(max(seq), -1) + 1 FROM record_chunk WHERE run_id = ?1",
         [run],
         |r| r.get(0),
     )?;
-    let mut stmt = tx.prepare_cached(
-        "INSERT INTO record_chunk (run_id, seq, prompt_index, n_blocks, anchor, region, target, valid, loss_mask, \
-         draft_ids, draft_logprobs, target_ids, target_logprobs) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-    )?;
+    let names: Vec<&str> = CHUNK_KEY
+        .into_iter()
+        .chain(columns_per_prompt().iter().map(|c| c.name))
+        .collect();
+    let slots: Vec<String> = (1..=names.len()).map(|i| format!("?{i}")).collect();
+    let mut stmt = tx.prepare_cached(&format!(
+        "INSERT INTO record_chunk ({}) VALUES ({})",
+        names.join(", "),
+        slots.join(", ")
+    ))?;
+    let view = batch.view();
     // Split into runs of blocks of one prompt, at most CHUNK_BLOCKS each.
     let mut start = 0;
     while start < nb {
@@ -117,26 +129,19 @@ pub(super) fn insert_records(
         while end < nb && batch.prompt_index[end] == pi && end - start < CHUNK_BLOCKS {
             end += 1;
         }
-        let (ps, pe) = (start * p, end * p);
-        let (cs, ce) = (ps * kk, pe * kk);
-        stmt.execute(params![
-            run,
-            seq,
-            pi,
-            (end - start) as i64,
-            u32s_to_le(&batch.anchor[start..end]),
-            &batch.region[start..end],
-            u32s_to_le(&batch.target[ps..pe]),
-            &batch.valid[ps..pe],
-            &batch.loss_mask[ps..pe],
-            u32s_to_le(&batch.draft_ids[cs..ce]),
-            f32s_to_le(&batch.draft_logprobs[cs..ce]),
-            batch.target_ids.as_ref().map(|v| u32s_to_le(&v[cs..ce])),
-            batch
-                .target_logprobs
-                .as_ref()
-                .map(|v| f32s_to_le(&v[cs..ce])),
-        ])?;
+        let chunk = view.slice(start..end);
+        let mut values = vec![
+            Value::Integer(run),
+            Value::Integer(seq),
+            Value::Integer(pi.into()),
+            Value::Integer((end - start) as i64),
+        ];
+        values.extend(columns_per_prompt().iter().map(|c| {
+            chunk
+                .column(c)
+                .map_or(Value::Null, |col| Value::Blob(column_to_le(col)))
+        }));
+        stmt.execute(rusqlite::params_from_iter(values))?;
         seq += 1;
         start = end;
     }
@@ -226,40 +231,36 @@ impl Store {
                 .query_row("SELECT block_size, top_k FROM run WHERE id = ?1", [run], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?
                 .ok_or_else(|| anyhow!("{what}: run {run} does not exist"))?;
-            let mut out = RecordBatch::new(b, k);
-            let (mut tids, mut tlps): (Option<Vec<u32>>, Option<Vec<f32>>) = (Some(Vec::new()), Some(Vec::new()));
-            let sql = "SELECT seq, prompt_index, n_blocks, anchor, region, target, valid, loss_mask, draft_ids, draft_logprobs, \
-                       target_ids, target_logprobs FROM record_chunk WHERE run_id = ?1 AND (?2 IS NULL OR prompt_index = ?2) ORDER BY seq";
-            let mut stmt = c.prepare_cached(sql)?;
+            let columns: Vec<&str> = columns_per_prompt().iter().map(|c| c.name).collect();
+            let sql = format!(
+                "SELECT seq, prompt_index, n_blocks, {} FROM record_chunk \
+                 WHERE run_id = ?1 AND (?2 IS NULL OR prompt_index = ?2) ORDER BY seq",
+                columns.join(", ")
+            );
+            let mut stmt = c.prepare_cached(&sql)?;
             let mut rows = stmt.query(params![run, prompt])?;
-            let mut any = false;
+            let mut out: Option<RecordBatch> = None;
             while let Some(r) = rows.next()? {
-                any = true;
                 let seq: i64 = r.get("seq")?;
                 let ctx = |col: &str| format!("{what}: run {run} record chunk {seq} column {col}");
+                let mut chunk = RecordBatch::new(b, k);
                 let pi: u32 = r.get("prompt_index")?;
                 let n: usize = r.get::<_, i64>("n_blocks")? as usize;
-                out.prompt_index.extend(std::iter::repeat_n(pi, n));
-                out.anchor.extend(le_to_u32s(r.get_ref("anchor")?.as_blob()?, &ctx("anchor"))?);
-                out.region.extend_from_slice(r.get_ref("region")?.as_blob()?);
-                out.target.extend(le_to_u32s(r.get_ref("target")?.as_blob()?, &ctx("target"))?);
-                out.valid.extend_from_slice(r.get_ref("valid")?.as_blob()?);
-                out.loss_mask.extend_from_slice(r.get_ref("loss_mask")?.as_blob()?);
-                out.draft_ids.extend(le_to_u32s(r.get_ref("draft_ids")?.as_blob()?, &ctx("draft_ids"))?);
-                out.draft_logprobs.extend(le_to_f32s(r.get_ref("draft_logprobs")?.as_blob()?, &ctx("draft_logprobs"))?);
-                match (r.get_ref("target_ids")?.as_blob_or_null()?, tids.as_mut()) {
-                    (Some(bl), Some(v)) => v.extend(le_to_u32s(bl, &ctx("target_ids"))?),
-                    _ => tids = None,
+                chunk.prompt_index = vec![pi; n];
+                for col in columns_per_prompt() {
+                    let data = match r.get_ref(col.name)?.as_blob_or_null()? {
+                        Some(blob) => Some(le_to_column(col.element, blob, &ctx(col.name))?),
+                        None => None,
+                    };
+                    chunk.set_column(col, data).map_err(|e| anyhow!("{what}: run {run} record chunk {seq}: {e}"))?;
                 }
-                match (r.get_ref("target_logprobs")?.as_blob_or_null()?, tlps.as_mut()) {
-                    (Some(bl), Some(v)) => v.extend(le_to_f32s(bl, &ctx("target_logprobs"))?),
-                    _ => tlps = None,
+                // An optional column (NULL in some chunk) stays only when every chunk has it.
+                match out.as_mut() {
+                    Some(o) => o.extend(&chunk),
+                    None => out = Some(chunk),
                 }
             }
-            if any {
-                out.target_ids = tids;
-                out.target_logprobs = tlps;
-            }
+            let out = out.unwrap_or_else(|| RecordBatch::new(b, k));
             out.check().map_err(|e| anyhow!("{what}: run {run}: stored records are inconsistent: {e}"))?;
             Ok(out)
         })
