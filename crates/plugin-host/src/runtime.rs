@@ -42,7 +42,8 @@ pub struct Limits {
     /// Output budget of one plugin over one run, shared by all its groups (the whole run, every
     /// prompt, every category): values plus series entries.
     pub max_output_entries: usize,
-    /// The same budget in bytes (a value costs its name plus 16 bytes, a series entry 16).
+    /// The same budget in bytes, counted as stored: a value costs its name, its metric's unit
+    /// and description (every row keeps a copy) and 16 bytes, a series entry 16.
     pub max_output_bytes: usize,
     /// Largest plugin file accepted (checked before it is read).
     pub max_file_bytes: u64,

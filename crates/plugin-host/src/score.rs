@@ -295,7 +295,7 @@ impl Runtime {
         // One budget for everything this plugin returns over the run, checked as each group's
         // values arrive: a plugin inside the per-call limits cannot multiply them by the number
         // of groups (the host's memory and the run database stay bounded).
-        let mut budget = validate::OutputBudget::new(limits);
+        let mut budget = validate::OutputBudget::new(limits, &plugin.metadata);
         let mut check = |what: &str, v: Vec<crate::wit::MetricValue>| {
             // The per-call rules first (bad-output), then the run's budget (too-much-output).
             let r = validate::results(&plugin.metadata, v, limits).map_err(|m| {
@@ -372,7 +372,7 @@ impl Runtime {
                 format!("returned {m}"),
             )
         })?;
-        validate::OutputBudget::new(self.limits())
+        validate::OutputBudget::new(self.limits(), &plugin.metadata)
             .charge(&r)
             .map_err(|m| {
                 PluginFailure::new(

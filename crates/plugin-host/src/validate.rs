@@ -119,16 +119,23 @@ pub(crate) fn metadata(m: &Metadata) -> Result<(), String> {
 }
 
 /// What one plugin may return over one run, over all its groups (see [`Limits`]).
-pub(crate) struct OutputBudget {
+pub(crate) struct OutputBudget<'m> {
+    /// The plugin's declaration: each value's row stores its metric's unit and description.
+    meta: &'m Metadata,
     max_entries: usize,
     max_bytes: usize,
     entries: usize,
     bytes: usize,
 }
 
-impl OutputBudget {
-    pub(crate) fn new(limits: &Limits) -> Self {
+/// Bytes a value costs besides its text (value, count, flags), and a series entry.
+const VALUE_BYTES: usize = 16;
+const ENTRY_BYTES: usize = 16;
+
+impl<'m> OutputBudget<'m> {
+    pub(crate) fn new(limits: &Limits, meta: &'m Metadata) -> Self {
         OutputBudget {
+            meta,
             max_entries: limits.max_output_entries,
             max_bytes: limits.max_output_bytes,
             entries: 0,
@@ -136,20 +143,30 @@ impl OutputBudget {
         }
     }
 
+    /// What storing `v` costs: the row keeps its name and its metric's unit and description
+    /// (each row carries its own copy, in memory and in the database: a 2000-byte description
+    /// on a one-letter name is 2000 bytes per row, not 1), plus [`VALUE_BYTES`], plus
+    /// [`ENTRY_BYTES`] per series entry.
+    fn cost(&self, v: &MetricResult) -> usize {
+        let text = self
+            .meta
+            .spec_for(&v.name)
+            .map_or(0, |s| s.unit.len() + s.description.len());
+        let n = v.series.as_ref().map_or(0, |s| s.values.len());
+        (v.name.len() + text + VALUE_BYTES).saturating_add(n.saturating_mul(ENTRY_BYTES))
+    }
+
     /// Count `values` against the budget. The message completes "returned ...".
     pub(crate) fn charge(&mut self, values: &[MetricResult]) -> Result<(), String> {
         for v in values {
             let n = v.series.as_ref().map_or(0, |s| s.values.len());
             self.entries = self.entries.saturating_add(1 + n);
-            self.bytes = self
-                .bytes
-                .saturating_add(v.name.len() + 16)
-                .saturating_add(n.saturating_mul(16));
+            self.bytes = self.bytes.saturating_add(self.cost(v));
         }
         if self.entries > self.max_entries || self.bytes > self.max_bytes {
             return Err(format!(
-                "more than its output budget for a run: {} values and series entries ({} bytes) over all its \
-                 groups, limit {} entries and {} bytes",
+                "more than its output budget for a run: {} values and series entries ({} bytes as stored, \
+                 descriptions and units included) over all its groups, limit {} entries and {} bytes",
                 self.entries, self.bytes, self.max_entries, self.max_bytes
             ));
         }
@@ -360,7 +377,7 @@ mod tests {
             max_output_bytes: 1000,
             ..Limits::default()
         };
-        let mut b = OutputBudget::new(&l);
+        let mut b = OutputBudget::new(&l, &m);
         let mut v = value("tau", 1.0);
         v.series = Some(wit::draftlens::metric::types::Series {
             kind: wit::SeriesKind::PerPosition,
@@ -374,7 +391,8 @@ mod tests {
         let e = b.charge(&v).unwrap_err();
         assert!(e.contains("15 values and series entries"), "{e}");
         // Bytes: a long name costs its length.
-        let mut b = OutputBudget::new(&l);
+        let m = meta();
+        let mut b = OutputBudget::new(&l, &m);
         let e = b
             .charge(&[MetricResult::scalar(&"x".repeat(2000), Some(1.0), 1)])
             .unwrap_err();
@@ -391,6 +409,35 @@ mod tests {
             e.contains("at most 64 bytes") && e.len() < 400,
             "{}",
             &e[..200]
+    #[test]
+    fn the_output_budget_counts_the_unit_and_description_every_row_stores() {
+        // Issue 39: the maximum descriptions on one-letter names fitted the budget (17 bytes a
+        // value) while every stored row carried 2000 bytes: gigabytes of rows and memory.
+        let mut m = meta();
+        m.metrics[0].description = "d".repeat(MAX_TEXT);
+        m.metrics[0].unit = "u".repeat(MAX_NAME);
+        let l = Limits {
+            max_output_bytes: 100 * (3 + MAX_TEXT + MAX_NAME + 16),
+            ..Limits::default()
+        };
+        let mut b = OutputBudget::new(&l, &m);
+        let group = vec![MetricResult::scalar("tau", Some(1.0), 1)];
+        for _ in 0..100 {
+            b.charge(&group).unwrap();
+        }
+        let e = b.charge(&group).unwrap_err();
+        assert!(
+            e.contains(&format!("({} bytes as stored", 101 * (3 + MAX_TEXT + MAX_NAME + 16))),
+            "{e}"
+        );
+        // A family member pays its family's description.
+        let mut m = meta();
+        m.metrics[1].description = "d".repeat(1000);
+        let mut b = OutputBudget::new(&l, &m);
+        b.charge(&[MetricResult::scalar("acc_8", Some(1.0), 1)]).unwrap();
+        assert_eq!(b.bytes, 5 + "fraction".len() + 1000 + 16);
+    }
+
         );
         let e = results(&meta(), vec![value("acc_\u{1b}[2J", 0.5)], &l).unwrap_err();
         assert!(!e.contains('\u{1b}'), "{e}");
