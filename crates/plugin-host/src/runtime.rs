@@ -47,6 +47,18 @@ pub struct Limits {
     pub max_output_bytes: usize,
     /// Largest plugin file accepted (checked before it is read).
     pub max_file_bytes: u64,
+    /// Reading and compiling a plugin must end within the time limit, but never within less
+    /// than this: a limit meant for one job must not refuse an ordinary plugin, whose compile
+    /// takes about a second per MiB of code on a loaded 2-core machine (a precompiled artifact
+    /// loads in well under a millisecond). No bound without a time limit.
+    pub min_compile_time: Duration,
+}
+
+impl Limits {
+    /// How long reading and compiling a plugin may take (see [`Limits::min_compile_time`]).
+    pub fn compile_time_limit(&self) -> Option<Duration> {
+        self.time_limit.map(|t| t.max(self.min_compile_time))
+    }
 }
 
 impl Default for Limits {
@@ -62,6 +74,7 @@ impl Default for Limits {
             max_output_entries: 2 << 20,
             max_output_bytes: 32 << 20,
             max_file_bytes: 256 << 20,
+            min_compile_time: Duration::from_secs(10),
         }
     }
 }
@@ -240,7 +253,7 @@ impl Runtime {
         check_header(bytes).map_err(|(kind, msg)| fail(kind, msg))?;
         let sha256 = hex::encode(Sha256::digest(bytes));
 
-        let (component, from_cache) = self.compile(path, bytes, &sha256)?;
+        let (component, from_cache) = self.compile(path, bytes, &sha256, started)?;
         let compile_time = started.elapsed();
 
         let ty = component.component_type();
@@ -292,12 +305,14 @@ impl Runtime {
         Ok(plugin)
     }
 
-    /// Compile `bytes`, going through the `.cwasm` cache when one is configured.
+    /// Compile `bytes`, going through the `.cwasm` cache when one is configured. Compiling is
+    /// bounded by the time limit, counted from `started` (see [`Runtime::bounded_compile`]).
     fn compile(
         &self,
         path: &Path,
         bytes: &[u8],
         sha256: &str,
+        started: Instant,
     ) -> Result<(Component, bool), PluginFailure> {
         let invalid = |e: wasmtime::Error| {
             PluginFailure::new(
@@ -306,11 +321,9 @@ impl Runtime {
                 format!("not a valid WebAssembly component: {e:#}"),
             )
         };
-        let Some(dir) = &self.config.cache_dir else {
-            return Ok((Component::new(&self.engine, bytes).map_err(invalid)?, false));
-        };
-        let Some(key) = &self.cache_key else {
-            return Ok((Component::new(&self.engine, bytes).map_err(invalid)?, false));
+        let (Some(dir), Some(key)) = (&self.config.cache_dir, &self.cache_key) else {
+            let component = self.bounded_compile(path, bytes, started, |e, b| Component::new(e, b))?;
+            return Ok((component.map_err(invalid)?, false));
         };
         let cached = self.cache_path(dir, sha256);
         // Read into memory rather than `deserialize_file` (mmap): a cache file truncated or
@@ -339,7 +352,9 @@ impl Runtime {
                 ),
             }
         }
-        let serialized = self.engine.precompile_component(bytes).map_err(invalid)?;
+        let serialized = self
+            .bounded_compile(path, bytes, started, |engine, b| engine.precompile_component(b))?
+            .map_err(invalid)?;
         // SAFETY: produced just above by this engine.
         let component =
             unsafe { Component::deserialize(&self.engine, &serialized) }.map_err(invalid)?;
@@ -352,6 +367,59 @@ impl Runtime {
             );
         }
         Ok((component, false))
+    }
+
+    /// Runs `compile(engine, bytes)` (Cranelift: about a second per MiB of code on a 2-core
+    /// machine, and hundreds of MiB of host memory for a large plugin) within what is left of
+    /// [`Limits::compile_time_limit`] since `started`, so that a huge plugin cannot hold a
+    /// command for minutes before its first call is timed. Wasmtime cannot stop a compilation:
+    /// past the limit the compiling thread is abandoned (it finishes in the background, its
+    /// result is dropped) and the plugin fails with `timeout`. Without a time limit, compiles in
+    /// this thread.
+    fn bounded_compile<T: Send + 'static>(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        started: Instant,
+        compile: fn(&Engine, &[u8]) -> T,
+    ) -> Result<T, PluginFailure> {
+        let Some(limit) = self.config.limits.compile_time_limit() else {
+            return Ok(compile(&self.engine, bytes));
+        };
+        let (engine, owned) = (self.engine.clone(), bytes.to_vec());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("plugin-compile".into())
+            .spawn(move || {
+                // The receiver is gone when the load gave up: nothing to do with the result.
+                let _ = tx.send(compile(&engine, &owned));
+            })
+            .map_err(|e| {
+                PluginFailure::new(
+                    FailureKind::Io,
+                    path,
+                    format!("cannot start a thread to compile the plugin: {e}"),
+                )
+            })?;
+        let left = limit.saturating_sub(started.elapsed());
+        rx.recv_timeout(left).map_err(|e| match e {
+            std::sync::mpsc::RecvTimeoutError::Disconnected => PluginFailure::new(
+                FailureKind::NotComponent,
+                path,
+                "could not be compiled: the compiler stopped without a result",
+            ),
+            std::sync::mpsc::RecvTimeoutError::Timeout => PluginFailure::new(
+                FailureKind::Timeout,
+                path,
+                format!(
+                    "was not compiled within {limit:?} ({} MiB of WebAssembly): compiling a plugin counts against \
+                     its time limit (at least {:?}), so a plugin this large needs a longer --plugin-time-limit \
+                     (its compilation was abandoned)",
+                    bytes.len().div_ceil(1 << 20),
+                    self.config.limits.min_compile_time
+                ),
+            ),
+        })
     }
 
     /// `<cache>/<sha256 of the .wasm>-<engine compatibility hash>.cwasm`.
@@ -611,6 +679,17 @@ impl std::fmt::Debug for LoadedPlugin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compiling_is_bounded_by_the_time_limit_but_never_below_the_floor() {
+        let with = |t: Option<u64>| Limits {
+            time_limit: t.map(Duration::from_secs),
+            ..Limits::default()
+        };
+        assert_eq!(with(Some(60)).compile_time_limit(), Some(Duration::from_secs(60)));
+        assert_eq!(with(Some(1)).compile_time_limit(), Some(Duration::from_secs(10)));
+        assert_eq!(with(None).compile_time_limit(), None);
+    }
 
     #[test]
     fn headers_are_classified() {

@@ -1,5 +1,5 @@
-//! The wall-clock limit holds under CPU load, and a plugin that loops in `describe` costs one
-//! time limit to load.
+//! The wall-clock limit holds under CPU load, a plugin that loops in `describe` costs one
+//! time limit to load, and so does a plugin too large to compile within it.
 //!
 //! The limit is checked against the real clock at every epoch tick (crates/plugin-host/src/job.rs),
 //! so a ticker thread that wakes late under load delays the stop by about one late tick instead
@@ -110,4 +110,99 @@ fn a_plugin_looping_in_describe_costs_one_time_limit_to_load() {
         took >= limit && took < limit * 2 - Duration::from_millis(200),
         "{took:?}"
     );
+}
+
+/// LEB128 of `n` (the WebAssembly binary format's integers).
+fn leb(mut n: usize, out: &mut Vec<u8>) {
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// A section: its id, then its contents' length and the contents.
+fn section(id: u8, contents: &[u8], out: &mut Vec<u8>) {
+    out.push(id);
+    leb(contents.len(), out);
+    out.extend_from_slice(contents);
+}
+
+/// A component holding one core module of `functions` functions of `ops` dependent steps each
+/// (`x = rotl(x * x ^ x, k)`, which no optimisation folds): megabytes of code that take seconds
+/// to compile, and nothing a plugin exports.
+fn huge_component(functions: usize, ops: usize) -> Vec<u8> {
+    let mut body = vec![0u8]; // no locals besides the parameter
+    for k in 0..ops {
+        // local.get 0, local.get 0, i32.mul, local.get 0, i32.xor, i32.const k%64, i32.rotl, local.set 0
+        body.extend_from_slice(&[0x20, 0, 0x20, 0, 0x6c, 0x20, 0, 0x73, 0x41, (k % 64) as u8, 0x77, 0x21, 0]);
+    }
+    body.extend_from_slice(&[0x20, 0, 0x0b]); // local.get 0, end
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 1, 0x7f, 1, 0x7f], &mut module); // one type: (i32) -> i32
+    let mut funcs = Vec::new();
+    leb(functions, &mut funcs);
+    funcs.resize(funcs.len() + functions, 0);
+    section(3, &funcs, &mut module);
+    let mut code = Vec::new();
+    leb(functions, &mut code);
+    for _ in 0..functions {
+        leb(body.len(), &mut code);
+        code.extend_from_slice(&body);
+    }
+    section(10, &code, &mut module);
+    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
+    section(1, &module, &mut component); // core module section
+    component
+}
+
+#[test]
+fn a_plugin_too_large_to_compile_within_the_time_limit_fails_at_the_limit() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // 2 MB of code: a second or more of Cranelift (issue 39: 28 MB took 31.7 s under a 5 s
+    // limit), against a limit of 150 ms.
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("huge.wasm");
+    std::fs::write(&wasm, huge_component(40, 4000)).unwrap();
+    let limit = Duration::from_millis(150);
+    let rt = draftlens_plugin_host::Runtime::new(draftlens_plugin_host::RuntimeConfig {
+        limits: draftlens_plugin_host::Limits {
+            time_limit: Some(limit),
+            // The floor that keeps short job limits from refusing ordinary plugins, off.
+            min_compile_time: Duration::ZERO,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    let t = Instant::now();
+    let f = rt.load(&wasm).unwrap_err();
+    let took = t.elapsed();
+    assert_eq!(f.kind, FailureKind::Timeout, "{f}");
+    assert!(
+        f.message.contains("was not compiled within 150ms (2 MiB of WebAssembly)")
+            && f.message.contains("compiling a plugin counts against its time limit")
+            && f.message.contains("--plugin-time-limit"),
+        "{f}"
+    );
+    assert!(took < limit + bound(limit) + Duration::from_millis(500), "{took:?}");
+    // Without a time limit it compiles (and is then refused for what it is): the limit, not the
+    // module, made the failure.
+    let rt = draftlens_plugin_host::Runtime::new(draftlens_plugin_host::RuntimeConfig {
+        limits: draftlens_plugin_host::Limits {
+            time_limit: None,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    let t = Instant::now();
+    let f = rt.load(&wasm).unwrap_err();
+    eprintln!("compiling {} KiB took {:?}", std::fs::metadata(&wasm).unwrap().len() >> 10, t.elapsed());
+    assert_eq!(f.kind, FailureKind::IncompatibleContract, "{f}");
+    assert!(t.elapsed() > limit * 2, "the module compiles too fast to test the limit: {:?}", t.elapsed());
 }
