@@ -12,6 +12,7 @@ use draftlens_engine::drafter::run::{run_eval_shard, DrafterSpec, RunOptions};
 use draftlens_engine::drafter::{DFlashDrafter, DrafterCheckpoint};
 use draftlens_engine::model::TargetFiles;
 use draftlens_results::store::{RunFilter, RunMode, Store};
+use draftlens_results::text::printable;
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -381,8 +382,8 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                             r.id,
                             r.status.as_str(),
                             r.mode.as_str(),
-                            r.backend,
-                            r.name
+                            printable(&r.backend),
+                            printable(&r.name)
                         )
                     })
                     .collect();
@@ -417,19 +418,19 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                 let mut o = format!(
                     "run {} · {}\n  status {}{}\n  mode {}  backend {} ({})  B {}  top-K {}\n  target {} ({})\n  drafter {} step {:?}\n  prompts {} ({} prompts, {} blocks)\n",
                     r.id,
-                    r.name,
+                    printable(&r.name),
                     r.status.as_str(),
-                    r.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default(),
+                    r.error.as_deref().map(|e| format!(": {}", printable(e))).unwrap_or_default(),
                     r.mode.as_str(),
-                    r.backend,
-                    r.dtype,
+                    printable(&r.backend),
+                    printable(&r.dtype),
                     r.block_size,
                     r.top_k,
-                    r.target_path,
-                    r.target_arch,
-                    r.drafter_path,
-                    r.drafter_step,
-                    r.prompt_set_name,
+                    printable(&r.target_path),
+                    printable(&r.target_arch),
+                    printable(&r.drafter_path),
+                    r.drafter_step.map(|s| format!(" step {s}")).unwrap_or_default(),
+                    printable(&r.prompt_set_name),
                     r.num_prompts,
                     r.num_blocks
                 );
@@ -442,15 +443,22 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                     );
                 }
                 for m in metrics.iter().filter(|m| m.scope == draftlens_results::store::MetricScope::Run) {
-                    o += &format!("  {:<16} {:<26} {:>9.4}  (n={})  {}\n", m.source, m.name, m.value, m.count, m.description);
+                    o += &format!(
+                        "  {:<16} {:<26} {:>9.4}  (n={})  {}\n",
+                        printable(&m.source),
+                        printable(&m.name),
+                        m.value,
+                        m.count,
+                        printable(&m.description)
+                    );
                 }
                 for p in &plugins {
                     o += &format!(
                         "  plugin {} {} sha256 {} ({}){}\n",
-                        p.source,
-                        p.version,
-                        if p.sha256.is_empty() { "unknown" } else { &p.sha256 },
-                        if p.builtin { "built-in".to_string() } else { p.file.clone() },
+                        printable(&p.source),
+                        printable(&p.version),
+                        if p.sha256.is_empty() { "unknown".into() } else { printable(&p.sha256) },
+                        if p.builtin { "built-in".into() } else { printable(&p.file) },
                         p.stale_since
                             .as_deref()
                             .map(|t| format!(" — STALE since {t}: a later scoring failed"))
@@ -458,7 +466,12 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                     );
                 }
                 for f in &d.failures {
-                    o += &format!("  plugin {} failed ({}): {}\n", f.plugin, f.kind, f.message);
+                    o += &format!(
+                        "  plugin {} failed ({}): {}\n",
+                        printable(&f.plugin),
+                        printable(&f.kind),
+                        printable(&f.message)
+                    );
                 }
                 o
             })

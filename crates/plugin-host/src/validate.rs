@@ -174,11 +174,14 @@ impl<'m> OutputBudget<'m> {
     }
 }
 
-/// After [`metadata`] accepted it: strip control characters from the free text (descriptions,
-/// units, text defaults), which terminals, the database and pages show. Names are identifiers
-/// already.
+/// After [`metadata`] accepted it: strip control characters and bidi controls from the free
+/// text (version, descriptions, units, text defaults), which terminals, the database and pages
+/// show. Names are identifiers already.
 pub(crate) fn clean_metadata(m: &mut Metadata) {
     use crate::text::clean;
+    // The version may hold anything but whitespace and control characters: bidi controls
+    // (U+202E, U+2066) would reorder what `plugins info`, `runs show` and pages show.
+    m.version = clean(&m.version, MAX_NAME);
     m.description = clean(&m.description, MAX_TEXT);
     for s in &mut m.metrics {
         s.unit = clean(&s.unit, MAX_NAME);
@@ -505,3 +508,14 @@ mod tests {
         assert!(metadata(&m).unwrap_err().contains("declares 0 metrics"));
     }
 }
+
+    #[test]
+    fn the_version_reaches_nobody_with_bidi_controls() {
+        // Issue 39: U+202E and U+2066 in a version passed into `plugins info`, `runs show`,
+        // `plugins list` and the database.
+        let mut m = meta();
+        m.version = "1.0.0\u{202e}\u{2066}".into();
+        assert!(metadata(&m).is_ok());
+        clean_metadata(&mut m);
+        assert_eq!(m.version, "1.0.0\u{fffd}\u{fffd}");
+    }

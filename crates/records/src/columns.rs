@@ -8,8 +8,9 @@
 //!
 //! Adding a column: a field of [`RecordBatch`] and [`BatchView`], a row of [`COLUMNS`] and its
 //! arms in the accessors below (all in this crate), and a migration that adds it to the store's
-//! `record_chunk` table (`crates/results/src/store/schema.rs`). Plugins see it once the WIT
-//! `record batch` (the plugin contract, `plugins/wit/metric.wit`) has it: a new contract version.
+//! `record_chunk` table (`crates/results/src/store/schema.rs`); no encoder changes. Since
+//! `RecordBatch` is the guest type of the WIT `record batch` (`plugins/sdk/src/guest.rs`), the
+//! plugin contract (`plugins/wit/metric.wit`) gains the field too, in a new contract version.
 
 use crate::batch::{BatchView, LayoutError, RecordBatch};
 use std::ops::Range;
@@ -117,33 +118,23 @@ const fn column(
 
 /// Every record column, in the order of the batch's fields, the WIT record, the SQL table and
 /// the bundle's keys. [`PROMPT_INDEX`] comes first.
+#[rustfmt::skip]
 pub const COLUMNS: &[Column] = {
     use Element::*;
     use Level::*;
     use Presence::*;
     &[
-        column("prompt_index", Field::PromptIndex, Block, U32, Required),
-        column("anchor", Field::Anchor, Block, U32, Required),
-        column("region", Field::Region, Block, U8, Required),
-        column("target", Field::Target, Position, U32, Required),
-        column("valid", Field::Valid, Position, U8, Required),
-        column("loss_mask", Field::LossMask, Position, U8, Required),
-        column("draft_ids", Field::DraftIds, Candidate, U32, Required),
-        column(
-            "draft_logprobs",
-            Field::DraftLogprobs,
-            Candidate,
-            F32,
-            EmptyWhenUnread,
-        ),
-        column("target_ids", Field::TargetIds, Candidate, U32, Optional),
-        column(
-            "target_logprobs",
-            Field::TargetLogprobs,
-            Candidate,
-            F32,
-            Optional,
-        ),
+        //     name              field                  level      element  presence
+        column("prompt_index",   Field::PromptIndex,    Block,     U32,     Required),
+        column("anchor",         Field::Anchor,         Block,     U32,     Required),
+        column("region",         Field::Region,         Block,     U8,      Required),
+        column("target",         Field::Target,         Position,  U32,     Required),
+        column("valid",          Field::Valid,          Position,  U8,      Required),
+        column("loss_mask",      Field::LossMask,       Position,  U8,      Required),
+        column("draft_ids",      Field::DraftIds,       Candidate, U32,     Required),
+        column("draft_logprobs", Field::DraftLogprobs,  Candidate, F32,     EmptyWhenUnread),
+        column("target_ids",     Field::TargetIds,      Candidate, U32,     Optional),
+        column("target_logprobs", Field::TargetLogprobs, Candidate, F32,    Optional),
     ]
 };
 

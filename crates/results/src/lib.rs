@@ -3,7 +3,9 @@
 //! - [`store`]: the SQLite run store (runs, prompts, records, metrics, vocabularies, sharing);
 //! - [`metrics`]: the native metrics of a run, every run-level row a fold of [`metrics::PromptStats`];
 //! - [`shard`]: the shard rule and the evaluation identity that every shard of one evaluation carries;
-//! - [`merge`]: the exact merge of shards (`draftlens merge`, pushes to a team server).
+//! - [`merge`]: the exact merge of shards (`draftlens merge`, pushes to a team server);
+//! - [`text`]: the one cleaning rule for text from outside (plugins, imports, pushes) on its way
+//!   into the store and to a terminal.
 //!
 //! The engine (models, backends, drafters) writes into this crate; the web UI and the plugin host
 //! read from it and never depend on the engine (ARCHITECTURE.md).
@@ -12,6 +14,7 @@ pub mod merge;
 pub mod metrics;
 pub mod shard;
 pub mod store;
+pub mod text;
 
 /// Lowercase hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {

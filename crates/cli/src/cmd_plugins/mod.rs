@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use draftlens_plugin_host::check::{check_plugin, CheckError};
 use draftlens_plugin_host::text::clean;
+use draftlens_results::text::printable;
 use draftlens_plugin_host::{
     discover, scaffold, FailureKind, Limits, LoadedPlugin, Param, PluginFailure, PreparedPlugin,
     Runtime, RuntimeConfig,
@@ -375,17 +376,21 @@ fn list(g: &Global, dirs: &DirArgs, sandbox: &SandboxArgs) -> Result<()> {
                 (Some(n), _) => {
                     s += &format!(
                         "{:<18} {:<8} {}\n{:<27} {}\n",
-                        n,
-                        e.version.as_deref().unwrap_or(""),
+                        printable(n),
+                        printable(e.version.as_deref().unwrap_or("")),
                         path,
                         "",
-                        e.metrics.join(", ")
+                        printable(&e.metrics.join(", "))
                     )
                 }
                 (None, Some(f)) => {
                     s += &format!(
                         "{:<18} {:<8} {}\n{:<27} {}\n",
-                        "(unusable)", "", path, "", f.message
+                        "(unusable)",
+                        "",
+                        path,
+                        "",
+                        printable(&f.message)
                     )
                 }
                 _ => {}
@@ -435,7 +440,15 @@ fn info_of(p: &LoadedPlugin) -> Info<'_> {
 
 fn render_info(i: &Info<'_>) -> String {
     let m = i.metadata;
-    let mut s = format!("{} {} — {}\n", m.name, m.version, m.description);
+/// `plugins info`'s text. Everything but the host's own words is the plugin's text: printed
+/// through [`printable`] (no escape sequences or bidi controls), although the host already
+/// cleaned it when it loaded the plugin.
+    let mut s = format!(
+        "{} {} — {}\n",
+        printable(&m.name),
+        printable(&m.version),
+        printable(&m.description)
+    );
     s += &format!(
         "  file      {} ({} bytes, sha256 {})\n",
         clean(&i.path.display().to_string(), 1024),
@@ -448,7 +461,7 @@ fn render_info(i: &Info<'_>) -> String {
         if i.imports.is_empty() {
             "none".into()
         } else {
-            i.imports.join(", ")
+            printable(&i.imports.join(", ")).into_owned()
         }
     );
     let inp = &m.inputs;
@@ -483,10 +496,10 @@ fn render_info(i: &Info<'_>) -> String {
     for x in &m.metrics {
         s += &format!(
             "    {:<24} [{}] {} — {}\n",
-            x.name,
-            x.unit,
+            printable(&x.name),
+            printable(&x.unit),
             if x.higher_is_better { "↑" } else { "↓" },
-            x.description
+            printable(&x.description)
         );
     }
     if !m.params.is_empty() {
@@ -494,9 +507,9 @@ fn render_info(i: &Info<'_>) -> String {
         for p in &m.params {
             s += &format!(
                 "    {:<24} = {:<16} {}\n",
-                p.name,
-                p.default.to_string(),
-                p.description
+                printable(&p.name),
+                printable(&p.default.to_string()),
+                printable(&p.description)
             );
         }
     }

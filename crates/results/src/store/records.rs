@@ -252,7 +252,9 @@ impl Store {
                         Some(blob) => Some(le_to_column(col.element, blob, &ctx(col.name))?),
                         None => None,
                     };
-                    chunk.set_column(col, data).map_err(|e| anyhow!("{what}: run {run} record chunk {seq}: {e}"))?;
+                    chunk
+                        .set_column(col, data)
+                        .map_err(|e| anyhow!("{what}: run {run} record chunk {seq}: {e}"))?;
                 }
                 // An optional column (NULL in some chunk) stays only when every chunk has it.
                 match out.as_mut() {
