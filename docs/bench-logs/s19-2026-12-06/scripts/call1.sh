@@ -6,21 +6,25 @@
 # They share the NVRTC kernel cache and its GEMM algorithm choices (the kernels are unchanged; timing-based
 # choices made in two processes could otherwise differ for reasons that are not the code). Their
 # databases must have the same digest (tools/arch/run_digest.py: records, prompts, metrics, identity).
-# Then the default build's CUDA test suites. Run from the repository root on the GPU machine:
-#   B=target-carry/s19 bash docs/bench-logs/s19-2026-12-06/scripts/call1.sh
+# The two binaries do not fit one call's 64 MiB with the tree, so the script runs in two calls within the
+# machine's warm period (the target and the first database stay in /tmp). From the repository root:
+#   VARIANTS=base B=target-carry/s19 bash docs/bench-logs/s19-2026-12-06/scripts/call1.sh   # call 1
+#   VARIANTS=new  B=target-carry/s19 bash docs/bench-logs/s19-2026-12-06/scripts/call1.sh   # call 2: + compare
 set -u
 B=${B:-target-carry/s19}
 source tools/bench/device_env.sh
-python3 tools/bench/make_random_target.py --out /tmp/q8b --drafters 2 > $O/make.log 2>&1; echo "make rc=$?"
-for v in base new; do
+[ -d /tmp/q8b ] || { python3 tools/bench/make_random_target.py --out /tmp/q8b --drafters 2 > $O/make.log 2>&1; echo "make rc=$?"; }
+for v in ${VARIANTS:-base new}; do
   export DRAFTLENS_DATA=/tmp/data-$v DRAFTLENS_CACHE=/tmp/cache-$v
   /usr/bin/time -f "%e s %M KB" timeout 200 $B/draftlens-$v run --backend cuda --target /tmp/q8b \
     --drafter /tmp/q8b-drafters --prompts builtin:humaneval --limit 64 --db /tmp/$v.sqlite --json \
     > $O/run-$v.json 2> $O/run-$v.err; echo "$v run rc=$? $(tail -1 $O/run-$v.err)"
-  timeout 200 $B/draftlens-$v live --backend cuda --target /tmp/q8b --drafter /tmp/q8b-drafters/step-2 \
+  timeout 200 $B/draftlens-$v live --backend cuda --target /tmp/q8b --drafter /tmp/q8b-drafters/step-1 \
     --prompts builtin:humaneval --limit 8 --max-new-tokens 64 --json > $O/live-$v.json 2> $O/live-$v.err
-  echo "$v live rc=$?"
+  echo "$v live rc=$?"; cp $O/live-$v.json /tmp/live-$v.json
 done
+[ -e /tmp/base.sqlite ] && [ -e /tmp/new.sqlite ] || { tar czf $OUT/all.tgz -C $O .; exit 0; }
+cp /tmp/live-base.json /tmp/live-new.json $O/
 python3 tools/arch/run_digest.py /tmp/base.sqlite /tmp/new.sqlite
 python3 - "$O" <<'PY'
 import json, sys
