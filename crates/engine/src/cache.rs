@@ -1,5 +1,9 @@
 //! Content-addressed cache of target outputs (hidden-state taps, greedy continuations, ...).
 //!
+//! Length (~830 lines, over the ~800 guideline): addressing, the entry file format and the
+//! on-disk store are one rule (what invalidates an entry) and stay together; the shared-cache
+//! publication rules are in `cache_shared.rs`, the background writes in `cache_writer.rs`.
+//!
 //! An entry is addressed by the sha256 of everything that determines its content ([`CacheKey`]):
 //! weights, tokenizer, token ids, layer set, backend, dtype and kernel version. Change any of them and
 //! the address changes, so a stale entry is never returned: it is simply not found.

@@ -1,5 +1,8 @@
 //! Evaluated drafter blocks in columnar form (`docs/metrics.md` §1).
 //!
+//! Length (~910 lines, of which ~320 are its unit tests): the batch type, its views and its checks
+//! are the record contract that plugins, the store and the engine share, kept in one place.
+//!
 //! One *block* is one anchor: the drafter saw `[y_a, MASK × (B−1)]` at positions `a..a+B−1` and
 //! the taps of positions `< a`. It has P = B − 1 *positions* (k = 1..P; row k predicts the token
 //! at absolute position `a + k`), and every position has K *candidates* (the drafter's top-K ids

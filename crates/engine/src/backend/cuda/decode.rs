@@ -1,5 +1,8 @@
 //! Batch-invariant GEMMs for few rows (decode steps): `kernels/decode_gemm.cu`.
 //!
+//! Length (~930 lines, of which ~60 are its unit tests): the launch rules of the batch-invariant
+//! decode GEMMs and their fixed K split are one contract and are kept together.
+//!
 //! cuBLAS chooses its algorithm (tile shape, split-K) by the GEMM's shape, so the bits of a row
 //! of `x · Wᵀ` depend on how many rows share the call, and a prompt's greedy continuation would
 //! depend on its batch-mates. For at most [`MAX_DECODE_ROWS`] rows the backend instead runs its
