@@ -612,6 +612,29 @@ fn drafter_tapping_a_layer_the_target_lacks_is_refused_before_compute() {
 
 #[test]
 fn drafter_missing_a_layer_tensor_is_refused_before_compute() {
+#[test]
+fn drafter_with_an_absurd_block_size_is_refused_before_compute() {
+    // Issue 39: block_size 10⁹ aborted with an allocation failure and a backtrace, 100 000 was
+    // OOM-killed, both left a run `running`, and `lint` called it "info".
+    for block_size in [1_000_000_000u64, 100_000] {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = random_spec(tmp.path(), "huge-block", 576, vec![1, 8, 27]);
+        let cfg = ck.join("config.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+        if let Some(d) = v.get_mut("dflash_config").and_then(|d| d.as_object_mut()) {
+            d.insert("block_size".into(), block_size.into());
+        }
+        v["block_size"] = block_size.into();
+        std::fs::write(&cfg, v.to_string()).unwrap();
+        assert_refused(
+            &ck,
+            &[&format!("block_size {block_size} is over the limit of 1024")],
+            "block-size",
+        );
+    }
+}
+
     // The weights are loaded lazily (a cached rerun never reads them), so the header is checked
     // against every tensor the loader will read before the run starts.
     let tmp = tempfile::tempdir().unwrap();

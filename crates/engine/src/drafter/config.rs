@@ -4,9 +4,13 @@
 
 use crate::backend::{Rope, RopeStyle};
 use anyhow::{bail, Context, Result};
+pub use draftlens_results::store::MAX_BLOCK_SIZE;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+
+/// Most drafter layers a config may declare (each gets an entry as the config is read).
+pub const MAX_LAYERS: usize = 1024;
 
 /// Attention of one drafter layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,8 +55,31 @@ impl DrafterConfig {
 
     /// Parse `<dir>/config.json`. `dflash_config` keys win over top-level ones (older z-lab
     /// checkpoints keep `block_size` / `mask_token_id` at the top level); layer ids are never
-    /// guessed from a formula.
+    /// guessed from a formula. An absurd `block_size` ([`DrafterConfig::block_size_problem`]) is
+    /// refused here, naming the key, before anything is allocated for it.
     pub fn load(dir: &Path) -> Result<DrafterConfig> {
+        let cfg = Self::read(dir)?;
+        if let Some(problem) = cfg.block_size_problem() {
+            bail!("{}: {problem}", dir.join("config.json").display());
+        }
+        Ok(cfg)
+    }
+
+    /// Why this config's `block_size` cannot be evaluated, if it cannot: over
+    /// [`MAX_BLOCK_SIZE`] (the rule the run store applies to every run too).
+    pub fn block_size_problem(&self) -> Option<String> {
+        (self.block_size > MAX_BLOCK_SIZE as usize).then(|| {
+            format!(
+                "block_size {} is over the limit of {MAX_BLOCK_SIZE} (published drafters use 8–16; \
+                 the evaluation allocates per block position)",
+                self.block_size
+            )
+        })
+    }
+
+    /// [`DrafterConfig::load`] without the `block_size` limit, for `lint`, which reports an
+    /// absurd one as an error finding.
+    pub(super) fn read(dir: &Path) -> Result<DrafterConfig> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("{}: cannot read the drafter config", path.display()))?;
@@ -92,6 +119,10 @@ impl DrafterConfig {
         let hidden_size = need("hidden_size")?;
         let num_heads = need("num_attention_heads")?;
         let num_layers = need("num_hidden_layers")?;
+        // Each layer gets an entry below: an absurd count must not become an allocation.
+        if num_layers > MAX_LAYERS {
+            bail!("{p}: num_hidden_layers {num_layers} is over the limit of {MAX_LAYERS} (DFlash drafters have 1–8)");
+        }
         let head_dim = uint("head_dim")?.unwrap_or(hidden_size / num_heads.max(1));
         let rope_theta = float("rope_theta")
             .or_else(|| {

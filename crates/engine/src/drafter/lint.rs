@@ -36,7 +36,8 @@ fn f(severity: Severity, code: &'static str, message: String) -> Finding {
 /// Every finding for drafter `dir` against `target`, most severe first. Errors mean the pair
 /// cannot be evaluated; `run` refuses them before any compute.
 pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
-    let cfg = DrafterConfig::load(dir)?;
+    // Read without the size limit: an absurd block_size is reported below, as an error.
+    let cfg = DrafterConfig::read(dir)?;
     let spec = &target.spec;
     let mut out = Vec::new();
     use Severity::*;
@@ -73,7 +74,9 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
             out.push(f(Warning, "vocab-size", format!("drafter vocab_size {v} differs from the target's {}: check the drafter was trained for this tokenizer", spec.vocab_size)));
         }
     }
-    if cfg.block_size > 32 {
+    if let Some(problem) = cfg.block_size_problem() {
+        out.push(f(Error, "block-size", problem));
+    } else if cfg.block_size > 32 {
         out.push(f(
             Info,
             "block-size",

@@ -308,10 +308,22 @@ pub(super) fn require_running(c: &Connection, run: i64, what: &str) -> Result<()
     }
 }
 
+/// Largest block size a run may have (and a drafter config may declare): published DFlash
+/// drafters use 8–16. Past this a `block_size` is a broken or hostile config: the evaluation
+/// allocates per block, so 10⁹ ends in an allocation failure and 10⁵ in the OOM killer.
+pub const MAX_BLOCK_SIZE: u32 = 1024;
+
 pub(super) fn check_run_fields(run: &NewRun, what: &str) -> Result<()> {
     if run.block_size < 2 {
         bail!(
             "{what}: run {:?}: block size {} is below 2",
+            run.name,
+            run.block_size
+        );
+    }
+    if run.block_size > MAX_BLOCK_SIZE {
+        bail!(
+            "{what}: run {:?}: block size {} is over the limit of {MAX_BLOCK_SIZE}",
             run.name,
             run.block_size
         );
