@@ -23,7 +23,9 @@
 //!   `{"role", "content"}` strings; role one of system/developer/user/assistant/tool);
 //! * `category`, `completion`: optional strings (`null` is the same as absent);
 //! * other keys are ignored, so files exported by other tools load unchanged;
-//! * blank lines are skipped; a UTF-8 byte-order mark at the start of the file is skipped.
+//! * blank lines are skipped; a UTF-8 byte-order mark at the start of the file is skipped;
+//! * a line is at most [`MAX_LINE_BYTES`] (4 MiB): a longer one is refused as the file is read,
+//!   before it is parsed or tokenized.
 //!
 //! `completion` is a reference answer kept for reports; draftlens never feeds it to the target:
 //! the continuation that drafters are scored on is always the target's own greedy output.
@@ -36,6 +38,12 @@ use std::path::{Path, PathBuf};
 
 /// A chat message of a prompt (the chat module's type, re-exported for callers of this module).
 pub use crate::chat::ChatMessage;
+
+/// Longest line of a prompt file, in bytes: 4 MiB, about a million tokens of text, several times
+/// the context of any model draftlens runs (a prompt must fit the context with its continuation).
+/// Checked while the file is read, so that one absurd line fails at once with `file:line`
+/// instead of after minutes of tokenizing and gigabytes of memory (issue 39: a 50 MB line).
+pub const MAX_LINE_BYTES: usize = 4 << 20;
 
 /// Roles accepted in `messages`; anything else is almost always a typo that a chat template would
 /// silently drop or reject much later.
@@ -207,8 +215,7 @@ impl PromptSet {
 
     /// Loads a JSONL file. The set is named after the file stem.
     pub fn load_path(path: &Path) -> Result<PromptSet> {
-        let bytes = std::fs::read(path)
-            .with_context(|| format!("{}: cannot read prompt file", path.display()))?;
+        let bytes = read_lines_within_limit(path)?;
         let prompts = parse_jsonl(path, &bytes)?;
         let name = path
             .file_stem()
@@ -235,6 +242,36 @@ impl PromptSet {
     pub fn is_empty(&self) -> bool {
         self.prompts.is_empty()
     }
+}
+
+/// The bytes of the prompt file `path`, refusing a line over [`MAX_LINE_BYTES`] as soon as that
+/// much of it has been read.
+fn read_lines_within_limit(path: &Path) -> Result<Vec<u8>> {
+    use std::io::{BufRead, Read};
+    let cannot = || format!("{}: cannot read prompt file", path.display());
+    let file = std::fs::File::open(path).with_context(cannot)?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut bytes = Vec::new();
+    for lineno in 1.. {
+        let start = bytes.len();
+        // One byte more than a line may hold: a line that long without its newline is too long.
+        let n = (&mut reader)
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut bytes)
+            .with_context(cannot)?;
+        if n == 0 {
+            break;
+        }
+        if n > MAX_LINE_BYTES && bytes[start..].last() != Some(&b'\n') {
+            bail!(
+                "{}:{lineno}: the line is longer than {} MiB, the most a prompt line may hold (about a million \
+                 tokens, more than any model's context)",
+                path.display(),
+                MAX_LINE_BYTES >> 20
+            );
+        }
+    }
+    Ok(bytes)
 }
 
 /// Parses a whole JSONL file. `path` is used only in error messages.

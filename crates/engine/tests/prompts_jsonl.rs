@@ -192,6 +192,41 @@ fn invalid_utf8_names_the_line() {
 }
 
 #[test]
+fn an_over_long_line_is_refused_as_the_file_is_read() {
+    use draftlens_engine::prompts::MAX_LINE_BYTES;
+    let dir = tempfile::tempdir().unwrap();
+    // A 50 MB prompt line (issue 39: refused only after 44 s and 3.7 GB, naming neither the
+    // file nor the line), then more lines.
+    let huge = format!(
+        "{{\"id\": \"ok\", \"prompt\": \"fine\"}}\n{{\"id\": \"big\", \"prompt\": \"{}\"}}\n{{\"id\": \"after\", \"prompt\": \"x\"}}\n",
+        "a".repeat(50 << 20)
+    );
+    let path = write(dir.path(), "huge.jsonl", huge.as_bytes());
+    let t = std::time::Instant::now();
+    let err = format!("{:#}", PromptSet::load(path.to_str().unwrap()).unwrap_err());
+    assert!(
+        err.starts_with(&format!("{}:2: ", path.display())) && err.contains("longer than 4 MiB"),
+        "{err}"
+    );
+    assert!(t.elapsed().as_secs() < 5, "took {:?}", t.elapsed());
+    // A line of exactly the limit (newline excluded) is a line like any other.
+    let prefix = "{\"id\": \"edge\", \"prompt\": \"";
+    let fill = MAX_LINE_BYTES - prefix.len() - 2;
+    let edge = format!("{prefix}{}\"}}", "b".repeat(fill));
+    assert_eq!(edge.len(), MAX_LINE_BYTES);
+    for tail in ["\n", "\r\n", ""] {
+        let edge_file = write(dir.path(), "edge.jsonl", format!("{edge}{tail}").as_bytes());
+        let set = PromptSet::load(edge_file.to_str().unwrap());
+        if tail == "\r\n" {
+            // The carriage return is part of the line: one byte over.
+            assert!(format!("{:#}", set.unwrap_err()).contains(":1: the line is longer"));
+        } else {
+            assert_eq!(set.unwrap().prompts[0].text.as_ref().unwrap().len(), fill);
+        }
+    }
+}
+
+#[test]
 fn empty_and_missing_files_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let empty = write(dir.path(), "empty.jsonl", b"\n  \n");
