@@ -366,7 +366,7 @@ pub enum RunsCmd {
 pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
     match c {
         RunsCmd::Ls { db, limit } => {
-            let store = Store::open(&db)?;
+            let store = Store::open_existing(&db)?;
             let (rows, total) = store.runs(&RunFilter {
                 limit,
                 descending: true,
@@ -374,6 +374,8 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
             })?;
             let infos: Vec<_> = rows.iter().map(|r| &r.run).collect();
             g.emit(&infos, || {
+                // Stored text may come from outside (imports, pushes): no escape sequences or
+                // bidi controls reach the terminal.
                 let mut o: String = infos
                     .iter()
                     .map(|r| {
@@ -392,11 +394,7 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
             })
         }
         RunsCmd::Show { run, db } => {
-            // Store::open would create a missing database: say it is missing instead.
-            if !db.is_file() {
-                bail!("{}: no such run database", db.display());
-            }
-            let store = Store::open(&db)?;
+            let store = Store::open_existing(&db)?;
             let id = draftlens_web::compare::resolve_run(&store, &run)?;
             let Some(d) = store.run(id)? else {
                 bail!("{}: no run {run}", db.display())
@@ -414,9 +412,11 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                 eval: &'a Option<draftlens_results::store::RunEval>,
             }
             g.emit(&Show { run: &d, metrics: &metrics, plugins: &plugins, eval: &eval }, || {
+                // Every stored string may come from outside (imports, pushes, plugins): no
+                // escape sequences or bidi controls reach the terminal.
                 let r = &d.run;
                 let mut o = format!(
-                    "run {} · {}\n  status {}{}\n  mode {}  backend {} ({})  B {}  top-K {}\n  target {} ({})\n  drafter {} step {:?}\n  prompts {} ({} prompts, {} blocks)\n",
+                    "run {} · {}\n  status {}{}\n  mode {}  backend {} ({})  B {}  top-K {}\n  target {} ({})\n  drafter {}{}\n  prompts {} ({} prompts, {} blocks)\n",
                     r.id,
                     printable(&r.name),
                     r.status.as_str(),

@@ -476,13 +476,15 @@ fn sigkill_part_way_never_leaves_a_complete_run_and_rerunning_resumes() {
     );
     let r = runs(&db);
     assert_eq!(r.len(), 1);
-    // Nobody could mark it failed: it stays `running`, never `complete`.
-    assert_eq!(r[0].status, RunStatus::Running);
+    // The killed process could not mark it: never `complete`; the next open, finding no process
+    // with the database open, marks it failed as interrupted (docs/ui.md §5.5).
+    assert_eq!(r[0].status, RunStatus::Failed);
+    assert!(r[0].error.as_deref().unwrap_or_default().starts_with("interrupted"), "{:?}", r[0].error);
     assert!(assert_consistent_unfinished(&db, r[0].id) >= 1);
     // Whatever the kill interrupted, no cache entry is half-written (writes are temp + rename).
     assert!(cache_verifies(&cache) >= 2);
     resume_and_compare(&cache, &prompts, &db);
-    // `runs ls` shows both: the killed run still running, the new one complete.
+    // `runs ls` shows both: the killed run failed (interrupted), the new one complete.
     let ls = json_out(
         &dl(&cache, &["--json", "runs", "ls", "--db", s(&db)]),
         "runs ls",
@@ -495,7 +497,7 @@ fn sigkill_part_way_never_leaves_a_complete_run_and_rerunning_resumes() {
         .collect();
     assert_eq!(
         statuses,
-        ["complete".to_string(), "running".to_string()]
+        ["complete".to_string(), "failed".to_string()]
             .into_iter()
             .collect()
     );

@@ -389,14 +389,15 @@ fn failed_or_unfinished_shards_are_refused_and_a_rerun_supersedes_them() {
     synth_shard(&a, "same", sh(0, 3), RunStatus::Complete);
     let failed = synth_shard(&a, "same", sh(1, 3), RunStatus::Failed);
     synth_shard(&a, "same", sh(2, 3), RunStatus::Running);
+    // Nothing has a.sqlite open when merge opens it: the shard left running is marked
+    // interrupted (docs/ui.md §5.5).
     refused(
         tmp.path(),
         &[&a],
         &[
             "incomplete shards",
             &format!("run {failed} (shard 1/3, failed) is failed: CUDA out of memory"),
-            "shard 2/3, running",
-            "not finished",
+            "(shard 2/3, failed) is failed: interrupted",
         ],
     );
     // The failed and the unfinished shard rerun to completion: merged, the old runs left out.

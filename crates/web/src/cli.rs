@@ -182,7 +182,7 @@ pub fn run_serve_with(
 }
 
 pub fn run_compare(a: &CompareArgs) -> Result<()> {
-    let store = Store::open(&a.db)?;
+    let store = Store::open_existing(&a.db)?;
     if a.json {
         println!(
             "{}",
@@ -202,7 +202,7 @@ pub fn run_compare(a: &CompareArgs) -> Result<()> {
 }
 
 pub fn run_report(a: &ReportArgs) -> Result<()> {
-    let store = Store::open(&a.db)?;
+    let store = Store::open_existing(&a.db)?;
     let ids = a
         .runs
         .iter()
@@ -245,10 +245,7 @@ pub fn run_import(a: &ImportArgs) -> Result<()> {
 }
 
 pub fn run_push(a: &PushArgs) -> Result<()> {
-    if !a.db.is_file() {
-        anyhow::bail!("{}: no such run database", a.db.display());
-    }
-    let store = Store::open(&a.db)?;
+    let store = Store::open_existing(&a.db)?;
     let ids = a
         .runs
         .iter()

@@ -7,7 +7,10 @@
 //!
 //! Integrity rules:
 //! - a run is created `running` and only [`Store::finish_run`] marks it `complete` or `failed`;
-//!   a process that dies in between leaves it `running`, never `complete`;
+//!   a process that dies in between leaves it `running`, never `complete`, until the database is
+//!   next opened by a process that finds no other process has it open: then it is marked
+//!   `failed` with an error starting "interrupted" (see [`liveness`]); only a `complete` run can
+//!   be a pinned baseline;
 //! - records, prompts, metrics and imports are each written in one transaction, so a reader sees
 //!   either none or all of one call's rows;
 //! - records of a finished run are immutable (metrics may be re-scored at any time).
@@ -19,12 +22,13 @@
 //! `records` (prompts and records), `metrics` (metric rows, plugin failures), `vocab`
 //! (vocabularies, derived caches), `sharing` (baselines, share links, API tokens), `exchange`
 //! (export and import), `evals` (a run's evaluation identity and shard, docs/scale-out.md);
-//! `schema` holds the migrations, `codec` the BLOB encodings. Rows are read
-//! by column name. This file: opening, connections, identifiers and time.
+//! `schema` holds the migrations, `codec` the BLOB encodings, `liveness` who has the file open.
+//! Rows are read by column name. This file: opening, connections, identifiers and time.
 
 mod codec;
 mod evals;
 mod exchange;
+mod liveness;
 mod metrics;
 mod records;
 mod runs;
@@ -32,6 +36,8 @@ mod schema;
 mod sharing;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_hostile;
 mod vocab;
 mod watch;
 
@@ -60,10 +66,27 @@ use std::sync::Mutex;
 /// Read-only connections kept open for reuse.
 const READER_POOL: usize = 16;
 
+/// What opening a database found left behind by a process that died (see `liveness`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Runs it had left `running`, now marked failed (interrupted): (id, name).
+    pub interrupted: Vec<(i64, String)>,
+    /// Bytes of the write-ahead log it had left (0: none). SQLite keeps what it had committed
+    /// and discards the rest.
+    pub leftover_wal_bytes: u64,
+}
+
 pub struct Store {
     path: PathBuf,
-    writer: Mutex<Connection>,
+    // Fields drop in this order: the read-only connections first, so that the writer is the
+    // last connection to close, which checkpoints the write-ahead log and deletes it (a
+    // read-only connection closing last cannot, and left the log behind after every use).
     readers: Mutex<Vec<Connection>>,
+    writer: Mutex<Connection>,
+    recovered: Recovered,
+    /// This process's hold on the file, shared with other processes while the store is open
+    /// (declared last: dropped after every connection is closed).
+    _open: Option<liveness::OpenHold>,
 }
 
 fn configure(conn: &Connection, what: &str) -> Result<()> {
@@ -83,9 +106,27 @@ fn configure(conn: &Connection, what: &str) -> Result<()> {
 }
 
 impl Store {
-    /// Opens (creating if needed) the store at `path` and brings its schema up to date.
+    /// Opens the store of an existing database file, for commands that only read runs (`runs
+    /// ls`, `runs show`, `compare`, `report`, `push`): a mistyped `--db` is an error naming the
+    /// path, never a new empty database. Otherwise as [`Store::open`].
+    pub fn open_existing(path: &Path) -> Result<Store> {
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_file() => Store::open(path),
+            Ok(_) => bail!("{}: not a run database (it is not a file)", path.display()),
+            Err(e) => bail!(
+                "{}: no such run database ({e}); commands that read runs never create one",
+                path.display()
+            ),
+        }
+    }
+
+    /// Opens (creating if needed) the store at `path` and brings its schema up to date. When no
+    /// other process has the database open, runs left `running` by a process that died are
+    /// marked interrupted, and a write-ahead log such a process left is reported (a warning).
     pub fn open(path: &Path) -> Result<Store> {
         let what = path.display().to_string();
+        // Before SQLite opens the file and recovers it: how much of a log is there.
+        let wal_bytes = liveness::wal_bytes(path);
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() && !dir.exists() {
                 std::fs::create_dir_all(dir)
@@ -102,15 +143,52 @@ impl Store {
             bail!("{what}: cannot switch to WAL mode (journal_mode is {mode}); is it on a network file system?");
         }
         schema::migrate(&mut conn, &what)?;
+        let mut recovered = Recovered::default();
+        let open = liveness::OpenHold::take(path, |alone| {
+            if !alone {
+                return;
+            }
+            if wal_bytes > 0 {
+                recovered.leftover_wal_bytes = wal_bytes;
+                tracing::warn!(
+                    "{what}-wal: a write-ahead log of {wal_bytes} bytes, left by a process that stopped without \
+                     closing the database: SQLite kept the transactions it had committed and discarded the rest \
+                     (a write that was cut short)"
+                );
+            }
+            match runs::mark_interrupted(&mut conn) {
+                Ok(marked) => {
+                    for (id, name) in &marked {
+                        tracing::warn!(
+                            "{what}: run {id} ({}) was left running by a process that is gone: marked failed \
+                             (interrupted)",
+                            crate::text::printable(name)
+                        );
+                    }
+                    recovered.interrupted = marked;
+                }
+                // Not a reason to refuse the database: the runs stay `running` until next time.
+                Err(e) => tracing::warn!("{what}: cannot mark the runs of a process that is gone: {e:#}"),
+            }
+        })
+        .with_context(|| format!("{what}: cannot lock the database file"))?;
         Ok(Store {
             path: path.to_path_buf(),
-            writer: Mutex::new(conn),
             readers: Mutex::new(Vec::new()),
+            writer: Mutex::new(conn),
+            recovered,
+            _open: open,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What this open found left behind by a process that died (nothing when another process
+    /// had the database open: see `liveness`).
+    pub fn recovered(&self) -> &Recovered {
+        &self.recovered
     }
 
     /// Schema version of the open database (`PRAGMA user_version`).

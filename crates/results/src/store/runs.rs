@@ -387,6 +387,27 @@ pub(super) fn insert_run(
     Ok(tx.last_insert_rowid())
 }
 
+/// The error of a run whose process died before finishing it (see `liveness`).
+pub const INTERRUPTED: &str = "interrupted: the process running it stopped without finishing it (killed or crashed); \
+     marked failed when the database was next opened. Run the same command again to resume from the caches";
+
+/// Marks every local run still `running` as failed with [`INTERRUPTED`]; only called when no
+/// other process has the database open (`liveness`), so that none of them can still be running.
+/// Returns the (id, name) of each run marked.
+pub(super) fn mark_interrupted(c: &mut Connection) -> Result<Vec<(i64, String)>> {
+    let tx = c.transaction()?;
+    let marked = {
+        let mut stmt = tx.prepare(
+            "UPDATE run SET status = 'failed', error = ?1, finished_at = ?2 \
+             WHERE status = 'running' AND origin = 'local' RETURNING id, name",
+        )?;
+        let rows = stmt.query_map(params![INTERRUPTED, now_rfc3339()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<rusqlite::Result<Vec<(i64, String)>>>()?
+    };
+    tx.commit()?;
+    Ok(marked)
+}
+
 pub(super) fn like_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for ch in s.chars() {

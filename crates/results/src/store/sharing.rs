@@ -55,11 +55,20 @@ pub(super) fn short_id(len: usize) -> String {
 }
 
 impl Store {
-    /// Pins `run` as the baseline of `scope` (replacing any previous pin).
+    /// Pins `run` as the baseline of `scope` (replacing any previous pin). Only a complete run
+    /// can be a baseline: a running one may still fail or be a killed process's leftover, a
+    /// failed one holds part of its prompts.
     pub fn pin_baseline(&self, scope: &str, run: i64) -> Result<()> {
         let what = self.what();
         self.write(|c| {
-            require_exists(c, run, &what)?;
+            let status: Option<String> = c
+                .query_row("SELECT status FROM run WHERE id = ?1", [run], |r| r.get(0))
+                .optional()?;
+            match status.as_deref() {
+                None => bail!("{what}: run {run} does not exist"),
+                Some("complete") => {}
+                Some(s) => bail!("{what}: run {run} is {s}; only a complete run can be a baseline"),
+            }
             c.execute(
                 "INSERT OR REPLACE INTO baseline (scope, run_id, pinned_at) VALUES (?1, ?2, ?3)",
                 params![scope, run, now_rfc3339()],
@@ -75,10 +84,14 @@ impl Store {
         })
     }
 
-    /// All pinned baselines: (scope, run id).
+    /// All pinned baselines: (scope, run id). A pin whose run is no longer complete (a run
+    /// pinned while running, then marked interrupted) is not a baseline.
     pub fn baselines(&self) -> Result<Vec<(String, i64)>> {
         self.read(|c| {
-            let mut stmt = c.prepare_cached("SELECT scope, run_id FROM baseline ORDER BY scope")?;
+            let mut stmt = c.prepare_cached(
+                "SELECT baseline.scope, baseline.run_id FROM baseline JOIN run ON run.id = baseline.run_id \
+                 WHERE run.status = 'complete' ORDER BY baseline.scope",
+            )?;
             let v = stmt
                 .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<rusqlite::Result<Vec<_>>>()?;

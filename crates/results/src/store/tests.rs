@@ -192,17 +192,19 @@ fn bad_batches_are_refused_whole() {
 }
 
 #[test]
-fn failed_run_stays_failed_and_interrupted_run_stays_running() {
+fn failed_run_stays_failed_and_interrupted_run_is_marked_at_the_next_open() {
     let (_d, path) = tmp();
     let s = Store::open(&path).unwrap();
     let a = s.create_run(&new_run("interrupted")).unwrap();
     s.add_records(a, &batch(0, 2, false)).unwrap();
-    // The process "dies" here: nothing finishes the run. A fresh open must not see it complete.
+    // The process "dies" here: nothing finishes the run. A fresh open must not see it complete;
+    // no process has the database open any more, so it is marked interrupted (liveness.rs).
     drop(s);
     let s = Store::open(&path).unwrap();
     let r = s.run(a).unwrap().unwrap().run;
-    assert_eq!(r.status, RunStatus::Running);
-    assert_eq!(r.finished_at, None);
+    assert_eq!(r.status, RunStatus::Failed);
+    assert!(r.error.as_deref().unwrap().starts_with("interrupted"), "{:?}", r.error);
+    assert!(r.finished_at.is_some());
 
     let b = s.create_run(&new_run("fails")).unwrap();
     s.add_plugin_failure(b, "tau", "trap", "wasm trap: unreachable")
@@ -552,6 +554,7 @@ fn delete_cascades() {
     s.pin_baseline("*", id).unwrap();
     s.delete_run(id).unwrap();
     assert!(s.run(id).unwrap().is_none());
+    s.finish_run(id, RunStatus::Complete, None, &json!({})).unwrap();
     let left: i64 = s
         .read(|c| {
             Ok(c.query_row(
@@ -645,6 +648,7 @@ fn tokens_shares_baselines_vocab_derived() {
     s.pin_baseline("*", id).unwrap();
     assert_eq!(s.baselines().unwrap(), vec![("*".to_string(), id)]);
     assert!(s.pin_baseline("*", 999).is_err());
+    s.finish_run(id, RunStatus::Complete, None, &json!({})).unwrap();
 
     s.put_vocab("t1", "tok", &["a".into(), "<b>".into()])
         .unwrap();
