@@ -613,8 +613,6 @@ fn drafter_tapping_a_layer_the_target_lacks_is_refused_before_compute() {
 }
 
 #[test]
-fn drafter_missing_a_layer_tensor_is_refused_before_compute() {
-#[test]
 fn drafter_with_an_absurd_block_size_is_refused_before_compute() {
     // Issue 39: block_size 10⁹ aborted with an allocation failure and a backtrace, 100 000 was
     // OOM-killed, both left a run `running`, and `lint` called it "info".
@@ -637,6 +635,8 @@ fn drafter_with_an_absurd_block_size_is_refused_before_compute() {
     }
 }
 
+#[test]
+fn drafter_missing_a_layer_tensor_is_refused_before_compute() {
     // The weights are loaded lazily (a cached rerun never reads them), so the header is checked
     // against every tensor the loader will read before the run starts.
     let tmp = tempfile::tempdir().unwrap();
