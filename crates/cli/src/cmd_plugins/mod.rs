@@ -369,6 +369,8 @@ fn list(g: &Global, dirs: &DirArgs, sandbox: &SandboxArgs) -> Result<()> {
         })
         .collect();
     g.emit(&entries, || {
+        // The host cleaned what plugins said when it loaded them; the terminal gets the same
+        // rule again (names, versions and messages are the plugins' text).
         let mut s = String::new();
         for e in &entries {
             let path = clean(&e.path.display().to_string(), 1024);
@@ -438,11 +440,11 @@ fn info_of(p: &LoadedPlugin) -> Info<'_> {
     }
 }
 
-fn render_info(i: &Info<'_>) -> String {
-    let m = i.metadata;
 /// `plugins info`'s text. Everything but the host's own words is the plugin's text: printed
 /// through [`printable`] (no escape sequences or bidi controls), although the host already
 /// cleaned it when it loaded the plugin.
+fn render_info(i: &Info<'_>) -> String {
+    let m = i.metadata;
     let mut s = format!(
         "{} {} — {}\n",
         printable(&m.name),

@@ -551,10 +551,10 @@ fn delete_cascades() {
         )],
     )
     .unwrap();
+    s.finish_run(id, RunStatus::Complete, None, &json!({})).unwrap();
     s.pin_baseline("*", id).unwrap();
     s.delete_run(id).unwrap();
     assert!(s.run(id).unwrap().is_none());
-    s.finish_run(id, RunStatus::Complete, None, &json!({})).unwrap();
     let left: i64 = s
         .read(|c| {
             Ok(c.query_row(
@@ -645,10 +645,10 @@ fn tokens_shares_baselines_vocab_derived() {
     assert_eq!(s.share("nope").unwrap(), None);
 
     let id = s.create_run(&new_run("b")).unwrap();
+    s.finish_run(id, RunStatus::Complete, None, &json!({})).unwrap();
     s.pin_baseline("*", id).unwrap();
     assert_eq!(s.baselines().unwrap(), vec![("*".to_string(), id)]);
     assert!(s.pin_baseline("*", 999).is_err());
-    s.finish_run(id, RunStatus::Complete, None, &json!({})).unwrap();
 
     s.put_vocab("t1", "tok", &["a".into(), "<b>".into()])
         .unwrap();
