@@ -24,7 +24,7 @@ use crate::{LoadedPlugin, Runtime};
 /// Metric sources draftlens writes itself (the native metrics of `run`, and what the web UI
 /// derives from records). A plugin calling itself one of these is refused: storing its rows
 /// would replace draftlens' own. The built-in plugins' names are reserved the same way, for
-/// the built-ins themselves ([`crate::builtins::is_reserved`]).
+/// the built-ins themselves, and so are look-alikes of all of them ([`reserved_for`]).
 pub const RESERVED_SOURCES: &[&str] = &["native", "records"];
 
 /// What scoring a stored run did with one plugin.
@@ -68,11 +68,29 @@ pub struct StoredScoring {
     pub plugins: Vec<StoredOutcome>,
 }
 
+/// The reserved name (a source draftlens writes itself, or a built-in plugin's) that `name` is
+/// or looks like: `_` and `-` are the same and do not count at either end, so `accept_length`,
+/// `native-` and `_records` read as the names they imitate, in a table as on a command line.
+fn reserved_for(name: &str) -> Option<&'static str> {
+    let canonical = |s: &str| s.replace('_', "-").trim_matches('-').to_string();
+    let c = canonical(name);
+    RESERVED_SOURCES
+        .iter()
+        .copied()
+        .chain(crate::builtins::builtins().iter().map(|b| b.name))
+        .find(|r| canonical(r) == c)
+}
+
 /// Whether a plugin may store rows under `name`: not a source draftlens writes itself, and a
-/// built-in's name only for that built-in (same bytes).
+/// built-in's name only for that built-in (same bytes), under exactly that name; nobody may
+/// use a look-alike of either ([`reserved_for`]).
 fn name_allowed(name: &str, builtin: Option<&str>) -> bool {
-    !RESERVED_SOURCES.contains(&name)
-        && (!crate::builtins::is_reserved(name) || builtin == Some(name))
+    match reserved_for(name) {
+        None => true,
+        Some(owner) => {
+            !RESERVED_SOURCES.contains(&owner) && name == owner && builtin == Some(owner)
+        }
+    }
 }
 
 /// The name a plugin's failure is recorded under: its own name, else its file stem; a reserved
@@ -232,21 +250,24 @@ pub fn score_stored_run_prepared(
         let mut o = match &p.plugin {
             Err(f) => PluginOutcome::failed(&req.path, &req.params, f.clone()),
             Ok(l) if !name_allowed(&l.metadata.name, l.builtin) => {
-                let owner = if RESERVED_SOURCES.contains(&l.metadata.name.as_str()) {
+                let name = &l.metadata.name;
+                let reserved = reserved_for(name).unwrap_or_default();
+                let owner = if RESERVED_SOURCES.contains(&reserved) {
                     "draftlens' own metrics".to_string()
+                } else if builtin == Some(reserved) {
+                    format!("the built-in plugin {reserved}, and only under that exact name")
                 } else {
-                    format!(
-                        "the built-in plugin {} (this file is not it: its sha256 differs)",
-                        l.metadata.name
-                    )
+                    format!("the built-in plugin {reserved} (this file is not it: its sha256 differs)")
+                };
+                let looks = if name == reserved {
+                    String::new()
+                } else {
+                    format!(", which reads as {reserved}")
                 };
                 let f = PluginFailure::new(
                     FailureKind::ReservedName,
                     &l.path,
-                    format!(
-                        "calls itself {}, a name reserved for {owner}; rename the plugin",
-                        l.metadata.name
-                    ),
+                    format!("calls itself {name}{looks}, a name reserved for {owner}; rename the plugin"),
                 );
                 let mut o = PluginOutcome::failed(&l.path, &req.params, f);
                 o.sha256 = Some(l.sha256.clone());
@@ -402,6 +423,14 @@ mod tests {
         assert!(!name_allowed("accept-length", None));
         assert!(!name_allowed("accept-length", Some("ddtree")));
         assert!(name_allowed("accept-length", Some("accept-length")));
+        // Look-alikes of a reserved name are nobody's (issue 39).
+        for fake in ["accept_length", "accept-length-", "_accept_length", "native-", "native_", "-records"] {
+            assert!(!name_allowed(fake, None), "{fake}");
+            assert!(!name_allowed(fake, Some("accept-length")), "{fake}");
+        }
+        assert_eq!(reserved_for("native-"), Some("native"));
+        assert_eq!(reserved_for("top1_accuracy"), Some("top1-accuracy"));
+        assert!(name_allowed("accept-length-v2", None) && name_allowed("native-plus", None));
         let sha = "0123456789abcdef".repeat(4);
         let p = Path::new("/x/my_metric.wasm");
         assert_eq!(failure_source(p, None, None, None), "my_metric");
