@@ -231,6 +231,13 @@ pub(crate) fn results(
                 v.count, v.name
             ));
         }
+        if !v.value.is_nan() && v.count == 0 {
+            return Err(format!(
+                "the value {} for {} with a count of 0: a value is computed over count items (its \
+                 denominator), and over none it is undefined, which is NaN",
+                v.value, v.name
+            ));
+        }
         if v.value.is_nan() && v.count != 0 {
             return Err(format!(
                 "an undefined (NaN) value for {} with a count of {}: NaN means undefined, whose count is 0",
@@ -380,6 +387,7 @@ mod tests {
             max_output_bytes: 1000,
             ..Limits::default()
         };
+        let m = meta();
         let mut b = OutputBudget::new(&l, &m);
         let mut v = value("tau", 1.0);
         v.series = Some(wit::draftlens::metric::types::Series {
@@ -394,7 +402,6 @@ mod tests {
         let e = b.charge(&v).unwrap_err();
         assert!(e.contains("15 values and series entries"), "{e}");
         // Bytes: a long name costs its length.
-        let m = meta();
         let mut b = OutputBudget::new(&l, &m);
         let e = b
             .charge(&[MetricResult::scalar(&"x".repeat(2000), Some(1.0), 1)])
@@ -402,16 +409,6 @@ mod tests {
         assert!(e.contains("2016 bytes"), "{e}");
     }
 
-    #[test]
-    fn member_names_counts_and_nan_follow_the_rules() {
-        let l = Limits::default();
-        // A family member with a huge name: refused, and the message quotes only its start.
-        let long = format!("acc_{}", "x".repeat(1 << 20));
-        let e = results(&meta(), vec![value(&long, 0.5)], &l).unwrap_err();
-        assert!(
-            e.contains("at most 64 bytes") && e.len() < 400,
-            "{}",
-            &e[..200]
     #[test]
     fn the_output_budget_counts_the_unit_and_description_every_row_stores() {
         // Issue 39: the maximum descriptions on one-letter names fitted the budget (17 bytes a
@@ -441,6 +438,16 @@ mod tests {
         assert_eq!(b.bytes, 5 + "fraction".len() + 1000 + 16);
     }
 
+    #[test]
+    fn member_names_counts_and_nan_follow_the_rules() {
+        let l = Limits::default();
+        // A family member with a huge name: refused, and the message quotes only its start.
+        let long = format!("acc_{}", "x".repeat(1 << 20));
+        let e = results(&meta(), vec![value(&long, 0.5)], &l).unwrap_err();
+        assert!(
+            e.contains("at most 64 bytes") && e.len() < 400,
+            "{}",
+            &e[..200]
         );
         let e = results(&meta(), vec![value("acc_\u{1b}[2J", 0.5)], &l).unwrap_err();
         assert!(!e.contains('\u{1b}'), "{e}");
@@ -467,6 +474,16 @@ mod tests {
         });
         let e = results(&meta(), vec![v], &l).unwrap_err();
         assert!(e.contains("NaN) series value for tau at index 1"), "{e}");
+    }
+
+    #[test]
+    fn a_defined_value_needs_a_count() {
+        // Issue 39: a value over no items was accepted; undefined is NaN with count 0.
+        let l = Limits::default();
+        let mut v = value("tau", 0.0);
+        v.count = 0;
+        let e = results(&meta(), vec![v], &l).unwrap_err();
+        assert!(e.contains("the value 0 for tau with a count of 0"), "{e}");
     }
 
     #[test]
@@ -507,7 +524,6 @@ mod tests {
         m.metrics.clear();
         assert!(metadata(&m).unwrap_err().contains("declares 0 metrics"));
     }
-}
 
     #[test]
     fn the_version_reaches_nobody_with_bidi_controls() {
@@ -519,3 +535,4 @@ mod tests {
         clean_metadata(&mut m);
         assert_eq!(m.version, "1.0.0\u{fffd}\u{fffd}");
     }
+}

@@ -156,7 +156,12 @@ impl Accumulator for Acc {
             MetricValue::ratio("replayed_tau_pooled", tokens as f64, rounds),
             MetricValue::ratio("replayed_tau_macro", macro_sum, complete),
             MetricValue::ratio("replayed_rounds", rounds_sum, complete),
-            MetricValue::new("replayed_prompts_incomplete", incomplete.len() as f64, seen),
+            // Of no prompt, none is incomplete: undefined (NaN with count 0, as the host requires).
+            MetricValue::new(
+                "replayed_prompts_incomplete",
+                if seen == 0 { f64::NAN } else { incomplete.len() as f64 },
+                seen,
+            ),
         ])
     }
 }
