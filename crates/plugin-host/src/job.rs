@@ -491,8 +491,18 @@ fn classify(
                 err.downcast_ref::<wasmtime_wasi::I32Exit>().map_or(0, |e| e.0)
             ),
         ),
-        // Not a trap: lifting the plugin's return value failed (bad pointers, invalid UTF-8, ...).
-        None => (FailureKind::BadOutput, format!("returned a malformed value from {during}: {err:#}")),
+        // Not a trap: lifting the plugin's return value failed (bad pointers, invalid UTF-8,
+        // ...), or the plugin misused a resource handle (a Python runtime torn down half-way
+        // by an uncaught SystemExit drops handles it no longer owns). One line: the cause, never
+        // the wasm backtrace wasmtime wraps it in (1.4 KB, issue 39).
+        None => (
+            FailureKind::BadOutput,
+            format!(
+                "failed in {during} without a trap: {} (a malformed return value or resource handle, or a \
+                 runtime that stopped half-way, e.g. after an uncaught sys.exit())",
+                err.root_cause()
+            ),
+        ),
     };
     PluginFailure::new(kind, path, msg)
 }

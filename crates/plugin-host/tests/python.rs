@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use draftlens_plugin_host::check::check_plugin;
 use draftlens_plugin_host::sdk::testdata::{random, Shape};
 use draftlens_plugin_host::sdk::{OwnedBatch, PositionSpec, Region};
-use draftlens_plugin_host::{Grouping, Limits, Runtime, RuntimeConfig};
+use draftlens_plugin_host::{FailureKind, Grouping, Limits, Runtime, RuntimeConfig};
 
 /// The componentize-py executable: `$COMPONENTIZE_PY`, else on PATH, else ~/.local/bin.
 fn componentize_py() -> PathBuf {
@@ -39,34 +39,42 @@ fn componentize_py() -> PathBuf {
     local
 }
 
+/// Build the Python plugin whose `app.py` is in `app_dir` into `<test target>/python-plugins-PID/
+/// NAME.wasm` (componentize-py --stub-wasi, the Python SDK beside it).
+fn build_python(app_dir: &Path, name: &str) -> PathBuf {
+    let root = common::workspace_root();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("python-plugins-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let wasm = out.join(format!("{name}.wasm"));
+    let o = Command::new(componentize_py())
+        .current_dir(&out)
+        .args(["-d"])
+        .arg(root.join("plugins/wit"))
+        .args(["-w", "metric-plugin", "componentize", "--stub-wasi", "-p"])
+        .arg(app_dir)
+        .arg("-p")
+        .arg(root.join("plugins/python/sdk"))
+        .arg("app")
+        .arg("-o")
+        .arg(&wasm)
+        .output()
+        .expect("running componentize-py");
+    assert!(
+        o.status.success(),
+        "componentize-py failed:\n{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    wasm
+}
+
 /// Build plugins/python/top1-accuracy-py once per test process into the test's target folder.
 fn python_top1() -> &'static PathBuf {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| {
         let root = common::workspace_root();
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("python-plugins-{}", std::process::id()));
-        std::fs::create_dir_all(&out).unwrap();
-        let wasm = out.join("top1-accuracy-py.wasm");
-        let o = Command::new(componentize_py())
-            .current_dir(&out)
-            .args(["-d"])
-            .arg(root.join("plugins/wit"))
-            .args(["-w", "metric-plugin", "componentize", "--stub-wasi", "-p"])
-            .arg(root.join("plugins/python/top1-accuracy-py"))
-            .arg("-p")
-            .arg(root.join("plugins/python/sdk"))
-            .arg("app")
-            .arg("-o")
-            .arg(&wasm)
-            .output()
-            .expect("running componentize-py");
-        assert!(
-            o.status.success(),
-            "componentize-py failed:\n{}\n{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let wasm = build_python(&root.join("plugins/python/top1-accuracy-py"), "top1-accuracy-py");
         // Compile it once into the shared cache: the tests then load it in milliseconds.
         runtime(Some(&shared_cache().join("cache")))
             .load(&wasm)
@@ -225,5 +233,50 @@ fn bench_python_vs_rust() {
             blocks / per,
             blocks
         );
+    }
+}
+
+/// `sys.exit()` in a Python plugin ends the job with one line saying so, not the 1.4 KB wasm
+/// backtrace of a broken runtime reported as bad output (issue 39): through the SDK it is a
+/// plugin error naming the call; a plugin that bypasses the SDK's wrappers gets the host's
+/// one-line reason.
+#[test]
+fn python_sys_exit_is_a_one_line_reason() {
+    let root = common::workspace_root();
+    let app = std::fs::read_to_string(root.join("plugins/python/top1-accuracy-py/app.py")).unwrap();
+    let app = app.replace("name=\"top1-accuracy-py\"", "name=\"exit-py\"");
+    let through_sdk = app.replace(
+        "    def finish(self):\n",
+        "    def finish(self):\n        import sys\n\n        sys.exit(3)\n",
+    );
+    // The SDK's own finish (the exported resource's method) replaced by one that exits.
+    let bypassing_sdk = format!(
+        "{app}\n\ndef _finish(self):\n    import sys\n\n    sys.exit(3)\n\n\ndm.Accumulator.finish = _finish\n"
+    );
+    assert!(through_sdk.contains("sys.exit(3)") && bypassing_sdk.contains("sys.exit(3)"));
+    let rt = runtime(Some(&shared_cache().join("cache")));
+    let mut b = OwnedBatch::new(4, 2);
+    b.push_block(0, 3, Region::Completion, &[pos(Some(1), 1), pos(Some(2), 7), pos(Some(3), 3)]);
+    for (name, app) in [("exit-py", through_sdk), ("exit-raw-py", bypassing_sdk)] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("app.py"), app).unwrap();
+        let wasm = build_python(dir.path(), name);
+        let p = rt.load(&wasm).unwrap_or_else(|e| panic!("{e}"));
+        let o = rt.score(&p, &[], &b, &Grouping::default());
+        let f = o.failure.expect("sys.exit() must fail the job");
+        eprintln!("{name}: [{}] {}", f.kind, f.message);
+        assert!(
+            f.message.len() < 400 && !f.message.contains("backtrace") && !f.message.contains("0x"),
+            "{name}: [{}] {} bytes: {}",
+            f.kind,
+            f.message.len(),
+            f.message
+        );
+        if name == "exit-py" {
+            assert_eq!(f.kind, FailureKind::PluginError, "{f}");
+            assert!(f.message.contains("called sys.exit(3)"), "{f}");
+        } else {
+            assert!(f.message.contains("sys.exit()"), "{f}");
+        }
     }
 }
