@@ -49,6 +49,10 @@ const VENDORED: &[(&str, &str)] = &[
         include_str!("../../records/src/batch.rs"),
     ),
     (
+        "draftlens-records/src/columns.rs",
+        include_str!("../../records/src/columns.rs"),
+    ),
+    (
         "draftlens-records/src/params.rs",
         include_str!("../../records/src/params.rs"),
     ),
@@ -295,6 +299,14 @@ mod tests {
             "vendor/draftlens-records/src/batch.rs",
         ] {
             assert!(d.join(f).is_file(), "{f}");
+        }
+        // Every source file of the records crate is vendored (a new module file must be added to
+        // the list above, or the scaffolded plugin does not build).
+        let records = Path::new(env!("CARGO_MANIFEST_DIR")).join("../records/src");
+        for e in std::fs::read_dir(&records).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let vendored = d.join("vendor/draftlens-records/src").join(&name);
+            assert!(vendored.is_file(), "crates/records/src/{name} is not vendored by the scaffold");
         }
         let readme = std::fs::read_to_string(d.join("README.md")).unwrap();
         assert!(

@@ -628,7 +628,10 @@ fn rescore_errors_name_the_run_or_the_plugin() {
             ..NewRun::default()
         })
         .unwrap();
-    drop(store);
+    // This process keeps the database open, as the process of a run still running does: the
+    // `running` run is alive (a run whose process is gone is marked interrupted at the next open,
+    // crates/results/src/store/liveness.rs), so rescore must refuse it as unfinished.
+    let _running_process = store;
     let rescore = |run: &str, extra: &[&str]| {
         let mut a = vec!["rescore", run, "--db", s(&db)];
         a.extend_from_slice(extra);
