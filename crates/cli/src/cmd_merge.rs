@@ -7,11 +7,11 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use draftlens_results::merge::{self, MergeOutcome, Source};
-use draftlens_results::store::{PluginProvenance, Store};
 use draftlens_plugin_host::{
     builtins, score_stored_run_prepared, PluginRequest, PreparedPlugin, Runtime, StoredScoring,
 };
+use draftlens_results::merge::{self, MergeOutcome, Source};
+use draftlens_results::store::{PluginProvenance, Store};
 use serde::Serialize;
 
 use crate::cmd_plugins::SandboxArgs;

@@ -79,8 +79,9 @@ struct TokInfo {
 
 pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
     // Headers only: no weight byte is read (the hash is shown when already remembered).
-    let f = TargetFiles::open(&a.model)?
-        .with_identity_store(draftlens_engine::identity::IdentityStore::new(g.cache()?.root()));
+    let f = TargetFiles::open(&a.model)?.with_identity_store(
+        draftlens_engine::identity::IdentityStore::new(g.cache()?.root()),
+    );
     let infos = f.weights.tensors();
     let mut dtypes = std::collections::BTreeMap::new();
     let mut params = 0u64;

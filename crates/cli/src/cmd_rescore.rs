@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use draftlens_engine::drafter::run::RunOutcome;
-use draftlens_results::store::{RunStatus, Store};
 use draftlens_plugin_host::{score_stored_run_prepared, PreparedPlugin, Runtime, StoredScoring};
+use draftlens_results::store::{RunStatus, Store};
 use serde::Serialize;
 
 use crate::cmd_plugins::{render_stored, warn_stored, PluginArgs};

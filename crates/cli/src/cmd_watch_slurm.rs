@@ -19,8 +19,10 @@ use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgMatches, Args, ValueHint};
 use draftlens_engine::identity::IdentityStore;
+use draftlens_engine::watch::{
+    watch, JobPoll, ReadyCheckpoint, WatchEvent, WatchHooks, WatchSummary,
+};
 use draftlens_results::store::{RunStatus, Store, WatchRecord};
-use draftlens_engine::watch::{watch, JobPoll, ReadyCheckpoint, WatchEvent, WatchHooks, WatchSummary};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;

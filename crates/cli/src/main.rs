@@ -112,8 +112,8 @@ fn main() {
     // `Cli::parse()` with the matches kept: `watch --slurm` passes the options its user gave on
     // to the jobs' `draftlens run` (cmd_watch_slurm.rs).
     let matches = Cli::command().get_matches();
-    let cli = Cli::from_arg_matches(&matches)
-        .unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
+    let cli =
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
     cli.global.init_logging();
     cli.global.start_timeline();
     // Ctrl-C / SIGTERM: finish the current prompt, mark the run failed, keep caches valid.
@@ -121,7 +121,8 @@ fn main() {
     // for it: it would swallow them.
     if !matches!(cli.cmd, Cmd::Serve(_)) {
         let _ = ctrlc::set_handler(|| {
-            draftlens_engine::drafter::run::INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
+            draftlens_engine::drafter::run::INTERRUPTED
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             eprintln!(
                 "interrupt: stopping after the current prompt (the run will be marked failed)"
             );

@@ -285,7 +285,9 @@ fn cache_verify_reports_and_repairs_a_stale_identity() {
     }
     let weights = model.join("model.safetensors");
     let identity = |w: &Path| {
-        draftlens_engine::util::sha256_bytes(draftlens_engine::util::sha256_file(w).unwrap().as_bytes())
+        draftlens_engine::util::sha256_bytes(
+            draftlens_engine::util::sha256_file(w).unwrap().as_bytes(),
+        )
     };
     let before = identity(&weights);
     let v = json_out(

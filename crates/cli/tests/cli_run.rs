@@ -479,7 +479,14 @@ fn sigkill_part_way_never_leaves_a_complete_run_and_rerunning_resumes() {
     // The killed process could not mark it: never `complete`; the next open, finding no process
     // with the database open, marks it failed as interrupted (docs/ui.md §5.5).
     assert_eq!(r[0].status, RunStatus::Failed);
-    assert!(r[0].error.as_deref().unwrap_or_default().starts_with("interrupted"), "{:?}", r[0].error);
+    assert!(
+        r[0].error
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("interrupted"),
+        "{:?}",
+        r[0].error
+    );
     assert!(assert_consistent_unfinished(&db, r[0].id) >= 1);
     // Whatever the kill interrupted, no cache entry is half-written (writes are temp + rename).
     assert!(cache_verifies(&cache) >= 2);
@@ -629,7 +636,9 @@ fn drafter_with_an_absurd_block_size_is_refused_before_compute() {
         std::fs::write(&cfg, v.to_string()).unwrap();
         assert_refused(
             &ck,
-            &[&format!("block_size {block_size} is over the limit of 1024")],
+            &[&format!(
+                "block_size {block_size} is over the limit of 1024"
+            )],
             "block-size",
         );
     }

@@ -62,7 +62,13 @@ fn pinned_run(db: &Path, id: i64) -> String {
     let c = rusqlite::Connection::open(db).unwrap();
     let volatile = ["id", "uid", "created_at", "finished_at", "timings_json"];
     let finished = ["status", "error", "num_prompts", "num_blocks"];
-    let run = row_text(&c, "run", "id", id, &[&volatile[..], &finished[..]].concat());
+    let run = row_text(
+        &c,
+        "run",
+        "id",
+        id,
+        &[&volatile[..], &finished[..]].concat(),
+    );
     let eval = row_text(&c, "run_eval", "run_id", id, &["run_id", "identity"]);
     let (sha, json): (String, String) = c
         .query_row(
@@ -72,7 +78,11 @@ fn pinned_run(db: &Path, id: i64) -> String {
         )
         .unwrap();
     let mut identity: EvalIdentity = serde_json::from_str(&json).unwrap();
-    assert_eq!(identity.sha256(), sha, "the stored sha256 is the identity's");
+    assert_eq!(
+        identity.sha256(),
+        sha,
+        "the stored sha256 is the identity's"
+    );
     identity.code_version = "draftlens <version>".into();
     portable(&format!(
         "{run}--- eval\n{eval}--- identity sha256 at <version>: {}\n",

@@ -59,7 +59,11 @@ fn runs_ls_and_show_print_no_escape_sequences_or_bidi_controls() {
     let o = dl(&cache, &["runs", "ls", "--db", s(&db)]);
     ok(&o, "runs ls");
     assert_printable(&stdout(&o), "runs ls");
-    assert!(stdout(&o).contains("name [2J ]0;title \u{fffd}exe.txt\u{fffd}"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("name [2J ]0;title \u{fffd}exe.txt\u{fffd}"),
+        "{}",
+        stdout(&o)
+    );
 
     let o = dl(&cache, &["runs", "show", &id.to_string(), "--db", s(&db)]);
     ok(&o, "runs show");
@@ -69,7 +73,10 @@ fn runs_ls_and_show_print_no_escape_sequences_or_bidi_controls() {
     assert!(!out.contains("Some("), "{out}");
     // --json keeps the stored text (JSON escapes the control characters itself).
     let v = json_out(
-        &dl(&cache, &["--json", "runs", "show", &id.to_string(), "--db", s(&db)]),
+        &dl(
+            &cache,
+            &["--json", "runs", "show", &id.to_string(), "--db", s(&db)],
+        ),
         "runs show --json",
     );
     assert_eq!(v["run"]["run"]["drafter_step"], 903);
@@ -90,9 +97,16 @@ fn a_run_without_a_step_shows_none() {
         })
         .unwrap();
     drop(s_);
-    let o = dl(&tmp.path().join("cache"), &["runs", "show", &id.to_string(), "--db", s(&db)]);
+    let o = dl(
+        &tmp.path().join("cache"),
+        &["runs", "show", &id.to_string(), "--db", s(&db)],
+    );
     ok(&o, "runs show");
-    assert!(stdout(&o).contains("  drafter /ckpt/final\n"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("  drafter /ckpt/final\n"),
+        "{}",
+        stdout(&o)
+    );
 }
 
 #[test]
@@ -109,6 +123,11 @@ fn commands_that_read_runs_never_create_a_database() {
     ] {
         let o = dl(&cache, &args);
         clean_error(&o, &args.join(" "), &[s(&typo), "no such run database"]);
-        assert!(!typo.exists(), "{} created {}", args.join(" "), typo.display());
+        assert!(
+            !typo.exists(),
+            "{} created {}",
+            args.join(" "),
+            typo.display()
+        );
     }
 }

@@ -222,8 +222,8 @@ fn printed_hints_work_as_written() {
 /// Two stored runs of 24 prompts whose sequences end mid-block, with the native metrics as
 /// `draftlens run` stores them. Returns their ids.
 fn agreement_db(db: &std::path::Path) -> Vec<i64> {
-    use draftlens_results::metrics::{summarize, PromptInfo};
     use draftlens_records::{RecordBatch, Region};
+    use draftlens_results::metrics::{summarize, PromptInfo};
     use draftlens_results::store::{NewRun, RunPrompt, RunStatus};
     let store = Store::open(db).unwrap();
     let prompts: Vec<(u32, u32)> = (0..24).map(|i| (3 + i % 4, 20 + 3 * i)).collect();

@@ -514,7 +514,8 @@ fn main() -> Result<()> {
             })
             .collect::<Result<_>>()?;
         // The product's packer (`Session::target_passes`): input order, 16k tokens per forward.
-        let mut packer = draftlens_engine::session::Packer::new(draftlens_engine::session::DEFAULT_PACK_TOKENS);
+        let mut packer =
+            draftlens_engine::session::Packer::new(draftlens_engine::session::DEFAULT_PACK_TOKENS);
         let mut batches: Vec<Vec<usize>> = lens.iter().filter_map(|&l| packer.push(l, l)).collect();
         batches.push(packer.finish());
         batches.retain(|b| !b.is_empty());

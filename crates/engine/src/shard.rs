@@ -50,9 +50,14 @@ mod tests {
                 for j in prompts_of_shard(&sh, &ps) {
                     seen[j] += 1;
                 }
-                let a: Vec<String> = prompts_of_shard(&sh, &ps).iter().map(|&j| ps[j].hash()).collect();
-                let mut b: Vec<String> =
-                    prompts_of_shard(&sh, &rev).iter().map(|&j| rev[j].hash()).collect();
+                let a: Vec<String> = prompts_of_shard(&sh, &ps)
+                    .iter()
+                    .map(|&j| ps[j].hash())
+                    .collect();
+                let mut b: Vec<String> = prompts_of_shard(&sh, &rev)
+                    .iter()
+                    .map(|&j| rev[j].hash())
+                    .collect();
                 b.reverse();
                 assert_eq!(a, b, "shard {sh} differs when the file is reversed");
             }

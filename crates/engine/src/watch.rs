@@ -29,8 +29,8 @@
 //! evaluates that checkpoint again.
 
 use crate::drafter::run::INTERRUPTED;
-use draftlens_results::store::{now_rfc3339, Store, WatchRecord, WatchStatus};
 use anyhow::{Context, Result};
+use draftlens_results::store::{now_rfc3339, Store, WatchRecord, WatchStatus};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -12,7 +12,9 @@
 //!
 //! `eight_writers_throughput` (ignored; run by hand) is the measurement in docs/scale-out.md.
 
-use draftlens_engine::cache::{CacheKey, CachedData, CachedTensor, HiddenCache, Lookup, TOUCH_INTERVAL};
+use draftlens_engine::cache::{
+    CacheKey, CachedData, CachedTensor, HiddenCache, Lookup, TOUCH_INTERVAL,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};

@@ -1,7 +1,9 @@
 //! Hidden-state cache: addressing, round trips, atomic writes, corruption handling, listing and
 //! removal.
 
-use draftlens_engine::cache::{CacheKey, CachedData, CachedTensor, HiddenCache, Lookup, RemoveFilter};
+use draftlens_engine::cache::{
+    CacheKey, CachedData, CachedTensor, HiddenCache, Lookup, RemoveFilter,
+};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 

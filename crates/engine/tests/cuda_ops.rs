@@ -6,7 +6,9 @@
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::cuda::{compile_kernels_offline, CudaBackend};
-use draftlens_engine::backend::{AttnMask, AttnShape, Backend, BackendError, HostRows, HostRowsRef};
+use draftlens_engine::backend::{
+    AttnMask, AttnShape, Backend, BackendError, HostRows, HostRowsRef,
+};
 use draftlens_engine::drafter::random::{write_random_checkpoint, RandomDrafter};
 use draftlens_engine::drafter::{DFlashDrafter, DraftOptions};
 use draftlens_engine::model::random::{qwen3_8b_spec, RandomWeights};

@@ -119,7 +119,8 @@ fn manifest_matches_the_golden_file() {
     // The golden file is the one the manifest describes, so the comparisons below use what the
     // README documents (and not a stale or truncated copy).
     let m = json(&golden_dir().join("manifest.json"));
-    let sha = draftlens_engine::util::sha256_file(&golden_dir().join("golden.safetensors")).unwrap();
+    let sha =
+        draftlens_engine::util::sha256_file(&golden_dir().join("golden.safetensors")).unwrap();
     assert_eq!(m["golden_sha256"].as_str().unwrap(), sha);
     let gguf_sha = draftlens_engine::util::sha256_file(&default_model()).unwrap();
     assert_eq!(

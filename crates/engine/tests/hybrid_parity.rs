@@ -18,8 +18,8 @@ use std::path::Path;
 
 #[test]
 fn hybrid_parity_cpu_against_cpu_reports_both_profiles_and_the_drafter() {
-    let model =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden/qwen3_5/model.gguf");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/golden/qwen3_5/model.gguf");
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
     let open = || {

@@ -8,10 +8,10 @@
 //!   shards of 1,000 prompts each:
 //!   `CARGO_INCREMENTAL=0 cargo test --workspace --test merge -- --ignored --nocapture merge_bench`.
 
-use draftlens_results::metrics::{summarize, PromptInfo};
-use draftlens_results::merge::{self, Source};
 use draftlens_engine::prompts::Prompt;
 use draftlens_records::{PositionSpec, RecordBatch, Region};
+use draftlens_results::merge::{self, Source};
+use draftlens_results::metrics::{summarize, PromptInfo};
 use draftlens_results::shard::Shard;
 use draftlens_results::store::{FinishedRun, NewRun, RunEval, RunPrompt, Store};
 use std::path::Path;

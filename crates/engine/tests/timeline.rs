@@ -1,7 +1,9 @@
 //! The timeline's accounting (its own test binary: the timeline is process-wide state, and the
 //! library's other tests enter phases from many threads at once).
 
-use draftlens_engine::timeline::{background, host_rss, phase, record_gpu_busy, record_host_rss, report};
+use draftlens_engine::timeline::{
+    background, host_rss, phase, record_gpu_busy, record_host_rss, report,
+};
 use std::time::Duration;
 
 #[test]

@@ -8,9 +8,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use draftlens_records::RecordBatch;
 use draftlens_plugin_host::sdk::{self, Batch};
 use draftlens_plugin_host::{Grouping, Inputs, Limits, Runtime, RuntimeConfig, CHUNK_CANDIDATES};
+use draftlens_records::RecordBatch;
 use metric_accept_length::AcceptLength;
 
 /// B = 16, K = 8; 1000 anchors per prompt; draft top-1 = target with probability 0.8.

@@ -322,7 +322,8 @@ impl Runtime {
             )
         };
         let (Some(dir), Some(key)) = (&self.config.cache_dir, &self.cache_key) else {
-            let component = self.bounded_compile(path, bytes, started, |e, b| Component::new(e, b))?;
+            let component =
+                self.bounded_compile(path, bytes, started, |e, b| Component::new(e, b))?;
             return Ok((component.map_err(invalid)?, false));
         };
         let cached = self.cache_path(dir, sha256);
@@ -353,7 +354,9 @@ impl Runtime {
             }
         }
         let serialized = self
-            .bounded_compile(path, bytes, started, |engine, b| engine.precompile_component(b))?
+            .bounded_compile(path, bytes, started, |engine, b| {
+                engine.precompile_component(b)
+            })?
             .map_err(invalid)?;
         // SAFETY: produced just above by this engine.
         let component =
@@ -686,8 +689,14 @@ mod tests {
             time_limit: t.map(Duration::from_secs),
             ..Limits::default()
         };
-        assert_eq!(with(Some(60)).compile_time_limit(), Some(Duration::from_secs(60)));
-        assert_eq!(with(Some(1)).compile_time_limit(), Some(Duration::from_secs(10)));
+        assert_eq!(
+            with(Some(60)).compile_time_limit(),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            with(Some(1)).compile_time_limit(),
+            Some(Duration::from_secs(10))
+        );
         assert_eq!(with(None).compile_time_limit(), None);
     }
 

@@ -306,7 +306,10 @@ mod tests {
         for e in std::fs::read_dir(&records).unwrap().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let vendored = d.join("vendor/draftlens-records/src").join(&name);
-            assert!(vendored.is_file(), "crates/records/src/{name} is not vendored by the scaffold");
+            assert!(
+                vendored.is_file(),
+                "crates/records/src/{name} is not vendored by the scaffold"
+            );
         }
         let readme = std::fs::read_to_string(d.join("README.md")).unwrap();
         assert!(

@@ -257,7 +257,9 @@ pub fn score_stored_run_prepared(
                 } else if builtin == Some(reserved) {
                     format!("the built-in plugin {reserved}, and only under that exact name")
                 } else {
-                    format!("the built-in plugin {reserved} (this file is not it: its sha256 differs)")
+                    format!(
+                        "the built-in plugin {reserved} (this file is not it: its sha256 differs)"
+                    )
                 };
                 let looks = if name == reserved {
                     String::new()
@@ -424,7 +426,14 @@ mod tests {
         assert!(!name_allowed("accept-length", Some("ddtree")));
         assert!(name_allowed("accept-length", Some("accept-length")));
         // Look-alikes of a reserved name are nobody's (issue 39).
-        for fake in ["accept_length", "accept-length-", "_accept_length", "native-", "native_", "-records"] {
+        for fake in [
+            "accept_length",
+            "accept-length-",
+            "_accept_length",
+            "native-",
+            "native_",
+            "-records",
+        ] {
             assert!(!name_allowed(fake, None), "{fake}");
             assert!(!name_allowed(fake, Some("accept-length")), "{fake}");
         }

@@ -427,14 +427,18 @@ mod tests {
         }
         let e = b.charge(&group).unwrap_err();
         assert!(
-            e.contains(&format!("({} bytes as stored", 101 * (3 + MAX_TEXT + MAX_NAME + 16))),
+            e.contains(&format!(
+                "({} bytes as stored",
+                101 * (3 + MAX_TEXT + MAX_NAME + 16)
+            )),
             "{e}"
         );
         // A family member pays its family's description.
         let mut m = meta();
         m.metrics[1].description = "d".repeat(1000);
         let mut b = OutputBudget::new(&l, &m);
-        b.charge(&[MetricResult::scalar("acc_8", Some(1.0), 1)]).unwrap();
+        b.charge(&[MetricResult::scalar("acc_8", Some(1.0), 1)])
+            .unwrap();
         assert_eq!(b.bytes, 5 + "fraction".len() + 1000 + 16);
     }
 

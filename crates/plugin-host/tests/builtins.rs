@@ -6,10 +6,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use draftlens_records::RecordBatch;
 use draftlens_plugin_host::sdk::testdata::{oracle, random, Shape};
 use draftlens_plugin_host::sdk::{self, Metric};
 use draftlens_plugin_host::{Grouping, MetricResult, Param, ParamValue, SeriesKind};
+use draftlens_records::RecordBatch;
 
 fn native_with<M: Metric>(params: &[Param], batch: &RecordBatch) -> Vec<sdk::MetricValue> {
     // Native reference in chunks of 333 blocks: the accumulators must not care where chunks fall.

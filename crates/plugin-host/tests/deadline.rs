@@ -139,7 +139,21 @@ fn huge_component(functions: usize, ops: usize) -> Vec<u8> {
     let mut body = vec![0u8]; // no locals besides the parameter
     for k in 0..ops {
         // local.get 0, local.get 0, i32.mul, local.get 0, i32.xor, i32.const k%64, i32.rotl, local.set 0
-        body.extend_from_slice(&[0x20, 0, 0x20, 0, 0x6c, 0x20, 0, 0x73, 0x41, (k % 64) as u8, 0x77, 0x21, 0]);
+        body.extend_from_slice(&[
+            0x20,
+            0,
+            0x20,
+            0,
+            0x6c,
+            0x20,
+            0,
+            0x73,
+            0x41,
+            (k % 64) as u8,
+            0x77,
+            0x21,
+            0,
+        ]);
     }
     body.extend_from_slice(&[0x20, 0, 0x0b]); // local.get 0, end
     let mut module = b"\0asm\x01\0\0\0".to_vec();
@@ -184,12 +198,17 @@ fn a_plugin_too_large_to_compile_within_the_time_limit_fails_at_the_limit() {
     let took = t.elapsed();
     assert_eq!(f.kind, FailureKind::Timeout, "{f}");
     assert!(
-        f.message.contains("was not compiled within 150ms (2 MiB of WebAssembly)")
-            && f.message.contains("compiling a plugin counts against its time limit")
+        f.message
+            .contains("was not compiled within 150ms (2 MiB of WebAssembly)")
+            && f.message
+                .contains("compiling a plugin counts against its time limit")
             && f.message.contains("--plugin-time-limit"),
         "{f}"
     );
-    assert!(took < limit + bound(limit) + Duration::from_millis(500), "{took:?}");
+    assert!(
+        took < limit + bound(limit) + Duration::from_millis(500),
+        "{took:?}"
+    );
     // Without a time limit it compiles (and is then refused for what it is): the limit, not the
     // module, made the failure.
     let rt = draftlens_plugin_host::Runtime::new(draftlens_plugin_host::RuntimeConfig {
@@ -202,7 +221,15 @@ fn a_plugin_too_large_to_compile_within_the_time_limit_fails_at_the_limit() {
     .unwrap();
     let t = Instant::now();
     let f = rt.load(&wasm).unwrap_err();
-    eprintln!("compiling {} KiB took {:?}", std::fs::metadata(&wasm).unwrap().len() >> 10, t.elapsed());
+    eprintln!(
+        "compiling {} KiB took {:?}",
+        std::fs::metadata(&wasm).unwrap().len() >> 10,
+        t.elapsed()
+    );
     assert_eq!(f.kind, FailureKind::IncompatibleContract, "{f}");
-    assert!(t.elapsed() > limit * 2, "the module compiles too fast to test the limit: {:?}", t.elapsed());
+    assert!(
+        t.elapsed() > limit * 2,
+        "the module compiles too fast to test the limit: {:?}",
+        t.elapsed()
+    );
 }

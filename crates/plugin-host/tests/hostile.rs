@@ -5,12 +5,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use draftlens_records::RecordBatch;
 use draftlens_plugin_host::sdk::testdata::{random, Shape};
 use draftlens_plugin_host::{
     score_batch_with, FailureKind, Grouping, Limits, Param, ParamValue, PluginRequest, Runtime,
     RuntimeConfig,
 };
+use draftlens_records::RecordBatch;
 
 fn mode(m: &str) -> Vec<Param> {
     vec![Param {

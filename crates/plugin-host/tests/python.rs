@@ -74,7 +74,10 @@ fn python_top1() -> &'static PathBuf {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| {
         let root = common::workspace_root();
-        let wasm = build_python(&root.join("plugins/python/top1-accuracy-py"), "top1-accuracy-py");
+        let wasm = build_python(
+            &root.join("plugins/python/top1-accuracy-py"),
+            "top1-accuracy-py",
+        );
         // Compile it once into the shared cache: the tests then load it in milliseconds.
         runtime(Some(&shared_cache().join("cache")))
             .load(&wasm)
@@ -256,7 +259,12 @@ fn python_sys_exit_is_a_one_line_reason() {
     assert!(through_sdk.contains("sys.exit(3)") && bypassing_sdk.contains("sys.exit(3)"));
     let rt = runtime(Some(&shared_cache().join("cache")));
     let mut b = OwnedBatch::new(4, 2);
-    b.push_block(0, 3, Region::Completion, &[pos(Some(1), 1), pos(Some(2), 7), pos(Some(3), 3)]);
+    b.push_block(
+        0,
+        3,
+        Region::Completion,
+        &[pos(Some(1), 1), pos(Some(2), 7), pos(Some(3), 3)],
+    );
     for (name, app) in [("exit-py", through_sdk), ("exit-raw-py", bypassing_sdk)] {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("app.py"), app).unwrap();

@@ -8,12 +8,12 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use draftlens_results::store::{MetricScope, NewRun, RunPrompt, RunStatus, Store};
 use draftlens_plugin_host::sdk::testdata::{random, Shape};
 use draftlens_plugin_host::{
     builtins, score_stored_run, FailureKind, Limits, Param, ParamValue, PluginRequest, Runtime,
     RuntimeConfig, StoredScoring,
 };
+use draftlens_results::store::{MetricScope, NewRun, RunPrompt, RunStatus, Store};
 
 const PROMPTS: u32 = 24;
 const CATEGORIES: usize = 3;

@@ -11,9 +11,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use draftlens_records::RecordBatch;
 use draftlens_plugin_host::sdk::testdata::{random, Shape};
 use draftlens_plugin_host::{FailureKind, Grouping, Param, ParamValue, PluginOutcome, Runtime};
+use draftlens_records::RecordBatch;
 use rand::{RngExt, SeedableRng};
 
 fn text(name: &str, v: &str) -> Param {

@@ -280,7 +280,13 @@ pub fn check_tree(root: &Path, skip: &[&str]) -> Vec<Finding> {
 /// Top-level folders whose paths, when cited in text (`crates/engine/src/cache.rs`), must exist.
 /// `docs/` is checked with its sections by [`check_text`].
 const PATH_ROOTS: &[&str] = &[
-    "crates/", "plugins/", "scripts/", "tools/", "kernels/", "python/", "drafters/",
+    "crates/",
+    "plugins/",
+    "scripts/",
+    "tools/",
+    "kernels/",
+    "python/",
+    "drafters/",
 ];
 
 /// Cited paths that are build outputs, not sources: they exist only after a build.
@@ -296,7 +302,8 @@ pub fn repo_paths(text: &str) -> Vec<(usize, String)> {
         let mut at = 0;
         while at < b.len() {
             let starts = PATH_ROOTS.iter().find(|r| line[at..].starts_with(*r));
-            let boundary = at == 0 || !(is_name_char(b[at - 1]) || b[at - 1] == b'/' || b[at - 1] == b'.');
+            let boundary =
+                at == 0 || !(is_name_char(b[at - 1]) || b[at - 1] == b'/' || b[at - 1] == b'.');
             let (Some(_), true) = (starts, boundary) else {
                 at += line[at..].chars().next().map_or(1, char::len_utf8);
                 continue;
@@ -335,7 +342,10 @@ pub fn check_paths_tree(root: &Path, skip: &[&str]) -> Vec<Finding> {
             continue;
         };
         for (line, path) in repo_paths(&text) {
-            if BUILD_OUTPUTS.iter().any(|o| path == *o || path.starts_with(&format!("{o}/"))) {
+            if BUILD_OUTPUTS
+                .iter()
+                .any(|o| path == *o || path.starts_with(&format!("{o}/")))
+            {
                 continue;
             }
             if !root.join(&path).exists() {

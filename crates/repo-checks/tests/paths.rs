@@ -16,7 +16,11 @@ fn every_cited_repository_path_exists() {
         findings.is_empty(),
         "{} stale path(s):\n{}",
         findings.len(),
-        findings.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n")
+        findings
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }
 
@@ -41,7 +45,11 @@ fn a_missing_path_is_reported_with_its_file_and_line() {
     let dir = std::env::temp_dir().join(format!("repo-paths-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("scripts")).unwrap();
     std::fs::write(dir.join("scripts/real.sh"), "").unwrap();
-    std::fs::write(dir.join("README.md"), "run scripts/real.sh\nthen scripts/gone.sh\n").unwrap();
+    std::fs::write(
+        dir.join("README.md"),
+        "run scripts/real.sh\nthen scripts/gone.sh\n",
+    )
+    .unwrap();
     let f = check_paths_tree(&dir, &[]);
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(f.len(), 1, "{f:?}");

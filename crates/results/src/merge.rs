@@ -19,13 +19,13 @@
 //! pushed shard runs complete an evaluation (docs/scale-out.md §9).
 
 use crate::metrics::{summarize, PromptInfo};
-use draftlens_records::RecordBatch;
 use crate::shard::{shard_of_hash, Shard, SHARD_NAME_SEP};
 use crate::store::{
     FinishedRun, MetricRow, MetricScope, NewRun, PluginProvenance, RunEval, RunInfo, RunPrompt,
     RunStatus, Store,
 };
 use anyhow::{anyhow, bail, Context, Result};
+use draftlens_records::RecordBatch;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 

@@ -97,8 +97,7 @@ fn relabel(mut r: MetricRow, name: &str, description: &str) -> MetricRow {
 pub fn summarize(batch: &RecordBatch, prompts: &[PromptInfo]) -> Vec<MetricRow> {
     let metas: Vec<PromptMeta> = prompts.iter().map(PromptInfo::meta).collect();
     let stats = compute_stats(batch, &metas);
-    let by_index: HashMap<u32, &PromptStats> =
-        stats.prompts.iter().map(|p| (p.index, p)).collect();
+    let by_index: HashMap<u32, &PromptStats> = stats.prompts.iter().map(|p| (p.index, p)).collect();
     let listed: Vec<&PromptStats> = prompts
         .iter()
         .filter_map(|i| by_index.get(&i.index).copied())
@@ -139,7 +138,11 @@ fn replayed_rows(listed: &[&PromptStats], out: &mut Vec<MetricRow>) {
         // Over one prompt, pooled τ (tokens / rounds, counting rounds) is the prompt's τ.
         out.extend(
             derived_row("tau_replayed_pooled", MetricScope::Prompt(p.index), &[p]).map(|r| {
-                relabel(r, "tau_replayed", "replayed τ of this prompt (bonus included)")
+                relabel(
+                    r,
+                    "tau_replayed",
+                    "replayed τ of this prompt (bonus included)",
+                )
             }),
         );
     }
@@ -154,8 +157,14 @@ fn replayed_rows(listed: &[&PromptStats], out: &mut Vec<MetricRow>) {
     for (c, ps) in by_category {
         let scope = MetricScope::Category(c.to_string());
         for (name, description) in [
-            ("tau_replayed_macro", "replayed τ, macro over the category's prompts"),
-            ("tau_replayed_pooled", "replayed τ, pooled over the category's prompts"),
+            (
+                "tau_replayed_macro",
+                "replayed τ, macro over the category's prompts",
+            ),
+            (
+                "tau_replayed_pooled",
+                "replayed τ, pooled over the category's prompts",
+            ),
         ] {
             out.extend(
                 derived_row(name, scope.clone(), &ps).map(|r| relabel(r, name, description)),
@@ -241,7 +250,11 @@ fn uniform_rows(stats: &RunStats, out: &mut Vec<MetricRow>) {
     for &p in &evaluated {
         out.extend(
             derived_row("tau_uniform", MetricScope::Prompt(p.index), &[p]).map(|r| {
-                relabel(r, "tau_uniform", "mean(A+1) over this prompt's completion anchors")
+                relabel(
+                    r,
+                    "tau_uniform",
+                    "mean(A+1) over this prompt's completion anchors",
+                )
             }),
         );
     }
@@ -271,7 +284,10 @@ mod tests {
                 .iter()
                 .find(|r| r.name == d.name && r.scope == MetricScope::Run)
                 .unwrap_or_else(|| panic!("{} not stored", d.name));
-            assert_eq!((r.unit.as_str(), r.higher_is_better), (d.unit, d.higher_is_better));
+            assert_eq!(
+                (r.unit.as_str(), r.higher_is_better),
+                (d.unit, d.higher_is_better)
+            );
         }
         names.sort();
         let n = names.len();

@@ -146,6 +146,8 @@ mod tests {
         assert_eq!(shard_of_hash(&h, 100), 55);
         let h = "ffffffffffffffff".to_string() + &"0".repeat(48);
         assert_eq!(shard_of_hash(&h, 7), (u64::MAX % 7) as u32);
-        assert!(Shard::new(15, 16).unwrap().owns_hash(&("00000000000000ff".to_string() + &"0".repeat(48))));
+        assert!(Shard::new(15, 16)
+            .unwrap()
+            .owns_hash(&("00000000000000ff".to_string() + &"0".repeat(48))));
     }
 }

@@ -35,7 +35,11 @@ pub fn printable(s: &str) -> Cow<'_, str> {
     if s.chars().all(is_printable) {
         Cow::Borrowed(s)
     } else {
-        Cow::Owned(s.chars().map(|c| if is_printable(c) { c } else { replacement(c) }).collect())
+        Cow::Owned(
+            s.chars()
+                .map(|c| if is_printable(c) { c } else { replacement(c) })
+                .collect(),
+        )
     }
 }
 
@@ -99,10 +103,20 @@ mod tests {
 
     #[test]
     fn every_bidi_control_and_c1_control_is_replaced() {
-        for c in ['\u{202a}', '\u{202b}', '\u{202c}', '\u{202d}', '\u{202e}', '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}', '\u{200e}', '\u{200f}'] {
-            assert_eq!(printable(&format!("1.0{c}")), "1.0\u{fffd}", "U+{:04X}", c as u32);
+        for c in [
+            '\u{202a}', '\u{202b}', '\u{202c}', '\u{202d}', '\u{202e}', '\u{2066}', '\u{2067}',
+            '\u{2068}', '\u{2069}', '\u{200e}', '\u{200f}',
+        ] {
+            assert_eq!(
+                printable(&format!("1.0{c}")),
+                "1.0\u{fffd}",
+                "U+{:04X}",
+                c as u32
+            );
         }
-        for c in ['\u{0}', '\u{7}', '\u{1b}', '\u{7f}', '\u{80}', '\u{9b}', '\u{9f}'] {
+        for c in [
+            '\u{0}', '\u{7}', '\u{1b}', '\u{7f}', '\u{80}', '\u{9b}', '\u{9f}',
+        ] {
             assert_eq!(printable(&format!("a{c}b")), "a b", "U+{:04X}", c as u32);
         }
         // Everything else passes untouched, without a copy.

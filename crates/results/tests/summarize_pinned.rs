@@ -75,8 +75,16 @@ fn build(b: u32, k: u32, specs: &[Spec], seed: u64) -> (RecordBatch, Vec<PromptI
     let mut rng = Lcg(seed);
     let mut r = RecordBatch::new(b, k);
     for s in specs {
-        let first = if s.prompt_anchors { s.prompt_len / 2 } else { s.prompt_len };
-        let last = if s.last_anchor { s.len } else { s.len.saturating_sub(1) };
+        let first = if s.prompt_anchors {
+            s.prompt_len / 2
+        } else {
+            s.prompt_len
+        };
+        let last = if s.last_anchor {
+            s.len
+        } else {
+            s.len.saturating_sub(1)
+        };
         for a in first..last {
             if s.skipped.contains(&a) {
                 continue;
@@ -130,19 +138,38 @@ fn cases() -> Vec<(String, RecordBatch, Vec<PromptInfo>)> {
     let mut out = Vec::new();
     for (b, k) in [(2u32, 1u32), (4, 3), (5, 2), (8, 4)] {
         let mut specs = vec![
-            Spec { prompt_anchors: true, ..spec(0, 6, 31, Some("code"), 80) },
+            Spec {
+                prompt_anchors: true,
+                ..spec(0, 6, 31, Some("code"), 80)
+            },
             spec(1, 4, 23, Some("chat"), 55),
             // Continuation of one token: only the anchor T−1 (no valid position), no round.
-            Spec { last_anchor: true, ..spec(2, 9, 10, Some("chat"), 70) },
+            Spec {
+                last_anchor: true,
+                ..spec(2, 9, 10, Some("chat"), 70)
+            },
             spec(3, 5, 5, Some("code"), 60), // no records at all
             // More skipped anchors in a row than a round can step over: the chain lands on one.
-            Spec { skipped: 12..21, ..spec(4, 7, 40, None, 65) },
-            Spec { last_anchor: true, prompt_anchors: true, ..spec(5, 3, 19, Some("math"), 95) },
+            Spec {
+                skipped: 12..21,
+                ..spec(4, 7, 40, None, 65)
+            },
+            Spec {
+                last_anchor: true,
+                prompt_anchors: true,
+                ..spec(5, 3, 19, Some("math"), 95)
+            },
             spec(6, 8, 8 + 3 * b + 1, Some("math"), 100), // accepts everything: last rounds cut
             spec(7, 2, 17, None, 0),
-            Spec { listed: false, ..spec(9, 4, 21, Some("code"), 50) },
+            Spec {
+                listed: false,
+                ..spec(9, 4, 21, Some("code"), 50)
+            },
         ];
-        for s in specs.iter_mut().filter(|s| [0, 1, 4, 5, 7, 9].contains(&s.index)) {
+        for s in specs
+            .iter_mut()
+            .filter(|s| [0, 1, 4, 5, 7, 9].contains(&s.index))
+        {
             // Sequences end at every offset inside a block across prompts.
             s.len += (s.index * 7 + b) % b;
         }
@@ -158,12 +185,19 @@ fn cases() -> Vec<(String, RecordBatch, Vec<PromptInfo>)> {
     let (batch, infos) = build(4, 2, &specs, 5);
     out.push(("prompt list out of order".into(), batch, infos));
     // Only prompt-region anchors: no completion statistic, only the loss-mask accuracy.
-    let specs = [Spec { prompt_anchors: true, ..spec(0, 6, 11, Some("a"), 50) }];
+    let specs = [Spec {
+        prompt_anchors: true,
+        ..spec(0, 6, 11, Some("a"), 50)
+    }];
     let (batch, infos) = build(3, 2, &specs, 9);
     let prompt_region: Vec<usize> = (0..batch.num_blocks())
         .filter(|&i| batch.region[i] == Region::Prompt as u8)
         .collect();
-    out.push(("prompt anchors only".into(), batch.select(&prompt_region), infos));
+    out.push((
+        "prompt anchors only".into(),
+        batch.select(&prompt_region),
+        infos,
+    ));
     // A run with prompts and no records: no rows.
     let (_, infos) = build(4, 2, &[spec(0, 3, 12, None, 50)], 1);
     out.push(("no records".into(), RecordBatch::new(4, 2), infos));
@@ -239,12 +273,19 @@ fn the_cases_cover_what_the_pinned_file_claims() {
     // has no round, prompt 3 no records, prompt 9 no prompt row: none has a replayed τ.
     let nine = all.split("## prompt list out of order").next().unwrap();
     for p in [2, 3, 4, 9] {
-        assert!(!nine.contains(&format!("tau_replayed prompt:{p} ")), "prompt {p}");
+        assert!(
+            !nine.contains(&format!("tau_replayed prompt:{p} ")),
+            "prompt {p}"
+        );
     }
     let (_, batch, _) = &cases()[1];
     assert!(batch.region.contains(&(Region::Prompt as u8)));
     // Per-prompt rows follow the prompt list (2, 0, 1), not the prompt index.
     let unordered = all.split("## prompt list out of order").nth(1).unwrap();
-    let at = |p: u32| unordered.find(&format!("tau_replayed prompt:{p} ")).unwrap();
+    let at = |p: u32| {
+        unordered
+            .find(&format!("tau_replayed prompt:{p} "))
+            .unwrap()
+    };
     assert!(at(2) < at(0) && at(0) < at(1));
 }

@@ -3,9 +3,9 @@
 //! report (`report`).
 
 use crate::analysis;
-use draftlens_results::metrics::{aggregate, derived, PromptStats, RunStats, SOURCE};
 use crate::compare::RunCurves;
 use crate::views;
+use draftlens_results::metrics::{aggregate, derived, PromptStats, RunStats, SOURCE};
 use draftlens_results::store::MetricKey;
 use std::collections::HashMap;
 
@@ -20,10 +20,10 @@ pub(crate) fn default_columns(keys: &[(MetricKey, usize, bool)]) -> Vec<MetricKe
         &["first_position_acceptance", "survival"][..],
         &["flat_accuracy", "acc_top1"][..],
     ] {
-        if let Some(k) = names.iter().find_map(|n| {
-            keys.iter()
-                .find(|k| k.0.source == SOURCE && k.0.name == *n)
-        }) {
+        if let Some(k) = names
+            .iter()
+            .find_map(|n| keys.iter().find(|k| k.0.source == SOURCE && k.0.name == *n))
+        {
             out.push(k.0.clone());
         }
     }
@@ -63,16 +63,13 @@ pub(crate) fn headline_of(st: &RunStats) -> views::run::Headline {
 }
 
 pub(crate) fn categories_of(st: &RunStats) -> Vec<views::run::CategoryRow> {
-    let mut by: std::collections::BTreeMap<String, Vec<&PromptStats>> =
-        Default::default();
+    let mut by: std::collections::BTreeMap<String, Vec<&PromptStats>> = Default::default();
     for p in st.evaluated() {
         if let Some(c) = &p.category {
             by.entry(c.clone()).or_default().push(p);
         }
     }
-    let get = |name: &str, ps: &[&PromptStats]| {
-        aggregate(derived(name), ps)
-    };
+    let get = |name: &str, ps: &[&PromptStats]| aggregate(derived(name), ps);
     by.into_iter()
         .map(|(name, ps)| views::run::CategoryRow {
             prompts: ps.len(),

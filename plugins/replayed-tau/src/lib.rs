@@ -159,7 +159,11 @@ impl Accumulator for Acc {
             // Of no prompt, none is incomplete: undefined (NaN with count 0, as the host requires).
             MetricValue::new(
                 "replayed_prompts_incomplete",
-                if seen == 0 { f64::NAN } else { incomplete.len() as f64 },
+                if seen == 0 {
+                    f64::NAN
+                } else {
+                    incomplete.len() as f64
+                },
                 seen,
             ),
         ])

@@ -13,11 +13,11 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use draftlens_plugin_host::check::{check_plugin, CheckError};
 use draftlens_plugin_host::text::clean;
-use draftlens_results::text::printable;
 use draftlens_plugin_host::{
     discover, scaffold, FailureKind, Limits, LoadedPlugin, Param, PluginFailure, PreparedPlugin,
     Runtime, RuntimeConfig,
 };
+use draftlens_results::text::printable;
 use serde::Serialize;
 
 use crate::common::Global;

@@ -3,8 +3,8 @@
 //! stored metric rows.
 
 use crate::cli_util::*;
-use draftlens_results::store::{MetricRow, MetricScope, NewRun, RunPrompt, RunStatus, Store};
 use draftlens_plugin_host::sdk::testdata::{random, Shape};
+use draftlens_results::store::{MetricRow, MetricScope, NewRun, RunPrompt, RunStatus, Store};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;

@@ -334,10 +334,19 @@ mod tests {
         ] {
             assert_eq!(kind.as_str(), s);
             assert_eq!(serde_json::to_value(kind).unwrap(), serde_json::json!(s));
-            assert_eq!(serde_json::from_value::<DrafterKind>(s.into()).unwrap(), kind);
+            assert_eq!(
+                serde_json::from_value::<DrafterKind>(s.into()).unwrap(),
+                kind
+            );
         }
-        assert_eq!(DrafterKind::builtin("builtin:oracle"), Some(DrafterKind::Oracle));
-        assert_eq!(DrafterKind::builtin("builtin:anti-oracle"), Some(DrafterKind::AntiOracle));
+        assert_eq!(
+            DrafterKind::builtin("builtin:oracle"),
+            Some(DrafterKind::Oracle)
+        );
+        assert_eq!(
+            DrafterKind::builtin("builtin:anti-oracle"),
+            Some(DrafterKind::AntiOracle)
+        );
         assert_eq!(DrafterKind::builtin("checkpoint"), None);
         assert_eq!(DrafterKind::builtin("ckpt/step-1"), None);
     }

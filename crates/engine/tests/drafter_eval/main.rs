@@ -26,11 +26,11 @@ use draftlens_engine::drafter::eval::{
 };
 use draftlens_engine::drafter::lint::{lint, Severity};
 use draftlens_engine::drafter::live::live_decode;
-use draftlens_results::metrics::{replay, summarize, PromptInfo};
 use draftlens_engine::drafter::{DFlashDrafter, DraftOptions};
 use draftlens_engine::model::{Capture, TargetFiles, TargetModel};
-use draftlens_records::RecordBatch;
 use draftlens_engine::session::{Session, SessionOptions};
+use draftlens_records::RecordBatch;
+use draftlens_results::metrics::{replay, summarize, PromptInfo};
 use draftlens_results::store::{MetricRow, MetricScope};
 use golden_util::*;
 use random_drafter::write_random_drafter;

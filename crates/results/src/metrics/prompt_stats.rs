@@ -345,7 +345,8 @@ pub(crate) mod tests {
         // Top-2 always contains the target.
         assert_eq!(p.topk_correct, p.valid);
         // The same rounds as the (rounds, tokens) of the whole chain.
-        let by_anchor: HashMap<u32, usize> = (0..b.num_blocks()).map(|i| (b.anchor[i], i)).collect();
+        let by_anchor: HashMap<u32, usize> =
+            (0..b.num_blocks()).map(|i| (b.anchor[i], i)).collect();
         assert_eq!(replay(&b, &by_anchor, 2, 12), Some((4, 9)));
     }
 
@@ -374,7 +375,10 @@ pub(crate) mod tests {
         // A alternates 1 and 2 over anchors 2..=20 (anchors 20 and 21 are cut by the end).
         let st = compute_stats(&scripted(22, &|a| 1 + (a as usize % 2)), &meta());
         let p = &st.prompts[0];
-        assert_eq!(st.accept_hist(), p.hist.iter().map(|&c| c as u64).collect::<Vec<_>>());
+        assert_eq!(
+            st.accept_hist(),
+            p.hist.iter().map(|&c| c as u64).collect::<Vec<_>>()
+        );
         assert_eq!(st.accept_hist().iter().sum::<u64>(), 20);
         assert_eq!(st.position_totals(|p| &p.valid), vec![19, 18, 17]);
         assert_eq!(p.accepted_tokens() + p.blocks as u64, p.uniform_tokens());

@@ -96,7 +96,12 @@ pub(super) fn import_one(tx: &Transaction, r: &RunExport, source: &str, what: &s
     insert_metrics(tx, id, &metrics, what)?;
     for f in &r.failures {
         let mut f = f.clone();
-        for s in [&mut f.plugin, &mut f.kind, &mut f.message, &mut f.created_at] {
+        for s in [
+            &mut f.plugin,
+            &mut f.kind,
+            &mut f.message,
+            &mut f.created_at,
+        ] {
             clean_in_place(s);
         }
         tx.execute(
@@ -115,7 +120,13 @@ pub(super) fn import_one(tx: &Transaction, r: &RunExport, source: &str, what: &s
     }
     for p in &r.plugins {
         let mut p = p.clone();
-        for s in [&mut p.source, &mut p.sha256, &mut p.version, &mut p.file, &mut p.scored_at] {
+        for s in [
+            &mut p.source,
+            &mut p.sha256,
+            &mut p.version,
+            &mut p.file,
+            &mut p.scored_at,
+        ] {
             clean_in_place(s);
         }
         tx.execute(
@@ -254,7 +265,8 @@ mod tests {
         m.unit = "\u{202e}s".into();
         src.add_metrics(id, &[m]).unwrap();
         src.add_plugin_failure(id, "p", "trap", evil).unwrap();
-        src.finish_run(id, RunStatus::Failed, Some(evil), &json!({})).unwrap();
+        src.finish_run(id, RunStatus::Failed, Some(evil), &json!({}))
+            .unwrap();
         let mut ex = src.export_run(id, false).unwrap().unwrap();
         ex.plugins.push(PluginProvenance {
             source: "p".into(),
@@ -266,22 +278,33 @@ mod tests {
             scored_at: "t".into(),
             stale_since: None,
         });
-    
+
         let t = Store::open(&b.path().join("b.sqlite")).unwrap();
         t.import_runs("team\u{1b}[2J.html", "00", &[ex]).unwrap();
         let (runs, _) = t.runs(&RunFilter::default()).unwrap();
         let r = &runs[0].run;
         let clean = "x ]0;owned \u{fffd}gpj.exe\u{fffd}";
         assert_eq!(
-            (r.name.as_str(), r.drafter_path.as_str(), r.backend.as_str(), r.error.as_deref()),
+            (
+                r.name.as_str(),
+                r.drafter_path.as_str(),
+                r.backend.as_str(),
+                r.error.as_deref()
+            ),
             (clean, clean, clean, Some(clean))
         );
         assert_eq!(r.origin, "import:team [2J.html");
         let m = &t.metrics(r.id).unwrap()[0];
-        assert_eq!((m.source.as_str(), m.unit.as_str(), m.description.as_str()), ("plug [31m", "\u{fffd}s", clean));
+        assert_eq!(
+            (m.source.as_str(), m.unit.as_str(), m.description.as_str()),
+            ("plug [31m", "\u{fffd}s", clean)
+        );
         let d = t.run(r.id).unwrap().unwrap();
         assert_eq!(d.failures[0].message, clean);
         let p = &t.plugin_runs(r.id).unwrap()[0];
-        assert_eq!((p.version.as_str(), p.file.as_str()), ("1.0\u{fffd}", clean));
+        assert_eq!(
+            (p.version.as_str(), p.file.as_str()),
+            ("1.0\u{fffd}", clean)
+        );
     }
 }

@@ -54,7 +54,10 @@ mod imp {
         /// Registers a store of `db` (just opened by SQLite). `alone(true)` runs while this
         /// process holds the exclusive lock, i.e. no other process has the file open;
         /// `alone(false)` otherwise. Errors only when the file cannot be looked at.
-        pub(in crate::store) fn take(db: &Path, alone: impl FnOnce(bool)) -> std::io::Result<Option<OpenHold>> {
+        pub(in crate::store) fn take(
+            db: &Path,
+            alone: impl FnOnce(bool),
+        ) -> std::io::Result<Option<OpenHold>> {
             use std::os::unix::fs::MetadataExt;
             let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
             let m = std::fs::metadata(db)?;
@@ -103,7 +106,10 @@ mod imp {
 #[cfg(not(target_os = "linux"))]
 impl OpenHold {
     /// Elsewhere than on Linux, no process is known to be alone: nothing is ever marked.
-    pub(in crate::store) fn take(_db: &Path, alone: impl FnOnce(bool)) -> std::io::Result<Option<OpenHold>> {
+    pub(in crate::store) fn take(
+        _db: &Path,
+        alone: impl FnOnce(bool),
+    ) -> std::io::Result<Option<OpenHold>> {
         alone(false);
         Ok(None)
     }

@@ -51,8 +51,8 @@ pub use sharing::*;
 pub use vocab::*;
 pub use watch::*;
 
-use draftlens_records::RecordBatch;
 use anyhow::{anyhow, bail, Context, Result};
+use draftlens_records::RecordBatch;
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, Transaction};
 use serde::{Deserialize, Serialize};

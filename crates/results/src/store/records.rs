@@ -228,7 +228,11 @@ impl Store {
         let what = self.what();
         self.read(|c| {
             let (b, k): (u32, u32) = c
-                .query_row("SELECT block_size, top_k FROM run WHERE id = ?1", [run], |r| Ok((r.get(0)?, r.get(1)?)))
+                .query_row(
+                    "SELECT block_size, top_k FROM run WHERE id = ?1",
+                    [run],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
                 .optional()?
                 .ok_or_else(|| anyhow!("{what}: run {run} does not exist"))?;
             let columns: Vec<&str> = columns_per_prompt().iter().map(|c| c.name).collect();
@@ -263,7 +267,8 @@ impl Store {
                 }
             }
             let out = out.unwrap_or_else(|| RecordBatch::new(b, k));
-            out.check().map_err(|e| anyhow!("{what}: run {run}: stored records are inconsistent: {e}"))?;
+            out.check()
+                .map_err(|e| anyhow!("{what}: run {run}: stored records are inconsistent: {e}"))?;
             Ok(out)
         })
     }

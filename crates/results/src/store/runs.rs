@@ -401,7 +401,9 @@ pub(super) fn mark_interrupted(c: &mut Connection) -> Result<Vec<(i64, String)>>
             "UPDATE run SET status = 'failed', error = ?1, finished_at = ?2 \
              WHERE status = 'running' AND origin = 'local' RETURNING id, name",
         )?;
-        let rows = stmt.query_map(params![INTERRUPTED, now_rfc3339()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let rows = stmt.query_map(params![INTERRUPTED, now_rfc3339()], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
         rows.collect::<rusqlite::Result<Vec<(i64, String)>>>()?
     };
     tx.commit()?;

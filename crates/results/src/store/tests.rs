@@ -206,7 +206,11 @@ fn failed_run_stays_failed_and_interrupted_run_is_marked_at_the_next_open() {
     let s = Store::open(&path).unwrap();
     let r = s.run(a).unwrap().unwrap().run;
     assert_eq!(r.status, RunStatus::Failed);
-    assert!(r.error.as_deref().unwrap().starts_with("interrupted"), "{:?}", r.error);
+    assert!(
+        r.error.as_deref().unwrap().starts_with("interrupted"),
+        "{:?}",
+        r.error
+    );
     assert!(r.finished_at.is_some());
 
     let b = s.create_run(&new_run("fails")).unwrap();
@@ -554,7 +558,8 @@ fn delete_cascades() {
         )],
     )
     .unwrap();
-    s.finish_run(id, RunStatus::Complete, None, &json!({})).unwrap();
+    s.finish_run(id, RunStatus::Complete, None, &json!({}))
+        .unwrap();
     s.pin_baseline("*", id).unwrap();
     s.delete_run(id).unwrap();
     assert!(s.run(id).unwrap().is_none());
@@ -648,7 +653,8 @@ fn tokens_shares_baselines_vocab_derived() {
     assert_eq!(s.share("nope").unwrap(), None);
 
     let id = s.create_run(&new_run("b")).unwrap();
-    s.finish_run(id, RunStatus::Complete, None, &json!({})).unwrap();
+    s.finish_run(id, RunStatus::Complete, None, &json!({}))
+        .unwrap();
     s.pin_baseline("*", id).unwrap();
     assert_eq!(s.baselines().unwrap(), vec![("*".to_string(), id)]);
     assert!(s.pin_baseline("*", 999).is_err());

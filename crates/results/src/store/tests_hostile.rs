@@ -56,7 +56,10 @@ fn a_killed_run_is_interrupted_at_the_next_open_never_before() {
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     let id: i64 = loop {
         let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "the child ended before creating its run");
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the child ended before creating its run"
+        );
         // libtest may have written "test NAME ... " on the same line.
         if let Some((_, id)) = line.trim().split_once("created ") {
             break id.parse().unwrap();
@@ -68,23 +71,35 @@ fn a_killed_run_is_interrupted_at_the_next_open_never_before() {
     assert_eq!(s.recovered(), &Recovered::default());
     assert_eq!(s.run(id).unwrap().unwrap().run.status, RunStatus::Running);
     let e = s.pin_baseline("*", id).unwrap_err().to_string();
-    assert!(e.contains("is running; only a complete run can be a baseline"), "{e}");
+    assert!(
+        e.contains("is running; only a complete run can be a baseline"),
+        "{e}"
+    );
     drop(s);
 
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(liveness::wal_bytes(&db) > 0, "a killed writer leaves its log");
+    assert!(
+        liveness::wal_bytes(&db) > 0,
+        "a killed writer leaves its log"
+    );
 
     // Nobody has it open now: the run is marked, the left log is reported, once.
     let s = Store::open(&db).unwrap();
     let r = s.run(id).unwrap().unwrap().run;
     assert_eq!(r.status, RunStatus::Failed);
     assert_eq!(r.error.as_deref(), Some(INTERRUPTED));
-    assert_eq!(r.name, "killed \u{1b}[2J", "the uncommitted rename was discarded");
+    assert_eq!(
+        r.name, "killed \u{1b}[2J",
+        "the uncommitted rename was discarded"
+    );
     assert_eq!(s.recovered().interrupted, vec![(id, r.name.clone())]);
     assert!(s.recovered().leftover_wal_bytes > 0);
     let e = s.pin_baseline("*", id).unwrap_err().to_string();
-    assert!(e.contains("is failed; only a complete run can be a baseline"), "{e}");
+    assert!(
+        e.contains("is failed; only a complete run can be a baseline"),
+        "{e}"
+    );
     // A second store of this process is not alone (the first may be running a run).
     let b = s.create_run(&new_run("mine")).unwrap();
     let t = Store::open(&db).unwrap();
@@ -93,7 +108,11 @@ fn a_killed_run_is_interrupted_at_the_next_open_never_before() {
     drop((s, t));
     let s = Store::open(&db).unwrap();
     assert_eq!(s.recovered().interrupted.len(), 1);
-    assert_eq!(s.recovered().leftover_wal_bytes, 0, "closed cleanly: no log left");
+    assert_eq!(
+        s.recovered().leftover_wal_bytes,
+        0,
+        "closed cleanly: no log left"
+    );
 }
 
 #[test]
@@ -103,7 +122,10 @@ fn an_imported_running_run_is_left_as_its_source_says() {
     let id = src.create_run(&new_run("exported while running")).unwrap();
     let ex = src.export_run(id, false).unwrap().unwrap();
     let db = b.path().join("b.sqlite");
-    Store::open(&db).unwrap().import_runs("x.json", "00", &[ex]).unwrap();
+    Store::open(&db)
+        .unwrap()
+        .import_runs("x.json", "00", &[ex])
+        .unwrap();
     let s = Store::open(&db).unwrap();
     assert!(s.recovered().interrupted.is_empty());
     let (runs, _) = s.runs(&RunFilter::default()).unwrap();
@@ -115,12 +137,18 @@ fn only_a_complete_run_is_a_baseline() {
     let d = tempfile::tempdir().unwrap();
     let s = Store::open(&d.path().join("runs.sqlite")).unwrap();
     let done = s.create_run(&new_run("done")).unwrap();
-    s.finish_run(done, RunStatus::Complete, None, &json!({})).unwrap();
+    s.finish_run(done, RunStatus::Complete, None, &json!({}))
+        .unwrap();
     let failed = s.create_run(&new_run("failed")).unwrap();
-    s.finish_run(failed, RunStatus::Failed, Some("oom"), &json!({})).unwrap();
+    s.finish_run(failed, RunStatus::Failed, Some("oom"), &json!({}))
+        .unwrap();
     s.pin_baseline("a", done).unwrap();
     assert!(s.pin_baseline("b", failed).is_err());
-    assert!(s.pin_baseline("c", 999).unwrap_err().to_string().contains("does not exist"));
+    assert!(s
+        .pin_baseline("c", 999)
+        .unwrap_err()
+        .to_string()
+        .contains("does not exist"));
     // A pin an older draftlens made on a run that is not complete is not a baseline.
     s.write(|c| {
         c.execute(

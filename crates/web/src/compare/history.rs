@@ -2,9 +2,9 @@
 //! CIs over prompts and the paired Δ of replayed τ against the previous step.
 
 use super::{paired_verdict, StatsCache, Verdict};
-use draftlens_results::metrics::{aggregate, derived, Aggregation, DerivedMetric, PromptStats};
 use crate::stats::{paired_interval, IntervalMethod, Resamples, Rng};
 use anyhow::{bail, Result};
+use draftlens_results::metrics::{aggregate, derived, Aggregation, DerivedMetric, PromptStats};
 use draftlens_results::store::{RunMode, Store};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};

@@ -21,9 +21,9 @@ use inflation::inflation_rows;
 pub use text::{comparison_text, fmt_delta, fmt_value};
 
 use crate::analysis::{accept_histogram, position_curve, Curve};
-use draftlens_results::metrics::{aggregate, Aggregation, PromptStats, RunStats, DERIVED, SOURCE};
 use crate::stats::{paired_interval, IntervalMethod, Resamples, Rng, MIN_SHARED_PROMPTS};
 use anyhow::{bail, Context, Result};
+use draftlens_results::metrics::{aggregate, Aggregation, PromptStats, RunStats, DERIVED, SOURCE};
 use draftlens_results::store::{MetricKey, MetricScope, RunInfo, Store};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};

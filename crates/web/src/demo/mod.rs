@@ -305,10 +305,7 @@ pub fn fill_demo_db(store: &Store, spec: &DemoSpec) -> Result<DemoRuns> {
                 category: m.category.clone(),
             })
             .collect();
-        store.add_metrics(
-            id,
-            &draftlens_results::metrics::summarize(&records, &infos),
-        )?;
+        store.add_metrics(id, &draftlens_results::metrics::summarize(&records, &infos))?;
         let blocks = stats.total_blocks() as f64;
         store.finish_run(
             id,

@@ -3,8 +3,8 @@
 //! the drafter's top-K per position for any anchor. Token text is untrusted: maud escapes it.
 
 use super::{fmt, link, page, Ctx};
-use draftlens_results::metrics::replay_chain;
 use draftlens_records::RecordBatch;
+use draftlens_results::metrics::replay_chain;
 use draftlens_results::store::{RunInfo, RunPrompt};
 use maud::{html, Markup};
 use std::collections::HashMap;

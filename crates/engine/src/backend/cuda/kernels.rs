@@ -38,7 +38,10 @@ const SOURCES: &[(&str, &str)] = &[
     ("gdn", include_str!("../../../../../kernels/gdn.cu")),
     ("convert", include_str!("../../../../../kernels/convert.cu")),
     // Two modules, so that an empty kernel cache compiles them on two prewarm threads at once.
-    ("decode", include_str!("../../../../../kernels/decode_gemm.cu")),
+    (
+        "decode",
+        include_str!("../../../../../kernels/decode_gemm.cu"),
+    ),
     (
         "decode_attention",
         include_str!("../../../../../kernels/decode_attention.cu"),
