@@ -110,10 +110,7 @@ fn pinned_vocab(db: &Path) -> String {
     .unwrap()
 }
 
-fn sha256_hex(b: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    hex::encode(Sha256::digest(b))
-}
+use draftlens_results::sha256_hex;
 
 /// Runs `draftlens run ARGS --json` on the default target (paths relative to the root, where
 /// the command runs) and returns the stored run's id.

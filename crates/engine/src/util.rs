@@ -23,9 +23,9 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     Ok(hex::encode(h.finalize()))
 }
 
-/// sha256 of bytes, lowercase hex.
+/// sha256 of bytes, lowercase hex (the results crate's rule, which identities also hash with).
 pub fn sha256_bytes(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    draftlens_results::sha256_hex(bytes)
 }
 
 /// The crate's one small deterministic generator (xorshift64*): test inputs, benchmark data and
