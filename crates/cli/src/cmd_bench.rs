@@ -184,7 +184,7 @@ fn bench_drafters(a: &BenchArgs) -> Result<Vec<DrafterRow>> {
         return Ok(vec![]);
     }
     let tmp = std::env::temp_dir().join(format!("draftlens-bench-{}", std::process::id()));
-    let cache = draftlens_engine::cache::HiddenCache::open(&tmp.join("cache"))?;
+    let cache = draftlens_engine::hidden_cache::HiddenCache::open(&tmp.join("cache"))?;
     let s = draftlens_engine::session::Session::load(
         CpuBackend::new(),
         a.target(),

@@ -3,7 +3,7 @@
 use crate::common::Global;
 use anyhow::{bail, Result};
 use clap::Subcommand;
-use draftlens_engine::cache::RemoveFilter;
+use draftlens_engine::hidden_cache::RemoveFilter;
 use draftlens_engine::identity::{IdentityStatus, IdentityStore};
 use serde::Serialize;
 
@@ -42,7 +42,7 @@ pub enum CacheCmd {
 }
 
 fn parse_size_arg(s: &str) -> std::result::Result<u64, String> {
-    draftlens_engine::cache::parse_size(s).map_err(|e| e.to_string())
+    draftlens_engine::hidden_cache::parse_size(s).map_err(|e| e.to_string())
 }
 
 #[derive(Serialize)]

@@ -277,7 +277,7 @@ pub fn collect(g: &Global) -> Vec<Check> {
 
     let cache = match &g.cache_dir {
         Some(p) => Ok(p.clone()),
-        None => draftlens_engine::cache::HiddenCache::default_root(),
+        None => draftlens_engine::hidden_cache::HiddenCache::default_root(),
     };
     match cache {
         Ok(c) => {

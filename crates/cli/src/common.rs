@@ -110,12 +110,12 @@ impl Global {
         Ok(path)
     }
 
-    pub fn cache(&self) -> Result<draftlens_engine::cache::HiddenCache> {
+    pub fn cache(&self) -> Result<draftlens_engine::hidden_cache::HiddenCache> {
         let root = match &self.cache_dir {
             Some(p) => p.clone(),
-            None => draftlens_engine::cache::HiddenCache::default_root()?,
+            None => draftlens_engine::hidden_cache::HiddenCache::default_root()?,
         };
-        draftlens_engine::cache::HiddenCache::open(&root)
+        draftlens_engine::hidden_cache::HiddenCache::open(&root)
     }
 
     /// Print `value` as JSON when `--json`, else the text `human` renders.

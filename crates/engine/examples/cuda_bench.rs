@@ -335,7 +335,7 @@ fn main() -> Result<()> {
                 .iter()
                 .map(|l| match &l.mixer {
                     Mixer::Attention(a) => Ok(a),
-                    Mixer::Linear(_) => bail!("a dense Qwen3 has no Gated DeltaNet layer"),
+                    Mixer::Gdn(_) => bail!("a dense Qwen3 has no Gated DeltaNet layer"),
                 })
                 .collect::<Result<_>>()?;
             let rope = spec.rope();

@@ -376,7 +376,7 @@ fn median(v: &mut [f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// One hybrid GDN decoder layer as `crates/engine/src/model/gated_deltanet.rs` runs it (one fused in_proj
+/// One hybrid GDN decoder layer as `crates/engine/src/model/gdn.rs` runs it (one fused in_proj
 /// GEMM, then split_cols), each op timed alone (median of `reps`, device synchronised), as a
 /// share of the whole layer timed the same way.
 fn layer_breakdown(
@@ -401,7 +401,7 @@ fn layer_breakdown(
     let mut conv_states: Vec<_> = (0..seqs)
         .map(|_| be.random_tensor(CONV_K - 1, SHAPE.conv_dim(), 0.5, 0.0, 22))
         .collect::<Result<_>>()?;
-    // The model's default profile (gated_deltanet.rs) and the engine one, each with its default kernel.
+    // The model's default profile (model/gdn.rs) and the engine one, each with its default kernel.
     let params = |profile| GdnParams::<CudaBackend> {
         a_log: d.a_log,
         dt_bias: d.dt_bias,

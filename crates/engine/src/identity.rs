@@ -210,7 +210,7 @@ impl IdentityStore {
             .with_context(|| format!("{}: cannot create", self.dir.display()))?;
         let path = self.record_path(&rec.stamp.path);
         // Unique across the machines sharing the cache folder (a pid alone is not).
-        let tmp = self.dir.join(crate::cache_shared::unique_temp_name(
+        let tmp = self.dir.join(crate::hidden_cache::shared::unique_temp_name(
             &path.file_name().unwrap_or_default().to_string_lossy(),
         ));
         let body = serde_json::to_vec_pretty(rec)?;

@@ -3,13 +3,11 @@
 //! the `draftlens` CLI (crates/cli) drives it.
 
 pub mod backend;
-pub mod cache;
-pub mod cache_shared;
-pub mod cache_writer;
 pub mod chat;
 pub mod drafter;
 pub mod formats;
 pub mod generate;
+pub mod hidden_cache;
 pub mod identity;
 pub mod model;
 pub mod parity;

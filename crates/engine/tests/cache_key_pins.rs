@@ -13,7 +13,7 @@
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::{Backend, GdnProfile};
-use draftlens_engine::cache::HiddenCache;
+use draftlens_engine::hidden_cache::HiddenCache;
 use draftlens_engine::session::{Session, SessionOptions};
 use std::path::{Path, PathBuf};
 

@@ -7,7 +7,7 @@
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::GdnProfile;
-use draftlens_engine::cache::HiddenCache;
+use draftlens_engine::hidden_cache::HiddenCache;
 use draftlens_engine::drafter::random::{write_random_checkpoint, RandomDrafter};
 use draftlens_engine::drafter::run::DrafterSpec;
 use draftlens_engine::parity_report::{format_report, parity_report, ParityOptions};

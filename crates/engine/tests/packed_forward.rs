@@ -10,7 +10,7 @@ mod golden_util;
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::Backend;
-use draftlens_engine::cache::HiddenCache;
+use draftlens_engine::hidden_cache::HiddenCache;
 use draftlens_engine::model::{Capture, TargetFiles, TargetModel};
 use draftlens_engine::session::{Packer, Session, SessionOptions, TargetPass, DEFAULT_PACK_TOKENS};
 use golden_util::*;

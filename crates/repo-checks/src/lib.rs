@@ -277,7 +277,7 @@ pub fn check_tree(root: &Path, skip: &[&str]) -> Vec<Finding> {
     out
 }
 
-/// Top-level folders whose paths, when cited in text (`crates/engine/src/cache.rs`), must exist.
+/// Top-level folders whose paths, when cited in text (`crates/engine/src/hidden_cache/mod.rs`), must exist.
 /// `docs/` is checked with its sections by [`check_text`].
 const PATH_ROOTS: &[&str] = &[
     "crates/",

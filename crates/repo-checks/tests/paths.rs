@@ -1,4 +1,4 @@
-//! Every repository path that docs, scripts and code comments cite (`crates/engine/src/cache.rs`,
+//! Every repository path that docs, scripts and code comments cite (`crates/engine/src/hidden_cache/mod.rs`,
 //! `scripts/test.sh`, …) exists, so a move or rename cannot leave a stale pointer behind.
 //! Run: `cargo test -p draftlens-repo-checks --test paths`.
 
@@ -26,14 +26,14 @@ fn every_cited_repository_path_exists() {
 
 #[test]
 fn paths_are_read_as_written_and_templates_are_left_out() {
-    let t = "see crates/engine/src/cache.rs, and `scripts/test.sh`.\n\
+    let t = "see crates/engine/src/hidden_cache/mod.rs, and `scripts/test.sh`.\n\
              not a path: mycrates/x, plugins/dist/$NAME.wasm plugins/tests-guests/NAME/src\n\
              drafters/x/step-${S}/config.json and tools/a/b.py:12";
     let got: Vec<(usize, String)> = repo_paths(t);
     assert_eq!(
         got,
         [
-            (1, "crates/engine/src/cache.rs".to_string()),
+            (1, "crates/engine/src/hidden_cache/mod.rs".to_string()),
             (1, "scripts/test.sh".to_string()),
             (3, "tools/a/b.py".to_string()),
         ]

@@ -12,7 +12,7 @@
 
 use super::eval::EvalOptions;
 use crate::backend::Backend;
-use crate::cache::{CacheKey, CachedData, CachedTensor};
+use crate::hidden_cache::{CacheKey, CachedData, CachedTensor};
 use crate::records::{columns_per_prompt, ColumnData, ColumnRef, Element, RecordBatch};
 use crate::session::Session;
 use anyhow::Result;
@@ -151,7 +151,7 @@ mod tests {
     /// written by an earlier build must keep reading as hits under the same key.
     #[test]
     fn entry_tensors_are_pinned() {
-        use crate::cache::tensors_checksum;
+        use crate::hidden_cache::tensors_checksum;
         let checksum = |r: &RecordBatch| {
             let tensors = to_tensors(r);
             let bytes: Vec<(safetensors::Dtype, Vec<u8>)> = tensors

@@ -2,9 +2,9 @@
 //! hybrids) or a Gated DeltaNet (hybrid models' `linear_attention` layers), with the cached,
 //! batched-decode and packed forwards.
 
-use super::cache::LayerCache;
+use super::kv_cache::LayerCache;
 use super::config::ModelSpec;
-use super::gated_deltanet::{GatedDeltaNet, LinearState};
+use super::gdn::{GdnMixer, GdnState};
 use super::hybrid::LayerType;
 use super::transformer::{Attention, Mlp, RmsNorm};
 use crate::backend::Backend;
@@ -16,19 +16,19 @@ pub enum Mixer<B: Backend> {
     /// Softmax attention (`self_attn.*`), gated on the hybrids.
     Attention(Attention<B>),
     /// Gated DeltaNet (`linear_attn.*`), hybrids only.
-    Linear(GatedDeltaNet<B>),
+    Gdn(GdnMixer<B>),
 }
 
 /// A Gated DeltaNet layer's state in `cache`, created (zeros) on the sequence's first token.
-fn linear_state<'c, B: Backend>(
+fn gdn_state<'c, B: Backend>(
     be: &B,
-    gdn: &GatedDeltaNet<B>,
+    gdn: &GdnMixer<B>,
     cache: &'c mut LayerCache<B>,
-) -> Result<&'c mut LinearState<B>> {
-    if cache.linear.is_none() {
-        cache.linear = Some(gdn.zero_state(be)?);
+) -> Result<&'c mut GdnState<B>> {
+    if cache.gdn.is_none() {
+        cache.gdn = Some(gdn.zero_state(be)?);
     }
-    Ok(cache.linear.as_mut().expect("just set"))
+    Ok(cache.gdn.as_mut().expect("just set"))
 }
 
 /// One pre-norm decoder layer.
@@ -48,7 +48,7 @@ impl<B: Backend> DecoderLayer<B> {
             .as_ref()
             .map_or(LayerType::FullAttention, |h| h.layer_types[i]);
         let mixer = match (kind, &spec.hybrid) {
-            (LayerType::LinearAttention, Some(hy)) => Mixer::Linear(GatedDeltaNet::load(
+            (LayerType::LinearAttention, Some(hy)) => Mixer::Gdn(GdnMixer::load(
                 be,
                 src,
                 &format!("{p}.linear_attn"),
@@ -87,9 +87,9 @@ impl<B: Backend> DecoderLayer<B> {
     ) -> Result<()> {
         self.forward_with(be, h, |x, h| match &self.mixer {
             Mixer::Attention(a) => a.forward(be, x, start, cache, h),
-            Mixer::Linear(g) => {
+            Mixer::Gdn(g) => {
                 let rows = be.dims(x).0;
-                g.forward(be, x, &[0, rows], &mut [linear_state(be, g, cache)?], h)
+                g.forward(be, x, &[0, rows], &mut [gdn_state(be, g, cache)?], h)
             }
         })
     }
@@ -105,11 +105,11 @@ impl<B: Backend> DecoderLayer<B> {
     ) -> Result<()> {
         self.forward_with(be, h, |x, h| match &self.mixer {
             Mixer::Attention(a) => a.forward_decode(be, x, caches, starts, h),
-            Mixer::Linear(g) => {
+            Mixer::Gdn(g) => {
                 let seq_starts: Vec<usize> = (0..=caches.len()).collect();
                 let mut states = caches
                     .iter_mut()
-                    .map(|c| linear_state(be, g, c))
+                    .map(|c| gdn_state(be, g, c))
                     .collect::<Result<Vec<_>>>()?;
                 g.forward(be, x, &seq_starts, &mut states, h)
             }
@@ -127,11 +127,11 @@ impl<B: Backend> DecoderLayer<B> {
     ) -> Result<()> {
         self.forward_with(be, h, |x, h| match &self.mixer {
             Mixer::Attention(a) => a.forward_packed(be, x, positions, seq_starts, h),
-            Mixer::Linear(g) => {
+            Mixer::Gdn(g) => {
                 let mut fresh = (1..seq_starts.len())
                     .map(|_| g.zero_state(be))
                     .collect::<Result<Vec<_>>>()?;
-                let mut states: Vec<&mut LinearState<B>> = fresh.iter_mut().collect();
+                let mut states: Vec<&mut GdnState<B>> = fresh.iter_mut().collect();
                 g.forward(be, x, seq_starts, &mut states, h)
             }
         })

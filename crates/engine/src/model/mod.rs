@@ -2,14 +2,14 @@
 //! Qwen3-Next hybrids, written over
 //! the [`crate::backend::Backend`] seam.
 
-pub mod cache;
 pub mod capture;
 pub mod config;
 pub mod decoder;
 pub mod flops;
-pub mod gated_deltanet;
+pub mod gdn;
 pub mod head;
 pub mod hybrid;
+pub mod kv_cache;
 pub mod transformer;
 
 pub use capture::{Capture, Captured};

@@ -7,10 +7,10 @@
 //! causal GQA attention → o_proj → residual → RMSNorm → SwiGLU MLP → residual; final norm; LM head
 //! (tied to the embedding when `lm_head.weight` is absent). Hybrids (`modeling_qwen3_5.py`,
 //! docs/hybrid-models.md) use zero-centred RMSNorms, a sigmoid output gate on attention, partial
-//! RoPE, and a Gated DeltaNet ([`super::gated_deltanet`]) instead of attention in most layers.
+//! RoPE, and a Gated DeltaNet ([`super::gdn`]) instead of attention in most layers.
 
-pub use super::cache::KvCache;
-use super::cache::LayerCache;
+pub use super::kv_cache::KvCache;
+use super::kv_cache::LayerCache;
 use super::capture::{Capture, Captured};
 use super::config::ModelSpec;
 pub use super::decoder::{DecoderLayer, Mixer};
@@ -585,14 +585,14 @@ impl<B: Backend> TargetModel<B> {
     pub fn is_hybrid(&self) -> bool {
         self.layers
             .iter()
-            .any(|l| matches!(l.mixer, Mixer::Linear(_)))
+            .any(|l| matches!(l.mixer, Mixer::Gdn(_)))
     }
 
     /// The numeric profile of every Gated DeltaNet layer's core (default
     /// [`GdnProfile::Reference`]).
     pub fn set_gdn_profile(&mut self, profile: GdnProfile) {
         for l in &mut self.layers {
-            if let Mixer::Linear(g) = &mut l.mixer {
+            if let Mixer::Gdn(g) = &mut l.mixer {
                 g.profile = profile;
             }
         }
@@ -624,8 +624,8 @@ impl<B: Backend> TargetModel<B> {
         };
         cache.crop_attention(be, cp.len)?;
         for (layer, state) in cache.layers.iter_mut().zip(cp.states) {
-            if layer.linear.is_some() {
-                layer.linear = state;
+            if layer.gdn.is_some() {
+                layer.gdn = state;
             }
         }
         let replay = &cp.ids[..len - cp.len];

@@ -4,7 +4,7 @@
 
 use super::TargetPass;
 use crate::backend::{HostRows, TopK};
-use crate::cache::{CachedData, CachedTensor};
+use crate::hidden_cache::{CachedData, CachedTensor};
 use crate::generate::{Continuation, StopReason};
 use crate::model::Capture;
 use std::sync::Arc;

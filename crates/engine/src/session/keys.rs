@@ -4,7 +4,7 @@
 
 use super::Session;
 use crate::backend::{Backend, GdnProfile};
-use crate::cache::CacheKey;
+use crate::hidden_cache::CacheKey;
 use crate::model::Capture;
 use anyhow::Result;
 

@@ -6,7 +6,7 @@
 use super::Session;
 use crate::backend::memory::{gib, MemoryModel};
 use crate::backend::Backend;
-use crate::cache::CacheKey;
+use crate::hidden_cache::CacheKey;
 use crate::prompts::Prompt;
 use anyhow::{bail, Result};
 

@@ -25,8 +25,8 @@ use resident::ResidentTaps;
 
 use crate::backend::memory::gib;
 use crate::backend::{Backend, GdnProfile, HostRows, TopK};
-use crate::cache::{CacheKey, CachedTensor, HiddenCache, Lookup};
-use crate::cache_writer::CacheWriter;
+use crate::hidden_cache::{CacheKey, CachedTensor, HiddenCache, Lookup};
+use crate::hidden_cache::writer::CacheWriter;
 use crate::chat::ChatMessage;
 use crate::generate::{greedy_batch, Continuation};
 use crate::identity::IdentityStore;

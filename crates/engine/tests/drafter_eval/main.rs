@@ -20,7 +20,7 @@ mod random_drafter;
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::{Backend, TopK};
-use draftlens_engine::cache::HiddenCache;
+use draftlens_engine::hidden_cache::HiddenCache;
 use draftlens_engine::drafter::eval::{
     evaluate_sequence, AnchorPolicy, Drafter, EvalOptions, Labels, Sequence,
 };

@@ -14,7 +14,7 @@
 //! drafted, and with 32 slots each records entry waited ~5 ms for a slot, the GPU idle
 //! (docs/benchmarks-cuda.md, "Session 13").
 
-use crate::cache::{CacheKey, CachedTensor, HiddenCache};
+use crate::hidden_cache::{CacheKey, CachedTensor, HiddenCache};
 use anyhow::{anyhow, Result};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -231,7 +231,7 @@ impl Drop for CacheWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::CachedData;
+    use crate::hidden_cache::CachedData;
 
     fn key(n: u32) -> CacheKey {
         CacheKey {

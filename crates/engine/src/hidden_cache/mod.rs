@@ -2,7 +2,7 @@
 //!
 //! Length (~830 lines, over the ~800 guideline): addressing, the entry file format and the
 //! on-disk store are one rule (what invalidates an entry) and stay together; the shared-cache
-//! publication rules are in `cache_shared.rs`, the background writes in `cache_writer.rs`.
+//! publication rules are in `shared.rs`, the background writes in `writer.rs`.
 //!
 //! An entry is addressed by the sha256 of everything that determines its content ([`CacheKey`]):
 //! weights, tokenizer, token ids, layer set, backend, dtype and kernel version. Change any of them and
@@ -52,8 +52,11 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::cache_shared::{is_not_found, publish, read_entry, same_file, touch_if_old};
-pub use crate::cache_shared::{parse_size, GcReport, PutOutcome};
+pub mod shared;
+pub mod writer;
+
+use shared::{is_not_found, publish, read_entry, same_file, touch_if_old};
+pub use shared::{parse_size, GcReport, PutOutcome};
 
 /// Format version stored in every entry; bump it when the layout or checksum changes.
 const FORMAT_VERSION: &str = "1";

@@ -2,7 +2,7 @@
 //! recurrent state (conv state + S) of Gated DeltaNet layers, with the snapshot that lets a
 //! speculative-decoding verify pass be cropped ([`super::TargetModel::crop`]).
 
-use super::gated_deltanet::LinearState;
+use super::gdn::GdnState;
 use crate::backend::{AttnMask, AttnShape, Backend};
 use anyhow::{bail, Result};
 
@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 pub struct LayerCache<B: Backend> {
     pub k: Option<B::Tensor>,
     pub v: Option<B::Tensor>,
-    pub linear: Option<LinearState<B>>,
+    pub gdn: Option<GdnState<B>>,
 }
 
 impl<B: Backend> LayerCache<B> {
@@ -53,7 +53,7 @@ pub(crate) struct Checkpoint<B: Backend> {
     pub len: usize,
     /// Per layer, a copy of its recurrent state (`None` for attention layers and before the
     /// first token).
-    pub states: Vec<Option<LinearState<B>>>,
+    pub states: Vec<Option<GdnState<B>>>,
     pub ids: Vec<u32>,
 }
 
@@ -71,7 +71,7 @@ impl<B: Backend> KvCache<B> {
                 .map(|_| LayerCache {
                     k: None,
                     v: None,
-                    linear: None,
+                    gdn: None,
                 })
                 .collect(),
             len: 0,
@@ -81,7 +81,7 @@ impl<B: Backend> KvCache<B> {
 
     /// Whether some layer holds a recurrent state (a hybrid model's cache after a forward).
     pub fn has_recurrent_state(&self) -> bool {
-        self.layers.iter().any(|l| l.linear.is_some())
+        self.layers.iter().any(|l| l.gdn.is_some())
     }
 
     /// Drop every position `>= len` of the attention layers (speculative decoding rejects the
@@ -117,7 +117,7 @@ impl<B: Backend> KvCache<B> {
         let states = self
             .layers
             .iter()
-            .map(|l| l.linear.as_ref().map(|s| s.copy(be)).transpose())
+            .map(|l| l.gdn.as_ref().map(|s| s.copy(be)).transpose())
             .collect::<Result<Vec<_>>>()?;
         self.checkpoint = Some(Checkpoint {
             len: self.len,

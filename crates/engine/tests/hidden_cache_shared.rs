@@ -12,7 +12,7 @@
 //!
 //! `eight_writers_throughput` (ignored; run by hand) is the measurement in docs/scale-out.md.
 
-use draftlens_engine::cache::{
+use draftlens_engine::hidden_cache::{
     CacheKey, CachedData, CachedTensor, HiddenCache, Lookup, TOUCH_INTERVAL,
 };
 use std::path::{Path, PathBuf};
@@ -298,7 +298,7 @@ fn concurrent_writers_readers_and_a_killed_writer_leave_only_valid_entries() {
     }
     // Not stale yet: gc leaves it (its writer might be alive on another machine).
     assert_eq!(cache.gc(u64::MAX).unwrap().temp_files, 0);
-    let old = SystemTime::now() - draftlens_engine::cache::STALE_TEMP_AGE - Duration::from_secs(60);
+    let old = SystemTime::now() - draftlens_engine::hidden_cache::STALE_TEMP_AGE - Duration::from_secs(60);
     for t in &temps {
         set_mtime(t, old);
     }
@@ -355,7 +355,7 @@ fn gc_keeps_the_budget_and_evicts_least_recently_used_first() {
 
 /// The measurement of docs/scale-out.md: 8 writer processes, half of their entries shared with
 /// every other writer, half their own, while 2 readers read. Run by hand:
-/// `DL_ENTRIES=64 DL_FLOATS=1048576 cargo test --workspace --release --test cache_shared -- --ignored eight_writers --nocapture`
+/// `DL_ENTRIES=64 DL_FLOATS=1048576 cargo test --workspace --release --test hidden_cache_shared -- --ignored eight_writers --nocapture`
 /// (`DL_CACHE_ROOT` points it at another filesystem, e.g. an NFS mount).
 #[test]
 #[ignore = "measurement, run by hand"]

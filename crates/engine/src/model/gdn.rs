@@ -20,18 +20,18 @@ use crate::formats::WeightSource;
 use anyhow::{bail, Result};
 
 /// The recurrent state of one Gated DeltaNet layer for one sequence.
-pub struct LinearState<B: Backend> {
+pub struct GdnState<B: Backend> {
     /// The last K−1 inputs of the conv, `[K−1, conv_dim]`, oldest first.
     pub conv: B::Tensor,
     /// S per value head, f32 `[Hv, dk, dv]`.
     pub recurrent: B::F32Buf,
 }
 
-impl<B: Backend> LinearState<B> {
+impl<B: Backend> GdnState<B> {
     /// The state of a fresh sequence: zeros (the conv's causal padding and S₀ = 0).
     pub fn zeros(be: &B, shape: GdnShape, kernel: usize) -> Result<Self> {
         let c = shape.conv_dim();
-        Ok(LinearState {
+        Ok(GdnState {
             conv: be.from_host(&vec![0.0; (kernel - 1) * c], kernel - 1, c)?,
             recurrent: be.f32_from_host(&vec![0.0; shape.state_len()])?,
         })
@@ -40,7 +40,7 @@ impl<B: Backend> LinearState<B> {
     /// An independent copy (the snapshot a speculative-decoding crop restores).
     pub fn copy(&self, be: &B) -> Result<Self> {
         let rows = be.dims(&self.conv).0;
-        Ok(LinearState {
+        Ok(GdnState {
             conv: be.slice_rows(&self.conv, 0, rows)?,
             recurrent: be.f32_copy(&self.recurrent)?,
         })
@@ -48,7 +48,7 @@ impl<B: Backend> LinearState<B> {
 }
 
 /// One Gated DeltaNet layer (`model.layers.{i}.linear_attn`).
-pub struct GatedDeltaNet<B: Backend> {
+pub struct GdnMixer<B: Backend> {
     /// `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` stacked by output rows,
     /// `[conv_dim + Hv·dv + 2·Hv, D]`: one GEMM whose output columns are q | k | v | z | b | a.
     pub in_proj: B::Matrix,
@@ -82,7 +82,7 @@ fn load_f32(src: &dyn WeightSource, name: &str, n: usize) -> Result<Vec<f32>> {
     Ok(t.data)
 }
 
-impl<B: Backend> GatedDeltaNet<B> {
+impl<B: Backend> GdnMixer<B> {
     pub fn load(
         be: &B,
         src: &dyn WeightSource,
@@ -102,7 +102,7 @@ impl<B: Backend> GatedDeltaNet<B> {
                 conv.shape
             );
         }
-        Ok(GatedDeltaNet {
+        Ok(GdnMixer {
             in_proj: load_stacked_matrix(
                 be,
                 src,
@@ -141,8 +141,8 @@ impl<B: Backend> GatedDeltaNet<B> {
     }
 
     /// A fresh sequence's state for this layer.
-    pub fn zero_state(&self, be: &B) -> Result<LinearState<B>> {
-        LinearState::zeros(be, self.shape, self.kernel)
+    pub fn zero_state(&self, be: &B) -> Result<GdnState<B>> {
+        GdnState::zeros(be, self.shape, self.kernel)
     }
 
     /// `h += out_proj(mixer(x))` for sequences packed row-wise (`seq_starts`, each sequence's
@@ -152,7 +152,7 @@ impl<B: Backend> GatedDeltaNet<B> {
         be: &B,
         x: &B::Tensor,
         seq_starts: &[usize],
-        states: &mut [&mut LinearState<B>],
+        states: &mut [&mut GdnState<B>],
         h: &mut B::Tensor,
     ) -> Result<()> {
         let s = self.shape;

@@ -1,10 +1,10 @@
-//! What makes the hidden-state cache ([`crate::cache`]) safe to share between many jobs on a
+//! What makes the hidden-state cache ([`crate::hidden_cache`]) safe to share between many jobs on a
 //! network filesystem: temp names unique across machines, a publish that never replaces an
 //! entry, reads that treat an entry deleted under them as a miss, the LRU clock (an entry's
 //! modification time, refreshed at most once per [`TOUCH_INTERVAL`]) and size-budget eviction
 //! ([`HiddenCache::gc`]). The design and its measurements: docs/scale-out.md, "Shared cache".
 
-use crate::cache::{HiddenCache, STALE_TEMP_AGE, TOUCH_INTERVAL};
+use crate::hidden_cache::{HiddenCache, STALE_TEMP_AGE, TOUCH_INTERVAL};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::fs::{self, File};
