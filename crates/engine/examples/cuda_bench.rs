@@ -19,7 +19,7 @@ use draftlens_engine::backend::cuda::bench::{
     copy_bandwidth, gemm_tflops, time_median, with_clock_samples,
 };
 use draftlens_engine::backend::cuda::{CudaBackend, GemmMode};
-use draftlens_engine::backend::{AttnShape, Backend, QkNorm};
+use draftlens_engine::backend::{AttnShape, Backend, QkNorm, SeqStarts};
 use draftlens_engine::drafter::random::{write_random_checkpoint, RandomDrafter};
 use draftlens_engine::drafter::{DFlashDrafter, DraftOptions};
 use draftlens_engine::model::random::{qwen3_8b_spec, RandomWeights};
@@ -193,7 +193,7 @@ fn main() -> Result<()> {
         head_dim: spec.head_dim,
     };
     let (seq, nseq) = (4096usize, 4usize);
-    let starts: Vec<usize> = (0..=nseq).map(|i| i * seq).collect();
+    let starts = SeqStarts::from_lengths(std::iter::repeat(seq).take(nseq));
     let n = seq * nseq;
     let flops = spec.prefill_flops_per_token(seq) * n as f64;
     let gemm_flops = 2.0 * (spec.layer_linear_params() * layers * n) as f64;
@@ -656,7 +656,7 @@ fn attention_ab(
         kv_heads: spec.num_kv_heads,
         head_dim: spec.head_dim,
     };
-    let starts: Vec<usize> = (0..=nseq).map(|i| i * seq).collect();
+    let starts = SeqStarts::from_lengths(std::iter::repeat(seq).take(nseq));
     let n = seq * nseq;
     let per = spec.prefill_flops_per_token(seq) * n as f64
         - 2.0 * (spec.layer_linear_params() * layers * n) as f64;
@@ -725,7 +725,7 @@ fn bench_target(
     let layers = spec.num_layers;
     let taps: Vec<usize> = vec![2, layers / 2, layers.saturating_sub(1).max(1)];
     let capture = Capture::hf_indices(taps, layers)?;
-    let starts: Vec<usize> = (0..=nseq).map(|i| i * seq).collect();
+    let starts = SeqStarts::from_lengths(std::iter::repeat(seq).take(nseq));
     let n = nseq * seq;
     let toks = ids(n, spec.vocab_size.min(150_000), 11);
     let flops = spec.prefill_flops_per_token(seq) * n as f64;

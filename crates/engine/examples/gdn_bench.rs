@@ -24,7 +24,7 @@ use draftlens_engine::backend::cuda::gdn::{
 use draftlens_engine::backend::cuda::CudaBackend;
 use draftlens_engine::backend::cuda::CudaTensor;
 use draftlens_engine::backend::gdn::{GdnProfile, GdnShape};
-use draftlens_engine::backend::{Backend, GdnParams};
+use draftlens_engine::backend::{Backend, GdnParams, SeqStarts};
 
 /// Qwen3.5 / 3.6-27B linear-attention sizes (config.json `linear_*` keys).
 const SHAPE: GdnShape = GdnShape {
@@ -87,7 +87,7 @@ fn main() -> Result<()> {
     }
     let hv = SHAPE.v_heads;
     let per = tokens / seqs;
-    let seq_starts: Vec<usize> = (0..=seqs).map(|i| i * per).collect();
+    let seq_starts = SeqStarts::from_lengths(std::iter::repeat(per).take(seqs));
     let t = per * seqs;
     let qkv = be.random_tensor(t, SHAPE.conv_dim(), 0.5, 0.2, 1)?;
     let a = be.random_tensor(t, hv, 1.0, 0.0, 2)?;
@@ -183,7 +183,7 @@ fn main() -> Result<()> {
         let mut st: Vec<CudaF32> = (0..batch)
             .map(|_| be.f32_from_host(&vec![0.01; SHAPE.state_len()]))
             .collect::<Result<_>>()?;
-        let starts: Vec<usize> = (0..=batch).collect();
+        let starts = SeqStarts::each_row(batch);
         let params = GdnParams::<CudaBackend> {
             a_log: &a_log,
             dt_bias: &dt_bias,
@@ -283,7 +283,7 @@ struct DeltaInputs<'a> {
     b: &'a CudaTensor,
     a_log: &'a CudaF32,
     dt_bias: &'a CudaF32,
-    seq_starts: &'a [usize],
+    seq_starts: &'a SeqStarts,
 }
 
 /// Phases in the order the delta rule launches them (`set_phase_timing`'s names).

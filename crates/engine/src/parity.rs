@@ -333,7 +333,7 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
                              tq: usize,
                              tk: usize,
                              mask: Option<&AttnMask>,
-                             varlen: Option<&[usize]>,
+                             varlen: Option<&crate::backend::SeqStarts>,
                              sd: u64|
          -> Result<()> {
             let q = rnd(tq * heads * hd, sd, 1.5);
@@ -393,7 +393,9 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
             400,
             400,
             None,
-            Some(&[0, 100, 101, 250, 400]),
+            Some(&crate::backend::SeqStarts::new(vec![
+                0, 100, 101, 250, 400,
+            ])?),
             seed + 23,
         )?;
         let anchors = vec![0usize, 5, 130, 199, 64, 77, 200];

@@ -9,7 +9,7 @@
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::cuda::CudaBackend;
-use draftlens_engine::backend::{AttnShape, Backend};
+use draftlens_engine::backend::{AttnShape, Backend, SeqStarts};
 use draftlens_engine::model::hybrid::{HybridSpec, LayerType};
 use draftlens_engine::model::random::{qwen3_5_27b_spec, RandomWeights};
 use draftlens_engine::model::{Capture, ModelSpec, TargetModel};
@@ -30,6 +30,9 @@ fn gpu() -> Option<CudaBackend> {
 /// a key tile (64), lengths that are no multiple of the tile, and query blocks (21 positions at
 /// GQA 6:1) that straddle sequence boundaries.
 const STARTS: [usize; 8] = [0, 1, 64, 65, 200, 329, 330, 733];
+fn starts() -> SeqStarts {
+    SeqStarts::new(STARTS.to_vec()).unwrap()
+}
 
 /// Qwen3.6-27B's gated attention: 24 query heads, 4 KV heads, head dim 256.
 const SHAPE: AttnShape = AttnShape {
@@ -85,7 +88,7 @@ fn cuda_fa2_hd256_matches_reference_and_first_kernel() {
     let want = {
         let up = |x: &[f32], c| cpu.from_host(x, t, c).unwrap();
         let o = cpu
-            .attention_varlen(&up(&q, qd), &up(&k, kvd), &up(&v, kvd), SHAPE, &STARTS)
+            .attention_varlen(&up(&q, qd), &up(&k, kvd), &up(&v, kvd), SHAPE, &starts())
             .unwrap();
         cpu.to_host(&o).unwrap()
     };
@@ -93,7 +96,7 @@ fn cuda_fa2_hd256_matches_reference_and_first_kernel() {
         gpu.set_attention_v1(v1);
         let up = |x: &[f32], c| gpu.from_host(x, t, c).unwrap();
         let o = gpu
-            .attention_varlen(&up(&q, qd), &up(&k, kvd), &up(&v, kvd), SHAPE, &STARTS)
+            .attention_varlen(&up(&q, qd), &up(&k, kvd), &up(&v, kvd), SHAPE, &starts())
             .unwrap();
         gpu.set_attention_v1(false);
         gpu.to_host(&o).unwrap()
@@ -108,7 +111,7 @@ fn cuda_fa2_hd256_matches_reference_and_first_kernel() {
     }
     let packed = {
         let x = gpu.from_host(&qkv, t, qd + 2 * kvd).unwrap();
-        let o = gpu.attention_varlen_packed(&x, SHAPE, &STARTS).unwrap();
+        let o = gpu.attention_varlen_packed(&x, SHAPE, &starts()).unwrap();
         gpu.to_host(&o).unwrap()
     };
     let checks = [

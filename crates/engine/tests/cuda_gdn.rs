@@ -22,7 +22,7 @@ use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::cuda::gdn::{ChunkKernel, ConvKernel, CudaF32};
 use draftlens_engine::backend::cuda::CudaBackend;
 use draftlens_engine::backend::gdn::{bf16_round, GdnProfile, GdnShape, HostF32};
-use draftlens_engine::backend::{Backend, GdnParams};
+use draftlens_engine::backend::{Backend, GdnParams, SeqStarts};
 
 fn gpu() -> Option<CudaBackend> {
     match CudaBackend::new(0) {
@@ -69,7 +69,7 @@ const SHAPE: GdnShape = GdnShape {
 
 /// One packed batch of delta-rule inputs (host values, bf16-exact).
 struct Batch {
-    seq_starts: Vec<usize>,
+    seq_starts: SeqStarts,
     qkv: Vec<f32>,
     a: Vec<f32>,
     b: Vec<f32>,
@@ -78,11 +78,8 @@ struct Batch {
 }
 
 fn batch(lens: &[usize], seed: u64) -> Batch {
-    let mut seq_starts = vec![0];
-    for l in lens {
-        seq_starts.push(seq_starts.last().unwrap() + l);
-    }
-    let t = *seq_starts.last().unwrap();
+    let seq_starts = SeqStarts::from_lengths(lens.iter().copied());
+    let t = seq_starts.rows();
     let hv = SHAPE.v_heads;
     Batch {
         seq_starts,
@@ -526,7 +523,7 @@ fn cuda_gdn_decode_steps_equal_prefill() {
     };
     // Prefill of the first 70 rows of each sequence.
     let pre_batch = Batch {
-        seq_starts: (0..=n).map(|i| i * pre).collect(),
+        seq_starts: SeqStarts::from_lengths(std::iter::repeat(pre).take(n)),
         qkv: (0..n)
             .flat_map(|s| rows(s, 0..pre, cd, &whole.qkv))
             .collect(),
@@ -543,7 +540,7 @@ fn cuda_gdn_decode_steps_equal_prefill() {
     }
     for i in pre..t {
         let step = Batch {
-            seq_starts: (0..=n).collect(),
+            seq_starts: SeqStarts::each_row(n),
             qkv: (0..n)
                 .flat_map(|s| rows(s, i..i + 1, cd, &whole.qkv))
                 .collect(),
@@ -570,7 +567,7 @@ fn cuda_gdn_decode_steps_equal_prefill() {
     assert!(es < 1e-4, "states rel {es}");
     // The decode steps themselves against the CPU's recurrent form.
     let last = Batch {
-        seq_starts: (0..=n).collect(),
+        seq_starts: SeqStarts::each_row(n),
         qkv: (0..n)
             .flat_map(|s| rows(s, t - 1..t, cd, &whole.qkv))
             .collect(),
@@ -625,10 +622,7 @@ fn cuda_conv1d_silu_matches_cpu_with_resets_and_states() {
     let (c, k) = (SHAPE.conv_dim(), 4usize);
     let lens = [1usize, 5, 70, 0, 3, 2];
     let t: usize = lens.iter().sum();
-    let mut seq_starts = vec![0];
-    for l in lens {
-        seq_starts.push(seq_starts.last().unwrap() + l);
-    }
+    let seq_starts = SeqStarts::from_lengths(lens);
     let x = rand(t * c, 60, -2.0, 2.0);
     let w = rand(c * k, 61, -0.6, 0.6);
     let init: Vec<Vec<f32>> = (0..lens.len())
@@ -816,7 +810,7 @@ fn cuda_gdn_other_head_dims_fall_back_to_the_host_reference() {
                 &cpu.from_host(&a, t, hv).unwrap(),
                 &cpu.from_host(&b, t, hv).unwrap(),
                 &p,
-                &[0, t],
+                &SeqStarts::one(t),
                 &mut [&mut st],
             )
             .unwrap();
@@ -839,7 +833,7 @@ fn cuda_gdn_other_head_dims_fall_back_to_the_host_reference() {
             &be.from_host(&a, t, hv).unwrap(),
             &be.from_host(&b, t, hv).unwrap(),
             &p,
-            &[0, t],
+            &SeqStarts::one(t),
             &mut [&mut st],
         )
         .and_then(|y| be.to_host(&y))
@@ -891,20 +885,20 @@ fn cuda_gdn_bad_shapes_are_clean_errors() {
     // A state of the wrong size.
     let mut st = be.f32_from_host(&[0.0; 10]).unwrap();
     let e = be
-        .gated_delta_rule(&qkv, &ab, &ab, &params, &[0, 5], &mut [&mut st])
+        .gated_delta_rule(&qkv, &ab, &ab, &params, &SeqStarts::one(5), &mut [&mut st])
         .err()
         .expect("wrong state size is refused");
     assert!(e.to_string().contains("state has 10 values"), "{e}");
     // Sequence starts that do not end at the row count.
     let mut st = be.f32_from_host(&vec![0.0; SHAPE.state_len()]).unwrap();
     let e = be
-        .gated_delta_rule(&qkv, &ab, &ab, &params, &[0, 4], &mut [&mut st])
+        .gated_delta_rule(&qkv, &ab, &ab, &params, &SeqStarts::one(4), &mut [&mut st])
         .err()
         .expect("bad seq_starts are refused");
     assert!(e.to_string().contains("sequence starts"), "{e}");
     // a with the wrong width.
     let e = be
-        .gated_delta_rule(&qkv, &qkv, &ab, &params, &[0, 5], &mut [&mut st])
+        .gated_delta_rule(&qkv, &qkv, &ab, &params, &SeqStarts::one(5), &mut [&mut st])
         .err()
         .expect("a of the wrong width is refused");
     assert!(e.to_string().contains("a is [5, 1280]"), "{e}");

@@ -7,7 +7,7 @@
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::cuda::{compile_kernels_offline, CudaBackend};
 use draftlens_engine::backend::{
-    AttnMask, AttnShape, Backend, BackendError, HostRows, HostRowsRef,
+    AttnMask, AttnShape, Backend, BackendError, HostRows, HostRowsRef, SeqStarts,
 };
 use draftlens_engine::drafter::random::{write_random_checkpoint, RandomDrafter};
 use draftlens_engine::drafter::{DFlashDrafter, DraftOptions};
@@ -390,6 +390,9 @@ struct FusedInputs {
 
 const FUSED_T: usize = 230;
 const FUSED_STARTS: [usize; 4] = [0, 100, 101, 230];
+fn fused_starts() -> SeqStarts {
+    SeqStarts::new(FUSED_STARTS.to_vec()).unwrap()
+}
 
 fn bf16_random(n: usize, seed: u64, scale: f32, offset: f32) -> Vec<f32> {
     let mut v: Vec<f32> = host_random(n, seed)
@@ -443,7 +446,7 @@ fn fused_trait_ops<B: Backend>(be: &B, i: &FusedInputs, shape: AttnShape) -> Vec
             eps: 1e-6,
         });
         let a = be
-            .attention_varlen_qkv(qkv, shape, norm, &positions, &rope, &FUSED_STARTS)
+            .attention_varlen_qkv(qkv, shape, norm, &positions, &rope, &fused_starts())
             .unwrap();
         out.push(be.to_host(&a).unwrap());
     }
@@ -568,7 +571,14 @@ fn cuda_q_norm_inside_flash_attention_matches_the_separate_pass_bit_for_bit() {
                 eps: 1e-6,
             };
             let o = gpu
-                .attention_varlen_qkv(x, shape, Some(norm), &positions, &rope, &starts)
+                .attention_varlen_qkv(
+                    x,
+                    shape,
+                    Some(norm),
+                    &positions,
+                    &rope,
+                    &SeqStarts::new(starts.to_vec()).unwrap(),
+                )
                 .unwrap();
             gpu.to_host(&o).unwrap()
         };
@@ -681,7 +691,7 @@ fn cuda_fused_trait_ops_match_cpu() {
             norm(),
             &positions,
             &rope,
-            &FUSED_STARTS,
+            &fused_starts(),
         )
         .unwrap();
         let d = diff(&gpu.to_host(&unfused).unwrap(), &b[names.len() - 2]);

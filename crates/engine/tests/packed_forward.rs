@@ -177,8 +177,8 @@ fn bad_seq_starts_are_clear_errors() {
     let capture = Capture::none();
     for (starts, why) in [
         (vec![1, 5, 12], "must begin at 0"),
-        (vec![0, 5, 11], "must end at the token count 12"),
-        (vec![0, 5, 13], "must end at the token count 12"),
+        (vec![0, 5, 11], "must end at the row count 12"),
+        (vec![0, 5, 13], "must end at the row count 12"),
         (vec![0, 8, 5, 12], "must strictly increase"),
         (vec![0, 5, 5, 12], "must strictly increase"),
         (vec![0], "hold no sequence"),

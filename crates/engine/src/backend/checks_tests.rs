@@ -154,8 +154,14 @@ fn bad_shapes_are_refused_above_the_backend_with_one_message_each() {
         "attention: k has 5 rows, v has 4"
     );
     assert_eq!(
-        message(be.attention_varlen(&Dims(3, 8), &Dims(3, 4), &Dims(3, 4), shape, &[0, 2])),
-        "attention_varlen: sequence starts must increase from 0 to 3"
+        message(be.attention_varlen(
+            &Dims(3, 8),
+            &Dims(3, 4),
+            &Dims(3, 4),
+            shape,
+            &SeqStarts::one(2)
+        )),
+        "attention_varlen: sequence starts [0, 2] must end at the row count 3"
     );
     assert_eq!(
         message(be.lm_head_topk(&x, &Dims(10, 4), 1)),

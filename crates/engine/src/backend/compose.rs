@@ -1,7 +1,7 @@
 //! The unfused compositions that are [`Backend`] defaults and the fallbacks of backends whose
 //! fused paths do not cover a shape: written once in terms of the trait's other ops.
 
-use super::{AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope};
+use super::{AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope, SeqStarts};
 use anyhow::{ensure, Result};
 
 /// [`Backend::attention_varlen_qkv`] as separate ops: [`split_norm_rope`], then
@@ -14,7 +14,7 @@ pub fn attention_varlen_qkv_unfused<B: Backend + ?Sized>(
     qk_norm: Option<QkNorm<'_, B::Tensor>>,
     positions: &[u32],
     rope: &Rope,
-    seq_starts: &[usize],
+    seq_starts: &SeqStarts,
 ) -> Result<B::Tensor> {
     let (q, k, v) = split_norm_rope(be, qkv, shape, qk_norm, positions, rope)?;
     be.attention_varlen(&q, &k, &v, shape, seq_starts)

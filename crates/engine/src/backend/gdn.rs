@@ -122,28 +122,6 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
-/// `seq_starts` runs from 0 to `rows` without decreasing, one entry more than `n_states`.
-pub fn check_seq_starts(
-    what: &str,
-    seq_starts: &[usize],
-    rows: usize,
-    n_states: usize,
-) -> Result<()> {
-    ensure!(
-        seq_starts.len() >= 2
-            && seq_starts.first() == Some(&0)
-            && seq_starts.last() == Some(&rows)
-            && seq_starts.windows(2).all(|w| w[0] <= w[1]),
-        "{what}: sequence starts {seq_starts:?} must increase from 0 to {rows}"
-    );
-    ensure!(
-        n_states == seq_starts.len() - 1,
-        "{what}: {n_states} states for {} sequences",
-        seq_starts.len() - 1
-    );
-    Ok(())
-}
-
 /// Zero-centred RMSNorm (`Qwen3_5RMSNorm`): over consecutive groups of `group` columns,
 /// `y = (x · rsqrt(mean(x²) + eps)) · (1 + w)` with `1 + w` formed in f32, as transformers does
 /// (`output * (1.0 + self.weight.float())`). `x` `[rows, cols]`, `w` `[group]`.

@@ -1,6 +1,7 @@
 //! Tests of the hybrid reference maths (`super`): both delta-rule forms against an f64
 //! evaluation of the definition, state carrying, the engine profile, and the trait ops' errors.
 use super::*;
+use crate::backend::SeqStarts;
 
 fn rand(seed: u32, n: usize) -> Vec<f32> {
     crate::util::host_random(n, seed as u64)
@@ -272,7 +273,7 @@ fn the_trait_ops_refuse_bad_shapes_with_errors() {
             &t(3, ac),
             &t(3, bc),
             &params(shape),
-            &starts,
+            &SeqStarts::new(starts).unwrap(),
             &mut [st],
         );
         let e = err(r);
@@ -280,9 +281,14 @@ fn the_trait_ops_refuse_bad_shapes_with_errors() {
     }
     let w = t(cd, 4);
     let mut bad_state = t(2, cd);
-    let e = err(be.causal_conv1d_silu(&t(3, cd), &w, &[0, 3], &mut [&mut bad_state]));
+    let e = err(be.causal_conv1d_silu(&t(3, cd), &w, &SeqStarts::one(3), &mut [&mut bad_state]));
     assert!(e.contains("state is"), "{e}");
-    let e = err(be.causal_conv1d_silu(&t(3, cd), &t(cd, 0), &[0, 3], &mut [&mut t(3, cd)]));
+    let e = err(be.causal_conv1d_silu(
+        &t(3, cd),
+        &t(cd, 0),
+        &SeqStarts::one(3),
+        &mut [&mut t(3, cd)],
+    ));
     assert!(e.contains("weight is"), "{e}");
     let e = err(be.gated_rms_norm(&t(3, 8), &t(3, 6), &t(1, 4), 1e-6, 4));
     assert!(e.contains("z is"), "{e}");

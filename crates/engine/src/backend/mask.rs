@@ -7,6 +7,7 @@
 //! as `[lo1, hi1, lo2, hi2]` quadruples). The tests below check the intervals against the
 //! definition, key by key.
 
+use super::SeqStarts;
 use anyhow::{ensure, Result};
 use std::ops::Range;
 
@@ -136,24 +137,13 @@ impl AttnMask {
 
 /// Causal attention over sequences packed row-wise (`seq_starts` runs from 0 to `rows`): a row
 /// sees the rows of its own sequence at or before itself.
-pub fn varlen_key_intervals(seq_starts: &[usize], rows: usize) -> Result<Vec<KeyIntervals>> {
-    check_seq_starts(seq_starts, rows)?;
+pub fn varlen_key_intervals(seq_starts: &SeqStarts, rows: usize) -> Result<Vec<KeyIntervals>> {
+    seq_starts.check_rows("attention_varlen", rows)?;
     let mut r = Vec::with_capacity(rows);
     for w in seq_starts.windows(2) {
         r.extend((w[0]..w[1]).map(|i| KeyIntervals::new(w[0]..i + 1, 0..0)));
     }
     Ok(r)
-}
-
-/// `seq_starts` of a packed attention over `rows` rows: non-decreasing from 0 to `rows`.
-pub fn check_seq_starts(seq_starts: &[usize], rows: usize) -> Result<()> {
-    ensure!(
-        seq_starts.first() == Some(&0)
-            && seq_starts.last() == Some(&rows)
-            && seq_starts.windows(2).all(|w| w[0] <= w[1]),
-        "attention_varlen: sequence starts must increase from 0 to {rows}"
-    );
-    Ok(())
 }
 
 #[cfg(test)]
@@ -248,7 +238,7 @@ mod tests {
                 }
             }
         }
-        let starts = [0, 3, 3, 7, 8];
+        let starts = SeqStarts::new(vec![0, 3, 3, 7, 8]).unwrap();
         let iv = varlen_key_intervals(&starts, 8).unwrap();
         let seq = |r: usize| {
             starts
@@ -292,8 +282,11 @@ mod tests {
             m(3).key_intervals(6, 9).unwrap_err().to_string(),
             "attention: 9 keys, expected 4 context + 6 block rows"
         );
-        for bad in [&[0, 2][..], &[1, 3], &[0, 2, 1, 3], &[]] {
-            assert!(varlen_key_intervals(bad, 3).is_err(), "{bad:?}");
+        // Starts that end before the rows; starts that are no layout at all.
+        let short = SeqStarts::new(vec![0, 2]).unwrap();
+        assert!(varlen_key_intervals(&short, 3).is_err());
+        for bad in [vec![1, 3], vec![0, 2, 1, 3], vec![]] {
+            assert!(SeqStarts::new(bad.clone()).is_err(), "{bad:?}");
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod mask;
 pub mod memory;
 pub mod raw;
 mod select;
+mod seq_starts;
 mod types;
 
 pub use compose::{
@@ -32,6 +33,7 @@ pub use gdn::{GdnLayerHost, GdnProfile, GdnShape, HostF32};
 pub use host_rows::{HostRows, HostRowsRef};
 pub use mask::{varlen_key_intervals, AttnMask, KeyIntervals};
 pub use select::{cuda_availability, dispatch, BackendJob, BackendKind, DEFAULT_CUDA_DEVICE};
+pub use seq_starts::SeqStarts;
 pub use types::{AttnShape, BackendError, GdnParams, KvSlot, QkNorm, Rope, RopeStyle, TopK};
 
 use anyhow::{anyhow, ensure, Result};
@@ -226,7 +228,7 @@ pub trait Backend: Send + Sync + 'static {
         k: &Self::Tensor,
         v: &Self::Tensor,
         shape: AttnShape,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
     ) -> Result<Self::Tensor> {
         shape.check(self.dims(q), self.dims(k), self.dims(v))?;
         let (rows, krows) = (self.dims(q).0, self.dims(k).0);
@@ -234,7 +236,7 @@ pub trait Backend: Send + Sync + 'static {
             rows == krows,
             "attention_varlen: q has {rows} rows, k/v {krows}"
         );
-        mask::check_seq_starts(seq_starts, rows)?;
+        seq_starts.check_rows("attention_varlen", rows)?;
         self.attention_varlen_impl(q, k, v, shape, seq_starts)
     }
     /// Packed-prefill attention of a fused QKV projection output `[T, (H + 2·Hkv)·hd]` (q | k | v
@@ -253,7 +255,7 @@ pub trait Backend: Send + Sync + 'static {
         qk_norm: Option<QkNorm<'_, Self::Tensor>>,
         positions: &[u32],
         rope: &Rope,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
     ) -> Result<Self::Tensor> {
         attention_varlen_qkv_unfused(self, qkv, shape, qk_norm, positions, rope, seq_starts)
     }
@@ -457,7 +459,7 @@ pub trait Backend: Send + Sync + 'static {
         k: &Self::Tensor,
         v: &Self::Tensor,
         shape: AttnShape,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
     ) -> Result<Self::Tensor> {
         let mut parts = Vec::with_capacity(seq_starts.len());
         for w in seq_starts.windows(2) {
@@ -606,7 +608,7 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         x: &Self::Tensor,
         weight: &Self::Tensor,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
         states: &mut [&mut Self::Tensor],
     ) -> Result<Self::Tensor> {
         let (rows, c) = self.dims(x);
@@ -615,7 +617,7 @@ pub trait Backend: Send + Sync + 'static {
             wc == c && k >= 1,
             "causal_conv1d: weight is [{wc}, {k}] for {c} channels"
         );
-        gdn::check_seq_starts("causal_conv1d", seq_starts, rows, states.len())?;
+        seq_starts.check_rows_and_states("causal_conv1d", rows, states.len())?;
         for st in states.iter() {
             ensure!(
                 self.dims(st) == (k - 1, c),
@@ -649,7 +651,7 @@ pub trait Backend: Send + Sync + 'static {
         a: &Self::Tensor,
         b: &Self::Tensor,
         params: &GdnParams<'_, Self>,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
         states: &mut [&mut Self::F32Buf],
     ) -> Result<Self::Tensor> {
         let shape = params.shape;
@@ -667,7 +669,7 @@ pub trait Backend: Send + Sync + 'static {
             self.dims(a),
             self.dims(b)
         );
-        gdn::check_seq_starts("gated_delta_rule", seq_starts, rows, states.len())?;
+        seq_starts.check_rows_and_states("gated_delta_rule", rows, states.len())?;
         let (a_log, dt_bias) = (
             self.f32_to_host(params.a_log)?,
             self.f32_to_host(params.dt_bias)?,
@@ -748,7 +750,7 @@ pub(crate) fn host_causal_conv1d_silu<B: Backend + ?Sized>(
     be: &B,
     x: &B::Tensor,
     weight: &B::Tensor,
-    seq_starts: &[usize],
+    seq_starts: &SeqStarts,
     states: &mut [&mut B::Tensor],
 ) -> Result<B::Tensor> {
     let ((rows, c), (_, k)) = (be.dims(x), be.dims(weight));

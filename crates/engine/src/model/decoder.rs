@@ -2,12 +2,12 @@
 //! hybrids) or a Gated DeltaNet (hybrid models' `linear_attention` layers), with the cached,
 //! batched-decode and packed forwards.
 
-use super::kv_cache::LayerCache;
 use super::config::ModelSpec;
 use super::gdn::{GdnMixer, GdnState};
 use super::hybrid::LayerType;
+use super::kv_cache::LayerCache;
 use super::transformer::{Attention, Mlp, RmsNorm};
-use crate::backend::Backend;
+use crate::backend::{Backend, SeqStarts};
 use crate::formats::WeightSource;
 use anyhow::Result;
 
@@ -89,7 +89,13 @@ impl<B: Backend> DecoderLayer<B> {
             Mixer::Attention(a) => a.forward(be, x, start, cache, h),
             Mixer::Gdn(g) => {
                 let rows = be.dims(x).0;
-                g.forward(be, x, &[0, rows], &mut [gdn_state(be, g, cache)?], h)
+                g.forward(
+                    be,
+                    x,
+                    &SeqStarts::one(rows),
+                    &mut [gdn_state(be, g, cache)?],
+                    h,
+                )
             }
         })
     }
@@ -106,7 +112,7 @@ impl<B: Backend> DecoderLayer<B> {
         self.forward_with(be, h, |x, h| match &self.mixer {
             Mixer::Attention(a) => a.forward_decode(be, x, caches, starts, h),
             Mixer::Gdn(g) => {
-                let seq_starts: Vec<usize> = (0..=caches.len()).collect();
+                let seq_starts = SeqStarts::each_row(caches.len());
                 let mut states = caches
                     .iter_mut()
                     .map(|c| gdn_state(be, g, c))
@@ -123,12 +129,12 @@ impl<B: Backend> DecoderLayer<B> {
         be: &B,
         h: &mut B::Tensor,
         positions: &[u32],
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
     ) -> Result<()> {
         self.forward_with(be, h, |x, h| match &self.mixer {
             Mixer::Attention(a) => a.forward_packed(be, x, positions, seq_starts, h),
             Mixer::Gdn(g) => {
-                let mut fresh = (1..seq_starts.len())
+                let mut fresh = (0..seq_starts.count())
                     .map(|_| g.zero_state(be))
                     .collect::<Result<Vec<_>>>()?;
                 let mut states: Vec<&mut GdnState<B>> = fresh.iter_mut().collect();

@@ -15,7 +15,7 @@
 
 use super::hybrid::HybridSpec;
 use super::transformer::load_stacked_matrix;
-use crate::backend::{Backend, GdnParams, GdnProfile, GdnShape};
+use crate::backend::{Backend, GdnParams, GdnProfile, GdnShape, SeqStarts};
 use crate::formats::WeightSource;
 use anyhow::{bail, Result};
 
@@ -151,7 +151,7 @@ impl<B: Backend> GdnMixer<B> {
         &self,
         be: &B,
         x: &B::Tensor,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
         states: &mut [&mut GdnState<B>],
         h: &mut B::Tensor,
     ) -> Result<()> {

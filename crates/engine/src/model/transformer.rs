@@ -9,13 +9,13 @@
 //! docs/hybrid-models.md) use zero-centred RMSNorms, a sigmoid output gate on attention, partial
 //! RoPE, and a Gated DeltaNet ([`super::gdn`]) instead of attention in most layers.
 
-pub use super::kv_cache::KvCache;
-use super::kv_cache::LayerCache;
 use super::capture::{Capture, Captured};
 use super::config::ModelSpec;
 pub use super::decoder::{DecoderLayer, Mixer};
+pub use super::kv_cache::KvCache;
+use super::kv_cache::LayerCache;
 use crate::backend::raw::RawPart;
-use crate::backend::{AttnShape, Backend, GdnProfile, KvSlot, QkNorm, Rope, TopK};
+use crate::backend::{AttnShape, Backend, GdnProfile, KvSlot, QkNorm, Rope, SeqStarts, TopK};
 use crate::formats::WeightSource;
 use anyhow::{bail, Context, Result};
 
@@ -464,7 +464,7 @@ impl<B: Backend> Attention<B> {
         be: &B,
         x: &B::Tensor,
         positions: &[u32],
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
         h: &mut B::Tensor,
     ) -> Result<()> {
         if self.gate_proj.is_some() {
@@ -583,9 +583,7 @@ impl<B: Backend> TargetModel<B> {
 
     /// Whether some layer is a Gated DeltaNet (its cache holds a recurrent state).
     pub fn is_hybrid(&self) -> bool {
-        self.layers
-            .iter()
-            .any(|l| matches!(l.mixer, Mixer::Gdn(_)))
+        self.layers.iter().any(|l| matches!(l.mixer, Mixer::Gdn(_)))
     }
 
     /// The numeric profile of every Gated DeltaNet layer's core (default
@@ -690,11 +688,12 @@ impl<B: Backend> TargetModel<B> {
         seq_starts: &[usize],
         capture: &Capture,
     ) -> Result<ForwardOutput<B>> {
-        check_seq_starts(seq_starts, ids.len())?;
+        let seq_starts = &SeqStarts::non_empty(seq_starts.to_vec()).context("packed forward")?;
+        seq_starts.check_rows("packed forward", ids.len())?;
         let limit = self.spec.max_position_embeddings;
         let mut positions = Vec::with_capacity(ids.len());
-        for (n, w) in seq_starts.windows(2).enumerate() {
-            let len = w[1] - w[0];
+        for (n, rows) in seq_starts.ranges().enumerate() {
+            let len = rows.len();
             if len > limit {
                 bail!("packed sequence {n} of {len} tokens exceeds the model's max_position_embeddings {limit}");
             }
@@ -738,25 +737,4 @@ impl<B: Backend> TargetModel<B> {
     pub fn logits_topk(&self, be: &B, hidden: &B::Tensor, k: usize) -> Result<TopK> {
         be.lm_head_topk(hidden, self.head(), k)
     }
-}
-
-/// `seq_starts` must run from 0 to `rows` and strictly increase (every sequence non-empty).
-fn check_seq_starts(seq_starts: &[usize], rows: usize) -> Result<()> {
-    if seq_starts.len() < 2 {
-        bail!("packed forward: sequence starts {seq_starts:?} hold no sequence (need at least [0, len])");
-    }
-    if seq_starts.first() != Some(&0) {
-        bail!("packed forward: sequence starts {seq_starts:?} must begin at 0");
-    }
-    if seq_starts.last() != Some(&rows) {
-        bail!("packed forward: sequence starts {seq_starts:?} must end at the token count {rows}");
-    }
-    if let Some(w) = seq_starts.windows(2).find(|w| w[0] >= w[1]) {
-        bail!(
-            "packed forward: sequence starts {seq_starts:?} must strictly increase (found {} then {}; every sequence needs at least one token)",
-            w[0],
-            w[1]
-        );
-    }
-    Ok(())
 }

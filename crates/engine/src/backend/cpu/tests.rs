@@ -1,6 +1,7 @@
 //! Tests of the CPU reference backend against naive definitions.
 
 use super::*;
+use crate::backend::SeqStarts;
 
 /// Deterministic pseudo-random values in [-1, 1).
 pub(super) fn t(rows: usize, cols: usize, seed: u32) -> CpuTensor {
@@ -331,14 +332,23 @@ fn fused_trait_ops_equal_their_unfused_compositions() {
         };
         be.rope_inplace(&mut q, &pos, &rope).unwrap();
         be.rope_inplace(&mut k, &pos, &rope).unwrap();
-        let want = be.attention_varlen(&q, &k, &v, shape, &starts).unwrap();
+        let want = be
+            .attention_varlen(&q, &k, &v, shape, &SeqStarts::new(starts.to_vec()).unwrap())
+            .unwrap();
         let norm = with_norm.then_some(crate::backend::QkNorm {
             q: &qn,
             k: &kn,
             eps: 1e-6,
         });
         let got = be
-            .attention_varlen_qkv(qkv.clone(), shape, norm, &pos, &rope, &starts)
+            .attention_varlen_qkv(
+                qkv.clone(),
+                shape,
+                norm,
+                &pos,
+                &rope,
+                &SeqStarts::new(starts.to_vec()).unwrap(),
+            )
             .unwrap();
         assert_eq!(got, want, "with_norm = {with_norm}");
     }

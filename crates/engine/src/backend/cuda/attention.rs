@@ -4,7 +4,7 @@
 use super::elementwise::QkHeads;
 use super::mask::MaskKey;
 use super::{derr, CudaBackend, CudaTensor};
-use crate::backend::{AttnShape, QkNorm, Rope, RopeStyle};
+use crate::backend::{AttnShape, QkNorm, Rope, RopeStyle, SeqStarts};
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -91,7 +91,7 @@ impl CudaBackend {
         &self,
         qkv: &CudaTensor,
         shape: AttnShape,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
     ) -> Result<CudaTensor> {
         let hd = shape.head_dim;
         Self::check_qkv_cols("attention_varlen_packed", qkv, shape)?;
@@ -100,7 +100,7 @@ impl CudaBackend {
             "attention_varlen_packed: needs flash_attention2 (head_dim 64, 128 or 256), got {hd}"
         );
         let io = self.packed_io(qkv, shape, FaQNormArgs::default());
-        self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.to_vec()))
+        self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.clone()))
     }
 
     /// q, k and v of a packed prefill as the q | k | v columns of the fused QKV output.
@@ -162,7 +162,7 @@ impl CudaBackend {
         norm: QkNorm<'_, CudaTensor>,
         positions: &[u32],
         rope: &Rope,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
     ) -> Result<CudaTensor> {
         Self::check_qk_norm_rope(&qkv, shape, &norm, positions, rope)?;
         let q_norm = FaQNormArgs {
@@ -176,7 +176,7 @@ impl CudaBackend {
             let k_only = QkHeads::KOnly { cs };
             self.qk_norm_rope_launch(&mut qkv, shape, norm, positions, rope, k_only)?;
             let io = self.packed_io(&qkv, shape, FaQNormArgs { cs, ..q_norm });
-            self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.to_vec()))
+            self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.clone()))
         })
     }
 

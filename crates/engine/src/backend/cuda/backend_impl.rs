@@ -8,7 +8,7 @@ use super::memory::Cols;
 use super::{blocks, decode, derr, gdn, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
 use crate::backend::{
     attention_decode_qkv_unfused, attention_varlen_qkv_unfused, host_rows, AttnMask, AttnShape,
-    Backend, HostRows, KvSlot, QkNorm, Rope, RopeStyle, TopK,
+    Backend, HostRows, KvSlot, QkNorm, Rope, RopeStyle, SeqStarts, TopK,
 };
 use anyhow::{bail, ensure, Result};
 use cudarc::cublas::sys as blas_sys;
@@ -202,9 +202,9 @@ impl Backend for CudaBackend {
         k: &CudaTensor,
         v: &CudaTensor,
         shape: AttnShape,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
     ) -> Result<CudaTensor> {
-        self.attention_with((q, k, v), shape, MaskKey::Varlen(seq_starts.to_vec()))
+        self.attention_with((q, k, v), shape, MaskKey::Varlen(seq_starts.clone()))
     }
 
     /// Fused path when the model has q/k norms and flash_attention2 covers the head dim (64,
@@ -220,7 +220,7 @@ impl Backend for CudaBackend {
         qk_norm: Option<QkNorm<'_, CudaTensor>>,
         positions: &[u32],
         rope: &Rope,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
     ) -> Result<CudaTensor> {
         let fused_attention = self.uses_fa2(shape.head_dim);
         match qk_norm {
@@ -517,7 +517,7 @@ impl Backend for CudaBackend {
         &self,
         x: &CudaTensor,
         weight: &CudaTensor,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
         states: &mut [&mut CudaTensor],
     ) -> Result<CudaTensor> {
         self.causal_conv1d_silu_with(x, weight, seq_starts, states, gdn::ConvKernel::Rows)
@@ -528,7 +528,7 @@ impl Backend for CudaBackend {
         a: &CudaTensor,
         b: &CudaTensor,
         params: &crate::backend::GdnParams<'_, Self>,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
         states: &mut [&mut gdn::CudaF32],
     ) -> Result<CudaTensor> {
         gdn::gated_delta_rule(self, qkv, a, b, params, seq_starts, states)

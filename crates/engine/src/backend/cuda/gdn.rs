@@ -21,8 +21,8 @@
 //! not 32..256 columns in steps of 32, convs of more than 9 taps.
 
 use super::{blocks, derr, CudaBackend, CudaTensor};
-use crate::backend::gdn::{self as reference, check_seq_starts, GdnShape};
-use crate::backend::{Backend, GdnParams};
+use crate::backend::gdn::{self as reference, GdnShape};
+use crate::backend::{Backend, GdnParams, SeqStarts};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -72,7 +72,7 @@ impl CudaF32 {
 const CHUNK: usize = 64;
 
 /// (start, end) row pairs of the selected sequences, as the kernels read them.
-fn row_pairs(seq_starts: &[usize], which: &[usize]) -> Vec<i64> {
+fn row_pairs(seq_starts: &SeqStarts, which: &[usize]) -> Vec<i64> {
     which
         .iter()
         .flat_map(|&i| [seq_starts[i] as i64, seq_starts[i + 1] as i64])
@@ -102,7 +102,7 @@ struct DeltaInputs<'a> {
     /// The gates g and β, f32 `[T, Hv]`.
     gates: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
     /// Row boundaries of every sequence of the call, and the sequences this group covers.
-    seq_starts: &'a [usize],
+    seq_starts: &'a SeqStarts,
     which: &'a [usize],
     /// The uploaded (start, end) row pairs and state pointers of `which`.
     per_seq: (&'a CudaSlice<i64>, &'a CudaSlice<u64>),
@@ -321,7 +321,7 @@ impl CudaBackend {
         &self,
         (qkv, a, b): (&CudaTensor, &CudaTensor, &CudaTensor),
         params: &GdnParams<'_, Self>,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
         states: &mut [&mut CudaF32],
         kernel: ChunkKernel,
     ) -> Result<CudaTensor> {
@@ -348,7 +348,7 @@ impl CudaBackend {
             params.a_log.len,
             params.dt_bias.len
         );
-        check_seq_starts("gated_delta_rule", seq_starts, rows, states.len())?;
+        seq_starts.check_rows_and_states("gated_delta_rule", rows, states.len())?;
         for st in states.iter() {
             ensure!(
                 st.len == shape.state_len(),
@@ -491,7 +491,7 @@ impl CudaBackend {
         // SAFETY: (const bf16* q, k, v, ll, ll, const float* g, beta, const ll* rows,
         // bf16* out, const u64* states, int, int, float); q/k/v address columns of qkv
         // ([rows, conv_dim], checked), every state holds Hv·128·128 f32 (checked), out holds
-        // rows·Hv·128; the row pairs lie inside 0..rows (check_seq_starts).
+        // rows·Hv·128; the row pairs lie inside 0..rows (SeqStarts::check_rows).
         unsafe {
             lb.launch(LaunchConfig {
                 grid_dim: grid,
@@ -513,7 +513,7 @@ impl CudaBackend {
         a: &CudaTensor,
         b: &CudaTensor,
         params: &GdnParams<'_, Self>,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
         states: &mut [&mut CudaF32],
     ) -> Result<CudaTensor> {
         let shape = params.shape;
@@ -556,7 +556,7 @@ pub(super) fn gated_delta_rule(
     a: &CudaTensor,
     b: &CudaTensor,
     params: &GdnParams<'_, CudaBackend>,
-    seq_starts: &[usize],
+    seq_starts: &SeqStarts,
     states: &mut [&mut CudaF32],
 ) -> Result<CudaTensor> {
     let kernel = ChunkKernel::for_profile(params.profile);

@@ -2,7 +2,7 @@
 //! `[lo1, hi1, lo2, hi2]` of [`crate::backend::KeyIntervals`] (the masks' one interpretation,
 //! `backend/mask.rs`), flattened to i32.
 
-use crate::backend::{varlen_key_intervals, AttnMask, KeyIntervals};
+use crate::backend::{varlen_key_intervals, AttnMask, KeyIntervals, SeqStarts};
 use anyhow::Result;
 
 /// The mask of one attention call; also the key of the uploaded-mask cache (a new upload happens
@@ -12,7 +12,7 @@ pub(super) enum MaskKey {
     /// A [`Backend::attention`](crate::backend::Backend::attention) mask over (queries, keys).
     Mask(AttnMask, usize, usize),
     /// Packed causal sequences starting at these rows.
-    Varlen(Vec<usize>),
+    Varlen(SeqStarts),
 }
 
 impl MaskKey {

@@ -4,7 +4,7 @@
 
 use super::{row_pairs, MAX_CONV_HIST};
 use crate::backend::cuda::{blocks, derr, CudaBackend, CudaTensor};
-use crate::backend::gdn::check_seq_starts;
+use crate::backend::SeqStarts;
 use anyhow::{ensure, Result};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -55,7 +55,7 @@ impl CudaBackend {
         &self,
         x: &CudaTensor,
         weight: &CudaTensor,
-        seq_starts: &[usize],
+        seq_starts: &SeqStarts,
         states: &mut [&mut CudaTensor],
         kernel: ConvKernel,
     ) -> Result<CudaTensor> {
@@ -65,7 +65,7 @@ impl CudaBackend {
             wc == c && k >= 1,
             "causal_conv1d: weight is [{wc}, {k}] for {c} channels"
         );
-        check_seq_starts("causal_conv1d", seq_starts, rows, states.len())?;
+        seq_starts.check_rows_and_states("causal_conv1d", rows, states.len())?;
         for st in states.iter() {
             ensure!(
                 (st.rows, st.cols) == (k - 1, c),
