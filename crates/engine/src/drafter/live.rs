@@ -8,6 +8,11 @@
 //! crop the cache to a+A+1; append the verify pass's taps of positions a..a+A to the drafter
 //! context. Tokens counted per round = tokens committed (the bonus is not counted when the
 //! budget or an EOS ends the sequence first), the same convention as [`draftlens_results::metrics::replay`].
+//!
+//! Lossless holds exactly where the verify pass over B tokens computes each row with the bits of
+//! the one-token decode step (the f32 CPU backend). In low precision the two computations may
+//! round a near-tie between two logits differently, and the outputs part there:
+//! [`first_divergence`] says where, which two tokens, and by how much the target preferred one.
 
 use super::model::{DFlashDrafter, DraftOptions};
 use crate::backend::{Backend, HostRows};
@@ -131,3 +136,89 @@ pub fn live_decode<B: Backend>(
     }
     Ok(res)
 }
+
+/// Where a live output first departs from plain greedy decoding, and how close the target's
+/// call between the two tokens was there.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Divergence {
+    /// Index into the generated tokens (0 = the first token after the prompt) of the first
+    /// token where the two outputs differ; the tokens before it are the same.
+    pub position: usize,
+    /// The token live decoding produced there; `None` where the live output ended first.
+    pub live_token: Option<u32>,
+    /// The token plain greedy decoding produced there; `None` where it ended first.
+    pub greedy_token: Option<u32>,
+    /// `logit(live_token) − logit(greedy_token)` of the target's next-token row after the prompt
+    /// and the shared tokens, from one more forward over them on the same backend (summed in
+    /// f64 over the backend's final hidden state and LM-head rows): near zero is a near-tie that
+    /// two computations may round either way; positive means this pass, like the verify pass,
+    /// prefers the live token. `None` where one output ended first.
+    pub logit_margin: Option<f32>,
+}
+
+/// The first place where `live` (the ids [`live_decode`] gave for `prompt`) and `greedy` (plain
+/// greedy decoding of the same prompt and budget) differ, with the target's logit margin there;
+/// `None` when they are the same.
+pub fn first_divergence<B: Backend>(
+    be: &B,
+    target: &TargetModel<B>,
+    prompt: &[u32],
+    live: &[u32],
+    greedy: &[u32],
+) -> Result<Option<Divergence>> {
+    let Some(position) = live
+        .iter()
+        .zip(greedy)
+        .position(|(l, g)| l != g)
+        .or_else(|| (live.len() != greedy.len()).then(|| live.len().min(greedy.len())))
+    else {
+        return Ok(None);
+    };
+    let (live_token, greedy_token) = (live.get(position).copied(), greedy.get(position).copied());
+    let logit_margin = match (live_token, greedy_token) {
+        (Some(l), Some(g)) => {
+            let mut context = prompt.to_vec();
+            context.extend_from_slice(&live[..position]);
+            let [ll, lg] = next_token_logits(be, target, &context, [l, g])?;
+            Some((ll - lg) as f32)
+        }
+        _ => None,
+    };
+    Ok(Some(Divergence {
+        position,
+        live_token,
+        greedy_token,
+        logit_margin,
+    }))
+}
+
+/// The target's logits of `tokens` as the token after `context`: one forward over `context`,
+/// then the dot products of its last final-norm row with those tokens' LM-head rows (read with
+/// [`Backend::embed`], which gathers rows of any `[vocab, dim]` matrix), so no op beyond the
+/// ones every backend has is needed and the full vocabulary's logits never leave the device.
+fn next_token_logits<B: Backend, const N: usize>(
+    be: &B,
+    target: &TargetModel<B>,
+    context: &[u32],
+    tokens: [u32; N],
+) -> Result<[f64; N]> {
+    let n = context.len();
+    if n == 0 {
+        bail!("empty prompt");
+    }
+    let out = target.forward(be, context, &mut target.new_cache(), &Capture::none())?;
+    let hidden = be.to_host(&be.slice_rows(&out.last_hidden, n - 1, n)?)?;
+    let rows = be.to_host(&be.embed(target.head(), &tokens)?)?;
+    let d = hidden.len();
+    Ok(std::array::from_fn(|t| {
+        rows[t * d..(t + 1) * d]
+            .iter()
+            .zip(&hidden)
+            .map(|(&w, &h)| w as f64 * h as f64)
+            .sum()
+    }))
+}
+
+#[cfg(test)]
+#[path = "live_tests.rs"]
+mod tests;
