@@ -4,11 +4,12 @@
 //! transaction per prompt; finally the summary metrics. An interruption
 //! (error, Ctrl-C, SIGTERM) marks the run failed; caches stay valid so re-running resumes.
 
-use super::eval::{evaluate_sequence, DraftTarget, Drafter, EvalOptions, Labels, Sequence};
+use super::eval::{evaluate_sequence, DraftTarget, Drafter, Labels, Sequence};
 use super::lint::{lint, Severity};
 use super::model::DFlashDrafter;
 use super::records_cache;
-use super::run_identity::{DrafterIdentity, DrafterKind, RunIdentity};
+use super::run_identity::{DrafterIdentity, RunIdentity};
+pub use super::run_identity::{DrafterSpec, RunOptions};
 use crate::backend::Backend;
 use crate::model::Capture;
 use crate::prompts::{Prompt, PromptSet};
@@ -17,60 +18,13 @@ use crate::session::{Packer, ResidentPass, Session};
 use anyhow::{bail, Context, Result};
 use draftlens_results::metrics::{summarize, PromptInfo};
 use draftlens_results::shard::Shard;
-use draftlens_results::store::{RunMode, RunPrompt, RunStatus, Store};
+use draftlens_results::store::{RunPrompt, RunStatus, Store};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// Set by the CLI's signal handler; checked between prompts.
 pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-/// What to evaluate.
-#[derive(Clone, Debug)]
-pub enum DrafterSpec {
-    Checkpoint {
-        dir: PathBuf,
-        step: Option<u64>,
-        series: String,
-    },
-    Oracle {
-        block_size: usize,
-    },
-    AntiOracle {
-        block_size: usize,
-    },
-}
-
-impl DrafterSpec {
-    pub fn kind(&self) -> DrafterKind {
-        match self {
-            DrafterSpec::Checkpoint { .. } => DrafterKind::Checkpoint,
-            DrafterSpec::Oracle { .. } => DrafterKind::Oracle,
-            DrafterSpec::AntiOracle { .. } => DrafterKind::AntiOracle,
-        }
-    }
-
-    /// The built-in drafter `--drafter NAME` names (`builtin:oracle`, `builtin:anti-oracle`),
-    /// with blocks of `block_size`; `None` when `name` is not one (a checkpoint path).
-    pub fn builtin(name: &str, block_size: usize) -> Option<DrafterSpec> {
-        Some(match DrafterKind::builtin(name)? {
-            DrafterKind::Oracle => DrafterSpec::Oracle { block_size },
-            DrafterKind::AntiOracle => DrafterSpec::AntiOracle { block_size },
-            DrafterKind::Checkpoint => return None,
-        })
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct RunOptions {
-    pub name: Option<String>,
-    pub mode: RunMode,
-    pub eval: EvalOptions,
-    pub max_new_tokens: usize,
-    /// Stop after this many prompts (used by tests that interrupt a run part-way).
-    pub fail_after: Option<usize>,
-}
 
 /// A run-level metric as `run --json` reports it: the value with its unit and convention.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]

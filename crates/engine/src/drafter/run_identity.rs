@@ -10,7 +10,6 @@
 //! longer merge with shards computed after it.
 
 use super::eval::{EvalOptions, Labels};
-use super::run::{DrafterSpec, RunOptions};
 use crate::backend::Backend;
 use crate::identity::IdentityStore;
 use crate::prompts::PromptSet;
@@ -20,6 +19,52 @@ use draftlens_results::shard::{code_version, EvalIdentity, Shard, SHARD_NAME_SEP
 use draftlens_results::store::{NewRun, RunEval, RunMode, TrainStyle};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+/// What to evaluate.
+#[derive(Clone, Debug)]
+pub enum DrafterSpec {
+    Checkpoint {
+        dir: PathBuf,
+        step: Option<u64>,
+        series: String,
+    },
+    Oracle {
+        block_size: usize,
+    },
+    AntiOracle {
+        block_size: usize,
+    },
+}
+
+impl DrafterSpec {
+    pub fn kind(&self) -> DrafterKind {
+        match self {
+            DrafterSpec::Checkpoint { .. } => DrafterKind::Checkpoint,
+            DrafterSpec::Oracle { .. } => DrafterKind::Oracle,
+            DrafterSpec::AntiOracle { .. } => DrafterKind::AntiOracle,
+        }
+    }
+
+    /// The built-in drafter `--drafter NAME` names (`builtin:oracle`, `builtin:anti-oracle`),
+    /// with blocks of `block_size`; `None` when `name` is not one (a checkpoint path).
+    pub fn builtin(name: &str, block_size: usize) -> Option<DrafterSpec> {
+        Some(match DrafterKind::builtin(name)? {
+            DrafterKind::Oracle => DrafterSpec::Oracle { block_size },
+            DrafterKind::AntiOracle => DrafterSpec::AntiOracle { block_size },
+            DrafterKind::Checkpoint => return None,
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub name: Option<String>,
+    pub mode: RunMode,
+    pub eval: EvalOptions,
+    pub max_new_tokens: usize,
+    /// Stop after this many prompts (used by tests that interrupt a run part-way).
+    pub fail_after: Option<usize>,
+}
 
 /// What kind of drafter a run evaluates, named as the evaluation identity's `drafter_kind`
 /// stores it. A built-in drafter's name is also what `--drafter` takes and what its runs store
