@@ -5,7 +5,9 @@
 //! - [`shard`]: the shard rule and the evaluation identity that every shard of one evaluation carries;
 //! - [`merge`]: the exact merge of shards (`draftlens merge`, pushes to a team server);
 //! - [`text`]: the one cleaning rule for text from outside (plugins, imports, pushes) on its way
-//!   into the store and to a terminal.
+//!   into the store and to a terminal;
+//! - [`trace`]: serving-engine traces (vLLM, SGLang, llama.cpp, neutral JSONL) normalised to
+//!   draftlens's τ and stored as runs whose origin is the engine (`draftlens trace import`).
 //!
 //! The engine (models, backends, drafters) writes into this crate; the web UI and the plugin host
 //! read from it and never depend on the engine (ARCHITECTURE.md).
@@ -15,6 +17,7 @@ pub mod metrics;
 pub mod shard;
 pub mod store;
 pub mod text;
+pub mod trace;
 
 /// Lowercase hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {

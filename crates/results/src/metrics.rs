@@ -25,7 +25,8 @@ pub use derived::{
     aggregate, aggregate_counted, derived, derived_values, Aggregation, DerivedMetric, DERIVED,
 };
 pub use prompt_stats::{
-    compute_stats, prompt_chain, replay, replay_chain, PromptStats, RunStats, STATS_VERSION,
+    compute_stats, prompt_chain, replay, replay_chain, PromptStats, RunStats, STATS_KIND,
+    STATS_VERSION,
 };
 
 use crate::store::{MetricRow, MetricScope, PromptMeta};
@@ -128,6 +129,15 @@ pub fn summarize(batch: &RecordBatch, prompts: &[PromptInfo]) -> Vec<MetricRow> 
             None,
         ));
     }
+    out
+}
+
+/// The replayed-τ rows of prompts whose verify rounds are known without records (a serving
+/// engine's trace, [`crate::trace`]): the rows [`summarize`] stores for the same rounds (per
+/// prompt, run, category), over `listed` in its order.
+pub fn summarize_rounds(listed: &[&PromptStats]) -> Vec<MetricRow> {
+    let mut out = Vec::new();
+    replayed_rows(listed, &mut out);
     out
 }
 

@@ -19,11 +19,8 @@ use std::collections::HashMap;
 
 // Names other web modules (and the bundle format) use through this module.
 pub use draftlens_results::metrics::{
-    compute_stats, PromptStats, RunStats, DERIVED, SOURCE, STATS_VERSION,
+    compute_stats, PromptStats, RunStats, DERIVED, SOURCE, STATS_KIND, STATS_VERSION,
 };
-
-/// Kind of the per-prompt statistics in the store's derived cache (and in bundles).
-pub const STATS_KIND: &str = "prompt-stats";
 
 /// Statistics of a run: from the derived cache when current, else computed from records and
 /// cached. `Ok(None)` when the run has neither records nor imported statistics.

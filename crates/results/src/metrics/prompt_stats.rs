@@ -23,6 +23,10 @@ use std::collections::{BTreeMap, HashMap};
 /// 2: the last replayed round yields no bonus token past the end of the sequence.
 pub const STATS_VERSION: i64 = 2;
 
+/// Kind of a run's [`RunStats`] in the store's derived cache (and in bundles). For a run without
+/// records (a serving engine's trace, `crate::trace`) they are the run's per-prompt data.
+pub const STATS_KIND: &str = "prompt-stats";
+
 /// Counts for one prompt. Vectors indexed by position k−1 have γ entries.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PromptStats {
@@ -100,9 +104,13 @@ pub struct RunStats {
 }
 
 impl RunStats {
-    /// Prompts that had at least one completion anchor.
+    /// Prompts that had at least one completion anchor, or verify rounds without blocks (a
+    /// serving engine's trace, which records rounds but no drafter candidates). With records, a
+    /// prompt with rounds always has blocks.
     pub fn evaluated(&self) -> impl Iterator<Item = &PromptStats> {
-        self.prompts.iter().filter(|p| p.blocks > 0)
+        self.prompts
+            .iter()
+            .filter(|p| p.blocks > 0 || !p.rounds.is_empty())
     }
     pub fn total_blocks(&self) -> u64 {
         self.prompts.iter().map(|p| p.blocks as u64).sum()

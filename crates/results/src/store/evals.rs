@@ -25,7 +25,7 @@ pub struct RunEval {
 pub struct FinishedRun<'a> {
     pub run: &'a NewRun,
     pub uid: &'a str,
-    /// `local`, `import:<file>` or `merge`.
+    /// `local`, `import:<file>`, `merge` or `trace:<format>:<file> (corrections)`.
     pub origin: &'a str,
     pub eval: &'a RunEval,
     pub prompts: &'a [RunPrompt],
@@ -126,6 +126,16 @@ impl Store {
     /// transaction under `uid`. When a run with that uid exists already nothing is written and
     /// its id is returned with `false` (so writing the same merge twice is idempotent).
     pub fn insert_finished_run(&self, f: &FinishedRun) -> Result<(i64, bool)> {
+        self.insert_finished_run_with(f, &[])
+    }
+
+    /// [`Store::insert_finished_run`] with derived data in the same transaction: the per-prompt
+    /// statistics of a run without records (a serving engine's trace, `crate::trace`).
+    pub fn insert_finished_run_with(
+        &self,
+        f: &FinishedRun,
+        derived: &[Derived],
+    ) -> Result<(i64, bool)> {
         let what = self.what();
         self.write(|c| {
             let tx = c.transaction()?;
@@ -142,6 +152,12 @@ impl Store {
             }
             insert_records(&tx, id, f.records, &what)?;
             insert_metrics(&tx, id, f.metrics, &what)?;
+            for d in derived {
+                tx.execute(
+                    "INSERT INTO derived (run_id, kind, version, data) VALUES (?1, ?2, ?3, ?4)",
+                    params![id, d.kind, d.version, d.data],
+                )?;
+            }
             tx.execute(
                 "UPDATE run SET status = 'complete', finished_at = ?2, timings_json = ?3, \
                  num_prompts = (SELECT count(*) FROM run_prompt WHERE run_id = ?1) WHERE id = ?1",
