@@ -2,16 +2,18 @@
 
 use crate::args::{AnchorArgs, TargetArgs};
 use crate::common::Global;
+use crate::metrics_json::{by_source, scoped, BySource, ScopedMetrics, SCHEMA_VERSION};
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use draftlens_engine::backend::{dispatch, Backend, BackendJob, DEFAULT_CUDA_DEVICE};
 use draftlens_engine::drafter::eval::{EvalOptions, Labels};
 use draftlens_engine::drafter::lint::{lint, Severity};
-use draftlens_engine::drafter::live::live_decode;
+use draftlens_engine::drafter::live::{first_divergence, live_decode};
+use draftlens_engine::drafter::run::RunOutcome;
 use draftlens_engine::drafter::run::{run_eval_shard, DrafterSpec, RunOptions};
 use draftlens_engine::drafter::{DFlashDrafter, DrafterCheckpoint};
 use draftlens_engine::model::TargetFiles;
-use draftlens_results::store::{RunFilter, RunMode, Store};
+use draftlens_results::store::{MetricRow, MetricScope, RunFilter, RunMode, Store};
 use draftlens_results::text::printable;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -173,7 +175,20 @@ pub fn run(g: &Global, a: RunArgs) -> Result<()> {
         let scorable = outs.iter().filter(|r| a.shard.is_none() || r.blocks > 0);
         crate::cmd_rescore::score_runs(plugins.as_ref(), &a.db, scorable.map(|r| r.run_id))?
     };
-    g.emit(&crate::cmd_rescore::with_plugins(&outs, &scored), || {
+    // The metrics as stored (the native ones and the plugins' just scored), in the shape
+    // `runs show --json` gives them.
+    let stored = {
+        let store = Store::open_existing(&a.db)?;
+        outs.iter()
+            .map(|r| store.metrics_in_scope(r.run_id, &MetricScope::Run))
+            .collect::<Result<Vec<_>>>()?
+    };
+    let json: Vec<RunJson> = crate::cmd_rescore::with_plugins(&outs, &scored)
+        .into_iter()
+        .zip(&stored)
+        .map(|(r, rows)| RunJson::new(r, rows))
+        .collect();
+    g.emit(&json, || {
         let mut o = String::new();
         for r in &outs {
             o += &format!(
@@ -200,6 +215,51 @@ pub fn run(g: &Global, a: RunArgs) -> Result<()> {
     })
 }
 
+/// One run in `run --json`: the run's outcome with its metrics as stored, in the shape of
+/// `runs show --json` (docs/json.md).
+#[derive(Serialize)]
+struct RunJson<'a> {
+    schema_version: u32,
+    run_id: i64,
+    name: &'a str,
+    prompts: usize,
+    blocks: usize,
+    /// Run-level metrics, keyed source → name: the native ones and every plugin's.
+    metrics: BySource,
+    seconds: f64,
+    timings: &'a serde_json::Value,
+    /// What scoring each plugin did (absent when no plugin was given).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    plugins: Option<&'a draftlens_plugin_host::StoredScoring>,
+}
+
+impl<'a> RunJson<'a> {
+    fn new(r: crate::cmd_rescore::RunWithPlugins<'a>, stored: &[MetricRow]) -> Self {
+        // Every field of the outcome but its metrics, which come from the store: a field added
+        // to RunOutcome fails to compile here until it is placed in the JSON too.
+        let RunOutcome {
+            run_id,
+            name,
+            prompts,
+            blocks,
+            metrics: _,
+            seconds,
+            timings,
+        } = r.run;
+        RunJson {
+            schema_version: SCHEMA_VERSION,
+            run_id: *run_id,
+            name,
+            prompts: *prompts,
+            blocks: *blocks,
+            metrics: by_source(stored),
+            seconds: *seconds,
+            timings,
+            plugins: r.plugins,
+        }
+    }
+}
+
 #[derive(Args)]
 pub struct LiveArgs {
     #[command(flatten)]
@@ -207,6 +267,11 @@ pub struct LiveArgs {
     /// Drafter checkpoint folder.
     #[arg(long)]
     pub drafter: PathBuf,
+    /// Fail (exit status 1, after printing every prompt's result) when a prompt's output departs
+    /// from plain greedy decoding. Without it each divergence is reported as data and the
+    /// command succeeds: τ and the output are kept (docs/live.md).
+    #[arg(long)]
+    pub strict: bool,
 }
 
 #[derive(Serialize)]
@@ -218,6 +283,33 @@ pub struct LiveRow {
     /// Output equals plain greedy decoding token for token.
     pub lossless: bool,
     pub text: String,
+    /// Where the output first departs from plain greedy decoding; null when lossless.
+    pub divergence: Option<LiveDivergence>,
+}
+
+/// The engine's `Divergence` with the two tokens decoded (docs/live.md).
+#[derive(Serialize)]
+pub struct LiveDivergence {
+    /// Index into the generated tokens (0 = the first token after the prompt).
+    pub position: usize,
+    /// The token live decoding produced there (null where its output ended first).
+    pub live_token: Option<u32>,
+    pub live_text: Option<String>,
+    /// The token plain greedy decoding produced there (null where its output ended first).
+    pub greedy_token: Option<u32>,
+    pub greedy_text: Option<String>,
+    /// logit(live_token) − logit(greedy_token) of the target at that position (null where one
+    /// output ended first).
+    pub logit_margin: Option<f32>,
+}
+
+/// What `live` measured, with what it needs to explain a divergence.
+pub struct LiveReport {
+    pub rows: Vec<LiveRow>,
+    /// Tokens per verify pass (the drafter's block size).
+    pub block_size: usize,
+    pub backend: &'static str,
+    pub dtype: &'static str,
 }
 
 struct LiveJob<'a> {
@@ -226,7 +318,7 @@ struct LiveJob<'a> {
 }
 
 impl BackendJob for LiveJob<'_> {
-    type Output = Vec<LiveRow>;
+    type Output = LiveReport;
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
         let a = self.a;
         let set = a.target.prompt_set()?;
@@ -241,36 +333,71 @@ impl BackendJob for LiveJob<'_> {
         }
         let d = DFlashDrafter::load(&s.be, &a.drafter, s.files.spec.hidden_size)?;
         let eos = s.eos_ids();
+        let tok = s.files.tokenizer()?;
         let pb = draftlens_engine::progress::bar(set.prompts.len() as u64, "live");
         let mut rows = Vec::new();
         for p in &set.prompts {
             let ids = s.prompt_ids(p)?;
             let live = live_decode(&s.be, s.model()?, &d, &ids, a.target.max_new_tokens, &eos)?;
             let greedy = s.continuation(&ids, a.target.max_new_tokens)?;
+            let divergence = first_divergence(&s.be, s.model()?, &ids, &live.ids, &greedy.ids)?;
+            let text_of = |t: Option<u32>| t.map(|t| tok.decode(&[t])).transpose();
             rows.push(LiveRow {
                 id: p.id.clone(),
                 tau: live.tau(),
                 rounds: live.round_tokens.len(),
                 new_tokens: live.ids.len(),
-                lossless: live.ids == greedy.ids,
-                text: s.files.tokenizer()?.decode(&live.ids)?,
+                lossless: divergence.is_none(),
+                text: tok.decode(&live.ids)?,
+                divergence: match divergence {
+                    None => None,
+                    Some(d) => Some(LiveDivergence {
+                        position: d.position,
+                        live_text: text_of(d.live_token)?,
+                        live_token: d.live_token,
+                        greedy_text: text_of(d.greedy_token)?,
+                        greedy_token: d.greedy_token,
+                        logit_margin: d.logit_margin,
+                    }),
+                },
             });
             pb.inc(1);
         }
         pb.finish_and_clear();
-        Ok(rows)
+        Ok(LiveReport {
+            rows,
+            block_size: d.cfg.block_size,
+            backend: s.be.name(),
+            dtype: s.be.dtype(),
+        })
     }
 }
 
-pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
-    let rows = dispatch(
-        a.target.backend.select(g),
-        DEFAULT_CUDA_DEVICE,
-        LiveJob { g, a: &a },
-    )?;
-    let bad = rows.iter().filter(|r| !r.lossless).count();
-    g.emit(&rows, || {
-        let mut o: String = rows
+impl LiveReport {
+    fn diverged(&self) -> usize {
+        self.rows.iter().filter(|r| r.divergence.is_some()).count()
+    }
+
+    /// One line: how many prompts diverged and why that happens; None when none did.
+    fn divergence_summary(&self) -> Option<String> {
+        let n = self.diverged();
+        (n > 0).then(|| {
+            format!(
+                "{n} of {} prompts diverged from plain greedy decoding on {} ({}); their τ and output are kept as measured: \
+                 the verify pass over {} tokens and the one-token decode step can round a near-tie between two logits \
+                 differently in low precision (a small |logit margin|); on the f32 CPU backend both give the same bits, \
+                 so a divergence there, or a large margin anywhere, points to a bug (docs/live.md)",
+                self.rows.len(),
+                self.backend,
+                self.dtype,
+                self.block_size,
+            )
+        })
+    }
+
+    fn render(&self) -> String {
+        let mut o: String = self
+            .rows
             .iter()
             .map(|r| {
                 format!(
@@ -279,26 +406,75 @@ pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
                     r.tau,
                     r.rounds,
                     r.new_tokens,
-                    if r.lossless {
-                        "lossless"
-                    } else {
-                        "DIFFERS FROM GREEDY"
+                    match &r.divergence {
+                        None => "lossless".to_string(),
+                        Some(d) => render_divergence(d),
                     }
                 )
             })
             .collect();
-        let macro_tau = rows.iter().map(|r| r.tau).sum::<f64>() / rows.len().max(1) as f64;
+        let macro_tau =
+            self.rows.iter().map(|r| r.tau).sum::<f64>() / self.rows.len().max(1) as f64;
         o += &format!(
             "live τ (macro over {} prompts): {:.3}\n",
-            rows.len(),
+            self.rows.len(),
             macro_tau
         );
+        if let Some(line) = self.divergence_summary() {
+            o += &line;
+            o.push('\n');
+        }
         o
-    })?;
-    if bad > 0 {
-        bail!("{bad} prompts differ from plain greedy decoding: speculative decoding was not lossless");
     }
-    Ok(())
+
+    /// The command's outcome once everything is printed: a divergence fails it only with
+    /// `--strict`.
+    fn verdict(&self, strict: bool) -> Result<()> {
+        let n = self.diverged();
+        if strict && n > 0 {
+            bail!(
+                "--strict: {n} of {} prompts diverged from plain greedy decoding",
+                self.rows.len()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `diverges at token K: live ID "text" vs greedy ID "text", logit margin M`.
+fn render_divergence(d: &LiveDivergence) -> String {
+    // A token's text is often whitespace or a control character: quoted and escaped (`{:?}`
+    // escapes control characters and bidi controls alike).
+    let side = |id: Option<u32>, text: &Option<String>| match (id, text) {
+        (Some(id), Some(t)) => format!("{id} {t:?}"),
+        (Some(id), None) => id.to_string(),
+        _ => "(output ended)".to_string(),
+    };
+    format!(
+        "diverges from greedy at token {}: live {} vs greedy {}{}",
+        d.position,
+        side(d.live_token, &d.live_text),
+        side(d.greedy_token, &d.greedy_text),
+        d.logit_margin
+            .map(|m| format!(", logit margin {m:+.4}"))
+            .unwrap_or_default()
+    )
+}
+
+pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
+    let report = dispatch(
+        a.target.backend.select(g),
+        DEFAULT_CUDA_DEVICE,
+        LiveJob { g, a: &a },
+    )?;
+    g.emit(&report.rows, || report.render())?;
+    // With --json stdout stays one JSON document: the summary goes to stderr.
+    if g.json {
+        if let Some(line) = report.divergence_summary() {
+            eprintln!("warning: {line}");
+        }
+    }
+    report.verdict(a.strict)
 }
 
 #[derive(Args)]
@@ -402,16 +578,28 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
             let metrics = store.metrics(id)?;
             let plugins = store.plugin_runs(id)?;
             let eval = store.run_eval(id)?;
+            /// docs/json.md.
             #[derive(Serialize)]
             struct Show<'a> {
+                schema_version: u32,
                 run: &'a draftlens_results::store::RunDetail,
-                metrics: &'a [draftlens_results::store::MetricRow],
+                /// `metrics` (run level, as `run --json` gives them), `prompt_metrics`,
+                /// `category_metrics`: each keyed source → name.
+                #[serde(flatten)]
+                metrics: ScopedMetrics,
                 /// Which plugin file (sha256) produced each plugin source's rows.
                 plugins: &'a [draftlens_results::store::PluginProvenance],
                 /// The evaluation identity and shard (docs/scale-out.md §2); null for older runs.
                 eval: &'a Option<draftlens_results::store::RunEval>,
             }
-            g.emit(&Show { run: &d, metrics: &metrics, plugins: &plugins, eval: &eval }, || {
+            let show = Show {
+                schema_version: SCHEMA_VERSION,
+                run: &d,
+                metrics: scoped(&metrics),
+                plugins: &plugins,
+                eval: &eval,
+            };
+            g.emit(&show, || {
                 // Every stored string may come from outside (imports, pushes, plugins): no
                 // escape sequences or bidi controls reach the terminal.
                 let r = &d.run;
@@ -478,3 +666,7 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "cmd_eval_tests.rs"]
+mod tests;

@@ -16,6 +16,7 @@ mod cmd_rescore;
 mod cmd_slurm;
 mod cmd_watch;
 mod common;
+mod metrics_json;
 mod setup;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -51,7 +52,8 @@ enum Cmd {
     /// Evaluate each new checkpoint of a training run as it appears under DIR (complete, in step
     /// order), store each run or push it; remembers what it evaluated across restarts.
     Watch(cmd_watch::WatchArgs),
-    /// Real speculative decoding (draft → verify) with a drafter; checks it is lossless.
+    /// Real speculative decoding (draft → verify) with a drafter; reports where an output departs
+    /// from plain greedy decoding (docs/live.md).
     Live(cmd_eval::LiveArgs),
     /// Compatibility and leakage-risk findings for a drafter against a target.
     Lint(cmd_eval::LintArgs),

@@ -328,11 +328,8 @@ fn runs_show_compare_and_report_agree_to_the_last_digit() {
             .unwrap_or_else(|| panic!("compare --json lacks native/{name}"));
         for (r, id) in [&a, &b].iter().enumerate() {
             let show = run_json(&["--json", "runs", "show", id, "--db", s(&db)]);
-            let stored = show["metrics"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|x| x["name"] == name && x["scope"] == "run")
+            let stored = show["metrics"]["native"]
+                .get(name)
                 .unwrap_or_else(|| panic!("runs show lacks {name}: {}", show["metrics"]));
             let (sv, cv) = (
                 stored["value"].as_f64().unwrap(),
