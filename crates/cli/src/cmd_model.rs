@@ -5,6 +5,7 @@ use crate::common::Global;
 use anyhow::Result;
 use clap::Args;
 use draftlens_engine::backend::{dispatch, Backend, BackendJob, DEFAULT_CUDA_DEVICE};
+use draftlens_engine::model::config::LayerType;
 use draftlens_engine::model::{Capture, TargetFiles};
 use draftlens_engine::session::{Packer, Session, SessionOptions};
 use draftlens_results::shard::Shard;
@@ -62,11 +63,93 @@ struct InspectOut {
     /// headers only and never hashes); `null` until a command that needs it has run.
     weights_sha256: Option<String>,
     spec: draftlens_engine::model::ModelSpec,
+    /// Which decoder layers are which kind (hybrids mix them).
+    layer_mix: LayerMix,
+    /// Mixture-of-experts facts (experts per layer, active per token, active parameters); null
+    /// for dense targets, which are all this version loads. docs/json.md.
+    experts: Option<Experts>,
     parameters: u64,
     dtypes: std::collections::BTreeMap<String, (usize, u64)>,
     loaded_as: &'static str,
     tokenizer: Option<TokInfo>,
     tensors: Option<Vec<draftlens_engine::formats::TensorInfo>>,
+}
+
+/// The decoder layers by token mixer: each kind's layer ids (0-based, as `--layers` takes them).
+#[derive(Serialize)]
+struct LayerMix {
+    /// Softmax attention with a KV cache: every layer of a dense target.
+    full_attention: Vec<usize>,
+    /// Gated DeltaNet (linear attention with a recurrent state) of a hybrid.
+    linear_attention: Vec<usize>,
+}
+
+impl LayerMix {
+    fn of(spec: &draftlens_engine::model::ModelSpec) -> LayerMix {
+        let mut mix = LayerMix {
+            full_attention: Vec::new(),
+            linear_attention: Vec::new(),
+        };
+        for id in 0..spec.num_layers {
+            let kind = spec.hybrid.as_ref().and_then(|h| h.layer_types.get(id));
+            match kind {
+                Some(LayerType::LinearAttention) => mix.linear_attention.push(id),
+                Some(LayerType::FullAttention) | None => mix.full_attention.push(id),
+            }
+        }
+        mix
+    }
+
+    /// `  layer mix     2 full attention [3,7]   6 Gated DeltaNet (linear attention) [0-2,4-6]`.
+    fn render(&self) -> String {
+        let mut kinds = vec![format!(
+            "{} full attention [{}]",
+            self.full_attention.len(),
+            id_ranges(&self.full_attention)
+        )];
+        if !self.linear_attention.is_empty() {
+            kinds.push(format!(
+                "{} Gated DeltaNet (linear attention) [{}]",
+                self.linear_attention.len(),
+                id_ranges(&self.linear_attention)
+            ));
+        }
+        format!("  layer mix     {}\n", kinds.join("   "))
+    }
+}
+
+/// The place for a mixture-of-experts target's facts in `inspect` (text and `--json`): MoE
+/// targets are refused at load today; when they load, fill this from their spec.
+#[derive(Serialize)]
+#[allow(dead_code)] // constructed once MoE targets load
+struct Experts {
+    /// Decoder layers whose feed-forward is a mixture of experts.
+    layers: Vec<usize>,
+    /// Routed experts per such layer.
+    experts: usize,
+    /// Experts each token runs through (top-k routing).
+    active_per_token: usize,
+    /// Parameters one token's forward uses (the rest of `parameters` sits in idle experts).
+    active_parameters: u64,
+}
+
+/// `0-2,4-6,8` for [0, 1, 2, 4, 5, 6, 8].
+fn id_ranges(ids: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j == i {
+            ids[i].to_string()
+        } else {
+            format!("{}-{}", ids[i], ids[j])
+        });
+        i = j + 1;
+    }
+    parts.join(",")
 }
 
 #[derive(Serialize)]
@@ -101,6 +184,8 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
             f.identity.remembered_sha256()
         },
         spec: f.spec.clone(),
+        layer_mix: LayerMix::of(&f.spec),
+        experts: None,
         parameters: params,
         dtypes,
         loaded_as: "f32 on cpu (dequantised at load); bf16 on cuda",
@@ -115,7 +200,7 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
     g.emit(&out, || {
         let s = &out.spec;
         let mut o = format!(
-            "{}\n  format        {} ({})\n  architecture  {}\n  layers        {}   hidden {}   ffn {}   heads {}/{} kv   head_dim {}\n  vocab         {}   rope θ {}   rms eps {}   context {}   tied embeddings {}\n  parameters    {}\n  stored dtypes ",
+            "{}\n  format        {} ({})\n  architecture  {}\n  layers        {}   hidden {}   ffn {}   heads {}/{} kv   head_dim {}\n",
             out.path.display(),
             out.format,
             out.weights_sha256.as_deref().map_or("sha256 not computed yet: --hash".to_string(), |h| format!("sha256 {}", &h[..16])),
@@ -126,6 +211,19 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
             s.num_heads,
             s.num_kv_heads,
             s.head_dim,
+        );
+        o += &out.layer_mix.render();
+        if let Some(e) = &out.experts {
+            o += &format!(
+                "  experts       {} per layer on layers [{}], {} active per token, {} active parameters\n",
+                e.experts,
+                id_ranges(&e.layers),
+                e.active_per_token,
+                e.active_parameters
+            );
+        }
+        o += &format!(
+            "  vocab         {}   rope θ {}   rms eps {}   context {}   tied embeddings {}\n  parameters    {}\n  stored dtypes ",
             s.vocab_size,
             s.rope_theta,
             s.rms_norm_eps,
@@ -247,7 +345,9 @@ pub struct ExtractArgs {
     /// the convention of DFlash target_layer_ids). See docs/hidden-states.md.
     #[arg(long, value_delimiter = ',', default_value = "1,8,15,22,27")]
     pub layers: Vec<usize>,
-    /// Write the captured states of every prompt to this safetensors file as well.
+    /// Write the captured states of every prompt to this safetensors file as well: one f32
+    /// tensor `PROMPT.layerL` [tokens, hidden] per prompt id and `--layers` id L (that is Hugging
+    /// Face hidden_states[L+1]; docs/hidden-states.md).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Most tokens (prompt + continuation, summed over prompts) per packed target forward: the
@@ -315,9 +415,11 @@ impl BackendJob for ExtractJob<'_> {
                 t0.elapsed().as_secs_f64() / seqs.iter().map(|q| q.len()).sum::<usize>() as f64;
             for (w, pass) in window.into_iter().zip(passes) {
                 if self.a.out.is_some() {
+                    // Named by the layer id the user passed (HF index i = id + 1), so that
+                    // `--layers 8` is `PROMPT.layer8`.
                     for (i, h) in pass.hidden {
                         dump.push((
-                            format!("{}.hs{}", w.id, i),
+                            format!("{}.layer{}", w.id, i - 1),
                             vec![w.ids.len(), pass.hidden_size],
                             h.to_f32().into_owned(),
                         ));

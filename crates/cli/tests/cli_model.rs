@@ -82,6 +82,51 @@ fn inspect_json_describes_the_gguf_and_a_hugging_face_folder() {
         .any(|t| t["name"] == "model.layers.0.self_attn.q_norm.weight" && t["dtype"] == "BF16"));
 }
 
+/// `inspect` shows which decoder layers are full attention and which Gated DeltaNet: all of
+/// them attention on a dense target, the config's `layer_types` on a hybrid; `experts` is the
+/// (null) place for mixture-of-experts facts.
+#[test]
+fn inspect_shows_the_layer_mix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let v = json_out(
+        &dl(&cache, &["--json", "inspect", s(&model())]),
+        "inspect gguf",
+    );
+    let all: Vec<usize> = (0..30).collect();
+    assert_eq!(v["layer_mix"]["full_attention"], serde_json::json!(all));
+    assert_eq!(v["layer_mix"]["linear_attention"], serde_json::json!([]));
+    assert!(v["experts"].is_null(), "{}", v["experts"]);
+    let o = dl(&cache, &["inspect", s(&model())]);
+    ok(&o, "inspect gguf");
+    assert!(
+        stdout(&o).contains("\n  layer mix     30 full attention [0-29]\n"),
+        "{}",
+        stdout(&o)
+    );
+
+    // tests/fixtures/golden/qwen3_5: layer_types linear, linear, full, linear, linear, full.
+    let dir = root().join("tests/fixtures/golden/qwen3_5");
+    let v = json_out(
+        &dl(&cache, &["--json", "inspect", s(&dir)]),
+        "inspect hybrid",
+    );
+    assert_eq!(v["layer_mix"]["full_attention"], serde_json::json!([2, 5]));
+    assert_eq!(
+        v["layer_mix"]["linear_attention"],
+        serde_json::json!([0, 1, 3, 4])
+    );
+    let o = dl(&cache, &["inspect", s(&dir)]);
+    ok(&o, "inspect hybrid");
+    assert!(
+        stdout(&o).contains(
+            "\n  layer mix     2 full attention [2,5]   4 Gated DeltaNet (linear attention) [0-1,3-4]\n"
+        ),
+        "{}",
+        stdout(&o)
+    );
+}
+
 /// f32 values of a tensor (F32 or F16) of a safetensors file.
 fn read_f32(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
     let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -158,8 +203,9 @@ fn extract_twice_then_cache_ls_verify_rm() {
     // The cached states are the computed ones, bit for bit.
     assert_eq!(std::fs::read(&out1).unwrap(), std::fs::read(&out2).unwrap());
 
-    // …and they are transformers' hidden states (layer id i = hidden_states[i+1]); tolerance as
-    // in crates/engine/tests/golden_smollm2.rs: f16 storage of the reference bounds the error at ~3e-4.
+    // …and they are transformers' hidden states, named by the --layers id (layer id i =
+    // hidden_states[i+1]); tolerance as in crates/engine/tests/golden_smollm2.rs: f16 storage of
+    // the reference bounds the error at ~3e-4.
     let bytes = std::fs::read(&out1).unwrap();
     let ours = SafeTensors::deserialize(&bytes).unwrap();
     let gbytes =
@@ -170,15 +216,16 @@ fn extract_twice_then_cache_ls_verify_rm() {
     assert_eq!(
         names,
         [
-            "france.hs16",
-            "france.hs2",
-            "france.hs23",
-            "france.hs28",
-            "france.hs9"
+            "france.layer1",
+            "france.layer15",
+            "france.layer22",
+            "france.layer27",
+            "france.layer8"
         ]
     );
-    for k in [2, 9, 16, 23, 28] {
-        let (shape, o) = read_f32(&ours, &format!("france.hs{k}"));
+    for layer in [1, 8, 15, 22, 27] {
+        let k = layer + 1;
+        let (shape, o) = read_f32(&ours, &format!("france.layer{layer}"));
         let (gshape, g) = read_f32(&golden, &format!("p0.hs{k}"));
         assert_eq!(shape, gshape);
         let num: f64 = o
