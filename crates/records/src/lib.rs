@@ -12,6 +12,8 @@
 //! * [`BatchView::accepted_len`]: the accepted length A of a block.
 //! * [`replay`]: the chain of anchors a greedy speculative decode visits and the tokens each
 //!   round yields (bonus token included, none past the end of the sequence).
+//! * [`sampling`]: speculative sampling at T > 0 — the temperature / top-k / top-p transform,
+//!   the acceptance rule and its expectation (`docs/metrics.md` §7).
 //!
 //! The engine (`draftlens::records`), the plugin host, the plugin SDK, the native metrics, the web
 //! UI and the `replayed-tau` plugin all use these definitions. No dependencies (an optional
@@ -21,6 +23,7 @@ mod batch;
 mod columns;
 mod params;
 mod replay;
+pub mod sampling;
 
 pub use batch::{
     BatchView, Block, Candidates, LayoutError, Position, PositionSpec, RecordBatch, Region,
