@@ -209,7 +209,7 @@ fn a_verify_pass_that_rounds_a_near_tie_the_other_way_is_reported_where_it_depar
 
     // The first token comes from the prefill's last row, which is never perturbed.
     let k = d.position;
-    assert!(k >= 1 && k < MAX_NEW, "{d:?}");
+    assert!((1..MAX_NEW).contains(&k), "{d:?}");
     assert_eq!(
         live.ids[..k],
         plain.ids[..k],
