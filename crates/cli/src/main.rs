@@ -14,6 +14,7 @@ mod cmd_plugins;
 mod cmd_prompts;
 mod cmd_rescore;
 mod cmd_slurm;
+mod cmd_trace;
 mod cmd_watch;
 mod common;
 mod metrics_json;
@@ -64,6 +65,9 @@ enum Cmd {
     /// List stored runs or show one.
     #[command(subcommand)]
     Runs(cmd_eval::RunsCmd),
+    /// Serving-engine traces: import what vLLM, SGLang or llama.cpp recorded per request as a run.
+    #[command(subcommand)]
+    Trace(cmd_trace::TraceCmd),
     /// Metric plugins (WebAssembly components): list, info, check, new.
     #[command(subcommand)]
     Plugins(cmd_plugins::PluginsCmd),
@@ -150,6 +154,7 @@ fn main() {
         Cmd::Live(a) => cmd_eval::live(&cli.global, a),
         Cmd::Lint(a) => cmd_eval::lint_cmd(&cli.global, a),
         Cmd::Runs(c) => cmd_eval::runs(&cli.global, c),
+        Cmd::Trace(c) => cmd_trace::run(&cli.global, c),
         Cmd::Merge(a) => cmd_merge::run(&cli.global, a),
         Cmd::Slurm(a) => cmd_slurm::run(&cli.global, a),
         Cmd::Bench(a) => cmd_bench::run(&cli.global, a),

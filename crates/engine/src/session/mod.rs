@@ -677,8 +677,8 @@ impl<B: Backend> Session<B> {
 }
 
 /// A prompt's token ids: its chat messages through the template (generation prompt on), or its
-/// raw text; never empty.
-fn tokenize_prompt(tok: &crate::tokenizer::TextTokenizer, p: &Prompt) -> Result<Vec<u32>> {
+/// raw text; never empty. Public for what tokenizes prompts without a session (`trace import`).
+pub fn tokenize_prompt(tok: &crate::tokenizer::TextTokenizer, p: &Prompt) -> Result<Vec<u32>> {
     let ids = match (&p.messages, &p.text) {
         (Some(ms), _) => {
             let ms: Vec<ChatMessage> = ms

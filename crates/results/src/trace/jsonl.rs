@@ -20,7 +20,7 @@ use anyhow::{bail, Result};
 
 pub static CONVENTION: Convention = Convention {
     engine: "jsonl",
-    engine_tau: "the rounds as given (draftlens's convention)",
+    engine_tau: "the neutral format is draftlens's convention",
     counts_prefill_token: false,
     omits_undrafted_steps: false,
     may_count_past_end: false,

@@ -2,7 +2,7 @@
 //! `"return_tokens": true` and without streaming, one per line, with the prompt's id in the set
 //! added as `"prompt_id"` (docs/traces.md).
 //!
-//! Fields read (ggml-org/llama.cpp tools/server/server-task.cpp @17f5f8a:
+//! Fields read (ggml-org/llama.cpp/tools/server/server-task.cpp @17f5f8a:
 //! `server_task_result_cmpl_final::to_json_non_oaicompat`, `result_timings::to_json`,
 //! `task_params::to_json`):
 //! - `tokens`: the generated ids (`slot.generated_tokens`); `tokens_predicted` (n_decoded),
@@ -25,7 +25,7 @@ use anyhow::{bail, Result};
 pub static CONVENTION: Convention = Convention {
     engine: "llamacpp",
     engine_tau:
-        "none per request (the server reports draft acceptance = draft_n_accepted / draft_n)",
+        "llama-server reports draft acceptance = draft_n_accepted / draft_n per request, no τ",
     counts_prefill_token: false,
     omits_undrafted_steps: false,
     may_count_past_end: false,

@@ -3,7 +3,7 @@
 //! accepted-drafts histogram is in `meta_info` when the request asks for
 //! `return_spec_tokens_details`.
 //!
-//! Fields read (sgl-project/sglang python/sglang/srt/managers/tokenizer_manager.py,
+//! Fields read (sgl-project/sglang/python/sglang/srt/managers/tokenizer_manager.py,
 //! `_calculate_spec_decoding_metrics`; sgl-project/sglang #33518 for the identities between them):
 //! - `output_ids`: the generated ids;
 //! - `meta_info.completion_tokens`, `meta_info.prompt_tokens`;

@@ -2,8 +2,8 @@
 //! `--per-request-spec-decode-metrics detailed` and requested with `"return_token_ids": true`,
 //! one per line, with the prompt's id in the set added as `"prompt_id"` (docs/traces.md).
 //!
-//! Fields read (vllm-project/vllm docs/features/speculative_decoding/acceptance_metrics.md
-//! @02cf515; `return_token_ids` in vllm/entrypoints/openai/protocol.py):
+//! Fields read (vllm-project/vllm/docs/features/speculative_decoding/acceptance_metrics.md
+//! @02cf515; `return_token_ids` in vllm-project/vllm/vllm/entrypoints/openai/protocol.py):
 //! - `choices[0].token_ids`: the generated ids (one choice: the metrics are null for n > 1);
 //! - `choices[0].prompt_token_ids` or `prompt_token_ids`: the prompt as the engine saw it;
 //! - `metrics.speculative_decoding.per_step_accepted` (detailed mode): accepted drafts per
