@@ -43,7 +43,10 @@ struct Out<'a> {
     /// merged run had them already).
     #[serde(skip_serializing_if = "Option::is_none")]
     plugins: Option<&'a StoredScoring>,
-    metrics: Vec<draftlens_results::store::MetricRow>,
+    /// The merged run's run-level metrics, keyed source → name as `run --json` and `runs show
+    /// --json` give them (docs/json.md).
+    metrics: crate::metrics_json::BySource,
+    schema_version: u32,
 }
 
 /// The plugin of a provenance row, loaded: a built-in by name, another from its file, which must
@@ -171,7 +174,8 @@ pub fn run(g: &Global, a: MergeArgs) -> Result<()> {
             identity: &plan.identity,
             superseded: &plan.superseded,
             plugins: scored.as_ref(),
-            metrics: metrics.clone(),
+            metrics: crate::metrics_json::by_source(&metrics),
+            schema_version: crate::metrics_json::SCHEMA_VERSION,
         },
         || {
             let mut o = if out.created {
