@@ -125,13 +125,12 @@ pub struct Normalised {
     pub applied: Vec<(Correction, Effect)>,
 }
 
+/// Tokens committed per round, their order, and the corrections reading them took.
+type Committed = (Vec<u32>, RoundOrder, Vec<(Correction, Effect)>);
+
 /// Tokens committed per round in the engine's counts, with their order and the corrections that
 /// reading them as draftlens's tokens took (step 1 of the module doc).
-fn committed(
-    rec: &EngineRecord,
-    conv: &Convention,
-    opts: &NormaliseOptions,
-) -> Result<(Vec<u32>, RoundOrder, Vec<(Correction, Effect)>)> {
+fn committed(rec: &EngineRecord, conv: &Convention, opts: &NormaliseOptions) -> Result<Committed> {
     let at = &rec.at;
     let mut applied = Vec::new();
     let per_round = |n: usize| Effect {
@@ -165,7 +164,7 @@ fn committed(
                         rec.token_ids.len()
                     );
                 }
-                r.extend(std::iter::repeat(j as u32 + 1).take(steps as usize));
+                r.extend(std::iter::repeat_n(j as u32 + 1, steps as usize));
             }
             applied.push((Correction::BonusToken, per_round(r.len())));
             (r, RoundOrder::Histogram)
@@ -327,7 +326,7 @@ pub fn normalise(
             bail!("{}", mismatch());
         }
         let gap = after_prefill - p;
-        fitted.extend(std::iter::repeat(1).take(gap as usize));
+        fitted.extend(std::iter::repeat_n(1, gap as usize));
         applied.push((
             Correction::UndraftedSteps,
             Effect {
