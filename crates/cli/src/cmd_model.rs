@@ -118,10 +118,8 @@ impl LayerMix {
     }
 }
 
-/// The place for a mixture-of-experts target's facts in `inspect` (text and `--json`): MoE
-/// targets are refused at load today; when they load, fill this from their spec.
+/// A mixture-of-experts target's facts in `inspect` (text and `--json`), from its spec.
 #[derive(Serialize)]
-#[allow(dead_code)] // constructed once MoE targets load
 struct Experts {
     /// Decoder layers whose feed-forward is a mixture of experts.
     layers: Vec<usize>,
@@ -131,6 +129,21 @@ struct Experts {
     active_per_token: usize,
     /// Parameters one token's forward uses (the rest of `parameters` sits in idle experts).
     active_parameters: u64,
+    /// Width of the shared expert every token also runs (sigmoid-gated); null without one.
+    shared_expert_intermediate_size: Option<usize>,
+}
+
+impl Experts {
+    fn of(spec: &draftlens_engine::model::ModelSpec) -> Option<Experts> {
+        let m = spec.moe.as_ref()?;
+        Some(Experts {
+            layers: (0..spec.num_layers).filter(|&i| m.is_sparse(i)).collect(),
+            experts: m.num_experts,
+            active_per_token: m.num_experts_per_tok,
+            active_parameters: spec.active_params_per_token(),
+            shared_expert_intermediate_size: m.shared_expert_intermediate_size,
+        })
+    }
 }
 
 /// `0-2,4-6,8` for [0, 1, 2, 4, 5, 6, 8].
@@ -185,7 +198,7 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
         },
         spec: f.spec.clone(),
         layer_mix: LayerMix::of(&f.spec),
-        experts: None,
+        experts: Experts::of(&f.spec),
         parameters: params,
         dtypes,
         loaded_as: "f32 on cpu (dequantised at load); bf16 on cuda",
@@ -215,10 +228,12 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
         o += &out.layer_mix.render();
         if let Some(e) = &out.experts {
             o += &format!(
-                "  experts       {} per layer on layers [{}], {} active per token, {} active parameters\n",
+                "  experts       {} per layer on layers [{}], {} active per token{}, {} active parameters\n",
                 e.experts,
                 id_ranges(&e.layers),
                 e.active_per_token,
+                e.shared_expert_intermediate_size
+                    .map_or(String::new(), |w| format!(" + a gated shared expert (width {w})")),
                 e.active_parameters
             );
         }

@@ -222,8 +222,8 @@ fn a_model_loaded_raw_equals_the_model_loaded_from_f32_tensors() {
         let mut attention = 0;
         for (a, b) in raw.layers.iter().zip(&f32s.layers) {
             assert_eq!(
-                bits(&be, &a.mlp.gate_up_proj),
-                bits(&be, &b.mlp.gate_up_proj),
+                bits(&be, &a.mlp.dense().unwrap().gate_up_proj),
+                bits(&be, &b.mlp.dense().unwrap().gate_up_proj),
                 "{name}: fused gate|up"
             );
             let (Mixer::Attention(qa), Mixer::Attention(qb)) = (&a.mixer, &b.mixer) else {

@@ -20,6 +20,7 @@ pub mod cuda;
 pub mod gdn;
 pub mod host_rows;
 pub mod mask;
+pub mod moe;
 pub mod memory;
 pub mod raw;
 mod select;
@@ -402,6 +403,43 @@ pub trait Backend: Send + Sync + 'static {
         }
         self.gather_rows_impl(x, rows)
     }
+    /// `acc[r] += Σ_j weights[r·n + j] · src[index[r·n + j]]` for every row r of `acc`, n =
+    /// `index.len() / rows` terms per row, the products and their sum in f32 in j order, added
+    /// to `acc[r]` once ([`moe::add_weighted_rows`]): how a mixture of experts adds each
+    /// token's weighted expert outputs (`crate::model::moe::RoutingPlan`). Row r reads only its
+    /// own terms, so it never depends on the other rows.
+    ///
+    /// Why: one pass over every token and expert of a layer instead of a scale and a scatter per
+    /// expert. The default downloads and runs the host reference (correct on every backend);
+    /// the CPU and CUDA backends work in place.
+    fn add_weighted_rows(
+        &self,
+        acc: &mut Self::Tensor,
+        src: &Self::Tensor,
+        index: &[u32],
+        weights: &[f32],
+    ) -> Result<()> {
+        let ((rows, cols), (src_rows, src_cols)) = (self.dims(acc), self.dims(src));
+        ensure!(
+            src_cols == cols,
+            "add_weighted_rows: source has {src_cols} columns, accumulator {cols}"
+        );
+        ensure!(
+            index.len() == weights.len(),
+            "add_weighted_rows: {} indices and {} weights",
+            index.len(),
+            weights.len()
+        );
+        ensure!(
+            index.len() % rows.max(1) == 0 && (rows > 0 || index.is_empty()),
+            "add_weighted_rows: {} terms for {rows} rows (the same number per row)",
+            index.len()
+        );
+        if let Some(&bad) = index.iter().find(|&&i| i as usize >= src_rows) {
+            anyhow::bail!("add_weighted_rows: row {bad} of a source of {src_rows} rows");
+        }
+        self.add_weighted_rows_impl(acc, src, index, weights)
+    }
     /// LM head fused with log-softmax and top-k: `x · headᵀ` per row, never returning the full
     /// vocabulary logits.
     fn lm_head_topk(&self, x: &Self::Tensor, head: &Self::Matrix, k: usize) -> Result<TopK> {
@@ -485,6 +523,20 @@ pub trait Backend: Send + Sync + 'static {
     fn split_cols_impl(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;
     fn slice_rows_impl(&self, x: &Self::Tensor, start: usize, end: usize) -> Result<Self::Tensor>;
     fn gather_rows_impl(&self, x: &Self::Tensor, rows: &[u32]) -> Result<Self::Tensor>;
+    /// Default: the host reference on downloaded copies, the result uploaded.
+    fn add_weighted_rows_impl(
+        &self,
+        acc: &mut Self::Tensor,
+        src: &Self::Tensor,
+        index: &[u32],
+        weights: &[f32],
+    ) -> Result<()> {
+        let (rows, cols) = self.dims(acc);
+        let mut host = self.to_host(acc)?;
+        moe::add_weighted_rows(&mut host, &self.to_host(src)?, cols, index, weights);
+        *acc = self.from_host(&host, rows, cols)?;
+        Ok(())
+    }
     fn lm_head_topk_impl(&self, x: &Self::Tensor, head: &Self::Matrix, k: usize) -> Result<TopK>;
 
     // ---- Hybrid (Qwen3.5 / Qwen3-Next) ops. Contracts: docs/hybrid-models.md and [`gdn`]. ----

@@ -211,6 +211,8 @@ pub fn model_spec(file: &GgufFile) -> Result<ModelSpec> {
         bos_token_id: tok_id("tokenizer.ggml.bos_token_id"),
         eos_token_ids,
         hybrid: Some(hybrid),
+        // MoE hybrids (qwen35moe, qwen3next with experts) are refused above.
+        moe: None,
     };
     spec.validate(file.path())?;
     Ok(spec)

@@ -2,6 +2,7 @@
 //! metadata, so the model code never looks at either format.
 
 pub use super::hybrid::{HybridSpec, LayerType};
+pub use super::moe::MoeSpec;
 use crate::backend::{Rope, RopeStyle};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -24,6 +25,14 @@ pub enum Arch {
     /// the checkpoint.
     #[serde(rename = "qwen3_next")]
     Qwen3Next,
+    /// Qwen3-MoE (`qwen3_moe`: Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): Qwen3 attention with
+    /// sparse mixture-of-experts MLPs ([`MoeSpec`], docs/moe-models.md).
+    #[serde(rename = "qwen3_moe")]
+    Qwen3Moe,
+    /// Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe`, `qwen3_5_moe_text`): the Qwen3.5 hybrid with a
+    /// sparse MLP (routed experts plus the gated shared expert) in every layer.
+    #[serde(rename = "qwen3_5_moe")]
+    Qwen3_5Moe,
 }
 
 impl Arch {
@@ -34,6 +43,8 @@ impl Arch {
             "qwen3" => Some(Arch::Qwen3),
             "qwen3_5" | "qwen3_5_text" => Some(Arch::Qwen3_5),
             "qwen3_next" => Some(Arch::Qwen3Next),
+            "qwen3_moe" => Some(Arch::Qwen3Moe),
+            "qwen3_5_moe" | "qwen3_5_moe_text" => Some(Arch::Qwen3_5Moe),
             _ => None,
         }
     }
@@ -44,11 +55,13 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3_5 => "qwen3_5",
             Arch::Qwen3Next => "qwen3_next",
+            Arch::Qwen3Moe => "qwen3_moe",
+            Arch::Qwen3_5Moe => "qwen3_5_moe",
         }
     }
     /// A Gated DeltaNet hybrid (zero-centred norms, gated attention, partial RoPE).
     pub fn is_hybrid(&self) -> bool {
-        matches!(self, Arch::Qwen3_5 | Arch::Qwen3Next)
+        matches!(self, Arch::Qwen3_5 | Arch::Qwen3Next | Arch::Qwen3_5Moe)
     }
 }
 
@@ -77,6 +90,10 @@ pub struct ModelSpec {
     /// dense models (left out of the serialised spec then, so dense cache keys do not change).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hybrid: Option<HybridSpec>,
+    /// Routed experts of the sparse layers (Qwen3-MoE, Qwen3.5-MoE, Qwen3-Next); `None` when
+    /// every MLP is dense (left out of the serialised spec then, as `hybrid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeSpec>,
 }
 
 impl ModelSpec {
@@ -110,18 +127,37 @@ impl ModelSpec {
         if self.head_dim % 2 != 0 {
             bail!("{o}: head_dim {} must be even for RoPE", self.head_dim);
         }
-        if self.hidden_size == 0 || self.vocab_size == 0 || self.intermediate_size == 0 {
-            bail!("{o}: config has zero hidden_size, vocab_size or intermediate_size");
+        if self.hidden_size == 0 || self.vocab_size == 0 {
+            bail!("{o}: config has zero hidden_size or vocab_size");
+        }
+        // A model whose every MLP is sparse (Qwen3.5-MoE) has no dense intermediate_size.
+        let all_sparse = self
+            .moe
+            .as_ref()
+            .is_some_and(|m| m.sparse_layers.iter().all(|&s| s));
+        if self.intermediate_size == 0 && !all_sparse {
+            bail!("{o}: config has zero or no intermediate_size (the dense MLPs' width)");
         }
         if let Some(h) = &self.hybrid {
             h.validate(origin, self)?;
         }
+        if let Some(m) = &self.moe {
+            if m.sparse_layers.len() != self.num_layers {
+                bail!(
+                    "{o}: {} layers have an MLP kind, num_hidden_layers is {}",
+                    m.sparse_layers.len(),
+                    self.num_layers
+                );
+            }
+            m.validate(origin)?;
+        }
         Ok(())
     }
 
-    /// Parse a Hugging Face `config.json` (llama, qwen2, qwen3, qwen3_5, qwen3_5_text,
-    /// qwen3_next). A `qwen3_5` composite (vision-language) config is read from its
-    /// `text_config`, top-level keys filling in what the text config lacks.
+    /// Parse a Hugging Face `config.json` (llama, qwen2, qwen3, qwen3_moe, qwen3_5, qwen3_5_text,
+    /// qwen3_5_moe, qwen3_5_moe_text, qwen3_next). A `qwen3_5` / `qwen3_5_moe` composite
+    /// (vision-language) config is read from its `text_config`, top-level keys filling in what
+    /// the text config lacks.
     pub fn from_hf_config(path: &Path) -> Result<ModelSpec> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read", path.display()))?;
@@ -132,7 +168,7 @@ impl ModelSpec {
             .with_context(|| format!("{}: not a valid config.json", path.display()))?;
         let arch = Arch::parse(&c.model_type).with_context(|| {
             format!(
-                "{}: unsupported architecture model_type {:?} (supported: llama, qwen2, qwen3, qwen3_5, qwen3_5_text, qwen3_next)",
+                "{}: unsupported architecture model_type {:?} (supported: llama, qwen2, qwen3, qwen3_moe, qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next)",
                 path.display(),
                 c.model_type
             )
@@ -164,7 +200,7 @@ impl ModelSpec {
             arch,
             vocab_size: c.vocab_size,
             hidden_size: c.hidden_size,
-            intermediate_size: c.intermediate_size,
+            intermediate_size: c.intermediate_size.unwrap_or(0),
             num_layers: c.num_hidden_layers,
             num_heads: c.num_attention_heads,
             num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
@@ -174,7 +210,7 @@ impl ModelSpec {
             tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
             max_position_embeddings: c.max_position_embeddings.unwrap_or(4096),
             attention_bias: c.attention_bias.unwrap_or(arch == Arch::Qwen2),
-            qk_norm: arch == Arch::Qwen3 || arch.is_hybrid(),
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe) || arch.is_hybrid(),
             bos_token_id: c.bos_token_id,
             eos_token_ids,
             hybrid: if arch.is_hybrid() {
@@ -187,6 +223,7 @@ impl ModelSpec {
             } else {
                 None
             },
+            moe: MoeSpec::from_hf_config(&raw, arch, c.num_hidden_layers, path)?,
         };
         spec.validate(path)?;
         Ok(spec)
@@ -198,7 +235,7 @@ struct HfConfig {
     model_type: String,
     vocab_size: usize,
     hidden_size: usize,
-    intermediate_size: usize,
+    intermediate_size: Option<usize>,
     num_hidden_layers: usize,
     num_attention_heads: usize,
     num_key_value_heads: Option<usize>,

@@ -6,7 +6,8 @@ use super::config::ModelSpec;
 use super::gdn::{GdnMixer, GdnState};
 use super::hybrid::LayerType;
 use super::kv_cache::LayerCache;
-use super::transformer::{Attention, Mlp, RmsNorm};
+use super::moe::FeedForward;
+use super::transformer::{Attention, RmsNorm};
 use crate::backend::{Backend, SeqStarts};
 use crate::formats::WeightSource;
 use anyhow::Result;
@@ -36,7 +37,8 @@ pub struct DecoderLayer<B: Backend> {
     pub input_layernorm: RmsNorm<B>,
     pub mixer: Mixer<B>,
     pub post_attention_layernorm: RmsNorm<B>,
-    pub mlp: Mlp<B>,
+    /// Dense SwiGLU or a sparse mixture of experts (`model::moe`).
+    pub mlp: FeedForward<B>,
 }
 
 impl<B: Backend> DecoderLayer<B> {
@@ -74,7 +76,7 @@ impl<B: Backend> DecoderLayer<B> {
                 d,
                 spec,
             )?,
-            mlp: Mlp::load(be, src, &format!("{p}.mlp"), d, spec.intermediate_size)?,
+            mlp: FeedForward::load(be, src, i, spec)?,
         })
     }
 

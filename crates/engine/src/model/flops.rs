@@ -21,12 +21,17 @@ impl ModelSpec {
     /// dense model; on a hybrid, a gated-attention layer's `q_proj` is twice as wide (query and
     /// output gate), and a Gated DeltaNet layer has `in_proj_qkv` (D × (2·Hk·dk + Hv·dv)),
     /// `in_proj_z` (D × Hv·dv), `in_proj_b` and `in_proj_a` (D × Hv each) and `out_proj`.
+    /// A sparse layer's MLP counts the parameters one token uses (router, top-k experts, shared
+    /// expert: [`super::moe::MoeSpec::active_params`]), the FLOP floor's measure.
     pub fn layer_linear_params_at(&self, i: usize) -> usize {
-        let Some(h) = &self.hybrid else {
-            return self.layer_linear_params();
-        };
         let d = self.hidden_size;
-        let mlp = 3 * d * self.intermediate_size;
+        let mlp = match &self.moe {
+            Some(m) if m.is_sparse(i) => m.active_params(d),
+            _ => 3 * d * self.intermediate_size,
+        };
+        let Some(h) = &self.hybrid else {
+            return self.layer_linear_params() - 3 * d * self.intermediate_size + mlp;
+        };
         match h.layer_types[i] {
             LayerType::FullAttention => {
                 let (q, kv) = (
@@ -81,6 +86,16 @@ impl ModelSpec {
             )
             .sum();
         lin + mixers
+    }
+
+    /// Parameters one token's forward reads: every layer's linear projections as
+    /// [`ModelSpec::layer_linear_params_at`] counts them (a sparse MLP's top-k experts only), the
+    /// embedding row's table and the LM head (counted once when tied). Qwen3-30B-A3B: 3.35 B
+    /// (its card: 3.3 B activated).
+    pub fn active_params_per_token(&self) -> u64 {
+        let table = (self.vocab_size * self.hidden_size) as u64;
+        let head = if self.tie_word_embeddings { 0 } else { table };
+        self.linear_params() as u64 + table + head
     }
 
     /// FLOPs of one greedy decode step per sequence at context length `ctx` (LM head included):
@@ -161,5 +176,26 @@ mod tests {
             "{}",
             gf(&q27, 32768)
         );
+    }
+
+    /// Qwen3-30B-A3B's config (48 layers, 128 experts, top-8 of width 768): 3.35 B parameters
+    /// per token, the card's "3.3B activated".
+    #[test]
+    fn active_params_of_qwen3_30b_a3b() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("config.json");
+        std::fs::write(
+            &cfg,
+            r#"{"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+                "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
+                "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": true,
+                "decoder_sparse_step": 1, "mlp_only_layers": [], "rope_theta": 1000000.0,
+                "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "max_position_embeddings": 40960}"#,
+        )
+        .unwrap();
+        let s = ModelSpec::from_hf_config(&cfg).unwrap();
+        let active = s.active_params_per_token();
+        assert!((active as f64 / 1e9 - 3.35).abs() < 0.01, "{active}");
     }
 }

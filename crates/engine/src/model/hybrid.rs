@@ -1,8 +1,8 @@
 //! Configuration and checkpoint layout of the Qwen3.5 / Qwen3.6 / Qwen3-Next hybrids (Gated
 //! DeltaNet + gated attention), see docs/hybrid-models.md.
 //!
-//! - [`text_config`]: the language-model part of a `config.json` (`qwen3_5` composite configs
-//!   nest it under `text_config`); mixture-of-experts variants are refused here, naming the key.
+//! - [`text_config`]: the language-model part of a `config.json` (`qwen3_5` / `qwen3_5_moe`
+//!   composite configs nest it under `text_config`); their experts are read by `super::moe`.
 //! - [`HybridSpec`]: the layer schedule (`layer_types` or `full_attention_interval`), the
 //!   `linear_*` sizes and the partial-rotary dimension.
 //! - [`HybridWeights`]: presents a hybrid checkpoint under the plain HF text-model names
@@ -45,7 +45,6 @@ pub struct HybridSpec {
 /// The `config.json` keys of a hybrid that [`super::config`]'s common parser does not read.
 #[derive(Deserialize)]
 struct HfHybridConfig {
-    model_type: String,
     layer_types: Option<Vec<String>>,
     full_attention_interval: Option<usize>,
     linear_num_key_heads: Option<usize>,
@@ -55,34 +54,20 @@ struct HfHybridConfig {
     linear_conv_kernel_dim: Option<usize>,
     partial_rotary_factor: Option<f64>,
     rope_parameters: Option<serde_json::Map<String, Value>>,
-    num_experts: Option<usize>,
-    decoder_sparse_step: Option<usize>,
-    mlp_only_layers: Option<Vec<usize>>,
 }
 
-const MOE_TYPES: [&str; 3] = ["qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe"];
-
-/// The language-model config of `raw`: its `text_config` for a `qwen3_5` composite config (keys
-/// only at the top level, such as `tie_word_embeddings`, fill in), `raw` itself otherwise.
-/// Mixture-of-experts model types are an error naming the key.
+/// The language-model config of `raw`: its `text_config` for a `qwen3_5` / `qwen3_5_moe`
+/// composite config (keys only at the top level, such as `tie_word_embeddings`, fill in), `raw`
+/// itself otherwise.
 pub fn text_config(raw: &Value, path: &Path) -> Result<Value> {
-    let o = path.display();
-    let model_type = |v: &Value| {
-        v.get("model_type")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
-    let top = model_type(raw).unwrap_or_default();
+    let _ = path;
+    let top = raw
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
     let inner = raw.get("text_config").filter(|t| t.is_object());
-    for (key, mt) in [
-        ("model_type", Some(top.clone())),
-        ("text_config.model_type", inner.and_then(model_type)),
-    ] {
-        if let Some(mt) = mt.filter(|m| MOE_TYPES.contains(&m.as_str())) {
-            bail!("{o}: {key} {mt:?} is a mixture-of-experts model: not supported yet");
-        }
-    }
-    let Some(inner) = inner.filter(|_| top == "qwen3_5") else {
+    let Some(inner) = inner.filter(|_| top == "qwen3_5" || top == "qwen3_5_moe") else {
         return Ok(raw.clone());
     };
     let mut merged = inner.clone();
@@ -92,8 +77,9 @@ pub fn text_config(raw: &Value, path: &Path) -> Result<Value> {
             m.insert(k.clone(), v.clone());
         }
     }
-    m.entry("model_type")
-        .or_insert_with(|| Value::String("qwen3_5_text".into()));
+    // The composite type decides, as transformers builds the text config from the composite
+    // class's own sub-config (Qwen3_5TextConfig / Qwen3_5MoeTextConfig).
+    m.insert("model_type".into(), Value::String(format!("{top}_text")));
     Ok(merged)
 }
 
@@ -109,20 +95,8 @@ impl HybridSpec {
         let o = path.display();
         let c: HfHybridConfig = serde_json::from_value(raw.clone())
             .with_context(|| format!("{o}: not a valid hybrid config.json"))?;
-        // Qwen3-Next defaults to 512 experts (transformers' Qwen3NextConfig): a config without
-        // `num_experts` is an MoE model.
-        let experts = c
-            .num_experts
-            .unwrap_or(if c.model_type == "qwen3_next" { 512 } else { 0 });
-        if experts > 0 {
-            let step = c.decoder_sparse_step.unwrap_or(1).max(1);
-            let dense = c.mlp_only_layers.unwrap_or_default();
-            if let Some(i) = (0..num_layers).find(|i| !dense.contains(i) && (i + 1) % step == 0) {
-                bail!(
-                    "{o}: num_experts = {experts} makes layer {i}'s MLP a mixture of experts: not supported yet (dense hybrids need num_experts = 0)"
-                );
-            }
-        }
+        // Sparse MLPs (Qwen3.5-MoE; Qwen3-Next, whose num_experts defaults to 512) are read by
+        // super::moe::MoeSpec.
         let layer_types = match c.layer_types {
             Some(names) => names
                 .iter()

@@ -9,13 +9,15 @@
 
 use super::config::ModelSpec;
 use super::hybrid::HybridWeights;
+use super::moe::{check_checkpoint, ffn_tensors, is_ffn_tensor};
 use crate::formats::gguf::{GgufFile, GgufWeights};
 use crate::formats::gguf_hybrid::HybridGgufWeights;
 use crate::formats::safetensors::SafetensorsWeights;
-use crate::formats::WeightSource;
+use crate::formats::{TensorInfo, WeightSource};
 use crate::identity::IdentityStore;
 use crate::tokenizer::TextTokenizer;
 use anyhow::{bail, Context, Result};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -195,7 +197,7 @@ impl TargetFiles {
 
 /// Refuse a model whose stored shapes disagree with its config before uploading anything.
 pub fn check_shapes(spec: &ModelSpec, w: &dyn WeightSource) -> Result<()> {
-    let (d, hd, i) = (spec.hidden_size, spec.head_dim, spec.intermediate_size);
+    let (d, hd) = (spec.hidden_size, spec.head_dim);
     let mut want: Vec<(String, Vec<usize>)> = vec![
         ("model.embed_tokens.weight".into(), vec![spec.vocab_size, d]),
         ("model.norm.weight".into(), vec![d]),
@@ -203,34 +205,42 @@ pub fn check_shapes(spec: &ModelSpec, w: &dyn WeightSource) -> Result<()> {
     for l in 0..spec.num_layers {
         if let Some(hy) = &spec.hybrid {
             // Hybrids: every tensor of the layer's kind, incl. the GDN state parameters A_log and
-            // dt_bias and the gated attention's doubled q_proj.
-            want.extend(hy.layer_tensors(spec, l));
-            continue;
+            // dt_bias and the gated attention's doubled q_proj (its MLP below).
+            want.extend(
+                hy.layer_tensors(spec, l)
+                    .into_iter()
+                    .filter(|(n, _)| !is_ffn_tensor(n)),
+            );
+        } else {
+            let p = format!("model.layers.{l}");
+            want.push((
+                format!("{p}.self_attn.q_proj.weight"),
+                vec![spec.num_heads * hd, d],
+            ));
+            want.push((
+                format!("{p}.self_attn.k_proj.weight"),
+                vec![spec.num_kv_heads * hd, d],
+            ));
+            want.push((
+                format!("{p}.self_attn.v_proj.weight"),
+                vec![spec.num_kv_heads * hd, d],
+            ));
+            want.push((
+                format!("{p}.self_attn.o_proj.weight"),
+                vec![d, spec.num_heads * hd],
+            ));
         }
-        let p = format!("model.layers.{l}");
-        want.push((
-            format!("{p}.self_attn.q_proj.weight"),
-            vec![spec.num_heads * hd, d],
-        ));
-        want.push((
-            format!("{p}.self_attn.k_proj.weight"),
-            vec![spec.num_kv_heads * hd, d],
-        ));
-        want.push((
-            format!("{p}.self_attn.v_proj.weight"),
-            vec![spec.num_kv_heads * hd, d],
-        ));
-        want.push((
-            format!("{p}.self_attn.o_proj.weight"),
-            vec![d, spec.num_heads * hd],
-        ));
-        want.push((format!("{p}.mlp.gate_proj.weight"), vec![i, d]));
-        want.push((format!("{p}.mlp.up_proj.weight"), vec![i, d]));
-        want.push((format!("{p}.mlp.down_proj.weight"), vec![d, i]));
+        // Dense SwiGLU, or the router, every expert and the shared expert of a sparse layer.
+        want.extend(ffn_tensors(spec, l));
     }
     let infos = w.tensors();
+    // Expert layout, router bias, expert ids: one message before the per-tensor checks.
+    check_checkpoint(spec, &infos, w.path())?;
+    // By name: an MoE checkpoint has tens of thousands of tensors (Qwen3-30B-A3B: 18,867).
+    let by_name: HashMap<&str, &TensorInfo> =
+        infos.iter().map(|t| (t.name.as_str(), t)).collect();
     for (name, shape) in want {
-        match infos.iter().find(|t| t.name == name) {
+        match by_name.get(name.as_str()) {
             None => bail!("{}: tensor {name} is missing", w.path().display()),
             Some(t) if t.shape != shape => {
                 bail!(

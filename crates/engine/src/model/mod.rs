@@ -10,6 +10,7 @@ pub mod gdn;
 pub mod head;
 pub mod hybrid;
 pub mod kv_cache;
+pub mod moe;
 pub mod transformer;
 
 pub use capture::{Capture, Captured};

@@ -10,6 +10,7 @@ use anyhow::{bail, Result};
 use rayon::prelude::*;
 
 use super::config::{HybridSpec, LayerType};
+use super::moe::{ffn_tensors, is_ffn_tensor};
 use super::{Arch, ModelSpec};
 use crate::formats::{HostTensor, TensorInfo, WeightSource};
 
@@ -33,6 +34,7 @@ pub fn qwen3_8b_spec() -> ModelSpec {
         bos_token_id: None,
         eos_token_ids: vec![],
         hybrid: None,
+        moe: None,
     }
 }
 
@@ -88,11 +90,7 @@ pub struct RandomWeights {
 impl RandomWeights {
     pub fn new(spec: &ModelSpec, seed: u64) -> RandomWeights {
         let (d, hd) = (spec.hidden_size, spec.head_dim);
-        let (qd, kvd, i) = (
-            spec.num_heads * hd,
-            spec.num_kv_heads * hd,
-            spec.intermediate_size,
-        );
+        let (qd, kvd) = (spec.num_heads * hd, spec.num_kv_heads * hd);
         let mut shapes = HashMap::new();
         shapes.insert(
             "model.embed_tokens.weight".to_string(),
@@ -103,8 +101,14 @@ impl RandomWeights {
             shapes.insert("lm_head.weight".to_string(), vec![spec.vocab_size, d]);
         }
         for l in 0..spec.num_layers {
+            // Dense SwiGLU, or a sparse layer's router, experts and shared expert.
+            shapes.extend(ffn_tensors(spec, l));
             if let Some(hy) = &spec.hybrid {
-                shapes.extend(hy.layer_tensors(spec, l));
+                shapes.extend(
+                    hy.layer_tensors(spec, l)
+                        .into_iter()
+                        .filter(|(n, _)| !is_ffn_tensor(n)),
+                );
                 continue;
             }
             let p = format!("model.layers.{l}");
@@ -124,9 +128,6 @@ impl RandomWeights {
                 put("self_attn.q_norm.weight", vec![hd]);
                 put("self_attn.k_norm.weight", vec![hd]);
             }
-            put("mlp.gate_proj.weight", vec![i, d]);
-            put("mlp.up_proj.weight", vec![i, d]);
-            put("mlp.down_proj.weight", vec![d, i]);
         }
         RandomWeights {
             path: PathBuf::from(format!("<random weights, seed {seed}>")),

@@ -379,6 +379,16 @@ impl Backend for CpuBackend {
         })
     }
 
+    fn add_weighted_rows_impl(
+        &self,
+        acc: &mut CpuTensor,
+        src: &CpuTensor,
+        index: &[u32],
+        weights: &[f32],
+    ) -> Result<()> {
+        super::moe::add_weighted_rows(&mut acc.data, &src.data, acc.cols, index, weights);
+        Ok(())
+    }
     fn gather_rows_impl(&self, x: &CpuTensor, rows: &[u32]) -> Result<CpuTensor> {
         let mut data = Vec::with_capacity(rows.len() * x.cols);
         for &r in rows {

@@ -388,6 +388,16 @@ impl Backend for CudaBackend {
         self.gather(&x.buf, x.cols, rows)
     }
 
+    fn add_weighted_rows_impl(
+        &self,
+        acc: &mut CudaTensor,
+        src: &CudaTensor,
+        index: &[u32],
+        weights: &[f32],
+    ) -> Result<()> {
+        self.moe_add_weighted_rows(acc, src, index, weights)
+    }
+
     fn lm_head_topk_impl(&self, x: &CudaTensor, head: &CudaMatrix, k: usize) -> Result<TopK> {
         let vocab = head.out;
         ensure!(

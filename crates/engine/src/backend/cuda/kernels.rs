@@ -17,8 +17,8 @@ use super::CudaBackend;
 
 const COMMON: &str = include_str!("../../../../../kernels/common.cuh");
 
-/// (module name, source) of every kernel module. `kernels/fused.cu` (the fused forward's SwiGLU) is
-/// compiled as part of the `elementwise` module, `kernels/decode_attention.cu` as part of `decode`
+/// (module name, source) of every kernel module. `kernels/fused.cu` (the fused forward's SwiGLU) and
+/// `kernels/moe.cu` (the mixture-of-experts combine) are compiled as part of the `elementwise` module, `kernels/decode_attention.cu` as part of `decode`
 /// (with `kernels/decode_gemm.cu`); their `#line` directives keep NVRTC's messages pointing at the
 /// right file.
 const SOURCES: &[(&str, &str)] = &[
@@ -27,7 +27,9 @@ const SOURCES: &[(&str, &str)] = &[
         concat!(
             include_str!("../../../../../kernels/elementwise.cu"),
             "\n#line 1 \"kernels/fused.cu\"\n",
-            include_str!("../../../../../kernels/fused.cu")
+            include_str!("../../../../../kernels/fused.cu"),
+            "\n#line 1 \"kernels/moe.cu\"\n",
+            include_str!("../../../../../kernels/moe.cu")
         ),
     ),
     (

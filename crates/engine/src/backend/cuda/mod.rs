@@ -47,6 +47,7 @@ pub mod gemm_choices;
 mod kernels;
 mod mask;
 mod memory;
+mod moe;
 pub mod nvml;
 mod probe;
 mod upload;

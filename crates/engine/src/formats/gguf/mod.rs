@@ -387,6 +387,8 @@ impl GgufFile {
             bos_token_id: tok_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids,
             hybrid: None,
+            // GGUF mixture-of-experts files are refused (docs/moe-models.md).
+            moe: None,
         };
         spec.validate(&self.path)?;
         Ok(spec)
