@@ -360,7 +360,7 @@ fn main() -> Result<()> {
             parts.push(("GEMM o (+= residual)", t, 2.0 * (n * d * d * layers) as f64));
             let t = time_median(&be, 1, 3, || {
                 for l in &model.layers {
-                    be.matmul(&x, &l.mlp.gate_up_proj)?;
+                    be.matmul(&x, &l.mlp.dense().context("a dense model")?.gate_up_proj)?;
                 }
                 Ok(())
             })?;
@@ -371,7 +371,7 @@ fn main() -> Result<()> {
             ));
             let t = time_median(&be, 1, 3, || {
                 for l in &model.layers {
-                    be.matmul_acc(&m_in, &l.mlp.down_proj, &mut hacc)?;
+                    be.matmul_acc(&m_in, &l.mlp.dense().context("a dense model")?.down_proj, &mut hacc)?;
                 }
                 Ok(())
             })?;
