@@ -1,4 +1,4 @@
-//! `draftlens trace import`: what a serving engine recorded per request (vLLM, SGLang, llama.cpp
+//! `draftlens trace import` (`trace diff`: cmd_trace_diff.rs): what a serving engine recorded per request (vLLM, SGLang, llama.cpp
 //! or the neutral JSONL) stored as a run whose origin is the engine, its τ normalised to
 //! draftlens's definition (docs/traces.md). Reading, normalising and storing are
 //! `draftlens_results::trace`; this file resolves the prompt set and the target's tokenizer
@@ -21,6 +21,10 @@ pub enum TraceCmd {
     /// Store what a serving engine recorded per request as a run whose origin is the engine,
     /// its τ normalised to draftlens's definition; prints each correction it applied.
     Import(ImportArgs),
+    /// Replay the reference drafter on a trace run's own tokens and report, round by round, where
+    /// the engine committed fewer tokens than the reference would have, the positions where its
+    /// output departs from the target's greedy tokens, and a verdict when the statistics allow.
+    Diff(crate::cmd_trace_diff::DiffArgs),
 }
 
 #[derive(Args)]
@@ -63,6 +67,7 @@ pub struct ImportArgs {
 pub fn run(g: &Global, c: TraceCmd) -> Result<()> {
     match c {
         TraceCmd::Import(a) => import(g, a),
+        TraceCmd::Diff(a) => crate::cmd_trace_diff::diff(g, a),
     }
 }
 

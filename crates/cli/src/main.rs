@@ -15,6 +15,7 @@ mod cmd_prompts;
 mod cmd_rescore;
 mod cmd_slurm;
 mod cmd_trace;
+mod cmd_trace_diff;
 mod cmd_watch;
 mod common;
 mod metrics_json;
@@ -65,7 +66,8 @@ enum Cmd {
     /// List stored runs or show one.
     #[command(subcommand)]
     Runs(cmd_eval::RunsCmd),
-    /// Serving-engine traces: import what vLLM, SGLang or llama.cpp recorded per request as a run.
+    /// Serving-engine traces: import what vLLM, SGLang or llama.cpp recorded per request as a run;
+    /// diff its rounds against the reference drafter on the same tokens.
     #[command(subcommand)]
     Trace(cmd_trace::TraceCmd),
     /// Metric plugins (WebAssembly components): list, info, check, new.

@@ -222,3 +222,161 @@ fn bad_traces_are_one_error_naming_the_record_and_store_nothing() {
         );
     }
 }
+
+/// Draftlens's own live loop (CPU, the reference drafter: lossless, and its rounds equal the
+/// reference's replayed rounds, crates/engine/tests/drafter_eval (c)) on each prompt of `set`:
+/// (prompt id, generated ids, tokens per round).
+fn live_decodes(dir: &Path, set: &Path) -> Vec<(String, Vec<u32>, Vec<u32>)> {
+    use draftlens_engine::backend::cpu::CpuBackend;
+    use draftlens_engine::drafter::live::live_decode;
+    use draftlens_engine::drafter::DFlashDrafter;
+    use draftlens_engine::hidden_cache::HiddenCache;
+    use draftlens_engine::prompts::PromptSet;
+    use draftlens_engine::session::{Session, SessionOptions};
+    let sess = Session::load(
+        CpuBackend::new(),
+        &model(),
+        HiddenCache::open(&dir.join("live-cache")).unwrap(),
+        SessionOptions::default(),
+    )
+    .unwrap();
+    let d =
+        DFlashDrafter::load(&sess.be, &reference_drafter(), sess.files.spec.hidden_size).unwrap();
+    let set = PromptSet::load(s(set)).unwrap();
+    set.prompts
+        .iter()
+        .map(|p| {
+            let ids = sess.prompt_ids(p).unwrap();
+            let live = live_decode(
+                &sess.be,
+                sess.model().unwrap(),
+                &d,
+                &ids,
+                32,
+                &sess.eos_ids(),
+            )
+            .unwrap();
+            (p.id.clone(), live.ids, live.round_tokens)
+        })
+        .collect()
+}
+
+/// The live decodes as a neutral JSONL trace.
+fn write_trace(path: &Path, decodes: &[(String, Vec<u32>, Vec<u32>)]) {
+    let lines: Vec<String> = decodes
+        .iter()
+        .map(|(id, ids, rounds)| {
+            serde_json::json!({"prompt_id": id, "token_ids": ids, "rounds": rounds, "block_size": 16}).to_string()
+        })
+        .collect();
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn diff_finds_the_round_an_engine_lost_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cache, db) = (tmp.path().join("cache"), tmp.path().join("runs.sqlite"));
+    let set = write_set(tmp.path());
+    let diff = |run: i64| {
+        json_out(
+            &dl(
+                &cache,
+                &[
+                    "--json",
+                    "trace",
+                    "diff",
+                    &run.to_string(),
+                    "--drafter",
+                    s(&reference_drafter()),
+                    "--target",
+                    s(&model()),
+                    "--backend",
+                    "cpu",
+                    "--db",
+                    s(&db),
+                ],
+            ),
+            "trace diff",
+        )
+    };
+
+    let mut decodes = live_decodes(tmp.path(), &set);
+    let faithful = tmp.path().join("live.jsonl");
+    write_trace(&faithful, &decodes);
+    let run = json_out(
+        &import(&cache, &db, &set, &faithful, "jsonl"),
+        "import live",
+    )["run"]
+        .as_i64()
+        .unwrap();
+    let d = diff(run);
+    let sum = &d["summary"];
+    assert_eq!(
+        (sum["rounds_fewer"].as_u64(), sum["rounds_more"].as_u64()),
+        (Some(0), Some(0)),
+        "{sum}"
+    );
+    assert_eq!(sum["departures"], 0, "{sum}");
+    assert_eq!(
+        sum["tokens_lost_per_round"]["value"].as_f64(),
+        Some(0.0),
+        "{sum}"
+    );
+    // Its own chain on the same tokens is the live decode's: the same τ.
+    assert_eq!(
+        sum["engine_tau_pooled"], sum["reference_tau_pooled"],
+        "{sum}"
+    );
+    assert!(
+        sum["verdict"]
+            .as_str()
+            .unwrap()
+            .starts_with("no verdict: 3 prompts"),
+        "{sum}"
+    );
+
+    // An integration that loses drafts: p0's first round of two tokens or more commits 1, and
+    // the rest in a round of its own.
+    let rounds = &mut decodes.iter_mut().find(|d| d.0 == "p0").unwrap().2;
+    let round = rounds
+        .iter()
+        .position(|&c| c >= 2)
+        .expect("a round of two tokens or more");
+    let tokens = rounds[round];
+    rounds.splice(round..=round, [1, tokens - 1]);
+    let lossy = tmp.path().join("lossy.jsonl");
+    write_trace(&lossy, &decodes);
+    let run = json_out(&import(&cache, &db, &set, &lossy, "jsonl"), "import lossy")["run"]
+        .as_i64()
+        .unwrap();
+    let d = diff(run);
+    let p0 = d["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "p0")
+        .unwrap();
+    let first = &p0["first_rounds"][0];
+    assert_eq!(
+        (
+            first["round"].as_u64(),
+            first["engine"].as_u64(),
+            first["reference"].as_u64()
+        ),
+        (Some(round as u64), Some(1), Some(tokens as u64)),
+        "{p0}"
+    );
+    let lost = d["summary"]["tokens_lost_per_round"]["value"]
+        .as_f64()
+        .unwrap();
+    assert!(lost > 0.0, "{}", d["summary"]);
+    // The other prompts are untouched.
+    for p in d["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["id"] != "p0")
+    {
+        assert_eq!(p["rounds_fewer"], 0, "{p}");
+    }
+}

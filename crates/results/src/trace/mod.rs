@@ -8,6 +8,8 @@
 //! - [`normalise`] turns each engine's counting convention into draftlens's: the neutral
 //!   [`TraceRequest`] (prompt id, generated token ids, tokens committed per verify round) and
 //!   the [`Correction`]s it applied, each named;
+//! - [`diff`] compares an imported run's rounds with what the reference drafter does on the
+//!   same tokens (`draftlens trace diff`);
 //! - [`run`] checks the requests against the prompt set and the target's tokenizer and builds
 //!   what is stored (prompts, per-prompt statistics, native τ rows, the origin), written in one
 //!   transaction by `Store::insert_finished_run_with`.
@@ -15,6 +17,7 @@
 //! This crate never tokenizes: the caller (the CLI, with the engine) supplies the prompt set's
 //! token ids and the tokenizer's decode and end-of-generation ids through [`run::TraceTarget`].
 
+pub mod diff;
 pub mod jsonl;
 pub mod llamacpp;
 pub mod normalise;
