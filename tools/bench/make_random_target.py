@@ -3,7 +3,7 @@ machine, for the end-to-end benchmarks (docs/benchmarks-cuda.md). Nothing is dow
 is `from_config` on the GPU in bf16 and written with `save_pretrained` (sharded like the real
 checkpoints); the tokenizer is the Qwen3 one from the prompt-set fixtures (data/tokenizer/qwen3-hf).
 
-usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b|qwen3-32b|qwen3.6-27b-16l|qwen3.6-27b|qwen3.5-demo-8l]
+usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b|qwen3-32b|qwen3.6-27b-16l|qwen3.6-27b|qwen3.5-demo-8l|qwen3-30b-a3b-8l]
            [--drafters 3] [--taps 1,9,17,25,33] [--device cuda|cpu]
 
 `--arch qwen3.5-demo-8l` is the small hybrid target of the numeric-profile demo
@@ -52,6 +52,13 @@ ARCHS["qwen3.5-demo-8l"] = dict(ARCHS["qwen3.6-27b-16l"], vocab_size=151936, hid
                                 num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
                                 linear_num_key_heads=8, linear_num_value_heads=16, max_position_embeddings=32768,
                                 initializer_range=0.02, embed_scale=50.0, gdn_out_scale=20.0, active_vocab=1024)
+# Qwen3-30B-A3B's shapes (128 experts, top-8, 768-wide experts, 32 q / 4 kv heads of 128) at 8 of its
+# 48 layers: every layer is the real one, so per-layer and per-token figures carry over (x6 for the
+# layers); 4.9 B parameters, 9.8 GB of bf16.
+ARCHS["qwen3-30b-a3b-8l"] = dict(ARCHS["qwen3-8b"], model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
+                                 moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                                 decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=8,
+                                 num_attention_heads=32, num_key_value_heads=4)
 # Archs whose weights get the hybrid goldens' non-trivial init after `from_config`.
 DYNAMIC_INIT = {"qwen3.5-demo-8l"}
 # A 27B-class dense target: Qwen3-32B's shapes (64 layers, 32.8 B parameters, 65.5 GB of bf16;
