@@ -12,8 +12,8 @@
 //!   rule with q a point mass at x ([`DraftSampling::Greedy`]).
 //! * Its expectation: P(x_k accepted | x_{<k} accepted) = α_k = Σ_x min(p_k(x), q_k(x))
 //!   ([`overlap`]), hence P(A ≥ k) = Π_{j≤k} α_j ([`survival`]) for DFlash, whose q_k does not
-//!   depend on the drafted prefix; [`expected_round_tokens`] and [`expected_rounds`] turn it into
-//!   the expected tokens of one round and the expected rounds of a whole decode.
+//!   depend on the drafted prefix; [`expected_round_tokens`] and [`expected_chain`] turn it into
+//!   the expected tokens of one round and the expected rounds and τ of a whole decode.
 //!
 //! The live decode (`crates/engine/src/drafter/sampling.rs`) samples with these functions and the
 //! native metrics (`crates/results/src/metrics/sampled.rs`) compute the expectation with them, so
@@ -356,47 +356,103 @@ pub fn expected_round_tokens(alphas: &[f64]) -> f64 {
     1.0 + survival(alphas).iter().sum::<f64>()
 }
 
-/// Expected number of verify rounds of a speculative decode that starts at anchor `first` and
-/// ends when the anchor reaches `end` (the last position of the sequence; `docs/metrics.md` §3):
-/// Σ_a P(a is visited), where a round at a accepts A = n drafts with probability S_n − S_{n+1}
-/// (S from `alphas_at(a)`, S_0 = 1, zero past the block's valid positions) and moves to a + n + 1.
-/// `alphas_at(a)` is None when no block is stored at a; that is an error only for an anchor the
-/// decode visits with positive probability. The decode yields `end − first` tokens whichever
-/// anchors it visits, so its expected τ is `(end − first) / expected_rounds`.
-pub fn expected_rounds(
+/// What the chain of verify rounds of a speculative decode is expected to give
+/// ([`expected_chain`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChainExpectation {
+    /// Tokens the rounds commit, `end − first` whichever anchors the decode visits.
+    pub tokens: u32,
+    /// E[R]: the expected number of rounds.
+    pub rounds: f64,
+    /// E[tokens / R]: the expectation of the τ a live decode of this sequence reports. By Jensen
+    /// it exceeds tokens / E[R] by about τ · Var(R) / E[R]² (a short sequence's few rounds).
+    pub tau: f64,
+}
+
+/// Contributions to the rounds' distribution below this are dropped (their total changes E[R]
+/// and E[tokens / R] by less than about 1e-12 of their value for sequences up to 10⁵ tokens).
+const NEGLIGIBLE: f64 = 1e-18;
+
+/// The distribution of R over the chain of a speculative decode that starts at anchor `first`
+/// and stops when the anchor reaches `end` (the last position of the sequence;
+/// `docs/metrics.md` §3), summarised as E[R] and E[tokens / R]. A round at anchor a accepts
+/// A = n drafts with probability S_n − S_{n+1} (S from `alphas_at(a)` by [`survival`], S_0 = 1,
+/// zero past the block's valid positions) and moves to a + n + 1. `alphas_at(a)` is None when no
+/// block is stored at a: an error for an anchor the decode visits with positive probability.
+/// None when `first ≥ end` (no round).
+pub fn expected_chain(
     first: u32,
     end: u32,
     mut alphas_at: impl FnMut(u32) -> Option<Vec<f64>>,
-) -> Result<f64, MissingAnchor> {
+) -> Result<Option<ChainExpectation>, MissingAnchor> {
     if first >= end {
-        return Ok(0.0);
+        return Ok(None);
     }
     let span = (end - first) as usize;
-    // reach[i] = P(the decode visits anchor first + i).
-    let mut reach = vec![0.0f64; span];
-    reach[0] = 1.0;
-    let mut rounds = 0.0;
+    // reach[i]: P(the decode arrives at anchor first + i after r rounds), over r.
+    let mut reach: Vec<RoundsMass> = (0..span).map(|_| RoundsMass::default()).collect();
+    reach[0].add(0, 1.0);
+    let (mut rounds, mut tau) = (0.0, 0.0);
     for i in 0..span {
-        if reach[i] == 0.0 {
+        let here = std::mem::take(&mut reach[i]);
+        if here.mass.is_empty() {
             continue;
         }
         let a = first + i as u32;
-        let alphas = alphas_at(a).ok_or(MissingAnchor(a))?;
-        rounds += reach[i];
-        let s = survival(&alphas);
-        // P(A = n) = S_n − S_{n+1}, S_0 = 1, S past the last valid position = 0.
+        let s = survival(&alphas_at(a).ok_or(MissingAnchor(a))?);
         let at_least = |n: usize| match n {
             0 => 1.0,
             n => s.get(n - 1).copied().unwrap_or(0.0),
         };
         for n in 0..=s.len() {
+            let p_n = at_least(n) - at_least(n + 1);
+            if p_n <= 0.0 {
+                continue;
+            }
             let next = i + n + 1;
-            if next < span {
-                reach[next] += reach[i] * (at_least(n) - at_least(n + 1));
+            for (j, &m) in here.mass.iter().enumerate() {
+                let (m, r) = (m * p_n, here.first + j + 1);
+                if m < NEGLIGIBLE {
+                    continue;
+                }
+                if next >= span {
+                    rounds += m * r as f64;
+                    tau += m * span as f64 / r as f64;
+                } else {
+                    reach[next].add(r, m);
+                }
             }
         }
     }
-    Ok(rounds)
+    Ok(Some(ChainExpectation {
+        tokens: span as u32,
+        rounds,
+        tau,
+    }))
+}
+
+/// Probability mass over round counts first, first + 1, … (one anchor of [`expected_chain`]).
+#[derive(Default)]
+struct RoundsMass {
+    first: usize,
+    mass: Vec<f64>,
+}
+
+impl RoundsMass {
+    fn add(&mut self, r: usize, m: f64) {
+        if self.mass.is_empty() {
+            self.first = r;
+        } else if r < self.first {
+            let shift = self.first - r;
+            self.mass.splice(0..0, std::iter::repeat_n(0.0, shift));
+            self.first = r;
+        }
+        let j = r - self.first;
+        if j >= self.mass.len() {
+            self.mass.resize(j + 1, 0.0);
+        }
+        self.mass[j] += m;
+    }
 }
 
 #[cfg(test)]
@@ -520,30 +576,60 @@ mod tests {
         // One round: 1 + .5 + .5·.4.
         assert!(close(expected_round_tokens(&[0.5, 0.4]), 1.7));
         assert_eq!(survival(&[0.5, 0.4, 1.0]), [0.5, 0.2, 0.2]);
+        let chain = |first, end, f: &dyn Fn(u32) -> Option<Vec<f64>>| {
+            expected_chain(first, end, f).unwrap().unwrap()
+        };
         // Every α = 1 with γ = 3 from 0 to 8: rounds at 0 and 4 (A = 3 each); the one at 4
-        // reaches the end exactly.
-        let all = |_| Some(vec![1.0; 3]);
-        assert!(close(expected_rounds(0, 8, all).unwrap(), 2.0));
+        // reaches the end exactly. 8 tokens in 2 rounds.
+        let c = chain(0, 8, &|_| Some(vec![1.0; 3]));
+        assert_eq!(c.tokens, 8);
+        assert!(close(c.rounds, 2.0) && close(c.tau, 4.0));
         // α = 0: one round per token.
-        assert!(close(
-            expected_rounds(0, 8, |_| Some(vec![0.0; 3])).unwrap(),
-            8.0
-        ));
-        // γ = 1, α = .5, end 2: a round at 0 (always), and one at 1 with probability .5.
-        assert!(close(
-            expected_rounds(0, 2, |_| Some(vec![0.5])).unwrap(),
-            1.5
-        ));
-        // Blocks cut by the end have fewer valid positions: at 1 (end 3) two, at 2 one.
-        let cut = |a: u32| Some(vec![1.0; (3 - a as usize).min(3)]);
-        assert!(close(expected_rounds(0, 3, cut).unwrap(), 1.0));
+        let c = chain(0, 8, &|_| Some(vec![0.0; 3]));
+        assert!(close(c.rounds, 8.0) && close(c.tau, 1.0));
+        // γ = 1, α = .5, end 2: R = 1 (A = 1 at 0) or 2, each with probability .5: E[R] = 1.5,
+        // E[2 / R] = .5 · 2 + .5 · 1 = 1.5, above 2 / E[R] = 1.33 (Jensen).
+        let c = chain(0, 2, &|_| Some(vec![0.5]));
+        assert!(close(c.rounds, 1.5) && close(c.tau, 1.5), "{c:?}");
+        // Blocks cut by the end have fewer valid positions: at 0 (end 3) all three.
+        let c = chain(0, 3, &|a| Some(vec![1.0; (3 - a as usize).min(3)]));
+        assert!(close(c.rounds, 1.0) && close(c.tau, 3.0));
         // Only anchors visited with positive probability are needed.
-        let sparse = |a: u32| (a == 0 || a == 4).then(|| vec![1.0; 3]);
-        assert!(close(expected_rounds(0, 8, sparse).unwrap(), 2.0));
+        let c = chain(0, 8, &|a| (a == 0 || a == 4).then(|| vec![1.0; 3]));
+        assert!(close(c.rounds, 2.0));
         assert_eq!(
-            expected_rounds(0, 8, |a| (a == 0).then(|| vec![0.5; 3])),
+            expected_chain(0, 8, |a| (a == 0).then(|| vec![0.5; 3])),
             Err(MissingAnchor(1))
         );
-        assert_eq!(expected_rounds(5, 5, |_| None), Ok(0.0));
+        assert_eq!(expected_chain(5, 5, |_| None), Ok(None));
+        // E[R] by brute force over every acceptance pattern: γ = 2, α = (.6, .3) everywhere,
+        // 7 tokens.
+        let alphas = [0.6, 0.3];
+        let s = survival(&alphas);
+        let p_a = [1.0 - s[0], s[0] - s[1], s[1]];
+        fn walk(a: usize, end: usize, r: usize, p: f64, p_a: &[f64; 3], out: &mut (f64, f64)) {
+            if a >= end {
+                out.0 += p * r as f64;
+                out.1 += p * 7.0 / r as f64;
+                return;
+            }
+            let valid = (end - a).min(2);
+            for n in 0..=valid {
+                // Past the valid positions the survival is 0: A = valid takes the rest.
+                let pn = if n < valid {
+                    p_a[n]
+                } else {
+                    p_a[n..].iter().sum()
+                };
+                walk(a + n + 1, end, r + 1, p * pn, p_a, out);
+            }
+        }
+        let mut brute = (0.0, 0.0);
+        walk(0, 7, 0, 1.0, &p_a, &mut brute);
+        let c = chain(0, 7, &|a| Some(alphas[..(7 - a as usize).min(2)].to_vec()));
+        assert!(
+            close(c.rounds, brute.0) && close(c.tau, brute.1),
+            "{c:?} vs {brute:?}"
+        );
     }
 }
