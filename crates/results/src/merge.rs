@@ -18,7 +18,7 @@
 //! [`merge_received`] is the same merge done by a team server inside its own database, when
 //! pushed shard runs complete an evaluation (docs/scale-out.md §9).
 
-use crate::metrics::{summarize, PromptInfo};
+use crate::metrics::{run_sampling, sampled_rows, summarize, PromptInfo};
 use crate::shard::{shard_of_hash, Shard, SHARD_NAME_SEP};
 use crate::store::{
     FinishedRun, MetricRow, MetricScope, NewRun, PluginProvenance, RunEval, RunInfo, RunPrompt,
@@ -387,7 +387,7 @@ pub struct Merged {
 }
 
 /// Reads the planned shard runs and builds the merged run: prompts and records in prompt-index
-/// order, native metrics recomputed by [`summarize`].
+/// order, native metrics recomputed by [`summarize`] (and [`sampled_rows`] for a sampled run).
 pub fn build(sources: &[Source], plan: &MergePlan) -> Result<Merged> {
     let first = &plan.shards[0];
     let (b, k) = (first.run.block_size, first.run.top_k);
@@ -436,7 +436,13 @@ pub fn build(sources: &[Source], plan: &MergePlan) -> Result<Merged> {
             category: p.category.clone(),
         })
         .collect();
-    let metrics = summarize(&records, &infos);
+    let mut metrics = summarize(&records, &infos);
+    // A run sampled at T > 0 (`run --temperature`) adds its expected acceptance.
+    let sampling = run_sampling(&first.run.config)
+        .with_context(|| format!("run {}: its eval.sampling settings", first.run.id))?;
+    if let Some(params) = sampling {
+        metrics.extend(sampled_rows(&records, &infos, &params));
+    }
 
     let info = &first.run;
     let mut config = info.config.clone();

@@ -6,6 +6,8 @@
 //! implementation checked against these (`crates/web/tests/tau_agreement.rs`).
 //!
 //! - [`prompt_stats`]: per-prompt counts and the replayed chain of each prompt;
+//! - [`sampled`]: the expected acceptance of a run sampled at T > 0 (`run --temperature`), from
+//!   the stored p and q after the run's transform;
 //! - [`derived`]: the metrics with a per-prompt form ([`DERIVED`]: name, unit, description,
 //!   direction, macro or pooled) and their aggregation over prompts;
 //! - this file: the stored rows, scopes and series.
@@ -20,6 +22,7 @@
 
 pub mod derived;
 pub mod prompt_stats;
+pub mod sampled;
 
 pub use derived::{
     aggregate, aggregate_counted, derived, derived_values, Aggregation, DerivedMetric, DERIVED,
@@ -28,6 +31,7 @@ pub use prompt_stats::{
     compute_stats, prompt_chain, replay, replay_chain, PromptStats, RunStats, STATS_KIND,
     STATS_VERSION,
 };
+pub use sampled::{run_sampling, sampled_rows};
 
 use crate::store::{MetricRow, MetricScope, PromptMeta};
 use draftlens_records::RecordBatch;
