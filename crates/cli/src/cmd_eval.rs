@@ -11,8 +11,12 @@ use draftlens_engine::drafter::lint::{lint, Severity};
 use draftlens_engine::drafter::live::{first_divergence, live_decode};
 use draftlens_engine::drafter::run::RunOutcome;
 use draftlens_engine::drafter::run::{run_eval_shard, DrafterSpec, RunOptions};
+use draftlens_engine::drafter::sampling::{
+    live_decode_sampled, prompt_stream, SampledEval, SamplingRng,
+};
 use draftlens_engine::drafter::{DFlashDrafter, DrafterCheckpoint};
 use draftlens_engine::model::TargetFiles;
+use draftlens_records::sampling::{check_temperature, check_top_p, DraftSampling, SamplingParams};
 use draftlens_results::store::{MetricRow, MetricScope, RunFilter, RunMode, Store};
 use draftlens_results::text::printable;
 use serde::Serialize;
@@ -76,6 +80,24 @@ pub struct RunArgs {
     /// Also evaluate anchors inside the prompt.
     #[arg(long)]
     pub prompt_anchors: bool,
+    /// Evaluate speculative sampling at temperature T > 0 (docs/metrics.md §7): each prompt's
+    /// continuation is drawn from the target instead of decoded greedily, and the run adds the
+    /// expected acceptance computed exactly from the stored p and q. 0: greedy.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_temperature, allow_negative_numbers = true)]
+    pub temperature: f64,
+    /// Top-p of the sampling transform, in (0, 1] (1: none).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_top_p, allow_negative_numbers = true)]
+    pub top_p: f64,
+    /// Top-k of the sampling transform; at T > 0 it is required and at most --top-k (the
+    /// candidates stored), which then give p and q exactly.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    pub sampling_top_k: Option<u32>,
+    /// Seed of the sampled continuations (each prompt draws from its own stream of it) [default: 0].
+    #[arg(long)]
+    pub sampling_seed: Option<u64>,
+    /// How drafts are chosen at T > 0 [default: sampled].
+    #[arg(long, value_enum)]
+    pub draft_sampling: Option<DraftSamplingArg>,
     /// Stop with an error after N prompts (for testing interruption).
     #[arg(long, hide = true)]
     pub fail_after: Option<usize>,
@@ -144,6 +166,7 @@ impl BackendJob for RunJob<'_> {
             ctx_inclusive: matches!(a.mask, MaskArg::Inclusive),
             labels: a.labels,
             anchor_batch: a.anchors.anchor_batch,
+            sampling: run_sampling(a)?,
         };
         let mut outs = Vec::new();
         for spec in &specs {
@@ -161,6 +184,8 @@ impl BackendJob for RunJob<'_> {
 }
 
 pub fn run(g: &Global, a: RunArgs) -> Result<()> {
+    // Sampling settings are checked before any model is loaded.
+    run_sampling(&a)?;
     // Plugins are found and their parameters checked before any model runs.
     let plugins = crate::cmd_rescore::Prepared::new(&a.plugins)?;
     let outs = dispatch(
@@ -260,6 +285,86 @@ impl<'a> RunJson<'a> {
     }
 }
 
+/// `--draft-sampling`: how the drafter's tokens are chosen at T > 0.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DraftSamplingArg {
+    /// Each drafted position drawn from the drafter's transformed q_k (vLLM's
+    /// draft_sample_method "probabilistic").
+    Sampled,
+    /// The drafter's most likely token, q a point mass (z-lab's dflash_generate, vLLM's default).
+    Greedy,
+}
+
+fn parse_temperature(s: &str) -> Result<f64, String> {
+    let t = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    check_temperature(t).map_err(|e| e.to_string())
+}
+
+fn parse_top_p(s: &str) -> Result<f64, String> {
+    let p = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    check_top_p(p).map_err(|e| e.to_string())
+}
+
+/// The sampling settings of `--temperature`, `--top-p`, the top-k and the draft flag; None at
+/// T = 0 (greedy), where giving any other sampling flag is an error rather than ignored.
+fn sampling_params(
+    temperature: f64,
+    top_k: (Option<u32>, &str),
+    top_p: f64,
+    seed: (Option<u64>, &str),
+    draft: Option<DraftSamplingArg>,
+) -> Result<Option<SamplingParams>> {
+    if temperature == 0.0 {
+        let given: Vec<&str> = [
+            (top_k.0.is_some(), top_k.1),
+            (top_p != 1.0, "--top-p"),
+            (seed.0.is_some(), seed.1),
+            (draft.is_some(), "--draft-sampling"),
+        ]
+        .into_iter()
+        .filter_map(|(on, flag)| on.then_some(flag))
+        .collect();
+        if !given.is_empty() {
+            bail!(
+                "{} set the sampling at T > 0: give --temperature too (0, the default, is greedy decoding)",
+                given.join(", ")
+            );
+        }
+        return Ok(None);
+    }
+    let draft = match draft.unwrap_or(DraftSamplingArg::Sampled) {
+        DraftSamplingArg::Sampled => DraftSampling::Sampled,
+        DraftSamplingArg::Greedy => DraftSampling::Greedy,
+    };
+    let params = SamplingParams::new(temperature, top_k.0, top_p, draft)?;
+    Ok(Some(params))
+}
+
+/// `run`'s sampled evaluation (`--temperature` > 0), checked against its other options.
+fn run_sampling(a: &RunArgs) -> Result<Option<SampledEval>> {
+    let Some(params) = sampling_params(
+        a.temperature,
+        (a.sampling_top_k, "--sampling-top-k"),
+        a.top_p,
+        (a.sampling_seed, "--sampling-seed"),
+        a.draft_sampling,
+    )?
+    else {
+        return Ok(None);
+    };
+    let sampled = SampledEval {
+        params,
+        seed: a.sampling_seed.unwrap_or(0),
+    };
+    sampled.check(&EvalOptions {
+        top_k: a.anchors.top_k,
+        anchors: a.anchors.policy(),
+        labels: a.labels,
+        ..EvalOptions::default()
+    })?;
+    Ok(Some(sampled))
+}
+
 #[derive(Args)]
 pub struct LiveArgs {
     #[command(flatten)]
@@ -272,6 +377,40 @@ pub struct LiveArgs {
     /// command succeeds: τ and the output are kept (docs/live.md).
     #[arg(long)]
     pub strict: bool,
+    /// Speculative sampling at temperature T > 0 (docs/live.md): drafts accepted with
+    /// probability min(1, p/q), the residual norm(max(0, p − q)) at a rejection. 0: greedy.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_temperature, allow_negative_numbers = true)]
+    pub temperature: f64,
+    /// Top-p of the sampling transform, in (0, 1] (1: none).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_top_p, allow_negative_numbers = true)]
+    pub top_p: f64,
+    /// Top-k of the sampling transform [default: none].
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    pub top_k: Option<u32>,
+    /// Seed: each prompt draws from its own stream of it (ChaCha20, stream from the prompt's
+    /// sha256), so its output does not depend on the other prompts [default: 0].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// How drafts are chosen at T > 0 [default: sampled].
+    #[arg(long, value_enum)]
+    pub draft_sampling: Option<DraftSamplingArg>,
+}
+
+impl LiveArgs {
+    /// The sampling settings and seed at `--temperature` > 0; None for greedy decoding.
+    fn sampling(&self) -> Result<Option<(SamplingParams, u64)>> {
+        let params = sampling_params(
+            self.temperature,
+            (self.top_k, "--top-k"),
+            self.top_p,
+            (self.seed, "--seed"),
+            self.draft_sampling,
+        )?;
+        if params.is_some() && self.strict {
+            bail!("--strict compares the output with greedy decoding: it applies at --temperature 0 only");
+        }
+        Ok(params.map(|p| (p, self.seed.unwrap_or(0))))
+    }
 }
 
 #[derive(Serialize)]
@@ -280,8 +419,9 @@ pub struct LiveRow {
     pub tau: f64,
     pub rounds: usize,
     pub new_tokens: usize,
-    /// Output equals plain greedy decoding token for token.
-    pub lossless: bool,
+    /// Output equals plain greedy decoding token for token; null at T > 0, where the output is a
+    /// sample (losslessness there is in distribution, tested statistically).
+    pub lossless: Option<bool>,
     pub text: String,
     /// Where the output first departs from plain greedy decoding; null when lossless.
     pub divergence: Option<LiveDivergence>,
@@ -310,11 +450,15 @@ pub struct LiveReport {
     pub block_size: usize,
     pub backend: &'static str,
     pub dtype: &'static str,
+    /// The sampling settings and seed at T > 0 (`T=1 top-k=off top-p=1 draft=sampled seed=0`).
+    pub sampling: Option<String>,
 }
 
 struct LiveJob<'a> {
     g: &'a Global,
     a: &'a LiveArgs,
+    /// `--temperature` > 0: the settings and the seed.
+    sampling: Option<(SamplingParams, u64)>,
 }
 
 impl BackendJob for LiveJob<'_> {
@@ -338,6 +482,32 @@ impl BackendJob for LiveJob<'_> {
         let mut rows = Vec::new();
         for p in &set.prompts {
             let ids = s.prompt_ids(p)?;
+            if let Some((params, seed)) = &self.sampling {
+                // A sample equals greedy decoding only by chance: no divergence to report.
+                let mut rng = SamplingRng::for_prompt(*seed, prompt_stream(&p.hash())?);
+                let max_new = a.target.max_new_tokens;
+                let live = live_decode_sampled(
+                    &s.be,
+                    s.model()?,
+                    &d,
+                    &ids,
+                    max_new,
+                    &eos,
+                    params,
+                    &mut rng,
+                )?;
+                rows.push(LiveRow {
+                    id: p.id.clone(),
+                    tau: live.tau(),
+                    rounds: live.round_tokens.len(),
+                    new_tokens: live.ids.len(),
+                    lossless: None,
+                    text: tok.decode(&live.ids)?,
+                    divergence: None,
+                });
+                pb.inc(1);
+                continue;
+            }
             let live = live_decode(&s.be, s.model()?, &d, &ids, a.target.max_new_tokens, &eos)?;
             let greedy = s.continuation(&ids, a.target.max_new_tokens)?;
             let divergence = first_divergence(&s.be, s.model()?, &ids, &live.ids, &greedy.ids)?;
@@ -347,7 +517,7 @@ impl BackendJob for LiveJob<'_> {
                 tau: live.tau(),
                 rounds: live.round_tokens.len(),
                 new_tokens: live.ids.len(),
-                lossless: divergence.is_none(),
+                lossless: Some(divergence.is_none()),
                 text: tok.decode(&live.ids)?,
                 divergence: match divergence {
                     None => None,
@@ -369,6 +539,9 @@ impl BackendJob for LiveJob<'_> {
             block_size: d.cfg.block_size,
             backend: s.be.name(),
             dtype: s.be.dtype(),
+            sampling: self
+                .sampling
+                .map(|(params, seed)| format!("{} seed={seed}", params.describe())),
         })
     }
 }
@@ -406,9 +579,10 @@ impl LiveReport {
                     r.tau,
                     r.rounds,
                     r.new_tokens,
-                    match &r.divergence {
-                        None => "lossless".to_string(),
-                        Some(d) => render_divergence(d),
+                    match (&r.divergence, r.lossless) {
+                        (Some(d), _) => render_divergence(d),
+                        (None, Some(_)) => "lossless".to_string(),
+                        (None, None) => "sampled".to_string(),
                     }
                 )
             })
@@ -416,9 +590,13 @@ impl LiveReport {
         let macro_tau =
             self.rows.iter().map(|r| r.tau).sum::<f64>() / self.rows.len().max(1) as f64;
         o += &format!(
-            "live τ (macro over {} prompts): {:.3}\n",
+            "live τ (macro over {} prompts): {:.3}{}\n",
             self.rows.len(),
-            macro_tau
+            macro_tau,
+            self.sampling
+                .as_ref()
+                .map(|s| format!(", sampled at {s}"))
+                .unwrap_or_default()
         );
         if let Some(line) = self.divergence_summary() {
             o += &line;
@@ -462,10 +640,12 @@ fn render_divergence(d: &LiveDivergence) -> String {
 }
 
 pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
+    // Sampling settings are checked before any model is loaded.
+    let sampling = a.sampling()?;
     let report = dispatch(
         a.target.backend.select(g),
         DEFAULT_CUDA_DEVICE,
-        LiveJob { g, a: &a },
+        LiveJob { g, a: &a, sampling },
     )?;
     g.emit(&report.rows, || report.render())?;
     // With --json stdout stays one JSON document: the summary goes to stderr.

@@ -9,7 +9,7 @@ fn row(id: &str, divergence: Option<LiveDivergence>) -> LiveRow {
         tau: 2.0,
         rounds: 4,
         new_tokens: 8,
-        lossless: divergence.is_none(),
+        lossless: Some(divergence.is_none()),
         text: "out".into(),
         divergence,
     }
@@ -21,6 +21,7 @@ fn report(rows: Vec<LiveRow>) -> LiveReport {
         block_size: 16,
         backend: "cuda",
         dtype: "bf16",
+        sampling: None,
     }
 }
 

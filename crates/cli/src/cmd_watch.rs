@@ -119,6 +119,7 @@ pub(crate) fn eval_options(a: &WatchArgs) -> EvalOptions {
         ctx_inclusive: false,
         labels: Labels::Target,
         anchor_batch: a.anchors.anchor_batch,
+        sampling: None,
     }
 }
 

@@ -60,6 +60,11 @@ pub struct EvalOptions {
     pub labels: Labels,
     /// Anchors per drafter forward.
     pub anchor_batch: usize,
+    /// Sampling at T > 0 (`run --temperature`, docs/metrics.md §7): continuations drawn from the
+    /// target, and the expected acceptance added to the metrics. Not serialised when absent, so a
+    /// greedy run's settings, identity and cache keys stay byte for byte what they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<super::sampling::SampledEval>,
 }
 
 impl Default for EvalOptions {
@@ -71,6 +76,7 @@ impl Default for EvalOptions {
             ctx_inclusive: false,
             labels: Labels::Target,
             anchor_batch: DEFAULT_ANCHOR_BATCH,
+            sampling: None,
         }
     }
 }

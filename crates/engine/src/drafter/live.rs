@@ -41,7 +41,7 @@ impl LiveResult {
 }
 
 /// Captured taps of `out` rows `0..n` as host vectors, in the drafter's tap order.
-fn taps_rows<B: Backend>(
+pub(super) fn taps_rows<B: Backend>(
     be: &B,
     cap: &crate::model::Captured<B>,
     indices: &[usize],

@@ -14,4 +14,5 @@ pub mod random;
 pub mod records_cache;
 pub mod run;
 pub mod run_identity;
+pub mod sampling;
 mod vocab;

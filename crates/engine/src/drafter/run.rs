@@ -16,7 +16,7 @@ use crate::prompts::{Prompt, PromptSet};
 use crate::records::RecordBatch;
 use crate::session::{Packer, ResidentPass, Session};
 use anyhow::{bail, Context, Result};
-use draftlens_results::metrics::{summarize, PromptInfo};
+use draftlens_results::metrics::{sampled_rows, summarize, PromptInfo};
 use draftlens_results::shard::Shard;
 use draftlens_results::store::{RunPrompt, RunStatus, Store};
 use std::collections::BTreeMap;
@@ -149,6 +149,10 @@ pub fn run_eval_shard<B: Backend>(
         None => (0..set.prompts.len()).collect(),
     };
     let chosen: Vec<Prompt> = selected.iter().map(|&i| set.prompts[i].clone()).collect();
+    // A sampled run's settings are checked before anything is opened or computed.
+    if let Some(sampling) = &opts.eval.sampling {
+        sampling.check(&opts.eval)?;
+    }
     let drafter = RunDrafter::open(s, spec)?;
     let taps = drafter.target_layer_ids.len();
     // Before the run is created or anything computed: every prompt must fit on the device.
@@ -188,7 +192,10 @@ pub fn run_eval_shard<B: Backend>(
         Ok((infos, all, timings)) => {
             let _phase = crate::timeline::phase("metrics");
             let tm = Instant::now();
-            let metrics = summarize(&all, &infos);
+            let mut metrics = summarize(&all, &infos);
+            if let Some(sampling) = &opts.eval.sampling {
+                metrics.extend(sampled_rows(&all, &infos, &sampling.params));
+            }
             store.add_metrics(run_id, &metrics)?;
             let metrics_s = tm.elapsed().as_secs_f64();
             let timings = serde_json::json!({ "total_s": t0.elapsed().as_secs_f64(), "target_s": timings.0, "draft_s": timings.1, "metrics_s": metrics_s, "records_cached": timings.2, "contexts_from_device": timings.3, "drafter_loaded": drafter_loaded });
@@ -408,8 +415,9 @@ impl<'s> RecordSink<'s> {
 }
 
 /// Each prompt of `chunk` as (prompt + labels, prompt length): the labels are the target's greedy
-/// continuation (decoded for the whole chunk at once) or, with `--labels data`, the prompt's
-/// reference completion.
+/// continuation (decoded for the whole chunk at once), its sampled one at T > 0 (`run
+/// --temperature`: drawn prompt by prompt, each on its own stream) or, with `--labels data`, the
+/// prompt's reference completion.
 fn chunk_sequences<B: Backend>(
     s: &Session<B>,
     set: &PromptSet,
@@ -422,11 +430,29 @@ fn chunk_sequences<B: Backend>(
         (ids, prompt_len)
     };
     match opts.eval.labels {
-        Labels::Target => Ok(s
-            .prompts_with_continuations(chunk, opts.max_new_tokens)?
-            .into_iter()
-            .map(|(ids, c)| with_labels(ids, &c.ids))
-            .collect()),
+        Labels::Target => match &opts.eval.sampling {
+            None => Ok(s
+                .prompts_with_continuations(chunk, opts.max_new_tokens)?
+                .into_iter()
+                .map(|(ids, c)| with_labels(ids, &c.ids))
+                .collect()),
+            Some(sampling) => chunk
+                .iter()
+                .map(|p| {
+                    let ids = s.prompt_ids(p)?;
+                    let eos = s.eos_ids();
+                    let c = sampling.continuation(
+                        &s.be,
+                        s.model()?,
+                        &ids,
+                        opts.max_new_tokens,
+                        &eos,
+                        &p.hash(),
+                    )?;
+                    Ok(with_labels(ids, &c))
+                })
+                .collect(),
+        },
         Labels::Data => {
             let tok = s.files.tokenizer()?;
             chunk

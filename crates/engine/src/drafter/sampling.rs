@@ -1,0 +1,455 @@
+//! Live speculative sampling at temperature T > 0 (`draftlens live --temperature`), and plain
+//! sampling from the target, the reference it must equal in distribution.
+//!
+//! The distributions and the rule are `draftlens_records::sampling`'s (one definition for the
+//! live decode and the replayed expectation, `docs/metrics.md` §7): p and q are the target's and
+//! the drafter's candidates after the same temperature → top-k → top-p transform. A round at
+//! anchor a (the last committed token y_a, not yet in the target's cache):
+//!
+//! 1. DFlash drafts the block `[y_a, MASK…]` in one pass; drafted position k's token is drawn
+//!    from the drafter's q_k, each position independently (vLLM's DFlash path with
+//!    `draft_sample_method = "probabilistic"`), or is argmax q_k with q_k a point mass
+//!    ([`DraftSampling::Greedy`]: z-lab's `dflash_generate` and vLLM's default);
+//! 2. one target pass over `[y_a, x_1..x_γ]` gives p_1..p_{γ+1};
+//! 3. for k = 1, 2, …: accept x_k with probability min(1, p_k(x_k)/q_k(x_k)); at the first
+//!    rejection draw the round's last token from norm(max(0, p_k − q_k)); when all γ are
+//!    accepted draw the bonus token from p_{γ+1};
+//! 4. the cache is cropped and the drafter's context extended exactly as in greedy live decoding
+//!    ([`super::live`]), whose round and τ conventions this loop shares.
+//!
+//! Randomness: one ChaCha20 stream per prompt ([`SamplingRng::for_prompt`]: the run's seed and a
+//! stream id from the prompt's content), so a prompt's output does not depend on which other
+//! prompts run or in what order. Draws, in order: the prefill's token; then per round the γ
+//! drafts (sampled drafts only), one uniform per verified position, and one for the round's last
+//! token (residual or bonus). Plain sampling draws one uniform per token from the same kind of
+//! stream, so the prefill's token is the same in both.
+
+use super::eval::{AnchorPolicy, EvalOptions, Labels};
+use super::live::{taps_rows, LiveResult};
+use super::model::{DFlashDrafter, DraftOptions};
+use crate::backend::{Backend, TopK};
+use crate::model::{Capture, TargetModel};
+use anyhow::{bail, Context, Result};
+use draftlens_records::sampling::{accepts, residual, Dist, DraftSampling, SamplingParams};
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use serde::{Deserialize, Serialize};
+
+/// The random stream of one prompt: ChaCha20 (a fixed, portable algorithm: the same seed gives
+/// the same draws on every machine and every version of this crate's dependencies' 0.9 line).
+pub struct SamplingRng(ChaCha20Rng);
+
+impl SamplingRng {
+    /// Stream `stream` of the generator seeded with `seed` (ChaCha's 64-bit stream id: streams of
+    /// one seed are independent).
+    pub fn for_prompt(seed: u64, stream: u64) -> Self {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        rng.set_stream(stream);
+        SamplingRng(rng)
+    }
+
+    /// Uniform on [0, 1) with 53 random bits.
+    pub fn uniform(&mut self) -> f64 {
+        (self.0.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// A prompt's stream id: the first 16 hex digits of its sha256 (`Prompt::hash`), so the stream
+/// follows the prompt's content, not its place in a set or a batch.
+pub fn prompt_stream(sha256_hex: &str) -> Result<u64> {
+    let head = sha256_hex
+        .get(..16)
+        .context("a prompt hash has 64 hex digits")?;
+    u64::from_str_radix(head, 16).with_context(|| format!("{sha256_hex:?} is not a hex sha256"))
+}
+
+/// A run sampled at T > 0 (`run --temperature`, [`EvalOptions::sampling`]): the transform and
+/// how drafts are chosen, and the seed of every prompt's sampled continuation. Stored in the
+/// run's settings and evaluation identity as `eval.sampling`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SampledEval {
+    #[serde(flatten)]
+    pub params: SamplingParams,
+    /// With the prompt's content ([`prompt_stream`]), the stream its continuation is drawn from.
+    pub seed: u64,
+}
+
+impl SampledEval {
+    /// Refuse, before anything runs, a sampled evaluation whose expectation could not be exact:
+    /// the transform must be determined by the stored candidates, and every completion anchor
+    /// must be drafted (a sampled decode may visit any of them).
+    pub fn check(&self, eval: &EvalOptions) -> Result<()> {
+        let k = eval.top_k;
+        if !self.params.exact_with_candidates(k) {
+            bail!(
+                "--sampling-top-k {}: the expected acceptance at T > 0 needs the transformed p and q exactly, and \
+                 the stored top-{k} candidates (--top-k {k}) give them only for a sampling top-k of at most {k} \
+                 (without it the temperature's normaliser and top-p need every token; docs/metrics.md §7): give \
+                 --sampling-top-k N with N <= {k}, or raise --top-k",
+                self.params.top_k.map_or("missing".to_string(), |t| t.to_string())
+            );
+        }
+        if eval.anchors != AnchorPolicy::Every {
+            bail!(
+                "--temperature: a sampled decode may visit any completion anchor, so every one is drafted: \
+                 leave out --stride / --sample"
+            );
+        }
+        if eval.labels != Labels::Target {
+            bail!("--temperature: a sampled run's continuation is drawn from the target: leave out --labels data");
+        }
+        Ok(())
+    }
+
+    /// The prompt's continuation drawn from the target ([`sample_decode`]) on the stream of this
+    /// run's seed and the prompt's sha256.
+    pub fn continuation<B: Backend>(
+        &self,
+        be: &B,
+        target: &TargetModel<B>,
+        prompt: &[u32],
+        max_new: usize,
+        eos: &[u32],
+        prompt_sha256: &str,
+    ) -> Result<Vec<u32>> {
+        let mut rng = SamplingRng::for_prompt(self.seed, prompt_stream(prompt_sha256)?);
+        sample_decode(be, target, prompt, max_new, eos, &self.params, &mut rng)
+    }
+}
+
+/// The acceptance test and the residual a rejected position draws from: [`Rule::STANDARD`] is
+/// the lossless rule; tests plug in wrong ones to show the losslessness test catches them.
+#[derive(Clone, Copy)]
+pub struct Rule {
+    /// `accepts(p(x), q(x), u)` with u uniform on [0, 1).
+    pub accepts: fn(f64, f64, f64) -> bool,
+    /// What a rejected position's token is drawn from; None when p ≤ q everywhere.
+    pub residual: fn(&Dist, &Dist) -> Option<Dist>,
+}
+
+impl Rule {
+    /// min(1, p/q) and norm(max(0, p − q)) (Leviathan et al. 2023; Chen et al. 2023).
+    pub const STANDARD: Rule = Rule { accepts, residual };
+}
+
+/// The outcome of verifying one round's drafts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verified {
+    /// Drafts accepted: the leading drafts committed.
+    pub accepted: usize,
+    /// The round's last token: the residual draw at the first rejection, or the bonus from
+    /// p_{γ+1} when every draft was accepted; None when an accepted EOS or the budget ended the
+    /// round first.
+    pub next: Option<u32>,
+}
+
+/// Verify `drafts` (x_k drawn from `q[k]`) against the target's `p` (γ + 1 rows) under `rule`:
+/// at most `budget` tokens may still be committed; an accepted EOS ends the round.
+pub fn verify(
+    p: &[Dist],
+    q: &[Dist],
+    drafts: &[u32],
+    budget: usize,
+    eos: &[u32],
+    rule: &Rule,
+    rng: &mut SamplingRng,
+) -> Verified {
+    let mut accepted = 0;
+    while accepted < drafts.len() && accepted < budget {
+        let (pk, qk, x) = (&p[accepted], &q[accepted], drafts[accepted]);
+        if !(rule.accepts)(pk.prob(x), qk.prob(x), rng.uniform()) {
+            // A rejection means p(x) < q(x), so p exceeds q somewhere and the residual has mass;
+            // p itself covers a rounding-level empty residual.
+            let r = (rule.residual)(pk, qk).unwrap_or_else(|| pk.clone());
+            return Verified {
+                accepted,
+                next: Some(r.sample(rng.uniform())),
+            };
+        }
+        accepted += 1;
+        if eos.contains(&x) {
+            return Verified {
+                accepted,
+                next: None,
+            };
+        }
+    }
+    let next = (accepted < budget).then(|| p[accepted].sample(rng.uniform()));
+    Verified { accepted, next }
+}
+
+/// Candidates per row the transform needs from the LM head: top-k, or the whole vocabulary.
+fn candidates(params: &SamplingParams, vocab: usize) -> usize {
+    params
+        .top_k
+        .map_or(vocab, |k| (k as usize).min(vocab))
+        .max(1)
+}
+
+/// The rows of `top` as distributions (`dist`: [`Dist::sampling`] or [`Dist::draft`]).
+fn rows(
+    top: &TopK,
+    params: &SamplingParams,
+    dist: fn(&[u32], &[f32], &SamplingParams) -> Option<Dist>,
+) -> Result<Vec<Dist>> {
+    (0..top.rows)
+        .map(|r| {
+            dist(top.row_ids(r), top.row_logprobs(r), params)
+                .with_context(|| format!("row {r} of the LM head has no finite log-probability"))
+        })
+        .collect()
+}
+
+/// Refuse, before any model pass, a transform the backend's LM head cannot serve: it returns
+/// the top-`k` of a row, and some backends stop below the vocabulary size (CUDA: 64).
+fn check_candidates<B: Backend>(be: &B, target: &TargetModel<B>, k: usize) -> Result<()> {
+    let d = target.spec.hidden_size;
+    let probe = be.from_host(&vec![0.0; d], 1, d)?;
+    target.logits_topk(be, &probe, k).map(|_| ()).with_context(|| {
+        format!(
+            "sampling at T > 0 needs the top {k} candidates of every LM-head row ({}), which the {} backend \
+             cannot return: give --top-k within its limit",
+            if k == target.spec.vocab_size { "no --top-k: the whole vocabulary" } else { "--top-k" },
+            be.name()
+        )
+    })
+}
+
+/// Plain sampling from the target: the prefill's token, then one token per decode step, each
+/// drawn from the transformed p; stops at an EOS, after `max_new` tokens or at the context
+/// window. What speculative sampling must equal in distribution.
+pub fn sample_decode<B: Backend>(
+    be: &B,
+    target: &TargetModel<B>,
+    prompt: &[u32],
+    max_new: usize,
+    eos: &[u32],
+    params: &SamplingParams,
+    rng: &mut SamplingRng,
+) -> Result<Vec<u32>> {
+    if prompt.is_empty() {
+        bail!("empty prompt");
+    }
+    let k = candidates(params, target.spec.vocab_size);
+    check_candidates(be, target, k)?;
+    let mut ids = Vec::with_capacity(max_new);
+    let mut cache = target.new_cache();
+    let mut feed = prompt.to_vec();
+    while ids.len() < max_new && cache.len + feed.len() <= target.spec.max_position_embeddings {
+        let out = target.forward(be, &feed, &mut cache, &Capture::none())?;
+        let n = feed.len();
+        let top = target.logits_topk(be, &be.slice_rows(&out.last_hidden, n - 1, n)?, k)?;
+        let next = rows(&top, params, Dist::sampling)?[0].sample(rng.uniform());
+        ids.push(next);
+        if eos.contains(&next) {
+            break;
+        }
+        feed = vec![next];
+    }
+    Ok(ids)
+}
+
+/// Live speculative sampling with the lossless rule: [`live_decode_sampled_with`]
+/// [`Rule::STANDARD`].
+#[allow(clippy::too_many_arguments)]
+pub fn live_decode_sampled<B: Backend>(
+    be: &B,
+    target: &TargetModel<B>,
+    drafter: &DFlashDrafter<B>,
+    prompt: &[u32],
+    max_new: usize,
+    eos: &[u32],
+    params: &SamplingParams,
+    rng: &mut SamplingRng,
+) -> Result<LiveResult> {
+    live_decode_sampled_with(
+        be,
+        target,
+        drafter,
+        prompt,
+        max_new,
+        eos,
+        params,
+        rng,
+        &Rule::STANDARD,
+    )
+}
+
+/// The draft → verify loop of speculative sampling (module docs) under `rule`. Rounds, budget,
+/// EOS, cache crop and drafter context as in greedy [`super::live::live_decode`]; the tokens a
+/// round commits are the accepted drafts and [`Verified::next`].
+#[allow(clippy::too_many_arguments)]
+pub fn live_decode_sampled_with<B: Backend>(
+    be: &B,
+    target: &TargetModel<B>,
+    drafter: &DFlashDrafter<B>,
+    prompt: &[u32],
+    max_new: usize,
+    eos: &[u32],
+    params: &SamplingParams,
+    rng: &mut SamplingRng,
+    rule: &Rule,
+) -> Result<LiveResult> {
+    if prompt.is_empty() {
+        bail!("empty prompt");
+    }
+    let mut res = LiveResult {
+        ids: vec![],
+        round_tokens: vec![],
+        accepted: vec![],
+    };
+    if max_new == 0 {
+        return Ok(res);
+    }
+    let k_target = candidates(params, target.spec.vocab_size);
+    // A greedy draft needs only the drafter's most likely token.
+    let k_draft = match params.draft {
+        DraftSampling::Sampled => k_target,
+        DraftSampling::Greedy => 1,
+    };
+    check_candidates(be, target, k_target)?;
+    let d_t = target.spec.hidden_size;
+    let tap_idx: Vec<usize> = drafter.cfg.target_layer_ids.iter().map(|i| i + 1).collect();
+    let capture = Capture::for_layer_ids(&drafter.cfg.target_layer_ids, target.spec.num_layers)?;
+    let mut cache = target.new_cache();
+    let out = target.forward(be, prompt, &mut cache, &capture)?;
+    let n = prompt.len();
+    let first = target.logits_topk(be, &be.slice_rows(&out.last_hidden, n - 1, n)?, k_target)?;
+    res.ids
+        .push(rows(&first, params, Dist::sampling)?[0].sample(rng.uniform()));
+    let taps = taps_rows(be, &out.captured, &tap_idx, n)?;
+    let mut ctx = drafter.context(be, &taps.iter().collect::<Vec<_>>(), d_t)?;
+    while !eos.contains(res.ids.last().expect("non-empty")) && res.ids.len() < max_new {
+        let a = n + res.ids.len() - 1;
+        let y_a = *res.ids.last().expect("non-empty");
+        let top = drafter.draft(
+            be,
+            target,
+            &ctx,
+            &[a],
+            &[y_a],
+            DraftOptions {
+                ctx_inclusive: false,
+                top_k: k_draft,
+            },
+        )?;
+        let q = rows(&top, params, Dist::draft)?;
+        let drafts: Vec<u32> = q
+            .iter()
+            .map(|qk| match params.draft {
+                DraftSampling::Sampled => qk.sample(rng.uniform()),
+                DraftSampling::Greedy => qk.argmax(),
+            })
+            .collect();
+        let mut block = vec![y_a];
+        block.extend(&drafts);
+        if cache.len + block.len() > target.spec.max_position_embeddings {
+            break;
+        }
+        let v = target.forward(be, &block, &mut cache, &capture)?;
+        let p = rows(
+            &target.logits_topk(be, &v.last_hidden, k_target)?,
+            params,
+            Dist::sampling,
+        )?;
+        let budget = max_new - res.ids.len();
+        let verified = verify(&p, &q, &drafts, budget, eos, rule, rng);
+        let acc = verified.accepted;
+        res.ids.extend_from_slice(&drafts[..acc]);
+        res.ids.extend(verified.next);
+        res.round_tokens
+            .push((acc + verified.next.is_some() as usize) as u32);
+        res.accepted.push(acc as u32);
+        // Keep y_a and the accepted drafts in the cache; the round's last token enters with the
+        // next verify pass.
+        target.crop(be, &mut cache, a + acc + 1)?;
+        let new_taps = taps_rows(be, &v.captured, &tap_idx, acc + 1)?;
+        drafter.extend_context(be, &mut ctx, &new_taps.iter().collect::<Vec<_>>(), d_t)?;
+    }
+    Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dist(w: &[(u32, f64)]) -> Dist {
+        Dist::from_weights(w.iter().copied()).unwrap()
+    }
+
+    #[test]
+    fn streams_are_reproducible_and_distinct() {
+        let draws = |seed, stream| {
+            let mut r = SamplingRng::for_prompt(seed, stream);
+            (0..4).map(|_| r.uniform()).collect::<Vec<_>>()
+        };
+        assert_eq!(draws(7, 1), draws(7, 1));
+        assert_ne!(draws(7, 1), draws(7, 2));
+        assert_ne!(draws(7, 1), draws(8, 1));
+        assert!(draws(7, 1).iter().all(|u| (0.0..1.0).contains(u)));
+        // ChaCha20 is pinned: these bits must never change (a different generator, or another
+        // version of it, would silently change every seeded output).
+        let u = draws(0, 0)[0];
+        assert_eq!(
+            u.to_bits(),
+            0x3F98_F37B_5A07_D7C0,
+            "{u} = {:#x}",
+            u.to_bits()
+        );
+        assert_eq!(
+            prompt_stream("00000000000000ff0123").unwrap(),
+            255,
+            "the stream is the hash's first 16 hex digits"
+        );
+        assert!(prompt_stream("zz").is_err());
+    }
+
+    #[test]
+    fn verify_accepts_rejects_and_draws_the_bonus() {
+        let p = vec![
+            dist(&[(1, 0.5), (2, 0.5)]),
+            dist(&[(3, 1.0)]),
+            dist(&[(4, 1.0)]),
+        ];
+        // q = p at position 1 (always accepted), a point mass at 3 at position 2 (p(3) = 1).
+        let q = vec![p[0].clone(), Dist::point(3)];
+        let mut rng = SamplingRng::for_prompt(1, 1);
+        let v = verify(&p, &q, &[2, 3], 3, &[], &Rule::STANDARD, &mut rng);
+        assert_eq!(
+            v,
+            Verified {
+                accepted: 2,
+                next: Some(4)
+            }
+        );
+        // The budget stops the round: no bonus.
+        let v = verify(&p, &q, &[2, 3], 2, &[], &Rule::STANDARD, &mut rng);
+        assert_eq!(
+            v,
+            Verified {
+                accepted: 2,
+                next: None
+            }
+        );
+        // An accepted EOS ends the round.
+        let v = verify(&p, &q, &[2, 3], 3, &[2], &Rule::STANDARD, &mut rng);
+        assert_eq!(
+            v,
+            Verified {
+                accepted: 1,
+                next: None
+            }
+        );
+        // A draft the target never makes is rejected and replaced from the residual (p(x) > q(x)
+        // only at 3 at position 2).
+        let q = vec![p[0].clone(), dist(&[(3, 0.5), (5, 0.5)])];
+        let v = verify(&p, &q, &[1, 5], 3, &[], &Rule::STANDARD, &mut rng);
+        assert_eq!(
+            v,
+            Verified {
+                accepted: 1,
+                next: Some(3)
+            }
+        );
+    }
+}
