@@ -204,6 +204,42 @@ impl DrafterConfig {
     }
 }
 
+/// The drafter family a checkpoint folder holds, told from its `config.json`: every command that
+/// takes `--drafter DIR` dispatches on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrafterFamily {
+    /// z-lab DFlash (this module's [`DrafterConfig`]).
+    DFlash,
+    /// SpecForge / vLLM EAGLE-3 (`super::eagle3`, docs/eagle3.md).
+    Eagle3,
+}
+
+impl DrafterFamily {
+    /// EAGLE-3 when `architectures` names an EAGLE-3 class (`LlamaForCausalLMEagle3`,
+    /// `Eagle3LlamaForCausalLM`, … : any name containing "eagle3", case-insensitive) or the config
+    /// has an `eagle_config`; DFlash otherwise (its own parser then says what is missing).
+    pub fn detect(dir: &Path) -> Result<DrafterFamily> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("{}: cannot read the drafter config", path.display()))?;
+        let v: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not valid JSON", path.display()))?;
+        let eagle3_class = v
+            .get("architectures")
+            .and_then(Value::as_array)
+            .is_some_and(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .any(|s| s.to_ascii_lowercase().contains("eagle3"))
+            });
+        Ok(if eagle3_class || v.get("eagle_config").is_some() {
+            DrafterFamily::Eagle3
+        } else {
+            DrafterFamily::DFlash
+        })
+    }
+}
+
 /// A drafter checkpoint folder, with the training step read from its name (`step-20000`,
 /// `checkpoint-1500`, `epoch_3_step_800` → the last number).
 #[derive(Clone, Debug, Serialize)]

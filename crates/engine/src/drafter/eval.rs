@@ -7,11 +7,12 @@
 //! own greedy token at a+k). Many anchors share one drafter forward through the `Blocks` mask,
 //! which is one-anchor-at-a-time semantics batched (a test proves it numerically).
 
+use super::eagle3::{Eagle3Context, Eagle3Drafter};
 use super::model::{DFlashDrafter, DraftContext, DraftOptions};
 use crate::backend::{Backend, TopK};
 use crate::model::{EmbedHead, TargetModel};
 use crate::records::{next_anchor, RecordBatch, Region};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -81,9 +82,12 @@ impl Default for EvalOptions {
     }
 }
 
-/// The drafter under evaluation: a real DFlash checkpoint or a known-answer drafter for tests.
+/// The drafter under evaluation: a real checkpoint (DFlash, EAGLE-3) or a known-answer drafter
+/// for tests.
 pub enum Drafter<B: Backend> {
     DFlash(DFlashDrafter<B>),
+    /// An EAGLE-3 checkpoint: a chain of K steps per anchor (docs/eagle3.md).
+    Eagle3(Eagle3Drafter<B>),
     /// Top-1 is always the target token: every round accepts B−1 plus the bonus.
     Oracle {
         block_size: usize,
@@ -98,6 +102,7 @@ impl<B: Backend> Drafter<B> {
     pub fn block_size(&self) -> usize {
         match self {
             Drafter::DFlash(d) => d.cfg.block_size,
+            Drafter::Eagle3(d) => d.block_size(),
             Drafter::Oracle { block_size } | Drafter::AntiOracle { block_size } => *block_size,
         }
     }
@@ -114,6 +119,8 @@ pub struct Sequence<'a, B: Backend> {
     /// The target's own top-K next-token prediction at every position (row t predicts t+1).
     pub target_topk: &'a TopK,
     pub ctx: Option<DraftContext<B>>,
+    /// An EAGLE-3 drafter's context rows (`None` for other drafters and one-token sequences).
+    pub eagle3: Option<Eagle3Context<B>>,
 }
 
 impl<'a, B: Backend> Sequence<'a, B> {
@@ -140,6 +147,7 @@ impl<'a, B: Backend> Sequence<'a, B> {
             labels,
             target_topk,
             ctx: None,
+            eagle3: None,
         }
     }
 
@@ -200,11 +208,19 @@ impl<B: Backend> Clone for DraftTarget<'_, B> {
 }
 impl<B: Backend> Copy for DraftTarget<'_, B> {}
 
-impl<B: Backend> DraftTarget<'_, B> {
+impl<'a, B: Backend> DraftTarget<'a, B> {
     pub fn vocab_size(&self) -> usize {
         match self {
             DraftTarget::Head(h) => h.vocab_size(),
             DraftTarget::Vocab(v) => *v,
+        }
+    }
+
+    /// The target's embedding and LM head, when drafting was given them.
+    pub fn head(&self) -> Option<&'a dyn EmbedHead<B>> {
+        match self {
+            DraftTarget::Head(h) => Some(*h),
+            DraftTarget::Vocab(_) => None,
         }
     }
 }
@@ -250,6 +266,16 @@ pub fn draft_into<B: Backend>(
                         top_k: k,
                     },
                 )?
+            }
+            Drafter::Eagle3(d) => {
+                if opts.ctx_inclusive {
+                    bail!("--mask inclusive is DFlash's training leak; it is not defined for an EAGLE-3 drafter");
+                }
+                let ctx = seq
+                    .eagle3
+                    .as_ref()
+                    .context("an EAGLE-3 sequence carries its context rows")?;
+                d.draft(be, target.head(), ctx, chunk, k)?
             }
             Drafter::Oracle { .. } | Drafter::AntiOracle { .. } => {
                 let oracle = matches!(drafter, Drafter::Oracle { .. });

@@ -1,7 +1,7 @@
 //! `draftlens lint`: compatibility and leakage-risk findings for a drafter against a target,
 //! computed from the config and tensor headers only (no weights are loaded, nothing runs).
 
-use super::config::{DrafterConfig, LayerKind};
+use super::config::{DrafterConfig, DrafterFamily, LayerKind};
 use crate::formats::safetensors::SafetensorsWeights;
 use crate::formats::WeightSource;
 use crate::model::TargetFiles;
@@ -34,8 +34,12 @@ fn f(severity: Severity, code: &'static str, message: String) -> Finding {
 }
 
 /// Every finding for drafter `dir` against `target`, most severe first. Errors mean the pair
-/// cannot be evaluated; `run` refuses them before any compute.
+/// cannot be evaluated; `run` refuses them before any compute. An EAGLE-3 checkpoint
+/// ([`DrafterFamily`]) gets its own findings (`super::eagle3::lint`).
 pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
+    if DrafterFamily::detect(dir)? == DrafterFamily::Eagle3 {
+        return super::eagle3::lint::lint(target, dir);
+    }
     // Read without the size limit: an absurd block_size is reported below, as an error.
     let cfg = DrafterConfig::read(dir)?;
     let spec = &target.spec;

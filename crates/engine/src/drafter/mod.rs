@@ -1,7 +1,9 @@
-//! DFlash drafters: checkpoint loading, the forward pass, exact per-anchor evaluation, live
-//! speculative decoding (the native metrics over its records are in `draftlens-results`).
+//! Drafters (DFlash; EAGLE-3 in `eagle3`): checkpoint loading, the forward pass, exact per-anchor
+//! evaluation, live speculative decoding (the native metrics over its records are in
+//! `draftlens-results`).
 
 pub mod config;
+pub mod eagle3;
 pub mod eval;
 pub mod model;
 

@@ -4,6 +4,8 @@
 //! transaction per prompt; finally the summary metrics. An interruption
 //! (error, Ctrl-C, SIGTERM) marks the run failed; caches stay valid so re-running resumes.
 
+use super::config::DrafterFamily;
+use super::eagle3::{Eagle3Config, Eagle3Drafter};
 use super::eval::{evaluate_sequence, DraftTarget, Drafter, Labels, Sequence};
 use super::lint::{lint, Severity};
 use super::model::DFlashDrafter;
@@ -58,6 +60,8 @@ pub struct RunOutcome {
 struct RunDrafter<'s, B: Backend> {
     s: &'s Session<B>,
     spec: &'s DrafterSpec,
+    /// A checkpoint's family (from its config.json; DFlash for the known-answer drafters).
+    family: DrafterFamily,
     block_size: usize,
     /// The target layers whose outputs the drafter reads (empty for the known-answer drafters).
     target_layer_ids: Vec<usize>,
@@ -68,6 +72,7 @@ impl<'s, B: Backend> RunDrafter<'s, B> {
     /// Checks the checkpoint against the target (`lint`: config and headers only) and reads its
     /// shape; an incompatible checkpoint is an error here, before the run exists.
     fn open(s: &'s Session<B>, spec: &'s DrafterSpec) -> Result<Self> {
+        let mut family = DrafterFamily::DFlash;
         let (block_size, target_layer_ids) = match spec {
             DrafterSpec::Checkpoint { dir, .. } => {
                 let findings = lint(&s.files, dir)?;
@@ -79,8 +84,17 @@ impl<'s, B: Backend> RunDrafter<'s, B> {
                         f.message
                     );
                 }
-                let cfg = super::config::DrafterConfig::load(dir)?;
-                (cfg.block_size, cfg.target_layer_ids)
+                family = DrafterFamily::detect(dir)?;
+                match family {
+                    DrafterFamily::DFlash => {
+                        let cfg = super::config::DrafterConfig::load(dir)?;
+                        (cfg.block_size, cfg.target_layer_ids)
+                    }
+                    DrafterFamily::Eagle3 => {
+                        let cfg = Eagle3Config::load(dir, s.files.spec.num_layers)?;
+                        (cfg.block_size(), cfg.tap_layer_ids)
+                    }
+                }
             }
             DrafterSpec::Oracle { block_size } | DrafterSpec::AntiOracle { block_size } => {
                 (*block_size, Vec::new())
@@ -89,6 +103,7 @@ impl<'s, B: Backend> RunDrafter<'s, B> {
         Ok(RunDrafter {
             s,
             spec,
+            family,
             block_size,
             target_layer_ids,
             loaded: std::cell::OnceCell::new(),
@@ -103,11 +118,16 @@ impl<'s, B: Backend> RunDrafter<'s, B> {
         let d = {
             let _phase = crate::timeline::phase("load drafter");
             match self.spec {
-                DrafterSpec::Checkpoint { dir, .. } => Drafter::DFlash(DFlashDrafter::load(
-                    &self.s.be,
-                    dir,
-                    self.s.files.spec.hidden_size,
-                )?),
+                DrafterSpec::Checkpoint { dir, .. } => match self.family {
+                    DrafterFamily::DFlash => Drafter::DFlash(DFlashDrafter::load(
+                        &self.s.be,
+                        dir,
+                        self.s.files.spec.hidden_size,
+                    )?),
+                    DrafterFamily::Eagle3 => {
+                        Drafter::Eagle3(Eagle3Drafter::load(&self.s.be, dir, &self.s.files.spec)?)
+                    }
+                },
                 DrafterSpec::Oracle { block_size } => Drafter::Oracle {
                     block_size: *block_size,
                 },
@@ -631,27 +651,50 @@ impl<B: Backend> Evaluation<'_, '_, B> {
             opts.eval.labels,
         );
         let drafter = self.drafter.get()?;
-        if let Drafter::DFlash(d) = drafter {
-            let ctx = match device {
-                Some(dev) => {
-                    let taps = self.drafter_taps(|x| dev.tap(x))?;
-                    let _phase = crate::timeline::phase("drafter context");
-                    self.contexts_from_device += 1;
-                    d.context_from_tensors(&s.be, &taps)?
-                }
-                None => {
-                    let taps = self.drafter_taps(|x| pass.hidden(x))?;
-                    let _phase = crate::timeline::phase("drafter context");
-                    d.context(&s.be, &taps, pass.hidden_size)?
-                }
-            };
-            seq.ctx = Some(ctx);
-        }
-        // Only a DFlash drafter needs target weights (embedding and LM head).
+        // Target weights (embedding and LM head) only for a drafter that reads them: DFlash, and
+        // an EAGLE-3 drafter without an embedding of its own.
         let target = match drafter {
             Drafter::DFlash(_) => DraftTarget::Head(s.draft_target()?),
+            Drafter::Eagle3(d) if d.needs_target_embedding() => {
+                DraftTarget::Head(s.draft_target()?)
+            }
             _ => DraftTarget::Vocab(s.files.spec.vocab_size),
         };
+        match drafter {
+            Drafter::DFlash(d) => {
+                let ctx = match device {
+                    Some(dev) => {
+                        let taps = self.drafter_taps(|x| dev.tap(x))?;
+                        let _phase = crate::timeline::phase("drafter context");
+                        self.contexts_from_device += 1;
+                        d.context_from_tensors(&s.be, &taps)?
+                    }
+                    None => {
+                        let taps = self.drafter_taps(|x| pass.hidden(x))?;
+                        let _phase = crate::timeline::phase("drafter context");
+                        d.context(&s.be, &taps, pass.hidden_size)?
+                    }
+                };
+                seq.ctx = Some(ctx);
+            }
+            Drafter::Eagle3(d) => {
+                let head = target.head();
+                seq.eagle3 = match device {
+                    Some(dev) => {
+                        let taps = self.drafter_taps(|x| dev.tap(x))?;
+                        let _phase = crate::timeline::phase("drafter context");
+                        self.contexts_from_device += 1;
+                        d.context_from_tensors(&s.be, head, &taps, &w.ids)?
+                    }
+                    None => {
+                        let taps = self.drafter_taps(|x| pass.hidden(x))?;
+                        let _phase = crate::timeline::phase("drafter context");
+                        d.context(&s.be, head, &taps, pass.hidden_size, &w.ids)?
+                    }
+                };
+            }
+            Drafter::Oracle { .. } | Drafter::AntiOracle { .. } => {}
+        }
         let rec = evaluate_sequence(&s.be, target, drafter, &seq, &opts.eval)?;
         self.draft_s += t.elapsed().as_secs_f64();
         Ok(rec)

@@ -9,6 +9,7 @@
 //! field's text or order changes every identity, and shards computed before the change would no
 //! longer merge with shards computed after it.
 
+use super::config::DrafterFamily;
 use super::eval::{EvalOptions, Labels};
 use crate::backend::Backend;
 use crate::identity::IdentityStore;
@@ -37,12 +38,16 @@ pub enum DrafterSpec {
 }
 
 impl DrafterSpec {
-    pub fn kind(&self) -> DrafterKind {
-        match self {
-            DrafterSpec::Checkpoint { .. } => DrafterKind::Checkpoint,
+    /// The kind stored with a run: a checkpoint's is its family, from its config.json.
+    pub fn kind(&self) -> Result<DrafterKind> {
+        Ok(match self {
+            DrafterSpec::Checkpoint { dir, .. } => match DrafterFamily::detect(dir)? {
+                DrafterFamily::DFlash => DrafterKind::Checkpoint,
+                DrafterFamily::Eagle3 => DrafterKind::Eagle3,
+            },
             DrafterSpec::Oracle { .. } => DrafterKind::Oracle,
             DrafterSpec::AntiOracle { .. } => DrafterKind::AntiOracle,
-        }
+        })
     }
 
     /// The built-in drafter `--drafter NAME` names (`builtin:oracle`, `builtin:anti-oracle`),
@@ -51,7 +56,7 @@ impl DrafterSpec {
         Some(match DrafterKind::builtin(name)? {
             DrafterKind::Oracle => DrafterSpec::Oracle { block_size },
             DrafterKind::AntiOracle => DrafterSpec::AntiOracle { block_size },
-            DrafterKind::Checkpoint => return None,
+            DrafterKind::Checkpoint | DrafterKind::Eagle3 => return None,
         })
     }
 }
@@ -74,6 +79,9 @@ pub enum DrafterKind {
     /// A DFlash checkpoint folder.
     #[serde(rename = "checkpoint")]
     Checkpoint,
+    /// An EAGLE-3 checkpoint folder (docs/eagle3.md).
+    #[serde(rename = "eagle3")]
+    Eagle3,
     /// The known-answer drafter whose top-1 is always the target token.
     #[serde(rename = "builtin:oracle")]
     Oracle,
@@ -89,6 +97,7 @@ impl DrafterKind {
     pub fn as_str(self) -> &'static str {
         match self {
             DrafterKind::Checkpoint => "checkpoint",
+            DrafterKind::Eagle3 => "eagle3",
             DrafterKind::Oracle => "builtin:oracle",
             DrafterKind::AntiOracle => "builtin:anti-oracle",
         }
@@ -151,7 +160,7 @@ impl DrafterIdentity {
     /// The identity of `spec`, whose block size is `block_size`; a checkpoint's weights are
     /// hashed once per file version (`store`), like the target's.
     pub fn of(spec: &DrafterSpec, block_size: usize, store: &IdentityStore) -> Result<Self> {
-        let kind = spec.kind();
+        let kind = spec.kind()?;
         Ok(match spec {
             DrafterSpec::Checkpoint { dir, step, series } => {
                 let weights = dir.join("model.safetensors");
@@ -185,11 +194,11 @@ impl DrafterIdentity {
         })
     }
 
-    /// What a DFlash checkpoint's records are cached under: the hash of its weights and of its
-    /// config. `None` for the built-in drafters (never cached) and a checkpoint without weights
-    /// file.
+    /// What a checkpoint's records are cached under: the hash of its weights and of its config.
+    /// `None` for the built-in drafters (never cached) and a checkpoint without weights file.
     pub fn records_sha(&self) -> Option<String> {
-        (self.kind == DrafterKind::Checkpoint && !self.weights_sha256.is_empty())
+        let checkpoint = matches!(self.kind, DrafterKind::Checkpoint | DrafterKind::Eagle3);
+        (checkpoint && !self.weights_sha256.is_empty())
             .then(|| format!("{}+config:{}", self.weights_sha256, self.config_sha256))
     }
 }
@@ -374,6 +383,7 @@ mod tests {
     fn drafter_kind_strings_are_the_stored_ones() {
         for (kind, s) in [
             (DrafterKind::Checkpoint, "checkpoint"),
+            (DrafterKind::Eagle3, "eagle3"),
             (DrafterKind::Oracle, "builtin:oracle"),
             (DrafterKind::AntiOracle, "builtin:anti-oracle"),
         ] {
@@ -393,6 +403,7 @@ mod tests {
             Some(DrafterKind::AntiOracle)
         );
         assert_eq!(DrafterKind::builtin("checkpoint"), None);
+        assert_eq!(DrafterKind::builtin("eagle3"), None);
         assert_eq!(DrafterKind::builtin("ckpt/step-1"), None);
     }
 
@@ -411,6 +422,10 @@ mod tests {
         };
         assert_eq!(
             id(DrafterKind::Checkpoint, "w").records_sha().as_deref(),
+            Some("w+config:c")
+        );
+        assert_eq!(
+            id(DrafterKind::Eagle3, "w").records_sha().as_deref(),
             Some("w+config:c")
         );
         assert_eq!(id(DrafterKind::Checkpoint, "").records_sha(), None);

@@ -137,6 +137,35 @@ impl SafetensorsWeights {
     }
 }
 
+impl SafetensorsWeights {
+    /// An integer or boolean tensor (I64, I32, U8, BOOL) as its shape and i64 values: the
+    /// vocabulary maps of an EAGLE-3 checkpoint (`d2t`, `t2d`). Errors name the file and tensor.
+    pub fn integers(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>)> {
+        let e = self
+            .entries
+            .get(name)
+            .with_context(|| format!("{}: no tensor {name}", self.dir.display()))?;
+        let shard = &self.shards[e.shard];
+        let bytes = &shard.mmap[shard.data_start + e.begin..shard.data_start + e.end];
+        let values: Vec<i64> = match e.dtype {
+            Dtype::I64 => bytes
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .collect(),
+            Dtype::I32 => bytes
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64)
+                .collect(),
+            Dtype::U8 | Dtype::BOOL => bytes.iter().map(|&b| b as i64).collect(),
+            other => bail!(
+                "{}: tensor {name} has dtype {other:?}; an integer tensor (I64, I32, U8 or BOOL) is expected",
+                shard.path.display()
+            ),
+        };
+        Ok((e.shape.clone(), values))
+    }
+}
+
 fn metadata_tensors(m: &Metadata) -> Vec<(String, &safetensors::tensor::TensorInfo)> {
     m.tensors().into_iter().collect()
 }
