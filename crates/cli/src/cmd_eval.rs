@@ -6,6 +6,7 @@ use crate::metrics_json::{by_source, scoped, BySource, ScopedMetrics, SCHEMA_VER
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use draftlens_engine::backend::{dispatch, Backend, BackendJob, DEFAULT_CUDA_DEVICE};
+use draftlens_engine::drafter::config::DrafterFamily;
 use draftlens_engine::drafter::eval::{EvalOptions, Labels};
 use draftlens_engine::drafter::lint::{lint, Severity};
 use draftlens_engine::drafter::live::{first_divergence, live_decode};
@@ -46,8 +47,9 @@ pub enum MaskArg {
 pub struct RunArgs {
     #[command(flatten)]
     pub target: TargetArgs,
-    /// Drafter checkpoint folder, a folder of checkpoints (every one is run, step from the
-    /// name), or builtin:oracle / builtin:anti-oracle (known-answer drafters).
+    /// Drafter checkpoint folder (DFlash or EAGLE-3, told from its config.json), a folder of
+    /// checkpoints (every one is run, step from the name), or builtin:oracle /
+    /// builtin:anti-oracle (known-answer drafters).
     #[arg(long)]
     pub drafter: String,
     /// Series the checkpoint runs belong to [default: the checkpoints' folder's name] (what
@@ -475,6 +477,12 @@ impl BackendJob for LiveJob<'_> {
                 f.message
             );
         }
+        if DrafterFamily::detect(&a.drafter)? == DrafterFamily::Eagle3 {
+            bail!(
+                "{}: live decoding of EAGLE-3 drafters is not implemented yet; `draftlens run` replays them (docs/eagle3.md §4)",
+                a.drafter.display()
+            );
+        }
         let d = DFlashDrafter::load(&s.be, &a.drafter, s.files.spec.hidden_size)?;
         let eos = s.eos_ids();
         let tok = s.files.tokenizer()?;
@@ -803,6 +811,12 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                     r.num_blocks
                 );
                 if let Some(e) = &eval {
+                    // The family of a checkpoint that is not DFlash (the kind DFlash runs store
+                    // is "checkpoint"; built-in drafters say theirs in the drafter path).
+                    let kind = e.identity_json["drafter_kind"].as_str();
+                    if let Some(kind) = kind.filter(|k| *k == "eagle3") {
+                        o += &format!("  drafter family {kind} (docs/eagle3.md)\n");
+                    }
                     o += &format!(
                         "  evaluation {}{}{}\n",
                         e.identity,
