@@ -82,6 +82,7 @@ ap.add_argument("--device", default="cuda", help="cpu for a dry run of a small a
 ap.add_argument("--init-range", type=float, default=None, help="initializer_range (default: the arch's, else transformers')")
 ap.add_argument("--active-vocab", type=int, default=None, help="keep N random LM-head rows, zero the rest (default: the arch's, else all)")
 ap.add_argument("--embed-scale", type=float, default=None, help="multiply the token embeddings (default: the arch's, else 1)")
+ap.add_argument("--router-scale", type=float, default=1.0, help="multiply the MoE routers' weights: random routers give near-tied logits that bf16 rounding reorders (default 1)")
 ap.add_argument("--gdn-out-scale", type=float, default=None, help="multiply the Gated DeltaNet layers' out_proj (default: the arch's, else 1)")
 args = ap.parse_args()
 dev = args.device
@@ -125,6 +126,10 @@ if gdn_out_scale != 1.0:
     for name, p in model.named_parameters():
         if name.endswith("linear_attn.out_proj.weight"):
             p.data.mul_(gdn_out_scale)
+if args.router_scale != 1.0:
+    for name, p in model.named_parameters():
+        if name.endswith("mlp.gate.weight"):
+            p.data.mul_(args.router_scale)
 if active_vocab:
     # A fixed random subset of ordinary tokens (ids below Qwen3's first special token, 151643).
     head = model.get_output_embeddings().weight

@@ -15,12 +15,12 @@ B=${B:-target-carry/s20}
 source tools/bench/device_env.sh
 export DRAFTLENS_DATA=/tmp/data DRAFTLENS_CACHE=/tmp/cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee $O/gpu.txt
-mk() { /usr/bin/time -f "%e s" python3 tools/bench/make_random_target.py "$@" > $O/make-$2.log 2>&1 || echo "make $* failed"; tail -2 $O/make-$2.log; }
-mk --out /tmp/moe --arch qwen3-30b-a3b-8l --drafters 1 --taps 1,3,5,6
-mk --out /tmp/hy --arch qwen3.5-demo-8l --drafters 0
-mk --out /tmp/q8b --arch qwen3-8b --drafters 1
+mk() { local n=$1; shift; /usr/bin/time -f "%e s" python3 tools/bench/make_random_target.py "$@" > $O/make-$n.log 2>&1 || echo "make $* failed"; tail -2 $O/make-$n.log; }
+mk moe --out /tmp/moe --arch qwen3-30b-a3b-8l --drafters 1 --taps 1,3,5,6
+mk hy --out /tmp/hy --arch qwen3.5-demo-8l --drafters 0
+mk q8b --out /tmp/q8b --arch qwen3-8b --drafters 1
 step() { local n=$1; shift; /usr/bin/time -f "%e s %M KB" timeout 240 $B/draftlens "$@" > $O/$n.out 2> $O/$n.err; echo "== $n rc=$? $(tail -1 $O/$n.err)"; }
-step inspect-moe inspect --target /tmp/moe
+step inspect-moe inspect /tmp/moe
 head -30 $O/inspect-moe.out
 step parity-moe parity --target /tmp/moe --backends cpu,cuda --limit 4 --max-new-tokens 32
 tail -25 $O/parity-moe.out
