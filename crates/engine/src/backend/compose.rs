@@ -1,7 +1,7 @@
 //! The unfused compositions that are [`Backend`] defaults and the fallbacks of backends whose
 //! fused paths do not cover a shape: written once in terms of the trait's other ops.
 
-use super::{AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope, SeqStarts};
+use super::{AttnExtras, AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope, SeqStarts};
 use anyhow::{ensure, Result};
 
 /// [`Backend::attention_varlen_qkv`] as separate ops: [`split_norm_rope`], then
@@ -76,6 +76,21 @@ pub fn attention_decode_per_row<B: Backend + ?Sized>(
     shape: AttnShape,
     caches: &mut [KvSlot<'_, B::Tensor>],
 ) -> Result<B::Tensor> {
+    attention_decode_per_row_ext(be, q, k, v, shape, caches, AttnExtras::NONE)
+}
+
+/// [`attention_decode_per_row`] with gpt-oss's [`AttnExtras`] (through
+/// [`Backend::attention_ext`], which is [`Backend::attention`] when there are none): the default
+/// of [`Backend::attention_decode_ext`].
+pub fn attention_decode_per_row_ext<B: Backend + ?Sized>(
+    be: &B,
+    q: &B::Tensor,
+    k: &B::Tensor,
+    v: &B::Tensor,
+    shape: AttnShape,
+    caches: &mut [KvSlot<'_, B::Tensor>],
+    extras: AttnExtras<'_>,
+) -> Result<B::Tensor> {
     let rows = be.dims(q).0;
     ensure!(
         rows == caches.len() && be.dims(k).0 == rows && be.dims(v).0 == rows,
@@ -99,12 +114,13 @@ pub fn attention_decode_per_row<B: Backend + ?Sized>(
             _ => anyhow::bail!("attention_decode: cache {r} lost its keys"),
         };
         let qr = be.slice_rows(q, r, r + 1)?;
-        outs.push(be.attention(
+        outs.push(be.attention_ext(
             &qr,
             k_all,
             v_all,
             shape,
             &AttnMask::Causal { q_start: start },
+            extras,
         )?);
     }
     be.concat_rows(&outs.iter().collect::<Vec<_>>())

@@ -135,6 +135,23 @@ impl AttnMask {
     }
 }
 
+/// `iv` (causal rows: each row's first interval ends just after the key at the query's own
+/// position, as [`AttnMask::Causal`] and [`varlen_key_intervals`] give them) cut to a sliding
+/// window of `window` keys: a query at position p keeps the keys at positions `p − window + 1
+/// ..= p` (transformers' `sliding_window_overlay`: `kv_idx > q_idx − sliding_window`; gpt-oss's
+/// `sliding_attention` layers). Refused for [`AttnMask::Blocks`], whose window is its own field.
+pub fn causal_window(mask: &AttnMask, iv: &mut [KeyIntervals], window: usize) -> Result<()> {
+    ensure!(
+        matches!(mask, AttnMask::Causal { .. }),
+        "attention: a sliding window on drafter blocks goes in AttnMask::Blocks"
+    );
+    for row in iv {
+        let lo = row.first.start.max(row.first.end.saturating_sub(window));
+        *row = KeyIntervals::new(lo..row.first.end, row.second.clone());
+    }
+    Ok(())
+}
+
 /// Causal attention over sequences packed row-wise (`seq_starts` runs from 0 to `rows`): a row
 /// sees the rows of its own sequence at or before itself.
 pub fn varlen_key_intervals(seq_starts: &SeqStarts, rows: usize) -> Result<Vec<KeyIntervals>> {
@@ -251,6 +268,35 @@ mod tests {
                 assert_eq!(row.contains(j), seq(j) == seq(i) && j <= i, "{i} {j}");
             }
         }
+    }
+
+    #[test]
+    fn causal_window_keeps_the_last_window_positions() {
+        for q_start in [0, 3, 9] {
+            for window in [1, 2, 4, 64] {
+                let (tq, tk) = (6, q_start + 6);
+                let mask = AttnMask::Causal { q_start };
+                let mut iv = mask.key_intervals(tq, tk).unwrap();
+                causal_window(&mask, &mut iv, window).unwrap();
+                for (i, row) in iv.iter().enumerate() {
+                    let q_pos = q_start + i;
+                    for j in 0..tk {
+                        // transformers: kv_idx <= q_idx and kv_idx > q_idx - sliding_window.
+                        let want = j <= q_pos && j as i64 > q_pos as i64 - window as i64;
+                        assert_eq!(row.contains(j), want, "{q_start} {window} {i} {j}");
+                    }
+                }
+            }
+        }
+        let blocks = AttnMask::Blocks {
+            ctx_len: 0,
+            block: 1,
+            anchors: vec![0],
+            ctx_inclusive: false,
+            causal_in_block: true,
+            window: None,
+        };
+        assert!(causal_window(&blocks, &mut [], 2).is_err());
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod gdn;
+pub mod gpt_oss;
 pub mod host_rows;
 pub mod mask;
 pub mod moe;
@@ -28,9 +29,11 @@ mod seq_starts;
 mod types;
 
 pub use compose::{
-    attention_decode_per_row, attention_decode_qkv_unfused, attention_varlen_qkv_unfused,
+    attention_decode_per_row, attention_decode_per_row_ext, attention_decode_qkv_unfused,
+    attention_varlen_qkv_unfused,
 };
 pub use gdn::{GdnLayerHost, GdnProfile, GdnShape, HostF32};
+pub use gpt_oss::{AttnExtras, RopeFreqs};
 pub use host_rows::{HostRows, HostRowsRef};
 pub use mask::{varlen_key_intervals, AttnMask, KeyIntervals};
 pub use select::{cuda_availability, dispatch, BackendJob, BackendKind, DEFAULT_CUDA_DEVICE};
@@ -330,6 +333,96 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Self::Tensor> {
         attention_decode_qkv_unfused(self, qkv, shape, qk_norm, positions, rope, caches)
     }
+    /// [`Backend::attention`] with what gpt-oss adds ([`AttnExtras`]: a sliding window on a
+    /// causal mask, a sink logit per head in the softmax). With [`AttnExtras::NONE`] it is
+    /// exactly [`Backend::attention`]; otherwise a backend that lacks them
+    /// ([`Backend::supports_attention_sinks`]) refuses.
+    fn attention_ext(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        shape: AttnShape,
+        mask: &AttnMask,
+        extras: AttnExtras<'_>,
+    ) -> Result<Self::Tensor> {
+        if extras.is_none() {
+            return self.attention(q, k, v, shape, mask);
+        }
+        shape.check(self.dims(q), self.dims(k), self.dims(v))?;
+        extras.check(shape, Some(mask))?;
+        self.attention_ext_impl(q, k, v, shape, mask, extras)
+    }
+    /// [`Backend::attention_varlen`] with [`AttnExtras`] (every sequence causal from position
+    /// 0, the window counted within it). Default: [`gpt_oss::attention_varlen_ext_per_seq`].
+    fn attention_varlen_ext(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        shape: AttnShape,
+        seq_starts: &SeqStarts,
+        extras: AttnExtras<'_>,
+    ) -> Result<Self::Tensor> {
+        if extras.is_none() {
+            return self.attention_varlen(q, k, v, shape, seq_starts);
+        }
+        shape.check(self.dims(q), self.dims(k), self.dims(v))?;
+        extras.check(shape, None)?;
+        let (rows, krows) = (self.dims(q).0, self.dims(k).0);
+        ensure!(
+            rows == krows,
+            "attention_varlen: q has {rows} rows, k/v {krows}"
+        );
+        seq_starts.check_rows("attention_varlen", rows)?;
+        gpt_oss::attention_varlen_ext_per_seq(self, q, k, v, shape, seq_starts, extras)
+    }
+    /// [`Backend::attention_decode`] with [`AttnExtras`] (row r at position `len_r`). Default:
+    /// [`compose::attention_decode_per_row_ext`].
+    fn attention_decode_ext(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        shape: AttnShape,
+        caches: &mut [KvSlot<'_, Self::Tensor>],
+        extras: AttnExtras<'_>,
+    ) -> Result<Self::Tensor> {
+        if extras.is_none() {
+            return self.attention_decode(q, k, v, shape, caches);
+        }
+        extras.check(shape, None)?;
+        compose::attention_decode_per_row_ext(self, q, k, v, shape, caches, extras)
+    }
+    /// Whether [`Backend::attention_ext`] computes sinks and windows here (the CPU reference).
+    /// A model with sinks is refused at load where it does not (`model::gpt_oss`).
+    fn supports_attention_sinks(&self) -> bool {
+        false
+    }
+    /// Rotary embedding in place from explicit inverse frequencies and a cos/sin scale
+    /// ([`RopeFreqs`]: YaRN); row r at position `positions[r]`. With
+    /// [`RopeFreqs::of_rope`]`(rope)` the same as [`Backend::rope_inplace`] with `rope`.
+    fn rope_freqs_inplace(
+        &self,
+        x: &mut Self::Tensor,
+        positions: &[u32],
+        freqs: &RopeFreqs,
+    ) -> Result<()> {
+        let (rows, cols) = self.dims(x);
+        freqs.check(cols, rows, positions.len())?;
+        self.rope_freqs_impl(x, positions, freqs)
+    }
+    /// gpt-oss's clamped SwiGLU of a fused gate|up output `[T, 2·I]` (gate columns first) →
+    /// `[T, I]` ([`gpt_oss::clamped_swiglu`]).
+    fn clamped_swiglu_packed(
+        &self,
+        gu: &Self::Tensor,
+        alpha: f32,
+        limit: f32,
+    ) -> Result<Self::Tensor> {
+        gpt_oss::check_clamped_swiglu(self.dims(gu).1)?;
+        self.clamped_swiglu_impl(gu, alpha, limit)
+    }
     /// Rows `ids` of an embedding table `[vocab, dim]` → `[ids.len(), dim]`.
     fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor> {
         let vocab = self.matrix_dims(table).0;
@@ -538,6 +631,46 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
     fn lm_head_topk_impl(&self, x: &Self::Tensor, head: &Self::Matrix, k: usize) -> Result<TopK>;
+    /// [`Backend::attention_ext`] with extras present, checked. Default: refused
+    /// ([`gpt_oss::sinks_unsupported`]).
+    fn attention_ext_impl(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        shape: AttnShape,
+        mask: &AttnMask,
+        extras: AttnExtras<'_>,
+    ) -> Result<Self::Tensor> {
+        let _ = (q, k, v, shape, mask, extras);
+        gpt_oss::attention_ext_unsupported(self)
+    }
+    /// [`Backend::rope_freqs_inplace`], checked. Default: the CPU reference's rotation on a
+    /// downloaded copy, uploaded.
+    fn rope_freqs_impl(
+        &self,
+        x: &mut Self::Tensor,
+        positions: &[u32],
+        freqs: &RopeFreqs,
+    ) -> Result<()> {
+        let (rows, cols) = self.dims(x);
+        let mut h = self.to_host(x)?;
+        cpu::rotate_rows(&mut h, cols, positions, freqs);
+        *x = self.from_host(&h, rows, cols)?;
+        Ok(())
+    }
+    /// [`Backend::clamped_swiglu_packed`], checked. Default: the host reference
+    /// ([`gpt_oss::clamped_swiglu`]).
+    fn clamped_swiglu_impl(
+        &self,
+        gu: &Self::Tensor,
+        alpha: f32,
+        limit: f32,
+    ) -> Result<Self::Tensor> {
+        let (rows, cols) = self.dims(gu);
+        let y = gpt_oss::clamped_swiglu(&self.to_host(gu)?, cols, alpha, limit);
+        self.from_host(&y, rows, cols / 2)
+    }
 
     // ---- Hybrid (Qwen3.5 / Qwen3-Next) ops. Contracts: docs/hybrid-models.md and [`gdn`]. ----
 

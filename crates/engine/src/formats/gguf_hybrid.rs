@@ -213,6 +213,7 @@ pub fn model_spec(file: &GgufFile) -> Result<ModelSpec> {
         hybrid: Some(hybrid),
         // MoE hybrids (qwen35moe, qwen3next with experts) are refused above.
         moe: None,
+        gpt_oss: None,
     };
     spec.validate(file.path())?;
     Ok(spec)

@@ -1,6 +1,7 @@
 //! One description of a target architecture, built from a Hugging Face `config.json` or from GGUF
 //! metadata, so the model code never looks at either format.
 
+pub use super::gpt_oss::GptOssSpec;
 pub use super::hybrid::{HybridSpec, LayerType};
 pub use super::moe::MoeSpec;
 use crate::backend::{Rope, RopeStyle};
@@ -33,6 +34,10 @@ pub enum Arch {
     /// sparse MLP (routed experts plus the gated shared expert) in every layer.
     #[serde(rename = "qwen3_5_moe")]
     Qwen3_5Moe,
+    /// gpt-oss (`gpt_oss`: gpt-oss-20b / 120b): attention with sinks, sliding windows and
+    /// YaRN, a biased router and fused or MXFP4 experts ([`GptOssSpec`], docs/moe-models.md).
+    #[serde(rename = "gpt_oss")]
+    GptOss,
 }
 
 impl Arch {
@@ -45,6 +50,7 @@ impl Arch {
             "qwen3_next" => Some(Arch::Qwen3Next),
             "qwen3_moe" => Some(Arch::Qwen3Moe),
             "qwen3_5_moe" | "qwen3_5_moe_text" => Some(Arch::Qwen3_5Moe),
+            "gpt_oss" => Some(Arch::GptOss),
             _ => None,
         }
     }
@@ -57,6 +63,7 @@ impl Arch {
             Arch::Qwen3Next => "qwen3_next",
             Arch::Qwen3Moe => "qwen3_moe",
             Arch::Qwen3_5Moe => "qwen3_5_moe",
+            Arch::GptOss => "gpt_oss",
         }
     }
     /// A Gated DeltaNet hybrid (zero-centred norms, gated attention, partial RoPE).
@@ -94,6 +101,10 @@ pub struct ModelSpec {
     /// every MLP is dense (left out of the serialised spec then, as `hybrid`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeSpec>,
+    /// gpt-oss's layer kinds, window, YaRN and expert storage; `None` for every other
+    /// architecture (left out of the serialised spec then, as `hybrid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpt_oss: Option<GptOssSpec>,
 }
 
 impl ModelSpec {
@@ -168,23 +179,45 @@ impl ModelSpec {
             .with_context(|| format!("{}: not a valid config.json", path.display()))?;
         let arch = Arch::parse(&c.model_type).with_context(|| {
             format!(
-                "{}: unsupported architecture model_type {:?} (supported: llama, qwen2, qwen3, qwen3_moe, qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next)",
+                "{}: unsupported architecture model_type {:?} (supported: llama, qwen2, qwen3, qwen3_moe, qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next, gpt_oss)",
                 path.display(),
                 c.model_type
             )
         })?;
-        let head_dim = c
-            .head_dim
-            .unwrap_or(c.hidden_size / c.num_attention_heads.max(1));
-        let rope_theta = c
-            .rope_theta
-            .or_else(|| {
-                c.rope_parameters
-                    .as_ref()
-                    .and_then(|r| r.get("rope_theta"))
-                    .and_then(|v| v.as_f64())
-            })
-            .unwrap_or(10000.0) as f32;
+        // gpt-oss: its own config keys and GptOssConfig's defaults (head_dim 64, rms_norm_eps
+        // 1e-5, biases on, 131072 positions, YaRN with θ 150000).
+        let oss = match arch {
+            Arch::GptOss => Some(super::gpt_oss::from_hf_config(
+                &raw,
+                c.num_hidden_layers,
+                c.intermediate_size.unwrap_or(0),
+                path,
+            )?),
+            _ => None,
+        };
+        let head_dim = c.head_dim.unwrap_or(match oss {
+            Some(_) => super::gpt_oss::DEFAULT_HEAD_DIM,
+            None => c.hidden_size / c.num_attention_heads.max(1),
+        });
+        let rope_theta = match &oss {
+            Some(g) => g.rope_theta,
+            None => c
+                .rope_theta
+                .or_else(|| {
+                    c.rope_parameters
+                        .as_ref()
+                        .and_then(|r| r.get("rope_theta"))
+                        .and_then(|v| v.as_f64())
+                })
+                .unwrap_or(10000.0),
+        } as f32;
+        let (default_eps, default_positions) = match oss {
+            Some(_) => (
+                super::gpt_oss::DEFAULT_RMS_NORM_EPS,
+                super::gpt_oss::DEFAULT_MAX_POSITIONS,
+            ),
+            None => (1e-6, 4096),
+        };
         let eos_token_ids = match c.eos_token_id {
             Some(serde_json::Value::Number(n)) => {
                 n.as_u64().map(|v| vec![v as u32]).unwrap_or_default()
@@ -206,10 +239,12 @@ impl ModelSpec {
             num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
             head_dim,
             rope_theta,
-            rms_norm_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
+            rms_norm_eps: c.rms_norm_eps.unwrap_or(default_eps) as f32,
             tie_word_embeddings: c.tie_word_embeddings.unwrap_or(false),
-            max_position_embeddings: c.max_position_embeddings.unwrap_or(4096),
-            attention_bias: c.attention_bias.unwrap_or(arch == Arch::Qwen2),
+            max_position_embeddings: c.max_position_embeddings.unwrap_or(default_positions),
+            attention_bias: c
+                .attention_bias
+                .unwrap_or(arch == Arch::Qwen2 || arch == Arch::GptOss),
             qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe) || arch.is_hybrid(),
             bos_token_id: c.bos_token_id,
             eos_token_ids,
@@ -223,7 +258,11 @@ impl ModelSpec {
             } else {
                 None
             },
-            moe: MoeSpec::from_hf_config(&raw, arch, c.num_hidden_layers, path)?,
+            moe: match &oss {
+                Some(g) => Some(g.moe.clone()),
+                None => MoeSpec::from_hf_config(&raw, arch, c.num_hidden_layers, path)?,
+            },
+            gpt_oss: oss.map(|g| g.spec),
         };
         spec.validate(path)?;
         Ok(spec)

@@ -4,6 +4,7 @@
 
 use super::config::ModelSpec;
 use super::gdn::{GdnMixer, GdnState};
+use super::gpt_oss::GptOssAttention;
 use super::hybrid::LayerType;
 use super::kv_cache::LayerCache;
 use super::moe::FeedForward;
@@ -58,7 +59,11 @@ impl<B: Backend> DecoderLayer<B> {
                 hy,
                 spec.rms_norm_eps,
             )?),
-            _ => Mixer::Attention(Attention::load(be, src, &format!("{p}.self_attn"), spec)?),
+            _ => {
+                let mut a = Attention::load(be, src, &format!("{p}.self_attn"), spec)?;
+                a.gpt_oss = GptOssAttention::load(be, src, i, spec)?;
+                Mixer::Attention(a)
+            }
         };
         Ok(DecoderLayer {
             input_layernorm: RmsNorm::load_for(

@@ -202,6 +202,13 @@ pub fn check_shapes(spec: &ModelSpec, w: &dyn WeightSource) -> Result<()> {
         ("model.embed_tokens.weight".into(), vec![spec.vocab_size, d]),
         ("model.norm.weight".into(), vec![d]),
     ];
+    let infos = w.tensors();
+    if let Some(g) = &spec.gpt_oss {
+        // Expert storage, MXFP4 blocks and scales, expert counts, the router's bias.
+        super::gpt_oss::check_checkpoint(spec, g, &infos, w.path())?;
+        want.extend(super::gpt_oss::layer_tensors(spec, g));
+        return check_present(&want, &infos, w.path());
+    }
     for l in 0..spec.num_layers {
         if let Some(hy) = &spec.hybrid {
             // Hybrids: every tensor of the layer's kind, incl. the GDN state parameters A_log and
@@ -233,19 +240,22 @@ pub fn check_shapes(spec: &ModelSpec, w: &dyn WeightSource) -> Result<()> {
         // Dense SwiGLU, or the router, every expert and the shared expert of a sparse layer.
         want.extend(ffn_tensors(spec, l));
     }
-    let infos = w.tensors();
     // Expert layout, router bias, expert ids: one message before the per-tensor checks.
     check_checkpoint(spec, &infos, w.path())?;
+    check_present(&want, &infos, w.path())
+}
+
+/// Every tensor of `want` is in `infos` with that shape; errors name `path` and the tensor.
+fn check_present(want: &[(String, Vec<usize>)], infos: &[TensorInfo], path: &Path) -> Result<()> {
     // By name: an MoE checkpoint has tens of thousands of tensors (Qwen3-30B-A3B: 18,867).
-    let by_name: HashMap<&str, &TensorInfo> =
-        infos.iter().map(|t| (t.name.as_str(), t)).collect();
+    let by_name: HashMap<&str, &TensorInfo> = infos.iter().map(|t| (t.name.as_str(), t)).collect();
     for (name, shape) in want {
         match by_name.get(name.as_str()) {
-            None => bail!("{}: tensor {name} is missing", w.path().display()),
-            Some(t) if t.shape != shape => {
+            None => bail!("{}: tensor {name} is missing", path.display()),
+            Some(t) if t.shape != *shape => {
                 bail!(
                     "{}: tensor {name} ({}) has shape {:?}, the config implies {:?}",
-                    w.path().display(),
+                    path.display(),
                     t.file_name,
                     t.shape,
                     shape

@@ -7,6 +7,7 @@ pub mod config;
 pub mod decoder;
 pub mod flops;
 pub mod gdn;
+pub mod gpt_oss;
 pub mod head;
 pub mod hybrid;
 pub mod kv_cache;

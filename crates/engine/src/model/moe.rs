@@ -3,17 +3,20 @@
 //! and Qwen3-Next's sparse layers (docs/moe-models.md).
 //!
 //! - [`MoeSpec`]: the expert keys of `config.json` and which layers are sparse.
-//! - [`route`] and [`RoutingPlan`]: the routing rule of transformers' `Qwen3MoeTopKRouter`
-//!   (softmax over the router logits in f32, top-k, renormalised when `norm_topk_prob`), and
-//!   the per-row plan that gathers each expert's rows and sums every row's terms in a fixed
-//!   order. Both are computed on the host from the router logits, one row at a time: a row's
-//!   routing and output never depend on its batch-mates.
+//! - [`route`] / [`route_topk_softmax`] and [`RoutingPlan`]: the routing rules (Qwen: softmax
+//!   over the router logits in f32, top-k, renormalised when `norm_topk_prob`; gpt-oss: top-k
+//!   of the logits, softmax over the k; side by side below), and the per-row plan that gathers
+//!   each expert's rows and sums every row's terms in a fixed order. Both are computed on the
+//!   host from the router logits, one row at a time: a row's routing and output never depend on
+//!   its batch-mates.
 //! - [`SparseMoe`]: router, routed experts and the gated shared expert over the
-//!   [`Backend`] seam; [`FeedForward`]: a decoder layer's MLP, dense or sparse.
+//!   [`Backend`] seam; [`FeedForward`]: a decoder layer's MLP, dense, sparse or gpt-oss's
+//!   ([`super::gpt_oss::GptOssMoe`]).
 //! - [`check_checkpoint`]: the expert tensors a config implies, refused with one message naming
 //!   the file and the tensor or key before anything is uploaded.
 
 use super::config::{Arch, ModelSpec};
+use super::gpt_oss::GptOssMoe;
 use super::transformer::{load_stacked_matrix, Mlp};
 use crate::backend::Backend;
 use crate::formats::{TensorInfo, WeightSource};
@@ -213,9 +216,13 @@ impl MoeSpec {
     }
 }
 
-/// Every HF tensor of layer `i`'s MLP, dense or sparse, and its shape.
+/// Every HF tensor of layer `i`'s MLP, dense or sparse, and its shape (gpt-oss: its fused,
+/// unquantised layout, [`super::gpt_oss::mlp_tensors`]).
 pub fn ffn_tensors(spec: &ModelSpec, i: usize) -> Vec<(String, Vec<usize>)> {
     let d = spec.hidden_size;
+    if spec.gpt_oss.is_some() {
+        return super::gpt_oss::mlp_tensors(spec, i, false);
+    }
     match &spec.moe {
         Some(m) if m.is_sparse(i) => m.layer_tensors(d, i),
         _ => {
@@ -288,6 +295,17 @@ pub fn check_checkpoint(spec: &ModelSpec, infos: &[TensorInfo], path: &Path) -> 
     Ok(())
 }
 
+// The two routing rules, side by side (transformers 5.17):
+//
+// | rule | source | steps |
+// |---|---|---|
+// | [`route`] | `Qwen3MoeTopKRouter`, `Qwen3NextTopKRouter`, `Qwen3_5MoeTopKRouter` | `softmax(logits)` over all experts, top-k of the probabilities, divided by their sum when `norm_topk_prob` (always on Qwen3.5-MoE) |
+// | [`route_topk_softmax`] | `GptOssTopKRouter` (`models/gpt_oss/modeling_gpt_oss.py`) | logits with the router's bias, top-k of the logits, `softmax` over those k values |
+//
+// The second equals the first with renormalisation in exact arithmetic (the top-k of the logits
+// are the top-k of the probabilities, and exp(l_i) / Σ_topk exp(l_j) is the renormalised
+// probability); in f32 they round differently, so each model uses its own.
+
 /// One token's routing, the rule of transformers' `Qwen3MoeTopKRouter` / `Qwen3NextTopKRouter`
 /// / `Qwen3_5MoeTopKRouter`: `probs = softmax(logits)` in f32 (max subtracted), the `top_k`
 /// largest probabilities (ties to the lower expert id; torch leaves tie order unspecified),
@@ -309,6 +327,27 @@ pub fn route(logits: &[f32], top_k: usize, renormalise: bool) -> Vec<(usize, f32
             c.1 /= total;
         }
     }
+    chosen.sort_by_key(|c| c.0);
+    chosen
+}
+
+/// One token's routing, the rule of transformers' `GptOssTopKRouter`: the `top_k` largest
+/// logits (the router's bias already added; ties to the lower expert id), then `softmax` over
+/// those k values in f32 (their max subtracted, the exponentials summed in the order
+/// `torch.topk` returns them: largest first). Returns (expert, weight) in ascending expert
+/// order, as [`route`].
+pub fn route_topk_softmax(logits: &[f32], top_k: usize) -> Vec<(usize, f32)> {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    order.truncate(top_k);
+    let max = order.first().map_or(0.0, |&e| logits[e]);
+    let exps: Vec<f32> = order.iter().map(|&e| (logits[e] - max).exp()).collect();
+    let sum: f32 = exps.iter().sum();
+    let mut chosen: Vec<(usize, f32)> = order
+        .iter()
+        .zip(&exps)
+        .map(|(&e, &x)| (e, x / sum))
+        .collect();
     chosen.sort_by_key(|c| c.0);
     chosen
 }
@@ -344,6 +383,20 @@ impl RoutingPlan {
             .chunks(width)
             .map(|l| route(&l[..e], moe.num_experts_per_tok, moe.norm_topk_prob))
             .collect();
+        let shared_gates: Option<Vec<f32>> =
+            shared.then(|| logits.chunks(width).map(|l| sigmoid(l[e])).collect());
+        Self::from_routes(&routes, e, moe.num_experts_per_tok, shared_gates.as_deref())
+    }
+
+    /// The plan of rows already routed: `routes[r]` holds row r's `top_k` (expert, weight) in
+    /// ascending expert order, `shared_gates[r]` the weight of its shared expert's output.
+    pub fn from_routes(
+        routes: &[Vec<(usize, f32)>],
+        e: usize,
+        top_k: usize,
+        shared_gates: Option<&[f32]>,
+    ) -> RoutingPlan {
+        let shared = shared_gates.is_some();
         let mut rows_by_expert = vec![Vec::new(); e];
         for (r, route) in routes.iter().enumerate() {
             for &(ex, _) in route {
@@ -357,7 +410,7 @@ impl RoutingPlan {
             start.push(next);
             next += rows.len() as u32;
         }
-        let terms = moe.num_experts_per_tok + usize::from(shared);
+        let terms = top_k + usize::from(shared);
         let (mut index, mut weights) = (
             Vec::with_capacity(routes.len() * terms),
             Vec::with_capacity(routes.len() * terms),
@@ -370,9 +423,9 @@ impl RoutingPlan {
                 cursor[ex] += 1;
                 weights.push(w);
             }
-            if shared {
+            if let Some(gates) = shared_gates {
                 index.push(next + r as u32);
-                weights.push(sigmoid(logits[r * width + e]));
+                weights.push(gates[r]);
             }
         }
         RoutingPlan {
@@ -462,10 +515,11 @@ impl<B: Backend> SparseMoe<B> {
     }
 }
 
-/// A decoder layer's MLP: dense SwiGLU, or a sparse mixture of experts.
+/// A decoder layer's MLP: dense SwiGLU, a sparse mixture of experts, or gpt-oss's.
 pub enum FeedForward<B: Backend> {
     Dense(Mlp<B>),
     Sparse(SparseMoe<B>),
+    GptOss(GptOssMoe<B>),
 }
 
 impl<B: Backend> FeedForward<B> {
@@ -473,6 +527,11 @@ impl<B: Backend> FeedForward<B> {
     pub fn load(be: &B, src: &dyn WeightSource, layer: usize, spec: &ModelSpec) -> Result<Self> {
         let p = format!("model.layers.{layer}.mlp");
         let d = spec.hidden_size;
+        if let Some(g) = &spec.gpt_oss {
+            return Ok(FeedForward::GptOss(GptOssMoe::load(
+                be, src, layer, spec, g,
+            )?));
+        }
         Ok(match &spec.moe {
             Some(m) if m.is_sparse(layer) => {
                 FeedForward::Sparse(SparseMoe::load(be, src, &p, d, m)?)
@@ -485,7 +544,7 @@ impl<B: Backend> FeedForward<B> {
     pub fn dense(&self) -> Option<&Mlp<B>> {
         match self {
             FeedForward::Dense(m) => Some(m),
-            FeedForward::Sparse(_) => None,
+            FeedForward::Sparse(_) | FeedForward::GptOss(_) => None,
         }
     }
 
@@ -494,6 +553,7 @@ impl<B: Backend> FeedForward<B> {
         match self {
             FeedForward::Dense(m) => m.forward_acc(be, x, h),
             FeedForward::Sparse(m) => m.forward_acc(be, x, h),
+            FeedForward::GptOss(m) => m.forward_acc(be, x, h),
         }
     }
 }

@@ -35,6 +35,7 @@ pub fn qwen3_8b_spec() -> ModelSpec {
         eos_token_ids: vec![],
         hybrid: None,
         moe: None,
+        gpt_oss: None,
     }
 }
 
@@ -127,6 +128,10 @@ impl RandomWeights {
             if spec.qk_norm {
                 put("self_attn.q_norm.weight", vec![hd]);
                 put("self_attn.k_norm.weight", vec![hd]);
+            }
+            if spec.gpt_oss.is_some() {
+                // Sinks and the q/k/v/o biases (q/k/v again: the same shapes).
+                shapes.extend(super::gpt_oss::attention_extra_tensors(spec, l));
             }
         }
         RandomWeights {

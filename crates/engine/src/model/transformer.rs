@@ -12,6 +12,7 @@
 use super::capture::{Capture, Captured};
 use super::config::ModelSpec;
 pub use super::decoder::{DecoderLayer, Mixer};
+use super::gpt_oss::GptOssAttention;
 pub use super::kv_cache::KvCache;
 use super::kv_cache::LayerCache;
 use crate::backend::raw::RawPart;
@@ -234,6 +235,9 @@ pub struct Attention<B: Backend> {
     pub gate_proj: Option<B::Matrix>,
     pub shape: AttnShape,
     pub rope: Rope,
+    /// gpt-oss's o_proj bias, sinks, window and YaRN; its forwards take over when set
+    /// (`model::gpt_oss::layers`).
+    pub gpt_oss: Option<GptOssAttention<B>>,
 }
 
 /// The fused `[q | k | v]` and the gate matrices of a gated attention layer (Qwen3.5 / Qwen3-Next,
@@ -350,11 +354,12 @@ impl<B: Backend> Attention<B> {
                 head_dim: hd,
             },
             rope: spec.rope(),
+            gpt_oss: None,
         })
     }
 
     /// The fused projection `[T, qd + 2·kvd]` of `x` (q | k | v columns, biases added).
-    fn project_qkv(&self, be: &B, x: &B::Tensor) -> Result<B::Tensor> {
+    pub(crate) fn project_qkv(&self, be: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let mut qkv = be.matmul(x, &self.qkv_proj)?;
         if let Some(b) = &self.qkv_bias {
             be.add_row_bias(&mut qkv, b)?;
@@ -399,6 +404,9 @@ impl<B: Backend> Attention<B> {
         cache: &mut LayerCache<B>,
         h: &mut B::Tensor,
     ) -> Result<()> {
+        if let Some(g) = &self.gpt_oss {
+            return g.forward(self, be, x, start, cache, h);
+        }
         let t = be.dims(x).0;
         let positions: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
         let (q, k, v) = self.qkv(be, x, &positions)?;
@@ -428,6 +436,9 @@ impl<B: Backend> Attention<B> {
         starts: &[usize],
         h: &mut B::Tensor,
     ) -> Result<()> {
+        if let Some(g) = &self.gpt_oss {
+            return g.forward_decode(self, be, x, caches, starts, h);
+        }
         let positions: Vec<u32> = starts.iter().map(|&s| s as u32).collect();
         let mut slots: Vec<KvSlot<'_, B::Tensor>> = caches
             .iter_mut()
@@ -467,6 +478,9 @@ impl<B: Backend> Attention<B> {
         seq_starts: &SeqStarts,
         h: &mut B::Tensor,
     ) -> Result<()> {
+        if let Some(g) = &self.gpt_oss {
+            return g.forward_packed(self, be, x, positions, seq_starts, h);
+        }
         if self.gate_proj.is_some() {
             // Hybrid: zero-centred q/k norms, which the fused QKV path does not cover.
             let (q, k, v) = self.qkv(be, x, positions)?;
@@ -519,6 +533,8 @@ pub struct TargetModel<B: Backend> {
 
 impl<B: Backend> TargetModel<B> {
     pub fn load(be: &B, spec: &ModelSpec, src: &dyn WeightSource) -> Result<Self> {
+        // Before any upload: a backend that cannot compute the model refuses it here.
+        super::gpt_oss::check_backend(be, spec)?;
         let (v, d) = (spec.vocab_size, spec.hidden_size);
         let embed_tokens = load_matrix(be, src, "model.embed_tokens.weight", v, d)?;
         let layers = (0..spec.num_layers)

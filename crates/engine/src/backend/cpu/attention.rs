@@ -2,10 +2,12 @@
 //! values GEMM, parallel over jobs and heads with rayon.
 //!
 //! Which keys a query row sees comes from [`AttnMask::key_intervals`] (`backend/mask.rs`), the
-//! masks' one interpretation; this file only decides how to batch the work.
+//! masks' one interpretation (with gpt-oss's sliding window, [`mask::causal_window`]); this file
+//! only decides how to batch the work. gpt-oss's per-head sink logit joins the softmax's
+//! denominator in [`masked_softmax`] ([`AttnExtras::sinks`]).
 
 use super::{gemm_f32, CpuTensor, Rows, Strided, Threads};
-use crate::backend::{AttnMask, AttnShape, KeyIntervals};
+use crate::backend::{mask, AttnExtras, AttnMask, AttnShape, KeyIntervals};
 use anyhow::Result;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -62,6 +64,8 @@ struct Inputs<'a> {
     group: usize,
     hd: usize,
     scale: f32,
+    /// Per query head, the sink logit (gpt-oss), if any.
+    sinks: Option<&'a [f32]>,
 }
 
 /// [`crate::backend::Backend::attention`] on the CPU (shapes already checked).
@@ -72,7 +76,23 @@ pub(super) fn attention(
     shape: AttnShape,
     mask: &AttnMask,
 ) -> Result<CpuTensor> {
-    let iv = mask.key_intervals(q.rows, k.rows)?;
+    attention_ext(q, k, v, shape, mask, AttnExtras::NONE)
+}
+
+/// [`crate::backend::Backend::attention_ext`] on the CPU (shapes and extras already checked):
+/// the window narrows each row's keys, the sink joins each row's softmax.
+pub(super) fn attention_ext(
+    q: &CpuTensor,
+    k: &CpuTensor,
+    v: &CpuTensor,
+    shape: AttnShape,
+    mask: &AttnMask,
+    extras: AttnExtras<'_>,
+) -> Result<CpuTensor> {
+    let mut iv = mask.key_intervals(q.rows, k.rows)?;
+    if let Some(w) = extras.window {
+        mask::causal_window(mask, &mut iv, w)?;
+    }
     let jobs = jobs(mask, &iv);
     let hd = shape.head_dim;
     let x = Inputs {
@@ -83,6 +103,7 @@ pub(super) fn attention(
         group: shape.heads / shape.kv_heads,
         hd,
         scale: 1.0 / (hd as f32).sqrt(),
+        sinks: extras.sinks,
     };
     // Each (job, head) writes a disjoint [rows, hd] patch; compute them in parallel and scatter.
     let tasks: Vec<(usize, usize)> = (0..jobs.len())
@@ -118,8 +139,15 @@ fn head_attention(job: &Job, h: usize, x: &Inputs<'_>) -> Vec<f32> {
         qh[i * hd..(i + 1) * hd].copy_from_slice(&x.q.data[row..row + hd]);
     }
     let mut scores = scores(job, &qh, x.k, kvh * hd, hd, nk);
+    let sink = x.sinks.map(|s| s[h]);
     for (i, qr) in job.q_rows.clone().enumerate() {
-        masked_softmax(&mut scores[i * nk..(i + 1) * nk], job, &x.iv[qr], x.scale);
+        masked_softmax(
+            &mut scores[i * nk..(i + 1) * nk],
+            job,
+            &x.iv[qr],
+            x.scale,
+            sink,
+        );
     }
     weighted_values(job, &scores, x.v, kvh * hd, hd, nk)
 }
@@ -170,9 +198,13 @@ fn scores(job: &Job, qh: &[f32], k: &CpuTensor, k_col: usize, hd: usize, nk: usi
 }
 
 /// Scale, mask and softmax one row of scores in f32, in place. A row that sees nothing gets
-/// zeros (cannot happen for valid masks: every query sees at least itself).
-fn masked_softmax(row: &mut [f32], job: &Job, iv: &KeyIntervals, scale: f32) {
-    if job.spans.len() == 1 && job.spans[0].start == 0 && iv.second.is_empty() {
+/// zeros (cannot happen for valid masks: every query sees at least itself). With a `sink` logit
+/// (gpt-oss, `eager_attention_forward`: the sink is concatenated to the scaled, masked scores,
+/// the maximum subtracted over both, the softmax taken and the sink's column dropped), the
+/// maximum includes the sink and `exp(sink − max)` joins the sum after the keys.
+fn masked_softmax(row: &mut [f32], job: &Job, iv: &KeyIntervals, scale: f32, sink: Option<f32>) {
+    let prefix = iv.first.start == 0 && iv.second.is_empty();
+    if job.spans.len() == 1 && job.spans[0].start == 0 && prefix && sink.is_none() {
         // Fast path (one span from key 0, a prefix visible: causal rows): neither the per-key
         // mask test nor exp() runs on the masked tail. Same operations in the same order as the
         // general path below, whose masked entries contribute exact zeros: bit-identical.
@@ -193,7 +225,7 @@ fn masked_softmax(row: &mut [f32], job: &Job, iv: &KeyIntervals, scale: f32) {
         live.iter_mut().for_each(|x| *x *= inv);
         return;
     }
-    let mut maxv = f32::NEG_INFINITY;
+    let mut maxv = sink.unwrap_or(f32::NEG_INFINITY);
     let keys = job.spans.iter().flat_map(|s| s.clone());
     for (x, kr) in row.iter_mut().zip(keys) {
         if iv.contains(kr) {
@@ -211,6 +243,9 @@ fn masked_softmax(row: &mut [f32], job: &Job, iv: &KeyIntervals, scale: f32) {
     for x in row.iter_mut() {
         *x = (*x - maxv).exp();
         sum += *x;
+    }
+    if let Some(z) = sink {
+        sum += (z - maxv).exp();
     }
     let inv = 1.0 / sum;
     row.iter_mut().for_each(|x| *x *= inv);

@@ -6,7 +6,7 @@
 
 mod attention;
 
-use super::{AttnMask, AttnShape, Backend, Rope, RopeStyle, TopK};
+use super::{AttnExtras, AttnMask, AttnShape, Backend, Rope, RopeFreqs, RopeStyle, TopK};
 use anyhow::Result;
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -134,22 +134,45 @@ fn gemm_f32(
 }
 
 /// Rotary table for a set of positions: cos/sin `[positions.len(), rotary_dim/2]`, computed as
-/// Hugging Face does (f32 inverse frequencies, f32 angle, then cos/sin).
-fn rope_table(positions: &[u32], rope: &Rope) -> (Vec<f32>, Vec<f32>) {
-    let half = rope.rotary_dim / 2;
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / rope.theta.powf((2 * i) as f32 / rope.rotary_dim as f32))
-        .collect();
+/// Hugging Face does (f32 inverse frequencies, f32 angle, then cos/sin, each times the
+/// frequencies' `attention_scaling` in f32: 1 for plain RoPE, which leaves them unchanged).
+fn rope_table(positions: &[u32], freqs: &RopeFreqs) -> (Vec<f32>, Vec<f32>) {
+    let half = freqs.rotary_dim / 2;
+    let scale = freqs.attention_scaling;
     let mut cos = Vec::with_capacity(positions.len() * half);
     let mut sin = Vec::with_capacity(positions.len() * half);
     for &p in positions {
-        for &f in &inv_freq {
+        for &f in &freqs.inv_freq {
             let angle = p as f32 * f;
-            cos.push((angle as f64).cos() as f32);
-            sin.push((angle as f64).sin() as f32);
+            cos.push((angle as f64).cos() as f32 * scale);
+            sin.push((angle as f64).sin() as f32 * scale);
         }
     }
     (cos, sin)
+}
+
+/// Rotate every head of the row-major `data` (`cols` columns, row r at `positions[r]`) in place:
+/// the CPU's rotary embedding, and the host reference of [`Backend::rope_freqs_inplace`].
+pub(crate) fn rotate_rows(data: &mut [f32], cols: usize, positions: &[u32], freqs: &RopeFreqs) {
+    let half = freqs.rotary_dim / 2;
+    let (cos, sin) = rope_table(positions, freqs);
+    data.par_chunks_mut(cols.max(1))
+        .enumerate()
+        .for_each(|(r, row)| {
+            let c = &cos[r * half..(r + 1) * half];
+            let s = &sin[r * half..(r + 1) * half];
+            for head in row.chunks_mut(freqs.head_dim) {
+                for i in 0..half {
+                    let (a, b) = match freqs.style {
+                        RopeStyle::RotateHalf => (i, i + half),
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * c[i] - x1 * s[i];
+                    head[b] = x1 * c[i] + x0 * s[i];
+                }
+            }
+        });
 }
 
 impl Backend for CpuBackend {
@@ -252,27 +275,17 @@ impl Backend for CpuBackend {
     }
 
     fn rope_inplace_impl(&self, x: &mut CpuTensor, positions: &[u32], rope: &Rope) -> Result<()> {
-        let half = rope.rotary_dim / 2;
-        let (cos, sin) = rope_table(positions, rope);
-        let cols = x.cols;
-        x.data
-            .par_chunks_mut(cols)
-            .enumerate()
-            .for_each(|(r, row)| {
-                let c = &cos[r * half..(r + 1) * half];
-                let s = &sin[r * half..(r + 1) * half];
-                for head in row.chunks_mut(rope.head_dim) {
-                    for i in 0..half {
-                        let (a, b) = match rope.style {
-                            RopeStyle::RotateHalf => (i, i + half),
-                            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                        };
-                        let (x0, x1) = (head[a], head[b]);
-                        head[a] = x0 * c[i] - x1 * s[i];
-                        head[b] = x1 * c[i] + x0 * s[i];
-                    }
-                }
-            });
+        rotate_rows(&mut x.data, x.cols, positions, &RopeFreqs::of_rope(rope));
+        Ok(())
+    }
+
+    fn rope_freqs_impl(
+        &self,
+        x: &mut CpuTensor,
+        positions: &[u32],
+        freqs: &RopeFreqs,
+    ) -> Result<()> {
+        rotate_rows(&mut x.data, x.cols, positions, freqs);
         Ok(())
     }
 
@@ -285,6 +298,35 @@ impl Backend for CpuBackend {
         mask: &AttnMask,
     ) -> Result<CpuTensor> {
         attention::attention(q, k, v, shape, mask)
+    }
+
+    fn attention_ext_impl(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        shape: AttnShape,
+        mask: &AttnMask,
+        extras: AttnExtras<'_>,
+    ) -> Result<CpuTensor> {
+        attention::attention_ext(q, k, v, shape, mask, extras)
+    }
+
+    fn supports_attention_sinks(&self) -> bool {
+        true
+    }
+
+    fn clamped_swiglu_impl(&self, gu: &CpuTensor, alpha: f32, limit: f32) -> Result<CpuTensor> {
+        let data: Vec<f32> = gu
+            .data
+            .par_chunks(gu.cols.max(1) * 64)
+            .flat_map_iter(|rows| super::gpt_oss::clamped_swiglu(rows, gu.cols, alpha, limit))
+            .collect();
+        Ok(CpuTensor {
+            rows: gu.rows,
+            cols: gu.cols / 2,
+            data,
+        })
     }
 
     fn swiglu_impl(&self, gate: &CpuTensor, up: &CpuTensor) -> Result<CpuTensor> {

@@ -17,6 +17,19 @@ fn naive_attention(
     shape: AttnShape,
     vis: impl Fn(usize, usize) -> bool,
 ) -> CpuTensor {
+    naive_attention_sinks(q, k, v, shape, vis, None)
+}
+
+/// [`naive_attention`] with a sink logit per head in every softmax's denominator (gpt-oss:
+/// `softmax(cat(scores, sink))` with the sink's column dropped).
+fn naive_attention_sinks(
+    q: &CpuTensor,
+    k: &CpuTensor,
+    v: &CpuTensor,
+    shape: AttnShape,
+    vis: impl Fn(usize, usize) -> bool,
+    sinks: Option<&[f32]>,
+) -> CpuTensor {
     let AttnShape {
         heads,
         kv_heads,
@@ -38,8 +51,14 @@ fn naive_attention(
                     s.push((j, dot / (hd as f64).sqrt()));
                 }
             }
-            let m = s.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = s.iter().map(|x| (x.1 - m).exp()).sum();
+            let sink = sinks.map(|z| z[h] as f64);
+            let m = s
+                .iter()
+                .map(|x| x.1)
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x.1 - m).exp()).sum::<f64>()
+                + sink.map_or(0.0, |z| (z - m).exp());
             for d in 0..hd {
                 out[r * q.cols + h * hd + d] = s
                     .iter()
@@ -100,6 +119,135 @@ fn causal_attention_matches_naive_with_cache_offset() {
         "max diff {}",
         max_diff(&got, &want)
     );
+}
+
+#[test]
+fn attention_with_sinks_and_windows_matches_naive() {
+    let be = CpuBackend;
+    let shape = AttnShape {
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 8,
+    };
+    // 70 cached keys + 90 new queries (chunks of 64 rows); sinks from below to above the scores.
+    let (q_start, nq) = (70, 90);
+    let q = t(nq, 32, 13);
+    let k = t(q_start + nq, 16, 14);
+    let v = t(q_start + nq, 16, 15);
+    let sinks = [-3.0f32, 0.0, 0.7, 4.0];
+    for window in [None, Some(1), Some(5), Some(128), Some(1000)] {
+        for sinks in [None, Some(&sinks[..])] {
+            let extras = AttnExtras { window, sinks };
+            let mask = AttnMask::Causal { q_start };
+            let got = be.attention_ext(&q, &k, &v, shape, &mask, extras).unwrap();
+            let want = naive_attention_sinks(
+                &q,
+                &k,
+                &v,
+                shape,
+                |r, j| j <= q_start + r && window.is_none_or(|w| j + w > q_start + r),
+                sinks,
+            );
+            assert!(
+                max_diff(&got, &want) < 1e-5,
+                "window {window:?} sinks {}: {}",
+                sinks.is_some(),
+                max_diff(&got, &want)
+            );
+            if extras.is_none() {
+                assert_eq!(got, be.attention(&q, &k, &v, shape, &mask).unwrap());
+            }
+        }
+    }
+    // Packed sequences and decode rows take the same extras (the window counted per sequence).
+    let extras = AttnExtras {
+        window: Some(3),
+        sinks: Some(&sinks),
+    };
+    let starts = crate::backend::SeqStarts::new(vec![0, 7, 7, 20]).unwrap();
+    let (qp, kp, vp) = (t(20, 32, 16), t(20, 16, 17), t(20, 16, 18));
+    let got = be
+        .attention_varlen_ext(&qp, &kp, &vp, shape, &starts, extras)
+        .unwrap();
+    let seq = |r: usize| usize::from(r >= 7);
+    let want = naive_attention_sinks(
+        &qp,
+        &kp,
+        &vp,
+        shape,
+        |r, j| seq(r) == seq(j) && j <= r && j + 3 > r,
+        Some(&sinks),
+    );
+    assert!(max_diff(&got, &want) < 1e-5);
+    // A sink far above every score takes (nearly) all the probability: the output vanishes.
+    let big = [80.0f32; 4];
+    let o = be
+        .attention_ext(
+            &t(1, 32, 19),
+            &t(4, 16, 20),
+            &t(4, 16, 21),
+            shape,
+            &AttnMask::Causal { q_start: 3 },
+            AttnExtras {
+                window: None,
+                sinks: Some(&big),
+            },
+        )
+        .unwrap();
+    assert!(o.data.iter().all(|x| x.abs() < 1e-20));
+}
+
+#[test]
+fn rope_from_frequencies_equals_rope_and_scales() {
+    let be = CpuBackend;
+    let x = t(4, 32, 22);
+    let pos = [0u32, 1, 9, 500];
+    let rope = Rope {
+        theta: 10000.0,
+        head_dim: 16,
+        rotary_dim: 16,
+        style: RopeStyle::RotateHalf,
+    };
+    let (mut a, mut b) = (x.clone(), x.clone());
+    be.rope_inplace(&mut a, &pos, &rope).unwrap();
+    be.rope_freqs_inplace(&mut b, &pos, &RopeFreqs::of_rope(&rope))
+        .unwrap();
+    assert_eq!(a, b, "bit-identical to rope_inplace");
+    let mut scaled = RopeFreqs::of_rope(&rope);
+    scaled.attention_scaling = 1.25;
+    let mut c = x.clone();
+    be.rope_freqs_inplace(&mut c, &pos, &scaled).unwrap();
+    assert!(c
+        .data
+        .iter()
+        .zip(&a.data)
+        .all(|(c, a)| (c - 1.25 * a).abs() <= 1e-6 * a.abs().max(1.0)));
+    let mut bad = scaled.clone();
+    bad.inv_freq.pop();
+    assert!(be.rope_freqs_inplace(&mut c, &pos, &bad).is_err());
+}
+
+#[test]
+fn clamped_swiglu_matches_its_definition() {
+    let be = CpuBackend;
+    // Values around and beyond the limit of 7, gate | up halves of 40 columns.
+    let mut x = t(130, 80, 23);
+    x.data.iter_mut().for_each(|v| *v *= 10.0);
+    let y = be.clamped_swiglu_packed(&x, 1.702, 7.0).unwrap();
+    assert_eq!((y.rows, y.cols), (130, 40));
+    for r in 0..130 {
+        for j in 0..40 {
+            let (g, u) = (x.data[r * 80 + j] as f64, x.data[r * 80 + 40 + j] as f64);
+            let (g, u) = (g.min(7.0), u.clamp(-7.0, 7.0));
+            let want = (u + 1.0) * g / (1.0 + (-g * 1.702).exp());
+            let got = y.data[r * 40 + j] as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{got} vs {want}"
+            );
+        }
+    }
+    assert!(be.clamped_swiglu_packed(&t(2, 3, 1), 1.702, 7.0).is_err());
 }
 
 #[test]

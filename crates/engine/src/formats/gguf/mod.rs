@@ -389,6 +389,7 @@ impl GgufFile {
             hybrid: None,
             // GGUF mixture-of-experts files are refused (docs/moe-models.md).
             moe: None,
+            gpt_oss: None,
         };
         spec.validate(&self.path)?;
         Ok(spec)

@@ -1,0 +1,365 @@
+//! gpt-oss's attention (sinks, sliding windows, YaRN, o_proj bias) and its mixture of experts
+//! (biased router, top-k then softmax, fused or MXFP4 experts with biases and the clamped
+//! SwiGLU), over the [`Backend`] seam. The forward semantics are transformers 5.17
+//! `modeling_gpt_oss.py`: `GptOssAttention` with `eager_attention_forward`, `GptOssMLP` with
+//! `GptOssTopKRouter` and `GptOssExperts`.
+
+use super::{rope_freqs, GptOssSpec, SWIGLU_ALPHA, SWIGLU_LIMIT};
+use crate::backend::{AttnExtras, Backend, KvSlot, RopeFreqs, SeqStarts};
+use crate::formats::mxfp4::Mxfp4Tensor;
+use crate::formats::{HostTensor, WeightSource};
+use crate::model::config::ModelSpec;
+use crate::model::kv_cache::LayerCache;
+use crate::model::moe::{route_topk_softmax, RoutingPlan};
+use crate::model::transformer::{load_matrix, load_vector, Attention};
+use anyhow::{bail, Context, Result};
+
+/// What a gpt-oss attention layer adds to [`Attention`] (whose q/k/v projections, their biases
+/// and o_proj it uses): the o_proj bias, the sinks, the window and the rotary frequencies.
+pub struct GptOssAttention<B: Backend> {
+    /// `o_proj.bias` `[1, D]` (with `attention_bias`, true on the released models).
+    pub o_bias: Option<B::Tensor>,
+    /// `sinks` `[heads]`, one logit per query head (f32 on the host: the backend's softmax
+    /// reads it per head).
+    pub sinks: Vec<f32>,
+    /// `Some(sliding_window)` on a `sliding_attention` layer.
+    pub window: Option<usize>,
+    /// YaRN (or plain) rotary frequencies.
+    pub rope: RopeFreqs,
+}
+
+impl<B: Backend> GptOssAttention<B> {
+    /// Layer `layer`'s extras, `None` unless the model is gpt-oss.
+    pub fn load(
+        be: &B,
+        src: &dyn WeightSource,
+        layer: usize,
+        spec: &ModelSpec,
+    ) -> Result<Option<Self>> {
+        let Some(g) = &spec.gpt_oss else {
+            return Ok(None);
+        };
+        let p = format!("model.layers.{layer}.self_attn");
+        let sinks = src.tensor(&format!("{p}.sinks"))?;
+        if sinks.shape != [spec.num_heads] {
+            bail!(
+                "{}: tensor {p}.sinks has shape {:?}, the config implies [{}]",
+                src.path().display(),
+                sinks.shape,
+                spec.num_heads
+            );
+        }
+        Ok(Some(GptOssAttention {
+            o_bias: spec
+                .attention_bias
+                .then(|| load_vector(be, src, &format!("{p}.o_proj.bias"), spec.hidden_size))
+                .transpose()?,
+            sinks: sinks.data,
+            window: g.window(layer),
+            rope: rope_freqs(spec, g),
+        }))
+    }
+
+    fn extras(&self) -> AttnExtras<'_> {
+        AttnExtras {
+            window: self.window,
+            sinks: Some(&self.sinks),
+        }
+    }
+
+    /// q, k (rotated at `positions`) and v of `x`, biases added.
+    fn qkv(
+        &self,
+        a: &Attention<B>,
+        be: &B,
+        x: &B::Tensor,
+        positions: &[u32],
+    ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
+        let (qd, kvd) = (
+            a.shape.heads * a.shape.head_dim,
+            a.shape.kv_heads * a.shape.head_dim,
+        );
+        let mut parts = be
+            .split_cols(&a.project_qkv(be, x)?, &[qd, kvd, kvd])?
+            .into_iter();
+        let (Some(mut q), Some(mut k), Some(v)) = (parts.next(), parts.next(), parts.next()) else {
+            bail!("attention: split_cols did not return q, k and v");
+        };
+        be.rope_freqs_inplace(&mut q, positions, &self.rope)?;
+        be.rope_freqs_inplace(&mut k, positions, &self.rope)?;
+        Ok((q, k, v))
+    }
+
+    /// `h += o_proj(o) + o_proj.bias` (transformers: `residual + self.o_proj(attn_output)`).
+    fn output(&self, a: &Attention<B>, be: &B, o: &B::Tensor, h: &mut B::Tensor) -> Result<()> {
+        let mut y = be.matmul(o, &a.o_proj)?;
+        if let Some(b) = &self.o_bias {
+            be.add_row_bias(&mut y, b)?;
+        }
+        be.add_inplace(h, &y)
+    }
+
+    /// [`Attention::forward`]: the new tokens at `start..` over one sequence's cache.
+    pub fn forward(
+        &self,
+        a: &Attention<B>,
+        be: &B,
+        x: &B::Tensor,
+        start: usize,
+        cache: &mut LayerCache<B>,
+        h: &mut B::Tensor,
+    ) -> Result<()> {
+        let t = be.dims(x).0;
+        let positions: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
+        let (q, k, v) = self.qkv(a, be, x, &positions)?;
+        let slot = KvSlot {
+            k: &mut cache.k,
+            v: &mut cache.v,
+        };
+        let o = crate::backend::gpt_oss::append_and_attend_ext(
+            be,
+            slot,
+            &q,
+            k,
+            v,
+            a.shape,
+            start,
+            self.extras(),
+        )?;
+        self.output(a, be, &o, h)
+    }
+
+    /// [`Attention::forward_decode`]: row r is the next token of the sequence cached in
+    /// `caches[r]`, at position `starts[r]`.
+    pub fn forward_decode(
+        &self,
+        a: &Attention<B>,
+        be: &B,
+        x: &B::Tensor,
+        caches: &mut [&mut LayerCache<B>],
+        starts: &[usize],
+        h: &mut B::Tensor,
+    ) -> Result<()> {
+        let positions: Vec<u32> = starts.iter().map(|&s| s as u32).collect();
+        let (q, k, v) = self.qkv(a, be, x, &positions)?;
+        let mut slots: Vec<KvSlot<'_, B::Tensor>> = caches
+            .iter_mut()
+            .map(|c| KvSlot {
+                k: &mut c.k,
+                v: &mut c.v,
+            })
+            .collect();
+        let o = be.attention_decode_ext(&q, &k, &v, a.shape, &mut slots, self.extras())?;
+        self.output(a, be, &o, h)
+    }
+
+    /// [`Attention::forward_packed`]: whole sequences packed row-wise, each from position 0.
+    pub fn forward_packed(
+        &self,
+        a: &Attention<B>,
+        be: &B,
+        x: &B::Tensor,
+        positions: &[u32],
+        seq_starts: &SeqStarts,
+        h: &mut B::Tensor,
+    ) -> Result<()> {
+        let (q, k, v) = self.qkv(a, be, x, positions)?;
+        let o = be.attention_varlen_ext(&q, &k, &v, a.shape, seq_starts, self.extras())?;
+        self.output(a, be, &o, h)
+    }
+}
+
+/// One expert: `down(act(gate_up(x) + b_gu)) + b_down`.
+pub struct GptOssExpert<B: Backend> {
+    /// `[2·I, D]`: the gate rows, then the up rows (de-interleaved from the checkpoint's
+    /// alternating columns), so that the GEMM output is gate | up.
+    pub gate_up: B::Matrix,
+    /// `[1, 2·I]`, de-interleaved likewise.
+    pub gate_up_bias: B::Tensor,
+    /// `[D, I]`.
+    pub down: B::Matrix,
+    /// `[1, D]`.
+    pub down_bias: B::Tensor,
+}
+
+impl<B: Backend> GptOssExpert<B> {
+    fn forward(&self, be: &B, x: &B::Tensor) -> Result<B::Tensor> {
+        let mut gu = be.matmul(x, &self.gate_up)?;
+        be.add_row_bias(&mut gu, &self.gate_up_bias)?;
+        let act = be.clamped_swiglu_packed(&gu, SWIGLU_ALPHA, SWIGLU_LIMIT)?;
+        let mut y = be.matmul(&act, &self.down)?;
+        be.add_row_bias(&mut y, &self.down_bias)?;
+        Ok(y)
+    }
+}
+
+/// A gpt-oss MLP block (`GptOssMLP`).
+pub struct GptOssMoe<B: Backend> {
+    /// `router.weight` `[E, D]`.
+    pub router: B::Matrix,
+    /// `router.bias` `[1, E]`.
+    pub router_bias: B::Tensor,
+    pub experts: Vec<GptOssExpert<B>>,
+    pub top_k: usize,
+}
+
+/// One expert projection of a layer as stored: fused unquantised `[E, in, out]` (as
+/// `GptOssExperts` holds it: `x @ W`) or MXFP4 blocks of `[E, out, in]`.
+enum StoredExperts {
+    Fused {
+        t: HostTensor,
+        inp: usize,
+        out: usize,
+    },
+    Mxfp4(Mxfp4Tensor),
+}
+
+impl StoredExperts {
+    /// Expert `e`'s weight as `[out, in]`, row-major.
+    fn expert(&self, e: usize) -> Result<Vec<f32>> {
+        match self {
+            StoredExperts::Fused { t, inp, out } => {
+                let w = &t.data[e * inp * out..(e + 1) * inp * out];
+                let mut m = vec![0f32; inp * out];
+                for (i, row) in w.chunks_exact(*out).enumerate() {
+                    for (o, &v) in row.iter().enumerate() {
+                        m[o * inp + i] = v;
+                    }
+                }
+                Ok(m)
+            }
+            StoredExperts::Mxfp4(t) => t.dequantize(e),
+        }
+    }
+}
+
+/// Rows `[2j]` then rows `[2j + 1]` of a row-major `[2·n, cols]`: transformers' `gate_up[...,
+/// ::2]` (gate) and `gate_up[..., 1::2]` (up) as one stacked gate | up.
+pub(super) fn deinterleave(rows: &[f32], cols: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows.len());
+    for first in [0, 1] {
+        for r in rows.chunks_exact(cols).skip(first).step_by(2) {
+            out.extend_from_slice(r);
+        }
+    }
+    out
+}
+
+impl<B: Backend> GptOssMoe<B> {
+    /// Layer `layer`'s block (`model.layers.{layer}.mlp`), experts dequantised to f32 on the host
+    /// one at a time and uploaded.
+    pub fn load(
+        be: &B,
+        src: &dyn WeightSource,
+        layer: usize,
+        spec: &ModelSpec,
+        g: &GptOssSpec,
+    ) -> Result<Self> {
+        let p = format!("model.layers.{layer}.mlp");
+        let moe = spec
+            .moe
+            .as_ref()
+            .context("a gpt_oss spec without experts")?;
+        let (d, inter, ne) = (spec.hidden_size, moe.moe_intermediate_size, moe.num_experts);
+        let open = |proj: &str, inp: usize, out: usize| -> Result<StoredExperts> {
+            let base = format!("{p}.experts.{proj}");
+            if g.mxfp4() {
+                let t = Mxfp4Tensor::open(src.path(), &base)?;
+                if t.shape != [ne, out, inp] {
+                    bail!(
+                        "{}: MXFP4 tensor {base} unpacks to {:?}, the config implies [{ne}, {out}, {inp}]",
+                        src.path().display(),
+                        t.shape
+                    );
+                }
+                return Ok(StoredExperts::Mxfp4(t));
+            }
+            let t = src.tensor(&base)?;
+            if t.shape != [ne, inp, out] {
+                bail!(
+                    "{}: tensor {base} has shape {:?}, the config implies [{ne}, {inp}, {out}]",
+                    src.path().display(),
+                    t.shape
+                );
+            }
+            Ok(StoredExperts::Fused { t, inp, out })
+        };
+        let gate_up = open("gate_up_proj", d, 2 * inter)?;
+        let down = open("down_proj", inter, d)?;
+        let bias = |name: &str, cols: usize| -> Result<HostTensor> {
+            let t = src.tensor(&format!("{p}.experts.{name}"))?;
+            if t.shape != [ne, cols] {
+                bail!(
+                    "{}: tensor {p}.experts.{name} has shape {:?}, the config implies [{ne}, {cols}]",
+                    src.path().display(),
+                    t.shape
+                );
+            }
+            Ok(t)
+        };
+        let (gu_bias, down_bias) = (
+            bias("gate_up_proj_bias", 2 * inter)?,
+            bias("down_proj_bias", d)?,
+        );
+        let mut experts = Vec::with_capacity(ne);
+        for e in 0..ne {
+            let ctx = || {
+                format!(
+                    "{}: uploading {p}.experts (expert {e})",
+                    src.path().display()
+                )
+            };
+            let gu = deinterleave(&gate_up.expert(e)?, d);
+            let gub = deinterleave(&gu_bias.data[e * 2 * inter..(e + 1) * 2 * inter], 1);
+            experts.push(GptOssExpert {
+                gate_up: be.matrix(&gu, 2 * inter, d).with_context(ctx)?,
+                gate_up_bias: be.from_host(&gub, 1, 2 * inter).with_context(ctx)?,
+                down: be.matrix(&down.expert(e)?, d, inter).with_context(ctx)?,
+                down_bias: be
+                    .from_host(&down_bias.data[e * d..(e + 1) * d], 1, d)
+                    .with_context(ctx)?,
+            });
+        }
+        for name in ["gate_up_proj", "down_proj"] {
+            src.release(&format!("{p}.experts.{name}"));
+        }
+        Ok(GptOssMoe {
+            router: load_matrix(be, src, &format!("{p}.router.weight"), ne, d)?,
+            router_bias: load_vector(be, src, &format!("{p}.router.bias"), ne)?,
+            experts,
+            top_k: moe.num_experts_per_tok,
+        })
+    }
+
+    /// `h += moe(x)`: the router logits (bias added) are the only download; each row is routed on
+    /// the host ([`route_topk_softmax`]), every expert that has rows runs on its gathered rows,
+    /// and one [`Backend::add_weighted_rows`] adds each row's weighted expert outputs in
+    /// ascending expert order (transformers' `index_add_` expert by expert) to `h`.
+    pub fn forward_acc(&self, be: &B, x: &B::Tensor, h: &mut B::Tensor) -> Result<()> {
+        let rows = be.dims(x).0;
+        if rows == 0 {
+            return Ok(());
+        }
+        let ne = self.experts.len();
+        let mut logits = be.matmul(x, &self.router)?;
+        be.add_row_bias(&mut logits, &self.router_bias)?;
+        let logits = be.to_host(&logits)?;
+        let routes: Vec<Vec<(usize, f32)>> = logits
+            .chunks(ne)
+            .map(|l| route_topk_softmax(l, self.top_k))
+            .collect();
+        let plan = RoutingPlan::from_routes(&routes, ne, self.top_k, None);
+        let mut outputs = Vec::new();
+        for (expert, rows_e) in self.experts.iter().zip(&plan.rows_by_expert) {
+            if !rows_e.is_empty() {
+                outputs.push(expert.forward(be, &be.gather_rows(x, rows_e)?)?);
+            }
+        }
+        let stacked = if outputs.len() == 1 {
+            outputs.pop().expect("one output")
+        } else {
+            be.concat_rows(&outputs.iter().collect::<Vec<_>>())?
+        };
+        be.add_weighted_rows(h, &stacked, &plan.index, &plan.weights)
+    }
+}
