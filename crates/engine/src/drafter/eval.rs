@@ -268,9 +268,7 @@ pub fn draft_into<B: Backend>(
                 )?
             }
             Drafter::Eagle3(d) => {
-                if opts.ctx_inclusive {
-                    bail!("--mask inclusive is DFlash's training leak; it is not defined for an EAGLE-3 drafter");
-                }
+                super::eagle3::check_options(opts)?;
                 let ctx = seq
                     .eagle3
                     .as_ref()

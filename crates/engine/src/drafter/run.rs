@@ -174,6 +174,9 @@ pub fn run_eval_shard<B: Backend>(
         sampling.check(&opts.eval)?;
     }
     let drafter = RunDrafter::open(s, spec)?;
+    if drafter.family == DrafterFamily::Eagle3 {
+        super::eagle3::check_options(&opts.eval)?;
+    }
     let taps = drafter.target_layer_ids.len();
     // Before the run is created or anything computed: every prompt must fit on the device.
     s.check_prompts_fit(&chosen, opts.max_new_tokens, taps)?;

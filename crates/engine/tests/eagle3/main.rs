@@ -13,7 +13,8 @@
 //!     vocab_size, taps out of range, a missing tensor: one error naming the file and the key or
 //!     tensor, from `lint` (which `run` applies before anything is computed) and from the loader;
 //! (e) `run` end to end on the default target: lint says what it found, the run stores the kind
-//!     eagle3, its records, and a rerun reads them back from the records cache.
+//!     eagle3, its records, and a rerun reads them back from the records cache; `--mask
+//!     inclusive` is refused before a run exists.
 
 mod checkpoints;
 #[path = "../golden_util/mod.rs"]
@@ -431,7 +432,7 @@ fn run_stores_an_eagle3_run_and_reuses_its_records() {
     use draftlens_engine::hidden_cache::HiddenCache;
     use draftlens_engine::prompts::PromptSet;
     use draftlens_engine::session::{Session, SessionOptions};
-    use draftlens_results::store::{RunMode, Store};
+    use draftlens_results::store::{RunFilter, RunMode, Store};
     let tmp = tempfile::tempdir().unwrap();
     let model = default_model();
     let files = TargetFiles::open(&model).unwrap();
@@ -498,4 +499,16 @@ fn run_stores_an_eagle3_run_and_reuses_its_records() {
     let second = run_eval(&s, &spec, &set, &opts, &store).unwrap();
     assert_eq!(second.timings["records_cached"], 2);
     assert_eq!(second.metrics, first.metrics);
+    // DFlash's training leak has no EAGLE-3 meaning: refused before a run exists.
+    let runs = || store.runs(&RunFilter::default()).unwrap().1;
+    let before = runs();
+    let mut leaky = opts.clone();
+    leaky.mode = RunMode::TrainStyle;
+    leaky.eval.ctx_inclusive = true;
+    let e = format!(
+        "{:#}",
+        run_eval(&s, &spec, &set, &leaky, &store).unwrap_err()
+    );
+    assert!(e.contains("--mask inclusive"), "{e}");
+    assert_eq!(runs(), before);
 }

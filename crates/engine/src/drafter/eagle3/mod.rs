@@ -12,5 +12,18 @@ pub mod vocab;
 pub use config::Eagle3Config;
 pub use model::{Eagle3Context, Eagle3Drafter};
 
+use super::eval::EvalOptions;
+use anyhow::{bail, Result};
+
+/// The evaluation options an EAGLE-3 drafter cannot honour, refused before a run is created:
+/// `--mask inclusive` is DFlash's training leak (docs/dflash.md §2.4 item 1), which has no
+/// EAGLE-3 counterpart here (docs/eagle3.md §4).
+pub fn check_options(opts: &EvalOptions) -> Result<()> {
+    if opts.ctx_inclusive {
+        bail!("--mask inclusive reproduces DFlash's training leak; it is not defined for an EAGLE-3 drafter (docs/eagle3.md §4)");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests;
