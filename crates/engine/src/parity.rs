@@ -508,6 +508,20 @@ pub fn layer_tolerance(index: usize) -> OpTolerance {
     }
 }
 
+/// Tolerance for hidden state `index` of a mixture-of-experts target (bf16 against f32). Measured
+/// on an H100 (docs/moe-models.md, "On the GPU"): transformers' own bf16 forward of a
+/// Qwen3-30B-A3B-shaped random target differs from its f32 forward by rel L2 2.1e-2 after layer 1
+/// (9.0e-3 for a dense model of the same width and depth), falling to 1.4e-2 by layer 5; draftlens
+/// CUDA is within 15 % of that curve. The bound allows 1.5× it at layer 1 and is never tighter
+/// than the dense bound ([`layer_tolerance`]).
+pub fn moe_layer_tolerance(index: usize) -> OpTolerance {
+    let rel = layer_tolerance(index).max_rel_l2.max(3.2e-2);
+    OpTolerance {
+        max_rel_l2: rel,
+        min_cosine: 1.0 - rel * rel,
+    }
+}
+
 /// Runs the product's [`TargetModel`] with the same random weights on both backends over packed
 /// sequences ([`TargetModel::forward_packed`], what `extract` and `run` execute) and compares every
 /// hidden-state index and the greedy tokens. Weights: matrices of std 0.05 and norm weights in
@@ -606,8 +620,14 @@ pub fn target_parity<A: Backend, B: Backend>(
 }
 
 /// Per-layer diffs of captured hidden states from two backends (`names[i]` labels layer i;
-/// `a[i]`, `b[i]` are the flattened states). For `draftlens parity` on real checkpoints.
-pub fn compare_layers(names: &[String], a: &[Vec<f32>], b: &[Vec<f32>]) -> Result<Vec<Check>> {
+/// `a[i]`, `b[i]` are the flattened states), each held to `tolerance(i)` ([`layer_tolerance`], or
+/// [`moe_layer_tolerance`] for a mixture-of-experts target). For `draftlens parity` on real checkpoints.
+pub fn compare_layers(
+    names: &[String],
+    a: &[Vec<f32>],
+    b: &[Vec<f32>],
+    tolerance: fn(usize) -> OpTolerance,
+) -> Result<Vec<Check>> {
     ensure!(
         names.len() == a.len() && a.len() == b.len(),
         "compare_layers: {} names, {} and {} layers",
@@ -626,7 +646,7 @@ pub fn compare_layers(names: &[String], a: &[Vec<f32>], b: &[Vec<f32>]) -> Resul
                 x.len(),
                 y.len()
             );
-            Ok(Check::new(name.clone(), diff(x, y), layer_tolerance(i)))
+            Ok(Check::new(name.clone(), diff(x, y), tolerance(i)))
         })
         .collect()
 }

@@ -19,7 +19,9 @@ use crate::backend::{Backend, GdnProfile};
 use crate::drafter::run::{run_eval, DrafterSpec, RunOptions};
 use crate::model::config::LayerType;
 use crate::model::{Capture, TargetModel};
-use crate::parity::{compare_layers, compare_metrics, TargetParity};
+use crate::parity::{
+    compare_layers, compare_metrics, layer_tolerance, moe_layer_tolerance, TargetParity,
+};
 use crate::session::Session;
 use anyhow::{ensure, Result};
 use draftlens_results::store::{MetricScope, RunMode, Store};
@@ -36,6 +38,8 @@ pub struct Pass {
     pub prompts: usize,
     pub tokens: usize,
     pub states: Vec<Vec<f32>>,
+    /// A mixture-of-experts target: its layers are held to [`crate::parity::moe_layer_tolerance`].
+    pub moe: bool,
     /// Per position: the top-1 next token and its lead over the top-2 (log-probs, nats).
     pub top1: Vec<u32>,
     pub lead: Vec<f32>,
@@ -55,6 +59,7 @@ pub fn run_pass<B: Backend>(
         prompts: prompts.len(),
         tokens: 0,
         states: vec![Vec::new(); l + 1],
+        moe: m.spec.moe.is_some(),
         top1: Vec::new(),
         lead: Vec::new(),
     };
@@ -85,6 +90,11 @@ pub fn compare_passes(a: &Pass, b: &Pass) -> Result<TargetParity> {
         a.tokens,
         b.tokens
     );
+    let tolerance = if a.moe {
+        moe_layer_tolerance
+    } else {
+        layer_tolerance
+    };
     let names: Vec<String> = (0..a.states.len())
         .map(|i| format!("hidden_states[{i}]"))
         .collect();
@@ -101,7 +111,7 @@ pub fn compare_passes(a: &Pass, b: &Pass) -> Result<TargetParity> {
         backends: (a.label.clone(), b.label.clone()),
         prompts: a.prompts,
         tokens: a.tokens,
-        layers: compare_layers(&names, &a.states, &b.states)?,
+        layers: compare_layers(&names, &a.states, &b.states, tolerance)?,
         greedy_agree: agree,
         greedy_total: a.top1.len(),
         greedy_agree_decisive: agree_dec,
