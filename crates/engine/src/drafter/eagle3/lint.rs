@@ -31,7 +31,7 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
     let mut out = Vec::new();
 
     match cfg.tap_problem(l) {
-        Some(problem) => out.push(f(Error, "tap-range", problem)),
+        Some(problem) => out.push(f(Error, "tap-range", format!("config.json: {problem}"))),
         None => out.push(f(
             Info,
             "taps",
