@@ -295,10 +295,23 @@ impl<B: Backend> DFlashDrafter<B> {
         anchor_tokens: &[u32],
         opts: DraftOptions,
     ) -> Result<TopK> {
-        let DraftOptions {
-            ctx_inclusive,
-            top_k: k,
-        } = opts;
+        let out = self.draft_hidden(be, target, ctx, anchors, anchor_tokens, opts.ctx_inclusive)?;
+        // Where the device work queued above is waited for (the top-K download synchronises).
+        let _head = crate::timeline::phase("drafter LM head + top-K");
+        target.logits_topk(be, &out, opts.top_k)
+    }
+
+    /// [`DFlashDrafter::draft`] up to the LM head: the final-norm hidden states of the drafted
+    /// positions, block by block (what sampling at T > 0 multiplies by the whole LM head).
+    pub fn draft_hidden(
+        &self,
+        be: &B,
+        target: &dyn EmbedHead<B>,
+        ctx: &DraftContext<B>,
+        anchors: &[usize],
+        anchor_tokens: &[u32],
+        ctx_inclusive: bool,
+    ) -> Result<B::Tensor> {
         let b = self.cfg.block_size;
         let n = anchors.len();
         if anchor_tokens.len() != n {
@@ -353,8 +366,6 @@ impl<B: Backend> DFlashDrafter<B> {
             .collect();
         let out = self.norm.forward(be, &be.gather_rows(&x, &rows)?)?;
         drop(layers);
-        // Where the device work queued above is waited for (the top-K download synchronises).
-        let _head = crate::timeline::phase("drafter LM head + top-K");
-        target.logits_topk(be, &out, k)
+        Ok(out)
     }
 }

@@ -26,9 +26,9 @@
 
 use super::eval::{AnchorPolicy, EvalOptions, Labels};
 use super::live::{taps_rows, LiveResult};
-use super::model::{DFlashDrafter, DraftOptions};
-use crate::backend::{Backend, TopK};
-use crate::model::{Capture, TargetModel};
+use super::model::DFlashDrafter;
+use crate::backend::Backend;
+use crate::model::{Capture, EmbedHead, TargetModel};
 use anyhow::{bail, Context, Result};
 use draftlens_records::sampling::{accepts, residual, Dist, DraftSampling, SamplingParams};
 use rand::{RngCore, SeedableRng};
@@ -178,41 +178,46 @@ pub fn verify(
     Verified { accepted, next }
 }
 
-/// Candidates per row the transform needs from the LM head: top-k, or the whole vocabulary.
-fn candidates(params: &SamplingParams, vocab: usize) -> usize {
-    params
-        .top_k
-        .map_or(vocab, |k| (k as usize).min(vocab))
-        .max(1)
-}
+/// Above this many candidates a row is read as every token's logit (one GEMM with the LM head)
+/// rather than through the fused LM-head top-K, whose CUDA kernel stops at 64 and whose CPU
+/// version keeps a sorted buffer (quadratic in k).
+const FUSED_TOP_K_MAX: usize = 64;
 
-/// The rows of `top` as distributions (`dist`: [`Dist::sampling`] or [`Dist::draft`]).
-fn rows(
-    top: &TopK,
+/// The rows of `hidden` (final-norm states) as distributions under `params` (`dist`:
+/// [`Dist::sampling`] or [`Dist::draft`]), read from the LM head as the `needed` best candidates
+/// of each row (None: every token). The transform reads the same tokens either way: with top-k
+/// it never looks past the k best.
+fn head_rows<B: Backend>(
+    be: &B,
+    hidden: &B::Tensor,
+    head: &dyn EmbedHead<B>,
+    needed: Option<usize>,
     params: &SamplingParams,
     dist: fn(&[u32], &[f32], &SamplingParams) -> Option<Dist>,
 ) -> Result<Vec<Dist>> {
-    (0..top.rows)
-        .map(|r| {
-            dist(top.row_ids(r), top.row_logprobs(r), params)
-                .with_context(|| format!("row {r} of the LM head has no finite log-probability"))
-        })
-        .collect()
-}
-
-/// Refuse, before any model pass, a transform the backend's LM head cannot serve: it returns
-/// the top-`k` of a row, and some backends stop below the vocabulary size (CUDA: 64).
-fn check_candidates<B: Backend>(be: &B, target: &TargetModel<B>, k: usize) -> Result<()> {
-    let d = target.spec.hidden_size;
-    let probe = be.from_host(&vec![0.0; d], 1, d)?;
-    target.logits_topk(be, &probe, k).map(|_| ()).with_context(|| {
-        format!(
-            "sampling at T > 0 needs the top {k} candidates of every LM-head row ({}), which the {} backend \
-             cannot return: give --top-k within its limit",
-            if k == target.spec.vocab_size { "no --top-k: the whole vocabulary" } else { "--top-k" },
-            be.name()
-        )
-    })
+    let vocab = head.vocab_size();
+    let row = |r: usize, ids: &[u32], scores: &[f32]| {
+        dist(ids, scores, params)
+            .with_context(|| format!("row {r} of the LM head has no finite logit"))
+    };
+    match needed {
+        Some(k) if k <= FUSED_TOP_K_MAX && k < vocab => {
+            let top = head.logits_topk(be, hidden, k)?;
+            (0..top.rows)
+                .map(|r| row(r, top.row_ids(r), top.row_logprobs(r)))
+                .collect()
+        }
+        // Logits serve as log-probabilities: the transform's softmax removes the constant.
+        _ => {
+            let logits = be.to_host(&be.matmul(hidden, head.head())?)?;
+            let ids: Vec<u32> = (0..vocab as u32).collect();
+            logits
+                .chunks(vocab)
+                .enumerate()
+                .map(|(r, scores)| row(r, &ids, scores))
+                .collect()
+        }
+    }
 }
 
 /// Plain sampling from the target: the prefill's token, then one token per decode step, each
@@ -230,16 +235,16 @@ pub fn sample_decode<B: Backend>(
     if prompt.is_empty() {
         bail!("empty prompt");
     }
-    let k = candidates(params, target.spec.vocab_size);
-    check_candidates(be, target, k)?;
+    let needed = params.top_k.map(|k| k as usize);
     let mut ids = Vec::with_capacity(max_new);
     let mut cache = target.new_cache();
     let mut feed = prompt.to_vec();
     while ids.len() < max_new && cache.len + feed.len() <= target.spec.max_position_embeddings {
         let out = target.forward(be, &feed, &mut cache, &Capture::none())?;
         let n = feed.len();
-        let top = target.logits_topk(be, &be.slice_rows(&out.last_hidden, n - 1, n)?, k)?;
-        let next = rows(&top, params, Dist::sampling)?[0].sample(rng.uniform());
+        let last = be.slice_rows(&out.last_hidden, n - 1, n)?;
+        let next =
+            head_rows(be, &last, target, needed, params, Dist::sampling)?[0].sample(rng.uniform());
         ids.push(next);
         if eos.contains(&next) {
             break;
@@ -301,39 +306,28 @@ pub fn live_decode_sampled_with<B: Backend>(
     if max_new == 0 {
         return Ok(res);
     }
-    let k_target = candidates(params, target.spec.vocab_size);
+    let needed = params.top_k.map(|k| k as usize);
     // A greedy draft needs only the drafter's most likely token.
-    let k_draft = match params.draft {
-        DraftSampling::Sampled => k_target,
-        DraftSampling::Greedy => 1,
+    let needed_draft = match params.draft {
+        DraftSampling::Sampled => needed,
+        DraftSampling::Greedy => Some(1),
     };
-    check_candidates(be, target, k_target)?;
     let d_t = target.spec.hidden_size;
     let tap_idx: Vec<usize> = drafter.cfg.target_layer_ids.iter().map(|i| i + 1).collect();
     let capture = Capture::for_layer_ids(&drafter.cfg.target_layer_ids, target.spec.num_layers)?;
     let mut cache = target.new_cache();
     let out = target.forward(be, prompt, &mut cache, &capture)?;
     let n = prompt.len();
-    let first = target.logits_topk(be, &be.slice_rows(&out.last_hidden, n - 1, n)?, k_target)?;
-    res.ids
-        .push(rows(&first, params, Dist::sampling)?[0].sample(rng.uniform()));
+    let last = be.slice_rows(&out.last_hidden, n - 1, n)?;
+    let first = head_rows(be, &last, target, needed, params, Dist::sampling)?;
+    res.ids.push(first[0].sample(rng.uniform()));
     let taps = taps_rows(be, &out.captured, &tap_idx, n)?;
     let mut ctx = drafter.context(be, &taps.iter().collect::<Vec<_>>(), d_t)?;
     while !eos.contains(res.ids.last().expect("non-empty")) && res.ids.len() < max_new {
         let a = n + res.ids.len() - 1;
         let y_a = *res.ids.last().expect("non-empty");
-        let top = drafter.draft(
-            be,
-            target,
-            &ctx,
-            &[a],
-            &[y_a],
-            DraftOptions {
-                ctx_inclusive: false,
-                top_k: k_draft,
-            },
-        )?;
-        let q = rows(&top, params, Dist::draft)?;
+        let drafted = drafter.draft_hidden(be, target, &ctx, &[a], &[y_a], false)?;
+        let q = head_rows(be, &drafted, target, needed_draft, params, Dist::draft)?;
         let drafts: Vec<u32> = q
             .iter()
             .map(|qk| match params.draft {
@@ -347,11 +341,7 @@ pub fn live_decode_sampled_with<B: Backend>(
             break;
         }
         let v = target.forward(be, &block, &mut cache, &capture)?;
-        let p = rows(
-            &target.logits_topk(be, &v.last_hidden, k_target)?,
-            params,
-            Dist::sampling,
-        )?;
+        let p = head_rows(be, &v.last_hidden, target, needed, params, Dist::sampling)?;
         let budget = max_new - res.ids.len();
         let verified = verify(&p, &q, &drafts, budget, eos, rule, rng);
         let acc = verified.accepted;
