@@ -82,6 +82,12 @@ struct LayerMix {
     full_attention: Vec<usize>,
     /// Gated DeltaNet (linear attention with a recurrent state) of a hybrid.
     linear_attention: Vec<usize>,
+    /// Softmax attention over the last `sliding_window` positions (gpt-oss); left out of the
+    /// JSON when empty, so other targets' output is unchanged.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    sliding_attention: Vec<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sliding_window: Option<usize>,
 }
 
 impl LayerMix {
@@ -89,8 +95,15 @@ impl LayerMix {
         let mut mix = LayerMix {
             full_attention: Vec::new(),
             linear_attention: Vec::new(),
+            sliding_attention: Vec::new(),
+            sliding_window: None,
         };
         for id in 0..spec.num_layers {
+            if let Some(w) = spec.gpt_oss.as_ref().and_then(|g| g.window(id)) {
+                mix.sliding_attention.push(id);
+                mix.sliding_window = Some(w);
+                continue;
+            }
             let kind = spec.hybrid.as_ref().and_then(|h| h.layer_types.get(id));
             match kind {
                 Some(LayerType::LinearAttention) => mix.linear_attention.push(id),
@@ -107,6 +120,13 @@ impl LayerMix {
             self.full_attention.len(),
             id_ranges(&self.full_attention)
         )];
+        if let (false, Some(w)) = (self.sliding_attention.is_empty(), self.sliding_window) {
+            kinds.push(format!(
+                "{} sliding-window attention ({w} positions) [{}]",
+                self.sliding_attention.len(),
+                id_ranges(&self.sliding_attention)
+            ));
+        }
         if !self.linear_attention.is_empty() {
             kinds.push(format!(
                 "{} Gated DeltaNet (linear attention) [{}]",
@@ -131,6 +151,12 @@ struct Experts {
     active_parameters: u64,
     /// Width of the shared expert every token also runs (sigmoid-gated); null without one.
     shared_expert_intermediate_size: Option<usize>,
+    /// gpt-oss only (absent otherwise): how the experts are stored ("mxfp4" blocks dequantised
+    /// at load, or "fused" unquantised tensors) and its routing rule.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    storage: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    routing: Option<&'static str>,
 }
 
 impl Experts {
@@ -142,6 +168,14 @@ impl Experts {
             active_per_token: m.num_experts_per_tok,
             active_parameters: spec.active_params_per_token(),
             shared_expert_intermediate_size: m.shared_expert_intermediate_size,
+            storage: spec
+                .gpt_oss
+                .as_ref()
+                .map(|g| if g.mxfp4() { "mxfp4" } else { "fused" }),
+            routing: spec
+                .gpt_oss
+                .as_ref()
+                .map(|_| "top-k of the biased router logits, then softmax over the k"),
         })
     }
 }
@@ -182,8 +216,8 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
     let mut dtypes = std::collections::BTreeMap::new();
     let mut params = 0u64;
     for t in &infos {
-        let n: u64 = t.shape.iter().map(|&d| d as u64).product();
-        params += n;
+        // MXFP4 blocks hold two parameters per byte; their scales none.
+        params += draftlens_engine::formats::mxfp4::parameters(t);
         let e = dtypes.entry(t.dtype.clone()).or_insert((0usize, 0u64));
         e.0 += 1;
         e.1 += t.bytes;
@@ -201,7 +235,11 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
         experts: Experts::of(&f.spec),
         parameters: params,
         dtypes,
-        loaded_as: "f32 on cpu (dequantised at load); bf16 on cuda",
+        loaded_as: if f.spec.gpt_oss.is_some() {
+            "f32 on cpu (dequantised at load); not on cuda yet (attention sinks)"
+        } else {
+            "f32 on cpu (dequantised at load); bf16 on cuda"
+        },
         tokenizer: f.tokenizer.as_ref().map(|t| TokInfo {
             vocab: t.vocab_size(),
             bos: t.bos_id(),
@@ -236,6 +274,13 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
                     .map_or(String::new(), |w| format!(" + a gated shared expert (width {w})")),
                 e.active_parameters
             );
+            if let (Some(storage), Some(routing)) = (e.storage, e.routing) {
+                let stored = match storage {
+                    "mxfp4" => "MXFP4 blocks (dequantised to f32 at load)",
+                    _ => "fused tensors",
+                };
+                o += &format!("                experts stored as {stored}; routing: {routing}\n");
+            }
         }
         o += &format!(
             "  vocab         {}   rope θ {}   rms eps {}   context {}   tied embeddings {}\n  parameters    {}\n  stored dtypes ",

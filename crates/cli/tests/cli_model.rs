@@ -127,6 +127,63 @@ fn inspect_shows_the_layer_mix() {
     );
 }
 
+/// gpt-oss (tests/fixtures/golden/gpt_oss*): sliding-window and full attention layers, its
+/// experts with their storage and routing rule.
+#[test]
+fn inspect_shows_gpt_oss_layers_and_experts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    for (folder, storage) in [("gpt_oss", "fused"), ("gpt_oss_mxfp4", "mxfp4")] {
+        let dir = root().join("tests/fixtures/golden").join(folder);
+        let v = json_out(&dl(&cache, &["--json", "inspect", s(&dir)]), folder);
+        assert_eq!(v["spec"]["arch"], "gpt_oss");
+        assert_eq!(v["layer_mix"]["full_attention"], serde_json::json!([1, 3]));
+        assert_eq!(
+            v["layer_mix"]["sliding_attention"],
+            serde_json::json!([0, 2])
+        );
+        assert_eq!(v["layer_mix"]["sliding_window"], 8);
+        let e = &v["experts"];
+        assert_eq!(e["layers"], serde_json::json!([0, 1, 2, 3]));
+        assert_eq!(
+            (e["experts"].as_u64(), e["active_per_token"].as_u64()),
+            (Some(8), Some(4))
+        );
+        assert_eq!(e["storage"], storage);
+        // The same model either way: MXFP4 blocks count two parameters a byte, scales none.
+        assert_eq!(v["parameters"], 169_416, "{folder}");
+        let o = dl(&cache, &["inspect", s(&dir)]);
+        ok(&o, folder);
+        let text = stdout(&o);
+        assert!(
+            text.contains("\n  layer mix     2 full attention [1,3]   2 sliding-window attention (8 positions) [0,2]\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  experts       8 per layer on layers [0-3], 4 active per token, "),
+            "{text}"
+        );
+        assert!(
+            text.contains("routing: top-k of the biased router logits, then softmax over the k"),
+            "{text}"
+        );
+    }
+    // Other targets' JSON has no gpt-oss keys.
+    let v = json_out(
+        &dl(
+            &cache,
+            &[
+                "--json",
+                "inspect",
+                s(&root().join("tests/fixtures/golden/qwen3_moe")),
+            ],
+        ),
+        "qwen3_moe",
+    );
+    assert!(v["layer_mix"].get("sliding_attention").is_none());
+    assert!(v["experts"].get("storage").is_none() && v["experts"].get("routing").is_none());
+}
+
 /// f32 values of a tensor (F32 or F16) of a safetensors file.
 fn read_f32(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
     let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -179,6 +179,17 @@ impl Mxfp4Tensor {
     }
 }
 
+/// How many parameters a stored tensor holds: two per byte of MXFP4 blocks (`*_blocks`, U8),
+/// none in their scales (`*_scales`, U8), one per element otherwise (`inspect`'s count).
+pub fn parameters(t: &super::TensorInfo) -> u64 {
+    let n: u64 = t.shape.iter().map(|&d| d as u64).product();
+    match (t.dtype.as_str(), t.name.rsplit('_').next()) {
+        ("U8", Some("blocks")) => 2 * n,
+        ("U8", Some("scales")) => 0,
+        _ => n,
+    }
+}
+
 /// `[E, R, C]` of blocks `[E, R, G, 16]` and scales `[E, R, G]` (C = 32·G), `None` when they do
 /// not fit.
 pub fn packed_shape(blocks: &[usize], scales: &[usize]) -> Option<[usize; 3]> {
