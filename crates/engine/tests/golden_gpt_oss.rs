@@ -419,3 +419,87 @@ fn bad_gpt_oss_checkpoints_are_one_clear_error_naming_the_tensor_or_key() {
         "{err}"
     );
 }
+
+// ---- Tokenizer ----
+
+/// A tokenizer folder: a word-level vocabulary of `words` then the special tokens `specials`,
+/// with tokenizer_config.json's eos token and generation_config.json's `eos_token_id` list.
+fn tokenizer_folder(specials: &[&str], eos: &str, gen_eos: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let words = ["hello", "world", "[UNK]"];
+    let mut vocab = serde_json::Map::new();
+    for (i, w) in words.iter().enumerate() {
+        vocab.insert(w.to_string(), i.into());
+    }
+    let id = |t: &str| words.len() + specials.iter().position(|s| *s == t).unwrap();
+    let added: Vec<serde_json::Value> = specials
+        .iter()
+        .map(|t| {
+            serde_json::json!({"id": id(t), "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let tok = serde_json::json!({"version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}});
+    let write = |name: &str, v: serde_json::Value| {
+        std::fs::write(dir.path().join(name), v.to_string()).unwrap()
+    };
+    write("tokenizer.json", tok);
+    write(
+        "tokenizer_config.json",
+        serde_json::json!({"eos_token": eos}),
+    );
+    let gen: Vec<usize> = gen_eos.iter().map(|t| id(t)).collect();
+    write(
+        "generation_config.json",
+        serde_json::json!({ "eos_token_id": gen }),
+    );
+    dir
+}
+
+/// gpt-oss's o200k_harmony: generation ends at `<|return|>` or `<|call|>` (generation_config),
+/// not at `<|end|>`, which closes the analysis message before the final one (llama.cpp's
+/// workaround); a vocabulary without them keeps `<|end|>` as an end of generation (Phi-3).
+#[test]
+fn harmony_messages_end_with_end_but_generation_with_return_or_call() {
+    use draftlens_engine::tokenizer::TextTokenizer;
+    let harmony = [
+        "<|startoftext|>",
+        "<|endoftext|>",
+        "<|return|>",
+        "<|constrain|>",
+        "<|channel|>",
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|call|>",
+    ];
+    // Ids: 3 words, then the specials in order: <|endoftext|> 4, <|return|> 5, <|end|> 9,
+    // <|call|> 11.
+    let dir = tokenizer_folder(
+        &harmony,
+        "<|return|>",
+        &["<|return|>", "<|endoftext|>", "<|call|>"],
+    );
+    let t = TextTokenizer::from_hf_dir(dir.path()).unwrap();
+    assert_eq!(
+        t.eos_ids(),
+        [4, 5, 11],
+        "<|endoftext|>, <|return|>, <|call|>"
+    );
+    let ids = t.encode(
+        "<|start|>assistant<|channel|>final<|message|>hello<|end|>",
+        false,
+    );
+    let ids = ids.unwrap();
+    assert!(
+        ids.contains(&9) && ids.contains(&8),
+        "special tokens are single ids: {ids:?}"
+    );
+    // Phi-3 style: <|end|> without <|return|> / <|call|> still ends generation.
+    let dir = tokenizer_folder(&["<|endoftext|>", "<|end|>"], "<|endoftext|>", &[]);
+    let t = TextTokenizer::from_hf_dir(dir.path()).unwrap();
+    assert_eq!(t.eos_ids(), [3, 4]);
+}

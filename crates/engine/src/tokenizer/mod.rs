@@ -197,7 +197,16 @@ impl TextTokenizer {
         let n_ids = declared_ids.max(max_added);
 
         let mut eos: BTreeSet<u32> = eos_id.into_iter().chain(extra_eos).collect();
+        // o200k_harmony (gpt-oss): `<|end|>` closes a message (the analysis channel's, before the
+        // final one), not the generation, which ends at `<|return|>` or `<|call|>` (gpt-oss's
+        // generation_config.json). llama.cpp drops `<|end|>` from its end-of-generation ids when
+        // both are present (src/llama-vocab.cpp, the o200k_harmony workaround); so does draftlens.
+        let special = |t: &str| inner.token_to_id(t).filter(|id| added.contains_key(id));
+        let harmony = special("<|return|>").is_some() && special("<|call|>").is_some();
         for text in END_OF_GENERATION_TEXTS {
+            if harmony && *text == "<|end|>" {
+                continue;
+            }
             if let Some(id) = inner.token_to_id(text) {
                 // Only as a special/added token: a plain vocabulary entry that happens to read
                 // "<EOT>" is text, not a stop signal.
