@@ -59,15 +59,30 @@ impl ModelSpec {
             .sum()
     }
 
+    /// Keys a query of layer `i` sees on average over a causal sequence of `seq_len` tokens:
+    /// `(S+1)/2`, or on a gpt-oss sliding-window layer of window `w < S`
+    /// `(w(w+1)/2 + (S−w)·w) / S`.
+    fn mean_visible_keys(&self, i: usize, seq_len: usize) -> f64 {
+        let s = seq_len as f64;
+        match self.gpt_oss.as_ref().and_then(|g| g.window(i)) {
+            Some(w) if w < seq_len => {
+                let w = w as f64;
+                (w * (w + 1.0) / 2.0 + (s - w) * w) / s
+            }
+            _ => (s + 1.0) / 2.0,
+        }
+    }
+
     /// Prefill FLOPs per token of a causal sequence of `seq_len` tokens, without the LM head:
     /// `2·N_lin` per layer, plus per softmax-attention layer `4·H·hd·(S+1)/2` (QKᵀ and PV over
-    /// the causal half on average), plus per Gated DeltaNet layer its chunked core
+    /// the causal half on average; over the keys of its window on a gpt-oss sliding layer), plus per Gated DeltaNet layer its chunked core
     /// `Hv·(2C(3dk + 2dv) + C² + 6·dk·dv)` with chunks of C = 64 (docs/gdn-cuda.md) and the
     /// short convolution `2·K·conv_dim`. Qwen3.6-27B at S = 1k: 49.33 GF.
     pub fn prefill_flops_per_token(&self, seq_len: usize) -> f64 {
         let lin = 2.0 * self.linear_params() as f64;
-        let attn_layer =
-            4.0 * (self.num_heads * self.head_dim) as f64 * (seq_len as f64 + 1.0) / 2.0;
+        let attn_layer = |i: usize| {
+            4.0 * (self.num_heads * self.head_dim) as f64 * self.mean_visible_keys(i, seq_len)
+        };
         let mixers: f64 = (0..self.num_layers)
             .map(
                 |i| match self.hybrid.as_ref().map(|h| (h, h.layer_types[i])) {
@@ -81,7 +96,7 @@ impl ModelSpec {
                             + h.linear_num_value_heads * h.linear_value_head_dim;
                         core + 2.0 * (h.linear_conv_kernel_dim * conv_dim) as f64
                     }
-                    _ => attn_layer,
+                    _ => attn_layer(i),
                 },
             )
             .sum();
@@ -100,9 +115,16 @@ impl ModelSpec {
 
     /// FLOPs of one greedy decode step per sequence at context length `ctx` (LM head included):
     /// what the decode benchmarks compare against, next to the bytes of weights each step reads.
+    /// A gpt-oss sliding layer attends over at most its window.
     pub fn decode_flops(&self, ctx: usize) -> f64 {
         let lin = 2.0 * self.linear_params() as f64;
-        let attn = 4.0 * (self.num_heads * self.head_dim * (ctx + 1) * self.num_layers) as f64;
+        let keys: usize = (0..self.num_layers)
+            .map(|i| match self.gpt_oss.as_ref().and_then(|g| g.window(i)) {
+                Some(w) => (ctx + 1).min(w),
+                None => ctx + 1,
+            })
+            .sum();
+        let attn = 4.0 * (self.num_heads * self.head_dim * keys) as f64;
         lin + attn + 2.0 * (self.vocab_size * self.hidden_size) as f64
     }
 }
@@ -197,5 +219,36 @@ mod tests {
         let s = ModelSpec::from_hf_config(&cfg).unwrap();
         let active = s.active_params_per_token();
         assert!((active as f64 / 1e9 - 3.35).abs() < 0.01, "{active}");
+    }
+
+    /// gpt-oss-20b's published config (24 layers, 32 experts of width 2880, top-4, window 128
+    /// on every other layer): 3.61 B parameters per token without the input embedding (the model
+    /// card's "3.6B active", which counts the unembedding but not the embedding); the sliding
+    /// layers attend over 128 keys however long the context.
+    #[test]
+    fn gpt_oss_20b_active_params_and_windowed_attention() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("config.json");
+        std::fs::write(
+            &cfg,
+            r#"{"model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
+                "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
+                "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+                "num_experts_per_tok": 4, "sliding_window": 128, "tie_word_embeddings": false,
+                "quantization_config": {"quant_method": "mxfp4"}}"#,
+        )
+        .unwrap();
+        let s = ModelSpec::from_hf_config(&cfg).unwrap();
+        let embedding = (s.vocab_size * s.hidden_size) as u64;
+        let active = s.active_params_per_token() - embedding;
+        assert!((active as f64 / 1e9 - 3.61).abs() < 0.01, "{active}");
+        // Attention FLOPs: 12 full layers grow with the context, 12 sliding ones stop at 128.
+        let per_layer = 4.0 * (64 * 64) as f64;
+        let attn = |ctx: usize| s.decode_flops(ctx) - s.decode_flops(0) + 24.0 * per_layer;
+        assert!((attn(1000) - per_layer * (12.0 * 1001.0 + 12.0 * 128.0)).abs() < 1.0);
+        let full = (1024.0 + 1.0) / 2.0;
+        let sliding = (128.0 * 129.0 / 2.0 + (1024.0 - 128.0) * 128.0) / 1024.0;
+        let want = 2.0 * s.linear_params() as f64 + 12.0 * per_layer * (full + sliding);
+        assert!((s.prefill_flops_per_token(1024) - want).abs() < 1.0);
     }
 }
