@@ -384,6 +384,18 @@ fn bad_gpt_oss_checkpoints_are_one_clear_error_naming_the_tensor_or_key() {
             vec!["tensor model.layers.0.mlp.experts.0.gate_proj.weight".into(), "is a per-expert tensor".into()],
         ),
     ];
+    let cases = cases.into_iter().chain([(
+        "gpt_oss_mxfp4",
+        Box::new(|t: &mut Stored| {
+            let b = t
+                .iter_mut()
+                .find(|x| x.0 == "model.layers.0.mlp.experts.down_proj_blocks")
+                .unwrap();
+            b.1 = Dtype::I8;
+        }) as Box<dyn FnOnce(&mut Stored)>,
+        Box::new(no_edit) as Box<dyn FnOnce(&mut serde_json::Value)>,
+        vec!["tensor model.layers.0.mlp.experts.down_proj_blocks (model.layers.0.mlp.experts.down_proj_blocks) has dtype I8; MXFP4 blocks and scales are U8".to_string()],
+    )]);
     for (base, edit, config, want) in cases {
         let dir = edited(base, edit, config);
         let err = open_err(dir.path());
