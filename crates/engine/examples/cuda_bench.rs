@@ -371,7 +371,11 @@ fn main() -> Result<()> {
             ));
             let t = time_median(&be, 1, 3, || {
                 for l in &model.layers {
-                    be.matmul_acc(&m_in, &l.mlp.dense().context("a dense model")?.down_proj, &mut hacc)?;
+                    be.matmul_acc(
+                        &m_in,
+                        &l.mlp.dense().context("a dense model")?.down_proj,
+                        &mut hacc,
+                    )?;
                 }
                 Ok(())
             })?;

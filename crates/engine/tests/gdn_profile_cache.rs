@@ -8,8 +8,8 @@
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::GdnProfile;
-use draftlens_engine::hidden_cache::HiddenCache;
 use draftlens_engine::drafter::run::{run_eval, DrafterSpec, RunOptions};
+use draftlens_engine::hidden_cache::HiddenCache;
 use draftlens_engine::prompts::PromptSet;
 use draftlens_engine::session::{Session, SessionOptions};
 use draftlens_results::store::{RunMode, Store};

@@ -298,7 +298,9 @@ fn concurrent_writers_readers_and_a_killed_writer_leave_only_valid_entries() {
     }
     // Not stale yet: gc leaves it (its writer might be alive on another machine).
     assert_eq!(cache.gc(u64::MAX).unwrap().temp_files, 0);
-    let old = SystemTime::now() - draftlens_engine::hidden_cache::STALE_TEMP_AGE - Duration::from_secs(60);
+    let old = SystemTime::now()
+        - draftlens_engine::hidden_cache::STALE_TEMP_AGE
+        - Duration::from_secs(60);
     for t in &temps {
         set_mtime(t, old);
     }

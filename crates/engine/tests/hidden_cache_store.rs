@@ -335,7 +335,8 @@ fn leftover_temp_file_is_not_an_entry_and_is_removed_once_stale() {
     assert!(tmp.exists());
 
     // Once it has not been touched for longer than a write can take, it is removed.
-    let old = SystemTime::now() - draftlens_engine::hidden_cache::STALE_TEMP_AGE - Duration::from_secs(1);
+    let old =
+        SystemTime::now() - draftlens_engine::hidden_cache::STALE_TEMP_AGE - Duration::from_secs(1);
     std::fs::File::options()
         .write(true)
         .open(&tmp)

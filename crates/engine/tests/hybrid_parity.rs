@@ -7,9 +7,9 @@
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::GdnProfile;
-use draftlens_engine::hidden_cache::HiddenCache;
 use draftlens_engine::drafter::random::{write_random_checkpoint, RandomDrafter};
 use draftlens_engine::drafter::run::DrafterSpec;
+use draftlens_engine::hidden_cache::HiddenCache;
 use draftlens_engine::parity_report::{format_report, parity_report, ParityOptions};
 use draftlens_engine::prompts::PromptSet;
 use draftlens_engine::session::Session;

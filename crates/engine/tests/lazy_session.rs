@@ -10,8 +10,8 @@
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::memory::WORKSPACE_BYTES;
 use draftlens_engine::backend::Backend;
-use draftlens_engine::hidden_cache::HiddenCache;
 use draftlens_engine::drafter::run::{run_eval, DrafterSpec, RunOptions};
+use draftlens_engine::hidden_cache::HiddenCache;
 use draftlens_engine::model::Capture;
 use draftlens_engine::prompts::PromptSet;
 use draftlens_engine::session::{Session, SessionOptions};

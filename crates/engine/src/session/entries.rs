@@ -4,8 +4,8 @@
 
 use super::TargetPass;
 use crate::backend::{HostRows, TopK};
-use crate::hidden_cache::{CachedData, CachedTensor};
 use crate::generate::{Continuation, StopReason};
+use crate::hidden_cache::{CachedData, CachedTensor};
 use crate::model::Capture;
 use std::sync::Arc;
 

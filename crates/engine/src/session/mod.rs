@@ -25,10 +25,10 @@ use resident::ResidentTaps;
 
 use crate::backend::memory::gib;
 use crate::backend::{Backend, GdnProfile, HostRows, TopK};
-use crate::hidden_cache::{CacheKey, CachedTensor, HiddenCache, Lookup};
-use crate::hidden_cache::writer::CacheWriter;
 use crate::chat::ChatMessage;
 use crate::generate::{greedy_batch, Continuation};
+use crate::hidden_cache::writer::CacheWriter;
+use crate::hidden_cache::{CacheKey, CachedTensor, HiddenCache, Lookup};
 use crate::identity::IdentityStore;
 use crate::model::{Capture, EmbedHead, TargetFiles, TargetHead, TargetModel};
 use crate::prompts::Prompt;

@@ -20,13 +20,13 @@ mod random_drafter;
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::{Backend, TopK};
-use draftlens_engine::hidden_cache::HiddenCache;
 use draftlens_engine::drafter::eval::{
     evaluate_sequence, AnchorPolicy, Drafter, EvalOptions, Labels, Sequence,
 };
 use draftlens_engine::drafter::lint::{lint, Severity};
 use draftlens_engine::drafter::live::live_decode;
 use draftlens_engine::drafter::{DFlashDrafter, DraftOptions};
+use draftlens_engine::hidden_cache::HiddenCache;
 use draftlens_engine::model::{Capture, TargetFiles, TargetModel};
 use draftlens_engine::session::{Session, SessionOptions};
 use draftlens_records::RecordBatch;
