@@ -60,6 +60,10 @@ const VENDORED: &[(&str, &str)] = &[
         "draftlens-records/src/replay.rs",
         include_str!("../../records/src/replay.rs"),
     ),
+    (
+        "draftlens-records/src/sampling.rs",
+        include_str!("../../records/src/sampling.rs"),
+    ),
 ];
 
 const SDK_MANIFEST: &str = r#"[package]
