@@ -234,13 +234,7 @@ pub trait Backend: Send + Sync + 'static {
         shape: AttnShape,
         seq_starts: &SeqStarts,
     ) -> Result<Self::Tensor> {
-        shape.check(self.dims(q), self.dims(k), self.dims(v))?;
-        let (rows, krows) = (self.dims(q).0, self.dims(k).0);
-        ensure!(
-            rows == krows,
-            "attention_varlen: q has {rows} rows, k/v {krows}"
-        );
-        seq_starts.check_rows("attention_varlen", rows)?;
+        check_varlen(self, q, k, v, shape, seq_starts)?;
         self.attention_varlen_impl(q, k, v, shape, seq_starts)
     }
     /// Packed-prefill attention of a fused QKV projection output `[T, (H + 2·Hkv)·hd]` (q | k | v
@@ -367,14 +361,8 @@ pub trait Backend: Send + Sync + 'static {
         if extras.is_none() {
             return self.attention_varlen(q, k, v, shape, seq_starts);
         }
-        shape.check(self.dims(q), self.dims(k), self.dims(v))?;
+        check_varlen(self, q, k, v, shape, seq_starts)?;
         extras.check(shape, None)?;
-        let (rows, krows) = (self.dims(q).0, self.dims(k).0);
-        ensure!(
-            rows == krows,
-            "attention_varlen: q has {rows} rows, k/v {krows}"
-        );
-        seq_starts.check_rows("attention_varlen", rows)?;
         gpt_oss::attention_varlen_ext_per_seq(self, q, k, v, shape, seq_starts, extras)
     }
     /// [`Backend::attention_decode`] with [`AttnExtras`] (row r at position `len_r`). Default:
@@ -927,6 +915,26 @@ pub trait Backend: Send + Sync + 'static {
 #[cfg(test)]
 #[path = "checks_tests.rs"]
 mod checks_tests;
+
+/// The shape rule of a packed (varlen) attention: q, k and v fit `shape`, k/v have q's rows,
+/// and `seq_starts` packs exactly those rows. One rule for [`Backend::attention_varlen`] and
+/// [`Backend::attention_varlen_ext`].
+fn check_varlen<B: Backend + ?Sized>(
+    be: &B,
+    q: &B::Tensor,
+    k: &B::Tensor,
+    v: &B::Tensor,
+    shape: AttnShape,
+    seq_starts: &SeqStarts,
+) -> Result<()> {
+    shape.check(be.dims(q), be.dims(k), be.dims(v))?;
+    let (rows, krows) = (be.dims(q).0, be.dims(k).0);
+    ensure!(
+        rows == krows,
+        "attention_varlen: q has {rows} rows, k/v {krows}"
+    );
+    seq_starts.check_rows("attention_varlen", rows)
+}
 
 /// [`Backend::causal_conv1d_silu`] through the host reference ([`gdn::causal_conv1d_silu`]):
 /// download, one sequence at a time, upload. Shapes are checked by the caller. The trait's
