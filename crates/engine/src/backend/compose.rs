@@ -125,3 +125,28 @@ pub fn attention_decode_per_row_ext<B: Backend + ?Sized>(
     }
     be.concat_rows(&outs.iter().collect::<Vec<_>>())
 }
+
+/// The default of [`Backend::attention_varlen`] and [`Backend::attention_varlen_ext`]:
+/// [`Backend::attention_ext`] once per sequence, causal from position 0 (with
+/// [`AttnExtras::NONE`] that is plain [`Backend::attention`]).
+pub fn attention_varlen_per_seq<B: Backend + ?Sized>(
+    be: &B,
+    q: &B::Tensor,
+    k: &B::Tensor,
+    v: &B::Tensor,
+    shape: AttnShape,
+    seq_starts: &SeqStarts,
+    extras: AttnExtras<'_>,
+) -> Result<B::Tensor> {
+    let mut parts = Vec::with_capacity(seq_starts.len());
+    for w in seq_starts.windows(2) {
+        let (qs, ks, vs) = (
+            be.slice_rows(q, w[0], w[1])?,
+            be.slice_rows(k, w[0], w[1])?,
+            be.slice_rows(v, w[0], w[1])?,
+        );
+        let mask = AttnMask::Causal { q_start: 0 };
+        parts.push(be.attention_ext(&qs, &ks, &vs, shape, &mask, extras)?);
+    }
+    be.concat_rows(&parts.iter().collect::<Vec<_>>())
+}

@@ -8,7 +8,7 @@
 //! Reference: transformers 5.17 `models/gpt_oss/modeling_gpt_oss.py` (`eager_attention_forward`,
 //! `GptOssExperts._apply_gate`, `GptOssRotaryEmbedding`).
 
-use super::{AttnMask, AttnShape, Backend, KvSlot, Rope, RopeStyle, SeqStarts};
+use super::{AttnMask, AttnShape, Backend, KvSlot, Rope, RopeStyle};
 use anyhow::{bail, ensure, Result};
 
 /// What gpt-oss adds to a target's causal attention. [`AttnExtras::NONE`] is plain attention.
@@ -160,30 +160,6 @@ pub(crate) fn attention_ext_unsupported<B: Backend + ?Sized>(be: &B) -> Result<B
         sinks_unsupported(be.name()),
         be.name()
     )
-}
-
-/// [`Backend::attention_varlen_ext`]'s default: [`Backend::attention_ext`] once per sequence,
-/// causal from position 0 (as the default of `attention_varlen`).
-pub fn attention_varlen_ext_per_seq<B: Backend + ?Sized>(
-    be: &B,
-    q: &B::Tensor,
-    k: &B::Tensor,
-    v: &B::Tensor,
-    shape: AttnShape,
-    seq_starts: &SeqStarts,
-    extras: AttnExtras<'_>,
-) -> Result<B::Tensor> {
-    let mut parts = Vec::with_capacity(seq_starts.len());
-    for w in seq_starts.windows(2) {
-        let (qs, ks, vs) = (
-            be.slice_rows(q, w[0], w[1])?,
-            be.slice_rows(k, w[0], w[1])?,
-            be.slice_rows(v, w[0], w[1])?,
-        );
-        let mask = AttnMask::Causal { q_start: 0 };
-        parts.push(be.attention_ext(&qs, &ks, &vs, shape, &mask, extras)?);
-    }
-    be.concat_rows(&parts.iter().collect::<Vec<_>>())
 }
 
 /// Append `k`/`v` (the new tokens at positions `start..`) to one sequence's cache and attend `q`

@@ -348,7 +348,7 @@ pub trait Backend: Send + Sync + 'static {
         self.attention_ext_impl(q, k, v, shape, mask, extras)
     }
     /// [`Backend::attention_varlen`] with [`AttnExtras`] (every sequence causal from position
-    /// 0, the window counted within it). Default: [`gpt_oss::attention_varlen_ext_per_seq`].
+    /// 0, the window counted within it). Default: [`compose::attention_varlen_per_seq`].
     fn attention_varlen_ext(
         &self,
         q: &Self::Tensor,
@@ -363,7 +363,7 @@ pub trait Backend: Send + Sync + 'static {
         }
         check_varlen(self, q, k, v, shape, seq_starts)?;
         extras.check(shape, None)?;
-        gpt_oss::attention_varlen_ext_per_seq(self, q, k, v, shape, seq_starts, extras)
+        compose::attention_varlen_per_seq(self, q, k, v, shape, seq_starts, extras)
     }
     /// [`Backend::attention_decode`] with [`AttnExtras`] (row r at position `len_r`). Default:
     /// [`compose::attention_decode_per_row_ext`].
@@ -580,17 +580,7 @@ pub trait Backend: Send + Sync + 'static {
         shape: AttnShape,
         seq_starts: &SeqStarts,
     ) -> Result<Self::Tensor> {
-        let mut parts = Vec::with_capacity(seq_starts.len());
-        for w in seq_starts.windows(2) {
-            let (qs, ks, vs) = (
-                self.slice_rows(q, w[0], w[1])?,
-                self.slice_rows(k, w[0], w[1])?,
-                self.slice_rows(v, w[0], w[1])?,
-            );
-            parts.push(self.attention(&qs, &ks, &vs, shape, &AttnMask::Causal { q_start: 0 })?);
-        }
-        let refs: Vec<&Self::Tensor> = parts.iter().collect();
-        self.concat_rows(&refs)
+        compose::attention_varlen_per_seq(self, q, k, v, shape, seq_starts, AttnExtras::NONE)
     }
     fn swiglu_impl(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
     fn embed_impl(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor>;
