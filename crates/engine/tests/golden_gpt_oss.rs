@@ -100,29 +100,10 @@ fn check_goldens(label: &str, model: &TargetModel<CpuBackend>) {
         prompts.iter().all(|p| p.len() > window),
         "prompts exceed the window"
     );
-    let mut all = Vec::new();
-    let mut starts = vec![0];
-    for p in &prompts {
-        all.extend(p);
-        starts.push(all.len());
-    }
-    let packed = model
-        .forward_packed(&be, &all, &starts, &Capture::none())
-        .unwrap();
-    let packed = be.to_host(&packed.last_hidden).unwrap();
-    let d = model.spec.hidden_size;
-    for (i, p) in prompts.iter().enumerate() {
-        let alone = model
-            .forward_packed(&be, p, &[0, p.len()], &Capture::none())
-            .unwrap();
-        let diff = diff(
-            &packed[starts[i] * d..starts[i + 1] * d],
-            &be.to_host(&alone.last_hidden).unwrap(),
-        );
+    for (i, rel) in packed_vs_alone(model, &prompts).into_iter().enumerate() {
         assert!(
-            diff.rel < PACKED_REL_TOL,
-            "{label}: prompt {i} packed with the other differs from alone: rel {:.2e}",
-            diff.rel
+            rel < PACKED_REL_TOL,
+            "{label}: prompt {i} packed with the other differs from alone: rel {rel:.2e}"
         );
     }
     let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();

@@ -14,7 +14,6 @@
 mod golden_util;
 
 use draftlens_engine::backend::cpu::CpuBackend;
-use draftlens_engine::backend::Backend;
 use draftlens_engine::generate::greedy_batch;
 use draftlens_engine::model::{Arch, Capture, TargetFiles, TargetModel};
 use golden_util::*;
@@ -111,33 +110,11 @@ fn check_model(name: &str) -> TargetFiles {
 fn check_batch_invariance(name: &str, model: &TargetModel<CpuBackend>, g: &Golden, n: usize) {
     let be = CpuBackend::new();
     let prompts: Vec<Vec<u32>> = (0..n).map(|p| g.ids(&format!("p{p}.input_ids"))).collect();
-    let mut all = Vec::new();
-    let mut starts = vec![0];
-    for p in &prompts {
-        all.extend(p);
-        starts.push(all.len());
-    }
-    let packed = model
-        .forward_packed(&be, &all, &starts, &Capture::none())
-        .unwrap();
-    let packed = be.to_host(&packed.last_hidden).unwrap();
-    let d = model.spec.hidden_size;
-    for (i, p) in prompts.iter().enumerate() {
-        let alone = model
-            .forward_packed(&be, p, &[0, p.len()], &Capture::none())
-            .unwrap();
-        let d = diff(
-            &packed[starts[i] * d..starts[i + 1] * d],
-            &be.to_host(&alone.last_hidden).unwrap(),
-        );
-        eprintln!(
-            "{name}: prompt {i} packed with the others vs alone: rel {:.1e}",
-            d.rel
-        );
+    for (i, rel) in packed_vs_alone(model, &prompts).into_iter().enumerate() {
+        eprintln!("{name}: prompt {i} packed with the others vs alone: rel {rel:.1e}");
         assert!(
-            d.rel < PACKED_REL_TOL,
-            "{name}: prompt {i} packed with the others differs from alone: rel {:.2e}",
-            d.rel
+            rel < PACKED_REL_TOL,
+            "{name}: prompt {i} packed with the others differs from alone: rel {rel:.2e}"
         );
     }
     let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();

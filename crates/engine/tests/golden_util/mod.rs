@@ -290,3 +290,38 @@ pub fn check_golden_prompt(
     assert_eq!(c.stop, StopReason::Length);
     (w, w16, wlp)
 }
+
+/// The last hidden state of every prompt prefilled packed together against the same prompt
+/// prefilled alone (both through `forward_packed`): the relative difference per prompt.
+pub fn packed_vs_alone(
+    model: &draftlens_engine::model::TargetModel<draftlens_engine::backend::cpu::CpuBackend>,
+    prompts: &[Vec<u32>],
+) -> Vec<f64> {
+    use draftlens_engine::backend::Backend;
+    use draftlens_engine::model::Capture;
+    let be = draftlens_engine::backend::cpu::CpuBackend::new();
+    let all: Vec<u32> = prompts.concat();
+    let mut starts = vec![0];
+    for p in prompts {
+        starts.push(starts[starts.len() - 1] + p.len());
+    }
+    let packed = model
+        .forward_packed(&be, &all, &starts, &Capture::none())
+        .unwrap();
+    let packed = be.to_host(&packed.last_hidden).unwrap();
+    let d = model.spec.hidden_size;
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let alone = model
+                .forward_packed(&be, p, &[0, p.len()], &Capture::none())
+                .unwrap();
+            diff(
+                &packed[starts[i] * d..starts[i + 1] * d],
+                &be.to_host(&alone.last_hidden).unwrap(),
+            )
+            .rel
+        })
+        .collect()
+}
