@@ -4,6 +4,7 @@
 //! - [`metrics`]: the native metrics of a run, every run-level row a fold of [`metrics::PromptStats`];
 //! - [`shard`]: the shard rule and the evaluation identity that every shard of one evaluation carries;
 //! - [`merge`]: the exact merge of shards (`draftlens merge`, pushes to a team server);
+//! - [`speed`]: the verdict's cost model (estimated speed-up) and the stored timings of `live`;
 //! - [`text`]: the one cleaning rule for text from outside (plugins, imports, pushes) on its way
 //!   into the store and to a terminal;
 //! - [`trace`]: serving-engine traces (vLLM, SGLang, llama.cpp, neutral JSONL) normalised to
@@ -15,6 +16,7 @@
 pub mod merge;
 pub mod metrics;
 pub mod shard;
+pub mod speed;
 pub mod store;
 pub mod text;
 pub mod trace;

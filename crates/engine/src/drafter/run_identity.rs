@@ -369,6 +369,10 @@ impl RunIdentity {
             top_k: self.eval.top_k as u32,
             train_style,
             tokenizer_sha256: Some(self.tokenizer.clone()),
+            drafter_family: draftlens_results::store::drafter_family_of_kind(
+                self.drafter.kind.as_str(),
+            )
+            .into(),
         }
     }
 }

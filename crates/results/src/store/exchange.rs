@@ -25,6 +25,7 @@ fn cleaned_run(run: &RunInfo) -> RunInfo {
         &mut r.prompt_set_sha256,
         &mut r.backend,
         &mut r.dtype,
+        &mut r.drafter_family,
     ] {
         clean_in_place(s);
     }

@@ -38,6 +38,8 @@ mod sharing;
 mod tests;
 #[cfg(test)]
 mod tests_hostile;
+#[cfg(test)]
+mod tests_family;
 mod vocab;
 mod watch;
 

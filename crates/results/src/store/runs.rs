@@ -87,6 +87,24 @@ pub struct TrainStyle {
     pub mask_rule: String,
 }
 
+/// The family a run without one reads as: DFlash, the one family draftlens evaluated before
+/// families were stored (schema v6).
+pub const DEFAULT_DRAFTER_FAMILY: &str = "dflash";
+
+/// Longest drafter family name a run may store.
+pub const MAX_DRAFTER_FAMILY_LEN: usize = 64;
+
+/// The drafter family of a run whose evaluation identity's `drafter_kind` is `kind`: DFlash's
+/// kind is "checkpoint" (the name it had before there were other families), every other kind
+/// ("eagle3", "dflash2", "mtp", "builtin:oracle", …) is its own family; an empty kind is
+/// [`DEFAULT_DRAFTER_FAMILY`]. Schema v6 applies the same rule in SQL to the runs stored before.
+pub fn drafter_family_of_kind(kind: &str) -> &str {
+    match kind {
+        "" | "checkpoint" => DEFAULT_DRAFTER_FAMILY,
+        other => other,
+    }
+}
+
 /// Everything known about a run when it starts.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct NewRun {
@@ -111,6 +129,14 @@ pub struct NewRun {
     pub train_style: Option<TrainStyle>,
     /// Tokenizer whose vocabulary ([`Store::put_vocab`]) renders this run's token ids.
     pub tokenizer_sha256: Option<String>,
+    /// The drafter family ([`drafter_family_of_kind`]); empty is stored as
+    /// [`DEFAULT_DRAFTER_FAMILY`].
+    #[serde(default)]
+    pub drafter_family: String,
+}
+
+fn default_drafter_family() -> String {
+    DEFAULT_DRAFTER_FAMILY.into()
 }
 
 /// A stored run (all columns of the `run` table).
@@ -144,6 +170,10 @@ pub struct RunInfo {
     pub origin: String,
     pub num_prompts: u64,
     pub num_blocks: u64,
+    /// "dflash", "eagle3", … ([`drafter_family_of_kind`]); bundles written before families were
+    /// stored read as [`DEFAULT_DRAFTER_FAMILY`].
+    #[serde(default = "default_drafter_family")]
+    pub drafter_family: String,
 }
 
 /// A row of the run list: the run plus the values of the requested metric columns.
@@ -211,7 +241,7 @@ pub(super) const RUN_COLS: &str = "run.id, run.uid, run.name, run.mode, run.stat
     run.timings_json, run.config_json, run.target_path, run.target_sha256, run.target_arch, run.drafter_path, \
     run.drafter_sha256, run.drafter_series, run.drafter_step, run.prompt_set_name, run.prompt_set_sha256, run.backend, \
     run.dtype, run.block_size, run.top_k, run.labels, run.mask_rule, run.tokenizer_sha256, run.origin, run.num_prompts, \
-    run.num_blocks";
+    run.num_blocks, run.drafter_family";
 
 impl RunInfo {
     /// What creating this run again needs (imports and merges start from a stored run).
@@ -235,6 +265,7 @@ impl RunInfo {
             top_k: self.top_k,
             train_style: self.train_style.clone(),
             tokenizer_sha256: self.tokenizer_sha256.clone(),
+            drafter_family: self.drafter_family.clone(),
         }
     }
 }
@@ -284,6 +315,7 @@ pub(super) fn run_from_row(r: &Row, what: &str) -> Result<RunInfo> {
         origin: r.get("origin")?,
         num_prompts: r.get::<_, i64>("num_prompts")? as u64,
         num_blocks: r.get::<_, i64>("num_blocks")? as u64,
+        drafter_family: r.get("drafter_family")?,
     })
 }
 
@@ -331,6 +363,15 @@ pub(super) fn check_run_fields(run: &NewRun, what: &str) -> Result<()> {
     if run.top_k < 1 {
         bail!("{what}: run {:?}: top_k must be at least 1", run.name);
     }
+    let family = &run.drafter_family;
+    if family.len() > MAX_DRAFTER_FAMILY_LEN
+        || family.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        bail!(
+            "{what}: run {:?}: drafter family {family:?} must be at most {MAX_DRAFTER_FAMILY_LEN} bytes without spaces or control characters",
+            run.name
+        );
+    }
     match (run.mode, &run.train_style) {
         (RunMode::Deployment, Some(_)) => bail!(
             "{what}: run {:?}: train-style settings given for a deployment run",
@@ -356,8 +397,8 @@ pub(super) fn insert_run(
     tx.execute(
         "INSERT INTO run (uid, name, mode, status, created_at, config_json, target_path, target_sha256, target_arch, \
          drafter_path, drafter_sha256, drafter_series, drafter_step, prompt_set_name, prompt_set_sha256, backend, dtype, \
-         block_size, top_k, labels, mask_rule, tokenizer_sha256, origin) \
-         VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
+         block_size, top_k, labels, mask_rule, tokenizer_sha256, origin, drafter_family) \
+         VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
         params![
             uid,
             run.name,
@@ -381,6 +422,7 @@ pub(super) fn insert_run(
             run.train_style.as_ref().map(|t| t.mask_rule.clone()),
             run.tokenizer_sha256,
             origin,
+            drafter_family_of_kind(&run.drafter_family),
         ],
     )
     .with_context(|| format!("{what}: cannot create run {:?}", run.name))?;

@@ -227,6 +227,24 @@ INSERT INTO watch_checkpoint_v5 (job, path, sha256, step, status, run_uid, pushe
 DROP TABLE watch_checkpoint;
 ALTER TABLE watch_checkpoint_v5 RENAME TO watch_checkpoint;
 "#,
+    // ---- v6 (issue 35): the drafter family of every run ("dflash", "eagle3", "dflash2", "mtp",
+    // "builtin:oracle", ...: a string, so a new family needs no schema change). Runs stored
+    // before it take their evaluation identity's drafter_kind ("checkpoint", DFlash's kind,
+    // reads as "dflash"); runs without an identity (imports, traces, older runs) read as
+    // "dflash", the one family draftlens evaluated before. The rule is `drafter_family_of_kind`
+    // (runs.rs), written here in SQL once for the rows that exist.
+    r#"
+ALTER TABLE run ADD COLUMN drafter_family TEXT NOT NULL DEFAULT 'dflash';
+UPDATE run SET drafter_family = (
+    SELECT CASE json_extract(e.identity_json, '$.drafter_kind')
+             WHEN 'checkpoint' THEN 'dflash'
+             ELSE json_extract(e.identity_json, '$.drafter_kind') END
+    FROM run_eval e WHERE e.run_id = run.id)
+WHERE EXISTS (SELECT 1 FROM run_eval e WHERE e.run_id = run.id
+              AND typeof(json_extract(e.identity_json, '$.drafter_kind')) = 'text'
+              AND json_extract(e.identity_json, '$.drafter_kind') <> '');
+CREATE INDEX run_by_family ON run(drafter_family);
+"#,
 ];
 
 pub fn latest_version() -> i64 {

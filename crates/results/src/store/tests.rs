@@ -25,6 +25,7 @@ fn new_run(name: &str) -> NewRun {
         top_k: 2,
         train_style: None,
         tokenizer_sha256: None,
+        drafter_family: String::new(),
     }
 }
 
@@ -934,7 +935,7 @@ fn v5_keeps_the_watch_records_of_a_v4_database() {
         tx.commit().unwrap();
     }
     let s = Store::open(&path).unwrap();
-    assert_eq!(s.schema_version().unwrap(), 5);
+    assert_eq!(s.schema_version().unwrap(), schema::latest_version());
     let r = s.watch_record("j", "/ck/step-1", "ab").unwrap().unwrap();
     assert_eq!(
         (

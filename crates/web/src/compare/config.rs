@@ -14,6 +14,7 @@ pub fn config_diff(runs: &[RunInfo]) -> Vec<ConfigRow> {
             ("target.arch".into(), r.target_arch.clone()),
             ("target.path".into(), r.target_path.clone()),
             ("target.sha256".into(), short(&r.target_sha256)),
+            ("drafter.family".into(), r.drafter_family.clone()),
             ("drafter.series".into(), r.drafter_series.clone()),
             (
                 "drafter.step".into(),
@@ -104,6 +105,7 @@ mod tests {
             origin: "local".into(),
             num_prompts: 0,
             num_blocks: 0,
+            drafter_family: "dflash".into(),
         };
         let mut b = a.clone();
         b.config =

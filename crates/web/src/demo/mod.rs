@@ -275,6 +275,7 @@ pub fn fill_demo_db(store: &Store, spec: &DemoSpec) -> Result<DemoRuns> {
         top_k: spec.top_k,
         train_style: None,
         tokenizer_sha256: Some(tok_sha.clone()),
+        drafter_family: "dflash".into(),
     };
 
     let record_run = |new: &NewRun, skill: Skill, seed: u64, prompt_anchors: bool| -> Result<i64> {
