@@ -2,6 +2,10 @@
 //! each Gated DeltaNet profile — per-layer hidden-state errors (GDN and attention layers marked),
 //! greedy agreement, and the change of every drafter metric, per-position acceptance included
 //! (`draftlens_engine::parity_report`, docs/hybrid-models.md).
+//!
+//! `parity --features FILE`: another pipeline's hidden states against draftlens's own for the
+//! same tokens, and a drafter's τ on each (`draftlens_engine::parity_features`,
+//! docs/parity-features.md).
 
 use crate::args::BackendArg;
 use crate::common::Global;
@@ -9,6 +13,9 @@ use anyhow::{bail, Result};
 use clap::Args;
 use draftlens_engine::backend::{dispatch, Backend, BackendJob, GdnProfile, DEFAULT_CUDA_DEVICE};
 use draftlens_engine::drafter::run::DrafterSpec;
+use draftlens_engine::parity_features::{
+    features_report, format_report as format_features, FeaturesOptions, FeaturesReport,
+};
 use draftlens_engine::parity_report::{format_report, parity_report, ParityOptions, ParityReport};
 use draftlens_engine::prompts::PromptSet;
 use draftlens_engine::session::Session;
@@ -42,6 +49,18 @@ pub struct ParityArgs {
     /// Continuation length for the drafter comparison.
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
+    /// Compare hidden states another pipeline computed (safetensors: `PROMPT.layerL`, optionally
+    /// `PROMPT.input_ids`; what `extract --out` writes) with draftlens's own for the same tokens,
+    /// per layer, and the drafter's τ on each (docs/parity-features.md). Runs on --backend.
+    #[arg(long, value_name = "FILE",
+          conflicts_with_all = ["backends", "gdn_profiles", "limit", "max_new_tokens"])]
+    pub features: Option<PathBuf>,
+    /// With --features: the backend draftlens's own hidden states come from.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto, requires = "features")]
+    pub backend: BackendArg,
+    /// With --features: positions listed per layer as the worst.
+    #[arg(long, value_name = "N", default_value_t = 5, requires = "features")]
+    pub worst: usize,
 }
 
 struct Outer<'a> {
@@ -108,11 +127,50 @@ impl ParityArgs {
     }
 }
 
+/// `parity --features`: draftlens's side on one backend.
+struct FeaturesJob<'a> {
+    g: &'a Global,
+    a: &'a ParityArgs,
+    features: &'a std::path::Path,
+}
+
+impl BackendJob for FeaturesJob<'_> {
+    type Output = FeaturesReport;
+    fn run<B: Backend>(self, be: B) -> Result<FeaturesReport> {
+        let (g, a) = (self.g, self.a);
+        // The whole set: the file names the prompts it has features for.
+        let set = PromptSet::load(&a.prompts)?;
+        let s = Session::load(be, a.target(), g.cache()?, Default::default())?;
+        let opts = FeaturesOptions {
+            features: self.features.to_path_buf(),
+            drafter: a.drafter.as_ref().map(|dir| DrafterSpec::Checkpoint {
+                dir: dir.clone(),
+                step: None,
+                series: "parity".into(),
+            }),
+            worst: a.worst,
+        };
+        features_report(&s, &set, &opts)
+    }
+}
+
 pub fn run(g: &Global, a: ParityArgs) -> Result<()> {
     let a = ParityArgs {
         target: Some(g.target(&a.target)?),
         ..a
     };
+    if let Some(features) = &a.features {
+        let out = dispatch(
+            a.backend.select(g),
+            DEFAULT_CUDA_DEVICE,
+            FeaturesJob {
+                g,
+                a: &a,
+                features,
+            },
+        )?;
+        return g.emit(&out, || format_features(&out));
+    }
     if a.backends.len() != 2 {
         bail!("--backends takes exactly two backends, e.g. cpu,cuda (cpu,cpu compares the GDN profiles on the CPU)");
     }

@@ -11,6 +11,7 @@ pub mod hidden_cache;
 pub mod identity;
 pub mod model;
 pub mod parity;
+pub mod parity_features;
 pub mod parity_report;
 pub mod progress;
 pub mod prompts;

@@ -56,22 +56,23 @@ pub struct RunOutcome {
 
 /// The drafter of a run. Its shape (block size, taps) is known from `config.json` at once; its
 /// weights are read and uploaded by the first prompt that needs a drafter forward, so a rerun
-/// whose records all come from the cache never loads them.
-struct RunDrafter<'s, B: Backend> {
+/// whose records all come from the cache never loads them. `parity --features` opens drafters
+/// the same way (`crate::parity_features`).
+pub(crate) struct RunDrafter<'s, B: Backend> {
     s: &'s Session<B>,
     spec: &'s DrafterSpec,
     /// A checkpoint's family (from its config.json; DFlash for the known-answer drafters).
-    family: DrafterFamily,
+    pub(crate) family: DrafterFamily,
     block_size: usize,
     /// The target layers whose outputs the drafter reads (empty for the known-answer drafters).
-    target_layer_ids: Vec<usize>,
+    pub(crate) target_layer_ids: Vec<usize>,
     loaded: std::cell::OnceCell<Drafter<B>>,
 }
 
 impl<'s, B: Backend> RunDrafter<'s, B> {
     /// Checks the checkpoint against the target (`lint`: config and headers only) and reads its
     /// shape; an incompatible checkpoint is an error here, before the run exists.
-    fn open(s: &'s Session<B>, spec: &'s DrafterSpec) -> Result<Self> {
+    pub(crate) fn open(s: &'s Session<B>, spec: &'s DrafterSpec) -> Result<Self> {
         let mut family = DrafterFamily::DFlash;
         let (block_size, target_layer_ids) = match spec {
             DrafterSpec::Checkpoint { dir, .. } => {
@@ -111,7 +112,7 @@ impl<'s, B: Backend> RunDrafter<'s, B> {
     }
 
     /// The drafter, loaded on first use.
-    fn get(&self) -> Result<&Drafter<B>> {
+    pub(crate) fn get(&self) -> Result<&Drafter<B>> {
         if let Some(d) = self.loaded.get() {
             return Ok(d);
         }
