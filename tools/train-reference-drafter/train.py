@@ -664,6 +664,10 @@ def train_series(series_list, data, E, lm_head, args, device, out_dir, target_cf
     if isinstance(series_list, str):
         series_list = [series_list]
     drafters, cfgs, opts, slots = {}, {}, {}, {}
+    # A run split over several processes (device calls of at most 10 minutes): --resume restores
+    # everything the loop's next step depends on, so the steps after it are the ones one process
+    # would have taken (same batches, anchors, schedule; cuBLAS reductions aside).
+    state = torch.load(args.resume, map_location=device, weights_only=False) if getattr(args, "resume", None) else None
     for s in series_list:
         torch.manual_seed(args.seed)
         random.seed(args.seed)
@@ -676,7 +680,7 @@ def train_series(series_list, data, E, lm_head, args, device, out_dir, target_cf
     kd_slot = data.hs_indices.index(target_cfg.num_hidden_layers) if kd > 0 else None
     B, nA, bs = args.block_size, args.anchors, args.batch_seqs
     wk = torch.exp(-torch.arange(B - 1, device=device, dtype=torch.float32) / args.gamma)  # k=1..B-1
-    steps = args.steps
+    steps = state["steps"] if state else args.steps
     warm = max(1, int(args.warmup_ratio * steps))
 
     def lr_at(step):
@@ -694,7 +698,18 @@ def train_series(series_list, data, E, lm_head, args, device, out_dir, target_cf
     window = {s: [] for s in series_list}
     saved = {s: [] for s in series_list}
     gn = {}
-    t_start = time.time()
+    first_step, t_before = 1, 0.0
+    if state:
+        for s in series_list:
+            drafters[s].load_state_dict(state["drafters"][s])
+            opts[s].load_state_dict(state["opts"][s])
+        window, saved, gn = state["window"], state["saved"], state["gn"]
+        perm, pp = state["perm"], state["pp"]
+        gen.set_state(state["gen"])
+        cpu_gen.set_state(state["cpu_gen"])
+        first_step, t_before = state["step"] + 1, state["train_seconds"]
+        log(f"resumed from {args.resume} after step {state['step']} of {steps} ({t_before:.0f} s of training before)")
+    t_start = time.time() - t_before
     for s in series_list:
         log(
             f"{s}: {nparams} params ({args.layers} layers, MLP {args.intermediate}), taps {SERIES[s]['target_layer_ids']} "
@@ -702,8 +717,8 @@ def train_series(series_list, data, E, lm_head, args, device, out_dir, target_cf
         )
     t_warm = None
     stop_epoch = getattr(args, "train_stop_epoch", None)
-    for step in range(1, steps + 1):
-        if step == 11:  # steady-state timing starts after 10 warm-up steps (allocator, cuBLAS plans)
+    for step in range(first_step, steps + 1):
+        if step == first_step + 10:  # steady-state timing starts after 10 warm-up steps (allocator, cuBLAS plans)
             sync(device)
             t_warm = time.time()
         if pp + bs > data.N:
@@ -750,7 +765,9 @@ def train_series(series_list, data, E, lm_head, args, device, out_dir, target_cf
                     )
                 )
                 window[s] = window[s][-args.metric_window :]
-        stopped = step < steps and stop_epoch is not None and time.time() > stop_epoch
+        stopped = step < steps and (
+            (stop_epoch is not None and time.time() > stop_epoch) or step == getattr(args, "stop_after_step", None)  # the latter: selftest
+        )
         last = step == steps or stopped
         if step % args.log_every == 0 or step in save_at or step == 1 or last:
             for s in series_list:
@@ -760,6 +777,18 @@ def train_series(series_list, data, E, lm_head, args, device, out_dir, target_cf
                     f"streak {m[3] / max(m[4], 1):.3f}" + (f" kd_objective {m[5] / len(window[s]):.4f}" if kd > 0 else "")
                     + f" lr {lr_at(step - 1):.2e} gnorm {float(gn[s]):.2f} ({time.time() - t_start:.0f}s)"
                 )
+        if stopped and getattr(args, "state_out", None):
+            state = {
+                "steps": steps, "step": step, "train_seconds": time.time() - t_start,
+                "drafters": {s: drafters[s].state_dict() for s in series_list},
+                "opts": {s: opts[s].state_dict() for s in series_list},
+                "window": window, "saved": saved, "gn": gn, "perm": perm, "pp": pp,
+                "gen": gen.get_state(), "cpu_gen": cpu_gen.get_state(),
+            }
+            torch.save(state, args.state_out + ".tmp")
+            os.replace(args.state_out + ".tmp", args.state_out)
+            log(f"train: past this call's deadline at step {step} of {steps}: state saved to {args.state_out} for --resume")
+            return saved, {"params": nparams, "train_seconds": round(time.time() - t_start, 1), "steps": step, "steps_planned": steps, "resumable": True}
         if step in save_at or stopped:
             if stopped:
                 log(f"train: past the training deadline at step {step} of {steps}: saving this step as the last checkpoint")
@@ -791,7 +820,7 @@ def train_series(series_list, data, E, lm_head, args, device, out_dir, target_cf
         if last:
             break
     sync(device)
-    steady = (time.time() - t_warm) / (step - 10) if t_warm is not None and step > 10 else None
+    steady = (time.time() - t_warm) / (step - first_step - 9) if t_warm is not None and step > first_step + 9 else None
     return saved, {"params": nparams, "train_seconds": round(time.time() - t_start, 1), "steps": step, "steps_planned": steps, "steady_step_s": steady}
 
 
@@ -1023,6 +1052,10 @@ def main():
     ap.add_argument("--results", default="results.json", help="name of the results file in --out")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--export-target", default=None, metavar="DIR", help="save the loaded target (fp32) and its fixed tokenizer as an HF folder, for a later call's --target (loads in seconds, not the GGUF's dequantisation)")
+    ap.add_argument("--state-out", default=None, help="when training stops at the deadline, save the loop's whole state here (weights, optimiser, batch order, RNGs) instead of a last checkpoint, and stop without evaluating: a later call continues with --resume")
+    ap.add_argument("--resume", default=None, help="continue the training saved by --state-out (same data: pass the same --ids-in files; the step count and schedule come from the state)")
+    ap.add_argument("--later-seconds", type=float, default=0.0, help="with --state-out: training seconds the resumed call(s) will add; the probe sizes the step count for this call's budget plus these")
     args = ap.parse_args()
     args.save_fracs = [float(x) for x in args.save_fracs.split(",")]
     if not 0 <= args.kd_weight <= 0.5:
@@ -1042,6 +1075,15 @@ def main():
     E32 = target.get_input_embeddings().weight.detach()
     E = E32.to(torch.bfloat16)  # frozen shared embedding, also the tied LM head
     lm_head = target.get_output_embeddings().weight.detach().to(torch.bfloat16)
+    if args.export_target:
+        # the GGUF quantizer refuses to serialise; the weights are already dequantised fp32, so
+        # drop it (the reloaded folder's state dict equals this one, checked on the CPU)
+        target.hf_quantizer, target.is_quantized = None, False
+        if hasattr(target.config, "quantization_config"):
+            del target.config.quantization_config
+        target.save_pretrained(args.export_target)
+        tok.save_pretrained(args.export_target)
+        log(f"target saved as an HF folder in {args.export_target}")
     results["stages"]["load_s"] = round(time.time() - T0, 1)
     log(f"target loaded: {target.config.num_hidden_layers} layers, vocab {target.config.vocab_size}")
 
@@ -1141,7 +1183,7 @@ def main():
             args.time_budget = max(10.0, left)
         args.train_stop_epoch = args.deadline_epoch - args.eval_reserve / 2
         results["time_budget"] = args.time_budget
-    if args.time_budget:
+    if args.time_budget and not args.resume:
         # Probe: time a few steps of the real loop, then fix the step count (recorded in results).
         probe = argparse.Namespace(**vars(args))
         probe.steps, probe.save_fracs, probe.log_every, probe.train_stop_epoch = max(12, args.probe_steps), [], 10**9, None
@@ -1152,7 +1194,7 @@ def main():
         budget = args.time_budget
         if args.deadline_epoch:  # what is left after the probe
             budget = min(budget, args.deadline_epoch - time.time() - args.eval_reserve)
-        args.steps = max(min(50, args.steps), min(args.steps, int(budget / per_step)))
+        args.steps = max(min(50, args.steps), min(args.steps, int((budget + args.later_seconds) / per_step)))
         results["step_seconds_probe"] = per_step
         log(f"probe: {per_step * 1000:.1f} ms/step ({'+'.join(series_list)}) -> {args.steps} steps")
     results["steps"] = args.steps
@@ -1160,6 +1202,13 @@ def main():
     t = time.time()
     saved_all, tinfo = train_series(series_list, train_data, E, lm_head, args, device, args.out, target.config)
     results["stages"]["train_s"] = round(time.time() - t, 1)
+    results["steps"] = tinfo["steps_planned"]
+    if tinfo.get("resumable"):
+        results["train_part"] = tinfo
+        results["total_s"] = round(time.time() - T0, 1)
+        write_json(res_path, results)
+        log("stopped for --resume: no evaluation in this call")
+        return
     results["series"] = {}
     t = time.time()
     for s in series_list:
