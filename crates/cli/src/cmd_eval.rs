@@ -48,8 +48,9 @@ pub struct RunArgs {
     #[command(flatten)]
     pub target: TargetArgs,
     /// Drafter checkpoint folder (DFlash or EAGLE-3, told from its config.json), a folder of
-    /// checkpoints (every one is run, step from the name), or builtin:oracle /
-    /// builtin:anti-oracle (known-answer drafters).
+    /// checkpoints (every one is run, step from the name), builtin:oracle /
+    /// builtin:anti-oracle (known-answer drafters), or target:mtp[:K] (the target's own MTP
+    /// head drafting K tokens a round, default 3; docs/mtp.md).
     #[arg(long)]
     pub drafter: String,
     /// Series the checkpoint runs belong to [default: the checkpoints' folder's name] (what
@@ -118,7 +119,7 @@ impl BackendJob for RunJob<'_> {
     fn run<B: Backend>(self, be: B) -> Result<Self::Output> {
         let a = self.a;
         let set = a.target.prompt_set()?;
-        let specs: Vec<DrafterSpec> = match DrafterSpec::builtin(&a.drafter, a.block_size) {
+        let specs: Vec<DrafterSpec> = match DrafterSpec::builtin(&a.drafter, a.block_size)? {
             Some(builtin) => vec![builtin],
             None => {
                 let d = a.drafter.as_str();

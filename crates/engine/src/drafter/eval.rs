@@ -8,6 +8,7 @@
 //! which is one-anchor-at-a-time semantics batched (a test proves it numerically).
 
 use super::eagle3::{Eagle3Context, Eagle3Drafter};
+use super::mtp::{MtpContext, MtpDrafter};
 use super::model::{DFlashDrafter, DraftContext, DraftOptions};
 use crate::backend::{Backend, TopK};
 use crate::model::{EmbedHead, TargetModel};
@@ -88,6 +89,8 @@ pub enum Drafter<B: Backend> {
     DFlash(DFlashDrafter<B>),
     /// An EAGLE-3 checkpoint: a chain of K steps per anchor (docs/eagle3.md).
     Eagle3(Eagle3Drafter<B>),
+    /// The target's own MTP head: a chain of K steps per anchor (docs/mtp.md).
+    Mtp(MtpDrafter<B>),
     /// Top-1 is always the target token: every round accepts B−1 plus the bonus.
     Oracle {
         block_size: usize,
@@ -103,6 +106,7 @@ impl<B: Backend> Drafter<B> {
         match self {
             Drafter::DFlash(d) => d.cfg.block_size,
             Drafter::Eagle3(d) => d.block_size(),
+            Drafter::Mtp(d) => d.block_size(),
             Drafter::Oracle { block_size } | Drafter::AntiOracle { block_size } => *block_size,
         }
     }
@@ -121,6 +125,8 @@ pub struct Sequence<'a, B: Backend> {
     pub ctx: Option<DraftContext<B>>,
     /// An EAGLE-3 drafter's context rows (`None` for other drafters and one-token sequences).
     pub eagle3: Option<Eagle3Context<B>>,
+    /// An MTP head's context rows (`None` for other drafters and one-token sequences).
+    pub mtp: Option<MtpContext<B>>,
 }
 
 impl<'a, B: Backend> Sequence<'a, B> {
@@ -148,6 +154,7 @@ impl<'a, B: Backend> Sequence<'a, B> {
             target_topk,
             ctx: None,
             eagle3: None,
+            mtp: None,
         }
     }
 
@@ -274,6 +281,17 @@ pub fn draft_into<B: Backend>(
                     .as_ref()
                     .context("an EAGLE-3 sequence carries its context rows")?;
                 d.draft(be, target.head(), ctx, chunk, k)?
+            }
+            Drafter::Mtp(d) => {
+                super::mtp::check_options(opts)?;
+                let ctx = seq
+                    .mtp
+                    .as_ref()
+                    .context("an MTP sequence carries its context rows")?;
+                let DraftTarget::Head(target) = target else {
+                    bail!("an MTP head needs the target's embedding and LM head");
+                };
+                d.draft(be, target, ctx, chunk, k)?
             }
             Drafter::Oracle { .. } | Drafter::AntiOracle { .. } => {
                 let oracle = matches!(drafter, Drafter::Oracle { .. });

@@ -6,6 +6,7 @@ pub mod config;
 pub mod eagle3;
 pub mod eval;
 pub mod model;
+pub mod mtp;
 
 pub use config::{DrafterCheckpoint, DrafterConfig};
 pub use eval::{AnchorPolicy, Drafter, EvalOptions, Labels};

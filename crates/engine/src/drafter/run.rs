@@ -100,6 +100,14 @@ impl<'s, B: Backend> RunDrafter<'s, B> {
             DrafterSpec::Oracle { block_size } | DrafterSpec::AntiOracle { block_size } => {
                 (*block_size, Vec::new())
             }
+            // The head reads the target's final-norm states: the last layer's output, index L.
+            DrafterSpec::Mtp { steps } => {
+                super::mtp::check_steps(*steps)?;
+                let path = &s.files.identity.path;
+                let cfg = super::mtp::MtpHeadConfig::read(path, &s.files.spec)?;
+                super::mtp::head::MtpWeights::open(&cfg)?;
+                (steps + 1, vec![s.files.spec.num_layers - 1])
+            }
         };
         Ok(RunDrafter {
             s,
@@ -135,6 +143,12 @@ impl<'s, B: Backend> RunDrafter<'s, B> {
                 DrafterSpec::AntiOracle { block_size } => Drafter::AntiOracle {
                     block_size: *block_size,
                 },
+                DrafterSpec::Mtp { steps } => Drafter::Mtp(super::mtp::MtpDrafter::load(
+                    &self.s.be,
+                    &self.s.files.identity.path,
+                    &self.s.files.spec,
+                    *steps,
+                )?),
             }
         };
         Ok(self.loaded.get_or_init(|| d))
@@ -178,6 +192,9 @@ pub fn run_eval_shard<B: Backend>(
     if drafter.family == DrafterFamily::Eagle3 {
         super::eagle3::check_options(&opts.eval)?;
     }
+    if let DrafterSpec::Mtp { .. } = spec {
+        super::mtp::check_options(&opts.eval)?;
+    }
     let taps = drafter.target_layer_ids.len();
     // Before the run is created or anything computed: every prompt must fit on the device.
     s.check_prompts_fit(&chosen, opts.max_new_tokens, taps)?;
@@ -185,6 +202,7 @@ pub fn run_eval_shard<B: Backend>(
         spec,
         drafter.block_size,
         &crate::identity::IdentityStore::new(s.cache.root()),
+        &s.files.identity.weights_sha256()?,
     )?;
     let tok = s.files.tokenizer()?;
     let _setup = crate::timeline::phase("run setup");
@@ -662,6 +680,7 @@ impl<B: Backend> Evaluation<'_, '_, B> {
             Drafter::Eagle3(d) if d.needs_target_embedding() => {
                 DraftTarget::Head(s.draft_target()?)
             }
+            Drafter::Mtp(_) => DraftTarget::Head(s.draft_target()?),
             _ => DraftTarget::Vocab(s.files.spec.vocab_size),
         };
         match drafter {
@@ -694,6 +713,28 @@ impl<B: Backend> Evaluation<'_, '_, B> {
                         let taps = self.drafter_taps(|x| pass.hidden(x))?;
                         let _phase = crate::timeline::phase("drafter context");
                         d.context(&s.be, head, &taps, pass.hidden_size, &w.ids)?
+                    }
+                };
+            }
+            Drafter::Mtp(d) => {
+                let DraftTarget::Head(head) = target else {
+                    bail!("an MTP head needs the target's embedding and LM head");
+                };
+                seq.mtp = match device {
+                    Some(dev) => {
+                        let [state] = self.drafter_taps(|x| dev.tap(x))?[..] else {
+                            bail!("an MTP head reads one target state");
+                        };
+                        let _phase = crate::timeline::phase("drafter context");
+                        self.contexts_from_device += 1;
+                        d.context_from_tensor(&s.be, head, state, &w.ids)?
+                    }
+                    None => {
+                        let [state] = self.drafter_taps(|x| pass.hidden(x))?[..] else {
+                            bail!("an MTP head reads one target state");
+                        };
+                        let _phase = crate::timeline::phase("drafter context");
+                        d.context(&s.be, head, state, &w.ids)?
                     }
                 };
             }

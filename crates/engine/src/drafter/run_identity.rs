@@ -35,6 +35,11 @@ pub enum DrafterSpec {
     AntiOracle {
         block_size: usize,
     },
+    /// The target's own MTP head drafting `steps` tokens a round (`--drafter target:mtp[:K]`,
+    /// docs/mtp.md).
+    Mtp {
+        steps: usize,
+    },
 }
 
 impl DrafterSpec {
@@ -47,17 +52,22 @@ impl DrafterSpec {
             },
             DrafterSpec::Oracle { .. } => DrafterKind::Oracle,
             DrafterSpec::AntiOracle { .. } => DrafterKind::AntiOracle,
+            DrafterSpec::Mtp { .. } => DrafterKind::Mtp,
         })
     }
 
-    /// The built-in drafter `--drafter NAME` names (`builtin:oracle`, `builtin:anti-oracle`),
-    /// with blocks of `block_size`; `None` when `name` is not one (a checkpoint path).
-    pub fn builtin(name: &str, block_size: usize) -> Option<DrafterSpec> {
-        Some(match DrafterKind::builtin(name)? {
-            DrafterKind::Oracle => DrafterSpec::Oracle { block_size },
-            DrafterKind::AntiOracle => DrafterSpec::AntiOracle { block_size },
-            DrafterKind::Checkpoint | DrafterKind::Eagle3 => return None,
-        })
+    /// The built-in drafter `--drafter NAME` names (`builtin:oracle`, `builtin:anti-oracle`,
+    /// with blocks of `block_size`; `target:mtp[:K]`, the target's MTP head); `Ok(None)` when
+    /// `name` is not one (a checkpoint path), an error for a `target:mtp:K` whose K is invalid.
+    pub fn builtin(name: &str, block_size: usize) -> anyhow::Result<Option<DrafterSpec>> {
+        if let Some(steps) = super::mtp::steps_of_name(name) {
+            return Ok(Some(DrafterSpec::Mtp { steps: steps? }));
+        }
+        Ok(DrafterKind::builtin(name).and_then(|kind| match kind {
+            DrafterKind::Oracle => Some(DrafterSpec::Oracle { block_size }),
+            DrafterKind::AntiOracle => Some(DrafterSpec::AntiOracle { block_size }),
+            DrafterKind::Checkpoint | DrafterKind::Eagle3 | DrafterKind::Mtp => None,
+        }))
     }
 }
 
@@ -88,6 +98,9 @@ pub enum DrafterKind {
     /// The known-answer drafter whose top-1 is never the target token.
     #[serde(rename = "builtin:anti-oracle")]
     AntiOracle,
+    /// The target's own MTP head (docs/mtp.md).
+    #[serde(rename = "mtp")]
+    Mtp,
 }
 
 impl DrafterKind {
@@ -100,6 +113,7 @@ impl DrafterKind {
             DrafterKind::Eagle3 => "eagle3",
             DrafterKind::Oracle => "builtin:oracle",
             DrafterKind::AntiOracle => "builtin:anti-oracle",
+            DrafterKind::Mtp => "mtp",
         }
     }
 
@@ -159,7 +173,14 @@ pub struct DrafterIdentity {
 impl DrafterIdentity {
     /// The identity of `spec`, whose block size is `block_size`; a checkpoint's weights are
     /// hashed once per file version (`store`), like the target's.
-    pub fn of(spec: &DrafterSpec, block_size: usize, store: &IdentityStore) -> Result<Self> {
+    /// `target_weights_sha256` is what an MTP head's weights hash is (its tensors are the
+    /// target's; unused for other drafters).
+    pub fn of(
+        spec: &DrafterSpec,
+        block_size: usize,
+        store: &IdentityStore,
+        target_weights_sha256: &str,
+    ) -> Result<Self> {
         let kind = spec.kind()?;
         Ok(match spec {
             DrafterSpec::Checkpoint { dir, step, series } => {
@@ -191,13 +212,27 @@ impl DrafterIdentity {
                 step: None,
                 block_size,
             },
+            // The head is stored in the target's files, which the run's identity already holds:
+            // its records are cached under the target's weights and K.
+            DrafterSpec::Mtp { steps } => DrafterIdentity {
+                kind,
+                path: super::mtp::drafter_name(*steps),
+                weights_sha256: target_weights_sha256.to_owned(),
+                config_sha256: crate::util::sha256_bytes(super::mtp::drafter_name(*steps).as_bytes()),
+                series: "mtp".into(),
+                step: None,
+                block_size,
+            },
         })
     }
 
     /// What a checkpoint's records are cached under: the hash of its weights and of its config.
     /// `None` for the built-in drafters (never cached) and a checkpoint without weights file.
     pub fn records_sha(&self) -> Option<String> {
-        let checkpoint = matches!(self.kind, DrafterKind::Checkpoint | DrafterKind::Eagle3);
+        let checkpoint = matches!(
+            self.kind,
+            DrafterKind::Checkpoint | DrafterKind::Eagle3 | DrafterKind::Mtp
+        );
         (checkpoint && !self.weights_sha256.is_empty())
             .then(|| format!("{}+config:{}", self.weights_sha256, self.config_sha256))
     }

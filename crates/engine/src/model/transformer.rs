@@ -415,7 +415,13 @@ impl<B: Backend> Attention<B> {
     }
 
     /// `h += o_proj(o)`, with `o` first gated by `sigmoid(x · gate_projᵀ)` on the hybrids.
-    fn output(&self, be: &B, x: &B::Tensor, mut o: B::Tensor, h: &mut B::Tensor) -> Result<()> {
+    pub(crate) fn output(
+        &self,
+        be: &B,
+        x: &B::Tensor,
+        mut o: B::Tensor,
+        h: &mut B::Tensor,
+    ) -> Result<()> {
         if let Some(g) = &self.gate_proj {
             be.sigmoid_gate_inplace(&mut o, &be.matmul(x, g)?)?;
         }

@@ -1,0 +1,268 @@
+//! The MTP head's draft chain over the backend seam (docs/mtp.md §2).
+//!
+//! ```text
+//! mtp(token t, hidden h, position p):                   (vLLM Qwen3NextMultiTokenPredictor.forward)
+//!     x  = fc([pre_fc_norm_embedding(embed(t)) │ pre_fc_norm_hidden(h)])        (2·D → D)
+//!     x' = decoder layer(x) at position p   (full attention: gated, q/k norms, partial RoPE; causal)
+//!     h' = norm(x')                          → logits = lm_head(h') (the target's head)
+//! context row j = 0..S−2: h = the target's final-norm state at j, t = y_{j+1}, p = j
+//! ```
+//! At anchor a, step 1 *is* context row a − 1 (the target's state at a − 1 and the anchor token
+//! y_a); step s ≥ 2 feeds the head its own normed output h'_{s−1} (vLLM's proposer keeps one
+//! hidden tensor for MTP models: `model_returns_tuple()` is false) and its own top-1 d_{s−1} at
+//! position a − 2 + s, seeing context rows < a and its earlier steps. This is EAGLE-3's chain
+//! (`super::super::eagle3::model`, docs/eagle3.md §2) with another step function: many anchors
+//! share each step's forward through the `Blocks` mask.
+
+use super::head::{MtpHeadConfig, MtpWeights, FC, NORM, PRE_FC_NORM_EMBEDDING, PRE_FC_NORM_HIDDEN};
+use crate::backend::{AttnMask, Backend, HostRowsRef, TopK};
+use crate::model::decoder::{DecoderLayer, Mixer};
+use crate::model::transformer::{load_matrix, Attention, RmsNorm};
+use crate::model::{EmbedHead, ModelSpec};
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+
+pub struct MtpDrafter<B: Backend> {
+    pub cfg: MtpHeadConfig,
+    /// Draft steps per round (K).
+    pub steps: usize,
+    pre_fc_norm_embedding: RmsNorm<B>,
+    pre_fc_norm_hidden: RmsNorm<B>,
+    /// `[D, 2·D]`.
+    fc: B::Matrix,
+    layer: DecoderLayer<B>,
+    norm: RmsNorm<B>,
+}
+
+/// The head's state over one sequence: context rows 0..len, row j = (the target's state at j,
+/// token y_{j+1}) at position j.
+pub struct MtpContext<B: Backend> {
+    /// Rotated keys and the values of the context rows, `[len, kv_heads·head_dim]`.
+    pub k: B::Tensor,
+    pub v: B::Tensor,
+    /// The head's normed output of every context row: row a − 1 is step 1 at anchor a.
+    pub hidden: B::Tensor,
+    pub len: usize,
+}
+
+/// One layer pass up to attention: the residual stream after `fc`, the normed layer input
+/// (which the output gate reads), and rotated q, k, v.
+struct Projected<B: Backend> {
+    residual: B::Tensor,
+    normed: B::Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
+}
+
+impl<B: Backend> MtpDrafter<B> {
+    /// The head of the target at `path` (described by `spec`), drafting `steps` tokens a round.
+    /// Every check (head declared, one layer, every tensor present with its shape, K in range)
+    /// runs before the first upload.
+    pub fn load(be: &B, path: &Path, spec: &ModelSpec, steps: usize) -> Result<Self> {
+        super::check_steps(steps)?;
+        let cfg = MtpHeadConfig::read(path, spec)?;
+        let src = MtpWeights::open(&cfg)?;
+        let d = spec.hidden_size;
+        let norm = |name: &str| RmsNorm::load_for(be, &src, name, d, spec);
+        let layer = DecoderLayer::load(be, &src, 0, &cfg.layer_spec)
+            .with_context(|| format!("{}: loading the MTP layer mtp.layers.0", path.display()))?;
+        Ok(MtpDrafter {
+            pre_fc_norm_embedding: norm(PRE_FC_NORM_EMBEDDING)?,
+            pre_fc_norm_hidden: norm(PRE_FC_NORM_HIDDEN)?,
+            fc: load_matrix(be, &src, FC, d, 2 * d)?,
+            layer,
+            norm: norm(NORM)?,
+            cfg,
+            steps,
+        })
+    }
+
+    /// The records' block size (anchor + K steps).
+    pub fn block_size(&self) -> usize {
+        self.steps + 1
+    }
+
+    fn attention(&self) -> &Attention<B> {
+        match &self.layer.mixer {
+            Mixer::Attention(a) => a,
+            Mixer::Gdn(_) => unreachable!("the MTP layer spec has one full-attention layer"),
+        }
+    }
+
+    /// The context of a sequence `ids` from the target's final-norm states over it (`[S, D]`
+    /// row-major, f32 or bf16). `None` for a sequence of one token (no context row, no anchor).
+    pub fn context<'t>(
+        &self,
+        be: &B,
+        target: &dyn EmbedHead<B>,
+        hidden: impl Into<HostRowsRef<'t>>,
+        ids: &[u32],
+    ) -> Result<Option<MtpContext<B>>> {
+        let h = be.from_host_rows(hidden.into(), ids.len(), self.cfg.layer_spec.hidden_size)?;
+        self.context_from_tensor(be, target, &h, ids)
+    }
+
+    /// [`MtpDrafter::context`] from the states on the device: the head over rows j = 0..S−2
+    /// (token `ids[j+1]`, position j), causal. The last position has no row: its next token is
+    /// not part of the sequence.
+    pub fn context_from_tensor(
+        &self,
+        be: &B,
+        target: &dyn EmbedHead<B>,
+        hidden: &B::Tensor,
+        ids: &[u32],
+    ) -> Result<Option<MtpContext<B>>> {
+        let s = be.dims(hidden).0;
+        if s != ids.len() {
+            bail!("target states of {s} positions for a sequence of {} tokens", ids.len());
+        }
+        let rows = s.saturating_sub(1);
+        if rows == 0 {
+            return Ok(None);
+        }
+        let h = be.slice_rows(hidden, 0, rows)?;
+        let emb = be.embed(target.embed_tokens(), &ids[1..])?;
+        let positions: Vec<u32> = (0..rows as u32).collect();
+        let p = self.project(be, &emb, &h, &positions)?;
+        let o = be.attention(
+            &p.q,
+            &p.k,
+            &p.v,
+            self.attention().shape,
+            &AttnMask::Causal { q_start: 0 },
+        )?;
+        let out = self.finish(be, &p.normed, o, p.residual)?;
+        Ok(Some(MtpContext {
+            k: p.k,
+            v: p.v,
+            hidden: out,
+            len: rows,
+        }))
+    }
+
+    /// fc over the normed embedding and hidden state, then the layer up to attention.
+    fn project(
+        &self,
+        be: &B,
+        emb: &B::Tensor,
+        hidden: &B::Tensor,
+        positions: &[u32],
+    ) -> Result<Projected<B>> {
+        let x = be.concat_cols(&[
+            &self.pre_fc_norm_embedding.forward(be, emb)?,
+            &self.pre_fc_norm_hidden.forward(be, hidden)?,
+        ])?;
+        let residual = be.matmul(&x, &self.fc)?;
+        let normed = self.layer.input_layernorm.forward(be, &residual)?;
+        let (q, k, v) = self.attention().qkv(be, &normed, positions)?;
+        Ok(Projected {
+            residual,
+            normed,
+            q,
+            k,
+            v,
+        })
+    }
+
+    /// The layer after attention (gated o_proj into the residual, then the MLP block) and the
+    /// head's final norm.
+    fn finish(&self, be: &B, normed: &B::Tensor, o: B::Tensor, mut h: B::Tensor) -> Result<B::Tensor> {
+        self.attention().output(be, normed, o, &mut h)?;
+        let g = self.layer.post_attention_layernorm.forward(be, &h)?;
+        self.layer.mlp.forward_acc(be, &g, &mut h)?;
+        self.norm.forward(be, &h)
+    }
+
+    /// The K-step chain at every anchor: `anchors[n]` is an absolute position a (1 ≤ a ≤
+    /// `ctx.len`) whose token y_a is context row a − 1's. Returns the top-`top_k` (ids,
+    /// log-probabilities over the target's vocabulary) of every step, anchor by anchor
+    /// (`anchors.len() · K` rows); each step's top-1 is the next step's token.
+    pub fn draft(
+        &self,
+        be: &B,
+        target: &dyn EmbedHead<B>,
+        ctx: &MtpContext<B>,
+        anchors: &[usize],
+        top_k: usize,
+    ) -> Result<TopK> {
+        let n = anchors.len();
+        let steps = self.steps;
+        if let Some(&bad) = anchors.iter().find(|&&a| a == 0 || a > ctx.len) {
+            bail!(
+                "MTP anchor {bad} needs context row {} (the sequence's context has rows 0..{})",
+                bad as i64 - 1,
+                ctx.len
+            );
+        }
+        let vocab = target.vocab_size();
+        if top_k == 0 || top_k > vocab {
+            bail!("top-K {top_k} must be 1..{vocab} (the target's vocabulary)");
+        }
+        let shape = self.attention().shape;
+        let _layers = crate::timeline::phase("drafter layers");
+        let rows: Vec<u32> = anchors.iter().map(|&a| (a - 1) as u32).collect();
+        let mut h = be.gather_rows(&ctx.hidden, &rows)?;
+        let mut per_step = vec![target.logits_topk(be, &h, top_k)?];
+        // The chain's own rows (steps 2..s), anchor by anchor: what each anchor's queries see
+        // after the context.
+        let mut chain: Option<(B::Tensor, B::Tensor, B::Tensor)> = None;
+        for s in 2..=steps {
+            let tokens = per_step.last().expect("step 1 is drafted").argmax();
+            let emb = be.embed(target.embed_tokens(), &tokens)?;
+            let positions: Vec<u32> = anchors.iter().map(|&a| (a + s - 2) as u32).collect();
+            let p = self.project(be, &emb, &h, &positions)?;
+            // Rows per anchor before this step (steps 2..s−1), then this step's row.
+            let before = s - 2;
+            let (q, k, v) = match chain.take() {
+                None => (p.q, p.k, p.v),
+                Some((q0, k0, v0)) => {
+                    let order: Vec<u32> = (0..n)
+                        .flat_map(|i| {
+                            (0..before)
+                                .map(move |r| (i * before + r) as u32)
+                                .chain(std::iter::once((n * before + i) as u32))
+                        })
+                        .collect();
+                    let merge = |old: &B::Tensor, new: &B::Tensor| -> Result<B::Tensor> {
+                        be.gather_rows(&be.concat_rows(&[old, new])?, &order)
+                    };
+                    (merge(&q0, &p.q)?, merge(&k0, &p.k)?, merge(&v0, &p.v)?)
+                }
+            };
+            let keys = be.concat_rows(&[&ctx.k, &k])?;
+            let values = be.concat_rows(&[&ctx.v, &v])?;
+            let mask = AttnMask::Blocks {
+                ctx_len: ctx.len,
+                block: s - 1,
+                anchors: anchors.to_vec(),
+                ctx_inclusive: false,
+                causal_in_block: true,
+                window: None,
+            };
+            // Earlier steps' queries are recomputed with it (same keys, same outputs); only each
+            // anchor's last row is kept, as in EAGLE-3's chain.
+            let o_all = be.attention(&q, &keys, &values, shape, &mask)?;
+            let last: Vec<u32> = (0..n).map(|i| (i * (s - 1) + before) as u32).collect();
+            let o = be.gather_rows(&o_all, &last)?;
+            h = self.finish(be, &p.normed, o, p.residual)?;
+            per_step.push(target.logits_topk(be, &h, top_k)?);
+            chain = Some((q, k, v));
+        }
+        drop(_layers);
+        // Anchor-major rows, as the records lay out positions 1..K of each block.
+        let mut out = TopK {
+            rows: n * steps,
+            k: top_k,
+            ids: Vec::with_capacity(n * steps * top_k),
+            logprobs: Vec::with_capacity(n * steps * top_k),
+        };
+        for i in 0..n {
+            for step in &per_step {
+                out.ids.extend_from_slice(step.row_ids(i));
+                out.logprobs.extend_from_slice(step.row_logprobs(i));
+            }
+        }
+        Ok(out)
+    }
+}
