@@ -508,6 +508,12 @@ impl BackendJob for LiveJob<'_> {
                 rows.push(LiveRow {
                     id: p.id.clone(),
                     tau: live.tau(),
+        if DrafterFamily::detect(&a.drafter)? == DrafterFamily::DFlash2 {
+            bail!(
+                "{}: live decoding of DFlash2 drafters is not implemented yet; `draftlens run` replays them (docs/dflash2.md §4)",
+                a.drafter.display()
+            );
+        }
                     rounds: live.round_tokens.len(),
                     new_tokens: live.ids.len(),
                     lossless: None,

@@ -212,12 +212,16 @@ pub enum DrafterFamily {
     DFlash,
     /// SpecForge / vLLM EAGLE-3 (`super::eagle3`, docs/eagle3.md).
     Eagle3,
+    /// The DFlash authors' DFlash2 (`super::dflash2`, docs/dflash2.md).
+    DFlash2,
 }
 
 impl DrafterFamily {
     /// EAGLE-3 when `architectures` names an EAGLE-3 class (`LlamaForCausalLMEagle3`,
     /// `Eagle3LlamaForCausalLM`, … : any name containing "eagle3", case-insensitive) or the config
-    /// has an `eagle_config`; DFlash otherwise (its own parser then says what is missing).
+    /// has an `eagle_config`; DFlash2 when `architectures` names `DFlash2DraftModel` or the config
+    /// has a DFlash2 key ([`super::dflash2::config::is_dflash2`]); DFlash otherwise (its own
+    /// parser then says what is missing).
     pub fn detect(dir: &Path) -> Result<DrafterFamily> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path)
@@ -234,6 +238,8 @@ impl DrafterFamily {
             });
         Ok(if eagle3_class || v.get("eagle_config").is_some() {
             DrafterFamily::Eagle3
+        } else if super::dflash2::config::is_dflash2(&v) {
+            DrafterFamily::DFlash2
         } else {
             DrafterFamily::DFlash
         })

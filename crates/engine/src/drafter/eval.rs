@@ -7,6 +7,7 @@
 //! own greedy token at a+k). Many anchors share one drafter forward through the `Blocks` mask,
 //! which is one-anchor-at-a-time semantics batched (a test proves it numerically).
 
+use super::dflash2::DFlash2Drafter;
 use super::eagle3::{Eagle3Context, Eagle3Drafter};
 use super::mtp::{MtpContext, MtpDrafter};
 use super::model::{DFlashDrafter, DraftContext, DraftOptions};
@@ -89,6 +90,9 @@ pub enum Drafter<B: Backend> {
     DFlash(DFlashDrafter<B>),
     /// An EAGLE-3 checkpoint: a chain of K steps per anchor (docs/eagle3.md).
     Eagle3(Eagle3Drafter<B>),
+    /// A DFlash2 checkpoint: DFlash's context (`Sequence::ctx`), proposals along the selector's
+    /// path (docs/dflash2.md).
+    DFlash2(DFlash2Drafter<B>),
     /// The target's own MTP head: a chain of K steps per anchor (docs/mtp.md).
     Mtp(MtpDrafter<B>),
     /// Top-1 is always the target token: every round accepts B−1 plus the bonus.
@@ -106,6 +110,7 @@ impl<B: Backend> Drafter<B> {
         match self {
             Drafter::DFlash(d) => d.cfg.block_size,
             Drafter::Eagle3(d) => d.block_size(),
+            Drafter::DFlash2(d) => d.block_size(),
             Drafter::Mtp(d) => d.block_size(),
             Drafter::Oracle { block_size } | Drafter::AntiOracle { block_size } => *block_size,
         }
@@ -273,6 +278,18 @@ pub fn draft_into<B: Backend>(
                         top_k: k,
                     },
                 )?
+            }
+            Drafter::DFlash2(d) => {
+                let ctx = seq.ctx.as_ref().context("a DFlash2 sequence carries its context")?;
+                let toks: Vec<u32> = chunk.iter().map(|&a| seq.ids[a]).collect();
+                let DraftTarget::Head(target) = target else {
+                    bail!("a DFlash2 drafter needs the target's embedding and LM head");
+                };
+                let opts = DraftOptions {
+                    ctx_inclusive: opts.ctx_inclusive,
+                    top_k: k,
+                };
+                d.draft(be, target, ctx, chunk, &toks, opts)?
             }
             Drafter::Eagle3(d) => {
                 super::eagle3::check_options(opts)?;

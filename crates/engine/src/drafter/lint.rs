@@ -37,9 +37,16 @@ fn f(severity: Severity, code: &'static str, message: String) -> Finding {
 /// cannot be evaluated; `run` refuses them before any compute. An EAGLE-3 checkpoint
 /// ([`DrafterFamily`]) gets its own findings (`super::eagle3::lint`).
 pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
-    if DrafterFamily::detect(dir)? == DrafterFamily::Eagle3 {
-        return super::eagle3::lint::lint(target, dir);
+    match DrafterFamily::detect(dir)? {
+        DrafterFamily::Eagle3 => super::eagle3::lint::lint(target, dir),
+        DrafterFamily::DFlash2 => super::dflash2::lint::lint(target, dir),
+        DrafterFamily::DFlash => lint_dflash(target, dir),
     }
+}
+
+/// The findings of a DFlash checkpoint (also a DFlash2 checkpoint's backbone, whose own
+/// findings `super::dflash2::lint` adds).
+pub(crate) fn lint_dflash(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
     // Read without the size limit: an absurd block_size is reported below, as an error.
     let cfg = DrafterConfig::read(dir)?;
     let spec = &target.spec;

@@ -3,6 +3,7 @@
 //! `draftlens-results`).
 
 pub mod config;
+pub mod dflash2;
 pub mod eagle3;
 pub mod eval;
 pub mod model;

@@ -10,7 +10,7 @@
 //! ```
 //! Context rows never pass through attention or MLPs; only each layer's k/v projections see them.
 
-use super::config::{DrafterConfig, LayerKind};
+use super::config::{DrafterConfig, DrafterFamily, LayerKind};
 use crate::backend::{AttnMask, AttnShape, Backend, HostRowsRef, TopK};
 use crate::formats::safetensors::SafetensorsWeights;
 use crate::formats::WeightSource;
@@ -114,9 +114,24 @@ pub fn tensor_plan(cfg: &DrafterConfig, target_hidden: usize) -> Vec<(String, Ve
 }
 
 impl<B: Backend> DFlashDrafter<B> {
-    /// Load a checkpoint folder. `target_hidden` is the target's hidden size (taps width).
+    /// Load a checkpoint folder. `target_hidden` is the target's hidden size (taps width). A
+    /// DFlash2 checkpoint is refused: loaded as DFlash it would lose its convolutions and
+    /// candidate selector without a word (`super::dflash2` loads it).
     pub fn load(be: &B, dir: &Path, target_hidden: usize) -> Result<Self> {
-        let cfg = DrafterConfig::load(dir)?;
+        if DrafterFamily::detect(dir)? == DrafterFamily::DFlash2 {
+            bail!("{}: a DFlash2 checkpoint; loading it as DFlash would drop its convolutions and candidate selector (docs/dflash2.md)", dir.join("config.json").display());
+        }
+        Self::load_backbone(be, dir, DrafterConfig::load(dir)?, target_hidden)
+    }
+
+    /// The DFlash tensors of checkpoint `dir` under `cfg`: the whole DFlash drafter, or the
+    /// backbone DFlash2 wraps (`super::dflash2`).
+    pub(crate) fn load_backbone(
+        be: &B,
+        dir: &Path,
+        cfg: DrafterConfig,
+        target_hidden: usize,
+    ) -> Result<Self> {
         let src = SafetensorsWeights::open(dir)?;
         let d = cfg.hidden_size;
         let eps = cfg.rms_norm_eps;
@@ -312,6 +327,40 @@ impl<B: Backend> DFlashDrafter<B> {
         anchor_tokens: &[u32],
         ctx_inclusive: bool,
     ) -> Result<B::Tensor> {
+        let (ids, positions) = self.block_inputs(anchors, anchor_tokens)?;
+        let layers = crate::timeline::phase("drafter layers");
+        let mut x = be.embed(target.embed_tokens(), &ids)?;
+        for (i, l) in self.layers.iter().enumerate() {
+            let h = l.input_layernorm.forward(be, &x)?;
+            let sliding = l.kind == LayerKind::Sliding;
+            let mask = AttnMask::Blocks {
+                ctx_len: ctx.len,
+                block: self.cfg.block_size,
+                anchors: anchors.to_vec(),
+                ctx_inclusive,
+                causal_in_block: sliding,
+                window: if sliding {
+                    self.cfg.sliding_window
+                } else {
+                    None
+                },
+            };
+            be.add_inplace(&mut x, &self.attend(be, i, &h, &positions, ctx, &mask)?)?;
+            let h = l.post_attention_layernorm.forward(be, &x)?;
+            be.add_inplace(&mut x, &l.mlp.forward(be, &h)?)?;
+        }
+        let out = self.drafted_rows(be, &x, anchors.len())?;
+        drop(layers);
+        Ok(out)
+    }
+
+    /// The token ids and RoPE positions of the blocks `[y_a, MASK×(B−1)]` at `a..a+B−1`, block
+    /// by block.
+    pub(crate) fn block_inputs(
+        &self,
+        anchors: &[usize],
+        anchor_tokens: &[u32],
+    ) -> Result<(Vec<u32>, Vec<u32>)> {
         let b = self.cfg.block_size;
         let n = anchors.len();
         if anchor_tokens.len() != n {
@@ -324,48 +373,46 @@ impl<B: Backend> DFlashDrafter<B> {
             ids.extend(std::iter::repeat(self.cfg.mask_token_id).take(b - 1));
             positions.extend((a..a + b).map(|p| p as u32));
         }
+        Ok((ids, positions))
+    }
+
+    /// Layer `i`'s attention for the block rows `h` (after its input norm): Q, K, V of the block
+    /// (q/k norm, RoPE at `positions`), keys and values of the context then the blocks, under
+    /// `mask`, and `o_proj`: what the layer adds to the residual stream.
+    pub(crate) fn attend(
+        &self,
+        be: &B,
+        i: usize,
+        h: &B::Tensor,
+        positions: &[u32],
+        ctx: &DraftContext<B>,
+        mask: &AttnMask,
+    ) -> Result<B::Tensor> {
         let rope = self.cfg.rope();
-        let layers = crate::timeline::phase("drafter layers");
-        let mut x = be.embed(target.embed_tokens(), &ids)?;
-        for (i, l) in self.layers.iter().enumerate() {
-            let h = l.input_layernorm.forward(be, &x)?;
-            let att = &l.self_attn;
-            let mut q = att.q_norm.forward(be, &be.matmul(&h, &att.q_proj)?)?;
-            let mut kb = att.k_norm.forward(be, &be.matmul(&h, &att.k_proj)?)?;
-            be.rope_inplace(&mut q, &positions, &rope)?;
-            be.rope_inplace(&mut kb, &positions, &rope)?;
-            let vb = be.matmul(&h, &att.v_proj)?;
-            let (k_all, v_all) = if ctx.len > 0 {
-                (
-                    be.concat_rows(&[&ctx.k[i], &kb])?,
-                    be.concat_rows(&[&ctx.v[i], &vb])?,
-                )
-            } else {
-                (kb, vb)
-            };
-            let sliding = l.kind == LayerKind::Sliding;
-            let mask = AttnMask::Blocks {
-                ctx_len: ctx.len,
-                block: b,
-                anchors: anchors.to_vec(),
-                ctx_inclusive,
-                causal_in_block: sliding,
-                window: if sliding {
-                    self.cfg.sliding_window
-                } else {
-                    None
-                },
-            };
-            let o = be.attention(&q, &k_all, &v_all, self.shape, &mask)?;
-            be.add_inplace(&mut x, &be.matmul(&o, &att.o_proj)?)?;
-            let h = l.post_attention_layernorm.forward(be, &x)?;
-            be.add_inplace(&mut x, &l.mlp.forward(be, &h)?)?;
-        }
+        let att = &self.layers[i].self_attn;
+        let mut q = att.q_norm.forward(be, &be.matmul(h, &att.q_proj)?)?;
+        let mut kb = att.k_norm.forward(be, &be.matmul(h, &att.k_proj)?)?;
+        be.rope_inplace(&mut q, positions, &rope)?;
+        be.rope_inplace(&mut kb, positions, &rope)?;
+        let vb = be.matmul(h, &att.v_proj)?;
+        let (k_all, v_all) = if ctx.len > 0 {
+            (
+                be.concat_rows(&[&ctx.k[i], &kb])?,
+                be.concat_rows(&[&ctx.v[i], &vb])?,
+            )
+        } else {
+            (kb, vb)
+        };
+        let o = be.attention(&q, &k_all, &v_all, self.shape, mask)?;
+        be.matmul(&o, &att.o_proj)
+    }
+
+    /// The final norm of the drafted rows 1..B−1 of each of `n` blocks of the residual `x`.
+    pub(crate) fn drafted_rows(&self, be: &B, x: &B::Tensor, n: usize) -> Result<B::Tensor> {
+        let b = self.cfg.block_size;
         let rows: Vec<u32> = (0..n)
             .flat_map(|blk| (1..b).map(move |r| (blk * b + r) as u32))
             .collect();
-        let out = self.norm.forward(be, &be.gather_rows(&x, &rows)?)?;
-        drop(layers);
-        Ok(out)
+        self.norm.forward(be, &be.gather_rows(x, &rows)?)
     }
 }

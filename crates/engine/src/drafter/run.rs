@@ -95,6 +95,10 @@ impl<'s, B: Backend> RunDrafter<'s, B> {
                         let cfg = Eagle3Config::load(dir, s.files.spec.num_layers)?;
                         (cfg.block_size(), cfg.tap_layer_ids)
                     }
+                    DrafterFamily::DFlash2 => {
+                        let cfg = super::dflash2::DFlash2Config::load(dir)?.backbone;
+                        (cfg.block_size, cfg.target_layer_ids)
+                    }
                 }
             }
             DrafterSpec::Oracle { block_size } | DrafterSpec::AntiOracle { block_size } => {
@@ -135,6 +139,15 @@ impl<'s, B: Backend> RunDrafter<'s, B> {
                     )?),
                     DrafterFamily::Eagle3 => {
                         Drafter::Eagle3(Eagle3Drafter::load(&self.s.be, dir, &self.s.files.spec)?)
+                    }
+                    DrafterFamily::DFlash2 => {
+                        let spec = &self.s.files.spec;
+                        Drafter::DFlash2(super::dflash2::DFlash2Drafter::load(
+                            &self.s.be,
+                            dir,
+                            spec.hidden_size,
+                            spec.vocab_size,
+                        )?)
                     }
                 },
                 DrafterSpec::Oracle { block_size } => Drafter::Oracle {
@@ -194,6 +207,9 @@ pub fn run_eval_shard<B: Backend>(
     }
     if let DrafterSpec::Mtp { .. } = spec {
         super::mtp::check_options(&opts.eval)?;
+    }
+    if let (DrafterFamily::DFlash2, DrafterSpec::Checkpoint { dir, .. }) = (drafter.family, spec) {
+        super::dflash2::check_options(dir, &opts.eval)?;
     }
     let taps = drafter.target_layer_ids.len();
     // Before the run is created or anything computed: every prompt must fit on the device.
@@ -676,7 +692,7 @@ impl<B: Backend> Evaluation<'_, '_, B> {
         // Target weights (embedding and LM head) only for a drafter that reads them: DFlash, and
         // an EAGLE-3 drafter without an embedding of its own.
         let target = match drafter {
-            Drafter::DFlash(_) => DraftTarget::Head(s.draft_target()?),
+            Drafter::DFlash(_) | Drafter::DFlash2(_) => DraftTarget::Head(s.draft_target()?),
             Drafter::Eagle3(d) if d.needs_target_embedding() => {
                 DraftTarget::Head(s.draft_target()?)
             }
@@ -684,7 +700,8 @@ impl<B: Backend> Evaluation<'_, '_, B> {
             _ => DraftTarget::Vocab(s.files.spec.vocab_size),
         };
         match drafter {
-            Drafter::DFlash(d) => {
+            // DFlash2's context is its backbone's.
+            Drafter::DFlash(d) | Drafter::DFlash2(super::dflash2::DFlash2Drafter { backbone: d, .. }) => {
                 let ctx = match device {
                     Some(dev) => {
                         let taps = self.drafter_taps(|x| dev.tap(x))?;

@@ -49,6 +49,7 @@ impl DrafterSpec {
             DrafterSpec::Checkpoint { dir, .. } => match DrafterFamily::detect(dir)? {
                 DrafterFamily::DFlash => DrafterKind::Checkpoint,
                 DrafterFamily::Eagle3 => DrafterKind::Eagle3,
+                DrafterFamily::DFlash2 => DrafterKind::DFlash2,
             },
             DrafterSpec::Oracle { .. } => DrafterKind::Oracle,
             DrafterSpec::AntiOracle { .. } => DrafterKind::AntiOracle,
@@ -66,7 +67,9 @@ impl DrafterSpec {
         Ok(DrafterKind::builtin(name).and_then(|kind| match kind {
             DrafterKind::Oracle => Some(DrafterSpec::Oracle { block_size }),
             DrafterKind::AntiOracle => Some(DrafterSpec::AntiOracle { block_size }),
-            DrafterKind::Checkpoint | DrafterKind::Eagle3 | DrafterKind::Mtp => None,
+            DrafterKind::Checkpoint | DrafterKind::Eagle3 | DrafterKind::DFlash2 | DrafterKind::Mtp => {
+                None
+            }
         }))
     }
 }
@@ -92,6 +95,9 @@ pub enum DrafterKind {
     /// An EAGLE-3 checkpoint folder (docs/eagle3.md).
     #[serde(rename = "eagle3")]
     Eagle3,
+    /// A DFlash2 checkpoint folder (docs/dflash2.md).
+    #[serde(rename = "dflash2")]
+    DFlash2,
     /// The known-answer drafter whose top-1 is always the target token.
     #[serde(rename = "builtin:oracle")]
     Oracle,
@@ -111,6 +117,7 @@ impl DrafterKind {
         match self {
             DrafterKind::Checkpoint => "checkpoint",
             DrafterKind::Eagle3 => "eagle3",
+            DrafterKind::DFlash2 => "dflash2",
             DrafterKind::Oracle => "builtin:oracle",
             DrafterKind::AntiOracle => "builtin:anti-oracle",
             DrafterKind::Mtp => "mtp",
@@ -231,7 +238,7 @@ impl DrafterIdentity {
     pub fn records_sha(&self) -> Option<String> {
         let checkpoint = matches!(
             self.kind,
-            DrafterKind::Checkpoint | DrafterKind::Eagle3 | DrafterKind::Mtp
+            DrafterKind::Checkpoint | DrafterKind::Eagle3 | DrafterKind::DFlash2 | DrafterKind::Mtp
         );
         (checkpoint && !self.weights_sha256.is_empty())
             .then(|| format!("{}+config:{}", self.weights_sha256, self.config_sha256))
