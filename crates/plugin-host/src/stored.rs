@@ -25,7 +25,12 @@ use crate::{LoadedPlugin, Runtime};
 /// derives from records). A plugin calling itself one of these is refused: storing its rows
 /// would replace draftlens' own. The built-in plugins' names are reserved the same way, for
 /// the built-ins themselves, and so are look-alikes of all of them ([`reserved_for`]).
-pub const RESERVED_SOURCES: &[&str] = &["native", "records"];
+/// `speed` holds `live --baseline`'s timings (`draftlens_results::speed`).
+pub const RESERVED_SOURCES: &[&str] = &[
+    "native",
+    "records",
+    draftlens_results::speed::SOURCE,
+];
 
 /// What scoring a stored run did with one plugin.
 #[derive(Clone, Debug, Serialize)]

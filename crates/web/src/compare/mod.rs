@@ -14,6 +14,7 @@ mod config;
 mod history;
 mod inflation;
 mod text;
+pub mod verdict;
 
 pub use config::config_diff;
 pub use history::{history, History, HistoryPoint, StepDelta};
@@ -167,6 +168,8 @@ pub struct Comparison {
     pub inflation: Vec<InflationRow>,
     pub reps: usize,
     pub notes: Vec<String>,
+    /// Drafter families side by side: τ, estimated and measured speed-up (docs/verdict.md).
+    pub verdict: verdict::VerdictSection,
 }
 
 /// Per-prompt data of one metric of one run: sha → (num, den), plus the run value.
@@ -508,7 +511,9 @@ pub fn compare(
         runs.iter().map(|_| None).collect()
     };
     let inflation = inflation_rows(&runs, &stats);
+    let verdict = verdict::of_runs(store, &runs, &stats, baseline, opts.reps)?;
     Ok(Comparison {
+        verdict,
         config: config_diff(&runs),
         runs,
         baseline,

@@ -26,16 +26,21 @@ pub fn comparison_text(c: &Comparison) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let b = &c.runs[c.baseline];
-    let _ = writeln!(s, "baseline: #{} {} ({})", b.id, b.name, &b.uid);
+    let _ = writeln!(
+        s,
+        "baseline: #{} {} ({}) · {}",
+        b.id, b.name, &b.uid, b.drafter_family
+    );
     for (j, r) in c.runs.iter().enumerate() {
         if j != c.baseline {
             let cv = &c.coverage[j];
             let _ = writeln!(
                 s,
-                "run #{}: {} ({}) · {}/{} prompts shared with the baseline",
+                "run #{}: {} ({}) · {} · {}/{} prompts shared with the baseline",
                 r.id,
                 r.name,
                 &r.uid,
+                r.drafter_family,
                 cv.shared,
                 cv.prompts.max(cv.baseline_prompts)
             );
@@ -137,7 +142,8 @@ pub fn comparison_text(c: &Comparison) -> String {
         }
         s.push_str(&table(&rows));
     }
-    for n in &c.notes {
+    s.push_str(&verdict_text(c));
+    for n in c.notes.iter().chain(&c.verdict.notes) {
         let _ = writeln!(s, "note: {n}");
     }
     let _ = writeln!(
@@ -145,6 +151,103 @@ pub fn comparison_text(c: &Comparison) -> String {
         "\nΔ = run − baseline over shared prompts (matched by prompt sha256); 95% CI over prompts: BCa bootstrap ({} replicates) from {MIN_SHARED_PROMPTS} shared prompts on, paired t-interval below (no verdict then).",
         c.reps
     );
+    s
+}
+
+/// `[lo, hi]` of an interval, or —.
+fn fmt_ci(ci: Option<(f64, f64)>, f: fn(f64) -> String) -> String {
+    ci.map(|(lo, hi)| format!("[{}, {}]", f(lo), f(hi)))
+        .unwrap_or("—".into())
+}
+
+/// The verdict's three tables (docs/verdict.md): the families side by side, the cost model's
+/// inputs, the paired Δs against the baseline.
+fn verdict_text(c: &Comparison) -> String {
+    use std::fmt::Write;
+    let v = &c.verdict;
+    let mut s = String::new();
+    let value = |x: Option<f64>| fmt_value(x);
+    let times = |x: Option<f64>| x.map(|x| format!("{x:.3}×")).unwrap_or("—".into());
+    let _ = writeln!(
+        s,
+        "\nverdict (drafter families on one target, prompt set and backend; docs/verdict.md):"
+    );
+    let mut rows = vec![[
+        "run", "family", "τ replayed", "95% CI", "estimated speed-up", "95% CI", "measured speed-up", "95% CI", "estimate vs measured",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for r in &v.rows {
+        rows.push(vec![
+            format!("#{}", r.run),
+            r.family.clone(),
+            value(r.tau),
+            fmt_ci(r.tau_ci, |x| format!("{x:.3}")),
+            times(r.estimated),
+            fmt_ci(r.estimated_ci, |x| format!("{x:.3}")),
+            times(r.measured),
+            fmt_ci(r.measured_ci, |x| format!("{x:.3}")),
+            r.estimate_error_pct
+                .map(|e| format!("{e:+.1}%"))
+                .unwrap_or("—".into()),
+        ]);
+    }
+    s.push_str(&table(&rows));
+    if v.rows.iter().any(|r| r.costs.is_some()) {
+        let _ = writeln!(s, "\ncost model inputs, measured on each run's backend (ms):");
+        let mut rows = vec![["run", "B", "t_decode", "t_draft_round", "t_verify(B)", "τ live", "timed prompts"]
+            .map(String::from)
+            .to_vec()];
+        for (r, run) in v.rows.iter().zip(&c.runs) {
+            let Some(k) = &r.costs else { continue };
+            rows.push(vec![
+                format!("#{}", r.run),
+                run.block_size.to_string(),
+                format!("{:.3}", k.t_decode * 1e3),
+                format!("{:.3}", k.t_draft_round * 1e3),
+                format!("{:.3}", k.t_verify * 1e3),
+                value(r.tau_live),
+                r.timed_prompts.to_string(),
+            ]);
+        }
+        s.push_str(&table(&rows));
+    }
+    if c.runs.len() > 1 {
+        let _ = writeln!(s, "\nagainst the baseline #{} (paired over shared prompts):", c.runs[v.baseline].id);
+        let mut rows = vec![["run", "Δ τ", "95% CI", "Δ estimated", "95% CI", "Δ measured", "95% CI", "n"]
+            .map(String::from)
+            .to_vec()];
+        let d = |x: &Option<super::verdict::PairedDelta>| -> [String; 2] {
+            match x {
+                Some(x) => [fmt_delta(x.delta), fmt_ci(x.ci, fmt_delta)],
+                None => ["—".into(), "—".into()],
+            }
+        };
+        for (j, r) in v.rows.iter().enumerate() {
+            if j == v.baseline {
+                continue;
+            }
+            let mut row = vec![format!("#{}", r.run)];
+            row.extend(d(&r.delta_tau));
+            row.extend(d(&r.delta_estimated));
+            row.extend(d(&r.delta_measured));
+            row.push(r.delta_tau.as_ref().map(|x| x.n.to_string()).unwrap_or("—".into()));
+            rows.push(row);
+        }
+        s.push_str(&table(&rows));
+    }
+    if let Some(e) = v.worst_estimate_error_pct {
+        let _ = writeln!(
+            s,
+            "the cost model's estimate is within {:.1}% of the measured speed-up on every run with both",
+            e.abs()
+        );
+    }
+    for r in &v.rows {
+        if let Some(m) = &r.missing {
+            let _ = writeln!(s, "#{}: {m}", r.run);
+        }
+    }
     s
 }
 

@@ -60,6 +60,7 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
                             span class="dot" style=(format!("background:{}", color(i))) {}
                             (link(ctx, &format!("/runs/{}", r.id), html! { (r.name) }))
                             span class="id" { "#" (r.id) }
+                            span class="chip family" title="drafter family" { (r.drafter_family) }
                             (status_chip(r.status))
                             @if r.mode != draftlens_results::store::RunMode::Deployment { (mode_chip(r.mode)) }
                             @if i == b { span class="chip base" { "baseline" } }
@@ -78,6 +79,7 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
             }
         }
         @for n in &c.notes { div class="note" { (n) } }
+        (super::verdict::panel(c))
         div class="panel flush" {
             div style="padding:14px 16px 4px" {
                 h2 { "Metrics" }

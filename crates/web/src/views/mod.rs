@@ -7,6 +7,7 @@ pub mod misc;
 pub mod prompt;
 pub mod run;
 pub mod runs;
+pub mod verdict;
 
 use draftlens_results::store::{RunInfo, RunMode, RunStatus};
 use maud::{html, Markup, PreEscaped, DOCTYPE};

@@ -146,6 +146,7 @@ pub fn render(ctx: &Ctx, v: &RunView) -> Markup {
                 dl class="kv" {
                     dt { "Target" } dd { (r.target_arch) " · " code { (r.target_path) } br; span class="hint mono" { (r.target_sha256) } }
                     dt { "Drafter" } dd { (drafter_label(r)) " · " code { (r.drafter_path) } br; span class="hint mono" { (r.drafter_sha256) } }
+                    dt { "Drafter family" } dd class="family" { code { (r.drafter_family) } }
                     dt { "Prompt set" } dd { (r.prompt_set_name) br; span class="hint mono" { (r.prompt_set_sha256) } }
                     dt { "Backend" } dd { (r.backend) " · " (r.dtype) }
                     dt { "Block / top-K" } dd { "B = " (r.block_size) " (γ = " (r.block_size - 1) " drafted) · K = " (r.top_k) }
