@@ -3,8 +3,9 @@
 
 transformers 5.17 has no MTP module (its Qwen3.5 / Qwen3-Next classes list `mtp.*` under
 `_keys_to_ignore_on_load_unexpected`), so the head is written here in float64 against the
-checkpoint layout that vLLM (`vllm/model_executor/models/qwen3_5_mtp.py`, `qwen3_next_mtp.py`) and
-SGLang (`python/sglang/srt/models/qwen3_next_mtp.py`) load:
+checkpoint layout that vLLM (`vllm-project/vllm/vllm/model_executor/models/qwen3_5_mtp.py`,
+`qwen3_next_mtp.py`) and SGLang (`sgl-project/sglang/python/sglang/srt/models/qwen3_next_mtp.py`)
+load:
 
     x  = mtp.fc([mtp.pre_fc_norm_embedding(embed(t)) | mtp.pre_fc_norm_hidden(h)])
     x' = mtp.layers.0(x)        transformers' own Qwen3_5DecoderLayer (full attention), eager
