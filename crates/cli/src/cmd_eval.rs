@@ -10,6 +10,7 @@ use draftlens_engine::drafter::config::DrafterFamily;
 use draftlens_engine::drafter::eval::{EvalOptions, Labels};
 use draftlens_engine::drafter::lint::{lint, Severity};
 use draftlens_engine::drafter::live::{first_divergence, live_decode};
+use draftlens_engine::drafter::speed::time_prompt;
 use draftlens_engine::drafter::run::RunOutcome;
 use draftlens_engine::drafter::run::{run_eval_shard, DrafterSpec, RunOptions};
 use draftlens_engine::drafter::sampling::{
@@ -397,6 +398,19 @@ pub struct LiveArgs {
     /// How drafts are chosen at T > 0 [default: sampled].
     #[arg(long, value_enum)]
     pub draft_sampling: Option<DraftSamplingArg>,
+    /// Also decode every prompt by plain greedy decoding at batch 1 on the same backend, timed,
+    /// and print the measured speed-up and the cost model's inputs (docs/verdict.md). Greedy
+    /// (T = 0) only; the first prompt is decoded once more, untimed, to warm up.
+    #[arg(long)]
+    pub baseline: bool,
+    /// Store the timings with RUN, the replayed run (`draftlens run`) of this drafter on this
+    /// target, prompts and backend in --db, for `compare`, `report` and the UI's verdict.
+    /// Implies --baseline.
+    #[arg(long, value_name = "RUN")]
+    pub store: Option<String>,
+    /// Run database of --store.
+    #[arg(long, env = "DRAFTLENS_DB", default_value = "runs.sqlite")]
+    pub db: PathBuf,
 }
 
 impl LiveArgs {
@@ -411,6 +425,9 @@ impl LiveArgs {
         )?;
         if params.is_some() && self.strict {
             bail!("--strict compares the output with greedy decoding: it applies at --temperature 0 only");
+        }
+        if params.is_some() && (self.baseline || self.store.is_some()) {
+            bail!("--baseline and --store time greedy decoding: they apply at --temperature 0 only");
         }
         Ok(params.map(|p| (p, self.seed.unwrap_or(0))))
     }
@@ -428,6 +445,9 @@ pub struct LiveRow {
     pub text: String,
     /// Where the output first departs from plain greedy decoding; null when lossless.
     pub divergence: Option<LiveDivergence>,
+    /// `--baseline`: this prompt's decode times (absent without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timing: Option<draftlens_results::speed::PromptTiming>,
 }
 
 /// The engine's `Divergence` with the two tokens decoded (docs/live.md).
@@ -455,6 +475,8 @@ pub struct LiveReport {
     pub dtype: &'static str,
     /// The sampling settings and seed at T > 0 (`T=1 top-k=off top-p=1 draft=sampled seed=0`).
     pub sampling: Option<String>,
+    /// `--baseline`: the timings over every prompt.
+    pub speed: Option<draftlens_results::speed::SpeedSummary>,
 }
 
 struct LiveJob<'a> {
@@ -462,6 +484,8 @@ struct LiveJob<'a> {
     a: &'a LiveArgs,
     /// `--temperature` > 0: the settings and the seed.
     sampling: Option<(SamplingParams, u64)>,
+    /// `--store`: the run the timings go with.
+    target_run: Option<&'a crate::cmd_live_speed::TargetRun>,
 }
 
 impl BackendJob for LiveJob<'_> {
@@ -484,12 +508,27 @@ impl BackendJob for LiveJob<'_> {
                 a.drafter.display()
             );
         }
+        if DrafterFamily::detect(&a.drafter)? == DrafterFamily::DFlash2 {
+            bail!(
+                "{}: live decoding of DFlash2 drafters is not implemented yet; `draftlens run` replays them (docs/dflash2.md §4)",
+                a.drafter.display()
+            );
+        }
         let d = DFlashDrafter::load(&s.be, &a.drafter, s.files.spec.hidden_size)?;
         let eos = s.eos_ids();
         let tok = s.files.tokenizer()?;
+        let max_new = a.target.max_new_tokens;
+        let timed = a.baseline || self.target_run.is_some();
+        if let Some(t) = self.target_run {
+            t.check(&s, &a.drafter, d.cfg.block_size, max_new)?;
+        }
+        if let (true, Some(p)) = (timed, set.prompts.first()) {
+            // Warm-up (kernels compiled, buffers allocated): not timed.
+            time_prompt(&s.be, s.model()?, &d, 0, &s.prompt_ids(p)?, max_new, &eos)?;
+        }
         let pb = draftlens_engine::progress::bar(set.prompts.len() as u64, "live");
         let mut rows = Vec::new();
-        for p in &set.prompts {
+        for (n, p) in set.prompts.iter().enumerate() {
             let ids = s.prompt_ids(p)?;
             if let Some((params, seed)) = &self.sampling {
                 // A sample equals greedy decoding only by chance: no divergence to report.
@@ -508,22 +547,26 @@ impl BackendJob for LiveJob<'_> {
                 rows.push(LiveRow {
                     id: p.id.clone(),
                     tau: live.tau(),
-        if DrafterFamily::detect(&a.drafter)? == DrafterFamily::DFlash2 {
-            bail!(
-                "{}: live decoding of DFlash2 drafters is not implemented yet; `draftlens run` replays them (docs/dflash2.md §4)",
-                a.drafter.display()
-            );
-        }
                     rounds: live.round_tokens.len(),
                     new_tokens: live.ids.len(),
                     lossless: None,
                     text: tok.decode(&live.ids)?,
                     divergence: None,
+                    timing: None,
                 });
                 pb.inc(1);
                 continue;
             }
-            let live = live_decode(&s.be, s.model()?, &d, &ids, a.target.max_new_tokens, &eos)?;
+            let (live, timing) = if timed {
+                let index = match self.target_run {
+                    Some(t) => t.index_of(p)?,
+                    None => n as u32,
+                };
+                let t = time_prompt(&s.be, s.model()?, &d, index, &ids, max_new, &eos)?;
+                (t.live, Some(t.timing))
+            } else {
+                (live_decode(&s.be, s.model()?, &d, &ids, max_new, &eos)?, None)
+            };
             let greedy = s.continuation(&ids, a.target.max_new_tokens)?;
             let divergence = first_divergence(&s.be, s.model()?, &ids, &live.ids, &greedy.ids)?;
             let text_of = |t: Option<u32>| t.map(|t| tok.decode(&[t])).transpose();
@@ -545,11 +588,14 @@ impl BackendJob for LiveJob<'_> {
                         logit_margin: d.logit_margin,
                     }),
                 },
+                timing,
             });
             pb.inc(1);
         }
         pb.finish_and_clear();
+        let timings: Vec<_> = rows.iter().filter_map(|r| r.timing.clone()).collect();
         Ok(LiveReport {
+            speed: draftlens_results::speed::SpeedSummary::of(&timings),
             rows,
             block_size: d.cfg.block_size,
             backend: s.be.name(),
@@ -657,12 +703,43 @@ fn render_divergence(d: &LiveDivergence) -> String {
 pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
     // Sampling settings are checked before any model is loaded.
     let sampling = a.sampling()?;
+    let target_run = match &a.store {
+        Some(run) => Some(crate::cmd_live_speed::TargetRun::open(&a.db, run)?),
+        None => None,
+    };
     let report = dispatch(
         a.target.backend.select(g),
         DEFAULT_CUDA_DEVICE,
-        LiveJob { g, a: &a, sampling },
+        LiveJob {
+            g,
+            a: &a,
+            sampling,
+            target_run: target_run.as_ref(),
+        },
     )?;
-    g.emit(&report.rows, || report.render())?;
+    let stored = match (&target_run, &report.speed) {
+        (Some(t), Some(speed)) => {
+            let timings: Vec<_> = report.rows.iter().filter_map(|r| r.timing.clone()).collect();
+            t.store(speed, &timings)?;
+            Some(t.run.id)
+        }
+        (Some(t), None) => bail!(
+            "--store {}: nothing was timed (no prompt took a verify round)",
+            t.run.id
+        ),
+        _ => None,
+    };
+    match &report.speed {
+        // With --baseline the JSON is an object: the rows and the timings (docs/json.md).
+        Some(speed) => g.emit(
+            &serde_json::json!({"rows": &report.rows, "speed": speed, "stored_with_run": stored}),
+            || {
+                report.render()
+                    + &crate::cmd_live_speed::render(speed, report.block_size, stored)
+            },
+        )?,
+        None => g.emit(&report.rows, || report.render())?,
+    }
     // With --json stdout stays one JSON document: the summary goes to stderr.
     if g.json {
         if let Some(line) = report.divergence_summary() {
@@ -751,10 +828,11 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                     .iter()
                     .map(|r| {
                         format!(
-                            "{:>5}  {:<9} {:<12} {:<6} {}\n",
+                            "{:>5}  {:<9} {:<12} {:<8} {:<6} {}\n",
                             r.id,
                             r.status.as_str(),
                             r.mode.as_str(),
+                            printable(&r.drafter_family),
                             printable(&r.backend),
                             printable(&r.name)
                         )
@@ -817,13 +895,9 @@ pub fn runs(g: &Global, c: RunsCmd) -> Result<()> {
                     r.num_prompts,
                     r.num_blocks
                 );
+                // Every run has a family (schema v6; older runs read as their identity's kind).
+                o += &format!("  drafter family {}\n", printable(&r.drafter_family));
                 if let Some(e) = &eval {
-                    // The family of a checkpoint that is not DFlash (the kind DFlash runs store
-                    // is "checkpoint"; built-in drafters say theirs in the drafter path).
-                    let kind = e.identity_json["drafter_kind"].as_str();
-                    if let Some(kind) = kind.filter(|k| *k == "eagle3") {
-                        o += &format!("  drafter family {kind} (docs/eagle3.md)\n");
-                    }
                     o += &format!(
                         "  evaluation {}{}{}\n",
                         e.identity,

@@ -12,6 +12,7 @@ fn row(id: &str, divergence: Option<LiveDivergence>) -> LiveRow {
         lossless: Some(divergence.is_none()),
         text: "out".into(),
         divergence,
+        timing: None,
     }
 }
 
@@ -22,6 +23,7 @@ fn report(rows: Vec<LiveRow>) -> LiveReport {
         backend: "cuda",
         dtype: "bf16",
         sampling: None,
+        speed: None,
     }
 }
 

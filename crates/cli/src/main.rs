@@ -7,6 +7,7 @@ mod cmd_cache;
 mod cmd_demo;
 mod cmd_doctor;
 mod cmd_eval;
+mod cmd_live_speed;
 mod cmd_merge;
 mod cmd_model;
 mod cmd_parity;

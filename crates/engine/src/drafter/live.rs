@@ -58,6 +58,20 @@ pub(super) fn taps_rows<B: Backend>(
         .collect()
 }
 
+/// Wall time of one live decoding after the target's prefill, split as the cost model reads it
+/// (`draftlens_results::speed`, docs/verdict.md). Each phase ends on a read to the host (the
+/// drafts, the verify pass's top-1), so a device's queued work is inside the phase that queued it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct LiveTimes {
+    /// From the first token (after the prefill) to the end: the drafter's context over the
+    /// prompt, then every round.
+    pub decode_s: f64,
+    /// Draft rounds: the proposals for one anchor and the drafter's context update.
+    pub draft_s: f64,
+    /// Verify passes over B tokens, their top-1 and the cache crop.
+    pub verify_s: f64,
+}
+
 pub fn live_decode<B: Backend>(
     be: &B,
     target: &TargetModel<B>,
@@ -66,6 +80,20 @@ pub fn live_decode<B: Backend>(
     max_new: usize,
     eos: &[u32],
 ) -> Result<LiveResult> {
+    live_decode_timed(be, target, drafter, prompt, max_new, eos, &mut LiveTimes::default())
+}
+
+/// [`live_decode`], adding its wall times to `times`.
+pub fn live_decode_timed<B: Backend>(
+    be: &B,
+    target: &TargetModel<B>,
+    drafter: &DFlashDrafter<B>,
+    prompt: &[u32],
+    max_new: usize,
+    eos: &[u32],
+    times: &mut LiveTimes,
+) -> Result<LiveResult> {
+    use std::time::Instant;
     if prompt.is_empty() {
         bail!("empty prompt");
     }
@@ -88,12 +116,14 @@ pub fn live_decode<B: Backend>(
         res.ids.clear();
         return Ok(res);
     }
+    let decode_start = Instant::now();
     let taps = taps_rows(be, &out.captured, &tap_idx, p)?;
     let mut ctx = drafter.context(be, &taps.iter().collect::<Vec<_>>(), d_t)?;
     while !eos.contains(res.ids.last().expect("non-empty")) && res.ids.len() < max_new {
         let a = p + res.ids.len() - 1;
         let y_a = *res.ids.last().expect("non-empty");
         let remaining = max_new - res.ids.len();
+        let draft_start = Instant::now();
         let top = drafter.draft(
             be,
             target,
@@ -106,13 +136,16 @@ pub fn live_decode<B: Backend>(
             },
         )?;
         let drafts = top.argmax();
+        times.draft_s += draft_start.elapsed().as_secs_f64();
         let mut block = vec![y_a];
         block.extend(&drafts);
         if cache.len + block.len() > target.spec.max_position_embeddings {
             break;
         }
+        let verify_start = Instant::now();
         let v = target.forward(be, &block, &mut cache, &capture)?;
         let post = target.logits_topk(be, &v.last_hidden, 1)?.argmax();
+        let mut verify_s = verify_start.elapsed().as_secs_f64();
         let mut acc = 0;
         while acc < b - 1 && acc < remaining && drafts[acc] == post[acc] {
             acc += 1;
@@ -130,10 +163,16 @@ pub fn live_decode<B: Backend>(
         res.round_tokens.push(committed as u32);
         res.accepted.push(acc as u32);
         // Keep y_a and the accepted drafts in the cache; the bonus enters with the next verify.
+        let crop_start = Instant::now();
         target.crop(be, &mut cache, a + acc + 1)?;
+        verify_s += crop_start.elapsed().as_secs_f64();
+        times.verify_s += verify_s;
+        let update_start = Instant::now();
         let new_taps = taps_rows(be, &v.captured, &tap_idx, acc + 1)?;
         drafter.extend_context(be, &mut ctx, &new_taps.iter().collect::<Vec<_>>(), d_t)?;
+        times.draft_s += update_start.elapsed().as_secs_f64();
     }
+    times.decode_s += decode_start.elapsed().as_secs_f64();
     Ok(res)
 }
 

@@ -19,4 +19,5 @@ pub mod records_cache;
 pub mod run;
 pub mod run_identity;
 pub mod sampling;
+pub mod speed;
 mod vocab;
