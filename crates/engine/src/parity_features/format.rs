@@ -22,7 +22,7 @@ pub fn format_report(r: &FeaturesReport) -> String {
         .count();
     let _ = writeln!(
         o,
-        "{} vs draftlens ({}) on {} prompts ({} tokens; token ids: {} from the file, {} draftlens's own sequence)",
+        "{} vs draftlens ({}) on {} prompts ({} tokens; token ids: {} from the file, {} draftlens's own prompt + greedy continuation)",
         r.features,
         r.backend,
         r.prompts.len(),
@@ -41,6 +41,11 @@ pub fn format_report(r: &FeaturesReport) -> String {
             .iter()
             .map(|w| format!("{}:{} {:.2e}", w.prompt_id, w.position, w.rel_l2))
             .collect();
+        let worst = if worst.is_empty() {
+            "none: every row equal".to_string()
+        } else {
+            worst.join(", ")
+        };
         let nonfinite = if l.diff.non_finite > 0 {
             format!("  ({} non-finite values)", l.diff.non_finite)
         } else {
@@ -54,7 +59,7 @@ pub fn format_report(r: &FeaturesReport) -> String {
             l.diff.rel_l2,
             l.diff.cosine,
             l.diff.max_abs,
-            worst.join(", ")
+            worst
         );
     }
     let Some(d) = &r.drafter else {

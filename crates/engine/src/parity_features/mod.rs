@@ -90,7 +90,7 @@ pub struct LayerDivergence {
     pub hidden_state_index: usize,
     /// Pooled over all rows, draftlens as the reference.
     pub diff: Diff,
-    /// The rows of largest relative L2, worst first.
+    /// The rows of largest relative L2, worst first (rows equal to draftlens's are not listed).
     pub worst_positions: Vec<WorstPosition>,
 }
 
@@ -483,6 +483,9 @@ pub fn features_report<B: Backend>(
                 acc.sums.add(&mine, &other);
                 for (pos, (r, o)) in mine.chunks_exact(h).zip(other.chunks_exact(h)).enumerate() {
                     let d = diff(r, o);
+                    if d.rel_l2 == 0.0 {
+                        continue;
+                    }
                     acc.worst.push(WorstPosition {
                         prompt_id: rec.prompt_id.clone(),
                         position: pos,
