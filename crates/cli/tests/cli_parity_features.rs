@@ -186,6 +186,13 @@ fn rel(v: &serde_json::Value, id: usize) -> f64 {
     layer(v, id)["diff"]["rel_l2"].as_f64().unwrap()
 }
 
+/// An object's keys, sorted.
+fn keys(v: &serde_json::Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+    k.sort();
+    k
+}
+
 fn tau(v: &serde_json::Value) -> (f64, f64) {
     let t = &v["drafter"]["tau"];
     (
@@ -199,6 +206,32 @@ fn extract_out_read_back_is_zero_divergence_and_the_same_tau() {
     let fx = fixture();
     let v = json_out(&parity(&fx.cache, &fx.extracted, true), "parity --features");
     assert_eq!(v["schema_version"], 1);
+    // The keys docs/parity-features.md §3 (and docs/json.md §6) lists.
+    assert_eq!(
+        keys(&v),
+        ["backend", "drafter", "features", "layers", "prompts", "schema_version", "target", "tokens"]
+    );
+    assert_eq!(
+        keys(&v["prompts"][0]),
+        ["id", "prompt_tokens", "tau_draftlens", "tau_features", "token_ids_from", "tokens"]
+    );
+    assert_eq!(
+        keys(&v["layers"][0]),
+        ["diff", "hidden_state_index", "layer_id", "worst_positions"]
+    );
+    assert_eq!(
+        keys(&v["layers"][0]["diff"]),
+        ["cosine", "max_abs", "n", "non_finite", "ref_rms", "rel_l2"]
+    );
+    assert_eq!(
+        keys(&v["drafter"]),
+        ["drafter", "layer_ids", "metrics", "per_position", "tau", "verdict"]
+    );
+    assert_eq!(keys(&v["drafter"]["tau"]), ["delta", "draftlens", "features"]);
+    assert_eq!(
+        keys(&v["drafter"]["per_position"][0]),
+        ["delta", "draftlens", "features", "k"]
+    );
     assert_eq!(v["backend"], "cpu");
     let layers = v["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 10, "every layer of the file: {}", v["layers"]);
@@ -313,6 +346,10 @@ fn perturbed_features_report_the_divergence_they_were_given() {
     );
     let worst = layer(&v, 15)["worst_positions"].as_array().unwrap();
     assert_eq!(worst.len(), 5, "--worst defaults to 5");
+    assert_eq!(
+        keys(&worst[0]),
+        ["cosine", "in_prompt", "position", "prompt_id", "rel_l2", "token_id"]
+    );
     for w in worst {
         assert!(
             (w["rel_l2"].as_f64().unwrap() - 0.05).abs() < 1e-5,

@@ -262,19 +262,24 @@ fn sequences<'f, B: Backend>(
     let mut items = Vec::with_capacity(file.records.len());
     for (n, (rec, pids)) in file.records.iter().zip(&prompt_ids).enumerate() {
         let id = &rec.prompt_id;
+        let how = if set.prompts[rec.prompt_index].messages.is_some() {
+            "with the target's chat template"
+        } else {
+            "its raw text"
+        };
         let ids = match &rec.input_ids {
             Some(ids) => {
                 if let Some(pos) = (0..pids.len().min(ids.len())).find(|&i| ids[i] != pids[i]) {
-                    bail!("{p}: tensor {id}.input_ids differs from the prompt's tokenisation at position {pos}: the file has {}, draftlens {} (the prompt is {} tokens with the target's chat template; docs/parity-features.md)", show(ids[pos]), show(pids[pos]), pids.len());
+                    bail!("{p}: tensor {id}.input_ids differs from the prompt's tokenisation at position {pos}: the file has {}, draftlens {} (the prompt is {} tokens, {how}; docs/parity-features.md)", show(ids[pos]), show(pids[pos]), pids.len());
                 }
                 if ids.len() < pids.len() {
-                    bail!("{p}: tensor {id}.input_ids holds {} token ids, fewer than the prompt's {} (draftlens's tokenisation, chat template applied); the features must cover the whole prompt", ids.len(), pids.len());
+                    bail!("{p}: tensor {id}.input_ids holds {} token ids, fewer than the prompt's {} ({how}); the features must cover the whole prompt", ids.len(), pids.len());
                 }
                 ids.clone()
             }
             None => {
                 if rec.rows < pids.len() {
-                    bail!("{p}: prompt {id:?}: its tensors have {} rows, fewer than the prompt's {} tokens (draftlens's tokenisation, chat template applied); add {id}.input_ids with the token ids the rows are for", rec.rows, pids.len());
+                    bail!("{p}: prompt {id:?}: its tensors have {} rows, fewer than the prompt's {} tokens ({how}); add {id}.input_ids with the token ids the rows are for", rec.rows, pids.len());
                 }
                 if rec.rows > pids.len() {
                     to_continue
