@@ -163,11 +163,7 @@ pub fn run(g: &Global, a: ParityArgs) -> Result<()> {
         let out = dispatch(
             a.backend.select(g),
             DEFAULT_CUDA_DEVICE,
-            FeaturesJob {
-                g,
-                a: &a,
-                features,
-            },
+            FeaturesJob { g, a: &a, features },
         )?;
         return g.emit(&out, || format_features(&out));
     }

@@ -173,7 +173,7 @@ fn parity(cache: &Path, features: &Path, json: bool) -> std::process::Output {
     dl(cache, &args)
 }
 
-fn layer<'a>(v: &'a serde_json::Value, id: usize) -> &'a serde_json::Value {
+fn layer(v: &serde_json::Value, id: usize) -> &serde_json::Value {
     v["layers"]
         .as_array()
         .unwrap()
@@ -209,11 +209,27 @@ fn extract_out_read_back_is_zero_divergence_and_the_same_tau() {
     // The keys docs/parity-features.md §3 (and docs/json.md §6) lists.
     assert_eq!(
         keys(&v),
-        ["backend", "drafter", "features", "layers", "prompts", "schema_version", "target", "tokens"]
+        [
+            "backend",
+            "drafter",
+            "features",
+            "layers",
+            "prompts",
+            "schema_version",
+            "target",
+            "tokens"
+        ]
     );
     assert_eq!(
         keys(&v["prompts"][0]),
-        ["id", "prompt_tokens", "tau_draftlens", "tau_features", "token_ids_from", "tokens"]
+        [
+            "id",
+            "prompt_tokens",
+            "tau_draftlens",
+            "tau_features",
+            "token_ids_from",
+            "tokens"
+        ]
     );
     assert_eq!(
         keys(&v["layers"][0]),
@@ -225,9 +241,19 @@ fn extract_out_read_back_is_zero_divergence_and_the_same_tau() {
     );
     assert_eq!(
         keys(&v["drafter"]),
-        ["drafter", "layer_ids", "metrics", "per_position", "tau", "verdict"]
+        [
+            "drafter",
+            "layer_ids",
+            "metrics",
+            "per_position",
+            "tau",
+            "verdict"
+        ]
     );
-    assert_eq!(keys(&v["drafter"]["tau"]), ["delta", "draftlens", "features"]);
+    assert_eq!(
+        keys(&v["drafter"]["tau"]),
+        ["delta", "draftlens", "features"]
+    );
     assert_eq!(
         keys(&v["drafter"]["per_position"][0]),
         ["delta", "draftlens", "features", "k"]
@@ -242,7 +268,11 @@ fn extract_out_read_back_is_zero_divergence_and_the_same_tau() {
         );
         assert_eq!(l["diff"]["rel_l2"], 0.0, "{l}");
         assert_eq!(l["diff"]["max_abs"], 0.0, "{l}");
-        assert_eq!(l["worst_positions"], serde_json::json!([]), "no row differs");
+        assert_eq!(
+            l["worst_positions"],
+            serde_json::json!([]),
+            "no row differs"
+        );
     }
     for p in v["prompts"].as_array().unwrap() {
         assert_eq!(p["token_ids_from"], "draftlens", "{p}");
@@ -254,16 +284,17 @@ fn extract_out_read_back_is_zero_divergence_and_the_same_tau() {
     let d = &v["drafter"];
     assert_eq!(d["layer_ids"], serde_json::json!(TAPS));
     let (a, b) = tau(&v);
-    assert!(a > 1.5, "the reference drafter accepts on its own states: τ {a}");
+    assert!(
+        a > 1.5,
+        "the reference drafter accepts on its own states: τ {a}"
+    );
     assert_eq!(a, b);
     for (name, m) in d["metrics"].as_object().unwrap() {
         assert_eq!(m["draftlens"], m["features"], "{name}: {m}");
     }
     let positions = d["per_position"].as_array().unwrap();
     assert_eq!(positions.len(), 15, "block size 16: positions 1..=15");
-    assert!(positions
-        .iter()
-        .all(|p| p["draftlens"] == p["features"]));
+    assert!(positions.iter().all(|p| p["draftlens"] == p["features"]));
     assert!(
         d["verdict"].as_str().unwrap().contains("same τ"),
         "{}",
@@ -321,13 +352,12 @@ fn perturbed_features_report_the_divergence_they_were_given() {
     });
     for e in entries.iter_mut().filter(|e| e.0.ends_with(".layer1")) {
         e.1 = Dtype::BF16;
-        e.3 = e
-            .3
-            .chunks_exact(4)
-            .flat_map(|c| {
-                half::bf16::from_f32(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
-            })
-            .collect();
+        e.3 =
+            e.3.chunks_exact(4)
+                .flat_map(|c| {
+                    half::bf16::from_f32(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
+                })
+                .collect();
     }
     entries.push(ids_entry("add.input_ids", &fx.ids["add"].0));
     write(&file, &entries);
@@ -348,7 +378,14 @@ fn perturbed_features_report_the_divergence_they_were_given() {
     assert_eq!(worst.len(), 5, "--worst defaults to 5");
     assert_eq!(
         keys(&worst[0]),
-        ["cosine", "in_prompt", "position", "prompt_id", "rel_l2", "token_id"]
+        [
+            "cosine",
+            "in_prompt",
+            "position",
+            "prompt_id",
+            "rel_l2",
+            "token_id"
+        ]
     );
     for w in worst {
         assert!(
@@ -420,7 +457,11 @@ fn refused(entries: &[SafetensorsEntry], what: &str, needles: &[&str]) {
     let o = parity(&cache, &file, true);
     clean_error(&o, what, needles);
     assert!(stdout(&o).trim().is_empty(), "{what}: printed a report");
-    assert_eq!(cache_verifies(&cache), 0, "{what}: computed before refusing");
+    assert_eq!(
+        cache_verifies(&cache),
+        0,
+        "{what}: computed before refusing"
+    );
 }
 
 #[test]
@@ -433,7 +474,10 @@ fn token_ids_unlike_the_prompts_tokenisation_are_refused() {
     refused(
         &entries,
         "token ids",
-        &["add.input_ids", "differs from the prompt's tokenisation at position 3"],
+        &[
+            "add.input_ids",
+            "differs from the prompt's tokenisation at position 3",
+        ],
     );
     // Shorter than the prompt: rows and ids agree, but the prompt is not covered.
     let p = fx.ids["sky"].1;
@@ -444,7 +488,11 @@ fn token_ids_unlike_the_prompts_tokenisation_are_refused() {
     for l in TAPS {
         let name = format!("sky.layer{l}");
         let (shape, v) = &fx.states[&name];
-        entries.push(f32_entry(&name, &[p - 2, shape[1]], &v[..(p - 2) * shape[1]]));
+        entries.push(f32_entry(
+            &name,
+            &[p - 2, shape[1]],
+            &v[..(p - 2) * shape[1]],
+        ));
     }
     entries.push(ids_entry("sky.input_ids", &fx.ids["sky"].0[..p - 2]));
     refused(
@@ -493,7 +541,11 @@ fn shapes_unlike_the_target_or_the_tokens_are_refused() {
     refused(
         &entries,
         "hidden size",
-        &["add.layer8", "hidden size 575", "the target's hidden size is 576"],
+        &[
+            "add.layer8",
+            "hidden size 575",
+            "the target's hidden size is 576",
+        ],
     );
     // Rows ≠ tokens: every layer of "add" one row short of its input_ids.
     let (ids, _) = &fx.ids["add"];
@@ -513,7 +565,11 @@ fn shapes_unlike_the_target_or_the_tokens_are_refused() {
         "rows vs tokens",
         &[
             "add.input_ids holds",
-            &format!("{} token ids but add.layer1 has {} rows", ids.len(), ids.len() - 1),
+            &format!(
+                "{} token ids but add.layer1 has {} rows",
+                ids.len(),
+                ids.len() - 1
+            ),
         ],
     );
     // Without input_ids: fewer rows than the prompt has tokens.
@@ -547,7 +603,11 @@ fn shapes_unlike_the_target_or_the_tokens_are_refused() {
             (e.0, e.1, vec![t - 1, h], e.3[..(t - 1) * h * 4].to_vec())
         })
         .collect();
-    refused(&entries, "ragged layers", &["sky.layer27 has", "sky.layer1 has"]);
+    refused(
+        &entries,
+        "ragged layers",
+        &["sky.layer27 has", "sky.layer1 has"],
+    );
 }
 
 #[test]
@@ -559,11 +619,10 @@ fn non_float_states_and_non_integer_ids_are_refused() {
             if e.0 != "add.layer15" {
                 return e;
             }
-            let bytes = e
-                .3
-                .chunks_exact(4)
-                .flat_map(|c| (f32::from_le_bytes(c.try_into().unwrap()) as i32).to_le_bytes())
-                .collect();
+            let bytes =
+                e.3.chunks_exact(4)
+                    .flat_map(|c| (f32::from_le_bytes(c.try_into().unwrap()) as i32).to_le_bytes())
+                    .collect();
             (e.0, Dtype::I32, e.2, bytes)
         })
         .collect();
@@ -591,7 +650,10 @@ fn prompt_ids_outside_the_set_and_unknown_names_are_refused() {
     refused(
         &entries,
         "unknown prompt id",
-        &["tensor nope.layer1", "prompt id \"nope\" is not in the prompt set"],
+        &[
+            "tensor nope.layer1",
+            "prompt id \"nope\" is not in the prompt set",
+        ],
     );
     let mut entries = taps_with(fx, |_, _| {});
     entries.push(f32_entry("add.hidden_states8", shape, v));

@@ -105,7 +105,9 @@ impl FeaturesFile {
         let mut tensors = weights.tensors();
         tensors.sort_by(|a, b| a.name.cmp(&b.name));
         if tensors.is_empty() {
-            bail!("{p}: the file holds no tensors (expected PROMPT.layerL, docs/parity-features.md)");
+            bail!(
+                "{p}: the file holds no tensors (expected PROMPT.layerL, docs/parity-features.md)"
+            );
         }
         for t in &tensors {
             let name = &t.name;

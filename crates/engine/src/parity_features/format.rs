@@ -96,13 +96,7 @@ pub fn format_report(r: &FeaturesReport) -> String {
     o.push('\n');
     let _ = write!(o, "  τ per prompt (draftlens → features):");
     for p in &r.prompts {
-        let _ = write!(
-            o,
-            "  {} {}→{}",
-            p.id,
-            f(p.tau_draftlens),
-            f(p.tau_features)
-        );
+        let _ = write!(o, "  {} {}→{}", p.id, f(p.tau_draftlens), f(p.tau_features));
     }
     o.push('\n');
     let _ = writeln!(o, "{}", d.verdict);

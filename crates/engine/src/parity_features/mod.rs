@@ -18,7 +18,9 @@ pub use file::{Expect, FeatureRecord, FeaturesFile};
 pub use format::format_report;
 
 use crate::backend::{Backend, HostRowsRef};
-use crate::drafter::eval::{evaluate_sequence, DraftTarget, Drafter, EvalOptions, Labels, Sequence};
+use crate::drafter::eval::{
+    evaluate_sequence, DraftTarget, Drafter, EvalOptions, Labels, Sequence,
+};
 use crate::drafter::run::{DrafterSpec, RunDrafter};
 use crate::model::Capture;
 use crate::parity::{diff, Diff};
@@ -572,7 +574,11 @@ pub fn features_report<B: Backend>(
         let metrics = a
             .scalars
             .iter()
-            .filter_map(|(k, &x)| b.scalars.get(k).map(|&y| (k.clone(), MetricPair::new(x, y))))
+            .filter_map(|(k, &x)| {
+                b.scalars
+                    .get(k)
+                    .map(|&y| (k.clone(), MetricPair::new(x, y)))
+            })
             .collect();
         let per_position = a
             .per_position
