@@ -17,7 +17,7 @@ package):
         --drafter DRAFTER
 
 Checked with transformers 5.17 / torch 2.11 on the CPU against the fixture target (docs/parity-features.md
-§4 has the numbers).
+§5 has the numbers).
 """
 
 import argparse
