@@ -69,7 +69,9 @@ if [[ $phase == phase1 ]]; then
         --state-out "$TR/state.pt" --later-seconds "${LATER_S:-430}" 2>&1 | grep --line-buffered -v 'it/s\]' | tee -a "$LOG"
     rc=${PIPESTATUS[0]}
     stage "phase 1: train.py exited $rc"
-    cp "$LOG" "$TR/results.json" "$OUT/" 2>/dev/null
+    # the generated ids come back too: if the machine is gone before phase 2 (session 21: a 30 s
+    # gap was missed), a later run reuses them (--ids-in) instead of generating again
+    cp "$LOG" "$TR/results.json" "$TR/ids_extra.json.gz" "$OUT/" 2>/dev/null
     exit $rc
 fi
 
