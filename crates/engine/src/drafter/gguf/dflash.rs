@@ -1,0 +1,209 @@
+//! `general.architecture = dflash` (llama.cpp conversion/qwen.py `DFlashModel`, gguf-py
+//! constants `MODEL_ARCH.DFLASH`) → the z-lab DFlash layout (`super::super::config`).
+//!
+//! | GGUF | checkpoint |
+//! |---|---|
+//! | `dflash.target_layers` (each id + 1: llama.cpp captures a layer's input) | `dflash_config.target_layer_ids` |
+//! | `tokenizer.ggml.mask_token_id` | `dflash_config.mask_token_id` |
+//! | `dflash.block_size`, `dflash.block_count`, `dflash.embedding_length`, `dflash.feed_forward_length` | `block_size`, `num_hidden_layers`, `hidden_size`, `intermediate_size` |
+//! | `dflash.attention.head_count`, `.head_count_kv`, `.key_length`, `.layer_norm_rms_epsilon` | `num_attention_heads`, `num_key_value_heads`, `head_dim`, `rms_norm_eps` |
+//! | `dflash.rope.freq_base`, `dflash.attention.causal`, `.sliding_window`, `.sliding_window_pattern` | `rope_theta`, `is_causal`, `sliding_window`, `layer_types` |
+//! | `fc.weight`, `enc.output_norm.weight`, `output_norm.weight` | `fc.weight`, `hidden_norm.weight`, `norm.weight` |
+//! | `blk.{i}.attn_norm / attn_q / … / ffn_down` | `layers.{i}.input_layernorm / self_attn.q_proj / … / mlp.down_proj` |
+//!
+//! Qwen3-family drafters are not Q/K-permuted by the converter (NeoX RoPE), so every tensor is
+//! taken as stored. What the DFlash layout has no place for is refused by name: DFlash2's
+//! convolutions and selector, DSpark's heads, attention sinks, partial rotary, value scaling.
+
+use super::{tokenizer_len, Mapped, Meta, Transform};
+use crate::formats::gguf::GgufFile;
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// Tensors of llama.cpp's DFlash2 / DSpark variants of the architecture: what a DFlash load
+/// would silently drop.
+const DFLASH2_PARTS: [&str; 7] = [
+    "attn_conv_base",
+    "attn_conv_proj",
+    "ffn_conv_base",
+    "ffn_conv_proj",
+    "selector_predecessor",
+    "selector_successor",
+    "selector_hidden",
+];
+const DSPARK_PARTS: [&str; 3] = ["markov_w1", "markov_w2", "conf_proj"];
+
+/// The checkpoint name of a DFlash GGUF tensor, if the layout has one.
+pub(super) fn hf_name(gguf_name: &str) -> Option<String> {
+    match gguf_name {
+        "fc.weight" => return Some("fc.weight".into()),
+        "enc.output_norm.weight" => return Some("hidden_norm.weight".into()),
+        _ => {}
+    }
+    // The target-style names (blk.*, output_norm, token_embd, output) are the GGUF target
+    // reader's, under "model.": a DFlash checkpoint has no such prefix.
+    let name = crate::formats::gguf::hf_name(gguf_name)?;
+    Some(name.strip_prefix("model.").unwrap_or(&name).to_string())
+}
+
+pub(super) fn map(file: &GgufFile) -> Result<(Value, BTreeMap<String, Mapped>)> {
+    let m = Meta {
+        file,
+        arch: "dflash",
+    };
+    let p = file.path().display();
+    // DFlash2 (llama.cpp writes it under the same architecture) and DSpark: refused by name.
+    for k in ["conv_kernel_size", "selector_rank"] {
+        m.refuse(k, "a DFlash2 drafter; only plain DFlash GGUF files are mapped, and loading this one as DFlash would drop its convolutions and candidate selector (docs/gguf-drafters.md)")?;
+    }
+    m.refuse("sample_from_anchor", "a DSpark drafter (Markov head), which draftlens does not evaluate")?;
+    m.refuse("attention.value_scale", "attention value scaling has no place in the DFlash layout draftlens evaluates")?;
+    for k in ["logit_scale", "final_logit_softcapping", "embedding_scale"] {
+        m.refuse(k, "a DFlash2 / DSpark setting with no place in the DFlash layout")?;
+    }
+
+    let hidden = m.uint("embedding_length")?;
+    let heads = m.uint("attention.head_count")?;
+    let kv_heads = m.opt_uint("attention.head_count_kv")?.unwrap_or(heads);
+    let layers = m.uint("block_count")?;
+    if layers as usize > crate::drafter::config::MAX_LAYERS {
+        bail!("{p}: metadata key dflash.block_count {layers} is over the limit of {} (DFlash drafters have 1–8)", crate::drafter::config::MAX_LAYERS);
+    }
+    if heads == 0 {
+        bail!("{p}: metadata key dflash.attention.head_count is 0");
+    }
+    let head_dim = m.opt_uint("attention.key_length")?.unwrap_or(hidden / heads);
+    if let Some(v) = m.opt_uint("attention.value_length")? {
+        if v != head_dim {
+            bail!("{p}: metadata key dflash.attention.value_length {v} differs from key_length {head_dim}: the DFlash layout has one head size");
+        }
+    }
+    if let Some(rd) = m.opt_uint("rope.dimension_count")? {
+        if rd != head_dim {
+            bail!("{p}: metadata key dflash.rope.dimension_count {rd} differs from the head size {head_dim}: partial rotary embeddings are not supported");
+        }
+    }
+    // An M-RoPE target's drafter gets degenerate sections [n_rot/2, 0, 0, 0] (temporal only):
+    // plain RoPE on text positions. Anything else is refused.
+    if m.has("rope.dimension_sections") {
+        let s = m.uint_array("rope.dimension_sections")?;
+        if s.first() != Some(&(head_dim / 2)) || s.iter().skip(1).any(|&x| x != 0) {
+            bail!("{p}: metadata key dflash.rope.dimension_sections {s:?} is not the temporal-only [{}, 0, 0, 0] llama.cpp writes for a drafter: multi-section RoPE is not supported", head_dim / 2);
+        }
+    }
+    let stored = m.uint_array("target_layers")?;
+    if stored.is_empty() {
+        bail!("{p}: metadata key dflash.target_layers is empty");
+    }
+    // llama.cpp captures the input of layer id (the output of layer id − 1): the converter
+    // writes the checkpoint's ids plus one (docs/dflash.md §1.2). An id 0 would be the embedding.
+    if let Some(i) = stored.iter().position(|&x| x == 0) {
+        bail!("{p}: metadata key dflash.target_layers[{i}] is 0: llama.cpp's converter stores each target layer id plus one, so 0 would tap the embedding output (a converter that did not shift the ids?)");
+    }
+    let target_layer_ids: Vec<u64> = stored.iter().map(|&x| x - 1).collect();
+    let mask = m.uint("tokenizer.ggml.mask_token_id")?;
+
+    let mut config = json!({
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": m.uint("block_size")?,
+        "dflash_config": {"mask_token_id": mask, "target_layer_ids": target_layer_ids},
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "intermediate_size": m.uint("feed_forward_length")?,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        // llama.cpp's default when the key is absent (the converter always writes it).
+        "rope_theta": m.opt_float("rope.freq_base")?.unwrap_or(10000.0),
+        "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon")?,
+    });
+    let c = config.as_object_mut().expect("an object");
+    if let Some(v) = tokenizer_len(file) {
+        c.insert("vocab_size".into(), v.into());
+    }
+    if let Some(n) = m.opt_uint("context_length")? {
+        c.insert("max_position_embeddings".into(), n.into());
+    }
+    if let Some(causal) = m.opt_bool("attention.causal")? {
+        c.insert("is_causal".into(), causal.into());
+    }
+    if let Some(w) = m.opt_uint("attention.sliding_window")? {
+        c.insert("sliding_window".into(), w.into());
+        // gguf-py writes the pattern as a bool array, one per layer (true = sliding).
+        let key = m.key("attention.sliding_window_pattern");
+        let kinds: Vec<&str> = match file.metadata().get(&key) {
+            None => vec!["sliding_attention"; layers as usize],
+            Some(crate::formats::gguf::GgufValue::Array(a)) => a
+                .iter()
+                .map(|x| match x {
+                    crate::formats::gguf::GgufValue::Bool(true) => Ok("sliding_attention"),
+                    crate::formats::gguf::GgufValue::Bool(false) => Ok("full_attention"),
+                    other => bail!("{p}: metadata key {key} should hold bools, found {}", other.type_name()),
+                })
+                .collect::<Result<_>>()?,
+            Some(other) => bail!("{p}: metadata key {key} should be an array of bools, found {}", other.type_name()),
+        };
+        c.insert("layer_types".into(), json!(kinds));
+    }
+
+    let mut tensors = BTreeMap::new();
+    for t in file.tensors() {
+        let part = t.name.strip_prefix("blk.").and_then(|r| r.split_once('.')).map(|(_, r)| r).unwrap_or(&t.name);
+        if DFLASH2_PARTS.iter().any(|d| part.starts_with(d)) {
+            bail!("{p}: tensor {} is a DFlash2 tensor (convolution or candidate selector): only plain DFlash GGUF files are mapped, and loading this one as DFlash would drop it (docs/gguf-drafters.md)", t.name);
+        }
+        if DSPARK_PARTS.iter().any(|d| part.starts_with(d)) {
+            bail!("{p}: tensor {} belongs to a DSpark head, which draftlens does not evaluate", t.name);
+        }
+        let Some(name) = hf_name(&t.name) else {
+            bail!("{p}: tensor {} has no place in the DFlash layout (fc, enc.output_norm, output_norm and blk.N.attn_*/ffn_* are mapped; docs/gguf-drafters.md)", t.name);
+        };
+        if let Some(layer) = name.strip_prefix("layers.").and_then(|r| r.split('.').next()) {
+            if layer.parse::<u64>().map_or(true, |l| l >= layers) {
+                bail!("{p}: tensor {} is in block {layer}, but dflash.block_count is {layers}", t.name);
+            }
+        }
+        tensors.insert(
+            name,
+            Mapped {
+                gguf_name: t.name.clone(),
+                transform: Transform::AsIs,
+            },
+        );
+    }
+    // Every tensor the DFlash loader reads, named as stored (shapes are checked against the
+    // translated config by `lint`, which `run` applies first).
+    let mut expected: Vec<String> = ["fc", "enc.output_norm", "output_norm"]
+        .iter()
+        .map(|n| format!("{n}.weight"))
+        .collect();
+    for i in 0..layers {
+        for part in LAYER_PARTS {
+            expected.push(format!("blk.{i}.{part}.weight"));
+        }
+    }
+    if let Some(g) = expected.iter().find(|g| file.tensor_info(g).is_none()) {
+        bail!(
+            "{p}: tensor {g} ({} in the checkpoint) is missing",
+            hf_name(g).expect("expected names map")
+        );
+    }
+    Ok((config, tensors))
+}
+
+/// The tensors of one DFlash layer, as llama.cpp names them.
+pub(super) const LAYER_PARTS: [&str; 11] = [
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "attn_q_norm",
+    "attn_k_norm",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+];
