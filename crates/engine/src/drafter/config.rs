@@ -12,14 +12,22 @@ use std::path::{Path, PathBuf};
 /// Most drafter layers a config may declare (each gets an entry as the config is read).
 pub const MAX_LAYERS: usize = 1024;
 
-/// Attention of one drafter layer.
+/// A drafter layer's type as `layer_types` names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LayerKind {
-    /// Bidirectional inside the block.
+    /// `full_attention`: no window.
     Full,
-    /// Causal inside the block, with a window over the context (z-lab newer code, vLLM).
+    /// `sliding_attention`: a window over the context, and causal inside the block unless the
+    /// config says otherwise ([`DrafterConfig::layer_mask`]).
     Sliding,
+}
+
+/// How one drafter layer's attention masks its keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerMask {
+    pub causal_in_block: bool,
+    pub window: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -39,11 +47,28 @@ pub struct DrafterConfig {
     pub vocab_size: Option<usize>,
     pub layer_kinds: Vec<LayerKind>,
     pub sliding_window: Option<usize>,
+    /// `dflash_config.causal` / `is_causal` when the config sets it: causal (or not) inside the
+    /// block for every layer, whatever its type; the window still follows the type.
+    #[serde(default)]
+    pub causal_override: Option<bool>,
     /// `num_target_layers` as written in the checkpoint (only informative).
     pub num_target_layers: Option<usize>,
 }
 
 impl DrafterConfig {
+    /// Layer `i`'s mask, by the rule of the authors' newer code (`Qwen3DFlashAttention`:
+    /// `is_causal = config.is_causal if set else layer is sliding`, window on sliding layers
+    /// only) and vLLM's `_dflash_layer_causal`: the published drafters with sliding layers and
+    /// `is_causal: false` are bidirectional inside the block with a window over the context
+    /// (docs/dflash.md §1.2).
+    pub fn layer_mask(&self, i: usize) -> LayerMask {
+        let sliding = self.layer_kinds[i] == LayerKind::Sliding;
+        LayerMask {
+            causal_in_block: self.causal_override.unwrap_or(sliding),
+            window: if sliding { self.sliding_window } else { None },
+        }
+    }
+
     pub fn rope(&self) -> Rope {
         Rope {
             theta: self.rope_theta,
@@ -79,12 +104,9 @@ impl DrafterConfig {
 
     /// [`DrafterConfig::load`] without the `block_size` limit, for `lint`, which reports an
     /// absurd one as an error finding.
-    pub(super) fn read(dir: &Path) -> Result<DrafterConfig> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("{}: cannot read the drafter config", path.display()))?;
-        let v: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not valid JSON", path.display()))?;
+    pub(crate) fn read(dir: &Path) -> Result<DrafterConfig> {
+        // A GGUF drafter's metadata arrives translated to this layout (`super::gguf`).
+        let (path, v) = super::gguf::config_json(dir)?;
         let p = path.display();
         let dc = v.get("dflash_config");
         let pick = |k: &str| {
@@ -132,8 +154,9 @@ impl DrafterConfig {
             })
             .unwrap_or(1_000_000.0) as f32;
         let sliding_window = uint("sliding_window")?;
-        // Per-layer kinds; `is_causal` / dflash_config.causal overrides every layer.
-        let mut layer_kinds: Vec<LayerKind> = match v.get("layer_types") {
+        // Per-layer types; `is_causal` / dflash_config.causal, when set, decides causality inside
+        // the block for every layer (`layer_mask`).
+        let layer_kinds: Vec<LayerKind> = match v.get("layer_types") {
             Some(Value::Array(a)) => a
                 .iter()
                 .map(|x| match x.as_str() {
@@ -150,26 +173,11 @@ impl DrafterConfig {
                 layer_kinds.len()
             );
         }
-        if let Some(c) = pick("causal")
+        let causal_override = pick("causal")
             .or_else(|| v.get("is_causal"))
-            .and_then(|x| x.as_bool())
-        {
-            layer_kinds = vec![
-                if c {
-                    LayerKind::Sliding
-                } else {
-                    LayerKind::Full
-                };
-                num_layers
-            ];
-        }
-        if layer_kinds.contains(&LayerKind::Sliding)
-            && sliding_window.is_none()
-            && !v
-                .get("is_causal")
-                .is_some_and(|x| x.as_bool() == Some(true))
-        {
-            tracing::warn!("{p}: sliding layers without sliding_window: treated as causal in the block, no window");
+            .and_then(|x| x.as_bool());
+        if layer_kinds.contains(&LayerKind::Sliding) && sliding_window.is_none() {
+            tracing::warn!("{p}: sliding layers without sliding_window: no window over the context");
         }
         let block_size = need("block_size")?;
         if block_size < 2 {
@@ -191,6 +199,7 @@ impl DrafterConfig {
             vocab_size: uint("vocab_size")?,
             layer_kinds,
             sliding_window,
+            causal_override,
             num_target_layers: uint("num_target_layers")?,
         };
         if cfg.num_kv_heads == 0 || cfg.num_heads % cfg.num_kv_heads != 0 {
@@ -223,11 +232,7 @@ impl DrafterFamily {
     /// has a DFlash2 key ([`super::dflash2::config::is_dflash2`]); DFlash otherwise (its own
     /// parser then says what is missing).
     pub fn detect(dir: &Path) -> Result<DrafterFamily> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("{}: cannot read the drafter config", path.display()))?;
-        let v: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not valid JSON", path.display()))?;
+        let (_, v) = super::gguf::config_json(dir)?;
         let eagle3_class = v
             .get("architectures")
             .and_then(Value::as_array)
@@ -267,7 +272,7 @@ impl DrafterCheckpoint {
 
     /// `path` is a checkpoint (has config.json) or a folder of checkpoints, sorted by step.
     pub fn discover(path: &Path) -> Result<Vec<DrafterCheckpoint>> {
-        if path.join("config.json").is_file() {
+        if path.join("config.json").is_file() || super::gguf::is_gguf(path) {
             return Ok(vec![DrafterCheckpoint {
                 dir: path.to_path_buf(),
                 step: Self::step_from_name(path),
@@ -275,7 +280,7 @@ impl DrafterCheckpoint {
         }
         if !path.is_dir() {
             bail!(
-                "{}: not a drafter checkpoint (no config.json) and not a folder",
+                "{}: not a drafter checkpoint (no config.json, not a GGUF file) and not a folder",
                 path.display()
             );
         }
@@ -296,5 +301,51 @@ impl DrafterCheckpoint {
         }
         out.sort_by(|a, b| a.step.cmp(&b.step).then(a.dir.cmp(&b.dir)));
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn masks(extra: &[(&str, Value)]) -> Vec<LayerMask> {
+        let mut v = json!({
+            "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+            "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 64,
+            "dflash_config": {"block_size": 8, "mask_token_id": 5, "target_layer_ids": [0, 1]}
+        });
+        for (k, x) in extra {
+            match k.strip_prefix("dflash_config.") {
+                Some(k) => v["dflash_config"][k] = x.clone(),
+                None => v[*k] = x.clone(),
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), v.to_string()).unwrap();
+        let cfg = DrafterConfig::load(dir.path()).unwrap();
+        (0..cfg.num_layers).map(|i| cfg.layer_mask(i)).collect()
+    }
+
+    const fn mask(causal_in_block: bool, window: Option<usize>) -> LayerMask {
+        LayerMask { causal_in_block, window }
+    }
+
+    #[test]
+    fn layer_masks_follow_the_authors_newer_code_and_vllm() {
+        // No override: the layer type decides both.
+        assert_eq!(masks(&[]), [mask(true, Some(64)), mask(false, None)]);
+        // The published layout (sliding layers, is_causal false): bidirectional inside the
+        // block, the window kept over the context — it used to be dropped ("full, no window").
+        assert_eq!(
+            masks(&[("is_causal", json!(false))]),
+            [mask(false, Some(64)), mask(false, None)]
+        );
+        // dflash_config.causal true: every layer causal; the full layer still has no window.
+        assert_eq!(
+            masks(&[("dflash_config.causal", json!(true))]),
+            [mask(true, Some(64)), mask(true, None)]
+        );
     }
 }

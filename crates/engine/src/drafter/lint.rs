@@ -2,7 +2,6 @@
 //! computed from the config and tensor headers only (no weights are loaded, nothing runs).
 
 use super::config::{DrafterConfig, DrafterFamily, LayerKind};
-use crate::formats::safetensors::SafetensorsWeights;
 use crate::formats::WeightSource;
 use crate::model::TargetFiles;
 use anyhow::Result;
@@ -37,11 +36,16 @@ fn f(severity: Severity, code: &'static str, message: String) -> Finding {
 /// cannot be evaluated; `run` refuses them before any compute. An EAGLE-3 checkpoint
 /// ([`DrafterFamily`]) gets its own findings (`super::eagle3::lint`).
 pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
-    match DrafterFamily::detect(dir)? {
+    let mut out = match DrafterFamily::detect(dir)? {
         DrafterFamily::Eagle3 => super::eagle3::lint::lint(target, dir),
         DrafterFamily::DFlash2 => super::dflash2::lint::lint(target, dir),
         DrafterFamily::DFlash => lint_dflash(target, dir),
+    }?;
+    // A GGUF drafter (docs/gguf-drafters.md): what the mapping read from the file.
+    if super::gguf::is_gguf(dir) {
+        out.push(super::gguf::finding(dir)?);
     }
+    Ok(out)
 }
 
 /// The findings of a DFlash checkpoint (also a DFlash2 checkpoint's backbone, whose own
@@ -98,12 +102,17 @@ pub(crate) fn lint_dflash(target: &TargetFiles, dir: &Path) -> Result<Vec<Findin
         ));
     }
     if cfg.layer_kinds.contains(&LayerKind::Sliding) {
-        out.push(f(Info, "sliding", format!("sliding-window layers are evaluated causal inside the block with window {:?} (newer z-lab/vLLM semantics; older code treated them bidirectional)", cfg.sliding_window)));
+        let causal = match cfg.causal_override {
+            Some(true) => "causal inside the block (is_causal: true)",
+            Some(false) => "bidirectional inside the block (is_causal: false)",
+            None => "causal inside the block (no is_causal: the layer type decides)",
+        };
+        out.push(f(Info, "sliding", format!("sliding-window layers are evaluated {causal} with window {:?} over the context (the authors' newer code and vLLM; the April z-lab code had no window)", cfg.sliding_window)));
     }
     if (cfg.rope_theta - spec.rope_theta).abs() > f32::EPSILON * spec.rope_theta {
         out.push(f(Info, "rope", format!("drafter RoPE θ = {} (its own), target θ = {}: draftlens uses the drafter's, as deployment does", cfg.rope_theta, spec.rope_theta)));
     }
-    match SafetensorsWeights::open(dir) {
+    match super::gguf::open_weights(dir) {
         Err(e) => out.push(f(Error, "weights", format!("{e:#}"))),
         Ok(w) => {
             let infos = w.tensors();
@@ -121,7 +130,7 @@ pub(crate) fn lint_dflash(target: &TargetFiles, dir: &Path) -> Result<Vec<Findin
             }
             // Every other tensor the loader reads (the weights themselves are loaded only when a
             // prompt needs the drafter): the first one missing or misshapen is the error.
-            let file = dir.join("model.safetensors");
+            let file = super::gguf::weights_file(dir);
             let plan = super::model::tensor_plan(&cfg, spec.hidden_size);
             let problem =
                 plan.iter()

@@ -6,6 +6,7 @@ pub mod config;
 pub mod dflash2;
 pub mod eagle3;
 pub mod eval;
+pub mod gguf;
 pub mod model;
 pub mod mtp;
 

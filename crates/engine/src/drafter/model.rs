@@ -12,7 +12,6 @@
 
 use super::config::{DrafterConfig, DrafterFamily, LayerKind};
 use crate::backend::{AttnMask, AttnShape, Backend, HostRowsRef, TopK};
-use crate::formats::safetensors::SafetensorsWeights;
 use crate::formats::WeightSource;
 use crate::model::transformer::{load_matrix, Mlp, RmsNorm};
 use crate::model::EmbedHead;
@@ -132,7 +131,7 @@ impl<B: Backend> DFlashDrafter<B> {
         cfg: DrafterConfig,
         target_hidden: usize,
     ) -> Result<Self> {
-        let src = SafetensorsWeights::open(dir)?;
+        let src = super::gguf::open_weights(dir)?;
         let d = cfg.hidden_size;
         let eps = cfg.rms_norm_eps;
         let (hd, qd, kvd) = (
@@ -332,18 +331,14 @@ impl<B: Backend> DFlashDrafter<B> {
         let mut x = be.embed(target.embed_tokens(), &ids)?;
         for (i, l) in self.layers.iter().enumerate() {
             let h = l.input_layernorm.forward(be, &x)?;
-            let sliding = l.kind == LayerKind::Sliding;
+            let m = self.cfg.layer_mask(i);
             let mask = AttnMask::Blocks {
                 ctx_len: ctx.len,
                 block: self.cfg.block_size,
                 anchors: anchors.to_vec(),
                 ctx_inclusive,
-                causal_in_block: sliding,
-                window: if sliding {
-                    self.cfg.sliding_window
-                } else {
-                    None
-                },
+                causal_in_block: m.causal_in_block,
+                window: m.window,
             };
             be.add_inplace(&mut x, &self.attend(be, i, &h, &positions, ctx, &mask)?)?;
             let h = l.post_attention_layernorm.forward(be, &x)?;

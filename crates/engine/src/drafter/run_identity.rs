@@ -142,7 +142,7 @@ pub fn prewarm_identities<B: Backend>(s: &Session<B>, specs: &[DrafterSpec]) {
     let files: Vec<PathBuf> = specs
         .iter()
         .filter_map(|spec| match spec {
-            DrafterSpec::Checkpoint { dir, .. } => Some(dir.join("model.safetensors")),
+            DrafterSpec::Checkpoint { dir, .. } => Some(super::gguf::weights_file(dir)),
             _ => None,
         })
         .filter(|w| w.exists())
@@ -191,15 +191,21 @@ impl DrafterIdentity {
         let kind = spec.kind()?;
         Ok(match spec {
             DrafterSpec::Checkpoint { dir, step, series } => {
-                let weights = dir.join("model.safetensors");
+                // A GGUF drafter is one file: its weights hash is the file's, its config the
+                // translated config.json (`super::gguf`).
+                let weights = super::gguf::weights_file(dir);
                 let weights_sha256 = if weights.exists() {
                     store.file_sha256(&weights)?
                 } else {
                     String::new()
                 };
-                let config = dir.join("config.json");
-                let config_bytes = std::fs::read(&config)
-                    .with_context(|| format!("{}: cannot read", config.display()))?;
+                let config_bytes = if super::gguf::is_gguf(dir) {
+                    super::gguf::GgufDrafter::open(dir)?.config_bytes()
+                } else {
+                    let config = dir.join("config.json");
+                    std::fs::read(&config)
+                        .with_context(|| format!("{}: cannot read", config.display()))?
+                };
                 DrafterIdentity {
                     kind,
                     path: dir.display().to_string(),

@@ -106,11 +106,8 @@ impl Eagle3Config {
     /// Parse `<dir>/config.json` for a target of `target_layers` decoder layers (needed only to
     /// resolve the default taps).
     pub fn read(dir: &Path, target_layers: usize) -> Result<Eagle3Config> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("{}: cannot read the drafter config", path.display()))?;
-        let v: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not valid JSON", path.display()))?;
+        // A GGUF drafter's metadata arrives translated to this layout (`crate::drafter::gguf`).
+        let (path, v) = crate::drafter::gguf::config_json(dir)?;
         let p = path.display();
         let get = |k: &str| v.get(k).filter(|x| !x.is_null());
         let uint = |k: &str| -> Result<Option<usize>> {

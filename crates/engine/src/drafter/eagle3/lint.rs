@@ -6,7 +6,6 @@ use super::config::{Eagle3Config, TapSource};
 use super::model::{tensor_plan, TAPS};
 use super::vocab::VocabMap;
 use crate::drafter::lint::{Finding, Severity};
-use crate::formats::safetensors::{SafetensorsWeights, SINGLE_FILE};
 use crate::formats::WeightSource;
 use crate::model::TargetFiles;
 use anyhow::Result;
@@ -27,7 +26,7 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
     let spec = &target.spec;
     let (l, vocab) = (spec.num_layers, spec.vocab_size);
     let cfg = Eagle3Config::read(dir, l)?;
-    let file = dir.join(SINGLE_FILE);
+    let file = crate::drafter::gguf::weights_file(dir);
     let mut out = Vec::new();
 
     match cfg.tap_problem(l) {
@@ -52,7 +51,7 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
         out.push(f(Error, "target-hidden", format!("config.json: target_hidden_size {t} differs from the target's hidden size {}: fc fuses {TAPS} taps of the target's width", spec.hidden_size)));
     }
     let draft_vocab = cfg.draft_vocab(vocab);
-    match SafetensorsWeights::open(dir) {
+    match crate::drafter::gguf::open_weights(dir) {
         Err(e) => out.push(f(Error, "weights", format!("{e:#}"))),
         Ok(w) => {
             let infos = w.tensors();

@@ -19,7 +19,6 @@
 use super::config::Eagle3Config;
 use super::vocab::VocabMap;
 use crate::backend::{AttnMask, AttnShape, Backend, HostRowsRef, TopK};
-use crate::formats::safetensors::SafetensorsWeights;
 use crate::formats::WeightSource;
 use crate::model::transformer::{load_matrix, load_stacked_matrix, Mlp, RmsNorm};
 use crate::model::{EmbedHead, ModelSpec};
@@ -112,8 +111,9 @@ impl<B: Backend> Eagle3Drafter<B> {
     /// size and vocabulary check the fc, embedding and maps).
     pub fn load(be: &B, dir: &Path, target: &ModelSpec) -> Result<Self> {
         let cfg = Eagle3Config::load(dir, target.num_layers)?;
-        let src = SafetensorsWeights::open(dir)?;
-        let file = dir.join(crate::formats::safetensors::SINGLE_FILE);
+        // A checkpoint folder or a llama.cpp GGUF file (`crate::drafter::gguf`).
+        let src = crate::drafter::gguf::open_weights(dir)?;
+        let file = crate::drafter::gguf::weights_file(dir);
         let (d, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let (vocab, draft_vocab) = (target.vocab_size, cfg.draft_vocab(target.vocab_size));
         if let Some(v) = cfg.vocab_size.filter(|&v| v != vocab) {

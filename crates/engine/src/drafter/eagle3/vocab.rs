@@ -3,7 +3,7 @@
 //! `pred + d2t[pred]`, vLLM's `draft_id_to_target_id`); `t2d` [vocab_size] BOOL, which target ids
 //! the draft vocabulary holds (used by training only: vLLM skips it).
 
-use crate::formats::safetensors::SafetensorsWeights;
+use crate::drafter::gguf::DrafterWeights;
 use crate::formats::WeightSource;
 use anyhow::{bail, Result};
 use std::path::Path;
@@ -19,7 +19,7 @@ impl VocabMap {
     /// vocabulary of `draft_vocab` ids and a target of `target_vocab`. Without `d2t` the draft
     /// vocabulary must be the target's (identity map, vLLM's default).
     pub fn load(
-        src: &SafetensorsWeights,
+        src: &DrafterWeights,
         file: &Path,
         draft_vocab: usize,
         target_vocab: usize,
@@ -66,7 +66,7 @@ impl VocabMap {
     /// a mismatch changes no draft, but it means the maps were not written together.
     pub fn t2d_problem(
         &self,
-        src: &SafetensorsWeights,
+        src: &DrafterWeights,
         target_vocab: usize,
     ) -> Result<Option<String>> {
         if !src.contains("t2d") {
