@@ -177,7 +177,9 @@ impl DrafterConfig {
             .or_else(|| v.get("is_causal"))
             .and_then(|x| x.as_bool());
         if layer_kinds.contains(&LayerKind::Sliding) && sliding_window.is_none() {
-            tracing::warn!("{p}: sliding layers without sliding_window: no window over the context");
+            tracing::warn!(
+                "{p}: sliding layers without sliding_window: no window over the context"
+            );
         }
         let block_size = need("block_size")?;
         if block_size < 2 {
@@ -329,7 +331,10 @@ mod tests {
     }
 
     const fn mask(causal_in_block: bool, window: Option<usize>) -> LayerMask {
-        LayerMask { causal_in_block, window }
+        LayerMask {
+            causal_in_block,
+            window,
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! layer's mask as the authors' attention builds it.
 
 use crate::drafter::config::DrafterConfig;
+pub use crate::drafter::config::LayerMask;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::path::Path;
@@ -28,20 +29,10 @@ pub fn is_dflash2(v: &Value) -> bool {
         .get("architectures")
         .and_then(Value::as_array)
         .is_some_and(|a| a.iter().any(|s| s.as_str() == Some(ARCHITECTURE)));
-    let keys = DFLASH2_KEYS.iter().any(|k| {
-        v.get("dflash_config").and_then(|d| d.get(*k)).is_some() || v.get(*k).is_some()
-    });
+    let keys = DFLASH2_KEYS
+        .iter()
+        .any(|k| v.get("dflash_config").and_then(|d| d.get(*k)).is_some() || v.get(*k).is_some());
     class || keys
-}
-
-/// How one drafter layer's attention masks its keys (`dflash.model.Qwen3DFlashAttention`):
-/// causal inside the block when `is_causal` says so, else when the layer is a sliding one; a
-/// window when the layer is a sliding one. (The published checkpoint has sliding layers with
-/// `is_causal: false`: bidirectional in the block, a window over the context.)
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LayerMask {
-    pub causal_in_block: bool,
-    pub window: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -85,7 +76,8 @@ impl DFlash2Config {
         let p = path.display();
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("{p}: cannot read the drafter config"))?;
-        let v: Value = serde_json::from_str(&text).with_context(|| format!("{p}: not valid JSON"))?;
+        let v: Value =
+            serde_json::from_str(&text).with_context(|| format!("{p}: not valid JSON"))?;
         let dc = v.get("dflash_config");
         let pick = |k: &str| {
             dc.and_then(|d| d.get(k))
@@ -134,7 +126,9 @@ impl DFlash2Config {
             .map(|c| c as f32);
         let input_embedding_scale = float("input_embedding_scale")?.unwrap_or(1.0) as f32;
         check_rope(&v, &p.to_string())?;
-        let layer_masks = layer_masks(&v, backbone.num_layers, &p.to_string())?;
+        let layer_masks = (0..backbone.num_layers)
+            .map(|i| backbone.layer_mask(i))
+            .collect();
         Ok(DFlash2Config {
             backbone,
             conv_kernel_size,
@@ -165,35 +159,6 @@ impl DFlash2Config {
     }
 }
 
-/// Per layer: `is_causal` (top level, as the authors read it) overrides, else a sliding layer is
-/// causal; a sliding layer has `sliding_window` (none: causal without a window, as the authors'
-/// mask treats it).
-fn layer_masks(v: &Value, num_layers: usize, p: &str) -> Result<Vec<LayerMask>> {
-    let sliding: Vec<bool> = match v.get("layer_types") {
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| match x.as_str() {
-                Some("full_attention") => Ok(false),
-                Some("sliding_attention") => Ok(true),
-                _ => bail!("{p}: unknown layer type {x} in layer_types"),
-            })
-            .collect::<Result<_>>()?,
-        _ => vec![false; num_layers],
-    };
-    if sliding.len() != num_layers {
-        bail!("{p}: layer_types has {} entries for {num_layers} layers", sliding.len());
-    }
-    let is_causal = v.get("is_causal").and_then(Value::as_bool);
-    let window = v.get("sliding_window").and_then(Value::as_u64).map(|w| w as usize);
-    Ok(sliding
-        .into_iter()
-        .map(|s| LayerMask {
-            causal_in_block: is_causal.unwrap_or(s),
-            window: if s { window } else { None },
-        })
-        .collect())
-}
-
 /// RoPE beyond plain rotate-half is refused, naming the key: the drafter's positions would be
 /// rotated otherwise than in the authors' model. (`dimension_sections` / `mrope_section` are the
 /// multi-section RoPE of converted files, docs/dflash2.md §4.)
@@ -202,7 +167,11 @@ fn check_rope(v: &Value, p: &str) -> Result<()> {
         bail!("{p}: rope_scaling {s} is not implemented for DFlash2 drafters (plain RoPE only)");
     }
     if let Some(r) = v.get("rope_parameters") {
-        if let Some(t) = r.get("rope_type").and_then(Value::as_str).filter(|t| *t != "default") {
+        if let Some(t) = r
+            .get("rope_type")
+            .and_then(Value::as_str)
+            .filter(|t| *t != "default")
+        {
             bail!("{p}: rope_parameters.rope_type {t:?} is not implemented for DFlash2 drafters (plain RoPE only)");
         }
         for key in ["mrope_section", "dimension_sections"] {

@@ -66,7 +66,17 @@ impl<B: Backend> GroupedDynamicConv<B> {
         let (rows, d) = be.dims(x);
         let k = self.kernel;
         let base = &self.base[half * k * d..(half + 1) * k * d];
-        let out = convolve(&be.to_host(x)?, dynamic, half, base, rows, d, k, self.group, block)?;
+        let out = convolve(
+            &be.to_host(x)?,
+            dynamic,
+            half,
+            base,
+            rows,
+            d,
+            k,
+            self.group,
+            block,
+        )?;
         be.from_host(&out, rows, d)
     }
 }
@@ -95,7 +105,10 @@ pub fn convolve(
         dynamic.len(),
         base.len()
     );
-    ensure!(block > 0 && rows % block == 0, "grouped conv: {rows} rows in blocks of {block}");
+    ensure!(
+        block > 0 && rows % block == 0,
+        "grouped conv: {rows} rows in blocks of {block}"
+    );
     let mut out = vec![0f32; rows * d];
     for t in 0..rows {
         let dyn_row = &dynamic[(t * 2 + half) * k * g..(t * 2 + half + 1) * k * g];

@@ -45,13 +45,22 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
             let names: Vec<String> = src.tensors().into_iter().map(|t| t.name).collect();
             let selector: Vec<&str> = [HIDDEN_PROJECTION, CODEBOOKS[0], CODEBOOKS[1]]
                 .into_iter()
-                .filter(|base| !names.iter().any(|n| n == base || *n == format!("{base}.weight")))
+                .filter(|base| {
+                    !names
+                        .iter()
+                        .any(|n| n == base || *n == format!("{base}.weight"))
+                })
                 .collect();
             if selector.len() == 3 {
                 out.push(f(Error, "selector", format!("{}: no candidate selector tensors ({}): this DFlash2 checkpoint's proposals cannot be computed; serving engines that ignore the selector fall back to plain DFlash proposals silently (docs/dflash2.md §5)", file.display(), selector.join(", "))));
             } else if !selector.is_empty() {
                 out.push(f(Error, "selector", format!("{}: the candidate selector is partial, {} missing: serving engines that ignore the selector fall back to plain DFlash proposals silently (docs/dflash2.md §5)", file.display(), selector.join(", "))));
-            } else if let Some(problem) = plan_problem(&cfg, &src, target.spec.hidden_size, &file.display().to_string()) {
+            } else if let Some(problem) = plan_problem(
+                &cfg,
+                &src,
+                target.spec.hidden_size,
+                &file.display().to_string(),
+            ) {
                 out.push(f(Error, "weights", problem));
             }
             if cfg.vocab_size < target.spec.vocab_size {

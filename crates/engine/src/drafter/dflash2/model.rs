@@ -16,7 +16,9 @@ use super::config::DFlash2Config;
 use super::conv::GroupedDynamicConv;
 use super::selector::CandidateSelector;
 use crate::backend::{AttnMask, Backend, TopK};
-use crate::drafter::model::{tensor_plan as backbone_plan, DFlashDrafter, DraftContext, DraftOptions};
+use crate::drafter::model::{
+    tensor_plan as backbone_plan, DFlashDrafter, DraftContext, DraftOptions,
+};
 use crate::formats::safetensors::{SafetensorsWeights, SINGLE_FILE};
 use crate::formats::WeightSource;
 use crate::model::transformer::load_matrix;
@@ -52,12 +54,18 @@ pub fn tensor_plan(cfg: &DFlash2Config, names: &[String]) -> Vec<(String, Vec<us
     for i in 0..cfg.backbone.num_layers {
         for conv in ["attention_conv", "mlp_conv"] {
             plan.push((format!("layers.{i}.{conv}.base_kernel"), vec![2, k, d]));
-            plan.push((format!("layers.{i}.{conv}.kernel_projection.weight"), vec![2 * k * g, d]));
+            plan.push((
+                format!("layers.{i}.{conv}.kernel_projection.weight"),
+                vec![2 * k * g, d],
+            ));
         }
     }
     plan.push((HIDDEN_PROJECTION.to_string(), vec![cfg.selector_rank, d]));
     for base in CODEBOOKS {
-        plan.push((codebook_name(names, base), vec![cfg.vocab_size, cfg.selector_rank]));
+        plan.push((
+            codebook_name(names, base),
+            vec![cfg.vocab_size, cfg.selector_rank],
+        ));
     }
     plan
 }
@@ -86,19 +94,30 @@ impl<B: Backend> DFlash2Drafter<B> {
         let cfg = DFlash2Config::load(dir)?;
         let src = SafetensorsWeights::open(dir)?;
         let file = dir.join(SINGLE_FILE);
-        if let Some(problem) = plan_problem(&cfg, &src, target_hidden, &file.display().to_string()) {
+        if let Some(problem) = plan_problem(&cfg, &src, target_hidden, &file.display().to_string())
+        {
             bail!("{problem}");
         }
         if cfg.vocab_size < target_vocab {
             bail!("{}: vocab_size {} is under the target's {target_vocab} LM-head rows: a candidate would have no codebook row", dir.join("config.json").display(), cfg.vocab_size);
         }
         let names: Vec<String> = src.tensors().into_iter().map(|t| t.name).collect();
-        let (d, k, g) = (cfg.backbone.hidden_size, cfg.conv_kernel_size, cfg.conv_groups());
+        let (d, k, g) = (
+            cfg.backbone.hidden_size,
+            cfg.conv_kernel_size,
+            cfg.conv_groups(),
+        );
         let conv = |i: usize, which: &str| -> Result<GroupedDynamicConv<B>> {
             let p = format!("layers.{i}.{which}");
             Ok(GroupedDynamicConv {
                 base: src.tensor(&format!("{p}.base_kernel"))?.data,
-                projection: load_matrix(be, &src, &format!("{p}.kernel_projection.weight"), 2 * k * g, d)?,
+                projection: load_matrix(
+                    be,
+                    &src,
+                    &format!("{p}.kernel_projection.weight"),
+                    2 * k * g,
+                    d,
+                )?,
                 kernel: k,
                 group: cfg.conv_group_size,
             })
@@ -144,9 +163,11 @@ impl<B: Backend> DFlash2Drafter<B> {
         anchor_tokens: &[u32],
         opts: DraftOptions,
     ) -> Result<TopK> {
-        let hidden = self.draft_hidden(be, target, ctx, anchors, anchor_tokens, opts.ctx_inclusive)?;
+        let hidden =
+            self.draft_hidden(be, target, ctx, anchors, anchor_tokens, opts.ctx_inclusive)?;
         let _head = crate::timeline::phase("drafter LM head + selector");
-        self.selector.select(be, &self.cfg, target, &hidden, anchor_tokens, opts.top_k)
+        self.selector
+            .select(be, &self.cfg, target, &hidden, anchor_tokens, opts.top_k)
     }
 
     /// The final-norm hidden states of the drafted rows, block by block.
@@ -214,7 +235,10 @@ pub fn plan_problem(
             }
             None => return Some(format!("{file}: tensor {name} is missing")),
             Some(t) if t.shape != shape => {
-                return Some(format!("{file}: tensor {name} has shape {:?}, expected {shape:?}", t.shape));
+                return Some(format!(
+                    "{file}: tensor {name} has shape {:?}, expected {shape:?}",
+                    t.shape
+                ));
             }
             Some(_) => {}
         }

@@ -55,8 +55,15 @@ impl<B: Backend> CandidateSelector<B> {
         let (rows, d) = be.dims(hidden);
         let n = anchor_tokens.len();
         let per_block = cfg.backbone.block_size - 1;
-        ensure!(rows == n * per_block, "selector: {rows} rows for {n} blocks of {per_block}");
-        ensure!(keep <= self.top_k, "selector: {keep} kept of {} candidates", self.top_k);
+        ensure!(
+            rows == n * per_block,
+            "selector: {rows} rows for {n} blocks of {per_block}"
+        );
+        ensure!(
+            keep <= self.top_k,
+            "selector: {keep} kept of {} candidates",
+            self.top_k
+        );
         let k = self.top_k;
         // The candidates: the output multiplier (> 0) and the soft cap keep the logits' order.
         let top = target.logits_topk(be, hidden, k)?;
@@ -79,8 +86,14 @@ impl<B: Backend> CandidateSelector<B> {
                     .sum();
                 let lse = raw_top1 - top.row_logprobs(r)[0] as f64;
                 let candidates = top.row_ids(r);
-                if let Some(&bad) = candidates.iter().chain([&prev]).find(|&&c| c as usize >= vocab) {
-                    anyhow::bail!("selector: token {bad} has no codebook row (the codebooks have {vocab})");
+                if let Some(&bad) = candidates
+                    .iter()
+                    .chain([&prev])
+                    .find(|&&c| c as usize >= vocab)
+                {
+                    anyhow::bail!(
+                        "selector: token {bad} has no codebook row (the codebooks have {vocab})"
+                    );
                 }
                 let row = Row {
                     candidates,
@@ -123,10 +136,18 @@ impl<B: Backend> CandidateSelector<B> {
         let mut order: Vec<usize> = (0..scores.len()).collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
         let max = scores[order[0]] as f64;
-        let lse = max + scores.iter().map(|&s| (s as f64 - max).exp()).sum::<f64>().ln();
+        let lse = max
+            + scores
+                .iter()
+                .map(|&s| (s as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
         (
             order.iter().map(|&i| row.candidates[i]).collect(),
-            order.iter().map(|&i| (scores[i] as f64 - lse) as f32).collect(),
+            order
+                .iter()
+                .map(|&i| (scores[i] as f64 - lse) as f32)
+                .collect(),
         )
     }
 }

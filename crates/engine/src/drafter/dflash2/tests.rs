@@ -12,7 +12,9 @@ fn convolution_is_causal_inside_each_block() {
     let (rows, d, k, group, block) = (6usize, 4usize, 2usize, 2usize, 3usize);
     let g = d / group;
     let x: Vec<f32> = (0..rows * d).map(|i| (i as f32 * 0.37).sin()).collect();
-    let dynamic: Vec<f32> = (0..rows * 2 * k * g).map(|i| (i as f32 * 0.11).cos()).collect();
+    let dynamic: Vec<f32> = (0..rows * 2 * k * g)
+        .map(|i| (i as f32 * 0.11).cos())
+        .collect();
     let base: Vec<f32> = (0..k * d).map(|i| 0.5 - i as f32 * 0.1).collect();
     for half in 0..2 {
         let out = convolve(&x, &dynamic, half, &base, rows, d, k, group, block).unwrap();
@@ -25,7 +27,10 @@ fn convolution_is_causal_inside_each_block() {
                         want += (base[o * d + c] + dy) * x[(t - o) * d + c];
                     }
                 }
-                assert!((out[t * d + c] - want).abs() < 1e-6, "half {half} row {t} channel {c}");
+                assert!(
+                    (out[t * d + c] - want).abs() < 1e-6,
+                    "half {half} row {t} channel {c}"
+                );
             }
         }
         // A block's first row sees only itself: changing the row before it changes nothing.
@@ -61,16 +66,31 @@ fn layer_masks_follow_the_authors_attention() {
     assert_eq!(
         cfg.layer_masks,
         [
-            LayerMask { causal_in_block: true, window: Some(64) },
-            LayerMask { causal_in_block: false, window: None }
+            LayerMask {
+                causal_in_block: true,
+                window: Some(64)
+            },
+            LayerMask {
+                causal_in_block: false,
+                window: None
+            }
         ]
     );
     // The published checkpoint: sliding layers, is_causal false — bidirectional, windowed.
     let mut v = config();
     v["is_causal"] = json!(false);
     let cfg = load(&v).unwrap();
-    assert_eq!(cfg.layer_masks[0], LayerMask { causal_in_block: false, window: Some(64) });
-    assert_eq!((cfg.output_multiplier, cfg.final_logit_softcapping), (1.0, None));
+    assert_eq!(
+        cfg.layer_masks[0],
+        LayerMask {
+            causal_in_block: false,
+            window: Some(64)
+        }
+    );
+    assert_eq!(
+        (cfg.output_multiplier, cfg.final_logit_softcapping),
+        (1.0, None)
+    );
     v["dflash_config"]["final_logit_softcapping"] = json!(2.0);
     v["dflash_config"]["output_multiplier"] = json!(0.5);
     let cfg = load(&v).unwrap();
@@ -82,16 +102,30 @@ fn dflash2_configs_are_told_apart_and_their_keys_checked() {
     assert!(is_dflash2(&config()));
     let mut keys_only = config();
     keys_only["architectures"] = json!(["DFlashDraftModel"]);
-    assert!(is_dflash2(&keys_only), "a DFlash2 key alone makes it DFlash2");
+    assert!(
+        is_dflash2(&keys_only),
+        "a DFlash2 key alone makes it DFlash2"
+    );
     let mut plain = keys_only.clone();
-    for k in ["conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"] {
+    for k in [
+        "conv_kernel_size",
+        "conv_group_size",
+        "selector_rank",
+        "selector_top_k",
+    ] {
         plain["dflash_config"].as_object_mut().unwrap().remove(k);
     }
     assert!(!is_dflash2(&plain));
     let mut v = config();
-    v["dflash_config"].as_object_mut().unwrap().remove("selector_rank");
+    v["dflash_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("selector_rank");
     let e = format!("{:#}", load(&v).unwrap_err());
-    assert!(e.contains("config.json") && e.contains("selector_rank"), "{e}");
+    assert!(
+        e.contains("config.json") && e.contains("selector_rank"),
+        "{e}"
+    );
     let mut v = config();
     v["dflash_config"]["conv_group_size"] = json!(12);
     let e = format!("{:#}", load(&v).unwrap_err());
@@ -100,6 +134,7 @@ fn dflash2_configs_are_told_apart_and_their_keys_checked() {
     v["dflash_config"]["output_multiplier"] = json!(-1.0);
     assert!(format!("{:#}", load(&v).unwrap_err()).contains("output_multiplier"));
     let mut v = config();
-    v["rope_parameters"] = json!({"rope_theta": 1e6, "rope_type": "default", "dimension_sections": [8, 8]});
+    v["rope_parameters"] =
+        json!({"rope_theta": 1e6, "rope_type": "default", "dimension_sections": [8, 8]});
     assert!(format!("{:#}", load(&v).unwrap_err()).contains("dimension_sections"));
 }
