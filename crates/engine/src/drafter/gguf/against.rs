@@ -116,7 +116,7 @@ fn dflash_keys(file: &GgufFile, hf_dir: &Path, out: &mut Vec<Finding>) -> Result
     let Ok(conv) = DrafterConfig::read(file.path()) else {
         return Ok(());
     };
-    let pairs: [(&str, String, String); 11] = [
+    let pairs: [(&str, String, String); 12] = [
         ("dflash.block_size / block_size", conv.block_size.to_string(), hf.block_size.to_string()),
         ("dflash.block_count / num_hidden_layers", conv.num_layers.to_string(), hf.num_layers.to_string()),
         ("dflash.embedding_length / hidden_size", conv.hidden_size.to_string(), hf.hidden_size.to_string()),
@@ -128,6 +128,7 @@ fn dflash_keys(file: &GgufFile, hf_dir: &Path, out: &mut Vec<Finding>) -> Result
         ("dflash.rope.freq_base / rope_theta", conv.rope_theta.to_string(), hf.rope_theta.to_string()),
         ("layer kinds (attention.causal, sliding_window_pattern / layer_types)", format!("{:?}", conv.layer_kinds), format!("{:?}", hf.layer_kinds)),
         ("dflash.attention.sliding_window / sliding_window", format!("{:?}", conv.sliding_window), format!("{:?}", hf.sliding_window)),
+        ("dflash.attention.causal / is_causal", format!("{:?}", conv.causal_override), format!("{:?}", hf.causal_override)),
     ];
     config_pairs(&pairs, out);
     Ok(())
