@@ -48,7 +48,8 @@ pub enum MaskArg {
 pub struct RunArgs {
     #[command(flatten)]
     pub target: TargetArgs,
-    /// Drafter checkpoint folder (DFlash or EAGLE-3, told from its config.json), a folder of
+    /// Drafter checkpoint folder (DFlash or EAGLE-3, told from its config.json), a GGUF drafter
+    /// file as llama.cpp writes it (docs/gguf-drafters.md), a folder of
     /// checkpoints (every one is run, step from the name), builtin:oracle /
     /// builtin:anti-oracle (known-answer drafters), or target:mtp[:K] (the target's own MTP
     /// head drafting K tokens a round, default 3; docs/mtp.md).

@@ -79,7 +79,7 @@ impl TargetRun {
                 s.be.dtype()
             );
         }
-        let weights = drafter.join("model.safetensors");
+        let weights = draftlens_engine::drafter::gguf::weights_file(drafter);
         let sha = IdentityStore::new(s.cache.root()).file_sha256(&weights)?;
         if r.drafter_sha256 != sha {
             bail!(
