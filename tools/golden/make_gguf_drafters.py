@@ -119,6 +119,23 @@ def write_dflash(dir_):
     return len(t)
 
 
+def write_dflash2(dir_):
+    """The DFlash2 golden's checkpoint (tools/golden/make_dflash2_golden.py: its config, its
+    weights by the same rule, its stored final norm), rounded to bf16 so that llama.cpp's bf16
+    conversion holds the same values."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import make_dflash2_golden as d2
+    from safetensors.torch import load_file
+
+    os.makedirs(dir_, exist_ok=True)
+    with open(os.path.join(dir_, "config.json"), "w") as f:
+        json.dump(d2.config(), f, indent=2)
+    w = {name: d2.formula(name, shape, kind, scale) for name, shape, kind, scale in d2.weight_rules()}
+    w["norm.weight"] = load_file("tests/fixtures/golden/dflash2/golden.safetensors")["weights.norm.weight"]
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in w.items()}, os.path.join(dir_, "model.safetensors"))
+    return len(w)
+
+
 def write_target_with_tokenizer(dir_):
     """The golden target's config.json plus a byte-level BPE of at most 512 ids."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -165,6 +182,7 @@ def main():
     llama_cpp = os.path.abspath(args.llama_cpp)
     os.makedirs(OUT, exist_ok=True)
     n_tensors = write_dflash(os.path.join(OUT, "dflash"))
+    n_tensors2 = write_dflash2(os.path.join(OUT, "dflash2"))
     outputs = {}
     with tempfile.TemporaryDirectory() as tmp:
         target = os.path.join(tmp, "target")
@@ -187,6 +205,9 @@ def main():
         out = os.path.join(OUT, "eagle3-bf16.gguf")
         convert(llama_cpp, eagle, target, "bf16", os.path.abspath(out))
         outputs[os.path.basename(out)] = sha256(out)
+        out = os.path.join(OUT, "dflash2-bf16.gguf")
+        convert(llama_cpp, os.path.abspath(os.path.join(OUT, "dflash2")), target, "bf16", os.path.abspath(out))
+        outputs[os.path.basename(out)] = sha256(out)
     sys.path[:0] = [os.path.join(llama_cpp, "gguf-py")]
     import gguf
 
@@ -201,6 +222,11 @@ def main():
             "block_size": BLOCK,
             "hf_tensors": n_tensors,
             "model_safetensors_sha256": sha256(os.path.join(OUT, "dflash", "model.safetensors")),
+        },
+        "dflash2": {
+            "checkpoint": "dflash2/ (the DFlash2 golden's config and weights, bf16)",
+            "hf_tensors": n_tensors2,
+            "model_safetensors_sha256": sha256(os.path.join(OUT, "dflash2", "model.safetensors")),
         },
         "eagle3": {"checkpoint": EAGLE3, "model_safetensors_sha256": sha256(os.path.join(EAGLE3, "model.safetensors"))},
         "outputs_sha256": outputs,

@@ -165,6 +165,47 @@ fn run_with_the_gguf_gives_the_checkpoints_records() {
     assert!(worst < 0.05, "{worst}");
 }
 
+#[test]
+fn run_with_the_dflash2_gguf_gives_the_checkpoints_records() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = target(&tmp.path().join("target"));
+    let prompts = tmp.path().join("p.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"id\": \"a\", \"prompt\": \"w1 w2 w3 w4 w5 w6\"}\n{\"id\": \"b\", \"prompt\": \"w7 w8 w30\"}\n",
+    )
+    .unwrap();
+    let set = PromptSet::load_path(&prompts).unwrap();
+    let opts = RunOptions {
+        name: None,
+        mode: RunMode::Deployment,
+        eval: Default::default(),
+        max_new_tokens: 24,
+        fail_after: None,
+    };
+    let s = Session::load(
+        CpuBackend::new(),
+        &dir,
+        HiddenCache::open(&tmp.path().join("cache")).unwrap(),
+        SessionOptions::default(),
+    )
+    .unwrap();
+    let store = Store::open(&tmp.path().join("runs.sqlite")).unwrap();
+    let spec = |dir: PathBuf| DrafterSpec::Checkpoint { dir, step: None, series: "gguf".into() };
+    let hf = run_eval(&s, &spec(fixtures().join("dflash2")), &set, &opts, &store).unwrap();
+    let gguf = run_eval(&s, &spec(fixtures().join("dflash2-bf16.gguf")), &set, &opts, &store).unwrap();
+    assert_eq!(gguf.timings["records_cached"], 0);
+    let (a, b) = (store.records(hf.run_id).unwrap(), store.records(gguf.run_id).unwrap());
+    assert!(a.num_blocks() > 20, "{} blocks", a.num_blocks());
+    assert_eq!(a.anchor, b.anchor);
+    assert_eq!(a.draft_ids, b.draft_ids);
+    assert_eq!(a.draft_logprobs, b.draft_logprobs);
+    assert_eq!(a.target, b.target);
+    let eval = store.run_eval(gguf.run_id).unwrap().unwrap();
+    assert_eq!(eval.identity_json["drafter_kind"], "dflash2");
+    println!("dflash2 gguf: {} blocks equal the checkpoint's", a.num_blocks());
+}
+
 // ---------------------------------------------------------------------------------------------
 // (b) EAGLE-3
 // ---------------------------------------------------------------------------------------------
@@ -212,6 +253,9 @@ fn against_passes_the_correct_conversions() {
         assert!(values.message.contains("25 tensors compared"), "{}", values.message);
         println!("{f}: {}", values.message);
     }
+    let findings = against(&fixtures().join("dflash2-bf16.gguf"), &fixtures().join("dflash2"), 4).unwrap();
+    assert!(errors(&findings).is_empty(), "dflash2: {findings:#?}");
+    assert!(findings.iter().any(|f| f.code == "values" && f.message.contains("36 tensors compared")), "{findings:#?}");
     let golden = repo_root().join("tests/fixtures/golden/eagle3");
     let findings = against(&fixtures().join("eagle3-bf16.gguf"), &golden, 4).unwrap();
     assert!(errors(&findings).is_empty(), "{findings:#?}");
@@ -263,6 +307,27 @@ fn against_names_each_converter_mistake() {
     assert!(has(&findings, "tensor-count", "expected 36, got 25"), "{findings:#?}");
     assert!(has(&findings, "missing-tensor", "11 checkpoint tensor(s)"), "{findings:#?}");
     assert!(has(&findings, "config", "dflash.block_count / num_hidden_layers: the file says 2, the checkpoint 3"), "{findings:#?}");
+    // A DFlash2 checkpoint converted as plain DFlash (no DFlash2 keys, no convolutions, no
+    // selector): a valid DFlash file on its own, so the loader takes it; --against tells.
+    let mut plain = Copy::open(&fixtures().join("dflash2-bf16.gguf"));
+    for k in ["conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "logit_scale", "final_logit_softcapping", "embedding_scale"] {
+        plain = plain.remove(&format!("dflash.{k}"));
+    }
+    for t in ["selector_predecessor.weight", "selector_successor.weight", "selector_hidden.weight"] {
+        plain = plain.drop_tensor(t);
+    }
+    for l in 0..2 {
+        for t in ["attn_conv_base", "attn_conv_proj.weight", "ffn_conv_base", "ffn_conv_proj.weight"] {
+            plain = plain.drop_tensor(&format!("blk.{l}.{t}"));
+        }
+    }
+    let f = plain.write(tmp.path(), "dflash2-as-dflash.gguf");
+    let spec = TargetFiles::open(&qwen3_dir()).unwrap();
+    assert!(errors(&lint(&spec, &f).unwrap()).is_empty());
+    let findings = against(&f, &fixtures().join("dflash2"), 4).unwrap();
+    assert!(has(&findings, "tensor-count", "expected 36, got 25"), "{findings:#?}");
+    assert!(has(&findings, "dflash2-dropped", "without its convolutions and candidate selector"), "{findings:#?}");
+    assert!(has(&findings, "missing-tensor", "11 checkpoint tensor(s)"), "{findings:#?}");
     // EAGLE-3: the converter's default taps, written when SpecForge nests them in eagle_config.
     let golden = repo_root().join("tests/fixtures/golden/eagle3");
     let f = Copy::open(&fixtures().join("eagle3-bf16.gguf"))
@@ -295,8 +360,9 @@ fn bad_gguf_drafters_are_refused_naming_the_file_and_key() {
         ("unshifted tap 0", bf16().set("dflash.target_layers", u32s(&[0, 2])).write(tmp.path(), "tap0.gguf"), "dflash.target_layers[0] is 0"),
         ("no mask id", bf16().remove("tokenizer.ggml.mask_token_id").write(tmp.path(), "nomask.gguf"), "metadata key tokenizer.ggml.mask_token_id is missing"),
         ("a missing tensor", bf16().drop_tensor("enc.output_norm.weight").write(tmp.path(), "nohn.gguf"), "tensor enc.output_norm.weight (hidden_norm.weight in the checkpoint) is missing"),
-        ("a DFlash2 key", bf16().set("dflash.conv_kernel_size", GgufValue::U32(4)).write(tmp.path(), "d2key.gguf"), "metadata key dflash.conv_kernel_size is set: a DFlash2 drafter"),
-        ("a DFlash2 tensor", bf16().rename("output_norm.weight", "blk.0.attn_conv_base.weight").write(tmp.path(), "d2t.gguf"), "tensor blk.0.attn_conv_base.weight is a DFlash2 tensor"),
+        ("one DFlash2 key of four", bf16().set("dflash.conv_kernel_size", GgufValue::U32(4)).write(tmp.path(), "d2key.gguf"), "metadata key dflash.conv_group_size is missing"),
+        ("a DFlash2 tensor without DFlash2 keys", bf16().rename("output_norm.weight", "blk.0.attn_conv_base").write(tmp.path(), "d2t.gguf"), "tensor blk.0.attn_conv_base is a DFlash2 tensor (convolution or candidate selector), but the file has no DFlash2 keys"),
+        ("a DFlash2 file without its selector", Copy::open(&fixtures().join("dflash2-bf16.gguf")).drop_tensor("selector_predecessor.weight").drop_tensor("selector_successor.weight").drop_tensor("selector_hidden.weight").write(tmp.path(), "nosel.gguf"), "no candidate selector tensors"),
         ("an unknown tensor", bf16().rename("output_norm.weight", "blk.0.attn_sinks.weight").write(tmp.path(), "sinks.gguf"), "tensor blk.0.attn_sinks.weight has no place in the DFlash layout"),
         ("partial rotary", bf16().set("dflash.rope.dimension_count", GgufValue::U32(16)).write(tmp.path(), "rot.gguf"), "dflash.rope.dimension_count 16 differs from the head size 32"),
         ("a tap out of range", bf16().set("dflash.target_layers", u32s(&[1, 9])).write(tmp.path(), "range.gguf"), "target_layer_ids contains 8, but the target has only 4 decoder layers"),
@@ -334,7 +400,7 @@ fn bad_gguf_drafters_are_refused_naming_the_file_and_key() {
         let e = format!("{:#}", run_eval(&s, &spec, &set, &opts, &store).unwrap_err());
         assert!(e.contains(&*file.to_string_lossy()) && e.contains(message), "{what}: {e}");
         // The loader too, where the problem is the file's alone.
-        if *what != "a tap out of range" && *what != "a wrong shape" {
+        if !["a tap out of range", "a wrong shape", "a DFlash2 file without its selector"].contains(what) {
             let e = format!("{:#}", DFlashDrafter::load(&be, file, 128).err().unwrap());
             assert!(e.contains(&*file.to_string_lossy()), "{what}: {e}");
         }

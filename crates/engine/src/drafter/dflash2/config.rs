@@ -72,12 +72,9 @@ impl DFlash2Config {
     }
 
     fn parse(dir: &Path, backbone: DrafterConfig) -> Result<DFlash2Config> {
-        let path = dir.join("config.json");
+        // A GGUF drafter's metadata arrives translated to this layout (`crate::drafter::gguf`).
+        let (path, v) = crate::drafter::gguf::config_json(dir)?;
         let p = path.display();
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("{p}: cannot read the drafter config"))?;
-        let v: Value =
-            serde_json::from_str(&text).with_context(|| format!("{p}: not valid JSON"))?;
         let dc = v.get("dflash_config");
         let pick = |k: &str| {
             dc.and_then(|d| d.get(k))

@@ -6,7 +6,7 @@
 use super::config::DFlash2Config;
 use super::model::{plan_problem, CODEBOOKS, HIDDEN_PROJECTION};
 use crate::drafter::lint::{lint_dflash, Finding, Severity};
-use crate::formats::safetensors::{SafetensorsWeights, SINGLE_FILE};
+use crate::drafter::gguf::{open_weights, weights_file};
 use crate::formats::WeightSource;
 use crate::model::TargetFiles;
 use anyhow::Result;
@@ -31,7 +31,7 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
         .into_iter()
         .filter(|x| !(x.code == "weights" && x.severity == Error))
         .collect();
-    let file = dir.join(SINGLE_FILE);
+    let file = weights_file(dir);
     out.push(f(Info, "dflash2", format!(
         "DFlash2 drafter: grouped dynamic causal convolutions (kernel {}, groups of {} channels) around each layer's attention and MLP; a candidate selector re-scores the top {} of each drafted position at rank {}; logits x {}{}, block embeddings x {}",
         cfg.conv_kernel_size, cfg.conv_group_size, cfg.selector_top_k, cfg.selector_rank, cfg.output_multiplier,
@@ -39,7 +39,7 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
         cfg.input_embedding_scale,
     )));
     out.push(f(Info, "path-dependent", "proposals are path-dependent: each drafted token is chosen given the token chosen before it, so a position's candidates are conditioned on the drafter's own path, not on the target's tokens; replayed A and τ are exact for this greedy path, while DDTree-N over the stored candidates is only a surrogate for DFlash2 (docs/dflash2.md §3)".into()));
-    match SafetensorsWeights::open(dir) {
+    match open_weights(dir) {
         Err(e) => out.push(f(Error, "weights", format!("{e:#}"))),
         Ok(src) => {
             let names: Vec<String> = src.tensors().into_iter().map(|t| t.name).collect();

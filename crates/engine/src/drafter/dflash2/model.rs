@@ -19,7 +19,7 @@ use crate::backend::{AttnMask, Backend, TopK};
 use crate::drafter::model::{
     tensor_plan as backbone_plan, DFlashDrafter, DraftContext, DraftOptions,
 };
-use crate::formats::safetensors::{SafetensorsWeights, SINGLE_FILE};
+use crate::drafter::gguf::{open_weights, weights_file};
 use crate::formats::WeightSource;
 use crate::model::transformer::load_matrix;
 use crate::model::EmbedHead;
@@ -92,8 +92,9 @@ impl<B: Backend> DFlash2Drafter<B> {
     /// weight is read.
     pub fn load(be: &B, dir: &Path, target_hidden: usize, target_vocab: usize) -> Result<Self> {
         let cfg = DFlash2Config::load(dir)?;
-        let src = SafetensorsWeights::open(dir)?;
-        let file = dir.join(SINGLE_FILE);
+        // A checkpoint folder or a llama.cpp GGUF file (`crate::drafter::gguf`).
+        let src = open_weights(dir)?;
+        let file = weights_file(dir);
         if let Some(problem) = plan_problem(&cfg, &src, target_hidden, &file.display().to_string())
         {
             bail!("{problem}");
@@ -219,7 +220,7 @@ impl<B: Backend> DFlash2Drafter<B> {
 /// what serving engines do without it.
 pub fn plan_problem(
     cfg: &DFlash2Config,
-    src: &SafetensorsWeights,
+    src: &dyn WeightSource,
     target_hidden: usize,
     file: &str,
 ) -> Option<String> {

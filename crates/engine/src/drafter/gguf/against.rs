@@ -66,7 +66,12 @@ pub fn against(gguf: &Path, hf_dir: &Path, target_layers: usize) -> Result<Vec<F
         out.push(finding(Error, "gguf", format!("{e:#}")));
     }
     match arch {
-        GgufArch::DFlash => dflash_keys(&file, hf_dir, &mut out)?,
+        GgufArch::DFlash => {
+            dflash_keys(&file, hf_dir, &mut out)?;
+            if family == DrafterFamily::DFlash2 {
+                dflash2_keys(&file, hf_dir, &mut out)?;
+            }
+        }
         GgufArch::Eagle3 => eagle3_keys(&file, hf_dir, target_layers, &mut out)?,
     }
     compare_tensors(&file, arch, &hf, family, &mut out)?;
@@ -134,6 +139,30 @@ fn dflash_keys(file: &GgufFile, hf_dir: &Path, out: &mut Vec<Finding>) -> Result
     Ok(())
 }
 
+/// A DFlash2 checkpoint's own keys: present in the file (else it was converted as plain DFlash,
+/// which llama.cpp then runs without its convolutions and selector) and equal.
+fn dflash2_keys(file: &GgufFile, hf_dir: &Path, out: &mut Vec<Finding>) -> Result<()> {
+    use crate::drafter::dflash2::DFlash2Config;
+    if file.get_u64("dflash.conv_kernel_size").is_none() {
+        out.push(finding(Severity::Error, "dflash2-dropped", format!("the checkpoint is a DFlash2 drafter, but {} has no DFlash2 keys (dflash.conv_kernel_size, dflash.selector_rank, …): it was converted as plain DFlash, and llama.cpp would run it without its convolutions and candidate selector, silently", file.path().display())));
+        return Ok(());
+    }
+    let (Ok(conv), Ok(hf)) = (DFlash2Config::read(file.path()), DFlash2Config::read(hf_dir)) else {
+        return Ok(()); // the `gguf` finding (or the checkpoint's own lint) says why
+    };
+    let pairs: [(&str, String, String); 7] = [
+        ("dflash.conv_kernel_size", conv.conv_kernel_size.to_string(), hf.conv_kernel_size.to_string()),
+        ("dflash.conv_group_size", conv.conv_group_size.to_string(), hf.conv_group_size.to_string()),
+        ("dflash.selector_rank", conv.selector_rank.to_string(), hf.selector_rank.to_string()),
+        ("dflash.selector_top_k", conv.selector_top_k.to_string(), hf.selector_top_k.to_string()),
+        ("dflash.logit_scale / output_multiplier", conv.output_multiplier.to_string(), hf.output_multiplier.to_string()),
+        ("dflash.final_logit_softcapping", format!("{:?}", conv.final_logit_softcapping), format!("{:?}", hf.final_logit_softcapping)),
+        ("dflash.embedding_scale / input_embedding_scale", conv.input_embedding_scale.to_string(), hf.input_embedding_scale.to_string()),
+    ];
+    config_pairs(&pairs, out);
+    Ok(())
+}
+
 fn config_pairs(pairs: &[(&str, String, String)], out: &mut Vec<Finding>) {
     for (what, stored, want) in pairs {
         if stored != want {
@@ -177,13 +206,19 @@ fn eagle3_keys(file: &GgufFile, hf_dir: &Path, target_layers: usize, out: &mut V
     Ok(())
 }
 
-/// The checkpoint tensors a correct conversion holds: all but those the converter drops by
-/// design (EAGLE-3's `t2d`, used only in training).
-fn converted_names(hf: &SafetensorsWeights, family: DrafterFamily) -> Vec<String> {
+/// The checkpoint tensors a correct conversion holds, under the names the file's tensors map to
+/// (a DFlash2 codebook saved with `.weight` without it), each with its name in the checkpoint:
+/// all but those the converter drops by design (EAGLE-3's `t2d`, used only in training).
+fn converted_names(hf: &SafetensorsWeights, family: DrafterFamily) -> BTreeMap<String, String> {
     hf.tensors()
         .into_iter()
         .map(|t| t.name)
         .filter(|n| !(family == DrafterFamily::Eagle3 && n == "t2d"))
+        .map(|n| {
+            let codebook = n.starts_with("candidate_selector.") && n.ends_with("_codebook.weight");
+            let canonical = if codebook { n.trim_end_matches(".weight").to_string() } else { n.clone() };
+            (canonical, n)
+        })
         .collect()
 }
 
@@ -210,13 +245,13 @@ fn compare_tensors(
     let mut extra = Vec::new();
     for t in file.tensors() {
         match map_name(&t.name) {
-            Some(h) if want.contains(&h) => {
+            Some(h) if want.contains_key(&h) => {
                 stored.insert(h, t.name.clone());
             }
             _ => extra.push(t.name.clone()),
         }
     }
-    let missing: Vec<&String> = want.iter().filter(|n| !stored.contains_key(*n)).collect();
+    let missing: Vec<&String> = want.keys().filter(|n| !stored.contains_key(*n)).collect();
     if !missing.is_empty() {
         let list: Vec<String> = missing.iter().take(8).map(|s| s.to_string()).collect();
         out.push(finding(Error, "missing-tensor", format!("{} checkpoint tensor(s) have no counterpart in {g}: {}{}", missing.len(), list.join(", "), if missing.len() > 8 { ", …" } else { "" })));
@@ -226,7 +261,8 @@ fn compare_tensors(
     }
     let heads = |k: &str| file.get_u64(k).unwrap_or(0) as usize;
     let (mut compared, mut worst): (usize, Option<(f64, String)>) = (0, None);
-    for (hf_name, gguf_name) in &stored {
+    for (canonical, gguf_name) in &stored {
+        let hf_name = &want[canonical];
         let t = file.tensor_info(gguf_name).expect("listed");
         let want_shape = hf.tensors().into_iter().find(|i| &i.name == hf_name).map(|i| i.shape).unwrap_or_default();
         if t.shape() != want_shape {

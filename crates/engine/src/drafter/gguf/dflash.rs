@@ -11,9 +11,18 @@
 //! | `fc.weight`, `enc.output_norm.weight`, `output_norm.weight` | `fc.weight`, `hidden_norm.weight`, `norm.weight` |
 //! | `blk.{i}.attn_norm / attn_q / … / ffn_down` | `layers.{i}.input_layernorm / self_attn.q_proj / … / mlp.down_proj` |
 //!
+//! DFlash2 drafters (the converter writes them under the same architecture) carry
+//! `dflash.conv_kernel_size`, `.conv_group_size`, `.selector_rank`, `.selector_top_k`,
+//! `.logit_scale`, `.final_logit_softcapping`, `.embedding_scale` (→ `dflash_config.*`,
+//! `output_multiplier`, `input_embedding_scale`; `architectures = [DFlash2DraftModel]`) and the
+//! tensors `blk.{i}.{attn,ffn}_conv_{base,proj}` (→ `layers.{i}.{attention,mlp}_conv.{base_kernel,
+//! kernel_projection.weight}`) and `selector_{predecessor,successor,hidden}.weight` (→
+//! `candidate_selector.*`). A file with DFlash2 tensors but no DFlash2 keys is refused: read as
+//! DFlash it would lose them without a word.
+//!
 //! Qwen3-family drafters are not Q/K-permuted by the converter (NeoX RoPE), so every tensor is
-//! taken as stored. What the DFlash layout has no place for is refused by name: DFlash2's
-//! convolutions and selector, DSpark's heads, attention sinks, partial rotary, value scaling.
+//! taken as stored. What the layouts have no place for is refused by name: DSpark's heads,
+//! attention sinks, partial rotary, value scaling.
 
 use super::{tokenizer_len, Mapped, Meta, Transform};
 use crate::formats::gguf::GgufFile;
@@ -33,13 +42,39 @@ const DFLASH2_PARTS: [&str; 7] = [
     "selector_hidden",
 ];
 const DSPARK_PARTS: [&str; 3] = ["markov_w1", "markov_w2", "conf_proj"];
+/// The DFlash2 keys, as `dflash.*` metadata and as `dflash_config.*` keys alike.
+const DFLASH2_KEYS: [&str; 4] = [
+    "conv_kernel_size",
+    "conv_group_size",
+    "selector_rank",
+    "selector_top_k",
+];
 
-/// The checkpoint name of a DFlash GGUF tensor, if the layout has one.
+/// The checkpoint name of a DFlash (or DFlash2) GGUF tensor, if the layouts have one.
 pub(super) fn hf_name(gguf_name: &str) -> Option<String> {
-    match gguf_name {
-        "fc.weight" => return Some("fc.weight".into()),
-        "enc.output_norm.weight" => return Some("hidden_norm.weight".into()),
-        _ => {}
+    let top = match gguf_name {
+        "fc.weight" => "fc.weight",
+        "enc.output_norm.weight" => "hidden_norm.weight",
+        // The authors' checkpoints store the codebooks without `.weight`; the converter adds it.
+        "selector_predecessor.weight" => "candidate_selector.predecessor_codebook",
+        "selector_successor.weight" => "candidate_selector.successor_codebook",
+        "selector_hidden.weight" => "candidate_selector.hidden_projection.weight",
+        _ => "",
+    };
+    if !top.is_empty() {
+        return Some(top.into());
+    }
+    if let Some((layer, part)) = gguf_name.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+        let conv = match part {
+            "attn_conv_base" => Some("attention_conv.base_kernel"),
+            "attn_conv_proj.weight" => Some("attention_conv.kernel_projection.weight"),
+            "ffn_conv_base" => Some("mlp_conv.base_kernel"),
+            "ffn_conv_proj.weight" => Some("mlp_conv.kernel_projection.weight"),
+            _ => None,
+        };
+        if let (Some(c), Ok(l)) = (conv, layer.parse::<usize>()) {
+            return Some(format!("layers.{l}.{c}"));
+        }
     }
     // The target-style names (blk.*, output_norm, token_embd, output) are the GGUF target
     // reader's, under "model.": a DFlash checkpoint has no such prefix.
@@ -53,14 +88,14 @@ pub(super) fn map(file: &GgufFile) -> Result<(Value, BTreeMap<String, Mapped>)> 
         arch: "dflash",
     };
     let p = file.path().display();
-    // DFlash2 (llama.cpp writes it under the same architecture) and DSpark: refused by name.
-    for k in ["conv_kernel_size", "selector_rank"] {
-        m.refuse(k, "a DFlash2 drafter; only plain DFlash GGUF files are mapped, and loading this one as DFlash would drop its convolutions and candidate selector (docs/gguf-drafters.md)")?;
-    }
     m.refuse("sample_from_anchor", "a DSpark drafter (Markov head), which draftlens does not evaluate")?;
     m.refuse("attention.value_scale", "attention value scaling has no place in the DFlash layout draftlens evaluates")?;
-    for k in ["logit_scale", "final_logit_softcapping", "embedding_scale"] {
-        m.refuse(k, "a DFlash2 / DSpark setting with no place in the DFlash layout")?;
+    // DFlash2: its keys (all four, as the converter writes them together) say so.
+    let dflash2 = DFLASH2_KEYS.iter().any(|k| m.has(k));
+    if !dflash2 {
+        for k in ["logit_scale", "final_logit_softcapping", "embedding_scale"] {
+            m.refuse(k, "a DFlash2 / DSpark setting, but the file has no DFlash2 keys (dflash.conv_kernel_size, …)")?;
+        }
     }
 
     let hidden = m.uint("embedding_length")?;
@@ -105,7 +140,7 @@ pub(super) fn map(file: &GgufFile) -> Result<(Value, BTreeMap<String, Mapped>)> 
     let mask = m.uint("tokenizer.ggml.mask_token_id")?;
 
     let mut config = json!({
-        "architectures": ["DFlashDraftModel"],
+        "architectures": [if dflash2 { "DFlash2DraftModel" } else { "DFlashDraftModel" }],
         "model_type": "qwen3",
         "block_size": m.uint("block_size")?,
         "dflash_config": {"mask_token_id": mask, "target_layer_ids": target_layer_ids},
@@ -125,6 +160,21 @@ pub(super) fn map(file: &GgufFile) -> Result<(Value, BTreeMap<String, Mapped>)> 
     }
     if let Some(n) = m.opt_uint("context_length")? {
         c.insert("max_position_embeddings".into(), n.into());
+    }
+    if dflash2 {
+        let dc = c["dflash_config"].as_object_mut().expect("an object");
+        for k in DFLASH2_KEYS {
+            dc.insert(k.into(), m.uint(k)?.into());
+        }
+        for (gguf_key, hf_key) in [
+            ("logit_scale", "output_multiplier"),
+            ("final_logit_softcapping", "final_logit_softcapping"),
+            ("embedding_scale", "input_embedding_scale"),
+        ] {
+            if let Some(x) = m.opt_float(gguf_key)? {
+                dc.insert(hf_key.into(), x.into());
+            }
+        }
     }
     if let Some(causal) = m.opt_bool("attention.causal")? {
         c.insert("is_causal".into(), causal.into());
@@ -151,8 +201,8 @@ pub(super) fn map(file: &GgufFile) -> Result<(Value, BTreeMap<String, Mapped>)> 
     let mut tensors = BTreeMap::new();
     for t in file.tensors() {
         let part = t.name.strip_prefix("blk.").and_then(|r| r.split_once('.')).map(|(_, r)| r).unwrap_or(&t.name);
-        if DFLASH2_PARTS.iter().any(|d| part.starts_with(d)) {
-            bail!("{p}: tensor {} is a DFlash2 tensor (convolution or candidate selector): only plain DFlash GGUF files are mapped, and loading this one as DFlash would drop it (docs/gguf-drafters.md)", t.name);
+        if !dflash2 && DFLASH2_PARTS.iter().any(|d| part.starts_with(d)) {
+            bail!("{p}: tensor {} is a DFlash2 tensor (convolution or candidate selector), but the file has no DFlash2 keys (dflash.conv_kernel_size, …): read as DFlash it would be dropped without a word (docs/gguf-drafters.md)", t.name);
         }
         if DSPARK_PARTS.iter().any(|d| part.starts_with(d)) {
             bail!("{p}: tensor {} belongs to a DSpark head, which draftlens does not evaluate", t.name);

@@ -476,7 +476,8 @@ pub fn finding(path: &Path) -> Result<crate::drafter::lint::Finding> {
         .unwrap_or_default();
     let message = match d.arch {
         GgufArch::DFlash => format!(
-            "llama.cpp GGUF drafter (general.architecture = dflash) read as the z-lab DFlash layout: dflash.target_layers {stored:?} are layer inputs, read as target_layer_ids {}; mask token {} from tokenizer.ggml.mask_token_id; {n} tensors ({types})",
+            "llama.cpp GGUF drafter (general.architecture = dflash) read as the {} layout: dflash.target_layers {stored:?} are layer inputs, read as target_layer_ids {}; mask token {} from tokenizer.ggml.mask_token_id; {n} tensors ({types})",
+            if d.config["architectures"][0] == "DFlash2DraftModel" { "DFlash2 (convolutions and candidate selector mapped)" } else { "z-lab DFlash" },
             d.config["dflash_config"]["target_layer_ids"], d.config["dflash_config"]["mask_token_id"]
         ),
         GgufArch::Eagle3 => format!(
