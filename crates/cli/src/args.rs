@@ -13,6 +13,7 @@ use clap::{Args, ValueEnum};
 use draftlens_engine::backend::{BackendKind, GdnProfile};
 use draftlens_engine::drafter::eval::AnchorPolicy;
 use draftlens_engine::prompts::PromptSet;
+use draftlens_engine::slices::{PromptFormat, Slice};
 use draftlens_results::shard::Shard;
 use std::path::PathBuf;
 
@@ -81,7 +82,7 @@ pub struct TargetArgs {
     /// [default: the model `draftlens setup` installs in the data folder].
     #[arg(long)]
     pub target: Option<PathBuf>,
-    /// Prompt set: builtin:humaneval|mtbench|gsm8k or a JSONL file.
+    /// Prompt set: builtin:humaneval|mtbench|gsm8k|mmath or a JSONL file.
     #[arg(long, default_value = "builtin:humaneval")]
     pub prompts: String,
     /// Use only the first N prompts.
@@ -102,11 +103,49 @@ pub struct TargetArgs {
     /// key and recorded with every run. Dense targets ignore it.
     #[arg(long, value_enum, default_value_t = GdnProfile::Reference)]
     pub gdn_profile: GdnProfile,
+    /// Workload slice (docs/slices.md), recorded with the run: `chat` sends every prompt through
+    /// the target's chat template, `raw` sends plain text [default: each prompt as its set gives it].
+    #[arg(long, value_name = "chat|raw", value_parser = parse_prompt_format)]
+    pub prompt_format: Option<PromptFormat>,
+    /// Workload slice: the chat template's thinking switch (`enable_thinking`), on or off
+    /// [default: the template's own]; refused for a template without the switch.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub thinking: Option<bool>,
+    /// Workload slice: only the prompts of this category (the set's `category` field).
+    #[arg(long)]
+    pub category: Option<String>,
+    /// Workload slice: only the prompts in this language (the set's `language` field, e.g. en, zh).
+    #[arg(long)]
+    pub language: Option<String>,
+}
+
+fn parse_prompt_format(s: &str) -> std::result::Result<PromptFormat, String> {
+    s.parse()
+}
+
+fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, found {s:?}")),
+    }
 }
 
 impl TargetArgs {
+    /// The workload slice the options ask for.
+    pub fn slice(&self) -> Slice {
+        Slice {
+            prompt_format: self.prompt_format,
+            thinking: self.thinking,
+            category: self.category.clone(),
+            language: self.language.clone(),
+        }
+    }
+
+    /// The prompt set, sliced (before `--limit`: the first N prompts of the slice).
     pub fn prompt_set(&self) -> Result<PromptSet> {
         let mut set = PromptSet::load(&self.prompts)?;
+        draftlens_engine::slices::apply(&self.slice(), &mut set)?;
         if let Some(n) = self.limit {
             set.truncate(n);
         }

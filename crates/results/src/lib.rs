@@ -4,6 +4,7 @@
 //! - [`metrics`]: the native metrics of a run, every run-level row a fold of [`metrics::PromptStats`];
 //! - [`shard`]: the shard rule and the evaluation identity that every shard of one evaluation carries;
 //! - [`merge`]: the exact merge of shards (`draftlens merge`, pushes to a team server);
+//! - [`slice`]: workload slices (chat/raw, thinking, category, language) stored with a run;
 //! - [`speed`]: the verdict's cost model (estimated speed-up) and the stored timings of `live`;
 //! - [`text`]: the one cleaning rule for text from outside (plugins, imports, pushes) on its way
 //!   into the store and to a terminal;
@@ -16,6 +17,7 @@
 pub mod merge;
 pub mod metrics;
 pub mod shard;
+pub mod slice;
 pub mod speed;
 pub mod store;
 pub mod text;

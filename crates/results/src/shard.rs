@@ -105,6 +105,10 @@ pub struct EvalIdentity {
     pub gdn_profile: Option<String>,
     /// The draftlens version that computed the records.
     pub code_version: String,
+    /// The workload slice (`crate::slice::Slice`, docs/slices.md); absent for the default slice,
+    /// so identities computed before slices existed, or with default options, keep their sha256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slice: Option<serde_json::Value>,
 }
 
 impl EvalIdentity {

@@ -281,6 +281,8 @@ pub struct RunIdentity {
     dtype: &'static str,
     /// The Gated DeltaNet profile of a hybrid target (`None` for a dense one).
     gdn_profile: Option<&'static str>,
+    /// The workload slice of the prompts (docs/slices.md); stored only when not the default.
+    slice: crate::slices::Slice,
 }
 
 impl RunIdentity {
@@ -296,17 +298,24 @@ impl RunIdentity {
         run_prompts: usize,
     ) -> Result<Self> {
         let target = &s.files.identity;
+        // A slice the target's template cannot honour is refused before any run is created.
+        crate::slices::check_set(set, s.files.tokenizer()?)?;
         let name = opts.name.clone().unwrap_or_else(|| {
             let checkpoint = Path::new(&drafter.path)
                 .file_name()
                 .map(|x| x.to_string_lossy().to_string())
                 .unwrap_or(drafter.path.clone());
-            format!(
+            let name = format!(
                 "{}/{checkpoint} · {} · {}",
                 drafter.series,
                 set.name,
                 opts.mode.as_str()
-            )
+            );
+            // A sliced run says its slice; a default run's name is as it always was.
+            match set.slice.is_default() {
+                true => name,
+                false => format!("{name} · {}", set.slice),
+            }
         });
         let name = match shard {
             Some(sh) => format!("{name}{SHARD_NAME_SEP}{sh}"),
@@ -332,6 +341,7 @@ impl RunIdentity {
             backend: s.be.name(),
             dtype: s.be.dtype(),
             gdn_profile: s.gdn_profile_name(),
+            slice: set.slice.clone(),
         })
     }
 
@@ -345,6 +355,10 @@ impl RunIdentity {
         });
         if let Some(sh) = self.shard {
             config["shard"] = serde_json::json!(sh.to_string());
+        }
+        // Appended last and only when set, so a default run's settings text is unchanged.
+        if let Some(slice) = self.slice.to_stored() {
+            config["slice"] = slice;
         }
         config
     }
@@ -368,6 +382,7 @@ impl RunIdentity {
             dtype: self.dtype.into(),
             gdn_profile: self.gdn_profile.map(String::from),
             code_version: code_version(),
+            slice: self.slice.to_stored(),
         })
     }
 

@@ -685,8 +685,11 @@ pub fn tokenize_prompt(tok: &crate::tokenizer::TextTokenizer, p: &Prompt) -> Res
                 .iter()
                 .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
                 .collect();
-            tok.encode_chat(&ms, true)
-                .with_context(|| format!("prompt {}", p.id))?
+            match p.enable_thinking {
+                None => tok.encode_chat(&ms, true),
+                Some(on) => crate::slices::encode_chat_thinking(tok, &ms, on),
+            }
+            .with_context(|| format!("prompt {}", p.id))?
         }
         (None, Some(t)) => tok.encode(t, true)?,
         (None, None) => bail!("prompt {} has neither text nor messages", p.id),

@@ -312,6 +312,11 @@ impl TextTokenizer {
         self.eos_ids.clone()
     }
 
+    /// Where the chat template came from, e.g. "m.gguf: tokenizer.chat_template" (for errors).
+    pub fn chat_template_source(&self) -> &str {
+        &self.chat_template_source
+    }
+
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
     }
