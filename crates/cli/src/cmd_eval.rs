@@ -9,14 +9,15 @@ use draftlens_engine::backend::{dispatch, Backend, BackendJob, DEFAULT_CUDA_DEVI
 use draftlens_engine::drafter::config::DrafterFamily;
 use draftlens_engine::drafter::eval::{EvalOptions, Labels};
 use draftlens_engine::drafter::lint::{lint, Severity};
-use draftlens_engine::drafter::live::{first_divergence, live_decode};
+use draftlens_engine::drafter::eval::Drafter;
+use draftlens_engine::drafter::live::{first_divergence, live_decode, load_drafter, LiveDrafter};
 use draftlens_engine::drafter::speed::time_prompt;
 use draftlens_engine::drafter::run::RunOutcome;
 use draftlens_engine::drafter::run::{run_eval_shard, DrafterSpec, RunOptions};
 use draftlens_engine::drafter::sampling::{
     live_decode_sampled, prompt_stream, SampledEval, SamplingRng,
 };
-use draftlens_engine::drafter::{DFlashDrafter, DrafterCheckpoint};
+use draftlens_engine::drafter::DrafterCheckpoint;
 use draftlens_engine::model::TargetFiles;
 use draftlens_records::sampling::{check_temperature, check_top_p, DraftSampling, SamplingParams};
 use draftlens_results::store::{MetricRow, MetricScope, RunFilter, RunMode, Store};
@@ -374,7 +375,9 @@ fn run_sampling(a: &RunArgs) -> Result<Option<SampledEval>> {
 pub struct LiveArgs {
     #[command(flatten)]
     pub target: TargetArgs,
-    /// Drafter checkpoint folder.
+    /// Drafter checkpoint folder or GGUF drafter file (DFlash, DFlash2 or EAGLE-3, told from its
+    /// config), or target:mtp[:K] (the target's own MTP head drafting K tokens a round, default
+    /// 3; docs/live.md).
     #[arg(long)]
     pub drafter: PathBuf,
     /// Fail (exit status 1, after printing every prompt's result) when a prompt's output departs
@@ -415,6 +418,14 @@ pub struct LiveArgs {
 }
 
 impl LiveArgs {
+    /// K of `--drafter target:mtp[:K]`; None for a checkpoint.
+    fn mtp_steps(&self) -> Result<Option<usize>> {
+        self.drafter
+            .to_str()
+            .and_then(draftlens_engine::drafter::mtp::steps_of_name)
+            .transpose()
+    }
+
     /// The sampling settings and seed at `--temperature` > 0; None for greedy decoding.
     fn sampling(&self) -> Result<Option<(SamplingParams, u64)>> {
         let params = sampling_params(
@@ -429,6 +440,19 @@ impl LiveArgs {
         }
         if params.is_some() && (self.baseline || self.store.is_some()) {
             bail!("--baseline and --store time greedy decoding: they apply at --temperature 0 only");
+        }
+        if params.is_some() && self.mtp_steps()?.is_some() {
+            bail!("--temperature: live speculative sampling needs the drafter's distribution q, which is defined here for DFlash drafters only; an MTP head drafts its chain greedily (docs/live.md §1): use --temperature 0");
+        }
+        if params.is_some() {
+            let family = match DrafterFamily::detect(&self.drafter)? {
+                DrafterFamily::DFlash => None,
+                DrafterFamily::Eagle3 => Some("an EAGLE-3 drafter, whose chain"),
+                DrafterFamily::DFlash2 => Some("a DFlash2 drafter, whose selector path"),
+            };
+            if let Some(what) = family {
+                bail!("{}: --temperature: live speculative sampling needs the drafter's distribution q, which is defined here for DFlash drafters only; this is {what} is drafted greedily (docs/live.md §1): use --temperature 0", self.drafter.display());
+            }
         }
         Ok(params.map(|p| (p, self.seed.unwrap_or(0))))
     }
@@ -495,33 +519,25 @@ impl BackendJob for LiveJob<'_> {
         let a = self.a;
         let set = a.target.prompt_set()?;
         let s = a.target.session(be, self.g)?;
-        let findings = lint(&s.files, &a.drafter)?;
-        if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
-            bail!(
-                "{}: drafter is incompatible with the target: {}",
-                a.drafter.display(),
-                f.message
-            );
+        // A checkpoint is linted as `run` lints it; the MTP head is checked by its loader.
+        if a.mtp_steps()?.is_none() {
+            let findings = lint(&s.files, &a.drafter)?;
+            if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
+                bail!(
+                    "{}: drafter is incompatible with the target: {}",
+                    a.drafter.display(),
+                    f.message
+                );
+            }
         }
-        if DrafterFamily::detect(&a.drafter)? == DrafterFamily::Eagle3 {
-            bail!(
-                "{}: live decoding of EAGLE-3 drafters is not implemented yet; `draftlens run` replays them (docs/eagle3.md §4)",
-                a.drafter.display()
-            );
-        }
-        if DrafterFamily::detect(&a.drafter)? == DrafterFamily::DFlash2 {
-            bail!(
-                "{}: live decoding of DFlash2 drafters is not implemented yet; `draftlens run` replays them (docs/dflash2.md §4)",
-                a.drafter.display()
-            );
-        }
-        let d = DFlashDrafter::load(&s.be, &a.drafter, s.files.spec.hidden_size)?;
+        let d = load_drafter(&s.be, &a.drafter, &s.files.identity.path, &s.files.spec)?;
+        let block_size = LiveDrafter::from(&d).block_size();
         let eos = s.eos_ids();
         let tok = s.files.tokenizer()?;
         let max_new = a.target.max_new_tokens;
         let timed = a.baseline || self.target_run.is_some();
         if let Some(t) = self.target_run {
-            t.check(&s, &a.drafter, d.cfg.block_size, max_new)?;
+            t.check(&s, &a.drafter, block_size, max_new)?;
         }
         if let (true, Some(p)) = (timed, set.prompts.first()) {
             // Warm-up (kernels compiled, buffers allocated): not timed.
@@ -535,10 +551,13 @@ impl BackendJob for LiveJob<'_> {
                 // A sample equals greedy decoding only by chance: no divergence to report.
                 let mut rng = SamplingRng::for_prompt(*seed, prompt_stream(&p.hash())?);
                 let max_new = a.target.max_new_tokens;
+                let Drafter::DFlash(d) = &d else {
+                    bail!("live speculative sampling is defined for DFlash drafters only");
+                };
                 let live = live_decode_sampled(
                     &s.be,
                     s.model()?,
-                    &d,
+                    d,
                     &ids,
                     max_new,
                     &eos,
@@ -598,7 +617,7 @@ impl BackendJob for LiveJob<'_> {
         Ok(LiveReport {
             speed: draftlens_results::speed::SpeedSummary::of(&timings),
             rows,
-            block_size: d.cfg.block_size,
+            block_size,
             backend: s.be.name(),
             dtype: s.be.dtype(),
             sampling: self
@@ -704,6 +723,9 @@ fn render_divergence(d: &LiveDivergence) -> String {
 pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
     // Sampling settings are checked before any model is loaded.
     let sampling = a.sampling()?;
+    if a.store.is_some() && a.mtp_steps()?.is_some() {
+        bail!("--store matches the replayed run by the drafter's weights file, and an MTP head (target:mtp) is part of the target's: time it with --baseline (docs/live.md)");
+    }
     let target_run = match &a.store {
         Some(run) => Some(crate::cmd_live_speed::TargetRun::open(&a.db, run)?),
         None => None,

@@ -1,26 +1,28 @@
 //! Live greedy speculative decoding: the real draft → verify loop with the target's KV cache,
-//! cropping after each round, and the bonus token. Lossless: the output equals plain greedy
-//! decoding; its τ must equal the replayed τ of the per-anchor evaluation.
+//! cropping after each round, and the bonus token: one loop for every drafter family
+//! ([`LiveDrafter`], drafter/live_drafter.rs, says what each proposes and keeps). Lossless: the
+//! output equals plain greedy decoding; its τ must equal the replayed τ of the per-anchor
+//! evaluation.
 //!
-//! Round at anchor a (the last committed token, not yet in the target's cache):
-//! draft d_1..d_{B−1} from the taps of positions < a; verify `[y_a, d_1..d_{B−1}]` in one target
-//! pass; A = leading i with d_i = argmax(row i−1); commit d_1..d_A and the bonus argmax(row A);
-//! crop the cache to a+A+1; append the verify pass's taps of positions a..a+A to the drafter
-//! context. Tokens counted per round = tokens committed (the bonus is not counted when the
-//! budget or an EOS ends the sequence first), the same convention as [`draftlens_results::metrics::replay`].
+//! Round at anchor a (the last committed token, not yet in the target's cache): the drafter
+//! proposes d_1..d_{B−1} from its state over positions < a and y_a; verify `[y_a, d_1..d_{B−1}]`
+//! in one target pass; A = leading i with d_i = argmax(row i−1); commit d_1..d_A and the bonus
+//! argmax(row A); crop the cache to a+A+1; the drafter grows its state from the verify pass's
+//! taps of positions a..a+A and the committed tokens. Tokens counted per round = tokens committed
+//! (the bonus is not counted when the budget or an EOS ends the sequence first), the same
+//! convention as [`draftlens_results::metrics::replay`].
 //!
 //! Lossless holds exactly where the verify pass over B tokens computes each row with the bits of
 //! the one-token decode step (the f32 CPU backend). In low precision the two computations may
 //! round a near-tie between two logits differently, and the outputs part there:
 //! [`first_divergence`] says where, which two tokens, and by how much the target preferred one.
 
-use super::model::{DFlashDrafter, DraftOptions};
 use crate::backend::{Backend, HostRows};
 use crate::model::{Capture, TargetModel};
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct LiveResult {
     /// Generated ids (the prefill's first token included), EOS included if reached.
     pub ids: Vec<u32>,
@@ -28,6 +30,10 @@ pub struct LiveResult {
     pub round_tokens: Vec<u32>,
     /// Accepted drafted tokens A of each round.
     pub accepted: Vec<u32>,
+    /// The B − 1 proposals of each round, round after round (greedy decoding only; what tests
+    /// compare with the replay's drafts at the same anchors). Not serialised.
+    #[serde(skip)]
+    pub drafts: Vec<u32>,
 }
 
 impl LiveResult {
@@ -72,10 +78,10 @@ pub struct LiveTimes {
     pub verify_s: f64,
 }
 
-pub fn live_decode<B: Backend>(
+pub fn live_decode<'d, B: Backend + 'd>(
     be: &B,
     target: &TargetModel<B>,
-    drafter: &DFlashDrafter<B>,
+    drafter: impl Into<LiveDrafter<'d, B>>,
     prompt: &[u32],
     max_new: usize,
     eos: &[u32],
@@ -84,23 +90,22 @@ pub fn live_decode<B: Backend>(
 }
 
 /// [`live_decode`], adding its wall times to `times`.
-pub fn live_decode_timed<B: Backend>(
+pub fn live_decode_timed<'d, B: Backend + 'd>(
     be: &B,
     target: &TargetModel<B>,
-    drafter: &DFlashDrafter<B>,
+    drafter: impl Into<LiveDrafter<'d, B>>,
     prompt: &[u32],
     max_new: usize,
     eos: &[u32],
     times: &mut LiveTimes,
 ) -> Result<LiveResult> {
     use std::time::Instant;
+    let drafter = drafter.into();
     if prompt.is_empty() {
         bail!("empty prompt");
     }
-    let d_t = target.spec.hidden_size;
-    let tap_idx: Vec<usize> = drafter.cfg.target_layer_ids.iter().map(|i| i + 1).collect();
-    let capture = Capture::for_layer_ids(&drafter.cfg.target_layer_ids, target.spec.num_layers)?;
-    let b = drafter.cfg.block_size;
+    let capture = Capture::for_layer_ids(&drafter.tap_layer_ids(&target.spec), target.spec.num_layers)?;
+    let b = drafter.block_size();
     let mut cache = target.new_cache();
     let out = target.forward(be, prompt, &mut cache, &capture)?;
     let p = prompt.len();
@@ -109,34 +114,25 @@ pub fn live_decode_timed<B: Backend>(
         .ids[0];
     let mut res = LiveResult {
         ids: vec![first],
-        round_tokens: vec![],
-        accepted: vec![],
+        ..LiveResult::default()
     };
     if max_new == 0 {
         res.ids.clear();
         return Ok(res);
     }
     let decode_start = Instant::now();
-    let taps = taps_rows(be, &out.captured, &tap_idx, p)?;
-    let mut ctx = drafter.context(be, &taps.iter().collect::<Vec<_>>(), d_t)?;
+    let mut state = drafter.start(be, target, &out.captured, prompt, first)?;
+    // The prompt and the generated ids: what the drafter proposes after.
+    let mut committed = prompt.to_vec();
+    committed.push(first);
     while !eos.contains(res.ids.last().expect("non-empty")) && res.ids.len() < max_new {
         let a = p + res.ids.len() - 1;
         let y_a = *res.ids.last().expect("non-empty");
         let remaining = max_new - res.ids.len();
         let draft_start = Instant::now();
-        let top = drafter.draft(
-            be,
-            target,
-            &ctx,
-            &[a],
-            &[y_a],
-            DraftOptions {
-                ctx_inclusive: false,
-                top_k: 1,
-            },
-        )?;
-        let drafts = top.argmax();
+        let drafts = drafter.propose(be, target, &state, &committed)?;
         times.draft_s += draft_start.elapsed().as_secs_f64();
+        res.drafts.extend_from_slice(&drafts);
         let mut block = vec![y_a];
         block.extend(&drafts);
         if cache.len + block.len() > target.spec.max_position_embeddings {
@@ -153,14 +149,15 @@ pub fn live_decode_timed<B: Backend>(
                 break;
             }
         }
+        let before = res.ids.len();
         res.ids.extend_from_slice(&drafts[..acc]);
-        let mut committed = acc;
         let ended = acc > 0 && eos.contains(&drafts[acc - 1]);
         if !ended && res.ids.len() < max_new {
             res.ids.push(post[acc]);
-            committed += 1;
         }
-        res.round_tokens.push(committed as u32);
+        let new_tokens = &res.ids[before..];
+        committed.extend_from_slice(new_tokens);
+        res.round_tokens.push(new_tokens.len() as u32);
         res.accepted.push(acc as u32);
         // Keep y_a and the accepted drafts in the cache; the bonus enters with the next verify.
         let crop_start = Instant::now();
@@ -168,8 +165,7 @@ pub fn live_decode_timed<B: Backend>(
         verify_s += crop_start.elapsed().as_secs_f64();
         times.verify_s += verify_s;
         let update_start = Instant::now();
-        let new_taps = taps_rows(be, &v.captured, &tap_idx, acc + 1)?;
-        drafter.extend_context(be, &mut ctx, &new_taps.iter().collect::<Vec<_>>(), d_t)?;
+        drafter.extend(be, target, &mut state, &v.captured, acc + 1, new_tokens)?;
         times.draft_s += update_start.elapsed().as_secs_f64();
     }
     times.decode_s += decode_start.elapsed().as_secs_f64();
@@ -257,6 +253,10 @@ fn next_token_logits<B: Backend, const N: usize>(
             .sum()
     }))
 }
+
+#[path = "live_drafter.rs"]
+mod family;
+pub use family::{load_drafter, LiveDrafter};
 
 #[cfg(test)]
 #[path = "live_tests.rs"]

@@ -1,10 +1,13 @@
 //! Live decoding against plain greedy decoding: lossless on the CPU reference, and where a
 //! verify pass rounds a near-tie the other way (a backend made to do so on purpose),
-//! [`first_divergence`] finds the place, the two tokens and the target's margin between them.
+//! [`first_divergence`] finds the place, the two tokens and the target's margin between them;
+//! the one loop every family goes through gives the known answers of the oracle drafters.
 
 use super::*;
 use crate::backend::cpu::{CpuBackend, CpuMatrix, CpuTensor};
 use crate::backend::{AttnMask, AttnShape, Rope, TopK};
+use crate::drafter::eval::Drafter;
+use crate::drafter::model::DFlashDrafter;
 use crate::drafter::random::{write_random_checkpoint, RandomDrafter};
 use crate::generate::greedy;
 use crate::model::random::{qwen3_8b_spec, RandomWeights};
@@ -261,4 +264,41 @@ fn an_output_that_ends_early_diverges_where_it_ends_with_no_margin() {
             logit_margin: None,
         }
     );
+}
+
+/// The loop's accounting against known answers: the oracle proposes the target's own greedy
+/// tokens, so every round commits B (B − 1 accepted and the bonus) but where the budget or an EOS
+/// ends it; the anti-oracle's first proposal is never the target's, so every round commits 1.
+#[test]
+fn oracle_drafters_give_the_known_rounds_through_the_shared_loop() {
+    let (spec, weights) = tiny_target();
+    let be = CpuBackend::new();
+    let target = TargetModel::load(&be, &spec, &weights).unwrap();
+    let b = 4;
+    let plain = greedy(&be, &target, &PROMPT, MAX_NEW, &[]).unwrap();
+    let oracle = Drafter::Oracle { block_size: b };
+    let live = live_decode(&be, &target, &oracle, &PROMPT, MAX_NEW, &[]).unwrap();
+    assert_eq!(live.ids, plain.ids);
+    // 47 tokens after the prefill's: 11 rounds of 4, then 3 accepted with no room for a bonus.
+    let mut want = vec![b as u32; (MAX_NEW - 1) / b];
+    want.push(((MAX_NEW - 1) % b) as u32);
+    assert_eq!(live.round_tokens, want);
+    assert_eq!(live.accepted, [vec![3; 11], vec![3]].concat());
+    assert!((live.tau() - 47.0 / 12.0).abs() < 1e-12);
+
+    // An EOS ends the decoding where greedy decoding stops: its first occurrence, k tokens in.
+    let eos = plain.ids[10];
+    let k = plain.ids.iter().position(|&t| t == eos).unwrap();
+    assert!(k >= 1);
+    let live = live_decode(&be, &target, &oracle, &PROMPT, MAX_NEW, &[eos]).unwrap();
+    assert_eq!(live.ids, plain.ids[..=k]);
+    assert_eq!(live.round_tokens.len(), k.div_ceil(b));
+    assert_eq!(live.round_tokens.iter().sum::<u32>() as usize, k);
+
+    let anti = Drafter::AntiOracle { block_size: b };
+    let live = live_decode(&be, &target, &anti, &PROMPT, MAX_NEW, &[]).unwrap();
+    assert_eq!(live.ids, plain.ids);
+    assert_eq!(live.round_tokens, vec![1; MAX_NEW - 1]);
+    assert!(live.accepted.iter().all(|&a| a == 0));
+    assert_eq!(live.tau(), 1.0);
 }

@@ -298,11 +298,7 @@ pub fn live_decode_sampled_with<B: Backend>(
     if prompt.is_empty() {
         bail!("empty prompt");
     }
-    let mut res = LiveResult {
-        ids: vec![],
-        round_tokens: vec![],
-        accepted: vec![],
-    };
+    let mut res = LiveResult::default();
     if max_new == 0 {
         return Ok(res);
     }

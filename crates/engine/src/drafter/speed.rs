@@ -3,8 +3,7 @@
 //! decoding's time into draft rounds and verify passes that the cost model
 //! (`draftlens_results::speed`) reads.
 
-use super::live::{live_decode_timed, LiveResult, LiveTimes};
-use super::model::DFlashDrafter;
+use super::live::{live_decode_timed, LiveDrafter, LiveResult, LiveTimes};
 use crate::backend::Backend;
 use crate::model::{Capture, KvCache, TargetModel};
 use anyhow::Result;
@@ -69,10 +68,10 @@ pub struct TimedPrompt {
 }
 
 /// Times prompt `index` of a run (`prompt` its token ids) decoded both ways on `be`.
-pub fn time_prompt<B: Backend>(
+pub fn time_prompt<'d, B: Backend + 'd>(
     be: &B,
     target: &TargetModel<B>,
-    drafter: &DFlashDrafter<B>,
+    drafter: impl Into<LiveDrafter<'d, B>>,
     index: u32,
     prompt: &[u32],
     max_new: usize,
@@ -103,6 +102,7 @@ mod tests {
     use super::*;
     use crate::backend::cpu::CpuBackend;
     use crate::drafter::random::{write_random_checkpoint, RandomDrafter};
+    use crate::drafter::model::DFlashDrafter;
     use crate::generate::greedy;
     use crate::model::random::{qwen3_8b_spec, RandomWeights};
     use crate::model::ModelSpec;

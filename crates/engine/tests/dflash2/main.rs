@@ -426,3 +426,40 @@ fn a_checkpoint_without_its_selector_is_refused_naming_the_file_and_tensor() {
     assert!(e.contains("--top-k 17") && e.contains("selector_top_k"), "{e}");
     check_options(&golden, &EvalOptions::default()).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// (e) live decoding (docs/live.md): lossless, and live τ = replayed τ round by round
+// ---------------------------------------------------------------------------------------------
+
+#[path = "../live_util/mod.rs"]
+mod live_util;
+
+/// The golden drafter decoding live on the random Qwen3 golden target (CPU): its output is plain
+/// greedy decoding's (transformers' continuation in the golden), its rounds are the replay's over
+/// the same sequence (proposals chosen left to right by the selector from each round's y_a), and
+/// its τ is the authors' own loop's (`dflash_generate`, manifest `tau`); an EOS inside the
+/// continuation ends both where greedy decoding stops.
+#[test]
+fn live_decoding_is_lossless_and_its_tau_is_the_replayed_and_the_authors_tau() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = checkpoint(&tmp.path().join("golden"), |_| {}, |_| {});
+    let files = qwen3();
+    let be = CpuBackend::new();
+    let target = TargetModel::load(&be, &files.spec, files.weights.as_ref()).unwrap();
+    let d = Drafter::DFlash2(DFlash2Drafter::load(&be, &dir, 128, 512).unwrap());
+    let manifest = json(&golden_dir().join("manifest.json"));
+    let g = Golden::open(qwen3_dir().join("golden.safetensors"));
+    for p in 0..2 {
+        let prompt = g.ids(&format!("p{p}.input_ids"));
+        let golden = g.ids(&format!("p{p}.greedy_ids"));
+        let label = format!("dflash2 p{p}");
+        let c = live_util::check_live(&be, &target, &d, &prompt, golden.len(), &[], &label);
+        assert_eq!(c.live.ids, golden, "{label}: transformers' greedy continuation");
+        let authors = manifest["prompts"][format!("p{p}")]["tau"].as_f64().unwrap();
+        assert!((c.live.tau() - authors).abs() < 1e-12, "{label}: live τ {} vs dflash_generate's {authors}", c.live.tau());
+        println!("{label}: {} rounds, live τ {:.4} = replayed τ {:.4} = dflash_generate τ {authors:.4}", c.live.round_tokens.len(), c.live.tau(), c.replayed_tau);
+        let eos = golden[9];
+        let c = live_util::check_live(&be, &target, &d, &prompt, golden.len(), &[eos], &format!("{label} eos"));
+        assert_eq!(c.live.ids.last(), Some(&eos));
+    }
+}

@@ -512,3 +512,41 @@ fn run_stores_an_eagle3_run_and_reuses_its_records() {
     assert!(e.contains("--mask inclusive"), "{e}");
     assert_eq!(runs(), before);
 }
+
+// ---------------------------------------------------------------------------------------------
+// (f) live decoding (docs/live.md): lossless, and live τ = replayed τ round by round
+// ---------------------------------------------------------------------------------------------
+
+#[path = "../live_util/mod.rs"]
+mod live_util;
+
+/// The golden drafter decoding live on the random Qwen3 golden target (CPU): its output is plain
+/// greedy decoding's (transformers' own continuation in the golden), and its rounds are the
+/// replay's over the same sequence, with the chain's context rows grown round by round
+/// (`Eagle3Drafter::extend_context`) where the replay computes them in one pass; an EOS inside
+/// the continuation ends both where greedy decoding stops.
+#[test]
+fn live_decoding_is_lossless_and_its_tau_is_the_replayed_tau() {
+    use draftlens_engine::model::TargetModel;
+    let be = CpuBackend::new();
+    let files = qwen3();
+    let target = TargetModel::load(&be, &files.spec, files.weights.as_ref()).unwrap();
+    let d = Drafter::Eagle3(Eagle3Drafter::load(&be, &golden_dir(), &files.spec).unwrap());
+    let g = Golden::open(qwen3_dir().join("golden.safetensors"));
+    let mut accepted = 0;
+    for p in 0..2 {
+        let prompt = g.ids(&format!("p{p}.input_ids"));
+        let golden = g.ids(&format!("p{p}.greedy_ids"));
+        let label = format!("eagle3 p{p}");
+        let c = live_util::check_live(&be, &target, &d, &prompt, golden.len(), &[], &label);
+        assert_eq!(c.live.ids, golden, "{label}: transformers' greedy continuation");
+        accepted += c.live.accepted.iter().sum::<u32>();
+        println!("{label}: {} rounds, live τ {:.4} = replayed τ {:.4}", c.live.round_tokens.len(), c.live.tau(), c.replayed_tau);
+        let eos = golden[9];
+        let c = live_util::check_live(&be, &target, &d, &prompt, golden.len(), &[eos], &format!("{label} eos"));
+        assert_eq!(c.live.ids.last(), Some(&eos));
+    }
+    // The random golden drafter accepts nothing on this target: the per-round proposals compared
+    // with the replay's drafts (`check_live`) are what checks its context rows here.
+    println!("eagle3: {accepted} drafts accepted");
+}

@@ -535,3 +535,43 @@ fn run_stores_an_mtp_run_and_reuses_its_records() {
     assert!(e.contains("model.gguf") && e.contains("MTP"), "{e}");
     assert_eq!(runs(), before);
 }
+
+// ---------------------------------------------------------------------------------------------
+// (e) live decoding (docs/live.md): lossless, and live τ = replayed τ round by round
+// ---------------------------------------------------------------------------------------------
+
+#[path = "../live_util/mod.rs"]
+mod live_util;
+
+/// The golden head decoding live on its hybrid Qwen3.5 target (CPU; the verify round's crop
+/// restores the recurrent state): the output is plain greedy decoding's, and the rounds are the
+/// replay's over the same sequence, the head's context rows grown round by round
+/// (`MtpDrafter::extend_context`) from the verify pass's final-norm states where the replay
+/// computes them in one pass; for K = 1 and K = 3, and with an EOS inside the continuation.
+#[test]
+fn live_decoding_is_lossless_and_its_tau_is_the_replayed_tau() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = golden_target(&tmp.path().join("target"));
+    let be = CpuBackend::new();
+    let files = TargetFiles::open(&dir).unwrap();
+    let model = TargetModel::load(&be, &files.spec, files.weights.as_ref()).unwrap();
+    let g = Golden::open(qwen3_5_dir().join("golden.safetensors"));
+    let mut accepted = 0;
+    for steps in [1, 3] {
+        let d = Drafter::Mtp(MtpDrafter::load(&be, &dir, &files.spec, steps).unwrap());
+        for p in 0..2 {
+            let prompt = g.ids(&format!("p{p}.input_ids"));
+            let max_new = 24;
+            let label = format!("mtp K={steps} p{p}");
+            let c = live_util::check_live(&be, &model, &d, &prompt, max_new, &[], &label);
+            accepted += c.live.accepted.iter().sum::<u32>();
+            println!("{label}: {} rounds, live τ {:.4} = replayed τ {:.4}", c.live.round_tokens.len(), c.live.tau(), c.replayed_tau);
+            let eos = c.live.ids[9];
+            let c = live_util::check_live(&be, &model, &d, &prompt, max_new, &[eos], &format!("{label} eos"));
+            assert_eq!(c.live.ids.last(), Some(&eos));
+        }
+    }
+    // Besides the accepted lengths, `check_live` compares every round's proposals with the
+    // replay's drafts at the same anchor: the head's context rows are checked either way.
+    println!("mtp: {accepted} drafts accepted");
+}

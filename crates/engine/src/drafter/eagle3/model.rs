@@ -259,6 +259,56 @@ impl<B: Backend> Eagle3Drafter<B> {
         }))
     }
 
+    /// Appends context rows as live decoding commits tokens (`crate::drafter::live`): rows j =
+    /// `start .. start + n` (`start` = the rows `ctx` holds, 0 for `None`) from the taps of
+    /// positions j (`taps[t]` `[n, Dt]`, row i = position start + i) and the tokens y_{j+1}
+    /// (`next_tokens`, n of them), each row attending to every row before it and itself: what
+    /// [`Eagle3Drafter::context_from_tensors`] computes for those rows in its one causal pass over
+    /// the whole sequence, so the chain drafted at an anchor is the replay's.
+    pub fn extend_context(
+        &self,
+        be: &B,
+        target: Option<&dyn EmbedHead<B>>,
+        ctx: Option<Eagle3Context<B>>,
+        taps: &[&B::Tensor],
+        next_tokens: &[u32],
+    ) -> Result<Option<Eagle3Context<B>>> {
+        self.check_tap_count(taps.len())?;
+        let n = next_tokens.len();
+        let rows = be.dims(taps[0]).0;
+        if rows != n {
+            bail!("taps of {rows} positions for {n} new context rows");
+        }
+        if n == 0 {
+            return Ok(ctx);
+        }
+        let start = ctx.as_ref().map_or(0, |c| c.len);
+        let hidden = be.matmul(&be.concat_cols(taps)?, &self.fc)?;
+        let emb = be.embed(self.embedding(target)?, next_tokens)?;
+        let positions: Vec<u32> = (start..start + n).map(|j| j as u32).collect();
+        let p = self.project(be, &emb, hidden, &positions)?;
+        let (k, v, before) = match ctx {
+            Some(c) => (
+                be.concat_rows(&[&c.k, &p.k])?,
+                be.concat_rows(&[&c.v, &p.v])?,
+                Some(c.hidden),
+            ),
+            None => (p.k, p.v, None),
+        };
+        let o = be.attention(&p.q, &k, &v, self.shape, &AttnMask::Causal { q_start: start })?;
+        let out = self.finish(be, &o, p.residual)?;
+        let hidden = match before {
+            Some(h) => be.concat_rows(&[&h, &out])?,
+            None => out,
+        };
+        Ok(Some(Eagle3Context {
+            k,
+            v,
+            hidden,
+            len: start + n,
+        }))
+    }
+
     /// The midlayer up to attention for rows of (token embedding, hidden state) at `positions`.
     fn project(
         &self,

@@ -141,6 +141,55 @@ impl<B: Backend> MtpDrafter<B> {
         }))
     }
 
+    /// Appends context rows as live decoding commits tokens (`crate::drafter::live`): rows j =
+    /// `start .. start + n` (`start` = the rows `ctx` holds, 0 for `None`) from the target's
+    /// final-norm states at positions j (`hidden` `[n, D]`, row i = position start + i) and the
+    /// tokens y_{j+1} (`next_tokens`), each row attending to every row before it and itself: what
+    /// [`MtpDrafter::context_from_tensor`] computes for those rows in its one causal pass over the
+    /// whole sequence, so the chain drafted at an anchor is the replay's.
+    pub fn extend_context(
+        &self,
+        be: &B,
+        target: &dyn EmbedHead<B>,
+        ctx: Option<MtpContext<B>>,
+        hidden: &B::Tensor,
+        next_tokens: &[u32],
+    ) -> Result<Option<MtpContext<B>>> {
+        let n = next_tokens.len();
+        let rows = be.dims(hidden).0;
+        if rows != n {
+            bail!("target states of {rows} positions for {n} new context rows");
+        }
+        if n == 0 {
+            return Ok(ctx);
+        }
+        let start = ctx.as_ref().map_or(0, |c| c.len);
+        let emb = be.embed(target.embed_tokens(), next_tokens)?;
+        let positions: Vec<u32> = (start..start + n).map(|j| j as u32).collect();
+        let p = self.project(be, &emb, hidden, &positions)?;
+        let (k, v, before) = match ctx {
+            Some(c) => (
+                be.concat_rows(&[&c.k, &p.k])?,
+                be.concat_rows(&[&c.v, &p.v])?,
+                Some(c.hidden),
+            ),
+            None => (p.k, p.v, None),
+        };
+        let shape = self.attention().shape;
+        let o = be.attention(&p.q, &k, &v, shape, &AttnMask::Causal { q_start: start })?;
+        let out = self.finish(be, &p.normed, o, p.residual)?;
+        let hidden = match before {
+            Some(h) => be.concat_rows(&[&h, &out])?,
+            None => out,
+        };
+        Ok(Some(MtpContext {
+            k,
+            v,
+            hidden,
+            len: start + n,
+        }))
+    }
+
     /// fc over the normed embedding and hidden state, then the layer up to attention.
     fn project(
         &self,
