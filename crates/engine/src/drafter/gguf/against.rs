@@ -301,8 +301,10 @@ fn compare_tensors(
             worst = Some((ratio, format!("{gguf_name} at {:.2} of its {} tolerance", ratio, t.ty)));
         }
     }
-    if let Some((_, w)) = worst {
-        out.push(finding(Info, "values", format!("{compared} tensors compared; those within their storage type's rounding peak at {w}")));
+    match worst {
+        Some((r, w)) if r > 0.0 => out.push(finding(Info, "values", format!("{compared} tensors compared; those within their storage type's rounding peak at {w}"))),
+        Some(_) => out.push(finding(Info, "values", format!("{compared} tensors compared; those within their storage type's rounding equal the checkpoint's exactly"))),
+        None => {}
     }
     Ok(())
 }
