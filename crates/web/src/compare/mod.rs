@@ -13,6 +13,7 @@
 mod config;
 mod history;
 mod inflation;
+pub mod slices;
 mod text;
 pub mod verdict;
 

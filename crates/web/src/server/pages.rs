@@ -7,6 +7,46 @@ pub(super) const PER_PAGE: usize = 50;
 /// Most metric columns the run list shows at once.
 pub(super) const MAX_COLUMNS: usize = 12;
 
+/// The ids of the runs whose workload slice matches the run list's `slice_FACET=VALUE`
+/// parameters (docs/slices.md); `None` when it asks for no slice facet.
+fn slice_ids(store: &Store, q: &Query) -> anyhow::Result<Option<Vec<i64>>> {
+    let filters: Vec<draftlens_results::slice::FacetFilter> = draftlens_results::slice::FACETS
+        .iter()
+        .filter_map(|f| {
+            let value = q.get(&format!("slice_{f}"))?;
+            Some(draftlens_results::slice::FacetFilter {
+                facet: f,
+                value: value.to_string(),
+            })
+        })
+        .collect();
+    if filters.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(
+        store
+            .run_slices()?
+            .into_iter()
+            .filter(|(_, slice)| filters.iter().all(|f| f.matches(slice)))
+            .map(|(id, _)| id)
+            .collect(),
+    ))
+}
+
+/// Each slice facet with the values the stored runs show, for the run list's facet menus.
+fn slice_menus(store: &Store) -> anyhow::Result<Vec<(&'static str, Vec<String>)>> {
+    let slices = store.run_slices()?;
+    Ok(draftlens_results::slice::FACETS
+        .iter()
+        .map(|f| {
+            let mut values: Vec<String> = slices.iter().map(|(_, s)| s.facet(f)).collect();
+            values.sort();
+            values.dedup();
+            (*f, values)
+        })
+        .collect())
+}
+
 pub(super) async fn runs_page(
     State(st): State<Arc<AppState>>,
     access: Option<axum::Extension<Access>>,
@@ -89,7 +129,7 @@ pub(super) async fn runs_page(
             backend: q.get("backend").map(String::from),
             mode: q.get("mode").and_then(|m| m.parse().ok()),
             status: q.get("status").and_then(|m| m.parse().ok()),
-            ids: None,
+            ids: slice_ids(&s.store, &q)?,
             sort,
             descending: q.get("dir").map(|d| d != "asc").unwrap_or(true),
             offset,
@@ -118,6 +158,7 @@ pub(super) async fn runs_page(
             per_page: PER_PAGE,
             baselines: &baselines,
             flash: flash.as_deref(),
+            slice_menus: &slice_menus(&s.store)?,
         };
         Ok(Out::Page(html(views::runs::render(&ctx, &v))))
     })

@@ -18,6 +18,9 @@ pub struct RunsView<'a> {
     pub per_page: usize,
     pub baselines: &'a [i64],
     pub flash: Option<&'a str>,
+    /// Workload-slice facets (docs/slices.md) with the values stored runs show; filtered by
+    /// `slice_FACET=VALUE`.
+    pub slice_menus: &'a [(&'static str, Vec<String>)],
 }
 
 fn select(name: &str, label: &str, options: &[String], current: Option<&str>) -> Markup {
@@ -93,6 +96,9 @@ pub fn render(ctx: &Ctx, v: &RunsView) -> Markup {
                 (select("backend", "backend", &v.facets.backends, q.get("backend")))
                 (select("mode", "mode", &["deployment".to_string(), "train-style".to_string()], q.get("mode")))
                 (select("status", "status", &["complete".to_string(), "running".to_string(), "failed".to_string()], q.get("status")))
+                @for (facet, values) in v.slice_menus.iter().filter(|(_, values)| values.len() > 1) {
+                    (select(&format!("slice_{facet}"), facet, values, q.get(&format!("slice_{facet}"))))
+                }
                 @for (k, val) in q.0.iter().filter(|(k, _)| k == "sort" || k == "dir" || k == "cols") {
                     input type="hidden" name=(k) value=(val);
                 }
