@@ -1,5 +1,5 @@
 //! GGUF files of the Qwen3.5 / Qwen3.6 / Qwen3-Next hybrids, as llama.cpp's converter writes them
-//! (`general.architecture` `qwen35` / `qwen3next`), read back into the Hugging Face names, shapes
+//! (`general.architecture` `qwen35` / `qwen35moe` / `qwen3next`; experts in `gguf_moe.rs`), read back into the Hugging Face names, shapes
 //! and values the model code uses (docs/hybrid-models.md, "GGUF files").
 //!
 //! - [`model_spec`]: the [`ModelSpec`] and [`HybridSpec`] from the `{arch}.*` metadata: the GDN
@@ -11,7 +11,7 @@
 //!   order. Qwen3-Next's fused `ssm_ba` keeps its grouped layout under the HF name
 //!   `in_proj_ba`, which [`crate::model::hybrid::HybridWeights`] (stacked on top) un-groups.
 
-use super::gguf::{hf_name, GgufFile};
+use super::gguf::{hf_name, GgufFile, GgufValue};
 use super::{HostTensor, TensorInfo, WeightSource};
 use crate::backend::GdnShape;
 use crate::model::config::{Arch, HybridSpec, LayerType, ModelSpec};
@@ -20,13 +20,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-/// `general.architecture` values of the hybrids, with the [`Arch`] each is read as (`None`:
-/// recognised, refused).
-pub fn hybrid_arch(name: &str) -> Option<Option<Arch>> {
+/// `general.architecture` values of the hybrids, with the [`Arch`] each is read as.
+pub fn hybrid_arch(name: &str) -> Option<Arch> {
     match name {
-        "qwen35" => Some(Some(Arch::Qwen3_5)),
-        "qwen3next" => Some(Some(Arch::Qwen3Next)),
-        "qwen35moe" => Some(None),
+        "qwen35" => Some(Arch::Qwen3_5),
+        "qwen35moe" => Some(Arch::Qwen3_5Moe),
+        "qwen3next" => Some(Arch::Qwen3Next),
         _ => None,
     }
 }
@@ -73,21 +72,13 @@ impl Meta<'_> {
 pub fn model_spec(file: &GgufFile) -> Result<ModelSpec> {
     let p = file.path().display();
     let arch_name = file.architecture().unwrap_or_default();
-    let arch = match hybrid_arch(arch_name) {
-        Some(Some(a)) => a,
-        Some(None) => bail!("{p}: general.architecture {arch_name:?} is a mixture-of-experts model: not supported yet"),
-        None => bail!("{p}: general.architecture {arch_name:?} is not a hybrid architecture"),
-    };
+    let arch = hybrid_arch(arch_name).with_context(|| {
+        format!("{p}: general.architecture {arch_name:?} is not a hybrid architecture")
+    })?;
     let m = Meta {
         file,
         arch: arch_name,
     };
-    if let Some(n) = m.opt("expert_count")?.filter(|&n| n > 0) {
-        bail!(
-            "{p}: {} = {n}: the MLPs are a mixture of experts: not supported yet (dense hybrids only)",
-            m.key("expert_count")
-        );
-    }
     let hidden_size = m.req("embedding_length")?;
     let num_heads = m.req("attention.head_count")?;
     let num_kv_heads = m.opt("attention.head_count_kv")?.unwrap_or(num_heads);
@@ -143,19 +134,7 @@ pub fn model_spec(file: &GgufFile) -> Result<ModelSpec> {
             m.key("ssm.group_count")
         );
     }
-    let every = m.opt("full_attention_interval")?.unwrap_or(4);
-    if every == 0 {
-        bail!("{p}: {} is 0", m.key("full_attention_interval"));
-    }
-    let layer_types = (0..num_layers)
-        .map(|i| {
-            if (i + 1) % every == 0 {
-                LayerType::FullAttention
-            } else {
-                LayerType::LinearAttention
-            }
-        })
-        .collect();
+    let layer_types = layer_schedule(&m, blocks, num_layers)?;
     let rotary_dim = match m.opt("rope.dimension_count")? {
         Some(r) => r,
         None => head_dim / 4, // transformers' default partial_rotary_factor 0.25
@@ -193,11 +172,20 @@ pub fn model_spec(file: &GgufFile) -> Result<ModelSpec> {
             eos_token_ids.push(id);
         }
     }
+    // Experts (qwen35moe, qwen3next with expert_count > 0): keys and stacked tensors checked.
+    let moe = super::gguf_moe::moe_spec(file, arch_name, arch, num_layers)?;
+    let intermediate_size = match &moe {
+        // Every MLP sparse (Qwen3.5-MoE): no dense width (the converter writes none).
+        Some(mo) if mo.sparse_layers.iter().all(|&s| s) => {
+            m.opt("feed_forward_length")?.unwrap_or(0)
+        }
+        _ => m.req("feed_forward_length")?,
+    };
     let spec = ModelSpec {
         arch,
         vocab_size,
         hidden_size,
-        intermediate_size: m.req("feed_forward_length")?,
+        intermediate_size,
         num_layers,
         num_heads,
         num_kv_heads,
@@ -211,12 +199,53 @@ pub fn model_spec(file: &GgufFile) -> Result<ModelSpec> {
         bos_token_id: tok_id("tokenizer.ggml.bos_token_id"),
         eos_token_ids,
         hybrid: Some(hybrid),
-        // MoE hybrids (qwen35moe, qwen3next with experts) are refused above.
-        moe: None,
+        moe,
         gpt_oss: None,
     };
     spec.validate(file.path())?;
     Ok(spec)
+}
+
+/// Which decoder layers are Gated DeltaNet layers, as llama.cpp reads it: the per-block
+/// `attention.recurrent_layers` array when present (the converter writes it from `layer_types`,
+/// MTP blocks after the decoder layers), else every `full_attention_interval`-th layer (default 4)
+/// is full attention.
+fn layer_schedule(m: &Meta, blocks: usize, num_layers: usize) -> Result<Vec<LayerType>> {
+    let p = m.file.path().display();
+    let key = m.key("attention.recurrent_layers");
+    let kind = |recurrent: bool| {
+        if recurrent {
+            LayerType::LinearAttention
+        } else {
+            LayerType::FullAttention
+        }
+    };
+    if let Some(v) = m.file.metadata().get(&key) {
+        let flags: Option<Vec<bool>> = match v {
+            GgufValue::Array(a) => a
+                .iter()
+                .map(|x| match x {
+                    GgufValue::Bool(b) => Some(*b),
+                    _ => None,
+                })
+                .collect(),
+            _ => None,
+        };
+        let flags = flags.with_context(|| format!("{p}: metadata {key} should be an array of bools"))?;
+        if flags.len() != blocks {
+            bail!(
+                "{p}: {key} has {} entries, {} = {blocks}",
+                flags.len(),
+                m.key("block_count")
+            );
+        }
+        return Ok(flags[..num_layers].iter().map(|&r| kind(r)).collect());
+    }
+    let every = m.opt("full_attention_interval")?.unwrap_or(4);
+    if every == 0 {
+        bail!("{p}: {} is 0", m.key("full_attention_interval"));
+    }
+    Ok((0..num_layers).map(|i| kind((i + 1) % every != 0)).collect())
 }
 
 /// The Gated DeltaNet tensors of a `qwen35` layer (GGUF names after `blk.N.`).
@@ -414,7 +443,8 @@ impl HybridGgufWeights {
         let shape = hy.gdn_shape();
         // llama.cpp reorders value heads for qwen35 only (its qwen3next converter keeps HF order);
         // with one value head per key head the two orders are the same.
-        let tiled = spec.arch == Arch::Qwen3_5 && shape.v_heads != shape.k_heads;
+        let tiled =
+            matches!(spec.arch, Arch::Qwen3_5 | Arch::Qwen3_5Moe) && shape.v_heads != shape.k_heads;
         let mut entries = BTreeMap::new();
         for (index, t) in file.tensors().iter().enumerate() {
             let (name, entry) = match hybrid_hf_name(&t.name, spec.num_layers, shape, tiled) {

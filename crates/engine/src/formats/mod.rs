@@ -9,6 +9,7 @@
 pub mod dequant;
 pub mod gguf;
 pub mod gguf_hybrid;
+pub mod gguf_moe;
 pub mod mxfp4;
 pub mod safetensors;
 

@@ -12,6 +12,7 @@ use super::hybrid::HybridWeights;
 use super::moe::{check_checkpoint, ffn_tensors, is_ffn_tensor};
 use crate::formats::gguf::{GgufFile, GgufWeights};
 use crate::formats::gguf_hybrid::HybridGgufWeights;
+use crate::formats::gguf_moe::MoeGgufWeights;
 use crate::formats::safetensors::SafetensorsWeights;
 use crate::formats::{TensorInfo, WeightSource};
 use crate::identity::IdentityStore;
@@ -126,14 +127,20 @@ impl TargetFiles {
         let mut tokenizer = TextTokenizer::from_gguf(&file, path)?;
         tokenizer.check_vocab(spec.vocab_size, path)?;
         tokenizer.set_model_vocab(spec.vocab_size);
+        let names: Box<dyn WeightSource> = match &spec.hybrid {
+            Some(_) => Box::new(HybridGgufWeights::new(file.clone(), &spec)?),
+            None => Box::new(GgufWeights::new(file.clone())?),
+        };
+        // Stacked experts served per expert under HF names (qwen3moe, qwen35moe, qwen3next).
+        let names: Box<dyn WeightSource> = match &spec.moe {
+            Some(moe) => Box::new(MoeGgufWeights::new(names, file, moe)?),
+            None => names,
+        };
         let weights: Box<dyn WeightSource> = match &spec.hybrid {
             // HF names and values back from llama.cpp's qwen35 / qwen3next layout; Qwen3-Next's
             // fused ssm_ba is un-grouped by HybridWeights as in a safetensors checkpoint.
-            Some(hy) => Box::new(HybridWeights::new(
-                Box::new(HybridGgufWeights::new(file, &spec)?),
-                hy,
-            )),
-            None => Box::new(GgufWeights::new(file)?),
+            Some(hy) => Box::new(HybridWeights::new(names, hy)),
+            None => names,
         };
         check_shapes(&spec, weights.as_ref())?;
         let identity = TargetIdentity::new(path, "gguf", spec.arch.as_str(), vec![path.into()]);

@@ -287,7 +287,8 @@ impl GgufFile {
     }
 
     /// The model description from `<arch>.*` and `tokenizer.ggml.*` metadata (llama, qwen2,
-    /// qwen3; the hybrids qwen35 / qwen3next in [`super::gguf_hybrid`]).
+    /// qwen3, qwen3moe; the hybrids qwen35 / qwen35moe / qwen3next in [`super::gguf_hybrid`];
+    /// experts in [`super::gguf_moe`]).
     pub fn model_spec(&self) -> Result<ModelSpec> {
         let p = self.path.display();
         let arch_name = self
@@ -298,8 +299,12 @@ impl GgufFile {
         }
         // The GGUF architecture names are llama.cpp's (no underscores); the HF spellings of the
         // hybrids are not GGUF names.
-        let arch = Arch::parse(arch_name).filter(|a| !a.is_hybrid()).with_context(|| {
-            format!("{p}: unsupported architecture {arch_name:?} in general.architecture (supported: llama, qwen2, qwen3, qwen35, qwen3next)")
+        let arch = match arch_name {
+            "qwen3moe" => Some(Arch::Qwen3Moe),
+            _ => Arch::parse(arch_name).filter(|a| !a.is_hybrid() && *a != Arch::Qwen3Moe),
+        };
+        let arch = arch.with_context(|| {
+            format!("{p}: unsupported architecture {arch_name:?} in general.architecture (supported: llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, qwen3next)")
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let req = |k: &str| -> Result<usize> {
@@ -369,12 +374,20 @@ impl GgufFile {
                 }
             }
         }
+        let num_layers = req("block_count")?;
+        // Experts (qwen3moe): the keys and stacked tensors, checked (super::gguf_moe).
+        let moe = super::gguf_moe::moe_spec(self, arch_name, arch, num_layers)?;
+        let intermediate_size = match &moe {
+            // A file whose every MLP is sparse needs no dense width.
+            Some(m) if m.sparse_layers.iter().all(|&s| s) => opt("feed_forward_length").unwrap_or(0),
+            _ => req("feed_forward_length")?,
+        };
         let spec = ModelSpec {
             arch,
             vocab_size,
             hidden_size,
-            intermediate_size: req("feed_forward_length")?,
-            num_layers: req("block_count")?,
+            intermediate_size,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -387,8 +400,7 @@ impl GgufFile {
             bos_token_id: tok_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids,
             hybrid: None,
-            // GGUF mixture-of-experts files are refused (docs/moe-models.md).
-            moe: None,
+            moe,
             gpt_oss: None,
         };
         spec.validate(&self.path)?;
