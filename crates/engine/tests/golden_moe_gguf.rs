@@ -45,7 +45,10 @@ fn open(path: &Path) -> TargetFiles {
 /// Same spec, same HF tensor names and shapes, values within the stored type's rounding.
 fn check_tensors(model: &str, gguf: &TargetFiles, hf: &TargetFiles) {
     assert_eq!(gguf.identity.format, "gguf");
-    assert_eq!(gguf.spec, hf.spec, "{model}: GGUF metadata gives the config.json spec");
+    assert_eq!(
+        gguf.spec, hf.spec,
+        "{model}: GGUF metadata gives the config.json spec"
+    );
     let listing = |f: &TargetFiles| {
         let mut v: Vec<(String, Vec<usize>, String)> = f
             .weights
@@ -58,7 +61,9 @@ fn check_tensors(model: &str, gguf: &TargetFiles, hf: &TargetFiles) {
     };
     let (g, h) = (listing(gguf), listing(hf));
     let names = |v: &[(String, Vec<usize>, String)]| {
-        v.iter().map(|t| (t.0.clone(), t.1.clone())).collect::<Vec<_>>()
+        v.iter()
+            .map(|t| (t.0.clone(), t.1.clone()))
+            .collect::<Vec<_>>()
     };
     assert_eq!(names(&g), names(&h), "{model}: tensor names and shapes");
     for (name, _, dtype) in &g {
@@ -125,7 +130,10 @@ fn qwen3_moe_bf16_gguf_matches_the_golden() {
     // The dense layer (mlp_only_layers [1]) is read from its tensors: no router there.
     assert_eq!(moe.sparse_layers, [true, false, true]);
     assert_eq!((moe.num_experts, moe.num_experts_per_tok), (16, 8));
-    assert_eq!(tensor_type("qwen3_moe-bf16.gguf", "blk.0.ffn_gate_exps.weight"), "BF16");
+    assert_eq!(
+        tensor_type("qwen3_moe-bf16.gguf", "blk.0.ffn_gate_exps.weight"),
+        "BF16"
+    );
 }
 
 #[test]
@@ -143,7 +151,10 @@ fn qwen3_5_moe_bf16_gguf_matches_the_golden() {
 #[test]
 fn qwen3_5_moe_f16_gguf_matches_the_golden() {
     check_golden("qwen3_5_moe", "qwen3_5_moe-f16.gguf");
-    assert_eq!(tensor_type("qwen3_5_moe-f16.gguf", "blk.1.ffn_up_exps.weight"), "F16");
+    assert_eq!(
+        tensor_type("qwen3_5_moe-f16.gguf", "blk.1.ffn_up_exps.weight"),
+        "F16"
+    );
 }
 
 /// Q8_0 (the converter keeps the routed experts' down projections, rows of 8 < one block of 32,
@@ -167,7 +178,9 @@ fn qwen3_moe_q8_0_gguf_is_close_to_the_golden() {
     for p in 0..2 {
         let prompt = g.ids(&format!("p{p}.input_ids"));
         let want = g.ids(&format!("p{p}.greedy_ids"));
-        let out = m.forward(&be, &prompt, &mut m.new_cache(), &capture).unwrap();
+        let out = m
+            .forward(&be, &prompt, &mut m.new_cache(), &capture)
+            .unwrap();
         let mut worst = 0f64;
         for k in 0..=nl {
             let ours = be.to_host(out.captured.get(k).unwrap()).unwrap();
@@ -179,7 +192,10 @@ fn qwen3_moe_q8_0_gguf_is_close_to_the_golden() {
         let agree = c.ids.iter().zip(&want).take_while(|(a, b)| a == b).count();
         eprintln!("{file} prompt {p}: worst rel {worst:.2e}, greedy agrees for {agree} of 64");
         assert!(worst < 3e-2, "{file} prompt {p}: rel {worst:.2e}");
-        assert_eq!(agree, 64, "{file} prompt {p}: greedy agrees for {agree} tokens");
+        assert_eq!(
+            agree, 64,
+            "{file} prompt {p}: greedy agrees for {agree} tokens"
+        );
     }
 }
 
@@ -190,7 +206,11 @@ fn gguf_listing_counts_every_expert_once() {
     let gguf = open(&gguf_path("qwen3_5_moe-bf16.gguf"));
     let hf = open(&golden_dir("qwen3_5_moe"));
     let params = |f: &TargetFiles| -> usize {
-        f.weights.tensors().iter().map(|t| t.shape.iter().product::<usize>()).sum()
+        f.weights
+            .tensors()
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>())
+            .sum()
     };
     assert_eq!(params(&gguf), params(&hf));
     let t = gguf.weights.tensors();
@@ -199,8 +219,15 @@ fn gguf_listing_counts_every_expert_once() {
         .find(|t| t.name == "model.layers.2.mlp.experts.15.down_proj.weight")
         .unwrap();
     assert_eq!(e15.file_name, "blk.2.ffn_down_exps.weight");
-    assert_eq!(e15.bytes, 64 * 8 * 2, "one expert's share of the stacked BF16 tensor");
-    assert!(!t.iter().any(|t| t.name.contains("_exps")), "stacked names not listed");
+    assert_eq!(
+        e15.bytes,
+        64 * 8 * 2,
+        "one expert's share of the stacked BF16 tensor"
+    );
+    assert!(
+        !t.iter().any(|t| t.name.contains("_exps")),
+        "stacked names not listed"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -287,7 +314,12 @@ fn rewrite(src: &Path, dst: &Path, edit: Edit) {
             Some((name, ne)) if *name == t.name => {
                 let n: u64 = ne.iter().product();
                 let bytes = (t.n_bytes * n / t.n_elements()) as usize;
-                tensors.push((t.name.clone(), ne.clone(), t.ty.id(), data[..bytes].to_vec()));
+                tensors.push((
+                    t.name.clone(),
+                    ne.clone(),
+                    t.ty.id(),
+                    data[..bytes].to_vec(),
+                ));
                 continue;
             }
             _ => {}
@@ -296,17 +328,29 @@ fn rewrite(src: &Path, dst: &Path, edit: Edit) {
             continue; // written with its gate
         }
         if let (true, Some(layer)) = (fuse, t.name.strip_suffix(".ffn_gate_exps.weight")) {
-            let up = f.tensor_info(&format!("{layer}.ffn_up_exps.weight")).unwrap();
+            let up = f
+                .tensor_info(&format!("{layer}.ffn_up_exps.weight"))
+                .unwrap();
             let (g, u) = (f.tensor_data(t), f.tensor_data(up));
             let e = t.ne[2] as usize;
             let block = g.len() / e;
             let fused: Vec<u8> = (0..e)
-                .flat_map(|x| [&g[x * block..(x + 1) * block], &u[x * block..(x + 1) * block]])
+                .flat_map(|x| {
+                    [
+                        &g[x * block..(x + 1) * block],
+                        &u[x * block..(x + 1) * block],
+                    ]
+                })
                 .flatten()
                 .copied()
                 .collect();
             let ne = vec![t.ne[0], 2 * t.ne[1], t.ne[2]];
-            tensors.push((format!("{layer}.ffn_gate_up_exps.weight"), ne, t.ty.id(), fused));
+            tensors.push((
+                format!("{layer}.ffn_gate_up_exps.weight"),
+                ne,
+                t.ty.id(),
+                fused,
+            ));
             continue;
         }
         tensors.push((t.name.clone(), t.ne.clone(), t.ty.id(), data.to_vec()));
@@ -386,7 +430,10 @@ fn uncommitted_conversions_match_the_golden_when_given() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_str().unwrap().to_string();
-        let Some(model) = ["qwen3_5_moe", "qwen3_moe"].into_iter().find(|m| name.starts_with(&format!("{m}-"))) else {
+        let Some(model) = ["qwen3_5_moe", "qwen3_moe"]
+            .into_iter()
+            .find(|m| name.starts_with(&format!("{m}-")))
+        else {
             continue;
         };
         check_path(model, &path);
@@ -413,7 +460,11 @@ fn wrong_expert_count_or_shape_is_named() {
             // 15 experts stored, 16 declared.
             (
                 Edit::Truncate("blk.2.ffn_up_exps.weight", vec![64, 8, 15]),
-                vec!["blk.2.ffn_up_exps.weight", "15 experts", "qwen3moe.expert_count = 16"],
+                vec![
+                    "blk.2.ffn_up_exps.weight",
+                    "15 experts",
+                    "qwen3moe.expert_count = 16",
+                ],
             ),
             // The key disagrees with every stacked tensor: the first one checked is named.
             (
@@ -423,20 +474,33 @@ fn wrong_expert_count_or_shape_is_named() {
             // Expert width 4 declared, 8 stored.
             (
                 Edit::Set("qwen3moe.expert_feed_forward_length", GgufValue::U32(4)),
-                vec!["blk.0.ffn_gate_exps.weight", "qwen3moe.expert_feed_forward_length = 4"],
+                vec![
+                    "blk.0.ffn_gate_exps.weight",
+                    "qwen3moe.expert_feed_forward_length = 4",
+                ],
             ),
             // A router of the wrong size (15 experts' rows).
             (
                 Edit::Truncate("blk.0.ffn_gate_inp.weight", vec![64, 15]),
-                vec!["blk.0.ffn_gate_inp.weight", "[64, 15]", "qwen3moe.expert_count = 16"],
+                vec![
+                    "blk.0.ffn_gate_inp.weight",
+                    "[64, 15]",
+                    "qwen3moe.expert_count = 16",
+                ],
             ),
         ],
     );
     refused(
         "qwen3_5_moe-bf16.gguf",
         vec![(
-            Edit::Set("qwen35moe.expert_shared_feed_forward_length", GgufValue::U32(32)),
-            vec!["blk.0.ffn_gate_shexp.weight", "qwen35moe.expert_shared_feed_forward_length = 32"],
+            Edit::Set(
+                "qwen35moe.expert_shared_feed_forward_length",
+                GgufValue::U32(32),
+            ),
+            vec![
+                "blk.0.ffn_gate_shexp.weight",
+                "qwen35moe.expert_shared_feed_forward_length = 32",
+            ],
         )],
     );
 }
@@ -448,7 +512,10 @@ fn missing_router_or_experts_is_named() {
         vec![
             (
                 Edit::DropTensor("blk.2.ffn_gate_inp.weight"),
-                vec!["tensor blk.2.ffn_gate_inp.weight (the router) is missing", "blk.2.ffn_"],
+                vec![
+                    "tensor blk.2.ffn_gate_inp.weight (the router) is missing",
+                    "blk.2.ffn_",
+                ],
             ),
             (
                 Edit::DropTensor("blk.0.ffn_down_exps.weight"),
@@ -457,7 +524,10 @@ fn missing_router_or_experts_is_named() {
             // A dense layer's MLP dropped: neither router nor dense MLP.
             (
                 Edit::DropTensor("blk.1.ffn_up.weight"),
-                vec!["blk.1.ffn_gate_inp.weight (the router) is missing", "neither experts nor a dense MLP"],
+                vec![
+                    "blk.1.ffn_gate_inp.weight (the router) is missing",
+                    "neither experts nor a dense MLP",
+                ],
             ),
         ],
     );
@@ -466,7 +536,10 @@ fn missing_router_or_experts_is_named() {
         vec![
             (
                 Edit::DropTensor("blk.1.ffn_gate_inp_shexp.weight"),
-                vec!["tensor blk.1.ffn_gate_inp_shexp.weight is missing", "shared expert"],
+                vec![
+                    "tensor blk.1.ffn_gate_inp_shexp.weight is missing",
+                    "shared expert",
+                ],
             ),
             (
                 Edit::DropTensor("blk.0.ffn_gate_inp.weight"),
@@ -483,7 +556,10 @@ fn bad_expert_keys_are_named() {
         vec![
             (
                 Edit::Set("qwen3moe.expert_used_count", GgufValue::U32(17)),
-                vec!["qwen3moe.expert_used_count = 17", "qwen3moe.expert_count = 16"],
+                vec![
+                    "qwen3moe.expert_used_count = 17",
+                    "qwen3moe.expert_count = 16",
+                ],
             ),
             (
                 Edit::Set("qwen3moe.expert_used_count", GgufValue::U32(0)),
@@ -507,7 +583,10 @@ fn bad_expert_keys_are_named() {
         "qwen3_5_moe-bf16.gguf",
         vec![(
             Edit::Set("qwen35moe.expert_weights_norm", GgufValue::Bool(false)),
-            vec!["qwen35moe.expert_weights_norm is false", "always renormalises"],
+            vec![
+                "qwen35moe.expert_weights_norm is false",
+                "always renormalises",
+            ],
         )],
     );
 }
@@ -524,5 +603,35 @@ fn expert_weights_norm_false_turns_renormalisation_off() {
         Edit::Set("qwen3moe.expert_weights_norm", GgufValue::Bool(false)),
     );
     assert!(!open(&p).spec.moe.unwrap().norm_topk_prob);
-    assert!(open(&gguf_path("qwen3_moe-bf16.gguf")).spec.moe.unwrap().norm_topk_prob);
+    assert!(
+        open(&gguf_path("qwen3_moe-bf16.gguf"))
+            .spec
+            .moe
+            .unwrap()
+            .norm_topk_prob
+    );
+}
+
+#[test]
+fn bad_recurrent_layers_are_named() {
+    let flags = |v: &[bool]| GgufValue::Array(v.iter().map(|&b| GgufValue::Bool(b)).collect());
+    refused(
+        "qwen3_5_moe-bf16.gguf",
+        vec![
+            (
+                Edit::Set(
+                    "qwen35moe.attention.recurrent_layers",
+                    flags(&[true, false]),
+                ),
+                vec![
+                    "qwen35moe.attention.recurrent_layers has 2 entries",
+                    "qwen35moe.block_count = 3",
+                ],
+            ),
+            (
+                Edit::Set("qwen35moe.attention.recurrent_layers", GgufValue::U32(3)),
+                vec!["qwen35moe.attention.recurrent_layers should be an array of bools"],
+            ),
+        ],
+    );
 }

@@ -231,7 +231,8 @@ fn layer_schedule(m: &Meta, blocks: usize, num_layers: usize) -> Result<Vec<Laye
                 .collect(),
             _ => None,
         };
-        let flags = flags.with_context(|| format!("{p}: metadata {key} should be an array of bools"))?;
+        let flags =
+            flags.with_context(|| format!("{p}: metadata {key} should be an array of bools"))?;
         if flags.len() != blocks {
             bail!(
                 "{p}: {key} has {} entries, {} = {blocks}",
@@ -245,7 +246,9 @@ fn layer_schedule(m: &Meta, blocks: usize, num_layers: usize) -> Result<Vec<Laye
     if every == 0 {
         bail!("{p}: {} is 0", m.key("full_attention_interval"));
     }
-    Ok((0..num_layers).map(|i| kind((i + 1) % every != 0)).collect())
+    Ok((0..num_layers)
+        .map(|i| kind((i + 1) % every != 0))
+        .collect())
 }
 
 /// The Gated DeltaNet tensors of a `qwen35` layer (GGUF names after `blk.N.`).

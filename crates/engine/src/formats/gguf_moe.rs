@@ -203,15 +203,25 @@ fn check(file: &GgufFile, arch: &str, moe: &MoeSpec) -> Result<()> {
         let get = |part: &str| file.tensor_info(&blk(l, part));
         let router = get("ffn_gate_inp.weight").expect("sparse layers have a router");
         if router.ne != [d, e] {
-            return Err(shape_err(router, &[d, e], &format!("{d_key} = {d} and {e_key} = {e}")));
+            return Err(shape_err(
+                router,
+                &[d, e],
+                &format!("{d_key} = {d} and {e_key} = {e}"),
+            ));
         }
         let keys = format!("{d_key} = {d}, {i_key} = {i} and {e_key} = {e}");
         let stacked: Vec<(&str, [u64; 3])> = if get("ffn_gate_up_exps.weight").is_some() {
             vec![("ffn_gate_up_exps.weight", [d, 2 * i, e])]
         } else {
-            vec![("ffn_gate_exps.weight", [d, i, e]), ("ffn_up_exps.weight", [d, i, e])]
+            vec![
+                ("ffn_gate_exps.weight", [d, i, e]),
+                ("ffn_up_exps.weight", [d, i, e]),
+            ]
         };
-        for (part, want) in stacked.into_iter().chain([("ffn_down_exps.weight", [i, d, e])]) {
+        for (part, want) in stacked
+            .into_iter()
+            .chain([("ffn_down_exps.weight", [i, d, e])])
+        {
             let t = get(part).with_context(|| {
                 format!("{p}: tensor {} is missing (layer {l} has a router, blk.{l}.ffn_gate_inp.weight)", blk(l, part))
             })?;
@@ -244,23 +254,25 @@ fn check(file: &GgufFile, arch: &str, moe: &MoeSpec) -> Result<()> {
         match moe.shared_expert_intermediate_size {
             None => {
                 if let Some(t) = shexp.iter().find_map(|s| get(s)) {
-                    bail!("{p}: tensor {} is a shared expert, but {arch} has none", t.name);
+                    bail!(
+                        "{p}: tensor {} is a shared expert, but {arch} has none",
+                        t.name
+                    );
                 }
             }
             Some(s) => {
                 let s = s as u64;
                 let keys = format!("{d_key} = {d} and {s_key} = {s}");
-                for (part, want) in shexp.iter().zip([
-                    vec![d],
-                    vec![d, s],
-                    vec![d, s],
-                    vec![s, d],
-                ]) {
+                for (part, want) in shexp
+                    .iter()
+                    .zip([vec![d], vec![d, s], vec![d, s], vec![s, d]])
+                {
                     let t = get(part).with_context(|| {
                         format!("{p}: tensor {} is missing ({arch} has a shared expert in every sparse layer)", blk(l, part))
                     })?;
                     // The gate is written [D] (squeezed) or [D, 1].
-                    let ok = t.ne == want || (*part == "ffn_gate_inp_shexp.weight" && t.ne == [d, 1]);
+                    let ok =
+                        t.ne == want || (*part == "ffn_gate_inp_shexp.weight" && t.ne == [d, 1]);
                     if !ok {
                         return Err(shape_err(t, &want, &keys));
                     }
@@ -310,21 +322,52 @@ impl MoeGgufWeights {
             let mut whole = |gguf: &str, hf_name: String, shape: Vec<usize>| -> Result<()> {
                 let name = blk(l, gguf);
                 let index = index_of(&name)?;
-                let rows = shape.iter().product::<usize>() / file.tensors()[index].row_len() as usize;
-                parts.insert(hf_name, Part { index, first_row: 0, rows, shape });
+                let rows =
+                    shape.iter().product::<usize>() / file.tensors()[index].row_len() as usize;
+                parts.insert(
+                    hf_name,
+                    Part {
+                        index,
+                        first_row: 0,
+                        rows,
+                        shape,
+                    },
+                );
                 consumed.insert(name);
                 Ok(())
             };
             let d = file.tensors()[index_of(&blk(l, "ffn_gate_inp.weight"))?].ne[0] as usize;
-            whole("ffn_gate_inp.weight", hf("gate.weight"), vec![moe.num_experts, d])?;
+            whole(
+                "ffn_gate_inp.weight",
+                hf("gate.weight"),
+                vec![moe.num_experts, d],
+            )?;
             if let Some(s) = moe.shared_expert_intermediate_size {
-                whole("ffn_gate_inp_shexp.weight", hf("shared_expert_gate.weight"), vec![1, d])?;
-                whole("ffn_gate_shexp.weight", hf("shared_expert.gate_proj.weight"), vec![s, d])?;
-                whole("ffn_up_shexp.weight", hf("shared_expert.up_proj.weight"), vec![s, d])?;
-                whole("ffn_down_shexp.weight", hf("shared_expert.down_proj.weight"), vec![d, s])?;
+                whole(
+                    "ffn_gate_inp_shexp.weight",
+                    hf("shared_expert_gate.weight"),
+                    vec![1, d],
+                )?;
+                whole(
+                    "ffn_gate_shexp.weight",
+                    hf("shared_expert.gate_proj.weight"),
+                    vec![s, d],
+                )?;
+                whole(
+                    "ffn_up_shexp.weight",
+                    hf("shared_expert.up_proj.weight"),
+                    vec![s, d],
+                )?;
+                whole(
+                    "ffn_down_shexp.weight",
+                    hf("shared_expert.down_proj.weight"),
+                    vec![d, s],
+                )?;
             }
             // (GGUF tensor, HF projection, row offset within an expert's block, rows per block).
-            let fused = file.tensor_info(&blk(l, "ffn_gate_up_exps.weight")).is_some();
+            let fused = file
+                .tensor_info(&blk(l, "ffn_gate_up_exps.weight"))
+                .is_some();
             let slices: Vec<(&str, &str, usize, usize, usize)> = if fused {
                 vec![
                     ("ffn_gate_up_exps.weight", "gate_proj", 0, i, 2 * i),
@@ -345,13 +388,23 @@ impl MoeGgufWeights {
                 for e in 0..moe.num_experts {
                     parts.insert(
                         hf(&format!("experts.{e}.{proj}.weight")),
-                        Part { index, first_row: e * block + offset, rows, shape: vec![rows, row_len] },
+                        Part {
+                            index,
+                            first_row: e * block + offset,
+                            rows,
+                            shape: vec![rows, row_len],
+                        },
                     );
                 }
                 consumed.insert(name);
             }
         }
-        Ok(MoeGgufWeights { inner, file, parts, consumed })
+        Ok(MoeGgufWeights {
+            inner,
+            file,
+            parts,
+            consumed,
+        })
     }
 
     /// Dequantise `part`'s rows (rows are whole quantisation blocks: GGUF rows always are).
@@ -366,7 +419,10 @@ impl MoeGgufWeights {
         let mut data = vec![0f32; part.rows * row_len];
         dequant::dequantize(t.ty, src, &mut data)
             .map_err(|e| anyhow::anyhow!("{p}: tensor {}: {e:#}", t.name))?;
-        Ok(HostTensor { shape: part.shape.clone(), data })
+        Ok(HostTensor {
+            shape: part.shape.clone(),
+            data,
+        })
     }
 }
 

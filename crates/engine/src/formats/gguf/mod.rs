@@ -379,7 +379,9 @@ impl GgufFile {
         let moe = super::gguf_moe::moe_spec(self, arch_name, arch, num_layers)?;
         let intermediate_size = match &moe {
             // A file whose every MLP is sparse needs no dense width.
-            Some(m) if m.sparse_layers.iter().all(|&s| s) => opt("feed_forward_length").unwrap_or(0),
+            Some(m) if m.sparse_layers.iter().all(|&s| s) => {
+                opt("feed_forward_length").unwrap_or(0)
+            }
             _ => req("feed_forward_length")?,
         };
         let spec = ModelSpec {
