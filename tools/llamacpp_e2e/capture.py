@@ -7,7 +7,7 @@ Used by scripts/llamacpp-e2e.sh (docs/traces.md §7). Standard library only.
         --prompts data/prompts/humaneval.jsonl --limit 8 --max-new-tokens 64 --out DIR
 
 The server is started with LLAMA_TRACE=1, which makes it log every verify round of a slot
-("accepted  A/ D draft tokens", tools/server/server-context.cpp), and each prompt is sent on its
+("accepted  A/ D draft tokens", vendor/llama.cpp/tools/server/server-context.cpp), and each prompt is sent on its
 own, one after the other: the chat messages rendered by the server's own template
 (`/apply-template`, the target GGUF's tokenizer.chat_template), then the native `/completion`
 with `return_tokens`, greedy. Written to --out:
