@@ -6,7 +6,8 @@
 #      DFlash drafter, and tiny Qwen3.5 hybrids (dense and MoE) with their native MTP head: for each
 #      family `lint`, then `run --backend cpu` and `run --backend cuda` on 8 HumanEval prompts
 #      (32 new tokens) into one database, both τ (tau_replayed_macro), `compare` of the pair and
-#      the drafts' agreement (draft_stats.py);
+#      the drafts' agreement (draft_stats.py), then `live --backend cuda --baseline` on 4 prompts
+#      (session 21's one loop for every family: τ, divergences, speed-up);
 #   2. a Qwen3-8B-shaped target with a DFlash drafter: `run --backend cuda`, then
 #      `live --backend cuda --baseline --store RUN` on the same 8 prompts and `compare --json`:
 #      the estimated against the measured speed-up (docs/verdict.md).
@@ -51,6 +52,10 @@ pair() {  # pair NAME TARGET DRAFTER: lint, run on the CPU and on $DEV, τ of bo
     step compare-$n 60 compare $a $b --db $DB; cat $O/compare-$n.out
     $PY $S/draft_stats.py $DB $a:$b 2>&1 | grep -E "^runs|^run ($a|$b) "
   fi
+  # live decoding on the backend under test (one loop for every family): τ, divergences from
+  # plain greedy decoding (reported as data, docs/live.md), and the wall-clock speed-up
+  step live-$n 120 --json live --backend $DEV --target $t --drafter $d --prompts builtin:humaneval --limit 4 --max-new-tokens 32 --baseline
+  $PY -c "import json;r=json.load(open('$O/live-$n.out'));rows=r['rows'] if isinstance(r,dict) else r;print('live $n tau',[x.get('tau') for x in rows],'diverged',sum(1 for x in rows if x.get('divergence')),'of',len(rows),'speed',json.dumps(r.get('speed')) if isinstance(r,dict) else None)" 2>&1
 }
 pair eagle3 /tmp/q3t /tmp/q3t-eagle3/step-0
 pair dflash2 /tmp/q3t /tmp/q3t-dflash2/step-0
