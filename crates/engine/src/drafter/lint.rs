@@ -36,6 +36,10 @@ fn f(severity: Severity, code: &'static str, message: String) -> Finding {
 /// cannot be evaluated; `run` refuses them before any compute. An EAGLE-3 checkpoint
 /// ([`DrafterFamily`]) gets its own findings (`super::eagle3::lint`).
 pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
+    // `target:mtp[:K]`: the target's own head, checked as `run` checks it before a run exists.
+    if let Some(steps) = dir.to_str().and_then(super::mtp::steps_of_name) {
+        return lint_mtp(target, steps?);
+    }
     let mut out = match DrafterFamily::detect(dir)? {
         DrafterFamily::Eagle3 => super::eagle3::lint::lint(target, dir),
         DrafterFamily::DFlash2 => super::dflash2::lint::lint(target, dir),
@@ -46,6 +50,25 @@ pub fn lint(target: &TargetFiles, dir: &Path) -> Result<Vec<Finding>> {
         out.push(super::gguf::finding(dir)?);
     }
     Ok(out)
+}
+
+/// The findings of the target's native MTP head drafting `steps` tokens a round: an error when
+/// the target has no usable head (the loader's own message, naming the file and tensor), else
+/// what will be evaluated (docs/mtp.md).
+fn lint_mtp(target: &TargetFiles, steps: usize) -> Result<Vec<Finding>> {
+    let head = super::mtp::MtpHeadConfig::read(&target.identity.path, &target.spec)
+        .and_then(|cfg| super::mtp::head::MtpWeights::open(&cfg).map(|_| cfg));
+    Ok(vec![match head {
+        Err(e) => f(Severity::Error, "mtp", format!("{e:#}")),
+        Ok(cfg) => f(
+            Severity::Info,
+            "mtp",
+            format!(
+                "native MTP head ({} layer, declared by {}): drafts K = {steps} tokens a round from the target's final-normed state (docs/mtp.md)",
+                cfg.num_layers, cfg.source
+            ),
+        ),
+    }])
 }
 
 /// The findings of a DFlash checkpoint (also a DFlash2 checkpoint's backbone, whose own

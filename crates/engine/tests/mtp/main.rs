@@ -575,3 +575,24 @@ fn live_decoding_is_lossless_and_its_tau_is_the_replayed_tau() {
     // replay's drafts at the same anchor: the head's context rows are checked either way.
     println!("mtp: {accepted} drafts accepted");
 }
+
+/// `lint --drafter target:mtp[:K]` checks the head as `run` does before a run exists: an info
+/// finding for a whole head, the loader's error (file, tensor) as an error finding otherwise.
+#[test]
+fn lint_checks_the_targets_head() {
+    use draftlens_engine::drafter::lint::{lint, Severity};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = golden_target(&tmp.path().join("target"));
+    let files = TargetFiles::open(&dir).unwrap();
+    let found = lint(&files, Path::new("target:mtp:2")).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!((found[0].severity, found[0].code), (Severity::Info, "mtp"));
+    assert!(found[0].message.contains("K = 2"), "{}", found[0].message);
+
+    let next = repo_root().join("tests/fixtures/golden/qwen3_next");
+    let found = lint(&TargetFiles::open(&next).unwrap(), Path::new("target:mtp")).unwrap();
+    assert_eq!(found[0].severity, Severity::Error, "{found:?}");
+    assert!(found[0].message.contains("no mtp.* tensors"), "{}", found[0].message);
+    // K out of range: one error before anything is read.
+    assert!(lint(&files, Path::new("target:mtp:0")).is_err());
+}
