@@ -188,7 +188,8 @@ fn stored_identity_of_a_run_is_pinned() {
     assert_eq!(got, PINNED);
 }
 
-/// Blessed from the binary before `RunIdentity` (issue 37): rerun with DRAFTLENS_BLESS=1 and
+/// Blessed from the binary before `RunIdentity` (issue 37), plus the `drafter_family` column of
+/// schema v6 (session 21; identities unchanged): rerun with DRAFTLENS_BLESS=1 and
 /// `--nocapture` to print what a run stores now.
 const PINNED: &str = r#"=== checkpoint
 name = smollm2-reference/step-2581 · humaneval · deployment · shard 1/2
@@ -211,6 +212,7 @@ labels = NULL
 mask_rule = NULL
 tokenizer_sha256 = 5d32b5b4bf631207053a154101b2c857fa646ddb6c4f5cb5b27ff17b88579a1e
 origin = local
+drafter_family = dflash
 --- eval
 identity_json = {"backend":"cpu","block_size":16,"code_version":"draftlens <version>","drafter_config_sha256":"d1ff1f087b5dad3ea3979ebfa5a9c0f2437b5a56bbccde4e90afe4986322a31c","drafter_kind":"checkpoint","drafter_sha256":"f40658fe9d5a865c16818490b57638f0d553de8efedbdc8fa676bd88f4389cc4","dtype":"f32","eval":{"anchor_batch":256,"anchors":"every","ctx_inclusive":false,"labels":"target","prompt_anchors":false,"top_k":8},"gdn_profile":null,"max_new_tokens":4,"mode":"deployment","prompt_set_sha256":"4bfd352a07e97311b71085530f796f40c36c0e5a35859e0477cf7e24ea9320b2","prompts":3,"target_arch":"llama","target_sha256":"b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53","tokenizer":"5d32b5b4bf631207053a154101b2c857fa646ddb6c4f5cb5b27ff17b88579a1e"}
 shard_index = 1
@@ -240,6 +242,7 @@ labels = target
 mask_rule = inclusive
 tokenizer_sha256 = 5d32b5b4bf631207053a154101b2c857fa646ddb6c4f5cb5b27ff17b88579a1e
 origin = local
+drafter_family = builtin:anti-oracle
 --- eval
 identity_json = {"backend":"cpu","block_size":4,"code_version":"draftlens <version>","drafter_config_sha256":"","drafter_kind":"builtin:anti-oracle","drafter_sha256":"","dtype":"f32","eval":{"anchor_batch":16,"anchors":{"stride":2},"ctx_inclusive":true,"labels":"target","prompt_anchors":true,"top_k":4},"gdn_profile":null,"max_new_tokens":4,"mode":"train-style","prompt_set_sha256":"4bfd352a07e97311b71085530f796f40c36c0e5a35859e0477cf7e24ea9320b2","prompts":1,"target_arch":"llama","target_sha256":"b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53","tokenizer":"5d32b5b4bf631207053a154101b2c857fa646ddb6c4f5cb5b27ff17b88579a1e"}
 shard_index = NULL
