@@ -28,4 +28,7 @@ bash plugins/build.sh
 cargo test --workspace --no-fail-fast "$@"
 # A real single-node Slurm: 2-shard evaluation + merge through sbatch (root only; CI=true requires it).
 DRAFTLENS_BIN=target/debug/draftlens bash scripts/slurm-ci.sh
+# A real engine: llama.cpp built from the pinned llama-cpp-python sdist (CPU) decoding with the
+# reference DFlash drafter converted by its own converter; imported, diffed, linted (docs/traces.md §7).
+DRAFTLENS_BIN=target/debug/draftlens bash scripts/llamacpp-e2e.sh
 DRAFTLENS_BIN=target/debug/draftlens bash scripts/test-wheel.sh
