@@ -98,25 +98,32 @@ fi
 # A Python for llama.cpp's converter (torch, transformers, numpy, safetensors).
 needs='import torch, transformers, numpy, safetensors'
 py="${LLAMACPP_PYTHON:-}"
-if [[ -z $py ]]; then
+# LLAMACPP_E2E_CONVERT=0: use the committed conversions even where a converter Python exists.
+if [[ -z $py && ${LLAMACPP_E2E_CONVERT:-1} != 0 ]]; then
     for p in python3 python3.12 /root/.pyenv/versions/3.12.1/bin/python3.12; do
         if command -v "$p" >/dev/null && "$p" -c "$needs" 2>/dev/null; then py=$p; break; fi
     done
 fi
+# Without one (CI: its Python has no torch, and llama.cpp's converter requirements pull a 3 GB
+# CUDA build of torch from PyPI), the two files this script's converter step wrote on a machine
+# that had one are used: drafters/llamacpp/ (committed, converted by llama.cpp's own
+# convert_hf_to_gguf.py from this sdist by tools/llamacpp_e2e/convert.py; docs/traces.md §7).
+committed=drafters/llamacpp/smollm2-reference-step-2581
 if [[ -z $py ]]; then
-    # llama.cpp's own converter requirements (torch from the CPU index), in a venv kept in $work.
-    if ! "$work/venv/bin/python" -c "$needs" 2>/dev/null; then
-        python3 -m venv "$work/venv"
-        "$work/venv/bin/pip" install --quiet -r "$src/requirements/requirements-convert_hf_to_gguf.txt"
-    fi
-    py=$work/venv/bin/python
+    echo "llamacpp-e2e: no Python with torch + transformers: using the committed conversions in drafters/llamacpp/"
+    echo "5b3d558613db62c931139cf5908cba8e9abc99429e617fb8006a164b84d9d342  $committed.gguf" | sha256sum -c --status &&
+        echo "108608b861793ef9e3eb9f51d872a4deb6afa757d1b8d84ce75559b813dbc82a  $committed-layer-ids-unshifted.gguf" | sha256sum -c --status ||
+        { echo "llamacpp-e2e: error: drafters/llamacpp/*.gguf differ from the recorded sha256" >&2; exit 1; }
+    cp "$committed.gguf" "$work/dflash-good.gguf"
+    cp "$committed-layer-ids-unshifted.gguf" "$work/dflash-bad.gguf"
 fi
 export PYTHONPATH="$PWD/$src/gguf-py${PYTHONPATH:+:$PYTHONPATH}"
 
 # The target as the Hugging Face folder the converter wants, then both conversions.
-[[ -f $work/target/tokenizer.json ]] || "$py" tools/llamacpp_e2e/target_dir.py "$TARGET" "$work/target" >"$work/target.log" 2>&1 ||
+[[ -z $py || -f $work/target/tokenizer.json ]] || "$py" tools/llamacpp_e2e/target_dir.py "$TARGET" "$work/target" >"$work/target.log" 2>&1 ||
     { tail -20 "$work/target.log" >&2; exit 1; }
 for kind in good bad; do
+    [[ -z $py ]] && break
     mistake=none
     [[ $kind == bad ]] && mistake=layer-ids-unshifted
     "$py" tools/llamacpp_e2e/convert.py --llama-cpp "$src" --drafter "$DRAFTER" --target-dir "$work/target" \
