@@ -314,7 +314,7 @@ fn fresh_folder_setup_doctor_prompts_and_run() {
         "prompts list",
     );
     let sets = v.as_array().unwrap();
-    assert_eq!(sets.len(), 3);
+    assert_eq!(sets.len(), 4); // humaneval, mtbench, gsm8k, mmath (docs/slices.md)
     assert_eq!(sets[0]["spec"], "builtin:humaneval");
     assert_eq!(sets[0]["prompts"], 164);
     assert_eq!(
