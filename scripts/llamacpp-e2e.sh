@@ -108,7 +108,8 @@ fi
 # CUDA build of torch from PyPI), the two files this script's converter step wrote on a machine
 # that had one are used: drafters/llamacpp/ (committed, converted by llama.cpp's own
 # convert_hf_to_gguf.py from this sdist by tools/llamacpp_e2e/convert.py; docs/traces.md §7).
-committed=drafters/llamacpp/smollm2-reference-step-2581
+committed=drafters/llamacpp/
+committed+=smollm2-reference-step-2581 # .gguf, -layer-ids-unshifted.gguf
 if [[ -z $py ]]; then
     echo "llamacpp-e2e: no Python with torch + transformers: using the committed conversions in drafters/llamacpp/"
     echo "5b3d558613db62c931139cf5908cba8e9abc99429e617fb8006a164b84d9d342  $committed.gguf" | sha256sum -c --status &&
