@@ -7,16 +7,16 @@ use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use draftlens_engine::backend::{dispatch, Backend, BackendJob, DEFAULT_CUDA_DEVICE};
 use draftlens_engine::drafter::config::DrafterFamily;
+use draftlens_engine::drafter::eval::Drafter;
 use draftlens_engine::drafter::eval::{EvalOptions, Labels};
 use draftlens_engine::drafter::lint::{lint, Severity};
-use draftlens_engine::drafter::eval::Drafter;
 use draftlens_engine::drafter::live::{first_divergence, live_decode, load_drafter, LiveDrafter};
-use draftlens_engine::drafter::speed::time_prompt;
 use draftlens_engine::drafter::run::RunOutcome;
 use draftlens_engine::drafter::run::{run_eval_shard, DrafterSpec, RunOptions};
 use draftlens_engine::drafter::sampling::{
     live_decode_sampled, prompt_stream, SampledEval, SamplingRng,
 };
+use draftlens_engine::drafter::speed::time_prompt;
 use draftlens_engine::drafter::DrafterCheckpoint;
 use draftlens_engine::model::TargetFiles;
 use draftlens_records::sampling::{check_temperature, check_top_p, DraftSampling, SamplingParams};
@@ -439,7 +439,9 @@ impl LiveArgs {
             bail!("--strict compares the output with greedy decoding: it applies at --temperature 0 only");
         }
         if params.is_some() && (self.baseline || self.store.is_some()) {
-            bail!("--baseline and --store time greedy decoding: they apply at --temperature 0 only");
+            bail!(
+                "--baseline and --store time greedy decoding: they apply at --temperature 0 only"
+            );
         }
         if params.is_some() && self.mtp_steps()?.is_some() {
             bail!("--temperature: live speculative sampling needs the drafter's distribution q, which is defined here for DFlash drafters only; an MTP head drafts its chain greedily (docs/live.md §1): use --temperature 0");
@@ -585,7 +587,10 @@ impl BackendJob for LiveJob<'_> {
                 let t = time_prompt(&s.be, s.model()?, &d, index, &ids, max_new, &eos)?;
                 (t.live, Some(t.timing))
             } else {
-                (live_decode(&s.be, s.model()?, &d, &ids, max_new, &eos)?, None)
+                (
+                    live_decode(&s.be, s.model()?, &d, &ids, max_new, &eos)?,
+                    None,
+                )
             };
             let greedy = s.continuation(&ids, a.target.max_new_tokens)?;
             let divergence = first_divergence(&s.be, s.model()?, &ids, &live.ids, &greedy.ids)?;
@@ -742,7 +747,11 @@ pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
     )?;
     let stored = match (&target_run, &report.speed) {
         (Some(t), Some(speed)) => {
-            let timings: Vec<_> = report.rows.iter().filter_map(|r| r.timing.clone()).collect();
+            let timings: Vec<_> = report
+                .rows
+                .iter()
+                .filter_map(|r| r.timing.clone())
+                .collect();
             t.store(speed, &timings)?;
             Some(t.run.id)
         }
@@ -756,10 +765,7 @@ pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
         // With --baseline the JSON is an object: the rows and the timings (docs/json.md).
         Some(speed) => g.emit(
             &serde_json::json!({"rows": &report.rows, "speed": speed, "stored_with_run": stored}),
-            || {
-                report.render()
-                    + &crate::cmd_live_speed::render(speed, report.block_size, stored)
-            },
+            || report.render() + &crate::cmd_live_speed::render(speed, report.block_size, stored),
         )?,
         None => g.emit(&report.rows, || report.render())?,
     }
@@ -798,7 +804,8 @@ pub fn lint_cmd(g: &Global, a: LintArgs) -> Result<()> {
         (None, Err(e)) => return Err(e),
     };
     if let Some(hf) = &a.against {
-        let more = draftlens_engine::drafter::gguf::against::against(&a.drafter, hf, t.spec.num_layers)?;
+        let more =
+            draftlens_engine::drafter::gguf::against::against(&a.drafter, hf, t.spec.num_layers)?;
         findings.extend(more);
         findings.sort_by(|x, y| y.severity.cmp(&x.severity));
     }

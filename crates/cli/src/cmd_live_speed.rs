@@ -68,7 +68,10 @@ impl TargetRun {
         let r = &self.run;
         let what = format!("--store {}: run {} ({})", r.id, r.id, printable(&r.name));
         if r.target_sha256 != s.files.identity.weights_sha256()? {
-            bail!("{what} is of another target ({})", printable(&r.target_path));
+            bail!(
+                "{what} is of another target ({})",
+                printable(&r.target_path)
+            );
         }
         if r.backend != s.be.name() || r.dtype != s.be.dtype() {
             bail!(
@@ -145,7 +148,9 @@ pub fn render(summary: &SpeedSummary, block_size: usize, stored: Option<i64>) ->
         );
     }
     if let Some(id) = stored {
-        o += &format!("stored with run {id} (source {SOURCE}): `draftlens compare` shows the verdict\n");
+        o += &format!(
+            "stored with run {id} (source {SOURCE}): `draftlens compare` shows the verdict\n"
+        );
     }
     o
 }

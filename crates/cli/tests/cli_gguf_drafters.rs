@@ -17,7 +17,11 @@ fn fixtures() -> PathBuf {
 fn target(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(root().join("tests/fixtures/golden/qwen3").join(f), dir.join(f)).unwrap();
+        std::fs::copy(
+            root().join("tests/fixtures/golden/qwen3").join(f),
+            dir.join(f),
+        )
+        .unwrap();
     }
     let vocab: serde_json::Map<String, serde_json::Value> =
         (0..40).map(|i| (format!("w{i}"), i.into())).collect();
@@ -60,8 +64,20 @@ fn gguf_drafter_runs_like_its_checkpoint_and_lints_against_it() {
             &dl(
                 &cache,
                 &[
-                    "--json", "run", "--backend", "cpu", "--target", s(&t), "--drafter", s(drafter),
-                    "--prompts", s(&prompts), "--max-new-tokens", "16", "--db", s(&db),
+                    "--json",
+                    "run",
+                    "--backend",
+                    "cpu",
+                    "--target",
+                    s(&t),
+                    "--drafter",
+                    s(drafter),
+                    "--prompts",
+                    s(&prompts),
+                    "--max-new-tokens",
+                    "16",
+                    "--db",
+                    s(&db),
                 ],
             ),
             "run",
@@ -77,17 +93,48 @@ fn gguf_drafter_runs_like_its_checkpoint_and_lints_against_it() {
 
     // lint --against: the correct conversion passes, with what it compared.
     let lint = |drafter: &Path| {
-        dl(&cache, &["--json", "lint", "--target", s(&t), "--drafter", s(drafter), "--against", s(&hf)])
+        dl(
+            &cache,
+            &[
+                "--json",
+                "lint",
+                "--target",
+                s(&t),
+                "--drafter",
+                s(drafter),
+                "--against",
+                s(&hf),
+            ],
+        )
     };
     let findings = json_out(&lint(&gguf), "lint --against");
-    let codes: Vec<&str> = findings.as_array().unwrap().iter().map(|f| f["code"].as_str().unwrap()).collect();
-    assert!(codes.contains(&"gguf") && codes.contains(&"layer-ids") && codes.contains(&"values"), "{findings}");
-    assert!(findings.as_array().unwrap().iter().all(|f| f["severity"] != "error"), "{findings}");
+    let codes: Vec<&str> = findings
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["code"].as_str().unwrap())
+        .collect();
+    assert!(
+        codes.contains(&"gguf") && codes.contains(&"layer-ids") && codes.contains(&"values"),
+        "{findings}"
+    );
+    assert!(
+        findings
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["severity"] != "error"),
+        "{findings}"
+    );
     // A wrong mask id: lint names it and fails.
     let bad = tmp.path().join("mask.gguf");
     patch_u32(&gguf, &bad, "tokenizer.ggml.mask_token_id", 7);
     let o = lint(&bad);
-    clean_error(&o, "lint --against, wrong mask id", &["mask.gguf", "incompatibilities"]);
+    clean_error(
+        &o,
+        "lint --against, wrong mask id",
+        &["mask.gguf", "incompatibilities"],
+    );
     assert!(stdout(&o).contains("mask-id"), "{}", stdout(&o));
     // A file the loader refuses (layer ids stored unshifted, [0, 2]): run fails naming the file
     // and the key; lint --against reports the refusal and names the mistake.
@@ -102,11 +149,42 @@ fn gguf_drafter_runs_like_its_checkpoint_and_lints_against_it() {
     std::fs::write(&unshifted, bytes).unwrap();
     let o = dl(
         &cache,
-        &["run", "--backend", "cpu", "--target", s(&t), "--drafter", s(&unshifted), "--prompts", s(&prompts), "--db", s(&db)],
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--target",
+            s(&t),
+            "--drafter",
+            s(&unshifted),
+            "--prompts",
+            s(&prompts),
+            "--db",
+            s(&db),
+        ],
     );
-    clean_error(&o, "run, unshifted ids", &["unshifted.gguf", "dflash.target_layers[0] is 0"]);
-    let o = dl(&cache, &["lint", "--target", s(&t), "--drafter", s(&unshifted), "--against", s(&hf)]);
+    clean_error(
+        &o,
+        "run, unshifted ids",
+        &["unshifted.gguf", "dflash.target_layers[0] is 0"],
+    );
+    let o = dl(
+        &cache,
+        &[
+            "lint",
+            "--target",
+            s(&t),
+            "--drafter",
+            s(&unshifted),
+            "--against",
+            s(&hf),
+        ],
+    );
     clean_error(&o, "lint --against, unshifted ids", &["unshifted.gguf"]);
-    assert!(stdout(&o).contains("layer-ids-off-by-one"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("layer-ids-off-by-one"),
+        "{}",
+        stdout(&o)
+    );
     assert_eq!(runs(&db).len(), 2);
 }

@@ -38,7 +38,9 @@ fn write_eagle3(dir: &Path, dt: usize, vocab: usize, draft_vocab: usize) {
     let mut rng = Stream(0x9e37_79b9_7f4a_7c15);
     let mut mat = |name: &str, out: usize, inp: usize| {
         let b = (3.0 / inp as f32).sqrt();
-        let v = (0..out * inp).map(|_| (2.0 * rng.next() - 1.0) * b).collect();
+        let v = (0..out * inp)
+            .map(|_| (2.0 * rng.next() - 1.0) * b)
+            .collect();
         f32s(name, vec![out, inp], v)
     };
     let mut tensors = vec![
@@ -95,8 +97,18 @@ fn run(cache: &Path, db: &Path, prompts: &Path, drafter: &Path) -> i64 {
     let o = dl(
         cache,
         &[
-            "--json", "run", "--backend", "cpu", "--drafter", s(drafter), "--prompts", s(prompts),
-            "--max-new-tokens", MAX_NEW, "--db", s(db),
+            "--json",
+            "run",
+            "--backend",
+            "cpu",
+            "--drafter",
+            s(drafter),
+            "--prompts",
+            s(prompts),
+            "--max-new-tokens",
+            MAX_NEW,
+            "--db",
+            s(db),
         ],
     );
     ok(&o, "run");
@@ -105,8 +117,17 @@ fn run(cache: &Path, db: &Path, prompts: &Path, drafter: &Path) -> i64 {
 
 fn live_args<'a>(drafter: &'a Path, prompts: &'a Path, db: &'a Path) -> Vec<&'a str> {
     vec![
-        "live", "--backend", "cpu", "--drafter", s(drafter), "--prompts", s(prompts),
-        "--max-new-tokens", MAX_NEW, "--db", s(db),
+        "live",
+        "--backend",
+        "cpu",
+        "--drafter",
+        s(drafter),
+        "--prompts",
+        s(prompts),
+        "--max-new-tokens",
+        MAX_NEW,
+        "--db",
+        s(db),
     ]
 }
 
@@ -121,8 +142,16 @@ fn compare_puts_a_dflash_and_an_eagle3_run_side_by_side_with_the_speed_verdict()
     write_prompts(
         &prompts,
         &[
-            ("add", Some("code"), "Write a Python function add(a, b) that returns the sum of a and b."),
-            ("sky", Some("science"), "Why is the sky blue? Explain it to a child."),
+            (
+                "add",
+                Some("code"),
+                "Write a Python function add(a, b) that returns the sum of a and b.",
+            ),
+            (
+                "sky",
+                Some("science"),
+                "Why is the sky blue? Explain it to a child.",
+            ),
             ("list", Some("code"), "Reverse a list in Python."),
             ("tea", None, "How do I make green tea?"),
         ],
@@ -135,14 +164,34 @@ fn compare_puts_a_dflash_and_an_eagle3_run_side_by_side_with_the_speed_verdict()
     let b = run(&cache, &db, &prompts, &eagle3);
 
     // Every run has its family: stored, in runs ls and runs show (text and JSON).
-    let families: Vec<(i64, String)> = runs(&db).into_iter().map(|r| (r.id, r.drafter_family)).collect();
-    assert_eq!(families, [(a, "dflash".to_string()), (b, "eagle3".to_string())]);
+    let families: Vec<(i64, String)> = runs(&db)
+        .into_iter()
+        .map(|r| (r.id, r.drafter_family))
+        .collect();
+    assert_eq!(
+        families,
+        [(a, "dflash".to_string()), (b, "eagle3".to_string())]
+    );
     let ls = dl(&cache, &["runs", "ls", "--db", s(&db)]);
     ok(&ls, "runs ls");
-    assert!(stdout(&ls).lines().any(|l| l.contains(" eagle3 ")), "{}", stdout(&ls));
+    assert!(
+        stdout(&ls).lines().any(|l| l.contains(" eagle3 ")),
+        "{}",
+        stdout(&ls)
+    );
     let show = dl(&cache, &["runs", "show", &b.to_string(), "--db", s(&db)]);
-    assert!(stdout(&show).contains("  drafter family eagle3\n"), "{}", stdout(&show));
-    let show = json_out(&dl(&cache, &["--json", "runs", "show", &a.to_string(), "--db", s(&db)]), "runs show");
+    assert!(
+        stdout(&show).contains("  drafter family eagle3\n"),
+        "{}",
+        stdout(&show)
+    );
+    let show = json_out(
+        &dl(
+            &cache,
+            &["--json", "runs", "show", &a.to_string(), "--db", s(&db)],
+        ),
+        "runs show",
+    );
     assert_eq!(show["run"]["run"]["drafter_family"], "dflash");
 
     // Bad --store uses: each one error, nothing stored.
@@ -152,15 +201,27 @@ fn compare_puts_a_dflash_and_an_eagle3_run_side_by_side_with_the_speed_verdict()
     let b_str = b.to_string();
     let mut args = live_args(&dflash, &prompts, &db);
     args.extend(["--store", &b_str]);
-    clean_error(&dl(&cache, &args), "live --store of another drafter's run", &["another drafter"]);
+    clean_error(
+        &dl(&cache, &args),
+        "live --store of another drafter's run",
+        &["another drafter"],
+    );
     let mut args = live_args(&dflash, &prompts, &db);
     args.extend(["--baseline", "--temperature", "1"]);
-    clean_error(&dl(&cache, &args), "live --baseline at T > 0", &["--temperature 0 only"]);
+    clean_error(
+        &dl(&cache, &args),
+        "live --baseline at T > 0",
+        &["--temperature 0 only"],
+    );
     let a_str = a.to_string();
     let mut args = live_args(&dflash, &prompts, &db);
     args[8] = "8"; // --max-new-tokens 8: not the run's budget
     args.extend(["--store", &a_str]);
-    clean_error(&dl(&cache, &args), "live --store with another budget", &["--max-new-tokens 8"]);
+    clean_error(
+        &dl(&cache, &args),
+        "live --store with another budget",
+        &["--max-new-tokens 8"],
+    );
     assert!(metric_map(&db, a).iter().all(|(_, m)| m.source != "speed"));
 
     // Timed and stored with the DFlash run.
@@ -170,7 +231,11 @@ fn compare_puts_a_dflash_and_an_eagle3_run_side_by_side_with_the_speed_verdict()
     let live = json_out(&dl(&cache, &args), "live --store");
     assert_eq!(live["stored_with_run"], a);
     assert_eq!(live["rows"].as_array().unwrap().len(), 4);
-    assert!(live["rows"].as_array().unwrap().iter().all(|r| r["lossless"] == true && r["timing"]["greedy_s"].as_f64().unwrap() > 0.0));
+    assert!(live["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["lossless"] == true && r["timing"]["greedy_s"].as_f64().unwrap() > 0.0));
     let measured_live = live["speed"]["speedup_measured"].as_f64().unwrap();
     let stored = metric_map(&db, a);
     let run_value = |name: &str| {
@@ -180,10 +245,20 @@ fn compare_puts_a_dflash_and_an_eagle3_run_side_by_side_with_the_speed_verdict()
             .map(|(_, m)| m.value)
             .unwrap_or_else(|| panic!("no speed/{name} row"))
     };
-    let (t_decode, t_draft, t_verify) = (run_value("t_decode_ms"), run_value("t_draft_round_ms"), run_value("t_verify_ms"));
+    let (t_decode, t_draft, t_verify) = (
+        run_value("t_decode_ms"),
+        run_value("t_draft_round_ms"),
+        run_value("t_verify_ms"),
+    );
     assert!(t_decode > 0.0 && t_draft > 0.0 && t_verify > 0.0);
     assert_eq!(run_value("speedup_measured"), measured_live);
-    assert_eq!(stored.iter().filter(|(k, _)| k.starts_with("speed/live_decode_s/prompt:")).count(), 4);
+    assert_eq!(
+        stored
+            .iter()
+            .filter(|(k, _)| k.starts_with("speed/live_decode_s/prompt:"))
+            .count(),
+        4
+    );
     let tau_pooled = stored
         .iter()
         .find(|(k, _)| k == "native/tau_replayed_pooled/run")
@@ -194,13 +269,22 @@ fn compare_puts_a_dflash_and_an_eagle3_run_side_by_side_with_the_speed_verdict()
     assert!((run_value("tau_live") - tau_pooled).abs() < 1e-9);
 
     // compare --json: the verdict against what is stored.
-    let c = json_out(&dl(&cache, &["--json", "compare", &a_str, &b_str, "--db", s(&db)]), "compare");
+    let c = json_out(
+        &dl(
+            &cache,
+            &["--json", "compare", &a_str, &b_str, "--db", s(&db)],
+        ),
+        "compare",
+    );
     let runs_json = c["runs"].as_array().unwrap();
     assert_eq!(runs_json[0]["drafter_family"], "dflash");
     assert_eq!(runs_json[1]["drafter_family"], "eagle3");
     let v = &c["verdict"];
     let rows = v["rows"].as_array().unwrap();
-    assert_eq!((rows[0]["family"].as_str(), rows[1]["family"].as_str()), (Some("dflash"), Some("eagle3")));
+    assert_eq!(
+        (rows[0]["family"].as_str(), rows[1]["family"].as_str()),
+        (Some("dflash"), Some("eagle3"))
+    );
     let r0 = &rows[0];
     let tau = r0["tau"].as_f64().unwrap();
     assert!((tau - tau_pooled).abs() < 1e-9, "{tau} vs {tau_pooled}");
@@ -217,7 +301,10 @@ fn compare_puts_a_dflash_and_an_eagle3_run_side_by_side_with_the_speed_verdict()
     let r1 = &rows[1];
     assert!(r1["tau"].as_f64().unwrap() > 0.0);
     assert!(r1["estimated"].is_null() && r1["measured"].is_null());
-    assert!(r1["missing"].as_str().unwrap().contains(&format!("--store {b}")));
+    assert!(r1["missing"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("--store {b}")));
     let d = &r1["delta_tau"];
     assert_eq!(d["n"], 4);
     assert_eq!(d["method"], "paired_t");
@@ -226,14 +313,23 @@ fn compare_puts_a_dflash_and_an_eagle3_run_side_by_side_with_the_speed_verdict()
     assert!(lo <= delta && delta <= hi);
     assert!((delta - (r1["tau"].as_f64().unwrap() - tau)).abs() < 1e-9);
     // Same runs, same intervals.
-    let again = json_out(&dl(&cache, &["--json", "compare", &a_str, &b_str, "--db", s(&db)]), "compare");
+    let again = json_out(
+        &dl(
+            &cache,
+            &["--json", "compare", &a_str, &b_str, "--db", s(&db)],
+        ),
+        "compare",
+    );
     assert_eq!(again["verdict"], c["verdict"]);
 
     // compare (text): families on the run lines and the verdict tables.
     let t = dl(&cache, &["compare", &a_str, &b_str, "--db", s(&db)]);
     ok(&t, "compare");
     let text = stdout(&t);
-    assert!(text.lines().next().unwrap().ends_with(" · dflash"), "{text}");
+    assert!(
+        text.lines().next().unwrap().ends_with(" · dflash"),
+        "{text}"
+    );
     assert!(text.contains(" · eagle3 · 4/4 prompts shared"), "{text}");
     assert!(text.contains("verdict (drafter families"), "{text}");
     assert!(text.contains("cost model inputs"), "{text}");

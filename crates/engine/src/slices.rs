@@ -188,7 +188,10 @@ mod tests {
 
     #[test]
     fn default_slice_changes_nothing() {
-        let mut s = set(vec![prompt("a", true, Some("x"), None), prompt("b", false, None, None)]);
+        let mut s = set(vec![
+            prompt("a", true, Some("x"), None),
+            prompt("b", false, None, None),
+        ]);
         let before = s.clone();
         apply(&Slice::default(), &mut s).unwrap();
         assert_eq!(s, before);
@@ -240,12 +243,18 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert_eq!(e, "t.jsonl: --language en: the set's prompts carry no language");
+        assert_eq!(
+            e,
+            "t.jsonl: --language en: the set's prompts carry no language"
+        );
     }
 
     #[test]
     fn formats_rewrite_prompts_and_their_hashes() {
-        let mut s = set(vec![prompt("a", true, None, None), prompt("b", false, None, None)]);
+        let mut s = set(vec![
+            prompt("a", true, None, None),
+            prompt("b", false, None, None),
+        ]);
         let hashes: Vec<String> = s.prompts.iter().map(Prompt::hash).collect();
         let mut raw = s.clone();
         apply(
@@ -256,7 +265,10 @@ mod tests {
             &mut raw,
         )
         .unwrap();
-        assert_eq!(raw.prompts[0].text.as_deref(), Some("be brief\n\nquestion a"));
+        assert_eq!(
+            raw.prompts[0].text.as_deref(),
+            Some("be brief\n\nquestion a")
+        );
         assert!(raw.prompts[0].messages.is_none());
         assert_eq!(raw.prompts[1], s.prompts[1], "a raw prompt stays as it is");
         assert_ne!(raw.prompts[0].hash(), hashes[0]);
@@ -274,7 +286,11 @@ mod tests {
             Some(&[ChatMessage::user("text of b")][..])
         );
         assert!(s.prompts[1].text.is_none());
-        assert_eq!(s.prompts[0].hash(), hashes[0], "a chat prompt stays as it is");
+        assert_eq!(
+            s.prompts[0].hash(),
+            hashes[0],
+            "a chat prompt stays as it is"
+        );
         assert_ne!(s.prompts[1].hash(), hashes[1]);
     }
 
@@ -291,9 +307,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.prompts[0].enable_thinking, Some(false));
-        assert_ne!(s.prompts[0].hash(), before, "the switch is part of what the model sees");
+        assert_ne!(
+            s.prompts[0].hash(),
+            before,
+            "the switch is part of what the model sees"
+        );
 
-        let mut mixed = set(vec![prompt("a", true, None, None), prompt("b", false, None, None)]);
+        let mut mixed = set(vec![
+            prompt("a", true, None, None),
+            prompt("b", false, None, None),
+        ]);
         let e = apply(
             &Slice {
                 thinking: Some(true),
@@ -303,7 +326,11 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.starts_with("t.jsonl: prompt \"b\" is raw text") && e.contains("--prompt-format chat"), "{e}");
+        assert!(
+            e.starts_with("t.jsonl: prompt \"b\" is raw text")
+                && e.contains("--prompt-format chat"),
+            "{e}"
+        );
 
         let e = apply(
             &Slice {
@@ -315,6 +342,9 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("--prompt-format raw renders no chat template"), "{e}");
+        assert!(
+            e.contains("--prompt-format raw renders no chat template"),
+            "{e}"
+        );
     }
 }

@@ -422,7 +422,12 @@ fn builtin_sets_load_with_expected_counts() {
     };
     for lang in ["en", "zh", "ar", "es", "fr", "ja", "ko", "pt", "th", "vi"] {
         assert_eq!(
-            (count("math500", lang), count("aime2024", lang), count("aime2025", lang), count("cnmo", lang)),
+            (
+                count("math500", lang),
+                count("aime2024", lang),
+                count("aime2025", lang),
+                count("cnmo", lang)
+            ),
             (if lang == "ar" { 310 } else { 311 }, 30, 15, 18),
             "{lang}"
         );
@@ -434,7 +439,8 @@ fn builtin_sets_load_with_expected_counts() {
         .unwrap();
     let content = &math500_en.messages.as_ref().unwrap()[0].content;
     assert!(
-        content.ends_with("\nPlease reason step by step, and put your final answer within \\boxed{}."),
+        content
+            .ends_with("\nPlease reason step by step, and put your final answer within \\boxed{}."),
         "{content}"
     );
     assert!(mm.prompts.iter().all(|p| p.completion.is_some()));

@@ -29,7 +29,9 @@ fn tokenizer_with(template: &str, dir: &Path) -> TextTokenizer {
         .save(dir.join("tokenizer.json"), false)
         .unwrap();
     std::fs::copy(
-        root().join("tests/fixtures/tokenizer/templates").join(template),
+        root()
+            .join("tests/fixtures/tokenizer/templates")
+            .join(template),
         dir.join("chat_template.jinja"),
     )
     .unwrap();
@@ -38,8 +40,8 @@ fn tokenizer_with(template: &str, dir: &Path) -> TextTokenizer {
 
 /// transformers' rendering of `conversation` by `template` with `extra` (the golden file).
 fn golden(template: &str, conversation: &str, extra: Value) -> (Vec<ChatMessage>, String) {
-    let text =
-        std::fs::read_to_string(root().join("tests/fixtures/tokenizer/chat_templates.json")).unwrap();
+    let text = std::fs::read_to_string(root().join("tests/fixtures/tokenizer/chat_templates.json"))
+        .unwrap();
     let g: Value = serde_json::from_str(&text).unwrap();
     let messages = g["conversations"][conversation]
         .as_array()
@@ -88,13 +90,21 @@ fn thinking_off_renders_qwen3_as_transformers_does() {
         "thinking_history",
         serde_json::json!({"enable_thinking": false}),
     );
-    let (_, default) = golden("Qwen-Qwen3-0.6B.jinja", "thinking_history", serde_json::json!({}));
+    let (_, default) = golden(
+        "Qwen-Qwen3-0.6B.jinja",
+        "thinking_history",
+        serde_json::json!({}),
+    );
     assert_ne!(off, default, "the switch changes the prompt");
     assert!(off.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
 
     let mut set = chat_set(messages);
     let unsliced = tokenize_prompt(&tok, &set.prompts[0]).unwrap();
-    assert_eq!(unsliced, tok.encode(&default, false).unwrap(), "no slice: the template's default");
+    assert_eq!(
+        unsliced,
+        tok.encode(&default, false).unwrap(),
+        "no slice: the template's default"
+    );
 
     let slice = Slice {
         thinking: Some(false),
@@ -108,7 +118,10 @@ fn thinking_off_renders_qwen3_as_transformers_does() {
 
 #[test]
 fn templates_without_the_switch_are_refused_naming_the_file() {
-    for template in ["SmolLM2-135M-Instruct.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja"] {
+    for template in [
+        "SmolLM2-135M-Instruct.jinja",
+        "meta-llama-Llama-3.1-8B-Instruct.jinja",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let tok = tokenizer_with(template, dir.path());
         let e = check_thinking_switch(&tok, true).unwrap_err().to_string();
@@ -133,7 +146,10 @@ fn templates_without_the_switch_are_refused_naming_the_file() {
         )
         .unwrap();
         let e = format!("{:#}", tokenize_prompt(&tok, &set.prompts[0]).unwrap_err());
-        assert!(e.starts_with("prompt q: ") && e.contains("has no thinking switch"), "{e}");
+        assert!(
+            e.starts_with("prompt q: ") && e.contains("has no thinking switch"),
+            "{e}"
+        );
     }
     // Qwen3.5's template has it.
     let dir = tempfile::tempdir().unwrap();
@@ -157,7 +173,10 @@ fn raw_format_drops_the_template() {
     )
     .unwrap();
     let raw = tokenize_prompt(&tok, &set.prompts[0]).unwrap();
-    assert_eq!(raw, tok.encode("What is the capital of France?", true).unwrap());
+    assert_eq!(
+        raw,
+        tok.encode("What is the capital of France?", true).unwrap()
+    );
     assert!(raw.len() < chat.len());
 }
 
@@ -172,7 +191,10 @@ fn mmath_math500_in_one_language() {
     };
     apply(&slice, &mut set).unwrap();
     assert_eq!(set.len(), 311);
-    assert!(set.prompts.iter().all(|p| p.id.starts_with("mmath/zh/math500/")));
+    assert!(set
+        .prompts
+        .iter()
+        .all(|p| p.id.starts_with("mmath/zh/math500/")));
     assert_eq!(set.slice, slice);
     let e = apply(
         &Slice {

@@ -26,11 +26,7 @@ use crate::{LoadedPlugin, Runtime};
 /// would replace draftlens' own. The built-in plugins' names are reserved the same way, for
 /// the built-ins themselves, and so are look-alikes of all of them ([`reserved_for`]).
 /// `speed` holds `live --baseline`'s timings (`draftlens_results::speed`).
-pub const RESERVED_SOURCES: &[&str] = &[
-    "native",
-    "records",
-    draftlens_results::speed::SOURCE,
-];
+pub const RESERVED_SOURCES: &[&str] = &["native", "records", draftlens_results::speed::SOURCE];
 
 /// What scoring a stored run did with one plugin.
 #[derive(Clone, Debug, Serialize)]

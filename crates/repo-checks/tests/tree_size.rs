@@ -37,7 +37,11 @@ fn tracked_files_fit_the_device_transfer_budget() {
             Some((len, path))
         })
         .collect();
-    let drafters: u64 = sizes.iter().filter(|(_, p)| p.starts_with("drafters/")).map(|(len, _)| len).sum();
+    let drafters: u64 = sizes
+        .iter()
+        .filter(|(_, p)| p.starts_with("drafters/"))
+        .map(|(len, _)| len)
+        .sum();
     sizes.retain(|(_, p)| !p.starts_with("drafters/"));
     let total: u64 = sizes.iter().map(|(len, _)| len).sum();
     sizes.sort_unstable_by(|a, b| b.cmp(a));

@@ -149,15 +149,18 @@ pub struct FacetFilter {
 impl FacetFilter {
     /// Parses `FACET=VALUE`; an unknown facet or a missing `=` is one error naming the input.
     pub fn parse(s: &str) -> Result<FacetFilter, String> {
-        let (name, value) = s
-            .split_once('=')
-            .ok_or_else(|| format!("{s:?}: expected FACET=VALUE, FACET one of {}", FACETS.join(", ")))?;
-        let facet = FACETS
-            .iter()
-            .find(|f| **f == name.trim())
-            .ok_or_else(|| {
-                format!("{s:?}: unknown facet {name:?} (facets: {})", FACETS.join(", "))
-            })?;
+        let (name, value) = s.split_once('=').ok_or_else(|| {
+            format!(
+                "{s:?}: expected FACET=VALUE, FACET one of {}",
+                FACETS.join(", ")
+            )
+        })?;
+        let facet = FACETS.iter().find(|f| **f == name.trim()).ok_or_else(|| {
+            format!(
+                "{s:?}: unknown facet {name:?} (facets: {})",
+                FACETS.join(", ")
+            )
+        })?;
         Ok(FacetFilter {
             facet,
             value: value.trim().to_string(),
@@ -178,7 +181,10 @@ mod tests {
     fn default_slice_stores_nothing_and_reads_back_from_any_config() {
         assert!(Slice::default().is_default());
         assert_eq!(Slice::default().to_stored(), None);
-        assert_eq!(Slice::of_config(&json!({"mode": "deployment"})), Slice::default());
+        assert_eq!(
+            Slice::of_config(&json!({"mode": "deployment"})),
+            Slice::default()
+        );
         // A stored value this version cannot read is the default, not an error: old and foreign
         // settings must still list.
         assert_eq!(Slice::of_config(&json!({"slice": 3})), Slice::default());

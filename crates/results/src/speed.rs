@@ -146,10 +146,24 @@ impl SpeedSummary {
         ];
         for p in prompts {
             let scope = MetricScope::Prompt(p.index);
-            rows.push(row(GREEDY_DECODE_S, scope.clone(), p.greedy_s, p.greedy_steps, "s",
-                "plain greedy decoding of this prompt after its prefill".into(), false));
-            rows.push(row(LIVE_DECODE_S, scope, p.live_s, p.rounds, "s",
-                "live speculative decoding of this prompt after its prefill".into(), false));
+            rows.push(row(
+                GREEDY_DECODE_S,
+                scope.clone(),
+                p.greedy_s,
+                p.greedy_steps,
+                "s",
+                "plain greedy decoding of this prompt after its prefill".into(),
+                false,
+            ));
+            rows.push(row(
+                LIVE_DECODE_S,
+                scope,
+                p.live_s,
+                p.rounds,
+                "s",
+                "live speculative decoding of this prompt after its prefill".into(),
+                false,
+            ));
         }
         rows
     }
@@ -181,7 +195,10 @@ impl StoredSpeed {
         };
         let mut greedy = std::collections::BTreeMap::new();
         let mut live = std::collections::BTreeMap::new();
-        for m in rows.iter().filter(|m| m.source == SOURCE && m.value.is_finite()) {
+        for m in rows
+            .iter()
+            .filter(|m| m.source == SOURCE && m.value.is_finite())
+        {
             if let MetricScope::Prompt(i) = m.scope {
                 match m.name.as_str() {
                     GREEDY_DECODE_S => greedy.insert(i, m.value),
@@ -226,10 +243,7 @@ mod tests {
         assert!((estimated_speedup(4.0, &free).unwrap() - 4.0).abs() < 1e-12);
         assert_eq!(estimated_speedup(0.0, &c), None);
         assert_eq!(estimated_speedup(f64::NAN, &c), None);
-        let broken = CostInputs {
-            t_decode: 0.0,
-            ..c
-        };
+        let broken = CostInputs { t_decode: 0.0, ..c };
         assert_eq!(estimated_speedup(3.0, &broken), None);
     }
 

@@ -49,7 +49,8 @@ fn stored_run(store: &Store, name: &str, slice: &Slice, acc: u32) -> i64 {
                 r.target.push(if valid { tok(p, a + k) } else { 0 });
                 r.valid.push(valid as u8);
                 r.loss_mask.push(valid as u8);
-                r.draft_ids.extend([if k <= acc { tok(p, a + k) } else { 7 }, 8]);
+                r.draft_ids
+                    .extend([if k <= acc { tok(p, a + k) } else { 7 }, 8]);
                 r.draft_logprobs.extend([-0.1, -3.0]);
             }
         }
@@ -136,12 +137,16 @@ fn compare_filters_and_groups_by_slice() {
     assert_eq!(ids_where(&store, "thinking", "template default"), [plain]);
 
     let all = [on, off, plain];
-    let kept = slices::filter_runs(&store, &all, &[FacetFilter::parse("thinking=off").unwrap()]).unwrap();
+    let kept =
+        slices::filter_runs(&store, &all, &[FacetFilter::parse("thinking=off").unwrap()]).unwrap();
     assert_eq!(kept, [off]);
     let e = slices::filter_runs(&store, &all, &[FacetFilter::parse("language=zh").unwrap()])
         .unwrap_err()
         .to_string();
-    assert_eq!(e, "--where language=zh matches none of the 3 runs (their values: language: all)");
+    assert_eq!(
+        e,
+        "--where language=zh matches none of the 3 runs (their values: language: all)"
+    );
 
     let stats_of = |r: &draftlens_results::store::RunInfo| {
         Ok(draftlens_web::analysis::load_stats(&store, r)?.map(Arc::new))
@@ -156,7 +161,11 @@ fn compare_filters_and_groups_by_slice() {
         .collect();
     assert_eq!(
         groups,
-        [("on", vec![on]), ("off", vec![off]), ("template default", vec![plain])]
+        [
+            ("on", vec![on]),
+            ("off", vec![off]),
+            ("template default", vec![plain])
+        ]
     );
     for g in &section.groups {
         let id = g.runs[0].run;
@@ -166,7 +175,10 @@ fn compare_filters_and_groups_by_slice() {
     assert!(tau(&store, on) > tau(&store, plain) && tau(&store, plain) > tau(&store, off));
     let text = slices::slice_text(&section);
     assert!(text.contains("thinking = off: 1 run, mean τ"), "{text}");
-    assert!(text.contains("format=as set thinking=off category=all language=all  think off"), "{text}");
+    assert!(
+        text.contains("format=as set thinking=off category=all language=all  think off"),
+        "{text}"
+    );
 }
 
 /// The run list's facet menu over HTTP: `?slice_thinking=off` lists exactly the database's runs
@@ -179,15 +191,27 @@ async fn run_list_filters_by_slice_facet() {
     let (on, off, plain) = three_runs(&store);
     let addr = serve(&db, false, 1 << 20).await.unwrap();
     let page = get(addr, "/").await.unwrap().text();
-    assert!(page.contains("name=\"slice_thinking\""), "the facet menu is shown");
+    assert!(
+        page.contains("name=\"slice_thinking\""),
+        "the facet menu is shown"
+    );
     let page = get(addr, "/?slice_thinking=off").await.unwrap().text();
     for (id, shown) in [(on, false), (off, true), (plain, false)] {
-        assert_eq!(page.contains(&format!("href=\"/runs/{id}\"")), shown, "run {id}");
+        assert_eq!(
+            page.contains(&format!("href=\"/runs/{id}\"")),
+            shown,
+            "run {id}"
+        );
     }
 
     let dir2 = tempfile::tempdir().unwrap();
     let db2 = dir2.path().join("runs.sqlite");
-    stored_run(&Store::open(&db2).unwrap(), "unsliced", &Slice::default(), 2);
+    stored_run(
+        &Store::open(&db2).unwrap(),
+        "unsliced",
+        &Slice::default(),
+        2,
+    );
     let addr2 = serve(&db2, false, 1 << 20).await.unwrap();
     assert!(!get(addr2, "/").await.unwrap().text().contains("slice_"));
 }

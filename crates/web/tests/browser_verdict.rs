@@ -106,7 +106,11 @@ fn stored_run(
             .collect();
         let summary = SpeedSummary::of(&timings).unwrap();
         store
-            .replace_metrics(id, draftlens_results::speed::SOURCE, &summary.rows(&timings, 5))
+            .replace_metrics(
+                id,
+                draftlens_results::speed::SOURCE,
+                &summary.rows(&timings, 5),
+            )
             .unwrap();
     }
     store
@@ -140,7 +144,13 @@ async fn verdict_panel_shows_the_stored_numbers() {
     let db = dir.path().join("runs.sqlite");
     let store = Store::open(&db).unwrap();
     let prompts: Vec<(u32, u32)> = (0..24).map(|i| (3 + i % 4, 20 + 3 * i)).collect();
-    let a = stored_run(&store, "dflash", &prompts, &|p, a| (a * 7 + p * 3) % 5, true);
+    let a = stored_run(
+        &store,
+        "dflash",
+        &prompts,
+        &|p, a| (a * 7 + p * 3) % 5,
+        true,
+    );
     let b = stored_run(&store, "eagle3", &prompts, &|p, a| (a * 5 + p) % 3, false);
 
     // What the database says.
@@ -191,11 +201,16 @@ async fn verdict_panel_shows_the_stored_numbers() {
     assert!(close(err, 100.0 * (est_a / measured_a - 1.0)));
     // The visible text rounds the same numbers.
     let text = br
-        .js(&format!("return document.querySelector('#verdict tr[data-run=\"{a}\"]').textContent"))
+        .js(&format!(
+            "return document.querySelector('#verdict tr[data-run=\"{a}\"]').textContent"
+        ))
         .await
         .unwrap();
     let text = text.as_str().unwrap();
-    assert!(text.contains(&format!("{est_a:.3}×")) && text.contains(&format!("{measured_a:.3}×")), "{text}");
+    assert!(
+        text.contains(&format!("{est_a:.3}×")) && text.contains(&format!("{measured_a:.3}×")),
+        "{text}"
+    );
     // The EAGLE-3 run has no timings: empty cells and the command that would measure them.
     assert_eq!(cell(&br, b, "est").await, None);
     assert_eq!(cell(&br, b, "meas").await, None);
@@ -203,18 +218,26 @@ async fn verdict_panel_shows_the_stored_numbers() {
         .js("return [...document.querySelectorAll('#verdict .missing')].map(e => e.textContent).join('|')")
         .await
         .unwrap();
-    assert!(missing.as_str().unwrap().contains(&format!("--store {b}")), "{missing}");
+    assert!(
+        missing.as_str().unwrap().contains(&format!("--store {b}")),
+        "{missing}"
+    );
     let closeness = br
         .js("return document.querySelector('#verdict .closeness').textContent")
         .await
         .unwrap();
     assert!(
-        closeness.as_str().unwrap().contains(&format!("{:.1}%", err.abs())),
+        closeness
+            .as_str()
+            .unwrap()
+            .contains(&format!("{:.1}%", err.abs())),
         "{closeness}"
     );
 
     // The run page says the family.
-    br.click(&format!(".runhead a[href='/runs/{b}']")).await.unwrap();
+    br.click(&format!(".runhead a[href='/runs/{b}']"))
+        .await
+        .unwrap();
     br.wait_for("return !!document.querySelector('dd.family')")
         .await
         .unwrap();

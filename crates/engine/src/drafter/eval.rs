@@ -9,8 +9,8 @@
 
 use super::dflash2::DFlash2Drafter;
 use super::eagle3::{Eagle3Context, Eagle3Drafter};
-use super::mtp::{MtpContext, MtpDrafter};
 use super::model::{DFlashDrafter, DraftContext, DraftOptions};
+use super::mtp::{MtpContext, MtpDrafter};
 use crate::backend::{Backend, TopK};
 use crate::model::{EmbedHead, TargetModel};
 use crate::records::{next_anchor, RecordBatch, Region};
@@ -280,7 +280,10 @@ pub fn draft_into<B: Backend>(
                 )?
             }
             Drafter::DFlash2(d) => {
-                let ctx = seq.ctx.as_ref().context("a DFlash2 sequence carries its context")?;
+                let ctx = seq
+                    .ctx
+                    .as_ref()
+                    .context("a DFlash2 sequence carries its context")?;
                 let toks: Vec<u32> = chunk.iter().map(|&a| seq.ids[a]).collect();
                 let DraftTarget::Head(target) = target else {
                     bail!("a DFlash2 drafter needs the target's embedding and LM head");

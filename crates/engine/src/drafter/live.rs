@@ -86,7 +86,15 @@ pub fn live_decode<'d, B: Backend + 'd>(
     max_new: usize,
     eos: &[u32],
 ) -> Result<LiveResult> {
-    live_decode_timed(be, target, drafter, prompt, max_new, eos, &mut LiveTimes::default())
+    live_decode_timed(
+        be,
+        target,
+        drafter,
+        prompt,
+        max_new,
+        eos,
+        &mut LiveTimes::default(),
+    )
 }
 
 /// [`live_decode`], adding its wall times to `times`.
@@ -104,7 +112,8 @@ pub fn live_decode_timed<'d, B: Backend + 'd>(
     if prompt.is_empty() {
         bail!("empty prompt");
     }
-    let capture = Capture::for_layer_ids(&drafter.tap_layer_ids(&target.spec), target.spec.num_layers)?;
+    let capture =
+        Capture::for_layer_ids(&drafter.tap_layer_ids(&target.spec), target.spec.num_layers)?;
     let b = drafter.block_size();
     let mut cache = target.new_cache();
     let out = target.forward(be, prompt, &mut cache, &capture)?;

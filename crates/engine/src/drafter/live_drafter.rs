@@ -15,13 +15,13 @@
 //! incrementally (`extend_context`) as the replay's one causal pass computes them.
 
 use super::taps_rows;
+use crate::backend::Backend;
+use crate::drafter::config::DrafterFamily;
 use crate::drafter::dflash2::DFlash2Drafter;
 use crate::drafter::eagle3::{Eagle3Context, Eagle3Drafter};
 use crate::drafter::eval::Drafter;
 use crate::drafter::model::{DFlashDrafter, DraftContext, DraftOptions};
 use crate::drafter::mtp::{MtpContext, MtpDrafter};
-use crate::backend::Backend;
-use crate::drafter::config::DrafterFamily;
 use crate::model::{Captured, ModelSpec, TargetModel};
 use anyhow::{Context, Result};
 use std::path::Path;
@@ -36,7 +36,12 @@ pub fn load_drafter<B: Backend>(
     spec: &ModelSpec,
 ) -> Result<Drafter<B>> {
     if let Some(steps) = name.to_str().and_then(crate::drafter::mtp::steps_of_name) {
-        return Ok(Drafter::Mtp(MtpDrafter::load(be, target_path, spec, steps?)?));
+        return Ok(Drafter::Mtp(MtpDrafter::load(
+            be,
+            target_path,
+            spec,
+            steps?,
+        )?));
     }
     Ok(match DrafterFamily::detect(name)? {
         DrafterFamily::DFlash => Drafter::DFlash(DFlashDrafter::load(be, name, spec.hidden_size)?),
@@ -58,9 +63,13 @@ pub enum LiveDrafter<'d, B: Backend> {
     Eagle3(&'d Eagle3Drafter<B>),
     Mtp(&'d MtpDrafter<B>),
     /// Proposes the target's own greedy continuation: every round accepts B − 1 (τ = B).
-    Oracle { block_size: usize },
+    Oracle {
+        block_size: usize,
+    },
     /// Proposes the successor of the target's greedy token: nothing is accepted (τ = 1).
-    AntiOracle { block_size: usize },
+    AntiOracle {
+        block_size: usize,
+    },
 }
 
 impl<B: Backend> Clone for LiveDrafter<'_, B> {
@@ -187,7 +196,9 @@ impl<'d, B: Backend> LiveDrafter<'d, B> {
                 d.draft(be, target, ctx, &[a], &[y_a], top1)?
             }
             (LiveDrafter::Eagle3(d), LiveState::Eagle3(ctx)) => {
-                let ctx = ctx.as_ref().context("the EAGLE-3 context covers the prompt")?;
+                let ctx = ctx
+                    .as_ref()
+                    .context("the EAGLE-3 context covers the prompt")?;
                 d.draft(be, Some(target), ctx, &[a], 1)?
             }
             (LiveDrafter::Mtp(d), LiveState::Mtp(ctx)) => {
@@ -240,10 +251,13 @@ impl<'d, B: Backend> LiveDrafter<'d, B> {
             (LiveDrafter::Eagle3(d), LiveState::Eagle3(ctx)) => {
                 let taps = tap(&d.cfg.tap_layer_ids)?;
                 let refs: Vec<&B::Tensor> = taps.iter().collect();
-                *ctx = d.extend_context(be, Some(target), ctx.take(), &refs, &next_tokens[..rows])?;
+                *ctx =
+                    d.extend_context(be, Some(target), ctx.take(), &refs, &next_tokens[..rows])?;
             }
             (LiveDrafter::Mtp(_), LiveState::Mtp(ctx)) => {
-                let LiveDrafter::Mtp(d) = self else { unreachable!() };
+                let LiveDrafter::Mtp(d) = self else {
+                    unreachable!()
+                };
                 let [state] = &tap(&self.tap_layer_ids(&target.spec))?[..] else {
                     unreachable!("an MTP head reads one target state")
                 };

@@ -701,7 +701,8 @@ impl<B: Backend> Evaluation<'_, '_, B> {
         };
         match drafter {
             // DFlash2's context is its backbone's.
-            Drafter::DFlash(d) | Drafter::DFlash2(super::dflash2::DFlash2Drafter { backbone: d, .. }) => {
+            Drafter::DFlash(d)
+            | Drafter::DFlash2(super::dflash2::DFlash2Drafter { backbone: d, .. }) => {
                 let ctx = match device {
                     Some(dev) => {
                         let taps = self.drafter_taps(|x| dev.tap(x))?;

@@ -67,9 +67,10 @@ impl DrafterSpec {
         Ok(DrafterKind::builtin(name).and_then(|kind| match kind {
             DrafterKind::Oracle => Some(DrafterSpec::Oracle { block_size }),
             DrafterKind::AntiOracle => Some(DrafterSpec::AntiOracle { block_size }),
-            DrafterKind::Checkpoint | DrafterKind::Eagle3 | DrafterKind::DFlash2 | DrafterKind::Mtp => {
-                None
-            }
+            DrafterKind::Checkpoint
+            | DrafterKind::Eagle3
+            | DrafterKind::DFlash2
+            | DrafterKind::Mtp => None,
         }))
     }
 }
@@ -231,7 +232,9 @@ impl DrafterIdentity {
                 kind,
                 path: super::mtp::drafter_name(*steps),
                 weights_sha256: target_weights_sha256.to_owned(),
-                config_sha256: crate::util::sha256_bytes(super::mtp::drafter_name(*steps).as_bytes()),
+                config_sha256: crate::util::sha256_bytes(
+                    super::mtp::drafter_name(*steps).as_bytes(),
+                ),
                 series: "mtp".into(),
                 step: None,
                 block_size,

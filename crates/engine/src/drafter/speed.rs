@@ -101,8 +101,8 @@ pub fn time_prompt<'d, B: Backend + 'd>(
 mod tests {
     use super::*;
     use crate::backend::cpu::CpuBackend;
-    use crate::drafter::random::{write_random_checkpoint, RandomDrafter};
     use crate::drafter::model::DFlashDrafter;
+    use crate::drafter::random::{write_random_checkpoint, RandomDrafter};
     use crate::generate::greedy;
     use crate::model::random::{qwen3_8b_spec, RandomWeights};
     use crate::model::ModelSpec;

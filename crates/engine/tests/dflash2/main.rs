@@ -50,7 +50,11 @@ fn f32_entry(name: &str, shape: Vec<usize>, values: &[f32]) -> SafetensorsEntry 
 
 fn write_checkpoint(dir: &Path, config: &serde_json::Value, tensors: &[SafetensorsEntry]) {
     std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(config).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(config).unwrap(),
+    )
+    .unwrap();
     write_safetensors(&dir.join("model.safetensors"), tensors).unwrap();
 }
 
@@ -59,8 +63,9 @@ fn write_checkpoint(dir: &Path, config: &serde_json::Value, tensors: &[Safetenso
 // ---------------------------------------------------------------------------------------------
 
 fn fnv1a64(name: &str) -> u64 {
-    name.bytes()
-        .fold(0xCBF2_9CE4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01B3))
+    name.bytes().fold(0xCBF2_9CE4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01B3)
+    })
 }
 
 fn splitmix64(x: u64) -> u64 {
@@ -100,13 +105,24 @@ fn golden_tensors() -> Vec<SafetensorsEntry> {
         .iter()
         .map(|t| {
             let name = t["name"].as_str().unwrap();
-            let shape: Vec<usize> =
-                t["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
-            let v = formula(name, &shape, t["kind"].as_str().unwrap(), t["scale"].as_f64().unwrap(), seed);
+            let shape: Vec<usize> = t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as usize)
+                .collect();
+            let v = formula(
+                name,
+                &shape,
+                t["kind"].as_str().unwrap(),
+                t["scale"].as_f64().unwrap(),
+                seed,
+            );
             f32_entry(name, shape, &v)
         })
         .collect();
-    let (shape, norm) = Golden::open(golden_dir().join("golden.safetensors")).f32("weights.norm.weight");
+    let (shape, norm) =
+        Golden::open(golden_dir().join("golden.safetensors")).f32("weights.norm.weight");
     out.push(f32_entry("norm.weight", shape, &norm));
     out
 }
@@ -158,8 +174,14 @@ fn drafts_match_the_authors_code() {
     let dir = checkpoint(&tmp.path().join("golden"), |_| {}, |_| {});
     let files = qwen3();
     let findings = lint(&files, &dir).unwrap();
-    assert!(findings.iter().all(|f| f.severity != Severity::Error), "{findings:?}");
-    assert!(findings.iter().any(|f| f.code == "path-dependent"), "{findings:?}");
+    assert!(
+        findings.iter().all(|f| f.severity != Severity::Error),
+        "{findings:?}"
+    );
+    assert!(
+        findings.iter().any(|f| f.code == "path-dependent"),
+        "{findings:?}"
+    );
     let be = CpuBackend::new();
     let target = TargetModel::load(&be, &files.spec, files.weights.as_ref()).unwrap();
     let d = DFlash2Drafter::load(&be, &dir, 128, 512).unwrap();
@@ -176,7 +198,10 @@ fn drafts_match_the_authors_code() {
         let anchors = anchors_of(&manifest, p);
         let toks: Vec<u32> = anchors.iter().map(|&a| ids[a]).collect();
         // All anchors of the prompt in one forward; the golden drafted them one at a time.
-        let opts = DraftOptions { ctx_inclusive: false, top_k: 16 };
+        let opts = DraftOptions {
+            ctx_inclusive: false,
+            top_k: 16,
+        };
         let top = d.draft(&be, &target, &ctx, &anchors, &toks, opts).unwrap();
         assert_eq!((top.rows, top.k), (anchors.len() * (b - 1), 16));
         for (n, &a) in anchors.iter().enumerate() {
@@ -185,7 +210,9 @@ fn drafts_match_the_authors_code() {
             let argmax = want.ids(&format!("{label}.argmax"));
             let cands = want.ids(&format!("{label}.cand_ids"));
             let (_, logq) = want.f32(&format!("{label}.cand_logq"));
-            let ours: Vec<u32> = (0..b - 1).map(|r| top.row_ids(n * (b - 1) + r)[0]).collect();
+            let ours: Vec<u32> = (0..b - 1)
+                .map(|r| top.row_ids(n * (b - 1) + r)[0])
+                .collect();
             assert_eq!(ours, path, "{label}: the selector's path");
             for r in 0..b - 1 {
                 let row = n * (b - 1) + r;
@@ -196,10 +223,18 @@ fn drafts_match_the_authors_code() {
                     .collect();
                 for (id, lq) in top.row_ids(row).iter().zip(top.row_logprobs(row)) {
                     let g = golden.get(id).unwrap_or_else(|| {
-                        panic!("{label} position {}: candidate {id} is not among the authors' {:?}", r + 1, &cands[r * 16..(r + 1) * 16])
+                        panic!(
+                            "{label} position {}: candidate {id} is not among the authors' {:?}",
+                            r + 1,
+                            &cands[r * 16..(r + 1) * 16]
+                        )
                     });
                     worst = worst.max((lq - g).abs());
-                    assert!((lq - g).abs() < 1e-4, "{label} position {} token {id}: log q {lq} vs {g}", r + 1);
+                    assert!(
+                        (lq - g).abs() < 1e-4,
+                        "{label} position {} token {id}: log q {lq} vs {g}",
+                        r + 1
+                    );
                 }
                 changed += (path[r] != argmax[r]) as usize;
                 rows += 1;
@@ -217,7 +252,9 @@ fn next_token_topk(ids: &[u32]) -> TopK {
     TopK {
         rows: len,
         k: 1,
-        ids: (0..len).map(|t| ids.get(t + 1).copied().unwrap_or(0)).collect(),
+        ids: (0..len)
+            .map(|t| ids.get(t + 1).copied().unwrap_or(0))
+            .collect(),
         logprobs: vec![0.0; len],
     }
 }
@@ -237,11 +274,17 @@ fn replayed_rounds_equal_the_authors_loop() {
         let (ids, plen, taps) = golden_sequence(&g, p);
         let target_topk = next_token_topk(&ids);
         let mut seq = Sequence::new(p as u32, &ids, plen, &target_topk, Labels::Target);
-        let Drafter::DFlash2(d) = &drafter else { unreachable!() };
+        let Drafter::DFlash2(d) = &drafter else {
+            unreachable!()
+        };
         let refs: Vec<&[f32]> = taps.iter().map(|t| t.as_slice()).collect();
         seq.ctx = Some(d.backbone.context(&be, &refs, 128).unwrap());
-        let opts = EvalOptions { top_k: 4, ..EvalOptions::default() };
-        let records = evaluate_sequence(&be, DraftTarget::Head(&target), &drafter, &seq, &opts).unwrap();
+        let opts = EvalOptions {
+            top_k: 4,
+            ..EvalOptions::default()
+        };
+        let records =
+            evaluate_sequence(&be, DraftTarget::Head(&target), &drafter, &seq, &opts).unwrap();
         // Tokens committed per round: A + 1, nothing past the end of the sequence.
         let last = ids.len() - 1;
         let ours: Vec<u64> = replay_chain(&records, None)
@@ -253,13 +296,22 @@ fn replayed_rounds_equal_the_authors_loop() {
             .into_iter()
             .map(u64::from)
             .collect();
-        assert_eq!(ours, theirs, "p{p}: tokens per round, draftlens replay vs dflash_generate");
-        let by_anchor: HashMap<u32, usize> =
-            (0..records.num_blocks()).map(|b| (records.anchor[b], b)).collect();
+        assert_eq!(
+            ours, theirs,
+            "p{p}: tokens per round, draftlens replay vs dflash_generate"
+        );
+        let by_anchor: HashMap<u32, usize> = (0..records.num_blocks())
+            .map(|b| (records.anchor[b], b))
+            .collect();
         let (rounds, tokens) = replay(&records, &by_anchor, plen, ids.len()).unwrap();
         let tau = tokens as f64 / rounds as f64;
-        let golden_tau = manifest["prompts"][format!("p{p}")]["tau"].as_f64().unwrap();
-        assert!((tau - golden_tau).abs() < 1e-12, "p{p}: τ {tau} vs the loop's {golden_tau}");
+        let golden_tau = manifest["prompts"][format!("p{p}")]["tau"]
+            .as_f64()
+            .unwrap();
+        assert!(
+            (tau - golden_tau).abs() < 1e-12,
+            "p{p}: τ {tau} vs the loop's {golden_tau}"
+        );
         println!("p{p}: {rounds} rounds, τ {tau:.4} (dflash_generate: {golden_tau:.4})");
     }
 }
@@ -297,25 +349,46 @@ fn write_successor_dflash2(dir: &Path, v: usize, block: usize) {
         ones("layers.0.self_attn.k_norm.weight", d),
     ];
     for name in ["q_proj", "k_proj", "v_proj", "o_proj"] {
-        t.push(zeros(&format!("layers.0.self_attn.{name}.weight"), vec![d, d]));
+        t.push(zeros(
+            &format!("layers.0.self_attn.{name}.weight"),
+            vec![d, d],
+        ));
     }
     t.push(zeros("layers.0.mlp.gate_proj.weight", vec![8, d]));
     t.push(zeros("layers.0.mlp.up_proj.weight", vec![8, d]));
     t.push(zeros("layers.0.mlp.down_proj.weight", vec![d, 8]));
     for conv in ["attention_conv", "mlp_conv"] {
-        t.push(zeros(&format!("layers.0.{conv}.base_kernel"), vec![2, 2, d]));
-        t.push(zeros(&format!("layers.0.{conv}.kernel_projection.weight"), vec![2 * 2 * (d / 4), d]));
+        t.push(zeros(
+            &format!("layers.0.{conv}.base_kernel"),
+            vec![2, 2, d],
+        ));
+        t.push(zeros(
+            &format!("layers.0.{conv}.kernel_projection.weight"),
+            vec![2 * 2 * (d / 4), d],
+        ));
     }
     // The final state is all ones: the projection makes every rank component 1.
-    t.push(f32_entry("candidate_selector.hidden_projection.weight", vec![v, d], &vec![1.0 / d as f32; v * d]));
+    t.push(f32_entry(
+        "candidate_selector.hidden_projection.weight",
+        vec![v, d],
+        &vec![1.0 / d as f32; v * d],
+    ));
     let mut pred = vec![0f32; v * v];
     let mut succ = vec![0f32; v * v];
     for tok in 0..v {
         pred[tok * v + tok] = 10.0;
         succ[((tok + 1) % v) * v + tok] = 10.0;
     }
-    t.push(f32_entry("candidate_selector.predecessor_codebook", vec![v, v], &pred));
-    t.push(f32_entry("candidate_selector.successor_codebook", vec![v, v], &succ));
+    t.push(f32_entry(
+        "candidate_selector.predecessor_codebook",
+        vec![v, v],
+        &pred,
+    ));
+    t.push(f32_entry(
+        "candidate_selector.successor_codebook",
+        vec![v, v],
+        &succ,
+    ));
     write_checkpoint(dir, &config, &t);
 }
 
@@ -340,7 +413,11 @@ fn successor_selector_accepts_every_draft() {
     }
     let target_topk = next_token_topk(&ids);
     let taps = vec![vec![0f32; len * v]];
-    let opts = EvalOptions { top_k: 4, anchor_batch: 7, ..EvalOptions::default() };
+    let opts = EvalOptions {
+        top_k: 4,
+        anchor_batch: 7,
+        ..EvalOptions::default()
+    };
     let mut seq = Sequence::new(0, &ids, plen, &target_topk, Labels::Target);
     let refs: Vec<&[f32]> = taps.iter().map(|t| t.as_slice()).collect();
     seq.ctx = Some(d.backbone.context(&be, &refs, v).unwrap());
@@ -357,7 +434,12 @@ fn successor_selector_accepts_every_draft() {
     assert_eq!(records.anchor, oracle.anchor);
     for b in 0..records.num_blocks() {
         let left = len - 1 - records.anchor[b] as usize;
-        assert_eq!(records.accepted_len(b), (block - 1).min(left), "anchor {}", records.anchor[b]);
+        assert_eq!(
+            records.accepted_len(b),
+            (block - 1).min(left),
+            "anchor {}",
+            records.anchor[b]
+        );
         assert_eq!(records.accepted_len(b), oracle.accepted_len(b));
     }
     let produced = (len - plen - 1) as u64;
@@ -365,7 +447,10 @@ fn successor_selector_accepts_every_draft() {
     let by_anchor = |r: &draftlens_records::RecordBatch| -> HashMap<u32, usize> {
         (0..r.num_blocks()).map(|b| (r.anchor[b], b)).collect()
     };
-    assert_eq!(replay(&records, &by_anchor(&records), plen, len), Some(want));
+    assert_eq!(
+        replay(&records, &by_anchor(&records), plen, len),
+        Some(want)
+    );
     assert_eq!(replay(&oracle, &by_anchor(&oracle), plen, len), Some(want));
 }
 
@@ -381,49 +466,114 @@ fn a_checkpoint_without_its_selector_is_refused_naming_the_file_and_tensor() {
     let file = |dir: &Path| dir.join("model.safetensors").display().to_string();
     let error = |dir: &Path| -> String {
         let findings = lint(&files, dir).unwrap();
-        let e = findings.iter().find(|f| f.severity == Severity::Error).expect("a lint error");
+        let e = findings
+            .iter()
+            .find(|f| f.severity == Severity::Error)
+            .expect("a lint error");
         e.message.clone()
     };
 
-    let none = checkpoint(&tmp.path().join("none"), |_| {}, |t| t.retain(|e| !e.0.starts_with("candidate_selector.")));
+    let none = checkpoint(
+        &tmp.path().join("none"),
+        |_| {},
+        |t| t.retain(|e| !e.0.starts_with("candidate_selector.")),
+    );
     let msg = error(&none);
-    assert!(msg.starts_with(&file(&none)) && msg.contains("no candidate selector tensors") && msg.contains("candidate_selector.successor_codebook"), "{msg}");
-    let load = format!("{:#}", DFlash2Drafter::load(&be, &none, 128, 512).err().unwrap());
-    assert!(load.starts_with(&file(&none)) && load.contains("candidate_selector.hidden_projection.weight is missing"), "{load}");
+    assert!(
+        msg.starts_with(&file(&none))
+            && msg.contains("no candidate selector tensors")
+            && msg.contains("candidate_selector.successor_codebook"),
+        "{msg}"
+    );
+    let load = format!(
+        "{:#}",
+        DFlash2Drafter::load(&be, &none, 128, 512).err().unwrap()
+    );
+    assert!(
+        load.starts_with(&file(&none))
+            && load.contains("candidate_selector.hidden_projection.weight is missing"),
+        "{load}"
+    );
 
-    let partial = checkpoint(&tmp.path().join("partial"), |_| {}, |t| t.retain(|e| e.0 != "candidate_selector.successor_codebook"));
+    let partial = checkpoint(
+        &tmp.path().join("partial"),
+        |_| {},
+        |t| t.retain(|e| e.0 != "candidate_selector.successor_codebook"),
+    );
     let msg = error(&partial);
-    assert!(msg.contains("partial") && msg.contains("candidate_selector.successor_codebook") && !msg.contains("predecessor"), "{msg}");
-    let load = format!("{:#}", DFlash2Drafter::load(&be, &partial, 128, 512).err().unwrap());
-    assert!(load.contains("tensor candidate_selector.successor_codebook is missing"), "{load}");
+    assert!(
+        msg.contains("partial")
+            && msg.contains("candidate_selector.successor_codebook")
+            && !msg.contains("predecessor"),
+        "{msg}"
+    );
+    let load = format!(
+        "{:#}",
+        DFlash2Drafter::load(&be, &partial, 128, 512).err().unwrap()
+    );
+    assert!(
+        load.contains("tensor candidate_selector.successor_codebook is missing"),
+        "{load}"
+    );
 
     // A codebook saved with `.weight` (save_pretrained) is read as well.
-    let renamed = checkpoint(&tmp.path().join("renamed"), |_| {}, |t| {
-        for e in t.iter_mut().filter(|e| e.0.ends_with("codebook")) {
-            e.0.push_str(".weight");
-        }
-    });
-    assert!(lint(&files, &renamed).unwrap().iter().all(|f| f.severity != Severity::Error));
+    let renamed = checkpoint(
+        &tmp.path().join("renamed"),
+        |_| {},
+        |t| {
+            for e in t.iter_mut().filter(|e| e.0.ends_with("codebook")) {
+                e.0.push_str(".weight");
+            }
+        },
+    );
+    assert!(lint(&files, &renamed)
+        .unwrap()
+        .iter()
+        .all(|f| f.severity != Severity::Error));
     DFlash2Drafter::load(&be, &renamed, 128, 512).unwrap();
 
-    let conv = checkpoint(&tmp.path().join("conv"), |_| {}, |t| t.retain(|e| e.0 != "layers.1.mlp_conv.base_kernel"));
+    let conv = checkpoint(
+        &tmp.path().join("conv"),
+        |_| {},
+        |t| t.retain(|e| e.0 != "layers.1.mlp_conv.base_kernel"),
+    );
     assert!(error(&conv).contains("layers.1.mlp_conv.base_kernel is missing"));
 
-    let no_rank = checkpoint(&tmp.path().join("no-rank"), |c| {
-        c["dflash_config"].as_object_mut().unwrap().remove("selector_rank");
-    }, |_| {});
+    let no_rank = checkpoint(
+        &tmp.path().join("no-rank"),
+        |c| {
+            c["dflash_config"]
+                .as_object_mut()
+                .unwrap()
+                .remove("selector_rank");
+        },
+        |_| {},
+    );
     let e = format!("{:#}", lint(&files, &no_rank).unwrap_err());
-    assert!(e.contains(&no_rank.join("config.json").display().to_string()) && e.contains("selector_rank"), "{e}");
+    assert!(
+        e.contains(&no_rank.join("config.json").display().to_string())
+            && e.contains("selector_rank"),
+        "{e}"
+    );
 
     // The DFlash loader does not take a DFlash2 checkpoint (it would drop the selector).
     let golden = checkpoint(&tmp.path().join("golden"), |_| {}, |_| {});
-    let e = format!("{:#}", DFlashDrafter::load(&be, &golden, 128).err().unwrap());
+    let e = format!(
+        "{:#}",
+        DFlashDrafter::load(&be, &golden, 128).err().unwrap()
+    );
     assert!(e.contains("DFlash2") && e.contains("config.json"), "{e}");
 
     // More candidates per position than the selector scores.
-    let opts = EvalOptions { top_k: 17, ..EvalOptions::default() };
+    let opts = EvalOptions {
+        top_k: 17,
+        ..EvalOptions::default()
+    };
     let e = format!("{:#}", check_options(&golden, &opts).unwrap_err());
-    assert!(e.contains("--top-k 17") && e.contains("selector_top_k"), "{e}");
+    assert!(
+        e.contains("--top-k 17") && e.contains("selector_top_k"),
+        "{e}"
+    );
     check_options(&golden, &EvalOptions::default()).unwrap();
 }
 
@@ -454,12 +604,34 @@ fn live_decoding_is_lossless_and_its_tau_is_the_replayed_and_the_authors_tau() {
         let golden = g.ids(&format!("p{p}.greedy_ids"));
         let label = format!("dflash2 p{p}");
         let c = live_util::check_live(&be, &target, &d, &prompt, golden.len(), &[], &label);
-        assert_eq!(c.live.ids, golden, "{label}: transformers' greedy continuation");
-        let authors = manifest["prompts"][format!("p{p}")]["tau"].as_f64().unwrap();
-        assert!((c.live.tau() - authors).abs() < 1e-12, "{label}: live τ {} vs dflash_generate's {authors}", c.live.tau());
-        println!("{label}: {} rounds, live τ {:.4} = replayed τ {:.4} = dflash_generate τ {authors:.4}", c.live.round_tokens.len(), c.live.tau(), c.replayed_tau);
+        assert_eq!(
+            c.live.ids, golden,
+            "{label}: transformers' greedy continuation"
+        );
+        let authors = manifest["prompts"][format!("p{p}")]["tau"]
+            .as_f64()
+            .unwrap();
+        assert!(
+            (c.live.tau() - authors).abs() < 1e-12,
+            "{label}: live τ {} vs dflash_generate's {authors}",
+            c.live.tau()
+        );
+        println!(
+            "{label}: {} rounds, live τ {:.4} = replayed τ {:.4} = dflash_generate τ {authors:.4}",
+            c.live.round_tokens.len(),
+            c.live.tau(),
+            c.replayed_tau
+        );
         let eos = golden[9];
-        let c = live_util::check_live(&be, &target, &d, &prompt, golden.len(), &[eos], &format!("{label} eos"));
+        let c = live_util::check_live(
+            &be,
+            &target,
+            &d,
+            &prompt,
+            golden.len(),
+            &[eos],
+            &format!("{label} eos"),
+        );
         assert_eq!(c.live.ids.last(), Some(&eos));
     }
 }

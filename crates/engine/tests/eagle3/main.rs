@@ -539,11 +539,27 @@ fn live_decoding_is_lossless_and_its_tau_is_the_replayed_tau() {
         let golden = g.ids(&format!("p{p}.greedy_ids"));
         let label = format!("eagle3 p{p}");
         let c = live_util::check_live(&be, &target, &d, &prompt, golden.len(), &[], &label);
-        assert_eq!(c.live.ids, golden, "{label}: transformers' greedy continuation");
+        assert_eq!(
+            c.live.ids, golden,
+            "{label}: transformers' greedy continuation"
+        );
         accepted += c.live.accepted.iter().sum::<u32>();
-        println!("{label}: {} rounds, live τ {:.4} = replayed τ {:.4}", c.live.round_tokens.len(), c.live.tau(), c.replayed_tau);
+        println!(
+            "{label}: {} rounds, live τ {:.4} = replayed τ {:.4}",
+            c.live.round_tokens.len(),
+            c.live.tau(),
+            c.replayed_tau
+        );
         let eos = golden[9];
-        let c = live_util::check_live(&be, &target, &d, &prompt, golden.len(), &[eos], &format!("{label} eos"));
+        let c = live_util::check_live(
+            &be,
+            &target,
+            &d,
+            &prompt,
+            golden.len(),
+            &[eos],
+            &format!("{label} eos"),
+        );
         assert_eq!(c.live.ids.last(), Some(&eos));
     }
     // The random golden drafter accepts nothing on this target: the per-round proposals compared

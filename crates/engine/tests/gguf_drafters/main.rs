@@ -15,9 +15,9 @@
 //! (d) bad input: one error naming the file and the key or tensor, from the loader and from
 //!     `run` before any run exists.
 
-mod rewrite;
 #[path = "../golden_util/mod.rs"]
 mod golden_util;
+mod rewrite;
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::drafter::eagle3::Eagle3Drafter;
@@ -128,10 +128,20 @@ fn run_with_the_gguf_gives_the_checkpoints_records() {
         series: "gguf".into(),
     };
     let hf = run_eval(&s, &spec(hf_dflash()), &set, &opts, &store).unwrap();
-    let gguf = run_eval(&s, &spec(fixtures().join("dflash-bf16.gguf")), &set, &opts, &store).unwrap();
+    let gguf = run_eval(
+        &s,
+        &spec(fixtures().join("dflash-bf16.gguf")),
+        &set,
+        &opts,
+        &store,
+    )
+    .unwrap();
     // Computed from the GGUF weights, not read back from the checkpoint's records cache.
     assert_eq!(gguf.timings["records_cached"], 0);
-    let (a, b) = (store.records(hf.run_id).unwrap(), store.records(gguf.run_id).unwrap());
+    let (a, b) = (
+        store.records(hf.run_id).unwrap(),
+        store.records(gguf.run_id).unwrap(),
+    );
     assert!(a.num_blocks() > 40, "{} blocks", a.num_blocks());
     assert_eq!(a.block_size, 8);
     assert_eq!(a.anchor, b.anchor);
@@ -142,12 +152,23 @@ fn run_with_the_gguf_gives_the_checkpoints_records() {
     assert_eq!(a.draft_logprobs, b.draft_logprobs);
     assert_eq!(hf.metrics, gguf.metrics);
     let run = store.run(gguf.run_id).unwrap().unwrap().run;
-    assert!(run.drafter_path.ends_with("dflash-bf16.gguf"), "{}", run.drafter_path);
+    assert!(
+        run.drafter_path.ends_with("dflash-bf16.gguf"),
+        "{}",
+        run.drafter_path
+    );
     let eval = store.run_eval(gguf.run_id).unwrap().unwrap();
     assert_eq!(eval.identity_json["drafter_kind"], "checkpoint");
 
     // Q8_0: the same drafter up to 8-bit rounding of its matrices.
-    let q8 = run_eval(&s, &spec(fixtures().join("dflash-q8_0.gguf")), &set, &opts, &store).unwrap();
+    let q8 = run_eval(
+        &s,
+        &spec(fixtures().join("dflash-q8_0.gguf")),
+        &set,
+        &opts,
+        &store,
+    )
+    .unwrap();
     let c = store.records(q8.run_id).unwrap();
     assert_eq!(a.anchor, c.anchor);
     let k = a.top_k as usize;
@@ -191,11 +212,25 @@ fn run_with_the_dflash2_gguf_gives_the_checkpoints_records() {
     )
     .unwrap();
     let store = Store::open(&tmp.path().join("runs.sqlite")).unwrap();
-    let spec = |dir: PathBuf| DrafterSpec::Checkpoint { dir, step: None, series: "gguf".into() };
+    let spec = |dir: PathBuf| DrafterSpec::Checkpoint {
+        dir,
+        step: None,
+        series: "gguf".into(),
+    };
     let hf = run_eval(&s, &spec(fixtures().join("dflash2")), &set, &opts, &store).unwrap();
-    let gguf = run_eval(&s, &spec(fixtures().join("dflash2-bf16.gguf")), &set, &opts, &store).unwrap();
+    let gguf = run_eval(
+        &s,
+        &spec(fixtures().join("dflash2-bf16.gguf")),
+        &set,
+        &opts,
+        &store,
+    )
+    .unwrap();
     assert_eq!(gguf.timings["records_cached"], 0);
-    let (a, b) = (store.records(hf.run_id).unwrap(), store.records(gguf.run_id).unwrap());
+    let (a, b) = (
+        store.records(hf.run_id).unwrap(),
+        store.records(gguf.run_id).unwrap(),
+    );
     assert!(a.num_blocks() > 20, "{} blocks", a.num_blocks());
     assert_eq!(a.anchor, b.anchor);
     assert_eq!(a.draft_ids, b.draft_ids);
@@ -203,7 +238,10 @@ fn run_with_the_dflash2_gguf_gives_the_checkpoints_records() {
     assert_eq!(a.target, b.target);
     let eval = store.run_eval(gguf.run_id).unwrap().unwrap();
     assert_eq!(eval.identity_json["drafter_kind"], "dflash2");
-    println!("dflash2 gguf: {} blocks equal the checkpoint's", a.num_blocks());
+    println!(
+        "dflash2 gguf: {} blocks equal the checkpoint's",
+        a.num_blocks()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -248,14 +286,32 @@ fn against_passes_the_correct_conversions() {
         let findings = against(&fixtures().join(f), &hf_dflash(), 4).unwrap();
         assert!(errors(&findings).is_empty(), "{f}: {findings:#?}");
         let ids = findings.iter().find(|x| x.code == "layer-ids").unwrap();
-        assert!(ids.message.contains("[1, 3]") && ids.message.contains("[0, 2] + 1"), "{}", ids.message);
+        assert!(
+            ids.message.contains("[1, 3]") && ids.message.contains("[0, 2] + 1"),
+            "{}",
+            ids.message
+        );
         let values = findings.iter().find(|x| x.code == "values").unwrap();
-        assert!(values.message.contains("25 tensors compared"), "{}", values.message);
+        assert!(
+            values.message.contains("25 tensors compared"),
+            "{}",
+            values.message
+        );
         println!("{f}: {}", values.message);
     }
-    let findings = against(&fixtures().join("dflash2-bf16.gguf"), &fixtures().join("dflash2"), 4).unwrap();
+    let findings = against(
+        &fixtures().join("dflash2-bf16.gguf"),
+        &fixtures().join("dflash2"),
+        4,
+    )
+    .unwrap();
     assert!(errors(&findings).is_empty(), "dflash2: {findings:#?}");
-    assert!(findings.iter().any(|f| f.code == "values" && f.message.contains("36 tensors compared")), "{findings:#?}");
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.code == "values" && f.message.contains("36 tensors compared")),
+        "{findings:#?}"
+    );
     let golden = repo_root().join("tests/fixtures/golden/eagle3");
     let findings = against(&fixtures().join("eagle3-bf16.gguf"), &golden, 4).unwrap();
     assert!(errors(&findings).is_empty(), "{findings:#?}");
@@ -271,53 +327,142 @@ fn against_names_each_converter_mistake() {
         assert!(has(&findings, code, text), "{name}: {findings:#?}");
     };
     // Layer ids written unshifted (the HF ids as they are): llama.cpp reads one layer early.
-    let f = bf16().set("dflash.target_layers", GgufValue::Array(vec![GgufValue::U32(0), GgufValue::U32(2)])).write(tmp.path(), "unshifted.gguf");
-    check("unshifted", f.clone(), &hf_dflash(), "layer-ids-off-by-one", "unshifted");
+    let f = bf16()
+        .set(
+            "dflash.target_layers",
+            GgufValue::Array(vec![GgufValue::U32(0), GgufValue::U32(2)]),
+        )
+        .write(tmp.path(), "unshifted.gguf");
+    check(
+        "unshifted",
+        f.clone(),
+        &hf_dflash(),
+        "layer-ids-off-by-one",
+        "unshifted",
+    );
     // Shifted twice.
-    let f2 = bf16().set("dflash.target_layers", GgufValue::Array(vec![GgufValue::U32(2), GgufValue::U32(4)])).write(tmp.path(), "twice.gguf");
-    check("shifted twice", f2, &hf_dflash(), "layer-ids-off-by-one", "+ 2");
+    let f2 = bf16()
+        .set(
+            "dflash.target_layers",
+            GgufValue::Array(vec![GgufValue::U32(2), GgufValue::U32(4)]),
+        )
+        .write(tmp.path(), "twice.gguf");
+    check(
+        "shifted twice",
+        f2,
+        &hf_dflash(),
+        "layer-ids-off-by-one",
+        "+ 2",
+    );
     // A tensor left out.
-    let f = bf16().drop_tensor("blk.1.attn_k_norm.weight").write(tmp.path(), "missing.gguf");
-    check("missing tensor", f.clone(), &hf_dflash(), "missing-tensor", "layers.1.self_attn.k_norm.weight");
-    check("missing tensor", f, &hf_dflash(), "tensor-count", "expected 25, got 24");
+    let f = bf16()
+        .drop_tensor("blk.1.attn_k_norm.weight")
+        .write(tmp.path(), "missing.gguf");
+    check(
+        "missing tensor",
+        f.clone(),
+        &hf_dflash(),
+        "missing-tensor",
+        "layers.1.self_attn.k_norm.weight",
+    );
+    check(
+        "missing tensor",
+        f,
+        &hf_dflash(),
+        "tensor-count",
+        "expected 25, got 24",
+    );
     // The mask id of another token, and none at all.
-    let f = bf16().set("tokenizer.ggml.mask_token_id", GgufValue::U32(0)).write(tmp.path(), "mask.gguf");
-    check("wrong mask id", f, &hf_dflash(), "mask-id", "tokenizer.ggml.mask_token_id is 0, the checkpoint's mask_token_id is 500");
-    let f = bf16().remove("tokenizer.ggml.mask_token_id").write(tmp.path(), "nomask.gguf");
+    let f = bf16()
+        .set("tokenizer.ggml.mask_token_id", GgufValue::U32(0))
+        .write(tmp.path(), "mask.gguf");
+    check(
+        "wrong mask id",
+        f,
+        &hf_dflash(),
+        "mask-id",
+        "tokenizer.ggml.mask_token_id is 0, the checkpoint's mask_token_id is 500",
+    );
+    let f = bf16()
+        .remove("tokenizer.ggml.mask_token_id")
+        .write(tmp.path(), "nomask.gguf");
     check("no mask id", f, &hf_dflash(), "mask-id", "missing");
     // Values of another tensor of the same shape (q_norm and k_norm swapped).
-    let f = bf16().swap_data("blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight").write(tmp.path(), "swapped.gguf");
-    check("swapped", f, &hf_dflash(), "values", "blk.0.attn_k_norm.weight");
+    let f = bf16()
+        .swap_data("blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight")
+        .write(tmp.path(), "swapped.gguf");
+    check(
+        "swapped",
+        f,
+        &hf_dflash(),
+        "values",
+        "blk.0.attn_k_norm.weight",
+    );
     // Tensor count: the file converted from a two-layer checkpoint, compared with a three-layer
     // one (the "expected 81, got 58" of a DFlash2 file read as DFlash has this shape).
     let deeper = tmp.path().join("deeper");
     std::fs::create_dir_all(&deeper).unwrap();
     let mut config = json(&hf_dflash().join("config.json"));
     config["num_hidden_layers"] = 3.into();
-    config["layer_types"] = serde_json::json!(["full_attention", "full_attention", "full_attention"]);
+    config["layer_types"] =
+        serde_json::json!(["full_attention", "full_attention", "full_attention"]);
     std::fs::write(deeper.join("config.json"), config.to_string()).unwrap();
     let mut tensors = read_entries(&hf_dflash().join("model.safetensors"));
-    let layer1: Vec<_> = tensors.iter().filter(|e| e.0.starts_with("layers.1.")).cloned().collect();
+    let layer1: Vec<_> = tensors
+        .iter()
+        .filter(|e| e.0.starts_with("layers.1."))
+        .cloned()
+        .collect();
     tensors.extend(layer1.into_iter().map(|mut e| {
         e.0 = e.0.replace("layers.1.", "layers.2.");
         e
     }));
     draftlens_engine::util::write_safetensors(&deeper.join("model.safetensors"), &tensors).unwrap();
     let findings = against(&fixtures().join("dflash-bf16.gguf"), &deeper, 4).unwrap();
-    assert!(has(&findings, "tensor-count", "expected 36, got 25"), "{findings:#?}");
-    assert!(has(&findings, "missing-tensor", "11 checkpoint tensor(s)"), "{findings:#?}");
-    assert!(has(&findings, "config", "dflash.block_count / num_hidden_layers: the file says 2, the checkpoint 3"), "{findings:#?}");
+    assert!(
+        has(&findings, "tensor-count", "expected 36, got 25"),
+        "{findings:#?}"
+    );
+    assert!(
+        has(&findings, "missing-tensor", "11 checkpoint tensor(s)"),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            &findings,
+            "config",
+            "dflash.block_count / num_hidden_layers: the file says 2, the checkpoint 3"
+        ),
+        "{findings:#?}"
+    );
     // A DFlash2 checkpoint converted as plain DFlash (no DFlash2 keys, no convolutions, no
     // selector): a valid DFlash file on its own, so the loader takes it; --against tells.
     let mut plain = Copy::open(&fixtures().join("dflash2-bf16.gguf"));
-    for k in ["conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "logit_scale", "final_logit_softcapping", "embedding_scale"] {
+    for k in [
+        "conv_kernel_size",
+        "conv_group_size",
+        "selector_rank",
+        "selector_top_k",
+        "logit_scale",
+        "final_logit_softcapping",
+        "embedding_scale",
+    ] {
         plain = plain.remove(&format!("dflash.{k}"));
     }
-    for t in ["selector_predecessor.weight", "selector_successor.weight", "selector_hidden.weight"] {
+    for t in [
+        "selector_predecessor.weight",
+        "selector_successor.weight",
+        "selector_hidden.weight",
+    ] {
         plain = plain.drop_tensor(t);
     }
     for l in 0..2 {
-        for t in ["attn_conv_base", "attn_conv_proj.weight", "ffn_conv_base", "ffn_conv_proj.weight"] {
+        for t in [
+            "attn_conv_base",
+            "attn_conv_proj.weight",
+            "ffn_conv_base",
+            "ffn_conv_proj.weight",
+        ] {
             plain = plain.drop_tensor(&format!("blk.{l}.{t}"));
         }
     }
@@ -325,20 +470,52 @@ fn against_names_each_converter_mistake() {
     let spec = TargetFiles::open(&qwen3_dir()).unwrap();
     assert!(errors(&lint(&spec, &f).unwrap()).is_empty());
     let findings = against(&f, &fixtures().join("dflash2"), 4).unwrap();
-    assert!(has(&findings, "tensor-count", "expected 36, got 25"), "{findings:#?}");
-    assert!(has(&findings, "dflash2-dropped", "without its convolutions and candidate selector"), "{findings:#?}");
-    assert!(has(&findings, "missing-tensor", "11 checkpoint tensor(s)"), "{findings:#?}");
+    assert!(
+        has(&findings, "tensor-count", "expected 36, got 25"),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            &findings,
+            "dflash2-dropped",
+            "without its convolutions and candidate selector"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(&findings, "missing-tensor", "11 checkpoint tensor(s)"),
+        "{findings:#?}"
+    );
     // EAGLE-3: the converter's default taps, written when SpecForge nests them in eagle_config.
     let golden = repo_root().join("tests/fixtures/golden/eagle3");
     let f = Copy::open(&fixtures().join("eagle3-bf16.gguf"))
-        .set("eagle3.target_layers", GgufValue::Array(vec![GgufValue::U32(2), GgufValue::U32(2), GgufValue::U32(1)]))
+        .set(
+            "eagle3.target_layers",
+            GgufValue::Array(vec![
+                GgufValue::U32(2),
+                GgufValue::U32(2),
+                GgufValue::U32(1),
+            ]),
+        )
         .write(tmp.path(), "eagle-default.gguf");
-    check("eagle3 default taps", f, &golden, "layer-ids", "the converter's default [2, L/2, L − 3]");
+    check(
+        "eagle3 default taps",
+        f,
+        &golden,
+        "layer-ids",
+        "the converter's default [2, L/2, L − 3]",
+    );
     // EAGLE-3 q rows left in HF order (a converter that skipped the permutation).
     let f = Copy::open(&fixtures().join("eagle3-bf16.gguf"))
         .swap_rows_pairwise("blk.0.attn_q.weight")
         .write(tmp.path(), "eagle-q.gguf");
-    check("eagle3 q permutation", f, &golden, "values", "blk.0.attn_q.weight");
+    check(
+        "eagle3 q permutation",
+        f,
+        &golden,
+        "values",
+        "blk.0.attn_q.weight",
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -392,15 +569,35 @@ fn bad_gguf_drafters_are_refused_naming_the_file_and_key() {
         // lint: an error (or a refusal) naming the file and the key or tensor.
         let said = match lint(&files, file) {
             Err(e) => format!("{e:#}"),
-            Ok(findings) => errors(&findings).iter().map(|f| f.message.clone()).collect::<Vec<_>>().join(" | "),
+            Ok(findings) => errors(&findings)
+                .iter()
+                .map(|f| f.message.clone())
+                .collect::<Vec<_>>()
+                .join(" | "),
         };
         assert!(said.contains(message), "{what}: {said}");
         // run: refused before a run exists, naming the file.
-        let spec = DrafterSpec::Checkpoint { dir: file.clone(), step: None, series: "bad".into() };
-        let e = format!("{:#}", run_eval(&s, &spec, &set, &opts, &store).unwrap_err());
-        assert!(e.contains(&*file.to_string_lossy()) && e.contains(message), "{what}: {e}");
+        let spec = DrafterSpec::Checkpoint {
+            dir: file.clone(),
+            step: None,
+            series: "bad".into(),
+        };
+        let e = format!(
+            "{:#}",
+            run_eval(&s, &spec, &set, &opts, &store).unwrap_err()
+        );
+        assert!(
+            e.contains(&*file.to_string_lossy()) && e.contains(message),
+            "{what}: {e}"
+        );
         // The loader too, where the problem is the file's alone.
-        if !["a tap out of range", "a wrong shape", "a DFlash2 file without its selector"].contains(what) {
+        if ![
+            "a tap out of range",
+            "a wrong shape",
+            "a DFlash2 file without its selector",
+        ]
+        .contains(what)
+        {
             let e = format!("{:#}", DFlashDrafter::load(&be, file, 128).err().unwrap());
             assert!(e.contains(&*file.to_string_lossy()), "{what}: {e}");
         }
@@ -416,5 +613,11 @@ fn bad_gguf_drafters_are_refused_naming_the_file_and_key() {
     let findings = lint(&files, &fixtures().join("dflash-bf16.gguf")).unwrap();
     assert!(errors(&findings).is_empty(), "{findings:#?}");
     let g = findings.iter().find(|f| f.code == "gguf").unwrap();
-    assert!(g.message.contains("dflash.target_layers [1, 3] are layer inputs, read as target_layer_ids [0,2]"), "{}", g.message);
+    assert!(
+        g.message.contains(
+            "dflash.target_layers [1, 3] are layer inputs, read as target_layer_ids [0,2]"
+        ),
+        "{}",
+        g.message
+    );
 }

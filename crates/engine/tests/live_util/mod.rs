@@ -36,7 +36,10 @@ pub fn check_live<B: Backend>(
 ) -> LiveChecked {
     let plain = greedy(be, target, prompt, max_new, eos).unwrap();
     let live = live_decode(be, target, drafter, prompt, max_new, eos).unwrap();
-    assert_eq!(live.ids, plain.ids, "{label}: live output differs from plain greedy decoding");
+    assert_eq!(
+        live.ids, plain.ids,
+        "{label}: live output differs from plain greedy decoding"
+    );
 
     let mut ids = prompt.to_vec();
     ids.extend(&plain.ids);
@@ -50,7 +53,9 @@ pub fn check_live<B: Backend>(
         anchors: AnchorPolicy::Stride(3),
         ..EvalOptions::default()
     };
-    let topk = target.logits_topk(be, &out.last_hidden, opts.top_k).unwrap();
+    let topk = target
+        .logits_topk(be, &out.last_hidden, opts.top_k)
+        .unwrap();
     let mut seq = Sequence::new(0, &ids, prompt.len(), &topk, Labels::Target);
     let taps: Vec<&B::Tensor> = capture
         .indices
@@ -61,7 +66,9 @@ pub fn check_live<B: Backend>(
         Drafter::DFlash(d) => seq.ctx = Some(d.context_from_tensors(be, &taps).unwrap()),
         Drafter::DFlash2(d) => seq.ctx = Some(d.backbone.context_from_tensors(be, &taps).unwrap()),
         Drafter::Eagle3(d) => {
-            seq.eagle3 = d.context_from_tensors(be, Some(target), &taps, &ids).unwrap()
+            seq.eagle3 = d
+                .context_from_tensors(be, Some(target), &taps, &ids)
+                .unwrap()
         }
         Drafter::Mtp(d) => seq.mtp = d.context_from_tensor(be, target, taps[0], &ids).unwrap(),
         Drafter::Oracle { .. } | Drafter::AntiOracle { .. } => {}
@@ -76,7 +83,10 @@ pub fn check_live<B: Backend>(
         chain.push(acc as u32);
         a += acc + 1;
     }
-    assert_eq!(live.accepted, chain, "{label}: accepted lengths per round, live vs replay");
+    assert_eq!(
+        live.accepted, chain,
+        "{label}: accepted lengths per round, live vs replay"
+    );
     // Every round's proposals are the replay's top-1 drafts at the same anchor: the family's
     // state grown round by round is the one the replay builds over the whole sequence.
     let per = drafter.block_size() - 1;
@@ -85,7 +95,11 @@ pub fn check_live<B: Backend>(
     for (r, &acc) in chain.iter().enumerate() {
         let b = by[&(a as u32)];
         let replayed: Vec<u32> = (0..per).map(|i| rec.draft_ids[(b * per + i) * k]).collect();
-        assert_eq!(live.drafts[r * per..(r + 1) * per], replayed, "{label}: proposals of round {r} (anchor {a})");
+        assert_eq!(
+            live.drafts[r * per..(r + 1) * per],
+            replayed,
+            "{label}: proposals of round {r} (anchor {a})"
+        );
         a += acc as usize + 1;
     }
     assert_eq!(live.drafts.len(), chain.len() * per, "{label}: proposals");

@@ -203,7 +203,11 @@ fn successor_fc(lm_head: &[f32], d: usize) -> Vec<f32> {
     let gram: Vec<f64> = (0..m * m)
         .map(|ij| {
             let (i, j) = (ij / m, ij % m);
-            row(CYCLE[i]).iter().zip(row(CYCLE[j])).map(|(a, b)| *a as f64 * *b as f64).sum()
+            row(CYCLE[i])
+                .iter()
+                .zip(row(CYCLE[j]))
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum()
         })
         .collect();
     // C = (XᵀX)⁻¹ Xᵀ, column by column of Xᵀ: C[:, k] solves (XᵀX) c = X[k, :]ᵀ.
@@ -245,7 +249,11 @@ fn successor_head_accepts_every_draft() {
     for &u in &CYCLE {
         let row = &lm_head[u as usize * d..(u as usize + 1) * d];
         let score = |t: usize| -> f32 {
-            lm_head[t * d..(t + 1) * d].iter().zip(row).map(|(a, b)| a * b).sum()
+            lm_head[t * d..(t + 1) * d]
+                .iter()
+                .zip(row)
+                .map(|(a, b)| a * b)
+                .sum()
         };
         assert!((0..v).all(|t| t == u as usize || score(t) < score(u as usize)));
     }
@@ -358,7 +366,10 @@ fn targets_without_a_whole_head_are_refused_naming_the_file_and_tensor() {
     // Qwen3-Next golden: no mtp.* tensor at all.
     let next = repo_root().join("tests/fixtures/golden/qwen3_next");
     let e = load_error(&next, 3);
-    assert!(e.contains("qwen3_next") && e.contains("no mtp.* tensors"), "{e}");
+    assert!(
+        e.contains("qwen3_next") && e.contains("no mtp.* tensors"),
+        "{e}"
+    );
     // Qwen3.5 golden: only the stray mtp.fc.weight.
     let e = load_error(&qwen3_5_dir(), 3);
     assert!(
@@ -366,18 +377,24 @@ fn targets_without_a_whole_head_are_refused_naming_the_file_and_tensor() {
         "{e}"
     );
     // A layer tensor missing, and one of the wrong shape.
-    let no_k = write_target(&tmp.path().join("no-k"), |_| {}, |t| {
-        t.retain(|e| e.0 != "mtp.layers.0.self_attn.k_proj.weight")
-    });
+    let no_k = write_target(
+        &tmp.path().join("no-k"),
+        |_| {},
+        |t| t.retain(|e| e.0 != "mtp.layers.0.self_attn.k_proj.weight"),
+    );
     let e = load_error(&no_k, 3);
     assert!(
         e.contains("tensor mtp.layers.0.self_attn.k_proj.weight is missing"),
         "{e}"
     );
-    let bad_fc = write_target(&tmp.path().join("bad-fc"), |_| {}, |t| {
-        let i = t.iter().position(|e| e.0 == "mtp.fc.weight").unwrap();
-        t[i] = f32_entry("mtp.fc.weight", vec![64, 64], &[0.0; 64 * 64]);
-    });
+    let bad_fc = write_target(
+        &tmp.path().join("bad-fc"),
+        |_| {},
+        |t| {
+            let i = t.iter().position(|e| e.0 == "mtp.fc.weight").unwrap();
+            t[i] = f32_entry("mtp.fc.weight", vec![64, 64], &[0.0; 64 * 64]);
+        },
+    );
     let e = load_error(&bad_fc, 3);
     assert!(
         e.contains("tensor mtp.fc.weight") && e.contains("[64, 64]") && e.contains("[64, 128]"),
@@ -395,7 +412,10 @@ fn targets_without_a_whole_head_are_refused_naming_the_file_and_tensor() {
     );
     let two = write_target(&tmp.path().join("two"), set_layers(2), |_| {});
     let e = load_error(&two, 3);
-    assert!(e.contains("mtp_num_hidden_layers = 2") && e.contains("one layer"), "{e}");
+    assert!(
+        e.contains("mtp_num_hidden_layers = 2") && e.contains("one layer"),
+        "{e}"
+    );
     // A dense target has no head to read.
     let qwen3 = repo_root().join("tests/fixtures/golden/qwen3");
     let e = load_error(&qwen3, 3);
@@ -407,8 +427,14 @@ fn targets_without_a_whole_head_are_refused_naming_the_file_and_tensor() {
         assert!(e.contains(&format!("K = {k} is out of range")), "{e}");
     }
     // The names `--drafter` takes.
-    let e = format!("{:#}", DrafterSpec::builtin("target:mtp:0", 16).unwrap_err());
-    assert!(e.contains("target:mtp:0") && e.contains("out of range"), "{e}");
+    let e = format!(
+        "{:#}",
+        DrafterSpec::builtin("target:mtp:0", 16).unwrap_err()
+    );
+    assert!(
+        e.contains("target:mtp:0") && e.contains("out of range"),
+        "{e}"
+    );
     assert!(matches!(
         DrafterSpec::builtin("target:mtp", 16).unwrap(),
         Some(DrafterSpec::Mtp { steps: 3 })
@@ -493,7 +519,9 @@ fn run_stores_an_mtp_run_and_reuses_its_records() {
         let out = model
             .forward(&be, ids, &mut model.new_cache(), &Capture::none())
             .unwrap();
-        let topk = model.logits_topk(&be, &out.last_hidden, opts.eval.top_k).unwrap();
+        let topk = model
+            .logits_topk(&be, &out.last_hidden, opts.eval.top_k)
+            .unwrap();
         let mut seq = Sequence::new(p.index, ids, p.prompt_len as usize, &topk, Labels::Target);
         if let Drafter::Mtp(m) = &d {
             seq.mtp = m
@@ -517,7 +545,10 @@ fn run_stores_an_mtp_run_and_reuses_its_records() {
     let mut leaky = opts.clone();
     leaky.mode = RunMode::TrainStyle;
     leaky.eval.ctx_inclusive = true;
-    let e = format!("{:#}", run_eval(&s, &spec, &set, &leaky, &store).unwrap_err());
+    let e = format!(
+        "{:#}",
+        run_eval(&s, &spec, &set, &leaky, &store).unwrap_err()
+    );
     assert!(e.contains("--mask inclusive"), "{e}");
     let e = format!(
         "{:#}",
@@ -531,7 +562,10 @@ fn run_stores_an_mtp_run_and_reuses_its_records() {
         SessionOptions::default(),
     )
     .unwrap();
-    let e = format!("{:#}", run_eval(&gguf, &spec, &set, &opts, &store).unwrap_err());
+    let e = format!(
+        "{:#}",
+        run_eval(&gguf, &spec, &set, &opts, &store).unwrap_err()
+    );
     assert!(e.contains("model.gguf") && e.contains("MTP"), "{e}");
     assert_eq!(runs(), before);
 }
@@ -565,9 +599,22 @@ fn live_decoding_is_lossless_and_its_tau_is_the_replayed_tau() {
             let label = format!("mtp K={steps} p{p}");
             let c = live_util::check_live(&be, &model, &d, &prompt, max_new, &[], &label);
             accepted += c.live.accepted.iter().sum::<u32>();
-            println!("{label}: {} rounds, live τ {:.4} = replayed τ {:.4}", c.live.round_tokens.len(), c.live.tau(), c.replayed_tau);
+            println!(
+                "{label}: {} rounds, live τ {:.4} = replayed τ {:.4}",
+                c.live.round_tokens.len(),
+                c.live.tau(),
+                c.replayed_tau
+            );
             let eos = c.live.ids[9];
-            let c = live_util::check_live(&be, &model, &d, &prompt, max_new, &[eos], &format!("{label} eos"));
+            let c = live_util::check_live(
+                &be,
+                &model,
+                &d,
+                &prompt,
+                max_new,
+                &[eos],
+                &format!("{label} eos"),
+            );
             assert_eq!(c.live.ids.last(), Some(&eos));
         }
     }
@@ -592,7 +639,11 @@ fn lint_checks_the_targets_head() {
     let next = repo_root().join("tests/fixtures/golden/qwen3_next");
     let found = lint(&TargetFiles::open(&next).unwrap(), Path::new("target:mtp")).unwrap();
     assert_eq!(found[0].severity, Severity::Error, "{found:?}");
-    assert!(found[0].message.contains("no mtp.* tensors"), "{}", found[0].message);
+    assert!(
+        found[0].message.contains("no mtp.* tensors"),
+        "{}",
+        found[0].message
+    );
     // K out of range: one error before anything is read.
     assert!(lint(&files, Path::new("target:mtp:0")).is_err());
 }

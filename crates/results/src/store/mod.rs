@@ -38,9 +38,9 @@ mod slices;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod tests_hostile;
-#[cfg(test)]
 mod tests_family;
+#[cfg(test)]
+mod tests_hostile;
 mod vocab;
 mod watch;
 

@@ -65,13 +65,19 @@ fn a_run_stores_its_family_and_an_empty_one_reads_as_dflash() {
     let b = s.create_run(&run("b", "")).unwrap();
     let c = s.create_run(&run("c", "checkpoint")).unwrap();
     let family = |id| s.run(id).unwrap().unwrap().run.drafter_family;
-    assert_eq!((family(a), family(b), family(c)), ("dflash2".into(), "dflash".into(), "dflash".into()));
+    assert_eq!(
+        (family(a), family(b), family(c)),
+        ("dflash2".into(), "dflash".into(), "dflash".into())
+    );
     // Exported and imported: the family travels with the run.
     let ex = s.export_run(a, false).unwrap().unwrap();
     let (_d2, p2) = tmp();
     let t = Store::open(&p2).unwrap();
     t.import_runs("x.json", "01", &[ex]).unwrap();
-    let id = t.run_id_by_uid(&s.run(a).unwrap().unwrap().run.uid).unwrap().unwrap();
+    let id = t
+        .run_id_by_uid(&s.run(a).unwrap().unwrap().run.uid)
+        .unwrap()
+        .unwrap();
     assert_eq!(t.run(id).unwrap().unwrap().run.drafter_family, "dflash2");
 }
 

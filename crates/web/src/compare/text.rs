@@ -173,7 +173,15 @@ fn verdict_text(c: &Comparison) -> String {
         "\nverdict (drafter families on one target, prompt set and backend; docs/verdict.md):"
     );
     let mut rows = vec![[
-        "run", "family", "τ replayed", "95% CI", "estimated speed-up", "95% CI", "measured speed-up", "95% CI", "estimate vs measured",
+        "run",
+        "family",
+        "τ replayed",
+        "95% CI",
+        "estimated speed-up",
+        "95% CI",
+        "measured speed-up",
+        "95% CI",
+        "estimate vs measured",
     ]
     .map(String::from)
     .to_vec()];
@@ -194,10 +202,21 @@ fn verdict_text(c: &Comparison) -> String {
     }
     s.push_str(&table(&rows));
     if v.rows.iter().any(|r| r.costs.is_some()) {
-        let _ = writeln!(s, "\ncost model inputs, measured on each run's backend (ms):");
-        let mut rows = vec![["run", "B", "t_decode", "t_draft_round", "t_verify(B)", "τ live", "timed prompts"]
-            .map(String::from)
-            .to_vec()];
+        let _ = writeln!(
+            s,
+            "\ncost model inputs, measured on each run's backend (ms):"
+        );
+        let mut rows = vec![[
+            "run",
+            "B",
+            "t_decode",
+            "t_draft_round",
+            "t_verify(B)",
+            "τ live",
+            "timed prompts",
+        ]
+        .map(String::from)
+        .to_vec()];
         for (r, run) in v.rows.iter().zip(&c.runs) {
             let Some(k) = &r.costs else { continue };
             rows.push(vec![
@@ -213,10 +232,23 @@ fn verdict_text(c: &Comparison) -> String {
         s.push_str(&table(&rows));
     }
     if c.runs.len() > 1 {
-        let _ = writeln!(s, "\nagainst the baseline #{} (paired over shared prompts):", c.runs[v.baseline].id);
-        let mut rows = vec![["run", "Δ τ", "95% CI", "Δ estimated", "95% CI", "Δ measured", "95% CI", "n"]
-            .map(String::from)
-            .to_vec()];
+        let _ = writeln!(
+            s,
+            "\nagainst the baseline #{} (paired over shared prompts):",
+            c.runs[v.baseline].id
+        );
+        let mut rows = vec![[
+            "run",
+            "Δ τ",
+            "95% CI",
+            "Δ estimated",
+            "95% CI",
+            "Δ measured",
+            "95% CI",
+            "n",
+        ]
+        .map(String::from)
+        .to_vec()];
         let d = |x: &Option<super::verdict::PairedDelta>| -> [String; 2] {
             match x {
                 Some(x) => [fmt_delta(x.delta), fmt_ci(x.ci, fmt_delta)],
@@ -231,7 +263,12 @@ fn verdict_text(c: &Comparison) -> String {
             row.extend(d(&r.delta_tau));
             row.extend(d(&r.delta_estimated));
             row.extend(d(&r.delta_measured));
-            row.push(r.delta_tau.as_ref().map(|x| x.n.to_string()).unwrap_or("—".into()));
+            row.push(
+                r.delta_tau
+                    .as_ref()
+                    .map(|x| x.n.to_string())
+                    .unwrap_or("—".into()),
+            );
             rows.push(row);
         }
         s.push_str(&table(&rows));

@@ -95,7 +95,9 @@ pub struct VerdictSection {
 
 /// Σ num / Σ den.
 fn pooled(v: &BTreeMap<String, (f64, f64)>) -> Option<f64> {
-    let (n, d) = v.values().fold((0.0, 0.0), |(a, b), &(n, d)| (a + n, b + d));
+    let (n, d) = v
+        .values()
+        .fold((0.0, 0.0), |(a, b), &(n, d)| (a + n, b + d));
     (d > 0.0).then(|| n / d)
 }
 
@@ -335,7 +337,11 @@ mod tests {
                 assert_eq!(d.n, n);
             }
             let method = row.delta_tau.as_ref().unwrap().method;
-            let want = if n >= 20 { IntervalMethod::Bca } else { IntervalMethod::PairedT };
+            let want = if n >= 20 {
+                IntervalMethod::Bca
+            } else {
+                IntervalMethod::PairedT
+            };
             assert_eq!(method, Some(want));
             assert!(v.rows[0].delta_tau.is_none(), "the baseline has no Δ");
         }

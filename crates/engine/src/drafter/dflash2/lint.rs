@@ -5,8 +5,8 @@
 
 use super::config::DFlash2Config;
 use super::model::{plan_problem, CODEBOOKS, HIDDEN_PROJECTION};
-use crate::drafter::lint::{lint_dflash, Finding, Severity};
 use crate::drafter::gguf::{open_weights, weights_file};
+use crate::drafter::lint::{lint_dflash, Finding, Severity};
 use crate::formats::WeightSource;
 use crate::model::TargetFiles;
 use anyhow::Result;

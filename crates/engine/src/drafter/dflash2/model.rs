@@ -16,10 +16,10 @@ use super::config::DFlash2Config;
 use super::conv::GroupedDynamicConv;
 use super::selector::CandidateSelector;
 use crate::backend::{AttnMask, Backend, TopK};
+use crate::drafter::gguf::{open_weights, weights_file};
 use crate::drafter::model::{
     tensor_plan as backbone_plan, DFlashDrafter, DraftContext, DraftOptions,
 };
-use crate::drafter::gguf::{open_weights, weights_file};
 use crate::formats::WeightSource;
 use crate::model::transformer::load_matrix;
 use crate::model::EmbedHead;

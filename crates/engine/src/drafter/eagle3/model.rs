@@ -295,7 +295,13 @@ impl<B: Backend> Eagle3Drafter<B> {
             ),
             None => (p.k, p.v, None),
         };
-        let o = be.attention(&p.q, &k, &v, self.shape, &AttnMask::Causal { q_start: start })?;
+        let o = be.attention(
+            &p.q,
+            &k,
+            &v,
+            self.shape,
+            &AttnMask::Causal { q_start: start },
+        )?;
         let out = self.finish(be, &o, p.residual)?;
         let hidden = match before {
             Some(h) => be.concat_rows(&[&h, &out])?,

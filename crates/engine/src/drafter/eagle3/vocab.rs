@@ -64,11 +64,7 @@ impl VocabMap {
     /// Why `t2d` (if the checkpoint has it) disagrees with this map, if it does: it must be a
     /// [target_vocab] mask whose set ids are exactly the map's image. Only training reads it, so
     /// a mismatch changes no draft, but it means the maps were not written together.
-    pub fn t2d_problem(
-        &self,
-        src: &DrafterWeights,
-        target_vocab: usize,
-    ) -> Result<Option<String>> {
+    pub fn t2d_problem(&self, src: &DrafterWeights, target_vocab: usize) -> Result<Option<String>> {
         if !src.contains("t2d") {
             return Ok(None);
         }

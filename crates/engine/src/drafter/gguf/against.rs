@@ -48,8 +48,10 @@ pub fn against(gguf: &Path, hf_dir: &Path, target_layers: usize) -> Result<Vec<F
     let family = DrafterFamily::detect(hf_dir)?;
     let family_ok = matches!(
         (arch, family),
-        (GgufArch::DFlash, DrafterFamily::DFlash | DrafterFamily::DFlash2)
-            | (GgufArch::Eagle3, DrafterFamily::Eagle3)
+        (
+            GgufArch::DFlash,
+            DrafterFamily::DFlash | DrafterFamily::DFlash2
+        ) | (GgufArch::Eagle3, DrafterFamily::Eagle3)
     );
     if !family_ok {
         bail!(
@@ -91,7 +93,14 @@ fn layer_ids(key: &str, stored: &[u64], ids: &[usize], source: &str, out: &mut V
     } else if stored == shifted(2) {
         out.push(finding(Error, "layer-ids-off-by-one", format!("{key} {stored:?} holds the checkpoint's {source} {ids:?} + 2: shifted twice, every tap is read one layer late (expected {:?})", shifted(1))));
     } else {
-        out.push(finding(Error, "layer-ids", format!("{key} {stored:?} is not the checkpoint's {source} {ids:?} + 1 = {:?}", shifted(1))));
+        out.push(finding(
+            Error,
+            "layer-ids",
+            format!(
+                "{key} {stored:?} is not the checkpoint's {source} {ids:?} + 1 = {:?}",
+                shifted(1)
+            ),
+        ));
     }
 }
 
@@ -99,7 +108,14 @@ fn stored_layers(file: &GgufFile, key: &str, out: &mut Vec<Finding>) -> Option<V
     match file.get_i64_array(key) {
         Some(v) if v.iter().all(|&x| x >= 0) => Some(v.into_iter().map(|x| x as u64).collect()),
         _ => {
-            out.push(finding(Severity::Error, "layer-ids", format!("{}: metadata key {key} is missing or not a list of layer ids", file.path().display())));
+            out.push(finding(
+                Severity::Error,
+                "layer-ids",
+                format!(
+                    "{}: metadata key {key} is missing or not a list of layer ids",
+                    file.path().display()
+                ),
+            ));
             None
         }
     }
@@ -109,7 +125,13 @@ fn dflash_keys(file: &GgufFile, hf_dir: &Path, out: &mut Vec<Finding>) -> Result
     use Severity::*;
     let hf = DrafterConfig::read(hf_dir)?;
     if let Some(stored) = stored_layers(file, "dflash.target_layers", out) {
-        layer_ids("dflash.target_layers", &stored, &hf.target_layer_ids, "dflash_config.target_layer_ids", out);
+        layer_ids(
+            "dflash.target_layers",
+            &stored,
+            &hf.target_layer_ids,
+            "dflash_config.target_layer_ids",
+            out,
+        );
     }
     match file.get_u64("tokenizer.ggml.mask_token_id") {
         None => out.push(finding(Error, "mask-id", format!("tokenizer.ggml.mask_token_id is missing; the checkpoint's mask_token_id is {}: llama.cpp would fill the block with another token", hf.mask_token_id))),
@@ -122,18 +144,66 @@ fn dflash_keys(file: &GgufFile, hf_dir: &Path, out: &mut Vec<Finding>) -> Result
         return Ok(());
     };
     let pairs: [(&str, String, String); 12] = [
-        ("dflash.block_size / block_size", conv.block_size.to_string(), hf.block_size.to_string()),
-        ("dflash.block_count / num_hidden_layers", conv.num_layers.to_string(), hf.num_layers.to_string()),
-        ("dflash.embedding_length / hidden_size", conv.hidden_size.to_string(), hf.hidden_size.to_string()),
-        ("dflash.feed_forward_length / intermediate_size", conv.intermediate_size.to_string(), hf.intermediate_size.to_string()),
-        ("dflash.attention.head_count / num_attention_heads", conv.num_heads.to_string(), hf.num_heads.to_string()),
-        ("dflash.attention.head_count_kv / num_key_value_heads", conv.num_kv_heads.to_string(), hf.num_kv_heads.to_string()),
-        ("dflash.attention.key_length / head_dim", conv.head_dim.to_string(), hf.head_dim.to_string()),
-        ("dflash.attention.layer_norm_rms_epsilon / rms_norm_eps", format!("{:e}", conv.rms_norm_eps), format!("{:e}", hf.rms_norm_eps)),
-        ("dflash.rope.freq_base / rope_theta", conv.rope_theta.to_string(), hf.rope_theta.to_string()),
-        ("layer kinds (attention.causal, sliding_window_pattern / layer_types)", format!("{:?}", conv.layer_kinds), format!("{:?}", hf.layer_kinds)),
-        ("dflash.attention.sliding_window / sliding_window", format!("{:?}", conv.sliding_window), format!("{:?}", hf.sliding_window)),
-        ("dflash.attention.causal / is_causal", format!("{:?}", conv.causal_override), format!("{:?}", hf.causal_override)),
+        (
+            "dflash.block_size / block_size",
+            conv.block_size.to_string(),
+            hf.block_size.to_string(),
+        ),
+        (
+            "dflash.block_count / num_hidden_layers",
+            conv.num_layers.to_string(),
+            hf.num_layers.to_string(),
+        ),
+        (
+            "dflash.embedding_length / hidden_size",
+            conv.hidden_size.to_string(),
+            hf.hidden_size.to_string(),
+        ),
+        (
+            "dflash.feed_forward_length / intermediate_size",
+            conv.intermediate_size.to_string(),
+            hf.intermediate_size.to_string(),
+        ),
+        (
+            "dflash.attention.head_count / num_attention_heads",
+            conv.num_heads.to_string(),
+            hf.num_heads.to_string(),
+        ),
+        (
+            "dflash.attention.head_count_kv / num_key_value_heads",
+            conv.num_kv_heads.to_string(),
+            hf.num_kv_heads.to_string(),
+        ),
+        (
+            "dflash.attention.key_length / head_dim",
+            conv.head_dim.to_string(),
+            hf.head_dim.to_string(),
+        ),
+        (
+            "dflash.attention.layer_norm_rms_epsilon / rms_norm_eps",
+            format!("{:e}", conv.rms_norm_eps),
+            format!("{:e}", hf.rms_norm_eps),
+        ),
+        (
+            "dflash.rope.freq_base / rope_theta",
+            conv.rope_theta.to_string(),
+            hf.rope_theta.to_string(),
+        ),
+        (
+            "layer kinds (attention.causal, sliding_window_pattern / layer_types)",
+            format!("{:?}", conv.layer_kinds),
+            format!("{:?}", hf.layer_kinds),
+        ),
+        (
+            "dflash.attention.sliding_window / sliding_window",
+            format!("{:?}", conv.sliding_window),
+            format!("{:?}", hf.sliding_window),
+        ),
+        (
+            "dflash.attention.causal / is_causal",
+            format!("{:?}", conv.causal_override),
+            format!("{:?}", hf.causal_override),
+        ),
     ];
     config_pairs(&pairs, out);
     Ok(())
@@ -147,17 +217,48 @@ fn dflash2_keys(file: &GgufFile, hf_dir: &Path, out: &mut Vec<Finding>) -> Resul
         out.push(finding(Severity::Error, "dflash2-dropped", format!("the checkpoint is a DFlash2 drafter, but {} has no DFlash2 keys (dflash.conv_kernel_size, dflash.selector_rank, …): it was converted as plain DFlash, and llama.cpp would run it without its convolutions and candidate selector, silently", file.path().display())));
         return Ok(());
     }
-    let (Ok(conv), Ok(hf)) = (DFlash2Config::read(file.path()), DFlash2Config::read(hf_dir)) else {
+    let (Ok(conv), Ok(hf)) = (
+        DFlash2Config::read(file.path()),
+        DFlash2Config::read(hf_dir),
+    ) else {
         return Ok(()); // the `gguf` finding (or the checkpoint's own lint) says why
     };
     let pairs: [(&str, String, String); 7] = [
-        ("dflash.conv_kernel_size", conv.conv_kernel_size.to_string(), hf.conv_kernel_size.to_string()),
-        ("dflash.conv_group_size", conv.conv_group_size.to_string(), hf.conv_group_size.to_string()),
-        ("dflash.selector_rank", conv.selector_rank.to_string(), hf.selector_rank.to_string()),
-        ("dflash.selector_top_k", conv.selector_top_k.to_string(), hf.selector_top_k.to_string()),
-        ("dflash.logit_scale / output_multiplier", conv.output_multiplier.to_string(), hf.output_multiplier.to_string()),
-        ("dflash.final_logit_softcapping", format!("{:?}", conv.final_logit_softcapping), format!("{:?}", hf.final_logit_softcapping)),
-        ("dflash.embedding_scale / input_embedding_scale", conv.input_embedding_scale.to_string(), hf.input_embedding_scale.to_string()),
+        (
+            "dflash.conv_kernel_size",
+            conv.conv_kernel_size.to_string(),
+            hf.conv_kernel_size.to_string(),
+        ),
+        (
+            "dflash.conv_group_size",
+            conv.conv_group_size.to_string(),
+            hf.conv_group_size.to_string(),
+        ),
+        (
+            "dflash.selector_rank",
+            conv.selector_rank.to_string(),
+            hf.selector_rank.to_string(),
+        ),
+        (
+            "dflash.selector_top_k",
+            conv.selector_top_k.to_string(),
+            hf.selector_top_k.to_string(),
+        ),
+        (
+            "dflash.logit_scale / output_multiplier",
+            conv.output_multiplier.to_string(),
+            hf.output_multiplier.to_string(),
+        ),
+        (
+            "dflash.final_logit_softcapping",
+            format!("{:?}", conv.final_logit_softcapping),
+            format!("{:?}", hf.final_logit_softcapping),
+        ),
+        (
+            "dflash.embedding_scale / input_embedding_scale",
+            conv.input_embedding_scale.to_string(),
+            hf.input_embedding_scale.to_string(),
+        ),
     ];
     config_pairs(&pairs, out);
     Ok(())
@@ -166,17 +267,32 @@ fn dflash2_keys(file: &GgufFile, hf_dir: &Path, out: &mut Vec<Finding>) -> Resul
 fn config_pairs(pairs: &[(&str, String, String)], out: &mut Vec<Finding>) {
     for (what, stored, want) in pairs {
         if stored != want {
-            out.push(finding(Severity::Error, "config", format!("{what}: the file says {stored}, the checkpoint {want}")));
+            out.push(finding(
+                Severity::Error,
+                "config",
+                format!("{what}: the file says {stored}, the checkpoint {want}"),
+            ));
         }
     }
 }
 
-fn eagle3_keys(file: &GgufFile, hf_dir: &Path, target_layers: usize, out: &mut Vec<Finding>) -> Result<()> {
+fn eagle3_keys(
+    file: &GgufFile,
+    hf_dir: &Path,
+    target_layers: usize,
+    out: &mut Vec<Finding>,
+) -> Result<()> {
     use Severity::*;
     let hf = Eagle3Config::read(hf_dir, target_layers)?;
     if let Some(stored) = stored_layers(file, "eagle3.target_layers", out) {
         let before = out.len();
-        layer_ids("eagle3.target_layers", &stored, &hf.tap_layer_ids, hf.tap_key(), out);
+        layer_ids(
+            "eagle3.target_layers",
+            &stored,
+            &hf.tap_layer_ids,
+            hf.tap_key(),
+            out,
+        );
         // llama.cpp's converter reads only a top-level eagle_aux_hidden_state_layer_ids; without
         // one (SpecForge nests them under eagle_config) it writes vLLM's default.
         let l = target_layers as u64;
@@ -189,15 +305,51 @@ fn eagle3_keys(file: &GgufFile, hf_dir: &Path, target_layers: usize, out: &mut V
         return Ok(());
     };
     let pairs: [(&str, String, String); 9] = [
-        ("eagle3.embedding_length / hidden_size", conv.hidden_size.to_string(), hf.hidden_size.to_string()),
-        ("eagle3.feed_forward_length / intermediate_size", conv.intermediate_size.to_string(), hf.intermediate_size.to_string()),
-        ("eagle3.attention.head_count / num_attention_heads", conv.num_heads.to_string(), hf.num_heads.to_string()),
-        ("eagle3.attention.head_count_kv / num_key_value_heads", conv.num_kv_heads.to_string(), hf.num_kv_heads.to_string()),
-        ("eagle3.attention.key_length / head_dim", conv.head_dim.to_string(), hf.head_dim.to_string()),
-        ("eagle3.attention.layer_norm_rms_epsilon / rms_norm_eps", format!("{:e}", conv.rms_norm_eps), format!("{:e}", hf.rms_norm_eps)),
-        ("eagle3.rope.freq_base / rope_theta", conv.rope_theta.to_string(), hf.rope_theta.to_string()),
-        ("rows of output.weight / draft_vocab_size", format!("{:?}", conv.draft_vocab_size), format!("{:?}", hf.draft_vocab_size)),
-        ("eagle3.target_hidden_size / target_hidden_size", format!("{:?}", conv.target_hidden_size), format!("{:?}", hf.target_hidden_size.or(conv.target_hidden_size))),
+        (
+            "eagle3.embedding_length / hidden_size",
+            conv.hidden_size.to_string(),
+            hf.hidden_size.to_string(),
+        ),
+        (
+            "eagle3.feed_forward_length / intermediate_size",
+            conv.intermediate_size.to_string(),
+            hf.intermediate_size.to_string(),
+        ),
+        (
+            "eagle3.attention.head_count / num_attention_heads",
+            conv.num_heads.to_string(),
+            hf.num_heads.to_string(),
+        ),
+        (
+            "eagle3.attention.head_count_kv / num_key_value_heads",
+            conv.num_kv_heads.to_string(),
+            hf.num_kv_heads.to_string(),
+        ),
+        (
+            "eagle3.attention.key_length / head_dim",
+            conv.head_dim.to_string(),
+            hf.head_dim.to_string(),
+        ),
+        (
+            "eagle3.attention.layer_norm_rms_epsilon / rms_norm_eps",
+            format!("{:e}", conv.rms_norm_eps),
+            format!("{:e}", hf.rms_norm_eps),
+        ),
+        (
+            "eagle3.rope.freq_base / rope_theta",
+            conv.rope_theta.to_string(),
+            hf.rope_theta.to_string(),
+        ),
+        (
+            "rows of output.weight / draft_vocab_size",
+            format!("{:?}", conv.draft_vocab_size),
+            format!("{:?}", hf.draft_vocab_size),
+        ),
+        (
+            "eagle3.target_hidden_size / target_hidden_size",
+            format!("{:?}", conv.target_hidden_size),
+            format!("{:?}", hf.target_hidden_size.or(conv.target_hidden_size)),
+        ),
     ];
     config_pairs(&pairs, out);
     if hf.steps_from_config {
@@ -216,7 +368,11 @@ fn converted_names(hf: &SafetensorsWeights, family: DrafterFamily) -> BTreeMap<S
         .filter(|n| !(family == DrafterFamily::Eagle3 && n == "t2d"))
         .map(|n| {
             let codebook = n.starts_with("candidate_selector.") && n.ends_with("_codebook.weight");
-            let canonical = if codebook { n.trim_end_matches(".weight").to_string() } else { n.clone() };
+            let canonical = if codebook {
+                n.trim_end_matches(".weight").to_string()
+            } else {
+                n.clone()
+            };
             (canonical, n)
         })
         .collect()
@@ -254,24 +410,50 @@ fn compare_tensors(
     let missing: Vec<&String> = want.keys().filter(|n| !stored.contains_key(*n)).collect();
     if !missing.is_empty() {
         let list: Vec<String> = missing.iter().take(8).map(|s| s.to_string()).collect();
-        out.push(finding(Error, "missing-tensor", format!("{} checkpoint tensor(s) have no counterpart in {g}: {}{}", missing.len(), list.join(", "), if missing.len() > 8 { ", …" } else { "" })));
+        out.push(finding(
+            Error,
+            "missing-tensor",
+            format!(
+                "{} checkpoint tensor(s) have no counterpart in {g}: {}{}",
+                missing.len(),
+                list.join(", "),
+                if missing.len() > 8 { ", …" } else { "" }
+            ),
+        ));
     }
     if !extra.is_empty() {
-        out.push(finding(Warning, "extra-tensor", format!("{g} holds {} tensor(s) with no counterpart in the checkpoint: {}", extra.len(), extra.join(", "))));
+        out.push(finding(
+            Warning,
+            "extra-tensor",
+            format!(
+                "{g} holds {} tensor(s) with no counterpart in the checkpoint: {}",
+                extra.len(),
+                extra.join(", ")
+            ),
+        ));
     }
     let heads = |k: &str| file.get_u64(k).unwrap_or(0) as usize;
     let (mut compared, mut worst): (usize, Option<(f64, String)>) = (0, None);
     for (canonical, gguf_name) in &stored {
         let hf_name = &want[canonical];
         let t = file.tensor_info(gguf_name).expect("listed");
-        let want_shape = hf.tensors().into_iter().find(|i| &i.name == hf_name).map(|i| i.shape).unwrap_or_default();
+        let want_shape = hf
+            .tensors()
+            .into_iter()
+            .find(|i| &i.name == hf_name)
+            .map(|i| i.shape)
+            .unwrap_or_default();
         if t.shape() != want_shape {
             out.push(finding(Error, "shape", format!("tensor {gguf_name} ({hf_name}) has shape {:?}, the checkpoint's is {want_shape:?}", t.shape())));
             continue;
         }
         let transform = match (arch, hf_name.as_str()) {
-            (GgufArch::Eagle3, "midlayer.self_attn.q_proj.weight") => Transform::Unpermute(heads("eagle3.attention.head_count")),
-            (GgufArch::Eagle3, "midlayer.self_attn.k_proj.weight") => Transform::Unpermute(heads("eagle3.attention.head_count_kv").max(1)),
+            (GgufArch::Eagle3, "midlayer.self_attn.q_proj.weight") => {
+                Transform::Unpermute(heads("eagle3.attention.head_count"))
+            }
+            (GgufArch::Eagle3, "midlayer.self_attn.k_proj.weight") => {
+                Transform::Unpermute(heads("eagle3.attention.head_count_kv").max(1))
+            }
             (_, "d2t") => Transform::AbsoluteToOffsets,
             _ => Transform::AsIs,
         };
@@ -298,7 +480,10 @@ fn compare_tensors(
         if ratio > 1.0 {
             out.push(finding(Error, "values", format!("tensor {gguf_name} ({hf_name}) differs from the checkpoint by {diff:.3e} at element {at}, over the {} rounding tolerance {tol:.3e}: not a conversion of this tensor", t.ty)));
         } else if worst.as_ref().is_none_or(|(r, _)| ratio > *r) {
-            worst = Some((ratio, format!("{gguf_name} at {:.2} of its {} tolerance", ratio, t.ty)));
+            worst = Some((
+                ratio,
+                format!("{gguf_name} at {:.2} of its {} tolerance", ratio, t.ty),
+            ));
         }
     }
     match worst {
@@ -315,7 +500,11 @@ fn compare_tensors(
 /// f16 subnormal step), and for block-quantised types about one quantisation step of the value's
 /// 32-element block (max |x| of the block over the type's levels; K-quants also round their
 /// sub-block scales, hence twice the plain step).
-fn worst_ratio(ty: GgmlType, reference: &HostTensor, stored: &HostTensor) -> (f64, usize, f64, f64) {
+fn worst_ratio(
+    ty: GgmlType,
+    reference: &HostTensor,
+    stored: &HostTensor,
+) -> (f64, usize, f64, f64) {
     let levels = match ty {
         GgmlType::Q8_0 => Some(127.0),
         GgmlType::Q6_K => Some(31.0 / 2.0),
@@ -337,7 +526,9 @@ fn worst_ratio(ty: GgmlType, reference: &HostTensor, stored: &HostTensor) -> (f6
                 // The value's 32-element block within its row.
                 let start = i - (i % row) + ((i % row) / 32) * 32;
                 let end = (start + 32).min(i - (i % row) + row);
-                let amax = reference.data[start..end].iter().fold(0f32, |m, v| m.max(v.abs()));
+                let amax = reference.data[start..end]
+                    .iter()
+                    .fold(0f32, |m, v| m.max(v.abs()));
                 amax as f64 / levels
             }
             // Types without a stated bound: within 10 % of the block-free magnitude.

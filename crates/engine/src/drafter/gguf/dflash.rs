@@ -64,7 +64,10 @@ pub(super) fn hf_name(gguf_name: &str) -> Option<String> {
     if !top.is_empty() {
         return Some(top.into());
     }
-    if let Some((layer, part)) = gguf_name.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+    if let Some((layer, part)) = gguf_name
+        .strip_prefix("blk.")
+        .and_then(|r| r.split_once('.'))
+    {
         let conv = match part {
             "attn_conv_base" => Some("attention_conv.base_kernel"),
             "attn_conv_proj.weight" => Some("attention_conv.kernel_projection.weight"),
@@ -88,8 +91,14 @@ pub(super) fn map(file: &GgufFile) -> Result<(Value, BTreeMap<String, Mapped>)> 
         arch: "dflash",
     };
     let p = file.path().display();
-    m.refuse("sample_from_anchor", "a DSpark drafter (Markov head), which draftlens does not evaluate")?;
-    m.refuse("attention.value_scale", "attention value scaling has no place in the DFlash layout draftlens evaluates")?;
+    m.refuse(
+        "sample_from_anchor",
+        "a DSpark drafter (Markov head), which draftlens does not evaluate",
+    )?;
+    m.refuse(
+        "attention.value_scale",
+        "attention value scaling has no place in the DFlash layout draftlens evaluates",
+    )?;
     // DFlash2: its keys (all four, as the converter writes them together) say so.
     let dflash2 = DFLASH2_KEYS.iter().any(|k| m.has(k));
     if !dflash2 {
@@ -108,7 +117,9 @@ pub(super) fn map(file: &GgufFile) -> Result<(Value, BTreeMap<String, Mapped>)> 
     if heads == 0 {
         bail!("{p}: metadata key dflash.attention.head_count is 0");
     }
-    let head_dim = m.opt_uint("attention.key_length")?.unwrap_or(hidden / heads);
+    let head_dim = m
+        .opt_uint("attention.key_length")?
+        .unwrap_or(hidden / heads);
     if let Some(v) = m.opt_uint("attention.value_length")? {
         if v != head_dim {
             bail!("{p}: metadata key dflash.attention.value_length {v} differs from key_length {head_dim}: the DFlash layout has one head size");
@@ -190,29 +201,49 @@ pub(super) fn map(file: &GgufFile) -> Result<(Value, BTreeMap<String, Mapped>)> 
                 .map(|x| match x {
                     crate::formats::gguf::GgufValue::Bool(true) => Ok("sliding_attention"),
                     crate::formats::gguf::GgufValue::Bool(false) => Ok("full_attention"),
-                    other => bail!("{p}: metadata key {key} should hold bools, found {}", other.type_name()),
+                    other => bail!(
+                        "{p}: metadata key {key} should hold bools, found {}",
+                        other.type_name()
+                    ),
                 })
                 .collect::<Result<_>>()?,
-            Some(other) => bail!("{p}: metadata key {key} should be an array of bools, found {}", other.type_name()),
+            Some(other) => bail!(
+                "{p}: metadata key {key} should be an array of bools, found {}",
+                other.type_name()
+            ),
         };
         c.insert("layer_types".into(), json!(kinds));
     }
 
     let mut tensors = BTreeMap::new();
     for t in file.tensors() {
-        let part = t.name.strip_prefix("blk.").and_then(|r| r.split_once('.')).map(|(_, r)| r).unwrap_or(&t.name);
+        let part = t
+            .name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .map(|(_, r)| r)
+            .unwrap_or(&t.name);
         if !dflash2 && DFLASH2_PARTS.iter().any(|d| part.starts_with(d)) {
             bail!("{p}: tensor {} is a DFlash2 tensor (convolution or candidate selector), but the file has no DFlash2 keys (dflash.conv_kernel_size, …): read as DFlash it would be dropped without a word (docs/gguf-drafters.md)", t.name);
         }
         if DSPARK_PARTS.iter().any(|d| part.starts_with(d)) {
-            bail!("{p}: tensor {} belongs to a DSpark head, which draftlens does not evaluate", t.name);
+            bail!(
+                "{p}: tensor {} belongs to a DSpark head, which draftlens does not evaluate",
+                t.name
+            );
         }
         let Some(name) = hf_name(&t.name) else {
             bail!("{p}: tensor {} has no place in the DFlash layout (fc, enc.output_norm, output_norm and blk.N.attn_*/ffn_* are mapped; docs/gguf-drafters.md)", t.name);
         };
-        if let Some(layer) = name.strip_prefix("layers.").and_then(|r| r.split('.').next()) {
+        if let Some(layer) = name
+            .strip_prefix("layers.")
+            .and_then(|r| r.split('.').next())
+        {
             if layer.parse::<u64>().map_or(true, |l| l >= layers) {
-                bail!("{p}: tensor {} is in block {layer}, but dflash.block_count is {layers}", t.name);
+                bail!(
+                    "{p}: tensor {} is in block {layer}, but dflash.block_count is {layers}",
+                    t.name
+                );
             }
         }
         tensors.insert(

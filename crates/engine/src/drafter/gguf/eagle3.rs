@@ -48,7 +48,10 @@ pub(super) fn map(file: &GgufFile) -> Result<(Value, BTreeMap<String, Mapped>)> 
     if m.opt_bool("norm_before_fc")? == Some(true) {
         bail!("{p}: metadata key eagle3.norm_before_fc is true: a norm over the fused taps before fc is not part of the EAGLE-3 layout draftlens evaluates (docs/eagle3.md §1.3)");
     }
-    if let Some(kind) = file.get_str("eagle3.rope.scaling.type").filter(|k| *k != "none") {
+    if let Some(kind) = file
+        .get_str("eagle3.rope.scaling.type")
+        .filter(|k| *k != "none")
+    {
         bail!("{p}: metadata key eagle3.rope.scaling.type is {kind:?}: RoPE scaling is not implemented for EAGLE-3 drafters");
     }
     let hidden = m.uint("embedding_length")?;
@@ -57,7 +60,9 @@ pub(super) fn map(file: &GgufFile) -> Result<(Value, BTreeMap<String, Mapped>)> 
         bail!("{p}: metadata key eagle3.attention.head_count is 0");
     }
     let kv_heads = m.opt_uint("attention.head_count_kv")?.unwrap_or(heads);
-    let head_dim = m.opt_uint("attention.key_length")?.unwrap_or(hidden / heads);
+    let head_dim = m
+        .opt_uint("attention.key_length")?
+        .unwrap_or(hidden / heads);
     if let Some(rd) = m.opt_uint("rope.dimension_count")? {
         if rd != head_dim {
             bail!("{p}: metadata key eagle3.rope.dimension_count {rd} differs from the head size {head_dim}: partial rotary embeddings are not supported");
@@ -86,7 +91,11 @@ pub(super) fn map(file: &GgufFile) -> Result<(Value, BTreeMap<String, Mapped>)> 
         "norm_before_residual": m.opt_bool("norm_before_residual")?.unwrap_or(false),
     });
     let c = config.as_object_mut().expect("an object");
-    if let Some(v) = m.opt_uint("vocab_size")?.map(|v| v as usize).or_else(|| tokenizer_len(file)) {
+    if let Some(v) = m
+        .opt_uint("vocab_size")?
+        .map(|v| v as usize)
+        .or_else(|| tokenizer_len(file))
+    {
         c.insert("vocab_size".into(), v.into());
     }
     if let Some(n) = m.opt_uint("context_length")? {

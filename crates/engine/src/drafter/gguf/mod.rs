@@ -19,9 +19,9 @@ pub mod against;
 mod dflash;
 mod eagle3;
 
+use crate::backend::raw::RawPart;
 use crate::formats::gguf::GgufFile;
 use crate::formats::safetensors::SafetensorsWeights;
-use crate::backend::raw::RawPart;
 use crate::formats::{HostTensor, TensorInfo, WeightSource};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -177,7 +177,9 @@ impl DrafterWeights {
     /// The file the weights are in (messages name it).
     pub fn file(&self) -> PathBuf {
         match self {
-            DrafterWeights::Safetensors(w) => w.path().join(crate::formats::safetensors::SINGLE_FILE),
+            DrafterWeights::Safetensors(w) => {
+                w.path().join(crate::formats::safetensors::SINGLE_FILE)
+            }
             DrafterWeights::Gguf(w) => w.path().to_path_buf(),
         }
     }
@@ -237,7 +239,10 @@ impl GgufWeightsView {
 
     fn mapped(&self, name: &str) -> Result<&Mapped> {
         self.drafter.tensors.get(name).with_context(|| {
-            format!("{}: no tensor maps to {name}", self.drafter.path().display())
+            format!(
+                "{}: no tensor maps to {name}",
+                self.drafter.path().display()
+            )
         })
     }
 
@@ -381,9 +386,8 @@ impl Meta<'_> {
     }
 
     pub fn uint(&self, k: &str) -> Result<u64> {
-        self.opt_uint(k)?.with_context(|| {
-            format!("{}: metadata key {} is missing", self.p(), self.key(k))
-        })
+        self.opt_uint(k)?
+            .with_context(|| format!("{}: metadata key {} is missing", self.p(), self.key(k)))
     }
 
     pub fn opt_float(&self, k: &str) -> Result<Option<f64>> {
@@ -402,9 +406,8 @@ impl Meta<'_> {
     }
 
     pub fn float(&self, k: &str) -> Result<f64> {
-        self.opt_float(k)?.with_context(|| {
-            format!("{}: metadata key {} is missing", self.p(), self.key(k))
-        })
+        self.opt_float(k)?
+            .with_context(|| format!("{}: metadata key {} is missing", self.p(), self.key(k)))
     }
 
     pub fn opt_bool(&self, k: &str) -> Result<Option<bool>> {

@@ -186,7 +186,10 @@ impl MtpWeights {
     fn check(&self, cfg: &MtpHeadConfig) -> Result<()> {
         let p = self.inner.path().display();
         let stored = self.inner.tensors();
-        let head: Vec<&TensorInfo> = stored.iter().filter(|t| t.name.starts_with("mtp.")).collect();
+        let head: Vec<&TensorInfo> = stored
+            .iter()
+            .filter(|t| t.name.starts_with("mtp."))
+            .collect();
         if head.is_empty() {
             bail!("{p}: the target has no mtp.* tensors: it has no native MTP head to draft with");
         }
@@ -234,9 +237,7 @@ impl WeightSource for MtpWeights {
         self.inner
             .tensors()
             .into_iter()
-            .filter_map(|t| {
-                from_stored(&t.name).map(|name| TensorInfo { name, ..t })
-            })
+            .filter_map(|t| from_stored(&t.name).map(|name| TensorInfo { name, ..t }))
             .collect()
     }
     fn tensor(&self, name: &str) -> Result<HostTensor> {

@@ -45,7 +45,9 @@ pub fn steps_of_name(name: &str) -> Option<Result<usize>> {
 
 fn check_steps_text(k: &str) -> Result<usize> {
     let steps: usize = k.parse().map_err(|_| {
-        anyhow::anyhow!("the number of draft steps K must be an integer in 1..={MAX_STEPS}, found {k:?}")
+        anyhow::anyhow!(
+            "the number of draft steps K must be an integer in 1..={MAX_STEPS}, found {k:?}"
+        )
     })?;
     check_steps(steps)?;
     Ok(steps)

@@ -115,7 +115,10 @@ impl<B: Backend> MtpDrafter<B> {
     ) -> Result<Option<MtpContext<B>>> {
         let s = be.dims(hidden).0;
         if s != ids.len() {
-            bail!("target states of {s} positions for a sequence of {} tokens", ids.len());
+            bail!(
+                "target states of {s} positions for a sequence of {} tokens",
+                ids.len()
+            );
         }
         let rows = s.saturating_sub(1);
         if rows == 0 {
@@ -216,7 +219,13 @@ impl<B: Backend> MtpDrafter<B> {
 
     /// The layer after attention (gated o_proj into the residual, then the MLP block) and the
     /// head's final norm.
-    fn finish(&self, be: &B, normed: &B::Tensor, o: B::Tensor, mut h: B::Tensor) -> Result<B::Tensor> {
+    fn finish(
+        &self,
+        be: &B,
+        normed: &B::Tensor,
+        o: B::Tensor,
+        mut h: B::Tensor,
+    ) -> Result<B::Tensor> {
         self.attention().output(be, normed, o, &mut h)?;
         let g = self.layer.post_attention_layernorm.forward(be, &h)?;
         self.layer.mlp.forward_acc(be, &g, &mut h)?;

@@ -6,14 +6,22 @@ fn drafter_names_give_k_or_a_clear_error() {
     assert_eq!(steps_of_name("target:mtp:1").unwrap().unwrap(), 1);
     assert_eq!(steps_of_name("target:mtp:5").unwrap().unwrap(), 5);
     assert_eq!(
-        steps_of_name(&format!("target:mtp:{MAX_STEPS}")).unwrap().unwrap(),
+        steps_of_name(&format!("target:mtp:{MAX_STEPS}"))
+            .unwrap()
+            .unwrap(),
         MAX_STEPS
     );
     // Not this drafter: a checkpoint path, or another name that merely starts alike.
     assert!(steps_of_name("/tmp/ckpt/step-100").is_none());
     assert!(steps_of_name("target:mtpx").is_none());
     assert!(steps_of_name("builtin:oracle").is_none());
-    for bad in ["target:mtp:0", "target:mtp:-1", "target:mtp:two", "target:mtp:", "target:mtp:1024"] {
+    for bad in [
+        "target:mtp:0",
+        "target:mtp:-1",
+        "target:mtp:two",
+        "target:mtp:",
+        "target:mtp:1024",
+    ] {
         let e = format!("{:#}", steps_of_name(bad).unwrap().unwrap_err());
         assert!(e.contains(bad) && e.contains("K"), "{bad}: {e}");
     }
