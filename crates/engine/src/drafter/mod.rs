@@ -2,6 +2,7 @@
 //! evaluation, live speculative decoding (the native metrics over its records are in
 //! `draftlens-results`).
 
+pub(crate) mod chain;
 pub mod config;
 pub mod dflash2;
 pub mod eagle3;

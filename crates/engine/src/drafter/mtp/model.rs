@@ -264,48 +264,27 @@ impl<B: Backend> MtpDrafter<B> {
         let mut per_step = vec![target.logits_topk(be, &h, top_k)?];
         // The chain's own rows (steps 2..s), anchor by anchor: what each anchor's queries see
         // after the context.
-        let mut chain: Option<(B::Tensor, B::Tensor, B::Tensor)> = None;
+        let mut chain: super::super::chain::ChainRows<B> = None;
         for s in 2..=steps {
             let tokens = per_step.last().expect("step 1 is drafted").argmax();
             let emb = be.embed(target.embed_tokens(), &tokens)?;
             let positions: Vec<u32> = anchors.iter().map(|&a| (a + s - 2) as u32).collect();
             let p = self.project(be, &emb, &h, &positions)?;
-            // Rows per anchor before this step (steps 2..s−1), then this step's row.
-            let before = s - 2;
-            let (q, k, v) = match chain.take() {
-                None => (p.q, p.k, p.v),
-                Some((q0, k0, v0)) => {
-                    let order: Vec<u32> = (0..n)
-                        .flat_map(|i| {
-                            (0..before)
-                                .map(move |r| (i * before + r) as u32)
-                                .chain(std::iter::once((n * before + i) as u32))
-                        })
-                        .collect();
-                    let merge = |old: &B::Tensor, new: &B::Tensor| -> Result<B::Tensor> {
-                        be.gather_rows(&be.concat_rows(&[old, new])?, &order)
-                    };
-                    (merge(&q0, &p.q)?, merge(&k0, &p.k)?, merge(&v0, &p.v)?)
-                }
-            };
-            let keys = be.concat_rows(&[&ctx.k, &k])?;
-            let values = be.concat_rows(&[&ctx.v, &v])?;
-            let mask = AttnMask::Blocks {
-                ctx_len: ctx.len,
-                block: s - 1,
-                anchors: anchors.to_vec(),
-                ctx_inclusive: false,
-                causal_in_block: true,
-                window: None,
-            };
-            // Earlier steps' queries are recomputed with it (same keys, same outputs); only each
-            // anchor's last row is kept, as in EAGLE-3's chain.
-            let o_all = be.attention(&q, &keys, &values, shape, &mask)?;
-            let last: Vec<u32> = (0..n).map(|i| (i * (s - 1) + before) as u32).collect();
-            let o = be.gather_rows(&o_all, &last)?;
+            let o = super::super::chain::attend_step(
+                be,
+                &mut chain,
+                (p.q, p.k, p.v),
+                super::super::chain::ChainContext {
+                    k: &ctx.k,
+                    v: &ctx.v,
+                    len: ctx.len,
+                },
+                anchors,
+                s,
+                shape,
+            )?;
             h = self.finish(be, &p.normed, o, p.residual)?;
             per_step.push(target.logits_topk(be, &h, top_k)?);
-            chain = Some((q, k, v));
         }
         drop(_layers);
         // Anchor-major rows, as the records lay out positions 1..K of each block.
