@@ -12,6 +12,7 @@ use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::Backend;
 use draftlens_engine::formats::gguf::{GgufFile, GgufValue};
 use draftlens_engine::model::{Arch, Capture, TargetFiles, TargetModel};
+use golden_util::gguf_write::{put_str, put_value, type_id};
 use golden_util::*;
 use std::path::{Path, PathBuf};
 
@@ -232,51 +233,6 @@ fn gguf_listing_counts_every_expert_once() {
 
 // ---------------------------------------------------------------------------------------------
 // Bad input: a converted file rewritten with one change.
-
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    out.extend((s.len() as u64).to_le_bytes());
-    out.extend(s.as_bytes());
-}
-
-fn type_id(v: &GgufValue) -> u32 {
-    match v {
-        GgufValue::U8(_) => 0,
-        GgufValue::I8(_) => 1,
-        GgufValue::U16(_) => 2,
-        GgufValue::I16(_) => 3,
-        GgufValue::U32(_) => 4,
-        GgufValue::I32(_) => 5,
-        GgufValue::F32(_) => 6,
-        GgufValue::Bool(_) => 7,
-        GgufValue::String(_) => 8,
-        GgufValue::Array(_) => 9,
-        GgufValue::U64(_) => 10,
-        GgufValue::I64(_) => 11,
-        GgufValue::F64(_) => 12,
-    }
-}
-
-fn put_value(out: &mut Vec<u8>, v: &GgufValue) {
-    match v {
-        GgufValue::U8(x) => out.push(*x),
-        GgufValue::I8(x) => out.extend(x.to_le_bytes()),
-        GgufValue::U16(x) => out.extend(x.to_le_bytes()),
-        GgufValue::I16(x) => out.extend(x.to_le_bytes()),
-        GgufValue::U32(x) => out.extend(x.to_le_bytes()),
-        GgufValue::I32(x) => out.extend(x.to_le_bytes()),
-        GgufValue::F32(x) => out.extend(x.to_le_bytes()),
-        GgufValue::Bool(x) => out.push(*x as u8),
-        GgufValue::String(s) => put_str(out, s),
-        GgufValue::Array(a) => {
-            out.extend(a.first().map_or(4, type_id).to_le_bytes());
-            out.extend((a.len() as u64).to_le_bytes());
-            a.iter().for_each(|e| put_value(out, e));
-        }
-        GgufValue::U64(x) => out.extend(x.to_le_bytes()),
-        GgufValue::I64(x) => out.extend(x.to_le_bytes()),
-        GgufValue::F64(x) => out.extend(x.to_le_bytes()),
-    }
-}
 
 /// One change to a GGUF file.
 enum Edit<'a> {

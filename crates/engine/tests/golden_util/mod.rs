@@ -5,6 +5,8 @@
 //! Not every test file uses every helper.
 #![allow(dead_code)]
 
+pub mod gguf_write;
+
 use safetensors::{Dtype, SafeTensors};
 use std::path::{Path, PathBuf};
 
