@@ -21,7 +21,8 @@
 //! One file per concern, each adding its methods to [`Store`]: `runs` (runs and the run list),
 //! `records` (prompts and records), `metrics` (metric rows, plugin failures), `vocab`
 //! (vocabularies, derived caches), `sharing` (baselines, share links, API tokens), `exchange`
-//! (export and import), `evals` (a run's evaluation identity and shard, docs/scale-out.md);
+//! (export and import), `evals` (a run's evaluation identity and shard, docs/scale-out.md),
+//! `trace_diff` (`trace diff` results, docs/traces.md §6);
 //! `schema` holds the migrations, `codec` the BLOB encodings, `liveness` who has the file open.
 //! Rows are read by column name. This file: opening, connections, identifiers and time.
 
@@ -41,6 +42,9 @@ mod tests;
 mod tests_family;
 #[cfg(test)]
 mod tests_hostile;
+#[cfg(test)]
+mod tests_trace_diff;
+mod trace_diff;
 mod vocab;
 mod watch;
 
@@ -51,6 +55,7 @@ pub use metrics::*;
 pub use records::*;
 pub use runs::*;
 pub use sharing::*;
+pub use trace_diff::*;
 pub use vocab::*;
 pub use watch::*;
 

@@ -245,6 +245,49 @@ WHERE EXISTS (SELECT 1 FROM run_eval e WHERE e.run_id = run.id
               AND json_extract(e.identity_json, '$.drafter_kind') <> '');
 CREATE INDEX run_by_family ON run(drafter_family);
 "#,
+    // ---- v7 (issue 36): `draftlens trace diff` results (docs/traces.md §6): a trace run's verify
+    // rounds against a reference drafter replayed on the engine's own tokens. One `trace_diff` row
+    // per diff (diffing the run again against the same drafter weights replaces it), one row per
+    // prompt with its counts and first departures, one row per listed round (the first rounds of
+    // each prompt where the reference commits another number of tokens than the engine did).
+    r#"
+CREATE TABLE trace_diff (
+  id INTEGER PRIMARY KEY,
+  run_id INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  drafter_path TEXT NOT NULL,
+  drafter_sha256 TEXT NOT NULL,             -- of the reference drafter's weights file
+  target_path TEXT NOT NULL,
+  backend TEXT NOT NULL,
+  created_at TEXT NOT NULL,
+  UNIQUE (run_id, drafter_sha256)
+) STRICT;
+
+CREATE TABLE trace_diff_prompt (
+  diff_id INTEGER NOT NULL REFERENCES trace_diff(id) ON DELETE CASCADE,
+  idx INTEGER NOT NULL,                     -- run_prompt.idx of the diffed run
+  rounds INTEGER NOT NULL,                  -- the engine's verify rounds
+  engine_tokens INTEGER NOT NULL,
+  reference_tokens INTEGER NOT NULL,        -- what the reference commits at the engine's anchors
+  rounds_fewer INTEGER NOT NULL,            -- rounds where the reference commits more
+  rounds_more INTEGER NOT NULL,             -- rounds where the reference commits fewer
+  chain_tokens INTEGER NOT NULL,            -- the reference's own replayed chain
+  chain_rounds INTEGER NOT NULL,
+  departures INTEGER NOT NULL,              -- positions off the target's greedy token
+  first_departures_json TEXT NOT NULL CHECK (json_valid(first_departures_json)),
+  PRIMARY KEY (diff_id, idx)
+) STRICT;
+
+CREATE TABLE trace_diff_round (
+  diff_id INTEGER NOT NULL REFERENCES trace_diff(id) ON DELETE CASCADE,
+  idx INTEGER NOT NULL,                     -- the prompt
+  round INTEGER NOT NULL,                   -- 0-based round of the engine's decode
+  anchor INTEGER NOT NULL,                  -- where it verified (a position of prompt + output)
+  engine INTEGER NOT NULL,                  -- tokens the engine committed
+  reference INTEGER NOT NULL,               -- tokens the reference commits there
+  reference_ids BLOB NOT NULL,              -- u32 LE: those tokens (the target's greedy ones)
+  PRIMARY KEY (diff_id, idx, round)
+) STRICT;
+"#,
 ];
 
 pub fn latest_version() -> i64 {

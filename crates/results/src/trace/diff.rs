@@ -43,6 +43,12 @@ pub struct RoundDiff {
     pub anchor: u32,
     pub engine: u32,
     pub reference: u32,
+    /// The tokens the reference commits there: the target's greedy tokens at positions
+    /// anchor + 1 ..= anchor + reference, each given the engine's tokens before it (its accepted
+    /// drafts are those tokens and its bonus token the next one). Stored for the web's
+    /// drill-down; not part of `trace diff --json`, whose shape predates it.
+    #[serde(skip_serializing)]
+    pub reference_ids: Vec<u32>,
 }
 
 /// A position where the engine's token is not the target's greedy one.
@@ -125,11 +131,13 @@ pub fn diff_prompt(p: &ReplayedPrompt) -> Result<PromptDiff> {
                 more += 1;
             }
             if first_rounds.len() < LISTED {
+                let from = a as usize + 1;
                 first_rounds.push(RoundDiff {
                     round,
                     anchor: a,
                     engine,
                     reference,
+                    reference_ids: p.target_greedy[from..from + reference as usize].to_vec(),
                 });
             }
         }
@@ -239,7 +247,9 @@ mod tests {
                 round: 1,
                 anchor: 6,
                 engine: 1,
-                reference: 4
+                reference: 4,
+                // Positions 7..=10: the target's greedy tokens, 55 where the engine departs.
+                reference_ids: vec![55, 108, 109, 110],
             }]
         );
         assert_eq!((d.rounds, d.engine_tokens, d.reference_tokens), (3, 9, 12));

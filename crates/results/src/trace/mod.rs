@@ -26,7 +26,10 @@ pub mod sglang;
 pub mod vllm;
 
 pub use normalise::{normalise, Convention, NormaliseOptions, Normalised};
-pub use run::{build_trace_run, ImportOptions, SetPrompt, TraceReport, TraceRun, TraceTarget};
+pub use run::{
+    build_trace_run, is_trace_origin, ImportOptions, SetPrompt, StoredCorrection, TraceReport,
+    TraceRun, TraceTarget, ORIGIN_PREFIX,
+};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};

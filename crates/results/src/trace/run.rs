@@ -21,11 +21,19 @@ use crate::store::{
     MAX_BLOCK_SIZE,
 };
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
 /// Source of the metric row holding the engine's own τ.
 pub const ENGINE_SOURCE: &str = "trace";
+
+/// How a trace run's origin starts: `trace:<format>:<file> (corrections)`.
+pub const ORIGIN_PREFIX: &str = "trace:";
+
+/// Whether a run's origin says it is a trace import.
+pub fn is_trace_origin(origin: &str) -> bool {
+    origin.starts_with(ORIGIN_PREFIX)
+}
 
 /// A prompt of the set (the CLI reads the set with the engine).
 #[derive(Clone, Debug)]
@@ -71,6 +79,42 @@ pub struct AppliedCorrection {
     pub description: &'static str,
     #[serde(flatten)]
     pub effect: Effect,
+}
+
+impl AppliedCorrection {
+    /// The line `trace import` prints for it (and `trace diff` and the compare page repeat).
+    pub fn line(&self) -> String {
+        correction_line(self.name, &self.effect, self.description)
+    }
+}
+
+/// One correction as a trace run's configuration holds it (`trace.corrections`), read back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredCorrection {
+    pub name: String,
+    pub description: String,
+    #[serde(flatten)]
+    pub effect: Effect,
+}
+
+impl StoredCorrection {
+    /// The corrections a trace run's import applied, from its configuration (none for a run
+    /// that is not a trace import, or whose configuration holds no such list).
+    pub fn of_config(config: &serde_json::Value) -> Vec<StoredCorrection> {
+        serde_json::from_value(config["trace"]["corrections"].clone()).unwrap_or_default()
+    }
+
+    pub fn line(&self) -> String {
+        correction_line(&self.name, &self.effect, &self.description)
+    }
+}
+
+/// A correction with what it changed, as one line: name, requests, rounds, tokens, what it does.
+fn correction_line(name: &str, e: &Effect, description: &str) -> String {
+    format!(
+        "{:<22} {:>6} requests {:>7} rounds {:>8} tokens  {}",
+        name, e.requests, e.rounds, e.tokens, description
+    )
 }
 
 /// What an import did: printed by the CLI and stored under `trace` in the run's configuration.
@@ -424,7 +468,7 @@ pub fn build_trace_run(
     let identity_sha = crate::sha256_hex(&identity_bytes);
     let names: Vec<&str> = report.corrections.iter().map(|c| c.name).collect();
     let origin = format!(
-        "trace:{}:{}{}",
+        "{ORIGIN_PREFIX}{}:{}{}",
         opts.format,
         crate::text::printable(&opts.file_name),
         if names.is_empty() {
