@@ -215,10 +215,7 @@ fn render(o: &Imported, db: &std::path::Path) -> String {
     } else {
         s += "  corrections:\n";
         for c in &r.corrections {
-            s += &format!(
-                "    {:<22} {:>6} requests {:>7} rounds {:>8} tokens  {}\n",
-                c.name, c.effect.requests, c.effect.rounds, c.effect.tokens, c.description
-            );
+            s += &format!("    {}\n", c.line());
         }
     }
     if r.prompt_mismatches > 0 {

@@ -2,8 +2,10 @@
 //! reference drafter does on the engine's own tokens (docs/traces.md §6). The target runs
 //! teacher-forced on prompt + the engine's output (one cached target pass, as `run` does), the
 //! reference drafter drafts at every anchor the engine verified and along its own replayed
-//! chain; `draftlens_results::trace::diff` compares them; the paired intervals over prompts and
-//! the verdict rule are the compare page's (`draftlens_web::stats`, docs/metrics.md §8).
+//! chain; `draftlens_results::trace::diff` compares them. The diff is stored with the run
+//! (`Store::put_trace_diff`) for the web's compare page and drill-down; the summary (paired
+//! intervals over prompts, the verdict rule, the printed lines) is defined once in
+//! `draftlens_web::compare::trace_diff`, which the compare page shows too.
 
 use crate::args::BackendArg;
 use crate::common::Global;
@@ -18,11 +20,13 @@ use draftlens_engine::drafter::lint::{lint, Severity};
 use draftlens_engine::drafter::DFlashDrafter;
 use draftlens_engine::model::Capture;
 use draftlens_engine::session::{Session, SessionOptions};
+use draftlens_engine::identity::IdentityStore;
 use draftlens_results::metrics::{RunStats, STATS_KIND};
-use draftlens_results::store::{RunInfo, RunPrompt, Store};
+use draftlens_results::store::{NewTraceDiff, RunInfo, RunPrompt, Store};
 use draftlens_results::text::printable;
 use draftlens_results::trace::diff::{diff_prompt, engine_anchors, PromptDiff, ReplayedPrompt};
-use draftlens_web::stats::{paired_interval, Interval, Resamples, Rng, MIN_SHARED_PROMPTS};
+use draftlens_results::trace::{is_trace_origin, StoredCorrection};
+use draftlens_web::compare::trace_diff::{summarize, summary_lines, DiffSummary};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -44,41 +48,17 @@ pub struct DiffArgs {
     pub db: PathBuf,
 }
 
-/// Bootstrap replicates of the paired intervals (as the compare page).
-const REPLICATES: usize = 1000;
-
-/// A difference with its paired 95% interval over prompts.
-#[derive(Serialize)]
-struct Delta {
-    /// Reference − engine.
-    value: f64,
-    interval: Option<Interval>,
-}
-
-#[derive(Serialize)]
-struct Summary {
-    /// Prompts with at least one round.
-    prompts: usize,
-    rounds: u64,
-    rounds_fewer: u64,
-    rounds_more: u64,
-    engine_tau_pooled: Option<f64>,
-    reference_tau_pooled: Option<f64>,
-    /// Reference τ (its own chain on the engine's output) − engine τ, pooled.
-    tau_delta: Option<Delta>,
-    /// Tokens the reference commits at the engine's anchors − the engine's, per engine round.
-    tokens_lost_per_round: Option<Delta>,
-    departures: u64,
-    prompts_departing: usize,
-    verdict: String,
-}
-
 #[derive(Serialize)]
 struct DiffOut {
     run: i64,
     drafter: PathBuf,
-    summary: Summary,
+    summary: DiffSummary,
     prompts: Vec<PromptDiff>,
+    /// Not in `--json` (its shape predates storing): the stored diff and the import's corrections.
+    #[serde(skip)]
+    stored: i64,
+    #[serde(skip)]
+    corrections: Vec<StoredCorrection>,
 }
 
 pub fn diff(g: &Global, a: DiffArgs) -> Result<()> {
@@ -88,7 +68,7 @@ pub fn diff(g: &Global, a: DiffArgs) -> Result<()> {
         bail!("{}: no run {}", a.db.display(), a.run)
     };
     let run = d.run;
-    if !run.origin.starts_with("trace:") {
+    if !is_trace_origin(&run.origin) {
         bail!(
             "run {id} is not a trace import (its origin is {:?}): trace diff compares an engine's rounds",
             printable(&run.origin)
@@ -132,13 +112,26 @@ pub fn diff(g: &Global, a: DiffArgs) -> Result<()> {
         target: &target,
         prompts: &prompts,
         rounds: &rounds,
+        store: &store,
     };
-    let diffs = dispatch(a.backend.select(g), DEFAULT_CUDA_DEVICE, job)?;
+    let done = dispatch(a.backend.select(g), DEFAULT_CUDA_DEVICE, job)?;
+    let stored = store.put_trace_diff(
+        id,
+        &NewTraceDiff {
+            drafter_path: &a.drafter.display().to_string(),
+            drafter_sha256: &done.drafter_sha256,
+            target_path: &target.display().to_string(),
+            backend: done.backend,
+            prompts: &done.diffs,
+        },
+    )?;
     let out = DiffOut {
         run: id,
         drafter: a.drafter.clone(),
-        summary: summarize(&diffs, &run.uid),
-        prompts: diffs,
+        summary: summarize(&done.diffs, &run.uid),
+        prompts: done.diffs,
+        stored,
+        corrections: StoredCorrection::of_config(&run.config),
     };
     g.emit(&out, || render(&out))
 }
@@ -150,11 +143,20 @@ struct DiffJob<'a> {
     target: &'a Path,
     prompts: &'a [RunPrompt],
     rounds: &'a [Vec<u32>],
+    /// Where the tokenizer's vocabulary goes (the drill-down decodes the rounds' tokens with it).
+    store: &'a Store,
+}
+
+/// What the job computed, and with which drafter weights and backend.
+struct Diffed {
+    diffs: Vec<PromptDiff>,
+    drafter_sha256: String,
+    backend: &'static str,
 }
 
 impl BackendJob for DiffJob<'_> {
-    type Output = Vec<PromptDiff>;
-    fn run<B: Backend>(self, be: B) -> Result<Vec<PromptDiff>> {
+    type Output = Diffed;
+    fn run<B: Backend>(self, be: B) -> Result<Diffed> {
         let (a, run) = (self.a, self.run);
         let s = Session::load(be, self.target, self.g.cache()?, SessionOptions::default())?;
         let tok = s.files.tokenizer()?;
@@ -175,6 +177,14 @@ impl BackendJob for DiffJob<'_> {
                 f.message
             );
         }
+        let drafter_sha256 = IdentityStore::new(s.cache.root())
+            .file_sha256(&draftlens_engine::drafter::gguf::weights_file(&a.drafter))?;
+        // A shared cache per tokenizer (as `run` stores it), not part of the diff.
+        draftlens_engine::drafter::vocab::store_vocab(
+            self.store,
+            &tok,
+            &self.target.display().to_string(),
+        )?;
         let d = DFlashDrafter::load(&s.be, &a.drafter, s.files.spec.hidden_size)?;
         if d.cfg.block_size != run.block_size as usize {
             bail!(
@@ -236,102 +246,23 @@ impl BackendJob for DiffJob<'_> {
             pb.inc(1);
         }
         pb.finish_and_clear();
-        Ok(out)
-    }
-}
-
-/// The run-level comparison: paired intervals over the prompts with rounds, and the verdict
-/// (none below [`MIN_SHARED_PROMPTS`], as on the compare page).
-fn summarize(diffs: &[PromptDiff], seed: &str) -> Summary {
-    let with: Vec<&PromptDiff> = diffs.iter().filter(|d| d.rounds > 0).collect();
-    let col =
-        |f: &dyn Fn(&PromptDiff) -> u64| -> Vec<f64> { with.iter().map(|d| f(d) as f64).collect() };
-    let (eng_tok, eng_rounds) = (col(&|d| d.engine_tokens), col(&|d| d.rounds));
-    let (ref_tok, ref_rounds) = (col(&|d| d.reference_chain.0), col(&|d| d.reference_chain.1));
-    let at_anchors = col(&|d| d.reference_tokens);
-    let sum = |v: &[f64]| v.iter().sum::<f64>();
-    let ratio = |n: &[f64], d: &[f64]| (sum(d) > 0.0).then(|| sum(n) / sum(d));
-    let rs = Resamples::new(with.len(), REPLICATES, &mut Rng::from_str_seed(seed));
-    let delta = |na: &[f64], da: &[f64], nb: &[f64], db: &[f64]| {
-        Some(Delta {
-            value: ratio(nb, db)? - ratio(na, da)?,
-            interval: paired_interval(&rs, na, da, nb, db),
+        Ok(Diffed {
+            diffs: out,
+            drafter_sha256,
+            backend: s.be.name(),
         })
-    };
-    let tau_delta = delta(&eng_tok, &eng_rounds, &ref_tok, &ref_rounds);
-    let lost = delta(&eng_tok, &eng_rounds, &at_anchors, &eng_rounds);
-    let departing = diffs.iter().filter(|d| d.departures > 0).count();
-    let verdict = match &lost {
-        None => "no verdict: no prompt has a verify round".to_string(),
-        Some(_) if with.len() < MIN_SHARED_PROMPTS => format!(
-            "no verdict: {} prompts, a verdict needs at least {MIN_SHARED_PROMPTS} (docs/metrics.md §8)",
-            with.len()
-        ),
-        Some(Delta { value, interval: Some(i) }) => {
-            let ci = format!("95% CI [{:+.3}, {:+.3}], {} over {} prompts", i.lo, i.hi, i.method.label(), with.len());
-            if i.lo > 0.0 {
-                format!("the integration loses {value:.3} tokens per round against the reference drafter ({ci})")
-            } else if i.hi < 0.0 {
-                format!("the engine commits {:.3} tokens per round more than the reference drafter ({ci})", -value)
-            } else {
-                format!("consistent: {value:+.3} tokens per round ({ci} includes 0)")
-            }
-        }
-        Some(Delta { interval: None, .. }) => "no verdict: no interval".to_string(),
-    };
-    Summary {
-        prompts: with.len(),
-        rounds: sum(&eng_rounds) as u64,
-        rounds_fewer: diffs.iter().map(|d| d.rounds_fewer).sum(),
-        rounds_more: diffs.iter().map(|d| d.rounds_more).sum(),
-        engine_tau_pooled: ratio(&eng_tok, &eng_rounds),
-        reference_tau_pooled: ratio(&ref_tok, &ref_rounds),
-        tau_delta,
-        tokens_lost_per_round: lost,
-        departures: diffs.iter().map(|d| d.departures).sum(),
-        prompts_departing: departing,
-        verdict,
     }
 }
 
 fn render(o: &DiffOut) -> String {
-    let s = &o.summary;
-    let f = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.4}"));
-    let delta = |d: &Option<Delta>| match d {
-        None => "–".to_string(),
-        Some(Delta { value, interval }) => match interval {
-            Some(i) => format!(
-                "{value:+.4} [{:+.4}, {:+.4}] ({})",
-                i.lo,
-                i.hi,
-                i.method.label()
-            ),
-            None => format!("{value:+.4}"),
-        },
-    };
     let mut t = format!(
-        "trace diff: run {} against {}\n  {} prompts, {} engine rounds: the reference commits more in {}, fewer in {}\n",
+        "trace diff: run {} against {}\n",
         o.run,
-        o.drafter.display(),
-        s.prompts,
-        s.rounds,
-        s.rounds_fewer,
-        s.rounds_more
+        o.drafter.display()
     );
-    t += &format!(
-        "  τ engine {} · reference {} on the same tokens · Δ {}\n  tokens lost per engine round {}\n",
-        f(s.engine_tau_pooled),
-        f(s.reference_tau_pooled),
-        delta(&s.tau_delta),
-        delta(&s.tokens_lost_per_round)
-    );
-    if s.departures > 0 {
-        t += &format!(
-            "  the engine's output departs from the target's greedy token at {} positions in {} prompts\n",
-            s.departures, s.prompts_departing
-        );
+    for line in summary_lines(&o.summary, &o.corrections) {
+        t += &format!("  {line}\n");
     }
-    t += &format!("  {}\n", s.verdict);
     for p in o
         .prompts
         .iter()
@@ -352,5 +283,9 @@ fn render(o: &DiffOut) -> String {
         }
         t += "\n";
     }
+    t += &format!(
+        "  stored as trace diff {}: `draftlens serve` shows it on the compare page and at /runs/{}/trace-diff\n",
+        o.stored, o.run
+    );
     t
 }

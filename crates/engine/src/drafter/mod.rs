@@ -22,4 +22,4 @@ pub mod run;
 pub mod run_identity;
 pub mod sampling;
 pub mod speed;
-mod vocab;
+pub mod vocab;

@@ -8,13 +8,15 @@
 //!
 //! This module holds the comparison itself (resolving runs, per-metric values, Δs, CIs and
 //! verdicts); `config.rs` the config diff, `inflation.rs` the training-style vs deployment rows,
-//! `history.rs` τ against checkpoint step, `text.rs` the terminal output.
+//! `history.rs` τ against checkpoint step, `text.rs` the terminal output, `trace_diff.rs` a
+//! trace run against its reference drafter (`trace diff`).
 
 mod config;
 mod history;
 mod inflation;
 pub mod slices;
 mod text;
+pub mod trace_diff;
 pub mod verdict;
 
 pub use config::config_diff;
@@ -171,6 +173,10 @@ pub struct Comparison {
     pub notes: Vec<String>,
     /// Drafter families side by side: τ, estimated and measured speed-up (docs/verdict.md).
     pub verdict: verdict::VerdictSection,
+    /// The compared trace runs against their reference drafter (`trace diff`, docs/traces.md
+    /// §6); left out of the JSON when no compared run has a stored diff.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trace_diffs: Vec<trace_diff::TraceDiffSection>,
 }
 
 /// Per-prompt data of one metric of one run: sha → (num, den), plus the run value.
@@ -513,8 +519,10 @@ pub fn compare(
     };
     let inflation = inflation_rows(&runs, &stats);
     let verdict = verdict::of_runs(store, &runs, &stats, baseline, opts.reps)?;
+    let trace_diffs = trace_diff::of_runs(store, &runs)?;
     Ok(Comparison {
         verdict,
+        trace_diffs,
         config: config_diff(&runs),
         runs,
         baseline,

@@ -8,7 +8,8 @@
 //! the cookie is HttpOnly + SameSite=Strict.
 //!
 //! Layout: this file holds the options, the shared state (store, caches) and the router;
-//! `access` the middleware and the shared responses; `pages` the handlers. View models shared
+//! `access` the middleware and the shared responses; `pages` the handlers (`trace_diff` the
+//! trace-diff drill-down's). View models shared
 //! with the static report are in `crate::viewmodel`.
 
 use crate::analysis::{load_stats, RunStats};
@@ -36,10 +37,12 @@ use std::time::{Duration, Instant};
 mod access;
 mod pages;
 mod push;
+mod trace_diff;
 
 use crate::viewmodel::*;
 use access::*;
 use pages::*;
+use trace_diff::trace_diff_page;
 
 /// Options of `draftlens serve`.
 #[derive(Clone, Debug)]
@@ -284,6 +287,9 @@ impl AppState {
                 "{}:{}:{}:{fp};",
                 d.run.uid, d.run.num_blocks, d.run.status
             ));
+            // A trace diff stored or replaced (a new id) changes the comparison's trace panel.
+            let diffs: Vec<i64> = self.store.trace_diffs(id)?.iter().map(|t| t.id).collect();
+            key.push_str(&format!("{diffs:?};"));
         }
         // The default baseline depends on pins.
         key.push_str(&format!("{:?}", self.store.baselines()?));
@@ -367,6 +373,7 @@ pub fn app_with(
         .route("/", get(runs_page))
         .route("/runs/{id}", get(run_page))
         .route("/runs/{id}/prompts/{idx}", get(prompt_page))
+        .route("/runs/{id}/trace-diff", get(trace_diff_page))
         .route("/runs/{id}/delete", post(delete_run))
         .route("/compare", get(compare_page))
         .route("/history", get(history_page))

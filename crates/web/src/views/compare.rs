@@ -80,6 +80,7 @@ pub fn render(ctx: &Ctx, c: &Comparison, query: &Query) -> Markup {
         }
         @for n in &c.notes { div class="note" { (n) } }
         (super::verdict::panel(c))
+        (super::trace_diff::panel(ctx, c))
         div class="panel flush" {
             div style="padding:14px 16px 4px" {
                 h2 { "Metrics" }

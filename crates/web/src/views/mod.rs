@@ -7,6 +7,7 @@ pub mod misc;
 pub mod prompt;
 pub mod run;
 pub mod runs;
+pub mod trace_diff;
 pub mod verdict;
 
 use draftlens_results::store::{RunInfo, RunMode, RunStatus};
