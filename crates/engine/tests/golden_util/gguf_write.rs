@@ -47,3 +47,61 @@ pub fn put_value(out: &mut Vec<u8>, v: &GgufValue) {
         GgufValue::F64(x) => out.extend(x.to_le_bytes()),
     }
 }
+
+/// One tensor to write: its GGUF name, `ne` (innermost first), GGML type id and stored bytes.
+pub struct TensorOut {
+    pub name: String,
+    pub ne: Vec<u64>,
+    pub ty: u32,
+    pub data: Vec<u8>,
+}
+
+impl TensorOut {
+    /// A copy of a tensor of an open GGUF file, under `name`.
+    pub fn copy(
+        file: &draftlens_engine::formats::gguf::GgufFile,
+        t: &draftlens_engine::formats::gguf::GgufTensor,
+        name: &str,
+    ) -> TensorOut {
+        TensorOut {
+            name: name.to_string(),
+            ne: t.ne.clone(),
+            ty: t.ty.id(),
+            data: file.tensor_data(t).to_vec(),
+        }
+    }
+}
+
+/// A GGUF v3 file at `dst`: `meta` (written in its order) and `tensors`, data aligned to `align`.
+pub fn write_gguf(
+    dst: &std::path::Path,
+    meta: &std::collections::BTreeMap<String, GgufValue>,
+    tensors: &[TensorOut],
+    align: usize,
+) {
+    let mut out = Vec::new();
+    out.extend(b"GGUF");
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend((meta.len() as u64).to_le_bytes());
+    for (k, v) in meta {
+        put_str(&mut out, k);
+        out.extend(type_id(v).to_le_bytes());
+        put_value(&mut out, v);
+    }
+    let mut offset = 0usize;
+    for t in tensors {
+        put_str(&mut out, &t.name);
+        out.extend((t.ne.len() as u32).to_le_bytes());
+        t.ne.iter().for_each(|d| out.extend(d.to_le_bytes()));
+        out.extend(t.ty.to_le_bytes());
+        out.extend((offset as u64).to_le_bytes());
+        offset += t.data.len().div_ceil(align) * align;
+    }
+    out.resize(out.len().div_ceil(align) * align, 0);
+    for t in tensors {
+        out.extend(&t.data);
+        out.resize(out.len().div_ceil(align) * align, 0);
+    }
+    std::fs::write(dst, out).unwrap();
+}

@@ -647,3 +647,436 @@ fn lint_checks_the_targets_head() {
     // K out of range: one error before anything is read.
     assert!(lint(&files, Path::new("target:mtp:0")).is_err());
 }
+
+// ---------------------------------------------------------------------------------------------
+// (f) GGUF targets: the head as llama.cpp's converter writes it (docs/mtp.md §1.3)
+// ---------------------------------------------------------------------------------------------
+
+use draftlens_engine::drafter::mtp::head::MtpWeights;
+use draftlens_engine::drafter::mtp::MtpHeadConfig;
+use draftlens_engine::formats::gguf::{GgufFile, GgufValue};
+use draftlens_engine::formats::WeightSource;
+use golden_util::gguf_write::{write_gguf, TensorOut};
+use std::collections::BTreeMap;
+
+/// GGML type ids of the stored head tensors.
+const GGML_F32: u32 = 0;
+const GGML_BF16: u32 = 30;
+
+/// Where llama.cpp's converter writes a head tensor (Hugging Face name) of a target with `block`
+/// decoder layers, and whether it stores it as 1 + w: `_QwenMtpMixin.filter_tensors` renames
+/// `mtp.layers.0.X` to `model.layers.{block}.X` and `fc` / `pre_fc_norm_embedding` /
+/// `pre_fc_norm_hidden` / `norm` to `eh_proj` / `enorm` / `hnorm` / `shared_head.norm` of that
+/// layer; gguf-py's tensor map (QWEN35, QWEN35MOE) names them; `Qwen3NextModel.modify_tensors`
+/// adds 1 to every renamed `*norm.weight`. Written here from those sources, independently of the
+/// reader.
+fn converter_name(hf: &str, block: usize) -> (String, bool) {
+    let part = match hf {
+        "mtp.fc.weight" => "nextn.eh_proj.weight",
+        "mtp.pre_fc_norm_embedding.weight" => "nextn.enorm.weight",
+        "mtp.pre_fc_norm_hidden.weight" => "nextn.hnorm.weight",
+        "mtp.norm.weight" => "nextn.shared_head_norm.weight",
+        _ => match hf.strip_prefix("mtp.layers.0.").unwrap() {
+            "input_layernorm.weight" => "attn_norm.weight",
+            "post_attention_layernorm.weight" => "post_attention_norm.weight",
+            "self_attn.q_proj.weight" => "attn_q.weight",
+            "self_attn.k_proj.weight" => "attn_k.weight",
+            "self_attn.v_proj.weight" => "attn_v.weight",
+            "self_attn.o_proj.weight" => "attn_output.weight",
+            "self_attn.q_norm.weight" => "attn_q_norm.weight",
+            "self_attn.k_norm.weight" => "attn_k_norm.weight",
+            "mlp.gate_proj.weight" => "ffn_gate.weight",
+            "mlp.up_proj.weight" => "ffn_up.weight",
+            "mlp.down_proj.weight" => "ffn_down.weight",
+            other => panic!("no GGUF name for {other}"),
+        },
+    };
+    // The +1 rule reads the renamed name (`model.layers.{block}.enorm.weight`), so it covers
+    // `pre_fc_norm_embedding` / `pre_fc_norm_hidden` too; every renamed norm's GGUF name ends the
+    // same way.
+    let gguf = format!("blk.{block}.{part}");
+    let one_plus = gguf.ends_with("norm.weight");
+    (gguf, one_plus)
+}
+
+/// A bf16 safetensors head tensor as the converter stores it: BF16 as is, norms F32 as 1 + w.
+fn converted(entry: &SafetensorsEntry, block: usize) -> TensorOut {
+    let (name, dtype, shape, bytes) = entry;
+    assert_eq!(*dtype, Dtype::BF16, "{name}");
+    let (gguf, one_plus) = converter_name(name, block);
+    let ne = shape.iter().rev().map(|&d| d as u64).collect();
+    if !one_plus {
+        return TensorOut {
+            name: gguf,
+            ne,
+            ty: GGML_BF16,
+            data: bytes.clone(),
+        };
+    }
+    let data = bytes
+        .chunks_exact(2)
+        .flat_map(|b| {
+            let w = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
+            (1.0 + w).to_le_bytes()
+        })
+        .collect();
+    TensorOut {
+        name: gguf,
+        ne,
+        ty: GGML_F32,
+        data,
+    }
+}
+
+/// The safetensors entries of the golden head (the Qwen3.5 golden's stray `mtp.fc.weight` and
+/// the MTP golden's other tensors).
+fn golden_head_entries() -> Vec<SafetensorsEntry> {
+    let mut head: Vec<SafetensorsEntry> = read_entries(&qwen3_5_dir().join("model.safetensors"))
+        .into_iter()
+        .filter(|e| e.0.starts_with("mtp."))
+        .collect();
+    head.extend(read_entries(&golden_dir().join("mtp.safetensors")));
+    head
+}
+
+/// `base` (a committed GGUF target of L layers) with an MTP block L: `block_count` L + 1,
+/// `nextn_predict_layers` 1, `attention.recurrent_layers` (when present) one more `false`, and
+/// `head` appended; `edit` changes the metadata and tensors last.
+fn write_gguf_target(
+    dst: &Path,
+    base: &Path,
+    head: Vec<TensorOut>,
+    edit: impl Fn(&mut BTreeMap<String, GgufValue>, &mut Vec<TensorOut>),
+) -> PathBuf {
+    let f = GgufFile::open(base).unwrap();
+    let arch = f.architecture().unwrap().to_owned();
+    let mut meta = f.metadata().clone();
+    let layers = f.get_u64(&format!("{arch}.block_count")).unwrap() as u32;
+    meta.insert(format!("{arch}.block_count"), GgufValue::U32(layers + 1));
+    meta.insert(format!("{arch}.nextn_predict_layers"), GgufValue::U32(1));
+    if let Some(GgufValue::Array(a)) = meta.get_mut(&format!("{arch}.attention.recurrent_layers")) {
+        a.push(GgufValue::Bool(false));
+    }
+    let mut tensors: Vec<TensorOut> = f
+        .tensors()
+        .iter()
+        .map(|t| TensorOut::copy(&f, t, &t.name))
+        .collect();
+    tensors.extend(head);
+    edit(&mut meta, &mut tensors);
+    write_gguf(dst, &meta, &tensors, f.alignment() as usize);
+    dst.to_path_buf()
+}
+
+/// The Qwen3.5 golden GGUF target with the golden head as block 6.
+fn golden_gguf_target(
+    dst: &Path,
+    edit: impl Fn(&mut BTreeMap<String, GgufValue>, &mut Vec<TensorOut>),
+) -> PathBuf {
+    let head = golden_head_entries()
+        .iter()
+        .map(|e| converted(e, 6))
+        .collect();
+    write_gguf_target(dst, &qwen3_5_dir().join("model.gguf"), head, edit)
+}
+
+/// Every head tensor of the two targets, compared: the same names, shapes and values.
+fn same_head_tensors(a: &Path, b: &Path) -> usize {
+    let open = |p: &Path| {
+        let files = TargetFiles::open(p).unwrap();
+        MtpWeights::open(&MtpHeadConfig::read(p, &files.spec).unwrap()).unwrap()
+    };
+    let (wa, wb) = (open(a), open(b));
+    let names = |w: &MtpWeights| {
+        let mut v: Vec<(String, Vec<usize>)> =
+            w.tensors().into_iter().map(|t| (t.name, t.shape)).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&wa), names(&wb));
+    for (n, _) in names(&wa) {
+        let (x, y) = (wa.tensor(&n).unwrap(), wb.tensor(&n).unwrap());
+        assert_eq!(x.shape, y.shape, "{n}");
+        assert!(
+            x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{n}: the GGUF head's values differ from the safetensors head's"
+        );
+    }
+    names(&wa).len()
+}
+
+/// The chains of both heads over the same target states (every anchor of `ids`), top-8 each:
+/// ids and log-probabilities bit for bit.
+fn same_drafts(
+    be: &CpuBackend,
+    model: &TargetModel<CpuBackend>,
+    heads: [&MtpDrafter<CpuBackend>; 2],
+    ids: &[u32],
+) -> usize {
+    let out = model
+        .forward(be, ids, &mut model.new_cache(), &Capture::none())
+        .unwrap();
+    let drafts = heads.map(|h| {
+        let ctx = h
+            .context_from_tensor(be, model, &out.last_hidden, ids)
+            .unwrap()
+            .unwrap();
+        let anchors: Vec<usize> = (1..=ctx.len).collect();
+        h.draft(be, model, &ctx, &anchors, 8).unwrap()
+    });
+    assert_eq!(drafts[0].ids, drafts[1].ids);
+    assert!(drafts[0]
+        .logprobs
+        .iter()
+        .zip(&drafts[1].logprobs)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    drafts[0].rows
+}
+
+#[test]
+fn gguf_head_drafts_equal_the_safetensors_head() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = golden_target(&tmp.path().join("target"));
+    let gguf = golden_gguf_target(&tmp.path().join("mtp.gguf"), |_, _| {});
+    let be = CpuBackend::new();
+    let st = TargetFiles::open(&dir).unwrap();
+    let gg = TargetFiles::open(&gguf).unwrap();
+    // Block 6 is the head, not a seventh decoder layer.
+    assert_eq!(gg.spec, st.spec);
+    let n = same_head_tensors(&dir, &gguf);
+    assert_eq!(n, 15);
+    let steps = 4;
+    let st_head = MtpDrafter::load(&be, &dir, &st.spec, steps).unwrap();
+    let gg_head = MtpDrafter::load(&be, &gguf, &gg.spec, steps).unwrap();
+    let model = TargetModel::load(&be, &st.spec, st.weights.as_ref()).unwrap();
+    let g = Golden::open(qwen3_5_dir().join("golden.safetensors"));
+    let mut rows = 0;
+    for p in 0..2 {
+        let mut ids = g.ids(&format!("p{p}.input_ids"));
+        ids.extend(g.ids(&format!("p{p}.greedy_ids")));
+        rows += same_drafts(&be, &model, [&st_head, &gg_head], &ids);
+    }
+    // The GGUF file end to end (its target pass, its head): the reference's chains.
+    let gg_model = TargetModel::load(&be, &gg.spec, gg.weights.as_ref()).unwrap();
+    let manifest = json(&golden_dir().join("manifest.json"));
+    let want = Golden::open(golden_dir().join("golden.safetensors"));
+    let mut worst = 0f32;
+    for p in 0..2 {
+        let mut ids = g.ids(&format!("p{p}.input_ids"));
+        ids.extend(g.ids(&format!("p{p}.greedy_ids")));
+        let out = gg_model
+            .forward(&be, &ids, &mut gg_model.new_cache(), &Capture::none())
+            .unwrap();
+        let ctx = gg_head
+            .context_from_tensor(&be, &gg_model, &out.last_hidden, &ids)
+            .unwrap()
+            .unwrap();
+        let anchors: Vec<usize> = manifest["prompts"][format!("p{p}")]["anchors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_u64().unwrap() as usize)
+            .collect();
+        let top = gg_head.draft(&be, &gg_model, &ctx, &anchors, 8).unwrap();
+        for (i, &a) in anchors.iter().enumerate() {
+            let label = format!("gguf p{p}.a{a}");
+            let chain = want.ids(&format!("p{p}.a{a}.draft_ids"));
+            let top8 = want.ids(&format!("p{p}.a{a}.top8_ids"));
+            let (_, lps) = want.f32(&format!("p{p}.a{a}.top8_logprobs"));
+            let ours: Vec<u32> = (0..steps).map(|s| top.row_ids(i * steps + s)[0]).collect();
+            assert_eq!(ours, chain, "{label}: draft chain");
+            for s in 0..steps {
+                worst = worst.max(check_topk(
+                    &format!("{label} step {}", s + 1),
+                    top.row_ids(i * steps + s),
+                    top.row_logprobs(i * steps + s),
+                    &top8[s * 8..(s + 1) * 8],
+                    &lps[s * 8..(s + 1) * 8],
+                    1e-4,
+                ));
+            }
+        }
+    }
+    // `lint --drafter target:mtp` reads the GGUF head as `run` does.
+    let found =
+        draftlens_engine::drafter::lint::lint(&gg, Path::new("target:mtp:2")).unwrap();
+    assert_eq!(
+        found[0].severity,
+        draftlens_engine::drafter::lint::Severity::Info,
+        "{found:?}"
+    );
+    eprintln!(
+        "mtp gguf: {n} head tensors bit-equal to the safetensors head; {rows} chain steps over the \
+         same states bit-equal; the GGUF target + head reproduce the reference's 12 chains (top-8 \
+         log-probs worst |Δ| {worst:.2e})"
+    );
+}
+
+/// A Qwen3.5-MoE head: layer 2 of the MoE golden (full attention, sparse MLP: router, 16 experts,
+/// shared expert) as `mtp.layers.0`, the MoE golden's stray `mtp.fc.weight` and the golden head's
+/// norms; in a safetensors folder and as block 3 of the committed converter-written MoE GGUF
+/// (its stacked expert tensors copied from blk.2). Both heads draft the same chains, bit for bit.
+#[test]
+fn gguf_moe_head_drafts_equal_the_safetensors_head() {
+    let tmp = tempfile::tempdir().unwrap();
+    let moe = repo_root().join("tests/fixtures/golden/qwen3_5_moe");
+    let norms: Vec<SafetensorsEntry> = read_entries(&golden_dir().join("mtp.safetensors"))
+        .into_iter()
+        .filter(|e| !e.0.starts_with("mtp.layers."))
+        .collect();
+    // Safetensors: the MoE golden, its layer 2 copied as the head's layer.
+    let dir = tmp.path().join("moe");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut config = json(&moe.join("config.json"));
+    config["text_config"]["mtp_num_hidden_layers"] = 1.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut tensors = read_entries(&moe.join("model.safetensors"));
+    let layer: Vec<SafetensorsEntry> = tensors
+        .iter()
+        .filter_map(|e| {
+            let rest = e.0.strip_prefix("model.language_model.layers.2.")?;
+            Some((format!("mtp.layers.0.{rest}"), e.1, e.2.clone(), e.3.clone()))
+        })
+        .collect();
+    let fc = tensors
+        .iter()
+        .find(|e| e.0 == "mtp.fc.weight")
+        .unwrap()
+        .clone();
+    tensors.extend(layer);
+    tensors.extend(norms.iter().cloned());
+    write_safetensors(&dir.join("model.safetensors"), &tensors).unwrap();
+    // GGUF: blk.2 copied as blk.3, the nextn tensors converted.
+    let base = repo_root().join("tests/fixtures/golden/moe_gguf/qwen3_5_moe-bf16.gguf");
+    let f = GgufFile::open(&base).unwrap();
+    let mut head: Vec<TensorOut> = f
+        .tensors()
+        .iter()
+        .filter_map(|t| {
+            let rest = t.name.strip_prefix("blk.2.")?;
+            Some(TensorOut::copy(&f, t, &format!("blk.3.{rest}")))
+        })
+        .collect();
+    head.extend(norms.iter().chain([&fc]).map(|e| converted(e, 3)));
+    let gguf = write_gguf_target(&tmp.path().join("moe.gguf"), &base, head, |_, _| {});
+
+    let n = same_head_tensors(&dir, &gguf);
+    let be = CpuBackend::new();
+    let st = TargetFiles::open(&dir).unwrap();
+    let gg = TargetFiles::open(&gguf).unwrap();
+    let st_head = MtpDrafter::load(&be, &dir, &st.spec, 3).unwrap();
+    let gg_head = MtpDrafter::load(&be, &gguf, &gg.spec, 3).unwrap();
+    let model = TargetModel::load(&be, &st.spec, st.weights.as_ref()).unwrap();
+    let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 256).collect();
+    let rows = same_drafts(&be, &model, [&st_head, &gg_head], &ids);
+    eprintln!("mtp gguf (MoE): {n} head tensors and {rows} chain steps bit-equal");
+
+    // Bad input in the MoE block: the router missing, named by its GGUF name.
+    let no_router = write_gguf_target(
+        &tmp.path().join("no-router.gguf"),
+        &gguf,
+        vec![],
+        |meta, t| {
+            // `gguf` already has the head: undo the extra block the writer added.
+            meta.insert("qwen35moe.block_count".into(), GgufValue::U32(4));
+            if let Some(GgufValue::Array(a)) = meta.get_mut("qwen35moe.attention.recurrent_layers")
+            {
+                a.pop();
+            }
+            t.retain(|x| x.name != "blk.3.ffn_gate_inp.weight");
+        },
+    );
+    let e = load_error(&no_router, 3);
+    assert!(e.contains("blk.3.ffn_gate_inp.weight"), "{e}");
+}
+
+#[test]
+fn gguf_targets_without_a_whole_head_are_refused_naming_the_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The committed Qwen3.5 GGUF: no MTP block declared.
+    let e = load_error(&qwen3_5_dir().join("model.gguf"), 3);
+    assert!(
+        e.contains("qwen35.nextn_predict_layers is absent or 0") && e.contains("no MTP head"),
+        "{e}"
+    );
+    // Declared, but no tensor of block 6.
+    let empty = write_gguf_target(
+        &tmp.path().join("empty.gguf"),
+        &qwen3_5_dir().join("model.gguf"),
+        vec![],
+        |_, _| {},
+    );
+    let e = load_error(&empty, 3);
+    assert!(e.contains("no tensor of block blk.6.*"), "{e}");
+    let drop = |name: &'static str| move |_: &mut BTreeMap<String, GgufValue>, t: &mut Vec<TensorOut>| t.retain(|x| x.name != name);
+    // Partial heads: one of the head's own tensors, one of its layer's.
+    let p = golden_gguf_target(&tmp.path().join("no-hnorm.gguf"), drop("blk.6.nextn.hnorm.weight"));
+    let e = load_error(&p, 3);
+    assert!(
+        e.contains("tensor mtp.pre_fc_norm_hidden.weight (GGUF blk.6.nextn.hnorm.weight) is missing")
+            && e.contains("partial")
+            && e.contains("no-hnorm.gguf"),
+        "{e}"
+    );
+    let p = golden_gguf_target(&tmp.path().join("no-q.gguf"), drop("blk.6.attn_q.weight"));
+    let e = load_error(&p, 3);
+    assert!(
+        e.contains("tensor mtp.layers.0.self_attn.q_proj.weight (GGUF block blk.6.*) is missing"),
+        "{e}"
+    );
+    // Wrong shapes: fc, and a layer tensor.
+    let reshape = |name: &'static str, ne: Vec<u64>| {
+        move |_: &mut BTreeMap<String, GgufValue>, t: &mut Vec<TensorOut>| {
+            let x = t.iter_mut().find(|x| x.name == name).unwrap();
+            let n: u64 = ne.iter().product();
+            x.data.truncate(n as usize * 2);
+            x.ne = ne.clone();
+        }
+    };
+    let p = golden_gguf_target(
+        &tmp.path().join("bad-fc.gguf"),
+        reshape("blk.6.nextn.eh_proj.weight", vec![64, 64]),
+    );
+    let e = load_error(&p, 3);
+    assert!(
+        e.contains("tensor mtp.fc.weight (blk.6.nextn.eh_proj.weight) has shape [64, 64]")
+            && e.contains("[64, 128]"),
+        "{e}"
+    );
+    let p = golden_gguf_target(
+        &tmp.path().join("bad-k.gguf"),
+        reshape("blk.6.attn_k.weight", vec![64, 32]),
+    );
+    let e = load_error(&p, 3);
+    assert!(
+        e.contains("mtp.layers.0.self_attn.k_proj.weight (blk.6.attn_k.weight) has shape [32, 64]")
+            && e.contains("[64, 64]"),
+        "{e}"
+    );
+    // Two MTP blocks declared.
+    let p = golden_gguf_target(&tmp.path().join("two.gguf"), |meta, _| {
+        meta.insert("qwen35.block_count".into(), GgufValue::U32(8));
+        meta.insert("qwen35.nextn_predict_layers".into(), GgufValue::U32(2));
+    });
+    let e = load_error(&p, 3);
+    assert!(
+        e.contains("qwen35.nextn_predict_layers = 2") && e.contains("one layer"),
+        "{e}"
+    );
+    // A dedicated embedding (llama.cpp would read it; no Hugging Face head has one).
+    let p = golden_gguf_target(&tmp.path().join("own-embd.gguf"), |_, t| {
+        let embd = t.iter().find(|x| x.name == "token_embd.weight").unwrap();
+        let copy = TensorOut {
+            name: "blk.6.nextn.embed_tokens.weight".into(),
+            ne: embd.ne.clone(),
+            ty: embd.ty,
+            data: embd.data.clone(),
+        };
+        t.push(copy);
+    });
+    let e = load_error(&p, 3);
+    assert!(
+        e.contains("tensor blk.6.nextn.embed_tokens.weight is a dedicated MTP embedding"),
+        "{e}"
+    );
+}

@@ -13,10 +13,10 @@
 //! | `mtp.norm.weight` | [D] | zero-centred RMSNorm of the layer's output |
 //!
 //! The embedding and the LM head are the target's. GGUF (llama.cpp's `conversion/qwen.py`,
-//! `_Qwen35MtpMixin`): the layer is block `L` (`blk.{L}.*`) after the L decoder layers and the
+//! `_QwenMtpMixin`): the layer is block `L` (`blk.{L}.*`) after the L decoder layers and the
 //! rest `blk.{L}.nextn.{eh_proj, enorm, hnorm, shared_head_norm}`, with
-//! `{arch}.nextn_predict_layers`. draftlens does not read them back yet: a GGUF target's head is
-//! refused with a message (docs/mtp.md §4).
+//! `{arch}.nextn_predict_layers`; [`super::gguf::GgufHead`] presents them under the names above
+//! (docs/mtp.md §1.3).
 
 use crate::formats::gguf::GgufFile;
 use crate::formats::safetensors::SafetensorsWeights;
@@ -49,6 +49,10 @@ pub struct MtpHeadConfig {
     /// target's rule makes layer index 0 sparse (vLLM builds the layer with the target's decoder
     /// class and `extract_layer_index("mtp.layers.0") = 0`).
     pub layer_spec: ModelSpec,
+    /// The target's own spec (a GGUF head is read through the target's GGUF name map).
+    pub target_spec: ModelSpec,
+    /// A GGUF target: the block L (= the target's decoder layers) the head is stored in.
+    pub gguf_block: Option<usize>,
 }
 
 impl MtpHeadConfig {
@@ -77,15 +81,17 @@ impl MtpHeadConfig {
                 .unwrap_or(false);
             (format!("{} {key}", file.display()), n, dedicated)
         } else {
-            // llama.cpp writes the head as block L and `blk.{L}.nextn.*` (module doc); reading it
-            // back is not implemented (docs/mtp.md §4), so a GGUF target is refused either way.
+            // llama.cpp writes the head as block L and `blk.{L}.nextn.*` (module doc) and counts
+            // it in `{arch}.nextn_predict_layers`; no dedicated-embedding key exists there (a
+            // dedicated `nextn.embed_tokens` tensor is refused by `GgufHead::open`).
             let file = GgufFile::open(path)?;
             let arch = file.architecture().unwrap_or_default().to_owned();
             let key = format!("{arch}.nextn_predict_layers");
-            match file.metadata().get(&key).and_then(|v| v.as_u64()) {
-                None | Some(0) => bail!("{p}: metadata {key} is absent or 0: this GGUF target carries no MTP head (llama.cpp's converter keeps it only for Qwen3.5 / Qwen3.6, and drops it with --no-mtp)"),
-                Some(n) => bail!("{p}: metadata {key} = {n}: this GGUF target carries an MTP head, but draftlens does not read MTP heads from GGUF files yet (docs/mtp.md §4); evaluate the Hugging Face checkpoint instead"),
+            let n = file.metadata().get(&key).and_then(|v| v.as_u64());
+            if matches!(n, None | Some(0)) {
+                bail!("{p}: metadata {key} is absent or 0: this GGUF target carries no MTP head (llama.cpp's converter writes it as block {} for Qwen3.5 / Qwen3.6 / Qwen3-Next checkpoints that have mtp.* tensors, unless run with --no-mtp)", spec.num_layers);
             }
+            (format!("{p}: metadata {key}"), n, false)
         };
         let num_layers = match declared {
             Some(0) => bail!("{source} = 0: this target declares no MTP head"),
@@ -105,6 +111,8 @@ impl MtpHeadConfig {
             source,
             num_layers,
             layer_spec: layer_spec(spec),
+            target_spec: spec.clone(),
+            gguf_block: (!path.is_dir()).then_some(spec.num_layers),
         })
     }
 
@@ -169,18 +177,34 @@ fn from_stored(name: &str) -> Option<String> {
 /// names (`model.layers.0.*` is `mtp.layers.0.*`); `mtp.fc` and the three norms under their own.
 pub struct MtpWeights {
     inner: Box<dyn WeightSource>,
+    /// A GGUF target's head block (for messages).
+    gguf_block: Option<usize>,
 }
 
 impl MtpWeights {
-    /// The head of the target folder `cfg.origin`, checked against `cfg`'s plan: a target
-    /// without any `mtp.*` tensor, a missing tensor (a partial head) or a wrong shape is one error
-    /// naming the file and the tensor, before anything is uploaded.
+    /// The head of the target `cfg.origin` (a checkpoint folder, or a GGUF file through
+    /// [`super::gguf::GgufHead`]), checked against `cfg`'s plan: a target without any `mtp.*`
+    /// tensor, a missing tensor (a partial head) or a wrong shape is one error naming the file
+    /// and the tensor (its GGUF name too), before anything is uploaded.
     pub fn open(cfg: &MtpHeadConfig) -> Result<MtpWeights> {
+        let inner: Box<dyn WeightSource> = match cfg.gguf_block {
+            Some(_) => Box::new(super::gguf::GgufHead::open(&cfg.origin, &cfg.target_spec)?),
+            None => Box::new(SafetensorsWeights::open(&cfg.origin)?),
+        };
         let w = MtpWeights {
-            inner: Box::new(SafetensorsWeights::open(&cfg.origin)?),
+            inner,
+            gguf_block: cfg.gguf_block,
         };
         w.check(cfg)?;
         Ok(w)
+    }
+
+    /// A head tensor's name for messages: with its GGUF name (or block) in a GGUF target.
+    fn label(&self, name: &str) -> String {
+        match self.gguf_block {
+            Some(b) => super::gguf::stored_label(name, b),
+            None => name.to_owned(),
+        }
     }
 
     fn check(&self, cfg: &MtpHeadConfig) -> Result<()> {
@@ -210,7 +234,8 @@ impl MtpWeights {
         for (name, shape) in cfg.tensor_plan() {
             match by_name.get(name.as_str()) {
                 None => bail!(
-                    "{p}: tensor {name} is missing: the MTP head is partial ({} of its tensors are stored, {} are needed)",
+                    "{p}: tensor {} is missing: the MTP head is partial ({} of its tensors are stored, {} are needed)",
+                    self.label(&name),
                     head.len(),
                     cfg.tensor_plan().len()
                 ),

@@ -4,13 +4,15 @@
 //! (`super::eagle3`), so every metric, the web UI and the plugins read MTP runs unchanged.
 //!
 //! - [`head`]: which `config.json` keys / GGUF metadata say the target has a head, the checkpoint
-//!   layout under its stored names (safetensors `mtp.*`; GGUF: llama.cpp's `blk.{L}.nextn.*`),
-//!   and the checks that refuse a missing or partial head before anything is computed;
+//!   layout under its stored names (safetensors `mtp.*`), and the checks that refuse a missing or
+//!   partial head before anything is computed;
+//! - [`gguf`]: a GGUF target's head (llama.cpp's block L and `blk.{L}.nextn.*`) under those names;
 //! - [`model`]: the head over the backend seam (the context rows, the K-step chain).
 //!
 //! The user names the drafter `target:mtp` (K = [`DEFAULT_STEPS`]) or `target:mtp:K` on `run
 //! --drafter`: the head is the target's own, so there is no checkpoint folder.
 
+pub mod gguf;
 pub mod head;
 pub mod model;
 
