@@ -6,8 +6,7 @@ use crate::metrics_json::{by_source, scoped, BySource, ScopedMetrics, SCHEMA_VER
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use draftlens_engine::backend::{dispatch, Backend, BackendJob, DEFAULT_CUDA_DEVICE};
-use draftlens_engine::drafter::config::DrafterFamily;
-use draftlens_engine::drafter::eval::Drafter;
+use draftlens_engine::drafter::eagle3::TreeShape;
 use draftlens_engine::drafter::eval::{EvalOptions, Labels};
 use draftlens_engine::drafter::lint::{lint, Severity};
 use draftlens_engine::drafter::live::{first_divergence, live_decode, load_drafter, LiveDrafter};
@@ -104,6 +103,12 @@ pub struct RunArgs {
     /// How drafts are chosen at T > 0 [default: sampled].
     #[arg(long, value_enum)]
     pub draft_sampling: Option<DraftSamplingArg>,
+    /// Also evaluate an EAGLE-3 drafter's dynamic tree (docs/eagle3.md §3.1): TOPK children per
+    /// expanded node and kept per depth, TOTAL tokens per tree with the root (SGLang's
+    /// --speculative-eagle-topk and --speculative-num-draft-tokens), depth = the chain's K. Adds
+    /// the tree's τ (eagle3_tree_tau_*) next to the chain's.
+    #[arg(long, value_name = "TOPK,TOTAL", value_parser = parse_eagle3_tree)]
+    pub eagle3_tree: Option<TreeShape>,
     /// Stop with an error after N prompts (for testing interruption).
     #[arg(long, hide = true)]
     pub fail_after: Option<usize>,
@@ -173,6 +178,7 @@ impl BackendJob for RunJob<'_> {
             labels: a.labels,
             anchor_batch: a.anchors.anchor_batch,
             sampling: run_sampling(a)?,
+            eagle3_tree: a.eagle3_tree,
         };
         let mut outs = Vec::new();
         for spec in &specs {
@@ -304,6 +310,10 @@ pub enum DraftSamplingArg {
 fn parse_temperature(s: &str) -> Result<f64, String> {
     let t = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
     check_temperature(t).map_err(|e| e.to_string())
+}
+
+fn parse_eagle3_tree(s: &str) -> Result<TreeShape, String> {
+    TreeShape::parse(s).map_err(|e| format!("{e:#}"))
 }
 
 fn parse_top_p(s: &str) -> Result<f64, String> {
@@ -443,19 +453,6 @@ impl LiveArgs {
                 "--baseline and --store time greedy decoding: they apply at --temperature 0 only"
             );
         }
-        if params.is_some() && self.mtp_steps()?.is_some() {
-            bail!("--temperature: live speculative sampling needs the drafter's distribution q, which is defined here for DFlash drafters only; an MTP head drafts its chain greedily (docs/live.md §1): use --temperature 0");
-        }
-        if params.is_some() {
-            let family = match DrafterFamily::detect(&self.drafter)? {
-                DrafterFamily::DFlash => None,
-                DrafterFamily::Eagle3 => Some("an EAGLE-3 drafter, whose chain"),
-                DrafterFamily::DFlash2 => Some("a DFlash2 drafter, whose selector path"),
-            };
-            if let Some(what) = family {
-                bail!("{}: --temperature: live speculative sampling needs the drafter's distribution q, which is defined here for DFlash drafters only; this is {what} is drafted greedily (docs/live.md §1): use --temperature 0", self.drafter.display());
-            }
-        }
         Ok(params.map(|p| (p, self.seed.unwrap_or(0))))
     }
 }
@@ -553,13 +550,10 @@ impl BackendJob for LiveJob<'_> {
                 // A sample equals greedy decoding only by chance: no divergence to report.
                 let mut rng = SamplingRng::for_prompt(*seed, prompt_stream(&p.hash())?);
                 let max_new = a.target.max_new_tokens;
-                let Drafter::DFlash(d) = &d else {
-                    bail!("live speculative sampling is defined for DFlash drafters only");
-                };
                 let live = live_decode_sampled(
                     &s.be,
                     s.model()?,
-                    d,
+                    &d,
                     &ids,
                     max_new,
                     &eos,

@@ -120,6 +120,7 @@ pub(crate) fn eval_options(a: &WatchArgs) -> EvalOptions {
         labels: Labels::Target,
         anchor_batch: a.anchors.anchor_batch,
         sampling: None,
+        eagle3_tree: None,
     }
 }
 

@@ -68,6 +68,10 @@ pub struct EvalOptions {
     /// greedy run's settings, identity and cache keys stay byte for byte what they were.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<super::sampling::SampledEval>,
+    /// EAGLE-3's dynamic draft tree evaluated next to the chain (`run --eagle3-tree`,
+    /// docs/eagle3.md §3.1); not serialised when absent, as `sampling`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eagle3_tree: Option<super::eagle3::TreeShape>,
 }
 
 impl Default for EvalOptions {
@@ -80,6 +84,7 @@ impl Default for EvalOptions {
             labels: Labels::Target,
             anchor_batch: DEFAULT_ANCHOR_BATCH,
             sampling: None,
+            eagle3_tree: None,
         }
     }
 }

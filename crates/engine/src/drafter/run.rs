@@ -211,6 +211,10 @@ pub fn run_eval_shard<B: Backend>(
     if let (DrafterFamily::DFlash2, DrafterSpec::Checkpoint { dir, .. }) = (drafter.family, spec) {
         super::dflash2::check_options(dir, &opts.eval)?;
     }
+    if let Some(tree) = &opts.eval.eagle3_tree {
+        let target = &s.files.spec;
+        super::eagle3::tree::check_run(tree, drafter.family, spec, target, &opts.eval)?;
+    }
     let taps = drafter.target_layer_ids.len();
     // Before the run is created or anything computed: every prompt must fit on the device.
     s.check_prompts_fit(&chosen, opts.max_new_tokens, taps)?;
@@ -227,7 +231,12 @@ pub fn run_eval_shard<B: Backend>(
     let run_id = store.create_eval_run(&identity.new_run(), &identity.run_eval()?)?;
     drop(_setup);
     let name = identity.name;
-    let records_sha = identity.drafter.records_sha();
+    // A tree run drafts every prompt: its trees need the drafter's passes, which cached
+    // records would skip.
+    let records_sha = match opts.eval.eagle3_tree {
+        Some(_) => None,
+        None => identity.drafter.records_sha(),
+    };
     let result = evaluate_prompts(
         s,
         &drafter,
@@ -247,12 +256,16 @@ pub fn run_eval_shard<B: Backend>(
         tracing::warn!("some cache entries were not written: {e:#}");
     }
     match result {
-        Ok((infos, all, timings)) => {
+        Ok((infos, all, timings, trees)) => {
             let _phase = crate::timeline::phase("metrics");
             let tm = Instant::now();
             let mut metrics = summarize(&all, &infos);
             if let Some(sampling) = &opts.eval.sampling {
                 metrics.extend(sampled_rows(&all, &infos, &sampling.params));
+            }
+            if let Some(tree) = &opts.eval.eagle3_tree {
+                let depth = drafter.block_size - 1;
+                metrics.extend(super::eagle3::tree::tree_rows(tree, depth, &infos, &trees));
             }
             store.add_metrics(run_id, &metrics)?;
             let metrics_s = tm.elapsed().as_secs_f64();
@@ -300,9 +313,15 @@ pub fn run_eval_shard<B: Backend>(
     }
 }
 
-/// Prompt infos, all records, and (target seconds, drafter seconds, prompts whose records came
-/// from the cache, prompts whose drafter context came from taps on the device).
-type Evaluated = (Vec<PromptInfo>, RecordBatch, (f64, f64, usize, usize));
+/// Prompt infos, all records, (target seconds, drafter seconds, prompts whose records came
+/// from the cache, prompts whose drafter context came from taps on the device), and the EAGLE-3
+/// trees' accepted lengths of a `--eagle3-tree` run (empty otherwise).
+type Evaluated = (
+    Vec<PromptInfo>,
+    RecordBatch,
+    (f64, f64, usize, usize),
+    Vec<super::eagle3::tree::PromptTree>,
+);
 
 /// A prompt whose sequence is known and whose target pass waits for its pack.
 struct Pending {
@@ -344,6 +363,7 @@ fn evaluate_prompts<B: Backend>(
                 ev.records_cached,
                 ev.contexts_from_device,
             ),
+            ev.eagle3_trees,
         ))
     })
 }
@@ -373,6 +393,7 @@ fn evaluation<'a, 's, B: Backend>(
         records_sha,
         records_cached: 0,
         contexts_from_device: 0,
+        eagle3_trees: Vec::new(),
         pb: crate::progress::bar(selected.len() as u64, "evaluate"),
         total: selected.len(),
     };
@@ -554,6 +575,8 @@ struct Evaluation<'a, 's, B: Backend> {
     /// Prompts whose drafter context was built from taps still on the device
     /// (`Session::target_passes_for_drafting`), not uploaded from host copies.
     contexts_from_device: usize,
+    /// Per prompt, the EAGLE-3 tree's accepted lengths (`--eagle3-tree` runs only).
+    eagle3_trees: Vec<super::eagle3::tree::PromptTree>,
     pb: indicatif::ProgressBar,
     /// Prompts this run evaluates.
     total: usize,
@@ -759,6 +782,14 @@ impl<B: Backend> Evaluation<'_, '_, B> {
             Drafter::Oracle { .. } | Drafter::AntiOracle { .. } => {}
         }
         let rec = evaluate_sequence(&s.be, target, drafter, &seq, &opts.eval)?;
+        if let (Some(shape), Drafter::Eagle3(d)) = (opts.eval.eagle3_tree, drafter) {
+            let (be, head) = (&s.be, target.head());
+            let accepted =
+                super::eagle3::tree::tree_accepted(be, head, d, &seq, shape, &opts.eval)?;
+            let index = w.index as u32;
+            self.eagle3_trees
+                .push(super::eagle3::tree::PromptTree { index, accepted });
+        }
         self.draft_s += t.elapsed().as_secs_f64();
         Ok(rec)
     }

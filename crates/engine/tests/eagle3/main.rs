@@ -14,11 +14,13 @@
 //!     tensor, from `lint` (which `run` applies before anything is computed) and from the loader;
 //! (e) `run` end to end on the default target: lint says what it found, the run stores the kind
 //!     eagle3, its records, and a rerun reads them back from the records cache; `--mask
-//!     inclusive` is refused before a run exists.
+//!     inclusive` is refused before a run exists;
+//! the dynamic draft tree (`run --eagle3-tree`) is checked in tree.rs.
 
 mod checkpoints;
 #[path = "../golden_util/mod.rs"]
 mod golden_util;
+mod tree;
 
 use checkpoints::*;
 use draftlens_engine::backend::cpu::CpuBackend;

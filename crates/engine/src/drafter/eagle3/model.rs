@@ -84,7 +84,7 @@ pub struct Eagle3Drafter<B: Backend> {
     norm: RmsNorm<B>,
     /// `[draft_vocab, D]`.
     lm_head: B::Matrix,
-    shape: AttnShape,
+    pub(super) shape: AttnShape,
 }
 
 /// The drafter's state over one sequence: context rows 0..len, row j = (feature g_j, token
@@ -99,11 +99,11 @@ pub struct Eagle3Context<B: Backend> {
 }
 
 /// q, k and v of some midlayer rows (RoPE applied), and the rows' residual.
-struct Projected<B: Backend> {
-    q: B::Tensor,
-    k: B::Tensor,
-    v: B::Tensor,
-    residual: B::Tensor,
+pub(super) struct Projected<B: Backend> {
+    pub(super) q: B::Tensor,
+    pub(super) k: B::Tensor,
+    pub(super) v: B::Tensor,
+    pub(super) residual: B::Tensor,
 }
 
 impl<B: Backend> Eagle3Drafter<B> {
@@ -178,7 +178,10 @@ impl<B: Backend> Eagle3Drafter<B> {
         self.embed_tokens.is_none()
     }
 
-    fn embedding<'a>(&'a self, target: Option<&'a dyn EmbedHead<B>>) -> Result<&'a B::Matrix> {
+    pub(super) fn embedding<'a>(
+        &'a self,
+        target: Option<&'a dyn EmbedHead<B>>,
+    ) -> Result<&'a B::Matrix> {
         match (&self.embed_tokens, target) {
             (Some(own), _) => Ok(own),
             (None, Some(t)) => Ok(t.embed_tokens()),
@@ -316,7 +319,7 @@ impl<B: Backend> Eagle3Drafter<B> {
     }
 
     /// The midlayer up to attention for rows of (token embedding, hidden state) at `positions`.
-    fn project(
+    pub(super) fn project(
         &self,
         be: &B,
         emb: &B::Tensor,
@@ -353,7 +356,7 @@ impl<B: Backend> Eagle3Drafter<B> {
     }
 
     /// The midlayer after attention: o_proj + residual, then the MLP block; the pre-norm output.
-    fn finish(&self, be: &B, o: &B::Tensor, mut h: B::Tensor) -> Result<B::Tensor> {
+    pub(super) fn finish(&self, be: &B, o: &B::Tensor, mut h: B::Tensor) -> Result<B::Tensor> {
         be.add_inplace(&mut h, &be.matmul(o, &self.o_proj)?)?;
         let g = self.post_attention_layernorm.forward(be, &h)?;
         self.mlp.forward_acc(be, &g, &mut h)?;
@@ -370,7 +373,7 @@ impl<B: Backend> Eagle3Drafter<B> {
     }
 
     /// Top-`k` of the draft logits of pre-norm states `h`, ids mapped to the target's.
-    fn head_topk(&self, be: &B, h: &B::Tensor, k: usize) -> Result<TopK> {
+    pub(super) fn head_topk(&self, be: &B, h: &B::Tensor, k: usize) -> Result<TopK> {
         let mut top = be.lm_head_topk(&self.norm.forward(be, h)?, &self.lm_head, k)?;
         for id in top.ids.iter_mut() {
             *id = self.vocab.target_of[*id as usize];
@@ -390,29 +393,39 @@ impl<B: Backend> Eagle3Drafter<B> {
         anchors: &[usize],
         top_k: usize,
     ) -> Result<TopK> {
-        let n = anchors.len();
-        let steps = self.cfg.steps;
-        if let Some(&bad) = anchors.iter().find(|&&a| a == 0 || a > ctx.len) {
-            bail!(
-                "EAGLE-3 anchor {bad} needs context row {} (the sequence's context has rows 0..{})",
-                bad as i64 - 1,
-                ctx.len
-            );
-        }
+        check_anchors(ctx, anchors)?;
         let draft_vocab = self.vocab.target_of.len();
         if top_k == 0 || top_k > draft_vocab {
             bail!("top-K {top_k} must be 1..{draft_vocab} (the drafter's draft_vocab_size)");
         }
+        super::super::chain::draft_topk(self, be, target, ctx, anchors, top_k)
+    }
+}
+
+/// The chain step by step (`super::super::chain`): the greedy records above and live sampling
+/// at T > 0 run it. The states handed to `choose` are norm(h') of each step, which the drafter's
+/// `lm_head` scores over the draft vocabulary, ids mapped through `d2t`.
+impl<B: Backend> super::super::chain::ChainDrafter<B> for Eagle3Drafter<B> {
+    type Context = Eagle3Context<B>;
+
+    fn run_chain(
+        &self,
+        be: &B,
+        target: Option<&dyn EmbedHead<B>>,
+        ctx: &Eagle3Context<B>,
+        anchors: &[usize],
+        choose: &mut super::super::chain::Choose<'_, B>,
+    ) -> Result<()> {
+        check_anchors(ctx, anchors)?;
         let table = self.embedding(target)?;
         let _layers = crate::timeline::phase("drafter layers");
         let rows: Vec<u32> = anchors.iter().map(|&a| (a - 1) as u32).collect();
         let mut h = be.gather_rows(&ctx.hidden, &rows)?;
-        let mut per_step = vec![self.head_topk(be, &h, top_k)?];
+        let mut tokens = choose(&self.norm.forward(be, &h)?)?;
         // The chain's own rows (steps 2..s), anchor by anchor: what each anchor's queries see
         // after the context.
         let mut chain: super::super::chain::ChainRows<B> = None;
-        for s in 2..=steps {
-            let tokens = per_step.last().expect("step 1 is drafted").argmax();
+        for s in 2..=self.cfg.steps {
             let emb = be.embed(table, &tokens)?;
             let positions: Vec<u32> = anchors.iter().map(|&a| (a + s - 2) as u32).collect();
             let p = self.project(be, &emb, h, &positions)?;
@@ -430,22 +443,31 @@ impl<B: Backend> Eagle3Drafter<B> {
                 self.shape,
             )?;
             h = self.finish(be, &o, p.residual)?;
-            per_step.push(self.head_topk(be, &h, top_k)?);
+            tokens = choose(&self.norm.forward(be, &h)?)?;
         }
-        drop(_layers);
-        // Anchor-major rows, as the records lay out positions 1..K of each block.
-        let mut out = TopK {
-            rows: n * steps,
-            k: top_k,
-            ids: Vec::with_capacity(n * steps * top_k),
-            logprobs: Vec::with_capacity(n * steps * top_k),
-        };
-        for i in 0..n {
-            for step in &per_step {
-                out.ids.extend_from_slice(step.row_ids(i));
-                out.logprobs.extend_from_slice(step.row_logprobs(i));
-            }
-        }
-        Ok(out)
+        Ok(())
     }
+
+    fn scoring_head<'a>(
+        &'a self,
+        _target: Option<&'a dyn EmbedHead<B>>,
+    ) -> Result<crate::drafter::sampling::ScoringHead<'a, B>> {
+        Ok(crate::drafter::sampling::ScoringHead {
+            matrix: &self.lm_head,
+            rows: self.vocab.target_of.len(),
+            target_of: Some(&self.vocab.target_of),
+        })
+    }
+}
+
+/// Every anchor a must have its step-1 row, context row a − 1 (1 ≤ a ≤ `ctx.len`).
+pub(super) fn check_anchors<B: Backend>(ctx: &Eagle3Context<B>, anchors: &[usize]) -> Result<()> {
+    if let Some(&bad) = anchors.iter().find(|&&a| a == 0 || a > ctx.len) {
+        bail!(
+            "EAGLE-3 anchor {bad} needs context row {} (the sequence's context has rows 0..{})",
+            bad as i64 - 1,
+            ctx.len
+        );
+    }
+    Ok(())
 }
