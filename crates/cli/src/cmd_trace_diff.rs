@@ -18,9 +18,9 @@ use draftlens_engine::drafter::eval::{
 };
 use draftlens_engine::drafter::lint::{lint, Severity};
 use draftlens_engine::drafter::DFlashDrafter;
+use draftlens_engine::identity::IdentityStore;
 use draftlens_engine::model::Capture;
 use draftlens_engine::session::{Session, SessionOptions};
-use draftlens_engine::identity::IdentityStore;
 use draftlens_results::metrics::{RunStats, STATS_KIND};
 use draftlens_results::store::{NewTraceDiff, RunInfo, RunPrompt, Store};
 use draftlens_results::text::printable;

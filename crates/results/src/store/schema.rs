@@ -252,7 +252,7 @@ CREATE INDEX run_by_family ON run(drafter_family);
     // each prompt where the reference commits another number of tokens than the engine did).
     r#"
 CREATE TABLE trace_diff (
-  id INTEGER PRIMARY KEY,
+  id INTEGER PRIMARY KEY AUTOINCREMENT,     -- never reused: a replaced diff gets a new id (links, caches)
   run_id INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
   drafter_path TEXT NOT NULL,
   drafter_sha256 TEXT NOT NULL,             -- of the reference drafter's weights file

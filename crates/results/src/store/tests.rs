@@ -79,7 +79,7 @@ fn migrates_from_empty_and_sets_pragmas() {
         )?;
         assert_eq!(
             tables,
-            "api_token,baseline,derived,import_log,metric,plugin_failure,plugin_run,record_chunk,run,run_eval,run_prompt,share,trace_diff,trace_diff_prompt,trace_diff_round,vocab,watch_checkpoint"
+            "api_token,baseline,derived,import_log,metric,plugin_failure,plugin_run,record_chunk,run,run_eval,run_prompt,share,sqlite_sequence,trace_diff,trace_diff_prompt,trace_diff_round,vocab,watch_checkpoint"
         );
         Ok(())
     })

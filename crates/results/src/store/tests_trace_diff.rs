@@ -100,19 +100,33 @@ fn a_diff_reads_back_as_written_and_a_second_diff_against_the_same_drafter_repla
     let id = s.put_trace_diff(run, &new_diff("a", &prompts)).unwrap();
     let (info, back) = s.trace_diff(id).unwrap().unwrap();
     assert_eq!(
-        (info.run_id, info.drafter_path.as_str(), info.drafter_sha256.as_str()),
+        (
+            info.run_id,
+            info.drafter_path.as_str(),
+            info.drafter_sha256.as_str()
+        ),
         (run, "drafters/ref/step-9", "a")
     );
     let mut sorted = prompts.clone();
     sorted.sort_by_key(|p| p.index);
     assert_eq!(back, sorted);
 
-    let other = s.put_trace_diff(run, &new_diff("b", &prompts[..1])).unwrap();
-    let again = s.put_trace_diff(run, &new_diff("a", &prompts[1..])).unwrap();
+    let other = s
+        .put_trace_diff(run, &new_diff("b", &prompts[..1]))
+        .unwrap();
+    let again = s
+        .put_trace_diff(run, &new_diff("a", &prompts[1..]))
+        .unwrap();
     assert!(s.trace_diff(id).unwrap().is_none(), "replaced");
     let listed: Vec<i64> = s.trace_diffs(run).unwrap().iter().map(|d| d.id).collect();
     assert_eq!(listed, [again, other], "newest first, one per drafter");
     assert_eq!(s.trace_diff(again).unwrap().unwrap().1.len(), 2);
+    // The newest row replaced: its id is not reused (a link or a cache keyed by it would
+    // otherwise name the new diff).
+    let third = s
+        .put_trace_diff(run, &new_diff("a", &prompts[1..]))
+        .unwrap();
+    assert_ne!(third, again);
 
     // Deleting the run deletes its diffs, their prompts and rounds.
     s.delete_run(run).unwrap();
@@ -143,30 +157,79 @@ fn a_bad_diff_stores_nothing() {
         vec![good.clone(), p]
     };
     let cases: Vec<(Vec<PromptDiff>, &str)> = vec![
-        (with(&|p| p.index = 7), "prompt 7 (p1): the run has no prompt 7"),
-        (with(&|p| p.id = "other".into()), "prompt 1 (other): the run's prompt 1 is \"p1\""),
-        (vec![good.clone(), good.clone()], "prompt 0 (p0): compared twice"),
-        (with(&|p| p.rounds_fewer = 9), "9 where the reference commits more"),
-        (with(&|p| p.rounds_fewer = 1), "1 where the reference commits more, 0 fewer and 2 listed"),
-        (with(&|p| p.first_rounds.swap(0, 1)), "listed round 0 is not in decode order"),
-        (with(&|p| p.first_rounds[1].round = 5), "listed round 5 is not in decode order within its 5 rounds"),
-        (with(&|p| p.first_rounds[0].engine = 3), "round 0: engine 3 and reference 3 tokens"),
-        (with(&|p| { p.first_rounds[0].reference_ids.pop(); }), "with 2 reference token ids"),
+        (
+            with(&|p| p.index = 7),
+            "prompt 7 (p1): the run has no prompt 7",
+        ),
+        (
+            with(&|p| p.id = "other".into()),
+            "prompt 1 (other): the run's prompt 1 is \"p1\"",
+        ),
+        (
+            vec![good.clone(), good.clone()],
+            "prompt 0 (p0): compared twice",
+        ),
+        (
+            with(&|p| p.rounds_fewer = 9),
+            "9 where the reference commits more",
+        ),
+        (
+            with(&|p| p.rounds_fewer = 1),
+            "1 where the reference commits more, 0 fewer and 2 listed",
+        ),
+        (
+            with(&|p| p.first_rounds.swap(0, 1)),
+            "listed round 0 is not in decode order",
+        ),
+        (
+            with(&|p| p.first_rounds[1].round = 5),
+            "listed round 5 is not in decode order within its 5 rounds",
+        ),
+        (
+            with(&|p| p.first_rounds[0].engine = 3),
+            "round 0: engine 3 and reference 3 tokens",
+        ),
+        (
+            with(&|p| {
+                p.first_rounds[0].reference_ids.pop();
+            }),
+            "with 2 reference token ids",
+        ),
         (with(&|p| p.departures = 0), "1 departures listed of 0"),
     ];
     for (prompts, expected) in cases {
-        let err = format!("{:#}", s.put_trace_diff(run, &new_diff("a", &prompts)).unwrap_err());
+        let err = format!(
+            "{:#}",
+            s.put_trace_diff(run, &new_diff("a", &prompts)).unwrap_err()
+        );
         assert!(err.contains(expected), "{err}\nexpected: {expected}");
         assert!(err.contains(&format!("trace diff of run {run}")), "{err}");
-        assert!(s.trace_diffs(run).unwrap().is_empty(), "{expected}: something was stored");
+        assert!(
+            s.trace_diffs(run).unwrap().is_empty(),
+            "{expected}: something was stored"
+        );
     }
-    let err = s.put_trace_diff(local, &new_diff("a", &[good.clone()])).unwrap_err();
-    assert!(format!("{err:#}").contains("is not a trace import"), "{err:#}");
-    let err = s.put_trace_diff(99, &new_diff("a", &[prompt(0, &[1])])).unwrap_err();
-    assert!(format!("{err:#}").contains("run 99 does not exist"), "{err:#}");
+    let err = s
+        .put_trace_diff(local, &new_diff("a", &[good.clone()]))
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("is not a trace import"),
+        "{err:#}"
+    );
+    let err = s
+        .put_trace_diff(99, &new_diff("a", &[prompt(0, &[1])]))
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("run 99 does not exist"),
+        "{err:#}"
+    );
     // A bad diff leaves an earlier good one as it was.
-    let id = s.put_trace_diff(run, &new_diff("a", &[prompt(0, &[1])])).unwrap();
-    assert!(s.put_trace_diff(run, &new_diff("a", &with(&|p| p.index = 7))).is_err());
+    let id = s
+        .put_trace_diff(run, &new_diff("a", &[prompt(0, &[1])]))
+        .unwrap();
+    assert!(s
+        .put_trace_diff(run, &new_diff("a", &with(&|p| p.index = 7)))
+        .is_err());
     assert_eq!(s.trace_diffs(run).unwrap()[0].id, id);
     assert_eq!(s.trace_diff(id).unwrap().unwrap().1, [prompt(0, &[1])]);
 }
@@ -186,6 +249,8 @@ fn a_v6_database_gains_the_trace_diff_tables() {
     let s = Store::open(&path).unwrap();
     assert_eq!(s.schema_version().unwrap(), 7);
     let run = finished_run(&s, "r1", "trace:jsonl:t.jsonl");
-    let id = s.put_trace_diff(run, &new_diff("a", &[prompt(0, &[2])])).unwrap();
+    let id = s
+        .put_trace_diff(run, &new_diff("a", &[prompt(0, &[2])]))
+        .unwrap();
     assert_eq!(s.trace_diff(id).unwrap().unwrap().1, [prompt(0, &[2])]);
 }

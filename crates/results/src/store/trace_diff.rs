@@ -101,7 +101,11 @@ impl Store {
         let what = self.what();
         self.read(|c| {
             let info = c
-                .query_row("SELECT * FROM trace_diff WHERE id = ?1", [diff], info_from_row)
+                .query_row(
+                    "SELECT * FROM trace_diff WHERE id = ?1",
+                    [diff],
+                    info_from_row,
+                )
                 .optional()?;
             let Some(info) = info else { return Ok(None) };
             let mut rounds: HashMap<u32, Vec<RoundDiff>> = HashMap::new();
@@ -135,7 +139,9 @@ impl Store {
                 let index: u32 = r.get("idx")?;
                 let departures: String = r.get("first_departures_json")?;
                 let first_departures: Vec<(usize, u32, u32)> = serde_json::from_str(&departures)
-                    .with_context(|| format!("{what}: trace diff {diff} prompt {index}: departures"))?;
+                    .with_context(|| {
+                        format!("{what}: trace diff {diff} prompt {index}: departures")
+                    })?;
                 prompts.push(PromptDiff {
                     index,
                     id: r.get("prompt_id")?,
@@ -178,11 +184,7 @@ fn info_from_row(r: &Row) -> rusqlite::Result<TraceDiffInfo> {
 }
 
 /// One prompt's comparison against the run's prompts (`ids`: index → prompt id) and itself.
-fn check_prompt(
-    p: &PromptDiff,
-    ids: &HashMap<u32, String>,
-    seen: &mut HashSet<u32>,
-) -> Result<()> {
+fn check_prompt(p: &PromptDiff, ids: &HashMap<u32, String>, seen: &mut HashSet<u32>) -> Result<()> {
     let at = format!("prompt {} ({})", p.index, crate::text::printable(&p.id));
     match ids.get(&p.index) {
         None => bail!("{at}: the run has no prompt {}", p.index),
@@ -209,7 +211,11 @@ fn check_prompt(
     let mut previous: Option<usize> = None;
     for r in &p.first_rounds {
         if r.round as u64 >= p.rounds || previous.is_some_and(|q| r.round <= q) {
-            bail!("{at}: listed round {} is not in decode order within its {} rounds", r.round, p.rounds);
+            bail!(
+                "{at}: listed round {} is not in decode order within its {} rounds",
+                r.round,
+                p.rounds
+            );
         }
         if r.engine == r.reference || r.reference_ids.len() != r.reference as usize {
             bail!(

@@ -120,7 +120,7 @@ pub fn delta_text(d: &Option<DiffDelta>) -> String {
 }
 
 /// The counts line: prompts, engine rounds, rounds where the reference commits more and fewer.
-pub fn rounds_text(s: &DiffSummary) -> String {
+fn rounds_text(s: &DiffSummary) -> String {
     format!(
         "{} prompts, {} engine rounds: the reference commits more in {}, fewer in {}",
         s.prompts, s.rounds, s.rounds_fewer, s.rounds_more
@@ -128,7 +128,7 @@ pub fn rounds_text(s: &DiffSummary) -> String {
 }
 
 /// The departures line (None when the engine's output is the target's greedy one throughout).
-pub fn departures_text(s: &DiffSummary) -> Option<String> {
+fn departures_text(s: &DiffSummary) -> Option<String> {
     (s.departures > 0).then(|| {
         format!(
             "the engine's output departs from the target's greedy token at {} positions in {} prompts",
@@ -138,7 +138,7 @@ pub fn departures_text(s: &DiffSummary) -> Option<String> {
 }
 
 /// The heading of the corrections the import applied.
-pub const CORRECTIONS_HEADING: &str = "corrections applied at import";
+const CORRECTIONS_HEADING: &str = "corrections applied at import";
 
 /// The summary's lines as `trace diff` prints them after its first line (each without its
 /// indentation): the counts, τ, the tokens lost per round, the departures, the verdict and
@@ -265,7 +265,11 @@ pub fn drill_down(store: &Store, run: &RunInfo, diff: Option<i64>) -> Result<Opt
     let mut listed = Vec::new();
     for p in prompts.iter().filter(|p| !p.first_rounds.is_empty()) {
         let Some(stored) = store.prompt(run.id, p.index)? else {
-            anyhow::bail!("run {}: the diffed prompt {} is not stored", run.id, p.index)
+            anyhow::bail!(
+                "run {}: the diffed prompt {} is not stored",
+                run.id,
+                p.index
+            )
         };
         let engine_ids = |from: u32, n: u32| -> Vec<u32> {
             let from = from as usize + 1;
@@ -339,8 +343,10 @@ mod tests {
         let lost = s.tokens_lost_per_round.clone().unwrap();
         assert_eq!(lost.value, 0.0);
         assert!(
-            s.verdict.starts_with("consistent: +0.000 tokens per round (95% CI [")
-                && s.verdict.ends_with("BCa bootstrap over 24 prompts includes 0)"),
+            s.verdict
+                .starts_with("consistent: +0.000 tokens per round (95% CI [")
+                && s.verdict
+                    .ends_with("BCa bootstrap over 24 prompts includes 0)"),
             "{}",
             s.verdict
         );
@@ -355,10 +361,16 @@ mod tests {
         let lost_rounds: u64 = (0..24u64).filter(|i| i % 2 == 0).map(|i| 4 + i % 3).sum();
         let expected = lost_rounds as f64 / rounds as f64;
         let lost = s.tokens_lost_per_round.clone().unwrap();
-        assert!((lost.value - expected).abs() < 1e-12, "{} vs {expected}", lost.value);
+        assert!(
+            (lost.value - expected).abs() < 1e-12,
+            "{} vs {expected}",
+            lost.value
+        );
         assert!(lost.interval.unwrap().lo > 0.0);
         assert!(
-            s.verdict.starts_with(&format!("the integration loses {expected:.3} tokens per round")),
+            s.verdict.starts_with(&format!(
+                "the integration loses {expected:.3} tokens per round"
+            )),
             "{}",
             s.verdict
         );
@@ -376,7 +388,12 @@ mod tests {
             "no verdict: 5 prompts, a verdict needs at least 20 (docs/metrics.md §8)"
         );
         assert_eq!(
-            s.tokens_lost_per_round.as_ref().unwrap().interval.unwrap().method,
+            s.tokens_lost_per_round
+                .as_ref()
+                .unwrap()
+                .interval
+                .unwrap()
+                .method,
             crate::stats::IntervalMethod::PairedT
         );
         let c = StoredCorrection {
@@ -389,21 +406,35 @@ mod tests {
             },
         };
         let lines = summary_lines(&s, &[c.clone()]);
-        assert_eq!(lines[0], "5 prompts, 20 engine rounds: the reference commits more in 20, fewer in 0");
+        assert_eq!(
+            lines[0],
+            "5 prompts, 20 engine rounds: the reference commits more in 20, fewer in 0"
+        );
         assert!(
-            lines[1].starts_with("τ engine 2.0000 · reference 3.0000 on the same tokens · Δ +1.0000 ["),
+            lines[1]
+                .starts_with("τ engine 2.0000 · reference 3.0000 on the same tokens · Δ +1.0000 ["),
             "{}",
             lines[1]
         );
-        assert!(lines[2].starts_with("tokens lost per engine round +1.0000 ["), "{}", lines[2]);
+        assert!(
+            lines[2].starts_with("tokens lost per engine round +1.0000 ["),
+            "{}",
+            lines[2]
+        );
         assert_eq!(lines[3], s.verdict);
         assert_eq!(lines[4], "corrections applied at import:");
         assert_eq!(
             lines[5],
             "  bonus-token                 5 requests      20 rounds       20 tokens  each round also commits the target's own token"
         );
-        assert_eq!(summary_lines(&s, &[]).last().unwrap(), "corrections applied at import: none");
+        assert_eq!(
+            summary_lines(&s, &[]).last().unwrap(),
+            "corrections applied at import: none"
+        );
         // No prompt with a round: no τ, no verdict.
-        assert_eq!(summarize(&[], "uid").verdict, "no verdict: no prompt has a verify round");
+        assert_eq!(
+            summarize(&[], "uid").verdict,
+            "no verdict: no prompt has a verify round"
+        );
     }
 }

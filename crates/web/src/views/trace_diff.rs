@@ -5,10 +5,7 @@
 //! which the browser test reads back.
 
 use super::{link, page, Ctx};
-use crate::compare::trace_diff::{
-    delta_text, departures_text, rounds_text, tau_text, DiffDelta, DiffSummary, DrillDown,
-    DrillPrompt, CORRECTIONS_HEADING,
-};
+use crate::compare::trace_diff::{summary_lines, DiffDelta, DiffSummary, DrillDown, DrillPrompt};
 use crate::compare::Comparison;
 use draftlens_results::store::{RunInfo, TraceDiffInfo};
 use draftlens_results::trace::StoredCorrection;
@@ -44,32 +41,21 @@ fn made_with(d: &TraceDiffInfo) -> Markup {
     }
 }
 
-/// The summary as `trace diff` prints it: counts, τ with the paired interval, tokens lost per
-/// round, departures, the verdict and the import's corrections.
+/// The summary as `trace diff` prints it, line for line (`summary_lines`: counts, τ with the
+/// paired interval, tokens lost per round, departures, the verdict, the import's corrections),
+/// with the numbers at full precision in `data-*` attributes.
 fn summary(s: &DiffSummary, corrections: &[StoredCorrection]) -> Markup {
     let (dv, dlo, dhi) = delta_data(&s.tau_delta);
     let (lv, llo, lhi) = delta_data(&s.tokens_lost_per_round);
     html! {
-        p class="tdiff-rounds" data-prompts=(s.prompts) data-rounds=(s.rounds) data-fewer=(s.rounds_fewer) data-more=(s.rounds_more) { (rounds_text(s)) }
-        table class="mech tdiff-summary" {
-            thead { tr { th class="num" { "τ engine" } th class="num" { "τ reference (same tokens)" } th class="num" { "Δ reference − engine (95% CI)" } th class="num" { "tokens lost per engine round (95% CI)" } } }
-            tbody { tr {
-                td class="num engine-tau" data-value=(data(s.engine_tau_pooled)) { (tau_text(s.engine_tau_pooled)) }
-                td class="num reference-tau" data-value=(data(s.reference_tau_pooled)) { (tau_text(s.reference_tau_pooled)) }
-                td class="num tau-delta" data-value=(dv) data-lo=(dlo) data-hi=(dhi) { (delta_text(&s.tau_delta)) }
-                td class="num lost" data-value=(lv) data-lo=(llo) data-hi=(lhi) { (delta_text(&s.tokens_lost_per_round)) }
-            } }
-        }
-        @if let Some(d) = departures_text(s) { p class="departures" { (d) } }
-        p class="verdict-line" { strong { (s.verdict) } }
-        div class="corrections" {
-            @if corrections.is_empty() {
-                span class="sub" { (CORRECTIONS_HEADING) ": none" }
-            } @else {
-                span class="sub" { (CORRECTIONS_HEADING) ":" }
-                pre class="correction-lines" style="margin:4px 0 0; white-space:pre-wrap" {
-                    @for c in corrections { span class="correction" data-name=(c.name) { (c.line()) } "\n" }
-                }
+        div class="tdiff-summary" style="font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace; font-size:13px; white-space:pre-wrap; margin:8px 0"
+            data-prompts=(s.prompts) data-rounds=(s.rounds) data-fewer=(s.rounds_fewer) data-more=(s.rounds_more)
+            data-engine-tau=(data(s.engine_tau_pooled)) data-reference-tau=(data(s.reference_tau_pooled))
+            data-tau-delta=(dv) data-tau-lo=(dlo) data-tau-hi=(dhi)
+            data-lost=(lv) data-lost-lo=(llo) data-lost-hi=(lhi) data-departures=(s.departures) {
+            @for line in summary_lines(s, corrections) {
+                @if line == s.verdict { div class="line verdict-line" { strong { (line) } } }
+                @else { div class="line" { (line) } }
             }
         }
     }
@@ -115,11 +101,7 @@ fn text_of(vocab: Option<&[String]>, ids: &[u32]) -> String {
 }
 
 fn tokens(vocab: Option<&[String]>, class: &str, n: u32, ids: &[u32]) -> Markup {
-    let ids_text = ids
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(" ");
+    let ids_text = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
     html! {
         td class=(class) data-count=(n) data-ids=(ids_text) {
             strong { (n) } " "
