@@ -1,6 +1,9 @@
 //! Speculative sampling at T > 0 on the CPU reference, with a tiny random target and a random
 //! DFlash drafter (`docs/metrics.md` §7, `crates/engine/src/drafter/sampling.rs`):
 //!
+//! The chi-square machinery, the wrong rules and the interval are in `sampling_util/` (shared with
+//! the other families' T > 0 tests).
+//!
 //! 1. **Lossless in distribution.** For one prompt, the tokens at generated positions 1..3 from
 //!    speculative sampling over many seeds are tested against the target's exact marginals
 //!    (enumerated: every continuation weighted by its probability, so the reference carries no
@@ -29,13 +32,14 @@ use draftlens_engine::drafter::sampling::{
 use draftlens_engine::drafter::DFlashDrafter;
 use draftlens_engine::model::random::{qwen3_8b_spec, RandomWeights};
 use draftlens_engine::model::{Capture, ModelSpec, TargetModel};
-use draftlens_records::sampling::{accepts, residual, Dist, DraftSampling, SamplingParams};
+use draftlens_records::sampling::{Dist, DraftSampling, SamplingParams};
 use draftlens_records::RecordBatch;
 use draftlens_results::metrics::{sampled_rows, PromptInfo};
 use draftlens_results::store::MetricScope;
+use sampling_util::*;
 
-/// Significance level of each chi-square test.
-const LEVEL: f64 = 1e-3;
+mod sampling_util;
+
 const VOCAB: usize = 16;
 const PROMPT: [u32; 6] = [3, 11, 7, 2, 14, 5];
 
@@ -181,251 +185,6 @@ impl Setup {
     }
 }
 
-/// Counts of the token at generated positions 0..=depth over `n` outputs of `generate(seed)`.
-fn tally(n: u64, depth: usize, mut generate: impl FnMut(u64) -> Vec<u32>) -> Vec<Vec<u64>> {
-    let mut counts = vec![vec![0u64; VOCAB]; depth + 1];
-    for seed in 0..n {
-        let ids = generate(seed);
-        assert_eq!(ids.len(), depth + 1, "seed {seed}: {ids:?}");
-        for (j, &x) in ids.iter().enumerate() {
-            counts[j][x as usize] += 1;
-        }
-    }
-    counts
-}
-
-// ---------------------------------------------------------------------------------------------
-// Chi-square machinery: cells, the regularised incomplete gamma function, power.
-// ---------------------------------------------------------------------------------------------
-
-/// Cells of a goodness-of-fit test over `n` draws from `probs`: categories with an expected count
-/// of at least 5 stay alone, the others are pooled into one cell (itself folded into the smallest
-/// cell when it would expect fewer than 5). Returns the cell of each category and the cell count.
-fn cells(probs: &[f64], n: u64) -> (Vec<Option<usize>>, usize) {
-    let expected = |p: f64| p * n as f64;
-    let mut cell = vec![None; probs.len()];
-    let mut next = 0;
-    for (c, &p) in probs.iter().enumerate() {
-        if expected(p) >= 5.0 {
-            cell[c] = Some(next);
-            next += 1;
-        }
-    }
-    let rest: f64 = probs
-        .iter()
-        .zip(&cell)
-        .filter(|(_, c)| c.is_none())
-        .map(|(&p, _)| p)
-        .sum();
-    let pooled = if rest == 0.0 {
-        None
-    } else if expected(rest) >= 5.0 || next == 0 {
-        next += 1;
-        Some(next - 1)
-    } else {
-        // The smallest kept cell.
-        (0..probs.len())
-            .filter(|&c| cell[c].is_some())
-            .min_by(|&a, &b| probs[a].total_cmp(&probs[b]))
-            .and_then(|c| cell[c])
-    };
-    for c in &mut cell {
-        if c.is_none() {
-            *c = pooled;
-        }
-    }
-    (cell, next)
-}
-
-/// Pearson's statistic of `counts` against `probs` on [`cells`], and its degrees of freedom.
-/// A category of probability 0 that was drawn is an outright failure (infinite statistic).
-fn chi_square(counts: &[u64], probs: &[f64]) -> (f64, usize) {
-    let n: u64 = counts.iter().sum();
-    if counts.iter().zip(probs).any(|(&c, &p)| c > 0 && p == 0.0) {
-        return (f64::INFINITY, 1);
-    }
-    let (cell, k) = cells(probs, n);
-    let (mut obs, mut exp) = (vec![0.0; k], vec![0.0; k]);
-    for c in 0..probs.len() {
-        if let Some(i) = cell[c] {
-            obs[i] += counts[c] as f64;
-            exp[i] += probs[c] * n as f64;
-        }
-    }
-    let stat = obs
-        .iter()
-        .zip(&exp)
-        .map(|(o, e)| (o - e) * (o - e) / e)
-        .sum();
-    (stat, k.saturating_sub(1).max(1))
-}
-
-/// ln Γ(x), Lanczos (g = 7, 9 terms; ~1e-15 relative).
-fn ln_gamma(x: f64) -> f64 {
-    const C: [f64; 9] = [
-        0.999_999_999_999_809_9,
-        676.520_368_121_885_1,
-        -1_259.139_216_722_402_8,
-        771.323_428_777_653_1,
-        -176.615_029_162_140_6,
-        12.507_343_278_686_905,
-        -0.138_571_095_265_720_12,
-        9.984_369_578_019_572e-6,
-        1.505_632_735_149_311_6e-7,
-    ];
-    let x = x - 1.0;
-    let t = x + 7.5;
-    let s: f64 = C[0] + (1..9).map(|i| C[i] / (x + i as f64)).sum::<f64>();
-    0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + s.ln()
-}
-
-/// Q(a, x) = Γ(a, x) / Γ(a): the series below a + 1, the continued fraction above
-/// (Numerical Recipes §6.2).
-fn gamma_q(a: f64, x: f64) -> f64 {
-    if x <= 0.0 {
-        return 1.0;
-    }
-    let front = (-x + a * x.ln() - ln_gamma(a)).exp();
-    if x < a + 1.0 {
-        let (mut term, mut sum, mut ap) = (1.0 / a, 1.0 / a, a);
-        for _ in 0..10_000 {
-            ap += 1.0;
-            term *= x / ap;
-            sum += term;
-            if term.abs() < sum.abs() * 1e-16 {
-                break;
-            }
-        }
-        1.0 - sum * front
-    } else {
-        let tiny = 1e-300;
-        let mut b = x + 1.0 - a;
-        let (mut c, mut d) = (1.0 / tiny, 1.0 / b);
-        let mut h = d;
-        for i in 1..10_000 {
-            let an = -(i as f64) * (i as f64 - a);
-            b += 2.0;
-            d = an * d + b;
-            d = if d.abs() < tiny { tiny } else { d };
-            c = b + an / c;
-            c = if c.abs() < tiny { tiny } else { c };
-            d = 1.0 / d;
-            let delta = d * c;
-            h *= delta;
-            if (delta - 1.0).abs() < 1e-16 {
-                break;
-            }
-        }
-        front * h
-    }
-}
-
-/// P(χ²_df > stat).
-fn p_value(stat: f64, df: usize) -> f64 {
-    gamma_q(df as f64 / 2.0, stat / 2.0)
-}
-
-/// The χ²_df quantile at 1 − `level` (bisection).
-fn critical(df: usize, level: f64) -> f64 {
-    let (mut lo, mut hi) = (0.0, 1e4);
-    for _ in 0..200 {
-        let mid = 0.5 * (lo + hi);
-        if p_value(mid, df) > level {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    hi
-}
-
-/// Power of the level-`level` test with `n` draws when the draws follow `actual` while the test
-/// expects `probs`: P(χ'²_df(λ) > critical), λ = n Σ_cells (actual − probs)² / probs, the
-/// noncentral chi-square as a Poisson(λ/2) mixture of central ones.
-fn power(probs: &[f64], actual: &[f64], n: u64, level: f64) -> f64 {
-    let (cell, k) = cells(probs, n);
-    let (mut a, mut e) = (vec![0.0; k], vec![0.0; k]);
-    for c in 0..probs.len() {
-        if let Some(i) = cell[c] {
-            a[i] += actual[c];
-            e[i] += probs[c];
-        }
-    }
-    let lambda: f64 = n as f64
-        * a.iter()
-            .zip(&e)
-            .map(|(a, e)| (a - e) * (a - e) / e)
-            .sum::<f64>();
-    let df = k - 1;
-    let crit = critical(df, level);
-    let half = lambda / 2.0;
-    let mut total = 0.0;
-    for j in 0..(half + 20.0 * half.sqrt() + 100.0) as usize {
-        let ln_w = -half + j as f64 * half.max(1e-300).ln() - ln_gamma(j as f64 + 1.0);
-        total += ln_w.exp() * gamma_q((df + 2 * j) as f64 / 2.0, crit / 2.0);
-    }
-    total.min(1.0)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Rules: the standard one and two wrong ones.
-// ---------------------------------------------------------------------------------------------
-
-fn residual_from_p(p: &Dist, _q: &Dist) -> Option<Dist> {
-    Some(p.clone())
-}
-
-fn accepts_inverted(p_x: f64, q_x: f64, u: f64) -> bool {
-    u * p_x < q_x
-}
-
-/// The rejected token drawn from p instead of the residual.
-const RESIDUAL_FROM_P: Rule = Rule {
-    accepts,
-    residual: residual_from_p,
-};
-/// Accepted with probability min(1, q/p).
-const INVERTED_RATIO: Rule = Rule {
-    accepts: accepts_inverted,
-    residual,
-};
-
-/// The exact distribution of one verified position's token under `rule` when the draft is drawn
-/// from `q` and the target's is `p`: Σ_x q(x) P(accept x) δ_x + P(reject) · the rule's residual.
-fn one_position(p: &Dist, q: &Dist, rule: &Rule) -> Vec<f64> {
-    // P(accept x) = P(u < t) for the threshold t at which the rule's test flips.
-    let accept_prob = |x: u32| {
-        let (px, qx) = (p.prob(x), q.prob(x));
-        // Bisection on u: every rule here accepts exactly for u below a threshold.
-        let (mut lo, mut hi) = (0.0f64, 1.0f64);
-        if (rule.accepts)(px, qx, 1.0 - 1e-15) {
-            return 1.0;
-        }
-        for _ in 0..100 {
-            let mid = 0.5 * (lo + hi);
-            if (rule.accepts)(px, qx, mid) {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        lo
-    };
-    let mut out = vec![0.0; VOCAB];
-    let mut accepted = 0.0;
-    for &(x, qx) in q.entries() {
-        let a = qx * accept_prob(x);
-        out[x as usize] += a;
-        accepted += a;
-    }
-    if let Some(r) = (rule.residual)(p, q) {
-        for &(x, rx) in r.entries() {
-            out[x as usize] += (1.0 - accepted) * rx;
-        }
-    }
-    out
-}
-
 // ---------------------------------------------------------------------------------------------
 // The tests
 // ---------------------------------------------------------------------------------------------
@@ -451,16 +210,6 @@ fn speculative(s: &Setup, params: &SamplingParams, rule: &Rule, seed: u64) -> Ve
     .ids
 }
 
-/// Chi-square p-values of positions 1..=DEPTH of `counts` against `exact`.
-fn p_values(counts: &[Vec<u64>], exact: &[Vec<f64>]) -> Vec<f64> {
-    (1..=DEPTH)
-        .map(|j| {
-            let (stat, df) = chi_square(&counts[j], &exact[j]);
-            p_value(stat, df)
-        })
-        .collect()
-}
-
 #[test]
 fn speculative_sampling_is_lossless_and_the_test_catches_wrong_rules() {
     let s = Setup::new();
@@ -484,10 +233,10 @@ fn speculative_sampling_is_lossless_and_the_test_catches_wrong_rules() {
     for (name, params, n) in &configs {
         let t = std::time::Instant::now();
         let exact = s.exact_marginals(params, DEPTH);
-        let spec = tally(*n, DEPTH, |seed| {
+        let spec = tally(*n, DEPTH, VOCAB, |seed| {
             speculative(&s, params, &Rule::STANDARD, seed)
         });
-        let ps = p_values(&spec, &exact);
+        let ps = p_values(&spec, &exact, DEPTH);
         eprintln!(
             "{name}: {n} seeds, p-values of positions 1..={DEPTH}: {ps:.4?} ({:.1} s)",
             t.elapsed().as_secs_f64()
@@ -501,11 +250,11 @@ fn speculative_sampling_is_lossless_and_the_test_catches_wrong_rules() {
     // Calibration: plain sampling from the target passes the same test.
     let (_, params, n) = &configs[0];
     let exact = s.exact_marginals(params, DEPTH);
-    let plain = tally(*n / 2, DEPTH, |seed| {
+    let plain = tally(*n / 2, DEPTH, VOCAB, |seed| {
         let mut rng = SamplingRng::for_prompt(seed, 0);
         sample_decode(&s.be, &s.target, &PROMPT, DEPTH + 1, &[], params, &mut rng).unwrap()
     });
-    let ps = p_values(&plain, &exact);
+    let ps = p_values(&plain, &exact, DEPTH);
     eprintln!("plain sampling: p-values {ps:.4?}");
     assert!(ps.iter().all(|&p| p > LEVEL), "{ps:?}");
 
@@ -523,7 +272,7 @@ fn speculative_sampling_is_lossless_and_the_test_catches_wrong_rules() {
             let p1 = s.next(&ctx, params);
             let q1 = s.first_draft(y0, params);
             for (acc, rule) in [(&mut standard, &Rule::STANDARD), (&mut wrong, &rule)] {
-                for (a, o) in acc.iter_mut().zip(one_position(&p1, &q1, rule)) {
+                for (a, o) in acc.iter_mut().zip(one_position(&p1, &q1, rule, VOCAB)) {
                     *a += w * o;
                 }
             }
@@ -543,8 +292,10 @@ fn speculative_sampling_is_lossless_and_the_test_catches_wrong_rules() {
             .sum::<f64>()
             / 2.0;
         let pw = power(&exact[1], &wrong, n_wrong, LEVEL);
-        let counts = tally(n_wrong, DEPTH, |seed| speculative(&s, params, &rule, seed));
-        let ps = p_values(&counts, &exact);
+        let counts = tally(n_wrong, DEPTH, VOCAB, |seed| {
+            speculative(&s, params, &rule, seed)
+        });
+        let ps = p_values(&counts, &exact, DEPTH);
         eprintln!(
             "wrong rule ({name}): position-1 TV from the target {tv_wrong:.4}, power at {n_wrong} seeds and \
              level {LEVEL}: {pw:.6}; p-values {ps:.3?}"
@@ -555,16 +306,6 @@ fn speculative_sampling_is_lossless_and_the_test_catches_wrong_rules() {
             "{name}: the test did not catch the wrong rule: {ps:?}"
         );
     }
-}
-
-/// Mean of `xs` and the half-width of its two-sided 99% t-interval (t₀.₉₉₅ at n − 1 ≥ 100
-/// degrees of freedom is at most 2.63).
-fn mean_and_half_width(xs: &[f64]) -> (f64, f64) {
-    let n = xs.len() as f64;
-    assert!(n > 100.0);
-    let mean = xs.iter().sum::<f64>() / n;
-    let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
-    (mean, 2.63 * (var / n).sqrt())
 }
 
 /// Prompts of the agreement test.

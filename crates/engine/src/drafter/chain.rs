@@ -1,9 +1,82 @@
-//! The attention of one step of a K-step draft chain (EAGLE-3 and native MTP heads draft
-//! autoregressively from each anchor: step s attends to the context and to the chain's own rows of
-//! steps 2..s). Written once for both families.
+//! What the two K-step chain families (EAGLE-3 and native MTP heads draft autoregressively from
+//! each anchor) share, written once for both:
+//!
+//! - [`ChainDrafter`]: the chain step by step, each step's token chosen by the caller: the
+//!   greedy records ([`draft_topk`], each step's top-1 fed to the next) and live speculative
+//!   sampling (`super::live`'s `propose_sampled`, each step's token drawn from its q) drive the
+//!   same chain;
+//! - [`attend_step`]: the attention of one step (step s attends to the context and to the
+//!   chain's own rows of steps 2..s).
 
-use crate::backend::{AttnMask, AttnShape, Backend};
+use super::sampling::ScoringHead;
+use crate::backend::{AttnMask, AttnShape, Backend, TopK};
+use crate::model::EmbedHead;
 use anyhow::Result;
+
+/// Chooses each anchor's token for the next step from a step's head-ready states (one row per
+/// anchor; [`ChainDrafter::scoring_head`] scores them).
+pub(crate) type Choose<'c, B> = dyn FnMut(&<B as Backend>::Tensor) -> Result<Vec<u32>> + 'c;
+
+/// A family that drafts a chain of K steps per anchor.
+pub(crate) trait ChainDrafter<B: Backend> {
+    /// The family's state over one sequence (its context rows).
+    type Context;
+
+    /// Runs the chain at `anchors` (absolute positions a, 1 ≤ a ≤ the context's rows): after
+    /// every step s = 1..K, `choose` reads the step's states and returns the tokens step s + 1
+    /// embeds (ignored after step K). `target` is the target's embedding and LM head (`None`
+    /// only for a family that needs neither).
+    fn run_chain(
+        &self,
+        be: &B,
+        target: Option<&dyn EmbedHead<B>>,
+        ctx: &Self::Context,
+        anchors: &[usize],
+        choose: &mut Choose<'_, B>,
+    ) -> Result<()>;
+
+    /// The LM head the states [`ChainDrafter::run_chain`] hands out are scored with, over the
+    /// target's vocabulary.
+    fn scoring_head<'a>(
+        &'a self,
+        target: Option<&'a dyn EmbedHead<B>>,
+    ) -> Result<ScoringHead<'a, B>>;
+}
+
+/// The greedy chain's records: every step's top-`top_k` (target ids, log-probabilities), each
+/// step's top-1 fed to the next step; rows anchor-major (`anchors.len() · K`), as the records lay
+/// out positions 1..K of each block.
+pub(crate) fn draft_topk<B: Backend, C: ChainDrafter<B>>(
+    chain: &C,
+    be: &B,
+    target: Option<&dyn EmbedHead<B>>,
+    ctx: &C::Context,
+    anchors: &[usize],
+    top_k: usize,
+) -> Result<TopK> {
+    let head = chain.scoring_head(target)?;
+    let mut per_step: Vec<TopK> = Vec::new();
+    chain.run_chain(be, target, ctx, anchors, &mut |states| {
+        let top = head.topk(be, states, top_k)?;
+        let next = top.argmax();
+        per_step.push(top);
+        Ok(next)
+    })?;
+    let (n, steps) = (anchors.len(), per_step.len());
+    let mut out = TopK {
+        rows: n * steps,
+        k: top_k,
+        ids: Vec::with_capacity(n * steps * top_k),
+        logprobs: Vec::with_capacity(n * steps * top_k),
+    };
+    for i in 0..n {
+        for step in &per_step {
+            out.ids.extend_from_slice(step.row_ids(i));
+            out.logprobs.extend_from_slice(step.row_logprobs(i));
+        }
+    }
+    Ok(out)
+}
 
 /// The chain's own rows so far (queries, keys, values of steps 2..s−1), anchor-major.
 pub(crate) type ChainRows<B> = Option<(

@@ -30,8 +30,8 @@ pub struct LiveResult {
     pub round_tokens: Vec<u32>,
     /// Accepted drafted tokens A of each round.
     pub accepted: Vec<u32>,
-    /// The B − 1 proposals of each round, round after round (greedy decoding only; what tests
-    /// compare with the replay's drafts at the same anchors). Not serialised.
+    /// The B − 1 proposals of each round, round after round (what tests compare with the
+    /// replay's drafts at the same anchors). Not serialised.
     #[serde(skip)]
     pub drafts: Vec<u32>,
 }

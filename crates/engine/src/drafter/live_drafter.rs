@@ -13,17 +13,27 @@
 //! same committed tokens: DFlash2's path is chosen left to right by its selector from y_a,
 //! EAGLE-3's and MTP's chains feed each step its own top-1, and their context rows are computed
 //! incrementally (`extend_context`) as the replay's one causal pass computes them.
+//!
+//! At T > 0 ([`LiveDrafter::propose_sampled`], `crate::drafter::sampling`) each family returns its
+//! drafts with the distribution q_k each was drawn from given the drafts before it: DFlash's
+//! positions independently from one pass; DFlash2's selector path with each position's candidate
+//! drawn from the selector's softmax given the drawn one before (the authors' sampled path);
+//! EAGLE-3's and MTP's chains through one implementation ([`chain_sampled`] over
+//! [`ChainDrafter`]), each step's token drawn from its q and fed to the next step.
 
 use super::taps_rows;
 use crate::backend::Backend;
+use crate::drafter::chain::ChainDrafter;
 use crate::drafter::config::DrafterFamily;
 use crate::drafter::dflash2::DFlash2Drafter;
 use crate::drafter::eagle3::{Eagle3Context, Eagle3Drafter};
 use crate::drafter::eval::Drafter;
 use crate::drafter::model::{DFlashDrafter, DraftContext, DraftOptions};
 use crate::drafter::mtp::{MtpContext, MtpDrafter};
+use crate::drafter::sampling::{draft_candidates, draw_draft, head_rows, SamplingRng, ScoringHead};
 use crate::model::{Captured, ModelSpec, TargetModel};
 use anyhow::{Context, Result};
+use draftlens_records::sampling::{Dist, DraftSampling, SamplingParams};
 use std::path::Path;
 
 /// The drafter `live --drafter NAME` names, loaded for the target at `target_path` (described by
@@ -103,7 +113,7 @@ impl<'d, B: Backend> From<&'d Drafter<B>> for LiveDrafter<'d, B> {
 }
 
 /// A family's state over one live decoding (module table).
-pub(super) enum LiveState<B: Backend> {
+pub(crate) enum LiveState<B: Backend> {
     /// DFlash and DFlash2 (the backbone's context).
     Taps(DraftContext<B>),
     Eagle3(Option<Eagle3Context<B>>),
@@ -141,7 +151,7 @@ impl<'d, B: Backend> LiveDrafter<'d, B> {
 
     /// The state over the prompt from the prefill's captured taps (`prompt.len()` rows);
     /// `first` is the prefill's token y_P, the first anchor's.
-    pub(super) fn start(
+    pub(crate) fn start(
         &self,
         be: &B,
         target: &TargetModel<B>,
@@ -174,7 +184,7 @@ impl<'d, B: Backend> LiveDrafter<'d, B> {
 
     /// B − 1 proposals at the anchor a = `committed.len() − 1`, whose token y_a (the last of
     /// `committed`: prompt and generated ids) is not yet in the target's cache.
-    pub(super) fn propose(
+    pub(crate) fn propose(
         &self,
         be: &B,
         target: &TargetModel<B>,
@@ -213,11 +223,87 @@ impl<'d, B: Backend> LiveDrafter<'d, B> {
         Ok(top.argmax())
     }
 
+    /// At T > 0: B − 1 drafts at the anchor a = `committed.len() − 1` (as [`LiveDrafter::propose`])
+    /// and the distribution q_k each was drawn from given the drafts before it (a point mass for
+    /// greedy drafts and the known-answer drafters), under `params`.
+    pub(crate) fn propose_sampled(
+        &self,
+        be: &B,
+        target: &TargetModel<B>,
+        state: &LiveState<B>,
+        committed: &[u32],
+        params: &SamplingParams,
+        rng: &mut SamplingRng,
+    ) -> Result<(Vec<u32>, Vec<Dist>)> {
+        let a = committed.len() - 1;
+        let y_a = committed[a];
+        match (self, state) {
+            (LiveDrafter::DFlash(d), LiveState::Taps(ctx)) => {
+                // One pass: every position's q is fixed before any is drawn.
+                let drafted = d.draft_hidden(be, target, ctx, &[a], &[y_a], false)?;
+                let head = ScoringHead::of(target);
+                let q = head_rows(
+                    be,
+                    &drafted,
+                    &head,
+                    draft_candidates(params),
+                    params,
+                    Dist::draft,
+                )?;
+                let drafts = q.iter().map(|qk| draw_draft(qk, params, rng)).collect();
+                Ok((drafts, q))
+            }
+            (LiveDrafter::DFlash2(d), LiveState::Taps(ctx)) => {
+                // The authors' sampled path (`CandidateSelector.select` at temperature > 0):
+                // q = softmax(score / T) over the selector's candidates, top-p and top-k not
+                // applied; the drawn candidate is the next position's predecessor.
+                let selector_params = SamplingParams {
+                    top_k: None,
+                    top_p: 1.0,
+                    ..*params
+                };
+                let hidden = d.draft_hidden(be, target, ctx, &[a], &[y_a], false)?;
+                let (mut drafts, mut q) = (Vec::new(), Vec::new());
+                d.selector
+                    .walk(be, &d.cfg, target, &hidden, &[y_a], &mut |ranked, logq| {
+                        let qk = match params.draft {
+                            DraftSampling::Sampled => {
+                                Dist::sampling(ranked, logq, &selector_params)
+                                    .context("the selector's scores are not finite")?
+                            }
+                            DraftSampling::Greedy => Dist::point(ranked[0]),
+                        };
+                        let x = draw_draft(&qk, params, rng);
+                        drafts.push(x);
+                        q.push(qk);
+                        Ok(x)
+                    })?;
+                Ok((drafts, q))
+            }
+            (LiveDrafter::Eagle3(d), LiveState::Eagle3(ctx)) => {
+                let ctx = ctx
+                    .as_ref()
+                    .context("the EAGLE-3 context covers the prompt")?;
+                chain_sampled(*d, be, target, ctx, a, params, rng)
+            }
+            (LiveDrafter::Mtp(d), LiveState::Mtp(ctx)) => {
+                let ctx = ctx.as_ref().context("the MTP context covers the prompt")?;
+                chain_sampled(*d, be, target, ctx, a, params, rng)
+            }
+            (LiveDrafter::Oracle { .. } | LiveDrafter::AntiOracle { .. }, _) => {
+                let drafts = self.oracle_proposals(be, target, committed)?;
+                let q = drafts.iter().map(|&x| Dist::point(x)).collect();
+                Ok((drafts, q))
+            }
+            _ => unreachable!("a live state belongs to its drafter's family"),
+        }
+    }
+
     /// Grows the state by a verify round at anchor a: `captured` holds the verify pass's taps
     /// (row i = position a + i), of which the first `positions` are committed (y_a and the
     /// accepted drafts); `next_tokens` are the tokens after them, y_{a+1}.. (the accepted drafts
     /// and the bonus, when the round had one).
-    pub(super) fn extend(
+    pub(crate) fn extend(
         &self,
         be: &B,
         target: &TargetModel<B>,
@@ -298,6 +384,34 @@ impl<'d, B: Backend> LiveDrafter<'d, B> {
         }
         Ok(ids)
     }
+}
+
+/// A chain family's K drafts at anchor `a` at T > 0, and each step's q: step s's states scored by
+/// the family's head under `params`, its token drawn from q_s (or q_s's argmax for greedy
+/// drafts) and embedded by step s + 1, so q_{s+1} is conditioned on the drawn token, as the
+/// target's p_{s+1} is in the verify pass.
+fn chain_sampled<B: Backend, C: ChainDrafter<B>>(
+    chain: &C,
+    be: &B,
+    target: &TargetModel<B>,
+    ctx: &C::Context,
+    a: usize,
+    params: &SamplingParams,
+    rng: &mut SamplingRng,
+) -> Result<(Vec<u32>, Vec<Dist>)> {
+    let head = chain.scoring_head(Some(target))?;
+    let needed = draft_candidates(params);
+    let (mut drafts, mut q) = (Vec::new(), Vec::new());
+    chain.run_chain(be, Some(target), ctx, &[a], &mut |states| {
+        let qs = head_rows(be, states, &head, needed, params, Dist::draft)?
+            .pop()
+            .context("one anchor's step")?;
+        let x = draw_draft(&qs, params, rng);
+        drafts.push(x);
+        q.push(qs);
+        Ok(vec![x])
+    })?;
+    Ok((drafts, q))
 }
 
 /// Hugging Face hidden-state indices of decoder-layer ids (id → id + 1, `crate::model::capture`).

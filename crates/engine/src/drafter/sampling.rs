@@ -6,28 +6,33 @@
 //! the drafter's candidates after the same temperature → top-k → top-p transform. A round at
 //! anchor a (the last committed token y_a, not yet in the target's cache):
 //!
-//! 1. DFlash drafts the block `[y_a, MASK…]` in one pass; drafted position k's token is drawn
-//!    from the drafter's q_k, each position independently (vLLM's DFlash path with
-//!    `draft_sample_method = "probabilistic"`), or is argmax q_k with q_k a point mass
-//!    ([`DraftSampling::Greedy`]: z-lab's `dflash_generate` and vLLM's default);
+//! 1. the drafter proposes x_1..x_γ, each with the distribution q_k it was drawn from, given
+//!    the drafts before it (`LiveDrafter::propose_sampled`, drafter/live_drafter.rs): DFlash
+//!    draws every position of its one block pass independently (vLLM's DFlash path with
+//!    `draft_sample_method = "probabilistic"`); DFlash2 walks its selector's path, each
+//!    position's candidate drawn given the one before (the authors' `CandidateSelector.select`);
+//!    EAGLE-3 and MTP heads draw each chain step's token and feed it to the next step. With
+//!    [`DraftSampling::Greedy`] each x_k is argmax q_k and q_k a point mass (z-lab's
+//!    `dflash_generate` for DFlash, vLLM's default);
 //! 2. one target pass over `[y_a, x_1..x_γ]` gives p_1..p_{γ+1};
 //! 3. for k = 1, 2, …: accept x_k with probability min(1, p_k(x_k)/q_k(x_k)); at the first
 //!    rejection draw the round's last token from norm(max(0, p_k − q_k)); when all γ are
-//!    accepted draw the bonus token from p_{γ+1};
-//! 4. the cache is cropped and the drafter's context extended exactly as in greedy live decoding
-//!    ([`super::live`]), whose round and τ conventions this loop shares.
+//!    accepted draw the bonus token from p_{γ+1} ([`verify`]). Lossless for every family:
+//!    q_k is the distribution x_k was drawn from given x_{<k}, and p_k is conditioned on the same
+//!    x_{<k};
+//! 4. the cache is cropped and the drafter's state extended exactly as in greedy live decoding
+//!    ([`super::live`], the same `LiveDrafter`), whose round and τ conventions this loop shares.
 //!
 //! Randomness: one ChaCha20 stream per prompt ([`SamplingRng::for_prompt`]: the run's seed and a
 //! stream id from the prompt's content), so a prompt's output does not depend on which other
 //! prompts run or in what order. Draws, in order: the prefill's token; then per round the γ
-//! drafts (sampled drafts only), one uniform per verified position, and one for the round's last
-//! token (residual or bonus). Plain sampling draws one uniform per token from the same kind of
+//! drafts (sampled drafts only, position by position), one uniform per verified position, and
+//! one for the round's last token (residual or bonus). Plain sampling draws one uniform per token from the same kind of
 //! stream, so the prefill's token is the same in both.
 
 use super::eval::{AnchorPolicy, EvalOptions, Labels};
-use super::live::{taps_rows, LiveResult};
-use super::model::DFlashDrafter;
-use crate::backend::Backend;
+use super::live::{LiveDrafter, LiveResult};
+use crate::backend::{Backend, TopK};
 use crate::model::{Capture, EmbedHead, TargetModel};
 use anyhow::{bail, Context, Result};
 use draftlens_records::sampling::{accepts, residual, Dist, DraftSampling, SamplingParams};
@@ -183,40 +188,93 @@ pub fn verify(
 /// version keeps a sorted buffer (quadratic in k).
 const FUSED_TOP_K_MAX: usize = 64;
 
+/// An LM head that scores final-norm states over the target's vocabulary: `matrix` has `rows`
+/// rows, row i scoring the target's token `target_of[i]` (EAGLE-3's draft vocabulary) or token i.
+pub struct ScoringHead<'a, B: Backend> {
+    pub matrix: &'a B::Matrix,
+    pub rows: usize,
+    pub target_of: Option<&'a [u32]>,
+}
+
+impl<'a, B: Backend> ScoringHead<'a, B> {
+    /// A model's own LM head (the target's, which DFlash, DFlash2 and MTP heads share).
+    pub fn of(head: &'a dyn EmbedHead<B>) -> Self {
+        ScoringHead {
+            matrix: head.head(),
+            rows: head.vocab_size(),
+            target_of: None,
+        }
+    }
+
+    fn target_id(&self, row: u32) -> u32 {
+        self.target_of.map_or(row, |m| m[row as usize])
+    }
+
+    /// The best `k` of every row of `states` (log-probabilities over the head's rows), ids in
+    /// the target's vocabulary: the fused LM-head top-K.
+    pub fn topk(&self, be: &B, states: &B::Tensor, k: usize) -> Result<TopK> {
+        let mut top = be.lm_head_topk(states, self.matrix, k)?;
+        if self.target_of.is_some() {
+            for id in top.ids.iter_mut() {
+                *id = self.target_id(*id);
+            }
+        }
+        Ok(top)
+    }
+}
+
 /// The rows of `hidden` (final-norm states) as distributions under `params` (`dist`:
-/// [`Dist::sampling`] or [`Dist::draft`]), read from the LM head as the `needed` best candidates
-/// of each row (None: every token). The transform reads the same tokens either way: with top-k
-/// it never looks past the k best.
-fn head_rows<B: Backend>(
+/// [`Dist::sampling`] or [`Dist::draft`]), read from `head` as the `needed` best candidates of
+/// each row (None: every token). The transform reads the same tokens either way: with top-k it
+/// never looks past the k best.
+pub(crate) fn head_rows<B: Backend>(
     be: &B,
     hidden: &B::Tensor,
-    head: &dyn EmbedHead<B>,
+    head: &ScoringHead<'_, B>,
     needed: Option<usize>,
     params: &SamplingParams,
     dist: fn(&[u32], &[f32], &SamplingParams) -> Option<Dist>,
 ) -> Result<Vec<Dist>> {
-    let vocab = head.vocab_size();
+    let vocab = head.rows;
     let row = |r: usize, ids: &[u32], scores: &[f32]| {
         dist(ids, scores, params)
             .with_context(|| format!("row {r} of the LM head has no finite logit"))
     };
     match needed {
         Some(k) if k <= FUSED_TOP_K_MAX && k < vocab => {
-            let top = head.logits_topk(be, hidden, k)?;
+            let top = head.topk(be, hidden, k)?;
             (0..top.rows)
                 .map(|r| row(r, top.row_ids(r), top.row_logprobs(r)))
                 .collect()
         }
         // Logits serve as log-probabilities: the transform's softmax removes the constant.
         _ => {
-            let logits = be.to_host(&be.matmul(hidden, head.head())?)?;
-            let ids: Vec<u32> = (0..vocab as u32).collect();
+            let logits = be.to_host(&be.matmul(hidden, head.matrix)?)?;
+            let ids: Vec<u32> = (0..vocab as u32).map(|i| head.target_id(i)).collect();
             logits
                 .chunks(vocab)
                 .enumerate()
                 .map(|(r, scores)| row(r, &ids, scores))
                 .collect()
         }
+    }
+}
+
+/// The candidates a drafted position's q needs: the sampling top-k (None: every token) for
+/// sampled drafts, the best one for greedy drafts.
+pub(crate) fn draft_candidates(params: &SamplingParams) -> Option<usize> {
+    match params.draft {
+        DraftSampling::Sampled => params.top_k.map(|k| k as usize),
+        DraftSampling::Greedy => Some(1),
+    }
+}
+
+/// A drafted token from its q: a draw ([`DraftSampling::Sampled`]) or q's argmax, without a draw
+/// ([`DraftSampling::Greedy`], q a point mass).
+pub(crate) fn draw_draft(q: &Dist, params: &SamplingParams, rng: &mut SamplingRng) -> u32 {
+    match params.draft {
+        DraftSampling::Sampled => q.sample(rng.uniform()),
+        DraftSampling::Greedy => q.argmax(),
     }
 }
 
@@ -243,8 +301,15 @@ pub fn sample_decode<B: Backend>(
         let out = target.forward(be, &feed, &mut cache, &Capture::none())?;
         let n = feed.len();
         let last = be.slice_rows(&out.last_hidden, n - 1, n)?;
-        let next =
-            head_rows(be, &last, target, needed, params, Dist::sampling)?[0].sample(rng.uniform());
+        let next = head_rows(
+            be,
+            &last,
+            &ScoringHead::of(target),
+            needed,
+            params,
+            Dist::sampling,
+        )?[0]
+            .sample(rng.uniform());
         ids.push(next);
         if eos.contains(&next) {
             break;
@@ -257,10 +322,10 @@ pub fn sample_decode<B: Backend>(
 /// Live speculative sampling with the lossless rule: [`live_decode_sampled_with`]
 /// [`Rule::STANDARD`].
 #[allow(clippy::too_many_arguments)]
-pub fn live_decode_sampled<B: Backend>(
+pub fn live_decode_sampled<'d, B: Backend + 'd>(
     be: &B,
     target: &TargetModel<B>,
-    drafter: &DFlashDrafter<B>,
+    drafter: impl Into<LiveDrafter<'d, B>>,
     prompt: &[u32],
     max_new: usize,
     eos: &[u32],
@@ -280,14 +345,15 @@ pub fn live_decode_sampled<B: Backend>(
     )
 }
 
-/// The draft → verify loop of speculative sampling (module docs) under `rule`. Rounds, budget,
-/// EOS, cache crop and drafter context as in greedy [`super::live::live_decode`]; the tokens a
-/// round commits are the accepted drafts and [`Verified::next`].
+/// The draft → verify loop of speculative sampling (module docs) under `rule`, for every drafter
+/// family. Rounds, budget, EOS, cache crop and the drafter's state as in greedy
+/// [`super::live::live_decode`]; the tokens a round commits are the accepted drafts and
+/// [`Verified::next`].
 #[allow(clippy::too_many_arguments)]
-pub fn live_decode_sampled_with<B: Backend>(
+pub fn live_decode_sampled_with<'d, B: Backend + 'd>(
     be: &B,
     target: &TargetModel<B>,
-    drafter: &DFlashDrafter<B>,
+    drafter: impl Into<LiveDrafter<'d, B>>,
     prompt: &[u32],
     max_new: usize,
     eos: &[u32],
@@ -295,6 +361,7 @@ pub fn live_decode_sampled_with<B: Backend>(
     rng: &mut SamplingRng,
     rule: &Rule,
 ) -> Result<LiveResult> {
+    let drafter = drafter.into();
     if prompt.is_empty() {
         bail!("empty prompt");
     }
@@ -303,54 +370,46 @@ pub fn live_decode_sampled_with<B: Backend>(
         return Ok(res);
     }
     let needed = params.top_k.map(|k| k as usize);
-    // A greedy draft needs only the drafter's most likely token.
-    let needed_draft = match params.draft {
-        DraftSampling::Sampled => needed,
-        DraftSampling::Greedy => Some(1),
-    };
-    let d_t = target.spec.hidden_size;
-    let tap_idx: Vec<usize> = drafter.cfg.target_layer_ids.iter().map(|i| i + 1).collect();
-    let capture = Capture::for_layer_ids(&drafter.cfg.target_layer_ids, target.spec.num_layers)?;
+    let head = ScoringHead::of(target);
+    let capture =
+        Capture::for_layer_ids(&drafter.tap_layer_ids(&target.spec), target.spec.num_layers)?;
     let mut cache = target.new_cache();
     let out = target.forward(be, prompt, &mut cache, &capture)?;
     let n = prompt.len();
     let last = be.slice_rows(&out.last_hidden, n - 1, n)?;
-    let first = head_rows(be, &last, target, needed, params, Dist::sampling)?;
-    res.ids.push(first[0].sample(rng.uniform()));
-    let taps = taps_rows(be, &out.captured, &tap_idx, n)?;
-    let mut ctx = drafter.context(be, &taps.iter().collect::<Vec<_>>(), d_t)?;
+    let first =
+        head_rows(be, &last, &head, needed, params, Dist::sampling)?[0].sample(rng.uniform());
+    res.ids.push(first);
+    let mut state = drafter.start(be, target, &out.captured, prompt, first)?;
+    // The prompt and the generated ids: what the drafter proposes after.
+    let mut committed = prompt.to_vec();
+    committed.push(first);
     while !eos.contains(res.ids.last().expect("non-empty")) && res.ids.len() < max_new {
         let a = n + res.ids.len() - 1;
         let y_a = *res.ids.last().expect("non-empty");
-        let drafted = drafter.draft_hidden(be, target, &ctx, &[a], &[y_a], false)?;
-        let q = head_rows(be, &drafted, target, needed_draft, params, Dist::draft)?;
-        let drafts: Vec<u32> = q
-            .iter()
-            .map(|qk| match params.draft {
-                DraftSampling::Sampled => qk.sample(rng.uniform()),
-                DraftSampling::Greedy => qk.argmax(),
-            })
-            .collect();
+        let (drafts, q) = drafter.propose_sampled(be, target, &state, &committed, params, rng)?;
         let mut block = vec![y_a];
         block.extend(&drafts);
         if cache.len + block.len() > target.spec.max_position_embeddings {
             break;
         }
         let v = target.forward(be, &block, &mut cache, &capture)?;
-        let p = head_rows(be, &v.last_hidden, target, needed, params, Dist::sampling)?;
+        let p = head_rows(be, &v.last_hidden, &head, needed, params, Dist::sampling)?;
         let budget = max_new - res.ids.len();
         let verified = verify(&p, &q, &drafts, budget, eos, rule, rng);
         let acc = verified.accepted;
+        let before = res.ids.len();
         res.ids.extend_from_slice(&drafts[..acc]);
         res.ids.extend(verified.next);
-        res.round_tokens
-            .push((acc + verified.next.is_some() as usize) as u32);
+        let new_tokens = &res.ids[before..];
+        committed.extend_from_slice(new_tokens);
+        res.drafts.extend_from_slice(&drafts);
+        res.round_tokens.push(new_tokens.len() as u32);
         res.accepted.push(acc as u32);
         // Keep y_a and the accepted drafts in the cache; the round's last token enters with the
         // next verify pass.
         target.crop(be, &mut cache, a + acc + 1)?;
-        let new_taps = taps_rows(be, &v.captured, &tap_idx, acc + 1)?;
-        drafter.extend_context(be, &mut ctx, &new_taps.iter().collect::<Vec<_>>(), d_t)?;
+        drafter.extend(be, target, &mut state, &v.captured, acc + 1, new_tokens)?;
     }
     Ok(res)
 }

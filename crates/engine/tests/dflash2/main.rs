@@ -13,7 +13,10 @@
 //! (d) bad input: a DFlash2 checkpoint without its selector (all of it, or one codebook), a
 //!     config without `selector_rank`, the checkpoint given to the DFlash loader, a `--top-k`
 //!     over the selector's width: one error naming the file and the tensor or key, before any
-//!     compute.
+//!     compute;
+//! (e) live greedy decoding: lossless, live τ = the replayed τ = the authors' loop's;
+//! (f) live speculative sampling at T > 0 along the selector's sampled path: lossless in
+//!     distribution (chi-square against the exact marginals, with its power; `sampling_util`).
 
 #[path = "../golden_util/mod.rs"]
 mod golden_util;
@@ -634,4 +637,73 @@ fn live_decoding_is_lossless_and_its_tau_is_the_replayed_and_the_authors_tau() {
         );
         assert_eq!(c.live.ids.last(), Some(&eos));
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// (f) live speculative sampling at T > 0 (docs/dflash2.md §4): the authors' sampled path
+// ---------------------------------------------------------------------------------------------
+
+#[path = "../sampling_util/mod.rs"]
+mod sampling_util;
+
+/// The golden drafter (block size 3: two drafted positions, then the round's last token) and the
+/// golden target, both cut to a vocabulary of 16 tokens (two random models of 512 tokens hardly
+/// ever agree), the selector choosing among 8 candidates: speculative sampling along the
+/// selector's sampled path — each position's candidate drawn from softmax(score / T) given the
+/// drawn one before, the authors' `CandidateSelector.select` at temperature > 0 — gives the
+/// target's distribution (chi-square per position against the exact marginals, per setting),
+/// and the test's power against two wrong rules, whose sampled runs fail it.
+#[test]
+fn speculative_sampling_along_the_selectors_path_is_lossless() {
+    use draftlens_records::sampling::{DraftSampling, SamplingParams};
+    let tmp = tempfile::tempdir().unwrap();
+    let v = 16usize;
+    let target = sampling_util::small_vocab_copy(
+        &qwen3_dir(),
+        &tmp.path().join("target"),
+        v,
+        &["model.embed_tokens.weight", "lm_head.weight"],
+        |_| {},
+        |_| {},
+    );
+    let dir = checkpoint(
+        &tmp.path().join("drafter"),
+        |c| {
+            c["vocab_size"] = v.into();
+            c["dflash_config"]["block_size"] = 3.into();
+            c["dflash_config"]["mask_token_id"] = (v - 1).into();
+            c["dflash_config"]["selector_top_k"] = 8.into();
+        },
+        |t| {
+            for e in t.iter_mut().filter(|e| e.0.contains("codebook")) {
+                let row = e.3.len() / e.2[0];
+                e.2[0] = v;
+                e.3.truncate(v * row);
+            }
+        },
+    );
+    let be = CpuBackend::new();
+    let files = TargetFiles::open(&target).unwrap();
+    let model = TargetModel::load(&be, &files.spec, files.weights.as_ref()).unwrap();
+    let d = Drafter::DFlash2(DFlash2Drafter::load(&be, &dir, 128, v).unwrap());
+    let prompt = [3u32, 11, 7, 2, 14, 5];
+    let params = |t, k, p, draft| SamplingParams::new(t, Some(k), p, draft).unwrap();
+    let configs = [
+        (
+            "T=1 top-k=8, sampled drafts",
+            params(1.0, 8, 1.0, DraftSampling::Sampled),
+            1500,
+        ),
+        (
+            "T=0.7 top-k=6 top-p=0.9, sampled drafts",
+            params(0.7, 6, 0.9, DraftSampling::Sampled),
+            1000,
+        ),
+        (
+            "T=1 top-k=8, greedy drafts",
+            params(1.0, 8, 1.0, DraftSampling::Greedy),
+            1000,
+        ),
+    ];
+    sampling_util::check_lossless("dflash2 B=3", &be, &model, &d, &prompt, &configs, 1000);
 }

@@ -13,7 +13,13 @@
 //!     `mtp_num_hidden_layers` 0 or 2, a dense target, K out of range: one error naming the file
 //!     and the key or tensor, before anything is uploaded; `run` refuses them before a run exists;
 //! (d) `run` end to end: a run of kind `mtp` with B = K + 1 whose records equal drafting the same
-//!     sequences directly, read back from the records cache by a second run.
+//!     sequences directly, read back from the records cache by a second run;
+//! (e) live greedy decoding: lossless, live τ = the replayed τ;
+//! (f) GGUF targets: the head written as llama.cpp's converter writes it reads back bit-equal to
+//!     the safetensors head (dense and MoE) and drafts the same chains; bad GGUF heads refused;
+//! (g) live speculative sampling at T > 0: lossless in distribution (chi-square against the exact
+//!     marginals, with its power; `sampling_util`), and at K = 1 live τ at T = 1 = the replayed
+//!     expectation within its interval.
 
 #[path = "../golden_util/mod.rs"]
 mod golden_util;
@@ -798,7 +804,10 @@ fn same_head_tensors(a: &Path, b: &Path) -> usize {
         let (x, y) = (wa.tensor(&n).unwrap(), wb.tensor(&n).unwrap());
         assert_eq!(x.shape, y.shape, "{n}");
         assert!(
-            x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits()),
+            x.data
+                .iter()
+                .zip(&y.data)
+                .all(|(p, q)| p.to_bits() == q.to_bits()),
             "{n}: the GGUF head's values differ from the safetensors head's"
         );
     }
@@ -898,8 +907,7 @@ fn gguf_head_drafts_equal_the_safetensors_head() {
         }
     }
     // `lint --drafter target:mtp` reads the GGUF head as `run` does.
-    let found =
-        draftlens_engine::drafter::lint::lint(&gg, Path::new("target:mtp:2")).unwrap();
+    let found = draftlens_engine::drafter::lint::lint(&gg, Path::new("target:mtp:2")).unwrap();
     assert_eq!(
         found[0].severity,
         draftlens_engine::drafter::lint::Severity::Info,
@@ -935,7 +943,12 @@ fn gguf_moe_head_drafts_equal_the_safetensors_head() {
         .iter()
         .filter_map(|e| {
             let rest = e.0.strip_prefix("model.language_model.layers.2.")?;
-            Some((format!("mtp.layers.0.{rest}"), e.1, e.2.clone(), e.3.clone()))
+            Some((
+                format!("mtp.layers.0.{rest}"),
+                e.1,
+                e.2.clone(),
+                e.3.clone(),
+            ))
         })
         .collect();
     let fc = tensors
@@ -1008,13 +1021,21 @@ fn gguf_targets_without_a_whole_head_are_refused_naming_the_tensor() {
     );
     let e = load_error(&empty, 3);
     assert!(e.contains("no tensor of block blk.6.*"), "{e}");
-    let drop = |name: &'static str| move |_: &mut BTreeMap<String, GgufValue>, t: &mut Vec<TensorOut>| t.retain(|x| x.name != name);
+    let drop = |name: &'static str| {
+        move |_: &mut BTreeMap<String, GgufValue>, t: &mut Vec<TensorOut>| {
+            t.retain(|x| x.name != name)
+        }
+    };
     // Partial heads: one of the head's own tensors, one of its layer's.
-    let p = golden_gguf_target(&tmp.path().join("no-hnorm.gguf"), drop("blk.6.nextn.hnorm.weight"));
+    let p = golden_gguf_target(
+        &tmp.path().join("no-hnorm.gguf"),
+        drop("blk.6.nextn.hnorm.weight"),
+    );
     let e = load_error(&p, 3);
     assert!(
-        e.contains("tensor mtp.pre_fc_norm_hidden.weight (GGUF blk.6.nextn.hnorm.weight) is missing")
-            && e.contains("partial")
+        e.contains(
+            "tensor mtp.pre_fc_norm_hidden.weight (GGUF blk.6.nextn.hnorm.weight) is missing"
+        ) && e.contains("partial")
             && e.contains("no-hnorm.gguf"),
         "{e}"
     );
@@ -1078,5 +1099,94 @@ fn gguf_targets_without_a_whole_head_are_refused_naming_the_tensor() {
     assert!(
         e.contains("tensor blk.6.nextn.embed_tokens.weight is a dedicated MTP embedding"),
         "{e}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// (g) live speculative sampling at T > 0 (docs/live.md §5): lossless in distribution, and live τ
+//     at T = 1 against the replayed expectation where the replay is exact (K = 1)
+// ---------------------------------------------------------------------------------------------
+
+#[path = "../sampling_util/mod.rs"]
+mod sampling_util;
+
+use draftlens_records::sampling::{DraftSampling, SamplingParams};
+
+/// The golden target and head with a vocabulary of 16 (the first 16 rows of the embedding and
+/// LM head): random models of 512 tokens hardly ever agree, so too few drafts would be accepted
+/// for the test to see the accept path.
+fn small_vocab_target(dir: &Path) -> PathBuf {
+    let full = golden_target(&dir.join("full"));
+    sampling_util::small_vocab_copy(
+        &full,
+        &dir.join("v16"),
+        16,
+        &["model.language_model.embed_tokens.weight", "lm_head.weight"],
+        |_| {},
+        |_| {},
+    )
+}
+
+/// The golden head (K = 2: two drafted positions and the bonus in the tested depth) on its
+/// target: the first DEPTH + 1 tokens over many seeds against the target's exact marginals, per
+/// sampling setting, and the test's power against two wrong rules.
+#[test]
+fn speculative_sampling_with_the_head_is_lossless() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = small_vocab_target(tmp.path());
+    let be = CpuBackend::new();
+    let files = TargetFiles::open(&dir).unwrap();
+    let model = TargetModel::load(&be, &files.spec, files.weights.as_ref()).unwrap();
+    let d = Drafter::Mtp(MtpDrafter::load(&be, &dir, &files.spec, 2).unwrap());
+    let prompt = [3u32, 11, 7, 2, 14, 5];
+    let params = |t, k, p, draft| SamplingParams::new(t, Some(k), p, draft).unwrap();
+    let configs = [
+        (
+            "T=1 top-k=8, sampled drafts",
+            params(1.0, 8, 1.0, DraftSampling::Sampled),
+            1500,
+        ),
+        (
+            "T=0.7 top-k=6 top-p=0.9, sampled drafts",
+            params(0.7, 6, 0.9, DraftSampling::Sampled),
+            1000,
+        ),
+        (
+            "T=1 top-k=8, greedy drafts",
+            params(1.0, 8, 1.0, DraftSampling::Greedy),
+            1000,
+        ),
+    ];
+    sampling_util::check_lossless("mtp K=2", &be, &model, &d, &prompt, &configs, 1000);
+}
+
+/// K = 1: step 1's q depends on the context only, so the replayed expectation is exact on the
+/// drafter's side (docs/metrics.md §7.3); live τ over 200 prompts agrees with it within the 99%
+/// intervals of the paired differences.
+#[test]
+fn live_tau_at_t1_agrees_with_the_replayed_expectation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = small_vocab_target(tmp.path());
+    let be = CpuBackend::new();
+    let files = TargetFiles::open(&dir).unwrap();
+    let model = TargetModel::load(&be, &files.spec, files.weights.as_ref()).unwrap();
+    let d = Drafter::Mtp(MtpDrafter::load(&be, &dir, &files.spec, 1).unwrap());
+    let t = std::time::Instant::now();
+    let a = sampling_util::tau_agreement(&be, &model, &d, 200, 32, 16, DraftSampling::Sampled);
+    eprintln!(
+        "mtp K=1, 200 prompts of 32 tokens, T = 1 (top-k 16: every token): live τ macro {:.4} vs expected {:.4} (paired gap {:+.4} ± {:.4}, 99%); rounds per prompt {:+.3} ± {:.3} ({:.1} s)",
+        a.live_macro, a.expected_macro, a.gap.0, a.gap.1, a.round_gap.0, a.round_gap.1,
+        t.elapsed().as_secs_f64()
+    );
+    assert!(
+        a.expected_macro > 1.1,
+        "too few drafts accepted: {}",
+        a.expected_macro
+    );
+    assert!(a.gap.0.abs() < a.gap.1, "τ: live − expected = {:?}", a.gap);
+    assert!(
+        a.round_gap.0.abs() < a.round_gap.1,
+        "rounds: live − expected = {:?}",
+        a.round_gap
     );
 }

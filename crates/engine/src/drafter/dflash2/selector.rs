@@ -9,7 +9,8 @@
 //! ```
 //! So the proposal at p depends on the path before it. A position's record is the candidates
 //! ranked by s with log q = log softmax(s) over the candidates: the distribution the authors
-//! sample from at T > 0, and whose argmax is the greedy path.
+//! sample from at T > 0 (softmax(s / T), each draw the next position's predecessor:
+//! [`CandidateSelector::walk`]), and whose argmax is the greedy path.
 //!
 //! The scores need the unary *values* (the soft cap is not a shift), but the fused LM-head
 //! top-K returns log-probabilities. A row's log-sum-exp is recovered from one raw logit (its
@@ -52,17 +53,54 @@ impl<B: Backend> CandidateSelector<B> {
         anchor_tokens: &[u32],
         keep: usize,
     ) -> Result<TopK> {
+        ensure!(
+            keep <= self.top_k,
+            "selector: {keep} kept of {} candidates",
+            self.top_k
+        );
+        let rows = be.dims(hidden).0;
+        let mut ids = Vec::with_capacity(rows * keep);
+        let mut logprobs = Vec::with_capacity(rows * keep);
+        self.walk(
+            be,
+            cfg,
+            target,
+            hidden,
+            anchor_tokens,
+            &mut |ranked, logq| {
+                ids.extend_from_slice(&ranked[..keep]);
+                logprobs.extend_from_slice(&logq[..keep]);
+                Ok(ranked[0])
+            },
+        )?;
+        Ok(TopK {
+            rows,
+            k: keep,
+            ids,
+            logprobs,
+        })
+    }
+
+    /// Walks each block's path left to right from its anchor token: at every row, `choose` gets
+    /// the candidates ranked by score given the token chosen before them, with log q =
+    /// log softmax(score) (the first is the greedy path's token), and returns the token the path
+    /// takes there, the next row's predecessor ([`Self::select`]: the best; live sampling at
+    /// T > 0: a draw, as the authors' `select` with `temperature > 0`).
+    pub fn walk(
+        &self,
+        be: &B,
+        cfg: &DFlash2Config,
+        target: &dyn EmbedHead<B>,
+        hidden: &B::Tensor,
+        anchor_tokens: &[u32],
+        choose: &mut dyn FnMut(&[u32], &[f32]) -> Result<u32>,
+    ) -> Result<()> {
         let (rows, d) = be.dims(hidden);
         let n = anchor_tokens.len();
         let per_block = cfg.backbone.block_size - 1;
         ensure!(
             rows == n * per_block,
             "selector: {rows} rows for {n} blocks of {per_block}"
-        );
-        ensure!(
-            keep <= self.top_k,
-            "selector: {keep} kept of {} candidates",
-            self.top_k
         );
         let k = self.top_k;
         // The candidates: the output multiplier (> 0) and the soft cap keep the logits' order.
@@ -72,8 +110,6 @@ impl<B: Backend> CandidateSelector<B> {
         let h = be.to_host(hidden)?;
         let projected = be.to_host(&be.matmul(hidden, &self.hidden_projection)?)?;
         let vocab = self.predecessor.len() / self.rank;
-        let mut ids = Vec::with_capacity(rows * keep);
-        let mut logprobs = Vec::with_capacity(rows * keep);
         for blk in 0..n {
             let mut prev = anchor_tokens[blk];
             for p in 0..per_block {
@@ -105,17 +141,10 @@ impl<B: Backend> CandidateSelector<B> {
                     projected: &projected[r * self.rank..(r + 1) * self.rank],
                 };
                 let (ranked, logq) = self.rank_candidates(&row, prev);
-                prev = ranked[0];
-                ids.extend_from_slice(&ranked[..keep]);
-                logprobs.extend_from_slice(&logq[..keep]);
+                prev = choose(&ranked, &logq)?;
             }
         }
-        Ok(TopK {
-            rows,
-            k: keep,
-            ids,
-            logprobs,
-        })
+        Ok(())
     }
 
     /// One row's candidates ranked by score given the token before them, with log q. Ties keep

@@ -149,7 +149,10 @@ impl WeightSource for GgufHead {
 
     fn tensor(&self, name: &str) -> Result<HostTensor> {
         let (inner, one_plus) = self.inner_name(name).with_context(|| {
-            format!("{}: {name} is not a tensor of the MTP head", self.path().display())
+            format!(
+                "{}: {name} is not a tensor of the MTP head",
+                self.path().display()
+            )
         })?;
         let mut t = self.inner.tensor(&inner)?;
         if one_plus {

@@ -12,10 +12,13 @@
 //! hidden tensor for MTP models: `model_returns_tuple()` is false) and its own top-1 d_{s−1} at
 //! position a − 2 + s, seeing context rows < a and its earlier steps. This is EAGLE-3's chain
 //! (`super::super::eagle3::model`, docs/eagle3.md §2) with another step function: many anchors
-//! share each step's forward through the `Blocks` mask.
+//! share each step's forward through the `Blocks` mask, and the chain runs step by step through
+//! [`ChainDrafter`] (greedy records, and live sampling's drawn tokens at T > 0).
 
 use super::head::{MtpHeadConfig, MtpWeights, FC, NORM, PRE_FC_NORM_EMBEDDING, PRE_FC_NORM_HIDDEN};
 use crate::backend::{AttnMask, Backend, HostRowsRef, TopK};
+use crate::drafter::chain::{attend_step, ChainContext, ChainDrafter, ChainRows, Choose};
+use crate::drafter::sampling::ScoringHead;
 use crate::model::decoder::{DecoderLayer, Mixer};
 use crate::model::transformer::{load_matrix, Attention, RmsNorm};
 use crate::model::{EmbedHead, ModelSpec};
@@ -244,8 +247,30 @@ impl<B: Backend> MtpDrafter<B> {
         anchors: &[usize],
         top_k: usize,
     ) -> Result<TopK> {
-        let n = anchors.len();
-        let steps = self.steps;
+        let vocab = target.vocab_size();
+        if top_k == 0 || top_k > vocab {
+            bail!("top-K {top_k} must be 1..{vocab} (the target's vocabulary)");
+        }
+        super::super::chain::draft_topk(self, be, Some(target), ctx, anchors, top_k)
+    }
+}
+
+impl<B: Backend> ChainDrafter<B> for MtpDrafter<B> {
+    type Context = MtpContext<B>;
+
+    /// Step 1 at anchor a is context row a − 1's normed output; step s ≥ 2 embeds the token
+    /// `choose` returned for step s − 1 with the head's own output h'_{s−1}, at position
+    /// a − 2 + s. The states handed to `choose` are the head's normed outputs, which the
+    /// target's LM head scores.
+    fn run_chain(
+        &self,
+        be: &B,
+        target: Option<&dyn EmbedHead<B>>,
+        ctx: &MtpContext<B>,
+        anchors: &[usize],
+        choose: &mut Choose<'_, B>,
+    ) -> Result<()> {
+        let target = target.context("the MTP head reads the target's embedding")?;
         if let Some(&bad) = anchors.iter().find(|&&a| a == 0 || a > ctx.len) {
             bail!(
                 "MTP anchor {bad} needs context row {} (the sequence's context has rows 0..{})",
@@ -253,28 +278,23 @@ impl<B: Backend> MtpDrafter<B> {
                 ctx.len
             );
         }
-        let vocab = target.vocab_size();
-        if top_k == 0 || top_k > vocab {
-            bail!("top-K {top_k} must be 1..{vocab} (the target's vocabulary)");
-        }
         let shape = self.attention().shape;
         let _layers = crate::timeline::phase("drafter layers");
         let rows: Vec<u32> = anchors.iter().map(|&a| (a - 1) as u32).collect();
         let mut h = be.gather_rows(&ctx.hidden, &rows)?;
-        let mut per_step = vec![target.logits_topk(be, &h, top_k)?];
+        let mut tokens = choose(&h)?;
         // The chain's own rows (steps 2..s), anchor by anchor: what each anchor's queries see
         // after the context.
-        let mut chain: super::super::chain::ChainRows<B> = None;
-        for s in 2..=steps {
-            let tokens = per_step.last().expect("step 1 is drafted").argmax();
+        let mut chain: ChainRows<B> = None;
+        for s in 2..=self.steps {
             let emb = be.embed(target.embed_tokens(), &tokens)?;
             let positions: Vec<u32> = anchors.iter().map(|&a| (a + s - 2) as u32).collect();
             let p = self.project(be, &emb, &h, &positions)?;
-            let o = super::super::chain::attend_step(
+            let o = attend_step(
                 be,
                 &mut chain,
                 (p.q, p.k, p.v),
-                super::super::chain::ChainContext {
+                ChainContext {
                     k: &ctx.k,
                     v: &ctx.v,
                     len: ctx.len,
@@ -284,22 +304,16 @@ impl<B: Backend> MtpDrafter<B> {
                 shape,
             )?;
             h = self.finish(be, &p.normed, o, p.residual)?;
-            per_step.push(target.logits_topk(be, &h, top_k)?);
+            tokens = choose(&h)?;
         }
-        drop(_layers);
-        // Anchor-major rows, as the records lay out positions 1..K of each block.
-        let mut out = TopK {
-            rows: n * steps,
-            k: top_k,
-            ids: Vec::with_capacity(n * steps * top_k),
-            logprobs: Vec::with_capacity(n * steps * top_k),
-        };
-        for i in 0..n {
-            for step in &per_step {
-                out.ids.extend_from_slice(step.row_ids(i));
-                out.logprobs.extend_from_slice(step.row_logprobs(i));
-            }
-        }
-        Ok(out)
+        Ok(())
+    }
+
+    fn scoring_head<'a>(
+        &'a self,
+        target: Option<&'a dyn EmbedHead<B>>,
+    ) -> Result<ScoringHead<'a, B>> {
+        let target = target.context("the MTP head is scored by the target's LM head")?;
+        Ok(ScoringHead::of(target))
     }
 }
