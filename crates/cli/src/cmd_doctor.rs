@@ -239,16 +239,18 @@ pub fn collect(g: &Global) -> Vec<Check> {
             let missing = crate::setup::drafters_missing(&data).len();
             out.push(check(
                 "reference drafters",
-                missing == 0,
+                missing == 0 && !assets::SHIPPED_DRAFTER_FILES.is_empty(),
                 format!(
                     "{} ({})",
-                    data.join(assets::REFERENCE_DRAFTERS).display(),
-                    if missing == 0 {
-                        "3 checkpoints".to_string()
+                    data.join(assets::REFERENCE_DRAFTER).display(),
+                    if assets::SHIPPED_DRAFTER_FILES.is_empty() {
+                        "this build has no embedded drafters".to_string()
+                    } else if missing == 0 {
+                        "the reference and the leaky drafter".to_string()
                     } else {
                         format!(
                             "{missing} of {} files missing or different",
-                            assets::REFERENCE_DRAFTER_FILES.len()
+                            assets::SHIPPED_DRAFTER_FILES.len()
                         )
                     }
                 ),

