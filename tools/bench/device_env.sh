@@ -6,6 +6,9 @@
 # which runs `draftlens run --backend cuda` over 164 HumanEval prompts with --json --timeline
 # (optionally under WRAPPER, e.g. tools/bench/kernel_trace.sh OUT), keeps its JSON and stderr as
 # $O/NAME.json / $O/NAME.err, and prints its exit status and the stderr lines matching $DL_SHOW.
+# The carried binary is built without the demo's drafters (37 MiB the transfer cannot spare; the
+# device never runs `setup`): cargo build --release -p draftlens-cli --no-default-features, then
+# xz -T2 -6 -c target/release/draftlens > target-carry/x/draftlens.xz
 O=${O:-/tmp/o}; rm -rf "$O"; mkdir -p "$O"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 DRAFTLENS_KERNEL_CACHE=/tmp/dk
 for f in "$B"/*.xz; do [ -e "${f%.xz}" ] || xz -dk "$f"; done
