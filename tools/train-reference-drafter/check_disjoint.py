@@ -2,7 +2,7 @@
 """Check that training prompt sets are disjoint from draftlens's built-in evaluation sets.
 
 For every training file (JSONL, .gz allowed; rows with `messages` or `prompt`) against every
-evaluation set (crates/engine/builtin-prompts/{humaneval,mtbench,gsm8k}.jsonl), counts:
+evaluation set (crates/engine/builtin-prompts/*.jsonl: humaneval, mtbench, gsm8k, mmath), counts:
 
   exact       training prompts whose text equals an evaluation prompt (whitespace-normalised)
   ngram       training prompts that share at least one word N-gram (default 13, the usual
