@@ -202,18 +202,22 @@ def encode(dtype, values):
     assert dtype == "BF16"
     bits = array("I")
     bits.frombytes(array("f", values).tobytes())
-    # Round to nearest even (what torch's .to(torch.bfloat16) does for finite values).
-    out = array("H", (((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF for b in bits))
+    out = array("H", (bf16_bits(b) for b in bits))
     if sys.byteorder != "little":
         out.byteswap()
     return out.tobytes()
 
 
+def bf16_bits(f32_bits):
+    """The bfloat16 bits of a float32's bits, rounded to nearest even (as torch's
+    .to(torch.bfloat16) rounds finite values)."""
+    return ((f32_bits + 0x7FFF + ((f32_bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
 def bf16(x):
     """x rounded to bfloat16, as the checkpoints store it."""
     (b,) = struct.unpack("<I", struct.pack("<f", x))
-    b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
-    return struct.unpack("<f", struct.pack("<I", b))[0]
+    return struct.unpack("<f", struct.pack("<I", bf16_bits(b) << 16))[0]
 
 
 def write_json(path, value):
@@ -234,6 +238,7 @@ def write_tokenizer(out):
     # The mask and end-of-sequence tokens are named as special tokens (`lint` tells them apart
     # from text by the angle brackets).
     vocab = {f"w{i}": i for i in range(CYCLE)} | {"<mask>": MASK, "<eos>": EOS}
+    # The WordPiece decoder joins the words with spaces (the output text is "w7 w8 …").
     tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
            "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
            "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
@@ -392,7 +397,8 @@ def write_dflash(out, defect):
     thousand positions); keys of the cycle tokens +1 in pair 0, of the context (fc writes every
     tap into CTX) −1 in pair 31, of the mask token 0; k_norm scales pair 0 to DF_S0 and pair
     31 to DF_S1. Values: the token's one-hot (value dim t); o_proj writes head h's dim t to
-    succ^(h−1)(t)."""
+    dflash_head_map(h, t): succ^(h−1)(t), for the defect drafter the token before its wrong
+    draft."""
     os.makedirs(out, exist_ok=True)
     heads, kv, inter = DF_B - 1, 1, 128
     write_json(os.path.join(out, "config.json"), dflash_config(DF_B, heads, kv, DF_HD, inter, [1]))
