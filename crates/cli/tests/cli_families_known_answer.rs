@@ -34,7 +34,12 @@ fn fixtures(dir: &Path) -> Value {
         .arg("--out")
         .arg(dir)
         .output()
-        .unwrap_or_else(|e| panic!("python3 {}: {e} (the fixtures' generator needs python3 on PATH)", script.display()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "python3 {}: {e} (the fixtures' generator needs python3 on PATH)",
+                script.display()
+            )
+        });
     assert!(
         o.status.success(),
         "{}: exit {:?}\n{}",
@@ -116,7 +121,12 @@ fn check(cache: &Path, dir: &Path, manifest: &Value, c: &Case, sampled_run: bool
 
     let run = dl_json(cache, dir, c, "run", &db_arg);
     let tau = metric(&run, "tau_replayed_macro");
-    assert!((tau - c.tau_macro).abs() < tol, "{}: run replayed τ {tau}, expected {}", c.name, c.tau_macro);
+    assert!(
+        (tau - c.tau_macro).abs() < tol,
+        "{}: run replayed τ {tau}, expected {}",
+        c.name,
+        c.tau_macro
+    );
     if sampled_run {
         // The expected acceptance of speculative sampling from the stored p and q: each α is 1
         // or 0 up to e^-30, so the replayed expectation is the greedy τ.
@@ -124,7 +134,12 @@ fn check(cache: &Path, dir: &Path, manifest: &Value, c: &Case, sampled_run: bool
         extra.extend(["--temperature", "1", "--sampling-top-k", "8"]);
         let run = dl_json(cache, dir, c, "run", &extra);
         let tau = metric(&run, "tau_sampled_replayed_macro");
-        assert!((tau - c.tau_macro).abs() < 1e-6, "{}: run --temperature 1: expected τ {tau}, want {}", c.name, c.tau_macro);
+        assert!(
+            (tau - c.tau_macro).abs() < 1e-6,
+            "{}: run --temperature 1: expected τ {tau}, want {}",
+            c.name,
+            c.tau_macro
+        );
     }
 
     let texts: Vec<(String, String)> = manifest["prompts"]
@@ -132,8 +147,15 @@ fn check(cache: &Path, dir: &Path, manifest: &Value, c: &Case, sampled_run: bool
         .unwrap()
         .iter()
         .map(|p| {
-            let (id, words) = (p["id"].as_str().unwrap(), p["continuation"].as_str().unwrap());
-            assert_eq!(words, successor_words(p["prompt"].as_str().unwrap()), "manifest continuation of {id}");
+            let (id, words) = (
+                p["id"].as_str().unwrap(),
+                p["continuation"].as_str().unwrap(),
+            );
+            assert_eq!(
+                words,
+                successor_words(p["prompt"].as_str().unwrap()),
+                "manifest continuation of {id}"
+            );
             (id.to_string(), words.to_string())
         })
         .collect();
@@ -150,7 +172,11 @@ fn check(cache: &Path, dir: &Path, manifest: &Value, c: &Case, sampled_run: bool
         for (r, (id, words)) in rows.iter().zip(&texts) {
             let what = format!("{} live {setting:?} {id}", c.name);
             assert_eq!(r["id"], id.as_str(), "{what}");
-            assert_eq!(r["text"], words.as_str(), "{what}: the output is the target's greedy continuation");
+            assert_eq!(
+                r["text"],
+                words.as_str(),
+                "{what}: the output is the target's greedy continuation"
+            );
             assert_eq!(r["new_tokens"], MAX_NEW_TOKENS, "{what}");
             let rounds = c.rounds.iter().find(|(p, _)| p == id).unwrap().1;
             assert_eq!(r["rounds"], rounds, "{what}: rounds");
@@ -160,7 +186,10 @@ fn check(cache: &Path, dir: &Path, manifest: &Value, c: &Case, sampled_run: bool
             if greedy {
                 assert_eq!(r["lossless"], true, "{what}");
             } else {
-                assert!(r["lossless"].is_null(), "{what}: a sample is compared with nothing");
+                assert!(
+                    r["lossless"].is_null(),
+                    "{what}: a sample is compared with nothing"
+                );
             }
         }
     }
@@ -176,7 +205,11 @@ fn family(family: &str, block: usize, sampled_run: bool) {
     let exact = case(&dir, &manifest, family);
     assert_eq!(exact.block, block);
     let all = (MAX_NEW_TOKENS - 1) / block;
-    assert!(exact.rounds.iter().all(|(_, r)| *r == all), "{:?}", exact.rounds);
+    assert!(
+        exact.rounds.iter().all(|(_, r)| *r == all),
+        "{:?}",
+        exact.rounds
+    );
     assert_eq!(exact.tau_macro, block as f64);
     check(&cache, &dir, &manifest, &exact, sampled_run);
 
@@ -190,7 +223,13 @@ fn family(family: &str, block: usize, sampled_run: bool) {
         .as_object()
         .unwrap()
         .values()
-        .flat_map(|p| p["round_tokens"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()))
+        .flat_map(|p| {
+            p["round_tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_u64().unwrap())
+        })
         .collect();
     assert_eq!(
         lengths,
