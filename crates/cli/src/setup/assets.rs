@@ -71,6 +71,7 @@ pub const REFERENCE_DRAFTER: &str = "drafters/smollm2-v4-reference/step-962";
 /// (inclusive) training mask: the demo shows its train-style τ next to its deployment τ.
 pub const LEAKY_DRAFTER: &str = "drafters/smollm2-v4-leaky/step-962";
 
+#[cfg_attr(not(feature = "embedded-drafters"), allow(unused_macros))]
 macro_rules! drafter_files {
     ($($dir:literal),*) => {
         &[$(
