@@ -168,6 +168,20 @@ impl TargetArgs {
     }
 }
 
+/// Where timings measured on the backend are stored (shared by `live` and `bench-costs`,
+/// docs/verdict.md).
+#[derive(Args, Clone, Debug)]
+pub struct TimingStoreArgs {
+    /// Store the timings with RUN, the replayed run (`draftlens run`) of this drafter on this
+    /// target, prompts, budget and backend in --db, for `compare`, `report` and the UI's
+    /// verdict. (`live`: implies --baseline.)
+    #[arg(long, value_name = "RUN")]
+    pub store: Option<String>,
+    /// Run database of --store.
+    #[arg(long, env = "DRAFTLENS_DB", default_value = "runs.sqlite")]
+    pub db: PathBuf,
+}
+
 /// Which completion anchors are drafted and how (shared by `run` and `watch`).
 #[derive(Args, Clone, Debug)]
 pub struct AnchorArgs {

@@ -417,25 +417,11 @@ pub struct LiveArgs {
     /// (T = 0) only; the first prompt is decoded once more, untimed, to warm up.
     #[arg(long)]
     pub baseline: bool,
-    /// Store the timings with RUN, the replayed run (`draftlens run`) of this drafter on this
-    /// target, prompts and backend in --db, for `compare`, `report` and the UI's verdict.
-    /// Implies --baseline.
-    #[arg(long, value_name = "RUN")]
-    pub store: Option<String>,
-    /// Run database of --store.
-    #[arg(long, env = "DRAFTLENS_DB", default_value = "runs.sqlite")]
-    pub db: PathBuf,
+    #[command(flatten)]
+    pub timings: crate::args::TimingStoreArgs,
 }
 
 impl LiveArgs {
-    /// K of `--drafter target:mtp[:K]`; None for a checkpoint.
-    fn mtp_steps(&self) -> Result<Option<usize>> {
-        self.drafter
-            .to_str()
-            .and_then(draftlens_engine::drafter::mtp::steps_of_name)
-            .transpose()
-    }
-
     /// The sampling settings and seed at `--temperature` > 0; None for greedy decoding.
     fn sampling(&self) -> Result<Option<(SamplingParams, u64)>> {
         let params = sampling_params(
@@ -448,7 +434,7 @@ impl LiveArgs {
         if params.is_some() && self.strict {
             bail!("--strict compares the output with greedy decoding: it applies at --temperature 0 only");
         }
-        if params.is_some() && (self.baseline || self.store.is_some()) {
+        if params.is_some() && (self.baseline || self.timings.store.is_some()) {
             bail!(
                 "--baseline and --store time greedy decoding: they apply at --temperature 0 only"
             );
@@ -518,18 +504,7 @@ impl BackendJob for LiveJob<'_> {
         let a = self.a;
         let set = a.target.prompt_set()?;
         let s = a.target.session(be, self.g)?;
-        // A checkpoint is linted as `run` lints it; the MTP head is checked by its loader.
-        if a.mtp_steps()?.is_none() {
-            let findings = lint(&s.files, &a.drafter)?;
-            if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
-                bail!(
-                    "{}: drafter is incompatible with the target: {}",
-                    a.drafter.display(),
-                    f.message
-                );
-            }
-        }
-        let d = load_drafter(&s.be, &a.drafter, &s.files.identity.path, &s.files.spec)?;
+        let d = load_linted_drafter(&s, &a.drafter)?;
         let block_size = LiveDrafter::from(&d).block_size();
         let eos = s.eos_ids();
         let tok = s.files.tokenizer()?;
@@ -719,16 +694,33 @@ fn render_divergence(d: &LiveDivergence) -> String {
     )
 }
 
+/// The drafter `live` and `bench-costs` name (`load_drafter`), a checkpoint linted first as
+/// `run` lints it (an error finding refuses it); the MTP head is checked by its loader.
+pub fn load_linted_drafter<B: Backend>(
+    s: &draftlens_engine::session::Session<B>,
+    drafter: &std::path::Path,
+) -> Result<draftlens_engine::drafter::Drafter<B>> {
+    let is_mtp = drafter
+        .to_str()
+        .and_then(draftlens_engine::drafter::mtp::steps_of_name)
+        .is_some();
+    if !is_mtp {
+        let findings = lint(&s.files, drafter)?;
+        if let Some(f) = findings.iter().find(|f| f.severity == Severity::Error) {
+            bail!(
+                "{}: drafter is incompatible with the target: {}",
+                drafter.display(),
+                f.message
+            );
+        }
+    }
+    load_drafter(&s.be, drafter, &s.files.identity.path, &s.files.spec)
+}
+
 pub fn live(g: &Global, a: LiveArgs) -> Result<()> {
     // Sampling settings are checked before any model is loaded.
     let sampling = a.sampling()?;
-    if a.store.is_some() && a.mtp_steps()?.is_some() {
-        bail!("--store matches the replayed run by the drafter's weights file, and an MTP head (target:mtp) is part of the target's: time it with --baseline (docs/live.md)");
-    }
-    let target_run = match &a.store {
-        Some(run) => Some(crate::cmd_live_speed::TargetRun::open(&a.db, run)?),
-        None => None,
-    };
+    let target_run = crate::cmd_live_speed::TargetRun::open_for(&a.timings, &a.drafter)?;
     let report = dispatch(
         a.target.backend.select(g),
         DEFAULT_CUDA_DEVICE,

@@ -3,6 +3,7 @@
 //! the replayed run of the same drafter, target, prompts and backend so that `compare`, `report`
 //! and the UI's verdict read them. `cmd_eval.rs` holds the `live` command itself.
 
+use crate::args::TimingStoreArgs;
 use anyhow::{bail, Context, Result};
 use draftlens_engine::backend::Backend;
 use draftlens_engine::identity::IdentityStore;
@@ -23,6 +24,22 @@ pub struct TargetRun {
 }
 
 impl TargetRun {
+    /// The run `--store` names (None without it), opened before any model loads. An MTP head
+    /// (`target:mtp`) is refused: --store matches the run by the drafter's weights file.
+    pub fn open_for(t: &TimingStoreArgs, drafter: &Path) -> Result<Option<TargetRun>> {
+        let Some(run) = &t.store else {
+            return Ok(None);
+        };
+        let mtp = drafter
+            .to_str()
+            .and_then(draftlens_engine::drafter::mtp::steps_of_name)
+            .transpose()?;
+        if mtp.is_some() {
+            bail!("--store matches the replayed run by the drafter's weights file, and an MTP head (target:mtp) is part of the target's: time it with --baseline (docs/live.md)");
+        }
+        Ok(Some(TargetRun::open(&t.db, run)?))
+    }
+
     /// Opens `db` and the run `reference` names; it must be complete and hold its prompts.
     pub fn open(db: &Path, reference: &str) -> Result<TargetRun> {
         let store = Store::open_existing(db)?;
@@ -75,7 +92,7 @@ impl TargetRun {
         }
         if r.backend != s.be.name() || r.dtype != s.be.dtype() {
             bail!(
-                "{what} ran on {} ({}), this live decoding on {} ({}): time on the run's backend",
+                "{what} ran on {} ({}), these timings on {} ({}): time on the run's backend",
                 printable(&r.backend),
                 printable(&r.dtype),
                 s.be.name(),
@@ -100,7 +117,7 @@ impl TargetRun {
         }
         if let Some(n) = r.config["max_new_tokens"].as_u64() {
             if n as usize != max_new_tokens {
-                bail!("{what} decoded {n} new tokens a prompt, this live decoding --max-new-tokens {max_new_tokens}: use the run's budget");
+                bail!("{what} decoded {n} new tokens a prompt, these timings --max-new-tokens {max_new_tokens}: use the run's budget");
             }
         }
         Ok(())
@@ -120,6 +137,14 @@ impl TargetRun {
     pub fn store(&self, summary: &SpeedSummary, prompts: &[PromptTiming]) -> Result<()> {
         let rows = summary.rows(prompts, self.run.block_size);
         self.store.replace_metrics(self.run.id, SOURCE, &rows)?;
+        Ok(())
+    }
+
+    /// Replaces the run's independent cost rows (`bench-costs`) with these.
+    pub fn store_cost_bench(&self, bench: &draftlens_results::cost_bench::CostBench) -> Result<()> {
+        let source = draftlens_results::cost_bench::SOURCE;
+        self.store
+            .replace_metrics(self.run.id, source, &bench.rows())?;
         Ok(())
     }
 }

@@ -2,6 +2,7 @@
 
 mod args;
 mod cmd_bench;
+mod cmd_bench_costs;
 mod cmd_bench_load;
 mod cmd_cache;
 mod cmd_demo;
@@ -110,6 +111,9 @@ enum Cmd {
     Bench(cmd_bench::BenchArgs),
     /// Time opening + uploading a target's weights next to reading its files (the I/O floor).
     BenchLoad(cmd_bench_load::BenchLoadArgs),
+    /// Measure the verdict's cost model inputs (t_decode, t_draft_round, t_verify(B)) on the
+    /// backend apart from live decoding; --store RUN keeps them with the replayed run.
+    BenchCosts(cmd_bench_costs::BenchCostsArgs),
 }
 
 fn main() {
@@ -162,6 +166,7 @@ fn main() {
         Cmd::Slurm(a) => cmd_slurm::run(&cli.global, a),
         Cmd::Bench(a) => cmd_bench::run(&cli.global, a),
         Cmd::BenchLoad(a) => cmd_bench_load::run(&cli.global, a),
+        Cmd::BenchCosts(a) => cmd_bench_costs::run(&cli.global, a),
         Cmd::Plugins(c) => cmd_plugins::run(&cli.global, c),
         Cmd::Rescore(a) => cmd_rescore::run(&cli.global, a),
         Cmd::Parity(a) => cmd_parity::run(&cli.global, a),

@@ -25,8 +25,14 @@ use crate::{LoadedPlugin, Runtime};
 /// derives from records). A plugin calling itself one of these is refused: storing its rows
 /// would replace draftlens' own. The built-in plugins' names are reserved the same way, for
 /// the built-ins themselves, and so are look-alikes of all of them ([`reserved_for`]).
-/// `speed` holds `live --baseline`'s timings (`draftlens_results::speed`).
-pub const RESERVED_SOURCES: &[&str] = &["native", "records", draftlens_results::speed::SOURCE];
+/// `speed` holds `live --baseline`'s timings (`draftlens_results::speed`), `cost_bench` the costs
+/// `bench-costs` measures apart from live decoding (`draftlens_results::cost_bench`).
+pub const RESERVED_SOURCES: &[&str] = &[
+    "native",
+    "records",
+    draftlens_results::speed::SOURCE,
+    draftlens_results::cost_bench::SOURCE,
+];
 
 /// What scoring a stored run did with one plugin.
 #[derive(Clone, Debug, Serialize)]

@@ -6,6 +6,7 @@
 //! - [`merge`]: the exact merge of shards (`draftlens merge`, pushes to a team server);
 //! - [`slice`]: workload slices (chat/raw, thinking, category, language) stored with a run;
 //! - [`speed`]: the verdict's cost model (estimated speed-up) and the stored timings of `live`;
+//! - [`cost_bench`]: the cost model's inputs measured apart from live decoding (`bench-costs`);
 //! - [`text`]: the one cleaning rule for text from outside (plugins, imports, pushes) on its way
 //!   into the store and to a terminal;
 //! - [`trace`]: serving-engine traces (vLLM, SGLang, llama.cpp, neutral JSONL) normalised to
@@ -14,6 +15,7 @@
 //! The engine (models, backends, drafters) writes into this crate; the web UI and the plugin host
 //! read from it and never depend on the engine (ARCHITECTURE.md).
 
+pub mod cost_bench;
 pub mod merge;
 pub mod metrics;
 pub mod shard;

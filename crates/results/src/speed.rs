@@ -15,6 +15,9 @@
 //! `t_draft_round` and `t_verify(B)` over live decoding's own rounds. The measured speed-up is
 //! Σ greedy decode time / Σ live decode time over the same prompts (each after the target's
 //! prefill and first token, which both do alike).
+//!
+//! The same estimate over costs measured apart from live decoding (`draftlens bench-costs`) reads
+//! its inputs from [`crate::cost_bench`].
 
 use crate::store::{MetricRow, MetricScope};
 use serde::Serialize;

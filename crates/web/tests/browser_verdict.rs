@@ -2,12 +2,18 @@
 //! families on the same prompts, one with stored `live --store` timings, picked in the run list
 //! and compared by clicking; what the panel shows (family, τ, estimated and measured speed-up,
 //! estimate error, the missing timings of the other run) is checked against the database, and
-//! the run page shows the family. Skips (with a message) without chromium / chromedriver.
+//! the run page shows the family. Both runs also carry costs measured apart from live decoding
+//! (`bench-costs`, source `cost_bench`): the estimate from them and its distance from the measured
+//! speed-up are checked against the database too. Skips (with a message) without chromium /
+//! chromedriver.
 
 mod support;
 
 use draftlens_records::{RecordBatch, Region};
 use draftlens_results::metrics::{summarize, PromptInfo};
+use draftlens_results::cost_bench::{
+    ContextSamples, CostBench, PromptSamples, StoredCostBench,
+};
 use draftlens_results::speed::{estimated_speedup, PromptTiming, SpeedSummary, StoredSpeed};
 use draftlens_results::store::{MetricScope, NewRun, RunPrompt, RunStatus, Store};
 use support::*;
@@ -43,13 +49,39 @@ fn records(prompts: &[(u32, u32)], acc: &dyn Fn(u32, u32) -> u32) -> RecordBatch
     r
 }
 
-/// A complete run of `family` over `prompts` with its native metrics; timed when `timed`.
+/// Independent costs (`bench-costs`) of a drafter with B = 5 over `prompts` prompts, two
+/// contexts each, scaled by `scale`.
+fn cost_bench_rows(prompts: u32, scale: f64) -> Vec<draftlens_results::store::MetricRow> {
+    let samples: Vec<PromptSamples> = (0..prompts)
+        .map(|i| PromptSamples {
+            index: i,
+            decode_step_s: (0..6).map(|k| scale * (0.014 + 0.0003 * ((i + k) % 4) as f64)).collect(),
+            contexts: (0..2)
+                .map(|c| ContextSamples {
+                    prompt: i,
+                    context_len: (10 + 8 * c) as u64,
+                    accepted: 1,
+                    draft_s: vec![scale * (0.0024 + 0.0001 * c as f64); 3],
+                    verify_s: vec![
+                        (1, vec![scale * 0.0150; 3]),
+                        (5, vec![scale * (0.0110 + 0.0002 * (i % 3) as f64); 3]),
+                    ],
+                })
+                .collect(),
+        })
+        .collect();
+    CostBench::of(&samples, 5).unwrap().rows()
+}
+
+/// A complete run of `family` over `prompts` with its native metrics; timed when `timed`, with
+/// independent costs (`bench-costs`) scaled by `bench`.
 fn stored_run(
     store: &Store,
     family: &str,
     prompts: &[(u32, u32)],
     acc: &dyn Fn(u32, u32) -> u32,
     timed: bool,
+    bench: Option<f64>,
 ) -> i64 {
     let id = store
         .create_run(&NewRun {
@@ -113,6 +145,15 @@ fn stored_run(
             )
             .unwrap();
     }
+    if let Some(scale) = bench {
+        store
+            .replace_metrics(
+                id,
+                draftlens_results::cost_bench::SOURCE,
+                &cost_bench_rows(prompts.len() as u32, scale),
+            )
+            .unwrap();
+    }
     store
         .finish_run(id, RunStatus::Complete, None, &serde_json::json!({}))
         .unwrap();
@@ -150,8 +191,16 @@ async fn verdict_panel_shows_the_stored_numbers() {
         &prompts,
         &|p, a| (a * 7 + p * 3) % 5,
         true,
+        Some(1.0),
     );
-    let b = stored_run(&store, "eagle3", &prompts, &|p, a| (a * 5 + p) % 3, false);
+    let b = stored_run(
+        &store,
+        "eagle3",
+        &prompts,
+        &|p, a| (a * 5 + p) % 3,
+        false,
+        Some(1.3),
+    );
 
     // What the database says.
     let tau_of = |id: i64| {
@@ -167,6 +216,9 @@ async fn verdict_panel_shows_the_stored_numbers() {
     let (tau_a, tau_b) = (tau_of(a), tau_of(b));
     let est_a = estimated_speedup(tau_a, &speed.costs).unwrap();
     let measured_a = speed.speedup_measured.unwrap();
+    let bench_of = |id: i64| StoredCostBench::from_rows(&store.metrics(id).unwrap()).unwrap();
+    let est_bench_a = estimated_speedup(tau_a, &bench_of(a).costs).unwrap();
+    let est_bench_b = estimated_speedup(tau_b, &bench_of(b).costs).unwrap();
 
     let addr = serve(&db, false, 1 << 20).await.unwrap();
     let base = format!("http://{addr}");
@@ -211,7 +263,32 @@ async fn verdict_panel_shows_the_stored_numbers() {
         text.contains(&format!("{est_a:.3}×")) && text.contains(&format!("{measured_a:.3}×")),
         "{text}"
     );
-    // The EAGLE-3 run has no timings: empty cells and the command that would measure them.
+    // The estimates from the independent costs (bench-costs) and their distance from the
+    // measured speed-up, against what the database gives.
+    let shown = cell(&br, a, "est-bench").await.unwrap();
+    assert!(close(shown, est_bench_a), "bench estimate {shown} vs {est_bench_a}");
+    assert!((est_bench_a - est_a).abs() > 1e-6, "the fixture's two estimates differ");
+    let err_bench = cell(&br, a, "err-bench").await.unwrap();
+    assert!(close(err_bench, 100.0 * (est_bench_a / measured_a - 1.0)));
+    let shown = cell(&br, b, "est-bench").await.unwrap();
+    assert!(close(shown, est_bench_b), "bench estimate {shown} vs {est_bench_b}");
+    assert_eq!(cell(&br, b, "err-bench").await, None);
+    assert!(
+        text.contains(&format!("{est_bench_a:.3}×")),
+        "{text}"
+    );
+    let closeness_bench = br
+        .js("return document.querySelector('#verdict .closeness-bench').textContent")
+        .await
+        .unwrap();
+    assert!(
+        closeness_bench
+            .as_str()
+            .unwrap()
+            .contains(&format!("{:.1}%", err_bench.abs())),
+        "{closeness_bench}"
+    );
+    // The EAGLE-3 run has no live timings: empty cells and the command that would measure them.
     assert_eq!(cell(&br, b, "est").await, None);
     assert_eq!(cell(&br, b, "meas").await, None);
     let missing = br

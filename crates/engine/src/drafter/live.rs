@@ -151,13 +151,7 @@ pub fn live_decode_timed<'d, B: Backend + 'd>(
         let v = target.forward(be, &block, &mut cache, &capture)?;
         let post = target.logits_topk(be, &v.last_hidden, 1)?.argmax();
         let mut verify_s = verify_start.elapsed().as_secs_f64();
-        let mut acc = 0;
-        while acc < b - 1 && acc < remaining && drafts[acc] == post[acc] {
-            acc += 1;
-            if eos.contains(&drafts[acc - 1]) {
-                break;
-            }
-        }
+        let acc = accepted_drafts(&drafts, &post, (b - 1).min(remaining), eos);
         let before = res.ids.len();
         res.ids.extend_from_slice(&drafts[..acc]);
         let ended = acc > 0 && eos.contains(&drafts[acc - 1]);
@@ -179,6 +173,19 @@ pub fn live_decode_timed<'d, B: Backend + 'd>(
     }
     times.decode_s += decode_start.elapsed().as_secs_f64();
     Ok(res)
+}
+
+/// Drafts a greedy verify pass accepts: the leading d_i equal to the target's argmax of the row
+/// before (`post[i]`, row 0 the anchor's), at most `limit`, stopping after an accepted EOS.
+pub(crate) fn accepted_drafts(drafts: &[u32], post: &[u32], limit: usize, eos: &[u32]) -> usize {
+    let mut acc = 0;
+    while acc < limit.min(drafts.len()) && drafts[acc] == post[acc] {
+        acc += 1;
+        if eos.contains(&drafts[acc - 1]) {
+            break;
+        }
+    }
+    acc
 }
 
 /// Where a live output first departs from plain greedy decoding, and how close the target's

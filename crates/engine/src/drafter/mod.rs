@@ -4,6 +4,7 @@
 
 pub(crate) mod chain;
 pub mod config;
+pub mod cost_bench;
 pub mod dflash2;
 pub mod eagle3;
 pub mod eval;

@@ -19,6 +19,9 @@ pub struct GreedyTimed {
     pub decode_s: f64,
     /// Decode steps: one target forward over one token each.
     pub steps: u64,
+    /// Seconds of each decode step (the one-token forward and its top-1), in order: what
+    /// `bench-costs` takes its t_decode from (`crate::drafter::cost_bench`).
+    pub step_s: Vec<f64>,
 }
 
 /// Plain greedy decoding of `prompt` at batch 1: one prefill, then one
@@ -36,6 +39,7 @@ pub fn greedy_timed<B: Backend>(
         ids: Vec::new(),
         decode_s: 0.0,
         steps: 0,
+        step_s: Vec::new(),
     };
     if max_new == 0 || prompt.is_empty() {
         return Ok(res);
@@ -52,8 +56,10 @@ pub fn greedy_timed<B: Backend>(
         if eos.contains(&next) || res.ids.len() >= max_new || cache.len + 1 > limit {
             break;
         }
+        let step_start = Instant::now();
         let hidden = model.forward_decode(be, &[next], &mut [&mut cache])?;
         next = model.logits_topk(be, &hidden, 1)?.ids[0];
+        res.step_s.push(step_start.elapsed().as_secs_f64());
         res.steps += 1;
     }
     res.decode_s = start.elapsed().as_secs_f64();
@@ -135,6 +141,8 @@ mod tests {
             let want = greedy(&be, &target, &PROMPT, max_new, eos).unwrap();
             assert_eq!(timed.ids, want.ids, "max_new {max_new}, eos {eos:?}");
             assert_eq!(timed.steps as usize, timed.ids.len() - 1);
+            assert_eq!(timed.step_s.len() as u64, timed.steps);
+            assert!(timed.step_s.iter().sum::<f64>() <= timed.decode_s);
         }
 
         let dir = tempfile::tempdir().unwrap();

@@ -172,6 +172,8 @@ fn verdict_text(c: &Comparison) -> String {
         s,
         "\nverdict (drafter families on one target, prompt set and backend; docs/verdict.md):"
     );
+    // The estimate from `bench-costs`' independent costs: two more columns where a run has them.
+    let bench = v.rows.iter().any(|r| r.bench_costs.is_some());
     let mut rows = vec![[
         "run",
         "family",
@@ -185,8 +187,12 @@ fn verdict_text(c: &Comparison) -> String {
     ]
     .map(String::from)
     .to_vec()];
+    if bench {
+        rows[0].extend(["estimated (bench-costs)".into(), "bench vs measured".into()]);
+    }
+    let pct = |e: Option<f64>| e.map(|e| format!("{e:+.1}%")).unwrap_or("—".into());
     for r in &v.rows {
-        rows.push(vec![
+        let mut row = vec![
             format!("#{}", r.run),
             r.family.clone(),
             value(r.tau),
@@ -195,10 +201,12 @@ fn verdict_text(c: &Comparison) -> String {
             fmt_ci(r.estimated_ci, |x| format!("{x:.3}")),
             times(r.measured),
             fmt_ci(r.measured_ci, |x| format!("{x:.3}")),
-            r.estimate_error_pct
-                .map(|e| format!("{e:+.1}%"))
-                .unwrap_or("—".into()),
-        ]);
+            pct(r.estimate_error_pct),
+        ];
+        if bench {
+            row.extend([times(r.estimated_bench), pct(r.estimate_bench_error_pct)]);
+        }
+        rows.push(row);
     }
     s.push_str(&table(&rows));
     if v.rows.iter().any(|r| r.costs.is_some()) {
@@ -227,6 +235,26 @@ fn verdict_text(c: &Comparison) -> String {
                 format!("{:.3}", k.t_verify * 1e3),
                 value(r.tau_live),
                 r.timed_prompts.to_string(),
+            ]);
+        }
+        s.push_str(&table(&rows));
+    }
+    if bench {
+        let _ = writeln!(
+            s,
+            "\ncost model inputs measured apart from live decoding by `draftlens bench-costs` (ms, medians):"
+        );
+        let mut rows = vec![["run", "B", "t_decode", "t_draft_round", "t_verify(B)"]
+            .map(String::from)
+            .to_vec()];
+        for (r, run) in v.rows.iter().zip(&c.runs) {
+            let Some(k) = &r.bench_costs else { continue };
+            rows.push(vec![
+                format!("#{}", r.run),
+                run.block_size.to_string(),
+                format!("{:.3}", k.t_decode * 1e3),
+                format!("{:.3}", k.t_draft_round * 1e3),
+                format!("{:.3}", k.t_verify * 1e3),
             ]);
         }
         s.push_str(&table(&rows));
@@ -277,6 +305,13 @@ fn verdict_text(c: &Comparison) -> String {
         let _ = writeln!(
             s,
             "the cost model's estimate is within {:.1}% of the measured speed-up on every run with both",
+            e.abs()
+        );
+    }
+    if let Some(e) = v.worst_estimate_bench_error_pct {
+        let _ = writeln!(
+            s,
+            "its estimate from costs measured apart from live decoding (bench-costs) is within {:.1}% of the measured speed-up on every run with both",
             e.abs()
         );
     }

@@ -6,6 +6,10 @@
 //!
 //! Families are strings (`RunInfo::drafter_family`): a new family needs nothing here.
 //!
+//! Next to the estimate from live decoding's costs, the same cost model over costs measured apart
+//! from live decoding (`draftlens bench-costs --store`, source `cost_bench`): its inputs share
+//! no timing with the measured speed-up, so its distance from it tests the model as a predictor.
+//!
 //! Intervals: a run's own 95% CIs are percentile bootstraps over its prompts (τ pooled = Σ tokens /
 //! Σ rounds; the estimate is τ times the run's measured constant t_decode / (t_draft + t_verify),
 //! so its CI is the τ CI times that constant: the timings are taken as fixed); paired Δs use
@@ -15,6 +19,7 @@
 use crate::stats::{paired_interval, IntervalMethod, Resamples, Rng};
 use anyhow::Result;
 use draftlens_results::metrics::{derived, RunStats};
+use draftlens_results::cost_bench::StoredCostBench;
 use draftlens_results::speed::{estimated_speedup, CostInputs, StoredSpeed};
 use draftlens_results::store::{RunInfo, Store};
 use serde::Serialize;
@@ -32,6 +37,8 @@ pub struct RunInput {
     pub tau: BTreeMap<String, (f64, f64)>,
     /// The stored timings, if any.
     pub speed: Option<SpeedInput>,
+    /// The costs measured apart from live decoding (`bench-costs`), if any.
+    pub bench: Option<CostInputs>,
 }
 
 #[derive(Clone, Debug)]
@@ -76,6 +83,14 @@ pub struct VerdictRow {
     pub tau_live: Option<f64>,
     /// 100 · (estimated / measured − 1).
     pub estimate_error_pct: Option<f64>,
+    /// The cost model's inputs measured apart from live decoding (`bench-costs`), as stored.
+    pub bench_costs: Option<CostInputs>,
+    /// τ · t_decode / (t_draft_round + t_verify(B)) over `bench_costs`, and its 95% CI (the τ CI
+    /// times the constant, as for `estimated`).
+    pub estimated_bench: Option<f64>,
+    pub estimated_bench_ci: Option<(f64, f64)>,
+    /// 100 · (estimated_bench / measured − 1).
+    pub estimate_bench_error_pct: Option<f64>,
     /// Against the baseline (None for the baseline itself).
     pub delta_tau: Option<PairedDelta>,
     pub delta_estimated: Option<PairedDelta>,
@@ -90,6 +105,8 @@ pub struct VerdictSection {
     pub rows: Vec<VerdictRow>,
     /// The largest |estimate error| over runs with both numbers: how close the cost model came.
     pub worst_estimate_error_pct: Option<f64>,
+    /// The same over the estimates from `bench-costs`' independent costs.
+    pub worst_estimate_bench_error_pct: Option<f64>,
     pub notes: Vec<String>,
 }
 
@@ -141,6 +158,19 @@ fn paired(
     })
 }
 
+/// 100 · (estimate / measured − 1) where both are known.
+fn error_pct(estimate: Option<f64>, measured: Option<f64>) -> Option<f64> {
+    estimate
+        .zip(measured)
+        .filter(|(_, m)| *m > 0.0)
+        .map(|(e, m)| 100.0 * (e / m - 1.0))
+}
+
+/// The value of largest magnitude.
+fn worst(errors: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    errors.flatten().max_by(|a, b| a.abs().total_cmp(&b.abs()))
+}
+
 /// The verdict over `runs` against `runs[baseline]`, with `reps` bootstrap replicates.
 pub fn verdict(runs: &[RunInput], baseline: usize, reps: usize) -> VerdictSection {
     let base = &runs[baseline];
@@ -153,6 +183,8 @@ pub fn verdict(runs: &[RunInput], baseline: usize, reps: usize) -> VerdictSectio
             let tau_ci = own_ci(&r.tau, reps, &format!("verdict:tau:{}", r.uid));
             let scale = per_tau(r);
             let estimated = tau.and_then(|t| estimated_speedup(t, &r.speed.as_ref()?.costs));
+            let estimated_bench = tau.and_then(|t| estimated_speedup(t, r.bench.as_ref()?));
+            let bench_scale = r.bench.as_ref().and_then(CostInputs::per_tau);
             let (measured, measured_ci, timed) = match &r.speed {
                 Some(s) if !s.per_prompt.is_empty() => (
                     pooled(&s.per_prompt),
@@ -168,9 +200,13 @@ pub fn verdict(runs: &[RunInput], baseline: usize, reps: usize) -> VerdictSectio
             let seed = |what: &str| format!("verdict:{what}:{}:{}", base.uid, r.uid);
             let missing = match (&r.speed, tau) {
                 (_, None) => Some("no replayed τ (a run without records)".to_string()),
-                (None, _) => Some(format!(
-                    "no timings stored with run #{}: `draftlens live --baseline --store {}` measures them where live decoding supports the {} family",
+                (None, _) if r.bench.is_some() => Some(format!(
+                    "no live timings stored with run #{}: `draftlens live --baseline --store {}` measures the speed-up where live decoding supports the {} family",
                     r.id, r.id, r.family
+                )),
+                (None, _) => Some(format!(
+                    "no timings stored with run #{}: `draftlens live --baseline --store {}` measures them where live decoding supports the {} family (`draftlens bench-costs --store {}` the costs alone)",
+                    r.id, r.id, r.family, r.id
                 )),
                 _ => None,
             };
@@ -187,10 +223,11 @@ pub fn verdict(runs: &[RunInput], baseline: usize, reps: usize) -> VerdictSectio
                 measured_ci,
                 timed_prompts: timed,
                 tau_live: r.speed.as_ref().and_then(|s| s.tau_live),
-                estimate_error_pct: estimated
-                    .zip(measured)
-                    .filter(|(_, m)| *m > 0.0)
-                    .map(|(e, m)| 100.0 * (e / m - 1.0)),
+                estimate_error_pct: error_pct(estimated, measured),
+                bench_costs: r.bench,
+                estimated_bench,
+                estimated_bench_ci: tau_ci.zip(bench_scale).map(|((lo, hi), c)| (lo * c, hi * c)),
+                estimate_bench_error_pct: error_pct(estimated_bench, measured),
                 delta_tau: against(&|r| paired(&base.tau, &r.tau, (1.0, 1.0), reps, &seed("tau"))),
                 delta_estimated: against(&|r| {
                     paired(&base.tau, &r.tau, (per_tau(base)?, per_tau(r)?), reps, &seed("estimated"))
@@ -203,14 +240,11 @@ pub fn verdict(runs: &[RunInput], baseline: usize, reps: usize) -> VerdictSectio
             }
         })
         .collect();
-    let worst_estimate_error_pct = rows
-        .iter()
-        .filter_map(|r| r.estimate_error_pct)
-        .max_by(|a, b| a.abs().total_cmp(&b.abs()));
     VerdictSection {
         baseline,
+        worst_estimate_error_pct: worst(rows.iter().map(|r| r.estimate_error_pct)),
+        worst_estimate_bench_error_pct: worst(rows.iter().map(|r| r.estimate_bench_error_pct)),
         rows,
-        worst_estimate_error_pct,
         notes: Vec::new(),
     }
 }
@@ -238,7 +272,8 @@ pub fn of_runs(
             .into_iter()
             .map(|p| (p.index, p.sha256))
             .collect();
-        let speed = StoredSpeed::from_rows(&store.metrics(r.id)?).map(|s| SpeedInput {
+        let metric_rows = store.metrics(r.id)?;
+        let speed = StoredSpeed::from_rows(&metric_rows).map(|s| SpeedInput {
             costs: s.costs,
             measured: s.speedup_measured,
             tau_live: s.tau_live,
@@ -254,6 +289,7 @@ pub fn of_runs(
             family: r.drafter_family.clone(),
             tau,
             speed,
+            bench: StoredCostBench::from_rows(&metric_rows).map(|b| b.costs),
         });
     }
     let mut v = verdict(&inputs, baseline, reps);
@@ -296,6 +332,7 @@ mod tests {
             family: family.into(),
             tau,
             speed: None,
+            bench: None,
         }
     }
 
@@ -421,5 +458,54 @@ mod tests {
         assert!(other.missing.as_deref().unwrap().contains("--store 8"));
         assert!(other.delta_estimated.is_none() && other.delta_measured.is_none());
         assert!(other.delta_tau.is_some());
+    }
+
+    /// The estimate from independent costs (`bench-costs`): the same cost model over the other
+    /// inputs, its distance from the measured speed-up, its CI the τ CI times its constant; a
+    /// run with independent costs and no live timings gets that estimate and no measurement.
+    #[test]
+    fn estimate_from_independent_costs() {
+        let mut a = run(7, "dflash", taus(4, |i| (28.0 + i as f64, 10.0))); // τ = 2.95
+        a.speed = Some(SpeedInput {
+            costs: costs(),
+            measured: None,
+            tau_live: None,
+            per_prompt: taus(4, |i| (0.4 + 0.1 * i as f64, 0.2 + 0.05 * i as f64)), // 2.0
+        });
+        // 20 / (5 + 25): the estimate is τ · 2/3.
+        let bench = CostInputs {
+            t_decode: 0.020,
+            t_draft_round: 0.005,
+            t_verify: 0.025,
+        };
+        a.bench = Some(bench);
+        let mut b = run(8, "eagle3", taus(4, |_| (20.0, 10.0))); // τ = 2
+        b.bench = Some(CostInputs {
+            t_decode: 0.030,
+            ..bench
+        });
+        let v = verdict(&[a, b], 0, 200);
+        let r = &v.rows[0];
+        let tau = r.tau.unwrap();
+        assert!((tau - 2.95).abs() < 1e-12);
+        assert!((r.estimated_bench.unwrap() - 2.95 * 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(r.bench_costs, Some(bench));
+        let want = 100.0 * (2.95 * 2.0 / 3.0 / 2.0 - 1.0); // −1.67 %
+        assert!((r.estimate_bench_error_pct.unwrap() - want).abs() < 1e-9);
+        let ((tl, th), (el, eh)) = (r.tau_ci.unwrap(), r.estimated_bench_ci.unwrap());
+        assert!((el - tl * 2.0 / 3.0).abs() < 1e-12 && (eh - th * 2.0 / 3.0).abs() < 1e-12);
+        // The live estimate is untouched: τ · 20 / 28.
+        assert!((r.estimated.unwrap() - 2.95 * 20.0 / 28.0).abs() < 1e-12);
+        // The EAGLE-3 run: an estimate (2 · 30 / 30 = 2) and nothing to compare it with.
+        let o = &v.rows[1];
+        assert!((o.estimated_bench.unwrap() - 2.0).abs() < 1e-12);
+        assert_eq!((o.estimated, o.measured, o.estimate_bench_error_pct), (None, None, None));
+        assert!(o.missing.as_deref().unwrap().contains("no live timings"));
+        assert!(o.missing.as_deref().unwrap().contains("--store 8"));
+        assert_eq!(v.worst_estimate_bench_error_pct, r.estimate_bench_error_pct);
+        // Without independent costs nothing of theirs is shown.
+        let plain = verdict(&[run(1, "dflash", taus(4, |_| (30.0, 10.0)))], 0, 200);
+        assert_eq!(plain.rows[0].estimated_bench, None);
+        assert_eq!(plain.worst_estimate_bench_error_pct, None);
     }
 }
