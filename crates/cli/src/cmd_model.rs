@@ -53,6 +53,15 @@ pub struct InspectArgs {
     /// remember it yet: reads every weight byte once (~40 s for 16 GB), then remembered.
     #[arg(long)]
     pub hash: bool,
+    /// The CUDA memory estimate's decode batch (docs/loading.md, "Memory checks").
+    #[arg(long, default_value_t = draftlens_engine::session::DEFAULT_GEN_BATCH)]
+    pub gen_batch: usize,
+    /// The CUDA memory estimate's prompt length in tokens.
+    #[arg(long, default_value_t = 1024)]
+    pub prompt_tokens: usize,
+    /// The CUDA memory estimate's new tokens per prompt.
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
 }
 
 #[derive(Serialize)]
@@ -71,6 +80,9 @@ struct InspectOut {
     parameters: u64,
     dtypes: std::collections::BTreeMap<String, (usize, u64)>,
     loaded_as: &'static str,
+    /// What the CUDA backend would hold at `--gen-batch`, `--prompt-tokens`,
+    /// `--max-new-tokens` (the rule the memory checks apply; docs/loading.md).
+    cuda_memory: draftlens_engine::backend::memory::Estimate,
     tokenizer: Option<TokInfo>,
     tensors: Option<Vec<draftlens_engine::formats::TensorInfo>>,
 }
@@ -240,6 +252,12 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
         } else {
             "f32 on cpu (dequantised at load); bf16 on cuda"
         },
+        cuda_memory: draftlens_engine::backend::memory::MemoryModel::new(&f.spec, "bf16").estimate(
+            a.gen_batch as u64,
+            a.prompt_tokens as u64,
+            a.max_new_tokens as u64,
+            0,
+        ),
         tokenizer: f.tokenizer.as_ref().map(|t| TokInfo {
             vocab: t.vocab_size(),
             bos: t.bos_id(),
@@ -294,6 +312,7 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
         let parts: Vec<String> = out.dtypes.iter().map(|(k, (n, b))| format!("{k}: {n} tensors, {:.1} MiB", *b as f64 / 1048576.0)).collect();
         o += &parts.join("; ");
         o += &format!("\n  loaded as     {}\n", out.loaded_as);
+        o += &format!("  cuda memory   needs {}\n", out.cuda_memory.describe());
         if let Some(t) = &out.tokenizer {
             o += &format!("  tokenizer     {} ids, bos {:?}, end-of-generation {:?}, chat template {}\n", t.vocab, t.bos, t.eos, t.chat_template_chars.map_or("none".to_string(), |c| format!("{c} chars")));
         }

@@ -252,6 +252,31 @@ pub fn check_shapes(spec: &ModelSpec, w: &dyn WeightSource) -> Result<()> {
     check_present(&want, &infos, w.path())
 }
 
+/// Refuse a target holding a tensor of its text model (`model.*`, `lm_head.weight`) in a dtype
+/// the loader cannot read: anything but [`crate::formats::dequant::SUPPORTED`] (an FP8, int8 or
+/// otherwise quantised checkpoint; a GGUF type draftlens does not dequantise), gpt-oss's MXFP4
+/// blocks and scales (U8) aside. One message naming the file, the tensor and its dtype. Called
+/// when a command opens the target to run it (`Session::load`), before any weight is read;
+/// `inspect` opens files without it, so that it can list such a file's tensors.
+pub fn check_readable(w: &dyn WeightSource) -> Result<()> {
+    use crate::formats::dequant::SUPPORTED;
+    let readable = |dtype: &str| SUPPORTED.split(", ").any(|s| s == dtype);
+    for t in w.tensors() {
+        let text_model = t.name.starts_with("model.") || t.name == "lm_head.weight";
+        let mxfp4 = (t.name.ends_with("_blocks") || t.name.ends_with("_scales")) && t.dtype == "U8";
+        if text_model && !mxfp4 && !readable(&t.dtype) {
+            bail!(
+                "{}: tensor {} ({}) is stored as {}, which draftlens cannot read (it reads {SUPPORTED}, and gpt-oss's MXFP4 expert blocks): a checkpoint quantised another way is not supported; use its unquantised original",
+                w.path().display(),
+                t.name,
+                t.file_name,
+                t.dtype
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Every tensor of `want` is in `infos` with that shape; errors name `path` and the tensor.
 fn check_present(want: &[(String, Vec<usize>)], infos: &[TensorInfo], path: &Path) -> Result<()> {
     // By name: an MoE checkpoint has tens of thousands of tensors (Qwen3-30B-A3B: 18,867).

@@ -12,6 +12,7 @@ pub mod head;
 pub mod hybrid;
 pub mod kv_cache;
 pub mod moe;
+mod params;
 pub mod transformer;
 
 pub use capture::{Capture, Captured};

@@ -1,36 +1,48 @@
 //! Memory planning of a session's target work: the memory model of this target on this backend,
-//! the device memory free for it, the up-front refusals of prompts that cannot fit, and the
-//! budgets derived from it (tokens per packed forward, bytes of taps kept on the device).
-//! The estimates themselves are `backend/memory.rs`'s.
+//! the device memory free for it, the up-front refusals of a model or prompts that cannot fit,
+//! and the budgets derived from it (tokens per packed forward, bytes of taps kept on the device).
+//! The estimates themselves are `backend/memory.rs`'s (one rule, `MemoryModel::estimate`).
 
 use super::Session;
-use crate::backend::memory::{gib, MemoryModel};
+use crate::backend::memory::{does_not_fit, gib, Estimate, MemoryModel};
 use crate::backend::Backend;
 use crate::hidden_cache::CacheKey;
 use crate::prompts::Prompt;
 use anyhow::{bail, Result};
 
 impl<B: Backend> Session<B> {
-    /// The memory estimates' view of this target on this backend (`backend/memory.rs`).
+    /// The memory estimates' view of this target on this backend (`backend/memory.rs`): the
+    /// weights counted from the config (what the loader uploads), in the backend's dtype.
     pub fn memory_model(&self) -> MemoryModel {
-        let params: u64 = self
-            .files
-            .weights
-            .tensors()
-            .iter()
-            .map(|t| t.shape.iter().map(|&d| d as u64).product::<u64>())
-            .sum();
-        MemoryModel::new(&self.files.spec, params, self.be.dtype())
+        MemoryModel::new(&self.files.spec, self.be.dtype())
+    }
+
+    /// [`MemoryModel::estimate`] of this target on this backend: decoding `batch` prompts of up
+    /// to `prompt` tokens by `new` tokens, then the target pass capturing `taps` states.
+    pub fn memory_estimate(
+        &self,
+        batch: usize,
+        prompt: usize,
+        new: usize,
+        taps: usize,
+    ) -> Estimate {
+        self.memory_model()
+            .estimate(batch as u64, prompt as u64, new as u64, taps as u64)
+    }
+
+    /// The backend's free device memory ([`super::SessionOptions::free_memory_override`] when
+    /// set: the tests' seam); `None` when the backend cannot tell (CPU): no check is made.
+    fn free_memory(&self) -> Option<u64> {
+        self.opts
+            .free_memory_override
+            .or_else(|| self.be.free_memory())
     }
 
     /// Device bytes free for activations and KV caches once the weights are uploaded: the
-    /// backend's free memory ([`super::SessionOptions::free_memory_override`] when set) less the
-    /// weights not uploaded yet. `None` when the backend cannot tell (CPU): no check is made.
+    /// backend's free memory less the weights not uploaded yet. `None` when the backend cannot
+    /// tell (CPU): no check is made.
     pub fn available_memory(&self) -> Option<u64> {
-        let free = self
-            .opts
-            .free_memory_override
-            .or_else(|| self.be.free_memory())?;
+        let free = self.free_memory()?;
         let pending = if self.model_loaded() {
             0
         } else {
@@ -39,11 +51,40 @@ impl<B: Backend> Session<B> {
         Some(free.saturating_sub(pending))
     }
 
-    /// Refuse, before any work, prompts whose target work cannot fit in device memory: each
-    /// `(name, prompt tokens)` is decoded by up to `max_new` tokens ([`Session::continuations`])
-    /// and then run through one forward of `prompt + max_new` rows capturing `taps` hidden states
-    /// ([`Session::target_passes`]; packs are split to fit, but one sequence cannot be). The error
-    /// names the prompt and the numbers.
+    /// Refuse, before anything is uploaded, a target whose weights and workspace alone exceed
+    /// the free device memory: no batch, pack or prompt length could make it fit. The one-line
+    /// error names the model and gives [`Session::memory_estimate`] at `batch`, `prompt`, `new`,
+    /// `taps` term by term, and the free memory. Nothing to check once the model is loaded or
+    /// when the backend cannot tell its free memory.
+    pub fn check_model_fits(
+        &self,
+        batch: usize,
+        prompt: usize,
+        new: usize,
+        taps: usize,
+    ) -> Result<()> {
+        let Some(free) = self.free_memory().filter(|_| !self.model_loaded()) else {
+            return Ok(());
+        };
+        let est = self.memory_estimate(batch, prompt, new, taps);
+        if est.weights_exceed(free) {
+            let path = &self.files.identity.path;
+            let name = path
+                .file_name()
+                .unwrap_or(path.as_os_str())
+                .to_string_lossy();
+            let model = format!("{name} ({})", self.files.spec.arch.as_str());
+            bail!(does_not_fit(&model, self.be.name(), &est, free));
+        }
+        Ok(())
+    }
+
+    /// Refuse, before any work, a model that cannot fit at all ([`Session::check_model_fits`],
+    /// its estimate shown at the decode batch and the longest prompt), then prompts whose target
+    /// work cannot fit in device memory: each `(name, prompt tokens)` is decoded by up to
+    /// `max_new` tokens ([`Session::continuations`]) and then run through one forward of
+    /// `prompt + max_new` rows capturing `taps` hidden states ([`Session::target_passes`]; packs
+    /// are split to fit, but one sequence cannot be). The error names the prompt and the numbers.
     pub fn check_memory(
         &self,
         prompts: &[(&str, usize)],
@@ -53,6 +94,8 @@ impl<B: Backend> Session<B> {
         let Some(avail) = self.available_memory() else {
             return Ok(());
         };
+        let longest = prompts.iter().map(|p| p.1).max().unwrap_or(0);
+        self.check_model_fits(self.gen_batch(), longest, max_new, taps)?;
         let mm = self.memory_model();
         for &(name, len) in prompts {
             let rows = (len + max_new) as u64;
@@ -138,6 +181,8 @@ impl<B: Backend> Session<B> {
         let mm = self.memory_model();
         let need = |b: usize| mm.decode_bytes(b as u64, longest as u64, max_new as u64);
         if need(1) > avail {
+            // A model whose weights alone do not fit is named as such, with its numbers.
+            self.check_model_fits(batch, longest, max_new, 0)?;
             let n = misses
                 .iter()
                 .find(|(n, _)| prompts[*n].len() == longest)

@@ -150,6 +150,8 @@ impl<B: Backend> Session<B> {
         let _phase = crate::timeline::phase("open target");
         let files =
             TargetFiles::open(target)?.with_identity_store(IdentityStore::new(cache.root()));
+        // A tensor the loader cannot read is refused now, not after part of the model is uploaded.
+        crate::model::load::check_readable(files.weights.as_ref())?;
         Ok(Session {
             be,
             files,
@@ -177,7 +179,10 @@ impl<B: Backend> Session<B> {
         self.writer.flush()
     }
 
-    /// The target on the backend, uploading its weights on the first call.
+    /// The target on the backend, uploading its weights on the first call (refused first, with
+    /// the numbers, when its weights cannot fit in the device's free memory:
+    /// [`Session::check_model_fits`]; commands that run prompts check that earlier, at their batch
+    /// and longest prompt).
     pub fn model(&self) -> Result<&TargetModel<B>> {
         if let Some(m) = self.model.get() {
             return Ok(m);
@@ -186,6 +191,7 @@ impl<B: Backend> Session<B> {
         if let Some(m) = self.model.get() {
             return Ok(m);
         }
+        self.check_model_fits(0, 0, 0, 0)?;
         let _phase = crate::timeline::phase("load target");
         let t = Instant::now();
         let mut m = TargetModel::load(&self.be, &self.files.spec, self.files.weights.as_ref())?;
@@ -559,6 +565,8 @@ impl<B: Backend> Session<B> {
                 .map(|(n, s)| (n, s.len()))
                 .find(|&(n, len)| passes[n].is_none() && len > budget)
             {
+                // A model whose weights alone do not fit is named as such, with its numbers.
+                self.check_model_fits(1, len, 0, 0)?;
                 bail!(
                     "target pass: sequence {n} of {len} tokens does not fit in device memory ({} free after the weights; at most about {budget} tokens per forward); nothing was computed",
                     gib(self.available_memory().unwrap_or(0))
