@@ -357,6 +357,24 @@ fn bad_gpt_oss_checkpoints_are_one_clear_error_naming_the_tensor_or_key() {
         ),
         (
             "gpt_oss",
+            Box::new(|t| t.retain(|x| x.0 != "model.layers.1.mlp.router.weight")),
+            Box::new(no_edit),
+            vec!["tensor model.layers.1.mlp.router.weight is missing".into()],
+        ),
+        (
+            "gpt_oss_mxfp4",
+            Box::new(move |t| t.retain(|x| x.0 != format!("{gu}_blocks"))),
+            Box::new(no_edit),
+            vec![format!("tensor {gu}_blocks is missing")],
+        ),
+        (
+            "gpt_oss",
+            Box::new(|_| {}),
+            Box::new(|c| c["num_experts_per_tok"] = 9.into()),
+            vec!["config.json: num_experts_per_tok 9 must be between 1 and num_experts (8)".into()],
+        ),
+        (
+            "gpt_oss",
             Box::new(|t| {
                 let x = t.iter().find(|x| x.0.ends_with("layers.0.mlp.router.weight")).unwrap().clone();
                 t.push(("model.layers.0.mlp.experts.0.gate_proj.weight".into(), x.1, vec![8, 32], x.3));

@@ -241,6 +241,11 @@ enum Edit<'a> {
     Set(&'a str, GgufValue),
     /// Keep the tensor's first outer slices only: new `ne` (same inner dims, fewer outer).
     Truncate(&'a str, Vec<u64>),
+    /// The tensor stored as another ggml type id (zero bytes of that type's size; an id this
+    /// reader does not know keeps the bytes).
+    Retype(&'a str, u32),
+    /// A tensor added: F32 zeros of this `ne`.
+    AddF32(&'a str, Vec<u64>),
     /// Every layer's `ffn_gate_exps` and `ffn_up_exps` [D, I, E] replaced by one
     /// `ffn_gate_up_exps` [D, 2I, E] holding per expert its gate rows then its up rows, as
     /// `convert_hf_to_gguf.py --fuse-gate-up-exps` writes it (checked against the converter's own
@@ -252,7 +257,9 @@ enum Edit<'a> {
 fn rewrite(src: &Path, dst: &Path, edit: Edit) {
     let f = GgufFile::open(src).unwrap();
     let mut meta = f.metadata().clone();
-    let (mut drop, mut truncate, mut fuse) = (None, None, false);
+    let (mut drop, mut truncate, mut fuse, mut retype) = (None, None, false, None);
+    // (name, ne, type id, bytes)
+    let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = Vec::new();
     match edit {
         Edit::None => {}
         Edit::DropTensor(t) => drop = Some(t),
@@ -261,11 +268,22 @@ fn rewrite(src: &Path, dst: &Path, edit: Edit) {
         }
         Edit::Truncate(t, ne) => truncate = Some((t, ne)),
         Edit::FuseGateUp => fuse = true,
+        Edit::Retype(t, id) => retype = Some((t, id)),
+        Edit::AddF32(t, ne) => {
+            let n: u64 = ne.iter().product();
+            tensors.push((t.to_string(), ne, 0, vec![0; 4 * n as usize]));
+        }
     }
-    // (name, ne, type id, bytes)
-    let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = Vec::new();
     for t in f.tensors().iter().filter(|t| Some(t.name.as_str()) != drop) {
         let data = f.tensor_data(t);
+        if let Some((name, id)) = retype.filter(|(name, _)| *name == t.name) {
+            let bytes = match draftlens_engine::formats::dequant::GgmlType::from_id(id) {
+                Some(ty) => vec![0; (t.n_elements() as usize / ty.block_size()) * ty.type_size()],
+                None => data.to_vec(),
+            };
+            tensors.push((name.to_string(), t.ne.clone(), id, bytes));
+            continue;
+        }
         match &truncate {
             Some((name, ne)) if *name == t.name => {
                 let n: u64 = ne.iter().product();
@@ -589,5 +607,84 @@ fn bad_recurrent_layers_are_named() {
                 vec!["qwen35moe.attention.recurrent_layers should be an array of bools"],
             ),
         ],
+    );
+}
+
+/// A router bias, which none of these architectures has (llama.cpp's qwen3moe / qwen35moe graphs
+/// route on `ffn_gate_inp.weight` alone; gpt-oss's router has `ffn_gate_inp.bias`, DeepSeek's
+/// `exp_probs_b`): refused at open, naming the file and the tensor.
+#[test]
+fn a_router_bias_is_named() {
+    for (file, arch) in [
+        ("qwen3_moe-bf16.gguf", "qwen3moe"),
+        ("qwen3_5_moe-bf16.gguf", "qwen35moe"),
+    ] {
+        let why = format!("is a router bias, but {arch}'s router has none");
+        refused(
+            file,
+            vec![
+                (
+                    Edit::AddF32("blk.0.ffn_gate_inp.bias", vec![16]),
+                    vec!["tensor blk.0.ffn_gate_inp.bias", why.as_str()],
+                ),
+                (
+                    Edit::AddF32("blk.2.exp_probs_b.bias", vec![16]),
+                    vec!["tensor blk.2.exp_probs_b.bias", why.as_str()],
+                ),
+            ],
+        );
+    }
+}
+
+/// A quantisation type the reader does not know (an id outside ggml's table) or cannot
+/// dequantise (MXFP4, ggml id 39, which llama.cpp writes for gpt-oss's experts): in an expert
+/// tensor refused at open; in any other tensor the file still opens (`inspect` lists it) and a
+/// command that runs the target refuses it when it opens it, before any weight is read.
+#[test]
+fn an_unknown_or_unsupported_quantisation_type_is_named() {
+    refused(
+        "qwen3_moe-bf16.gguf",
+        vec![
+            (
+                Edit::Retype("blk.0.ffn_up_exps.weight", 99),
+                vec!["tensor blk.0.ffn_up_exps.weight has unknown ggml type id 99"],
+            ),
+            (
+                // (ffn_gate_exps: rows of 64, whole MXFP4 blocks of 32; the down projection's
+                // rows of 8 are not.)
+                Edit::Retype("blk.2.ffn_gate_exps.weight", 39),
+                vec!["unsupported tensor type MXFP4 in tensor blk.2.ffn_gate_exps.weight"],
+            ),
+        ],
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("mxfp4_attention.gguf");
+    rewrite(
+        &gguf_path("qwen3_moe-bf16.gguf"),
+        &p,
+        Edit::Retype("blk.1.attn_q.weight", 39),
+    );
+    let listed = open(&p).weights.tensors();
+    let q = listed
+        .iter()
+        .find(|t| t.file_name == "blk.1.attn_q.weight")
+        .unwrap();
+    assert_eq!(q.dtype, "MXFP4");
+    let cache =
+        draftlens_engine::hidden_cache::HiddenCache::open(&tmp.path().join("cache")).unwrap();
+    let e = match draftlens_engine::session::Session::load(
+        CpuBackend::new(),
+        &p,
+        cache,
+        Default::default(),
+    ) {
+        Ok(_) => panic!("an MXFP4 attention tensor was accepted"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.starts_with(p.to_str().unwrap())
+            && e.contains("tensor model.layers.1.self_attn.q_proj.weight (blk.1.attn_q.weight) is stored as MXFP4, which draftlens cannot read"),
+        "{e}"
     );
 }

@@ -181,3 +181,74 @@ fn bad_checkpoints_are_one_clear_error_naming_the_tensor_or_key() {
         assert_eq!(e.lines().count(), 1, "one line: {e}");
     }
 }
+
+/// A checkpoint quantised in a way draftlens cannot read (here FP8, as Qwen's `-FP8` releases
+/// store their experts: `F8_E4M3` tensors under `quantization_config.quant_method` "fp8"): the
+/// folder still opens (`inspect` lists its tensors and dtypes), and a command that runs the target
+/// refuses it when it opens it (`Session::load`), before any weight is read, naming the folder,
+/// the tensor and its dtype.
+#[test]
+fn a_tensor_in_an_unreadable_quantised_dtype_is_refused_before_any_weight_is_read() {
+    use safetensors::tensor::{Dtype, TensorView};
+    let fp8 = "model.layers.0.mlp.experts.1.down_proj.weight";
+    let mut c = config();
+    c["quantization_config"] = json!({"quant_method": "fp8", "weight_block_size": [128, 128]});
+    let dir = folder(&c, |_| {});
+    // Rewrite the file with that expert's weight stored as one byte per value.
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let stored: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            let n_values: usize = t.shape().iter().product();
+            match n == fp8 {
+                true => (n, Dtype::F8_E4M3, t.shape().to_vec(), vec![0x38; n_values]),
+                false => (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()),
+            }
+        })
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = stored
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+
+    let listed = TargetFiles::open(dir.path()).unwrap().weights.tensors();
+    assert_eq!(
+        listed.iter().find(|t| t.name == fp8).unwrap().dtype,
+        "F8_E4M3"
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let e = match draftlens_engine::session::Session::load(
+        CpuBackend::new(),
+        dir.path(),
+        draftlens_engine::hidden_cache::HiddenCache::open(cache.path()).unwrap(),
+        Default::default(),
+    ) {
+        Ok(_) => panic!("an F8_E4M3 expert was accepted"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.starts_with(&dir.path().display().to_string())
+            && e.contains(&format!(
+                "tensor {fp8} ({fp8}) is stored as F8_E4M3, which draftlens cannot read"
+            )),
+        "{e}"
+    );
+}
+
+/// A top-k of 0: no expert would run.
+#[test]
+fn a_top_k_of_zero_is_named() {
+    let mut c = config();
+    c["num_experts_per_tok"] = json!(0);
+    let dir = folder(&c, |_| {});
+    let e = open_err(dir.path());
+    assert!(
+        e.contains("config.json: num_experts_per_tok 0 must be between 1 and num_experts (4)"),
+        "{e}"
+    );
+}

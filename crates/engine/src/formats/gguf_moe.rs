@@ -192,6 +192,18 @@ fn check(file: &GgufFile, arch: &str, moe: &MoeSpec) -> Result<()> {
         format!("{arch}.expert_feed_forward_length"),
         format!("{arch}.expert_shared_feed_forward_length"),
     );
+    // A router bias (gpt-oss's ffn_gate_inp.bias, DeepSeek's exp_probs_b): none of these
+    // architectures' routers has one (llama.cpp's graphs route on ffn_gate_inp.weight alone), so
+    // such a file is some other model's and would be misread.
+    for t in file.tensors() {
+        let part = t.name.strip_prefix("blk.").and_then(|r| r.split_once('.'));
+        if let Some((_, "ffn_gate_inp.bias" | "exp_probs_b.bias" | "exp_probs_b")) = part {
+            bail!(
+                "{p}: tensor {} is a router bias, but {arch}'s router has none (llama.cpp's {arch} graph routes on ffn_gate_inp.weight alone)",
+                t.name
+            );
+        }
+    }
     let shape_err = |t: &GgufTensor, want: &[u64], keys: &str| -> anyhow::Error {
         anyhow::anyhow!(
             "{p}: tensor {} has ne {:?} (innermost first), {keys} imply {want:?}",
@@ -473,9 +485,20 @@ impl WeightSource for MoeGgufWeights {
         self.inner.raw(name)
     }
 
+    /// An expert's rows of its stacked tensor (every other name: the inner source's).
     fn release(&self, name: &str) {
-        if !self.parts.contains_key(name) {
-            self.inner.release(name)
+        match self.parts.get(name) {
+            Some(part) => {
+                let t = &self.file.tensors()[part.index];
+                let total_rows = (t.n_elements() / t.row_len().max(1)) as usize;
+                let row_bytes = t.n_bytes as usize / total_rows.max(1);
+                let (start, end) = (
+                    part.first_row * row_bytes,
+                    (part.first_row + part.rows) * row_bytes,
+                );
+                self.file.release(t, start, end);
+            }
+            None => self.inner.release(name),
         }
     }
 }
