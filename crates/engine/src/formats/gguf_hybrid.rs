@@ -607,6 +607,13 @@ impl WeightSource for HybridGgufWeights {
             )
         })
     }
+
+    fn release(&self, name: &str) {
+        if let Some(e) = self.entries.get(name) {
+            let t = &self.file.tensors()[e.index];
+            self.file.release(t, 0, t.n_bytes as usize);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -222,6 +222,24 @@ impl GgufFile {
         &self.mmap[t.offset as usize..(t.offset + t.n_bytes) as usize]
     }
 
+    /// Drop this process's pages of bytes `start..end` of tensor `t`'s data once the loader has
+    /// uploaded them (`WeightSource::release`): the page cache keeps them, so a loaded GGUF
+    /// target's file does not stay resident in the process. The range is widened to whole 64 KiB
+    /// blocks (at least a page on every host) so that the pages a tensor shares with its
+    /// neighbours go too: dropping a page never changes what a later read sees, it only faults
+    /// the page back in.
+    pub fn release(&self, t: &GgufTensor, start: usize, end: usize) {
+        const BLOCK: usize = 64 << 10;
+        let (base, len) = (t.offset as usize, t.n_bytes as usize);
+        let lo = (base + start.min(len)) / BLOCK * BLOCK;
+        let hi = ((base + end.min(len)).div_ceil(BLOCK) * BLOCK).min(self.mmap.len());
+        if lo < hi {
+            // SAFETY: the range lies in this file's read-only mapping, which nothing writes to;
+            // a later read faults its pages back in with the same content.
+            unsafe { crate::backend::raw::release_mapped_pages(&self.mmap[lo..hi]) }
+        }
+    }
+
     /// Dequantise a tensor by GGUF name, in file order (no renaming, no un-permute). Shape in
     /// PyTorch order.
     pub fn dequantize(&self, name: &str) -> Result<HostTensor> {
