@@ -13,7 +13,9 @@
 //!   less its context): which of them fit, and the one-line refusal of the ones that do not;
 //! - the session's refusal path with an injected free-memory figure
 //!   (`SessionOptions::free_memory_override`, the test seam): every entry point refuses before
-//!   anything is loaded, naming the model with its numbers; a model that fits still loads.
+//!   anything is loaded, naming the model with its numbers; a model that fits still loads; and
+//!   Qwen3.5-122B-A10B's real layout (a checkpoint whose 227 GiB of BF16 data are a hole in a
+//!   sparse file) is opened from its headers and refused without a weight byte being read.
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::memory::{does_not_fit, MemoryModel, WORKSPACE_BYTES};
@@ -447,4 +449,82 @@ fn a_model_whose_weights_do_not_fit_is_refused_before_anything_is_loaded() {
     assert!(s.check_memory(&[("b", 12)], 16, 2).is_ok());
     s.model().unwrap();
     assert!(s.model_loaded());
+}
+
+/// Qwen3.5-122B-A10B's real layout end to end: a checkpoint folder with its config and a
+/// safetensors file holding every tensor the config implies (36,864 experts and all) in BF16,
+/// whose 227 GiB of data are a hole in a sparse file (nothing is written; nothing may be read).
+/// Opening it reads the headers only; the session refuses the model before any weight is read.
+#[test]
+fn qwen3_5_122b_a10b_in_bf16_is_refused_before_any_weight_is_read() {
+    use draftlens_engine::formats::WeightSource;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        qwen3_5_122b_a10b().to_string(),
+    )
+    .unwrap();
+    let spec = ModelSpec::from_hf_config(&dir.path().join("config.json")).unwrap();
+    let plan = draftlens_engine::model::random::RandomWeights::new(&spec, 0).tensors();
+    let (mut header, mut offset) = (serde_json::Map::new(), 0u64);
+    for t in &plan {
+        let bytes = 2 * t.shape.iter().product::<usize>() as u64;
+        header.insert(
+            t.name.clone(),
+            json!({"dtype": "BF16", "shape": t.shape, "data_offsets": [offset, offset + bytes]}),
+        );
+        offset += bytes;
+    }
+    let mut text = serde_json::Value::Object(header).to_string().into_bytes();
+    text.resize(text.len().next_multiple_of(8), b' ');
+    let path = dir.path().join("model.safetensors");
+    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(&text);
+    std::fs::write(&path, &bytes).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(bytes.len() as u64 + offset).unwrap(); // the data: a hole
+    assert!(offset > 227 * GIB);
+
+    let cache = tempfile::tempdir().unwrap();
+    let opts = SessionOptions {
+        free_memory_override: Some(H200_FREE),
+        ..Default::default()
+    };
+    let s = Session::load(
+        CpuBackend::new(),
+        dir.path(),
+        HiddenCache::open(cache.path()).unwrap(),
+        opts,
+    )
+    .unwrap();
+    // The headers' parameters are the config's: 227.45 GiB in bf16 on CUDA.
+    assert_eq!(
+        plan.iter()
+            .map(|t| t.shape.iter().product::<usize>() as u64)
+            .sum::<u64>(),
+        s.files.spec.stored_params()
+    );
+    let on_cuda = MemoryModel::new(&s.files.spec, "bf16").estimate(64, 1024, 128, 0);
+    assert!(on_cuda.describe().contains("weights 227.45 GiB (bf16)"));
+    let e = s
+        .check_memory(&[("p", 1024)], 128, 0)
+        .unwrap_err()
+        .to_string();
+    let name = dir
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    assert!(
+        e.starts_with(&format!(
+            "{name} (qwen3_5_moe) does not fit in the 139.00 GiB free on cpu"
+        )),
+        "{e}"
+    );
+    assert!(
+        e.contains("at batch 64, prompt 1024 + 128 new tokens"),
+        "{e}"
+    );
+    assert!(s.model().is_err() && !s.model_loaded());
 }
