@@ -55,7 +55,11 @@ pub fn run(g: &Global, a: DemoArgs) -> Result<()> {
     let reference = data.join(assets::REFERENCE_DRAFTER).display().to_string();
     let leaky = data.join(assets::LEAKY_DRAFTER).display().to_string();
     let train_style = ["--mode", "train-style", "--mask", "inclusive"];
-    for (drafter, extra) in [(&reference, &[][..]), (&leaky, &[][..]), (&leaky, &train_style[..])] {
+    for (drafter, extra) in [
+        (&reference, &[][..]),
+        (&leaky, &[][..]),
+        (&leaky, &train_style[..]),
+    ] {
         let mut argv: Vec<String> = vec![
             "--target".into(),
             target.display().to_string(),

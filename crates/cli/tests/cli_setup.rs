@@ -383,7 +383,15 @@ fn fresh_folder_setup_doctor_prompts_and_run() {
     let o = user(
         &work,
         &home,
-        &["demo", "--limit", "1", "--backend", "cpu", "--db", "demo.sqlite"],
+        &[
+            "demo",
+            "--limit",
+            "1",
+            "--backend",
+            "cpu",
+            "--db",
+            "demo.sqlite",
+        ],
     );
     ok(&o, "demo");
     let runs = cli_util::runs(&work.join("demo.sqlite"));
@@ -402,7 +410,9 @@ fn fresh_folder_setup_doctor_prompts_and_run() {
         "{}",
         stdout(&o)
     );
-    assert!(runs.iter().all(|r| r.num_prompts == 1 && r.drafter_step == Some(962)));
+    assert!(runs
+        .iter()
+        .all(|r| r.num_prompts == 1 && r.drafter_step == Some(962)));
 }
 
 /// `--backend auto` without a GPU: the CPU, said on the first line (stderr with --json so stdout
