@@ -7,7 +7,7 @@ CPU only, pure PyTorch, float64. The drafter is the committed EAGLE-3 golden che
 random Qwen3 golden target's taps; the midlayer maths (norms, RoPE, the 2·D q/k/v input, the
 residual, the MLP) are that script's, imported from it.
 
-The tree follows SGLang's EAGLE worker tensor for tensor (python/sglang/srt/speculative/
+The tree follows SGLang's EAGLE worker tensor for tensor (its sglang/srt/speculative/
 eagle_worker.py `draft_forward`, eagle_utils.py `select_top_k_tokens` and
 `organize_draft_results`), for one request:
 

@@ -252,7 +252,7 @@ async fn the_compare_page_and_the_drill_down_over_http() {
         .put_trace_diff(
             f.trace_run,
             &NewTraceDiff {
-                drafter_path: "drafters/reference/step-9",
+                drafter_path: "ckpts/reference/step-9",
                 drafter_sha256: DRAFTER_SHA,
                 target_path: "models/fake",
                 backend: "cpu",

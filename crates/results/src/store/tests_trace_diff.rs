@@ -82,7 +82,7 @@ fn prompt(index: u32, fewer_at: &[usize]) -> PromptDiff {
 
 fn new_diff<'a>(sha: &'a str, prompts: &'a [PromptDiff]) -> NewTraceDiff<'a> {
     NewTraceDiff {
-        drafter_path: "drafters/ref/step-9",
+        drafter_path: "ckpts/ref/step-9",
         drafter_sha256: sha,
         target_path: "models/t",
         backend: "cpu",
@@ -105,7 +105,7 @@ fn a_diff_reads_back_as_written_and_a_second_diff_against_the_same_drafter_repla
             info.drafter_path.as_str(),
             info.drafter_sha256.as_str()
         ),
-        (run, "drafters/ref/step-9", "a")
+        (run, "ckpts/ref/step-9", "a")
     );
     let mut sorted = prompts.clone();
     sorted.sort_by_key(|p| p.index);

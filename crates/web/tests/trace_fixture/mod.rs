@@ -281,7 +281,7 @@ pub fn build(store: &Store, dir: &Path) -> Fixture {
         .put_trace_diff(
             trace_run,
             &NewTraceDiff {
-                drafter_path: "drafters/reference/step-9",
+                drafter_path: "ckpts/reference/step-9",
                 drafter_sha256: DRAFTER_SHA,
                 target_path: "models/fake",
                 backend: "cpu",
@@ -295,7 +295,7 @@ pub fn build(store: &Store, dir: &Path) -> Fixture {
         .create_run(&NewRun {
             name: "reference drafter".into(),
             target_sha256: "t".repeat(64),
-            drafter_path: "drafters/reference/step-9".into(),
+            drafter_path: "ckpts/reference/step-9".into(),
             drafter_sha256: DRAFTER_SHA.into(),
             prompt_set_name: "tiny".into(),
             prompt_set_sha256: "s".repeat(64),

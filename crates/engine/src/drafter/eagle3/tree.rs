@@ -14,7 +14,7 @@
 //!     token, is the TOTAL-th), ties to the earlier candidate, so a parent always precedes its child
 //! ```
 //! This is SGLang's `select_top_k_tokens` and `organize_draft_results`
-//! (python/sglang/srt/speculative/eagle_utils.py) with log-probabilities summed where SGLang
+//! (SGLang's sglang/srt/speculative/eagle_utils.py) with log-probabilities summed where SGLang
 //! multiplies probabilities (the same order; EAGLE's `topK_genrate` sums them). Candidates are
 //! numbered as SGLang's `score_list`: depth 1's k, then per depth m ≥ 2 the children of kept slot
 //! j at k + (m − 2)·k² + j·k + c.
