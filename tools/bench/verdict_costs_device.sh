@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The verdict's two estimates on CUDA (docs/verdict.md §6), in one device call: for each target,
+# The verdict's two estimates on CUDA (docs/verdict.md §9), in one device call: for each target,
 #   1. `run --backend cuda` (the replayed τ),
 #   2. `live --backend cuda --baseline --store RUN` (the measured speed-up, and the costs taken
 #      from live decoding's own rounds),
@@ -16,7 +16,7 @@
 # with the release binary and the Qwen3 tokenizer carried in B (as the other device scripts):
 #   B=target-carry/vc bash tools/bench/verdict_costs_device.sh
 # A CPU-only dry run of the logic (no GPU): DEV=cpu MK_DEVICE=cpu Q8B_ARCH=qwen3-tiny PY=<python
-# with torch> LIMIT=2 MAX_NEW=12 REPS=2 O=/tmp/o OUT=/tmp/out B=<folder with draftlens> bash …
+# with torch> LIMIT=2 MAX_NEW=12 REPS=2 W=/tmp/vc O=/tmp/vc/o OUT=/tmp/vc/out B=<folder with draftlens> bash …
 set -u
 B=${B:-target-carry/vc}
 DEV=${DEV:-cuda}               # the backend measured
@@ -29,8 +29,9 @@ REPS=${REPS:-10}               # timed repetitions at each context (bench-costs)
 SMOL_TARGET=${SMOL_TARGET:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 SMOL_DRAFTER=${SMOL_DRAFTER:-drafters/smollm2-reference/step-2581}
 OUT=${OUT:-/tmp/out}
+W=${W:-/tmp}                   # where the random target and the databases go
 source tools/bench/device_env.sh
-export DRAFTLENS_DATA=/tmp/data DRAFTLENS_CACHE=/tmp/cache
+export DRAFTLENS_DATA=$W/data DRAFTLENS_CACHE=$W/cache
 T0=$(date +%s)
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader || echo "no GPU"; } 2>&1 | tee $O/gpu.txt
 step() { local n=$1 t=$2; shift 2; /usr/bin/time -f "%e s %M KB" timeout $t $B/draftlens "$@" > $O/$n.out 2> $O/$n.err; echo "== $n rc=$? $(tail -1 $O/$n.err)"; }
@@ -38,7 +39,7 @@ run_id() { $PY -c "import json;print(json.load(open('$O/$1.out'))[0]['run_id'])"
 
 # verdict NAME TARGET DRAFTER: the four steps on one target, into its own database.
 verdict() {
-  local n=$1 t=$2 d=$3 db=/tmp/$1.sqlite
+  local n=$1 t=$2 d=$3 db=$W/$1.sqlite
   rm -f $db
   local common=(--backend $DEV --target $t --drafter $d --prompts builtin:humaneval --limit $LIMIT --max-new-tokens $MAX_NEW --db $db)
   step run-$n 300 --json run "${common[@]}"
@@ -66,9 +67,10 @@ print("  live costs ms", ms(r["costs"]), "| bench-costs ms", ms(r["bench_costs"]
 PYEOF
 }
 
-$PY tools/bench/make_random_target.py --device $MK_DEVICE --out /tmp/q8b --arch $Q8B_ARCH --drafters 1 > $O/make-q8b.log 2>&1 || echo "make_random_target failed"
+mkdir -p $W
+$PY tools/bench/make_random_target.py --device $MK_DEVICE --out $W/q8b --arch $Q8B_ARCH --drafters 1 > $O/make-q8b.log 2>&1 || echo "make_random_target failed"
 tail -2 $O/make-q8b.log
-verdict q8b /tmp/q8b /tmp/q8b-drafters/step-0
+verdict q8b $W/q8b $W/q8b-drafters/step-0
 if [ -f "$SMOL_TARGET" ] && [ -d "$SMOL_DRAFTER" ]; then
   verdict smollm2 "$SMOL_TARGET" "$SMOL_DRAFTER"
 else

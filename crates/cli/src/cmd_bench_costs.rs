@@ -1,4 +1,4 @@
-//! `bench-costs` (docs/verdict.md §6): the cost model's inputs (t_decode, t_draft_round,
+//! `bench-costs` (docs/verdict.md §9): the cost model's inputs (t_decode, t_draft_round,
 //! t_verify(B)) measured on the backend apart from live decoding, each operation timed on its
 //! own at several contexts of every prompt (`draftlens_engine::drafter::cost_bench`), summarised
 //! as medians with their spread (`draftlens_results::cost_bench`) and, with `--store RUN`, stored

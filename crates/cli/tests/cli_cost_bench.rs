@@ -1,4 +1,4 @@
-//! `bench-costs` through the built binary (docs/verdict.md §6): the cost model's inputs measured
+//! `bench-costs` through the built binary (docs/verdict.md §9): the cost model's inputs measured
 //! on the CPU apart from live decoding, for the reference DFlash drafter on the default target,
 //! stored with its replayed run next to `live --store`'s timings; the stored costs are positive,
 //! t_verify grows with the tokens a pass, `compare` shows the estimate from these costs, and that
@@ -13,11 +13,12 @@ use std::path::Path;
 const MAX_NEW: &str = "24";
 
 /// |estimate from bench-costs / measured live speed-up − 1|, in %, that the test accepts.
-/// Measured on the 2-core development machine while other builds ran (docs/verdict.md §6): see
-/// the figures there; the bound leaves room for a loaded machine without letting a wrong cost
-/// (a verify pass timed without its top-1, a draft round without its update: 10–50 % off)
-/// through.
-const TOLERANCE_PCT: f64 = 15.0;
+/// This test's configuration on the 2-core development machine while other builds ran (load
+/// average 4–7), five times: −6.5 %, −11.8 %, +1.3 %, −5.5 %, +0.2 % (docs/verdict.md §9): the load moves
+/// between the `live` and the `bench-costs` process. The bound leaves room for that and still
+/// fails a wrong cost: t_verify(1) taken for t_verify(B) (+32 % there), the draft round left out
+/// (+22 %), a unit slip.
+const TOLERANCE_PCT: f64 = 20.0;
 
 fn args<'a>(cmd: &'a str, drafter: &'a Path, prompts: &'a Path, db: &'a Path) -> Vec<&'a str> {
     vec![
@@ -74,7 +75,11 @@ fn bench_costs_stores_independent_costs_and_its_estimate_lands_near_the_measured
         clean_error(&dl(&cache, &a), what, needles);
     };
     bad(&["--reps", "0"], "--reps 0", &["--reps"]);
-    bad(&["--verify-sizes", "4,0"], "--verify-sizes 0", &["--verify-sizes"]);
+    bad(
+        &["--verify-sizes", "4,0"],
+        "--verify-sizes 0",
+        &["--verify-sizes"],
+    );
     bad(
         &["--verify-sizes", "4,17"],
         "--verify-sizes above B",

@@ -1,5 +1,5 @@
 //! The cost model's inputs measured apart from live decoding (`draftlens bench-costs`,
-//! docs/verdict.md §6), stored as their own metric source ([`SOURCE`]) so that the verdict can put
+//! docs/verdict.md §9), stored as their own metric source ([`SOURCE`]) so that the verdict can put
 //! the estimate from these costs next to the estimate from live decoding's own rounds
 //! (`crate::speed`) and the measured speed-up. The estimate is the one of
 //! [`crate::speed::estimated_speedup`]; only where its inputs come from differs.
@@ -270,7 +270,10 @@ mod tests {
     #[test]
     fn spread_known_answers() {
         let s = Spread::of(&[5.0, 1.0, 4.0, 2.0, 3.0]).unwrap();
-        assert_eq!((s.median, s.p25, s.p75, s.min, s.max, s.n), (3.0, 2.0, 4.0, 1.0, 5.0, 5));
+        assert_eq!(
+            (s.median, s.p25, s.p75, s.min, s.max, s.n),
+            (3.0, 2.0, 4.0, 1.0, 5.0, 5)
+        );
         let s = Spread::of(&[8.0, 1.0, 4.0, 2.0]).unwrap();
         assert_eq!((s.median, s.p25, s.p75), (3.0, 1.75, 5.0));
         let one = Spread::of(&[0.25]).unwrap();
@@ -299,7 +302,12 @@ mod tests {
                 index: 0,
                 decode_step_s: vec![0.020, 0.021, 0.019],
                 contexts: vec![
-                    context(0, 40, &[0.004, 0.005], &[(1, &[0.020, 0.022]), (4, &[0.024, 0.026])]),
+                    context(
+                        0,
+                        40,
+                        &[0.004, 0.005],
+                        &[(1, &[0.020, 0.022]), (4, &[0.024, 0.026])],
+                    ),
                     context(0, 52, &[0.006], &[(1, &[0.021]), (4, &[0.025])]),
                 ],
             },
@@ -317,7 +325,10 @@ mod tests {
         assert!((c.t_draft_round - 0.0045).abs() < 1e-15);
         assert!((c.t_verify - 0.0245).abs() < 1e-15);
         assert_eq!((b.prompts, b.contexts, b.context_len), (2, 3, (9, 52)));
-        assert_eq!(b.t_verify.iter().map(|v| v.tokens).collect::<Vec<_>>(), [1, 4]);
+        assert_eq!(
+            b.t_verify.iter().map(|v| v.tokens).collect::<Vec<_>>(),
+            [1, 4]
+        );
         assert_eq!(b.t_verify[0].spread.n, 4);
         // τ = 2.9: 2.9 · 20 / (4.5 + 24.5) = 2.0.
         assert!((estimated_speedup(2.9, &c).unwrap() - 2.0).abs() < 1e-12);
@@ -362,7 +373,10 @@ mod tests {
             contexts: vec![context(0, 10, &[0.004], &[(4, &[0.024])])],
         };
         assert!(CostBench::of(std::slice::from_ref(&full), 4).is_some());
-        assert!(CostBench::of(std::slice::from_ref(&full), 8).is_none(), "B not measured");
+        assert!(
+            CostBench::of(std::slice::from_ref(&full), 8).is_none(),
+            "B not measured"
+        );
         let no_decode = PromptSamples {
             decode_step_s: vec![],
             ..full.clone()

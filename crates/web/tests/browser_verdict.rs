@@ -10,10 +10,8 @@
 mod support;
 
 use draftlens_records::{RecordBatch, Region};
+use draftlens_results::cost_bench::{ContextSamples, CostBench, PromptSamples, StoredCostBench};
 use draftlens_results::metrics::{summarize, PromptInfo};
-use draftlens_results::cost_bench::{
-    ContextSamples, CostBench, PromptSamples, StoredCostBench,
-};
 use draftlens_results::speed::{estimated_speedup, PromptTiming, SpeedSummary, StoredSpeed};
 use draftlens_results::store::{MetricScope, NewRun, RunPrompt, RunStatus, Store};
 use support::*;
@@ -55,7 +53,9 @@ fn cost_bench_rows(prompts: u32, scale: f64) -> Vec<draftlens_results::store::Me
     let samples: Vec<PromptSamples> = (0..prompts)
         .map(|i| PromptSamples {
             index: i,
-            decode_step_s: (0..6).map(|k| scale * (0.014 + 0.0003 * ((i + k) % 4) as f64)).collect(),
+            decode_step_s: (0..6)
+                .map(|k| scale * (0.014 + 0.0003 * ((i + k) % 4) as f64))
+                .collect(),
             contexts: (0..2)
                 .map(|c| ContextSamples {
                     prompt: i,
@@ -266,17 +266,23 @@ async fn verdict_panel_shows_the_stored_numbers() {
     // The estimates from the independent costs (bench-costs) and their distance from the
     // measured speed-up, against what the database gives.
     let shown = cell(&br, a, "est-bench").await.unwrap();
-    assert!(close(shown, est_bench_a), "bench estimate {shown} vs {est_bench_a}");
-    assert!((est_bench_a - est_a).abs() > 1e-6, "the fixture's two estimates differ");
+    assert!(
+        close(shown, est_bench_a),
+        "bench estimate {shown} vs {est_bench_a}"
+    );
+    assert!(
+        (est_bench_a - est_a).abs() > 1e-6,
+        "the fixture's two estimates differ"
+    );
     let err_bench = cell(&br, a, "err-bench").await.unwrap();
     assert!(close(err_bench, 100.0 * (est_bench_a / measured_a - 1.0)));
     let shown = cell(&br, b, "est-bench").await.unwrap();
-    assert!(close(shown, est_bench_b), "bench estimate {shown} vs {est_bench_b}");
-    assert_eq!(cell(&br, b, "err-bench").await, None);
     assert!(
-        text.contains(&format!("{est_bench_a:.3}×")),
-        "{text}"
+        close(shown, est_bench_b),
+        "bench estimate {shown} vs {est_bench_b}"
     );
+    assert_eq!(cell(&br, b, "err-bench").await, None);
+    assert!(text.contains(&format!("{est_bench_a:.3}×")), "{text}");
     let closeness_bench = br
         .js("return document.querySelector('#verdict .closeness-bench').textContent")
         .await

@@ -1,4 +1,4 @@
-//! `draftlens bench-costs` (docs/verdict.md §6): the cost model's three inputs measured on the
+//! `draftlens bench-costs` (docs/verdict.md §9): the cost model's three inputs measured on the
 //! backend apart from live decoding, each operation timed on its own and repeated, so that the
 //! estimate they give is not made of the rounds of the live decoding it is compared with.
 //!
@@ -19,9 +19,9 @@
 //!    A draft round's sample is proposals + update. Each repetition starts from the same state,
 //!    so it times the same work.
 //!
-//! Each timed phase ends with the device idle ([`settle`]): a GPU's queued work is inside the
-//! phase that queued it, also for the phases that do not end on a read of their own (the context
-//! update; a hybrid target's crop, which runs the kept tokens again).
+//! Each timed phase starts and ends with the device idle ([`timed`]): a GPU's queued work is
+//! inside the phase that queued it, also for the phases that do not end on a read of their own
+//! (the context update; a hybrid target's crop, which runs the kept tokens again).
 
 use super::live::{accepted_drafts, LiveDrafter};
 use super::speed::greedy_timed;
@@ -105,6 +105,15 @@ fn settle<B: Backend>(be: &B) -> Result<()> {
     Ok(())
 }
 
+/// `f`'s result and its seconds, the clock started and stopped on an idle device.
+fn timed<B: Backend, T>(be: &B, f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
+    settle(be)?;
+    let t = Instant::now();
+    let out = f()?;
+    settle(be)?;
+    Ok((out, t.elapsed().as_secs_f64()))
+}
+
 /// Times prompt `index` (`prompt` its token ids) on `be` as the module says.
 pub fn bench_prompt<'d, B: Backend + 'd>(
     be: &B,
@@ -178,40 +187,39 @@ fn bench_anchor<B: Backend>(
         ..ContextSamples::default()
     };
     for rep in 0..opts.warmup + opts.reps {
-        let timed = rep >= opts.warmup;
+        let measured = rep >= opts.warmup;
         let mut state = drafter.start(be, target, &prefill.captured, at.prefix, at.token)?;
-        settle(be)?;
-        let t = Instant::now();
-        let drafts = drafter.propose(be, target, &state, &committed)?;
-        settle(be)?;
-        let propose_s = t.elapsed().as_secs_f64();
+        let (drafts, propose_s) = timed(be, || drafter.propose(be, target, &state, &committed))?;
         let mut block = vec![at.token];
         block.extend_from_slice(&drafts);
         let mut last = None;
         for (i, &n) in at.sizes.iter().enumerate() {
-            let t = Instant::now();
-            let v = target.forward(be, &block[..n], &mut cache, at.capture)?;
-            let post = target.logits_topk(be, &v.last_hidden, 1)?.argmax();
-            let acc = accepted_drafts(&drafts[..n - 1], &post, n - 1, at.eos);
-            target.crop(be, &mut cache, a + acc + 1)?;
-            settle(be)?;
-            let verify_s = t.elapsed().as_secs_f64();
+            let ((v, post, acc), verify_s) = timed(be, || {
+                let v = target.forward(be, &block[..n], &mut cache, at.capture)?;
+                let post = target.logits_topk(be, &v.last_hidden, 1)?.argmax();
+                let acc = accepted_drafts(&drafts[..n - 1], &post, n - 1, at.eos);
+                target.crop(be, &mut cache, a + acc + 1)?;
+                Ok((v, post, acc))
+            })?;
             // Back to the anchor's context for the next pass (untimed).
             target.crop(be, &mut cache, a)?;
-            if timed {
+            if measured {
                 out.verify_s[i].1.push(verify_s);
             }
             last = Some((v, post, acc));
         }
         let (v, post, acc) = last.expect("B is among the sizes");
-        // The round's committed tokens: the accepted drafts and the bonus.
+        // The round's committed tokens, as live decoding commits them: the accepted drafts and
+        // the bonus, unless an accepted EOS ended the sequence.
         let mut new_tokens = drafts[..acc].to_vec();
-        new_tokens.push(post[acc]);
-        let t = Instant::now();
-        drafter.extend(be, target, &mut state, &v.captured, acc + 1, &new_tokens)?;
-        settle(be)?;
-        if timed {
-            out.draft_s.push(propose_s + t.elapsed().as_secs_f64());
+        if acc == 0 || !at.eos.contains(&drafts[acc - 1]) {
+            new_tokens.push(post[acc]);
+        }
+        let ((), update_s) = timed(be, || {
+            drafter.extend(be, target, &mut state, &v.captured, acc + 1, &new_tokens)
+        })?;
+        if measured {
+            out.draft_s.push(propose_s + update_s);
         }
         out.accepted = acc as u32;
     }
@@ -310,15 +318,19 @@ mod tests {
         assert_eq!(p.decode_step_s.len(), 11);
         let lens: Vec<u64> = p.contexts.iter().map(|c| c.context_len).collect();
         assert_eq!(lens, [9, 14, 19]);
-        let live = crate::drafter::live::live_decode(&be, &target, &drafter, &prompt, 12, &[])
-            .unwrap();
+        let live =
+            crate::drafter::live::live_decode(&be, &target, &drafter, &prompt, 12, &[]).unwrap();
         for c in &p.contexts {
             assert_eq!(c.prompt, 5);
             assert_eq!(c.draft_s.len(), 2);
             let sizes: Vec<u32> = c.verify_s.iter().map(|(n, _)| *n).collect();
             assert_eq!(sizes, [1, 2, 4]);
             assert!(c.verify_s.iter().all(|(_, s)| s.len() == 2));
-            assert!(c.draft_s.iter().chain(c.verify_s.iter().flat_map(|(_, s)| s)).all(|&x| x > 0.0));
+            assert!(c
+                .draft_s
+                .iter()
+                .chain(c.verify_s.iter().flat_map(|(_, s)| s))
+                .all(|&x| x > 0.0));
             // At the first anchor live decoding's first round is this round.
             if c.context_len == 9 {
                 assert_eq!(c.accepted, live.accepted[0]);

@@ -18,8 +18,8 @@
 
 use crate::stats::{paired_interval, IntervalMethod, Resamples, Rng};
 use anyhow::Result;
-use draftlens_results::metrics::{derived, RunStats};
 use draftlens_results::cost_bench::StoredCostBench;
+use draftlens_results::metrics::{derived, RunStats};
 use draftlens_results::speed::{estimated_speedup, CostInputs, StoredSpeed};
 use draftlens_results::store::{RunInfo, Store};
 use serde::Serialize;
@@ -499,7 +499,10 @@ mod tests {
         // The EAGLE-3 run: an estimate (2 · 30 / 30 = 2) and nothing to compare it with.
         let o = &v.rows[1];
         assert!((o.estimated_bench.unwrap() - 2.0).abs() < 1e-12);
-        assert_eq!((o.estimated, o.measured, o.estimate_bench_error_pct), (None, None, None));
+        assert_eq!(
+            (o.estimated, o.measured, o.estimate_bench_error_pct),
+            (None, None, None)
+        );
         assert!(o.missing.as_deref().unwrap().contains("no live timings"));
         assert!(o.missing.as_deref().unwrap().contains("--store 8"));
         assert_eq!(v.worst_estimate_bench_error_pct, r.estimate_bench_error_pct);
