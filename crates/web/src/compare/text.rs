@@ -227,15 +227,9 @@ fn verdict_text(c: &Comparison) -> String {
         .to_vec()];
         for (r, run) in v.rows.iter().zip(&c.runs) {
             let Some(k) = &r.costs else { continue };
-            rows.push(vec![
-                format!("#{}", r.run),
-                run.block_size.to_string(),
-                format!("{:.3}", k.t_decode * 1e3),
-                format!("{:.3}", k.t_draft_round * 1e3),
-                format!("{:.3}", k.t_verify * 1e3),
-                value(r.tau_live),
-                r.timed_prompts.to_string(),
-            ]);
+            let mut row = cost_cells(r.run, run.block_size, k);
+            row.extend([value(r.tau_live), r.timed_prompts.to_string()]);
+            rows.push(row);
         }
         s.push_str(&table(&rows));
     }
@@ -248,14 +242,9 @@ fn verdict_text(c: &Comparison) -> String {
             .map(String::from)
             .to_vec()];
         for (r, run) in v.rows.iter().zip(&c.runs) {
-            let Some(k) = &r.bench_costs else { continue };
-            rows.push(vec![
-                format!("#{}", r.run),
-                run.block_size.to_string(),
-                format!("{:.3}", k.t_decode * 1e3),
-                format!("{:.3}", k.t_draft_round * 1e3),
-                format!("{:.3}", k.t_verify * 1e3),
-            ]);
+            if let Some(k) = &r.bench_costs {
+                rows.push(cost_cells(r.run, run.block_size, k));
+            }
         }
         s.push_str(&table(&rows));
     }
@@ -342,4 +331,20 @@ fn table(rows: &[Vec<String>]) -> String {
         s.push('\n');
     }
     s
+}
+
+/// A cost table's first cells: the run, its block size and the three cost model inputs in ms
+/// (the live-measured and the `bench-costs` tables alike).
+fn cost_cells(
+    run: i64,
+    block_size: impl ToString,
+    k: &draftlens_results::speed::CostInputs,
+) -> Vec<String> {
+    vec![
+        format!("#{run}"),
+        block_size.to_string(),
+        format!("{:.3}", k.t_decode * 1e3),
+        format!("{:.3}", k.t_draft_round * 1e3),
+        format!("{:.3}", k.t_verify * 1e3),
+    ]
 }
