@@ -263,19 +263,17 @@ __device__ __forceinline__ void dg_finish(float (&acc)[MT][NT][4], void* y, int 
             }
 }
 
-// mode 0: y bf16 = sum; 1: y bf16 = bf16(y + bf16(sum)) (residual add); 2: y fp32 = sum.
-// ws: fp32 partials (S > 1), cnt: one zeroed counter per feature block (S > 1).
+// The register kernel's accumulation of one warp's MT feature tiles × NT row tiles over this
+// block's K split (`dg_range`), rows past R zero: the whole of the kernel's arithmetic before the
+// split-K reduction, shared with the grouped kernel of a mixture of experts (moe_gemm.cu).
 template <int NT, int MT>
-__device__ void decode_gemm(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, void* y, int R, int N,
-                            int K, long long ldy, int mode, float* __restrict__ ws, u32* __restrict__ cnt) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
+__device__ __forceinline__ void dg_accumulate(float (&acc)[MT][NT][4], const bf16_t* __restrict__ x,
+                                              const bf16_t* __restrict__ w, int R, int N, int K, long long n0, int g,
+                                              int t) {
     const DgRange rg = dg_range(K);
-    const long long n0 = ((long long)blockIdx.x * DG_WARPS + warp) * MT * 16;
     const bf16_t* wra[MT];
     const bf16_t* wrb[MT];
     dg_rows<MT>(wra, wrb, w, N, K, n0, g);
-    float acc[MT][NT][4];
     dg_zero<NT, MT>(acc);
 
     int c = rg.c0;
@@ -297,6 +295,18 @@ __device__ void decode_gemm(const bf16_t* __restrict__ x, const bf16_t* __restri
     }
     // Remaining chunks one at a time (same order).
     dg_tail<NT, MT>(acc, wra, wrb, x, R, K, g, t, c, rg);
+}
+
+// mode 0: y bf16 = sum; 1: y bf16 = bf16(y + bf16(sum)) (residual add); 2: y fp32 = sum.
+// ws: fp32 partials (S > 1), cnt: one zeroed counter per feature block (S > 1).
+template <int NT, int MT>
+__device__ void decode_gemm(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, void* y, int R, int N,
+                            int K, long long ldy, int mode, float* __restrict__ ws, u32* __restrict__ cnt) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const long long n0 = ((long long)blockIdx.x * DG_WARPS + warp) * MT * 16;
+    float acc[MT][NT][4];
+    dg_accumulate<NT, MT>(acc, x, w, R, N, K, n0, g, t);
     dg_finish<NT, MT>(acc, y, R, N, ldy, mode, ws, cnt, n0, warp, lane, g, t);
 }
 

@@ -18,3 +18,195 @@ extern "C" __global__ void moe_add_weighted_rows_bf16(bf16_t* __restrict__ acc, 
         acc[r * cols + c] = f2bf(__fadd_rn(bf2f(acc[r * cols + c]), sum));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Routing on the device (decode steps: crates/engine/src/backend/cuda/moe.rs). Three kernels
+// replace the host's download of the router logits, `RoutingPlan` and the upload of its lists:
+// moe_route (per row), moe_plan (one block for the step), moe_gather_rows. The rule is
+// `crate::model::moe::route` (transformers' Qwen3-MoE / Qwen3.5-MoE / Qwen3-Next routers).
+
+#define MOE_MAX_TOP_K 16
+#define MOE_ROUTE_THREADS 128
+
+// (value, index) of the largest value in the block, ties to the lower index. Every thread gets it.
+__device__ __forceinline__ void moe_block_argmax(float& v, int& i) {
+    __shared__ float s_v[MOE_ROUTE_THREADS / 32];
+    __shared__ int s_i[MOE_ROUTE_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (ov > v || (ov == v && oi < i)) {
+            v = ov;
+            i = oi;
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // the previous call's readers are done with s_v / s_i
+    if (lane == 0) {
+        s_v[warp] = v;
+        s_i[warp] = i;
+    }
+    __syncthreads();
+    v = s_v[0];
+    i = s_i[0];
+    for (int w = 1; w < MOE_ROUTE_THREADS / 32; ++w)
+        if (s_v[w] > v || (s_v[w] == v && s_i[w] < i)) {
+            v = s_v[w];
+            i = s_i[w];
+        }
+}
+
+// Sum over the block in a fixed order (each thread's strided partial, a warp butterfly, then the
+// warps in order): the same for every row, so a row's routing never depends on its batch-mates.
+__device__ __forceinline__ float moe_block_sum(float v) {
+    __shared__ float s_sum[MOE_ROUTE_THREADS / 32];
+    v = warp_sum(v);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) s_sum[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int w = 0; w < MOE_ROUTE_THREADS / 32; ++w) s += s_sum[w];
+    return s;
+}
+
+// One block of MOE_ROUTE_THREADS per row r of the router logits ([T, width] bf16: E routing
+// logits, then with a shared expert its gate logit). probs = softmax(logits) in f32 (max
+// subtracted), the top_k largest probabilities (ties to the lower expert), divided by their sum
+// (added largest first) when `renorm`; written as row r's top_k (expert, weight) in ascending
+// expert order, and sigmoid(gate logit) to shared_gate[r] when width > E. Dynamic shared memory:
+// E floats.
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
+    moe_route(const bf16_t* __restrict__ logits, int width, int E, int top_k, int renorm,
+              int* __restrict__ route_expert, float* __restrict__ route_weight, float* __restrict__ shared_gate) {
+    extern __shared__ float moe_probs[];
+    __shared__ int s_exp[MOE_MAX_TOP_K];
+    __shared__ float s_p[MOE_MAX_TOP_K];
+    const long long r = blockIdx.x;
+    const bf16_t* l = logits + r * width;
+    float m = -DL_INF;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) m = fmaxf(m, bf2f(l[i]));
+    int unused = 0;
+    moe_block_argmax(m, unused);
+    float part = 0.f;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        const float x = expf(bf2f(l[i]) - m);
+        moe_probs[i] = x;
+        part += x;
+    }
+    const float sum = moe_block_sum(part);
+    for (int i = threadIdx.x; i < E; i += blockDim.x) moe_probs[i] = moe_probs[i] / sum;
+    __syncthreads();
+    for (int j = 0; j < top_k; ++j) {
+        float v = -1.f;
+        int best = E;
+        for (int i = threadIdx.x; i < E; i += blockDim.x)
+            if (moe_probs[i] > v) {  // strided ascending: the first of equal values stays
+                v = moe_probs[i];
+                best = i;
+            }
+        moe_block_argmax(v, best);
+        if (threadIdx.x == 0) {
+            s_exp[j] = best;
+            s_p[j] = v;
+            moe_probs[best] = -1.f;  // probabilities are ≥ 0: never chosen again
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int j = 0; j < top_k; ++j) total += s_p[j];
+        // Insertion sort by expert id (top_k ≤ 16).
+        for (int j = 1; j < top_k; ++j) {
+            const int e = s_exp[j];
+            const float p = s_p[j];
+            int q = j - 1;
+            while (q >= 0 && s_exp[q] > e) {
+                s_exp[q + 1] = s_exp[q];
+                s_p[q + 1] = s_p[q];
+                --q;
+            }
+            s_exp[q + 1] = e;
+            s_p[q + 1] = p;
+        }
+        for (int j = 0; j < top_k; ++j) {
+            route_expert[r * top_k + j] = s_exp[j];
+            route_weight[r * top_k + j] = renorm ? s_p[j] / total : s_p[j];
+        }
+        if (width > E) shared_gate[r] = 1.f / (1.f + expf(-bf2f(l[E])));
+    }
+}
+
+// One block for the step: from the T·top_k routes (each row's experts ascending) the lists the
+// grouped GEMMs and the combine read, as `RoutingPlan::from_routes` builds them on the host:
+//   gather[T·top_k]: the rows of x, expert after expert (ascending), each expert's rows ascending;
+//   groups[3·G] (expert, first gathered row, rows ≤ max_rows) in that order, and n_groups[0] = G;
+//   term_index / term_weight [T·terms] (terms = top_k, + 1 with shared_gate): row r's terms in its
+//   experts' order, each the gathered row holding its expert's output and its routing weight, then
+//   the shared expert's row T·top_k + r with weight shared_gate[r].
+// Dynamic shared memory: (2·E + T·top_k) ints. Each expert's thread walks the routes in order,
+// so the lists are the same whatever the thread count.
+extern "C" __global__ void moe_plan(const int* __restrict__ route_expert, const float* __restrict__ route_weight,
+                                    const float* __restrict__ shared_gate, int T, int top_k, int E, int max_rows,
+                                    u32* __restrict__ gather, int* __restrict__ groups, int* __restrict__ n_groups,
+                                    u32* __restrict__ term_index, float* __restrict__ term_weight) {
+    extern __shared__ int moe_plan_smem[];
+    int* cnt = moe_plan_smem;
+    int* start = cnt + E;
+    int* routes = start + E;
+    const int n = T * top_k;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) routes[i] = route_expert[i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int c = 0;
+        for (int i = 0; i < n; ++i) c += routes[i] == e;
+        cnt[e] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0, G = 0;
+        for (int e = 0; e < E; ++e) {
+            start[e] = s;
+            for (int off = 0; off < cnt[e]; off += max_rows) {
+                groups[3 * G] = e;
+                groups[3 * G + 1] = s + off;
+                groups[3 * G + 2] = min(max_rows, cnt[e] - off);
+                ++G;
+            }
+            s += cnt[e];
+        }
+        *n_groups = G;
+    }
+    __syncthreads();
+    const int terms = top_k + (shared_gate != nullptr ? 1 : 0);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        if (cnt[e] == 0) continue;
+        int c = start[e];
+        for (int i = 0; i < n; ++i)
+            if (routes[i] == e) {
+                const int r = i / top_k, j = i % top_k;
+                gather[c] = (u32)r;
+                term_index[r * terms + j] = (u32)c;
+                term_weight[r * terms + j] = route_weight[i];
+                ++c;
+            }
+    }
+    if (shared_gate != nullptr)
+        for (int r = threadIdx.x; r < T; r += blockDim.x) {
+            term_index[r * terms + top_k] = (u32)(n + r);
+            term_weight[r * terms + top_k] = shared_gate[r];
+        }
+}
+
+// y[i] = x[rows[i]] for rows of `cols` bf16 values: one block per output row.
+extern "C" __global__ void moe_gather_rows_bf16(const bf16_t* __restrict__ x, const u32* __restrict__ rows,
+                                                bf16_t* __restrict__ y, long long cols) {
+    const long long i = blockIdx.x;
+    const bf16_t* src = x + (long long)rows[i] * cols;
+    bf16_t* dst = y + i * cols;
+    if ((cols & 7) == 0) {
+        for (long long c = threadIdx.x * 8; c < cols; c += blockDim.x * 8) *(uint4*)(dst + c) = *(const uint4*)(src + c);
+    } else {
+        for (long long c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
+    }
+}

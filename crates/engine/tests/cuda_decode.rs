@@ -8,6 +8,8 @@
 //! Without a GPU every test prints "SKIP: CUDA unavailable: <reason>" and passes (CI).
 #![cfg(feature = "cuda")]
 
+mod decode_util;
+
 use draftlens_engine::backend::cpu::{CpuBackend, CpuTensor};
 #[cfg(feature = "kernel-lab")]
 use draftlens_engine::backend::cuda::DECODE_ATTN_MAX_CHUNKS;
@@ -16,7 +18,6 @@ use draftlens_engine::backend::cuda::{
     MAX_DECODE_ROWS,
 };
 use draftlens_engine::backend::Backend;
-use draftlens_engine::generate::{greedy, greedy_batch, Continuation, StopReason};
 use draftlens_engine::model::random::{qwen3_8b_spec, RandomWeights};
 use draftlens_engine::model::{ModelSpec, TargetModel};
 
@@ -334,80 +335,12 @@ fn small_spec() -> ModelSpec {
     }
 }
 
-/// 65 prompts of 1..=40 tokens (so batches of 64 and 32 end with a batch of 1), some holding
-/// the last vocabulary id.
-fn prompts(vocab: u32) -> Vec<Vec<u32>> {
-    let mut r = draftlens_engine::util::DetRng::new(0x9e37_79b9);
-    (0..65)
-        .map(|p| {
-            let len = 1 + (p * 7) % 40;
-            (0..len)
-                .map(|i| {
-                    let id = r.below(vocab as u64) as u32;
-                    if (p + i) % 11 == 0 {
-                        vocab - 1
-                    } else {
-                        id
-                    }
-                })
-                .collect()
-        })
-        .collect()
-}
-
 #[test]
 fn batched_greedy_is_bit_identical_to_each_prompt_alone() {
     let Some(be) = gpu() else { return };
     let spec = small_spec();
     let model = TargetModel::load(&be, &spec, &RandomWeights::new(&spec, 11)).unwrap();
-    let prompts = prompts(spec.vocab_size as u32);
-    let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
-    let max_new = 24;
-    // An EOS that occurs: the id found in the most continuations, but not in all of them.
-    let free: Vec<Continuation> = refs
-        .iter()
-        .map(|p| greedy(&be, &model, p, max_new, &[]).unwrap())
-        .collect();
-    let mut seen = vec![0usize; spec.vocab_size];
-    for c in &free {
-        let mut ids = c.ids.clone();
-        ids.sort_unstable();
-        ids.dedup();
-        for i in ids {
-            seen[i as usize] += 1;
-        }
-    }
-    let eos = (0..spec.vocab_size)
-        .filter(|&i| seen[i] < free.len())
-        .max_by_key(|&i| (seen[i], std::cmp::Reverse(i)))
-        .unwrap() as u32;
-    let alone: Vec<Continuation> = refs
-        .iter()
-        .map(|p| greedy(&be, &model, p, max_new, &[eos]).unwrap())
-        .collect();
-    let stops = |s: StopReason| alone.iter().filter(|c| c.stop == s).count();
-    println!(
-        "eos {eos}: {} prompts stop on it, {} run to {max_new} tokens",
-        stops(StopReason::Eos),
-        stops(StopReason::Length)
-    );
-    assert!(
-        stops(StopReason::Eos) > 0 && stops(StopReason::Length) > 0,
-        "the test needs prompts that stop on EOS and prompts that do not"
-    );
-    for batch in [1, 3, 8, 32, 64] {
-        let mut got = Vec::new();
-        for group in refs.chunks(batch) {
-            got.extend(greedy_batch(&be, &model, group, max_new, &[eos]).unwrap());
-        }
-        for (p, (g, a)) in got.iter().zip(&alone).enumerate() {
-            assert_eq!(
-                g, a,
-                "batch {batch}: prompt {p} differs from decoding it alone"
-            );
-        }
-        println!("batch {batch}: {} continuations bit-identical", got.len());
-    }
+    decode_util::assert_batches_match_alone(&be, &model, 24);
 }
 
 type Caches = Vec<(Option<CudaTensor>, Option<CudaTensor>)>;

@@ -521,6 +521,26 @@ pub trait Backend: Send + Sync + 'static {
         }
         self.add_weighted_rows_impl(acc, src, index, weights)
     }
+    /// A sparse MLP's routed experts run on the device without the host in the loop:
+    /// `h[r] += Σ_j w_rj · expert_j(x[r]) (+ g_r · shared_out[r])`, with row r's experts and
+    /// weights chosen from `logits[r]` (`[T, E]`, or `[T, E + 1]` with the shared expert's gate
+    /// logit last, g_r its sigmoid) by the rule of [`crate::model::moe::route`], each expert a
+    /// SwiGLU `(gate_up_proj, down_proj)` as `crate::model::transformer::Mlp` holds it, and the
+    /// terms summed as [`Backend::add_weighted_rows`] sums them. Returns `Ok(false)`, having done
+    /// nothing, where the backend does not (the default; the CUDA backend above
+    /// `max_independent_rows` rows): the caller then routes on the host
+    /// (`crate::model::moe::SparseMoe::forward_acc`), which gives the same terms.
+    fn moe_routed_acc(
+        &self,
+        _x: &Self::Tensor,
+        _logits: &Self::Tensor,
+        _experts: &[(&Self::Matrix, &Self::Matrix)],
+        _shared_out: Option<&Self::Tensor>,
+        _routing: &moe::MoeRouting,
+        _h: &mut Self::Tensor,
+    ) -> Result<bool> {
+        Ok(false)
+    }
     /// LM head fused with log-softmax and top-k: `x · headᵀ` per row, never returning the full
     /// vocabulary logits.
     fn lm_head_topk(&self, x: &Self::Tensor, head: &Self::Matrix, k: usize) -> Result<TopK> {

@@ -5,6 +5,18 @@
 
 use rayon::prelude::*;
 
+/// What [`super::Backend::moe_routed_acc`] needs of a router: transformers' softmax-then-top-k
+/// rule (`crate::model::moe::route`) with these parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeRouting {
+    /// Routed experts (`num_experts`): the logits' first columns.
+    pub num_experts: usize,
+    /// Experts per token (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Divide the top-k probabilities by their sum (`norm_topk_prob`).
+    pub renormalise: bool,
+}
+
 /// `acc[r] += Σ_j weights[r·n + j] · src[index[r·n + j]]` over rows of `cols` values, n =
 /// `index.len() / rows`: each product rounded to f32, then added to a running f32 sum in j order
 /// (transformers' order: `current_hidden_states * routing_weight` then `index_add_`, experts

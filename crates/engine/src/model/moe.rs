@@ -18,7 +18,7 @@
 use super::config::{Arch, ModelSpec};
 use super::gpt_oss::GptOssMoe;
 use super::transformer::{load_stacked_matrix, Mlp};
-use crate::backend::Backend;
+use crate::backend::{moe::MoeRouting, Backend};
 use crate::formats::{TensorInfo, WeightSource};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -484,28 +484,45 @@ impl<B: Backend> SparseMoe<B> {
         })
     }
 
-    /// `h += moe(x)`: route each row of `x` on the host (the router logits, `[T, E (+1)]`, are
-    /// the only download), run every expert that has rows on its gathered rows, then add each
-    /// row's weighted expert outputs (ascending expert, then the gated shared expert) to `h`
-    /// with one [`Backend::add_weighted_rows`].
+    /// `h += moe(x)`. Where the backend routes on the device ([`Backend::moe_routed_acc`]: the
+    /// CUDA backend's decode steps) it does all of it. Otherwise each row of `x` is routed on the
+    /// host (the router logits, `[T, E (+1)]`, are the only download), every expert that has rows
+    /// runs on its gathered rows, and each row's weighted expert outputs (ascending expert, then
+    /// the gated shared expert) are added to `h` with one [`Backend::add_weighted_rows`].
     pub fn forward_acc(&self, be: &B, x: &B::Tensor, h: &mut B::Tensor) -> Result<()> {
         let rows = be.dims(x).0;
         if rows == 0 {
             return Ok(());
         }
-        let shared = self.shared_expert.is_some();
+        let logits = be.matmul(x, &self.router)?;
+        let shared_out = self
+            .shared_expert
+            .as_ref()
+            .map(|s| s.forward(be, x))
+            .transpose()?;
+        let experts: Vec<(&B::Matrix, &B::Matrix)> = self
+            .experts
+            .iter()
+            .map(|m| (&m.gate_up_proj, &m.down_proj))
+            .collect();
+        let routing = MoeRouting {
+            num_experts: self.spec.num_experts,
+            top_k: self.spec.num_experts_per_tok,
+            renormalise: self.spec.norm_topk_prob,
+        };
+        if be.moe_routed_acc(x, &logits, &experts, shared_out.as_ref(), &routing, h)? {
+            return Ok(());
+        }
+        let shared = shared_out.is_some();
         let width = self.spec.num_experts + usize::from(shared);
-        let logits = be.to_host(&be.matmul(x, &self.router)?)?;
-        let plan = RoutingPlan::new(&logits, width, &self.spec, shared);
+        let plan = RoutingPlan::new(&be.to_host(&logits)?, width, &self.spec, shared);
         let mut outputs = Vec::new();
         for (expert, rows_e) in self.experts.iter().zip(&plan.rows_by_expert) {
             if !rows_e.is_empty() {
                 outputs.push(expert.forward(be, &be.gather_rows(x, rows_e)?)?);
             }
         }
-        if let Some(s) = &self.shared_expert {
-            outputs.push(s.forward(be, x)?);
-        }
+        outputs.extend(shared_out);
         let stacked = if outputs.len() == 1 {
             outputs.pop().expect("one output")
         } else {

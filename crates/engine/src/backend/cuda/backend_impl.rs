@@ -398,6 +398,19 @@ impl Backend for CudaBackend {
         self.moe_add_weighted_rows(acc, src, index, weights)
     }
 
+    /// Decode steps: moe.rs (routing, grouped GEMMs and combine on the device).
+    fn moe_routed_acc(
+        &self,
+        x: &CudaTensor,
+        logits: &CudaTensor,
+        experts: &[(&CudaMatrix, &CudaMatrix)],
+        shared_out: Option<&CudaTensor>,
+        routing: &crate::backend::moe::MoeRouting,
+        h: &mut CudaTensor,
+    ) -> Result<bool> {
+        self.moe_routed_on_device(x, logits, experts, shared_out, routing, h)
+    }
+
     fn lm_head_topk_impl(&self, x: &CudaTensor, head: &CudaMatrix, k: usize) -> Result<TopK> {
         let vocab = head.out;
         ensure!(

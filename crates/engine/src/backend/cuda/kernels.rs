@@ -17,10 +17,11 @@ use super::CudaBackend;
 
 const COMMON: &str = include_str!("../../../../../kernels/common.cuh");
 
-/// (module name, source) of every kernel module. `kernels/fused.cu` (the fused forward's SwiGLU) and
-/// `kernels/moe.cu` (the mixture-of-experts combine) are compiled as part of the `elementwise` module, `kernels/decode_attention.cu` as part of `decode`
-/// (with `kernels/decode_gemm.cu`); their `#line` directives keep NVRTC's messages pointing at the
-/// right file.
+/// (module name, source) of every kernel module. `kernels/fused.cu` (the fused forward's SwiGLU)
+/// and `kernels/moe.cu` (the mixture of experts' routing and combine) are compiled as part of the
+/// `elementwise` module, `kernels/moe_gemm.cu` (the experts' grouped GEMM) as part of `decode`,
+/// after `kernels/decode_gemm.cu` whose device functions it uses; their `#line` directives keep
+/// NVRTC's messages pointing at the right file.
 const SOURCES: &[(&str, &str)] = &[
     (
         "elementwise",
@@ -42,7 +43,11 @@ const SOURCES: &[(&str, &str)] = &[
     // Two modules, so that an empty kernel cache compiles them on two prewarm threads at once.
     (
         "decode",
-        include_str!("../../../../../kernels/decode_gemm.cu"),
+        concat!(
+            include_str!("../../../../../kernels/decode_gemm.cu"),
+            "\n#line 1 \"kernels/moe_gemm.cu\"\n",
+            include_str!("../../../../../kernels/moe_gemm.cu")
+        ),
     ),
     (
         "decode_attention",
@@ -449,6 +454,10 @@ impl CudaBackend {
             ("topk", "topk_logsoftmax_k64"),
             ("decode", "decode_gemm_n1_m1"),
             ("decode", "decode_gemm_n8_m2"),
+            ("decode", "moe_grouped_gemm_n1_m1"),
+            ("decode", "moe_grouped_gemm_n8_m2"),
+            ("elementwise", "moe_route"),
+            ("elementwise", "moe_plan"),
             ("decode_attention", "decode_attention_hd128"),
         ] {
             out.push(self.kernels.resources(m, f)?);

@@ -132,6 +132,8 @@ pub struct CudaBackend {
     /// Page-locked staging of tap downloads ([`CudaBackend::to_host_bf16_staged`]), kept and
     /// grown to the largest tap seen (one pack's rows × hidden size).
     tap_staging: Mutex<Option<cudarc::driver::PinnedHostSlice<half::bf16>>>,
+    /// Device routing of mixture-of-experts decode steps (`moe.rs`).
+    moe: moe::MoeState,
 }
 
 /// (theta bits, rotary_dim) of a cached inverse-frequency table.

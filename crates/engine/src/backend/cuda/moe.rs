@@ -1,11 +1,71 @@
-//! The mixture-of-experts combine ([`crate::backend::Backend::add_weighted_rows`]) on the device:
-//! `kernels/moe.cu`, the arithmetic of the host reference (`backend/moe.rs`) per element.
+//! The mixture of experts on the device (`kernels/moe.cu`, `kernels/moe_gemm.cu`): the combine
+//! ([`crate::backend::Backend::add_weighted_rows`], the host reference's arithmetic per element)
+//! and, for decode steps, the whole routed layer without the host in the loop
+//! ([`CudaBackend::moe_routed_on_device`]).
+//!
+//! A decode step of a Qwen3-30B-A3B-shaped model routed on the host waited for the router logits
+//! of every layer (a download and a stream sync), then launched a gather and two GEMMs per expert
+//! that had rows: up to 128 experts × 3 launches per layer (docs/benchmarks-cuda.md, session 20:
+//! 61 % GPU-busy in decode). Here a step is seven launches per layer whatever the experts: route,
+//! plan, gather, the grouped gate|up GEMM, SwiGLU, the grouped down GEMM, the combine.
 
-use super::{derr, CudaBackend, CudaTensor};
-use anyhow::Result;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use super::{derr, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
+use crate::backend::moe::MoeRouting;
+use anyhow::{ensure, Result};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Most experts per token the route kernel keeps (`MOE_MAX_TOP_K` in `kernels/moe.cu`).
+const MAX_TOP_K: usize = 16;
+/// Threads of the route kernel (`MOE_ROUTE_THREADS`).
+const ROUTE_THREADS: u32 = 128;
+/// Threads of the plan kernel (one block per step).
+const PLAN_THREADS: u32 = 256;
+
+/// The device routing's state: whether decode steps route on the device (on unless
+/// `DRAFTLENS_MOE_ROUTING=host`, the A/B switch of docs/benchmarks-cuda.md), and the experts'
+/// weight-pointer tables, keyed by the pointers they hold (so a table is never stale).
+pub(crate) struct MoeState {
+    on_device: AtomicBool,
+    tables: Mutex<HashMap<Vec<u64>, Arc<CudaSlice<u64>>>>,
+}
+
+impl Default for MoeState {
+    fn default() -> Self {
+        MoeState {
+            on_device: AtomicBool::new(
+                std::env::var("DRAFTLENS_MOE_ROUTING").map_or(true, |v| v != "host"),
+            ),
+            tables: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// The grouped GEMM instance for groups of at most `rows` rows: the decode GEMM's (NT, MT)
+/// pairs (`MOE_GG_ENTRY` in `kernels/moe_gemm.cu`).
+fn grouped_kernel_name(rows: usize) -> &'static str {
+    const NAMES: [&str; 8] = [
+        "moe_grouped_gemm_n1_m1",
+        "moe_grouped_gemm_n2_m1",
+        "moe_grouped_gemm_n3_m2",
+        "moe_grouped_gemm_n4_m2",
+        "moe_grouped_gemm_n5_m2",
+        "moe_grouped_gemm_n6_m2",
+        "moe_grouped_gemm_n7_m2",
+        "moe_grouped_gemm_n8_m2",
+    ];
+    NAMES[rows.div_ceil(8).clamp(1, 8) - 1]
+}
 
 impl CudaBackend {
+    /// Decode steps route on the device (`true`, the default) or on the host (tests and A/B
+    /// benchmarks; the two give the same experts, and outputs equal to bf16 rounding).
+    pub fn set_moe_device_routing(&self, on: bool) {
+        self.moe.on_device.store(on, Ordering::Relaxed);
+    }
+
     /// `acc[r] += Σ_j weights[r·n + j] · src[index[r·n + j]]`, one block per row (shapes checked
     /// by the trait). The term lists go up with the call (a few KB per layer).
     pub(super) fn moe_add_weighted_rows(
@@ -18,22 +78,34 @@ impl CudaBackend {
         if acc.rows == 0 || acc.cols == 0 {
             return Ok(());
         }
-        let n = (index.len() / acc.rows) as i32;
+        let n = index.len() / acc.rows;
         let (idx, w) = (self.upload(index)?, self.upload(weights)?);
+        self.moe_combine(acc, src, &idx, &w, n)
+    }
+
+    /// The combine with its term lists on the device (`n` terms per row of `acc`).
+    fn moe_combine(
+        &self,
+        acc: &mut CudaTensor,
+        src: &CudaTensor,
+        index: &CudaSlice<u32>,
+        weights: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<()> {
         let f = self
             .kernels
             .get("elementwise", "moe_add_weighted_rows_bf16")?;
-        let cols = acc.cols as i64;
+        let (cols, n) = (acc.cols as i64, n as i32);
         let mut b = self.stream.launch_builder(&f);
         b.arg(&mut acc.buf)
             .arg(&src.buf)
-            .arg(&idx)
-            .arg(&w)
+            .arg(index)
+            .arg(weights)
             .arg(&cols)
             .arg(&n);
         // SAFETY: (bf16*, const bf16*, const u32*, const float*, ll, int): acc holds rows · cols
-        // values, index and weights rows · n entries, every index below src's row count (checked
-        // by the trait), src holds cols values per row.
+        // values, index and weights rows · n entries, every index below src's row count (the
+        // trait's check, or moe_plan's construction), src holds cols values per row.
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (acc.rows as u32, 1, 1),
@@ -43,5 +115,253 @@ impl CudaBackend {
         }
         .map_err(derr("moe_add_weighted_rows_bf16"))?;
         Ok(())
+    }
+
+    /// [`crate::backend::Backend::moe_routed_acc`] for at most [`MAX_DECODE_ROWS`] rows (decode
+    /// steps and verify passes), `Ok(false)` above or with device routing off. Nothing waits for
+    /// the host: `moe_route` picks each row's experts and weights, `moe_plan` builds the gather
+    /// list, the group table and the combine's terms (the host's `RoutingPlan`, in the same
+    /// order), and the two grouped GEMMs run every expert of the layer in one launch each. Every
+    /// step is per row or reduces in an order fixed by the weights' shapes
+    /// (`kernels/moe_gemm.cu`), so a row's result does not depend on its batch-mates.
+    pub(super) fn moe_routed_on_device(
+        &self,
+        x: &CudaTensor,
+        logits: &CudaTensor,
+        experts: &[(&CudaMatrix, &CudaMatrix)],
+        shared_out: Option<&CudaTensor>,
+        routing: &MoeRouting,
+        h: &mut CudaTensor,
+    ) -> Result<bool> {
+        let t = x.rows;
+        if t == 0 || t > MAX_DECODE_ROWS || !self.moe.on_device.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let (e, k, d) = (routing.num_experts, routing.top_k, x.cols);
+        let Some(&(gu0, down0)) = experts.first() else {
+            return Ok(false);
+        };
+        let inter = down0.inp;
+        ensure!(
+            experts.len() == e && (1..=MAX_TOP_K.min(e)).contains(&k),
+            "mixture of experts: {} expert weights for {e} experts, top-k {k} (at most {MAX_TOP_K} on the device)",
+            experts.len()
+        );
+        for (i, (gu, down)) in experts.iter().enumerate() {
+            ensure!(
+                (gu.out, gu.inp, down.out, down.inp) == (2 * inter, d, d, inter)
+                    && (gu0.out, down0.out) == (2 * inter, d),
+                "mixture of experts: expert {i}'s weights are [{}, {}] and [{}, {}], not [{}, {d}] and [{d}, {inter}]",
+                gu.out,
+                gu.inp,
+                down.out,
+                down.inp,
+                2 * inter
+            );
+        }
+        let width = e + usize::from(shared_out.is_some());
+        ensure!(
+            (logits.rows, logits.cols) == (t, width) && (h.rows, h.cols) == (t, d),
+            "mixture of experts: router logits [{}, {}] and output [{}, {}] for {t} rows of {e} experts",
+            logits.rows,
+            logits.cols,
+            h.rows,
+            h.cols
+        );
+        if let Some(s) = shared_out {
+            ensure!(
+                (s.rows, s.cols) == (t, d),
+                "mixture of experts: shared expert output [{}, {}] for [{t}, {d}]",
+                s.rows,
+                s.cols
+            );
+        }
+
+        // 1. Route: each row's top-k (expert, weight), and the shared gate.
+        let n = t * k;
+        let mut route_expert = self.alloc::<i32>(n)?;
+        let mut route_weight = self.alloc::<f32>(n)?;
+        let mut shared_gate = self.alloc::<f32>(t)?;
+        let f = self
+            .kernels
+            .get_with_smem("elementwise", "moe_route", e * 4)?;
+        let (w32, e32, k32, renorm) =
+            (width as i32, e as i32, k as i32, routing.renormalise as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&logits.buf)
+            .arg(&w32)
+            .arg(&e32)
+            .arg(&k32)
+            .arg(&renorm)
+            .arg(&mut route_expert)
+            .arg(&mut route_weight)
+            .arg(&mut shared_gate);
+        // SAFETY: (const bf16*, int, int, int, int, int*, float*, float*): logits hold t rows of
+        // width values, the routes t · k entries, shared_gate t; e floats of dynamic shared memory.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (t as u32, 1, 1),
+                block_dim: (ROUTE_THREADS, 1, 1),
+                shared_mem_bytes: (e * 4) as u32,
+            })
+        }
+        .map_err(derr("moe_route"))?;
+
+        // 2. Plan: gather list, groups, the combine's terms. An expert appears at most once per
+        // row, so with t ≤ 64 every expert's rows fit one group: at most min(e, n) groups.
+        let max_groups = e.min(n);
+        let terms = k + usize::from(shared_out.is_some());
+        let mut gather = self.alloc::<u32>(n)?;
+        let mut groups = self.alloc::<i32>(3 * max_groups)?;
+        let mut n_groups = self.alloc::<i32>(1)?;
+        let mut term_index = self.alloc::<u32>(t * terms)?;
+        let mut term_weight = self.alloc::<f32>(t * terms)?;
+        let plan_smem = (2 * e + n) * 4;
+        let f = self
+            .kernels
+            .get_with_smem("elementwise", "moe_plan", plan_smem)?;
+        let (t32, max_rows) = (t as i32, MAX_DECODE_ROWS as i32);
+        let gate_ptr = if shared_out.is_some() {
+            self.ptr(&shared_gate)
+        } else {
+            0u64
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&route_expert)
+            .arg(&route_weight)
+            .arg(&gate_ptr)
+            .arg(&t32)
+            .arg(&k32)
+            .arg(&e32)
+            .arg(&max_rows)
+            .arg(&mut gather)
+            .arg(&mut groups)
+            .arg(&mut n_groups)
+            .arg(&mut term_index)
+            .arg(&mut term_weight);
+        // SAFETY: (const int*, const float*, const float* or null, int, int, int, int, u32*,
+        // int*, int*, u32*, float*): the routes hold n = t · k entries written by moe_route (each
+        // an expert below e), shared_gate t, gather n, groups 3 · min(e, n) (each expert's ≤ t ≤
+        // max_rows rows make one group), term lists t · terms; (2e + n) ints of shared memory.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (PLAN_THREADS, 1, 1),
+                shared_mem_bytes: plan_smem as u32,
+            })
+        }
+        .map_err(derr("moe_plan"))?;
+
+        // 3. Gather: the rows of x, expert after expert.
+        let mut xg = self.new_tensor(n, d)?;
+        let f = self.kernels.get("elementwise", "moe_gather_rows_bf16")?;
+        let cols = d as i64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.buf).arg(&gather).arg(&mut xg.buf).arg(&cols);
+        // SAFETY: (const bf16*, const u32*, bf16*, ll): x holds t rows of d values, every gather
+        // entry is below t (moe_plan writes row ids), xg n rows.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (n as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("moe_gather_rows_bf16"))?;
+
+        // 4. The experts: gate|up, SwiGLU, down; the routed outputs, then the shared expert's.
+        let (gu_table, down_table) = self.moe_tables(experts)?;
+        let mut gu = self.new_tensor(n, 2 * inter)?;
+        self.moe_grouped_gemm(&xg, &gu_table, &mut gu, &groups, &n_groups, max_groups, t)?;
+        let act = self.swiglu_packed(&gu)?;
+        drop(gu);
+        let mut stacked = self.new_tensor(n + shared_out.map_or(0, |s| s.rows), d)?;
+        self.moe_grouped_gemm(
+            &act,
+            &down_table,
+            &mut stacked,
+            &groups,
+            &n_groups,
+            max_groups,
+            t,
+        )?;
+        if let Some(s) = shared_out {
+            self.stream
+                .memcpy_dtod(
+                    &s.buf.slice(0..t * d),
+                    &mut stacked.buf.slice_mut(n * d..(n + t) * d),
+                )
+                .map_err(derr("device copy"))?;
+        }
+
+        // 5. The combine, in the host plan's term order.
+        self.moe_combine(h, &stacked, &term_index, &term_weight, terms)?;
+        Ok(true)
+    }
+
+    /// One grouped GEMM launch (`kernels/moe_gemm.cu`): `y[rows of group i] = x[rows of group i]
+    /// · W_eᵀ` for every group of the device table, groups of at most `max_rows` rows.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_grouped_gemm(
+        &self,
+        x: &CudaTensor,
+        table: &CudaSlice<u64>,
+        y: &mut CudaTensor,
+        groups: &CudaSlice<i32>,
+        n_groups: &CudaSlice<i32>,
+        max_groups: usize,
+        max_rows: usize,
+    ) -> Result<()> {
+        let (n_out, k_in) = (y.cols, x.cols);
+        ensure!(
+            n_out < i32::MAX as usize && k_in < i32::MAX as usize / 2,
+            "grouped GEMM: weight [{n_out}, {k_in}] too large"
+        );
+        let func = grouped_kernel_name(max_rows);
+        let mt = if max_rows > 16 { 2 } else { 1 };
+        let feature_blocks = n_out.div_ceil(4 * 16 * mt);
+        let f = self.kernels.get("decode", func)?;
+        let (n32, k32) = (n_out as i32, k_in as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.buf)
+            .arg(table)
+            .arg(&mut y.buf)
+            .arg(groups)
+            .arg(n_groups)
+            .arg(&n32)
+            .arg(&k32);
+        // SAFETY: (const bf16*, const u64*, bf16*, const int*, const int*, int, int): every
+        // table entry is an expert's [n_out, k_in] bf16 weight; the groups' rows lie within x's
+        // and y's rows (moe_plan), each group at most max_rows rows, which the instance's row
+        // tiles cover; blocks past n_groups return.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (feature_blocks as u32, 1, max_groups as u32),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr(func))?;
+        Ok(())
+    }
+
+    /// The device tables of the experts' gate|up and down weight addresses, uploaded once per
+    /// set of weights.
+    fn moe_tables(
+        &self,
+        experts: &[(&CudaMatrix, &CudaMatrix)],
+    ) -> Result<(Arc<CudaSlice<u64>>, Arc<CudaSlice<u64>>)> {
+        let gate_up: Vec<u64> = experts.iter().map(|(g, _)| self.ptr(&g.buf)).collect();
+        let down: Vec<u64> = experts.iter().map(|(_, d)| self.ptr(&d.buf)).collect();
+        let mut tables = self.moe.tables.lock().unwrap_or_else(|e| e.into_inner());
+        let mut table = |ptrs: Vec<u64>| -> Result<Arc<CudaSlice<u64>>> {
+            if let Some(t) = tables.get(&ptrs) {
+                return Ok(Arc::clone(t));
+            }
+            let t = Arc::new(self.upload(&ptrs)?);
+            tables.insert(ptrs, Arc::clone(&t));
+            Ok(t)
+        };
+        Ok((table(gate_up)?, table(down)?))
     }
 }

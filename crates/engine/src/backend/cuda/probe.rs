@@ -194,6 +194,7 @@ impl CudaBackend {
             freq_cache: Mutex::new(Vec::new()),
             decode: Default::default(),
             tap_staging: Mutex::new(None),
+            moe: Default::default(),
         })
     }
 
