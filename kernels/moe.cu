@@ -20,10 +20,10 @@ extern "C" __global__ void moe_add_weighted_rows_bf16(bf16_t* __restrict__ acc, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Routing on the device (decode steps: crates/engine/src/backend/cuda/moe.rs). Three kernels
-// replace the host's download of the router logits, `RoutingPlan` and the upload of its lists:
-// moe_route (per row), moe_plan (one block for the step), moe_gather_rows. The rule is
-// `crate::model::moe::route` (transformers' Qwen3-MoE / Qwen3.5-MoE / Qwen3-Next routers).
+// Routing on the device (crates/engine/src/backend/cuda/moe.rs). These kernels replace the host's
+// download of the router logits, `RoutingPlan` and the upload of its lists: moe_route (per row),
+// moe_plan_* (the lists), moe_gather_rows. The rule is `crate::model::moe::route` (transformers'
+// Qwen3-MoE / Qwen3.5-MoE / Qwen3-Next routers).
 
 #define MOE_MAX_TOP_K 16
 #define MOE_ROUTE_THREADS 128
@@ -137,65 +137,74 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
     }
 }
 
-// One block for the step: from the T·top_k routes (each row's experts ascending) the lists the
-// grouped GEMMs and the combine read, as `RoutingPlan::from_routes` builds them on the host:
-//   gather[T·top_k]: the rows of x, expert after expert (ascending), each expert's rows ascending;
-//   groups[3·G] (expert, first gathered row, rows ≤ max_rows) in that order, and n_groups[0] = G;
-//   term_index / term_weight [T·terms] (terms = top_k, + 1 with shared_gate): row r's terms in its
-//   experts' order, each the gathered row holding its expert's output and its routing weight, then
-//   the shared expert's row T·top_k + r with weight shared_gate[r].
-// Dynamic shared memory: (2·E + T·top_k) ints. Each expert's thread walks the routes in order,
-// so the lists are the same whatever the thread count.
-extern "C" __global__ void moe_plan(const int* __restrict__ route_expert, const float* __restrict__ route_weight,
-                                    const float* __restrict__ shared_gate, int T, int top_k, int E, int max_rows,
-                                    u32* __restrict__ gather, int* __restrict__ groups, int* __restrict__ n_groups,
-                                    u32* __restrict__ term_index, float* __restrict__ term_weight) {
-    extern __shared__ int moe_plan_smem[];
-    int* cnt = moe_plan_smem;
-    int* start = cnt + E;
-    int* routes = start + E;
-    const int n = T * top_k;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) routes[i] = route_expert[i];
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        int c = 0;
-        for (int i = 0; i < n; ++i) c += routes[i] == e;
-        cnt[e] = c;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int s = 0, G = 0;
-        for (int e = 0; e < E; ++e) {
+// The plan of a step, from the T·top_k routes (row r's experts at r·top_k …, ascending): what
+// `RoutingPlan::from_routes` builds on the host, in three launches that scale to a packed
+// prefill's rows:
+//   moe_plan_count (one thread per route): cnt[e] = routes to expert e (cnt zeroed before);
+//   moe_plan_groups (one warp): start[e] = Σ_{e' < e} cnt[e'], the group table (expert, first
+//     gathered row, rows ≤ max_rows) in ascending expert order and n_groups[0] = G; cursor zeroed;
+//   moe_plan_fill (one thread per route): each route takes the next slot of its expert's block,
+//     gather[slot] = its row, and row r's term j = (slot, weight); with a shared expert, row r's
+//     last term = (T·top_k + r, shared_gate[r]).
+// Which slot of its expert's block a row takes depends on the order the atomics land in; nothing
+// else does: the grouped GEMM gives a row the same bits wherever it sits in its group
+// (moe_gemm.cu), and the combine reads each row's terms in its own fixed order.
+extern "C" __global__ void moe_plan_count(const int* __restrict__ route_expert, int n, int* __restrict__ cnt) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) atomicAdd(cnt + route_expert[i], 1);
+}
+
+// One warp: 32 experts at a time, each lane one expert, the block offsets by warp scans.
+extern "C" __global__ void moe_plan_groups(const int* __restrict__ cnt, int E, int max_rows, int* __restrict__ start,
+                                           int* __restrict__ cursor, int* __restrict__ groups,
+                                           int* __restrict__ n_groups) {
+    const int lane = threadIdx.x;
+    int rows_before = 0, groups_before = 0;  // of the experts below this 32-expert slice
+    for (int base = 0; base < E; base += 32) {
+        const int e = base + lane;
+        const int c = e < E ? cnt[e] : 0;
+        const int g = (c + max_rows - 1) / max_rows;
+        int c_incl = c, g_incl = g;  // inclusive scans over the slice's lanes
+        for (int o = 1; o < 32; o <<= 1) {
+            const int cu = __shfl_up_sync(0xffffffffu, c_incl, o), gu = __shfl_up_sync(0xffffffffu, g_incl, o);
+            if (lane >= o) {
+                c_incl += cu;
+                g_incl += gu;
+            }
+        }
+        const int s = rows_before + c_incl - c, G0 = groups_before + g_incl - g;
+        if (e < E) {
             start[e] = s;
-            for (int off = 0; off < cnt[e]; off += max_rows) {
-                groups[3 * G] = e;
-                groups[3 * G + 1] = s + off;
-                groups[3 * G + 2] = min(max_rows, cnt[e] - off);
-                ++G;
+            cursor[e] = 0;
+            for (int q = 0; q < g; ++q) {
+                groups[3 * (G0 + q)] = e;
+                groups[3 * (G0 + q) + 1] = s + q * max_rows;
+                groups[3 * (G0 + q) + 2] = min(max_rows, c - q * max_rows);
             }
-            s += cnt[e];
         }
-        *n_groups = G;
+        rows_before += __shfl_sync(0xffffffffu, c_incl, 31);
+        groups_before += __shfl_sync(0xffffffffu, g_incl, 31);
     }
-    __syncthreads();
+    if (lane == 0) *n_groups = groups_before;
+}
+
+extern "C" __global__ void moe_plan_fill(const int* __restrict__ route_expert, const float* __restrict__ route_weight,
+                                         const float* __restrict__ shared_gate, int T, int top_k,
+                                         const int* __restrict__ start, int* __restrict__ cursor,
+                                         u32* __restrict__ gather, u32* __restrict__ term_index,
+                                         float* __restrict__ term_weight) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= T * top_k) return;
+    const int e = route_expert[i], r = i / top_k, j = i % top_k;
     const int terms = top_k + (shared_gate != nullptr ? 1 : 0);
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        if (cnt[e] == 0) continue;
-        int c = start[e];
-        for (int i = 0; i < n; ++i)
-            if (routes[i] == e) {
-                const int r = i / top_k, j = i % top_k;
-                gather[c] = (u32)r;
-                term_index[r * terms + j] = (u32)c;
-                term_weight[r * terms + j] = route_weight[i];
-                ++c;
-            }
+    const int slot = start[e] + atomicAdd(cursor + e, 1);
+    gather[slot] = (u32)r;
+    term_index[(long long)r * terms + j] = (u32)slot;
+    term_weight[(long long)r * terms + j] = route_weight[i];
+    if (shared_gate != nullptr && j == 0) {
+        term_index[(long long)r * terms + top_k] = (u32)(T * top_k + r);
+        term_weight[(long long)r * terms + top_k] = shared_gate[r];
     }
-    if (shared_gate != nullptr)
-        for (int r = threadIdx.x; r < T; r += blockDim.x) {
-            term_index[r * terms + top_k] = (u32)(n + r);
-            term_weight[r * terms + top_k] = shared_gate[r];
-        }
 }
 
 // y[i] = x[rows[i]] for rows of `cols` bf16 values: one block per output row.

@@ -82,6 +82,26 @@ def main():
             notes.append(f"{step} τ {got:.4f}")
             if got is None or abs(got - want) > tol:
                 problems.append(f"{step}: {metric} {got}, expected {want}")
+        if case["family"] == "eagle3":
+            # The dynamic tree (docs/eagle3.md): TOPK 1 is the chain, so its τ is the chain's
+            # exactly; a wider tree holds the chain as its first path, so its τ is at least the
+            # chain's and at most B (the exact drafter: B).
+            b = case["block"]
+            for step, shape, lo in [("tree-1", f"1,{b}", want), ("tree-4", f"4,{3 * b}", want)]:
+                db = ["--db", os.path.join(args.logs, f"{case['case']}.sqlite")]
+                doc, err = draftlens(case, step, "run", db + ["--eagle3-tree", shape])
+                if err:
+                    problems.append(err)
+                    continue
+                native = doc[0]["metrics"]["native"]
+                got = native["eagle3_tree_tau_replayed_macro"]["value"]
+                chain = native["tau_replayed_macro"]["value"]
+                notes.append(f"{step} τ {got:.4f}")
+                exact = step == "tree-1" or want == b
+                if got is None or (abs(got - lo) > 1e-9 if exact else not lo - 1e-9 <= got <= b + 1e-9):
+                    problems.append(f"{step} ({shape}): tree τ {got}, expected {'' if exact else '≥ '}{lo}")
+                if chain is None or abs(chain - want) > 1e-9:
+                    problems.append(f"{step}: the chain's τ beside the tree {chain}, expected {want}")
         for step, extra in LIVE:
             rows, err = draftlens(case, step, "live", extra)
             if err:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device check of the memory estimate and the refusal (docs/loading.md §5, issue 34 item 4). Not
-# run yet: written for the lead's device call. From the repository root on the GPU machine, with
+# run before session 23. From the repository root on the GPU machine, with
 # the carried binary and tokenizer of tools/bench/device_env.sh:
 #   B=target-carry/x bash tools/bench/memory_device.sh
 # 1. Refusal on the real GPU: Qwen3.5-122B-A10B in bf16 (tools/bench/sparse_checkpoint.py: its real
@@ -22,19 +22,21 @@ python3 tools/bench/sparse_checkpoint.py /tmp/sparse122 --model 122b
 echo "refusal rc=$? (want 1)"
 grep -E "does not fit|Maximum resident|Elapsed" "$O/refuse.err"
 
-python3 tools/bench/make_random_target.py --out /tmp/q30 --arch qwen3-30b-a3b-8l --drafters 0 \
-  --device cuda > "$O/make_target.log" 2>&1 || { echo "make_random_target failed"; tail "$O/make_target.log"; }
-python3 tools/bench/make_long_prompt.py /tmp/q30 /tmp/long32k.jsonl 32000 > /dev/null
+# Q30: an existing target of that shape to reuse (another script of the same call made it).
+Q30=${Q30:-/tmp/q30}
+[ -e "$Q30/config.json" ] || python3 tools/bench/make_random_target.py --out "$Q30" --arch qwen3-30b-a3b-8l \
+  --drafters 0 --device cuda > "$O/make_target.log" 2>&1 || { echo "make_random_target failed"; tail "$O/make_target.log"; }
+python3 tools/bench/make_long_prompt.py "$Q30" /tmp/long32k.jsonl 32000 > /dev/null
 
 measure() { # NAME PROMPTS BATCH PROMPT_TOKENS (for the estimate)
   local n=$1 prompts=$2 batch=$3 len=$4
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$O/$n.smi" &
   local smi=$!
-  "$DL" generate --backend cuda --target /tmp/q30 --prompts "$prompts" --gen-batch "$batch" \
+  "$DL" generate --backend cuda --target "$Q30" --prompts "$prompts" --gen-batch "$batch" \
     --max-new-tokens 128 --cache-dir "/tmp/cache-$n" --timeline > "$O/$n.out" 2> "$O/$n.err"
   echo "$n rc=$?"
   kill $smi
-  "$DL" inspect /tmp/q30 --json --gen-batch "$batch" --prompt-tokens "$len" \
+  "$DL" inspect "$Q30" --json --gen-batch "$batch" --prompt-tokens "$len" \
     --max-new-tokens 128 > "$O/$n.inspect.json"
   python3 - "$O/$n.smi" "$O/$n.inspect.json" <<'EOF'
 import json, sys

@@ -1,8 +1,8 @@
 //! Mixtures of experts on CUDA (docs/moe-models.md, "On the GPU"):
-//! - the decode step routed on the device (`moe_route`, `moe_plan`, the grouped GEMMs of
-//!   `kernels/moe_gemm.cu`) gives every row the same bits whatever rows share the call (1..=64),
-//!   and agrees with the host-routed path (a download of the router logits, one GEMM per expert)
-//!   to bf16 rounding, with and without a shared expert;
+//! - the sparse MLP routed on the device (`moe_route`, `moe_plan_*`, the grouped GEMMs of
+//!   `kernels/moe_gemm.cu`) gives every row the same bits whatever rows share the call (1 to 200:
+//!   decode steps and prefill), and agrees with the host-routed path (a download of the router
+//!   logits, one GEMM per expert) to bf16 rounding, with and without a shared expert;
 //! - greedy continuations of a random Qwen3-MoE-shaped target decoded in batches of 1, 3, 8, 32
 //!   and 64 are bit-identical to each prompt decoded alone;
 //! - the committed transformers goldens (tests/fixtures/golden/{qwen3_moe,qwen3_5_moe}) on the
@@ -70,7 +70,10 @@ fn bits(be: &CudaBackend, t: &CudaTensor) -> Vec<u16> {
         .collect()
 }
 
-const ROW_COUNTS: [usize; 12] = [1, 2, 3, 7, 8, 9, 16, 17, 31, 33, 63, 64];
+/// Row counts across the grouped GEMM's row tiles (8), its two-feature-tile switch (16 → 17), the
+/// decode limit (64) and the prefill's 64-row groups (65, 130, 200).
+const ROW_COUNTS: [usize; 15] = [1, 2, 3, 7, 8, 9, 16, 17, 31, 33, 63, 64, 65, 130, 200];
+const MAX_ROWS: usize = 200;
 
 #[test]
 fn device_routed_decode_step_is_row_invariant_and_matches_host_routing() {
@@ -83,23 +86,23 @@ fn device_routed_decode_step_is_row_invariant_and_matches_host_routing() {
             SparseMoe::load(&be, &src, "model.layers.0.mlp", spec.hidden_size, &moe).unwrap();
         let d = spec.hidden_size;
         let mut r = draftlens_engine::util::DetRng::new(17);
-        let xs: Vec<f32> = (0..64 * d).map(|_| r.signed_unit()).collect();
-        let hs: Vec<f32> = (0..64 * d).map(|_| 0.5 * r.signed_unit()).collect();
-        let x64 = be.from_host(&xs, 64, d).unwrap();
-        let h64 = be.from_host(&hs, 64, d).unwrap();
+        let xs: Vec<f32> = (0..MAX_ROWS * d).map(|_| r.signed_unit()).collect();
+        let hs: Vec<f32> = (0..MAX_ROWS * d).map(|_| 0.5 * r.signed_unit()).collect();
+        let x_all = be.from_host(&xs, MAX_ROWS, d).unwrap();
+        let h_all = be.from_host(&hs, MAX_ROWS, d).unwrap();
         let run = |rows: usize, device: bool| {
             be.set_moe_device_routing(device);
-            let x = be.slice_rows(&x64, 0, rows).unwrap();
-            let mut h = be.slice_rows(&h64, 0, rows).unwrap();
+            let x = be.slice_rows(&x_all, 0, rows).unwrap();
+            let mut h = be.slice_rows(&h_all, 0, rows).unwrap();
             block.forward_acc(&be, &x, &mut h).unwrap();
             h
         };
-        let full = bits(&be, &run(64, true));
+        let full = bits(&be, &run(MAX_ROWS, true));
         for rows in ROW_COUNTS {
             let got = run(rows, true);
             assert!(
                 bits(&be, &got) == full[..rows * d],
-                "shared {shared}: {rows} rows routed on the device differ from the same rows among 64"
+                "shared {shared}: {rows} rows routed on the device differ from the same rows among {MAX_ROWS}"
             );
             let host = run(rows, false);
             let dd = diff(&be.to_host(&got).unwrap(), &be.to_host(&host).unwrap());
@@ -108,8 +111,9 @@ fn device_routed_decode_step_is_row_invariant_and_matches_host_routing() {
                 dd.rel
             );
             // Both sum each expert's products in fp32 and round to bf16 once; they differ in
-            // the K split (host: the decode GEMM's k_splits; device: one split) and so by a bf16
-            // rounding of the expert outputs: ~1e-3 of h. A wrong expert, weight or gate: ~1.
+            // the order of summation (host: the decode GEMM's K split, or cuBLAS above 64 rows;
+            // device: one split) and so by bf16 roundings of the expert outputs, a small part of
+            // h. A wrong expert, weight or gate: ~1.
             assert!(
                 dd.rel < 1e-2,
                 "shared {shared}, {rows} rows: device routing differs from host routing: rel {:.3e}",

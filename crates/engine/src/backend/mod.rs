@@ -527,8 +527,8 @@ pub trait Backend: Send + Sync + 'static {
     /// logit last, g_r its sigmoid) by the rule of [`crate::model::moe::route`], each expert a
     /// SwiGLU `(gate_up_proj, down_proj)` as `crate::model::transformer::Mlp` holds it, and the
     /// terms summed as [`Backend::add_weighted_rows`] sums them. Returns `Ok(false)`, having done
-    /// nothing, where the backend does not (the default; the CUDA backend above
-    /// `max_independent_rows` rows): the caller then routes on the host
+    /// nothing, where the backend does not (the default, so the CPU reference; CUDA with
+    /// `DRAFTLENS_MOE_ROUTING=host`): the caller then routes on the host
     /// (`crate::model::moe::SparseMoe::forward_acc`), which gives the same terms.
     fn moe_routed_acc(
         &self,

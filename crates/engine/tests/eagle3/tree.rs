@@ -15,9 +15,9 @@
 //! (c) `run --eagle3-tree` end to end: the tree's τ stored next to the chain's (equal for TOPK 1),
 //!     the shape in the run's settings and identity, every prompt drafted again on a rerun; bad
 //!     shapes and drafters refused before the run exists;
-//! (d) CUDA (on a machine with a GPU; "SKIP" elsewhere): the same code through the CUDA backend
-//!     (bf16): TOPK 1 is CUDA's own chain, the successor drafter's known answers, and the golden
-//!     trees wherever the reference's smallest cut gap is beyond bf16's rounding.
+//! On CUDA the trees are checked through the CLI (tools/bench/families_known_answer.py, steps
+//! `tree-1` and `tree-4`): these fixtures' 16-wide heads are below the CUDA attention kernels'
+//! smallest head dim (64).
 
 use super::*;
 use draftlens_engine::drafter::eagle3::tree::{replayed, tree_accepted, PromptTree};
@@ -370,7 +370,7 @@ fn successor_tree_accepts_every_draft_whatever_its_shape() {
     successor_trees(&CpuBackend::new());
 }
 
-/// The successor drafter's trees on `be` (the CPU here, CUDA in `cuda_trees`).
+/// The successor drafter's trees on `be`.
 fn successor_trees<B: Backend>(be: &B) {
     let (v, steps) = (16usize, 4usize);
     let tmp = tempfile::tempdir().unwrap();
@@ -579,79 +579,4 @@ fn run_stores_the_trees_tau_next_to_the_chains() {
         assert!(e.contains(says), "{says}: {e}");
         assert_eq!(runs(), before, "{says}");
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// (d) CUDA
-// ---------------------------------------------------------------------------------------------
-
-#[test]
-fn cuda_trees() {
-    let be = match draftlens_engine::backend::cuda::CudaBackend::new(0) {
-        Ok(be) => be,
-        Err(e) => {
-            println!("SKIP: {e:#}");
-            return;
-        }
-    };
-    topk_one_trees_are_the_chains(&be);
-    successor_trees(&be);
-    // The golden trees in bf16: where a cut's log-gap in the reference is at least `clear`, the
-    // same nodes; elsewhere counted only.
-    let clear = 3e-2f32;
-    let d = Eagle3Drafter::load(&be, &golden_dir(), &qwen3().spec).unwrap();
-    let manifest = json(&tree_golden_dir().join("manifest.json"));
-    let bytes = std::fs::read(tree_golden_dir().join("tree.safetensors")).unwrap();
-    let want = Golden::open(tree_golden_dir().join("tree.safetensors"));
-    let g = Golden::open(qwen3_dir().join("golden.safetensors"));
-    let (mut clear_trees, mut same, mut all) = (0, 0, 0);
-    for (c, meta) in manifest["shapes"].as_object().unwrap() {
-        let shape = TreeShape {
-            topk: meta["topk"].as_u64().unwrap() as usize,
-            total_tokens: meta["total_tokens"].as_u64().unwrap() as usize,
-        };
-        let n_sel = shape.total_tokens - 1;
-        for p in 0..2 {
-            let (ids, plen, taps) = golden_sequence(&g, p);
-            let ctx = d
-                .context(&be, None, &slices(&taps, ids.len(), 128), 128, &ids)
-                .unwrap()
-                .unwrap();
-            let anchors: Vec<usize> = (plen..ids.len() - 1).collect();
-            let trees = d.draft_trees(&be, None, &ctx, &anchors, shape).unwrap();
-            let key = |name: &str| format!("{c}.p{p}.{name}");
-            let (selected, tokens, parents) = (
-                i64s(&bytes, &key("selected")),
-                i64s(&bytes, &key("tokens")),
-                i64s(&bytes, &key("parents")),
-            );
-            let (_, cut_gap) = want.f32(&key("min_cut_gap"));
-            for (i, tree) in trees.iter().enumerate() {
-                let row = i * n_sel..(i + 1) * n_sel;
-                let n_cand = selected[row.clone()].iter().max().copied().unwrap() as usize + 1;
-                let (mut rt, mut rp) = (vec![0u32; n_cand], vec![None; n_cand]);
-                for j in row.clone() {
-                    rt[selected[j] as usize] = tokens[j] as u32;
-                    rp[selected[j] as usize] = u32::try_from(parents[j]).ok();
-                }
-                let nodes: Vec<u32> = selected[row].iter().map(|&x| x as u32).collect();
-                let zeros = vec![0.0; n_sel];
-                let theirs = paths(&rt, &rp, &nodes, &zeros);
-                let ours = paths(&tree.tokens, &tree.parents, &tree.selected, &zeros);
-                let equal = ours.keys().eq(theirs.keys());
-                all += 1;
-                same += equal as usize;
-                if cut_gap[i] >= clear {
-                    clear_trees += 1;
-                    assert!(
-                        equal,
-                        "{c} p{p} a{}: CUDA's tree differs from the reference",
-                        anchors[i]
-                    );
-                }
-            }
-        }
-    }
-    assert!(clear_trees >= 40, "{clear_trees}");
-    println!("eagle3 tree on CUDA: {clear_trees} trees clear of bf16 rounding equal the reference; {same} of {all} trees equal overall");
 }

@@ -249,8 +249,9 @@ impl Kernels {
     }
 
     /// Like [`Kernels::get`], and allows `smem` bytes of dynamic shared memory: static plus
-    /// dynamic shared memory above 48 KiB needs an explicit opt-in per function, which is made
-    /// once per (function, size).
+    /// dynamic shared memory above 48 KiB needs an explicit opt-in per function. The opt-in is
+    /// one value per function, a ceiling, so it is raised to the largest size asked for so far and
+    /// never lowered (lowering it would fail a later launch of a size allowed before).
     pub(crate) fn get_with_smem(
         &self,
         module: &'static str,
@@ -258,8 +259,9 @@ impl Kernels {
         smem: usize,
     ) -> Result<CudaFunction> {
         let f = self.get(module, func)?;
-        let mut done = self.smem_set.lock().unwrap_or_else(|e| e.into_inner());
-        if !done.contains(&(func, smem)) {
+        let mut allowed = self.smem_set.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = allowed.iter_mut().find(|(name, _)| *name == func);
+        if entry.as_ref().is_none_or(|(_, max)| *max < smem) {
             f.set_attribute(
                 sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
@@ -267,7 +269,10 @@ impl Kernels {
             .map_err(|e| {
                 anyhow!("{func}: cannot allow {smem} bytes of dynamic shared memory: {e}")
             })?;
-            done.push((func, smem));
+            match entry {
+                Some((_, max)) => *max = smem,
+                None => allowed.push((func, smem)),
+            }
         }
         Ok(f)
     }
@@ -457,7 +462,7 @@ impl CudaBackend {
             ("decode", "moe_grouped_gemm_n1_m1"),
             ("decode", "moe_grouped_gemm_n8_m2"),
             ("elementwise", "moe_route"),
-            ("elementwise", "moe_plan"),
+            ("elementwise", "moe_plan_fill"),
             ("decode_attention", "decode_attention_hd128"),
         ] {
             out.push(self.kernels.resources(m, f)?);

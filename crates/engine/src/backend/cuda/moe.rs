@@ -1,13 +1,14 @@
 //! The mixture of experts on the device (`kernels/moe.cu`, `kernels/moe_gemm.cu`): the combine
 //! ([`crate::backend::Backend::add_weighted_rows`], the host reference's arithmetic per element)
-//! and, for decode steps, the whole routed layer without the host in the loop
-//! ([`CudaBackend::moe_routed_on_device`]).
+//! and the whole routed layer without the host in the loop ([`CudaBackend::moe_routed_on_device`]).
 //!
 //! A decode step of a Qwen3-30B-A3B-shaped model routed on the host waited for the router logits
 //! of every layer (a download and a stream sync), then launched a gather and two GEMMs per expert
 //! that had rows: up to 128 experts × 3 launches per layer (docs/benchmarks-cuda.md, session 20:
-//! 61 % GPU-busy in decode). Here a step is seven launches per layer whatever the experts: route,
-//! plan, gather, the grouped gate|up GEMM, SwiGLU, the grouped down GEMM, the combine.
+//! 61 % GPU-busy in decode), and each expert's prefill GEMM had its own row count, so cuBLAS
+//! tuned hundreds of shapes. Here a call is nine launches per layer whatever the experts and rows:
+//! route, the plan's three, gather, the grouped gate|up GEMM, SwiGLU, the grouped down GEMM, the
+//! combine.
 
 use super::{derr, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
 use crate::backend::moe::MoeRouting;
@@ -21,8 +22,6 @@ use std::sync::{Arc, Mutex};
 const MAX_TOP_K: usize = 16;
 /// Threads of the route kernel (`MOE_ROUTE_THREADS`).
 const ROUTE_THREADS: u32 = 128;
-/// Threads of the plan kernel (one block per step).
-const PLAN_THREADS: u32 = 256;
 
 /// The device routing's state: whether decode steps route on the device (on unless
 /// `DRAFTLENS_MOE_ROUTING=host`, the A/B switch of docs/benchmarks-cuda.md), and the experts'
@@ -117,13 +116,13 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// [`crate::backend::Backend::moe_routed_acc`] for at most [`MAX_DECODE_ROWS`] rows (decode
-    /// steps and verify passes), `Ok(false)` above or with device routing off. Nothing waits for
-    /// the host: `moe_route` picks each row's experts and weights, `moe_plan` builds the gather
-    /// list, the group table and the combine's terms (the host's `RoutingPlan`, in the same
-    /// order), and the two grouped GEMMs run every expert of the layer in one launch each. Every
-    /// step is per row or reduces in an order fixed by the weights' shapes
-    /// (`kernels/moe_gemm.cu`), so a row's result does not depend on its batch-mates.
+    /// [`crate::backend::Backend::moe_routed_acc`] for any number of rows (`Ok(false)` with
+    /// device routing off). Nothing waits for the host: `moe_route` picks each row's experts and
+    /// weights, `moe_plan_*` build the gather list, the group table and the combine's terms (the
+    /// host's `RoutingPlan`), and the two grouped GEMMs run every expert of the layer in one
+    /// launch each. Every step is per row or reduces in an order fixed by the weights' shapes
+    /// (`kernels/moe_gemm.cu`), so a row's result does not depend on the other rows: decode steps
+    /// are batch-invariant, and a prompt's prefill is the same bits alone or packed.
     pub(super) fn moe_routed_on_device(
         &self,
         x: &CudaTensor,
@@ -134,7 +133,7 @@ impl CudaBackend {
         h: &mut CudaTensor,
     ) -> Result<bool> {
         let t = x.rows;
-        if t == 0 || t > MAX_DECODE_ROWS || !self.moe.on_device.load(Ordering::Relaxed) {
+        if t == 0 || !self.moe.on_device.load(Ordering::Relaxed) {
             return Ok(false);
         }
         let (e, k, d) = (routing.num_experts, routing.top_k, x.cols);
@@ -207,50 +206,82 @@ impl CudaBackend {
         }
         .map_err(derr("moe_route"))?;
 
-        // 2. Plan: gather list, groups, the combine's terms. An expert appears at most once per
-        // row, so with t ≤ 64 every expert's rows fit one group: at most min(e, n) groups.
-        let max_groups = e.min(n);
+        // 2. Plan: gather list, groups, the combine's terms. Each expert's rows are cut into
+        // groups of at most MAX_DECODE_ROWS (the grouped GEMM's largest row tiling); an expert
+        // appears at most once per row, so a step of ≤ 64 rows has one group per expert that runs.
+        let max_rows = t.min(MAX_DECODE_ROWS);
+        let max_groups = e.min(n)
+            + if t > MAX_DECODE_ROWS {
+                n.div_ceil(MAX_DECODE_ROWS)
+            } else {
+                0
+            };
+        if max_groups > 65_535 {
+            return Ok(false); // past the grid's z limit (over 4 M routes): the host plan
+        }
         let terms = k + usize::from(shared_out.is_some());
+        let mut counts = self.alloc::<i32>(e)?;
+        self.stream
+            .memset_zeros(&mut counts)
+            .map_err(derr("zeroing expert counts"))?;
+        let mut start = self.alloc::<i32>(e)?;
+        let mut cursor = self.alloc::<i32>(e)?;
         let mut gather = self.alloc::<u32>(n)?;
         let mut groups = self.alloc::<i32>(3 * max_groups)?;
         let mut n_groups = self.alloc::<i32>(1)?;
         let mut term_index = self.alloc::<u32>(t * terms)?;
         let mut term_weight = self.alloc::<f32>(t * terms)?;
-        let plan_smem = (2 * e + n) * 4;
-        let f = self
-            .kernels
-            .get_with_smem("elementwise", "moe_plan", plan_smem)?;
-        let (t32, max_rows) = (t as i32, MAX_DECODE_ROWS as i32);
+        let (n32, t32, max_rows32) = (n as i32, t as i32, max_rows as i32);
+        let per_route = LaunchConfig {
+            grid_dim: (n.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = self.kernels.get("elementwise", "moe_plan_count")?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&route_expert).arg(&n32).arg(&mut counts);
+        // SAFETY: (const int*, int, int*): n routes, each an expert below e (moe_route), e counts.
+        unsafe { b.launch(per_route) }.map_err(derr("moe_plan_count"))?;
+        let f = self.kernels.get("elementwise", "moe_plan_groups")?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&counts)
+            .arg(&e32)
+            .arg(&max_rows32)
+            .arg(&mut start)
+            .arg(&mut cursor)
+            .arg(&mut groups)
+            .arg(&mut n_groups);
+        // SAFETY: (const int*, int, int, int*, int*, int*, int*): e counts summing to n, e starts
+        // and cursors, 3 · max_groups group entries (Σ_e ceil(count_e / max_rows) ≤ max_groups).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("moe_plan_groups"))?;
         let gate_ptr = if shared_out.is_some() {
             self.ptr(&shared_gate)
         } else {
             0u64
         };
+        let f = self.kernels.get("elementwise", "moe_plan_fill")?;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&route_expert)
             .arg(&route_weight)
             .arg(&gate_ptr)
             .arg(&t32)
             .arg(&k32)
-            .arg(&e32)
-            .arg(&max_rows)
+            .arg(&start)
+            .arg(&mut cursor)
             .arg(&mut gather)
-            .arg(&mut groups)
-            .arg(&mut n_groups)
             .arg(&mut term_index)
             .arg(&mut term_weight);
-        // SAFETY: (const int*, const float*, const float* or null, int, int, int, int, u32*,
-        // int*, int*, u32*, float*): the routes hold n = t · k entries written by moe_route (each
-        // an expert below e), shared_gate t, gather n, groups 3 · min(e, n) (each expert's ≤ t ≤
-        // max_rows rows make one group), term lists t · terms; (2e + n) ints of shared memory.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (1, 1, 1),
-                block_dim: (PLAN_THREADS, 1, 1),
-                shared_mem_bytes: plan_smem as u32,
-            })
-        }
-        .map_err(derr("moe_plan"))?;
+        // SAFETY: (const int*, const float*, const float* or null, int, int, const int*, int*,
+        // u32*, u32*, float*): n = t · k routes and weights, t shared gates, e starts and zeroed
+        // cursors (each expert's slots stay within its count), gather n slots, t · terms terms.
+        unsafe { b.launch(per_route) }.map_err(derr("moe_plan_fill"))?;
 
         // 3. Gather: the rows of x, expert after expert.
         let mut xg = self.new_tensor(n, d)?;
@@ -272,7 +303,9 @@ impl CudaBackend {
         // 4. The experts: gate|up, SwiGLU, down; the routed outputs, then the shared expert's.
         let (gu_table, down_table) = self.moe_tables(experts)?;
         let mut gu = self.new_tensor(n, 2 * inter)?;
-        self.moe_grouped_gemm(&xg, &gu_table, &mut gu, &groups, &n_groups, max_groups, t)?;
+        self.moe_grouped_gemm(
+            &xg, &gu_table, &mut gu, &groups, &n_groups, max_groups, max_rows,
+        )?;
         let act = self.swiglu_packed(&gu)?;
         drop(gu);
         let mut stacked = self.new_tensor(n + shared_out.map_or(0, |s| s.rows), d)?;
