@@ -279,9 +279,10 @@ fn estimate_terms_equal_their_hand_computed_values() {
     let layer_kv = 2 * 4 * 128 * 2 * 2048u64;
     assert_eq!(est.kv_state_bytes, 64 * 48 * layer_kv + layer_kv);
     // Activations per row: h, x and taps + 1 (5 × 2048) plus the MoE's working set, the largest
-    // layer's: 2·8·2048 routed outputs and their stack + 128 router logits + 2048 gathered +
-    // 3·768 gate|up and product = 37,248 (attention: 4096 + 1024 + 4096). × 2 bytes × 5/4.
-    let row = |taps: u64| ((2 + taps + 1) * 2048 + 37_248) * 2 * 5 / 4;
+    // layer's: 128 router logits + the larger phase of the routed rows, 8·2048 gathered + 2·8·768
+    // gate|up = 28,672 (then 8·768 product + 8·2048 stacked = 22,528): 28,800 (attention: 4096 +
+    // 1024 + 4096). × 2 bytes × 5/4.
+    let row = |taps: u64| ((2 + taps + 1) * 2048 + 28_800) * 2 * 5 / 4;
     // The LM head's fp32 logits, chunked at 2^30 / (4 · 151,936) = 1766 rows.
     let logits = |rows: u64| rows.min(1766) * 151_936 * 4;
     assert_eq!(est.prefill_bytes, 1024 * row(0) + logits(1024));
@@ -305,11 +306,11 @@ fn estimate_terms_equal_their_hand_computed_values() {
     let layer_kv = 2 * 2 * 256 * 2 * 65_536u64;
     let state = 30 * (4 * 32 * 128 * 128 + 3 * 8192 * 2);
     assert_eq!(est.kv_state_bytes, 64 * (10 * layer_kv + state) + layer_kv);
-    // Per row: 3 × 2048 (h, x, the final norm's output) + the MoE's 2·(8 + 1)·2048 + 257 router
-    // and shared-gate logits + 2048 + 3·512 = 40,705 elements (Gated DeltaNet 2·(8192 + 4096 +
-    // 64) = 24,704; gated attention 17,408), in bf16; plus the delta rule's f32 scratch,
-    // 4·32·(2·128 + 128 + 64 + 3 + 128·128/64) bytes.
-    let row = ((3 * 2048 + 40_705) * 2 + 4 * 32 * (256 + 128 + 64 + 3 + 256)) * 5 / 4;
+    // Per row: 3 × 2048 (h, x, the final norm's output) + the MoE's 257 router and shared-gate
+    // logits + 2048 shared output + max(8·2048 + 2·8·512, 8·512 + 9·2048) = 24,576: 26,881
+    // elements (Gated DeltaNet 2·(8192 + 4096 + 64) = 24,704; gated attention 17,408), in bf16;
+    // plus the delta rule's f32 scratch, 4·32·(2·128 + 128 + 64 + 3 + 128·128/64) bytes.
+    let row = ((3 * 2048 + 26_881) * 2 + 4 * 32 * (256 + 128 + 64 + 3 + 256)) * 5 / 4;
     let logits = 1081 * 248_320 * 4; // 2^30 / (4 · 248,320) = 1081 rows a chunk
     assert_eq!(est.prefill_bytes, 32_768 * row + logits);
     assert_eq!(est.target_pass_bytes, 32_896 * row + logits);

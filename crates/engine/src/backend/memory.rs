@@ -32,9 +32,12 @@
 //!   (`Hv·(2·dk + dv + 64 + 3 + dk·dv/64)` floats: W, U, V, the chunk scores, gates and the
 //!   per-chunk states; `backend/cuda/gdn/split.rs`);
 //! - dense MLP: fused gate|up and its product (`3·I`);
-//! - sparse MLP (`SparseMoe::forward_acc`, gpt-oss's likewise): every routed row's expert output
-//!   and their stacked copy (`2·(k + shared)·D`), the router logits (`E + shared`), and one
-//!   expert's gathered rows, gate|up and product at worst over every row (`D + 3·max(I, S)`);
+//! - sparse MLP (`SparseMoe::forward_acc` routed on the device, `backend/cuda/moe.rs`): the router
+//!   logits (`E + s`, s = 1 with a shared expert) and the shared expert's output (`s·D`) through
+//!   the call, with the larger of the routed rows' two phases, gathered rows and gate|up
+//!   (`k·D + 2·k·I`) then product and stacked outputs (`k·I + (k + s)·D`), and the shared
+//!   expert's own gate|up and product (`3·S`, before); gpt-oss's block is counted by the same
+//!   rule;
 //!
 //! with 25 % on top for temporaries the list misses, and the LM head's fp32 logits scratch
 //! `min(T, 2^30 / (4·V))·V·4` bytes (≤ 1 GiB, as the CUDA `lm_head_topk` chunks it).
@@ -133,12 +136,9 @@ impl MemoryModel {
                 Some(m) if m.is_sparse(l) => {
                     let shared = m.shared_expert_intermediate_size.map_or(0, |s| s as u64);
                     let s = u64::from(shared > 0);
-                    let widest = (m.moe_intermediate_size as u64).max(shared);
-                    2 * (m.num_experts_per_tok as u64 + s) * d
-                        + m.num_experts as u64
-                        + s
-                        + d
-                        + 3 * widest
+                    let (k, i) = (m.num_experts_per_tok as u64, m.moe_intermediate_size as u64);
+                    let routed = (k * d + 2 * k * i).max(k * i + (k + s) * d);
+                    m.num_experts as u64 + s + s * d + routed.max(3 * shared)
                 }
                 _ => 3 * spec.intermediate_size as u64,
             };

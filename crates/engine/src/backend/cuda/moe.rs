@@ -306,6 +306,7 @@ impl CudaBackend {
         self.moe_grouped_gemm(
             &xg, &gu_table, &mut gu, &groups, &n_groups, max_groups, max_rows,
         )?;
+        drop(xg);
         let act = self.swiglu_packed(&gu)?;
         drop(gu);
         let mut stacked = self.new_tensor(n + shared_out.map_or(0, |s| s.rows), d)?;
