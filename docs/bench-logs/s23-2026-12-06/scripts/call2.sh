@@ -51,6 +51,7 @@ echo "== before hf: $(( $(date +%s) - T0 )) s"
 t hf_run3 timeout 120 python3 tools/bench/hf_e2e.py --model /tmp/moe --prompts $P --limit 164 --layers 1,3,5,6 --max-new 128 --batch 32 --out /tmp/hf_out2 --drafters /tmp/moe-drafters
 tail -1 $O/hf_run3.out
 tar czf $OUT/moe-e2e.tgz -C $O .
+cp /tmp/dk/gemm-choices-v1.json $OUT/ 2>/dev/null  # the GEMM choices tuned on this GPU
 echo "== e2e done $(( $(date +%s) - T0 )) s"
 # 4. memory
 Q30=/tmp/moe B=$B timeout $(( 585 - ($(date +%s) - T0) )) bash tools/bench/memory_device.sh > $OUT/memory.txt 2>&1
