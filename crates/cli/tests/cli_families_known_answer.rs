@@ -195,9 +195,50 @@ fn check(cache: &Path, dir: &Path, manifest: &Value, c: &Case, sampled_run: bool
     }
 }
 
+/// EAGLE-3's dynamic tree (`run --eagle3-tree`): TOPK 1 is the chain, so its τ is the chain's
+/// exactly; a TOPK 4 tree holds the chain as its first path, so its τ lies between the chain's
+/// and B (the exact drafter: B).
+fn check_trees(cache: &Path, dir: &Path, c: &Case) {
+    let db = dir.join(format!("{}.sqlite", c.name));
+    let metric = |v: &Value, name: &str| v[0]["metrics"]["native"][name]["value"].as_f64().unwrap();
+    let b = c.block as f64;
+    for shape in [format!("1,{}", c.block), format!("4,{}", 3 * c.block)] {
+        let run = dl_json(
+            cache,
+            dir,
+            c,
+            "run",
+            &["--db", s(&db), "--eagle3-tree", &shape],
+        );
+        let (tree, chain) = (
+            metric(&run, "eagle3_tree_tau_replayed_macro"),
+            metric(&run, "tau_replayed_macro"),
+        );
+        let what = format!("{} --eagle3-tree {shape}", c.name);
+        assert!(
+            (chain - c.tau_macro).abs() < 1e-9,
+            "{what}: chain τ {chain}"
+        );
+        if shape.starts_with("1,") || c.tau_macro == b {
+            assert!(
+                (tree - c.tau_macro).abs() < 1e-9,
+                "{what}: tree τ {tree}, expected {}",
+                c.tau_macro
+            );
+        } else {
+            assert!(
+                c.tau_macro - 1e-9 <= tree && tree <= b + 1e-9,
+                "{what}: tree τ {tree} outside [{}, {b}]",
+                c.tau_macro
+            );
+        }
+    }
+}
+
 /// The exact drafter of `family` (τ = `block` in every round, checked here without the
-/// manifest) and its defect drafter (the manifest's rounds, some of every length 1..=B).
-fn family(family: &str, block: usize, sampled_run: bool) {
+/// manifest) and its defect drafter (the manifest's rounds, some of every length 1..=B); with
+/// `trees`, EAGLE-3's trees of both ([`check_trees`]).
+fn family(family: &str, block: usize, sampled_run: bool, trees: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let (cache, dir) = (tmp.path().join("cache"), tmp.path().join("fixtures"));
     let manifest = fixtures(&dir);
@@ -212,6 +253,9 @@ fn family(family: &str, block: usize, sampled_run: bool) {
     );
     assert_eq!(exact.tau_macro, block as f64);
     check(&cache, &dir, &manifest, &exact, sampled_run);
+    if trees {
+        check_trees(&cache, &dir, &exact);
+    }
 
     let defect = case(&dir, &manifest, &format!("{family}-defect"));
     let lengths: std::collections::BTreeSet<u64> = manifest["cases"]
@@ -237,25 +281,28 @@ fn family(family: &str, block: usize, sampled_run: bool) {
         "the defect drafter's rounds commit every length from 1 to B"
     );
     check(&cache, &dir, &manifest, &defect, sampled_run);
+    if trees {
+        check_trees(&cache, &dir, &defect);
+    }
 }
 
 #[test]
 fn dflash_accepts_what_it_should() {
-    family("dflash", 4, true);
+    family("dflash", 4, true, false);
 }
 
 #[test]
 fn dflash2_accepts_what_it_should() {
     // `run --temperature` is refused for DFlash2 (docs/dflash2.md §4).
-    family("dflash2", 5, false);
+    family("dflash2", 5, false, false);
 }
 
 #[test]
 fn eagle3_accepts_what_it_should() {
-    family("eagle3", 5, true);
+    family("eagle3", 5, true, true);
 }
 
 #[test]
 fn mtp_head_accepts_what_it_should() {
-    family("mtp", 4, true);
+    family("mtp", 4, true, false);
 }
