@@ -54,6 +54,6 @@ tar czf $OUT/moe-e2e.tgz -C $O .
 cp /tmp/dk/gemm-choices-v1.json $OUT/ 2>/dev/null  # the GEMM choices tuned on this GPU
 echo "== e2e done $(( $(date +%s) - T0 )) s"
 # 4. memory
-Q30=/tmp/moe B=$B timeout $(( 585 - ($(date +%s) - T0) )) bash tools/bench/memory_device.sh > $OUT/memory.txt 2>&1
+Q30=/tmp/moe B=$B timeout $(( 470 - ($(date +%s) - T0) )) bash tools/bench/memory_device.sh > $OUT/memory.txt 2>&1
 echo "== memory rc=$? $(( $(date +%s) - T0 )) s"; cat $OUT/memory.txt | tail -20
 tar czf $OUT/memory.tgz -C /tmp/o . 2>/dev/null
