@@ -11,7 +11,8 @@ model = sys.argv[1]
 out = sys.argv[2] if len(sys.argv) > 2 else "/tmp/long32k.jsonl"
 want = int(sys.argv[3]) if len(sys.argv) > 3 else 31500
 tok = AutoTokenizer.from_pretrained(model)
-rows = [json.loads(l) for l in open("data/prompts/humaneval.jsonl")]
+# The built-in HumanEval set (moved from data/prompts/ when prompt sets became built in).
+rows = [json.loads(l) for l in open("crates/engine/builtin-prompts/humaneval.jsonl")]
 parts, n, i = [], 0, 0
 while n < want:
     t = rows[i % len(rows)]["messages"][0]["content"]
