@@ -7,24 +7,16 @@
 //! test prints "SKIP: CUDA unavailable: <reason>" and returns.
 #![cfg(feature = "cuda")]
 
+mod cuda_util;
+use cuda_util::gpu;
+
 use draftlens_engine::backend::cpu::CpuBackend;
-use draftlens_engine::backend::cuda::CudaBackend;
 use draftlens_engine::backend::{AttnShape, Backend, SeqStarts};
 use draftlens_engine::model::hybrid::{HybridSpec, LayerType};
 use draftlens_engine::model::random::{qwen3_5_27b_spec, RandomWeights};
 use draftlens_engine::model::{Capture, ModelSpec, TargetModel};
 use draftlens_engine::parity::{diff, format_checks, Check, OpTolerance};
 use draftlens_engine::util::{host_random, round_bf16};
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            println!("SKIP: {e}");
-            None
-        }
-    }
-}
 
 /// Packed sequences of lengths 1, 63, 1, 135, 129, 1, 403: one-token sequences, one shorter than
 /// a key tile (64), lengths that are no multiple of the tile, and query blocks (21 positions at

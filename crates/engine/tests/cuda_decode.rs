@@ -8,7 +8,8 @@
 //! Without a GPU every test prints "SKIP: CUDA unavailable: <reason>" and passes (CI).
 #![cfg(feature = "cuda")]
 
-mod decode_util;
+mod cuda_util;
+use cuda_util::{bits, gpu};
 
 use draftlens_engine::backend::cpu::{CpuBackend, CpuTensor};
 #[cfg(feature = "kernel-lab")]
@@ -20,16 +21,6 @@ use draftlens_engine::backend::cuda::{
 use draftlens_engine::backend::Backend;
 use draftlens_engine::model::random::{qwen3_8b_spec, RandomWeights};
 use draftlens_engine::model::{ModelSpec, TargetModel};
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            println!("SKIP: {e}");
-            None
-        }
-    }
-}
 
 /// Row counts that cross every row-tile (8) and feature-tile (16 → 32 rows) boundary.
 const ROW_COUNTS: [usize; 14] = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64];
@@ -85,14 +76,6 @@ fn assert_lm_head_rows_invariant(
             "{what}: log-probs of {rows} rows"
         );
     }
-}
-
-fn bits(be: &CudaBackend, t: &CudaTensor) -> Vec<u16> {
-    be.to_host_bf16(t)
-        .unwrap()
-        .into_iter()
-        .map(|v| v.to_bits())
-        .collect()
 }
 
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
@@ -340,7 +323,7 @@ fn batched_greedy_is_bit_identical_to_each_prompt_alone() {
     let Some(be) = gpu() else { return };
     let spec = small_spec();
     let model = TargetModel::load(&be, &spec, &RandomWeights::new(&spec, 11)).unwrap();
-    decode_util::assert_batches_match_alone(&be, &model, 24);
+    cuda_util::assert_batches_match_alone(&be, &model, 24);
 }
 
 type Caches = Vec<(Option<CudaTensor>, Option<CudaTensor>)>;

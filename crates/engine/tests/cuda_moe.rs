@@ -9,14 +9,15 @@
 //!   CUDA backend: every hidden state within the mixture-of-experts bf16 tolerance
 //!   (`parity::moe_layer_tolerance`), and the greedy continuation equal to transformers' until
 //!   the first step whose reference top-1/top-2 margin is below bf16's reach.
+//!
 //! Without a GPU every test prints "SKIP: CUDA unavailable: <reason>" and passes (CI).
 #![cfg(feature = "cuda")]
 
-mod decode_util;
+mod cuda_util;
+use cuda_util::{bits, gpu};
 mod golden_util;
 
 use draftlens_engine::backend::cpu::CpuBackend;
-use draftlens_engine::backend::cuda::{CudaBackend, CudaTensor};
 use draftlens_engine::backend::Backend;
 use draftlens_engine::generate::greedy;
 use draftlens_engine::model::moe::{MoeSpec, SparseMoe};
@@ -24,16 +25,6 @@ use draftlens_engine::model::random::{qwen3_8b_spec, RandomWeights};
 use draftlens_engine::model::{Arch, Capture, ModelSpec, TargetFiles, TargetModel};
 use draftlens_engine::parity::moe_layer_tolerance;
 use golden_util::*;
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            println!("SKIP: {e}");
-            None
-        }
-    }
-}
 
 /// A small Qwen3-MoE-shaped model: 64 experts, top-8 (Qwen3-30B-A3B's k), expert width 96 (K
 /// of the down projection not a multiple of the 32-wide chunks' 8-chunk unroll), with or without
@@ -60,14 +51,6 @@ fn moe_spec(shared: bool) -> ModelSpec {
         }),
         ..qwen3_8b_spec()
     }
-}
-
-fn bits(be: &CudaBackend, t: &CudaTensor) -> Vec<u16> {
-    be.to_host_bf16(t)
-        .unwrap()
-        .into_iter()
-        .map(|v| v.to_bits())
-        .collect()
 }
 
 /// Row counts across the grouped GEMM's row tiles (8), its two-feature-tile switch (16 → 17), the
@@ -132,7 +115,7 @@ fn batched_moe_greedy_is_bit_identical_to_each_prompt_alone() {
         let src = RandomWeights::new(&spec, 23).with_init(0.08, 0.3);
         let model = TargetModel::load(&be, &spec, &src).unwrap();
         println!("shared expert {shared}:");
-        decode_util::assert_batches_match_alone(&be, &model, 16);
+        cuda_util::assert_batches_match_alone(&be, &model, 16);
     }
 }
 

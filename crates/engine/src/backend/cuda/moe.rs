@@ -28,7 +28,7 @@ const ROUTE_THREADS: u32 = 128;
 /// weight-pointer tables, keyed by the pointers they hold (so a table is never stale).
 pub(crate) struct MoeState {
     on_device: AtomicBool,
-    tables: Mutex<HashMap<Vec<u64>, Arc<CudaSlice<u64>>>>,
+    tables: Mutex<HashMap<Vec<u64>, PointerTable>>,
 }
 
 impl Default for MoeState {
@@ -41,6 +41,9 @@ impl Default for MoeState {
         }
     }
 }
+
+/// A device array of the experts' weight addresses, shared by every call on those weights.
+type PointerTable = Arc<CudaSlice<u64>>;
 
 /// The grouped GEMM instance for groups of at most `rows` rows: the decode GEMM's (NT, MT)
 /// pairs (`MOE_GG_ENTRY` in `kernels/moe_gemm.cu`).
@@ -384,11 +387,11 @@ impl CudaBackend {
     fn moe_tables(
         &self,
         experts: &[(&CudaMatrix, &CudaMatrix)],
-    ) -> Result<(Arc<CudaSlice<u64>>, Arc<CudaSlice<u64>>)> {
+    ) -> Result<(PointerTable, PointerTable)> {
         let gate_up: Vec<u64> = experts.iter().map(|(g, _)| self.ptr(&g.buf)).collect();
         let down: Vec<u64> = experts.iter().map(|(_, d)| self.ptr(&d.buf)).collect();
         let mut tables = self.moe.tables.lock().unwrap_or_else(|e| e.into_inner());
-        let mut table = |ptrs: Vec<u64>| -> Result<Arc<CudaSlice<u64>>> {
+        let mut table = |ptrs: Vec<u64>| -> Result<PointerTable> {
             if let Some(t) = tables.get(&ptrs) {
                 return Ok(Arc::clone(t));
             }

@@ -1,10 +1,31 @@
-//! Batch invariance of greedy decoding on CUDA, shared by `cuda_decode.rs` (dense targets) and
-//! `cuda_moe.rs` (mixtures of experts).
+//! Helpers of the CUDA tests (`cuda_attention.rs`, `cuda_decode.rs`, `cuda_moe.rs`): the backend or
+//! a SKIP line, a tensor's bits, and the batch invariance of greedy decoding.
 #![allow(dead_code)]
 
-use draftlens_engine::backend::cuda::CudaBackend;
+use draftlens_engine::backend::cuda::{CudaBackend, CudaTensor};
 use draftlens_engine::generate::{greedy, greedy_batch, Continuation, StopReason};
 use draftlens_engine::model::TargetModel;
+
+/// The CUDA backend of device 0, or `None` after printing "SKIP: CUDA unavailable: <reason>"
+/// (CI and every machine without a GPU).
+pub fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            println!("SKIP: {e}");
+            None
+        }
+    }
+}
+
+/// `t`'s bf16 values as bits, for bit-for-bit comparisons.
+pub fn bits(be: &CudaBackend, t: &CudaTensor) -> Vec<u16> {
+    be.to_host_bf16(t)
+        .unwrap()
+        .into_iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
 
 /// 65 prompts of 1..=40 tokens (so batches of 64 and 32 end with a batch of 1), some holding
 /// the last vocabulary id.
