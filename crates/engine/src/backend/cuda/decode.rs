@@ -46,6 +46,19 @@ pub(crate) enum Epilogue {
     F32 = 2,
 }
 
+/// The register kernel's tiling of `rows` rows (≥ 1): (row tiles of 8, 16-feature tiles per
+/// warp). Two feature tiles per warp above 16 rows halve the L2 reads of x per weight byte. The
+/// tiling changes no element's order of summation (`kernels/decode_gemm.cu`). The decode GEMM and
+/// the mixture of experts' grouped GEMM (`moe.rs`) launch by it.
+pub(super) fn row_tiling(rows: usize) -> (usize, usize) {
+    (rows.div_ceil(8), if rows > 16 { 2 } else { 1 })
+}
+
+/// Output features a block of the register kernel covers with `mt` feature tiles per warp.
+pub(super) fn features_per_block(mt: usize) -> usize {
+    WARPS * mt * FEATURES_PER_WARP_TILE
+}
+
 /// Into how many K slices a `[n, k]` weight's reduction is cut: a function of the shape alone,
 /// never of the row count, because it fixes the order of summation. Enough slices for about 256
 /// blocks at 128 features per block (two blocks per multiprocessor of an H100/H200 at the largest
@@ -120,7 +133,7 @@ fn pipe_stages(mt: usize) -> usize {
 /// Dynamic shared memory of `decode_gemm_pipe_*`: per stage the block's weight tile (64·mt
 /// features × 32 values) and x (8·nt rows × 32 values), bf16 (`DgStage` in the kernel).
 fn pipe_shared_bytes(nt: usize, mt: usize) -> usize {
-    pipe_stages(mt) * (WARPS * mt * FEATURES_PER_WARP_TILE * 64 + nt * 8 * 64)
+    pipe_stages(mt) * (features_per_block(mt) * 64 + nt * 8 * 64)
 }
 
 /// Scratch of the split-K launches: fp32 partials and one arrival counter per feature block
@@ -187,11 +200,8 @@ impl CudaBackend {
             out < i32::MAX as usize && inp < i32::MAX as usize / 2,
             "decode GEMM: weight [{out}, {inp}] too large"
         );
-        let nt = rows.div_ceil(8);
-        // Two 16-feature tiles per warp above 16 rows: halves the L2 reads of x per weight byte.
-        let mt = if rows > 16 { 2 } else { 1 };
-        let features_per_block = WARPS * mt * FEATURES_PER_WARP_TILE;
-        let feature_blocks = out.div_ceil(features_per_block);
+        let (nt, mt) = row_tiling(rows);
+        let feature_blocks = out.div_ceil(features_per_block(mt));
         let mut scratch = self.decode.lock().unwrap_or_else(|e| e.into_inner());
         let pipelined = scratch.kernel.pipelined_for(rows);
         let (func, shared) = if pipelined {
@@ -918,8 +928,7 @@ mod tests {
     #[test]
     fn every_row_count_has_a_kernel() {
         for rows in 1..=MAX_DECODE_ROWS {
-            let nt = rows.div_ceil(8);
-            let mt = if rows > 16 { 2 } else { 1 };
+            let (nt, mt) = row_tiling(rows);
             let name = decode_kernel_name(nt, mt);
             assert_eq!(name, format!("decode_gemm_n{nt}_m{mt}"));
             assert_eq!(

@@ -10,6 +10,7 @@
 //! route, the plan's three, gather, the grouped gate|up GEMM, SwiGLU, the grouped down GEMM, the
 //! combine.
 
+use super::decode::{features_per_block, row_tiling};
 use super::{derr, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
 use crate::backend::moe::MoeRouting;
 use anyhow::{ensure, Result};
@@ -28,7 +29,7 @@ const ROUTE_THREADS: u32 = 128;
 /// weight-pointer tables, keyed by the pointers they hold (so a table is never stale).
 pub(crate) struct MoeState {
     on_device: AtomicBool,
-    tables: Mutex<HashMap<Vec<u64>, PointerTable>>,
+    tables: Mutex<HashMap<Vec<u64>, (PointerTable, PointerTable)>>,
 }
 
 impl Default for MoeState {
@@ -45,9 +46,9 @@ impl Default for MoeState {
 /// A device array of the experts' weight addresses, shared by every call on those weights.
 type PointerTable = Arc<CudaSlice<u64>>;
 
-/// The grouped GEMM instance for groups of at most `rows` rows: the decode GEMM's (NT, MT)
-/// pairs (`MOE_GG_ENTRY` in `kernels/moe_gemm.cu`).
-fn grouped_kernel_name(rows: usize) -> &'static str {
+/// The grouped GEMM instance with `nt` row tiles (its MT follows from NT as in
+/// [`row_tiling`]; `MOE_GG_ENTRY` in `kernels/moe_gemm.cu`).
+fn grouped_kernel_name(nt: usize) -> &'static str {
     const NAMES: [&str; 8] = [
         "moe_grouped_gemm_n1_m1",
         "moe_grouped_gemm_n2_m1",
@@ -58,7 +59,7 @@ fn grouped_kernel_name(rows: usize) -> &'static str {
         "moe_grouped_gemm_n7_m2",
         "moe_grouped_gemm_n8_m2",
     ];
-    NAMES[rows.div_ceil(8).clamp(1, 8) - 1]
+    NAMES[nt.clamp(1, 8) - 1]
 }
 
 impl CudaBackend {
@@ -140,30 +141,19 @@ impl CudaBackend {
             return Ok(false);
         }
         let (e, k, d) = (routing.num_experts, routing.top_k, x.cols);
-        let Some(&(gu0, down0)) = experts.first() else {
+        let Some(&(_, down0)) = experts.first() else {
             return Ok(false);
         };
         if k > MAX_TOP_K {
             return Ok(false); // more experts a token than the route kernel keeps: the host plan
         }
-        let inter = down0.inp;
         ensure!(
             experts.len() == e && (1..=e).contains(&k),
             "mixture of experts: {} expert weights for {e} experts, top-k {k}",
             experts.len()
         );
-        for (i, (gu, down)) in experts.iter().enumerate() {
-            ensure!(
-                (gu.out, gu.inp, down.out, down.inp) == (2 * inter, d, d, inter)
-                    && (gu0.out, down0.out) == (2 * inter, d),
-                "mixture of experts: expert {i}'s weights are [{}, {}] and [{}, {}], not [{}, {d}] and [{d}, {inter}]",
-                gu.out,
-                gu.inp,
-                down.out,
-                down.inp,
-                2 * inter
-            );
-        }
+        let inter = down0.inp;
+        let (gu_table, down_table) = self.moe_tables(experts, d)?;
         let width = e + usize::from(shared_out.is_some());
         ensure!(
             (logits.rows, logits.cols) == (t, width) && (h.rows, h.cols) == (t, d),
@@ -307,7 +297,6 @@ impl CudaBackend {
         .map_err(derr("moe_gather_rows_bf16"))?;
 
         // 4. The experts: gate|up, SwiGLU, down; the routed outputs, then the shared expert's.
-        let (gu_table, down_table) = self.moe_tables(experts)?;
         let mut gu = self.new_tensor(n, 2 * inter)?;
         self.moe_grouped_gemm(
             &xg, &gu_table, &mut gu, &groups, &n_groups, max_groups, max_rows,
@@ -357,9 +346,9 @@ impl CudaBackend {
             n_out < i32::MAX as usize && k_in < i32::MAX as usize / 2,
             "grouped GEMM: weight [{n_out}, {k_in}] too large"
         );
-        let func = grouped_kernel_name(max_rows);
-        let mt = if max_rows > 16 { 2 } else { 1 };
-        let feature_blocks = n_out.div_ceil(4 * 16 * mt);
+        let (nt, mt) = row_tiling(max_rows);
+        let func = grouped_kernel_name(nt);
+        let feature_blocks = n_out.div_ceil(features_per_block(mt));
         let f = self.kernels.get("decode", func)?;
         let (n32, k32) = (n_out as i32, k_in as i32);
         let mut b = self.stream.launch_builder(&f);
@@ -385,23 +374,41 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The device tables of the experts' gate|up and down weight addresses, uploaded once per
-    /// set of weights.
+    /// The device tables of the experts' gate|up and down weight addresses, made once per set of
+    /// weights: their shapes (`[2·I, d]` and `[d, I]`, the same for every expert) are checked
+    /// then, not on every call.
     fn moe_tables(
         &self,
         experts: &[(&CudaMatrix, &CudaMatrix)],
+        d: usize,
     ) -> Result<(PointerTable, PointerTable)> {
-        let gate_up: Vec<u64> = experts.iter().map(|(g, _)| self.ptr(&g.buf)).collect();
-        let down: Vec<u64> = experts.iter().map(|(_, d)| self.ptr(&d.buf)).collect();
+        let ptrs: Vec<u64> = experts
+            .iter()
+            .map(|(g, _)| self.ptr(&g.buf))
+            .chain(experts.iter().map(|(_, d)| self.ptr(&d.buf)))
+            .collect();
         let mut tables = self.moe.tables.lock().unwrap_or_else(|e| e.into_inner());
-        let mut table = |ptrs: Vec<u64>| -> Result<PointerTable> {
-            if let Some(t) = tables.get(&ptrs) {
-                return Ok(Arc::clone(t));
-            }
-            let t = Arc::new(self.upload(&ptrs)?);
-            tables.insert(ptrs, Arc::clone(&t));
-            Ok(t)
-        };
-        Ok((table(gate_up)?, table(down)?))
+        if let Some((gu, down)) = tables.get(&ptrs) {
+            return Ok((Arc::clone(gu), Arc::clone(down)));
+        }
+        let inter = experts.first().map_or(0, |(_, down)| down.inp);
+        for (i, (gu, down)) in experts.iter().enumerate() {
+            ensure!(
+                (gu.out, gu.inp, down.out, down.inp) == (2 * inter, d, d, inter),
+                "mixture of experts: expert {i}'s weights are [{}, {}] and [{}, {}], not [{}, {d}] and [{d}, {inter}]",
+                gu.out,
+                gu.inp,
+                down.out,
+                down.inp,
+                2 * inter
+            );
+        }
+        let (gate_up, down) = ptrs.split_at(experts.len());
+        let pair = (
+            Arc::new(self.upload(gate_up)?),
+            Arc::new(self.upload(down)?),
+        );
+        tables.insert(ptrs, (Arc::clone(&pair.0), Arc::clone(&pair.1)));
+        Ok(pair)
     }
 }
