@@ -409,7 +409,7 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
                                  const bf16_t* __restrict__ v, bf16_t* __restrict__ o,
                                  const int4* __restrict__ ranges, const int* __restrict__ order, int tq, int tk,
                                  int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2,
-                                 const FaQNorm& qn) {
+                                 const FaQNorm& qn, const float* __restrict__ sinks) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16_t* Qs = (bf16_t*)smem_raw;     // [FA2_BM][HD]
     bf16_t* Ks = Qs + FA2_BM * HD;      // [2][FA2_BN][HD]
@@ -498,12 +498,19 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
 #pragma unroll
         for (int i = 0; i < HD / 8; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
     // Row state [mt][h] belongs to M row wrow + 16·mt + g + 8·h.
+    // gpt-oss's sink logit z of the row's head (`sinks` non-null) joins the softmax's denominator
+    // and not its values: the row's state starts at max z·log2(e) with sum exp2(0) = 1, held by
+    // one of the four threads that share the row (their sums are added at the end).
     float m_run[MT][2], l_run[MT][2];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        m_run[mt][0] = m_run[mt][1] = -DL_INF;
-        l_run[mt][0] = l_run[mt][1] = 0.f;
-    }
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = wrow + mt * 16 + g + 8 * h;
+            const bool sunk = sinks != nullptr && r < ppb * group;
+            m_run[mt][h] = sunk ? sinks[kvh * group + r % group] * 1.4426950408889634f : -DL_INF;
+            l_run[mt][h] = sunk && tig == 0 ? 1.f : 0.f;
+        }
 
     const bf16_t* kbase = k + (long long)kvh * HD;
     const bf16_t* vbase = v + (long long)kvh * HD;
@@ -670,9 +677,9 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
     extern "C" __global__ void __launch_bounds__(NW * 32, BLOCKS) flash_attention2_hd##HD(                   \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, bf16_t* o, const int4* ranges, const int* order,  \
         int tq, int tk, int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2,          \
-        FaQNorm qn) {                                                                                        \
+        FaQNorm qn, const float* sinks) {                                                                    \
         flash_attention2<HD, MT, NW>(q, k, v, o, ranges, order, tq, tk, heads, kv_heads, q_ld, kv_ld,        \
-                                     scale_log2, qn);                                                        \
+                                     scale_log2, qn, sinks);                                                 \
     }
 ATT2_ENTRY(64, 2, 4, 2)
 ATT2_ENTRY(128, 2, 4, 2)

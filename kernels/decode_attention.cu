@@ -60,6 +60,19 @@ struct DaNorm {
     int interleaved;
 };
 
+// What gpt-oss adds (crates/engine/src/backend/gpt_oss.rs `AttnExtras`): a sliding window of
+// `window` keys (0: none), the query at position len_r seeing positions len_r − window + 1 ..=
+// len_r; and one sink logit per query head (null: none), unscaled, in the softmax's denominator.
+// The window moves the first key lo_r = max(0, len_r + 1 − window): the chunks wholly before it
+// are not walked (the chunk boundaries stay a function of len_r; which chunks run is a function
+// of len_r and the layer's window), and in the chunk holding lo_r the keys before it score −inf.
+// The sink starts the state of the first walked chunk (running max z·log2(e), sum 1, O = 0), so
+// it joins the denominator once, through the merge like any chunk's sum.
+struct DaExtras {
+    const float* sinks;  // [heads]
+    int window;
+};
+
 template <int DPL>
 __device__ __forceinline__ void da_load(const bf16_t* p, float* f) {
     if constexpr (DPL == 8) {
@@ -237,7 +250,8 @@ __device__ __forceinline__ void da_tile_new_row(DaShared<HD>& sh, const bf16_t* 
 template <int HD, int G>
 __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew,
                                  const bf16_t* __restrict__ vnew, long long ldq, long long ldkv,
-                                 bf16_t* __restrict__ out, const DaTable& tab, const DaNorm& nm, int heads,
+                                 bf16_t* __restrict__ out, const DaTable& tab, const DaNorm& nm,
+                                 const DaExtras& ex, int heads,
                                  int kv_heads, float scale_log2, int nchunks, int bps, float* __restrict__ po,
                                  float2* __restrict__ pml, u32* __restrict__ cnt, DaShared<HD>& sh) {
     constexpr int DPL = HD / 32;
@@ -247,9 +261,15 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
     const int len = tab.len[r];
     const int chunk = da_chunk_len(len);
     const int nc = len / chunk + 1;
-    const int nb = min(bps, nc);
+    const int lo = ex.window > 0 ? max(0, len + 1 - ex.window) : 0;  // first visible key
+    const int c0 = lo / chunk;                                       // first walked chunk
+    const int nv = nc - c0;
+    const int nb = min(bps, nv);
     if (b >= nb) return;  // a shorter sequence than the launch's longest (block-uniform)
-    const int cb = b * nc / nb, ce = (b + 1) * nc / nb;  // this block's chunks [cb, ce)
+    const int cb = c0 + b * nv / nb, ce = c0 + (b + 1) * nv / nb;  // this block's chunks [cb, ce)
+    // The block's first key: its first chunk's, or in the window's first chunk the 32-key tile
+    // (chunks are whole tiles) holding lo.
+    const int kb = max(cb * chunk, lo - lo % DA_TILE);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int qh = h * G + w;
     const long long kvd = (long long)kv_heads * HD, qd = (long long)heads * HD;
@@ -259,7 +279,7 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
     const bf16_t* vn = vnew + r * ldkv + h * HD;
     const bool norm = nm.wq != nullptr;
     // The first tile's copies fly while q and the new key are normalised.
-    da_tile_copy<HD, G>(sh, kc, vc, kvd, h, len, cb * chunk, min(len, cb * chunk + chunk - 1));
+    da_tile_copy<HD, G>(sh, kc, vc, kvd, h, len, kb, min(len, cb * chunk + chunk - 1));
     if (ce == nc && w == 0) {
         // The new key (normalised and rotated with DaNorm) into shared memory for the last tile,
         // and the append (positions < len are only read by the other blocks).
@@ -296,14 +316,18 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
     // The block's keys kb..=ke are whole 32-key tiles of consecutive chunks (a chunk is a multiple
     // of 32 keys): one walk over them, a chunk's state started at its first tile and its partial
     // written after its last.
-    const int kb = cb * chunk, ke = min(len, ce * chunk - 1);
+    const int ke = min(len, ce * chunk - 1);
     float m = -DL_INF, l = 0.f, o[DPL] = {};
     for (int t0 = kb; t0 <= ke; t0 += DA_TILE) {
         const int jb = t0 - t0 % chunk;        // this tile's chunk: keys jb..=je
         const int je = min(len, jb + chunk - 1);
-        if (t0 == jb) {
+        if (t0 == jb || t0 == kb) {
             m = -DL_INF;
             l = 0.f;
+            if (ex.sinks != nullptr && jb / chunk == c0) {
+                m = ex.sinks[qh] * 1.4426950408889634f;  // log2(e): the scores' domain
+                l = 1.f;
+            }
 #pragma unroll
             for (int d = 0; d < DPL; ++d) o[d] = 0.f;
         }
@@ -313,7 +337,7 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
         // Scores: lane = key.
         const int j = t0 + lane;
         float s = -DL_INF;
-        if (j <= je) {
+        if (j <= je && j >= lo) {
             float acc = 0.f;
 #pragma unroll 4
             for (int d = 0; d < HD; d += 8) {
@@ -346,7 +370,7 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
         if (tn <= je) continue;
         // The chunk's last tile.
         const int d0 = lane * DPL;
-        if (nc == 1) {
+        if (nv == 1) {
             const float inv = 1.f / l;
             float res[DPL];
 #pragma unroll
@@ -379,29 +403,29 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
     const long long p0 = ((long long)r * heads + qh) * nchunks;
     const int d0 = lane * DPL;
     // The merge: each chunk rescaled by exp2(m_c − max_c m_c) in fp32 (O and l alike), summed in
-    // chunk order 0..nc−1 (L2 loads: the other blocks' partials never passed through this L1).
+    // chunk order c0..nc−1 (L2 loads: the other blocks' partials never passed through this L1).
     // The maximum is exact in any order, so the lanes take a chunk each; the sums keep chunk
     // order, with MB chunks' loads in flight before the first is added.
     float mx = -DL_INF;
-    for (int cc = lane; cc < nc; cc += 32) mx = fmaxf(mx, __ldcg(&pml[p0 + cc]).x);
+    for (int cc = c0 + lane; cc < nc; cc += 32) mx = fmaxf(mx, __ldcg(&pml[p0 + cc]).x);
     mx = warp_max(mx);
     constexpr int MB = DPL <= 4 ? 4 : 2;
     float lsum = 0.f, acc[DPL];
 #pragma unroll
     for (int d = 0; d < DPL; ++d) acc[d] = 0.f;
-    for (int c0 = 0; c0 < nc; c0 += MB) {
+    for (int cm = c0; cm < nc; cm += MB) {
         float2 ml[MB], v[MB][DPL / 2];
 #pragma unroll
         for (int u = 0; u < MB; ++u) {
-            if (c0 + u >= nc) break;
-            ml[u] = __ldcg(&pml[p0 + c0 + u]);
-            const float* src = po + (p0 + c0 + u) * HD + d0;
+            if (cm + u >= nc) break;
+            ml[u] = __ldcg(&pml[p0 + cm + u]);
+            const float* src = po + (p0 + cm + u) * HD + d0;
 #pragma unroll
             for (int d = 0; d < DPL; d += 2) v[u][d / 2] = __ldcg((const float2*)(src + d));
         }
 #pragma unroll
         for (int u = 0; u < MB; ++u) {
-            if (c0 + u >= nc) break;
+            if (cm + u >= nc) break;
             const float a = exp2f(ml[u].x - mx);
             lsum += ml[u].y * a;
 #pragma unroll
@@ -427,14 +451,15 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
 // to five blocks by its shared memory anyway and gets the looser cap (no spill).
 #define DA_GROUP_CASE(HD, G)                                                                          \
     case G:                                                                                           \
-        decode_attention<HD, G>(q, knew, vnew, ldq, ldkv, out, tab, nm, heads, kv_heads, scale_log2,   \
+        decode_attention<HD, G>(q, knew, vnew, ldq, ldkv, out, tab, nm, ex, heads, kv_heads, scale_log2, \
                                 nchunks, bps, po, pml, cnt, sh);                                           \
         break;
 #define DA_ENTRY(HD, MINB)                                                                                    \
     extern "C" __global__ void __launch_bounds__(256, MINB) decode_attention_hd##HD(                          \
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew, const bf16_t* __restrict__ vnew,       \
         long long ldq, long long ldkv, bf16_t* __restrict__ out, const __grid_constant__ DaTable tab,         \
-        const __grid_constant__ DaNorm nm, int heads, int kv_heads, float scale_log2, int nchunks, int bps,   \
+        const __grid_constant__ DaNorm nm, const __grid_constant__ DaExtras ex, int heads, int kv_heads,     \
+        float scale_log2, int nchunks, int bps,                                                               \
         float* __restrict__ po, float2* __restrict__ pml, u32* __restrict__ cnt) {                            \
         __shared__ __align__(16) DaShared<HD> sh;                                                             \
         switch (heads / kv_heads) {                                                                           \

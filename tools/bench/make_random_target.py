@@ -3,7 +3,7 @@ machine, for the end-to-end benchmarks (docs/benchmarks-cuda.md). Nothing is dow
 is `from_config` on the GPU in bf16 and written with `save_pretrained` (sharded like the real
 checkpoints); the tokenizer is the Qwen3 one from the prompt-set fixtures (data/tokenizer/qwen3-hf).
 
-usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b|qwen3-32b|qwen3.6-27b-16l|qwen3.6-27b|qwen3.5-demo-8l|qwen3-30b-a3b-8l|qwen3-tiny|qwen3.5-tiny|qwen3.5-moe-tiny]
+usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b|qwen3-32b|qwen3.6-27b-16l|qwen3.6-27b|qwen3.5-demo-8l|qwen3-30b-a3b-8l|gpt-oss-20b-8l|gpt-oss-tiny|qwen3-tiny|qwen3.5-tiny|qwen3.5-moe-tiny]
            [--drafters 3] [--taps 1,9,17,25,33] [--device cuda|cpu] [--drafter-family dflash,eagle3,dflash2] [--mtp]
 
 `--arch qwen3.5-demo-8l` is the small hybrid target of the numeric-profile demo
@@ -84,6 +84,19 @@ ARCHS["qwen3-30b-a3b-8l"] = dict(ARCHS["qwen3-8b"], model_type="qwen3_moe", hidd
                                  moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
                                  decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=8,
                                  num_attention_heads=32, num_key_value_heads=4)
+# gpt-oss-20b's shapes (32 experts of 2880, top-4 with a router bias, 64 q / 8 kv heads of 64 with
+# sinks, sliding 128 / full layers alternating, YaRN) at 8 of its 24 layers: 7.0 B parameters, 14 GB
+# of bf16 (transformers' `from_config` writes the experts unquantised; the published checkpoint holds
+# them as MXFP4, which draftlens dequantises to the same bf16 layout at load).
+ARCHS["gpt-oss-20b-8l"] = dict(model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+                               num_hidden_layers=8, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                               num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
+                               layer_types=["sliding_attention", "full_attention"] * 4, attention_bias=True,
+                               rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=False,
+                               rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                                "beta_slow": 1.0, "truncate": False,
+                                                "original_max_position_embeddings": 4096, "rope_theta": 150000.0},
+                               bos_token_id=151643, eos_token_id=151645, taps="1,3,5,6")
 # Archs whose weights get the hybrid goldens' non-trivial init after `from_config`.
 DYNAMIC_INIT = {"qwen3.5-demo-8l"}
 # A 27B-class dense target: Qwen3-32B's shapes (64 layers, 32.8 B parameters, 65.5 GB of bf16;
@@ -105,6 +118,10 @@ ARCHS["qwen3.5-tiny"] = dict(ARCHS["qwen3.5-demo-8l"], hidden_size=256, intermed
 ARCHS["qwen3.5-moe-tiny"] = dict(ARCHS["qwen3.5-tiny"], model_type="qwen3_5_moe_text", num_experts=8,
                                  num_experts_per_tok=2, moe_intermediate_size=128,
                                  shared_expert_intermediate_size=256)
+ARCHS["gpt-oss-tiny"] = dict(ARCHS["gpt-oss-20b-8l"], vocab_size=151936, hidden_size=256, intermediate_size=128,
+                             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
+                             sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2,
+                             active_vocab=1024, embed_scale=20.0, taps="0,1,2")
 DYNAMIC_INIT |= {"qwen3.5-tiny", "qwen3.5-moe-tiny"}
 # The drafters' own attention shape where it differs from the target's (default: the target's).
 DRAFTER_ATTN = {"qwen3.6-27b-16l": (32, 8, 128), "qwen3.6-27b": (32, 8, 128)}

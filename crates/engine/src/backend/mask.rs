@@ -145,11 +145,17 @@ pub fn causal_window(mask: &AttnMask, iv: &mut [KeyIntervals], window: usize) ->
         matches!(mask, AttnMask::Causal { .. }),
         "attention: a sliding window on drafter blocks goes in AttnMask::Blocks"
     );
+    window_causal_rows(iv, window);
+    Ok(())
+}
+
+/// [`causal_window`] on rows known to be causal (each row's first interval ending just after
+/// its own position: [`AttnMask::Causal`], [`varlen_key_intervals`]).
+pub fn window_causal_rows(iv: &mut [KeyIntervals], window: usize) {
     for row in iv {
         let lo = row.first.start.max(row.first.end.saturating_sub(window));
         *row = KeyIntervals::new(lo..row.first.end, row.second.clone());
     }
-    Ok(())
 }
 
 /// Causal attention over sequences packed row-wise (`seq_starts` runs from 0 to `rows`): a row

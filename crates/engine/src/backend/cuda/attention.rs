@@ -19,6 +19,8 @@ pub(super) struct AttnIo {
     tk: usize,
     /// The q norm + RoPE flash_attention2 applies to q itself (`wq == 0`: none).
     q_norm: FaQNormArgs,
+    /// gpt-oss's sink logits, one f32 per query head (0: none; flash_attention2 only).
+    sinks: u64,
 }
 
 /// `FaQNorm` of kernels/attention.cu: q_norm's weight, the (cos, sin) table per query row
@@ -100,7 +102,14 @@ impl CudaBackend {
             "attention_varlen_packed: needs flash_attention2 (head_dim 64, 128 or 256), got {hd}"
         );
         let io = self.packed_io(qkv, shape, FaQNormArgs::default());
-        self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.clone()))
+        self.attention_raw(
+            io,
+            shape,
+            MaskKey::Varlen {
+                seq_starts: seq_starts.clone(),
+                window: None,
+            },
+        )
     }
 
     /// q, k and v of a packed prefill as the q | k | v columns of the fused QKV output.
@@ -119,6 +128,7 @@ impl CudaBackend {
             tq: qkv.rows,
             tk: qkv.rows,
             q_norm,
+            sinks: 0,
         }
     }
 
@@ -176,7 +186,14 @@ impl CudaBackend {
             let k_only = QkHeads::KOnly { cs };
             self.qk_norm_rope_launch(&mut qkv, shape, norm, positions, rope, k_only)?;
             let io = self.packed_io(&qkv, shape, FaQNormArgs { cs, ..q_norm });
-            self.attention_raw(io, shape, MaskKey::Varlen(seq_starts.clone()))
+            self.attention_raw(
+                io,
+                shape,
+                MaskKey::Varlen {
+                    seq_starts: seq_starts.clone(),
+                    window: None,
+                },
+            )
         })
     }
 
@@ -193,13 +210,19 @@ impl CudaBackend {
         fa2_threads(hd).is_some() && !self.attn_v1.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Attention of contiguous q, k, v under `key`'s mask.
+    /// Attention of contiguous q, k, v under `key`'s mask (its window, if any) with gpt-oss's
+    /// sink logits (`sinks`: one per query head).
     pub(super) fn attention_with(
         &self,
         (q, k, v): (&CudaTensor, &CudaTensor, &CudaTensor),
         shape: AttnShape,
         key: MaskKey,
+        sinks: Option<&[f32]>,
     ) -> Result<CudaTensor> {
+        let sinks = match sinks {
+            Some(s) => self.f32_table(s)?,
+            None => 0,
+        };
         let io = AttnIo {
             q: self.ptr(&q.buf),
             q_ld: q.cols,
@@ -209,6 +232,7 @@ impl CudaBackend {
             tq: q.rows,
             tk: k.rows,
             q_norm: FaQNormArgs::default(),
+            sinks,
         };
         self.attention_raw(io, shape, key)
     }
@@ -255,6 +279,10 @@ impl CudaBackend {
         ensure!(
             v2 || (io.q_ld == heads * hd && io.kv_ld == kv_heads * hd),
             "attention: strided q/k/v need flash_attention2 (head_dim 64, 128 or 256)"
+        );
+        ensure!(
+            v2 || io.sinks == 0,
+            "attention: sinks need flash_attention2 (not set_attention_v1)"
         );
         let mut out = self.new_tensor(io.tq, heads * hd)?;
         if io.tq == 0 {
@@ -314,11 +342,13 @@ impl CudaBackend {
                 .arg(&q_ld)
                 .arg(&kv_ld)
                 .arg(&scale_log2)
-                .arg(&io.q_norm);
+                .arg(&io.q_norm)
+                .arg(&io.sinks);
             // SAFETY: signature matches ATT2_ENTRY in kernels/attention.cu; q/k/v address tq/tk
             // rows of the given strides (checked by the callers); the intervals are clipped to
             // [0, tk]; `order` is a permutation of the tq.div_ceil(ppb) query blocks; FaQNorm's
-            // pointers are null or q_norm's hd weights and tq × rotary_dim / 2 (cos, sin) pairs.
+            // pointers are null or q_norm's hd weights and tq × rotary_dim / 2 (cos, sin) pairs;
+            // `sinks` is null or `heads` floats (f32_table of AttnExtras::sinks, checked).
             unsafe {
                 b.launch(LaunchConfig {
                     grid_dim: (grid as u32, 1, 1),

@@ -16,7 +16,8 @@
 
 use super::gemm::GemmOperands;
 use super::{derr, CudaBackend, CudaMatrix, CudaTensor};
-use crate::backend::{attention_decode_per_row, AttnShape, KvSlot, QkNorm, Rope, RopeStyle};
+use crate::backend::compose::attention_decode_per_row_ext;
+use crate::backend::{AttnExtras, AttnShape, KvSlot, QkNorm, Rope, RopeStyle};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
@@ -431,9 +432,10 @@ impl CudaBackend {
         v: &CudaTensor,
         shape: AttnShape,
         caches: &mut [KvSlot<'_, CudaTensor>],
+        extras: AttnExtras<'_>,
     ) -> Result<CudaTensor> {
         if !Self::decode_attention_fits(shape) {
-            return attention_decode_per_row(self, q, k, v, shape, caches);
+            return attention_decode_per_row_ext(self, q, k, v, shape, caches, extras);
         }
         shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
         ensure!(
@@ -451,7 +453,7 @@ impl CudaBackend {
             ldq: q.cols,
             ldkv: k.cols,
         };
-        self.attention_decode_rows(rows, shape, caches, None)
+        self.attention_decode_rows(rows, shape, caches, None, extras)
     }
 
     /// [`Backend::attention_decode_qkv`] in one launch: the decode attention reads q, k and v
@@ -516,7 +518,7 @@ impl CudaBackend {
             ldkv: qkv.cols,
         };
         // `qkv` lives until the launch is queued; the stream orders its reuse after the kernel.
-        self.attention_decode_rows(rows, shape, caches, norm_args)
+        self.attention_decode_rows(rows, shape, caches, norm_args, AttnExtras::NONE)
     }
 
     /// The decode attention over `rows` (see [`DecodeRows`]); `shape` must be covered
@@ -527,6 +529,7 @@ impl CudaBackend {
         shape: AttnShape,
         caches: &mut [KvSlot<'_, CudaTensor>],
         norm: Option<DecodeNorm<'_>>,
+        extras: AttnExtras<'_>,
     ) -> Result<CudaTensor> {
         let AttnShape {
             heads,
@@ -553,6 +556,16 @@ impl CudaBackend {
             pos: [0; DA_MAX_ROWS],
         };
         let norm_args = norm.as_ref().map(|n| n.args).unwrap_or_default();
+        let extra_args = DecodeExtrasArgs {
+            sinks: match extras.sinks {
+                Some(s) => self.f32_table(s)?,
+                None => 0,
+            },
+            window: match extras.window {
+                Some(w) => i32::try_from(w).unwrap_or(i32::MAX),
+                None => 0,
+            },
+        };
         if let Some(n) = &norm {
             ensure!(
                 n.positions.len() == rows,
@@ -641,6 +654,7 @@ impl CudaBackend {
                     .arg(&op)
                     .arg(&table)
                     .arg(&norm_args)
+                    .arg(&extra_args)
                     .arg(&h32)
                     .arg(&hk32)
                     .arg(&scale_log2)
@@ -650,11 +664,12 @@ impl CudaBackend {
                     .arg(&pml)
                     .arg(&cnt);
                 // SAFETY: signature of DA_ENTRY in kernels/decode_attention.cu (const bf16* ×3,
-                // ll, ll, bf16*, DaTable by value, DaNorm by value, int, int, float, int, int,
+                // ll, ll, bf16*, DaTable, DaNorm, DaExtras by value, int, int, float, int, int,
                 // float*, float2*, u32*); rows r0..=r of q/k/v (row strides ldq/ldkv) and out exist; every
                 // cache has room for one more row (reserve_rows) and the table holds (k, v, len,
                 // pos) of those rows; DaNorm's pointers are null or the norm weights (hd values
-                // each) and the RoPE table (rotary_dim / 2 values); with nchunks > 1 the partials
+                // each) and the RoPE table (rotary_dim / 2 values); DaExtras' sinks are null or
+                // `heads` floats (AttnExtras::check); with nchunks > 1 the partials
                 // hold (i + 1) × heads × nchunks × (hd + 2) floats, the counters (i + 1) ×
                 // kv_heads zeroed words, and no sequence has more than nchunks chunks.
                 unsafe {
@@ -769,6 +784,18 @@ struct DecodeNormArgs {
 
 // SAFETY: plain-old-data with the C layout of DaNorm (three pointers, float, int, int).
 unsafe impl cudarc::driver::DeviceRepr for DecodeNormArgs {}
+
+/// `DaExtras` of kernels/decode_attention.cu: gpt-oss's sink logits (one f32 per query head,
+/// 0: none) and sliding window (keys; 0: none).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct DecodeExtrasArgs {
+    sinks: u64,
+    window: i32,
+}
+
+// SAFETY: plain-old-data with the C layout of DaExtras (a pointer, an int; padded alike).
+unsafe impl cudarc::driver::DeviceRepr for DecodeExtrasArgs {}
 
 /// The kernel instance for `nt` row tiles of 8 and `mt` 16-feature tiles per warp.
 fn decode_kernel_name(nt: usize, mt: usize) -> &'static str {

@@ -2,25 +2,52 @@
 //! `[lo1, hi1, lo2, hi2]` of [`crate::backend::KeyIntervals`] (the masks' one interpretation,
 //! `backend/mask.rs`), flattened to i32.
 
+use crate::backend::mask::{causal_window, window_causal_rows};
 use crate::backend::{varlen_key_intervals, AttnMask, KeyIntervals, SeqStarts};
 use anyhow::Result;
 
 /// The mask of one attention call; also the key of the uploaded-mask cache (a new upload happens
-/// only when it changes).
+/// only when it changes). `window`: gpt-oss's sliding window on a causal mask
+/// ([`crate::backend::AttnExtras::window`]), `None` for plain attention.
 #[derive(Clone, PartialEq)]
 pub(super) enum MaskKey {
     /// A [`Backend::attention`](crate::backend::Backend::attention) mask over (queries, keys).
-    Mask(AttnMask, usize, usize),
+    Mask {
+        mask: AttnMask,
+        tq: usize,
+        tk: usize,
+        window: Option<usize>,
+    },
     /// Packed causal sequences starting at these rows.
-    Varlen(SeqStarts),
+    Varlen {
+        seq_starts: SeqStarts,
+        window: Option<usize>,
+    },
 }
 
 impl MaskKey {
     /// `[lo1, hi1, lo2, hi2]` of each of the `tq` query rows.
     pub(super) fn intervals(&self, tq: usize) -> Result<Vec<i32>> {
         let rows = match self {
-            MaskKey::Mask(mask, tq, tk) => mask.key_intervals(*tq, *tk)?,
-            MaskKey::Varlen(seq_starts) => varlen_key_intervals(seq_starts, tq)?,
+            MaskKey::Mask {
+                mask,
+                tq,
+                tk,
+                window,
+            } => {
+                let mut iv = mask.key_intervals(*tq, *tk)?;
+                if let Some(w) = *window {
+                    causal_window(mask, &mut iv, w)?;
+                }
+                iv
+            }
+            MaskKey::Varlen { seq_starts, window } => {
+                let mut iv = varlen_key_intervals(seq_starts, tq)?;
+                if let Some(w) = *window {
+                    window_causal_rows(&mut iv, w);
+                }
+                iv
+            }
         };
         Ok(rows.iter().flat_map(KeyIntervals::as_i32).collect())
     }
@@ -28,6 +55,12 @@ impl MaskKey {
     /// Whether the first attention kernel walks query blocks last-first (causal masks: the
     /// heaviest blocks first).
     pub(super) fn reverse(&self) -> bool {
-        !matches!(self, MaskKey::Mask(AttnMask::Blocks { .. }, _, _))
+        !matches!(
+            self,
+            MaskKey::Mask {
+                mask: AttnMask::Blocks { .. },
+                ..
+            }
+        )
     }
 }

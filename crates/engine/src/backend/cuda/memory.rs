@@ -59,6 +59,22 @@ impl CudaBackend {
         Ok(buf)
     }
 
+    /// The device address of `values` uploaded once per content (compared bit for bit, so an
+    /// entry is never stale): small per-layer tables the host holds, such as gpt-oss's sink
+    /// logits, which every decode step would otherwise upload again. Entries live as long as the
+    /// backend (a model's layers hold a few dozen).
+    pub(super) fn f32_table(&self, values: &[f32]) -> Result<u64> {
+        let bits: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
+        let mut tables = self.f32_tables.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, t)) = tables.iter().find(|(b, _)| *b == bits) {
+            return Ok(self.ptr(t));
+        }
+        let t = self.upload(values)?;
+        let p = self.ptr(&t);
+        tables.push((bits, t));
+        Ok(p)
+    }
+
     /// A tensor of random bf16 values (uniform, the given mean and standard deviation), generated
     /// on the device: benchmark weights and activations need no host memory or transfers.
     pub fn random_tensor(

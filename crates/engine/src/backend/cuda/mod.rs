@@ -122,6 +122,8 @@ pub struct CudaBackend {
     pos_cache: Mutex<Option<(Vec<u32>, CudaSlice<u32>)>>,
     /// Inverse frequencies per (theta bits, rotary_dim).
     freq_cache: Mutex<Vec<(FreqKey, CudaSlice<f32>)>>,
+    /// Small f32 tables uploaded once per content ([`CudaBackend::f32_table`]).
+    f32_tables: Mutex<Vec<(Vec<u32>, CudaSlice<f32>)>>,
     /// RoPE's (cos, sin) table at the last positions (`with_rope_cs_table`).
     cs_cache: Mutex<Option<(Vec<u32>, FreqKey, CudaSlice<f32>)>>,
     /// flash_attention2 normalises and rotates q itself in the fused QKV prefill (default); off:

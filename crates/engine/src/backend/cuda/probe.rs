@@ -192,6 +192,7 @@ impl CudaBackend {
             cs_cache: Mutex::new(None),
             q_norm_in_attention: std::sync::atomic::AtomicBool::new(true),
             freq_cache: Mutex::new(Vec::new()),
+            f32_tables: Mutex::new(Vec::new()),
             decode: Default::default(),
             tap_staging: Mutex::new(None),
             moe: Default::default(),
