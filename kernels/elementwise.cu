@@ -50,9 +50,12 @@ extern "C" __global__ void rms_norm_bf16(const bf16_t* __restrict__ x, const bf1
 // then cast to bf16 as HF's rotary module does; x*cos and rotate(x)*sin and their sum are each
 // rounded to bf16 (HF evaluates `q*cos + rotate_half(q)*sin` with bf16 tensors).
 // interleaved = 0: pairs (i, i + rotary_dim/2) (HF/NeoX); 1: pairs (2i, 2i+1) (GPT-J/llama.cpp).
+// `scale` multiplies cos and sin in fp32 before they are cast (gpt-oss's YaRN attention_scaling,
+// `GptOssRotaryEmbedding`: `cos = emb.cos() * attention_scaling`); plain RoPE passes 1, which
+// multiplies exactly.
 extern "C" __global__ void rope_bf16(bf16_t* __restrict__ x, const u32* __restrict__ pos,
                                      const float* __restrict__ inv_freq, int rows, int n_heads, int head_dim,
-                                     int rotary_dim, int interleaved) {
+                                     int rotary_dim, int interleaved, float scale) {
     int half = rotary_dim >> 1;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)rows * n_heads * half;
@@ -62,8 +65,8 @@ extern "C" __global__ void rope_bf16(bf16_t* __restrict__ x, const u32* __restri
     int head = (int)(t % n_heads);
     long long row = t / n_heads;
     float angle = (float)pos[row] * inv_freq[i];
-    float c = rb(cosf(angle));
-    float s = rb(sinf(angle));
+    float c = rb(__fmul_rn(cosf(angle), scale));
+    float s = rb(__fmul_rn(sinf(angle), scale));
     bf16_t* hx = x + row * (long long)n_heads * head_dim + (long long)head * head_dim;
     int ia = interleaved ? 2 * i : i;
     int ib = interleaved ? 2 * i + 1 : i + half;
@@ -117,6 +120,31 @@ extern "C" __global__ void swiglu_packed_bf16(const bf16_t* __restrict__ gu, bf1
             out[i] = f2bf(rb(gv / (1.f + expf(-gv))) * bf2f(gu[rr * 2 * inter + inter + cc]));
         }
     }
+}
+
+// gpt-oss's clamped SwiGLU (`GptOssExperts._apply_gate`; host reference `clamped_swiglu` in
+// crates/engine/src/backend/gpt_oss.rs) of one gate and up value, in fp32 in the host's order:
+// g = min(gate, limit), u = clamp(up, -limit, limit) (a NaN stays NaN, as in torch.clamp),
+// glu = g * (1 / (1 + exp(-(g * alpha)))), out = (u + 1) * glu. Every step rounded as written
+// (no FMA contraction); `expf` may differ from the host's exp in the last bit.
+__device__ __forceinline__ float clamped_swiglu_f32(float g, float u, float alpha, float limit) {
+    g = g > limit ? limit : g;
+    u = u > limit ? limit : (u < -limit ? -limit : u);
+    const float glu = __fmul_rn(g, __fdiv_rn(1.f, __fadd_rn(1.f, expf(-__fmul_rn(g, alpha)))));
+    return __fmul_rn(__fadd_rn(u, 1.f), glu);
+}
+
+// The clamped SwiGLU of a fused gate|up output gu [rows, 2·inter] (gate columns first): out[r, c] =
+// bf16(clamped_swiglu_f32(gu[r, c], gu[r, inter + c])), one rounding at the end (the host reference
+// on bf16 inputs, its result uploaded). One thread per output value.
+extern "C" __global__ void clamped_swiglu_packed_bf16(const bf16_t* __restrict__ gu, bf16_t* __restrict__ out,
+                                                      long long rows, int inter, float alpha, float limit) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * inter) return;
+    const long long r = i / inter;
+    const int c = (int)(i % inter);
+    const bf16_t* row = gu + r * 2 * inter;
+    out[i] = f2bf(clamped_swiglu_f32(bf2f(row[c]), bf2f(row[inter + c]), alpha, limit));
 }
 
 // x += y, one bf16 rounding of the fp32 sum (a bf16 PyTorch add).

@@ -22,18 +22,20 @@ extern "C" __global__ void moe_add_weighted_rows_bf16(bf16_t* __restrict__ acc, 
 // ---------------------------------------------------------------------------------------------
 // Routing on the device (crates/engine/src/backend/cuda/moe.rs). These kernels replace the host's
 // download of the router logits, `RoutingPlan` and the upload of its lists: moe_route (per row),
-// moe_plan_* (the lists), moe_gather_rows. The rule is `crate::model::moe::route` (transformers'
-// Qwen3-MoE / Qwen3.5-MoE / Qwen3-Next routers).
+// moe_plan_* (the lists), moe_gather_rows, and gpt-oss's expert biases (moe_add_group_bias). The
+// rules are `crate::model::moe::route` (transformers' Qwen3-MoE / Qwen3.5-MoE / Qwen3-Next routers)
+// and `route_topk_softmax` (gpt-oss's).
 
 #define MOE_MAX_TOP_K 16
 #define MOE_ROUTE_THREADS 128
 
 // (value, index) of the largest value in the block, ties to the lower index. Every thread gets it.
-__device__ __forceinline__ void moe_block_argmax(float& v, int& i) {
-    __shared__ float s_v[MOE_ROUTE_THREADS / 32];
+template <typename T>
+__device__ __forceinline__ void moe_block_argmax(T& v, int& i) {
+    __shared__ T s_v[MOE_ROUTE_THREADS / 32];
     __shared__ int s_i[MOE_ROUTE_THREADS / 32];
     for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const T ov = __shfl_xor_sync(0xffffffffu, v, o);
         const int oi = __shfl_xor_sync(0xffffffffu, i, o);
         if (ov > v || (ov == v && oi < i)) {
             v = ov;
@@ -70,52 +72,83 @@ __device__ __forceinline__ float moe_block_sum(float v) {
     return s;
 }
 
+// A float's place in Rust's `f32::total_cmp` order as a signed int (the host rules sort with it):
+// -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN.
+__device__ __forceinline__ int moe_order_key(float v) {
+    const int b = __float_as_int(v);
+    return b ^ (int)((unsigned)(b >> 31) >> 1);
+}
+// What a chosen expert's score becomes: bits 0xffffffff, whose key is MOE_KEY_MIN (INT_MIN), below
+// the key of every value a score can hold (a bf16 logit's low 16 bits are 0; a NaN the device
+// computes is 0x7fffffff).
+#define MOE_TAKEN __int_as_float(-1)
+#define MOE_KEY_MIN (-2147483647 - 1)
+
 // One block of MOE_ROUTE_THREADS per row r of the router logits ([T, width] bf16: E routing
-// logits, then with a shared expert its gate logit). probs = softmax(logits) in f32 (max
-// subtracted), the top_k largest probabilities (ties to the lower expert), divided by their sum
-// (added largest first) when `renorm`; written as row r's top_k (expert, weight) in ascending
-// expert order, and sigmoid(gate logit) to shared_gate[r] when width > E. Dynamic shared memory:
-// E floats.
+// logits, then with a shared expert its gate logit), by one of two rules:
+//   topk_first = 0 (`route`, Qwen): probs = softmax(logits) in f32 (max subtracted), the top_k
+//     largest probabilities, divided by their sum (added largest first) when `renorm`;
+//   topk_first = 1 (`route_topk_softmax`, gpt-oss): the top_k largest logits, then softmax over
+//     those k in f32 (the largest subtracted, the exponentials summed largest first; `renorm` 0).
+// The top-k by k rounds of block argmax in total_cmp order, ties to the lower expert. Written as
+// row r's top_k (expert, weight) in ascending expert order, and sigmoid(gate logit) to
+// shared_gate[r] when width > E. Dynamic shared memory: E floats.
 extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
-    moe_route(const bf16_t* __restrict__ logits, int width, int E, int top_k, int renorm,
+    moe_route(const bf16_t* __restrict__ logits, int width, int E, int top_k, int renorm, int topk_first,
               int* __restrict__ route_expert, float* __restrict__ route_weight, float* __restrict__ shared_gate) {
     extern __shared__ float moe_probs[];
     __shared__ int s_exp[MOE_MAX_TOP_K];
     __shared__ float s_p[MOE_MAX_TOP_K];
     const long long r = blockIdx.x;
     const bf16_t* l = logits + r * width;
-    float m = -DL_INF;
-    for (int i = threadIdx.x; i < E; i += blockDim.x) m = fmaxf(m, bf2f(l[i]));
-    int unused = 0;
-    moe_block_argmax(m, unused);
-    float part = 0.f;
-    for (int i = threadIdx.x; i < E; i += blockDim.x) {
-        const float x = expf(bf2f(l[i]) - m);
-        moe_probs[i] = x;
-        part += x;
+    if (topk_first) {
+        for (int i = threadIdx.x; i < E; i += blockDim.x) moe_probs[i] = bf2f(l[i]);
+    } else {
+        float m = -DL_INF;
+        for (int i = threadIdx.x; i < E; i += blockDim.x) m = fmaxf(m, bf2f(l[i]));
+        int unused = 0;
+        moe_block_argmax(m, unused);
+        float part = 0.f;
+        for (int i = threadIdx.x; i < E; i += blockDim.x) {
+            const float x = expf(bf2f(l[i]) - m);
+            moe_probs[i] = x;
+            part += x;
+        }
+        const float sum = moe_block_sum(part);
+        for (int i = threadIdx.x; i < E; i += blockDim.x) moe_probs[i] = moe_probs[i] / sum;
     }
-    const float sum = moe_block_sum(part);
-    for (int i = threadIdx.x; i < E; i += blockDim.x) moe_probs[i] = moe_probs[i] / sum;
     __syncthreads();
     for (int j = 0; j < top_k; ++j) {
-        float v = -1.f;
+        int key = MOE_KEY_MIN;  // below every score's key: a thread without candidates keeps best = E
         int best = E;
-        for (int i = threadIdx.x; i < E; i += blockDim.x)
-            if (moe_probs[i] > v) {  // strided ascending: the first of equal values stays
-                v = moe_probs[i];
+        for (int i = threadIdx.x; i < E; i += blockDim.x) {
+            const int ki = moe_order_key(moe_probs[i]);
+            if (ki > key) {  // strided ascending: the first of equal values stays
+                key = ki;
                 best = i;
             }
-        moe_block_argmax(v, best);
+        }
+        moe_block_argmax(key, best);  // top_k <= E: an expert not yet taken wins, best < E
         if (threadIdx.x == 0) {
             s_exp[j] = best;
-            s_p[j] = v;
-            moe_probs[best] = -1.f;  // probabilities are ≥ 0: never chosen again
+            s_p[j] = moe_probs[best];
+            moe_probs[best] = MOE_TAKEN;  // never chosen again
         }
         __syncthreads();
     }
     if (threadIdx.x == 0) {
         float total = 0.f;
-        for (int j = 0; j < top_k; ++j) total += s_p[j];
+        if (topk_first) {
+            // Softmax over the k logits, chosen largest first: s_p[0] is their max.
+            const float m = s_p[0];
+            for (int j = 0; j < top_k; ++j) {
+                s_p[j] = expf(__fsub_rn(s_p[j], m));
+                total = __fadd_rn(total, s_p[j]);
+            }
+            for (int j = 0; j < top_k; ++j) s_p[j] = __fdiv_rn(s_p[j], total);
+        } else {
+            for (int j = 0; j < top_k; ++j) total += s_p[j];
+        }
         // Insertion sort by expert id (top_k ≤ 16).
         for (int j = 1; j < top_k; ++j) {
             const int e = s_exp[j];
@@ -204,6 +237,25 @@ extern "C" __global__ void moe_plan_fill(const int* __restrict__ route_expert, c
     if (shared_gate != nullptr && j == 0) {
         term_index[(long long)r * terms + top_k] = (u32)(T * top_k + r);
         term_weight[(long long)r * terms + top_k] = shared_gate[r];
+    }
+}
+
+// gpt-oss's expert biases after a grouped GEMM: y[row0 + r, c] = bf16(y[row0 + r, c] + bias_e[c])
+// for every group (e, row0, rows) of the plan's table (add_row_bias_bf16's rounding, each gathered
+// row with its own expert's bias; biases[e] the address of expert e's `cols` bf16 values). Block
+// (x, z): 256 columns of group z, down its rows; blocks of groups past n_groups return. Rows past
+// the groups (a shared expert's) are untouched.
+extern "C" __global__ void moe_add_group_bias_bf16(bf16_t* __restrict__ y, const u64* __restrict__ biases,
+                                                   const int* __restrict__ groups, const int* __restrict__ n_groups,
+                                                   int cols) {
+    const int gi = blockIdx.z;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (gi >= *n_groups || c >= cols) return;
+    const int e = groups[3 * gi], row0 = groups[3 * gi + 1], rows = groups[3 * gi + 2];
+    const float b = bf2f(((const bf16_t*)biases[e])[c]);
+    for (int q = 0; q < rows; ++q) {
+        bf16_t* v = y + (long long)(row0 + q) * cols + c;
+        *v = f2bf(bf2f(*v) + b);
     }
 }
 

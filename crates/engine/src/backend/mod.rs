@@ -363,7 +363,7 @@ pub trait Backend: Send + Sync + 'static {
         }
         check_varlen(self, q, k, v, shape, seq_starts)?;
         extras.check(shape, None)?;
-        compose::attention_varlen_per_seq(self, q, k, v, shape, seq_starts, extras)
+        self.attention_varlen_ext_impl(q, k, v, shape, seq_starts, extras)
     }
     /// [`Backend::attention_decode`] with [`AttnExtras`] (row r at position `len_r`). Default:
     /// [`compose::attention_decode_per_row_ext`].
@@ -380,7 +380,7 @@ pub trait Backend: Send + Sync + 'static {
             return self.attention_decode(q, k, v, shape, caches);
         }
         extras.check(shape, None)?;
-        compose::attention_decode_per_row_ext(self, q, k, v, shape, caches, extras)
+        self.attention_decode_ext_impl(q, k, v, shape, caches, extras)
     }
     /// Whether [`Backend::attention_ext`] computes sinks and windows here (the CPU reference).
     /// A model with sinks is refused at load where it does not (`model::gpt_oss`).
@@ -524,17 +524,19 @@ pub trait Backend: Send + Sync + 'static {
     /// A sparse MLP's routed experts run on the device without the host in the loop:
     /// `h[r] += Σ_j w_rj · expert_j(x[r]) (+ g_r · shared_out[r])`, with row r's experts and
     /// weights chosen from `logits[r]` (`[T, E]`, or `[T, E + 1]` with the shared expert's gate
-    /// logit last, g_r its sigmoid) by the rule of [`crate::model::moe::route`], each expert a
-    /// SwiGLU `(gate_up_proj, down_proj)` as `crate::model::transformer::Mlp` holds it, and the
-    /// terms summed as [`Backend::add_weighted_rows`] sums them. Returns `Ok(false)`, having done
-    /// nothing, where the backend does not (the default, so the CPU reference; CUDA with
-    /// `DRAFTLENS_MOE_ROUTING=host`): the caller then routes on the host
-    /// (`crate::model::moe::SparseMoe::forward_acc`), which gives the same terms.
+    /// logit last, g_r its sigmoid) by `routing.rule` (Qwen's [`crate::model::moe::route`] or
+    /// gpt-oss's [`crate::model::moe::route_topk_softmax`]), each expert
+    /// `down(act(gate_up(x) + b_gu)) + b_down` as [`moe::MoeExperts`] describes it (biases and
+    /// the clamped activation: gpt-oss), and the terms summed as [`Backend::add_weighted_rows`]
+    /// sums them. Returns `Ok(false)`, having done nothing, where the backend does not (the
+    /// default, so the CPU reference; CUDA with `DRAFTLENS_MOE_ROUTING=host`): the caller then
+    /// routes on the host (`crate::model::moe::SparseMoe::forward_acc`,
+    /// `crate::model::gpt_oss::GptOssMoe::forward_acc`), which gives the same terms.
     fn moe_routed_acc(
         &self,
         _x: &Self::Tensor,
         _logits: &Self::Tensor,
-        _experts: &[(&Self::Matrix, &Self::Matrix)],
+        _experts: &moe::MoeExperts<'_, Self::Matrix, Self::Tensor>,
         _shared_out: Option<&Self::Tensor>,
         _routing: &moe::MoeRouting,
         _h: &mut Self::Tensor,
@@ -642,6 +644,32 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Self::Tensor> {
         let _ = (q, k, v, shape, mask, extras);
         gpt_oss::attention_ext_unsupported(self)
+    }
+    /// [`Backend::attention_varlen_ext`] with extras present, checked. Default: one sequence at
+    /// a time ([`compose::attention_varlen_per_seq`]).
+    fn attention_varlen_ext_impl(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        shape: AttnShape,
+        seq_starts: &SeqStarts,
+        extras: AttnExtras<'_>,
+    ) -> Result<Self::Tensor> {
+        compose::attention_varlen_per_seq(self, q, k, v, shape, seq_starts, extras)
+    }
+    /// [`Backend::attention_decode_ext`] with extras present, checked. Default: one row at a
+    /// time ([`compose::attention_decode_per_row_ext`]).
+    fn attention_decode_ext_impl(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        shape: AttnShape,
+        caches: &mut [KvSlot<'_, Self::Tensor>],
+        extras: AttnExtras<'_>,
+    ) -> Result<Self::Tensor> {
+        compose::attention_decode_per_row_ext(self, q, k, v, shape, caches, extras)
     }
     /// [`Backend::rope_freqs_inplace`], checked. Default: the CPU reference's rotation on a
     /// downloaded copy, uploaded.

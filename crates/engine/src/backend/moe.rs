@@ -1,20 +1,54 @@
-//! The host reference of [`super::Backend::add_weighted_rows`], the op with which a mixture of
-//! experts adds each token's weighted expert outputs to the residual stream
-//! (`crate::model::moe`, docs/moe-models.md). The CPU backend runs it; the trait's default runs it
-//! on downloaded copies; the CUDA kernel (`kernels/moe.cu`) does the same arithmetic per element.
+//! What the mixture-of-experts ops of [`super::Backend`] take: the router's rule ([`MoeRouting`])
+//! and the routed experts ([`MoeExperts`]) of [`super::Backend::moe_routed_acc`]; and the host
+//! reference of [`super::Backend::add_weighted_rows`], the op with which a mixture of experts adds
+//! each token's weighted expert outputs to the residual stream (`crate::model::moe`,
+//! docs/moe-models.md). The CPU backend runs it; the trait's default runs it on downloaded copies;
+//! the CUDA kernel (`kernels/moe.cu`) does the same arithmetic per element.
 
 use rayon::prelude::*;
 
-/// What [`super::Backend::moe_routed_acc`] needs of a router: transformers' softmax-then-top-k
-/// rule (`crate::model::moe::route`) with these parameters.
+/// How a router picks each token's experts and their weights from its logits
+/// ([`super::Backend::moe_routed_acc`]; the host rules are in `crate::model::moe`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoutingRule {
+    /// Qwen's (`crate::model::moe::route`): softmax over every expert's logit in f32, the top-k
+    /// probabilities, divided by their sum when `renormalise` (`norm_topk_prob`).
+    SoftmaxTopK { renormalise: bool },
+    /// gpt-oss's (`crate::model::moe::route_topk_softmax`): the top-k logits, then softmax over
+    /// those k values in f32.
+    TopKSoftmax,
+}
+
+/// What [`super::Backend::moe_routed_acc`] needs of a router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeRouting {
     /// Routed experts (`num_experts`): the logits' first columns.
     pub num_experts: usize,
     /// Experts per token (`num_experts_per_tok`).
     pub top_k: usize,
-    /// Divide the top-k probabilities by their sum (`norm_topk_prob`).
-    pub renormalise: bool,
+    pub rule: RoutingRule,
+}
+
+/// The routed experts' activation on their fused gate|up output (gate columns first).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertActivation {
+    /// `silu(gate) · up`, as [`super::Backend::swiglu`] on the two halves (Qwen).
+    SwiGlu,
+    /// gpt-oss's clamped SwiGLU ([`super::gpt_oss::clamped_swiglu`], as
+    /// [`super::Backend::clamped_swiglu_packed`]).
+    ClampedSwiGlu { alpha: f32, limit: f32 },
+}
+
+/// A layer's routed experts as [`super::Backend::moe_routed_acc`] takes them: expert e computes
+/// `down_e(act(x · gate_up_eᵀ + b_gu,e)) + b_down,e`, each bias added to the projection's
+/// activation-dtype output and rounded once (as [`super::Backend::add_row_bias`]).
+pub struct MoeExperts<'a, M, T> {
+    /// Per expert, `(gate_up [2·I, D], down [D, I])`, as `crate::model::transformer::Mlp`
+    /// holds them.
+    pub weights: &'a [(&'a M, &'a M)],
+    /// Per expert, `(gate|up bias [1, 2·I], down bias [1, D])` (gpt-oss), or no biases (Qwen).
+    pub biases: Option<&'a [(&'a T, &'a T)]>,
+    pub activation: ExpertActivation,
 }
 
 /// `acc[r] += Σ_j weights[r·n + j] · src[index[r·n + j]]` over rows of `cols` values, n =

@@ -18,7 +18,8 @@
 use super::config::{Arch, ModelSpec};
 use super::gpt_oss::GptOssMoe;
 use super::transformer::{load_stacked_matrix, Mlp};
-use crate::backend::{moe::MoeRouting, Backend};
+use crate::backend::moe::{ExpertActivation, MoeExperts, MoeRouting, RoutingRule};
+use crate::backend::Backend;
 use crate::formats::{TensorInfo, WeightSource};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -500,15 +501,22 @@ impl<B: Backend> SparseMoe<B> {
             .as_ref()
             .map(|s| s.forward(be, x))
             .transpose()?;
-        let experts: Vec<(&B::Matrix, &B::Matrix)> = self
+        let weights: Vec<(&B::Matrix, &B::Matrix)> = self
             .experts
             .iter()
             .map(|m| (&m.gate_up_proj, &m.down_proj))
             .collect();
+        let experts = MoeExperts {
+            weights: &weights,
+            biases: None,
+            activation: ExpertActivation::SwiGlu,
+        };
         let routing = MoeRouting {
             num_experts: self.spec.num_experts,
             top_k: self.spec.num_experts_per_tok,
-            renormalise: self.spec.norm_topk_prob,
+            rule: RoutingRule::SoftmaxTopK {
+                renormalise: self.spec.norm_topk_prob,
+            },
         };
         if be.moe_routed_acc(x, &logits, &experts, shared_out.as_ref(), &routing, h)? {
             return Ok(());

@@ -5,10 +5,10 @@ use super::decode::{TOPK_MERGE_MAX_SLICES, TOPK_SLICE};
 use super::gemm::GemmOperands;
 use super::mask::MaskKey;
 use super::memory::Cols;
-use super::{blocks, decode, derr, gdn, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
+use super::{decode, derr, gdn, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
 use crate::backend::{
-    attention_decode_qkv_unfused, attention_varlen_qkv_unfused, host_rows, AttnMask, AttnShape,
-    Backend, HostRows, KvSlot, QkNorm, Rope, RopeStyle, SeqStarts, TopK,
+    attention_decode_qkv_unfused, attention_varlen_qkv_unfused, host_rows, AttnExtras, AttnMask,
+    AttnShape, Backend, HostRows, KvSlot, QkNorm, Rope, SeqStarts, TopK,
 };
 use anyhow::{bail, ensure, Result};
 use cudarc::cublas::sys as blas_sys;
@@ -146,42 +146,9 @@ impl Backend for CudaBackend {
         }
     }
 
+    /// `rope_bf16` ([`CudaBackend::rope_plain`], in elementwise.rs).
     fn rope_inplace_impl(&self, x: &mut CudaTensor, positions: &[u32], rope: &Rope) -> Result<()> {
-        let half = rope.rotary_dim / 2;
-        let n_heads = x.cols / rope.head_dim;
-        let total = x.rows * n_heads * half;
-        if total == 0 {
-            return Ok(());
-        }
-        self.with_rope_tables(positions, rope, |pos, freqs| {
-            let f = self.kernels.get("elementwise", "rope_bf16")?;
-            let (rows, nh, hd, rd) = (
-                x.rows as i32,
-                n_heads as i32,
-                rope.head_dim as i32,
-                rope.rotary_dim as i32,
-            );
-            let inter = matches!(rope.style, RopeStyle::Interleaved) as i32;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&mut x.buf)
-                .arg(pos)
-                .arg(freqs)
-                .arg(&rows)
-                .arg(&nh)
-                .arg(&hd)
-                .arg(&rd)
-                .arg(&inter);
-            // SAFETY: (bf16*, const u32*, const float*, int x5); one thread per rotated pair.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (blocks(total, 256), 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(derr("rope_bf16"))?;
-            Ok(())
-        })
+        self.rope_plain(x, positions, rope)
     }
 
     fn attention_impl(
@@ -192,8 +159,13 @@ impl Backend for CudaBackend {
         shape: AttnShape,
         mask: &AttnMask,
     ) -> Result<CudaTensor> {
-        let (tq, tk) = (q.rows, k.rows);
-        self.attention_with((q, k, v), shape, MaskKey::Mask(mask.clone(), tq, tk))
+        let key = MaskKey::Mask {
+            mask: mask.clone(),
+            tq: q.rows,
+            tk: k.rows,
+            window: None,
+        };
+        self.attention_with((q, k, v), shape, key, None)
     }
 
     fn attention_varlen_impl(
@@ -204,7 +176,66 @@ impl Backend for CudaBackend {
         shape: AttnShape,
         seq_starts: &SeqStarts,
     ) -> Result<CudaTensor> {
-        self.attention_with((q, k, v), shape, MaskKey::Varlen(seq_starts.clone()))
+        let key = MaskKey::Varlen {
+            seq_starts: seq_starts.clone(),
+            window: None,
+        };
+        self.attention_with((q, k, v), shape, key, None)
+    }
+
+    /// gpt-oss's sinks and sliding window in the same kernels as plain attention
+    /// (`flash_attention2`: the window in each row's key interval, the sink in its softmax
+    /// state; head dims 64, 128 and 256).
+    fn supports_attention_sinks(&self) -> bool {
+        true
+    }
+
+    fn attention_ext_impl(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        mask: &AttnMask,
+        extras: AttnExtras<'_>,
+    ) -> Result<CudaTensor> {
+        let key = MaskKey::Mask {
+            mask: mask.clone(),
+            tq: q.rows,
+            tk: k.rows,
+            window: extras.window,
+        };
+        self.attention_with((q, k, v), shape, key, extras.sinks)
+    }
+
+    fn attention_varlen_ext_impl(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        seq_starts: &SeqStarts,
+        extras: AttnExtras<'_>,
+    ) -> Result<CudaTensor> {
+        let key = MaskKey::Varlen {
+            seq_starts: seq_starts.clone(),
+            window: extras.window,
+        };
+        self.attention_with((q, k, v), shape, key, extras.sinks)
+    }
+
+    /// All sequences in one launch, as [`Backend::attention_decode`] (`DaExtras` in
+    /// kernels/decode_attention.cu).
+    fn attention_decode_ext_impl(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        caches: &mut [KvSlot<'_, CudaTensor>],
+        extras: AttnExtras<'_>,
+    ) -> Result<CudaTensor> {
+        self.attention_decode_batched(q, k, v, shape, caches, extras)
     }
 
     /// Fused path when the model has q/k norms and flash_attention2 covers the head dim (64,
@@ -347,7 +378,7 @@ impl Backend for CudaBackend {
         shape: AttnShape,
         caches: &mut [KvSlot<'_, CudaTensor>],
     ) -> Result<CudaTensor> {
-        self.attention_decode_batched(q, k, v, shape, caches)
+        self.attention_decode_batched(q, k, v, shape, caches, AttnExtras::NONE)
     }
 
     /// Fused path ([`CudaBackend::attention_decode_packed`]: norm + RoPE in place, the attention
@@ -403,12 +434,28 @@ impl Backend for CudaBackend {
         &self,
         x: &CudaTensor,
         logits: &CudaTensor,
-        experts: &[(&CudaMatrix, &CudaMatrix)],
+        experts: &crate::backend::moe::MoeExperts<'_, CudaMatrix, CudaTensor>,
         shared_out: Option<&CudaTensor>,
         routing: &crate::backend::moe::MoeRouting,
         h: &mut CudaTensor,
     ) -> Result<bool> {
         self.moe_routed_on_device(x, logits, experts, shared_out, routing, h)
+    }
+
+    /// gpt-oss's YaRN rotation: `rope_bf16` with the given frequencies and scale
+    /// ([`CudaBackend::rope_with_freqs`], in elementwise.rs).
+    fn rope_freqs_impl(
+        &self,
+        x: &mut CudaTensor,
+        positions: &[u32],
+        freqs: &crate::backend::RopeFreqs,
+    ) -> Result<()> {
+        self.rope_with_freqs(x, positions, freqs)
+    }
+
+    /// `clamped_swiglu_packed_bf16` ([`CudaBackend::clamped_swiglu_packed_on_device`]).
+    fn clamped_swiglu_impl(&self, gu: &CudaTensor, alpha: f32, limit: f32) -> Result<CudaTensor> {
+        self.clamped_swiglu_packed_on_device(gu, alpha, limit)
     }
 
     fn lm_head_topk_impl(&self, x: &CudaTensor, head: &CudaMatrix, k: usize) -> Result<TopK> {

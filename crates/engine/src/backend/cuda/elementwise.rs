@@ -1,8 +1,9 @@
 //! Norms, RoPE and SwiGLU launches (`kernels/elementwise.cu`, `kernels/fused.cu`,
-//! `qk_norm_rope*` in `kernels/attention.cu`), with the RoPE tables cached across layers.
+//! `qk_norm_rope*` in `kernels/attention.cu`), with the RoPE tables cached across layers; gpt-oss's
+//! rotation from given frequencies and its clamped SwiGLU.
 
 use super::{blocks, derr, CudaBackend, CudaTensor};
-use crate::backend::{AttnShape, Backend, QkNorm, Rope, RopeStyle};
+use crate::backend::{AttnShape, Backend, QkNorm, Rope, RopeFreqs, RopeStyle};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -32,6 +33,17 @@ impl CudaBackend {
         f: impl FnOnce(&CudaSlice<u32>, &u64) -> Result<R>,
     ) -> Result<R> {
         let freqs = self.rope_inv_freq(rope)?;
+        self.with_rope_positions(positions, freqs, f)
+    }
+
+    /// [`CudaBackend::with_rope_tables`] with the address of an inverse-frequency table already
+    /// on the device.
+    fn with_rope_positions<R>(
+        &self,
+        positions: &[u32],
+        freqs: u64,
+        f: impl FnOnce(&CudaSlice<u32>, &u64) -> Result<R>,
+    ) -> Result<R> {
         let mut pc = self.pos_cache.lock().unwrap_or_else(|e| e.into_inner());
         if pc
             .as_ref()
@@ -184,6 +196,122 @@ impl CudaBackend {
         let p = self.ptr(&t);
         fc.push((fkey, t));
         Ok(p)
+    }
+
+    /// [`Backend::rope_inplace`] (checked by the trait): `rope_bf16` with the table of `rope`
+    /// and a scale of 1.
+    pub(super) fn rope_plain(
+        &self,
+        x: &mut CudaTensor,
+        positions: &[u32],
+        rope: &Rope,
+    ) -> Result<()> {
+        let freqs = self.rope_inv_freq(rope)?;
+        let geometry = (rope.head_dim, rope.rotary_dim, rope.style);
+        self.rope_launch(x, positions, freqs, geometry, 1.0)
+    }
+
+    /// [`Backend::rope_freqs_inplace`] (checked by the trait): `rope_bf16` with the given inverse
+    /// frequencies (uploaded once per content) and `attention_scaling` on cos and sin, in f32
+    /// before their cast to bf16, as transformers' `GptOssRotaryEmbedding` and the host's
+    /// `rope_table` order it. With [`RopeFreqs::of_rope`] it is [`Backend::rope_inplace`] bit for
+    /// bit (the same table values, a scale of 1).
+    pub(super) fn rope_with_freqs(
+        &self,
+        x: &mut CudaTensor,
+        positions: &[u32],
+        freqs: &RopeFreqs,
+    ) -> Result<()> {
+        let table = self.f32_table(&freqs.inv_freq)?;
+        let geometry = (freqs.head_dim, freqs.rotary_dim, freqs.style);
+        self.rope_launch(x, positions, table, geometry, freqs.attention_scaling)
+    }
+
+    /// One `rope_bf16` launch over every head of `x`: `geometry` is (head_dim, rotary_dim,
+    /// style), `freqs` the address of rotary_dim / 2 inverse frequencies.
+    fn rope_launch(
+        &self,
+        x: &mut CudaTensor,
+        positions: &[u32],
+        freqs: u64,
+        geometry: (usize, usize, RopeStyle),
+        scale: f32,
+    ) -> Result<()> {
+        let (head_dim, rotary_dim, style) = geometry;
+        let half = rotary_dim / 2;
+        let n_heads = x.cols / head_dim.max(1);
+        let total = x.rows * n_heads * half;
+        if total == 0 {
+            return Ok(());
+        }
+        self.with_rope_positions(positions, freqs, |pos, freqs| {
+            let f = self.kernels.get("elementwise", "rope_bf16")?;
+            let (rows, nh, hd, rd) = (
+                x.rows as i32,
+                n_heads as i32,
+                head_dim as i32,
+                rotary_dim as i32,
+            );
+            let inter = matches!(style, RopeStyle::Interleaved) as i32;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&mut x.buf)
+                .arg(pos)
+                .arg(freqs)
+                .arg(&rows)
+                .arg(&nh)
+                .arg(&hd)
+                .arg(&rd)
+                .arg(&inter)
+                .arg(&scale);
+            // SAFETY: (bf16*, const u32*, const float*, int x5, float); one thread per rotated
+            // pair; `pos` holds a position per row, `freqs` rotary_dim / 2 values (the trait's
+            // checks).
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (blocks(total, 256), 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr("rope_bf16"))?;
+            Ok(())
+        })
+    }
+
+    /// gpt-oss's clamped SwiGLU of a fused gate|up output `[T, 2·I]` → `[T, I]`
+    /// (`clamped_swiglu_packed_bf16`: [`crate::backend::gpt_oss::clamped_swiglu`]'s f32
+    /// arithmetic, one bf16 rounding), for [`Backend::clamped_swiglu_packed`] and the routed
+    /// experts (`moe.rs`).
+    pub(super) fn clamped_swiglu_packed_on_device(
+        &self,
+        gu: &CudaTensor,
+        alpha: f32,
+        limit: f32,
+    ) -> Result<CudaTensor> {
+        ensure!(
+            gu.cols.is_multiple_of(2) && gu.cols / 2 < i32::MAX as usize,
+            "clamped_swiglu: {} columns cannot be gate | up halves",
+            gu.cols
+        );
+        let inter = gu.cols / 2;
+        let mut y = self.new_tensor(gu.rows, inter)?;
+        let n = gu.rows * inter;
+        if n == 0 {
+            return Ok(y);
+        }
+        let (f, cfg) = self.unary_launch("clamped_swiglu_packed_bf16", n, 1)?;
+        let (rows, i32c) = (gu.rows as i64, inter as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&gu.buf)
+            .arg(&mut y.buf)
+            .arg(&rows)
+            .arg(&i32c)
+            .arg(&alpha)
+            .arg(&limit);
+        // SAFETY: (const bf16*, bf16*, ll, int, float, float); one thread per output value, gu
+        // holds rows × 2·inter values, y rows × inter.
+        unsafe { b.launch(cfg) }.map_err(derr("clamped_swiglu_packed_bf16"))?;
+        Ok(y)
     }
 
     /// Per-head RMSNorm (q heads with `q_norm`, k heads with `k_norm`) and RoPE of the q and k

@@ -8,11 +8,12 @@
 //! 61 % GPU-busy in decode), and each expert's prefill GEMM had its own row count, so cuBLAS
 //! tuned hundreds of shapes. Here a call is nine launches per layer whatever the experts and rows:
 //! route, the plan's three, gather, the grouped gate|up GEMM, SwiGLU, the grouped down GEMM, the
-//! combine.
+//! combine; eleven with gpt-oss's expert biases (one launch after each grouped GEMM), whose router
+//! rule (top-k, then softmax) and clamped SwiGLU are the other instances of the same steps.
 
 use super::decode::{features_per_block, row_tiling};
 use super::{derr, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
-use crate::backend::moe::MoeRouting;
+use crate::backend::moe::{ExpertActivation, MoeExperts, MoeRouting, RoutingRule};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
@@ -26,10 +27,10 @@ const ROUTE_THREADS: u32 = 128;
 
 /// The device routing's state: whether decode steps route on the device (on unless
 /// `DRAFTLENS_MOE_ROUTING=host`, the A/B switch of docs/benchmarks-cuda.md), and the experts'
-/// weight-pointer tables, keyed by the pointers they hold (so a table is never stale).
+/// weight- and bias-pointer tables, keyed by the pointers they hold (so a table is never stale).
 pub(crate) struct MoeState {
     on_device: AtomicBool,
-    tables: Mutex<HashMap<Vec<u64>, (PointerTable, PointerTable)>>,
+    tables: Mutex<HashMap<Vec<u64>, ExpertTables>>,
 }
 
 impl Default for MoeState {
@@ -43,8 +44,18 @@ impl Default for MoeState {
     }
 }
 
-/// A device array of the experts' weight addresses, shared by every call on those weights.
+/// A device array of the experts' weight (or bias) addresses, shared by every call on them.
 type PointerTable = Arc<CudaSlice<u64>>;
+
+/// The device tables of one set of experts: expert e's gate|up and down weights (and biases) at
+/// entry e.
+#[derive(Clone)]
+struct ExpertTables {
+    gate_up: PointerTable,
+    down: PointerTable,
+    /// `(gate|up bias, down bias)` (gpt-oss), or none.
+    biases: Option<(PointerTable, PointerTable)>,
+}
 
 /// The grouped GEMM instance with `nt` row tiles (its MT follows from NT as in
 /// [`row_tiling`]; `MOE_GG_ENTRY` in `kernels/moe_gemm.cu`).
@@ -131,7 +142,7 @@ impl CudaBackend {
         &self,
         x: &CudaTensor,
         logits: &CudaTensor,
-        experts: &[(&CudaMatrix, &CudaMatrix)],
+        experts: &MoeExperts<'_, CudaMatrix, CudaTensor>,
         shared_out: Option<&CudaTensor>,
         routing: &MoeRouting,
         h: &mut CudaTensor,
@@ -141,19 +152,19 @@ impl CudaBackend {
             return Ok(false);
         }
         let (e, k, d) = (routing.num_experts, routing.top_k, x.cols);
-        let Some(&(_, down0)) = experts.first() else {
+        let Some(&(_, down0)) = experts.weights.first() else {
             return Ok(false);
         };
         if k > MAX_TOP_K {
             return Ok(false); // more experts a token than the route kernel keeps: the host plan
         }
         ensure!(
-            experts.len() == e && (1..=e).contains(&k),
+            experts.weights.len() == e && (1..=e).contains(&k),
             "mixture of experts: {} expert weights for {e} experts, top-k {k}",
-            experts.len()
+            experts.weights.len()
         );
         let inter = down0.inp;
-        let (gu_table, down_table) = self.moe_tables(experts, d)?;
+        let tables = self.moe_tables(experts, d)?;
         let width = e + usize::from(shared_out.is_some());
         ensure!(
             (logits.rows, logits.cols) == (t, width) && (h.rows, h.cols) == (t, d),
@@ -180,18 +191,23 @@ impl CudaBackend {
         let f = self
             .kernels
             .get_with_smem("elementwise", "moe_route", e * 4)?;
-        let (w32, e32, k32, renorm) =
-            (width as i32, e as i32, k as i32, routing.renormalise as i32);
+        // (renormalise, top-k first): the kernel's two rules.
+        let (renorm, topk_first) = match routing.rule {
+            RoutingRule::SoftmaxTopK { renormalise } => (renormalise as i32, 0i32),
+            RoutingRule::TopKSoftmax => (0, 1),
+        };
+        let (w32, e32, k32) = (width as i32, e as i32, k as i32);
         let mut b = self.stream.launch_builder(&f);
         b.arg(&logits.buf)
             .arg(&w32)
             .arg(&e32)
             .arg(&k32)
             .arg(&renorm)
+            .arg(&topk_first)
             .arg(&mut route_expert)
             .arg(&mut route_weight)
             .arg(&mut shared_gate);
-        // SAFETY: (const bf16*, int, int, int, int, int*, float*, float*): logits hold t rows of
+        // SAFETY: (const bf16*, int, int, int, int, int, int*, float*, float*): logits hold t rows of
         // width values, the routes t · k entries, shared_gate t; e floats of dynamic shared memory.
         unsafe {
             b.launch(LaunchConfig {
@@ -296,24 +312,42 @@ impl CudaBackend {
         }
         .map_err(derr("moe_gather_rows_bf16"))?;
 
-        // 4. The experts: gate|up, SwiGLU, down; the routed outputs, then the shared expert's.
+        // 4. The experts: gate|up (+ bias), the activation, down (+ bias); the routed outputs,
+        // then the shared expert's.
         let mut gu = self.new_tensor(n, 2 * inter)?;
         self.moe_grouped_gemm(
-            &xg, &gu_table, &mut gu, &groups, &n_groups, max_groups, max_rows,
+            &xg,
+            &tables.gate_up,
+            &mut gu,
+            &groups,
+            &n_groups,
+            max_groups,
+            max_rows,
         )?;
         drop(xg);
-        let act = self.swiglu_packed(&gu)?;
+        if let Some((gu_bias, _)) = &tables.biases {
+            self.moe_add_group_bias(&mut gu, gu_bias, &groups, &n_groups, max_groups)?;
+        }
+        let act = match experts.activation {
+            ExpertActivation::SwiGlu => self.swiglu_packed(&gu)?,
+            ExpertActivation::ClampedSwiGlu { alpha, limit } => {
+                self.clamped_swiglu_packed_on_device(&gu, alpha, limit)?
+            }
+        };
         drop(gu);
         let mut stacked = self.new_tensor(n + shared_out.map_or(0, |s| s.rows), d)?;
         self.moe_grouped_gemm(
             &act,
-            &down_table,
+            &tables.down,
             &mut stacked,
             &groups,
             &n_groups,
             max_groups,
             t,
         )?;
+        if let Some((_, down_bias)) = &tables.biases {
+            self.moe_add_group_bias(&mut stacked, down_bias, &groups, &n_groups, max_groups)?;
+        }
         if let Some(s) = shared_out {
             self.stream
                 .memcpy_dtod(
@@ -374,25 +408,67 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The device tables of the experts' gate|up and down weight addresses, made once per set of
-    /// weights: their shapes (`[2·I, d]` and `[d, I]`, the same for every expert) are checked
-    /// then, not on every call.
+    /// `y[rows of group i] += bias of group i's expert` for every group of the plan
+    /// (`moe_add_group_bias_bf16`: [`crate::backend::Backend::add_row_bias`]'s rounding), the
+    /// rows past the groups (a shared expert's) untouched.
+    fn moe_add_group_bias(
+        &self,
+        y: &mut CudaTensor,
+        biases: &CudaSlice<u64>,
+        groups: &CudaSlice<i32>,
+        n_groups: &CudaSlice<i32>,
+        max_groups: usize,
+    ) -> Result<()> {
+        ensure!(
+            y.cols < i32::MAX as usize,
+            "expert bias: {} columns",
+            y.cols
+        );
+        let f = self.kernels.get("elementwise", "moe_add_group_bias_bf16")?;
+        let cols = y.cols as i32;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&mut y.buf)
+            .arg(biases)
+            .arg(groups)
+            .arg(n_groups)
+            .arg(&cols);
+        // SAFETY: (bf16*, const u64*, const int*, const int*, int): every table entry is an
+        // expert's bias of `cols` bf16 values (moe_tables' check); the groups' rows lie within
+        // y's rows (moe_plan); blocks past n_groups return.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (y.cols.div_ceil(256) as u32, 1, max_groups as u32),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("moe_add_group_bias_bf16"))?;
+        Ok(())
+    }
+
+    /// The device tables of the experts' gate|up and down weight addresses (and bias addresses),
+    /// made once per set of weights: their shapes (`[2·I, d]` and `[d, I]`, the same for every
+    /// expert; biases of 2·I and d values) are checked then, not on every call.
     fn moe_tables(
         &self,
-        experts: &[(&CudaMatrix, &CudaMatrix)],
+        experts: &MoeExperts<'_, CudaMatrix, CudaTensor>,
         d: usize,
-    ) -> Result<(PointerTable, PointerTable)> {
-        let ptrs: Vec<u64> = experts
+    ) -> Result<ExpertTables> {
+        let weights = experts.weights;
+        let biases = experts.biases.unwrap_or(&[]);
+        let ptrs: Vec<u64> = weights
             .iter()
             .map(|(g, _)| self.ptr(&g.buf))
-            .chain(experts.iter().map(|(_, d)| self.ptr(&d.buf)))
+            .chain(weights.iter().map(|(_, d)| self.ptr(&d.buf)))
+            .chain(biases.iter().map(|(g, _)| self.ptr(&g.buf)))
+            .chain(biases.iter().map(|(_, d)| self.ptr(&d.buf)))
             .collect();
         let mut tables = self.moe.tables.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((gu, down)) = tables.get(&ptrs) {
-            return Ok((Arc::clone(gu), Arc::clone(down)));
+        if let Some(found) = tables.get(&ptrs) {
+            return Ok(found.clone());
         }
-        let inter = experts.first().map_or(0, |(_, down)| down.inp);
-        for (i, (gu, down)) in experts.iter().enumerate() {
+        let inter = weights.first().map_or(0, |(_, down)| down.inp);
+        for (i, (gu, down)) in weights.iter().enumerate() {
             ensure!(
                 (gu.out, gu.inp, down.out, down.inp) == (2 * inter, d, d, inter),
                 "mixture of experts: expert {i}'s weights are [{}, {}] and [{}, {}], not [{}, {d}] and [{d}, {inter}]",
@@ -403,12 +479,37 @@ impl CudaBackend {
                 2 * inter
             );
         }
-        let (gate_up, down) = ptrs.split_at(experts.len());
-        let pair = (
-            Arc::new(self.upload(gate_up)?),
-            Arc::new(self.upload(down)?),
-        );
-        tables.insert(ptrs, (Arc::clone(&pair.0), Arc::clone(&pair.1)));
-        Ok(pair)
+        if let Some(biases) = experts.biases {
+            ensure!(
+                biases.len() == weights.len(),
+                "mixture of experts: {} expert biases for {} experts",
+                biases.len(),
+                weights.len()
+            );
+            for (i, (gu, down)) in biases.iter().enumerate() {
+                ensure!(
+                    (gu.rows, gu.cols, down.rows, down.cols) == (1, 2 * inter, 1, d),
+                    "mixture of experts: expert {i}'s biases are [{}, {}] and [{}, {}], not [1, {}] and [1, {d}]",
+                    gu.rows,
+                    gu.cols,
+                    down.rows,
+                    down.cols,
+                    2 * inter
+                );
+            }
+        }
+        let table = |part: &[u64]| -> Result<PointerTable> { Ok(Arc::new(self.upload(part)?)) };
+        let e = weights.len();
+        let found = ExpertTables {
+            gate_up: table(&ptrs[..e])?,
+            down: table(&ptrs[e..2 * e])?,
+            biases: if experts.biases.is_some() {
+                Some((table(&ptrs[2 * e..3 * e])?, table(&ptrs[3 * e..])?))
+            } else {
+                None
+            },
+        };
+        tables.insert(ptrs, found.clone());
+        Ok(found)
     }
 }

@@ -5,6 +5,7 @@
 //! `GptOssTopKRouter` and `GptOssExperts`.
 
 use super::{rope_freqs, GptOssSpec, SWIGLU_ALPHA, SWIGLU_LIMIT};
+use crate::backend::moe::{ExpertActivation, MoeExperts, MoeRouting, RoutingRule};
 use crate::backend::{AttnExtras, Backend, KvSlot, RopeFreqs, SeqStarts};
 use crate::formats::mxfp4::Mxfp4Tensor;
 use crate::formats::{HostTensor, WeightSource};
@@ -331,10 +332,12 @@ impl<B: Backend> GptOssMoe<B> {
         })
     }
 
-    /// `h += moe(x)`: the router logits (bias added) are the only download; each row is routed on
-    /// the host ([`route_topk_softmax`]), every expert that has rows runs on its gathered rows,
-    /// and one [`Backend::add_weighted_rows`] adds each row's weighted expert outputs in
-    /// ascending expert order (transformers' `index_add_` expert by expert) to `h`.
+    /// `h += moe(x)`. Where the backend routes on the device ([`Backend::moe_routed_acc`]: the
+    /// CUDA backend) it does all of it from the router logits (bias added). Otherwise the logits
+    /// are the only download; each row is routed on the host ([`route_topk_softmax`]), every
+    /// expert that has rows runs on its gathered rows, and one [`Backend::add_weighted_rows`]
+    /// adds each row's weighted expert outputs in ascending expert order (transformers'
+    /// `index_add_` expert by expert) to `h`.
     pub fn forward_acc(&self, be: &B, x: &B::Tensor, h: &mut B::Tensor) -> Result<()> {
         let rows = be.dims(x).0;
         if rows == 0 {
@@ -343,6 +346,29 @@ impl<B: Backend> GptOssMoe<B> {
         let ne = self.experts.len();
         let mut logits = be.matmul(x, &self.router)?;
         be.add_row_bias(&mut logits, &self.router_bias)?;
+        let weights: Vec<(&B::Matrix, &B::Matrix)> =
+            self.experts.iter().map(|e| (&e.gate_up, &e.down)).collect();
+        let biases: Vec<(&B::Tensor, &B::Tensor)> = self
+            .experts
+            .iter()
+            .map(|e| (&e.gate_up_bias, &e.down_bias))
+            .collect();
+        let experts = MoeExperts {
+            weights: &weights,
+            biases: Some(&biases),
+            activation: ExpertActivation::ClampedSwiGlu {
+                alpha: SWIGLU_ALPHA,
+                limit: SWIGLU_LIMIT,
+            },
+        };
+        let routing = MoeRouting {
+            num_experts: ne,
+            top_k: self.top_k,
+            rule: RoutingRule::TopKSoftmax,
+        };
+        if be.moe_routed_acc(x, &logits, &experts, None, &routing, h)? {
+            return Ok(());
+        }
         let logits = be.to_host(&logits)?;
         let routes: Vec<Vec<(usize, f32)>> = logits
             .chunks(ne)
