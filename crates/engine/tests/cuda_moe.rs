@@ -219,17 +219,35 @@ fn qwen3_5_moe_golden_on_cuda() {
     check_golden("qwen3_5_moe");
 }
 
-/// A gpt-oss-shaped model of one layer: the committed fixture's config (YaRN, top-4) with 32
-/// experts of width 96 over a hidden size of 256.
-fn gpt_oss_spec() -> ModelSpec {
+/// gpt-oss (sinks, windows of 8 keys on prompts of 20 and 27 tokens, YaRN, the router bias, the
+/// clamped SwiGLU: tests/fixtures/golden/gpt_oss) against transformers, on the CUDA path end to end.
+#[test]
+fn gpt_oss_golden_on_cuda() {
+    check_golden("gpt_oss");
+}
+
+/// A 4-layer gpt-oss (sliding / full alternating, window 8: the prompts of 1 to 40 tokens decode
+/// across it) decoded greedily in batches is bit-identical to each prompt alone.
+#[test]
+fn batched_gpt_oss_greedy_is_bit_identical_to_each_prompt_alone() {
+    let Some(be) = gpu() else { return };
+    let spec = gpt_oss_spec(&["sliding_attention", "full_attention"].repeat(2));
+    let src = RandomWeights::new(&spec, 29).with_init(0.08, 0.3);
+    let model = TargetModel::load(&be, &spec, &src).unwrap();
+    cuda_util::assert_batches_match_alone(&be, &model, 24);
+}
+
+/// A gpt-oss-shaped model with these layer types: the committed fixture's config (YaRN, top-4,
+/// heads of 64 with sinks, a window of 8) with 32 experts of width 96 over a hidden size of 256.
+fn gpt_oss_spec(layer_types: &[&str]) -> ModelSpec {
     let mut c = json(&repo_root().join("tests/fixtures/golden/gpt_oss/config.json"));
     let o = c.as_object_mut().unwrap();
     for (k, v) in [
         ("hidden_size", serde_json::json!(256)),
         ("intermediate_size", serde_json::json!(96)),
         ("num_local_experts", serde_json::json!(32)),
-        ("num_hidden_layers", serde_json::json!(1)),
-        ("layer_types", serde_json::json!(["full_attention"])),
+        ("num_hidden_layers", serde_json::json!(layer_types.len())),
+        ("layer_types", serde_json::json!(layer_types)),
     ] {
         o.insert(k.into(), v);
     }
@@ -252,7 +270,7 @@ fn worst_row_rel(a: &[f32], b: &[f32], cols: usize) -> (f64, usize) {
 #[test]
 fn gpt_oss_routed_on_device_is_row_invariant_and_matches_host_routing() {
     let Some(be) = gpu() else { return };
-    let spec = gpt_oss_spec();
+    let spec = gpt_oss_spec(&["full_attention"]);
     let g = spec.gpt_oss.clone().unwrap();
     // Weights wide enough that the clamp at ±7 bites on a good share of the gate|up values.
     let src = RandomWeights::new(&spec, 11).with_init(0.25, 0.3);
@@ -409,7 +427,7 @@ fn rope_emulated(x: &[f32], cols: usize, positions: &[u32], f: &RopeFreqs) -> Ve
 #[test]
 fn rope_freqs_on_cuda_matches_the_host_and_plain_frequencies_match_rope_inplace() {
     let Some(be) = gpu() else { return };
-    let spec = gpt_oss_spec();
+    let spec = gpt_oss_spec(&["full_attention"]);
     let freqs = rope_freqs(&spec, spec.gpt_oss.as_ref().unwrap());
     assert!(
         freqs.attention_scaling > 1.0,
