@@ -102,14 +102,7 @@ impl CudaBackend {
             "attention_varlen_packed: needs flash_attention2 (head_dim 64, 128 or 256), got {hd}"
         );
         let io = self.packed_io(qkv, shape, FaQNormArgs::default());
-        self.attention_raw(
-            io,
-            shape,
-            MaskKey::Varlen {
-                seq_starts: seq_starts.clone(),
-                window: None,
-            },
-        )
+        self.attention_raw(io, shape, MaskKey::varlen(seq_starts, None))
     }
 
     /// q, k and v of a packed prefill as the q | k | v columns of the fused QKV output.
@@ -186,14 +179,7 @@ impl CudaBackend {
             let k_only = QkHeads::KOnly { cs };
             self.qk_norm_rope_launch(&mut qkv, shape, norm, positions, rope, k_only)?;
             let io = self.packed_io(&qkv, shape, FaQNormArgs { cs, ..q_norm });
-            self.attention_raw(
-                io,
-                shape,
-                MaskKey::Varlen {
-                    seq_starts: seq_starts.clone(),
-                    window: None,
-                },
-            )
+            self.attention_raw(io, shape, MaskKey::varlen(seq_starts, None))
         })
     }
 

@@ -159,13 +159,7 @@ impl Backend for CudaBackend {
         shape: AttnShape,
         mask: &AttnMask,
     ) -> Result<CudaTensor> {
-        let key = MaskKey::Mask {
-            mask: mask.clone(),
-            tq: q.rows,
-            tk: k.rows,
-            window: None,
-        };
-        self.attention_with((q, k, v), shape, key, None)
+        self.attention_ext_impl(q, k, v, shape, mask, AttnExtras::NONE)
     }
 
     fn attention_varlen_impl(
@@ -176,11 +170,7 @@ impl Backend for CudaBackend {
         shape: AttnShape,
         seq_starts: &SeqStarts,
     ) -> Result<CudaTensor> {
-        let key = MaskKey::Varlen {
-            seq_starts: seq_starts.clone(),
-            window: None,
-        };
-        self.attention_with((q, k, v), shape, key, None)
+        self.attention_varlen_ext_impl(q, k, v, shape, seq_starts, AttnExtras::NONE)
     }
 
     /// gpt-oss's sinks and sliding window in the same kernels as plain attention
@@ -217,10 +207,7 @@ impl Backend for CudaBackend {
         seq_starts: &SeqStarts,
         extras: AttnExtras<'_>,
     ) -> Result<CudaTensor> {
-        let key = MaskKey::Varlen {
-            seq_starts: seq_starts.clone(),
-            window: extras.window,
-        };
+        let key = MaskKey::varlen(seq_starts, extras.window);
         self.attention_with((q, k, v), shape, key, extras.sinks)
     }
 

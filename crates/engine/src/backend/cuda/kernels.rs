@@ -463,6 +463,9 @@ impl CudaBackend {
             ("decode", "moe_grouped_gemm_n8_m2"),
             ("elementwise", "moe_route"),
             ("elementwise", "moe_plan_fill"),
+            ("elementwise", "moe_add_group_bias_bf16"),
+            ("elementwise", "clamped_swiglu_packed_bf16"),
+            ("decode_attention", "decode_attention_hd64"),
             ("decode_attention", "decode_attention_hd128"),
         ] {
             out.push(self.kernels.resources(m, f)?);

@@ -26,6 +26,14 @@ pub(super) enum MaskKey {
 }
 
 impl MaskKey {
+    /// Packed causal sequences starting at `seq_starts`, cut to `window` keys if given.
+    pub(super) fn varlen(seq_starts: &SeqStarts, window: Option<usize>) -> MaskKey {
+        MaskKey::Varlen {
+            seq_starts: seq_starts.clone(),
+            window,
+        }
+    }
+
     /// `[lo1, hi1, lo2, hi2]` of each of the `tq` query rows.
     pub(super) fn intervals(&self, tq: usize) -> Result<Vec<i32>> {
         let rows = match self {
