@@ -123,7 +123,7 @@ pub struct CudaBackend {
     /// Inverse frequencies per (theta bits, rotary_dim).
     freq_cache: Mutex<Vec<(FreqKey, CudaSlice<f32>)>>,
     /// Small f32 tables uploaded once per content ([`CudaBackend::f32_table`]).
-    f32_tables: Mutex<Vec<(Vec<u32>, CudaSlice<f32>)>>,
+    f32_tables: Mutex<Vec<F32Table>>,
     /// RoPE's (cos, sin) table at the last positions (`with_rope_cs_table`).
     cs_cache: Mutex<Option<(Vec<u32>, FreqKey, CudaSlice<f32>)>>,
     /// flash_attention2 normalises and rotates q itself in the fused QKV prefill (default); off:
@@ -137,6 +137,9 @@ pub struct CudaBackend {
     /// Device routing of mixture-of-experts decode steps (`moe.rs`).
     moe: moe::MoeState,
 }
+
+/// A table of [`CudaBackend::f32_table`]: its values' bits and their upload.
+type F32Table = (Vec<u32>, CudaSlice<f32>);
 
 /// (theta bits, rotary_dim) of a cached inverse-frequency table.
 type FreqKey = (u32, usize);
