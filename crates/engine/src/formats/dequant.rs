@@ -91,7 +91,7 @@ const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
 ];
 
 /// The types [`dequantize`] handles, for error messages.
-pub const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K";
+pub const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, MXFP4";
 
 impl GgmlType {
     fn row(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
@@ -139,6 +139,7 @@ impl GgmlType {
                 | GgmlType::Q8_0
                 | GgmlType::Q4_K
                 | GgmlType::Q6_K
+                | GgmlType::MXFP4
         )
     }
 
@@ -202,6 +203,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         GgmlType::Q8_0 => blocks(src, dst, 34, 32, q8_0),
         GgmlType::Q4_K => blocks(src, dst, 144, QK_K, q4_k),
         GgmlType::Q6_K => blocks(src, dst, 210, QK_K, q6_k),
+        GgmlType::MXFP4 => blocks(src, dst, 17, 32, mxfp4),
         _ => unreachable!("is_supported() was checked above"),
     }
     Ok(())
@@ -274,6 +276,33 @@ fn q8_0(b: &[u8], y: &mut [f32]) {
     let d = half_at(b, 0);
     for (yj, &q) in y.iter_mut().zip(&b[2..34]) {
         *yj = (q as i8) as f32 * d;
+    }
+}
+
+/// ggml's `kvalues_mxfp4`: the e2m1 values doubled (`ggml-common.h`), so that the scale can be
+/// halved ([`e8m0_half`]); the product is the e2m1 value times `2^(e − 127)`, exactly.
+const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// ggml's `ggml_e8m0_to_fp32_half` (`ggml-impl.h`): `2^(e − 128)` built from its bits, the
+/// subnormals 2^-128 and 2^-127 for e = 0 and 1; e = 255 is the finite 2^127 there (ggml does
+/// not treat it as NaN), so here too.
+fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// `e` (e8m0 exponent), `qs[16]`: element j < 16 is the low nibble of qs[j], element j + 16 the
+/// high one (ggml `dequantize_row_mxfp4`; gpt-oss's checkpoints pair them differently, see
+/// `formats::mxfp4`).
+fn mxfp4(b: &[u8], y: &mut [f32]) {
+    let d = e8m0_half(b[0]);
+    for (j, &q) in b[1..17].iter().enumerate() {
+        y[j] = KVALUES_MXFP4[(q & 0x0F) as usize] as f32 * d;
+        y[j + 16] = KVALUES_MXFP4[(q >> 4) as usize] as f32 * d;
     }
 }
 
@@ -444,6 +473,36 @@ mod tests {
             assert_eq!(y[e], (31 - e) as f32 * 0.5 + 0.25, "element {e}");
         }
         assert_eq!(y[0], 15.75);
+    }
+
+    #[test]
+    fn mxfp4_known_answer() {
+        // e = 130 → scale 2^(130 − 127) = 8; qs[j] = code j low, code 15 − j high, so
+        // y[j] = E2M1[j]·8 and y[j + 16] = E2M1[15 − j]·8 (E2M1 as in formats::mxfp4).
+        let e2m1 = crate::formats::mxfp4::E2M1;
+        let mut b = vec![130u8];
+        b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let y = deq(GgmlType::MXFP4, &b, 32);
+        for j in 0..16 {
+            assert_eq!(y[j], e2m1[j] * 8.0, "element {j}");
+            assert_eq!(y[j + 16], e2m1[15 - j] * 8.0, "element {}", j + 16);
+        }
+        // The exponent's ends: 2^-127 · 0.5 (a subnormal) for e = 0, 2^-126 · 0.5 for e = 1,
+        // 6 · 2^127 overflowing to inf for e = 255 (finite scale, as in ggml).
+        for (e, want) in [
+            (0u8, f32::from_bits(0x0020_0000)),
+            (1, f32::from_bits(0x0040_0000)),
+            (127, 0.5),
+            (255, 2f32.powi(127)),
+        ] {
+            let mut b = vec![e];
+            b.extend([1u8; 16]); // code 1 (0.5) in every low nibble, 0 in the high ones
+            let y = deq(GgmlType::MXFP4, &b, 32);
+            assert_eq!((y[0], y[16]), (want, 0.0), "e = {e}");
+        }
+        let mut b = vec![255u8];
+        b.extend([7u8; 16]);
+        assert_eq!(deq(GgmlType::MXFP4, &b, 32)[0], f32::INFINITY);
     }
 
     #[test]

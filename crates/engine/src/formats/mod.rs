@@ -4,10 +4,11 @@
 //! Both present their tensors through [`WeightSource`] under **Hugging Face names**
 //! (`model.layers.3.self_attn.q_proj.weight`) with PyTorch shapes (`[out, in]`), dequantised to
 //! f32. The GGUF source maps names, reverses llama.cpp's Q/K row permutation for the `llama`
-//! architecture, and dequantises F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K.
+//! architecture, and dequantises F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K/MXFP4.
 
 pub mod dequant;
 pub mod gguf;
+pub mod gguf_gpt_oss;
 pub mod gguf_hybrid;
 pub mod gguf_moe;
 pub mod mxfp4;

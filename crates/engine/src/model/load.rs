@@ -11,6 +11,7 @@ use super::config::ModelSpec;
 use super::hybrid::HybridWeights;
 use super::moe::{check_checkpoint, ffn_tensors, is_ffn_tensor};
 use crate::formats::gguf::{GgufFile, GgufWeights};
+use crate::formats::gguf_gpt_oss::GptOssGgufWeights;
 use crate::formats::gguf_hybrid::HybridGgufWeights;
 use crate::formats::gguf_moe::MoeGgufWeights;
 use crate::formats::safetensors::SafetensorsWeights;
@@ -127,14 +128,16 @@ impl TargetFiles {
         let mut tokenizer = TextTokenizer::from_gguf(&file, path)?;
         tokenizer.check_vocab(spec.vocab_size, path)?;
         tokenizer.set_model_vocab(spec.vocab_size);
-        let names: Box<dyn WeightSource> = match &spec.hybrid {
-            Some(_) => Box::new(HybridGgufWeights::new(file.clone(), &spec)?),
-            None => Box::new(GgufWeights::new(file.clone())?),
+        let names: Box<dyn WeightSource> = match (&spec.hybrid, &spec.gpt_oss) {
+            (Some(_), _) => Box::new(HybridGgufWeights::new(file.clone(), &spec)?),
+            // gpt-oss: its own names, experts per expert (formats::gguf_gpt_oss).
+            (None, Some(_)) => Box::new(GptOssGgufWeights::new(file.clone(), &spec)?),
+            (None, None) => Box::new(GgufWeights::new(file.clone())?),
         };
         // Stacked experts served per expert under HF names (qwen3moe, qwen35moe, qwen3next).
         let names: Box<dyn WeightSource> = match &spec.moe {
-            Some(moe) => Box::new(MoeGgufWeights::new(names, file, moe)?),
-            None => names,
+            Some(moe) if spec.gpt_oss.is_none() => Box::new(MoeGgufWeights::new(names, file, moe)?),
+            _ => names,
         };
         let weights: Box<dyn WeightSource> = match &spec.hybrid {
             // HF names and values back from llama.cpp's qwen35 / qwen3next layout; Qwen3-Next's

@@ -306,7 +306,7 @@ impl GgufFile {
 
     /// The model description from `<arch>.*` and `tokenizer.ggml.*` metadata (llama, qwen2,
     /// qwen3, qwen3moe; the hybrids qwen35 / qwen35moe / qwen3next in [`super::gguf_hybrid`];
-    /// experts in [`super::gguf_moe`]).
+    /// experts in [`super::gguf_moe`]; gpt-oss in [`super::gguf_gpt_oss`]).
     pub fn model_spec(&self) -> Result<ModelSpec> {
         let p = self.path.display();
         let arch_name = self
@@ -315,6 +315,9 @@ impl GgufFile {
         if super::gguf_hybrid::hybrid_arch(arch_name).is_some() {
             return super::gguf_hybrid::model_spec(self);
         }
+        if arch_name == super::gguf_gpt_oss::ARCH {
+            return super::gguf_gpt_oss::model_spec(self);
+        }
         // The GGUF architecture names are llama.cpp's (no underscores); the HF spellings of the
         // hybrids are not GGUF names.
         let arch = match arch_name {
@@ -322,7 +325,7 @@ impl GgufFile {
             _ => Arch::parse(arch_name).filter(|a| !a.is_hybrid() && *a != Arch::Qwen3Moe),
         };
         let arch = arch.with_context(|| {
-            format!("{p}: unsupported architecture {arch_name:?} in general.architecture (supported: llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, qwen3next)")
+            format!("{p}: unsupported architecture {arch_name:?} in general.architecture (supported: llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe, qwen3next, gpt-oss)")
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let req = |k: &str| -> Result<usize> {

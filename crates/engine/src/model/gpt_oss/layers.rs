@@ -205,18 +205,29 @@ pub struct GptOssMoe<B: Backend> {
 }
 
 /// One expert projection of a layer as stored: fused unquantised `[E, in, out]` (as
-/// `GptOssExperts` holds it: `x @ W`) or MXFP4 blocks of `[E, out, in]`.
-enum StoredExperts {
+/// `GptOssExperts` holds it: `x @ W`), MXFP4 blocks of `[E, out, in]`, or one tensor per expert
+/// (a GGUF's stacks, [`super::GptOssSpec::per_expert`]).
+enum StoredExperts<'a> {
     Fused {
         t: HostTensor,
         inp: usize,
         out: usize,
     },
     Mxfp4(Mxfp4Tensor),
+    /// `{base}.{e}.{proj}.weight` `[out / projs.len(), inp]` for each of `projs`, stacked by rows:
+    /// gate then up for gate_up (already de-interleaved, as llama.cpp's converter writes them).
+    PerExpert {
+        src: &'a dyn WeightSource,
+        base: String,
+        projs: &'static [&'static str],
+        inp: usize,
+        out: usize,
+    },
 }
 
-impl StoredExperts {
-    /// Expert `e`'s weight as `[out, in]`, row-major.
+impl StoredExperts<'_> {
+    /// Expert `e`'s weight as `[out, in]`, row-major; gate_up's rows alternate gate and up
+    /// unless [`StoredExperts::PerExpert`].
     fn expert(&self, e: usize) -> Result<Vec<f32>> {
         match self {
             StoredExperts::Fused { t, inp, out } => {
@@ -230,6 +241,46 @@ impl StoredExperts {
                 Ok(m)
             }
             StoredExperts::Mxfp4(t) => t.dequantize(e),
+            StoredExperts::PerExpert {
+                src,
+                base,
+                projs,
+                inp,
+                out,
+            } => {
+                let mut m = Vec::with_capacity(inp * out);
+                for proj in *projs {
+                    let name = format!("{base}.{e}.{proj}.weight");
+                    let t = src.tensor(&name)?;
+                    let want = [out / projs.len(), *inp];
+                    if t.shape != want {
+                        bail!(
+                            "{}: tensor {name} has shape {:?}, the config implies {want:?}",
+                            src.path().display(),
+                            t.shape
+                        );
+                    }
+                    m.extend(t.data);
+                }
+                Ok(m)
+            }
+        }
+    }
+
+    /// Whether gate_up's rows (and its bias) alternate gate and up, as in a Hugging Face folder.
+    fn interleaved(&self) -> bool {
+        !matches!(self, StoredExperts::PerExpert { .. })
+    }
+
+    /// The loader is done with expert `e` (its tensors uploaded).
+    fn release(&self, e: usize) {
+        if let StoredExperts::PerExpert {
+            src, base, projs, ..
+        } = self
+        {
+            for proj in *projs {
+                src.release(&format!("{base}.{e}.{proj}.weight"));
+            }
         }
     }
 }
@@ -264,6 +315,19 @@ impl<B: Backend> GptOssMoe<B> {
         let (d, inter, ne) = (spec.hidden_size, moe.moe_intermediate_size, moe.num_experts);
         let open = |proj: &str, inp: usize, out: usize| -> Result<StoredExperts> {
             let base = format!("{p}.experts.{proj}");
+            if g.per_expert {
+                let projs: &'static [&'static str] = match proj {
+                    "gate_up_proj" => &["gate_proj", "up_proj"],
+                    _ => &["down_proj"],
+                };
+                return Ok(StoredExperts::PerExpert {
+                    src,
+                    base: format!("{p}.experts"),
+                    projs,
+                    inp,
+                    out,
+                });
+            }
             if g.mxfp4() {
                 let t = Mxfp4Tensor::open(src.path(), &base)?;
                 if t.shape != [ne, out, inp] {
@@ -298,28 +362,47 @@ impl<B: Backend> GptOssMoe<B> {
             }
             Ok(t)
         };
-        let (gu_bias, down_bias) = (
-            bias("gate_up_proj_bias", 2 * inter)?,
-            bias("down_proj_bias", d)?,
-        );
+        // Each expert's gate | up bias: the checkpoint's alternating columns de-interleaved, or
+        // the GGUF's gate and up biases side by side.
+        let gu_biases: Vec<Vec<f32>> = if gate_up.interleaved() {
+            let b = bias("gate_up_proj_bias", 2 * inter)?;
+            b.data
+                .chunks_exact(2 * inter)
+                .map(|row| deinterleave(row, 1))
+                .collect()
+        } else {
+            let (gb, ub) = (bias("gate_proj_bias", inter)?, bias("up_proj_bias", inter)?);
+            gb.data
+                .chunks_exact(inter)
+                .zip(ub.data.chunks_exact(inter))
+                .map(|(g, u)| [g, u].concat())
+                .collect()
+        };
+        let down_bias = bias("down_proj_bias", d)?;
         let mut experts = Vec::with_capacity(ne);
-        for e in 0..ne {
+        for (e, gub) in gu_biases.iter().enumerate() {
             let ctx = || {
                 format!(
                     "{}: uploading {p}.experts (expert {e})",
                     src.path().display()
                 )
             };
-            let gu = deinterleave(&gate_up.expert(e)?, d);
-            let gub = deinterleave(&gu_bias.data[e * 2 * inter..(e + 1) * 2 * inter], 1);
+            let gu = gate_up.expert(e)?;
+            let gu = if gate_up.interleaved() {
+                deinterleave(&gu, d)
+            } else {
+                gu
+            };
             experts.push(GptOssExpert {
                 gate_up: be.matrix(&gu, 2 * inter, d).with_context(ctx)?,
-                gate_up_bias: be.from_host(&gub, 1, 2 * inter).with_context(ctx)?,
+                gate_up_bias: be.from_host(gub, 1, 2 * inter).with_context(ctx)?,
                 down: be.matrix(&down.expert(e)?, d, inter).with_context(ctx)?,
                 down_bias: be
                     .from_host(&down_bias.data[e * d..(e + 1) * d], 1, d)
                     .with_context(ctx)?,
             });
+            gate_up.release(e);
+            down.release(e);
         }
         for name in ["gate_up_proj", "down_proj"] {
             src.release(&format!("{p}.experts.{name}"));

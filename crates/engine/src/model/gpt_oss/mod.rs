@@ -68,6 +68,13 @@ pub struct GptOssSpec {
     pub yarn: Option<Yarn>,
     /// `quantization_config.quant_method`: `Some("mxfp4")` for MXFP4 expert blocks.
     pub quant_method: Option<String>,
+    /// The experts come one tensor per expert and projection, `experts.{e}.{gate,up,down}_proj
+    /// .weight` `[out, in]` with biases `experts.{gate,up,down}_proj_bias` `[E, ·]`, gate and up
+    /// already apart: a llama.cpp GGUF's stacks as `formats::gguf_gpt_oss` serves them. False
+    /// for a Hugging Face folder (and then left out of the serialised spec, so its cache keys
+    /// do not change).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_expert: bool,
 }
 
 impl GptOssSpec {
@@ -187,6 +194,7 @@ pub fn from_hf_config(
             sliding_window,
             yarn,
             quant_method,
+            per_expert: false,
         },
         rope_theta,
         moe,
@@ -414,6 +422,30 @@ pub fn mlp_tensors(spec: &ModelSpec, l: usize, mxfp4: bool) -> Vec<(String, Vec<
     v
 }
 
+/// Layer `l`'s MLP tensors when the experts come one per expert ([`GptOssSpec::per_expert`]):
+/// the router with its bias, each expert's gate, up and down weights, the three bias stacks.
+pub fn per_expert_mlp_tensors(spec: &ModelSpec, l: usize) -> Vec<(String, Vec<usize>)> {
+    let d = spec.hidden_size;
+    let Some(m) = &spec.moe else {
+        return Vec::new();
+    };
+    let (e, i) = (m.num_experts, m.moe_intermediate_size);
+    let p = format!("model.layers.{l}.mlp");
+    let mut v = vec![
+        (format!("{p}.router.weight"), vec![e, d]),
+        (format!("{p}.router.bias"), vec![e]),
+        (format!("{p}.experts.gate_proj_bias"), vec![e, i]),
+        (format!("{p}.experts.up_proj_bias"), vec![e, i]),
+        (format!("{p}.experts.down_proj_bias"), vec![e, d]),
+    ];
+    for x in 0..e {
+        v.push((format!("{p}.experts.{x}.gate_proj.weight"), vec![i, d]));
+        v.push((format!("{p}.experts.{x}.up_proj.weight"), vec![i, d]));
+        v.push((format!("{p}.experts.{x}.down_proj.weight"), vec![d, i]));
+    }
+    v
+}
+
 /// Every tensor of a gpt-oss checkpoint that `spec` implies (without the embedding, final norm
 /// and LM head, which every model has), for the shape check at open.
 pub fn layer_tensors(spec: &ModelSpec, g: &GptOssSpec) -> Vec<(String, Vec<usize>)> {
@@ -429,7 +461,11 @@ pub fn layer_tensors(spec: &ModelSpec, g: &GptOssSpec) -> Vec<(String, Vec<usize
         v.push((format!("{p}.self_attn.v_proj.weight"), vec![kvd, d]));
         v.push((format!("{p}.self_attn.o_proj.weight"), vec![d, qd]));
         v.extend(attention_extra_tensors(spec, l));
-        v.extend(mlp_tensors(spec, l, g.mxfp4()));
+        if g.per_expert {
+            v.extend(per_expert_mlp_tensors(spec, l));
+        } else {
+            v.extend(mlp_tensors(spec, l, g.mxfp4()));
+        }
     }
     v
 }
@@ -437,7 +473,8 @@ pub fn layer_tensors(spec: &ModelSpec, g: &GptOssSpec) -> Vec<(String, Vec<usize
 /// What a gpt-oss checkpoint must get right beyond each tensor's shape, checked on the headers
 /// before any weight is read; each error names the file and the tensor or key:
 /// - the experts' storage agrees with `quantization_config`: MXFP4 blocks and scales (U8) when
-///   `quant_method` is "mxfp4", fused unquantised tensors otherwise; never the per-expert layout;
+///   `quant_method` is "mxfp4", fused unquantised tensors otherwise; the per-expert layout only
+///   with [`GptOssSpec::per_expert`] (a GGUF);
 /// - blocks and scales fit each other (`[E, R, G, 16]` and `[E, R, G]`) and the dims they pack
 ///   (`hidden_size`, `intermediate_size`) are multiples of 32;
 /// - every expert tensor and the router hold `num_local_experts` experts;
@@ -475,6 +512,9 @@ pub fn check_checkpoint(
             .and_then(|r| r.split('.').next())
             .is_some_and(|n| n.parse::<usize>().is_ok())
         {
+            if g.per_expert {
+                continue; // shapes: model::load::check_shapes with [`layer_tensors`]
+            }
             bail!("{o}: tensor {name} ({file}) is a per-expert tensor; gpt-oss checkpoints store the experts fused (experts.gate_up_proj, experts.down_proj) or as MXFP4 blocks");
         }
         let quantised = rest.ends_with("_blocks") || rest.ends_with("_scales");
