@@ -637,7 +637,7 @@ fn a_router_bias_is_named() {
 }
 
 /// A quantisation type the reader does not know (an id outside ggml's table) or cannot
-/// dequantise (MXFP4, ggml id 39, which llama.cpp writes for gpt-oss's experts): in an expert
+/// dequantise (IQ4_NL, ggml id 20; MXFP4, id 39, is read since gpt-oss GGUFs are): in an expert
 /// tensor refused at open; in any other tensor the file still opens (`inspect` lists it) and a
 /// command that runs the target refuses it when it opens it, before any weight is read.
 #[test]
@@ -650,26 +650,26 @@ fn an_unknown_or_unsupported_quantisation_type_is_named() {
                 vec!["tensor blk.0.ffn_up_exps.weight has unknown ggml type id 99"],
             ),
             (
-                // (ffn_gate_exps: rows of 64, whole MXFP4 blocks of 32; the down projection's
-                // rows of 8 are not.)
-                Edit::Retype("blk.2.ffn_gate_exps.weight", 39),
-                vec!["unsupported tensor type MXFP4 in tensor blk.2.ffn_gate_exps.weight"],
+                // (ffn_gate_exps: rows of 64, whole IQ4_NL blocks of 32; the down projection's
+                // rows of 8 are not. MXFP4, gpt-oss's type, is read since the gpt-oss GGUF work.)
+                Edit::Retype("blk.2.ffn_gate_exps.weight", 20),
+                vec!["unsupported tensor type IQ4_NL in tensor blk.2.ffn_gate_exps.weight"],
             ),
         ],
     );
     let tmp = tempfile::tempdir().unwrap();
-    let p = tmp.path().join("mxfp4_attention.gguf");
+    let p = tmp.path().join("iq4_nl_attention.gguf");
     rewrite(
         &gguf_path("qwen3_moe-bf16.gguf"),
         &p,
-        Edit::Retype("blk.1.attn_q.weight", 39),
+        Edit::Retype("blk.1.attn_q.weight", 20),
     );
     let listed = open(&p).weights.tensors();
     let q = listed
         .iter()
         .find(|t| t.file_name == "blk.1.attn_q.weight")
         .unwrap();
-    assert_eq!(q.dtype, "MXFP4");
+    assert_eq!(q.dtype, "IQ4_NL");
     let cache =
         draftlens_engine::hidden_cache::HiddenCache::open(&tmp.path().join("cache")).unwrap();
     let e = match draftlens_engine::session::Session::load(
@@ -678,13 +678,13 @@ fn an_unknown_or_unsupported_quantisation_type_is_named() {
         cache,
         Default::default(),
     ) {
-        Ok(_) => panic!("an MXFP4 attention tensor was accepted"),
+        Ok(_) => panic!("an IQ4_NL attention tensor was accepted"),
         Err(e) => format!("{e:#}"),
     };
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(
         e.starts_with(p.to_str().unwrap())
-            && e.contains("tensor model.layers.1.self_attn.q_proj.weight (blk.1.attn_q.weight) is stored as MXFP4, which draftlens cannot read"),
+            && e.contains("tensor model.layers.1.self_attn.q_proj.weight (blk.1.attn_q.weight) is stored as IQ4_NL, which draftlens cannot read"),
         "{e}"
     );
 }
