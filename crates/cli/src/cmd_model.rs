@@ -164,7 +164,8 @@ struct Experts {
     /// Width of the shared expert every token also runs (sigmoid-gated); null without one.
     shared_expert_intermediate_size: Option<usize>,
     /// gpt-oss only (absent otherwise): how the experts are stored ("mxfp4" blocks dequantised
-    /// at load, or "fused" unquantised tensors) and its routing rule.
+    /// at load, "fused" unquantised tensors, or "gguf": a llama.cpp file's gate / up / down
+    /// stacks, any GGML type) and its routing rule.
     #[serde(skip_serializing_if = "Option::is_none")]
     storage: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -183,7 +184,11 @@ impl Experts {
             storage: spec
                 .gpt_oss
                 .as_ref()
-                .map(|g| if g.mxfp4() { "mxfp4" } else { "fused" }),
+                .map(|g| match (g.per_expert, g.mxfp4()) {
+                    (true, _) => "gguf",
+                    (false, true) => "mxfp4",
+                    (false, false) => "fused",
+                }),
             routing: spec
                 .gpt_oss
                 .as_ref()
