@@ -21,6 +21,18 @@ const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 const LLAMA3_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2/Qwen3: as LLaMA-3 but every digit on its own.
 const QWEN2_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// OpenAI's o200k (GPT-4o; gpt-oss's o200k_harmony; Llama 4): tiktoken's `o200k_base` pat_str
+/// (`tiktoken_ext/openai_public.py`), which is also the `Split` regex of those models'
+/// `tokenizer.json`. llama.cpp quotes it as the "original regex from tokenizer.json" for
+/// LLAMA_VOCAB_PRE_TYPE_GPT4O and runs a rewrite of it, because its own regex engine lacks
+/// `\p{Lu}`-style classes (`src/llama-vocab.cpp`); the original is what Hugging Face runs.
+/// Letters split at lower->upper case changes ("camelCase" -> "camel", "Case"), a contraction stays
+/// on its word, digits in groups of up to three, punctuation keeps trailing newlines and slashes.
+const O200K_SPLIT_REGEX: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+);
 
 /// The `tokenizer.*` metadata of a GGUF file that the tokenizer is built from. Separate from
 /// [`GgufFile`] so that the construction can be tested on hand-made metadata.
@@ -419,9 +431,27 @@ fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizer> {
             ignore_merges: true,
             default_add_bos: true,
         },
+        // llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O (`src/llama-vocab.cpp`, `llama_vocab::impl::load`):
+        // "gpt-4o" is what its converter writes for GPT-4o's and gpt-oss's o200k tokenizers,
+        // "llama4" for Llama 4's (transformers' Llama4Converter: TikTokenConverter with
+        // O200K_PATTERN). The pre-tokenizer of their tokenizer.json: Split(o200k, Isolated), then
+        // ByteLevel without regex; no normaliser. llama.cpp leaves ignore_merges and add_bos off
+        // for this type (HF's TikTokenConverter sets ignore_merges, which only matters for a token
+        // that no merge sequence builds; we follow llama.cpp, which reads the GGUF). llama.cpp maps
+        // "kanana2" and "talkie" to the same type too; their tokenizer.json is not checked here,
+        // so they stay refused.
+        "gpt-4o" | "llama4" => PreTokenizer {
+            normalizer: Value::Null,
+            pre_tokenizer: json!({"type": "Sequence", "pretokenizers": [
+                split(O200K_SPLIT_REGEX),
+                byte_level(false),
+            ]}),
+            ignore_merges: false,
+            default_add_bos: false,
+        },
         _ => bail!(
             "no Hugging Face equivalent is implemented (supported: smollm, starcoder, refact, \
-             gpt2/gpt-2, qwen2, llama-bpe/llama3)"
+             gpt2/gpt-2, qwen2, llama-bpe/llama3, gpt-4o/llama4)"
         ),
     })
 }
