@@ -41,15 +41,12 @@
 //!   sliding, odd full (= transformers' default `layer_types`).
 
 use super::dequant;
-use super::gguf::{GgufFile, GgufTensor, GgufValue, GgufWeights};
-use super::{HostTensor, TensorInfo, WeightSource};
-use crate::backend::raw::RawPart;
+use super::gguf::{GgufFile, GgufValue, GgufWeights};
+use super::gguf_experts::{blk, Keys, StackedGgufWeights};
 use crate::model::config::{Arch, ModelSpec};
 use crate::model::gpt_oss::{self, AttentionKind, GptOssSpec, Yarn};
 use crate::model::moe::MoeSpec;
 use anyhow::{bail, Context, Result};
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::Arc;
 
 /// `general.architecture` of a gpt-oss GGUF (llama.cpp's `LLM_ARCH_OPENAI_MOE`).
@@ -58,53 +55,15 @@ pub const ARCH: &str = "gpt-oss";
 /// YaRN's `truncate` for a GGUF, which has no key for it (see the module docs).
 pub const YARN_TRUNCATE: bool = false;
 
-/// A reader of `gpt-oss.*` keys whose errors name the file and the full key.
-struct Keys<'a>(&'a GgufFile);
-
-impl Keys<'_> {
-    fn key(k: &str) -> String {
-        format!("{ARCH}.{k}")
-    }
-    fn opt(&self, k: &str) -> Result<Option<usize>> {
-        let full = Self::key(k);
-        match self.0.metadata().get(&full) {
-            None => Ok(None),
-            Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
-                Some(n) => Ok(Some(n)),
-                None => bail!(
-                    "{}: metadata {full} should be an unsigned integer, found {v:?}",
-                    self.0.path().display()
-                ),
-            },
-        }
-    }
-    fn req(&self, k: &str, why: &str) -> Result<usize> {
-        self.opt(k)?.with_context(|| {
-            format!(
-                "{}: metadata key {} is missing ({why})",
-                self.0.path().display(),
-                Self::key(k)
-            )
-        })
-    }
-    fn float(&self, k: &str) -> Result<Option<f64>> {
-        let full = Self::key(k);
-        match self.0.metadata().get(&full) {
-            None => Ok(None),
-            Some(GgufValue::F32(v)) => Ok(Some(*v as f64)),
-            Some(GgufValue::F64(v)) => Ok(Some(*v)),
-            Some(v) => bail!(
-                "{}: metadata {full} should be a float, found {v:?}",
-                self.0.path().display()
-            ),
-        }
-    }
+/// The full name of key `gpt-oss.{k}`.
+fn full_key(k: &str) -> String {
+    format!("{ARCH}.{k}")
 }
 
 /// The model a gpt-oss GGUF describes, its tensors checked ([`check`]) before any is read.
 pub fn model_spec(file: &GgufFile) -> Result<ModelSpec> {
     let p = file.path().display();
-    let k = Keys(file);
+    let k = Keys { file, arch: ARCH };
     let num_layers = k.req("block_count", "the number of layers")?;
     let hidden_size = k.req("embedding_length", "the hidden size")?;
     let num_heads = k.req("attention.head_count", "the query heads")?;
@@ -115,21 +74,21 @@ pub fn model_spec(file: &GgufFile) -> Result<ModelSpec> {
         None if num_heads > 0 && hidden_size % num_heads == 0 => hidden_size / num_heads,
         None => bail!(
             "{p}: metadata key {} is missing and {} = {hidden_size} is not a multiple of {} = {num_heads}",
-            Keys::key("attention.key_length"),
-            Keys::key("embedding_length"),
-            Keys::key("attention.head_count")
+            full_key("attention.key_length"),
+            full_key("embedding_length"),
+            full_key("attention.head_count")
         ),
     };
     if let Some(v) = k.opt("attention.value_length")? {
         if v != head_dim {
-            bail!("{p}: {} = {v} differs from the key length {head_dim}; gpt-oss's values are as wide as its keys", Keys::key("attention.value_length"));
+            bail!("{p}: {} = {v} differs from the key length {head_dim}; gpt-oss's values are as wide as its keys", full_key("attention.value_length"));
         }
     }
     if let Some(rd) = k.opt("rope.dimension_count")? {
         if rd != head_dim {
             bail!(
                 "{p}: {} = {rd} differs from head_dim {head_dim}; gpt-oss rotates the whole head",
-                Keys::key("rope.dimension_count")
+                full_key("rope.dimension_count")
             );
         }
     }
@@ -139,8 +98,8 @@ pub fn model_spec(file: &GgufFile) -> Result<ModelSpec> {
     if experts == 0 || top_k == 0 || top_k > experts {
         bail!(
             "{p}: {} = {top_k} must be between 1 and {} = {experts}",
-            Keys::key("expert_used_count"),
-            Keys::key("expert_count")
+            full_key("expert_used_count"),
+            full_key("expert_count")
         );
     }
     let moe = MoeSpec {
@@ -158,7 +117,7 @@ pub fn model_spec(file: &GgufFile) -> Result<ModelSpec> {
         "the window of the sliding layers",
     )?;
     if sliding_window == 0 {
-        bail!("{p}: {} is 0", Keys::key("attention.sliding_window"));
+        bail!("{p}: {} is 0", full_key("attention.sliding_window"));
     }
     let layer_types = layer_types(file, num_layers)?;
     let rope_theta = k.float("rope.freq_base")?.unwrap_or(10000.0); // llama.cpp's default
@@ -171,7 +130,7 @@ pub fn model_spec(file: &GgufFile) -> Result<ModelSpec> {
         .with_context(|| {
             format!(
                 "{p}: metadata key {} is missing",
-                Keys::key("attention.layer_norm_rms_epsilon")
+                full_key("attention.layer_norm_rms_epsilon")
             )
         })? as f32;
     let vocab_size = match file.tensor_info("token_embd.weight") {
@@ -224,7 +183,7 @@ pub fn model_spec(file: &GgufFile) -> Result<ModelSpec> {
 /// Which layers slide (see the module docs).
 fn layer_types(file: &GgufFile, num_layers: usize) -> Result<Vec<AttentionKind>> {
     let p = file.path().display();
-    let key = Keys::key("attention.sliding_window_pattern");
+    let key = full_key("attention.sliding_window_pattern");
     let sliding = |s: bool| {
         if s {
             AttentionKind::SlidingAttention
@@ -239,7 +198,7 @@ fn layer_types(file: &GgufFile, num_layers: usize) -> Result<Vec<AttentionKind>>
                 bail!(
                     "{p}: {key} has {} entries, {} is {num_layers}",
                     a.len(),
-                    Keys::key("block_count")
+                    full_key("block_count")
                 );
             }
             return a
@@ -264,14 +223,14 @@ fn layer_types(file: &GgufFile, num_layers: usize) -> Result<Vec<AttentionKind>>
 /// config; see the module docs for what the keys cannot say.
 fn yarn(file: &GgufFile, max_positions: usize) -> Result<Option<Yarn>> {
     let p = file.path().display();
-    let k = Keys(file);
-    let type_key = Keys::key("rope.scaling.type");
+    let k = Keys { file, arch: ARCH };
+    let type_key = full_key("rope.scaling.type");
     let factor = k.float("rope.scaling.factor")?;
     match file.get_str(&type_key) {
         Some("yarn") => {}
         None | Some("none") => {
             if factor.is_some_and(|f| f != 1.0) {
-                bail!("{p}: {} is set but {type_key} is not \"yarn\" (llama.cpp would scale linearly; gpt-oss uses YaRN)", Keys::key("rope.scaling.factor"));
+                bail!("{p}: {} is set but {type_key} is not \"yarn\" (llama.cpp would scale linearly; gpt-oss uses YaRN)", full_key("rope.scaling.factor"));
             }
             return Ok(None);
         }
@@ -282,14 +241,14 @@ fn yarn(file: &GgufFile, max_positions: usize) -> Result<Option<Yarn>> {
     let factor = factor.with_context(|| {
         format!(
             "{p}: metadata key {} is missing (YaRN needs it)",
-            Keys::key("rope.scaling.factor")
+            full_key("rope.scaling.factor")
         )
     })?;
     if let Some(a) = k.float("rope.scaling.attn_factor")? {
         if a != 1.0 {
             bail!(
                 "{p}: {} = {a} is not supported for gpt-oss (an extra scale on YaRN's attention factor)",
-                Keys::key("rope.scaling.attn_factor")
+                full_key("rope.scaling.attn_factor")
             );
         }
     }
@@ -314,11 +273,6 @@ fn yarn(file: &GgufFile, max_positions: usize) -> Result<Option<Yarn>> {
     }))
 }
 
-/// The GGUF name of layer `l`'s tensor `part`.
-fn blk(l: usize, part: &str) -> String {
-    format!("blk.{l}.{part}")
-}
-
 /// Every tensor llama.cpp's gpt-oss loader requires (`openai-moe.cpp`, `load_arch_tensors`), with
 /// the `ne` the keys imply, checked before any weight is read: one error naming the file, the
 /// GGUF tensor and the keys. A fused `ffn_gate_up_exps` is refused (llama.cpp's gpt-oss reads
@@ -334,9 +288,9 @@ fn check(file: &GgufFile, spec: &ModelSpec) -> Result<()> {
     let (h, hkv) = (spec.num_heads as u64, spec.num_kv_heads as u64);
     let (e, i) = (moe.num_experts as u64, moe.moe_intermediate_size as u64);
     let (d_key, e_key, i_key) = (
-        Keys::key("embedding_length"),
-        Keys::key("expert_count"),
-        Keys::key("expert_feed_forward_length"),
+        full_key("embedding_length"),
+        full_key("expert_count"),
+        full_key("expert_feed_forward_length"),
     );
     let mut want: Vec<(String, Vec<u64>, String)> = vec![
         ("token_embd.weight".into(), vec![d, v], d_key.clone()),
@@ -347,8 +301,8 @@ fn check(file: &GgufFile, spec: &ModelSpec) -> Result<()> {
     }
     let heads = format!(
         "{d_key} = {d}, {} = {h}, {} = {hkv} and head size {hd}",
-        Keys::key("attention.head_count"),
-        Keys::key("attention.head_count_kv")
+        full_key("attention.head_count"),
+        full_key("attention.head_count_kv")
     );
     let experts = format!("{d_key} = {d}, {i_key} = {i} and {e_key} = {e}");
     for l in 0..spec.num_layers {
@@ -409,44 +363,22 @@ fn check(file: &GgufFile, spec: &ModelSpec) -> Result<()> {
     Ok(())
 }
 
-/// Where an HF tensor lives in the file.
-#[derive(Clone, Debug)]
-struct Part {
-    /// Index into the file's tensors.
-    index: usize,
-    /// Rows (of `ne[0]` elements) `first_row .. first_row + rows`.
-    first_row: usize,
-    rows: usize,
-    /// The HF shape (PyTorch order).
-    shape: Vec<usize>,
-}
-
 /// A gpt-oss GGUF under Hugging Face names (the table in the module docs): llama's names from
 /// [`GgufWeights`], the rest (post-attention norm, sinks, router, experts) served here.
-pub struct GptOssGgufWeights {
-    inner: GgufWeights,
-    file: Arc<GgufFile>,
-    parts: BTreeMap<String, Part>,
-    /// GGUF names served through `parts` (left out of the inner listing).
-    consumed: BTreeSet<String>,
-}
+pub type GptOssGgufWeights = StackedGgufWeights<GptOss>;
+
+/// [`StackedGgufWeights`]'s marker for gpt-oss's names.
+pub struct GptOss;
 
 impl GptOssGgufWeights {
     /// `spec` from [`model_spec`] (so every tensor below exists with the shape it implies).
     pub fn new(file: Arc<GgufFile>, spec: &ModelSpec) -> Result<Self> {
-        let p = file.path().display();
         let moe = spec
             .moe
             .as_ref()
             .context("a gpt-oss spec without experts")?;
         let (e, i, d) = (moe.num_experts, moe.moe_intermediate_size, spec.hidden_size);
-        let index_of = |name: &str| {
-            file.tensors()
-                .iter()
-                .position(|t| t.name == name)
-                .with_context(|| format!("{p}: tensor {name} is missing"))
-        };
-        let (mut parts, mut consumed) = (BTreeMap::new(), BTreeSet::new());
+        let mut w = Self::over(Box::new(GgufWeights::new(file.clone())?), file);
         for l in 0..spec.num_layers {
             let hf = |rest: &str| format!("model.layers.{l}.{rest}");
             // Whole tensors under a new name, shape as stored (ne reversed).
@@ -462,20 +394,10 @@ impl GptOssGgufWeights {
                 ("ffn_up_exps.bias", "mlp.experts.up_proj_bias"),
                 ("ffn_down_exps.bias", "mlp.experts.down_proj_bias"),
             ] {
-                let name = blk(l, gguf);
-                let index = index_of(&name)?;
-                let t = &file.tensors()[index];
-                let rows = (t.n_elements() / t.row_len().max(1)) as usize;
-                parts.insert(
-                    hf(hf_name),
-                    Part {
-                        index,
-                        first_row: 0,
-                        rows,
-                        shape: t.shape(),
-                    },
-                );
-                consumed.insert(name);
+                let index = w.consume(&blk(l, gguf))?;
+                let t = &w.file().tensors()[index];
+                let (rows, shape) = ((t.n_elements() / t.row_len().max(1)) as usize, t.shape());
+                w.serve(hf(hf_name), index, 0, rows, shape);
             }
             // Each expert a block of rows of its stack.
             for (gguf, proj, rows, cols) in [
@@ -483,109 +405,18 @@ impl GptOssGgufWeights {
                 ("ffn_up_exps.weight", "up_proj", i, d),
                 ("ffn_down_exps.weight", "down_proj", d, i),
             ] {
-                let name = blk(l, gguf);
-                let index = index_of(&name)?;
+                let index = w.consume(&blk(l, gguf))?;
                 for x in 0..e {
-                    parts.insert(
+                    w.serve(
                         hf(&format!("mlp.experts.{x}.{proj}.weight")),
-                        Part {
-                            index,
-                            first_row: x * rows,
-                            rows,
-                            shape: vec![rows, cols],
-                        },
+                        index,
+                        x * rows,
+                        rows,
+                        vec![rows, cols],
                     );
                 }
-                consumed.insert(name);
             }
         }
-        Ok(GptOssGgufWeights {
-            inner: GgufWeights::new(file.clone())?,
-            file,
-            parts,
-            consumed,
-        })
-    }
-
-    fn bytes_per_row(t: &GgufTensor) -> usize {
-        let rows = (t.n_elements() / t.row_len().max(1)) as usize;
-        t.n_bytes as usize / rows.max(1)
-    }
-
-    /// Dequantise `part`'s rows (GGUF rows are whole quantisation blocks).
-    fn read(&self, part: &Part) -> Result<HostTensor> {
-        let t = &self.file.tensors()[part.index];
-        let row_bytes = Self::bytes_per_row(t);
-        let src = &self.file.tensor_data(t)
-            [part.first_row * row_bytes..(part.first_row + part.rows) * row_bytes];
-        let mut data = vec![0f32; part.rows * t.row_len() as usize];
-        dequant::dequantize(t.ty, src, &mut data).map_err(|e| {
-            anyhow::anyhow!("{}: tensor {}: {e:#}", self.file.path().display(), t.name)
-        })?;
-        Ok(HostTensor {
-            shape: part.shape.clone(),
-            data,
-        })
-    }
-}
-
-impl WeightSource for GptOssGgufWeights {
-    fn path(&self) -> &Path {
-        self.file.path()
-    }
-
-    fn contains(&self, name: &str) -> bool {
-        self.parts.contains_key(name) || self.inner.contains(name)
-    }
-
-    /// The inner listing without the tensors served here, plus one entry per HF tensor (an
-    /// expert's share of its stack's bytes), so `inspect` counts every parameter once.
-    fn tensors(&self) -> Vec<TensorInfo> {
-        let mut out: Vec<TensorInfo> = self
-            .inner
-            .tensors()
-            .into_iter()
-            .filter(|t| !self.consumed.contains(&t.file_name))
-            .collect();
-        for (name, part) in &self.parts {
-            let t = &self.file.tensors()[part.index];
-            out.push(TensorInfo {
-                name: name.clone(),
-                file_name: t.name.clone(),
-                dtype: t.ty.name().to_string(),
-                shape: part.shape.clone(),
-                bytes: (Self::bytes_per_row(t) * part.rows) as u64,
-            });
-        }
-        out
-    }
-
-    fn tensor(&self, name: &str) -> Result<HostTensor> {
-        match self.parts.get(name) {
-            Some(part) => self.read(part),
-            None => self.inner.tensor(name),
-        }
-    }
-
-    fn raw(&self, name: &str) -> Result<Option<RawPart<'_>>> {
-        if self.parts.contains_key(name) {
-            return Ok(None);
-        }
-        self.inner.raw(name)
-    }
-
-    fn release(&self, name: &str) {
-        match self.parts.get(name) {
-            Some(part) => {
-                let t = &self.file.tensors()[part.index];
-                let row_bytes = Self::bytes_per_row(t);
-                self.file.release(
-                    t,
-                    part.first_row * row_bytes,
-                    (part.first_row + part.rows) * row_bytes,
-                );
-            }
-            None => self.inner.release(name),
-        }
+        Ok(w)
     }
 }

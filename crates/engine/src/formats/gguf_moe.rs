@@ -29,57 +29,16 @@
 
 use super::dequant;
 use super::gguf::{GgufFile, GgufTensor, GgufValue};
-use super::{HostTensor, TensorInfo, WeightSource};
-use crate::backend::raw::RawPart;
+use super::gguf_experts::{blk, Keys, StackedGgufWeights};
+use super::WeightSource;
 use crate::model::config::Arch;
 use crate::model::moe::MoeSpec;
 use anyhow::{bail, Context, Result};
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::Arc;
 
 /// Whether `arch` has a shared expert in every sparse layer (Qwen3.5-MoE, Qwen3-Next).
 fn has_shared_expert(arch: Arch) -> bool {
     matches!(arch, Arch::Qwen3_5Moe | Arch::Qwen3Next)
-}
-
-/// A reader of `{arch}.*` integer keys whose errors name the file and the full key.
-struct Keys<'a> {
-    file: &'a GgufFile,
-    arch: &'a str,
-}
-
-impl Keys<'_> {
-    fn key(&self, k: &str) -> String {
-        format!("{}.{k}", self.arch)
-    }
-    fn opt(&self, k: &str) -> Result<Option<usize>> {
-        let full = self.key(k);
-        match self.file.metadata().get(&full) {
-            None => Ok(None),
-            Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
-                Some(n) => Ok(Some(n)),
-                None => bail!(
-                    "{}: metadata {full} should be an unsigned integer, found {v:?}",
-                    self.file.path().display()
-                ),
-            },
-        }
-    }
-    fn req(&self, k: &str, why: &str) -> Result<usize> {
-        self.opt(k)?.with_context(|| {
-            format!(
-                "{}: metadata key {} is missing ({why})",
-                self.file.path().display(),
-                self.key(k)
-            )
-        })
-    }
-}
-
-/// The GGUF name of layer `l`'s tensor `part` (`ffn_gate_inp.weight`).
-fn blk(l: usize, part: &str) -> String {
-    format!("blk.{l}.{part}")
 }
 
 /// The experts of a GGUF target with `num_layers` decoder layers (MTP blocks after them are not
@@ -295,89 +254,65 @@ fn check(file: &GgufFile, arch: &str, moe: &MoeSpec) -> Result<()> {
     Ok(())
 }
 
-/// Where an HF expert tensor lives in the file.
-#[derive(Clone, Debug)]
-struct Part {
-    /// Index into the file's tensors.
-    index: usize,
-    /// Rows (of `ne[0]` elements) `first_row .. first_row + rows`; the whole tensor for the
-    /// router and the shared expert.
-    first_row: usize,
-    rows: usize,
-    /// The HF shape (PyTorch order).
-    shape: Vec<usize>,
-}
-
 /// The expert tensors of a MoE GGUF under HF names, over the architecture's own name map (see
 /// the module doc).
-pub struct MoeGgufWeights {
-    inner: Box<dyn WeightSource>,
-    file: Arc<GgufFile>,
-    parts: BTreeMap<String, Part>,
-    /// GGUF names served through `parts` (left out of the inner listing).
-    consumed: BTreeSet<String>,
-}
+pub type MoeGgufWeights = StackedGgufWeights<Moe>;
+
+/// [`StackedGgufWeights`]'s marker for the MoE architectures' expert names.
+pub struct Moe;
 
 impl MoeGgufWeights {
     /// `inner` serves every other tensor; `moe` comes from [`moe_spec`] (so the shapes are checked).
     pub fn new(inner: Box<dyn WeightSource>, file: Arc<GgufFile>, moe: &MoeSpec) -> Result<Self> {
-        let index_of = |name: &str| {
-            file.tensors()
-                .iter()
-                .position(|t| t.name == name)
-                .with_context(|| format!("{}: tensor {name} is missing", file.path().display()))
-        };
-        let (mut parts, mut consumed) = (BTreeMap::new(), BTreeSet::new());
+        let mut w = Self::over(inner, file);
         let i = moe.moe_intermediate_size;
         for (l, _) in moe.sparse_layers.iter().enumerate().filter(|(_, s)| **s) {
             let hf = |rest: &str| format!("model.layers.{l}.mlp.{rest}");
-            let mut whole = |gguf: &str, hf_name: String, shape: Vec<usize>| -> Result<()> {
-                let name = blk(l, gguf);
-                let index = index_of(&name)?;
-                let rows =
-                    shape.iter().product::<usize>() / file.tensors()[index].row_len() as usize;
-                parts.insert(
-                    hf_name,
-                    Part {
-                        index,
-                        first_row: 0,
-                        rows,
-                        shape,
-                    },
-                );
-                consumed.insert(name);
-                Ok(())
-            };
-            let d = file.tensors()[index_of(&blk(l, "ffn_gate_inp.weight"))?].ne[0] as usize;
+            let whole =
+                |w: &mut Self, gguf: &str, hf_name: String, shape: Vec<usize>| -> Result<()> {
+                    let index = w.consume(&blk(l, gguf))?;
+                    let rows = shape.iter().product::<usize>()
+                        / w.file().tensors()[index].row_len() as usize;
+                    w.serve(hf_name, index, 0, rows, shape);
+                    Ok(())
+                };
+            let router = w.consume(&blk(l, "ffn_gate_inp.weight"))?;
+            let d = w.file().tensors()[router].ne[0] as usize;
             whole(
+                &mut w,
                 "ffn_gate_inp.weight",
                 hf("gate.weight"),
                 vec![moe.num_experts, d],
             )?;
             if let Some(s) = moe.shared_expert_intermediate_size {
                 whole(
+                    &mut w,
                     "ffn_gate_inp_shexp.weight",
                     hf("shared_expert_gate.weight"),
                     vec![1, d],
                 )?;
                 whole(
+                    &mut w,
                     "ffn_gate_shexp.weight",
                     hf("shared_expert.gate_proj.weight"),
                     vec![s, d],
                 )?;
                 whole(
+                    &mut w,
                     "ffn_up_shexp.weight",
                     hf("shared_expert.up_proj.weight"),
                     vec![s, d],
                 )?;
                 whole(
+                    &mut w,
                     "ffn_down_shexp.weight",
                     hf("shared_expert.down_proj.weight"),
                     vec![d, s],
                 )?;
             }
             // (GGUF tensor, HF projection, row offset within an expert's block, rows per block).
-            let fused = file
+            let fused = w
+                .file()
                 .tensor_info(&blk(l, "ffn_gate_up_exps.weight"))
                 .is_some();
             let slices: Vec<(&str, &str, usize, usize, usize)> = if fused {
@@ -394,111 +329,19 @@ impl MoeGgufWeights {
                 ]
             };
             for (gguf, proj, offset, rows, block) in slices {
-                let name = blk(l, gguf);
-                let index = index_of(&name)?;
-                let row_len = file.tensors()[index].row_len() as usize;
+                let index = w.consume(&blk(l, gguf))?;
+                let row_len = w.file().tensors()[index].row_len() as usize;
                 for e in 0..moe.num_experts {
-                    parts.insert(
+                    w.serve(
                         hf(&format!("experts.{e}.{proj}.weight")),
-                        Part {
-                            index,
-                            first_row: e * block + offset,
-                            rows,
-                            shape: vec![rows, row_len],
-                        },
+                        index,
+                        e * block + offset,
+                        rows,
+                        vec![rows, row_len],
                     );
                 }
-                consumed.insert(name);
             }
         }
-        Ok(MoeGgufWeights {
-            inner,
-            file,
-            parts,
-            consumed,
-        })
-    }
-
-    /// Dequantise `part`'s rows (rows are whole quantisation blocks: GGUF rows always are).
-    fn read(&self, part: &Part) -> Result<HostTensor> {
-        let t = &self.file.tensors()[part.index];
-        let p = self.file.path().display();
-        let total_rows = (t.n_elements() / t.row_len().max(1)) as usize;
-        let row_bytes = t.n_bytes as usize / total_rows.max(1);
-        let row_len = t.row_len() as usize;
-        let src = &self.file.tensor_data(t)
-            [part.first_row * row_bytes..(part.first_row + part.rows) * row_bytes];
-        let mut data = vec![0f32; part.rows * row_len];
-        dequant::dequantize(t.ty, src, &mut data)
-            .map_err(|e| anyhow::anyhow!("{p}: tensor {}: {e:#}", t.name))?;
-        Ok(HostTensor {
-            shape: part.shape.clone(),
-            data,
-        })
-    }
-}
-
-impl WeightSource for MoeGgufWeights {
-    fn path(&self) -> &Path {
-        self.inner.path()
-    }
-
-    fn contains(&self, name: &str) -> bool {
-        self.parts.contains_key(name) || self.inner.contains(name)
-    }
-
-    /// The inner listing without the stacked tensors, plus one entry per expert projection (its
-    /// share of the stacked tensor's bytes, `file_name` the stacked tensor), so `inspect` counts
-    /// every parameter once.
-    fn tensors(&self) -> Vec<TensorInfo> {
-        let mut out: Vec<TensorInfo> = self
-            .inner
-            .tensors()
-            .into_iter()
-            .filter(|t| !self.consumed.contains(&t.file_name))
-            .collect();
-        for (name, part) in &self.parts {
-            let t = &self.file.tensors()[part.index];
-            let total_rows = t.n_elements() / t.row_len().max(1);
-            out.push(TensorInfo {
-                name: name.clone(),
-                file_name: t.name.clone(),
-                dtype: t.ty.name().to_string(),
-                shape: part.shape.clone(),
-                bytes: t.n_bytes * part.rows as u64 / total_rows.max(1),
-            });
-        }
-        out
-    }
-
-    fn tensor(&self, name: &str) -> Result<HostTensor> {
-        match self.parts.get(name) {
-            Some(part) => self.read(part),
-            None => self.inner.tensor(name),
-        }
-    }
-
-    fn raw(&self, name: &str) -> Result<Option<RawPart<'_>>> {
-        if self.parts.contains_key(name) {
-            return Ok(None);
-        }
-        self.inner.raw(name)
-    }
-
-    /// An expert's rows of its stacked tensor (every other name: the inner source's).
-    fn release(&self, name: &str) {
-        match self.parts.get(name) {
-            Some(part) => {
-                let t = &self.file.tensors()[part.index];
-                let total_rows = (t.n_elements() / t.row_len().max(1)) as usize;
-                let row_bytes = t.n_bytes as usize / total_rows.max(1);
-                let (start, end) = (
-                    part.first_row * row_bytes,
-                    (part.first_row + part.rows) * row_bytes,
-                );
-                self.file.release(t, start, end);
-            }
-            None => self.inner.release(name),
-        }
+        Ok(w)
     }
 }

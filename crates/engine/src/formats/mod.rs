@@ -8,6 +8,7 @@
 
 pub mod dequant;
 pub mod gguf;
+pub mod gguf_experts;
 pub mod gguf_gpt_oss;
 pub mod gguf_hybrid;
 pub mod gguf_moe;
