@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
@@ -34,15 +34,23 @@ pub static FILES_HASHED: AtomicU64 = AtomicU64::new(0);
 
 /// sha256 of a weight file, counted in [`FILES_HASHED`].
 pub fn hash_file(path: &Path) -> Result<String> {
+    let never = AtomicBool::new(false);
+    Ok(hash_file_unless(path, &never)?.expect("a hash nothing stops runs to the end"))
+}
+
+/// [`hash_file`], given up once `stop` is set (`Ok(None)`, not counted).
+fn hash_file_unless(path: &Path, stop: &AtomicBool) -> Result<Option<String>> {
     let t = std::time::Instant::now();
-    let h = crate::util::sha256_file(path)?;
+    let Some(h) = crate::util::sha256_file_unless(path, stop)? else {
+        return Ok(None);
+    };
     FILES_HASHED.fetch_add(1, Ordering::Relaxed);
     tracing::info!(
         "hashed {} in {:.1} s (identity)",
         path.display(),
         t.elapsed().as_secs_f64()
     );
-    Ok(h)
+    Ok(Some(h))
 }
 
 /// What identifies one version of a file without reading it.
@@ -142,8 +150,17 @@ impl IdentityStore {
     }
 
     fn hash(&self, path: &Path) -> Result<String> {
-        let h = hash_file(path)?;
-        self.hashed.fetch_add(1, Ordering::Relaxed);
+        let never = AtomicBool::new(false);
+        Ok(self
+            .hash_unless(path, &never)?
+            .expect("a hash nothing stops runs to the end"))
+    }
+
+    fn hash_unless(&self, path: &Path, stop: &AtomicBool) -> Result<Option<String>> {
+        let h = hash_file_unless(path, stop)?;
+        if h.is_some() {
+            self.hashed.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(h)
     }
 
@@ -173,16 +190,31 @@ impl IdentityStore {
     /// sha256 of `path`: the remembered value when the stamp matches, else hashed now and
     /// remembered.
     pub fn file_sha256(&self, path: &Path) -> Result<String> {
-        let stamp = FileStamp::of(path)?;
-        if let Some(r) = self.read(&stamp.path).filter(|r| r.stamp == stamp) {
-            return Ok(r.sha256);
+        let never = AtomicBool::new(false);
+        Ok(self
+            .sha256_as_stamped(&FileStamp::of(path)?, &never)?
+            .expect("a hash nothing stops runs to the end"))
+    }
+
+    /// sha256 of the file `stamp` was taken of: the remembered value when the record's stamp is
+    /// `stamp`, else hashed now and remembered, unless the file's stamp is no longer `stamp` once
+    /// read (it changed meanwhile: the bytes hashed may be neither version). `Ok(None)`: `stop`
+    /// was set before the hash ended.
+    pub fn sha256_as_stamped(
+        &self,
+        stamp: &FileStamp,
+        stop: &AtomicBool,
+    ) -> Result<Option<String>> {
+        if let Some(r) = self.read(&stamp.path).filter(|r| r.stamp == *stamp) {
+            return Ok(Some(r.sha256));
         }
-        let sha = self.hash(&stamp.path)?;
-        // The file may have changed while it was read; remember the hash only if it did not.
-        if FileStamp::of(path).ok().as_ref() == Some(&stamp) {
-            self.write(&stamp, &sha);
+        let Some(sha) = self.hash_unless(&stamp.path, stop)? else {
+            return Ok(None);
+        };
+        if FileStamp::of(&stamp.path).ok().as_ref() == Some(stamp) {
+            self.write(stamp, &sha);
         }
-        Ok(sha)
+        Ok(Some(sha))
     }
 
     /// Store a record; failures (read-only cache) are logged, never fatal: they only cost a
@@ -290,4 +322,153 @@ impl IdentityStore {
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
+}
+
+/// Name of the background hash in `--timeline` (docs/loading.md §2).
+pub const BACKGROUND_PHASE: &str = "weights hashed (background)";
+/// The main thread's phase while it waits for that hash.
+pub const WAIT_PHASE: &str = "weights hash (wait)";
+
+/// Weight files being hashed on background threads while the main thread does other work
+/// (`TargetIdentity::hash_in_background`: the target's weights are read and uploaded meanwhile;
+/// the bytes come through the page cache either way). [`BackgroundHash::join`] gives the files'
+/// hashes, the same values [`IdentityStore::file_sha256`] gives, or an error when a file changed
+/// while it was being read. Dropped without a join, it stops the threads at their next read.
+#[derive(Debug)]
+pub struct BackgroundHash {
+    /// Each file's stamp when hashing began, in the order given.
+    stamps: Vec<FileStamp>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<Option<Vec<String>>>>>,
+}
+
+impl BackgroundHash {
+    /// Stamp `files` now (on the calling thread, so that any later change is seen by the join)
+    /// and hash them on background threads, at most one a core, through `store` when given (a
+    /// file whose record matches is not read). Errors: a file that cannot be stat'ed, a thread
+    /// that cannot be spawned.
+    pub fn start(files: &[PathBuf], store: Option<IdentityStore>) -> Result<BackgroundHash> {
+        let stamps = files
+            .iter()
+            .map(|f| FileStamp::of(f))
+            .collect::<Result<Vec<_>>>()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(stamps.len())
+            .max(1);
+        let (todo, flag) = (stamps.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("identity-hash".into())
+            .spawn(move || {
+                let _timed = crate::timeline::background(BACKGROUND_PHASE);
+                hash_all(&todo, store.as_ref(), &flag, workers)
+            })
+            .context("cannot start the weights hash thread")?;
+        Ok(BackgroundHash {
+            stamps,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Wait for the hashes (in the order of the files given to [`BackgroundHash::start`]),
+    /// timed as the main thread's [`WAIT_PHASE`]. An error names the file: one that could not
+    /// be read, or one whose stamp (size, modification time, inode) is no longer what it was
+    /// when hashing began: whatever read it meanwhile (the loader) may have seen other bytes
+    /// than the hash did, so no identity is given for it.
+    pub fn join(mut self) -> Result<Vec<String>> {
+        let _wait = crate::timeline::phase(WAIT_PHASE);
+        let t = std::time::Instant::now();
+        let thread = self.thread.take().context("weights hash joined twice")?;
+        let hashes = match thread.join() {
+            Ok(r) => r?.context("the weights hash was stopped")?,
+            Err(_) => anyhow::bail!("the weights hash thread panicked"),
+        };
+        for before in &self.stamps {
+            let now = FileStamp::of(&before.path)?;
+            if now != *before {
+                anyhow::bail!(
+                    "{}: the file changed while draftlens was reading it ({}): the bytes hashed for its identity and the bytes loaded may differ, so nothing is computed or stored under either; run the command again once it no longer changes",
+                    before.path.display(),
+                    describe_change(before, &now)
+                );
+            }
+        }
+        tracing::info!(
+            "target identity: {} file(s) hashed in the background; waited {:.2} s for them",
+            hashes.len(),
+            t.elapsed().as_secs_f64()
+        );
+        Ok(hashes)
+    }
+}
+
+impl Drop for BackgroundHash {
+    fn drop(&mut self) {
+        // Nobody will join: the threads stop at their next read instead of reading the rest.
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Hash every stamped file on `workers` threads, each taking the next file not yet taken.
+/// `Ok(None)` when stopped; otherwise the hashes in order, or the first file's error in order.
+fn hash_all(
+    stamps: &[FileStamp],
+    store: Option<&IdentityStore>,
+    stop: &AtomicBool,
+    workers: usize,
+) -> Result<Option<Vec<String>>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let one = |stamp: &FileStamp| match store {
+        Some(s) => s.sha256_as_stamped(stamp, stop),
+        None => hash_file_unless(&stamp.path, stop),
+    };
+    let mut done: Vec<(usize, Result<Option<String>>)> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= stamps.len() {
+                            return mine;
+                        }
+                        mine.push((i, one(&stamps[i])));
+                    }
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap_or_default())
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    if done.len() != stamps.len() {
+        anyhow::bail!("a weights hash thread panicked");
+    }
+    let mut hashes = Vec::with_capacity(done.len());
+    for (_, r) in done {
+        match r? {
+            Some(h) => hashes.push(h),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(hashes))
+}
+
+/// What differs between two stamps of one file, for an error message.
+fn describe_change(before: &FileStamp, now: &FileStamp) -> String {
+    let mut what = Vec::new();
+    if before.size != now.size {
+        what.push(format!("size {} → {} bytes", before.size, now.size));
+    }
+    if before.mtime_ns != now.mtime_ns {
+        what.push("modification time".to_string());
+    }
+    if before.inode != now.inode {
+        what.push("inode: replaced by another file".to_string());
+    }
+    what.join(", ")
 }

@@ -7,11 +7,24 @@ use std::path::Path;
 
 /// sha256 of a file's bytes, lowercase hex. Streams the file so large weights do not need RAM.
 pub fn sha256_file(path: &Path) -> Result<String> {
+    let never = std::sync::atomic::AtomicBool::new(false);
+    Ok(sha256_file_unless(path, &never)?.expect("a hash nothing stops runs to the end"))
+}
+
+/// [`sha256_file`], given up between two reads once `stop` is set (`Ok(None)`): a hash running
+/// in the background that nobody will wait for any more (`crate::identity::BackgroundHash`).
+pub fn sha256_file_unless(
+    path: &Path,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<Option<String>> {
     let mut f =
         std::fs::File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(None);
+        }
         let n = f
             .read(&mut buf)
             .with_context(|| format!("{}: read failed", path.display()))?;
@@ -20,7 +33,7 @@ pub fn sha256_file(path: &Path) -> Result<String> {
         }
         h.update(&buf[..n]);
     }
-    Ok(hex::encode(h.finalize()))
+    Ok(Some(hex::encode(h.finalize())))
 }
 
 /// sha256 of bytes, lowercase hex (the results crate's rule, which identities also hash with).

@@ -222,7 +222,7 @@ pub fn run_eval_shard<B: Backend>(
         spec,
         drafter.block_size,
         &crate::identity::IdentityStore::new(s.cache.root()),
-        &s.files.identity.weights_sha256()?,
+        &s.target_sha256()?,
     )?;
     let tok = s.files.tokenizer()?;
     let _setup = crate::timeline::phase("run setup");

@@ -151,7 +151,11 @@ pub fn prewarm_identities<B: Backend>(s: &Session<B>, specs: &[DrafterSpec]) {
     let target = &s.files.identity;
     rayon::join(
         || {
-            let _ = target.weights_sha256();
+            // Left running when hashed in the background since `Session::load`: the first need
+            // (`Session::target_sha256`) joins it while the weights upload.
+            if !target.hashing_in_background() {
+                let _ = target.weights_sha256();
+            }
         },
         || {
             files.par_iter().for_each(|w| {

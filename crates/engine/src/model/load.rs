@@ -5,7 +5,9 @@
 //! read, so `inspect` takes well under a second for any size. The weights hash is computed on
 //! first use ([`TargetIdentity::weights_sha256`]) through the identity store
 //! (`crate::identity`), which remembers each file's hash by its stamp: a model is hashed once,
-//! not per command (docs/loading.md).
+//! not per command (docs/loading.md). A session starts that hash on background threads as soon as
+//! it opens the target ([`TargetIdentity::hash_in_background`]), so that it overlaps the upload
+//! of the weights instead of preceding it.
 
 use super::config::ModelSpec;
 use super::hybrid::HybridWeights;
@@ -16,12 +18,12 @@ use crate::formats::gguf_hybrid::HybridGgufWeights;
 use crate::formats::gguf_moe::MoeGgufWeights;
 use crate::formats::safetensors::SafetensorsWeights;
 use crate::formats::{TensorInfo, WeightSource};
-use crate::identity::IdentityStore;
+use crate::identity::{BackgroundHash, IdentityStore};
 use crate::tokenizer::TextTokenizer;
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Who the target is: stored with every run and part of every cache key.
 #[derive(Debug)]
@@ -35,6 +37,11 @@ pub struct TargetIdentity {
     /// Where file hashes are remembered (`None`: hash once per process).
     store: Option<IdentityStore>,
     sha: OnceLock<String>,
+    /// The hash started by [`TargetIdentity::hash_in_background`], until the first
+    /// [`TargetIdentity::weights_sha256`] joins it.
+    background: Mutex<Option<BackgroundHash>>,
+    /// Why that background hash gave no identity: every later call answers the same error.
+    failed: OnceLock<String>,
 }
 
 impl TargetIdentity {
@@ -46,22 +53,78 @@ impl TargetIdentity {
             weight_files,
             store: None,
             sha: OnceLock::new(),
+            background: Mutex::new(None),
+            failed: OnceLock::new(),
         }
     }
 
     /// sha256 over the weight files' bytes: the GGUF file's own hash; for safetensors the hash of
     /// the files' hex hashes concatenated in name order. Computed on first call (file hashes
-    /// come from the identity store when their stamps match) and kept for the process.
+    /// come from the identity store when their stamps match), or, when
+    /// [`TargetIdentity::hash_in_background`] started it, waited for; kept for the process.
     pub fn weights_sha256(&self) -> Result<String> {
         if let Some(s) = self.sha.get() {
             return Ok(s.clone());
         }
-        let file_sha = |f: &Path| match &self.store {
-            Some(s) => s.file_sha256(f),
-            None => crate::identity::hash_file(f),
-        };
-        let sha = self.combine(file_sha)?;
-        Ok(self.sha.get_or_init(|| sha).clone())
+        {
+            // Held while joining: a second caller waits for this join instead of hashing again.
+            let mut background = self.background.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(s) = self.sha.get() {
+                return Ok(s.clone());
+            }
+            if let Some(e) = self.failed.get() {
+                bail!("{e}");
+            }
+            if let Some(started) = background.take() {
+                return match started.join() {
+                    Ok(hashes) => Ok(self.sha.get_or_init(|| self.combine(hashes)).clone()),
+                    Err(e) => {
+                        let e = format!("{e:#}");
+                        let _ = self.failed.set(e.clone());
+                        bail!("{e}")
+                    }
+                };
+            }
+        }
+        // Hashed here, as before there was a background hash (its rayon tasks must not wait
+        // behind a lock).
+        use rayon::prelude::*;
+        let hashes = self
+            .weight_files
+            .par_iter()
+            .map(|f| match &self.store {
+                Some(s) => s.file_sha256(f),
+                None => crate::identity::hash_file(f),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.sha.get_or_init(|| self.combine(hashes)).clone())
+    }
+
+    /// Start hashing the weight files on background threads ([`BackgroundHash`]), unless the
+    /// identity is known already or every file's hash is remembered (then nothing is read, as
+    /// before). The first [`TargetIdentity::weights_sha256`] waits for it. A file that cannot be
+    /// stat'ed now starts nothing: that call hashes on the spot and reports it.
+    pub fn hash_in_background(&self) {
+        if self.sha.get().is_some() || self.remembered_sha256().is_some() {
+            return;
+        }
+        let mut background = self.background.lock().unwrap_or_else(|e| e.into_inner());
+        if background.is_some() {
+            return;
+        }
+        match BackgroundHash::start(&self.weight_files, self.store.clone()) {
+            Ok(started) => *background = Some(started),
+            Err(e) => tracing::debug!("weights not hashed in the background: {e:#}"),
+        }
+    }
+
+    /// Whether a background hash was started and is not yet joined: the identity is not known
+    /// yet, and asking for it waits for the hash.
+    pub fn hashing_in_background(&self) -> bool {
+        self.background
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 
     /// The identity when every file's hash is remembered with a matching stamp; never reads a
@@ -71,25 +134,25 @@ impl TargetIdentity {
             return Some(s.clone());
         }
         let store = self.store.as_ref()?;
-        self.combine(|f| store.remembered(f)?.context("not remembered"))
-            .ok()
-    }
-
-    /// The identity from each weight file's sha256. The files are hashed side by side (rayon):
-    /// sha256 is sequential within a file, about 1 GB/s on one core, so a 16 GB folder of five
-    /// shards took 16 s one file after another on the H200's host and takes the largest shard's
-    /// time in parallel (docs/loading.md §2).
-    fn combine(&self, file_sha: impl Fn(&Path) -> Result<String> + Sync) -> Result<String> {
-        use rayon::prelude::*;
-        if self.format == "gguf" {
-            return file_sha(&self.path);
-        }
         let hashes = self
             .weight_files
-            .par_iter()
-            .map(|f| file_sha(f))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(crate::util::sha256_bytes(hashes.concat().as_bytes()))
+            .iter()
+            .map(|f| store.remembered(f).ok().flatten())
+            .collect::<Option<Vec<_>>>()?;
+        Some(self.combine(hashes))
+    }
+
+    /// The identity from the weight files' sha256 hex strings, in [`TargetIdentity::weight_files`]
+    /// order: a GGUF file's own hash; for safetensors the hash of them concatenated. Hashing
+    /// runs the files side by side (rayon, or [`BackgroundHash`]'s threads): sha256 is sequential
+    /// within a file, about 1 GB/s on one core, so a 16 GB folder of five shards took 16 s one file
+    /// after another on the H200's host and takes the largest shard's time in parallel
+    /// (docs/loading.md §2).
+    fn combine(&self, file_hashes: Vec<String>) -> String {
+        match self.format {
+            "gguf" => file_hashes.concat(),
+            _ => crate::util::sha256_bytes(file_hashes.concat().as_bytes()),
+        }
     }
 
     /// `{path, format, weights_sha256, arch}`, as stored in a run's configuration.

@@ -6,15 +6,15 @@
 use super::Session;
 use crate::backend::memory::{does_not_fit, gib, Estimate, MemoryModel};
 use crate::backend::Backend;
-use crate::hidden_cache::CacheKey;
 use crate::prompts::Prompt;
 use anyhow::{bail, Result};
 
 impl<B: Backend> Session<B> {
     /// The memory estimates' view of this target on this backend (`backend/memory.rs`): the
-    /// weights counted from the config (what the loader uploads), in the backend's dtype.
+    /// weights counted from the config (what the loader uploads), in the backend's dtype (MXFP4
+    /// experts packed where the backend keeps them so).
     pub fn memory_model(&self) -> MemoryModel {
-        MemoryModel::new(&self.files.spec, self.be.dtype())
+        MemoryModel::with_mxfp4(&self.files.spec, self.be.dtype(), self.be.mxfp4_packed())
     }
 
     /// [`MemoryModel::estimate`] of this target on this backend: decoding `batch` prompts of up
@@ -163,18 +163,19 @@ impl<B: Backend> Session<B> {
         })
     }
 
-    /// [`Session::gen_batch`] lowered so that decoding the missed prompts together fits in
-    /// device memory; an error naming the prompt when even one alone does not fit.
+    /// [`Session::gen_batch`] lowered so that decoding the missed prompts (`misses`: indices
+    /// into `prompts`) together fits in device memory; an error naming the prompt when even one
+    /// alone does not fit.
     pub(super) fn decode_batch(
         &self,
         prompts: &[&[u32]],
-        misses: &[(usize, CacheKey)],
+        misses: &[usize],
         max_new: usize,
     ) -> Result<usize> {
         let batch = self.gen_batch();
         let (Some(avail), Some(longest)) = (
             self.available_memory(),
-            misses.iter().map(|(n, _)| prompts[*n].len()).max(),
+            misses.iter().map(|n| prompts[*n].len()).max(),
         ) else {
             return Ok(batch);
         };
@@ -185,8 +186,8 @@ impl<B: Backend> Session<B> {
             self.check_model_fits(batch, longest, max_new, 0)?;
             let n = misses
                 .iter()
-                .find(|(n, _)| prompts[*n].len() == longest)
-                .map_or(0, |(n, _)| *n);
+                .find(|n| prompts[**n].len() == longest)
+                .map_or(0, |n| *n);
             bail!(
                 "greedy decoding: prompt {n} ({longest} tokens + up to {max_new} new) needs about {} of device memory, only {} are free after the weights; nothing was computed",
                 gib(need(1)),

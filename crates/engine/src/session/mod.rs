@@ -152,6 +152,9 @@ impl<B: Backend> Session<B> {
             TargetFiles::open(target)?.with_identity_store(IdentityStore::new(cache.root()));
         // A tensor the loader cannot read is refused now, not after part of the model is uploaded.
         crate::model::load::check_readable(files.weights.as_ref())?;
+        // On first sight of the weight files their hash starts now, on background threads, and
+        // overlaps whatever comes before the first cache key ([`Session::target_sha256`]).
+        files.identity.hash_in_background();
         Ok(Session {
             be,
             files,
@@ -203,6 +206,32 @@ impl<B: Backend> Session<B> {
             t.elapsed().as_secs_f64()
         );
         Ok(self.model.get_or_init(|| m))
+    }
+
+    /// The target's identity (what cache keys and runs store), for a caller that will need the
+    /// model should its lookups miss, its memory already checked (`run` after
+    /// `check_prompts_fit`): on first sight of the weights their upload overlaps the hash
+    /// ([`Session::load_while_hashing`]).
+    pub fn target_sha256(&self) -> Result<String> {
+        self.load_while_hashing();
+        self.files.identity.weights_sha256()
+    }
+
+    /// On first sight of the weight files, which are being hashed in the background since
+    /// [`Session::load`], upload the model now, while the hash runs, instead of after it: the
+    /// lookups the identity is needed for will miss and load it anyway, because cache entries
+    /// are keyed by the hash of the bytes and bytes never hashed before have none, unless the
+    /// same bytes were hashed under another path or stamp (a copy, a `touch`, a wiped identity
+    /// store: docs/loading.md §2), the one case where this upload is not needed. Callers call it
+    /// only where their work's memory check passes with every lookup missing, so that a
+    /// refusal still comes before anything is uploaded. An upload that fails here is left to
+    /// the step that needs the model, which reports it.
+    fn load_while_hashing(&self) {
+        if self.files.identity.hashing_in_background() && !self.model_loaded() {
+            if let Err(e) = self.model() {
+                tracing::debug!("target not loaded while its weights were hashed: {e:#}");
+            }
+        }
     }
 
     /// Whether the target's weights have been uploaded (a fully cached command never does).
@@ -371,6 +400,11 @@ impl<B: Backend> Session<B> {
     /// [`Session::gen_batch`] at a time ([`greedy_batch`]) and stored one entry per prompt.
     pub fn continuations(&self, prompts: &[&[u32]], max_new: usize) -> Result<Vec<Continuation>> {
         let eos = self.eos_ids();
+        // First sight of the weights: upload them while they hash if decoding every prompt fits.
+        let every: Vec<usize> = (0..prompts.len()).collect();
+        if self.decode_batch(prompts, &every, max_new).is_ok() {
+            self.load_while_hashing();
+        }
         let mut out: Vec<Option<Continuation>> = Vec::with_capacity(prompts.len());
         let mut misses = Vec::new();
         let lookups = crate::timeline::phase("cache read");
@@ -401,7 +435,8 @@ impl<B: Backend> Session<B> {
             out.push(hit);
         }
         drop(lookups);
-        let batch = self.decode_batch(prompts, &misses, max_new)?;
+        let missed: Vec<usize> = misses.iter().map(|(n, _)| *n).collect();
+        let batch = self.decode_batch(prompts, &missed, max_new)?;
         for group in misses.chunks(batch) {
             let group_prompts: Vec<&[u32]> = group.iter().map(|(n, _)| prompts[*n]).collect();
             let decoded = greedy_batch(&self.be, self.model()?, &group_prompts, max_new, &eos)?;
@@ -492,6 +527,14 @@ impl<B: Backend> Session<B> {
             // Device memory is short: the forward comes before taps kept for later drafters.
             self.resident().clear();
             budget = self.pack_budget(capture.indices.len());
+        }
+        // First sight of the weights: upload them while they hash if the checks below pass with
+        // every lookup missing (no empty sequence, each fits a forward).
+        let fits = |ids: &&[u32]| {
+            !ids.is_empty() && (ids.len() <= budget || budget >= self.opts.pack_tokens)
+        };
+        if seqs.iter().all(fits) {
+            self.load_while_hashing();
         }
         let mut packer = Packer::new(budget);
         let mut packs = Vec::new();
