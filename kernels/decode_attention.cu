@@ -71,6 +71,8 @@ struct DaNorm {
 struct DaExtras {
     const float* sinks;  // [heads]
     int window;
+    int appended;  // 1: the caches already hold each row's new k/v at position len_r (a verify
+                   // pass appended its rows before the launch): read, never stored again
 };
 
 template <int DPL>
@@ -289,15 +291,15 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
             if (lane < ROW_CHUNKS) {
                 const uint4 packed = pack8(f);
                 *(uint4*)&sh.knew[ch * 8] = packed;
-                *(uint4*)(kc + len * kvd + h * HD + ch * 8) = packed;
+                if (!ex.appended) *(uint4*)(kc + len * kvd + h * HD + ch * 8) = packed;
             }
         } else {
             const int d0 = lane * DPL;
             da_copy<DPL>(&sh.knew[d0], kn + d0);
-            da_copy<DPL>(kc + len * kvd + h * HD + d0, kn + d0);
+            if (!ex.appended) da_copy<DPL>(kc + len * kvd + h * HD + d0, kn + d0);
         }
         const int d0 = lane * DPL;
-        da_copy<DPL>(vc + len * kvd + h * HD + d0, vn + d0);
+        if (!ex.appended) da_copy<DPL>(vc + len * kvd + h * HD + d0, vn + d0);
     }
     if (norm) {
         float f[8];

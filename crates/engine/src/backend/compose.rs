@@ -126,6 +126,43 @@ pub fn attention_decode_per_row_ext<B: Backend + ?Sized>(
     be.concat_rows(&outs.iter().collect::<Vec<_>>())
 }
 
+/// The default of [`Backend::attention_verify`]: the decode step's attention
+/// ([`Backend::attention_decode_ext`]) of each row alone, in order, on the one cache.
+pub fn attention_verify_per_row<B: Backend + ?Sized>(
+    be: &B,
+    q: &B::Tensor,
+    k: &B::Tensor,
+    v: &B::Tensor,
+    shape: AttnShape,
+    slot: KvSlot<'_, B::Tensor>,
+    extras: AttnExtras<'_>,
+) -> Result<B::Tensor> {
+    let rows = be.dims(q).0;
+    ensure!(
+        be.dims(k).0 == rows && be.dims(v).0 == rows,
+        "attention_verify: {rows} query rows, {} k rows, {} v rows",
+        be.dims(k).0,
+        be.dims(v).0
+    );
+    let mut outs = Vec::with_capacity(rows);
+    for r in 0..rows {
+        let row = |t: &B::Tensor| be.slice_rows(t, r, r + 1);
+        let mut one = [KvSlot {
+            k: &mut *slot.k,
+            v: &mut *slot.v,
+        }];
+        outs.push(be.attention_decode_ext(
+            &row(q)?,
+            &row(k)?,
+            &row(v)?,
+            shape,
+            &mut one,
+            extras,
+        )?);
+    }
+    be.concat_rows(&outs.iter().collect::<Vec<_>>())
+}
+
 /// The default of [`Backend::attention_varlen`] and [`Backend::attention_varlen_ext`]:
 /// [`Backend::attention_ext`] once per sequence, causal from position 0 (with
 /// [`AttnExtras::NONE`] that is plain [`Backend::attention`]).

@@ -382,6 +382,27 @@ pub trait Backend: Send + Sync + 'static {
         extras.check(shape, None)?;
         self.attention_decode_ext_impl(q, k, v, shape, caches, extras)
     }
+    /// The attention of a verify pass computed as decoding computes it: rows `0..T` of q
+    /// `[T, heads·hd]` and k/v `[T, kv_heads·hd]` are the next T tokens of one sequence (cache
+    /// `slot`, positions `len..len+T`); row t is appended and attends over positions `0..=len+t`
+    /// with exactly the bits of a decode step at that length ([`Backend::attention_decode_ext`]
+    /// of that row alone). Returns `[T, heads·hd]`.
+    ///
+    /// Why: a verify pass that rounds like decoding makes live speculative decoding equal plain
+    /// greedy decoding bit for bit in any precision (docs/live.md, "Verify equals decoding").
+    /// Default: that decode step, row after row ([`compose::attention_verify_per_row`]); the
+    /// CUDA backend appends the T rows first and runs them in one decode-attention launch.
+    fn attention_verify(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        shape: AttnShape,
+        slot: KvSlot<'_, Self::Tensor>,
+        extras: AttnExtras<'_>,
+    ) -> Result<Self::Tensor> {
+        compose::attention_verify_per_row(self, q, k, v, shape, slot, extras)
+    }
     /// Whether [`Backend::attention_ext`] computes sinks and windows here (the CPU reference).
     /// A model with sinks is refused at load where it does not (`model::gpt_oss`).
     fn supports_attention_sinks(&self) -> bool {

@@ -195,7 +195,7 @@ fn bench_anchor<B: Backend>(
         let mut last = None;
         for (i, &n) in at.sizes.iter().enumerate() {
             let ((v, post, acc), verify_s) = timed(be, || {
-                let v = target.forward(be, &block[..n], &mut cache, at.capture)?;
+                let v = target.forward_verify(be, &block[..n], &mut cache, at.capture)?;
                 let post = target.logits_topk(be, &v.last_hidden, 1)?.argmax();
                 let acc = accepted_drafts(&drafts[..n - 1], &post, n - 1, at.eos);
                 target.crop(be, &mut cache, a + acc + 1)?;

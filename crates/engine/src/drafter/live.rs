@@ -13,8 +13,10 @@
 //! convention as [`draftlens_results::metrics::replay`].
 //!
 //! Lossless holds exactly where the verify pass over B tokens computes each row with the bits of
-//! the one-token decode step (the f32 CPU backend). In low precision the two computations may
-//! round a near-tie between two logits differently, and the outputs part there:
+//! the one-token decode step: [`TargetModel::forward_verify`] does so on every backend (up to
+//! [`Backend::max_independent_rows`] tokens per block; docs/live.md, "Verify equals decoding").
+//! Where a computation of the block differs from decoding (a block beyond that bound), a
+//! near-tie between two logits may round either way and the outputs part there:
 //! [`first_divergence`] says where, which two tokens, and by how much the target preferred one.
 
 use crate::backend::{Backend, HostRows};
@@ -148,7 +150,7 @@ pub fn live_decode_timed<'d, B: Backend + 'd>(
             break;
         }
         let verify_start = Instant::now();
-        let v = target.forward(be, &block, &mut cache, &capture)?;
+        let v = target.forward_verify(be, &block, &mut cache, &capture)?;
         let post = target.logits_topk(be, &v.last_hidden, 1)?.argmax();
         let mut verify_s = verify_start.elapsed().as_secs_f64();
         let acc = accepted_drafts(&drafts, &post, (b - 1).min(remaining), eos);

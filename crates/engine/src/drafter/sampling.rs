@@ -393,7 +393,7 @@ pub fn live_decode_sampled_with<'d, B: Backend + 'd>(
         if cache.len + block.len() > target.spec.max_position_embeddings {
             break;
         }
-        let v = target.forward(be, &block, &mut cache, &capture)?;
+        let v = target.forward_verify(be, &block, &mut cache, &capture)?;
         let p = head_rows(be, &v.last_hidden, &head, needed, params, Dist::sampling)?;
         let budget = max_new - res.ids.len();
         let verified = verify(&p, &q, &drafts, budget, eos, rule, rng);

@@ -8,7 +8,7 @@ use super::gpt_oss::GptOssAttention;
 use super::hybrid::LayerType;
 use super::kv_cache::LayerCache;
 use super::moe::FeedForward;
-use super::transformer::{Attention, RmsNorm};
+use super::transformer::{Attention, CachedRows, RmsNorm};
 use crate::backend::{Backend, SeqStarts};
 use crate::formats::WeightSource;
 use anyhow::Result;
@@ -85,24 +85,34 @@ impl<B: Backend> DecoderLayer<B> {
         })
     }
 
+    /// The layer over new tokens at `start..` of one cached sequence; `rows` says how (see
+    /// [`CachedRows`]): as decode steps, a Gated DeltaNet layer steps its state one row at a
+    /// time, each row a one-token sequence as in [`DecoderLayer::forward_decode`].
     pub fn forward(
         &self,
         be: &B,
         h: &mut B::Tensor,
         start: usize,
         cache: &mut LayerCache<B>,
+        rows: CachedRows,
     ) -> Result<()> {
         self.forward_with(be, h, |x, h| match &self.mixer {
-            Mixer::Attention(a) => a.forward(be, x, start, cache, h),
+            Mixer::Attention(a) => a.forward(be, x, start, cache, h, rows),
             Mixer::Gdn(g) => {
-                let rows = be.dims(x).0;
-                g.forward(
-                    be,
-                    x,
-                    &SeqStarts::one(rows),
-                    &mut [gdn_state(be, g, cache)?],
-                    h,
-                )
+                let n = be.dims(x).0;
+                let state = gdn_state(be, g, cache)?;
+                if rows == CachedRows::Causal {
+                    return g.forward(be, x, &SeqStarts::one(n), &mut [state], h);
+                }
+                let mut stepped = Vec::with_capacity(n);
+                for r in 0..n {
+                    let mut h_r = be.slice_rows(h, r, r + 1)?;
+                    let x_r = be.slice_rows(x, r, r + 1)?;
+                    g.forward(be, &x_r, &SeqStarts::one(1), &mut [&mut *state], &mut h_r)?;
+                    stepped.push(h_r);
+                }
+                *h = be.concat_rows(&stepped.iter().collect::<Vec<_>>())?;
+                Ok(())
             }
         })
     }

@@ -3,6 +3,7 @@
 //! speculative-decoding verify pass be cropped ([`super::TargetModel::crop`]).
 
 use super::gdn::GdnState;
+use super::transformer::CachedRows;
 use crate::backend::{AttnMask, AttnShape, Backend};
 use anyhow::{bail, Result};
 
@@ -55,6 +56,8 @@ pub(crate) struct Checkpoint<B: Backend> {
     /// first token).
     pub states: Vec<Option<GdnState<B>>>,
     pub ids: Vec<u32>,
+    /// How that forward computed its rows: the replay computes the kept ones the same way.
+    pub rows: CachedRows,
 }
 
 /// The target's cache: one [`LayerCache`] per layer, all holding positions `0..len`.
@@ -113,7 +116,7 @@ impl<B: Backend> KvCache<B> {
     }
 
     /// Remember the current recurrent states and the tokens about to be appended.
-    pub(crate) fn take_checkpoint(&mut self, be: &B, ids: &[u32]) -> Result<()> {
+    pub(crate) fn take_checkpoint(&mut self, be: &B, ids: &[u32], rows: CachedRows) -> Result<()> {
         let states = self
             .layers
             .iter()
@@ -123,6 +126,7 @@ impl<B: Backend> KvCache<B> {
             len: self.len,
             states,
             ids: ids.to_vec(),
+            rows,
         });
         Ok(())
     }

@@ -16,7 +16,9 @@ use super::gpt_oss::GptOssAttention;
 pub use super::kv_cache::KvCache;
 use super::kv_cache::LayerCache;
 use crate::backend::raw::RawPart;
-use crate::backend::{AttnShape, Backend, GdnProfile, KvSlot, QkNorm, Rope, SeqStarts, TopK};
+use crate::backend::{
+    AttnExtras, AttnShape, Backend, GdnProfile, KvSlot, QkNorm, Rope, SeqStarts, TopK,
+};
 use crate::formats::WeightSource;
 use anyhow::{bail, Context, Result};
 
@@ -218,6 +220,17 @@ impl<B: Backend> Mlp<B> {
     }
 }
 
+/// How a cached forward computes its new rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachedRows {
+    /// One causal pass over the new rows (attention over the cache and the block at once; a
+    /// Gated DeltaNet's chunked rule): the prefill.
+    Causal,
+    /// Each row as the decode step of that token would compute it
+    /// ([`TargetModel::forward_verify`]).
+    AsDecodeSteps,
+}
+
 /// Causal self-attention with grouped KV heads, optional q/k/v biases (Qwen2) and optional
 /// per-head q/k RMSNorm before RoPE (Qwen3).
 pub struct Attention<B: Backend> {
@@ -395,7 +408,8 @@ impl<B: Backend> Attention<B> {
     }
 
     /// Attend the new tokens (at positions `start..start+T`) over the cache, appending their K/V,
-    /// and add the output projection to the residual stream `h`.
+    /// and add the output projection to the residual stream `h`; `rows` says how (one causal
+    /// attention, or each row as its decode step: [`TargetModel::forward_verify`]).
     pub fn forward(
         &self,
         be: &B,
@@ -403,14 +417,24 @@ impl<B: Backend> Attention<B> {
         start: usize,
         cache: &mut LayerCache<B>,
         h: &mut B::Tensor,
+        rows: CachedRows,
     ) -> Result<()> {
         if let Some(g) = &self.gpt_oss {
-            return g.forward(self, be, x, start, cache, h);
+            return g.forward(self, be, x, start, cache, h, rows);
         }
         let t = be.dims(x).0;
         let positions: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
         let (q, k, v) = self.qkv(be, x, &positions)?;
-        let o = cache.append_and_attend(be, &q, k, v, self.shape, start)?;
+        let o = match rows {
+            CachedRows::Causal => cache.append_and_attend(be, &q, k, v, self.shape, start)?,
+            CachedRows::AsDecodeSteps => {
+                let slot = KvSlot {
+                    k: &mut cache.k,
+                    v: &mut cache.v,
+                };
+                be.attention_verify(&q, &k, &v, self.shape, slot, AttnExtras::NONE)?
+            }
+        };
         self.output(be, x, o, h)
     }
 
@@ -585,6 +609,46 @@ impl<B: Backend> TargetModel<B> {
         cache: &mut KvCache<B>,
         capture: &Capture,
     ) -> Result<ForwardOutput<B>> {
+        self.forward_cached(be, ids, cache, capture, CachedRows::Causal)
+    }
+
+    /// [`TargetModel::forward`] computing each row exactly as a decode step would
+    /// ([`TargetModel::forward_decode`] of that token alone, after the rows before it): the
+    /// verify pass of live speculative decoding, which then equals plain greedy decoding bit for
+    /// bit on every backend (docs/live.md, "Verify equals decoding"). That needs `ids.len()` at
+    /// most [`Backend::max_independent_rows`] (64 on CUDA), where every GEMM gives a row the bits
+    /// of a one-row call; a longer block runs as [`TargetModel::forward`] does.
+    ///
+    /// Each attention layer attends row t over positions `..=start+t` through
+    /// [`Backend::attention_verify`]; each Gated DeltaNet layer steps its state one row at a time.
+    /// `DRAFTLENS_VERIFY=causal` runs the block as [`TargetModel::forward`] instead: the A/B
+    /// switch of the cost comparison in docs/benchmarks-cuda.md, not a product setting.
+    pub fn forward_verify(
+        &self,
+        be: &B,
+        ids: &[u32],
+        cache: &mut KvCache<B>,
+        capture: &Capture,
+    ) -> Result<ForwardOutput<B>> {
+        static CAUSAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let causal =
+            *CAUSAL.get_or_init(|| std::env::var("DRAFTLENS_VERIFY").is_ok_and(|v| v == "causal"));
+        let rows = if !causal && ids.len() <= be.max_independent_rows() {
+            CachedRows::AsDecodeSteps
+        } else {
+            CachedRows::Causal
+        };
+        self.forward_cached(be, ids, cache, capture, rows)
+    }
+
+    fn forward_cached(
+        &self,
+        be: &B,
+        ids: &[u32],
+        cache: &mut KvCache<B>,
+        capture: &Capture,
+        rows: CachedRows,
+    ) -> Result<ForwardOutput<B>> {
         let start = cache.len;
         let limit = self.spec.max_position_embeddings;
         if start + ids.len() > limit {
@@ -594,10 +658,10 @@ impl<B: Backend> TargetModel<B> {
             );
         }
         if self.is_hybrid() {
-            cache.take_checkpoint(be, ids)?;
+            cache.take_checkpoint(be, ids, rows)?;
         }
         let out = self.run_layers(be, ids, capture, |i, layer, h| {
-            layer.forward(be, h, start, &mut cache.layers[i])
+            layer.forward(be, h, start, &mut cache.layers[i], rows)
         })?;
         cache.len += ids.len();
         Ok(out)
@@ -650,7 +714,7 @@ impl<B: Backend> TargetModel<B> {
         }
         let replay = &cp.ids[..len - cp.len];
         if !replay.is_empty() {
-            self.forward(be, replay, cache, &Capture::none())?;
+            self.forward_cached(be, replay, cache, &Capture::none(), cp.rows)?;
         }
         Ok(())
     }

@@ -368,6 +368,20 @@ impl Backend for CudaBackend {
         self.attention_decode_batched(q, k, v, shape, caches, AttnExtras::NONE)
     }
 
+    /// The rows appended first, then one decode-attention launch ([`CudaBackend::attention_verify_rows`]).
+    fn attention_verify(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        slot: KvSlot<'_, CudaTensor>,
+        extras: AttnExtras<'_>,
+    ) -> Result<CudaTensor> {
+        extras.check(shape, None)?;
+        self.attention_verify_rows(q, k, v, shape, slot, extras)
+    }
+
     /// Fused path ([`CudaBackend::attention_decode_packed`]: norm + RoPE in place, the attention
     /// reading q/k/v from the QKV columns) when the model has q/k norms and the decode kernel
     /// covers the shape; else the unfused composition.

@@ -456,6 +456,58 @@ impl CudaBackend {
         self.attention_decode_rows(rows, shape, caches, None, extras)
     }
 
+    /// [`Backend::attention_verify`] in one launch: the T rows' k/v are appended to the one
+    /// sequence's caches first, then row t runs as the decode step at length `len + t` would
+    /// (the same chunks, a function of that length, and the same arithmetic), reading the keys
+    /// before it from the cache and its own from its row; the kernel is told not to store them
+    /// again. Shapes the kernel does not cover take the default (row after row).
+    pub(crate) fn attention_verify_rows(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+        mut slot: KvSlot<'_, CudaTensor>,
+        extras: AttnExtras<'_>,
+    ) -> Result<CudaTensor> {
+        if !Self::decode_attention_fits(shape) {
+            return crate::backend::compose::attention_verify_per_row(
+                self, q, k, v, shape, slot, extras,
+            );
+        }
+        shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
+        ensure!(
+            k.rows == q.rows && v.rows == q.rows,
+            "attention_verify: {} query rows, {} k rows, {} v rows",
+            q.rows,
+            k.rows,
+            v.rows
+        );
+        let kvd = shape.kv_heads * shape.head_dim;
+        let (kc, vc) = self.kv_caches(&mut slot, kvd, 0)?;
+        let len = kc.rows;
+        self.append_rows_in_place(kc, k)?;
+        self.append_rows_in_place(vc, v)?;
+        let (kp, vp) = (self.ptr(&kc.buf), self.ptr(&vc.buf));
+        let table: Vec<DaRow> = (0..q.rows)
+            .map(|t| DaRow {
+                k: kp,
+                v: vp,
+                len: len + t,
+                pos: 0,
+            })
+            .collect();
+        let rows = DecodeRows {
+            rows: q.rows,
+            q: self.ptr(&q.buf),
+            k: self.ptr(&k.buf),
+            v: self.ptr(&v.buf),
+            ldq: q.cols,
+            ldkv: k.cols,
+        };
+        self.decode_attention_launch(rows, shape, &table, None, extras, true)
+    }
+
     /// [`Backend::attention_decode_qkv`] in one launch: the decode attention reads q, k and v
     /// straight from the fused QKV output's columns and applies the per-head q/k norm and RoPE
     /// itself (`DaNorm` in kernels/decode_attention.cu), with the arithmetic of
@@ -521,8 +573,8 @@ impl CudaBackend {
         self.attention_decode_rows(rows, shape, caches, norm_args, AttnExtras::NONE)
     }
 
-    /// The decode attention over `rows` (see [`DecodeRows`]); `shape` must be covered
-    /// ([`CudaBackend::decode_attention_fits`]).
+    /// The decode attention over `src`'s rows, row r appended to `caches[r]` and attending over
+    /// it (see [`DecodeRows`]); `shape` must be covered ([`CudaBackend::decode_attention_fits`]).
     fn attention_decode_rows(
         &self,
         src: DecodeRows,
@@ -531,41 +583,13 @@ impl CudaBackend {
         norm: Option<DecodeNorm<'_>>,
         extras: AttnExtras<'_>,
     ) -> Result<CudaTensor> {
-        let AttnShape {
-            heads,
-            kv_heads,
-            head_dim: hd,
-        } = shape;
-        let func = decode_attention_func(hd);
-        let group = heads / kv_heads;
+        let kvd = shape.kv_heads * shape.head_dim;
         let rows = src.rows;
         ensure!(
             rows == caches.len(),
             "attention_decode: {rows} query rows for {} caches",
             caches.len()
         );
-        let kvd = kv_heads * hd;
-        let out = self.new_tensor(rows, heads * hd)?;
-        if rows == 0 {
-            return Ok(out);
-        }
-        let mut table = DecodeKvTable {
-            k: [0; DA_MAX_ROWS],
-            v: [0; DA_MAX_ROWS],
-            len: [0; DA_MAX_ROWS],
-            pos: [0; DA_MAX_ROWS],
-        };
-        let norm_args = norm.as_ref().map(|n| n.args).unwrap_or_default();
-        let extra_args = DecodeExtrasArgs {
-            sinks: match extras.sinks {
-                Some(s) => self.f32_table(s)?,
-                None => 0,
-            },
-            window: match extras.window {
-                Some(w) => i32::try_from(w).unwrap_or(i32::MAX),
-                None => 0,
-            },
-        };
         if let Some(n) = &norm {
             ensure!(
                 n.positions.len() == rows,
@@ -577,112 +601,20 @@ impl CudaBackend {
                 "attention_decode: position beyond 2^31"
             );
         }
-        let f = self.kernels.get("decode_attention", func)?;
-        let (h32, hk32, scale_log2) = (
-            heads as i32,
-            kv_heads as i32,
-            std::f32::consts::LOG2_E / (hd as f32).sqrt(),
-        );
-        let (ldq, ldkv) = (src.ldq as i64, src.ldkv as i64);
-        // The most key chunks of any sequence in the current launch (sizes its scratch only).
-        let mut nchunks = 1usize;
+        let mut table = Vec::with_capacity(rows);
         for (r, slot) in caches.iter_mut().enumerate() {
-            for c in [&mut *slot.k, &mut *slot.v] {
-                if c.is_none() {
-                    *c = Some(self.new_tensor(0, kvd)?);
-                }
-            }
-            let (kc, vc) = match (slot.k.as_mut(), slot.v.as_mut()) {
-                (Some(kc), Some(vc)) => (kc, vc),
-                _ => unreachable!("both caches were just created"),
-            };
-            ensure!(
-                kc.cols == kvd && vc.cols == kvd && kc.rows == vc.rows,
-                "attention_decode: cache {r} is k [{}, {}], v [{}, {}], expected [len, {kvd}] each",
-                kc.rows,
-                kc.cols,
-                vc.rows,
-                vc.cols
-            );
-            ensure!(
-                kc.rows < (i32::MAX as usize) / 2,
-                "attention_decode: cache {r} too long"
-            );
-            nchunks = nchunks.max(decode_attn_chunks(kc.rows));
+            let (kc, vc) = self.kv_caches(slot, kvd, r)?;
             self.reserve_rows(kc, 1)?;
             self.reserve_rows(vc, 1)?;
-            let i = r % DA_MAX_ROWS;
-            table.k[i] = self.ptr(&kc.buf);
-            table.v[i] = self.ptr(&vc.buf);
-            table.len[i] = kc.rows as i32;
-            table.pos[i] = norm.as_ref().map(|n| n.positions[r] as i32).unwrap_or(0);
-            // One launch per DA_MAX_ROWS sequences (the table travels as a kernel parameter).
-            if i + 1 == DA_MAX_ROWS || r + 1 == rows {
-                let r0 = r - i;
-                let (qp, kp, vp, op) = (
-                    src.q + (r0 * src.ldq * 2) as u64,
-                    src.k + (r0 * src.ldkv * 2) as u64,
-                    src.v + (r0 * src.ldkv * 2) as u64,
-                    self.ptr(&out.buf) + (r0 * heads * hd * 2) as u64,
-                );
-                // Split-KV partials, freed (stream-ordered) after the launch has merged them,
-                // and the arrival counters (one per sequence and KV head, zero between launches).
-                let scratch = if nchunks > 1 {
-                    let n = (i + 1) * heads * nchunks;
-                    Some((self.alloc::<f32>(n * hd)?, self.alloc::<f32>(n * 2)?))
-                } else {
-                    None
-                };
-                let (po, pml) = scratch
-                    .as_ref()
-                    .map(|(o, ml)| (self.ptr(o), self.ptr(ml)))
-                    .unwrap_or((0, 0));
-                let cnt = if nchunks > 1 {
-                    self.decode_attention_counters((i + 1) * kv_heads)?
-                } else {
-                    0
-                };
-                let nc32 = nchunks as i32;
-                let bps = self.decode_attention_blocks(shape, i + 1)?.0.min(nchunks);
-                let bps32 = bps as i32;
-                let mut b = self.stream.launch_builder(&f);
-                b.arg(&qp)
-                    .arg(&kp)
-                    .arg(&vp)
-                    .arg(&ldq)
-                    .arg(&ldkv)
-                    .arg(&op)
-                    .arg(&table)
-                    .arg(&norm_args)
-                    .arg(&extra_args)
-                    .arg(&h32)
-                    .arg(&hk32)
-                    .arg(&scale_log2)
-                    .arg(&nc32)
-                    .arg(&bps32)
-                    .arg(&po)
-                    .arg(&pml)
-                    .arg(&cnt);
-                // SAFETY: signature of DA_ENTRY in kernels/decode_attention.cu (const bf16* ×3,
-                // ll, ll, bf16*, DaTable, DaNorm, DaExtras by value, int, int, float, int, int,
-                // float*, float2*, u32*); rows r0..=r of q/k/v (row strides ldq/ldkv) and out exist; every
-                // cache has room for one more row (reserve_rows) and the table holds (k, v, len,
-                // pos) of those rows; DaNorm's pointers are null or the norm weights (hd values
-                // each) and the RoPE table (rotary_dim / 2 values); DaExtras' sinks are null or
-                // `heads` floats (AttnExtras::check); with nchunks > 1 the partials
-                // hold (i + 1) × heads × nchunks × (hd + 2) floats, the counters (i + 1) ×
-                // kv_heads zeroed words, and no sequence has more than nchunks chunks.
-                unsafe {
-                    b.launch(LaunchConfig {
-                        grid_dim: (bps as u32, kv_heads as u32, (i + 1) as u32),
-                        block_dim: ((group * 32) as u32, 1, 1),
-                        shared_mem_bytes: 0,
-                    })
-                }
-                .map_err(derr(func))?;
-                nchunks = 1;
-            }
+            table.push(DaRow {
+                k: self.ptr(&kc.buf),
+                v: self.ptr(&vc.buf),
+                len: kc.rows,
+                pos: norm.as_ref().map(|n| n.positions[r]).unwrap_or(0),
+            });
         }
+        let out =
+            self.decode_attention_launch(src, shape, &table, norm.map(|n| n.args), extras, false)?;
         for slot in caches.iter_mut() {
             for t in [slot.k.as_mut(), slot.v.as_mut()].into_iter().flatten() {
                 t.rows += 1;
@@ -690,6 +622,185 @@ impl CudaBackend {
         }
         Ok(out)
     }
+
+    /// A sequence's K and V caches (created empty `[0, kvd]` if absent), checked.
+    fn kv_caches<'s>(
+        &self,
+        slot: &'s mut KvSlot<'_, CudaTensor>,
+        kvd: usize,
+        r: usize,
+    ) -> Result<(&'s mut CudaTensor, &'s mut CudaTensor)> {
+        for c in [&mut *slot.k, &mut *slot.v] {
+            if c.is_none() {
+                *c = Some(self.new_tensor(0, kvd)?);
+            }
+        }
+        let (kc, vc) = match (slot.k.as_mut(), slot.v.as_mut()) {
+            (Some(kc), Some(vc)) => (kc, vc),
+            _ => unreachable!("both caches were just created"),
+        };
+        ensure!(
+            kc.cols == kvd && vc.cols == kvd && kc.rows == vc.rows,
+            "attention_decode: cache {r} is k [{}, {}], v [{}, {}], expected [len, {kvd}] each",
+            kc.rows,
+            kc.cols,
+            vc.rows,
+            vc.cols
+        );
+        ensure!(
+            kc.rows < (i32::MAX as usize) / 2,
+            "attention_decode: cache {r} too long"
+        );
+        Ok((kc, vc))
+    }
+
+    /// Queue the decode attention of `src`'s rows, row r over `table[r]` (one launch per
+    /// [`DA_MAX_ROWS`] rows: the table travels as a kernel parameter). Each cache must have room
+    /// for the row's new k/v at position `len`, which the kernel stores there unless `appended`
+    /// says it already holds them (a verify pass: [`CudaBackend::attention_verify_rows`]).
+    fn decode_attention_launch(
+        &self,
+        src: DecodeRows,
+        shape: AttnShape,
+        table: &[DaRow],
+        norm: Option<DecodeNormArgs>,
+        extras: AttnExtras<'_>,
+        appended: bool,
+    ) -> Result<CudaTensor> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+        } = shape;
+        let func = decode_attention_func(hd);
+        let group = heads / kv_heads;
+        let rows = src.rows;
+        ensure!(
+            rows == table.len(),
+            "attention_decode: {rows} query rows for {} caches",
+            table.len()
+        );
+        let out = self.new_tensor(rows, heads * hd)?;
+        if rows == 0 {
+            return Ok(out);
+        }
+        let norm_args = norm.unwrap_or_default();
+        let extra_args = DecodeExtrasArgs {
+            sinks: match extras.sinks {
+                Some(s) => self.f32_table(s)?,
+                None => 0,
+            },
+            window: match extras.window {
+                Some(w) => i32::try_from(w).unwrap_or(i32::MAX),
+                None => 0,
+            },
+            appended: appended as i32,
+        };
+        let f = self.kernels.get("decode_attention", func)?;
+        let (h32, hk32, scale_log2) = (
+            heads as i32,
+            kv_heads as i32,
+            std::f32::consts::LOG2_E / (hd as f32).sqrt(),
+        );
+        let (ldq, ldkv) = (src.ldq as i64, src.ldkv as i64);
+        for (part, r0) in table
+            .chunks(DA_MAX_ROWS)
+            .zip((0..rows).step_by(DA_MAX_ROWS))
+        {
+            let n = part.len();
+            let mut t = DecodeKvTable {
+                k: [0; DA_MAX_ROWS],
+                v: [0; DA_MAX_ROWS],
+                len: [0; DA_MAX_ROWS],
+                pos: [0; DA_MAX_ROWS],
+            };
+            for (i, row) in part.iter().enumerate() {
+                t.k[i] = row.k;
+                t.v[i] = row.v;
+                t.len[i] = row.len as i32;
+                t.pos[i] = row.pos as i32;
+            }
+            // The most key chunks of any sequence in this launch (sizes its scratch only).
+            let nchunks = part
+                .iter()
+                .map(|row| decode_attn_chunks(row.len))
+                .max()
+                .unwrap_or(1);
+            let (qp, kp, vp, op) = (
+                src.q + (r0 * src.ldq * 2) as u64,
+                src.k + (r0 * src.ldkv * 2) as u64,
+                src.v + (r0 * src.ldkv * 2) as u64,
+                self.ptr(&out.buf) + (r0 * heads * hd * 2) as u64,
+            );
+            // Split-KV partials, freed (stream-ordered) after the launch has merged them, and
+            // the arrival counters (one per sequence and KV head, zero between launches).
+            let scratch = if nchunks > 1 {
+                let m = n * heads * nchunks;
+                Some((self.alloc::<f32>(m * hd)?, self.alloc::<f32>(m * 2)?))
+            } else {
+                None
+            };
+            let (po, pml) = scratch
+                .as_ref()
+                .map(|(o, ml)| (self.ptr(o), self.ptr(ml)))
+                .unwrap_or((0, 0));
+            let cnt = if nchunks > 1 {
+                self.decode_attention_counters(n * kv_heads)?
+            } else {
+                0
+            };
+            let nc32 = nchunks as i32;
+            let bps = self.decode_attention_blocks(shape, n)?.0.min(nchunks);
+            let bps32 = bps as i32;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&qp)
+                .arg(&kp)
+                .arg(&vp)
+                .arg(&ldq)
+                .arg(&ldkv)
+                .arg(&op)
+                .arg(&t)
+                .arg(&norm_args)
+                .arg(&extra_args)
+                .arg(&h32)
+                .arg(&hk32)
+                .arg(&scale_log2)
+                .arg(&nc32)
+                .arg(&bps32)
+                .arg(&po)
+                .arg(&pml)
+                .arg(&cnt);
+            // SAFETY: signature of DA_ENTRY in kernels/decode_attention.cu (const bf16* ×3,
+            // ll, ll, bf16*, DaTable, DaNorm, DaExtras by value, int, int, float, int, int,
+            // float*, float2*, u32*); rows r0..r0+n of q/k/v (row strides ldq/ldkv) and out
+            // exist; every cache has room for row `len` (the callers reserve or append it) and
+            // the table holds (k, v, len, pos) of those rows; DaNorm's pointers are null or the
+            // norm weights (hd values each) and the RoPE table (rotary_dim / 2 values);
+            // DaExtras' sinks are null or `heads` floats (AttnExtras::check); with nchunks > 1
+            // the partials hold n × heads × nchunks × (hd + 2) floats, the counters n × kv_heads
+            // zeroed words, and no sequence has more than nchunks chunks.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (bps as u32, kv_heads as u32, n as u32),
+                    block_dim: ((group * 32) as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr(func))?;
+        }
+        Ok(out)
+    }
+}
+
+/// One row of a decode-attention launch: its K and V caches' addresses, the keys they hold
+/// before the row (its new k/v go to position `len`), and its token's RoPE position (with
+/// [`DecodeNorm`] only).
+#[derive(Clone, Copy)]
+struct DaRow {
+    k: u64,
+    v: u64,
+    len: usize,
+    pos: u32,
 }
 
 /// The q/k norm and RoPE the decode attention applies itself, with each row's position.
@@ -786,15 +897,17 @@ struct DecodeNormArgs {
 unsafe impl cudarc::driver::DeviceRepr for DecodeNormArgs {}
 
 /// `DaExtras` of kernels/decode_attention.cu: gpt-oss's sink logits (one f32 per query head,
-/// 0: none) and sliding window (keys; 0: none).
+/// 0: none) and sliding window (keys; 0: none), and whether the caches already hold each row's
+/// new k/v (1: a verify pass appended them before the launch; the kernel does not store them).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct DecodeExtrasArgs {
     sinks: u64,
     window: i32,
+    appended: i32,
 }
 
-// SAFETY: plain-old-data with the C layout of DaExtras (a pointer, an int; padded alike).
+// SAFETY: plain-old-data with the C layout of DaExtras (a pointer, two ints).
 unsafe impl cudarc::driver::DeviceRepr for DecodeExtrasArgs {}
 
 /// The kernel instance for `nt` row tiles of 8 and `mt` 16-feature tiles per warp.

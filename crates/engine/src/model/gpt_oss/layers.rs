@@ -12,7 +12,7 @@ use crate::formats::{HostTensor, WeightSource};
 use crate::model::config::ModelSpec;
 use crate::model::kv_cache::LayerCache;
 use crate::model::moe::{route_topk_softmax, RoutingPlan};
-use crate::model::transformer::{load_matrix, load_vector, Attention};
+use crate::model::transformer::{load_matrix, load_vector, Attention, CachedRows};
 use anyhow::{bail, Context, Result};
 
 /// What a gpt-oss attention layer adds to [`Attention`] (whose q/k/v projections, their biases
@@ -101,6 +101,7 @@ impl<B: Backend> GptOssAttention<B> {
     }
 
     /// [`Attention::forward`]: the new tokens at `start..` over one sequence's cache.
+    #[allow(clippy::too_many_arguments)] // Attention::forward's arguments and the layer
     pub fn forward(
         &self,
         a: &Attention<B>,
@@ -109,6 +110,7 @@ impl<B: Backend> GptOssAttention<B> {
         start: usize,
         cache: &mut LayerCache<B>,
         h: &mut B::Tensor,
+        rows: CachedRows,
     ) -> Result<()> {
         let t = be.dims(x).0;
         let positions: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
@@ -117,16 +119,21 @@ impl<B: Backend> GptOssAttention<B> {
             k: &mut cache.k,
             v: &mut cache.v,
         };
-        let o = crate::backend::gpt_oss::append_and_attend_ext(
-            be,
-            slot,
-            &q,
-            k,
-            v,
-            a.shape,
-            start,
-            self.extras(),
-        )?;
+        let o = match rows {
+            CachedRows::Causal => crate::backend::gpt_oss::append_and_attend_ext(
+                be,
+                slot,
+                &q,
+                k,
+                v,
+                a.shape,
+                start,
+                self.extras(),
+            )?,
+            CachedRows::AsDecodeSteps => {
+                be.attention_verify(&q, &k, &v, a.shape, slot, self.extras())?
+            }
+        };
         self.output(a, be, &o, h)
     }
 
