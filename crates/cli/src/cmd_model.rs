@@ -257,7 +257,13 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
         } else {
             "f32 on cpu (dequantised at load); bf16 on cuda"
         },
-        cuda_memory: draftlens_engine::backend::memory::MemoryModel::new(&f.spec, "bf16").estimate(
+        // MXFP4 experts as the CUDA backend will hold them (packed unless DRAFTLENS_MXFP4=bf16).
+        cuda_memory: draftlens_engine::backend::memory::MemoryModel::with_mxfp4(
+            &f.spec,
+            "bf16",
+            draftlens_engine::backend::mxfp4::packed_mode_from_env()?,
+        )
+        .estimate(
             a.gen_batch as u64,
             a.prompt_tokens as u64,
             a.max_new_tokens as u64,

@@ -9,8 +9,10 @@
 //! bf16; 4 on the CPU):
 //!
 //! - **weights**: [`ModelSpec::stored_params`] (every tensor the loader uploads, counted from
-//!   the config) × `e`. gpt-oss's MXFP4 experts are dequantised at load, so they count at `e`
-//!   too (docs/moe-models.md); a checkpoint's vision tower or MTP head is not loaded, not counted;
+//!   the config) × `e`. gpt-oss's MXFP4 experts count at `e` too where they are dequantised at
+//!   load (the CPU; CUDA with `DRAFTLENS_MXFP4=bf16`), and at 17 bytes per 32 parameters where
+//!   the backend keeps them packed (CUDA's default: [`MemoryModel::with_mxfp4`],
+//!   docs/moe-models.md); a checkpoint's vision tower or MTP head is not loaded, not counted;
 //! - **workspace**: [`WORKSPACE_BYTES`] (GEMM workspaces, kernel tables, the pool's rounding);
 //! - **decoding** (prompts prefilled one at a time, then decoded together): per sequence the K/V
 //!   of every attention layer (`2·kvd·e` per position; gpt-oss's sliding layers keep every
@@ -84,7 +86,8 @@ pub struct MemoryModel {
     pub elem: u64,
     /// Bytes of all weights on the device.
     pub weights: u64,
-    /// How the weights are held ("bf16"; gpt-oss MXFP4: dequantised at load), for messages.
+    /// How the weights are held ("bf16"; gpt-oss MXFP4: dequantised at load, or packed), for
+    /// messages.
     pub weights_as: String,
     /// Activation elements per row of a layer's mixer or MLP working set, the largest layer's.
     layer_peak: u64,
@@ -161,6 +164,27 @@ impl MemoryModel {
             attention_layers,
             state_per_sequence,
         }
+    }
+
+    /// [`MemoryModel::new`] on a backend that keeps MXFP4 expert weights packed when
+    /// `mxfp4_packed` ([`crate::backend::Backend::mxfp4_packed`]): a gpt-oss MXFP4 checkpoint's
+    /// expert weights then count at their packed bytes ([`crate::backend::mxfp4::packed_bytes`],
+    /// 17 per 32 parameters) instead of `e` each; everything else as [`MemoryModel::new`].
+    pub fn with_mxfp4(spec: &ModelSpec, dtype: &str, mxfp4_packed: bool) -> MemoryModel {
+        let mut m = MemoryModel::new(spec, dtype);
+        let mxfp4 = spec.gpt_oss.as_ref().is_some_and(|g| g.mxfp4());
+        if let (true, true, Some(moe)) = (mxfp4_packed, mxfp4, &spec.moe) {
+            let (d, i) = (spec.hidden_size, moe.moe_intermediate_size);
+            let matrices = (spec.num_layers * moe.num_experts) as u64;
+            // Per expert: gate|up [2I, D] and down [D, I].
+            let params = matrices * (2 * i * d + d * i) as u64;
+            let packed = matrices
+                * (crate::backend::mxfp4::packed_bytes(2 * i, d)
+                    + crate::backend::mxfp4::packed_bytes(d, i)) as u64;
+            m.weights = m.weights - params * m.elem + packed;
+            m.weights_as = format!("{dtype}; its MXFP4 experts kept packed");
+        }
+        m
     }
 
     /// Activation bytes per row of a forward that captures `taps` hidden states.
@@ -251,7 +275,8 @@ pub struct Estimate {
     pub new_tokens: u64,
     /// Hidden states the target pass captures.
     pub taps: u64,
-    /// How the weights are held ("bf16", "f32"; gpt-oss MXFP4 experts dequantised at load).
+    /// How the weights are held ("bf16", "f32"; gpt-oss MXFP4 experts dequantised at load, or
+    /// kept packed).
     pub weights_as: String,
     pub weights_bytes: u64,
     pub workspace_bytes: u64,

@@ -23,6 +23,7 @@ pub mod host_rows;
 pub mod mask;
 pub mod memory;
 pub mod moe;
+pub mod mxfp4;
 pub mod raw;
 mod select;
 mod seq_starts;
@@ -962,6 +963,40 @@ pub trait Backend: Send + Sync + 'static {
         let out: usize = parts.iter().map(|p| p.rows).sum();
         let data = raw::stacked_to_f32(parts, inp)?;
         self.matrix(&data, out, inp)
+    }
+    /// A weight `[out, inp]` from MXFP4 blocks and scales (`blocks` `out · inp / 2` bytes,
+    /// `scales` `out · inp / 32` e8m0 exponents, row-major, as [`mxfp4`] describes them; gpt-oss's
+    /// experts): the matrix [`Backend::matrix`] builds from their dequantised values, or one that
+    /// computes exactly as it does. Checked here ([`mxfp4::check`]: whole groups, the lengths, no
+    /// scale of 255), then [`Backend::matrix_mxfp4_impl`].
+    fn matrix_mxfp4(
+        &self,
+        blocks: &[u8],
+        scales: &[u8],
+        out: usize,
+        inp: usize,
+    ) -> Result<Self::Matrix> {
+        mxfp4::check(blocks, scales, out, inp)?;
+        self.matrix_mxfp4_impl(blocks, scales, out, inp)
+    }
+    /// [`Backend::matrix_mxfp4`] of checked bytes. The default dequantises on the host
+    /// ([`mxfp4::dequantize`], the CPU reference's values) and calls [`Backend::matrix_impl`]; the
+    /// CUDA backend keeps the bytes packed on the device instead (`backend/cuda/mxfp4.rs`) unless
+    /// `DRAFTLENS_MXFP4=bf16`.
+    fn matrix_mxfp4_impl(
+        &self,
+        blocks: &[u8],
+        scales: &[u8],
+        out: usize,
+        inp: usize,
+    ) -> Result<Self::Matrix> {
+        self.matrix_impl(&mxfp4::dequantize(blocks, scales)?, out, inp)
+    }
+    /// Whether [`Backend::matrix_mxfp4`] keeps the bytes packed on the device (17 bytes per 32
+    /// values instead of the dtype's width per value): what the memory estimate counts
+    /// (`memory::MemoryModel::with_mxfp4`). False by default.
+    fn mxfp4_packed(&self) -> bool {
+        false
     }
     /// Device memory free for new allocations, in bytes; `None` when the backend cannot tell
     /// (the CPU: host memory is the operating system's business). The memory checks

@@ -161,12 +161,21 @@ impl Mxfp4Tensor {
 
     /// Matrix `e` (`[R, C]`, row-major) dequantised to f32.
     pub fn dequantize(&self, e: usize) -> Result<Vec<f32>> {
+        let (blocks, scales) = self.expert_bytes(e)?;
+        let mut out = vec![0f32; blocks.len() * 2];
+        dequantize_into(blocks, scales, &mut out).expect("expert_bytes refused scales of 255");
+        Ok(out)
+    }
+
+    /// Matrix `e`'s blocks (`R · C / 2` bytes) and scales (`R · C / 32`), row-major, as stored,
+    /// after refusing a scale of 255 (NaN in e8m0) by tensor, expert, row and group: what a
+    /// backend keeping MXFP4 packed uploads (`crate::backend::Backend::matrix_mxfp4`).
+    pub fn expert_bytes(&self, e: usize) -> Result<(&[u8], &[u8])> {
         let [_, r, c] = self.shape;
         let (nb, ns) = (r * c / 2, r * c / BLOCK);
         let blocks = &self.blocks.bytes()[e * nb..(e + 1) * nb];
         let scales = &self.scales.bytes()[e * ns..(e + 1) * ns];
-        let mut out = vec![0f32; r * c];
-        if let Err(g) = dequantize_into(blocks, scales, &mut out) {
+        if let Some(g) = scales.iter().position(|&s| e8m0(s).is_none()) {
             bail!(
                 "{}: tensor {}_scales holds 255 (not a number in e8m0) at expert {e}, row {}, group {}",
                 self.scales.file.display(),
@@ -175,7 +184,7 @@ impl Mxfp4Tensor {
                 g % (c / BLOCK)
             );
         }
-        Ok(out)
+        Ok((blocks, scales))
     }
 }
 

@@ -75,7 +75,21 @@ impl Backend for CudaBackend {
             buf: self.upload_bf16(data)?,
             out,
             inp,
+            mxfp4: None,
         })
+    }
+    /// Kept packed (mxfp4.rs) unless `DRAFTLENS_MXFP4=bf16`.
+    fn matrix_mxfp4_impl(
+        &self,
+        blocks: &[u8],
+        scales: &[u8],
+        out: usize,
+        inp: usize,
+    ) -> Result<CudaMatrix> {
+        self.upload_mxfp4(blocks, scales, out, inp)
+    }
+    fn mxfp4_packed(&self) -> bool {
+        self.mxfp4_packed_mode().unwrap_or(false)
     }
     fn matrix_dims(&self, m: &CudaMatrix) -> (usize, usize) {
         (m.out, m.inp)
@@ -89,6 +103,9 @@ impl Backend for CudaBackend {
     }
 
     fn matmul_impl(&self, x: &CudaTensor, w: &CudaMatrix) -> Result<CudaTensor> {
+        if w.mxfp4.is_some() {
+            return self.matmul_impl(x, &self.mxfp4_to_bf16(w)?);
+        }
         let y = self.new_tensor(x.rows, w.out)?;
         if x.rows <= MAX_DECODE_ROWS {
             // Batch-invariant: a row's bits do not depend on its batch-mates (decode.rs).
@@ -279,6 +296,9 @@ impl Backend for CudaBackend {
 
     /// [`CudaBackend::matmul_acc`]: the residual add in the GEMM epilogue.
     fn matmul_acc(&self, x: &CudaTensor, w: &CudaMatrix, acc: &mut CudaTensor) -> Result<()> {
+        if w.mxfp4.is_some() {
+            return CudaBackend::matmul_acc(self, x, &self.mxfp4_to_bf16(w)?, acc);
+        }
         CudaBackend::matmul_acc(self, x, w, acc)
     }
 

@@ -19,8 +19,9 @@ const COMMON: &str = include_str!("../../../../../kernels/common.cuh");
 
 /// (module name, source) of every kernel module. `kernels/fused.cu` (the fused forward's SwiGLU)
 /// and `kernels/moe.cu` (the mixture of experts' routing and combine) are compiled as part of the
-/// `elementwise` module, `kernels/moe_gemm.cu` (the experts' grouped GEMM) as part of `decode`,
-/// after `kernels/decode_gemm.cu` whose device functions it uses; their `#line` directives keep
+/// `elementwise` module, `kernels/moe_gemm.cu` (the experts' grouped GEMM) and `kernels/mxfp4.cu`
+/// (its twin on packed MXFP4 experts) as part of `decode`, after `kernels/decode_gemm.cu` whose
+/// device functions they use; their `#line` directives keep
 /// NVRTC's messages pointing at the right file.
 const SOURCES: &[(&str, &str)] = &[
     (
@@ -46,7 +47,9 @@ const SOURCES: &[(&str, &str)] = &[
         concat!(
             include_str!("../../../../../kernels/decode_gemm.cu"),
             "\n#line 1 \"kernels/moe_gemm.cu\"\n",
-            include_str!("../../../../../kernels/moe_gemm.cu")
+            include_str!("../../../../../kernels/moe_gemm.cu"),
+            "\n#line 1 \"kernels/mxfp4.cu\"\n",
+            include_str!("../../../../../kernels/mxfp4.cu")
         ),
     ),
     (
@@ -461,6 +464,9 @@ impl CudaBackend {
             ("decode", "decode_gemm_n8_m2"),
             ("decode", "moe_grouped_gemm_n1_m1"),
             ("decode", "moe_grouped_gemm_n8_m2"),
+            ("decode", "moe_grouped_gemm_mxfp4_n1_m1"),
+            ("decode", "moe_grouped_gemm_mxfp4_n8_m2"),
+            ("decode", "mxfp4_dequant_bf16"),
             ("elementwise", "moe_route"),
             ("elementwise", "moe_plan_fill"),
             ("elementwise", "moe_add_group_bias_bf16"),

@@ -100,7 +100,12 @@ impl CudaBackend {
     ) -> Result<CudaMatrix> {
         let mut buf = self.alloc(out * inp)?;
         self.fill_random(&mut buf, out * inp, std_dev, 0.0, seed)?;
-        Ok(CudaMatrix { buf, out, inp })
+        Ok(CudaMatrix {
+            buf,
+            out,
+            inp,
+            mxfp4: None,
+        })
     }
 
     pub(super) fn fill_random(
@@ -231,6 +236,7 @@ impl CudaBackend {
             buf: self.upload(data)?,
             out,
             inp,
+            mxfp4: None,
         })
     }
 
@@ -266,7 +272,12 @@ impl CudaBackend {
             }
             off += n;
         }
-        Ok(CudaMatrix { buf, out, inp })
+        Ok(CudaMatrix {
+            buf,
+            out,
+            inp,
+            mxfp4: None,
+        })
     }
 
     /// Copies `cols` columns of `rows` rows of `src` (all of them in order, or the rows listed in

@@ -25,6 +25,7 @@
 //! | `upload.rs` | weight uploads from raw checkpoint bytes |
 //! | `gemm.rs` | GEMMs: cuBLASLt plans and tuning, `cublasGemmEx` |
 //! | `decode.rs` | the batch-invariant decode GEMM and decode attention |
+//! | `moe.rs`, `mxfp4.rs` | mixtures of experts routed on the device; MXFP4 experts kept packed |
 //! | `elementwise.rs` | norms, RoPE, SwiGLU |
 //! | `mask.rs` | attention masks as per-query key intervals |
 //! | `attention.rs` | prefill attention launches |
@@ -48,6 +49,7 @@ mod kernels;
 mod mask;
 mod memory;
 mod moe;
+mod mxfp4;
 pub mod nvml;
 mod probe;
 mod upload;
@@ -76,11 +78,16 @@ pub struct CudaTensor {
     cols: usize,
 }
 
-/// A bf16 weight `[out, in]` in device memory.
+/// A bf16 weight `[out, in]` in device memory, or an MXFP4 one kept packed (`mxfp4.rs`).
 pub struct CudaMatrix {
+    /// The bf16 values; one unused element when `mxfp4` holds the weight.
     buf: CudaSlice<bf16>,
     out: usize,
     inp: usize,
+    /// The packed bytes of an MXFP4 weight (`Backend::matrix_mxfp4`: gpt-oss's experts). Only the
+    /// grouped GEMM of the device-routed experts reads them; `matmul` and `matmul_acc` dequantise
+    /// such a weight to bf16 first (`mxfp4.rs`), and nothing else is given one.
+    mxfp4: Option<mxfp4::PackedMxfp4>,
 }
 
 impl CudaTensor {

@@ -27,10 +27,13 @@ const ROUTE_THREADS: u32 = 128;
 
 /// The device routing's state: whether decode steps route on the device (on unless
 /// `DRAFTLENS_MOE_ROUTING=host`, the A/B switch of docs/benchmarks-cuda.md), and the experts'
-/// weight- and bias-pointer tables, keyed by the pointers they hold (so a table is never stale).
+/// weight- and bias-pointer tables, keyed by the pointers they hold (so a table is never stale);
+/// and how MXFP4 experts are uploaded (`mxfp4.rs`: `DRAFTLENS_MXFP4`, read here once, its error
+/// kept for the first MXFP4 upload).
 pub(crate) struct MoeState {
     on_device: AtomicBool,
     tables: Mutex<HashMap<Vec<u64>, ExpertTables>>,
+    pub(super) mxfp4_packed: Mutex<std::result::Result<bool, String>>,
 }
 
 impl Default for MoeState {
@@ -40,6 +43,9 @@ impl Default for MoeState {
                 std::env::var("DRAFTLENS_MOE_ROUTING").map_or(true, |v| v != "host"),
             ),
             tables: Mutex::new(HashMap::new()),
+            mxfp4_packed: Mutex::new(
+                crate::backend::mxfp4::packed_mode_from_env().map_err(|e| e.to_string()),
+            ),
         }
     }
 }
@@ -55,6 +61,9 @@ struct ExpertTables {
     down: PointerTable,
     /// `(gate|up bias, down bias)` (gpt-oss), or none.
     biases: Option<(PointerTable, PointerTable)>,
+    /// The weights are packed MXFP4 (every one of them: `moe_tables` checks), read by the packed
+    /// grouped GEMM (`mxfp4.rs`).
+    mxfp4: bool,
 }
 
 /// The grouped GEMM instance with `nt` row tiles (its MT follows from NT as in
@@ -317,11 +326,9 @@ impl CudaBackend {
         let mut gu = self.new_tensor(n, 2 * inter)?;
         self.moe_grouped_gemm(
             &xg,
-            &tables.gate_up,
+            (&tables.gate_up, tables.mxfp4),
             &mut gu,
-            &groups,
-            &n_groups,
-            max_groups,
+            (&groups, &n_groups, max_groups),
             max_rows,
         )?;
         drop(xg);
@@ -338,11 +345,9 @@ impl CudaBackend {
         let mut stacked = self.new_tensor(n + shared_out.map_or(0, |s| s.rows), d)?;
         self.moe_grouped_gemm(
             &act,
-            &tables.down,
+            (&tables.down, tables.mxfp4),
             &mut stacked,
-            &groups,
-            &n_groups,
-            max_groups,
+            (&groups, &n_groups, max_groups),
             t,
         )?;
         if let Some((_, down_bias)) = &tables.biases {
@@ -363,16 +368,16 @@ impl CudaBackend {
     }
 
     /// One grouped GEMM launch (`kernels/moe_gemm.cu`): `y[rows of group i] = x[rows of group i]
-    /// · W_eᵀ` for every group of the device table, groups of at most `max_rows` rows.
-    #[allow(clippy::too_many_arguments)]
-    fn moe_grouped_gemm(
+    /// · W_eᵀ` for every group of the device table (`table`: the weights' addresses, and whether
+    /// they are packed MXFP4, which the twin kernel of `mxfp4.rs` reads), groups of at most
+    /// `max_rows` rows; `groups`: the plan's group table, its length on the device, and the
+    /// launch's bound on it.
+    pub(super) fn moe_grouped_gemm(
         &self,
         x: &CudaTensor,
-        table: &CudaSlice<u64>,
+        (table, mxfp4): (&CudaSlice<u64>, bool),
         y: &mut CudaTensor,
-        groups: &CudaSlice<i32>,
-        n_groups: &CudaSlice<i32>,
-        max_groups: usize,
+        (groups, n_groups, max_groups): (&CudaSlice<i32>, &CudaSlice<i32>, usize),
         max_rows: usize,
     ) -> Result<()> {
         let (n_out, k_in) = (y.cols, x.cols);
@@ -380,6 +385,10 @@ impl CudaBackend {
             n_out < i32::MAX as usize && k_in < i32::MAX as usize / 2,
             "grouped GEMM: weight [{n_out}, {k_in}] too large"
         );
+        if mxfp4 {
+            let groups = (groups, n_groups, max_groups);
+            return self.moe_grouped_gemm_mxfp4(x, table, y, groups, max_rows);
+        }
         let (nt, mt) = row_tiling(max_rows);
         let func = grouped_kernel_name(nt);
         let feature_blocks = n_out.div_ceil(features_per_block(mt));
@@ -458,8 +467,8 @@ impl CudaBackend {
         let biases = experts.biases.unwrap_or(&[]);
         let ptrs: Vec<u64> = weights
             .iter()
-            .map(|(g, _)| self.ptr(&g.buf))
-            .chain(weights.iter().map(|(_, d)| self.ptr(&d.buf)))
+            .map(|(g, _)| self.weight_ptr(g))
+            .chain(weights.iter().map(|(_, d)| self.weight_ptr(d)))
             .chain(biases.iter().map(|(g, _)| self.ptr(&g.buf)))
             .chain(biases.iter().map(|(_, d)| self.ptr(&d.buf)))
             .collect();
@@ -468,7 +477,13 @@ impl CudaBackend {
             return Ok(found.clone());
         }
         let inter = weights.first().map_or(0, |(_, down)| down.inp);
+        let mxfp4 = weights.first().is_some_and(|(gu, _)| gu.mxfp4.is_some());
         for (i, (gu, down)) in weights.iter().enumerate() {
+            ensure!(
+                gu.mxfp4.is_some() == mxfp4 && down.mxfp4.is_some() == mxfp4,
+                "mixture of experts: expert {i}'s weights are not all {} as expert 0's",
+                if mxfp4 { "packed MXFP4" } else { "bf16" }
+            );
             ensure!(
                 (gu.out, gu.inp, down.out, down.inp) == (2 * inter, d, d, inter),
                 "mixture of experts: expert {i}'s weights are [{}, {}] and [{}, {}], not [{}, {d}] and [{d}, {inter}]",
@@ -508,6 +523,7 @@ impl CudaBackend {
             } else {
                 None
             },
+            mxfp4,
         };
         tables.insert(ptrs, found.clone());
         Ok(found)

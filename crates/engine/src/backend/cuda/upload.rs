@@ -127,7 +127,12 @@ impl CudaBackend {
                 self.upload_chunk(staging, c, base)?;
             }
         }
-        Ok(CudaMatrix { buf, out, inp })
+        Ok(CudaMatrix {
+            buf,
+            out,
+            inp,
+            mxfp4: None,
+        })
     }
 
     /// This context's staging slots, allocated on first use.

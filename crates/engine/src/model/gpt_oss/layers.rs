@@ -7,7 +7,7 @@
 use super::{rope_freqs, GptOssSpec, SWIGLU_ALPHA, SWIGLU_LIMIT};
 use crate::backend::moe::{ExpertActivation, MoeExperts, MoeRouting, RoutingRule};
 use crate::backend::{AttnExtras, Backend, KvSlot, RopeFreqs, SeqStarts};
-use crate::formats::mxfp4::Mxfp4Tensor;
+use crate::formats::mxfp4::{self, Mxfp4Tensor};
 use crate::formats::{HostTensor, WeightSource};
 use crate::model::config::ModelSpec;
 use crate::model::kv_cache::LayerCache;
@@ -274,6 +274,39 @@ impl StoredExperts<'_> {
         }
     }
 
+    /// Expert `e`'s weight `[out, inp]` on the backend, rows de-interleaved (gate then up) when
+    /// `gate_up` and [`StoredExperts::interleaved`]. MXFP4 blocks go to the backend as bytes
+    /// ([`Backend::matrix_mxfp4`]: the CUDA backend keeps them packed, the CPU dequantises them),
+    /// the other layouts as f32 values.
+    fn upload<B: Backend>(
+        &self,
+        be: &B,
+        e: usize,
+        (out, inp): (usize, usize),
+        gate_up: bool,
+    ) -> Result<B::Matrix> {
+        let rows_interleaved = gate_up && self.interleaved();
+        if let StoredExperts::Mxfp4(t) = self {
+            let (blocks, scales) = t.expert_bytes(e)?;
+            return if rows_interleaved {
+                let (blocks, scales) = (
+                    deinterleave(blocks, inp / 2),
+                    deinterleave(scales, inp / mxfp4::BLOCK),
+                );
+                be.matrix_mxfp4(&blocks, &scales, out, inp)
+            } else {
+                be.matrix_mxfp4(blocks, scales, out, inp)
+            };
+        }
+        let w = self.expert(e)?;
+        let w = if rows_interleaved {
+            deinterleave(&w, inp)
+        } else {
+            w
+        };
+        be.matrix(&w, out, inp)
+    }
+
     /// Whether gate_up's rows (and its bias) alternate gate and up, as in a Hugging Face folder.
     fn interleaved(&self) -> bool {
         !matches!(self, StoredExperts::PerExpert { .. })
@@ -293,8 +326,10 @@ impl StoredExperts<'_> {
 }
 
 /// Rows `[2j]` then rows `[2j + 1]` of a row-major `[2·n, cols]`: transformers' `gate_up[...,
-/// ::2]` (gate) and `gate_up[..., 1::2]` (up) as one stacked gate | up.
-pub(super) fn deinterleave(rows: &[f32], cols: usize) -> Vec<f32> {
+/// ::2]` (gate) and `gate_up[..., 1::2]` (up) as one stacked gate | up. Values or MXFP4 bytes
+/// alike: a packed row is whole groups (blocks and scales), so moving rows of bytes moves rows of
+/// values.
+pub(super) fn deinterleave<T: Copy>(rows: &[T], cols: usize) -> Vec<T> {
     let mut out = Vec::with_capacity(rows.len());
     for first in [0, 1] {
         for r in rows.chunks_exact(cols).skip(first).step_by(2) {
@@ -305,8 +340,9 @@ pub(super) fn deinterleave(rows: &[f32], cols: usize) -> Vec<f32> {
 }
 
 impl<B: Backend> GptOssMoe<B> {
-    /// Layer `layer`'s block (`model.layers.{layer}.mlp`), experts dequantised to f32 on the host
-    /// one at a time and uploaded.
+    /// Layer `layer`'s block (`model.layers.{layer}.mlp`), experts uploaded one at a time: MXFP4
+    /// blocks as bytes (kept packed by the CUDA backend unless `DRAFTLENS_MXFP4=bf16`,
+    /// dequantised on the host otherwise), the other layouts dequantised to f32 on the host.
     pub fn load(
         be: &B,
         src: &dyn WeightSource,
@@ -394,16 +430,12 @@ impl<B: Backend> GptOssMoe<B> {
                     src.path().display()
                 )
             };
-            let gu = gate_up.expert(e)?;
-            let gu = if gate_up.interleaved() {
-                deinterleave(&gu, d)
-            } else {
-                gu
-            };
             experts.push(GptOssExpert {
-                gate_up: be.matrix(&gu, 2 * inter, d).with_context(ctx)?,
+                gate_up: gate_up
+                    .upload(be, e, (2 * inter, d), true)
+                    .with_context(ctx)?,
                 gate_up_bias: be.from_host(gub, 1, 2 * inter).with_context(ctx)?,
-                down: be.matrix(&down.expert(e)?, d, inter).with_context(ctx)?,
+                down: down.upload(be, e, (d, inter), false).with_context(ctx)?,
                 down_bias: be
                     .from_host(&down_bias.data[e * d..(e + 1) * d], 1, d)
                     .with_context(ctx)?,
