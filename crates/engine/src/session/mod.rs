@@ -402,7 +402,7 @@ impl<B: Backend> Session<B> {
         let eos = self.eos_ids();
         // First sight of the weights: upload them while they hash if decoding every prompt fits.
         let every: Vec<usize> = (0..prompts.len()).collect();
-        if self.decode_batch(prompts, &every, max_new).is_ok() {
+        if !prompts.is_empty() && self.decode_batch(prompts, &every, max_new).is_ok() {
             self.load_while_hashing();
         }
         let mut out: Vec<Option<Continuation>> = Vec::with_capacity(prompts.len());
@@ -533,7 +533,7 @@ impl<B: Backend> Session<B> {
         let fits = |ids: &&[u32]| {
             !ids.is_empty() && (ids.len() <= budget || budget >= self.opts.pack_tokens)
         };
-        if seqs.iter().all(fits) {
+        if !seqs.is_empty() && seqs.iter().all(fits) {
             self.load_while_hashing();
         }
         let mut packer = Packer::new(budget);
