@@ -331,8 +331,8 @@ fn which_published_models_fit_an_h200() {
         assert!(on_cuda(&config).estimate(64, 1024, 128, 0).total_bytes < H200_FREE);
     }
     // Qwen3.5-122B-A10B in bf16 does not fit; nor does gpt-oss-120b with its MXFP4 experts
-    // dequantised at load, as the product does today (kept packed on the GPU it would take
-    // about 61 GiB: not implemented).
+    // dequantised at load (`MemoryModel::new`; CUDA with DRAFTLENS_MXFP4=bf16). Kept packed, CUDA's
+    // default, it fits: gpt_oss_with_packed_mxfp4_experts_fits_one_h100.
     // The figures docs/loading.md quotes (`cargo test ... -- --nocapture`).
     for (name, config) in [
         ("Qwen3-30B-A3B", qwen3_30b_a3b()),
@@ -384,6 +384,60 @@ fn which_published_models_fit_an_h200() {
         )),
         "{line}"
     );
+}
+
+/// CUDA keeps gpt-oss's MXFP4 experts packed unless DRAFTLENS_MXFP4=bf16
+/// (`MemoryModel::with_mxfp4`, what the session and `inspect` use): they count at 17 bytes per 32
+/// parameters and the rest in bf16, so gpt-oss-120b's weights are its checkpoint's size and it
+/// fits an 80 GB H100 (about 79 GiB free), where dequantised it is refused; other models and a
+/// gpt-oss without MXFP4 experts count as before.
+#[test]
+fn gpt_oss_with_packed_mxfp4_experts_fits_one_h100() {
+    const H100_FREE: u64 = 79 * GIB;
+    for (layers, experts) in [(24, 32), (36, 128)] {
+        let spec = spec_of(&gpt_oss(layers, experts));
+        let expert_weights = layers as u64 * experts * 3 * 2880 * 2880;
+        let packed = MemoryModel::with_mxfp4(&spec, "bf16", true);
+        assert_eq!(
+            packed.weights,
+            expert_weights * 17 / 32 + (spec.stored_params() - expert_weights) * 2
+        );
+        assert!(packed.weights_as.contains("MXFP4 experts kept packed"));
+        let dequantised = MemoryModel::with_mxfp4(&spec, "bf16", false);
+        assert_eq!(dequantised.weights, MemoryModel::new(&spec, "bf16").weights);
+        assert_eq!(dequantised.weights_as, MemoryModel::new(&spec, "bf16").weights_as);
+    }
+    let spec = spec_of(&gpt_oss(36, 128));
+    let packed = MemoryModel::with_mxfp4(&spec, "bf16", true);
+    let largest = |prompt| {
+        (1..=64)
+            .rev()
+            .find(|&b| packed.estimate(b, prompt, 128, 0).total_bytes <= H100_FREE)
+    };
+    for prompt in [1024, 32_768] {
+        eprintln!(
+            "gpt-oss-120b, experts packed: {}; largest batch within 79 GiB: {:?}",
+            packed.estimate(64, prompt, 128, 0).describe(),
+            largest(prompt)
+        );
+    }
+    assert!(!packed.estimate(0, 0, 0, 0).weights_exceed(H100_FREE));
+    assert!(largest(1024).is_some() && largest(32_768).is_some());
+    let dequantised = MemoryModel::with_mxfp4(&spec, "bf16", false);
+    assert!(dequantised.estimate(1, 1024, 128, 0).weights_exceed(H100_FREE));
+    // Not an MXFP4 gpt-oss: the same figures either way.
+    let mut unquantised = gpt_oss(24, 32);
+    unquantised
+        .as_object_mut()
+        .unwrap()
+        .remove("quantization_config");
+    for config in [qwen3_30b_a3b(), unquantised] {
+        let spec = spec_of(&config);
+        assert_eq!(
+            MemoryModel::with_mxfp4(&spec, "bf16", true).weights,
+            MemoryModel::new(&spec, "bf16").weights
+        );
+    }
 }
 
 // ---- The session's refusal, with an injected free-memory figure ----

@@ -385,6 +385,23 @@ fn expert_layouts_map_to_gate_then_up_rows() {
     );
 }
 
+/// MXFP4 gate|up rows de-interleaved as bytes (blocks and scales: what a backend that keeps them
+/// packed receives, `Backend::matrix_mxfp4`) dequantise to the dequantised rows de-interleaved.
+#[test]
+fn deinterleaving_mxfp4_bytes_equals_deinterleaving_their_values() {
+    let cols = 64;
+    let blocks: Vec<u8> = (0..6 * cols / 2).map(|i| (i * 37 % 256) as u8).collect();
+    let scales: Vec<u8> = (0..6 * cols / 32).map(|i| 118 + (i % 7) as u8).collect();
+    let deq = |b: &[u8], s: &[u8]| crate::backend::mxfp4::dequantize(b, s).unwrap();
+    assert_eq!(
+        deq(
+            &layers::deinterleave(&blocks, cols / 2),
+            &layers::deinterleave(&scales, cols / 32)
+        ),
+        layers::deinterleave(&deq(&blocks, &scales), cols)
+    );
+}
+
 /// The CPU reference without its gpt-oss overrides: the trait's defaults, as a backend that has
 /// not implemented them (CUDA today) runs them.
 struct Defaults(CpuBackend);
