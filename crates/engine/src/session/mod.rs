@@ -154,7 +154,11 @@ impl<B: Backend> Session<B> {
         crate::model::load::check_readable(files.weights.as_ref())?;
         // On first sight of the weight files their hash starts now, on background threads, and
         // overlaps whatever comes before the first cache key ([`Session::target_sha256`]).
-        files.identity.hash_in_background();
+        // `DRAFTLENS_IDENTITY_HASH=foreground` keeps the old order (hash, then upload): the A/B
+        // switch of the cold-start measurement (tools/bench/cold_identity_device.sh).
+        if std::env::var("DRAFTLENS_IDENTITY_HASH").as_deref() != Ok("foreground") {
+            files.identity.hash_in_background();
+        }
         Ok(Session {
             be,
             files,
