@@ -15,6 +15,10 @@
 //! Records are one small JSON file per weight file, written atomically (temp file + rename), so
 //! concurrent processes never see a torn record; a record that cannot be read is ignored and
 //! rewritten. A cache directory that cannot be written only costs the re-hash next time.
+//!
+//! [`BackgroundHash`] runs the same hashes on background threads (a session starts it when it
+//! opens weights never seen, so that the hash overlaps their upload) and refuses, when joined, a
+//! file whose stamp changed since it started (docs/loading.md §2).
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
