@@ -9,7 +9,7 @@
 #          (the grouped GEMM's launch now dispatches on the weights' kind)
 #   make   a gpt-oss-20b-shaped target, 8 of its 24 layers (make_random_target.py --arch
 #          gpt-oss-20b-8l), its experts turned into MXFP4 blocks and scales (mxfp4_target.py)
-#   bench  `draftlens generate` on that target with DRAFTLENS_MXFP4=packed and =bf16 (the same
+#   bench  after a short warm-up run, `draftlens generate` on that target with DRAFTLENS_MXFP4=packed and =bf16 (the same
 #          folder, the same binary): --gen-batch 1 (8 prompts) and --gen-batch 64 (64 prompts),
 #          128 new tokens; per run the decode step (the timeline's "generate: decode" seconds over
 #          the steps taken: a batch takes max(new tokens) − 1 steps), the load, the peak device
@@ -56,6 +56,12 @@ if [[ " $STEPS " == *" make "* ]] && [ ! -e "$TARGET/config.json" ]; then
 fi
 
 if [[ " $STEPS " == *" bench "* ]]; then
+  # Warm-up: kernel compiles and the decode GEMMs' choices (remembered in the kernel cache) out of
+  # the measured runs.
+  s=$(date +%s)
+  DRAFTLENS_CACHE=/tmp/c-warm timeout 150 "$B/draftlens" generate --backend cuda --target "$TARGET" \
+    --prompts builtin:humaneval --limit 4 --gen-batch 4 --max-new-tokens 16 > $O/warm.out 2> $O/warm.err
+  echo "== warm-up rc=$? $(( $(date +%s) - s )) s"
   for b in 1 64; do
     limit=$([ $b = 1 ] && echo 8 || echo 64)
     for mode in packed bf16; do
@@ -70,7 +76,7 @@ if [[ " $STEPS " == *" bench "* ]]; then
       rc=$?; kill $smi
       echo "== $n rc=$rc $(( $(date +%s) - s )) s"
       grep -iE "error|warn" $O/$n.err | head -3
-      python3 - $O/$n.json $O/$n.timeline.json $O/$n.smi $b <<'PY'
+      [ $rc = 0 ] && python3 - $O/$n.json $O/$n.timeline.json $O/$n.smi $b <<'PY'
 import json, sys
 out, tl, smi, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3], int(sys.argv[4])
 phase = {p["name"]: p["seconds"] for p in tl["phases"]}
@@ -93,7 +99,7 @@ print(f'  batch $b: {same} of {len(a)} continuations equal in the two modes' + (
   done
   for mode in packed bf16; do
     DRAFTLENS_MXFP4=$mode "$B/draftlens" --json inspect "$TARGET" --gen-batch 64 --max-new-tokens 128 > $O/inspect-$mode.json 2>/dev/null
-    python3 -c "
+    [ -s $O/inspect-$mode.json ] && python3 -c "
 import json; e = json.load(open('$O/inspect-$mode.json'))['cuda_memory']
 print(f'  inspect, $mode: weights {e[\"weights_bytes\"] / 2**30:.2f} GiB ({e[\"weights_as\"]}), total at batch 64 {e[\"total_bytes\"] / 2**30:.2f} GiB')"
   done
