@@ -50,7 +50,13 @@ fn random_packed(out: usize, inp: usize, scales: (u8, u8), seed: u64) -> (Vec<u8
 }
 
 /// The same weight uploaded packed and dequantised at upload (the bf16 mode).
-fn both_modes(be: &CudaBackend, blocks: &[u8], scales: &[u8], out: usize, inp: usize) -> [CudaMatrix; 2] {
+fn both_modes(
+    be: &CudaBackend,
+    blocks: &[u8],
+    scales: &[u8],
+    out: usize,
+    inp: usize,
+) -> [CudaMatrix; 2] {
     be.set_mxfp4_packed(true);
     let packed = be.matrix_mxfp4(blocks, scales, out, inp).unwrap();
     be.set_mxfp4_packed(false);
@@ -85,11 +91,19 @@ fn device_dequantisation_of_every_code_and_scale_equals_the_cpu_table() {
     for (i, (&d, &c)) in device.iter().zip(&cpu).enumerate() {
         if d != c && bad < 10 {
             let (s, b) = (i / inp, i % inp / 2);
-            println!("scale {s} byte {b} ({}): device {d:#06x}, cpu {c:#06x}", if i % 2 == 0 { "low" } else { "high" });
+            println!(
+                "scale {s} byte {b} ({}): device {d:#06x}, cpu {c:#06x}",
+                if i % 2 == 0 { "low" } else { "high" }
+            );
         }
         bad += usize::from(d != c);
     }
-    assert_eq!(bad, 0, "{bad} of {} values differ from the CPU's", cpu.len());
+    assert_eq!(
+        bad,
+        0,
+        "{bad} of {} values differ from the CPU's",
+        cpu.len()
+    );
     // The bf16 mode uploads the same bits.
     assert!(weight_bits(&be, &plain) == cpu);
     println!("all 16 x 16 code pairs at scales 0..=254: the CPU's bits");
@@ -111,7 +125,9 @@ fn the_packed_gemm_gives_every_weight_back_from_identity_rows() {
         .collect();
     let x = be.from_host(&eye, inp, inp).unwrap();
     // One expert with 512 rows: eight 64-row groups.
-    let y = be.to_host(&be.moe_grouped_matmul(&x, &[&packed], &[inp]).unwrap()).unwrap();
+    let y = be
+        .to_host(&be.moe_grouped_matmul(&x, &[&packed], &[inp]).unwrap())
+        .unwrap();
     // y = x · Wᵀ = Wᵀ: y[k, n] = W[n, k] (±0 compare equal: a −0 weight sums to +0).
     for n in 0..out {
         for k in 0..inp {
@@ -167,7 +183,10 @@ fn packed_grouped_gemm_is_bit_identical_to_the_bf16_grouped_gemm() {
             let row0 = bp[..out].to_vec();
             match &first_row {
                 None => first_row = Some(row0),
-                Some(f) => assert!(*f == row0, "[{out}, {inp}]: row 0 among {n} rows differs from alone"),
+                Some(f) => assert!(
+                    *f == row0,
+                    "[{out}, {inp}]: row 0 among {n} rows differs from alone"
+                ),
             }
             // Against the CPU reference on the dequantised weights, expert by expert.
             let got = be.to_host(&yp).unwrap();
@@ -178,11 +197,17 @@ fn packed_grouped_gemm_is_bit_identical_to_the_bf16_grouped_gemm() {
                 }
                 let (b, s) = &experts[e];
                 let w = cpu.matrix(&dequantize(b, s).unwrap(), out, inp).unwrap();
-                let xe = cpu.from_host(&xs[row0 * inp..(row0 + rn) * inp], rn, inp).unwrap();
+                let xe = cpu
+                    .from_host(&xs[row0 * inp..(row0 + rn) * inp], rn, inp)
+                    .unwrap();
                 let want = cpu.to_host(&cpu.matmul(&xe, &w).unwrap()).unwrap();
                 let d = diff(&got[row0 * out..(row0 + rn) * out], &want);
                 // bf16 rounding of each output (≤ 2^-9 relative) and f32 summation order.
-                assert!(d.rel < 4e-3, "[{out}, {inp}], {t} rows, expert {e}: rel {:.2e} from the CPU", d.rel);
+                assert!(
+                    d.rel < 4e-3,
+                    "[{out}, {inp}], {t} rows, expert {e}: rel {:.2e} from the CPU",
+                    d.rel
+                );
                 row0 += rn;
             }
             println!("[{out}, {inp}], {t} rows: packed == bf16 bit for bit; within bf16 rounding of the CPU");
@@ -231,8 +256,12 @@ impl Mxfp4Folder {
             // gate_up [E, 2I, D] (rows alternating gate and up), down [E, D, I]. Scales of
             // 2^-5..2^-2 put some gate|up pre-activations (unit-scale inputs, 256 of them) past
             // the clamp of 7; the down projection's keep the outputs near unit scale.
-            for (proj, out, inp, scales) in [("gate_up_proj", 2 * i, d, (122, 125)), ("down_proj", d, i, (119, 122))] {
-                let (blocks, s) = random_packed(e * out, inp, scales, seed + 10 * l as u64 + out as u64);
+            for (proj, out, inp, scales) in [
+                ("gate_up_proj", 2 * i, d, (122, 125)),
+                ("down_proj", d, i, (119, 122)),
+            ] {
+                let (blocks, s) =
+                    random_packed(e * out, inp, scales, seed + 10 * l as u64 + out as u64);
                 let base = format!("model.layers.{l}.mlp.experts.{proj}");
                 tensors.push((format!("{base}_blocks"), vec![e, out, inp / 32, 16], blocks));
                 tensors.push((format!("{base}_scales"), vec![e, out, inp / 32], s));
@@ -240,7 +269,12 @@ impl Mxfp4Folder {
         }
         let views: Vec<(String, TensorView<'_>)> = tensors
             .iter()
-            .map(|(n, shape, b)| (n.clone(), TensorView::new(Dtype::U8, shape.clone(), b).unwrap()))
+            .map(|(n, shape, b)| {
+                (
+                    n.clone(),
+                    TensorView::new(Dtype::U8, shape.clone(), b).unwrap(),
+                )
+            })
             .collect();
         safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
         Mxfp4Folder {
@@ -279,8 +313,14 @@ fn packed_gpt_oss_moe_block_is_bit_identical_to_bf16_mode() {
     be.set_mxfp4_packed(false);
     let plain = GptOssMoe::load(&be, &src, 0, &spec, &g).unwrap();
     be.set_mxfp4_packed(true);
-    assert!(packed.experts.iter().all(|x| x.gate_up.is_mxfp4() && x.down.is_mxfp4()));
-    assert!(plain.experts.iter().all(|x| !x.gate_up.is_mxfp4() && !x.down.is_mxfp4()));
+    assert!(packed
+        .experts
+        .iter()
+        .all(|x| x.gate_up.is_mxfp4() && x.down.is_mxfp4()));
+    assert!(plain
+        .experts
+        .iter()
+        .all(|x| !x.gate_up.is_mxfp4() && !x.down.is_mxfp4()));
     let d = spec.hidden_size;
     let max = *LAYER_ROWS.iter().max().unwrap();
     let mut r = DetRng::new(29);
@@ -296,8 +336,15 @@ fn packed_gpt_oss_moe_block_is_bit_identical_to_bf16_mode() {
                 bits(&be, &h)
             };
             let (p, b) = (run(&packed), run(&plain));
-            let moved = p.iter().zip(&bits(&be, &be.from_host(&hs[..rows * d], rows, d).unwrap())).filter(|(a, b)| a != b).count();
-            assert!(moved > rows * d / 4, "the block hardly changed h ({moved} values)");
+            let moved = p
+                .iter()
+                .zip(&bits(&be, &be.from_host(&hs[..rows * d], rows, d).unwrap()))
+                .filter(|(a, b)| a != b)
+                .count();
+            assert!(
+                moved > rows * d / 4,
+                "the block hardly changed h ({moved} values)"
+            );
             assert!(
                 p == b,
                 "routed on the {}: {rows} rows, packed experts differ from bf16 mode ({} values)",
@@ -327,13 +374,20 @@ fn assert_same_model(
             let out = m.forward(be, p, &mut cache, &Capture::none()).unwrap();
             bits(be, &out.last_hidden)
         };
-        assert!(last(model_p) == last(model_b), "prompt {i}: prefill states differ");
+        assert!(
+            last(model_p) == last(model_b),
+            "prompt {i}: prefill states differ"
+        );
         let (a, b) = (
             greedy(be, model_p, p, max_new, &[]).unwrap(),
             greedy(be, model_b, p, max_new, &[]).unwrap(),
         );
         assert_eq!(a.ids, b.ids, "prompt {i}: greedy continuations differ");
-        println!("prompt {i} ({} tokens): {max_new} greedy tokens equal, e.g. {:?}", p.len(), &a.ids[..8]);
+        println!(
+            "prompt {i} ({} tokens): {max_new} greedy tokens equal, e.g. {:?}",
+            p.len(),
+            &a.ids[..8]
+        );
     }
 }
 
@@ -349,7 +403,11 @@ fn random_gpt_oss_greedy_packed_equals_bf16_mode_and_batches_match_alone() {
     let mut r = DetRng::new(3);
     let prompts: Vec<Vec<u32>> = [1usize, 5, 19, 33]
         .iter()
-        .map(|&n| (0..n).map(|_| r.below(spec.vocab_size as u64) as u32).collect())
+        .map(|&n| {
+            (0..n)
+                .map(|_| r.below(spec.vocab_size as u64) as u32)
+                .collect()
+        })
         .collect();
     assert_same_model(&be, &packed, &plain, &prompts, 24);
     cuda_util::assert_batches_match_alone(&be, &packed, 16);

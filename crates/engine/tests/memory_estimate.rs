@@ -405,7 +405,10 @@ fn gpt_oss_with_packed_mxfp4_experts_fits_one_h100() {
         assert!(packed.weights_as.contains("MXFP4 experts kept packed"));
         let dequantised = MemoryModel::with_mxfp4(&spec, "bf16", false);
         assert_eq!(dequantised.weights, MemoryModel::new(&spec, "bf16").weights);
-        assert_eq!(dequantised.weights_as, MemoryModel::new(&spec, "bf16").weights_as);
+        assert_eq!(
+            dequantised.weights_as,
+            MemoryModel::new(&spec, "bf16").weights_as
+        );
     }
     let spec = spec_of(&gpt_oss(36, 128));
     let packed = MemoryModel::with_mxfp4(&spec, "bf16", true);
@@ -424,7 +427,9 @@ fn gpt_oss_with_packed_mxfp4_experts_fits_one_h100() {
     assert!(!packed.estimate(0, 0, 0, 0).weights_exceed(H100_FREE));
     assert!(largest(1024).is_some() && largest(32_768).is_some());
     let dequantised = MemoryModel::with_mxfp4(&spec, "bf16", false);
-    assert!(dequantised.estimate(1, 1024, 128, 0).weights_exceed(H100_FREE));
+    assert!(dequantised
+        .estimate(1, 1024, 128, 0)
+        .weights_exceed(H100_FREE));
     // Not an MXFP4 gpt-oss: the same figures either way.
     let mut unquantised = gpt_oss(24, 32);
     unquantised

@@ -57,7 +57,7 @@ pub fn scales_len(out: usize, inp: usize) -> usize {
 /// in e8m0), naming the row and group.
 pub fn check(blocks: &[u8], scales: &[u8], out: usize, inp: usize) -> Result<()> {
     ensure!(
-        inp % BLOCK == 0,
+        inp.is_multiple_of(BLOCK),
         "MXFP4 weight [{out}, {inp}]: {inp} columns are not whole groups of {BLOCK}"
     );
     ensure!(
