@@ -12,6 +12,12 @@
 //!
 //! The file is a cache: a missing, unreadable or malformed file (or entry) is ignored with a
 //! warning and rewritten; a failed write costs only the next process's timing.
+//!
+//! A fresh machine has no file, so its first job timed every shape again (2 s of a cold 8B
+//! `extract`, docs/benchmarks-cuda.md). The choices timed on the GPU machines this project
+//! measures on ship with the binary ([`SHIPPED`], the same format, copied from those machines'
+//! files by `tools/bench/ship_gemm_choices.py`): a machine whose key is one of them (same GPU,
+//! driver and cuBLASLt) starts from them, and its own file's entries win where both have a shape.
 
 use anyhow::{anyhow, Context, Result};
 use std::collections::{BTreeMap, HashMap};
@@ -20,6 +26,9 @@ use std::sync::Mutex;
 
 /// File name inside the kernel cache folder.
 pub const FILE_NAME: &str = "gemm-choices-v1.json";
+
+/// The choices that ship with the binary: a [`FILE_NAME`] file of the measured machines.
+pub const SHIPPED: &str = include_str!("gemm_choices_shipped.json");
 
 /// What a tuned shape runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,18 +96,27 @@ pub struct ChoiceStore {
 }
 
 impl ChoiceStore {
-    /// The store for `machine` at `path`, with whatever the file already holds for it.
+    /// The store for `machine` at `path`, with what ships for it ([`SHIPPED`]) and, over that,
+    /// whatever the file already holds for it.
     pub fn open(path: Option<PathBuf>, machine: String) -> ChoiceStore {
-        let choices = match &path {
-            Some(p) => {
-                let (file, warning) = read_file(p);
-                if let Some(w) = warning {
-                    tracing::warn!("{w}; GEMM choices will be timed again and the file rewritten");
-                }
-                decode_machine(p, &machine, file.get(&machine))
+        Self::open_with(path, machine, SHIPPED)
+    }
+
+    fn open_with(path: Option<PathBuf>, machine: String, shipped: &str) -> ChoiceStore {
+        let mut choices = match parse(shipped) {
+            Ok(file) => decode_machine(Path::new("(shipped)"), &machine, file.get(&machine)),
+            Err(e) => {
+                tracing::warn!("the shipped GEMM choices: {e}");
+                HashMap::new()
             }
-            None => HashMap::new(),
         };
+        if let Some(p) = &path {
+            let (file, warning) = read_file(p);
+            if let Some(w) = warning {
+                tracing::warn!("{w}; GEMM choices will be timed again and the file rewritten");
+            }
+            choices.extend(decode_machine(p, &machine, file.get(&machine)));
+        }
         ChoiceStore {
             path,
             machine,
@@ -157,20 +175,18 @@ fn read_file(path: &Path) -> (FileMap, Option<String>) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (FileMap::new(), None),
         Err(e) => return (FileMap::new(), Some(format!("{}: {e}", path.display()))),
     };
-    match serde_json::from_str::<ChoicesFile>(&text) {
-        Ok(f) if f.version == 1 => (f.machines, None),
-        Ok(f) => (
-            FileMap::new(),
-            Some(format!(
-                "{}: version {}, this build reads version 1",
-                path.display(),
-                f.version
-            )),
-        ),
-        Err(e) => (
-            FileMap::new(),
-            Some(format!("{}: not a GEMM choices file: {e}", path.display())),
-        ),
+    match parse(&text) {
+        Ok(machines) => (machines, None),
+        Err(e) => (FileMap::new(), Some(format!("{}: {e}", path.display()))),
+    }
+}
+
+/// A choices file's entries, or what is wrong with it.
+fn parse(text: &str) -> Result<FileMap> {
+    match serde_json::from_str::<ChoicesFile>(text) {
+        Ok(f) if f.version == 1 => Ok(f.machines),
+        Ok(f) => Err(anyhow!("version {}, this build reads version 1", f.version)),
+        Err(e) => Err(anyhow!("not a GEMM choices file: {e}")),
     }
 }
 
@@ -302,6 +318,34 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("2 words"));
+    }
+
+    #[test]
+    fn shipped_choices_start_a_fresh_machine_and_its_own_file_wins() {
+        let shipped = format!(
+            r#"{{"version": 1, "machines": {{"{M}": {{"a": "gemm_ex", "b": "{}"}}, "other": {{"c": "own"}}}}}}"#,
+            Choice::Lt(ALGO).encode()
+        );
+        // No file: the shipped entries of this machine only.
+        let s = ChoiceStore::open_with(None, M.into(), &shipped);
+        assert_eq!(s.get("a"), Some(Choice::GemmEx));
+        assert_eq!(s.get("b"), Some(Choice::Lt(ALGO)));
+        assert_eq!(s.get("c"), None);
+        // Another machine gets none of them.
+        assert_eq!(ChoiceStore::open_with(None, "x".into(), &shipped).get("a"), None);
+        // The machine's own file overrides a shipped entry and adds its own.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let none = r#"{"version": 1, "machines": {}}"#;
+        let own = ChoiceStore::open_with(Some(path.clone()), M.into(), none);
+        own.remember("a", Choice::Own);
+        own.remember("d", Choice::GemmEx);
+        let s = ChoiceStore::open_with(Some(path), M.into(), &shipped);
+        assert_eq!(s.get("a"), Some(Choice::Own));
+        assert_eq!(s.get("b"), Some(Choice::Lt(ALGO)));
+        assert_eq!(s.get("d"), Some(Choice::GemmEx));
+        // What ships parses (a broken file would only warn, but ship none).
+        parse(SHIPPED).expect("gemm_choices_shipped.json is a version-1 choices file");
     }
 
     #[test]
