@@ -332,7 +332,10 @@ mod tests {
         assert_eq!(s.get("b"), Some(Choice::Lt(ALGO)));
         assert_eq!(s.get("c"), None);
         // Another machine gets none of them.
-        assert_eq!(ChoiceStore::open_with(None, "x".into(), &shipped).get("a"), None);
+        assert_eq!(
+            ChoiceStore::open_with(None, "x".into(), &shipped).get("a"),
+            None
+        );
         // The machine's own file overrides a shipped entry and adds its own.
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(FILE_NAME);
