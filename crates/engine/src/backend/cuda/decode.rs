@@ -437,22 +437,7 @@ impl CudaBackend {
         if !Self::decode_attention_fits(shape) {
             return attention_decode_per_row_ext(self, q, k, v, shape, caches, extras);
         }
-        shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
-        ensure!(
-            k.rows == q.rows && v.rows == q.rows,
-            "attention_decode: {} query rows, {} k rows, {} v rows",
-            q.rows,
-            k.rows,
-            v.rows
-        );
-        let rows = DecodeRows {
-            rows: q.rows,
-            q: self.ptr(&q.buf),
-            k: self.ptr(&k.buf),
-            v: self.ptr(&v.buf),
-            ldq: q.cols,
-            ldkv: k.cols,
-        };
+        let rows = self.decode_rows(q, k, v, shape)?;
         self.attention_decode_rows(rows, shape, caches, None, extras)
     }
 
@@ -475,14 +460,7 @@ impl CudaBackend {
                 self, q, k, v, shape, slot, extras,
             );
         }
-        shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
-        ensure!(
-            k.rows == q.rows && v.rows == q.rows,
-            "attention_verify: {} query rows, {} k rows, {} v rows",
-            q.rows,
-            k.rows,
-            v.rows
-        );
+        let rows = self.decode_rows(q, k, v, shape)?;
         let kvd = shape.kv_heads * shape.head_dim;
         let (kc, vc) = self.kv_caches(&mut slot, kvd, 0)?;
         let len = kc.rows;
@@ -497,15 +475,33 @@ impl CudaBackend {
                 pos: 0,
             })
             .collect();
-        let rows = DecodeRows {
+        self.decode_attention_launch(rows, shape, &table, None, extras, true)
+    }
+
+    /// Separate q, k and v tensors as the decode attention's rows, checked against `shape`.
+    fn decode_rows(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        shape: AttnShape,
+    ) -> Result<DecodeRows> {
+        shape.check((q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols))?;
+        ensure!(
+            k.rows == q.rows && v.rows == q.rows,
+            "attention_decode: {} query rows, {} k rows, {} v rows",
+            q.rows,
+            k.rows,
+            v.rows
+        );
+        Ok(DecodeRows {
             rows: q.rows,
             q: self.ptr(&q.buf),
             k: self.ptr(&k.buf),
             v: self.ptr(&v.buf),
             ldq: q.cols,
             ldkv: k.cols,
-        };
-        self.decode_attention_launch(rows, shape, &table, None, extras, true)
+        })
     }
 
     /// [`Backend::attention_decode_qkv`] in one launch: the decode attention reads q, k and v
