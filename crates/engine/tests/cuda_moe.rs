@@ -240,21 +240,16 @@ fn batched_gpt_oss_greedy_is_bit_identical_to_each_prompt_alone() {
 /// A gpt-oss-shaped model with these layer types: the committed fixture's config (YaRN, top-4,
 /// heads of 64 with sinks, a window of 8) with 32 experts of width 96 over a hidden size of 256.
 fn gpt_oss_spec(layer_types: &[&str]) -> ModelSpec {
-    let mut c = json(&repo_root().join("tests/fixtures/golden/gpt_oss/config.json"));
-    let o = c.as_object_mut().unwrap();
-    for (k, v) in [
-        ("hidden_size", serde_json::json!(256)),
-        ("intermediate_size", serde_json::json!(96)),
-        ("num_local_experts", serde_json::json!(32)),
-        ("num_hidden_layers", serde_json::json!(layer_types.len())),
-        ("layer_types", serde_json::json!(layer_types)),
-    ] {
-        o.insert(k.into(), v);
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.json");
-    std::fs::write(&path, c.to_string()).unwrap();
-    ModelSpec::from_hf_config(&path).unwrap()
+    golden_spec_with(
+        "gpt_oss",
+        &[
+            ("hidden_size", serde_json::json!(256)),
+            ("intermediate_size", serde_json::json!(96)),
+            ("num_local_experts", serde_json::json!(32)),
+            ("num_hidden_layers", serde_json::json!(layer_types.len())),
+            ("layer_types", serde_json::json!(layer_types)),
+        ],
+    )
 }
 
 /// ‖a_r − b_r‖ / ‖b_r‖ of the worst row of `cols` values, and that row.

@@ -220,21 +220,16 @@ fn packed_grouped_gemm_is_bit_identical_to_the_bf16_grouped_gemm() {
 /// The MXFP4 golden's config (YaRN, top-4, heads of 64 with sinks, window 8, quantization_config
 /// mxfp4) at hidden 256 with 16 experts of width 160 and these layer types.
 fn mxfp4_spec(layer_types: &[&str]) -> ModelSpec {
-    let mut c = json(&repo_root().join("tests/fixtures/golden/gpt_oss_mxfp4/config.json"));
-    let o = c.as_object_mut().unwrap();
-    for (k, v) in [
-        ("hidden_size", serde_json::json!(256)),
-        ("intermediate_size", serde_json::json!(160)),
-        ("num_local_experts", serde_json::json!(16)),
-        ("num_hidden_layers", serde_json::json!(layer_types.len())),
-        ("layer_types", serde_json::json!(layer_types)),
-    ] {
-        o.insert(k.into(), v);
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.json");
-    std::fs::write(&path, c.to_string()).unwrap();
-    let spec = ModelSpec::from_hf_config(&path).unwrap();
+    let spec = golden_spec_with(
+        "gpt_oss_mxfp4",
+        &[
+            ("hidden_size", serde_json::json!(256)),
+            ("intermediate_size", serde_json::json!(160)),
+            ("num_local_experts", serde_json::json!(16)),
+            ("num_hidden_layers", serde_json::json!(layer_types.len())),
+            ("layer_types", serde_json::json!(layer_types)),
+        ],
+    );
     assert!(spec.gpt_oss.as_ref().unwrap().mxfp4());
     spec
 }

@@ -12,6 +12,7 @@
 
 mod cuda_util;
 use cuda_util::gpu;
+mod golden_util;
 mod verify_util;
 
 use draftlens_engine::model::random::RandomWeights;

@@ -4,6 +4,7 @@
 //! and live decoding with the oracle and anti-oracle drafters equals greedy decoding.
 //! `cuda_verify.rs` runs the same checks on the GPU, where the verify pass is one launch.
 
+mod golden_util;
 mod verify_util;
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::model::random::RandomWeights;

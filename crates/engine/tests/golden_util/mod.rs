@@ -92,6 +92,23 @@ pub fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The spec of a committed golden's `config.json` (tests/fixtures/golden/NAME) with some keys
+/// replaced: the same architecture at another size.
+pub fn golden_spec_with(
+    name: &str,
+    overrides: &[(&str, serde_json::Value)],
+) -> draftlens_engine::model::ModelSpec {
+    let mut c = json(&repo_root().join(format!("tests/fixtures/golden/{name}/config.json")));
+    let o = c.as_object_mut().expect("a config is a JSON object");
+    for (k, v) in overrides {
+        o.insert((*k).into(), v.clone());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, c.to_string()).unwrap();
+    draftlens_engine::model::ModelSpec::from_hf_config(&path).unwrap()
+}
+
 /// How far `ours` is from the reference `want`.
 #[derive(Clone, Copy, Debug)]
 pub struct Diff {

@@ -11,7 +11,6 @@ use draftlens_engine::model::hybrid::{HybridSpec, LayerType};
 use draftlens_engine::model::moe::MoeSpec;
 use draftlens_engine::model::random::qwen3_8b_spec;
 use draftlens_engine::model::{Arch, Capture, ModelSpec, TargetModel};
-use std::path::Path;
 
 /// Qwen3's architecture, 3 layers, heads of 64.
 pub fn dense_spec() -> ModelSpec {
@@ -77,25 +76,17 @@ pub fn moe_spec() -> ModelSpec {
 /// gpt-oss: the committed fixture's config (YaRN, top-4, sinks, window 8), sliding and full
 /// layers alternating, 16 experts of width 96 over a hidden size of 256.
 pub fn gpt_oss_spec() -> ModelSpec {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let text = std::fs::read_to_string(root.join("tests/fixtures/golden/gpt_oss/config.json"))
-        .expect("the gpt-oss golden's config");
-    let mut c: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let o = c.as_object_mut().unwrap();
     let types = ["sliding_attention", "full_attention"].repeat(2);
-    for (k, v) in [
-        ("hidden_size", serde_json::json!(256)),
-        ("intermediate_size", serde_json::json!(96)),
-        ("num_local_experts", serde_json::json!(16)),
-        ("num_hidden_layers", serde_json::json!(types.len())),
-        ("layer_types", serde_json::json!(types)),
-    ] {
-        o.insert(k.into(), v);
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.json");
-    std::fs::write(&path, c.to_string()).unwrap();
-    ModelSpec::from_hf_config(&path).unwrap()
+    crate::golden_util::golden_spec_with(
+        "gpt_oss",
+        &[
+            ("hidden_size", serde_json::json!(256)),
+            ("intermediate_size", serde_json::json!(96)),
+            ("num_local_experts", serde_json::json!(16)),
+            ("num_hidden_layers", serde_json::json!(types.len())),
+            ("layer_types", serde_json::json!(types)),
+        ],
+    )
 }
 
 fn bits<B: Backend>(be: &B, t: &B::Tensor) -> Vec<u32> {
