@@ -85,6 +85,21 @@ struct InspectOut {
     cuda_memory: draftlens_engine::backend::memory::Estimate,
     tokenizer: Option<TokInfo>,
     tensors: Option<Vec<draftlens_engine::formats::TensorInfo>>,
+    /// How a `random:DIR` target's weights are generated; left out for targets read from files
+    /// (docs/loading.md §7).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    random: Option<RandomInfo>,
+}
+
+/// `inspect`'s view of a `random:DIR` target's generator.
+#[derive(Serialize)]
+struct RandomInfo {
+    seed: u64,
+    /// Matrices are uniform in ± this; norm weights in 1 ± `norm_spread`.
+    matrix_half_width: f32,
+    norm_spread: f32,
+    /// The generator version hashed into `weights_sha256` (with config.json and the above).
+    identity: &'static str,
 }
 
 /// The decoder layers by token mixer: each kind's layer ids (0-based, as `--layers` takes them).
@@ -276,6 +291,15 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
             chat_template_chars: t.chat_template().map(|s| s.chars().count()),
         }),
         tensors: a.tensors.then(|| infos.clone()),
+        random: f.random.as_ref().map(|r| {
+            let (matrix_half_width, norm_spread) = r.ranges();
+            RandomInfo {
+                seed: r.seed,
+                matrix_half_width,
+                norm_spread,
+                identity: draftlens_engine::model::random_target::IDENTITY_VERSION,
+            }
+        }),
     };
     g.emit(&out, || {
         let s = &out.spec;
@@ -323,6 +347,12 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
         let parts: Vec<String> = out.dtypes.iter().map(|(k, (n, b))| format!("{k}: {n} tensors, {:.1} MiB", *b as f64 / 1048576.0)).collect();
         o += &parts.join("; ");
         o += &format!("\n  loaded as     {}\n", out.loaded_as);
+        if let Some(r) = &out.random {
+            o += &format!(
+                "  weights       generated at load, nothing read from disk: seed {}, matrices U(±{}), norm weights 1 ± {}; identity: sha256 of \"{}\", config.json and these (docs/loading.md §7)\n",
+                r.seed, r.matrix_half_width, r.norm_spread, r.identity
+            );
+        }
         o += &format!("  cuda memory   needs {}\n", out.cuda_memory.describe());
         if let Some(t) = &out.tokenizer {
             o += &format!("  tokenizer     {} ids, bos {:?}, end-of-generation {:?}, chat template {}\n", t.vocab, t.bos, t.eos, t.chat_template_chars.map_or("none".to_string(), |c| format!("{c} chars")));

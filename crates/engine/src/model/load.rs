@@ -1,5 +1,6 @@
 //! Opening a target model from disk: a GGUF file or a Hugging Face folder, with its tokenizer and
-//! an identity (weights hash) used in cache keys and stored with every run.
+//! an identity (weights hash) used in cache keys and stored with every run; or a `random:DIR`
+//! folder whose weights are generated (`super::random_target`, docs/loading.md §7).
 //!
 //! Opening reads headers only (config, safetensors/GGUF headers, tokenizer): no weight byte is
 //! read, so `inspect` takes well under a second for any size. The weights hash is computed on
@@ -12,6 +13,7 @@
 use super::config::ModelSpec;
 use super::hybrid::HybridWeights;
 use super::moe::{check_checkpoint, ffn_tensors, is_ffn_tensor};
+use super::random_target::{random_dir, RandomSettings, RandomTarget};
 use crate::formats::gguf::{GgufFile, GgufWeights};
 use crate::formats::gguf_gpt_oss::GptOssGgufWeights;
 use crate::formats::gguf_hybrid::HybridGgufWeights;
@@ -29,7 +31,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 #[derive(Debug)]
 pub struct TargetIdentity {
     pub path: PathBuf,
-    /// "gguf" or "safetensors".
+    /// "gguf", "safetensors" or "random" (weights generated: `super::random_target`).
     pub format: &'static str,
     pub arch: String,
     /// The files [`TargetIdentity::weights_sha256`] covers, in hashing order.
@@ -170,11 +172,17 @@ pub struct TargetFiles {
     pub weights: Box<dyn WeightSource>,
     pub tokenizer: Option<TextTokenizer>,
     pub identity: TargetIdentity,
+    /// How the weights are generated, for a `random:DIR` target (`None`: read from files).
+    pub random: Option<RandomSettings>,
 }
 
 impl TargetFiles {
-    /// Open `path`: a `.gguf` file or a folder with `config.json` and safetensors.
+    /// Open `path`: a `.gguf` file, a folder with `config.json` and safetensors, or `random:DIR`
+    /// (a folder with `config.json`, whose weights are generated).
     pub fn open(path: &Path) -> Result<TargetFiles> {
+        if let Some(dir) = random_dir(path) {
+            return Self::open_random(path, &dir);
+        }
         if !path.exists() {
             bail!("{}: no such file or folder", path.display());
         }
@@ -215,28 +223,15 @@ impl TargetFiles {
             weights,
             tokenizer: Some(tokenizer),
             identity,
+            random: None,
         })
     }
 
     fn open_hf_dir(dir: &Path) -> Result<TargetFiles> {
         let spec = ModelSpec::from_hf_config(&dir.join("config.json"))?;
-        let weights: Box<dyn WeightSource> = match &spec.hybrid {
-            // Qwen3.5 checkpoint prefix, vision/MTP tensors, Qwen3-Next fused projections.
-            Some(hy) => Box::new(HybridWeights::new(
-                Box::new(SafetensorsWeights::open(dir)?),
-                hy,
-            )),
-            None => Box::new(SafetensorsWeights::open(dir)?),
-        };
+        let weights = hf_names(Box::new(SafetensorsWeights::open(dir)?), &spec);
         check_shapes(&spec, weights.as_ref())?;
-        let tokenizer = if dir.join("tokenizer.json").exists() {
-            let mut t = TextTokenizer::from_hf_dir(dir)?;
-            t.check_vocab(spec.vocab_size, &dir.join("tokenizer.json"))?;
-            t.set_model_vocab(spec.vocab_size);
-            Some(t)
-        } else {
-            None
-        };
+        let tokenizer = hf_tokenizer(dir, &spec)?;
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
             .with_context(|| format!("{}: cannot list folder", dir.display()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -249,6 +244,33 @@ impl TargetFiles {
             weights,
             tokenizer,
             identity,
+            random: None,
+        })
+    }
+
+    /// `random:DIR` (`path`): DIR's config and tokenizer as for a folder, the weights generated
+    /// ([`RandomTarget::weights`]) and wrapped and checked as a folder's safetensors are; the
+    /// identity known at once ([`RandomTarget::weights_sha256`]: nothing to hash).
+    fn open_random(path: &Path, dir: &Path) -> Result<TargetFiles> {
+        let target = RandomTarget::open(dir)?;
+        let spec = ModelSpec::from_hf_config(&dir.join("config.json"))?;
+        target.check_generatable(&spec)?;
+        let random = target.weights(&spec, path);
+        let sha = target.weights_sha256(&random);
+        let weights = hf_names(Box::new(random), &spec);
+        check_shapes(&spec, weights.as_ref())?;
+        let tokenizer = hf_tokenizer(dir, &spec)?;
+        let identity = TargetIdentity::new(path, "random", spec.arch.as_str(), Vec::new());
+        identity
+            .sha
+            .set(sha)
+            .expect("a new identity has no hash yet");
+        Ok(TargetFiles {
+            spec,
+            weights,
+            tokenizer,
+            identity,
+            random: Some(target.settings),
         })
     }
 
@@ -266,6 +288,27 @@ impl TargetFiles {
             )
         })
     }
+}
+
+/// A Hugging Face folder's weights (`inner`) under the names the model code asks for: a hybrid's
+/// Qwen3.5 checkpoint prefix, vision/MTP tensors and Qwen3-Next fused projections
+/// ([`HybridWeights`]); the others as stored.
+fn hf_names(inner: Box<dyn WeightSource>, spec: &ModelSpec) -> Box<dyn WeightSource> {
+    match &spec.hybrid {
+        Some(hy) => Box::new(HybridWeights::new(inner, hy)),
+        None => inner,
+    }
+}
+
+/// A Hugging Face folder's tokenizer (`tokenizer.json` and its companions), `None` without one.
+fn hf_tokenizer(dir: &Path, spec: &ModelSpec) -> Result<Option<TextTokenizer>> {
+    if !dir.join("tokenizer.json").exists() {
+        return Ok(None);
+    }
+    let mut t = TextTokenizer::from_hf_dir(dir)?;
+    t.check_vocab(spec.vocab_size, &dir.join("tokenizer.json"))?;
+    t.set_model_vocab(spec.vocab_size);
+    Ok(Some(t))
 }
 
 /// Refuse a model whose stored shapes disagree with its config before uploading anything.

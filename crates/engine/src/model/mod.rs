@@ -19,6 +19,7 @@ pub use capture::{Capture, Captured};
 pub use config::{Arch, ModelSpec};
 pub mod load;
 pub mod random;
+pub mod random_target;
 
 pub use head::{EmbedHead, TargetHead};
 pub use load::{TargetFiles, TargetIdentity};

@@ -220,7 +220,7 @@ enum StoredExperts<'a> {
         inp: usize,
         out: usize,
     },
-    Mxfp4(Mxfp4Tensor),
+    Mxfp4(Mxfp4Tensor<'a>),
     /// `{base}.{e}.{proj}.weight` `[out / projs.len(), inp]` for each of `projs`, stacked by rows:
     /// gate then up for gate_up (already de-interleaved, as llama.cpp's converter writes them).
     PerExpert {
@@ -290,12 +290,12 @@ impl StoredExperts<'_> {
             let (blocks, scales) = t.expert_bytes(e)?;
             return if rows_interleaved {
                 let (blocks, scales) = (
-                    deinterleave(blocks, inp / 2),
-                    deinterleave(scales, inp / mxfp4::BLOCK),
+                    deinterleave(&blocks, inp / 2),
+                    deinterleave(&scales, inp / mxfp4::BLOCK),
                 );
                 be.matrix_mxfp4(&blocks, &scales, out, inp)
             } else {
-                be.matrix_mxfp4(blocks, scales, out, inp)
+                be.matrix_mxfp4(&blocks, &scales, out, inp)
             };
         }
         let w = self.expert(e)?;
@@ -372,7 +372,7 @@ impl<B: Backend> GptOssMoe<B> {
                 });
             }
             if g.mxfp4() {
-                let t = Mxfp4Tensor::open(src.path(), &base)?;
+                let t = Mxfp4Tensor::of_source(src, &base)?;
                 if t.shape != [ne, out, inp] {
                     bail!(
                         "{}: MXFP4 tensor {base} unpacks to {:?}, the config implies [{ne}, {out}, {inp}]",
