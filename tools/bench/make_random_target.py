@@ -3,8 +3,25 @@ machine, for the end-to-end benchmarks (docs/benchmarks-cuda.md). Nothing is dow
 is `from_config` on the GPU in bf16 and written with `save_pretrained` (sharded like the real
 checkpoints); the tokenizer is the Qwen3 one from the prompt-set fixtures (data/tokenizer/qwen3-hf).
 
-usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b|qwen3-32b|qwen3.6-27b-16l|qwen3.6-27b|qwen3.5-demo-8l|qwen3-30b-a3b-8l|gpt-oss-20b-8l|gpt-oss-tiny|qwen3-tiny|qwen3.5-tiny|qwen3.5-moe-tiny]
+usage: python3 tools/bench/make_random_target.py --out /tmp/q8b [--arch qwen3-8b|qwen3-32b|qwen3.6-27b-16l|qwen3.6-27b|qwen3.5-demo-8l|qwen3-30b-a3b-8l|gpt-oss-20b-8l|gpt-oss-tiny|qwen3-tiny|qwen3.5-tiny|qwen3.5-moe-tiny|qwen3.5-35b-a3b|qwen3.5-122b-a10b|gpt-oss-120b]
            [--drafters 3] [--taps 1,9,17,25,33] [--device cuda|cpu] [--drafter-family dflash,eagle3,dflash2] [--mtp]
+       python3 tools/bench/make_random_target.py --out /tmp/q35 --arch qwen3.5-35b-a3b --no-weights [--seed 0] [--init-range 0.02]
+
+`--no-weights` writes the folder of a `random:` target (docs/loading.md §7): config.json (as
+`save_pretrained` writes it), the tokenizer files and random.json ({"seed": --seed, and with
+--init-range {"init": {"matrix_std": R, "norm_spread": 0.1}}}), no weights and no drafters;
+`draftlens ... --target random:OUT` generates the weights at load. It needs neither a GPU nor
+disk for the weights: the full-size archs below (70 GB, 227 GB and 65 GB of weights) are written
+this way on the GPU machine, whose disk is 64 GiB. The weight knobs (--embed-scale,
+--active-vocab, --gdn-out-scale, --router-scale, --mtp) shape torch's weights and are refused
+with it (an arch's own knob defaults are ignored, and said so). gpt-oss-120b's experts are MXFP4
+(its config gets quantization_config {quant_method: mxfp4}), so it is written only this way.
+
+The full-size archs (`qwen3.5-35b-a3b`, `qwen3.5-122b-a10b`, `gpt-oss-120b`) are the published
+configs (Qwen/Qwen3.5-35B-A3B's and Qwen/Qwen3.5-122B-A10B's text_config, openai/gpt-oss-120b's),
+as crates/engine/tests/memory_estimate.rs quotes them; transformers 5.17's `Qwen3_5MoeTextConfig`
+and `GptOssConfig` defaults are the 35B-A3B's and the 120b's shapes too. Written as the flat text
+config (`qwen3_5_moe_text`), with the Qwen3 tokenizer's bos/eos ids like the other archs.
 
 `--arch qwen3.5-demo-8l` is the small hybrid target of the numeric-profile demo
 (tools/bench/profile_demo.sh): 8 layers (3 Gated DeltaNet : 1 gated attention), hidden 1024,
@@ -123,13 +140,43 @@ ARCHS["gpt-oss-tiny"] = dict(ARCHS["gpt-oss-20b-8l"], vocab_size=151936, hidden_
                              sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2,
                              active_vocab=1024, embed_scale=20.0, taps="0,1,2")
 DYNAMIC_INIT |= {"qwen3.5-tiny", "qwen3.5-moe-tiny"}
+# The full-size MoE targets of issue 34 item 4 (see the module doc for the source of the numbers),
+# for --no-weights. Qwen3.5-35B-A3B: 40 layers (3 Gated DeltaNet : 1 gated attention), hidden 2048,
+# 16 q / 2 kv heads of 256 with a quarter rotary (θ 1e7), GDN 16 key / 32 value heads of 128, every
+# layer 256 experts of 512 (top-8) plus a gated shared expert of 512; 34.7 B parameters, 69.3 GB of
+# bf16 (64.56 GiB).
+ARCHS["qwen3.5-35b-a3b"] = dict(model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048,
+                                num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                                linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                                linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4,
+                                moe_intermediate_size=512, shared_expert_intermediate_size=512, num_experts=256,
+                                num_experts_per_tok=8,
+                                rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+                                rms_norm_eps=1e-6, max_position_embeddings=262144, tie_word_embeddings=False,
+                                bos_token_id=151643, eos_token_id=151645)
+# Qwen3.5-122B-A10B: 48 layers, hidden 3072, 32 q / 2 kv heads of 256, GDN 64 value heads, experts and
+# shared expert of 1024; 122 B parameters, 244 GB of bf16 (227.45 GiB): does not fit one GPU, for the
+# refusal.
+ARCHS["qwen3.5-122b-a10b"] = dict(ARCHS["qwen3.5-35b-a3b"], hidden_size=3072, num_hidden_layers=48,
+                                  num_attention_heads=32, linear_num_value_heads=64, moe_intermediate_size=1024,
+                                  shared_expert_intermediate_size=1024)
+# gpt-oss-120b: gpt-oss-20b's layers (above) at 36 layers of 128 experts (top-4), the experts MXFP4
+# as published; 116.8 B parameters, 65.3 GB as stored (60.77 GiB).
+ARCHS["gpt-oss-120b"] = dict(ARCHS["gpt-oss-20b-8l"], num_hidden_layers=36, num_local_experts=128,
+                             layer_types=["sliding_attention", "full_attention"] * 18, mxfp4_experts=True,
+                             taps="1,9,17,25,33")
+# Written only with --no-weights (their weights do not fit the GPU machine's disk, or are MXFP4).
+NO_WEIGHTS_ONLY = {"gpt-oss-120b"}
+# The published checkpoints' quantization_config of gpt-oss's MXFP4 experts.
+MXFP4_CONFIG = {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                           "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}
 # The drafters' own attention shape where it differs from the target's (default: the target's).
 DRAFTER_ATTN = {"qwen3.6-27b-16l": (32, 8, 128), "qwen3.6-27b": (32, 8, 128)}
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
 ap.add_argument("--arch", default="qwen3-8b", choices=sorted(ARCHS))
-ap.add_argument("--drafters", type=int, default=3)
+ap.add_argument("--drafters", type=int, default=None, help="drafter checkpoints per family (default 3; none with --no-weights)")
 ap.add_argument("--drafter-layers", type=int, default=5)
 ap.add_argument("--taps", default=None, help="DFlash / DFlash2 taps (default: the arch's, else 1,9,17,25,33)")
 ap.add_argument("--tokenizer", default="data/tokenizer/qwen3-hf")
@@ -144,6 +191,9 @@ ap.add_argument("--drafter-family", default="dflash",
 ap.add_argument("--eagle-taps", default=None, help="EAGLE-3's 3 taps (default: [1, L/2-1, L-4], under 8 layers [0, L/2-1, L-2])")
 ap.add_argument("--draft-vocab", type=int, default=32000, help="EAGLE-3 draft_vocab_size (capped at the target's vocabulary)")
 ap.add_argument("--mtp", action="store_true", help="add the native MTP head (mtp.*) to a hybrid target")
+ap.add_argument("--no-weights", action="store_true",
+                help="write config.json, the tokenizer and random.json only: a folder for --target random:OUT")
+ap.add_argument("--seed", type=int, default=0, help="--no-weights: random.json's seed (default 0)")
 args = ap.parse_args()
 dev = args.device
 FAMILIES = ("dflash", "eagle3", "dflash2")
@@ -154,6 +204,21 @@ for f in families:
 
 t0 = time.time()
 spec = dict(ARCHS[args.arch])
+mxfp4_experts = spec.pop("mxfp4_experts", False)
+if args.no_weights:
+    given = [f"--{k.replace('_', '-')}" for k in ("embed_scale", "active_vocab", "gdn_out_scale")
+             if getattr(args, k) is not None]
+    given += ["--router-scale"] * (args.router_scale != 1.0) + ["--mtp"] * args.mtp
+    given += ["--drafters"] * bool(args.drafters)
+    if given:
+        ap.error(f"--no-weights: {', '.join(given)} shape torch's weights; a random: target's are generated at load")
+    ignored = [k for k in ("active_vocab", "embed_scale", "gdn_out_scale") if k in spec]
+    if ignored or args.arch in DYNAMIC_INIT:
+        print(f"# --no-weights: {args.arch}'s weight knobs ignored ({', '.join(ignored + ['its non-trivial init'] * (args.arch in DYNAMIC_INIT))})")
+elif args.arch in NO_WEIGHTS_ONLY:
+    ap.error(f"--arch {args.arch}: only with --no-weights (its MXFP4 experts are generated at load by a random: target)")
+if args.drafters is None:
+    args.drafters = 0 if args.no_weights else 3
 active_vocab = spec.pop("active_vocab", 0) if args.active_vocab is None else args.active_vocab
 spec.pop("active_vocab", None)
 embed_scale = spec.pop("embed_scale", 1.0) if args.embed_scale is None else args.embed_scale
@@ -172,6 +237,22 @@ if spec["model_type"] == "qwen3_5_text":
     cfg = Qwen3_5TextConfig(**{k: v for k, v in spec.items() if k != "model_type"})
 else:
     cfg = AutoConfig.for_model(**spec)
+if args.no_weights:
+    os.makedirs(args.out, exist_ok=True)
+    cfg.save_pretrained(args.out)
+    if mxfp4_experts:
+        conf_path = os.path.join(args.out, "config.json")
+        conf = json.load(open(conf_path))
+        conf["quantization_config"] = MXFP4_CONFIG
+        json.dump(conf, open(conf_path, "w"), indent=2)
+    settings = {"seed": args.seed}
+    if args.init_range is not None:
+        settings["init"] = {"matrix_std": args.init_range, "norm_spread": 0.1}
+    json.dump(settings, open(os.path.join(args.out, "random.json"), "w"))
+    for f in os.listdir(args.tokenizer):
+        shutil.copy(os.path.join(args.tokenizer, f), args.out)
+    print(f"# {args.arch} random: target folder (no weights) in {args.out}: --target random:{args.out}", flush=True)
+    raise SystemExit(0)
 torch.manual_seed(0)
 with torch.device(dev):
     try:
