@@ -1,8 +1,6 @@
 //! `impl Backend for CudaBackend`: the trait's ops, each a launch or a call into the modules
 //! beside this one.
 
-use super::decode::{TOPK_MERGE_MAX_SLICES, TOPK_SLICE};
-use super::gemm::GemmOperands;
 use super::mask::MaskKey;
 use super::memory::Cols;
 use super::{decode, derr, gdn, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
@@ -10,9 +8,9 @@ use crate::backend::{
     attention_decode_qkv_unfused, attention_varlen_qkv_unfused, host_rows, AttnExtras, AttnMask,
     AttnShape, Backend, HostRows, KvSlot, QkNorm, Rope, SeqStarts, TopK,
 };
-use anyhow::{bail, ensure, Result};
+use anyhow::Result;
 use cudarc::cublas::sys as blas_sys;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 use half::bf16;
 
 /// Host-to-device copies of bf16 activations from this size on use the page-locked staging.
@@ -479,97 +477,9 @@ impl Backend for CudaBackend {
         self.clamped_swiglu_packed_on_device(gu, alpha, limit)
     }
 
+    /// The fused path for more than 64 rows when chosen, else the unfused one (lm_head.rs).
     fn lm_head_topk_impl(&self, x: &CudaTensor, head: &CudaMatrix, k: usize) -> Result<TopK> {
-        let vocab = head.out;
-        ensure!(
-            vocab > 0 && vocab < i32::MAX as usize,
-            "lm_head: vocabulary of {vocab} rows"
-        );
-        let k = k.clamp(1, vocab);
-        // The kernel instances for k: one block per row, and the sliced first pass.
-        let (func, partial) = match k {
-            1..=8 => ("topk_logsoftmax_k8", "topk_partial_k8"),
-            9..=16 => ("topk_logsoftmax_k16", "topk_partial_k16"),
-            17..=32 => ("topk_logsoftmax_k32", "topk_partial_k32"),
-            33..=64 => ("topk_logsoftmax_k64", "topk_partial_k64"),
-            _ => bail!("lm_head_topk: k = {k} is above the CUDA kernel's limit of 64"),
-        };
-        let rows = x.rows;
-        if rows == 0 {
-            return Ok(TopK {
-                rows: 0,
-                k,
-                ids: vec![],
-                logprobs: vec![],
-            });
-        }
-        // fp32 logits for at most `chunk` rows at a time (≤ 1 GiB of scratch).
-        let chunk = rows.min(((1usize << 30) / (vocab * 4)).max(1));
-        let scratch = self.alloc::<f32>(chunk * vocab)?;
-        let ids = self.alloc::<u32>(rows * k)?;
-        let lps = self.alloc::<f32>(rows * k)?;
-        let f = self.kernels.get("topk", func)?;
-        let (xp, wp, sp, ip, lp) = (
-            self.ptr(&x.buf),
-            self.ptr(&head.buf),
-            self.ptr(&scratch),
-            self.ptr(&ids),
-            self.ptr(&lps),
-        );
-        let mut start = 0;
-        while start < rows {
-            let n = chunk.min(rows - start);
-            let g = GemmOperands {
-                x: xp + (start * x.cols * 2) as u64,
-                rows: n,
-                w: wp,
-                out: vocab,
-                inp: head.inp,
-                y: sp,
-            };
-            if rows <= MAX_DECODE_ROWS {
-                // Batch-invariant logits (decode.rs): decode steps of any batch size agree.
-                self.decode_gemm_raw(g, decode::Epilogue::F32)?;
-            } else {
-                self.gemm_raw(g, blas_sys::cudaDataType::CUDA_R_32F, 0.0)?;
-            }
-            let (ld, v32, k32) = (vocab as i64, vocab as i32, k as i32);
-            let (ipo, lpo) = (ip + (start * k * 4) as u64, lp + (start * k * 4) as u64);
-            let slices = vocab.div_ceil(TOPK_SLICE);
-            if rows <= MAX_DECODE_ROWS && slices <= TOPK_MERGE_MAX_SLICES {
-                self.topk_sliced(sp, ld, vocab, k, n, partial, ipo, lpo)?;
-            } else {
-                let mut b = self.stream.launch_builder(&f);
-                b.arg(&sp).arg(&ld).arg(&v32).arg(&k32).arg(&ipo).arg(&lpo);
-                // SAFETY: (const float*, ll, int, int, u32*, float*); n rows of `vocab` logits in
-                // scratch, n*k outputs from offset start*k.
-                unsafe {
-                    b.launch(LaunchConfig {
-                        grid_dim: (n as u32, 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    })
-                }
-                .map_err(derr(func))?;
-            }
-            start += n;
-        }
-        let mut out_ids = vec![0u32; rows * k];
-        let mut out_lp = vec![0f32; rows * k];
-        self.stream
-            .memcpy_dtoh(&ids.slice(0..rows * k), &mut out_ids)
-            .map_err(derr("device-to-host copy"))?;
-        self.stream
-            .memcpy_dtoh(&lps.slice(0..rows * k), &mut out_lp)
-            .map_err(derr("device-to-host copy"))?;
-        self.synchronize()?;
-        drop(scratch);
-        Ok(TopK {
-            rows,
-            k,
-            ids: out_ids,
-            logprobs: out_lp,
-        })
+        self.lm_head_topk_on_device(x, head, k)
     }
 
     // ---- Hybrid-layer ops: kernels/gdn.cu through gdn.rs (docs/gdn-cuda.md).

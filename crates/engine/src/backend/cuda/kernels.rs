@@ -56,6 +56,10 @@ const SOURCES: &[(&str, &str)] = &[
         "decode_attention",
         include_str!("../../../../../kernels/decode_attention.cu"),
     ),
+    (
+        "lm_head_topk",
+        include_str!("../../../../../kernels/lm_head_topk.cu"),
+    ),
 ];
 
 /// How many modules compile at once when a backend starts.
@@ -73,6 +77,7 @@ const PREWARM_ORDER: &[&str] = &[
     "decode_attention",
     "decode",
     "topk",
+    "lm_head_topk",
 ];
 
 /// What NVRTC emits for a module: PTX for a virtual architecture (`compute_XY`, which needs no
@@ -460,6 +465,8 @@ impl CudaBackend {
             ("elementwise", "swiglu_packed_rows_bf16"),
             ("topk", "topk_logsoftmax_k8"),
             ("topk", "topk_logsoftmax_k64"),
+            ("lm_head_topk", "lm_head_topk_partial_k8"),
+            ("lm_head_topk", "lm_head_topk_partial_k64"),
             ("decode", "decode_gemm_n1_m1"),
             ("decode", "decode_gemm_n8_m2"),
             ("decode", "moe_grouped_gemm_n1_m1"),

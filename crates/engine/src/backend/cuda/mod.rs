@@ -25,6 +25,7 @@
 //! | `upload.rs` | weight uploads from raw checkpoint bytes |
 //! | `gemm.rs` | GEMMs: cuBLASLt plans and tuning, `cublasGemmEx` |
 //! | `decode.rs` | the batch-invariant decode GEMM and decode attention |
+//! | `lm_head.rs` | the LM head's top-K: unfused (logits, then top-K) and fused (`kernels/lm_head_topk.cu`) |
 //! | `moe.rs`, `mxfp4.rs` | mixtures of experts routed on the device; MXFP4 experts kept packed |
 //! | `elementwise.rs` | norms, RoPE, SwiGLU |
 //! | `mask.rs` | attention masks as per-query key intervals |
@@ -46,6 +47,7 @@ pub mod gdn;
 mod gemm;
 pub mod gemm_choices;
 mod kernels;
+mod lm_head;
 mod mask;
 mod memory;
 mod moe;
@@ -61,6 +63,7 @@ pub use decode::{
 pub use decode_lt::DecodeChoiceRecord;
 pub use gemm::{GemmMode, TuneRecord};
 pub use kernels::compile_kernels_offline;
+pub use lm_head::{LmHeadPath, LM_HEAD_ENV};
 pub use probe::availability;
 
 use anyhow::anyhow;
@@ -143,6 +146,8 @@ pub struct CudaBackend {
     tap_staging: Mutex<Option<cudarc::driver::PinnedHostSlice<half::bf16>>>,
     /// Device routing of mixture-of-experts decode steps (`moe.rs`).
     moe: moe::MoeState,
+    /// The LM head's top-K path of more than 64 rows (`lm_head.rs`: `DRAFTLENS_LM_HEAD`).
+    lm_head: lm_head::LmHeadState,
 }
 
 /// A table of [`CudaBackend::f32_table`]: its values' bits and their upload.

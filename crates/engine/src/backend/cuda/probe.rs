@@ -196,6 +196,7 @@ impl CudaBackend {
             decode: Default::default(),
             tap_staging: Mutex::new(None),
             moe: Default::default(),
+            lm_head: Default::default(),
         })
     }
 
