@@ -78,7 +78,8 @@ impl From<BackendArg> for BackendKind {
 /// describe is built by `TargetArgs::session` (cmd_model.rs).
 #[derive(Args, Clone, Debug)]
 pub struct TargetArgs {
-    /// Target model: a .gguf file or a Hugging Face folder (config.json + safetensors)
+    /// Target model: a .gguf file, a Hugging Face folder (config.json + safetensors), or
+    /// random:DIR (DIR's config.json and tokenizer, weights generated at load; docs/loading.md §7)
     /// [default: the model `draftlens setup` installs in the data folder].
     #[arg(long)]
     pub target: Option<PathBuf>,

@@ -55,6 +55,10 @@ struct Job<'a> {
 
 /// The files whose bytes make up the weights.
 fn weight_files(path: &Path) -> Result<Vec<PathBuf>> {
+    // A `random:DIR` target has no weight files: its weights are generated at load.
+    if draftlens_engine::model::random_target::random_dir(path).is_some() {
+        return Ok(Vec::new());
+    }
     if path.is_file() {
         return Ok(vec![path.to_path_buf()]);
     }
@@ -117,7 +121,11 @@ impl BackendJob for Job<'_> {
         if a.load_first {
             read = read_all(&files)?;
         }
-        let (read_s, bytes) = read;
+        let (read_s, mut bytes) = read;
+        if f.random.is_some() {
+            // Generated, not read: the rate is of the bytes generated and uploaded.
+            bytes = f.weights.tensors().iter().map(|t| t.bytes).sum();
+        }
         let gib = bytes as f64 / (1u64 << 30) as f64;
         Ok(BenchLoadOut {
             model: a.model.clone(),

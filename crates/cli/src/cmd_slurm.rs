@@ -118,6 +118,11 @@ pub fn exec_run(dl: &str, own: &str, user: &[String]) -> String {
 }
 
 pub fn abs(p: &Path) -> Result<PathBuf> {
+    // A `random:DIR` target: its folder made absolute, the prefix kept.
+    if let Some(dir) = draftlens_engine::model::random_target::random_dir(p) {
+        let prefix = draftlens_engine::model::random_target::PREFIX;
+        return Ok(PathBuf::from(format!("{prefix}{}", abs(&dir)?.display())));
+    }
     Ok(if p.is_absolute() {
         p.to_path_buf()
     } else {
@@ -276,4 +281,21 @@ pub fn run(g: &Global, a: SlurmArgs) -> Result<()> {
         }
         o
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_random_target_keeps_its_prefix_when_made_absolute() {
+        let cwd = std::env::current_dir().unwrap();
+        let want = format!("random:{}", cwd.join("q35").display());
+        assert_eq!(abs(Path::new("random:q35")).unwrap(), PathBuf::from(want));
+        assert_eq!(
+            abs(Path::new("random:/m/q35")).unwrap(),
+            PathBuf::from("random:/m/q35")
+        );
+        assert_eq!(abs(Path::new("/m/q35")).unwrap(), PathBuf::from("/m/q35"));
+    }
 }

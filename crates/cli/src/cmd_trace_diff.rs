@@ -19,6 +19,7 @@ use draftlens_engine::drafter::eval::{
 use draftlens_engine::drafter::lint::{lint, Severity};
 use draftlens_engine::drafter::DFlashDrafter;
 use draftlens_engine::identity::IdentityStore;
+use draftlens_engine::model::random_target::target_exists;
 use draftlens_engine::model::Capture;
 use draftlens_engine::session::{Session, SessionOptions};
 use draftlens_results::metrics::{RunStats, STATS_KIND};
@@ -102,7 +103,8 @@ pub fn diff(g: &Global, a: DiffArgs) -> Result<()> {
         .collect();
     let target = match &a.target {
         Some(t) => t.clone(),
-        None if Path::new(&run.target_path).exists() => PathBuf::from(&run.target_path),
+        // The run's target when it is still there (a `random:DIR` target: DIR).
+        None if target_exists(Path::new(&run.target_path)) => PathBuf::from(&run.target_path),
         None => g.target(&None)?,
     };
     let job = DiffJob {

@@ -296,7 +296,7 @@ pub(crate) fn watch_slurm(g: &Global, a: &WatchArgs, matches: &ArgMatches) -> Re
     // Bad prompts, a missing target or an unknown plugin fail here, not in every job.
     let set = a.target.prompt_set()?;
     let target = abs(&g.target(&a.target.target)?)?;
-    if !target.exists() {
+    if !draftlens_engine::model::random_target::target_exists(&target) {
         bail!("{}: no such target", target.display());
     }
     crate::cmd_rescore::Prepared::new(&a.plugins)?;

@@ -19,9 +19,10 @@
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::memory::{does_not_fit, MemoryModel};
+use draftlens_engine::drafter::mtp::MtpHeadConfig;
 use draftlens_engine::formats::WeightSource;
 use draftlens_engine::hidden_cache::HiddenCache;
-use draftlens_engine::model::random_target::RandomTarget;
+use draftlens_engine::model::random_target::{target_exists, RandomTarget};
 use draftlens_engine::model::{Capture, ModelSpec, TargetFiles};
 use draftlens_engine::session::{Session, SessionOptions};
 use safetensors::tensor::{Dtype, TensorView};
@@ -279,6 +280,8 @@ fn bad_random_targets_are_one_error_naming_the_file_and_key() {
     let tmp = tempfile::tempdir().unwrap();
     let config = read_json(&golden("qwen3/config.json"));
     let missing = tmp.path().join("nowhere");
+    assert!(!target_exists(&target(&missing)));
+    assert!(target_exists(&target(tmp.path())) && target_exists(tmp.path()));
     let e = err(&target(&missing));
     assert!(
         e.starts_with(&format!("{}: no such folder", missing.display())),
@@ -339,6 +342,26 @@ fn bad_random_targets_are_one_error_naming_the_file_and_key() {
             "{name}: {e}"
         );
     }
+
+    // A hybrid's native MTP head is not generated: target:mtp names that.
+    let hybrid = random_dir(
+        tmp.path(),
+        "hybrid",
+        &read_json(&golden("qwen3_5_moe/config.json")),
+        None,
+    );
+    let f = TargetFiles::open(&target(&hybrid)).unwrap();
+    let e = format!(
+        "{:#}",
+        MtpHeadConfig::read(&f.identity.path, &f.spec).unwrap_err()
+    );
+    assert_eq!(
+        e,
+        format!(
+            "random:{}: a random: target has no native MTP head (only the text model's weights are generated; docs/loading.md §7)",
+            hybrid.display()
+        )
+    );
 
     // gpt-oss MXFP4 experts need dims that are multiples of 32: the loader's own check.
     let mut odd = read_json(&golden("gpt_oss_mxfp4/config.json"));

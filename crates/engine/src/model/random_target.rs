@@ -37,6 +37,16 @@ pub fn random_dir(target: &Path) -> Option<PathBuf> {
     target.to_str()?.strip_prefix(PREFIX).map(PathBuf::from)
 }
 
+/// Whether `target` names something `TargetFiles::open` can open: an existing file or folder, or
+/// `random:DIR` with DIR an existing folder (commands that check a stored or given target path
+/// before opening it).
+pub fn target_exists(target: &Path) -> bool {
+    match random_dir(target) {
+        Some(dir) => dir.is_dir(),
+        None => target.exists(),
+    }
+}
+
 /// `random.json`'s `init`: the matrices' standard deviation (uniform values in ±√3·std) and the
 /// norm weights' spread around 1 ([`RandomWeights::with_init`]).
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]

@@ -64,6 +64,9 @@ impl MtpHeadConfig {
         if spec.hybrid.is_none() {
             bail!("{p}: a {} target has no native MTP head (target:mtp reads the mtp.* tensors of Qwen3.5 / Qwen3.6 / Qwen3-Next checkpoints)", spec.arch.as_str());
         }
+        if crate::model::random_target::random_dir(path).is_some() {
+            bail!("{p}: a random: target has no native MTP head (only the text model's weights are generated; docs/loading.md §7)");
+        }
         let (source, declared, dedicated) = if path.is_dir() {
             let file = path.join("config.json");
             let text = std::fs::read_to_string(&file)
