@@ -136,6 +136,9 @@ pub struct Mxfp4Tensor<'a> {
     pub shape: [usize; 3],
 }
 
+/// One expert's (blocks, scales): borrowed from a mapped file, or generated.
+pub type ExpertBytes<'b> = (Cow<'b, [u8]>, Cow<'b, [u8]>);
+
 /// Where an [`Mxfp4Tensor`]'s bytes come from: the folder's files, or a source that generates
 /// them one expert at a time ([`super::WeightSource::generated_u8`]: a `random:DIR` target).
 enum PackedBytes<'a> {
@@ -208,7 +211,7 @@ impl<'a> Mxfp4Tensor<'a> {
     /// Matrix `e`'s blocks (`R · C / 2` bytes) and scales (`R · C / 32`), row-major, as stored,
     /// after refusing a scale of 255 (NaN in e8m0) by tensor, expert, row and group: what a
     /// backend keeping MXFP4 packed uploads (`crate::backend::Backend::matrix_mxfp4`).
-    pub fn expert_bytes(&self, e: usize) -> Result<(Cow<'_, [u8]>, Cow<'_, [u8]>)> {
+    pub fn expert_bytes(&self, e: usize) -> Result<ExpertBytes<'_>> {
         let [_, r, c] = self.shape;
         let (nb, ns) = (r * c / 2, r * c / BLOCK);
         let (blocks, scales, origin) = match &self.bytes {

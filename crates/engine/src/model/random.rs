@@ -310,6 +310,8 @@ fn fill<T: Send>(base: u64, out: &mut [T], f: impl Fn(u64) -> T + Sync) {
                 let mut lanes = group.chunks_exact_mut(STREAM);
                 let lane: [&mut [T]; LANES] =
                     std::array::from_fn(|_| lanes.next().expect("LANES streams"));
+                // Value i of every lane, then value i + 1: the lanes' chains advance together.
+                #[allow(clippy::needless_range_loop)]
                 for i in 0..STREAM {
                     for k in 0..LANES {
                         s[k] = splitmix(s[k]);
