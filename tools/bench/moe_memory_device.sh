@@ -21,6 +21,9 @@ set -u
 source tools/bench/device_env.sh
 DL="$B/draftlens"
 T0=$(date +%s)
+[ -x "$DL" ] || { echo "no draftlens binary in $B (draftlens.xz)"; exit 1; }
+[ -e data/tokenizer/qwen3-hf/tokenizer.json ] \
+  || { echo "no Qwen3 tokenizer: carry $B/tok.tar.xz (tools/bench/device_env.sh unpacks it)"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$O/gpu.txt"
 nproc | sed 's/^/cores: /'
 
@@ -31,8 +34,9 @@ for m in q35:qwen3.5-35b-a3b oss120:gpt-oss-120b q122:qwen3.5-122b-a10b; do
     > "$O/make-${m%%:*}.log" 2>&1 || { echo "make_random_target ${m#*:} failed:"; tail -5 "$O/make-${m%%:*}.log"; exit 1; }
   tail -1 "$O/make-${m%%:*}.log"
 done
-python3 tools/bench/make_long_prompt.py /tmp/r-q35 /tmp/long32k.jsonl 32000 2>&1 | grep -v -i warn \
-  || { echo "make_long_prompt failed"; exit 1; }
+python3 tools/bench/make_long_prompt.py /tmp/r-q35 /tmp/long32k.jsonl 32000 > "$O/long.log" 2>&1 \
+  || { echo "make_long_prompt failed:"; tail -5 "$O/long.log"; exit 1; }
+tail -1 "$O/long.log"
 
 # NAME DIR: extract the long prompt (5 taps, 128 new tokens) with peak host and device memory.
 measure() {
