@@ -7,9 +7,10 @@
 //!
 //! cargo build --release -p draftlens-engine --features kernel-lab --example cuda_bench
 //! cuda_bench [--out results.json] [--mix lengths.txt] [--forwards N] [--quick]
-//!            [--only ceilings,attention,attention256,gemm,extract,mix,drafter,decode,target]
-//! (every section but `decode`, `target` and `attention256` by default; `--only decode` runs
-//! crates/engine/src/backend/cuda/bench_decode.rs; `attention256` is the A/B at the hybrids' head dim 256)
+//!            [--only ceilings,attention,attention256,gemm,extract,mix,drafter,decode,target,lm-head]
+//! (every section but `decode`, `target`, `attention256` and `lm-head` by default; `--only decode` runs
+//! crates/engine/src/backend/cuda/bench_decode.rs; `attention256` is the A/B at the hybrids' head dim 256;
+//! `lm-head` the fused LM-head top-K against the unfused one, bench_lm_head.rs)
 //! Environment: `TARGET_DEFAULTS_ONLY=1` runs `--only target` with the default kernels only (no
 //! A/B rows); `DECODE_SECTIONS`, `DECODE_ALONE` and `DECODE_ATTN_BLOCKS` shape `--only decode`
 //! (bench_decode.rs).
@@ -28,7 +29,7 @@ use draftlens_engine::model::{Capture, ModelSpec, TargetModel};
 use serde_json::json;
 use std::time::Instant;
 
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "target",
     "gemm-sustained",
     "ceilings",
@@ -39,6 +40,7 @@ const SECTIONS: [&str; 10] = [
     "mix",
     "drafter",
     "decode",
+    "lm-head",
 ];
 
 struct Args {
@@ -65,7 +67,12 @@ fn args() -> Result<Args> {
         // `target` (needs --target), `attention256` and `gemm-sustained` only on request.
         only: SECTIONS
             .iter()
-            .filter(|s| !matches!(**s, "decode" | "target" | "attention256" | "gemm-sustained"))
+            .filter(|s| {
+                !matches!(
+                    **s,
+                    "decode" | "target" | "attention256" | "gemm-sustained" | "lm-head"
+                )
+            })
             .map(|s| s.to_string())
             .collect(),
     };
@@ -248,6 +255,12 @@ fn main() -> Result<()> {
     if has("decode") {
         let d = draftlens_engine::backend::cuda::bench_decode::run(&be, a.quick)?;
         results.insert("decode".into(), d);
+    }
+
+    // ---- lm-head: the fused LM-head top-K against the unfused one (bench_lm_head.rs)
+    if has("lm-head") {
+        let r = draftlens_engine::backend::cuda::bench_lm_head::run(&be)?;
+        results.insert("lm_head".into(), r);
     }
 
     let need_model = has("extract") || has("mix") || has("drafter");

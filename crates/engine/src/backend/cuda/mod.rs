@@ -32,7 +32,7 @@
 //! | `attention.rs` | prefill attention launches |
 //! | `gdn.rs` | the hybrid (Gated DeltaNet) layer ops |
 //! | `backend_impl.rs` | `impl Backend for CudaBackend` |
-//! | `bench.rs`, `bench_decode.rs` | benchmark helpers (`kernel-lab` feature: docs/cuda.md, "The kernel lab") |
+//! | `bench.rs`, `bench_decode.rs`, `bench_lm_head.rs` | benchmark helpers (`kernel-lab` feature: docs/cuda.md, "The kernel lab") |
 
 mod attention;
 mod backend_impl;
@@ -40,6 +40,8 @@ mod backend_impl;
 pub mod bench;
 #[cfg(feature = "kernel-lab")]
 pub mod bench_decode;
+#[cfg(feature = "kernel-lab")]
+pub mod bench_lm_head;
 mod decode;
 pub mod decode_lt;
 pub mod elementwise;
