@@ -75,9 +75,6 @@ EOF
   rm -rf "$cache"
   echo "== $(( $(date +%s) - T0 )) s"
 }
-measure q35_32k /tmp/r-q35
-measure oss120_32k /tmp/r-oss120
-
 # Qwen3.5-122B-A10B: refused before anything is generated or uploaded (rc 1, about a second, the
 # one-line "does not fit" with the estimate and the free memory).
 DRAFTLENS_CACHE=/tmp/c-q122 /usr/bin/time -v timeout 120 "$DL" extract --backend cuda \
@@ -85,6 +82,10 @@ DRAFTLENS_CACHE=/tmp/c-q122 /usr/bin/time -v timeout 120 "$DL" extract --backend
   > "$O/q122.out" 2> "$O/q122.err"
 echo "q122 refusal rc=$? (want 1)"
 grep -E "does not fit|Maximum resident|Elapsed" "$O/q122.err"
+
+measure q35_32k /tmp/r-q35
+measure oss120_32k /tmp/r-oss120
+
 echo "== total $(( $(date +%s) - T0 )) s"
 [ -n "${OUT:-}" ] && tar czf "$OUT/moe_memory.tgz" -C "$O" .
 exit 0

@@ -10,6 +10,8 @@
 #   e2e    gpt-oss-20b shapes (8 of 24 layers, bf16 experts): extract cold/cached, run (3
 #          checkpoints) on 164 HumanEval prompts, generate at batch 1, live A/B on 16 prompts
 #   hf     the transformers script on the same folder (eager attention: gpt-oss's sinks)
+#   mem    tools/bench/moe_memory_device.sh (random:DIR targets: the 122B refused, then one 32k-token
+#          prompt through Qwen3.5-35B-A3B in bf16 and gpt-oss-120b with MXFP4 experts kept packed)
 #   B=target-carry/s25 STEPS="tests tiny mx" bash docs/bench-logs/s25-2026-12-07/scripts/call.sh
 set -u
 B=${B:-target-carry/s25}
@@ -49,6 +51,9 @@ if has tiny; then
   for n in tiny_live_decode_steps tiny_live_causal; do live_summary $n; done
 fi
 echo "== steps so far: $(( $(date +%s) - T0 )) s"
+if has mem; then
+  O=$OUTDIR/mem timeout $(left) bash tools/bench/moe_memory_device.sh 2>&1 | grep -v "^$"
+fi
 if has mx; then
   LIMIT=$(left) O=$OUTDIR/mx STEPS="make bench" bash tools/bench/mxfp4_packed_device.sh 2>&1 | grep -v "^$"
   rm -rf /tmp/g20mx
