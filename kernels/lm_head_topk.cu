@@ -36,8 +36,9 @@
 //   1. logit (r, n): the hidden dimension in 16-wide steps, increasing, each one mma.sync step
 //      accumulating into the same fp32 register (the tensor core's order within a step);
 //   2. per tile and row, each of the 4 lanes that share the row in a warp sums exp(v − m) over its
-//      16 values in (n8 tile, column) order, m the warp's 64-id maximum (`__expf`, as topk.cu's
-//      bulk); the 4 sums by an xor butterfly (1 then 2);
+//      16 values: per n8 tile its two columns' terms added, those pair sums added in n8-tile order;
+//      m the warp's 64-id maximum (`__expf`, as topk.cu's bulk); the 4 lanes' sums by an xor
+//      butterfly (1 then 2);
 //   3. that (m, sum) folds into the (row, wn) running state tile after tile in vocabulary order
 //      (rescale by `expf`);
 //   4. at the slice's end the four wn states combine in wn order 0..3 (max first, then the

@@ -208,8 +208,8 @@ impl CudaBackend {
         self.lm_head.fused_calls.load(Ordering::Relaxed)
     }
 
-    /// Whether the fused kernel takes these operands: a bf16 head, a hidden size that is a multiple
-    /// of 8 and operands on 16-byte boundaries (its cp.async copies move 16-byte pieces of rows),
+    /// Whether the fused kernel takes these operands: a bf16 head, a hidden size that is a positive
+    /// multiple of 8 and operands on 16-byte boundaries (its cp.async copies move 16-byte pieces of rows),
     /// sizes within its `int` arguments, and the instance's shared memory on this device.
     fn fused_fits(&self, x: &CudaTensor, head: &CudaMatrix, cap: usize) -> Result<bool> {
         let optin = self
@@ -219,6 +219,7 @@ impl CudaBackend {
             )
             .map_err(derr("shared memory per block"))?;
         Ok(head.mxfp4.is_none()
+            && head.inp > 0
             && head.inp.is_multiple_of(8)
             && head.inp < i32::MAX as usize / 2
             && x.rows < i32::MAX as usize
@@ -446,11 +447,31 @@ mod tests {
         }
     }
 
+    /// The value of `#define NAME value` in kernels/lm_head_topk.cu.
+    fn kernel_define(name: &str) -> usize {
+        const SRC: &str = include_str!("../../../../../kernels/lm_head_topk.cu");
+        SRC.lines()
+            .find_map(|l| {
+                let rest = l.strip_prefix("#define ")?.strip_prefix(name)?;
+                rest.split_whitespace().next()?.parse().ok()
+            })
+            .unwrap_or_else(|| panic!("no #define {name} in kernels/lm_head_topk.cu"))
+    }
+
     #[test]
-    fn shared_memory_matches_the_kernel_and_fits_an_h100() {
-        // LH_SMEM_BYTES(K) in kernels/lm_head_topk.cu: 136 192 + 1 024·K.
+    fn the_geometry_and_shared_memory_match_the_kernel_and_fit_an_h100() {
+        assert_eq!(kernel_define("LH_BM"), FUSED_ROWS);
+        assert_eq!(kernel_define("LH_BN"), FUSED_TILE);
+        assert_eq!(kernel_define("LH_THREADS"), FUSED_THREADS as usize);
+        // LH_SMEM_BYTES(K), from the kernel's own constants.
+        let stage = (kernel_define("LH_BM") + kernel_define("LH_BN")) * kernel_define("LH_BK") * 2;
+        let fixed = kernel_define("LH_STAGES") * stage
+            + kernel_define("LH_ROUND_IDS") * kernel_define("LH_BUF_LD") * 4
+            + kernel_define("LH_WN") * FUSED_ROWS * 8;
+        for cap in [8, 16, 32, 64] {
+            assert_eq!(fused_smem_bytes(cap), fixed + cap * FUSED_ROWS * 8);
+        }
         assert_eq!(fused_smem_bytes(8), 144_384);
-        assert_eq!(fused_smem_bytes(64), 201_728);
         // sm_90's opt-in maximum per block: 227 KiB.
         assert!(fused_smem_bytes(64) <= 227 * 1024);
     }
