@@ -87,7 +87,7 @@ impl<B: Backend> DecoderLayer<B> {
 
     /// The layer over new tokens at `start..` of one cached sequence; `rows` says how (see
     /// [`CachedRows`]): as decode steps, a Gated DeltaNet layer steps its state one row at a
-    /// time, each row a one-token sequence as in [`DecoderLayer::forward_decode`].
+    /// time ([`GdnMixer::forward_steps`]), as [`DecoderLayer::forward_decode`] does.
     pub fn forward(
         &self,
         be: &B,
@@ -99,20 +99,14 @@ impl<B: Backend> DecoderLayer<B> {
         self.forward_with(be, h, |x, h| match &self.mixer {
             Mixer::Attention(a) => a.forward(be, x, start, cache, h, rows),
             Mixer::Gdn(g) => {
-                let n = be.dims(x).0;
                 let state = gdn_state(be, g, cache)?;
-                if rows == CachedRows::Causal {
-                    return g.forward(be, x, &SeqStarts::one(n), &mut [state], h);
+                match rows {
+                    CachedRows::Causal => {
+                        let n = be.dims(x).0;
+                        g.forward(be, x, &SeqStarts::one(n), &mut [state], h)
+                    }
+                    CachedRows::AsDecodeSteps => g.forward_steps(be, x, state, h),
                 }
-                let mut stepped = Vec::with_capacity(n);
-                for r in 0..n {
-                    let mut h_r = be.slice_rows(h, r, r + 1)?;
-                    let x_r = be.slice_rows(x, r, r + 1)?;
-                    g.forward(be, &x_r, &SeqStarts::one(1), &mut [&mut *state], &mut h_r)?;
-                    stepped.push(h_r);
-                }
-                *h = be.concat_rows(&stepped.iter().collect::<Vec<_>>())?;
-                Ok(())
             }
         })
     }

@@ -155,29 +155,83 @@ impl<B: Backend> GdnMixer<B> {
         states: &mut [&mut GdnState<B>],
         h: &mut B::Tensor,
     ) -> Result<()> {
+        let Projected { mixed, z, b, a } = self.project(be, x)?;
+        let o = self.core(be, mixed, &a, &b, seq_starts, states)?;
+        let o = be.gated_rms_norm(&o, &z, &self.norm, self.eps, self.shape.v_dim)?;
+        be.matmul_acc(&o, &self.out_proj, h)
+    }
+
+    /// [`GdnMixer::forward`] of one sequence's rows as that many decode steps
+    /// ([`crate::model::TargetModel::forward_verify`]): the projections and the norm over all
+    /// rows at once (at most `Backend::max_independent_rows` of them, where a row's bits do not
+    /// depend on the others), the convolution and the delta rule stepped a row at a time on
+    /// `state`, as a decode step runs them.
+    pub fn forward_steps(
+        &self,
+        be: &B,
+        x: &B::Tensor,
+        state: &mut GdnState<B>,
+        h: &mut B::Tensor,
+    ) -> Result<()> {
+        let p = self.project(be, x)?;
+        let rows = be.dims(x).0;
+        let mut steps = Vec::with_capacity(rows);
+        for r in 0..rows {
+            let row = |t: &B::Tensor| be.slice_rows(t, r, r + 1);
+            let (mixed, a, b) = (row(&p.mixed)?, row(&p.a)?, row(&p.b)?);
+            steps.push(self.core(be, mixed, &a, &b, &SeqStarts::one(1), &mut [&mut *state])?);
+        }
+        let o = be.concat_rows(&steps.iter().collect::<Vec<_>>())?;
+        let o = be.gated_rms_norm(&o, &p.z, &self.norm, self.eps, self.shape.v_dim)?;
+        be.matmul_acc(&o, &self.out_proj, h)
+    }
+
+    /// The input projection split into the convolution's input, the output gate z and the
+    /// per-head b and a.
+    fn project(&self, be: &B, x: &B::Tensor) -> Result<Projected<B>> {
         let s = self.shape;
         let proj = be.matmul(x, &self.in_proj)?;
         let mut parts = be
             .split_cols(&proj, &[s.conv_dim(), s.value_dim(), s.v_heads, s.v_heads])?
             .into_iter();
-        drop(proj);
         let (Some(mixed), Some(z), Some(b), Some(a)) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             bail!("gated deltanet: split_cols did not return qkv, z, b and a");
         };
+        Ok(Projected { mixed, z, b, a })
+    }
+
+    /// The recurrent core: causal convolution + SiLU, then the gated delta rule, each sequence
+    /// continuing from its state. Takes `mixed` to free it before the delta rule (a long
+    /// prefill's largest activation).
+    fn core(
+        &self,
+        be: &B,
+        mixed: B::Tensor,
+        a: &B::Tensor,
+        b: &B::Tensor,
+        seq_starts: &SeqStarts,
+        states: &mut [&mut GdnState<B>],
+    ) -> Result<B::Tensor> {
         let mut convs: Vec<&mut B::Tensor> = states.iter_mut().map(|st| &mut st.conv).collect();
         let qkv = be.causal_conv1d_silu(&mixed, &self.conv1d, seq_starts, &mut convs)?;
         drop(mixed);
         let params = GdnParams {
             a_log: &self.a_log,
             dt_bias: &self.dt_bias,
-            shape: s,
+            shape: self.shape,
             profile: self.profile,
         };
         let mut rec: Vec<&mut B::F32Buf> = states.iter_mut().map(|st| &mut st.recurrent).collect();
-        let o = be.gated_delta_rule(&qkv, &a, &b, &params, seq_starts, &mut rec)?;
-        let o = be.gated_rms_norm(&o, &z, &self.norm, self.eps, s.v_dim)?;
-        be.matmul_acc(&o, &self.out_proj, h)
+        be.gated_delta_rule(&qkv, a, b, &params, seq_starts, &mut rec)
     }
+}
+
+/// [`GdnMixer::project`]'s parts.
+struct Projected<B: Backend> {
+    mixed: B::Tensor,
+    z: B::Tensor,
+    b: B::Tensor,
+    a: B::Tensor,
 }
