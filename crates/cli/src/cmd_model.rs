@@ -245,6 +245,7 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
         draftlens_engine::identity::IdentityStore::new(g.cache()?.root()),
     );
     let infos = f.weights.tensors();
+    let experts_mxfp4 = f.mxfp4_experts();
     let mut dtypes = std::collections::BTreeMap::new();
     let mut params = 0u64;
     for t in &infos {
@@ -272,11 +273,13 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
         } else {
             "f32 on cpu (dequantised at load); bf16 on cuda"
         },
-        // MXFP4 experts as the CUDA backend will hold them (packed unless DRAFTLENS_MXFP4=bf16).
-        cuda_memory: draftlens_engine::backend::memory::MemoryModel::with_mxfp4(
+        // MXFP4 experts (a folder's or a GGUF's) as the CUDA backend will hold them (packed
+        // unless DRAFTLENS_MXFP4=bf16).
+        cuda_memory: draftlens_engine::backend::memory::MemoryModel::with_mxfp4_experts(
             &f.spec,
             "bf16",
             draftlens_engine::backend::mxfp4::packed_mode_from_env()?,
+            experts_mxfp4,
         )
         .estimate(
             a.gen_batch as u64,
@@ -330,6 +333,8 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
             if let (Some(storage), Some(routing)) = (e.storage, e.routing) {
                 let stored = match storage {
                     "mxfp4" => "MXFP4 blocks (dequantised to f32 at load)",
+                    "gguf" if experts_mxfp4 => "llama.cpp's MXFP4 stacks (repacked at load: packed on cuda unless DRAFTLENS_MXFP4=bf16, f32 on cpu)",
+                    "gguf" => "llama.cpp's gate / up / down stacks (dequantised at load)",
                     _ => "fused tensors",
                 };
                 o += &format!("                experts stored as {stored}; routing: {routing}\n");

@@ -1,33 +1,36 @@
 //! gpt-oss read from GGUF files written the way llama.cpp's converter writes them
 //! (`conversion/gpt_oss.py` `GptOssModel`, `conversion/base.py` `TextModel.set_gguf_parameters`,
 //! llama-cpp-python 0.3.36's vendored llama.cpp): the committed gpt-oss fixture
-//! (tests/fixtures/golden/gpt_oss, tools/golden/make_gpt_oss_golden.py) re-written here as a
-//! `gpt-oss` GGUF by golden_util's GGUF writer, with the experts as MXFP4 (ggml type 39, repacked
-//! from the gpt_oss_mxfp4 folder's blocks and scales exactly as `GptOssModel.repack_mxfp4` does)
-//! or as BF16 (de-interleaved and transposed from the bf16 folder's fused tensors as
-//! `GptOssModel.modify_tensors` does). Each file must give the folder's spec, the same tensors
-//! under the same names, bit-identical hidden states to the safetensors model, and so the
-//! transformers golden within golden_gpt_oss.rs's bounds. Then bad input, each one error naming
-//! the file and the tensor or key.
+//! (tests/fixtures/golden/gpt_oss, tools/golden/make_gpt_oss_golden.py) re-written as a
+//! `gpt-oss` GGUF by gpt_oss_gguf_util (its module doc says how), with the experts as MXFP4 or
+//! BF16. Each file must give the folder's spec, the same tensors under the same names,
+//! bit-identical hidden states to the safetensors model, and so the transformers golden within
+//! golden_gpt_oss.rs's bounds. The MXFP4 experts reach the backend as MXFP4 bytes
+//! (`Backend::matrix_mxfp4`, recorded here) that dequantise to the values ggml's reading gives,
+//! and the CUDA memory estimate counts them packed, as a folder's. Then bad input, each one error
+//! naming the file and the tensor or key.
 //!
 //! The fixture has no real vocabulary (256 ids): the files carry a byte-level "gpt2" vocabulary of
 //! 256 tokens; the converter writes gpt-oss's o200k vocabulary with `tokenizer.ggml.pre`
 //! "gpt-4o", which this test does not exercise.
 
 mod golden_util;
+mod gpt_oss_gguf_util;
 
-use draftlens_engine::backend::cpu::CpuBackend;
-use draftlens_engine::backend::Backend;
+use anyhow::Result;
+use draftlens_engine::backend::cpu::{CpuBackend, CpuMatrix, CpuTensor};
+use draftlens_engine::backend::memory::MemoryModel;
+use draftlens_engine::backend::{AttnMask, AttnShape, Backend, Rope, TopK};
 use draftlens_engine::formats::gguf::GgufValue;
 use draftlens_engine::formats::gguf_gpt_oss::YARN_TRUNCATE;
 use draftlens_engine::model::gpt_oss::{rope_freqs, yarn_inv_freq, AttentionKind};
 use draftlens_engine::model::{Arch, Capture, ModelSpec, TargetFiles, TargetModel};
-use golden_util::gguf_write::{write_gguf, TensorOut};
+use golden_util::gguf_write::TensorOut;
 use golden_util::*;
-use safetensors::tensor::Dtype;
-use safetensors::SafeTensors;
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use gpt_oss_gguf_util::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
 
 /// golden_gpt_oss.rs's bounds (argued there): every weight here is the checkpoint's value
 /// exactly (bf16 and MXFP4 values are f32s, written as F32, BF16 or MXFP4 without rounding), and
@@ -39,286 +42,6 @@ const TOL: Tolerances = Tolerances {
     logprob: 5e-4,
 };
 const NEW_TOKENS: usize = 64;
-
-const GGML_F32: u32 = 0;
-const GGML_BF16: u32 = 30;
-const GGML_MXFP4: u32 = 39;
-
-fn fixture(name: &str) -> PathBuf {
-    repo_root().join("tests/fixtures/golden").join(name)
-}
-
-/// A safetensors file's tensors: name → (dtype, shape, bytes).
-type Stored = HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>;
-
-fn stored(folder: &str) -> Stored {
-    let bytes = std::fs::read(fixture(folder).join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors()
-        .into_iter()
-        .map(|(n, t)| (n, (t.dtype(), t.shape().to_vec(), t.data().to_vec())))
-        .collect()
-}
-
-/// A BF16 / F32 tensor's values.
-fn values(s: &Stored, name: &str) -> (Vec<usize>, Vec<f32>) {
-    let (dtype, shape, bytes) = s.get(name).unwrap_or_else(|| panic!("no tensor {name}"));
-    let v = match dtype {
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect(),
-        other => panic!("{name}: dtype {other:?}"),
-    };
-    (shape.clone(), v)
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// `ne` of a tensor of PyTorch shape `shape` (reversed).
-fn ne_of(shape: &[usize]) -> Vec<u64> {
-    shape.iter().rev().map(|&d| d as u64).collect()
-}
-
-/// Rows `first, first + 2, …` of each of the `outer` matrices of `rows × cols` in `v`: the
-/// converter's `[:, ::2]` (first 0, gate) and `[:, 1::2]` (first 1, up).
-fn every_other_row(v: &[f32], outer: usize, rows: usize, cols: usize, first: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(v.len() / 2);
-    for m in v.chunks_exact(rows * cols).take(outer) {
-        for r in m.chunks_exact(cols).skip(first).step_by(2) {
-            out.extend_from_slice(r);
-        }
-    }
-    out
-}
-
-/// `[outer, rows, cols]` → `[outer, cols, rows]` (the converter's `transpose(-1, -2)`).
-fn transpose_last(v: &[f32], outer: usize, rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0f32; v.len()];
-    for o in 0..outer {
-        for r in 0..rows {
-            for c in 0..cols {
-                out[o * rows * cols + c * rows + r] = v[o * rows * cols + r * cols + c];
-            }
-        }
-    }
-    out
-}
-
-/// One 16-byte group of a gpt-oss checkpoint's MXFP4 blocks (value 2j in the low nibble of byte
-/// j, 2j + 1 in the high one) in ggml's `block_mxfp4.qs` order (value j low, j + 16 high): what
-/// `GptOssModel.transform_nibble_layout` computes.
-fn ggml_nibbles(hf: &[u8]) -> [u8; 16] {
-    let code = |k: usize| (hf[k / 2] >> (4 * (k % 2))) & 0x0F;
-    std::array::from_fn(|j| code(j) | (code(j + 16) << 4))
-}
-
-/// `GptOssModel.repack_mxfp4` of the rows `first, first + step, …` of blocks `[E, R, G, 16]` and
-/// scales `[E, R, G]`: ggml `block_mxfp4`s (scale byte, then 16 code bytes) of `[E, R/step, 32G]`.
-fn repack(
-    blocks: &[u8],
-    scales: &[u8],
-    e: usize,
-    r: usize,
-    g: usize,
-    first: usize,
-    step: usize,
-) -> Vec<u8> {
-    let mut out = Vec::new();
-    for x in 0..e {
-        for row in (first..r).step_by(step) {
-            for grp in 0..g {
-                let at = (x * r + row) * g + grp;
-                out.push(scales[at]);
-                out.extend(ggml_nibbles(&blocks[at * 16..(at + 1) * 16]));
-            }
-        }
-    }
-    out
-}
-
-/// How the experts are stored.
-#[derive(Clone, Copy, PartialEq)]
-enum Experts {
-    Mxfp4,
-    Bf16,
-}
-
-fn put(tensors: &mut Vec<TensorOut>, name: &str, shape: &[usize], ty: u32, data: Vec<u8>) {
-    tensors.push(TensorOut {
-        name: name.to_string(),
-        ne: ne_of(shape),
-        ty,
-        data,
-    });
-}
-
-/// GPT-2's byte-to-character map (`bytes_to_unicode`): a vocabulary of the 256 bytes.
-fn byte_tokens() -> Vec<GgufValue> {
-    let printable =
-        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-    let mut n = 0;
-    (0..256u32)
-        .map(|b| {
-            let c = if printable(b) {
-                b
-            } else {
-                n += 1;
-                255 + n
-            };
-            GgufValue::String(char::from_u32(c).unwrap().to_string())
-        })
-        .collect()
-}
-
-/// The metadata `TextModel.set_gguf_parameters` + `GptOssModel.set_gguf_parameters` write for the
-/// fixture's config.json.
-fn metadata() -> BTreeMap<String, GgufValue> {
-    let mut m = BTreeMap::new();
-    let mut put = |k: &str, v: GgufValue| {
-        m.insert(k.to_string(), v);
-    };
-    use GgufValue::*;
-    put("general.architecture", String("gpt-oss".into()));
-    put("general.alignment", U32(32));
-    put("gpt-oss.block_count", U32(4));
-    put("gpt-oss.context_length", U32(131072));
-    put("gpt-oss.embedding_length", U32(32));
-    put("gpt-oss.feed_forward_length", U32(32));
-    put("gpt-oss.attention.head_count", U32(2));
-    put("gpt-oss.attention.head_count_kv", U32(1));
-    put("gpt-oss.rope.scaling.type", String("yarn".into()));
-    put("gpt-oss.rope.scaling.factor", F32(32.0));
-    put("gpt-oss.rope.scaling.original_context_length", U32(4096));
-    put("gpt-oss.rope.scaling.yarn_beta_fast", F32(32.0));
-    put("gpt-oss.rope.scaling.yarn_beta_slow", F32(1.0));
-    put("gpt-oss.rope.freq_base", F32(150000.0));
-    put("gpt-oss.attention.layer_norm_rms_epsilon", F32(1e-5));
-    put("gpt-oss.expert_count", U32(8));
-    put("gpt-oss.expert_used_count", U32(4));
-    put("gpt-oss.attention.key_length", U32(64));
-    put("gpt-oss.attention.value_length", U32(64));
-    put("gpt-oss.attention.sliding_window", U32(8));
-    put("gpt-oss.expert_feed_forward_length", U32(32));
-    put("tokenizer.ggml.model", String("gpt2".into()));
-    put("tokenizer.ggml.pre", String("gpt2".into()));
-    put("tokenizer.ggml.tokens", Array(byte_tokens()));
-    put("tokenizer.ggml.merges", Array(vec![]));
-    m
-}
-
-/// The fixture's tensors under llama.cpp's names and shapes, experts stored as `experts`.
-fn tensors(experts: Experts) -> Vec<TensorOut> {
-    let st = stored("gpt_oss");
-    let mx = stored("gpt_oss_mxfp4");
-    let (e, i, d) = (8usize, 32usize, 32usize);
-    let mut out = Vec::new();
-    // Everything but the experts as F32 (bf16 values, exact).
-    let plain = |gguf: &str, hf: &str, out: &mut Vec<TensorOut>| {
-        let (shape, v) = values(&st, hf);
-        put(out, gguf, &shape, GGML_F32, f32_bytes(&v));
-    };
-    plain("token_embd.weight", "model.embed_tokens.weight", &mut out);
-    plain("output_norm.weight", "model.norm.weight", &mut out);
-    plain("output.weight", "lm_head.weight", &mut out);
-    for l in 0..4 {
-        let hf = |r: &str| format!("model.layers.{l}.{r}");
-        let g = |r: &str| format!("blk.{l}.{r}");
-        for (gguf, name) in [
-            ("attn_norm.weight", "input_layernorm.weight"),
-            (
-                "post_attention_norm.weight",
-                "post_attention_layernorm.weight",
-            ),
-            ("attn_q.weight", "self_attn.q_proj.weight"),
-            ("attn_q.bias", "self_attn.q_proj.bias"),
-            ("attn_k.weight", "self_attn.k_proj.weight"),
-            ("attn_k.bias", "self_attn.k_proj.bias"),
-            ("attn_v.weight", "self_attn.v_proj.weight"),
-            ("attn_v.bias", "self_attn.v_proj.bias"),
-            ("attn_output.weight", "self_attn.o_proj.weight"),
-            ("attn_output.bias", "self_attn.o_proj.bias"),
-            ("attn_sinks.weight", "self_attn.sinks"),
-            ("ffn_gate_inp.weight", "mlp.router.weight"),
-            ("ffn_gate_inp.bias", "mlp.router.bias"),
-        ] {
-            plain(&g(gguf), &hf(name), &mut out);
-        }
-        // Biases: gate_up's columns ::2 (gate) and 1::2 (up).
-        let (_, gub) = values(&st, &hf("mlp.experts.gate_up_proj_bias"));
-        for (name, first) in [("ffn_gate_exps.bias", 0), ("ffn_up_exps.bias", 1)] {
-            let v = every_other_row(&gub, 1, e * 2 * i, 1, first);
-            put(&mut out, &g(name), &[e, i], GGML_F32, f32_bytes(&v));
-        }
-        plain(
-            &g("ffn_down_exps.bias"),
-            &hf("mlp.experts.down_proj_bias"),
-            &mut out,
-        );
-        match experts {
-            Experts::Mxfp4 => {
-                let u8s = |n: &str| mx[&hf(&format!("mlp.experts.{n}"))].2.clone();
-                let (b, s) = (u8s("gate_up_proj_blocks"), u8s("gate_up_proj_scales"));
-                for (name, first) in [("ffn_gate_exps.weight", 0), ("ffn_up_exps.weight", 1)] {
-                    let data = repack(&b, &s, e, 2 * i, d / 32, first, 2);
-                    put(&mut out, &g(name), &[e, i, d], GGML_MXFP4, data);
-                }
-                let (b, s) = (u8s("down_proj_blocks"), u8s("down_proj_scales"));
-                let data = repack(&b, &s, e, d, i / 32, 0, 1);
-                put(
-                    &mut out,
-                    &g("ffn_down_exps.weight"),
-                    &[e, d, i],
-                    GGML_MXFP4,
-                    data,
-                );
-            }
-            Experts::Bf16 => {
-                let bf16 = |v: &[f32]| -> Vec<u8> {
-                    v.iter()
-                        .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
-                        .collect()
-                };
-                // [E, D, 2I] → [E, 2I, D], then rows ::2 / 1::2.
-                let (_, gu) = values(&st, &hf("mlp.experts.gate_up_proj"));
-                let gu = transpose_last(&gu, e, d, 2 * i);
-                for (name, first) in [("ffn_gate_exps.weight", 0), ("ffn_up_exps.weight", 1)] {
-                    let v = every_other_row(&gu, e, 2 * i, d, first);
-                    put(&mut out, &g(name), &[e, i, d], GGML_BF16, bf16(&v));
-                }
-                let (_, dn) = values(&st, &hf("mlp.experts.down_proj"));
-                let dn = transpose_last(&dn, e, i, d);
-                put(
-                    &mut out,
-                    &g("ffn_down_exps.weight"),
-                    &[e, d, i],
-                    GGML_BF16,
-                    bf16(&dn),
-                );
-            }
-        }
-    }
-    out
-}
-
-/// A gpt-oss GGUF in a temporary folder, its metadata and tensors after `edit`.
-fn write(
-    experts: Experts,
-    edit: impl FnOnce(&mut BTreeMap<String, GgufValue>, &mut Vec<TensorOut>),
-) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gpt-oss.gguf");
-    let (mut meta, mut t) = (metadata(), tensors(experts));
-    edit(&mut meta, &mut t);
-    write_gguf(&path, &meta, &t, 32);
-    (dir, path)
-}
 
 fn open_folder(name: &str) -> TargetFiles {
     TargetFiles::open(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e:#}"))
@@ -455,6 +178,213 @@ fn gpt_oss_gguf_with_mxfp4_experts_matches_transformers() {
 #[test]
 fn gpt_oss_gguf_with_bf16_experts_matches_transformers() {
     check_file("gpt-oss GGUF (BF16 experts)", Experts::Bf16);
+}
+
+/// The CPU reference that records the bytes of every `matrix_mxfp4` call (what a backend keeping
+/// MXFP4 packed receives: the CUDA backend); every op is the CPU's. Only loads are run here.
+struct RecordsMxfp4 {
+    cpu: CpuBackend,
+    calls: Mutex<Vec<Mxfp4Call>>,
+}
+
+/// One `matrix_mxfp4` call: blocks, scales, out, inp.
+type Mxfp4Call = (Vec<u8>, Vec<u8>, usize, usize);
+
+impl Backend for RecordsMxfp4 {
+    type Tensor = CpuTensor;
+    type Matrix = CpuMatrix;
+    type F32Buf = draftlens_engine::backend::HostF32;
+
+    fn name(&self) -> &'static str {
+        "cpu-records-mxfp4"
+    }
+    fn dtype(&self) -> &'static str {
+        self.cpu.dtype()
+    }
+    fn to_host(&self, t: &CpuTensor) -> Result<Vec<f32>> {
+        self.cpu.to_host(t)
+    }
+    fn dims(&self, t: &CpuTensor) -> (usize, usize) {
+        self.cpu.dims(t)
+    }
+    fn matrix_dims(&self, m: &CpuMatrix) -> (usize, usize) {
+        self.cpu.matrix_dims(m)
+    }
+    fn from_host_impl(&self, data: &[f32], rows: usize, cols: usize) -> Result<CpuTensor> {
+        self.cpu.from_host_impl(data, rows, cols)
+    }
+    fn matrix_impl(&self, data: &[f32], out: usize, inp: usize) -> Result<CpuMatrix> {
+        self.cpu.matrix_impl(data, out, inp)
+    }
+    fn matrix_mxfp4_impl(
+        &self,
+        blocks: &[u8],
+        scales: &[u8],
+        out: usize,
+        inp: usize,
+    ) -> Result<CpuMatrix> {
+        let call = (blocks.to_vec(), scales.to_vec(), out, inp);
+        self.calls.lock().unwrap().push(call);
+        self.cpu.matrix_mxfp4_impl(blocks, scales, out, inp)
+    }
+    fn matmul_impl(&self, x: &CpuTensor, w: &CpuMatrix) -> Result<CpuTensor> {
+        self.cpu.matmul_impl(x, w)
+    }
+    fn add_row_bias_impl(&self, x: &mut CpuTensor, bias: &CpuTensor) -> Result<()> {
+        self.cpu.add_row_bias_impl(x, bias)
+    }
+    fn add_inplace_impl(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<()> {
+        self.cpu.add_inplace_impl(x, y)
+    }
+    fn rms_norm_impl(&self, x: &CpuTensor, w: &CpuTensor, eps: f32, g: usize) -> Result<CpuTensor> {
+        self.cpu.rms_norm_impl(x, w, eps, g)
+    }
+    fn rope_inplace_impl(&self, x: &mut CpuTensor, positions: &[u32], rope: &Rope) -> Result<()> {
+        self.cpu.rope_inplace_impl(x, positions, rope)
+    }
+    fn attention_impl(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        shape: AttnShape,
+        mask: &AttnMask,
+    ) -> Result<CpuTensor> {
+        self.cpu.attention_impl(q, k, v, shape, mask)
+    }
+    fn swiglu_impl(&self, gate: &CpuTensor, up: &CpuTensor) -> Result<CpuTensor> {
+        self.cpu.swiglu_impl(gate, up)
+    }
+    fn embed_impl(&self, table: &CpuMatrix, ids: &[u32]) -> Result<CpuTensor> {
+        self.cpu.embed_impl(table, ids)
+    }
+    fn concat_rows_impl(&self, parts: &[&CpuTensor]) -> Result<CpuTensor> {
+        self.cpu.concat_rows_impl(parts)
+    }
+    fn concat_cols_impl(&self, parts: &[&CpuTensor]) -> Result<CpuTensor> {
+        self.cpu.concat_cols_impl(parts)
+    }
+    fn split_cols_impl(&self, x: &CpuTensor, widths: &[usize]) -> Result<Vec<CpuTensor>> {
+        self.cpu.split_cols_impl(x, widths)
+    }
+    fn slice_rows_impl(&self, x: &CpuTensor, start: usize, end: usize) -> Result<CpuTensor> {
+        self.cpu.slice_rows_impl(x, start, end)
+    }
+    fn gather_rows_impl(&self, x: &CpuTensor, rows: &[u32]) -> Result<CpuTensor> {
+        self.cpu.gather_rows_impl(x, rows)
+    }
+    fn lm_head_topk_impl(&self, x: &CpuTensor, head: &CpuMatrix, k: usize) -> Result<TopK> {
+        self.cpu.lm_head_topk_impl(x, head, k)
+    }
+    fn supports_attention_sinks(&self) -> bool {
+        self.cpu.supports_attention_sinks()
+    }
+}
+
+/// Load `files` through [`RecordsMxfp4`]: its `matrix_mxfp4` calls in load order.
+fn mxfp4_calls(files: &TargetFiles) -> Vec<Mxfp4Call> {
+    let be = RecordsMxfp4 {
+        cpu: CpuBackend::new(),
+        calls: Mutex::default(),
+    };
+    TargetModel::load(&be, &files.spec, files.weights.as_ref()).unwrap();
+    be.calls.into_inner().unwrap()
+}
+
+/// The GGUF's MXFP4 experts reach the backend as MXFP4 bytes (`Backend::matrix_mxfp4`), each
+/// expert's gate | up and down, whose values are those the GGUF source dequantises (ggml's
+/// reading: what the loader uploaded as f32 before), and whose bytes are the MXFP4 folder's
+/// (its gate_up rows de-interleaved): the converter's repacking undone exactly. BF16 experts
+/// and an expert with an exponent of 255 (2^127 to ggml, NaN to the packed path) go as values.
+#[test]
+fn gguf_mxfp4_experts_reach_the_backend_as_the_folders_mxfp4_bytes() {
+    let (e, i, d) = (8usize, 32usize, 32usize);
+    let (_dir, path) = write(Experts::Mxfp4, |_, _| {});
+    let gguf = TargetFiles::open(&path).unwrap();
+    let calls = mxfp4_calls(&gguf);
+    // Per layer, per expert: gate | up [2I, D], then down [D, I].
+    assert_eq!(calls.len(), 4 * e * 2);
+    let mut next = calls.iter();
+    for l in 0..4 {
+        for x in 0..e {
+            let w = |proj: &str| {
+                let name = format!("model.layers.{l}.mlp.experts.{x}.{proj}.weight");
+                gguf.weights.tensor(&name).unwrap().data
+            };
+            let gate_up = [w("gate_proj"), w("up_proj")].concat();
+            for (want, shape) in [(gate_up, (2 * i, d)), (w("down_proj"), (d, i))] {
+                let (blocks, scales, out, inp) = next.next().unwrap();
+                assert_eq!((*out, *inp), shape, "layer {l} expert {x}");
+                let got = draftlens_engine::backend::mxfp4::dequantize(blocks, scales).unwrap();
+                // f32 equality: ggml reads code 8 as +0, the MXFP4 table as -0 (equal values).
+                assert!(got == want, "layer {l} expert {x} {shape:?}: values differ");
+            }
+        }
+    }
+    let folder = mxfp4_calls(&open_folder("gpt_oss_mxfp4"));
+    assert!(calls == folder, "the folder's bytes");
+
+    let (_dir, path) = write(Experts::Bf16, |_, _| {});
+    assert!(mxfp4_calls(&TargetFiles::open(&path).unwrap()).is_empty());
+
+    let (_dir, path) = write(Experts::Mxfp4, |_, t| {
+        // Layer 0's gate stack, expert 0, row 0: its first block's exponent.
+        tensor_mut(t, "blk.0.ffn_gate_exps.weight").data[0] = 255;
+    });
+    let f = TargetFiles::open(&path).unwrap();
+    let calls = mxfp4_calls(&f);
+    assert_eq!(calls.len(), 4 * e * 2 - 1);
+    assert_eq!(
+        (calls[0].2, calls[1].2),
+        (d, 2 * i),
+        "expert 0's down, expert 1's gate | up"
+    );
+    let gate = f
+        .weights
+        .tensor("model.layers.0.mlp.experts.0.gate_proj.weight")
+        .unwrap();
+    assert!(
+        gate.data[..32].iter().any(|v| v.abs() >= 2f32.powi(126)),
+        "2^127 scales"
+    );
+}
+
+/// The CUDA memory estimate counts a GGUF's MXFP4 experts as it counts the MXFP4 folder's: packed
+/// (17 bytes per 32 values) by default, dequantised with `DRAFTLENS_MXFP4=bf16`; BF16 experts,
+/// or a file whose expert stacks mix types, count as dequantised.
+#[test]
+fn the_cuda_estimate_counts_gguf_mxfp4_experts_as_the_folders() {
+    let (_dir, path) = write(Experts::Mxfp4, |_, _| {});
+    let gguf = TargetFiles::open(&path).unwrap();
+    let folder = open_folder("gpt_oss_mxfp4");
+    assert!(gguf.mxfp4_experts() && folder.mxfp4_experts());
+    for packed in [true, false] {
+        let ours = MemoryModel::with_mxfp4_experts(&gguf.spec, "bf16", packed, true);
+        let theirs = MemoryModel::with_mxfp4(&folder.spec, "bf16", packed);
+        assert_eq!(
+            (ours.weights, &ours.weights_as),
+            (theirs.weights, &theirs.weights_as),
+            "packed {packed}"
+        );
+    }
+    let packed = MemoryModel::with_mxfp4_experts(&gguf.spec, "bf16", true, true);
+    assert_eq!(packed.weights_as, "bf16; its MXFP4 experts kept packed");
+    assert!(packed.weights < MemoryModel::new(&gguf.spec, "bf16").weights);
+
+    let (_dir, path) = write(Experts::Bf16, |_, _| {});
+    let bf16 = TargetFiles::open(&path).unwrap();
+    let (_dir, path) = write(Experts::Mxfp4, |_, t| {
+        let x = tensor_mut(t, "blk.2.ffn_down_exps.weight");
+        x.ty = GGML_F32;
+        x.data = vec![0u8; 32 * 32 * 8 * 4];
+    });
+    let mixed = TargetFiles::open(&path).unwrap();
+    for f in [&bf16, &mixed] {
+        assert!(!f.mxfp4_experts());
+        let m = MemoryModel::with_mxfp4_experts(&f.spec, "bf16", true, f.mxfp4_experts());
+        assert_eq!(m.weights, MemoryModel::new(&f.spec, "bf16").weights);
+        assert_eq!(m.weights_as, "bf16");
+    }
 }
 
 /// What the metadata cannot carry: YaRN's truncate is assumed false (the checkpoint's, which
@@ -623,6 +553,29 @@ fn bad_gpt_oss_ggufs_are_one_clear_error_naming_the_tensor_or_key() {
                 x.name = "blk.0.ffn_gate_up_exps.weight".into();
             }),
             vec!["tensor blk.0.ffn_gate_up_exps.weight holds gate and up fused"],
+        ),
+        (
+            // An MXFP4 stack whose rows are not whole blocks of 32 values.
+            Box::new(|_, t| tensor_mut(t, "blk.1.ffn_down_exps.weight").ne[0] = 48),
+            vec!["tensor blk.1.ffn_down_exps.weight: row length 48 is not a multiple of the MXFP4 block size 32"],
+        ),
+        (
+            Box::new(|_, t| {
+                // An MXFP4 stack with fewer bytes than rows × (cols / 32) × 17 (last in the
+                // file, so that the file ends before its data does).
+                let at = t
+                    .iter()
+                    .position(|x| x.name == "blk.3.ffn_down_exps.weight")
+                    .unwrap();
+                let mut x = t.remove(at);
+                x.data.truncate(x.data.len() - 3 * 17);
+                t.push(x);
+            }),
+            vec![
+                "tensor blk.3.ffn_down_exps.weight data (offset ",
+                " + 4352 bytes after the data section",
+                "runs past the end of the file",
+            ],
         ),
     ];
     for (edit, want) in cases {

@@ -100,6 +100,11 @@ pub struct MemoryModel {
     state_per_sequence: u64,
 }
 
+/// [`MemoryModel::weights_as`] of gpt-oss's MXFP4 experts dequantised at load.
+fn dequantised_as(dtype: &str) -> String {
+    format!("{dtype}; its MXFP4 experts dequantised at load")
+}
+
 impl MemoryModel {
     /// The estimates' view of `spec` on a backend computing in `dtype` (`Backend::dtype`).
     pub fn new(spec: &ModelSpec, dtype: &str) -> MemoryModel {
@@ -154,7 +159,7 @@ impl MemoryModel {
             elem,
             weights: spec.stored_params() * elem,
             weights_as: if mxfp4 {
-                format!("{dtype}; its MXFP4 experts dequantised at load")
+                dequantised_as(dtype)
             } else {
                 dtype.to_string()
             },
@@ -171,8 +176,24 @@ impl MemoryModel {
     /// expert weights then count at their packed bytes ([`crate::backend::mxfp4::packed_bytes`],
     /// 17 per 32 parameters) instead of `e` each; everything else as [`MemoryModel::new`].
     pub fn with_mxfp4(spec: &ModelSpec, dtype: &str, mxfp4_packed: bool) -> MemoryModel {
-        let mut m = MemoryModel::new(spec, dtype);
         let mxfp4 = spec.gpt_oss.as_ref().is_some_and(|g| g.mxfp4());
+        MemoryModel::with_mxfp4_experts(spec, dtype, mxfp4_packed, mxfp4)
+    }
+
+    /// [`MemoryModel::with_mxfp4`] where whether gpt-oss's experts reach the backend as MXFP4
+    /// bytes is the caller's to say (`mxfp4_experts`: `TargetFiles::mxfp4_experts`, a folder's
+    /// `quant_method` or a GGUF's expert stacks' ggml type), not the config's.
+    pub fn with_mxfp4_experts(
+        spec: &ModelSpec,
+        dtype: &str,
+        mxfp4_packed: bool,
+        mxfp4_experts: bool,
+    ) -> MemoryModel {
+        let mut m = MemoryModel::new(spec, dtype);
+        let mxfp4 = mxfp4_experts && spec.gpt_oss.is_some();
+        if mxfp4 && !mxfp4_packed {
+            m.weights_as = dequantised_as(dtype);
+        }
         if let (true, true, Some(moe)) = (mxfp4_packed, mxfp4, &spec.moe) {
             let (d, i) = (spec.hidden_size, moe.moe_intermediate_size);
             let matrices = (spec.num_layers * moe.num_experts) as u64;

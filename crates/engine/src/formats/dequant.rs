@@ -297,7 +297,7 @@ fn e8m0_half(e: u8) -> f32 {
 
 /// `e` (e8m0 exponent), `qs[16]`: element j < 16 is the low nibble of qs[j], element j + 16 the
 /// high one (ggml `dequantize_row_mxfp4`; gpt-oss's checkpoints pair them differently, see
-/// `formats::mxfp4`).
+/// `formats::mxfp4`, whose `from_ggml` repacks these blocks into that layout).
 fn mxfp4(b: &[u8], y: &mut [f32]) {
     let d = e8m0_half(b[0]);
     for (j, &q) in b[1..17].iter().enumerate() {

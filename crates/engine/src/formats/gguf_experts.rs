@@ -1,12 +1,12 @@
 //! What the MoE and gpt-oss GGUF readers ([`super::gguf_moe`], [`super::gguf_gpt_oss`]) share:
 //! their `{arch}.*` key reader, and [`StackedGgufWeights`], llama.cpp's stacked expert tensors
-//! served under Hugging Face names (each expert a row range of its stack, dequantised on its own)
-//! over an inner source that serves every other name. Each reader builds one with its own names
+//! served under Hugging Face names (each expert a row range of its stack, dequantised on its own,
+//! or handed over as MXFP4 bytes when ggml MXFP4: [`WeightSource::mxfp4`]) over an inner source
+//! that serves every other name. Each reader builds one with its own names
 //! and checks; the marker type `K` only gives each its own constructor.
 
-use super::dequant;
 use super::gguf::{GgufFile, GgufTensor, GgufValue};
-use super::{HostTensor, TensorInfo, WeightSource};
+use super::{dequant, mxfp4, HostTensor, TensorInfo, WeightSource};
 use crate::backend::raw::RawPart;
 use anyhow::{bail, Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
@@ -142,12 +142,19 @@ impl<K> StackedGgufWeights<K> {
         self.parts.insert(hf_name, part);
     }
 
-    /// Dequantise `part`'s rows (rows are whole quantisation blocks: GGUF rows always are).
-    fn read(&self, part: &Part) -> Result<HostTensor> {
+    /// The stored bytes of `part`'s rows (rows are whole quantisation blocks: GGUF rows always
+    /// are).
+    fn bytes(&self, part: &Part) -> &[u8] {
         let t = &self.file.tensors()[part.index];
         let row_bytes = row_bytes(t);
-        let src = &self.file.tensor_data(t)
-            [part.first_row * row_bytes..(part.first_row + part.rows) * row_bytes];
+        &self.file.tensor_data(t)
+            [part.first_row * row_bytes..(part.first_row + part.rows) * row_bytes]
+    }
+
+    /// Dequantise `part`'s rows.
+    fn read(&self, part: &Part) -> Result<HostTensor> {
+        let t = &self.file.tensors()[part.index];
+        let src = self.bytes(part);
         let mut data = vec![0f32; part.rows * t.row_len() as usize];
         dequant::dequantize(t.ty, src, &mut data).map_err(|e| {
             anyhow::anyhow!("{}: tensor {}: {e:#}", self.file.path().display(), t.name)
@@ -196,6 +203,24 @@ impl<K> WeightSource for StackedGgufWeights<K> {
             Some(part) => self.read(part),
             None => self.inner.tensor(name),
         }
+    }
+
+    /// A part stored as ggml MXFP4, its rows repacked ([`mxfp4::from_ggml`]); `None` for any
+    /// other type, and for a part with an exponent of 255, which ggml reads as 2^127 but the
+    /// MXFP4 path refuses (NaN in the OCP MX format): its values keep ggml's reading through
+    /// [`WeightSource::tensor`].
+    fn mxfp4(&self, name: &str) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let Some(part) = self.parts.get(name) else {
+            return self.inner.mxfp4(name);
+        };
+        let t = &self.file.tensors()[part.index];
+        if t.ty != dequant::GgmlType::MXFP4 {
+            return Ok(None);
+        }
+        let (blocks, scales) = mxfp4::from_ggml(self.bytes(part)).map_err(|e| {
+            anyhow::anyhow!("{}: tensor {}: {e:#}", self.file.path().display(), t.name)
+        })?;
+        Ok((!scales.contains(&255)).then_some((blocks, scales)))
     }
 
     fn raw(&self, name: &str) -> Result<Option<RawPart<'_>>> {

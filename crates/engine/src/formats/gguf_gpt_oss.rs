@@ -24,7 +24,9 @@
 //! `gate_up_proj` (`[..., ::2]` gate, `[..., 1::2]` up), so the per-expert tensors here are the
 //! gate | up halves the model stacks ([`GptOssSpec::per_expert`]). Expert weights are MXFP4 (ggml
 //! type 39, `formats::dequant`) in a converted MXFP4 checkpoint, any other supported type
-//! otherwise.
+//! otherwise. MXFP4 stacks reach the backend as MXFP4 bytes, their blocks repacked into the
+//! Hugging Face layout (`formats::mxfp4::from_ggml`, [`super::WeightSource::mxfp4`]), as a
+//! folder's blocks do: kept packed on CUDA, dequantised to the same values on the CPU.
 //!
 //! What the metadata cannot say, and is assumed:
 //! - YaRN's `truncate`: false, as every gpt-oss checkpoint says (`GptOssConfig`'s default, the
@@ -40,9 +42,10 @@
 //!   n: layer l slides when `l % n < n − 1`), else llama.cpp's period 2 for gpt-oss: even layers
 //!   sliding, odd full (= transformers' default `layer_types`).
 
-use super::dequant;
+use super::dequant::{self, GgmlType};
 use super::gguf::{GgufFile, GgufValue, GgufWeights};
 use super::gguf_experts::{blk, Keys, StackedGgufWeights};
+use super::TensorInfo;
 use crate::model::config::{Arch, ModelSpec};
 use crate::model::gpt_oss::{self, AttentionKind, GptOssSpec, Yarn};
 use crate::model::moe::MoeSpec;
@@ -361,6 +364,19 @@ fn check(file: &GgufFile, spec: &ModelSpec) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether every expert weight of a gpt-oss GGUF (`infos`: [`GptOssGgufWeights`]'s listing,
+/// `model.layers.N.mlp.experts.{e}.{gate,up,down}_proj.weight`) is stored as ggml MXFP4, as
+/// llama.cpp's converter writes a gpt-oss MXFP4 checkpoint: the loader then hands them to the
+/// backend as MXFP4 bytes ([`super::WeightSource::mxfp4`]), and the memory estimate counts them
+/// so. A file whose expert stacks mix types counts as dequantised (an overestimate).
+pub fn experts_are_mxfp4(infos: &[TensorInfo]) -> bool {
+    let mut experts = infos
+        .iter()
+        .filter(|t| t.name.contains(".mlp.experts.") && t.name.ends_with("_proj.weight"))
+        .peekable();
+    experts.peek().is_some() && experts.all(|t| t.dtype == GgmlType::MXFP4.name())
 }
 
 /// A gpt-oss GGUF under Hugging Face names (the table in the module docs): llama's names from

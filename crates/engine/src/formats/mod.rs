@@ -61,6 +61,16 @@ pub trait WeightSource: Send + Sync {
     fn release(&self, name: &str) {
         let _ = name;
     }
+    /// Weight `name` (`[out, in]`) as MXFP4 blocks and scales in [`mxfp4`]'s layout, row-major,
+    /// when it is stored as MXFP4 a backend can take without dequantising
+    /// ([`crate::backend::Backend::matrix_mxfp4`]): a GGUF's ggml MXFP4 expert stacks, repacked
+    /// ([`mxfp4::from_ggml`]). `Ok(None)` (every other tensor and source): read its values with
+    /// [`WeightSource::tensor`]. A folder's `*_blocks` / `*_scales` are read by
+    /// [`mxfp4::Mxfp4Tensor`] instead.
+    fn mxfp4(&self, name: &str) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let _ = name;
+        Ok(None)
+    }
     /// The shape of U8 tensor `name` when this source generates it rather than storing it in a
     /// safetensors file (`model::random`, a `random:DIR` target's gpt-oss MXFP4 `*_blocks` /
     /// `*_scales`). `None` (every stored checkpoint): the loader reads U8 tensors from the

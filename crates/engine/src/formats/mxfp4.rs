@@ -16,6 +16,9 @@
 //! floats), so [`StoredU8`] reads them from the folder's safetensors files itself (the index's
 //! `weight_map` names the shard); a source that generates them (a `random:DIR` target) hands
 //! them over one expert at a time ([`Mxfp4Tensor::of_source`]).
+//!
+//! llama.cpp's GGUF files store the same values in ggml's own block layout; [`from_ggml`] moves
+//! their bytes into this one (a gpt-oss GGUF's experts, [`super::WeightSource::mxfp4`]).
 
 use super::safetensors::{INDEX_FILE, SINGLE_FILE};
 use anyhow::{bail, Context, Result};
@@ -60,6 +63,47 @@ pub fn dequantize_into(blocks: &[u8], scales: &[u8], out: &mut [f32]) -> Result<
         }
     }
     Ok(())
+}
+
+/// Bytes of one ggml `block_mxfp4`: the e8m0 exponent, then 16 bytes of e2m1 codes.
+pub const GGML_BLOCK_BYTES: usize = 1 + BLOCK / 2;
+
+/// ggml's MXFP4 (ggml type 39, `block_mxfp4`) as this module's blocks and scales: the same
+/// values, only bytes and nibbles moved (no arithmetic, nothing rounded). Per 32 values:
+///
+/// - ggml (`ggml-common.h` `block_mxfp4`, `ggml-quants.c` `dequantize_row_mxfp4`; read by
+///   `formats::dequant`): 17 bytes, the e8m0 exponent `e`, then `qs[16]`: value j in the low
+///   nibble of `qs[j]`, value j + 16 in its high nibble;
+/// - Hugging Face (this module, [`dequantize_into`]): the exponent in `scales`, and 16 bytes in
+///   `blocks`: value 2k in the low nibble of byte k, value 2k + 1 in its high nibble.
+///
+/// A ggml row of C values is C / 32 blocks as a row here is C / 32 groups, so ggml rows `[out,
+/// in]` come out as blocks and scales `[out, in]`. The exponent byte is copied as it is: ggml reads
+/// 255 as 2^127 where the OCP MX format (and so this module) has NaN; the caller decides about
+/// it. Errors when `ggml` is not whole blocks.
+pub fn from_ggml(ggml: &[u8]) -> Result<(Vec<u8>, Vec<u8>)> {
+    if !ggml.len().is_multiple_of(GGML_BLOCK_BYTES) {
+        bail!(
+            "{} bytes are not whole ggml MXFP4 blocks of {GGML_BLOCK_BYTES}",
+            ggml.len()
+        );
+    }
+    let n = ggml.len() / GGML_BLOCK_BYTES;
+    let (mut blocks, mut scales) = (vec![0u8; n * BLOCK / 2], Vec::with_capacity(n));
+    for (block, out) in ggml
+        .chunks_exact(GGML_BLOCK_BYTES)
+        .zip(blocks.chunks_exact_mut(BLOCK / 2))
+    {
+        scales.push(block[0]);
+        let qs = &block[1..];
+        for k in 0..8 {
+            // Values 2k, 2k + 1: the low nibbles of qs[2k], qs[2k + 1]; values 2k + 16,
+            // 2k + 17: their high nibbles.
+            out[k] = (qs[2 * k] & 0x0F) | (qs[2 * k + 1] << 4);
+            out[k + 8] = (qs[2 * k] >> 4) | (qs[2 * k + 1] & 0xF0);
+        }
+    }
+    Ok((blocks, scales))
 }
 
 /// A U8 tensor of a Hugging Face folder, its bytes borrowed from the shard's memory map.
@@ -301,6 +345,68 @@ mod tests {
         assert_eq!(e8m0(254).unwrap() * 6.0, f32::INFINITY);
         let mut out = vec![0f32; 64];
         assert_eq!(dequantize_into(&[0u8; 32], &[127, 255], &mut out), Err(1));
+    }
+
+    /// ggml's MXFP4 blocks, repacked ([`from_ggml`]) and dequantised here, give ggml's own
+    /// dequantisation (`formats::dequant`, tested against ggml's reference) bit for bit, but for
+    /// the sign of zero: ggml's value table is integers, so its code 8 (−0 in e2m1) is +0.
+    #[test]
+    fn ggml_blocks_repacked_dequantise_to_ggmls_values() {
+        use crate::formats::dequant::{dequantize, GgmlType};
+        // Known answer: qs[j] = code j low, code 15 − j high, so value v is code v for v < 16
+        // and code 31 − v from 16 on; here byte k holds values 2k (low) and 2k + 1 (high).
+        let mut one = vec![127u8];
+        one.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let (blocks, scales) = from_ggml(&one).unwrap();
+        let code = |v: u8| if v < 16 { v } else { 31 - v };
+        let want: Vec<u8> = (0..16u8)
+            .map(|k| code(2 * k) | (code(2 * k + 1) << 4))
+            .collect();
+        assert_eq!((blocks, scales), (want, vec![127]));
+
+        // Random blocks (every code in both nibbles) at scales 0..=254, the ends included.
+        let mut r = crate::util::DetRng::new(39);
+        let mut ggml = Vec::new();
+        for e in (0..=254u8).chain([0, 1, 127, 253, 254]) {
+            ggml.push(e);
+            ggml.extend((0..16).map(|_| r.below(256) as u8));
+        }
+        let codes: Vec<u8> = ggml
+            .chunks(GGML_BLOCK_BYTES)
+            .flat_map(|b| b[1..].iter().flat_map(|q| [q & 0x0F, q >> 4]))
+            .collect();
+        assert!((0..16).all(|c| codes.contains(&c)), "every code appears");
+        let (blocks, scales) = from_ggml(&ggml).unwrap();
+        assert_eq!(
+            (blocks.len(), scales.len()),
+            (codes.len() / 2, ggml.len() / 17)
+        );
+        let mut ours = vec![0f32; codes.len()];
+        dequantize_into(&blocks, &scales, &mut ours).unwrap();
+        let mut theirs = vec![0f32; codes.len()];
+        dequantize(GgmlType::MXFP4, &ggml, &mut theirs).unwrap();
+        let mut signed_zeros = 0;
+        for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+            if a.to_bits() != b.to_bits() {
+                assert!(
+                    a.to_bits() == (-0f32).to_bits() && b.to_bits() == 0,
+                    "value {i}: repacked {a:e}, ggml {b:e}"
+                );
+                signed_zeros += 1;
+            }
+        }
+        let code8 = codes.iter().filter(|&&c| c == 8).count();
+        assert!(code8 > 0);
+        assert_eq!(
+            signed_zeros, code8,
+            "only code 8 differs, by the sign of zero"
+        );
+
+        let err = from_ggml(&[0u8; 18]).unwrap_err().to_string();
+        assert!(
+            err.contains("18 bytes are not whole ggml MXFP4 blocks of 17"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -280,6 +280,21 @@ impl TargetFiles {
         self
     }
 
+    /// Whether gpt-oss's expert weights reach the backend as MXFP4 bytes
+    /// ([`crate::backend::Backend::matrix_mxfp4`], kept packed on CUDA): a folder's blocks
+    /// (`quant_method` "mxfp4"), or a GGUF whose expert stacks are ggml MXFP4
+    /// ([`crate::formats::gguf_gpt_oss::experts_are_mxfp4`]). What the memory estimate counts
+    /// (`MemoryModel::with_mxfp4_experts`).
+    pub fn mxfp4_experts(&self) -> bool {
+        match &self.spec.gpt_oss {
+            Some(g) if g.per_expert => {
+                crate::formats::gguf_gpt_oss::experts_are_mxfp4(&self.weights.tensors())
+            }
+            Some(g) => g.mxfp4(),
+            None => false,
+        }
+    }
+
     pub fn tokenizer(&self) -> Result<&TextTokenizer> {
         self.tokenizer.as_ref().with_context(|| {
             format!(

@@ -12,9 +12,14 @@ use anyhow::{bail, Result};
 impl<B: Backend> Session<B> {
     /// The memory estimates' view of this target on this backend (`backend/memory.rs`): the
     /// weights counted from the config (what the loader uploads), in the backend's dtype (MXFP4
-    /// experts packed where the backend keeps them so).
+    /// experts, a folder's or a GGUF's, packed where the backend keeps them so).
     pub fn memory_model(&self) -> MemoryModel {
-        MemoryModel::with_mxfp4(&self.files.spec, self.be.dtype(), self.be.mxfp4_packed())
+        MemoryModel::with_mxfp4_experts(
+            &self.files.spec,
+            self.be.dtype(),
+            self.be.mxfp4_packed(),
+            self.files.mxfp4_experts(),
+        )
     }
 
     /// [`MemoryModel::estimate`] of this target on this backend: decoding `batch` prompts of up

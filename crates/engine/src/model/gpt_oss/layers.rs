@@ -275,7 +275,8 @@ impl StoredExperts<'_> {
     }
 
     /// Expert `e`'s weight `[out, inp]` on the backend, rows de-interleaved (gate then up) when
-    /// `gate_up` and [`StoredExperts::interleaved`]. MXFP4 blocks go to the backend as bytes
+    /// `gate_up` and [`StoredExperts::interleaved`]. MXFP4 blocks (a folder's, or a GGUF's
+    /// repacked: [`StoredExperts::per_expert_mxfp4`]) go to the backend as bytes
     /// ([`Backend::matrix_mxfp4`]: the CUDA backend keeps them packed, the CPU dequantises them),
     /// the other layouts as f32 values.
     fn upload<B: Backend>(
@@ -298,6 +299,9 @@ impl StoredExperts<'_> {
                 be.matrix_mxfp4(&blocks, &scales, out, inp)
             };
         }
+        if let Some((blocks, scales)) = self.per_expert_mxfp4(e)? {
+            return be.matrix_mxfp4(&blocks, &scales, out, inp);
+        }
         let w = self.expert(e)?;
         let w = if rows_interleaved {
             deinterleave(&w, inp)
@@ -305,6 +309,28 @@ impl StoredExperts<'_> {
             w
         };
         be.matrix(&w, out, inp)
+    }
+
+    /// Expert `e`'s [`StoredExperts::PerExpert`] weights as MXFP4 bytes stacked by rows (gate
+    /// then up: a packed row is whole groups, so stacking bytes stacks rows), when the source
+    /// hands every one of them over so ([`WeightSource::mxfp4`]: a GGUF's ggml MXFP4 stacks,
+    /// repacked). `None` (another layout, or another type for any of them): upload the values.
+    fn per_expert_mxfp4(&self, e: usize) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let StoredExperts::PerExpert {
+            src, base, projs, ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        let (mut blocks, mut scales) = (Vec::new(), Vec::new());
+        for proj in *projs {
+            let Some((b, s)) = src.mxfp4(&format!("{base}.{e}.{proj}.weight"))? else {
+                return Ok(None);
+            };
+            blocks.extend(b);
+            scales.extend(s);
+        }
+        Ok(Some((blocks, scales)))
     }
 
     /// Whether gate_up's rows (and its bias) alternate gate and up, as in a Hugging Face folder.
@@ -341,8 +367,9 @@ pub(super) fn deinterleave<T: Copy>(rows: &[T], cols: usize) -> Vec<T> {
 
 impl<B: Backend> GptOssMoe<B> {
     /// Layer `layer`'s block (`model.layers.{layer}.mlp`), experts uploaded one at a time: MXFP4
-    /// blocks as bytes (kept packed by the CUDA backend unless `DRAFTLENS_MXFP4=bf16`,
-    /// dequantised on the host otherwise), the other layouts dequantised to f32 on the host.
+    /// blocks (a folder's, or a GGUF's ggml MXFP4 repacked) as bytes (kept packed by the CUDA
+    /// backend unless `DRAFTLENS_MXFP4=bf16`, dequantised on the host otherwise), the other
+    /// layouts dequantised to f32 on the host.
     pub fn load(
         be: &B,
         src: &dyn WeightSource,
