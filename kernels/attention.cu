@@ -404,7 +404,7 @@ __device__ void fa2_q_norm_rope(bf16_t* Qs, const float2* cs_s, const FaQNorm& q
     }
 }
 
-template <int HD, int MT, int NW>
+template <int HD, int MT, int NW, bool SINKS>
 __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                  const bf16_t* __restrict__ v, bf16_t* __restrict__ o,
                                  const int4* __restrict__ ranges, const int* __restrict__ order, int tq, int tk,
@@ -498,16 +498,18 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
 #pragma unroll
         for (int i = 0; i < HD / 8; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
     // Row state [mt][h] belongs to M row wrow + 16·mt + g + 8·h.
-    // gpt-oss's sink logit z of the row's head (`sinks` non-null) joins the softmax's denominator
-    // and not its values: the row's state starts at max z·log2(e) with sum exp2(0) = 1, held by
-    // one of the four threads that share the row (their sums are added at the end).
+    // gpt-oss's sink logit z of the row's head (the SINKS instances; `sinks` non-null) joins the
+    // softmax's denominator and not its values: the row's state starts at max z·log2(e) with sum
+    // exp2(0) = 1, held by one of the four threads that share the row (their sums are added at
+    // the end). The instances without sinks compile to the plain start: at 254 registers the
+    // head-dim-256 kernel cannot spare the extra state (the device's NVRTC spilled 128 bytes).
     float m_run[MT][2], l_run[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = wrow + mt * 16 + g + 8 * h;
-            const bool sunk = sinks != nullptr && r < ppb * group;
+            const bool sunk = SINKS && sinks != nullptr && r < ppb * group;
             m_run[mt][h] = sunk ? sinks[kvh * group + r % group] * 1.4426950408889634f : -DL_INF;
             l_run[mt][h] = sunk && tig == 0 ? 1.f : 0.f;
         }
@@ -672,19 +674,22 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
         }
 }
 
-// MT m-tiles per warp, NW warps (NW·32 threads), BLOCKS blocks per SM (the register budget).
-#define ATT2_ENTRY(HD, MT, NW, BLOCKS)                                                                       \
-    extern "C" __global__ void __launch_bounds__(NW * 32, BLOCKS) flash_attention2_hd##HD(                   \
+// MT m-tiles per warp, NW warps (NW·32 threads), BLOCKS blocks per SM (the register budget);
+// NAME flash_attention2_hdHD (no sinks: `sinks` is ignored) or flash_attention2_sinks_hdHD.
+#define ATT2_ENTRY(NAME, HD, MT, NW, BLOCKS, SINKS)                                                         \
+    extern "C" __global__ void __launch_bounds__(NW * 32, BLOCKS) NAME(                                     \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, bf16_t* o, const int4* ranges, const int* order,  \
         int tq, int tk, int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2,          \
         FaQNorm qn, const float* sinks) {                                                                    \
-        flash_attention2<HD, MT, NW>(q, k, v, o, ranges, order, tq, tk, heads, kv_heads, q_ld, kv_ld,        \
-                                     scale_log2, qn, sinks);                                                 \
+        flash_attention2<HD, MT, NW, SINKS>(q, k, v, o, ranges, order, tq, tk, heads, kv_heads, q_ld,       \
+                                            kv_ld, scale_log2, qn, sinks);                                   \
     }
-ATT2_ENTRY(64, 2, 4, 2)
-ATT2_ENTRY(128, 2, 4, 2)
+ATT2_ENTRY(flash_attention2_hd64, 64, 2, 4, 2, false)
+ATT2_ENTRY(flash_attention2_hd128, 128, 2, 4, 2, false)
 // Head dim 256: 8 warps × one 16-row m-tile (see the section comment above).
-ATT2_ENTRY(256, 1, 8, 1)
+ATT2_ENTRY(flash_attention2_hd256, 256, 1, 8, 1, false)
+// With attention sinks (gpt-oss: heads of 64).
+ATT2_ENTRY(flash_attention2_sinks_hd64, 64, 2, 4, 2, true)
 
 // =============================================================================================
 // Attention input preparation for a fused QKV projection output: per-head RMSNorm of the q and k

@@ -5,9 +5,10 @@
 //!   logits, one GEMM per expert) to bf16 rounding, with and without a shared expert;
 //! - greedy continuations of a random Qwen3-MoE-shaped target decoded in batches of 1, 3, 8, 32
 //!   and 64 are bit-identical to each prompt decoded alone;
-//! - the committed transformers goldens (tests/fixtures/golden/{qwen3_moe,qwen3_5_moe}) on the
-//!   CUDA backend: every hidden state within the mixture-of-experts bf16 tolerance
-//!   (`parity::moe_layer_tolerance`), and the greedy continuation equal to transformers' until
+//! - the committed transformers goldens (tests/fixtures/golden/{qwen3_moe,qwen3_5_moe,gpt_oss}) on
+//!   the CUDA backend: every hidden state within the mixture-of-experts bf16 tolerance
+//!   (`parity::moe_layer_tolerance`) or 1.5× transformers' own bf16 error on the same golden
+//!   (its `bf16_error.json`), whichever is larger, and the greedy continuation equal to transformers' until
 //!   the first step whose reference top-1/top-2 margin is below bf16's reach;
 //! - gpt-oss's mixture of experts (top-k then softmax, expert biases, clamped SwiGLU) routed on
 //!   the device: rows 1–200 each bit-identical to the same rows among 200, and every row within
@@ -144,6 +145,11 @@ fn check_golden(name: &str) {
     let capture = Capture::hf_indices((0..=nl).collect(), nl).unwrap();
     let g = Golden::open(dir.join("golden.safetensors"));
     let prompts = manifest["prompts"].as_array().unwrap().len();
+    // transformers' own bf16 error on this golden (tools/golden/measure_bf16_error.py), per
+    // prompt and hidden state: CUDA computes in bf16 and may be as far from the f32 golden as
+    // bf16 takes transformers itself, with half as much again for the other summation orders.
+    let hf_bf16 = json(&dir.join("bf16_error.json"));
+    let hf_bf16_rel = |p: usize, k: usize| hf_bf16["rel_l2"][p][k].as_f64().unwrap();
     let mut agree_total = 0;
     for p in 0..prompts {
         let prompt = g.ids(&format!("p{p}.input_ids"));
@@ -157,15 +163,21 @@ fn check_golden(name: &str) {
             let (_, gold) = g.f32(&format!("p{p}.hs{k}"));
             let ours = be.to_host(out.captured.get(k).unwrap()).unwrap();
             let d = diff(&ours, &gold);
-            let tol = moe_layer_tolerance(k);
+            let bound = moe_layer_tolerance(k)
+                .max_rel_l2
+                .max(1.5 * hf_bf16_rel(p, k));
             assert!(
-                d.rel <= tol.max_rel_l2,
-                "{name} prompt {p} hidden state {k}: rel {:.3e} over {:.1e}",
+                d.rel <= bound,
+                "{name} prompt {p} hidden state {k}: rel {:.3e} over {bound:.2e} (transformers' own bf16: {:.2e})",
                 d.rel,
-                tol.max_rel_l2
+                hf_bf16_rel(p, k)
             );
             if k == nl {
-                println!("{name} prompt {p}: last hidden state rel {:.2e}", d.rel);
+                println!(
+                    "{name} prompt {p}: last hidden state rel {:.2e} (transformers' own bf16 {:.2e})",
+                    d.rel,
+                    hf_bf16_rel(p, k)
+                );
             }
         }
         // The reference's margin at each continuation step (the CPU backend equals transformers

@@ -251,7 +251,12 @@ impl CudaBackend {
             "attention: too many rows"
         );
         let v2 = self.uses_fa2(hd);
+        ensure!(
+            io.sinks == 0 || (v2 && hd == 64),
+            "attention: sinks need flash_attention2 with heads of 64 (gpt-oss's; here {hd})"
+        );
         let func = match (hd, v2) {
+            (64, true) if io.sinks != 0 => "flash_attention2_sinks_hd64",
             (64, true) => "flash_attention2_hd64",
             (128, true) => "flash_attention2_hd128",
             (256, true) => "flash_attention2_hd256",
@@ -265,10 +270,6 @@ impl CudaBackend {
         ensure!(
             v2 || (io.q_ld == heads * hd && io.kv_ld == kv_heads * hd),
             "attention: strided q/k/v need flash_attention2 (head_dim 64, 128 or 256)"
-        );
-        ensure!(
-            v2 || io.sinks == 0,
-            "attention: sinks need flash_attention2 (not set_attention_v1)"
         );
         let mut out = self.new_tensor(io.tq, heads * hd)?;
         if io.tq == 0 {

@@ -458,6 +458,7 @@ impl CudaBackend {
             ("attention", "flash_attention2_hd64"),
             ("attention", "flash_attention2_hd128"),
             ("attention", "flash_attention2_hd256"),
+            ("attention", "flash_attention2_sinks_hd64"),
             ("attention", "qk_norm_rope_bf16"),
             ("attention", "qk_norm_rope_vec_bf16"),
             ("elementwise", "rms_norm_rows_bf16"),
