@@ -269,7 +269,7 @@ pub fn inspect(g: &Global, a: InspectArgs) -> Result<()> {
         parameters: params,
         dtypes,
         loaded_as: if f.spec.gpt_oss.is_some() {
-            "f32 on cpu (dequantised at load); not on cuda yet (attention sinks)"
+            "f32 on cpu (dequantised at load); bf16 on cuda (MXFP4 experts kept packed unless DRAFTLENS_MXFP4=bf16)"
         } else {
             "f32 on cpu (dequantised at load); bf16 on cuda"
         },

@@ -362,15 +362,6 @@ pub fn check_backend<B: Backend>(be: &B, spec: &ModelSpec) -> Result<()> {
     if spec.gpt_oss.is_some() && !be.supports_attention_sinks() {
         bail!(crate::backend::gpt_oss::sinks_unsupported(be.name()));
     }
-    // Why: gpt-oss's CUDA kernels (session 24) have their GPU tests written
-    // (`tests/cuda_sinks_windows.rs`, `tests/cuda_moe.rs`) but not yet run on a GPU; until they
-    // pass there, say so where the numbers are made (docs/moe-models.md, "Not done yet").
-    if spec.gpt_oss.is_some() && be.name() == "cuda" {
-        tracing::warn!(
-            "gpt-oss on CUDA is new and not yet checked on a GPU against the CPU reference; \
-             compare a few prompts with --backend cpu before trusting its numbers"
-        );
-    }
     Ok(())
 }
 
