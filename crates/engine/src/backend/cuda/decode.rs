@@ -973,12 +973,11 @@ impl CudaBackend {
             "topk: {slices} slices of {n} rows"
         );
         let fp = self.kernels.get("topk", partial)?;
-        let fm = self.kernels.get("topk", "topk_merge")?;
         let pms = self.alloc::<f32>(n * slices * 2)?;
         let pv = self.alloc::<f32>(n * slices * k)?;
         let pi = self.alloc::<u32>(n * slices * k)?;
         let (pmsp, pvp, pip) = (self.ptr(&pms), self.ptr(&pv), self.ptr(&pi));
-        let (v32, k32, s32) = (vocab as i32, k as i32, slices as i32);
+        let (v32, k32) = (vocab as i32, k as i32);
         let mut b = self.stream.launch_builder(&fp);
         b.arg(&logits)
             .arg(&ld)
@@ -998,16 +997,39 @@ impl CudaBackend {
             })
         }
         .map_err(derr("topk_partial"))?;
+        self.topk_merge([pmsp, pvp, pip], slices, k, n, ids, lps)
+    }
+
+    /// The second pass of a sliced top-`k` (`topk_merge`, one warp per row): `partials` are the
+    /// addresses of the n × `slices` (max, sum) pairs, values and ids the first pass wrote
+    /// (`topk_partial_k*` or the fused LM head's); ids to `ids`, log-probs to `lps` (n × k each).
+    pub(super) fn topk_merge(
+        &self,
+        partials: [u64; 3],
+        slices: usize,
+        k: usize,
+        n: usize,
+        ids: u64,
+        lps: u64,
+    ) -> Result<()> {
+        ensure!(
+            slices <= TOPK_MERGE_MAX_SLICES,
+            "topk_merge: {slices} slices (at most {TOPK_MERGE_MAX_SLICES})"
+        );
+        let fm = self.kernels.get("topk", "topk_merge")?;
+        let [pms, pv, pi] = partials;
+        let (s32, k32) = (slices as i32, k as i32);
         let mut b = self.stream.launch_builder(&fm);
-        b.arg(&pmsp)
-            .arg(&pvp)
-            .arg(&pip)
+        b.arg(&pms)
+            .arg(&pv)
+            .arg(&pi)
             .arg(&s32)
             .arg(&k32)
             .arg(&ids)
             .arg(&lps);
         // SAFETY: topk_merge (const float2*, const float*, const u32*, int, int, u32*, float*):
-        // the partials written above (slices ≤ TOPK_MERGE_MAX_SLICES); n × k outputs each.
+        // the partials hold n × slices pairs and n × slices × k values and ids (slices ≤
+        // TOPK_MERGE_MAX_SLICES, checked); n × k outputs each.
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (n as u32, 1, 1),

@@ -247,7 +247,6 @@ impl CudaBackend {
         let fp = self
             .kernels
             .get_with_smem("lm_head_topk", inst.fused, smem)?;
-        let fm = self.kernels.get("topk", "topk_merge")?;
         let pms = self.alloc::<f32>(chunk * slices * 2)?;
         let pv = self.alloc::<f32>(chunk * slices * k)?;
         let pi = self.alloc::<u32>(chunk * slices * k)?;
@@ -293,25 +292,7 @@ impl CudaBackend {
             }
             .map_err(derr(inst.fused))?;
             let (ipo, lpo) = (ip + (start * k * 4) as u64, lp + (start * k * 4) as u64);
-            let mut b = self.stream.launch_builder(&fm);
-            b.arg(&pmsp)
-                .arg(&pvp)
-                .arg(&pip)
-                .arg(&s32)
-                .arg(&k32)
-                .arg(&ipo)
-                .arg(&lpo);
-            // SAFETY: topk_merge (const float2*, const float*, const u32*, int, int, u32*, float*):
-            // the partials written above (slices ≤ TOPK_MERGE_MAX_SLICES, fused_slices); n × k
-            // outputs each from row `start`.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (n as u32, 1, 1),
-                    block_dim: (32, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(derr("topk_merge"))?;
+            self.topk_merge([pmsp, pvp, pip], slices, k, n, ipo, lpo)?;
             start += n;
         }
         let out = self.download_topk(&ids, &lps, rows, k)?;
