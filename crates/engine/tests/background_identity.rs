@@ -21,9 +21,8 @@ use std::fs::{self, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod golden_util;
+use golden_util::{golden_model_copy, repo_root};
 
 /// The qwen3 golden folder's identity: sha256 of the hex sha256 of its one `model.safetensors`
 /// (`d7b53bd2…` in tests/fixtures/golden/qwen3/manifest.json), computed with Python's hashlib:
@@ -31,22 +30,11 @@ fn root() -> PathBuf {
 const QWEN3_FOLDER_IDENTITY: &str =
     "ea98a2677060520e6ba9d4a28840ca43e087692d83de015180b57b17bd05469a";
 
-/// A copy of the qwen3 golden folder (config.json + model.safetensors, no tokenizer).
-fn qwen3_copy(dir: &Path) -> PathBuf {
-    let src = root().join("tests/fixtures/golden/qwen3");
-    let dst = dir.join("qwen3");
-    fs::create_dir_all(&dst).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        fs::copy(src.join(f), dst.join(f)).unwrap();
-    }
-    dst
-}
-
 /// A copy of the Qwen3.5 golden GGUF (it carries a tokenizer, so a session can key entries).
 fn gguf_copy(dir: &Path) -> PathBuf {
     let dst = dir.join("model.gguf");
     fs::copy(
-        root().join("tests/fixtures/golden/qwen3_5/model.gguf"),
+        repo_root().join("tests/fixtures/golden/qwen3_5/model.gguf"),
         &dst,
     )
     .unwrap();
@@ -104,7 +92,7 @@ fn prompt() -> Vec<u32> {
 #[test]
 fn the_background_identity_is_the_sequential_one() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = qwen3_copy(tmp.path());
+    let model = golden_model_copy("qwen3", tmp.path());
     let store = IdentityStore::new(&tmp.path().join("cache"));
 
     // One shard: the pinned value.
@@ -118,7 +106,7 @@ fn the_background_identity_is_the_sequential_one() {
     // Two shards (a second *.safetensors file counts, in name order): the sequential value, and
     // the value of the hash done on the spot as before (no store, no background).
     fs::copy(
-        root().join("tests/fixtures/golden/qwen3/golden.safetensors"),
+        repo_root().join("tests/fixtures/golden/qwen3/golden.safetensors"),
         model.join("zz-extra.safetensors"),
     )
     .unwrap();
@@ -200,12 +188,12 @@ fn a_session_on_new_weights_uploads_them_while_they_hash_and_a_second_hashes_not
 #[test]
 fn a_weight_file_changed_while_hashed_is_one_error_and_no_wrong_identity_is_kept() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = qwen3_copy(tmp.path());
+    let model = golden_model_copy("qwen3", tmp.path());
     // A second shard, hashed for the identity but not read by the loader (the folder's
     // model.safetensors holds every tensor): it may change without breaking the open.
     let extra = model.join("zz-extra.safetensors");
     fs::copy(
-        root().join("tests/fixtures/golden/qwen3/golden.safetensors"),
+        repo_root().join("tests/fixtures/golden/qwen3/golden.safetensors"),
         &extra,
     )
     .unwrap();
@@ -255,7 +243,7 @@ fn a_weight_file_changed_while_hashed_is_one_error_and_no_wrong_identity_is_kept
 #[test]
 fn an_unreadable_weight_file_is_one_error_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = qwen3_copy(tmp.path());
+    let model = golden_model_copy("qwen3", tmp.path());
     let extra = model.join("zz-extra.safetensors");
     let store = IdentityStore::new(&tmp.path().join("cache"));
 

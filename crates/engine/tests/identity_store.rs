@@ -10,22 +10,10 @@ use draftlens_engine::model::TargetFiles;
 use draftlens_engine::util::{sha256_bytes, sha256_file};
 use std::fs::{self, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// A copy of the qwen3 golden fixture (config.json + one bf16 model.safetensors, no tokenizer).
-fn model_copy(dir: &Path) -> PathBuf {
-    let src = root().join("tests/fixtures/golden/qwen3");
-    let dst = dir.join("qwen3");
-    fs::create_dir_all(&dst).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        fs::copy(src.join(f), dst.join(f)).unwrap();
-    }
-    dst
-}
+mod golden_util;
+use golden_util::{golden_model_copy, repo_root};
 
 /// The identity of a one-shard folder, computed independently of the store.
 fn direct_identity(weights: &Path) -> String {
@@ -59,7 +47,7 @@ fn open(model: &Path, store: &IdentityStore) -> TargetFiles {
 #[test]
 fn a_second_open_reuses_the_remembered_hash() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = model_copy(tmp.path());
+    let model = golden_model_copy("qwen3", tmp.path());
     let weights = model.join("model.safetensors");
     let store = IdentityStore::new(&tmp.path().join("cache"));
     let want = direct_identity(&weights);
@@ -116,7 +104,7 @@ fn a_second_open_reuses_the_remembered_hash() {
 #[test]
 fn a_touched_or_rewritten_file_is_hashed_again() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = model_copy(tmp.path());
+    let model = golden_model_copy("qwen3", tmp.path());
     let weights = model.join("model.safetensors");
     let store = IdentityStore::new(&tmp.path().join("cache"));
     let want = direct_identity(&weights);
@@ -151,7 +139,7 @@ fn a_touched_or_rewritten_file_is_hashed_again() {
 #[test]
 fn the_gguf_identity_is_the_files_own_hash_and_verify_drops_vanished_files() {
     let tmp = tempfile::tempdir().unwrap();
-    let gguf = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let gguf = repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let store = IdentityStore::new(&tmp.path().join("cache"));
     let f = TargetFiles::open(&gguf)
         .unwrap()
@@ -161,7 +149,7 @@ fn the_gguf_identity_is_the_files_own_hash_and_verify_drops_vanished_files() {
         sha256_file(&gguf).unwrap()
     );
     // A copy of a model that is then deleted: its record goes, the other stays.
-    let model = model_copy(tmp.path());
+    let model = golden_model_copy("qwen3", tmp.path());
     open(&model, &store).identity.weights_sha256().unwrap();
     fs::remove_dir_all(&model).unwrap();
     let mut statuses: Vec<IdentityStatus> = store

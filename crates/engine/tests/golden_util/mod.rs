@@ -92,6 +92,18 @@ pub fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// A copy of the committed golden folder NAME's model (config.json + model.safetensors, no
+/// tokenizer) in `dir`/NAME, for tests that touch, grow or hash the files.
+pub fn golden_model_copy(name: &str, dir: &Path) -> PathBuf {
+    let src = repo_root().join("tests/fixtures/golden").join(name);
+    let dst = dir.join(name);
+    std::fs::create_dir_all(&dst).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+    dst
+}
+
 /// The spec of a committed golden's `config.json` (tests/fixtures/golden/NAME) with some keys
 /// replaced: the same architecture at another size.
 pub fn golden_spec_with(
