@@ -67,9 +67,10 @@ struct ExpertTables {
 }
 
 /// The grouped GEMM instance with `nt` row tiles (its MT follows from NT as in
-/// [`row_tiling`]; `MOE_GG_ENTRY` in `kernels/moe_gemm.cu`).
-fn grouped_kernel_name(nt: usize) -> &'static str {
-    const NAMES: [&str; 8] = [
+/// [`row_tiling`]): `MOE_GG_ENTRY` in `kernels/moe_gemm.cu` on bf16 weights, its twin
+/// `MOE_GG_MX_ENTRY` in `kernels/mxfp4.cu` on packed MXFP4 ones (same tiling, chunks and order).
+fn grouped_kernel_name(nt: usize, mxfp4: bool) -> &'static str {
+    const BF16: [&str; 8] = [
         "moe_grouped_gemm_n1_m1",
         "moe_grouped_gemm_n2_m1",
         "moe_grouped_gemm_n3_m2",
@@ -79,7 +80,17 @@ fn grouped_kernel_name(nt: usize) -> &'static str {
         "moe_grouped_gemm_n7_m2",
         "moe_grouped_gemm_n8_m2",
     ];
-    NAMES[nt.clamp(1, 8) - 1]
+    const MXFP4: [&str; 8] = [
+        "moe_grouped_gemm_mxfp4_n1_m1",
+        "moe_grouped_gemm_mxfp4_n2_m1",
+        "moe_grouped_gemm_mxfp4_n3_m2",
+        "moe_grouped_gemm_mxfp4_n4_m2",
+        "moe_grouped_gemm_mxfp4_n5_m2",
+        "moe_grouped_gemm_mxfp4_n6_m2",
+        "moe_grouped_gemm_mxfp4_n7_m2",
+        "moe_grouped_gemm_mxfp4_n8_m2",
+    ];
+    (if mxfp4 { MXFP4 } else { BF16 })[nt.clamp(1, 8) - 1]
 }
 
 impl CudaBackend {
@@ -385,27 +396,38 @@ impl CudaBackend {
             n_out < i32::MAX as usize && k_in < i32::MAX as usize / 2,
             "grouped GEMM: weight [{n_out}, {k_in}] too large"
         );
-        if mxfp4 {
-            let groups = (groups, n_groups, max_groups);
-            return self.moe_grouped_gemm_mxfp4(x, table, y, groups, max_rows);
-        }
+        // The packed kernel dequantises through the code × scale table (`mxfp4.rs`), a whole
+        // group of 32 columns at a time.
+        let lut = if mxfp4 {
+            ensure!(
+                k_in % 32 == 0,
+                "grouped GEMM: a packed MXFP4 weight [{n_out}, {k_in}] (columns are whole groups of 32)"
+            );
+            Some(self.mxfp4_table()?)
+        } else {
+            None
+        };
         let (nt, mt) = row_tiling(max_rows);
-        let func = grouped_kernel_name(nt);
+        let func = grouped_kernel_name(nt, mxfp4);
         let feature_blocks = n_out.div_ceil(features_per_block(mt));
         let f = self.kernels.get("decode", func)?;
         let (n32, k32) = (n_out as i32, k_in as i32);
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&x.buf)
-            .arg(table)
-            .arg(&mut y.buf)
+        b.arg(&x.buf).arg(table);
+        if let Some(lut) = &lut {
+            b.arg(lut);
+        }
+        b.arg(&mut y.buf)
             .arg(groups)
             .arg(n_groups)
             .arg(&n32)
             .arg(&k32);
-        // SAFETY: (const bf16*, const u64*, bf16*, const int*, const int*, int, int): every
-        // table entry is an expert's [n_out, k_in] bf16 weight; the groups' rows lie within x's
-        // and y's rows (moe_plan), each group at most max_rows rows, which the instance's row
-        // tiles cover; blocks past n_groups return.
+        // SAFETY: (const bf16*, const u64*, [const float*,] bf16*, const int*, const int*, int,
+        // int): every table entry is an expert's [n_out, k_in] weight, bf16 or (mxfp4) its
+        // packed buffer (blocks then scales, k_in a multiple of 32) with lut the table's
+        // MX_LUT_LEN floats; the groups' rows lie within x's and y's rows (moe_plan), each group
+        // at most max_rows rows, which the instance's row tiles cover; blocks past n_groups
+        // return.
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (feature_blocks as u32, 1, max_groups as u32),

@@ -18,7 +18,6 @@
 //!   write and read of the bf16 weight per call. Simpler than forcing device routing, and it keeps
 //!   the host-routing A/B switch meaningful for packed experts.
 
-use super::decode::{features_per_block, row_tiling};
 use super::{blocks, derr, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
 use crate::backend::{mxfp4, Backend};
 use anyhow::{anyhow, ensure, Result};
@@ -28,22 +27,6 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 /// (`out · inp / 32`), in one buffer, as `kernels/mxfp4.cu` reads it.
 pub(crate) struct PackedMxfp4 {
     bytes: CudaSlice<u8>,
-}
-
-/// The packed grouped GEMM instance with `nt` row tiles (`MOE_GG_MX_ENTRY` in
-/// `kernels/mxfp4.cu`; the same tiling as moe.rs's bf16 instances).
-fn grouped_mxfp4_kernel_name(nt: usize) -> &'static str {
-    const NAMES: [&str; 8] = [
-        "moe_grouped_gemm_mxfp4_n1_m1",
-        "moe_grouped_gemm_mxfp4_n2_m1",
-        "moe_grouped_gemm_mxfp4_n3_m2",
-        "moe_grouped_gemm_mxfp4_n4_m2",
-        "moe_grouped_gemm_mxfp4_n5_m2",
-        "moe_grouped_gemm_mxfp4_n6_m2",
-        "moe_grouped_gemm_mxfp4_n7_m2",
-        "moe_grouped_gemm_mxfp4_n8_m2",
-    ];
-    NAMES[nt.clamp(1, 8) - 1]
 }
 
 impl CudaMatrix {
@@ -115,7 +98,7 @@ impl CudaBackend {
     }
 
     /// The device table of [`mxfp4::device_table`] (uploaded once per backend).
-    fn mxfp4_table(&self) -> Result<u64> {
+    pub(super) fn mxfp4_table(&self) -> Result<u64> {
         self.f32_table(&mxfp4::device_table())
     }
 
@@ -154,52 +137,6 @@ impl CudaBackend {
             inp: w.inp,
             mxfp4: None,
         })
-    }
-
-    /// moe.rs's `moe_grouped_gemm` on packed experts: the same grid and row tiling, the packed
-    /// kernel (`table`: each expert's packed buffer).
-    pub(super) fn moe_grouped_gemm_mxfp4(
-        &self,
-        x: &CudaTensor,
-        table: &CudaSlice<u64>,
-        y: &mut CudaTensor,
-        (groups, n_groups, max_groups): (&CudaSlice<i32>, &CudaSlice<i32>, usize),
-        max_rows: usize,
-    ) -> Result<()> {
-        let (n_out, k_in) = (y.cols, x.cols);
-        ensure!(
-            k_in % 32 == 0,
-            "grouped GEMM: a packed MXFP4 weight [{n_out}, {k_in}] (columns are whole groups of 32)"
-        );
-        let (nt, mt) = row_tiling(max_rows);
-        let func = grouped_mxfp4_kernel_name(nt);
-        let feature_blocks = n_out.div_ceil(features_per_block(mt));
-        let lut = self.mxfp4_table()?;
-        let f = self.kernels.get("decode", func)?;
-        let (n32, k32) = (n_out as i32, k_in as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&x.buf)
-            .arg(table)
-            .arg(&lut)
-            .arg(&mut y.buf)
-            .arg(groups)
-            .arg(n_groups)
-            .arg(&n32)
-            .arg(&k32);
-        // SAFETY: (const bf16*, const u64*, const float*, bf16*, const int*, const int*, int,
-        // int): every table entry is an expert's packed [n_out, k_in] buffer (blocks then
-        // scales, k_in a multiple of 32), lut the table's MX_LUT_LEN floats; the groups' rows
-        // lie within x's and y's rows, each group at most max_rows rows, which the instance's
-        // row tiles cover; blocks past n_groups return.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (feature_blocks as u32, 1, max_groups as u32),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(derr(func))?;
-        Ok(())
     }
 
     /// `y = x · W_eᵀ` over consecutive blocks of x's rows, `rows[e]` of them for expert e
