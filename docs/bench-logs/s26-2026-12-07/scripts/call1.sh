@@ -26,7 +26,7 @@ live_summary() {
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); ps=d if isinstance(d,list) else d.get('prompts',[]); print(' ', sys.argv[2], len(ps), 'prompts,', sum(1 for p in ps if p.get('lossless')), 'lossless, mean tau', round(sum(p.get('tau',0) for p in ps)/max(1,len(ps)),4))" $O/$1.out $1 2>&1 | cut -c1-300
 }
 if has tests; then
-  for t in ${TESTS:-cuda-moe cuda-attention cuda-mxfp4 cuda-mxfp4-gguf cuda-sinks-windows}; do
+  for t in ${TESTS:-cuda_moe cuda_attention cuda_mxfp4 cuda_mxfp4_gguf cuda_sinks_windows}; do
     s=$(date +%s)
     timeout 150 "$B/$t" --test-threads 1 --nocapture > $O/$t.txt 2>&1
     echo "== $t rc=$? $(( $(date +%s) - s )) s (total $(( $(date +%s) - T0 )) s)"
