@@ -24,3 +24,14 @@ dl_run() {
     --prompts builtin:humaneval --limit 164 --json --timeline > "$O/$n.json" 2> "$O/$n.err"
   echo "$n rc=$?"; grep -E "$DL_SHOW" "$O/$n.err"
 }
+# A call script's steps (set T0, LIMIT and STEPS first): `has STEP` (is it in $STEPS), `left`
+# (seconds of $LIMIT left) and `t NAME CMD...` (CMD's streams kept as $O/NAME.{out,err}; prints
+# its exit status, milliseconds and the stderr lines of the timeline and of errors).
+has() { [[ " ${STEPS:-} " == *" $1 "* ]]; }
+left() { echo $(( ${LIMIT:-560} - ($(date +%s) - T0) )); }
+t() {
+  local n=$1; shift; local s=$(date +%s%N)
+  "$@" > "$O/$n.out" 2> "$O/$n.err"; local rc=$?
+  echo "== $n rc=$rc $(( ($(date +%s%N) - s) / 1000000 )) ms"
+  grep -E "timeline|generate: |target forward|gemm tuning|kernel compile|cache read|weights hash|error|Error|diverged" "$O/$n.err" | tail -6
+}

@@ -18,13 +18,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 mkdir -p /work && ln -sfn "$PWD" /work/main
 LIMIT=${LIMIT:-560}
 STEPS=${STEPS:-tests e2e hf}
-left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
-has() { [[ " $STEPS " == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1
-t() { local n=$1; shift; local s=$(date +%s%N); "$@" > $O/$n.out 2> $O/$n.err; local rc=$?; echo "== $n rc=$rc $(( ($(date +%s%N) - s) / 1000000 )) ms"; grep -E "timeline|generate: |target forward|gemm tuning|kernel compile|cache read|weights hash|error|Error|diverged" $O/$n.err | tail -6; }
-live_summary() {
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); ps=d if isinstance(d,list) else d.get('prompts',[]); print(' ', sys.argv[2], len(ps), 'prompts,', sum(1 for p in ps if p.get('lossless')), 'lossless, mean tau', round(sum(p.get('tau',0) for p in ps)/max(1,len(ps)),4))" $O/$1.out $1 2>&1 | cut -c1-300
-}
 if has tests; then
   for t in ${TESTS:-cuda_moe cuda_attention cuda_mxfp4 cuda_mxfp4_gguf cuda_sinks_windows}; do
     s=$(date +%s)
@@ -47,15 +41,7 @@ if has e2e; then
     DRAFTLENS_DATA=/tmp/d4 DRAFTLENS_CACHE=/tmp/c4 t gen_b$gb timeout 60 $B/draftlens generate --backend cuda --target /tmp/g20 --prompts builtin:humaneval --limit $n --gen-batch $gb --max-new-tokens 128 --timeline
   done
   $B/draftlens inspect /tmp/g20 --json > $O/inspect.json 2>&1
-  python3 - <<'PY' | tee $O/copy_rate.txt
-import torch, time
-x = torch.empty(2**31, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
-for _ in range(3): y.copy_(x)
-torch.cuda.synchronize(); t = time.perf_counter()
-for _ in range(20): y.copy_(x)
-torch.cuda.synchronize(); dt = (time.perf_counter() - t) / 20
-print(f"copy rate: {2 * x.numel() / dt / 1e9:.0f} GB/s (read + write of 2 GiB, torch copy_)")
-PY
+  python3 tools/bench/copy_rate.py | tee $O/copy_rate.txt
 fi
 if has hf; then
   echo "== before hf: $(( $(date +%s) - T0 )) s"
