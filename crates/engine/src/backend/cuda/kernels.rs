@@ -212,15 +212,23 @@ impl Kernels {
             .get_or_init(|| image_slot(name, &self.arch))
             .clone()
             .map_err(|e| anyhow!(e))?;
-        let module = self
-            .ctx
-            .load_module(Ptx::from_binary(image.as_ref().clone()))
-            .map_err(|e| {
+        let load = |bytes: Vec<u8>| {
+            self.ctx.load_module(Ptx::from_binary(bytes)).map_err(|e| {
                 anyhow!(
                     "kernels/{name}.cu: loading the CUBIN for {} failed: {e}",
                     self.arch
                 )
-            })?;
+            })
+        };
+        let module = match load(image.as_ref().clone()) {
+            Ok(m) => m,
+            // A shipped image this driver cannot load (one older than the NVRTC that made it):
+            // the library here compiles the module instead.
+            Err(e) => match compile_cubin_uncached(name, &self.arch) {
+                Ok(fresh) if fresh != *image => load(fresh)?,
+                _ => return Err(e),
+            },
+        };
         *self.compile_secs.lock().unwrap_or_else(|e| e.into_inner()) += t0.elapsed().as_secs_f64();
         Ok(module)
     }
@@ -318,10 +326,10 @@ fn image_slot(name: &str, arch: &str) -> std::result::Result<Arc<Vec<u8>>, Strin
         .map_err(|e| format!("{e:#}"))
 }
 
-/// The compiled image of module `name` for `arch` (`compute_XY` with [`ImageKind::Ptx`], `sm_XY`
-/// with [`ImageKind::Cubin`]): from the disk cache, keyed by a SHA-256 of source, options and
-/// crate version, else from NVRTC (then written to the cache).
-pub(crate) fn image_for(name: &str, arch: &str, kind: ImageKind) -> Result<Vec<u8>> {
+/// The full source NVRTC compiles for module `name` (the common header first), its options for
+/// `arch`, and its key: a SHA-256 of source, options and crate version, which names its images in
+/// the disk cache and ties a shipped image to the source it was made from (`kernel_images.rs`).
+fn module_source(name: &str, arch: &str) -> Result<(String, Vec<String>, String)> {
     let src = SOURCES
         .iter()
         .find(|(n, _)| *n == name)
@@ -336,6 +344,31 @@ pub(crate) fn image_for(name: &str, arch: &str, kind: ImageKind) -> Result<Vec<u
         h.update(env!("CARGO_PKG_VERSION").as_bytes());
         hex::encode(&h.finalize()[..16])
     };
+    Ok((full, opts, key))
+}
+
+/// [`module_source`]'s key of module `name` for `arch`.
+pub(super) fn module_key(name: &str, arch: &str) -> Result<String> {
+    module_source(name, arch).map(|(_, _, key)| key)
+}
+
+/// The CUBIN of module `name` for `arch` from NVRTC itself: no shipped image, no disk cache
+/// (`tools/ship_kernel_images.sh` makes the shipped images with it).
+pub(super) fn compile_cubin_uncached(name: &str, arch: &str) -> Result<Vec<u8>> {
+    let (full, opts, _) = module_source(name, arch)?;
+    nvrtc_compile(&full, name, &opts, ImageKind::Cubin)
+}
+
+/// The compiled image of module `name` for `arch` (`compute_XY` with [`ImageKind::Ptx`], `sm_XY`
+/// with [`ImageKind::Cubin`]): the image that ships with the binary for this source and arch
+/// (`kernel_images.rs`), else from the disk cache, else from NVRTC (then written to the cache).
+pub(crate) fn image_for(name: &str, arch: &str, kind: ImageKind) -> Result<Vec<u8>> {
+    let (full, opts, key) = module_source(name, arch)?;
+    if kind == ImageKind::Cubin {
+        if let Some(image) = super::kernel_images::shipped_image(name, arch, &key) {
+            return Ok(image);
+        }
+    }
     let ext = match kind {
         ImageKind::Ptx => "ptx",
         ImageKind::Cubin => "cubin",

@@ -48,6 +48,7 @@ pub mod elementwise;
 pub mod gdn;
 mod gemm;
 pub mod gemm_choices;
+mod kernel_images;
 mod kernels;
 mod lm_head;
 mod mask;
@@ -64,6 +65,7 @@ pub use decode::{
 };
 pub use decode_lt::DecodeChoiceRecord;
 pub use gemm::{GemmMode, TuneRecord};
+pub use kernel_images::{ship_kernel_images, shipped_images_against_nvrtc, KERNEL_IMAGES_ENV};
 pub use kernels::compile_kernels_offline;
 pub use lm_head::{LmHeadPath, LM_HEAD_ENV};
 pub use probe::availability;
