@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 26, call 1 (issue 34's last item; reruns of session 25's two GPU fixes):
-#   tests  cuda_moe (golden bound from transformers' own bf16 error), cuda_attention (compile-time
-#          sinks instance), cuda_mxfp4 and cuda_mxfp4_gguf (one grouped-GEMM launcher for bf16 and
+#   tests  cuda_kernel_images (the shipped CUBINs load, and equal this machine's NVRTC?), cuda_moe
+#          (golden bound from transformers' own bf16 error), cuda_attention (compile-time sinks instance), cuda_mxfp4 and cuda_mxfp4_gguf (one grouped-GEMM launcher for bf16 and
 #          packed experts; GGUF experts repacked), cuda_sinks_windows ($TESTS)
 #   e2e    gpt-oss-20b shapes (8 of 24 layers, 32 experts top-4, bf16 experts as save_pretrained writes them):
 #          extract cold/cached, run (3 checkpoints) on 164 HumanEval prompts, generate at batch 1
@@ -20,11 +20,11 @@ LIMIT=${LIMIT:-560}
 STEPS=${STEPS:-tests e2e hf}
 export PYTHONUNBUFFERED=1
 if has tests; then
-  for t in ${TESTS:-cuda_moe cuda_attention cuda_mxfp4 cuda_mxfp4_gguf cuda_sinks_windows}; do
+  for t in ${TESTS:-cuda_kernel_images cuda_moe cuda_attention cuda_mxfp4 cuda_mxfp4_gguf cuda_sinks_windows}; do
     s=$(date +%s)
     timeout 150 "$B/$t" --test-threads 1 --nocapture > $O/$t.txt 2>&1
     echo "== $t rc=$? $(( $(date +%s) - s )) s (total $(( $(date +%s) - T0 )) s)"
-    grep -E "^test .*(FAILED|ok)$|test result|panicked|greedy equals|last hidden|oracle τ" $O/$t.txt | grep -v "^test .* ok$" | head -30
+    grep -E "^test .*(FAILED|ok)$|test result|panicked|greedy equals|last hidden|oracle τ|CUBIN|modules loaded|unlike" $O/$t.txt | grep -v "^test .* ok$" | head -30
   done
 fi
 echo "== steps so far: $(( $(date +%s) - T0 )) s"
