@@ -127,6 +127,30 @@ fn cuda_checks(out: &mut Vec<Check>) {
     }
 }
 
+/// The kernel images that ship with the binary (docs/cuda.md, "Kernel images that ship"): a GPU
+/// of a shipped architecture starts without compiling; any other compiles once with NVRTC.
+fn kernel_image_check(out: &mut Vec<Check>) {
+    let shipped = draftlens_engine::backend::cuda::shipped_kernel_images();
+    let list: Vec<String> = shipped
+        .iter()
+        .map(|(arch, nvrtc, current, modules)| {
+            format!("{arch} ({current} of {modules} modules current, NVRTC {nvrtc})")
+        })
+        .collect();
+    out.push(info(
+        "kernel images",
+        format!(
+            "shipped for {}; other GPUs compile the kernels with NVRTC on first use and keep them in the kernel cache{}",
+            if list.is_empty() { "no architecture".to_string() } else { list.join(", ") },
+            if std::env::var(draftlens_engine::backend::cuda::KERNEL_IMAGES_ENV).is_ok_and(|v| v == "nvrtc") {
+                "; DRAFTLENS_KERNEL_IMAGES=nvrtc: every GPU compiles"
+            } else {
+                ""
+            }
+        ),
+    ));
+}
+
 /// Bytes and files under `dir` (not following links); (0, 0) when it does not exist.
 pub fn dir_size(dir: &Path) -> (u64, u64) {
     let mut bytes = 0;
@@ -197,6 +221,7 @@ pub fn collect(g: &Global) -> Vec<Check> {
         format!("draftlens {} ({exe})", env!("CARGO_PKG_VERSION")),
     ));
     cuda_checks(&mut out);
+    kernel_image_check(&mut out);
 
     match g.data_dir() {
         Ok(data) => {

@@ -228,6 +228,18 @@ fn fresh_folder_setup_doctor_prompts_and_run() {
         d.contains("MISSING default model") && d.contains("fix: draftlens setup"),
         "{d}"
     );
+    // The kernel images that ship: every module's sm_90 image current (a stale one would cost a
+    // fresh H100/H200 its NVRTC wait).
+    let images = d
+        .split("sm_90 (")
+        .nth(1)
+        .and_then(|rest| rest.split(" modules current").next())
+        .unwrap_or_else(|| panic!("no sm_90 kernel images in doctor's report:\n{d}"));
+    let (current, modules) = images.split_once(" of ").expect("N of M");
+    assert!(
+        current == modules && modules != "0",
+        "kernel images {images}:\n{d}"
+    );
 
     // The plan first: address, size, sha256; --dry-run stops there and fetches nothing.
     let o = user(&work, &home, &["setup", "--dry-run", "--mirror", &srv.url]);

@@ -4,7 +4,8 @@
 #          (golden bound from transformers' own bf16 error), cuda_attention (compile-time sinks instance), cuda_mxfp4 and cuda_mxfp4_gguf (one grouped-GEMM launcher for bf16 and
 #          packed experts; GGUF experts repacked), cuda_sinks_windows ($TESTS)
 #   e2e    gpt-oss-20b shapes (8 of 24 layers, 32 experts top-4, bf16 experts as save_pretrained writes them):
-#          extract cold/cached, run (3 checkpoints) on 164 HumanEval prompts, generate at batch 1
+#          extract cold/cached (and cold with DRAFTLENS_KERNEL_IMAGES=nvrtc), run (3 checkpoints) on
+#          164 HumanEval prompts, generate at batch 1
 #          and 64 (the decode step against the bytes it reads), the copy rate (torch copy_)
 #   hf     the transformers script on the same folder (eager attention: gpt-oss's sinks)
 #   B=target-carry/s26 STEPS="tests e2e hf" bash docs/bench-logs/s26-2026-12-07/scripts/call1.sh
@@ -34,9 +35,13 @@ if has e2e; then
   X="extract --backend cuda --target /tmp/g20 --prompts builtin:humaneval --limit 164 --layers 1,3,5,6 --max-new-tokens 128 --timeline"
   DRAFTLENS_DATA=/tmp/d1 DRAFTLENS_CACHE=/tmp/c1 t dl_extract_cold timeout 150 $B/draftlens --json $X
   DRAFTLENS_DATA=/tmp/d1 DRAFTLENS_CACHE=/tmp/c1 t dl_extract_cached timeout 60 $B/draftlens --json $X
+  # The same cold extract compiling every kernel with NVRTC (an empty kernel cache but this
+  # machine's GEMM choices): what the shipped kernel images save a fresh machine.
+  mkdir -p /tmp/dk-nvrtc && cp /tmp/dk/gemm-choices-v1.json /tmp/dk-nvrtc/ 2>/dev/null
+  DRAFTLENS_KERNEL_IMAGES=nvrtc DRAFTLENS_KERNEL_CACHE=/tmp/dk-nvrtc DRAFTLENS_DATA=/tmp/d2 DRAFTLENS_CACHE=/tmp/c2 t dl_extract_cold_nvrtc timeout 150 $B/draftlens --json $X
   DRAFTLENS_DATA=/tmp/d1 DRAFTLENS_CACHE=/tmp/c1 t dl_run3 timeout 150 $B/draftlens --json run --backend cuda --target /tmp/g20 --drafter /tmp/g20-drafters --prompts builtin:humaneval --limit 164 --max-new-tokens 128 --db /tmp/g20.sqlite
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d)[:600])" $O/dl_run3.out 2>&1 | head -3
-  for gb in 1 64; do
+  for gb in ${GEN_BATCHES:-1 64}; do
     n=$([ $gb = 1 ] && echo 8 || echo 164)
     DRAFTLENS_DATA=/tmp/d4 DRAFTLENS_CACHE=/tmp/c4 t gen_b$gb timeout 60 $B/draftlens generate --backend cuda --target /tmp/g20 --prompts builtin:humaneval --limit $n --gen-batch $gb --max-new-tokens 128 --timeline
   done

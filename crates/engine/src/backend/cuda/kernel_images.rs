@@ -161,6 +161,31 @@ fn read_dir_images(dir: &Path, arch: &str) -> Option<(Manifest, Vec<u8>)> {
     Some((serde_json::from_str(&json).ok()?, bin))
 }
 
+/// What ships, for `draftlens doctor`: per architecture, the NVRTC that made its images, how
+/// many modules' images are current (their key equals the module's now) and how many modules
+/// there are.
+pub fn shipped_kernel_images() -> Vec<(String, String, usize, usize)> {
+    SHIPPED
+        .iter()
+        .filter_map(|(arch, _, _)| {
+            let (manifest, _) = shipped_for(arch)?;
+            let modules: Vec<&str> = super::kernels::module_names().collect();
+            let current = modules
+                .iter()
+                .filter(|name| {
+                    let key = super::kernels::module_key(name, arch).ok();
+                    manifest
+                        .modules
+                        .get(**name)
+                        .map(|e| Some(&e.key) == key.as_ref())
+                        == Some(true)
+                })
+                .count();
+            Some((arch.to_string(), manifest.nvrtc, current, modules.len()))
+        })
+        .collect()
+}
+
 /// For each module shipped for `arch`: whether its image equals the CUBIN the NVRTC on this
 /// machine compiles from the same source (`None`: no current image ships for it). The GPU test
 /// `cuda_kernel_images` reports it: equal images mean this machine runs exactly what it would

@@ -65,7 +65,9 @@ pub use decode::{
 };
 pub use decode_lt::DecodeChoiceRecord;
 pub use gemm::{GemmMode, TuneRecord};
-pub use kernel_images::{ship_kernel_images, shipped_images_against_nvrtc, KERNEL_IMAGES_ENV};
+pub use kernel_images::{
+    ship_kernel_images, shipped_images_against_nvrtc, shipped_kernel_images, KERNEL_IMAGES_ENV,
+};
 pub use kernels::compile_kernels_offline;
 pub use lm_head::{LmHeadPath, LM_HEAD_ENV};
 pub use probe::availability;
