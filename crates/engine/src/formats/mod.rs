@@ -56,6 +56,14 @@ pub trait WeightSource: Send + Sync {
         let _ = name;
         Ok(None)
     }
+    /// A tensor of any rank's stored bytes with its shape, viewed as 2-D `[product of the leading
+    /// dimensions, last dimension]`, when stored in a dtype backends take as is (F32/F16/BF16
+    /// safetensors): gpt-oss's fused expert stacks `[E, in, out]`, which the loader transposes
+    /// expert by expert without converting them to f32. `Ok(None)`: use [`WeightSource::tensor`].
+    fn raw_flat(&self, name: &str) -> Result<Option<(Vec<usize>, RawPart<'_>)>> {
+        let _ = name;
+        Ok(None)
+    }
     /// The loader is done with tensor `name` (uploaded): a memory-mapped source may drop its
     /// pages from this process (they stay in the page cache), so host RSS never holds the model.
     fn release(&self, name: &str) {

@@ -243,6 +243,14 @@ impl WeightSource for SafetensorsWeights {
     }
 
     fn raw(&self, name: &str) -> Result<Option<RawPart<'_>>> {
+        // 2-D tensors only (1-D ones are read as values, 3-D ones through `raw_flat`).
+        if self.entries.get(name).is_some_and(|e| e.shape.len() != 2) {
+            return Ok(None);
+        }
+        Ok(self.raw_flat(name)?.map(|(_, part)| part))
+    }
+
+    fn raw_flat(&self, name: &str) -> Result<Option<(Vec<usize>, RawPart<'_>)>> {
         let e = self
             .entries
             .get(name)
@@ -253,9 +261,13 @@ impl WeightSource for SafetensorsWeights {
             Dtype::BF16 => RawDtype::BF16,
             _ => return Ok(None),
         };
-        let [rows, cols] = e.shape[..] else {
+        let Some((&cols, leading)) = e.shape.split_last() else {
             return Ok(None);
         };
+        if leading.is_empty() {
+            return Ok(None);
+        }
+        let rows = leading.iter().product();
         let shard = &self.shards[e.shard];
         let (begin, len) = (shard.data_start + e.begin, e.end - e.begin);
         // Start reading the whole tensor from disk now (readahead), so the copy that follows
@@ -264,13 +276,14 @@ impl WeightSource for SafetensorsWeights {
         let _ = shard
             .mmap
             .advise_range(memmap2::Advice::WillNeed, begin, len);
-        Ok(Some(RawPart {
+        let part = RawPart {
             dtype,
             rows,
             cols,
             bytes: &shard.mmap[begin..begin + len],
             mapped: true,
-        }))
+        };
+        Ok(Some((e.shape.clone(), part)))
     }
 
     fn release(&self, name: &str) {

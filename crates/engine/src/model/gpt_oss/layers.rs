@@ -6,6 +6,7 @@
 
 use super::{rope_freqs, GptOssSpec, SWIGLU_ALPHA, SWIGLU_LIMIT};
 use crate::backend::moe::{ExpertActivation, MoeExperts, MoeRouting, RoutingRule};
+use crate::backend::raw::RawPart;
 use crate::backend::{AttnExtras, Backend, KvSlot, RopeFreqs, SeqStarts};
 use crate::formats::mxfp4::{self, Mxfp4Tensor};
 use crate::formats::{HostTensor, WeightSource};
@@ -220,6 +221,10 @@ enum StoredExperts<'a> {
         inp: usize,
         out: usize,
     },
+    /// [`StoredExperts::Fused`] as its stored bytes (`[E · in, out]`, the file's memory map):
+    /// each expert transposed in its dtype ([`transpose_expert`]) and uploaded as bytes, never
+    /// converted to f32 on the host.
+    FusedRaw(RawPart<'a>),
     Mxfp4(Mxfp4Tensor<'a>),
     /// `{base}.{e}.{proj}.weight` `[out / projs.len(), inp]` for each of `projs`, stacked by rows:
     /// gate then up for gate_up (already de-interleaved, as llama.cpp's converter writes them).
@@ -246,6 +251,9 @@ impl StoredExperts<'_> {
                     }
                 }
                 Ok(m)
+            }
+            StoredExperts::FusedRaw(_) => {
+                bail!("a raw fused expert stack is uploaded as bytes, not read as values")
             }
             StoredExperts::Mxfp4(t) => t.dequantize(e),
             StoredExperts::PerExpert {
@@ -302,6 +310,18 @@ impl StoredExperts<'_> {
         if let Some((blocks, scales)) = self.per_expert_mxfp4(e)? {
             return be.matrix_mxfp4(&blocks, &scales, out, inp);
         }
+        if let StoredExperts::FusedRaw(part) = self {
+            let size = part.dtype.size();
+            let stack = &part.bytes[e * inp * out * size..(e + 1) * inp * out * size];
+            let w = transpose_expert(stack, size, inp, out, rows_interleaved);
+            return be.matrix_raw(RawPart {
+                dtype: part.dtype,
+                rows: out,
+                cols: inp,
+                bytes: &w,
+                mapped: false,
+            });
+        }
         let w = self.expert(e)?;
         let w = if rows_interleaved {
             deinterleave(&w, inp)
@@ -349,6 +369,42 @@ impl StoredExperts<'_> {
             }
         }
     }
+}
+
+/// Expert `stack` (`[inp, out]` row-major, `size` bytes per value, as `GptOssExperts` holds it:
+/// `x @ W`) transposed to `[out, inp]`, its rows de-interleaved (gate then up, as
+/// [`deinterleave`]) when `rows_interleaved`: the bytes of the matrix [`StoredExperts::expert`]
+/// then [`deinterleave`] build as values. Row tiles in parallel: for a tile's rows the source
+/// columns lie within a cache line or two of each input row, which is read once per tile.
+pub(super) fn transpose_expert(
+    stack: &[u8],
+    size: usize,
+    inp: usize,
+    out: usize,
+    rows_interleaved: bool,
+) -> Vec<u8> {
+    use rayon::prelude::*;
+    const TILE: usize = 32;
+    let source_col = |r: usize| match rows_interleaved {
+        true if r < out / 2 => 2 * r,
+        true => 2 * (r - out / 2) + 1,
+        false => r,
+    };
+    let mut w = vec![0u8; stack.len()];
+    w.par_chunks_mut(TILE * inp * size)
+        .enumerate()
+        .for_each(|(tile, rows)| {
+            let cols: Vec<usize> = (0..rows.len() / (inp * size))
+                .map(|t| source_col(tile * TILE + t) * size)
+                .collect();
+            for (i, src_row) in stack.chunks_exact(out * size).enumerate() {
+                for (t, &c) in cols.iter().enumerate() {
+                    let at = (t * inp + i) * size;
+                    rows[at..at + size].copy_from_slice(&src_row[c..c + size]);
+                }
+            }
+        });
+    w
 }
 
 /// Rows `[2j]` then rows `[2j + 1]` of a row-major `[2·n, cols]`: transformers' `gate_up[...,
@@ -409,13 +465,21 @@ impl<B: Backend> GptOssMoe<B> {
                 }
                 return Ok(StoredExperts::Mxfp4(t));
             }
+            let wrong_shape = |shape: &[usize]| {
+                anyhow::anyhow!(
+                    "{}: tensor {base} has shape {shape:?}, the config implies [{ne}, {inp}, {out}]",
+                    src.path().display()
+                )
+            };
+            if let Some((shape, part)) = src.raw_flat(&base)? {
+                if shape != [ne, inp, out] {
+                    return Err(wrong_shape(&shape));
+                }
+                return Ok(StoredExperts::FusedRaw(part));
+            }
             let t = src.tensor(&base)?;
             if t.shape != [ne, inp, out] {
-                bail!(
-                    "{}: tensor {base} has shape {:?}, the config implies [{ne}, {inp}, {out}]",
-                    src.path().display(),
-                    t.shape
-                );
+                return Err(wrong_shape(&t.shape));
             }
             Ok(StoredExperts::Fused { t, inp, out })
         };

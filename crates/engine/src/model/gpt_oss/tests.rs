@@ -385,6 +385,53 @@ fn expert_layouts_map_to_gate_then_up_rows() {
     );
 }
 
+/// A fused expert stack's bytes transposed in place of their values (the loader's raw path,
+/// `layers::transpose_expert`): the same matrix as the value path (transpose `[in, out]` to
+/// `[out, in]`, then de-interleave gate|up rows), for 2- and 4-byte values, with and without the
+/// de-interleave, at sizes off the 32-row tile.
+#[test]
+fn transposing_expert_bytes_equals_the_value_path() {
+    let (inp, out) = (37, 70);
+    let values: Vec<f32> = (0..inp * out)
+        .map(|i| (i * 7919 % 255) as f32 - 127.0)
+        .collect();
+    let transposed: Vec<f32> = (0..out)
+        .flat_map(|o| {
+            values
+                .iter()
+                .skip(o)
+                .step_by(out)
+                .copied()
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for interleaved in [false, true] {
+        let want = if interleaved {
+            layers::deinterleave(&transposed, inp)
+        } else {
+            transposed.clone()
+        };
+        // f32 bytes, then bf16 bytes (these integers are exact in bf16).
+        let f32_bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let got = layers::transpose_expert(&f32_bytes, 4, inp, out, interleaved);
+        let got: Vec<f32> = got
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(got, want, "f32, interleaved {interleaved}");
+        let bf16_bytes: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
+            .collect();
+        let got = layers::transpose_expert(&bf16_bytes, 2, inp, out, interleaved);
+        let got: Vec<f32> = got
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect();
+        assert_eq!(got, want, "bf16, interleaved {interleaved}");
+    }
+}
+
 /// MXFP4 gate|up rows de-interleaved as bytes (blocks and scales: what a backend that keeps them
 /// packed receives, `Backend::matrix_mxfp4`) dequantise to the dequantised rows de-interleaved.
 #[test]
