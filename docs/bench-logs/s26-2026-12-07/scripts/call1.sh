@@ -16,7 +16,8 @@ OUTDIR=$OUT
 O=$OUTDIR/o
 source tools/bench/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee $OUTDIR/gpu.txt
-mkdir -p /work && ln -sfn "$PWD" /work/main
+# The tests find their fixtures through the path they were built in (/work/main or /work/relsrc).
+mkdir -p /work && for d in /work/main /work/relsrc; do [ -e $d ] || ln -sfn "$PWD" $d; done
 LIMIT=${LIMIT:-560}
 STEPS=${STEPS:-tests e2e hf}
 export PYTHONUNBUFFERED=1
