@@ -336,6 +336,18 @@ struct FaQNorm {
 // since a + b == b + a), then y = bf16(bf16(x·r)·w) and RoPE on y. Moving the q heads' norm here
 // (K's stays a separate pass) takes four fifths of the separate pass's work off a Qwen3-8B layer
 // and puts its bf16 conversions next to the other block's tensor-core work on the multiprocessor.
+// s[0] = the sum of s[0..N) as the tree s[i] += s[i + o] for o = N/2, N/4, ..., 1 (i ascending),
+// one template level per o: NVRTC 13 did not unroll that tree written as a halving loop, so the
+// array became local memory (flash_attention2_hd256: 128 bytes, which cuda_fa2_hd256 refuses).
+template <int N>
+__device__ __forceinline__ void tree_sum(float* s) {
+    if constexpr (N > 1) {
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) s[i] += s[i + N / 2];
+        tree_sum<N / 2>(s);
+    }
+}
+
 template <int HD, int NT>
 __device__ void fa2_q_norm_rope(bf16_t* Qs, const float2* cs_s, const FaQNorm& qn, int pos0, int group, int ppb,
                                 int tq) {
@@ -356,10 +368,7 @@ __device__ void fa2_q_norm_rope(bf16_t* Qs, const float2* cs_s, const FaQNorm& q
 #pragma unroll
             for (int j = 0; j < 8; ++j) s[c] += f[j] * f[j];
         }
-#pragma unroll
-        for (int o = CPR / 2; o > 0; o >>= 1)
-#pragma unroll
-            for (int i = 0; i < o; ++i) s[i] += s[i + o];
+        tree_sum<CPR>(s);
         const float rr = rsqrtf(s[0] / (float)HD + qn.eps);
         const float2* cs = cs_s + (r / group) * half;  // the block's table rows in shared memory
         // y of chunk c: bf16(bf16(x·r)·w).
