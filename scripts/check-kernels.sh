@@ -3,7 +3,8 @@
 # (docs/cuda.md, "Checking kernels without a GPU"): NVRTC and ptxas come from two PyPI wheels pinned
 # by hash (scripts/requirements-kernels.txt), unpacked once into $KERNEL_TOOLS (default
 # ~/.cache/draftlens/kernel-tools). No GPU, driver or CUDA installation needed.
-# Known, documented spills are allowed by name (--allow-spill); any other spill fails.
+# Known, documented spills and stack frames are allowed by name (--allow-spill, --allow-local);
+# any other fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T=${KERNEL_TOOLS:-$HOME/.cache/draftlens/kernel-tools}
