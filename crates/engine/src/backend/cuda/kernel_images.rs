@@ -51,33 +51,50 @@ fn enabled() -> bool {
     std::env::var(KERNEL_IMAGES_ENV).map_or(true, |v| v != "nvrtc")
 }
 
-/// The manifest and images of `arch`, if any ship.
-pub(super) fn shipped_for(arch: &str) -> Option<(Manifest, &'static [u8])> {
-    let (_, manifest, bin) = SHIPPED.iter().find(|(a, _, _)| *a == arch)?;
-    match serde_json::from_str::<Manifest>(manifest) {
-        Ok(m) => Some((m, bin)),
-        Err(e) => {
-            tracing::warn!("kernel_images/{arch}.json: {e}; compiling with NVRTC");
-            None
-        }
+impl Manifest {
+    /// Module `name`'s entry if it was made from the source whose key is `key`.
+    fn current(&self, name: &str, key: &str) -> Option<&ShippedModule> {
+        self.modules.get(name).filter(|e| e.key == key)
     }
 }
 
-/// The shipped CUBIN of module `name` for `arch` whose key is `key`, or `None` (none ships, it
-/// is stale, or `DRAFTLENS_KERNEL_IMAGES=nvrtc`). A damaged image is reported and not used.
-pub(super) fn shipped_image(name: &str, arch: &str, key: &str) -> Option<Vec<u8>> {
-    if !enabled() {
-        return None;
-    }
+/// The manifest and images of `arch`, if any ship; each manifest parsed once per process.
+pub(super) fn shipped_for(arch: &str) -> Option<(&'static Manifest, &'static [u8])> {
+    static PARSED: std::sync::OnceLock<Vec<Option<Manifest>>> = std::sync::OnceLock::new();
+    let parsed = PARSED.get_or_init(|| {
+        SHIPPED
+            .iter()
+            .map(
+                |(arch, manifest, _)| match serde_json::from_str::<Manifest>(manifest) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        tracing::warn!("kernel_images/{arch}.json: {e}; compiling with NVRTC");
+                        None
+                    }
+                },
+            )
+            .collect()
+    });
+    let i = SHIPPED.iter().position(|(a, _, _)| *a == arch)?;
+    Some((parsed[i].as_ref()?, SHIPPED[i].2))
+}
+
+/// The shipped CUBIN of module `name` for `arch` made from the source whose key is `key`, or
+/// `None` (none ships or it is stale). A damaged image is reported and not used.
+fn current_image(name: &str, arch: &str, key: &str) -> Option<Vec<u8>> {
     let (manifest, bin) = shipped_for(arch)?;
-    let entry = manifest.modules.get(name).filter(|m| m.key == key)?;
-    match unpack(entry, bin) {
+    match unpack(manifest.current(name, key)?, bin) {
         Ok(cubin) => Some(cubin),
         Err(e) => {
             tracing::warn!("kernel_images/{arch}.bin, module {name}: {e:#}; compiling with NVRTC");
             None
         }
     }
+}
+
+/// [`current_image`], unless `DRAFTLENS_KERNEL_IMAGES=nvrtc`: what the backend loads.
+pub(super) fn shipped_image(name: &str, arch: &str, key: &str) -> Option<Vec<u8>> {
+    enabled().then(|| current_image(name, arch, key)).flatten()
 }
 
 /// The CUBIN of one manifest entry, checked against its length and SHA-256.
@@ -121,10 +138,9 @@ pub fn ship_kernel_images(
     let (mut bin, mut sizes) = (Vec::new(), Vec::new());
     for name in super::kernels::module_names() {
         let key = super::kernels::module_key(name, arch)?;
-        let kept = previous.as_ref().and_then(|(m, bin)| {
-            let entry = m.modules.get(name).filter(|e| e.key == key)?;
-            unpack(entry, bin).ok()
-        });
+        let kept = previous
+            .as_ref()
+            .and_then(|(m, bin)| unpack(m.current(name, &key)?, bin).ok());
         let cubin = match kept {
             Some(cubin) => cubin,
             None => super::kernels::compile_cubin_uncached(name, arch)?,
@@ -181,7 +197,12 @@ pub fn shipped_kernel_images() -> Vec<(String, String, usize, usize)> {
                         == Some(true)
                 })
                 .count();
-            Some((arch.to_string(), manifest.nvrtc, current, modules.len()))
+            Some((
+                arch.to_string(),
+                manifest.nvrtc.clone(),
+                current,
+                modules.len(),
+            ))
         })
         .collect()
 }
@@ -194,10 +215,7 @@ pub fn shipped_images_against_nvrtc(arch: &str) -> Result<Vec<(String, Option<bo
     let mut out = Vec::new();
     for name in super::kernels::module_names() {
         let key = super::kernels::module_key(name, arch)?;
-        let shipped = shipped_for(arch).and_then(|(m, bin)| {
-            let entry = m.modules.get(name).filter(|e| e.key == key)?.clone();
-            unpack(&entry, bin).ok()
-        });
+        let shipped = current_image(name, arch, &key);
         let equal = match shipped {
             Some(image) => Some(super::kernels::compile_cubin_uncached(name, arch)? == image),
             None => None,
