@@ -52,3 +52,29 @@ extern "C" __global__ void convert_f16_to_bf16(const unsigned short* __restrict_
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         dst[i] = f32_bits_to_bf16(f16_bits_to_f32_bits(src[i]));
 }
+
+// A chunk of a bf16 weight stored transposed (`[inp, out]`: gpt-oss's expert stacks, which
+// transformers multiplies as x @ W), rows i0 .. i0 + rows of it at `src`, written as columns
+// i0 .. of the `[out, inp]` matrix at `dst`. Stored column o becomes matrix row o, or with
+// `interleaved` (gate_up's alternating gate and up columns) row o / 2 for even o and
+// out / 2 + o / 2 for odd o: the rule of raw::transposed_row (crates/engine/src/backend/raw.rs).
+// 32 x 32 tiles through shared memory, so that the reads (along stored rows) and the writes
+// (along matrix rows) are both coalesced. Grid (ceil(out / 32), ceil(rows / 32)), block (32, 8).
+extern "C" __global__ void transpose_bf16_rows(const bf16_t* __restrict__ src,
+                                               bf16_t* __restrict__ dst, int rows, int out, int inp,
+                                               int i0, int interleaved) {
+    __shared__ bf16_t tile[32][33];
+    const int o0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    for (int y = threadIdx.y; y < 32; y += 8) {
+        int r = r0 + y, o = o0 + threadIdx.x;
+        if (r < rows && o < out) tile[y][threadIdx.x] = src[(size_t)r * out + o];
+    }
+    __syncthreads();
+    for (int y = threadIdx.y; y < 32; y += 8) {
+        int o = o0 + y, r = r0 + threadIdx.x;
+        if (o < out && r < rows) {
+            int row = interleaved ? ((o & 1) ? out / 2 + o / 2 : o / 2) : o;
+            dst[(size_t)row * inp + i0 + r] = tile[threadIdx.x][y];
+        }
+    }
+}

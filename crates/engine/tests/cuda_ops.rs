@@ -874,6 +874,67 @@ fn cuda_raw_upload_matches_matrix_bit_for_bit() {
     assert!(free > 0 && free <= gpu.info().total_mem_bytes as u64 + (1 << 30));
 }
 
+/// A weight stored transposed (`[inp, out]`, gpt-oss's fused expert stacks) uploaded as stored
+/// and transposed on the GPU (`Backend::matrix_raw_transposed`, `transpose_bf16_rows`) equals the
+/// host transpose (`raw::transposed`) uploaded as rows, bit for bit, with and without gate_up's
+/// interleaved rows: at gpt-oss-20b's gate_up (2 880 × 5 760, one staging buffer) and down
+/// (2 880 × 2 880), off the 32 × 32 tile (37 × 70), and over several staging buffers
+/// (5 000 × 4 096 bf16 = 39 MiB), from host memory and from a file mapping. f32 takes the host
+/// path and must agree too.
+#[test]
+fn cuda_transposed_raw_upload_equals_the_host_transpose() {
+    use draftlens_engine::backend::raw::{transposed, RawDtype, RawPart};
+    let Some(gpu) = gpu() else { return };
+    for (i, (dtype, inp, out)) in [
+        (RawDtype::BF16, 37, 70),
+        (RawDtype::BF16, 2880, 5760),
+        (RawDtype::BF16, 2880, 2880),
+        (RawDtype::BF16, 5000, 4096),
+        (RawDtype::F32, 37, 70),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (bytes, _) = stored(dtype, &raw_values(inp * out, 31 + i as u64));
+        let mut file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut file, &bytes).unwrap();
+        // SAFETY: a private temporary file nothing else writes while it is mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        for interleaved in [false, true] {
+            let part = |bytes, mapped| RawPart {
+                dtype,
+                rows: inp,
+                cols: out,
+                bytes,
+                mapped,
+            };
+            let host = transposed(part(&bytes, false), interleaved).unwrap();
+            let want = gpu
+                .matrix_raw(RawPart {
+                    dtype,
+                    rows: out,
+                    cols: inp,
+                    bytes: &host,
+                    mapped: false,
+                })
+                .unwrap();
+            let want = matrix_bits(&gpu, &want);
+            for (from, mapped) in [("host memory", false), ("a file mapping", true)] {
+                let src: &[u8] = if mapped { &map } else { &bytes };
+                let got = gpu
+                    .matrix_raw_transposed(part(src, mapped), interleaved)
+                    .unwrap();
+                assert_eq!(gpu.matrix_dims(&got), (out, inp));
+                assert!(
+                    matrix_bits(&gpu, &got) == want,
+                    "{dtype:?} [{inp}, {out}] interleaved {interleaved}, from {from}: the GPU \
+                     transpose differs from the host's"
+                );
+            }
+        }
+    }
+}
+
 /// A hybrid's gated attention on the GPU: `q_proj`'s per-head query and gate rows uploaded as row
 /// views of the stored bytes (`load_gated_qkv`) give the same device matrices, bit for bit, as
 /// the f32 path that splits them on the host (the committed Qwen3.5 / Qwen3-Next goldens).

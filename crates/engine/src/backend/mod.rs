@@ -964,6 +964,25 @@ pub trait Backend: Send + Sync + 'static {
         let data = raw::stacked_to_f32(parts, inp)?;
         self.matrix(&data, out, inp)
     }
+    /// A weight `[out, inp]` from a part stored transposed (`stored.rows` = inp, `stored.cols` =
+    /// out: gpt-oss's unquantised expert stacks, which transformers multiplies as `x @ W`), its
+    /// rows placed by [`raw::transposed_row`] (gate then up when `interleaved`). The default
+    /// transposes the bytes on the host ([`raw::transposed`]) and calls [`Backend::matrix_raw`];
+    /// the CUDA backend copies them as stored and transposes on the GPU, bit for bit the same.
+    fn matrix_raw_transposed(
+        &self,
+        stored: raw::RawPart<'_>,
+        interleaved: bool,
+    ) -> Result<Self::Matrix> {
+        let bytes = raw::transposed(stored, interleaved)?;
+        self.matrix_raw(raw::RawPart {
+            dtype: stored.dtype,
+            rows: stored.cols,
+            cols: stored.rows,
+            bytes: &bytes,
+            mapped: false,
+        })
+    }
     /// A weight `[out, inp]` from MXFP4 blocks and scales (`blocks` `out · inp / 2` bytes,
     /// `scales` `out · inp / 32` e8m0 exponents, row-major, as [`mxfp4`] describes them; gpt-oss's
     /// experts): the matrix [`Backend::matrix`] builds from their dequantised values, or one that

@@ -209,6 +209,57 @@ pub fn stacked_to_f32(parts: &[RawPart<'_>], cols: usize) -> Result<Vec<f32>> {
     Ok(data)
 }
 
+/// The output row of the transposed matrix that column `o` of a stored `[inp, out]` part becomes:
+/// `o` itself, or with `interleaved` rows (gpt-oss's gate_up, whose columns alternate gate and up)
+/// the even columns first, then the odd ones: gate rows then up rows. The one rule the host
+/// transpose ([`transposed`]) and the CUDA kernel (`kernels/convert.cu`, `transpose_bf16_rows`)
+/// both follow.
+pub fn transposed_row(o: usize, out: usize, interleaved: bool) -> usize {
+    match interleaved {
+        true if o % 2 == 0 => o / 2,
+        true => out / 2 + o / 2,
+        false => o,
+    }
+}
+
+/// The bytes of the `[out, inp]` matrix a part stored transposed (`stored.rows` = inp,
+/// `stored.cols` = out; gpt-oss's expert stacks, which transformers multiplies as `x @ W`)
+/// holds, its rows placed by [`transposed_row`]; values kept in their dtype. Row tiles in
+/// parallel: for a tile's rows the source columns lie within a cache line or two of each input
+/// row, which is read once per tile. The default of `Backend::matrix_raw_transposed`.
+pub fn transposed(stored: RawPart<'_>, interleaved: bool) -> Result<Vec<u8>> {
+    stored.check()?;
+    const TILE: usize = 32;
+    let (inp, out, size) = (stored.rows, stored.cols, stored.dtype.size());
+    ensure!(
+        !interleaved || out % 2 == 0,
+        "interleaved rows need an even row count, got {out}"
+    );
+    // The stored column each output row comes from (the inverse of `transposed_row`).
+    let mut source_col = vec![0usize; out];
+    for o in 0..out {
+        source_col[transposed_row(o, out, interleaved)] = o;
+    }
+    let mut w = vec![0u8; stored.bytes.len()];
+    if w.is_empty() {
+        return Ok(w);
+    }
+    w.par_chunks_mut(TILE * inp * size)
+        .enumerate()
+        .for_each(|(tile, rows)| {
+            let cols: Vec<usize> = (0..rows.len() / (inp * size))
+                .map(|t| source_col[tile * TILE + t] * size)
+                .collect();
+            for (i, src_row) in stored.bytes.chunks_exact(out * size).enumerate() {
+                for (t, &c) in cols.iter().enumerate() {
+                    let at = (t * inp + i) * size;
+                    rows[at..at + size].copy_from_slice(&src_row[c..c + size]);
+                }
+            }
+        });
+    Ok(w)
+}
+
 #[cfg(test)]
 mod tests {
     /// This process's resident pages of file mappings (kB), or None off Linux.

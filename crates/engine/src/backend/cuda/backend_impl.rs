@@ -96,6 +96,13 @@ impl Backend for CudaBackend {
     fn matrix_stacked_raw(&self, parts: &[crate::backend::raw::RawPart<'_>]) -> Result<CudaMatrix> {
         self.upload_stacked(parts)
     }
+    fn matrix_raw_transposed(
+        &self,
+        stored: crate::backend::raw::RawPart<'_>,
+        interleaved: bool,
+    ) -> Result<CudaMatrix> {
+        self.upload_transposed(stored, interleaved)
+    }
     fn free_memory(&self) -> Option<u64> {
         self.free_device_memory()
     }

@@ -16,6 +16,11 @@
 //!    overlaps this one's transfer: with 3 stages, two chunks are in flight while the host fills
 //!    the third, across tensor and shard boundaries.
 //!
+//! [`CudaBackend::upload_transposed`] backs `Backend::matrix_raw_transposed` (gpt-oss's bf16
+//! expert stacks, stored `[inp, out]`): the same staging, whole stored rows per chunk, and
+//! `transpose_bf16_rows` (`kernels/convert.cu`) writes each chunk as columns of the `[out, inp]`
+//! matrix, so the host copies bytes instead of transposing them value by value.
+//!
 //! Host memory: the staging buffers (3 × 32 MiB pinned + 3 × 32 MiB device scratch), whatever
 //! pages of the mmap are resident (a part's pages are dropped every 256 MiB copied,
 //! `raw::release_mapped_pages`, and the loader drops the rest after each tensor,
@@ -66,15 +71,32 @@ unsafe impl Send for Staging {}
 
 static STAGING: Mutex<Vec<Staging>> = Mutex::new(Vec::new());
 
-/// A piece of the matrix to fill: `bytes` of a part, landing at element `dst_elem`.
+/// A piece of the matrix to fill: `bytes` of a part, landing where `dest` says.
 struct Chunk<'a> {
     dtype: RawDtype,
     bytes: &'a [u8],
-    dst_elem: usize,
+    dest: Dest,
     /// Mapped bytes of the part ([`RawPart::mapped`]) to drop from the process once this chunk
     /// is copied: the chunks since the last drop, every [`RELEASE_CHUNKS`] chunks and at the
     /// part's end.
     release: Option<&'a [u8]>,
+}
+
+/// Where a chunk's elements land in the matrix.
+#[derive(Clone, Copy)]
+enum Dest {
+    /// In order from element `0` of the chunk to this element of the matrix (a part stored as the
+    /// matrix is laid out).
+    At(usize),
+    /// Stored rows `i0 .. i0 + rows` of a bf16 part stored transposed (`[inp, out]`), written by
+    /// `transpose_bf16_rows` (kernels/convert.cu) as columns `i0 ..` of the `[out, inp]` matrix.
+    Transposed {
+        i0: usize,
+        rows: usize,
+        out: usize,
+        inp: usize,
+        interleaved: bool,
+    },
 }
 
 /// Chunks (of [`STAGE_BYTES`]) between two drops of a mapped part's pages: each drop flushes
@@ -111,28 +133,96 @@ impl CudaBackend {
                 chunks.push(Chunk {
                     dtype: p.dtype,
                     bytes,
-                    dst_elem: elem + i * STAGE_BYTES / p.dtype.size(),
+                    dest: Dest::At(elem + i * STAGE_BYTES / p.dtype.size()),
                     release,
                 });
             }
             elem += p.len();
         }
-        if !chunks.is_empty() {
-            self.ctx
-                .bind_to_thread()
-                .map_err(derr("binding the context"))?;
-            let mut table = STAGING.lock().unwrap_or_else(|e| e.into_inner());
-            let staging = self.staging(&mut table)?;
-            for c in &chunks {
-                self.upload_chunk(staging, c, base)?;
-            }
-        }
+        self.upload_chunks(&chunks, base)?;
         Ok(CudaMatrix {
             buf,
             out,
             inp,
             mxfp4: None,
         })
+    }
+
+    /// `Backend::matrix_raw_transposed` on CUDA: a bf16 part stored `[inp, out]` is copied as
+    /// stored, whole stored rows per staging buffer, and `transpose_bf16_rows` writes each
+    /// chunk's rows as columns of the `[out, inp]` matrix (rows placed by
+    /// `raw::transposed_row`): bit for bit the host transpose's matrix, without the host touching
+    /// each value. Other dtypes (or a stored row larger than a staging buffer) take the default
+    /// host transpose.
+    pub(super) fn upload_transposed(
+        &self,
+        stored: RawPart<'_>,
+        interleaved: bool,
+    ) -> Result<CudaMatrix> {
+        stored.check()?;
+        let (inp, out) = (stored.rows, stored.cols);
+        let row_bytes = out * stored.dtype.size();
+        if stored.dtype != RawDtype::BF16 || row_bytes > STAGE_BYTES || stored.is_empty() {
+            let bytes = crate::backend::raw::transposed(stored, interleaved)?;
+            return self.upload_stacked(&[RawPart {
+                dtype: stored.dtype,
+                rows: out,
+                cols: inp,
+                bytes: &bytes,
+                mapped: false,
+            }]);
+        }
+        ensure!(
+            !interleaved || out % 2 == 0,
+            "interleaved rows need an even row count, got {out}"
+        );
+        let buf = self.alloc::<bf16>(out * inp)?;
+        let base = self.ptr(&buf);
+        let rows_per_chunk = STAGE_BYTES / row_bytes;
+        let n = inp.div_ceil(rows_per_chunk);
+        let chunks: Vec<Chunk> = (0..n)
+            .map(|c| {
+                let i0 = c * rows_per_chunk;
+                let rows = rows_per_chunk.min(inp - i0);
+                let bytes = &stored.bytes[i0 * row_bytes..(i0 + rows) * row_bytes];
+                Chunk {
+                    dtype: stored.dtype,
+                    bytes,
+                    dest: Dest::Transposed {
+                        i0,
+                        rows,
+                        out,
+                        inp,
+                        interleaved,
+                    },
+                    // An expert is a few chunks: drop its pages once all of them are copied.
+                    release: (stored.mapped && c + 1 == n).then_some(stored.bytes),
+                }
+            })
+            .collect();
+        self.upload_chunks(&chunks, base)?;
+        Ok(CudaMatrix {
+            buf,
+            out,
+            inp,
+            mxfp4: None,
+        })
+    }
+
+    /// Copies `chunks` through this context's staging slots into the matrix at `base`.
+    fn upload_chunks(&self, chunks: &[Chunk<'_>], base: u64) -> Result<()> {
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(derr("binding the context"))?;
+        let mut table = STAGING.lock().unwrap_or_else(|e| e.into_inner());
+        let staging = self.staging(&mut table)?;
+        for c in chunks {
+            self.upload_chunk(staging, c, base)?;
+        }
+        Ok(())
     }
 
     /// This context's staging slots, allocated on first use.
@@ -207,8 +297,54 @@ impl CudaBackend {
             unsafe { crate::backend::raw::release_mapped_pages(copied) };
         }
         let elems = n / c.dtype.size();
-        let dst = base + (c.dst_elem * 2) as u64;
         let stream = self.stream.cu_stream();
+        let dst_elem = match c.dest {
+            Dest::At(e) => e,
+            Dest::Transposed {
+                i0,
+                rows,
+                out,
+                inp,
+                interleaved,
+            } => {
+                let scratch = self.ptr(&stage.scratch);
+                // SAFETY: the scratch holds STAGE_BYTES ≥ n bytes; the source is page-locked
+                // memory held until `done` completes.
+                unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(scratch, stage.host_ptr as *const c_void, n, stream)
+                }
+                .result()
+                .map_err(derr("host-to-device copy of a weight chunk"))?;
+                let f = self.kernels.get("convert", "transpose_bf16_rows")?;
+                let (rows32, out32, inp32, i032) = (rows as i32, out as i32, inp as i32, i0 as i32);
+                let inter = interleaved as i32;
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(&scratch)
+                    .arg(&base)
+                    .arg(&rows32)
+                    .arg(&out32)
+                    .arg(&inp32)
+                    .arg(&i032)
+                    .arg(&inter);
+                // SAFETY: (const bf16*, bf16*, int × 5): the scratch holds `rows · out` values,
+                // the matrix `out · inp`; the kernel writes columns i0 .. i0 + rows of it only.
+                unsafe {
+                    b.launch(LaunchConfig {
+                        grid_dim: (out.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1),
+                        block_dim: (32, 8, 1),
+                        shared_mem_bytes: 0,
+                    })
+                }
+                .map_err(derr("transpose_bf16_rows"))?;
+                stage
+                    .done
+                    .record(&self.stream)
+                    .map_err(derr("recording a staging event"))?;
+                stage.pending = true;
+                return Ok(());
+            }
+        };
+        let dst = base + (dst_elem * 2) as u64;
         match c.dtype {
             RawDtype::BF16 => {
                 // SAFETY: dst..dst+n lies inside the matrix (chunks partition it by element

@@ -222,8 +222,8 @@ enum StoredExperts<'a> {
         out: usize,
     },
     /// [`StoredExperts::Fused`] as its stored bytes (`[E · in, out]`, the file's memory map):
-    /// each expert transposed in its dtype ([`transpose_expert`]) and uploaded as bytes, never
-    /// converted to f32 on the host.
+    /// each expert handed to the backend as stored ([`Backend::matrix_raw_transposed`]: the CUDA
+    /// backend transposes it on the GPU), never converted to f32 on the host.
     FusedRaw(RawPart<'a>),
     Mxfp4(Mxfp4Tensor<'a>),
     /// `{base}.{e}.{proj}.weight` `[out / projs.len(), inp]` for each of `projs`, stacked by rows:
@@ -311,16 +311,8 @@ impl StoredExperts<'_> {
             return be.matrix_mxfp4(&blocks, &scales, out, inp);
         }
         if let StoredExperts::FusedRaw(part) = self {
-            let size = part.dtype.size();
-            let stack = &part.bytes[e * inp * out * size..(e + 1) * inp * out * size];
-            let w = transpose_expert(stack, size, inp, out, rows_interleaved);
-            return be.matrix_raw(RawPart {
-                dtype: part.dtype,
-                rows: out,
-                cols: inp,
-                bytes: &w,
-                mapped: false,
-            });
+            // Expert e's `[inp, out]` rows of the `[E · inp, out]` stack.
+            return be.matrix_raw_transposed(part.row_range(e * inp, inp), rows_interleaved);
         }
         let w = self.expert(e)?;
         let w = if rows_interleaved {
@@ -369,42 +361,6 @@ impl StoredExperts<'_> {
             }
         }
     }
-}
-
-/// Expert `stack` (`[inp, out]` row-major, `size` bytes per value, as `GptOssExperts` holds it:
-/// `x @ W`) transposed to `[out, inp]`, its rows de-interleaved (gate then up, as
-/// [`deinterleave`]) when `rows_interleaved`: the bytes of the matrix [`StoredExperts::expert`]
-/// then [`deinterleave`] build as values. Row tiles in parallel: for a tile's rows the source
-/// columns lie within a cache line or two of each input row, which is read once per tile.
-pub(super) fn transpose_expert(
-    stack: &[u8],
-    size: usize,
-    inp: usize,
-    out: usize,
-    rows_interleaved: bool,
-) -> Vec<u8> {
-    use rayon::prelude::*;
-    const TILE: usize = 32;
-    let source_col = |r: usize| match rows_interleaved {
-        true if r < out / 2 => 2 * r,
-        true => 2 * (r - out / 2) + 1,
-        false => r,
-    };
-    let mut w = vec![0u8; stack.len()];
-    w.par_chunks_mut(TILE * inp * size)
-        .enumerate()
-        .for_each(|(tile, rows)| {
-            let cols: Vec<usize> = (0..rows.len() / (inp * size))
-                .map(|t| source_col(tile * TILE + t) * size)
-                .collect();
-            for (i, src_row) in stack.chunks_exact(out * size).enumerate() {
-                for (t, &c) in cols.iter().enumerate() {
-                    let at = (t * inp + i) * size;
-                    rows[at..at + size].copy_from_slice(&src_row[c..c + size]);
-                }
-            }
-        });
-    w
 }
 
 /// Rows `[2j]` then rows `[2j + 1]` of a row-major `[2·n, cols]`: transformers' `gate_up[...,

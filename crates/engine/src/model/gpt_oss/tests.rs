@@ -385,13 +385,23 @@ fn expert_layouts_map_to_gate_then_up_rows() {
     );
 }
 
-/// A fused expert stack's bytes transposed in place of their values (the loader's raw path,
-/// `layers::transpose_expert`): the same matrix as the value path (transpose `[in, out]` to
-/// `[out, in]`, then de-interleave gate|up rows), for 2- and 4-byte values, with and without the
-/// de-interleave, at sizes off the 32-row tile.
+/// A fused expert stack's bytes transposed in place of their values (the loader's raw path:
+/// `raw::transposed`, the default of `Backend::matrix_raw_transposed`): the same matrix as the
+/// value path (transpose `[in, out]` to `[out, in]`, then de-interleave gate|up rows), for 2- and
+/// 4-byte values, with and without the de-interleave, at sizes off the 32-row tile.
 #[test]
 fn transposing_expert_bytes_equals_the_value_path() {
+    use crate::backend::raw::{self, RawDtype, RawPart};
     let (inp, out) = (37, 70);
+    fn stored(dtype: RawDtype, bytes: &[u8], inp: usize, out: usize) -> RawPart<'_> {
+        RawPart {
+            dtype,
+            rows: inp,
+            cols: out,
+            bytes,
+            mapped: false,
+        }
+    }
     let values: Vec<f32> = (0..inp * out)
         .map(|i| (i * 7919 % 255) as f32 - 127.0)
         .collect();
@@ -413,7 +423,8 @@ fn transposing_expert_bytes_equals_the_value_path() {
         };
         // f32 bytes, then bf16 bytes (these integers are exact in bf16).
         let f32_bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let got = layers::transpose_expert(&f32_bytes, 4, inp, out, interleaved);
+        let got =
+            raw::transposed(stored(RawDtype::F32, &f32_bytes, inp, out), interleaved).unwrap();
         let got: Vec<f32> = got
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
@@ -423,7 +434,8 @@ fn transposing_expert_bytes_equals_the_value_path() {
             .iter()
             .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
             .collect();
-        let got = layers::transpose_expert(&bf16_bytes, 2, inp, out, interleaved);
+        let got =
+            raw::transposed(stored(RawDtype::BF16, &bf16_bytes, inp, out), interleaved).unwrap();
         let got: Vec<f32> = got
             .chunks_exact(2)
             .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
