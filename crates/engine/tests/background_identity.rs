@@ -5,7 +5,8 @@
 //! - the identity is the value the sequential hash gives, and the value computed independently
 //!   (Python's hashlib over the golden manifest's file hash);
 //! - a session on weights never seen uploads them when the identity is first needed (the upload
-//!   overlaps the hash); a second session finds the identity remembered, hashes nothing (its
+//!   overlaps the hash), and decodes its continuations before keying them (so does the
+//!   decoding); a second session finds the identity remembered, hashes nothing (its
 //!   identity survives bytes swapped behind an unchanged stamp) and uploads nothing;
 //! - a weight file that changes while it is hashed is one error naming it, every later ask
 //!   gives the same error, nothing is cached, and the store never answers a wrong identity;
@@ -183,6 +184,53 @@ fn a_session_on_new_weights_uploads_them_while_they_hash_and_a_second_hashes_not
     assert_eq!(second.target_sha256().unwrap(), want);
     assert_eq!(second.continuation(&prompt(), 6).unwrap().ids, computed.ids);
     assert!(!second.model_loaded(), "everything was cached");
+}
+
+/// On first sight of the weights, `continuations` decodes first and keys its entries afterwards
+/// (the hash overlaps the decoding instead of being waited for before it): the continuations
+/// equal those of a session that keyed first (on another copy, its identity joined up front), and
+/// the entries land under the identity the hash gives: a second session, the identity remembered,
+/// keys first and finds every one without uploading the model.
+#[test]
+fn on_first_sight_continuations_are_decoded_first_and_keyed_under_the_identity() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = gguf_copy(tmp.path());
+    let cache = tmp.path().join("cache");
+    let other: Vec<u32> = (1..PROMPT_LEN + 9).map(|i| (i * 53) % 509).collect();
+    let prompts = [prompt(), other];
+    let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+
+    let first = session(&model, &cache);
+    assert!(first.keys_after_decoding(), "first sight: decode, then key");
+    let decoded_first = first.continuations(&refs, 6).unwrap();
+    assert!(
+        !first.keys_after_decoding(),
+        "the entries' keys joined the hash"
+    );
+    first.flush_cache().unwrap();
+    drop(first);
+
+    let copy_dir = tmp.path().join("copy");
+    fs::create_dir(&copy_dir).unwrap();
+    let keyed = session(&gguf_copy(&copy_dir), &copy_dir.join("cache"));
+    keyed.target_sha256().unwrap();
+    assert!(!keyed.keys_after_decoding());
+    let keyed_first = keyed.continuations(&refs, 6).unwrap();
+
+    let second = session(&model, &cache);
+    assert!(
+        !second.keys_after_decoding(),
+        "identity remembered: look up first"
+    );
+    let cached = second.continuations(&refs, 6).unwrap();
+    assert!(
+        !second.model_loaded(),
+        "every entry was found under its key"
+    );
+    for ((a, b), c) in decoded_first.iter().zip(&keyed_first).zip(&cached) {
+        assert_eq!(a.ids, b.ids);
+        assert_eq!(a.ids, c.ids);
+    }
 }
 
 #[test]

@@ -402,64 +402,103 @@ impl<B: Backend> Session<B> {
     /// The greedy continuations of several prompts, in order. Each is looked up in the cache under
     /// the same key as [`Session::continuation`]; the misses are decoded
     /// [`Session::gen_batch`] at a time ([`greedy_batch`]) and stored one entry per prompt.
+    ///
+    /// On first sight of the weights ([`Session::keys_after_decoding`]) nothing is looked up: every
+    /// prompt is decoded and its entry keyed afterwards, so that the weights' hash, running in the
+    /// background since [`Session::load`], overlaps the decoding instead of being waited for.
     pub fn continuations(&self, prompts: &[&[u32]], max_new: usize) -> Result<Vec<Continuation>> {
         let eos = self.eos_ids();
-        // First sight of the weights: upload them while they hash if decoding every prompt fits.
-        let every: Vec<usize> = (0..prompts.len()).collect();
-        if !prompts.is_empty() && self.decode_batch(prompts, &every, max_new).is_ok() {
-            self.load_while_hashing();
-        }
-        let mut out: Vec<Option<Continuation>> = Vec::with_capacity(prompts.len());
-        let mut misses = Vec::new();
-        let lookups = crate::timeline::phase("cache read");
-        for (n, prompt) in prompts.iter().enumerate() {
-            let key = self.key(
+        let key_of = |prompt: &[u32]| {
+            self.key(
                 "greedy",
                 prompt,
                 vec![],
                 format!("max_new={max_new};eos={eos:?}"),
-            )?;
-            // Decoded earlier in this session (its entry may still be queued for the disk).
-            let recent = self
-                .recent_continuations
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&key.digest())
-                .cloned();
-            let hit = match recent {
-                Some(c) => Some(c),
-                None => match self.cache.lookup(&key)? {
-                    Lookup::Hit(t) => decode_continuation(&t),
-                    _ => None,
-                },
-            };
-            if hit.is_none() {
-                misses.push((n, key));
-            }
-            out.push(hit);
+            )
+        };
+        // First sight of the weights: upload them while they hash if decoding every prompt fits.
+        let every: Vec<usize> = (0..prompts.len()).collect();
+        let fits = !prompts.is_empty() && self.decode_batch(prompts, &every, max_new).is_ok();
+        let decode_first = fits && self.keys_after_decoding();
+        if fits {
+            self.load_while_hashing();
         }
-        drop(lookups);
+        let mut out: Vec<Option<Continuation>> = vec![None; prompts.len()];
+        // (prompt, its key when it was looked up)
+        let mut misses: Vec<(usize, Option<CacheKey>)> = Vec::new();
+        if decode_first {
+            misses.extend(every.iter().map(|&n| (n, None)));
+        } else {
+            let _lookups = crate::timeline::phase("cache read");
+            for (n, prompt) in prompts.iter().enumerate() {
+                let key = key_of(prompt)?;
+                // Decoded earlier in this session (its entry may still be queued for the disk).
+                let recent = self
+                    .recent_continuations
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&key.digest())
+                    .cloned();
+                let hit = match recent {
+                    Some(c) => Some(c),
+                    None => match self.cache.lookup(&key)? {
+                        Lookup::Hit(t) => decode_continuation(&t),
+                        _ => None,
+                    },
+                };
+                if hit.is_none() {
+                    misses.push((n, Some(key)));
+                }
+                out[n] = hit;
+            }
+        }
         let missed: Vec<usize> = misses.iter().map(|(n, _)| *n).collect();
         let batch = self.decode_batch(prompts, &missed, max_new)?;
+        let mut unkeyed = Vec::new();
         for group in misses.chunks(batch) {
             let group_prompts: Vec<&[u32]> = group.iter().map(|(n, _)| prompts[*n]).collect();
             let decoded = greedy_batch(&self.be, self.model()?, &group_prompts, max_new, &eos)?;
-            // Written by the background writer: each entry's fsync can wait behind the disk's
-            // writeback of gigabytes (a target just written, the hidden states of a pass).
-            let _phase = crate::timeline::phase("cache write (continuations)");
             for ((n, key), c) in group.iter().zip(decoded) {
-                let tensors = continuation_tensors(&c);
-                self.cache_put(key.clone(), move || tensors)?;
-                self.recent_continuations
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key.digest(), c.clone());
+                match key {
+                    Some(key) => self.store_continuation(key.clone(), &c)?,
+                    None => unkeyed.push(*n),
+                }
                 out[*n] = Some(c);
             }
+        }
+        // First sight: keyed once every prompt is decoded, which the hash has had to finish.
+        for n in unkeyed {
+            let c = out[n].as_ref().context("continuation missing")?;
+            self.store_continuation(key_of(prompts[n])?, c)?;
         }
         out.into_iter()
             .collect::<Option<Vec<_>>>()
             .context("continuation missing")
+    }
+
+    /// Queue continuation `c`'s cache entry under `key` and remember it for this session.
+    fn store_continuation(&self, key: CacheKey, c: &Continuation) -> Result<()> {
+        // Written by the background writer: each entry's fsync can wait behind the disk's
+        // writeback of gigabytes (a target just written, the hidden states of a pass).
+        let _phase = crate::timeline::phase("cache write (continuations)");
+        let tensors = continuation_tensors(c);
+        self.cache_put(key.clone(), move || tensors)?;
+        self.recent_continuations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.digest(), c.clone());
+        Ok(())
+    }
+
+    /// Whether [`Session::continuations`] decodes before it keys: while the weights are hashed in
+    /// the background, i.e. on first sight of their files (some file's stamp unknown to the
+    /// identity store). Their entries are keyed by the hash of the bytes, which bytes never
+    /// hashed before have none under, so every lookup would miss after waiting for the hash.
+    /// The exception is the same bytes under another path or stamp (a copy of a model already
+    /// used, a `touch`, a wiped identity store: docs/loading.md §2), whose entries are then
+    /// decoded again and rewritten with the same values instead of read.
+    pub fn keys_after_decoding(&self) -> bool {
+        self.files.identity.hashing_in_background()
     }
 
     /// One target pass over `ids` capturing `capture` and the target's top-`k` (cached).
