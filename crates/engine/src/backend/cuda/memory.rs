@@ -37,6 +37,26 @@ impl CudaBackend {
         })
     }
 
+    /// One allocation cut into arrays of `lens[i]` 4-byte values each (every one starting on a
+    /// 256-byte boundary): the buffer, to keep alive while kernels use the arrays (its free is
+    /// stream-ordered), and each array's device address. For a step's many small scratch
+    /// arrays, where an allocation and a free apiece cost the host more than the kernels take.
+    pub(super) fn alloc_carved<const N: usize>(
+        &self,
+        lens: [usize; N],
+    ) -> Result<(CudaSlice<u32>, [u64; N])> {
+        const ALIGN: usize = 64; // values: 256 bytes
+        let mut offsets = [0usize; N];
+        let mut total = 0;
+        for (offset, len) in offsets.iter_mut().zip(lens) {
+            *offset = total;
+            total += len.max(1).next_multiple_of(ALIGN);
+        }
+        let buf = self.alloc::<u32>(total)?;
+        let base = self.ptr(&buf);
+        Ok((buf, offsets.map(|o| base + 4 * o as u64)))
+    }
+
     pub(super) fn new_tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
         Ok(CudaTensor {
             buf: self.alloc(rows * cols)?,

@@ -100,7 +100,7 @@ impl CudaBackend {
         self.moe.on_device.store(on, Ordering::Relaxed);
     }
 
-    /// `acc[r] += Σ_j weights[r·n + j] · src[index[r·n + j]]`, one block per row (shapes checked
+    /// `acc[r] += Σ_j weights[r·n + j] · src[index[r·n + j]]`, one thread per element (shapes checked
     /// by the trait). The term lists go up with the call (a few KB per layer).
     pub(super) fn moe_add_weighted_rows(
         &self,
@@ -114,16 +114,16 @@ impl CudaBackend {
         }
         let n = index.len() / acc.rows;
         let (idx, w) = (self.upload(index)?, self.upload(weights)?);
-        self.moe_combine(acc, src, &idx, &w, n)
+        self.moe_combine(acc, src, (self.ptr(&idx), self.ptr(&w)), n)
     }
 
-    /// The combine with its term lists on the device (`n` terms per row of `acc`).
+    /// The combine with its term lists on the device (their addresses: `n` terms per row of
+    /// `acc`).
     fn moe_combine(
         &self,
         acc: &mut CudaTensor,
         src: &CudaTensor,
-        index: &CudaSlice<u32>,
-        weights: &CudaSlice<f32>,
+        (index, weights): (u64, u64),
         n: usize,
     ) -> Result<()> {
         let f = self
@@ -133,16 +133,17 @@ impl CudaBackend {
         let mut b = self.stream.launch_builder(&f);
         b.arg(&mut acc.buf)
             .arg(&src.buf)
-            .arg(index)
-            .arg(weights)
+            .arg(&index)
+            .arg(&weights)
             .arg(&cols)
             .arg(&n);
         // SAFETY: (bf16*, const bf16*, const u32*, const float*, ll, int): acc holds rows · cols
         // values, index and weights rows · n entries, every index below src's row count (the
-        // trait's check, or moe_plan's construction), src holds cols values per row.
+        // trait's check, or moe_plan's construction), src holds cols values per row; blocks past
+        // a row's last column return.
         unsafe {
             b.launch(LaunchConfig {
-                grid_dim: (acc.rows as u32, 1, 1),
+                grid_dim: (acc.rows as u32, acc.cols.div_ceil(256) as u32, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             })
@@ -203,11 +204,27 @@ impl CudaBackend {
             );
         }
 
-        // 1. Route: each row's top-k (expert, weight), and the shared gate.
+        // The routing plan's arrays (4-byte values, below) in one allocation: a decode step plans
+        // every layer, and eleven allocations and frees a layer cost the host more time than the
+        // small kernels they feed take on the GPU, which then waits for the next launch.
         let n = t * k;
-        let mut route_expert = self.alloc::<i32>(n)?;
-        let mut route_weight = self.alloc::<f32>(n)?;
-        let mut shared_gate = self.alloc::<f32>(t)?;
+        let max_rows = t.min(MAX_DECODE_ROWS);
+        let max_groups = e.min(n)
+            + if t > MAX_DECODE_ROWS {
+                n.div_ceil(MAX_DECODE_ROWS)
+            } else {
+                0
+            };
+        if max_groups > 65_535 {
+            return Ok(false); // past the grid's z limit (over 4 M routes): the host plan
+        }
+        let terms = k + usize::from(shared_out.is_some());
+        let (
+            _plan,
+            [route_expert, route_weight, shared_gate, counts, start, cursor, gather, groups, n_groups, term_index, term_weight],
+        ) = self.alloc_carved([n, n, t, e, e, e, n, 3 * max_groups, 1, t * terms, t * terms])?;
+
+        // 1. Route: each row's top-k (expert, weight), and the shared gate.
         let f = self
             .kernels
             .get_with_smem("elementwise", "moe_route", e * 4)?;
@@ -224,9 +241,9 @@ impl CudaBackend {
             .arg(&k32)
             .arg(&renorm)
             .arg(&topk_first)
-            .arg(&mut route_expert)
-            .arg(&mut route_weight)
-            .arg(&mut shared_gate);
+            .arg(&route_expert)
+            .arg(&route_weight)
+            .arg(&shared_gate);
         // SAFETY: (const bf16*, int, int, int, int, int, int*, float*, float*): logits hold t rows of
         // width values, the routes t · k entries, shared_gate t; e floats of dynamic shared memory.
         unsafe {
@@ -241,28 +258,11 @@ impl CudaBackend {
         // 2. Plan: gather list, groups, the combine's terms. Each expert's rows are cut into
         // groups of at most MAX_DECODE_ROWS (the grouped GEMM's largest row tiling); an expert
         // appears at most once per row, so a step of ≤ 64 rows has one group per expert that runs.
-        let max_rows = t.min(MAX_DECODE_ROWS);
-        let max_groups = e.min(n)
-            + if t > MAX_DECODE_ROWS {
-                n.div_ceil(MAX_DECODE_ROWS)
-            } else {
-                0
-            };
-        if max_groups > 65_535 {
-            return Ok(false); // past the grid's z limit (over 4 M routes): the host plan
-        }
-        let terms = k + usize::from(shared_out.is_some());
-        let mut counts = self.alloc::<i32>(e)?;
-        self.stream
-            .memset_zeros(&mut counts)
+        // SAFETY: `counts` is e 4-byte values of the plan's allocation, alive until the kernels
+        // queued after this on the stream have run (its free is stream-ordered).
+        unsafe { cudarc::driver::sys::cuMemsetD32Async(counts, 0, e, self.stream.cu_stream()) }
+            .result()
             .map_err(derr("zeroing expert counts"))?;
-        let mut start = self.alloc::<i32>(e)?;
-        let mut cursor = self.alloc::<i32>(e)?;
-        let mut gather = self.alloc::<u32>(n)?;
-        let mut groups = self.alloc::<i32>(3 * max_groups)?;
-        let mut n_groups = self.alloc::<i32>(1)?;
-        let mut term_index = self.alloc::<u32>(t * terms)?;
-        let mut term_weight = self.alloc::<f32>(t * terms)?;
         let (n32, t32, max_rows32) = (n as i32, t as i32, max_rows as i32);
         let per_route = LaunchConfig {
             grid_dim: (n.div_ceil(256) as u32, 1, 1),
@@ -271,7 +271,7 @@ impl CudaBackend {
         };
         let f = self.kernels.get("elementwise", "moe_plan_count")?;
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&route_expert).arg(&n32).arg(&mut counts);
+        b.arg(&route_expert).arg(&n32).arg(&counts);
         // SAFETY: (const int*, int, int*): n routes, each an expert below e (moe_route), e counts.
         unsafe { b.launch(per_route) }.map_err(derr("moe_plan_count"))?;
         let f = self.kernels.get("elementwise", "moe_plan_groups")?;
@@ -279,10 +279,10 @@ impl CudaBackend {
         b.arg(&counts)
             .arg(&e32)
             .arg(&max_rows32)
-            .arg(&mut start)
-            .arg(&mut cursor)
-            .arg(&mut groups)
-            .arg(&mut n_groups);
+            .arg(&start)
+            .arg(&cursor)
+            .arg(&groups)
+            .arg(&n_groups);
         // SAFETY: (const int*, int, int, int*, int*, int*, int*): e counts summing to n, e starts
         // and cursors, 3 · max_groups group entries (Σ_e ceil(count_e / max_rows) ≤ max_groups).
         unsafe {
@@ -294,7 +294,7 @@ impl CudaBackend {
         }
         .map_err(derr("moe_plan_groups"))?;
         let gate_ptr = if shared_out.is_some() {
-            self.ptr(&shared_gate)
+            shared_gate
         } else {
             0u64
         };
@@ -306,10 +306,10 @@ impl CudaBackend {
             .arg(&t32)
             .arg(&k32)
             .arg(&start)
-            .arg(&mut cursor)
-            .arg(&mut gather)
-            .arg(&mut term_index)
-            .arg(&mut term_weight);
+            .arg(&cursor)
+            .arg(&gather)
+            .arg(&term_index)
+            .arg(&term_weight);
         // SAFETY: (const int*, const float*, const float* or null, int, int, const int*, int*,
         // u32*, u32*, float*): n = t · k routes and weights, t shared gates, e starts and zeroed
         // cursors (each expert's slots stay within its count), gather n slots, t · terms terms.
@@ -339,12 +339,12 @@ impl CudaBackend {
             &xg,
             (&tables.gate_up, tables.mxfp4),
             &mut gu,
-            (&groups, &n_groups, max_groups),
+            (groups, n_groups, max_groups),
             max_rows,
         )?;
         drop(xg);
         if let Some((gu_bias, _)) = &tables.biases {
-            self.moe_add_group_bias(&mut gu, gu_bias, &groups, &n_groups, max_groups)?;
+            self.moe_add_group_bias(&mut gu, gu_bias, (groups, n_groups, max_groups))?;
         }
         let act = match experts.activation {
             ExpertActivation::SwiGlu => self.swiglu_packed(&gu)?,
@@ -358,11 +358,11 @@ impl CudaBackend {
             &act,
             (&tables.down, tables.mxfp4),
             &mut stacked,
-            (&groups, &n_groups, max_groups),
+            (groups, n_groups, max_groups),
             t,
         )?;
         if let Some((_, down_bias)) = &tables.biases {
-            self.moe_add_group_bias(&mut stacked, down_bias, &groups, &n_groups, max_groups)?;
+            self.moe_add_group_bias(&mut stacked, down_bias, (groups, n_groups, max_groups))?;
         }
         if let Some(s) = shared_out {
             self.stream
@@ -374,7 +374,7 @@ impl CudaBackend {
         }
 
         // 5. The combine, in the host plan's term order.
-        self.moe_combine(h, &stacked, &term_index, &term_weight, terms)?;
+        self.moe_combine(h, &stacked, (term_index, term_weight), terms)?;
         Ok(true)
     }
 
@@ -388,7 +388,7 @@ impl CudaBackend {
         x: &CudaTensor,
         (table, mxfp4): (&CudaSlice<u64>, bool),
         y: &mut CudaTensor,
-        (groups, n_groups, max_groups): (&CudaSlice<i32>, &CudaSlice<i32>, usize),
+        (groups, n_groups, max_groups): (u64, u64, usize),
         max_rows: usize,
     ) -> Result<()> {
         let (n_out, k_in) = (y.cols, x.cols);
@@ -418,8 +418,8 @@ impl CudaBackend {
             b.arg(lut);
         }
         b.arg(&mut y.buf)
-            .arg(groups)
-            .arg(n_groups)
+            .arg(&groups)
+            .arg(&n_groups)
             .arg(&n32)
             .arg(&k32);
         // SAFETY: (const bf16*, const u64*, [const float*,] bf16*, const int*, const int*, int,
@@ -446,9 +446,7 @@ impl CudaBackend {
         &self,
         y: &mut CudaTensor,
         biases: &CudaSlice<u64>,
-        groups: &CudaSlice<i32>,
-        n_groups: &CudaSlice<i32>,
-        max_groups: usize,
+        (groups, n_groups, max_groups): (u64, u64, usize),
     ) -> Result<()> {
         ensure!(
             y.cols < i32::MAX as usize,
@@ -460,8 +458,8 @@ impl CudaBackend {
         let mut b = self.stream.launch_builder(&f);
         b.arg(&mut y.buf)
             .arg(biases)
-            .arg(groups)
-            .arg(n_groups)
+            .arg(&groups)
+            .arg(&n_groups)
             .arg(&cols);
         // SAFETY: (bf16*, const u64*, const int*, const int*, int): every table entry is an
         // expert's bias of `cols` bf16 values (moe_tables' check); the groups' rows lie within

@@ -192,7 +192,7 @@ impl CudaBackend {
             x,
             (&table, first.is_mxfp4()),
             &mut y,
-            (&groups, &count, n_groups),
+            (self.ptr(&groups), self.ptr(&count), n_groups),
             max_rows,
         )?;
         Ok(y)
