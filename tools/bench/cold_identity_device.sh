@@ -54,8 +54,8 @@ rm -rf /tmp/dlcache-warm
 evict
 timed warmup_fresh_machine timeout 400 "$DL" extract --backend cuda --target $M --prompts builtin:humaneval --limit "$N" --layers $TAPS --cache-dir /tmp/dlcache-warm --json --timeline -v
 
-# Two rounds, alternating, each cold (weights evicted, fresh cache and identity store).
-for round in 1 2; do
+# $ROUNDS rounds (2), alternating, each cold (weights evicted, fresh cache and identity store).
+for round in $(seq 1 "${ROUNDS:-2}"); do
   for hash in foreground background; do
     rm -rf /tmp/dlcache-$hash
     evict
