@@ -16,23 +16,7 @@ extern "C" __global__ void rms_norm_bf16(const bf16_t* __restrict__ x, const bf1
     float ss = 0.f;
     bool vec = (group & 7) == 0;
     if (vec) {
-        // Four loads in flight per lane before their sums (a decode step's rows are latency-bound:
-        // one load round trip per 256 columns made a 2 880-wide row take 6 us); the products are
-        // added in the same order as one at a time, so the bits are the same.
-        int i = lane * 8;
-        for (; i + 768 < group; i += 1024) {
-            uint4 v[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) v[u] = *(const uint4*)(xs + i + u * 256);
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                float f[8];
-                unpack8(v[u], f);
-#pragma unroll
-                for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
-            }
-        }
-        for (; i < group; i += 256) {
+        for (int i = lane * 8; i < group; i += 256) {
             float f[8];
             unpack8(*(const uint4*)(xs + i), f);
 #pragma unroll
@@ -47,8 +31,6 @@ extern "C" __global__ void rms_norm_bf16(const bf16_t* __restrict__ x, const bf1
     ss = warp_sum(ss);
     float r = rsqrtf(ss / (float)group + eps);
     if (vec) {
-        // Each output element on its own: unrolled so that the loads of four columns are in flight.
-#pragma unroll 4
         for (int i = lane * 8; i < group; i += 256) {
             float f[8], wf[8];
             unpack8(*(const uint4*)(xs + i), f);
