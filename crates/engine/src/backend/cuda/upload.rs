@@ -118,8 +118,6 @@ impl CudaBackend {
             );
         }
         let out: usize = parts.iter().map(|p| p.rows).sum();
-        let buf = self.alloc::<bf16>(out * inp)?;
-        let base = self.ptr(&buf);
         let mut chunks = Vec::new();
         let mut elem = 0;
         for p in parts {
@@ -139,13 +137,7 @@ impl CudaBackend {
             }
             elem += p.len();
         }
-        self.upload_chunks(&chunks, base)?;
-        Ok(CudaMatrix {
-            buf,
-            out,
-            inp,
-            mxfp4: None,
-        })
+        self.matrix_from_chunks(out, inp, &chunks)
     }
 
     /// `Backend::matrix_raw_transposed` on CUDA: a bf16 part stored `[inp, out]` is copied as
@@ -176,8 +168,6 @@ impl CudaBackend {
             !interleaved || out % 2 == 0,
             "interleaved rows need an even row count, got {out}"
         );
-        let buf = self.alloc::<bf16>(out * inp)?;
-        let base = self.ptr(&buf);
         let rows_per_chunk = STAGE_BYTES / row_bytes;
         let n = inp.div_ceil(rows_per_chunk);
         let chunks: Vec<Chunk> = (0..n)
@@ -200,29 +190,35 @@ impl CudaBackend {
                 }
             })
             .collect();
-        self.upload_chunks(&chunks, base)?;
+        self.matrix_from_chunks(out, inp, &chunks)
+    }
+
+    /// A bf16 matrix `[out, inp]` filled by copying `chunks` through this context's staging
+    /// slots.
+    fn matrix_from_chunks(
+        &self,
+        out: usize,
+        inp: usize,
+        chunks: &[Chunk<'_>],
+    ) -> Result<CudaMatrix> {
+        let buf = self.alloc::<bf16>(out * inp)?;
+        if !chunks.is_empty() {
+            let base = self.ptr(&buf);
+            self.ctx
+                .bind_to_thread()
+                .map_err(derr("binding the context"))?;
+            let mut table = STAGING.lock().unwrap_or_else(|e| e.into_inner());
+            let staging = self.staging(&mut table)?;
+            for c in chunks {
+                self.upload_chunk(staging, c, base)?;
+            }
+        }
         Ok(CudaMatrix {
             buf,
             out,
             inp,
             mxfp4: None,
         })
-    }
-
-    /// Copies `chunks` through this context's staging slots into the matrix at `base`.
-    fn upload_chunks(&self, chunks: &[Chunk<'_>], base: u64) -> Result<()> {
-        if chunks.is_empty() {
-            return Ok(());
-        }
-        self.ctx
-            .bind_to_thread()
-            .map_err(derr("binding the context"))?;
-        let mut table = STAGING.lock().unwrap_or_else(|e| e.into_inner());
-        let staging = self.staging(&mut table)?;
-        for c in chunks {
-            self.upload_chunk(staging, c, base)?;
-        }
-        Ok(())
     }
 
     /// This context's staging slots, allocated on first use.
