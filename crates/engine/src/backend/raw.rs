@@ -297,4 +297,35 @@ mod tests {
         unsafe { super::release_mapped_pages(&map[1000..N - 1000]) };
         assert!(map[..] == content[..], "content after an unaligned release");
     }
+
+    /// `transposed` refuses a part whose bytes do not match its shape, and interleaved rows of
+    /// an odd count (gate and up rows must pair), each with one error saying which; an empty
+    /// part is an empty matrix.
+    #[test]
+    fn transposed_refuses_inconsistent_parts() {
+        use super::{transposed, RawDtype, RawPart};
+        let bytes = [0u8; 2 * 3 * 4];
+        let part = |rows, cols, bytes| RawPart {
+            dtype: RawDtype::BF16,
+            rows,
+            cols,
+            bytes,
+            mapped: false,
+        };
+        let e = transposed(part(3, 5, &bytes), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("BF16 weight [3, 5] needs 30 bytes, got 24"),
+            "{e}"
+        );
+        let odd = [0u8; 2 * 4 * 3];
+        let e = transposed(part(4, 3, &odd), true).unwrap_err().to_string();
+        assert!(
+            e.contains("interleaved rows need an even row count, got 3"),
+            "{e}"
+        );
+        assert!(transposed(part(4, 3, &odd), false).is_ok());
+        assert!(transposed(part(0, 6, &[]), true).unwrap().is_empty());
+    }
 }
