@@ -466,7 +466,7 @@ impl<B: Backend> Session<B> {
                 out[*n] = Some(c);
             }
         }
-        // First sight: keyed once every prompt is decoded, which the hash has had to finish.
+        // First sight: keyed only now, the hash having run beside the decoding.
         for n in unkeyed {
             let c = out[n].as_ref().context("continuation missing")?;
             self.store_continuation(key_of(prompts[n])?, c)?;
