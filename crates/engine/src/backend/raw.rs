@@ -216,10 +216,22 @@ pub fn stacked_to_f32(parts: &[RawPart<'_>], cols: usize) -> Result<Vec<f32>> {
 /// both follow.
 pub fn transposed_row(o: usize, out: usize, interleaved: bool) -> usize {
     match interleaved {
-        true if o % 2 == 0 => o / 2,
+        true if o.is_multiple_of(2) => o / 2,
         true => out / 2 + o / 2,
         false => o,
     }
+}
+
+/// A part stored transposed must have its bytes, and with `interleaved` rows an even number of
+/// them (gate and up rows pair up).
+pub fn check_transposable(stored: &RawPart<'_>, interleaved: bool) -> Result<()> {
+    stored.check()?;
+    ensure!(
+        !interleaved || stored.cols.is_multiple_of(2),
+        "interleaved rows need an even row count, got {}",
+        stored.cols
+    );
+    Ok(())
 }
 
 /// The bytes of the `[out, inp]` matrix a part stored transposed (`stored.rows` = inp,
@@ -228,13 +240,9 @@ pub fn transposed_row(o: usize, out: usize, interleaved: bool) -> usize {
 /// parallel: for a tile's rows the source columns lie within a cache line or two of each input
 /// row, which is read once per tile. The default of `Backend::matrix_raw_transposed`.
 pub fn transposed(stored: RawPart<'_>, interleaved: bool) -> Result<Vec<u8>> {
-    stored.check()?;
+    check_transposable(&stored, interleaved)?;
     const TILE: usize = 32;
     let (inp, out, size) = (stored.rows, stored.cols, stored.dtype.size());
-    ensure!(
-        !interleaved || out % 2 == 0,
-        "interleaved rows need an even row count, got {out}"
-    );
     // The stored column each output row comes from (the inverse of `transposed_row`).
     let mut source_col = vec![0usize; out];
     for o in 0..out {

@@ -151,7 +151,7 @@ impl CudaBackend {
         stored: RawPart<'_>,
         interleaved: bool,
     ) -> Result<CudaMatrix> {
-        stored.check()?;
+        crate::backend::raw::check_transposable(&stored, interleaved)?;
         let (inp, out) = (stored.rows, stored.cols);
         let row_bytes = out * stored.dtype.size();
         if stored.dtype != RawDtype::BF16 || row_bytes > STAGE_BYTES || stored.is_empty() {
@@ -164,10 +164,6 @@ impl CudaBackend {
                 mapped: false,
             }]);
         }
-        ensure!(
-            !interleaved || out % 2 == 0,
-            "interleaved rows need an even row count, got {out}"
-        );
         let rows_per_chunk = STAGE_BYTES / row_bytes;
         let n = inp.div_ceil(rows_per_chunk);
         let chunks: Vec<Chunk> = (0..n)
