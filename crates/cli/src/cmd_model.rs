@@ -561,7 +561,14 @@ impl BackendJob for ExtractJob<'_> {
             Ok(())
         };
         let mut window = Packer::new(self.a.pack_tokens);
-        for chunk in set.prompts.chunks(s.gen_batch()) {
+        // On first sight of the weights the continuations are decoded before they are keyed
+        // (`Session::keys_after_decoding`): asked for all at once, the weights' background hash
+        // runs beside all of the decoding, not just the first batch's, before a key waits for it.
+        let chunk = match s.keys_after_decoding() {
+            true => set.prompts.len().max(1),
+            false => s.gen_batch(),
+        };
+        for chunk in set.prompts.chunks(chunk) {
             let t0 = Instant::now();
             let done = s.prompts_with_continuations(chunk, self.a.target.max_new_tokens)?;
             let seconds = t0.elapsed().as_secs_f64() / chunk.len() as f64;

@@ -376,6 +376,11 @@ impl BackgroundHash {
         })
     }
 
+    /// Whether the hashing threads are done: [`BackgroundHash::join`] would not wait for them.
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
     /// Wait for the hashes (in the order of the files given to [`BackgroundHash::start`]),
     /// timed as the main thread's [`WAIT_PHASE`]. An error names the file: one that could not
     /// be read, or one whose stamp (size, modification time, inode) is no longer what it was

@@ -129,6 +129,16 @@ impl TargetIdentity {
             .is_some()
     }
 
+    /// Whether asking for the identity now would not wait for a running hash: none was started,
+    /// it was joined, or its threads are done (the join then only checks the files' stamps).
+    pub fn background_hash_done(&self) -> bool {
+        self.background
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_none_or(BackgroundHash::is_finished)
+    }
+
     /// The identity when every file's hash is remembered with a matching stamp; never reads a
     /// weight byte (`inspect`).
     pub fn remembered_sha256(&self) -> Option<String> {

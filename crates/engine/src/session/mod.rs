@@ -403,9 +403,10 @@ impl<B: Backend> Session<B> {
     /// the same key as [`Session::continuation`]; the misses are decoded
     /// [`Session::gen_batch`] at a time ([`greedy_batch`]) and stored one entry per prompt.
     ///
-    /// On first sight of the weights ([`Session::keys_after_decoding`]) nothing is looked up: every
-    /// prompt is decoded and its entry keyed afterwards, so that the weights' hash, running in the
-    /// background since [`Session::load`], overlaps the decoding instead of being waited for.
+    /// On first sight of the weights ([`Session::keys_after_decoding`]) nothing is looked up: the
+    /// prompts are decoded and their entries keyed afterwards (each batch's once the hash is done,
+    /// the rest at the end), so that the weights' hash, running in the background since
+    /// [`Session::load`], overlaps the decoding instead of being waited for.
     pub fn continuations(&self, prompts: &[&[u32]], max_new: usize) -> Result<Vec<Continuation>> {
         let eos = self.eos_ids();
         let key_of = |prompt: &[u32]| {
@@ -465,8 +466,16 @@ impl<B: Backend> Session<B> {
                 }
                 out[*n] = Some(c);
             }
+            // First sight: stored as soon as the hash is done without waiting for it (decoding
+            // on a CPU outlasts it; a long call then keeps what it decoded if interrupted).
+            if !unkeyed.is_empty() && self.files.identity.background_hash_done() {
+                for n in std::mem::take(&mut unkeyed) {
+                    let c = out[n].as_ref().context("continuation missing")?;
+                    self.store_continuation(key_of(prompts[n])?, c)?;
+                }
+            }
         }
-        // First sight: keyed only now, the hash having run beside the decoding.
+        // First sight: the rest keyed now, the hash having run beside the decoding.
         for n in unkeyed {
             let c = out[n].as_ref().context("continuation missing")?;
             self.store_continuation(key_of(prompts[n])?, c)?;
