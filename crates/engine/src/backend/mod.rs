@@ -974,14 +974,7 @@ pub trait Backend: Send + Sync + 'static {
         stored: raw::RawPart<'_>,
         interleaved: bool,
     ) -> Result<Self::Matrix> {
-        let bytes = raw::transposed(stored, interleaved)?;
-        self.matrix_raw(raw::RawPart {
-            dtype: stored.dtype,
-            rows: stored.cols,
-            cols: stored.rows,
-            bytes: &bytes,
-            mapped: false,
-        })
+        raw::with_host_transposed(stored, interleaved, |part| self.matrix_raw(part))
     }
     /// A weight `[out, inp]` from MXFP4 blocks and scales (`blocks` `out · inp / 2` bytes,
     /// `scales` `out · inp / 32` e8m0 exponents, row-major, as [`mxfp4`] describes them; gpt-oss's

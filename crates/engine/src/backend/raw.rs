@@ -268,6 +268,24 @@ pub fn transposed(stored: RawPart<'_>, interleaved: bool) -> Result<Vec<u8>> {
     Ok(w)
 }
 
+/// [`transposed`]'s bytes handed to `upload` as the `[out, inp]` part they make: the host
+/// transpose path of `Backend::matrix_raw_transposed`, shared by its default and by a backend
+/// that takes it for parts its own transpose does not cover.
+pub fn with_host_transposed<M>(
+    stored: RawPart<'_>,
+    interleaved: bool,
+    upload: impl FnOnce(RawPart<'_>) -> Result<M>,
+) -> Result<M> {
+    let bytes = transposed(stored, interleaved)?;
+    upload(RawPart {
+        dtype: stored.dtype,
+        rows: stored.cols,
+        cols: stored.rows,
+        bytes: &bytes,
+        mapped: false,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     /// This process's resident pages of file mappings (kB), or None off Linux.

@@ -455,8 +455,9 @@ impl<B: Backend> Session<B> {
         }
         let missed: Vec<usize> = misses.iter().map(|(n, _)| *n).collect();
         let batch = self.decode_batch(prompts, &missed, max_new)?;
+        let groups = misses.len().div_ceil(batch);
         let mut unkeyed = Vec::new();
-        for group in misses.chunks(batch) {
+        for (g, group) in misses.chunks(batch).enumerate() {
             let group_prompts: Vec<&[u32]> = group.iter().map(|(n, _)| prompts[*n]).collect();
             let decoded = greedy_batch(&self.be, self.model()?, &group_prompts, max_new, &eos)?;
             for ((n, key), c) in group.iter().zip(decoded) {
@@ -466,19 +467,17 @@ impl<B: Backend> Session<B> {
                 }
                 out[*n] = Some(c);
             }
-            // First sight: stored as soon as the hash is done without waiting for it (decoding
-            // on a CPU outlasts it; a long call then keeps what it decoded if interrupted).
-            if !unkeyed.is_empty() && self.files.identity.background_hash_done() {
+            // First sight: stored once the hash is done, as soon as that costs no wait (decoding
+            // on a CPU outlasts it, and a long call then keeps what it decoded if interrupted),
+            // the rest after the last batch, the hash having run beside the decoding.
+            if !unkeyed.is_empty()
+                && (g + 1 == groups || self.files.identity.background_hash_done())
+            {
                 for n in std::mem::take(&mut unkeyed) {
                     let c = out[n].as_ref().context("continuation missing")?;
                     self.store_continuation(key_of(prompts[n])?, c)?;
                 }
             }
-        }
-        // First sight: the rest keyed now, the hash having run beside the decoding.
-        for n in unkeyed {
-            let c = out[n].as_ref().context("continuation missing")?;
-            self.store_continuation(key_of(prompts[n])?, c)?;
         }
         out.into_iter()
             .collect::<Option<Vec<_>>>()

@@ -155,14 +155,9 @@ impl CudaBackend {
         let (inp, out) = (stored.rows, stored.cols);
         let row_bytes = out * stored.dtype.size();
         if stored.dtype != RawDtype::BF16 || row_bytes > STAGE_BYTES || stored.is_empty() {
-            let bytes = crate::backend::raw::transposed(stored, interleaved)?;
-            return self.upload_stacked(&[RawPart {
-                dtype: stored.dtype,
-                rows: out,
-                cols: inp,
-                bytes: &bytes,
-                mapped: false,
-            }]);
+            return crate::backend::raw::with_host_transposed(stored, interleaved, |part| {
+                self.upload_stacked(&[part])
+            });
         }
         let rows_per_chunk = STAGE_BYTES / row_bytes;
         let n = inp.div_ceil(rows_per_chunk);
@@ -288,10 +283,60 @@ impl CudaBackend {
             // and this range's chunks have all been copied into staging buffers.
             unsafe { crate::backend::raw::release_mapped_pages(copied) };
         }
-        let elems = n / c.dtype.size();
         let stream = self.stream.cu_stream();
-        let dst_elem = match c.dest {
-            Dest::At(e) => e,
+        let host = stage.host_ptr as *const c_void;
+        if let (Dest::At(e), RawDtype::BF16) = (c.dest, c.dtype) {
+            // SAFETY: the chunk's n bytes lie inside the matrix from element e (chunks partition
+            // it by element offsets); the source is page-locked memory held until `done` completes.
+            unsafe { sys::cuMemcpyHtoDAsync_v2(base + (e * 2) as u64, host, n, stream) }
+                .result()
+                .map_err(derr("host-to-device copy of a weight chunk"))?;
+        } else {
+            // Through the stage's device scratch, then converted or transposed into the matrix.
+            let scratch = self.ptr(&stage.scratch);
+            // SAFETY: the scratch holds STAGE_BYTES ≥ n bytes; source as above.
+            unsafe { sys::cuMemcpyHtoDAsync_v2(scratch, host, n, stream) }
+                .result()
+                .map_err(derr("host-to-device copy of a weight chunk"))?;
+            self.from_scratch(scratch, c, base)?;
+        }
+        stage
+            .done
+            .record(&self.stream)
+            .map_err(derr("recording a staging event"))?;
+        stage.pending = true;
+        Ok(())
+    }
+
+    /// The kernel that moves chunk `c`'s bytes, copied as stored to `scratch`, into the matrix at
+    /// `base`: f16/f32 converted to bf16 in place order (`convert_*_to_bf16`), or a transposed
+    /// part's rows written as columns (`transpose_bf16_rows`).
+    fn from_scratch(&self, scratch: u64, c: &Chunk<'_>, base: u64) -> Result<()> {
+        match c.dest {
+            Dest::At(e) => {
+                let name = match c.dtype {
+                    RawDtype::F16 => "convert_f16_to_bf16",
+                    RawDtype::F32 => "convert_f32_to_bf16",
+                    RawDtype::BF16 => unreachable!("bf16 in place order is copied directly"),
+                };
+                let elems = c.bytes.len() / c.dtype.size();
+                let f = self.kernels.get("convert", name)?;
+                let (dst, n64) = (base + (e * 2) as u64, elems as i64);
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(&scratch).arg(&dst).arg(&n64);
+                // Grid-stride kernel: enough blocks to fill the GPU, never more than the work.
+                let grid = elems.div_ceil(256).clamp(1, 4096) as u32;
+                // SAFETY: (const u32* | const u16*, bf16*, long long): scratch holds `elems`
+                // source elements, dst has room for `elems` bf16 values.
+                unsafe {
+                    b.launch(LaunchConfig {
+                        grid_dim: (grid, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                }
+                .map_err(derr(name))?;
+            }
             Dest::Transposed {
                 i0,
                 rows,
@@ -299,14 +344,6 @@ impl CudaBackend {
                 inp,
                 interleaved,
             } => {
-                let scratch = self.ptr(&stage.scratch);
-                // SAFETY: the scratch holds STAGE_BYTES ≥ n bytes; the source is page-locked
-                // memory held until `done` completes.
-                unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(scratch, stage.host_ptr as *const c_void, n, stream)
-                }
-                .result()
-                .map_err(derr("host-to-device copy of a weight chunk"))?;
                 let f = self.kernels.get("convert", "transpose_bf16_rows")?;
                 let (rows32, out32, inp32, i032) = (rows as i32, out as i32, inp as i32, i0 as i32);
                 let inter = interleaved as i32;
@@ -328,61 +365,8 @@ impl CudaBackend {
                     })
                 }
                 .map_err(derr("transpose_bf16_rows"))?;
-                stage
-                    .done
-                    .record(&self.stream)
-                    .map_err(derr("recording a staging event"))?;
-                stage.pending = true;
-                return Ok(());
-            }
-        };
-        let dst = base + (dst_elem * 2) as u64;
-        match c.dtype {
-            RawDtype::BF16 => {
-                // SAFETY: dst..dst+n lies inside the matrix (chunks partition it by element
-                // offsets); the source is page-locked memory held until `done` completes.
-                unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(dst, stage.host_ptr as *const c_void, n, stream)
-                }
-                .result()
-                .map_err(derr("host-to-device copy of a weight chunk"))?;
-            }
-            RawDtype::F16 | RawDtype::F32 => {
-                let scratch = self.ptr(&stage.scratch);
-                // SAFETY: the scratch holds STAGE_BYTES ≥ n bytes; source as above.
-                unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(scratch, stage.host_ptr as *const c_void, n, stream)
-                }
-                .result()
-                .map_err(derr("host-to-device copy of a weight chunk"))?;
-                let name = if c.dtype == RawDtype::F16 {
-                    "convert_f16_to_bf16"
-                } else {
-                    "convert_f32_to_bf16"
-                };
-                let f = self.kernels.get("convert", name)?;
-                let n64 = elems as i64;
-                let mut b = self.stream.launch_builder(&f);
-                b.arg(&scratch).arg(&dst).arg(&n64);
-                // Grid-stride kernel: enough blocks to fill the GPU, never more than the work.
-                let grid = elems.div_ceil(256).clamp(1, 4096) as u32;
-                // SAFETY: (const u32* | const u16*, bf16*, long long): scratch holds `elems`
-                // source elements, dst has room for `elems` bf16 values.
-                unsafe {
-                    b.launch(LaunchConfig {
-                        grid_dim: (grid, 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    })
-                }
-                .map_err(derr(name))?;
             }
         }
-        stage
-            .done
-            .record(&self.stream)
-            .map_err(derr("recording a staging event"))?;
-        stage.pending = true;
         Ok(())
     }
 
