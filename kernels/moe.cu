@@ -24,7 +24,8 @@ extern "C" __global__ void moe_add_weighted_rows_bf16(bf16_t* __restrict__ acc, 
 // ---------------------------------------------------------------------------------------------
 // Routing on the device (crates/engine/src/backend/cuda/moe.rs). These kernels replace the host's
 // download of the router logits, `RoutingPlan` and the upload of its lists: moe_route (per row),
-// moe_plan_* (the lists), moe_gather_rows, and gpt-oss's expert biases (moe_add_group_bias). The
+// moe_plan_* (the lists) and moe_gather_rows (gpt-oss's expert biases are added in the grouped
+// GEMMs' epilogue, moe_gemm.cu). The
 // rules are `crate::model::moe::route` (transformers' Qwen3-MoE / Qwen3.5-MoE / Qwen3-Next routers)
 // and `route_topk_softmax` (gpt-oss's).
 
@@ -239,25 +240,6 @@ extern "C" __global__ void moe_plan_fill(const int* __restrict__ route_expert, c
     if (shared_gate != nullptr && j == 0) {
         term_index[(long long)r * terms + top_k] = (u32)(T * top_k + r);
         term_weight[(long long)r * terms + top_k] = shared_gate[r];
-    }
-}
-
-// gpt-oss's expert biases after a grouped GEMM: y[row0 + r, c] = bf16(y[row0 + r, c] + bias_e[c])
-// for every group (e, row0, rows) of the plan's table (add_row_bias_bf16's rounding, each gathered
-// row with its own expert's bias; biases[e] the address of expert e's `cols` bf16 values). Block
-// (x, z): 256 columns of group z, down its rows; blocks of groups past n_groups return. Rows past
-// the groups (a shared expert's) are untouched.
-extern "C" __global__ void moe_add_group_bias_bf16(bf16_t* __restrict__ y, const u64* __restrict__ biases,
-                                                   const int* __restrict__ groups, const int* __restrict__ n_groups,
-                                                   int cols) {
-    const int gi = blockIdx.z;
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (gi >= *n_groups || c >= cols) return;
-    const int e = groups[3 * gi], row0 = groups[3 * gi + 1], rows = groups[3 * gi + 2];
-    const float b = bf2f(((const bf16_t*)biases[e])[c]);
-    for (int q = 0; q < rows; ++q) {
-        bf16_t* v = y + (long long)(row0 + q) * cols + c;
-        *v = f2bf(bf2f(*v) + b);
     }
 }
 

@@ -121,8 +121,9 @@ __device__ __forceinline__ void mx_accumulate(float (&acc)[MT][NT][4], const bf1
 // dequantised weights, whatever its batch-mates.
 template <int NT, int MT>
 __device__ void moe_grouped_gemm_mxfp4(const bf16_t* __restrict__ x, const u64* __restrict__ weights,
-                                       const float* __restrict__ lut, bf16_t* y, const int* __restrict__ groups,
-                                       const int* __restrict__ n_groups, int N, int K) {
+                                       const float* __restrict__ lut, const u64* __restrict__ biases, bf16_t* y,
+                                       const int* __restrict__ groups, const int* __restrict__ n_groups, int N,
+                                       int K) {
     const int gi = blockIdx.z;
     if (gi >= *n_groups) return;  // the whole block: before the barrier
     __shared__ float s_lut[MX_LUT_LEN];
@@ -134,6 +135,7 @@ __device__ void moe_grouped_gemm_mxfp4(const bf16_t* __restrict__ x, const u64* 
     const long long n0 = ((long long)blockIdx.x * DG_WARPS + warp) * MT * 16;
     float acc[MT][NT][4];
     mx_accumulate<NT, MT>(acc, x + (long long)row0 * K, w, s_lut, R, N, K, n0, g, t);
+    if (biases) moe_bias_in_registers<NT, MT>(acc, (const bf16_t*)biases[e], N, n0, g);
     dg_finish<NT, MT>(acc, y + (long long)row0 * N, R, N, N, 0, nullptr, nullptr, n0, warp, lane, g, t);
 }
 
@@ -141,8 +143,9 @@ __device__ void moe_grouped_gemm_mxfp4(const bf16_t* __restrict__ x, const u64* 
 #define MOE_GG_MX_ENTRY(NT, MT, MINB)                                                                         \
     extern "C" __global__ void __launch_bounds__(DG_WARPS * 32, MINB) moe_grouped_gemm_mxfp4_n##NT##_m##MT( \
         const bf16_t* __restrict__ x, const u64* __restrict__ weights, const float* __restrict__ lut,       \
-        bf16_t* y, const int* __restrict__ groups, const int* __restrict__ n_groups, int N, int K) {          \
-        moe_grouped_gemm_mxfp4<NT, MT>(x, weights, lut, y, groups, n_groups, N, K);                          \
+        const u64* __restrict__ biases, bf16_t* y, const int* __restrict__ groups,                          \
+        const int* __restrict__ n_groups, int N, int K) {                                                   \
+        moe_grouped_gemm_mxfp4<NT, MT>(x, weights, lut, biases, y, groups, n_groups, N, K);                  \
     }
 MOE_GG_MX_ENTRY(1, 1, 2)
 MOE_GG_MX_ENTRY(2, 1, 2)

@@ -510,7 +510,6 @@ impl CudaBackend {
             ("decode", "mxfp4_dequant_bf16"),
             ("elementwise", "moe_route"),
             ("elementwise", "moe_plan_fill"),
-            ("elementwise", "moe_add_group_bias_bf16"),
             ("elementwise", "clamped_swiglu_packed_bf16"),
             ("decode_attention", "decode_attention_hd64"),
             ("decode_attention", "decode_attention_hd128"),

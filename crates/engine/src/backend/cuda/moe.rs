@@ -333,19 +333,22 @@ impl CudaBackend {
         .map_err(derr("moe_gather_rows_bf16"))?;
 
         // 4. The experts: gate|up (+ bias), the activation, down (+ bias); the routed outputs,
-        // then the shared expert's.
+        // then the shared expert's. The biases are added in the grouped GEMMs' epilogue.
+        let (gu_bias, down_bias) = match &tables.biases {
+            Some((gu, down)) => (Some(&**gu), Some(&**down)),
+            None => (None, None),
+        };
+        let group_plan = (groups, n_groups, max_groups);
         let mut gu = self.new_tensor(n, 2 * inter)?;
         self.moe_grouped_gemm(
             &xg,
             (&tables.gate_up, tables.mxfp4),
+            gu_bias,
             &mut gu,
-            (groups, n_groups, max_groups),
+            group_plan,
             max_rows,
         )?;
         drop(xg);
-        if let Some((gu_bias, _)) = &tables.biases {
-            self.moe_add_group_bias(&mut gu, gu_bias, (groups, n_groups, max_groups))?;
-        }
         let act = match experts.activation {
             ExpertActivation::SwiGlu => self.swiglu_packed(&gu)?,
             ExpertActivation::ClampedSwiGlu { alpha, limit } => {
@@ -357,13 +360,11 @@ impl CudaBackend {
         self.moe_grouped_gemm(
             &act,
             (&tables.down, tables.mxfp4),
+            down_bias,
             &mut stacked,
-            (groups, n_groups, max_groups),
+            group_plan,
             t,
         )?;
-        if let Some((_, down_bias)) = &tables.biases {
-            self.moe_add_group_bias(&mut stacked, down_bias, (groups, n_groups, max_groups))?;
-        }
         if let Some(s) = shared_out {
             self.stream
                 .memcpy_dtod(
@@ -379,14 +380,16 @@ impl CudaBackend {
     }
 
     /// One grouped GEMM launch (`kernels/moe_gemm.cu`): `y[rows of group i] = x[rows of group i]
-    /// · W_eᵀ` for every group of the device table (`table`: the weights' addresses, and whether
-    /// they are packed MXFP4, which the twin kernel of `mxfp4.rs` reads), groups of at most
-    /// `max_rows` rows; `groups`: the plan's group table, its length on the device, and the
-    /// launch's bound on it.
+    /// · W_eᵀ (+ b_e)` for every group of the device table (`table`: the weights' addresses, and
+    /// whether they are packed MXFP4, which the twin kernel of `mxfp4.rs` reads; `biases`: a table
+    /// of the experts' bias addresses, added with [`crate::backend::Backend::add_row_bias`]'s
+    /// rounding), groups of at most `max_rows` rows; `groups`: the plan's group table, its length
+    /// on the device, and the launch's bound on it.
     pub(super) fn moe_grouped_gemm(
         &self,
         x: &CudaTensor,
         (table, mxfp4): (&CudaSlice<u64>, bool),
+        biases: Option<&CudaSlice<u64>>,
         y: &mut CudaTensor,
         (groups, n_groups, max_groups): (u64, u64, usize),
         max_rows: usize,
@@ -417,17 +420,19 @@ impl CudaBackend {
         if let Some(lut) = &lut {
             b.arg(lut);
         }
-        b.arg(&mut y.buf)
+        let bias_table = biases.map_or(0u64, |t| self.ptr(t));
+        b.arg(&bias_table)
+            .arg(&mut y.buf)
             .arg(&groups)
             .arg(&n_groups)
             .arg(&n32)
             .arg(&k32);
-        // SAFETY: (const bf16*, const u64*, [const float*,] bf16*, const int*, const int*, int,
-        // int): every table entry is an expert's [n_out, k_in] weight, bf16 or (mxfp4) its
-        // packed buffer (blocks then scales, k_in a multiple of 32) with lut the table's
-        // MX_LUT_LEN floats; the groups' rows lie within x's and y's rows (moe_plan), each group
-        // at most max_rows rows, which the instance's row tiles cover; blocks past n_groups
-        // return.
+        // SAFETY: (const bf16*, const u64*, [const float*,] const u64* or null, bf16*, const
+        // int*, const int*, int, int): every table entry is an expert's [n_out, k_in] weight, bf16
+        // or (mxfp4) its packed buffer (blocks then scales, k_in a multiple of 32) with lut the
+        // table's MX_LUT_LEN floats; every bias entry (moe_tables' check) n_out bf16 values; the
+        // groups' rows lie within x's and y's rows (moe_plan), each group at most max_rows rows,
+        // which the instance's row tiles cover; blocks past n_groups return.
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (feature_blocks as u32, 1, max_groups as u32),
@@ -436,42 +441,6 @@ impl CudaBackend {
             })
         }
         .map_err(derr(func))?;
-        Ok(())
-    }
-
-    /// `y[rows of group i] += bias of group i's expert` for every group of the plan
-    /// (`moe_add_group_bias_bf16`: [`crate::backend::Backend::add_row_bias`]'s rounding), the
-    /// rows past the groups (a shared expert's) untouched.
-    fn moe_add_group_bias(
-        &self,
-        y: &mut CudaTensor,
-        biases: &CudaSlice<u64>,
-        (groups, n_groups, max_groups): (u64, u64, usize),
-    ) -> Result<()> {
-        ensure!(
-            y.cols < i32::MAX as usize,
-            "expert bias: {} columns",
-            y.cols
-        );
-        let f = self.kernels.get("elementwise", "moe_add_group_bias_bf16")?;
-        let cols = y.cols as i32;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&mut y.buf)
-            .arg(biases)
-            .arg(&groups)
-            .arg(&n_groups)
-            .arg(&cols);
-        // SAFETY: (bf16*, const u64*, const int*, const int*, int): every table entry is an
-        // expert's bias of `cols` bf16 values (moe_tables' check); the groups' rows lie within
-        // y's rows (moe_plan); blocks past n_groups return.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (y.cols.div_ceil(256) as u32, 1, max_groups as u32),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(derr("moe_add_group_bias_bf16"))?;
         Ok(())
     }
 

@@ -191,6 +191,7 @@ impl CudaBackend {
         self.moe_grouped_gemm(
             x,
             (&table, first.is_mxfp4()),
+            None,
             &mut y,
             (self.ptr(&groups), self.ptr(&count), n_groups),
             max_rows,
