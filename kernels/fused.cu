@@ -56,13 +56,21 @@ extern "C" __global__ void swiglu_packed_rows_bf16(const bf16_t* __restrict__ gu
 }
 
 // ---------------------------------------------------------------------------------------------
-// Row RMSNorm for rows of `cols` = 256·k elements, k ≤ RMS_MAX_CHUNKS: rms_norm_bf16's arithmetic
+// Row RMSNorm for rows of `cols` elements, a multiple of 8 up to 256·RMS_MAX_CHUNKS: rms_norm_bf16's arithmetic
 // in rms_norm_bf16's order (lane l sums its 16-byte chunks l, l + 32, … in turn, then the warp
 // butterfly), but every chunk of the row is loaded before the first is summed, and the
 // normalisation reuses the loaded values instead of reading the row again: one pass over x with
 // all of a warp's loads in flight, where rms_norm_bf16's loop waits on one load at a time.
 #define RMS_MAX_CHUNKS 16
 #define RMS_W_GROUP 4
+
+// How many of a row's 16-byte chunks lane `lane` holds (chunks lane, lane + 32, … below cols / 8):
+// cols / 256 each when cols is a multiple of 256; otherwise the first lanes hold one more, the
+// partial last round of rms_norm_bf16's loop (gpt-oss's 2880 columns: 12 for lanes 0–7, 11 after).
+__device__ __forceinline__ int rms_lane_chunks(int cols, int lane) {
+    const int chunks = cols >> 3;
+    return lane < chunks ? (chunks - lane + 31) >> 5 : 0;
+}
 
 // A lane's k 16-byte chunks of a row (chunks lane, lane + 32, …), every load issued at once.
 __device__ __forceinline__ void rms_load_row(const bf16_t* xs, int lane, int k, uint4* v) {
@@ -92,7 +100,7 @@ extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, cons
     const long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;  // warp-uniform
-    const int k = cols >> 8;  // chunks per lane
+    const int k = rms_lane_chunks(cols, lane);
     const bf16_t* xs = x + row * cols;
     bf16_t* ys = y + row * cols;
     uint4 v[RMS_MAX_CHUNKS];
@@ -138,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(256) rms_norm_many_rows_bf16(
     int cols, float eps) {
     __shared__ __align__(16) bf16_t ws[256 * RMS_MAX_CHUNKS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int k = cols >> 8;  // chunks per lane
+    const int k = rms_lane_chunks(cols, lane);
     for (int i = threadIdx.x; i < (cols >> 3); i += blockDim.x) *(uint4*)(ws + i * 8) = *(const uint4*)(w + i * 8);
     __syncthreads();
     for (long long row = (long long)blockIdx.x * 8 + warp; row < rows; row += (long long)gridDim.x * 8) {

@@ -427,15 +427,17 @@ impl CudaBackend {
         })
     }
 
-    /// Whether `rms_norm_rows_bf16` (and `rms_norm_many_rows_bf16`) covers rows of `cols` values: a multiple of 256 up to 4096
-    /// (the kernel's RMS_MAX_CHUNKS = 16 chunks of 8 values per lane of a warp).
+    /// Whether `rms_norm_rows_bf16` (and `rms_norm_many_rows_bf16`) covers rows of `cols` values:
+    /// a multiple of 8 up to 4096 (the kernel's RMS_MAX_CHUNKS = 16 chunks of 8 values per lane of
+    /// a warp). Until session 28 it took multiples of 256 only, which left gpt-oss's 2880 columns
+    /// on the grouped kernel's one-load-at-a-time loop (~8 µs a decode-step norm).
     pub(super) fn rows_kernel_fits(cols: usize) -> bool {
-        cols.is_multiple_of(256) && cols > 0 && cols <= 256 * 16
+        cols.is_multiple_of(8) && cols > 0 && cols <= 256 * 16
     }
 
     /// [`Backend::rms_norm`] over whole rows (group = cols), bit-identical, with every load of a
     /// row in flight at once and one read of it (`kernels/fused.cu`); rows whose width is not a
-    /// multiple of 256 up to 4096 go to the grouped kernel (as [`Backend::rms_norm`] routes them).
+    /// multiple of 8 up to 4096 go to the grouped kernel (as [`Backend::rms_norm`] routes them).
     pub fn rms_norm_rows(
         &self,
         x: &CudaTensor,
@@ -480,7 +482,7 @@ impl CudaBackend {
             .arg(&c32)
             .arg(&eps);
         // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float) for both kernels; one warp
-        // per row (grid-stride in the many-rows kernel), 8 per block; cols is a multiple of 256 up
+        // per row (grid-stride in the many-rows kernel), 8 per block; cols is a multiple of 8 up
         // to 4096 (RMS_MAX_CHUNKS = 16 chunks per lane; the many-rows kernel's 8 KiB of weights).
         unsafe {
             b.launch(LaunchConfig {
