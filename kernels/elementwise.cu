@@ -52,10 +52,12 @@ extern "C" __global__ void rms_norm_bf16(const bf16_t* __restrict__ x, const bf1
 // interleaved = 0: pairs (i, i + rotary_dim/2) (HF/NeoX); 1: pairs (2i, 2i+1) (GPT-J/llama.cpp).
 // `scale` multiplies cos and sin in fp32 before they are cast (gpt-oss's YaRN attention_scaling,
 // `GptOssRotaryEmbedding`: `cos = emb.cos() * attention_scaling`); plain RoPE passes 1, which
-// multiplies exactly.
+// multiplies exactly. Rows are `ld` values apart and the first n_heads heads of each are rotated:
+// ld = n_heads · head_dim for a q or k tensor; a fused QKV row's q and k heads in one launch, v's
+// columns after them untouched.
 extern "C" __global__ void rope_bf16(bf16_t* __restrict__ x, const u32* __restrict__ pos,
                                      const float* __restrict__ inv_freq, int rows, int n_heads, int head_dim,
-                                     int rotary_dim, int interleaved, float scale) {
+                                     int rotary_dim, int interleaved, float scale, long long ld) {
     int half = rotary_dim >> 1;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)rows * n_heads * half;
@@ -67,7 +69,7 @@ extern "C" __global__ void rope_bf16(bf16_t* __restrict__ x, const u32* __restri
     float angle = (float)pos[row] * inv_freq[i];
     float c = rb(__fmul_rn(cosf(angle), scale));
     float s = rb(__fmul_rn(sinf(angle), scale));
-    bf16_t* hx = x + row * (long long)n_heads * head_dim + (long long)head * head_dim;
+    bf16_t* hx = x + row * ld + (long long)head * head_dim;
     int ia = interleaved ? 2 * i : i;
     int ib = interleaved ? 2 * i + 1 : i + half;
     float a = bf2f(hx[ia]);

@@ -4,14 +4,19 @@
 //! (`attention_decode_ext`, split-KV chunks and windows that start mid-chunk). Plus known answers
 //! that need no reference: a sink of −1e30 and a window longer than every sequence give plain
 //! attention's bits, a window of 1 gives each row its own v, and a decode row's result does not
-//! depend on its batch-mates. Skipped without a GPU.
+//! depend on its batch-mates. And the fused-QKV decode step (`attention_decode_qkv_ext`: q and k
+//! rotated in place, the attention reading the projection's columns) against the split
+//! composition it replaces, bit for bit. Skipped without a GPU.
 
 mod cuda_util;
 
 use cuda_util::{bits, gpu};
+use draftlens_engine::backend::compose::attention_decode_qkv_ext_unfused;
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::cuda::{CudaBackend, CudaTensor};
-use draftlens_engine::backend::{AttnExtras, AttnMask, AttnShape, Backend, KvSlot, SeqStarts};
+use draftlens_engine::backend::{
+    AttnExtras, AttnMask, AttnShape, Backend, KvSlot, RopeFreqs, RopeStyle, SeqStarts,
+};
 use draftlens_engine::parity::{diff, OpTolerance};
 use draftlens_engine::util::{host_random, round_bf16};
 
@@ -253,4 +258,107 @@ fn batched_decode_matches_the_cpu_and_each_row_alone() {
         let (o, _) = decode_step(&gpu, None, x);
         assert_eq!(bits(&gpu, &o), plain, "{x:?} is plain attention");
     }
+}
+
+/// Caches of `LENS` filled with the same random keys on every call (seeds as `decode_step`'s).
+fn filled_caches<B: Backend>(be: &B) -> Vec<(Option<B::Tensor>, Option<B::Tensor>)> {
+    let kvd = SHAPE.kv_heads * SHAPE.head_dim;
+    LENS.iter()
+        .enumerate()
+        .map(|(r, &n)| {
+            if n == 0 {
+                return (None, None);
+            }
+            let k = bf16_random(n * kvd, 1000 + r as u64, 1.5);
+            let v = bf16_random(n * kvd, 2000 + r as u64, 1.0);
+            (
+                Some(be.from_host(&k, n, kvd).unwrap()),
+                Some(be.from_host(&v, n, kvd).unwrap()),
+            )
+        })
+        .collect()
+}
+
+/// The fused-QKV decode step (`CudaBackend::attention_decode_packed_ext`: one in-place rotation of
+/// q and k, the attention reading q, k and v from the projection's columns) gives exactly the bits
+/// of the split composition (three column copies, two rotations, `attention_decode_ext`), output
+/// and caches, with and without sinks and windows, at YaRN-like frequencies and scale; a fused
+/// row of the wrong width is a clean error.
+#[test]
+fn fused_qkv_decode_step_equals_the_split_composition_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    let hd = SHAPE.head_dim;
+    let width = (SHAPE.heads + 2 * SHAPE.kv_heads) * hd;
+    let freqs = RopeFreqs {
+        head_dim: hd,
+        rotary_dim: hd,
+        style: RopeStyle::RotateHalf,
+        inv_freq: (0..hd / 2)
+            .map(|i| {
+                1.0 / 150_000f32.powf((2 * i) as f32 / hd as f32) * if i > 20 { 0.03 } else { 1.0 }
+            })
+            .collect(),
+        attention_scaling: 1.3466,
+    };
+    let positions: Vec<u32> = LENS.iter().map(|&n| n as u32).collect();
+    let fused = bf16_random(LENS.len() * width, 900, 1.5);
+    let s = sinks();
+    for (window, sink) in [
+        (None, None),
+        (Some(128), Some(s.as_slice())),
+        (Some(8), None),
+    ] {
+        let x = extras(window, sink);
+        let step = |split: bool| {
+            let mut caches = filled_caches(&gpu);
+            let qkv = gpu.from_host(&fused, LENS.len(), width).unwrap();
+            let mut slots: Vec<KvSlot<'_, CudaTensor>> =
+                caches.iter_mut().map(|(k, v)| KvSlot { k, v }).collect();
+            let out = if split {
+                attention_decode_qkv_ext_unfused(
+                    &gpu, qkv, SHAPE, &positions, &freqs, &mut slots, x,
+                )
+            } else {
+                gpu.attention_decode_qkv_ext(qkv, SHAPE, &positions, &freqs, &mut slots, x)
+            }
+            .unwrap();
+            let caches: Vec<Vec<u16>> = caches
+                .iter()
+                .flat_map(|(k, v)| {
+                    [
+                        bits(&gpu, k.as_ref().unwrap()),
+                        bits(&gpu, v.as_ref().unwrap()),
+                    ]
+                })
+                .collect();
+            (bits(&gpu, &out), caches)
+        };
+        let (want, want_caches) = step(true);
+        let (got, got_caches) = step(false);
+        assert_eq!(
+            got,
+            want,
+            "window {window:?}, sinks {}: output",
+            sink.is_some()
+        );
+        assert_eq!(got_caches, want_caches, "window {window:?}: caches");
+    }
+    let mut caches = filled_caches(&gpu);
+    let mut slots: Vec<KvSlot<'_, CudaTensor>> =
+        caches.iter_mut().map(|(k, v)| KvSlot { k, v }).collect();
+    let narrow = gpu
+        .from_host(&fused[..LENS.len() * (width - hd)], LENS.len(), width - hd)
+        .unwrap();
+    let Err(err) = gpu.attention_decode_qkv_ext(
+        narrow,
+        SHAPE,
+        &positions,
+        &freqs,
+        &mut slots,
+        AttnExtras::NONE,
+    ) else {
+        panic!("a fused row {hd} columns short was accepted");
+    };
+    let err = err.to_string();
+    assert!(err.contains("fused QKV rows"), "{err}");
 }

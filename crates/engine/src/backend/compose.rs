@@ -1,7 +1,7 @@
 //! The unfused compositions that are [`Backend`] defaults and the fallbacks of backends whose
 //! fused paths do not cover a shape: written once in terms of the trait's other ops.
 
-use super::{AttnExtras, AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope, SeqStarts};
+use super::{AttnExtras, AttnMask, AttnShape, Backend, KvSlot, QkNorm, Rope, RopeFreqs, SeqStarts};
 use anyhow::{ensure, Result};
 
 /// [`Backend::attention_varlen_qkv`] as separate ops: [`split_norm_rope`], then
@@ -34,6 +34,46 @@ pub fn attention_decode_qkv_unfused<B: Backend + ?Sized>(
 ) -> Result<B::Tensor> {
     let (q, k, v) = split_norm_rope(be, qkv, shape, qk_norm, positions, rope)?;
     be.attention_decode(&q, &k, &v, shape, caches)
+}
+
+/// [`Backend::attention_decode_qkv_ext`] as separate ops: [`split_rope_freqs`], then
+/// [`Backend::attention_decode_ext`]. The trait's default, and the fallback of backends whose
+/// fused path does not cover a shape.
+#[allow(clippy::too_many_arguments)] // the trait method's arguments
+pub fn attention_decode_qkv_ext_unfused<B: Backend + ?Sized>(
+    be: &B,
+    qkv: B::Tensor,
+    shape: AttnShape,
+    positions: &[u32],
+    freqs: &RopeFreqs,
+    caches: &mut [KvSlot<'_, B::Tensor>],
+    extras: AttnExtras<'_>,
+) -> Result<B::Tensor> {
+    let (q, k, v) = split_rope_freqs(be, &qkv, shape, positions, freqs)?;
+    drop(qkv);
+    be.attention_decode_ext(&q, &k, &v, shape, caches, extras)
+}
+
+/// The q, k and v of a fused QKV output `[T, (H + 2·Hkv)·hd]` (gpt-oss: no q/k norms), q and k
+/// rotated at `positions` from explicit frequencies ([`Backend::rope_freqs_inplace`]).
+pub fn split_rope_freqs<B: Backend + ?Sized>(
+    be: &B,
+    qkv: &B::Tensor,
+    shape: AttnShape,
+    positions: &[u32],
+    freqs: &RopeFreqs,
+) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
+    let (qd, kvd) = (
+        shape.heads * shape.head_dim,
+        shape.kv_heads * shape.head_dim,
+    );
+    let mut parts = be.split_cols(qkv, &[qd, kvd, kvd])?.into_iter();
+    let (Some(mut q), Some(mut k), Some(v)) = (parts.next(), parts.next(), parts.next()) else {
+        anyhow::bail!("attention: split_cols did not return q, k and v");
+    };
+    be.rope_freqs_inplace(&mut q, positions, freqs)?;
+    be.rope_freqs_inplace(&mut k, positions, freqs)?;
+    Ok((q, k, v))
 }
 
 /// The q, k and v of a fused QKV output `[T, (H + 2·Hkv)·hd]`: split into columns, per-head

@@ -383,6 +383,30 @@ pub trait Backend: Send + Sync + 'static {
         extras.check(shape, None)?;
         self.attention_decode_ext_impl(q, k, v, shape, caches, extras)
     }
+    /// One decode step's attention with [`AttnExtras`] from a fused QKV projection output
+    /// `[R, (H + 2·Hkv)·hd]` (q | k | v columns, no q/k norms: gpt-oss): RoPE of q and k from
+    /// explicit frequencies at `positions` (row r's), then [`Backend::attention_decode_ext`].
+    /// Consumes `qkv` because a backend may rotate it in place.
+    ///
+    /// Why: the split into three tensors and the two rotations cost five small launches a layer
+    /// of a decode step, whose GPU time is mostly such launches at batch 1; the CUDA backend
+    /// rotates q and k in place in one launch and its decode attention reads q, k and v straight
+    /// from the projection. Default: exactly the split composition
+    /// ([`compose::attention_decode_qkv_ext_unfused`]).
+    #[allow(clippy::too_many_arguments)] // the attention's inputs, the rotation, caches, extras
+    fn attention_decode_qkv_ext(
+        &self,
+        qkv: Self::Tensor,
+        shape: AttnShape,
+        positions: &[u32],
+        freqs: &RopeFreqs,
+        caches: &mut [KvSlot<'_, Self::Tensor>],
+        extras: AttnExtras<'_>,
+    ) -> Result<Self::Tensor> {
+        compose::attention_decode_qkv_ext_unfused(
+            self, qkv, shape, positions, freqs, caches, extras,
+        )
+    }
     /// The attention of a verify pass computed as decoding computes it: rows `0..T` of q
     /// `[T, heads·hd]` and k/v `[T, kv_heads·hd]` are the next T tokens of one sequence (cache
     /// `slot`, positions `len..len+T`); row t is appended and attends over positions `0..=len+t`

@@ -427,6 +427,19 @@ impl Backend for CudaBackend {
         }
     }
 
+    /// [`CudaBackend::attention_decode_packed_ext`] (decode.rs).
+    fn attention_decode_qkv_ext(
+        &self,
+        qkv: CudaTensor,
+        shape: AttnShape,
+        positions: &[u32],
+        freqs: &crate::backend::RopeFreqs,
+        caches: &mut [KvSlot<'_, CudaTensor>],
+        extras: AttnExtras<'_>,
+    ) -> Result<CudaTensor> {
+        self.attention_decode_packed_ext(qkv, shape, positions, freqs, caches, extras)
+    }
+
     fn slice_rows_impl(&self, x: &CudaTensor, start: usize, end: usize) -> Result<CudaTensor> {
         let mut y = self.new_tensor(end - start, x.cols)?;
         let n = (end - start) * x.cols;

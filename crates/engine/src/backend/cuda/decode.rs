@@ -17,7 +17,7 @@
 use super::gemm::GemmOperands;
 use super::{derr, CudaBackend, CudaMatrix, CudaTensor};
 use crate::backend::compose::attention_decode_per_row_ext;
-use crate::backend::{AttnExtras, AttnShape, KvSlot, QkNorm, Rope, RopeStyle};
+use crate::backend::{AttnExtras, AttnShape, KvSlot, QkNorm, Rope, RopeFreqs, RopeStyle};
 use anyhow::{ensure, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
@@ -567,6 +567,54 @@ impl CudaBackend {
         };
         // `qkv` lives until the launch is queued; the stream orders its reuse after the kernel.
         self.attention_decode_rows(rows, shape, caches, norm_args, AttnExtras::NONE)
+    }
+
+    /// [`Backend::attention_decode_qkv_ext`] in two launches: q and k rotated in place in the
+    /// fused QKV output (one `rope_bf16` over their heads, `v`'s columns untouched), then the
+    /// decode attention reading q, k and v from its columns. Bit-identical to the split
+    /// composition: the same rotation of each element and the same values read. Shapes the
+    /// decode attention does not cover take that composition.
+    #[allow(clippy::too_many_arguments)] // the trait method's arguments
+    pub(crate) fn attention_decode_packed_ext(
+        &self,
+        mut qkv: CudaTensor,
+        shape: AttnShape,
+        positions: &[u32],
+        freqs: &RopeFreqs,
+        caches: &mut [KvSlot<'_, CudaTensor>],
+        extras: AttnExtras<'_>,
+    ) -> Result<CudaTensor> {
+        if !Self::decode_attention_fits(shape) {
+            return crate::backend::compose::attention_decode_qkv_ext_unfused(
+                self, qkv, shape, positions, freqs, caches, extras,
+            );
+        }
+        let hd = shape.head_dim;
+        let (qd, kvd) = (shape.heads * hd, shape.kv_heads * hd);
+        ensure!(
+            qkv.cols == qd + 2 * kvd,
+            "attention_decode: fused QKV rows of {} columns, expected q {qd} | k {kvd} | v {kvd}",
+            qkv.cols
+        );
+        ensure!(
+            freqs.head_dim == hd,
+            "attention_decode: rotation of heads of {}, attention heads of {hd}",
+            freqs.head_dim
+        );
+        freqs.check(qd + kvd, qkv.rows, positions.len())?;
+        extras.check(shape, None)?;
+        self.rope_heads_with_freqs(&mut qkv, shape.heads + shape.kv_heads, positions, freqs)?;
+        let base = self.ptr(&qkv.buf);
+        let rows = DecodeRows {
+            rows: qkv.rows,
+            q: base,
+            k: base + (qd * 2) as u64,
+            v: base + ((qd + kvd) * 2) as u64,
+            ldq: qkv.cols,
+            ldkv: qkv.cols,
+        };
+        // `qkv` lives until the launch is queued; the stream orders its reuse after the kernel.
+        self.attention_decode_rows(rows, shape, caches, None, extras)
     }
 
     /// The decode attention over `src`'s rows, row r appended to `caches[r]` and attending over

@@ -208,7 +208,8 @@ impl CudaBackend {
     ) -> Result<()> {
         let freqs = self.rope_inv_freq(rope)?;
         let geometry = (rope.head_dim, rope.rotary_dim, rope.style);
-        self.rope_launch(x, positions, freqs, geometry, 1.0)
+        let heads = x.cols / rope.head_dim.max(1);
+        self.rope_launch(x, heads, positions, freqs, geometry, 1.0)
     }
 
     /// [`Backend::rope_freqs_inplace`] (checked by the trait): `rope_bf16` with the given inverse
@@ -222,24 +223,52 @@ impl CudaBackend {
         positions: &[u32],
         freqs: &RopeFreqs,
     ) -> Result<()> {
-        let table = self.f32_table(&freqs.inv_freq)?;
-        let geometry = (freqs.head_dim, freqs.rotary_dim, freqs.style);
-        self.rope_launch(x, positions, table, geometry, freqs.attention_scaling)
+        let heads = x.cols / freqs.head_dim.max(1);
+        self.rope_heads_with_freqs(x, heads, positions, freqs)
     }
 
-    /// One `rope_bf16` launch over every head of `x`: `geometry` is (head_dim, rotary_dim,
-    /// style), `freqs` the address of rotary_dim / 2 inverse frequencies.
+    /// [`CudaBackend::rope_with_freqs`] on the first `heads` heads of each row of `x` only (a
+    /// fused QKV row's q and k heads; the caller checks that they lie within the row).
+    pub(super) fn rope_heads_with_freqs(
+        &self,
+        x: &mut CudaTensor,
+        heads: usize,
+        positions: &[u32],
+        freqs: &RopeFreqs,
+    ) -> Result<()> {
+        let table = self.f32_table(&freqs.inv_freq)?;
+        let geometry = (freqs.head_dim, freqs.rotary_dim, freqs.style);
+        self.rope_launch(
+            x,
+            heads,
+            positions,
+            table,
+            geometry,
+            freqs.attention_scaling,
+        )
+    }
+
+    /// One `rope_bf16` launch over the first `n_heads` heads of every row of `x` (rows x.cols
+    /// apart): `geometry` is (head_dim, rotary_dim, style), `freqs` the address of rotary_dim / 2
+    /// inverse frequencies.
     fn rope_launch(
         &self,
         x: &mut CudaTensor,
+        n_heads: usize,
         positions: &[u32],
         freqs: u64,
         geometry: (usize, usize, RopeStyle),
         scale: f32,
     ) -> Result<()> {
         let (head_dim, rotary_dim, style) = geometry;
+        ensure!(
+            n_heads * head_dim <= x.cols && positions.len() == x.rows,
+            "rope: {n_heads} heads of {head_dim} in rows of {} columns, {} positions for {} rows",
+            x.cols,
+            positions.len(),
+            x.rows
+        );
         let half = rotary_dim / 2;
-        let n_heads = x.cols / head_dim.max(1);
         let total = x.rows * n_heads * half;
         if total == 0 {
             return Ok(());
@@ -253,6 +282,7 @@ impl CudaBackend {
                 rotary_dim as i32,
             );
             let inter = matches!(style, RopeStyle::Interleaved) as i32;
+            let ld = x.cols as i64;
             let mut b = self.stream.launch_builder(&f);
             b.arg(&mut x.buf)
                 .arg(pos)
@@ -262,10 +292,12 @@ impl CudaBackend {
                 .arg(&hd)
                 .arg(&rd)
                 .arg(&inter)
-                .arg(&scale);
-            // SAFETY: (bf16*, const u32*, const float*, int x5, float); one thread per rotated
-            // pair; `pos` holds a position per row, `freqs` rotary_dim / 2 values (the trait's
-            // checks).
+                .arg(&scale)
+                .arg(&ld);
+            // SAFETY: (bf16*, const u32*, const float*, int x5, float, ll); one thread per rotated
+            // pair of the first n_heads heads of each row, which lie within its ld = cols values
+            // (checked above); `pos` holds a position per row, `freqs` rotary_dim / 2 values (the
+            // trait's checks).
             unsafe {
                 b.launch(LaunchConfig {
                     grid_dim: (blocks(total, 256), 1, 1),

@@ -77,19 +77,8 @@ impl<B: Backend> GptOssAttention<B> {
         x: &B::Tensor,
         positions: &[u32],
     ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
-        let (qd, kvd) = (
-            a.shape.heads * a.shape.head_dim,
-            a.shape.kv_heads * a.shape.head_dim,
-        );
-        let mut parts = be
-            .split_cols(&a.project_qkv(be, x)?, &[qd, kvd, kvd])?
-            .into_iter();
-        let (Some(mut q), Some(mut k), Some(v)) = (parts.next(), parts.next(), parts.next()) else {
-            bail!("attention: split_cols did not return q, k and v");
-        };
-        be.rope_freqs_inplace(&mut q, positions, &self.rope)?;
-        be.rope_freqs_inplace(&mut k, positions, &self.rope)?;
-        Ok((q, k, v))
+        let qkv = a.project_qkv(be, x)?;
+        crate::backend::compose::split_rope_freqs(be, &qkv, a.shape, positions, &self.rope)
     }
 
     /// `h += o_proj(o) + o_proj.bias` (transformers: `residual + self.o_proj(attn_output)`).
@@ -150,7 +139,7 @@ impl<B: Backend> GptOssAttention<B> {
         h: &mut B::Tensor,
     ) -> Result<()> {
         let positions: Vec<u32> = starts.iter().map(|&s| s as u32).collect();
-        let (q, k, v) = self.qkv(a, be, x, &positions)?;
+        let qkv = a.project_qkv(be, x)?;
         let mut slots: Vec<KvSlot<'_, B::Tensor>> = caches
             .iter_mut()
             .map(|c| KvSlot {
@@ -158,7 +147,14 @@ impl<B: Backend> GptOssAttention<B> {
                 v: &mut c.v,
             })
             .collect();
-        let o = be.attention_decode_ext(&q, &k, &v, a.shape, &mut slots, self.extras())?;
+        let o = be.attention_decode_qkv_ext(
+            qkv,
+            a.shape,
+            &positions,
+            &self.rope,
+            &mut slots,
+            self.extras(),
+        )?;
         self.output(a, be, &o, h)
     }
 
