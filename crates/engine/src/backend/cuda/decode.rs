@@ -478,6 +478,24 @@ impl CudaBackend {
         self.decode_attention_launch(rows, shape, &table, None, extras, true)
     }
 
+    /// A fused QKV output `[R, (H + 2·Hkv)·hd]` (q | k | v columns) as the decode attention's
+    /// rows: each part read at its column offset, rows the whole width apart.
+    fn fused_rows(&self, qkv: &CudaTensor, shape: AttnShape) -> DecodeRows {
+        let (qd, kvd) = (
+            shape.heads * shape.head_dim,
+            shape.kv_heads * shape.head_dim,
+        );
+        let base = self.ptr(&qkv.buf);
+        DecodeRows {
+            rows: qkv.rows,
+            q: base,
+            k: base + (qd * 2) as u64,
+            v: base + ((qd + kvd) * 2) as u64,
+            ldq: qkv.cols,
+            ldkv: qkv.cols,
+        }
+    }
+
     /// Separate q, k and v tensors as the decode attention's rows, checked against `shape`.
     fn decode_rows(
         &self,
@@ -520,8 +538,6 @@ impl CudaBackend {
         rope: &Rope,
         caches: &mut [KvSlot<'_, CudaTensor>],
     ) -> Result<CudaTensor> {
-        let hd = shape.head_dim;
-        let (qd, kvd) = (shape.heads * hd, shape.kv_heads * hd);
         // The norm costs each attention block two dependent loads (overlapping its first tile's
         // copies); one wave of blocks pays that once, several waves pay it per wave, where the
         // separate launch pays it once. The in-kernel route everywhere made a Qwen3-8B step
@@ -556,15 +572,7 @@ impl CudaBackend {
             self.qk_norm_rope_packed(&mut qkv, shape, norm, positions, rope)?;
             None
         };
-        let base = self.ptr(&qkv.buf);
-        let rows = DecodeRows {
-            rows: qkv.rows,
-            q: base,
-            k: base + (qd * 2) as u64,
-            v: base + ((qd + kvd) * 2) as u64,
-            ldq: qkv.cols,
-            ldkv: qkv.cols,
-        };
+        let rows = self.fused_rows(&qkv, shape);
         // `qkv` lives until the launch is queued; the stream orders its reuse after the kernel.
         self.attention_decode_rows(rows, shape, caches, norm_args, AttnExtras::NONE)
     }
@@ -604,15 +612,7 @@ impl CudaBackend {
         freqs.check(qd + kvd, qkv.rows, positions.len())?;
         extras.check(shape, None)?;
         self.rope_heads_with_freqs(&mut qkv, shape.heads + shape.kv_heads, positions, freqs)?;
-        let base = self.ptr(&qkv.buf);
-        let rows = DecodeRows {
-            rows: qkv.rows,
-            q: base,
-            k: base + (qd * 2) as u64,
-            v: base + ((qd + kvd) * 2) as u64,
-            ldq: qkv.cols,
-            ldkv: qkv.cols,
-        };
+        let rows = self.fused_rows(&qkv, shape);
         // `qkv` lives until the launch is queued; the stream orders its reuse after the kernel.
         self.attention_decode_rows(rows, shape, caches, None, extras)
     }
