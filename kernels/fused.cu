@@ -56,12 +56,14 @@ extern "C" __global__ void swiglu_packed_rows_bf16(const bf16_t* __restrict__ gu
 }
 
 // ---------------------------------------------------------------------------------------------
-// Row RMSNorm for rows of `cols` elements, a multiple of 8 up to 256·RMS_MAX_CHUNKS: rms_norm_bf16's arithmetic
+// Row RMSNorm for rows of `cols` elements, a multiple of 8 up to 256·MAXC: rms_norm_bf16's arithmetic
 // in rms_norm_bf16's order (lane l sums its 16-byte chunks l, l + 32, … in turn, then the warp
 // butterfly), but every chunk of the row is loaded before the first is summed, and the
 // normalisation reuses the loaded values instead of reading the row again: one pass over x with
 // all of a warp's loads in flight, where rms_norm_bf16's loop waits on one load at a time.
-#define RMS_MAX_CHUNKS 16
+// MAXC, the most chunks a lane holds, sizes the registers (and the many-rows kernel's shared
+// weights): 16 (rows up to 4096: Qwen3-8B and smaller, gpt-oss) or 32 (up to 8192: the 27B–32B
+// targets' 5120, a 70B's 8192), two instances so that the narrow rows keep their occupancy.
 #define RMS_W_GROUP 4
 
 // How many of a row's 16-byte chunks lane `lane` holds (chunks lane, lane + 32, … below cols / 8):
@@ -73,18 +75,20 @@ __device__ __forceinline__ int rms_lane_chunks(int cols, int lane) {
 }
 
 // A lane's k 16-byte chunks of a row (chunks lane, lane + 32, …), every load issued at once.
+template <int MAXC>
 __device__ __forceinline__ void rms_load_row(const bf16_t* xs, int lane, int k, uint4* v) {
 #pragma unroll
-    for (int c = 0; c < RMS_MAX_CHUNKS; ++c)
+    for (int c = 0; c < MAXC; ++c)
         if (c < k) v[c] = *(const uint4*)(xs + lane * 8 + c * 256);
 }
 
 // rsqrt(mean(x²) + eps) of the row whose chunks the warp's lanes hold: each lane sums its chunks
 // in order, then the warp butterfly (rms_norm_bf16's order).
+template <int MAXC>
 __device__ __forceinline__ float rms_row_scale(const uint4* v, int k, int cols, float eps) {
     float ss = 0.f;
 #pragma unroll
-    for (int c = 0; c < RMS_MAX_CHUNKS; ++c) {
+    for (int c = 0; c < MAXC; ++c) {
         if (c < k) {
             float f[8];
             unpack8(v[c], f);
@@ -95,27 +99,28 @@ __device__ __forceinline__ float rms_row_scale(const uint4* v, int k, int cols, 
     ss = warp_sum(ss);
     return rsqrtf(ss / (float)cols + eps);
 }
-extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
-                                              bf16_t* __restrict__ y, long long rows, int cols, float eps) {
+template <int MAXC>
+__device__ void rms_norm_rows(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ y,
+                              long long rows, int cols, float eps) {
     const long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;  // warp-uniform
     const int k = rms_lane_chunks(cols, lane);
     const bf16_t* xs = x + row * cols;
     bf16_t* ys = y + row * cols;
-    uint4 v[RMS_MAX_CHUNKS];
-    rms_load_row(xs, lane, k, v);
+    uint4 v[MAXC];
+    rms_load_row<MAXC>(xs, lane, k, v);
     // The weights are not needed before the sum of squares, but their fetch from memory starts
     // now (into L2, no registers held), so the loads below wait on L2 instead of on DRAM.
 #pragma unroll
-    for (int c = 0; c < RMS_MAX_CHUNKS; ++c)
+    for (int c = 0; c < MAXC; ++c)
         if (c < k) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + lane * 8 + c * 256));
-    const float r = rms_row_scale(v, k, cols, eps);
+    const float r = rms_row_scale<MAXC>(v, k, cols, eps);
     // The weights are loaded RMS_W_GROUP chunks at a time, all before the group's first store:
     // loaded next to each use, every chunk waited on its own load (docs/benchmarks-cuda.md,
     // "Session 11", item 4).
 #pragma unroll
-    for (int c0 = 0; c0 < RMS_MAX_CHUNKS; c0 += RMS_W_GROUP) {
+    for (int c0 = 0; c0 < MAXC; c0 += RMS_W_GROUP) {
         uint4 wv[RMS_W_GROUP];
 #pragma unroll
         for (int u = 0; u < RMS_W_GROUP; ++u)
@@ -141,10 +146,10 @@ extern "C" __global__ void rms_norm_rows_bf16(const bf16_t* __restrict__ x, cons
 // order, bit for bit, but the block stages the weights in shared memory once and its warps walk
 // rows grid-stride. One row per block-warp as above read the row's weights again from L2 for
 // every row — as many bytes as the row itself (docs/benchmarks-cuda.md, "Session 16").
-extern "C" __global__ void __launch_bounds__(256) rms_norm_many_rows_bf16(
-    const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ y, long long rows,
-    int cols, float eps) {
-    __shared__ __align__(16) bf16_t ws[256 * RMS_MAX_CHUNKS];
+template <int MAXC>
+__device__ void rms_norm_many_rows(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
+                                   bf16_t* __restrict__ y, long long rows, int cols, float eps) {
+    __shared__ __align__(16) bf16_t ws[256 * MAXC];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int k = rms_lane_chunks(cols, lane);
     for (int i = threadIdx.x; i < (cols >> 3); i += blockDim.x) *(uint4*)(ws + i * 8) = *(const uint4*)(w + i * 8);
@@ -152,11 +157,11 @@ extern "C" __global__ void __launch_bounds__(256) rms_norm_many_rows_bf16(
     for (long long row = (long long)blockIdx.x * 8 + warp; row < rows; row += (long long)gridDim.x * 8) {
         const bf16_t* xs = x + row * cols;
         bf16_t* ys = y + row * cols;
-        uint4 v[RMS_MAX_CHUNKS];
-        rms_load_row(xs, lane, k, v);
-        const float r = rms_row_scale(v, k, cols, eps);
+        uint4 v[MAXC];
+        rms_load_row<MAXC>(xs, lane, k, v);
+        const float r = rms_row_scale<MAXC>(v, k, cols, eps);
 #pragma unroll
-        for (int c = 0; c < RMS_MAX_CHUNKS; ++c) {
+        for (int c = 0; c < MAXC; ++c) {
             if (c < k) {
                 const int i = lane * 8 + c * 256;
                 float f[8], wf[8];
@@ -169,3 +174,21 @@ extern "C" __global__ void __launch_bounds__(256) rms_norm_many_rows_bf16(
         }
     }
 }
+
+// The entries: one warp per row, 8 rows a block (rows_*), and the many-rows kernel (many_rows_*),
+// each for rows up to 4096 values and (wide) up to 8192.
+#define RMS_ROWS_ENTRY(NAME, MAXC)                                                                            \
+    extern "C" __global__ void NAME(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,               \
+                                    bf16_t* __restrict__ y, long long rows, int cols, float eps) {            \
+        rms_norm_rows<MAXC>(x, w, y, rows, cols, eps);                                                        \
+    }
+#define RMS_MANY_ROWS_ENTRY(NAME, MAXC)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const bf16_t* __restrict__ x,                     \
+                                                           const bf16_t* __restrict__ w, bf16_t* __restrict__ y, \
+                                                           long long rows, int cols, float eps) {             \
+        rms_norm_many_rows<MAXC>(x, w, y, rows, cols, eps);                                                   \
+    }
+RMS_ROWS_ENTRY(rms_norm_rows_bf16, 16)
+RMS_ROWS_ENTRY(rms_norm_rows_wide_bf16, 32)
+RMS_MANY_ROWS_ENTRY(rms_norm_many_rows_bf16, 16)
+RMS_MANY_ROWS_ENTRY(rms_norm_many_rows_wide_bf16, 32)

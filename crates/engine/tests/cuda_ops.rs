@@ -467,12 +467,14 @@ fn assert_same_bits(a: &[f32], b: &[f32], what: &str) {
 /// Both whole-row norm kernels (one block per 8 rows below `MANY_ROWS` rows, the weights staged in
 /// shared memory and rows walked grid-stride from there) give exactly the grouped kernel's bits,
 /// on either side of the switch and for row widths of whole 256-value rounds and of partial last
-/// rounds (gpt-oss's 2880: lanes 0–7 hold one chunk more; 8 and 4088: one lane, all but one).
+/// rounds (gpt-oss's 2880: lanes 0–7 hold one chunk more; 8 and 4088: one lane, all but one),
+/// in both instances (up to 4096 values, and the wide one: 4104 just past the switch, the 27B–32B
+/// targets' 5120, 8192).
 #[test]
 fn cuda_row_norm_kernels_match_the_grouped_kernel_bit_for_bit() {
     use draftlens_engine::backend::cuda::elementwise::MANY_ROWS;
     let Some(gpu) = gpu() else { return };
-    for cols in [256, 1024, 4096, 2880, 8, 4088] {
+    for cols in [256, 1024, 4096, 2880, 8, 4088, 4104, 5120, 8192] {
         for rows in [1, 64, MANY_ROWS - 1, MANY_ROWS, 2 * MANY_ROWS + 37] {
             let x = gpu
                 .from_host(&bf16_random(rows * cols, 61, 2.0, 0.0), rows, cols)

@@ -11,6 +11,11 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 /// prefills) instead of one block per 8 rows (decode steps, drafter blocks).
 pub const MANY_ROWS: usize = 1024;
 
+/// Widest rows of the narrow whole-row norm kernels (16 chunks of 8 values per lane) and of the
+/// `_wide` ones (32 chunks), `kernels/fused.cu`'s MAXC · 256.
+pub const ROW_NORM_COLS: usize = 4096;
+pub const ROW_NORM_WIDE_COLS: usize = 8192;
+
 /// Which heads of a fused QKV row [`CudaBackend::qk_norm_rope_launch`] normalises.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum QkHeads {
@@ -459,17 +464,18 @@ impl CudaBackend {
         })
     }
 
-    /// Whether `rms_norm_rows_bf16` (and `rms_norm_many_rows_bf16`) covers rows of `cols` values:
-    /// a multiple of 8 up to 4096 (the kernel's RMS_MAX_CHUNKS = 16 chunks of 8 values per lane of
-    /// a warp). Until session 28 it took multiples of 256 only, which left gpt-oss's 2880 columns
-    /// on the grouped kernel's one-load-at-a-time loop (~8 µs a decode-step norm).
+    /// Whether the whole-row norm kernels (`rms_norm_rows_bf16`, `rms_norm_many_rows_bf16` and
+    /// their `_wide` instances) cover rows of `cols` values: a multiple of 8 up to 8192 (at most
+    /// 32 chunks of 8 values per lane of a warp; the narrow instances take up to 4096, 16 chunks).
+    /// Until session 28 they took multiples of 256 up to 4096 only, which left gpt-oss's 2880 and
+    /// the 27B–32B targets' 5120 columns on the grouped kernel's one-load-at-a-time loop.
     pub(super) fn rows_kernel_fits(cols: usize) -> bool {
-        cols.is_multiple_of(8) && cols > 0 && cols <= 256 * 16
+        cols.is_multiple_of(8) && cols > 0 && cols <= ROW_NORM_WIDE_COLS
     }
 
     /// [`Backend::rms_norm`] over whole rows (group = cols), bit-identical, with every load of a
     /// row in flight at once and one read of it (`kernels/fused.cu`); rows whose width is not a
-    /// multiple of 8 up to 4096 go to the grouped kernel (as [`Backend::rms_norm`] routes them).
+    /// multiple of 8 up to 8192 go to the grouped kernel (as [`Backend::rms_norm`] routes them).
     pub fn rms_norm_rows(
         &self,
         x: &CudaTensor,
@@ -494,10 +500,11 @@ impl CudaBackend {
         // blocks per multiprocessor walking the rows; few rows (decode steps): one block per 8
         // rows, every warp fetching the weights itself. The same bits either way.
         let many = x.rows >= MANY_ROWS;
-        let func = if many {
-            "rms_norm_many_rows_bf16"
-        } else {
-            "rms_norm_rows_bf16"
+        let func = match (many, cols > ROW_NORM_COLS) {
+            (true, false) => "rms_norm_many_rows_bf16",
+            (true, true) => "rms_norm_many_rows_wide_bf16",
+            (false, false) => "rms_norm_rows_bf16",
+            (false, true) => "rms_norm_rows_wide_bf16",
         };
         let f = self.kernels.get("elementwise", func)?;
         let grid = if many {
@@ -515,7 +522,8 @@ impl CudaBackend {
             .arg(&eps);
         // SAFETY: (const bf16*, const bf16*, bf16*, ll, int, float) for both kernels; one warp
         // per row (grid-stride in the many-rows kernel), 8 per block; cols is a multiple of 8 up
-        // to 4096 (RMS_MAX_CHUNKS = 16 chunks per lane; the many-rows kernel's 8 KiB of weights).
+        // to the instance's MAXC · 256 values (4096 or, `_wide`, 8192: its lanes' chunks and the
+        // many-rows kernel's shared copy of the weights).
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (grid, 1, 1),
