@@ -62,8 +62,8 @@ extern "C" __global__ void swiglu_packed_rows_bf16(const bf16_t* __restrict__ gu
 // normalisation reuses the loaded values instead of reading the row again: one pass over x with
 // all of a warp's loads in flight, where rms_norm_bf16's loop waits on one load at a time.
 // MAXC, the most chunks a lane holds, sizes the registers (and the many-rows kernel's shared
-// weights): 16 (rows up to 4096: Qwen3-8B and smaller, gpt-oss) or 32 (up to 8192: the 27B–32B
-// targets' 5120, a 70B's 8192), two instances so that the narrow rows keep their occupancy.
+// weights): 16 (rows up to 4096: Qwen3-8B and smaller, gpt-oss) or 32 (up to 8192: dense Qwen3-14B and
+// 32B's 5120, a 70B's 8192), two instances so that the narrow rows keep their occupancy.
 #define RMS_W_GROUP 4
 
 // How many of a row's 16-byte chunks lane `lane` holds (chunks lane, lane + 32, … below cols / 8):

@@ -468,8 +468,8 @@ fn assert_same_bits(a: &[f32], b: &[f32], what: &str) {
 /// shared memory and rows walked grid-stride from there) give exactly the grouped kernel's bits,
 /// on either side of the switch and for row widths of whole 256-value rounds and of partial last
 /// rounds (gpt-oss's 2880: lanes 0–7 hold one chunk more; 8 and 4088: one lane, all but one),
-/// in both instances (up to 4096 values, and the wide one: 4104 just past the switch, the 27B–32B
-/// targets' 5120, 8192).
+/// in both instances (up to 4096 values, and the wide one: 4104 just past the switch, dense
+/// Qwen3-14B and 32B's 5120, 8192).
 #[test]
 fn cuda_row_norm_kernels_match_the_grouped_kernel_bit_for_bit() {
     use draftlens_engine::backend::cuda::elementwise::MANY_ROWS;

@@ -468,7 +468,7 @@ impl CudaBackend {
     /// their `_wide` instances) cover rows of `cols` values: a multiple of 8 up to 8192 (at most
     /// 32 chunks of 8 values per lane of a warp; the narrow instances take up to 4096, 16 chunks).
     /// Until session 28 they took multiples of 256 up to 4096 only, which left gpt-oss's 2880 and
-    /// the 27B–32B targets' 5120 columns on the grouped kernel's one-load-at-a-time loop.
+    /// dense Qwen3-14B and 32B's 5120 columns on the grouped kernel's one-load-at-a-time loop.
     pub(super) fn rows_kernel_fits(cols: usize) -> bool {
         cols.is_multiple_of(8) && cols > 0 && cols <= ROW_NORM_WIDE_COLS
     }
