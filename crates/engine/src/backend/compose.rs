@@ -63,14 +63,7 @@ pub fn split_rope_freqs<B: Backend + ?Sized>(
     positions: &[u32],
     freqs: &RopeFreqs,
 ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
-    let (qd, kvd) = (
-        shape.heads * shape.head_dim,
-        shape.kv_heads * shape.head_dim,
-    );
-    let mut parts = be.split_cols(qkv, &[qd, kvd, kvd])?.into_iter();
-    let (Some(mut q), Some(mut k), Some(v)) = (parts.next(), parts.next(), parts.next()) else {
-        anyhow::bail!("attention: split_cols did not return q, k and v");
-    };
+    let (mut q, mut k, v) = split_qkv(be, qkv, shape)?;
     be.rope_freqs_inplace(&mut q, positions, freqs)?;
     be.rope_freqs_inplace(&mut k, positions, freqs)?;
     Ok((q, k, v))
@@ -86,22 +79,31 @@ fn split_norm_rope<B: Backend + ?Sized>(
     positions: &[u32],
     rope: &Rope,
 ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
-    let (qd, kvd) = (
-        shape.heads * shape.head_dim,
-        shape.kv_heads * shape.head_dim,
-    );
-    let mut parts = be.split_cols(&qkv, &[qd, kvd, kvd])?.into_iter();
+    let (mut q, mut k, v) = split_qkv(be, &qkv, shape)?;
     drop(qkv);
-    let (mut q, mut k, v) = match (parts.next(), parts.next(), parts.next()) {
-        (Some(q), Some(k), Some(v)) => (q, k, v),
-        _ => anyhow::bail!("attention: split_cols did not return q, k and v"),
-    };
     if let Some(n) = qk_norm {
         q = be.rms_norm(&q, n.q, n.eps, shape.head_dim)?;
         k = be.rms_norm(&k, n.k, n.eps, shape.head_dim)?;
     }
     be.rope_inplace(&mut q, positions, rope)?;
     be.rope_inplace(&mut k, positions, rope)?;
+    Ok((q, k, v))
+}
+
+/// A fused QKV output `[T, (H + 2·Hkv)·hd]` split into its q, k and v columns.
+pub fn split_qkv<B: Backend + ?Sized>(
+    be: &B,
+    qkv: &B::Tensor,
+    shape: AttnShape,
+) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
+    let (qd, kvd) = (
+        shape.heads * shape.head_dim,
+        shape.kv_heads * shape.head_dim,
+    );
+    let mut parts = be.split_cols(qkv, &[qd, kvd, kvd])?.into_iter();
+    let (Some(q), Some(k), Some(v)) = (parts.next(), parts.next(), parts.next()) else {
+        anyhow::bail!("attention: split_cols did not return q, k and v");
+    };
     Ok((q, k, v))
 }
 

@@ -387,17 +387,8 @@ impl<B: Backend> Attention<B> {
         x: &B::Tensor,
         positions: &[u32],
     ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
-        let (qd, kvd) = (
-            self.shape.heads * self.shape.head_dim,
-            self.shape.kv_heads * self.shape.head_dim,
-        );
-        let mut parts = be
-            .split_cols(&self.project_qkv(be, x)?, &[qd, kvd, kvd])?
-            .into_iter();
-        let (mut q, mut k, v) = match (parts.next(), parts.next(), parts.next()) {
-            (Some(q), Some(k), Some(v)) => (q, k, v),
-            _ => bail!("attention: split_cols did not return q, k and v"),
-        };
+        let (mut q, mut k, v) =
+            crate::backend::compose::split_qkv(be, &self.project_qkv(be, x)?, self.shape)?;
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             q = qn.forward(be, &q)?;
             k = kn.forward(be, &k)?;

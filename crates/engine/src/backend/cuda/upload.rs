@@ -298,7 +298,7 @@ impl CudaBackend {
             unsafe { sys::cuMemcpyHtoDAsync_v2(scratch, host, n, stream) }
                 .result()
                 .map_err(derr("host-to-device copy of a weight chunk"))?;
-            self.from_scratch(scratch, c, base)?;
+            self.scratch_into_matrix(scratch, c, base)?;
         }
         stage
             .done
@@ -311,7 +311,7 @@ impl CudaBackend {
     /// The kernel that moves chunk `c`'s bytes, copied as stored to `scratch`, into the matrix at
     /// `base`: f16/f32 converted to bf16 in place order (`convert_*_to_bf16`), or a transposed
     /// part's rows written as columns (`transpose_bf16_rows`).
-    fn from_scratch(&self, scratch: u64, c: &Chunk<'_>, base: u64) -> Result<()> {
+    fn scratch_into_matrix(&self, scratch: u64, c: &Chunk<'_>, base: u64) -> Result<()> {
         match c.dest {
             Dest::At(e) => {
                 let name = match c.dtype {
