@@ -42,6 +42,9 @@
 // rounded once to bf16. The combine rescales each chunk by exp2(m_c − max_c m_c) in fp32 (O and l
 // alike) and sums in chunk order.
 
+// The rows' table travels as a kernel parameter (`tab`), or in device memory (`tabp`, the
+// `_tabp` instances below): a recorded decode step (a CUDA graph, crates/engine/src/backend/cuda/step_graph.rs)
+// replays one launch while the lengths and positions grow, rewritten in place before each replay.
 #define DA_MAX_ROWS 64
 struct DaTable {
     u64 k[DA_MAX_ROWS];
@@ -453,17 +456,23 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
 // to five blocks by its shared memory anyway and gets the looser cap (no spill).
 #define DA_GROUP_CASE(HD, G)                                                                          \
     case G:                                                                                           \
-        decode_attention<HD, G>(q, knew, vnew, ldq, ldkv, out, tab, nm, ex, heads, kv_heads, scale_log2, \
+        decode_attention<HD, G>(q, knew, vnew, ldq, ldkv, out, t, nm, ex, heads, kv_heads, scale_log2,   \
                                 nchunks, bps, po, pml, cnt, sh);                                           \
         break;
-#define DA_ENTRY(HD, MINB)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(256, MINB) decode_attention_hd##HD(                          \
+// Each instance comes twice with one signature: `decode_attention_hd*` reads the table from its
+// parameter, `decode_attention_tabp_hd*` from `tabp` (a recorded step's arena). One kernel that
+// chose between them at run time spilled (the rows' addresses held in registers instead of
+// reloaded from the constant bank).
+#define DA_ENTRY_AS(NAME, HD, MINB, TABLE)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256, MINB) NAME(                                             \
         const bf16_t* __restrict__ q, const bf16_t* __restrict__ knew, const bf16_t* __restrict__ vnew,       \
         long long ldq, long long ldkv, bf16_t* __restrict__ out, const __grid_constant__ DaTable tab,         \
         const __grid_constant__ DaNorm nm, const __grid_constant__ DaExtras ex, int heads, int kv_heads,     \
         float scale_log2, int nchunks, int bps,                                                               \
-        float* __restrict__ po, float2* __restrict__ pml, u32* __restrict__ cnt) {                            \
+        float* __restrict__ po, float2* __restrict__ pml, u32* __restrict__ cnt,                              \
+        const DaTable* __restrict__ tabp) {                                                                   \
         __shared__ __align__(16) DaShared<HD> sh;                                                             \
+        const DaTable& t = TABLE;                                                                             \
         switch (heads / kv_heads) {                                                                           \
             DA_GROUP_CASE(HD, 1)                                                                              \
             DA_GROUP_CASE(HD, 2)                                                                              \
@@ -475,6 +484,9 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
             DA_GROUP_CASE(HD, 8)                                                                              \
         }                                                                                                     \
     }
+#define DA_ENTRY(HD, MINB)                                          \
+    DA_ENTRY_AS(decode_attention_hd##HD, HD, MINB, tab)             \
+    DA_ENTRY_AS(decode_attention_tabp_hd##HD, HD, MINB, *tabp)
 
 DA_ENTRY(64, 4)
 DA_ENTRY(128, 4)

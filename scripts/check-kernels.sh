@@ -26,7 +26,7 @@ PY
 fi
 # Known and documented (docs/cuda.md, "Checking kernels without a GPU"): flash_attention2_hd128
 # spills (72 bytes with NVRTC 13.0: reloaded once per K/V tile); the sine/cosine slow path gives
-# the RoPE and decode-attention kernels a 32-byte frame.
+# the RoPE and decode-attention kernels (both table instances) a 32-byte frame.
 log=$(mktemp)
 status=0
 LD_LIBRARY_PATH="$T" python3 tools/check_kernels.py --nvrtc "$T/libnvrtc.so.13" --ptxas "$T/ptxas" \
@@ -34,6 +34,8 @@ LD_LIBRARY_PATH="$T" python3 tools/check_kernels.py --nvrtc "$T/libnvrtc.so.13" 
   --allow-local rope_bf16 --allow-local rope_cs_table_f32 --allow-local qk_norm_rope_bf16 \
   --allow-local qk_norm_rope_vec_bf16 --allow-local decode_attention_hd64 \
   --allow-local decode_attention_hd128 --allow-local decode_attention_hd256 \
+  --allow-local decode_attention_tabp_hd64 --allow-local decode_attention_tabp_hd128 \
+  --allow-local decode_attention_tabp_hd256 \
   "$@" > "$log" 2>&1 || status=$?
 grep -vE "registers" "$log" || true
 rm -f "$log"

@@ -2,7 +2,7 @@
 //! is measured against.
 
 use crate::backend::Backend;
-use crate::model::{Capture, KvCache, TargetModel};
+use crate::model::{Capture, KvCache, StepRecorder, TargetModel};
 use anyhow::{Context, Result};
 
 /// Why generation stopped.
@@ -78,6 +78,7 @@ pub fn greedy_batch<B: Backend>(
     let _decode = crate::timeline::phase("generate: decode");
     let mut ids: Vec<Vec<u32>> = vec![Vec::with_capacity(max_new); prompts.len()];
     let limit = model.spec.max_position_embeddings;
+    let mut recorder = StepRecorder::new(be);
     while !live.is_empty() {
         // Take each prompt's pending token; the finished ones leave the batch.
         live.retain(|d| {
@@ -104,8 +105,9 @@ pub fn greedy_batch<B: Backend>(
             break;
         }
         let step: Vec<u32> = live.iter().map(|d| d.next).collect();
+        let batch: Vec<usize> = live.iter().map(|d| d.index).collect();
         let mut caches: Vec<&mut KvCache<B>> = live.iter_mut().map(|d| &mut d.cache).collect();
-        let hidden = model.forward_decode(be, &step, &mut caches)?;
+        let hidden = recorder.step(model, &step, &batch, &mut caches)?;
         let top = model.logits_topk(be, &hidden, 1)?;
         for (d, next) in live.iter_mut().zip(top.argmax()) {
             d.next = next;

@@ -41,7 +41,7 @@ pub use select::{cuda_availability, dispatch, BackendJob, BackendKind, DEFAULT_C
 pub use seq_starts::SeqStarts;
 pub use types::{AttnShape, BackendError, GdnParams, KvSlot, QkNorm, Rope, RopeStyle, TopK};
 
-use anyhow::{anyhow, ensure, Result};
+use anyhow::{anyhow, bail, ensure, Result};
 use std::any::Any;
 
 /// Every operation the model code needs. All methods return errors instead of panicking
@@ -492,6 +492,58 @@ pub trait Backend: Send + Sync + 'static {
     /// shape). The default, 1, is always safe: prompts decode one at a time.
     fn max_independent_rows(&self) -> usize {
         1
+    }
+    /// Whether decode steps can be recorded once and replayed ([`Backend::record_step`]): the
+    /// CUDA backend's graphs (docs/cuda.md, "Recorded decode steps"), unless
+    /// `DRAFTLENS_STEP_GRAPHS=off`. The default: no.
+    ///
+    /// Why: a decode step of a few rows is ~20 small launches a layer, and the host takes
+    /// longer to issue them than the GPU to run them; a replay is one copy and one launch.
+    fn records_steps(&self) -> bool {
+        false
+    }
+    /// Records `step` — one decode step of a batch, its output `[rows, cols]` — so that it can
+    /// be replayed for the next `steps - 1` steps of the same batch, runs it for this step and
+    /// returns the recording's id with the output; `Ok(None)` when this step cannot be recorded
+    /// (nothing ran: the caller runs it itself). The caller promises what makes a replay valid:
+    /// between replays its KV caches are touched by nothing else, their rows were reserved for
+    /// every step the recording serves ([`Backend::reserve_rows`]), and each replay follows the
+    /// last step with one more token per row ([`crate::model::StepRecorder`] keeps that promise).
+    fn record_step(
+        &self,
+        (rows, cols): (usize, usize),
+        steps: usize,
+        step: &mut dyn FnMut() -> Result<Self::Tensor>,
+    ) -> Result<Option<(u64, Self::Tensor)>> {
+        let _ = (rows, cols, steps, step);
+        Ok(None)
+    }
+    /// The next step of recording `id` with the batch's new token ids (one per row): the output
+    /// the recorded step would give for it. The caller then advances its caches' row counts
+    /// ([`Backend::set_rows`]).
+    fn replay_step(&self, id: u64, ids: &[u32]) -> Result<Self::Tensor> {
+        let _ = ids;
+        bail!(
+            "{}: no recorded decode step {id} (this backend records none)",
+            self.name()
+        )
+    }
+    /// Drops recording `id` (its graph and buffers).
+    fn forget_step(&self, id: u64) {
+        let _ = id;
+    }
+    /// Makes room in `x`'s buffer for `extra` more rows appended in place, so that a cache does
+    /// not move while a recorded step uses it. The default does nothing (nothing is recorded).
+    fn reserve_rows(&self, x: &mut Self::Tensor, extra: usize) -> Result<()> {
+        let _ = (x, extra);
+        Ok(())
+    }
+    /// Sets `x`'s row count to `rows` within its buffer (a cache after replayed steps appended
+    /// rows in place, or back after a recording that did not take); rows beyond the old count
+    /// hold what the device wrote there.
+    fn set_rows(&self, x: &mut Self::Tensor, rows: usize) -> Result<()> {
+        let _ = (x, rows);
+        bail!("{}: tensors cannot be resized in place", self.name())
     }
     /// Put tensors with equal row counts side by side (DFlash tap fusion).
     fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor> {

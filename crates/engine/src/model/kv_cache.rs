@@ -82,6 +82,13 @@ impl<B: Backend> KvCache<B> {
         }
     }
 
+    /// The bookkeeping of a decode step that appended one token (its rows are the backend's).
+    pub(crate) fn took_decode_step(&mut self) {
+        self.len += 1;
+        // The decode step moved the recurrent states past the last forward's snapshot.
+        self.checkpoint = None;
+    }
+
     /// Whether some layer holds a recurrent state (a hybrid model's cache after a forward).
     pub fn has_recurrent_state(&self) -> bool {
         self.layers.iter().any(|l| l.gdn.is_some())

@@ -13,6 +13,7 @@ pub mod hybrid;
 pub mod kv_cache;
 pub mod moe;
 mod params;
+pub mod step_recorder;
 pub mod transformer;
 
 pub use capture::{Capture, Captured};
@@ -23,4 +24,5 @@ pub mod random_target;
 
 pub use head::{EmbedHead, TargetHead};
 pub use load::{TargetFiles, TargetIdentity};
+pub use step_recorder::StepRecorder;
 pub use transformer::{KvCache, TargetModel};

@@ -743,9 +743,7 @@ impl<B: Backend> TargetModel<B> {
             layer.forward_decode(be, h, &mut layer_caches, &starts)
         })?;
         for c in caches.iter_mut() {
-            c.len += 1;
-            // The decode step moved the recurrent states past the last forward's snapshot.
-            c.checkpoint = None;
+            c.took_decode_step();
         }
         Ok(out.last_hidden)
     }

@@ -8,7 +8,7 @@ use crate::backend::{
     attention_decode_qkv_unfused, attention_varlen_qkv_unfused, host_rows, AttnExtras, AttnMask,
     AttnShape, Backend, HostRows, KvSlot, QkNorm, Rope, SeqStarts, TopK,
 };
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use half::bf16;
@@ -309,6 +309,18 @@ impl Backend for CudaBackend {
 
     /// A row gather of the table.
     fn embed_impl(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
+        if let Some(idx) = self.recording_ids(ids)? {
+            // A recorded decode step: the ids are in its arena, rewritten at every replay.
+            let mut y = self.new_tensor(ids.len(), table.inp)?;
+            let cols = Cols::rows(table.inp);
+            self.copy_rows(
+                (&mut y.buf, cols),
+                (&table.buf, cols),
+                Some(idx),
+                (ids.len(), table.inp),
+            )?;
+            return Ok(y);
+        }
         self.gather(&table.buf, table.inp, ids)
     }
 
@@ -374,6 +386,43 @@ impl Backend for CudaBackend {
     /// row or element; attention per sequence).
     fn max_independent_rows(&self) -> usize {
         MAX_DECODE_ROWS
+    }
+
+    /// Recorded decode steps as CUDA graphs: step_graph.rs.
+    fn records_steps(&self) -> bool {
+        CudaBackend::records_steps(self)
+    }
+
+    fn record_step(
+        &self,
+        dims: (usize, usize),
+        steps: usize,
+        step: &mut dyn FnMut() -> Result<CudaTensor>,
+    ) -> Result<Option<(u64, CudaTensor)>> {
+        self.record_step_graph(dims, steps, step)
+    }
+
+    fn replay_step(&self, id: u64, ids: &[u32]) -> Result<CudaTensor> {
+        self.replay_step_graph(id, ids)
+    }
+
+    fn forget_step(&self, id: u64) {
+        self.forget_step_graph(id)
+    }
+
+    fn reserve_rows(&self, x: &mut CudaTensor, extra: usize) -> Result<()> {
+        CudaBackend::reserve_rows(self, x, extra)
+    }
+
+    fn set_rows(&self, x: &mut CudaTensor, rows: usize) -> Result<()> {
+        ensure!(
+            x.buf.len() >= rows * x.cols,
+            "set_rows: {rows} rows of {} columns in a buffer of {} values",
+            x.cols,
+            x.buf.len()
+        );
+        x.rows = rows;
+        Ok(())
     }
 
     /// In place, with spare capacity (KV caches): decode.rs.
@@ -574,7 +623,7 @@ impl CudaBackend {
         self.copy_rows(
             (&mut y.buf, Cols::rows(cols)),
             (src, Cols::rows(cols)),
-            Some(&idx),
+            Some(self.ptr(&idx)),
             (rows.len(), cols),
         )?;
         Ok(y)

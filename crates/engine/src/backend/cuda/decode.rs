@@ -226,6 +226,7 @@ impl CudaBackend {
                 .map(|p| p.len() < need)
                 .unwrap_or(true)
             {
+                self.not_recording("growing the decode GEMM's scratch")?;
                 scratch.partials = Some(self.alloc::<f32>(need)?);
             }
             let cnt = self.zeroed_counters(
@@ -312,7 +313,7 @@ impl CudaBackend {
     /// 64-sequence step of Qwen3-8B two). More would run one-tile blocks in several waves, each
     /// paying its loads and merge; fewer would leave multiprocessors idle.
     fn decode_attention_blocks(&self, shape: AttnShape, rows: usize) -> Result<(usize, usize)> {
-        let func = decode_attention_func(shape.head_dim);
+        let func = decode_attention_func(shape.head_dim, false);
         let group = shape.heads / shape.kv_heads;
         let mut st = self.decode.lock().unwrap_or_else(|e| e.into_inner());
         let resident = match st.attn_resident.get(&(func, group)) {
@@ -358,6 +359,9 @@ impl CudaBackend {
         if t.buf.len() >= need.max(1) {
             return Ok(());
         }
+        // A recorded step's caches were reserved before it: growing one inside the graph would
+        // leave the cache in graph-owned memory.
+        self.not_recording("growing a KV cache")?;
         let cap_rows = (t.rows + extra).max(2 * t.rows).max(64);
         let mut buf = self.alloc::<bf16>(cap_rows * t.cols)?;
         let n = t.rows * t.cols;
@@ -405,6 +409,7 @@ impl CudaBackend {
         what: &str,
     ) -> Result<u64> {
         if slot.as_ref().map(|c| c.len() < n).unwrap_or(true) {
+            self.not_recording(what)?;
             *slot = Some(
                 self.stream
                     .alloc_zeros::<u32>(n.next_power_of_two().max(1024))
@@ -415,7 +420,7 @@ impl CudaBackend {
     }
 
     /// The decode attention's arrival counters, at least `n` zeroed words.
-    fn decode_attention_counters(&self, n: usize) -> Result<u64> {
+    pub(super) fn decode_attention_counters(&self, n: usize) -> Result<u64> {
         let mut scratch = self.decode.lock().unwrap_or_else(|e| e.into_inner());
         self.zeroed_counters(&mut scratch.attn_counters, n, "decode attention counters")
     }
@@ -716,7 +721,6 @@ impl CudaBackend {
             kv_heads,
             head_dim: hd,
         } = shape;
-        let func = decode_attention_func(hd);
         let group = heads / kv_heads;
         let rows = src.rows;
         ensure!(
@@ -740,7 +744,6 @@ impl CudaBackend {
             },
             appended: appended as i32,
         };
-        let f = self.kernels.get("decode_attention", func)?;
         let (h32, hk32, scale_log2) = (
             heads as i32,
             kv_heads as i32,
@@ -764,10 +767,18 @@ impl CudaBackend {
                 t.len[i] = row.len as i32;
                 t.pos[i] = row.pos as i32;
             }
-            // The most key chunks of any sequence in this launch (sizes its scratch only).
+            // A recorded step reads the table from its arena, where every row's length (and
+            // position) grows by one per replay, up to `max_advance` steps.
+            let (tabp, max_advance) = self
+                .recording_table(t.words(), t.advancing(n, norm.is_some()))?
+                .unwrap_or((0, 0));
+            let func = decode_attention_func(hd, tabp != 0);
+            let f = self.kernels.get("decode_attention", func)?;
+            // The most key chunks of any sequence in this launch, at any length it will have
+            // (sizes its scratch only).
             let nchunks = part
                 .iter()
-                .map(|row| decode_attn_chunks(row.len))
+                .flat_map(|row| (0..=max_advance).map(|d| decode_attn_chunks(row.len + d)))
                 .max()
                 .unwrap_or(1);
             let (qp, kp, vp, op) = (
@@ -813,16 +824,19 @@ impl CudaBackend {
                 .arg(&bps32)
                 .arg(&po)
                 .arg(&pml)
-                .arg(&cnt);
+                .arg(&cnt)
+                .arg(&tabp);
             // SAFETY: signature of DA_ENTRY in kernels/decode_attention.cu (const bf16* ×3,
             // ll, ll, bf16*, DaTable, DaNorm, DaExtras by value, int, int, float, int, int,
-            // float*, float2*, u32*); rows r0..r0+n of q/k/v (row strides ldq/ldkv) and out
+            // float*, float2*, u32*, const DaTable*); rows r0..r0+n of q/k/v (row strides ldq/ldkv) and out
             // exist; every cache has room for row `len` (the callers reserve or append it) and
             // the table holds (k, v, len, pos) of those rows; DaNorm's pointers are null or the
             // norm weights (hd values each) and the RoPE table (rotary_dim / 2 values);
             // DaExtras' sinks are null or `heads` floats (AttnExtras::check); with nchunks > 1
             // the partials hold n × heads × nchunks × (hd + 2) floats, the counters n × kv_heads
-            // zeroed words, and no sequence has more than nchunks chunks.
+            // zeroed words, and no sequence has more than nchunks chunks; `tabp` is null or a
+            // DaTable in device memory (a recorded step's arena) that stays valid as long as the
+            // graph holding the launch.
             unsafe {
                 b.launch(LaunchConfig {
                     grid_dim: (bps as u32, kv_heads as u32, n as u32),
@@ -896,12 +910,16 @@ pub fn decode_attn_chunks(len: usize) -> usize {
 }
 
 /// The decode attention's entry function for head dim `hd` (64, 128 or 256:
-/// [`CudaBackend::decode_attention_fits`]).
-fn decode_attention_func(hd: usize) -> &'static str {
-    match hd {
-        64 => "decode_attention_hd64",
-        128 => "decode_attention_hd128",
-        _ => "decode_attention_hd256",
+/// [`CudaBackend::decode_attention_fits`]), reading its table from device memory (a recorded
+/// step) or from its parameter.
+fn decode_attention_func(hd: usize, table_in_memory: bool) -> &'static str {
+    match (hd, table_in_memory) {
+        (64, false) => "decode_attention_hd64",
+        (128, false) => "decode_attention_hd128",
+        (_, false) => "decode_attention_hd256",
+        (64, true) => "decode_attention_tabp_hd64",
+        (128, true) => "decode_attention_tabp_hd128",
+        (_, true) => "decode_attention_tabp_hd256",
     }
 }
 
@@ -923,6 +941,29 @@ struct DecodeKvTable {
 
 // SAFETY: plain-old-data with the C layout of DaTable (u64[64], u64[64], int[64], int[64]).
 unsafe impl cudarc::driver::DeviceRepr for DecodeKvTable {}
+
+impl DecodeKvTable {
+    /// The table as the 4-byte words of its C layout.
+    fn words(&self) -> &[u32] {
+        // SAFETY: repr(C) without padding (512 + 512 + 256 + 256 bytes, all 4-byte aligned), every
+        // bit pattern a valid u32.
+        unsafe {
+            std::slice::from_raw_parts(
+                (self as *const Self).cast::<u32>(),
+                std::mem::size_of::<Self>() / 4,
+            )
+        }
+    }
+
+    /// The words of the first `rows` lengths, and with `positions` of their RoPE positions:
+    /// what grows by one per decode step.
+    fn advancing(&self, rows: usize, positions: bool) -> impl Iterator<Item = usize> {
+        const LEN: usize = 4 * DA_MAX_ROWS; // after k and v: 2 · 64 u64
+        const POS: usize = LEN + DA_MAX_ROWS;
+        let pos_rows = if positions { rows } else { 0 };
+        (LEN..LEN + rows).chain(POS..POS + pos_rows)
+    }
+}
 
 /// `DaNorm` of kernels/decode_attention.cu: the q/k norm weights, RoPE table and settings the
 /// kernel applies to q and the new k (`wq == 0`: none).

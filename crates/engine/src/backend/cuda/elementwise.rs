@@ -5,7 +5,7 @@
 use super::{blocks, derr, CudaBackend, CudaTensor};
 use crate::backend::{AttnShape, Backend, QkNorm, Rope, RopeFreqs, RopeStyle};
 use anyhow::{ensure, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Rows from which [`CudaBackend::rms_norm_rows`] takes `rms_norm_many_rows_bf16` (packed
 /// prefills) instead of one block per 8 rows (decode steps, drafter blocks).
@@ -35,7 +35,7 @@ impl CudaBackend {
         &self,
         positions: &[u32],
         rope: &Rope,
-        f: impl FnOnce(&CudaSlice<u32>, &u64) -> Result<R>,
+        f: impl FnOnce(u64, &u64) -> Result<R>,
     ) -> Result<R> {
         let freqs = self.rope_inv_freq(rope)?;
         self.with_rope_positions(positions, freqs, f)
@@ -47,8 +47,11 @@ impl CudaBackend {
         &self,
         positions: &[u32],
         freqs: u64,
-        f: impl FnOnce(&CudaSlice<u32>, &u64) -> Result<R>,
+        f: impl FnOnce(u64, &u64) -> Result<R>,
     ) -> Result<R> {
+        if let Some(pos) = self.recording_positions(positions)? {
+            return f(pos, &freqs);
+        }
         let mut pc = self.pos_cache.lock().unwrap_or_else(|e| e.into_inner());
         if pc
             .as_ref()
@@ -57,7 +60,7 @@ impl CudaBackend {
         {
             *pc = Some((positions.to_vec(), self.upload(positions)?));
         }
-        let pos = &pc.as_ref().expect("filled above").1;
+        let pos = self.ptr(&pc.as_ref().expect("filled above").1);
         f(pos, &freqs)
     }
 
@@ -79,6 +82,7 @@ impl CudaBackend {
             .as_ref()
             .is_some_and(|(p, k, _)| *k == key && p.as_slice() == positions);
         if !fresh {
+            self.not_recording("RoPE's (cos, sin) table")?;
             *cc = None;
             let n = positions.len() * half;
             let mut table = self.alloc::<f32>((2 * n).max(2))?;
@@ -87,7 +91,7 @@ impl CudaBackend {
                     let f = self.kernels.get("attention", "rope_cs_table_f32")?;
                     let (rows, h32) = (positions.len() as i64, half as i32);
                     let mut b = self.stream.launch_builder(&f);
-                    b.arg(pos).arg(freqs).arg(&rows).arg(&h32).arg(&mut table);
+                    b.arg(&pos).arg(freqs).arg(&rows).arg(&h32).arg(&mut table);
                     // SAFETY: (const u32*, const float*, ll, int, float2*); `pos` holds `rows`
                     // positions, `freqs` half values, `table` 2 · rows · half floats.
                     unsafe {
@@ -290,7 +294,7 @@ impl CudaBackend {
             let ld = x.cols as i64;
             let mut b = self.stream.launch_builder(&f);
             b.arg(&mut x.buf)
-                .arg(pos)
+                .arg(&pos)
                 .arg(freqs)
                 .arg(&rows)
                 .arg(&nh)
@@ -430,7 +434,7 @@ impl CudaBackend {
                 .arg(&q_norm.buf)
                 .arg(&k_norm.buf)
                 .arg(&eps)
-                .arg(pos)
+                .arg(&pos)
                 .arg(freqs)
                 .arg(&rd)
                 .arg(&inter);

@@ -70,6 +70,7 @@ impl CudaBackend {
     }
 
     pub(super) fn upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        self.not_recording("a host-to-device copy")?;
         let mut buf = self.alloc::<T>(data.len())?;
         if !data.is_empty() {
             self.stream
@@ -306,7 +307,7 @@ impl CudaBackend {
         &self,
         (dst, dst_at): (&mut CudaSlice<bf16>, Cols),
         (src, src_at): (&CudaSlice<bf16>, Cols),
-        idx: Option<&CudaSlice<u32>>,
+        idx: Option<u64>,
         (rows, cols): (usize, usize),
     ) -> Result<()> {
         let (
@@ -335,7 +336,7 @@ impl CudaBackend {
             rows as i64,
             cols as i32,
         );
-        let idx_ptr: u64 = idx.map(|i| self.ptr(i)).unwrap_or(0);
+        let idx_ptr: u64 = idx.unwrap_or(0);
         let mut b = self.stream.launch_builder(&f);
         b.arg(dst)
             .arg(&dst_ld)

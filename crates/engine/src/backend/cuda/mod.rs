@@ -31,6 +31,7 @@
 //! | `mask.rs` | attention masks as per-query key intervals |
 //! | `attention.rs` | prefill attention launches |
 //! | `gdn.rs` | the hybrid (Gated DeltaNet) layer ops |
+//! | `step_graph.rs` | decode steps recorded as CUDA graphs and replayed |
 //! | `backend_impl.rs` | `impl Backend for CudaBackend` |
 //! | `bench.rs`, `bench_decode.rs`, `bench_lm_head.rs` | benchmark helpers (`kernel-lab` feature: docs/cuda.md, "The kernel lab") |
 
@@ -57,6 +58,7 @@ mod moe;
 mod mxfp4;
 pub mod nvml;
 mod probe;
+mod step_graph;
 mod upload;
 
 pub use decode::{
@@ -154,6 +156,8 @@ pub struct CudaBackend {
     moe: moe::MoeState,
     /// The LM head's top-K path of more than 64 rows (`lm_head.rs`: `DRAFTLENS_LM_HEAD`).
     lm_head: lm_head::LmHeadState,
+    /// Recorded decode steps (CUDA graphs) and the recording in progress (`step_graph.rs`).
+    step_graphs: step_graph::StepGraphs,
 }
 
 /// A table of [`CudaBackend::f32_table`]: its values' bits and their upload.

@@ -197,6 +197,7 @@ impl CudaBackend {
             tap_staging: Mutex::new(None),
             moe: Default::default(),
             lm_head: Default::default(),
+            step_graphs: Default::default(),
         })
     }
 

@@ -1,0 +1,347 @@
+//! Recorded decode steps ([`Backend::record_step`](crate::backend::Backend::record_step)): one
+//! decode step of a batch captured as a CUDA graph, then replayed for the batch's next steps with
+//! one host-to-device copy and one graph launch each, instead of ~20 launches a layer from the
+//! host (docs/cuda.md, "Recorded decode steps").
+//!
+//! What changes from one step to the next is small and lives in one device buffer, the step's
+//! *arena*, which the kernels read instead of kernel parameters:
+//! - the token ids the embedding gathers (rewritten at every replay);
+//! - the RoPE positions and each decode attention's table of (K cache, V cache, length,
+//!   position) per row: the lengths and positions grow by one per step and the caches stay where
+//!   they are (the caller reserves their rows before recording), so a replay writes the recorded
+//!   image with those words advanced by the number of steps since the recording.
+//!
+//! While a step is recorded the backend routes those three uploads into the arena
+//! ([`CudaBackend::recording_ids`], [`CudaBackend::recording_positions`],
+//! [`CudaBackend::recording_table`]) and sizes the decode attention's grid and scratch for the
+//! longest length the recording will see. Anything else that would copy host data to the device,
+//! read the device from the host, or grow a buffer the backend keeps across calls fails the
+//! recording ([`CudaBackend::not_recording`]); the caller then runs the step as usual. The step's
+//! temporaries are allocated and freed inside the graph (stream-ordered allocations are captured
+//! as graph memory nodes), and its output is copied into a buffer of the recording's own.
+//!
+//! Replays run the same kernels on the same addresses with the same arguments as the recorded
+//! step would with that step's lengths, so a replayed step gives the bits of the eager one
+//! (`cuda_step_graph` asserts it); the decode attention's grid (blocks per sequence) may be
+//! larger than the eager launch's, which changes which block walks a chunk and no arithmetic
+//! (kernels/decode_attention.cu).
+
+use super::{derr, CudaBackend, CudaTensor};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use cudarc::driver::{sys, CudaGraph, CudaSlice};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// 4-byte words of a recording's arena: ids, positions and one 1 536-byte table per attention
+/// layer at 64 rows fill ~50 K words for a 128-layer model.
+const ARENA_WORDS: usize = 1 << 16;
+
+/// Words a table starts on (64 bytes: the kernel reads its u64 addresses aligned).
+const TABLE_ALIGN: usize = 16;
+
+/// The environment variable that turns recorded decode steps off (`off`); on by default.
+pub const STEP_GRAPHS_ENV: &str = "DRAFTLENS_STEP_GRAPHS";
+
+/// The recording in progress: the arena's host image as the recorded step wrote it.
+pub(super) struct Recording {
+    /// Device address of the arena (allocated before the capture).
+    base: u64,
+    /// The arena's words as of the recorded step.
+    image: Vec<u32>,
+    /// Words that grow by one per step (lengths and positions).
+    advancing: Vec<usize>,
+    /// Where the token ids are (first word, count).
+    ids: Option<(usize, usize)>,
+    /// The positions last placed, and where (one array serves every layer of a step).
+    positions: Option<(Vec<u32>, usize)>,
+    /// The most steps a replay is ahead of the recorded one (lengths grow by up to this).
+    max_advance: usize,
+}
+
+impl Recording {
+    /// Reserves `n` words aligned to `align` and returns the first one's index.
+    fn take(&mut self, n: usize, align: usize) -> Result<usize> {
+        let at = self.image.len().next_multiple_of(align);
+        ensure!(
+            at + n <= ARENA_WORDS,
+            "a recorded step needs more than {ARENA_WORDS} words of per-step tables"
+        );
+        self.image.resize(at + n, 0);
+        Ok(at)
+    }
+
+    fn address(&self, word: usize) -> u64 {
+        self.base + 4 * word as u64
+    }
+}
+
+/// A recorded step and what a replay needs.
+struct StepGraph {
+    graph: CudaGraph,
+    arena: CudaSlice<u32>,
+    /// The step's output, copied here by the graph.
+    out: CudaTensor,
+    image: Vec<u32>,
+    advancing: Vec<usize>,
+    ids: (usize, usize),
+    /// Steps replayed so far (the recorded one is step 0).
+    steps: usize,
+    max_advance: usize,
+}
+
+// SAFETY: a CudaGraph holds raw driver handles; every use goes through the backend's mutex on the
+// map of recorded steps, one thread at a time, as the driver requires of graph objects.
+unsafe impl Send for StepGraph {}
+
+/// The backend's recorded steps, and the recording in progress.
+pub(super) struct StepGraphs {
+    recording: Mutex<Option<Recording>>,
+    graphs: Mutex<HashMap<u64, StepGraph>>,
+    next_id: AtomicU64,
+    enabled: AtomicBool,
+}
+
+impl Default for StepGraphs {
+    fn default() -> Self {
+        StepGraphs {
+            recording: Mutex::new(None),
+            graphs: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            enabled: AtomicBool::new(
+                std::env::var(STEP_GRAPHS_ENV).map_or(true, |v| v.trim() != "off"),
+            ),
+        }
+    }
+}
+
+impl CudaBackend {
+    /// [`Backend::records_steps`](crate::backend::Backend::records_steps).
+    pub(super) fn records_steps(&self) -> bool {
+        self.step_graphs.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Turns recorded steps on or off (tests and benchmarks compare both).
+    pub fn set_step_graphs(&self, on: bool) {
+        self.step_graphs.enabled.store(on, Ordering::Relaxed);
+    }
+
+    fn recording(&self) -> std::sync::MutexGuard<'_, Option<Recording>> {
+        self.step_graphs
+            .recording
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An error while a step is being recorded: `what` would copy host data to the device, read
+    /// the device or keep a buffer allocated inside the graph.
+    pub(super) fn not_recording(&self, what: &str) -> Result<()> {
+        if self.recording().is_some() {
+            bail!("{what} cannot be part of a recorded decode step");
+        }
+        Ok(())
+    }
+
+    /// While recording: the device address of `ids` placed in the arena (rewritten at every
+    /// replay). `None` when no step is being recorded.
+    pub(super) fn recording_ids(&self, ids: &[u32]) -> Result<Option<u64>> {
+        let mut rec = self.recording();
+        let Some(rec) = rec.as_mut() else {
+            return Ok(None);
+        };
+        ensure!(rec.ids.is_none(), "a recorded step embeds its tokens once");
+        let at = rec.take(ids.len(), 1)?;
+        rec.image[at..at + ids.len()].copy_from_slice(ids);
+        rec.ids = Some((at, ids.len()));
+        Ok(Some(rec.address(at)))
+    }
+
+    /// While recording: the device address of `positions` in the arena, which advance by one per
+    /// replayed step (every layer's call with the same positions shares one array).
+    pub(super) fn recording_positions(&self, positions: &[u32]) -> Result<Option<u64>> {
+        let mut rec = self.recording();
+        let Some(rec) = rec.as_mut() else {
+            return Ok(None);
+        };
+        if let Some((p, at)) = &rec.positions {
+            if p.as_slice() == positions {
+                return Ok(Some(rec.address(*at)));
+            }
+        }
+        let at = rec.take(positions.len(), 1)?;
+        rec.image[at..at + positions.len()].copy_from_slice(positions);
+        rec.advancing.extend(at..at + positions.len());
+        rec.positions = Some((positions.to_vec(), at));
+        Ok(Some(rec.address(at)))
+    }
+
+    /// While recording: the decode attention table `words` (its C layout as 4-byte words) placed
+    /// in the arena, with `advancing` its words that grow by one per step (relative to its
+    /// start), and the most steps a replay runs ahead of the recorded one. `None` when no step is
+    /// being recorded.
+    pub(super) fn recording_table(
+        &self,
+        words: &[u32],
+        advancing: impl Iterator<Item = usize>,
+    ) -> Result<Option<(u64, usize)>> {
+        let mut rec = self.recording();
+        let Some(rec) = rec.as_mut() else {
+            return Ok(None);
+        };
+        let at = rec.take(words.len(), TABLE_ALIGN)?;
+        rec.image[at..at + words.len()].copy_from_slice(words);
+        rec.advancing.extend(advancing.map(|w| at + w));
+        Ok(Some((rec.address(at), rec.max_advance)))
+    }
+
+    /// [`Backend::record_step`](crate::backend::Backend::record_step): records `step` (a
+    /// `[rows, cols]` output) as a graph that serves `steps` steps, runs it once for this step,
+    /// and returns its id with the output. `None` when the step cannot be recorded (what it
+    /// tried is logged); nothing ran then, and the caller runs the step itself.
+    pub(super) fn record_step_graph(
+        &self,
+        (rows, cols): (usize, usize),
+        steps: usize,
+        step: &mut dyn FnMut() -> Result<CudaTensor>,
+    ) -> Result<Option<(u64, CudaTensor)>> {
+        ensure!(steps >= 1, "a recorded step serves at least one step");
+        ensure!(
+            self.recording().is_none(),
+            "a step is already being recorded"
+        );
+        // Everything the graph keeps is allocated before the capture, outside it.
+        let mut arena = self
+            .stream
+            .alloc_zeros::<u32>(ARENA_WORDS)
+            .map_err(derr("allocating a step arena"))?;
+        let mut out = self.new_tensor(rows, cols)?;
+        // Arrival counters for the longest lengths the graph will see: the recorded step must
+        // not grow them.
+        self.decode_attention_counters(super::MAX_DECODE_ROWS * 16)?;
+        *self.recording() = Some(Recording {
+            base: self.ptr(&arena),
+            image: Vec::new(),
+            advancing: Vec::new(),
+            ids: None,
+            positions: None,
+            max_advance: steps - 1,
+        });
+        let captured = self.capture(&mut out, step);
+        let rec = self.recording().take().expect("set above");
+        let graph = match captured {
+            Ok(graph) => graph,
+            Err(e) => {
+                // A failed capture leaves its error in the context; the eager step must not see it.
+                let _ = self.ctx.check_err();
+                tracing::debug!("decode step not recorded: {e:#}");
+                return Ok(None);
+            }
+        };
+        let Some(ids) = rec.ids else {
+            tracing::debug!("decode step not recorded: it embedded no token ids");
+            return Ok(None);
+        };
+        self.write_arena(&mut arena, &rec.image)?;
+        graph.launch().map_err(derr("graph launch"))?;
+        let result = self.clone_tensor(&out)?;
+        let id = self.step_graphs.next_id.fetch_add(1, Ordering::Relaxed);
+        self.graphs().insert(
+            id,
+            StepGraph {
+                graph,
+                arena,
+                out,
+                image: rec.image,
+                advancing: rec.advancing,
+                ids,
+                steps: 0,
+                max_advance: rec.max_advance,
+            },
+        );
+        Ok(Some((id, result)))
+    }
+
+    /// Captures `step` on the stream and instantiates the graph; the output is copied to `out`
+    /// inside it. The capture is always ended once begun.
+    fn capture(
+        &self,
+        out: &mut CudaTensor,
+        step: &mut dyn FnMut() -> Result<CudaTensor>,
+    ) -> Result<CudaGraph> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(derr("begin capture"))?;
+        let ran = step().and_then(|h| {
+            ensure!(
+                (h.rows, h.cols) == (out.rows, out.cols),
+                "the step's output is [{}, {}], expected [{}, {}]",
+                h.rows,
+                h.cols,
+                out.rows,
+                out.cols
+            );
+            let n = h.rows * h.cols;
+            self.stream
+                .memcpy_dtod(&h.buf.slice(0..n), &mut out.buf.slice_mut(0..n))
+                .map_err(derr("device copy"))
+            // `h` is freed here, inside the graph.
+        });
+        let ended = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(derr("end capture"));
+        ran?;
+        ended?.ok_or_else(|| anyhow!("the capture recorded nothing"))
+    }
+
+    /// [`Backend::replay_step`](crate::backend::Backend::replay_step): the next step of recording
+    /// `id` with these token ids.
+    pub(super) fn replay_step_graph(&self, id: u64, ids: &[u32]) -> Result<CudaTensor> {
+        let mut graphs = self.graphs();
+        let g = graphs
+            .get_mut(&id)
+            .with_context(|| format!("no recorded decode step {id}"))?;
+        let (at, n) = g.ids;
+        ensure!(
+            ids.len() == n,
+            "recorded decode step: {} tokens for a batch of {n}",
+            ids.len()
+        );
+        ensure!(
+            g.steps < g.max_advance,
+            "recorded decode step: all {} steps it was recorded for have run",
+            g.max_advance + 1
+        );
+        g.steps += 1;
+        let mut image = g.image.clone();
+        for &w in &g.advancing {
+            image[w] += g.steps as u32;
+        }
+        image[at..at + n].copy_from_slice(ids);
+        self.write_arena(&mut g.arena, &image)?;
+        g.graph.launch().map_err(derr("graph launch"))?;
+        self.clone_tensor(&g.out)
+    }
+
+    /// [`Backend::forget_step`](crate::backend::Backend::forget_step).
+    pub(super) fn forget_step_graph(&self, id: u64) {
+        // An executable graph still running is freed when it completes (cuGraphExecDestroy).
+        self.graphs().remove(&id);
+    }
+
+    fn graphs(&self) -> std::sync::MutexGuard<'_, HashMap<u64, StepGraph>> {
+        self.step_graphs
+            .graphs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_arena(&self, arena: &mut CudaSlice<u32>, image: &[u32]) -> Result<()> {
+        if image.is_empty() {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_htod(image, &mut arena.slice_mut(0..image.len()))
+            .map_err(derr("step arena upload"))
+    }
+}

@@ -1,0 +1,212 @@
+//! Recorded decode steps on CUDA (docs/cuda.md, "Recorded decode steps"): a batch decoded through
+//! a [`StepRecorder`] — one step captured as a CUDA graph, replayed for the next ones — gives at
+//! every step the hidden states, and at the end the KV caches, bit for bit of the same batch
+//! decoded step by step as usual: across recordings (more steps than one serves), across the
+//! decode attention's key-chunk boundaries, when a sequence leaves the batch, on a dense Qwen3
+//! and on a gpt-oss (sinks, sliding windows, YaRN, experts routed on the device); and a step that
+//! cannot be recorded (experts routed on the host read the device mid-step) runs as usual with
+//! the same results. Without a GPU every test prints "SKIP: CUDA unavailable: <reason>" and
+//! passes (CI).
+#![cfg(feature = "cuda")]
+
+mod cuda_util;
+mod golden_util;
+use cuda_util::{bits, gpu};
+
+use draftlens_engine::backend::cuda::CudaBackend;
+use draftlens_engine::backend::Backend;
+use draftlens_engine::model::random::{qwen3_8b_spec, RandomWeights};
+use draftlens_engine::model::step_recorder::RECORDED_STEPS;
+use draftlens_engine::model::{Capture, KvCache, ModelSpec, StepRecorder, TargetModel};
+
+/// What a decode run gives: each step's hidden-state bits, the final caches' K and V bits (per
+/// sequence left, per layer), and how many steps were recorded and replayed.
+struct Decoded {
+    hidden: Vec<Vec<u16>>,
+    caches: Vec<Vec<u16>>,
+    recorded: usize,
+    replayed: usize,
+}
+
+/// Greedy decoding of `prompts` for `steps` steps, all in one batch, sequence `leave.1` leaving it
+/// after step `leave.0`; through a [`StepRecorder`] when `record`, else step by step as usual.
+fn decode(
+    be: &CudaBackend,
+    model: &TargetModel<CudaBackend>,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    leave: (usize, usize),
+    record: bool,
+) -> Decoded {
+    let mut live: Vec<(usize, KvCache<CudaBackend>, u32)> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut cache = model.new_cache();
+            let out = model.forward(be, p, &mut cache, &Capture::none()).unwrap();
+            let rows = be.dims(&out.last_hidden).0;
+            let last = be.slice_rows(&out.last_hidden, rows - 1, rows).unwrap();
+            let next = model.logits_topk(be, &last, 1).unwrap().ids[0];
+            (i, cache, next)
+        })
+        .collect();
+    let mut recorder = StepRecorder::new(be);
+    let mut hidden = Vec::new();
+    for step in 0..steps {
+        if step == leave.0 {
+            live.remove(leave.1);
+        }
+        let ids: Vec<u32> = live.iter().map(|l| l.2).collect();
+        let batch: Vec<usize> = live.iter().map(|l| l.0).collect();
+        let mut caches: Vec<&mut KvCache<CudaBackend>> =
+            live.iter_mut().map(|l| &mut l.1).collect();
+        let h = if record {
+            recorder.step(model, &ids, &batch, &mut caches).unwrap()
+        } else {
+            model.forward_decode(be, &ids, &mut caches).unwrap()
+        };
+        hidden.push(bits(be, &h));
+        let top = model.logits_topk(be, &h, 1).unwrap();
+        for (l, next) in live.iter_mut().zip(top.argmax()) {
+            l.2 = next;
+        }
+    }
+    let caches = live
+        .iter()
+        .flat_map(|l| &l.1.layers)
+        .flat_map(|layer| [layer.k.as_ref(), layer.v.as_ref()])
+        .flatten()
+        .map(|t| bits(be, t))
+        .collect();
+    Decoded {
+        hidden,
+        caches,
+        recorded: recorder.recorded,
+        replayed: recorder.replayed,
+    }
+}
+
+/// Five prompts of 3 to 37 tokens (every length crosses several 32-key chunk boundaries).
+fn prompts(vocab: u32) -> Vec<Vec<u32>> {
+    let mut r = draftlens_engine::util::DetRng::new(7);
+    [3usize, 11, 20, 29, 37]
+        .iter()
+        .map(|&n| (0..n).map(|_| r.below(vocab as u64) as u32).collect())
+        .collect()
+}
+
+/// Recorded and usual decoding agree bit for bit, step by step, and the recorder did replay.
+fn assert_recorded_equals_usual(be: &CudaBackend, model: &TargetModel<CudaBackend>) {
+    let prompts = prompts(model.spec.vocab_size as u32);
+    // Past two recordings, a sequence leaving mid-way (a new batch: a usual step, then a new
+    // recording).
+    let steps = 2 * RECORDED_STEPS + 30;
+    let leave = (RECORDED_STEPS + 10, 2);
+    let usual = decode(be, model, &prompts, steps, leave, false);
+    let recorded = decode(be, model, &prompts, steps, leave, true);
+    assert_eq!(usual.recorded + usual.replayed, 0);
+    for (s, (r, u)) in recorded.hidden.iter().zip(&usual.hidden).enumerate() {
+        assert!(
+            r == u,
+            "step {s}: the recorded step's hidden states differ from the usual step's"
+        );
+    }
+    assert!(
+        recorded.caches == usual.caches,
+        "the KV caches differ after the steps"
+    );
+    println!(
+        "{} steps: {} recorded, {} replayed, every step bit-identical",
+        steps, recorded.recorded, recorded.replayed
+    );
+    // One usual step per batch, a recording per RECORDED_STEPS steps, the rest replays.
+    assert!(recorded.recorded >= 3, "{} recordings", recorded.recorded);
+    assert!(
+        recorded.replayed >= steps - 2 - 2 * recorded.recorded,
+        "{} replays of {steps} steps",
+        recorded.replayed
+    );
+}
+
+fn small_qwen3() -> ModelSpec {
+    ModelSpec {
+        vocab_size: 1003,
+        hidden_size: 200,
+        intermediate_size: 1064,
+        num_layers: 3,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 64,
+        max_position_embeddings: 512,
+        ..qwen3_8b_spec()
+    }
+}
+
+/// A gpt-oss-shaped model (the committed fixture's config: YaRN, top-4 of 32 experts, heads of
+/// 64 with sinks, a window of 8) with sliding and full layers.
+fn small_gpt_oss() -> ModelSpec {
+    let layer_types = ["sliding_attention", "full_attention"].repeat(2);
+    golden_util::golden_spec_with(
+        "gpt_oss",
+        &[
+            ("hidden_size", serde_json::json!(256)),
+            ("intermediate_size", serde_json::json!(96)),
+            ("num_local_experts", serde_json::json!(32)),
+            ("num_hidden_layers", serde_json::json!(layer_types.len())),
+            ("layer_types", serde_json::json!(layer_types)),
+        ],
+    )
+}
+
+#[test]
+fn recorded_dense_steps_are_bit_identical_to_usual_steps() {
+    let Some(be) = gpu() else { return };
+    let spec = small_qwen3();
+    let model = TargetModel::load(&be, &spec, &RandomWeights::new(&spec, 11)).unwrap();
+    assert_recorded_equals_usual(&be, &model);
+}
+
+#[test]
+fn recorded_gpt_oss_steps_are_bit_identical_to_usual_steps() {
+    let Some(be) = gpu() else { return };
+    let spec = small_gpt_oss();
+    let src = RandomWeights::new(&spec, 29).with_init(0.08, 0.3);
+    let model = TargetModel::load(&be, &spec, &src).unwrap();
+    assert_recorded_equals_usual(&be, &model);
+}
+
+/// Experts routed on the host read the router's output mid-step, which a graph cannot hold: the
+/// recording does not take, and every step runs as usual with the same bits (the rows the
+/// attempt counted are put back).
+#[test]
+fn a_step_that_cannot_be_recorded_runs_as_usual() {
+    let Some(be) = gpu() else { return };
+    be.set_moe_device_routing(false);
+    let spec = small_gpt_oss();
+    let src = RandomWeights::new(&spec, 29).with_init(0.08, 0.3);
+    let model = TargetModel::load(&be, &spec, &src).unwrap();
+    let prompts = prompts(spec.vocab_size as u32);
+    let usual = decode(&be, &model, &prompts, 20, (usize::MAX, 0), false);
+    let recorded = decode(&be, &model, &prompts, 20, (usize::MAX, 0), true);
+    assert_eq!((recorded.recorded, recorded.replayed), (0, 0));
+    assert!(recorded.hidden == usual.hidden && recorded.caches == usual.caches);
+}
+
+/// `DRAFTLENS_STEP_GRAPHS=off` (here: the switch it sets) turns recording off.
+#[test]
+fn recording_can_be_turned_off() {
+    let Some(be) = gpu() else { return };
+    assert!(be.records_steps());
+    be.set_step_graphs(false);
+    let spec = small_qwen3();
+    let model = TargetModel::load(&be, &spec, &RandomWeights::new(&spec, 11)).unwrap();
+    let recorded = decode(
+        &be,
+        &model,
+        &prompts(spec.vocab_size as u32),
+        10,
+        (usize::MAX, 0),
+        true,
+    );
+    assert_eq!((recorded.recorded, recorded.replayed), (0, 0));
+}
