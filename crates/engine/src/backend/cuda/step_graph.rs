@@ -286,11 +286,16 @@ impl CudaBackend {
                 .map_err(derr("device copy"))
             // `h` is freed here, inside the graph.
         });
+        // An op that failed inside the capture (or a free after it) left its error in the
+        // context, where cudarc's next call would return it instead of ending the capture: take it
+        // first, so that the capture always ends and the stream works again.
+        let pending = self.ctx.check_err().map_err(derr("inside the capture"));
         let ended = self
             .stream
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .map_err(derr("end capture"));
         ran?;
+        pending?;
         ended?.ok_or_else(|| anyhow!("the capture recorded nothing"))
     }
 
