@@ -42,6 +42,9 @@ struct Decoding<B: Backend> {
     cache: KvCache<B>,
     /// The token chosen last, not yet fed to the model.
     next: u32,
+    /// The prompt has stopped but its row stays in the batch until the recorded step ends
+    /// (see the loop in [`greedy_batch`]); its outputs are ignored.
+    finished: bool,
 }
 
 /// Greedy decode of several prompts at once: each prompt is prefilled alone, then every decode
@@ -72,16 +75,21 @@ pub fn greedy_batch<B: Backend>(
         let rows = be.dims(&out.last_hidden).0;
         let last = be.slice_rows(&out.last_hidden, rows - 1, rows)?;
         let next = model.logits_topk(be, &last, 1)?.ids[0];
-        live.push(Decoding { index, cache, next });
+        live.push(Decoding {
+            index,
+            cache,
+            next,
+            finished: false,
+        });
     }
     drop(prefill);
     let _decode = crate::timeline::phase("generate: decode");
     let mut ids: Vec<Vec<u32>> = vec![Vec::with_capacity(max_new); prompts.len()];
     let limit = model.spec.max_position_embeddings;
     let mut recorder = StepRecorder::new(be);
-    while !live.is_empty() {
-        // Take each prompt's pending token; the finished ones leave the batch.
-        live.retain(|d| {
+    loop {
+        // Take each prompt's pending token; the ones that stop are finished.
+        for d in live.iter_mut().filter(|d| !d.finished) {
             let out = &mut ids[d.index];
             out.push(d.next);
             let stop = if eos.contains(&d.next) {
@@ -98,10 +106,17 @@ pub fn greedy_batch<B: Backend>(
                     ids: std::mem::take(out),
                     stop,
                 });
+                d.finished = true;
             }
-            stop.is_none()
-        });
-        if live.is_empty() {
+        }
+        // A finished prompt leaves the batch once no recorded step serves it: while one does,
+        // its row rides along (its outputs ignored, its cache within the rows reserved for the
+        // recording) so that the batch stays the one recorded. Rows do not affect each other
+        // (`Backend::max_independent_rows`), so the others' bits are the same either way.
+        if recorder.replays_left() == 0 {
+            live.retain(|d| !d.finished);
+        }
+        if live.iter().all(|d| d.finished) {
             break;
         }
         let step: Vec<u32> = live.iter().map(|d| d.next).collect();
@@ -110,7 +125,9 @@ pub fn greedy_batch<B: Backend>(
         let hidden = recorder.step(model, &step, &batch, &mut caches)?;
         let top = model.logits_topk(be, &hidden, 1)?;
         for (d, next) in live.iter_mut().zip(top.argmax()) {
-            d.next = next;
+            if !d.finished {
+                d.next = next;
+            }
         }
     }
     done.into_iter()

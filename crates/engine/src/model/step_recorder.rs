@@ -119,6 +119,13 @@ impl<'b, B: Backend> StepRecorder<'b, B> {
         }
     }
 
+    /// How many more steps the recording in use may replay (0: none in use). While it is
+    /// positive the caller keeps the batch as it is, finished sequences included
+    /// ([`crate::generate::greedy_batch`]).
+    pub fn replays_left(&self) -> usize {
+        self.current.as_ref().map_or(0, |c| c.left)
+    }
+
     fn forget(&mut self) {
         if let Some(cur) = self.current.take() {
             self.be.forget_step(cur.id);
