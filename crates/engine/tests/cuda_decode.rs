@@ -19,8 +19,8 @@ use draftlens_engine::backend::cuda::{
     MAX_DECODE_ROWS,
 };
 use draftlens_engine::backend::Backend;
-use draftlens_engine::model::random::{qwen3_8b_spec, RandomWeights};
-use draftlens_engine::model::{ModelSpec, TargetModel};
+use draftlens_engine::model::random::RandomWeights;
+use draftlens_engine::model::TargetModel;
 
 /// Row counts that cross every row-tile (8) and feature-tile (16 → 32 rows) boundary.
 const ROW_COUNTS: [usize; 14] = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64];
@@ -301,27 +301,10 @@ fn top_k_of_few_and_many_rows_matches_the_cpu_backend_ties_included() {
     }
 }
 
-/// Qwen3's architecture at a size that decodes fast but exercises every path of the decode
-/// GEMM: N not a multiple of 16 (o_proj/down 200, vocab 1003), K with a tail chunk (200, 1064)
-/// and split-K (down: K 1064 → 4 slices).
-fn small_spec() -> ModelSpec {
-    ModelSpec {
-        vocab_size: 1003,
-        hidden_size: 200,
-        intermediate_size: 1064,
-        num_layers: 3,
-        num_heads: 4,
-        num_kv_heads: 2,
-        head_dim: 64,
-        max_position_embeddings: 512,
-        ..qwen3_8b_spec()
-    }
-}
-
 #[test]
 fn batched_greedy_is_bit_identical_to_each_prompt_alone() {
     let Some(be) = gpu() else { return };
-    let spec = small_spec();
+    let spec = cuda_util::small_qwen3_spec();
     let model = TargetModel::load(&be, &spec, &RandomWeights::new(&spec, 11)).unwrap();
     cuda_util::assert_batches_match_alone(&be, &model, 24);
 }

@@ -249,19 +249,10 @@ fn batched_gpt_oss_greedy_is_bit_identical_to_each_prompt_alone() {
     cuda_util::assert_batches_match_alone(&be, &model, 24);
 }
 
-/// A gpt-oss-shaped model with these layer types: the committed fixture's config (YaRN, top-4,
-/// heads of 64 with sinks, a window of 8) with 32 experts of width 96 over a hidden size of 256.
+/// The committed fixture's gpt-oss config with 32 experts and these layer types
+/// ([`small_gpt_oss_spec`]).
 fn gpt_oss_spec(layer_types: &[&str]) -> ModelSpec {
-    golden_spec_with(
-        "gpt_oss",
-        &[
-            ("hidden_size", serde_json::json!(256)),
-            ("intermediate_size", serde_json::json!(96)),
-            ("num_local_experts", serde_json::json!(32)),
-            ("num_hidden_layers", serde_json::json!(layer_types.len())),
-            ("layer_types", serde_json::json!(layer_types)),
-        ],
-    )
+    small_gpt_oss_spec(32, layer_types)
 }
 
 /// ‖a_r − b_r‖ / ‖b_r‖ of the worst row of `cols` values, and that row.

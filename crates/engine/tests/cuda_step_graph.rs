@@ -15,7 +15,7 @@ use cuda_util::{bits, gpu};
 
 use draftlens_engine::backend::cuda::CudaBackend;
 use draftlens_engine::backend::Backend;
-use draftlens_engine::model::random::{qwen3_8b_spec, RandomWeights};
+use draftlens_engine::model::random::RandomWeights;
 use draftlens_engine::model::step_recorder::RECORDED_STEPS;
 use draftlens_engine::model::{Capture, KvCache, ModelSpec, StepRecorder, TargetModel};
 
@@ -128,40 +128,15 @@ fn assert_recorded_equals_usual(be: &CudaBackend, model: &TargetModel<CudaBacken
     );
 }
 
-fn small_qwen3() -> ModelSpec {
-    ModelSpec {
-        vocab_size: 1003,
-        hidden_size: 200,
-        intermediate_size: 1064,
-        num_layers: 3,
-        num_heads: 4,
-        num_kv_heads: 2,
-        head_dim: 64,
-        max_position_embeddings: 512,
-        ..qwen3_8b_spec()
-    }
-}
-
-/// A gpt-oss-shaped model (the committed fixture's config: YaRN, top-4 of 32 experts, heads of
-/// 64 with sinks, a window of 8) with sliding and full layers.
+/// A gpt-oss-shaped model with sliding and full layers ([`golden_util::small_gpt_oss_spec`]).
 fn small_gpt_oss() -> ModelSpec {
-    let layer_types = ["sliding_attention", "full_attention"].repeat(2);
-    golden_util::golden_spec_with(
-        "gpt_oss",
-        &[
-            ("hidden_size", serde_json::json!(256)),
-            ("intermediate_size", serde_json::json!(96)),
-            ("num_local_experts", serde_json::json!(32)),
-            ("num_hidden_layers", serde_json::json!(layer_types.len())),
-            ("layer_types", serde_json::json!(layer_types)),
-        ],
-    )
+    golden_util::small_gpt_oss_spec(32, &["sliding_attention", "full_attention"].repeat(2))
 }
 
 #[test]
 fn recorded_dense_steps_are_bit_identical_to_usual_steps() {
     let Some(be) = gpu() else { return };
-    let spec = small_qwen3();
+    let spec = cuda_util::small_qwen3_spec();
     let model = TargetModel::load(&be, &spec, &RandomWeights::new(&spec, 11)).unwrap();
     assert_recorded_equals_usual(&be, &model);
 }
@@ -198,7 +173,7 @@ fn recording_can_be_turned_off() {
     let Some(be) = gpu() else { return };
     assert!(be.records_steps());
     be.set_step_graphs(false);
-    let spec = small_qwen3();
+    let spec = cuda_util::small_qwen3_spec();
     let model = TargetModel::load(&be, &spec, &RandomWeights::new(&spec, 11)).unwrap();
     let recorded = decode(
         &be,

@@ -105,3 +105,20 @@ pub fn assert_batches_match_alone(
         println!("batch {batch}: {} continuations bit-identical", got.len());
     }
 }
+
+/// Qwen3's architecture at a size that decodes fast but exercises every path of the decode
+/// GEMM: N not a multiple of 16 (o_proj/down 200, vocab 1003), K with a tail chunk (200, 1064)
+/// and split-K (down: K 1064 → 4 slices).
+pub fn small_qwen3_spec() -> draftlens_engine::model::ModelSpec {
+    draftlens_engine::model::ModelSpec {
+        vocab_size: 1003,
+        hidden_size: 200,
+        intermediate_size: 1064,
+        num_layers: 3,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 64,
+        max_position_embeddings: 512,
+        ..draftlens_engine::model::random::qwen3_8b_spec()
+    }
+}

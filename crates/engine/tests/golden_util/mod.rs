@@ -121,6 +121,24 @@ pub fn golden_spec_with(
     draftlens_engine::model::ModelSpec::from_hf_config(&path).unwrap()
 }
 
+/// A small gpt-oss: the committed fixture's config (YaRN, top-4, heads of 64 with sinks, a window
+/// of 8) at hidden size 256 with `experts` experts of width 96 and these layer types.
+pub fn small_gpt_oss_spec(
+    experts: usize,
+    layer_types: &[&str],
+) -> draftlens_engine::model::ModelSpec {
+    golden_spec_with(
+        "gpt_oss",
+        &[
+            ("hidden_size", serde_json::json!(256)),
+            ("intermediate_size", serde_json::json!(96)),
+            ("num_local_experts", serde_json::json!(experts)),
+            ("num_hidden_layers", serde_json::json!(layer_types.len())),
+            ("layer_types", serde_json::json!(layer_types)),
+        ],
+    )
+}
+
 /// How far `ours` is from the reference `want`.
 #[derive(Clone, Copy, Debug)]
 pub struct Diff {

@@ -76,17 +76,7 @@ pub fn moe_spec() -> ModelSpec {
 /// gpt-oss: the committed fixture's config (YaRN, top-4, sinks, window 8), sliding and full
 /// layers alternating, 16 experts of width 96 over a hidden size of 256.
 pub fn gpt_oss_spec() -> ModelSpec {
-    let types = ["sliding_attention", "full_attention"].repeat(2);
-    crate::golden_util::golden_spec_with(
-        "gpt_oss",
-        &[
-            ("hidden_size", serde_json::json!(256)),
-            ("intermediate_size", serde_json::json!(96)),
-            ("num_local_experts", serde_json::json!(16)),
-            ("num_hidden_layers", serde_json::json!(types.len())),
-            ("layer_types", serde_json::json!(types)),
-        ],
-    )
+    crate::golden_util::small_gpt_oss_spec(16, &["sliding_attention", "full_attention"].repeat(2))
 }
 
 fn bits<B: Backend>(be: &B, t: &B::Tensor) -> Vec<u32> {
