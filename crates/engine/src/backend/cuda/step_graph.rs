@@ -20,6 +20,10 @@
 //! temporaries are allocated and freed inside the graph (stream-ordered allocations are captured
 //! as graph memory nodes), and its output is copied into a buffer of the recording's own.
 //!
+//! The backend has one stream, and a capture takes whatever is queued on it: a recording assumes
+//! that no other thread queues work on the backend meanwhile (the engine issues GPU work from one
+//! thread; the background threads hash, store and write records on the host).
+//!
 //! Replays run the same kernels on the same addresses with the same arguments as the recorded
 //! step would with that step's lengths, so a replayed step gives the bits of the eager one
 //! (`cuda_step_graph` asserts it); the decode attention's grid (blocks per sequence) may be
