@@ -4,7 +4,8 @@
 # $TESTS first (NAME or NAME:FILTER), then `generate` at batch 1 ($B1_PROMPTS prompts × 127 steps)
 # and batch 64 (164 prompts) on a random target of $ARCH (gpt-oss-20b-8l or qwen3-8b), each
 # variant from a copy of the same warmed cache (identity remembered, GEMMs tuned, no continuation
-# of that length decoded yet), and the device copy rate. With TRACE=1, also the per-kernel
+# of that length decoded yet), and the device copy rate. VARIANTS names the two settings compared
+# (default `DRAFTLENS_STEP_GRAPHS=off DRAFTLENS_STEP_GRAPHS=on`). With TRACE=1, also the per-kernel
 # timeline (tools/bench/kernel_trace.sh) of 2 prompts at batch 1 with graphs on and off. Logs in
 # $OUT/logs-$ARCH.tgz.
 #   B=target-carry/s29a ARCH=gpt-oss-20b-8l B1_PROMPTS=32 TESTS="cuda_step_graph cuda_moe" \
@@ -29,20 +30,24 @@ cat /tmp/tg/*.safetensors > /dev/null
 G="generate --backend cuda --target /tmp/tg --prompts builtin:humaneval --timeline"
 DRAFTLENS_CACHE=/tmp/cw timeout 90 $B/draftlens $G --limit 8 --gen-batch 1 --max-new-tokens 125 > $O/warm.out 2> $O/warm.err
 echo "warm rc=$?"
-for v in off on; do
+# Each variant is an environment assignment (VARIANTS, default: graphs off, then on).
+VARIANTS=${VARIANTS:-DRAFTLENS_STEP_GRAPHS=off DRAFTLENS_STEP_GRAPHS=on}
+names=()
+for a in $VARIANTS; do
+  v=${a#*=}; v=${v//[^a-z0-9]/}; names+=($v)
   rm -rf /tmp/c-$v && cp -r /tmp/cw /tmp/c-$v
   for b in 1 64; do
     n=$([ $b = 1 ] && echo ${B1_PROMPTS:-32} || echo 164)
-    DRAFTLENS_STEP_GRAPHS=$v DRAFTLENS_CACHE=/tmp/c-$v timeout 120 $B/draftlens $G --limit $n --gen-batch $b \
+    env $a DRAFTLENS_CACHE=/tmp/c-$v timeout 120 $B/draftlens $G --limit $n --gen-batch $b \
       --max-new-tokens 128 --json > $O/gen_${v}_b$b.json 2> $O/gen_${v}_b$b.err
-    echo "== graphs $v batch $b ($n prompts) rc=$?"; grep -E "generate: (decode|prefill)" $O/gen_${v}_b$b.err | head -3
+    echo "== $a batch $b ($n prompts) rc=$?"; grep -E "generate: (decode|prefill)" $O/gen_${v}_b$b.err | head -3
   done
 done
 for b in 1 64; do
-  python3 - $O/gen_off_b$b.json $O/gen_on_b$b.json $b <<'PY'
+  python3 - $O/gen_${names[0]}_b$b.json $O/gen_${names[1]}_b$b.json $b <<'PY'
 import json, sys
 a, b = ([(r["id"], r["new_tokens"], r["text"]) for r in json.load(open(p))] for p in sys.argv[1:3])
-print(f"batch {sys.argv[3]}: {len(a)} continuations,", "identical with and without graphs" if a == b and a else "OUTPUTS DIFFER")
+print(f"batch {sys.argv[3]}: {len(a)} continuations,", "identical in both variants" if a == b and a else "OUTPUTS DIFFER")
 PY
 done
 if [ -n "${TRACE:-}" ]; then
