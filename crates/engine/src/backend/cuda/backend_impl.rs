@@ -309,19 +309,9 @@ impl Backend for CudaBackend {
 
     /// A row gather of the table.
     fn embed_impl(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
-        if let Some(idx) = self.recording_ids(ids)? {
-            // A recorded decode step: the ids are in its arena, rewritten at every replay.
-            let mut y = self.new_tensor(ids.len(), table.inp)?;
-            let cols = Cols::rows(table.inp);
-            self.copy_rows(
-                (&mut y.buf, cols),
-                (&table.buf, cols),
-                Some(idx),
-                (ids.len(), table.inp),
-            )?;
-            return Ok(y);
-        }
-        self.gather(&table.buf, table.inp, ids)
+        // A recorded decode step reads its ids from its arena, rewritten at every replay.
+        let recorded = self.recording_ids(ids)?;
+        self.gather(&table.buf, table.inp, ids, recorded)
     }
 
     fn concat_rows_impl(&self, parts: &[&CudaTensor]) -> Result<CudaTensor> {
@@ -504,7 +494,7 @@ impl Backend for CudaBackend {
     }
 
     fn gather_rows_impl(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
-        self.gather(&x.buf, x.cols, rows)
+        self.gather(&x.buf, x.cols, rows, None)
     }
 
     fn add_weighted_rows_impl(
@@ -613,17 +603,32 @@ impl CudaBackend {
     }
 
     /// Rows `rows` of the row-major `[_, cols]` bf16 buffer `src`, as a new `[rows.len(), cols]`
-    /// tensor (the caller has checked the row ids).
-    fn gather(&self, src: &CudaSlice<bf16>, cols: usize, rows: &[u32]) -> Result<CudaTensor> {
+    /// tensor (the caller has checked the row ids); the ids are read from `on_device` when the
+    /// caller placed them there, else uploaded.
+    fn gather(
+        &self,
+        src: &CudaSlice<bf16>,
+        cols: usize,
+        rows: &[u32],
+        on_device: Option<u64>,
+    ) -> Result<CudaTensor> {
         let mut y = self.new_tensor(rows.len(), cols)?;
         if rows.is_empty() {
             return Ok(y);
         }
-        let idx = self.upload(rows)?;
+        // Kept until the launch is queued (its free is stream-ordered after it).
+        let uploaded;
+        let idx = match on_device {
+            Some(p) => p,
+            None => {
+                uploaded = self.upload(rows)?;
+                self.ptr(&uploaded)
+            }
+        };
         self.copy_rows(
             (&mut y.buf, Cols::rows(cols)),
             (src, Cols::rows(cols)),
-            Some(self.ptr(&idx)),
+            Some(idx),
             (rows.len(), cols),
         )?;
         Ok(y)

@@ -301,8 +301,8 @@ impl CudaBackend {
         })
     }
 
-    /// Copies `cols` columns of `rows` rows of `src` (all of them in order, or the rows listed in
-    /// `idx`) from `src_at` into `dst_at` of `dst`.
+    /// Copies `cols` columns of `rows` rows of `src` (all of them in order, or the rows whose u32
+    /// ids are at device address `idx`) from `src_at` into `dst_at` of `dst`.
     pub(super) fn copy_rows(
         &self,
         (dst, dst_at): (&mut CudaSlice<bf16>, Cols),
