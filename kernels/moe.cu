@@ -182,6 +182,7 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
 //   moe_plan_fill (one thread per route): each route takes the next slot of its expert's block,
 //     gather[slot] = its row, and row r's term j = (slot, weight); with a shared expert, row r's
 //     last term = (T·top_k + r, shared_gate[r]).
+// A step of few routes runs the same three phases in one block (moe_plan_one_block, below).
 // Which slot of its expert's block a row takes depends on the order the atomics land in; nothing
 // else does: the grouped GEMM gives a row the same bits wherever it sits in its group
 // (moe_gemm.cu), and the combine reads each row's terms in its own fixed order.
@@ -191,10 +192,10 @@ extern "C" __global__ void moe_plan_count(const int* __restrict__ route_expert, 
 }
 
 // One warp: 32 experts at a time, each lane one expert, the block offsets by warp scans.
-extern "C" __global__ void moe_plan_groups(const int* __restrict__ cnt, int E, int max_rows, int* __restrict__ start,
-                                           int* __restrict__ cursor, int* __restrict__ groups,
-                                           int* __restrict__ n_groups) {
-    const int lane = threadIdx.x;
+__device__ __forceinline__ void plan_groups(const int* __restrict__ cnt, int E, int max_rows, int* __restrict__ start,
+                                            int* __restrict__ cursor, int* __restrict__ groups,
+                                            int* __restrict__ n_groups) {
+    const int lane = threadIdx.x & 31;
     int rows_before = 0, groups_before = 0;  // of the experts below this 32-expert slice
     for (int base = 0; base < E; base += 32) {
         const int e = base + lane;
@@ -224,13 +225,19 @@ extern "C" __global__ void moe_plan_groups(const int* __restrict__ cnt, int E, i
     if (lane == 0) *n_groups = groups_before;
 }
 
-extern "C" __global__ void moe_plan_fill(const int* __restrict__ route_expert, const float* __restrict__ route_weight,
-                                         const float* __restrict__ shared_gate, int T, int top_k,
-                                         const int* __restrict__ start, int* __restrict__ cursor,
-                                         u32* __restrict__ gather, u32* __restrict__ term_index,
-                                         float* __restrict__ term_weight) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= T * top_k) return;
+extern "C" __global__ void moe_plan_groups(const int* __restrict__ cnt, int E, int max_rows, int* __restrict__ start,
+                                           int* __restrict__ cursor, int* __restrict__ groups,
+                                           int* __restrict__ n_groups) {
+    plan_groups(cnt, E, max_rows, start, cursor, groups, n_groups);
+}
+
+// Route i's slot, gather entry and term (moe_plan_fill's thread i).
+__device__ __forceinline__ void plan_fill_route(int i, const int* __restrict__ route_expert,
+                                                const float* __restrict__ route_weight,
+                                                const float* __restrict__ shared_gate, int T, int top_k,
+                                                const int* __restrict__ start, int* __restrict__ cursor,
+                                                u32* __restrict__ gather, u32* __restrict__ term_index,
+                                                float* __restrict__ term_weight) {
     const int e = route_expert[i], r = i / top_k, j = i % top_k;
     const int terms = top_k + (shared_gate != nullptr ? 1 : 0);
     const int slot = start[e] + atomicAdd(cursor + e, 1);
@@ -241,6 +248,40 @@ extern "C" __global__ void moe_plan_fill(const int* __restrict__ route_expert, c
         term_index[(long long)r * terms + top_k] = (u32)(T * top_k + r);
         term_weight[(long long)r * terms + top_k] = shared_gate[r];
     }
+}
+
+extern "C" __global__ void moe_plan_fill(const int* __restrict__ route_expert, const float* __restrict__ route_weight,
+                                         const float* __restrict__ shared_gate, int T, int top_k,
+                                         const int* __restrict__ start, int* __restrict__ cursor,
+                                         u32* __restrict__ gather, u32* __restrict__ term_index,
+                                         float* __restrict__ term_weight) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < T * top_k)
+        plan_fill_route(i, route_expert, route_weight, shared_gate, T, top_k, start, cursor, gather, term_index,
+                        term_weight);
+}
+
+// The whole plan of a few routes in one block (a decode step: T · top_k ≤ a few hundred): the
+// counts zeroed, then moe_plan_count, moe_plan_groups (warp 0) and moe_plan_fill in turn, each
+// phase's global writes made visible to the block by __syncthreads. One launch instead of a memset
+// and three: at batch 1 each of those took ~1 µs of GPU time and ~1 µs of gap around it.
+extern "C" __global__ void moe_plan_one_block(const int* __restrict__ route_expert,
+                                              const float* __restrict__ route_weight,
+                                              const float* __restrict__ shared_gate, int T, int top_k, int E,
+                                              int max_rows, int* __restrict__ cnt, int* __restrict__ start,
+                                              int* __restrict__ cursor, int* __restrict__ groups,
+                                              int* __restrict__ n_groups, u32* __restrict__ gather,
+                                              u32* __restrict__ term_index, float* __restrict__ term_weight) {
+    const int n = T * top_k;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(cnt + route_expert[i], 1);
+    __syncthreads();
+    if (threadIdx.x < 32) plan_groups(cnt, E, max_rows, start, cursor, groups, n_groups);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        plan_fill_route(i, route_expert, route_weight, shared_gate, T, top_k, start, cursor, gather, term_index,
+                        term_weight);
 }
 
 // y[i] = x[rows[i]] for rows of `cols` bf16 values: one block per output row.

@@ -2,7 +2,9 @@
 //! - the sparse MLP routed on the device (`moe_route`, `moe_plan_*`, the grouped GEMMs of
 //!   `kernels/moe_gemm.cu`) gives every row the same bits whatever rows share the call (1 to 200:
 //!   decode steps and prefill), and agrees with the host-routed path (a download of the router
-//!   logits, one GEMM per expert) to bf16 rounding, with and without a shared expert;
+//!   logits, one GEMM per expert) to bf16 rounding, with and without a shared expert; a step's
+//!   plan built by one block (`moe_plan_one_block`, ≤ 1 024 routes) and by the launches of larger
+//!   steps give the same bits;
 //! - greedy continuations of a random Qwen3-MoE-shaped target decoded in batches of 1, 3, 8, 32
 //!   and 64 are bit-identical to each prompt decoded alone;
 //! - the committed transformers goldens (tests/fixtures/golden/{qwen3_moe,qwen3_5_moe,gpt_oss}) on
@@ -95,6 +97,15 @@ fn device_routed_decode_step_is_row_invariant_and_matches_host_routing() {
             assert!(
                 bits(&be, &got) == full[..rows * d],
                 "shared {shared}: {rows} rows routed on the device differ from the same rows among {MAX_ROWS}"
+            );
+            // The plan of few routes built by one block, and by the launches larger steps use:
+            // the same bits (only the order of rows inside an expert's group may differ).
+            be.set_moe_plan_one_block(false);
+            let launches = run(rows, true);
+            be.set_moe_plan_one_block(true);
+            assert!(
+                bits(&be, &launches) == full[..rows * d],
+                "shared {shared}: {rows} rows planned by the count / groups / fill launches differ"
             );
             let host = run(rows, false);
             let dd = diff(&be.to_host(&got).unwrap(), &be.to_host(&host).unwrap());

@@ -29,9 +29,11 @@ const ROUTE_THREADS: u32 = 128;
 /// `DRAFTLENS_MOE_ROUTING=host`, the A/B switch of docs/benchmarks-cuda.md), and the experts'
 /// weight- and bias-pointer tables, keyed by the pointers they hold (so a table is never stale);
 /// and how MXFP4 experts are uploaded (`mxfp4.rs`: `DRAFTLENS_MXFP4`, read here once, its error
-/// kept for the first MXFP4 upload).
+/// kept for the first MXFP4 upload); whether a plan of few routes is built by one block (on unless
+/// `DRAFTLENS_MOE_PLAN=launches`, the A/B switch of docs/benchmarks-cuda.md "Session 29").
 pub(crate) struct MoeState {
     on_device: AtomicBool,
+    one_block_plan: AtomicBool,
     tables: Mutex<HashMap<Vec<u64>, ExpertTables>>,
     pub(super) mxfp4_packed: Mutex<std::result::Result<bool, String>>,
 }
@@ -41,6 +43,9 @@ impl Default for MoeState {
         MoeState {
             on_device: AtomicBool::new(
                 std::env::var("DRAFTLENS_MOE_ROUTING").map_or(true, |v| v != "host"),
+            ),
+            one_block_plan: AtomicBool::new(
+                std::env::var("DRAFTLENS_MOE_PLAN").map_or(true, |v| v != "launches"),
             ),
             tables: Mutex::new(HashMap::new()),
             mxfp4_packed: Mutex::new(
@@ -93,11 +98,25 @@ fn grouped_kernel_name(nt: usize, mxfp4: bool) -> &'static str {
     (if mxfp4 { MXFP4 } else { BF16 })[nt.clamp(1, 8) - 1]
 }
 
+/// Most routes (rows × top-k) whose plan one block builds (`moe_plan_one_block`): every decode
+/// step of ≤ 64 rows and top-k ≤ 16; more take the count / groups / fill launches.
+const PLAN_ONE_BLOCK_ROUTES: usize = 1024;
+/// Threads of that block.
+const PLAN_ONE_BLOCK_THREADS: u32 = 256;
+
 impl CudaBackend {
     /// Decode steps route on the device (`true`, the default) or on the host (tests and A/B
     /// benchmarks; the two give the same experts, and outputs equal to bf16 rounding).
     pub fn set_moe_device_routing(&self, on: bool) {
         self.moe.on_device.store(on, Ordering::Relaxed);
+    }
+
+    /// A device-routed step of at most `PLAN_ONE_BLOCK_ROUTES` routes builds its plan in one
+    /// block (`true`, the default) or in the count / groups / fill launches of larger steps
+    /// (tests and A/B benchmarks; the same plan up to the order of rows within an expert's group,
+    /// which no output depends on).
+    pub fn set_moe_plan_one_block(&self, on: bool) {
+        self.moe.one_block_plan.store(on, Ordering::Relaxed);
     }
 
     /// `acc[r] += Σ_j weights[r·n + j] · src[index[r·n + j]]`, one thread per element (shapes checked
@@ -258,62 +277,94 @@ impl CudaBackend {
         // 2. Plan: gather list, groups, the combine's terms. Each expert's rows are cut into
         // groups of at most MAX_DECODE_ROWS (the grouped GEMM's largest row tiling); an expert
         // appears at most once per row, so a step of ≤ 64 rows has one group per expert that runs.
-        // SAFETY: `counts` is e 4-byte values of the plan's allocation, alive until the kernels
-        // queued after this on the stream have run (its free is stream-ordered).
-        unsafe { cudarc::driver::sys::cuMemsetD32Async(counts, 0, e, self.stream.cu_stream()) }
-            .result()
-            .map_err(derr("zeroing expert counts"))?;
         let (n32, t32, max_rows32) = (n as i32, t as i32, max_rows as i32);
-        let per_route = LaunchConfig {
-            grid_dim: (n.div_ceil(256) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let f = self.kernels.get("elementwise", "moe_plan_count")?;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&route_expert).arg(&n32).arg(&counts);
-        // SAFETY: (const int*, int, int*): n routes, each an expert below e (moe_route), e counts.
-        unsafe { b.launch(per_route) }.map_err(derr("moe_plan_count"))?;
-        let f = self.kernels.get("elementwise", "moe_plan_groups")?;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&counts)
-            .arg(&e32)
-            .arg(&max_rows32)
-            .arg(&start)
-            .arg(&cursor)
-            .arg(&groups)
-            .arg(&n_groups);
-        // SAFETY: (const int*, int, int, int*, int*, int*, int*): e counts summing to n, e starts
-        // and cursors, 3 · max_groups group entries (Σ_e ceil(count_e / max_rows) ≤ max_groups).
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (1, 1, 1),
-                block_dim: (32, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(derr("moe_plan_groups"))?;
         let gate_ptr = if shared_out.is_some() {
             shared_gate
         } else {
             0u64
         };
-        let f = self.kernels.get("elementwise", "moe_plan_fill")?;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&route_expert)
-            .arg(&route_weight)
-            .arg(&gate_ptr)
-            .arg(&t32)
-            .arg(&k32)
-            .arg(&start)
-            .arg(&cursor)
-            .arg(&gather)
-            .arg(&term_index)
-            .arg(&term_weight);
-        // SAFETY: (const int*, const float*, const float* or null, int, int, const int*, int*,
-        // u32*, u32*, float*): n = t · k routes and weights, t shared gates, e starts and zeroed
-        // cursors (each expert's slots stay within its count), gather n slots, t · terms terms.
-        unsafe { b.launch(per_route) }.map_err(derr("moe_plan_fill"))?;
+        if n <= PLAN_ONE_BLOCK_ROUTES && self.moe.one_block_plan.load(Ordering::Relaxed) {
+            let f = self.kernels.get("elementwise", "moe_plan_one_block")?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&route_expert)
+                .arg(&route_weight)
+                .arg(&gate_ptr)
+                .arg(&t32)
+                .arg(&k32)
+                .arg(&e32)
+                .arg(&max_rows32)
+                .arg(&counts)
+                .arg(&start)
+                .arg(&cursor)
+                .arg(&groups)
+                .arg(&n_groups)
+                .arg(&gather)
+                .arg(&term_index)
+                .arg(&term_weight);
+            // SAFETY: (const int*, const float*, const float* or null, int ×4, int* ×5, u32*,
+            // u32*, float*): n = t · k routes (each an expert below e) and weights, t shared
+            // gates, e counts, starts and cursors, 3 · max_groups group entries, gather n slots,
+            // t · terms terms; the kernel zeroes the counts itself.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (1, 1, 1),
+                    block_dim: (PLAN_ONE_BLOCK_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr("moe_plan_one_block"))?;
+        } else {
+            // SAFETY: `counts` is e 4-byte values of the plan's allocation, alive until the kernels
+            // queued after this on the stream have run (its free is stream-ordered).
+            unsafe { cudarc::driver::sys::cuMemsetD32Async(counts, 0, e, self.stream.cu_stream()) }
+                .result()
+                .map_err(derr("zeroing expert counts"))?;
+            let per_route = LaunchConfig {
+                grid_dim: (n.div_ceil(256) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let f = self.kernels.get("elementwise", "moe_plan_count")?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&route_expert).arg(&n32).arg(&counts);
+            // SAFETY: (const int*, int, int*): n routes, each an expert below e (moe_route), e counts.
+            unsafe { b.launch(per_route) }.map_err(derr("moe_plan_count"))?;
+            let f = self.kernels.get("elementwise", "moe_plan_groups")?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&counts)
+                .arg(&e32)
+                .arg(&max_rows32)
+                .arg(&start)
+                .arg(&cursor)
+                .arg(&groups)
+                .arg(&n_groups);
+            // SAFETY: (const int*, int, int, int*, int*, int*, int*): e counts summing to n, e starts
+            // and cursors, 3 · max_groups group entries (Σ_e ceil(count_e / max_rows) ≤ max_groups).
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (1, 1, 1),
+                    block_dim: (32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(derr("moe_plan_groups"))?;
+            let f = self.kernels.get("elementwise", "moe_plan_fill")?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&route_expert)
+                .arg(&route_weight)
+                .arg(&gate_ptr)
+                .arg(&t32)
+                .arg(&k32)
+                .arg(&start)
+                .arg(&cursor)
+                .arg(&gather)
+                .arg(&term_index)
+                .arg(&term_weight);
+            // SAFETY: (const int*, const float*, const float* or null, int, int, const int*, int*,
+            // u32*, u32*, float*): n = t · k routes and weights, t shared gates, e starts and zeroed
+            // cursors (each expert's slots stay within its count), gather n slots, t · terms terms.
+            unsafe { b.launch(per_route) }.map_err(derr("moe_plan_fill"))?;
+        }
 
         // 3. Gather: the rows of x, expert after expert.
         let mut xg = self.new_tensor(n, d)?;
