@@ -246,7 +246,7 @@ __device__ void flash_attention(const bf16_t* __restrict__ q, const bf16_t* __re
 #define ATT_ENTRY(HD)                                                                                        \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) flash_attention_hd##HD(                        \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, bf16_t* o, const int4* ranges, int tq, int tk,    \
-        int heads, int kv_heads, float scale_log2, int reverse) {                                            \
+        int heads, int kv_heads, float scale_log2, int reverse) { dl_grid_begin();                           \
         flash_attention<HD>(q, k, v, o, ranges, tq, tk, heads, kv_heads, scale_log2, reverse);               \
     }
 ATT_ENTRY(64)
@@ -689,7 +689,7 @@ __device__ void flash_attention2(const bf16_t* __restrict__ q, const bf16_t* __r
     extern "C" __global__ void __launch_bounds__(NW * 32, BLOCKS) NAME(                                     \
         const bf16_t* q, const bf16_t* k, const bf16_t* v, bf16_t* o, const int4* ranges, const int* order,  \
         int tq, int tk, int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2,          \
-        FaQNorm qn, const float* sinks) {                                                                    \
+        FaQNorm qn, const float* sinks) { dl_grid_begin();                                                   \
         flash_attention2<HD, MT, NW, SINKS>(q, k, v, o, ranges, order, tq, tk, heads, kv_heads, q_ld,       \
                                             kv_ld, scale_log2, qn, sinks);                                   \
     }
@@ -717,6 +717,7 @@ extern "C" __global__ void __launch_bounds__(QKN_WARPS * 32) qk_norm_rope_bf16(
     bf16_t* __restrict__ x, long long ld, long long rows, int hq, int hk, int head_dim,
     const bf16_t* __restrict__ wq, const bf16_t* __restrict__ wk, float eps, const u32* __restrict__ pos,
     const float* __restrict__ inv_freq, int rotary_dim, int interleaved) {
+    dl_grid_begin();
     __shared__ bf16_t sh[QKN_WARPS][256];  // the normalised head of each warp
     __shared__ float s_cos[128], s_sin[128];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -872,6 +873,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_vec_bf16(
     bf16_t* __restrict__ x, long long ld, long long rows, int hq, int hk, int head_dim,
     const bf16_t* __restrict__ wq, const bf16_t* __restrict__ wk, float eps, const u32* __restrict__ pos,
     const float* __restrict__ inv_freq, int rotary_dim, int interleaved, const float2* __restrict__ cs) {
+    dl_grid_begin();
     __shared__ float s_cos[128], s_sin[128];
     const int tid = threadIdx.x;
     const int nh = hq + hk;
@@ -919,6 +921,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_vec_bf16(
 // take the table instead: flash_attention2's q norm and the k-only norm pass.
 extern "C" __global__ void rope_cs_table_f32(const u32* __restrict__ pos, const float* __restrict__ inv_freq,
                                              long long rows, int half, float2* __restrict__ out) {
+    dl_grid_begin();
     const long long n = rows * half;
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
         const long long r = e / half;

@@ -13,6 +13,20 @@ typedef unsigned long long u64;
 
 #define DL_INF __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (docs/cuda.md, "Dependent launches"): the first statement of every
+// kernel (tools/check_kernels.py fails a kernel that touches memory before it). The host may launch
+// a kernel before the one ahead of it on the stream has finished; its blocks then wait here until
+// that grid has finished and its writes are visible, so every kernel sees exactly what it would
+// launched after it. Then this grid lets the next one be scheduled: its blocks take SMs as this
+// grid's last blocks leave them instead of after a launch gap. Without the launch attribute, or
+// below sm_90, both are no-ops.
+__device__ __forceinline__ void dl_grid_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float bf2f(bf16_t v) { return __uint_as_float(((u32)v) << 16); }
 
 __device__ __forceinline__ bf16_t f2bf(float f) {

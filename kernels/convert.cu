@@ -40,6 +40,7 @@ __device__ __forceinline__ u32 f16_bits_to_f32_bits(unsigned short h) {
 // n elements of little-endian f32 at `src` -> bf16 at `dst`. Grid-stride loop.
 extern "C" __global__ void convert_f32_to_bf16(const u32* __restrict__ src, bf16_t* __restrict__ dst,
                                                long long n) {
+    dl_grid_begin();
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         dst[i] = f32_bits_to_bf16(src[i]);
@@ -48,6 +49,7 @@ extern "C" __global__ void convert_f32_to_bf16(const u32* __restrict__ src, bf16
 // n elements of little-endian f16 at `src` -> bf16 at `dst` (through the exact f32 value).
 extern "C" __global__ void convert_f16_to_bf16(const unsigned short* __restrict__ src,
                                                bf16_t* __restrict__ dst, long long n) {
+    dl_grid_begin();
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         dst[i] = f32_bits_to_bf16(f16_bits_to_f32_bits(src[i]));
@@ -63,6 +65,7 @@ extern "C" __global__ void convert_f16_to_bf16(const unsigned short* __restrict_
 extern "C" __global__ void transpose_bf16_rows(const bf16_t* __restrict__ src,
                                                bf16_t* __restrict__ dst, int rows, int out, int inp,
                                                int i0, int interleaved) {
+    dl_grid_begin();
     __shared__ bf16_t tile[32][33];
     const int o0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
     for (int y = threadIdx.y; y < 32; y += 8) {

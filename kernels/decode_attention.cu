@@ -470,7 +470,7 @@ __device__ void decode_attention(const bf16_t* __restrict__ q, const bf16_t* __r
         const __grid_constant__ DaNorm nm, const __grid_constant__ DaExtras ex, int heads, int kv_heads,     \
         float scale_log2, int nchunks, int bps,                                                               \
         float* __restrict__ po, float2* __restrict__ pml, u32* __restrict__ cnt,                              \
-        const DaTable* __restrict__ tabp) {                                                                   \
+        const DaTable* __restrict__ tabp) { dl_grid_begin();                                                  \
         __shared__ __align__(16) DaShared<HD> sh;                                                             \
         const DaTable& t = TABLE;                                                                             \
         switch (heads / kv_heads) {                                                                           \

@@ -428,7 +428,7 @@ __device__ void decode_gemm_pipe(const bf16_t* __restrict__ x, const bf16_t* __r
 #define DG_ENTRY(NT, MT, MINB)                                                                                     \
     extern "C" __global__ void __launch_bounds__(DG_WARPS * 32, MINB)                                             \
         decode_gemm_n##NT##_m##MT(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, void* y, int R, \
-                                  int N, int K, long long ldy, int mode, float* ws, u32* cnt) {                \
+                                  int N, int K, long long ldy, int mode, float* ws, u32* cnt) { dl_grid_begin(); \
         decode_gemm<NT, MT>(x, w, y, R, N, K, ldy, mode, ws, cnt);                                             \
     }
 
@@ -454,7 +454,7 @@ DG_ENTRY(8, 2, 2)
 #define DG_PIPE_ENTRY(NT, MT, STAGES, MINB)                                                                         \
     extern "C" __global__ void __launch_bounds__(DG_WARPS * 32, MINB)                                              \
         decode_gemm_pipe_n##NT##_m##MT(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, void* y, int R, \
-                                       int N, int K, long long ldy, int mode, float* ws, u32* cnt) {                \
+                                       int N, int K, long long ldy, int mode, float* ws, u32* cnt) { dl_grid_begin(); \
         decode_gemm_pipe<NT, MT, STAGES>(x, w, y, R, N, K, ldy, mode, ws, cnt);                                     \
     }
 DG_PIPE_ENTRY(1, 1, 8, 4)

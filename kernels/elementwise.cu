@@ -8,6 +8,7 @@
 // One warp per group. HF order: fp32 mean of squares, y = bf16(x * rsqrt(ms + eps)), out = bf16(y * w).
 extern "C" __global__ void rms_norm_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
                                          bf16_t* __restrict__ y, long long n_groups, int group, float eps) {
+    dl_grid_begin();
     long long g = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (g >= n_groups) return;
@@ -58,6 +59,7 @@ extern "C" __global__ void rms_norm_bf16(const bf16_t* __restrict__ x, const bf1
 extern "C" __global__ void rope_bf16(bf16_t* __restrict__ x, const u32* __restrict__ pos,
                                      const float* __restrict__ inv_freq, int rows, int n_heads, int head_dim,
                                      int rotary_dim, int interleaved, float scale, long long ld) {
+    dl_grid_begin();
     int half = rotary_dim >> 1;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)rows * n_heads * half;
@@ -82,6 +84,7 @@ extern "C" __global__ void rope_bf16(bf16_t* __restrict__ x, const u32* __restri
 // out = bf16(bf16(silu(gate)) * up); silu in fp32 as x / (1 + exp(-x)) (PyTorch's CUDA formula).
 extern "C" __global__ void swiglu_bf16(const bf16_t* __restrict__ gate, const bf16_t* __restrict__ up,
                                        bf16_t* __restrict__ out, long long n) {
+    dl_grid_begin();
     long long i8 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (i8 + 8 <= n) {
         float g[8], u[8];
@@ -102,6 +105,7 @@ extern "C" __global__ void swiglu_bf16(const bf16_t* __restrict__ gate, const bf
 // gu[r, inter + c]), the same arithmetic as swiglu_bf16.
 extern "C" __global__ void swiglu_packed_bf16(const bf16_t* __restrict__ gu, bf16_t* __restrict__ out,
                                               long long rows, int inter) {
+    dl_grid_begin();
     long long i8 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (i8 >= rows * inter) return;
     long long r = i8 / inter;
@@ -141,6 +145,7 @@ __device__ __forceinline__ float clamped_swiglu_f32(float g, float u, float alph
 // on bf16 inputs, its result uploaded). One thread per output value.
 extern "C" __global__ void clamped_swiglu_packed_bf16(const bf16_t* __restrict__ gu, bf16_t* __restrict__ out,
                                                       long long rows, int inter, float alpha, float limit) {
+    dl_grid_begin();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * inter) return;
     const long long r = i / inter;
@@ -151,6 +156,7 @@ extern "C" __global__ void clamped_swiglu_packed_bf16(const bf16_t* __restrict__
 
 // x += y, one bf16 rounding of the fp32 sum (a bf16 PyTorch add).
 extern "C" __global__ void add_bf16(bf16_t* __restrict__ x, const bf16_t* __restrict__ y, long long n) {
+    dl_grid_begin();
     long long i8 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (i8 + 8 <= n) {
         float a[8], b[8];
@@ -167,6 +173,7 @@ extern "C" __global__ void add_bf16(bf16_t* __restrict__ x, const bf16_t* __rest
 // x[r, c] += bias[c].
 extern "C" __global__ void add_row_bias_bf16(bf16_t* __restrict__ x, const bf16_t* __restrict__ bias,
                                              long long rows, int cols) {
+    dl_grid_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * cols) return;
     x[i] = f2bf(bf2f(x[i]) + bf2f(bias[i % cols]));
@@ -180,6 +187,7 @@ extern "C" __global__ void add_row_bias_bf16(bf16_t* __restrict__ x, const bf16_
 extern "C" __global__ void copy_rows_bf16(bf16_t* __restrict__ dst, long long dst_ld, long long dst_col0,
                                           const bf16_t* __restrict__ src, long long src_ld, long long src_col0,
                                           const u32* __restrict__ idx, long long rows, int cols) {
+    dl_grid_begin();
     long long r = blockIdx.x;
     if (r >= rows) return;
     long long sr = idx ? (long long)idx[r] : r;
@@ -198,6 +206,7 @@ extern "C" __global__ void copy_rows_bf16(bf16_t* __restrict__ dst, long long ds
 // from a counter-based hash: the same (seed, index) always gives the same value, on any launch shape.
 extern "C" __global__ void fill_random_bf16(bf16_t* __restrict__ out, long long n, u64 seed, float std_dev,
                                             float mean) {
+    dl_grid_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     u64 h = mix64(seed ^ mix64((u64)i));
@@ -207,10 +216,12 @@ extern "C" __global__ void fill_random_bf16(bf16_t* __restrict__ out, long long 
 
 // f32 <-> bf16 conversions on the device (round to nearest even).
 extern "C" __global__ void f32_to_bf16(const float* __restrict__ in, bf16_t* __restrict__ out, long long n) {
+    dl_grid_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f2bf(in[i]);
 }
 extern "C" __global__ void bf16_to_f32(const bf16_t* __restrict__ in, float* __restrict__ out, long long n) {
+    dl_grid_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = bf2f(in[i]);
 }

@@ -15,6 +15,7 @@
 #define SWIGLU_ROWS 4
 extern "C" __global__ void swiglu_packed_rows_bf16(const bf16_t* __restrict__ gu, bf16_t* __restrict__ out,
                                                    long long rows, int inter) {
+    dl_grid_begin();
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (c >= inter) return;
     if ((inter & 7) == 0) {
@@ -179,13 +180,13 @@ __device__ void rms_norm_many_rows(const bf16_t* __restrict__ x, const bf16_t* _
 // each for rows up to 4096 values and (wide) up to 8192.
 #define RMS_ROWS_ENTRY(NAME, MAXC)                                                                            \
     extern "C" __global__ void NAME(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,               \
-                                    bf16_t* __restrict__ y, long long rows, int cols, float eps) {            \
+                                    bf16_t* __restrict__ y, long long rows, int cols, float eps) { dl_grid_begin(); \
         rms_norm_rows<MAXC>(x, w, y, rows, cols, eps);                                                        \
     }
 #define RMS_MANY_ROWS_ENTRY(NAME, MAXC)                                                                       \
     extern "C" __global__ void __launch_bounds__(256) NAME(const bf16_t* __restrict__ x,                     \
                                                            const bf16_t* __restrict__ w, bf16_t* __restrict__ y, \
-                                                           long long rows, int cols, float eps) {             \
+                                                           long long rows, int cols, float eps) { dl_grid_begin(); \
         rms_norm_many_rows<MAXC>(x, w, y, rows, cols, eps);                                                   \
     }
 RMS_ROWS_ENTRY(rms_norm_rows_bf16, 16)

@@ -423,7 +423,7 @@ __device__ __forceinline__ void gdn_chunk_impl(const bf16_t* __restrict__ q, con
     extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)                                                \
         NAME(const bf16_t* q, const bf16_t* k, const bf16_t* v, long long ld_qk, long long ld_v, const float* g, \
              const float* beta, const long long* seq_rows, bf16_t* out, const u64* states, int hv_heads,         \
-             int ratio, float scale) {                                                                          \
+             int ratio, float scale) { dl_grid_begin();                                                         \
         gdn_chunk_impl<ENGINE, MMA, DVS>(q, k, v, ld_qk, ld_v, g, beta, seq_rows, out, states, hv_heads, ratio, \
                                          scale);                                                                \
     }
@@ -626,7 +626,7 @@ __device__ __forceinline__ void gdn_walk_impl(const bf16_t* __restrict__ q, cons
     extern "C" __global__ void __launch_bounds__(GDN_THREADS, BLOCKS)                                             \
         NAME(const bf16_t* q, const bf16_t* k, const bf16_t* v, long long ld_qk, long long ld_v, const float* g,   \
              const float* beta, const long long* chunk_rows, float* Wg, float* Ug, float* Ag, float* Gg,           \
-             int hv_heads, int ratio, float scale) {                                                              \
+             int hv_heads, int ratio, float scale) { dl_grid_begin();                                             \
         gdn_prep_impl<ENGINE, MMA, LATE_V>(q, k, v, ld_qk, ld_v, g, beta, chunk_rows, Wg, Ug, Ag, Gg, hv_heads,   \
                                            ratio, scale);                                                         \
     }
@@ -634,7 +634,7 @@ __device__ __forceinline__ void gdn_walk_impl(const bf16_t* __restrict__ q, cons
     extern "C" __global__ void __launch_bounds__(GDN_THREADS, 1)                                                  \
         NAME(const bf16_t* q, const bf16_t* k, long long ld_qk, const float* Wg, const float* Ug, const float* Ag, \
              const float* Gg, const long long* seq_rows, bf16_t* out, const u64* states, int hv_heads, int ratio,  \
-             float scale) {                                                                                       \
+             float scale) { dl_grid_begin();                                                                      \
         gdn_walk_impl<ENGINE, MMA, DVS>(q, k, ld_qk, Wg, Ug, Ag, Gg, seq_rows, out, states, hv_heads, ratio,      \
                                         scale);                                                                   \
     }
@@ -997,14 +997,14 @@ __device__ __forceinline__ void gdn_hout_impl(const bf16_t* __restrict__ q, long
     extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)                                                 \
         NAME(const bf16_t* k, long long ld_qk, const float* Wg, const float* Ug, const float* Gg,                 \
              const long long* seq_rows, const long long* seq_chunk0, float* Hg, float* Vg, const u64* states,     \
-             int hv_heads, int ratio) {                                                                          \
+             int hv_heads, int ratio) { dl_grid_begin();                                                         \
         gdn_hwalk_impl<ENGINE, DVS>(k, ld_qk, Wg, Ug, Gg, seq_rows, seq_chunk0, Hg, Vg, states, hv_heads,       \
                                     ratio);                                                                      \
     }
 #define GDN_HOUT_KERNEL(NAME, ENGINE, MMA)                                                                       \
     extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)                                                 \
         NAME(const bf16_t* q, long long ld_qk, const float* Hg, const float* Vg, const float* Ag, const float* Gg, \
-             const long long* chunk_rows, bf16_t* out, int hv_heads, int ratio, float scale) {                   \
+             const long long* chunk_rows, bf16_t* out, int hv_heads, int ratio, float scale) { dl_grid_begin();  \
         gdn_hout_impl<ENGINE, MMA>(q, ld_qk, Hg, Vg, Ag, Gg, chunk_rows, out, hv_heads, ratio, scale);          \
     }
 // The reference profile's default (ThreePhaseReferenceRt) walks with gdn_hwalk_reference and
@@ -1094,6 +1094,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
                            const float* __restrict__ g_in, const float* __restrict__ beta_in,
                            const long long* __restrict__ chunk_rows, float* __restrict__ Wg, float* __restrict__ Ug,
                            float* __restrict__ Ag, float* __restrict__ Gg, int hv_heads, int ratio, float scale) {
+    dl_grid_begin();
     extern __shared__ float smem[];
     float* Ks = smem;                   // [64][132] K, then diag(β) V
     float* Qs = Ks + GDN_C * GDN_LDW;   // [64][132] Q, then K diag(β e^γ)
@@ -1320,6 +1321,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
     gdn_prep2_engine_ldm(const bf16_t* q, const bf16_t* k, const bf16_t* v, long long ld_qk, long long ld_v,
                          const float* g, const float* beta, const long long* chunk_rows, float* Wg, float* Ug,
                          float* Ag, float* Gg, int hv_heads, int ratio, float scale) {
+    dl_grid_begin();
     (void)scale;  // the engine profile scales the output (gdn_hout_*), as fla does
     gdn_prep_ldm_impl(q, k, v, ld_qk, ld_v, g, beta, chunk_rows, Wg, Ug, Ag, Gg, hv_heads, ratio);
 }
@@ -1334,6 +1336,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
                         const float* __restrict__ Vg, const float* __restrict__ Ag, const float* __restrict__ Gg,
                         const long long* __restrict__ chunk_rows, bf16_t* __restrict__ out, int hv_heads, int ratio,
                         float scale) {
+    dl_grid_begin();
     constexpr int DVS = GDN_HO_DVS, LDO = DVS + 1;
     extern __shared__ __align__(16) unsigned char smem_ldm[];
     bf16_t* Qb = (bf16_t*)smem_ldm;         // [64][136]
@@ -1406,6 +1409,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS, 2)
                         const long long* __restrict__ seq_rows, const long long* __restrict__ seq_chunk0,
                         float* __restrict__ Hg, float* __restrict__ Vg, const u64* __restrict__ states,
                         int hv_heads, int ratio) {
+    dl_grid_begin();
     constexpr int DVS = 32;
     extern __shared__ __align__(16) unsigned char smem_tc[];
     float* Ws = (float*)smem_tc;                // [64][132] W of the next chunk, as cp.async lands it
@@ -1536,6 +1540,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_recurrent(
     long long ld_v, const float* __restrict__ g_in, const float* __restrict__ beta_in,
     const long long* __restrict__ seq_rows, bf16_t* __restrict__ out, const u64* __restrict__ states,
     int hv_heads, int ratio, float scale) {
+    dl_grid_begin();
     __shared__ float qs[GDN_DK], ks[GDN_DK], red[8];
     const int hv = blockIdx.x, n = blockIdx.y, tid = threadIdx.x, hk = hv / ratio;
     const int j = tid >> 1, half = tid & 1, warp = tid >> 5, lane = tid & 31;
@@ -1610,6 +1615,7 @@ extern "C" __global__ void gdn_conv_silu(const bf16_t* __restrict__ x, long long
                                          bf16_t* __restrict__ y, const int* __restrict__ row_seq,
                                          const long long* __restrict__ seq_rows, const u64* __restrict__ states,
                                          long long rows, int ch, int kc) {
+    dl_grid_begin();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     const int hist = kc - 1;
@@ -1636,6 +1642,7 @@ extern "C" __global__ void gdn_conv_silu_v8(const bf16_t* __restrict__ x, long l
                                             bf16_t* __restrict__ y, const int* __restrict__ row_seq,
                                             const long long* __restrict__ seq_rows, const u64* __restrict__ states,
                                             long long rows, int ch, int kc) {
+    dl_grid_begin();
     const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (c0 >= ch) return;
     const int hist = kc - 1;
@@ -1685,6 +1692,7 @@ extern "C" __global__ void gdn_conv_silu_rows4(const bf16_t* __restrict__ x, lon
                                                const int* __restrict__ row_seq,
                                                const long long* __restrict__ seq_rows,
                                                const u64* __restrict__ states, long long rows, int ch) {
+    dl_grid_begin();
     constexpr int KC = 4, HIST = KC - 1;
     const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (c0 >= ch) return;
@@ -1757,6 +1765,7 @@ extern "C" __global__ void gdn_conv_silu_rows4(const bf16_t* __restrict__ x, lon
 extern "C" __global__ void gdn_conv_state(const bf16_t* __restrict__ x, long long ld_x,
                                           const long long* __restrict__ seq_rows, const u64* __restrict__ states,
                                           int nseq, int ch, int kc) {
+    dl_grid_begin();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, n = blockIdx.y;
     if (c >= ch || n >= nseq) return;
     const int hist = kc - 1;
@@ -1782,6 +1791,7 @@ extern "C" __global__ void gdn_gates(const bf16_t* __restrict__ a, long long ld_
                                      long long ld_b, const float* __restrict__ a_log,
                                      const float* __restrict__ dt_bias, float* __restrict__ g,
                                      float* __restrict__ beta, long long rows, int hv_heads, int round_beta) {
+    dl_grid_begin();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * hv_heads) return;
     const long long t = i / hv_heads;
@@ -1798,6 +1808,7 @@ extern "C" __global__ void gdn_gates(const bf16_t* __restrict__ a, long long ld_
 extern "C" __global__ void gdn_gated_rms_norm(const bf16_t* __restrict__ x, const bf16_t* __restrict__ z,
                                               const bf16_t* __restrict__ w, bf16_t* __restrict__ y, long long rows,
                                               int cols, int hd, float eps) {
+    dl_grid_begin();
     const long long wid = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31, heads = cols / hd;
     if (wid >= rows * heads) return;  // warp-uniform
@@ -1829,6 +1840,7 @@ extern "C" __global__ void gdn_gated_rms_norm(const bf16_t* __restrict__ x, cons
 // thread's sum is unchanged.
 extern "C" __global__ void gdn_rms_norm_zc(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
                                            bf16_t* __restrict__ y, long long groups, int group, float eps) {
+    dl_grid_begin();
     __shared__ float red[8];
     const long long base = (long long)blockIdx.x * group;
     float ss = 0.f;
@@ -1857,6 +1869,7 @@ extern "C" __global__ void gdn_rms_norm_zc(const bf16_t* __restrict__ x, const b
 // eight warp sums are added in warp order from 0, as the block adds its shared red[0..7].
 extern "C" __global__ void gdn_rms_norm_zc_heads(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
                                                  bf16_t* __restrict__ y, long long groups, int group, float eps) {
+    dl_grid_begin();
     const long long gi = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (gi >= groups) return;  // warp-uniform
@@ -1887,11 +1900,13 @@ extern "C" __global__ void gdn_rms_norm_zc_heads(const bf16_t* __restrict__ x, c
 // x <- x * sigmoid(gate) elementwise (the gated attention's output gate), fp32, one rounding.
 __device__ __forceinline__ float gdn_sigmoid_gate_value(float x, float gate) { return x * sigmoidf_(gate); }
 extern "C" __global__ void gdn_sigmoid_gate(bf16_t* x, const bf16_t* __restrict__ gate, long long n) {
+    dl_grid_begin();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = f2bf(gdn_sigmoid_gate_value(bf2f(x[i]), bf2f(gate[i])));
 }
 // The same, 8 values per thread with 16-byte loads and stores (n a multiple of 8; the host checks).
 extern "C" __global__ void gdn_sigmoid_gate_v8(bf16_t* x, const bf16_t* __restrict__ gate, long long n8) {
+    dl_grid_begin();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n8) return;
     float xf[8], gf[8];

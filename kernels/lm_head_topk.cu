@@ -335,7 +335,7 @@ __device__ void lm_head_topk_partial(const bf16_t* __restrict__ x, const bf16_t*
 #define LH_ENTRY(K)                                                                                                \
     extern "C" __global__ void __launch_bounds__(LH_THREADS, 1)                                                    \
         lm_head_topk_partial_k##K(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int R, int N, int H, \
-                                  int k, int tiles_per_slice, int slices, float2* pms, float* pv, u32* pi) {       \
+                                  int k, int tiles_per_slice, int slices, float2* pms, float* pv, u32* pi) { dl_grid_begin(); \
         lm_head_topk_partial<K>(x, w, R, N, H, k, tiles_per_slice, slices, pms, pv, pi);                           \
     }
 LH_ENTRY(8)

@@ -11,6 +11,7 @@
 extern "C" __global__ void moe_add_weighted_rows_bf16(bf16_t* __restrict__ acc, const bf16_t* __restrict__ src,
                                                       const u32* __restrict__ index,
                                                       const float* __restrict__ weights, long long cols, int n) {
+    dl_grid_begin();
     const long long r = blockIdx.x;
     const long long c = (long long)blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= cols) return;
@@ -99,6 +100,7 @@ __device__ __forceinline__ int moe_order_key(float v) {
 extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
     moe_route(const bf16_t* __restrict__ logits, int width, int E, int top_k, int renorm, int topk_first,
               int* __restrict__ route_expert, float* __restrict__ route_weight, float* __restrict__ shared_gate) {
+    dl_grid_begin();
     extern __shared__ float moe_probs[];
     __shared__ int s_exp[MOE_MAX_TOP_K];
     __shared__ float s_p[MOE_MAX_TOP_K];
@@ -187,6 +189,7 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
 // else does: the grouped GEMM gives a row the same bits wherever it sits in its group
 // (moe_gemm.cu), and the combine reads each row's terms in its own fixed order.
 extern "C" __global__ void moe_plan_count(const int* __restrict__ route_expert, int n, int* __restrict__ cnt) {
+    dl_grid_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) atomicAdd(cnt + route_expert[i], 1);
 }
@@ -228,6 +231,7 @@ __device__ __forceinline__ void plan_groups(const int* __restrict__ cnt, int E, 
 extern "C" __global__ void moe_plan_groups(const int* __restrict__ cnt, int E, int max_rows, int* __restrict__ start,
                                            int* __restrict__ cursor, int* __restrict__ groups,
                                            int* __restrict__ n_groups) {
+    dl_grid_begin();
     plan_groups(cnt, E, max_rows, start, cursor, groups, n_groups);
 }
 
@@ -255,6 +259,7 @@ extern "C" __global__ void moe_plan_fill(const int* __restrict__ route_expert, c
                                          const int* __restrict__ start, int* __restrict__ cursor,
                                          u32* __restrict__ gather, u32* __restrict__ term_index,
                                          float* __restrict__ term_weight) {
+    dl_grid_begin();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < T * top_k)
         plan_fill_route(i, route_expert, route_weight, shared_gate, T, top_k, start, cursor, gather, term_index,
@@ -272,6 +277,7 @@ extern "C" __global__ void moe_plan_one_block(const int* __restrict__ route_expe
                                               int* __restrict__ cursor, int* __restrict__ groups,
                                               int* __restrict__ n_groups, u32* __restrict__ gather,
                                               u32* __restrict__ term_index, float* __restrict__ term_weight) {
+    dl_grid_begin();
     const int n = T * top_k;
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -287,6 +293,7 @@ extern "C" __global__ void moe_plan_one_block(const int* __restrict__ route_expe
 // y[i] = x[rows[i]] for rows of `cols` bf16 values: one block per output row.
 extern "C" __global__ void moe_gather_rows_bf16(const bf16_t* __restrict__ x, const u32* __restrict__ rows,
                                                 bf16_t* __restrict__ y, long long cols) {
+    dl_grid_begin();
     const long long i = blockIdx.x;
     const bf16_t* src = x + (long long)rows[i] * cols;
     bf16_t* dst = y + i * cols;

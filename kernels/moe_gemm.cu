@@ -63,7 +63,7 @@ __device__ void moe_grouped_gemm(const bf16_t* __restrict__ x, const u64* __rest
     extern "C" __global__ void __launch_bounds__(DG_WARPS * 32, MINB)                                         \
         moe_grouped_gemm_n##NT##_m##MT(const bf16_t* __restrict__ x, const u64* __restrict__ weights,           \
                                        const u64* __restrict__ biases, bf16_t* y, const int* __restrict__ groups, \
-                                       const int* __restrict__ n_groups, int N, int K) {                       \
+                                       const int* __restrict__ n_groups, int N, int K) { dl_grid_begin();      \
         moe_grouped_gemm<NT, MT>(x, weights, biases, y, groups, n_groups, N, K);                               \
     }
 MOE_GG_ENTRY(1, 1, 2)

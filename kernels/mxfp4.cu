@@ -144,7 +144,7 @@ __device__ void moe_grouped_gemm_mxfp4(const bf16_t* __restrict__ x, const u64* 
     extern "C" __global__ void __launch_bounds__(DG_WARPS * 32, MINB) moe_grouped_gemm_mxfp4_n##NT##_m##MT( \
         const bf16_t* __restrict__ x, const u64* __restrict__ weights, const float* __restrict__ lut,       \
         const u64* __restrict__ biases, bf16_t* y, const int* __restrict__ groups,                          \
-        const int* __restrict__ n_groups, int N, int K) {                                                   \
+        const int* __restrict__ n_groups, int N, int K) { dl_grid_begin();                                  \
         moe_grouped_gemm_mxfp4<NT, MT>(x, weights, lut, biases, y, groups, n_groups, N, K);                  \
     }
 MOE_GG_MX_ENTRY(1, 1, 2)
@@ -162,6 +162,7 @@ MOE_GG_MX_ENTRY(8, 2, 2)
 extern "C" __global__ void __launch_bounds__(256) mxfp4_dequant_bf16(const unsigned char* __restrict__ w,
                                                                      const float* __restrict__ lut,
                                                                      bf16_t* __restrict__ out, long long n8) {
+    dl_grid_begin();
     __shared__ float s_lut[MX_LUT_LEN];
     mx_load_lut(s_lut, lut);
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -357,6 +357,7 @@ __device__ void topk_partial(const float* __restrict__ logits, long long ld, int
 extern "C" __global__ void __launch_bounds__(32) topk_merge(const float2* __restrict__ pms, const float* __restrict__ pv,
                                                           const u32* __restrict__ pi, int S, int k,
                                                           u32* __restrict__ out_ids, float* __restrict__ out_lp) {
+    dl_grid_begin();
     constexpr int OWN = TOPK_MERGE_MAX_SLICES / 32;
     const long long row = blockIdx.x;
     const int lane = threadIdx.x;
@@ -410,12 +411,12 @@ extern "C" __global__ void __launch_bounds__(32) topk_merge(const float2* __rest
 
 #define TOPK_ENTRY(K)                                                                                  \
     extern "C" __global__ void __launch_bounds__(TOPK_THREADS)                                         \
-        topk_logsoftmax_k##K(const float* logits, long long ld, int vocab, int k, u32* ids, float* lp) { \
+        topk_logsoftmax_k##K(const float* logits, long long ld, int vocab, int k, u32* ids, float* lp) { dl_grid_begin(); \
         topk_logsoftmax<K>(logits, ld, vocab, k, ids, lp);                                             \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(TOPK_THREADS)                                         \
         topk_partial_k##K(const float* logits, long long ld, int vocab, int k, float2* pms, float* pv,   \
-                          u32* pi) {                                                                   \
+                          u32* pi) { dl_grid_begin();                                                  \
         topk_partial<K>(logits, ld, vocab, k, pms, pv, pi);                                            \
     }
 TOPK_ENTRY(8)

@@ -79,6 +79,32 @@ def nvrtc_ptx(lib, src, name, arch):
     return ptx.value.decode()
 
 
+# A PTX instruction that touches memory other than the kernel's parameters. None may come before
+# a kernel's `griddepcontrol.wait` (kernels/common.cuh, dl_grid_begin): every launch may be a
+# dependent launch (docs/cuda.md, "Dependent launches"), whose grid starts while the one ahead of it
+# is still writing.
+MEMORY_OP = re.compile(r"^\s*(@!?%p\d+\s+)?(ld|ldu|st|atom|red|cp|prefetch|tex|tld4|suld|sust|wgmma|"
+                       r"ldmatrix|stmatrix|mbarrier|call)\b")
+
+
+def dependent_launch_errors(ptx, arch):
+    """Kernels of `ptx` that touch memory before their griddepcontrol.wait, or have none."""
+    if int(arch) < 90:
+        return []  # no dependent launches below sm_90: dl_grid_begin is empty there
+    errors = []
+    for chunk in re.split(r"\.entry\s+", ptx)[1:]:
+        kernel = re.match(r"\w+", chunk).group(0)
+        for line in chunk.splitlines():
+            if "griddepcontrol.wait" in line:
+                break
+            if MEMORY_OP.match(line) and not re.match(r"\s*ld\.param", line):
+                errors.append(f"{kernel}: `{line.strip()}` before griddepcontrol.wait (dl_grid_begin)")
+                break
+        else:
+            errors.append(f"{kernel}: no griddepcontrol.wait (dl_grid_begin() must start every kernel)")
+    return errors
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="90")
@@ -99,6 +125,9 @@ def main():
         if ptx is None:
             bad = True
             continue
+        for e in dependent_launch_errors(ptx, a.arch):
+            print(f"DEPENDENT LAUNCH kernels/{name}.cu: {e}")
+            bad = True
         with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
             f.write(ptx)
             f.flush()

@@ -5,7 +5,9 @@
 //! decode attention's key-chunk boundaries, when a sequence leaves the batch, on a dense Qwen3
 //! and on a gpt-oss (sinks, sliding windows, YaRN, experts routed on the device); and a step that
 //! cannot be recorded (experts routed on the host read the device mid-step) runs as usual with
-//! the same results. Without a GPU every test prints "SKIP: CUDA unavailable: <reason>" and
+//! the same results. The usual steps and prefills are launched one kernel after the other, the
+//! recorded ones as dependent launches (docs/cuda.md, "Dependent launches"), so the same asserts
+//! hold those to the same bits. Without a GPU every test prints "SKIP: CUDA unavailable: <reason>" and
 //! passes (CI).
 #![cfg(feature = "cuda")]
 
@@ -19,9 +21,11 @@ use draftlens_engine::model::random::RandomWeights;
 use draftlens_engine::model::step_recorder::RECORDED_STEPS;
 use draftlens_engine::model::{Capture, KvCache, ModelSpec, StepRecorder, TargetModel};
 
-/// What a decode run gives: each step's hidden-state bits, the final caches' K and V bits (per
-/// sequence left, per layer), and how many steps were recorded and replayed.
+/// What a decode run gives: each prompt's prefill hidden-state bits, each step's, the final
+/// caches' K and V bits (per sequence left, per layer), and how many steps were recorded and
+/// replayed.
 struct Decoded {
+    prefill: Vec<Vec<u16>>,
     hidden: Vec<Vec<u16>>,
     caches: Vec<Vec<u16>>,
     recorded: usize,
@@ -38,12 +42,14 @@ fn decode(
     leave: (usize, usize),
     record: bool,
 ) -> Decoded {
+    let mut prefill = Vec::new();
     let mut live: Vec<(usize, KvCache<CudaBackend>, u32)> = prompts
         .iter()
         .enumerate()
         .map(|(i, p)| {
             let mut cache = model.new_cache();
             let out = model.forward(be, p, &mut cache, &Capture::none()).unwrap();
+            prefill.push(bits(be, &out.last_hidden));
             let rows = be.dims(&out.last_hidden).0;
             let last = be.slice_rows(&out.last_hidden, rows - 1, rows).unwrap();
             let next = model.logits_topk(be, &last, 1).unwrap().ids[0];
@@ -79,6 +85,7 @@ fn decode(
         .map(|t| bits(be, t))
         .collect();
     Decoded {
+        prefill,
         hidden,
         caches,
         recorded: recorder.recorded,
@@ -95,16 +102,23 @@ fn prompts(vocab: u32) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Recorded and usual decoding agree bit for bit, step by step, and the recorder did replay.
+/// Recorded decoding with dependent launches and usual decoding without agree bit for bit,
+/// prefill by prefill and step by step, and the recorder did replay.
 fn assert_recorded_equals_usual(be: &CudaBackend, model: &TargetModel<CudaBackend>) {
     let prompts = prompts(model.spec.vocab_size as u32);
     // Past two recordings, a sequence leaving mid-way (a new batch: a usual step, then a new
     // recording).
     let steps = 2 * RECORDED_STEPS + 30;
     let leave = (RECORDED_STEPS + 10, 2);
+    be.set_dependent_launches(false);
     let usual = decode(be, model, &prompts, steps, leave, false);
+    be.set_dependent_launches(true);
     let recorded = decode(be, model, &prompts, steps, leave, true);
     assert_eq!(usual.recorded + usual.replayed, 0);
+    assert!(
+        recorded.prefill == usual.prefill,
+        "the prefills' hidden states differ with dependent launches"
+    );
     for (s, (r, u)) in recorded.hidden.iter().zip(&usual.hidden).enumerate() {
         assert!(
             r == u,
@@ -184,4 +198,19 @@ fn recording_can_be_turned_off() {
         true,
     );
     assert_eq!((recorded.recorded, recorded.replayed), (0, 0));
+}
+
+/// Dependent launches are on wherever the GPU has them (sm_90 and later) and can be turned off
+/// (`DRAFTLENS_DEPENDENT_LAUNCH=off` sets the same switch); a GPU without them refuses them.
+#[test]
+fn dependent_launches_follow_the_gpu() {
+    let Some(be) = gpu() else { return };
+    let has_them = be.info().compute_capability.0 >= 9;
+    if std::env::var("DRAFTLENS_DEPENDENT_LAUNCH").is_err() {
+        assert_eq!(be.dependent_launches(), has_them);
+    }
+    be.set_dependent_launches(false);
+    assert!(!be.dependent_launches());
+    be.set_dependent_launches(true);
+    assert_eq!(be.dependent_launches(), has_them);
 }

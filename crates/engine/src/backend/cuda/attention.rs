@@ -6,7 +6,7 @@ use super::mask::MaskKey;
 use super::{derr, CudaBackend, CudaTensor};
 use crate::backend::{AttnShape, QkNorm, Rope, RopeStyle, SeqStarts};
 use anyhow::{bail, ensure, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 /// Device pointers and row strides (elements) of an attention's q, k, v.
 pub(super) struct AttnIo {
@@ -36,7 +36,7 @@ pub(super) struct FaQNormArgs {
 }
 
 // SAFETY: plain-old-data with the C layout of FaQNorm (two pointers, float, int, int).
-unsafe impl cudarc::driver::DeviceRepr for FaQNormArgs {}
+unsafe impl super::launch::KernelValue for FaQNormArgs {}
 
 /// An uploaded attention mask: per-query key intervals (host copy and device copy) and, per query
 /// block height (positions per block), the order in which the blocks are launched.
@@ -315,7 +315,7 @@ impl CudaBackend {
             let grid = io.tq.div_ceil(ppb) * kv_heads;
             ensure!(grid < i32::MAX as usize, "attention: grid too large");
             let (q_ld, kv_ld) = (io.q_ld as i64, io.kv_ld as i64);
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.launch_builder(&f);
             b.arg(&io.q)
                 .arg(&io.k)
                 .arg(&io.v)
@@ -359,7 +359,7 @@ impl CudaBackend {
             "attention: grid too large"
         );
         let rev = reverse as i32;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&io.q)
             .arg(&io.k)
             .arg(&io.v)

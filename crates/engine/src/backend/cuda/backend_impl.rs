@@ -10,7 +10,7 @@ use crate::backend::{
 };
 use anyhow::{ensure, Result};
 use cudarc::cublas::sys as blas_sys;
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::CudaSlice;
 use half::bf16;
 
 /// Host-to-device copies of bf16 activations from this size on use the page-locked staging.
@@ -130,7 +130,7 @@ impl Backend for CudaBackend {
         }
         let (f, cfg) = self.unary_launch("add_row_bias_bf16", n, 1)?;
         let (rows, cols) = (x.rows as i64, x.cols as i32);
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&mut x.buf).arg(&bias.buf).arg(&rows).arg(&cols);
         // SAFETY: (bf16*, const bf16*, ll, int), sizes checked.
         unsafe { b.launch(cfg) }.map_err(derr("add_row_bias_bf16"))?;
@@ -144,7 +144,7 @@ impl Backend for CudaBackend {
         }
         let (f, cfg) = self.unary_launch("add_bf16", n, 8)?;
         let n64 = n as i64;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&mut x.buf).arg(&y.buf).arg(&n64);
         // SAFETY: (bf16*, const bf16*, ll), equal sizes.
         unsafe { b.launch(cfg) }.map_err(derr("add_bf16"))?;
@@ -287,7 +287,7 @@ impl Backend for CudaBackend {
         }
         let (f, cfg) = self.unary_launch("swiglu_bf16", n, 8)?;
         let n64 = n as i64;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&gate.buf).arg(&up.buf).arg(&mut y.buf).arg(&n64);
         // SAFETY: (const bf16*, const bf16*, bf16*, ll), equal sizes.
         unsafe { b.launch(cfg) }.map_err(derr("swiglu_bf16"))?;

@@ -19,7 +19,7 @@ use super::{derr, CudaBackend, CudaMatrix, CudaTensor};
 use crate::backend::compose::attention_decode_per_row_ext;
 use crate::backend::{AttnExtras, AttnShape, KvSlot, QkNorm, Rope, RopeFreqs, RopeStyle};
 use anyhow::{ensure, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use half::bf16;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -248,7 +248,7 @@ impl CudaBackend {
             out as i64,
             epilogue as i32,
         );
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&x)
             .arg(&w)
             .arg(&y)
@@ -807,7 +807,7 @@ impl CudaBackend {
             let nc32 = nchunks as i32;
             let bps = self.decode_attention_blocks(shape, n)?.0.min(nchunks);
             let bps32 = bps as i32;
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.launch_builder(&f);
             b.arg(&qp)
                 .arg(&kp)
                 .arg(&vp)
@@ -940,7 +940,7 @@ struct DecodeKvTable {
 }
 
 // SAFETY: plain-old-data with the C layout of DaTable (u64[64], u64[64], int[64], int[64]).
-unsafe impl cudarc::driver::DeviceRepr for DecodeKvTable {}
+unsafe impl super::launch::KernelValue for DecodeKvTable {}
 
 impl DecodeKvTable {
     /// The table as the 4-byte words of its C layout.
@@ -979,7 +979,7 @@ struct DecodeNormArgs {
 }
 
 // SAFETY: plain-old-data with the C layout of DaNorm (three pointers, float, int, int).
-unsafe impl cudarc::driver::DeviceRepr for DecodeNormArgs {}
+unsafe impl super::launch::KernelValue for DecodeNormArgs {}
 
 /// `DaExtras` of kernels/decode_attention.cu: gpt-oss's sink logits (one f32 per query head,
 /// 0: none) and sliding window (keys; 0: none), and whether the caches already hold each row's
@@ -993,7 +993,7 @@ struct DecodeExtrasArgs {
 }
 
 // SAFETY: plain-old-data with the C layout of DaExtras (a pointer, two ints).
-unsafe impl cudarc::driver::DeviceRepr for DecodeExtrasArgs {}
+unsafe impl super::launch::KernelValue for DecodeExtrasArgs {}
 
 /// The kernel instance for `nt` row tiles of 8 and `mt` 16-feature tiles per warp.
 fn decode_kernel_name(nt: usize, mt: usize) -> &'static str {
@@ -1067,7 +1067,7 @@ impl CudaBackend {
         let pi = self.alloc::<u32>(n * slices * k)?;
         let (pmsp, pvp, pip) = (self.ptr(&pms), self.ptr(&pv), self.ptr(&pi));
         let (v32, k32) = (vocab as i32, k as i32);
-        let mut b = self.stream.launch_builder(&fp);
+        let mut b = self.launch_builder(&fp);
         b.arg(&logits)
             .arg(&ld)
             .arg(&v32)
@@ -1108,7 +1108,7 @@ impl CudaBackend {
         let fm = self.kernels.get("topk", "topk_merge")?;
         let [pms, pv, pi] = partials;
         let (s32, k32) = (slices as i32, k as i32);
-        let mut b = self.stream.launch_builder(&fm);
+        let mut b = self.launch_builder(&fm);
         b.arg(&pms)
             .arg(&pv)
             .arg(&pi)

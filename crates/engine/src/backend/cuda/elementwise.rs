@@ -5,7 +5,7 @@
 use super::{blocks, derr, CudaBackend, CudaTensor};
 use crate::backend::{AttnShape, Backend, QkNorm, Rope, RopeFreqs, RopeStyle};
 use anyhow::{ensure, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// Rows from which [`CudaBackend::rms_norm_rows`] takes `rms_norm_many_rows_bf16` (packed
 /// prefills) instead of one block per 8 rows (decode steps, drafter blocks).
@@ -90,7 +90,7 @@ impl CudaBackend {
                 self.with_rope_tables(positions, rope, |pos, freqs| {
                     let f = self.kernels.get("attention", "rope_cs_table_f32")?;
                     let (rows, h32) = (positions.len() as i64, half as i32);
-                    let mut b = self.stream.launch_builder(&f);
+                    let mut b = self.launch_builder(&f);
                     b.arg(&pos).arg(freqs).arg(&rows).arg(&h32).arg(&mut table);
                     // SAFETY: (const u32*, const float*, ll, int, float2*); `pos` holds `rows`
                     // positions, `freqs` half values, `table` 2 · rows · half floats.
@@ -292,7 +292,7 @@ impl CudaBackend {
             );
             let inter = matches!(style, RopeStyle::Interleaved) as i32;
             let ld = x.cols as i64;
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.launch_builder(&f);
             b.arg(&mut x.buf)
                 .arg(&pos)
                 .arg(freqs)
@@ -342,7 +342,7 @@ impl CudaBackend {
         }
         let (f, cfg) = self.unary_launch("clamped_swiglu_packed_bf16", n, 1)?;
         let (rows, i32c) = (gu.rows as i64, inter as i32);
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&gu.buf)
             .arg(&mut y.buf)
             .arg(&rows)
@@ -424,7 +424,7 @@ impl CudaBackend {
         );
         let inter = matches!(rope.style, RopeStyle::Interleaved) as i32;
         self.with_rope_tables(positions, rope, |pos, freqs| {
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.launch_builder(&f);
             b.arg(&x)
                 .arg(&ld)
                 .arg(&rows)
@@ -517,7 +517,7 @@ impl CudaBackend {
             blocks(x.rows, 8)
         };
         let (rows, c32) = (x.rows as i64, cols as i32);
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&x.buf)
             .arg(&weight.buf)
             .arg(&mut y.buf)
@@ -570,7 +570,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let (rows, i32c) = (gu.rows as i64, inter as i32);
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&gu.buf).arg(&mut y.buf).arg(&rows).arg(&i32c);
         // SAFETY: (const bf16*, bf16*, ll, int); gu holds rows × 2·inter values.
         unsafe { b.launch(cfg) }.map_err(derr("swiglu_packed_rows_bf16"))?;
@@ -595,7 +595,7 @@ impl CudaBackend {
         }
         let f = self.kernels.get("elementwise", "rms_norm_bf16")?;
         let (ng, g) = (n_groups as i64, group as i32);
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&x.buf)
             .arg(&weight.buf)
             .arg(&mut y.buf)

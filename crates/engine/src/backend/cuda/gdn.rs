@@ -24,7 +24,7 @@ use super::{blocks, derr, CudaBackend, CudaTensor};
 use crate::backend::gdn::{self as reference, GdnShape};
 use crate::backend::{Backend, GdnParams, SeqStarts};
 use anyhow::{ensure, Result};
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 
 mod conv;
 pub use conv::ConvKernel;
@@ -192,7 +192,7 @@ impl CudaBackend {
         };
         let f = self.kernels.get("gdn", name)?;
         let g32 = group as i32;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&x.buf)
             .arg(&w.buf)
             .arg(&mut y.buf)
@@ -253,7 +253,7 @@ impl CudaBackend {
         }
         let f = self.kernels.get("gdn", "gdn_gated_rms_norm")?;
         let (rows, cols, hd) = (x.rows as i64, x.cols as i32, group as i32);
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&x.buf)
             .arg(&z.buf)
             .arg(&w.buf)
@@ -298,7 +298,7 @@ impl CudaBackend {
         let f = self.kernels.get("gdn", name)?;
         let items = if v8 { n / 8 } else { n };
         let n64 = items as i64;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&mut x.buf).arg(&gate.buf).arg(&n64);
         // SAFETY: (bf16*, const bf16*, ll); both hold n values, `items` = n (or n / 8 groups of 8
         // values for the 16-byte kernel; device allocations are 16-byte aligned).
@@ -372,7 +372,7 @@ impl CudaBackend {
             let f = self.kernels.get("gdn", "gdn_gates")?;
             let (ld, rows64, hv32) = (hv as i64, rows as i64, hv as i32);
             let round_beta = kernel.engine() as i32;
-            let mut lb = self.stream.launch_builder(&f);
+            let mut lb = self.launch_builder(&f);
             lb.arg(&a.buf)
                 .arg(&ld)
                 .arg(&b.buf)
@@ -474,7 +474,7 @@ impl CudaBackend {
         } = inputs;
         let (hv32, ratio) = (shape.v_heads as i32, shape.group() as i32);
         let scale = (shape.k_dim as f32).powf(-0.5);
-        let mut lb = self.stream.launch_builder(f);
+        let mut lb = self.launch_builder(f);
         lb.arg(&q)
             .arg(&k)
             .arg(&v)

@@ -25,7 +25,7 @@ use super::{derr, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
 use crate::backend::TopK;
 use anyhow::{anyhow, bail, ensure, Result};
 use cudarc::cublas::sys as blas_sys;
-use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaSlice, LaunchConfig};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -267,7 +267,7 @@ impl CudaBackend {
                 "lm_head_topk: {blocks} blocks of the fused kernel"
             );
             let (xo, r32) = (xp + (start * hidden * 2) as u64, n as i32);
-            let mut b = self.stream.launch_builder(&fp);
+            let mut b = self.launch_builder(&fp);
             b.arg(&xo)
                 .arg(&wp)
                 .arg(&r32)
@@ -349,7 +349,7 @@ impl CudaBackend {
             if rows <= MAX_DECODE_ROWS && slices <= TOPK_MERGE_MAX_SLICES {
                 self.topk_sliced(sp, ld, vocab, k, n, inst.sliced, ipo, lpo)?;
             } else {
-                let mut b = self.stream.launch_builder(&f);
+                let mut b = self.launch_builder(&f);
                 b.arg(&sp).arg(&ld).arg(&v32).arg(&k32).arg(&ipo).arg(&lpo);
                 // SAFETY: (const float*, ll, int, int, u32*, float*); n rows of `vocab` logits in
                 // scratch, n*k outputs from offset start*k.

@@ -4,7 +4,7 @@
 
 use super::{blocks, derr, CudaBackend, CudaMatrix, CudaTensor};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use half::bf16;
 
 /// Downloads of fewer values than this in one part skip the staging buffer (2 MiB of bf16).
@@ -142,7 +142,7 @@ impl CudaBackend {
         }
         let f = self.kernels.get("elementwise", "fill_random_bf16")?;
         let n64 = n as i64;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(buf).arg(&n64).arg(&seed).arg(&std_dev).arg(&mean);
         // SAFETY: kernel signature (bf16*, long long, u64, float, float); buf holds n elements.
         unsafe {
@@ -337,7 +337,7 @@ impl CudaBackend {
             cols as i32,
         );
         let idx_ptr: u64 = idx.unwrap_or(0);
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(dst)
             .arg(&dst_ld)
             .arg(&dst_col0)

@@ -20,6 +20,7 @@
 //! |---|---|
 //! | `probe.rs` | finding the libraries and the device, [`CudaBackend::new`], "CUDA unavailable" |
 //! | `kernels.rs` | kernel sources, NVRTC compilation (parallel, to CUBIN) and the on-disk cache |
+//! | `launch.rs` | kernel launches: arguments, programmatic dependent launch |
 //! | `nvml.rs` | GPU utilisation for the run timeline |
 //! | `memory.rs` | allocation, host↔device copies, row/column copies |
 //! | `upload.rs` | weight uploads from raw checkpoint bytes |
@@ -51,6 +52,7 @@ mod gemm;
 pub mod gemm_choices;
 mod kernel_images;
 mod kernels;
+mod launch;
 mod lm_head;
 mod mask;
 mod memory;
@@ -158,6 +160,8 @@ pub struct CudaBackend {
     lm_head: lm_head::LmHeadState,
     /// Recorded decode steps (CUDA graphs) and the recording in progress (`step_graph.rs`).
     step_graphs: step_graph::StepGraphs,
+    /// Kernels are launched as programmatic dependent launches (`launch.rs`).
+    dependent_launch: std::sync::atomic::AtomicBool,
 }
 
 /// A table of [`CudaBackend::f32_table`]: its values' bits and their upload.

@@ -15,7 +15,7 @@ use super::decode::{features_per_block, row_tiling};
 use super::{derr, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
 use crate::backend::moe::{ExpertActivation, MoeExperts, MoeRouting, RoutingRule};
 use anyhow::{ensure, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -149,7 +149,7 @@ impl CudaBackend {
             .kernels
             .get("elementwise", "moe_add_weighted_rows_bf16")?;
         let (cols, n) = (acc.cols as i64, n as i32);
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&mut acc.buf)
             .arg(&src.buf)
             .arg(&index)
@@ -253,7 +253,7 @@ impl CudaBackend {
             RoutingRule::TopKSoftmax => (0, 1),
         };
         let (w32, e32, k32) = (width as i32, e as i32, k as i32);
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&logits.buf)
             .arg(&w32)
             .arg(&e32)
@@ -285,7 +285,7 @@ impl CudaBackend {
         };
         if n <= PLAN_ONE_BLOCK_ROUTES && self.moe.one_block_plan.load(Ordering::Relaxed) {
             let f = self.kernels.get("elementwise", "moe_plan_one_block")?;
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.launch_builder(&f);
             b.arg(&route_expert)
                 .arg(&route_weight)
                 .arg(&gate_ptr)
@@ -325,12 +325,12 @@ impl CudaBackend {
                 shared_mem_bytes: 0,
             };
             let f = self.kernels.get("elementwise", "moe_plan_count")?;
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.launch_builder(&f);
             b.arg(&route_expert).arg(&n32).arg(&counts);
             // SAFETY: (const int*, int, int*): n routes, each an expert below e (moe_route), e counts.
             unsafe { b.launch(per_route) }.map_err(derr("moe_plan_count"))?;
             let f = self.kernels.get("elementwise", "moe_plan_groups")?;
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.launch_builder(&f);
             b.arg(&counts)
                 .arg(&e32)
                 .arg(&max_rows32)
@@ -349,7 +349,7 @@ impl CudaBackend {
             }
             .map_err(derr("moe_plan_groups"))?;
             let f = self.kernels.get("elementwise", "moe_plan_fill")?;
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.launch_builder(&f);
             b.arg(&route_expert)
                 .arg(&route_weight)
                 .arg(&gate_ptr)
@@ -370,7 +370,7 @@ impl CudaBackend {
         let mut xg = self.new_tensor(n, d)?;
         let f = self.kernels.get("elementwise", "moe_gather_rows_bf16")?;
         let cols = d as i64;
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&x.buf).arg(&gather).arg(&mut xg.buf).arg(&cols);
         // SAFETY: (const bf16*, const u32*, bf16*, ll): x holds t rows of d values, every gather
         // entry is below t (moe_plan writes row ids), xg n rows.
@@ -466,7 +466,7 @@ impl CudaBackend {
         let feature_blocks = n_out.div_ceil(features_per_block(mt));
         let f = self.kernels.get("decode", func)?;
         let (n32, k32) = (n_out as i32, k_in as i32);
-        let mut b = self.stream.launch_builder(&f);
+        let mut b = self.launch_builder(&f);
         b.arg(&x.buf).arg(table);
         if let Some(lut) = &lut {
             b.arg(lut);

@@ -21,7 +21,7 @@
 use super::{blocks, derr, CudaBackend, CudaMatrix, CudaTensor, MAX_DECODE_ROWS};
 use crate::backend::{mxfp4, Backend};
 use anyhow::{anyhow, ensure, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 /// An MXFP4 weight `[out, inp]` on the device: its blocks (`out · inp / 2` bytes), then its scales
 /// (`out · inp / 32`), in one buffer, as `kernels/mxfp4.cu` reads it.
@@ -117,7 +117,7 @@ impl CudaBackend {
             let lut = self.mxfp4_table()?;
             let f = self.kernels.get("decode", "mxfp4_dequant_bf16")?;
             let n8_64 = n8 as i64;
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.launch_builder(&f);
             b.arg(&p.bytes).arg(&lut).arg(&mut buf).arg(&n8_64);
             // SAFETY: (const u8*, const float*, bf16*, ll): the packed buffer holds 4·n8 bytes
             // of blocks then n8/4 scales (inp is whole groups of 32: Backend::matrix_mxfp4's

@@ -32,7 +32,7 @@
 use super::{derr, CudaBackend, CudaMatrix};
 use crate::backend::raw::{RawDtype, RawPart};
 use anyhow::{ensure, Result};
-use cudarc::driver::{sys, CudaEvent, CudaSlice, LaunchConfig, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{sys, CudaEvent, CudaSlice, LaunchConfig, PinnedHostSlice};
 use half::bf16;
 use rayon::prelude::*;
 use std::ffi::c_void;
@@ -322,7 +322,7 @@ impl CudaBackend {
                 let elems = c.bytes.len() / c.dtype.size();
                 let f = self.kernels.get("convert", name)?;
                 let (dst, n64) = (base + (e * 2) as u64, elems as i64);
-                let mut b = self.stream.launch_builder(&f);
+                let mut b = self.launch_builder(&f);
                 b.arg(&scratch).arg(&dst).arg(&n64);
                 // Grid-stride kernel: enough blocks to fill the GPU, never more than the work.
                 let grid = elems.div_ceil(256).clamp(1, 4096) as u32;
@@ -347,7 +347,7 @@ impl CudaBackend {
                 let f = self.kernels.get("convert", "transpose_bf16_rows")?;
                 let (rows32, out32, inp32, i032) = (rows as i32, out as i32, inp as i32, i0 as i32);
                 let inter = interleaved as i32;
-                let mut b = self.stream.launch_builder(&f);
+                let mut b = self.launch_builder(&f);
                 b.arg(&scratch)
                     .arg(&base)
                     .arg(&rows32)

@@ -6,7 +6,7 @@ use super::{row_pairs, MAX_CONV_HIST};
 use crate::backend::cuda::{blocks, derr, CudaBackend, CudaTensor};
 use crate::backend::SeqStarts;
 use anyhow::{ensure, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// Which kernel computes the conv outputs. All three run the same fmaf chain over the taps per
 /// channel and round once, so they give the same bits (`cuda_gdn` asserts it); they differ in how
@@ -102,7 +102,7 @@ impl CudaBackend {
             let name = kernel.function();
             let f = self.kernels.get("gdn", name)?;
             let rows64 = rows as i64;
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.launch_builder(&f);
             b.arg(&x.buf)
                 .arg(&ld)
                 .arg(&weight.buf)
@@ -137,7 +137,7 @@ impl CudaBackend {
         if k > 1 && nseq > 0 {
             let f = self.kernels.get("gdn", "gdn_conv_state")?;
             let n32 = nseq as i32;
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.launch_builder(&f);
             b.arg(&x.buf)
                 .arg(&ld)
                 .arg(&pairs)

@@ -7,7 +7,7 @@
 use super::{DeltaInputs, Launch, PhaseClock, Walk, CHUNK, HEAD_DIM, SPLIT_COLUMNS};
 use crate::backend::cuda::{derr, CudaBackend, CudaTensor};
 use anyhow::{ensure, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 /// Value columns per `gdn_hout_*` block (`GDN_HO_DVS`).
 pub const HOUT_COLUMNS: usize = 32;
@@ -114,7 +114,7 @@ impl CudaBackend {
         let (prep, prep_smem) = prep;
         let f = self.kernels.get_with_smem("gdn", prep, prep_smem)?;
         clock.mark(self, "setup")?;
-        let mut lb = self.stream.launch_builder(&f);
+        let mut lb = self.launch_builder(&f);
         lb.arg(&q)
             .arg(&k)
             .arg(&v)
@@ -164,7 +164,7 @@ impl CudaBackend {
             }
         };
         let f = self.kernels.get_with_smem("gdn", walk, walk_smem)?;
-        let mut lb = self.stream.launch_builder(&f);
+        let mut lb = self.launch_builder(&f);
         lb.arg(&q)
             .arg(&k)
             .arg(&ld)
@@ -257,7 +257,7 @@ impl CudaBackend {
         let chunk0 = self.upload(&plan.seq_chunk0)?;
         let f = self.kernels.get_with_smem("gdn", walk, walk_smem)?;
         clock.mark(self, "setup")?;
-        let mut lb = self.stream.launch_builder(&f);
+        let mut lb = self.launch_builder(&f);
         lb.arg(&k)
             .arg(&ld)
             .arg(prep.wu.0)
@@ -285,7 +285,7 @@ impl CudaBackend {
         .map_err(derr(walk))?;
         clock.mark(self, "walk")?;
         let f = self.kernels.get_with_smem("gdn", output, out_smem)?;
-        let mut lb = self.stream.launch_builder(&f);
+        let mut lb = self.launch_builder(&f);
         lb.arg(&q)
             .arg(&ld)
             .arg(&hg)
