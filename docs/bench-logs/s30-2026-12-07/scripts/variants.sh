@@ -7,7 +7,7 @@
 # cache (identity remembered, GEMMs tuned, no continuation of that length decoded yet). Every
 # variant's generated text is compared with the first's. With TRACE="VARIANT ...", the per-kernel
 # timeline (tools/bench/kernel_trace.sh) of 2 prompts at batch 1 under those variants. Then the
-# device copy rate. Logs in $OUT/logs-$ARCH.tgz.
+# device copy rate (COPY_RATE= skips it). Logs in $OUT/logs-$ARCH.tgz, test outputs in $OUT/tests.tgz.
 #   B=target-carry/s30a ARCHS=gpt-oss-20b-8l TESTS=cuda_step_graph \
 #     VARIANTS="DRAFTLENS_DEPENDENT_LAUNCH=off DRAFTLENS_DEPENDENT_LAUNCH=on" \
 #     bash docs/bench-logs/s30-2026-12-07/scripts/variants.sh
@@ -62,6 +62,7 @@ PY
   done
   tar czf $OUT/logs-$ARCH.tgz -C $O . && rm -rf $O
 done
-python3 tools/bench/copy_rate.py | tee $OUT/copy_rate.txt
-tar czf $OUT/tests.tgz -C $OUT tests && rm -rf $OUT/tests
+[ -n "${COPY_RATE:-1}" ] && python3 tools/bench/copy_rate.py | tee $OUT/copy_rate.txt
+[ -n "${TESTS:-}" ] && tar czf $OUT/tests.tgz -C $OUT tests
+rm -rf $OUT/tests
 echo "== done $(( $(date +%s) - T0 )) s"
