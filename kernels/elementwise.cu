@@ -225,3 +225,12 @@ extern "C" __global__ void bf16_to_f32(const bf16_t* __restrict__ in, float* __r
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = bf2f(in[i]);
 }
+
+// A recorded decode step that feeds itself (crates/engine/src/backend/cuda/step_graph.rs): its
+// last kernel advances the step arena's growing words (lengths, positions) by one for the next
+// replay. `words[0]` is their count, `words[1..]` their indices in `arena`.
+extern "C" __global__ void step_arena_advance(u32* __restrict__ arena, const u32* __restrict__ words) {
+    dl_grid_begin();
+    const u32 n = words[0];
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) arena[words[1 + i]] += 1;
+}

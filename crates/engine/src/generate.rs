@@ -96,7 +96,9 @@ pub fn greedy_batch<B: Backend>(
                 Some(StopReason::Eos)
             } else if out.len() >= max_new {
                 Some(StopReason::Length)
-            } else if d.cache.len + 1 > limit {
+            } else if prompts[d.index].len() + out.len() > limit {
+                // The next step's position is past the context (counted from the tokens, not
+                // the cache, which may hold a step launched ahead).
                 Some(StopReason::Context)
             } else {
                 None
@@ -122,12 +124,11 @@ pub fn greedy_batch<B: Backend>(
         let step: Vec<u32> = live.iter().map(|d| d.next).collect();
         let batch: Vec<usize> = live.iter().map(|d| d.index).collect();
         let mut caches: Vec<&mut KvCache<B>> = live.iter_mut().map(|d| &mut d.cache).collect();
-        let hidden = recorder.step(model, &step, &batch, &mut caches)?;
-        let top = model.logits_topk(be, &hidden, 1)?;
-        for (d, next) in live.iter_mut().zip(top.argmax()) {
-            if !d.finished {
-                d.next = next;
-            }
+        // Every row takes its token, a finished one's too: the recorder may have launched the
+        // next step with them already (its outputs for finished rows are ignored).
+        let next = recorder.greedy_step(model, &step, &batch, &mut caches)?;
+        for (d, next) in live.iter_mut().zip(next) {
+            d.next = next;
         }
     }
     done.into_iter()

@@ -27,6 +27,8 @@ use draftlens_engine::model::{Capture, KvCache, ModelSpec, StepRecorder, TargetM
 struct Decoded {
     prefill: Vec<Vec<u16>>,
     hidden: Vec<Vec<u16>>,
+    /// Each step's greedy tokens, one per sequence in the batch.
+    tokens: Vec<Vec<u32>>,
     caches: Vec<Vec<u16>>,
     recorded: usize,
     replayed: usize,
@@ -58,6 +60,7 @@ fn decode(
         .collect();
     let mut recorder = StepRecorder::new(be);
     let mut hidden = Vec::new();
+    let mut tokens = Vec::new();
     for step in 0..steps {
         if step == leave.0 {
             live.remove(leave.1);
@@ -72,10 +75,11 @@ fn decode(
             model.forward_decode(be, &ids, &mut caches).unwrap()
         };
         hidden.push(bits(be, &h));
-        let top = model.logits_topk(be, &h, 1).unwrap();
-        for (l, next) in live.iter_mut().zip(top.argmax()) {
+        let top = model.logits_topk(be, &h, 1).unwrap().argmax();
+        for (l, &next) in live.iter_mut().zip(&top) {
             l.2 = next;
         }
+        tokens.push(top);
     }
     let caches = live
         .iter()
@@ -87,6 +91,7 @@ fn decode(
     Decoded {
         prefill,
         hidden,
+        tokens,
         caches,
         recorded: recorder.recorded,
         replayed: recorder.replayed,
@@ -213,4 +218,65 @@ fn dependent_launches_follow_the_gpu() {
     assert!(!be.dependent_launches());
     be.set_dependent_launches(true);
     assert_eq!(be.dependent_launches(), has_them);
+}
+
+/// Greedy steps through [`StepRecorder::greedy_step`] (recordings that feed themselves, each
+/// step launched before the last one's tokens are read) give each step's tokens of the usual
+/// launch-by-launch decoding, over several recordings; feeding other tokens than it returned
+/// while a step is launched ahead is an error, not a wrong step.
+#[test]
+fn greedy_steps_that_feed_themselves_give_the_usual_tokens() {
+    let Some(be) = gpu() else { return };
+    let dense = cuda_util::small_qwen3_spec();
+    let oss = small_gpt_oss();
+    for (spec, src) in [
+        (&dense, RandomWeights::new(&dense, 11)),
+        (&oss, RandomWeights::new(&oss, 29).with_init(0.08, 0.3)),
+    ] {
+        let model = TargetModel::load(&be, spec, &src).unwrap();
+        let prompts = prompts(spec.vocab_size as u32);
+        let steps = 2 * RECORDED_STEPS + 30;
+        be.set_dependent_launches(false);
+        let usual = decode(&be, &model, &prompts, steps, (usize::MAX, 0), false);
+        be.set_dependent_launches(true);
+        let mut live: Vec<(KvCache<CudaBackend>, u32)> = prompts
+            .iter()
+            .map(|p| {
+                let mut cache = model.new_cache();
+                let out = model.forward(&be, p, &mut cache, &Capture::none()).unwrap();
+                let rows = be.dims(&out.last_hidden).0;
+                let last = be.slice_rows(&out.last_hidden, rows - 1, rows).unwrap();
+                (cache, model.logits_topk(&be, &last, 1).unwrap().ids[0])
+            })
+            .collect();
+        let batch: Vec<usize> = (0..prompts.len()).collect();
+        let mut recorder = StepRecorder::new(&be);
+        for (step, want) in usual.tokens.iter().enumerate() {
+            let ids: Vec<u32> = live.iter().map(|l| l.1).collect();
+            let mut caches: Vec<&mut KvCache<CudaBackend>> =
+                live.iter_mut().map(|l| &mut l.0).collect();
+            let got = recorder
+                .greedy_step(&model, &ids, &batch, &mut caches)
+                .unwrap();
+            assert_eq!(&got, want, "{:?}: step {step}'s tokens", spec.arch);
+            for (l, next) in live.iter_mut().zip(got) {
+                l.1 = next;
+            }
+        }
+        assert!(recorder.recorded >= 2 && recorder.replayed >= steps - 2 - 2 * recorder.recorded);
+        assert!(recorder.replays_left() > 0, "a step is launched ahead");
+        println!(
+            "{:?}: {steps} greedy steps, {} recorded, {} replayed, the usual tokens",
+            spec.arch, recorder.recorded, recorder.replayed
+        );
+        // The step launched ahead was given the tokens returned last: others are refused.
+        let mut ids: Vec<u32> = live.iter().map(|l| l.1).collect();
+        ids[0] ^= 1;
+        let mut caches: Vec<&mut KvCache<CudaBackend>> =
+            live.iter_mut().map(|l| &mut l.0).collect();
+        let err = recorder
+            .greedy_step(&model, &ids, &batch, &mut caches)
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("launched ahead"), "{err:#}");
+    }
 }

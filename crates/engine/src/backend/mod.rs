@@ -532,6 +532,36 @@ pub trait Backend: Send + Sync + 'static {
     fn forget_step(&self, id: u64) {
         let _ = id;
     }
+    /// Inside [`Backend::record_step`]'s step, after it: the recorded step then feeds itself. It
+    /// ends by writing each row's greedy next token — the top-1 of `hidden` under `head`, the id
+    /// [`Backend::lm_head_topk`] gives for k = 1 — where the next replay reads its token ids, so
+    /// that [`Backend::replay_step_fed`] runs the next step with nothing from the host; every
+    /// launch of the recording (the recorded step's, each replay's) queues its tokens for
+    /// [`Backend::take_fed_tokens`]. Why: the caller can launch step n + 1 before it reads step
+    /// n's tokens, and the GPU does not wait on the host between steps. The default: an error
+    /// (this backend records nothing).
+    fn feed_greedy(&self, hidden: &Self::Tensor, head: &Self::Matrix) -> Result<()> {
+        let _ = (hidden, head);
+        bail!("{}: records no decode steps", self.name())
+    }
+    /// The next step of self-feeding recording `id` ([`Backend::feed_greedy`]), its token ids the
+    /// last launch's greedy tokens: queued, not waited for. The caller then advances its caches'
+    /// row counts as after [`Backend::replay_step`].
+    fn replay_step_fed(&self, id: u64) -> Result<()> {
+        bail!(
+            "{}: no recorded decode step {id} (this backend records none)",
+            self.name()
+        )
+    }
+    /// The greedy tokens of the oldest launch of self-feeding recording `id` not taken yet,
+    /// once that launch has finished (a launch queued after it may still run). At most one
+    /// launch runs ahead of the tokens taken.
+    fn take_fed_tokens(&self, id: u64) -> Result<Vec<u32>> {
+        bail!(
+            "{}: no recorded decode step {id} (this backend records none)",
+            self.name()
+        )
+    }
     /// Makes room in `x`'s buffer for `extra` more rows appended in place, so that a cache does
     /// not move while a recorded step uses it. The default does nothing (nothing is recorded).
     fn reserve_rows(&self, x: &mut Self::Tensor, extra: usize) -> Result<()> {

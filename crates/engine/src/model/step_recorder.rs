@@ -5,11 +5,14 @@
 //! one launch (the CUDA backend's graphs: docs/cuda.md, "Recorded decode steps"). A replay gives
 //! the bits the step would give run as usual (`cuda_step_graph` asserts it), so callers do not
 //! choose: [`crate::generate::greedy_batch`] decodes through a recorder on every backend, and a
-//! backend that records nothing ([`Backend::records_steps`]) runs every step as usual.
+//! backend that records nothing ([`Backend::records_steps`]) runs every step as usual. Greedy
+//! decoding goes through [`StepRecorder::greedy_step`], whose recordings feed themselves: the
+//! next step is launched before this one's tokens are read, so the GPU does not wait on the host
+//! between steps either.
 
 use super::{KvCache, TargetModel};
 use crate::backend::Backend;
-use anyhow::Result;
+use anyhow::{ensure, Context, Result};
 
 /// Steps one recording serves: the batch's caches are reserved for this many more rows before
 /// it, and a new recording is made after them.
@@ -36,6 +39,10 @@ struct Recorded {
     id: u64,
     batch: Vec<usize>,
     left: usize,
+    /// It feeds itself ([`StepRecorder::greedy_step`]).
+    fed: bool,
+    /// The tokens of the step launched ahead of the caller, while one is.
+    ahead: Option<Vec<u32>>,
 }
 
 impl<'b, B: Backend> StepRecorder<'b, B> {
@@ -61,9 +68,86 @@ impl<'b, B: Backend> StepRecorder<'b, B> {
         batch: &[usize],
         caches: &mut [&mut KvCache<B>],
     ) -> Result<B::Tensor> {
+        self.ensure_nothing_ahead()?;
+        Ok(self.run_step(model, ids, batch, caches, false)?.0)
+    }
+
+    /// One greedy decode step of the batch: each row's next token, the top-1 of `model`'s logits
+    /// for the step's hidden state ([`TargetModel::logits_topk`] with k = 1). Through a
+    /// recording that feeds itself ([`Backend::feed_greedy`]) the next step is launched before
+    /// this one's tokens are read, so the GPU does not wait on the host between steps. That step
+    /// was given the tokens returned here: while [`StepRecorder::replays_left`] is positive the
+    /// caller passes the same batch and exactly these tokens, for every row (a finished
+    /// sequence's included); anything else is an error.
+    pub fn greedy_step(
+        &mut self,
+        model: &TargetModel<B>,
+        ids: &[u32],
+        batch: &[usize],
+        caches: &mut [&mut KvCache<B>],
+    ) -> Result<Vec<u32>> {
+        let be = self.be;
+        if let Some(cur) = self.current.as_mut() {
+            if let Some(fed) = cur.ahead.take() {
+                ensure!(
+                    cur.batch == batch && fed == ids,
+                    "greedy_step: the step launched ahead was given batch {:?} and tokens {fed:?}, \
+                     not batch {batch:?} and tokens {ids:?}",
+                    cur.batch
+                );
+                // This step is running already.
+                return self.launch_ahead_and_take(caches);
+            }
+        }
+        let (hidden, from_recording) = self.run_step(model, ids, batch, caches, true)?;
+        if from_recording && self.current.as_ref().is_some_and(|c| c.fed) {
+            return self.launch_ahead_and_take(caches);
+        }
+        Ok(model.logits_topk(be, &hidden, 1)?.argmax())
+    }
+
+    /// After a launch of the self-feeding recording in use: launches its next step (while it
+    /// has one left), then reads the tokens of the launch before.
+    fn launch_ahead_and_take(&mut self, caches: &mut [&mut KvCache<B>]) -> Result<Vec<u32>> {
+        let be = self.be;
+        let cur = self.current.as_mut().context("no recording in use")?;
+        let ahead = cur.left > 0;
+        if ahead {
+            be.replay_step_fed(cur.id)?;
+            cur.left -= 1;
+            self.replayed += 1;
+            for c in caches.iter_mut() {
+                grow_attention_rows(be, c)?;
+            }
+        }
+        let tokens = be.take_fed_tokens(cur.id)?;
+        if ahead {
+            cur.ahead = Some(tokens.clone());
+        }
+        Ok(tokens)
+    }
+
+    fn ensure_nothing_ahead(&self) -> Result<()> {
+        ensure!(
+            self.current.as_ref().is_none_or(|c| c.ahead.is_none()),
+            "a greedy step was launched ahead: continue with greedy_step"
+        );
+        Ok(())
+    }
+
+    /// A step replayed, recorded (feeding itself when `feed`) or run as usual; with whether it
+    /// was a launch of the recording in use.
+    fn run_step(
+        &mut self,
+        model: &TargetModel<B>,
+        ids: &[u32],
+        batch: &[usize],
+        caches: &mut [&mut KvCache<B>],
+        feed: bool,
+    ) -> Result<(B::Tensor, bool)> {
         let be = self.be;
         if !be.records_steps() || self.refused || model.is_hybrid() || ids.len() != caches.len() {
-            return model.forward_decode(be, ids, caches);
+            return Ok((model.forward_decode(be, ids, caches)?, false));
         }
         if let Some(cur) = self
             .current
@@ -76,35 +160,42 @@ impl<'b, B: Backend> StepRecorder<'b, B> {
             for c in caches.iter_mut() {
                 grow_attention_rows(be, c)?;
             }
-            return Ok(out);
+            return Ok((out, true));
         }
         self.forget();
         if !self.warmed.contains(&ids.len()) {
             self.warmed.push(ids.len());
-            return model.forward_decode(be, ids, caches);
+            return Ok((model.forward_decode(be, ids, caches)?, false));
         }
         let limit = model.spec.max_position_embeddings;
         let longest = caches.iter().map(|c| c.len).max().unwrap_or(0);
         let steps = RECORDED_STEPS.min(limit.saturating_sub(longest));
         if steps < 2 {
-            return model.forward_decode(be, ids, caches);
+            return Ok((model.forward_decode(be, ids, caches)?, false));
         }
         let before: Vec<(usize, Vec<usize>)> = caches
             .iter_mut()
             .map(|c| reserve_attention_rows(be, c, steps).map(|rows| (c.len, rows)))
             .collect::<Result<_>>()?;
         let dims = (ids.len(), model.spec.hidden_size);
-        let recorded =
-            be.record_step(dims, steps, &mut || model.forward_decode(be, ids, caches))?;
+        let recorded = be.record_step(dims, steps, &mut || {
+            let hidden = model.forward_decode(be, ids, caches)?;
+            if feed {
+                be.feed_greedy(&hidden, model.head())?;
+            }
+            Ok(hidden)
+        })?;
         match recorded {
             Some((id, out)) => {
                 self.current = Some(Recorded {
                     id,
                     batch: batch.to_vec(),
                     left: steps - 1,
+                    fed: feed,
+                    ahead: None,
                 });
                 self.recorded += 1;
-                Ok(out)
+                Ok((out, true))
             }
             None => {
                 // Nothing ran; the host side of the attempt counted rows that were never
@@ -114,16 +205,18 @@ impl<'b, B: Backend> StepRecorder<'b, B> {
                     set_attention_rows(be, c, &rows)?;
                 }
                 self.refused = true;
-                model.forward_decode(be, ids, caches)
+                Ok((model.forward_decode(be, ids, caches)?, false))
             }
         }
     }
 
-    /// How many more steps the recording in use may replay (0: none in use). While it is
-    /// positive the caller keeps the batch as it is, finished sequences included
-    /// ([`crate::generate::greedy_batch`]).
+    /// How many more steps the recording in use serves, a step launched ahead of the caller
+    /// included (0: none in use). While it is positive the caller keeps the batch as it is,
+    /// finished sequences included ([`crate::generate::greedy_batch`]).
     pub fn replays_left(&self) -> usize {
-        self.current.as_ref().map_or(0, |c| c.left)
+        self.current
+            .as_ref()
+            .map_or(0, |c| c.left + c.ahead.is_some() as usize)
     }
 
     fn forget(&mut self) {

@@ -399,6 +399,15 @@ impl Backend for CudaBackend {
     fn forget_step(&self, id: u64) {
         self.forget_step_graph(id)
     }
+    fn feed_greedy(&self, hidden: &CudaTensor, head: &CudaMatrix) -> Result<()> {
+        CudaBackend::feed_greedy(self, hidden, head)
+    }
+    fn replay_step_fed(&self, id: u64) -> Result<()> {
+        CudaBackend::replay_step_fed(self, id)
+    }
+    fn take_fed_tokens(&self, id: u64) -> Result<Vec<u32>> {
+        CudaBackend::take_fed_tokens(self, id)
+    }
 
     fn reserve_rows(&self, x: &mut CudaTensor, extra: usize) -> Result<()> {
         CudaBackend::reserve_rows(self, x, extra)

@@ -312,20 +312,48 @@ impl CudaBackend {
         k: usize,
         inst: &Instances,
     ) -> Result<TopK> {
+        let ids = self.alloc::<u32>(x.rows * k)?;
+        let lps = self.alloc::<f32>(x.rows * k)?;
+        self.lm_head_topk_unfused_to(x, head, k, inst, self.ptr(&ids), self.ptr(&lps))?;
+        self.download_topk(&ids, &lps, x.rows, k)
+    }
+
+    /// The greedy next token of each row of `x` (top-1 of its logits under `head`: the ids
+    /// [`CudaBackend::lm_head_topk_on_device`] gives for k = 1, by the same kernels), written as
+    /// u32 to the device address `ids` and left there. Queues work only: a recorded step that
+    /// feeds itself ends with it (`step_graph.rs`).
+    pub(super) fn lm_head_top1_to(
+        &self,
+        x: &CudaTensor,
+        head: &CudaMatrix,
+        ids: u64,
+    ) -> Result<()> {
+        ensure!(
+            x.rows <= MAX_DECODE_ROWS,
+            "lm_head: a step's greedy tokens on the device are for at most {MAX_DECODE_ROWS} rows, not {}",
+            x.rows
+        );
+        let lps = self.alloc::<f32>(x.rows.max(1))?;
+        self.lm_head_topk_unfused_to(x, head, 1, &instances(1)?, ids, self.ptr(&lps))
+    }
+
+    /// The unfused path's work: the top `k` ids and log-probs of each row, written to the device
+    /// addresses `ip` and `lp` (`rows × k` each).
+    fn lm_head_topk_unfused_to(
+        &self,
+        x: &CudaTensor,
+        head: &CudaMatrix,
+        k: usize,
+        inst: &Instances,
+        ip: u64,
+        lp: u64,
+    ) -> Result<()> {
         let (rows, vocab) = (x.rows, head.out);
         // fp32 logits for at most `chunk` rows at a time (≤ 1 GiB of scratch).
         let chunk = rows.min(((1usize << 30) / (vocab * 4)).max(1));
         let scratch = self.alloc::<f32>(chunk * vocab)?;
-        let ids = self.alloc::<u32>(rows * k)?;
-        let lps = self.alloc::<f32>(rows * k)?;
         let f = self.kernels.get("topk", inst.per_row)?;
-        let (xp, wp, sp, ip, lp) = (
-            self.ptr(&x.buf),
-            self.ptr(&head.buf),
-            self.ptr(&scratch),
-            self.ptr(&ids),
-            self.ptr(&lps),
-        );
+        let (xp, wp, sp) = (self.ptr(&x.buf), self.ptr(&head.buf), self.ptr(&scratch));
         let mut start = 0;
         while start < rows {
             let n = chunk.min(rows - start);
@@ -364,9 +392,9 @@ impl CudaBackend {
             }
             start += n;
         }
-        let out = self.download_topk(&ids, &lps, rows, k)?;
+        // The scratch's free is stream-ordered after the launches above.
         drop(scratch);
-        Ok(out)
+        Ok(())
     }
 
     /// The `rows × k` ids and log-probs, copied to the host once the stream has finished.

@@ -24,13 +24,21 @@
 //! that no other thread queues work on the backend meanwhile (the engine issues GPU work from one
 //! thread; the background threads hash, store and write records on the host).
 //!
+//! **A step that feeds itself** (greedy decoding, [`CudaBackend::feed_greedy`]): the recorded
+//! step ends with the top-1 of its rows' logits written over the arena's token ids and its
+//! growing words advanced by one (`step_arena_advance`), so the next step needs nothing from the
+//! host: [`CudaBackend::replay_step_fed`] is one graph launch, and each launch of such a recording
+//! queues a copy of its tokens to page-locked memory that [`CudaBackend::take_fed_tokens`] reads
+//! later. The caller can so launch step n + 1 before it reads step n's tokens, and the GPU does
+//! not wait on the host between steps.
+//!
 //! Replays run the same kernels on the same addresses with the same arguments as the recorded
 //! step would with that step's lengths, so a replayed step gives the bits of the eager one
 //! (`cuda_step_graph` asserts it); the decode attention's grid (blocks per sequence) may be
 //! larger than the eager launch's, which changes which block walks a chunk and no arithmetic
 //! (kernels/decode_attention.cu).
 
-use super::{derr, CudaBackend, CudaTensor};
+use super::{derr, CudaBackend, CudaMatrix, CudaTensor};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use cudarc::driver::{sys, CudaGraph, CudaSlice};
 use std::collections::HashMap;
@@ -61,6 +69,8 @@ pub(super) struct Recording {
     positions: Option<(Vec<u32>, usize)>,
     /// The most steps a replay is ahead of the recorded one (lengths grow by up to this).
     max_advance: usize,
+    /// The step feeds itself ([`CudaBackend::feed_greedy`] was called in it).
+    feeds: bool,
 }
 
 impl Recording {
@@ -92,6 +102,18 @@ struct StepGraph {
     /// Steps replayed so far (the recorded one is step 0).
     steps: usize,
     max_advance: usize,
+    /// A step that feeds itself: its launches' tokens on their way to the host.
+    fed: Option<FedTokens>,
+}
+
+/// The greedy tokens of a self-feeding recording's launches, copied to page-locked memory after
+/// each launch: two slots, so that one launch can run ahead of the tokens the host has read.
+struct FedTokens {
+    slots: [cudarc::driver::PinnedHostSlice<u32>; 2],
+    /// Recorded after each slot's copy.
+    copied: [Option<cudarc::driver::CudaEvent>; 2],
+    launched: usize,
+    taken: usize,
 }
 
 // SAFETY: a CudaGraph holds raw driver handles; every use goes through the backend's mutex on the
@@ -229,6 +251,7 @@ impl CudaBackend {
             ids: None,
             positions: None,
             max_advance: steps - 1,
+            feeds: false,
         });
         let captured = self.capture(&mut out, step);
         let rec = self.recording().take().expect("set above");
@@ -245,23 +268,37 @@ impl CudaBackend {
             tracing::debug!("decode step not recorded: it embedded no token ids");
             return Ok(None);
         };
+        let fed = if rec.feeds {
+            // SAFETY: page-locked memory only written by device copies before it is read.
+            let slot = || unsafe { self.ctx.alloc_pinned_with_flags::<u32>(ids.1, 0) };
+            Some(FedTokens {
+                slots: [
+                    slot().map_err(derr("page-locked tokens"))?,
+                    slot().map_err(derr("page-locked tokens"))?,
+                ],
+                copied: [None, None],
+                launched: 0,
+                taken: 0,
+            })
+        } else {
+            None
+        };
         self.write_arena(&mut arena, &rec.image)?;
-        graph.launch().map_err(derr("graph launch"))?;
-        let result = self.clone_tensor(&out)?;
+        let mut g = StepGraph {
+            graph,
+            arena,
+            out,
+            image: rec.image,
+            advancing: rec.advancing,
+            ids,
+            steps: 0,
+            max_advance: rec.max_advance,
+            fed,
+        };
+        self.launch_step(&mut g)?;
+        let result = self.clone_tensor(&g.out)?;
         let id = self.step_graphs.next_id.fetch_add(1, Ordering::Relaxed);
-        self.graphs().insert(
-            id,
-            StepGraph {
-                graph,
-                arena,
-                out,
-                image: rec.image,
-                advancing: rec.advancing,
-                ids,
-                steps: 0,
-                max_advance: rec.max_advance,
-            },
-        );
+        self.graphs().insert(id, g);
         Ok(Some((id, result)))
     }
 
@@ -328,14 +365,138 @@ impl CudaBackend {
         }
         image[at..at + n].copy_from_slice(ids);
         self.write_arena(&mut g.arena, &image)?;
-        g.graph.launch().map_err(derr("graph launch"))?;
+        self.launch_step(g)?;
         self.clone_tensor(&g.out)
+    }
+
+    /// While a step is being recorded, after it: the recorded step ends by writing the greedy
+    /// next token of each row of `hidden` under `head` over the arena's token ids and by
+    /// advancing the arena's growing words by one, so that the next replay needs no host data
+    /// ([`CudaBackend::replay_step_fed`]).
+    pub(super) fn feed_greedy(&self, hidden: &CudaTensor, head: &CudaMatrix) -> Result<()> {
+        let (ids_at, words) = {
+            let mut rec = self.recording();
+            let rec = rec
+                .as_mut()
+                .context("a step feeds itself only while it is being recorded")?;
+            ensure!(!rec.feeds, "a recorded step feeds itself once");
+            let (at, n) = rec
+                .ids
+                .context("a step that feeds itself embeds token ids first")?;
+            ensure!(
+                n == hidden.rows,
+                "a step of {n} tokens fed by {} rows",
+                hidden.rows
+            );
+            // The advancing words' list, in the arena: [count, index...].
+            let list: Vec<u32> = std::iter::once(rec.advancing.len())
+                .chain(rec.advancing.iter().copied())
+                .map(|w| w as u32)
+                .collect();
+            let list_at = rec.take(list.len(), 1)?;
+            rec.image[list_at..].copy_from_slice(&list);
+            rec.feeds = true;
+            (rec.address(at), (rec.base, rec.address(list_at)))
+        };
+        self.lm_head_top1_to(hidden, head, ids_at)?;
+        let f = self.kernels.get("elementwise", "step_arena_advance")?;
+        let mut b = self.launch_builder(&f);
+        b.arg(&words.0).arg(&words.1);
+        // SAFETY: (u32*, const u32*): the arena and its list of in-arena word indices.
+        unsafe {
+            b.launch(cudarc::driver::LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(derr("step_arena_advance"))
+    }
+
+    /// The next step of self-feeding recording `id`, its tokens the last launch's greedy ones:
+    /// queued, not waited for. Its tokens come from [`CudaBackend::take_fed_tokens`].
+    pub(super) fn replay_step_fed(&self, id: u64) -> Result<()> {
+        let mut graphs = self.graphs();
+        let g = graphs
+            .get_mut(&id)
+            .with_context(|| format!("no recorded decode step {id}"))?;
+        ensure!(
+            g.fed.is_some(),
+            "recorded decode step {id} does not feed itself"
+        );
+        ensure!(
+            g.steps < g.max_advance,
+            "recorded decode step: all {} steps it was recorded for have run",
+            g.max_advance + 1
+        );
+        g.steps += 1;
+        self.launch_step(g)
+    }
+
+    /// The greedy tokens of the oldest launch of self-feeding recording `id` whose tokens have not
+    /// been taken yet, once that launch has finished (the launch after it may still run).
+    pub(super) fn take_fed_tokens(&self, id: u64) -> Result<Vec<u32>> {
+        let mut graphs = self.graphs();
+        let g = graphs
+            .get_mut(&id)
+            .with_context(|| format!("no recorded decode step {id}"))?;
+        let fed = g
+            .fed
+            .as_mut()
+            .with_context(|| format!("recorded decode step {id} does not feed itself"))?;
+        ensure!(
+            fed.taken < fed.launched,
+            "recorded decode step {id}: every launch's tokens were taken"
+        );
+        let slot = fed.taken % 2;
+        if let Some(done) = fed.copied[slot].take() {
+            done.synchronize()
+                .map_err(derr("waiting for a step's tokens"))?;
+        }
+        fed.taken += 1;
+        Ok(fed.slots[slot]
+            .as_slice()
+            .map_err(derr("page-locked tokens"))?
+            .to_vec())
+    }
+
+    /// Launches `g`'s graph; a self-feeding one's tokens are then copied to the next free slot.
+    fn launch_step(&self, g: &mut StepGraph) -> Result<()> {
+        if let Some(fed) = &g.fed {
+            ensure!(
+                fed.launched - fed.taken < 2,
+                "a self-feeding step runs at most one launch ahead of the tokens taken"
+            );
+        }
+        g.graph.launch().map_err(derr("graph launch"))?;
+        let Some(fed) = g.fed.as_mut() else {
+            return Ok(());
+        };
+        let (at, n) = g.ids;
+        let slot = fed.launched % 2;
+        self.stream
+            .memcpy_dtoh(&g.arena.slice(at..at + n), &mut fed.slots[slot])
+            .map_err(derr("copying a step's tokens"))?;
+        fed.copied[slot] = Some(
+            self.stream
+                .record_event(None)
+                .map_err(derr("recording a step's tokens"))?,
+        );
+        fed.launched += 1;
+        Ok(())
     }
 
     /// [`Backend::forget_step`](crate::backend::Backend::forget_step).
     pub(super) fn forget_step_graph(&self, id: u64) {
-        // An executable graph still running is freed when it completes (cuGraphExecDestroy).
-        self.graphs().remove(&id);
+        // An executable graph still running is freed when it completes (cuGraphExecDestroy); the
+        // page-locked slots of a self-feeding one are not, so their last copies finish first.
+        if let Some(g) = self.graphs().remove(&id) {
+            for copied in g.fed.iter().flat_map(|f| f.copied.iter().flatten()) {
+                if let Err(e) = copied.synchronize() {
+                    tracing::warn!("a recorded step's token copy: {e}");
+                }
+            }
+        }
     }
 
     fn graphs(&self) -> std::sync::MutexGuard<'_, HashMap<u64, StepGraph>> {
