@@ -280,3 +280,40 @@ fn greedy_steps_that_feed_themselves_give_the_usual_tokens() {
         assert!(format!("{err:#}").contains("launched ahead"), "{err:#}");
     }
 }
+
+/// `DRAFTLENS_STEP_FEED=off` (here: the switch it sets): greedy steps still replay recordings,
+/// but read each step's tokens before launching the next, with the same tokens.
+#[test]
+fn greedy_steps_without_feeding_give_the_same_tokens() {
+    let Some(be) = gpu() else { return };
+    be.set_step_feed(false);
+    let spec = cuda_util::small_qwen3_spec();
+    let model = TargetModel::load(&be, &spec, &RandomWeights::new(&spec, 11)).unwrap();
+    let prompts = prompts(spec.vocab_size as u32);
+    let usual = decode(&be, &model, &prompts, 40, (usize::MAX, 0), false);
+    let mut live: Vec<(KvCache<CudaBackend>, u32)> = prompts
+        .iter()
+        .map(|p| {
+            let mut cache = model.new_cache();
+            let out = model.forward(&be, p, &mut cache, &Capture::none()).unwrap();
+            let rows = be.dims(&out.last_hidden).0;
+            let last = be.slice_rows(&out.last_hidden, rows - 1, rows).unwrap();
+            (cache, model.logits_topk(&be, &last, 1).unwrap().ids[0])
+        })
+        .collect();
+    let batch: Vec<usize> = (0..prompts.len()).collect();
+    let mut recorder = StepRecorder::new(&be);
+    for want in &usual.tokens {
+        let ids: Vec<u32> = live.iter().map(|l| l.1).collect();
+        let mut caches: Vec<&mut KvCache<CudaBackend>> =
+            live.iter_mut().map(|l| &mut l.0).collect();
+        let got = recorder
+            .greedy_step(&model, &ids, &batch, &mut caches)
+            .unwrap();
+        assert_eq!(&got, want);
+        for (l, next) in live.iter_mut().zip(got) {
+            l.1 = next;
+        }
+    }
+    assert!(recorder.replayed >= 30, "{} replays", recorder.replayed);
+}

@@ -532,6 +532,11 @@ pub trait Backend: Send + Sync + 'static {
     fn forget_step(&self, id: u64) {
         let _ = id;
     }
+    /// Whether greedy recordings feed themselves ([`Backend::feed_greedy`]): the CUDA backend's
+    /// do while it records steps, unless `DRAFTLENS_STEP_FEED=off`. The default: no.
+    fn feeds_steps(&self) -> bool {
+        false
+    }
     /// Inside [`Backend::record_step`]'s step, after it: the recorded step then feeds itself. It
     /// ends by writing each row's greedy next token — the top-1 of `hidden` under `head`, the id
     /// [`Backend::lm_head_topk`] gives for k = 1 — where the next replay reads its token ids, so

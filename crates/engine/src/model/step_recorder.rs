@@ -99,7 +99,8 @@ impl<'b, B: Backend> StepRecorder<'b, B> {
                 return self.launch_ahead_and_take(caches);
             }
         }
-        let (hidden, from_recording) = self.run_step(model, ids, batch, caches, true)?;
+        let feed = be.feeds_steps();
+        let (hidden, from_recording) = self.run_step(model, ids, batch, caches, feed)?;
         if from_recording && self.current.as_ref().is_some_and(|c| c.fed) {
             return self.launch_ahead_and_take(caches);
         }

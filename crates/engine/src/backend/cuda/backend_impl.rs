@@ -399,6 +399,9 @@ impl Backend for CudaBackend {
     fn forget_step(&self, id: u64) {
         self.forget_step_graph(id)
     }
+    fn feeds_steps(&self) -> bool {
+        CudaBackend::feeds_steps(self)
+    }
     fn feed_greedy(&self, hidden: &CudaTensor, head: &CudaMatrix) -> Result<()> {
         CudaBackend::feed_greedy(self, hidden, head)
     }

@@ -55,6 +55,10 @@ const TABLE_ALIGN: usize = 16;
 /// The environment variable that turns recorded decode steps off (`off`); on by default.
 pub const STEP_GRAPHS_ENV: &str = "DRAFTLENS_STEP_GRAPHS";
 
+/// The environment variable that keeps greedy recordings from feeding themselves (`off`): the
+/// host then reads each step's tokens before it launches the next (for A/B benchmarks).
+pub const STEP_FEED_ENV: &str = "DRAFTLENS_STEP_FEED";
+
 /// The recording in progress: the arena's host image as the recorded step wrote it.
 pub(super) struct Recording {
     /// Device address of the arena (allocated before the capture).
@@ -126,6 +130,7 @@ pub(super) struct StepGraphs {
     graphs: Mutex<HashMap<u64, StepGraph>>,
     next_id: AtomicU64,
     enabled: AtomicBool,
+    feeds: AtomicBool,
 }
 
 impl Default for StepGraphs {
@@ -137,6 +142,9 @@ impl Default for StepGraphs {
             enabled: AtomicBool::new(
                 std::env::var(STEP_GRAPHS_ENV).map_or(true, |v| v.trim() != "off"),
             ),
+            feeds: AtomicBool::new(
+                std::env::var(STEP_FEED_ENV).map_or(true, |v| v.trim() != "off"),
+            ),
         }
     }
 }
@@ -145,6 +153,17 @@ impl CudaBackend {
     /// [`Backend::records_steps`](crate::backend::Backend::records_steps).
     pub(super) fn records_steps(&self) -> bool {
         self.step_graphs.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Whether greedy recordings feed themselves ([`CudaBackend::feed_greedy`]): while steps are
+    /// recorded, unless `DRAFTLENS_STEP_FEED=off`.
+    pub(super) fn feeds_steps(&self) -> bool {
+        self.records_steps() && self.step_graphs.feeds.load(Ordering::Relaxed)
+    }
+
+    /// Turns self-feeding greedy recordings on or off (A/B benchmarks and tests).
+    pub fn set_step_feed(&self, on: bool) {
+        self.step_graphs.feeds.store(on, Ordering::Relaxed);
     }
 
     /// Turns recorded steps on or off (tests and benchmarks compare both).
