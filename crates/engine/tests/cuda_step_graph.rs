@@ -49,12 +49,8 @@ fn decode(
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            let mut cache = model.new_cache();
-            let out = model.forward(be, p, &mut cache, &Capture::none()).unwrap();
-            prefill.push(bits(be, &out.last_hidden));
-            let rows = be.dims(&out.last_hidden).0;
-            let last = be.slice_rows(&out.last_hidden, rows - 1, rows).unwrap();
-            let next = model.logits_topk(be, &last, 1).unwrap().ids[0];
+            let (cache, next, hidden) = prefilled(be, model, p);
+            prefill.push(hidden);
             (i, cache, next)
         })
         .collect();
@@ -96,6 +92,58 @@ fn decode(
         recorded: recorder.recorded,
         replayed: recorder.replayed,
     }
+}
+
+/// `prompt` prefilled: its cache, its greedy next token and the prefill's hidden-state bits.
+fn prefilled(
+    be: &CudaBackend,
+    model: &TargetModel<CudaBackend>,
+    prompt: &[u32],
+) -> (KvCache<CudaBackend>, u32, Vec<u16>) {
+    let mut cache = model.new_cache();
+    let out = model
+        .forward(be, prompt, &mut cache, &Capture::none())
+        .unwrap();
+    let rows = be.dims(&out.last_hidden).0;
+    let last = be.slice_rows(&out.last_hidden, rows - 1, rows).unwrap();
+    let next = model.logits_topk(be, &last, 1).unwrap().ids[0];
+    (cache, next, bits(be, &out.last_hidden))
+}
+
+/// Greedy decoding of `prompts` in one batch through [`StepRecorder::greedy_step`], asserting
+/// each step's tokens against `want`; returns the recorder and the sequences' (cache, next
+/// token) after the last step.
+fn greedy_steps<'b>(
+    be: &'b CudaBackend,
+    model: &TargetModel<CudaBackend>,
+    prompts: &[Vec<u32>],
+    want: &[Vec<u32>],
+) -> (
+    StepRecorder<'b, CudaBackend>,
+    Vec<(KvCache<CudaBackend>, u32)>,
+) {
+    let mut live: Vec<(KvCache<CudaBackend>, u32)> = prompts
+        .iter()
+        .map(|p| {
+            let (cache, next, _) = prefilled(be, model, p);
+            (cache, next)
+        })
+        .collect();
+    let batch: Vec<usize> = (0..prompts.len()).collect();
+    let mut recorder = StepRecorder::new(be);
+    for (step, want) in want.iter().enumerate() {
+        let ids: Vec<u32> = live.iter().map(|l| l.1).collect();
+        let mut caches: Vec<&mut KvCache<CudaBackend>> =
+            live.iter_mut().map(|l| &mut l.0).collect();
+        let got = recorder
+            .greedy_step(model, &ids, &batch, &mut caches)
+            .unwrap();
+        assert_eq!(&got, want, "{:?}: step {step}'s tokens", model.spec.arch);
+        for (l, next) in live.iter_mut().zip(got) {
+            l.1 = next;
+        }
+    }
+    (recorder, live)
 }
 
 /// Five prompts of 3 to 37 tokens (every length crosses several 32-key chunk boundaries).
@@ -239,30 +287,7 @@ fn greedy_steps_that_feed_themselves_give_the_usual_tokens() {
         be.set_dependent_launches(false);
         let usual = decode(&be, &model, &prompts, steps, (usize::MAX, 0), false);
         be.set_dependent_launches(true);
-        let mut live: Vec<(KvCache<CudaBackend>, u32)> = prompts
-            .iter()
-            .map(|p| {
-                let mut cache = model.new_cache();
-                let out = model.forward(&be, p, &mut cache, &Capture::none()).unwrap();
-                let rows = be.dims(&out.last_hidden).0;
-                let last = be.slice_rows(&out.last_hidden, rows - 1, rows).unwrap();
-                (cache, model.logits_topk(&be, &last, 1).unwrap().ids[0])
-            })
-            .collect();
-        let batch: Vec<usize> = (0..prompts.len()).collect();
-        let mut recorder = StepRecorder::new(&be);
-        for (step, want) in usual.tokens.iter().enumerate() {
-            let ids: Vec<u32> = live.iter().map(|l| l.1).collect();
-            let mut caches: Vec<&mut KvCache<CudaBackend>> =
-                live.iter_mut().map(|l| &mut l.0).collect();
-            let got = recorder
-                .greedy_step(&model, &ids, &batch, &mut caches)
-                .unwrap();
-            assert_eq!(&got, want, "{:?}: step {step}'s tokens", spec.arch);
-            for (l, next) in live.iter_mut().zip(got) {
-                l.1 = next;
-            }
-        }
+        let (mut recorder, mut live) = greedy_steps(&be, &model, &prompts, &usual.tokens);
         assert!(recorder.recorded >= 2 && recorder.replayed >= steps - 2 - 2 * recorder.recorded);
         assert!(recorder.replays_left() > 0, "a step is launched ahead");
         println!(
@@ -270,6 +295,7 @@ fn greedy_steps_that_feed_themselves_give_the_usual_tokens() {
             spec.arch, recorder.recorded, recorder.replayed
         );
         // The step launched ahead was given the tokens returned last: others are refused.
+        let batch: Vec<usize> = (0..prompts.len()).collect();
         let mut ids: Vec<u32> = live.iter().map(|l| l.1).collect();
         ids[0] ^= 1;
         let mut caches: Vec<&mut KvCache<CudaBackend>> =
@@ -291,29 +317,6 @@ fn greedy_steps_without_feeding_give_the_same_tokens() {
     let model = TargetModel::load(&be, &spec, &RandomWeights::new(&spec, 11)).unwrap();
     let prompts = prompts(spec.vocab_size as u32);
     let usual = decode(&be, &model, &prompts, 40, (usize::MAX, 0), false);
-    let mut live: Vec<(KvCache<CudaBackend>, u32)> = prompts
-        .iter()
-        .map(|p| {
-            let mut cache = model.new_cache();
-            let out = model.forward(&be, p, &mut cache, &Capture::none()).unwrap();
-            let rows = be.dims(&out.last_hidden).0;
-            let last = be.slice_rows(&out.last_hidden, rows - 1, rows).unwrap();
-            (cache, model.logits_topk(&be, &last, 1).unwrap().ids[0])
-        })
-        .collect();
-    let batch: Vec<usize> = (0..prompts.len()).collect();
-    let mut recorder = StepRecorder::new(&be);
-    for want in &usual.tokens {
-        let ids: Vec<u32> = live.iter().map(|l| l.1).collect();
-        let mut caches: Vec<&mut KvCache<CudaBackend>> =
-            live.iter_mut().map(|l| &mut l.0).collect();
-        let got = recorder
-            .greedy_step(&model, &ids, &batch, &mut caches)
-            .unwrap();
-        assert_eq!(&got, want);
-        for (l, next) in live.iter_mut().zip(got) {
-            l.1 = next;
-        }
-    }
+    let (recorder, _) = greedy_steps(&be, &model, &prompts, &usual.tokens);
     assert!(recorder.replayed >= 30, "{} replays", recorder.replayed);
 }
