@@ -40,7 +40,7 @@ for ARCH in ${ARCHS:-gpt-oss-20b-8l}; do
       n=$([ $b = 1 ] && echo ${B1_PROMPTS:-32} || echo 164)
       env $(envs $a) DRAFTLENS_CACHE=/tmp/c-$i timeout 150 $B/draftlens $G --limit $n --gen-batch $b \
         --max-new-tokens 128 --json > $O/gen_${i}_b$b.json 2> $O/gen_${i}_b$b.err
-      echo "== $ARCH [$i] $a batch $b ($n prompts) rc=$?"; grep -E "generate: decode" $O/gen_${i}_b$b.err | head -1
+      echo "== $ARCH [$i] $a batch $b ($n prompts) rc=$?"; grep -E "generate: (decode|prefill)" $O/gen_${i}_b$b.err | head -2
       [ $i -gt 0 ] && python3 - $O/gen_0_b$b.json $O/gen_${i}_b$b.json <<'PY'
 import json, sys
 a, b = ([(r["id"], r["new_tokens"], r["text"]) for r in json.load(open(p))] for p in sys.argv[1:3])
