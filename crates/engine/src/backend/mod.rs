@@ -533,7 +533,7 @@ pub trait Backend: Send + Sync + 'static {
         let _ = id;
     }
     /// Whether greedy recordings feed themselves ([`Backend::feed_greedy`]): the CUDA backend's
-    /// do while it records steps, unless `DRAFTLENS_STEP_FEED=off`. The default: no.
+    /// do while it records steps when `DRAFTLENS_STEP_FEED=on`. The default: no.
     fn feeds_steps(&self) -> bool {
         false
     }

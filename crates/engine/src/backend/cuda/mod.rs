@@ -160,7 +160,7 @@ pub struct CudaBackend {
     lm_head: lm_head::LmHeadState,
     /// Recorded decode steps (CUDA graphs) and the recording in progress (`step_graph.rs`).
     step_graphs: step_graph::StepGraphs,
-    /// Kernels are launched as programmatic dependent launches (`launch.rs`).
+    /// Kernels are launched as programmatic dependent launches (`launch.rs`; opt-in).
     dependent_launch: std::sync::atomic::AtomicBool,
 }
 

@@ -29,8 +29,8 @@ const ROUTE_THREADS: u32 = 128;
 /// `DRAFTLENS_MOE_ROUTING=host`, the A/B switch of docs/benchmarks-cuda.md), and the experts'
 /// weight- and bias-pointer tables, keyed by the pointers they hold (so a table is never stale);
 /// and how MXFP4 experts are uploaded (`mxfp4.rs`: `DRAFTLENS_MXFP4`, read here once, its error
-/// kept for the first MXFP4 upload); whether a plan of few routes is built by one block (on unless
-/// `DRAFTLENS_MOE_PLAN=launches`, the A/B switch of docs/benchmarks-cuda.md "Session 29").
+/// kept for the first MXFP4 upload); whether a plan of few routes is built by one block
+/// (`DRAFTLENS_MOE_PLAN=block`; off until a GPU run has tested and timed it: docs/cuda.md).
 pub(crate) struct MoeState {
     on_device: AtomicBool,
     one_block_plan: AtomicBool,
@@ -45,7 +45,7 @@ impl Default for MoeState {
                 std::env::var("DRAFTLENS_MOE_ROUTING").map_or(true, |v| v != "host"),
             ),
             one_block_plan: AtomicBool::new(
-                std::env::var("DRAFTLENS_MOE_PLAN").map_or(true, |v| v != "launches"),
+                std::env::var("DRAFTLENS_MOE_PLAN").is_ok_and(|v| v == "block"),
             ),
             tables: Mutex::new(HashMap::new()),
             mxfp4_packed: Mutex::new(

@@ -55,8 +55,9 @@ const TABLE_ALIGN: usize = 16;
 /// The environment variable that turns recorded decode steps off (`off`); on by default.
 pub const STEP_GRAPHS_ENV: &str = "DRAFTLENS_STEP_GRAPHS";
 
-/// The environment variable that keeps greedy recordings from feeding themselves (`off`): the
-/// host then reads each step's tokens before it launches the next (for A/B benchmarks).
+/// The environment variable that lets greedy recordings feed themselves (`on`); without it the
+/// host reads each step's tokens before it launches the next. Opt-in until a GPU run has tested
+/// and timed it (docs/cuda.md, "Recorded decode steps").
 pub const STEP_FEED_ENV: &str = "DRAFTLENS_STEP_FEED";
 
 /// The recording in progress: the arena's host image as the recorded step wrote it.
@@ -142,9 +143,7 @@ impl Default for StepGraphs {
             enabled: AtomicBool::new(
                 std::env::var(STEP_GRAPHS_ENV).map_or(true, |v| v.trim() != "off"),
             ),
-            feeds: AtomicBool::new(
-                std::env::var(STEP_FEED_ENV).map_or(true, |v| v.trim() != "off"),
-            ),
+            feeds: AtomicBool::new(std::env::var(STEP_FEED_ENV).is_ok_and(|v| v.trim() == "on")),
         }
     }
 }
@@ -156,7 +155,7 @@ impl CudaBackend {
     }
 
     /// Whether greedy recordings feed themselves ([`CudaBackend::feed_greedy`]): while steps are
-    /// recorded, unless `DRAFTLENS_STEP_FEED=off`.
+    /// recorded, when `DRAFTLENS_STEP_FEED=on`.
     pub(super) fn feeds_steps(&self) -> bool {
         self.records_steps() && self.step_graphs.feeds.load(Ordering::Relaxed)
     }
