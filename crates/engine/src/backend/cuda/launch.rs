@@ -32,23 +32,21 @@ pub(super) fn dependent_launches(compute_capability: (i32, i32)) -> bool {
     compute_capability.0 >= 9 && std::env::var(DEPENDENT_LAUNCH_ENV).is_ok_and(|v| v.trim() == "on")
 }
 
-/// One kernel launch being assembled: its arguments in the kernel's parameter order.
+/// The most parameters a kernel of `kernels/*.cu` takes (`moe_plan_one_block`: 15), with room.
+const MAX_PARAMS: usize = 24;
+
+/// One kernel launch being assembled: its arguments in the kernel's parameter order, in arrays
+/// on the stack (no allocation per launch: a decode step launches hundreds).
 pub(super) struct Launch<'a> {
     stream: &'a CudaStream,
     func: &'a CudaFunction,
     dependent: bool,
-    args: Vec<Param>,
-    /// Device addresses of the buffer arguments: `cuLaunchKernelEx` takes a pointer to each
-    /// parameter's value, and a buffer's address is a value computed here, not a field we borrow.
-    addresses: Vec<u64>,
-}
-
-/// Where a parameter's value lives until the launch.
-enum Param {
-    /// In the caller's variable (a scalar or a `#[repr(C)]` struct).
-    Host(*const c_void),
-    /// In `Launch::addresses`, at this index.
-    Address(usize),
+    /// Where each parameter's value is, as `cuLaunchKernelEx` takes them: the caller's variable
+    /// for a scalar; null for a buffer, whose address is in `addresses` at the same index (a value
+    /// computed here, not a field we can borrow) and is pointed to at the launch.
+    params: [*mut c_void; MAX_PARAMS],
+    addresses: [u64; MAX_PARAMS],
+    count: usize,
 }
 
 /// A value passed to a kernel by copy: plain numbers and the `#[repr(C)]` parameter structs of
@@ -70,9 +68,7 @@ pub(super) trait KernelArg<'a> {
 
 impl<'a, T: KernelValue> KernelArg<'a> for &'a T {
     fn push(self, launch: &mut Launch<'a>) {
-        launch
-            .args
-            .push(Param::Host(self as *const T as *const c_void));
+        launch.push(self as *const T as *mut c_void, 0);
     }
 }
 
@@ -110,8 +106,9 @@ impl<'a> Launch<'a> {
             stream,
             func,
             dependent,
-            args: Vec::with_capacity(16),
-            addresses: Vec::with_capacity(16),
+            params: [std::ptr::null_mut(); MAX_PARAMS],
+            addresses: [0; MAX_PARAMS],
+            count: 0,
         }
     }
 
@@ -122,8 +119,16 @@ impl<'a> Launch<'a> {
     }
 
     fn push_address(&mut self, address: u64) {
-        self.args.push(Param::Address(self.addresses.len()));
-        self.addresses.push(address);
+        self.push(std::ptr::null_mut(), address);
+    }
+
+    /// Appends a parameter (counted past `MAX_PARAMS` too, so that the launch refuses it).
+    fn push(&mut self, value: *mut c_void, address: u64) {
+        if let Some(slot) = self.params.get_mut(self.count) {
+            *slot = value;
+            self.addresses[self.count] = address;
+        }
+        self.count += 1;
     }
 
     /// Launches the kernel on the stream.
@@ -132,17 +137,16 @@ impl<'a> Launch<'a> {
     /// The arguments must be the kernel's parameters, in order and of its types, and every buffer
     /// must hold what the kernel reads and writes at this configuration.
     pub(super) unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
+        if self.count > MAX_PARAMS {
+            return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE));
+        }
         self.stream.context().bind_to_thread()?;
-        let base = self.addresses.as_mut_ptr();
-        let mut params: Vec<*mut c_void> = self
-            .args
-            .iter()
-            .map(|p| match *p {
-                Param::Host(value) => value as *mut c_void,
-                // SAFETY: `i` indexes `addresses`, which is not resized until the launch is done.
-                Param::Address(i) => (unsafe { base.add(i) }) as *mut c_void,
-            })
-            .collect();
+        // A buffer's parameter points at its address, in `self`, which stays put until the call.
+        for (param, address) in self.params.iter_mut().zip(&mut self.addresses) {
+            if param.is_null() {
+                *param = address as *mut u64 as *mut c_void;
+            }
+        }
         // SAFETY: an all-zero attribute is a valid value of the C struct; both fields are set next.
         let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attribute.id =
@@ -170,7 +174,7 @@ impl<'a> Launch<'a> {
             sys::cuLaunchKernelEx(
                 &config,
                 self.func.cu_function(),
-                params.as_mut_ptr(),
+                self.params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
         }

@@ -112,7 +112,8 @@ impl CudaBackend {
     }
 
     /// A device-routed step of at most `PLAN_ONE_BLOCK_ROUTES` routes builds its plan in one
-    /// block (`true`, the default) or in the count / groups / fill launches of larger steps
+    /// block (`true`; `DRAFTLENS_MOE_PLAN=block`) or in the count / groups / fill launches of
+    /// larger steps (`false`, the default)
     /// (tests and A/B benchmarks; the same plan up to the order of rows within an expert's group,
     /// which no output depends on).
     pub fn set_moe_plan_one_block(&self, on: bool) {

@@ -173,7 +173,9 @@ impl CudaBackend {
             total_mem_bytes: ctx.total_mem().map_err(derr("memory size"))?,
             driver_version,
         };
-        let info_cc = info.compute_capability;
+        let dependent_launch = std::sync::atomic::AtomicBool::new(
+            super::launch::dependent_launches(info.compute_capability),
+        );
         let kernels = Kernels::new(ctx.clone())?;
         let machine = format!(
             "{} sm_{}{} driver {}",
@@ -199,9 +201,7 @@ impl CudaBackend {
             moe: Default::default(),
             lm_head: Default::default(),
             step_graphs: Default::default(),
-            dependent_launch: std::sync::atomic::AtomicBool::new(
-                super::launch::dependent_launches(info_cc),
-            ),
+            dependent_launch,
         })
     }
 

@@ -115,10 +115,44 @@ struct StepGraph {
 /// each launch: two slots, so that one launch can run ahead of the tokens the host has read.
 struct FedTokens {
     slots: [cudarc::driver::PinnedHostSlice<u32>; 2],
-    /// Recorded after each slot's copy.
-    copied: [Option<cudarc::driver::CudaEvent>; 2],
+    /// Recorded again after each copy into the slot (made once; one never recorded is complete).
+    copied: [cudarc::driver::CudaEvent; 2],
     launched: usize,
     taken: usize,
+}
+
+impl StepGraph {
+    /// Counts one more step past the recorded one; an error once all it serves have run.
+    fn take_step(&mut self) -> Result<()> {
+        ensure!(
+            self.steps < self.max_advance,
+            "recorded decode step: all {} steps it was recorded for have run",
+            self.max_advance + 1
+        );
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// The tokens of the oldest launch not taken yet, once its copy has landed.
+    fn take_tokens(&mut self, id: u64) -> Result<Vec<u32>> {
+        let fed = self
+            .fed
+            .as_mut()
+            .with_context(|| format!("recorded decode step {id} does not feed itself"))?;
+        ensure!(
+            fed.taken < fed.launched,
+            "recorded decode step {id}: every launch's tokens were taken"
+        );
+        let slot = fed.taken % 2;
+        fed.copied[slot]
+            .synchronize()
+            .map_err(derr("waiting for a step's tokens"))?;
+        fed.taken += 1;
+        Ok(fed.slots[slot]
+            .as_slice()
+            .map_err(derr("page-locked tokens"))?
+            .to_vec())
+    }
 }
 
 // SAFETY: a CudaGraph holds raw driver handles; every use goes through the backend's mutex on the
@@ -288,13 +322,14 @@ impl CudaBackend {
         };
         let fed = if rec.feeds {
             // SAFETY: page-locked memory only written by device copies before it is read.
-            let slot = || unsafe { self.ctx.alloc_pinned_with_flags::<u32>(ids.1, 0) };
+            let slot = || {
+                unsafe { self.ctx.alloc_pinned_with_flags::<u32>(ids.1, 0) }
+                    .map_err(derr("page-locked tokens"))
+            };
+            let event = || self.ctx.new_event(None).map_err(derr("an event"));
             Some(FedTokens {
-                slots: [
-                    slot().map_err(derr("page-locked tokens"))?,
-                    slot().map_err(derr("page-locked tokens"))?,
-                ],
-                copied: [None, None],
+                slots: [slot()?, slot()?],
+                copied: [event()?, event()?],
                 launched: 0,
                 taken: 0,
             })
@@ -361,30 +396,23 @@ impl CudaBackend {
     /// [`Backend::replay_step`](crate::backend::Backend::replay_step): the next step of recording
     /// `id` with these token ids.
     pub(super) fn replay_step_graph(&self, id: u64, ids: &[u32]) -> Result<CudaTensor> {
-        let mut graphs = self.graphs();
-        let g = graphs
-            .get_mut(&id)
-            .with_context(|| format!("no recorded decode step {id}"))?;
-        let (at, n) = g.ids;
-        ensure!(
-            ids.len() == n,
-            "recorded decode step: {} tokens for a batch of {n}",
-            ids.len()
-        );
-        ensure!(
-            g.steps < g.max_advance,
-            "recorded decode step: all {} steps it was recorded for have run",
-            g.max_advance + 1
-        );
-        g.steps += 1;
-        let mut image = g.image.clone();
-        for &w in &g.advancing {
-            image[w] += g.steps as u32;
-        }
-        image[at..at + n].copy_from_slice(ids);
-        self.write_arena(&mut g.arena, &image)?;
-        self.launch_step(g)?;
-        self.clone_tensor(&g.out)
+        self.with_step_graph(id, |g| {
+            let (at, n) = g.ids;
+            ensure!(
+                ids.len() == n,
+                "recorded decode step: {} tokens for a batch of {n}",
+                ids.len()
+            );
+            g.take_step()?;
+            let mut image = g.image.clone();
+            for &w in &g.advancing {
+                image[w] += g.steps as u32;
+            }
+            image[at..at + n].copy_from_slice(ids);
+            self.write_arena(&mut g.arena, &image)?;
+            self.launch_step(g)?;
+            self.clone_tensor(&g.out)
+        })
     }
 
     /// While a step is being recorded, after it: the recorded step ends by writing the greedy
@@ -434,48 +462,33 @@ impl CudaBackend {
     /// The next step of self-feeding recording `id`, its tokens the last launch's greedy ones:
     /// queued, not waited for. Its tokens come from [`CudaBackend::take_fed_tokens`].
     pub(super) fn replay_step_fed(&self, id: u64) -> Result<()> {
-        let mut graphs = self.graphs();
-        let g = graphs
-            .get_mut(&id)
-            .with_context(|| format!("no recorded decode step {id}"))?;
-        ensure!(
-            g.fed.is_some(),
-            "recorded decode step {id} does not feed itself"
-        );
-        ensure!(
-            g.steps < g.max_advance,
-            "recorded decode step: all {} steps it was recorded for have run",
-            g.max_advance + 1
-        );
-        g.steps += 1;
-        self.launch_step(g)
+        self.with_step_graph(id, |g| {
+            ensure!(
+                g.fed.is_some(),
+                "recorded decode step {id} does not feed itself"
+            );
+            g.take_step()?;
+            self.launch_step(g)
+        })
     }
 
     /// The greedy tokens of the oldest launch of self-feeding recording `id` whose tokens have not
     /// been taken yet, once that launch has finished (the launch after it may still run).
     pub(super) fn take_fed_tokens(&self, id: u64) -> Result<Vec<u32>> {
+        self.with_step_graph(id, |g| g.take_tokens(id))
+    }
+
+    /// `f` on recorded step `id`, under the lock of the map of recorded steps.
+    fn with_step_graph<R>(
+        &self,
+        id: u64,
+        f: impl FnOnce(&mut StepGraph) -> Result<R>,
+    ) -> Result<R> {
         let mut graphs = self.graphs();
         let g = graphs
             .get_mut(&id)
             .with_context(|| format!("no recorded decode step {id}"))?;
-        let fed = g
-            .fed
-            .as_mut()
-            .with_context(|| format!("recorded decode step {id} does not feed itself"))?;
-        ensure!(
-            fed.taken < fed.launched,
-            "recorded decode step {id}: every launch's tokens were taken"
-        );
-        let slot = fed.taken % 2;
-        if let Some(done) = fed.copied[slot].take() {
-            done.synchronize()
-                .map_err(derr("waiting for a step's tokens"))?;
-        }
-        fed.taken += 1;
-        Ok(fed.slots[slot]
-            .as_slice()
-            .map_err(derr("page-locked tokens"))?
-            .to_vec())
+        f(g)
     }
 
     /// Launches `g`'s graph; a self-feeding one's tokens are then copied to the next free slot.
@@ -495,11 +508,9 @@ impl CudaBackend {
         self.stream
             .memcpy_dtoh(&g.arena.slice(at..at + n), &mut fed.slots[slot])
             .map_err(derr("copying a step's tokens"))?;
-        fed.copied[slot] = Some(
-            self.stream
-                .record_event(None)
-                .map_err(derr("recording a step's tokens"))?,
-        );
+        fed.copied[slot]
+            .record(&self.stream)
+            .map_err(derr("recording a step's tokens"))?;
         fed.launched += 1;
         Ok(())
     }
@@ -509,7 +520,7 @@ impl CudaBackend {
         // An executable graph still running is freed when it completes (cuGraphExecDestroy); the
         // page-locked slots of a self-feeding one are not, so their last copies finish first.
         if let Some(g) = self.graphs().remove(&id) {
-            for copied in g.fed.iter().flat_map(|f| f.copied.iter().flatten()) {
+            for copied in g.fed.iter().flat_map(|f| &f.copied) {
                 if let Err(e) = copied.synchronize() {
                     tracing::warn!("a recorded step's token copy: {e}");
                 }
