@@ -28,11 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 KERNELS_RS = ROOT / "crates/engine/src/backend/cuda/kernels.rs"
 
 
-def modules():
+def modules(table_name="const SOURCES:"):
     """Module name -> its files, in the order `SOURCES` in kernels.rs concatenates them (read from
-    kernels.rs itself, so that this tool cannot drift from what the backend compiles)."""
+    kernels.rs itself, so that this tool cannot drift from what the backend compiles).
+    `const SOURCES_SM90A:` names the modules compiled for sm_90a only (wgmma)."""
     src = KERNELS_RS.read_text()
-    table = src[src.index("const SOURCES"):]
+    table = src[src.index(table_name):]
     table = table[: table.index("];")]
     out, current = {}, None
     # In order: a module's name ("elementwise",) then the files it includes.
@@ -48,6 +49,10 @@ def modules():
 
 
 MODULES = modules()
+# Modules for Hopper's arch-specific target (kernels.rs SOURCES_SM90A): compiled for 90a, and only
+# when --arch is 90.
+MODULES_90A = modules("const SOURCES_SM90A:")
+MODULES.update(MODULES_90A)
 
 
 def module_source(name):
@@ -89,7 +94,7 @@ MEMORY_OP = re.compile(r"^\s*(@!?%p\d+\s+)?(ld|ldu|st|atom|red|cp|prefetch|tex|t
 
 def dependent_launch_errors(ptx, arch):
     """Kernels of `ptx` that touch memory before their griddepcontrol.wait, or have none."""
-    if int(arch) < 90:
+    if int(arch.rstrip("a")) < 90:
         return []  # no dependent launches below sm_90: dl_grid_begin is empty there
     errors = []
     for chunk in re.split(r"\.entry\s+", ptx)[1:]:
@@ -121,17 +126,23 @@ def main():
     lib = ctypes.CDLL(a.nvrtc)
     bad = False
     for name in a.only:
-        ptx = nvrtc_ptx(lib, module_source(name), name, a.arch)
+        arch = a.arch
+        if name in MODULES_90A:
+            if a.arch != "90":
+                print(f"kernels/{name}.cu: sm_90a only, skipped for sm_{a.arch}")
+                continue
+            arch = "90a"
+        ptx = nvrtc_ptx(lib, module_source(name), name, arch)
         if ptx is None:
             bad = True
             continue
-        for e in dependent_launch_errors(ptx, a.arch):
+        for e in dependent_launch_errors(ptx, arch):
             print(f"DEPENDENT LAUNCH kernels/{name}.cu: {e}")
             bad = True
         with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
             f.write(ptx)
             f.flush()
-            r = subprocess.run([a.ptxas, f"-arch=sm_{a.arch}", "-v", f.name, "-o", os.devnull],
+            r = subprocess.run([a.ptxas, f"-arch=sm_{arch}", "-v", f.name, "-o", os.devnull],
                                capture_output=True, text=True)
         if r.returncode != 0:
             print(r.stderr)
@@ -156,7 +167,7 @@ def main():
             used = re.search(r"Used (\d+) registers(.*)", line)
             if used and kernel and a.filter in kernel:
                 print(f"{name}/{kernel}: {used.group(1)} registers{used.group(2)}")
-        print(f"kernels/{name}.cu: compiled for sm_{a.arch}")
+        print(f"kernels/{name}.cu: compiled for sm_{arch}")
     sys.exit(1 if bad else 0)
 
 

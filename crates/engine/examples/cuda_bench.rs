@@ -8,7 +8,8 @@
 //! cargo build --release -p draftlens-engine --features kernel-lab --example cuda_bench
 //! cuda_bench [--out results.json] [--mix lengths.txt] [--forwards N] [--quick]
 //!            [--only ceilings,attention,attention256,gemm,extract,mix,drafter,decode,target,lm-head]
-//! (every section but `decode`, `target`, `attention256` and `lm-head` by default; `--only decode` runs
+//!            [--only attention-wgmma]  (the opt-in wgmma flash attention against flash_attention2_hd128)
+//! (every section but `decode`, `target`, `attention256`, `attention-wgmma` and `lm-head` by default; `--only decode` runs
 //! crates/engine/src/backend/cuda/bench_decode.rs; `attention256` is the A/B at the hybrids' head dim 256;
 //! `lm-head` the fused LM-head top-K against the unfused one, bench_lm_head.rs)
 //! Environment: `TARGET_DEFAULTS_ONLY=1` runs `--only target` with the default kernels only (no
@@ -29,8 +30,9 @@ use draftlens_engine::model::{Capture, ModelSpec, TargetModel};
 use serde_json::json;
 use std::time::Instant;
 
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "target",
+    "attention-wgmma",
     "gemm-sustained",
     "ceilings",
     "attention",
@@ -70,7 +72,12 @@ fn args() -> Result<Args> {
             .filter(|s| {
                 !matches!(
                     **s,
-                    "decode" | "target" | "attention256" | "gemm-sustained" | "lm-head"
+                    "decode"
+                        | "target"
+                        | "attention256"
+                        | "attention-wgmma"
+                        | "gemm-sustained"
+                        | "lm-head"
                 )
             })
             .map(|s| s.to_string())
@@ -181,6 +188,12 @@ fn main() -> Result<()> {
             .context("the target section needs --target DIR")?;
         let r = bench_target(&be, std::path::Path::new(dir), a.target_seqs, a.reps, peak)?;
         results.insert("target".into(), r);
+    }
+
+    // ---- attention-wgmma: the opt-in wgmma flash attention against flash_attention2_hd128, one
+    // layer's packed causal attention per length (docs/cuda.md, "wgmma flash attention (opt-in)").
+    if has("attention-wgmma") {
+        results.insert("attention_wgmma".into(), attention_wgmma_ab(&be, a.reps)?);
     }
 
     // ---- gemm-sustained: does the tuner's burst ranking of cuBLASLt candidates hold under the
@@ -722,6 +735,54 @@ fn attention_ab(
         "v1_tflops": per / t_v1 / 1e12, "v2_tflops": per / t_v2 / 1e12, "v2_packed_tflops": per / t_pk / 1e12,
         "v2_vs_v1": d12, "packed_vs_v2": d2p, "head_dim": spec.head_dim, "heads": spec.num_heads,
         "kv_heads": spec.num_kv_heads, "layers": layers}))
+}
+
+/// One layer's packed causal attention at Qwen3-8B's head shape (32 query / 8 KV heads of 128,
+/// q/k/v read from a fused QKV output) for sequences of 1k … 32k tokens, 16k tokens per call (one
+/// sequence at 32k): `flash_attention2_hd128` against the wgmma kernel, in TFLOP/s of useful causal
+/// FLOPs, 4 · hd · heads · Σ len² / 2, and how far their outputs differ.
+fn attention_wgmma_ab(be: &CudaBackend, reps: usize) -> Result<serde_json::Value> {
+    let shape = AttnShape {
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+    };
+    if !be.set_attention_wgmma(true) {
+        println!("attention-wgmma: needs compute capability 9.0, skipped");
+        return Ok(json!(null));
+    }
+    be.set_attention_wgmma(false);
+    let cols = (shape.heads + 2 * shape.kv_heads) * shape.head_dim;
+    let mut rows = Vec::new();
+    for seq in [1024usize, 2048, 4096, 8192, 16384, 32768] {
+        let nseq = (16384 / seq).max(1);
+        let n = seq * nseq;
+        let starts = SeqStarts::from_lengths(std::iter::repeat(seq).take(nseq));
+        let flops = 4.0 * (shape.head_dim * shape.heads) as f64 * (nseq * seq * seq) as f64 / 2.0;
+        let qkv = be.random_tensor(n, cols, 1.0, 0.0, 21)?;
+        let run = |wgmma: bool| -> Result<(f64, Vec<f32>)> {
+            be.set_attention_wgmma(wgmma);
+            let t = time_median(be, 2, reps, || {
+                be.attention_varlen_packed(&qkv, shape, &starts).map(|_| ())
+            });
+            let o = be.attention_varlen_packed(&qkv, shape, &starts);
+            be.set_attention_wgmma(false);
+            Ok((t?, be.to_host(&o?)?))
+        };
+        let (t_old, o_old) = run(false)?;
+        let (t_new, o_new) = run(true)?;
+        let d = draftlens_engine::parity::diff(&o_old, &o_new);
+        let (tf_old, tf_new) = (flops / t_old / 1e12, flops / t_new / 1e12);
+        println!(
+            "attention hd 128 32/8 heads, {nseq}x{seq}: flash_attention2 {:.3} ms ({tf_old:.0} TFLOP/s), wgmma {:.3} ms ({tf_new:.0} TFLOP/s), new/old {:.2}x; max |d| {:.2e} rel {:.2e}",
+            t_old * 1e3, t_new * 1e3, t_old / t_new, d.max_abs, d.rel_l2
+        );
+        rows.push(
+            json!({"seq": seq, "nseq": nseq, "fa2_s": t_old, "wgmma_s": t_new,
+            "fa2_tflops": tf_old, "wgmma_tflops": tf_new, "speedup": t_old / t_new, "diff": d}),
+        );
+    }
+    Ok(json!(rows))
 }
 
 fn bench_target(

@@ -75,6 +75,23 @@ fn heaviest_first(iv: &[i32], ppb: usize) -> Vec<i32> {
     work.into_iter().map(|(_, b)| b as i32).collect()
 }
 
+/// `DRAFTLENS_ATTENTION_KERNEL=wgmma`: the packed causal prefill at head dim 128 runs the wgmma
+/// flash attention (`kernels/attention_wgmma.cu`, sm_90a) instead of `flash_attention2_hd128`
+/// (docs/cuda.md, "wgmma flash attention (opt-in)"). Off by default.
+pub const ATTENTION_KERNEL_ENV: &str = "DRAFTLENS_ATTENTION_KERNEL";
+
+/// Whether a backend on a device of `compute_capability` starts with the wgmma attention on:
+/// [`ATTENTION_KERNEL_ENV`] is `wgmma` and the device is compute capability 9.0 (wgmma's
+/// `sm_90a` code runs nowhere else).
+pub(super) fn wgmma_attention_from_env(compute_capability: (i32, i32)) -> bool {
+    compute_capability == (9, 0)
+        && std::env::var(ATTENTION_KERNEL_ENV).is_ok_and(|v| v.trim() == "wgmma")
+}
+
+/// Dynamic shared memory of `flash_attention_wgmma_hd128`: Q and double-buffered K and V tiles
+/// of 128 × 128 bf16, plus 1 KB to align them to the 128-byte swizzle's 1024-byte period.
+const WGMMA_SMEM: usize = 5 * 128 * 128 * 2 + 1024;
+
 /// Threads per block of `flash_attention2_hd{hd}` (ATT2_ENTRY in kernels/attention.cu: 4 warps ×
 /// 32 rows at head dims 64 and 128, 8 warps × 16 rows at 256), `None` for head dims it lacks.
 fn fa2_threads(hd: usize) -> Option<u32> {
@@ -139,6 +156,7 @@ impl CudaBackend {
     ) -> bool {
         self.q_norm_in_attention
             .load(std::sync::atomic::Ordering::Relaxed)
+            && !self.wgmma_attention_takes(shape.head_dim)
             && self.uses_fa2(shape.head_dim)
             && shape.kv_heads > 0
             && shape.heads / shape.kv_heads >= 4
@@ -181,6 +199,32 @@ impl CudaBackend {
             let io = self.packed_io(&qkv, shape, FaQNormArgs { cs, ..q_norm });
             self.attention_raw(io, shape, MaskKey::varlen(seq_starts, None))
         })
+    }
+
+    /// Switches the wgmma flash attention (`kernels/attention_wgmma.cu`) on or off for the packed
+    /// causal prefill at head dim 128 (the default comes from [`ATTENTION_KERNEL_ENV`]); with it
+    /// on, the fused QKV prefill normalises q in the separate q/k pass, since the wgmma kernel has
+    /// no q norm of its own. Returns whether it is on: never on a device other than compute
+    /// capability 9.0.
+    pub fn set_attention_wgmma(&self, on: bool) -> bool {
+        let on = on && self.info.compute_capability == (9, 0);
+        self.attn_wgmma
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        on
+    }
+
+    /// Registers and local memory of `flash_attention_wgmma_hd128` as this machine's NVRTC
+    /// builds it (compiles the sm_90a module; an error on devices other than compute capability
+    /// 9.0).
+    pub fn attention_wgmma_resources(&self) -> Result<String> {
+        self.kernels
+            .resources("attention_wgmma", "flash_attention_wgmma_hd128")
+    }
+
+    /// Whether packed causal prefill attention at head dim `hd` goes to the wgmma kernel (when
+    /// the call has no window, sinks or q norm: [`CudaBackend::attention_raw`] checks those).
+    pub(super) fn wgmma_attention_takes(&self, hd: usize) -> bool {
+        hd == 128 && self.attn_wgmma.load(std::sync::atomic::Ordering::Relaxed) && self.uses_fa2(hd)
     }
 
     /// Selects the attention kernel for head dims 64, 128 and 256: `flash_attention2` (the
@@ -251,6 +295,12 @@ impl CudaBackend {
             "attention: too many rows"
         );
         let v2 = self.uses_fa2(hd);
+        // The wgmma kernel's scope: one key interval per row (packed causal sequences, no
+        // window: `varlen_key_intervals` leaves every second interval empty), no sinks, q as given.
+        let wgmma = self.wgmma_attention_takes(hd)
+            && io.sinks == 0
+            && io.q_norm.wq == 0
+            && matches!(key, MaskKey::Varlen { window: None, .. });
         ensure!(
             io.sinks == 0 || (v2 && hd == 64),
             "attention: sinks need flash_attention2 with heads of 64 (gpt-oss's; here {hd})"
@@ -309,9 +359,14 @@ impl CudaBackend {
                 .expect("inserted above")
                 .1;
             // Q (FA2_BM 128 rows) + double-buffered K and V (FA2_BN 64 rows each), bf16.
-            let smem = (128 + 4 * 64) * hd * 2;
-            let threads = fa2_threads(hd).expect("v2 implies a flash_attention2 head dim");
-            let f = self.kernels.get_with_smem("attention", func, smem)?;
+            let (module, func, smem, threads) = if wgmma {
+                let f = "flash_attention_wgmma_hd128";
+                ("attention_wgmma", f, WGMMA_SMEM, 256)
+            } else {
+                let threads = fa2_threads(hd).expect("v2 implies a flash_attention2 head dim");
+                ("attention", func, (128 + 4 * 64) * hd * 2, threads)
+            };
+            let f = self.kernels.get_with_smem(module, func, smem)?;
             let grid = io.tq.div_ceil(ppb) * kv_heads;
             ensure!(grid < i32::MAX as usize, "attention: grid too large");
             let (q_ld, kv_ld) = (io.q_ld as i64, io.kv_ld as i64);
@@ -328,10 +383,13 @@ impl CudaBackend {
                 .arg(&hkv)
                 .arg(&q_ld)
                 .arg(&kv_ld)
-                .arg(&scale_log2)
-                .arg(&io.q_norm)
-                .arg(&io.sinks);
-            // SAFETY: signature matches ATT2_ENTRY in kernels/attention.cu; q/k/v address tq/tk
+                .arg(&scale_log2);
+            if !wgmma {
+                b.arg(&io.q_norm).arg(&io.sinks);
+            }
+            // SAFETY: signature matches ATT2_ENTRY in kernels/attention.cu (without its last two
+            // parameters: flash_attention_wgmma_hd128 in kernels/attention_wgmma.cu, only at head
+            // dim 128, on sm_90, with the one-interval masks checked above); q/k/v address tq/tk
             // rows of the given strides (checked by the callers); the intervals are clipped to
             // [0, tk]; `order` is a permutation of the tq.div_ceil(ppb) query blocks; FaQNorm's
             // pointers are null or q_norm's hd weights and tq × rotary_dim / 2 (cos, sin) pairs;

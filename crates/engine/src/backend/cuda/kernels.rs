@@ -62,6 +62,38 @@ const SOURCES: &[(&str, &str)] = &[
     ),
 ];
 
+/// Modules for Hopper's arch-specific target only (`sm_90a`: the wgmma instructions), compiled
+/// by NVRTC at their first use on a compute capability 9.0 device and cached on disk like the
+/// others. They are not in [`module_names`]: no image ships for them (`kernel_images.rs` ships
+/// the `sm_90` images of [`SOURCES`]), nothing prewarms them, and no other device loads them.
+/// `kernels/attention_wgmma.cu`: the opt-in wgmma flash attention (`attention.rs`).
+const SOURCES_SM90A: &[(&str, &str)] = &[(
+    "attention_wgmma",
+    include_str!("../../../../../kernels/attention_wgmma.cu"),
+)];
+
+/// The source of module `name`, from [`SOURCES`] or [`SOURCES_SM90A`].
+fn source_of(name: &str) -> Option<&'static str> {
+    SOURCES
+        .iter()
+        .chain(SOURCES_SM90A)
+        .find(|(n, _)| *n == name)
+        .map(|(_, s)| *s)
+}
+
+/// The NVRTC target of module `name` on a device of `arch` (`sm_XY`): `arch` itself, or for a
+/// module of [`SOURCES_SM90A`] `sm_90a`, which only an `sm_90` device runs.
+fn target_arch(name: &str, arch: &str) -> Result<String> {
+    if SOURCES_SM90A.iter().any(|(n, _)| *n == name) {
+        anyhow::ensure!(
+            arch == "sm_90",
+            "kernels/{name}.cu needs sm_90a (compute capability 9.0), the device is {arch}"
+        );
+        return Ok("sm_90a".into());
+    }
+    Ok(arch.to_string())
+}
+
 /// How many modules compile at once when a backend starts.
 const PREWARM_THREADS: usize = 4;
 
@@ -154,8 +186,14 @@ impl Kernels {
             .compute_capability()
             .map_err(|e| anyhow!("reading the compute capability: {e}"))?;
         let arch = format!("sm_{major}{minor}");
-        let images: Arc<Vec<ImageSlot>> =
-            Arc::new(SOURCES.iter().map(|_| OnceLock::new()).collect());
+        // One slot per module of SOURCES, then one per module of SOURCES_SM90A.
+        let images: Arc<Vec<ImageSlot>> = Arc::new(
+            SOURCES
+                .iter()
+                .chain(SOURCES_SM90A)
+                .map(|_| OnceLock::new())
+                .collect(),
+        );
         // PREWARM_THREADS threads take the modules in PREWARM_ORDER. All seven at once held
         // every compile's working memory together while the model loaded (the fresh-machine
         // 8B `run` peaked at 2.07 GB of host memory against 1.76 GB with a warm kernel cache).
@@ -205,26 +243,25 @@ impl Kernels {
         let t0 = std::time::Instant::now();
         let slot = SOURCES
             .iter()
+            .chain(SOURCES_SM90A)
             .position(|(n, _)| *n == name)
             .ok_or_else(|| anyhow!("no kernel module named {name}"))?;
+        let arch = target_arch(name, &self.arch)?;
         // Waits for the prewarm thread if it is still compiling this module.
         let image = self.images[slot]
-            .get_or_init(|| image_slot(name, &self.arch))
+            .get_or_init(|| image_slot(name, &arch))
             .clone()
             .map_err(|e| anyhow!(e))?;
         let load = |bytes: Vec<u8>| {
-            self.ctx.load_module(Ptx::from_binary(bytes)).map_err(|e| {
-                anyhow!(
-                    "kernels/{name}.cu: loading the CUBIN for {} failed: {e}",
-                    self.arch
-                )
-            })
+            self.ctx
+                .load_module(Ptx::from_binary(bytes))
+                .map_err(|e| anyhow!("kernels/{name}.cu: loading the CUBIN for {arch} failed: {e}"))
         };
         let module = match load(image.as_ref().clone()) {
             Ok(m) => m,
             // A shipped image this driver cannot load (one older than the NVRTC that made it):
             // the library here compiles the module instead.
-            Err(e) => match compile_cubin_uncached(name, &self.arch) {
+            Err(e) => match compile_cubin_uncached(name, &arch) {
                 Ok(fresh) if fresh != *image => load(fresh)?,
                 _ => return Err(e),
             },
@@ -330,11 +367,7 @@ fn image_slot(name: &str, arch: &str) -> std::result::Result<Arc<Vec<u8>>, Strin
 /// `arch`, and its key: a SHA-256 of source, options and crate version, which names its images in
 /// the disk cache and ties a shipped image to the source it was made from (`kernel_images.rs`).
 fn module_source(name: &str, arch: &str) -> Result<(String, Vec<String>, String)> {
-    let src = SOURCES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, s)| *s)
-        .ok_or_else(|| anyhow!("no kernel module named {name}"))?;
+    let src = source_of(name).ok_or_else(|| anyhow!("no kernel module named {name}"))?;
     let full = format!("{COMMON}\n#line 1 \"kernels/{name}.cu\"\n{src}");
     let opts = options(arch);
     let key = {

@@ -63,6 +63,7 @@ mod probe;
 mod step_graph;
 mod upload;
 
+pub use attention::ATTENTION_KERNEL_ENV;
 pub use decode::{
     decode_attn_chunk_len, decode_attn_chunks, k_splits, DecodeGemmKernel, DECODE_ATTN_CHUNK_MIN,
     DECODE_ATTN_MAX_CHUNKS, MAX_DECODE_ROWS,
@@ -136,6 +137,11 @@ pub struct CudaBackend {
     /// Use the first attention kernel (`flash_attention_hd*`, 64-row blocks) for every head dim
     /// instead of `flash_attention2_hd{64,128,256}`: for A/B benchmarks only.
     attn_v1: std::sync::atomic::AtomicBool,
+    /// The packed causal prefill at head dim 128 runs the wgmma flash attention
+    /// (`kernels/attention_wgmma.cu`, sm_90a) instead of `flash_attention2_hd128`: opt-in,
+    /// `DRAFTLENS_ATTENTION_KERNEL=wgmma` (read once here) or `set_attention_wgmma`; only on
+    /// compute capability 9.0 (docs/cuda.md, "wgmma flash attention (opt-in)").
+    attn_wgmma: std::sync::atomic::AtomicBool,
     /// GEMM path and per-shape algorithm cache (`gemm.rs`).
     gemm: gemm::Gemms,
     /// Last uploaded RoPE positions (q and k of every layer share them).

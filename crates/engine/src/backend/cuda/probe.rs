@@ -176,6 +176,9 @@ impl CudaBackend {
         let dependent_launch = std::sync::atomic::AtomicBool::new(
             super::launch::dependent_launches(info.compute_capability),
         );
+        let attn_wgmma = std::sync::atomic::AtomicBool::new(
+            super::attention::wgmma_attention_from_env(info.compute_capability),
+        );
         let kernels = Kernels::new(ctx.clone())?;
         let machine = format!(
             "{} sm_{}{} driver {}",
@@ -190,6 +193,7 @@ impl CudaBackend {
             info,
             mask_cache: Mutex::new(None),
             attn_v1: std::sync::atomic::AtomicBool::new(false),
+            attn_wgmma,
             gemm,
             pos_cache: Mutex::new(None),
             cs_cache: Mutex::new(None),
