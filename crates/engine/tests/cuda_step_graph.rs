@@ -253,14 +253,14 @@ fn recording_can_be_turned_off() {
     assert_eq!((recorded.recorded, recorded.replayed), (0, 0));
 }
 
-/// Dependent launches are off unless asked for (`DRAFTLENS_DEPENDENT_LAUNCH=on` sets the same
-/// switch), and a GPU without them (before sm_90) refuses them.
+/// Dependent launches are on wherever the GPU has them (sm_90 and later) unless turned off
+/// (`DRAFTLENS_DEPENDENT_LAUNCH=off` sets the same switch), and a GPU without them refuses them.
 #[test]
 fn dependent_launches_follow_the_gpu() {
     let Some(be) = gpu() else { return };
     let has_them = be.info().compute_capability.0 >= 9;
     if std::env::var("DRAFTLENS_DEPENDENT_LAUNCH").is_err() {
-        assert!(!be.dependent_launches());
+        assert_eq!(be.dependent_launches(), has_them);
     }
     be.set_dependent_launches(false);
     assert!(!be.dependent_launches());

@@ -8,8 +8,9 @@
 //! `kernels/common.cuh`, until that grid has finished and its writes are visible. So a kernel sees
 //! exactly the memory it would see launched after the one ahead, and its bits are the same;
 //! `tools/check_kernels.py` fails any kernel that touches memory before that wait, which is what
-//! makes the attribute safe on every launch. They are opt-in, `DRAFTLENS_DEPENDENT_LAUNCH=on`,
-//! until a GPU run has tested and timed them (docs/cuda.md, "Dependent launches").
+//! makes the attribute safe on every launch. On by default since session 31's GPU run (bit for bit
+//! with launches one after the other, 1–2 % off the batch-1 decode step: docs/cuda.md, "Dependent
+//! launches"); `DRAFTLENS_DEPENDENT_LAUNCH=off` launches one kernel after the other.
 //!
 //! The builder mirrors cudarc's `LaunchArgs` (`arg`, then `launch`), which has no launch
 //! attributes: it calls `cuLaunchKernelEx` itself.
@@ -23,13 +24,14 @@ use std::sync::atomic::Ordering;
 
 use super::CudaBackend;
 
-/// The environment variable that turns dependent launches on (`on`).
+/// The environment variable that turns dependent launches off (`off`).
 pub const DEPENDENT_LAUNCH_ENV: &str = "DRAFTLENS_DEPENDENT_LAUNCH";
 
 /// Whether launches on a device of `compute_capability` are dependent launches: sm_90 and later,
-/// when [`DEPENDENT_LAUNCH_ENV`] is `on`.
+/// unless [`DEPENDENT_LAUNCH_ENV`] is `off`.
 pub(super) fn dependent_launches(compute_capability: (i32, i32)) -> bool {
-    compute_capability.0 >= 9 && std::env::var(DEPENDENT_LAUNCH_ENV).is_ok_and(|v| v.trim() == "on")
+    compute_capability.0 >= 9
+        && !std::env::var(DEPENDENT_LAUNCH_ENV).is_ok_and(|v| v.trim() == "off")
 }
 
 /// The most parameters a kernel of `kernels/*.cu` takes (`moe_plan_one_block`: 15), with room.
