@@ -3,9 +3,8 @@
 // prefill at head dim 128 (docs/cuda.md, "wgmma flash attention (opt-in)"). The host compiles this
 // module by itself for `sm_90a` (the arch-specific target wgmma needs; kernels.rs SOURCES_SM90A)
 // and launches it only on compute capability 9.0, only for plain causal masks (one key interval
-// per query row: packed sequences without a window) and no sinks. The q RMSNorm + RoPE may run
-// inside the kernel, as in flash_attention2 (`FaQNorm`, fw_q_norm_rope: the same arithmetic and
-// bits as fa2_q_norm_rope, on this kernel's swizzled Q tile), or before it in the separate pass.
+// per query row: packed sequences without a window), no sinks and no q norm inside the kernel
+// (the separate q/k norm + RoPE pass runs first).
 //
 // Same contract as flash_attention2: q/k/v bf16 with row strides q_ld / kv_ld (column slices of
 // the fused QKV output), per-query key intervals `ranges` (only [lo1, hi1) is read: the host
@@ -24,12 +23,6 @@
 //   A fragment of m64nNk16, so P needs no trip through shared memory;
 //   O(64×128) += P·V: 8 × wgmma m64n128k16, A = P from registers, B = V from shared memory with
 //   the transpose flag (V is stored key-major, dims contiguous: "MN-major" for this product).
-// Software-pipelined inside each warpgroup (FlashAttention-3's intra-warpgroup overlap): iteration
-// t issues S(t) = Q·K(t)ᵀ and O += P(t-1)·V(t-1) back to back (two wgmma groups), waits only for
-// S(t) (wait_group 1), and runs tile t's mask and softmax while the tensor cores work on
-// P(t-1)·V(t-1); then wait_group 0, rescale O, pack P(t). So K runs one tile ahead of V in shared
-// memory: iteration t reads K(t) and V(t-1) and loads K(t+1) and V(t). The two warpgroups still
-// meet at one block barrier per key tile (the loads are shared): no ping-pong between them.
 //
 // Shared memory (1024-byte aligned; the 128-byte swizzle works on absolute address bits): Q
 // 128×128, K[2] and V[2] 128×128 bf16 = 160 KB, one block per SM. Every 128-row tile is stored as
@@ -37,18 +30,12 @@
 // c in 0..16) = (c / 8)·16384 + row·128 + ((c % 8) ^ (row % 8))·16 — the canonical 128-byte
 // swizzle (address bits 4–6 XOR bits 7–9) in which wgmma reads K-major operands (Q, K:
 // 8-row groups 1024 bytes apart; stepping 16 columns = +32 bytes inside an atom) and MN-major
-// ones (V: 8-key groups 1024 bytes apart, the two 64-dim atoms 16384 bytes apart). With the q
-// norm inside, the block's rows of RoPE's (cos, sin) table wait in V's second buffer (first
-// written by the loop's second iteration) while the Q tile is normalised in place.
+// ones (V: 8-key groups 1024 bytes apart, the two 64-dim atoms 16384 bytes apart).
 //
 // Numerics: those of flash_attention2 (S, max, sum, O in fp32; P rounded to bf16 only as the A
 // operand; the row sum from fp32 P; one division at the end), so the two agree to bf16 rounding
 // of the output and of P (not bit for bit: the order of the fp32 sums inside the tensor cores
 // differs). Tolerance tested in crates/engine/tests/cuda_attention_wgmma.rs.
-//
-// Status: the pipelined loop and the q norm inside are NOT yet run on a GPU (compiled offline:
-// 238 registers, no spills, no wgmma serialization; the version before them, without either,
-// passed cuda_attention_wgmma on an H100 at 199 registers).
 
 #define FW_BM 128
 #define FW_BN 128
@@ -126,106 +113,15 @@ __device__ __forceinline__ void fw_load_tile(u32 tile, const bf16_t* src, long l
     }
 }
 
-// The q norm and RoPE the kernel applies to its Q tile itself (wq == nullptr: q is used as
-// given): kernels/attention.cu's FaQNorm, the same layout (this module is compiled apart from
-// that one). `cs` holds, per query row, rotary_dim / 2 (cos, sin) pairs (rope_cs_table_f32).
-struct FaQNorm {
-    const bf16_t* wq;
-    const float2* cs;
-    float eps;
-    int rotary_dim;
-    int interleaved;
-};
-
-// s[0] = the sum of s[0..N) as the tree s[i] += s[i + o] for o = N/2, …, 1 (attention.cu's
-// tree_sum: the vec norm kernel's butterfly order).
-template <int N>
-__device__ __forceinline__ void fw_tree_sum(float* s) {
-    if constexpr (N > 1) {
-#pragma unroll
-        for (int i = 0; i < N / 2; ++i) s[i] += s[i + N / 2];
-        fw_tree_sum<N / 2>(s);
-    }
-}
-
-// RMSNorm + RoPE of the Q tile's rows in shared memory, in place: fa2_q_norm_rope of
-// kernels/attention.cu (the same arithmetic, order and bf16 roundings, so the same bits as
-// flash_attention2's fused q norm and as the separate qk_norm_rope_vec_bf16 pass), on this
-// kernel's 128-byte-swizzled tile: chunk c (8 dims) of M row r lies at byte
-// (c / 8)·16384 + r·128 + ((c % 8) ^ (r % 8))·16 of `qt`. Thread r < 128 takes M row r.
-__device__ void fw_q_norm_rope(unsigned char* qt, const float2* cs_s, const FaQNorm& qn, int pos0, int group,
-                               int ppb, int tq) {
-    constexpr int CPR = FW_HD / 8;  // 16-byte chunks per row
-    const int r = threadIdx.x;
-    if (r >= FW_BM) return;
-    const int p = pos0 + r / group;
-    if (r >= ppb * group || p >= tq) return;
-    auto chunk = [&](int c) { return (uint4*)(qt + (c >> 3) * FW_ATOM_BYTES + r * 128 + (((c & 7) ^ (r & 7)) << 4)); };
-    const int half = qn.rotary_dim >> 1;
-    const int P = qn.rotary_dim >> 4;  // rotate-half: chunk distance of a pair
-    float s[CPR];
-#pragma unroll
-    for (int c = 0; c < CPR; ++c) {
-        float f[8];
-        unpack8(*chunk(c), f);
-        s[c] = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) s[c] += f[j] * f[j];
-    }
-    fw_tree_sum<CPR>(s);
-    const float rr = rsqrtf(s[0] / (float)FW_HD + qn.eps);
-    const float2* cs = cs_s + (r / group) * half;  // the block's table rows in shared memory
-    // y of chunk c: bf16(bf16(x·r)·w).
-    auto norm_chunk = [&](int c, float* y) {
-        float f[8], wf[8];
-        unpack8(*chunk(c), f);
-        unpack8(*(const uint4*)(qn.wq + c * 8), wf);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) y[j] = rb(qk_norm_value(f[j], rr, wf[j]));
-    };
-#pragma unroll 1
-    for (int c = 0; c < CPR; ++c) {
-        float ya[8], out[8];
-        if (c * 8 >= qn.rotary_dim) {
-            norm_chunk(c, out);
-        } else if (qn.interleaved) {
-            norm_chunk(c, ya);
-#pragma unroll
-            for (int j = 0; j < 8; j += 2) {
-                const float2 t = cs[(c * 8 + j) >> 1];
-                const float a = ya[j], b = ya[j + 1];
-                out[j] = rope_pair_a(a, b, t.x, t.y);
-                out[j + 1] = rope_pair_b(a, b, t.x, t.y);
-            }
-        } else if ((c & P) == 0) {
-            // Chunk c holds the "a" halves of its pairs, chunk c | P the "b" halves.
-            float yb[8], outb[8];
-            norm_chunk(c, ya);
-            norm_chunk(c | P, yb);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const float2 t = cs[(c & (P - 1)) * 8 + j];
-                out[j] = rope_pair_a(ya[j], yb[j], t.x, t.y);
-                outb[j] = rope_pair_b(ya[j], yb[j], t.x, t.y);
-            }
-            *chunk(c | P) = pack8(outb);
-        } else {
-            continue;  // written with its pair
-        }
-        *chunk(c) = pack8(out);
-    }
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void fw_attention(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                              const bf16_t* __restrict__ v, bf16_t* __restrict__ o,
                                              const int4* __restrict__ ranges, const int* __restrict__ order,
                                              int tq, int tk, int heads, int kv_heads, long long q_ld,
-                                             long long kv_ld, float scale_log2, const FaQNorm& qn) {
+                                             long long kv_ld, float scale_log2) {
     extern __shared__ unsigned char fw_smem[];
     __shared__ int s_seg[4];  // union lo, union hi, intersection lo, intersection hi of the rows' intervals
     const u32 base = (smem_u32(fw_smem) + 1023u) & ~1023u;
-    unsigned char* const base_p = fw_smem + (base - smem_u32(fw_smem));  // the same, as a pointer
     const u32 q_s = base, k_s = base + FW_TILE_BYTES, v_s = base + 3 * FW_TILE_BYTES;
 
     const int group = heads / kv_heads;
@@ -252,17 +148,6 @@ __device__ __forceinline__ void fw_attention(const bf16_t* __restrict__ q, const
             const bf16_t* gq = q + (long long)(ok ? p : 0) * q_ld + (long long)(kvh * group + r % group) * FW_HD + ch * 8;
             cp_async16_s(q_s + (ch >> 3) * FW_ATOM_BYTES + r * 128 + (((ch & 7) ^ (r & 7)) << 4), gq, ok);
         }
-        cp_async_commit();
-    }
-    // With the q norm inside: the block's rows of RoPE's (cos, sin) table into V's second buffer,
-    // first written by the loads of the loop's second iteration (ppb · rotary_dim / 2 pairs of 8
-    // bytes: at most 16 KB from 4 query heads per KV head on, the host's condition; 32 KB fit).
-    const float2* cs_s = (const float2*)(base_p + 4 * FW_TILE_BYTES);
-    if (qn.wq != nullptr) {
-        const int half = qn.rotary_dim >> 1;
-        const int bytes = min(ppb, tq - pos0) * half * 8;  // a multiple of 32: half % 4 == 0
-        const char* src = (const char*)(qn.cs + (long long)pos0 * half);
-        for (int i = tid * 16; i < bytes; i += FW_THREADS * 16) cp_async16_s(v_s + FW_TILE_BYTES + i, src + i, true);
         cp_async_commit();
     }
     if (tid < ppb && pos0 + tid < tq) {
@@ -298,44 +183,28 @@ __device__ __forceinline__ void fw_attention(const bf16_t* __restrict__ q, const
     const bf16_t* kbase = k + (long long)kvh * FW_HD;
     const bf16_t* vbase = v + (long long)kvh * FW_HD;
     if (ntiles > 0) {
-        fw_load_tile(k_s, kbase, kv_ld, a_lo, tk);  // K(0); V(0) comes with K(1)
+        fw_load_tile(k_s, kbase, kv_ld, a_lo, tk);
+        fw_load_tile(v_s, vbase, kv_ld, a_lo, tk);
         cp_async_commit();
     }
-    if (qn.wq != nullptr && ntiles > 0) {
-        // Q's and the table's copies have landed (K(0)'s may still be in flight) and are visible
-        // to every thread; the loop's first fence.proxy.async and barrier publish the normalised
-        // rows to wgmma, and order the table's reads before the copies into its buffer.
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-        __syncthreads();
-        fw_q_norm_rope(base_p, cs_s, qn, pos0, group, ppb, tq);
-    }
-
-    // Software pipeline of one warpgroup (FlashAttention-3's intra-warpgroup overlap): iteration
-    // t issues S(t) = Q·K(t)ᵀ and then O += P(t-1)·V(t-1) as two wgmma groups, waits for the first
-    // only (wait_group 1), and runs tile t's mask and softmax while the tensor cores still work on
-    // P(t-1)·V(t-1); it then waits for that (wait_group 0), rescales O and packs P(t) for the next
-    // iteration. The last P·V follows the loop. Shared memory: K(t) and V(t-1) are read in
-    // iteration t, so K runs one tile ahead of V: iteration t loads K(t+1) and V(t) (one cp.async
-    // group, waited at the top of iteration t+1) into the buffers that K(t-1) and V(t-2) left,
-    // which both warpgroups finished (waited) in iteration t-1, before the barrier.
     const u32 q_wg = q_s + wg * 64 * 128;  // this warpgroup's 64 rows of Q (8 groups of 8 rows)
-    float s[64];
-    u32 pa[8][4];  // P(t-1) as bf16 A fragments, one per 16-key slice
-    // One iteration; PV: whether it has a P(t-1)·V(t-1) (all but t = 0, peeled off, so that every
-    // wgmma and commit is unconditional: a commit after a branch with wgmma became an extra
-    // dummy group in ptxas's code, which made wait_group 1 wait for P·V too). The lambda is
-    // inlined at both calls with PV constant (checked in the SASS: no branch around the wgmma).
-    auto tile = [&](const int t, const bool PV) {
+    for (int t = 0; t < ntiles; ++t) {
         const int kt0 = a_lo + t * FW_BN;
-        cp_async_wait_all();  // K(t), V(t-1) (and at t = 0, Q)
+        cp_async_wait_all();
         fw_fence_proxy_async();
-        // K(t), V(t-1) (and Q) visible to both warpgroups' wgmma; both finished iteration t-1.
+        // Tile t (and Q) visible to both warpgroups' wgmma; both finished tile t-1 (their last
+        // wgmma.wait_group 0), so its buffers, (t+1)&1, are free for tile t+1.
         __syncthreads();
-        const u32 kt_s = k_s + (t & 1) * FW_TILE_BYTES;
+        if (t + 1 < ntiles) {
+            fw_load_tile(k_s + ((t + 1) & 1) * FW_TILE_BYTES, kbase, kv_ld, kt0 + FW_BN, tk);
+            fw_load_tile(v_s + ((t + 1) & 1) * FW_TILE_BYTES, vbase, kv_ld, kt0 + FW_BN, tk);
+            cp_async_commit();
+        }
+        const u32 kt_s = k_s + (t & 1) * FW_TILE_BYTES, vt_s = v_s + (t & 1) * FW_TILE_BYTES;
 
         // S = Q·K(t)ᵀ: k-steps of 16 dims; dims 64·a + 16·kk' lie in atom a at byte 32·kk'.
+        float s[64];
         fw_pin(s);
-        if (PV) fw_pin(acc);
         fw_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < FW_HD / 16; ++kk) {
@@ -343,21 +212,7 @@ __device__ __forceinline__ void fw_attention(const bf16_t* __restrict__ q, const
             fw_wgmma_ss(s, fw_desc(q_wg + off, 16, 1024), fw_desc(kt_s + off, 16, 1024), kk > 0);
         }
         fw_wgmma_commit();
-        if (PV) {
-            // O += P(t-1)·V(t-1): k-steps of 16 keys (2 groups of 8 key rows, 2048 bytes per
-            // step); N = the 128 dims in two 64-dim atoms 16384 bytes apart (the leading byte offset).
-            const u32 vt_s = v_s + ((t - 1) & 1) * FW_TILE_BYTES;
-#pragma unroll
-            for (int sl = 0; sl < FW_BN / 16; ++sl)
-                fw_wgmma_rs_tb(acc, pa[sl][0], pa[sl][1], pa[sl][2], pa[sl][3],
-                               fw_desc(vt_s + sl * 16 * 128, FW_ATOM_BYTES, 1024));
-            fw_wgmma_commit();
-        }
-        // Loads of K(t+1) and V(t), issued behind the products.
-        if (t + 1 < ntiles) fw_load_tile(k_s + ((t + 1) & 1) * FW_TILE_BYTES, kbase, kv_ld, kt0 + FW_BN, tk);
-        fw_load_tile(v_s + (t & 1) * FW_TILE_BYTES, vbase, kv_ld, kt0, tk);
-        cp_async_commit();
-        if (PV) fw_wgmma_wait<1>(); else fw_wgmma_wait<0>();  // S(t) done; P(t-1)·V(t-1) may still run
+        fw_wgmma_wait<0>();
         fw_pin(s);
 
         // Per-element mask only on tiles not inside every row's interval.
@@ -374,7 +229,7 @@ __device__ __forceinline__ void fw_attention(const bf16_t* __restrict__ q, const
                     }
         }
 
-        // Online softmax (flash_attention2's arithmetic); P(t) in fp32 in place of S(t).
+        // Online softmax (flash_attention2's arithmetic).
         float mu[2], al[2];
         bool same = true;
 #pragma unroll
@@ -391,42 +246,29 @@ __device__ __forceinline__ void fw_attention(const bf16_t* __restrict__ q, const
             m_run[h] = mn;
             l_run[h] *= al[h];
         }
+        if (!__all_sync(0xffffffffu, same)) {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                acc[4 * j + 0] *= al[0]; acc[4 * j + 1] *= al[0];
+                acc[4 * j + 2] *= al[1]; acc[4 * j + 3] *= al[1];
+            }
+        }
+        // P as bf16 A fragments, one per 16-key slice: {(g, 2tig..), (g+8, 2tig..), (g, 8+2tig..), (g+8, 8+2tig..)}.
+        u32 pa[8][4];
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-            s[4 * j + 0] = fw_ex2(s[4 * j + 0] * scale_log2 - mu[0]);
-            s[4 * j + 1] = fw_ex2(s[4 * j + 1] * scale_log2 - mu[0]);
-            s[4 * j + 2] = fw_ex2(s[4 * j + 2] * scale_log2 - mu[1]);
-            s[4 * j + 3] = fw_ex2(s[4 * j + 3] * scale_log2 - mu[1]);
-            l_run[0] += s[4 * j + 0] + s[4 * j + 1];
-            l_run[1] += s[4 * j + 2] + s[4 * j + 3];
+            const float p0 = fw_ex2(s[4 * j + 0] * scale_log2 - mu[0]);
+            const float p1 = fw_ex2(s[4 * j + 1] * scale_log2 - mu[0]);
+            const float p2 = fw_ex2(s[4 * j + 2] * scale_log2 - mu[1]);
+            const float p3 = fw_ex2(s[4 * j + 3] * scale_log2 - mu[1]);
+            l_run[0] += p0 + p1;
+            l_run[1] += p2 + p3;
+            pa[j >> 1][(j & 1) * 2 + 0] = pack_bf16x2(p0, p1);
+            pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16x2(p2, p3);
         }
 
-        if (PV) {
-            fw_wgmma_wait<0>();  // P(t-1)·V(t-1) done: O and P(t-1)'s registers free
-            fw_pin(acc);
-            if (!__all_sync(0xffffffffu, same)) {
-#pragma unroll
-                for (int j = 0; j < 16; ++j) {
-                    acc[4 * j + 0] *= al[0]; acc[4 * j + 1] *= al[0];
-                    acc[4 * j + 2] *= al[1]; acc[4 * j + 3] *= al[1];
-                }
-            }
-        }  // (t = 0: O is still 0, nothing to rescale)
-        // P as bf16 A fragments: {(g, 2tig..), (g+8, 2tig..), (g, 8+2tig..), (g+8, 8+2tig..)}.
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            pa[j >> 1][(j & 1) * 2 + 0] = pack_bf16x2(s[4 * j + 0], s[4 * j + 1]);
-            pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16x2(s[4 * j + 2], s[4 * j + 3]);
-        }
-    };
-    if (ntiles > 0) tile(0, false);
-    for (int t = 1; t < ntiles; ++t) tile(t, true);
-    if (ntiles > 0) {
-        // The last tile's O += P·V.
-        cp_async_wait_all();
-        fw_fence_proxy_async();
-        __syncthreads();  // V(ntiles - 1) visible to both warpgroups
-        const u32 vt_s = v_s + ((ntiles - 1) & 1) * FW_TILE_BYTES;
+        // O += P·V(t): k-steps of 16 keys (2 groups of 8 key rows, 2048 bytes per step); N = the
+        // 128 dims in two 64-dim atoms 16384 bytes apart (the leading byte offset).
         fw_pin(acc);
         fw_wgmma_fence();
 #pragma unroll
@@ -458,13 +300,13 @@ __device__ __forceinline__ void fw_attention(const bf16_t* __restrict__ q, const
 }
 #endif
 
-// Signature of flash_attention2_hd128 without its sinks (kernels/attention.cu).
+// Signature of flash_attention2_hd128 without its q norm and sinks (kernels/attention.cu).
 extern "C" __global__ void __launch_bounds__(FW_THREADS, 1) flash_attention_wgmma_hd128(
     const bf16_t* q, const bf16_t* k, const bf16_t* v, bf16_t* o, const int4* ranges, const int* order, int tq,
-    int tk, int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2, FaQNorm qn) {
+    int tk, int heads, int kv_heads, long long q_ld, long long kv_ld, float scale_log2) {
     dl_grid_begin();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    fw_attention(q, k, v, o, ranges, order, tq, tk, heads, kv_heads, q_ld, kv_ld, scale_log2, qn);
+    fw_attention(q, k, v, o, ranges, order, tq, tk, heads, kv_heads, q_ld, kv_ld, scale_log2);
 #else
     asm volatile("trap;");  // compiled for sm_90a only (kernels.rs); never launched elsewhere
 #endif

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 31 (issue 38 item 2): the wgmma flash attention on the GPU, one call. $B holds
-# cuda_attention_wgmma, cuda_bench (this build) and v1/cuda_bench (the first wgmma kernel's build),
-# cuda_ops (xz). Runs: the wgmma tests; the one-layer attention bench of both builds; the product
+# cuda_attention_wgmma and cuda_bench of the build under test (e.g. with ../wgmma-v2.patch applied),
+# v1/cuda_bench of the tree's kernel, optionally cuda_ops (xz); BENCH_BUILDS="v1 ." and
+# SEQS="4x4096 2x8192 1x32768 16x1024" choose what runs, LIMIT (s) stops the prefill runs. Runs: the wgmma tests; the one-layer attention bench of both builds; the product
 # prefill (`cuda_bench --only target`, TARGET_DEFAULTS_ONLY=1) on a random Qwen3-8B at 1k, 4k, 8k
 # and 32k tokens per sequence with flash_attention2 and with DRAFTLENS_ATTENTION_KERNEL=wgmma;
 # then cuda_ops with DRAFTLENS_DEPENDENT_LAUNCH=on.
@@ -14,12 +15,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 mkdir -p $OUT/tests
 s=$(date +%s); timeout 120 $B/cuda_attention_wgmma --test-threads 1 --nocapture > $OUT/tests/wgmma.txt 2>&1
 echo "== cuda_attention_wgmma rc=$? $(( $(date +%s) - s )) s"; grep -E "^test |test result|panicked|max|rel" $OUT/tests/wgmma.txt | head -24
-for v in v1 .; do
+for v in ${BENCH_BUILDS:-v1 .}; do
   timeout 60 $B/$v/cuda_bench --only attention-wgmma > $OUT/attn_$v.txt 2>&1; echo "== attention bench [$v] rc=$?"; tail -9 $OUT/attn_$v.txt
 done
 python3 tools/bench/make_random_target.py --out /tmp/tg --arch qwen3-8b --drafters 0 > $OUT/make.log 2>&1; tail -1 $OUT/make.log
 cat /tmp/tg/*.safetensors > /dev/null
-for seqs in 16x1024 4x4096 2x8192 1x32768; do
+for seqs in ${SEQS:-4x4096 2x8192 1x32768 16x1024}; do
   for k in fa2 wgmma; do
     [ $(( $(date +%s) - T0 )) -gt ${LIMIT:-470} ] && { echo "== out of time before $seqs $k"; continue; }
     env $([ $k = wgmma ] && echo DRAFTLENS_ATTENTION_KERNEL=wgmma) TARGET_DEFAULTS_ONLY=1 timeout 90 \

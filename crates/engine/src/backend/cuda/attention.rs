@@ -145,8 +145,7 @@ impl CudaBackend {
     /// Whether [`CudaBackend::attention_varlen_qkv_norm_in_kernel`] covers this call: the
     /// vectorised norm's shapes, flash_attention2 at this head dim, at least 4 query heads per KV
     /// head (a block's rows of the (cos, sin) table then fit the shared-memory buffer the kernel
-    /// stages them in), and the route switched on. The same with the wgmma attention on: its
-    /// kernel normalises its Q tile the same way (`fw_q_norm_rope`).
+    /// stages them in), and the route switched on.
     pub(super) fn q_norm_in_attention_fits(
         &self,
         qkv: &CudaTensor,
@@ -157,6 +156,7 @@ impl CudaBackend {
     ) -> bool {
         self.q_norm_in_attention
             .load(std::sync::atomic::Ordering::Relaxed)
+            && !self.wgmma_attention_takes(shape.head_dim)
             && self.uses_fa2(shape.head_dim)
             && shape.kv_heads > 0
             && shape.heads / shape.kv_heads >= 4
@@ -203,8 +203,8 @@ impl CudaBackend {
 
     /// Switches the wgmma flash attention (`kernels/attention_wgmma.cu`) on or off for the packed
     /// causal prefill at head dim 128 (the default comes from [`ATTENTION_KERNEL_ENV`]); with it
-    /// on, the fused QKV prefill keeps the q norm + RoPE inside the attention kernel (as
-    /// flash_attention2 does). Returns whether it is on: never on a device other than compute
+    /// on, the fused QKV prefill normalises q in the separate q/k pass, since the wgmma kernel has
+    /// no q norm of its own. Returns whether it is on: never on a device other than compute
     /// capability 9.0.
     pub fn set_attention_wgmma(&self, on: bool) -> bool {
         let on = on && self.info.compute_capability == (9, 0);
@@ -222,7 +222,7 @@ impl CudaBackend {
     }
 
     /// Whether packed causal prefill attention at head dim `hd` goes to the wgmma kernel (when
-    /// the call has no window or sinks: [`CudaBackend::attention_raw`] checks those).
+    /// the call has no window, sinks or q norm: [`CudaBackend::attention_raw`] checks those).
     pub(super) fn wgmma_attention_takes(&self, hd: usize) -> bool {
         hd == 128 && self.attn_wgmma.load(std::sync::atomic::Ordering::Relaxed) && self.uses_fa2(hd)
     }
@@ -296,12 +296,10 @@ impl CudaBackend {
         );
         let v2 = self.uses_fa2(hd);
         // The wgmma kernel's scope: one key interval per row (packed causal sequences, no
-        // window: `varlen_key_intervals` leaves every second interval empty), no sinks; q as given
-        // or with the q norm inside (its (cos, sin) rows fit the 32 KB buffer the kernel stages
-        // them in from 2 query heads per KV head on; q_norm_in_attention_fits asks for 4).
+        // window: `varlen_key_intervals` leaves every second interval empty), no sinks, q as given.
         let wgmma = self.wgmma_attention_takes(hd)
             && io.sinks == 0
-            && (io.q_norm.wq == 0 || group >= 2)
+            && io.q_norm.wq == 0
             && matches!(key, MaskKey::Varlen { window: None, .. });
         ensure!(
             io.sinks == 0 || (v2 && hd == 64),
@@ -385,13 +383,12 @@ impl CudaBackend {
                 .arg(&hkv)
                 .arg(&q_ld)
                 .arg(&kv_ld)
-                .arg(&scale_log2)
-                .arg(&io.q_norm);
+                .arg(&scale_log2);
             if !wgmma {
-                b.arg(&io.sinks);
+                b.arg(&io.q_norm).arg(&io.sinks);
             }
-            // SAFETY: signature matches ATT2_ENTRY in kernels/attention.cu (without its last
-            // parameter: flash_attention_wgmma_hd128 in kernels/attention_wgmma.cu, only at head
+            // SAFETY: signature matches ATT2_ENTRY in kernels/attention.cu (without its last two
+            // parameters: flash_attention_wgmma_hd128 in kernels/attention_wgmma.cu, only at head
             // dim 128, on sm_90, with the one-interval masks checked above); q/k/v address tq/tk
             // rows of the given strides (checked by the callers); the intervals are clipped to
             // [0, tk]; `order` is a permutation of the tq.div_ceil(ppb) query blocks; FaQNorm's
