@@ -17,7 +17,7 @@
 use crate::backend::{AttnMask, AttnShape, Backend, Rope, RopeStyle};
 use crate::model::random::RandomWeights;
 use crate::model::{Capture, ModelSpec, TargetModel};
-use crate::util::{host_random, round_bf16};
+use crate::util::{host_random, host_random_bf16};
 use anyhow::{ensure, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -119,16 +119,6 @@ impl Check {
     }
 }
 
-/// Random bf16-representable values of the given scale.
-fn rnd(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut v: Vec<f32> = host_random(n, seed)
-        .into_iter()
-        .map(|x| x * scale)
-        .collect();
-    round_bf16(&mut v);
-    v
-}
-
 fn upload<B: Backend>(be: &B, v: &[f32], rows: usize, cols: usize) -> Result<B::Tensor> {
     be.from_host(v, rows, cols)
 }
@@ -178,8 +168,8 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
 
     // matmul: [300, 512] × [384, 512]ᵀ (row count not a multiple of any tile size).
     let (t, d, o) = (300, 512, 384);
-    let x = rnd(t * d, seed, 1.0);
-    let w = rnd(o * d, seed + 1, 0.05);
+    let x = host_random_bf16(t * d, seed, 1.0);
+    let w = host_random_bf16(o * d, seed + 1, 0.05);
     let (xa, xb) = (upload(reference, &x, t, d)?, upload(test, &x, t, d)?);
     let (wa, wb) = (reference.matrix(&w, o, d)?, test.matrix(&w, o, d)?);
     cmp(
@@ -191,13 +181,13 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
     )?;
 
     // add_row_bias, add_inplace.
-    let bias = rnd(d, seed + 2, 1.0);
+    let bias = host_random_bf16(d, seed + 2, 1.0);
     let (ba, bb) = (upload(reference, &bias, 1, d)?, upload(test, &bias, 1, d)?);
     let (mut ya, mut yb) = (upload(reference, &x, t, d)?, upload(test, &x, t, d)?);
     reference.add_row_bias(&mut ya, &ba)?;
     test.add_row_bias(&mut yb, &bb)?;
     cmp("add_row_bias", &ya, &yb, one_rounding, &mut out)?;
-    let y2 = rnd(t * d, seed + 3, 1.0);
+    let y2 = host_random_bf16(t * d, seed + 3, 1.0);
     let (y2a, y2b) = (upload(reference, &y2, t, d)?, upload(test, &y2, t, d)?);
     reference.add_inplace(&mut ya, &y2a)?;
     test.add_inplace(&mut yb, &y2b)?;
@@ -206,8 +196,8 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
     // rms_norm over full rows (D = 512) and per head (group 128), eps 1e-6; plus a group that is
     // not a multiple of 8 (scalar path).
     for (group, cols) in [(512usize, 512usize), (128, 512), (100, 300)] {
-        let xs = rnd(t * cols, seed + 4 + group as u64, 2.0);
-        let wn = rnd(group, seed + 5, 1.0)
+        let xs = host_random_bf16(t * cols, seed + 4 + group as u64, 2.0);
+        let wn = host_random_bf16(group, seed + 5, 1.0)
             .into_iter()
             .map(|v| half::bf16::from_f32(1.0 + 0.3 * v).to_f32())
             .collect::<Vec<_>>();
@@ -238,7 +228,7 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
         (128, 32, RopeStyle::RotateHalf, 1e7),
     ] {
         let cols = 4 * hd;
-        let xs = rnd(t * cols, seed + 6 + hd as u64, 1.0);
+        let xs = host_random_bf16(t * cols, seed + 6 + hd as u64, 1.0);
         let rope = Rope {
             theta,
             head_dim: hd,
@@ -261,7 +251,7 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
     }
 
     // swiglu.
-    let g = rnd(t * d, seed + 7, 4.0);
+    let g = host_random_bf16(t * d, seed + 7, 4.0);
     let (ga, gb) = (upload(reference, &g, t, d)?, upload(test, &g, t, d)?);
     cmp(
         "swiglu",
@@ -272,7 +262,7 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
     )?;
 
     // Data movement: exact.
-    let table = rnd(50 * 96, seed + 8, 1.0);
+    let table = host_random_bf16(50 * 96, seed + 8, 1.0);
     let (ta, tb) = (
         reference.matrix(&table, 50, 96)?,
         test.matrix(&table, 50, 96)?,
@@ -285,9 +275,9 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
         OpTolerance::EXACT,
         &mut out,
     )?;
-    let p1 = rnd(7 * 24, seed + 9, 1.0);
-    let p2 = rnd(7 * 40, seed + 10, 1.0);
-    let p3 = rnd(5 * 24, seed + 11, 1.0);
+    let p1 = host_random_bf16(7 * 24, seed + 9, 1.0);
+    let p2 = host_random_bf16(7 * 40, seed + 10, 1.0);
+    let p3 = host_random_bf16(5 * 24, seed + 11, 1.0);
     let (p1a, p1b) = (upload(reference, &p1, 7, 24)?, upload(test, &p1, 7, 24)?);
     let (p2a, p2b) = (upload(reference, &p2, 7, 40)?, upload(test, &p2, 7, 40)?);
     let (p3a, p3b) = (upload(reference, &p3, 5, 24)?, upload(test, &p3, 5, 24)?);
@@ -336,9 +326,9 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
                              varlen: Option<&crate::backend::SeqStarts>,
                              sd: u64|
          -> Result<()> {
-            let q = rnd(tq * heads * hd, sd, 1.5);
-            let k = rnd(tk * kvh * hd, sd + 1, 1.5);
-            let v = rnd(tk * kvh * hd, sd + 2, 1.0);
+            let q = host_random_bf16(tq * heads * hd, sd, 1.5);
+            let k = host_random_bf16(tk * kvh * hd, sd + 1, 1.5);
+            let v = host_random_bf16(tk * kvh * hd, sd + 2, 1.0);
             let (qa, qb) = (
                 upload(reference, &q, tq, heads * hd)?,
                 upload(test, &q, tq, heads * hd)?,
@@ -434,8 +424,8 @@ pub fn op_parity<A: Backend, B: Backend>(reference: &A, test: &B, seed: u64) -> 
     // 1e-3 absolute.
     for k in [1usize, 8, 40] {
         let (rows, vocab, dim) = (37usize, 3001usize, 256usize);
-        let xs = rnd(rows * dim, seed + 30, 1.0);
-        let hs = rnd(vocab * dim, seed + 31, 0.2);
+        let xs = host_random_bf16(rows * dim, seed + 30, 1.0);
+        let hs = host_random_bf16(vocab * dim, seed + 31, 0.2);
         let (xa, xb) = (
             upload(reference, &xs, rows, dim)?,
             upload(test, &xs, rows, dim)?,

@@ -82,6 +82,17 @@ pub fn host_random(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| r.signed_unit()).collect()
 }
 
+/// `n` values of [`host_random`] from `seed` times `scale`, rounded to bf16: inputs that a bf16
+/// backend and the f32 reference hold exactly alike.
+pub fn host_random_bf16(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut v: Vec<f32> = host_random(n, seed)
+        .into_iter()
+        .map(|x| x * scale)
+        .collect();
+    round_bf16(&mut v);
+    v
+}
+
 /// Rounds every value to the nearest bf16 (so that an f32 backend and a bf16 backend start from
 /// the same numbers and only their arithmetic differs).
 pub fn round_bf16(v: &mut [f32]) {

@@ -8,7 +8,7 @@
 #![cfg(feature = "cuda")]
 
 mod cuda_util;
-use cuda_util::gpu;
+use cuda_util::{gpu, packed_last_hidden_with};
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::{AttnShape, Backend, SeqStarts};
@@ -16,7 +16,7 @@ use draftlens_engine::model::hybrid::{HybridSpec, LayerType};
 use draftlens_engine::model::random::{qwen3_5_27b_spec, RandomWeights};
 use draftlens_engine::model::{Capture, ModelSpec, TargetModel};
 use draftlens_engine::parity::{diff, format_checks, Check, OpTolerance};
-use draftlens_engine::util::{host_random, round_bf16};
+use draftlens_engine::util::host_random_bf16;
 
 /// Packed sequences of lengths 1, 63, 1, 135, 129, 1, 403: one-token sequences, one shorter than
 /// a key tile (64), lengths that are no multiple of the tile, and query blocks (21 positions at
@@ -32,15 +32,6 @@ const SHAPE: AttnShape = AttnShape {
     kv_heads: 4,
     head_dim: 256,
 };
-
-fn bf16_random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut v: Vec<f32> = host_random(n, seed)
-        .into_iter()
-        .map(|x| x * scale)
-        .collect();
-    round_bf16(&mut v);
-    v
-}
 
 fn check(name: &str, reference: &[f32], other: &[f32], tol: OpTolerance) -> Check {
     let d = diff(reference, other);
@@ -69,9 +60,9 @@ fn cuda_fa2_hd256_matches_reference_and_first_kernel() {
     let t = *STARTS.last().unwrap();
     let hd = SHAPE.head_dim;
     let (qd, kvd) = (SHAPE.heads * hd, SHAPE.kv_heads * hd);
-    let q = bf16_random(t * qd, 61, 1.5);
-    let k = bf16_random(t * kvd, 62, 1.5);
-    let v = bf16_random(t * kvd, 63, 1.0);
+    let q = host_random_bf16(t * qd, 61, 1.5);
+    let k = host_random_bf16(t * kvd, 62, 1.5);
+    let v = host_random_bf16(t * kvd, 63, 1.0);
     // op_parity's attention tolerance (crates/engine/src/parity.rs, derived in docs/cuda.md).
     let attn_tol = OpTolerance {
         max_rel_l2: 1e-2,
@@ -191,15 +182,8 @@ fn cuda_hybrid_hd256_packed_prefill_matches_cpu_with_either_kernel() {
     let want = cpu.to_host(&out.last_hidden).unwrap();
     let Some(be) = gpu() else { return };
     let model = TargetModel::load(&be, &spec, &src).unwrap();
-    let run = |v1: bool| {
-        be.set_attention_v1(v1);
-        let o = model
-            .forward_packed(&be, &ids, &starts, &Capture::default())
-            .unwrap();
-        be.set_attention_v1(false);
-        be.to_host(&o.last_hidden).unwrap()
-    };
-    let (fa2, first) = (run(false), run(true));
+    let fa2 = packed_last_hidden_with(&be, &model, &ids, &starts, |_| ());
+    let first = packed_last_hidden_with(&be, &model, &ids, &starts, |on| be.set_attention_v1(on));
     let (d2, d1, d12) = (diff(&want, &fa2), diff(&want, &first), diff(&first, &fa2));
     println!("hybrid hd 256 packed prefill, last hidden vs CPU: flash_attention2 {d2:?}");
     println!("  first kernel vs CPU {d1:?}; flash_attention2 vs first kernel {d12:?}");

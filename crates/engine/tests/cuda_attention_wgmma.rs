@@ -14,14 +14,15 @@
 #![cfg(feature = "cuda")]
 
 mod cuda_util;
+use cuda_util::packed_last_hidden_with;
 
 use draftlens_engine::backend::cpu::CpuBackend;
 use draftlens_engine::backend::cuda::CudaBackend;
 use draftlens_engine::backend::{AttnShape, Backend, SeqStarts};
 use draftlens_engine::model::random::{qwen3_8b_spec, RandomWeights};
-use draftlens_engine::model::{Capture, ModelSpec, TargetModel};
+use draftlens_engine::model::{ModelSpec, TargetModel};
 use draftlens_engine::parity::{diff, OpTolerance};
-use draftlens_engine::util::{host_random, round_bf16};
+use draftlens_engine::util::host_random_bf16;
 
 /// Qwen3-8B's attention: 32 query heads, 8 KV heads, head dim 128.
 const SHAPE: AttnShape = AttnShape {
@@ -48,22 +49,13 @@ fn wgmma_gpu() -> Option<CudaBackend> {
     Some(be)
 }
 
-fn bf16_random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut v: Vec<f32> = host_random(n, seed)
-        .into_iter()
-        .map(|x| x * scale)
-        .collect();
-    round_bf16(&mut v);
-    v
-}
-
 /// Random q | k | v columns of `t` rows as the fused QKV projection writes them.
 fn random_qkv(t: usize, seed: u64) -> Vec<f32> {
     let hd = SHAPE.head_dim;
     let (qd, kvd) = (SHAPE.heads * hd, SHAPE.kv_heads * hd);
-    let q = bf16_random(t * qd, seed, 2.0);
-    let k = bf16_random(t * kvd, seed + 1, 2.0);
-    let v = bf16_random(t * kvd, seed + 2, 1.0);
+    let q = host_random_bf16(t * qd, seed, 2.0);
+    let k = host_random_bf16(t * kvd, seed + 1, 2.0);
+    let v = host_random_bf16(t * kvd, seed + 2, 1.0);
     let mut qkv = Vec::with_capacity(t * (qd + 2 * kvd));
     for r in 0..t {
         qkv.extend_from_slice(&q[r * qd..(r + 1) * qd]);
@@ -214,15 +206,13 @@ fn cuda_wgmma_attention_forward_packed_matches_default() {
     let starts = [0usize, 1, 300, 301, 1500];
     let ids: Vec<u32> = (0..1500u32).map(|i| (i * 97 + 13) % 512).collect();
     let model = TargetModel::load(&be, &spec, &src).unwrap();
-    let run = |wgmma: bool| {
-        assert_eq!(be.set_attention_wgmma(wgmma), wgmma);
-        let o = model
-            .forward_packed(&be, &ids, &starts, &Capture::default())
-            .unwrap();
-        be.set_attention_wgmma(false);
-        be.to_host(&o.last_hidden).unwrap()
-    };
-    let (default, wg) = (run(false), run(true));
+    let default = packed_last_hidden_with(&be, &model, &ids, &starts, |_| ());
+    let wg = packed_last_hidden_with(&be, &model, &ids, &starts, |on| {
+        assert!(
+            be.set_attention_wgmma(on) || !on,
+            "the wgmma attention did not switch on"
+        );
+    });
     let d = diff(&default, &wg);
     println!("forward_packed, wgmma attention vs default: {d:?}");
     // Two layers of bf16 activations downstream of attention outputs that differ by output

@@ -18,7 +18,7 @@ use draftlens_engine::backend::{
     AttnExtras, AttnMask, AttnShape, Backend, KvSlot, RopeFreqs, RopeStyle, SeqStarts,
 };
 use draftlens_engine::parity::{diff, OpTolerance};
-use draftlens_engine::util::{host_random, round_bf16};
+use draftlens_engine::util::host_random_bf16;
 
 /// gpt-oss-20b's attention: 64 query heads over 8 KV heads of 64.
 const SHAPE: AttnShape = AttnShape {
@@ -34,15 +34,9 @@ const ATTN_TOL: OpTolerance = OpTolerance {
 /// None, one key, gpt-oss's 128, and windows that end mid-tile and mid-chunk.
 const WINDOWS: [Option<usize>; 5] = [None, Some(1), Some(8), Some(100), Some(128)];
 
-fn bf16_random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut v: Vec<f32> = host_random(n, seed).iter().map(|x| x * scale).collect();
-    round_bf16(&mut v);
-    v
-}
-
 /// Sink logits of gpt-oss's magnitude (a few units), one per query head.
 fn sinks() -> Vec<f32> {
-    bf16_random(SHAPE.heads, 7, 3.0)
+    host_random_bf16(SHAPE.heads, 7, 3.0)
 }
 
 fn assert_close(what: &str, want: &[f32], got: &[f32]) {
@@ -57,7 +51,7 @@ fn qkv<B: Backend>(be: &B, t: usize, seed: u64) -> (B::Tensor, B::Tensor, B::Ten
         SHAPE.kv_heads * SHAPE.head_dim,
     );
     let up = |n, s, scale, c| {
-        be.from_host(&bf16_random(t * n, seed + s, scale), t, c)
+        be.from_host(&host_random_bf16(t * n, seed + s, scale), t, c)
             .unwrap()
     };
     (
@@ -254,8 +248,8 @@ fn filled_caches<B: Backend>(be: &B) -> Vec<(Option<B::Tensor>, Option<B::Tensor
             if n == 0 {
                 return (None, None);
             }
-            let k = bf16_random(n * kvd, 1000 + r as u64, 1.5);
-            let v = bf16_random(n * kvd, 2000 + r as u64, 1.0);
+            let k = host_random_bf16(n * kvd, 1000 + r as u64, 1.5);
+            let v = host_random_bf16(n * kvd, 2000 + r as u64, 1.0);
             (
                 Some(be.from_host(&k, n, kvd).unwrap()),
                 Some(be.from_host(&v, n, kvd).unwrap()),
@@ -286,7 +280,7 @@ fn fused_qkv_decode_step_equals_the_split_composition_bit_for_bit() {
         attention_scaling: 1.3466,
     };
     let positions: Vec<u32> = LENS.iter().map(|&n| n as u32).collect();
-    let fused = bf16_random(LENS.len() * width, 900, 1.5);
+    let fused = host_random_bf16(LENS.len() * width, 900, 1.5);
     let s = sinks();
     for (window, sink) in [
         (None, None),

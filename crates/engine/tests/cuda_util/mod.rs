@@ -1,8 +1,10 @@
 //! Helpers of the CUDA tests (`cuda_attention.rs`, `cuda_decode.rs`, `cuda_moe.rs`): the backend or
-//! a SKIP line, a tensor's bits, and the batch invariance of greedy decoding.
+//! a SKIP line, a tensor's bits, a packed prefill under a kernel switch, and the batch invariance
+//! of greedy decoding.
 #![allow(dead_code)]
 
 use draftlens_engine::backend::cuda::{CudaBackend, CudaTensor};
+use draftlens_engine::backend::Backend;
 use draftlens_engine::generate::{greedy, greedy_batch, Continuation, StopReason};
 use draftlens_engine::model::TargetModel;
 
@@ -16,6 +18,27 @@ pub fn gpu() -> Option<CudaBackend> {
             None
         }
     }
+}
+
+/// The last hidden state of `model`'s packed prefill of `ids` (sequences from `starts`) with a
+/// kernel switch set by `switch(true)` for the forward and reset by `switch(false)` after: the A/B
+/// of two attention kernels through a whole model.
+pub fn packed_last_hidden_with(
+    be: &CudaBackend,
+    model: &TargetModel<CudaBackend>,
+    ids: &[u32],
+    starts: &[usize],
+    switch: impl Fn(bool),
+) -> Vec<f32> {
+    switch(true);
+    let out = model.forward_packed(
+        be,
+        ids,
+        starts,
+        &draftlens_engine::model::Capture::default(),
+    );
+    switch(false);
+    be.to_host(&out.unwrap().last_hidden).unwrap()
 }
 
 /// `t`'s bf16 values as bits, for bit-for-bit comparisons.
