@@ -83,15 +83,15 @@ fn source_of(name: &str) -> Option<&'static str> {
 
 /// The NVRTC target of module `name` on a device of `arch` (`sm_XY`): `arch` itself, or for a
 /// module of [`SOURCES_SM90A`] `sm_90a`, which only an `sm_90` device runs.
-fn target_arch(name: &str, arch: &str) -> Result<String> {
+fn target_arch<'a>(name: &str, arch: &'a str) -> Result<&'a str> {
     if SOURCES_SM90A.iter().any(|(n, _)| *n == name) {
         anyhow::ensure!(
             arch == "sm_90",
             "kernels/{name}.cu needs sm_90a (compute capability 9.0), the device is {arch}"
         );
-        return Ok("sm_90a".into());
+        return Ok("sm_90a");
     }
-    Ok(arch.to_string())
+    Ok(arch)
 }
 
 /// How many modules compile at once when a backend starts.
@@ -249,7 +249,7 @@ impl Kernels {
         let arch = target_arch(name, &self.arch)?;
         // Waits for the prewarm thread if it is still compiling this module.
         let image = self.images[slot]
-            .get_or_init(|| image_slot(name, &arch))
+            .get_or_init(|| image_slot(name, arch))
             .clone()
             .map_err(|e| anyhow!(e))?;
         let load = |bytes: Vec<u8>| {
@@ -261,7 +261,7 @@ impl Kernels {
             Ok(m) => m,
             // A shipped image this driver cannot load (one older than the NVRTC that made it):
             // the library here compiles the module instead.
-            Err(e) => match compile_cubin_uncached(name, &arch) {
+            Err(e) => match compile_cubin_uncached(name, arch) {
                 Ok(fresh) if fresh != *image => load(fresh)?,
                 _ => return Err(e),
             },
